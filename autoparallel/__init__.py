@@ -1,0 +1,9 @@
+"""autoparallel: find the fastest parallel layout for LLM training and serving.
+
+The package is split along the seams of one search (DESIGN.md §2): ``specs`` holds the frozen
+inputs, ``space`` turns a search space into candidate plans, ``costmodel`` predicts memory and
+step time without torch, ``search`` ranks, ``report`` writes tables and exports, ``model`` is the
+built-in FP8 transformer that profiling jobs run.
+"""
+
+__version__ = "0.1.0"

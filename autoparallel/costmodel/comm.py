@@ -1,0 +1,49 @@
+"""Collective times under nccl-tests conventions, on the network tier a group actually spans.
+
+All-reduce moves 2(n−1)/n·S bytes per rank, reduce-scatter and all-gather (n−1)/n·S
+(S: the full buffer). A group of n ranks with ``per_node`` of them inside one NVLink domain is
+priced hierarchically (DESIGN.md §5): the intra-domain step on NVLink, the inter-domain step on
+the per-GPU network link carrying S / per_node. Vectorised over every argument.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoparallel.specs.hardware import HardwareSpec
+
+
+def ranks_per_domain(hw: HardwareSpec, group_size, stride):
+    """How many members of a group whose consecutive ranks are ``stride`` apart share a domain."""
+    group_size = np.asarray(group_size, dtype=float)
+    return np.clip(hw.nvlink_domain // np.maximum(stride, 1), 1, group_size)
+
+
+def _bandwidths(hw: HardwareSpec):
+    nvlink = hw.nvlink_unidirectional_gbps * 1e9 * hw.efficiency.nvlink
+    network = hw.internode_gbps * 1e9 * hw.efficiency.internode
+    return nvlink, network
+
+
+def reduce_scatter_time(hw: HardwareSpec, nbytes, group_size, per_node):
+    """Reduce-scatter (or all-gather: the same traffic) of ``nbytes`` over ``group_size`` ranks."""
+    n = np.asarray(group_size, dtype=float)
+    g = np.minimum(per_node, n)
+    nodes = n / g
+    nvlink, network = _bandwidths(hw)
+    intra = (g - 1) / g * nbytes / nvlink
+    inter = (nodes - 1) / np.maximum(nodes, 1) * (nbytes / g) / network
+    latency = np.where(g > 1, hw.nvlink_latency_us, 0.0) + np.where(nodes > 1, hw.internode_latency_us, 0.0)
+    return np.where(n > 1, intra + inter + latency * 1e-6, 0.0)
+
+
+def all_reduce_time(hw: HardwareSpec, nbytes, group_size, per_node):
+    """All-reduce = reduce-scatter + all-gather of the same buffer."""
+    return 2.0 * reduce_scatter_time(hw, nbytes, group_size, per_node)
+
+
+def p2p_time(hw: HardwareSpec, nbytes, same_domain):
+    """One point-to-point send between adjacent pipeline stages."""
+    nvlink, network = _bandwidths(hw)
+    return np.where(same_domain, nbytes / nvlink + hw.nvlink_latency_us * 1e-6,
+                    nbytes / network + hw.internode_latency_us * 1e-6)

@@ -1,0 +1,176 @@
+"""YAML <-> specs, strictly: an unknown key, a missing key or a wrong type is an error that
+names the file, the key and what was expected.
+
+Presets live under ``search_spaces/`` (models/, hardware/, spaces/), one YAML file each; a
+preset is found by its file name or by one of its ``aliases``. Anything given as a path is
+read as-is, so users can describe their own model or cluster without touching the package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+import yaml
+
+from autoparallel.errors import SpecError, UserError
+from autoparallel.specs.hardware import Efficiency, HardwareSpec
+from autoparallel.specs.model import ModelSpec
+
+T = TypeVar("T")
+
+SEARCH_SPACES = Path(os.environ.get(
+    "AUTOPARALLEL_SEARCH_SPACES", Path(__file__).resolve().parent.parent / "search_spaces"))
+
+
+def read_yaml(path: Path) -> dict:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping of keys to values, got {type(data).__name__}")
+    return data
+
+
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp))
+    if get_origin(tp) is tuple:
+        return "list"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; return it in the dataclass's type."""
+    origin = get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for option in get_args(tp):
+            try:
+                return _coerce(value, option, where)
+            except SpecError:
+                continue
+        raise SpecError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value in get_args(tp):
+            return value
+        raise SpecError(f"{where}: expected one of {_type_name(tp)}, got {value!r}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise SpecError(f"{where}: expected a list, got {value!r}")
+        item = get_args(tp)[0]
+        return tuple(_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value))
+    if tp is type(None):
+        if value is None:
+            return None
+        raise SpecError(f"{where}: expected null, got {value!r}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif dataclasses.is_dataclass(tp):
+        if isinstance(value, dict):
+            return from_dict(tp, value, where)
+    raise SpecError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+
+
+def from_dict(cls: type[T], data: dict, source: str) -> T:
+    """Build dataclass ``cls`` from ``data``, naming ``source`` and the key in every error."""
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else f"; valid keys: {', '.join(known)}"
+        raise SpecError(f"{source}: unknown key {key!r}{hint}")
+    kwargs = {}
+    for name, f in known.items():
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise SpecError(f"{source}: missing required key {name!r} ({_type_name(hints[name])})")
+            continue
+        kwargs[name] = _coerce(data[name], hints[name], f"{source}: key {name!r}")
+    try:
+        return cls(**kwargs)
+    except ValueError as exc:
+        raise SpecError(f"{source}: {exc}") from None
+
+
+def to_dict(obj: Any) -> dict:
+    """A dataclass as plain YAML-ready data (tuples as lists)."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, tuple):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+    return plain(dataclasses.asdict(obj))
+
+
+# --- presets ---------------------------------------------------------------------------------
+
+def preset_files(kind: str) -> dict[str, Path]:
+    """``{preset name: file}`` for one folder of search_spaces/ (models, hardware, spaces)."""
+    folder = SEARCH_SPACES / kind
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+
+
+def _preset_aliases(kind: str) -> dict[str, str]:
+    names = {}
+    for name, path in preset_files(kind).items():
+        names[name.lower()] = name
+        for alias in read_yaml(path).get("aliases", []) or []:
+            names[str(alias).lower()] = name
+    return names
+
+
+def resolve_preset(kind: str, name_or_path: str) -> Path:
+    """The YAML file for a preset name, alias or path; a UserError listing valid names if none."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") or os.sep in name_or_path:
+        if not candidate.exists():
+            raise UserError(f"{kind} file {name_or_path!r} does not exist")
+        return candidate
+    names = _preset_aliases(kind)
+    key = name_or_path.lower()
+    if key in names:
+        return preset_files(kind)[names[key]]
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
+    hint = f" Did you mean {names[close[0]]!r}?" if close else ""
+    singular = {"models": "model", "hardware": "hardware", "spaces": "search space"}[kind]
+    raise UserError(f"unknown {singular} {name_or_path!r}.{hint} "
+                    f"Valid: {', '.join(preset_files(kind))} (or a path to a YAML file)")
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    path = resolve_preset("models", name_or_path)
+    return from_dict(ModelSpec, read_yaml(path), str(path))
+
+
+def load_hardware(name_or_path: str) -> HardwareSpec:
+    path = resolve_preset("hardware", name_or_path)
+    return from_dict(HardwareSpec, read_yaml(path), str(path))
+
+
+def load_efficiency(data: dict, source: str) -> Efficiency:
+    return from_dict(Efficiency, data, source)

@@ -1,0 +1,7 @@
+"""The built-in FP8 transformer that profiling jobs and the FP8 numerics check run.
+
+``recipes`` (what FP8 means), ``fp8`` (the FP8 Linear), ``reference`` and ``kernels`` (the
+memory-bound casts, on CPU and GPU), ``transformer`` (a decoder built from a ModelSpec),
+``numerics`` (statistics per tensor and layer), ``data`` and ``train`` (a tiny training loop).
+Importing it needs torch; the cost model never does.
+"""

@@ -1,0 +1,151 @@
+"""Pure-PyTorch twins of the CUDA kernels in ``kernels/``.
+
+Each function here is both the CPU path and the test oracle of its kernel: the kernel must match
+it bit for bit on casts and exactly on amax. They are written for clarity, not speed, and keep
+the kernels' arithmetic order (fp32 multiply by the scale, then a saturating cast) so that
+"bit-exact" is a fair demand.
+
+Decisions shared with the kernels (tests/kernels/test_reference.py pins each one):
+
+* Casts saturate: finite values beyond the format's max and +-inf become +-max, for E4M3 and for
+  E5M2 (torch's own E5M2 cast overflows to inf, so the clamp is explicit here).
+* NaN in gives NaN out, at the same position. amax propagates NaN, and a NaN, inf or zero amax
+  keeps the previous scale (1.0 when there is none), so one bad value cannot poison the scale of
+  later steps; the NaN itself still reaches the output, where the training loop sees it.
+* Scales are fp32: scale = fp8_max / amax * 2**-margin; the GEMMs take scale_inv = 1 / scale.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def fp8_max(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).max)
+
+
+def saturating_cast(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | float = 1.0
+                    ) -> torch.Tensor:
+    """x * scale in fp32, clamped to +-fp8_max (NaN passes through), cast to ``dtype``."""
+    limit = fp8_max(dtype)
+    scaled = x.float() * scale
+    return scaled.clamp(-limit, limit).to(dtype)
+
+
+def fp8_to_float(q: torch.Tensor) -> torch.Tensor:
+    """FP8 -> fp32 by a 256-entry table built from torch's own conversion (exact, incl. NaN).
+
+    Same values as ``q.float()``, about twice as fast on CPU, where torch converts FP8 element
+    by element; the emulated GEMMs dequantize every operand, so this is their hot spot.
+    """
+    table = torch.arange(256, dtype=torch.uint8).view(q.dtype).float().to(q.device)
+    codes = q.contiguous().view(torch.uint8).flatten().int()
+    return table.index_select(0, codes).view(q.shape)
+
+
+def amax(x: torch.Tensor) -> torch.Tensor:
+    """max |x| as an fp32 scalar tensor; NaN if any element is NaN; 0 for an empty tensor."""
+    if x.numel() == 0:
+        return torch.zeros((), dtype=torch.float32, device=x.device)
+    return x.detach().abs().amax().float()
+
+
+def compute_scale(amax_value: torch.Tensor, dtype: torch.dtype, margin: int = 0,
+                  previous: torch.Tensor | float = 1.0) -> torch.Tensor:
+    """fp8_max / amax * 2**-margin in fp32; keeps ``previous`` where amax is 0, inf or NaN."""
+    amax_value = amax_value.float()
+    scale = (torch.tensor(fp8_max(dtype), dtype=torch.float32, device=amax_value.device)
+             / amax_value) * (2.0 ** -margin)
+    good = torch.isfinite(amax_value) & (amax_value > 0)
+    previous = torch.as_tensor(previous, dtype=torch.float32, device=amax_value.device)
+    return torch.where(good, scale, previous)
+
+
+def cast_amax(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Delayed scaling's one pass: cast with a known scale and record this tensor's amax."""
+    return saturating_cast(x, dtype, scale), amax(x)
+
+
+def current_scale_cast(x: torch.Tensor, dtype: torch.dtype, margin: int = 0
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Current (tensorwise) scaling: amax, scale, cast. Returns (fp8, scale_inv, amax)."""
+    a = amax(x)
+    scale = compute_scale(a, dtype, margin)
+    return saturating_cast(x, dtype, scale), scale.reciprocal(), a
+
+
+def cast_transpose(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Cast a 2-D tensor once into both layouts: (fp8 row-major, fp8 of x.T row-major, amax)."""
+    if x.dim() != 2:
+        raise ValueError(f"cast_transpose takes a 2-D tensor, got shape {tuple(x.shape)}")
+    q = saturating_cast(x, dtype, scale)
+    return q, q.t().contiguous(), amax(x)
+
+
+def _pad_to(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    return F.pad(x, (0, cols - x.shape[1], 0, rows - x.shape[0]))
+
+
+def _ceil(n: int, block: int) -> int:
+    return -(-n // block) * block
+
+
+def _block_scale(block_amax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # An all-zero block keeps scale 1 (its values cast to zero either way).
+    return compute_scale(block_amax, dtype, 0, 1.0)
+
+
+def blockwise_cast_1d(x: torch.Tensor, dtype: torch.dtype, block: int = 128
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """1 x ``block`` tiles along the last dim of a 2-D tensor (a ragged last tile is allowed).
+
+    Returns (fp8 of x's shape, scale_inv of shape [rows, ceil(cols / block)]).
+    """
+    if x.dim() != 2:
+        raise ValueError(f"blockwise_cast_1d takes a 2-D tensor, got shape {tuple(x.shape)}")
+    rows, cols = x.shape
+    tiles = _pad_to(x.float(), rows, _ceil(cols, block)).view(rows, -1, block)
+    scale = _block_scale(tiles.abs().amax(dim=2), dtype)
+    q = saturating_cast(tiles, dtype, scale.unsqueeze(2)).view(rows, -1)[:, :cols]
+    return q.contiguous(), scale.reciprocal()
+
+
+def blockwise_cast_2d(x: torch.Tensor, dtype: torch.dtype, block: int = 128
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``block`` x ``block`` blocks of a 2-D tensor (weights).
+
+    Returns (fp8 of x's shape, scale_inv of shape [ceil(rows / block), ceil(cols / block)]).
+    """
+    if x.dim() != 2:
+        raise ValueError(f"blockwise_cast_2d takes a 2-D tensor, got shape {tuple(x.shape)}")
+    rows, cols = x.shape
+    pr, pc = _ceil(rows, block), _ceil(cols, block)
+    blocks = _pad_to(x.float(), pr, pc).view(pr // block, block, pc // block, block)
+    scale = _block_scale(blocks.abs().amax(dim=(1, 3)), dtype)
+    q = saturating_cast(blocks, dtype, scale[:, None, :, None]).view(pr, pc)[:rows, :cols]
+    return q.contiguous(), scale.reciprocal()
+
+
+def delayed_scaling_update(amax_history: torch.Tensor, scale: torch.Tensor,
+                           fp8_maxes: torch.Tensor, margin: int, algo: str) -> None:
+    """Update many delayed-scaling states at once, in place (TransformerEngine's layout).
+
+    ``amax_history`` is [n, L]: column 0 holds this step's amax, columns 1.. the earlier steps,
+    oldest first. For each of the n tensors: amax = max over the row (or column 0 for
+    ``most_recent``), scale = fp8_max / amax * 2**-margin unless that amax is 0 or non-finite,
+    then the row rolls left by one (this step's amax moves to the end) and column 0 is zeroed.
+    """
+    if algo == "max":
+        window = amax_history.amax(dim=1)
+    elif algo == "most_recent":
+        window = amax_history[:, 0]
+    else:
+        raise ValueError(f"amax_compute_algo={algo!r} is not valid; choose one of max, most_recent")
+    new_scale = (fp8_maxes.float() / window) * (2.0 ** -margin)
+    good = torch.isfinite(window) & (window > 0)
+    scale.copy_(torch.where(good, new_scale, scale))
+    amax_history.copy_(torch.roll(amax_history, -1, dims=1))
+    amax_history[:, 0] = 0.0

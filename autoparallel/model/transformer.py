@@ -1,0 +1,211 @@
+"""A GPT-style decoder built from a ModelSpec, free of parallel code.
+
+Pre-norm layers (RMSNorm or LayerNorm), GQA attention through ``scaled_dot_product_attention``
+with rotary positions, a gelu / swiglu / squared_relu MLP, tied or untied embeddings. Module
+names follow torchtitan (``layers.{i}.attention.wq``, ``layers.{i}.mlp.w1``...) and every
+projection is a plain ``nn.Linear`` or an ``Fp8Linear`` with the same ``weight`` shape, so the
+later tensor / pipeline / data parallel wrappers can replace or shard them from outside. The FP8
+policy and the recompute choice are constructor arguments, never global state.
+
+Recompute (Korthikanti et al., arXiv 2205.05198): ``selective`` recomputes the attention core
+(QK^T, softmax, AV) in backward; ``full`` recomputes whole layers, the first ``full_layers`` of
+them (Megatron's "block" method), keeping only each layer's input.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from autoparallel.model.fp8 import Fp8Linear
+from autoparallel.model.recipes import Fp8Policy
+from autoparallel.specs.model import ModelSpec
+
+RecomputeMode = Literal["none", "selective", "full"]
+
+
+@dataclass(frozen=True)
+class Recompute:
+    mode: RecomputeMode = "none"
+    full_layers: int | None = None  # for "full": how many layers, from the first; None = all
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("none", "selective", "full"):
+            raise ValueError(f"recompute mode={self.mode!r} is not valid; "
+                             "choose one of none, selective, full")
+        if self.full_layers is not None:
+            if self.mode != "full":
+                raise ValueError(f"full_layers={self.full_layers} only applies to mode='full'")
+            if isinstance(self.full_layers, bool) or not isinstance(self.full_layers, int) \
+                    or self.full_layers < 0:
+                raise ValueError(f"full_layers={self.full_layers!r} must be an integer >= 0")
+
+    def layer_is_full(self, index: int) -> bool:
+        return self.mode == "full" and (self.full_layers is None or index < self.full_layers)
+
+
+def _norm(spec: ModelSpec) -> nn.Module:
+    if spec.normalization == "rmsnorm":
+        return nn.RMSNorm(spec.hidden_size, eps=1e-5)
+    if spec.normalization == "layernorm":
+        return nn.LayerNorm(spec.hidden_size, eps=1e-5)
+    raise ValueError(f"normalization={spec.normalization!r} is not valid; "
+                     "choose one of layernorm, rmsnorm")
+
+
+class _LinearFactory:
+    """Makes each projection BF16 or FP8 as the policy says, knowing the module's full name."""
+
+    def __init__(self, policy: Fp8Policy, layer: int, num_layers: int, prefix: str) -> None:
+        self.policy, self.layer, self.num_layers, self.prefix = policy, layer, num_layers, prefix
+
+    def __call__(self, name: str, in_features: int, out_features: int) -> nn.Module:
+        full_name = f"{self.prefix}.{name}"
+        if self.policy.uses_fp8(full_name, self.layer, self.num_layers):
+            return Fp8Linear(in_features, out_features, self.policy.recipe, bias=False)
+        return nn.Linear(in_features, out_features, bias=False)
+
+
+def rotary_tables(seq_length: int, head_dim: int, base: float = 10000.0
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_length, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [batch, heads, seq, head_dim]; rotates pairs (even, odd) of the head dim."""
+    x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    return out.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec, linear: _LinearFactory, selective_recompute: bool) -> None:
+        super().__init__()
+        self.heads, self.groups, self.head_dim = (spec.num_attention_heads, spec.query_groups,
+                                                  spec.head_dim)
+        self.selective_recompute = selective_recompute
+        q_out, kv_out = self.heads * self.head_dim, self.groups * self.head_dim
+        self.wq = linear("wq", spec.hidden_size, q_out)
+        self.wk = linear("wk", spec.hidden_size, kv_out)
+        self.wv = linear("wv", spec.hidden_size, kv_out)
+        self.wo = linear("wo", q_out, spec.hidden_size)
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The part selective recompute drops: causal softmax(QK^T)V, in high precision."""
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                              enable_gqa=self.groups != self.heads)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, s, self.groups, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, s, self.groups, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.selective_recompute and torch.is_grad_enabled():
+            out = checkpoint(self.core, q, k, v, use_reentrant=False)
+        else:
+            out = self.core(q, k, v)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class Mlp(nn.Module):
+    def __init__(self, spec: ModelSpec, linear: _LinearFactory) -> None:
+        super().__init__()
+        if spec.activation not in ("gelu", "swiglu", "squared_relu"):
+            raise ValueError(f"activation={spec.activation!r} is not valid; "
+                             "choose one of gelu, swiglu, squared_relu")
+        self.activation = spec.activation
+        self.w1 = linear("w1", spec.hidden_size, spec.ffn_hidden_size)
+        self.w2 = linear("w2", spec.ffn_hidden_size, spec.hidden_size)
+        self.w3 = linear("w3", spec.hidden_size, spec.ffn_hidden_size) if spec.gated_mlp else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.w1(x)
+        if self.activation == "swiglu":
+            h = F.silu(h) * self.w3(x)
+        elif self.activation == "squared_relu":
+            h = F.relu(h).square()
+        else:
+            h = F.gelu(h, approximate="tanh")
+        return self.w2(h)
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, policy: Fp8Policy, index: int,
+                 recompute: Recompute) -> None:
+        super().__init__()
+        prefix = f"layers.{index}"
+        self.full_recompute = recompute.layer_is_full(index)
+        self.attention_norm = _norm(spec)
+        self.attention = Attention(spec, _LinearFactory(policy, index, spec.num_layers,
+                                                        f"{prefix}.attention"),
+                                   selective_recompute=recompute.mode == "selective")
+        self.mlp_norm = _norm(spec)
+        self.mlp = Mlp(spec, _LinearFactory(policy, index, spec.num_layers, f"{prefix}.mlp"))
+
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.full_recompute and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, cos, sin, use_reentrant=False)
+        return self._forward(x, cos, sin)
+
+
+class Transformer(nn.Module):
+    """Token ids [batch, seq] -> logits [batch, seq, vocab] (fp32)."""
+
+    def __init__(self, spec: ModelSpec, fp8: Fp8Policy | None = None,
+                 recompute: Recompute | None = None) -> None:
+        super().__init__()
+        if spec.is_moe:
+            raise ValueError(f"model {spec.name!r} is MoE (num_experts={spec.num_experts}); "
+                             "the built-in transformer is dense only")
+        if spec.head_dim % 2:
+            raise ValueError(f"head_dim={spec.head_dim} must be even for rotary embeddings")
+        self.spec, self.policy = spec, fp8 or Fp8Policy()
+        self.recompute = recompute or Recompute()
+        self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(TransformerLayer(spec, self.policy, i, self.recompute)
+                                    for i in range(spec.num_layers))
+        self.norm = _norm(spec)
+        self.output = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        if spec.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        cos, sin = rotary_tables(spec.seq_length, spec.head_dim)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self, std: float = 0.02) -> None:
+        """GPT-2 init: N(0, 0.02), output projections of residual branches scaled by 1/sqrt(2L)."""
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                scaled = name.endswith(("wo.weight", "w2.weight"))
+                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.spec.num_layers) if scaled
+                                else std)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        seq = tokens.shape[1]
+        if seq > self.spec.seq_length:
+            raise ValueError(f"sequence of {seq} tokens exceeds seq_length={self.spec.seq_length}")
+        cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        return self.output(self.norm(h)).float()
+
+
+TINY = ModelSpec(name="tiny", num_layers=2, hidden_size=128, ffn_hidden_size=384,
+                 num_attention_heads=4, num_query_groups=2, vocab_size=256, seq_length=64,
+                 activation="swiglu", normalization="rmsnorm", tie_embeddings=False,
+                 source="autoparallel built-in: trains on a CPU in seconds")

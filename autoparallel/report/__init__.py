@@ -1,0 +1,1 @@
+"""Result tables, exports (Megatron-LM / NeMo / YAML) and run folders."""

@@ -1,0 +1,76 @@
+"""The run folder of one search: results/<date>_<model>_<gpus>x<gpu>/ (DESIGN.md §8).
+
+Every file is written to a temporary name and renamed into place, so an interrupted run never
+leaves a half-written file behind.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from autoparallel import __version__
+
+CANDIDATES = "candidates.csv"
+RANKED = "ranked.md"
+BEST = "best.yaml"
+MANIFEST = "manifest.yaml"
+FLOAT_DIGITS = 4
+
+
+def write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_yaml(path: Path, data: dict) -> None:
+    write_atomic(path, yaml.safe_dump(data, sort_keys=False, width=100))
+
+
+def write_csv(path: Path, frame: pd.DataFrame) -> None:
+    write_atomic(path, frame.round(FLOAT_DIGITS).to_csv(index=False))
+
+
+def new_run_dir(root: Path, model: str, gpus: int, gpu: str) -> Path:
+    """A fresh folder name; a second run on the same day gets a -2, -3, ... suffix."""
+    base = f"{dt.date.today().isoformat()}_{model}_{gpus}x{gpu}"
+    path, n = root / base, 1
+    while path.exists():
+        n += 1
+        path = root / f"{base}-{n}"
+    path.mkdir(parents=True)
+    return path
+
+
+def git_sha() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def manifest(command: list[str], inputs: dict) -> dict:
+    import numpy
+    return {
+        "command": " ".join(command),
+        "created": dt.datetime.now().isoformat(timespec="seconds"),
+        "inputs": inputs,
+        "versions": {"autoparallel": __version__, "python": platform.python_version(),
+                     "numpy": numpy.__version__, "pandas": pd.__version__},
+        "git_sha": git_sha(),
+    }

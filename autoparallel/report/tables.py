@@ -1,0 +1,61 @@
+"""Ranked tables for the terminal (rich) and for files (markdown), from the candidates frame."""
+
+from __future__ import annotations
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+# (column, header, format); the layout columns first, then what was predicted.
+RANKED_COLUMNS = (
+    ("rank", "#", "{}"),
+    ("tp", "TP", "{}"), ("pp", "PP", "{}"), ("vp", "VP", "{}"), ("cp", "CP", "{}"),
+    ("ep", "EP", "{}"), ("dp", "DP", "{}"), ("mbs", "MBS", "{}"),
+    ("sp", "SP", "{}"), ("recompute", "recompute", "{}"), ("precision", "precision", "{}"),
+    ("tp_comm_overlap", "TP ovl", "{}"),
+    ("peak_memory_gib", "mem GiB", "{:.1f}"),
+    ("step_time_s", "step s", "{:.2f}"),
+    ("tokens_per_s_per_gpu", "tok/s/GPU", "{:,.0f}"),
+    ("model_tflops_per_gpu", "TFLOP/s", "{:.0f}"),
+    ("mfu", "MFU", "{:.1%}"),
+)
+
+
+def _cell(row: pd.Series, column: str, fmt: str) -> str:
+    value = row[column]
+    if column == "recompute" and value == "full" and row.get("recompute_num_layers", 0):
+        return f"full({int(row['recompute_num_layers'])})"
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return "yes" if value else "-"
+    try:
+        return fmt.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def ranked_rows(ranked: pd.DataFrame, top: int) -> list[list[str]]:
+    feasible = ranked[ranked["fits"]].head(top)
+    return [[_cell(row, c, f) for c, _, f in RANKED_COLUMNS] for _, row in feasible.iterrows()]
+
+
+def print_ranked(ranked: pd.DataFrame, title: str, top: int = 10, console: Console | None = None) -> None:
+    table = Table(title=title, header_style="bold")
+    for _, header, _ in RANKED_COLUMNS:
+        table.add_column(header, justify="right")
+    for row in ranked_rows(ranked, top):
+        table.add_row(*row)
+    (console or Console()).print(table)
+
+
+def markdown_table(ranked: pd.DataFrame, top: int = 50) -> str:
+    headers = [h for _, h, _ in RANKED_COLUMNS]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(row) + " |" for row in ranked_rows(ranked, top)]
+    return "\n".join(lines) + "\n"
+
+
+def rejection_summary(ranked: pd.DataFrame) -> pd.Series:
+    """How many candidates each rule rejected, memory rejections counted together."""
+    reasons = ranked.loc[~ranked["fits"], "reason"].astype(str)
+    reasons = reasons.where(~reasons.str.startswith("out of memory"), "out of memory")
+    return reasons.value_counts()

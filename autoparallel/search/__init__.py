@@ -1,0 +1,1 @@
+"""Search strategies over a candidate space; the grid prices every candidate with the cost model."""

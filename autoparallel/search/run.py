@@ -1,0 +1,123 @@
+"""One training search from inputs to a ranked frame and a run folder; and reading one back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from autoparallel import io
+from autoparallel.costmodel.estimate import BREAKDOWN_KEYS, record
+from autoparallel.errors import UserError
+from autoparallel.report import run_folder, tables
+from autoparallel.report.export import export_document
+from autoparallel.search.grid import evaluate
+from autoparallel.space import SearchSpace, generate, row_to_plan
+from autoparallel.specs.hardware import HardwareSpec
+from autoparallel.specs.model import ModelSpec
+from autoparallel.specs.plan import Plan
+
+
+@dataclass
+class SearchResult:
+    model: ModelSpec
+    hardware: HardwareSpec
+    gpus: int
+    gbs: int
+    space: SearchSpace
+    ranked: pd.DataFrame  # every candidate, best first; rank is NA where rejected
+
+    @property
+    def feasible(self) -> pd.DataFrame:
+        return self.ranked[self.ranked["fits"]]
+
+    def plan(self, rank: int) -> Plan:
+        return row_to_plan(self.entry(rank))
+
+    def entry(self, rank: int) -> pd.Series:
+        n = len(self.feasible)
+        if not 1 <= rank <= n:
+            raise UserError(f"--rank {rank} is out of range: this run has {n} feasible plans (1..{n})")
+        return self.feasible.iloc[rank - 1]
+
+    def records(self, top: int) -> list[dict]:
+        return [record(row_to_plan(row).as_dict(), row) for _, row in self.feasible.head(top).iterrows()]
+
+
+def default_gbs(model: ModelSpec, gbs: int | None) -> int:
+    if gbs is not None:
+        return gbs
+    if model.global_batch_size is None:
+        raise UserError(f"model {model.name!r} has no global_batch_size; pass --gbs")
+    return model.global_batch_size
+
+
+def search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
+           recompute_num_layers: int | None = None) -> SearchResult:
+    candidates = generate(model, hw, gpus, gbs, space, recompute_num_layers)
+    ranked = evaluate(model, hw, candidates, space.memory_fraction)
+    result = SearchResult(model, hw, gpus, gbs, space, ranked)
+    if result.feasible.empty:
+        raise UserError(no_feasible_message(result))
+    return result
+
+
+def no_feasible_message(result: SearchResult) -> str:
+    ranked = result.ranked
+    counts = tables.rejection_summary(ranked)
+    if "peak_memory_gib" in ranked and ranked["peak_memory_gib"].notna().any():
+        need = ranked["peak_memory_gib"].min()
+        limit = result.space.memory_fraction * result.hardware.memory_gib
+        top = "; ".join(f"{n} x {reason}" for reason, n in counts.head(3).items())
+        return (f"no layout of {result.model.name} fits on {result.gpus} x {result.hardware.name}: {top}; "
+                f"the smallest memory need found is {need:.1f} GiB against a limit of {limit:.1f} GiB "
+                "(try more GPUs, recompute, or a smaller --mbs)")
+    top = "; ".join(f"{n} x {reason}" for reason, n in counts.head(3).items())
+    return f"no valid layout of {result.model.name} for {result.gpus} GPUs and gbs {result.gbs}: {top}"
+
+
+def save(result: SearchResult, root: Path, command: list[str], top_md: int = 50) -> Path:
+    run_dir = run_folder.new_run_dir(root, result.model.name, result.gpus, result.hardware.name)
+    run_folder.write_yaml(run_dir / run_folder.MANIFEST, run_folder.manifest(command, {
+        "kind": "training",
+        "model": io.to_dict(result.model),
+        "hardware": io.to_dict(result.hardware),
+        "gpus": result.gpus,
+        "gbs": result.gbs,
+        "space": io.to_dict(result.space),
+        "candidates": len(result.ranked),
+        "feasible": int(result.ranked["fits"].sum()),
+    }))
+    title = f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}"
+    run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(result.ranked, top_md))
+    write_best(run_dir / run_folder.BEST, result.model, result.entry(1))
+    run_folder.write_csv(run_dir / run_folder.CANDIDATES, result.ranked)
+    return run_dir
+
+
+def write_best(path: Path, model: ModelSpec, row: pd.Series) -> None:
+    plan = row_to_plan(row)
+    metrics = record(plan.as_dict(), row)
+    metrics.pop("config")
+    run_folder.write_yaml(path, export_document(model, plan, metrics))
+
+
+def load(run_dir: Path) -> SearchResult:
+    """A saved run, for export and reports."""
+    run_dir = Path(run_dir)
+    manifest_path = run_dir / run_folder.MANIFEST
+    if not manifest_path.exists():
+        raise UserError(f"{run_dir} is not a run folder (no {run_folder.MANIFEST})")
+    inputs = yaml.safe_load(manifest_path.read_text())["inputs"]
+    model = io.from_dict(ModelSpec, inputs["model"], str(manifest_path))
+    hw = io.from_dict(HardwareSpec, inputs["hardware"], str(manifest_path))
+    space = io.from_dict(SearchSpace, inputs["space"], str(manifest_path))
+    ranked = pd.read_csv(run_dir / run_folder.CANDIDATES, low_memory=False)
+    ranked["fits"] = ranked["fits"].astype(bool)
+    ranked["reason"] = ranked["reason"].fillna("")
+    return SearchResult(model, hw, int(inputs["gpus"]), int(inputs["gbs"]), space, ranked)
+
+
+__all__ = ["SearchResult", "search", "save", "load", "default_gbs", "BREAKDOWN_KEYS"]

@@ -1,0 +1,75 @@
+"""One GPU type and the network around it, as datasheet peaks plus fitted efficiencies.
+
+Peaks come from datasheets (DESIGN.md §4). What a real job achieves is lower and is described
+by the calibrated constants in ``Efficiency``: they are fitted by ``autoparallel calibrate`` and
+stored in the hardware YAML with a comment naming the data they came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fitted fractions of peak; the defaults are uncalibrated first guesses."""
+
+    # GEMM efficiency = gemm_max / (1 + gemm_half_gflop / gemm_gflop): small per-GPU GEMMs
+    # (high TP, small micro-batch) reach a smaller fraction of peak.
+    gemm_max: float = 0.75
+    gemm_half_gflop: float = 5.0
+    # FP8 GEMMs reach a smaller fraction of their (doubled) peak than BF16 GEMMs do.
+    fp8_gemm_relative: float = 0.8
+    # Attention core (flash or fused softmax) as a fraction of the BF16 peak.
+    attention: float = 0.45
+    # Memory-bound kernels (norms, activations, casts, optimizer) as a fraction of HBM bandwidth.
+    hbm: float = 0.7
+    # Bytes of elementwise HBM traffic per token and hidden unit in one layer's forward pass.
+    elementwise_bytes_per_token_hidden: float = 60.0
+    # Achieved fraction of link bandwidth for large collectives (NCCL bus bandwidth / peak).
+    nvlink: float = 0.75
+    internode: float = 0.8
+    # Fraction of DP gradient reduce / param gather traffic hidden behind compute when overlapped,
+    # and of TP traffic hidden when TP communication overlap (userbuffers) is on.
+    dp_overlap: float = 0.9
+    tp_overlap: float = 0.8
+    cp_overlap: float = 0.7
+    # Fraction of pipeline point-to-point traffic hidden when the schedule is interleaved.
+    pp_overlap: float = 0.5
+    # Fixed CPU / launch overhead per micro-batch per layer (seconds).
+    layer_overhead_s: float = 30e-6
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    name: str
+    bf16_tflops: float
+    memory_gib: float
+    hbm_tbps: float
+    nvlink_domain: int  # GPUs that share one NVLink / NVSwitch domain
+    nvlink_gbps: float  # per GPU, bidirectional datasheet figure (GB/s)
+    internode_gbps: float  # per GPU, unidirectional (GB/s): 400 Gb/s NDR = 50 GB/s
+    fp8_tflops: float | None = None
+    fp4_tflops: float | None = None
+    mxfp8: bool = False  # Blackwell block-scaled FP8
+    nvlink_latency_us: float = 5.0
+    internode_latency_us: float = 10.0
+    reserve_gib: float = 4.0  # CUDA context, NCCL buffers, allocator fragmentation
+    efficiency: Efficiency = field(default_factory=Efficiency)
+    aliases: tuple[str, ...] = ()
+    source: str = ""
+    calibrated_on: str = ""
+
+    def __post_init__(self) -> None:
+        for key in ("bf16_tflops", "memory_gib", "hbm_tbps", "nvlink_domain", "nvlink_gbps",
+                    "internode_gbps"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
+
+    @property
+    def supports_fp8(self) -> bool:
+        return self.fp8_tflops is not None
+
+    @property
+    def nvlink_unidirectional_gbps(self) -> float:
+        return self.nvlink_gbps / 2

@@ -1,0 +1,66 @@
+"""One training layout: every knob the search turns, named as Megatron-LM names it.
+
+A Plan is the unit that the cost model estimates, profiling runs, and export writes out.
+The search itself works on columns of many plans at once (``autoparallel.space``); a Plan is
+one row of those columns made into an object for the code that handles one layout at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Literal
+
+Recompute = Literal["none", "selective", "full"]
+Precision = Literal["bf16", "fp16", "fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8"]
+
+RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
+PRECISION_CHOICES: tuple[str, ...] = ("bf16", "fp16", "fp8-delayed", "fp8-current",
+                                      "fp8-blockwise", "mxfp8")
+FP8_PRECISIONS: tuple[str, ...] = ("fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8")
+
+
+@dataclass(frozen=True)
+class Plan:
+    tp: int
+    pp: int
+    dp: int
+    gbs: int
+    mbs: int = 1
+    vp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sp: bool = False
+    recompute: Recompute = "none"
+    # Layers of each pipeline chunk that full recompute covers (Megatron's block method);
+    # 0 means all of them.
+    recompute_num_layers: int = 0
+    distributed_optimizer: bool = True
+    # Megatron-LM reduces BF16 gradients in FP32 (main grads, 4 B/param); --grad-reduce-in-bf16
+    # (NeMo's default with its distributed Adam) halves both the buffer and the DP traffic.
+    grad_reduce_in_fp32: bool = True
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    tp_comm_overlap: bool = False
+    precision: Precision = "bf16"
+    # Layers at the start and at the end kept in BF16 under an FP8 recipe.
+    fp8_bf16_edge_layers: int = 0
+    flash_attention: bool = True
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.gbs // (self.mbs * self.dp)
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.precision in FP8_PRECISIONS
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
