@@ -169,7 +169,14 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 def load_hardware(name_or_path: str) -> HardwareSpec:
     path = resolve_preset("hardware", name_or_path)
-    return from_dict(HardwareSpec, read_yaml(path), str(path))
+    hw = from_dict(HardwareSpec, read_yaml(path), str(path))
+    if hw.efficiency_from:
+        if "efficiency" in read_yaml(path):
+            raise SpecError(f"{path}: give either efficiency or efficiency_from, not both")
+        donor = load_hardware(hw.efficiency_from)
+        hw = dataclasses.replace(hw, efficiency=donor.efficiency,
+                                 calibrated_on=f"inherited from {donor.name}: {donor.calibrated_on}")
+    return hw
 
 
 def load_efficiency(data: dict, source: str) -> Efficiency:

@@ -50,7 +50,7 @@ int ap_blockwise_cast_128x128(const void* x, int in_dtype, int64_t rows, int64_t
 /* Delayed-scaling update of n tensors in one launch, in place. history is [n, len] (column 0 =
  * this step's amax), scale [n], fp8_max [n]. Per row: amax = max(row) or row[0] (most_recent),
  * new scale unless amax is 0 / non-finite, roll the row left by one, zero column 0.
- * len must be <= 12288 (the row is staged in shared memory). */
+ * len must be <= 8192 (the row is staged in shared memory). */
 int ap_delayed_scaling_update(float* history, float* scale, const float* fp8_max, int64_t n,
                               int64_t len, int margin, int most_recent, cudaStream_t stream);
 

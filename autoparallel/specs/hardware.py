@@ -56,6 +56,8 @@ class HardwareSpec:
     internode_latency_us: float = 10.0
     reserve_gib: float = 4.0  # CUDA context, NCCL buffers, allocator fragmentation
     efficiency: Efficiency = field(default_factory=Efficiency)
+    # A GPU without published runs of its own takes the fitted constants of a similar one.
+    efficiency_from: str = ""
     aliases: tuple[str, ...] = ()
     source: str = ""
     calibrated_on: str = ""

@@ -1,0 +1,114 @@
+"""Fit a GPU's efficiency constants to published runs and store them in its hardware YAML.
+
+The fit minimises the mean squared log error between predicted and published figures over the
+rows of the runs CSV measured on that GPU (each counted as its source counts, see
+``autoparallel.validate``). Candidate layouts are generated once per row; each trial only
+reprices them with new constants, so a fit takes tens of seconds. The result is written to the
+YAML below a marker comment that names the data, the date and the before/after error, so the
+provenance of every fitted number stays next to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+
+from autoparallel import io
+from autoparallel.errors import UserError
+from autoparallel.specs.hardware import Efficiency, HardwareSpec
+
+# Fitted constants and their bounds; the rest of Efficiency keeps its default or YAML value.
+FITTED = {
+    "gemm_max": (0.3, 0.95),
+    "gemm_half_gflop": (0.1, 200.0),
+    "fp8_gemm_relative": (0.4, 1.0),
+    "attention": (0.15, 0.9),
+    "elementwise_bytes_per_token_hidden": (10.0, 250.0),
+    "tp_overlap": (0.0, 0.95),
+}
+MARKER = "# --- fitted by `autoparallel calibrate`"
+
+
+def _with(hw: HardwareSpec, values: dict) -> HardwareSpec:
+    return dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, **values))
+
+
+def fit(rows, hw: HardwareSpec, progress=None) -> tuple[dict, float, float]:
+    """Return (fitted constants, mean |error| % before, after) for ``rows`` on ``hw``."""
+    from scipy.optimize import minimize
+
+    from autoparallel.validate import predict_row
+    names = [n for n in FITTED if n != "fp8_gemm_relative" or any("fp8" in str(p.row["precision"]) for p in rows)]
+    start = np.array([getattr(hw.efficiency, n) for n in names])
+    low = np.array([FITTED[n][0] for n in names])
+    high = np.array([FITTED[n][1] for n in names])
+
+    def errors(x) -> np.ndarray:
+        trial = _with(hw, dict(zip(names, np.clip(x, low, high))))
+        out = [predict_row(p, trial) for p in rows]
+        return np.array([np.log(r["predicted"] / r["measured"]) for r in out])
+
+    def loss(x) -> float:
+        if progress:
+            progress()
+        return float(np.mean(errors(x) ** 2))
+
+    # Constants the rows cannot see (e.g. TP overlap when no row overlaps) keep their value.
+    base = loss(start)
+    moved = [loss(np.where(np.arange(len(names)) == i, np.clip(start * 1.3, low, high), start)) != base
+             for i in range(len(names))]
+    names = [n for n, m in zip(names, moved) if m]
+    start, low, high = (a[np.array(moved)] for a in (start, low, high))
+
+    result = minimize(loss, start, method="Powell", bounds=list(zip(low, high)),
+                      options={"maxfev": 400, "xtol": 1e-3, "ftol": 1e-6})
+    fitted = dict(zip(names, (float(v) for v in np.clip(result.x, low, high))))
+    pct = lambda e: float(np.mean(np.abs(np.expm1(e))) * 100)  # noqa: E731
+    return fitted, pct(errors(start)), pct(errors(result.x))
+
+
+def _yaml_float(value: float) -> str:
+    """Four significant digits that YAML 1.1 still reads as a float (it needs a dot: 3.0e-05)."""
+    text = f"{value:.4g}"
+    return text.replace("e", ".0e", 1) if "e" in text and "." not in text else text
+
+
+def write_block(path: Path, fitted: dict, efficiency: Efficiency, note: str, calibrated_on: str) -> None:
+    """Replace the fitted block at the end of a hardware YAML (or append one)."""
+    text = path.read_text()
+    if MARKER in text:
+        text = text[: text.index(MARKER)]
+    values = {**dataclasses.asdict(efficiency), **fitted}
+    lines = [MARKER, f"# {note}", f"calibrated_on: {calibrated_on!r}", "efficiency:"]
+    lines += [f"  {k}: {_yaml_float(v)}" for k, v in values.items()]
+    path.write_text(text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n")
+
+
+def main(gpu: str, runs: Path | None, write: bool, console: Console) -> dict:
+    from rich.progress import Progress
+
+    from autoparallel.validate import default_runs, load_runs
+    hw = io.load_hardware(gpu)
+    runs_path = runs or default_runs()
+    rows = [p for p in load_runs(runs_path) if p.hardware.name == hw.name]
+    if not rows:
+        raise UserError(f"no rows of {runs_path} were measured on {hw.name}; nothing to fit")
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(f"fitting {hw.name} on {len(rows)} runs", total=None)
+        fitted, before, after = fit(rows, hw, progress=lambda: bar.advance(task))
+    for name, value in fitted.items():
+        console.print(f"  {name}: {getattr(hw.efficiency, name):.4g} -> {value:.4g}")
+    sources = sorted({p.row["id"].split("-")[0] for p in rows})
+    console.print(f"mean |error| on {len(rows)} {hw.name} rows: {before:.1f} % -> {after:.1f} %")
+    if write:
+        path = io.resolve_preset("hardware", gpu)
+        note = (f"{dt.date.today().isoformat()}: {len(rows)} rows of {runs_path.name} "
+                f"({', '.join(sources)}); mean |error| {before:.1f} % before, {after:.1f} % after")
+        write_block(path, fitted, hw.efficiency, note,
+                    f"{runs_path.name}: {len(rows)} {'/'.join(sources)} rows")
+        console.print(f"wrote {path}")
+    return fitted

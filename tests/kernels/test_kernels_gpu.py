@@ -1,0 +1,102 @@
+"""CUDA kernels against their references: bit-exact casts, exact amax, same scales.
+
+Runs only where torch sees a GPU (and nvcc can build the extension):
+    python -m pytest tests/kernels/test_kernels_gpu.py -m gpu -v
+"""
+
+import pytest
+import torch
+
+from autoparallel.model import kernels, reference as R
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+FORMATS = [torch.float8_e4m3fn, torch.float8_e5m2]
+INPUTS = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(scope="module")
+def ops():
+    module, status = kernels.load()
+    if module is None:
+        pytest.fail(f"kernels did not build on a CUDA machine: {status.reason}")
+    return kernels.CudaOps(module)
+
+
+def nasty(shape, dtype, seed=0):
+    """Normal values over a wide range plus zeros, ties, huge values, inf and NaN."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-20, 14, shape, generator=g))
+    flat = x.view(-1)
+    flat[:7] = torch.tensor([0.0, -0.0, 1e9, -1e9, float("inf"), float("-inf"), 2.0 ** -12])
+    return x.to(dtype).cuda()
+
+
+def same_bits(a, b):
+    nan_a, nan_b = torch.isnan(a.float()), torch.isnan(b.float())
+    assert torch.equal(nan_a, nan_b)
+    assert torch.equal(a.view(torch.uint8)[~nan_a], b.view(torch.uint8)[~nan_b])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", INPUTS)
+def test_cast_amax(ops, fmt, dtype):
+    x = nasty((1000, 257), dtype)
+    scale = torch.tensor(0.37, device="cuda")
+    q, a = ops.cast_amax(x, fmt, scale)
+    q_ref, a_ref = R.cast_amax(x, fmt, scale)
+    same_bits(q, q_ref)
+    assert a.item() == a_ref.item()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", INPUTS)
+def test_current_scale_cast(ops, fmt, dtype):
+    x = (torch.randn(333, 517) * 1e-3).to(dtype).cuda()
+    got, ref = ops.current_scale_cast(x, fmt, 1), R.current_scale_cast(x, fmt, 1)
+    same_bits(got[0], ref[0])
+    assert got[1].item() == ref[1].item() and got[2].item() == ref[2].item()
+
+
+def test_amax_propagates_nan(ops):
+    x = torch.randn(10_000, device="cuda")
+    assert ops.amax(x).item() == R.amax(x).item()
+    x[777] = float("nan")
+    assert torch.isnan(ops.amax(x))
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (1000, 257), (3, 4096)])
+def test_cast_transpose(ops, shape):
+    x = nasty(shape, torch.bfloat16, seed=1)
+    scale = torch.tensor(2.0, device="cuda")
+    got, ref = ops.cast_transpose(x, torch.float8_e4m3fn, scale), R.cast_transpose(
+        x, torch.float8_e4m3fn, scale)
+    same_bits(got[0], ref[0])
+    same_bits(got[1], ref[1])
+    assert got[2].item() == ref[2].item()
+
+
+@pytest.mark.parametrize("shape", [(256, 1024), (37, 300), (1, 128)])
+@pytest.mark.parametrize("dtype", INPUTS)
+def test_blockwise(ops, shape, dtype):
+    x = nasty(shape, dtype, seed=2)
+    x[torch.isinf(x)] = 3.0  # a tile with inf would keep scale 1 in both; keep scales varied
+    for fn in ("blockwise_cast_1d", "blockwise_cast_2d"):
+        q, s = getattr(ops, fn)(x, torch.float8_e4m3fn)
+        q_ref, s_ref = getattr(R, fn)(x, torch.float8_e4m3fn)
+        same_bits(q, q_ref)
+        assert torch.equal(s, s_ref), fn
+
+
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+def test_delayed_scaling_update(ops, algo):
+    h = torch.rand(300, 1024, device="cuda") * 100
+    h[3] = 0.0
+    h[4, 0] = float("nan")
+    s = torch.rand(300, device="cuda") + 0.5
+    maxes = torch.full((300,), 448.0, device="cuda")
+    h2, s2 = h.clone(), s.clone()
+    ops.delayed_scaling_update(h, s, maxes, 2, algo)
+    R.delayed_scaling_update(h2, s2, maxes, 2, algo)
+    assert torch.equal(h, h2) and torch.equal(s, s2)
