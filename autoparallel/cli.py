@@ -158,20 +158,16 @@ def _print_estimate(model, hw, result: dict) -> None:
 def cmd_export(args: argparse.Namespace) -> None:
     import yaml
 
-    from autoparallel.report.export import export_document, megatron_args, nemo_config
+    from autoparallel.report.export import megatron_args, nemo_config
     from autoparallel.search import run
-    from autoparallel.costmodel.estimate import record
     result = run.load(Path(args.run_dir))
-    row = result.entry(args.rank)
     plan = result.plan(args.rank)
     if args.format == "megatron":
         text = " \\\n  ".join(megatron_args(result.model, plan)) + "\n"
     elif args.format == "nemo":
         text = yaml.safe_dump(nemo_config(result.model, plan), sort_keys=False)
     else:
-        metrics = record(plan.as_dict(), row)
-        metrics.pop("config")
-        text = yaml.safe_dump(export_document(result.model, plan, metrics), sort_keys=False, width=100)
+        text = yaml.safe_dump(run.plan_document(result.model, result.entry(args.rank)), sort_keys=False, width=100)
     if args.output:
         from autoparallel.report.run_folder import write_atomic
         write_atomic(Path(args.output), text)

@@ -49,6 +49,8 @@ def _type_name(tp: Any) -> str:
         return " or ".join(_type_name(a) for a in get_args(tp))
     if get_origin(tp) is tuple:
         return "list"
+    if tp is type(None):
+        return "null"
     return getattr(tp, "__name__", str(tp))
 
 

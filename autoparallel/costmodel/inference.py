@@ -71,21 +71,29 @@ OUTPUT_KEYS = ("ttft_s", "tpot_s", "latency_s", "output_tokens_per_s_per_replica
 class InferenceEfficiency:
     """Fitted fractions of peak and fixed costs of one serving engine on one GPU type.
 
-    The defaults are the fit to FasterTransformer on A100 (see the assumptions YAML for the
-    command and the data); other GPUs reuse the fractions unless their own block overrides them.
+    The defaults are the fit to FasterTransformer on A100 (rounded; the assumptions YAML holds
+    the exact fit, the command and the data); other GPUs reuse them unless their own block in
+    that YAML overrides them. Fitted to FT, they describe FT: e.g. ``attention`` is low because
+    FT's context attention is unfused (scores go through HBM), and ``layer_overhead_us`` holds
+    FT's kernel launches without CUDA graphs.
     """
 
-    hbm: float = 0.75  # achieved share of HBM bandwidth streaming weights and KV cache
-    gemm_max: float = 0.75  # GEMM efficiency = gemm_max / (1 + gemm_half_gflop / GEMM GFLOP)
-    gemm_half_gflop: float = 2.0
+    hbm: float = 0.91  # achieved share of HBM bandwidth streaming weights and KV cache
+    gemm_max: float = 0.65  # GEMM efficiency = gemm_max / (1 + gemm_half_gflop / GEMM GFLOP)
+    gemm_half_gflop: float = 0.01
     fp8_gemm_relative: float = 0.8  # FP8 GEMMs reach this share of the (doubled) FP8 peak
-    attention: float = 0.35  # prefill attention core as a share of the BF16 peak
-    roofline_sharpness: float = 2.0  # k in (compute^k + memory^k)^(1/k)
-    layer_overhead_us: float = 20.0  # per layer and forward pass
-    pass_overhead_us: float = 200.0  # per forward pass (sampling, host work)
-    allreduce_latency_us: float = 15.0  # per all-reduce inside an NVLink domain, on top of comm
-    internode_allreduce_latency_us: float = 60.0  # per all-reduce that leaves the domain
-    p2p_latency_us: float = 30.0  # per pipeline hand-off
+    attention: float = 0.05  # prefill attention core as a share of the BF16 peak
+    roofline_sharpness: float = 20.0  # k in (compute^k + memory^k)^(1/k)
+    layer_overhead_us: float = 104.0  # per layer and forward pass
+    pass_overhead_us: float = 0.0  # per forward pass (sampling, host work)
+    allreduce_latency_us: float = 22.5  # per all-reduce inside an NVLink domain, on top of comm
+    internode_allreduce_latency_us: float = 67.0  # per all-reduce that leaves the domain
+    p2p_latency_us: float = 30.0  # per pipeline hand-off inside an NVLink domain (not fitted: no data)
+    internode_p2p_latency_us: float = 2170.0  # per hand-off between nodes (FT's PP3 rows)
+    # Per-layer memory-bound traffic (norms, bias, activation, residual; replicated over TP) in
+    # bytes per token and hidden unit; and the sampler's cost per logit (top-p sorts the vocab).
+    elementwise_bytes_per_token_hidden: float = 22.6
+    sampling_ns_per_logit: float = 1.06
 
     def __post_init__(self) -> None:
         for key in ("hbm", "gemm_max", "fp8_gemm_relative", "attention"):
@@ -119,10 +127,34 @@ def _soft_max(a, b, k):
     return np.where(hi > 0, safe * ((a / safe) ** k + (b / safe) ** k) ** (1.0 / k), 0.0)
 
 
+def microbatch_size(batch, tokens_per_seq, pp, policy: str = "even"):
+    """Sequences per pipeline micro-batch.
+
+    ``even``: ``batch / min(pp, batch)`` (one micro-batch per stage in flight, as vLLM's virtual
+    engines and TensorRT-LLM schedule them). ``fastertransformer``: FT's getLocalBatchSize
+    (ParallelGpt.cc): divide by pp when it divides the batch, then halve while the micro-batch
+    holds more than 1024 tokens and stays even.
+    """
+    b = np.asarray(batch, dtype=float)
+    pp = np.asarray(pp, dtype=float)
+    if policy == "even":
+        return b / np.minimum(pp, b)
+    if policy != "fastertransformer":
+        raise ValueError(f"unknown micro-batching policy {policy!r}; valid: even, fastertransformer")
+    tokens = np.broadcast_to(np.asarray(tokens_per_seq, dtype=float), b.shape)
+    local = np.where((pp > 1) & (np.mod(b, pp) == 0), b / pp, b)
+    for _ in range(32):
+        halve = (pp > 1) & (local * tokens > 1024) & (np.mod(local, 2) == 0)
+        if not halve.any():
+            break
+        local = np.where(halve, local / 2, local)
+    return local
+
+
 def estimate_inference_columns(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency,
                                cols: Mapping[str, np.ndarray], memory_fraction: float = 0.9,
                                prefill_chunk_tokens: float | np.ndarray = np.inf,
-                               decode_steps=None) -> dict[str, np.ndarray]:
+                               decode_steps=None, microbatching: str = "even") -> dict[str, np.ndarray]:
     """Predict every serving layout in ``cols`` (``COLUMNS`` -> arrays). Returns metric columns.
 
     ``decode_steps``: decode passes that follow the prefill (default ``output_len - 1``: the
@@ -139,8 +171,6 @@ def estimate_inference_columns(model: ModelSpec, hw: HardwareSpec, eff: Inferenc
     L, h, V = model.num_layers, model.hidden_size, model.vocab_size
     heads, hd = model.num_attention_heads, model.head_dim
     stage_layers = np.ceil(L / p)
-    m = np.minimum(p, b)  # micro-batches in flight
-    mb = b / m  # sequences per micro-batch
 
     peak16 = hw.bf16_tflops * 1e12
     peak8 = (hw.fp8_tflops or hw.bf16_tflops) * 1e12 * eff.fp8_gemm_relative
@@ -169,7 +199,8 @@ def estimate_inference_columns(model: ModelSpec, hw: HardwareSpec, eff: Inferenc
             attn_flops = 4.0 * seqs * ctx * heads * hd / t
             kv_read = seqs * ctx * kv_bytes_per_token(model, 1, t, kvb)
         t_attn = attn_flops / (peak16 * eff.attention)
-        mem = (layer_weight_bytes + kv_read) / hbm
+        elementwise = eff.elementwise_bytes_per_token_hidden * tokens * h
+        mem = (layer_weight_bytes + kv_read + elementwise) / hbm
         compute = t_lin + t_attn
         layer = _soft_max(compute, mem, k)
         ar = 2.0 * (comm.all_reduce_time(hw, ACT_BYTES * tokens * h, t, per_node) + ar_floor)
@@ -178,21 +209,27 @@ def estimate_inference_columns(model: ModelSpec, hw: HardwareSpec, eff: Inferenc
         out_flops = 2.0 * seqs * h * V / t
         out_mem = (h * V / t * ACT_BYTES) / hbm
         out_compute = out_flops / (peak16 * eff.gemm_max)
-        t_out = _soft_max(out_compute, out_mem, k)
+        t_out = _soft_max(out_compute, out_mem, k) + seqs * V * eff.sampling_ns_per_logit * 1e-9
         stage = stage_layers * layer_total + t_out
         return (stage, stage_layers * compute + out_compute, stage_layers * mem + out_mem,
                 stage_layers * ar, stage_layers * eff.layer_overhead_us * 1e-6)
 
     hop_bytes = lambda tokens: ACT_BYTES * tokens * h  # noqa: E731
+    hop_floor = np.where(pp_cross, eff.internode_p2p_latency_us, eff.p2p_latency_us) * 1e-6
     hop = lambda tokens: np.where(p > 1, comm.p2p_time(hw, hop_bytes(tokens), ~pp_cross)  # noqa: E731
-                                  + eff.p2p_latency_us * 1e-6, 0.0)
+                                  + hop_floor, 0.0)
 
     # Prefill: the whole batch's prompts, micro-batched over the pipeline.
+    mb = microbatch_size(b, s_in, p, microbatching)
+    m = b / mb
     pre_stage, *_ = stage_pass(mb * s_in, mb, s_in, prefill=True)
     ttft = (m + p - 1.0) * (pre_stage + hop(mb * s_in)) + eff.pass_overhead_us * 1e-6
 
     # Decode: one token per sequence at the mean context length.
     ctx = s_in + 0.5 * (s_out + 1.0)
+    mb_prefill = mb
+    mb = microbatch_size(b, 1, p, microbatching)
+    m = b / mb
     dec_stage, dec_compute, dec_mem, dec_ar, dec_over = stage_pass(mb, mb, ctx, prefill=False)
     slots = m + p - 1.0
     dec_hop = hop(mb)
@@ -210,7 +247,7 @@ def estimate_inference_columns(model: ModelSpec, hw: HardwareSpec, eff: Inferenc
     ffn = model.expert_ffn_hidden_size if model.is_moe else model.ffn_hidden_size
     ffn_mult = (2.0 if model.gated_mlp else 1.0) * (model.moe_router_topk if model.is_moe else 1)
     act_per_token = ACT_BYTES * (4.0 * h + (heads + 2 * model.query_groups) * hd / t + ffn_mult * ffn / t)
-    chunk = np.minimum(mb * s_in, prefill_chunk_tokens)
+    chunk = np.minimum(mb_prefill * s_in, prefill_chunk_tokens)
     logits = b * V / t * LOGIT_BYTES
     activations = chunk * act_per_token + logits
     reserve = hw.reserve_gib * GIB

@@ -97,11 +97,18 @@ def save(result: SearchResult, root: Path, command: list[str], top_md: int = 50)
     return run_dir
 
 
-def write_best(path: Path, model: ModelSpec, row: pd.Series) -> None:
+def plan_document(model: ModelSpec, row: pd.Series) -> dict:
+    """best.yaml's content for one ranked row; metrics rounded as candidates.csv rounds them,
+    so exporting from a saved run reproduces the file written at search time."""
     plan = row_to_plan(row)
-    metrics = record(plan.as_dict(), row)
+    rounded = {k: round(v, run_folder.FLOAT_DIGITS) if isinstance(v, float) else v for k, v in row.items()}
+    metrics = record(plan.as_dict(), rounded)
     metrics.pop("config")
-    run_folder.write_yaml(path, export_document(model, plan, metrics))
+    return export_document(model, plan, metrics)
+
+
+def write_best(path: Path, model: ModelSpec, row: pd.Series) -> None:
+    run_folder.write_yaml(path, plan_document(model, row))
 
 
 def load(run_dir: Path) -> SearchResult:

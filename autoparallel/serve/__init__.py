@@ -1,0 +1,1 @@
+"""Serving (inference) layouts: candidate space, latency-bounded search, exports, validation."""

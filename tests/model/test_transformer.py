@@ -1,0 +1,136 @@
+"""The decoder built from a ModelSpec: shapes, parameter count, FP8 placement, recompute."""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autoparallel.model.fp8 import Fp8Linear
+from autoparallel.model.recipes import CurrentScaling, DelayedScaling, Fp8Policy
+from autoparallel.model.transformer import TINY, Recompute, Transformer
+from autoparallel.specs.model import ModelSpec
+
+SMALL = dataclasses.replace(TINY, name="small", num_layers=3, hidden_size=64, ffn_hidden_size=128,
+                            seq_length=32)
+
+
+def tokens(batch=2, seq=16, vocab=256, seed=0):
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def loss_and_grads(model, x):
+    logits = model(x)
+    loss = F.cross_entropy(logits.flatten(0, 1), x.flatten())
+    model.zero_grad()
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swiglu", "squared_relu"])
+@pytest.mark.parametrize("normalization", ["layernorm", "rmsnorm"])
+def test_forward_shapes_and_parameter_count(activation, normalization):
+    spec = dataclasses.replace(SMALL, activation=activation, normalization=normalization)
+    model = Transformer(spec)
+    assert model(tokens()).shape == (2, 16, 256)
+    # The cost model's parameter count (ModelSpec) leaves out norms and biases; so do we here.
+    matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2)
+    assert matrices == spec.num_parameters
+
+
+def test_gqa_mha_and_tied_embeddings():
+    mha = dataclasses.replace(SMALL, num_query_groups=None)
+    assert Transformer(mha).layers[0].attention.wk.weight.shape == (64, 64)
+    gqa = Transformer(SMALL)
+    assert gqa.layers[0].attention.wk.weight.shape == (32, 64)  # 2 groups x head_dim 16
+    tied = Transformer(dataclasses.replace(SMALL, tie_embeddings=True))
+    assert tied.output.weight is tied.tok_embeddings.weight
+    assert sum(p.numel() for p in tied.parameters() if p.dim() == 2) == dataclasses.replace(
+        SMALL, tie_embeddings=True).num_parameters
+
+
+def test_causal():
+    model = Transformer(SMALL).eval()
+    x = tokens()
+    y = x.clone()
+    y[:, 10:] = (y[:, 10:] + 1) % 256
+    assert torch.allclose(model(x)[:, :10], model(y)[:, :10], atol=1e-5)
+    assert not torch.allclose(model(x)[:, 10:], model(y)[:, 10:], atol=1e-5)
+
+
+def test_policy_places_fp8_layers():
+    policy = Fp8Policy(CurrentScaling(), bf16_first_layers=1, bf16_modules=("*.mlp.w2",))
+    model = Transformer(SMALL, policy)
+    fp8 = {n for n, m in model.named_modules() if isinstance(m, Fp8Linear)}
+    assert "layers.1.attention.wq" in fp8 and "layers.2.mlp.w1" in fp8
+    assert not any(n.startswith("layers.0.") for n in fp8)
+    assert not any(n.endswith("mlp.w2") for n in fp8)
+    assert "output" not in fp8
+    assert len(fp8) == 2 * 7 - 2  # wq wk wv wo w1 w2 w3 in layers 1-2, minus two w2
+    assert model(tokens()).shape == (2, 16, 256)
+
+
+def test_two_models_with_different_recipes_coexist():
+    torch.manual_seed(0)
+    a = Transformer(SMALL, Fp8Policy(DelayedScaling()))
+    torch.manual_seed(0)
+    b = Transformer(SMALL, Fp8Policy(CurrentScaling()))
+    assert a.layers[0].mlp.w1.recipe != b.layers[0].mlp.w1.recipe
+    assert isinstance(a.layers[0].mlp.w1.recipe, DelayedScaling)
+
+
+@pytest.mark.parametrize("recompute", [Recompute("selective"), Recompute("full"),
+                                       Recompute("full", full_layers=2)])
+@pytest.mark.parametrize("policy", [Fp8Policy(), Fp8Policy(CurrentScaling())])
+def test_recompute_gives_the_same_gradients_and_saves_memory(recompute, policy):
+    x = tokens()
+    torch.manual_seed(0)
+    base = Transformer(SMALL, policy)
+    torch.manual_seed(0)
+    model = Transformer(SMALL, policy, recompute)
+    loss_a, grads_a = loss_and_grads(base, x)
+    loss_b, grads_b = loss_and_grads(model, x)
+    assert loss_a == loss_b
+    for name in grads_a:
+        assert torch.allclose(grads_a[name], grads_b[name], rtol=1e-5, atol=1e-7), name
+    assert saved_bytes(model, x) < saved_bytes(base, x)
+
+
+def saved_bytes(model, x) -> int:
+    """Bytes autograd keeps for backward (DESIGN.md §7's exact activation measurement)."""
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x).sum()
+    return total
+
+
+def test_full_recompute_of_first_n_layers():
+    model = Transformer(SMALL, recompute=Recompute("full", full_layers=2))
+    assert [layer.full_recompute for layer in model.layers] == [True, True, False]
+
+
+def test_validation():
+    with pytest.raises(ValueError, match="recompute mode='some' is not valid"):
+        Recompute("some")
+    with pytest.raises(ValueError, match="full_layers=2 only applies to mode='full'"):
+        Recompute("selective", full_layers=2)
+    moe = dataclasses.replace(SMALL, num_experts=8)
+    with pytest.raises(ValueError, match="is MoE"):
+        Transformer(moe)
+    with pytest.raises(ValueError, match="exceeds seq_length=32"):
+        Transformer(SMALL)(tokens(seq=33))
+
+
+def test_state_dict_keys_are_nn_linear_compatible():
+    """Parallel wrappers shard by name and shape: an FP8 model's weights load into a BF16 one."""
+    fp8 = Transformer(SMALL, Fp8Policy(DelayedScaling()))
+    bf16 = Transformer(SMALL)
+    state = {k: v for k, v in fp8.state_dict().items()
+             if not k.endswith(("amax_history", "scale", "scales_initialized"))}
+    bf16.load_state_dict(state)

@@ -1,0 +1,22 @@
+from autoparallel import io
+from autoparallel.costmodel import calibrate
+from autoparallel.specs.hardware import Efficiency, HardwareSpec
+
+
+def test_fitted_block_replaces_itself_and_reloads(tmp_path):
+    path = tmp_path / "gpu.yaml"
+    path.write_text("name: gpu\nbf16_tflops: 100\nmemory_gib: 80\nhbm_tbps: 2\nnvlink_domain: 8\n"
+                    "nvlink_gbps: 600\ninternode_gbps: 25\n")
+    for gemm_max in (0.61, 0.62):
+        calibrate.write_block(path, {"gemm_max": gemm_max, "layer_overhead_s": 3e-5}, Efficiency(),
+                              "test note", "test rows")
+    text = path.read_text()
+    assert text.count(calibrate.MARKER) == 1
+    hw = io.from_dict(HardwareSpec, io.read_yaml(path), str(path))
+    assert hw.efficiency.gemm_max == 0.62 and hw.efficiency.layer_overhead_s == 3e-5
+    assert hw.calibrated_on == "test rows"
+
+
+def test_committed_presets_name_their_calibration_data():
+    for name in ("a100-sxm-80g", "h100-sxm"):
+        assert "training_runs.csv" in io.load_hardware(name).calibrated_on

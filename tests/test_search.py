@@ -1,0 +1,45 @@
+import pytest
+
+from autoparallel.errors import UserError
+from autoparallel.io import load_model
+from autoparallel.search import run
+from autoparallel.space import load_space
+
+
+@pytest.fixture(scope="module")
+def search_512(gpt175b, h100):
+    return run.search(gpt175b, h100, 512, 2048, load_space())
+
+
+def test_ranks_are_dense_and_sorted(search_512):
+    feasible = search_512.feasible
+    assert list(feasible["rank"][:5]) == [1, 2, 3, 4, 5]
+    assert feasible["tokens_per_s_per_gpu"].is_monotonic_decreasing
+    assert (search_512.ranked.loc[~search_512.ranked.fits, "reason"] != "").all()
+
+
+def test_published_nemo_layout_is_feasible_and_in_the_top_5_percent(search_512):
+    f = search_512.feasible
+    published = f[(f.tp == 4) & (f.pp == 8) & (f.vp == 6) & (f.cp == 1) & (f.mbs == 2)
+                  & (f.precision == "fp8-delayed")]
+    assert not published.empty
+    best_rank = int(published["rank"].min())
+    assert best_rank <= 0.05 * len(f), f"rank {best_rank} of {len(f)}"
+
+
+def test_rank_out_of_range_is_a_user_error(search_512):
+    with pytest.raises(UserError, match="out of range"):
+        search_512.entry(10**9)
+
+
+def test_nothing_fits_says_why_and_smallest_need(h100):
+    model = load_model("llama3.1-405b")
+    space = load_space().pinned(tp=1, pp=1, cp=1)
+    with pytest.raises(UserError, match=r"no layout of llama3.1-405b fits on 4 x h100-sxm: .*out of memory.*"
+                                        r"smallest memory need found is \d+\.\d GiB against a limit of 76.0 GiB"):
+        run.search(model, h100, 4, 252, space)
+
+
+def test_gpu_count_no_layout_can_use(gpt175b, h100):
+    with pytest.raises(UserError, match="no valid layout of gpt3-175b for 7 GPUs"):
+        run.search(gpt175b, h100, 7, 2048, load_space())

@@ -1,0 +1,62 @@
+import pytest
+
+from autoparallel import io
+from autoparallel.space import SearchSpace, generate, load_space, row_to_plan
+
+
+@pytest.fixture(scope="module")
+def candidates(gpt175b, h100):
+    return generate(gpt175b, h100, 1024, 2048, load_space())
+
+
+def test_valid_candidates_obey_megatron_rules(candidates, gpt175b):
+    valid = candidates[candidates.reason == ""]
+    assert len(valid) > 10_000
+    assert (valid.tp * valid.pp * valid.cp * valid.dp == 1024).all()
+    assert (gpt175b.num_attention_heads % valid.tp == 0).all()
+    assert (gpt175b.num_layers % (valid.pp * valid.vp) == 0).all()
+    assert (2048 % (valid.mbs * valid.dp) == 0).all()
+    interleaved = valid[valid.vp > 1]
+    assert ((2048 // (interleaved.mbs * interleaved.dp)) % interleaved.pp == 0).all()
+    assert (valid.tp <= 8).all()
+    assert not (valid.sp & (valid.tp == 1)).any()
+    assert not (valid.tp_comm_overlap & ~valid.sp).any()
+    assert not ((valid.precision == "fp8-delayed") & (valid.fp8_bf16_edge_layers > 0)).any()
+    assert not (valid.precision == "mxfp8").any()  # H100 has no MXFP8
+
+
+def test_rejections_name_the_rule(candidates):
+    reasons = set(candidates.reason)
+    assert "tp=16 crosses the 8-GPU NVLink domain" in reasons
+    assert "mxfp8 needs Blackwell; h100-sxm lacks it" in reasons
+    assert any(r.startswith("96 layers not divisible by pp*vp=") for r in reasons)
+
+
+def test_blackwell_admits_mxfp8(gpt175b):
+    out = generate(gpt175b, io.load_hardware("b200"), 64, 256, SearchSpace(precision=("mxfp8",)))
+    assert (out.reason == "").any()
+
+
+def test_pins_fix_knobs(gpt175b, h100):
+    space = load_space().pinned(tp=4, pp=8, precision="fp8-delayed")
+    valid = generate(gpt175b, h100, 512, 2048, space).query("reason == ''")
+    assert set(valid.tp) == {4} and set(valid.pp) == {8} and set(valid.precision) == {"fp8-delayed"}
+
+
+def test_full_recompute_layer_counts_follow_the_chunk(gpt175b, h100):
+    space = SearchSpace(tp=(4,), pp=(8,), vp=(2,), mbs=(1,), recompute=("full",),
+                        full_recompute_fractions=(1.0, 0.5, 0.25))
+    valid = generate(gpt175b, h100, 512, 2048, space).query("reason == ''")
+    # 96 layers / (8 stages * 2 chunks) = 6 per chunk: all (0), 3 and 2 layers.
+    assert sorted(valid.recompute_num_layers.unique()) == [0, 2, 3]
+
+
+def test_row_round_trips_to_a_plan(candidates):
+    row = candidates[candidates.reason == ""].iloc[0]
+    plan = row_to_plan(row)
+    assert plan.num_gpus == 1024 and plan.tp == row.tp
+
+
+def test_bad_space_values_are_rejected():
+    with pytest.raises(ValueError, match="precision \\['fp6'\\] is not one of"):
+        SearchSpace(precision=("fp6",))

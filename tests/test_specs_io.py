@@ -1,0 +1,105 @@
+import pytest
+
+from autoparallel import io
+from autoparallel.errors import SpecError, UserError
+from autoparallel.specs.model import ModelSpec
+
+REQUIRED_MODELS = ["gpt3-5b", "gpt3-20b", "gpt3-175b", "llama2-7b", "llama2-13b", "llama2-70b",
+                   "llama3-8b", "llama3-70b", "llama3.1-405b", "nemotron-15b", "nemotron-340b"]
+REQUIRED_HARDWARE = ["a100-sxm-80g", "h100-sxm", "h200", "b200", "gb200"]
+
+
+@pytest.mark.parametrize("name", REQUIRED_MODELS)
+def test_every_model_preset_loads(name):
+    assert io.load_model(name).name == name
+
+
+@pytest.mark.parametrize("name", REQUIRED_HARDWARE)
+def test_every_hardware_preset_loads(name):
+    hw = io.load_hardware(name)
+    assert hw.name == name and hw.efficiency.gemm_max > 0
+
+
+def test_alias_resolves():
+    assert io.load_model("175b").name == "gpt3-175b"
+
+
+@pytest.mark.parametrize("name, billions", [("gpt3-175b", 175), ("llama2-70b", 69), ("llama3-8b", 8.0),
+                                            ("llama3.1-405b", 405), ("llama2-7b", 6.7)])
+def test_parameter_counts_match_model_cards(name, billions):
+    assert io.load_model(name).num_parameters / 1e9 == pytest.approx(billions, rel=0.03)
+
+
+def test_gb200_is_one_72_gpu_nvlink_domain():
+    assert io.load_hardware("gb200").nvlink_domain == 72
+
+
+def test_uncalibrated_gpu_inherits_h100_constants():
+    assert io.load_hardware("h200").efficiency == io.load_hardware("h100-sxm").efficiency
+
+
+def test_unknown_model_lists_valid_names_and_suggests():
+    with pytest.raises(UserError, match=r"unknown model 'lama3-8b'.*Did you mean 'llama3-8b'.*Valid: .*gpt3-175b"):
+        io.load_model("lama3-8b")
+
+
+def test_unknown_hardware_is_a_user_error():
+    with pytest.raises(UserError, match="unknown hardware 'h900'"):
+        io.load_hardware("h900")
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "m.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+GOOD = """name: tiny
+num_layers: 2
+hidden_size: 64
+ffn_hidden_size: 256
+num_attention_heads: 4
+vocab_size: 128
+seq_length: 32
+"""
+
+
+def test_model_yaml_path_loads(tmp_path):
+    assert io.load_model(_write(tmp_path, GOOD)) == ModelSpec(
+        name="tiny", num_layers=2, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
+        vocab_size=128, seq_length=32)
+
+
+def test_unknown_key_names_file_and_key(tmp_path):
+    path = _write(tmp_path, GOOD + "num_layer: 3\n")
+    with pytest.raises(SpecError, match=r"m\.yaml: unknown key 'num_layer' \(did you mean 'num_layers'\?\)"):
+        io.load_model(path)
+
+
+def test_wrong_type_names_key_and_expected_type(tmp_path):
+    path = _write(tmp_path, GOOD.replace("num_layers: 2", "num_layers: two"))
+    with pytest.raises(SpecError, match=r"key 'num_layers': expected int, got 'two'"):
+        io.load_model(path)
+
+
+def test_missing_key_is_named(tmp_path):
+    path = _write(tmp_path, GOOD.replace("vocab_size: 128\n", ""))
+    with pytest.raises(SpecError, match="missing required key 'vocab_size'"):
+        io.load_model(path)
+
+
+def test_bad_literal_lists_choices(tmp_path):
+    path = _write(tmp_path, GOOD + "activation: relu\n")
+    with pytest.raises(SpecError, match="expected one of 'gelu' | 'swiglu' | 'squared_relu'"):
+        io.load_model(path)
+
+
+def test_inconsistent_heads_are_rejected(tmp_path):
+    path = _write(tmp_path, GOOD + "num_query_groups: 3\n")
+    with pytest.raises(SpecError, match="not a multiple of num_query_groups=3"):
+        io.load_model(path)
+
+
+def test_malformed_yaml_is_a_spec_error(tmp_path):
+    with pytest.raises(SpecError, match="not valid YAML"):
+        io.load_model(_write(tmp_path, "name: [unclosed\n"))
