@@ -64,7 +64,7 @@ COLUMNS = ("tp", "pp", "batch", "input_len", "output_len", "weight_precision", "
 OUTPUT_KEYS = ("ttft_s", "tpot_s", "latency_s", "output_tokens_per_s_per_replica", "fits",
                "memory_per_gpu_gib", "weights_gib", "kv_cache_gib", "activations_gib", "reserve_gib",
                "decode_compute_s", "decode_memory_s", "decode_tp_comm_s", "decode_overhead_s",
-               "decode_pp_s", "max_batch_fit")
+               "decode_pp_s")
 
 
 @dataclass(frozen=True)
@@ -254,12 +254,6 @@ def estimate_inference_columns(model: ModelSpec, hw: HardwareSpec, eff: Inferenc
     total = weights + kv + activations + reserve
     limit = memory_fraction * hw.memory_gib * GIB
     fits = total <= limit
-    # Largest batch that fits (activations taken at this candidate's chunk: an upper bound).
-    free = limit - weights - reserve - np.minimum(s_in, prefill_chunk_tokens) * act_per_token
-    per_seq = per_seq_kv + V / t * LOGIT_BYTES + np.where(np.isfinite(prefill_chunk_tokens), 0.0,
-                                                          s_in * act_per_token)
-    max_batch = np.floor(np.maximum(free, 0.0) / per_seq)
-
     return {
         "ttft_s": ttft,
         "tpot_s": tpot,
@@ -277,5 +271,4 @@ def estimate_inference_columns(model: ModelSpec, hw: HardwareSpec, eff: Inferenc
         "decode_tp_comm_s": slots * dec_ar,
         "decode_overhead_s": slots * dec_over + eff.pass_overhead_us * 1e-6,
         "decode_pp_s": slots * dec_hop,
-        "max_batch_fit": max_batch,
     }

@@ -9,8 +9,8 @@ from rich.table import Table
 # (column, header, format); the layout columns first, then what was predicted.
 RANKED_COLUMNS = (
     ("rank", "#", "{}"),
-    ("tp", "TP", "{}"), ("pp", "PP", "{}"), ("vp", "VP", "{}"), ("cp", "CP", "{}"),
-    ("ep", "EP", "{}"), ("dp", "DP", "{}"), ("mbs", "MBS", "{}"),
+    ("tp", "TP", "{:.0f}"), ("pp", "PP", "{:.0f}"), ("vp", "VP", "{:.0f}"), ("cp", "CP", "{:.0f}"),
+    ("ep", "EP", "{:.0f}"), ("dp", "DP", "{:.0f}"), ("mbs", "MBS", "{:.0f}"),
     ("sp", "SP", "{}"), ("recompute", "recompute", "{}"), ("precision", "precision", "{}"),
     ("tp_comm_overlap", "TP ovl", "{}"),
     ("peak_memory_gib", "mem GiB", "{:.1f}"),
