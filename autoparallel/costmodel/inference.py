@@ -58,6 +58,7 @@ PRECISION_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 PRECISIONS = tuple(PRECISION_BYTES)
 ACT_BYTES = 2.0  # activations stay 16 bit
 LOGIT_BYTES = 4.0  # FP32 logits of the sampled position
+SCORE_TRIPS = 4.0  # unfused attention: write QK^T, read it for softmax, write P, read P for P·V
 LATENCY_METRICS = ("ttft", "tpot", "e2e")
 
 COLUMNS = ("tp", "pp", "batch", "input_len", "output_len", "weight_precision", "kv_precision")
@@ -154,11 +155,13 @@ def microbatch_size(batch, tokens_per_seq, pp, policy: str = "even"):
 def estimate_inference_columns(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency,
                                cols: Mapping[str, np.ndarray], memory_fraction: float = 0.9,
                                prefill_chunk_tokens: float | np.ndarray = np.inf,
-                               decode_steps=None, microbatching: str = "even") -> dict[str, np.ndarray]:
+                               decode_steps=None, microbatching: str = "even",
+                               flash_attention: bool = True) -> dict[str, np.ndarray]:
     """Predict every serving layout in ``cols`` (``COLUMNS`` -> arrays). Returns metric columns.
 
     ``decode_steps``: decode passes that follow the prefill (default ``output_len - 1``: the
-    prefill yields the first token). ``prefill_chunk_tokens`` bounds the prefill tokens whose
+    prefill yields the first token). ``flash_attention=False`` prices an unfused prefill
+    attention (FasterTransformer's): the scores make four FP16 trips through HBM. ``prefill_chunk_tokens`` bounds the prefill tokens whose
     activations are live at once (memory only; compute is the same).
     """
     f64 = lambda k: np.asarray(cols[k], dtype=float)  # noqa: E731
@@ -194,7 +197,7 @@ def estimate_inference_columns(model: ModelSpec, hw: HardwareSpec, eff: Inferenc
         t_lin = lin_flops / (gemm_peak * gemm_eff)
         if prefill:  # causal attention over the prompt, flash-style
             attn_flops = 0.5 * 4.0 * seqs * ctx * ctx * heads * hd / t
-            kv_read = 0.0
+            kv_read = 0.0 if flash_attention else SCORE_TRIPS * ACT_BYTES * seqs * ctx * ctx * heads / t
         else:
             attn_flops = 4.0 * seqs * ctx * heads * hd / t
             kv_read = seqs * ctx * kv_bytes_per_token(model, 1, t, kvb)

@@ -78,6 +78,7 @@ class Rows:
     precision: str
     decode_steps_is_output_len: bool
     microbatching: str
+    flash_attention: bool
 
 
 def load_rows(runs: Path | None = None) -> Rows:
@@ -103,7 +104,8 @@ def load_rows(runs: Path | None = None) -> Rows:
     if a["decode_steps"] not in ("output_len", "output_len - 1"):
         raise SpecError(f"{ASSUMPTIONS}: validation.decode_steps must be 'output_len' or 'output_len - 1'")
     return Rows(frame, models, io.load_hardware(a["hardware"]), float(a["memory_fraction"]),
-                str(a["precision"]), a["decode_steps"] == "output_len", str(a["microbatching"]))
+                str(a["precision"]), a["decode_steps"] == "output_len", str(a["microbatching"]),
+                bool(a["flash_attention"]))
 
 
 def predict(rows: Rows, eff: InferenceEfficiency) -> pd.DataFrame:
@@ -119,7 +121,8 @@ def predict(rows: Rows, eff: InferenceEfficiency) -> pd.DataFrame:
         steps = out_len if rows.decode_steps_is_output_len else out_len - 1
         est = estimate_inference_columns(rows.models[name], rows.hardware, eff, cols,
                                          rows.memory_fraction, decode_steps=steps,
-                                         microbatching=rows.microbatching)
+                                         microbatching=rows.microbatching,
+                                         flash_attention=rows.flash_attention)
         parts.append(group.assign(predicted_ms=est["latency_s"] * 1e3, ttft_ms=est["ttft_s"] * 1e3,
                                   tpot_ms=est["tpot_s"] * 1e3, memory_gib=est["memory_per_gpu_gib"],
                                   fits=est["fits"]))
