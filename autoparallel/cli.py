@@ -40,9 +40,10 @@ def _non_negative(text: str) -> int:
     return value
 
 
-def _add_target(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="preset name or alias (see `autoparallel models`) or a model YAML path")
-    p.add_argument("--gpus", type=_positive, required=True, help="number of GPUs")
+def _add_target(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--model", required=required,
+                   help="preset name or alias (see `autoparallel models`) or a model YAML path")
+    p.add_argument("--gpus", type=_positive, required=required, help="number of GPUs")
     p.add_argument("--gpu", default="h100-sxm", help="hardware preset or YAML path (default h100-sxm)")
 
 
@@ -82,31 +83,72 @@ def _inputs(args: argparse.Namespace):
 
 
 def cmd_search(args: argparse.Namespace) -> None:
-    from autoparallel.report.tables import print_ranked
     from autoparallel.search import run
+    if args.resume:
+        with _trial_progress(None, args.json) as progress:
+            result = run.resume(Path(args.resume), progress)
+        _show(result, args, f"resumed {args.resume}", Path(args.resume))
+        return
+    if args.model is None or args.gpus is None:
+        raise UserError("search needs --model and --gpus (or --resume RUN_DIR)")
     model, hw, gbs, space = _inputs(args)
     start = time.perf_counter()
+    if args.strategy == "optuna":
+        from autoparallel.search.sampler import StudySettings
+        settings = StudySettings(sampler=args.sampler, trials=args.trials, objectives=tuple(args.objectives.split(",")),
+                                 seed=args.seed, storage=args.storage or "", workers=args.workers,
+                                 seeds_from_grid=args.grid_seeds)
+        with _trial_progress(args.trials, args.json) as progress:
+            result, run_dir = run.optuna_search(model, hw, args.gpus, gbs, space, settings, Path(args.results),
+                                                sys.argv, progress)
+        _show(result, args, f"{args.trials} {args.sampler} trials in {time.perf_counter() - start:.1f} s", run_dir)
+        return
     with console.status("pricing every candidate layout...", spinner="dots") if not args.json else _null():
         result = run.search(model, hw, args.gpus, gbs, space, args.recompute_num_layers)
     elapsed = time.perf_counter() - start
+    run_dir = None if args.no_save else run.save(result, Path(args.results), sys.argv)
+    _show(result, args, f"{len(result.ranked):,} candidates in {elapsed:.2f} s", run_dir)
+
+
+def _show(result, args: argparse.Namespace, how: str, run_dir: Path | None) -> None:
+    from autoparallel.report.tables import print_ranked
     if args.json:
         print(json.dumps(result.records(args.top), indent=1))
-    else:
-        title = f"{model.name} on {args.gpus} x {hw.name}, gbs {gbs}: top {min(args.top, len(result.feasible))} " \
-                f"of {len(result.feasible):,} feasible ({len(result.ranked):,} candidates in {elapsed:.2f} s)"
-        print_ranked(result.ranked, title, args.top, console)
-    if not args.no_save:
-        run_dir = run.save(result, Path(args.results), sys.argv)
-        if not args.json:
-            console.print(f"run folder: {run_dir}")
+        return
+    title = (f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}: top "
+             f"{min(args.top, len(result.feasible))} of {len(result.feasible):,} feasible ({how})")
+    print_ranked(result.ranked, title, args.top, console)
+    if run_dir:
+        console.print(f"run folder: {run_dir}")
 
 
 class _null:
     def __enter__(self):
-        return self
+        return None
 
     def __exit__(self, *exc):
         return False
+
+
+def _trial_progress(total: int | None, quiet: bool):
+    """A progress bar for sampler trials showing the best feasible throughput so far."""
+    if quiet:
+        return _null()
+    from contextlib import contextmanager
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    @contextmanager
+    def bar():
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as p:
+            task = p.add_task("trials", total=total)
+
+            def update(done: int, best: float | None) -> None:
+                text = f"trials (best {best:,.0f} tok/s/GPU)" if best else "trials"
+                p.update(task, completed=done, description=text)
+            yield update
+    return bar()
 
 
 def cmd_estimate(args: argparse.Namespace) -> None:
@@ -175,6 +217,13 @@ def cmd_export(args: argparse.Namespace) -> None:
         sys.stdout.write(text)
 
 
+def cmd_report(args: argparse.Namespace) -> None:
+    from autoparallel.search import run
+    with console.status("rendering report...", spinner="dots"):
+        path = run.report(Path(args.run_dir))
+    console.print(f"wrote {path}")
+
+
 def cmd_list(kind: str) -> None:
     from rich.table import Table
     t = Table(title=f"{kind} presets ({io.SEARCH_SPACES / kind})")
@@ -196,7 +245,56 @@ def cmd_list(kind: str) -> None:
     console.print(t)
 
 
+def cmd_infer(args: argparse.Namespace) -> None:
+    from autoparallel.serve import search as serve
+    from autoparallel.serve.report import print_ranked
+    from autoparallel.serve.space import load_space, parse_precision
+    model = io.load_model(args.model)
+    hw = io.load_hardware(args.gpu)
+    request = serve.Request(args.input_len, args.output_len, args.max_latency_ms, args.latency_metric)
+    point = args.tp is not None and args.pp is not None and args.batch is not None
+    wp = parse_precision(args.weight_precision, "--weight-precision")
+    kp = parse_precision(args.kv_precision, "--kv-precision")
+    if point:  # one layout: 16-bit weights and KV cache unless pinned
+        wp, kp = wp or "bf16", kp or "bf16"
+    space = load_space(args.space).pinned(tp=args.tp, pp=args.pp, batch=args.batch,
+                                          weight_precision=wp, kv_precision=kp)
+    if point:
+        space = space.pinned(tp_within_nvlink_domain=False)
+        row = serve.estimate_point(model, hw, args.gpus, request, space)
+        if args.json:
+            print(json.dumps(serve.record(row), indent=1))
+        else:
+            title = serve.point_title(model, hw, args.gpus, request, row)
+            print_ranked(row.to_frame().T.assign(feasible=True, rank=1), title, 1, console)
+            if row["reason"]:
+                console.print(f"[red]{row['reason']}[/red]")
+        return
+    start = time.perf_counter()
+    result = serve.search(model, hw, args.gpus, request, space)
+    elapsed = time.perf_counter() - start
+    if args.json:
+        print(json.dumps(result.records(args.top), indent=1))
+    else:
+        title = (f"{serve.title_of(result)}: top {min(args.top, len(result.feasible))} of "
+                 f"{len(result.feasible):,} feasible ({len(result.ranked):,} candidates in {elapsed:.2f} s)")
+        print_ranked(result.ranked, title, args.top, console)
+    if not args.no_save:
+        run_dir = serve.save(result, Path(args.results), sys.argv)
+        if not args.json:
+            console.print(f"run folder: {run_dir}")
+
+
 def cmd_validate(args: argparse.Namespace) -> None:
+    if args.inference:
+        from autoparallel.serve import validate as serve_validate
+        report = serve_validate.validate_inference(Path(args.runs) if args.runs else None)
+        if args.json:
+            print(json.dumps({"rows": json.loads(report.drop(columns=["notes", "source"]).to_json(orient="records")),
+                              "summary": serve_validate.summary(report)}, indent=1))
+        else:
+            serve_validate.print_report(report, console)
+        return
     from autoparallel import validate
     report = validate.validate_training(Path(args.runs) if args.runs else None)
     if args.json:
@@ -215,8 +313,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("search", help="rank every valid training layout")
-    _add_target(s)
+    _add_target(s, required=False)
     _add_knobs(s)
+    s.add_argument("--strategy", choices=("grid", "optuna"), default="grid",
+                   help="grid prices every candidate (default); optuna samples --trials of them")
+    s.add_argument("--sampler", choices=("tpe", "nsga2", "random", "gp"), default="tpe")
+    s.add_argument("--trials", type=_positive, default=200, help="completed trials an optuna search runs")
+    s.add_argument("--objectives", default="throughput", help="throughput, or throughput,memory for a Pareto front")
+    s.add_argument("--seed", type=int, default=0, help="sampler seed")
+    s.add_argument("--storage", help="Optuna storage URL (default: SQLite in the run folder; 'journal' for a "
+                                     "journal file, used automatically with --workers > 1)")
+    s.add_argument("--workers", type=_positive, default=1, help="parallel local trial workers")
+    s.add_argument("--grid-seeds", type=_non_negative, default=5,
+                   help="best grid layouts enqueued as the first trials (0: none)")
+    s.add_argument("--resume", metavar="RUN_DIR", help="continue the interrupted optuna search of RUN_DIR")
     s.add_argument("--top", type=_positive, default=10, help="entries to print (default 10)")
     s.add_argument("--json", action="store_true", help="print the ranked list as JSON")
     s.add_argument("--results", default="results", help="folder for run folders (default results/)")
@@ -236,8 +346,35 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--output", "-o", help="file to write (default stdout)")
     x.set_defaults(func=cmd_export)
 
+    i = sub.add_parser("infer", help="rank serving layouts (TP, PP, replicas, batch, precision) under a latency bound")
+    _add_target(i)
+    i.add_argument("--input-len", type=_positive, default=2048, help="prompt tokens per request (default 2048)")
+    i.add_argument("--output-len", type=_positive, default=256, help="generated tokens per request (default 256)")
+    i.add_argument("--max-latency-ms", type=float, help="latency bound in ms (default: none)")
+    i.add_argument("--latency-metric", default="tpot",
+                   help="ttft | tpot | e2e: what the bound applies to (default tpot)")
+    g = i.add_argument_group("layout knobs (any given knob is pinned; tp, pp and batch all pinned = one estimate)")
+    g.add_argument("--tp", type=_positive, help="pin tensor parallel size")
+    g.add_argument("--pp", type=_positive, help="pin pipeline parallel size")
+    g.add_argument("--batch", type=_positive, help="pin requests in flight per replica")
+    g.add_argument("--weight-precision", help="pin weights: bf16 | fp16 | fp8")
+    g.add_argument("--kv-precision", help="pin KV cache: bf16 | fp16 | fp8")
+    i.add_argument("--space", default="inference", help="search space preset or YAML path (default inference)")
+    i.add_argument("--top", type=_positive, default=10, help="entries to print (default 10)")
+    i.add_argument("--json", action="store_true", help="print JSON (one object when tp, pp and batch are pinned)")
+    i.add_argument("--results", default="results", help="folder for run folders (default results/)")
+    i.add_argument("--no-save", action="store_true", help="do not write a run folder")
+    i.set_defaults(func=cmd_infer)
+
+    r = sub.add_parser("report", help="re-render a run's tables and write report.html with plots")
+    r.add_argument("run_dir")
+    r.set_defaults(func=cmd_report)
+
     v = sub.add_parser("validate", help="predict published measurements and report the error")
-    v.add_argument("--runs", help="CSV of measured runs (default ../shared/data/training_runs.csv)")
+    v.add_argument("--runs", help="CSV of measured runs (default ../shared/data/training_runs.csv, "
+                                  "or inference_runs.csv with --inference)")
+    v.add_argument("--inference", action="store_true",
+                   help="validate the inference cost model on FasterTransformer's latencies instead")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=cmd_validate)
 

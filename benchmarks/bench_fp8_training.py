@@ -35,10 +35,10 @@ POLICIES = {
 U = {"E4M3": 2.0 ** -4, "E5M2": 2.0 ** -3}
 
 
-def loss_table(steps: int, batch_size: int, seed: int, names: list[str]) -> None:
-    config = TrainConfig(steps=steps, batch_size=batch_size, seed=seed)
+def loss_table(steps: int, batch_size: int, seq_length: int, seed: int, names: list[str]) -> None:
+    config = TrainConfig(steps=steps, batch_size=batch_size, seq_length=seq_length, seed=seed)
     print(f"tiny model, {steps} steps, batch {batch_size} x seq {config.seq_length}, "
-          f"seed {seed}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+          f"seed {seed}, torch {torch.__version__}, {config.num_threads} torch thread(s)")
     print("| recipe | loss step 1 | loss step 50 | loss last step | final (mean last 20) "
           "| vs bf16 | seconds |")
     print("|---|---|---|---|---|---|---|")
@@ -55,10 +55,12 @@ def loss_table(steps: int, batch_size: int, seed: int, names: list[str]) -> None
 
 def linear_errors(seeds: int) -> None:
     """Relative (norm-wise) error of y, dx, dw vs float64, over seeds and three shapes."""
-    recipes = {"delayed HYBRID": DelayedScaling(), "delayed E4M3": DelayedScaling(fp8_format="E4M3"),
+    recipes = {"delayed HYBRID": DelayedScaling(),
+               "delayed E4M3": DelayedScaling(fp8_format="E4M3"),
                "current HYBRID": CurrentScaling(), "blockwise E4M3": BlockwiseScaling()}
     shapes = [(128, 256, 128), (256, 512, 384), (64, 1024, 256)]
-    print("| recipe | tensor | formats | bound sqrt(ua^2+ub^2) | mean rel. error | max rel. error |")
+    print("| recipe | tensor | formats | bound sqrt(ua^2+ub^2) | mean rel. error "
+          "| max rel. error |")
     print("|---|---|---|---|---|---|")
     for label, recipe in recipes.items():
         grad = "E5M2" if recipe.fp8_format == "HYBRID" else "E4M3"
@@ -108,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--seq-length", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--recipes", nargs="+", choices=list(POLICIES), default=list(POLICIES))
     parser.add_argument("--linear-errors", action="store_true")
@@ -120,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.broken:
         broken(min(args.steps, 10))
     else:
-        loss_table(args.steps, args.batch_size, args.seed, args.recipes)
+        loss_table(args.steps, args.batch_size, args.seq_length, args.seed, args.recipes)
     print(f"total {time.perf_counter() - start:.1f} s")
     return 0
 

@@ -12,9 +12,10 @@ optimizer step for every layer in one batched call (one kernel launch on a GPU).
 constructor argument, never global state, and the layer keeps ``nn.Linear``'s ``weight`` /
 ``bias`` names and shapes so that parallel wrappers can shard it from outside.
 
-One deliberate departure from TransformerEngine: before the first scale update the layer scales
+Two deliberate departures from TransformerEngine: before the first scale update the layer scales
 from the tensor's own amax (current scaling) instead of scale 1, which would underflow the first
-step's gradients to zero.
+step's gradients to zero; and an inf / NaN amax is left out of the history, so one bad step does
+not freeze the scale for the next ``amax_history_len`` steps.
 """
 
 from __future__ import annotations
@@ -181,47 +182,64 @@ class Fp8Linear(nn.Module):
 
     def quantize(self, x: torch.Tensor, role: TensorRole, *, both_layouts: bool = False,
                  weight_blocks: bool = False) -> Fp8Tensor:
-        """Quantize a 2-D operand; blockwise tiles run along its last (contracted) dim."""
+        """Quantize a 2-D operand per the recipe and report it to the observer, if any.
+
+        ``both_layouts`` also produces the transposed copy (for torch._scaled_mm); blockwise
+        tiles run along the last (contracted) dim, or 128x128 blocks with ``weight_blocks``.
+        """
         dtype = role_dtype(self.recipe.fp8_format, role)
         ops = kernels.ops_for(x.device)
         current = None
         if isinstance(self.recipe, BlockwiseScaling):
-            size = self.recipe.block_size
-            if weight_blocks:
-                q, s_inv = ops.blockwise_cast_2d(x, dtype, size)
-                out = Fp8Tensor(q, s_inv, (size, size))
-            else:
-                q, s_inv = ops.blockwise_cast_1d(x, dtype, size)
-                out = Fp8Tensor(q, s_inv, (1, size))
+            out = self._quantize_blockwise(ops, x, dtype, weight_blocks)
         elif isinstance(self.recipe, CurrentScaling):
-            if both_layouts:
-                a = ops.amax(x)
-                scale = compute_scale(a, dtype, self.recipe.margin)
-                q, q_t, _ = ops.cast_transpose(x, dtype, scale)
-                out = Fp8Tensor(q, scale.reciprocal(), None, q_t.t())
-            else:
-                q, s_inv, _ = ops.current_scale_cast(x, dtype, self.recipe.margin)
-                out = Fp8Tensor(q, s_inv)
+            out = self._quantize_current(ops, x, dtype, both_layouts)
         else:
-            i = ROLE_INDEX[role]
-            a_now = None
-            if self._scales_ready():
-                scale = self.scale[i]
-            else:
-                a_now = ops.amax(x)
-                scale = compute_scale(a_now, dtype, self.recipe.margin)
-            if both_layouts:
-                q, q_t, a = ops.cast_transpose(x, dtype, scale)
-                out = Fp8Tensor(q, scale.reciprocal(), None, q_t.t())
-            else:
-                q, a = ops.cast_amax(x, dtype, scale)
-                out = Fp8Tensor(q, scale.reciprocal())
-            self.amax_history[i, 0] = torch.maximum(self.amax_history[i, 0], a)
-            if self.observer is not None:
-                current = compute_scale(a if a_now is None else a_now, dtype, self.recipe.margin)
+            out, current = self._quantize_delayed(ops, x, dtype, ROLE_INDEX[role], both_layouts)
         if self.observer is not None:
             self.observer(self.numerics_name, role, x, out, current)
         return out
+
+    def _quantize_blockwise(self, ops, x, dtype, weight_blocks: bool) -> Fp8Tensor:
+        size = self.recipe.block_size
+        if weight_blocks:
+            q, s_inv = ops.blockwise_cast_2d(x, dtype, size)
+            return Fp8Tensor(q, s_inv, (size, size))
+        q, s_inv = ops.blockwise_cast_1d(x, dtype, size)
+        return Fp8Tensor(q, s_inv, (1, size))
+
+    def _quantize_current(self, ops, x, dtype, both_layouts: bool) -> Fp8Tensor:
+        if not both_layouts:
+            q, s_inv, _ = ops.current_scale_cast(x, dtype, self.recipe.margin)
+            return Fp8Tensor(q, s_inv)
+        scale = compute_scale(ops.amax(x), dtype, self.recipe.margin)
+        q, q_t, _ = ops.cast_transpose(x, dtype, scale)
+        return Fp8Tensor(q, scale.reciprocal(), None, q_t.t())
+
+    def _quantize_delayed(self, ops, x, dtype, i: int, both_layouts: bool
+                          ) -> tuple[Fp8Tensor, torch.Tensor | None]:
+        """Cast with the stored scale, record this amax; returns the tensor and, when observed,
+        the scale current scaling would have used (for the delayed / current ratio)."""
+        a_now = None
+        if self._scales_ready():
+            scale = self.scale[i]
+        else:
+            a_now = ops.amax(x)
+            scale = compute_scale(a_now, dtype, self.recipe.margin)
+        if both_layouts:
+            q, q_t, a = ops.cast_transpose(x, dtype, scale)
+            out = Fp8Tensor(q, scale.reciprocal(), None, q_t.t())
+        else:
+            q, a = ops.cast_amax(x, dtype, scale)
+            out = Fp8Tensor(q, scale.reciprocal())
+        # A non-finite amax is not recorded: it would pin the scale for the whole history
+        # window (TransformerEngine keeps the old scale for amax_history_len steps then).
+        recorded = torch.where(torch.isfinite(a), a, torch.zeros_like(a))
+        self.amax_history[i, 0] = torch.maximum(self.amax_history[i, 0], recorded)
+        current = None
+        if self.observer is not None:
+            current = compute_scale(a if a_now is None else a_now, dtype, self.recipe.margin)
+        return out, current
 
     def _wants_scaled_mm(self, x: torch.Tensor) -> bool:
         """Whether to produce the transposed layouts that torch._scaled_mm's backward needs."""
@@ -246,31 +264,35 @@ class _Fp8LinearFunction(torch.autograd.Function):
             y = y + bias.to(out_dtype)
         # Tensorwise: keep the FP8 copies for backward (TE does the same: a quarter of the
         # bytes). Blockwise: wgrad needs X tiled along the other dim, so keep X itself.
+        # Everything goes through save_for_backward so that checkpointing and the saved-tensor
+        # hooks that measure activation memory see it.
         ctx.layer, ctx.blockwise, ctx.has_bias = layer, blockwise, bias is not None
         ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
-        ctx.quantized = (None if blockwise else xq, wq)
-        ctx.save_for_backward(x if blockwise else None)
+        ctx.blocks = (xq.block, wq.block)
+        kept_x = (x, None, None, None) if blockwise else (None, xq.data, xq.scale_inv,
+                                                          xq.data_other)
+        ctx.save_for_backward(*kept_x, wq.data, wq.scale_inv, wq.data_other)
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         layer = ctx.layer
         backend = layer.gemm_backend
-        xq, wq = ctx.quantized
+        x, xq_data, xq_scale_inv, xq_other, wq_data, wq_scale_inv, wq_other = ctx.saved_tensors
+        wq = Fp8Tensor(wq_data, wq_scale_inv, ctx.blocks[1], wq_other)
         dy = dy.contiguous()
         if ctx.blockwise:
-            (x,) = ctx.saved_tensors
             dyq = layer.quantize(dy, "grad_output")                       # tiles along N
             dyq_t = layer.quantize(dy.t().contiguous(), "grad_output")   # tiles along M
             xq_t = layer.quantize(x.t().contiguous(), "input")           # tiles along M
             dx = fp8_gemm(dyq, wq, torch.float32, backend)
             dw = fp8_gemm(dyq_t, xq_t.t(), torch.float32, backend)
         else:
+            xq = Fp8Tensor(xq_data, xq_scale_inv, ctx.blocks[0], xq_other)
             dyq = layer.quantize(dy, "grad_output", both_layouts=layer._wants_scaled_mm(dy))
             dx = fp8_gemm(dyq, wq, torch.float32, backend)
             dw = fp8_gemm(dyq.t(), xq, torch.float32, backend)
         db = dy.float().sum(0).to(ctx.w_dtype) if ctx.has_bias else None
-        ctx.quantized = None
         return dx.to(ctx.x_dtype), dw.to(ctx.w_dtype), db, None, None
 
 

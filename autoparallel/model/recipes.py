@@ -159,6 +159,7 @@ class Fp8Policy:
     def uses_fp8(self, module_name: str, layer_index: int, num_layers: int) -> bool:
         if self.recipe is None:
             return False
-        if layer_index < self.bf16_first_layers or layer_index >= num_layers - self.bf16_last_layers:
+        last_fp8 = num_layers - self.bf16_last_layers
+        if layer_index < self.bf16_first_layers or layer_index >= last_fp8:
             return False
         return not any(fnmatch.fnmatchcase(module_name, p) for p in self.bf16_modules)

@@ -24,14 +24,18 @@ from autoparallel.specs.model import ModelSpec
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = 200
-    batch_size: int = 16
-    seq_length: int = 64
+    batch_size: int = 8
+    seq_length: int = 32
     lr: float = 3e-3
     warmup: int = 20
     weight_decay: float = 0.1
     seed: int = 0
     corpus_chars: int = 200_000
     autocast_bf16: bool = True
+    # The tiny model's GEMMs are too small to gain from intra-op threads, and a second thread
+    # makes steps several times slower when other processes share the cores (measured 4.4x on
+    # a busy 2-core machine). None leaves torch's setting alone.
+    num_threads: int | None = 1
 
     def __post_init__(self) -> None:
         for key in ("steps", "batch_size", "seq_length", "corpus_chars"):
@@ -39,6 +43,8 @@ class TrainConfig:
                 raise ValueError(f"{key}={getattr(self, key)} must be >= 1")
         if self.lr <= 0:
             raise ValueError(f"lr={self.lr} must be positive")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads={self.num_threads} must be >= 1 or None")
 
 
 @dataclass
@@ -69,9 +75,20 @@ def build_model(policy: Fp8Policy, spec: ModelSpec = TINY, seed: int = 0,
 def train(policy: Fp8Policy, config: TrainConfig = TrainConfig(), spec: ModelSpec = TINY,
           model: Transformer | None = None, on_step=None) -> TrainResult:
     """Train from a fixed initialisation; ``on_step(step, model)`` runs after each step."""
+    threads = torch.get_num_threads()
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
+    try:
+        return _train(policy, config, spec, model, on_step)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(policy: Fp8Policy, config: TrainConfig, spec: ModelSpec, model: Transformer | None,
+           on_step) -> TrainResult:
     if config.seq_length > spec.seq_length:
         raise ValueError(f"seq_length={config.seq_length} exceeds the model's {spec.seq_length}")
-    model = model or build_model(policy, spec, config.seed)
+    model = model if model is not None else build_model(policy, spec, config.seed)
     sampler = BatchSampler(encode(generate_corpus(config.corpus_chars, config.seed)),
                            config.batch_size, config.seq_length, config.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95),

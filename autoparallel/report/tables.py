@@ -8,7 +8,7 @@ from rich.table import Table
 
 # (column, header, format); the layout columns first, then what was predicted.
 RANKED_COLUMNS = (
-    ("rank", "#", "{}"),
+    ("rank", "#", "{:.0f}"),
     ("tp", "TP", "{:.0f}"), ("pp", "PP", "{:.0f}"), ("vp", "VP", "{:.0f}"), ("cp", "CP", "{:.0f}"),
     ("ep", "EP", "{:.0f}"), ("dp", "DP", "{:.0f}"), ("mbs", "MBS", "{:.0f}"),
     ("sp", "SP", "{}"), ("recompute", "recompute", "{}"), ("precision", "precision", "{}"),

@@ -1,7 +1,7 @@
-"""Exhaustive search: price every valid candidate with the cost model in one vectorised call.
+"""Exhaustive search: price every valid candidate in one vectorised call, then rank.
 
 Right whenever an evaluation costs microseconds (the cost model); a sampler that spends few
-trials well is for evaluations that cost minutes (profiling jobs).
+trials well (``autoparallel.search.sampler``) is for evaluations that cost minutes.
 """
 
 from __future__ import annotations
@@ -9,41 +9,25 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from autoparallel.costmodel.estimate import estimate_columns
+from autoparallel.search.evaluators import CostModelEvaluator
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
-from autoparallel.specs.plan import Plan
 
 RANK_METRIC = "tokens_per_s_per_gpu"
 
 
+def rank(frame: pd.DataFrame) -> pd.DataFrame:
+    """Sort best first; ``rank`` is 1.. for feasible plans and NA for the rejected."""
+    feasible = frame["fits"].to_numpy(dtype=bool)
+    order = np.lexsort((-np.nan_to_num(frame[RANK_METRIC].to_numpy(dtype=float), nan=-1.0), ~feasible))
+    out = frame.iloc[order].reset_index(drop=True)
+    ranks = pd.array(np.arange(1, len(out) + 1), dtype="Int64")
+    ranks[~out["fits"].to_numpy(dtype=bool)] = pd.NA
+    out.insert(0, "rank", ranks)
+    return out
+
+
 def evaluate(model: ModelSpec, hw: HardwareSpec, candidates: pd.DataFrame,
              memory_fraction: float) -> pd.DataFrame:
-    """Add predicted metrics to every valid candidate, reject those that do not fit, and rank.
-
-    Returns the candidates sorted best first; ``rank`` is 1.. for feasible plans and empty for
-    the rest, whose ``reason`` says why they were rejected.
-    """
-    out = candidates.copy()
-    valid = (out["reason"] == "").to_numpy()
-    cols = {name: out.loc[valid, name].to_numpy() for name in Plan.field_names()}
-    predicted = estimate_columns(model, hw, cols, memory_fraction) if valid.any() else {}
-    for key, values in predicted.items():
-        column = np.full(len(out), np.nan if values.dtype != bool else False, dtype=values.dtype)
-        column[valid] = values
-        out[key] = column
-    if not valid.any():
-        out["fits"] = False
-        out["peak_memory_gib"] = np.nan
-        out[RANK_METRIC] = np.nan
-    limit = memory_fraction * hw.memory_gib
-    oom = valid & ~out["fits"].to_numpy(dtype=bool)
-    out.loc[oom, "reason"] = [f"out of memory: needs {need:.1f} GiB, limit {limit:.1f} GiB"
-                              for need in out.loc[oom, "peak_memory_gib"]]
-    feasible = (out["reason"] == "").to_numpy()
-    out["fits"] = feasible
-    order = np.lexsort((-np.nan_to_num(out[RANK_METRIC].to_numpy(), nan=-1.0), ~feasible))
-    out = out.iloc[order].reset_index(drop=True)
-    out.insert(0, "rank", pd.array(np.where(out["fits"], np.arange(1, len(out) + 1), 0), dtype="Int64"))
-    out.loc[~out["fits"], "rank"] = pd.NA
-    return out
+    """Every candidate priced by the cost model and ranked."""
+    return rank(CostModelEvaluator(model, hw, memory_fraction).evaluate(candidates))

@@ -9,7 +9,7 @@ import pandas as pd
 import yaml
 
 from autoparallel import io
-from autoparallel.costmodel.estimate import BREAKDOWN_KEYS, record
+from autoparallel.costmodel.estimate import record
 from autoparallel.errors import UserError
 from autoparallel.report import run_folder, tables
 from autoparallel.report.export import export_document
@@ -17,7 +17,6 @@ from autoparallel.search.grid import evaluate
 from autoparallel.space import SearchSpace, generate, row_to_plan
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
-from autoparallel.specs.plan import Plan
 
 
 @dataclass
@@ -80,21 +79,27 @@ def no_feasible_message(result: SearchResult) -> str:
 
 def save(result: SearchResult, root: Path, command: list[str], top_md: int = 50) -> Path:
     run_dir = run_folder.new_run_dir(root, result.model.name, result.gpus, result.hardware.name)
+    write_manifest(run_dir, result.model, result.hardware, result.gpus, result.gbs, result.space, command,
+                   {"strategy": "grid", "candidates": len(result.ranked),
+                    "feasible": int(result.ranked["fits"].sum())})
+    write_tables(result, run_dir, top_md)
+    return run_dir
+
+
+def write_manifest(run_dir: Path, model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int,
+                   space: SearchSpace, command: list[str], extra: dict) -> None:
     run_folder.write_yaml(run_dir / run_folder.MANIFEST, run_folder.manifest(command, {
-        "kind": "training",
-        "model": io.to_dict(result.model),
-        "hardware": io.to_dict(result.hardware),
-        "gpus": result.gpus,
-        "gbs": result.gbs,
-        "space": io.to_dict(result.space),
-        "candidates": len(result.ranked),
-        "feasible": int(result.ranked["fits"].sum()),
-    }))
+        "kind": "training", "model": io.to_dict(model), "hardware": io.to_dict(hw),
+        "gpus": gpus, "gbs": gbs, "space": io.to_dict(space), **extra}))
+
+
+def write_tables(result: SearchResult, run_dir: Path, top_md: int = 50) -> None:
+    """ranked.md, best.yaml and candidates.csv of a finished search (best.yaml only if one fits)."""
     title = f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}"
     run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(result.ranked, top_md))
-    write_best(run_dir / run_folder.BEST, result.model, result.entry(1))
+    if not result.feasible.empty:
+        write_best(run_dir / run_folder.BEST, result.model, result.entry(1))
     run_folder.write_csv(run_dir / run_folder.CANDIDATES, result.ranked)
-    return run_dir
 
 
 def plan_document(model: ModelSpec, row: pd.Series) -> dict:
@@ -111,20 +116,99 @@ def write_best(path: Path, model: ModelSpec, row: pd.Series) -> None:
     run_folder.write_yaml(path, plan_document(model, row))
 
 
-def load(run_dir: Path) -> SearchResult:
-    """A saved run, for export and reports."""
-    run_dir = Path(run_dir)
-    manifest_path = run_dir / run_folder.MANIFEST
+def load_inputs(run_dir: Path) -> tuple[dict, ModelSpec, HardwareSpec, SearchSpace]:
+    """The manifest's inputs of a run folder, as specs."""
+    manifest_path = Path(run_dir) / run_folder.MANIFEST
     if not manifest_path.exists():
         raise UserError(f"{run_dir} is not a run folder (no {run_folder.MANIFEST})")
     inputs = yaml.safe_load(manifest_path.read_text())["inputs"]
     model = io.from_dict(ModelSpec, inputs["model"], str(manifest_path))
     hw = io.from_dict(HardwareSpec, inputs["hardware"], str(manifest_path))
     space = io.from_dict(SearchSpace, inputs["space"], str(manifest_path))
+    return inputs, model, hw, space
+
+
+def load(run_dir: Path) -> SearchResult:
+    """A saved run, for export and reports."""
+    run_dir = Path(run_dir)
+    inputs, model, hw, space = load_inputs(run_dir)
+    if not (run_dir / run_folder.CANDIDATES).exists():
+        raise UserError(f"{run_dir} has no {run_folder.CANDIDATES} yet (an interrupted sampler run? "
+                        "use `autoparallel search --resume` or `autoparallel report`)")
     ranked = pd.read_csv(run_dir / run_folder.CANDIDATES, low_memory=False)
     ranked["fits"] = ranked["fits"].astype(bool)
     ranked["reason"] = ranked["reason"].fillna("")
     return SearchResult(model, hw, int(inputs["gpus"]), int(inputs["gbs"]), space, ranked)
 
 
-__all__ = ["SearchResult", "search", "save", "load", "default_gbs", "BREAKDOWN_KEYS"]
+
+
+# --- sampler (Optuna) searches ------------------------------------------------------------------
+
+def optuna_search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
+                  settings, root: Path, command: list[str], progress=None) -> tuple[SearchResult, Path]:
+    """A sampler search whose study lives in a new run folder (so it can be resumed)."""
+    from autoparallel.search import sampler, study
+    from autoparallel.search.evaluators import CostModelEvaluator
+    run_dir = run_folder.new_run_dir(root, model.name, gpus, hw.name)
+    write_manifest(run_dir, model, hw, gpus, gbs, space, command,
+                   {"strategy": "optuna", "study": io.to_dict(settings)})
+    published = sampler.published_layouts(model, gpus) if settings.published_seeds else []
+    seeds = [{k: v for k, v in p.items() if k in sampler.searched_knobs(space)} for p in published]
+    if settings.seeds_from_grid:
+        grid = search(model, hw, gpus, gbs, space)
+        seeds = sampler.seed_params(model, grid.ranked, space, settings.seeds_from_grid) + seeds
+    evaluator = CostModelEvaluator(model, hw, space.memory_fraction)
+    s = study.run(model, hw, gpus, gbs, space, settings, evaluator, run_dir, seeds, progress)
+    return finish_study(s, model, hw, gpus, gbs, space, run_dir), run_dir
+
+
+def resume(run_dir: Path, progress=None) -> SearchResult:
+    """Continue the interrupted sampler search of ``run_dir`` without re-running finished trials."""
+    from autoparallel.search import sampler, study
+    from autoparallel.search.evaluators import CostModelEvaluator
+    inputs, model, hw, space = load_inputs(run_dir)
+    if inputs.get("strategy") != "optuna":
+        raise UserError(f"{run_dir} is a grid search: there is nothing to resume (run it again)")
+    settings = io.from_dict(sampler.StudySettings, inputs["study"], str(Path(run_dir) / run_folder.MANIFEST))
+    gpus, gbs = int(inputs["gpus"]), int(inputs["gbs"])
+    evaluator = CostModelEvaluator(model, hw, space.memory_fraction)
+    s = study.run(model, hw, gpus, gbs, space, settings, evaluator, Path(run_dir), None, progress)
+    return finish_study(s, model, hw, gpus, gbs, space, Path(run_dir))
+
+
+def finish_study(s, model, hw, gpus, gbs, space, run_dir: Path) -> SearchResult:
+    from autoparallel.search import sampler
+    from autoparallel.search.grid import rank
+    frame = sampler.trials_frame(s)
+    if frame.empty:
+        raise UserError(f"the study in {run_dir} has no completed trial")
+    result = SearchResult(model, hw, gpus, gbs, space, rank(frame))
+    write_tables(result, run_dir)
+    if result.feasible.empty:
+        top = "; ".join(f"{n} x {r}" for r, n in tables.rejection_summary(result.ranked).head(3).items())
+        raise UserError(f"none of the {len(frame)} layouts the study tried is feasible ({top}); run more "
+                        f"trials with `autoparallel search --resume {run_dir}` or use --strategy grid")
+    return result
+
+
+def report(run_dir: Path) -> Path:
+    """Re-render a run's tables (from the study storage for sampler runs, from candidates.csv for
+    grid runs, whose CSV is the record itself) and write report.html."""
+    from autoparallel.report import html
+    run_dir = Path(run_dir)
+    inputs, model, hw, space = load_inputs(run_dir)
+    if inputs.get("strategy") == "optuna":
+        from autoparallel.search import sampler, study
+        settings = io.from_dict(sampler.StudySettings, inputs["study"], str(run_dir / run_folder.MANIFEST))
+        s = study.open_existing(settings, run_dir)
+        result = finish_study(s, model, hw, int(inputs["gpus"]), int(inputs["gbs"]), space, run_dir)
+    else:
+        result = load(run_dir)
+        title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"
+        run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(result.ranked))
+    title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"
+    page = html.render(result.ranked, title, space.memory_fraction * hw.memory_gib)
+    path = run_dir / "report.html"
+    run_folder.write_atomic(path, page)
+    return path

@@ -158,7 +158,9 @@ def evaluate(model: ModelSpec, hw: HardwareSpec, gpus: int, request: Request, sp
     limit = space.memory_fraction * hw.memory_gib
     metric = METRIC_COLUMN[request.latency_metric]
     oom = [f"out of memory: {m:.1f} GiB > {limit:.1f} GiB" for m in valid["memory_per_gpu_gib"]]
-    slow = [f"{request.latency_metric} {v:.1f} ms > bound {request.max_latency_ms:g} ms" for v in valid[metric]]
+    bound = request.max_latency_ms
+    slow = [f"{request.latency_metric} {v:.1f} ms > bound {bound:g} ms" if bound is not None else ""
+            for v in valid[metric]]
     valid["reason"] = np.where(~valid["fits"], oom, np.where(~valid["meets_bound"], slow, ""))
     valid["feasible"] = valid["reason"] == ""
     rejected = frame[frame["reason"] != ""].assign(fits=False, meets_bound=False, feasible=False)
@@ -189,6 +191,8 @@ def no_feasible_message(result: InferenceResult) -> str:
     reasons = reasons.where(~reasons.str.contains(" > bound "), f"{result.request.latency_metric} over the bound")
     top = "; ".join(f"{n} x {reason}" for reason, n in reasons.value_counts().head(3).items())
     where = f"{result.model.name} on {result.gpus} x {result.hardware.name}"
+    if "tpot_ms" not in r or r["tpot_ms"].isna().all():
+        return f"no valid serving layout of {where}: {top}"
     fitting = r[r["fits"] & r["tpot_ms"].notna()]
     if fitting.empty:
         return f"no serving layout of {where} fits in memory: {top} (try more GPUs or fp8 weights / KV cache)"
@@ -223,3 +227,22 @@ def title_of(result: InferenceResult) -> str:
     bound = (f", {r.latency_metric} <= {r.max_latency_ms:g} ms" if r.max_latency_ms is not None else "")
     return (f"{result.model.name} on {result.gpus} x {result.hardware.name}, input {r.input_len} / "
             f"output {r.output_len} tokens{bound}")
+
+
+def estimate_point(model: ModelSpec, hw: HardwareSpec, gpus: int, request: Request,
+                   space: InferenceSpace) -> pd.Series:
+    """One fully pinned layout (space with one value per knob): its row, fits or not."""
+    from autoparallel.serve.assumptions import efficiency_for
+    eff = efficiency_for(hw.name)
+    frame = candidates(model, hw, gpus, request, space, eff)
+    if (frame["reason"] != "").all():
+        raise UserError(f"invalid layout: {frame['reason'].iloc[0]}")
+    ranked = evaluate(model, hw, gpus, request, space, eff, frame[frame["reason"] == ""])
+    return ranked.iloc[0]
+
+
+def point_title(model: ModelSpec, hw: HardwareSpec, gpus: int, request: Request, row: pd.Series) -> str:
+    state = "fits" if row["fits"] else "DOES NOT FIT"
+    return (f"{model.name} on {gpus} x {hw.name}: TP{int(row['tp'])} PP{int(row['pp'])} x {int(row['replicas'])} "
+            f"replicas, batch {int(row['batch'])}, weights {row['weight_precision']}, KV {row['kv_precision']}, "
+            f"input {request.input_len} / output {request.output_len}: {state}")

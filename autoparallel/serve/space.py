@@ -111,3 +111,12 @@ def check_lengths(model: ModelSpec, input_len: int, output_len: int) -> None:
     if input_len + output_len > model.seq_length:
         raise UserError(f"--input-len {input_len} + --output-len {output_len} = {input_len + output_len} "
                         f"exceeds the context of {model.name} ({model.seq_length} tokens)")
+
+
+def parse_precision(value: str | None, flag: str) -> str | None:
+    """A precision flag's value, or a UserError naming it and the valid choices."""
+    if value is None:
+        return None
+    if value not in PRECISIONS:
+        raise UserError(f"{flag} {value!r} is not one of {', '.join(PRECISIONS)}")
+    return value

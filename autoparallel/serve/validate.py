@@ -37,7 +37,9 @@ from autoparallel.serve.assumptions import ASSUMPTIONS, FIT_MARKER, efficiency_f
 from autoparallel.specs.model import ModelSpec
 
 DEFAULT_RUNS = Path(__file__).resolve().parents[3] / "shared" / "data" / "inference_runs.csv"
-FIT_KEYS = ("hbm", "gemm_max", "gemm_half_gflop", "attention", "roofline_sharpness",
+# Not fitted: attention (prompts here are <= 512 tokens, < 5 % of the time: the rows cannot pin
+# it), fp8_gemm_relative (no FP8 rows), p2p_latency_us (every PP row crosses nodes).
+FIT_KEYS = ("hbm", "gemm_max", "gemm_half_gflop", "roofline_sharpness",
             "layer_overhead_us", "pass_overhead_us", "allreduce_latency_us",
             "internode_allreduce_latency_us", "internode_p2p_latency_us", "elementwise_bytes_per_token_hidden",
             "sampling_ns_per_logit")
@@ -143,10 +145,17 @@ def summary(report: pd.DataFrame) -> dict:
     by_model = {m: {"rows": len(g), "mean_abs_error_pct": float(g["error_pct"].abs().mean()),
                     "max_abs_error_pct": float(g["error_pct"].abs().max())}
                 for m, g in measured.groupby("model", sort=False)}
+    # Secondary check: the rows whose notes give FT's memory use (GB, single GPU).
+    noted = report["notes"].fillna("").str.extract(r"memory usage ([0-9.]+) GB")[0].astype(float)
+    mem = report[noted.notna()]
+    mem_err = 100.0 * (mem["memory_gib"] - noted[noted.notna()] * 1e9 / 2**30) / (noted[noted.notna()] * 1e9 / 2**30)
     return {"rows": int(len(measured)), "mean_abs_error_pct": float(err.mean()),
             "median_abs_error_pct": float(err.median()), "max_abs_error_pct": float(err.max()),
             "measured_rows_predicted_to_fit": int(measured["fits"].sum()),
             "oom_rows": int(len(oom)), "oom_rows_predicted_not_to_fit": int((~oom["fits"]).sum()),
+            "memory_rows": int(len(mem)),
+            "memory_mean_abs_error_pct": float(mem_err.abs().mean()) if len(mem) else float("nan"),
+            "memory_mean_error_pct": float(mem_err.mean()) if len(mem) else float("nan"),
             "by_model": by_model}
 
 
@@ -175,7 +184,10 @@ def print_report(report: pd.DataFrame, console: Console) -> None:
     by.add_row("all", str(s["rows"]), f"{s['mean_abs_error_pct']:.1f}", f"{s['max_abs_error_pct']:.1f}")
     console.print(by)
     console.print(f"memory: {s['measured_rows_predicted_to_fit']} of {s['rows']} measured rows predicted to fit; "
-                  f"{s['oom_rows_predicted_not_to_fit']} of {s['oom_rows']} rows FT reports as OOM predicted not to fit")
+                  f"{s['oom_rows_predicted_not_to_fit']} of {s['oom_rows']} rows FT reports as OOM "
+                  f"predicted not to fit; "
+                  f"memory per GPU vs FT's noted use ({s['memory_rows']} rows): mean |error| "
+                  f"{s['memory_mean_abs_error_pct']:.1f} % (mean {s['memory_mean_error_pct']:+.1f} %)")
 
 
 # --- fitting ----------------------------------------------------------------------------------
@@ -208,13 +220,14 @@ def write_fit(eff: InferenceEfficiency, hardware: str, report: pd.DataFrame, run
     s = summary(report)
     values = "\n".join(f"    {k}: {round(getattr(eff, k), 4)}" for k in FIT_KEYS)
     block = (f"{FIT_MARKER}\n"
-             f"# {dt.date.today().isoformat()}: {s['rows']} latency rows of {runs.name} (FasterTransformer, A100, FP16);\n"
+             f"# {dt.date.today().isoformat()}: {s['rows']} latency rows of {runs.name} "
+             f"(FasterTransformer, A100, FP16);\n"
              f"# mean |error| {s['mean_abs_error_pct']:.1f} %, max {s['max_abs_error_pct']:.1f} %. Reproduce:\n"
              f"#   python -m autoparallel.serve.validate --fit\n"
-             f"# Not fitted (no rows inform them): fp8_gemm_relative (the training default) and\n"
-             f"# p2p_latency_us (pipeline hand-off inside a node; every PP row here crosses nodes).\n"
-             f"efficiency:\n  default:\n{values}\n    fp8_gemm_relative: {eff.fp8_gemm_relative}\n"
-             f"    p2p_latency_us: {eff.p2p_latency_us}\n")
+             f"# Not fitted (the rows cannot pin them): attention (prompts <= 512 tokens), fp8_gemm_relative\n"
+             f"# (no FP8 rows; the training default), p2p_latency_us (every PP row here crosses nodes).\n"
+             f"efficiency:\n  default:\n{values}\n    attention: {eff.attention}\n"
+             f"    fp8_gemm_relative: {eff.fp8_gemm_relative}\n    p2p_latency_us: {eff.p2p_latency_us}\n")
     write_atomic(ASSUMPTIONS, head + "\n\n" + block)
 
 

@@ -1,0 +1,161 @@
+"""Optuna search: constraints, storage, resume after a kill, parallel workers, reports."""
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+optuna = pytest.importorskip("optuna", reason="the optuna extra is not installed")
+
+from autoparallel import io  # noqa: E402
+from autoparallel.cli import main  # noqa: E402
+from autoparallel.search import run, sampler, study  # noqa: E402
+from autoparallel.search.evaluators import CostModelEvaluator  # noqa: E402
+from autoparallel.space import load_space  # noqa: E402
+
+SMALL = ["--model", "llama2-7b", "--gpus", "8", "--strategy", "optuna", "--precision", "fp8-delayed",
+         "--grid-seeds", "0"]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return io.load_model("llama2-7b"), io.load_hardware("h100-sxm"), load_space()
+
+
+def test_index_lookup_matches_the_grid(llama):
+    model, hw, space = llama
+    index = sampler.CandidateIndex(model, hw, 8, 128, space)
+    grid = run.search(model, hw, 8, 128, space).feasible.head(20)
+    for _, row in grid.iterrows():
+        params = {k: sampler._plain(row[k]) for k in sampler.searched_knobs(space)}
+        if row["recompute"] == "full":
+            params[sampler.FRACTION_PARAM] = 1.0 if row["recompute_num_layers"] == 0 else 0.5
+        found = CostModelEvaluator(model, hw, space.memory_fraction).evaluate(index.lookup(params)).iloc[0]
+        assert found["reason"] == ""
+        assert found["tokens_per_s_per_gpu"] == pytest.approx(row["tokens_per_s_per_gpu"])
+
+
+def test_infeasible_trials_complete_with_a_violated_constraint(llama, tmp_path):
+    model, hw, space = llama
+    settings = sampler.StudySettings(trials=40, seeds_from_grid=0, seed=3)
+    result, run_dir = run.optuna_search(model, hw, 8, 128, space, settings, tmp_path, ["test"])
+    s = study.open_existing(settings, run_dir)
+    trials = s.get_trials(deepcopy=False)
+    assert len(trials) == 40 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    bad = [t for t in trials if t.user_attrs["reason"]]
+    good = [t for t in trials if not t.user_attrs["reason"]]
+    assert bad and good
+    assert all(t.constraints["feasible"] > 0 for t in bad) and all(t.constraints["feasible"] <= 0 for t in good)
+    assert s.best_trial.user_attrs["reason"] == ""
+    assert (run_dir / "study.db").exists() and (run_dir / "best.yaml").exists()
+    assert result.feasible["tokens_per_s_per_gpu"].iloc[0] == pytest.approx(
+        s.best_trial.user_attrs["metrics"]["tokens_per_s_per_gpu"])
+
+
+def test_grid_seeds_and_published_layout_are_tried_first(llama, tmp_path):
+    model, hw, space = llama
+    settings = sampler.StudySettings(trials=8, seeds_from_grid=3, seed=0)
+    result, run_dir = run.optuna_search(model, hw, 8, 128, space, settings, tmp_path, ["test"])
+    first = study.open_existing(settings, run_dir).get_trials(deepcopy=False)[:4]
+    grid_best = run.search(model, hw, 8, 128, space).feasible.iloc[0]
+    assert first[0].user_attrs["metrics"]["tokens_per_s_per_gpu"] == pytest.approx(grid_best["tokens_per_s_per_gpu"])
+    assert first[3].params["tp"] == 1 and first[3].params["mbs"] == 1  # NeMo's llama2-7b layout
+
+
+def test_two_objectives_give_a_pareto_front(llama, tmp_path):
+    model, hw, space = llama
+    settings = sampler.StudySettings(sampler="nsga2", trials=30, objectives=("throughput", "memory"),
+                                     seeds_from_grid=0)
+    dense = space.pinned(cp=1, pp=1, precision="fp8-delayed")  # mostly valid layouts
+    _, run_dir = run.optuna_search(model, hw, 8, 128, dense, settings, tmp_path, ["test"])
+    front = study.open_existing(settings, run_dir).best_trials
+    assert front and all(t.user_attrs["reason"] == "" for t in front)
+
+
+def _completed(db):
+    try:
+        with sqlite3.connect(db, timeout=5) as c:
+            return c.execute("select count(*) from trials where state='COMPLETE'").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def test_killed_search_resumes_to_the_same_best(tmp_path):
+    trials = 60
+    killed_root, clean_root = tmp_path / "killed", tmp_path / "clean"
+    proc = subprocess.Popen([sys.executable, "-m", "autoparallel.cli", "search", *SMALL, "--trials", str(trials),
+                             "--results", str(killed_root), "--json"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    db = None
+    while time.time() < deadline:
+        dbs = list(killed_root.glob("*/study.db"))
+        if dbs and _completed(dbs[0]) >= 15:
+            db = dbs[0]
+            break
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert db is not None, "the search never reached 15 trials"
+    assert _completed(db) < trials
+    run_dir = db.parent
+    assert main(["search", "--resume", str(run_dir), "--json"]) == 0
+    with sqlite3.connect(db) as c:
+        states = dict(c.execute("select state, count(*) from trials group by state").fetchall())
+        numbers = [n for (n,) in c.execute("select number from trials")]
+    assert states.get("COMPLETE") == trials and "RUNNING" not in states
+    assert len(numbers) == len(set(numbers))
+    assert main(["search", *SMALL, "--trials", str(trials), "--results", str(clean_root), "--json"]) == 0
+    resumed = run.load(run_dir).feasible.iloc[0]
+    clean_dir = next(clean_root.iterdir())
+    clean = run.load(clean_dir).feasible.iloc[0]
+    assert resumed["tokens_per_s_per_gpu"] == pytest.approx(clean["tokens_per_s_per_gpu"])
+    # The sampler is reseeded from the count of completed trials: the resumed study proposed
+    # exactly the layouts the uninterrupted one did.
+    with sqlite3.connect(db) as a, sqlite3.connect(clean_dir / "study.db") as b:
+        query = ("select t.number, p.param_name, p.param_value from trials t join trial_params p "
+                 "on t.trial_id = p.trial_id where t.state = 'COMPLETE'")
+        completed_a = sorted(r[1:] for r in a.execute(query))
+        completed_b = sorted(r[1:] for r in b.execute(query))
+    assert completed_a == completed_b
+
+
+def test_parallel_workers_complete_each_trial_once(llama, tmp_path):
+    model, hw, space = llama
+    settings = sampler.StudySettings(trials=24, workers=2, seeds_from_grid=4, seed=1)
+    _, run_dir = run.optuna_search(model, hw, 8, 128, space, settings, tmp_path, ["test"])
+    assert (run_dir / "study.journal").exists()
+    trials = study.open_existing(settings, run_dir).get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert 24 <= len(complete) <= 24 + settings.workers - 1  # the cap is checked after each trial
+    assert len({t.number for t in trials}) == len(trials)
+    enqueued = [tuple(sorted(t.system_attrs["fixed_params"].items())) for t in trials
+                if t.system_attrs.get("fixed_params")]
+    assert len(enqueued) == 5 == len(set(enqueued))  # 4 grid seeds + NeMo's layout, each run once
+
+
+def test_report_renders_html_with_plots(tmp_path):
+    assert main(["search", "--model", "llama2-7b", "--gpus", "8", "--results", str(tmp_path)]) == 0
+    run_dir = next(tmp_path.iterdir())
+    assert main(["report", str(run_dir)]) == 0
+    page = (run_dir / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 2
+    assert "<table>" in page
+
+
+def test_resume_of_a_grid_run_is_refused(tmp_path):
+    assert main(["search", "--model", "llama2-7b", "--gpus", "8", "--results", str(tmp_path)]) == 0
+    assert main(["search", "--resume", str(next(tmp_path.iterdir()))]) == 2
+
+
+def test_pareto_front_is_non_dominated():
+    import numpy as np
+
+    from autoparallel.report.plots import pareto_front
+    memory = np.array([10, 20, 15, 30, 25])
+    throughput = np.array([1.0, 3.0, 2.0, 2.5, 4.0])
+    assert list(pareto_front(memory, throughput)) == [0, 2, 1, 4]
