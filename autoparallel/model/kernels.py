@@ -51,6 +51,11 @@ def load() -> tuple[ModuleType | None, KernelStatus]:
     missing = [s for s in (*CU_SOURCES, BINDING) if not (KERNEL_DIR / s).is_file()]
     if missing:
         return None, KernelStatus(False, f"kernel sources missing under {KERNEL_DIR}: {missing}")
+    from torch.utils.cpp_extension import is_ninja_available
+
+    if not is_ninja_available():
+        return None, KernelStatus(False, "ninja is not installed (pip install ninja); "
+                                         "torch.utils.cpp_extension needs it to build")
     try:
         from torch.utils.cpp_extension import load as build
 

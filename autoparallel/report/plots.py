@@ -18,7 +18,11 @@ BREAKDOWN_PARTS = (  # (column, label) in stacking order
 
 
 def _pyplot():
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        from autoparallel.errors import UserError
+        raise UserError("reports need matplotlib: pip install 'autoparallel[plots]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
