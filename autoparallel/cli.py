@@ -91,6 +91,10 @@ def cmd_search(args: argparse.Namespace) -> None:
     if args.model is None or args.gpus is None:
         raise UserError("search needs --model and --gpus (or --resume RUN_DIR)")
     model, hw, gbs, space = _inputs(args)
+    fp8 = _fp8_check_first(args, model, space) if args.fp8_check else None
+    if fp8:
+        from autoparallel.fp8check.search_filter import restrict_space
+        space = restrict_space(space, fp8)
     start = time.perf_counter()
     if args.strategy == "optuna":
         from autoparallel.search.sampler import StudySettings
@@ -103,8 +107,11 @@ def cmd_search(args: argparse.Namespace) -> None:
         _show(result, args, f"{args.trials} {args.sampler} trials in {time.perf_counter() - start:.1f} s", run_dir)
         return
     with console.status("pricing every candidate layout...", spinner="dots") if not args.json else _null():
-        result = run.search(model, hw, args.gpus, gbs, space, args.recompute_num_layers)
+        result = run.search(model, hw, args.gpus, gbs, space, args.recompute_num_layers, fp8_decisions=fp8)
     elapsed = time.perf_counter() - start
+    if getattr(args, "profile", "none") != "none":  # issue 4: measure the top-k, re-rank
+        from autoparallel.profiling.commands import profile_search
+        result = profile_search(result, args, None if args.json else console)
     run_dir = None if args.no_save else run.save(result, Path(args.results), sys.argv)
     _show(result, args, f"{len(result.ranked):,} candidates in {elapsed:.2f} s", run_dir)
 
@@ -148,6 +155,41 @@ def _trial_progress(total: int | None, quiet: bool):
                 p.update(task, completed=done, description=text)
             yield update
     return bar()
+
+
+def _fp8_check_first(args: argparse.Namespace, model, space) -> dict:
+    """Run ``fp8-check`` on the model; its decisions restrict the search (issue 7)."""
+    from autoparallel.fp8check.command import CHECKABLE, check_and_save, settings_from_flags
+    from autoparallel.fp8check.search_filter import decisions_from_check
+    recipes = ",".join(p for p in space.precision if p in CHECKABLE)  # mxfp8 is not emulated
+    if not recipes:
+        return {}
+    settings = settings_from_flags(args.fp8_check_settings, args.fp8_check_steps, recipes)
+    result, check_dir = check_and_save(model, settings, None if args.no_save else Path(args.results),
+                                       sys.argv, None if args.json else console)
+    if not args.json:
+        from autoparallel.fp8check.report import print_check
+        print_check(result, console)
+        if check_dir:
+            console.print(f"fp8-check folder: {check_dir}")
+    return decisions_from_check(result)
+
+
+def cmd_fp8_check(args: argparse.Namespace) -> None:
+    from autoparallel.fp8check.command import check_and_save, settings_from_flags
+    from autoparallel.fp8check.report import print_check, verdict_rows
+    model = io.load_model(args.model)
+    settings = settings_from_flags(args.settings, args.steps, args.recipes, args.seed)
+    result, run_dir = check_and_save(model, settings, None if args.no_save else Path(args.results),
+                                     sys.argv, None if args.json else console, plots=not args.no_plots)
+    if args.json:
+        print(json.dumps({"model": model.name, "proxy": result.proxy.name, "seconds": round(result.seconds, 1),
+                          "run_dir": str(run_dir) if run_dir else None, "verdicts": verdict_rows(result)},
+                         indent=1))
+        return
+    print_check(result, console)
+    if run_dir:
+        console.print(f"run folder: {run_dir}")
 
 
 def cmd_estimate(args: argparse.Namespace) -> None:
@@ -304,6 +346,12 @@ def cmd_validate(args: argparse.Namespace) -> None:
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
     from autoparallel.costmodel import calibrate
+    if getattr(args, "from_run", None):  # issue 4: fit to profiled step times of a run
+        from autoparallel.profiling.commands import calibrate_from
+        calibrate_from(Path(args.from_run), write=not args.dry_run, console=console)
+        return
+    if not args.gpu:
+        raise UserError("calibrate needs --gpu (published runs) or --from RUN_DIR (profiled runs)")
     calibrate.main(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run, console=console)
 
 
@@ -330,7 +378,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the ranked list as JSON")
     s.add_argument("--results", default="results", help="folder for run folders (default results/)")
     s.add_argument("--no-save", action="store_true", help="do not write a run folder")
+    s.add_argument("--fp8-check", action="store_true",
+                   help="run `fp8-check` first: drop rejected FP8 recipes, apply their BF16 layers")
+    s.add_argument("--fp8-check-steps", type=_positive, help="training steps of the FP8 check (default: its YAML)")
+    s.add_argument("--fp8-check-settings", help="FP8 check settings YAML (default search_spaces/fp8_check.yaml)")
     s.set_defaults(func=cmd_search)
+
+    f = sub.add_parser("fp8-check", help="judge FP8 recipes on a proxy model's numerics (loss gap, under/overflow)")
+    f.add_argument("--model", required=True, help="preset name or alias, or a model YAML path")
+    f.add_argument("--steps", type=_positive, help="training steps per run (default: the settings YAML's, 200)")
+    f.add_argument("--recipes", help="comma-separated: fp8-delayed,fp8-current,fp8-blockwise (default all)")
+    f.add_argument("--seed", type=int, help="seed of data order and initialisation (default: the YAML's)")
+    f.add_argument("--settings", help="thresholds / proxy YAML (default search_spaces/fp8_check.yaml)")
+    f.add_argument("--results", default="results", help="folder for run folders (default results/)")
+    f.add_argument("--no-save", action="store_true", help="do not write a run folder")
+    f.add_argument("--no-plots", action="store_true", help="write the tables but not the PNG plots")
+    f.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    f.set_defaults(func=cmd_fp8_check)
 
     e = sub.add_parser("estimate", help="predict one fully pinned layout")
     _add_target(e)
@@ -378,10 +442,14 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_validate)
 
     c = sub.add_parser("calibrate", help="fit the hardware efficiency constants to published runs")
-    c.add_argument("--gpu", required=True, help="hardware preset to fit (its rows in the runs CSV)")
+    c.add_argument("--gpu", help="hardware preset to fit (its rows in the runs CSV)")
     c.add_argument("--runs", help="CSV of measured runs (default ../shared/data/training_runs.csv)")
     c.add_argument("--dry-run", action="store_true", help="print the fit, do not write the YAML")
     c.set_defaults(func=cmd_calibrate)
+    from autoparallel.profiling import commands as profiling_commands  # issue 4 (no torch import)
+    profiling_commands.add_calibrate_args(c)
+    profiling_commands.add_search_args(s)
+    profiling_commands.add_profile_parser(sub)
 
     sub.add_parser("models", help="list model presets").set_defaults(func=lambda a: cmd_list("models"))
     sub.add_parser("hardware", help="list hardware presets").set_defaults(func=lambda a: cmd_list("hardware"))

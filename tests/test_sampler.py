@@ -26,17 +26,33 @@ def llama():
     return io.load_model("llama2-7b"), io.load_hardware("h100-sxm"), load_space()
 
 
-def test_index_lookup_matches_the_grid(llama):
+def test_layout_tree_reaches_exactly_the_valid_layouts(llama):
     model, hw, space = llama
-    index = sampler.CandidateIndex(model, hw, 8, 128, space)
-    grid = run.search(model, hw, 8, 128, space).feasible.head(20)
-    for _, row in grid.iterrows():
-        params = {k: sampler._plain(row[k]) for k in sampler.searched_knobs(space)}
-        if row["recompute"] == "full":
-            params[sampler.FRACTION_PARAM] = 1.0 if row["recompute_num_layers"] == 0 else 0.5
-        found = CostModelEvaluator(model, hw, space.memory_fraction).evaluate(index.lookup(params)).iloc[0]
-        assert found["reason"] == ""
-        assert found["tokens_per_s_per_gpu"] == pytest.approx(row["tokens_per_s_per_gpu"])
+    tree = sampler.LayoutTree(model, hw, 8, 128, space)
+    grid = run.search(model, hw, 8, 128, space)
+    valid = grid.ranked[grid.ranked["reason"].eq("") | grid.ranked["reason"].str.startswith("out of memory")]
+    leaves = []
+
+    def collect(node, depth):
+        if depth == len(sampler.TREE_KNOBS):
+            leaves.append(node)
+            return
+        for child in node.values():
+            collect(child, depth + 1)
+    collect(tree.root, 0)
+    assert len(leaves) == len(set(leaves)) == len(valid)
+    assert (tree.frame.loc[leaves, "reason"] == "").all()
+
+
+def test_params_for_a_grid_row_reach_that_row(llama):
+    model, hw, space = llama
+    tree = sampler.LayoutTree(model, hw, 8, 128, space)
+    for _, row in run.search(model, hw, 8, 128, space).feasible.head(10).iterrows():
+        params = tree.params_for(row.to_dict())
+        index = tree.walk(lambda knob, name, choices: params[name])
+        chosen = tree.row(index).iloc[0]
+        assert all(sampler._norm(chosen[k]) == sampler._norm(row[k]) for k in sampler.TREE_KNOBS)
+    assert tree.params_for({"tp": 3}) is None
 
 
 def test_infeasible_trials_complete_with_a_violated_constraint(llama, tmp_path):
@@ -49,6 +65,7 @@ def test_infeasible_trials_complete_with_a_violated_constraint(llama, tmp_path):
     bad = [t for t in trials if t.user_attrs["reason"]]
     good = [t for t in trials if not t.user_attrs["reason"]]
     assert bad and good
+    assert all(t.user_attrs["reason"].startswith("out of memory") for t in bad)  # rules pruned the rest
     assert all(t.constraints["feasible"] > 0 for t in bad) and all(t.constraints["feasible"] <= 0 for t in good)
     assert s.best_trial.user_attrs["reason"] == ""
     assert (run_dir / "study.db").exists() and (run_dir / "best.yaml").exists()

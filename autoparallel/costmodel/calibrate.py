@@ -112,3 +112,51 @@ def main(gpu: str, runs: Path | None, write: bool, console: Console) -> dict:
                     f"{runs_path.name}: {len(rows)} {'/'.join(sources)} rows")
         console.print(f"wrote {path}")
     return fitted
+
+
+# --- fitting to profiling jobs (issue 4) ----------------------------------------------------------
+# What a profiled machine's own step times can pin down; bounds are wide because a CPU running
+# the built-in transformer is far from a GPU (per-layer Python overhead, gloo over TCP).
+MEASURED_FITTED = {
+    "gemm_max": (0.05, 1.0),
+    "gemm_half_gflop": (1e-4, 50.0),
+    "attention": (0.01, 1.0),
+    "elementwise_bytes_per_token_hidden": (5.0, 5000.0),
+    "layer_overhead_s": (1e-7, 0.05),
+    "nvlink": (0.01, 1.0),
+}
+
+
+def fit_measured(model, hw: HardwareSpec, rows, measured_step_s, names=None
+                 ) -> tuple[dict, float, float]:
+    """Fit efficiency constants so the cost model's step time matches measured ones.
+
+    ``rows``: a frame with the Plan columns of the measured layouts; ``measured_step_s`` their
+    measured step times. Minimises the mean squared log error (Powell, in log space of the
+    constants). Returns (fitted constants, mean |error| % before, after).
+    """
+    from scipy.optimize import minimize
+
+    from autoparallel.costmodel.estimate import estimate_columns
+    from autoparallel.specs.plan import Plan
+    names = list(names or MEASURED_FITTED)
+    cols = {n: np.asarray(rows[n].to_numpy() if hasattr(rows[n], "to_numpy") else rows[n])
+            for n in Plan.field_names()}
+    measured = np.asarray(measured_step_s, dtype=float)
+    low = np.log([MEASURED_FITTED[n][0] for n in names])
+    high = np.log([MEASURED_FITTED[n][1] for n in names])
+    start = np.clip(np.log([getattr(hw.efficiency, n) for n in names]), low, high)
+
+    def errors(x) -> np.ndarray:
+        trial = _with(hw, dict(zip(names, np.exp(np.clip(x, low, high)))))
+        predicted = estimate_columns(model, trial, cols, 1.0)["step_time_s"]
+        return np.log(predicted / measured)
+
+    def loss(x) -> float:
+        return float(np.mean(errors(x) ** 2))
+
+    result = minimize(loss, start, method="Powell", bounds=list(zip(low, high)),
+                      options={"maxfev": 3000, "xtol": 1e-4, "ftol": 1e-8})
+    fitted = dict(zip(names, (float(v) for v in np.exp(np.clip(result.x, low, high)))))
+    pct = lambda e: float(np.mean(np.abs(np.expm1(e))) * 100)  # noqa: E731
+    return fitted, pct(errors(start)), pct(errors(result.x))

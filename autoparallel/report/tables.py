@@ -19,6 +19,17 @@ RANKED_COLUMNS = (
     ("model_tflops_per_gpu", "TFLOP/s", "{:.0f}"),
     ("mfu", "MFU", "{:.1%}"),
 )
+# Shown only when the frame has them: the verdict of `search --fp8-check` for the row's recipe.
+OPTIONAL_COLUMNS = (("fp8_check", "FP8 check", "{}"),
+                    # `search --profile job` (issue 4): measured beside predicted
+                    ("measured_step_time_s", "meas. step s", "{:.3f}"),
+                    ("measured_tokens_per_s_per_gpu", "meas. tok/s/GPU", "{:,.0f}"),
+                    ("measured_peak_memory_gib", "meas. mem GiB", "{:.3f}"),
+                    ("measurement_error", "profiling", "{}"))
+
+
+def _columns(ranked: pd.DataFrame) -> tuple:
+    return RANKED_COLUMNS + tuple(c for c in OPTIONAL_COLUMNS if c[0] in ranked.columns)
 
 
 def _cell(row: pd.Series, column: str, fmt: str) -> str:
@@ -35,12 +46,12 @@ def _cell(row: pd.Series, column: str, fmt: str) -> str:
 
 def ranked_rows(ranked: pd.DataFrame, top: int) -> list[list[str]]:
     feasible = ranked[ranked["fits"]].head(top)
-    return [[_cell(row, c, f) for c, _, f in RANKED_COLUMNS] for _, row in feasible.iterrows()]
+    return [[_cell(row, c, f) for c, _, f in _columns(ranked)] for _, row in feasible.iterrows()]
 
 
 def print_ranked(ranked: pd.DataFrame, title: str, top: int = 10, console: Console | None = None) -> None:
     table = Table(title=title, header_style="bold")
-    for _, header, _ in RANKED_COLUMNS:
+    for _, header, _ in _columns(ranked):
         table.add_column(header, justify="right")
     for row in ranked_rows(ranked, top):
         table.add_row(*row)
@@ -48,7 +59,7 @@ def print_ranked(ranked: pd.DataFrame, title: str, top: int = 10, console: Conso
 
 
 def markdown_table(ranked: pd.DataFrame, top: int = 50) -> str:
-    headers = [h for _, h, _ in RANKED_COLUMNS]
+    headers = [h for _, h, _ in _columns(ranked)]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(row) + " |" for row in ranked_rows(ranked, top)]
     return "\n".join(lines) + "\n"

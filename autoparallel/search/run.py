@@ -54,8 +54,11 @@ def default_gbs(model: ModelSpec, gbs: int | None) -> int:
 
 
 def search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
-           recompute_num_layers: int | None = None) -> SearchResult:
+           recompute_num_layers: int | None = None, fp8_decisions: dict | None = None) -> SearchResult:
     candidates = generate(model, hw, gpus, gbs, space, recompute_num_layers)
+    if fp8_decisions:  # verdicts of `fp8-check` (autoparallel.fp8check.search_filter)
+        from autoparallel.fp8check.search_filter import apply_to_candidates
+        candidates = apply_to_candidates(candidates, fp8_decisions)
     ranked = evaluate(model, hw, candidates, space.memory_fraction)
     result = SearchResult(model, hw, gpus, gbs, space, ranked)
     if result.feasible.empty:
@@ -109,7 +112,12 @@ def plan_document(model: ModelSpec, row: pd.Series) -> dict:
     rounded = {k: round(v, run_folder.FLOAT_DIGITS) if isinstance(v, float) else v for k, v in row.items()}
     metrics = record(plan.as_dict(), rounded)
     metrics.pop("config")
-    return export_document(model, plan, metrics)
+    doc = export_document(model, plan, metrics)
+    if "fp8_check" in row:  # the search ran with --fp8-check
+        from autoparallel.fp8check.search_filter import document
+        if (fp8 := document(row)) is not None:
+            doc["fp8_check"] = fp8
+    return doc
 
 
 def write_best(path: Path, model: ModelSpec, row: pd.Series) -> None:
@@ -153,11 +161,10 @@ def optuna_search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space
     run_dir = run_folder.new_run_dir(root, model.name, gpus, hw.name)
     write_manifest(run_dir, model, hw, gpus, gbs, space, command,
                    {"strategy": "optuna", "study": io.to_dict(settings)})
-    published = sampler.published_layouts(model, gpus) if settings.published_seeds else []
-    seeds = [{k: v for k, v in p.items() if k in sampler.searched_knobs(space)} for p in published]
+    seeds = sampler.published_layouts(model, gpus) if settings.published_seeds else []
     if settings.seeds_from_grid:
-        grid = search(model, hw, gpus, gbs, space)
-        seeds = sampler.seed_params(model, grid.ranked, space, settings.seeds_from_grid) + seeds
+        best = search(model, hw, gpus, gbs, space).feasible.head(settings.seeds_from_grid)
+        seeds = [row.to_dict() for _, row in best.iterrows()] + seeds
     evaluator = CostModelEvaluator(model, hw, space.memory_fraction)
     s = study.run(model, hw, gpus, gbs, space, settings, evaluator, run_dir, seeds, progress)
     return finish_study(s, model, hw, gpus, gbs, space, run_dir), run_dir

@@ -1,11 +1,11 @@
 """Optuna search: few, well-spent trials, stored so that a killed search resumes.
 
 For evaluations that cost minutes (profiling jobs) the grid is too expensive; a sampler learns
-from each trial. Each knob of the search space with more than one value becomes a categorical
-parameter; full recompute's layer fraction is conditional on ``recompute == "full"``. A layout
-that breaks a rule or does not fit is a *completed* trial with a violated constraint
-(``trial.set_constraint``) and a ``reason`` user attribute, so the sampler learns where the
-feasible region ends. Every trial also stores its plan and metrics as user attributes, so the
+from each trial. The hard rules prune first: a trial chooses its knobs one after another among
+the values that still lead to a valid layout (``LayoutTree``), so no trial is spent on a layout
+that breaks a rule. A layout that does not fit in memory is a *completed* trial with a violated
+constraint (``trial.set_constraint``, the GiB over the limit) and a ``reason`` user attribute, so
+the sampler learns where the feasible region ends. Every trial also stores its plan and metrics as user attributes, so the
 result tables can be rebuilt from the storage alone.
 
 Optuna is imported inside the functions: the package imports without it, and fails with a clear
@@ -14,7 +14,6 @@ message only when a sampler search is asked for.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from autoparallel import io
 from autoparallel.costmodel.estimate import BREAKDOWN_KEYS, MEMORY_KEYS
 from autoparallel.errors import UserError
 from autoparallel.search.evaluators import Evaluator
-from autoparallel.space import FEATURE_KNOBS, STRUCTURE_KNOBS, SearchSpace, generate
+from autoparallel.space import SearchSpace, generate
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
 
@@ -36,7 +35,6 @@ SAMPLERS = ("tpe", "nsga2", "random", "gp")
 OBJECTIVES = {"throughput": ("tokens_per_s_per_gpu", "maximize"), "memory": ("peak_memory_gib", "minimize")}
 METRIC_KEYS = ("fits", "peak_memory_gib", "step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu",
                "mfu", "num_microbatches") + BREAKDOWN_KEYS + MEMORY_KEYS
-FRACTION_PARAM = "full_recompute_fraction"
 STUDY_NAME = "autoparallel"
 
 
@@ -102,7 +100,9 @@ def _sqlite(optuna, path: Path):
 def _base_sampler(name: str, seed: int | None):
     optuna = _optuna()
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
+        # Independent TPE: on the 175B space it reached the optimum's basin as often as the
+        # multivariate variant and ran 3-5x faster per trial (benchmarks/RESULTS.md).
+        return optuna.samplers.TPESampler(seed=seed)
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
     if name == "gp":
@@ -149,21 +149,11 @@ def _reseeded(name: str, seed: int):
     return ReseededSampler()
 
 
-def searched_knobs(space: SearchSpace) -> dict[str, tuple]:
-    """The knobs with more than one value: the parameters of the study."""
-    return {k: tuple(getattr(space, k)) for k in STRUCTURE_KNOBS + FEATURE_KNOBS if len(getattr(space, k)) > 1}
-
-
-def suggest(trial, space: SearchSpace) -> dict[str, Any]:
-    params = {k: trial.suggest_categorical(k, list(v)) for k, v in searched_knobs(space).items()}
-    recompute = params.get("recompute", space.recompute[0])
-    if recompute == "full" and len(space.full_recompute_fractions) > 1:
-        params[FRACTION_PARAM] = trial.suggest_categorical(FRACTION_PARAM, list(space.full_recompute_fractions))
-    return params
-
-
-FEATURE_COLUMNS = ("sp", "recompute", "distributed_optimizer", "overlap_grad_reduce", "tp_comm_overlap",
-                   "grad_reduce_in_fp32", "precision", "fp8_bf16_edge_layers", "flash_attention")
+# The order in which a trial chooses knobs: structure first, so each later choice is among the
+# values that still lead to a valid layout.
+TREE_KNOBS = ("tp", "pp", "vp", "cp", "ep", "mbs", "sp", "tp_comm_overlap", "recompute", "recompute_num_layers",
+              "precision", "fp8_bf16_edge_layers", "distributed_optimizer", "overlap_grad_reduce",
+              "grad_reduce_in_fp32", "flash_attention")
 
 
 def _norm(value: Any) -> Any:
@@ -171,75 +161,6 @@ def _norm(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
-
-
-class CandidateIndex:
-    """The space's candidates, generated and checked once, looked up by a trial's parameters.
-
-    Validity rules run vectorised over the whole space (a fraction of a second); a trial then
-    costs a dictionary lookup plus one evaluation.
-    """
-
-    def __init__(self, model: ModelSpec, hw, gpus: int, gbs: int, space: SearchSpace):
-        self.model = model
-        self.frame = generate(model, hw, gpus, gbs, space)
-        self.space = self._prune(space)
-        full = self.frame[list(STRUCTURE_KNOBS)].notna().all(axis=1) & self.frame[list(FEATURE_COLUMNS)].notna().all(axis=1)
-        structure_only = self.frame[list(FEATURE_COLUMNS)].isna().all(axis=1)
-        keys = list(STRUCTURE_KNOBS) + list(FEATURE_COLUMNS) + ["recompute_num_layers"]
-        self.full = self._index(self.frame[full], keys)
-        self.structures = self._index(self.frame[structure_only], list(STRUCTURE_KNOBS))
-        self.features = self._index(self.frame[~full & ~structure_only], list(FEATURE_COLUMNS))
-
-    def _prune(self, space: SearchSpace) -> SearchSpace:
-        """The space without values no valid layout uses (ep>1 for a dense model, tp beyond the
-        NVLink domain, ...): the hard rules prune before the sampler spends a trial on them."""
-        valid = self.frame[self.frame["reason"] == ""]
-        if valid.empty:
-            return space
-        columns = {"overlap_dp_comm": "overlap_grad_reduce"}
-        kept = {}
-        for knob in STRUCTURE_KNOBS + FEATURE_KNOBS:
-            used = {_norm(v) for v in valid[columns.get(knob, knob)].unique()}
-            values = tuple(v for v in getattr(space, knob) if _norm(v) in used)
-            if knob == "sp" and not values:
-                values = (False,)
-            kept[knob] = values or getattr(space, knob)
-        return dataclasses.replace(space, **kept)
-
-    @staticmethod
-    def _index(frame: pd.DataFrame, keys: list[str]) -> dict[tuple, int]:
-        values = zip(*(frame[k].tolist() for k in keys))
-        return {tuple(_norm(v) for v in row): i for row, i in zip(values, frame.index)}
-
-    def values(self, params: dict) -> dict[str, Any]:
-        """Every Plan knob the trial sets: its parameters, the space's fixed values elsewhere."""
-        out = {k: getattr(self.space, k)[0] for k in STRUCTURE_KNOBS + FEATURE_KNOBS}
-        out.update({k: v for k, v in params.items() if k != FRACTION_PARAM})
-        out["overlap_grad_reduce"] = out.pop("overlap_dp_comm")
-        if out["tp"] == 1:
-            out["sp"] = False  # Megatron turns SP off at tp=1; the grid does the same
-            out["tp_comm_overlap"] = False
-        chunk = self.model.num_layers / (out["pp"] * out["vp"])
-        layers = 0
-        if out["recompute"] == "full" and chunk.is_integer():
-            fraction = params.get(FRACTION_PARAM, self.space.full_recompute_fractions[0])
-            layers = max(1, math.ceil(fraction * chunk))
-            layers = 0 if layers >= chunk else layers
-        out["recompute_num_layers"] = layers
-        return out
-
-    def lookup(self, params: dict) -> pd.DataFrame:
-        v = self.values(params)
-        key = tuple(_norm(v[k]) for k in list(STRUCTURE_KNOBS) + list(FEATURE_COLUMNS) + ["recompute_num_layers"])
-        index = self.full.get(key)
-        if index is None:
-            index = self.structures.get(key[:len(STRUCTURE_KNOBS)])
-        if index is None:
-            index = self.features.get(key[len(STRUCTURE_KNOBS):-1])
-        if index is None:
-            raise KeyError(f"no candidate for {v}")
-        return self.frame.loc[[index]].reset_index(drop=True)
 
 
 def _plain(value: Any) -> Any:
@@ -250,24 +171,94 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def make_objective(index: CandidateIndex, hw, evaluator: Evaluator, objectives: tuple[str, ...]) -> Callable:
-    """The trial function: look the layout up, evaluate it once (repeats reuse the result)."""
-    space = index.space
-    seen: dict[tuple, pd.Series] = {}
+class LayoutTree:
+    """The space's valid layouts as a tree with one knob per level.
+
+    A trial walks it from the root, choosing at each level among the values that still lead to a
+    valid layout, so the sampler never spends a trial on a layout that breaks a rule (the rules ran
+    once, vectorised, when the candidates were generated). A level with one value is no parameter;
+    a knob whose choices depend on earlier ones (pp given tp, say) is named by its choice set,
+    ``pp[1|2|4|8]``, so trials that face the same choices share statistics.
+    """
+
+    def __init__(self, model: ModelSpec, hw, gpus: int, gbs: int, space: SearchSpace):
+        self.frame = generate(model, hw, gpus, gbs, space)
+        valid = self.frame[self.frame["reason"] == ""]
+        if valid.empty:
+            raise UserError(f"no valid layout of {model.name} for {gpus} GPUs and gbs {gbs}: "
+                            f"{self.frame['reason'].iloc[0]}")
+        self.root: dict = {}
+        columns = [valid[k].tolist() for k in TREE_KNOBS]
+        for index, values in zip(valid.index, zip(*columns)):
+            node = self.root
+            for value in values[:-1]:
+                node = node.setdefault(_norm(value), {})
+            node[_norm(values[-1])] = index
+        self.full_choices = {k: tuple(sorted({_norm(v) for v in valid[k].unique()}, key=_order))
+                             for k in TREE_KNOBS}
+
+    def _name(self, knob: str, choices: tuple) -> str:
+        if choices == self.full_choices[knob]:
+            return knob
+        return f"{knob}[{'|'.join(str(c) for c in choices)}]"
+
+    def walk(self, choose: Callable[[str, str, tuple], Any]) -> int:
+        """Descend to a leaf, calling ``choose(knob, param name, choices)`` where there is a choice."""
+        node: Any = self.root
+        for knob in TREE_KNOBS:
+            choices = tuple(sorted(node, key=_order))
+            value = choices[0] if len(choices) == 1 else choose(knob, self._name(knob, choices), choices)
+            node = node[value]
+        return node
+
+    def suggest(self, trial) -> int:
+        """The row index of the layout a trial chooses."""
+        return self.walk(lambda _knob, name, choices: trial.suggest_categorical(name, list(choices)))
+
+    def params_for(self, layout: dict) -> dict | None:
+        """Trial parameters reaching the first valid layout that has ``layout``'s knob values
+        (knobs it leaves out take the first value that stays valid); None if no layout matches."""
+        params: dict = {}
+
+        def choose(knob, name, choices):
+            wanted = _norm(layout[knob]) if knob in layout else None
+            value = wanted if wanted in choices else None
+            if value is None and knob in layout:
+                raise LookupError(knob)
+            value = choices[0] if value is None else value
+            params[name] = value
+            return value
+        try:
+            self.walk(choose)
+        except LookupError:
+            return None
+        return params
+
+    def row(self, index: int) -> pd.DataFrame:
+        return self.frame.loc[[index]].reset_index(drop=True)
+
+
+def _order(value: Any) -> tuple:
+    """Sort key that orders numbers, booleans and strings without comparing across types."""
+    return (type(value).__name__, value)
+
+
+def make_objective(tree: LayoutTree, hw, evaluator: Evaluator, objectives: tuple[str, ...],
+                   memory_fraction: float) -> Callable:
+    """The trial function: choose a layout, evaluate it once (a repeat reuses the result)."""
+    seen: dict[int, pd.Series] = {}
 
     def objective(trial):
-        params = suggest(trial, space)
-        key = tuple(sorted(params.items()))
-        if key not in seen:
-            seen[key] = evaluator.evaluate(index.lookup(params)).iloc[0]
-        row = seen[key]
+        index = tree.suggest(trial)
+        if index not in seen:
+            seen[index] = evaluator.evaluate(tree.row(index)).iloc[0]
+        row = seen[index]
         trial.set_user_attr("reason", row["reason"])
         trial.set_user_attr("plan", {k: _plain(row[k]) for k in Plan.field_names()})
         trial.set_user_attr("metrics", {k: _plain(row[k]) for k in METRIC_KEYS if k in row})
-        oom = row["reason"].startswith("out of memory")
-        limit = space.memory_fraction * hw.memory_gib
-        violation = 0.0 if row["fits"] else (row["peak_memory_gib"] - limit if oom else 1.0)
-        trial.set_constraint("feasible", float(violation))
+        limit = memory_fraction * hw.memory_gib
+        violation = 0.0 if row["fits"] else max(float(row["peak_memory_gib"]) - limit, 1e-3)
+        trial.set_constraint("feasible", violation)
         values = []
         for name in objectives:
             metric, direction = OBJECTIVES[name]
@@ -281,21 +272,6 @@ def published_layouts(model: ModelSpec, gpus: int) -> list[dict]:
     path = io.SEARCH_SPACES / "published_layouts.yaml"
     entries = io.read_yaml(path).get(model.name, []) if path.exists() else []
     return [{k: v for k, v in e.items() if k != "gpus"} for e in entries if e.get("gpus") == gpus]
-
-
-def seed_params(model: ModelSpec, ranked: pd.DataFrame, space: SearchSpace, top: int) -> list[dict]:
-    """The parameters of the ``top`` best grid layouts, for enqueueing."""
-    knobs = searched_knobs(space)
-    fractions = space.full_recompute_fractions
-    out = []
-    for _, row in ranked[ranked["fits"]].head(top).iterrows():
-        params = {k: _plain(row[k]) for k in knobs}
-        if row["recompute"] == "full" and len(fractions) > 1:
-            chunk = model.num_layers // (int(row["pp"]) * int(row["vp"]))
-            share = (row["recompute_num_layers"] or chunk) / chunk
-            params[FRACTION_PARAM] = min(fractions, key=lambda f: abs(f - share))
-        out.append(params)
-    return out
 
 
 def trials_frame(study) -> pd.DataFrame:

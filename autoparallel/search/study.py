@@ -66,19 +66,21 @@ def _requeue_stale(study) -> int:
 def run(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
         settings: sampler.StudySettings, evaluator: Evaluator, run_dir: Path,
         seeds: list[dict] | None = None, progress: Progress | None = None):
-    """Create or resume the study in ``run_dir`` and complete ``settings.trials`` trials."""
+    """Create or resume the study in ``run_dir`` and complete ``settings.trials`` trials.
+
+    ``seeds``: layouts (knob -> value, possibly partial) enqueued first on a fresh study.
+    """
     optuna = sampler._optuna()
     study = _open(settings, run_dir)
-    index = sampler.CandidateIndex(model, hw, gpus, gbs, space)
-    fresh = len(study.get_trials(deepcopy=False)) == 0
-    if fresh:
-        searched = sampler.searched_knobs(index.space)
-        for params in seeds or []:
-            study.enqueue_trial({k: v for k, v in params.items() if k in searched or k == sampler.FRACTION_PARAM},
-                                skip_if_exists=True)
+    tree = sampler.LayoutTree(model, hw, gpus, gbs, space)
+    if len(study.get_trials(deepcopy=False)) == 0:
+        for layout in seeds or []:
+            params = tree.params_for(layout)
+            if params is not None:
+                study.enqueue_trial(params, skip_if_exists=True)
     else:
         _requeue_stale(study)
-    objective = sampler.make_objective(index, hw, evaluator, settings.objectives)
+    objective = sampler.make_objective(tree, hw, evaluator, settings.objectives, space.memory_fraction)
     limit = optuna.study.MaxTrialsCallback(settings.trials, states=(optuna.trial.TrialState.COMPLETE,))
     if completed(study) >= settings.trials:
         return study

@@ -1,0 +1,54 @@
+"""The FP8 check as the CLI runs it: settings from YAML plus flags, progress lines, run folder.
+
+Shared by ``autoparallel fp8-check`` and ``autoparallel search --fp8-check`` so that both run
+exactly the same check and leave the same folder behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from autoparallel.errors import UserError
+from autoparallel.fp8check.settings import Fp8CheckSettings, load_settings
+from autoparallel.specs.model import ModelSpec
+
+CHECKABLE = ("fp8-delayed", "fp8-current", "fp8-blockwise")
+
+
+def settings_from_flags(path: str | None, steps: int | None, recipes: str | None,
+                        seed: int | None = None) -> Fp8CheckSettings:
+    settings = load_settings(path)
+    run = settings.run
+    if steps is not None:
+        run = dataclasses.replace(run, steps=steps,
+                                  final_window=min(run.final_window, steps))
+    if seed is not None:
+        run = dataclasses.replace(run, seed=seed)
+    chosen = settings.recipes
+    if recipes:
+        chosen = tuple(r.strip() for r in recipes.split(",") if r.strip())
+        bad = [r for r in chosen if r not in CHECKABLE]
+        if bad:
+            raise UserError(f"--recipes: {', '.join(bad)} cannot be checked; choose from "
+                            f"{', '.join(CHECKABLE)} (mxfp8 needs Blackwell and is not emulated)")
+    return dataclasses.replace(settings, run=run, recipes=chosen)
+
+
+def check_and_save(model: ModelSpec, settings: Fp8CheckSettings, results: Path | None,
+                   command: list[str], console=None, plots: bool = True):
+    """Run the check (torch imported here), print progress; returns (result, run_dir or None)."""
+    try:
+        from autoparallel.fp8check.check import run_check
+    except ImportError as exc:  # torch missing: an optional dependency fails when used
+        raise UserError(f"fp8-check needs torch: pip install 'autoparallel[model]' ({exc})") \
+            from None
+    if model.is_moe and console is not None:
+        console.print(f"note: {model.name} is MoE; its proxy is dense (one expert's FFN)")
+    say = (lambda msg: console.print(f"[dim]fp8-check: {msg}[/dim]")) if console else None
+    result = run_check(model, settings, progress=say)
+    run_dir = None
+    if results is not None:
+        from autoparallel.fp8check.report import write_check_folder
+        run_dir = write_check_folder(result, results, command, plots=plots)
+    return result, run_dir

@@ -1,0 +1,103 @@
+"""One training run of the proxy under one FP8 policy, with numerics recorded every K steps.
+
+Every run of one check starts from the same initial weights (``build_model`` seeds before
+constructing, and a BF16 Linear and an FP8 Linear draw the same numbers) and sees the same
+batches (the sampler is seeded by the run's seed), so two runs differ by the policy alone and
+the loss gap measures the recipe, not the data order.
+
+``module_recipes`` replaces the recipe of matching modules after construction: the way tests
+and the benchmark make one layer unhealthy on purpose (a negative margin that overflows, a large
+one that underflows) without touching the others.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass, field
+
+import pandas as pd
+from torch import nn
+
+from autoparallel.fp8check.settings import CheckRun
+from autoparallel.model.fp8 import Fp8Linear
+from autoparallel.model.numerics import NumericsRecorder
+from autoparallel.model.recipes import Fp8Policy, Recipe
+from autoparallel.model.train import TrainConfig, build_model, train
+from autoparallel.specs.model import ModelSpec
+
+_LAYER = re.compile(r"layers\.(\d+)\.")
+
+
+def layer_index(module_name: str) -> int:
+    """Transformer layer of a module name such as ``layers.3.mlp.w2``."""
+    match = _LAYER.match(module_name)
+    if not match:
+        raise ValueError(f"{module_name!r} is not inside a transformer layer")
+    return int(match.group(1))
+
+
+@dataclass
+class RunRecord:
+    """Losses and per-step numerics of one run (``stats`` is empty for BF16)."""
+
+    recipe: str
+    bf16_layers: tuple[int, ...] = ()
+    losses: list[float] = field(default_factory=list)
+    stats: pd.DataFrame = field(default_factory=pd.DataFrame)
+    seconds: float = 0.0
+
+    def final_loss(self, window: int) -> float:
+        tail = self.losses[-window:]
+        return sum(tail) / len(tail)
+
+
+def policy_for(recipe: Recipe | None, bf16_layers: tuple[int, ...]) -> Fp8Policy:
+    """The recipe with whole transformer layers kept in BF16 (as module patterns, which any
+    recipe accepts; Megatron's edge-layer rule is applied where the verdict is exported)."""
+    return Fp8Policy(recipe, bf16_modules=tuple(f"layers.{i}.*" for i in sorted(bf16_layers)))
+
+
+def _override(model: nn.Module, module_recipes: dict[str, Recipe]) -> int:
+    """Swap the recipe of every Fp8Linear whose name matches a pattern; returns how many."""
+    swapped = 0
+    for parent_name, parent in list(model.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            name = f"{parent_name}.{child_name}" if parent_name else child_name
+            if not isinstance(child, Fp8Linear):
+                continue
+            for pattern, recipe in module_recipes.items():
+                if fnmatch.fnmatchcase(name, pattern):
+                    new = Fp8Linear(child.in_features, child.out_features, recipe,
+                                    bias=child.bias is not None, gemm_backend=child.gemm_backend)
+                    new.load_state_dict({"weight": child.weight.detach(),
+                                         **({"bias": child.bias.detach()} if child.bias is not None
+                                            else {})}, strict=False)
+                    setattr(parent, child_name, new)
+                    swapped += 1
+                    break
+    return swapped
+
+
+def run_policy(spec: ModelSpec, recipe: Recipe | None, run: CheckRun,
+               bf16_layers: tuple[int, ...] = (),
+               module_recipes: dict[str, Recipe] | None = None) -> RunRecord:
+    """Train the proxy ``spec`` for ``run.steps`` steps; record numerics every ``stats_every``."""
+    policy = policy_for(recipe, bf16_layers)
+    config = TrainConfig(steps=run.steps, batch_size=run.batch_size, seq_length=run.seq_length,
+                         seed=run.seed)
+    model = build_model(policy, spec, run.seed)
+    if module_recipes and recipe is not None:
+        _override(model, module_recipes)
+    recorder = NumericsRecorder(every=run.stats_every)
+
+    def advance(step: int, _model: nn.Module) -> None:
+        recorder.step = step + 1
+
+    with recorder.attached(model):
+        result = train(policy, config, spec, model=model, on_step=advance)
+    stats = recorder.dataframe()
+    if not stats.empty:
+        stats.insert(2, "layer_index", stats["layer"].map(layer_index))
+    name = "bf16" if recipe is None else recipe.name
+    return RunRecord(name, tuple(sorted(bf16_layers)), result.losses, stats, result.seconds)

@@ -1,0 +1,70 @@
+"""The FP8 check's thresholds and run lengths, read strictly from search_spaces/fp8_check.yaml.
+
+Numbers that decide a verdict live in data, not code, so a team can tighten them without a
+release; the file's comments say why each default is what it is (the measured seed noise of the
+loss gap, the healthy recipes' underflow / overflow). Pure Python (no torch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autoparallel.fp8check.proxy import ProxyRule
+from autoparallel.io import SEARCH_SPACES, from_dict, read_yaml
+
+DEFAULT_PATH = SEARCH_SPACES / "fp8_check.yaml"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """A recipe (or a layer under it) fails when any of these is exceeded."""
+
+    max_loss_gap_pct: float = 5.0     # final loss vs BF16, relative, in %
+    max_underflow_pct: float = 5.0    # mean over recorded steps, of one tensor of one layer
+    max_overflow_pct: float = 0.5     # same, values clipped at fp8_max
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) < 0:
+                raise ValueError(f"{f.name}={getattr(self, f.name)} must be >= 0")
+
+
+@dataclass(frozen=True)
+class CheckRun:
+    """How long and how often: the same for BF16 and every recipe (identical data and seed)."""
+
+    steps: int = 200
+    batch_size: int = 8
+    seq_length: int = 32
+    seed: int = 0
+    stats_every: int = 10   # record the numerics every K steps
+    final_window: int = 20  # final loss = mean of the last N steps (the last one alone is noisy)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if f.name != "seed" and getattr(self, f.name) < 1:
+                raise ValueError(f"{f.name}={getattr(self, f.name)} must be >= 1")
+
+
+@dataclass(frozen=True)
+class LayerSearch:
+    """Bounds on the search for BF16 layers (each candidate set costs one re-run)."""
+
+    max_bf16_layers: int = 2
+    max_reruns: int = 4
+
+
+@dataclass(frozen=True)
+class Fp8CheckSettings:
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    run: CheckRun = field(default_factory=CheckRun)
+    proxy: ProxyRule = field(default_factory=ProxyRule)
+    layer_search: LayerSearch = field(default_factory=LayerSearch)
+    recipes: tuple[str, ...] = ("fp8-delayed", "fp8-current", "fp8-blockwise")
+
+
+def load_settings(path: str | Path | None = None) -> Fp8CheckSettings:
+    path = Path(path) if path else DEFAULT_PATH
+    return from_dict(Fp8CheckSettings, read_yaml(path), str(path))

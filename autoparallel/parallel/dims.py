@@ -1,0 +1,64 @@
+"""One object that validates all parallel degrees and owns the process groups (torchtitan's
+``ParallelDims``), so no other module computes rank arithmetic.
+
+Global rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank: TP fastest (inside a node
+on a GPU cluster), PP slowest, as Megatron-LM orders them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+
+@dataclass
+class ParallelDims:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    vp: int = 1
+    world_size: int = 1
+    groups: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for k in ("tp", "pp", "dp", "cp", "vp"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"{k}={getattr(self, k)} must be >= 1")
+        if self.tp * self.pp * self.dp * self.cp != self.world_size:
+            raise ValueError(f"tp*pp*dp*cp = {self.tp}*{self.pp}*{self.dp}*{self.cp} "
+                             f"!= world size {self.world_size}")
+
+    def coords(self, rank: int) -> dict[str, int]:
+        tp_rank, rest = rank % self.tp, rank // self.tp
+        cp_rank, rest = rest % self.cp, rest // self.cp
+        dp_rank, pp_rank = rest % self.dp, rest // self.dp
+        return {"tp": tp_rank, "cp": cp_rank, "dp": dp_rank, "pp": pp_rank}
+
+    def rank_of(self, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
+        return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
+
+    def _members(self, rank: int, varying: tuple[str, ...]) -> list[int]:
+        """Ranks that share ``rank``'s coordinates except the ``varying`` dims."""
+        me = self.coords(rank)
+        return [r for r in range(self.world_size)
+                if all(self.coords(r)[k] == me[k] for k in me if k not in varying)]
+
+    def build_groups(self) -> None:
+        """Create every group on every rank (``new_group`` is collective over the world)."""
+        rank = dist.get_rank()
+        for name, varying in (("tp", ("tp",)), ("dp", ("dp",)), ("stage", ("tp", "dp", "cp"))):
+            seen: set[tuple[int, ...]] = set()
+            for r in range(self.world_size):
+                members = tuple(self._members(r, varying))
+                if members in seen:
+                    continue
+                seen.add(members)
+                group = dist.new_group(list(members))
+                if rank in members:
+                    self.groups[name] = group
+                    self.groups[name + "_ranks"] = members
+
+    def group(self, name: str):
+        return self.groups[name]

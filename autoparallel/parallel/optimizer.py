@@ -1,0 +1,99 @@
+"""Data-parallel gradient reduction and the (optionally sharded) AdamW step.
+
+Every parameter of a rank lives in one flat fp32 view for the optimizer. With the distributed
+optimizer (Megatron-LM ``--use-distributed-optimizer``, ZeRO-1) the flat gradient is
+reduce-scattered over the DP group (each rank gets the mean of its 1/dp slice), AdamW updates
+only that slice of fp32 master weights and moments, and the new weights are all-gathered. Without
+it the gradient is all-reduced and every rank steps the whole buffer. AdamW is elementwise, so
+both give the single-process update exactly, up to float summation order.
+
+Gradient-norm clipping uses the global norm: squares summed over the rank's slice, counting
+TP-replicated parameters (the norms) on TP rank 0 only, then summed over the whole world.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autoparallel.parallel import comm
+
+
+class DistributedOptimizer:
+    def __init__(self, params: list[nn.Parameter], replicated: set[int], dims, coords,
+                 sharded: bool, lr: float, weight_decay: float, clip: float | None,
+                 betas=(0.9, 0.95)) -> None:
+        self.params = params
+        self.dp_group, self.dp = dims.group("dp"), dims.dp
+        self.sharded, self.clip = sharded and dims.dp > 1, clip
+        self.numels = [p.numel() for p in params]
+        total = sum(self.numels)
+        self.padded = -(-total // dims.dp) * dims.dp if self.sharded else total
+        device = params[0].device if params else torch.device("cpu")
+        flat = torch.zeros(self.padded, dtype=torch.float32, device=device)
+        if params:
+            flat[:total] = torch.cat([p.detach().float().reshape(-1) for p in params])
+        shard = self.padded // dims.dp if self.sharded else self.padded
+        self.start = coords["dp"] * shard if self.sharded else 0
+        self.master = nn.Parameter(flat[self.start:self.start + shard].clone())
+        # 1 where a slice element counts towards the gradient norm on this rank.
+        weight = torch.cat([torch.full((n,), 0.0 if (id(p) in replicated and coords["tp"] > 0)
+                                       else 1.0, device=device)
+                            for p, n in zip(params, self.numels)] + [torch.zeros(
+                                self.padded - total, device=device)])
+        self.norm_weight = weight[self.start:self.start + shard]
+        self.adam = torch.optim.AdamW([self.master], lr=lr, betas=betas,
+                                      weight_decay=weight_decay)
+        self.last_grad_norm = 0.0
+
+    def _flat_grads(self) -> torch.Tensor:
+        total = sum(self.numels)
+        flat = torch.zeros(self.padded, dtype=torch.float32, device=self.master.device)
+        if self.params:
+            flat[:total] = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p))
+                                      .float().reshape(-1) for p in self.params])
+        return flat
+
+    def step(self, lr: float | None = None) -> float:
+        flat = self._flat_grads()
+        if self.sharded:
+            grad = torch.empty_like(self.master)
+            comm.reduce_scatter_flat(grad, flat, self.dp_group)
+        else:
+            if self.dp > 1:
+                dist.all_reduce(flat, group=self.dp_group)
+            grad = flat
+        grad /= self.dp
+        sq = (grad.square() * self.norm_weight).sum()
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            if not self.sharded and self.dp > 1:
+                sq /= self.dp  # every DP rank holds the whole (identical) gradient
+            dist.all_reduce(sq)
+        norm = float(sq.sqrt())
+        self.last_grad_norm = norm
+        if self.clip is not None and norm > self.clip:
+            grad *= self.clip / (norm + 1e-6)
+        self.master.grad = grad
+        if lr is not None:
+            self.adam.param_groups[0]["lr"] = lr
+        self.adam.step()
+        if self.sharded:
+            flat = torch.empty(self.padded, dtype=torch.float32, device=self.master.device)
+            comm.all_gather_flat(flat, self.master.detach(), self.dp_group)
+        else:
+            flat = self.master.detach()
+        offset = 0
+        with torch.no_grad():
+            for p, n in zip(self.params, self.numels):
+                p.copy_(flat[offset:offset + n].view_as(p))
+                offset += n
+        return norm
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def state_bytes(self) -> int:
+        """fp32 master slice and the two Adam moments this rank holds."""
+        return 3 * self.master.numel() * 4

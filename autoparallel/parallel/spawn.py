@@ -1,0 +1,122 @@
+"""Run a function on N local processes joined in one gloo (CPU) or NCCL (GPU) process group.
+
+Used by the equivalence tests and by the local launcher: torch.multiprocessing ``spawn`` start
+method, a free TCP port on 127.0.0.1 only, and each rank's return value (or error) sent back
+through a queue. ``run`` never waits forever: after ``timeout`` seconds, or as soon as one rank
+fails, every process still alive is terminated and the result says why.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import os
+import queue as queue_mod
+import socket
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class SpawnResult:
+    ok: bool
+    values: list = field(default_factory=list)  # per rank, None where a rank gave nothing
+    reason: str = ""
+
+
+def _entry(rank, world, port, backend, fn, args, results, collective_timeout_s, threads):
+    import torch
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        dist.init_process_group(backend, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=collective_timeout_s))
+        value = fn(rank, world, *args)
+        # Bytes, not tensors: torch would share tensor storage by file descriptor, which dies
+        # with this process.
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        results.put((rank, "ok", buffer.getvalue()))
+    except BaseException as exc:  # noqa: BLE001 - the reason goes back to the caller
+        kind = "oom" if "out of memory" in str(exc).lower() else "error"
+        results.put((rank, kind, f"{type(exc).__name__}: {exc}"[:500]
+                     + "\n" + traceback.format_exc(limit=3)[-800:]))
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def run(fn, world: int, args: tuple = (), timeout: float = 120.0, backend: str = "gloo",
+        collective_timeout_s: float = 60.0, threads: int | None = 1) -> SpawnResult:
+    """Run ``fn(rank, world, *args)`` on ``world`` processes; ``fn`` must be importable."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(r, world, port, backend, fn, args, results,
+                                               collective_timeout_s, threads), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    values: list = [None] * world
+    done: set[int] = set()
+    reason = ""
+    deadline = time.monotonic() + timeout
+    try:
+        while len(done) < world and not reason:
+            try:
+                rank, status, value = results.get(timeout=0.2)
+                done.add(rank)
+                if status == "ok":
+                    import torch
+                    values[rank] = torch.load(io.BytesIO(value), weights_only=False)
+                else:
+                    first = value.splitlines()[0]
+                    reason = (f"out of memory on rank {rank}: {first}" if status == "oom"
+                              else f"rank {rank} failed: {first}")
+                    # A peer that died makes the others fail in a collective: name the cause.
+                    time.sleep(1.0)
+                    dead = [r for r, p in enumerate(procs) if r not in done
+                            and p.exitcode not in (None, 0)]
+                    if dead and status != "oom":
+                        reason = (f"rank {dead[0]} died (exit code {procs[dead[0]].exitcode}); "
+                                  f"then {reason}")
+            except queue_mod.Empty:
+                pass
+            dead = [r for r, p in enumerate(procs)
+                    if r not in done and p.exitcode is not None and results.empty()]
+            if dead and not reason:
+                time.sleep(0.5)  # a result may still be in flight
+                if results.empty():
+                    r = dead[0]
+                    reason = f"rank {r} died (exit code {procs[r].exitcode})"
+            if not reason and time.monotonic() > deadline:
+                missing = sorted(set(range(world)) - done)
+                reason = (f"timed out after {timeout:.0f} s (ranks {missing} still running: "
+                          "a hung collective or a slow job)")
+    finally:
+        for p in procs:
+            p.join(timeout=2.0 if not reason else 0.5)
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=5.0)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        results.close()
+    return SpawnResult(not reason, values, reason)

@@ -1,0 +1,149 @@
+"""Tensor (and sequence) parallel for the built-in transformer, applied from outside.
+
+Column-parallel linears (wq, wk, wv, w1, w3, the output layer) keep a slice of the weight's rows
+(output features); row-parallel linears (wo, w2) a slice of its columns (input features). The
+communication sits at the block edges (``comm.enter_block`` / ``exit_block``), once per attention
+and MLP block as in Megatron-LM: all-reduces without sequence parallel, all-gather /
+reduce-scatter along the sequence with it. The embedding and the output layer are vocab-parallel
+and the loss is computed on vocab shards (``vocab_parallel_cross_entropy``): no rank ever holds
+the full logits. Under sequence parallel the norms see a slice of the sequence, so their weight
+gradients are partial sums: ``sequence_parallel_params`` names them for a TP all-reduce.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from autoparallel.parallel import comm
+
+
+def _shard_linear(linear: nn.Module, rank: int, size: int, dim: int) -> None:
+    """Keep the ``rank``-th of ``size`` slices of ``linear.weight`` along ``dim`` (0 rows, 1 cols)."""
+    w = linear.weight
+    if w.shape[dim] % size:
+        raise ValueError(f"cannot split a {tuple(w.shape)} weight in {size} along dim {dim}")
+    part = w.detach().chunk(size, dim=dim)[rank].clone()
+    linear.weight = nn.Parameter(part, requires_grad=w.requires_grad)
+    linear.out_features, linear.in_features = part.shape
+
+
+class ParallelBlock(nn.Module):
+    """Wraps an attention or MLP block whose linears are sharded: gather/copy in, reduce out."""
+
+    def __init__(self, block: nn.Module, group, sp: bool) -> None:
+        super().__init__()
+        self.block, self.group, self.sp = block, group, sp
+
+    def forward(self, x: torch.Tensor, *args) -> torch.Tensor:
+        y = self.block(comm.enter_block(x, self.group, self.sp), *args)
+        return comm.exit_block(y, self.group, self.sp)
+
+
+class ParallelHead(nn.Module):
+    """The vocab-parallel output layer: gather (SP) or copy the hidden states in, local logits out."""
+
+    def __init__(self, linear: nn.Module, group, sp: bool) -> None:
+        super().__init__()
+        self.linear, self.group, self.sp = linear, group, sp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(comm.enter_block(x, self.group, self.sp))
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rows [start, end) of the embedding table; other tokens give zeros, summed over TP."""
+
+    def __init__(self, embedding: nn.Embedding, rank: int, size: int, group, sp: bool) -> None:
+        super().__init__()
+        vocab = embedding.num_embeddings
+        if vocab % size:
+            raise ValueError(f"vocab_size={vocab} is not divisible by tp={size}")
+        self.per_rank = vocab // size
+        self.start = rank * self.per_rank
+        self.weight = nn.Parameter(embedding.weight.detach()[self.start:self.start
+                                                             + self.per_rank].clone())
+        self.group, self.sp = group, sp
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        local = tokens - self.start
+        outside = (local < 0) | (local >= self.per_rank)
+        out = F.embedding(local.clamp(0, self.per_rank - 1), self.weight)
+        out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+        return comm.exit_block(out, self.group, self.sp)
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, start: int,
+                                 group) -> torch.Tensor:
+    """Mean cross-entropy from logits sharded on the vocab (columns [start, start + V/tp)).
+
+    Max, sum of exponentials and the target logit are each reduced over the TP group; every TP
+    rank then holds the same loss and backpropagates into its own shard.
+    """
+    logits = logits.float()
+    peak = logits.detach().max(dim=-1).values
+    if comm._size(group) > 1:
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+    shifted = logits - peak.unsqueeze(-1)
+    sum_exp = comm.reduce_from(shifted.exp().sum(dim=-1), group)
+    local = targets - start
+    inside = (local >= 0) & (local < logits.shape[-1])
+    picked = shifted.gather(-1, local.clamp(0, logits.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
+    target_logit = comm.reduce_from(picked * inside, group)
+    return (sum_exp.log() - target_logit).mean()
+
+
+def apply_tensor_parallel(model: nn.Module, rank: int, size: int, group, sp: bool) -> None:
+    """Shard ``model`` (a ``Transformer``) in place for TP rank ``rank`` of ``size``."""
+    spec = model.spec
+    if size == 1:
+        return
+    for key, value in (("num_attention_heads", spec.num_attention_heads),
+                       ("num_query_groups", spec.query_groups)):
+        if value % size:
+            raise ValueError(f"{key}={value} is not divisible by tp={size}")
+    if spec.ffn_hidden_size % size:
+        raise ValueError(f"ffn_hidden_size={spec.ffn_hidden_size} is not divisible by tp={size}")
+    if spec.tie_embeddings:
+        raise NotImplementedError("tensor parallel of tied embeddings is not implemented")
+    for layer in model.layers:
+        att, mlp = layer.attention, layer.mlp
+        for lin in (att.wq, att.wk, att.wv, mlp.w1, mlp.w3):
+            if lin is not None:
+                _shard_linear(lin, rank, size, 0)
+        for lin in (att.wo, mlp.w2):
+            _shard_linear(lin, rank, size, 1)
+        att.heads //= size
+        att.groups //= size
+        layer.attention = ParallelBlock(att, group, sp)
+        layer.mlp = ParallelBlock(mlp, group, sp)
+    model.tok_embeddings = VocabParallelEmbedding(model.tok_embeddings, rank, size, group, sp)
+    _shard_linear(model.output, rank, size, 0)
+    model.output = ParallelHead(model.output, group, sp)
+
+
+def sequence_parallel_params(model: nn.Module) -> list[nn.Parameter]:
+    """Parameters replicated over TP whose gradients are partial sums under SP: the norms."""
+    return [p for name, p in model.named_parameters() if "norm" in name.split(".")[-2]]
+
+
+def tp_replicated_params(model: nn.Module) -> list[nn.Parameter]:
+    """Parameters every TP rank holds whole (counted once in the gradient norm)."""
+    return sequence_parallel_params(model)
+
+
+# Which dim of each parameter TP splits (None: replicated), by the single-device name.
+SHARD_DIMS = {"wq": 0, "wk": 0, "wv": 0, "w1": 0, "w3": 0, "wo": 1, "w2": 1,
+              "output": 0, "tok_embeddings": 0}
+
+
+def original_name(name: str) -> str:
+    """A parameter's name in the single-device model (TP wrappers add a level)."""
+    return name.replace(".block.", ".").replace("output.linear.", "output.")
+
+
+def shard_dim(name: str) -> int | None:
+    parts = original_name(name).split(".")
+    return SHARD_DIMS.get(parts[-2])

@@ -1,0 +1,169 @@
+"""The profiling side of the command line: ``profile``, ``search --profile job|layer`` and
+``calibrate --from RUN_DIR``. ``autoparallel.cli`` only wires these in, so the CLI module stays
+argument wiring; torch and Ray are imported when a command runs, never at import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from autoparallel import io
+from autoparallel.errors import UserError
+
+MEASURED_CSV = "measurements.csv"
+
+
+def _job_args(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    p.add_argument(f"--{prefix}steps", type=int, default=20, help="timed steps (default 20)")
+    p.add_argument(f"--{prefix}warmup", type=int, default=5, help="untimed warm-up steps (default 5)")
+    p.add_argument(f"--{prefix}timeout", type=float, default=600.0,
+                   help="seconds before a job counts as hung (default 600)")
+    p.add_argument("--memory-cap-gib", type=float,
+                   help="CPU only: fail like an out-of-memory above this many GiB per rank")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="where jobs run: processes here (default) or a Ray cluster")
+    p.add_argument("--ray-address", help="Ray cluster address (default: start or join a local one)")
+
+
+def add_profile_parser(sub) -> None:
+    p = sub.add_parser("profile", help="run one layout of the built-in transformer for real and "
+                                       "measure step time, tokens/s and memory")
+    p.add_argument("--model", required=True, help="preset name or a model YAML path")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--plan", help="plan YAML: Plan fields, or a best.yaml (its 'plan' key)")
+    where.add_argument("--rank", nargs=2, metavar=("N", "RUN_DIR"),
+                       help="the N-th ranked plan of a saved search")
+    _job_args(p)
+    p.add_argument("--fault", default="", help=argparse.SUPPRESS)  # kill:RANK | hang:RANK (tests)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_profile)
+
+
+def add_search_args(s: argparse.ArgumentParser) -> None:
+    g = s.add_argument_group("profiling (grid strategy)")
+    g.add_argument("--profile", choices=("none", "job", "layer"), default="none",
+                   help="job: run the --top-k best predicted layouts and re-rank by measurement; "
+                        "layer: replace the compute estimate with measured layer profiles")
+    g.add_argument("--top-k", type=int, default=5, help="layouts to profile (default 5)")
+    g.add_argument("--profile-steps", type=int, default=20, help="timed steps per job (default 20)")
+    g.add_argument("--profile-warmup", type=int, default=5, help="warm-up steps per job (default 5)")
+    g.add_argument("--profile-timeout", type=float, default=600.0, help="seconds per job (default 600)")
+    g.add_argument("--memory-cap-gib", type=float, help="CPU only: forced per-rank memory cap")
+    g.add_argument("--executor", choices=("local", "ray"), default="local")
+    g.add_argument("--ray-address", help="Ray cluster address")
+
+
+def add_calibrate_args(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--from", dest="from_run", metavar="RUN_DIR",
+                   help="fit to the measured step times of a profiled search run (its "
+                        "hardware YAML, named in the manifest, gets the fitted block)")
+
+
+def load_plan(path: str):
+    from autoparallel.space import row_to_plan
+    from autoparallel.specs.plan import Plan
+    data = io.read_yaml(Path(path))
+    data = data.get("plan", data)
+    defaults = {f: getattr(Plan(tp=1, pp=1, dp=1, gbs=1), f) for f in Plan.field_names()}
+    unknown = sorted(set(data) - set(defaults))
+    if unknown:
+        raise UserError(f"{path}: unknown plan key(s) {', '.join(unknown)}")
+    missing = [k for k in ("tp", "pp", "dp", "gbs") if k not in data]
+    if missing:
+        raise UserError(f"{path}: plan needs {', '.join(missing)}")
+    return row_to_plan({**defaults, **data})
+
+
+def cmd_profile(args: argparse.Namespace) -> None:
+    from autoparallel.profiling.job import JobSpec
+    from autoparallel.profiling.launcher import make_launcher
+    model = io.load_model(args.model)
+    if args.plan:
+        plan = load_plan(args.plan)
+    else:
+        from autoparallel.search import run
+        try:
+            n = int(args.rank[0])
+        except ValueError:
+            raise UserError(f"--rank expects N RUN_DIR, got {args.rank[0]!r} for N") from None
+        plan = run.load(Path(args.rank[1])).plan(n)
+    try:
+        job = JobSpec(model, plan, steps=args.steps, warmup=args.warmup, timeout_s=args.timeout,
+                      memory_cap_gib=args.memory_cap_gib, fault=args.fault)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    m = make_launcher(args.executor, args.ray_address).run(job)
+    record = {"plan": plan.as_dict(), **{k: v for k, v in m.as_dict().items()}}
+    if args.json:
+        print(json.dumps(record, indent=1, default=str))
+    else:
+        from rich.console import Console
+        console = Console()
+        if m.ok:
+            console.print(f"{model.name} TP{plan.tp} PP{plan.pp} VP{plan.vp} DP{plan.dp} "
+                          f"MBS{plan.mbs} GBS{plan.gbs} on {m.world_size} x {m.device}: step "
+                          f"{m.step_time_s * 1e3:.1f} ms (median of {args.steps}), "
+                          f"{m.tokens_per_s_per_gpu:,.0f} tokens/s/rank, peak "
+                          f"{m.peak_memory_gib:.3f} GiB, saved activations "
+                          f"{m.activation_bytes / 2**20:.1f} MiB, loss {m.loss:.3f}")
+        else:
+            console.print(f"[red]failed:[/red] {m.reason}")
+    if not m.ok:
+        raise SystemExit(1)
+
+
+def profile_search(result, args: argparse.Namespace, console=None):
+    """``search --profile job|layer``: measure, then return the re-ranked result."""
+    if args.profile == "none":
+        return result
+    if args.profile == "layer":
+        from autoparallel.profiling.layer import LayerProfileEvaluator
+        from autoparallel.search.grid import rank
+        evaluator = LayerProfileEvaluator(result.model, result.hardware,
+                                          result.space.memory_fraction, top_k=args.top_k)
+        result.ranked = rank(evaluator.evaluate(result.ranked.drop(columns=["rank"])))
+        return result
+    from autoparallel.profiling.evaluator import ProfilingEvaluator
+    from autoparallel.profiling.launcher import make_launcher
+    from autoparallel.search.measured import profile_top
+
+    def show(plan, m):
+        if console is not None:
+            what = (f"{m.step_time_s * 1e3:.1f} ms/step" if m.ok else f"failed: {m.reason}")
+            console.print(f"profiled TP{plan.tp} PP{plan.pp} VP{plan.vp} DP{plan.dp} "
+                          f"MBS{plan.mbs} {plan.recompute}: {what}")
+    evaluator = ProfilingEvaluator(result.model, make_launcher(args.executor, args.ray_address),
+                                   steps=args.profile_steps, warmup=args.profile_warmup,
+                                   timeout_s=args.profile_timeout,
+                                   memory_cap_gib=args.memory_cap_gib, on_result=show)
+    result.ranked = profile_top(result.ranked, evaluator, args.top_k)
+    return result
+
+
+def calibrate_from(run_dir: Path, write: bool, console) -> dict:
+    """Fit the run's hardware constants to its measured step times (needs >= 2 measured rows)."""
+    import pandas as pd
+
+    from autoparallel.costmodel import calibrate
+    from autoparallel.search import run
+    result = run.load(run_dir)
+    if "measured_step_time_s" not in result.ranked:
+        raise UserError(f"{run_dir} has no measurements: run `autoparallel search ... --profile job`")
+    rows = result.ranked[result.ranked["measured_step_time_s"].notna()]
+    if len(rows) < 2:
+        raise UserError(f"{run_dir} has {len(rows)} measured layout(s); calibration needs >= 2")
+    fitted, before, after = calibrate.fit_measured(result.model, result.hardware,
+                                                   rows, rows["measured_step_time_s"])
+    for name, value in fitted.items():
+        console.print(f"  {name}: {getattr(result.hardware.efficiency, name):.4g} -> {value:.4g}")
+    console.print(f"mean |error| on {len(rows)} measured layouts: {before:.1f} % -> {after:.1f} %")
+    if write:
+        path = io.resolve_preset("hardware", result.hardware.name)
+        note = (f"{pd.Timestamp.now('UTC').date()}: {len(rows)} profiled layouts of "
+                f"{Path(run_dir).name}; mean |error| {before:.1f} % before, {after:.1f} % after")
+        calibrate.write_block(path, fitted, result.hardware.efficiency, note,
+                              f"profiling jobs: {Path(run_dir).name}")
+        console.print(f"wrote {path}")
+    return fitted

@@ -1,0 +1,126 @@
+"""One profiling job: a plan of the built-in transformer run for real on every rank.
+
+``run_rank`` is what each process executes: build the rank's share (``autoparallel.parallel``),
+run ``warmup`` untimed and ``steps`` timed steps on generated tokens (a barrier before each, so a
+step's time is the slowest rank's), and report per-step seconds, the loss, saved-tensor bytes and
+model states. ``summarize`` turns the ranks' reports into one ``Measurement``: the median step
+time, tokens/s per GPU, the peak memory of the fullest rank. Faults can be injected (a rank that
+dies, one that hangs) so that the failure path is testable; the launcher turns any failure into a
+``Measurement`` with ``ok=False`` and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+from autoparallel.specs.model import ModelSpec
+from autoparallel.specs.plan import Plan
+
+GIB = float(2**30)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    model: ModelSpec
+    plan: Plan
+    steps: int = 20
+    warmup: int = 5
+    timeout_s: float = 600.0
+    memory_cap_gib: float | None = None  # CPU: fail like an OOM above this (saved + states)
+    autocast_bf16: bool = True
+    threads_per_rank: int | None = 1
+    fault: str = ""  # "", "kill:RANK" (the rank exits at step 1), "hang:RANK" (it sleeps)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.warmup < 0:
+            raise ValueError(f"steps={self.steps} must be >= 1 and warmup={self.warmup} >= 0")
+        if self.fault and not self.fault.split(":")[0] in ("kill", "hang"):
+            raise ValueError(f"fault={self.fault!r}: use kill:RANK or hang:RANK")
+
+
+@dataclass
+class Measurement:
+    ok: bool
+    reason: str = ""
+    step_time_s: float = float("nan")
+    tokens_per_s_per_gpu: float = float("nan")
+    peak_memory_gib: float = float("nan")
+    activation_bytes: float = float("nan")  # saved for backward, fullest rank
+    loss: float = float("nan")
+    world_size: int = 0
+    device: str = ""
+    wall_s: float = 0.0
+    per_rank: list = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _inject(job: JobSpec, rank: int, step: int) -> None:
+    if not job.fault or step != 1:
+        return
+    kind, who = job.fault.split(":")
+    if int(who) != rank:
+        return
+    if kind == "kill":
+        os._exit(17)
+    time.sleep(10**6)
+
+
+def run_rank(rank: int, world: int, job: JobSpec) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from autoparallel.parallel.parallelize import ParallelModel, StepConfig
+    from autoparallel.profiling.memory import SavedTensors
+
+    cuda = torch.cuda.is_available() and dist.get_backend() == "nccl"
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    config = StepConfig(autocast_bf16=job.autocast_bf16, seed=job.seed)
+    pm = ParallelModel(job.model, job.plan, config, device)
+    states = pm.model_state_bytes()
+    cap = None if job.memory_cap_gib is None else int(job.memory_cap_gib * GIB)
+    gen = torch.Generator().manual_seed(job.seed + 1)
+    seq = job.model.seq_length
+    times, losses = [], []
+    tracker = SavedTensors(states, cap)
+    for step in range(job.warmup + job.steps):
+        _inject(job, rank, step)
+        tokens = torch.randint(0, job.model.vocab_size, (job.plan.gbs, seq + 1), generator=gen)
+        if world > 1:
+            dist.barrier()
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with tracker:
+            loss = pm.step(tokens[:, :-1], tokens[:, 1:])
+        if cuda:
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        if step >= job.warmup:
+            times.append(elapsed)
+            losses.append(loss)
+    peak = (torch.cuda.max_memory_allocated(device) if cuda else tracker.peak + states)
+    return {"rank": rank, "times": times, "loss": losses[-1], "saved_bytes": tracker.peak,
+            "state_bytes": states, "peak_bytes": peak, "device": str(device)}
+
+
+def summarize(job: JobSpec, ranks: list[dict], wall_s: float) -> Measurement:
+    world = len(ranks)
+    per_step = [max(r["times"][i] for r in ranks) for i in range(len(ranks[0]["times"]))]
+    step = statistics.median(per_step)
+    tokens = job.plan.gbs * job.model.seq_length
+    return Measurement(
+        ok=True, step_time_s=step, tokens_per_s_per_gpu=tokens / (step * world),
+        peak_memory_gib=max(r["peak_bytes"] for r in ranks) / GIB,
+        activation_bytes=float(max(r["saved_bytes"] for r in ranks)),
+        loss=float(ranks[0]["loss"]), world_size=world, device=ranks[0]["device"],
+        wall_s=wall_s,
+        per_rank=[{k: r[k] for k in ("rank", "saved_bytes", "state_bytes", "peak_bytes")}
+                  for r in ranks])

@@ -1,0 +1,170 @@
+"""Where a profiling job's processes run: here (``LocalLauncher``) or on a Ray cluster.
+
+Both return a ``Measurement`` and never raise for a failing job: out of memory, a rank that
+dies, a hung collective or a timeout become ``ok=False`` with the reason, the processes are
+cleaned up, and the caller (a search) goes on. On this machine (no GPU) jobs use gloo on CPU;
+with CUDA devices, NCCL and one GPU per rank.
+
+Ray: a whole-layout job reserves a placement group of tp*pp*dp*cp bundles (one GPU each on a GPU
+cluster; one CPU each here) and runs one Ray task per rank in its bundle (``RayLauncher``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from autoparallel.profiling.job import JobSpec, Measurement, run_rank, summarize
+
+
+def _backend() -> str:
+    import torch
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def run_local(job: JobSpec) -> Measurement:
+    """The job on ``plan.num_gpus`` processes of this machine."""
+    from autoparallel.parallel import spawn
+    world = job.plan.num_gpus
+    start = time.perf_counter()
+    try:
+        from autoparallel.parallel.parallelize import check_plan
+        check_plan(job.model, job.plan, world)
+    except (ValueError, NotImplementedError) as exc:
+        return Measurement(ok=False, reason=f"not runnable: {exc}", world_size=world)
+    backend = _backend()
+    if backend == "nccl":
+        import torch
+        if torch.cuda.device_count() < world:
+            return Measurement(ok=False, world_size=world, reason=(
+                f"needs {world} GPUs, this machine has {torch.cuda.device_count()}"))
+    result = spawn.run(run_rank, world, (job,), timeout=job.timeout_s, backend=backend,
+                       collective_timeout_s=min(job.timeout_s, 120.0),
+                       threads=job.threads_per_rank)
+    wall = time.perf_counter() - start
+    if not result.ok:
+        return Measurement(ok=False, reason=result.reason, world_size=world, wall_s=wall)
+    return summarize(job, result.values, wall)
+
+
+class LocalLauncher:
+    name = "local"
+
+    def run(self, job: JobSpec) -> Measurement:
+        return run_local(job)
+
+
+class RayLauncher:
+    """A job = a placement group of one bundle per rank (one GPU each on a GPU cluster, one CPU
+    here) and one Ray task per rank pinned to its bundle; rank 0's node and a free port there
+    form the rendezvous, so a layout may span nodes (PACK strategy). ``ray.get`` with the job's
+    timeout, then ``ray.cancel``, bounds a hung job; a whole job is retried ``max_retries`` times
+    when Ray reports a system failure (a worker or node lost), never for an application error.
+    """
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, max_retries: int = 0,
+                 init_kwargs: dict | None = None) -> None:
+        try:
+            import ray
+        except ImportError as exc:  # an optional dependency fails when used, not imported
+            from autoparallel.errors import UserError
+            raise UserError("--executor ray needs Ray: pip install 'autoparallel[ray]'") from exc
+        self.ray = ray
+        if not ray.is_initialized():
+            ray.init(address=address, **(init_kwargs or {}))
+        self.max_retries = max_retries
+
+    def run(self, job: JobSpec) -> Measurement:
+        for attempt in range(self.max_retries + 1):
+            m, system_failure = self._run_once(job)
+            if m.ok or not system_failure:
+                break
+        return m
+
+    def _run_once(self, job: JobSpec) -> tuple[Measurement, bool]:
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        ray, world = self.ray, job.plan.num_gpus
+        try:
+            from autoparallel.parallel.parallelize import check_plan
+            check_plan(job.model, job.plan, world)
+        except (ValueError, NotImplementedError) as exc:
+            return Measurement(ok=False, reason=f"not runnable: {exc}", world_size=world), False
+        gpu = bool(ray.cluster_resources().get("GPU"))
+        kind = "GPU" if gpu else "CPU"
+        available = ray.cluster_resources().get(kind, 0)
+        if available < world:
+            return Measurement(ok=False, world_size=world, reason=(
+                f"Ray cluster has {available:g} {kind}s, the job needs {world}")), False
+        bundle = {"GPU": 1, "CPU": 1} if gpu else {"CPU": 1}
+        pg = placement_group([bundle] * world, strategy="PACK")
+        start = time.perf_counter()
+
+        def on(index: int):
+            return PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)
+        refs: list = []
+        try:
+            try:
+                ray.get(pg.ready(), timeout=job.timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                return Measurement(ok=False, world_size=world, reason=(
+                    f"Ray could not place {world} bundles of {bundle} in {job.timeout_s:.0f} s")), False
+            resources = {"num_cpus": 1, "num_gpus": 1 if gpu else 0}
+            address = ray.get(ray.remote(_rendezvous).options(
+                scheduling_strategy=on(0), **resources).remote())
+            task = ray.remote(_ray_rank)
+            refs = [task.options(max_retries=0, scheduling_strategy=on(r), **resources)
+                    .remote(r, world, job, address, "nccl" if gpu else "gloo")
+                    for r in range(world)]
+            values = ray.get(refs, timeout=job.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            return Measurement(ok=False, world_size=world, wall_s=time.perf_counter() - start,
+                               reason=f"timed out after {job.timeout_s:.0f} s (Ray)"), False
+        except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
+                ray.exceptions.ActorDiedError) as exc:
+            return Measurement(ok=False, world_size=world, wall_s=time.perf_counter() - start,
+                               reason=f"a rank died: {str(exc).splitlines()[0][:300]}"), True
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+            text = f"{type(cause).__name__}: {str(cause).splitlines()[0][:300]}"
+            oom = "out of memory" in text.lower()
+            return Measurement(ok=False, world_size=world, wall_s=time.perf_counter() - start,
+                               reason=("out of memory: " if oom else "rank failed: ") + text), False
+        finally:
+            for ref in refs:
+                ray.cancel(ref, force=True)
+            remove_placement_group(pg)
+        return summarize(job, values, time.perf_counter() - start), False
+
+
+def _rendezvous() -> str:
+    import ray
+
+    from autoparallel.parallel.spawn import free_port
+    return f"{ray.util.get_node_ip_address()}:{free_port()}"
+
+
+def _ray_rank(rank: int, world: int, job: JobSpec, address: str, backend: str) -> dict:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    if job.threads_per_rank:
+        torch.set_num_threads(job.threads_per_rank)
+    dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank,
+                            world_size=world,
+                            timeout=datetime.timedelta(seconds=min(job.timeout_s, 120.0)))
+    try:
+        return run_rank(rank, world, job)
+    finally:
+        dist.destroy_process_group()
+
+
+def make_launcher(executor: str = "local", address: str | None = None):
+    if executor == "local":
+        return LocalLauncher()
+    if executor == "ray":
+        return RayLauncher(address)
+    from autoparallel.errors import UserError
+    raise UserError(f"--executor {executor!r} is not valid; choose local or ray")

@@ -1,0 +1,132 @@
+"""Layer profiles: one transformer layer at a plan's per-rank shape, forward + backward, timed.
+
+The shape one rank computes: micro-batch ``mbs``, sequence ``seq/cp``, hidden ``h``, attention
+heads and query groups divided by ``tp``, FFN width divided by ``tp`` (the TP communication is
+not in it; the cost model keeps predicting that). Recompute and precision are applied as the
+job would (selective: attention core recomputed; full: the whole layer). Results live in a
+``ProfileStore`` keyed by device, torch version, shape and recipe.
+
+``LayerProfileEvaluator`` is the cost model with the per-layer compute replaced by measured
+numbers (``search --profile layer``): the predicted layer part of the step (compute, recompute
+and FP8 casts of the transformer layers, in the pipeline stages and the bubble) is scaled to the
+measured one; the logits layer, communication and optimizer stay predicted.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import pandas as pd
+
+from autoparallel.costmodel import flops
+from autoparallel.profiling.store import ProfileStore, make_key
+from autoparallel.search.evaluators import CostModelEvaluator
+from autoparallel.space import row_to_plan
+from autoparallel.specs.model import ModelSpec
+from autoparallel.specs.plan import Plan
+
+
+def layer_shape(model: ModelSpec, plan: Plan) -> dict:
+    return {"hidden": model.hidden_size, "ffn": model.ffn_hidden_size // plan.tp,
+            "heads": model.num_attention_heads // plan.tp,
+            "groups": max(model.query_groups // plan.tp, 1), "head_dim": model.head_dim,
+            "seq": model.seq_length // plan.cp, "mbs": plan.mbs, "activation": model.activation,
+            "norm": model.normalization, "recompute": plan.recompute,
+            "precision": plan.precision}
+
+
+def profile_layer(shape: dict, steps: int = 10, warmup: int = 3, device: str = "cpu",
+                  threads: int | None = 1) -> dict:
+    """Median fwd+bwd seconds and saved-for-backward bytes of one layer of ``shape``.
+
+    On CPU ``threads`` intra-op threads (one, like a profiling rank); None leaves torch's.
+    """
+    import torch
+    if threads is not None and not device.startswith("cuda"):
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return profile_layer(shape, steps, warmup, device, None)
+        finally:
+            torch.set_num_threads(previous)
+
+    from autoparallel.model.transformer import Recompute, TransformerLayer, rotary_tables
+    from autoparallel.parallel.parallelize import policy_for
+    from autoparallel.profiling.memory import SavedTensors
+    spec = ModelSpec(name="layer", num_layers=1, hidden_size=shape["hidden"],
+                     ffn_hidden_size=shape["ffn"], num_attention_heads=shape["heads"],
+                     num_query_groups=shape["groups"], kv_channels=shape["head_dim"],
+                     vocab_size=8, seq_length=shape["seq"], activation=shape["activation"],
+                     normalization=shape["norm"])
+    plan = Plan(tp=1, pp=1, dp=1, gbs=1, precision=shape["precision"])
+    torch.manual_seed(0)
+    layer = TransformerLayer(spec, policy_for(plan), 0, Recompute(shape["recompute"])).to(device)
+    cos, sin = (t.to(device) for t in rotary_tables(shape["seq"], shape["head_dim"]))
+    x = torch.randn(shape["mbs"], shape["seq"], shape["hidden"], device=device,
+                    requires_grad=True)
+    times, saved = [], 0
+    cuda = device.startswith("cuda")
+    for i in range(warmup + steps):
+        tracker = SavedTensors()
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with tracker, torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            y = layer(x, cos, sin)
+        y.float().square().mean().backward()
+        if cuda:
+            torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+        saved = max(saved, tracker.peak)
+    return {"fwd_bwd_s": statistics.median(times), "saved_bytes": saved}
+
+
+class LayerProfileEvaluator:
+    """The cost model with measured layer compute (profiles cached in ``store``)."""
+
+    def __init__(self, model: ModelSpec, hw, memory_fraction: float = 0.95,
+                 store: ProfileStore | None = None, top_k: int | None = None,
+                 steps: int = 10, warmup: int = 3, device: str = "cpu") -> None:
+        self.model, self.hw, self.memory_fraction = model, hw, memory_fraction
+        self.store = store or ProfileStore()
+        self.top_k, self.steps, self.warmup, self.device = top_k, steps, warmup, device
+
+    def measured_layer_s(self, plan: Plan) -> float:
+        shape = layer_shape(self.model, plan)
+        key = make_key(shape)
+        entry = self.store.get(key)
+        if entry is None:
+            entry = profile_layer(shape, self.steps, self.warmup, self.device)
+            self.store.put(key, entry)
+        return entry["fwd_bwd_s"]
+
+    def evaluate(self, candidates: pd.DataFrame) -> pd.DataFrame:
+        out = CostModelEvaluator(self.model, self.hw, self.memory_fraction).evaluate(candidates)
+        out["measured_layer_s"] = np.nan
+        rows = out.index[out["fits"].to_numpy(dtype=bool)]
+        if self.top_k is not None:
+            rows = out.loc[rows].sort_values("tokens_per_s_per_gpu", ascending=False).index[
+                :self.top_k]
+        for i in rows:
+            row = out.loc[i]
+            plan = row_to_plan(row)
+            measured = self.measured_layer_s(plan)
+            m, lps = row["num_microbatches"], self.model.num_layers / plan.pp
+            layer_flops = flops.linear_flops_per_token(self.model)
+            logit_flops = self.model.hidden_size * self.model.vocab_size * 2.0 / lps
+            share = layer_flops / (layer_flops + logit_flops)
+            predicted_layers = (row["compute_s"] * share + row["recompute_s"]
+                                + row["fp8_cast_s"])
+            predicted_one = predicted_layers / (m * lps)
+            ratio = measured / predicted_one
+            step = (row["step_time_s"] + (ratio - 1.0) * predicted_layers
+                    + (ratio - 1.0) * row["bubble_s"] * share)
+            out.at[i, "measured_layer_s"] = measured
+            out.at[i, "step_time_s"] = step
+            out.at[i, "tokens_per_s_per_gpu"] = plan.gbs * self.model.seq_length / (
+                step * plan.num_gpus)
+        return out
+

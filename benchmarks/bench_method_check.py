@@ -1,0 +1,157 @@
+"""Method check on this CPU (issue 4): does the cost model, calibrated on this machine, predict
+and rank the layouts that really run here? And does its activation memory match the bytes
+autograd saves?
+
+1. Measure this machine's peaks (BF16 GEMM, copy bandwidth, gloo all-reduce) and write the
+   datasheet part of search_spaces/hardware/cpu-local.yaml.
+2. Run >= 8 layouts of the cpu-small model (world size 1, 2 and 4; tp, pp, vp, dp, mbs and
+   recompute varied) as real profiling jobs (gloo, one thread per rank).
+3. Fit the efficiency constants to the measured step times (``calibrate.fit_measured``) and
+   write them below the marker in cpu-local.yaml; predict every layout in-sample and
+   leave-one-out (fit on the others, predict the one left out: the honest figure).
+4. Print predicted vs measured step time, mean |error|, Spearman rank correlation, and the
+   cost model's activation bytes (Korthikanti per-layer formula x layers in flight + the FP32
+   logits the loss keeps) against the measured saved-tensor peak of the fullest rank.
+
+    python benchmarks/bench_method_check.py [--steps 5 --warmup 2] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.stats import spearmanr
+
+from autoparallel import io
+from autoparallel.costmodel import calibrate, memory, pipeline
+from autoparallel.costmodel.estimate import estimate_columns, plan_columns
+from autoparallel.profiling import hardware
+from autoparallel.profiling.job import JobSpec
+from autoparallel.profiling.launcher import run_local
+from autoparallel.specs.plan import Plan
+
+ROOT = Path(__file__).resolve().parents[1]
+HW_YAML = ROOT / "search_spaces" / "hardware" / "cpu-local.yaml"
+GBS = 16
+
+
+def P(tp=1, pp=1, dp=1, **kw) -> Plan:
+    kw = {"gbs": GBS, "overlap_grad_reduce": False, "overlap_param_gather": False, **kw}
+    return Plan(tp=tp, pp=pp, dp=dp, **kw)
+
+
+LAYOUTS = [
+    P(mbs=4), P(mbs=2, recompute="full"), P(mbs=8, recompute="selective"),
+    P(tp=2, sp=True, mbs=4), P(dp=2, mbs=4), P(pp=2, mbs=2), P(pp=2, vp=2, mbs=2),
+    P(tp=2, mbs=2, recompute="full"),
+    P(tp=2, dp=2, sp=True, mbs=4), P(pp=2, dp=2, mbs=2), P(tp=4, sp=True, mbs=4),
+    P(dp=4, mbs=2), P(pp=4, mbs=1),
+]
+
+
+def label(p: Plan) -> str:
+    text = f"TP{p.tp} PP{p.pp}" + (f" VP{p.vp}" if p.vp > 1 else "") + f" DP{p.dp} MBS{p.mbs}"
+    text += " SP" if p.sp else ""
+    return text + ("" if p.recompute == "none" else f" {p.recompute}")
+
+
+def predicted_saved_bytes(model, p: Plan) -> float:
+    """Activation bytes the cost model's formulas give for the fullest rank's saved tensors."""
+    m = p.gbs // (p.mbs * p.dp)
+    flash = True
+    layer = memory.layer_activation_bytes(model, p.mbs, model.seq_length, p.tp, p.sp,
+                                          keep_scores=not flash and p.recompute != "selective")
+    if p.recompute == "full":
+        layer = memory.layer_input_bytes(model, p.mbs, model.seq_length, p.tp, p.sp)
+    lps = model.num_layers / p.pp
+    first = model.num_layers * float(pipeline.inflight_layer_fraction(p.pp, p.vp, m)) * layer
+    logits = memory.logits_bytes(model, p.mbs, model.seq_length, p.tp) / 2  # forward FP32 only
+    last = lps * layer + logits
+    return float(max(first + (logits if p.pp == 1 else 0.0), last))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--no-write", action="store_true", help="leave cpu-local.yaml alone")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "method_check.csv"))
+    args = parser.parse_args()
+
+    figures = hardware.measure()
+    figures["cpu"] = f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores"
+    print("machine:", json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                                  for k, v in figures.items()}), file=sys.stderr)
+    if not args.no_write:
+        HW_YAML.write_text(hardware.hardware_yaml(figures))
+    hw = io.load_hardware(str(HW_YAML))
+    model = io.load_model("cpu-small")
+
+    rows = []
+    for p in LAYOUTS:
+        m = run_local(JobSpec(model, p, steps=args.steps, warmup=args.warmup, timeout_s=600))
+        print(f"{label(p)}: {m.step_time_s * 1e3:.0f} ms" if m.ok else f"{label(p)}: {m.reason}",
+              file=sys.stderr)
+        rows.append({"layout": label(p), "world": p.num_gpus, **p.as_dict(), "ok": m.ok,
+                     "measured_step_s": m.step_time_s, "measured_saved_bytes": m.activation_bytes,
+                     "predicted_saved_bytes": predicted_saved_bytes(model, p), "reason": m.reason})
+    frame = pd.DataFrame(rows)
+    ok = frame[frame["ok"]].reset_index(drop=True)
+    cols = plan_columns([Plan(**{k: r[k] for k in Plan.field_names()}) for _, r in ok.iterrows()])
+    uncalibrated = estimate_columns(model, hw, cols, 1.0)["step_time_s"]
+    fitted, before, after = calibrate.fit_measured(model, hw, ok, ok["measured_step_s"])
+    calibrated = dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, **fitted))
+    ok["predicted_step_s"] = estimate_columns(model, calibrated, cols, 1.0)["step_time_s"]
+    ok["uncalibrated_step_s"] = uncalibrated
+    held = []
+    for i in range(len(ok)):  # leave-one-out
+        rest = ok.drop(index=i)
+        f, _, _ = calibrate.fit_measured(model, hw, rest, rest["measured_step_s"])
+        trial = dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, **f))
+        one = {k: v[i:i + 1] for k, v in cols.items()}
+        held.append(float(estimate_columns(model, trial, one, 1.0)["step_time_s"][0]))
+    ok["heldout_step_s"] = held
+    if not args.no_write:
+        calibrate.write_block(HW_YAML, fitted, hw.efficiency,
+                              f"benchmarks/bench_method_check.py: {len(ok)} profiled layouts of "
+                              f"cpu-small; mean |error| {before:.1f} % before, {after:.1f} % after",
+                              f"profiling jobs of cpu-small on this CPU ({len(ok)} layouts)")
+    ok.to_csv(args.out, index=False)
+
+    err = lambda col: 100 * (ok[col] / ok["measured_step_s"] - 1)  # noqa: E731
+    ok["err_in"], ok["err_held"] = err("predicted_step_s"), err("heldout_step_s")
+    ok["mem_err"] = 100 * (ok["predicted_saved_bytes"] / ok["measured_saved_bytes"] - 1)
+    print("| layout | ranks | measured step ms | predicted (in-sample) ms | err % | predicted "
+          "(held-out) ms | err % | saved MiB measured | predicted MiB | err % |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for _, r in ok.iterrows():
+        print(f"| {r['layout']} | {r['world']} | {r['measured_step_s'] * 1e3:.0f} | "
+              f"{r['predicted_step_s'] * 1e3:.0f} | {r['err_in']:+.1f} | "
+              f"{r['heldout_step_s'] * 1e3:.0f} | {r['err_held']:+.1f} | "
+              f"{r['measured_saved_bytes'] / 2**20:.2f} | {r['predicted_saved_bytes'] / 2**20:.2f} | "
+              f"{r['mem_err']:+.1f} |")
+    for _, r in frame[~frame["ok"]].iterrows():
+        print(f"| {r['layout']} | {r['world']} | failed: {r['reason']} |")
+    rho_in = spearmanr(ok["predicted_step_s"], ok["measured_step_s"]).statistic
+    rho_held = spearmanr(ok["heldout_step_s"], ok["measured_step_s"]).statistic
+    rho_raw = spearmanr(ok["uncalibrated_step_s"], ok["measured_step_s"]).statistic
+    print()
+    print(f"mean |error| step time: in-sample {ok['err_in'].abs().mean():.1f} %, held-out "
+          f"{ok['err_held'].abs().mean():.1f} % (uncalibrated {before:.1f} %)")
+    print(f"Spearman rank correlation: in-sample {rho_in:.3f}, held-out {rho_held:.3f}, "
+          f"uncalibrated {rho_raw:.3f} (target >= 0.8)")
+    within = (ok["mem_err"].abs() <= 10).sum()
+    print(f"activation memory: mean |error| {ok['mem_err'].abs().mean():.1f} %, {within} of "
+          f"{len(ok)} layouts within 10 %")
+    print("fitted:", json.dumps({k: float(f"{v:.4g}") for k, v in fitted.items()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""`autoparallel fp8-check` and `search --fp8-check` from the command line (tiny settings)."""
+
+import json
+
+import pytest
+import yaml
+
+pytest.importorskip("torch")
+USES_TORCH = True
+
+from autoparallel.cli import main  # noqa: E402
+
+
+def test_fp8_check_command_writes_folder_and_json(tiny_yaml, tmp_path, capsys):
+    rc = main(["fp8-check", "--model", "gpt3-175b", "--settings", str(tiny_yaml), "--steps", "12",
+               "--recipes", "fp8-current", "--results", str(tmp_path), "--json", "--no-plots"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["proxy"] == "gpt3-175b-proxy" and [v["recipe"] for v in out["verdicts"]] == ["fp8-current"]
+    assert out["verdicts"][0]["verdict"] == "ok"
+    run_dir = tmp_path / out["run_dir"].split("/")[-1]
+    manifest = yaml.safe_load((run_dir / "manifest.yaml").read_text())
+    assert manifest["inputs"]["settings"]["run"]["steps"] == 12
+    assert manifest["inputs"]["proxy"]["activation"] == "gelu"
+    assert (run_dir / "stats.csv").exists() and not (run_dir / "loss_curves.png").exists()
+
+
+def test_fp8_check_refuses_unknown_recipe(capsys):
+    assert main(["fp8-check", "--model", "gpt3-175b", "--recipes", "mxfp8", "--no-save"]) == 2
+    assert "cannot be checked" in capsys.readouterr().err
+
+
+def test_search_with_fp8_check(tiny_yaml, tmp_path, capsys):
+    rc = main(["search", "--model", "gpt3-5b", "--gpus", "64", "--tp", "4", "--pp", "2",
+               "--fp8-check", "--fp8-check-settings", str(tiny_yaml), "--fp8-check-steps", "12",
+               "--precision", "fp8-current", "--results", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "fp8-check folder" in out and "FP8 check" in out
+    search_dir = next(p for p in tmp_path.iterdir() if "fp8check" not in p.name)
+    best = yaml.safe_load((search_dir / "best.yaml").read_text())
+    assert best["plan"]["precision"] == "fp8-current" and best["fp8_check"]["verdict"] == "ok"
+    assert "FP8 check" in (search_dir / "ranked.md").read_text()

@@ -1,0 +1,43 @@
+"""`autoparallel profile`, `search --profile job` and `calibrate --from` end to end (CPU)."""
+
+import json
+
+import pandas as pd
+import yaml
+
+from autoparallel.cli import main
+
+
+def test_profile_a_plan_file(tmp_path, small_yaml, capsys):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"plan": {"tp": 1, "pp": 2, "dp": 1, "gbs": 8, "mbs": 2}}))
+    assert main(["profile", "--model", str(small_yaml), "--plan", str(plan), "--steps", "2",
+                 "--warmup", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] and out["world_size"] == 2 and out["plan"]["pp"] == 2
+    assert out["step_time_s"] > 0 and out["activation_bytes"] > 0
+
+
+def test_profile_rejects_unknown_plan_keys(tmp_path, small_yaml, capsys):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("tp: 1\npp: 1\ndp: 1\ngbs: 8\ntensor_parallel: 2\n")
+    assert main(["profile", "--model", str(small_yaml), "--plan", str(plan)]) == 2
+    assert "tensor_parallel" in capsys.readouterr().err
+
+
+def test_search_profiles_top_k_and_calibrates_from_the_run(tmp_path, small_yaml, capsys):
+    args = ["search", "--model", str(small_yaml), "--gpus", "2", "--gpu", "cpu-local",
+            "--space", "cpu-profiling", "--sp", "--recompute", "none", "--results", str(tmp_path),
+            "--profile", "job", "--top-k", "2", "--profile-steps", "2", "--profile-warmup", "1"]
+    assert main(args) == 0
+    run_dir = next(tmp_path.iterdir())
+    frame = pd.read_csv(run_dir / "candidates.csv")
+    measured = frame[frame["measured_step_time_s"].notna()]
+    assert len(measured) == 2
+    assert (measured["measured_tokens_per_s_per_gpu"] > 0).all()
+    assert list(frame["rank"].head(2)) == [1, 2]  # the measured ones lead, best measured first
+    assert frame["measured_tokens_per_s_per_gpu"].iloc[0] >= frame["measured_tokens_per_s_per_gpu"].iloc[1]
+    assert "meas. step s" in (run_dir / "ranked.md").read_text()
+    capsys.readouterr()
+    assert main(["calibrate", "--from", str(run_dir), "--dry-run"]) == 0
+    assert "measured layouts" in capsys.readouterr().out

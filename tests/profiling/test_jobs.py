@@ -1,0 +1,94 @@
+"""Profiling jobs measure a layout for real, and every way a job can fail becomes a reason."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from autoparallel.profiling.evaluator import ProfilingEvaluator
+from autoparallel.profiling.job import JobSpec
+from autoparallel.profiling.launcher import LocalLauncher, run_local
+from autoparallel.specs.plan import Plan
+
+from autoparallel.specs.model import ModelSpec
+
+SMALL = ModelSpec(name="prof-small", num_layers=2, hidden_size=64, ffn_hidden_size=128,
+                  num_attention_heads=4, num_query_groups=2, vocab_size=128, seq_length=32,
+                  activation="swiglu", normalization="rmsnorm", global_batch_size=8)
+
+
+def test_job_measures_time_memory_and_loss():
+    plan = Plan(tp=2, pp=1, dp=1, gbs=8, mbs=4, sp=True)
+    m = run_local(JobSpec(SMALL, plan, steps=3, warmup=1, timeout_s=120))
+    assert m.ok, m.reason
+    assert m.world_size == 2 and m.device == "cpu"
+    assert 0 < m.step_time_s < 60
+    assert m.tokens_per_s_per_gpu == pytest.approx(8 * 32 / (m.step_time_s * 2))
+    assert m.activation_bytes > 0
+    for r in m.per_rank:  # CPU peak = saved activations + model states
+        assert r["peak_bytes"] == r["saved_bytes"] + r["state_bytes"]
+    assert m.peak_memory_gib * 2**30 == max(r["peak_bytes"] for r in m.per_rank)
+    assert math.isfinite(m.loss) and 3.0 < m.loss < 6.0  # ln(128) = 4.85 at initialisation
+
+
+def test_unrunnable_plan_is_a_reason_not_an_exception():
+    m = run_local(JobSpec(SMALL, Plan(tp=1, pp=1, dp=1, cp=2, gbs=8), steps=1, warmup=0))
+    assert not m.ok and "context parallel" in m.reason
+
+
+def test_hung_collective_times_out_and_is_cleaned_up():
+    import multiprocessing
+    before = len(multiprocessing.active_children())
+    job = JobSpec(SMALL, Plan(tp=1, pp=1, dp=2, gbs=8), steps=2, warmup=1, timeout_s=12,
+                  fault="hang:1")
+    m = run_local(job)
+    assert not m.ok and "timed out" in m.reason
+    assert len(multiprocessing.active_children()) == before  # no process left behind
+
+
+class _FaultyFirst(LocalLauncher):
+    """Kills rank 1 of the first job it runs; the others run as asked."""
+
+    def __init__(self):
+        self.jobs = 0
+
+    def run(self, job):
+        self.jobs += 1
+        if self.jobs == 1:
+            from dataclasses import replace
+            job = replace(job, fault="kill:1")
+        return super().run(job)
+
+
+def test_search_finishes_with_a_killed_rank_and_an_oom_recorded():
+    from autoparallel import io
+    from autoparallel.search import run
+    from autoparallel.search.measured import profile_top
+    from autoparallel.space import load_space
+    hw = io.load_hardware("cpu-local")
+    space = load_space("cpu-profiling").pinned(recompute="none", sp=True)
+    result = run.search(SMALL, hw, 2, 8, space)
+    launcher = _FaultyFirst()
+    evaluator = ProfilingEvaluator(SMALL, launcher, steps=2, warmup=1, timeout_s=120)
+    ranked = profile_top(result.ranked, evaluator, 2)
+    assert launcher.jobs == 2
+    errors = ranked["measurement_error"].fillna("")
+    failed = ranked[errors != ""]
+    assert len(failed) == 1 and "rank 1 died (exit code 17)" in failed["measurement_error"].iloc[0]
+    ok = ranked[ranked["measured_step_time_s"].notna()]
+    assert len(ok) == 1 and ok.index[0] == 0 and ranked.loc[0, "rank"] == 1  # re-ranked first
+    assert failed.index[0] > ok.index[0]
+    # an OOM (forced cap) is recorded the same way, and the frame stays rankable
+    oom = ProfilingEvaluator(SMALL, LocalLauncher(), steps=1, warmup=0, memory_cap_gib=1e-5)
+    frame = oom.evaluate(ranked.head(1).drop(columns=["rank"]))
+    assert "out of memory" in frame["measurement_error"].iloc[0]
+    assert pd.isna(frame["measured_step_time_s"].iloc[0])
+
+
+def test_evaluator_alone_fills_fits_and_reason():
+    frame = pd.DataFrame([{**Plan(tp=1, pp=1, dp=1, gbs=8, cp=2).as_dict(), "reason": ""},
+                          {**Plan(tp=1, pp=1, dp=1, gbs=8).as_dict(), "reason": "tp too big"}])
+    out = ProfilingEvaluator(SMALL, LocalLauncher(), steps=1, warmup=0).evaluate(frame)
+    assert list(out["fits"]) == [False, False]
+    assert out["reason"].iloc[0].startswith("profiling failed: not runnable")
+    assert out["reason"].iloc[1] == "tp too big"

@@ -1,0 +1,53 @@
+"""Layer profiles: measured once per (device, torch, shape, recipe), then read from the store."""
+
+import math
+
+import pytest
+
+from autoparallel import io
+from autoparallel.profiling.layer import LayerProfileEvaluator, layer_shape, profile_layer
+from autoparallel.profiling.store import ProfileStore, make_key
+from autoparallel.specs.plan import Plan
+
+
+def test_shape_is_per_rank(small):
+    shape = layer_shape(small, Plan(tp=2, pp=1, dp=1, cp=1, gbs=8, mbs=4, recompute="full"))
+    assert (shape["heads"], shape["groups"], shape["ffn"], shape["mbs"]) == (2, 1, 64, 4)
+    key = make_key(shape, device="dev")
+    assert key.startswith("dev|torch") and "recompute=full" in key and "precision=bf16" in key
+
+
+def test_recompute_trades_saved_bytes_for_time(small):
+    base = layer_shape(small, Plan(tp=1, pp=1, dp=1, gbs=8, mbs=4))
+    none = profile_layer(base, steps=2, warmup=1)
+    full = profile_layer({**base, "recompute": "full"}, steps=2, warmup=1)
+    assert none["fwd_bwd_s"] > 0 and full["fwd_bwd_s"] > 0
+    # full recompute keeps only the layer input (b*s*h fp32 here) and the rotary tables
+    layer_input = 4 * 4 * 32 * 64
+    assert layer_input <= full["saved_bytes"] <= 1.1 * layer_input
+    assert none["saved_bytes"] > 5 * full["saved_bytes"]
+
+
+def test_store_caches_and_evaluator_replaces_compute(small, tmp_path):
+    from autoparallel.search import run
+    from autoparallel.space import load_space
+    hw = io.load_hardware("cpu-local")
+    space = load_space("cpu-profiling").pinned(recompute="none", mbs=4)
+    result = run.search(small, hw, 2, 8, space)
+    store = ProfileStore(tmp_path / "profiles.json")
+    evaluator = LayerProfileEvaluator(small, hw, store=store, top_k=2, steps=2, warmup=1)
+    out = evaluator.evaluate(result.ranked.drop(columns=["rank"]))
+    measured = out[out["measured_layer_s"].notna()]
+    assert len(measured) == 2 and len(store.entries) >= 1
+    predicted = result.ranked.set_index(list(Plan.field_names()))["step_time_s"]
+    for _, row in measured.iterrows():
+        before = predicted.loc[tuple(row[n] for n in Plan.field_names())]
+        assert row["step_time_s"] != pytest.approx(before)  # the estimate really changed
+        assert math.isclose(row["tokens_per_s_per_gpu"],
+                            8 * small.seq_length / (row["step_time_s"] * 2))
+    again = ProfileStore(tmp_path / "profiles.json")  # persisted, reused without measuring
+    assert again.entries == store.entries
+    evaluator2 = LayerProfileEvaluator(small, hw, store=again, top_k=2)
+    evaluator2.steps = 0  # would fail (median of nothing) if it measured again
+    out2 = evaluator2.evaluate(result.ranked.drop(columns=["rank"]))
+    assert list(out2["measured_layer_s"].dropna()) == list(measured["measured_layer_s"])
