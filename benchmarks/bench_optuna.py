@@ -34,7 +34,7 @@ class CountingEvaluator:
 
 
 def evaluations_to_target(index, hw, inner, name: str, seed: int, target: float, cap: int, max_trials: int):
-    """(evaluations until within target or None, trials run, best found)."""
+    """(evaluations until within target or None, evaluations run, trials run, best found)."""
     optuna = sampler._optuna()
     study = optuna.create_study(sampler=sampler.make_sampler(sampler.StudySettings(sampler=name, seed=seed)),
                                 direction="maximize")
@@ -51,7 +51,7 @@ def evaluations_to_target(index, hw, inner, name: str, seed: int, target: float,
         if reached or evaluator.calls >= cap:
             s.stop()
     study.optimize(objective, n_trials=max_trials, callbacks=[watch])
-    return (reached[0] if reached else None), len(study.trials), best[0]
+    return (reached[0] if reached else None), evaluator.calls, len(study.trials), best[0]
 
 
 def main() -> None:
@@ -68,16 +68,16 @@ def main() -> None:
     target, cap = 0.98 * optimum, int(0.05 * valid)
     index = sampler.LayoutTree(model, hw, 1024, 2048, space)
     evaluator = CostModelEvaluator(model, hw, space.memory_fraction)
-    print(f"grid: {valid:,} evaluations, optimum {optimum:.1f} tok/s/GPU; target {target:.1f} within {cap:,} trials")
+    print(f"grid: {valid:,} evaluations, optimum {optimum:.1f} tok/s/GPU; target {target:.1f} within {cap:,} evaluations")
     print(f"| seed | {args.sampler} evaluations to within 2 % | share of grid evaluations | trials | best found | seconds |")
     print("|---|---|---|---|---|---|")
     counts = []
     for seed in range(args.seeds):
         start = time.perf_counter()
-        n, trials, best = evaluations_to_target(index, hw, evaluator, args.sampler, seed, target, cap,
+        n, used, trials, best = evaluations_to_target(index, hw, evaluator, args.sampler, seed, target, cap,
                                                args.max_trials)
         counts.append(n if n is not None else cap + 1)
-        shown = f"{n}" if n is not None else f"not reached ({trials} trials)"
+        shown = f"{n}" if n is not None else f"not reached in {used} evaluations"
         share = f"{100 * n / valid:.2f} %" if n is not None else "-"
         print(f"| {seed} | {shown} | {share} | {trials} | {best:.1f} | {time.perf_counter() - start:.0f} |", flush=True)
     median = statistics.median(counts)
