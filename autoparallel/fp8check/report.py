@@ -218,4 +218,4 @@ def write_check_folder(result, root: Path, command: list[str], plots: bool = Tru
     return run_dir
 
 
-__all__ = ["print_check", "verdict_rows", "verdict_table", "write_check_folder", "V"]
+__all__ = ["print_check", "verdict_rows", "verdict_table", "write_check_folder"]

@@ -19,14 +19,26 @@ class OutOfMemory(RuntimeError):
     """Raised when a forced memory cap is exceeded (message contains 'out of memory')."""
 
 
+# Views and casts autograd may put between a parameter and the tensor a GEMM saves.
+_WEIGHT_PATH = ("ToCopyBackward0", "TBackward0", "TransposeBackward0", "ViewBackward0",
+                "UnsafeViewBackward0", "PermuteBackward0", "ExpandBackward0")
+
+
 def _is_weight(t: torch.Tensor) -> bool:
+    """A parameter, or a view / autocast copy of one (model state, not an activation)."""
     if isinstance(t, torch.nn.Parameter):
         return True
     fn = t.grad_fn
-    if fn is None or type(fn).__name__ != "ToCopyBackward0":
-        return False
-    nxt = fn.next_functions
-    return bool(nxt) and nxt[0][0] is not None and type(nxt[0][0]).__name__ == "AccumulateGrad"
+    for _ in range(6):
+        if fn is None:
+            return False
+        name = type(fn).__name__
+        if name == "AccumulateGrad":
+            return isinstance(fn.variable, torch.nn.Parameter)
+        if name not in _WEIGHT_PATH or not fn.next_functions:
+            return False
+        fn = fn.next_functions[0][0]
+    return False
 
 
 class _Holder:
