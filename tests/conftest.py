@@ -18,3 +18,19 @@ def h100():
 @pytest.fixture(scope="session")
 def a100():
     return io.load_hardware("a100-sxm-80g")
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """One intra-op thread per torch test: the tensors in these tests are small, and a second
+    thread makes them several times slower whenever another process shares the two cores.
+    Tests that never imported torch are left alone (and do not import it)."""
+    import sys
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -10,10 +10,7 @@ and tensor, one panel per recipe), ``manifest.yaml``.
 
 from __future__ import annotations
 
-import datetime as dt
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -168,25 +165,8 @@ def _n_modules(result) -> int:
 
 # --- run folder ---------------------------------------------------------------------------------
 
-def _write_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def new_check_dir(root: Path, model: str) -> Path:
-    base = f"{dt.date.today().isoformat()}_fp8check_{model}"
-    path, n = root / base, 1
-    while path.exists():
-        n += 1
-        path = root / f"{base}-{n}"
-    path.mkdir(parents=True)
-    return path
+    return run_folder.new_dir(root, f"fp8check_{model}")
 
 
 def losses_frame(result) -> pd.DataFrame:
@@ -213,8 +193,8 @@ def write_check_folder(result, root: Path, command: list[str], plots: bool = Tru
                                                       "proxy": result.proxy.name,
                                                       "verdicts": verdict_rows(result)})
     if plots:
-        _write_bytes(run_dir / "loss_curves.png", loss_curves_png(result))
-        _write_bytes(run_dir / "underflow_heatmap.png", underflow_heatmap_png(result))
+        run_folder.write_atomic(run_dir / "loss_curves.png", loss_curves_png(result))
+        run_folder.write_atomic(run_dir / "underflow_heatmap.png", underflow_heatmap_png(result))
     return run_dir
 
 

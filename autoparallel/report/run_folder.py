@@ -25,11 +25,11 @@ MANIFEST = "manifest.yaml"
 FLOAT_DIGITS = 4
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, content: str | bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as f:
+            f.write(content)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -45,8 +45,12 @@ def write_csv(path: Path, frame: pd.DataFrame) -> None:
 
 
 def new_run_dir(root: Path, model: str, gpus: int, gpu: str) -> Path:
-    """A fresh folder name; a second run on the same day gets a -2, -3, ... suffix."""
-    base = f"{dt.date.today().isoformat()}_{model}_{gpus}x{gpu}"
+    return new_dir(root, f"{model}_{gpus}x{gpu}")
+
+
+def new_dir(root: Path, name: str) -> Path:
+    """A fresh folder <date>_<name>; a second one on the same day gets a -2, -3, ... suffix."""
+    base = f"{dt.date.today().isoformat()}_{name}"
     path, n = root / base, 1
     while path.exists():
         n += 1
