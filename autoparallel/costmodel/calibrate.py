@@ -127,13 +127,15 @@ MEASURED_FITTED = {
 }
 
 
-def fit_measured(model, hw: HardwareSpec, rows, measured_step_s, names=None
+def fit_measured(model, hw: HardwareSpec, rows, measured_step_s, names=None, slowdown=None
                  ) -> tuple[dict, float, float]:
     """Fit efficiency constants so the cost model's step time matches measured ones.
 
     ``rows``: a frame with the Plan columns of the measured layouts; ``measured_step_s`` their
     measured step times. Minimises the mean squared log error (Powell, in log space of the
-    constants). Returns (fitted constants, mean |error| % before, after).
+    constants). ``slowdown`` (per row, default 1) multiplies the predicted step time: ranks that
+    share a device, e.g. more processes than cores on a CPU, each get that much less of it.
+    Returns (fitted constants, mean |error| % before, after).
     """
     from scipy.optimize import minimize
 
@@ -143,13 +145,14 @@ def fit_measured(model, hw: HardwareSpec, rows, measured_step_s, names=None
     cols = {n: np.asarray(rows[n].to_numpy() if hasattr(rows[n], "to_numpy") else rows[n])
             for n in Plan.field_names()}
     measured = np.asarray(measured_step_s, dtype=float)
+    factor = np.ones_like(measured) if slowdown is None else np.asarray(slowdown, dtype=float)
     low = np.log([MEASURED_FITTED[n][0] for n in names])
     high = np.log([MEASURED_FITTED[n][1] for n in names])
     start = np.clip(np.log([getattr(hw.efficiency, n) for n in names]), low, high)
 
     def errors(x) -> np.ndarray:
         trial = _with(hw, dict(zip(names, np.exp(np.clip(x, low, high)))))
-        predicted = estimate_columns(model, trial, cols, 1.0)["step_time_s"]
+        predicted = estimate_columns(model, trial, cols, 1.0)["step_time_s"] * factor
         return np.log(predicted / measured)
 
     def loss(x) -> float:
