@@ -4,7 +4,7 @@
     python benchmarks/bench_fp8_check.py --noise --seeds 0 1 2         # loss gap per seed, 200 steps
     python benchmarks/bench_fp8_check.py --broken                      # one damaged layer / recipe
 
-Prints markdown tables (pasted into benchmarks/RESULTS_fp8check.md). Needs torch.
+Prints markdown tables (pasted into benchmarks/RESULTS.md (FP8 check section)). Needs torch.
 """
 
 from __future__ import annotations
