@@ -27,10 +27,6 @@ def llama2():
     return io.load_model("llama2-70b")
 
 
-@pytest.fixture(scope="module")
-def h100():
-    return io.load_hardware("h100-sxm")
-
 
 def _point(model, hw, **kw):
     cols = {"tp": [1], "pp": [1], "batch": [1], "input_len": [2048], "output_len": [256],

@@ -33,15 +33,3 @@ def tiny_yaml(tmp_path):
     path = tmp_path / "fp8_check_tiny.yaml"
     path.write_text(TINY_YAML)
     return path
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread(request):
-    if "torch" not in request.module.__dict__ and not getattr(request.module, "USES_TORCH", False):
-        yield
-        return
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

@@ -6,7 +6,6 @@ import pytest
 import yaml
 
 pytest.importorskip("torch")
-USES_TORCH = True
 
 from autoparallel.cli import main  # noqa: E402
 
