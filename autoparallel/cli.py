@@ -112,8 +112,13 @@ def cmd_search(args: argparse.Namespace) -> None:
     if getattr(args, "profile", "none") != "none":  # issue 4: measure the top-k, re-rank
         from autoparallel.profiling.commands import profile_search
         result = profile_search(result, args, None if args.json else console)
-    run_dir = None if args.no_save else run.save(result, Path(args.results), sys.argv)
-    _show(result, args, f"{len(result.ranked):,} candidates in {elapsed:.2f} s", run_dir)
+    _show(result, args, f"{len(result.ranked):,} candidates in {elapsed:.2f} s", None)
+    if not args.no_save:
+        with console.status(f"writing the run folder ({len(result.ranked):,} candidates)...", spinner="dots") \
+                if not args.json else _null():
+            run_dir = run.save(result, Path(args.results), sys.argv)
+        if not args.json:
+            console.print(f"run folder: {run_dir}")
 
 
 def _show(result, args: argparse.Namespace, how: str, run_dir: Path | None) -> None:
