@@ -75,8 +75,6 @@ class SearchSpace:
         for name, value in pins.items():
             if value is None:
                 continue
-            if name == "recompute_num_layers":
-                continue  # applied after generation: it depends on the pipeline chunk size
             if name not in {f.name for f in dataclasses.fields(self)}:
                 raise KeyError(name)
             updates[name] = value if name in ("memory_fraction", "tp_within_nvlink_domain") else (value,)
