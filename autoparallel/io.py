@@ -19,7 +19,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 import yaml
 
 from autoparallel.errors import SpecError, UserError
-from autoparallel.specs.hardware import Efficiency, HardwareSpec
+from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 
 T = TypeVar("T")
@@ -179,7 +179,3 @@ def load_hardware(name_or_path: str) -> HardwareSpec:
         hw = dataclasses.replace(hw, efficiency=donor.efficiency,
                                  calibrated_on=f"inherited from {donor.name}: {donor.calibrated_on}")
     return hw
-
-
-def load_efficiency(data: dict, source: str) -> Efficiency:
-    return from_dict(Efficiency, data, source)

@@ -129,11 +129,6 @@ def sequence_parallel_params(model: nn.Module) -> list[nn.Parameter]:
     return [p for name, p in model.named_parameters() if "norm" in name.split(".")[-2]]
 
 
-def tp_replicated_params(model: nn.Module) -> list[nn.Parameter]:
-    """Parameters every TP rank holds whole (counted once in the gradient norm)."""
-    return sequence_parallel_params(model)
-
-
 # Which dim of each parameter TP splits (None: replicated), by the single-device name.
 SHARD_DIMS = {"wq": 0, "wk": 0, "wv": 0, "w1": 0, "w3": 0, "wo": 1, "w2": 1,
               "output": 0, "tok_embeddings": 0}

@@ -12,8 +12,6 @@ from pathlib import Path
 from autoparallel import io
 from autoparallel.errors import UserError
 
-MEASURED_CSV = "measurements.csv"
-
 
 def _job_args(p: argparse.ArgumentParser, prefix: str = "") -> None:
     p.add_argument(f"--{prefix}steps", type=int, default=20, help="timed steps (default 20)")

@@ -95,9 +95,6 @@ class SavedTensors:
                 f"(saved activations {self.peak / 2**30:.3f} + model states "
                 f"{self.states_bytes / 2**30:.3f}), cap {self.cap_bytes / 2**30:.3f} GiB")
 
-    def reset_peak(self) -> None:
-        self.peak = self.live
-
     def __enter__(self):
         self._hooks.__enter__()
         return self

@@ -17,6 +17,7 @@ from autoparallel.search.grid import evaluate
 from autoparallel.space import SearchSpace, generate, row_to_plan
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
+from autoparallel.specs.plan import Plan
 
 
 @dataclass
