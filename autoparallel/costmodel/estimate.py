@@ -94,7 +94,7 @@ def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.n
     hbm = hw.hbm_tbps * 1e12 * eff.hbm
     no_score_bytes = memory.layer_activation_bytes(model, b, s_local, t, sp, keep_scores=False)
     t_elementwise = eff.elementwise_bytes_per_token_hidden / 34.0 * no_score_bytes / hbm
-    score_bytes = 2 * memory.SOFTMAX_BYTES * model.num_attention_heads * s_local * s * b / t
+    score_bytes = 2 * memory.bytes_per_attention_score(model) * model.num_attention_heads * s_local * s * b / t
     t_softmax = np.where(flash, 0.0, score_bytes / hbm)
     forward = t_linear + t_attention + t_elementwise + t_softmax + eff.layer_overhead_s
     layer_compute = 3.0 * forward

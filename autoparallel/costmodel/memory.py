@@ -3,7 +3,9 @@
 Activation bytes follow Korthikanti et al. (arXiv 2205.05198) §4, generalised per tensor so
 GQA and SwiGLU come out right. For GPT (MHA, ffn = 4h) the per-layer count reproduces their
 s·b·h·(10 + 24/t + 5·a·s/(h·t)) without sequence parallel and s·b·h/t·(34 + 5·a·s/h) with it:
-10 bytes per token·hidden are replicated across TP ranks unless SP shards them.
+10 bytes per token·hidden are replicated across TP ranks unless SP shards them. The dropout
+masks are counted only when the model has dropout (``hidden_dropout`` / ``attention_dropout`` >
+0): Llama and Nemotron train without, and their layers save 8 and 2 bytes per score instead.
 
 Model states follow Megatron-LM's distributed-optimizer documentation: BF16 weights 2 B/param,
 main gradients 4 B/param (2 with --grad-reduce-in-bf16), Adam (FP32 master + m + v) 12 B/param,
@@ -17,11 +19,23 @@ import numpy as np
 from autoparallel.specs.model import ModelSpec
 
 GIB = float(2**30)
-REPLICATED_BYTES = 10.0  # LN inputs 4, QKV input 2, FC1 input 2, dropout masks 2
-SOFTMAX_BYTES = 5.0  # per attention score: softmax output 2, dropout mask 1, dropout output 2
+NORM_AND_GEMM_INPUT_BYTES = 8.0  # LN inputs 4, QKV input 2, FC1 input 2
+HIDDEN_DROPOUT_MASK_BYTES = 2.0  # one byte per mask, after attention and after the MLP
+SOFTMAX_OUTPUT_BYTES = 2.0  # per attention score
+ATTENTION_DROPOUT_BYTES = 3.0  # per attention score: dropout mask 1, dropout output 2
 OPTIMIZER_BYTES = 12.0
 WEIGHT_BYTES = 2.0
 FP8_WEIGHT_COPY_BYTES = 2.0  # FP8 weight plus its transpose, cached across micro-batches
+
+
+def replicated_bytes_per_token_hidden(model: ModelSpec) -> float:
+    """Activation bytes per token and hidden unit that only sequence parallel shards (10 for GPT)."""
+    return NORM_AND_GEMM_INPUT_BYTES + (HIDDEN_DROPOUT_MASK_BYTES if model.hidden_dropout else 0.0)
+
+
+def bytes_per_attention_score(model: ModelSpec) -> float:
+    """Bytes saved per s×s attention score when they are stored (5 with attention dropout)."""
+    return SOFTMAX_OUTPUT_BYTES + (ATTENTION_DROPOUT_BYTES if model.attention_dropout else 0.0)
 
 
 def sharded_bytes_per_token_hidden(model: ModelSpec) -> float:
@@ -43,9 +57,10 @@ def layer_activation_bytes(model: ModelSpec, b, s, t, sp, keep_scores):
     selective recompute).
     """
     sbh = b * s * model.hidden_size
-    replicated = np.where(sp, REPLICATED_BYTES / t, REPLICATED_BYTES)
+    replicated_bytes = replicated_bytes_per_token_hidden(model)
+    replicated = np.where(sp, replicated_bytes / t, replicated_bytes)
     per_token = replicated + sharded_bytes_per_token_hidden(model) / t
-    scores = SOFTMAX_BYTES * model.num_attention_heads * s * s * b / t
+    scores = bytes_per_attention_score(model) * model.num_attention_heads * s * s * b / t
     return sbh * per_token + np.where(keep_scores, scores, 0.0)
 
 

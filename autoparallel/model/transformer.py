@@ -10,6 +10,14 @@ policy and the recompute choice are constructor arguments, never global state.
 Recompute (Korthikanti et al., arXiv 2205.05198): ``selective`` recomputes the attention core
 (QK^T, softmax, AV) in backward; ``full`` recomputes whole layers, the first ``full_layers`` of
 them (Megatron's "block" method), keeping only each layer's input.
+
+What a layer saves for backward is what Megatron-LM with TransformerEngine saves, so the cost
+model's activation bytes (``costmodel.memory``) can be checked against it tensor by tensor: the
+residual stream is in the training dtype (BF16 under autocast, not FP32), the norms save only
+their input and per-token statistics, Q / K / V / the attention output are each saved once (the
+attention output doubles as the projection's input), and SwiGLU saves its two inputs and
+recomputes the SiLU. The model has no dropout: ``ModelSpec.hidden_dropout`` and
+``attention_dropout`` only change the cost model's count of dropout masks.
 """
 
 from __future__ import annotations
@@ -50,13 +58,88 @@ class Recompute:
         return self.mode == "full" and (self.full_layers is None or index < self.full_layers)
 
 
-def _norm(spec: ModelSpec) -> nn.Module:
-    if spec.normalization == "rmsnorm":
-        return nn.RMSNorm(spec.hidden_size, eps=1e-5)
-    if spec.normalization == "layernorm":
-        return nn.LayerNorm(spec.hidden_size, eps=1e-5)
-    raise ValueError(f"normalization={spec.normalization!r} is not valid; "
-                     "choose one of layernorm, rmsnorm")
+class _NormFunction(torch.autograd.Function):
+    """LayerNorm / RMSNorm over the last dim that saves only its input and per-token statistics
+    (as fused norm kernels do) and recomputes the normalised input in backward. It computes in
+    at least FP32 and returns the input's dtype."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps: float, rms: bool):
+        with torch.autocast(x.device.type, enabled=False):
+            xf = x.to(torch.promote_types(x.dtype, torch.float32))
+            mean = None if rms else xf.mean(-1, keepdim=True)
+            centered = xf if rms else xf - mean
+            rstd = torch.rsqrt(centered.square().mean(-1, keepdim=True) + eps)
+            y = centered * rstd * weight.to(xf.dtype)
+            if bias is not None:
+                y = y + bias.to(xf.dtype)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.has_bias = bias is not None
+        return y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, mean, rstd = ctx.saved_tensors
+        xf = x.to(rstd.dtype)
+        xhat = (xf if mean is None else xf - mean) * rstd
+        g = grad.to(rstd.dtype)
+        dims = tuple(range(g.dim() - 1))
+        dweight = (g * xhat).sum(dims).to(weight.dtype)
+        dbias = g.sum(dims).to(weight.dtype) if ctx.has_bias else None
+        gxhat = g * weight.to(rstd.dtype)
+        dx = gxhat - xhat * (gxhat * xhat).mean(-1, keepdim=True)
+        if mean is not None:
+            dx = dx - gxhat.mean(-1, keepdim=True)
+        return (dx * rstd).to(x.dtype), dweight, dbias, None, None
+
+
+class Norm(nn.Module):
+    """RMSNorm or LayerNorm (with bias) with the parameter names of ``nn.RMSNorm`` /
+    ``nn.LayerNorm``."""
+
+    def __init__(self, hidden_size: int, kind: str, eps: float = 1e-5) -> None:
+        super().__init__()
+        if kind not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"normalization={kind!r} is not valid; "
+                             "choose one of layernorm, rmsnorm")
+        self.rms, self.eps = kind == "rmsnorm", eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.bias = None if self.rms else nn.Parameter(torch.zeros(hidden_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _NormFunction.apply(x, self.weight, self.bias, self.eps, self.rms)
+
+
+def _norm(spec: ModelSpec) -> Norm:
+    return Norm(spec.hidden_size, spec.normalization)
+
+
+class _SwiGLU(torch.autograd.Function):
+    """silu(gate) * up, saving only gate and up (the SiLU is recomputed in backward)."""
+
+    @staticmethod
+    def forward(ctx, gate, up):
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, up = ctx.saved_tensors
+        dtype = torch.promote_types(gate.dtype, torch.float32)
+        g, gate_f, up_f = grad.to(dtype), gate.to(dtype), up.to(dtype)
+        sig = torch.sigmoid(gate_f)
+        dgate = g * up_f * sig * (1 + gate_f * (1 - sig))
+        return dgate.to(gate.dtype), (g * gate_f * sig).to(up.dtype)
+
+
+def to_activation_dtype(h: torch.Tensor) -> torch.Tensor:
+    """The residual stream is kept in the training dtype, as Megatron-LM keeps it: under autocast
+    the embedding's output is cast once, so every residual add, norm input and pipeline message
+    is BF16."""
+    device = h.device.type
+    if torch.is_autocast_enabled(device):
+        return h.to(torch.get_autocast_dtype(device))
+    return h
 
 
 class _LinearFactory:
@@ -80,7 +163,9 @@ def rotary_tables(seq_length: int, head_dim: int, base: float = 10000.0
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [batch, heads, seq, head_dim]; rotates pairs (even, odd) of the head dim."""
+    """x: [batch, seq, heads, head_dim], cos / sin: [seq, head_dim / 2]; rotates pairs (even,
+    odd) of the head dim."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
     out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
     return out.to(x.dtype)
@@ -105,10 +190,12 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.wq(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, s, self.groups, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, s, self.groups, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q = apply_rotary(self.wq(x).view(b, s, self.heads, self.head_dim), cos, sin)
+        k = apply_rotary(self.wk(x).view(b, s, self.groups, self.head_dim), cos, sin)
+        v = self.wv(x).view(b, s, self.groups, self.head_dim)
+        # [batch, heads, seq, dim] views of [batch, seq, heads, dim] memory: the attention output
+        # then has that memory too, so the projection's input below is a view of it, not a copy.
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.selective_recompute and torch.is_grad_enabled():
             out = checkpoint(self.core, q, k, v, use_reentrant=False)
         else:
@@ -130,7 +217,7 @@ class Mlp(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.w1(x)
         if self.activation == "swiglu":
-            h = F.silu(h) * self.w3(x)
+            h = _SwiGLU.apply(h, self.w3(x))
         elif self.activation == "squared_relu":
             h = F.relu(h).square()
         else:
@@ -199,7 +286,7 @@ class Transformer(nn.Module):
         if seq > self.spec.seq_length:
             raise ValueError(f"sequence of {seq} tokens exceeds seq_length={self.spec.seq_length}")
         cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
-        h = self.tok_embeddings(tokens)
+        h = to_activation_dtype(self.tok_embeddings(tokens))
         for layer in self.layers:
             h = layer(h, cos, sin)
         return self.output(self.norm(h)).float()

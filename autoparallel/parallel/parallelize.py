@@ -4,8 +4,9 @@
 (so shards match the single-process model exactly), then applies the techniques in the order of
 ``autoparallel.parallel``'s docstring. ``ParallelModel.step`` runs one global batch through the
 pipeline schedule, reduces gradients, steps the optimizer and updates FP8 scales, and returns the
-global mean loss (the same on every rank). Activations cross pipeline stages in fp32: the model
-keeps fp32 weights and a fp32 residual stream, and BF16 comes from autocast, as in ``train``.
+global mean loss (the same on every rank). The model keeps fp32 weights and BF16 comes from
+autocast, as in ``train``; the residual stream, and so every pipeline message, is BF16 under
+autocast (fp32 without).
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ class ParallelModel:
         seq = tokens.shape[1]
         shape = (plan.mbs, seq // plan.tp if plan.sp else seq, self.spec.hidden_size)
         stages = plan.pp * plan.vp
+        act_dtype = torch.bfloat16 if self.config.autocast_bf16 else torch.float32
         p2p = pipeline.P2P(lambda pp_rank: self.dims.rank_of(c["tp"], c["cp"], c["dp"], pp_rank),
                            plan.pp, plan.vp, m)
         cos, sin = self.cos[:seq], self.sin[:seq]
@@ -141,7 +143,7 @@ class ParallelModel:
                 if v == 0:
                     inp = tokens[rows]
                 else:
-                    inp = p2p.recv(shape, torch.float32, self.device, v - 1, v, mb, False)
+                    inp = p2p.recv(shape, act_dtype, self.device, v - 1, v, mb, False)
                     inp.requires_grad_(True)
                 with self._autocast():
                     out = chunk(inp, cos, sin)
@@ -150,14 +152,14 @@ class ParallelModel:
                         out, targets[rows], self.vocab_start, self.dims.group("tp")) / m
                     loss_sum += out.detach()
                 else:
-                    p2p.send(out.detach().float(), v + 1, mb, False)
+                    p2p.send(out.detach(), v + 1, mb, False)
                 saved[(op.chunk, mb)] = (inp, out)
             else:
                 inp, out = saved.pop((op.chunk, mb))
                 if v == stages - 1:
                     out.backward()
                 else:
-                    grad = p2p.recv(shape, torch.float32, self.device, v + 1, v, mb, True)
+                    grad = p2p.recv(shape, act_dtype, self.device, v + 1, v, mb, True)
                     torch.autograd.backward(out, grad.to(out.dtype))
                 if v > 0:
                     p2p.send(inp.grad, v - 1, mb, True)

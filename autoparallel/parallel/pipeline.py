@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from autoparallel.model.transformer import to_activation_dtype
+
 
 @dataclass(frozen=True)
 class Op:
@@ -76,7 +78,7 @@ class Chunk(nn.Module):
         self.output = model.output if last else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(x) if self.first else x
+        h = to_activation_dtype(self.tok_embeddings(x)) if self.first else x
         for layer in self.layers:
             h = layer(h, cos, sin)
         return self.output(self.norm(h)) if self.last else h

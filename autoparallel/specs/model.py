@@ -27,6 +27,10 @@ class ModelSpec:
     normalization: Normalization = "layernorm"
     tie_embeddings: bool = False
     kv_channels: int | None = None  # head dim; None means hidden_size / heads
+    # Megatron-LM's dropout probabilities (its defaults). They decide whether dropout masks are
+    # among the saved activations; the built-in transformer itself trains without dropout.
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
     # Mixture of experts (all None / 0 for a dense model).
     num_experts: int | None = None
     moe_router_topk: int = 2
@@ -43,6 +47,9 @@ class ModelSpec:
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
+        for key in ("hidden_dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ValueError(f"{key} must be in [0, 1), got {getattr(self, key)}")
         if self.num_attention_heads % self.query_groups:
             raise ValueError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
