@@ -82,11 +82,15 @@ def _inputs(args: argparse.Namespace):
 
 
 def cmd_search(args: argparse.Namespace) -> None:
+    from autoparallel.profiling.commands import profile_search  # issue 4: measure the top-k, re-rank
     from autoparallel.search import run
+    shown = None if args.json else console
     if args.resume:
+        run_dir = Path(args.resume)
         with _trial_progress(None, args.json) as progress:
-            result = run.resume(Path(args.resume), progress)
-        _show(result, args, f"resumed {args.resume}", Path(args.resume))
+            result = run.resume(run_dir, progress, keep_profiled=args.profile == "none")
+        result = profile_search(result, args, shown, run_dir)
+        _show(result, args, f"resumed {args.resume}", run_dir)
         return
     if args.model is None or args.gpus is None:
         raise UserError("search needs --model and --gpus (or --resume RUN_DIR)")
@@ -104,14 +108,14 @@ def cmd_search(args: argparse.Namespace) -> None:
         with _trial_progress(args.trials, args.json) as progress:
             result, run_dir = run.optuna_search(model, hw, args.gpus, gbs, space, settings, Path(args.results),
                                                 sys.argv, progress)
-        _show(result, args, f"{args.trials} {args.sampler} trials in {time.perf_counter() - start:.1f} s", run_dir)
+        elapsed = time.perf_counter() - start
+        result = profile_search(result, args, shown, run_dir)
+        _show(result, args, f"{args.trials} {args.sampler} trials in {elapsed:.1f} s", run_dir)
         return
     with console.status("pricing every candidate layout...", spinner="dots") if not args.json else _null():
         result = run.search(model, hw, args.gpus, gbs, space, args.recompute_num_layers, fp8_decisions=fp8)
     elapsed = time.perf_counter() - start
-    if getattr(args, "profile", "none") != "none":  # issue 4: measure the top-k, re-rank
-        from autoparallel.profiling.commands import profile_search
-        result = profile_search(result, args, None if args.json else console)
+    result = profile_search(result, args, shown)
     _show(result, args, f"{len(result.ranked):,} candidates in {elapsed:.2f} s", None)
     if not args.no_save:
         with console.status(f"writing the run folder ({len(result.ranked):,} candidates)...", spinner="dots") \
@@ -378,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=_positive, default=1, help="parallel local trial workers")
     s.add_argument("--grid-seeds", type=_non_negative, default=5,
                    help="best grid layouts enqueued as the first trials (0: none)")
-    s.add_argument("--resume", metavar="RUN_DIR", help="continue the interrupted optuna search of RUN_DIR")
+    s.add_argument("--resume", metavar="RUN_DIR", help="continue the interrupted optuna search of RUN_DIR "
+                                                       "(profiles again only with --profile; see below)")
     s.add_argument("--top", type=_positive, default=10, help="entries to print (default 10)")
     s.add_argument("--json", action="store_true", help="print the ranked list as JSON")
     s.add_argument("--results", default="results", help="folder for run folders (default results/)")

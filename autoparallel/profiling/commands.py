@@ -40,7 +40,14 @@ def add_profile_parser(sub) -> None:
 
 
 def add_search_args(s: argparse.ArgumentParser) -> None:
-    g = s.add_argument_group("profiling (grid strategy)")
+    g = s.add_argument_group(
+        "profiling (either strategy)",
+        "After the search (a grid, or an optuna study's trials), profile the --top-k best "
+        "feasible layouts by predicted throughput (of a throughput,memory study: the --top-k "
+        "of its Pareto front), write the measurements beside the predictions (and the profiled "
+        "rows to profiled.csv) and re-rank. "
+        "--resume RUN_DIR profiles again only if --profile is given again (the new top-k, "
+        "replacing the earlier measurements); without it the earlier measurements are kept.")
     g.add_argument("--profile", choices=("none", "job", "layer"), default="none",
                    help="job: run the --top-k best predicted layouts and re-rank by measurement; "
                         "layer: replace the compute estimate with measured layer profiles")
@@ -112,32 +119,39 @@ def cmd_profile(args: argparse.Namespace) -> None:
         raise SystemExit(1)
 
 
-def profile_search(result, args: argparse.Namespace, console=None):
-    """``search --profile job|layer``: measure, then return the re-ranked result."""
-    if args.profile == "none":
+def profile_search(result, args: argparse.Namespace, console=None, run_dir: Path | None = None):
+    """``search --profile job|layer`` for either strategy: measure the top-k, return the result
+    re-ranked with ``result.profiled`` set. ``run_dir``: a sampler run's folder, which exists
+    before profiling starts; its tables are rewritten with the measurements (a grid run's folder
+    is written afterwards, from the returned result)."""
+    if getattr(args, "profile", "none") == "none":
         return result
+    from autoparallel.search import run
+    from autoparallel.search.measured import profile_top
+    result.ranked, result.profiled = profile_top(result.ranked, _evaluator(result, args, console),
+                                                 args.top_k, pareto=len(result.objectives) > 1)
+    if run_dir is not None:
+        run.write_tables(result, run_dir)
+    return result
+
+
+def _evaluator(result, args: argparse.Namespace, console):
+    """The evaluator ``--profile`` names, for the layouts ``profile_top`` hands it."""
     if args.profile == "layer":
         from autoparallel.profiling.layer import LayerProfileEvaluator
-        from autoparallel.search.grid import rank
-        evaluator = LayerProfileEvaluator(result.model, result.hardware,
-                                          result.space.memory_fraction, top_k=args.top_k)
-        result.ranked = rank(evaluator.evaluate(result.ranked.drop(columns=["rank"])))
-        return result
+        return LayerProfileEvaluator(result.model, result.hardware, result.space.memory_fraction)
     from autoparallel.profiling.evaluator import ProfilingEvaluator
     from autoparallel.profiling.launcher import make_launcher
-    from autoparallel.search.measured import profile_top
 
     def show(plan, m):
         if console is not None:
             what = (f"{m.step_time_s * 1e3:.1f} ms/step" if m.ok else f"failed: {m.reason}")
             console.print(f"profiled TP{plan.tp} PP{plan.pp} VP{plan.vp} DP{plan.dp} "
                           f"MBS{plan.mbs} {plan.recompute}: {what}")
-    evaluator = ProfilingEvaluator(result.model, make_launcher(args.executor, args.ray_address),
-                                   steps=args.profile_steps, warmup=args.profile_warmup,
-                                   timeout_s=args.profile_timeout,
-                                   memory_cap_gib=args.memory_cap_gib, on_result=show)
-    result.ranked = profile_top(result.ranked, evaluator, args.top_k)
-    return result
+    return ProfilingEvaluator(result.model, make_launcher(args.executor, args.ray_address),
+                              steps=args.profile_steps, warmup=args.profile_warmup,
+                              timeout_s=args.profile_timeout, memory_cap_gib=args.memory_cap_gib,
+                              on_result=show)
 
 
 def calibrate_from(run_dir: Path, write: bool, console) -> dict:

@@ -22,6 +22,7 @@ CANDIDATES = "candidates.csv"
 RANKED = "ranked.md"
 BEST = "best.yaml"
 MANIFEST = "manifest.yaml"
+PROFILED = "profiled.csv"  # the rows `search --profile` measured, as measured
 FLOAT_DIGITS = 4
 
 

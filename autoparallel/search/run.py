@@ -28,6 +28,8 @@ class SearchResult:
     gbs: int
     space: SearchSpace
     ranked: pd.DataFrame  # every candidate, best first; rank is NA where rejected
+    objectives: tuple[str, ...] = ("throughput",)  # two: profiling picks from the Pareto front
+    profiled: pd.DataFrame | None = None  # rows `--profile` measured (written as profiled.csv)
 
     @property
     def feasible(self) -> pd.DataFrame:
@@ -98,7 +100,11 @@ def write_manifest(run_dir: Path, model: ModelSpec, hw: HardwareSpec, gpus: int,
 
 
 def write_tables(result: SearchResult, run_dir: Path, top_md: int = 50) -> None:
-    """ranked.md, best.yaml and candidates.csv of a finished search (best.yaml only if one fits)."""
+    """ranked.md, best.yaml and candidates.csv of a finished search (best.yaml only if one fits),
+    after profiled.csv when it was profiled: a sampler run's tables are rebuilt from the study
+    plus that file (``finish_study``), so it must never lag behind the tables."""
+    if result.profiled is not None:
+        run_folder.write_csv(run_dir / run_folder.PROFILED, result.profiled)
     title = f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}"
     run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(result.ranked, top_md))
     if not result.feasible.empty:
@@ -144,10 +150,18 @@ def load(run_dir: Path) -> SearchResult:
     if not (run_dir / run_folder.CANDIDATES).exists():
         raise UserError(f"{run_dir} has no {run_folder.CANDIDATES} yet (an interrupted sampler run? "
                         "use `autoparallel search --resume` or `autoparallel report`)")
-    ranked = pd.read_csv(run_dir / run_folder.CANDIDATES, low_memory=False)
-    ranked["fits"] = ranked["fits"].astype(bool)
-    ranked["reason"] = ranked["reason"].fillna("")
+    ranked = read_table(run_dir / run_folder.CANDIDATES)
     return SearchResult(model, hw, int(inputs["gpus"]), int(inputs["gbs"]), space, ranked)
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """A candidates-like CSV as written: CSV turns '' into NaN, the tables want '' back."""
+    frame = pd.read_csv(path, low_memory=False, dtype={"reason": str, "measurement_error": str})
+    frame["fits"] = frame["fits"].astype(bool)
+    for col in ("reason", "measurement_error"):
+        if col in frame:
+            frame[col] = frame[col].fillna("")
+    return frame
 
 
 
@@ -168,11 +182,15 @@ def optuna_search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space
         seeds = [row.to_dict() for _, row in best.iterrows()] + seeds
     evaluator = CostModelEvaluator(model, hw, space.memory_fraction)
     s = study.run(model, hw, gpus, gbs, space, settings, evaluator, run_dir, seeds, progress)
-    return finish_study(s, model, hw, gpus, gbs, space, run_dir), run_dir
+    return finish_study(s, model, hw, gpus, gbs, space, run_dir, settings.objectives), run_dir
 
 
-def resume(run_dir: Path, progress=None) -> SearchResult:
-    """Continue the interrupted sampler search of ``run_dir`` without re-running finished trials."""
+def resume(run_dir: Path, progress=None, keep_profiled: bool = True) -> SearchResult:
+    """Continue the interrupted sampler search of ``run_dir`` without re-running finished trials.
+
+    ``keep_profiled``: put an earlier ``--profile``'s measurements back into the tables (they
+    stay true of their layouts); False when the caller profiles the new top-k instead.
+    """
     from autoparallel.search import sampler, study
     from autoparallel.search.evaluators import CostModelEvaluator
     inputs, model, hw, space = load_inputs(run_dir)
@@ -182,22 +200,42 @@ def resume(run_dir: Path, progress=None) -> SearchResult:
     gpus, gbs = int(inputs["gpus"]), int(inputs["gbs"])
     evaluator = CostModelEvaluator(model, hw, space.memory_fraction)
     s = study.run(model, hw, gpus, gbs, space, settings, evaluator, Path(run_dir), None, progress)
-    return finish_study(s, model, hw, gpus, gbs, space, Path(run_dir))
+    return finish_study(s, model, hw, gpus, gbs, space, Path(run_dir), settings.objectives, keep_profiled)
 
 
-def finish_study(s, model, hw, gpus, gbs, space, run_dir: Path) -> SearchResult:
+def finish_study(s, model, hw, gpus, gbs, space, run_dir: Path, objectives: tuple[str, ...],
+                 keep_profiled: bool = True) -> SearchResult:
+    """The study's tables, written to ``run_dir`` (with profiled.csv merged back if asked)."""
     from autoparallel.search import sampler
     from autoparallel.search.grid import rank
     frame = sampler.trials_frame(s)
     if frame.empty:
         raise UserError(f"the study in {run_dir} has no completed trial")
-    result = SearchResult(model, hw, gpus, gbs, space, rank(frame))
+    result = SearchResult(model, hw, gpus, gbs, space, rank(frame), objectives)
+    if keep_profiled:
+        _merge_profiled(result, run_dir)
     write_tables(result, run_dir)
     if result.feasible.empty:
         top = "; ".join(f"{n} x {r}" for r, n in tables.rejection_summary(result.ranked).head(3).items())
         raise UserError(f"none of the {len(frame)} layouts the study tried is feasible ({top}); run more "
                         f"trials with `autoparallel search --resume {run_dir}` or use --strategy grid")
     return result
+
+
+def _merge_profiled(result: SearchResult, run_dir: Path) -> None:
+    """A sampler run's measurements (profiled.csv) back into its tables, matched by trial number:
+    the study is the record of a sampler run, but finished trials are read-only, so what
+    ``--profile`` measured lives beside it."""
+    from autoparallel.search import measured
+    path = Path(run_dir) / run_folder.PROFILED
+    if not path.exists():
+        return
+    saved = read_table(path)
+    label = pd.Series(result.ranked.index, index=result.ranked["trial"])
+    saved = saved[saved["trial"].isin(label.index)]
+    saved.index = label.loc[saved["trial"]].to_numpy()
+    result.profiled = saved
+    result.ranked = measured.merge(result.ranked, saved)
 
 
 def report(run_dir: Path) -> Path:
@@ -210,7 +248,8 @@ def report(run_dir: Path) -> Path:
         from autoparallel.search import sampler, study
         settings = io.from_dict(sampler.StudySettings, inputs["study"], str(run_dir / run_folder.MANIFEST))
         s = study.open_existing(settings, run_dir)
-        result = finish_study(s, model, hw, int(inputs["gpus"]), int(inputs["gbs"]), space, run_dir)
+        result = finish_study(s, model, hw, int(inputs["gpus"]), int(inputs["gbs"]), space, run_dir,
+                              settings.objectives)
     else:
         result = load(run_dir)
         title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"

@@ -70,8 +70,8 @@ def test_search_finishes_with_a_killed_rank_and_an_oom_recorded():
     result = run.search(SMALL, hw, 2, 8, space)
     launcher = _FaultyFirst()
     evaluator = ProfilingEvaluator(SMALL, launcher, steps=2, warmup=1, timeout_s=120)
-    ranked = profile_top(result.ranked, evaluator, 2)
-    assert launcher.jobs == 2
+    ranked, profiled = profile_top(result.ranked, evaluator, 2)
+    assert launcher.jobs == 2 and len(profiled) == 2
     errors = ranked["measurement_error"].fillna("")
     failed = ranked[errors != ""]
     assert len(failed) == 1 and "rank 1 died (exit code 17)" in failed["measurement_error"].iloc[0]
