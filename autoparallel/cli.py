@@ -13,30 +13,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autoparallel import io
+from autoparallel import argtypes, io
 from autoparallel.errors import UserError
 
 KNOB_FLAGS = ("tp", "pp", "vp", "cp", "ep", "mbs")
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 
-def _int_at_least(low: int):
-    """An argparse type: an integer >= ``low``, with a message naming the bad value."""
-    what = "a positive integer" if low == 1 else f"an integer >= {low}"
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
-        return value
-    return parse
-
-
-_positive = _int_at_least(1)
-_non_negative = _int_at_least(0)
+_positive, _non_negative = argtypes.positive, argtypes.non_negative
 
 
 def _add_target(p: argparse.ArgumentParser, required: bool = True) -> None:

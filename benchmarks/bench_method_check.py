@@ -68,18 +68,24 @@ def label(p: Plan) -> str:
 
 
 def predicted_saved_bytes(model, p: Plan) -> float:
-    """Activation bytes the cost model's formulas give for the fullest rank's saved tensors."""
+    """Bytes the cost model's formulas give for the fullest rank's saved tensors at their peak.
+
+    A stage keeps its layers' activations for the micro-batches in flight (only the input of a
+    fully recomputed layer); the last stage also the final norm's and the output layer's inputs
+    and the FP32 softmax of the loss. What a recomputed layer saves again in backward is not
+    counted on either side: the saved-tensor hooks do not see inside checkpoint's recompute (the
+    CUDA allocator's peak does, and the cost model's peak memory adds one full layer for it).
+    """
+    b, s, t, sp = p.mbs, model.seq_length, p.tp, p.sp
     m = p.gbs // (p.mbs * p.dp)
-    flash = True
-    layer = memory.layer_activation_bytes(model, p.mbs, model.seq_length, p.tp, p.sp,
-                                          keep_scores=not flash and p.recompute != "selective")
+    layer = memory.layer_activation_bytes(model, b, s, t, sp, keep_scores=False)  # flash
     if p.recompute == "full":
-        layer = memory.layer_input_bytes(model, p.mbs, model.seq_length, p.tp, p.sp)
-    lps = model.num_layers / p.pp
+        layer = memory.layer_input_bytes(model, b, s, t, sp)
+    head = memory.head_input_bytes(model, b, s, t, sp) + memory.logits_bytes(model, b, s, t) / 2
     first = model.num_layers * float(pipeline.inflight_layer_fraction(p.pp, p.vp, m)) * layer
-    logits = memory.logits_bytes(model, p.mbs, model.seq_length, p.tp) / 2  # forward FP32 only
-    last = lps * layer + logits
-    return float(max(first + (logits if p.pp == 1 else 0.0), last))
+    if p.pp == 1:
+        return float(first + head)
+    return float(max(first, model.num_layers / p.pp * layer + head))
 
 
 def main() -> None:

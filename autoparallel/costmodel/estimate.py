@@ -182,7 +182,7 @@ def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.n
                     + (1 - recomputed_fraction) * full_layer)
     first_acts = L * pipeline.inflight_layer_fraction(p, v, m) * stored_layer + full_layer
     last_acts = layers_per_stage * stored_layer + full_layer
-    logits = memory.logits_bytes(model, b, s_local, t)
+    logits = memory.logits_bytes(model, b, s_local, t) + memory.head_input_bytes(model, b, s_local, t, sp)
     activations = np.where(p > 1, np.maximum(first_acts, last_acts + logits), first_acts + logits)
     logits_shown = np.where(p > 1, np.where(last_acts + logits > first_acts, logits, 0.0), logits)
     states = weights + grads + optimizer + fp8_weights

@@ -69,6 +69,11 @@ def layer_input_bytes(model: ModelSpec, b, s, t, sp):
     return 2.0 * b * s * model.hidden_size / np.where(sp, t, 1)
 
 
+def head_input_bytes(model: ModelSpec, b, s, t, sp):
+    """The final norm's and the output layer's BF16 inputs on the last stage (SP shards both)."""
+    return 2.0 * layer_input_bytes(model, b, s, t, sp)
+
+
 def logits_bytes(model: ModelSpec, b, s, t):
     """FP32 logits and their gradient for the loss on the last stage (vocab-parallel)."""
     return 2 * 4.0 * b * s * model.vocab_size / t

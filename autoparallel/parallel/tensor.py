@@ -7,7 +7,8 @@ and MLP block as in Megatron-LM: all-reduces without sequence parallel, all-gath
 reduce-scatter along the sequence with it. The embedding and the output layer are vocab-parallel
 and the loss is computed on vocab shards (``vocab_parallel_cross_entropy``): no rank ever holds
 the full logits. Under sequence parallel the norms see a slice of the sequence, so their weight
-gradients are partial sums: ``sequence_parallel_params`` names them for a TP all-reduce.
+gradients are partial sums: ``sequence_parallel_params`` names them for a TP all-reduce; and the
+column-parallel GEMMs save the sequence shard, not the gathered input (``sequence.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from autoparallel.parallel import comm
+from autoparallel.parallel import comm, sequence
 
 
 def _shard_linear(linear: nn.Module, rank: int, size: int, dim: int) -> None:
@@ -50,6 +51,8 @@ class ParallelHead(nn.Module):
         self.linear, self.group, self.sp = linear, group, sp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sp and comm._size(self.group) > 1 and type(self.linear) is nn.Linear:
+            return sequence.gathered_columns(x, self.group, [self.linear.weight])[1][0]
         return self.linear(comm.enter_block(x, self.group, self.sp))
 
 
@@ -75,24 +78,55 @@ class VocabParallelEmbedding(nn.Module):
         return comm.exit_block(out, self.group, self.sp)
 
 
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Per-token cross-entropy from logits sharded on the vocab, as Megatron-LM's
+    ``_VocabParallelCrossEntropy``: max, sum of exponentials and the target logit are each reduced
+    over the TP group, and only the FP32 softmax shard is saved (4 bytes per local logit, the
+    cost model's count); the gradient is softmax minus the one-hot target."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, start: int, group):
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        peak = logits.max(dim=-1).values
+        if comm._size(group) > 1:
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+        shifted = logits - peak.unsqueeze(-1)
+        local = targets - start
+        inside = (local >= 0) & (local < logits.shape[-1])
+        local = local.clamp(0, logits.shape[-1] - 1)
+        target_logit = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1) * inside
+        exp = shifted.exp_()
+        sum_exp = exp.sum(dim=-1)
+        if comm._size(group) > 1:
+            both = torch.stack((sum_exp, target_logit))
+            dist.all_reduce(both, group=group)
+            sum_exp, target_logit = both
+        softmax = exp.div_(sum_exp.unsqueeze(-1))
+        ctx.save_for_backward(softmax, local, inside)
+        return sum_exp.log() - target_logit
+
+    @staticmethod
+    def backward(ctx, grad):
+        softmax, local, inside = ctx.saved_tensors
+        out = softmax.clone()
+        out.scatter_add_(-1, local.unsqueeze(-1), -inside.to(out.dtype).unsqueeze(-1))
+        return out * grad.unsqueeze(-1), None, None, None
+
+
 def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, start: int,
                                  group) -> torch.Tensor:
     """Mean cross-entropy from logits sharded on the vocab (columns [start, start + V/tp)).
 
-    Max, sum of exponentials and the target logit are each reduced over the TP group; every TP
-    rank then holds the same loss and backpropagates into its own shard.
+    Every TP rank holds the same loss and backpropagates into its own shard; no rank ever holds
+    the full logits.
     """
-    logits = logits.float()
-    peak = logits.detach().max(dim=-1).values
-    if comm._size(group) > 1:
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
-    shifted = logits - peak.unsqueeze(-1)
-    sum_exp = comm.reduce_from(shifted.exp().sum(dim=-1), group)
-    local = targets - start
-    inside = (local >= 0) & (local < logits.shape[-1])
-    picked = shifted.gather(-1, local.clamp(0, logits.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
-    target_logit = comm.reduce_from(picked * inside, group)
-    return (sum_exp.log() - target_logit).mean()
+    return _VocabParallelCrossEntropy.apply(logits, targets, start, group).mean()
+
+
+def _block(block: nn.Module, group, sp: bool) -> nn.Module:
+    names = sequence.column_names(block) if sp else []
+    return sequence.SequenceParallelBlock(block, group, names) if names else \
+        ParallelBlock(block, group, sp)
 
 
 def apply_tensor_parallel(model: nn.Module, rank: int, size: int, group, sp: bool) -> None:
@@ -117,8 +151,8 @@ def apply_tensor_parallel(model: nn.Module, rank: int, size: int, group, sp: boo
             _shard_linear(lin, rank, size, 1)
         att.heads //= size
         att.groups //= size
-        layer.attention = ParallelBlock(att, group, sp)
-        layer.mlp = ParallelBlock(mlp, group, sp)
+        layer.attention = _block(att, group, sp)
+        layer.mlp = _block(mlp, group, sp)
     model.tok_embeddings = VocabParallelEmbedding(model.tok_embeddings, rank, size, group, sp)
     _shard_linear(model.output, rank, size, 0)
     model.output = ParallelHead(model.output, group, sp)

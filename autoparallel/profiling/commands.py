@@ -10,13 +10,14 @@ import json
 from pathlib import Path
 
 from autoparallel import io
+from autoparallel.argtypes import non_negative, positive, positive_seconds
 from autoparallel.errors import UserError
 
 
 def _job_args(p: argparse.ArgumentParser, prefix: str = "") -> None:
-    p.add_argument(f"--{prefix}steps", type=int, default=20, help="timed steps (default 20)")
-    p.add_argument(f"--{prefix}warmup", type=int, default=5, help="untimed warm-up steps (default 5)")
-    p.add_argument(f"--{prefix}timeout", type=float, default=600.0,
+    p.add_argument(f"--{prefix}steps", type=positive, default=20, help="timed steps (default 20)")
+    p.add_argument(f"--{prefix}warmup", type=non_negative, default=5, help="untimed warm-up steps (default 5)")
+    p.add_argument(f"--{prefix}timeout", type=positive_seconds, default=600.0,
                    help="seconds before a job counts as hung (default 600)")
     p.add_argument("--memory-cap-gib", type=float,
                    help="CPU only: fail like an out-of-memory above this many GiB per rank")
@@ -51,10 +52,10 @@ def add_search_args(s: argparse.ArgumentParser) -> None:
     g.add_argument("--profile", choices=("none", "job", "layer"), default="none",
                    help="job: run the --top-k best predicted layouts and re-rank by measurement; "
                         "layer: replace the compute estimate with measured layer profiles")
-    g.add_argument("--top-k", type=int, default=5, help="layouts to profile (default 5)")
-    g.add_argument("--profile-steps", type=int, default=20, help="timed steps per job (default 20)")
-    g.add_argument("--profile-warmup", type=int, default=5, help="warm-up steps per job (default 5)")
-    g.add_argument("--profile-timeout", type=float, default=600.0, help="seconds per job (default 600)")
+    g.add_argument("--top-k", type=positive, default=5, help="layouts to profile (default 5)")
+    g.add_argument("--profile-steps", type=positive, default=20, help="timed steps per job (default 20)")
+    g.add_argument("--profile-warmup", type=non_negative, default=5, help="warm-up steps per job (default 5)")
+    g.add_argument("--profile-timeout", type=positive_seconds, default=600.0, help="seconds per job (default 600)")
     g.add_argument("--memory-cap-gib", type=float, help="CPU only: forced per-rank memory cap")
     g.add_argument("--executor", choices=("local", "ray"), default="local")
     g.add_argument("--ray-address", help="Ray cluster address")

@@ -4,7 +4,9 @@ On a GPU the CUDA caching allocator's peak is the answer. On CPU there is no all
 ``SavedTensors`` sums what autograd keeps for backward through ``saved_tensors_hooks`` (each
 storage once, while any saved tensor still refers to it): the quantity Korthikanti et al.'s
 activation formulas predict. Parameters and their autocast BF16 copies are model states, not
-activations, and are left out. ``cap_bytes`` makes a CPU run fail like a GPU out-of-memory as
+activations, and are left out. What full recompute saves again while it rebuilds a layer in
+backward is invisible here (checkpoint installs its own hooks for that), as it is in Korthikanti
+et al.'s stored-activation counts. ``cap_bytes`` makes a CPU run fail like a GPU out-of-memory as
 soon as saved bytes plus model states exceed it, so the failure path can be tested here.
 """
 

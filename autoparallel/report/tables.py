@@ -34,6 +34,8 @@ def _columns(ranked: pd.DataFrame) -> tuple:
 
 def _cell(row: pd.Series, column: str, fmt: str) -> str:
     value = row[column]
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"  # not measured (only the top-k are profiled)
     if column == "recompute" and value == "full" and row.get("recompute_num_layers", 0):
         return f"full({int(row['recompute_num_layers'])})"
     if isinstance(value, bool) or type(value).__name__ == "bool_":
