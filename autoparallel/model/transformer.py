@@ -184,7 +184,9 @@ class Attention(nn.Module):
         self.wo = linear("wo", q_out, spec.hidden_size)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The part selective recompute drops: causal softmax(QK^T)V, in high precision."""
+        """The part selective recompute drops: causal softmax(QK^T)V, in high precision.
+        Context parallel replaces it per instance with ring attention over the local tokens
+        (``autoparallel.parallel.context``), with the same arguments and result."""
         return F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                               enable_gqa=self.groups != self.heads)
 

@@ -8,15 +8,18 @@ built model into one rank's share of a layout, in this order:
 2. recompute: which layers of each pipeline chunk recompute in full, or selective (attention core).
 3. ``tensor``: tensor parallel (column/row-parallel linear shards, vocab-parallel embedding,
    output layer and cross-entropy), with sequence parallel at the block boundaries when sp.
-4. ``pipeline``: the layers split into pp*vp chunks; 1F1B (vp=1) or interleaved 1F1B (vp>1)
+4. ``context``: context parallel (cp > 1): each CP rank holds chunks r and 2cp-1-r of every
+   sequence (tokens, targets and rotary rows; SP then splits that local sequence over TP), and
+   every layer's attention core becomes ring attention exchanging K/V around the CP group.
+5. ``pipeline``: the layers split into pp*vp chunks; 1F1B (vp=1) or interleaved 1F1B (vp>1)
    schedules exchanging activations point-to-point.
-5. ``optimizer``: data parallel gradient reduce-scatter into a sharded (distributed) AdamW, or an
-   all-reduce with a replicated AdamW; global gradient-norm clipping across every group.
-6. ``fp8``: the delayed-scaling amax of every FP8 Linear reduced (max) across the TP and DP
+6. ``optimizer``: gradient reduce-scatter over the dp x cp group into a sharded (distributed)
+   AdamW, or an all-reduce with a replicated AdamW; global gradient-norm clipping across every
+   group.
+7. ``fp8``: the delayed-scaling amax of every FP8 Linear reduced (max) across the TP, CP and DP
    groups before the scale update, so every rank scales as the single-process model would.
 
-Context parallel (cp > 1) is validated by ``ParallelDims`` but not implemented: a plan with
-cp > 1 raises ``NotImplementedError`` naming it.
+Expert parallel (ep > 1) needs an MoE model: a plan with ep > 1 raises ``NotImplementedError``.
 """
 
 from autoparallel.parallel.dims import ParallelDims

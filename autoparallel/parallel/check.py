@@ -1,8 +1,8 @@
 """Layout equivalence: a plan run in parallel against the single-process model, same seed and data.
 
 ``run_cases`` runs on every rank of one process group and trains each plan of a list for two
-steps, returning the losses, the DP-mean gradients of step 1 reassembled across TP (each rank
-the parameters of its pipeline stage) and, for FP8, the delayed scales after step 1.
+steps, returning the losses, the DP x CP-mean gradients of step 1 reassembled across TP (each
+rank the parameters of its pipeline stage) and, for FP8, the delayed scales after step 1.
 ``reference`` is the plain single-device loop (full batch, ``clip_grad_norm_``, AdamW) that the
 parallel result must match. Tests and ``benchmarks/`` share it; it has no pytest dependency.
 """

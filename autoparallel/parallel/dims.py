@@ -2,7 +2,9 @@
 ``ParallelDims``), so no other module computes rank arithmetic.
 
 Global rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank: TP fastest (inside a node
-on a GPU cluster), PP slowest, as Megatron-LM orders them.
+on a GPU cluster), PP slowest, as Megatron-LM orders them. A group's members ascend with global
+rank, so ``cp_ranks[i]`` holds CP rank i and the dp_cp group rank of a rank is
+dp_rank * cp + cp_rank.
 """
 
 from __future__ import annotations
@@ -46,9 +48,14 @@ class ParallelDims:
                 if all(self.coords(r)[k] == me[k] for k in me if k not in varying)]
 
     def build_groups(self) -> None:
-        """Create every group on every rank (``new_group`` is collective over the world)."""
+        """Create every group on every rank (``new_group`` is collective over the world): tp,
+        cp (the ring of context parallel), dp, dp_cp (gradient reduction and the distributed
+        optimizer, as Megatron-LM's data-parallel-with-context group) and stage (tp x cp x dp,
+        every rank holding the same layers: the FP8 amax reduction). ``NAME_ranks`` holds each
+        group's global ranks in group-rank order."""
         rank = dist.get_rank()
-        for name, varying in (("tp", ("tp",)), ("dp", ("dp",)), ("stage", ("tp", "dp", "cp"))):
+        for name, varying in (("tp", ("tp",)), ("cp", ("cp",)), ("dp", ("dp",)),
+                              ("dp_cp", ("dp", "cp")), ("stage", ("tp", "dp", "cp"))):
             seen: set[tuple[int, ...]] = set()
             for r in range(self.world_size):
                 members = tuple(self._members(r, varying))

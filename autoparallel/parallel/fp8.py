@@ -1,10 +1,12 @@
 """Delayed-scaling amax reduction across the ranks that share a pipeline stage.
 
 Each rank records the amax of the tensors it casts: a TP rank sees a slice of each weight and of
-each row-parallel input and output gradient, a DP rank sees its own data. TransformerEngine
-reduces the amax over the TP and DP groups (``amax_reduction_group``) before computing the
-scale, so every rank uses the scale the single-process model would: the max over all slices.
-One batched all-reduce per step covers every FP8 layer of the rank.
+each row-parallel input and output gradient, a DP rank sees its own data, a CP rank its own part
+of every sequence. As Megatron-LM / TransformerEngine do (``amax_reduction_group`` = the
+tp x cp x dp group), the amax is reduced over the ``stage`` group (every rank holding the same
+layers) before computing the scale, so every rank uses the scale the single-process model
+would: the max over all slices. One batched all-reduce per step covers every FP8 layer of the
+rank. FP8 is only in the linears, so context parallel's attention is unaffected.
 """
 
 from __future__ import annotations

@@ -1,11 +1,14 @@
 """Data-parallel gradient reduction and the (optionally sharded) AdamW step.
 
-Every parameter of a rank lives in one flat fp32 view for the optimizer. With the distributed
-optimizer (Megatron-LM ``--use-distributed-optimizer``, ZeRO-1) the flat gradient is
-reduce-scattered over the DP group (each rank gets the mean of its 1/dp slice), AdamW updates
-only that slice of fp32 master weights and moments, and the new weights are all-gathered. Without
-it the gradient is all-reduced and every rank steps the whole buffer. AdamW is elementwise, so
-both give the single-process update exactly, up to float summation order.
+Every parameter of a rank lives in one flat fp32 view for the optimizer. Gradients are reduced
+over the dp x cp group, as Megatron-LM does: context-parallel ranks hold the same weights and each
+has the gradient of its own tokens' mean loss, so their mean, like the DP ranks', is the
+single-process gradient. With the distributed optimizer (Megatron-LM
+``--use-distributed-optimizer``, ZeRO-1) the flat gradient is reduce-scattered over that group
+(each rank gets the mean of its 1/(dp*cp) slice), AdamW updates only that slice of fp32 master
+weights and moments, and the new weights are all-gathered. Without it the gradient is
+all-reduced and every rank steps the whole buffer. AdamW is elementwise, so both give the
+single-process update exactly, up to float summation order.
 
 Gradient-norm clipping uses the global norm: squares summed over the rank's slice, counting
 TP-replicated parameters (the norms) on TP rank 0 only, then summed over the whole world.
@@ -25,17 +28,19 @@ class DistributedOptimizer:
                  sharded: bool, lr: float, weight_decay: float, clip: float | None,
                  betas=(0.9, 0.95)) -> None:
         self.params = params
-        self.dp_group, self.dp = dims.group("dp"), dims.dp
-        self.sharded, self.clip = sharded and dims.dp > 1, clip
+        # the gradient-reduction group: dp x cp ranks, group rank dp_rank * cp + cp_rank
+        self.group, self.size = dims.group("dp_cp"), dims.dp * dims.cp
+        index = coords["dp"] * dims.cp + coords["cp"]
+        self.sharded, self.clip = sharded and self.size > 1, clip
         self.numels = [p.numel() for p in params]
         total = sum(self.numels)
-        self.padded = -(-total // dims.dp) * dims.dp if self.sharded else total
+        self.padded = -(-total // self.size) * self.size if self.sharded else total
         device = params[0].device if params else torch.device("cpu")
         flat = torch.zeros(self.padded, dtype=torch.float32, device=device)
         if params:
             flat[:total] = torch.cat([p.detach().float().reshape(-1) for p in params])
-        shard = self.padded // dims.dp if self.sharded else self.padded
-        self.start = coords["dp"] * shard if self.sharded else 0
+        shard = self.padded // self.size if self.sharded else self.padded
+        self.start = index * shard if self.sharded else 0
         self.master = nn.Parameter(flat[self.start:self.start + shard].clone())
         # 1 where a slice element counts towards the gradient norm on this rank.
         weight = torch.cat([torch.full((n,), 0.0 if (id(p) in replicated and coords["tp"] > 0)
@@ -59,16 +64,16 @@ class DistributedOptimizer:
         flat = self._flat_grads()
         if self.sharded:
             grad = torch.empty_like(self.master)
-            comm.reduce_scatter_flat(grad, flat, self.dp_group)
+            comm.reduce_scatter_flat(grad, flat, self.group)
         else:
-            if self.dp > 1:
-                dist.all_reduce(flat, group=self.dp_group)
+            if self.size > 1:
+                dist.all_reduce(flat, group=self.group)
             grad = flat
-        grad /= self.dp
+        grad /= self.size
         sq = (grad.square() * self.norm_weight).sum()
         if dist.is_initialized() and dist.get_world_size() > 1:
-            if not self.sharded and self.dp > 1:
-                sq /= self.dp  # every DP rank holds the whole (identical) gradient
+            if not self.sharded and self.size > 1:
+                sq /= self.size  # every DP/CP rank holds the whole (identical) gradient
             dist.all_reduce(sq)
         norm = float(sq.sqrt())
         self.last_grad_norm = norm
@@ -80,7 +85,7 @@ class DistributedOptimizer:
         self.adam.step()
         if self.sharded:
             flat = torch.empty(self.padded, dtype=torch.float32, device=self.master.device)
-            comm.all_gather_flat(flat, self.master.detach(), self.dp_group)
+            comm.all_gather_flat(flat, self.master.detach(), self.group)
         else:
             flat = self.master.detach()
         offset = 0

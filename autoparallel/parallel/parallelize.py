@@ -6,7 +6,9 @@
 pipeline schedule, reduces gradients, steps the optimizer and updates FP8 scales, and returns the
 global mean loss (the same on every rank). The model keeps fp32 weights and BF16 comes from
 autocast, as in ``train``; the residual stream, and so every pipeline message, is BF16 under
-autocast (fp32 without).
+autocast (fp32 without). Under context parallel each CP rank runs the pipeline on its
+load-balanced share of every sequence (``context.local_indices``: tokens, targets and rotary
+rows), and sequence parallel splits that local sequence over TP.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 import torch.distributed as dist
 from autoparallel.model.recipes import Fp8Policy, recipe_from_name
 from autoparallel.model.transformer import Recompute, Transformer
-from autoparallel.parallel import comm, fp8, pipeline, tensor
+from autoparallel.parallel import comm, context, fp8, pipeline, tensor
 from autoparallel.parallel.dims import ParallelDims
 from autoparallel.parallel.optimizer import DistributedOptimizer
 from autoparallel.specs.model import ModelSpec
@@ -49,17 +51,18 @@ def policy_for(plan: Plan) -> Fp8Policy:
 
 def check_plan(spec: ModelSpec, plan: Plan, world_size: int) -> None:
     """The rules this implementation needs, as ValueError / NotImplementedError with the reason."""
-    if plan.cp > 1:
-        raise NotImplementedError("context parallel (cp > 1) is not implemented in the built-in "
-                                  "transformer")
     if plan.ep > 1:
         raise NotImplementedError("expert parallel needs an MoE model; the built-in one is dense")
     if plan.num_gpus != world_size:
         raise ValueError(f"plan needs {plan.num_gpus} ranks, world size is {world_size}")
     if plan.sp and plan.tp == 1:
         raise ValueError("sequence parallel needs tp > 1")
-    if plan.sp and spec.seq_length % plan.tp:
-        raise ValueError(f"seq_length={spec.seq_length} is not divisible by tp={plan.tp} (SP)")
+    if plan.cp > 1 and spec.seq_length % (2 * plan.cp):
+        raise ValueError(f"seq_length={spec.seq_length} is not divisible by 2*cp={2 * plan.cp} "
+                         "(context parallel's load-balanced chunks)")
+    if plan.sp and (spec.seq_length // plan.cp) % plan.tp:
+        raise ValueError(f"seq_length/cp={spec.seq_length // plan.cp} is not divisible by "
+                         f"tp={plan.tp} (SP)")
     if plan.gbs % (plan.mbs * plan.dp):
         raise ValueError(f"gbs={plan.gbs} is not divisible by mbs*dp={plan.mbs * plan.dp}")
     if plan.vp > 1 and plan.pp == 1:
@@ -77,7 +80,7 @@ class ParallelModel:
         if dist.is_initialized():
             self.dims.build_groups()
         else:
-            self.dims.groups.update(tp=None, dp=None, stage=None)
+            self.dims.groups.update(tp=None, cp=None, dp=None, dp_cp=None, stage=None)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.coords = self.dims.coords(self.rank)
         # 1. the single-device model, identical on every rank
@@ -94,7 +97,11 @@ class ParallelModel:
         tp_group = self.dims.group("tp")
         tensor.apply_tensor_parallel(model, self.coords["tp"], plan.tp, tp_group, plan.sp)
         self.vocab_start = self.coords["tp"] * (spec.vocab_size // plan.tp)
-        # 4. pipeline chunks (virtual stage v = chunk * pp + pp_rank)
+        # 4. context parallel: ring attention over the CP group in every layer
+        if plan.cp > 1:
+            context.apply_context_parallel(model, context.Ring(
+                self.dims.group("cp"), self.dims.groups["cp_ranks"], self.coords["cp"]))
+        # 5. pipeline chunks (virtual stage v = chunk * pp + pp_rank)
         stages = plan.pp * plan.vp
         self.chunks = [pipeline.Chunk(model, layers, c * plan.pp + self.coords["pp"] == 0,
                                       c * plan.pp + self.coords["pp"] == stages - 1)
@@ -104,12 +111,11 @@ class ParallelModel:
         self.named_params = [(tensor.original_name(n), p) for n, p in model.named_parameters()
                              if id(p) in owned]
         self.sp_params = {id(p) for p in tensor.sequence_parallel_params(model)}
-        # 5. data parallel + (distributed) optimizer
+        # 6. data (and context) parallel gradient reduction + (distributed) optimizer
         self.optimizer = DistributedOptimizer(
             [p for _, p in self.named_params], self.sp_params, self.dims, self.coords,
             plan.distributed_optimizer, config.lr, config.weight_decay, config.clip)
-        self.cos = model.rope_cos[:spec.seq_length]
-        self.sin = model.rope_sin[:spec.seq_length]
+        self.rope_cos, self.rope_sin = model.rope_cos, model.rope_sin
 
     # -- one step --------------------------------------------------------------------------------
 
@@ -119,12 +125,16 @@ class ParallelModel:
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
     def forward_backward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Run the schedule over this DP rank's share of the global batch; returns the sum of the
-        micro-batch losses / m on the last stage (0 elsewhere). Gradients accumulate in .grad."""
+        """Run the schedule over this DP rank's share of the global batch (this CP rank's share of
+        each sequence); returns the sum of the micro-batch losses / m on the last stage (0
+        elsewhere), each the mean over this rank's tokens. Gradients accumulate in .grad."""
         plan, c = self.plan, self.coords
         per_dp = plan.gbs // plan.dp
-        tokens = tokens[c["dp"] * per_dp:(c["dp"] + 1) * per_dp].to(self.device)
-        targets = targets[c["dp"] * per_dp:(c["dp"] + 1) * per_dp].to(self.device)
+        # this CP rank's positions of the sequence (all of it without CP)
+        positions = context.local_indices(tokens.shape[1], plan.cp, c["cp"])
+        tokens = tokens[c["dp"] * per_dp:(c["dp"] + 1) * per_dp][:, positions].to(self.device)
+        targets = targets[c["dp"] * per_dp:(c["dp"] + 1) * per_dp][:, positions].to(self.device)
+        cos, sin = (t[positions.to(t.device)] for t in (self.rope_cos, self.rope_sin))
         m = per_dp // plan.mbs
         seq = tokens.shape[1]
         shape = (plan.mbs, seq // plan.tp if plan.sp else seq, self.spec.hidden_size)
@@ -132,7 +142,6 @@ class ParallelModel:
         act_dtype = torch.bfloat16 if self.config.autocast_bf16 else torch.float32
         p2p = pipeline.P2P(lambda pp_rank: self.dims.rank_of(c["tp"], c["cp"], c["dp"], pp_rank),
                            plan.pp, plan.vp, m)
-        cos, sin = self.cos[:seq], self.sin[:seq]
         saved: dict[tuple[int, int], tuple] = {}
         loss_sum = torch.zeros((), device=self.device)
         for op in pipeline.schedule(plan.pp, plan.vp, c["pp"], m):
@@ -175,11 +184,12 @@ class ParallelModel:
                 dist.all_reduce(p.grad, group=self.dims.group("tp"))
 
     def global_loss(self, loss_sum: torch.Tensor) -> float:
-        """Mean over DP of the last stage's loss, on every rank (one all-reduce)."""
+        """Mean over DP and CP of the last stage's loss, on every rank (one all-reduce): every
+        DP rank has as many sequences and every CP rank as many tokens."""
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return float(loss_sum)
         last = self.coords["pp"] == self.plan.pp - 1 and self.coords["tp"] == 0
-        value = (loss_sum if last else torch.zeros_like(loss_sum)) / self.plan.dp
+        value = (loss_sum if last else torch.zeros_like(loss_sum)) / (self.plan.dp * self.plan.cp)
         dist.all_reduce(value)
         return float(value)
 
@@ -196,15 +206,17 @@ class ParallelModel:
     # -- for tests and memory accounting ---------------------------------------------------------
 
     def full_tensors(self, which: str = "grad") -> dict[str, torch.Tensor]:
-        """This rank's parameters (or DP-mean gradients) reassembled across TP, by single-device
-        name. Collective over the TP and DP groups; PP stages each return their own names."""
+        """This rank's parameters (or DP x CP-mean gradients) reassembled across TP, by
+        single-device name. Collective over the TP and DP x CP groups; PP stages each return
+        their own names."""
         out = {}
+        reduce = self.plan.dp * self.plan.cp
         for name, p in self.named_params:
             t = p.detach() if which == "param" else p.grad
             t = torch.zeros_like(p) if t is None else t.detach().clone()
-            if which == "grad" and self.plan.dp > 1:
-                dist.all_reduce(t, group=self.dims.group("dp"))
-                t /= self.plan.dp
+            if which == "grad" and reduce > 1:
+                dist.all_reduce(t, group=self.dims.group("dp_cp"))
+                t /= reduce
             dim = tensor.shard_dim(name)
             if dim is not None and self.plan.tp > 1:
                 t = comm.all_gather_dim(t, dim, self.dims.group("tp"))

@@ -7,7 +7,9 @@ all-gather), every gradient of step 1 within 1e-4 of the largest entry of that t
 delayed scaling (emulated GEMMs): loss within 2e-2 relative and, after the amax reduction over
 TP and DP, every weight scale within 1e-3 of the single-process one (without the reduction a
 TP shard's weight scale comes from its slice's amax) and the input / gradient scales, which
-depend on upstream FP8 rounding, within 15 %.
+depend on upstream FP8 rounding, within 15 %. Context parallel layouts (cp = 2 and 4, alone and
+with TP, SP, DP, PP, recompute and FP8) are held to the same tolerances: the ring attention
+merges per-block softmaxes in fp32, which changes only the summation order.
 """
 
 import pytest
@@ -34,15 +36,20 @@ def P(tp=1, pp=1, dp=1, **kw) -> Plan:
 LAYOUTS = {
     2: [P(tp=2), P(tp=2, sp=True, recompute="selective"), P(pp=2, recompute="full"),
         P(pp=2, vp=2, mbs=2), P(dp=2), P(dp=2, mbs=2, distributed_optimizer=False),
-        P(tp=2, sp=True, precision="fp8-delayed")],
+        P(tp=2, sp=True, precision="fp8-delayed"),
+        P(cp=2), P(cp=2, mbs=2, recompute="selective"),
+        P(cp=2, recompute="full", distributed_optimizer=False)],
     4: [P(tp=2, dp=2, sp=True), P(tp=2, pp=2, sp=True, recompute="selective"),
         P(pp=2, dp=2, vp=2, recompute="full", recompute_num_layers=1), P(tp=4, sp=True),
-        P(pp=4), P(dp=4, mbs=2), P(tp=2, dp=2, precision="fp8-delayed")],
+        P(pp=4), P(dp=4, mbs=2), P(tp=2, dp=2, precision="fp8-delayed"),
+        P(cp=4), P(tp=2, cp=2), P(tp=2, cp=2, sp=True, recompute="selective"),
+        P(cp=2, dp=2, mbs=2), P(cp=2, pp=2, recompute="full"),
+        P(cp=2, dp=2, precision="fp8-delayed")],
 }
 
 
 def _name(plan: Plan) -> str:
-    text = f"tp{plan.tp}-pp{plan.pp}-vp{plan.vp}-dp{plan.dp}-mbs{plan.mbs}"
+    text = f"tp{plan.tp}-pp{plan.pp}-vp{plan.vp}-cp{plan.cp}-dp{plan.dp}-mbs{plan.mbs}"
     text += "-sp" if plan.sp else ""
     text += f"-{plan.recompute}" if plan.recompute != "none" else ""
     text += "" if plan.distributed_optimizer else "-allreduce"
@@ -76,9 +83,10 @@ def test_layout_matches_single_process(runs, world, k):
                 # weight scales: the same tensor's amax; input and grad_output scales differ by
                 # the FP8 rounding upstream in step 1 (shard-wise first casts): looser bound
                 torch.testing.assert_close(scale[1], ref["scales"][name][1], rtol=1e-3, atol=0)
-                # each DP rank's loss is its own mean (DP averages the gradients afterwards), so
-                # its output gradients, and their amax, are dp times the single-process ones
-                scale = scale * torch.tensor([1.0, 1.0, plan.dp])
+                # each DP (and CP) rank's loss is the mean over its own tokens (DP x CP
+                # averages the gradients afterwards), so its output gradients, and their amax,
+                # are dp*cp times the single-process ones
+                scale = scale * torch.tensor([1.0, 1.0, plan.dp * plan.cp])
                 torch.testing.assert_close(scale, ref["scales"][name],
                                            rtol=FP8_ACT_SCALE_RTOL, atol=0)
         assert ref["scales"]
@@ -109,7 +117,12 @@ def test_schedules_cover_every_step_once():
         schedule(2, 2, 0, 3)
 
 
-def test_context_parallel_is_refused_with_its_reason():
+def test_context_parallel_rules_are_checked_with_their_reason():
     from autoparallel.parallel.parallelize import check_plan
-    with pytest.raises(NotImplementedError, match="context parallel"):
-        check_plan(SPEC, Plan(tp=1, pp=1, dp=1, cp=2, gbs=8), 2)
+    check_plan(SPEC, Plan(tp=1, pp=1, dp=1, cp=2, gbs=8), 2)  # runnable
+    with pytest.raises(ValueError, match="2\\*cp=32"):  # seq 16 in 32 chunks
+        check_plan(SPEC, Plan(tp=1, pp=1, dp=1, cp=16, gbs=8), 16)
+    with pytest.raises(ValueError, match="seq_length/cp=4 is not divisible by tp=8"):
+        check_plan(SPEC, Plan(tp=8, pp=1, dp=1, cp=4, sp=True, gbs=8), 32)
+    with pytest.raises(NotImplementedError, match="expert parallel"):
+        check_plan(SPEC, Plan(tp=1, pp=1, dp=2, ep=2, gbs=8), 2)
