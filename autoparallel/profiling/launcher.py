@@ -132,8 +132,12 @@ class RayLauncher:
             return Measurement(ok=False, world_size=world, wall_s=time.perf_counter() - start,
                                reason=("out of memory: " if oom else "rank failed: ") + text), False
         finally:
-            for ref in refs:
-                ray.cancel(ref, force=True)
+            # Cancel only the ranks still running: force-cancelling a task whose reply is on its
+            # way trips a check in Ray 2.60's task manager that aborts the driver process.
+            if refs:
+                _, running = ray.wait(refs, num_returns=len(refs), timeout=0)
+                for ref in running:
+                    ray.cancel(ref, force=True)
             remove_placement_group(pg)
         return summarize(job, values, time.perf_counter() - start), False
 

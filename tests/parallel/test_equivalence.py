@@ -36,7 +36,7 @@ def P(tp=1, pp=1, dp=1, **kw) -> Plan:
 LAYOUTS = {
     2: [P(tp=2), P(tp=2, sp=True, recompute="selective"), P(pp=2, recompute="full"),
         P(pp=2, vp=2, mbs=2), P(dp=2), P(dp=2, mbs=2, distributed_optimizer=False),
-        P(tp=2, sp=True, precision="fp8-delayed"),
+        P(tp=2, sp=True, precision="fp8-delayed"), P(tp=2, sp=True, recompute="full"),
         P(cp=2), P(cp=2, mbs=2, recompute="selective"),
         P(cp=2, recompute="full", distributed_optimizer=False)],
     4: [P(tp=2, dp=2, sp=True), P(tp=2, pp=2, sp=True, recompute="selective"),

@@ -31,13 +31,18 @@ def test_job_measures_time_memory_and_loss():
     assert math.isfinite(m.loss) and 3.0 < m.loss < 6.0  # ln(128) = 4.85 at initialisation
 
 
-def test_context_parallel_job_runs_in_bf16_like_the_single_process_model():
+@pytest.mark.parametrize("plan", [Plan(tp=1, pp=1, dp=1, cp=2, gbs=8, mbs=4),
+                                  Plan(tp=2, pp=1, dp=1, sp=True, gbs=8, mbs=4),
+                                  Plan(tp=1, pp=2, dp=1, gbs=8, mbs=2)],
+                         ids=["cp2", "tp2-sp", "pp2"])
+def test_job_runs_in_bf16_like_the_single_process_model(plan):
+    """BF16 paths the fp32 equivalence tests cannot see: ring attention's BF16 K/V, the SP
+    GEMMs that save the shard, BF16 pipeline messages."""
     import torch
     import torch.nn.functional as F
 
     from autoparallel.model.transformer import Transformer
     from autoparallel.parallel.parallelize import policy_for
-    plan = Plan(tp=1, pp=1, dp=1, cp=2, gbs=8, mbs=4)
     m = run_local(JobSpec(SMALL, plan, steps=1, warmup=0, timeout_s=120))
     assert m.ok, m.reason
     # the first step's loss (before any update) against the single-process model, same
