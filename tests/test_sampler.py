@@ -14,7 +14,6 @@ optuna = pytest.importorskip("optuna", reason="the optuna extra is not installed
 from autoparallel import io  # noqa: E402
 from autoparallel.cli import main  # noqa: E402
 from autoparallel.search import run, sampler, study  # noqa: E402
-from autoparallel.search.evaluators import CostModelEvaluator  # noqa: E402
 from autoparallel.space import load_space  # noqa: E402
 
 SMALL = ["--model", "llama2-7b", "--gpus", "8", "--strategy", "optuna", "--precision", "fp8-delayed",

@@ -1,6 +1,5 @@
 """The kernel loader reports why kernels are unavailable and falls back to the references."""
 
-import pytest
 import torch
 
 from autoparallel.model import kernels, reference

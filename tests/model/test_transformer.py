@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from autoparallel.model.fp8 import Fp8Linear
 from autoparallel.model.recipes import CurrentScaling, DelayedScaling, Fp8Policy
 from autoparallel.model.transformer import TINY, Recompute, Transformer
-from autoparallel.specs.model import ModelSpec
 
 SMALL = dataclasses.replace(TINY, name="small", num_layers=3, hidden_size=64, ffn_hidden_size=128,
                             seq_length=32)
