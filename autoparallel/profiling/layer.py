@@ -1,8 +1,9 @@
 """Layer profiles: one transformer layer at a plan's per-rank shape, forward + backward, timed.
 
 The shape one rank computes: micro-batch ``mbs``, sequence ``seq/cp``, hidden ``h``, attention
-heads and query groups divided by ``tp``, FFN width divided by ``tp`` (the TP communication is
-not in it; the cost model keeps predicting that). Recompute and precision are applied as the
+heads and query groups divided by ``tp``, FFN width divided by ``tp``, and under context parallel
+the rank's share of the attention (``context_parallel_core``). The TP and CP communication is
+not in it; the cost model keeps predicting that. Recompute and precision are applied as the
 job would (selective: attention core recomputed; full: the whole layer). Results live in a
 ``ProfileStore`` keyed by device, torch version, shape and recipe.
 
@@ -32,9 +33,27 @@ def layer_shape(model: ModelSpec, plan: Plan) -> dict:
     return {"hidden": model.hidden_size, "ffn": model.ffn_hidden_size // plan.tp,
             "heads": model.num_attention_heads // plan.tp,
             "groups": max(model.query_groups // plan.tp, 1), "head_dim": model.head_dim,
-            "seq": model.seq_length // plan.cp, "mbs": plan.mbs, "activation": model.activation,
+            "seq": model.seq_length // plan.cp, "cp": plan.cp, "mbs": plan.mbs, "activation": model.activation,
             "norm": model.normalization, "recompute": plan.recompute,
             "precision": plan.precision}
+
+
+def context_parallel_core(cp: int, gqa: bool):
+    """One CP rank's attention work, without the ring: its ``s/cp`` local queries against
+    ``s/2`` keys, non-causal. That is the rank's share of the load-balanced causal triangle
+    (s²/(2·cp) scores; plain causal attention over the local tokens would be cp times less).
+    The ring's K/V traffic is communication, which the cost model keeps predicting."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+
+    def core(q, k, v):
+        keys = k.shape[2] * cp // 2
+        repeats = math.ceil(cp / 2)
+        k, v = (torch.cat([t] * repeats, dim=2)[:, :, :keys] for t in (k, v))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=gqa)
+    return core
 
 
 def profile_layer(shape: dict, steps: int = 10, warmup: int = 3, device: str = "cpu",
@@ -63,9 +82,12 @@ def profile_layer(shape: dict, steps: int = 10, warmup: int = 3, device: str = "
     plan = Plan(tp=1, pp=1, dp=1, gbs=1, precision=shape["precision"])
     torch.manual_seed(0)
     layer = TransformerLayer(spec, policy_for(plan), 0, Recompute(shape["recompute"])).to(device)
+    if shape.get("cp", 1) > 1:
+        gqa = spec.query_groups != spec.num_attention_heads
+        layer.attention.core = context_parallel_core(shape["cp"], gqa)
     cos, sin = (t.to(device) for t in rotary_tables(shape["seq"], shape["head_dim"]))
     x = torch.randn(shape["mbs"], shape["seq"], shape["hidden"], device=device,
-                    requires_grad=True)
+                    dtype=torch.bfloat16, requires_grad=True)  # the residual stream is BF16
     times, saved = [], 0
     cuda = device.startswith("cuda")
     for i in range(warmup + steps):

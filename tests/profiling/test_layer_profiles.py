@@ -5,7 +5,8 @@ import math
 import pytest
 
 from autoparallel import io
-from autoparallel.profiling.layer import LayerProfileEvaluator, layer_shape, profile_layer
+from autoparallel.profiling.layer import (LayerProfileEvaluator, context_parallel_core,
+                                          layer_shape, profile_layer)
 from autoparallel.profiling.store import ProfileStore, make_key
 from autoparallel.specs.plan import Plan
 
@@ -17,14 +18,32 @@ def test_shape_is_per_rank(small):
     assert key.startswith("dev|torch") and "recompute=full" in key and "precision=bf16" in key
 
 
+def test_context_parallel_layer_does_the_ranks_share_of_attention(small, monkeypatch):
+    import torch
+    import torch.nn.functional as F
+    assert layer_shape(small, Plan(tp=1, pp=1, dp=1, cp=4, gbs=8))["cp"] == 4
+    seen, real = [], F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append((q.shape[2], k.shape[2], kw["is_causal"]))
+        return real(q, k, v, **kw)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    q, kv = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
+    assert context_parallel_core(4, gqa=True)(q, kv, kv).shape == q.shape
+    # s = 32 over cp = 4: 8 local queries see s/2 = 16 keys, s^2/(2 cp) scores as in the ring
+    assert seen == [(8, 16, False)]
+
+
 def test_recompute_trades_saved_bytes_for_time(small):
     base = layer_shape(small, Plan(tp=1, pp=1, dp=1, gbs=8, mbs=4))
     none = profile_layer(base, steps=2, warmup=1)
     full = profile_layer({**base, "recompute": "full"}, steps=2, warmup=1)
     assert none["fwd_bwd_s"] > 0 and full["fwd_bwd_s"] > 0
-    # full recompute keeps only the layer input (b*s*h fp32 here) and the rotary tables
-    layer_input = 4 * 4 * 32 * 64
-    assert layer_input <= full["saved_bytes"] <= 1.1 * layer_input
+    # full recompute keeps only the layer input (b*s*h BF16) and the rotary tables
+    from autoparallel.model.transformer import rotary_tables
+    layer_input = 2 * 4 * 32 * 64
+    rotary = sum(t.nbytes for t in rotary_tables(base["seq"], base["head_dim"]))
+    assert full["saved_bytes"] == layer_input + rotary
     assert none["saved_bytes"] > 5 * full["saved_bytes"]
 
 
