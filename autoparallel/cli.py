@@ -13,20 +13,18 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autoparallel import argtypes, io
+from autoparallel import io
+from autoparallel.argtypes import non_negative, positive
 from autoparallel.errors import UserError
 
 KNOB_FLAGS = ("tp", "pp", "vp", "cp", "ep", "mbs")
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 
-_positive, _non_negative = argtypes.positive, argtypes.non_negative
-
-
 def _add_target(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--model", required=required,
                    help="preset name or alias (see `autoparallel models`) or a model YAML path")
-    p.add_argument("--gpus", type=_positive, required=required, help="number of GPUs")
+    p.add_argument("--gpus", type=positive, required=required, help="number of GPUs")
     p.add_argument("--gpu", default="h100-sxm", help="hardware preset or YAML path (default h100-sxm)")
 
 
@@ -34,13 +32,13 @@ def _add_knobs(p: argparse.ArgumentParser) -> None:
     from autoparallel.specs.plan import PRECISION_CHOICES, RECOMPUTE_CHOICES
     g = p.add_argument_group("layout knobs (any given knob is pinned; the rest is searched)")
     for name in KNOB_FLAGS:
-        g.add_argument(f"--{name}", type=_positive, help=f"pin {name}")
-    g.add_argument("--gbs", type=_positive, help="global batch size (default: the model preset's)")
+        g.add_argument(f"--{name}", type=positive, help=f"pin {name}")
+    g.add_argument("--gbs", type=positive, help="global batch size (default: the model preset's)")
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, help="sequence parallel")
     g.add_argument("--recompute", choices=RECOMPUTE_CHOICES)
-    g.add_argument("--recompute-num-layers", type=_positive, help="layers per pipeline chunk that full recompute covers")
+    g.add_argument("--recompute-num-layers", type=positive, help="layers per pipeline chunk that full recompute covers")
     g.add_argument("--precision", choices=PRECISION_CHOICES)
-    g.add_argument("--fp8-bf16-edge-layers", type=_non_negative, help="first/last layers kept in BF16 under FP8")
+    g.add_argument("--fp8-bf16-edge-layers", type=non_negative, help="first/last layers kept in BF16 under FP8")
     g.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction)
     g.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction)
     g.add_argument("--overlap-dp-comm", action=argparse.BooleanOptionalAction,
@@ -358,29 +356,29 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--strategy", choices=("grid", "optuna"), default="grid",
                    help="grid prices every candidate (default); optuna samples --trials of them")
     s.add_argument("--sampler", choices=("tpe", "nsga2", "random", "gp"), default="tpe")
-    s.add_argument("--trials", type=_positive, default=200, help="completed trials an optuna search runs")
+    s.add_argument("--trials", type=positive, default=200, help="completed trials an optuna search runs")
     s.add_argument("--objectives", default="throughput", help="throughput, or throughput,memory for a Pareto front")
     s.add_argument("--seed", type=int, default=0, help="sampler seed")
     s.add_argument("--storage", help="Optuna storage URL (default: SQLite in the run folder; 'journal' for a "
                                      "journal file, used automatically with --workers > 1)")
-    s.add_argument("--workers", type=_positive, default=1, help="parallel local trial workers")
-    s.add_argument("--grid-seeds", type=_non_negative, default=5,
+    s.add_argument("--workers", type=positive, default=1, help="parallel local trial workers")
+    s.add_argument("--grid-seeds", type=non_negative, default=5,
                    help="best grid layouts enqueued as the first trials (0: none)")
     s.add_argument("--resume", metavar="RUN_DIR", help="continue the interrupted optuna search of RUN_DIR "
                                                        "(profiles again only with --profile; see below)")
-    s.add_argument("--top", type=_positive, default=10, help="entries to print (default 10)")
+    s.add_argument("--top", type=positive, default=10, help="entries to print (default 10)")
     s.add_argument("--json", action="store_true", help="print the ranked list as JSON")
     s.add_argument("--results", default="results", help="folder for run folders (default results/)")
     s.add_argument("--no-save", action="store_true", help="do not write a run folder")
     s.add_argument("--fp8-check", action="store_true",
                    help="run `fp8-check` first: drop rejected FP8 recipes, apply their BF16 layers")
-    s.add_argument("--fp8-check-steps", type=_positive, help="training steps of the FP8 check (default: its YAML)")
+    s.add_argument("--fp8-check-steps", type=positive, help="training steps of the FP8 check (default: its YAML)")
     s.add_argument("--fp8-check-settings", help="FP8 check settings YAML (default search_spaces/fp8_check.yaml)")
     s.set_defaults(func=cmd_search)
 
     f = sub.add_parser("fp8-check", help="judge FP8 recipes on a proxy model's numerics (loss gap, under/overflow)")
     f.add_argument("--model", required=True, help="preset name or alias, or a model YAML path")
-    f.add_argument("--steps", type=_positive, help="training steps per run (default: the settings YAML's, 200)")
+    f.add_argument("--steps", type=positive, help="training steps per run (default: the settings YAML's, 200)")
     f.add_argument("--recipes", help="comma-separated: fp8-delayed,fp8-current,fp8-blockwise (default all)")
     f.add_argument("--seed", type=int, help="seed of data order and initialisation (default: the YAML's)")
     f.add_argument("--settings", help="thresholds / proxy YAML (default search_spaces/fp8_check.yaml)")
@@ -398,26 +396,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     x = sub.add_parser("export", help="write a ranked entry of a run as Megatron-LM args, NeMo YAML or YAML")
     x.add_argument("run_dir")
-    x.add_argument("--rank", type=_positive, default=1)
+    x.add_argument("--rank", type=positive, default=1)
     x.add_argument("--format", choices=("megatron", "nemo", "yaml"), default="yaml")
     x.add_argument("--output", "-o", help="file to write (default stdout)")
     x.set_defaults(func=cmd_export)
 
     i = sub.add_parser("infer", help="rank serving layouts (TP, PP, replicas, batch, precision) under a latency bound")
     _add_target(i)
-    i.add_argument("--input-len", type=_positive, default=2048, help="prompt tokens per request (default 2048)")
-    i.add_argument("--output-len", type=_positive, default=256, help="generated tokens per request (default 256)")
+    i.add_argument("--input-len", type=positive, default=2048, help="prompt tokens per request (default 2048)")
+    i.add_argument("--output-len", type=positive, default=256, help="generated tokens per request (default 256)")
     i.add_argument("--max-latency-ms", type=float, help="latency bound in ms (default: none)")
     i.add_argument("--latency-metric", default="tpot",
                    help="ttft | tpot | e2e: what the bound applies to (default tpot)")
     g = i.add_argument_group("layout knobs (any given knob is pinned; tp, pp and batch all pinned = one estimate)")
-    g.add_argument("--tp", type=_positive, help="pin tensor parallel size")
-    g.add_argument("--pp", type=_positive, help="pin pipeline parallel size")
-    g.add_argument("--batch", type=_positive, help="pin requests in flight per replica")
+    g.add_argument("--tp", type=positive, help="pin tensor parallel size")
+    g.add_argument("--pp", type=positive, help="pin pipeline parallel size")
+    g.add_argument("--batch", type=positive, help="pin requests in flight per replica")
     g.add_argument("--weight-precision", help="pin weights: bf16 | fp16 | fp8")
     g.add_argument("--kv-precision", help="pin KV cache: bf16 | fp16 | fp8")
     i.add_argument("--space", default="inference", help="search space preset or YAML path (default inference)")
-    i.add_argument("--top", type=_positive, default=10, help="entries to print (default 10)")
+    i.add_argument("--top", type=positive, default=10, help="entries to print (default 10)")
     i.add_argument("--json", action="store_true", help="print JSON (one object when tp, pp and batch are pinned)")
     i.add_argument("--results", default="results", help="folder for run folders (default results/)")
     i.add_argument("--no-save", action="store_true", help="do not write a run folder")

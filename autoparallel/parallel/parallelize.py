@@ -132,8 +132,8 @@ class ParallelModel:
         per_dp = plan.gbs // plan.dp
         # this CP rank's positions of the sequence (all of it without CP)
         positions = context.local_indices(tokens.shape[1], plan.cp, c["cp"])
-        tokens = tokens[c["dp"] * per_dp:(c["dp"] + 1) * per_dp][:, positions].to(self.device)
-        targets = targets[c["dp"] * per_dp:(c["dp"] + 1) * per_dp][:, positions].to(self.device)
+        dp_rows = slice(c["dp"] * per_dp, (c["dp"] + 1) * per_dp)
+        tokens, targets = (t[dp_rows][:, positions].to(self.device) for t in (tokens, targets))
         cos, sin = (t[positions.to(t.device)] for t in (self.rope_cos, self.rope_sin))
         m = per_dp // plan.mbs
         seq = tokens.shape[1]

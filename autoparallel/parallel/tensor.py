@@ -44,16 +44,17 @@ class ParallelBlock(nn.Module):
 
 
 class ParallelHead(nn.Module):
-    """The vocab-parallel output layer: gather (SP) or copy the hidden states in, local logits out."""
+    """The vocab-parallel output layer (always a BF16 ``nn.Linear``): local logits out of the
+    gathered sequence (SP, saving only the shard) or of the copied hidden states."""
 
-    def __init__(self, linear: nn.Module, group, sp: bool) -> None:
+    def __init__(self, linear: nn.Linear, group, sp: bool) -> None:
         super().__init__()
         self.linear, self.group, self.sp = linear, group, sp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.sp and comm._size(self.group) > 1 and type(self.linear) is nn.Linear:
+        if self.sp:
             return sequence.gathered_columns(x, self.group, [self.linear.weight])[1][0]
-        return self.linear(comm.enter_block(x, self.group, self.sp))
+        return self.linear(comm.copy_to(x, self.group))
 
 
 class VocabParallelEmbedding(nn.Module):
