@@ -6,4 +6,9 @@ step time without torch, ``search`` ranks, ``report`` writes tables and exports,
 built-in FP8 transformer that profiling jobs run.
 """
 
-__version__ = "0.1.0"
+from importlib import metadata
+
+try:
+    __version__ = metadata.version("autoparallel")
+except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"

@@ -1,8 +1,10 @@
 """YAML <-> specs, strictly: an unknown key, a missing key or a wrong type is an error that
 names the file, the key and what was expected.
 
-Presets live under ``search_spaces/`` (models/, hardware/, spaces/), one YAML file each; a
-preset is found by its file name or by one of its ``aliases``. Anything given as a path is
+Presets live under ``autoparallel/search_spaces/`` (models/, hardware/, spaces/), one YAML file
+each, shipped as package data (the checkout's top-level ``search_spaces`` points there), and under
+the user's own folder (``resources.user_dir()``); a preset is found by its file name or by one of
+its ``aliases``. Anything given as a path is
 read as-is, so users can describe their own model or cluster without touching the package.
 """
 
@@ -18,14 +20,14 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
+from autoparallel import resources
 from autoparallel.errors import SpecError, UserError
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 
 T = TypeVar("T")
 
-SEARCH_SPACES = Path(os.environ.get(
-    "AUTOPARALLEL_SEARCH_SPACES", Path(__file__).resolve().parent.parent / "search_spaces"))
+SEARCH_SPACES = resources.SEARCH_SPACES
 
 
 def read_yaml(path: Path) -> dict:
@@ -132,9 +134,15 @@ def to_dict(obj: Any) -> dict:
 # --- presets ---------------------------------------------------------------------------------
 
 def preset_files(kind: str) -> dict[str, Path]:
-    """``{preset name: file}`` for one folder of search_spaces/ (models, hardware, spaces)."""
-    folder = SEARCH_SPACES / kind
-    return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+    """``{preset name: file}`` for one folder of search_spaces/ (models, hardware, spaces).
+
+    The user's own presets (``resources.user_dir()``, written by ``calibrate --as``) come after
+    the shipped ones, so a user preset of the same name takes its place.
+    """
+    files = {}
+    for folder in (SEARCH_SPACES / kind, resources.user_dir() / kind):
+        files.update({p.stem: p for p in sorted(folder.glob("*.yaml"))})
+    return files
 
 
 def _preset_aliases(kind: str) -> dict[str, str]:

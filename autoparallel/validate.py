@@ -17,7 +17,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from autoparallel import io
+from autoparallel import io, resources
 from autoparallel.costmodel import flops
 from autoparallel.errors import UserError
 from autoparallel.search.grid import evaluate
@@ -25,19 +25,14 @@ from autoparallel.space import SearchSpace, generate
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 
-DEFAULT_RUNS = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "training_runs.csv"
+DEFAULT_RUNS = resources.data_file("training_runs.csv")
 ASSUMPTIONS = io.SEARCH_SPACES / "validation.yaml"
 MEASURED = {"hw_tflops": "measured_hw_tflops_per_gpu", "iteration_time": "measured_iteration_time_s",
             "tokens_per_s_per_gpu": "measured_tokens_per_s_per_gpu"}
 
 
 def default_runs() -> Path:
-    if DEFAULT_RUNS.exists():
-        return DEFAULT_RUNS
-    alt = Path.cwd().parent / "shared" / "data" / "training_runs.csv"
-    if alt.exists():
-        return alt
-    raise UserError(f"no runs CSV at {DEFAULT_RUNS}; pass --runs PATH")
+    return DEFAULT_RUNS
 
 
 def source_of(run_id: str) -> str:

@@ -1,4 +1,4 @@
-"""Loads the CUDA kernels in ``kernels/`` and picks, per device, kernels or their references.
+"""Loads the CUDA kernels in ``autoparallel/kernels/`` and picks, per device, kernels or their references.
 
 The kernels are built on first use with ``torch.utils.cpp_extension`` (nvcc for the .cu files,
 the host compiler for the torch binding in ``fp8_binding.cpp``). Anything that stops them
@@ -18,9 +18,10 @@ from types import ModuleType
 
 import torch
 
+from autoparallel import resources
 from autoparallel.model import reference
 
-KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
+KERNEL_DIR = resources.KERNELS
 CU_SOURCES = ("fp8_cast.cu", "fp8_blockwise.cu", "fp8_cast_transpose.cu", "fp8_delayed_update.cu")
 BINDING = "fp8_binding.cpp"
 DISABLE_ENV = "AUTOPARALLEL_DISABLE_KERNELS"

@@ -1,4 +1,4 @@
-"""Pure-PyTorch twins of the CUDA kernels in ``kernels/``.
+"""Pure-PyTorch twins of the CUDA kernels in ``autoparallel/kernels/``.
 
 Each function here is both the CPU path and the test oracle of its kernel: the kernel must match
 it bit for bit on casts and exactly on amax. They are written for clarity, not speed, and keep

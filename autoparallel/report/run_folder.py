@@ -61,12 +61,21 @@ def new_dir(root: Path, name: str) -> Path:
 
 
 def git_sha() -> str:
+    """The commit of autoparallel's own checkout, or "" when the package is not one (a wheel).
+
+    Only a checkout whose top level holds this very package counts: a wheel installed into a
+    virtual environment inside the user's repository must not record the user's commit.
+    """
+    package = Path(__file__).resolve().parents[1]
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or "unknown"
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                             timeout=5, cwd=package).stdout.strip()
+        if not top or (Path(top) / "autoparallel").resolve() != package:
+            return ""
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                              cwd=package).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return ""
 
 
 def manifest(command: list[str], inputs: dict) -> dict:

@@ -29,14 +29,14 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from autoparallel import io
+from autoparallel import io, resources
 from autoparallel.costmodel.inference import InferenceEfficiency, estimate_inference_columns
 from autoparallel.errors import SpecError, UserError
 from autoparallel.report.run_folder import write_atomic
 from autoparallel.serve.assumptions import ASSUMPTIONS, FIT_MARKER, efficiency_for, load_assumptions
 from autoparallel.specs.model import ModelSpec
 
-DEFAULT_RUNS = Path(__file__).resolve().parents[3] / "shared" / "data" / "inference_runs.csv"
+DEFAULT_RUNS = resources.data_file("inference_runs.csv")
 # Not fitted: attention (prompts here are <= 512 tokens, < 5 % of the time: the rows cannot pin
 # it), fp8_gemm_relative (no FP8 rows), p2p_latency_us (every PP row crosses nodes).
 FIT_KEYS = ("hbm", "gemm_max", "gemm_half_gflop", "roofline_sharpness",
@@ -52,10 +52,7 @@ FIT_BOUNDS = {"hbm": (0.3, 1.0), "gemm_max": (0.3, 1.0), "gemm_half_gflop": (0.0
 
 
 def default_runs() -> Path:
-    for candidate in (DEFAULT_RUNS, Path.cwd().parent / "shared" / "data" / "inference_runs.csv"):
-        if candidate.exists():
-            return candidate
-    raise UserError(f"no inference runs CSV at {DEFAULT_RUNS}; pass --runs PATH")
+    return DEFAULT_RUNS
 
 
 def _model(name: str, shape, source: str) -> ModelSpec:
@@ -234,7 +231,7 @@ def write_fit(eff: InferenceEfficiency, hardware: str, report: pd.DataFrame, run
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m autoparallel.serve.validate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", help="inference runs CSV (default ../shared/data/inference_runs.csv)")
+    p.add_argument("--runs", help="inference runs CSV (default: the copy shipped in autoparallel/data/)")
     p.add_argument("--fit", action="store_true", help="fit the constants and rewrite the assumptions YAML")
     p.add_argument("--dry-run", action="store_true", help="with --fit: print, do not write")
     args = p.parse_args(argv)

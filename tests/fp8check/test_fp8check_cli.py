@@ -36,7 +36,7 @@ def test_search_with_fp8_check(tiny_yaml, tmp_path, capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert "fp8-check folder" in out and "FP8 check" in out
-    search_dir = next(p for p in tmp_path.iterdir() if "fp8check" not in p.name)
+    search_dir = next(p for p in tmp_path.iterdir() if p.is_dir() and "fp8check" not in p.name)
     best = yaml.safe_load((search_dir / "best.yaml").read_text())
     assert best["plan"]["precision"] == "fp8-current" and best["fp8_check"]["verdict"] == "ok"
     assert "FP8 check" in (search_dir / "ranked.md").read_text()

@@ -1,0 +1,37 @@
+"""What an installed wheel needs is package data, and the shipped copies match their sources."""
+
+import filecmp
+from pathlib import Path
+
+import pytest
+
+from autoparallel import io, resources
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.mark.parametrize("name", ["training_runs.csv", "training_runs_more.csv", "inference_runs.csv",
+                                  "serving_runs.csv"])
+def test_shipped_measurements_equal_the_shared_originals(name):
+    assert resources.data_file(name).is_file()
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"no {SHARED_DATA} beside this checkout to compare with")
+    assert filecmp.cmp(resources.data_file(name), SHARED_DATA / name, shallow=False), (
+        f"autoparallel/data/{name} differs from {SHARED_DATA / name}: copy it again")
+
+
+def test_presets_and_kernels_live_inside_the_package():
+    assert resources.SEARCH_SPACES.is_relative_to(resources.PACKAGE)
+    assert {"gpt3-175b", "llama3-8b"} <= set(io.preset_files("models"))
+    assert "h100-sxm" in io.preset_files("hardware")
+    assert any(resources.KERNELS.glob("*.cu"))
+
+
+def test_user_presets_come_after_the_shipped_ones(tmp_path, monkeypatch):
+    monkeypatch.setenv(resources.HOME_ENV, str(tmp_path))
+    (tmp_path / "hardware").mkdir()
+    shipped = io.preset_files("hardware")["h100-sxm"]
+    (tmp_path / "hardware" / "my-h100.yaml").write_text(shipped.read_text().replace("name: h100-sxm", "name: my-h100")
+                                                        .replace("aliases: [h100, h100-80g]", "aliases: []"))
+    assert io.load_hardware("my-h100").name == "my-h100"
+    assert io.load_hardware("h100-sxm").name == "h100-sxm"
