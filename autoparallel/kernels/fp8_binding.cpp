@@ -4,6 +4,8 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/extension.h>
 
+#include <optional>
+
 #include "fp8_kernels.h"
 
 namespace {
@@ -43,15 +45,28 @@ at::Tensor amax(const at::Tensor& x) {
   return out;
 }
 
-std::vector<at::Tensor> cast_amax(const at::Tensor& x, int64_t fmt, const at::Tensor& scale) {
-  check_input(x, -1);
+void check_scale(const at::Tensor& scale, const char* name) {
   TORCH_CHECK(scale.is_cuda() && scale.scalar_type() == at::kFloat && scale.numel() == 1,
-              "scale must be a one-element float32 CUDA tensor");
+              name, " must be a one-element float32 CUDA tensor");
+}
+
+// The amax to write: `amax_out` (a running max the kernel folds into, e.g. a slot of the
+// delayed-scaling history) when given, else a fresh scalar.
+at::Tensor amax_target(const at::Tensor& x, const std::optional<at::Tensor>& amax_out) {
+  if (!amax_out) return scalar_f32(x);
+  check_scale(*amax_out, "amax_out");
+  return *amax_out;
+}
+
+std::vector<at::Tensor> cast_amax(const at::Tensor& x, int64_t fmt, const at::Tensor& scale,
+                                  const std::optional<at::Tensor>& amax_out) {
+  check_input(x, -1);
+  check_scale(scale, "scale");
   at::Tensor out = at::empty_like(x, x.options().dtype(fp8_type(fmt)));
-  at::Tensor a = scalar_f32(x);
+  at::Tensor a = amax_target(x, amax_out);
   check(ap_cast_amax(x.data_ptr(), in_dtype_code(x), x.numel(), scale.data_ptr<float>(),
                      static_cast<int>(fmt), bytes(out), a.data_ptr<float>(),
-                     at::cuda::getCurrentCUDAStream()), "ap_cast_amax");
+                     amax_out ? 1 : 0, at::cuda::getCurrentCUDAStream()), "ap_cast_amax");
   return {out, a};
 }
 
@@ -66,55 +81,94 @@ std::vector<at::Tensor> current_scale_cast(const at::Tensor& x, int64_t fmt, int
   return {out, scale_inv, a};
 }
 
-std::vector<at::Tensor> cast_transpose(const at::Tensor& x, int64_t fmt, const at::Tensor& scale) {
+std::vector<at::Tensor> cast_transpose(const at::Tensor& x, int64_t fmt, const at::Tensor& scale,
+                                       const std::optional<at::Tensor>& amax_out) {
   check_input(x, 2);
-  TORCH_CHECK(scale.is_cuda() && scale.scalar_type() == at::kFloat && scale.numel() == 1,
-              "scale must be a one-element float32 CUDA tensor");
+  check_scale(scale, "scale");
   const int64_t rows = x.size(0), cols = x.size(1);
   auto options = x.options().dtype(fp8_type(fmt));
   at::Tensor out = at::empty({rows, cols}, options), out_t = at::empty({cols, rows}, options);
-  at::Tensor a = scalar_f32(x);
+  at::Tensor a = amax_target(x, amax_out);
   check(ap_cast_transpose(x.data_ptr(), in_dtype_code(x), rows, cols, scale.data_ptr<float>(),
                           static_cast<int>(fmt), bytes(out), bytes(out_t), a.data_ptr<float>(),
-                          at::cuda::getCurrentCUDAStream()), "ap_cast_transpose");
+                          amax_out ? 1 : 0, at::cuda::getCurrentCUDAStream()),
+        "ap_cast_transpose");
   return {out, out_t, a};
 }
 
-std::vector<at::Tensor> blockwise(const at::Tensor& x, int64_t fmt, bool square) {
+std::vector<at::Tensor> current_scale_cast_transpose(const at::Tensor& x, int64_t fmt,
+                                                     int64_t margin) {
   check_input(x, 2);
   const int64_t rows = x.size(0), cols = x.size(1);
-  const int64_t srows = square ? (rows + 127) / 128 : rows, scols = (cols + 127) / 128;
-  at::Tensor out = at::empty({rows, cols}, x.options().dtype(fp8_type(fmt)));
-  at::Tensor scale_inv = at::empty({srows, scols}, x.options().dtype(at::kFloat));
-  auto launcher = square ? ap_blockwise_cast_128x128 : ap_blockwise_cast_1x128;
-  check(launcher(x.data_ptr(), in_dtype_code(x), rows, cols, static_cast<int>(fmt), bytes(out),
-                 scale_inv.data_ptr<float>(), at::cuda::getCurrentCUDAStream()),
-        square ? "ap_blockwise_cast_128x128" : "ap_blockwise_cast_1x128");
-  return {out, scale_inv};
+  auto options = x.options().dtype(fp8_type(fmt));
+  at::Tensor out = at::empty({rows, cols}, options), out_t = at::empty({cols, rows}, options);
+  at::Tensor scale_inv = scalar_f32(x), a = scalar_f32(x);
+  check(ap_current_scale_cast_transpose(x.data_ptr(), in_dtype_code(x), rows, cols,
+                                        static_cast<int>(fmt), static_cast<int>(margin),
+                                        bytes(out), bytes(out_t), scale_inv.data_ptr<float>(),
+                                        a.data_ptr<float>(), at::cuda::getCurrentCUDAStream()),
+        "ap_current_scale_cast_transpose");
+  return {out, out_t, scale_inv, a};
+}
+
+// [rows, tiles] scales stored outer-dim-major: allocated [tiles, rows] and returned transposed.
+at::Tensor tile_scales(const at::Tensor& like, int64_t rows, int64_t cols) {
+  return at::empty({(cols + 127) / 128, rows}, like.options().dtype(at::kFloat)).t();
 }
 
 std::vector<at::Tensor> blockwise_cast_1d(const at::Tensor& x, int64_t fmt) {
-  return blockwise(x, fmt, false);
+  check_input(x, 2);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  at::Tensor out = at::empty({rows, cols}, x.options().dtype(fp8_type(fmt)));
+  at::Tensor scale_inv = tile_scales(x, rows, cols);
+  check(ap_blockwise_cast_1x128(x.data_ptr(), in_dtype_code(x), rows, cols, static_cast<int>(fmt),
+                                bytes(out), scale_inv.data_ptr<float>(),
+                                at::cuda::getCurrentCUDAStream()), "ap_blockwise_cast_1x128");
+  return {out, scale_inv};
+}
+
+std::vector<at::Tensor> blockwise_cast_transpose_1d(const at::Tensor& x, int64_t fmt) {
+  check_input(x, 2);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  auto options = x.options().dtype(fp8_type(fmt));
+  at::Tensor out = at::empty({rows, cols}, options), out_t = at::empty({cols, rows}, options);
+  at::Tensor scale_inv = tile_scales(x, rows, cols), scale_inv_t = tile_scales(x, cols, rows);
+  check(ap_blockwise_cast_transpose_1x128(x.data_ptr(), in_dtype_code(x), rows, cols,
+                                          static_cast<int>(fmt), bytes(out),
+                                          scale_inv.data_ptr<float>(), bytes(out_t),
+                                          scale_inv_t.data_ptr<float>(),
+                                          at::cuda::getCurrentCUDAStream()),
+        "ap_blockwise_cast_transpose_1x128");
+  return {out, scale_inv, out_t, scale_inv_t};
 }
 
 std::vector<at::Tensor> blockwise_cast_2d(const at::Tensor& x, int64_t fmt) {
-  return blockwise(x, fmt, true);
+  check_input(x, 2);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  at::Tensor out = at::empty({rows, cols}, x.options().dtype(fp8_type(fmt)));
+  at::Tensor scale_inv = at::empty({(rows + 127) / 128, (cols + 127) / 128},
+                                   x.options().dtype(at::kFloat));
+  check(ap_blockwise_cast_128x128(x.data_ptr(), in_dtype_code(x), rows, cols,
+                                  static_cast<int>(fmt), bytes(out), scale_inv.data_ptr<float>(),
+                                  at::cuda::getCurrentCUDAStream()), "ap_blockwise_cast_128x128");
+  return {out, scale_inv};
 }
 
-void delayed_scaling_update(at::Tensor history, at::Tensor scale, const at::Tensor& fp8_max,
-                            int64_t margin, bool most_recent) {
+void delayed_scaling_update(at::Tensor history, at::Tensor scale, at::Tensor scale_inv,
+                            const at::Tensor& fp8_max, int64_t margin, bool most_recent) {
   check_input(history, 2);
   check_input(scale, 1);
+  check_input(scale_inv, 1);
   check_input(fp8_max, 1);
   TORCH_CHECK(history.scalar_type() == at::kFloat && scale.scalar_type() == at::kFloat &&
-                  fp8_max.scalar_type() == at::kFloat,
-              "history, scale and fp8_max must be float32");
-  const int64_t n = history.size(0);
-  TORCH_CHECK(scale.numel() == n && fp8_max.numel() == n, "scale and fp8_max need ", n,
-              " entries (one per history row)");
+                  scale_inv.scalar_type() == at::kFloat && fp8_max.scalar_type() == at::kFloat,
+              "history, scale, scale_inv and fp8_max must be float32");
+  const int64_t n = history.size(1);
+  TORCH_CHECK(scale.numel() == n && scale_inv.numel() == n && fp8_max.numel() == n,
+              "scale, scale_inv and fp8_max need ", n, " entries (one per history column)");
   check(ap_delayed_scaling_update(history.data_ptr<float>(), scale.data_ptr<float>(),
-                                  fp8_max.data_ptr<float>(), n, history.size(1),
-                                  static_cast<int>(margin), most_recent ? 1 : 0,
+                                  scale_inv.data_ptr<float>(), fp8_max.data_ptr<float>(), n,
+                                  history.size(0), static_cast<int>(margin), most_recent ? 1 : 0,
                                   at::cuda::getCurrentCUDAStream()),
         "ap_delayed_scaling_update");
 }
@@ -127,7 +181,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cast_amax", &cast_amax);
   m.def("current_scale_cast", &current_scale_cast);
   m.def("cast_transpose", &cast_transpose);
+  m.def("current_scale_cast_transpose", &current_scale_cast_transpose);
   m.def("blockwise_cast_1d", &blockwise_cast_1d);
+  m.def("blockwise_cast_transpose_1d", &blockwise_cast_transpose_1d);
   m.def("blockwise_cast_2d", &blockwise_cast_2d);
   m.def("delayed_scaling_update", &delayed_scaling_update);
 }

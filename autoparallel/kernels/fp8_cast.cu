@@ -1,5 +1,10 @@
 // Tensorwise FP8 casts: amax, delayed scaling's fused cast + amax, current scaling's
 // amax -> scale -> cast without a host round trip.
+//
+// Memory-bound, so every thread moves 16 elements per step with 16-byte loads and one 16-byte
+// store (kChunk); a tail of fewer than 16 elements, or a misaligned pointer, takes the scalar
+// loop. amax is reduced per warp by shuffles, then per block through shared memory, and costs
+// one atomic per block.
 #include "fp8_common.cuh"
 
 namespace ap {
@@ -7,76 +12,93 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <typename T>
-__global__ void amax_kernel(const T* __restrict__ x, int64_t n, unsigned* __restrict__ amax) {
-  __shared__ unsigned shared[32];
-  unsigned local = 0u;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x)
-    local = max(local, abs_bits(load(x, i)));
-  local = block_max(local, shared);
-  if (threadIdx.x == 0 && local) atomicMax(amax, local);
+// Elements [0, vector_end) go 16 at a time when `vec`; the rest one at a time.
+__device__ __forceinline__ int64_t vector_end(int64_t n, bool vec) {
+  return vec ? n / kChunk * kChunk : 0;
 }
 
-// Delayed scaling: the scale is known before the tensor is read, so one pass casts and
-// records the amax that feeds the next step's scale.
-template <typename T, int FMT>
-__global__ void cast_amax_kernel(const T* __restrict__ x, int64_t n, const float* __restrict__ scale,
-                                 uint8_t* __restrict__ out, unsigned* __restrict__ amax) {
+template <typename T>
+__global__ void amax_kernel(const T* __restrict__ x, int64_t n, bool vec,
+                            unsigned* __restrict__ amax) {
   __shared__ unsigned shared[32];
-  const float s = *scale;
   unsigned local = 0u;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  const int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  const int64_t vend = vector_end(n, vec);
+  for (int64_t c = tid; c < vend / kChunk; c += stride) {
+    float v[kChunk];
+    load16(x + c * kChunk, v);
+    local = max(local, max_abs16(v));
+  }
+  for (int64_t i = vend + tid; i < n; i += stride) local = max(local, abs_bits(load(x, i)));
+  block_amax_to(local, shared, threadIdx.x, blockDim.x, amax);
+}
+
+// One pass: cast with the scale `src` gives and fold |x| into `amax` (when not null). For
+// delayed scaling `amax` is this step's slot of the amax history, so micro-batches accumulate
+// into it without any other launch.
+template <typename T, int FMT>
+__global__ void cast_kernel(const T* __restrict__ x, int64_t n, bool vec, ScaleSource src,
+                            uint8_t* __restrict__ out, unsigned* __restrict__ amax,
+                            float* __restrict__ scale_inv) {
+  __shared__ unsigned shared[32];
+  const float s = src.get(fp8_max(FMT));
+  if (scale_inv && blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / s;
+  unsigned local = 0u;
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  const int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  const int64_t vend = vector_end(n, vec);
+  for (int64_t c = tid; c < vend / kChunk; c += stride) {
+    float v[kChunk];
+    load16(x + c * kChunk, v);
+    local = max(local, max_abs16(v));
+    reinterpret_cast<uint4*>(out)[c] = cast16<FMT>(v, s);
+  }
+  for (int64_t i = vend + tid; i < n; i += stride) {
     const float v = load(x, i);
     local = max(local, abs_bits(v));
     out[i] = cast_fp8<FMT>(v * s);
   }
-  local = block_max(local, shared);
-  if (threadIdx.x == 0 && local) atomicMax(amax, local);
+  if (amax) block_amax_to(local, shared, threadIdx.x, blockDim.x, amax);
 }
 
-// Current scaling's second pass: the scale is derived from the amax the first pass left on the
-// device, by every block alike, so no host synchronisation sits between the two launches.
-template <typename T, int FMT>
-__global__ void scale_cast_kernel(const T* __restrict__ x, int64_t n, const unsigned* __restrict__ amax,
-                                  int margin, uint8_t* __restrict__ out, float* __restrict__ scale_inv) {
-  const float s = compute_scale(__uint_as_float(*amax), fp8_max(FMT), margin, 1.0f);
-  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / s;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x)
-    out[i] = cast_fp8<FMT>(load(x, i) * s);
+inline int grid(int64_t n) {
+  return blocks_for((n + kChunk - 1) / kChunk, kThreads, 8192);
 }
 
 template <typename T>
-int launch_amax(const T* x, int64_t n, float* amax_out, cudaStream_t stream) {
-  cudaError_t err = cudaMemsetAsync(amax_out, 0, sizeof(float), stream);
-  if (err != cudaSuccess) return static_cast<int>(err);
+int launch_amax(const T* x, int64_t n, float* amax_out, bool accumulate, cudaStream_t stream) {
+  if (!accumulate) {
+    cudaError_t err = cudaMemsetAsync(amax_out, 0, sizeof(float), stream);
+    if (err != cudaSuccess) return static_cast<int>(err);
+  }
   if (n == 0) return 0;
-  amax_kernel<T><<<blocks_for(n, kThreads, 1024), kThreads, 0, stream>>>(
-      x, n, reinterpret_cast<unsigned*>(amax_out));
+  amax_kernel<T><<<grid(n), kThreads, 0, stream>>>(x, n, aligned16(x),
+                                                      reinterpret_cast<unsigned*>(amax_out));
   return last_error();
 }
 
 template <typename T, int FMT>
-int launch_cast_amax(const T* x, int64_t n, const float* scale, uint8_t* out, float* amax_out,
-                     cudaStream_t stream) {
-  cudaError_t err = cudaMemsetAsync(amax_out, 0, sizeof(float), stream);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  if (n == 0) return 0;
-  cast_amax_kernel<T, FMT><<<blocks_for(n, kThreads, 4096), kThreads, 0, stream>>>(
-      x, n, scale, out, reinterpret_cast<unsigned*>(amax_out));
+int launch_cast(const T* x, int64_t n, ScaleSource src, uint8_t* out, float* amax_out,
+                bool accumulate, float* scale_inv, cudaStream_t stream) {
+  if (amax_out && !accumulate) {
+    cudaError_t err = cudaMemsetAsync(amax_out, 0, sizeof(float), stream);
+    if (err != cudaSuccess) return static_cast<int>(err);
+  }
+  if (n == 0 && !scale_inv) return 0;
+  const bool vec = aligned16(x) && aligned16(out);
+  cast_kernel<T, FMT><<<grid(n), kThreads, 0, stream>>>(
+      x, n, vec, src, out, reinterpret_cast<unsigned*>(amax_out), scale_inv);
   return last_error();
 }
 
 template <typename T, int FMT>
 int launch_current(const T* x, int64_t n, int margin, uint8_t* out, float* scale_inv,
                    float* amax_out, cudaStream_t stream) {
-  int err = launch_amax<T>(x, n, amax_out, stream);
+  int err = launch_amax<T>(x, n, amax_out, false, stream);
   if (err) return err;
-  scale_cast_kernel<T, FMT><<<blocks_for(n, kThreads, 4096), kThreads, 0, stream>>>(
-      x, n, reinterpret_cast<const unsigned*>(amax_out), margin, out, scale_inv);
-  return last_error();
+  ScaleSource src{nullptr, reinterpret_cast<const unsigned*>(amax_out), margin};
+  return launch_cast<T, FMT>(x, n, src, out, nullptr, false, scale_inv, stream);
 }
 
 }  // namespace
@@ -89,20 +111,23 @@ using ap::kF32;
 
 extern "C" int ap_amax(const void* x, int in_dtype, int64_t n, float* amax_out,
                        cudaStream_t stream) {
-  if (in_dtype == kF32) return ap::launch_amax(static_cast<const float*>(x), n, amax_out, stream);
+  if (in_dtype == kF32)
+    return ap::launch_amax(static_cast<const float*>(x), n, amax_out, false, stream);
   if (in_dtype == kBF16)
-    return ap::launch_amax(static_cast<const __nv_bfloat16*>(x), n, amax_out, stream);
+    return ap::launch_amax(static_cast<const __nv_bfloat16*>(x), n, amax_out, false, stream);
   return static_cast<int>(cudaErrorInvalidValue);
 }
 
 extern "C" int ap_cast_amax(const void* x, int in_dtype, int64_t n, const float* scale, int fmt,
-                            uint8_t* out, float* amax_out, cudaStream_t stream) {
+                            uint8_t* out, float* amax_out, int accumulate, cudaStream_t stream) {
   const float* xf = static_cast<const float*>(x);
   const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(x);
-  if (in_dtype == kF32 && fmt == kE4M3) return ap::launch_cast_amax<float, kE4M3>(xf, n, scale, out, amax_out, stream);
-  if (in_dtype == kF32 && fmt == kE5M2) return ap::launch_cast_amax<float, kE5M2>(xf, n, scale, out, amax_out, stream);
-  if (in_dtype == kBF16 && fmt == kE4M3) return ap::launch_cast_amax<__nv_bfloat16, kE4M3>(xb, n, scale, out, amax_out, stream);
-  if (in_dtype == kBF16 && fmt == kE5M2) return ap::launch_cast_amax<__nv_bfloat16, kE5M2>(xb, n, scale, out, amax_out, stream);
+  const ap::ScaleSource src{scale, nullptr, 0};
+  const bool acc = accumulate != 0;
+  if (in_dtype == kF32 && fmt == kE4M3) return ap::launch_cast<float, kE4M3>(xf, n, src, out, amax_out, acc, nullptr, stream);
+  if (in_dtype == kF32 && fmt == kE5M2) return ap::launch_cast<float, kE5M2>(xf, n, src, out, amax_out, acc, nullptr, stream);
+  if (in_dtype == kBF16 && fmt == kE4M3) return ap::launch_cast<__nv_bfloat16, kE4M3>(xb, n, src, out, amax_out, acc, nullptr, stream);
+  if (in_dtype == kBF16 && fmt == kE5M2) return ap::launch_cast<__nv_bfloat16, kE5M2>(xb, n, src, out, amax_out, acc, nullptr, stream);
   return static_cast<int>(cudaErrorInvalidValue);
 }
 

@@ -1,75 +1,139 @@
 // Cast + transpose: one read of X gives FP8 X (row-major, for fprop) and FP8 X^T (row-major,
-// i.e. X column-major, for dgrad / wgrad with torch._scaled_mm), plus amax for delayed scaling.
+// i.e. X column-major, for dgrad / wgrad with torch._scaled_mm), and folds |X| into an amax.
+//
+// A block of 256 threads walks 64x64 tiles. Phase 1: thread (r, k) loads 16 elements of row r
+// with 16-byte loads, casts them, stores the 16 FP8 bytes to X's row-major output and to a
+// 64x64-byte shared tile (eight consecutive threads write 128 consecutive bytes: no bank
+// conflict). Phase 2: thread (c, j) gathers tile bytes [16j, 16j+16) of column c and writes them
+// to X^T with one 16-byte store; a warp reads 32 consecutive bytes of one tile row per step,
+// which the hardware serves as a broadcast: no bank conflict either. Shapes whose dims are not
+// multiples of 16 (or misaligned pointers) take a plain per-element kernel.
 #include "fp8_common.cuh"
 
 namespace ap {
 namespace {
 
-constexpr int kTile = 32;
-constexpr int kRowsPerPass = 8;  // blockDim = (32, 8): each thread casts 4 elements of a tile
+constexpr int kTile = 64;
+constexpr int kThreads = 256;
 
 template <typename T, int FMT>
 __global__ void cast_transpose_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
-                                      const float* __restrict__ scale, uint8_t* __restrict__ out,
-                                      uint8_t* __restrict__ out_t, unsigned* __restrict__ amax) {
-  __shared__ uint8_t tile[kTile][kTile + 4];  // padding avoids shared-memory bank conflicts
+                                      ScaleSource src, uint8_t* __restrict__ out,
+                                      uint8_t* __restrict__ out_t, unsigned* __restrict__ amax,
+                                      float* __restrict__ scale_inv) {
+  __shared__ uint4 tile[kTile][kTile / kChunk];
   __shared__ unsigned shared[32];
-  const float s = *scale;
-  const int64_t row0 = (int64_t)blockIdx.y * kTile, col0 = (int64_t)blockIdx.x * kTile;
+  const float s = src.get(fp8_max(FMT));
+  if (scale_inv && blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / s;
+  const int64_t tiles_x = (cols + kTile - 1) / kTile;
+  const int64_t tiles = tiles_x * ((rows + kTile - 1) / kTile);
+  const int r = threadIdx.x >> 2, k = threadIdx.x & 3;      // phase 1
+  const int c = threadIdx.x & 63, j = threadIdx.x >> 6;     // phase 2
   unsigned local = 0u;
-  for (int r = threadIdx.y; r < kTile; r += kRowsPerPass) {
-    const int64_t row = row0 + r, col = col0 + threadIdx.x;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t row0 = t / tiles_x * kTile, col0 = t % tiles_x * kTile;
+    const int64_t row = row0 + r, col = col0 + kChunk * k;
     if (row < rows && col < cols) {
-      const float v = load(x, row * cols + col);
-      local = max(local, abs_bits(v));
-      const uint8_t q = cast_fp8<FMT>(v * s);
-      out[row * cols + col] = q;
-      tile[r][threadIdx.x] = q;
+      float v[kChunk];
+      load16(x + row * cols + col, v);
+      local = max(local, max_abs16(v));
+      const uint4 q = cast16<FMT>(v, s);
+      *reinterpret_cast<uint4*>(out + row * cols + col) = q;
+      tile[r][k] = q;
     }
+    __syncthreads();
+    const int64_t trow = col0 + c, tcol = row0 + kChunk * j;
+    if (trow < cols && tcol < rows) {
+      const uint8_t* bytes = reinterpret_cast<const uint8_t*>(tile);
+      unsigned w[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        w[q] = 0u;
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+          w[q] |= unsigned(bytes[(kChunk * j + 4 * q + b) * kTile + c]) << (8 * b);
+      }
+      *reinterpret_cast<uint4*>(out_t + trow * rows + tcol) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    __syncthreads();
   }
-  __syncthreads();
-  for (int c = threadIdx.y; c < kTile; c += kRowsPerPass) {
-    const int64_t col = col0 + c, row = row0 + threadIdx.x;
-    if (row < rows && col < cols) out_t[col * rows + row] = tile[threadIdx.x][c];
+  if (amax) block_amax_to(local, shared, threadIdx.x, blockDim.x, amax);
+}
+
+// Any shape: one element per thread and step, both outputs written directly.
+template <typename T, int FMT>
+__global__ void cast_transpose_scalar_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                             ScaleSource src, uint8_t* __restrict__ out,
+                                             uint8_t* __restrict__ out_t,
+                                             unsigned* __restrict__ amax,
+                                             float* __restrict__ scale_inv) {
+  __shared__ unsigned shared[32];
+  const float s = src.get(fp8_max(FMT));
+  if (scale_inv && blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / s;
+  unsigned local = 0u;
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const float v = load(x, i);
+    local = max(local, abs_bits(v));
+    const uint8_t q = cast_fp8<FMT>(v * s);
+    out[i] = q;
+    out_t[(i % cols) * rows + i / cols] = q;
   }
-  // block_max needs a flat thread index: reuse it through a 1-D view of the 2-D block.
-  const int flat = threadIdx.y * kTile + threadIdx.x;
-  local = warp_max(local);
-  if ((flat & 31) == 0) shared[flat >> 5] = local;
-  __syncthreads();
-  if (flat < 32) {
-    unsigned v = flat < (kTile * kRowsPerPass) / 32 ? shared[flat] : 0u;
-    v = warp_max(v);
-    if (flat == 0 && v) atomicMax(amax, v);
-  }
+  if (amax) block_amax_to(local, shared, threadIdx.x, blockDim.x, amax);
 }
 
 template <typename T, int FMT>
-int launch(const T* x, int64_t rows, int64_t cols, const float* scale, uint8_t* out,
-           uint8_t* out_t, float* amax_out, cudaStream_t stream) {
-  cudaError_t err = cudaMemsetAsync(amax_out, 0, sizeof(float), stream);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  if (rows == 0 || cols == 0) return 0;
-  const int64_t gx = (cols + kTile - 1) / kTile, gy = (rows + kTile - 1) / kTile;
-  if (gy > 65535) return static_cast<int>(cudaErrorInvalidConfiguration);
-  dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), block(kTile, kRowsPerPass);
-  cast_transpose_kernel<T, FMT><<<grid, block, 0, stream>>>(
-      x, rows, cols, scale, out, out_t, reinterpret_cast<unsigned*>(amax_out));
+int launch(const T* x, int64_t rows, int64_t cols, ScaleSource src, uint8_t* out, uint8_t* out_t,
+           float* amax_out, bool accumulate, float* scale_inv, cudaStream_t stream) {
+  if (amax_out && !accumulate) {
+    cudaError_t err = cudaMemsetAsync(amax_out, 0, sizeof(float), stream);
+    if (err != cudaSuccess) return static_cast<int>(err);
+  }
+  unsigned* amax = reinterpret_cast<unsigned*>(amax_out);
+  const bool vec = rows % kChunk == 0 && cols % kChunk == 0 && aligned16(x) && aligned16(out) &&
+                   aligned16(out_t);
+  if (vec) {
+    const int64_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
+    cast_transpose_kernel<T, FMT><<<blocks_for(tiles, 1, 16384), kThreads, 0, stream>>>(
+        x, rows, cols, src, out, out_t, amax, scale_inv);
+  } else {
+    cast_transpose_scalar_kernel<T, FMT><<<blocks_for(rows * cols, kThreads, 4096), kThreads, 0,
+                                           stream>>>(x, rows, cols, src, out, out_t, amax,
+                                                     scale_inv);
+  }
   return last_error();
 }
 
 }  // namespace
 }  // namespace ap
 
+#define AP_CT_DISPATCH(SRC, AMAX, ACC, SCALE_INV)                                                      \
+  do {                                                                                           \
+    const float* xf = static_cast<const float*>(x);                                              \
+    const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(x);                              \
+    using namespace ap;                                                                          \
+    if (in_dtype == kF32 && fmt == kE4M3) return launch<float, kE4M3>(xf, rows, cols, SRC, out, out_t, AMAX, ACC, SCALE_INV, stream); \
+    if (in_dtype == kF32 && fmt == kE5M2) return launch<float, kE5M2>(xf, rows, cols, SRC, out, out_t, AMAX, ACC, SCALE_INV, stream); \
+    if (in_dtype == kBF16 && fmt == kE4M3) return launch<__nv_bfloat16, kE4M3>(xb, rows, cols, SRC, out, out_t, AMAX, ACC, SCALE_INV, stream); \
+    if (in_dtype == kBF16 && fmt == kE5M2) return launch<__nv_bfloat16, kE5M2>(xb, rows, cols, SRC, out, out_t, AMAX, ACC, SCALE_INV, stream); \
+    return static_cast<int>(cudaErrorInvalidValue);                                             \
+  } while (0)
+
 extern "C" int ap_cast_transpose(const void* x, int in_dtype, int64_t rows, int64_t cols,
                                  const float* scale, int fmt, uint8_t* out, uint8_t* out_t,
-                                 float* amax_out, cudaStream_t stream) {
-  using namespace ap;
-  const float* xf = static_cast<const float*>(x);
-  const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(x);
-  if (in_dtype == kF32 && fmt == kE4M3) return launch<float, kE4M3>(xf, rows, cols, scale, out, out_t, amax_out, stream);
-  if (in_dtype == kF32 && fmt == kE5M2) return launch<float, kE5M2>(xf, rows, cols, scale, out, out_t, amax_out, stream);
-  if (in_dtype == kBF16 && fmt == kE4M3) return launch<__nv_bfloat16, kE4M3>(xb, rows, cols, scale, out, out_t, amax_out, stream);
-  if (in_dtype == kBF16 && fmt == kE5M2) return launch<__nv_bfloat16, kE5M2>(xb, rows, cols, scale, out, out_t, amax_out, stream);
-  return static_cast<int>(cudaErrorInvalidValue);
+                                 float* amax_out, int accumulate, cudaStream_t stream) {
+  const ap::ScaleSource src{scale, nullptr, 0};
+  AP_CT_DISPATCH(src, amax_out, accumulate != 0, nullptr);
+}
+
+extern "C" int ap_current_scale_cast_transpose(const void* x, int in_dtype, int64_t rows,
+                                               int64_t cols, int fmt, int margin, uint8_t* out,
+                                               uint8_t* out_t, float* scale_inv_out,
+                                               float* amax_out, cudaStream_t stream) {
+  int err = ap_amax(x, in_dtype, rows * cols, amax_out, stream);
+  if (err) return err;
+  // The amax pass above already holds |X|: this pass derives the scale from it and only casts.
+  const ap::ScaleSource src{nullptr, reinterpret_cast<const unsigned*>(amax_out), margin};
+  AP_CT_DISPATCH(src, nullptr, false, scale_inv_out);
 }

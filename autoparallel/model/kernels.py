@@ -82,31 +82,43 @@ class CudaOps:
     def amax(self, x):
         return self._m.amax(x.contiguous())
 
-    def cast_amax(self, x, dtype, scale):
-        return tuple(self._m.cast_amax(x.contiguous(), FP8_CODES[dtype], _scalar(scale, x)))
+    def cast_amax(self, x, dtype, scale, amax_out=None):
+        return tuple(self._m.cast_amax(x.contiguous(), FP8_CODES[dtype], _scalar(scale, x),
+                                       amax_out))
 
     def current_scale_cast(self, x, dtype, margin=0):
         return tuple(self._m.current_scale_cast(x.contiguous(), FP8_CODES[dtype], int(margin)))
 
-    def cast_transpose(self, x, dtype, scale):
-        return tuple(self._m.cast_transpose(x.contiguous(), FP8_CODES[dtype], _scalar(scale, x)))
+    def cast_transpose(self, x, dtype, scale, amax_out=None):
+        return tuple(self._m.cast_transpose(x.contiguous(), FP8_CODES[dtype], _scalar(scale, x),
+                                            amax_out))
+
+    def current_scale_cast_transpose(self, x, dtype, margin=0):
+        return tuple(self._m.current_scale_cast_transpose(x.contiguous(), FP8_CODES[dtype],
+                                                          int(margin)))
 
     def blockwise_cast_1d(self, x, dtype, block=128):
         if block != 128:
             return reference.blockwise_cast_1d(x, dtype, block)
         return tuple(self._m.blockwise_cast_1d(x.contiguous(), FP8_CODES[dtype]))
 
+    def blockwise_cast_transpose_1d(self, x, dtype, block=128):
+        if block != 128 or x.shape[0] % 16 or x.shape[1] % 16:  # the kernel's shape rule
+            return reference.blockwise_cast_transpose_1d(x, dtype, block)
+        return tuple(self._m.blockwise_cast_transpose_1d(x.contiguous(), FP8_CODES[dtype]))
+
     def blockwise_cast_2d(self, x, dtype, block=128):
         if block != 128:
             return reference.blockwise_cast_2d(x, dtype, block)
         return tuple(self._m.blockwise_cast_2d(x.contiguous(), FP8_CODES[dtype]))
 
-    def delayed_scaling_update(self, amax_history, scale, fp8_maxes, margin, algo):
+    def delayed_scaling_update(self, amax_history, scale, scale_inv, fp8_maxes, margin, algo):
         if algo not in ("max", "most_recent"):
             raise ValueError(f"amax_compute_algo={algo!r} is not valid; "
                              "choose one of max, most_recent")
-        self._m.delayed_scaling_update(amax_history, scale, fp8_maxes.float().contiguous(),
-                                       int(margin), algo == "most_recent")
+        self._m.delayed_scaling_update(amax_history, scale, scale_inv,
+                                       fp8_maxes.float().contiguous(), int(margin),
+                                       algo == "most_recent")
 
 
 def _scalar(scale, like: torch.Tensor) -> torch.Tensor:

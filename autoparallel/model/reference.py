@@ -65,10 +65,19 @@ def compute_scale(amax_value: torch.Tensor, dtype: torch.dtype, margin: int = 0,
     return torch.where(good, scale, previous)
 
 
-def cast_amax(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+def _fold_amax(a: torch.Tensor, amax_out: torch.Tensor | None) -> torch.Tensor:
+    """``a`` itself, or ``amax_out`` updated in place to max(amax_out, a) (NaN wins), as the
+    kernels do when they accumulate into a running amax such as a delayed-scaling history slot."""
+    if amax_out is None:
+        return a
+    torch.maximum(amax_out, a, out=amax_out)
+    return amax_out
+
+
+def cast_amax(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor,
+              amax_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Delayed scaling's one pass: cast with a known scale and record this tensor's amax."""
-    return saturating_cast(x, dtype, scale), amax(x)
+    return saturating_cast(x, dtype, scale), _fold_amax(amax(x), amax_out)
 
 
 def current_scale_cast(x: torch.Tensor, dtype: torch.dtype, margin: int = 0
@@ -79,13 +88,27 @@ def current_scale_cast(x: torch.Tensor, dtype: torch.dtype, margin: int = 0
     return saturating_cast(x, dtype, scale), scale.reciprocal(), a
 
 
-def cast_transpose(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor
+def _check_2d(name: str, x: torch.Tensor) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"{name} takes a 2-D tensor, got shape {tuple(x.shape)}")
+
+
+def cast_transpose(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor,
+                   amax_out: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Cast a 2-D tensor once into both layouts: (fp8 row-major, fp8 of x.T row-major, amax)."""
-    if x.dim() != 2:
-        raise ValueError(f"cast_transpose takes a 2-D tensor, got shape {tuple(x.shape)}")
+    _check_2d("cast_transpose", x)
     q = saturating_cast(x, dtype, scale)
-    return q, q.t().contiguous(), amax(x)
+    return q, q.t().contiguous(), _fold_amax(amax(x), amax_out)
+
+
+def current_scale_cast_transpose(x: torch.Tensor, dtype: torch.dtype, margin: int = 0
+                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                            torch.Tensor]:
+    """Current scaling into both layouts: (fp8, fp8 of x.T, scale_inv, amax)."""
+    _check_2d("current_scale_cast_transpose", x)
+    q, scale_inv, a = current_scale_cast(x, dtype, margin)
+    return q, q.t().contiguous(), scale_inv, a
 
 
 def _pad_to(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -107,13 +130,25 @@ def blockwise_cast_1d(x: torch.Tensor, dtype: torch.dtype, block: int = 128
 
     Returns (fp8 of x's shape, scale_inv of shape [rows, ceil(cols / block)]).
     """
-    if x.dim() != 2:
-        raise ValueError(f"blockwise_cast_1d takes a 2-D tensor, got shape {tuple(x.shape)}")
+    _check_2d("blockwise_cast_1d", x)
     rows, cols = x.shape
     tiles = _pad_to(x.float(), rows, _ceil(cols, block)).view(rows, -1, block)
     scale = _block_scale(tiles.abs().amax(dim=2), dtype)
     q = saturating_cast(tiles, dtype, scale.unsqueeze(2)).view(rows, -1)[:, :cols]
     return q.contiguous(), scale.reciprocal()
+
+
+def blockwise_cast_transpose_1d(x: torch.Tensor, dtype: torch.dtype, block: int = 128
+                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                           torch.Tensor]:
+    """1 x ``block`` tiles along rows and along columns, from one read on a GPU.
+
+    Returns (fp8 x, its scale_inv [rows, tiles], fp8 of x.T, its scale_inv [cols, tiles]): the
+    rowwise copy feeds the GEMMs that contract x's last dim, the columnwise one (x.T, tiled
+    along x's rows) the weight-gradient GEMM that contracts its first.
+    """
+    _check_2d("blockwise_cast_transpose_1d", x)
+    return (*blockwise_cast_1d(x, dtype, block), *blockwise_cast_1d(x.t(), dtype, block))
 
 
 def blockwise_cast_2d(x: torch.Tensor, dtype: torch.dtype, block: int = 128
@@ -122,8 +157,7 @@ def blockwise_cast_2d(x: torch.Tensor, dtype: torch.dtype, block: int = 128
 
     Returns (fp8 of x's shape, scale_inv of shape [ceil(rows / block), ceil(cols / block)]).
     """
-    if x.dim() != 2:
-        raise ValueError(f"blockwise_cast_2d takes a 2-D tensor, got shape {tuple(x.shape)}")
+    _check_2d("blockwise_cast_2d", x)
     rows, cols = x.shape
     pr, pc = _ceil(rows, block), _ceil(cols, block)
     blocks = _pad_to(x.float(), pr, pc).view(pr // block, block, pc // block, block)
@@ -133,22 +167,25 @@ def blockwise_cast_2d(x: torch.Tensor, dtype: torch.dtype, block: int = 128
 
 
 def delayed_scaling_update(amax_history: torch.Tensor, scale: torch.Tensor,
-                           fp8_maxes: torch.Tensor, margin: int, algo: str) -> None:
+                           scale_inv: torch.Tensor, fp8_maxes: torch.Tensor, margin: int,
+                           algo: str) -> None:
     """Update many delayed-scaling states at once, in place (TransformerEngine's layout).
 
-    ``amax_history`` is [n, L]: column 0 holds this step's amax, columns 1.. the earlier steps,
-    oldest first. For each of the n tensors: amax = max over the row (or column 0 for
+    ``amax_history`` is [L, n]: row 0 holds this step's amax of each of the n tensors, rows 1..
+    the earlier steps, oldest first. A non-finite amax in row 0 counts as 0 (a step that saw inf
+    or NaN leaves no trace). For each tensor: amax = max over its column (or row 0 for
     ``most_recent``), scale = fp8_max / amax * 2**-margin unless that amax is 0 or non-finite,
-    then the row rolls left by one (this step's amax moves to the end) and column 0 is zeroed.
+    scale_inv = 1 / scale; then the column rolls up by one (this step's amax moves to the end)
+    and row 0 is zeroed.
     """
-    if algo == "max":
-        window = amax_history.amax(dim=1)
-    elif algo == "most_recent":
-        window = amax_history[:, 0]
-    else:
+    if algo not in ("max", "most_recent"):
         raise ValueError(f"amax_compute_algo={algo!r} is not valid; choose one of max, most_recent")
+    now = amax_history[0]
+    now.copy_(torch.where(torch.isfinite(now), now, torch.zeros_like(now)))
+    window = amax_history.amax(dim=0) if algo == "max" else now.clone()
     new_scale = (fp8_maxes.float() / window) * (2.0 ** -margin)
     good = torch.isfinite(window) & (window > 0)
     scale.copy_(torch.where(good, new_scale, scale))
-    amax_history.copy_(torch.roll(amax_history, -1, dims=1))
-    amax_history[:, 0] = 0.0
+    scale_inv.copy_(scale.reciprocal())
+    amax_history.copy_(torch.roll(amax_history, -1, dims=0))
+    amax_history[0] = 0.0

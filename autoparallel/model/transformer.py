@@ -2,10 +2,21 @@
 
 Pre-norm layers (RMSNorm or LayerNorm), GQA attention through ``scaled_dot_product_attention``
 with rotary positions, a gelu / swiglu / squared_relu MLP, tied or untied embeddings. Module
-names follow torchtitan (``layers.{i}.attention.wq``, ``layers.{i}.mlp.w1``...) and every
-projection is a plain ``nn.Linear`` or an ``Fp8Linear`` with the same ``weight`` shape, so the
-later tensor / pipeline / data parallel wrappers can replace or shard them from outside. The FP8
-policy and the recompute choice are constructor arguments, never global state.
+names follow torchtitan (``layers.{i}.attention.wo``, ``layers.{i}.mlp.w2``...), with the
+projections that read the same input fused as Megatron-LM fuses them: ``attention.wqkv`` (Q, K
+and V, laid out group by group: the query heads of a KV group, then its K, then its V, so a
+tensor-parallel shard is a contiguous block of rows) and, for SwiGLU, ``mlp.w1`` holding the
+gate and the up projection ([gate; up]). One GEMM and, in FP8, one cast of the input instead of
+three or two. Every projection is a plain ``nn.Linear`` or an ``Fp8Linear`` with the same
+``weight`` shape, so the later tensor / pipeline / data parallel wrappers can replace or shard
+them from outside. The FP8 policy and the recompute choice are constructor arguments, never
+global state.
+
+The model is built on the meta device and then materialised (``Transformer(..., device=...)``,
+or ``device="meta"`` to shard first and materialise only a rank's share). Initial values come
+from ``init_values``: each 1024 x 1024 tile of each parameter from its own generator seeded by
+(seed, name, tile), so any rank can produce exactly its shard of the single-device model without
+ever holding the whole tensor, and a job starts in seconds.
 
 Recompute (Korthikanti et al., arXiv 2205.05198): ``selective`` recomputes the attention core
 (QK^T, softmax, AV) in backward; ``full`` recomputes whole layers, the first ``full_layers`` of
@@ -23,8 +34,9 @@ recomputes the SiLU. The model has no dropout: ``ModelSpec.hidden_dropout`` and
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -163,9 +175,10 @@ def rotary_tables(seq_length: int, head_dim: int, base: float = 10000.0
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [batch, seq, heads, head_dim], cos / sin: [seq, head_dim / 2]; rotates pairs (even,
-    odd) of the head dim."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    """x: [batch, seq, heads..., head_dim] (one or more head dims), cos / sin: [seq, head_dim /
+    2]; rotates pairs (even, odd) of the head dim. The result is a new contiguous tensor."""
+    middle = [1] * (x.dim() - 3)
+    cos, sin = cos.view(cos.shape[0], *middle, -1), sin.view(sin.shape[0], *middle, -1)
     x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
     out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
     return out.to(x.dtype)
@@ -177,10 +190,8 @@ class Attention(nn.Module):
         self.heads, self.groups, self.head_dim = (spec.num_attention_heads, spec.query_groups,
                                                   spec.head_dim)
         self.selective_recompute = selective_recompute
-        q_out, kv_out = self.heads * self.head_dim, self.groups * self.head_dim
-        self.wq = linear("wq", spec.hidden_size, q_out)
-        self.wk = linear("wk", spec.hidden_size, kv_out)
-        self.wv = linear("wv", spec.hidden_size, kv_out)
+        q_out = self.heads * self.head_dim
+        self.wqkv = linear("wqkv", spec.hidden_size, q_out + 2 * self.groups * self.head_dim)
         self.wo = linear("wo", q_out, spec.hidden_size)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -192,9 +203,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        q = apply_rotary(self.wq(x).view(b, s, self.heads, self.head_dim), cos, sin)
-        k = apply_rotary(self.wk(x).view(b, s, self.groups, self.head_dim), cos, sin)
-        v = self.wv(x).view(b, s, self.groups, self.head_dim)
+        per_group = self.heads // self.groups
+        qkv = self.wqkv(x).view(b, s, self.groups, per_group + 2, self.head_dim)
+        q = apply_rotary(qkv[..., :per_group, :], cos, sin).view(b, s, self.heads, self.head_dim)
+        k = apply_rotary(qkv[..., per_group, :], cos, sin)
+        v = qkv[..., per_group + 1, :].contiguous()  # so the fused output is not kept alive
         # [batch, heads, seq, dim] views of [batch, seq, heads, dim] memory: the attention output
         # then has that memory too, so the projection's input below is a view of it, not a copy.
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -212,14 +225,14 @@ class Mlp(nn.Module):
             raise ValueError(f"activation={spec.activation!r} is not valid; "
                              "choose one of gelu, swiglu, squared_relu")
         self.activation = spec.activation
-        self.w1 = linear("w1", spec.hidden_size, spec.ffn_hidden_size)
+        gated = 2 if spec.gated_mlp else 1
+        self.w1 = linear("w1", spec.hidden_size, gated * spec.ffn_hidden_size)
         self.w2 = linear("w2", spec.ffn_hidden_size, spec.hidden_size)
-        self.w3 = linear("w3", spec.hidden_size, spec.ffn_hidden_size) if spec.gated_mlp else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.w1(x)
         if self.activation == "swiglu":
-            h = _SwiGLU.apply(h, self.w3(x))
+            h = _SwiGLU.apply(*h.chunk(2, dim=-1))
         elif self.activation == "squared_relu":
             h = F.relu(h).square()
         else:
@@ -250,11 +263,69 @@ class TransformerLayer(nn.Module):
         return self._forward(x, cos, sin)
 
 
+INIT_STD = 0.02
+INIT_TILE = 1024  # rows and columns of one independently seeded block of initial values
+
+
+def init_std(name: str, spec: ModelSpec) -> float:
+    """GPT-2 init: N(0, 0.02) for every matrix, the residual branches' output projections (wo,
+    w2) scaled by 1/sqrt(2L). (The vectors are the norms': weight 1, bias 0.)"""
+    if name.endswith(("wo.weight", "w2.weight")):
+        return INIT_STD / math.sqrt(2 * spec.num_layers)
+    return INIT_STD
+
+
+def _tile_seed(seed: int, name: str, i: int, j: int) -> int:
+    return (seed * 1_000_003 + zlib.crc32(f"{name}:{i}:{j}".encode())) % 2**63
+
+
+def write_init(dest: torch.Tensor, name: str, full_shape: Sequence[int], spec: ModelSpec,
+               seed: int, rows: Sequence[range] | None = None, cols: range | None = None) -> None:
+    """Fill ``dest`` with the initial values of parameter ``name`` (single-device name, shape
+    ``full_shape``) at rows ``rows`` (ranges, concatenated in order; all by default) and columns
+    ``cols``. Each INIT_TILE x INIT_TILE tile is drawn on ``dest``'s device from its own
+    generator, so a shard costs only the tiles it overlaps, never the whole tensor."""
+    with torch.no_grad():
+        if len(full_shape) == 1:
+            dest.fill_(0.0 if name.endswith("bias") else 1.0)
+            return
+        std, (n_rows, n_cols) = init_std(name, spec), full_shape
+        rows = rows if rows is not None else (range(n_rows),)
+        cols = cols if cols is not None else range(n_cols)
+        at = 0
+        for rr in rows:
+            for ti in range(rr.start // INIT_TILE, -(-rr.stop // INIT_TILE)):
+                r0, r1 = max(rr.start, ti * INIT_TILE), min(rr.stop, (ti + 1) * INIT_TILE)
+                for tj in range(cols.start // INIT_TILE, -(-cols.stop // INIT_TILE)):
+                    c0, c1 = max(cols.start, tj * INIT_TILE), min(cols.stop, (tj + 1) * INIT_TILE)
+                    shape = (min(INIT_TILE, n_rows - ti * INIT_TILE),
+                             min(INIT_TILE, n_cols - tj * INIT_TILE))
+                    g = torch.Generator(dest.device).manual_seed(_tile_seed(seed, name, ti, tj))
+                    tile = torch.empty(shape, device=dest.device).normal_(0.0, std, generator=g)
+                    dest[at + r0 - rr.start:at + r1 - rr.start, c0 - cols.start:c1 - cols.start] \
+                        .copy_(tile[r0 - ti * INIT_TILE:r1 - ti * INIT_TILE,
+                                    c0 - tj * INIT_TILE:c1 - tj * INIT_TILE])
+            at += len(rr)
+
+
+def reset_buffers(module: nn.Module) -> None:
+    """Fresh FP8 state in every FP8 Linear of ``module`` (after ``to_empty``)."""
+    for m in module.modules():
+        if isinstance(m, Fp8Linear):
+            m.reset_fp8_state()
+
+
 class Transformer(nn.Module):
-    """Token ids [batch, seq] -> logits [batch, seq, vocab] (fp32)."""
+    """Token ids [batch, seq] -> logits [batch, seq, vocab] (fp32).
+
+    ``device="meta"`` leaves it unallocated (for ``autoparallel.parallel`` to shard first);
+    any other device (default CPU) materialises it there. ``seed`` (default: the seed of
+    torch's global generator, ``torch.initial_seed()``) fixes the initial values.
+    """
 
     def __init__(self, spec: ModelSpec, fp8: Fp8Policy | None = None,
-                 recompute: Recompute | None = None) -> None:
+                 recompute: Recompute | None = None, device: torch.device | str | None = None,
+                 seed: int | None = None) -> None:
         super().__init__()
         if spec.is_moe:
             raise ValueError(f"model {spec.name!r} is MoE (num_experts={spec.num_experts}); "
@@ -263,25 +334,33 @@ class Transformer(nn.Module):
             raise ValueError(f"head_dim={spec.head_dim} must be even for rotary embeddings")
         self.spec, self.policy = spec, fp8 or Fp8Policy()
         self.recompute = recompute or Recompute()
-        self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(TransformerLayer(spec, self.policy, i, self.recompute)
-                                    for i in range(spec.num_layers))
-        self.norm = _norm(spec)
-        self.output = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        with torch.device("meta"):
+            self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.hidden_size)
+            self.layers = nn.ModuleList(TransformerLayer(spec, self.policy, i, self.recompute)
+                                        for i in range(spec.num_layers))
+            self.norm = _norm(spec)
+            self.output = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+            half = spec.head_dim // 2
+            self.register_buffer("rope_cos", torch.empty(spec.seq_length, half), persistent=False)
+            self.register_buffer("rope_sin", torch.empty(spec.seq_length, half), persistent=False)
         if spec.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        cos, sin = rotary_tables(spec.seq_length, spec.head_dim)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
-        self.reset_parameters()
+        if torch.device(device or "cpu").type != "meta":
+            self.materialize(device or "cpu", seed)
 
-    def reset_parameters(self, std: float = 0.02) -> None:
-        """GPT-2 init: N(0, 0.02), output projections of residual branches scaled by 1/sqrt(2L)."""
+    def materialize(self, device: torch.device | str, seed: int | None = None) -> "Transformer":
+        """Allocate every parameter and buffer on ``device`` and set their initial values."""
+        seed = torch.initial_seed() if seed is None else seed
+        self.to_empty(device=device)
+        if self.spec.tie_embeddings:  # to_empty gives every module its own tensor
+            self.output.weight = self.tok_embeddings.weight
         for name, p in self.named_parameters():
-            if p.dim() == 2:
-                scaled = name.endswith(("wo.weight", "w2.weight"))
-                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.spec.num_layers) if scaled
-                                else std)
+            write_init(p, name, p.shape, self.spec, seed)
+        reset_buffers(self)
+        cos, sin = rotary_tables(self.spec.seq_length, self.spec.head_dim)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+        return self
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         seq = tokens.shape[1]
@@ -292,6 +371,14 @@ class Transformer(nn.Module):
         for layer in self.layers:
             h = layer(h, cos, sin)
         return self.output(self.norm(h)).float()
+
+
+def cast_parameters(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Parameters to ``dtype`` (BF16 training keeps its weights in BF16, as Megatron-LM does),
+    leaving buffers alone: FP8 scaling state stays fp32."""
+    for p in module.parameters():
+        p.data = p.data.to(dtype)
+    return module
 
 
 TINY = ModelSpec(name="tiny", num_layers=2, hidden_size=128, ffn_hidden_size=384,

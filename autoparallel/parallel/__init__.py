@@ -1,7 +1,7 @@
 """Apply a Plan to the built-in transformer from outside (torchtitan style).
 
-The model code (``autoparallel.model.transformer``) stays single-device. ``parallelize`` turns a
-built model into one rank's share of a layout, in this order:
+The model code (``autoparallel.model.transformer``) stays single-device. ``parallelize`` builds the
+model on the meta device and turns it into one rank's share of a layout, in this order:
 
 1. ``dims``: one ``ParallelDims`` validates tp*pp*dp*cp == world size and makes the groups
    (rank order tp fastest, then cp, dp, pp: Megatron-LM's order, so TP stays inside a node).
@@ -13,9 +13,12 @@ built model into one rank's share of a layout, in this order:
    every layer's attention core becomes ring attention exchanging K/V around the CP group.
 5. ``pipeline``: the layers split into pp*vp chunks; 1F1B (vp=1) or interleaved 1F1B (vp>1)
    schedules exchanging activations point-to-point.
-6. ``optimizer``: gradient reduce-scatter over the dp x cp group into a sharded (distributed)
-   AdamW, or an all-reduce with a replicated AdamW; global gradient-norm clipping across every
-   group.
+6. ``buffers``: only then the rank's own parameters are allocated, as views of one flat buffer
+   in the training dtype (BF16), with FP32 gradients in a second flat buffer, each filled with
+   its region of the single-process model's initial values.
+   ``optimizer``: gradient reduce-scatter over the dp x cp group into a sharded (distributed)
+   AdamW over FP32 master weights, or an all-reduce with a replicated AdamW; global
+   gradient-norm clipping across every group.
 7. ``fp8``: the delayed-scaling amax of every FP8 Linear reduced (max) across the TP, CP and DP
    groups before the scale update, so every rank scales as the single-process model would.
 

@@ -59,15 +59,15 @@ def run_cases(rank: int, world: int, spec: ModelSpec, plans: list[Plan], config:
 
 
 def reference(spec: ModelSpec, plan: Plan, config: StepConfig) -> dict:
-    """The single-process model on the same batches (no parallelism, no recompute)."""
-    torch.manual_seed(config.seed)
-    model = Transformer(spec, policy_for(plan))
+    """The single-process model on the same batches (no parallelism, no recompute; BF16 by
+    autocast over FP32 weights when ``config.bf16``)."""
+    model = Transformer(spec, policy_for(plan), seed=config.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95),
                             weight_decay=config.weight_decay)
     losses, grads, scales = [], {}, {}
     for i, (tokens, targets) in enumerate(batch(spec, plan.gbs)):
         opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.autocast_bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
             logits = model(tokens)
         loss = F.cross_entropy(logits.reshape(-1, spec.vocab_size), targets.reshape(-1))
         loss.backward()

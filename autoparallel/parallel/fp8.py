@@ -5,31 +5,27 @@ each row-parallel input and output gradient, a DP rank sees its own data, a CP r
 of every sequence. As Megatron-LM / TransformerEngine do (``amax_reduction_group`` = the
 tp x cp x dp group), the amax is reduced over the ``stage`` group (every rank holding the same
 layers) before computing the scale, so every rank uses the scale the single-process model
-would: the max over all slices. One batched all-reduce per step covers every FP8 layer of the
-rank. FP8 is only in the linears, so context parallel's attention is unaffected.
+would: the max over all slices. This step's amaxes of every FP8 layer of a recipe are one
+contiguous row (``Fp8StatePack.history[0]``), so the reduction is one in-place all-reduce per
+recipe. FP8 is only in the linears, so context parallel's attention is unaffected.
 """
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
-from autoparallel.model.fp8 import fp8_modules, update_fp8_scales
-from autoparallel.model.recipes import DelayedScaling
+from autoparallel.model.fp8 import state_packs, update_fp8_scales
 
 
 def reduce_amax(model: nn.Module, group) -> int:
-    """Max-reduce the current amax slot of every delayed-scaling layer over ``group``."""
-    layers = [m for m in fp8_modules(model) if isinstance(m.recipe, DelayedScaling)]
-    if not layers or group is None or dist.get_world_size(group) == 1:
-        return len(layers)
-    current = torch.cat([m.amax_history[:, 0] for m in layers])
-    dist.all_reduce(current, op=dist.ReduceOp.MAX, group=group)
-    n = layers[0].amax_history.shape[0]
-    for k, m in enumerate(layers):
-        m.amax_history[:, 0] = current[k * n:(k + 1) * n]
-    return len(layers)
+    """Max-reduce this step's amax of every delayed-scaling layer over ``group``; returns how
+    many layers."""
+    packs = state_packs(model)
+    if group is not None and dist.get_world_size(group) > 1:
+        for pack in packs:
+            dist.all_reduce(pack.history[0], op=dist.ReduceOp.MAX, group=group)
+    return sum(len(p.layers) for p in packs)
 
 
 def update_scales(model: nn.Module, group) -> int:

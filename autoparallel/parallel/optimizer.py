@@ -1,17 +1,19 @@
 """Data-parallel gradient reduction and the (optionally sharded) AdamW step.
 
-Every parameter of a rank lives in one flat fp32 view for the optimizer. Gradients are reduced
-over the dp x cp group, as Megatron-LM does: context-parallel ranks hold the same weights and each
-has the gradient of its own tokens' mean loss, so their mean, like the DP ranks', is the
+The rank's weights and FP32 gradients are flat buffers (``buffers.ParamBuffers``). Gradients are
+reduced over the dp x cp group, as Megatron-LM does: context-parallel ranks hold the same weights
+and each has the gradient of its own tokens' mean loss, so their mean, like the DP ranks', is the
 single-process gradient. With the distributed optimizer (Megatron-LM
 ``--use-distributed-optimizer``, ZeRO-1) the flat gradient is reduce-scattered over that group
-(each rank gets the mean of its 1/(dp*cp) slice), AdamW updates only that slice of fp32 master
-weights and moments, and the new weights are all-gathered. Without it the gradient is
-all-reduced and every rank steps the whole buffer. AdamW is elementwise, so both give the
-single-process update exactly, up to float summation order.
+(each rank gets the mean of its 1/(dp*cp) slice), AdamW updates only that slice of FP32 master
+weights and moments (12 bytes per parameter of the slice), and the updated slice, in the
+training dtype, is all-gathered into the weight buffer. Without it the gradient is all-reduced
+and every rank steps the whole buffer. AdamW is elementwise, so both give the single-process
+update exactly, up to float summation order.
 
 Gradient-norm clipping uses the global norm: squares summed over the rank's slice, counting
-TP-replicated parameters (the norms) on TP rank 0 only, then summed over the whole world.
+TP-replicated parameters (the norms) on TP rank 0 only, then summed over the whole world. The
+clip factor min(1, clip / norm) is applied on the device: no step waits for the GPU.
 """
 
 from __future__ import annotations
@@ -21,84 +23,76 @@ import torch.distributed as dist
 from torch import nn
 
 from autoparallel.parallel import comm
+from autoparallel.parallel.buffers import ParamBuffers
 
 
 class DistributedOptimizer:
-    def __init__(self, params: list[nn.Parameter], replicated: set[int], dims, coords,
+    def __init__(self, buffers: ParamBuffers, replicated: set[int], dims, coords,
                  sharded: bool, lr: float, weight_decay: float, clip: float | None,
                  betas=(0.9, 0.95)) -> None:
-        self.params = params
+        self.buffers = buffers
         # the gradient-reduction group: dp x cp ranks, group rank dp_rank * cp + cp_rank
         self.group, self.size = dims.group("dp_cp"), dims.dp * dims.cp
         index = coords["dp"] * dims.cp + coords["cp"]
         self.sharded, self.clip = sharded and self.size > 1, clip
-        self.numels = [p.numel() for p in params]
-        total = sum(self.numels)
-        self.padded = -(-total // self.size) * self.size if self.sharded else total
-        device = params[0].device if params else torch.device("cpu")
-        flat = torch.zeros(self.padded, dtype=torch.float32, device=device)
-        if params:
-            flat[:total] = torch.cat([p.detach().float().reshape(-1) for p in params])
-        shard = self.padded // self.size if self.sharded else self.padded
+        padded = buffers.padded
+        shard = padded // self.size if self.sharded else padded
         self.start = index * shard if self.sharded else 0
-        self.master = nn.Parameter(flat[self.start:self.start + shard].clone())
-        # 1 where a slice element counts towards the gradient norm on this rank.
-        weight = torch.cat([torch.full((n,), 0.0 if (id(p) in replicated and coords["tp"] > 0)
-                                       else 1.0, device=device)
-                            for p, n in zip(params, self.numels)] + [torch.zeros(
-                                self.padded - total, device=device)])
-        self.norm_weight = weight[self.start:self.start + shard]
+        self.master = nn.Parameter(buffers.params[self.start:self.start + shard].float().clone())
+        self.grad = (torch.empty(shard, dtype=torch.float32, device=buffers.grads.device)
+                     if self.sharded else buffers.grads)
+        # Views of this rank's gradient slice that count towards the norm (replicated
+        # parameters only on TP rank 0), for one fused norm over them.
+        self.norm_views = []
+        for (_, p), offset, n in zip(buffers.named, buffers.offsets, buffers.numels):
+            if id(p) in replicated and coords["tp"] > 0:
+                continue
+            lo, hi = max(offset, self.start), min(offset + n, self.start + shard)
+            if lo < hi:
+                self.norm_views.append(self.grad[lo - self.start:hi - self.start])
         self.adam = torch.optim.AdamW([self.master], lr=lr, betas=betas,
                                       weight_decay=weight_decay)
-        self.last_grad_norm = 0.0
+        self.last_grad_norm = torch.zeros((), device=self.master.device)
 
-    def _flat_grads(self) -> torch.Tensor:
-        total = sum(self.numels)
-        flat = torch.zeros(self.padded, dtype=torch.float32, device=self.master.device)
-        if self.params:
-            flat[:total] = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p))
-                                      .float().reshape(-1) for p in self.params])
-        return flat
+    def _squared_norm(self) -> torch.Tensor:
+        if not self.norm_views:
+            return torch.zeros((), device=self.master.device)
+        return torch.stack(torch._foreach_norm(self.norm_views, 2)).square().sum()
 
-    def step(self, lr: float | None = None) -> float:
-        flat = self._flat_grads()
+    def step(self, lr: float | None = None) -> torch.Tensor:
+        """Reduce, clip and apply the gradients; returns the global gradient norm (a tensor)."""
+        flat = self.buffers.grads
         if self.sharded:
-            grad = torch.empty_like(self.master)
-            comm.reduce_scatter_flat(grad, flat, self.group)
-        else:
-            if self.size > 1:
-                dist.all_reduce(flat, group=self.group)
-            grad = flat
-        grad /= self.size
-        sq = (grad.square() * self.norm_weight).sum()
+            comm.reduce_scatter_flat(self.grad, flat, self.group)
+        elif self.size > 1:
+            dist.all_reduce(flat, group=self.group)
+        self.grad.div_(self.size)
+        sq = self._squared_norm()
         if dist.is_initialized() and dist.get_world_size() > 1:
             if not self.sharded and self.size > 1:
-                sq /= self.size  # every DP/CP rank holds the whole (identical) gradient
+                sq = sq / self.size  # every DP/CP rank holds the whole (identical) gradient
             dist.all_reduce(sq)
-        norm = float(sq.sqrt())
+        norm = sq.sqrt()
         self.last_grad_norm = norm
-        if self.clip is not None and norm > self.clip:
-            grad *= self.clip / (norm + 1e-6)
-        self.master.grad = grad
+        if self.clip is not None:
+            self.grad.mul_(torch.clamp(self.clip / (norm + 1e-6), max=1.0))
+        self.master.grad = self.grad
         if lr is not None:
             self.adam.param_groups[0]["lr"] = lr
         self.adam.step()
-        if self.sharded:
-            flat = torch.empty(self.padded, dtype=torch.float32, device=self.master.device)
-            comm.all_gather_flat(flat, self.master.detach(), self.group)
-        else:
-            flat = self.master.detach()
-        offset = 0
         with torch.no_grad():
-            for p, n in zip(self.params, self.numels):
-                p.copy_(flat[offset:offset + n].view_as(p))
-                offset += n
+            if self.sharded:
+                comm.all_gather_flat(self.buffers.params,
+                                     self.master.detach().to(self.buffers.params.dtype),
+                                     self.group)
+            else:
+                self.buffers.params.copy_(self.master.detach())
         return norm
 
     def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
+        self.buffers.zero_grad()
 
     def state_bytes(self) -> int:
-        """fp32 master slice and the two Adam moments this rank holds."""
-        return 3 * self.master.numel() * 4
+        """FP32 master slice and the two Adam moments this rank holds (and, sharded, the
+        reduce-scatter output)."""
+        return (3 + int(self.sharded)) * self.master.numel() * 4

@@ -1,26 +1,36 @@
 """Build one rank's share of a Plan and run training steps on it.
 
-``parallelize(spec, plan)`` builds the whole single-device model from the same seed on every rank
-(so shards match the single-process model exactly), then applies the techniques in the order of
-``autoparallel.parallel``'s docstring. ``ParallelModel.step`` runs one global batch through the
-pipeline schedule, reduces gradients, steps the optimizer and updates FP8 scales, and returns the
-global mean loss (the same on every rank). The model keeps fp32 weights and BF16 comes from
-autocast, as in ``train``; the residual stream, and so every pipeline message, is BF16 under
-autocast (fp32 without). Under context parallel each CP rank runs the pipeline on its
-load-balanced share of every sequence (``context.local_indices``: tokens, targets and rotary
-rows), and sequence parallel splits that local sequence over TP.
+``parallelize(spec, plan)`` builds the single-device model on the meta device (nothing
+allocated), applies the techniques in the order of ``autoparallel.parallel``'s docstring, and only
+then materialises the rank's own share: the parameters of its pipeline chunks, each TP-sharded
+(``tensor.shard_region``), written straight into one flat buffer with exactly the values the
+single-process model with the same seed has (``transformer.write_init``). A rank never holds
+the whole model, and a job starts in seconds.
+
+Model states are kept as Megatron-LM keeps them with ``--bf16``: weights in BF16 (no autocast,
+so no per-step BF16 copies of FP32 weights), gradients accumulated in an FP32 buffer, FP32 master
+weights and Adam moments in the (distributed) optimizer. ``StepConfig(bf16=False)`` keeps every
+tensor in FP32 instead (the exact equivalence tests). ``ParallelModel.step`` runs one global
+batch through the pipeline schedule, reduces gradients, steps the optimizer and updates FP8
+scales, and returns the global mean loss (the same on every rank). The residual stream, and so
+every pipeline message, is in the training dtype. Under context parallel each CP rank runs the
+pipeline on its load-balanced share of every sequence (``context.local_indices``: tokens,
+targets and rotary rows), and sequence parallel splits that local sequence over TP.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from autoparallel.model.fp8 import weight_cache_bytes
 from autoparallel.model.recipes import Fp8Policy, recipe_from_name
-from autoparallel.model.transformer import Recompute, Transformer
+from autoparallel.model.transformer import (Recompute, Transformer, reset_buffers,
+                                            rotary_tables, write_init)
 from autoparallel.parallel import comm, context, fp8, pipeline, tensor
+from autoparallel.parallel.buffers import ParamBuffers
 from autoparallel.parallel.dims import ParallelDims
 from autoparallel.parallel.optimizer import DistributedOptimizer
 from autoparallel.specs.model import ModelSpec
@@ -31,13 +41,17 @@ SUPPORTED_PRECISIONS = ("bf16", "fp8-delayed", "fp8-current", "fp8-blockwise")
 
 @dataclass(frozen=True)
 class StepConfig:
-    """What a step does besides the layout: optimizer, clipping, autocast."""
+    """What a step does besides the layout: optimizer, clipping, training dtype."""
 
     lr: float = 1e-3
     weight_decay: float = 0.1
     clip: float | None = 1.0
-    autocast_bf16: bool = True
+    bf16: bool = True  # BF16 weights and activations (FP32 main grads / master / moments)
     seed: int = 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.bf16 else torch.float32
 
 
 def policy_for(plan: Plan) -> Fp8Policy:
@@ -83,10 +97,10 @@ class ParallelModel:
             self.dims.groups.update(tp=None, cp=None, dp=None, dp_cp=None, stage=None)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.coords = self.dims.coords(self.rank)
-        # 1. the single-device model, identical on every rank
-        torch.manual_seed(config.seed)
+        # 1. the single-device model, on the meta device: nothing allocated yet
         mode = plan.recompute
-        model = Transformer(spec, policy_for(plan), Recompute(mode)).to(self.device)
+        model = Transformer(spec, policy_for(plan), Recompute(mode), device="meta")
+        full_shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
         # 2. recompute: full covers the first recompute_num_layers layers of each chunk (0: all)
         chunks = pipeline.chunk_layers(spec.num_layers, plan.pp, plan.vp, self.coords["pp"])
         for layers in chunks:
@@ -108,21 +122,32 @@ class ParallelModel:
                        for c, layers in enumerate(chunks)]
         self.model = model
         owned = {id(p) for chunk in self.chunks for p in chunk.parameters()}
-        self.named_params = [(tensor.original_name(n), p) for n, p in model.named_parameters()
-                             if id(p) in owned]
+        named = [(tensor.original_name(n), p) for n, p in model.named_parameters()
+                 if id(p) in owned]
+        # 6. materialise this rank's share: its parameters, as views of one flat buffer in the
+        # training dtype, each filled with its region of the single-process model's values
+        shards = plan.dp * plan.cp if plan.distributed_optimizer else 1
+        self.buffers = ParamBuffers(model, named, config.dtype, self.device, pad_to=shards)
+        self.named_params = self.buffers.named
+        for name, p in self.named_params:
+            rows, cols = tensor.shard_region(name, full_shapes[name], self.coords["tp"],
+                                             plan.tp, spec.gated_mlp)
+            write_init(p, name, full_shapes[name], spec, config.seed, rows, cols)
+        for chunk in self.chunks:
+            for m in chunk.modules():
+                for key, b in list(m._buffers.items()):
+                    if b is not None and b.is_meta:
+                        m._buffers[key] = torch.empty_like(b, device=self.device)
+            reset_buffers(chunk)
+        cos, sin = rotary_tables(spec.seq_length, spec.head_dim)
+        self.rope_cos, self.rope_sin = cos.to(self.device), sin.to(self.device)
         self.sp_params = {id(p) for p in tensor.sequence_parallel_params(model)}
-        # 6. data (and context) parallel gradient reduction + (distributed) optimizer
+        # 7. data (and context) parallel gradient reduction + (distributed) optimizer
         self.optimizer = DistributedOptimizer(
-            [p for _, p in self.named_params], self.sp_params, self.dims, self.coords,
-            plan.distributed_optimizer, config.lr, config.weight_decay, config.clip)
-        self.rope_cos, self.rope_sin = model.rope_cos, model.rope_sin
+            self.buffers, self.sp_params, self.dims, self.coords, plan.distributed_optimizer,
+            config.lr, config.weight_decay, config.clip)
 
     # -- one step --------------------------------------------------------------------------------
-
-    def _autocast(self):
-        if not self.config.autocast_bf16:
-            return nullcontext()
-        return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
     def forward_backward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Run the schedule over this DP rank's share of the global batch (this CP rank's share of
@@ -139,7 +164,7 @@ class ParallelModel:
         seq = tokens.shape[1]
         shape = (plan.mbs, seq // plan.tp if plan.sp else seq, self.spec.hidden_size)
         stages = plan.pp * plan.vp
-        act_dtype = torch.bfloat16 if self.config.autocast_bf16 else torch.float32
+        act_dtype = self.config.dtype
         p2p = pipeline.P2P(lambda pp_rank: self.dims.rank_of(c["tp"], c["cp"], c["dp"], pp_rank),
                            plan.pp, plan.vp, m)
         saved: dict[tuple[int, int], tuple] = {}
@@ -154,8 +179,7 @@ class ParallelModel:
                 else:
                     inp = p2p.recv(shape, act_dtype, self.device, v - 1, v, mb, False)
                     inp.requires_grad_(True)
-                with self._autocast():
-                    out = chunk(inp, cos, sin)
+                out = chunk(inp, cos, sin)
                 if v == stages - 1:
                     out = tensor.vocab_parallel_cross_entropy(
                         out, targets[rows], self.vocab_start, self.dims.group("tp")) / m
@@ -180,8 +204,8 @@ class ParallelModel:
         if not (self.plan.sp and self.plan.tp > 1):
             return
         for _, p in self.named_params:
-            if id(p) in self.sp_params and p.grad is not None:
-                dist.all_reduce(p.grad, group=self.dims.group("tp"))
+            if id(p) in self.sp_params:
+                dist.all_reduce(p.main_grad, group=self.dims.group("tp"))
 
     def global_loss(self, loss_sum: torch.Tensor) -> float:
         """Mean over DP and CP of the last stage's loss, on every rank (one all-reduce): every
@@ -206,27 +230,39 @@ class ParallelModel:
     # -- for tests and memory accounting ---------------------------------------------------------
 
     def full_tensors(self, which: str = "grad") -> dict[str, torch.Tensor]:
-        """This rank's parameters (or DP x CP-mean gradients) reassembled across TP, by
+        """This rank's parameters (or DP x CP-mean gradients) in FP32, reassembled across TP, by
         single-device name. Collective over the TP and DP x CP groups; PP stages each return
         their own names."""
         out = {}
         reduce = self.plan.dp * self.plan.cp
+        tp, gated = self.plan.tp, self.spec.gated_mlp
         for name, p in self.named_params:
-            t = p.detach() if which == "param" else p.grad
-            t = torch.zeros_like(p) if t is None else t.detach().clone()
+            t = (p.detach() if which == "param" else p.main_grad).float().clone()
             if which == "grad" and reduce > 1:
                 dist.all_reduce(t, group=self.dims.group("dp_cp"))
                 t /= reduce
-            dim = tensor.shard_dim(name)
-            if dim is not None and self.plan.tp > 1:
-                t = comm.all_gather_dim(t, dim, self.dims.group("tp"))
+            if tensor.shard_dim(name) is not None and tp > 1:
+                parts = comm.all_gather_dim(t.unsqueeze(0), 0, self.dims.group("tp"))
+                full = torch.empty(self.full_shape(name), dtype=t.dtype, device=t.device)
+                for rank, part in enumerate(parts):
+                    region = tensor.shard_region(name, full.shape, rank, tp, gated)
+                    tensor.put_region(full, region, part)
+                t = full
             out[name] = t.cpu()
         return out
 
+    def full_shape(self, name: str) -> tuple[int, ...]:
+        shape = dict(self.named_params)[name].shape
+        dim = tensor.shard_dim(name)
+        if dim is None or self.plan.tp == 1:
+            return tuple(shape)
+        return tuple(s * self.plan.tp if d == dim else s for d, s in enumerate(shape))
+
     def model_state_bytes(self) -> int:
-        """Weights and gradients (fp32 here) plus the optimizer slice this rank holds."""
-        params = sum(p.numel() * p.element_size() for _, p in self.named_params)
-        return 2 * params + self.optimizer.state_bytes()
+        """Weights and FP32 gradients (the flat buffers), the optimizer slice this rank holds
+        and the FP8 weight copies of the current step."""
+        return (self.buffers.nbytes() + self.optimizer.state_bytes()
+                + weight_cache_bytes(self.model))
 
 
 def parallelize(spec: ModelSpec, plan: Plan, config: StepConfig = StepConfig(),

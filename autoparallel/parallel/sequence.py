@@ -4,9 +4,9 @@ Under sequence parallel a block's input is all-gathered along the sequence befor
 parallel linears (Q, K and V; or FC1 and the gate). Plain autograd would save the gathered
 input, tp times the shard. Megatron-LM saves the shard and gathers it again in backward for the
 weight gradients, which is what Korthikanti et al.'s s·b·h/t·34 counts, so the built-in model
-does the same: ``_GatheredColumns`` runs all of a block's column GEMMs on one gathered input and
+does the same: ``_GatheredColumns`` runs a block's column GEMM(s) on one gathered input and
 saves only the shard (one all-gather forward; one all-gather and one reduce-scatter backward).
-The block's own code still calls ``self.wq(x)``...: those modules are swapped for
+The block's own code still calls ``self.wqkv(x)`` / ``self.w1(x)``: those modules are swapped for
 ``_PrecomputedColumn`` stand-ins that hand back the output computed for them. FP8 linears
 quantise and save their own input, so a block with one keeps the plain gather.
 """
@@ -68,7 +68,7 @@ class _PrecomputedColumn(nn.Module):
 
 def column_names(block: nn.Module) -> list[str]:
     """The block's column-parallel linears that this path can take: all plain ``nn.Linear``."""
-    names = [n for n in ("wq", "wk", "wv", "w1", "w3") if getattr(block, n, None) is not None]
+    names = [n for n in ("wqkv", "w1") if getattr(block, n, None) is not None]
     return names if all(type(getattr(block, n)) is nn.Linear for n in names) else []
 
 

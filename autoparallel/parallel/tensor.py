@@ -1,7 +1,11 @@
 """Tensor (and sequence) parallel for the built-in transformer, applied from outside.
 
-Column-parallel linears (wq, wk, wv, w1, w3, the output layer) keep a slice of the weight's rows
-(output features); row-parallel linears (wo, w2) a slice of its columns (input features). The
+Column-parallel linears (wqkv, w1, the output layer) keep a slice of the weight's rows (output
+features); row-parallel linears (wo, w2) a slice of its columns (input features). Which rows
+and columns a rank keeps is one function, ``shard_region``: a contiguous block for most, and for
+the fused SwiGLU ``w1`` ([gate; up]) the rank's slice of the gate followed by its slice of the up
+projection. The model is sharded on the meta device (``apply_tensor_parallel``), and each rank
+then writes only its region (``autoparallel.parallel.parallelize``). The
 communication sits at the block edges (``comm.enter_block`` / ``exit_block``), once per attention
 and MLP block as in Megatron-LM: all-reduces without sequence parallel, all-gather /
 reduce-scatter along the sequence with it. The embedding and the output layer are vocab-parallel
@@ -21,12 +25,78 @@ from torch import nn
 from autoparallel.parallel import comm, sequence
 
 
-def _shard_linear(linear: nn.Module, rank: int, size: int, dim: int) -> None:
-    """Keep the ``rank``-th of ``size`` slices of ``linear.weight`` along ``dim`` (0 rows, 1 cols)."""
+Region = tuple[tuple[range, ...], range]  # (row ranges, concatenated in order; columns)
+
+# Which dim of each parameter TP splits (None: replicated), by the single-device name.
+SHARD_DIMS = {"wqkv": 0, "w1": 0, "wo": 1, "w2": 1, "output": 0, "tok_embeddings": 0}
+
+
+def original_name(name: str) -> str:
+    """A parameter's name in the single-device model (TP wrappers add a level)."""
+    return name.replace(".block.", ".").replace("output.linear.", "output.")
+
+
+def shard_dim(name: str) -> int | None:
+    parts = original_name(name).split(".")
+    return SHARD_DIMS.get(parts[-2]) if len(parts) > 1 else None
+
+
+def shard_region(name: str, full_shape, rank: int, size: int, gated_mlp: bool) -> Region:
+    """The rows and columns of parameter ``name`` (full shape ``full_shape``) that TP rank
+    ``rank`` of ``size`` holds."""
+    rows = full_shape[0]
+    cols = full_shape[1] if len(full_shape) > 1 else 1
+    dim = shard_dim(name) if size > 1 else None
+    if dim is None:
+        return (range(rows),), range(cols)
+    extent = full_shape[dim]
+    if extent % size:
+        raise ValueError(f"cannot split {name} of shape {tuple(full_shape)} in {size} along "
+                         f"dim {dim}")
+    part = extent // size
+    if dim == 1:
+        return (range(rows),), range(rank * part, (rank + 1) * part)
+    if gated_mlp and original_name(name).endswith("mlp.w1.weight"):  # [gate; up]
+        half, part = rows // 2, rows // 2 // size
+        return ((range(rank * part, (rank + 1) * part),
+                 range(half + rank * part, half + (rank + 1) * part)), range(cols))
+    return (range(rank * part, (rank + 1) * part),), range(cols)
+
+
+def region_shape(region: Region, ndim: int) -> tuple[int, ...]:
+    rows = sum(len(r) for r in region[0])
+    return (rows, len(region[1])) if ndim == 2 else (rows,)
+
+
+def take_region(full: torch.Tensor, region: Region) -> torch.Tensor:
+    """The part of ``full`` a region names, as a new tensor."""
+    rows, cols = region
+    parts = [full[r.start:r.stop] for r in rows]
+    out = torch.cat(parts) if len(parts) > 1 else parts[0]
+    return (out[:, cols.start:cols.stop] if full.dim() == 2 else out).clone()
+
+
+def put_region(full: torch.Tensor, region: Region, part: torch.Tensor) -> None:
+    """Write a rank's ``part`` back into ``full`` at its region (inverse of ``take_region``)."""
+    rows, cols = region
+    at = 0
+    for r in rows:
+        target = full[r.start:r.stop]
+        source = part[at:at + len(r)]
+        if full.dim() == 2:
+            target[:, cols.start:cols.stop] = source
+        else:
+            target.copy_(source)
+        at += len(r)
+
+
+def _shard_linear(linear: nn.Module, name: str, rank: int, size: int, gated: bool) -> None:
+    """Keep rank ``rank``'s region of ``linear.weight``: an empty meta tensor of the shard's
+    shape on the meta device (materialised later), else a copy of the region."""
     w = linear.weight
-    if w.shape[dim] % size:
-        raise ValueError(f"cannot split a {tuple(w.shape)} weight in {size} along dim {dim}")
-    part = w.detach().chunk(size, dim=dim)[rank].clone()
+    region = shard_region(name, w.shape, rank, size, gated)
+    part = (torch.empty(region_shape(region, 2), device="meta", dtype=w.dtype)
+            if w.is_meta else take_region(w.detach(), region))
     linear.weight = nn.Parameter(part, requires_grad=w.requires_grad)
     linear.out_features, linear.in_features = part.shape
 
@@ -67,8 +137,9 @@ class VocabParallelEmbedding(nn.Module):
             raise ValueError(f"vocab_size={vocab} is not divisible by tp={size}")
         self.per_rank = vocab // size
         self.start = rank * self.per_rank
-        self.weight = nn.Parameter(embedding.weight.detach()[self.start:self.start
-                                                             + self.per_rank].clone())
+        w = embedding.weight.detach()
+        self.weight = nn.Parameter(w.new_empty(self.per_rank, w.shape[1]) if w.is_meta
+                                   else w[self.start:self.start + self.per_rank].clone())
         self.group, self.sp = group, sp
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -83,18 +154,21 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Per-token cross-entropy from logits sharded on the vocab, as Megatron-LM's
     ``_VocabParallelCrossEntropy``: max, sum of exponentials and the target logit are each reduced
     over the TP group, and only the FP32 softmax shard is saved (4 bytes per local logit, the
-    cost model's count); the gradient is softmax minus the one-hot target."""
+    cost model's count); the gradient is softmax minus the one-hot target. Like Megatron-LM it
+    makes one FP32 copy of the (BF16) logits and turns it in place into the shifted logits, their
+    exponentials and the softmax: no second full-size FP32 tensor."""
 
     @staticmethod
     def forward(ctx, logits, targets, start: int, group):
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        peak = logits.max(dim=-1).values
+        wide = torch.promote_types(logits.dtype, torch.float32)
+        shifted = logits.to(wide, copy=True)  # the one FP32 copy; never the caller's tensor
+        peak = shifted.max(dim=-1).values
         if comm._size(group) > 1:
             dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
-        shifted = logits - peak.unsqueeze(-1)
+        shifted.sub_(peak.unsqueeze(-1))
         local = targets - start
-        inside = (local >= 0) & (local < logits.shape[-1])
-        local = local.clamp(0, logits.shape[-1] - 1)
+        inside = (local >= 0) & (local < shifted.shape[-1])
+        local = local.clamp(0, shifted.shape[-1] - 1)
         target_logit = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1) * inside
         exp = shifted.exp_()
         sum_exp = exp.sum(dim=-1)
@@ -109,9 +183,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         softmax, local, inside = ctx.saved_tensors
-        out = softmax.clone()
+        out = softmax  # reused in place, as Megatron-LM does: backward runs once
         out.scatter_add_(-1, local.unsqueeze(-1), -inside.to(out.dtype).unsqueeze(-1))
-        return out * grad.unsqueeze(-1), None, None, None
+        return out.mul_(grad.unsqueeze(-1)), None, None, None
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, start: int,
@@ -143,37 +217,21 @@ def apply_tensor_parallel(model: nn.Module, rank: int, size: int, group, sp: boo
         raise ValueError(f"ffn_hidden_size={spec.ffn_hidden_size} is not divisible by tp={size}")
     if spec.tie_embeddings:
         raise NotImplementedError("tensor parallel of tied embeddings is not implemented")
-    for layer in model.layers:
+    gated = spec.gated_mlp
+    for i, layer in enumerate(model.layers):
         att, mlp = layer.attention, layer.mlp
-        for lin in (att.wq, att.wk, att.wv, mlp.w1, mlp.w3):
-            if lin is not None:
-                _shard_linear(lin, rank, size, 0)
-        for lin in (att.wo, mlp.w2):
-            _shard_linear(lin, rank, size, 1)
+        for lin, name in ((att.wqkv, "attention.wqkv"), (att.wo, "attention.wo"),
+                          (mlp.w1, "mlp.w1"), (mlp.w2, "mlp.w2")):
+            _shard_linear(lin, f"layers.{i}.{name}.weight", rank, size, gated)
         att.heads //= size
         att.groups //= size
         layer.attention = _block(att, group, sp)
         layer.mlp = _block(mlp, group, sp)
     model.tok_embeddings = VocabParallelEmbedding(model.tok_embeddings, rank, size, group, sp)
-    _shard_linear(model.output, rank, size, 0)
+    _shard_linear(model.output, "output.weight", rank, size, gated)
     model.output = ParallelHead(model.output, group, sp)
 
 
 def sequence_parallel_params(model: nn.Module) -> list[nn.Parameter]:
     """Parameters replicated over TP whose gradients are partial sums under SP: the norms."""
     return [p for name, p in model.named_parameters() if "norm" in name.split(".")[-2]]
-
-
-# Which dim of each parameter TP splits (None: replicated), by the single-device name.
-SHARD_DIMS = {"wq": 0, "wk": 0, "wv": 0, "w1": 0, "w3": 0, "wo": 1, "w2": 1,
-              "output": 0, "tok_embeddings": 0}
-
-
-def original_name(name: str) -> str:
-    """A parameter's name in the single-device model (TP wrappers add a level)."""
-    return name.replace(".block.", ".").replace("output.linear.", "output.")
-
-
-def shard_dim(name: str) -> int | None:
-    parts = original_name(name).split(".")
-    return SHARD_DIMS.get(parts[-2])

@@ -30,7 +30,7 @@ class JobSpec:
     warmup: int = 5
     timeout_s: float = 600.0
     memory_cap_gib: float | None = None  # CPU: fail like an OOM above this (saved + states)
-    autocast_bf16: bool = True
+    bf16: bool = True  # BF16 weights and activations, FP32 main grads and optimizer state
     threads_per_rank: int | None = 1
     fault: str = ""  # "", "kill:RANK" (the rank exits at step 1), "hang:RANK" (it sleeps)
     seed: int = 0
@@ -82,7 +82,7 @@ def run_rank(rank: int, world: int, job: JobSpec) -> dict:
     device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    config = StepConfig(autocast_bf16=job.autocast_bf16, seed=job.seed)
+    config = StepConfig(bf16=job.bf16, seed=job.seed)
     pm = ParallelModel(job.model, job.plan, config, device)
     states = pm.model_state_bytes()
     cap = None if job.memory_cap_gib is None else int(job.memory_cap_gib * GIB)

@@ -35,7 +35,8 @@ def test_disable_switch(monkeypatch):
 def test_reference_and_cuda_ops_share_signatures():
     import inspect
     for name in ("amax", "cast_amax", "current_scale_cast", "cast_transpose",
-                 "blockwise_cast_1d", "blockwise_cast_2d", "delayed_scaling_update"):
+                 "current_scale_cast_transpose", "blockwise_cast_1d",
+                 "blockwise_cast_transpose_1d", "blockwise_cast_2d", "delayed_scaling_update"):
         ref = list(inspect.signature(getattr(reference, name)).parameters)
         cuda = list(inspect.signature(getattr(kernels.CudaOps, name)).parameters)[1:]
         assert len(ref) == len(cuda), name

@@ -75,7 +75,7 @@ def test_broken_recipe_is_caught_per_layer():
     broken, _ = collect_numerics(DelayedScaling(margin=-6), config=config)
     healthy, _ = collect_numerics(CurrentScaling(), config=config)
     inputs = broken[broken["tensor"] == "input"]
-    assert len(inputs) == 14 and (inputs["overflow_pct"] > 0).all()  # 2 layers x 7 GEMMs
+    assert len(inputs) == 8 and (inputs["overflow_pct"] > 0).all()  # 2 layers x 4 GEMMs
     assert (healthy["overflow_pct"] == 0).all()
     assert inputs["cos_sim"].max() < healthy["cos_sim"].min()
     policy = policy_from_numerics(broken, DelayedScaling())

@@ -39,9 +39,10 @@ def test_forward_shapes_and_parameter_count(activation, normalization):
 
 def test_gqa_mha_and_tied_embeddings():
     mha = dataclasses.replace(SMALL, num_query_groups=None)
-    assert Transformer(mha).layers[0].attention.wk.weight.shape == (64, 64)
+    assert Transformer(mha).layers[0].attention.wqkv.weight.shape == (3 * 64, 64)
     gqa = Transformer(SMALL)
-    assert gqa.layers[0].attention.wk.weight.shape == (32, 64)  # 2 groups x head_dim 16
+    # fused Q, K, V: 64 query rows + 2 groups x head_dim 16 for K and for V
+    assert gqa.layers[0].attention.wqkv.weight.shape == (64 + 2 * 32, 64)
     tied = Transformer(dataclasses.replace(SMALL, tie_embeddings=True))
     assert tied.output.weight is tied.tok_embeddings.weight
     assert sum(p.numel() for p in tied.parameters() if p.dim() == 2) == dataclasses.replace(
@@ -61,11 +62,11 @@ def test_policy_places_fp8_layers():
     policy = Fp8Policy(CurrentScaling(), bf16_first_layers=1, bf16_modules=("*.mlp.w2",))
     model = Transformer(SMALL, policy)
     fp8 = {n for n, m in model.named_modules() if isinstance(m, Fp8Linear)}
-    assert "layers.1.attention.wq" in fp8 and "layers.2.mlp.w1" in fp8
+    assert "layers.1.attention.wqkv" in fp8 and "layers.2.mlp.w1" in fp8
     assert not any(n.startswith("layers.0.") for n in fp8)
     assert not any(n.endswith("mlp.w2") for n in fp8)
     assert "output" not in fp8
-    assert len(fp8) == 2 * 7 - 2  # wq wk wv wo w1 w2 w3 in layers 1-2, minus two w2
+    assert len(fp8) == 2 * 4 - 2  # wqkv wo w1 w2 in layers 1-2, minus two w2
     assert model(tokens()).shape == (2, 16, 256)
 
 

@@ -23,7 +23,7 @@ from autoparallel.specs.plan import Plan
 SPEC = ModelSpec(name="equiv", num_layers=4, hidden_size=64, ffn_hidden_size=128,
                  num_attention_heads=8, num_query_groups=4, vocab_size=128, seq_length=16,
                  activation="swiglu", normalization="rmsnorm")
-CONFIG = StepConfig(autocast_bf16=False)
+CONFIG = StepConfig(bf16=False)
 LOSS_RTOL, GRAD_TOL = 1e-5, 1e-4
 FP8_LOSS_RTOL, FP8_ACT_SCALE_RTOL = 2e-2, 0.15
 
