@@ -216,10 +216,7 @@ def _native_on(device: str, blockwise: bool, backend: str) -> bool:
 def native_gemm(device: torch.device, blockwise: bool, backend: GemmBackend = "auto") -> bool:
     """True where ``fp8_gemm`` calls torch._scaled_mm, False where it emulates; raises
     ``Fp8Unsupported`` for a GPU that cannot run the recipe's GEMMs."""
-    device = torch.device(device)
-    name = str(device) if device.index is not None or device.type != "cuda" else \
-        f"cuda:{torch.cuda.current_device()}"
-    return _native_on(name, blockwise, backend)
+    return _native_on(_device_name(torch.device(device)), blockwise, backend)
 
 
 def fp8_gemm(a: Fp8Tensor, b: Fp8Tensor, out_dtype: torch.dtype,

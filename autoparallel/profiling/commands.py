@@ -14,6 +14,21 @@ from autoparallel.argtypes import non_negative, positive, positive_seconds
 from autoparallel.errors import UserError
 
 
+def _device_arg(p) -> None:
+    from autoparallel.profiling.device import DEVICE_CHOICES
+    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
+                   help="where profiles run: the GPU when torch sees one (auto, default), or "
+                        "cpu / cuda; profiled.csv records which device measured")
+
+
+def _checked_device(choice: str) -> str:
+    from autoparallel.profiling.device import resolve_device
+    try:
+        return resolve_device(choice)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
 def _job_args(p: argparse.ArgumentParser, prefix: str = "") -> None:
     p.add_argument(f"--{prefix}steps", type=positive, default=20, help="timed steps (default 20)")
     p.add_argument(f"--{prefix}warmup", type=non_negative, default=5, help="untimed warm-up steps (default 5)")
@@ -35,6 +50,7 @@ def add_profile_parser(sub) -> None:
     where.add_argument("--rank", nargs=2, metavar=("N", "RUN_DIR"),
                        help="the N-th ranked plan of a saved search")
     _job_args(p)
+    _device_arg(p)
     p.add_argument("--fault", default="", help=argparse.SUPPRESS)  # kill:RANK | hang:RANK (tests)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_profile)
@@ -59,6 +75,7 @@ def add_search_args(s: argparse.ArgumentParser) -> None:
     g.add_argument("--memory-cap-gib", type=float, help="CPU only: forced per-rank memory cap")
     g.add_argument("--executor", choices=("local", "ray"), default="local")
     g.add_argument("--ray-address", help="Ray cluster address")
+    _device_arg(g)
 
 
 def add_calibrate_args(c: argparse.ArgumentParser) -> None:
@@ -95,9 +112,10 @@ def cmd_profile(args: argparse.Namespace) -> None:
         except ValueError:
             raise UserError(f"--rank expects N RUN_DIR, got {args.rank[0]!r} for N") from None
         plan = run.load(Path(args.rank[1])).plan(n)
+    _checked_device(args.device)
     try:
         job = JobSpec(model, plan, steps=args.steps, warmup=args.warmup, timeout_s=args.timeout,
-                      memory_cap_gib=args.memory_cap_gib, fault=args.fault)
+                      memory_cap_gib=args.memory_cap_gib, fault=args.fault, device=args.device)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     m = make_launcher(args.executor, args.ray_address).run(job)
@@ -138,9 +156,11 @@ def profile_search(result, args: argparse.Namespace, console=None, run_dir: Path
 
 def _evaluator(result, args: argparse.Namespace, console):
     """The evaluator ``--profile`` names, for the layouts ``profile_top`` hands it."""
+    device = _checked_device(getattr(args, "device", "auto"))
     if args.profile == "layer":
         from autoparallel.profiling.layer import LayerProfileEvaluator
-        return LayerProfileEvaluator(result.model, result.hardware, result.space.memory_fraction)
+        return LayerProfileEvaluator(result.model, result.hardware, result.space.memory_fraction,
+                                     top_k=args.top_k, device=device)
     from autoparallel.profiling.evaluator import ProfilingEvaluator
     from autoparallel.profiling.launcher import make_launcher
 
@@ -152,7 +172,7 @@ def _evaluator(result, args: argparse.Namespace, console):
     return ProfilingEvaluator(result.model, make_launcher(args.executor, args.ray_address),
                               steps=args.profile_steps, warmup=args.profile_warmup,
                               timeout_s=args.profile_timeout, memory_cap_gib=args.memory_cap_gib,
-                              on_result=show)
+                              on_result=show, device=device)
 
 
 def calibrate_from(run_dir: Path, write: bool, console) -> dict:

@@ -3,8 +3,8 @@
 ``ProfilingEvaluator.evaluate`` runs one job per valid candidate it is given (the search hands
 it the top-k predicted layouts) and writes the measurement beside any prediction:
 ``measured_step_time_s``, ``measured_tokens_per_s_per_gpu``, ``measured_peak_memory_gib``,
-``measured_activation_bytes``, ``measured_loss`` and ``measurement_error`` (the reason of a
-failed job, '' when it ran). Given candidates without predictions it fills ``fits`` and
+``measured_activation_bytes``, ``measured_loss``, ``measured_device`` (the name of the device
+that measured) and ``measurement_error`` (the reason of a failed job, '' when it ran). Given candidates without predictions it fills ``fits`` and
 ``reason`` from the measurement itself, so a sampler can use it alone. A failing job never
 raises: the launcher turns it into a reason and the next candidate runs.
 """
@@ -24,6 +24,7 @@ MEASURED_COLUMNS = {
     "measured_peak_memory_gib": "peak_memory_gib",
     "measured_activation_bytes": "activation_bytes",
     "measured_loss": "loss",
+    "measured_device": "device",
 }
 
 
@@ -50,7 +51,7 @@ class ProfilingEvaluator:
         out = candidates.copy()
         for col in MEASURED_COLUMNS:
             if col not in out:
-                out[col] = np.nan
+                out[col] = "" if col == "measured_device" else np.nan
         if "measurement_error" not in out:
             out["measurement_error"] = ""
         predicted = "fits" in out

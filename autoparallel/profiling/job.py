@@ -2,8 +2,10 @@
 
 ``run_rank`` is what each process executes: build the rank's share (``autoparallel.parallel``),
 run ``warmup`` untimed and ``steps`` timed steps on generated tokens (a barrier before each, so a
-step's time is the slowest rank's), and report per-step seconds, the loss, saved-tensor bytes and
-model states. ``summarize`` turns the ranks' reports into one ``Measurement``: the median step
+step's time is the slowest rank's), and report per-step seconds, the loss, saved-tensor bytes,
+model states and the seconds it took to build the rank's share of the model (``build_s``: the
+meta-device build and the materialisation of the shard). ``device`` "auto" runs on GPUs (NCCL,
+one per rank) when torch sees them, else on the CPU (gloo). ``summarize`` turns the ranks' reports into one ``Measurement``: the median step
 time, tokens/s per GPU, the peak memory of the fullest rank. Faults can be injected (a rank that
 dies, one that hangs) so that the failure path is testable; the launcher turns any failure into a
 ``Measurement`` with ``ok=False`` and the reason.
@@ -31,6 +33,7 @@ class JobSpec:
     timeout_s: float = 600.0
     memory_cap_gib: float | None = None  # CPU: fail like an OOM above this (saved + states)
     bf16: bool = True  # BF16 weights and activations, FP32 main grads and optimizer state
+    device: str = "auto"  # auto | cpu | cuda
     threads_per_rank: int | None = 1
     fault: str = ""  # "", "kill:RANK" (the rank exits at step 1), "hang:RANK" (it sleeps)
     seed: int = 0
@@ -40,6 +43,10 @@ class JobSpec:
             raise ValueError(f"steps={self.steps} must be >= 1 and warmup={self.warmup} >= 0")
         if self.fault and not self.fault.split(":")[0] in ("kill", "hang"):
             raise ValueError(f"fault={self.fault!r}: use kill:RANK or hang:RANK")
+        from autoparallel.profiling.device import DEVICE_CHOICES
+        if self.device not in DEVICE_CHOICES:
+            raise ValueError(f"device={self.device!r} is not valid; choose one of "
+                             f"{', '.join(DEVICE_CHOICES)}")
 
 
 @dataclass
@@ -52,7 +59,8 @@ class Measurement:
     activation_bytes: float = float("nan")  # saved for backward, fullest rank
     loss: float = float("nan")
     world_size: int = 0
-    device: str = ""
+    device: str = ""  # the name of the device that measured (device.device_name)
+    build_s: float = float("nan")  # slowest rank's model build (meta build + its shard)
     wall_s: float = 0.0
     per_rank: list = field(default_factory=list)
 
@@ -78,12 +86,17 @@ def run_rank(rank: int, world: int, job: JobSpec) -> dict:
     from autoparallel.parallel.parallelize import ParallelModel, StepConfig
     from autoparallel.profiling.memory import SavedTensors
 
-    cuda = torch.cuda.is_available() and dist.get_backend() == "nccl"
+    from autoparallel.profiling.device import device_name
+    cuda = dist.get_backend() == "nccl"  # the launcher picked NCCL for a CUDA job
     device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     config = StepConfig(bf16=job.bf16, seed=job.seed)
+    start = time.perf_counter()
     pm = ParallelModel(job.model, job.plan, config, device)
+    if cuda:
+        torch.cuda.synchronize()
+    build_s = time.perf_counter() - start
     states = pm.model_state_bytes()
     cap = None if job.memory_cap_gib is None else int(job.memory_cap_gib * GIB)
     gen = torch.Generator().manual_seed(job.seed + 1)
@@ -106,9 +119,11 @@ def run_rank(rank: int, world: int, job: JobSpec) -> dict:
         if step >= job.warmup:
             times.append(elapsed)
             losses.append(loss)
+    states = pm.model_state_bytes()  # now with the optimizer moments and FP8 weight copies
     peak = (torch.cuda.max_memory_allocated(device) if cuda else tracker.peak + states)
     return {"rank": rank, "times": times, "loss": losses[-1], "saved_bytes": tracker.peak,
-            "state_bytes": states, "peak_bytes": peak, "device": str(device)}
+            "state_bytes": states, "peak_bytes": peak, "device": device_name(str(device)),
+            "build_s": build_s}
 
 
 def summarize(job: JobSpec, ranks: list[dict], wall_s: float) -> Measurement:
@@ -121,6 +136,6 @@ def summarize(job: JobSpec, ranks: list[dict], wall_s: float) -> Measurement:
         peak_memory_gib=max(r["peak_bytes"] for r in ranks) / GIB,
         activation_bytes=float(max(r["saved_bytes"] for r in ranks)),
         loss=float(ranks[0]["loss"]), world_size=world, device=ranks[0]["device"],
-        wall_s=wall_s,
+        build_s=max(r["build_s"] for r in ranks), wall_s=wall_s,
         per_rank=[{k: r[k] for k in ("rank", "saved_bytes", "state_bytes", "peak_bytes")}
                   for r in ranks])

@@ -16,9 +16,11 @@ import time
 from autoparallel.profiling.job import JobSpec, Measurement, run_rank, summarize
 
 
-def _backend() -> str:
-    import torch
-    return "nccl" if torch.cuda.is_available() else "gloo"
+def _backend(job: JobSpec) -> str:
+    """NCCL for a job on GPUs, gloo on the CPU (``job.device``, "auto": GPUs when torch sees
+    them)."""
+    from autoparallel.profiling.device import resolve_device
+    return "nccl" if resolve_device(job.device) == "cuda" else "gloo"
 
 
 def run_local(job: JobSpec) -> Measurement:
@@ -31,7 +33,10 @@ def run_local(job: JobSpec) -> Measurement:
         check_plan(job.model, job.plan, world)
     except (ValueError, NotImplementedError) as exc:
         return Measurement(ok=False, reason=f"not runnable: {exc}", world_size=world)
-    backend = _backend()
+    try:
+        backend = _backend(job)
+    except ValueError as exc:
+        return Measurement(ok=False, reason=f"not runnable: {exc}", world_size=world)
     if backend == "nccl":
         import torch
         if torch.cuda.device_count() < world:
@@ -91,7 +96,11 @@ class RayLauncher:
             check_plan(job.model, job.plan, world)
         except (ValueError, NotImplementedError) as exc:
             return Measurement(ok=False, reason=f"not runnable: {exc}", world_size=world), False
-        gpu = bool(ray.cluster_resources().get("GPU"))
+        has_gpu = bool(ray.cluster_resources().get("GPU"))
+        if job.device == "cuda" and not has_gpu:
+            return Measurement(ok=False, world_size=world, reason=(
+                "not runnable: device cuda, but the Ray cluster has no GPUs")), False
+        gpu = has_gpu and job.device != "cpu"
         kind = "GPU" if gpu else "CPU"
         available = ray.cluster_resources().get(kind, 0)
         if available < world:

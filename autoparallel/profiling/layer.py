@@ -4,8 +4,12 @@ The shape one rank computes: micro-batch ``mbs``, sequence ``seq/cp``, hidden ``
 heads and query groups divided by ``tp``, FFN width divided by ``tp``, and under context parallel
 the rank's share of the attention (``context_parallel_core``). The TP and CP communication is
 not in it; the cost model keeps predicting that. Recompute and precision are applied as the
-job would (selective: attention core recomputed; full: the whole layer). Results live in a
-``ProfileStore`` keyed by device, torch version, shape and recipe.
+job would (selective: attention core recomputed; full: the whole layer), with BF16 weights and
+activations as a Megatron-LM layer runs (no autocast). FP8 layers are timed in their steady
+state: scales initialised, and the weight's FP8 copies cast once per optimizer step, so not in
+the per-micro-batch time. On a GPU (``device`` "auto" picks one when torch sees it) the layer is
+timed with CUDA synchronisation around each step. Results live in a ``ProfileStore`` keyed by
+the measuring device's name, torch version, shape and recipe, and say which device measured.
 
 ``LayerProfileEvaluator`` is the cost model with the per-layer compute replaced by measured
 numbers (``search --profile layer``): the predicted layer part of the step (compute, recompute
@@ -57,22 +61,26 @@ def context_parallel_core(cp: int, gqa: bool):
 
 
 def profile_layer(shape: dict, steps: int = 10, warmup: int = 3, device: str = "cpu",
-                  threads: int | None = 1) -> dict:
+                  threads: int | None = 1, compile: bool = False) -> dict:
     """Median fwd+bwd seconds and saved-for-backward bytes of one layer of ``shape``.
 
     On CPU ``threads`` intra-op threads (one, like a profiling rank); None leaves torch's.
+    ``compile``: time ``torch.compile`` of the layer (GPU only; on CPU the eager layer runs).
     """
     import torch
     if threads is not None and not device.startswith("cuda"):
         previous = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            return profile_layer(shape, steps, warmup, device, None)
+            return profile_layer(shape, steps, warmup, device, None, compile)
         finally:
             torch.set_num_threads(previous)
 
-    from autoparallel.model.transformer import Recompute, TransformerLayer, rotary_tables
+    from autoparallel.model.fp8 import update_fp8_scales
+    from autoparallel.model.transformer import (Recompute, TransformerLayer, cast_parameters,
+                                                rotary_tables)
     from autoparallel.parallel.parallelize import policy_for
+    from autoparallel.profiling.device import device_name
     from autoparallel.profiling.memory import SavedTensors
     spec = ModelSpec(name="layer", num_layers=1, hidden_size=shape["hidden"],
                      ffn_hidden_size=shape["ffn"], num_attention_heads=shape["heads"],
@@ -81,29 +89,36 @@ def profile_layer(shape: dict, steps: int = 10, warmup: int = 3, device: str = "
                      normalization=shape["norm"])
     plan = Plan(tp=1, pp=1, dp=1, gbs=1, precision=shape["precision"])
     torch.manual_seed(0)
-    layer = TransformerLayer(spec, policy_for(plan), 0, Recompute(shape["recompute"])).to(device)
+    with torch.device(device):
+        layer = TransformerLayer(spec, policy_for(plan), 0, Recompute(shape["recompute"]))
+    cast_parameters(layer, torch.bfloat16)
     if shape.get("cp", 1) > 1:
         gqa = spec.query_groups != spec.num_attention_heads
         layer.attention.core = context_parallel_core(shape["cp"], gqa)
     cos, sin = (t.to(device) for t in rotary_tables(shape["seq"], shape["head_dim"]))
-    x = torch.randn(shape["mbs"], shape["seq"], shape["hidden"], device=device,
-                    dtype=torch.bfloat16, requires_grad=True)  # the residual stream is BF16
-    times, saved = [], 0
+    size = (shape["mbs"], shape["seq"], shape["hidden"])
+    x = torch.randn(*size, device=device, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(*size, device=device, dtype=torch.bfloat16)
     cuda = device.startswith("cuda")
+    run = torch.compile(layer) if compile and cuda else layer
+    torch.autograd.backward(run(x, cos, sin), dy)  # FP8: first step scales from the tensors
+    update_fp8_scales(layer)                        # ... then runs on delayed scales
+    times, saved = [], 0
     for i in range(warmup + steps):
         tracker = SavedTensors()
         if cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
-        with tracker, torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
-            y = layer(x, cos, sin)
-        y.float().square().mean().backward()
+        with tracker:
+            y = run(x, cos, sin)
+        torch.autograd.backward(y, dy)
         if cuda:
             torch.cuda.synchronize()
         if i >= warmup:
             times.append(time.perf_counter() - start)
         saved = max(saved, tracker.peak)
-    return {"fwd_bwd_s": statistics.median(times), "saved_bytes": saved}
+    return {"fwd_bwd_s": statistics.median(times), "saved_bytes": saved,
+            "device": device_name(device)}
 
 
 class LayerProfileEvaluator:
@@ -111,23 +126,31 @@ class LayerProfileEvaluator:
 
     def __init__(self, model: ModelSpec, hw, memory_fraction: float = 0.95,
                  store: ProfileStore | None = None, top_k: int | None = None,
-                 steps: int = 10, warmup: int = 3, device: str = "cpu") -> None:
+                 steps: int = 10, warmup: int = 3, device: str = "auto") -> None:
+        from autoparallel.profiling.device import device_name, resolve_device
         self.model, self.hw, self.memory_fraction = model, hw, memory_fraction
         self.store = store or ProfileStore()
-        self.top_k, self.steps, self.warmup, self.device = top_k, steps, warmup, device
+        self.top_k, self.steps, self.warmup = top_k, steps, warmup
+        self.device = resolve_device(device)
+        self.device_name = device_name(self.device)
 
-    def measured_layer_s(self, plan: Plan) -> float:
+    def measure(self, plan: Plan) -> dict:
+        """The layer profile of ``plan``'s per-rank shape, from the store or measured now."""
         shape = layer_shape(self.model, plan)
-        key = make_key(shape)
+        key = make_key(shape, self.device_name)
         entry = self.store.get(key)
         if entry is None:
             entry = profile_layer(shape, self.steps, self.warmup, self.device)
             self.store.put(key, entry)
-        return entry["fwd_bwd_s"]
+        return entry
+
+    def measured_layer_s(self, plan: Plan) -> float:
+        return self.measure(plan)["fwd_bwd_s"]
 
     def evaluate(self, candidates: pd.DataFrame) -> pd.DataFrame:
         out = CostModelEvaluator(self.model, self.hw, self.memory_fraction).evaluate(candidates)
         out["measured_layer_s"] = np.nan
+        out["measured_device"] = ""
         rows = out.index[out["fits"].to_numpy(dtype=bool)]
         if self.top_k is not None:
             rows = out.loc[rows].sort_values("tokens_per_s_per_gpu", ascending=False).index[
@@ -135,7 +158,15 @@ class LayerProfileEvaluator:
         for i in rows:
             row = out.loc[i]
             plan = row_to_plan(row)
-            measured = self.measured_layer_s(plan)
+            try:
+                entry = self.measure(plan)
+            except Exception as exc:  # noqa: BLE001 - an OOM or unsupported recipe is a reason
+                if "measurement_error" not in out:
+                    out["measurement_error"] = ""
+                out.at[i, "measurement_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                continue
+            measured = entry["fwd_bwd_s"]
+            out.at[i, "measured_device"] = entry.get("device", self.device_name)
             m, lps = row["num_microbatches"], self.model.num_layers / plan.pp
             layer_flops = flops.linear_flops_per_token(self.model)
             logit_flops = self.model.hidden_size * self.model.vocab_size * 2.0 / lps

@@ -15,17 +15,10 @@ from pathlib import Path
 DEFAULT_PATH = Path("results") / "layer_profiles.json"
 
 
-def device_name() -> str:
+def make_key(shape: dict, device: str) -> str:
+    """``device``: the measuring device's name (``device.device_name``)."""
     import torch
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    import platform
-    return f"cpu:{platform.processor() or platform.machine()}:{os.cpu_count()}"
-
-
-def make_key(shape: dict, device: str | None = None) -> str:
-    import torch
-    parts = [device or device_name(), f"torch{torch.__version__}"]
+    parts = [device, f"torch{torch.__version__}"]
     parts += [f"{k}={shape[k]}" for k in sorted(shape)]
     return "|".join(parts)
 

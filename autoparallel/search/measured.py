@@ -21,7 +21,7 @@ from autoparallel.specs.plan import Plan
 # Profiling measures a layout: it never changes which layout a row is, nor the prediction's
 # verdict on it (a failed job is a ``measurement_error``), so ``merge`` leaves these alone.
 _IDENTITY = frozenset(Plan.field_names()) | {"rank", "trial", "fits", "reason"}
-_TEXT_COLUMNS = ("measurement_error",)  # '' where not profiled, like ``reason``
+_TEXT_COLUMNS = ("measurement_error", "measured_device")  # '' where not profiled, like ``reason``
 
 
 def choose(ranked: pd.DataFrame, k: int, pareto: bool = False) -> pd.Index:

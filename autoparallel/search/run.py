@@ -156,9 +156,10 @@ def load(run_dir: Path) -> SearchResult:
 
 def read_table(path: Path) -> pd.DataFrame:
     """A candidates-like CSV as written: CSV turns '' into NaN, the tables want '' back."""
-    frame = pd.read_csv(path, low_memory=False, dtype={"reason": str, "measurement_error": str})
+    text = ("reason", "measurement_error", "measured_device")
+    frame = pd.read_csv(path, low_memory=False, dtype=dict.fromkeys(text, str))
     frame["fits"] = frame["fits"].astype(bool)
-    for col in ("reason", "measurement_error"):
+    for col in text:
         if col in frame:
             frame[col] = frame[col].fillna("")
     return frame

@@ -21,7 +21,8 @@ def test_job_measures_time_memory_and_loss():
     plan = Plan(tp=2, pp=1, dp=1, gbs=8, mbs=4, sp=True)
     m = run_local(JobSpec(SMALL, plan, steps=3, warmup=1, timeout_s=120))
     assert m.ok, m.reason
-    assert m.world_size == 2 and m.device == "cpu"
+    assert m.world_size == 2 and m.device.startswith("cpu")  # the measuring device, named
+    assert 0 < m.build_s < m.wall_s
     assert 0 < m.step_time_s < 60
     assert m.tokens_per_s_per_gpu == pytest.approx(8 * 32 / (m.step_time_s * 2))
     assert m.activation_bytes > 0

@@ -14,7 +14,7 @@ from autoparallel.specs.plan import Plan
 def test_shape_is_per_rank(small):
     shape = layer_shape(small, Plan(tp=2, pp=1, dp=1, cp=1, gbs=8, mbs=4, recompute="full"))
     assert (shape["heads"], shape["groups"], shape["ffn"], shape["mbs"]) == (2, 1, 64, 4)
-    key = make_key(shape, device="dev")
+    key = make_key(shape, "dev")
     assert key.startswith("dev|torch") and "recompute=full" in key and "precision=bf16" in key
 
 
