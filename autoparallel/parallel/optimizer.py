@@ -38,7 +38,8 @@ class DistributedOptimizer:
         padded = buffers.padded
         shard = padded // self.size if self.sharded else padded
         self.start = index * shard if self.sharded else 0
-        self.master = nn.Parameter(buffers.params[self.start:self.start + shard].float().clone())
+        self.master = nn.Parameter(buffers.params[self.start:self.start + shard]
+                                   .to(torch.float32, copy=True))
         self.grad = (torch.empty(shard, dtype=torch.float32, device=buffers.grads.device)
                      if self.sharded else buffers.grads)
         # Views of this rank's gradient slice that count towards the norm (replicated

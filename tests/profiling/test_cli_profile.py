@@ -3,6 +3,8 @@
 import json
 
 import pandas as pd
+import pytest
+import torch
 import yaml
 
 from autoparallel.cli import main
@@ -16,6 +18,16 @@ def test_profile_a_plan_file(tmp_path, small_yaml, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] and out["world_size"] == 2 and out["plan"]["pp"] == 2
     assert out["step_time_s"] > 0 and out["activation_bytes"] > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="--device cuda is valid on a GPU machine")
+def test_profile_device_must_exist(tmp_path, small_yaml, capsys):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("tp: 1\npp: 1\ndp: 1\ngbs: 8\n")
+    assert main(["profile", "--model", str(small_yaml), "--plan", str(plan), "--device",
+                 "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda" in err and "Traceback" not in err
 
 
 def test_profile_rejects_unknown_plan_keys(tmp_path, small_yaml, capsys):
@@ -35,6 +47,10 @@ def test_search_profiles_top_k_and_calibrates_from_the_run(tmp_path, small_yaml,
     measured = frame[frame["measured_step_time_s"].notna()]
     assert len(measured) == 2
     assert (measured["measured_tokens_per_s_per_gpu"] > 0).all()
+    # the run folder says which device measured (--device auto: the CPU here)
+    from autoparallel.profiling.device import device_name
+    profiled = pd.read_csv(run_dir / "profiled.csv")
+    assert list(profiled["measured_device"]) == [device_name("cpu")] * 2
     assert list(frame["rank"].head(2)) == [1, 2]  # the measured ones lead, best measured first
     assert frame["measured_tokens_per_s_per_gpu"].iloc[0] >= frame["measured_tokens_per_s_per_gpu"].iloc[1]
     assert "meas. step s" in (run_dir / "ranked.md").read_text()

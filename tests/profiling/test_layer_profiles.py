@@ -57,7 +57,9 @@ def test_store_caches_and_evaluator_replaces_compute(small, tmp_path):
     evaluator = LayerProfileEvaluator(small, hw, store=store, top_k=2, steps=2, warmup=1)
     out = evaluator.evaluate(result.ranked.drop(columns=["rank"]))
     measured = out[out["measured_layer_s"].notna()]
-    assert len(measured) == 2 and len(store.entries) >= 1
+    assert len(measured) == 2 and len(store.entries) >= 1  # --top-k 2: two layouts, no more
+    from autoparallel.profiling.device import device_name
+    assert set(measured["measured_device"]) == {device_name("cpu")}  # auto: no GPU here
     predicted = result.ranked.set_index(list(Plan.field_names()))["step_time_s"]
     for _, row in measured.iterrows():
         before = predicted.loc[tuple(row[n] for n in Plan.field_names())]
