@@ -51,6 +51,64 @@ def time_ms(fn, iters: int) -> float:
     return start.elapsed_time(end) / iters
 
 
+def kernel_cases(ops, x: torch.Tensor, tensors: int = 512, history: int = 1024) -> list[tuple]:
+    """(name, what it fuses, kernel call, reference call, DRAM bytes a perfect kernel moves)
+    for every kernel, on input ``x`` (2-D, on the GPU)."""
+    n, e = x.numel(), x.element_size()
+    e4m3 = torch.float8_e4m3fn
+    scale = torch.tensor(1.5, device="cuda")
+    hist = torch.rand(history, tensors, device="cuda")
+    sc, sc_inv = torch.ones(tensors, device="cuda"), torch.ones(tensors, device="cuda")
+    maxes = torch.full((tensors,), 448.0, device="cuda")
+    tiles = n // 128 * 4  # fp32 scales of 1x128 tiles
+    return [
+        ("amax", "abs + max reduction", lambda: ops.amax(x), lambda: R.amax(x), n * e),
+        ("cast_amax (delayed)", "scale mul + saturating cast + amax, one read",
+         lambda: ops.cast_amax(x, e4m3, scale), lambda: R.cast_amax(x, e4m3, scale), n * e + n),
+        ("current_scale_cast", "amax pass, then scale + cast on device (2 reads)",
+         lambda: ops.current_scale_cast(x, e4m3), lambda: R.current_scale_cast(x, e4m3),
+         2 * n * e + n),
+        ("cast_transpose", "cast + amax + both layouts, one read",
+         lambda: ops.cast_transpose(x, e4m3, scale), lambda: R.cast_transpose(x, e4m3, scale),
+         n * e + 2 * n),
+        ("current cast_transpose", "amax pass, then cast + both layouts",
+         lambda: ops.current_scale_cast_transpose(x, e4m3),
+         lambda: R.current_scale_cast_transpose(x, e4m3), 2 * n * e + 2 * n),
+        ("blockwise 1x128", "per-tile amax + scale + cast, one read",
+         lambda: ops.blockwise_cast_1d(x, e4m3), lambda: R.blockwise_cast_1d(x, e4m3),
+         n * e + n + tiles),
+        ("blockwise 1x128 both ways", "row and column tiles of one staged 128x128 tile",
+         lambda: ops.blockwise_cast_transpose_1d(x, e4m3),
+         lambda: R.blockwise_cast_transpose_1d(x, e4m3), n * e + 2 * n + 2 * tiles),
+        ("blockwise 128x128", "per-block amax + scale + cast from registers, one read",
+         lambda: ops.blockwise_cast_2d(x, e4m3), lambda: R.blockwise_cast_2d(x, e4m3),
+         n * e + n),
+        (f"delayed update x{tensors}", "amax window + scale + roll, all tensors one launch",
+         lambda: ops.delayed_scaling_update(hist, sc, sc_inv, maxes, 0, "max"),
+         lambda: R.delayed_scaling_update(hist, sc, sc_inv, maxes, 0, "max"),
+         2 * hist.numel() * 4 + 4 * tensors * 4),
+    ]
+
+
+def measure(rows: int = 8192, cols: int = 8192, dtype: str = "bf16", iters: int = 50,
+            tensors: int = 512, history: int = 1024) -> tuple[list[dict], float, str]:
+    """Per kernel: ms, GB/s, % of HBM peak, reference ms; plus the peak and its source."""
+    module, status = kernels.load()
+    if module is None:
+        raise RuntimeError(f"kernels unavailable: {status.reason}")
+    ops = kernels.CudaOps(module)
+    peak, source = hbm_bandwidth(torch.cuda.get_device_properties(0))
+    x = torch.randn(rows, cols, device="cuda").to(torch.bfloat16 if dtype == "bf16"
+                                                  else torch.float32)
+    out = []
+    for name, fuses, kern, ref, nbytes in kernel_cases(ops, x, tensors, history):
+        k_ms, r_ms = time_ms(kern, iters), time_ms(ref, max(3, iters // 5))
+        gbs = nbytes / (k_ms * 1e-3) / 1e9
+        out.append({"kernel": name, "fuses": fuses, "ms": k_ms, "gbs": gbs,
+                    "pct_peak": 100 * gbs * 1e9 / peak, "reference_ms": r_ms})
+    return out, peak, source
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=8192)
@@ -65,53 +123,20 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_kernels: no CUDA GPU visible to torch "
               f"(torch {torch.__version__}); nothing to measure.")
         return 0
-    module, status = kernels.load()
-    if module is None:
-        print(f"bench_kernels: kernels unavailable: {status.reason}")
+    try:
+        rows, peak, source = measure(args.rows, args.cols, args.dtype, args.iters, args.tensors,
+                                     args.history)
+    except RuntimeError as exc:
+        print(f"bench_kernels: {exc}")
         return 0
-    ops = kernels.CudaOps(module)
-    props = torch.cuda.get_device_properties(0)
-    peak, source = hbm_bandwidth(props)
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    x = torch.randn(args.rows, args.cols, device="cuda").to(dtype)
-    n, e = x.numel(), x.element_size()
-    e4m3 = torch.float8_e4m3fn
-    scale = torch.tensor(1.5, device="cuda")
-    hist = torch.rand(args.tensors, args.history, device="cuda")
-    sc = torch.ones(args.tensors, device="cuda")
-    maxes = torch.full((args.tensors,), 448.0, device="cuda")
-    tiles = n // 128 * 4
-    # (name, what it fuses, kernel call, reference call, DRAM bytes a perfect kernel moves)
-    cases = [
-        ("amax", "abs + max reduction", lambda: ops.amax(x), lambda: R.amax(x), n * e),
-        ("cast_amax (delayed)", "scale mul + saturating cast + amax, one read",
-         lambda: ops.cast_amax(x, e4m3, scale), lambda: R.cast_amax(x, e4m3, scale), n * e + n),
-        ("current_scale_cast", "amax pass, then scale + cast on device (2 reads)",
-         lambda: ops.current_scale_cast(x, e4m3), lambda: R.current_scale_cast(x, e4m3),
-         2 * n * e + n),
-        ("cast_transpose", "cast + amax + both layouts, one read",
-         lambda: ops.cast_transpose(x, e4m3, scale), lambda: R.cast_transpose(x, e4m3, scale),
-         n * e + 2 * n),
-        ("blockwise 1x128", "per-tile amax + scale + cast, one read",
-         lambda: ops.blockwise_cast_1d(x, e4m3), lambda: R.blockwise_cast_1d(x, e4m3),
-         n * e + n + tiles),
-        ("blockwise 128x128", "per-block amax + scale + cast (2nd read from L2)",
-         lambda: ops.blockwise_cast_2d(x, e4m3), lambda: R.blockwise_cast_2d(x, e4m3),
-         n * e + n),
-        (f"delayed update x{args.tensors}", "amax window + scale + roll, all tensors one launch",
-         lambda: ops.delayed_scaling_update(hist, sc, maxes, 0, "max"),
-         lambda: R.delayed_scaling_update(hist, sc, maxes, 0, "max"),
-         2 * hist.numel() * 4 + 3 * args.tensors * 4),
-    ]
-    print(f"device: {props.name}, HBM peak {peak / 1e12:.2f} TB/s ({source}); "
-          f"input {args.rows}x{args.cols} {args.dtype}; torch {torch.__version__}")
+    print(f"device: {torch.cuda.get_device_name()}, HBM peak {peak / 1e12:.2f} TB/s "
+          f"({source}); input {args.rows}x{args.cols} {args.dtype}; torch {torch.__version__}")
     print("| kernel | fuses | kernel ms | GB/s | % of HBM peak | reference ms | speedup |")
     print("|---|---|---|---|---|---|---|")
-    for name, fuses, kern, ref, nbytes in cases:
-        k_ms, r_ms = time_ms(kern, args.iters), time_ms(ref, max(3, args.iters // 5))
-        gbs = nbytes / (k_ms * 1e-3) / 1e9
-        print(f"| {name} | {fuses} | {k_ms:.4f} | {gbs:.0f} | {100 * gbs * 1e9 / peak:.0f} % | "
-              f"{r_ms:.4f} | {r_ms / k_ms:.1f}x |")
+    for r in rows:
+        print(f"| {r['kernel']} | {r['fuses']} | {r['ms']:.4f} | {r['gbs']:.0f} | "
+              f"{r['pct_peak']:.0f} % | {r['reference_ms']:.4f} | "
+              f"{r['reference_ms'] / r['ms']:.1f}x |")
     return 0
 
 

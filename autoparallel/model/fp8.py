@@ -341,20 +341,18 @@ class Fp8Linear(nn.Module):
 
     def quantize(self, x: torch.Tensor, role: TensorRole, *, transpose: bool = False
                  ) -> tuple[Fp8Tensor, Fp8Tensor | None]:
-        """Quantize a 2-D activation or gradient per the recipe, report it to the observer.
+        """Quantize a 2-D operand per the recipe and report it to the observer, if any.
 
-        Returns the tensor and, with ``transpose``, the copy the transposed GEMM reads: for
-        tensorwise recipes the same values in the other layout (folded into the first
-        result's ``data_other``, so the second is None), for blockwise X^T tiled along X's rows
-        (a different quantization, returned as the second result).
+        Returns the tensor and, with ``transpose``, the copy the transposed GEMM reads. For
+        tensorwise recipes, and blockwise weights (128x128 blocks), that copy holds the same
+        values in the other layout and is folded into the first result's ``data_other``, so
+        the second is None; for blockwise activations and gradients (1x128 tiles) it is x^T
+        tiled along x's rows, a different quantization, returned as the second result.
         """
         dtype = role_dtype(self.recipe.fp8_format, role)
         other, current = None, None
         if isinstance(self.recipe, BlockwiseScaling):
-            size = self.recipe.block_size
-            q, s, q_t, s_t = ops.fp8_cast_blockwise(x, dtype, size, transpose)
-            out = Fp8Tensor(q, s, (1, size))
-            other = Fp8Tensor(q_t, s_t, (1, size)) if transpose else None
+            out, other = self._quantize_blockwise(x, dtype, role, transpose)
         elif isinstance(self.recipe, CurrentScaling):
             q, q_t, scale_inv, _ = ops.fp8_cast_current(x, dtype, self.recipe.margin, transpose)
             out = Fp8Tensor(q, scale_inv, None, q_t.t() if transpose else None)
@@ -363,6 +361,19 @@ class Fp8Linear(nn.Module):
         if self.observer is not None:
             self.observer(self.numerics_name, role, x, out, current)
         return out, other
+
+    def _quantize_blockwise(self, x, dtype, role: TensorRole, transpose: bool
+                            ) -> tuple[Fp8Tensor, Fp8Tensor | None]:
+        size = self.recipe.block_size
+        if role == "weight":
+            q, s = ops.fp8_cast_blocks2d(x, dtype, size)
+            if not transpose:
+                return Fp8Tensor(q, s, (size, size)), None
+            # W^T row-major for dgrad, its block scales laid out to match
+            return Fp8Tensor(q, s, (size, size), q.t().contiguous().t(),
+                             s.t().contiguous().t()), None
+        q, s, q_t, s_t = ops.fp8_cast_blockwise(x, dtype, size, transpose)
+        return Fp8Tensor(q, s, (1, size)), Fp8Tensor(q_t, s_t, (1, size)) if transpose else None
 
     def _quantize_delayed(self, x, dtype, i: int, transpose: bool
                           ) -> tuple[Fp8Tensor, torch.Tensor | None]:
@@ -387,17 +398,8 @@ class Fp8Linear(nn.Module):
         cached = self._weight_cache
         if cached is not None and cached[0] is weight and cached[1] == key:
             return cached[2]
-        native = self.native(weight.device)
-        if isinstance(self.recipe, BlockwiseScaling):
-            size = self.recipe.block_size
-            q, s = ops.fp8_cast_blocks2d(weight, torch.float8_e4m3fn, size)
-            wq = Fp8Tensor(q, s, (size, size))
-            if native:  # dgrad reads W^T row-major, with its scales laid out to match
-                wq = Fp8Tensor(q, s, (size, size), q.t().contiguous().t(), s.t().contiguous().t())
-        else:
-            wq, _ = self.quantize(weight, "weight", transpose=native)
-        if isinstance(self.recipe, BlockwiseScaling) and self.observer is not None:
-            self.observer(self.numerics_name, "weight", weight, wq, None)
+        # dgrad reads W^T row-major: cast both layouts where the GEMMs are torch._scaled_mm
+        wq, _ = self.quantize(weight, "weight", transpose=self.native(weight.device))
         self._weight_cache = (weight, key, wq)
         return wq
 

@@ -335,7 +335,10 @@ class Transformer(nn.Module):
         self.spec, self.policy = spec, fp8 or Fp8Policy()
         self.recompute = recompute or Recompute()
         with torch.device("meta"):
-            self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.hidden_size)
+            # (given its weight, Embedding skips its own init: normal_ on the meta device
+            # would import torch._dynamo, two seconds of every job's start)
+            self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.hidden_size, _weight=(
+                torch.empty(spec.vocab_size, spec.hidden_size)))
             self.layers = nn.ModuleList(TransformerLayer(spec, self.policy, i, self.recompute)
                                         for i in range(spec.num_layers))
             self.norm = _norm(spec)

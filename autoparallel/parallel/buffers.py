@@ -26,7 +26,7 @@ class ParamBuffers:
     multiple of ``pad_to`` (the distributed optimizer's shard count).
 
     The parameters of ``model`` are replaced, wherever a module holds them, by views of the
-    buffer with the same shape and ``requires_grad`` (values are left for the caller to write);
+    buffer with the same shape and ``requires_grad`` (uninitialised: the caller writes them);
     ``named`` lists the new ones with their names, in buffer order.
     """
 
@@ -35,7 +35,8 @@ class ParamBuffers:
         self.numels = [p.numel() for _, p in named_params]
         self.total = sum(self.numels)
         self.padded = -(-self.total // pad_to) * pad_to
-        self.params = torch.zeros(self.padded, dtype=dtype, device=device)
+        self.params = torch.empty(self.padded, dtype=dtype, device=device)
+        self.params[self.total:].zero_()  # the rest is written by the caller
         self.grads = torch.zeros(self.padded, dtype=torch.float32, device=device)
         replaced: dict[int, nn.Parameter] = {}
         self.named: list[tuple[str, nn.Parameter]] = []

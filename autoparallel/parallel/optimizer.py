@@ -51,8 +51,10 @@ class DistributedOptimizer:
             lo, hi = max(offset, self.start), min(offset + n, self.start + shard)
             if lo < hi:
                 self.norm_views.append(self.grad[lo - self.start:hi - self.start])
+        # fused on a GPU: one kernel, no full-size temporaries (foreach would allocate one)
         self.adam = torch.optim.AdamW([self.master], lr=lr, betas=betas,
-                                      weight_decay=weight_decay)
+                                      weight_decay=weight_decay,
+                                      fused=True if self.master.is_cuda else None)
         self.last_grad_norm = torch.zeros((), device=self.master.device)
 
     def _squared_norm(self) -> torch.Tensor:

@@ -60,28 +60,19 @@ def context_parallel_core(cp: int, gqa: bool):
     return core
 
 
-def profile_layer(shape: dict, steps: int = 10, warmup: int = 3, device: str = "cpu",
-                  threads: int | None = 1, compile: bool = False) -> dict:
-    """Median fwd+bwd seconds and saved-for-backward bytes of one layer of ``shape``.
+def make_layer(shape: dict, device: str = "cpu", compile: bool = False):
+    """One layer of ``shape`` on ``device`` with BF16 weights, its inputs and an output
+    gradient, past its first step (FP8 scales initialised, weights cast for the step).
 
-    On CPU ``threads`` intra-op threads (one, like a profiling rank); None leaves torch's.
-    ``compile``: time ``torch.compile`` of the layer (GPU only; on CPU the eager layer runs).
+    Returns (run, layer, x, dy, cos, sin): ``run(x, cos, sin)`` is the layer, or
+    ``torch.compile`` of it with ``compile`` on a GPU (on CPU the eager layer).
     """
     import torch
-    if threads is not None and not device.startswith("cuda"):
-        previous = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            return profile_layer(shape, steps, warmup, device, None, compile)
-        finally:
-            torch.set_num_threads(previous)
 
     from autoparallel.model.fp8 import update_fp8_scales
     from autoparallel.model.transformer import (Recompute, TransformerLayer, cast_parameters,
                                                 rotary_tables)
     from autoparallel.parallel.parallelize import policy_for
-    from autoparallel.profiling.device import device_name
-    from autoparallel.profiling.memory import SavedTensors
     spec = ModelSpec(name="layer", num_layers=1, hidden_size=shape["hidden"],
                      ffn_hidden_size=shape["ffn"], num_attention_heads=shape["heads"],
                      num_query_groups=shape["groups"], kv_channels=shape["head_dim"],
@@ -99,10 +90,32 @@ def profile_layer(shape: dict, steps: int = 10, warmup: int = 3, device: str = "
     size = (shape["mbs"], shape["seq"], shape["hidden"])
     x = torch.randn(*size, device=device, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(*size, device=device, dtype=torch.bfloat16)
-    cuda = device.startswith("cuda")
-    run = torch.compile(layer) if compile and cuda else layer
+    run = torch.compile(layer) if compile and str(device).startswith("cuda") else layer
     torch.autograd.backward(run(x, cos, sin), dy)  # FP8: first step scales from the tensors
     update_fp8_scales(layer)                        # ... then runs on delayed scales
+    return run, layer, x, dy, cos, sin
+
+
+def profile_layer(shape: dict, steps: int = 10, warmup: int = 3, device: str = "cpu",
+                  threads: int | None = 1, compile: bool = False) -> dict:
+    """Median fwd+bwd seconds and saved-for-backward bytes of one layer of ``shape``.
+
+    On CPU ``threads`` intra-op threads (one, like a profiling rank); None leaves torch's.
+    ``compile``: time ``torch.compile`` of the layer (GPU only; on CPU the eager layer runs).
+    """
+    import torch
+    if threads is not None and not device.startswith("cuda"):
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return profile_layer(shape, steps, warmup, device, None, compile)
+        finally:
+            torch.set_num_threads(previous)
+
+    from autoparallel.profiling.device import device_name
+    from autoparallel.profiling.memory import SavedTensors
+    run, _, x, dy, cos, sin = make_layer(shape, device, compile)
+    cuda = device.startswith("cuda")
     times, saved = [], 0
     for i in range(warmup + steps):
         tracker = SavedTensors()
@@ -119,6 +132,19 @@ def profile_layer(shape: dict, steps: int = 10, warmup: int = 3, device: str = "
         saved = max(saved, tracker.peak)
     return {"fwd_bwd_s": statistics.median(times), "saved_bytes": saved,
             "device": device_name(device)}
+
+
+def predicted_layer_s(model: ModelSpec, plan: Plan, row) -> tuple[float, float, float]:
+    """The cost model's time for one layer's forward + backward of one micro-batch, from a
+    predicted row: (one layer, all the stage's layers of the step, the layers' share of the
+    compute). The layer part is the compute, recompute and FP8 casts of the transformer layers;
+    the logits layer's share of the compute is left out."""
+    m, lps = row["num_microbatches"], model.num_layers / plan.pp
+    layer_flops = flops.linear_flops_per_token(model)
+    logit_flops = model.hidden_size * model.vocab_size * 2.0 / lps
+    share = layer_flops / (layer_flops + logit_flops)
+    layers = row["compute_s"] * share + row["recompute_s"] + row["fp8_cast_s"]
+    return layers / (m * lps), layers, share
 
 
 class LayerProfileEvaluator:
@@ -167,13 +193,7 @@ class LayerProfileEvaluator:
                 continue
             measured = entry["fwd_bwd_s"]
             out.at[i, "measured_device"] = entry.get("device", self.device_name)
-            m, lps = row["num_microbatches"], self.model.num_layers / plan.pp
-            layer_flops = flops.linear_flops_per_token(self.model)
-            logit_flops = self.model.hidden_size * self.model.vocab_size * 2.0 / lps
-            share = layer_flops / (layer_flops + logit_flops)
-            predicted_layers = (row["compute_s"] * share + row["recompute_s"]
-                                + row["fp8_cast_s"])
-            predicted_one = predicted_layers / (m * lps)
+            predicted_one, predicted_layers, share = predicted_layer_s(self.model, plan, row)
             ratio = measured / predicted_one
             step = (row["step_time_s"] + (ratio - 1.0) * predicted_layers
                     + (ratio - 1.0) * row["bubble_s"] * share)
