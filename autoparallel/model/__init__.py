@@ -1,7 +1,8 @@
 """The built-in FP8 transformer that profiling jobs and the FP8 numerics check run.
 
 ``recipes`` (what FP8 means), ``fp8`` (the FP8 Linear), ``reference`` and ``kernels`` (the
-memory-bound casts, on CPU and GPU), ``transformer`` (a decoder built from a ModelSpec),
+memory-bound casts, on CPU and GPU), ``ops`` (those casts as torch operators, one per cast),
+``transformer`` (a decoder built from a ModelSpec, on the meta device first),
 ``numerics`` (statistics per tensor and layer), ``data`` and ``train`` (a tiny training loop).
 Importing it needs torch; the cost model never does.
 """

@@ -55,7 +55,6 @@ class DistributedOptimizer:
         self.adam = torch.optim.AdamW([self.master], lr=lr, betas=betas,
                                       weight_decay=weight_decay,
                                       fused=True if self.master.is_cuda else None)
-        self.last_grad_norm = torch.zeros((), device=self.master.device)
 
     def _squared_norm(self) -> torch.Tensor:
         if not self.norm_views:
@@ -76,7 +75,6 @@ class DistributedOptimizer:
                 sq = sq / self.size  # every DP/CP rank holds the whole (identical) gradient
             dist.all_reduce(sq)
         norm = sq.sqrt()
-        self.last_grad_norm = norm
         if self.clip is not None:
             self.grad.mul_(torch.clamp(self.clip / (norm + 1e-6), max=1.0))
         self.master.grad = self.grad
