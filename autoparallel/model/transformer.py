@@ -14,7 +14,7 @@ global state.
 
 The model is built on the meta device and then materialised (``Transformer(..., device=...)``,
 or ``device="meta"`` to shard first and materialise only a rank's share). Initial values come
-from ``init_values``: each 1024 x 1024 tile of each parameter from its own generator seeded by
+from ``write_init``: each 1024 x 1024 tile of each parameter from its own generator seeded by
 (seed, name, tile), so any rank can produce exactly its shard of the single-device model without
 ever holding the whole tensor, and a job starts in seconds.
 
