@@ -19,7 +19,7 @@ class Efficiency:
     gemm_max: float = 0.75
     gemm_half_gflop: float = 5.0
     # FP8 GEMMs reach a smaller fraction of their (doubled) peak than BF16 GEMMs do.
-    fp8_gemm_relative: float = 0.8
+    fp8_gemm_relative: float = 1.0
     # Attention core (flash or fused softmax) as a fraction of the BF16 peak.
     attention: float = 0.45
     # Memory-bound kernels (norms, activations, casts, optimizer) as a fraction of HBM bandwidth.
@@ -38,6 +38,10 @@ class Efficiency:
     pp_overlap: float = 0.5
     # Fixed CPU / launch overhead per micro-batch per layer (seconds).
     layer_overhead_s: float = 30e-6
+    # Speed of older software releases relative to the newest one the constants were fitted on
+    # (NeMo container -> factor on throughput): the same layout runs faster release by release,
+    # so the constants describe the newest release and the validation scales the older rows.
+    release_speed: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,13 @@ class HardwareSpec:
     internode_gbps: float  # per GPU, unidirectional (GB/s): 400 Gb/s NDR = 50 GB/s
     fp8_tflops: float | None = None
     fp4_tflops: float | None = None
+    # Exponentials per second of the special function units (MUFU.EX2), in units of 10^12: the
+    # softmax of flash attention waits on them between its two GEMMs. SMs x 16 per clock x boost
+    # clock, or NVIDIA's figure (Blackwell 5, Blackwell Ultra 10.7).
+    exp_tera_per_s: float = 4.2
+    # GPU <-> host memory, per GPU and direction (GB/s): PCIe Gen5 x16 on x86 hosts, NVLink-C2C
+    # on Grace superchips. Prices activation offloading.
+    host_link_gbps: float = 55.0
     mxfp8: bool = False  # Blackwell block-scaled FP8
     nvlink_latency_us: float = 5.0
     internode_latency_us: float = 10.0
