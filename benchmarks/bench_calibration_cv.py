@@ -26,7 +26,7 @@ def main() -> None:
     print("|---|---|---|---|")
     held, inside = [], []
     for i, row in enumerate(rows):
-        fitted, _, _ = calibrate.fit(rows[:i] + rows[i + 1:], hw)
+        fitted = calibrate.fit(rows[:i] + rows[i + 1:], hw.efficiency).values
         trial = dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, **fitted))
         out = validate.predict_row(row, trial)
         ins = validate.predict_row(row)
