@@ -62,6 +62,7 @@ class SearchSpace:
     # Shares of the layers whose activations are offloaded to host memory (Megatron-LM's
     # --cpu-offloading-num-layers; only without pipeline parallelism and recompute).
     cpu_offload_fractions: tuple[float, ...] = (0.0,)
+    cpu_offloading_num_layers: int | None = None  # pinned exact count instead of the fractions
     memory_fraction: float = 0.95
     tp_within_nvlink_domain: bool = True
     # Where num_layers is not divisible by pp*vp, also try Megatron's uneven splits.
@@ -99,7 +100,7 @@ class SearchSpace:
         return dataclasses.replace(self, **updates)
 
 
-SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "uneven_pipeline_split")
+SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "uneven_pipeline_split", "cpu_offloading_num_layers")
 
 
 def load_space(name_or_path: str = "training") -> SearchSpace:
@@ -221,8 +222,7 @@ def _cross(structures: pd.DataFrame, features: pd.DataFrame) -> pd.DataFrame:
 
 
 def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
-             recompute_num_layers: int | None = None, cpu_offloading_num_layers: int | None = None
-             ) -> pd.DataFrame:
+             recompute_num_layers: int | None = None) -> pd.DataFrame:
     """Every candidate of ``space`` as a DataFrame of Plan columns plus ``reason`` ('' = valid).
 
     A structure or a feature combination that breaks a rule on its own appears once, with the
@@ -245,7 +245,7 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     valid_features = features[features.reason == ""].drop(columns="reason")
     crossed = _cross(valid_structures, valid_features)
     crossed = _expand_recompute_layers(crossed, model, space, recompute_num_layers)
-    crossed = _expand_offloading(crossed, model, space, cpu_offloading_num_layers)
+    crossed = _expand_offloading(crossed, model, space)
     out = pd.concat([crossed, structures[structures.reason != ""], features[features.reason != ""]],
                     ignore_index=True)
     out["gbs"] = gbs
@@ -274,10 +274,11 @@ def _expand_recompute_layers(df: pd.DataFrame, model: ModelSpec, space: SearchSp
     return pd.concat(parts, ignore_index=True)
 
 
-def _expand_offloading(df: pd.DataFrame, model: ModelSpec, space: SearchSpace, pinned: int | None) -> pd.DataFrame:
+def _expand_offloading(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
     """Give rows that may offload (pp = 1, no recompute) one row per offloaded layer count; a
     pinned count that Megatron-LM refuses for a row is kept with the reason."""
     able = (df.pp == 1) & (df.recompute == "none")
+    pinned = space.cpu_offloading_num_layers
     if pinned is not None:
         out = df.assign(cpu_offloading_num_layers=pinned)
         if pinned > 0:

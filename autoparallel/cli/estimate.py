@@ -11,7 +11,8 @@ from autoparallel.errors import UserError
 # What estimate assumes for a knob that is not given (search would search it instead).
 DEFAULTS = {"vp": 1, "cp": 1, "ep": 1, "mbs": 1, "recompute": "none", "precision": "bf16",
             "fp8_bf16_edge_layers": 0, "tp_comm_overlap": False, "distributed_optimizer": True,
-            "overlap_dp_comm": True, "grad_reduce_in_fp32": True, "flash_attention": True}
+            "overlap_dp_comm": True, "grad_reduce_in_fp32": True, "flash_attention": True, "fsdp": False,
+            "cpu_offloading_num_layers": 0}
 
 
 def add_parser(sub) -> None:

@@ -176,7 +176,7 @@ def optuna_search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space
     run_dir = run_folder.new_run_dir(root, model.name, gpus, hw.name)
     write_manifest(run_dir, model, hw, gpus, gbs, space, command,
                    {"strategy": "optuna", "study": io.to_dict(settings)})
-    seeds = sampler.published_layouts(model, gpus) if settings.published_seeds else []
+    seeds = sampler.published_layouts(model, gpus, hw.name) if settings.published_seeds else []
     if settings.seeds_from_grid:
         best = search(model, hw, gpus, gbs, space).feasible.head(settings.seeds_from_grid)
         seeds = [row.to_dict() for _, row in best.iterrows()] + seeds

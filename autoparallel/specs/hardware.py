@@ -62,6 +62,9 @@ class HardwareSpec:
     # GPU <-> host memory, per GPU and direction (GB/s): PCIe Gen5 x16 on x86 hosts, NVLink-C2C
     # on Grace superchips. Prices activation offloading.
     host_link_gbps: float = 55.0
+    # The network cards reach the GPU over that same PCIe link (x86 DGX/HGX: GPUDirect RDMA through
+    # the shared PCIe switch), so offloading gets only what network traffic leaves of it.
+    network_shares_host_link: bool = True
     mxfp8: bool = False  # Blackwell block-scaled FP8
     nvlink_latency_us: float = 5.0
     internode_latency_us: float = 10.0
