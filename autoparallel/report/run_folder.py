@@ -22,6 +22,7 @@ CANDIDATES = "candidates.csv"
 RANKED = "ranked.md"
 BEST = "best.yaml"
 MANIFEST = "manifest.yaml"
+TRAIN_SCRIPT = "train.sh"  # Megatron-LM launch script of the rank-1 plan
 PROFILED = "profiled.csv"  # the rows `search --profile` measured, as measured
 FLOAT_DIGITS = 4
 
