@@ -106,10 +106,12 @@ def write_tables(result: SearchResult, run_dir: Path, top_md: int = 50) -> None:
     if result.profiled is not None:
         run_folder.write_csv(run_dir / run_folder.PROFILED, result.profiled)
     title = f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}"
-    run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(result.ranked, top_md))
+    run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(
+        result.ranked, top_md, result.hardware, result.space.memory_fraction))
     if not result.feasible.empty:
         write_best(run_dir, result.model, result.hardware, result.entry(1), title)
     run_folder.write_csv(run_dir / run_folder.CANDIDATES, result.ranked)
+    run_folder.write_parquet(run_dir / run_folder.CANDIDATES_PARQUET, result.ranked)
 
 
 def plan_document(model: ModelSpec, hw: HardwareSpec, row: pd.Series) -> dict:
@@ -265,9 +267,10 @@ def report(run_dir: Path) -> Path:
     else:
         result = load(run_dir)
         title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"
-        run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(result.ranked))
+        run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(
+            result.ranked, 50, hw, space.memory_fraction))
     title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"
-    page = html.render(result.ranked, title, space.memory_fraction * hw.memory_gib)
+    page = html.render(result.ranked, title, space.memory_fraction * hw.memory_gib, hw)
     path = run_dir / "report.html"
     run_folder.write_atomic(path, page)
     return path

@@ -71,7 +71,7 @@ def test_search_with_decisions_shows_verdict_in_table_and_best_yaml(gpt175b, h10
     current = feasible[feasible.precision == "fp8-current"]
     assert (current.fp8_bf16_edge_layers >= 1).all()
     table = markdown_table(result.ranked, 5)
-    assert "FP8 check" in table.splitlines()[0] and "ok with BF16" in table
+    assert "FP8 check" in table.splitlines()[2] and "ok with BF16" in table
     doc = run.plan_document(gpt175b, h100, feasible.iloc[0])
     block = doc["fp8_check"]
     if feasible.iloc[0].precision == "fp8-current":
