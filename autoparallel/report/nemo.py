@@ -30,6 +30,18 @@ def _recompute(model: ModelSpec, plan: Plan) -> tuple[str | None, str | None, in
     return "full", "block", recompute_layers(model, plan)
 
 
+def _shape(model: ModelSpec) -> dict:
+    """The layer shapes, under the same names in NeMo 1.x and 2.x."""
+    return {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
+            "ffn_hidden_size": model.ffn_hidden_size, "num_attention_heads": model.num_attention_heads,
+            "num_query_groups": model.query_groups, "kv_channels": model.kv_channels}
+
+
+def _p2p(plan: Plan) -> dict:
+    """Pipeline send/receive as Megatron-LM runs it: overlapped when interleaved, else batched."""
+    return {"overlap_p2p_comm": plan.vp > 1, "batch_p2p_comm": plan.pp > 1 and plan.vp == 1}
+
+
 def _fp8(plan: Plan) -> dict:
     """FP8 keys shared by NeMo 1.x (model.*) and 2.x (MegatronMixedPrecision)."""
     if not plan.is_fp8:
@@ -66,12 +78,7 @@ def nemo1_config(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
         "sequence_parallel": plan.sp,
         "encoder_seq_length": model.seq_length,
         "max_position_embeddings": model.seq_length,
-        "num_layers": model.num_layers,
-        "hidden_size": model.hidden_size,
-        "ffn_hidden_size": model.ffn_hidden_size,
-        "num_attention_heads": model.num_attention_heads,
-        "num_query_groups": model.query_groups,
-        "kv_channels": model.kv_channels,
+        **_shape(model),
         "activation": NEMO1_ACTIVATION[model.activation],
         "normalization": "layernorm1p" if model.layernorm_zero_centered_gamma else model.normalization,
         "layernorm_epsilon": model.norm_epsilon,
@@ -89,8 +96,7 @@ def nemo1_config(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
         "activations_checkpoint_method": method,
         "activations_checkpoint_num_layers": layers,
         "ub_tp_comm_overlap": plan.tp_comm_overlap,
-        "overlap_p2p_comm": plan.vp > 1,
-        "batch_p2p_comm": plan.pp > 1 and plan.vp == 1,
+        **_p2p(plan),
         "use_flash_attention": plan.flash_attention,
         "megatron_amp_O2": True,
         "fp8": plan.is_fp8,
@@ -139,17 +145,12 @@ def nemo2_recipe(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
                "params_dtype": dtype, "pipeline_dtype": dtype,
                "grad_reduce_in_fp32": plan.grad_reduce_in_fp32, **_fp8(plan)}
     overlap = {"tp_comm_overlap": plan.tp_comm_overlap,
-               "overlap_p2p_comm": plan.vp > 1, "batch_p2p_comm": plan.pp > 1 and plan.vp == 1,
+               **_p2p(plan),
                "overlap_grad_reduce": plan.overlap_grad_reduce,
                "overlap_param_gather": plan.overlap_param_gather}
     config = {
         "transformer_impl": "transformer_engine",
-        "num_layers": model.num_layers,
-        "hidden_size": model.hidden_size,
-        "ffn_hidden_size": model.ffn_hidden_size,
-        "num_attention_heads": model.num_attention_heads,
-        "num_query_groups": model.query_groups,
-        "kv_channels": model.kv_channels,
+        **_shape(model),
         "seq_length": model.seq_length,
         "normalization": NORMALIZATION[model.normalization],
         "layernorm_epsilon": model.norm_epsilon,
