@@ -31,7 +31,7 @@ def test_gpt3_export_is_gpt3_in_every_block():
     model = io.load_model("gpt3-175b")
     args = megatron_args(model, CP2)
     assert "--position-embedding-type learned_absolute" in args and "--rotary-base" not in " ".join(args)
-    assert "--disable-bias-linear" not in args and "--apply-layernorm-1p" in args
+    assert "--disable-bias-linear" not in args and "--apply-layernorm-1p" not in args
     assert '--vocab-file "$VOCAB_FILE"' in args and '--merge-file "$MERGE_FILE"' in args
     tied = "--untie-embeddings-and-output-weights" not in args
     assert tied == model.tie_embeddings
@@ -45,6 +45,7 @@ def test_every_preset_exports_its_architecture(name):
     args = megatron_args(model, Plan(tp=1, pp=1, dp=8, gbs=64))
     assert f"--position-embedding-type {model.position_embedding_type}" in args
     assert ("--disable-bias-linear" in args) == (not model.add_bias_linear)
+    assert ("--apply-layernorm-1p" in args) == model.layernorm_zero_centered_gamma
     assert f"--hidden-dropout {model.hidden_dropout}" in args and f"--tokenizer-type {model.tokenizer_type}" in args
     assert nemo2_recipe(model, Plan(tp=1, pp=1, dp=8, gbs=64))["model"]["config"]["rotary_base"] == model.rotary_base
 
