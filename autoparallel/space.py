@@ -216,7 +216,7 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     """Every candidate of ``space`` as a DataFrame of Plan columns plus ``reason`` ('' = valid).
 
     A structure or a feature combination that breaks a rule on its own appears once, with the
-    other knobs left empty; everything else is a full layout.
+    space's first value of each other knob (see _fill_rejected); everything else is a full layout.
     """
     if gpus < 1:
         raise UserError(f"--gpus must be a positive integer, got {gpus}")
