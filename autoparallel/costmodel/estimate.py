@@ -166,7 +166,12 @@ def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.n
     stored_layer = (recomputed_fraction * memory.layer_input_bytes(model, b, s_local, t, sp)
                     + (1 - recomputed_fraction) * full_layer)
     offloaded = np.minimum(f64("cpu_offloading_num_layers"), first_layers)
-    transfer = offloaded * stored_layer / (hw.host_link_gbps * 1e9)
+    host_link = hw.host_link_gbps * 1e9
+    if hw.network_shares_host_link:  # FSDP's inter-node gathers and reduce-scatters take their share
+        fsdp_network = np.where(fsdp, comm.internode_bytes(layer_params_gpu * (2.0 * memory.WEIGHT_BYTES + grad_bytes),
+                                                           dp_group, dp_per_node), 0.0)
+        host_link = np.maximum(host_link - fsdp_network / layer_compute, 0.1 * host_link)
+    transfer = offloaded * stored_layer / host_link
     t_offload = (np.maximum(transfer - first_layers * forward, 0.0)
                  + np.maximum(transfer - first_layers * (layer_compute - forward), 0.0))
 
