@@ -99,14 +99,19 @@ def is_moe_row(row: pd.Series) -> bool:
 
 
 def model_from_row(row: pd.Series) -> ModelSpec:
+    """The row's architecture; tied embeddings and dropout (saved masks) where the row states them
+    (a training log does; the published rows take ModelSpec's defaults)."""
     def opt_int(key):
         return int(row[key]) if _given(row, key) else None
+    stated = {k: float(row[k]) for k in ("hidden_dropout", "attention_dropout") if _given(row, k)}
+    if _given(row, "tie_embeddings"):
+        stated["tie_embeddings"] = bool(int(row["tie_embeddings"]))
     return ModelSpec(
         name=str(row["model"]), num_layers=int(row["num_layers"]), hidden_size=int(row["hidden_size"]),
         ffn_hidden_size=int(row["ffn_hidden_size"]), num_attention_heads=int(row["num_attention_heads"]),
         num_query_groups=opt_int("num_query_groups"), kv_channels=opt_int("kv_channels"),
         vocab_size=int(row["vocab_size"]), seq_length=int(row["seq_length"]), activation=str(row["activation"]),
-        normalization="rmsnorm" if row["activation"] == "swiglu" else "layernorm")
+        normalization="rmsnorm" if row["activation"] == "swiglu" else "layernorm", **stated)
 
 
 def _pins(row: pd.Series) -> dict:
@@ -127,6 +132,7 @@ def _pins(row: pd.Series) -> dict:
             pins[knob] = bool(int(row[knob]))
     if _given(row, "overlap_grad_reduce"):
         pins["overlap_dp_comm"] = bool(int(row["overlap_grad_reduce"]))
+    pins["cpu_offloading_num_layers"] = _optional_int(row, "cpu_offloading_num_layers")
     return pins
 
 
@@ -183,8 +189,7 @@ def prepare_row(row: pd.Series, assumptions: dict) -> PreparedRow:
     hw = io.load_hardware(str(row["gpu"]))
     settings = {"tp_within_nvlink_domain": False, "full_recompute_fractions": [1.0], **source["space"]}
     space = io.from_dict(SearchSpace, settings, str(ASSUMPTIONS)).pinned(**_pins(row))
-    generated = generate(model, hw, int(row["num_gpus"]), int(row["gbs"]), space,
-                         _optional_int(row, "recompute_num_layers"), _optional_int(row, "cpu_offloading_num_layers"))
+    generated = generate(model, hw, int(row["num_gpus"]), int(row["gbs"]), space, _optional_int(row, "recompute_num_layers"))
     candidates = generated[generated["reason"] == ""].reset_index(drop=True)
     if candidates.empty:
         raise UserError(f"{row['id']}: the published layout breaks a rule: {generated['reason'].iloc[0]}")

@@ -82,6 +82,8 @@ def megatron_arguments(model, plan, gpus: int) -> dict:
         "seq_length": model.seq_length, "max_position_embeddings": model.seq_length,
         "swiglu": model.activation == "swiglu", "squared_relu": model.activation == "squared_relu",
         "normalization": "RMSNorm" if model.normalization == "rmsnorm" else "LayerNorm", "vocab_size": None,
+        "untie_embeddings_and_output_weights": not model.tie_embeddings, "hidden_dropout": model.hidden_dropout,
+        "attention_dropout": model.attention_dropout,
         "num_experts": None, "world_size": gpus, "rank": 0, "data_parallel_size": plan.dp,
         "tensor_model_parallel_size": plan.tp, "pipeline_model_parallel_size": plan.pp,
         "virtual_pipeline_model_parallel_size": plan.vp if plan.vp > 1 else None,

@@ -51,6 +51,7 @@ def test_megatron_lm_fp8_interleaved_log_reads_every_field():
         "measured_tokens_per_s_per_gpu": 128 * 8192 / (6.4523 * 16),
         # Largest "max allocated" / "max reserved" over ranks 0, 1, 8, 9 and both reports (MiB).
         "measured_max_allocated_gib": 36731.88 / 1024, "measured_max_reserved_gib": 39481.88 / 1024,
+        "tie_embeddings": 0, "hidden_dropout": 0.0, "attention_dropout": 0.0,
         "source": f"megatron-lm log {FP8_TP2.name}"})
     assert row["id"].startswith("log-megatron_tp2_pp2_vp4_sp_selective_fp8-")
     log = read_log(FP8_TP2)
@@ -70,7 +71,8 @@ def test_megatron_lm_2024_log_with_srun_prefixes_uneven_split_and_cp():
         "recompute": "full", "recompute_num_layers": 0, "mbs": 1, "gbs": 64, "precision": "bf16",
         "num_layers_in_first_pipeline_stage": 6, "num_layers_in_last_pipeline_stage": 6,
         "distributed_optimizer": 1, "overlap_grad_reduce": 1, "overlap_param_gather": 0, "tp_comm_overlap": 0,
-        "flash_attention": 1, "measured_iteration_time_s": 4.4015,
+        "flash_attention": 1, "tie_embeddings": 1, "hidden_dropout": 0.1, "attention_dropout": 0.1,
+        "measured_iteration_time_s": 4.4015,
         "measured_max_allocated_gib": 23412.8857421875 / 1024, "measured_max_reserved_gib": 25110.0 / 1024})
     assert row["measured_model_tflops_per_gpu"] is None  # run without --log-throughput
 
@@ -82,6 +84,7 @@ def test_megatron_bridge_log_reads_yaml_config_gb_memory_and_world_from_microbat
         "tp": 1, "pp": 1, "vp": 1, "cp": 1, "sp": 0, "recompute": "none", "mbs": 1, "gbs": 128,
         "precision": "fp8-current", "fsdp": 8, "distributed_optimizer": 1, "grad_reduce_in_fp32": 0,
         "overlap_grad_reduce": 1, "overlap_param_gather": 1, "flash_attention": 1,
+        "tie_embeddings": 0, "hidden_dropout": 0.0, "attention_dropout": 0.0,
         "measured_iteration_time_s": 9.61035, "measured_model_tflops_per_gpu": 702.0,
         "measured_max_allocated_gib": 55.102e9 / GIB, "measured_max_reserved_gib": 61.765e9 / GIB,
         "source": f"megatron-bridge log {BRIDGE_FSDP.name}"})
@@ -153,6 +156,9 @@ def test_imported_rows_price_exactly_the_logged_layout(tmp_path):
     assert bool(uneven.overlap_grad_reduce) and not bool(uneven.overlap_param_gather)
     fsdp = prepared["bridge_fsdp8_fp8_tensorwise"].candidates.iloc[0]
     assert bool(fsdp.fsdp) and fsdp.precision == "fp8-current" and not bool(fsdp.grad_reduce_in_fp32)
+    gpt = prepared["megatron_cp2_pp4_uneven_full_recompute_bf16"].model
+    assert gpt.tie_embeddings and gpt.hidden_dropout == 0.1
+    assert prepared["megatron_tp2_pp2_vp4_sp_selective_fp8"].model.hidden_dropout == 0.0
 
 
 def test_user_runs_are_the_reference_release():

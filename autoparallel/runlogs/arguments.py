@@ -105,6 +105,8 @@ def bridge_arguments(lines: Sequence[str]) -> dict[str, Any] | None:
     arguments["squared_relu"] = activation.endswith("squared_relu")
     arguments["group_query_attention"] = model.get("num_query_groups") is not None
     arguments["attention_backend"] = _bridge_attention_backend(model.get("attention_backend"))
+    if model.get("share_embeddings_and_output_weights") is not None:
+        arguments["untie_embeddings_and_output_weights"] = not model["share_embeddings_and_output_weights"]
     return arguments
 
 

@@ -1,7 +1,8 @@
 """One training log -> one row of the runs CSV.
 
 The row has the columns of the published ``training_runs_more.csv`` (model, layout, precision,
-measured figures) and, because a log states them where a paper does not, the layout knobs the
+measured figures) and, because a log states them where a paper does not, whether the embeddings
+are tied, the dropout probabilities (dropout masks are saved activations) and the layout knobs the
 published rows leave to the validation's search: the full-recompute layer count, the uneven
 pipeline split, CPU offloading, BF16 edge layers, the distributed optimizer and its overlaps,
 FP32 gradient reduction, TP communication overlap, flash attention (``LOG_COLUMNS``, named as
@@ -31,7 +32,7 @@ ID_PREFIX = "log"  # validation.yaml's block for these rows: `assumptions_key` o
 _LAUNCHER_PREFIX = re.compile(r"^(?:\d+: |\[default\d+\]:|\[rank\d+\]: ?)")
 FP8_RECIPES = {"delayed": "fp8-delayed", "tensorwise": "fp8-current", "blockwise": "fp8-blockwise",
                "mxfp8": "mxfp8"}  # Megatron-LM --fp8-recipe -> Plan.precision
-LOG_COLUMNS = ("recompute_num_layers", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+LOG_COLUMNS = ("tie_embeddings", "hidden_dropout", "attention_dropout", "recompute_num_layers", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                "cpu_offloading_num_layers", "fp8_bf16_edge_layers", "distributed_optimizer", "overlap_grad_reduce",
                "overlap_param_gather", "grad_reduce_in_fp32", "tp_comm_overlap", "flash_attention",
@@ -124,6 +125,9 @@ def to_row(log: TrainingLog, gpu: str, warmup: int | None = None) -> dict[str, A
         "measured_iteration_time_s": step_s,
         "source": f"{log.framework} log {log.path.name}", "notes": "; ".join(notes),
         "kv_channels": a.get("kv_channels"), "fsdp": gpus // (tp * pp) if fsdp else 0,
+        "tie_embeddings": (None if a.get("untie_embeddings_and_output_weights") is None
+                           else int(not a["untie_embeddings_and_output_weights"])),
+        "hidden_dropout": a.get("hidden_dropout"), "attention_dropout": a.get("attention_dropout"),
         "recompute_num_layers": recompute_layers,
         "num_layers_in_first_pipeline_stage": int(a.get("decoder_first_pipeline_num_layers") or 0),
         "num_layers_in_last_pipeline_stage": int(a.get("decoder_last_pipeline_num_layers") or 0),
