@@ -189,7 +189,8 @@ def prepare_row(row: pd.Series, assumptions: dict) -> PreparedRow:
     hw = io.load_hardware(str(row["gpu"]))
     settings = {"tp_within_nvlink_domain": False, "full_recompute_fractions": [1.0], **source["space"]}
     space = io.from_dict(SearchSpace, settings, str(ASSUMPTIONS)).pinned(**_pins(row))
-    generated = generate(model, hw, int(row["num_gpus"]), int(row["gbs"]), space, _optional_int(row, "recompute_num_layers"))
+    generated = generate(model, hw, int(row["num_gpus"]), int(row["gbs"]), space,
+                         _optional_int(row, "recompute_num_layers"))
     candidates = generated[generated["reason"] == ""].reset_index(drop=True)
     if candidates.empty:
         raise UserError(f"{row['id']}: the published layout breaks a rule: {generated['reason'].iloc[0]}")

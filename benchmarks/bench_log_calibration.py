@@ -94,7 +94,8 @@ def megatron_arguments(model, plan, gpus: int) -> dict:
         "account_for_embedding_in_pipeline_split": plan.account_for_embedding_in_pipeline_split,
         "account_for_loss_in_pipeline_split": plan.account_for_loss_in_pipeline_split,
         "recompute_granularity": None if plan.recompute == "none" else plan.recompute,
-        "recompute_method": ("block" if plan.recompute_num_layers else "uniform") if plan.recompute == "full" else None,
+        "recompute_method": (("block" if plan.recompute_num_layers else "uniform")
+                             if plan.recompute == "full" else None),
         "recompute_num_layers": (plan.recompute_num_layers or 1) if plan.recompute == "full" else None,
         "recompute_modules": ["core_attn"],
         "bf16": plan.precision != "fp16", "fp16": plan.precision == "fp16",
@@ -103,12 +104,15 @@ def megatron_arguments(model, plan, gpus: int) -> dict:
         "num_layers_at_start_in_bf16": plan.fp8_bf16_edge_layers or 1,
         "num_layers_at_end_in_bf16": plan.fp8_bf16_edge_layers or 1,
         "use_distributed_optimizer": plan.distributed_optimizer and not plan.fsdp,
-        "use_megatron_fsdp": plan.fsdp, "data_parallel_sharding_strategy": "optim_grads_params" if plan.fsdp else "no_shard",
+        "use_megatron_fsdp": plan.fsdp,
+        "data_parallel_sharding_strategy": "optim_grads_params" if plan.fsdp else "no_shard",
         "overlap_grad_reduce": plan.overlap_grad_reduce, "overlap_param_gather": plan.overlap_param_gather,
-        "accumulate_allreduce_grads_in_fp32": plan.grad_reduce_in_fp32, "grad_reduce_in_bf16": not plan.grad_reduce_in_fp32,
+        "accumulate_allreduce_grads_in_fp32": plan.grad_reduce_in_fp32,
+        "grad_reduce_in_bf16": not plan.grad_reduce_in_fp32,
         "tp_comm_overlap": plan.tp_comm_overlap,
         "attention_backend": "AttnBackend.auto" if plan.flash_attention else "AttnBackend.unfused",
-        "cpu_offloading": plan.cpu_offloading_num_layers > 0, "cpu_offloading_num_layers": plan.cpu_offloading_num_layers,
+        "cpu_offloading": plan.cpu_offloading_num_layers > 0,
+        "cpu_offloading_num_layers": plan.cpu_offloading_num_layers,
         "transformer_impl": "transformer_engine", "log_interval": LOG_INTERVAL, "log_throughput": True,
         "train_iters": TRAIN_ITERS, "lr": 0.0001, "seed": 1234, "params_dtype": "torch.bfloat16",
     }
@@ -166,9 +170,10 @@ def main() -> None:
         mismatched = []
         for p in published:
             mine = by_source[p.id].row
-            step_s = p.row["gbs"] * p.row["seq_length"] / (p.row["measured_tokens_per_s_per_gpu"] * p.row["num_gpus"])
-            same = all(int(mine[k]) == int(p.row[k]) for k in ("num_layers", "hidden_size", "tp", "pp", "cp", "mbs", "gbs",
-                                                                 "num_gpus")) and mine["precision"] == p.row["precision"]
+            step_s = p.row["gbs"] * p.row["seq_length"] / (p.row["measured_tokens_per_s_per_gpu"]
+                                                           * p.row["num_gpus"])
+            knobs = ("num_layers", "hidden_size", "tp", "pp", "cp", "mbs", "gbs", "num_gpus")
+            same = all(int(mine[k]) == int(p.row[k]) for k in knobs) and mine["precision"] == p.row["precision"]
             if not same or abs(mine["measured_iteration_time_s"] / step_s - 1) > 1e-4:
                 mismatched.append(p.id)
         print(f"{len(published)} dense {GPU} rows -> {len(published)} logs -> {len(rows)} imported rows; "

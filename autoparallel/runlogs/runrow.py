@@ -32,7 +32,8 @@ ID_PREFIX = "log"  # validation.yaml's block for these rows: `assumptions_key` o
 _LAUNCHER_PREFIX = re.compile(r"^(?:\d+: |\[default\d+\]:|\[rank\d+\]: ?)")
 FP8_RECIPES = {"delayed": "fp8-delayed", "tensorwise": "fp8-current", "blockwise": "fp8-blockwise",
                "mxfp8": "mxfp8"}  # Megatron-LM --fp8-recipe -> Plan.precision
-LOG_COLUMNS = ("tie_embeddings", "hidden_dropout", "attention_dropout", "recompute_num_layers", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+LOG_COLUMNS = ("tie_embeddings", "hidden_dropout", "attention_dropout", "recompute_num_layers",
+               "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                "cpu_offloading_num_layers", "fp8_bf16_edge_layers", "distributed_optimizer", "overlap_grad_reduce",
                "overlap_param_gather", "grad_reduce_in_fp32", "tp_comm_overlap", "flash_attention",
@@ -177,7 +178,8 @@ def _refuse_unmodelled(a: dict[str, Any]) -> None:
         raise UnreadableLog(f"a mixture-of-experts model (num_experts={a['num_experts']}): only dense models "
                             "are calibrated so far")
     for flag, what in (("multi_latent_attention", "multi-latent attention"),
-                       ("is_hybrid_model", "a hybrid (Mamba) model"), ("hybrid_override_pattern", "a hybrid (Mamba) model"),
+                       ("is_hybrid_model", "a hybrid (Mamba) model"),
+                       ("hybrid_override_pattern", "a hybrid (Mamba) model"),
                        ("pipeline_model_parallel_layout", "a --pipeline-model-parallel-layout"),
                        ("fp4", "FP4 training")):
         if a.get(flag):
