@@ -99,7 +99,7 @@ def to_row(log: TrainingLog, gpu: str, warmup: int | None = None) -> dict[str, A
         notes.append(f"Megatron-FSDP {a.get('data_parallel_sharding_strategy')} priced as the distributed optimizer")
     sp = bool(a.get("sequence_parallel")) and tp > 1
     edge = 0
-    if precision != "bf16" and precision != "fp16" and a.get("first_last_layers_bf16"):
+    if precision not in ("bf16", "fp16") and a.get("first_last_layers_bf16"):
         start, end = int(a.get("num_layers_at_start_in_bf16") or 0), int(a.get("num_layers_at_end_in_bf16") or 0)
         edge = max(start, end)
         if start != end:
