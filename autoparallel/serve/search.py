@@ -19,7 +19,7 @@ import pandas as pd
 
 from autoparallel import io
 from autoparallel.costmodel.inference import (LATENCY_METRICS, InferenceEfficiency,
-                                              estimate_inference_columns)
+                                              estimate_static_columns)
 from autoparallel.errors import UserError
 from autoparallel.report import run_folder
 from autoparallel.serve import export
@@ -92,7 +92,7 @@ def _estimate(model, hw, eff, space, request, frame: pd.DataFrame) -> dict[str, 
     cols = {k: frame[k].to_numpy() for k in ("tp", "pp", "batch", "weight_precision", "kv_precision")}
     cols["input_len"] = np.full(n, request.input_len)
     cols["output_len"] = np.full(n, request.output_len)
-    return estimate_inference_columns(model, hw, eff, cols, space.memory_fraction, space.prefill_chunk_tokens)
+    return estimate_static_columns(model, hw, eff, cols, space.memory_fraction, space.prefill_chunk_tokens)
 
 
 def _meets(est: dict, request: Request) -> np.ndarray:
