@@ -38,6 +38,9 @@ class ModelSpec:
     moe_shared_expert_ffn: int = 0
     # The global batch size the model was published with; the search keeps it fixed by default.
     global_batch_size: int | None = None
+    # Positions the model serves (Megatron-LM's --max-position-embeddings; HF's
+    # max_position_embeddings): the serving context. None means seq_length.
+    max_position_embeddings: int | None = None
     aliases: tuple[str, ...] = ()
     source: str = ""
 
@@ -47,6 +50,8 @@ class ModelSpec:
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
+        if self.max_position_embeddings is not None and self.max_position_embeddings < 1:
+            raise ValueError(f"max_position_embeddings must be positive, got {self.max_position_embeddings}")
         for key in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ValueError(f"{key} must be in [0, 1), got {getattr(self, key)}")
