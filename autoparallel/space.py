@@ -27,6 +27,11 @@ from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import FP8_PRECISIONS, PRECISION_CHOICES, RECOMPUTE_CHOICES, Plan
 
+# Plan fields the space does not search yet: every candidate takes the Plan's default.
+PLAN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Plan)
+                 if f.name in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                               "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+                               "fsdp")}
 STRUCTURE_KNOBS = ("tp", "pp", "vp", "cp", "ep", "mbs")
 FEATURE_KNOBS = ("sp", "recompute", "distributed_optimizer", "overlap_dp_comm", "tp_comm_overlap",
                  "grad_reduce_in_fp32", "precision", "fp8_bf16_edge_layers", "flash_attention")
@@ -194,6 +199,9 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     out = pd.concat([crossed, structures[structures.reason != ""], features[features.reason != ""]],
                     ignore_index=True)
     out["gbs"] = gbs
+    for name, default in PLAN_DEFAULTS.items():
+        if name not in out:
+            out[name] = default
     return out[list(Plan.field_names()) + ["reason"]]
 
 
@@ -214,10 +222,13 @@ def _expand_recompute_layers(df: pd.DataFrame, model: ModelSpec, space: SearchSp
 
 
 def row_to_plan(row: Any) -> Plan:
-    """One candidates row (a Series or dict, from a DataFrame or a CSV) as a Plan."""
+    """One candidates row (a Series or dict, from a DataFrame or a CSV) as a Plan; a knob the
+    row lacks (a run folder written before the knob existed) takes the Plan's default."""
     hints = typing.get_type_hints(Plan)
     values = {}
     for f in dataclasses.fields(Plan):
+        if f.name not in row and f.default is not dataclasses.MISSING:
+            continue
         value = row[f.name]
         if hints[f.name] is int:
             value = int(value)

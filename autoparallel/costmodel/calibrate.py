@@ -3,9 +3,10 @@
 The fit minimises the mean squared log error between predicted and published figures over the
 rows of the runs CSV measured on that GPU (each counted as its source counts, see
 ``autoparallel.validate``). Candidate layouts are generated once per row; each trial only
-reprices them with new constants, so a fit takes tens of seconds. The result is written to the
-YAML below a marker comment that names the data, the date and the before/after error, so the
-provenance of every fitted number stays next to it.
+reprices them with new constants, so a fit takes tens of seconds. The result is written to a copy
+of the hardware YAML in the user's preset folder (or ``--output``), below a marker comment that
+names the data, the date and the before/after error, so the provenance of every fitted number
+stays next to it.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from autoparallel import io
+from autoparallel import io, resources
 from autoparallel.errors import UserError
+from autoparallel.report.run_folder import write_atomic
 from autoparallel.specs.hardware import Efficiency, HardwareSpec
 
 # Fitted constants and their bounds; the rest of Efficiency keeps its default or YAML value.
@@ -77,18 +79,29 @@ def _yaml_float(value: float) -> str:
     return text.replace("e", ".0e", 1) if "e" in text and "." not in text else text
 
 
-def write_block(path: Path, fitted: dict, efficiency: Efficiency, note: str, calibrated_on: str) -> None:
-    """Replace the fitted block at the end of a hardware YAML (or append one)."""
-    text = path.read_text()
+def user_preset(name: str) -> Path:
+    """Where a calibration of hardware preset ``name`` is written: the user's preset folder,
+    never the installed package (a user preset of the same name takes the shipped one's place)."""
+    return resources.user_dir() / "hardware" / f"{name}.yaml"
+
+
+def write_block(path: Path, fitted: dict, efficiency: Efficiency, note: str, calibrated_on: str,
+                source: Path | None = None) -> None:
+    """Write hardware YAML ``source`` (default ``path`` itself) to ``path`` with its fitted block
+    at the end replaced (or appended)."""
+    text = (source or path).read_text()
     if MARKER in text:
         text = text[: text.index(MARKER)]
     values = {**dataclasses.asdict(efficiency), **fitted}
     lines = [MARKER, f"# {note}", f"calibrated_on: {calibrated_on!r}", "efficiency:"]
     lines += [f"  {k}: {_yaml_float(v)}" for k, v in values.items()]
-    path.write_text(text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n")
 
 
-def main(gpu: str, runs: Path | None, write: bool, console: Console) -> dict:
+def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Path | None = None) -> dict:
+    """Fit ``gpu`` to its rows of ``runs``; write the preset to ``output`` (default: the user's
+    preset folder)."""
     from rich.progress import Progress
 
     from autoparallel.validate import default_runs, load_runs
@@ -105,11 +118,12 @@ def main(gpu: str, runs: Path | None, write: bool, console: Console) -> dict:
     sources = sorted({p.row["id"].split("-")[0] for p in rows})
     console.print(f"mean |error| on {len(rows)} {hw.name} rows: {before:.1f} % -> {after:.1f} %")
     if write:
-        path = io.resolve_preset("hardware", gpu)
+        path = output or user_preset(hw.name)
         note = (f"{dt.date.today().isoformat()}: {len(rows)} rows of {runs_path.name} "
                 f"({', '.join(sources)}); mean |error| {before:.1f} % before, {after:.1f} % after")
         write_block(path, fitted, hw.efficiency, note,
-                    f"{runs_path.name}: {len(rows)} {'/'.join(sources)} rows")
+                    f"{runs_path.name}: {len(rows)} {'/'.join(sources)} rows",
+                    source=io.resolve_preset("hardware", gpu))
         console.print(f"wrote {path}")
     return fitted
 
