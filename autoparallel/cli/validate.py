@@ -11,9 +11,11 @@ from autoparallel.cli.common import console
 
 def add_parser(sub) -> None:
     v = sub.add_parser("validate", help="predict published measurements and report the error")
-    v.add_argument("--runs", help="CSV of measured runs (default: the published runs shipped in autoparallel/data/)")
+    v.add_argument("--runs", help="CSV of measured runs (default: the published runs shipped in autoparallel/data/; "
+                                  "with --inference: FasterTransformer's inference_runs.csv)")
     v.add_argument("--inference", action="store_true",
-                   help="validate the inference cost model on FasterTransformer's latencies instead")
+                   help="validate the serving cost model instead: per engine, GPU and model, the in-sample and "
+                        "leave-one-model-out errors on FasterTransformer's and TensorRT-LLM's published runs")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=run)
 
@@ -22,12 +24,7 @@ def run(args: argparse.Namespace) -> None:
     runs = Path(args.runs) if args.runs else None
     if args.inference:
         from autoparallel.serve import validate as serve_validate
-        report = serve_validate.validate_inference(runs)
-        if args.json:
-            print(json.dumps({"rows": json.loads(report.drop(columns=["notes", "source"]).to_json(orient="records")),
-                              "summary": serve_validate.summary(report)}, indent=1))
-        else:
-            serve_validate.print_report(report, console)
+        serve_validate.run(runs, args.json, console)
         return
     from autoparallel import validate
     report = validate.validate_training(runs)

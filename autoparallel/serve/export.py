@@ -8,8 +8,9 @@ checked too. What each engine is told:
 - the layout: TP, PP, and ``replicas`` copies of it (vLLM: one server with
   ``--data-parallel-size``; TensorRT-LLM and SGLang: one server per replica on its own GPUs and
   port, behind a load balancer);
-- the scheduler: max batch (vLLM ``--max-num-seqs``, TensorRT-LLM ``--max_batch_size``, SGLang
-  ``--max-running-requests``), the iteration token budget (``--max-num-batched-tokens``,
+- the scheduler: requests in flight (TensorRT-LLM ``--max_batch_size`` per pipeline micro-batch;
+  vLLM ``--max-num-seqs`` and SGLang ``--max-running-requests`` for the whole server, so ``pp``
+  times that), the iteration token budget (``--max-num-batched-tokens``,
   ``--max_num_tokens``, ``--chunked-prefill-size``) with chunked prefill on, the longest sequence
   (``--max-model-len``, ``--max_seq_len``, ``--context-length``) and the KV memory share the
   cost model assumed for that engine (``search_spaces/inference_assumptions.yaml``);
@@ -77,6 +78,12 @@ def _checkpoint(model_name: str, weight_precision: str) -> str:
     return f"<{model_name} FP8 checkpoint>" if weight_precision == "fp8" else f"<{model_name} checkpoint>"
 
 
+def _in_flight(row) -> int:
+    """vLLM's max_num_seqs and SGLang's max_running_requests cap the running requests of the
+    whole server; TensorRT-LLM's max_batch_size caps each of the ``pp`` micro-batches."""
+    return int(row["max_batch"]) * int(row["pp"])
+
+
 def _gpus(replica: int, per_replica: int) -> str:
     first = replica * per_replica
     return ",".join(str(g % GPUS_PER_NODE) for g in range(first, first + per_replica))
@@ -129,7 +136,7 @@ def sglang(row, model_name: str, max_model_len: int, memory_fraction: float) -> 
     out = []
     for k in range(int(row["replicas"])):
         args = [("--model-path", f"<{model_name} checkpoint>"), ("--tp-size", str(int(row["tp"]))),
-                ("--pp-size", str(int(row["pp"]))), ("--max-running-requests", str(int(row["max_batch"]))),
+                ("--pp-size", str(int(row["pp"]))), ("--max-running-requests", str(_in_flight(row))),
                 ("--chunked-prefill-size", str(int(row["max_num_tokens"]))), ("--context-length", str(max_model_len)),
                 ("--mem-fraction-static", f"{memory_fraction:g}"),
                 ("--dtype", "float16" if row["weight_precision"] == "fp16" else "bfloat16")]

@@ -209,16 +209,24 @@ def candidates(model: ModelSpec, hw: HardwareSpec, gpus: int, request: Request, 
     return pd.concat([crossed, rejected], ignore_index=True)
 
 
+PARETO_STEP = 1.01  # a front point adds at least 1 % throughput over every point with a lower TPOT
+
+
 def _pareto(frame: pd.DataFrame) -> np.ndarray:
-    """Rows that fit and that no other fitting row beats on both throughput per GPU and TPOT."""
+    """Rows that fit and that no other fitting row beats on both throughput per GPU and TPOT.
+
+    Walking up in TPOT, a row joins the front when it beats the best so far by ``PARETO_STEP``
+    (layouts that differ only in a knob that moves neither figure would crowd the front).
+    """
     out = np.zeros(len(frame), dtype=bool)
     usable = frame["fits"].to_numpy(dtype=bool) & ~frame["overloaded"].to_numpy(dtype=bool)
-    order = np.lexsort((-frame["output_tokens_per_s_per_gpu"].to_numpy(), frame["tpot_ms"].to_numpy()))
-    best = -np.inf
+    throughput = frame["output_tokens_per_s_per_gpu"].to_numpy()
+    order = np.lexsort((-throughput, frame["tpot_ms"].to_numpy()))
+    best = 0.0
     for i in order:
-        if usable[i] and frame["output_tokens_per_s_per_gpu"].iat[i] > best:
+        if usable[i] and throughput[i] > best * PARETO_STEP:
             out[i] = True
-            best = frame["output_tokens_per_s_per_gpu"].iat[i]
+            best = throughput[i]
     return out
 
 
