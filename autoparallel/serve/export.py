@@ -93,7 +93,7 @@ def vllm_serve(row, model_name: str, max_model_len: int, memory_fraction: float)
     args = [("--tensor-parallel-size", str(int(row["tp"]))), ("--pipeline-parallel-size", str(int(row["pp"])))]
     if int(row["replicas"]) > 1:
         args.append(("--data-parallel-size", str(int(row["replicas"]))))
-    args += [("--max-num-seqs", str(int(row["max_batch"]))),
+    args += [("--max-num-seqs", str(_in_flight(row))),
              ("--max-num-batched-tokens", str(int(row["max_num_tokens"]))),
              ("--enable-chunked-prefill", None),
              ("--max-model-len", str(max_model_len)),
