@@ -19,3 +19,10 @@ def trtllm():
 @pytest.fixture(scope="session")
 def trtllm_eff():
     return efficiency_for("tensorrt-llm")
+
+
+@pytest.fixture(scope="session")
+def held_out():
+    """Every engine's rows with in-sample and leave-one-model-out errors (about 20 refits: once)."""
+    from autoparallel.serve.validate import held_out_report
+    return held_out_report()

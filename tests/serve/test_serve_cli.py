@@ -87,7 +87,9 @@ def test_legacy_flags_give_the_same_search(capsys):
     assert json.loads(capsys.readouterr().out) == old
 
 
-def test_validate_inference_json(capsys):
+def test_validate_inference_json(capsys, monkeypatch, held_out):
+    from autoparallel.serve import validate
+    monkeypatch.setattr(validate, "held_out_report", lambda runs=None: held_out)  # the refits, computed once
     assert cli.main(["validate", "--inference", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     engines = {r["engine"] for r in out["by_engine_gpu_model"]}

@@ -13,14 +13,14 @@ from autoparallel import io
 from autoparallel.serve.assumptions import ASSUMPTIONS
 from autoparallel.serve.fit import fit_rows
 from autoparallel.serve.measured import (SERVING_RUNS, load_serving_runs, not_predicted_serving_rows)
-from autoparallel.serve.validate import by_engine, fastertransformer_report, ft_summary, held_out_report
+from autoparallel.serve.validate import by_engine, fastertransformer_report, ft_summary
 
 TARGET = ("h100-sxm", "h200")
 
 
 @pytest.fixture(scope="module")
-def report():
-    return held_out_report()
+def report(held_out):
+    return held_out
 
 
 @pytest.fixture(scope="module")
