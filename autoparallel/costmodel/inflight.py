@@ -26,10 +26,11 @@ for columns of candidates, using the per-stage pass and memory terms of
   prompts (chunks re-read the K/V of earlier chunks), ``d`` decode reads of the KV cache at the
   mean context ``input + output / 2``; with PP the ``pp`` micro-batches follow each other
   through the stages, so a request's token takes ``max(m, pp)`` stage times.
-- **Metrics**: output tokens/s = ``m * lam * output / iteration``; TPOT = the iteration time
-  (every running request advances one token per iteration, prompt chunks included); TTFT =
-  prefill iterations x iteration time (+ half an iteration of waiting under a request rate);
-  e2e = TTFT + (output - 1) x TPOT.
+- **Metrics**: output tokens/s = ``m * lam * output / iteration``; TPOT = the mean iteration
+  time (every running request advances one token per iteration, prompt chunks included);
+  TTFT = the prompt's prefill iterations, each as heavy as the budget allows (its chunk of
+  ``min(input, max_num_tokens - d)`` tokens beside the decode tokens; + half an iteration of
+  waiting under a request rate); e2e = TTFT + (output - 1) x TPOT.
 
 Load: unbounded arrival (offline max throughput, ``request_rate`` NaN or inf) keeps the
 running batch full: TTFT then counts from admission into the running batch (a request queued
@@ -123,16 +124,27 @@ def estimate_inflight_columns(model: ModelSpec, hw: HardwareSpec, eff: Inference
     slots = np.maximum(m, pp)
     pass_s = eff.pass_overhead_us * 1e-6
 
-    def iteration(lam, n_pre):
-        """One micro-batch's pass over every stage; a request's token takes ``slots`` stage times."""
+    def iteration(lam, n_pre, prompts=None):
+        """One micro-batch's pass over every stage; a request's token takes ``slots`` stage times.
+
+        ``lam`` requests finish per iteration: ``lam * (output - 1)`` decode tokens. ``prompts``
+        (default ``lam``): prompts' worth of prefill tokens in this iteration.
+        """
+        prompts = lam if prompts is None else prompts
         d = lam * decode_steps
-        tokens = lam * s_in + d
-        pre_flops, _ = prefill_attention(lay, lam, s_in)
-        reread = lam * s_in * (n_pre - 1.0) / 2.0 * kv_token_layer  # chunks read earlier chunks
+        tokens = prompts * s_in + d
+        pre_flops, _ = prefill_attention(lay, prompts, s_in)
+        reread = prompts * s_in * (n_pre - 1.0) / 2.0 * kv_token_layer  # chunks read earlier chunks
         dec_flops, dec_bytes = decode_attention(lay, d, ctx)
-        stage = stage_pass(lay, tokens, d + lam, pre_flops + dec_flops, reread + dec_bytes)
+        stage = stage_pass(lay, tokens, d + prompts, pre_flops + dec_flops, reread + dec_bytes)
         hop = pipeline_hop(lay, tokens)
         return slots * (stage["time"] + hop) + pass_s, stage, hop
+
+    def first_token(lam, n_pre):
+        """A prompt's prefill: ``n_pre`` iterations, each carrying as many of its tokens as the
+        budget leaves after the decode tokens (iterations with a prompt are the heavy ones)."""
+        chunk = np.minimum(s_in, tokens_cap - lam * decode_steps) if engine.chunked_prefill else s_in
+        return n_pre * iteration(lam, n_pre, np.maximum(chunk / s_in, lam))[0]
 
     tau_sat, stage, hop = iteration(lam_sat, n_pre)
     capacity = m * lam_sat / tau_sat  # requests per second per replica
@@ -158,7 +170,7 @@ def estimate_inflight_columns(model: ModelSpec, hw: HardwareSpec, eff: Inference
         stage = {k: pick(stage_r[k], stage[k]) for k in stage}
         hop = pick(hop_r, hop)
 
-    ttft = n_pre * tau + np.where(below, 0.5 * tau, 0.0)
+    ttft = first_token(lam, n_pre) + np.where(below, 0.5 * tau, 0.0)
     tpot = tau
     throughput = np.where(overloaded, capacity, m * lam / tau) * s_out
     weights, activations, pool = mem["weights"], mem["activations"], mem["pool"]

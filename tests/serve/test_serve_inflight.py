@@ -73,11 +73,12 @@ def test_token_budget_caps_the_decode_batch(llama8b, h100, trtllm, trtllm_eff):
 def test_chunked_prefill_spreads_a_prompt_over_iterations(llama8b, h100, trtllm, trtllm_eff):
     small = _run(llama8b, h100, trtllm_eff, trtllm, input_len=2048, output_len=256, max_num_tokens=512, max_batch=8)
     big = _run(llama8b, h100, trtllm_eff, trtllm, input_len=2048, output_len=256, max_num_tokens=8192, max_batch=8)
-    assert small["ttft_s"][0] / small["tpot_s"][0] > 4.0  # 2048 tokens in chunks of < 512
-    assert big["ttft_s"][0] == pytest.approx(big["tpot_s"][0])  # one iteration
+    # the first token waits for the prompt's iterations, each heavier than the mean decode step
+    assert big["ttft_s"][0] > 3 * big["tpot_s"][0]
+    assert small["ttft_s"][0] > big["ttft_s"][0]  # 2048 tokens in > 4 chunks: weights read per chunk
     no_chunks = _run(llama8b, h100, trtllm_eff, dataclasses.replace(trtllm, chunked_prefill=False),
                      input_len=2048, output_len=256, max_num_tokens=512, max_batch=8)
-    assert no_chunks["ttft_s"][0] == pytest.approx(no_chunks["tpot_s"][0])  # the whole prompt in one iteration
+    assert no_chunks["ttft_s"][0] == pytest.approx(big["ttft_s"][0], rel=0.05)  # the whole prompt in one iteration
 
 
 def test_gqa_serves_more_than_mha_at_long_outputs(h100, trtllm, trtllm_eff):
