@@ -98,7 +98,10 @@ def explain(result: serve.InferenceResult) -> None:
             "kv_capacity_requests", "ttft_ms", "tpot_ms", "output_tokens_per_s_per_gpu", "memory_per_gpu_gib",
             "weights_gib", "kv_cache_gib", "decode_compute_s", "decode_memory_s", "decode_tp_comm_s", "decode_pp_s"]
     print("\n| | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols))
-    for label, row in (("winner", result.entry(1)), ("runner-up (other structure)", runner_up(result))):
+    f = result.feasible
+    rows = [("winner", result.entry(1)), ("runner-up (other structure)", runner_up(result)),
+            ("best without PP", f[f["pp"] == 1].iloc[0]), ("best with TP > 1", f[f["tp"] > 1].iloc[0])]
+    for label, row in rows:
         cells = [f"{row[c]:.4g}" if isinstance(row[c], float) else str(row[c]) for c in cols]
         print(f"| {label} | " + " | ".join(cells) + " |")
     print("\n(decode_*_s: one iteration's GEMM + attention FLOP time, bytes time, TP all-reduce time and pipeline "
