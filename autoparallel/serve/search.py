@@ -288,6 +288,8 @@ def search(model: ModelSpec, hw: HardwareSpec, gpus: int, request: Request, spac
            engine: ServingEngine | None = None, eff: InferenceEfficiency | None = None,
            require_feasible: bool = True) -> InferenceResult:
     engine, eff = _engine_and_efficiency(engine, eff)
+    if engine.batching == "static":  # a static batch has no iteration token budget to search
+        space = space.pinned(max_num_tokens=engine.max_num_tokens)
     frame = candidates(model, hw, gpus, request, space, engine, eff)
     ranked = evaluate(model, hw, gpus, request, space, engine, eff, frame)
     result = InferenceResult(model, hw, gpus, request, space, engine, eff, ranked)
