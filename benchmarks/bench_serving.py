@@ -54,7 +54,7 @@ def accuracy(report: pd.DataFrame, ft: pd.DataFrame) -> None:
              ("TensorRT-LLM 0.10 (gptManagerBenchmark) in-flight, H100+H200", trt[trt["engine"] == "tensorrt-llm-0.10"]),
              ("both releases together", trt)]
     for label, rows in cases:
-        print(f"| {label} | {len(rows)} | {mean_abs(rows, 'error_pct'):.1f} | {mean_abs(rows, 'lomo_pct'):.1f} | "
+        print(f"| {label} | {len(rows)} | {mean_abs(rows, 'error_pct'):.2f} | {mean_abs(rows, 'lomo_pct'):.2f} | "
               "<= 15 / <= 25 |")
     other = report[report["engine"].str.startswith("tensorrt-llm") & ~report["hardware"].isin(TARGET)]
     for engine, rows in other.groupby("engine", sort=False):
