@@ -64,7 +64,6 @@ ACT_BYTES = 2.0  # activations stay 16 bit
 LOGIT_BYTES = 4.0  # FP32 logits of the sampled position
 SCORE_TRIPS = 4.0  # unfused attention: write QK^T, read it for softmax, write P, read P for P·V
 GEMMS_PER_LAYER = 4.0  # QKV, projection, FC1 (fused gate/up), FC2
-LATENCY_METRICS = ("ttft", "tpot", "e2e")
 
 STATIC_COLUMNS = ("tp", "pp", "batch", "input_len", "output_len", "weight_precision", "kv_precision")
 #: Breakdown of one decode pass (seconds; compute and memory overlap in the roofline).

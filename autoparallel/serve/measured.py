@@ -35,7 +35,7 @@ from autoparallel.serve.assumptions import ASSUMPTIONS, load_assumptions, load_e
 FT_RUNS = resources.data_file("inference_runs.csv")
 SERVING_RUNS = resources.data_file("serving_runs.csv")
 GPT_DEFAULTS = {"vocab_size": 51200, "seq_length": 2048, "activation": "gelu", "normalization": "layernorm"}
-LAYOUT = ("tp", "pp", "batch", "max_batch", "max_num_tokens", "input_len", "output_len",
+COST_COLUMNS = ("tp", "pp", "batch", "max_batch", "max_num_tokens", "input_len", "output_len",
           "weight_precision", "kv_precision")
 
 
@@ -45,7 +45,7 @@ class Measured:
 
     engine: ServingEngine
     metric: str  # "latency_ms" (static batching) or "output_tokens_per_s" (in-flight)
-    frame: pd.DataFrame  # model, hardware, LAYOUT columns, measured, reason, plus the CSV's columns
+    frame: pd.DataFrame  # model, hardware, COST_COLUMNS, measured, reason, plus the CSV's columns
     models: dict
     memory_fraction: float = 0.9
     decode_steps_is_output_len: bool = False
@@ -194,7 +194,7 @@ def groups(measured: Measured, rows: pd.DataFrame) -> list[_Group]:
         out_len = group["output_len"].to_numpy(dtype=float)
         steps = out_len if measured.decode_steps_is_output_len else out_len - 1
         out.append(_Group(pos, measured.models[key[0]], _hardware(key[1]),
-                          {k: group[k].to_numpy() for k in LAYOUT}, steps))
+                          {k: group[k].to_numpy() for k in COST_COLUMNS}, steps))
     return out
 
 

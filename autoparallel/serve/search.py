@@ -27,7 +27,7 @@ import pandas as pd
 from autoparallel import io
 from autoparallel.costmodel.inference import (InferenceEfficiency, ServingEngine,
                                               estimate_static_columns)
-from autoparallel.costmodel.inflight import INFLIGHT_KEYS, estimate_inflight_columns
+from autoparallel.costmodel.inflight import estimate_inflight_columns
 from autoparallel.errors import UserError
 from autoparallel.report import run_folder
 from autoparallel.serve import export

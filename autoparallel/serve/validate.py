@@ -24,7 +24,7 @@ from rich.table import Table
 
 from autoparallel.errors import UserError
 from autoparallel.serve.assumptions import efficiency_for
-from autoparallel.serve.fit import fit_rows, in_sample_and_lomo
+from autoparallel.serve.fit import in_sample_and_lomo
 from autoparallel.serve.measured import (load_fastertransformer, load_serving_runs,
                                          not_predicted_serving_rows, predict)
 
