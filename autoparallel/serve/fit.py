@@ -104,9 +104,10 @@ def leave_one_model_out(measured: Measured, eff: InferenceEfficiency, progress=N
     return out.rename("lomo_pct")
 
 
-def in_sample_and_lomo(measured: Measured, eff: InferenceEfficiency, progress=None) -> pd.DataFrame:
+def in_sample_and_lomo(measured: Measured, eff: InferenceEfficiency, progress=None, cross: bool = True) -> pd.DataFrame:
+    """The predicted rows with ``error_pct`` and (``cross``; NaN otherwise) ``lomo_pct``."""
     report = predict(measured, eff)
-    report["lomo_pct"] = leave_one_model_out(measured, eff, progress)
+    report["lomo_pct"] = leave_one_model_out(measured, eff, progress) if cross else float("nan")
     report["engine"] = measured.engine.name
     report["fitted_on"] = report.index.isin(fit_rows(measured).index)
     return report

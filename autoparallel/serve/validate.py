@@ -3,7 +3,7 @@
 ``autoparallel validate --inference`` prints, per engine, GPU and model, the mean absolute error
 of the fitted constants on their own rows (in sample) and of refits that never saw the model
 (leave-one-model-out: the constants refitted without that model's rows, then its rows
-predicted), for FasterTransformer's A100 latencies (``inference_runs.csv``, static batching) and
+predicted; ``--no-cross-validation`` skips these refits), for FasterTransformer's A100 latencies (``inference_runs.csv``, static batching) and
 TensorRT-LLM's in-flight batching throughput tables (``serving_runs.csv``). The FT rows whose
 ``notes`` start with ``OOM`` have no latency: the memory model must say they do not fit
 (reported apart). Rows of ``serving_runs.csv`` that are not predicted are counted by reason.
@@ -61,16 +61,16 @@ def ft_summary(report: pd.DataFrame) -> dict:
             "by_model": by_model}
 
 
-def held_out_report(runs: Path | None = None, console: Console | None = None) -> pd.DataFrame:
-    """Every predicted row of every engine with its in-sample and leave-one-model-out error."""
+def held_out_report(runs: Path | None = None, console: Console | None = None, cross: bool = True) -> pd.DataFrame:
+    """Every predicted row of every engine with its in-sample and (``cross``) leave-one-model-out error."""
     sets = [load_fastertransformer(runs), *load_serving_runs()]
-    total = sum(m.predicted_rows["model"].nunique() for m in sets)
+    total = sum(m.predicted_rows["model"].nunique() for m in sets) if cross else 0
     parts = []
     with Progress(console=console or Console(stderr=True), transient=True) as progress:
         task = progress.add_task("leave-one-model-out refits", total=total)
         for measured in sets:
             report = in_sample_and_lomo(measured, efficiency_for(measured.engine.name),
-                                        lambda: progress.advance(task))
+                                        lambda: progress.advance(task), cross)
             parts.append(report[["engine", "hardware", "model", "weight_precision", "tp", "input_len",
                                  "output_len", "measured", "predicted", "error_pct", "lomo_pct", "fitted_on"]])
     return pd.concat(parts, ignore_index=True)
@@ -132,9 +132,9 @@ def json_report(report: pd.DataFrame, ft: pd.DataFrame, not_predicted: pd.DataFr
             "not_predicted": {str(k): int(v) for k, v in not_predicted["reason"].value_counts().items()}}
 
 
-def run(runs: Path | None, as_json: bool, console: Console) -> int:
+def run(runs: Path | None, as_json: bool, console: Console, cross: bool = True) -> int:
     ft = fastertransformer_report(runs)
-    report = held_out_report(runs)
+    report = held_out_report(runs, cross=cross)
     not_predicted = not_predicted_serving_rows()
     if as_json:
         import json
@@ -149,10 +149,11 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", help="FasterTransformer runs CSV (default: the copy shipped in autoparallel/data/)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--no-cross-validation", action="store_true", help="in-sample errors only (no refits)")
     args = p.parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 160)
     try:
-        return run(Path(args.runs) if args.runs else None, args.json, console)
+        return run(Path(args.runs) if args.runs else None, args.json, console, cross=not args.no_cross_validation)
     except UserError as exc:
         print(f"autoparallel: error: {exc}", file=sys.stderr)
         return 2

@@ -89,7 +89,7 @@ def test_legacy_flags_give_the_same_search(capsys):
 
 def test_validate_inference_json(capsys, monkeypatch, held_out):
     from autoparallel.serve import validate
-    monkeypatch.setattr(validate, "held_out_report", lambda runs=None: held_out)  # the refits, computed once
+    monkeypatch.setattr(validate, "held_out_report", lambda runs=None, cross=True: held_out)  # refits: once
     assert cli.main(["validate", "--inference", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     engines = {r["engine"] for r in out["by_engine_gpu_model"]}
@@ -97,3 +97,10 @@ def test_validate_inference_json(capsys, monkeypatch, held_out):
     assert {"in_sample_pct", "lomo_pct", "rows", "hardware", "model"} <= set(out["by_engine_gpu_model"][0])
     assert out["fastertransformer"]["mean_abs_error_pct"] <= 10.0
     assert out["not_predicted"]["MoE serving not modelled yet"] >= 20
+
+
+def test_validate_inference_without_refits(capsys):
+    assert cli.main(["validate", "--inference", "--no-cross-validation", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = out["by_engine_gpu_model"]
+    assert all(r["lomo_pct"] is None for r in rows) and all(r["in_sample_pct"] >= 0 for r in rows)
