@@ -126,7 +126,7 @@ def record(row) -> dict:
     """One candidate as the stable JSON object (the issue's keys first, then the layout)."""
     out = {k: (bool(row[k]) if k == "fits" else float(row[k])) for k in POINT_KEYS}
     out["config"] = {k: (str(row[k]) if "precision" in k else int(row[k])) for k in LAYOUT}
-    out["serving"] = {k: float(row[k]) for k in SERVING}
+    out["serving"] = {k: None if pd.isna(row[k]) else float(row[k]) for k in SERVING}  # NaN: static batching
     out["breakdown"] = {
         "memory_gib": {k: float(row[k]) for k in MEMORY},
         "decode_pass_ms": {k[:-2]: 1e3 * float(row[k]) for k in PASS},
