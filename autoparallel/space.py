@@ -244,7 +244,7 @@ def _cross(structures: pd.DataFrame, features: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _fill_rejected(out: pd.DataFrame, space: SearchSpace, gpus: int) -> pd.DataFrame:
+def _fill_rejected(rejected: pd.DataFrame, space: SearchSpace, gpus: int) -> pd.DataFrame:
     """A row rejected on its structure (or features) alone stands for every combination of the
     other knobs; it shows the space's first value of each so that every knob column holds a
     value of its own type (the reason names the knobs that broke the rule)."""
@@ -252,10 +252,10 @@ def _fill_rejected(out: pd.DataFrame, space: SearchSpace, gpus: int) -> pd.DataF
     firsts["vp"] = 1 if space.vp == "auto" else space.vp[0]
     firsts["overlap_grad_reduce"] = firsts["overlap_param_gather"] = firsts.pop("overlap_dp_comm")
     firsts.update(dict(zip(SPLIT_COLUMNS, pipeline.EVEN)), recompute_num_layers=0, cpu_offloading_num_layers=0)
-    missing_dp = out["dp"].isna()
-    out = out.fillna({k: v for k, v in firsts.items() if k in out})
-    model_parallel = out.tp * out.pp * out.cp
-    out["dp"] = np.where(missing_dp, np.where(gpus % model_parallel == 0, gpus // model_parallel, 0), out["dp"])
+    out = rejected.assign(**{k: v for k, v in firsts.items() if k not in rejected})
+    if "dp" not in rejected:
+        model_parallel = out.tp * out.pp * out.cp
+        out["dp"] = np.where(gpus % model_parallel == 0, gpus // model_parallel, 0)
     hints = typing.get_type_hints(Plan)
     return out.astype({k: hints[k] for k in out.columns if k in hints and hints[k] in (int, bool)})
 
@@ -286,10 +286,10 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     crossed = _expand_recompute_layers(crossed, model, space, recompute_num_layers)
     crossed = _expand_offloading(crossed, model, space)
     crossed["reason"] = np.where(crossed.reason == "", _layout_rules(crossed, model), crossed.reason)
-    out = pd.concat([crossed, structures[structures.reason != ""], features[features.reason != ""]],
-                    ignore_index=True)
+    rejected = [_fill_rejected(part[part.reason != ""], space, gpus) for part in (structures, features)]
+    out = pd.concat([crossed, *rejected], ignore_index=True)
     out["gbs"] = gbs
-    return _fill_rejected(out, space, gpus)[list(Plan.field_names()) + ["reason"]]
+    return out[list(Plan.field_names()) + ["reason"]]
 
 
 def _expand_recompute_layers(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,

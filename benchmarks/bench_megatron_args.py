@@ -55,8 +55,10 @@ SEARCHES = [
     ("llama3-8b", 16, "gb200", {"precision": "fp8-current", "fp8_bf16_edge_layers": 2}),
     ("llama3-70b", 64, "gb200", {"cp": 4}),
     ("llama3-8b", 12, "h100-sxm", {"gbs": 120}),
+    ("llama3.1-405b", 1024, "h100-sxm", {}),  # 126 layers: embedding and loss counted as layers
+    ("llama3-70b", 64, "gb200", {"fsdp": True, "cpu_offloading_num_layers": 20}),
 ]
-ARCH = {"a100-sxm-80g": 8, "h100-sxm": 9, "h200": 9, "b200": 10, "gb200": 10}  # CUDA compute capability
+ARCH = {"a100-sxm-80g": 8, "h100-sxm": 9, "h200": 9, "b200": 10, "gb200": 10, "gb300": 10}  # CUDA compute capability
 TE_VERSION = "2.9.0"  # the TransformerEngine megatron-core 0.15 is built against (its [dev] extra)
 STUBS = (
     "megatron/training/__init__.py: not run (it imports the whole training loop); the package is "
@@ -163,6 +165,13 @@ def expected(model, plan) -> dict:
         "config.first_last_layers_bf16": bool(plan.fp8_bf16_edge_layers),
         **({"config.num_layers_at_start_in_bf16": plan.fp8_bf16_edge_layers} if plan.fp8_bf16_edge_layers else {}),
         **({"config.cp_comm_type": "p2p"} if plan.cp > 1 else {}),
+        "config.num_layers_in_first_pipeline_stage": plan.num_layers_in_first_pipeline_stage or None,
+        "config.num_layers_in_last_pipeline_stage": plan.num_layers_in_last_pipeline_stage or None,
+        "config.account_for_embedding_in_pipeline_split": plan.account_for_embedding_in_pipeline_split,
+        "config.account_for_loss_in_pipeline_split": plan.account_for_loss_in_pipeline_split,
+        "args.use_megatron_fsdp": plan.fsdp,
+        "config.cpu_offloading": plan.cpu_offloading_num_layers > 0,
+        "config.cpu_offloading_num_layers": plan.cpu_offloading_num_layers,
         "num_microbatches": plan.num_microbatches,
     }
 
@@ -202,7 +211,7 @@ def check(arguments, microbatches, model, plan, argv: list[str], env: dict) -> t
 
 def exports(top: int):
     """(label, model, plan, hw, train.sh) of the top plans of every search, then two plans with
-    knobs the search does not turn yet (uneven pipeline stages, Megatron-FSDP)."""
+    knobs set by hand (explicit first/last stage sizes, Megatron-FSDP, activation offloading)."""
     space = load_space()
     for name, gpus, gpu, pins in SEARCHES:
         model, hw = io.load_model(name), io.load_hardware(gpu)
@@ -216,11 +225,16 @@ def exports(top: int):
     model, hw = io.load_model("llama3.1-405b"), io.load_hardware("h100-sxm")
     uneven = Plan(tp=8, pp=8, dp=9, gbs=252, sp=True, recompute="selective", precision="fp8-delayed",
                   num_layers_in_first_pipeline_stage=15, num_layers_in_last_pipeline_stage=15)
-    yield "llama3.1-405b 576xh100 first/last stage 15 layers (not searched)", model, uneven, hw, \
+    yield "llama3.1-405b 576xh100 first/last stage 15 layers", model, uneven, hw, \
         train_script(model, uneven, hw, "")
     model = io.load_model("llama3-8b")
     fsdp = Plan(tp=2, pp=1, dp=4, gbs=128, sp=True, fsdp=True)
-    yield "llama3-8b 8xh100 Megatron-FSDP (not searched)", model, fsdp, hw, train_script(model, fsdp, hw, "")
+    yield "llama3-8b 8xh100 Megatron-FSDP", model, fsdp, hw, train_script(model, fsdp, hw, "")
+    model, gb200 = io.load_model("llama3-70b"), io.load_hardware("gb200")
+    offload = Plan(tp=1, pp=1, dp=64, gbs=256, mbs=2, precision="fp8-current", fsdp=True,
+                   grad_reduce_in_fp32=False, cpu_offloading_num_layers=40)
+    yield "llama3-70b 64xgb200 Megatron-FSDP + 40 layers offloaded", model, offload, gb200, \
+        train_script(model, offload, gb200, "")
 
 
 def controls():

@@ -16,7 +16,6 @@ from autoparallel.space import SearchSpace, generate
 
 ARGS = "megatron/training/arguments.py validate_args"
 CONFIG = "megatron/core/transformer/transformer_config.py TransformerConfig.__post_init__"
-MODEL_PARALLEL = "megatron/core/model_parallel_config.py ModelParallelConfig.__post_init__"
 TE_UB = "transformer_engine/pytorch/module/base.py fill_userbuffers_buffer_for_all_gather"
 
 # (source, message it mirrors, model, gpus, gbs, broken layout, passing change, our reason)
@@ -28,13 +27,13 @@ RULES = [
     (CONFIG, "num_query_groups ({...}) must be a multiple of tensor_model_parallel_size",
      "llama3-70b", 64, 128, dict(tp=16, pp=1), dict(tp=8), "query groups not divisible by tp=16"),
     (ARGS, "Number of layers should be divisible by the pipeline-model-parallel size",
-     "gpt3-20b", 48, 240, dict(tp=1, pp=3, sp=False), dict(pp=4), "44 layers not divisible by pp*vp=3"),
-    (ARGS, "number of layers per pipeline stage must be divisible number of layers per virtual pipeline stage",
-     "gpt3-20b", 64, 256, dict(tp=4, pp=4, vp=2), dict(vp=11), "44 layers not divisible by pp*vp=8"),
+     "gpt3-20b", 48, 240, dict(tp=1, pp=3, sp=False, uneven_pipeline_split=False), dict(pp=4),
+     "44 layers not divisible by pp*vp=3"),
+    (CONFIG, "number of layers at first stage: {...} must be divisible by virtual pipeline parallel degree",
+     "gpt3-20b", 64, 256, dict(tp=4, pp=4, vp=3), dict(vp=11),
+     "44 layers not divisible by pp*vp=12 and no uneven split of Megatron-LM fits"),
     (ARGS, "seq-length should be a multiple of 2 * context-parallel-size",
      "llama3-8b", 48, 48, dict(tp=1, pp=1, cp=3, sp=False), dict(cp=2), "not divisible by 2*cp=6"),
-    (MODEL_PARALLEL, "Cannot use sequence parallelism without tensor parallelism",
-     "llama3-8b", 8, 128, dict(tp=1, pp=1, sp=True), dict(sp=False), "sequence parallel needs tp>1"),
     (ARGS, "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is enabled",
      "llama3-8b", 8, 128, dict(tp=8, pp=1, sp=False, tp_comm_overlap=True), dict(sp=True),
      "TP comm overlap needs sequence parallel"),
@@ -82,3 +81,13 @@ def test_rejected_rows_have_every_knob_filled_with_its_type(gpt175b, h100):
     rejected = frame[frame.reason != ""]
     assert len(rejected) > 0 and not rejected.isna().any().any()
     assert frame.tp.dtype.kind == "i" and frame.recompute_num_layers.dtype.kind == "i" and frame.sp.dtype == bool
+
+
+def test_sequence_parallel_is_turned_off_at_tp1_as_megatron_does():
+    """arguments.py validate_args: "Disable sequence parallelism when tp=1" (args.sequence_parallel =
+    False) rather than ModelParallelConfig's error: a tp=1 layout is kept, without SP or TP overlap."""
+    model, hw = io.load_model("llama3-8b"), io.load_hardware("b200")
+    frame = generate(model, hw, 8, 128, SearchSpace().pinned(**{**BASE, "tp": 1, "pp": 1, "sp": True,
+                                                                "tp_comm_overlap": True}))
+    assert len(frame) == 1 and frame.reason.iloc[0] == ""
+    assert not frame.sp.iloc[0] and not frame.tp_comm_overlap.iloc[0]

@@ -53,12 +53,15 @@ def test_variants_of_a_layout_collapse_and_say_what_differs(h100):
     assert rows["other_knobs"].iloc[1] == "grad reduce in FP32: no"
 
 
-def test_mfu_on_the_bf16_peak_and_fp8_utilisation_beside_it(h100):
-    frame = _frame([dict(tokens_per_s_per_gpu=1000.0), dict(tokens_per_s_per_gpu=900.0, tp=4, dp=32,
-                                                            precision="bf16", model_tflops_per_gpu=500.0)])
-    rows = tables.grouped(frame, 50, h100)
-    assert rows["mfu_bf16"].tolist() == pytest.approx([800 / 989, 500 / 989])
-    assert rows["fp8_utilisation"].iloc[0] == pytest.approx(800 / 1979) and rows["fp8_utilisation"].isna().iloc[1]
+def test_mfu_on_the_bf16_peak_and_fp8_utilisation_beside_it(result_175b, h100):
+    f = result_175b.feasible
+    mixed = pd.concat([f[f.precision == "fp8-delayed"].head(20), f[f.precision == "bf16"].head(20)])
+    rows = tables.grouped(mixed.sort_values("tokens_per_s_per_gpu", ascending=False), 40, h100)
+    assert rows["mfu"].to_numpy() == pytest.approx(rows["model_tflops_per_gpu"].to_numpy() / 989)
+    fp8 = rows["precision"].str.startswith("fp8")
+    assert fp8.any() and (~fp8).any()
+    assert rows["fp8_utilisation"][fp8].to_numpy() == pytest.approx(rows["model_tflops_per_gpu"][fp8].to_numpy() / 1979)
+    assert rows["fp8_utilisation"][~fp8].isna().all()
 
 
 def test_tie_is_the_prediction_error_band(h100):

@@ -61,9 +61,9 @@ def _print_estimate(model, hw, result: dict, memory_fraction: float) -> None:
     t.add_row("step time", f"{result['step_time_s']:.3f} s")
     t.add_row("tokens/s/GPU", f"{result['tokens_per_s_per_gpu']:,.0f}")
     t.add_row("model TFLOP/s/GPU", f"{result['model_tflops_per_gpu']:.0f}")
-    t.add_row("MFU (BF16 peak)", f"{result['model_tflops_per_gpu'] / hw.bf16_tflops:.1%}")
+    t.add_row("MFU (BF16 peak)", f"{result['mfu']:.1%}")
     if c["precision"] in FP8_PRECISIONS:
-        t.add_row("FP8 utilisation", f"{result['model_tflops_per_gpu'] / (hw.fp8_tflops or hw.bf16_tflops):.1%}")
+        t.add_row("FP8 utilisation", f"{result['precision_utilization']:.1%}")
     for k, v in result["breakdown"]["time_s"].items():
         t.add_row(f"  time: {k[:-2]}", f"{v:.3f} s")
     for k, v in result["breakdown"]["memory_gib"].items():

@@ -130,6 +130,8 @@ def parallel_flags(model: ModelSpec, plan: Plan) -> list[str]:
     if plan.fsdp:  # Megatron-FSDP: weights, gradients and optimizer states sharded over dp*cp
         a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
               "--ckpt-format fsdp_dtensor"]
+    if plan.cpu_offloading_num_layers:  # activations only (weights stay on the GPU)
+        a.append(f"--cpu-offloading-num-layers {plan.cpu_offloading_num_layers}")  # sets --cpu-offloading
     if plan.overlap_grad_reduce:
         a.append("--overlap-grad-reduce")
     if plan.overlap_param_gather:

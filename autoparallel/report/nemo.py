@@ -169,6 +169,10 @@ def nemo2_recipe(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
         "recompute_method": method,
         "recompute_num_layers": layers,
         "cp_comm_type": CP_COMM_TYPE if plan.cp > 1 else None,
+        "cpu_offloading": plan.cpu_offloading_num_layers > 0,
+        "cpu_offloading_num_layers": plan.cpu_offloading_num_layers,
+        "cpu_offloading_activations": True,
+        "cpu_offloading_weights": False,
     }
     if model.is_moe:
         config.update(num_moe_experts=model.num_experts, moe_router_topk=model.moe_router_topk)

@@ -20,7 +20,7 @@ from rich.table import Table
 from autoparallel import io
 from autoparallel.resources import SEARCH_SPACES
 from autoparallel.specs.hardware import HardwareSpec
-from autoparallel.specs.plan import Plan
+from autoparallel.specs.plan import FP8_PRECISIONS, Plan
 
 LAYOUT_KEYS = ("tp", "pp", "cp", "dp", "ep")
 # (column, header, format); the layout columns first, then what was predicted.
@@ -34,7 +34,7 @@ RANKED_COLUMNS = (
     ("step_time_s", "step s", "{:.2f}"),
     ("tokens_per_s_per_gpu", "tok/s/GPU", "{:,.0f}"),
     ("model_tflops_per_gpu", "model TFLOP/s", "{:.0f}"),
-    ("mfu_bf16", "MFU", "{:.1%}"),
+    ("mfu", "MFU", "{:.1%}"),
     ("fp8_utilisation", "FP8 util", "{:.1%}"),
     ("tie", "tie", "{}"),
     ("variants", "variants", "{}"),
@@ -88,7 +88,7 @@ def _other_knobs(row: pd.Series) -> str:
 def grouped(ranked: pd.DataFrame, candidates: int, hw: HardwareSpec | None = None,
             error: PredictionError | None = None) -> pd.DataFrame:
     """The best ``candidates`` feasible rows as one row per layout (the best variant), with the
-    columns the tables add: variants, differs_in, other_knobs, mfu_bf16, fp8_utilisation, tie."""
+    columns the tables add: variants, differs_in, other_knobs, fp8_utilisation, tie."""
     window = ranked[ranked["fits"]].head(candidates).copy()
     if window.empty:
         return window
@@ -101,10 +101,9 @@ def grouped(ranked: pd.DataFrame, candidates: int, hw: HardwareSpec | None = Non
     best["differs_in"] = [", ".join(VARIANT_KNOBS[k] for k in varying.columns if varying.loc[idx, k] > 1) or "-"
                           for idx in best.set_index(keys).index]
     best["other_knobs"] = [_other_knobs(row) for _, row in best.iterrows()]
-    if hw is not None:
-        best["mfu_bf16"] = best["model_tflops_per_gpu"] / hw.bf16_tflops
-        fp8 = best["precision"].astype(str).str.contains("fp8")
-        best["fp8_utilisation"] = (best["model_tflops_per_gpu"] / (hw.fp8_tflops or hw.bf16_tflops)).where(fp8)
+    if "precision_utilization" in best:  # the cost model's utilisation of the FP8 peak, FP8 rows only
+        fp8 = best["precision"].astype(str).isin(FP8_PRECISIONS)
+        best["fp8_utilisation"] = best["precision_utilization"].where(fp8)
     error = error or prediction_error()
     top = window["tokens_per_s_per_gpu"].iloc[0]
     best["tie"] = ["yes" if t >= top * (1 - error.step_time_relative_error) else "-"
