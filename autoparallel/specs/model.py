@@ -53,6 +53,9 @@ class ModelSpec:
     moe_shared_expert_ffn: int = 0
     # The global batch size the model was published with; the search keeps it fixed by default.
     global_batch_size: int | None = None
+    # Positions the model serves (Megatron-LM's --max-position-embeddings; HF's
+    # max_position_embeddings): the serving context. None means seq_length.
+    max_position_embeddings: int | None = None
     aliases: tuple[str, ...] = ()
     source: str = ""
 
@@ -62,6 +65,8 @@ class ModelSpec:
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
+        if self.max_position_embeddings is not None and self.max_position_embeddings < 1:
+            raise ValueError(f"max_position_embeddings must be positive, got {self.max_position_embeddings}")
         if not 0.0 < self.rotary_percent <= 1.0:
             raise ValueError(f"rotary_percent must be in (0, 1], got {self.rotary_percent}")
         if self.tokenizer_type == "HuggingFaceTokenizer" and not self.tokenizer_model:
