@@ -103,16 +103,11 @@ def structures(model: ModelSpec, hw: HardwareSpec, gpus: int, space: InferenceSp
     return df
 
 
-def context_length(model: ModelSpec) -> int:
-    """The longest sequence the model serves: its position range where given, else its training length."""
-    return model.max_position_embeddings or model.seq_length
-
-
 def check_lengths(model: ModelSpec, input_len: int, output_len: int, max_model_len: int | None = None) -> int:
     """Validate the request against the model's context; return the engine's max model length."""
     if input_len < 1 or output_len < 1:
         raise UserError(f"--input-len and --output-len must be positive, got {input_len} and {output_len}")
-    context = context_length(model)
+    context = model.context_length
     if input_len + output_len > context:
         raise UserError(f"--input-len {input_len} + --output-len {output_len} = {input_len + output_len} "
                         f"exceeds the context of {model.name} ({context} tokens)")

@@ -88,6 +88,12 @@ class ModelSpec:
         return self.num_query_groups or self.num_attention_heads
 
     @property
+    def context_length(self) -> int:
+        """The longest sequence the model handles: its position range where given, else its
+        training length."""
+        return self.max_position_embeddings or self.seq_length
+
+    @property
     def head_dim(self) -> int:
         return self.kv_channels or self.hidden_size // self.num_attention_heads
 
