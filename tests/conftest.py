@@ -2,7 +2,16 @@
 
 import pytest
 
-from autoparallel import io
+from autoparallel import io, resources
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_user_presets(tmp_path_factory):
+    """Tests never read or write the real user's preset folder (calibrate writes there)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv(resources.HOME_ENV, str(tmp_path_factory.mktemp("autoparallel_home")))
+    yield
+    mp.undo()
 
 
 @pytest.fixture(scope="session")

@@ -20,3 +20,16 @@ def test_fitted_block_replaces_itself_and_reloads(tmp_path):
 def test_committed_presets_name_their_calibration_data():
     for name in ("a100-sxm-80g", "h100-sxm"):
         assert "training_runs.csv" in io.load_hardware(name).calibrated_on
+
+
+def test_calibration_goes_to_the_user_preset_folder_not_the_package(tmp_path, monkeypatch):
+    from autoparallel import resources
+    monkeypatch.setenv(resources.HOME_ENV, str(tmp_path))
+    shipped = io.resolve_preset("hardware", "h100-sxm")
+    before = shipped.read_text()
+    target = calibrate.user_preset("h100-sxm")
+    calibrate.write_block(target, {"gemm_max": 0.5}, Efficiency(), "test note", "test rows", source=shipped)
+    assert shipped.read_text() == before
+    assert target.parent == tmp_path / "hardware"
+    assert io.resolve_preset("hardware", "h100-sxm") == target  # the user's copy now takes its place
+    assert io.load_hardware("h100-sxm").efficiency.gemm_max == 0.5

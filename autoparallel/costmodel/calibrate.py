@@ -3,32 +3,36 @@
 The fit minimises the mean squared log error between predicted and published figures over the
 rows of the runs CSV measured on that GPU (each counted as its source counts, see
 ``autoparallel.validate``). Candidate layouts are generated once per row; each trial only
-reprices them with new constants, so a fit takes tens of seconds. The result is written to the
-YAML below a marker comment that names the data, the date and the before/after error, so the
-provenance of every fitted number stays next to it.
+reprices them with new constants, so a fit takes tens of seconds. The result is written to a copy
+of the hardware YAML in the user's preset folder (or ``--output``), below a marker comment that
+names the data, the date and the before/after error, so the provenance of every fitted number
+stays next to it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
+from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from rich.console import Console
 
-from autoparallel import io
+from autoparallel import io, resources
 from autoparallel.errors import UserError
+from autoparallel.report.run_folder import write_atomic
 from autoparallel.specs.hardware import Efficiency, HardwareSpec
 
 # Fitted constants and their bounds; the rest of Efficiency keeps its default or YAML value.
 FITTED = {
     "gemm_max": (0.3, 0.95),
     "gemm_half_gflop": (0.1, 200.0),
-    "fp8_gemm_relative": (0.4, 1.0),
     "attention": (0.15, 0.9),
     "elementwise_bytes_per_token_hidden": (10.0, 250.0),
-    "tp_overlap": (0.0, 0.95),
+    "tp_overlap": (0.01, 0.95),
 }
 MARKER = "# --- fitted by `autoparallel calibrate`"
 
@@ -37,38 +41,97 @@ def _with(hw: HardwareSpec, values: dict) -> HardwareSpec:
     return dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, **values))
 
 
-def fit(rows, hw: HardwareSpec, progress=None) -> tuple[dict, float, float]:
-    """Return (fitted constants, mean |error| % before, after) for ``rows`` on ``hw``."""
-    from scipy.optimize import minimize
+def _percent(log_errors) -> float:
+    return float(np.mean(np.abs(np.expm1(log_errors))) * 100)
 
-    from autoparallel.validate import predict_row
-    names = [n for n in FITTED if n != "fp8_gemm_relative" or any("fp8" in str(p.row["precision"]) for p in rows)]
-    start = np.array([getattr(hw.efficiency, n) for n in names])
-    low = np.array([FITTED[n][0] for n in names])
-    high = np.array([FITTED[n][1] for n in names])
 
-    def errors(x) -> np.ndarray:
-        trial = _with(hw, dict(zip(names, np.clip(x, low, high))))
-        out = [predict_row(p, trial) for p in rows]
-        return np.array([np.log(r["predicted"] / r["measured"]) for r in out])
+RELEASE_SPEED_BOUNDS = (0.5, 1.5)
 
-    def loss(x) -> float:
+
+# A release's speed is fitted only where the rows pin it: enough rows of the release itself and
+# of the newest release it is measured against (a factor fitted on one or two rows just absorbs
+# their error, and what a left-out model's rows leave behind cannot pin it either).
+MIN_RELEASE_ROWS = 3
+MIN_NEWEST_RELEASE_ROWS = 5
+
+
+def release_factors_to_fit(rows, software_date) -> list[str]:
+    """The older releases among ``rows`` whose speed relative to the newest one is fitted."""
+    counts = Counter(p.software for p in rows)
+    ordered = sorted(counts, key=software_date)
+    if len(ordered) < 2 or counts[ordered[-1]] < MIN_NEWEST_RELEASE_ROWS:
+        return []
+    return [r for r in ordered[:-1] if counts[r] >= MIN_RELEASE_ROWS]
+
+
+def uncalibrated(efficiency: Efficiency) -> Efficiency:
+    """``efficiency`` with every fitted constant back at its uncalibrated default."""
+    defaults = Efficiency()
+    return dataclasses.replace(efficiency, release_speed={}, **{n: getattr(defaults, n) for n in FITTED})
+
+
+class Fit(NamedTuple):
+    """A fit's result: ``values`` to put into ``Efficiency`` (``release_speed`` among them), the
+    mean |error| % before and after, and which constants were fitted or kept, and why."""
+
+    values: dict
+    before: float
+    after: float
+    fitted: tuple[str, ...]
+    unseen: tuple[str, ...]  # no row's prediction depends on them
+    capped: tuple[str, ...]  # seen, but fewer rows than constants: the least telling ones are kept
+
+
+def fit(rows, efficiency: Efficiency, progress=None) -> Fit:
+    """Fit the ``FITTED`` constants to ``rows`` (prepared runs, each repriced on its own GPU with
+    the trial constants), starting from ``efficiency``; with rows of several software releases,
+    also each older release's speed relative to the newest (``release_speed``).
+
+    Least squares on the log errors (trust region, bounded, in log space). Constants no row can
+    see (FP8 GEMMs without an FP8 row, TP overlap without a TP row) keep their value, and so do
+    the ones that move the rows' predictions least when there are more constants than rows:
+    never more constants are fitted than there are rows.
+    """
+    from scipy.optimize import least_squares
+
+    from autoparallel.validate import predict_row, software_date
+    releases = release_factors_to_fit(rows, software_date)
+    efficiency = dataclasses.replace(efficiency, release_speed={r: v for r, v in efficiency.release_speed.items()
+                                                                if r in releases})
+    names = list(FITTED) + [f"release {r}" for r in releases]
+    bounds = [FITTED[n] for n in FITTED] + [RELEASE_SPEED_BOUNDS] * len(releases)
+    low, high = np.log([b[0] for b in bounds]), np.log([b[1] for b in bounds])
+    x0 = np.clip(np.log([getattr(efficiency, n) for n in FITTED]
+                        + [efficiency.release_speed.get(r, 1.0) for r in releases]), low, high)
+
+    def trial(x, keep) -> Efficiency:
+        values = dict(zip(keep, np.exp(x)))
+        speed = {**efficiency.release_speed, **{n[len("release "):]: v for n, v in values.items() if n.startswith("release ")}}
+        return dataclasses.replace(efficiency, release_speed=speed, **{n: v for n, v in values.items() if n in FITTED})
+
+    def errors(x, keep=names) -> np.ndarray:
         if progress:
             progress()
-        return float(np.mean(errors(x) ** 2))
+        eff = trial(x, keep)
+        return np.array([np.log(r["predicted"] / r["measured"]) for r in (predict_row(p, eff) for p in rows)])
 
-    # Constants the rows cannot see (e.g. TP overlap when no row overlaps) keep their value.
-    base = loss(start)
-    moved = [loss(np.where(np.arange(len(names)) == i, np.clip(start * 1.3, low, high), start)) != base
+    base = errors(x0)
+    # How far each constant, nudged alone, moves the rows' errors.
+    moves = [float(np.linalg.norm(errors(np.where(np.arange(len(names)) == i, x0 + 0.2, x0)) - base))
              for i in range(len(names))]
-    names = [n for n, m in zip(names, moved) if m]
-    start, low, high = (a[np.array(moved)] for a in (start, low, high))
-
-    result = minimize(loss, start, method="Powell", bounds=list(zip(low, high)),
-                      options={"maxfev": 400, "xtol": 1e-3, "ftol": 1e-6})
-    fitted = dict(zip(names, (float(v) for v in np.clip(result.x, low, high))))
-    pct = lambda e: float(np.mean(np.abs(np.expm1(e))) * 100)  # noqa: E731
-    return fitted, pct(errors(start)), pct(errors(result.x))
+    seen = [i for i in sorted(range(len(names)), key=lambda i: -moves[i]) if moves[i] > 0]
+    visible = sorted(seen[:len(rows)])
+    keep = [names[i] for i in visible]
+    unseen = tuple(n for n, move in zip(names, moves) if move == 0)
+    capped = tuple(names[i] for i in seen[len(rows):])
+    if not keep:
+        return Fit({"release_speed": efficiency.release_speed}, _percent(base), _percent(base), (), unseen, capped)
+    result = least_squares(lambda x: errors(x, keep), x0[visible], bounds=(low[visible], high[visible]),
+                           diff_step=0.02, max_nfev=80)
+    fitted_eff = trial(result.x, keep)
+    fitted = {n: float(getattr(fitted_eff, n)) for n in keep if n in FITTED}
+    fitted["release_speed"] = {r: float(v) for r, v in fitted_eff.release_speed.items()}
+    return Fit(fitted, _percent(base), _percent(result.fun), tuple(keep), unseen, capped)
 
 
 def _yaml_float(value: float) -> str:
@@ -77,41 +140,125 @@ def _yaml_float(value: float) -> str:
     return text.replace("e", ".0e", 1) if "e" in text and "." not in text else text
 
 
-def write_block(path: Path, fitted: dict, efficiency: Efficiency, note: str, calibrated_on: str) -> None:
-    """Replace the fitted block at the end of a hardware YAML (or append one)."""
-    text = path.read_text()
+def user_preset(name: str) -> Path:
+    """Where a calibration of hardware preset ``name`` is written: the user's preset folder,
+    never the installed package (a user preset of the same name takes the shipped one's place)."""
+    return resources.user_dir() / "hardware" / f"{name}.yaml"
+
+
+def write_block(path: Path, fitted: dict, efficiency: Efficiency, note: str, calibrated_on: str,
+                source: Path | None = None, rename: str | None = None) -> None:
+    """Write hardware YAML ``source`` (default ``path`` itself) to ``path`` with its fitted block
+    at the end replaced (or appended); ``note`` (one or more lines) heads the block. With
+    ``rename`` the preset becomes a new one: that ``name:``, no aliases (they belong to the
+    original)."""
+    text = (source or path).read_text()
     if MARKER in text:
         text = text[: text.index(MARKER)]
+    # Its own constants now: it no longer inherits another preset's.
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("efficiency_from:"))
+    if rename:
+        text = re.sub(r"^name:.*$", f"name: {rename}", text, count=1, flags=re.M)
+        text = re.sub(r"^aliases:[^\n]*\n(?:[ \t]*- [^\n]*\n)*", "", text + "\n", count=1, flags=re.M)
     values = {**dataclasses.asdict(efficiency), **fitted}
-    lines = [MARKER, f"# {note}", f"calibrated_on: {calibrated_on!r}", "efficiency:"]
-    lines += [f"  {k}: {_yaml_float(v)}" for k, v in values.items()]
-    path.write_text(text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n")
+    lines = [MARKER, *(f"# {line}" for line in note.splitlines()), f"calibrated_on: {calibrated_on!r}", "efficiency:"]
+    for key, value in values.items():
+        if isinstance(value, dict):
+            lines += [f"  {key}:"] + [f"    {k!r}: {_yaml_float(v)}" for k, v in value.items()] if value else []
+        else:
+            lines.append(f"  {key}: {_yaml_float(value)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n")
 
 
-def main(gpu: str, runs: Path | None, write: bool, console: Console) -> dict:
+PRESET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Path | None = None,
+         as_name: str | None = None, with_published: bool = False) -> dict:
+    """Fit ``gpu`` to the rows of ``runs`` (default: the published runs; ``with_published``: both)
+    measured on it and on the GPUs that take its constants (``efficiency_from``); write the
+    preset to ``output`` (default: the user's preset folder, as ``as_name`` if given)."""
     from rich.progress import Progress
 
     from autoparallel.validate import default_runs, load_runs
+    if as_name is not None and not PRESET_NAME.match(as_name):
+        raise UserError(f"--as {as_name!r}: a preset name is letters, digits, '.', '_' and '-'")
     hw = io.load_hardware(gpu)
-    runs_path = runs or default_runs()
-    rows = [p for p in load_runs(runs_path) if p.hardware.name == hw.name]
+
+    def measured_on_gpu(paths):
+        return [p for p in load_runs(paths) if p.hardware.name == hw.name or p.hardware.efficiency_from == hw.name]
+
+    own = measured_on_gpu([runs]) if runs else []
+    published = measured_on_gpu(list(default_runs())) if with_published or not runs else []
+    rows = own + published
+    runs_paths = ([runs] if runs else []) + (list(default_runs()) if published else [])
     if not rows:
-        raise UserError(f"no rows of {runs_path} were measured on {hw.name}; nothing to fit")
+        names = ", ".join(p.name for p in runs_paths or [runs])
+        raise UserError(f"no dense rows of {names} were measured on {hw.name}; nothing to fit")
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"fitting {hw.name} on {len(rows)} runs", total=None)
-        fitted, before, after = fit(rows, hw, progress=lambda: bar.advance(task))
-    for name, value in fitted.items():
-        console.print(f"  {name}: {getattr(hw.efficiency, name):.4g} -> {value:.4g}")
-    sources = sorted({p.row["id"].split("-")[0] for p in rows})
-    console.print(f"mean |error| on {len(rows)} {hw.name} rows: {before:.1f} % -> {after:.1f} %")
+        result = fit(rows, hw.efficiency, progress=lambda: bar.advance(task))
+    for name, value in result.values.items():
+        if name == "release_speed":
+            console.print("  release_speed (relative to the newest release): "
+                          + (", ".join(f"{r} {v:.3f}" for r, v in value.items()) or "none fitted"))
+        else:
+            console.print(f"  {name}: {getattr(hw.efficiency, name):.4g} -> {value:.4g}")
+    kept = _kept(result, len(rows))
+    for line in kept:
+        console.print(f"  {line}")
+    gpus = sorted({str(p.row["gpu"]) for p in rows})
+    sources = sorted({p.source for p in rows})
+    errors = f"mean |error| {result.before:.1f} % before, {result.after:.1f} % after"
+    console.print(f"{errors} on {len(rows)} rows ({', '.join(gpus)})")
+    if own and published:
+        after = dataclasses.replace(hw.efficiency, **result.values)
+        own_errors = (f"on the {len(own)} rows of {runs.name}: {mean_abs_error_pct(own, hw.efficiency):.1f} % "
+                      f"before, {mean_abs_error_pct(own, after):.1f} % after")
+        console.print(f"mean |error| {own_errors}")
+        errors += f"; {own_errors}"
     if write:
-        path = io.resolve_preset("hardware", gpu)
-        note = (f"{dt.date.today().isoformat()}: {len(rows)} rows of {runs_path.name} "
-                f"({', '.join(sources)}); mean |error| {before:.1f} % before, {after:.1f} % after")
-        write_block(path, fitted, hw.efficiency, note,
-                    f"{runs_path.name}: {len(rows)} {'/'.join(sources)} rows")
-        console.print(f"wrote {path}")
-    return fitted
+        name = as_name or hw.name
+        path = output or user_preset(name)
+        names = " + ".join(p.name for p in runs_paths)
+        note = [f"{dt.date.today().isoformat()}: {len(rows)} rows of {names} ({', '.join(gpus)}; "
+                f"{', '.join(sources)}); {errors}",
+                *([f"calibrated copy of {hw.name}"] if as_name else []),
+                f"fitted: {', '.join(result.fitted) or 'nothing'}", *kept,
+                *_wrapped("runs: " + ", ".join(p.id for p in rows))]
+        write_block(path, result.values, hw.efficiency, "\n".join(note),
+                    f"{names}: {len(rows)} rows on {', '.join(gpus)}",
+                    source=io.resolve_preset("hardware", gpu), rename=as_name)
+        console.print(f"wrote {path}" + (f" (use it with --gpu {as_name})" if as_name else ""))
+    return result.values
+
+
+def mean_abs_error_pct(rows, efficiency: Efficiency) -> float:
+    """Mean |predicted / measured - 1| in percent over prepared rows, with ``efficiency``."""
+    from autoparallel.validate import predict_row
+    return float(np.mean([abs(predict_row(p, efficiency)["error_pct"]) for p in rows]))
+
+
+def _kept(result: Fit, n_rows: int) -> list[str]:
+    """What the fit left at its value, and why."""
+    lines = []
+    if result.unseen:
+        lines.append(f"kept, no row depends on them: {', '.join(result.unseen)}")
+    if result.capped:
+        lines.append(f"kept, {n_rows} row(s) fit at most {n_rows} constant(s): {', '.join(result.capped)}")
+    return lines
+
+
+def _wrapped(text: str, width: int = 98) -> list[str]:
+    out, line = [], ""
+    for word in text.split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            out.append(line)
+            line = "  " + word
+        else:
+            line = f"{line} {word}" if line else word
+    return out + [line]
 
 
 # --- fitting to profiling jobs (issue 4) ----------------------------------------------------------

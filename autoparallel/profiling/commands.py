@@ -80,8 +80,8 @@ def add_search_args(s: argparse.ArgumentParser) -> None:
 
 def add_calibrate_args(c: argparse.ArgumentParser) -> None:
     c.add_argument("--from", dest="from_run", metavar="RUN_DIR",
-                   help="fit to the measured step times of a profiled search run (its "
-                        "hardware YAML, named in the manifest, gets the fitted block)")
+                   help="fit to the measured step times of a profiled search run (the "
+                        "hardware named in its manifest)")
 
 
 def load_plan(path: str):
@@ -175,7 +175,7 @@ def _evaluator(result, args: argparse.Namespace, console):
                               on_result=show, device=device)
 
 
-def calibrate_from(run_dir: Path, write: bool, console) -> dict:
+def calibrate_from(run_dir: Path, write: bool, console, output: Path | None = None) -> dict:
     """Fit the run's hardware constants to its measured step times (needs >= 2 measured rows)."""
     import pandas as pd
 
@@ -193,10 +193,11 @@ def calibrate_from(run_dir: Path, write: bool, console) -> dict:
         console.print(f"  {name}: {getattr(result.hardware.efficiency, name):.4g} -> {value:.4g}")
     console.print(f"mean |error| on {len(rows)} measured layouts: {before:.1f} % -> {after:.1f} %")
     if write:
-        path = io.resolve_preset("hardware", result.hardware.name)
+        path = output or calibrate.user_preset(result.hardware.name)
         note = (f"{pd.Timestamp.now('UTC').date()}: {len(rows)} profiled layouts of "
                 f"{Path(run_dir).name}; mean |error| {before:.1f} % before, {after:.1f} % after")
         calibrate.write_block(path, fitted, result.hardware.efficiency, note,
-                              f"profiling jobs: {Path(run_dir).name}")
+                              f"profiling jobs: {Path(run_dir).name}",
+                              source=io.resolve_preset("hardware", result.hardware.name))
         console.print(f"wrote {path}")
     return fitted

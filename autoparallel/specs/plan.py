@@ -29,6 +29,22 @@ class Plan:
     vp: int = 1
     cp: int = 1
     ep: int = 1
+    # Uneven pipeline stages, as Megatron-LM splits them when num_layers is not divisible by
+    # pp*vp: explicit layer counts of the first / last stage (--decoder-first-pipeline-num-layers,
+    # --decoder-last-pipeline-num-layers; 0 = an even share), or the embedding / the loss counted
+    # as one layer of the first / last virtual stage (--account-for-embedding-in-pipeline-split,
+    # --account-for-loss-in-pipeline-split).
+    num_layers_in_first_pipeline_stage: int = 0
+    num_layers_in_last_pipeline_stage: int = 0
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    # Fully sharded data parallel: weights, gradients and optimizer states sharded over dp*cp,
+    # parameters all-gathered layer by layer (Megatron-FSDP optim_grads_params, or FSDP2).
+    fsdp: bool = False
+    # Layers whose saved activations are offloaded to host memory during the forward pass and
+    # brought back for the backward (Megatron-LM --cpu-offloading --cpu-offloading-num-layers N;
+    # no pipeline parallelism). Cheap over a Grace superchip's NVLink-C2C, slow over PCIe.
+    cpu_offloading_num_layers: int = 0
     sp: bool = False
     recompute: Recompute = "none"
     # Layers of each pipeline chunk that full recompute covers (Megatron's block method);

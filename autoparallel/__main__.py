@@ -1,0 +1,8 @@
+"""``python -m autoparallel`` is the ``autoparallel`` command."""
+
+import sys
+
+from autoparallel.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""What several commands share: the console, the target and layout-knob arguments, progress."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import contextmanager, nullcontext
+
+from rich.console import Console
+
+from autoparallel import io
+from autoparallel.argtypes import non_negative, positive
+
+KNOB_FLAGS = ("tp", "pp", "vp", "cp", "ep", "mbs")
+FEATURE_FLAGS = ("sp", "recompute", "precision", "fp8_bf16_edge_layers", "tp_comm_overlap",
+                 "distributed_optimizer", "overlap_dp_comm", "grad_reduce_in_fp32", "flash_attention", "fsdp",
+                 "cpu_offloading_num_layers")
+# Never truncate in logs and pipes: a value cut to "fp8-de…" is worse than a wide line.
+console = Console(width=None if sys.stdout.isatty() else 400)
+
+
+def add_target(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--model", required=required,
+                   help="preset name or alias (see `autoparallel models`) or a model YAML path")
+    p.add_argument("--gpus", type=positive, required=required, help="number of GPUs")
+    p.add_argument("--gpu", default="h100-sxm", help="hardware preset or YAML path (default h100-sxm)")
+
+
+def add_knobs(p: argparse.ArgumentParser) -> None:
+    from autoparallel.specs.plan import PRECISION_CHOICES, RECOMPUTE_CHOICES
+    g = p.add_argument_group("layout knobs (any given knob is pinned; the rest is searched)")
+    for name in KNOB_FLAGS:
+        g.add_argument(f"--{name}", type=positive, help=f"pin {name}")
+    g.add_argument("--gbs", type=positive, help="global batch size (default: the model preset's)")
+    g.add_argument("--sp", action=argparse.BooleanOptionalAction, help="sequence parallel")
+    g.add_argument("--recompute", choices=RECOMPUTE_CHOICES)
+    g.add_argument("--recompute-num-layers", type=positive, help="layers per pipeline chunk that full recompute covers")
+    g.add_argument("--precision", choices=PRECISION_CHOICES)
+    g.add_argument("--fp8-bf16-edge-layers", type=non_negative, help="first/last layers kept in BF16 under FP8")
+    g.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction)
+    g.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction)
+    g.add_argument("--overlap-dp-comm", action=argparse.BooleanOptionalAction,
+                   help="--overlap-grad-reduce and --overlap-param-gather")
+    g.add_argument("--grad-reduce-in-fp32", action=argparse.BooleanOptionalAction)
+    g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction)
+    g.add_argument("--fsdp", action=argparse.BooleanOptionalAction,
+                   help="fully sharded data parallel (Megatron-FSDP optim_grads_params) over dp*cp")
+    g.add_argument("--cpu-offloading-num-layers", type=non_negative,
+                   help="layers whose activations are offloaded to host memory (pp=1, no recompute)")
+    p.add_argument("--space", default="training", help="search space preset or YAML path (default training)")
+
+
+def pins(args: argparse.Namespace) -> dict:
+    """The knobs given on the command line (None: searched)."""
+    return {n: getattr(args, n) for n in KNOB_FLAGS + FEATURE_FLAGS}
+
+
+def inputs(args: argparse.Namespace):
+    """Model, hardware, global batch size and the search space with the pinned knobs."""
+    from autoparallel.search.run import default_gbs
+    from autoparallel.space import load_space
+    model = io.load_model(args.model)
+    hw = io.load_hardware(args.gpu)
+    space = load_space(args.space).pinned(**pins(args))
+    return model, hw, default_gbs(model, args.gbs), space
+
+
+def status(text: str, quiet: bool):
+    """A spinner while something slow runs (nothing with --json)."""
+    return nullcontext() if quiet else console.status(text, spinner="dots")
+
+
+def trial_progress(total: int | None, quiet: bool):
+    """A progress bar for sampler trials showing the best feasible throughput so far."""
+    if quiet:
+        return nullcontext()
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    @contextmanager
+    def bar():
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as p:
+            task = p.add_task("trials", total=total)
+
+            def update(done: int, best: float | None) -> None:
+                text = f"trials (best {best:,.0f} tok/s/GPU)" if best else "trials"
+                p.update(task, completed=done, description=text)
+            yield update
+    return bar()

@@ -1,0 +1,131 @@
+"""``autoparallel search``: rank every valid training layout (grid) or sample them (Optuna)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from autoparallel.argtypes import non_negative, positive
+from autoparallel.cli.common import add_knobs, add_target, console, inputs, status, trial_progress
+from autoparallel.errors import UserError
+
+
+def add_parser(sub) -> None:
+    from autoparallel.profiling import commands as profiling_commands  # no torch import here
+    s = sub.add_parser("search", help="rank every valid training layout")
+    add_target(s, required=False)
+    add_knobs(s)
+    s.add_argument("--strategy", choices=("grid", "optuna"), default="grid",
+                   help="grid prices every candidate (default); optuna samples --trials of them")
+    s.add_argument("--sampler", choices=("tpe", "nsga2", "random", "gp"), default="tpe")
+    s.add_argument("--trials", type=positive, default=200, help="completed trials an optuna search runs")
+    s.add_argument("--objectives", default="throughput", help="throughput, or throughput,memory for a Pareto front")
+    s.add_argument("--seed", type=int, default=0, help="sampler seed")
+    s.add_argument("--storage", help="Optuna storage URL (default: SQLite in the run folder; 'journal' for a "
+                                     "journal file, used automatically with --workers > 1)")
+    s.add_argument("--workers", type=positive, default=1, help="parallel local trial workers")
+    s.add_argument("--grid-seeds", type=non_negative, default=5,
+                   help="best grid layouts enqueued as the first trials (0: none)")
+    s.add_argument("--resume", metavar="RUN_DIR", help="continue the interrupted optuna search of RUN_DIR "
+                                                       "(profiles again only with --profile; see below)")
+    s.add_argument("--top", type=positive, default=50,
+                   help="best candidates to print, one row per layout (default 50; --json lists them one by one)")
+    s.add_argument("--json", action="store_true", help="print the ranked list as JSON")
+    s.add_argument("--results", default="results", help="folder for run folders (default results/)")
+    s.add_argument("--no-save", action="store_true", help="do not write a run folder")
+    s.add_argument("--fp8-check", action="store_true",
+                   help="run `fp8-check` first: drop rejected FP8 recipes, apply their BF16 layers")
+    s.add_argument("--fp8-check-steps", type=positive, help="training steps of the FP8 check (default: its YAML)")
+    s.add_argument("--fp8-check-settings", help="FP8 check settings YAML (default: the shipped fp8_check.yaml)")
+    profiling_commands.add_search_args(s)
+    s.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    from autoparallel.profiling.commands import profile_search  # measure the top-k, re-rank
+    from autoparallel.search import run as runs
+    shown = None if args.json else console
+    if args.resume:
+        run_dir = Path(args.resume)
+        with trial_progress(None, args.json) as progress:
+            result = runs.resume(run_dir, progress, keep_profiled=args.profile == "none")
+        result = profile_search(result, args, shown, run_dir)
+        _show(result, args, f"resumed {args.resume}", run_dir)
+        return
+    if args.model is None or args.gpus is None:
+        raise UserError("search needs --model and --gpus (or --resume RUN_DIR)")
+    model, hw, gbs, space = inputs(args)
+    fp8 = _fp8_check_first(args, model, space) if args.fp8_check else None
+    if fp8:
+        from autoparallel.fp8check.search_filter import restrict_space
+        space = restrict_space(space, fp8)
+    start = time.perf_counter()
+    if args.strategy == "optuna":
+        from autoparallel.search.sampler import StudySettings
+        settings = StudySettings(sampler=args.sampler, trials=args.trials, objectives=tuple(args.objectives.split(",")),
+                                 seed=args.seed, storage=args.storage or "", workers=args.workers,
+                                 seeds_from_grid=args.grid_seeds)
+        with trial_progress(args.trials, args.json) as progress:
+            result, run_dir = runs.optuna_search(model, hw, args.gpus, gbs, space, settings, Path(args.results),
+                                                 sys.argv, progress)
+        elapsed = time.perf_counter() - start
+        result = profile_search(result, args, shown, run_dir)
+        _show(result, args, f"{args.trials} {args.sampler} trials in {elapsed:.1f} s", run_dir)
+        return
+    with status("pricing every candidate layout...", args.json):
+        result = runs.search(model, hw, args.gpus, gbs, space, args.recompute_num_layers, fp8_decisions=fp8)
+    elapsed = time.perf_counter() - start
+    result = profile_search(result, args, shown)
+    _show(result, args, f"{len(result.ranked):,} candidates in {elapsed:.2f} s", None)
+    if not args.no_save:
+        with status(f"writing the run folder ({len(result.ranked):,} candidates)...", args.json):
+            run_dir = runs.save(result, Path(args.results), sys.argv)
+        if not args.json:
+            _next_steps(result, run_dir)
+
+
+def _show(result, args: argparse.Namespace, how: str, run_dir: Path | None) -> None:
+    from autoparallel.report.tables import print_ranked
+    if args.json:
+        print(json.dumps(result.records(args.top), indent=1))
+        return
+    title = (f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}: top "
+             f"{min(args.top, len(result.feasible))} of {len(result.feasible):,} feasible ({how})")
+    print_ranked(result.ranked, title, args.top, console, result.hardware, result.space.memory_fraction)
+    if run_dir:
+        _next_steps(result, run_dir)
+
+
+def _next_steps(result, run_dir: Path) -> None:
+    """Where the run was written and how to launch its rank-1 plan."""
+    from autoparallel.report.export import TOKENIZER_FILES
+    from autoparallel.report.launch import node_layout
+    from autoparallel.report.run_folder import TRAIN_SCRIPT
+    nodes, per_node = node_layout(result.gpus, result.hardware.gpus_per_node)
+    script = run_dir / TRAIN_SCRIPT
+    names = ["MEGATRON_LM", "DATA_PATH", "CHECKPOINT_DIR", *TOKENIZER_FILES.get(result.model.tokenizer_type, {}).values()]
+    launch = f"sbatch {script}" if nodes > 1 else f"bash {script}"
+    console.print(f"run folder: {run_dir}\n"
+                  f"rank 1 as Megatron-LM flags: autoparallel export {run_dir} --rank 1 --format megatron "
+                  "(or launch, nemo, nemo2, yaml)\n"
+                  f"launch rank 1 on {nodes} node(s) x {per_node} GPUs: "
+                  f"{' '.join(f'{n}=...' for n in names)} {launch}", soft_wrap=True)
+
+
+def _fp8_check_first(args: argparse.Namespace, model, space) -> dict:
+    """Run ``fp8-check`` on the model; its decisions restrict the search (issue 7)."""
+    from autoparallel.cli.fp8_check import print_check_result
+    from autoparallel.fp8check.command import CHECKABLE, check_and_save, settings_from_flags
+    from autoparallel.fp8check.search_filter import decisions_from_check
+    recipes = ",".join(p for p in space.precision if p in CHECKABLE)  # mxfp8 is not emulated
+    if not recipes:
+        return {}
+    settings = settings_from_flags(args.fp8_check_settings, args.fp8_check_steps, recipes)
+    result, check_dir = check_and_save(model, settings, None if args.no_save else Path(args.results),
+                                       sys.argv, None if args.json else console)
+    if not args.json:
+        print_check_result(result, check_dir, "fp8-check folder")
+    return decisions_from_check(result)
