@@ -225,6 +225,9 @@ def fp8_gemm(a: Fp8Tensor, b: Fp8Tensor, out_dtype: torch.dtype,
     blockwise = a.block is not None or b.block is not None
     if not native_gemm(a.data.device, blockwise, backend):
         return (a.dequantize() @ b.dequantize()).to(out_dtype)
+    if blockwise and (("a", a.block) not in _BLOCK_KIND or ("b", b.block) not in _BLOCK_KIND):
+        raise Fp8Unsupported(f"torch._scaled_mm takes 1x128 / 128x128 block scales, not "
+                             f"{a.block} x {b.block}; use block_size=128 or gemm_backend='emulate'")
     (m, k), n = a.shape, b.shape[1]
     if m % 16 or k % 16 or n % 16 or (blockwise and k % 128):
         raise ValueError(f"torch._scaled_mm needs every dim divisible by 16"
