@@ -17,33 +17,16 @@ __device__ __forceinline__ int64_t vector_end(int64_t n, bool vec) {
   return vec ? n / kChunk * kChunk : 0;
 }
 
-template <typename T>
-__global__ void amax_kernel(const T* __restrict__ x, int64_t n, bool vec,
-                            unsigned* __restrict__ amax) {
-  __shared__ unsigned shared[32];
-  unsigned local = 0u;
-  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-  const int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  const int64_t vend = vector_end(n, vec);
-  for (int64_t c = tid; c < vend / kChunk; c += stride) {
-    float v[kChunk];
-    load16(x + c * kChunk, v);
-    local = max(local, max_abs16(v));
-  }
-  for (int64_t i = vend + tid; i < n; i += stride) local = max(local, abs_bits(load(x, i)));
-  block_amax_to(local, shared, threadIdx.x, blockDim.x, amax);
-}
-
-// One pass: cast with the scale `src` gives and fold |x| into `amax` (when not null). For
-// delayed scaling `amax` is this step's slot of the amax history, so micro-batches accumulate
-// into it without any other launch.
-template <typename T, int FMT>
-__global__ void cast_kernel(const T* __restrict__ x, int64_t n, bool vec, ScaleSource src,
+// One pass over x: fold |x| into `amax` (when not null) and, with CAST, write x times the scale
+// `src` gives as FP8. For delayed scaling `amax` is this step's slot of the amax history, so
+// micro-batches accumulate into it without any other launch; without CAST it is the amax kernel.
+template <typename T, int FMT, bool CAST>
+__global__ void pass_kernel(const T* __restrict__ x, int64_t n, bool vec, ScaleSource src,
                             uint8_t* __restrict__ out, unsigned* __restrict__ amax,
                             float* __restrict__ scale_inv) {
   __shared__ unsigned shared[32];
-  const float s = src.get(fp8_max(FMT));
-  if (scale_inv && blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / s;
+  const float s = CAST ? src.get(fp8_max(FMT)) : 1.0f;
+  if (CAST && scale_inv && blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / s;
   unsigned local = 0u;
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   const int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
@@ -52,12 +35,12 @@ __global__ void cast_kernel(const T* __restrict__ x, int64_t n, bool vec, ScaleS
     float v[kChunk];
     load16(x + c * kChunk, v);
     local = max(local, max_abs16(v));
-    reinterpret_cast<uint4*>(out)[c] = cast16<FMT>(v, s);
+    if (CAST) reinterpret_cast<uint4*>(out)[c] = cast16<FMT>(v, s);
   }
   for (int64_t i = vend + tid; i < n; i += stride) {
     const float v = load(x, i);
     local = max(local, abs_bits(v));
-    out[i] = cast_fp8<FMT>(v * s);
+    if (CAST) out[i] = cast_fp8<FMT>(v * s);
   }
   if (amax) block_amax_to(local, shared, threadIdx.x, blockDim.x, amax);
 }
@@ -73,8 +56,9 @@ int launch_amax(const T* x, int64_t n, float* amax_out, bool accumulate, cudaStr
     if (err != cudaSuccess) return static_cast<int>(err);
   }
   if (n == 0) return 0;
-  amax_kernel<T><<<grid(n), kThreads, 0, stream>>>(x, n, aligned16(x),
-                                                      reinterpret_cast<unsigned*>(amax_out));
+  pass_kernel<T, kE4M3, false><<<grid(n), kThreads, 0, stream>>>(
+      x, n, aligned16(x), ScaleSource{nullptr, nullptr, 0}, nullptr,
+      reinterpret_cast<unsigned*>(amax_out), nullptr);
   return last_error();
 }
 
@@ -87,7 +71,7 @@ int launch_cast(const T* x, int64_t n, ScaleSource src, uint8_t* out, float* ama
   }
   if (n == 0 && !scale_inv) return 0;
   const bool vec = aligned16(x) && aligned16(out);
-  cast_kernel<T, FMT><<<grid(n), kThreads, 0, stream>>>(
+  pass_kernel<T, FMT, true><<<grid(n), kThreads, 0, stream>>>(
       x, n, vec, src, out, reinterpret_cast<unsigned*>(amax_out), scale_inv);
   return last_error();
 }
