@@ -4,9 +4,10 @@
 it the top-k predicted layouts) and writes the measurement beside any prediction:
 ``measured_step_time_s``, ``measured_tokens_per_s_per_gpu``, ``measured_peak_memory_gib``,
 ``measured_activation_bytes``, ``measured_loss``, ``measured_device`` (the name of the device
-that measured) and ``measurement_error`` (the reason of a failed job, '' when it ran). Given candidates without predictions it fills ``fits`` and
-``reason`` from the measurement itself, so a sampler can use it alone. A failing job never
-raises: the launcher turns it into a reason and the next candidate runs.
+that measured) and ``measurement_error`` (the reason of a failed job, '' when it ran). Given
+candidates without predictions it fills ``fits`` and ``reason`` from the measurement itself, so
+a sampler can use it alone. A failing job never raises: the launcher turns it into a reason and
+the next candidate runs.
 """
 
 from __future__ import annotations

@@ -5,10 +5,11 @@ run ``warmup`` untimed and ``steps`` timed steps on generated tokens (a barrier 
 step's time is the slowest rank's), and report per-step seconds, the loss, saved-tensor bytes,
 model states and the seconds it took to build the rank's share of the model (``build_s``: the
 meta-device build and the materialisation of the shard). ``device`` "auto" runs on GPUs (NCCL,
-one per rank) when torch sees them, else on the CPU (gloo). ``summarize`` turns the ranks' reports into one ``Measurement``: the median step
-time, tokens/s per GPU, the peak memory of the fullest rank. Faults can be injected (a rank that
-dies, one that hangs) so that the failure path is testable; the launcher turns any failure into a
-``Measurement`` with ``ok=False`` and the reason.
+one per rank) when torch sees them, else on the CPU (gloo). ``summarize`` turns the ranks'
+reports into one ``Measurement``: the median step time, tokens/s per GPU, the peak memory of the
+fullest rank. Faults can be injected (a rank that dies, one that hangs) so that the failure path
+is testable; the launcher turns any failure into a ``Measurement`` with ``ok=False`` and the
+reason.
 """
 
 from __future__ import annotations
@@ -84,9 +85,9 @@ def run_rank(rank: int, world: int, job: JobSpec) -> dict:
     import torch.distributed as dist
 
     from autoparallel.parallel.parallelize import ParallelModel, StepConfig
+    from autoparallel.profiling.device import device_name
     from autoparallel.profiling.memory import SavedTensors
 
-    from autoparallel.profiling.device import device_name
     cuda = dist.get_backend() == "nccl"  # the launcher picked NCCL for a CUDA job
     device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
     if cuda:
