@@ -123,17 +123,43 @@ def predict_row(prepared: PreparedRow, hw: HardwareSpec | None = None) -> dict:
     }
 
 
-def load_runs(runs: Path | None = None) -> list[PreparedRow]:
-    path = runs or default_runs()
+RUN_COLUMNS = ("id", "model", "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+               "vocab_size", "activation", "seq_length", "gpu", "num_gpus", "gbs", "precision")
+
+
+def read_runs_table(path: Path, columns: tuple[str, ...] = ()) -> pd.DataFrame:
+    """A CSV of measured runs with a header, the given columns and at least one row; anything
+    else is a UserError naming the file."""
     try:
         frame = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError) as exc:
-        raise UserError(f"cannot read runs CSV {path}: {exc}") from None
+    except FileNotFoundError:
+        raise UserError(f"runs CSV {path} does not exist") from None
+    except pd.errors.EmptyDataError:
+        raise UserError(f"runs CSV {path} is empty (expected a header and one row per run)") from None
+    except (OSError, pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(f"cannot read runs CSV {path}: {' '.join(str(exc).split())[:200]}") from None
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise UserError(f"runs CSV {path} lacks column(s) {', '.join(missing)}")
+    if frame.empty:
+        raise UserError(f"runs CSV {path} has a header but no rows")
+    return frame
+
+
+def load_runs(runs: Path | None = None) -> list[PreparedRow]:
+    path = runs or default_runs()
+    frame = read_runs_table(path, RUN_COLUMNS)
     assumptions = io.read_yaml(ASSUMPTIONS)
-    unknown = sorted({source_of(i) for i in frame["id"]} - set(assumptions))
+    unknown = sorted({source_of(str(i)) for i in frame["id"]} - set(assumptions))
     if unknown:
         raise UserError(f"{path}: no assumptions for source(s) {unknown} in {ASSUMPTIONS}")
-    return [prepare_row(row, assumptions) for _, row in frame.iterrows()]
+    prepared = []
+    for _, row in frame.iterrows():
+        try:
+            prepared.append(prepare_row(row, assumptions))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise UserError(f"{path}: row {row['id']}: {' '.join(str(exc).split())[:200]}") from None
+    return prepared
 
 
 def validate_training(runs: Path | None = None) -> pd.DataFrame:

@@ -21,8 +21,11 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> None:
     import yaml
 
+    from autoparallel.report import run_folder
     from autoparallel.report.export import megatron_args, nemo_config
     from autoparallel.search import run as runs
+    if args.output:
+        run_folder.check_output_file(Path(args.output), "--output")
     result = runs.load(Path(args.run_dir))
     plan = result.plan(args.rank)
     if args.format == "megatron":
@@ -32,7 +35,6 @@ def run(args: argparse.Namespace) -> None:
     else:
         text = yaml.safe_dump(runs.plan_document(result.model, result.entry(args.rank)), sort_keys=False, width=100)
     if args.output:
-        from autoparallel.report.run_folder import write_atomic
-        write_atomic(Path(args.output), text)
+        run_folder.write_atomic(Path(args.output), text)
     else:
         sys.stdout.write(text)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from autoparallel import io
-from autoparallel.argtypes import positive
+from autoparallel.argtypes import positive, positive_number
 from autoparallel.cli.common import add_target, console
 
 
@@ -18,7 +18,7 @@ def add_parser(sub) -> None:
     add_target(i)
     i.add_argument("--input-len", type=positive, default=2048, help="prompt tokens per request (default 2048)")
     i.add_argument("--output-len", type=positive, default=256, help="generated tokens per request (default 256)")
-    i.add_argument("--max-latency-ms", type=float, help="latency bound in ms (default: none)")
+    i.add_argument("--max-latency-ms", type=positive_number, help="latency bound in ms (default: none)")
     i.add_argument("--latency-metric", default="tpot",
                    help="ttft | tpot | e2e: what the bound applies to (default tpot)")
     g = i.add_argument_group("layout knobs (any given knob is pinned; tp, pp and batch all pinned = one estimate)")
@@ -36,11 +36,14 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from autoparallel.report import run_folder
     from autoparallel.serve import search as serve
     from autoparallel.serve.report import print_ranked
     from autoparallel.serve.space import load_space, parse_precision
     model = io.load_model(args.model)
     hw = io.load_hardware(args.gpu)
+    if not args.no_save:
+        run_folder.check_root(Path(args.results))
     request = serve.Request(args.input_len, args.output_len, args.max_latency_ms, args.latency_metric)
     point = args.tp is not None and args.pp is not None and args.batch is not None
     wp = parse_precision(args.weight_precision, "--weight-precision")
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> None:
         title = (f"{serve.title_of(result)}: top {min(args.top, len(result.feasible))} of "
                  f"{len(result.feasible):,} feasible ({len(result.ranked):,} candidates in {elapsed:.2f} s)")
         print_ranked(result.ranked, title, args.top, console)
-    if not args.no_save:
-        run_dir = serve.save(result, Path(args.results), sys.argv)
+    if not args.no_save:  # serve.save makes the folder inside the staging folder it is given
+        run_dir = run_folder.staged(Path(args.results), lambda staging: serve.save(result, staging, sys.argv))
         if not args.json:
             console.print(f"run folder: {run_dir}")

@@ -22,6 +22,9 @@ def run(args: argparse.Namespace) -> None:
     runs = Path(args.runs) if args.runs else None
     if args.inference:
         from autoparallel.serve import validate as serve_validate
+        from autoparallel.validate import read_runs_table
+        if runs is not None:
+            read_runs_table(runs)  # serve/ checks its own columns; here a file that is no table at all
         report = serve_validate.validate_inference(runs)
         if args.json:
             print(json.dumps({"rows": json.loads(report.drop(columns=["notes", "source"]).to_json(orient="records")),
