@@ -213,6 +213,14 @@ def resolve_preset(kind: str, name_or_path: str) -> Path:
                     f"Valid: {', '.join(preset_files(kind))} (or a path to a YAML file)")
 
 
+def _beside(path: Path, name_or_path: str) -> str:
+    """A preset name as it is; a relative YAML path relative to the file that names it."""
+    candidate = Path(name_or_path)
+    if (candidate.suffix in (".yaml", ".yml") or os.sep in name_or_path) and not candidate.is_absolute():
+        return str(path.parent / candidate)
+    return name_or_path
+
+
 def load_model(name_or_path: str) -> ModelSpec:
     path = resolve_preset("models", name_or_path)
     return from_dict(ModelSpec, read_yaml(path), str(path))
@@ -229,7 +237,7 @@ def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareS
     if hw.efficiency_from:
         if "efficiency" in data:
             raise SpecError(f"{path}: give either efficiency or efficiency_from, not both")
-        donor = load_hardware(hw.efficiency_from, (*_chain, path.resolve()))
+        donor = load_hardware(_beside(path, hw.efficiency_from), (*_chain, path.resolve()))
         hw = dataclasses.replace(hw, efficiency=donor.efficiency,
                                  calibrated_on=f"inherited from {donor.name}: {donor.calibrated_on}")
     return hw

@@ -138,11 +138,11 @@ def load_inputs(run_dir: Path) -> tuple[dict, ModelSpec, HardwareSpec, SearchSpa
     if not manifest_path.is_file():
         raise UserError(f"{run_dir} is not a run folder (no {run_folder.MANIFEST})")
     inputs = io.read_yaml(manifest_path).get("inputs")
+    if isinstance(inputs, dict) and inputs.get("kind", "training") != "training":
+        raise UserError(f"{run_dir} is a run folder of `{inputs['kind']}`, not of a training search")
     missing = [k for k in MANIFEST_INPUTS if not isinstance(inputs, dict) or k not in inputs]
     if missing:
         raise UserError(f"{manifest_path}: not a search's manifest (no inputs {', '.join(missing)})")
-    if inputs.get("kind", "training") != "training":
-        raise UserError(f"{run_dir} is a run folder of `{inputs['kind']}`, not of a training search")
     for key in ("gpus", "gbs"):
         if isinstance(inputs[key], bool) or not isinstance(inputs[key], int) or inputs[key] < 1:
             raise UserError(f"{manifest_path}: inputs.{key} must be a positive integer, got {inputs[key]!r}")
@@ -255,7 +255,10 @@ def _keep_interrupted(run_dir: Path, settings, model, hw, gpus, gbs, space) -> N
     then KeyboardInterrupt saying how to resume it. Without a completed trial there is nothing to
     keep (the caller removes the staging folder)."""
     from autoparallel.search import study
-    s = study.open_existing(settings, run_dir)
+    try:
+        s = study.open_existing(settings, run_dir)
+    except UserError:  # interrupted before the study was created
+        return
     done = study.completed(s)
     if done == 0:
         study.close(s)
@@ -293,6 +296,13 @@ def resume(run_dir: Path, progress=None, keep_profiled: bool = True) -> tuple[Se
             raise
         result = _finish(s, model, hw, gpus, gbs, space, run_dir, settings.objectives, keep_profiled)
         return result, run_folder.publish(run_dir)
+
+
+def open_study(run_dir: Path):
+    """The Optuna study of a sampler run folder (its storage and name read from the manifest)."""
+    from autoparallel.search import study
+    inputs = load_inputs(run_dir)[0]
+    return study.open_existing(_study_settings(inputs, Path(run_dir)), Path(run_dir))
 
 
 def _study_settings(inputs: dict, run_dir: Path):
