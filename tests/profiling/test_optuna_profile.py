@@ -88,6 +88,8 @@ def test_two_objective_study_profiles_the_pareto_front(search):
     del argv[argv.index("--recompute"):argv.index("--recompute") + 2]
     assert main(argv) == 0
     run_dir = _run_dir(search.results)
+    assert (search.results / "layer_profiles.json").exists()  # under --results, not ./results
+    assert not (search.results.parent / "results").exists()
     profiled = pd.read_csv(run_dir / "profiled.csv")
     study = run.open_study(run_dir)
     front = sorted(study.best_trials, key=lambda t: -t.values[0])  # feasible, non-dominated
