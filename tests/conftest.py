@@ -1,6 +1,7 @@
 """Shared fixtures: presets are loaded once per session (they are frozen)."""
 
 import sqlite3
+from contextlib import closing
 
 import pytest
 
@@ -53,7 +54,7 @@ def completed_trials():
     study is still being created)."""
     def count(db) -> int:
         try:
-            with sqlite3.connect(db, timeout=5) as c:
+            with closing(sqlite3.connect(db, timeout=5)) as c:
                 return c.execute("select count(*) from trials where state='COMPLETE'").fetchone()[0]
         except sqlite3.Error:
             return 0

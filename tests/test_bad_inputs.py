@@ -12,9 +12,11 @@ the fixture files untouched.
 
 from __future__ import annotations
 
+import csv
 import shutil
 import sqlite3
 import sys
+from contextlib import closing
 
 import pytest
 import yaml
@@ -134,6 +136,10 @@ def files(tmp_path_factory):
     put("runs_values.csv", "id,model,num_layers,hidden_size,num_attention_heads,ffn_hidden_size,vocab_size,"
                            "activation,seq_length,gpu,num_gpus,gbs,precision,tp,pp\n"
                            "nemo-x,m,many,4096,32,11008,32000,swiglu,4096,h100-sxm,8,128,bf16,1,1\n")
+    header, row = resources.data_file("inference_runs.csv").read_text().splitlines()[:2]
+    values = next(csv.reader([row]))
+    values[header.split(",").index("tp")] = "two"
+    put("inference_values.csv", header + "\n" + ",".join(f'"{v}"' for v in values) + "\n")
     put("profiles/layer_profiles.json", "{not json")
     (d / "a_folder").mkdir()
     f["a_folder"] = d / "a_folder"
@@ -178,7 +184,7 @@ def files(tmp_path_factory):
     damaged("candidates_missing", grid, lambda p: (p / "candidates.csv").unlink())
     damaged("study_missing", optuna_run, lambda p: (p / "study.db").unlink())
     damaged("study_corrupt", optuna_run, lambda p: (p / "study.db").write_bytes(b"\0junk" * 500))
-    with sqlite3.connect(optuna_run / "study.db") as c:  # the study is written and closed
+    with closing(sqlite3.connect(optuna_run / "study.db")) as c:  # the study is written and closed
         assert c.execute("select count(*) from trials").fetchone()[0] >= 4
     f["snapshot"] = _snapshot(d)
     return f
@@ -311,6 +317,7 @@ BAD_INPUTS = [
     (["validate", "--runs", "{dir}/missing.csv"], "missing.csv does not exist"),
     (["validate", "--inference", "--runs", "{runs_empty_csv}"], "runs_empty.csv is empty"),
     (["validate", "--inference", "--runs", "{runs_header_csv}"], "has a header but no rows"),
+    (["validate", "--inference", "--runs", "{inference_values_csv}"], "could not convert string to float: 'two'"),
     (["calibrate"], "calibrate needs --gpu"),
     (["calibrate", "--gpu", "h1000"], "unknown hardware 'h1000'"),
     (["calibrate", "--gpu", "h100-sxm", "--runs", "{runs_empty_csv}"], "runs_empty.csv is empty"),

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from autoparallel.cli.common import console
+from autoparallel.errors import UserError
 
 
 def add_parser(sub) -> None:
@@ -25,7 +26,13 @@ def run(args: argparse.Namespace) -> None:
         from autoparallel.validate import read_runs_table
         if runs is not None:
             read_runs_table(runs)  # serve/ checks its own columns; here a file that is no table at all
-        report = serve_validate.validate_inference(runs)
+        try:
+            report = serve_validate.validate_inference(runs)
+        except (ValueError, TypeError, KeyError) as exc:  # a value of the user's CSV serve/ cannot read
+            if runs is None:
+                raise
+            raise UserError(f"runs CSV {runs}: a value the inference validation cannot read "
+                            f"({type(exc).__name__}: {' '.join(str(exc).split())[:150]})") from None
         if args.json:
             print(json.dumps({"rows": json.loads(report.drop(columns=["notes", "source"]).to_json(orient="records")),
                               "summary": serve_validate.summary(report)}, indent=1))

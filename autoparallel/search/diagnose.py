@@ -56,8 +56,10 @@ FEATURE_RULES = (
     Rule(r"sequence parallel needs tp>1", ("sp", "tp")),
     Rule(r"^fp8-check:", ("precision", "fp8_bf16_edge_layers")),
 )
-# Knobs that set the memory of a layout, for a search where valid layouts exist but none fits.
-MEMORY_KNOBS = ("tp", "pp", "cp", "vp", "mbs", "recompute", "precision", "sp", "distributed_optimizer")
+# Knobs that set the memory of a layout, for a search where valid layouts exist but none fits, and
+# the value that needs the least memory (None: no such value): a knob pinned there is not the cause.
+MEMORY_KNOBS = {"tp": None, "pp": None, "cp": None, "vp": None, "mbs": 1, "recompute": "full",
+                "precision": None, "sp": True, "distributed_optimizer": True}
 
 
 def _deepest(reasons: pd.Series, rules: tuple[Rule, ...]) -> tuple[Rule | None, pd.Series]:
@@ -136,7 +138,7 @@ def explain(frame: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus: int, 
     if not memory.empty:
         need = memory["peak_memory_gib"].min()
         limit = space.memory_fraction * hw.memory_gib
-        lead = _pinned_lead(tuple(k for k in MEMORY_KNOBS if k in fixed), fixed)
+        lead = _pinned_lead(tuple(k for k, least in MEMORY_KNOBS.items() if k in fixed and fixed[k] != least), fixed)
         return (f"no layout of {model.name} fits on {gpus} x {hw.name}: {lead}the smallest memory need is "
                 f"{need:.1f} GiB against a limit of {limit:.1f} GiB (try more GPUs, recompute, a smaller "
                 "--mbs, or fewer pinned knobs)")
