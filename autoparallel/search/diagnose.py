@@ -16,11 +16,11 @@ reason no pattern matches falls back to the most common reasons.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pandas as pd
 
-from autoparallel.report.tables import rejection_summary
 from autoparallel.space import FEATURE_KNOBS, STRUCTURE_KNOBS, SearchSpace
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
@@ -32,6 +32,7 @@ class Rule:
     knobs: tuple[str, ...]  # the knobs the rule involves (named first when pinned)
 
 
+GBS_RULE = Rule(r"^gbs \d+ not divisible by mbs\*dp", ("mbs",))  # explained in numbers (``_gbs_message``)
 STRUCTURE_RULES = (
     Rule(r"does not divide \d+ GPUs", ("tp", "pp", "cp")),
     Rule(r"attention heads not divisible by tp", ("tp",)),
@@ -42,7 +43,7 @@ STRUCTURE_RULES = (
     Rule(r"not divisible by 2\*cp", ("cp",)),
     Rule(r"ep>1 needs a MoE model", ("ep",)),
     Rule(r"must divide num_experts and dp\*cp", ("ep",)),
-    Rule(r"^gbs \d+ not divisible by mbs\*dp", ("mbs",)),
+    GBS_RULE,
     Rule(r"interleaving needs micro-batches", ("vp", "pp", "mbs")),
 )
 FEATURE_RULES = (
@@ -62,13 +63,13 @@ MEMORY_KNOBS = {"tp": None, "pp": None, "cp": None, "vp": None, "mbs": 1, "recom
                 "precision": None, "sp": True, "distributed_optimizer": True}
 
 
-def _deepest(reasons: pd.Series, rules: tuple[Rule, ...]) -> tuple[Rule | None, pd.Series]:
+def _deepest(reasons: pd.Series, rules: tuple[Rule, ...]) -> tuple[Rule | None, pd.Series | None]:
     """The last rule (in checking order) that any reason matches, and the rows it rejected."""
     for rule in reversed(rules):
         hit = reasons.str.contains(rule.pattern, regex=True)
         if hit.any():
             return rule, hit
-    return None, reasons.eq(reasons)
+    return None, None
 
 
 def _fixed(space: SearchSpace) -> dict:
@@ -112,13 +113,14 @@ def _group_message(frame: pd.DataFrame, rules: tuple[Rule, ...], fixed: dict, gp
     rule, hit = _deepest(reasons, rules)
     if rule is None:
         return _counts(frame)
-    if rule is STRUCTURE_RULES[9]:
+    if rule is GBS_RULE:
         return _gbs_message(frame[hit], gpus, gbs, fixed)
     return _pinned_lead(rule.knobs, fixed) + reasons[hit].iloc[0]
 
 
 def _counts(frame: pd.DataFrame) -> str:
-    counts = rejection_summary(frame.assign(fits=False))
+    """The fallback for reasons no rule pattern knows: the three most common."""
+    counts = frame.loc[frame["reason"] != "", "reason"].astype(str).value_counts()
     return "; ".join(f"{n} x {reason}" for reason, n in counts.head(3).items())
 
 
@@ -138,31 +140,22 @@ def explain(frame: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus: int, 
     if not memory.empty:
         need = memory["peak_memory_gib"].min()
         limit = space.memory_fraction * hw.memory_gib
-        lead = _pinned_lead(tuple(k for k, least in MEMORY_KNOBS.items() if k in fixed and fixed[k] != least), fixed)
+        causes = tuple(k for k, least in MEMORY_KNOBS.items() if k in fixed and fixed[k] != least)
+        lead = _pinned_lead(causes, fixed)
         return (f"no layout of {model.name} fits on {gpus} x {hw.name}: {lead}the smallest memory need is "
                 f"{need:.1f} GiB against a limit of {limit:.1f} GiB (try more GPUs, recompute, a smaller "
                 "--mbs, or fewer pinned knobs)")
     if not full.empty:
         return head + _group_message(full, FEATURE_RULES, fixed, gpus, gbs)
     parts = []
-    features = frame[has_features & ~has_structure]
-    if not features.empty and (features["reason"] != "").all() and len(features) >= _feature_count(space):
+    features = frame[has_features & ~has_structure]  # rejected feature combinations only
+    if len(features) >= _combinations(space, FEATURE_KNOBS):  # ... and that is all of them
         parts.append(_group_message(features, FEATURE_RULES, fixed, gpus, gbs))
     structures = frame[has_structure & ~has_features]
-    if not structures.empty and len(structures) >= _structure_count(space):
+    if len(structures) >= _combinations(space, STRUCTURE_KNOBS):
         parts.append(_group_message(structures, STRUCTURE_RULES, fixed, gpus, gbs))
     return head + ("; and ".join(parts) if parts else _counts(frame))
 
 
-def _structure_count(space: SearchSpace) -> int:
-    n = 1
-    for name in STRUCTURE_KNOBS:
-        n *= len(getattr(space, name))
-    return n
-
-
-def _feature_count(space: SearchSpace) -> int:
-    n = 1
-    for name in FEATURE_KNOBS:
-        n *= len(getattr(space, name))
-    return n
+def _combinations(space: SearchSpace, knobs: tuple[str, ...]) -> int:
+    return math.prod(len(getattr(space, name)) for name in knobs)

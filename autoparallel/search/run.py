@@ -190,15 +190,14 @@ def read_table(path: Path) -> pd.DataFrame:
 # --- sampler (Optuna) searches ------------------------------------------------------------------
 
 def optuna_search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
-                  settings, root: Path | None, command: list[str], progress=None,
-                  on_start=None) -> tuple[SearchResult, Path | None]:
+                  settings, root: Path | None, command: list[str], progress=None) -> tuple[SearchResult, Path | None]:
     """A sampler search whose study lives in its run folder, so that it can be resumed.
 
     Everything that can be refused (no valid layout, a bad storage URL) is refused before a
     folder exists. The folder is built in staging and published when the study ends, or when it
     is interrupted after its first completed trial (then as a resumable study; KeyboardInterrupt
     goes on up, naming the folder). ``root`` None (``--no-save``): the study lives in a temporary
-    folder that is deleted. ``on_start(run_dir)`` is called once the study's folder exists.
+    folder that is deleted.
     """
     import dataclasses
     import tempfile
@@ -217,8 +216,6 @@ def optuna_search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space
     evaluator = CostModelEvaluator(model, hw, space.memory_fraction)
 
     def run_in(run_dir: Path) -> SearchResult:
-        if on_start is not None:
-            on_start(run_dir)
         s = study.run(model, hw, gpus, gbs, space, settings, evaluator, run_dir, seeds, progress, tree)
         return _finish(s, model, hw, gpus, gbs, space, run_dir, settings.objectives)
 
@@ -237,6 +234,8 @@ def optuna_search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space
                 _keep_interrupted(run_dir, settings, model, hw, gpus, gbs, space)
                 raise
             return result, run_folder.publish(run_dir)
+    except OSError as exc:
+        raise UserError(f"cannot write a run folder in {root}: {exc.strerror or exc}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -279,7 +278,7 @@ def resume(run_dir: Path, progress=None, keep_profiled: bool = True) -> tuple[Se
     ``keep_profiled``: put an earlier ``--profile``'s measurements back into the tables (they
     stay true of their layouts); False when the caller profiles the new top-k instead.
     """
-    from autoparallel.search import sampler, study
+    from autoparallel.search import study
     from autoparallel.search.evaluators import CostModelEvaluator
     run_dir = Path(run_dir)
     inputs, model, hw, space = load_inputs(run_dir)
