@@ -73,6 +73,8 @@ def _type_name(tp: Any) -> str:
         return " or ".join(_type_name(a) for a in get_args(tp))
     if get_origin(tp) is tuple:
         return "list"
+    if get_origin(tp) is dict:
+        return "mapping"
     if tp is type(None):
         return "null"
     return getattr(tp, "__name__", str(tp))
@@ -96,6 +98,12 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if value in get_args(tp):
             return value
         raise SpecError(f"{where}: expected one of {_type_name(tp)}, got {value!r}")
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise SpecError(f"{where}: expected a mapping, got {value!r}")
+        key_type, value_type = get_args(tp)
+        return {_coerce(str(k), key_type, f"{where}[{k!r}]"): _coerce(v, value_type, f"{where}[{k!r}]")
+                for k, v in value.items()}
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise SpecError(f"{where}: expected a list, got {value!r}")

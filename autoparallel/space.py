@@ -2,9 +2,14 @@
 
 Candidates are generated as columns (a pandas DataFrame), never as a list of Plan objects, so
 that a space of 10^5 layouts is built and checked in a fraction of a second. Generation runs in
-two stages: the *structure* (tp, pp, vp, cp, ep, mbs) is crossed and checked first, and only
-valid structures are crossed with the *features* (SP, recompute, precision, overlaps), so an
-impossible structure appears once in the results instead of once per feature combination.
+two stages: the *structure* (tp, pp, vp and the pipeline split, cp, ep, mbs) is crossed and
+checked first, and only valid structures are crossed with the *features* (SP, recompute,
+precision, FSDP, overlaps), so an impossible structure appears once in the results instead of
+once per feature combination.
+
+The virtual pipeline size is not a fixed list: by default (``vp: auto``) every vp for which
+Megatron-LM can place the layers is a candidate, with an even split where one exists and
+otherwise each uneven split Megatron offers (``costmodel.pipeline.splits``).
 
 Validity rules are Megatron-LM's own (DESIGN.md §4) plus the heuristic that TP stays inside
 the NVLink domain. Memory is checked later, by the cost model.
@@ -16,32 +21,30 @@ import dataclasses
 import itertools
 import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 
+from autoparallel.costmodel import pipeline
 from autoparallel.errors import UserError
 from autoparallel.io import from_dict, read_yaml, resolve_preset
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import FP8_PRECISIONS, PRECISION_CHOICES, RECOMPUTE_CHOICES, Plan
 
-# Plan fields the space does not search yet: every candidate takes the Plan's default.
-PLAN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Plan)
-                 if f.name in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
-                               "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
-                               "fsdp")}
 STRUCTURE_KNOBS = ("tp", "pp", "vp", "cp", "ep", "mbs")
+SPLIT_COLUMNS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 FEATURE_KNOBS = ("sp", "recompute", "distributed_optimizer", "overlap_dp_comm", "tp_comm_overlap",
-                 "grad_reduce_in_fp32", "precision", "fp8_bf16_edge_layers", "flash_attention")
+                 "grad_reduce_in_fp32", "precision", "fp8_bf16_edge_layers", "flash_attention", "fsdp")
 
 
 @dataclass(frozen=True)
 class SearchSpace:
     tp: tuple[int, ...] = (1, 2, 4, 8)
     pp: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    vp: tuple[int, ...] = (1, 2, 4)
+    vp: tuple[int, ...] | Literal["auto"] = "auto"  # auto: every vp the layers can be split into
     cp: tuple[int, ...] = (1,)
     ep: tuple[int, ...] = (1,)
     mbs: tuple[int, ...] = (1, 2, 4)
@@ -55,12 +58,21 @@ class SearchSpace:
     precision: tuple[str, ...] = ("bf16",)
     fp8_bf16_edge_layers: tuple[int, ...] = (0,)
     flash_attention: tuple[bool, ...] = (True,)
+    fsdp: tuple[bool, ...] = (False,)
+    # Shares of the layers whose activations are offloaded to host memory (Megatron-LM's
+    # --cpu-offloading-num-layers; only without pipeline parallelism and recompute).
+    cpu_offload_fractions: tuple[float, ...] = (0.0,)
+    cpu_offloading_num_layers: int | None = None  # pinned exact count instead of the fractions
     memory_fraction: float = 0.95
     tp_within_nvlink_domain: bool = True
+    # Where num_layers is not divisible by pp*vp, also try Megatron's uneven splits.
+    uneven_pipeline_split: bool = True
 
     def __post_init__(self) -> None:
         for name in STRUCTURE_KNOBS:
             values = getattr(self, name)
+            if values == "auto":
+                continue
             if not values or any(v < 1 for v in values):
                 raise ValueError(f"{name} must be a non-empty list of positive integers, got {list(values)}")
         bad = set(self.recompute) - set(RECOMPUTE_CHOICES)
@@ -73,6 +85,8 @@ class SearchSpace:
             raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
         if any(not 0 < f <= 1 for f in self.full_recompute_fractions):
             raise ValueError(f"full_recompute_fractions must be in (0, 1], got {list(self.full_recompute_fractions)}")
+        if not self.cpu_offload_fractions or any(not 0 <= f < 1 for f in self.cpu_offload_fractions):
+            raise ValueError(f"cpu_offload_fractions must be in [0, 1), got {list(self.cpu_offload_fractions)}")
 
     def pinned(self, **pins: Any) -> SearchSpace:
         """This space with each given knob fixed to one value (None leaves it searched)."""
@@ -82,8 +96,11 @@ class SearchSpace:
                 continue
             if name not in {f.name for f in dataclasses.fields(self)}:
                 raise KeyError(name)
-            updates[name] = value if name in ("memory_fraction", "tp_within_nvlink_domain") else (value,)
+            updates[name] = value if name in SETTINGS else (value,)
         return dataclasses.replace(self, **updates)
+
+
+SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "uneven_pipeline_split", "cpu_offloading_num_layers")
 
 
 def load_space(name_or_path: str = "training") -> SearchSpace:
@@ -109,6 +126,32 @@ def _first_reason(df: pd.DataFrame, rules: list[tuple[np.ndarray, Any]]) -> np.n
     return reason
 
 
+def _pipeline_layouts(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
+    """Every (pp, vp, split) of the space: one row per split Megatron accepts, or one row with
+    the reason no split exists for a vp the space lists."""
+    rows = []
+    for pp in space.pp:
+        listed = space.vp != "auto"
+        for vp in (space.vp if listed else range(1, model.num_layers // pp + 1)):
+            options = pipeline.splits(model.num_layers, pp, vp, space.uneven_pipeline_split)
+            if options:
+                rows += [(pp, vp, *split, "") for split in options]
+            elif listed and pp * vp > 1:
+                why = ("interleaving (vp>1) needs pp>=2" if pp == 1 else
+                       f"{model.num_layers} layers not divisible by pp*vp={pp * vp}"
+                       + ("" if not space.uneven_pipeline_split else " and no uneven split of Megatron-LM fits"))
+                rows.append((pp, vp, 0, 0, False, False, why))
+    return pd.DataFrame(rows, columns=["pp", "vp", *SPLIT_COLUMNS, "layout_reason"])
+
+
+def _structures(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
+    """tp x cp x ep x mbs crossed with the pipeline layouts. ep > 1 only for MoE models, unless
+    the user asked for it (then it is rejected with its reason)."""
+    ep = (1,) if not model.is_moe and 1 in space.ep else space.ep
+    others = _product(("tp", "cp", "mbs"), space).merge(pd.DataFrame({"ep": ep}), how="cross")
+    return others.merge(_pipeline_layouts(model, space), how="cross")
+
+
 def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int,
                      space: SearchSpace) -> np.ndarray:
     tp, pp, vp, cp, ep, mbs = (df[k].to_numpy() for k in STRUCTURE_KNOBS)
@@ -127,9 +170,7 @@ def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus:
          lambda d: [f"{model.query_groups} query groups not divisible by tp={a}" for a in d.tp]),
         (space.tp_within_nvlink_domain & (tp > hw.nvlink_domain),
          lambda d: [f"tp={a} crosses the {hw.nvlink_domain}-GPU NVLink domain" for a in d.tp]),
-        ((vp > 1) & (pp < 2), "interleaving (vp>1) needs pp>=2"),
-        (model.num_layers % (pp * vp) != 0,
-         lambda d: [f"{model.num_layers} layers not divisible by pp*vp={a * b}" for a, b in zip(d.pp, d.vp)]),
+        (df["layout_reason"].to_numpy() != "", lambda d: list(d.layout_reason)),
         ((cp > 1) & (model.seq_length % (2 * cp) != 0),
          lambda d: [f"seq_length {model.seq_length} not divisible by 2*cp={2 * a}" for a in d.cp]),
         ((ep > 1) & (experts <= 1), "ep>1 needs a MoE model"),
@@ -157,20 +198,66 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
         (2 * edge >= model.num_layers, "BF16 edge layers cover the whole model"),
         (df.overlap_param_gather.to_numpy() & ~df.distributed_optimizer.to_numpy(),
          "param-gather overlap needs the distributed optimizer"),
+        (df.fsdp.to_numpy() & ~df.distributed_optimizer.to_numpy(), "FSDP needs the distributed optimizer"),
+        # TE module/base.py fill_userbuffers_buffer_for_all_gather: only delayed, current and MXFP8
+        # quantizers; anything else is "Unsupported quantizer for Userbuffers".
+        (df.tp_comm_overlap.to_numpy() & (precision == "fp8-blockwise"),
+         "TP comm overlap (Userbuffers) cannot carry fp8-blockwise tensors (TE: Unsupported quantizer "
+         "for Userbuffers)"),
+    ]
+    return _first_reason(df, rules)
+
+
+def _layout_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
+    """Rules on a structure and its features together (Megatron-LM and TE refusals)."""
+    per_stage = model.num_layers // df.pp.to_numpy()
+    edge = df["fp8_bf16_edge_layers"].to_numpy()
+    local_tokens = df.mbs.to_numpy() * model.seq_length // (df.tp.to_numpy() * df.cp.to_numpy())
+    rules = [
+        # TransformerConfig.__post_init__: BF16 edge layers are counted per pipeline stage.
+        (edge > per_stage,
+         lambda d: [f"num_layers_at_start_in_bf16 ({e}) must be between 0 and number of layers per pipeline "
+                    f"stage ({model.num_layers // p})" for e, p in zip(d.fp8_bf16_edge_layers, d.pp)]),
+        # TE fill_userbuffers_buffer_for_all_gather: MXFP8 scales come in blocks of 128 rows.
+        (df.tp_comm_overlap.to_numpy() & (df.precision.to_numpy() == "mxfp8") & (local_tokens % 128 != 0),
+         lambda d: [f"Userbuffers requires MXFP8 tensor dims that are divisible by 128 (mbs*seq/(tp*cp) = "
+                    f"{m * model.seq_length // (t * c)})" for m, t, c in zip(d.mbs, d.tp, d.cp)]),
     ]
     return _first_reason(df, rules)
 
 
 def _cross(structures: pd.DataFrame, features: pd.DataFrame) -> pd.DataFrame:
-    """Valid structures x valid features. Sequence parallel means nothing at tp=1 (Megatron turns
-    it off), so tp=1 structures only get the SP-off features when the space has any."""
-    tp1 = structures.tp == 1
-    no_sp = features[~features.sp]
-    parts = [structures[~tp1].merge(features, how="cross"),
-             structures[tp1].merge(no_sp if not no_sp.empty else features, how="cross")]
+    """Valid structures x valid features. Sequence parallel (and the TP overlap that needs it)
+    means nothing at tp=1 (Megatron turns it off) and FSDP nothing without a data-parallel
+    group: such structures get each feature combination with those knobs off, once."""
+    no_sp, no_fsdp = structures.tp == 1, structures.dp * structures.cp == 1
+    parts = []
+    for sp_useless, fsdp_useless in itertools.product((False, True), repeat=2):
+        rows = structures[(no_sp == sp_useless) & (no_fsdp == fsdp_useless)]
+        off = ({"sp": False, "tp_comm_overlap": False} if sp_useless else {}) | ({"fsdp": False} if fsdp_useless else {})
+        chosen = features.assign(**off)
+        if sp_useless or fsdp_useless:
+            chosen = chosen.drop_duplicates()
+        parts.append(rows.merge(chosen, how="cross"))
     out = pd.concat(parts, ignore_index=True)
-    out["reason"] = np.where(out.sp & (out.tp == 1), "sequence parallel needs tp>1", "")
+    out["reason"] = ""
     return out
+
+
+def _fill_rejected(rejected: pd.DataFrame, space: SearchSpace, gpus: int) -> pd.DataFrame:
+    """A row rejected on its structure (or features) alone stands for every combination of the
+    other knobs; it shows the space's first value of each so that every knob column holds a
+    value of its own type (the reason names the knobs that broke the rule)."""
+    firsts = {name: getattr(space, name)[0] for name in STRUCTURE_KNOBS + FEATURE_KNOBS if name != "vp"}
+    firsts["vp"] = 1 if space.vp == "auto" else space.vp[0]
+    firsts["overlap_grad_reduce"] = firsts["overlap_param_gather"] = firsts.pop("overlap_dp_comm")
+    firsts.update(dict(zip(SPLIT_COLUMNS, pipeline.EVEN)), recompute_num_layers=0, cpu_offloading_num_layers=0)
+    out = rejected.assign(**{k: v for k, v in firsts.items() if k not in rejected})
+    if "dp" not in rejected:
+        model_parallel = out.tp * out.pp * out.cp
+        out["dp"] = np.where(gpus % model_parallel == 0, gpus // model_parallel, 0)
+    hints = typing.get_type_hints(Plan)
+    return out.astype({k: hints[k] for k in out.columns if k in hints and hints[k] in (int, bool)})
 
 
 def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
@@ -178,14 +265,15 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     """Every candidate of ``space`` as a DataFrame of Plan columns plus ``reason`` ('' = valid).
 
     A structure or a feature combination that breaks a rule on its own appears once, with the
-    other knobs left empty; everything else is a full layout.
+    space's first value of each other knob (see _fill_rejected); everything else is a full layout.
     """
     if gpus < 1:
         raise UserError(f"--gpus must be a positive integer, got {gpus}")
     if gbs < 1:
         raise UserError(f"--gbs must be a positive integer, got {gbs}")
-    structures = _product(STRUCTURE_KNOBS, space)
+    structures = _structures(model, space)
     structures["reason"] = _structure_rules(structures, model, hw, gpus, gbs, space)
+    structures = structures.drop(columns="layout_reason")
 
     features = _product(FEATURE_KNOBS, space)
     features["overlap_grad_reduce"] = features.pop("overlap_dp_comm")
@@ -196,29 +284,53 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     valid_features = features[features.reason == ""].drop(columns="reason")
     crossed = _cross(valid_structures, valid_features)
     crossed = _expand_recompute_layers(crossed, model, space, recompute_num_layers)
-    out = pd.concat([crossed, structures[structures.reason != ""], features[features.reason != ""]],
-                    ignore_index=True)
+    crossed = _expand_offloading(crossed, model, space)
+    crossed["reason"] = np.where(crossed.reason == "", _layout_rules(crossed, model), crossed.reason)
+    rejected = [_fill_rejected(part[part.reason != ""], space, gpus) for part in (structures, features)]
+    out = pd.concat([crossed, *rejected], ignore_index=True)
     out["gbs"] = gbs
-    for name, default in PLAN_DEFAULTS.items():
-        if name not in out:
-            out[name] = default
     return out[list(Plan.field_names()) + ["reason"]]
 
 
 def _expand_recompute_layers(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,
                              pinned: int | None) -> pd.DataFrame:
-    """Give full-recompute rows one row per layer count (fractions of the pipeline chunk)."""
-    chunk = model.num_layers // (df.pp * df.vp)
-    full = df.recompute == "full"
+    """Give full-recompute rows one row per layer count (fractions of the pipeline chunk; 0 for
+    all of it), each count once per row."""
+    full = (df.recompute == "full").to_numpy()
+    rows = df[full]
+    stages = pipeline.stage_layers(model.num_layers, rows.pp, rows.vp, *(rows[c] for c in SPLIT_COLUMNS))
+    chunk = np.ceil(np.maximum.reduce(stages) / rows.vp.to_numpy()).astype(int)
     parts = [df[~full].assign(recompute_num_layers=0)]
     if pinned is not None:
-        parts.append(df[full].assign(recompute_num_layers=np.minimum(pinned, chunk[full])))
-    else:
-        for fraction in space.full_recompute_fractions:
-            layers = np.maximum(1, np.ceil(fraction * chunk[full]).astype(int))
-            parts.append(df[full].assign(recompute_num_layers=np.where(layers >= chunk[full], 0, layers)))
-    out = pd.concat(parts, ignore_index=True)
-    return out.drop_duplicates(ignore_index=True)
+        parts.append(rows.assign(recompute_num_layers=np.minimum(pinned, chunk)))
+        return pd.concat(parts, ignore_index=True)
+    seen = []
+    for fraction in space.full_recompute_fractions:
+        layers = np.maximum(1, np.ceil(fraction * chunk).astype(int))
+        layers = np.where(layers >= chunk, 0, layers)
+        new = ~np.any([layers == earlier for earlier in seen], axis=0) if seen else np.ones(len(rows), bool)
+        parts.append(rows[new].assign(recompute_num_layers=layers[new]))
+        seen.append(layers)
+    return pd.concat(parts, ignore_index=True)
+
+
+def _expand_offloading(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
+    """Give rows that may offload (pp = 1, no recompute) one row per offloaded layer count; a
+    pinned count that Megatron-LM refuses for a row is kept with the reason."""
+    able = (df.pp == 1) & (df.recompute == "none")
+    pinned = space.cpu_offloading_num_layers
+    if pinned is not None:
+        out = df.assign(cpu_offloading_num_layers=pinned)
+        if pinned > 0:
+            broken = np.select([df.pp > 1, df.recompute != "none", pinned >= model.num_layers],
+                               ["CPU offloading needs pp=1", "CPU offloading does not work with recompute",
+                                f"CPU offloading covers fewer than {model.num_layers} layers"], "")
+            out["reason"] = np.where(out.reason == "", broken, out.reason)
+        return out
+    counts = sorted({int(f * model.num_layers) for f in space.cpu_offload_fractions} - {model.num_layers})
+    parts = [df[~able].assign(cpu_offloading_num_layers=0)]
+    parts += [df[able].assign(cpu_offloading_num_layers=n) for n in counts or [0]]
+    return pd.concat(parts, ignore_index=True)
 
 
 def row_to_plan(row: Any) -> Plan:

@@ -1,71 +1,121 @@
 """Predict published training runs and measure the error, each metric counted as its source counts.
 
-Each row of ``training_runs.csv`` pins the layout it states; what the source leaves unstated
-(micro-batch size for Narayanan, recompute for NeMo) is searched with the assumptions in
-``search_spaces/validation.yaml`` and the fastest layout that fits is taken, since the authors
-tuned their runs. A published layout predicted not to fit is reported as such: the cost model
-must say every published layout fits.
+The runs are the dense rows of ``training_runs.csv`` and ``training_runs_more.csv`` (shipped in
+``autoparallel/data/``). Each row pins the layout it states; what the source leaves unstated
+(micro-batch size for Narayanan, recompute and overlap for NeMo) is searched with the
+assumptions in ``search_spaces/validation.yaml`` and the fastest layout that fits is taken, since
+the authors tuned their runs. A published layout predicted not to fit is reported as such: the
+cost model must say every published layout fits.
+
+Two errors are reported. *In-sample*: with the constants shipped in the hardware presets, which
+were fitted on these very rows. *Leave-one-model-out*: for every model architecture, the
+constants of each GPU family that ran it are refitted without that model's rows and its rows
+are predicted with them: the error a user's next model should expect.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import math
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
 from autoparallel import io, resources
 from autoparallel.costmodel import flops
+from autoparallel.costmodel.estimate import estimate_columns
 from autoparallel.errors import UserError
-from autoparallel.search.grid import evaluate
 from autoparallel.space import SearchSpace, generate
-from autoparallel.specs.hardware import HardwareSpec
+from autoparallel.specs.hardware import Efficiency, HardwareSpec
 from autoparallel.specs.model import ModelSpec
+from autoparallel.specs.plan import Plan
 
-DEFAULT_RUNS = resources.data_file("training_runs.csv")
+TRAINING_RUNS = ("training_runs.csv", "training_runs_more.csv")
 ASSUMPTIONS = io.SEARCH_SPACES / "validation.yaml"
 MEASURED = {"hw_tflops": "measured_hw_tflops_per_gpu", "iteration_time": "measured_iteration_time_s",
             "tokens_per_s_per_gpu": "measured_tokens_per_s_per_gpu"}
+DEFAULT_RELEASE = "24.07"  # the NeMo rows of training_runs.csv
 
 
-def default_runs() -> Path:
-    return DEFAULT_RUNS
+def default_runs() -> tuple[Path, ...]:
+    return tuple(resources.data_file(name) for name in TRAINING_RUNS)
 
 
-def source_of(run_id: str) -> str:
+def assumptions_key(run_id: str) -> str:
+    """The block of validation.yaml a row's source uses: narayanan21, korthikanti22 or nemo."""
     return run_id.split("-")[0]
+
+
+def _given(row: pd.Series, key: str) -> bool:
+    v = row.get(key)
+    return not (v is None or (isinstance(v, float) and math.isnan(v)) or v == "")
+
+
+def source_of(row: pd.Series) -> str:
+    """Who published the row: the paper, or the NeMo release ("nemo 25.11")."""
+    key = assumptions_key(row["id"])
+    if key != "nemo":
+        return key
+    return f"nemo {row['release'] if _given(row, 'release') else DEFAULT_RELEASE}"
+
+
+def software_of(row: pd.Series) -> str:
+    """The software a row ran: the paper's Megatron-LM, or the (first listed) NeMo release."""
+    key = assumptions_key(row["id"])
+    if key != "nemo":
+        return key
+    release = str(row["release"]).split(",")[0] if _given(row, "release") else DEFAULT_RELEASE
+    return f"nemo {release}"
+
+
+def software_date(software: str) -> float:
+    """Sortable release date: "nemo 25.02" -> 2025.02, "korthikanti22" -> 2022."""
+    if software.startswith("nemo "):
+        return 2000 + float(software.split()[1])
+    return 2000 + float(software[-2:])
+
+
+def model_group(row: pd.Series) -> str:
+    """The architecture a row trains, so that the same network published by two sources (GPT-3
+    175B by Korthikanti and by NeMo) is left out as one model."""
+    return f"L{int(row['num_layers'])}-h{int(row['hidden_size'])}-a{int(row['num_attention_heads'])}"
+
+
+def is_moe_row(row: pd.Series) -> bool:
+    return _given(row, "num_experts") and float(row["num_experts"]) > 1
 
 
 def model_from_row(row: pd.Series) -> ModelSpec:
     def opt_int(key):
-        v = row.get(key)
-        return None if v is None or (isinstance(v, float) and math.isnan(v)) else int(v)
+        return int(row[key]) if _given(row, key) else None
     return ModelSpec(
         name=str(row["model"]), num_layers=int(row["num_layers"]), hidden_size=int(row["hidden_size"]),
         ffn_hidden_size=int(row["ffn_hidden_size"]), num_attention_heads=int(row["num_attention_heads"]),
-        num_query_groups=opt_int("num_query_groups"), vocab_size=int(row["vocab_size"]),
-        seq_length=int(row["seq_length"]), activation=str(row["activation"]),
+        num_query_groups=opt_int("num_query_groups"), kv_channels=opt_int("kv_channels"),
+        vocab_size=int(row["vocab_size"]), seq_length=int(row["seq_length"]), activation=str(row["activation"]),
         normalization="rmsnorm" if row["activation"] == "swiglu" else "layernorm")
 
 
 def _pins(row: pd.Series) -> dict:
-    def given(key):
-        v = row.get(key)
-        return not (v is None or (isinstance(v, float) and math.isnan(v)) or v == "")
-    pins = {k: int(row[k]) for k in ("tp", "pp", "cp", "vp", "ep", "mbs") if given(k)}
-    if given("sp"):
+    pins = {k: int(row[k]) for k in ("tp", "pp", "cp", "vp", "ep", "mbs") if _given(row, k)}
+    if _given(row, "sp"):
         pins["sp"] = bool(int(row["sp"]))
-    elif pins.get("tp", 1) > 1:
-        pins["sp"] = True
     else:
-        pins["sp"] = False
-    if given("recompute"):
+        pins["sp"] = pins.get("tp", 1) > 1
+    if _given(row, "recompute"):
         pins["recompute"] = str(row["recompute"])
     pins["precision"] = str(row["precision"])
     pins["fp8_bf16_edge_layers"] = 0
+    # The published FSDP size is dp*cp (64 on 64 GPUs at TP1 PP1); a few rows say only "1" (on).
+    pins["fsdp"] = _given(row, "fsdp") and int(row["fsdp"]) >= 1
     return pins
 
 
@@ -79,44 +129,71 @@ class PreparedRow:
     metric: str
     memory_fraction: float
     candidates: pd.DataFrame
+    cols: dict  # the candidates as the columns estimate_columns takes
+
+    @property
+    def id(self) -> str:
+        return str(self.row["id"])
+
+    @property
+    def source(self) -> str:
+        return source_of(self.row)
+
+    @property
+    def model_group(self) -> str:
+        return model_group(self.row)
+
+    @property
+    def software(self) -> str:
+        return software_of(self.row)
+
+    @property
+    def family(self) -> str:
+        """The hardware preset whose fitted constants this row's GPU uses."""
+        return self.hardware.efficiency_from or self.hardware.name
 
 
 def prepare_row(row: pd.Series, assumptions: dict) -> PreparedRow:
-    source = assumptions[source_of(row["id"])]
+    source = assumptions[assumptions_key(row["id"])]
     model = model_from_row(row)
     hw = io.load_hardware(str(row["gpu"]))
     settings = {"tp_within_nvlink_domain": False, "full_recompute_fractions": [1.0], **source["space"]}
     space = io.from_dict(SearchSpace, settings, str(ASSUMPTIONS)).pinned(**_pins(row))
-    candidates = generate(model, hw, int(row["num_gpus"]), int(row["gbs"]), space)
-    candidates = candidates[candidates["reason"] == ""]
+    generated = generate(model, hw, int(row["num_gpus"]), int(row["gbs"]), space)
+    candidates = generated[generated["reason"] == ""].reset_index(drop=True)
     if candidates.empty:
-        broken = generate(model, hw, int(row["num_gpus"]), int(row["gbs"]), space)["reason"].iloc[0]
-        raise UserError(f"{row['id']}: the published layout breaks a rule: {broken}")
-    return PreparedRow(row, model, hw, source["metric"], space.memory_fraction, candidates)
+        raise UserError(f"{row['id']}: the published layout breaks a rule: {generated['reason'].iloc[0]}")
+    cols = {name: candidates[name].to_numpy() for name in Plan.field_names()}
+    return PreparedRow(row, model, hw, source["metric"], space.memory_fraction, candidates, cols)
 
 
-def predict_row(prepared: PreparedRow, hw: HardwareSpec | None = None) -> dict:
-    """The best predicted layout consistent with the row, and the metric its source reports."""
+def predict_row(prepared: PreparedRow, efficiency: Efficiency | None = None) -> dict:
+    """The best predicted layout consistent with the row, and the metric its source reports;
+    ``efficiency`` replaces the constants of the row's GPU (calibration tries many)."""
     row, model = prepared.row, prepared.model
-    ranked = evaluate(model, hw or prepared.hardware, prepared.candidates, prepared.memory_fraction)
-    fitting = ranked[ranked["fits"]]
-    if fitting.empty:  # report the layout that needs least memory, marked as not fitting
-        ranked = ranked.sort_values("peak_memory_gib")
-    best = (fitting if not fitting.empty else ranked).iloc[0]
-    gpus, gbs = int(row["num_gpus"]), int(row["gbs"])
+    hw = prepared.hardware if efficiency is None else dataclasses.replace(prepared.hardware, efficiency=efficiency)
+    out = estimate_columns(model, hw, prepared.cols, prepared.memory_fraction)
+    fits = out["fits"]
+    # The fastest layout that fits; if none does, the one that needs least memory.
+    i = int(np.argmax(np.where(fits, out["tokens_per_s_per_gpu"], -np.inf))) if fits.any() \
+        else int(np.argmin(out["peak_memory_gib"]))
+    best = prepared.candidates.iloc[i]
+    # The constants describe the newest release they were fitted on; an older one runs slower.
+    speed = hw.efficiency.release_speed.get(prepared.software, 1.0)
+    gpus, gbs, step = int(row["num_gpus"]), int(row["gbs"]), float(out["step_time_s"][i]) / speed
     if prepared.metric == "hw_tflops":
         full = best["recompute"] == "full"
-        predicted = flops.narayanan_flops_per_step(model, gbs, full) / (best["step_time_s"] * gpus) / 1e12
+        predicted = flops.narayanan_flops_per_step(model, gbs, full) / (step * gpus) / 1e12
     elif prepared.metric == "iteration_time":
-        predicted = best["step_time_s"]
+        predicted = step
     else:
-        predicted = best["tokens_per_s_per_gpu"]
+        predicted = float(out["tokens_per_s_per_gpu"][i]) * speed
     measured = float(row[MEASURED[prepared.metric]])
     return {
-        "id": row["id"], "source": source_of(row["id"]), "gpu": row["gpu"], "metric": prepared.metric,
-        "measured": measured, "predicted": float(predicted),
+        "id": prepared.id, "source": prepared.source, "gpu": row["gpu"], "model": prepared.model_group,
+        "metric": prepared.metric, "measured": measured, "predicted": float(predicted),
         "error_pct": 100.0 * (predicted - measured) / measured,
-        "fits": bool(best["fits"]), "peak_memory_gib": float(best["peak_memory_gib"]),
+        "fits": bool(fits[i]), "peak_memory_gib": float(out["peak_memory_gib"][i]),
         "mbs": int(best["mbs"]), "recompute": best["recompute"],
         "recompute_num_layers": int(best["recompute_num_layers"]),
         "tp_comm_overlap": bool(best["tp_comm_overlap"]),
@@ -146,50 +223,123 @@ def read_runs_table(path: Path, columns: tuple[str, ...] = ()) -> pd.DataFrame:
     return frame
 
 
-def load_runs(runs: Path | None = None) -> list[PreparedRow]:
-    path = runs or default_runs()
-    frame = read_runs_table(path, RUN_COLUMNS)
+def read_runs(runs: Sequence[Path] | None = None) -> pd.DataFrame:
+    """The runs CSVs as one frame (columns a file lacks are empty)."""
+    return pd.concat([read_runs_table(path, RUN_COLUMNS) for path in runs or default_runs()],
+                     ignore_index=True)
+
+
+def load_runs(runs: Sequence[Path] | None = None, moe: bool = False) -> list[PreparedRow]:
+    """Prepared dense rows (with ``moe``, the mixture-of-experts rows instead); a value that does
+    not parse is a UserError naming its row."""
+    frame = read_runs(runs)
     assumptions = io.read_yaml(ASSUMPTIONS)
-    unknown = sorted({source_of(str(i)) for i in frame["id"]} - set(assumptions))
+    unknown = sorted({assumptions_key(str(i)) for i in frame["id"]} - set(assumptions))
     if unknown:
-        raise UserError(f"{path}: no assumptions for source(s) {unknown} in {ASSUMPTIONS}")
+        raise UserError(f"no assumptions for source(s) {unknown} in {ASSUMPTIONS}")
     prepared = []
     for _, row in frame.iterrows():
         try:
-            prepared.append(prepare_row(row, assumptions))
+            if is_moe_row(row) == moe:
+                prepared.append(prepare_row(row, assumptions))
         except (ValueError, TypeError, KeyError) as exc:
-            raise UserError(f"{path}: row {row['id']}: {' '.join(str(exc).split())[:200]}") from None
+            raise UserError(f"runs CSV row {row['id']}: {' '.join(str(exc).split())[:200]}") from None
     return prepared
 
 
-def validate_training(runs: Path | None = None) -> pd.DataFrame:
-    return pd.DataFrame([predict_row(p) for p in load_runs(runs)])
+def _refit_and_predict(rows: list[PreparedRow], group: str, family: str) -> dict[str, dict]:
+    """One fold: refit ``family`` without ``group``'s rows, predict them."""
+    from autoparallel.costmodel import calibrate
+    members = [p for p in rows if p.family == family]
+    rest = [p for p in members if p.model_group != group]
+    start = calibrate.uncalibrated(io.load_hardware(family).efficiency)
+    fitted = calibrate.fit(rest, start)[0] if rest else {}
+    efficiency = dataclasses.replace(start, **fitted)
+    return {p.id: predict_row(p, efficiency) for p in members if p.model_group == group}
+
+
+def cross_validate(rows: list[PreparedRow], progress: Callable[[], None] | None = None,
+                   workers: int | None = None) -> dict[str, dict]:
+    """Leave-one-model-out: ``{row id: prediction}`` with constants refitted without that model.
+
+    Every GPU family (a preset and the presets that inherit its constants) that ran the model is
+    refitted on its other rows. Each refit starts from the uncalibrated constants, so that what
+    the held-out rows taught the shipped ones cannot leak into their prediction. The folds run
+    in ``workers`` processes (default: one per CPU).
+    """
+    folds = sorted({(p.model_group, p.family) for p in rows})
+    workers = min(workers or os.cpu_count() or 1, len(folds))
+    held_out: dict[str, dict] = {}
+    if workers <= 1:
+        for group, family in folds:
+            held_out.update(_refit_and_predict(rows, group, family))
+            if progress:
+                progress()
+        return held_out
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        for done in concurrent.futures.as_completed(
+                [pool.submit(_refit_and_predict, rows, group, family) for group, family in folds]):
+            held_out.update(done.result())
+            if progress:
+                progress()
+    return held_out
+
+
+def cross_validation_folds(rows: list[PreparedRow]) -> int:
+    """How many refits ``cross_validate`` makes (for a progress bar)."""
+    return len({(p.model_group, p.family) for p in rows})
+
+
+def validate_training(runs: Sequence[Path] | None = None, cross: bool = True,
+                      progress: Callable[[], None] | None = None) -> pd.DataFrame:
+    """One row per published run: the in-sample prediction and, with ``cross``, the
+    leave-one-model-out one (``heldout_predicted``, ``heldout_error_pct``)."""
+    rows = load_runs(runs)
+    report = pd.DataFrame([predict_row(p) for p in rows])
+    if cross:
+        held = cross_validate(rows, progress)
+        report["heldout_predicted"] = [held[i]["predicted"] for i in report["id"]]
+        report["heldout_error_pct"] = [held[i]["error_pct"] for i in report["id"]]
+    return report
 
 
 def summary(report: pd.DataFrame) -> pd.DataFrame:
-    abs_err = report.assign(abs_error_pct=report["error_pct"].abs())
-    groups = {"all": abs_err, **{s: g for s, g in abs_err.groupby("source")}}
-    return pd.DataFrame([{"source": name, "rows": len(g), "mean_abs_error_pct": g["abs_error_pct"].mean(),
-                          "max_abs_error_pct": g["abs_error_pct"].max(), "all_fit": bool(g["fits"].all())}
-                         for name, g in groups.items()])
+    """Mean and max |error| for all rows, per source and per GPU (held-out beside in-sample)."""
+    groups = [("all", "all", report)]
+    groups += [("source", name, g) for name, g in report.groupby("source")]
+    groups += [("gpu", name, g) for name, g in report.groupby("gpu")]
+    out = []
+    for by, name, g in groups:
+        entry = {"by": by, "group": name, "rows": len(g), "mean_abs_error_pct": g["error_pct"].abs().mean(),
+                 "max_abs_error_pct": g["error_pct"].abs().max(), "all_fit": bool(g["fits"].all())}
+        if "heldout_error_pct" in g:
+            entry["heldout_mean_abs_error_pct"] = g["heldout_error_pct"].abs().mean()
+            entry["heldout_max_abs_error_pct"] = g["heldout_error_pct"].abs().max()
+        out.append(entry)
+    return pd.DataFrame(out)
 
 
 def print_report(report: pd.DataFrame, console: Console) -> None:
+    held = "heldout_error_pct" in report
     t = Table(title="predicted vs published", header_style="bold")
-    for c in ("id", "metric", "measured", "predicted", "error %", "fits", "mem GiB", "mbs", "recompute"):
+    columns = ["id", "metric", "measured", "predicted", "error %"] + (["held-out %"] if held else [])
+    for c in columns + ["fits", "mem GiB", "mbs", "recompute"]:
         t.add_column(c, justify="right" if c not in ("id", "metric") else "left")
     for _, r in report.iterrows():
         rec = r["recompute"] + (f"({r['recompute_num_layers']})" if r["recompute_num_layers"] else "")
-        t.add_row(r["id"], r["metric"], f"{r['measured']:.4g}", f"{r['predicted']:.4g}",
-                  f"{r['error_pct']:+.1f}", "yes" if r["fits"] else "[red]NO[/red]",
-                  f"{r['peak_memory_gib']:.1f}", str(r["mbs"]), rec)
+        cells = [r["id"], r["metric"], f"{r['measured']:.4g}", f"{r['predicted']:.4g}", f"{r['error_pct']:+.1f}"]
+        cells += [f"{r['heldout_error_pct']:+.1f}"] if held else []
+        t.add_row(*cells, "yes" if r["fits"] else "[red]NO[/red]", f"{r['peak_memory_gib']:.1f}", str(r["mbs"]), rec)
     console.print(t)
-    s = Table(title="absolute error by source", header_style="bold")
-    for c in ("source", "rows", "mean |err| %", "max |err| %", "all fit"):
-        s.add_column(c, justify="right")
+    s = Table(title="mean / max |error| %: in-sample" + (" and leave-one-model-out" if held else ""),
+              header_style="bold")
+    for c in ["by", "group", "rows", "in-sample mean", "in-sample max"] + (
+            ["held-out mean", "held-out max"] if held else []) + ["all fit"]:
+        s.add_column(c, justify="left" if c in ("by", "group") else "right")
     for _, r in summary(report).iterrows():
-        s.add_row(r["source"], str(r["rows"]), f"{r['mean_abs_error_pct']:.1f}",
-                  f"{r['max_abs_error_pct']:.1f}", "yes" if r["all_fit"] else "[red]no[/red]")
+        cells = [r["by"], r["group"], str(r["rows"]), f"{r['mean_abs_error_pct']:.1f}", f"{r['max_abs_error_pct']:.1f}"]
+        if held:
+            cells += [f"{r['heldout_mean_abs_error_pct']:.1f}", f"{r['heldout_max_abs_error_pct']:.1f}"]
+        s.add_row(*cells, "yes" if r["all_fit"] else "[red]no[/red]")
     console.print(s)
-
-

@@ -82,7 +82,7 @@ def predicted_saved_bytes(model, p: Plan) -> float:
     layer = memory.layer_activation_bytes(model, b, s, t, sp, keep_scores=False)  # flash
     if p.recompute == "full":
         layer = memory.layer_input_bytes(model, b, s, t, sp)
-    head = memory.head_input_bytes(model, b, s, t, sp) + memory.logits_bytes(model, b, s, t) / 2
+    head = memory.head_input_bytes(model, b, s, t, sp) + memory.SOFTMAX_BYTES * b * s * model.vocab_size / t
     first = model.num_layers * float(pipeline.inflight_layer_fraction(p.pp, p.vp, m)) * layer
     if p.pp == 1:
         return float(first + head)

@@ -169,3 +169,9 @@ def test_pareto_front_is_non_dominated():
     memory = np.array([10, 20, 15, 30, 25])
     throughput = np.array([1.0, 3.0, 2.0, 2.5, 4.0])
     assert list(pareto_front(memory, throughput)) == [0, 2, 1, 4]
+
+
+def test_the_layout_tree_turns_every_plan_knob():
+    from autoparallel.search.sampler import DERIVED, TREE_KNOBS
+    from autoparallel.specs.plan import Plan
+    assert sorted(TREE_KNOBS + DERIVED) == sorted(Plan.field_names())

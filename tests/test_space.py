@@ -1,7 +1,8 @@
 import pytest
 
 from autoparallel import io
-from autoparallel.space import SearchSpace, generate, load_space, row_to_plan
+from autoparallel.costmodel import pipeline
+from autoparallel.space import SPLIT_COLUMNS, SearchSpace, generate, load_space, row_to_plan
 
 
 @pytest.fixture(scope="module")
@@ -14,7 +15,10 @@ def test_valid_candidates_obey_megatron_rules(candidates, gpt175b):
     assert len(valid) > 10_000
     assert (valid.tp * valid.pp * valid.cp * valid.dp == 1024).all()
     assert (gpt175b.num_attention_heads % valid.tp == 0).all()
-    assert (gpt175b.num_layers % (valid.pp * valid.vp) == 0).all()
+    layouts = valid[["pp", "vp", *SPLIT_COLUMNS]].drop_duplicates()
+    for row in layouts.itertuples(index=False):
+        split = (int(row[2]), int(row[3]), bool(row[4]), bool(row[5]))
+        assert split in pipeline.splits(gpt175b.num_layers, int(row.pp), int(row.vp)), row
     assert (2048 % (valid.mbs * valid.dp) == 0).all()
     interleaved = valid[valid.vp > 1]
     assert ((2048 // (interleaved.mbs * interleaved.dp)) % interleaved.pp == 0).all()
@@ -25,11 +29,28 @@ def test_valid_candidates_obey_megatron_rules(candidates, gpt175b):
     assert not (valid.precision == "mxfp8").any()  # H100 has no MXFP8
 
 
-def test_rejections_name_the_rule(candidates):
+def test_rejections_name_the_rule(candidates, gpt175b, h100):
     reasons = set(candidates.reason)
     assert "tp=16 crosses the 8-GPU NVLink domain" in reasons
     assert "mxfp8 needs Blackwell; h100-sxm lacks it" in reasons
-    assert any(r.startswith("96 layers not divisible by pp*vp=") for r in reasons)
+    listed = generate(gpt175b, h100, 1024, 2048, load_space().pinned(tp=8, pp=8, vp=5))
+    assert "96 layers not divisible by pp*vp=40 and no uneven split of Megatron-LM fits" in set(listed.reason)
+    assert (listed.reason != "").all()
+
+
+def test_vp_auto_offers_every_size_megatron_can_split(gpt175b, h100):
+    space = load_space().pinned(tp=8, pp=8, cp=1, mbs=1)
+    valid = generate(gpt175b, h100, 1024, 2048, space).query("reason == ''")
+    # 96 layers on 8 stages: 12 each, so vp in the divisors of 12; 7 via first/last stage sizes
+    # (14 in the middle, 6 + 6 at the ends) is Megatron's too.
+    assert {1, 2, 3, 4, 6, 12} <= set(valid.vp)
+    assert set(valid.vp) == {vp for vp in range(1, 13) if pipeline.splits(96, 8, vp)}
+
+
+def test_dense_models_get_no_expert_parallel_candidates(gpt175b, h100):
+    assert set(generate(gpt175b, h100, 512, 2048, load_space()).ep.dropna()) == {1}
+    pinned = generate(gpt175b, h100, 512, 2048, load_space().pinned(ep=2))
+    assert "ep>1 needs a MoE model" in set(pinned.reason) and (pinned.reason != "").all()
 
 
 def test_blackwell_admits_mxfp8(gpt175b):

@@ -13,7 +13,8 @@ from autoparallel.argtypes import non_negative, positive
 
 KNOB_FLAGS = ("tp", "pp", "vp", "cp", "ep", "mbs")
 FEATURE_FLAGS = ("sp", "recompute", "precision", "fp8_bf16_edge_layers", "tp_comm_overlap",
-                 "distributed_optimizer", "overlap_dp_comm", "grad_reduce_in_fp32", "flash_attention")
+                 "distributed_optimizer", "overlap_dp_comm", "grad_reduce_in_fp32", "flash_attention", "fsdp",
+                 "cpu_offloading_num_layers")
 # Never truncate in logs and pipes: a value cut to "fp8-de…" is worse than a wide line.
 console = Console(width=None if sys.stdout.isatty() else 400)
 
@@ -42,6 +43,10 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
                    help="--overlap-grad-reduce and --overlap-param-gather")
     g.add_argument("--grad-reduce-in-fp32", action=argparse.BooleanOptionalAction)
     g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction)
+    g.add_argument("--fsdp", action=argparse.BooleanOptionalAction,
+                   help="fully sharded data parallel (Megatron-FSDP optim_grads_params) over dp*cp")
+    g.add_argument("--cpu-offloading-num-layers", type=non_negative,
+                   help="layers whose activations are offloaded to host memory (pp=1, no recompute)")
     p.add_argument("--space", default="training", help="search space preset or YAML path (default training)")
 
 

@@ -12,26 +12,29 @@ from autoparallel.errors import UserError
 
 def add_parser(sub) -> None:
     v = sub.add_parser("validate", help="predict published measurements and report the error")
-    v.add_argument("--runs", help="CSV of measured runs (default: the published runs shipped in autoparallel/data/)")
+    v.add_argument("--runs", action="append",
+                   help="CSV of measured runs (repeatable; default: the published runs shipped in autoparallel/data/)")
     v.add_argument("--inference", action="store_true",
                    help="validate the inference cost model on FasterTransformer's latencies instead")
+    v.add_argument("--no-cross-validation", action="store_true",
+                   help="skip the leave-one-model-out refits (in-sample error only; seconds instead of a minute)")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
-    runs = Path(args.runs) if args.runs else None
+    runs = [Path(r) for r in args.runs] if args.runs else None
     if args.inference:
         from autoparallel.serve import validate as serve_validate
         from autoparallel.validate import read_runs_table
-        if runs is not None:
-            read_runs_table(runs)  # serve/ checks its own columns; here a file that is no table at all
+        for path in runs or []:
+            read_runs_table(path)  # serve/ checks its own columns; here a file that is no table at all
         try:
-            report = serve_validate.validate_inference(runs)
+            report = serve_validate.validate_inference(runs[0] if runs else None)
         except (ValueError, TypeError, KeyError) as exc:  # a value of the user's CSV serve/ cannot read
             if runs is None:
                 raise
-            raise UserError(f"runs CSV {runs}: a value the inference validation cannot read "
+            raise UserError(f"runs CSV {runs[0]}: a value the inference validation cannot read "
                             f"({type(exc).__name__}: {' '.join(str(exc).split())[:150]})") from None
         if args.json:
             print(json.dumps({"rows": json.loads(report.drop(columns=["notes", "source"]).to_json(orient="records")),
@@ -40,8 +43,21 @@ def run(args: argparse.Namespace) -> None:
             serve_validate.print_report(report, console)
         return
     from autoparallel import validate
-    report = validate.validate_training(runs)
+    report = _training_report(validate, runs, cross=not args.no_cross_validation, quiet=args.json)
     if args.json:
-        print(report.to_json(orient="records", indent=1))
+        print(json.dumps({"rows": json.loads(report.to_json(orient="records")),
+                          "summary": json.loads(validate.summary(report).to_json(orient="records"))}, indent=1))
         return
     validate.print_report(report, console)
+
+
+def _training_report(validate, runs, cross: bool, quiet: bool):
+    """The report, with a progress bar over the leave-one-model-out refits."""
+    if not cross or quiet:
+        return validate.validate_training(runs, cross=cross)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task("leave-one-model-out refits", total=validate.cross_validation_folds(
+            validate.load_runs(runs)))
+        return validate.validate_training(runs, cross=True, progress=lambda: bar.advance(task))

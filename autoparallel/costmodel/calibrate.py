@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -27,10 +28,9 @@ from autoparallel.specs.hardware import Efficiency, HardwareSpec
 FITTED = {
     "gemm_max": (0.3, 0.95),
     "gemm_half_gflop": (0.1, 200.0),
-    "fp8_gemm_relative": (0.4, 1.0),
     "attention": (0.15, 0.9),
     "elementwise_bytes_per_token_hidden": (10.0, 250.0),
-    "tp_overlap": (0.0, 0.95),
+    "tp_overlap": (0.01, 0.95),
 }
 MARKER = "# --- fitted by `autoparallel calibrate`"
 
@@ -39,38 +39,79 @@ def _with(hw: HardwareSpec, values: dict) -> HardwareSpec:
     return dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, **values))
 
 
-def fit(rows, hw: HardwareSpec, progress=None) -> tuple[dict, float, float]:
-    """Return (fitted constants, mean |error| % before, after) for ``rows`` on ``hw``."""
-    from scipy.optimize import minimize
+def _percent(log_errors) -> float:
+    return float(np.mean(np.abs(np.expm1(log_errors))) * 100)
 
-    from autoparallel.validate import predict_row
-    names = [n for n in FITTED if n != "fp8_gemm_relative" or any("fp8" in str(p.row["precision"]) for p in rows)]
-    start = np.array([getattr(hw.efficiency, n) for n in names])
-    low = np.array([FITTED[n][0] for n in names])
-    high = np.array([FITTED[n][1] for n in names])
 
-    def errors(x) -> np.ndarray:
-        trial = _with(hw, dict(zip(names, np.clip(x, low, high))))
-        out = [predict_row(p, trial) for p in rows]
-        return np.array([np.log(r["predicted"] / r["measured"]) for r in out])
+RELEASE_SPEED_BOUNDS = (0.5, 1.5)
 
-    def loss(x) -> float:
+
+# A release's speed is fitted only where the rows pin it: enough rows of the release itself and
+# of the newest release it is measured against (a factor fitted on one or two rows just absorbs
+# their error, and what a left-out model's rows leave behind cannot pin it either).
+MIN_RELEASE_ROWS = 3
+MIN_NEWEST_RELEASE_ROWS = 5
+
+
+def release_factors_to_fit(rows, software_date) -> list[str]:
+    """The older releases among ``rows`` whose speed relative to the newest one is fitted."""
+    counts = Counter(p.software for p in rows)
+    ordered = sorted(counts, key=software_date)
+    if len(ordered) < 2 or counts[ordered[-1]] < MIN_NEWEST_RELEASE_ROWS:
+        return []
+    return [r for r in ordered[:-1] if counts[r] >= MIN_RELEASE_ROWS]
+
+
+def uncalibrated(efficiency: Efficiency) -> Efficiency:
+    """``efficiency`` with every fitted constant back at its uncalibrated default."""
+    defaults = Efficiency()
+    return dataclasses.replace(efficiency, release_speed={}, **{n: getattr(defaults, n) for n in FITTED})
+
+
+def fit(rows, efficiency: Efficiency, progress=None) -> tuple[dict, float, float]:
+    """Fit the ``FITTED`` constants to ``rows`` (prepared published runs, each repriced on its own
+    GPU with the trial constants), starting from ``efficiency``; with rows of several software
+    releases, also each older release's speed relative to the newest (``release_speed``).
+
+    Least squares on the log errors (trust region, bounded, in log space). Constants no row can
+    see (FP8 GEMMs without an FP8 row, TP overlap without a TP row) keep their value. Returns
+    (fitted values, mean |error| % before, after); ``release_speed`` is one entry of the values.
+    """
+    from scipy.optimize import least_squares
+
+    from autoparallel.validate import predict_row, software_date
+    releases = release_factors_to_fit(rows, software_date)
+    efficiency = dataclasses.replace(efficiency, release_speed={r: v for r, v in efficiency.release_speed.items()
+                                                                if r in releases})
+    names = list(FITTED) + [f"release {r}" for r in releases]
+    bounds = [FITTED[n] for n in FITTED] + [RELEASE_SPEED_BOUNDS] * len(releases)
+    low, high = np.log([b[0] for b in bounds]), np.log([b[1] for b in bounds])
+    x0 = np.clip(np.log([getattr(efficiency, n) for n in FITTED]
+                        + [efficiency.release_speed.get(r, 1.0) for r in releases]), low, high)
+
+    def trial(x, keep) -> Efficiency:
+        values = dict(zip(keep, np.exp(x)))
+        speed = {**efficiency.release_speed, **{n[len("release "):]: v for n, v in values.items() if n.startswith("release ")}}
+        return dataclasses.replace(efficiency, release_speed=speed, **{n: v for n, v in values.items() if n in FITTED})
+
+    def errors(x, keep=names) -> np.ndarray:
         if progress:
             progress()
-        return float(np.mean(errors(x) ** 2))
+        eff = trial(x, keep)
+        return np.array([np.log(r["predicted"] / r["measured"]) for r in (predict_row(p, eff) for p in rows)])
 
-    # Constants the rows cannot see (e.g. TP overlap when no row overlaps) keep their value.
-    base = loss(start)
-    moved = [loss(np.where(np.arange(len(names)) == i, np.clip(start * 1.3, low, high), start)) != base
-             for i in range(len(names))]
-    names = [n for n, m in zip(names, moved) if m]
-    start, low, high = (a[np.array(moved)] for a in (start, low, high))
-
-    result = minimize(loss, start, method="Powell", bounds=list(zip(low, high)),
-                      options={"maxfev": 400, "xtol": 1e-3, "ftol": 1e-6})
-    fitted = dict(zip(names, (float(v) for v in np.clip(result.x, low, high))))
-    pct = lambda e: float(np.mean(np.abs(np.expm1(e))) * 100)  # noqa: E731
-    return fitted, pct(errors(start)), pct(errors(result.x))
+    base = errors(x0)
+    visible = [i for i in range(len(names))
+               if not np.array_equal(errors(np.where(np.arange(len(names)) == i, x0 + 0.2, x0)), base)]
+    keep = [names[i] for i in visible]
+    if not keep:
+        return {"release_speed": efficiency.release_speed}, _percent(base), _percent(base)
+    result = least_squares(lambda x: errors(x, keep), x0[visible], bounds=(low[visible], high[visible]),
+                           diff_step=0.02, max_nfev=80)
+    fitted_eff = trial(result.x, keep)
+    fitted = {n: float(getattr(fitted_eff, n)) for n in keep if n in FITTED}
+    fitted["release_speed"] = {r: float(v) for r, v in fitted_eff.release_speed.items()}
+    return fitted, _percent(base), _percent(result.fun)
 
 
 def _yaml_float(value: float) -> str:
@@ -92,37 +133,49 @@ def write_block(path: Path, fitted: dict, efficiency: Efficiency, note: str, cal
     text = (source or path).read_text()
     if MARKER in text:
         text = text[: text.index(MARKER)]
+    # Its own constants now: it no longer inherits another preset's.
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("efficiency_from:"))
     values = {**dataclasses.asdict(efficiency), **fitted}
     lines = [MARKER, f"# {note}", f"calibrated_on: {calibrated_on!r}", "efficiency:"]
-    lines += [f"  {k}: {_yaml_float(v)}" for k, v in values.items()]
+    for key, value in values.items():
+        if isinstance(value, dict):
+            lines += [f"  {key}:"] + [f"    {k!r}: {_yaml_float(v)}" for k, v in value.items()] if value else []
+        else:
+            lines.append(f"  {key}: {_yaml_float(value)}")
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n")
 
 
 def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Path | None = None) -> dict:
-    """Fit ``gpu`` to its rows of ``runs``; write the preset to ``output`` (default: the user's
-    preset folder)."""
+    """Fit ``gpu`` to the rows measured on it and on the GPUs that take its constants
+    (``efficiency_from``); write the preset to ``output`` (default: the user's preset folder)."""
     from rich.progress import Progress
 
     from autoparallel.validate import default_runs, load_runs
     hw = io.load_hardware(gpu)
-    runs_path = runs or default_runs()
-    rows = [p for p in load_runs(runs_path) if p.hardware.name == hw.name]
+    runs_paths = [runs] if runs else list(default_runs())
+    rows = [p for p in load_runs(runs_paths) if p.hardware.name == hw.name or p.hardware.efficiency_from == hw.name]
     if not rows:
-        raise UserError(f"no rows of {runs_path} were measured on {hw.name}; nothing to fit")
+        names = ", ".join(p.name for p in runs_paths)
+        raise UserError(f"no rows of {names} were measured on {hw.name}; nothing to fit")
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"fitting {hw.name} on {len(rows)} runs", total=None)
-        fitted, before, after = fit(rows, hw, progress=lambda: bar.advance(task))
+        fitted, before, after = fit(rows, hw.efficiency, progress=lambda: bar.advance(task))
     for name, value in fitted.items():
-        console.print(f"  {name}: {getattr(hw.efficiency, name):.4g} -> {value:.4g}")
-    sources = sorted({p.row["id"].split("-")[0] for p in rows})
-    console.print(f"mean |error| on {len(rows)} {hw.name} rows: {before:.1f} % -> {after:.1f} %")
+        if name == "release_speed":
+            console.print("  release_speed (relative to the newest release): "
+                          + (", ".join(f"{r} {v:.3f}" for r, v in value.items()) or "none fitted"))
+        else:
+            console.print(f"  {name}: {getattr(hw.efficiency, name):.4g} -> {value:.4g}")
+    gpus = sorted({str(p.row["gpu"]) for p in rows})
+    sources = sorted({p.source for p in rows})
+    console.print(f"mean |error| on {len(rows)} rows ({', '.join(gpus)}): {before:.1f} % -> {after:.1f} %")
     if write:
         path = output or user_preset(hw.name)
-        note = (f"{dt.date.today().isoformat()}: {len(rows)} rows of {runs_path.name} "
-                f"({', '.join(sources)}); mean |error| {before:.1f} % before, {after:.1f} % after")
-        write_block(path, fitted, hw.efficiency, note,
-                    f"{runs_path.name}: {len(rows)} {'/'.join(sources)} rows",
+        names = " + ".join(p.name for p in runs_paths)
+        note = (f"{dt.date.today().isoformat()}: {len(rows)} rows of {names} ({', '.join(gpus)}; "
+                f"{', '.join(sources)}); mean |error| {before:.1f} % before, {after:.1f} % after")
+        write_block(path, fitted, hw.efficiency, note, f"{names}: {len(rows)} rows on {', '.join(gpus)}",
                     source=io.resolve_preset("hardware", gpu))
         console.print(f"wrote {path}")
     return fitted

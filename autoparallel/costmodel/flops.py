@@ -1,9 +1,12 @@
 """FLOP counts of one transformer layer, counted per GEMM so GQA, SwiGLU and MoE come out right.
 
-Sources: Narayanan et al. SC'21 (arXiv 2104.04473) §5.1 for the GPT count
-96·B·s·l·h²·(1 + s/6h + V/16lh) with full recompute (72·… without), and NeMo's "model TFLOP/s"
-convention of 6·N + 12·l·h·s FLOPs per token (N: parameters incl. embeddings). All functions
-are vectorised: ``b`` (micro-batch) and ``s`` (sequence) may be numpy arrays.
+Sources: Narayanan et al. SC'21 (arXiv 2104.04473) §5.1 and appendix for the GPT count
+96·B·s·l·h²·(1 + s/6h + V/16lh) with full recompute (72·… without), and Megatron-LM's own
+``num_floating_point_operations`` (``megatron/training/training.py``), which is what Megatron
+prints as "throughput per GPU (TFLOP/s/GPU)" and what ``model_tflops_per_gpu`` and ``mfu``
+report here: every Linear GEMM three times (forward, dgrad, wgrad), causal attention (half the
+s×s scores), the output layer over the padded vocabulary, no input embedding, no recompute.
+All functions are vectorised: ``b`` (micro-batch), ``s`` (sequence) and ``tp`` may be arrays.
 """
 
 from __future__ import annotations
@@ -32,10 +35,23 @@ def logits_flops(model: ModelSpec, b, s):
     return 2.0 * b * s * model.hidden_size * model.vocab_size
 
 
-def model_flops_per_token(model: ModelSpec) -> float:
-    """FLOPs per trained token as NeMo counts "model TFLOP/s": 6·N_active + 12·l·h·s (no recompute)."""
-    attention = 12.0 * model.num_layers * model.num_attention_heads * model.head_dim * model.seq_length
-    return 6.0 * model.num_active_parameters + attention
+MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128  # Megatron-LM's default --make-vocab-size-divisible-by
+
+
+def padded_vocab_size(model: ModelSpec, tp=1):
+    """The vocabulary Megatron-LM builds: a multiple of 128·tp (``_vocab_size_with_padding``)."""
+    multiple = MAKE_VOCAB_SIZE_DIVISIBLE_BY * np.asarray(tp, dtype=float)
+    return np.ceil(model.vocab_size / multiple) * multiple
+
+
+def model_flops_per_token(model: ModelSpec, tp=1):
+    """Training FLOPs per token as Megatron-LM's ``num_floating_point_operations`` counts them:
+    6 per active Linear parameter (forward, dgrad, wgrad), 6·s·heads·head_dim per layer for
+    causal attention, 6·h·V for the output layer (V padded for ``tp``), no input embedding."""
+    linear = 6.0 * model.num_layers * model.active_layer_params
+    attention = 6.0 * model.num_layers * model.seq_length * model.num_attention_heads * model.head_dim
+    logits = 6.0 * model.hidden_size * padded_vocab_size(model, tp)
+    return linear + attention + logits
 
 
 def narayanan_flops_per_step(model: ModelSpec, gbs: float, full_recompute: bool) -> float:

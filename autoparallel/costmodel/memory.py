@@ -7,9 +7,21 @@ s·b·h·(10 + 24/t + 5·a·s/(h·t)) without sequence parallel and s·b·h/t·(
 masks are counted only when the model has dropout (``hidden_dropout`` / ``attention_dropout`` >
 0): Llama and Nemotron train without, and their layers save 8 and 2 bytes per score instead.
 
+Under an FP8 recipe TransformerEngine keeps, of each Linear's input, only the FP8 copy the
+weight-gradient GEMM reads (1 B per element instead of 2): the QKV, projection, FC1 and FC2
+inputs; the norms' inputs, Q/K/V for attention and the activation's input stay BF16.
+
+The loss keeps the FP32 softmax of the logits (4 B per token and vocabulary entry, Megatron's
+``_VocabParallelCrossEntropy``), and while it is computed the BF16 logits exist beside it (2 B).
+
 Model states follow Megatron-LM's distributed-optimizer documentation: BF16 weights 2 B/param,
 main gradients 4 B/param (2 with --grad-reduce-in-bf16), Adam (FP32 master + m + v) 12 B/param,
-the 12 sharded over the DP×CP group by the distributed optimizer.
+the 12 sharded over the DP×CP group by the distributed optimizer; FSDP (Megatron-FSDP
+optim_grads_params, FSDP2) shards weights and gradients too, and holds two layers' full BF16
+weights (the one computing and the one prefetched) and one layer's full gradient unsharded.
+
+``tests/test_memory_megatron.py`` compares these counts with the formulas of Megatron-LM's
+``theoretical_memory_usage.py`` and states each difference.
 """
 
 from __future__ import annotations
@@ -19,18 +31,30 @@ import numpy as np
 from autoparallel.specs.model import ModelSpec
 
 GIB = float(2**30)
-NORM_AND_GEMM_INPUT_BYTES = 8.0  # LN inputs 4, QKV input 2, FC1 input 2
+NORM_INPUT_BYTES = 4.0  # the two norms' BF16 inputs
+GEMM_INPUT_BYTES = 2.0  # a BF16 Linear input; TE keeps 1 B (its FP8 copy) under an FP8 recipe
+FP8_GEMM_INPUT_BYTES = 1.0
 HIDDEN_DROPOUT_MASK_BYTES = 2.0  # one byte per mask, after attention and after the MLP
 SOFTMAX_OUTPUT_BYTES = 2.0  # per attention score
 ATTENTION_DROPOUT_BYTES = 3.0  # per attention score: dropout mask 1, dropout output 2
 OPTIMIZER_BYTES = 12.0
 WEIGHT_BYTES = 2.0
 FP8_WEIGHT_COPY_BYTES = 2.0  # FP8 weight plus its transpose, cached across micro-batches
+SOFTMAX_BYTES = 4.0  # the FP32 softmax the cross-entropy keeps for backward
+LOGITS_TRANSIENT_BYTES = 2.0  # the BF16 logits beside it while the loss is computed
+EMBEDDING_INPUT_BYTES = 8.0  # int64 token ids per token, per micro-batch in flight
 
 
-def replicated_bytes_per_token_hidden(model: ModelSpec) -> float:
-    """Activation bytes per token and hidden unit that only sequence parallel shards (10 for GPT)."""
-    return NORM_AND_GEMM_INPUT_BYTES + (HIDDEN_DROPOUT_MASK_BYTES if model.hidden_dropout else 0.0)
+def _gemm_input_bytes(fp8_fraction):
+    """Bytes kept per element of a Linear input, a share ``fp8_fraction`` of layers in FP8."""
+    return GEMM_INPUT_BYTES - (GEMM_INPUT_BYTES - FP8_GEMM_INPUT_BYTES) * fp8_fraction
+
+
+def replicated_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0):
+    """Activation bytes per token and hidden unit that only sequence parallel shards (10 for GPT):
+    the norms' inputs, the QKV and FC1 inputs, the hidden dropout masks."""
+    return (NORM_INPUT_BYTES + 2.0 * _gemm_input_bytes(fp8_fraction)
+            + (HIDDEN_DROPOUT_MASK_BYTES if model.hidden_dropout else 0.0))
 
 
 def bytes_per_attention_score(model: ModelSpec) -> float:
@@ -38,28 +62,31 @@ def bytes_per_attention_score(model: ModelSpec) -> float:
     return SOFTMAX_OUTPUT_BYTES + (ATTENTION_DROPOUT_BYTES if model.attention_dropout else 0.0)
 
 
-def sharded_bytes_per_token_hidden(model: ModelSpec) -> float:
-    """Activation bytes per token and hidden unit that tensor parallel shards (24 for GPT)."""
+def sharded_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0):
+    """Activation bytes per token and hidden unit that tensor parallel shards (24 for GPT):
+    Q, K and V, the attention output (the projection's input), the activation's input (two
+    tensors for a gated MLP) and the FC2 input."""
     h = model.hidden_size
     kv = model.query_groups / model.num_attention_heads
-    attention = 2.0 + 4.0 * kv + 2.0  # Q, K and V, then the attention output (projection input)
+    gemm_in = _gemm_input_bytes(fp8_fraction)
+    attention = 2.0 + 4.0 * kv + gemm_in
     ffn = model.expert_ffn_hidden_size if model.is_moe else model.ffn_hidden_size
     routed = model.moe_router_topk if model.is_moe else 1
-    per_expert = (6.0 if model.gated_mlp else 4.0) * ffn / h  # activation input, FC2 input
-    shared = (6.0 if model.gated_mlp else 4.0) * model.moe_shared_expert_ffn / h
-    return attention + routed * per_expert + shared
+    per_ffn_unit = (4.0 if model.gated_mlp else 2.0) + gemm_in
+    shared = per_ffn_unit * model.moe_shared_expert_ffn / h
+    return attention + routed * per_ffn_unit * ffn / h + shared
 
 
-def layer_activation_bytes(model: ModelSpec, b, s, t, sp, keep_scores):
+def layer_activation_bytes(model: ModelSpec, b, s, t, sp, keep_scores, fp8_fraction=0.0):
     """Bytes one layer saves for backward for one micro-batch of ``b`` sequences of ``s`` tokens.
 
     ``keep_scores``: the s×s attention probabilities are stored (no flash attention and no
-    selective recompute).
+    selective recompute). ``fp8_fraction``: share of layers whose Linears run an FP8 recipe.
     """
     sbh = b * s * model.hidden_size
-    replicated_bytes = replicated_bytes_per_token_hidden(model)
+    replicated_bytes = replicated_bytes_per_token_hidden(model, fp8_fraction)
     replicated = np.where(sp, replicated_bytes / t, replicated_bytes)
-    per_token = replicated + sharded_bytes_per_token_hidden(model) / t
+    per_token = replicated + sharded_bytes_per_token_hidden(model, fp8_fraction) / t
     scores = bytes_per_attention_score(model) * model.num_attention_heads * s * s * b / t
     return sbh * per_token + np.where(keep_scores, scores, 0.0)
 
@@ -75,5 +102,18 @@ def head_input_bytes(model: ModelSpec, b, s, t, sp):
 
 
 def logits_bytes(model: ModelSpec, b, s, t):
-    """FP32 logits and their gradient for the loss on the last stage (vocab-parallel)."""
-    return 2 * 4.0 * b * s * model.vocab_size / t
+    """The loss's FP32 softmax and the BF16 logits beside it on the last stage (vocab-parallel)."""
+    return (SOFTMAX_BYTES + LOGITS_TRANSIENT_BYTES) * b * s * model.vocab_size / t
+
+
+def embedding_activation_bytes(model: ModelSpec, b, s):
+    """What the embedding keeps per micro-batch in flight on the first stage: the token ids and,
+    with hidden dropout, its dropout mask."""
+    mask = b * s * model.hidden_size if model.hidden_dropout else 0.0
+    return EMBEDDING_INPUT_BYTES * b * s + mask
+
+
+def fsdp_buffer_bytes(layer_params_gpu, grad_bytes):
+    """Unsharded FSDP buffers: two layers' BF16 weights (computing, prefetched), one layer's
+    gradients before its reduce-scatter."""
+    return layer_params_gpu * (2.0 * WEIGHT_BYTES + grad_bytes)

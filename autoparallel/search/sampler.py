@@ -34,7 +34,7 @@ from autoparallel.specs.plan import Plan
 SAMPLERS = ("tpe", "nsga2", "random", "gp")
 OBJECTIVES = {"throughput": ("tokens_per_s_per_gpu", "maximize"), "memory": ("peak_memory_gib", "minimize")}
 METRIC_KEYS = ("fits", "peak_memory_gib", "step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu",
-               "mfu", "num_microbatches") + BREAKDOWN_KEYS + MEMORY_KEYS
+               "mfu", "precision_utilization", "num_microbatches") + BREAKDOWN_KEYS + MEMORY_KEYS
 STUDY_NAME = "autoparallel"
 
 
@@ -154,9 +154,14 @@ def _reseeded(name: str, seed: int):
 
 # The order in which a trial chooses knobs: structure first, so each later choice is among the
 # values that still lead to a valid layout.
-TREE_KNOBS = ("tp", "pp", "vp", "cp", "ep", "mbs", "sp", "tp_comm_overlap", "recompute", "recompute_num_layers",
+# Every Plan field but the derived ones (dp from the GPU count, gbs given, the param gather overlap
+# turned with the grad reduce overlap), so that no two layouts share a path.
+TREE_KNOBS = ("tp", "pp", "vp", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+              "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "cp", "ep", "mbs",
+              "sp", "tp_comm_overlap", "recompute", "recompute_num_layers", "cpu_offloading_num_layers", "fsdp",
               "precision", "fp8_bf16_edge_layers", "distributed_optimizer", "overlap_grad_reduce",
               "grad_reduce_in_fp32", "flash_attention")
+DERIVED = ("dp", "gbs", "overlap_param_gather")
 
 
 def _norm(value: Any) -> Any:
@@ -271,10 +276,12 @@ def make_objective(tree: LayoutTree, hw, evaluator: Evaluator, objectives: tuple
     return objective
 
 
-def published_layouts(model: ModelSpec, gpus: int) -> list[dict]:
+def published_layouts(model: ModelSpec, gpus: int, gpu: str) -> list[dict]:
+    """The layouts NVIDIA published for this model on this many GPUs of this type (their knobs)."""
     path = io.SEARCH_SPACES / "published_layouts.yaml"
     entries = io.read_yaml(path).get(model.name, []) if path.exists() else []
-    return [{k: v for k, v in e.items() if k != "gpus"} for e in entries if e.get("gpus") == gpus]
+    return [{k: v for k, v in e.items() if k not in ("gpus", "gpu", "gbs")} for e in entries
+            if e.get("gpus") == gpus and e.get("gpu", gpu) == gpu]
 
 
 def trials_frame(study) -> pd.DataFrame:

@@ -19,7 +19,7 @@ class Efficiency:
     gemm_max: float = 0.75
     gemm_half_gflop: float = 5.0
     # FP8 GEMMs reach a smaller fraction of their (doubled) peak than BF16 GEMMs do.
-    fp8_gemm_relative: float = 0.8
+    fp8_gemm_relative: float = 1.0
     # Attention core (flash or fused softmax) as a fraction of the BF16 peak.
     attention: float = 0.45
     # Memory-bound kernels (norms, activations, casts, optimizer) as a fraction of HBM bandwidth.
@@ -38,6 +38,10 @@ class Efficiency:
     pp_overlap: float = 0.5
     # Fixed CPU / launch overhead per micro-batch per layer (seconds).
     layer_overhead_s: float = 30e-6
+    # Speed of older software releases relative to the newest one the constants were fitted on
+    # (NeMo container -> factor on throughput): the same layout runs faster release by release,
+    # so the constants describe the newest release and the validation scales the older rows.
+    release_speed: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Reached fractions of a peak: above 1 (or 0, which divides) would be a faster-than-peak
@@ -60,7 +64,20 @@ class HardwareSpec:
     nvlink_gbps: float  # per GPU, bidirectional datasheet figure (GB/s)
     internode_gbps: float  # per GPU, unidirectional (GB/s): 400 Gb/s NDR = 50 GB/s
     fp8_tflops: float | None = None
+    # GPUs in one host (what torchrun's --nproc-per-node and NeMo's devices count); not the NVLink
+    # domain: a GB200 NVL72 rack is one domain of 18 trays with 4 GPUs each.
+    gpus_per_node: int = 8
     fp4_tflops: float | None = None
+    # Exponentials per second of the special function units (MUFU.EX2), in units of 10^12: the
+    # softmax of flash attention waits on them between its two GEMMs. SMs x 16 per clock x boost
+    # clock, or NVIDIA's figure (Blackwell 5, Blackwell Ultra 10.7).
+    exp_tera_per_s: float = 4.2
+    # GPU <-> host memory, per GPU and direction (GB/s): PCIe Gen5 x16 on x86 hosts, NVLink-C2C
+    # on Grace superchips. Prices activation offloading.
+    host_link_gbps: float = 55.0
+    # The network cards reach the GPU over that same PCIe link (x86 DGX/HGX: GPUDirect RDMA through
+    # the shared PCIe switch), so offloading gets only what network traffic leaves of it.
+    network_shares_host_link: bool = True
     mxfp8: bool = False  # Blackwell block-scaled FP8
     nvlink_latency_us: float = 5.0
     internode_latency_us: float = 10.0
@@ -74,7 +91,7 @@ class HardwareSpec:
 
     def __post_init__(self) -> None:
         for key in ("bf16_tflops", "memory_gib", "hbm_tbps", "nvlink_domain", "nvlink_gbps",
-                    "internode_gbps"):
+                    "internode_gbps", "gpus_per_node"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
         for key in ("fp8_tflops", "fp4_tflops"):

@@ -11,6 +11,10 @@ from typing import Literal
 
 Activation = Literal["gelu", "swiglu", "squared_relu"]
 Normalization = Literal["layernorm", "rmsnorm"]
+PositionEmbedding = Literal["learned_absolute", "rope"]
+# Megatron-LM's --tokenizer-type names the exports use; the file-based ones need a path.
+TokenizerType = Literal["NullTokenizer", "HuggingFaceTokenizer", "GPT2BPETokenizer",
+                        "GPTSentencePieceTokenizer"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,17 @@ class ModelSpec:
     normalization: Normalization = "layernorm"
     tie_embeddings: bool = False
     kv_channels: int | None = None  # head dim; None means hidden_size / heads
+    # What the exports need to build exactly this model in Megatron-LM / NeMo (not priced: the
+    # cost model's shapes do not depend on them). Defaults are Megatron-LM's own.
+    position_embedding_type: PositionEmbedding = "learned_absolute"
+    rotary_base: int = 10000
+    rotary_percent: float = 1.0  # share of each head's dims that RoPE rotates (Nemotron-4: 0.5)
+    rope_scaling_factor: float | None = None  # Llama 3.1's long-context RoPE scaling (--use-rope-scaling)
+    add_bias_linear: bool = True
+    layernorm_zero_centered_gamma: bool = False  # "LayerNorm1p" (--apply-layernorm-1p)
+    norm_epsilon: float = 1e-5
+    tokenizer_type: TokenizerType = "NullTokenizer"
+    tokenizer_model: str = ""  # Hugging Face repo id for HuggingFaceTokenizer; files are placeholders
     # Megatron-LM's dropout probabilities (its defaults). They decide whether dropout masks are
     # among the saved activations; the built-in transformer itself trains without dropout.
     hidden_dropout: float = 0.1
@@ -54,6 +69,10 @@ class ModelSpec:
         if self.is_moe and not 1 <= self.moe_router_topk <= self.num_experts:
             raise ValueError(f"moe_router_topk must be in 1..num_experts={self.num_experts}, "
                              f"got {self.moe_router_topk}")
+        if not 0.0 < self.rotary_percent <= 1.0:
+            raise ValueError(f"rotary_percent must be in (0, 1], got {self.rotary_percent}")
+        if self.tokenizer_type == "HuggingFaceTokenizer" and not self.tokenizer_model:
+            raise ValueError("tokenizer_type HuggingFaceTokenizer needs tokenizer_model (a Hugging Face repo id)")
         for key in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ValueError(f"{key} must be in [0, 1), got {getattr(self, key)}")

@@ -41,6 +41,10 @@ class Plan:
     # Fully sharded data parallel: weights, gradients and optimizer states sharded over dp*cp,
     # parameters all-gathered layer by layer (Megatron-FSDP optim_grads_params, or FSDP2).
     fsdp: bool = False
+    # Layers whose saved activations are offloaded to host memory during the forward pass and
+    # brought back for the backward (Megatron-LM --cpu-offloading --cpu-offloading-num-layers N;
+    # no pipeline parallelism). Cheap over a Grace superchip's NVLink-C2C, slow over PCIe.
+    cpu_offloading_num_layers: int = 0
     sp: bool = False
     recompute: Recompute = "none"
     # Layers of each pipeline chunk that full recompute covers (Megatron's block method);

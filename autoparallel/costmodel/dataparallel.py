@@ -1,0 +1,55 @@
+"""Data-parallel traffic that the step cannot hide, as Megatron-LM overlaps it.
+
+**Distributed optimizer** (``megatron/core/distributed``): gradients are reduce-scattered
+(all-reduced without the distributed optimizer) once per step, bucket by bucket as each model
+chunk's last backward ends; parameters are all-gathered before each chunk's first forward of the
+next step. With vp chunks per stage, a chunk's reduce can hide behind the backward work the
+schedule still has after that chunk's last backward: about pp chunk-micro-batches for every
+chunk but the one that finishes last, which has only its own backward (its buckets start as its
+layers finish). The parameter all-gather mirrors this in the forward. Some of every collective
+stays exposed (``dp_overlap``: kernels contend for SMs and memory bandwidth).
+
+**FSDP** (Megatron-FSDP ``optim_grads_params``, PyTorch FSDP2): weights, gradients and optimizer
+states sharded over dp*cp; each layer's weights all-gathered before its forward and again before
+its backward, its gradients reduce-scattered after its backward, every micro-batch; the next
+layer's all-gather is prefetched behind the current layer's compute.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoparallel.costmodel import comm
+from autoparallel.costmodel.memory import WEIGHT_BYTES
+from autoparallel.specs.hardware import HardwareSpec
+
+
+def _hidden(hw: HardwareSpec, comm_time, window):
+    """What stays exposed of ``comm_time`` overlapped with ``window`` of compute."""
+    return np.maximum((1 - hw.efficiency.dp_overlap) * comm_time, comm_time - window)
+
+
+def distributed_optimizer_exposed(hw: HardwareSpec, params_gpu, grad_bytes, group, per_node, dist_opt,
+                                  vp, pp, stage_compute, overlap_grads, overlap_params):
+    """Exposed seconds per step of the gradient reduce and parameter gather of one stage.
+
+    ``stage_compute``: forward + backward of one micro-batch through the stage (all chunks).
+    """
+    chunk_params = params_gpu / vp
+    reduce = np.where(dist_opt, comm.reduce_scatter_time(hw, chunk_params * grad_bytes, group, per_node),
+                      comm.all_reduce_time(hw, chunk_params * grad_bytes, group, per_node))
+    gather = np.where(dist_opt, comm.reduce_scatter_time(hw, chunk_params * WEIGHT_BYTES, group, per_node), 0.0)
+    chunk_backward = (2.0 / 3.0) * stage_compute / vp
+    chunk_forward = (1.0 / 3.0) * stage_compute / vp
+    later_chunks = vp - 1
+    reduce_exposed = (_hidden(hw, reduce, chunk_backward) + later_chunks * _hidden(hw, reduce, pp * chunk_backward))
+    gather_exposed = (_hidden(hw, gather, chunk_forward) + later_chunks * _hidden(hw, gather, pp * chunk_forward))
+    return (np.where(overlap_grads, reduce_exposed, vp * reduce)
+            + np.where(overlap_params, gather_exposed, vp * gather))
+
+
+def fsdp_exposed(hw: HardwareSpec, layer_params_gpu, grad_bytes, group, per_node, layer_forward, layer_backward):
+    """Exposed seconds per layer and micro-batch of FSDP's gathers and reduce-scatter."""
+    gather = comm.reduce_scatter_time(hw, layer_params_gpu * WEIGHT_BYTES, group, per_node)
+    reduce = comm.reduce_scatter_time(hw, layer_params_gpu * grad_bytes, group, per_node)
+    return _hidden(hw, gather, layer_forward) + _hidden(hw, gather + reduce, layer_backward)
