@@ -96,7 +96,8 @@ def check_runnable(model, plan, label: str) -> None:
     from autoparallel.specs.hardware import HardwareSpec
     knobs = {k: getattr(plan, k) for k in ("tp", "pp", "vp", "cp", "ep", "mbs", "sp", "recompute", "precision",
                                            "fp8_bf16_edge_layers", "tp_comm_overlap", "distributed_optimizer",
-                                           "grad_reduce_in_fp32", "flash_attention")}
+                                           "grad_reduce_in_fp32", "flash_attention", "fsdp",
+                                           "cpu_offloading_num_layers")}
     space = SearchSpace().pinned(**knobs, overlap_dp_comm=plan.overlap_grad_reduce, full_recompute_fractions=1.0,
                                  tp_within_nvlink_domain=False)
     anything = HardwareSpec("any device", bf16_tflops=1, memory_gib=1, hbm_tbps=1, nvlink_domain=plan.tp,

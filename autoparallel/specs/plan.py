@@ -67,7 +67,7 @@ class Plan:
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be a positive integer, got {getattr(self, key)}")
         for key in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
-                    "recompute_num_layers", "fp8_bf16_edge_layers"):
+                    "cpu_offloading_num_layers", "recompute_num_layers", "fp8_bf16_edge_layers"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be an integer >= 0, got {getattr(self, key)}")
 
