@@ -87,6 +87,7 @@ def write_parquet(path: Path, frame: pd.DataFrame) -> bool:
     except ImportError:
         return False
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     try:
         _with_integers(frame).to_parquet(tmp, index=False)
