@@ -17,13 +17,23 @@ DEFAULTS = {"vp": 1, "cp": 1, "ep": 1, "mbs": 1, "recompute": "none", "precision
 
 def add_parser(sub) -> None:
     e = sub.add_parser("estimate", help="predict one fully pinned layout")
-    add_target(e)
+    add_target(e, required=False)
     add_knobs(e)
+    e.add_argument("--from-log", metavar="LOG", help="predict the run a Megatron-LM / Megatron-Bridge training "
+                   "log describes and show it beside what the log measured (with --gpu)")
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.from_log:
+        from pathlib import Path
+
+        from autoparallel.runlogs import compare
+        compare.main(Path(args.from_log), args.gpu, args.json, console)
+        return
+    if args.model is None or args.gpus is None:
+        raise UserError("estimate needs --model and --gpus (or --from-log LOG)")
     from autoparallel.costmodel.estimate import estimate_plan
     from autoparallel.space import generate, row_to_plan
     model, hw, gbs, space = inputs(args)

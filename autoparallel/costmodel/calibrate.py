@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from rich.console import Console
@@ -68,14 +70,27 @@ def uncalibrated(efficiency: Efficiency) -> Efficiency:
     return dataclasses.replace(efficiency, release_speed={}, **{n: getattr(defaults, n) for n in FITTED})
 
 
-def fit(rows, efficiency: Efficiency, progress=None) -> tuple[dict, float, float]:
-    """Fit the ``FITTED`` constants to ``rows`` (prepared published runs, each repriced on its own
-    GPU with the trial constants), starting from ``efficiency``; with rows of several software
-    releases, also each older release's speed relative to the newest (``release_speed``).
+class Fit(NamedTuple):
+    """A fit's result: ``values`` to put into ``Efficiency`` (``release_speed`` among them), the
+    mean |error| % before and after, and which constants were fitted or kept, and why."""
+
+    values: dict
+    before: float
+    after: float
+    fitted: tuple[str, ...]
+    unseen: tuple[str, ...]  # no row's prediction depends on them
+    capped: tuple[str, ...]  # seen, but fewer rows than constants: the least telling ones are kept
+
+
+def fit(rows, efficiency: Efficiency, progress=None) -> Fit:
+    """Fit the ``FITTED`` constants to ``rows`` (prepared runs, each repriced on its own GPU with
+    the trial constants), starting from ``efficiency``; with rows of several software releases,
+    also each older release's speed relative to the newest (``release_speed``).
 
     Least squares on the log errors (trust region, bounded, in log space). Constants no row can
-    see (FP8 GEMMs without an FP8 row, TP overlap without a TP row) keep their value. Returns
-    (fitted values, mean |error| % before, after); ``release_speed`` is one entry of the values.
+    see (FP8 GEMMs without an FP8 row, TP overlap without a TP row) keep their value, and so do
+    the ones that move the rows' predictions least when there are more constants than rows:
+    never more constants are fitted than there are rows.
     """
     from scipy.optimize import least_squares
 
@@ -101,17 +116,22 @@ def fit(rows, efficiency: Efficiency, progress=None) -> tuple[dict, float, float
         return np.array([np.log(r["predicted"] / r["measured"]) for r in (predict_row(p, eff) for p in rows)])
 
     base = errors(x0)
-    visible = [i for i in range(len(names))
-               if not np.array_equal(errors(np.where(np.arange(len(names)) == i, x0 + 0.2, x0)), base)]
+    # How far each constant, nudged alone, moves the rows' errors.
+    moves = [float(np.linalg.norm(errors(np.where(np.arange(len(names)) == i, x0 + 0.2, x0)) - base))
+             for i in range(len(names))]
+    seen = [i for i in sorted(range(len(names)), key=lambda i: -moves[i]) if moves[i] > 0]
+    visible = sorted(seen[:len(rows)])
     keep = [names[i] for i in visible]
+    unseen = tuple(n for n, move in zip(names, moves) if move == 0)
+    capped = tuple(names[i] for i in seen[len(rows):])
     if not keep:
-        return {"release_speed": efficiency.release_speed}, _percent(base), _percent(base)
+        return Fit({"release_speed": efficiency.release_speed}, _percent(base), _percent(base), (), unseen, capped)
     result = least_squares(lambda x: errors(x, keep), x0[visible], bounds=(low[visible], high[visible]),
                            diff_step=0.02, max_nfev=80)
     fitted_eff = trial(result.x, keep)
     fitted = {n: float(getattr(fitted_eff, n)) for n in keep if n in FITTED}
     fitted["release_speed"] = {r: float(v) for r, v in fitted_eff.release_speed.items()}
-    return fitted, _percent(base), _percent(result.fun)
+    return Fit(fitted, _percent(base), _percent(result.fun), tuple(keep), unseen, capped)
 
 
 def _yaml_float(value: float) -> str:
@@ -127,16 +147,21 @@ def user_preset(name: str) -> Path:
 
 
 def write_block(path: Path, fitted: dict, efficiency: Efficiency, note: str, calibrated_on: str,
-                source: Path | None = None) -> None:
+                source: Path | None = None, rename: str | None = None) -> None:
     """Write hardware YAML ``source`` (default ``path`` itself) to ``path`` with its fitted block
-    at the end replaced (or appended)."""
+    at the end replaced (or appended); ``note`` (one or more lines) heads the block. With
+    ``rename`` the preset becomes a new one: that ``name:``, no aliases (they belong to the
+    original)."""
     text = (source or path).read_text()
     if MARKER in text:
         text = text[: text.index(MARKER)]
     # Its own constants now: it no longer inherits another preset's.
     text = "\n".join(line for line in text.splitlines() if not line.startswith("efficiency_from:"))
+    if rename:
+        text = re.sub(r"^name:.*$", f"name: {rename}", text, count=1, flags=re.M)
+        text = re.sub(r"^aliases:[^\n]*\n(?:[ \t]*- [^\n]*\n)*", "", text + "\n", count=1, flags=re.M)
     values = {**dataclasses.asdict(efficiency), **fitted}
-    lines = [MARKER, f"# {note}", f"calibrated_on: {calibrated_on!r}", "efficiency:"]
+    lines = [MARKER, *(f"# {line}" for line in note.splitlines()), f"calibrated_on: {calibrated_on!r}", "efficiency:"]
     for key, value in values.items():
         if isinstance(value, dict):
             lines += [f"  {key}:"] + [f"    {k!r}: {_yaml_float(v)}" for k, v in value.items()] if value else []
@@ -146,39 +171,94 @@ def write_block(path: Path, fitted: dict, efficiency: Efficiency, note: str, cal
     write_atomic(path, text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n")
 
 
-def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Path | None = None) -> dict:
-    """Fit ``gpu`` to the rows measured on it and on the GPUs that take its constants
-    (``efficiency_from``); write the preset to ``output`` (default: the user's preset folder)."""
+PRESET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Path | None = None,
+         as_name: str | None = None, with_published: bool = False) -> dict:
+    """Fit ``gpu`` to the rows of ``runs`` (default: the published runs; ``with_published``: both)
+    measured on it and on the GPUs that take its constants (``efficiency_from``); write the
+    preset to ``output`` (default: the user's preset folder, as ``as_name`` if given)."""
     from rich.progress import Progress
 
     from autoparallel.validate import default_runs, load_runs
+    if as_name is not None and not PRESET_NAME.match(as_name):
+        raise UserError(f"--as {as_name!r}: a preset name is letters, digits, '.', '_' and '-'")
     hw = io.load_hardware(gpu)
-    runs_paths = [runs] if runs else list(default_runs())
-    rows = [p for p in load_runs(runs_paths) if p.hardware.name == hw.name or p.hardware.efficiency_from == hw.name]
+
+    def measured_on_gpu(paths):
+        return [p for p in load_runs(paths) if p.hardware.name == hw.name or p.hardware.efficiency_from == hw.name]
+
+    own = measured_on_gpu([runs]) if runs else []
+    published = measured_on_gpu(list(default_runs())) if with_published or not runs else []
+    rows = own + published
+    runs_paths = ([runs] if runs else []) + (list(default_runs()) if published else [])
     if not rows:
-        names = ", ".join(p.name for p in runs_paths)
-        raise UserError(f"no rows of {names} were measured on {hw.name}; nothing to fit")
+        names = ", ".join(p.name for p in runs_paths or [runs])
+        raise UserError(f"no dense rows of {names} were measured on {hw.name}; nothing to fit")
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"fitting {hw.name} on {len(rows)} runs", total=None)
-        fitted, before, after = fit(rows, hw.efficiency, progress=lambda: bar.advance(task))
-    for name, value in fitted.items():
+        result = fit(rows, hw.efficiency, progress=lambda: bar.advance(task))
+    for name, value in result.values.items():
         if name == "release_speed":
             console.print("  release_speed (relative to the newest release): "
                           + (", ".join(f"{r} {v:.3f}" for r, v in value.items()) or "none fitted"))
         else:
             console.print(f"  {name}: {getattr(hw.efficiency, name):.4g} -> {value:.4g}")
+    kept = _kept(result, len(rows))
+    for line in kept:
+        console.print(f"  {line}")
     gpus = sorted({str(p.row["gpu"]) for p in rows})
     sources = sorted({p.source for p in rows})
-    console.print(f"mean |error| on {len(rows)} rows ({', '.join(gpus)}): {before:.1f} % -> {after:.1f} %")
+    errors = f"mean |error| {result.before:.1f} % before, {result.after:.1f} % after"
+    console.print(f"{errors} on {len(rows)} rows ({', '.join(gpus)})")
+    if own and published:
+        after = dataclasses.replace(hw.efficiency, **result.values)
+        own_errors = (f"on the {len(own)} rows of {runs.name}: {mean_abs_error_pct(own, hw.efficiency):.1f} % "
+                      f"before, {mean_abs_error_pct(own, after):.1f} % after")
+        console.print(f"mean |error| {own_errors}")
+        errors += f"; {own_errors}"
     if write:
-        path = output or user_preset(hw.name)
+        name = as_name or hw.name
+        path = output or user_preset(name)
         names = " + ".join(p.name for p in runs_paths)
-        note = (f"{dt.date.today().isoformat()}: {len(rows)} rows of {names} ({', '.join(gpus)}; "
-                f"{', '.join(sources)}); mean |error| {before:.1f} % before, {after:.1f} % after")
-        write_block(path, fitted, hw.efficiency, note, f"{names}: {len(rows)} rows on {', '.join(gpus)}",
-                    source=io.resolve_preset("hardware", gpu))
-        console.print(f"wrote {path}")
-    return fitted
+        note = [f"{dt.date.today().isoformat()}: {len(rows)} rows of {names} ({', '.join(gpus)}; "
+                f"{', '.join(sources)}); {errors}",
+                *([f"calibrated copy of {hw.name}"] if as_name else []),
+                f"fitted: {', '.join(result.fitted) or 'nothing'}", *kept,
+                *_wrapped("runs: " + ", ".join(p.id for p in rows))]
+        write_block(path, result.values, hw.efficiency, "\n".join(note),
+                    f"{names}: {len(rows)} rows on {', '.join(gpus)}",
+                    source=io.resolve_preset("hardware", gpu), rename=as_name)
+        console.print(f"wrote {path}" + (f" (use it with --gpu {as_name})" if as_name else ""))
+    return result.values
+
+
+def mean_abs_error_pct(rows, efficiency: Efficiency) -> float:
+    """Mean |predicted / measured - 1| in percent over prepared rows, with ``efficiency``."""
+    from autoparallel.validate import predict_row
+    return float(np.mean([abs(predict_row(p, efficiency)["error_pct"]) for p in rows]))
+
+
+def _kept(result: Fit, n_rows: int) -> list[str]:
+    """What the fit left at its value, and why."""
+    lines = []
+    if result.unseen:
+        lines.append(f"kept, no row depends on them: {', '.join(result.unseen)}")
+    if result.capped:
+        lines.append(f"kept, {n_rows} row(s) fit at most {n_rows} constant(s): {', '.join(result.capped)}")
+    return lines
+
+
+def _wrapped(text: str, width: int = 98) -> list[str]:
+    out, line = [], ""
+    for word in text.split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            out.append(line)
+            line = "  " + word
+        else:
+            line = f"{line} {word}" if line else word
+    return out + [line]
 
 
 # --- fitting to profiling jobs (issue 4) ----------------------------------------------------------

@@ -60,7 +60,7 @@ def model_flags(model: ModelSpec) -> list[str]:
         a += ["--group-query-attention", f"--num-query-groups {model.query_groups}"]
     if model.kv_channels:
         a.append(f"--kv-channels {model.kv_channels}")
-    a += [f"--seq-length {model.seq_length}", f"--max-position-embeddings {model.seq_length}",
+    a += [f"--seq-length {model.seq_length}", f"--max-position-embeddings {model.context_length}",
           f"--position-embedding-type {model.position_embedding_type}"]
     if model.position_embedding_type == "rope":
         a.append(f"--rotary-base {model.rotary_base}")

@@ -77,7 +77,7 @@ def nemo1_config(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
         "expert_model_parallel_size": plan.ep,
         "sequence_parallel": plan.sp,
         "encoder_seq_length": model.seq_length,
-        "max_position_embeddings": model.seq_length,
+        "max_position_embeddings": model.context_length,
         **_shape(model),
         "activation": NEMO1_ACTIVATION[model.activation],
         "normalization": "layernorm1p" if model.layernorm_zero_centered_gamma else model.normalization,

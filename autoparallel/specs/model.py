@@ -53,6 +53,9 @@ class ModelSpec:
     moe_shared_expert_ffn: int = 0
     # The global batch size the model was published with; the search keeps it fixed by default.
     global_batch_size: int | None = None
+    # Positions the model serves (Megatron-LM's --max-position-embeddings; HF's
+    # max_position_embeddings): the serving context. None means seq_length.
+    max_position_embeddings: int | None = None
     aliases: tuple[str, ...] = ()
     source: str = ""
 
@@ -63,7 +66,7 @@ class ModelSpec:
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
         for key in ("num_query_groups", "kv_channels", "num_experts", "moe_ffn_hidden_size",
-                    "global_batch_size"):
+                    "global_batch_size", "max_position_embeddings"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ValueError(f"{key} must be a positive integer (or left out), got {getattr(self, key)}")
         if self.is_moe and not 1 <= self.moe_router_topk <= self.num_experts:
@@ -88,6 +91,12 @@ class ModelSpec:
     @property
     def query_groups(self) -> int:
         return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def context_length(self) -> int:
+        """The longest sequence the model handles: its position range where given, else its
+        training length."""
+        return self.max_position_embeddings or self.seq_length
 
     @property
     def head_dim(self) -> int:
