@@ -113,7 +113,7 @@ def files(tmp_path_factory):
     put("space_inf.yaml", "memory_fraction: .inf\n")
     put("space_key.yaml", "tensor_parallel: [1, 2]\n")
     put("tiny_space.yaml", TINY_SPACE)
-    put("infer_space_nan.yaml", "memory_fraction: .nan\n")
+    put("infer_space_negative.yaml", "max_batch: [-4]\n")
     put("fp8_nan.yaml", "thresholds:\n  max_loss_gap_pct: .nan\n")
     put("fp8_negative.yaml", "run:\n  steps: -3\n")
     put("plan_two.yaml", _plan(tp="two"))
@@ -339,7 +339,13 @@ BAD_INPUTS = [
     (["infer", "--model", "llama3-8b", "--gpus", "8", "--weight-precision", "fp4"], "--weight-precision 'fp4' is not one of"),
     (["infer", "--model", "llama3-8b", "--gpus", "99999999999"], "--gpus: expected an integer in 1..2147483647, got 99999999999"),
     (["infer", "--model", "llama3-8b", "--gpus", "8", "--results", "{results_file}"], "is a file, not a folder"),
-    (["infer", "--model", "llama3-8b", "--gpus", "8", "--space", "{infer_space_nan_yaml}"], "key 'memory_fraction': expected a finite number >= 0, got nan"),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--space", "{infer_space_negative_yaml}"], "key 'max_batch'[0]: expected an integer in 0..2147483647, got -4"),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--max-ttft-ms", "inf"], "--max-ttft-ms: expected a positive finite number, got inf"),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--request-rate", "0"], "--request-rate: expected a positive finite number, got 0"),
+    # --- runs import
+    (["runs"], "the following arguments are required: ACTION"),
+    (["runs", "import", "{runs_junk_csv}", "--gpu", "h1000"], "unknown hardware 'h1000'"),
+    (["runs", "import", "{runs_junk_csv}", "--gpu", "h100-sxm", "--warmup", "-1"], "--warmup: expected an integer in 0..2147483647, got -1"),
     # --- profile (refused before any rank is spawned)
     (["profile", "--model", "cpu-small", "--plan", "{plan_two_yaml}"], "key 'tp': expected int, got 'two'"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_half_yaml}"], "key 'tp': expected int, got 1.5"),
@@ -394,7 +400,7 @@ def test_bad_input_gets_one_line_and_exit_2(args, message, files, tmp_path, monk
 def test_the_table_covers_every_command():
     commands = {a[1] if a[0].startswith("@") else a[0] for a, _ in BAD_INPUTS if a}
     assert commands == {"search", "estimate", "export", "report", "validate", "calibrate", "fp8-check",
-                        "infer", "profile", "models", "hardware", "serch"}
+                        "infer", "profile", "runs", "models", "hardware", "serch"}
     assert len(BAD_INPUTS) >= 60
 
 
