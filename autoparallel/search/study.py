@@ -102,33 +102,36 @@ def close(study) -> None:
         engine.dispose()
 
 
-@contextmanager
-def _stop_after_trial(signals: tuple[int, ...]) -> Iterator[Callable]:
-    """While trials run, one of ``signals`` lets the running trial finish and then stops the
-    study (``study.stop``, from the callback this yields), and is delivered once ``optimize`` has
-    returned: an interrupt in the middle of Optuna's bookkeeping can break it (optuna 5.0 raises
-    UnboundLocalError). A second signal interrupts at once."""
-    asked: list[int] = []
+class _Interrupts:
+    """Ctrl-C and SIGTERM held back while a study opens and runs its trials: the running trial
+    finishes, the study stops (``study.stop`` from the ``stop`` callback), and the signal is
+    delivered on leaving the block, where the caller's handler runs (the CLI's: KeyboardInterrupt).
+    An interrupt in the middle of Optuna's bookkeeping breaks it (optuna 5.0 raises
+    UnboundLocalError), and one during a lazy import leaves a half-imported SQLAlchemy module
+    behind for the code that keeps the study. A second signal interrupts at once."""
 
-    def stop(study, _trial) -> None:
-        if asked:
-            study.stop()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
+    def __init__(self, signals: tuple[int, ...]) -> None:
+        self.signals, self.asked, self._previous = signals, 0, {}
 
-    def ask(signum, _frame) -> None:
-        if asked:
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._ask) for s in self.signals}
+        return self
+
+    def _ask(self, signum, _frame) -> None:
+        if self.asked:
             raise KeyboardInterrupt
-        asked.append(signum)
-    previous = {s: signal.signal(s, ask) for s in signals}
-    try:
-        yield stop
-    finally:
-        for s, handler in previous.items():
+        self.asked = signum
+
+    def stop(self, study, _trial) -> None:
+        if self.asked:
+            study.stop()
+
+    def __exit__(self, kind, *_) -> None:
+        for s, handler in self._previous.items():
             signal.signal(s, handler)
-    if asked:
-        signal.raise_signal(asked[0])  # now the caller's handler runs (the CLI: KeyboardInterrupt)
+        if self.asked and kind is None:
+            signal.raise_signal(self.asked)
 
 
 def completed(study) -> int:
@@ -162,16 +165,22 @@ def run(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSp
 
     ``seeds``: layouts (knob -> value, possibly partial) enqueued first on a fresh study.
     """
-    study = _open(settings, run_dir) if seeds is not None else open_existing(settings, run_dir)
-    try:
-        _complete(study, model, hw, gpus, gbs, space, settings, evaluator, run_dir, seeds, progress, tree)
-    except BaseException:  # interrupted: no connection left open on a folder about to be renamed
-        close(study)
-        raise
+    with _Interrupts((signal.SIGINT, signal.SIGTERM)) as interrupts:
+        study = _open(settings, run_dir) if seeds is not None else open_existing(settings, run_dir)
+        try:
+            if not interrupts.asked:
+                _complete(study, model, hw, gpus, gbs, space, settings, evaluator, run_dir, seeds, progress,
+                          tree, interrupts)
+        except BaseException:  # no connection left open on a folder about to be renamed
+            close(study)
+            raise
+        if interrupts.asked:
+            close(study)
     return study
 
 
-def _complete(study, model, hw, gpus, gbs, space, settings, evaluator, run_dir, seeds, progress, tree) -> None:
+def _complete(study, model, hw, gpus, gbs, space, settings, evaluator, run_dir, seeds, progress, tree,
+              interrupts: _Interrupts) -> None:
     optuna = sampler._optuna()
     tree = tree or sampler.LayoutTree(model, hw, gpus, gbs, space)
     if len(study.get_trials(deepcopy=False)) == 0:
@@ -195,8 +204,8 @@ def _complete(study, model, hw, gpus, gbs, space, settings, evaluator, run_dir, 
                 best[0] = metrics["tokens_per_s_per_gpu"]
             if progress:
                 progress(completed(s), best[0])
-        with _stop_after_trial((signal.SIGINT, signal.SIGTERM)) as stop:
-            study.optimize(objective, n_trials=settings.trials - completed(study), callbacks=[limit, report, stop])
+        study.optimize(objective, n_trials=settings.trials - completed(study),
+                       callbacks=[limit, report, interrupts.stop])
         return
 
     parent = os.getpid()
@@ -207,15 +216,15 @@ def _complete(study, model, hw, gpus, gbs, space, settings, evaluator, run_dir, 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler, inherited by fork
         mine = _open(settings, run_dir, worker=index + 1)
-        with _stop_after_trial((signal.SIGTERM,)) as stop:  # the parent's terminate(): stop cleanly
-            mine.optimize(objective, n_trials=settings.trials, callbacks=[limit, stop])
+        with _Interrupts((signal.SIGTERM,)) as terminate:  # the parent's terminate(): stop cleanly
+            mine.optimize(objective, n_trials=settings.trials, callbacks=[limit, terminate.stop])
 
     ctx = multiprocessing.get_context("fork")
     workers = [ctx.Process(target=work, args=(i,), daemon=True) for i in range(settings.workers)]
     for w in workers:
         w.start()
     try:
-        while any(w.is_alive() for w in workers):
+        while any(w.is_alive() for w in workers) and not interrupts.asked:
             time.sleep(0.5)
             if progress:
                 progress(completed(study), best_throughput(study))
