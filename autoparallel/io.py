@@ -1,5 +1,9 @@
-"""YAML <-> specs, strictly: an unknown key, a missing key or a wrong type is an error that
-names the file, the key and what was expected.
+"""YAML <-> specs, strictly: an unknown key, a missing key, a wrong type or a number out of
+range is an error that names the file, the key and what was expected.
+
+Every number in autoparallel's YAML is a count, a size, a rate, a latency or a fraction, so
+numbers are finite and >= 0 and integers at most ``MAX_COUNT``; each spec's ``__post_init__``
+narrows its own fields further (fractions <= 1, top-k <= experts, ...).
 
 Presets live under ``autoparallel/search_spaces/`` (models/, hardware/, spaces/), one YAML file
 each, shipped as package data (the checkout's top-level ``search_spaces`` points there), and under
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import types
 import typing
@@ -21,6 +26,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 import yaml
 
 from autoparallel import resources
+from autoparallel.argtypes import MAX_COUNT
 from autoparallel.errors import SpecError, UserError
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
@@ -31,17 +37,33 @@ SEARCH_SPACES = resources.SEARCH_SPACES
 
 
 def read_yaml(path: Path) -> dict:
+    """A YAML file that must hold a mapping; any other content is a one-line SpecError."""
     try:
-        text = Path(path).read_text()
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
     try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not a YAML text file (byte {raw[exc.start]:#04x} at offset {exc.start} "
+                        "is not UTF-8)") from None
+    try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+        raise SpecError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: not valid YAML: nested too deeply") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping of keys to values, got {type(data).__name__}")
     return data
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's multi-line message as one line: the problem and where."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + " ".join(str(problem).split())
 
 
 def _type_name(tp: Any) -> str:
@@ -62,11 +84,15 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     """Check ``value`` against the annotation ``tp``; return it in the dataclass's type."""
     origin = get_origin(tp)
     if origin in (typing.Union, types.UnionType):
+        errors = []
         for option in get_args(tp):
             try:
                 return _coerce(value, option, where)
-            except SpecError:
-                continue
+            except SpecError as exc:
+                errors.append((option, exc))
+        for option, exc in errors:  # a number out of range: say the range, not just the types
+            if option in (int, float) and _is_number(value):
+                raise exc
         raise SpecError(f"{where}: expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
         if value in get_args(tp):
@@ -92,10 +118,15 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             return value
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if not 0 <= value <= MAX_COUNT:
+                raise SpecError(f"{where}: expected an integer in 0..{MAX_COUNT}, got {value!r}")
             return value
     elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+        if _is_number(value):
+            number = float(value) if abs(value) < 1e308 else math.inf
+            if not (math.isfinite(number) and number >= 0):
+                raise SpecError(f"{where}: expected a finite number >= 0, got {value!r}")
+            return number
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -103,6 +134,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if isinstance(value, dict):
             return from_dict(tp, value, where)
     raise SpecError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def from_dict(cls: type[T], data: dict, source: str) -> T:
@@ -154,10 +189,16 @@ def preset_files(kind: str) -> dict[str, Path]:
 
 
 def _preset_aliases(kind: str) -> dict[str, str]:
+    """Lower-cased names and aliases -> preset name. A preset file that cannot be read adds only
+    its own name: one broken file must not break every other preset (it is reported when named)."""
     names = {}
     for name, path in preset_files(kind).items():
         names[name.lower()] = name
-        for alias in read_yaml(path).get("aliases", []) or []:
+        try:
+            aliases = read_yaml(path).get("aliases") or []
+        except UserError:
+            continue
+        for alias in aliases if isinstance(aliases, list) else []:
             names[str(alias).lower()] = name
     return names
 
@@ -180,18 +221,31 @@ def resolve_preset(kind: str, name_or_path: str) -> Path:
                     f"Valid: {', '.join(preset_files(kind))} (or a path to a YAML file)")
 
 
+def _beside(path: Path, name_or_path: str) -> str:
+    """A preset name as it is; a relative YAML path relative to the file that names it."""
+    candidate = Path(name_or_path)
+    if (candidate.suffix in (".yaml", ".yml") or os.sep in name_or_path) and not candidate.is_absolute():
+        return str(path.parent / candidate)
+    return name_or_path
+
+
 def load_model(name_or_path: str) -> ModelSpec:
     path = resolve_preset("models", name_or_path)
     return from_dict(ModelSpec, read_yaml(path), str(path))
 
 
-def load_hardware(name_or_path: str) -> HardwareSpec:
+def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareSpec:
     path = resolve_preset("hardware", name_or_path)
-    hw = from_dict(HardwareSpec, read_yaml(path), str(path))
+    if path.resolve() in _chain:
+        names = " -> ".join(p.stem for p in (*_chain, path.resolve()))
+        raise SpecError(f"{_chain[-1]}: efficiency_from makes a cycle ({names}); name a preset with "
+                        "its own efficiency block")
+    data = read_yaml(path)
+    hw = from_dict(HardwareSpec, data, str(path))
     if hw.efficiency_from:
-        if "efficiency" in read_yaml(path):
+        if "efficiency" in data:
             raise SpecError(f"{path}: give either efficiency or efficiency_from, not both")
-        donor = load_hardware(hw.efficiency_from)
+        donor = load_hardware(_beside(path, hw.efficiency_from), (*_chain, path.resolve()))
         hw = dataclasses.replace(hw, efficiency=donor.efficiency,
                                  calibrated_on=f"inherited from {donor.name}: {donor.calibrated_on}")
     return hw

@@ -239,25 +239,51 @@ def predict_row(prepared: PreparedRow, efficiency: Efficiency | None = None) -> 
     }
 
 
+RUN_COLUMNS = ("id", "model", "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+               "vocab_size", "activation", "seq_length", "gpu", "num_gpus", "gbs", "precision")
+
+
+def read_runs_table(path: Path, columns: tuple[str, ...] = ()) -> pd.DataFrame:
+    """A CSV of measured runs with a header, the given columns and at least one row; anything
+    else is a UserError naming the file."""
+    try:
+        frame = pd.read_csv(path)
+    except FileNotFoundError:
+        raise UserError(f"runs CSV {path} does not exist") from None
+    except pd.errors.EmptyDataError:
+        raise UserError(f"runs CSV {path} is empty (expected a header and one row per run)") from None
+    except (OSError, pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(f"cannot read runs CSV {path}: {' '.join(str(exc).split())[:200]}") from None
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise UserError(f"runs CSV {path} lacks column(s) {', '.join(missing)}")
+    if frame.empty:
+        raise UserError(f"runs CSV {path} has a header but no rows")
+    return frame
+
+
 def read_runs(runs: Sequence[Path] | None = None) -> pd.DataFrame:
     """The runs CSVs as one frame (columns a file lacks are empty)."""
-    frames = []
-    for path in runs or default_runs():
-        try:
-            frames.append(pd.read_csv(path))
-        except (OSError, pd.errors.ParserError, UnicodeDecodeError) as exc:
-            raise UserError(f"cannot read runs CSV {path}: {exc}") from None
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat([read_runs_table(path, RUN_COLUMNS) for path in runs or default_runs()],
+                     ignore_index=True)
 
 
 def load_runs(runs: Sequence[Path] | None = None, moe: bool = False) -> list[PreparedRow]:
-    """Prepared dense rows (with ``moe``, the mixture-of-experts rows instead)."""
+    """Prepared dense rows (with ``moe``, the mixture-of-experts rows instead); a value that does
+    not parse is a UserError naming its row."""
     frame = read_runs(runs)
     assumptions = io.read_yaml(ASSUMPTIONS)
-    unknown = sorted({assumptions_key(i) for i in frame["id"]} - set(assumptions))
+    unknown = sorted({assumptions_key(str(i)) for i in frame["id"]} - set(assumptions))
     if unknown:
         raise UserError(f"no assumptions for source(s) {unknown} in {ASSUMPTIONS}")
-    return [prepare_row(row, assumptions) for _, row in frame.iterrows() if is_moe_row(row) == moe]
+    prepared = []
+    for _, row in frame.iterrows():
+        try:
+            if is_moe_row(row) == moe:
+                prepared.append(prepare_row(row, assumptions))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise UserError(f"runs CSV row {row['id']}: {' '.join(str(exc).split())[:200]}") from None
+    return prepared
 
 
 def _refit_and_predict(rows: list[PreparedRow], group: str, family: str) -> dict[str, dict]:

@@ -1,5 +1,8 @@
 """Shared fixtures: presets are loaded once per session (they are frozen)."""
 
+import sqlite3
+from contextlib import closing
+
 import pytest
 
 from autoparallel import io, resources
@@ -43,3 +46,16 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def completed_trials():
+    """Counts the COMPLETE trials of a study.db that another process is writing (0 while the
+    study is still being created)."""
+    def count(db) -> int:
+        try:
+            with closing(sqlite3.connect(db, timeout=5)) as c:
+                return c.execute("select count(*) from trials where state='COMPLETE'").fetchone()[0]
+        except sqlite3.Error:
+            return 0
+    return count

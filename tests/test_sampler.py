@@ -58,7 +58,7 @@ def test_infeasible_trials_complete_with_a_violated_constraint(llama, tmp_path):
     model, hw, space = llama
     settings = sampler.StudySettings(trials=40, seeds_from_grid=0, seed=3)
     result, run_dir = run.optuna_search(model, hw, 8, 128, space, settings, tmp_path, ["test"])
-    s = study.open_existing(settings, run_dir)
+    s = run.open_study(run_dir)
     trials = s.get_trials(deepcopy=False)
     assert len(trials) == 40 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
     bad = [t for t in trials if t.user_attrs["reason"]]
@@ -76,7 +76,7 @@ def test_grid_seeds_and_published_layout_are_tried_first(llama, tmp_path):
     model, hw, space = llama
     settings = sampler.StudySettings(trials=8, seeds_from_grid=3, seed=0)
     result, run_dir = run.optuna_search(model, hw, 8, 128, space, settings, tmp_path, ["test"])
-    first = study.open_existing(settings, run_dir).get_trials(deepcopy=False)[:4]
+    first = run.open_study(run_dir).get_trials(deepcopy=False)[:4]
     grid_best = run.search(model, hw, 8, 128, space).feasible.iloc[0]
     assert first[0].user_attrs["metrics"]["tokens_per_s_per_gpu"] == pytest.approx(grid_best["tokens_per_s_per_gpu"])
     assert first[3].params["tp"] == 1 and first[3].params["mbs"] == 1  # NeMo's llama2-7b layout
@@ -88,19 +88,11 @@ def test_two_objectives_give_a_pareto_front(llama, tmp_path):
                                      seeds_from_grid=0)
     dense = space.pinned(cp=1, pp=1, precision="fp8-delayed")  # mostly valid layouts
     _, run_dir = run.optuna_search(model, hw, 8, 128, dense, settings, tmp_path, ["test"])
-    front = study.open_existing(settings, run_dir).best_trials
+    front = run.open_study(run_dir).best_trials
     assert front and all(t.user_attrs["reason"] == "" for t in front)
 
 
-def _completed(db):
-    try:
-        with sqlite3.connect(db, timeout=5) as c:
-            return c.execute("select count(*) from trials where state='COMPLETE'").fetchone()[0]
-    except sqlite3.Error:
-        return 0
-
-
-def test_killed_search_resumes_to_the_same_best(tmp_path):
+def test_killed_search_resumes_to_the_same_best(tmp_path, completed_trials):
     trials = 60
     killed_root, clean_root = tmp_path / "killed", tmp_path / "clean"
     proc = subprocess.Popen([sys.executable, "-m", "autoparallel.cli", "search", *SMALL, "--trials", str(trials),
@@ -109,17 +101,19 @@ def test_killed_search_resumes_to_the_same_best(tmp_path):
     deadline = time.time() + 120
     db = None
     while time.time() < deadline:
-        dbs = list(killed_root.glob("*/study.db"))
-        if dbs and _completed(dbs[0]) >= 15:
+        dbs = list(killed_root.glob(".partial-*/*/study.db"))  # a run folder is staged until it ends
+        if dbs and completed_trials(dbs[0]) >= 15:
             db = dbs[0]
             break
         time.sleep(0.2)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert db is not None, "the search never reached 15 trials"
-    assert _completed(db) < trials
-    run_dir = db.parent
-    assert main(["search", "--resume", str(run_dir), "--json"]) == 0
+    assert completed_trials(db) < trials
+    assert main(["search", "--resume", str(db.parent), "--json"]) == 0
+    (run_dir,) = killed_root.iterdir()  # the resumed study is published, its staging folder gone
+    assert not run_dir.name.startswith(".")
+    db = run_dir / "study.db"
     with sqlite3.connect(db) as c:
         states = dict(c.execute("select state, count(*) from trials group by state").fetchall())
         numbers = [n for (n,) in c.execute("select number from trials")]
@@ -145,7 +139,7 @@ def test_parallel_workers_complete_each_trial_once(llama, tmp_path):
     settings = sampler.StudySettings(trials=24, workers=2, seeds_from_grid=4, seed=1)
     _, run_dir = run.optuna_search(model, hw, 8, 128, space, settings, tmp_path, ["test"])
     assert (run_dir / "study.journal").exists()
-    trials = study.open_existing(settings, run_dir).get_trials(deepcopy=False)
+    trials = run.open_study(run_dir).get_trials(deepcopy=False)
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert 24 <= len(complete) <= 24 + settings.workers - 1  # the cap is checked after each trial
     assert len({t.number for t in trials}) == len(trials)

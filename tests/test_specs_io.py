@@ -103,3 +103,44 @@ def test_inconsistent_heads_are_rejected(tmp_path):
 def test_malformed_yaml_is_a_spec_error(tmp_path):
     with pytest.raises(SpecError, match="not valid YAML"):
         io.load_model(_write(tmp_path, "name: [unclosed\n"))
+
+
+def _numeric_fields(cls):
+    """(key, is_int, is_list) for every number a spec reads from YAML, also in lists and Optionals."""
+    import typing
+    out = []
+    for name, tp in typing.get_type_hints(cls).items():
+        args = [a for arg in (typing.get_args(tp) or (tp,)) for a in (typing.get_args(arg) or (arg,))]
+        if int in args or float in args:
+            out.append((name, float not in args, typing.get_origin(tp) is tuple))
+    assert out
+    return out
+
+
+def _spec_classes():
+    from autoparallel.costmodel.inference import InferenceEfficiency
+    from autoparallel.fp8check.settings import CheckRun, LayerSearch, Thresholds
+    from autoparallel.search.sampler import StudySettings
+    from autoparallel.serve.space import InferenceSpace
+    from autoparallel.space import SearchSpace
+    from autoparallel.specs.hardware import Efficiency, HardwareSpec
+    from autoparallel.specs.plan import Plan
+    base = {"name": "x", "num_layers": 4, "hidden_size": 64, "ffn_hidden_size": 256, "num_attention_heads": 4,
+            "vocab_size": 128, "seq_length": 32}
+    hw = {"name": "x", "bf16_tflops": 1.0, "memory_gib": 80.0, "hbm_tbps": 1.0, "nvlink_domain": 8,
+          "nvlink_gbps": 1.0, "internode_gbps": 1.0}
+    return [(ModelSpec, base), (HardwareSpec, hw), (Efficiency, {}), (SearchSpace, {}), (Thresholds, {}),
+            (CheckRun, {}), (LayerSearch, {}), (InferenceEfficiency, {}), (InferenceSpace, {}),
+            (StudySettings, {}), (Plan, {"tp": 1, "pp": 1, "dp": 1, "gbs": 1})]
+
+
+@pytest.mark.parametrize("cls, valid", _spec_classes(), ids=lambda v: getattr(v, "__name__", ""))
+def test_every_number_read_from_yaml_is_finite_and_not_negative(cls, valid):
+    """NaN, infinity, negative numbers and counts beyond 2^31 are refused for every numeric key of
+    every spec a YAML file (or a run folder's manifest) describes, naming the key."""
+    assert io.from_dict(cls, valid, "ok.yaml") is not None
+    for name, is_int, is_list in _numeric_fields(cls):
+        bad_values = [-1, 2**40] if is_int else [float("nan"), float("inf"), -0.5]
+        for bad in bad_values:
+            with pytest.raises(SpecError, match=f"key '{name}'"):
+                io.from_dict(cls, {**valid, name: [bad] if is_list else bad}, "bad.yaml")

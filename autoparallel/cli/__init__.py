@@ -8,7 +8,11 @@ that needs it, so ``autoparallel --help`` and the cost-model commands never impo
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from autoparallel import __version__
 from autoparallel.cli import (calibrate, estimate, export, fp8_check, infer, presets, report, runs, search,
@@ -41,12 +45,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        args.func(args)
-    except UserError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+    with _sigterm_interrupts() as received:
+        try:
+            args.func(args)
+        except UserError as exc:
+            print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line, always
+            return 2
+        except KeyboardInterrupt as exc:  # what the run kept, if anything, is in the message
+            print(f"{PROG}: interrupted" + (f": {exc}" if str(exc) else ""), file=sys.stderr)
+            return 128 + received.get("signal", signal.SIGINT)
     return 0
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[dict]:
+    """SIGTERM raises KeyboardInterrupt like Ctrl-C does, so that a terminated command cleans up
+    (staging folders removed, workers stopped) instead of dying where it stands."""
+    received: dict = {}
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def interrupt(signum, _frame):
+        received["signal"] = signum
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -29,6 +29,9 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> None:
     from autoparallel.costmodel import calibrate
     output = Path(args.output) if args.output else None
+    if output is not None and not args.dry_run:
+        from autoparallel.report.run_folder import check_output_file
+        check_output_file(output, "--output")
     if args.from_run:  # fit to profiled step times of a run
         from autoparallel.profiling.commands import calibrate_from
         calibrate_from(Path(args.from_run), write=not args.dry_run, console=console, output=output)

@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> None:
         space = space.pinned(full_recompute_fractions=1.0)
     candidates = generate(model, hw, args.gpus, gbs, space, args.recompute_num_layers)
     if (candidates.reason != "").all():
-        raise UserError(f"invalid layout: {candidates.reason.iloc[0]}")
+        from autoparallel.search.diagnose import explain
+        raise UserError(explain(candidates, model, hw, args.gpus, gbs, space, pins(args)))
     plan = row_to_plan(candidates[candidates.reason == ""].iloc[0])
     result = estimate_plan(model, hw, plan, space.memory_fraction)
     if args.json:

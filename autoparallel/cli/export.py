@@ -47,10 +47,12 @@ def export_text(result, rank: int, fmt: str) -> str:
 
 
 def run(args: argparse.Namespace) -> None:
+    from autoparallel.report import run_folder
     from autoparallel.search import run as runs
+    if args.output:
+        run_folder.check_output_file(Path(args.output), "--output")
     text = export_text(runs.load(Path(args.run_dir)), args.rank, args.format)
     if args.output:
-        from autoparallel.report.run_folder import write_atomic
-        write_atomic(Path(args.output), text)
+        run_folder.write_atomic(Path(args.output), text)
     else:
         sys.stdout.write(text)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from autoparallel import io
-from autoparallel.argtypes import positive
+from autoparallel.argtypes import positive, seed
 from autoparallel.cli.common import console
 
 
@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
     f.add_argument("--model", required=True, help="preset name or alias, or a model YAML path")
     f.add_argument("--steps", type=positive, help="training steps per run (default: the settings YAML's, 200)")
     f.add_argument("--recipes", help="comma-separated: fp8-delayed,fp8-current,fp8-blockwise (default all)")
-    f.add_argument("--seed", type=int, help="seed of data order and initialisation (default: the YAML's)")
+    f.add_argument("--seed", type=seed, help="seed of data order and initialisation (default: the YAML's)")
     f.add_argument("--settings", help="thresholds / proxy YAML (default: the shipped fp8_check.yaml)")
     f.add_argument("--results", default="results", help="folder for run folders (default results/)")
     f.add_argument("--no-save", action="store_true", help="do not write a run folder")
@@ -29,8 +29,11 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> None:
     from autoparallel.fp8check.command import check_and_save, settings_from_flags
     from autoparallel.fp8check.report import verdict_rows
+    from autoparallel.report.run_folder import check_root
     model = io.load_model(args.model)
     settings = settings_from_flags(args.settings, args.steps, args.recipes, args.seed)
+    if not args.no_save:
+        check_root(Path(args.results))
     result, run_dir = check_and_save(model, settings, None if args.no_save else Path(args.results),
                                      sys.argv, None if args.json else console, plots=not args.no_plots)
     if args.json:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from autoparallel import io
-from autoparallel.argtypes import positive
+from autoparallel.argtypes import positive, positive_number
 from autoparallel.cli.common import add_target, console
 from autoparallel.errors import UserError
 
@@ -26,13 +26,13 @@ def add_parser(sub) -> None:
     i.add_argument("--max-model-len", type=positive,
                    help="longest sequence the engine must accept (default input + output; at most the model's context)")
     b = i.add_argument_group("latency bounds (ms; any combination; default none)")
-    b.add_argument("--max-ttft-ms", type=float, help="time to first token")
-    b.add_argument("--max-tpot-ms", type=float, help="time per output token after the first")
-    b.add_argument("--max-e2e-ms", type=float, help="end-to-end latency of a request")
-    b.add_argument("--max-latency-ms", type=float,
+    b.add_argument("--max-ttft-ms", type=positive_number, help="time to first token")
+    b.add_argument("--max-tpot-ms", type=positive_number, help="time per output token after the first")
+    b.add_argument("--max-e2e-ms", type=positive_number, help="end-to-end latency of a request")
+    b.add_argument("--max-latency-ms", type=positive_number,
                    help="older spelling: a bound on --latency-metric (same as --max-<metric>-ms)")
     b.add_argument("--latency-metric", default="tpot", help="ttft | tpot | e2e: what --max-latency-ms bounds (default tpot)")
-    i.add_argument("--request-rate", type=float,
+    i.add_argument("--request-rate", type=positive_number,
                    help="requests/s the whole deployment must serve (default: offline, unbounded arrival)")
     g = i.add_argument_group("layout knobs (any given knob is pinned; tp, pp and max batch all pinned = one estimate)")
     g.add_argument("--tp", type=positive, help="pin tensor parallel size")
@@ -64,12 +64,15 @@ def request_of(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> None:
+    from autoparallel.report import run_folder
     from autoparallel.serve import search as serve
     from autoparallel.serve.assumptions import load_engine
     from autoparallel.serve.report import print_ranked
     from autoparallel.serve.space import load_space, parse_precision
     model = io.load_model(args.model)
     hw = io.load_hardware(args.gpu)
+    if not args.no_save:
+        run_folder.check_root(Path(args.results))
     engine = load_engine(args.engine)
     request = request_of(args)
     point = args.tp is not None and args.pp is not None and args.max_batch is not None
@@ -103,7 +106,7 @@ def run(args: argparse.Namespace) -> None:
         print_ranked(result.feasible, title, args.top, console)
         print_ranked(result.pareto, "Pareto front: output tokens/s per GPU vs TPOT (fitting layouts, any bound)",
                      len(result.pareto), console)
-    if not args.no_save:
-        run_dir = serve.save(result, Path(args.results), sys.argv)
+    if not args.no_save:  # serve.save makes the folder inside the staging folder it is given
+        run_dir = run_folder.staged(Path(args.results), lambda staging: serve.save(result, staging, sys.argv))
         if not args.json:
             console.print(f"run folder: {run_dir}")

@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from autoparallel.argtypes import non_negative, positive
-from autoparallel.cli.common import add_knobs, add_target, console, inputs, status, trial_progress
+from autoparallel.argtypes import non_negative, positive, seed
+from autoparallel.cli.common import add_knobs, add_target, console, inputs, pins, status, trial_progress
 from autoparallel.errors import UserError
 
 
@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
     s.add_argument("--sampler", choices=("tpe", "nsga2", "random", "gp"), default="tpe")
     s.add_argument("--trials", type=positive, default=200, help="completed trials an optuna search runs")
     s.add_argument("--objectives", default="throughput", help="throughput, or throughput,memory for a Pareto front")
-    s.add_argument("--seed", type=int, default=0, help="sampler seed")
+    s.add_argument("--seed", type=seed, default=0, help="sampler seed (default 0)")
     s.add_argument("--storage", help="Optuna storage URL (default: SQLite in the run folder; 'journal' for a "
                                      "journal file, used automatically with --workers > 1)")
     s.add_argument("--workers", type=positive, default=1, help="parallel local trial workers")
@@ -45,19 +45,24 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from autoparallel.profiling.commands import profile_search  # measure the top-k, re-rank
+    from autoparallel.profiling.commands import check_profiling, profile_search  # measure the top-k, re-rank
+    from autoparallel.report import run_folder
     from autoparallel.search import run as runs
     shown = None if args.json else console
+    if args.profile == "layer" or not (args.no_save or args.resume):
+        run_folder.check_root(Path(args.results))  # run folders and layer_profiles.json go there
     if args.resume:
-        run_dir = Path(args.resume)
+        inputs_of_run = runs.load_inputs(Path(args.resume))[0]
+        check_profiling(args, int(inputs_of_run["gpus"]))
         with trial_progress(None, args.json) as progress:
-            result = runs.resume(run_dir, progress, keep_profiled=args.profile == "none")
+            result, run_dir = runs.resume(Path(args.resume), progress, keep_profiled=args.profile == "none")
         result = profile_search(result, args, shown, run_dir)
         _show(result, args, f"resumed {args.resume}", run_dir)
         return
     if args.model is None or args.gpus is None:
         raise UserError("search needs --model and --gpus (or --resume RUN_DIR)")
     model, hw, gbs, space = inputs(args)
+    check_profiling(args, args.gpus)
     fp8 = _fp8_check_first(args, model, space) if args.fp8_check else None
     if fp8:
         from autoparallel.fp8check.search_filter import restrict_space
@@ -69,14 +74,15 @@ def run(args: argparse.Namespace) -> None:
                                  seed=args.seed, storage=args.storage or "", workers=args.workers,
                                  seeds_from_grid=args.grid_seeds)
         with trial_progress(args.trials, args.json) as progress:
-            result, run_dir = runs.optuna_search(model, hw, args.gpus, gbs, space, settings, Path(args.results),
-                                                 sys.argv, progress)
+            result, run_dir = runs.optuna_search(model, hw, args.gpus, gbs, space, settings,
+                                                 None if args.no_save else Path(args.results), sys.argv, progress)
         elapsed = time.perf_counter() - start
         result = profile_search(result, args, shown, run_dir)
         _show(result, args, f"{args.trials} {args.sampler} trials in {elapsed:.1f} s", run_dir)
         return
     with status("pricing every candidate layout...", args.json):
-        result = runs.search(model, hw, args.gpus, gbs, space, args.recompute_num_layers, fp8_decisions=fp8)
+        result = runs.search(model, hw, args.gpus, gbs, space, args.recompute_num_layers, fp8_decisions=fp8,
+                             pinned=pins(args))
     elapsed = time.perf_counter() - start
     result = profile_search(result, args, shown)
     _show(result, args, f"{len(result.ranked):,} candidates in {elapsed:.2f} s", None)

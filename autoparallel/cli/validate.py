@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from autoparallel.cli.common import console
+from autoparallel.errors import UserError
 
 
 def add_parser(sub) -> None:
@@ -27,7 +28,16 @@ def run(args: argparse.Namespace) -> None:
     runs = [Path(r) for r in args.runs] if args.runs else None
     if args.inference:
         from autoparallel.serve import validate as serve_validate
-        serve_validate.run(runs[0] if runs else None, args.json, console, cross=not args.no_cross_validation)
+        from autoparallel.validate import read_runs_table
+        for path in runs or []:
+            read_runs_table(path)  # serve/ checks its own columns; here a file that is no table at all
+        try:
+            serve_validate.run(runs[0] if runs else None, args.json, console, cross=not args.no_cross_validation)
+        except (ValueError, TypeError, KeyError) as exc:  # a value of the user's CSV serve/ cannot read
+            if runs is None:
+                raise
+            raise UserError(f"runs CSV {runs[0]}: a value the inference validation cannot read "
+                            f"({type(exc).__name__}: {' '.join(str(exc).split())[:150]})") from None
         return
     from autoparallel import validate
     report = _training_report(validate, runs, cross=not args.no_cross_validation, quiet=args.json)

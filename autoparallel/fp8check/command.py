@@ -50,5 +50,6 @@ def check_and_save(model: ModelSpec, settings: Fp8CheckSettings, results: Path |
     run_dir = None
     if results is not None:
         from autoparallel.fp8check.report import write_check_folder
-        run_dir = write_check_folder(result, results, command, plots=plots)
+        from autoparallel.report.run_folder import staged
+        run_dir = staged(results, lambda staging: write_check_folder(result, staging, command, plots=plots))
     return result, run_dir

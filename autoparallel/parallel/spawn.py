@@ -33,7 +33,9 @@ class SpawnResult:
     reason: str = ""
 
 
-def _entry(rank, world, port, backend, fn, args, results, collective_timeout_s, threads):
+def _entry(rank, world, port, backend, fn, args, results, collective_timeout_s, threads, parent):
+    from autoparallel.children import die_with_parent
+    die_with_parent(parent)  # a rank never outlives a killed launcher
     import torch
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -66,16 +68,20 @@ def run(fn, world: int, args: tuple = (), timeout: float = 120.0, backend: str =
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
+    parent = os.getpid()
     procs = [ctx.Process(target=_entry, args=(r, world, port, backend, fn, args, results,
-                                               collective_timeout_s, threads), daemon=True)
+                                               collective_timeout_s, threads, parent), daemon=True)
              for r in range(world)]
-    for p in procs:
-        p.start()
     values: list = [None] * world
     done: set[int] = set()
     reason = ""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout  # starting the processes counts against the timeout
     try:
+        for p in procs:
+            if time.monotonic() > deadline:
+                reason = f"timed out after {timeout:.0f} s while starting {world} processes"
+                break
+            p.start()
         while len(done) < world and not reason:
             try:
                 rank, status, value = results.get(timeout=0.2)
@@ -108,6 +114,7 @@ def run(fn, world: int, args: tuple = (), timeout: float = 120.0, backend: str =
                 reason = (f"timed out after {timeout:.0f} s (ranks {missing} still running: "
                           "a hung collective or a slow job)")
     finally:
+        procs = [p for p in procs if p.pid is not None]  # started
         for p in procs:
             p.join(timeout=2.0 if not reason else 0.5)
         for p in procs:

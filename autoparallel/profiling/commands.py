@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from autoparallel import io
-from autoparallel.argtypes import non_negative, positive, positive_seconds
+from autoparallel.argtypes import non_negative, positive, positive_number, positive_seconds
 from autoparallel.errors import UserError
 
 
@@ -34,7 +34,7 @@ def _job_args(p: argparse.ArgumentParser, prefix: str = "") -> None:
     p.add_argument(f"--{prefix}warmup", type=non_negative, default=5, help="untimed warm-up steps (default 5)")
     p.add_argument(f"--{prefix}timeout", type=positive_seconds, default=600.0,
                    help="seconds before a job counts as hung (default 600)")
-    p.add_argument("--memory-cap-gib", type=float,
+    p.add_argument("--memory-cap-gib", type=positive_number,
                    help="CPU only: fail like an out-of-memory above this many GiB per rank")
     p.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="where jobs run: processes here (default) or a Ray cluster")
@@ -44,7 +44,7 @@ def _job_args(p: argparse.ArgumentParser, prefix: str = "") -> None:
 def add_profile_parser(sub) -> None:
     p = sub.add_parser("profile", help="run one layout of the built-in transformer for real and "
                                        "measure step time, tokens/s and memory")
-    p.add_argument("--model", required=True, help="preset name or a model YAML path")
+    p.add_argument("--model", help="preset name or a model YAML path (with --rank: the run's model, the default)")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--plan", help="plan YAML: Plan fields, or a best.yaml (its 'plan' key)")
     where.add_argument("--rank", nargs=2, metavar=("N", "RUN_DIR"),
@@ -72,7 +72,7 @@ def add_search_args(s: argparse.ArgumentParser) -> None:
     g.add_argument("--profile-steps", type=positive, default=20, help="timed steps per job (default 20)")
     g.add_argument("--profile-warmup", type=non_negative, default=5, help="warm-up steps per job (default 5)")
     g.add_argument("--profile-timeout", type=positive_seconds, default=600.0, help="seconds per job (default 600)")
-    g.add_argument("--memory-cap-gib", type=float, help="CPU only: forced per-rank memory cap")
+    g.add_argument("--memory-cap-gib", type=positive_number, help="CPU only: forced per-rank memory cap")
     g.add_argument("--executor", choices=("local", "ray"), default="local")
     g.add_argument("--ray-address", help="Ray cluster address")
     _device_arg(g)
@@ -85,40 +85,112 @@ def add_calibrate_args(c: argparse.ArgumentParser) -> None:
 
 
 def load_plan(path: str):
-    from autoparallel.space import row_to_plan
+    """A plan YAML (Plan fields, or a best.yaml's ``plan``) strictly, and the model a best.yaml
+    names (None for a bare plan)."""
     from autoparallel.specs.plan import Plan
     data = io.read_yaml(Path(path))
-    data = data.get("plan", data)
-    defaults = {f: getattr(Plan(tp=1, pp=1, dp=1, gbs=1), f) for f in Plan.field_names()}
-    unknown = sorted(set(data) - set(defaults))
-    if unknown:
-        raise UserError(f"{path}: unknown plan key(s) {', '.join(unknown)}")
-    missing = [k for k in ("tp", "pp", "dp", "gbs") if k not in data]
-    if missing:
-        raise UserError(f"{path}: plan needs {', '.join(missing)}")
-    return row_to_plan({**defaults, **data})
+    model = data.get("model") if "plan" in data else None
+    plan = data.get("plan", data)
+    if not isinstance(plan, dict):
+        raise UserError(f"{path}: 'plan' must be a mapping of Plan fields, got {plan!r}")
+    return io.from_dict(Plan, plan, f"{path}: plan"), model
+
+
+def _need_torch(what: str) -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise UserError(f"{what} runs the built-in transformer and needs torch: "
+                        "pip install 'autoparallel[model]'") from None
+
+
+def check_runnable(model, plan, label: str) -> None:
+    """Refuse, before any process starts, a plan the built-in transformer cannot run: one that
+    breaks Megatron-LM's layout rules (the search's own, ``space.generate``, on a device that
+    has every precision) or this implementation's (``check_plan``, the recipes it implements)."""
+    from autoparallel.parallel.parallelize import check_plan, policy_for
+    from autoparallel.space import SearchSpace, generate
+    from autoparallel.specs.hardware import HardwareSpec
+    knobs = {k: getattr(plan, k) for k in ("tp", "pp", "vp", "cp", "ep", "mbs", "sp", "recompute", "precision",
+                                           "fp8_bf16_edge_layers", "tp_comm_overlap", "distributed_optimizer",
+                                           "grad_reduce_in_fp32", "flash_attention", "fsdp",
+                                           "cpu_offloading_num_layers")}
+    space = SearchSpace().pinned(**knobs, overlap_dp_comm=plan.overlap_grad_reduce, full_recompute_fractions=1.0,
+                                 tp_within_nvlink_domain=False)
+    anything = HardwareSpec("any device", bf16_tflops=1, memory_gib=1, hbm_tbps=1, nvlink_domain=plan.tp,
+                            nvlink_gbps=1, internode_gbps=1, fp8_tflops=2, mxfp8=True, reserve_gib=0)
+    frame = generate(model, anything, plan.num_gpus, plan.gbs, space, plan.recompute_num_layers or None)
+    broken = sorted(set(frame["reason"]) - {""})
+    if broken and not (frame["reason"] == "").any():
+        raise UserError(f"cannot profile {label} on {model.name}: {'; '.join(broken)}")
+    try:
+        policy_for(plan)
+        check_plan(model, plan, plan.num_gpus)
+    except (ValueError, NotImplementedError) as exc:
+        raise UserError(f"cannot profile {label} on {model.name}: {exc}") from None
+
+
+def _plan_and_model(args: argparse.Namespace):
+    """The plan to profile, its label, and the model: --model, or the run's own with --rank (a
+    --model that differs from the model the plan was searched for is refused)."""
+    if args.plan:
+        plan, named = load_plan(args.plan)
+        if args.model is None:
+            raise UserError("profile --plan needs --model (the model the plan lays out)")
+        model = io.load_model(args.model)
+        if named is not None and named != model.name:
+            raise UserError(f"--model {args.model} is {model.name}, but {args.plan} is a plan for {named}")
+        return plan, args.plan, model
+    from autoparallel.search import run
+    try:
+        n = int(args.rank[0])
+    except ValueError:
+        raise UserError(f"--rank expects N RUN_DIR, got {args.rank[0]!r} for N") from None
+    result = run.load(Path(args.rank[1]))
+    plan = result.plan(n)
+    if args.model is not None and io.load_model(args.model).name != result.model.name:
+        raise UserError(f"--model {args.model} is not the model of {args.rank[1]} ({result.model.name}); "
+                        "leave --model out to profile the run's own model")
+    return plan, f"rank {n} of {args.rank[1]}", result.model
+
+
+def _guard_world(launcher, world: int, what: str) -> None:
+    from autoparallel.profiling.launcher import too_large
+    if why := too_large(world, launcher.capacity()):
+        raise UserError(f"{what}: {why}; profile a layout of at most {launcher.capacity()[0]} GPUs here "
+                        "(or use --executor ray with a cluster that has them)")
+
+
+def check_profiling(args: argparse.Namespace, gpus: int) -> None:
+    """Refuse, before a search starts, ``--profile`` that cannot run: no torch, a corrupt layer
+    profile store, an unreachable Ray cluster, or jobs of ``gpus`` ranks on a machine (or
+    cluster) with fewer."""
+    if getattr(args, "profile", "none") == "none":
+        return
+    _need_torch(f"--profile {args.profile}")
+    if args.profile == "layer":
+        from autoparallel.profiling.store import FILE_NAME, ProfileStore
+        ProfileStore(Path(args.results) / FILE_NAME)
+        return
+    from autoparallel.profiling.launcher import make_launcher
+    _guard_world(make_launcher(args.executor, args.ray_address), gpus, f"--profile job on {gpus} GPUs")
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
     from autoparallel.profiling.job import JobSpec
     from autoparallel.profiling.launcher import make_launcher
-    model = io.load_model(args.model)
-    if args.plan:
-        plan = load_plan(args.plan)
-    else:
-        from autoparallel.search import run
-        try:
-            n = int(args.rank[0])
-        except ValueError:
-            raise UserError(f"--rank expects N RUN_DIR, got {args.rank[0]!r} for N") from None
-        plan = run.load(Path(args.rank[1])).plan(n)
+    _need_torch("profile")
+    plan, label, model = _plan_and_model(args)
+    check_runnable(model, plan, label)
     _checked_device(args.device)
     try:
         job = JobSpec(model, plan, steps=args.steps, warmup=args.warmup, timeout_s=args.timeout,
                       memory_cap_gib=args.memory_cap_gib, fault=args.fault, device=args.device)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    m = make_launcher(args.executor, args.ray_address).run(job)
+    launcher = make_launcher(args.executor, args.ray_address)
+    _guard_world(launcher, plan.num_gpus, f"cannot profile {label}")
+    m = launcher.run(job)
     record = {"plan": plan.as_dict(), **{k: v for k, v in m.as_dict().items()}}
     if args.json:
         print(json.dumps(record, indent=1, default=str))
@@ -159,8 +231,10 @@ def _evaluator(result, args: argparse.Namespace, console):
     device = _checked_device(getattr(args, "device", "auto"))
     if args.profile == "layer":
         from autoparallel.profiling.layer import LayerProfileEvaluator
+        from autoparallel.profiling.store import FILE_NAME, ProfileStore
         return LayerProfileEvaluator(result.model, result.hardware, result.space.memory_fraction,
-                                     top_k=args.top_k, device=device)
+                                     top_k=args.top_k, device=device,
+                                     store=ProfileStore(Path(args.results) / FILE_NAME))
     from autoparallel.profiling.evaluator import ProfilingEvaluator
     from autoparallel.profiling.launcher import make_launcher
 

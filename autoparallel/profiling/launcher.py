@@ -11,9 +11,18 @@ cluster; one CPU each here) and runs one Ray task per rank in its bundle (``RayL
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 
+from autoparallel.errors import UserError
 from autoparallel.profiling.job import JobSpec, Measurement, run_rank, summarize
+
+# A CPU rank is a process with torch loaded (about 0.25 GiB resident here) running one thread;
+# beyond four ranks per core the step times stop meaning anything, and far beyond it a job of a
+# large layout would fork the machine to death.
+CPU_RANKS_PER_CORE = 4
+CPU_RANK_GIB = 0.5
 
 
 def _backend(job: JobSpec) -> str:
@@ -21,6 +30,26 @@ def _backend(job: JobSpec) -> str:
     them)."""
     from autoparallel.profiling.device import resolve_device
     return "nccl" if resolve_device(job.device) == "cuda" else "gloo"
+
+
+def local_capacity(gpus: bool | None = None) -> tuple[int, str]:
+    """How many ranks one job may have on this machine, and why: one per GPU for a job on GPUs
+    (``gpus``; default: when torch sees any), else what the CPU cores and memory allow."""
+    import torch
+    if torch.cuda.is_available() if gpus is None else gpus:
+        n = torch.cuda.device_count()
+        return n, f"this machine's {n} GPUs"
+    cores = os.cpu_count() or 1
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    n = max(1, min(CPU_RANKS_PER_CORE * cores, int(memory_gib / CPU_RANK_GIB)))
+    return n, (f"the {n} CPU ranks this machine can run ({cores} cores x {CPU_RANKS_PER_CORE}, "
+               f"{memory_gib:.0f} GiB at {CPU_RANK_GIB} GiB a rank)")
+
+
+def too_large(world: int, capacity: tuple[int, str]) -> str:
+    """'' if a job of ``world`` ranks fits ``capacity``, else why not."""
+    n, what = capacity
+    return "" if world <= n else f"a job of {world} ranks is larger than {what}"
 
 
 def run_local(job: JobSpec) -> Measurement:
@@ -37,11 +66,8 @@ def run_local(job: JobSpec) -> Measurement:
         backend = _backend(job)
     except ValueError as exc:
         return Measurement(ok=False, reason=f"not runnable: {exc}", world_size=world)
-    if backend == "nccl":
-        import torch
-        if torch.cuda.device_count() < world:
-            return Measurement(ok=False, world_size=world, reason=(
-                f"needs {world} GPUs, this machine has {torch.cuda.device_count()}"))
+    if why := too_large(world, local_capacity(gpus=backend == "nccl")):
+        return Measurement(ok=False, world_size=world, reason=why)
     result = spawn.run(run_rank, world, (job,), timeout=job.timeout_s, backend=backend,
                        collective_timeout_s=min(job.timeout_s, 120.0),
                        threads=job.threads_per_rank)
@@ -53,6 +79,9 @@ def run_local(job: JobSpec) -> Measurement:
 
 class LocalLauncher:
     name = "local"
+
+    def capacity(self) -> tuple[int, str]:
+        return local_capacity()
 
     def run(self, job: JobSpec) -> Measurement:
         return run_local(job)
@@ -73,12 +102,23 @@ class RayLauncher:
         try:
             import ray
         except ImportError as exc:  # an optional dependency fails when used, not imported
-            from autoparallel.errors import UserError
             raise UserError("--executor ray needs Ray: pip install 'autoparallel[ray]'") from exc
         self.ray = ray
         if not ray.is_initialized():
-            ray.init(address=address, **(init_kwargs or {}))
+            check_reachable(address)
+            try:
+                ray.init(address=address, **(init_kwargs or {}))
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise UserError(f"--ray-address {address}: Ray could not connect: "
+                                f"{' '.join(str(exc).split())[:200]}") from None
         self.max_retries = max_retries
+
+    def capacity(self, gpus: bool | None = None) -> tuple[int, str]:
+        """The cluster's GPUs for a job on GPUs (``gpus``; default: when it has any), else its CPUs."""
+        resources = self.ray.cluster_resources()
+        kind = "GPU" if (resources.get("GPU") if gpus is None else gpus) else "CPU"
+        n = int(resources.get(kind, 0))
+        return n, f"the Ray cluster's {n} {kind}s"
 
     def run(self, job: JobSpec) -> Measurement:
         for attempt in range(self.max_retries + 1):
@@ -101,32 +141,32 @@ class RayLauncher:
             return Measurement(ok=False, world_size=world, reason=(
                 "not runnable: device cuda, but the Ray cluster has no GPUs")), False
         gpu = has_gpu and job.device != "cpu"
-        kind = "GPU" if gpu else "CPU"
-        available = ray.cluster_resources().get(kind, 0)
-        if available < world:
-            return Measurement(ok=False, world_size=world, reason=(
-                f"Ray cluster has {available:g} {kind}s, the job needs {world}")), False
+        if why := too_large(world, self.capacity(gpu)):
+            return Measurement(ok=False, world_size=world, reason=why), False
         bundle = {"GPU": 1, "CPU": 1} if gpu else {"CPU": 1}
         pg = placement_group([bundle] * world, strategy="PACK")
         start = time.perf_counter()
+
+        def left() -> float:  # one deadline covers placing, starting and running the ranks
+            return max(0.0, job.timeout_s - (time.perf_counter() - start))
 
         def on(index: int):
             return PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)
         refs: list = []
         try:
             try:
-                ray.get(pg.ready(), timeout=job.timeout_s)
+                ray.get(pg.ready(), timeout=left())
             except ray.exceptions.GetTimeoutError:
                 return Measurement(ok=False, world_size=world, reason=(
                     f"Ray could not place {world} bundles of {bundle} in {job.timeout_s:.0f} s")), False
             resources = {"num_cpus": 1, "num_gpus": 1 if gpu else 0}
             address = ray.get(ray.remote(_rendezvous).options(
-                scheduling_strategy=on(0), **resources).remote())
+                scheduling_strategy=on(0), **resources).remote(), timeout=left())
             task = ray.remote(_ray_rank)
             refs = [task.options(max_retries=0, scheduling_strategy=on(r), **resources)
                     .remote(r, world, job, address, "nccl" if gpu else "gloo")
                     for r in range(world)]
-            values = ray.get(refs, timeout=job.timeout_s)
+            values = ray.get(refs, timeout=left())
         except ray.exceptions.GetTimeoutError:
             return Measurement(ok=False, world_size=world, wall_s=time.perf_counter() - start,
                                reason=f"timed out after {job.timeout_s:.0f} s (Ray)"), False
@@ -174,10 +214,27 @@ def _ray_rank(rank: int, world: int, job: JobSpec, address: str, backend: str) -
         dist.destroy_process_group()
 
 
+def check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
+    """A UserError at once, instead of Ray's minutes of retries, when nothing listens at a
+    ``host:port`` (or ``ray://host:port``) cluster address. No address, or ``auto``/``local``,
+    is Ray's to resolve."""
+    if not address or address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"--ray-address {address!r} is not host:port (or ray://host:port, auto, local)")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise UserError(f"--ray-address {address}: nothing answers at {host}:{port} ({why}); is the Ray "
+                        "head running (`ray start --head`)?") from None
+
+
 def make_launcher(executor: str = "local", address: str | None = None):
     if executor == "local":
         return LocalLauncher()
     if executor == "ray":
         return RayLauncher(address)
-    from autoparallel.errors import UserError
     raise UserError(f"--executor {executor!r} is not valid; choose local or ray")

@@ -1,18 +1,26 @@
-"""A JSON store of measured layer profiles under results/, so a shape is timed once per machine.
+"""A JSON store of measured layer profiles in the results folder, so a shape is timed once per
+machine: ``<--results>/layer_profiles.json``.
 
 Key: device name, torch version, the per-rank shape and the recipe (precision + recompute), as
 DESIGN.md §7 asks; a profile from another GPU or torch release is never reused. Writes are
-atomic (temporary file + rename), so an interrupted search leaves a valid store.
+atomic (temporary file + rename) and made under a file lock (``.layer_profiles.json.lock``
+beside it), re-reading the file first, so two searches profiling at once keep each other's
+entries. A file that is not such a store is a UserError naming it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
-import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-DEFAULT_PATH = Path("results") / "layer_profiles.json"
+from autoparallel.errors import UserError
+
+FILE_NAME = "layer_profiles.json"
+DEFAULT_PATH = Path("results") / FILE_NAME
 
 
 def make_key(shape: dict, device: str) -> str:
@@ -26,17 +34,37 @@ def make_key(shape: dict, device: str) -> str:
 class ProfileStore:
     def __init__(self, path: Path | str = DEFAULT_PATH) -> None:
         self.path = Path(path)
-        self.entries: dict[str, dict] = {}
-        if self.path.exists():
-            self.entries = json.loads(self.path.read_text())
+        self.entries: dict[str, dict] = self._read()
+
+    def _read(self) -> dict[str, dict]:
+        if not self.path.exists():
+            return {}
+        try:
+            entries = json.loads(self.path.read_bytes())
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{self.path} is not a layer-profile store ({' '.join(str(exc).split())[:120]}); "
+                            "delete it to profile the layers again") from None
+        if not isinstance(entries, dict) or not all(isinstance(v, dict) and "fwd_bwd_s" in v
+                                                    for v in entries.values()):
+            raise UserError(f"{self.path} is not a layer-profile store (expected an object of profiles); "
+                            "delete it to profile the layers again")
+        return entries
 
     def get(self, key: str) -> dict | None:
         return self.entries.get(key)
 
     def put(self, key: str, value: dict) -> None:
-        self.entries[key] = value
+        from autoparallel.report.run_folder import write_atomic
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".layer_profiles.")
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.entries, f, indent=1, sort_keys=True)
-        os.replace(tmp, self.path)
+        with self._locked():
+            self.entries = {**self._read(), key: value}
+            write_atomic(self.path, json.dumps(self.entries, indent=1, sort_keys=True))
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        fd = os.open(self.path.parent / f".{self.path.name}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)

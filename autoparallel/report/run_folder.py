@@ -1,22 +1,34 @@
 """The run folder of one search: results/<date>_<model>_<gpus>x<gpu>/ (DESIGN.md §8).
 
-Every file is written to a temporary name and renamed into place, so an interrupted run never
-leaves a half-written file behind.
+A run folder is complete or absent. It is built inside a hidden staging folder beside its final
+place (``results/.partial-XXXX/<name>/``) and renamed into place when the run has its results
+(``staged``); a run that fails, or is interrupted (Ctrl-C, SIGTERM: the CLI turns both into
+KeyboardInterrupt) before that leaves nothing. Only SIGKILL can leave a staging folder behind;
+an Optuna search's staging folder holds its study, so ``search --resume`` accepts it and
+publishes it when the study finishes. Every file is written to a temporary name and renamed into
+place, with the permissions the user's umask gives (not ``mkstemp``'s 0600), so teammates can
+read a run. One process at a time works on a folder (``locked``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import errno
+import fcntl
 import os
 import platform
+import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
 from autoparallel import __version__
+from autoparallel.errors import UserError
 
 CANDIDATES = "candidates.csv"
 CANDIDATES_PARQUET = "candidates.parquet"  # only with pyarrow installed
@@ -28,9 +40,17 @@ PROFILED = "profiled.csv"  # the rows `search --profile` measured, as measured
 FLOAT_DIGITS = 4
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: Path, content: str | bytes) -> None:
+    """Write ``path`` whole or not at all, readable as the user's umask allows."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as f:
             f.write(content)
         os.replace(tmp, path)
@@ -67,6 +87,7 @@ def write_parquet(path: Path, frame: pd.DataFrame) -> bool:
     except ImportError:
         return False
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     try:
         _with_integers(frame).to_parquet(tmp, index=False)
@@ -83,13 +104,110 @@ def new_run_dir(root: Path, model: str, gpus: int, gpu: str) -> Path:
 
 def new_dir(root: Path, name: str) -> Path:
     """A fresh folder <date>_<name>; a second one on the same day gets a -2, -3, ... suffix."""
-    base = f"{dt.date.today().isoformat()}_{name}"
+    path = _free_name(root, f"{dt.date.today().isoformat()}_{name}")
+    path.mkdir(parents=True)
+    return path
+
+
+def _free_name(root: Path, base: str) -> Path:
     path, n = root / base, 1
     while path.exists():
         n += 1
         path = root / f"{base}-{n}"
-    path.mkdir(parents=True)
     return path
+
+
+def check_root(root: Path) -> None:
+    """A UserError now, before any work, if run folders cannot be made under ``root``."""
+    existing = Path(root)
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "is" if existing == Path(root) else f"is under {existing}, which is"
+        raise UserError(f"--results {root} {where} a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"--results {root}: cannot write in {existing} (permission denied)")
+
+
+def check_output_file(path: Path, flag: str) -> None:
+    """A UserError now if ``path`` (a file the user named with ``flag``) cannot be written."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{flag} {path} is a folder; give a file name, e.g. {path / 'out.yaml'}")
+    if not path.parent.is_dir():
+        raise UserError(f"{flag} {path}: the folder {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UserError(f"{flag} {path}: permission denied")
+
+
+STAGING_PREFIX = ".partial-"
+
+
+def is_staged(run_dir: Path) -> bool:
+    """A run folder still in its staging folder (a search killed by SIGKILL)."""
+    return Path(run_dir).resolve().parent.name.startswith(STAGING_PREFIX)
+
+
+def staged(root: Path, make: Callable[[Path], Path]) -> Path:
+    """Build a run folder with ``make(staging)`` (which returns the folder it made inside
+    ``staging``), then rename it into ``root``; on any error or interrupt remove it instead.
+    Returns the published folder."""
+    staging = make_staging(root)
+    try:
+        run_dir = make(staging)
+        return publish(run_dir)
+    except OSError as exc:
+        raise UserError(f"cannot write a run folder in {root}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def make_staging(root: Path) -> Path:
+    try:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=root, prefix=STAGING_PREFIX))
+        os.chmod(staging, 0o777 & ~_umask())
+    except OSError as exc:
+        raise UserError(f"cannot make a run folder in {root}: {exc.strerror or exc}") from None
+    return staging
+
+
+def publish(run_dir: Path) -> Path:
+    """Rename a staged run folder into the results folder above its staging folder (a -2, -3
+    suffix if its name was taken meanwhile) and remove the then empty staging folder; a folder
+    not in staging is returned as it is."""
+    run_dir = Path(run_dir)
+    if not is_staged(run_dir):
+        return run_dir
+    staging = run_dir.parent
+    while True:
+        final = _free_name(staging.parent, run_dir.name)
+        try:
+            os.rename(run_dir, final)  # fails if a complete folder of that name appeared meanwhile
+            break
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+    shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+@contextmanager
+def locked(run_dir: Path, what: str = "search") -> Iterator[None]:
+    """Hold an exclusive lock on ``run_dir`` (flock on the folder itself, so nothing is left
+    behind and a killed holder releases it); a UserError if another process holds it."""
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"{run_dir} is in use by another autoparallel process (a search or "
+                            f"--resume still running); wait for it to end before this {what}") from None
+        yield
+    finally:
+        os.close(fd)
 
 
 def git_sha() -> str:

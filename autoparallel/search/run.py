@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from autoparallel import io
 from autoparallel.costmodel.estimate import record
@@ -40,6 +40,8 @@ class SearchResult:
 
     def entry(self, rank: int) -> pd.Series:
         n = len(self.feasible)
+        if n == 0:
+            raise UserError("this run has no feasible plan to pick a --rank from")
         if not 1 <= rank <= n:
             raise UserError(f"--rank {rank} is out of range: this run has {n} feasible plans (1..{n})")
         return self.feasible.iloc[rank - 1]
@@ -57,7 +59,10 @@ def default_gbs(model: ModelSpec, gbs: int | None) -> int:
 
 
 def search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
-           recompute_num_layers: int | None = None, fp8_decisions: dict | None = None) -> SearchResult:
+           recompute_num_layers: int | None = None, fp8_decisions: dict | None = None,
+           pinned: dict | None = None) -> SearchResult:
+    """Every candidate priced and ranked; a UserError naming what rules them all out if none
+    fits (``pinned``: the knobs the user pinned, named first in that message)."""
     candidates = generate(model, hw, gpus, gbs, space, recompute_num_layers)
     if fp8_decisions:  # verdicts of `fp8-check` (autoparallel.fp8check.search_filter)
         from autoparallel.fp8check.search_filter import apply_to_candidates
@@ -65,31 +70,21 @@ def search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Searc
     ranked = evaluate(model, hw, candidates, space.memory_fraction)
     result = SearchResult(model, hw, gpus, gbs, space, ranked)
     if result.feasible.empty:
-        raise UserError(no_feasible_message(result))
+        from autoparallel.search.diagnose import explain
+        raise UserError(explain(ranked, model, hw, gpus, gbs, space, pinned))
     return result
 
 
-def no_feasible_message(result: SearchResult) -> str:
-    ranked = result.ranked
-    counts = tables.rejection_summary(ranked)
-    if "peak_memory_gib" in ranked and ranked["peak_memory_gib"].notna().any():
-        need = ranked["peak_memory_gib"].min()
-        limit = result.space.memory_fraction * result.hardware.memory_gib
-        top = "; ".join(f"{n} x {reason}" for reason, n in counts.head(3).items())
-        return (f"no layout of {result.model.name} fits on {result.gpus} x {result.hardware.name}: {top}; "
-                f"the smallest memory need found is {need:.1f} GiB against a limit of {limit:.1f} GiB "
-                "(try more GPUs, recompute, or a smaller --mbs)")
-    top = "; ".join(f"{n} x {reason}" for reason, n in counts.head(3).items())
-    return f"no valid layout of {result.model.name} for {result.gpus} GPUs and gbs {result.gbs}: {top}"
-
-
 def save(result: SearchResult, root: Path, command: list[str], top_md: int = 50) -> Path:
-    run_dir = run_folder.new_run_dir(root, result.model.name, result.gpus, result.hardware.name)
-    write_manifest(run_dir, result.model, result.hardware, result.gpus, result.gbs, result.space, command,
-                   {"strategy": "grid", "candidates": len(result.ranked),
-                    "feasible": int(result.ranked["fits"].sum())})
-    write_tables(result, run_dir, top_md)
-    return run_dir
+    """The run folder of a finished grid search, complete or (on any failure) absent."""
+    def make(staging: Path) -> Path:
+        run_dir = run_folder.new_run_dir(staging, result.model.name, result.gpus, result.hardware.name)
+        write_manifest(run_dir, result.model, result.hardware, result.gpus, result.gbs, result.space, command,
+                       {"strategy": "grid", "candidates": len(result.ranked),
+                        "feasible": int(result.ranked["fits"].sum())})
+        write_tables(result, run_dir, top_md)
+        return run_dir
+    return run_folder.staged(root, make)
 
 
 def write_manifest(run_dir: Path, model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int,
@@ -145,12 +140,29 @@ def launch_script(model: ModelSpec, hw: HardwareSpec, row: pd.Series, title: str
     return train_script(model, plan, hw, f"{title}: {layout}; {predicted}")
 
 
+MANIFEST_INPUTS = ("model", "hardware", "gpus", "gbs", "space")
+
+
 def load_inputs(run_dir: Path) -> tuple[dict, ModelSpec, HardwareSpec, SearchSpace]:
-    """The manifest's inputs of a run folder, as specs."""
-    manifest_path = Path(run_dir) / run_folder.MANIFEST
-    if not manifest_path.exists():
+    """The manifest's inputs of a training run folder, as specs."""
+    run_dir = Path(run_dir)
+    manifest_path = run_dir / run_folder.MANIFEST
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir} is not a run folder ({'a file' if run_dir.exists() else 'no such folder'})")
+    if not manifest_path.is_file():
         raise UserError(f"{run_dir} is not a run folder (no {run_folder.MANIFEST})")
-    inputs = yaml.safe_load(manifest_path.read_text())["inputs"]
+    inputs = io.read_yaml(manifest_path).get("inputs")
+    if isinstance(inputs, dict) and inputs.get("kind", "training") != "training":
+        raise UserError(f"{run_dir} is a run folder of `{inputs['kind']}`, not of a training search")
+    missing = [k for k in MANIFEST_INPUTS if not isinstance(inputs, dict) or k not in inputs]
+    if missing:
+        raise UserError(f"{manifest_path}: not a search's manifest (no inputs {', '.join(missing)})")
+    for key in ("gpus", "gbs"):
+        if isinstance(inputs[key], bool) or not isinstance(inputs[key], int) or inputs[key] < 1:
+            raise UserError(f"{manifest_path}: inputs.{key} must be a positive integer, got {inputs[key]!r}")
+    for key in ("model", "hardware", "space"):
+        if not isinstance(inputs[key], dict):
+            raise UserError(f"{manifest_path}: inputs.{key} must be a mapping, got {inputs[key]!r}")
     model = io.from_dict(ModelSpec, inputs["model"], str(manifest_path))
     hw = io.from_dict(HardwareSpec, inputs["hardware"], str(manifest_path))
     space = io.from_dict(SearchSpace, inputs["space"], str(manifest_path))
@@ -168,54 +180,150 @@ def load(run_dir: Path) -> SearchResult:
     return SearchResult(model, hw, int(inputs["gpus"]), int(inputs["gbs"]), space, ranked)
 
 
+TABLE_COLUMNS = ("fits", "reason")
+
+
 def read_table(path: Path) -> pd.DataFrame:
     """A candidates-like CSV as written: CSV turns '' into NaN, the tables want '' back."""
     text = ("reason", "measurement_error", "measured_device")
-    frame = pd.read_csv(path, low_memory=False, dtype=dict.fromkeys(text, str))
-    frame["fits"] = frame["fits"].astype(bool)
+    try:
+        frame = pd.read_csv(path, low_memory=False, dtype=dict.fromkeys(text, str))
+    except pd.errors.EmptyDataError:
+        raise UserError(f"{path} is empty (an interrupted run? run the search again)") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(f"{path} is not a candidates table: {' '.join(str(exc).split())[:200]}") from None
+    missing = [c for c in TABLE_COLUMNS + Plan.field_names()[:4] if c not in frame]
+    if missing:
+        raise UserError(f"{path} is not a candidates table (no column {', '.join(missing)})")
+    frame["fits"] = frame["fits"].astype(str).str.lower().eq("true")
     for col in text:
         if col in frame:
             frame[col] = frame[col].fillna("")
     return frame
 
 
-
-
 # --- sampler (Optuna) searches ------------------------------------------------------------------
 
 def optuna_search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
-                  settings, root: Path, command: list[str], progress=None) -> tuple[SearchResult, Path]:
-    """A sampler search whose study lives in a new run folder (so it can be resumed)."""
+                  settings, root: Path | None, command: list[str], progress=None) -> tuple[SearchResult, Path | None]:
+    """A sampler search whose study lives in its run folder, so that it can be resumed.
+
+    Everything that can be refused (no valid layout, a bad storage URL) is refused before a
+    folder exists. The folder is built in staging and published when the study ends, or when it
+    is interrupted after its first completed trial (then as a resumable study; KeyboardInterrupt
+    goes on up, naming the folder). ``root`` None (``--no-save``): the study lives in a temporary
+    folder that is deleted.
+    """
+    import dataclasses
+    import tempfile
+
     from autoparallel.search import sampler, study
     from autoparallel.search.evaluators import CostModelEvaluator
-    run_dir = run_folder.new_run_dir(root, model.name, gpus, hw.name)
-    write_manifest(run_dir, model, hw, gpus, gbs, space, command,
-                   {"strategy": "optuna", "study": io.to_dict(settings)})
+    tree = sampler.LayoutTree(model, hw, gpus, gbs, space)
     seeds = sampler.published_layouts(model, gpus, hw.name) if settings.published_seeds else []
     if settings.seeds_from_grid:
         best = search(model, hw, gpus, gbs, space).feasible.head(settings.seeds_from_grid)
         seeds = [row.to_dict() for _, row in best.iterrows()] + seeds
+    if not settings.study_name:
+        settings = dataclasses.replace(settings, study_name=study.name_for(model, hw, gpus, gbs, space,
+                                                                           settings.objectives))
+    study.check_storage(settings)
     evaluator = CostModelEvaluator(model, hw, space.memory_fraction)
-    s = study.run(model, hw, gpus, gbs, space, settings, evaluator, run_dir, seeds, progress)
-    return finish_study(s, model, hw, gpus, gbs, space, run_dir, settings.objectives), run_dir
+
+    def run_in(run_dir: Path) -> SearchResult:
+        s = study.run(model, hw, gpus, gbs, space, settings, evaluator, run_dir, seeds, progress, tree)
+        return _finish(s, model, hw, gpus, gbs, space, run_dir, settings.objectives)
+
+    if root is None:
+        with tempfile.TemporaryDirectory(prefix="autoparallel-study-") as tmp:
+            return run_in(Path(tmp)), None
+    staging = run_folder.make_staging(root)
+    try:
+        run_dir = run_folder.new_run_dir(staging, model.name, gpus, hw.name)
+        with run_folder.locked(run_dir):
+            write_manifest(run_dir, model, hw, gpus, gbs, space, command,
+                           {"strategy": "optuna", "study": io.to_dict(settings)})
+            try:
+                result = run_in(run_dir)
+            except KeyboardInterrupt:
+                _keep_interrupted(run_dir, settings, model, hw, gpus, gbs, space)
+                raise
+            return result, run_folder.publish(run_dir)
+    except OSError as exc:
+        raise UserError(f"cannot write a run folder in {root}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
-def resume(run_dir: Path, progress=None, keep_profiled: bool = True) -> SearchResult:
-    """Continue the interrupted sampler search of ``run_dir`` without re-running finished trials.
+def _finish(s, model, hw, gpus, gbs, space, run_dir: Path, objectives, keep_profiled: bool = True) -> SearchResult:
+    """finish_study, then the storage closed (its folder may be renamed next)."""
+    from autoparallel.search import study
+    try:
+        return finish_study(s, model, hw, gpus, gbs, space, run_dir, objectives, keep_profiled)
+    finally:
+        study.close(s)
+
+
+def _keep_interrupted(run_dir: Path, settings, model, hw, gpus, gbs, space) -> None:
+    """An interrupted study with completed trials: its tables written and its folder published,
+    then KeyboardInterrupt saying how to resume it. Without a completed trial there is nothing to
+    keep (the caller removes the staging folder)."""
+    from autoparallel.search import study
+    try:
+        s = study.open_existing(settings, run_dir)
+    except UserError:  # interrupted before the study was created
+        return
+    done = study.completed(s)
+    if done == 0:
+        study.close(s)
+        return
+    try:
+        _finish(s, model, hw, gpus, gbs, space, run_dir, settings.objectives)
+    except UserError:
+        pass  # none of the completed trials is feasible: the tables say so
+    final = run_folder.publish(run_dir)
+    raise KeyboardInterrupt(f"kept {done} of {settings.trials} trials in {final}; continue with "
+                            f"`autoparallel search --resume {final}`")
+
+
+def resume(run_dir: Path, progress=None, keep_profiled: bool = True) -> tuple[SearchResult, Path]:
+    """Continue the interrupted sampler search of ``run_dir`` without re-running finished trials;
+    returns the result and the run folder (a search killed in staging is published now).
 
     ``keep_profiled``: put an earlier ``--profile``'s measurements back into the tables (they
     stay true of their layouts); False when the caller profiles the new top-k instead.
     """
-    from autoparallel.search import sampler, study
+    from autoparallel.search import study
     from autoparallel.search.evaluators import CostModelEvaluator
+    run_dir = Path(run_dir)
     inputs, model, hw, space = load_inputs(run_dir)
     if inputs.get("strategy") != "optuna":
         raise UserError(f"{run_dir} is a grid search: there is nothing to resume (run it again)")
-    settings = io.from_dict(sampler.StudySettings, inputs["study"], str(Path(run_dir) / run_folder.MANIFEST))
+    settings = _study_settings(inputs, run_dir)
     gpus, gbs = int(inputs["gpus"]), int(inputs["gbs"])
     evaluator = CostModelEvaluator(model, hw, space.memory_fraction)
-    s = study.run(model, hw, gpus, gbs, space, settings, evaluator, Path(run_dir), None, progress)
-    return finish_study(s, model, hw, gpus, gbs, space, Path(run_dir), settings.objectives, keep_profiled)
+    with run_folder.locked(run_dir, "--resume"):
+        try:
+            s = study.run(model, hw, gpus, gbs, space, settings, evaluator, run_dir, None, progress)
+        except KeyboardInterrupt:
+            _keep_interrupted(run_dir, settings, model, hw, gpus, gbs, space)
+            raise
+        result = _finish(s, model, hw, gpus, gbs, space, run_dir, settings.objectives, keep_profiled)
+        return result, run_folder.publish(run_dir)
+
+
+def open_study(run_dir: Path):
+    """The Optuna study of a sampler run folder (its storage and name read from the manifest)."""
+    from autoparallel.search import study
+    inputs = load_inputs(run_dir)[0]
+    return study.open_existing(_study_settings(inputs, Path(run_dir)), Path(run_dir))
+
+
+def _study_settings(inputs: dict, run_dir: Path):
+    from autoparallel.search import sampler
+    if not isinstance(inputs.get("study"), dict):
+        raise UserError(f"{run_dir / run_folder.MANIFEST}: an optuna run's manifest needs its study settings")
+    return io.from_dict(sampler.StudySettings, inputs["study"], str(run_dir / run_folder.MANIFEST))
 
 
 def finish_study(s, model, hw, gpus, gbs, space, run_dir: Path, objectives: tuple[str, ...],
@@ -260,11 +368,12 @@ def report(run_dir: Path) -> Path:
     run_dir = Path(run_dir)
     inputs, model, hw, space = load_inputs(run_dir)
     if inputs.get("strategy") == "optuna":
-        from autoparallel.search import sampler, study
-        settings = io.from_dict(sampler.StudySettings, inputs["study"], str(run_dir / run_folder.MANIFEST))
-        s = study.open_existing(settings, run_dir)
-        result = finish_study(s, model, hw, int(inputs["gpus"]), int(inputs["gbs"]), space, run_dir,
-                              settings.objectives)
+        from autoparallel.search import study
+        settings = _study_settings(inputs, run_dir)
+        with run_folder.locked(run_dir, "report"):
+            s = study.open_existing(settings, run_dir)
+            result = _finish(s, model, hw, int(inputs["gpus"]), int(inputs["gbs"]), space, run_dir,
+                             settings.objectives)
     else:
         result = load(run_dir)
         title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"

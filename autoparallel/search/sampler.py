@@ -48,6 +48,7 @@ class StudySettings:
     workers: int = 1
     seeds_from_grid: int = 5  # best grid layouts enqueued first (0: none)
     published_seeds: bool = True
+    study_name: str = ""  # derived from the inputs (``study.name_for``); '' in older run folders
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
@@ -57,6 +58,8 @@ class StudySettings:
             raise UserError(f"bad --objectives {','.join(self.objectives)!r}; valid: throughput or throughput,memory")
         if self.trials < 1 or self.workers < 1:
             raise UserError(f"--trials and --workers must be positive, got {self.trials} and {self.workers}")
+        if self.seed is not None and not 0 <= self.seed < 2**32:
+            raise UserError(f"--seed must be in 0..{2**32 - 1} (numpy's seed range), got {self.seed}")
 
 
 def _optuna():
@@ -64,7 +67,7 @@ def _optuna():
         import optuna
     except ImportError:
         raise UserError("the optuna strategy needs Optuna: pip install 'autoparallel[optuna]'") from None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial re-raises; its log would repeat it
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     return optuna
 
@@ -128,7 +131,7 @@ def _reseeded(name: str, seed: int):
 
         def before_trial(self, study, trial) -> None:
             done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-            self._inner = _base_sampler(name, seed * 1_000_003 + done)
+            self._inner = _base_sampler(name, (seed * 1_000_003 + done) % 2**32)  # numpy's seed range
             self._inner.before_trial(study, trial)
 
         def infer_relative_search_space(self, study, trial):
@@ -190,8 +193,8 @@ class LayoutTree:
         self.frame = generate(model, hw, gpus, gbs, space)
         valid = self.frame[self.frame["reason"] == ""]
         if valid.empty:
-            raise UserError(f"no valid layout of {model.name} for {gpus} GPUs and gbs {gbs}: "
-                            f"{self.frame['reason'].iloc[0]}")
+            from autoparallel.search.diagnose import explain
+            raise UserError(explain(self.frame, model, hw, gpus, gbs, space))
         self.root: dict = {}
         columns = [valid[k].tolist() for k in TREE_KNOBS]
         for index, values in zip(valid.index, zip(*columns)):

@@ -1,19 +1,28 @@
-"""Run, resume and read back an Optuna study that lives in a run folder.
+"""Run, resume and read back an Optuna study that lives in a run folder (or a storage URL).
 
 A study is created once per run folder; its seeds (the grid's best layouts and the published
 layout) are enqueued only then. Resuming counts the completed trials and runs the rest. Trials
 a killed process left RUNNING are marked FAIL and their parameters enqueued again, so every
 layout is completed exactly once. Several local workers share a journal-file storage; Optuna
-hands each trial number and each enqueued trial to one worker only.
+hands each trial number and each enqueued trial to one worker only; they die with the process
+that started them. A study's name is derived from what it searches (``name_for``), so one
+storage URL holds the studies of many searches without mixing them.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import multiprocessing
+import os
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from autoparallel import io
 from autoparallel.errors import UserError
 from autoparallel.search import sampler
 from autoparallel.search.evaluators import Evaluator
@@ -24,21 +33,105 @@ from autoparallel.specs.model import ModelSpec
 Progress = Callable[[int, float | None], None]  # (completed trials, best feasible throughput)
 
 
-def _open(settings: sampler.StudySettings, run_dir: Path, worker: int = 0):
+def name_for(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
+             objectives: tuple[str, ...]) -> str:
+    """``<model>_<gpus>x<gpu>_<digest>``: readable, and different whenever the inputs differ."""
+    inputs = {"model": io.to_dict(model), "hardware": io.to_dict(hw), "gpus": gpus, "gbs": gbs,
+              "space": io.to_dict(space), "objectives": list(objectives)}
+    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{model.name}_{gpus}x{hw.name}_{digest}"
+
+
+def _name(settings: sampler.StudySettings) -> str:
+    return settings.study_name or sampler.STUDY_NAME  # run folders written before names were derived
+
+
+@contextmanager
+def _storage_errors(settings: sampler.StudySettings, run_dir: Path) -> Iterator[None]:
+    """Opening a storage: a bad URL, a missing driver, an unreachable server or a corrupt file is
+    the user's to fix, in one line."""
+    import sqlalchemy.exc
+    where = f"--storage {settings.storage}" if settings.storage not in ("", "journal") else f"the study in {run_dir}"
+    try:
+        yield
+    except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError, OSError) as exc:
+        first = " ".join(str(exc).split("\n")[0].split())[:200]
+        raise UserError(f"cannot open {where}: {first}") from None
+
+
+def check_storage(settings: sampler.StudySettings) -> None:
+    """Open a storage URL once, before any run folder is made."""
+    if settings.storage in ("", "journal"):
+        return
+    optuna = sampler._optuna()
+    with _storage_errors(settings, Path(".")):
+        optuna.storages.RDBStorage(settings.storage)
+
+
+def _open(settings: sampler.StudySettings, run_dir: Path, worker: int = 0, create: bool = True):
     optuna = sampler._optuna()
     directions = [sampler.OBJECTIVES[o][1] for o in settings.objectives]
-    return optuna.create_study(storage=sampler.storage_url(settings, run_dir), study_name=sampler.STUDY_NAME,
-                               sampler=sampler.make_sampler(settings, worker), directions=directions,
-                               load_if_exists=True)
+    with _storage_errors(settings, run_dir):
+        storage = sampler.storage_url(settings, run_dir)
+        if not create:
+            try:
+                return optuna.load_study(study_name=_name(settings), storage=storage,
+                                         sampler=sampler.make_sampler(settings, worker))
+            except KeyError:
+                raise UserError(f"{run_dir} holds no Optuna study named {_name(settings)!r}") from None
+        return optuna.create_study(storage=storage, study_name=_name(settings),
+                                   sampler=sampler.make_sampler(settings, worker), directions=directions,
+                                   load_if_exists=True)
 
 
 def open_existing(settings: sampler.StudySettings, run_dir: Path):
-    """The study of a run folder, for reading; an error if it was never created."""
-    optuna = sampler._optuna()
-    try:
-        return optuna.load_study(study_name=sampler.STUDY_NAME, storage=sampler.storage_url(settings, run_dir))
-    except KeyError:
-        raise UserError(f"{run_dir} holds no Optuna study") from None
+    """The study of a run folder, for reading or resuming; an error if it was never created."""
+    if settings.storage in ("", "journal") or settings.workers > 1:
+        stored = [Path(run_dir) / f for f in ("study.db", "study.journal")]
+        if not any(f.exists() for f in stored):
+            raise UserError(f"{run_dir} has no study.db or study.journal: its study is lost, nothing to "
+                            "resume (start the search again)")
+    return _open(settings, Path(run_dir), create=False)
+
+
+def close(study) -> None:
+    """Close the storage's connections (before its folder is renamed)."""
+    backend = getattr(study._storage, "_backend", study._storage)
+    engine = getattr(backend, "engine", None)
+    if engine is not None:
+        engine.dispose()
+
+
+class _Interrupts:
+    """Ctrl-C and SIGTERM held back while a study opens and runs its trials: the running trial
+    finishes, the study stops (``study.stop`` from the ``stop`` callback), and the signal is
+    delivered on leaving the block, where the caller's handler runs (the CLI's: KeyboardInterrupt).
+    An interrupt in the middle of Optuna's bookkeeping breaks it (optuna 5.0 raises
+    UnboundLocalError), and one during a lazy import leaves a half-imported SQLAlchemy module
+    behind for the code that keeps the study. A second signal interrupts at once."""
+
+    def __init__(self, signals: tuple[int, ...]) -> None:
+        self.signals, self.asked, self._previous = signals, 0, {}
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._ask) for s in self.signals}
+        return self
+
+    def _ask(self, signum, _frame) -> None:
+        if self.asked:
+            raise KeyboardInterrupt
+        self.asked = signum
+
+    def stop(self, study, _trial) -> None:
+        if self.asked:
+            study.stop()
+
+    def __exit__(self, kind, *_) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        if self.asked and kind is None:
+            signal.raise_signal(self.asked)
 
 
 def completed(study) -> int:
@@ -65,14 +158,31 @@ def _requeue_stale(study) -> int:
 
 def run(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
         settings: sampler.StudySettings, evaluator: Evaluator, run_dir: Path,
-        seeds: list[dict] | None = None, progress: Progress | None = None):
-    """Create or resume the study in ``run_dir`` and complete ``settings.trials`` trials.
+        seeds: list[dict] | None = None, progress: Progress | None = None,
+        tree: sampler.LayoutTree | None = None):
+    """Create (``seeds`` given) or resume (``seeds`` None: the study must exist) the study in
+    ``run_dir`` and complete ``settings.trials`` trials.
 
     ``seeds``: layouts (knob -> value, possibly partial) enqueued first on a fresh study.
     """
+    with _Interrupts((signal.SIGINT, signal.SIGTERM)) as interrupts:
+        study = _open(settings, run_dir) if seeds is not None else open_existing(settings, run_dir)
+        try:
+            if not interrupts.asked:
+                _complete(study, model, hw, gpus, gbs, space, settings, evaluator, run_dir, seeds, progress,
+                          tree, interrupts)
+        except BaseException:  # no connection left open on a folder about to be renamed
+            close(study)
+            raise
+        if interrupts.asked:
+            close(study)
+    return study
+
+
+def _complete(study, model, hw, gpus, gbs, space, settings, evaluator, run_dir, seeds, progress, tree,
+              interrupts: _Interrupts) -> None:
     optuna = sampler._optuna()
-    study = _open(settings, run_dir)
-    tree = sampler.LayoutTree(model, hw, gpus, gbs, space)
+    tree = tree or sampler.LayoutTree(model, hw, gpus, gbs, space)
     if len(study.get_trials(deepcopy=False)) == 0:
         for layout in seeds or []:
             params = tree.params_for(layout)
@@ -83,7 +193,7 @@ def run(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSp
     objective = sampler.make_objective(tree, hw, evaluator, settings.objectives, space.memory_fraction)
     limit = optuna.study.MaxTrialsCallback(settings.trials, states=(optuna.trial.TrialState.COMPLETE,))
     if completed(study) >= settings.trials:
-        return study
+        return
 
     if settings.workers == 1:
         best = [best_throughput(study)]
@@ -94,19 +204,27 @@ def run(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSp
                 best[0] = metrics["tokens_per_s_per_gpu"]
             if progress:
                 progress(completed(s), best[0])
-        study.optimize(objective, n_trials=settings.trials - completed(study), callbacks=[limit, report])
-        return study
+        study.optimize(objective, n_trials=settings.trials - completed(study),
+                       callbacks=[limit, report, interrupts.stop])
+        return
+
+    parent = os.getpid()
 
     def work(index: int) -> None:
+        from autoparallel.children import die_with_parent
+        die_with_parent(parent)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler, inherited by fork
         mine = _open(settings, run_dir, worker=index + 1)
-        mine.optimize(objective, n_trials=settings.trials, callbacks=[limit])
+        with _Interrupts((signal.SIGTERM,)) as terminate:  # the parent's terminate(): stop cleanly
+            mine.optimize(objective, n_trials=settings.trials, callbacks=[limit, terminate.stop])
 
     ctx = multiprocessing.get_context("fork")
     workers = [ctx.Process(target=work, args=(i,), daemon=True) for i in range(settings.workers)]
     for w in workers:
         w.start()
     try:
-        while any(w.is_alive() for w in workers):
+        while any(w.is_alive() for w in workers) and not interrupts.asked:
             time.sleep(0.5)
             if progress:
                 progress(completed(study), best_throughput(study))
@@ -114,5 +232,8 @@ def run(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSp
         for w in workers:
             if w.is_alive():
                 w.terminate()
-            w.join()
-    return study
+        for w in workers:
+            w.join(timeout=30)
+            if w.is_alive():
+                w.kill()
+                w.join()

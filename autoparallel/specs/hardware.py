@@ -43,6 +43,16 @@ class Efficiency:
     # so the constants describe the newest release and the validation scales the older rows.
     release_speed: dict[str, float] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Reached fractions of a peak: above 1 (or 0, which divides) would be a faster-than-peak
+        # GPU. Hidden fractions of traffic may be 0 (nothing hidden) up to 1 (all of it).
+        for key in ("gemm_max", "fp8_gemm_relative", "attention", "hbm", "nvlink", "internode"):
+            if not 0 < getattr(self, key) <= 1:
+                raise ValueError(f"efficiency.{key} must be in (0, 1], got {getattr(self, key)}")
+        for key in ("dp_overlap", "tp_overlap", "cp_overlap", "pp_overlap"):
+            if not 0 <= getattr(self, key) <= 1:
+                raise ValueError(f"efficiency.{key} must be in [0, 1], got {getattr(self, key)}")
+
 
 @dataclass(frozen=True)
 class HardwareSpec:
@@ -84,6 +94,11 @@ class HardwareSpec:
                     "internode_gbps", "gpus_per_node"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
+        for key in ("fp8_tflops", "fp4_tflops"):
+            if getattr(self, key) is not None and getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be positive (or left out), got {getattr(self, key)}")
+        if self.reserve_gib >= self.memory_gib:
+            raise ValueError(f"reserve_gib={self.reserve_gib} must be below memory_gib={self.memory_gib}")
 
     @property
     def supports_fp8(self) -> bool:

@@ -65,8 +65,13 @@ class ModelSpec:
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
-        if self.max_position_embeddings is not None and self.max_position_embeddings < 1:
-            raise ValueError(f"max_position_embeddings must be positive, got {self.max_position_embeddings}")
+        for key in ("num_query_groups", "kv_channels", "num_experts", "moe_ffn_hidden_size",
+                    "global_batch_size", "max_position_embeddings"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ValueError(f"{key} must be a positive integer (or left out), got {getattr(self, key)}")
+        if self.is_moe and not 1 <= self.moe_router_topk <= self.num_experts:
+            raise ValueError(f"moe_router_topk must be in 1..num_experts={self.num_experts}, "
+                             f"got {self.moe_router_topk}")
         if not 0.0 < self.rotary_percent <= 1.0:
             raise ValueError(f"rotary_percent must be in (0, 1], got {self.rotary_percent}")
         if self.tokenizer_type == "HuggingFaceTokenizer" and not self.tokenizer_model:

@@ -62,6 +62,15 @@ class Plan:
     fp8_bf16_edge_layers: int = 0
     flash_attention: bool = True
 
+    def __post_init__(self) -> None:
+        for key in ("tp", "pp", "dp", "gbs", "mbs", "vp", "cp", "ep"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be a positive integer, got {getattr(self, key)}")
+        for key in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                    "cpu_offloading_num_layers", "recompute_num_layers", "fp8_bf16_edge_layers"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must be an integer >= 0, got {getattr(self, key)}")
+
     @property
     def num_gpus(self) -> int:
         return self.tp * self.pp * self.cp * self.dp

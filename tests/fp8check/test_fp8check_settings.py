@@ -28,7 +28,7 @@ def test_unknown_key_and_bad_value_name_the_file(tmp_path):
     with pytest.raises(SpecError, match=r"bad.yaml.*max_loss_gap.*max_loss_gap_pct"):
         load_settings(bad)
     bad.write_text("thresholds: {max_loss_gap_pct: -1}\n")
-    with pytest.raises(SpecError, match="must be >= 0"):
+    with pytest.raises(SpecError, match="max_loss_gap_pct.: expected a finite number >= 0, got -1"):
         load_settings(bad)
     with pytest.raises(ValueError):
         Thresholds(max_underflow_pct=-0.1)

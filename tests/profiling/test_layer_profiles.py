@@ -72,3 +72,12 @@ def test_store_caches_and_evaluator_replaces_compute(small, tmp_path):
     evaluator2.steps = 0  # would fail (median of nothing) if it measured again
     out2 = evaluator2.evaluate(result.ranked.drop(columns=["rank"]))
     assert list(out2["measured_layer_s"].dropna()) == list(measured["measured_layer_s"])
+
+
+def test_two_stores_of_one_file_keep_each_others_profiles(tmp_path):
+    """Two searches profiling at once: each write re-reads the file under its lock."""
+    path = tmp_path / "layer_profiles.json"
+    first, second = ProfileStore(path), ProfileStore(path)  # both opened before either writes
+    first.put("a", {"fwd_bwd_s": 1.0})
+    second.put("b", {"fwd_bwd_s": 2.0})
+    assert set(ProfileStore(path).entries) == {"a", "b"}

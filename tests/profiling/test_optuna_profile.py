@@ -9,13 +9,14 @@ pytest.importorskip("optuna", reason="the optuna extra is not installed")
 
 from autoparallel.cli import main  # noqa: E402
 from autoparallel.report.plots import pareto_front  # noqa: E402
+from autoparallel.search import run  # noqa: E402
 from autoparallel.search.measured import choose, merge  # noqa: E402
 
 
 @pytest.fixture
 def search(tmp_path, small_yaml, monkeypatch):
     """argv of a tiny optuna search: 1 CPU rank, 3 valid layouts (mbs 1, 2, 4), all seen in 6
-    trials; the layer-profile store (results/ under the working directory) lands in tmp_path."""
+    trials; the run folder and the layer-profile store land in ``argv.results``."""
     monkeypatch.chdir(tmp_path)
     results = tmp_path / "runs"
 
@@ -28,13 +29,18 @@ def search(tmp_path, small_yaml, monkeypatch):
     return argv
 
 
+def _run_dir(results):
+    (run_dir,) = [p for p in results.iterdir() if p.is_dir()]  # beside it: layer_profiles.json
+    return run_dir
+
+
 def _frames(run_dir):
     return pd.read_csv(run_dir / "candidates.csv"), pd.read_csv(run_dir / "profiled.csv")
 
 
 def test_optuna_profiles_its_top_k_and_calibrates_from_the_run(search, capsys):
     assert main(search("--profile", "job", "--top-k", "2")) == 0
-    run_dir = next(search.results.iterdir())
+    run_dir = _run_dir(search.results)
     frame, profiled = _frames(run_dir)
     feasible = frame[frame["fits"]]
     best_predicted = feasible.sort_values("tokens_per_s_per_gpu", ascending=False)["trial"].head(2)
@@ -57,7 +63,7 @@ def test_optuna_profiles_its_top_k_and_calibrates_from_the_run(search, capsys):
 
 def test_failed_job_is_recorded_and_resume_with_profile_replaces_it(search, capsys):
     assert main(search("--profile", "job", "--top-k", "1", "--memory-cap-gib", "1e-5")) == 0
-    run_dir = next(search.results.iterdir())
+    run_dir = _run_dir(search.results)
     frame, profiled = _frames(run_dir)
     failed = frame[frame["measurement_error"].notna()]
     assert len(failed) == 1 and len(profiled) == 1
@@ -76,15 +82,16 @@ def test_failed_job_is_recorded_and_resume_with_profile_replaces_it(search, caps
 
 
 def test_two_objective_study_profiles_the_pareto_front(search):
-    import optuna
     argv = search("--profile", "layer", "--top-k", "2", "--objectives", "throughput,memory",
                   "--sampler", "nsga2", "--trials", "12", "--json")
     argv[argv.index("--gpus") + 1] = "2"  # more layouts, so the front is not all of them
     del argv[argv.index("--recompute"):argv.index("--recompute") + 2]
     assert main(argv) == 0
-    run_dir = next(search.results.iterdir())
+    run_dir = _run_dir(search.results)
+    assert (search.results / "layer_profiles.json").exists()  # under --results, not ./results
+    assert not (search.results.parent / "results").exists()
     profiled = pd.read_csv(run_dir / "profiled.csv")
-    study = optuna.load_study(study_name="autoparallel", storage=f"sqlite:///{run_dir / 'study.db'}")
+    study = run.open_study(run_dir)
     front = sorted(study.best_trials, key=lambda t: -t.values[0])  # feasible, non-dominated
     assert len(front) > 2
     assert list(profiled["trial"]) == [t.number for t in front[:2]]

@@ -39,7 +39,7 @@ def test_same_job_same_result_through_both_launchers(launcher):
 def test_ray_failures_become_reasons(launcher):
     too_big = JobSpec(SMALL, Plan(tp=1, pp=1, dp=4, gbs=8), steps=1, warmup=0, timeout_s=60)
     m = launcher.run(too_big)
-    assert not m.ok and "needs 4" in m.reason
+    assert not m.ok and "a job of 4 ranks is larger than the Ray cluster's" in m.reason
     oom = JobSpec(SMALL, Plan(tp=1, pp=1, dp=2, gbs=8), steps=1, warmup=0, timeout_s=120,
                   memory_cap_gib=1e-5)
     m = launcher.run(oom)

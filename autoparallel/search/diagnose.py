@@ -1,0 +1,153 @@
+"""Why no layout is valid or fits, naming first the pinned knob or the input that rules them out.
+
+The candidates frame keeps every rejected layout with the first rule it broke (``reason``),
+which hides the rules it would have broken later: counting reasons names the rules that reject
+the most layouts, usually knobs the user never touched. What the user needs is the rule that
+rejects the layouts that came *closest*: the rule checked last that any of them reached. Rules
+come in three groups, as ``autoparallel.space`` checks them: on the structure alone (tp, pp, vp
+and the split, cp, ep, mbs), on the features alone (SP, recompute, precision, FSDP, ...), and
+on a structure with its features (the crossed layouts; memory comes last). Each rule knows the
+knobs it involves, so the message leads with a knob the user pinned, or with the input (GPU
+count, global batch, model, hardware) that makes it impossible.
+
+The rule patterns follow the messages of ``autoparallel.space`` in the order it checks them; a
+reason no pattern matches counts as a crossed layout's and, if nothing else explains the search,
+the most common reasons are listed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from autoparallel.space import FEATURE_KNOBS, STRUCTURE_KNOBS, SearchSpace
+from autoparallel.specs.hardware import HardwareSpec
+from autoparallel.specs.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class Rule:
+    pattern: str  # matches the reason ``autoparallel.space`` writes
+    knobs: tuple[str, ...]  # the knobs the rule involves (named first when pinned)
+
+
+GBS_RULE = Rule(r"^gbs \d+ not divisible by mbs\*dp", ("mbs",))  # explained in numbers (``_gbs_message``)
+STRUCTURE_RULES = (
+    Rule(r"does not divide \d+ GPUs", ("tp", "pp", "cp")),
+    Rule(r"attention heads not divisible by tp", ("tp",)),
+    Rule(r"query groups not divisible by tp", ("tp",)),
+    Rule(r"crosses the \d+-GPU NVLink domain", ("tp",)),
+    Rule(r"interleaving \(vp>1\) needs pp>=2", ("vp", "pp")),
+    Rule(r"layers not divisible by pp\*vp", ("pp", "vp")),
+    Rule(r"not divisible by 2\*cp", ("cp",)),
+    Rule(r"ep>1 needs a MoE model", ("ep",)),
+    Rule(r"must divide num_experts and dp\*cp", ("ep",)),
+    GBS_RULE,
+    Rule(r"interleaving needs micro-batches", ("vp", "pp", "mbs")),
+)
+FEATURE_RULES = (
+    Rule(r"TP comm overlap needs sequence parallel", ("tp_comm_overlap", "sp")),
+    Rule(r"has no FP8 tensor cores", ("precision",)),
+    Rule(r"mxfp8 needs Blackwell", ("precision",)),
+    Rule(r"BF16 edge layers only apply to FP8", ("fp8_bf16_edge_layers", "precision")),
+    Rule(r"delayed scaling cannot keep", ("precision", "fp8_bf16_edge_layers")),
+    Rule(r"BF16 edge layers cover the whole model", ("fp8_bf16_edge_layers",)),
+    Rule(r"param-gather overlap needs the distributed optimizer", ("overlap_dp_comm", "distributed_optimizer")),
+    Rule(r"FSDP needs the distributed optimizer", ("fsdp", "distributed_optimizer")),
+    Rule(r"cannot carry fp8-blockwise", ("tp_comm_overlap", "precision")),
+)
+LAYOUT_RULES = (
+    Rule(r"num_layers_at_start_in_bf16 .* per pipeline stage", ("fp8_bf16_edge_layers", "pp")),
+    Rule(r"Userbuffers requires MXFP8 tensor dims", ("tp_comm_overlap", "precision", "mbs", "tp", "cp")),
+    Rule(r"^CPU offloading", ("cpu_offloading_num_layers", "pp", "recompute")),
+    Rule(r"^fp8-check:", ("precision", "fp8_bf16_edge_layers")),
+)
+# Knobs that set the memory of a layout, for a search where valid layouts exist but none fits, and
+# the value that needs the least memory (None: no such value): a knob pinned there is not the cause.
+MEMORY_KNOBS = {"tp": None, "pp": None, "cp": None, "vp": None, "mbs": 1, "recompute": "full",
+                "precision": None, "sp": True, "distributed_optimizer": True, "fsdp": True}
+
+
+def explain(frame: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int,
+            space: SearchSpace, pinned: dict | None = None) -> str:
+    """One line: why none of ``frame``'s candidates is a valid layout that fits.
+
+    ``pinned``: the knobs the user pinned (the command line's); by default every knob with a
+    single value in the space counts as pinned.
+    """
+    fixed = _fixed(space) if pinned is None else {k: v for k, v in pinned.items() if v is not None}
+    head = f"no valid layout of {model.name} for {gpus} GPUs and gbs {gbs}: "
+    reasons = frame["reason"].astype(str)
+    structure, feature = _matches(reasons, STRUCTURE_RULES), _matches(reasons, FEATURE_RULES)
+    crossed = frame[~structure & ~feature]
+    memory = crossed[crossed["reason"].astype(str).str.startswith("out of memory")]
+    if not memory.empty:
+        need = memory["peak_memory_gib"].min()
+        limit = space.memory_fraction * hw.memory_gib
+        causes = tuple(k for k, least in MEMORY_KNOBS.items() if k in fixed and fixed[k] != least)
+        return (f"no layout of {model.name} fits on {gpus} x {hw.name}: {_pinned_lead(causes, fixed)}the "
+                f"smallest memory need is {need:.1f} GiB against a limit of {limit:.1f} GiB (try more GPUs, "
+                "recompute, a smaller --mbs, or fewer pinned knobs)")
+    if not crossed.empty:  # valid structures met valid features; a rule on the pair refused them
+        return head + _group_message(crossed, LAYOUT_RULES, fixed, gpus, gbs)
+    if feature.sum() >= math.prod(len(getattr(space, name)) for name in FEATURE_KNOBS):
+        return head + _group_message(frame[feature], FEATURE_RULES, fixed, gpus, gbs)  # every feature set
+    if structure.any():
+        return head + _group_message(frame[structure], STRUCTURE_RULES, fixed, gpus, gbs)
+    return head + (f"{_pinned_lead(('pp',), fixed)}{model.num_layers} layers cannot be split into pp "
+                   f"{' or '.join(map(str, space.pp))} pipeline stages")
+
+
+def _matches(reasons: pd.Series, rules: tuple[Rule, ...]) -> pd.Series:
+    return reasons.str.contains("|".join(f"(?:{r.pattern})" for r in rules), regex=True)
+
+
+def _group_message(frame: pd.DataFrame, rules: tuple[Rule, ...], fixed: dict, gpus: int, gbs: int) -> str:
+    reasons = frame["reason"].astype(str)
+    for rule in reversed(rules):  # the last rule in checking order that any layout reached
+        hit = reasons.str.contains(rule.pattern, regex=True)
+        if not hit.any():
+            continue
+        if rule is GBS_RULE:
+            return _gbs_message(frame[hit], gpus, gbs, fixed)
+        return _pinned_lead(rule.knobs, fixed) + reasons[hit].iloc[0]
+    counts = reasons[reasons != ""].value_counts()  # reasons no pattern knows: the most common
+    return "; ".join(f"{n} x {reason}" for reason, n in counts.head(3).items())
+
+
+def _gbs_message(rows: pd.DataFrame, gpus: int, gbs: int, fixed: dict) -> str:
+    """gbs not divisible by mbs*dp: too many GPUs, a pinned micro-batch, or a GPU count whose
+    data-parallel share never divides the batch."""
+    dp = rows["dp"].astype(int)
+    product = int((rows["mbs"].astype(int) * dp).min())
+    smallest_dp = int(dp.min())
+    if smallest_dp > gbs:
+        return (f"{gpus} GPUs leave at least {smallest_dp} data-parallel replicas (tp*pp*cp at most "
+                f"{gpus // smallest_dp} in this space), more than the {gbs} sequences of a global "
+                f"batch: use at most {gbs * (gpus // smallest_dp)} GPUs or a larger --gbs")
+    if "mbs" in fixed and gbs % smallest_dp == 0:
+        return (f"with mbs pinned to {fixed['mbs']}: gbs {gbs} is not divisible by mbs*dp in any layout "
+                f"(the smallest mbs*dp is {product}); lower --mbs or make --gbs a multiple of {product}")
+    return (f"gbs {gbs} is not divisible by mbs*dp in any layout of {gpus} GPUs (the smallest mbs*dp "
+            f"is {product}): choose a --gbs divisible by {product} or another GPU count")
+
+
+def _fixed(space: SearchSpace) -> dict:
+    """Knobs with one value in the space: pinned on the command line or by the space file."""
+    out = {}
+    for name in STRUCTURE_KNOBS + FEATURE_KNOBS:
+        values = getattr(space, name)
+        if not isinstance(values, str) and len(values) == 1:
+            out[name] = values[0]
+    return out
+
+
+def _pinned_lead(knobs: tuple[str, ...], fixed: dict) -> str:
+    named = [f"{k} pinned to {_show(fixed[k])}" for k in knobs if k in fixed]
+    return ("with " + " and ".join(named) + ": ") if named else ""
+
+
+def _show(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)

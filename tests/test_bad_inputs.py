@@ -1,0 +1,424 @@
+"""Every user mistake gets one line naming the bad value, exit code 2, no traceback, and leaves
+nothing behind (issue 12).
+
+``BAD_INPUTS`` is the table: the arguments of one command line (``{name}`` stands for a file the
+``files`` fixture makes: junk YAML, broken presets, damaged run folders, bad CSVs) and a piece of
+the message it must get, which names the bad value. Each case runs the real command (``main``)
+in an empty working directory, with a user preset folder that holds a binary-junk model preset
+(which must break no other preset), and checks: exit code 2, exactly one line on stderr, no
+"Traceback", the message, the working directory (where ``results/`` would go) still empty and
+the fixture files untouched.
+"""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import sqlite3
+import sys
+from contextlib import closing
+
+import pytest
+import yaml
+
+from autoparallel import resources
+from autoparallel.cli import main
+
+MODEL = """name: tiny
+num_layers: 4
+hidden_size: 256
+ffn_hidden_size: 1024
+num_attention_heads: 8
+num_query_groups: 4
+vocab_size: 1024
+seq_length: 128
+activation: swiglu
+global_batch_size: 16
+"""
+HARDWARE = """name: {name}
+bf16_tflops: 989
+fp8_tflops: 1979
+memory_gib: 80
+hbm_tbps: 3.35
+nvlink_domain: 8
+nvlink_gbps: 900
+internode_gbps: 50
+"""
+TINY_SPACE = """tp: [8]
+pp: [16]
+vp: [1]
+cp: [1]
+ep: [1]
+mbs: [1]
+sp: [true]
+recompute: [full]
+precision: [bf16]
+"""
+PLAN = {"tp": 2, "pp": 2, "dp": 1, "gbs": 4, "mbs": 1}
+JUNK = bytes(range(256)) * 4
+
+
+def _model(**changes) -> str:
+    data = yaml.safe_load(MODEL)
+    data.update(changes)
+    return yaml.safe_dump(data)
+
+
+def _plan(**changes) -> str:
+    return yaml.safe_dump({**PLAN, **changes})
+
+
+def _search(*args: str) -> None:
+    assert main(["search", *args, "--top", "1", "--json"]) == 0
+
+
+def _only_child(folder):
+    (child,) = [p for p in folder.iterdir() if not p.name.startswith(".")]
+    return child
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The files the bad inputs point at, by name."""
+    d = tmp_path_factory.mktemp("bad_inputs")
+    f = {"dir": d}
+
+    def put(name: str, content: str | bytes) -> None:
+        path = d / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+        f[name.replace("/", "_").replace(".", "_")] = path
+
+    put("junk.yaml", JUNK)
+    put("list.yaml", "- a\n- b\n")
+    put("syntax.yaml", "name: x\n  num_layers: [4\n")
+    put("deep.yaml", "[" * 5000 + "]" * 5000)
+    put("kv_channels.yaml", _model(kv_channels=-128))
+    put("query_groups.yaml", _model(num_query_groups=-8))
+    put("topk.yaml", _model(num_experts=8, moe_router_topk=20))
+    put("gbs0.yaml", _model(global_batch_size=0))
+    put("gbs_lots.yaml", _model(global_batch_size="lots"))
+    put("layers_huge.yaml", _model(num_layers=10**30))
+    put("hidden_nan.yaml", MODEL.replace("hidden_size: 256", "hidden_size: .nan"))
+    put("dropout.yaml", _model(hidden_dropout=1.5))
+    put("hw_gemm_negative.yaml", HARDWARE.format(name="g1") + "efficiency:\n  gemm_max: -0.5\n")
+    put("hw_gemm_nan.yaml", HARDWARE.format(name="g2") + "efficiency:\n  gemm_max: .nan\n")
+    put("hw_gemm_big.yaml", HARDWARE.format(name="g3") + "efficiency:\n  gemm_max: 1.5\n")
+    put("hw_memory_inf.yaml", HARDWARE.format(name="g4").replace("memory_gib: 80", "memory_gib: .inf"))
+    put("hw_reserve.yaml", HARDWARE.format(name="g5") + "reserve_gib: 90\n")
+    put("hw_self.yaml", HARDWARE.format(name="g6") + "efficiency_from: hw_self.yaml\n")
+    put("hw_a.yaml", HARDWARE.format(name="ga") + "efficiency_from: hw_b.yaml\n")
+    put("hw_b.yaml", HARDWARE.format(name="gb") + "efficiency_from: hw_a.yaml\n")
+    put("space_edge.yaml", "fp8_bf16_edge_layers: [-1]\n")
+    put("space_inf.yaml", "memory_fraction: .inf\n")
+    put("space_key.yaml", "tensor_parallel: [1, 2]\n")
+    put("tiny_space.yaml", TINY_SPACE)
+    put("infer_space_negative.yaml", "max_batch: [-4]\n")
+    put("fp8_nan.yaml", "thresholds:\n  max_loss_gap_pct: .nan\n")
+    put("fp8_negative.yaml", "run:\n  steps: -3\n")
+    put("plan_two.yaml", _plan(tp="two"))
+    put("plan_half.yaml", _plan(tp=1.5))
+    put("plan_negative.yaml", _plan(tp=-1))
+    put("plan_zero.yaml", _plan(tp=0))
+    put("plan_tp3.yaml", _plan(tp=3, pp=1, gbs=3))
+    put("plan_pp8.yaml", _plan(tp=1, pp=8, gbs=8))
+    put("plan_precision.yaml", _plan(precision="fp7"))
+    put("plan_mxfp8.yaml", _plan(precision="mxfp8"))
+    put("plan_big.yaml", _plan(tp=1, pp=1, dp=4096, gbs=4096))
+    put("plan_key.yaml", _plan(tensor_parallel=2))
+    put("plan_nogbs.yaml", yaml.safe_dump({"tp": 1, "pp": 1, "dp": 1}))
+    put("plan_other_model.yaml", yaml.safe_dump({"model": "gpt3-175b", "plan": PLAN}))
+    put("runs_empty.csv", "")
+    put("runs_header.csv", "id,model,num_layers,hidden_size,num_attention_heads,ffn_hidden_size,vocab_size,"
+                           "activation,seq_length,gpu,num_gpus,gbs,precision\n")
+    put("runs_junk.csv", JUNK)
+    put("runs_columns.csv", "a,b\n1,2\n")
+    put("runs_values.csv", "id,model,num_layers,hidden_size,num_attention_heads,ffn_hidden_size,vocab_size,"
+                           "activation,seq_length,gpu,num_gpus,gbs,precision,tp,pp\n"
+                           "nemo-x,m,many,4096,32,11008,32000,swiglu,4096,h100-sxm,8,128,bf16,1,1\n")
+    header, row = resources.data_file("inference_runs.csv").read_text().splitlines()[:2]
+    values = next(csv.reader([row]))
+    values[header.split(",").index("tp")] = "two"
+    put("inference_values.csv", header + "\n" + ",".join(f'"{v}"' for v in values) + "\n")
+    put("profiles/layer_profiles.json", "{not json")
+    (d / "a_folder").mkdir()
+    f["a_folder"] = d / "a_folder"
+    put("results_file", "I am a file, not a folder\n")
+
+    # A user preset folder with a binary-junk model preset (and a good one of ours).
+    home = d / "home"
+    (home / "models").mkdir(parents=True)
+    (home / "models" / "junk.yaml").write_bytes(JUNK)
+    (home / "models" / "tiny.yaml").write_text(MODEL)
+    f["home"] = home
+
+    # Run folders: a grid search, an optuna search, a serving search, a 1024-GPU search.
+    runs = d / "runs"
+    _search("--model", "cpu-small", "--gpus", "4", "--gpu", "cpu-local", "--space", "cpu-profiling",
+            "--results", str(runs / "grid"))
+    grid = _only_child(runs / "grid")
+    f["grid"] = grid
+    _search("--model", "llama2-7b", "--gpus", "8", "--strategy", "optuna", "--trials", "4", "--grid-seeds", "0",
+            "--results", str(runs / "optuna"))
+    optuna_run = _only_child(runs / "optuna")
+    f["optuna"] = optuna_run
+    assert main(["infer", "--model", "llama3-8b", "--gpus", "8", "--top", "1", "--json",
+                 "--results", str(runs / "infer")]) == 0
+    f["infer"] = _only_child(runs / "infer")
+    _search("--model", "175b", "--gpus", "1024", "--space", str(d / "tiny_space.yaml"),
+            "--results", str(runs / "big"))
+    f["big"] = _only_child(runs / "big")
+
+    def damaged(name: str, source, change) -> None:
+        path = d / "damaged" / name
+        shutil.copytree(source, path)
+        change(path)
+        f[name] = path
+    damaged("manifest_empty", grid, lambda p: (p / "manifest.yaml").write_text(""))
+    damaged("manifest_junk", grid, lambda p: (p / "manifest.yaml").write_bytes(JUNK))
+    damaged("manifest_no_inputs", grid, lambda p: (p / "manifest.yaml").write_text("command: x\n"))
+    damaged("candidates_empty", grid, lambda p: (p / "candidates.csv").write_text(""))
+    damaged("candidates_header", grid, lambda p: (p / "candidates.csv").write_text(
+        (grid / "candidates.csv").read_text().splitlines()[0] + "\n"))
+    damaged("candidates_junk", grid, lambda p: (p / "candidates.csv").write_bytes(JUNK))
+    damaged("candidates_missing", grid, lambda p: (p / "candidates.csv").unlink())
+    damaged("study_missing", optuna_run, lambda p: (p / "study.db").unlink())
+    damaged("study_corrupt", optuna_run, lambda p: (p / "study.db").write_bytes(b"\0junk" * 500))
+    with closing(sqlite3.connect(optuna_run / "study.db")) as c:  # the study is written and closed
+        assert c.execute("select count(*) from trials").fetchone()[0] >= 4
+    f["snapshot"] = _snapshot(d)
+    return f
+
+
+def _snapshot(folder) -> dict:
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*")}
+
+
+# (arguments, part of the one-line message: it names the bad value). {name}: a file of `files`.
+BAD_INPUTS = [
+    # --- the command line itself
+    ([], "the following arguments are required: COMMAND"),
+    (["serch"], "invalid choice: 'serch'"),
+    (["models", "--all"], "unrecognized arguments: --all"),
+    (["hardware", "h100"], "unrecognized arguments: h100"),
+    # --- search: flags
+    (["search", "--model", "175b", "--gpus", "1000000000000000000000"],
+     "expected an integer in 1..2147483647, got 1000000000000000000000"),
+    (["search", "--model", "175b", "--gpus", "-4"], "--gpus: expected an integer in 1..2147483647, got -4"),
+    (["search", "--model", "175b", "--gpus", "four"], "--gpus: expected an integer in 1..2147483647, got 'four'"),
+    (["search", "--model", "175b", "--gpus", "1024", "--gbs", "0"], "--gbs: expected an integer in 1..2147483647, got 0"),
+    (["search", "--model", "175b", "--gpus", "1024", "--precision", "fp9"], "invalid choice: 'fp9'"),
+    (["search", "--model", "175b"], "search needs --model and --gpus"),
+    (["search", "--model", "gpt-175b", "--gpus", "1024"], "unknown model 'gpt-175b'. Did you mean 'gpt3-175b'?"),
+    (["search", "--model", "175b", "--gpus", "1024", "--gpu", "h1000"], "unknown hardware 'h1000'"),
+    (["search", "--model", "175b", "--gpus", "1024", "--space", "huge"], "unknown search space 'huge'"),
+    (["search", "--model", "{dir}/nope.yaml", "--gpus", "8"], "nope.yaml' does not exist"),
+    (["search", "--model", "junk", "--gpus", "8"], "junk.yaml: not a YAML text file (byte 0x80 at offset 128 is not UTF-8)"),
+    # --- search: nothing valid or nothing fits, the pinned knob or the input named first
+    (["search", "--model", "175b", "--gpus", "1024", "--mbs", "8", "--gbs", "4"],
+     "with mbs pinned to 8: gbs 4 is not divisible by mbs*dp in any layout"),
+    (["search", "--model", "175b", "--gpus", "1024", "--precision", "mxfp8"],
+     "with precision pinned to mxfp8: mxfp8 needs Blackwell; h100-sxm lacks it"),
+    (["search", "--model", "175b", "--gpus", "10000000"],
+     "10000000 GPUs leave at least 78125 data-parallel replicas"),
+    (["search", "--model", "175b", "--gpus", "1024", "--tp", "16"],
+     "with tp pinned to 16: tp=16 crosses the 8-GPU NVLink domain"),
+    (["search", "--model", "175b", "--gpus", "1024", "--pp", "7"], "with pp pinned to 7: tp*pp*cp=7 does not divide"),
+    (["search", "--model", "llama2-7b", "--gpus", "8", "--ep", "2"], "with ep pinned to 2: ep>1 needs a MoE model"),
+    (["search", "--model", "175b", "--gpus", "1024", "--precision", "fp8-delayed", "--fp8-bf16-edge-layers", "1"],
+     "delayed scaling cannot keep first/last layers in BF16"),
+    (["search", "--model", "175b", "--gpus", "7"], "the smallest mbs*dp is 7"),
+    (["search", "--model", "llama3.1-405b", "--gpus", "8"], "no layout of llama3.1-405b fits on 8 x h100-sxm"),
+    (["search", "--model", "175b", "--gpus", "16", "--recompute", "none", "--mbs", "4"],
+     "with mbs pinned to 4 and recompute pinned to none: the smallest memory need"),
+    # --- search: model, hardware and space YAML
+    (["search", "--model", "{kv_channels_yaml}", "--gpus", "8"], "key 'kv_channels': expected an integer in 0..2147483647, got -128"),
+    (["search", "--model", "{query_groups_yaml}", "--gpus", "8"], "key 'num_query_groups': expected an integer in 0..2147483647, got -8"),
+    (["search", "--model", "{topk_yaml}", "--gpus", "8"], "moe_router_topk must be in 1..num_experts=8, got 20"),
+    (["search", "--model", "{gbs0_yaml}", "--gpus", "8"], "global_batch_size must be a positive integer (or left out), got 0"),
+    (["search", "--model", "{gbs_lots_yaml}", "--gpus", "8"], "key 'global_batch_size': expected int or null, got 'lots'"),
+    (["search", "--model", "{layers_huge_yaml}", "--gpus", "8"], "key 'num_layers': expected an integer in 0..2147483647, got 1000000000000000000000000000000"),
+    (["search", "--model", "{hidden_nan_yaml}", "--gpus", "8"], "key 'hidden_size': expected int, got nan"),
+    (["search", "--model", "{dropout_yaml}", "--gpus", "8"], "hidden_dropout must be in [0, 1), got 1.5"),
+    (["search", "--model", "{list_yaml}", "--gpus", "8"], "list.yaml: expected a mapping of keys to values, got list"),
+    (["search", "--model", "{syntax_yaml}", "--gpus", "8"], "syntax.yaml: not valid YAML: line 2"),
+    (["search", "--model", "{deep_yaml}", "--gpus", "8"], "deep.yaml: not valid YAML"),
+    (["search", "--model", "175b", "--gpus", "64", "--gpu", "{hw_gemm_negative_yaml}"], "key 'gemm_max': expected a finite number >= 0, got -0.5"),
+    (["search", "--model", "175b", "--gpus", "64", "--gpu", "{hw_gemm_nan_yaml}"], "key 'gemm_max': expected a finite number >= 0, got nan"),
+    (["search", "--model", "175b", "--gpus", "64", "--gpu", "{hw_gemm_big_yaml}"], "efficiency.gemm_max must be in (0, 1], got 1.5"),
+    (["search", "--model", "175b", "--gpus", "64", "--gpu", "{hw_memory_inf_yaml}"], "key 'memory_gib': expected a finite number >= 0, got inf"),
+    (["search", "--model", "175b", "--gpus", "64", "--gpu", "{hw_reserve_yaml}"], "reserve_gib=90.0 must be below memory_gib=80.0"),
+    (["search", "--model", "175b", "--gpus", "64", "--gpu", "{hw_self_yaml}"], "efficiency_from makes a cycle (hw_self -> hw_self)"),
+    (["search", "--model", "175b", "--gpus", "64", "--gpu", "{hw_a_yaml}"], "efficiency_from makes a cycle (hw_a -> hw_b -> hw_a)"),
+    (["search", "--model", "175b", "--gpus", "64", "--space", "{space_edge_yaml}"], "key 'fp8_bf16_edge_layers'[0]: expected an integer in 0..2147483647, got -1"),
+    (["search", "--model", "175b", "--gpus", "64", "--space", "{space_inf_yaml}"], "key 'memory_fraction': expected a finite number >= 0, got inf"),
+    (["search", "--model", "175b", "--gpus", "64", "--space", "{space_key_yaml}"], "unknown key 'tensor_parallel'"),
+    # --- search: where results go
+    (["search", "--model", "175b", "--gpus", "64", "--results", "{results_file}"], "results_file is a file, not a folder"),
+    (["search", "--model", "175b", "--gpus", "64", "--results", "{results_file}/runs"], "which is a file"),
+    # --- search: Optuna
+    (["search", "--model", "175b", "--gpus", "64", "--strategy", "optuna", "--seed", "-5"], "--seed: expected a seed in 0..2147483647, got -5"),
+    (["search", "--model", "175b", "--gpus", "64", "--strategy", "optuna", "--storage", "foo://bar"],
+     "cannot open --storage foo://bar: Can't load plugin: sqlalchemy.dialects:foo"),
+    (["search", "--model", "175b", "--gpus", "64", "--strategy", "optuna", "--storage", "sqlite:////no/such/dir/s.db"],
+     "cannot open --storage sqlite:////no/such/dir/s.db"),
+    (["search", "--model", "175b", "--gpus", "64", "--strategy", "optuna", "--objectives", "speed"], "bad --objectives 'speed'"),
+    (["search", "--model", "175b", "--gpus", "64", "--strategy", "optuna", "--trials", "0"], "--trials: expected an integer in 1..2147483647, got 0"),
+    (["search", "--resume", "{grid}"], "is a grid search: there is nothing to resume"),
+    (["search", "--resume", "{study_missing}"], "study_missing has no study.db or study.journal"),
+    (["search", "--resume", "{study_corrupt}"], "cannot open the study in"),
+    (["search", "--resume", "{dir}/no_such_run"], "no_such_run is not a run folder (no such folder)"),
+    (["search", "--resume", "{infer}"], "is a run folder of `inference`, not of a training search"),
+    # --- search: profiling
+    (["search", "--model", "cpu-small", "--gpus", "4", "--profile", "layer", "--results", "{dir}/profiles"],
+     "layer_profiles.json is not a layer-profile store"),
+    (["search", "--model", "175b", "--gpus", "1024", "--profile", "job"], "--profile job on 1024 GPUs: a job of 1024 ranks is larger than"),
+    (["search", "--model", "cpu-small", "--gpus", "4", "--profile", "job", "--executor", "ray", "--ray-address", "127.0.0.1:1"],
+     "--ray-address 127.0.0.1:1: nothing answers at 127.0.0.1:1"),
+    (["search", "--model", "cpu-small", "--gpus", "4", "--profile", "job", "--executor", "ray", "--ray-address", "nowhere"],
+     "--ray-address 'nowhere' is not host:port"),
+    (["search", "--model", "cpu-small", "--gpus", "4", "--profile", "job", "--memory-cap-gib", "nan"],
+     "--memory-cap-gib: expected a positive finite number, got nan"),
+    (["search", "--model", "175b", "--gpus", "64", "--fp8-check", "--fp8-check-settings", "{fp8_nan_yaml}"],
+     "key 'max_loss_gap_pct': expected a finite number >= 0, got nan"),
+    # --- estimate
+    (["estimate", "--model", "175b", "--gpus", "512", "--tp", "3", "--pp", "8"], "with tp pinned to 3 and pp pinned to 8: tp*pp*cp=24 does not divide 512"),
+    (["estimate", "--model", "175b", "--gpus", "512"], "estimate needs at least --tp and --pp"),
+    (["estimate", "--model", "175b", "--gpus", "512", "--tp", "4", "--pp", "8", "--recompute-num-layers", "0"],
+     "--recompute-num-layers: expected an integer in 1..2147483647, got 0"),
+    (["estimate", "--model", "175b", "--gpus", "512", "--tp", "4", "--pp", "8", "--precision", "mxfp8"], "mxfp8 needs Blackwell"),
+    # --- export
+    (["export", "{dir}/no_such_run"], "no_such_run is not a run folder (no such folder)"),
+    (["export", "{results_file}"], "results_file is not a run folder (a file)"),
+    (["export", "{grid}", "-o", "{a_folder}"], "--output {a_folder} is a folder; give a file name"),
+    (["export", "{grid}", "-o", "{dir}/no/such/dir/out.yaml"], "the folder {dir}/no/such/dir does not exist"),
+    (["export", "{manifest_empty}"], "manifest.yaml: expected a mapping of keys to values, got NoneType"),
+    (["export", "{manifest_junk}"], "manifest.yaml: not a YAML text file"),
+    (["export", "{manifest_no_inputs}"], "not a search's manifest (no inputs model, hardware, gpus, gbs, space)"),
+    (["export", "{candidates_empty}"], "candidates.csv is empty"),
+    (["export", "{candidates_header}"], "this run has no feasible plan"),
+    (["export", "{candidates_junk}"], "candidates.csv is not a candidates table"),
+    (["export", "{candidates_missing}"], "has no candidates.csv yet"),
+    (["export", "{grid}", "--rank", "0"], "--rank: expected an integer in 1..2147483647, got 0"),
+    (["export", "{grid}", "--rank", "99999"], "--rank 99999 is out of range"),
+    (["export", "{grid}", "--format", "json"], "invalid choice: 'json'"),
+    (["export", "{infer}"], "is a run folder of `inference`"),
+    # --- report
+    (["report", "{candidates_empty}"], "candidates.csv is empty"),
+    (["report", "{manifest_junk}"], "not a YAML text file"),
+    (["report", "{study_missing}"], "has no study.db or study.journal"),
+    (["report", "{study_corrupt}"], "cannot open the study in"),
+    # --- validate and calibrate
+    (["validate", "--runs", "{runs_empty_csv}"], "runs_empty.csv is empty"),
+    (["validate", "--runs", "{runs_header_csv}"], "runs_header.csv has a header but no rows"),
+    (["validate", "--runs", "{runs_junk_csv}"], "cannot read runs CSV {runs_junk_csv}"),
+    (["validate", "--runs", "{runs_columns_csv}"], "lacks column(s) id, model"),
+    (["validate", "--runs", "{runs_values_csv}"], "row nemo-x: invalid literal for int() with base 10: 'many'"),
+    (["validate", "--runs", "{dir}/missing.csv"], "missing.csv does not exist"),
+    (["validate", "--inference", "--runs", "{runs_empty_csv}"], "runs_empty.csv is empty"),
+    (["validate", "--inference", "--runs", "{runs_header_csv}"], "has a header but no rows"),
+    (["validate", "--inference", "--runs", "{inference_values_csv}"], "could not convert string to float: 'two'"),
+    (["calibrate"], "calibrate needs --gpu"),
+    (["calibrate", "--gpu", "h1000"], "unknown hardware 'h1000'"),
+    (["calibrate", "--gpu", "h100-sxm", "--runs", "{runs_empty_csv}"], "runs_empty.csv is empty"),
+    (["calibrate", "--gpu", "h100-sxm", "-o", "{a_folder}"], "--output {a_folder} is a folder"),
+    (["calibrate", "--from", "{grid}"], "has no measurements"),
+    (["calibrate", "--from", "{dir}/no_such_run"], "no_such_run is not a run folder"),
+    # --- fp8-check (refused before the proxy trains)
+    (["fp8-check", "--model", "llama3-8b", "--recipes", "mxfp8"], "--recipes: mxfp8 cannot be checked"),
+    (["fp8-check", "--model", "llama3-8b", "--settings", "{fp8_nan_yaml}"], "key 'max_loss_gap_pct': expected a finite number >= 0, got nan"),
+    (["fp8-check", "--model", "llama3-8b", "--settings", "{fp8_negative_yaml}"], "key 'steps': expected an integer in 0..2147483647, got -3"),
+    (["fp8-check", "--model", "llama3-8b", "--steps", "0"], "--steps: expected an integer in 1..2147483647, got 0"),
+    (["fp8-check", "--model", "llama3-8b", "--seed", "-1"], "--seed: expected a seed in 0..2147483647, got -1"),
+    (["fp8-check", "--model", "llama3-8b", "--results", "{results_file}"], "is a file, not a folder"),
+    (["fp8-check", "--model", "lama3-8b"], "unknown model 'lama3-8b'"),
+    # --- infer
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--max-latency-ms", "nan"], "--max-latency-ms: expected a positive finite number, got nan"),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--max-latency-ms", "-5"], "--max-latency-ms: expected a positive finite number, got -5"),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--latency-metric", "fast"], "--latency-metric 'fast' is not one of"),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--weight-precision", "fp4"], "--weight-precision 'fp4' is not one of"),
+    (["infer", "--model", "llama3-8b", "--gpus", "99999999999"], "--gpus: expected an integer in 1..2147483647, got 99999999999"),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--results", "{results_file}"], "is a file, not a folder"),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--space", "{infer_space_negative_yaml}"], "key 'max_batch'[0]: expected an integer in 0..2147483647, got -4"),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--max-ttft-ms", "inf"], "--max-ttft-ms: expected a positive finite number, got inf"),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--request-rate", "0"], "--request-rate: expected a positive finite number, got 0"),
+    # --- runs import
+    (["runs"], "the following arguments are required: ACTION"),
+    (["runs", "import", "{runs_junk_csv}", "--gpu", "h1000"], "unknown hardware 'h1000'"),
+    (["runs", "import", "{runs_junk_csv}", "--gpu", "h100-sxm", "--warmup", "-1"], "--warmup: expected an integer in 0..2147483647, got -1"),
+    # --- profile (refused before any rank is spawned)
+    (["profile", "--model", "cpu-small", "--plan", "{plan_two_yaml}"], "key 'tp': expected int, got 'two'"),
+    (["profile", "--model", "cpu-small", "--plan", "{plan_half_yaml}"], "key 'tp': expected int, got 1.5"),
+    (["profile", "--model", "cpu-small", "--plan", "{plan_negative_yaml}"], "key 'tp': expected an integer in 0..2147483647, got -1"),
+    (["profile", "--model", "cpu-small", "--plan", "{plan_zero_yaml}"], "tp must be a positive integer, got 0"),
+    (["profile", "--model", "cpu-small", "--plan", "{plan_tp3_yaml}"], "8 attention heads not divisible by tp=3"),
+    (["profile", "--model", "cpu-small", "--plan", "{plan_pp8_yaml}"], "4 layers not divisible by pp*vp=8"),
+    (["profile", "--model", "cpu-small", "--plan", "{plan_precision_yaml}"], "key 'precision': expected one of"),
+    (["profile", "--model", "cpu-small", "--plan", "{plan_mxfp8_yaml}"], "precision 'mxfp8' is not supported by the built-in transformer"),
+    (["profile", "--model", "cpu-small", "--plan", "{plan_big_yaml}"], "a job of 4096 ranks is larger than"),
+    (["profile", "--model", "cpu-small", "--plan", "{plan_key_yaml}"], "unknown key 'tensor_parallel'"),
+    (["profile", "--model", "cpu-small", "--plan", "{plan_nogbs_yaml}"], "missing required key 'gbs'"),
+    (["profile", "--model", "cpu-small", "--plan", "{plan_other_model_yaml}"], "is a plan for gpt3-175b"),
+    (["profile", "--plan", "{plan_tp3_yaml}"], "profile --plan needs --model"),
+    (["profile", "--model", "cpu-small", "--plan", "{dir}/no_plan.yaml"], "cannot read {dir}/no_plan.yaml: No such file or directory"),
+    (["profile", "--model", "cpu-small", "--rank", "1", "{big}"], "--model cpu-small is not the model of"),
+    (["profile", "--rank", "1", "{big}"], "a job of 1024 ranks is larger than"),
+    (["profile", "--rank", "one", "{grid}"], "--rank expects N RUN_DIR, got 'one' for N"),
+    (["profile", "--model", "cpu-small", "--plan", "{plan_tp3_yaml}", "--memory-cap-gib", "nan"],
+     "--memory-cap-gib: expected a positive finite number, got nan"),
+    (["profile", "--model", "cpu-small", "--plan", "{plan_tp3_yaml}", "--timeout", "0"], "--timeout: expected a positive number of seconds, got 0"),
+    (["profile", "--model", "cpu-small", "--rank", "1", "{grid}", "--executor", "ray", "--ray-address", "127.0.0.1:1"],
+     "nothing answers at 127.0.0.1:1"),
+    (["@no-torch", "profile", "--model", "cpu-small", "--rank", "1", "{grid}"], "profile runs the built-in transformer and needs torch"),
+]
+
+
+def _fill(text: str, files: dict) -> str:
+    return text.format(**{k: str(v) for k, v in files.items() if k != "snapshot"})
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUTS, ids=[" ".join(a)[:70] for a, _ in BAD_INPUTS])
+def test_bad_input_gets_one_line_and_exit_2(args, message, files, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # results/ would go here
+    monkeypatch.setenv(resources.HOME_ENV, str(files["home"]))  # holds a junk preset
+    if args and args[0] == "@no-torch":
+        monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+        args = args[1:]
+    try:
+        code = main([_fill(a, files) for a in args])
+    except SystemExit as exc:  # argparse
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    assert _fill(message, files) in err
+    assert list(tmp_path.iterdir()) == []  # no results/, no layer_profiles.json, nothing
+    assert _snapshot(files["dir"]) == files["snapshot"]  # no fixture file touched
+
+
+def test_the_table_covers_every_command():
+    commands = {a[1] if a[0].startswith("@") else a[0] for a, _ in BAD_INPUTS if a}
+    assert commands == {"search", "estimate", "export", "report", "validate", "calibrate", "fp8-check",
+                        "infer", "profile", "runs", "models", "hardware", "serch"}
+    assert len(BAD_INPUTS) >= 60
+
+
+def test_a_junk_preset_breaks_no_other_preset(files, monkeypatch, capsys):
+    monkeypatch.setenv(resources.HOME_ENV, str(files["home"]))
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "gpt3-175b" in out and "tiny" in out and "skipped junk.yaml" in out
+    assert main(["estimate", "--model", "tiny", "--gpus", "4", "--tp", "2", "--pp", "2", "--json"]) == 0
+
+
+def test_the_largest_counts_run_without_overflow(capsys):
+    """The largest accepted counts go through the vectorised model: finite numbers, no warnings."""
+    import json
+    import math
+    assert main(["search", "--model", "175b", "--gpus", str(2**31 - 1), "--gbs", str(2**31 - 1), "--no-save",
+                 "--json", "--top", "1"]) == 0
+    out = capsys.readouterr()
+    best = json.loads(out.out)[0]
+    assert out.err == "" and best["config"]["dp"] == 2**31 - 1
+    assert all(math.isfinite(best[k]) and best[k] > 0 for k in ("step_time_s", "tokens_per_s_per_gpu", "peak_memory_gib"))
