@@ -184,6 +184,19 @@ def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus:
     return _first_reason(df, rules)
 
 
+def _without_inapplicable(features: pd.DataFrame, space: SearchSpace) -> pd.DataFrame:
+    """Drop the combinations a knob cannot apply to (BF16 edge layers without an FP8 recipe, TP
+    overlap without SP) when the space also holds that knob off: they would only be rejected. A
+    user who pinned the knob on gets the rule's reason instead."""
+    fp8 = features.precision.isin(FP8_PRECISIONS)
+    inapplicable = np.zeros(len(features), dtype=bool)
+    if 0 in space.fp8_bf16_edge_layers:
+        inapplicable |= (features.fp8_bf16_edge_layers > 0) & ~fp8
+    if False in space.tp_comm_overlap:
+        inapplicable |= features.tp_comm_overlap & ~features.sp
+    return features[~inapplicable].reset_index(drop=True)
+
+
 def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.ndarray:
     """Rules on the feature knobs alone (no structure needed)."""
     precision = df["precision"].to_numpy()
@@ -275,7 +288,7 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     structures["reason"] = _structure_rules(structures, model, hw, gpus, gbs, space)
     structures = structures.drop(columns="layout_reason")
 
-    features = _product(FEATURE_KNOBS, space)
+    features = _without_inapplicable(_product(FEATURE_KNOBS, space), space)
     features["overlap_grad_reduce"] = features.pop("overlap_dp_comm")
     features["overlap_param_gather"] = features["overlap_grad_reduce"]
     features["reason"] = _feature_rules(features, model, hw)

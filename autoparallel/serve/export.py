@@ -158,11 +158,10 @@ def commands(row, model_name: str, max_model_len: int) -> dict[str, Command | li
             "sglang": sglang(row, model_name, max_model_len, share["sglang"])}
 
 
-def best_document(result, row) -> dict:
-    """The winner as one YAML document: layout, predicted metrics, the engines' commands."""
-    from autoparallel.serve.search import record
+def best_document(result, row, rec: dict) -> dict:
+    """The winner as one YAML document: layout, predicted metrics (``rec``, the search's record of
+    ``row``), the engines' commands."""
     r = result.request
-    rec = record(row)
     max_model_len = r.max_model_len or r.input_len + r.output_len
     text = lambda c: [x.text() for x in c] if isinstance(c, list) else c.text()  # noqa: E731
     return {
