@@ -33,11 +33,13 @@ from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import FP8_PRECISIONS, PRECISION_CHOICES, RECOMPUTE_CHOICES, Plan
 
-STRUCTURE_KNOBS = ("tp", "pp", "vp", "cp", "ep", "mbs")
+STRUCTURE_KNOBS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
 SPLIT_COLUMNS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
-                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+                 "pipeline_model_parallel_layout")
 FEATURE_KNOBS = ("sp", "recompute", "distributed_optimizer", "overlap_dp_comm", "tp_comm_overlap",
-                 "grad_reduce_in_fp32", "precision", "fp8_bf16_edge_layers", "flash_attention", "fsdp")
+                 "grad_reduce_in_fp32", "precision", "fp8_bf16_edge_layers", "flash_attention", "fsdp",
+                 "overlap_moe_expert_parallel_comm")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class SearchSpace:
     vp: tuple[int, ...] | Literal["auto"] = "auto"  # auto: every vp the layers can be split into
     cp: tuple[int, ...] = (1,)
     ep: tuple[int, ...] = (1,)
+    etp: tuple[int, ...] = (1,)
     mbs: tuple[int, ...] = (1, 2, 4)
     sp: tuple[bool, ...] = (True, False)
     recompute: tuple[str, ...] = ("none", "selective", "full")
@@ -59,6 +62,7 @@ class SearchSpace:
     fp8_bf16_edge_layers: tuple[int, ...] = (0,)
     flash_attention: tuple[bool, ...] = (True,)
     fsdp: tuple[bool, ...] = (False,)
+    overlap_moe_expert_parallel_comm: tuple[bool, ...] = (False,)
     # Shares of the layers whose activations are offloaded to host memory (Megatron-LM's
     # --cpu-offloading-num-layers; only without pipeline parallelism and recompute).
     cpu_offload_fractions: tuple[float, ...] = (0.0,)
@@ -132,28 +136,30 @@ def _pipeline_layouts(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
     for pp in space.pp:
         listed = space.vp != "auto"
         for vp in (space.vp if listed else range(1, model.num_layers // pp + 1)):
-            options = pipeline.splits(model.num_layers, pp, vp, space.uneven_pipeline_split)
+            options = pipeline.splits(model.num_layers, pp, vp, space.uneven_pipeline_split, layouts=model.is_moe)
             if options:
                 rows += [(pp, vp, *split, "") for split in options]
             elif listed and pp * vp > 1:
                 why = ("interleaving (vp>1) needs pp>=2" if pp == 1 else
                        f"{model.num_layers} layers not divisible by pp*vp={pp * vp}"
                        + ("" if not space.uneven_pipeline_split else " and no uneven split of Megatron-LM fits"))
-                rows.append((pp, vp, 0, 0, False, False, why))
+                rows.append((pp, vp, 0, 0, False, False, "", why))
     return pd.DataFrame(rows, columns=["pp", "vp", *SPLIT_COLUMNS, "layout_reason"])
 
 
 def _structures(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
-    """tp x cp x ep x mbs crossed with the pipeline layouts. ep > 1 only for MoE models, unless
-    the user asked for it (then it is rejected with its reason)."""
+    """tp x cp x ep x etp x mbs crossed with the pipeline layouts. ep and etp > 1 only for MoE
+    models, unless the user asked for them (then they are rejected with the reason)."""
     ep = (1,) if not model.is_moe and 1 in space.ep else space.ep
-    others = _product(("tp", "cp", "mbs"), space).merge(pd.DataFrame({"ep": ep}), how="cross")
+    etp = (1,) if not model.is_moe and 1 in space.etp else space.etp
+    others = (_product(("tp", "cp", "mbs"), space).merge(pd.DataFrame({"ep": ep}), how="cross")
+              .merge(pd.DataFrame({"etp": etp}), how="cross"))
     return others.merge(_pipeline_layouts(model, space), how="cross")
 
 
 def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int,
                      space: SearchSpace) -> np.ndarray:
-    tp, pp, vp, cp, ep, mbs = (df[k].to_numpy() for k in STRUCTURE_KNOBS)
+    tp, pp, vp, cp, ep, etp, mbs = (df[k].to_numpy() for k in STRUCTURE_KNOBS)
     model_parallel = tp * pp * cp
     dp = np.where(gpus % model_parallel == 0, gpus // model_parallel, 0)
     df["dp"] = dp
@@ -172,9 +178,18 @@ def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus:
         (df["layout_reason"].to_numpy() != "", lambda d: list(d.layout_reason)),
         ((cp > 1) & (model.seq_length % (2 * cp) != 0),
          lambda d: [f"seq_length {model.seq_length} not divisible by 2*cp={2 * a}" for a in d.cp]),
-        ((ep > 1) & (experts <= 1), "ep>1 needs a MoE model"),
-        ((ep > 1) & ((experts % ep != 0) | ((safe_dp * cp) % ep != 0)),
-         lambda d: [f"ep={a} must divide num_experts and dp*cp" for a in d.ep]),
+        (((ep > 1) | (etp > 1)) & (experts <= 1), "ep>1 or etp>1 needs a MoE model"),
+        ((ep > 1) & (experts % ep != 0),
+         lambda d: [f"ep={a} does not divide num_experts={experts}" for a in d.ep]),
+        # Megatron-LM's MoE parallel folding: the expert layers regroup a stage's tp*cp*dp GPUs
+        # as etp x ep x expert-data-parallel (parallel_state.initialize_model_parallel).
+        ((safe_dp * cp * tp) % (ep * etp) != 0,
+         lambda d: [f"ep*etp={a * b} does not divide the {c * e * f} GPUs of a pipeline stage (tp*cp*dp)"
+                    for a, b, c, e, f in zip(d.ep, d.etp, d.tp, d.cp, d.dp)]),
+        (model.expert_ffn_hidden_size % etp != 0,
+         lambda d: [f"moe_ffn_hidden_size={model.expert_ffn_hidden_size} not divisible by etp={a}" for a in d.etp]),
+        (space.tp_within_nvlink_domain & (etp > hw.nvlink_domain),
+         lambda d: [f"etp={a} crosses the {hw.nvlink_domain}-GPU NVLink domain" for a in d.etp]),
         (m == 0, lambda d: [f"gbs {gbs} not divisible by mbs*dp={a * b}" for a, b in zip(d.mbs, d.dp)]),
         ((vp > 1) & (m % pp != 0),
          lambda d: [f"interleaving needs micro-batches ({gbs // (a * b)}) divisible by pp={c}"
@@ -198,21 +213,45 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
         (df.overlap_param_gather.to_numpy() & ~df.distributed_optimizer.to_numpy(),
          "param-gather overlap needs the distributed optimizer"),
         (df.fsdp.to_numpy() & ~df.distributed_optimizer.to_numpy(), "FSDP needs the distributed optimizer"),
+        (model.is_moe & (precision == "fp16"), "expert parallel models train in BF16, not FP16 (Megatron-LM)"),
+    ]
+    return _first_reason(df, rules)
+
+
+def _moe_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
+    """Megatron-LM's refusals of a MoE layout that need its structure and features together."""
+    if not model.is_moe:
+        return np.full(len(df), "", dtype=object)
+    tp, pp, vp = df.tp.to_numpy(), df.pp.to_numpy(), df.vp.to_numpy()
+    a2a_overlap = df.overlap_moe_expert_parallel_comm.to_numpy()
+    rules = [
+        # MoELayer.forward: "performance may degrade if MoE and tensor parallelism are enabled
+        # without also enabling sequence parallelism" (a ValueError in training).
+        ((tp > 1) & ~df.sp.to_numpy(), "MoE with tensor parallel needs sequence parallel (Megatron-LM MoELayer)"),
+        # TransformerConfig: the 1F1B all-to-all overlap needs a virtual pipeline when pp > 1.
+        (a2a_overlap & (pp > 1) & (vp == 1),
+         "overlap_moe_expert_parallel_comm needs an interleaved pipeline (vp > 1) when pp > 1"),
     ]
     return _first_reason(df, rules)
 
 
 def _cross(structures: pd.DataFrame, features: pd.DataFrame) -> pd.DataFrame:
     """Valid structures x valid features. Sequence parallel (and the TP overlap that needs it)
-    means nothing at tp=1 (Megatron turns it off) and FSDP nothing without a data-parallel
-    group: such structures get each feature combination with those knobs off, once."""
-    no_sp, no_fsdp = structures.tp == 1, structures.dp * structures.cp == 1
+    means nothing at tp=1 (Megatron turns it off), FSDP nothing without a data-parallel group and
+    the expert all-to-all overlap nothing without expert parallel: such structures get each
+    feature combination with those knobs off, once."""
+    useless = {"sp": (structures.tp == 1, {"sp": False, "tp_comm_overlap": False}),
+               "fsdp": (structures.dp * structures.cp == 1, {"fsdp": False}),
+               "a2a": (structures.ep == 1, {"overlap_moe_expert_parallel_comm": False})}
     parts = []
-    for sp_useless, fsdp_useless in itertools.product((False, True), repeat=2):
-        rows = structures[(no_sp == sp_useless) & (no_fsdp == fsdp_useless)]
-        off = ({"sp": False, "tp_comm_overlap": False} if sp_useless else {}) | ({"fsdp": False} if fsdp_useless else {})
+    for flags in itertools.product((False, True), repeat=len(useless)):
+        rows = structures
+        off: dict = {}
+        for flag, (mask, knobs) in zip(flags, useless.values()):
+            rows = rows[mask.loc[rows.index] == flag]
+            off |= knobs if flag else {}
         chosen = features.assign(**off)
-        if sp_useless or fsdp_useless:
+        if off:
             chosen = chosen.drop_duplicates()
         parts.append(rows.merge(chosen, how="cross"))
     out = pd.concat(parts, ignore_index=True)
@@ -246,6 +285,7 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     crossed = _cross(valid_structures, valid_features)
     crossed = _expand_recompute_layers(crossed, model, space, recompute_num_layers)
     crossed = _expand_offloading(crossed, model, space, cpu_offloading_num_layers)
+    crossed["reason"] = np.where(crossed.reason == "", _moe_rules(crossed, model), crossed.reason)
     out = pd.concat([crossed, structures[structures.reason != ""], features[features.reason != ""]],
                     ignore_index=True)
     out["gbs"] = gbs
@@ -258,7 +298,7 @@ def _expand_recompute_layers(df: pd.DataFrame, model: ModelSpec, space: SearchSp
     all of it), each count once per row."""
     full = (df.recompute == "full").to_numpy()
     rows = df[full]
-    stages = pipeline.stage_layers(model.num_layers, rows.pp, rows.vp, *(rows[c] for c in SPLIT_COLUMNS))
+    stages = pipeline.stage_layers(model.num_layers, rows.pp, rows.vp, *(rows[c].to_numpy() for c in SPLIT_COLUMNS))
     chunk = np.ceil(np.maximum.reduce(stages) / rows.vp.to_numpy()).astype(int)
     parts = [df[~full].assign(recompute_num_layers=0)]
     if pinned is not None:
@@ -306,5 +346,7 @@ def row_to_plan(row: Any) -> Plan:
         elif hints[f.name] is bool:
             value = value if isinstance(value, (bool, np.bool_)) else str(value).lower() == "true"
             value = bool(value)
+        elif hints[f.name] is str and not isinstance(value, str):  # an empty CSV cell reads as NaN
+            value = "" if value is None or pd.isna(value) else str(value)
         values[f.name] = value
     return Plan(**values)

@@ -14,6 +14,9 @@ def add_parser(sub) -> None:
     c = sub.add_parser("calibrate", help="fit the hardware efficiency constants to published runs")
     c.add_argument("--gpu", help="hardware preset to fit (its rows in the runs CSV)")
     c.add_argument("--runs", help="CSV of measured runs (default: the published runs shipped in autoparallel/data/)")
+    c.add_argument("--moe", action="store_true",
+                   help="fit the mixture-of-experts constants instead (on the MoE rows of every GPU and the "
+                        "forced-balance vs dropless pairs) and write them into --gpu's preset")
     c.add_argument("--dry-run", action="store_true", help="print the fit, do not write the YAML")
     c.add_argument("--output", "-o", help="hardware YAML to write (default: <your preset folder>/hardware/"
                                           "<gpu>.yaml, which then takes the shipped preset's place)")
@@ -30,5 +33,5 @@ def run(args: argparse.Namespace) -> None:
         return
     if not args.gpu:
         raise UserError("calibrate needs --gpu (published runs) or --from RUN_DIR (profiled runs)")
-    calibrate.main(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run, console=console,
-                   output=output)
+    fit = calibrate.main_moe if args.moe else calibrate.main
+    fit(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run, console=console, output=output)
