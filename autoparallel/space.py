@@ -54,6 +54,9 @@ class SearchSpace:
     sp: tuple[bool, ...] = (True, False)
     recompute: tuple[str, ...] = ("none", "selective", "full")
     full_recompute_fractions: tuple[float, ...] = (1.0,)
+    # Module sets selective recompute may cover (Megatron's --recompute-modules); a model is
+    # offered the sets that apply to it (MLA's and MoE's only to such models).
+    recompute_modules: tuple[str, ...] = ("core_attn",)
     distributed_optimizer: tuple[bool, ...] = (True,)
     overlap_dp_comm: tuple[bool, ...] = (True,)
     tp_comm_overlap: tuple[bool, ...] = (False,)
@@ -218,6 +221,37 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
     return _first_reason(df, rules)
 
 
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "moe")
+
+
+def modules_apply(modules: str, model: ModelSpec) -> str:
+    """'' if every module of a --recompute-modules set applies to ``model``, else why not."""
+    names = modules.split()
+    unknown = [n for n in names if n not in RECOMPUTE_MODULES]
+    if unknown or not names:
+        return f"recompute_modules {modules!r}: choose from {', '.join(RECOMPUTE_MODULES)}"
+    if "mla_up_proj" in names and not model.multi_latent_attention:
+        return "mla_up_proj in recompute_modules is only supported with multi_latent_attention"
+    if {"moe", "moe_act"} & set(names) and not model.is_moe:
+        return f"recompute_modules {modules!r} needs a MoE model"
+    return ""
+
+
+def _expand_recompute_modules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
+    """Give selective-recompute rows one row per module set of the space that applies to the
+    model (a set pinned for a model it does not apply to stays, with the reason)."""
+    sets = [m for m in space.recompute_modules if not modules_apply(m, model)]
+    if not sets:
+        sets = list(space.recompute_modules)
+    selective = (df.recompute == "selective").to_numpy()
+    parts = [df[~selective].assign(recompute_modules="core_attn")]
+    parts += [df[selective].assign(recompute_modules=m) for m in sets]
+    out = pd.concat(parts, ignore_index=True)
+    reasons = {m: modules_apply(m, model) for m in sets}
+    out["reason"] = np.where(out.reason == "", out.recompute_modules.map(reasons).fillna(""), out.reason)
+    return out
+
+
 def _moe_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
     """Megatron-LM's refusals of a MoE layout that need its structure and features together."""
     if not model.is_moe:
@@ -228,9 +262,12 @@ def _moe_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
         # MoELayer.forward: "performance may degrade if MoE and tensor parallelism are enabled
         # without also enabling sequence parallelism" (a ValueError in training).
         ((tp > 1) & ~df.sp.to_numpy(), "MoE with tensor parallel needs sequence parallel (Megatron-LM MoELayer)"),
-        # TransformerConfig: the 1F1B all-to-all overlap needs a virtual pipeline when pp > 1.
+        # TransformerConfig: the 1F1B all-to-all overlap needs a virtual pipeline when pp > 1 and
+        # refuses full recompute.
         (a2a_overlap & (pp > 1) & (vp == 1),
          "overlap_moe_expert_parallel_comm needs an interleaved pipeline (vp > 1) when pp > 1"),
+        (a2a_overlap & (df.recompute.to_numpy() == "full"),
+         "disable full recomputation when enabling overlap_moe_expert_parallel_comm (Megatron-LM)"),
     ]
     return _first_reason(df, rules)
 
@@ -284,6 +321,7 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     valid_features = features[features.reason == ""].drop(columns="reason")
     crossed = _cross(valid_structures, valid_features)
     crossed = _expand_recompute_layers(crossed, model, space, recompute_num_layers)
+    crossed = _expand_recompute_modules(crossed, model, space)
     crossed = _expand_offloading(crossed, model, space, cpu_offloading_num_layers)
     crossed["reason"] = np.where(crossed.reason == "", _moe_rules(crossed, model), crossed.reason)
     out = pd.concat([crossed, structures[structures.reason != ""], features[features.reason != ""]],

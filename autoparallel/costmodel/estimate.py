@@ -122,9 +122,10 @@ def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.n
     # MLA's down projections run whole on every TP rank, on its sequence-parallel share.
     mla_tokens = np.where(sp, tokens / t, tokens)
 
-    def linear_time(params):
-        """A layer's Linear GEMMs on ``params`` (split by TP, MLA's down projections not)."""
-        lin_flops = 2.0 * (tokens * (params - model.mla_down_params) / t + mla_tokens * model.mla_down_params)
+    def linear_time(params, whole=0.0):
+        """Linear GEMMs on ``params`` split by TP, of which ``whole`` (MLA's down projections) on
+        every TP rank."""
+        lin_flops = 2.0 * (tokens * (params - whole) / t + mla_tokens * whole)
         return lin_flops / (gemm_peak * gemm_efficiency(hw, lin_flops / GEMMS_PER_LAYER))
 
     # Flash attention: QK^T, the softmax's exponentials on the SFUs, then P·V, one after the
@@ -135,7 +136,13 @@ def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.n
     hbm = hw.hbm_tbps * 1e12 * eff.hbm
     score_bytes = 2 * memory.bytes_per_attention_score(model) * model.num_attention_heads * s_local * s * b / t
     t_softmax = np.where(flash, 0.0, score_bytes / hbm)
-    selective_extra = np.where(selective, t_attention + t_softmax, 0.0)
+    # Selective recompute of Megatron's --recompute-modules (core_attn alone for dense models).
+    modules = np.char.add(np.char.add(" ", np.asarray(cols["recompute_modules"], dtype=str)), " ")
+    module = lambda name: selective & (np.char.find(modules, f" {name} ") >= 0)  # noqa: E731
+    core_attn, mla_up_proj, moe_act, moe_recompute = (module(n) for n in ("core_attn", "mla_up_proj", "moe_act", "moe"))
+    selective_extra = np.where(core_attn, t_attention + t_softmax, 0.0)
+    if model.multi_latent_attention:
+        selective_extra = selective_extra + np.where(mla_up_proj, linear_time(model.mla_up_params), 0.0)
 
     # TP: an all-reduce (or all-gather + reduce-scatter pair under SP) each way per block that
     # TP splits. Overlap (userbuffers) hides them behind the GEMMs they run beside, never more.
@@ -155,12 +162,13 @@ def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.n
     # Megatron's MoE parallel folding: experts are replicated over dp*cp*tp / (ep*etp) GPUs.
     edp_group = dp_group * t / (e * et)
     edp_per_node = comm.ranks_per_domain(hw, edp_group, e * et)
-    keep_scores = ~flash & ~selective
+    keep_scores = ~flash & ~core_attn
     imbalance = moe.load_imbalance(hw, model, e) if model.is_moe else np.ones_like(t)
 
-    def layer(params, expert_params, t_linear, tp_blocks, is_moe):
+    def layer(params, expert_params, t_linear, tp_blocks, is_moe, moe_forward=0.0):
         """One dense or MoE layer: (time, forward, compute, cast, recompute, TP, FSDP, EP time,
-        saved activations, working activations)."""
+        saved activations, working activations). ``moe_forward``: the MoE block's computation
+        forward (what recomputing it costs)."""
         activations = lambda keep: memory.layer_activation_bytes(  # noqa: E731
             model, b, s_local, t, sp, keep, fp8_layer_fraction if keep is not False else 0.0,
             moe=is_moe, etp=et, imbalance=imbalance)
@@ -171,6 +179,7 @@ def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.n
         cast_elements = 2.0 * tokens * _gemm_input_elements(model, is_moe) / t  # inputs fwd, grads bwd
         cast = fp8_layer_fraction * cast_elements * _cast_bytes_per_element(precision) / hbm
         full_extra = recomputed_fraction * forward
+        module_extra = selective_extra + (np.where(moe_recompute, moe_forward, 0.0) if is_moe else 0.0)
         tp_total = tp_blocks * tp_block
         gemms_beside = t_linear * (3.0 + recomputed_fraction)
         tp = np.where(tp_overlap, np.maximum((1 - eff.tp_overlap) * tp_total, tp_total - gemms_beside), tp_total)
@@ -182,21 +191,24 @@ def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.n
         if is_moe:
             layer_fsdp = layer_fsdp + dataparallel.fsdp_exposed(
                 hw, expert_params, grad_bytes, edp_group, edp_per_node, forward, 2.0 * forward + full_extra)
-            # Dispatch and combine each way, again in a recomputed forward.
-            dispatches = (4.0 + 2.0 * recomputed_fraction) * moe.dispatch_time(hw, model, tokens / t, e, et, imbalance)
+            # Dispatch and combine each way, again in a recomputed forward (of the layer or block).
+            recomputed = recomputed_fraction + np.where(moe_recompute, 1.0, 0.0)
+            dispatches = (4.0 + 2.0 * recomputed) * moe.dispatch_time(hw, model, tokens / t, e, et, imbalance)
             ep_time = moe.exposed_dispatch(hw, dispatches, flag("overlap_moe_expert_parallel_comm"), compute)
         else:
             ep_time = np.zeros_like(t)
         layer_fsdp = np.where(fsdp, layer_fsdp, 0.0)
+        spared = memory.recomputed_bytes(model, b, s_local, t, sp, fp8_layer_fraction, is_moe, et, imbalance,
+                                         mla_up_proj, moe_act, moe_recompute)
         stored = (recomputed_fraction * memory.layer_input_bytes(model, b, s_local, t, sp)
-                  + (1 - recomputed_fraction) * activations(keep_scores))
-        time = compute + cast + selective_extra + full_extra + tp + layer_cp + layer_fsdp + ep_time
-        return dict(time=time, forward=forward, compute=compute, cast=cast, recompute=selective_extra + full_extra,
+                  + (1 - recomputed_fraction) * (activations(keep_scores) - spared))
+        time = compute + cast + module_extra + full_extra + tp + layer_cp + layer_fsdp + ep_time
+        return dict(time=time, forward=forward, compute=compute, cast=cast, recompute=module_extra + full_extra,
                     tp=tp, fsdp=layer_fsdp, ep=ep_time, stored=stored, working=activations(keep_scores),
                     params=params, expert_params=expert_params)
 
     dense_params = (model.dense_layer_params - model.mla_down_params) / t + model.mla_down_params
-    dense = layer(dense_params, 0.0, linear_time(model.dense_layer_params), 2.0, False)
+    dense = layer(dense_params, 0.0, linear_time(model.dense_layer_params, model.mla_down_params), 2.0, False)
     if model.is_moe:
         nonexpert = model.moe_layer_params - model.num_experts * model.expert_params
         # Routed experts: one grouped GEMM per local expert group, at the efficiency of one
@@ -206,8 +218,9 @@ def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.n
         grouped_eff = eff.grouped_gemm_max / (1.0 + eff.grouped_gemm_half_gflop / (group_flops / 1e9))
         t_experts = expert_flops / (gemm_peak * grouped_eff)
         shared_blocks = 1.0 + (model.shared_expert_ffn_hidden_size > 0)
+        block = linear_time(model.router_params + model.shared_expert_params) + t_experts
         moe_layer = layer(moe.nonexpert_moe_params_gpu(model, t), moe.expert_params_gpu(model, e, et),
-                          linear_time(nonexpert) + t_experts, shared_blocks, True)
+                          linear_time(nonexpert, model.mla_down_params) + t_experts, shared_blocks, True, block)
     else:
         moe_layer = {k: np.zeros_like(t) for k in dense}
 

@@ -107,6 +107,28 @@ def routed_expert_bytes(model: ModelSpec, tokens, etp, imbalance, fp8_fraction=0
     return tokens * model.moe_router_topk * imbalance * per_copy
 
 
+def recomputed_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, etp, imbalance,
+                     mla_up_proj, moe_act, moe_layer):
+    """What selective recompute of these Megatron modules spares a layer from keeping:
+    ``mla_up_proj`` Q, K and V of multi-latent attention; ``moe_act`` the routed experts' FC2
+    inputs (the activation's output); ``moe_layer`` everything the MoE block keeps but its input
+    (routed and shared experts)."""
+    tokens = b * s / t
+    gemm_in = _gemm_input_bytes(fp8_fraction)
+    out = 0.0
+    if model.multi_latent_attention:
+        heads = model.num_attention_heads
+        out = out + np.where(mla_up_proj, tokens * 2.0 * heads * (2 * model.qk_dim + model.v_dim), 0.0)
+    if moe:
+        routed = routed_expert_bytes(model, tokens, etp, imbalance, fp8_fraction)
+        act = tokens * model.moe_router_topk * imbalance * gemm_in * model.expert_ffn_hidden_size
+        shared_ffn = model.shared_expert_ffn_hidden_size
+        shared_input = np.where(sp, gemm_in * b * s * model.hidden_size / t, gemm_in * b * s * model.hidden_size)
+        shared = (shared_input + tokens * _per_ffn_unit(model, gemm_in) * shared_ffn) if shared_ffn else 0.0
+        out = out + np.where(moe_layer, routed + shared, np.where(moe_act, act, 0.0))
+    return out
+
+
 def layer_activation_bytes(model: ModelSpec, b, s, t, sp, keep_scores, fp8_fraction=0.0,
                            moe: bool = False, etp=1, imbalance=1.0):
     """Bytes one layer saves for backward for one micro-batch of ``b`` sequences of ``s`` tokens.

@@ -8,6 +8,7 @@ Plan shows up in one place when it must be exported.
 
 from __future__ import annotations
 
+from autoparallel.report import moe_export
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
 
@@ -39,17 +40,16 @@ def megatron_args(model: ModelSpec, plan: Plan) -> list[str]:
         a.append("--normalization RMSNorm")
     if not model.tie_embeddings:
         a.append("--untie-embeddings-and-output-weights")
-    if model.is_moe:
-        a += [f"--num-experts {model.num_experts}", f"--moe-router-topk {model.moe_router_topk}"]
     a += [
         f"--tensor-model-parallel-size {plan.tp}",
         f"--pipeline-model-parallel-size {plan.pp}",
         f"--context-parallel-size {plan.cp}",
     ]
-    if plan.vp > 1:
+    if plan.pipeline_model_parallel_layout:  # sets vp too; Megatron refuses it with the vp flags
+        a.append(f"--pipeline-model-parallel-layout '{plan.pipeline_model_parallel_layout}'")
+    elif plan.vp > 1:
         a.append(f"--num-layers-per-virtual-pipeline-stage {model.num_layers // (plan.pp * plan.vp)}")
-    if plan.ep > 1:
-        a.append(f"--expert-model-parallel-size {plan.ep}")
+    a += moe_export.megatron_flags(model, plan)
     if plan.sp:
         a.append("--sequence-parallel")
     a += [f"--micro-batch-size {plan.mbs}", f"--global-batch-size {plan.gbs}"]
@@ -90,6 +90,7 @@ def nemo_config(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
         "tensor_model_parallel_size": plan.tp,
         "pipeline_model_parallel_size": plan.pp,
         "virtual_pipeline_model_parallel_size": plan.vp if plan.vp > 1 else None,
+        "pipeline_model_parallel_layout": plan.pipeline_model_parallel_layout or None,
         "context_parallel_size": plan.cp,
         "expert_model_parallel_size": plan.ep,
         "sequence_parallel": plan.sp,
@@ -109,6 +110,7 @@ def nemo_config(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
         "ub_tp_comm_overlap": plan.tp_comm_overlap,
         "use_flash_attention": plan.flash_attention,
         "fp8": plan.is_fp8,
+        **moe_export.config_keys(model, plan),
         "optim": {
             "name": "distributed_fused_adam" if plan.distributed_optimizer else "fused_adam",
             "overlap_grad_sync": plan.overlap_grad_reduce,

@@ -62,6 +62,10 @@ class Plan:
     # Layers of each pipeline chunk that full recompute covers (Megatron's block method);
     # 0 means all of them.
     recompute_num_layers: int = 0
+    # What selective recompute recomputes (Megatron-LM's --recompute-modules, space-separated):
+    # core_attn (the attention core, Megatron's default), mla_up_proj (MLA's up projections, so
+    # Q, K and V are not kept), moe_act (the experts' activation), moe (the whole MoE layer).
+    recompute_modules: str = "core_attn"
     distributed_optimizer: bool = True
     # Megatron-LM reduces BF16 gradients in FP32 (main grads, 4 B/param); --grad-reduce-in-bf16
     # (NeMo's default with its distributed Adam) halves both the buffer and the DP traffic.
