@@ -73,6 +73,9 @@ class SearchSpace:
     tp_within_nvlink_domain: bool = True
     # Where num_layers is not divisible by pp*vp, also try Megatron's uneven splits.
     uneven_pipeline_split: bool = True
+    # MoE models where no other split fits: Megatron's flexible --pipeline-model-parallel-layout,
+    # up to this vp (NVIDIA's DeepSeek-V3 layouts use vp <= 4; every vp would multiply the search).
+    pipeline_layout_max_vp: int = 4
 
     def __post_init__(self) -> None:
         for name in STRUCTURE_KNOBS:
@@ -106,7 +109,7 @@ class SearchSpace:
         return dataclasses.replace(self, **updates)
 
 
-SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "uneven_pipeline_split")
+SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "uneven_pipeline_split", "pipeline_layout_max_vp")
 
 
 def load_space(name_or_path: str = "training") -> SearchSpace:
@@ -139,7 +142,8 @@ def _pipeline_layouts(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
     for pp in space.pp:
         listed = space.vp != "auto"
         for vp in (space.vp if listed else range(1, model.num_layers // pp + 1)):
-            options = pipeline.splits(model.num_layers, pp, vp, space.uneven_pipeline_split, layouts=model.is_moe)
+            options = pipeline.splits(model.num_layers, pp, vp, space.uneven_pipeline_split,
+                                      layouts=model.is_moe and vp <= space.pipeline_layout_max_vp)
             if options:
                 rows += [(pp, vp, *split, "") for split in options]
             elif listed and pp * vp > 1:
@@ -241,6 +245,10 @@ def _expand_recompute_modules(df: pd.DataFrame, model: ModelSpec, space: SearchS
     """Give selective-recompute rows one row per module set of the space that applies to the
     model (a set pinned for a model it does not apply to stays, with the reason)."""
     sets = [m for m in space.recompute_modules if not modules_apply(m, model)]
+    if model.is_moe and len(sets) > 1:
+        # core_attn alone saves nothing under flash attention and costs the attention again; a
+        # MoE model's moe_act saves the experts' FC2 inputs for an activation's worth of time.
+        sets = [m for m in sets if m != "core_attn"] or sets
     if not sets:
         sets = list(space.recompute_modules)
     selective = (df.recompute == "selective").to_numpy()
@@ -256,30 +264,25 @@ def _moe_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
     """Megatron-LM's refusals of a MoE layout that need its structure and features together."""
     if not model.is_moe:
         return np.full(len(df), "", dtype=object)
-    tp, pp, vp = df.tp.to_numpy(), df.pp.to_numpy(), df.vp.to_numpy()
-    a2a_overlap = df.overlap_moe_expert_parallel_comm.to_numpy()
+    tp = df.tp.to_numpy()
     rules = [
         # MoELayer.forward: "performance may degrade if MoE and tensor parallelism are enabled
         # without also enabling sequence parallelism" (a ValueError in training).
         ((tp > 1) & ~df.sp.to_numpy(), "MoE with tensor parallel needs sequence parallel (Megatron-LM MoELayer)"),
-        # TransformerConfig: the 1F1B all-to-all overlap needs a virtual pipeline when pp > 1 and
-        # refuses full recompute.
-        (a2a_overlap & (pp > 1) & (vp == 1),
-         "overlap_moe_expert_parallel_comm needs an interleaved pipeline (vp > 1) when pp > 1"),
-        (a2a_overlap & (df.recompute.to_numpy() == "full"),
-         "disable full recomputation when enabling overlap_moe_expert_parallel_comm (Megatron-LM)"),
     ]
     return _first_reason(df, rules)
 
 
 def _cross(structures: pd.DataFrame, features: pd.DataFrame) -> pd.DataFrame:
     """Valid structures x valid features. Sequence parallel (and the TP overlap that needs it)
-    means nothing at tp=1 (Megatron turns it off), FSDP nothing without a data-parallel group and
-    the expert all-to-all overlap nothing without expert parallel: such structures get each
-    feature combination with those knobs off, once."""
+    means nothing at tp=1 (Megatron turns it off), FSDP nothing without a data-parallel group, the
+    expert all-to-all overlap nothing without expert parallel and is refused for a pipeline
+    without virtual stages: such structures get each feature combination with those knobs off,
+    once."""
+    no_a2a_overlap = (structures.ep == 1) | ((structures.pp > 1) & (structures.vp == 1))
     useless = {"sp": (structures.tp == 1, {"sp": False, "tp_comm_overlap": False}),
                "fsdp": (structures.dp * structures.cp == 1, {"fsdp": False}),
-               "a2a": (structures.ep == 1, {"overlap_moe_expert_parallel_comm": False})}
+               "a2a": (no_a2a_overlap, {"overlap_moe_expert_parallel_comm": False})}
     parts = []
     for flags in itertools.product((False, True), repeat=len(useless)):
         rows = structures
@@ -313,6 +316,9 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     structures = structures.drop(columns="layout_reason")
 
     features = _product(FEATURE_KNOBS, space)
+    # Megatron refuses the 1F1B all-to-all overlap with full recompute: off there.
+    features.loc[features.recompute == "full", "overlap_moe_expert_parallel_comm"] = False
+    features = features.drop_duplicates(ignore_index=True)
     features["overlap_grad_reduce"] = features.pop("overlap_dp_comm")
     features["overlap_param_gather"] = features["overlap_grad_reduce"]
     features["reason"] = _feature_rules(features, model, hw)

@@ -137,8 +137,8 @@ def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.n
     score_bytes = 2 * memory.bytes_per_attention_score(model) * model.num_attention_heads * s_local * s * b / t
     t_softmax = np.where(flash, 0.0, score_bytes / hbm)
     # Selective recompute of Megatron's --recompute-modules (core_attn alone for dense models).
-    modules = np.char.add(np.char.add(" ", np.asarray(cols["recompute_modules"], dtype=str)), " ")
-    module = lambda name: selective & (np.char.find(modules, f" {name} ") >= 0)  # noqa: E731
+    module_codes, module_sets = pipeline.factorize(cols["recompute_modules"])
+    module = lambda name: selective & np.array([name in m.split() for m in module_sets], dtype=bool)[module_codes]  # noqa: E731
     core_attn, mla_up_proj, moe_act, moe_recompute = (module(n) for n in ("core_attn", "mla_up_proj", "moe_act", "moe"))
     selective_extra = np.where(core_attn, t_attention + t_softmax, 0.0)
     if model.multi_latent_attention:

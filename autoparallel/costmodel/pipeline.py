@@ -140,21 +140,44 @@ def stage_layers(num_layers: int, pp, vp, first, last, embedding, loss, layout=N
             np.where(single, num_layers, last_layers))
 
 
+def factorize(values) -> tuple[np.ndarray, list]:
+    """Codes and distinct values of a column of strings (hashing, not sorting: fast on millions)."""
+    index: dict = {}
+    values = np.asarray(values, dtype=object).reshape(-1)
+    codes = np.fromiter((index.setdefault(v, len(index)) for v in values), dtype=np.int64, count=len(values))
+    return codes, list(index)
+
+
+def _groups(*columns) -> tuple[np.ndarray, np.ndarray]:
+    """Group index of each row over integer columns (one int64 key, so np.unique stays 1-D) and
+    the first row of each group."""
+    key = np.zeros(np.broadcast(*columns).shape, dtype=np.int64)
+    for column in columns:
+        column = np.asarray(column, dtype=np.int64)
+        key = key * (int(column.max(initial=0)) + 1) + column
+    _, first_rows, inverse = np.unique(key.reshape(-1), return_index=True, return_inverse=True)
+    return inverse, first_rows
+
+
+def _per_rank(sizes: list[int], pp: int) -> tuple[float, float, float]:
+    """Layers of the first, the fullest middle and the last rank, from per-virtual-stage sizes."""
+    ranks = [sum(sizes[r::pp]) for r in range(pp)]
+    return ranks[0], max(ranks[1:-1]) if pp > 2 else ranks[0], ranks[-1]
+
+
 def _layout_stage_layers(num_layers, pp, vp, first, last, embedding, loss, layout):
     """``stage_layers`` for columns in which some plans carry a flexible layout."""
     layout = np.asarray(layout, dtype=object)
-    out = [np.array(x, dtype=float) for x in stage_layers(num_layers, pp, vp, first, last, embedding, loss)]
-    flexible = layout != ""
-    pp_flex = np.broadcast_to(np.asarray(pp), layout.shape)[flexible]
-    per_rank = {}
-    for text, p in set(zip(layout[flexible], pp_flex)):
-        sizes = layout_stage_sizes(text)
-        ranks = [sum(sizes[r::int(p)]) for r in range(int(p))]
-        per_rank[(text, p)] = (ranks[0], max(ranks[1:-1]) if p > 2 else ranks[0], ranks[-1])
-    values = np.array([per_rank[key] for key in zip(layout[flexible], pp_flex)], dtype=float).reshape(-1, 3)
+    out = [np.broadcast_to(np.array(x, dtype=float), layout.shape).copy()
+           for x in stage_layers(num_layers, pp, vp, first, last, embedding, loss)]
+    codes, names = factorize(layout)
+    pp_all = np.broadcast_to(np.asarray(pp, dtype=np.int64), layout.shape).reshape(-1)
+    inverse, rows = _groups(codes, pp_all)
+    values = np.array([_per_rank(layout_stage_sizes(names[codes[i]]), int(pp_all[i])) if names[codes[i]]
+                       else (np.nan,) * 3 for i in rows]).reshape(-1, 3)[inverse]
+    flexible = ~np.isnan(values[:, 0])
     for k in range(3):
-        out[k] = np.broadcast_to(out[k], layout.shape).copy()
-        out[k][flexible] = values[:, k]
+        out[k].reshape(-1)[flexible] = values[flexible, k]
     return tuple(out)
 
 
@@ -213,19 +236,17 @@ def stage_pattern_counts(pattern: tuple[int, ...], pp, vp, first, last, embeddin
     """For layers flagged 1 in ``pattern`` (MoE layers): how many the first stage, the middle stage
     holding most of them, and the last stage hold (arrays, one per plan; the middle equals the
     first when pp <= 2)."""
-    columns = [np.asarray(a, dtype=int) for a in (pp, vp, first, last, embedding, loss)]
     layout = np.asarray(layout, dtype=object)
-    names, layout_codes = np.unique(layout.reshape(-1), return_inverse=True)
-    keys = np.stack([np.broadcast_to(a, layout.shape).reshape(-1) for a in columns] + [layout_codes], axis=-1)
-    unique, inverse = np.unique(keys, axis=0, return_inverse=True)
-    counts = np.zeros((len(unique), 3))
+    codes, names = factorize(layout)
+    columns = [np.broadcast_to(np.asarray(a, dtype=np.int64), layout.shape).reshape(-1)
+               for a in (pp, vp, first, last, embedding, loss)] + [codes]
+    inverse, rows = _groups(*columns)
     cumulative = np.concatenate([[0], np.cumsum(pattern)])
-    for i, (p_, v_, f_, l_, e_, o_, code) in enumerate(unique):
-        sizes = virtual_stage_sizes(len(pattern), p_, v_, f_, l_, bool(e_), bool(o_), str(names[code]))
+    counts = np.zeros((len(rows), 3))
+    for i, row in enumerate(rows):
+        p_, v_, f_, l_, e_, o_, code = (int(c[row]) for c in columns)
+        sizes = virtual_stage_sizes(len(pattern), p_, v_, f_, l_, bool(e_), bool(o_), names[code])
         ends = np.cumsum(sizes)
-        flagged = cumulative[ends] - cumulative[ends - np.asarray(sizes)]
-        per_rank = np.array([flagged[r::p_].sum() for r in range(p_)])
-        middle = per_rank[1:-1].max() if p_ > 2 else per_rank[0]
-        counts[i] = (per_rank[0], middle, per_rank[-1])
-    out = counts[inverse.reshape(-1)]
+        counts[i] = _per_rank(list(cumulative[ends] - cumulative[ends - np.asarray(sizes)]), p_)
+    out = counts[inverse]
     return tuple(out[:, k].reshape(layout.shape) for k in range(3))
