@@ -69,6 +69,7 @@ class SearchSpace:
     # Shares of the layers whose activations are offloaded to host memory (Megatron-LM's
     # --cpu-offloading-num-layers; only without pipeline parallelism and recompute).
     cpu_offload_fractions: tuple[float, ...] = (0.0,)
+    cpu_offloading_num_layers: int | None = None  # pinned exact count instead of the fractions
     memory_fraction: float = 0.95
     tp_within_nvlink_domain: bool = True
     # Where num_layers is not divisible by pp*vp, also try Megatron's uneven splits.
@@ -109,7 +110,8 @@ class SearchSpace:
         return dataclasses.replace(self, **updates)
 
 
-SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "uneven_pipeline_split", "pipeline_layout_max_vp")
+SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "uneven_pipeline_split", "cpu_offloading_num_layers",
+            "pipeline_layout_max_vp")
 
 
 def load_space(name_or_path: str = "training") -> SearchSpace:
@@ -220,6 +222,11 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
         (df.overlap_param_gather.to_numpy() & ~df.distributed_optimizer.to_numpy(),
          "param-gather overlap needs the distributed optimizer"),
         (df.fsdp.to_numpy() & ~df.distributed_optimizer.to_numpy(), "FSDP needs the distributed optimizer"),
+        # TE module/base.py fill_userbuffers_buffer_for_all_gather: only delayed, current and MXFP8
+        # quantizers; anything else is "Unsupported quantizer for Userbuffers".
+        (df.tp_comm_overlap.to_numpy() & (precision == "fp8-blockwise"),
+         "TP comm overlap (Userbuffers) cannot carry fp8-blockwise tensors (TE: Unsupported quantizer "
+         "for Userbuffers)"),
         (model.is_moe & (precision == "fp16"), "expert parallel models train in BF16, not FP16 (Megatron-LM)"),
     ]
     return _first_reason(df, rules)
@@ -260,15 +267,24 @@ def _expand_recompute_modules(df: pd.DataFrame, model: ModelSpec, space: SearchS
     return out
 
 
-def _moe_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
-    """Megatron-LM's refusals of a MoE layout that need its structure and features together."""
-    if not model.is_moe:
-        return np.full(len(df), "", dtype=object)
-    tp = df.tp.to_numpy()
+def _layout_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
+    """Rules on a structure and its features together (Megatron-LM and TE refusals)."""
+    per_stage = model.num_layers // df.pp.to_numpy()
+    edge = df["fp8_bf16_edge_layers"].to_numpy()
+    local_tokens = df.mbs.to_numpy() * model.seq_length // (df.tp.to_numpy() * df.cp.to_numpy())
     rules = [
         # MoELayer.forward: "performance may degrade if MoE and tensor parallelism are enabled
         # without also enabling sequence parallelism" (a ValueError in training).
-        ((tp > 1) & ~df.sp.to_numpy(), "MoE with tensor parallel needs sequence parallel (Megatron-LM MoELayer)"),
+        (model.is_moe & (df.tp.to_numpy() > 1) & ~df.sp.to_numpy(),
+         "MoE with tensor parallel needs sequence parallel (Megatron-LM MoELayer)"),
+        # TransformerConfig.__post_init__: BF16 edge layers are counted per pipeline stage.
+        (edge > per_stage,
+         lambda d: [f"num_layers_at_start_in_bf16 ({e}) must be between 0 and number of layers per pipeline "
+                    f"stage ({model.num_layers // p})" for e, p in zip(d.fp8_bf16_edge_layers, d.pp)]),
+        # TE fill_userbuffers_buffer_for_all_gather: MXFP8 scales come in blocks of 128 rows.
+        (df.tp_comm_overlap.to_numpy() & (df.precision.to_numpy() == "mxfp8") & (local_tokens % 128 != 0),
+         lambda d: [f"Userbuffers requires MXFP8 tensor dims that are divisible by 128 (mbs*seq/(tp*cp) = "
+                    f"{m * model.seq_length // (t * c)})" for m, t, c in zip(d.mbs, d.tp, d.cp)]),
     ]
     return _first_reason(df, rules)
 
@@ -299,13 +315,29 @@ def _cross(structures: pd.DataFrame, features: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _fill_rejected(rejected: pd.DataFrame, space: SearchSpace, gpus: int) -> pd.DataFrame:
+    """A row rejected on its structure (or features) alone stands for every combination of the
+    other knobs; it shows the space's first value of each so that every knob column holds a
+    value of its own type (the reason names the knobs that broke the rule)."""
+    firsts = {name: getattr(space, name)[0] for name in STRUCTURE_KNOBS + FEATURE_KNOBS if name != "vp"}
+    firsts["vp"] = 1 if space.vp == "auto" else space.vp[0]
+    firsts["overlap_grad_reduce"] = firsts["overlap_param_gather"] = firsts.pop("overlap_dp_comm")
+    firsts.update(dict(zip(SPLIT_COLUMNS, pipeline.EVEN)), recompute_num_layers=0, cpu_offloading_num_layers=0)
+    firsts["recompute_modules"] = space.recompute_modules[0]
+    out = rejected.assign(**{k: v for k, v in firsts.items() if k not in rejected})
+    if "dp" not in rejected:
+        model_parallel = out.tp * out.pp * out.cp
+        out["dp"] = np.where(gpus % model_parallel == 0, gpus // model_parallel, 0)
+    hints = typing.get_type_hints(Plan)
+    return out.astype({k: hints[k] for k in out.columns if k in hints and hints[k] in (int, bool)})
+
+
 def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
-             recompute_num_layers: int | None = None, cpu_offloading_num_layers: int | None = None
-             ) -> pd.DataFrame:
+             recompute_num_layers: int | None = None) -> pd.DataFrame:
     """Every candidate of ``space`` as a DataFrame of Plan columns plus ``reason`` ('' = valid).
 
     A structure or a feature combination that breaks a rule on its own appears once, with the
-    other knobs left empty; everything else is a full layout.
+    space's first value of each other knob (see _fill_rejected); everything else is a full layout.
     """
     if gpus < 1:
         raise UserError(f"--gpus must be a positive integer, got {gpus}")
@@ -328,10 +360,10 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     crossed = _cross(valid_structures, valid_features)
     crossed = _expand_recompute_layers(crossed, model, space, recompute_num_layers)
     crossed = _expand_recompute_modules(crossed, model, space)
-    crossed = _expand_offloading(crossed, model, space, cpu_offloading_num_layers)
-    crossed["reason"] = np.where(crossed.reason == "", _moe_rules(crossed, model), crossed.reason)
-    out = pd.concat([crossed, structures[structures.reason != ""], features[features.reason != ""]],
-                    ignore_index=True)
+    crossed = _expand_offloading(crossed, model, space)
+    crossed["reason"] = np.where(crossed.reason == "", _layout_rules(crossed, model), crossed.reason)
+    rejected = [_fill_rejected(part[part.reason != ""], space, gpus) for part in (structures, features)]
+    out = pd.concat([crossed, *rejected], ignore_index=True)
     out["gbs"] = gbs
     return out[list(Plan.field_names()) + ["reason"]]
 
@@ -358,10 +390,11 @@ def _expand_recompute_layers(df: pd.DataFrame, model: ModelSpec, space: SearchSp
     return pd.concat(parts, ignore_index=True)
 
 
-def _expand_offloading(df: pd.DataFrame, model: ModelSpec, space: SearchSpace, pinned: int | None) -> pd.DataFrame:
+def _expand_offloading(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
     """Give rows that may offload (pp = 1, no recompute) one row per offloaded layer count; a
     pinned count that Megatron-LM refuses for a row is kept with the reason."""
     able = (df.pp == 1) & (df.recompute == "none")
+    pinned = space.cpu_offloading_num_layers
     if pinned is not None:
         out = df.assign(cpu_offloading_num_layers=pinned)
         if pinned > 0:

@@ -35,7 +35,7 @@ from autoparallel import io, resources
 from autoparallel.costmodel import flops
 from autoparallel.costmodel.estimate import estimate_columns
 from autoparallel.errors import UserError
-from autoparallel.space import SearchSpace, generate
+from autoparallel.space import SPLIT_COLUMNS, SearchSpace, generate
 from autoparallel.specs.hardware import Efficiency, HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
@@ -53,7 +53,8 @@ def default_runs() -> tuple[Path, ...]:
 
 
 def assumptions_key(run_id: str) -> str:
-    """The block of validation.yaml a row's source uses: narayanan21, korthikanti22 or nemo."""
+    """The block of validation.yaml a row's source uses: narayanan21, korthikanti22, nemo, or log
+    (rows ``autoparallel runs import`` read from training logs)."""
     return run_id.split("-")[0]
 
 
@@ -80,9 +81,13 @@ def software_of(row: pd.Series) -> str:
 
 
 def software_date(software: str) -> float:
-    """Sortable release date: "nemo 25.02" -> 2025.02, "korthikanti22" -> 2022."""
+    """Sortable release date: "nemo 25.02" -> 2025.02, "korthikanti22" -> 2022; the user's own
+    runs (``runs import``: "log") come after every release: their cluster is the one the
+    constants should describe, older releases get speed factors relative to it."""
     if software.startswith("nemo "):
         return 2000 + float(software.split()[1])
+    if not software[-2:].isdigit():
+        return math.inf
     return 2000 + float(software[-2:])
 
 
@@ -97,34 +102,40 @@ def is_moe_row(row: pd.Series) -> bool:
 
 
 def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
-    """The architecture a row states (Megatron-LM's names). MoE rows train without dropout, as the
-    presets of their models do; ``force_balanced``: the source forced the router to balance."""
+    """The row's architecture (Megatron-LM's names); tied embeddings and dropout (saved masks)
+    where the row states them (a training log does; the published dense rows take ModelSpec's
+    defaults, the published MoE rows train without dropout as their models' presets do);
+    ``force_balanced``: the source forced the router to balance."""
     def opt_int(key):
         return int(row[key]) if _given(row, key) else None
-    moe = {}
+    stated = {}
     if is_moe_row(row):
         mla = _given(row, "kv_lora_rank")
         freq = str(row["moe_layer_freq"]) if _given(row, "moe_layer_freq") else 1
-        moe = dict(num_experts=int(row["num_experts"]), moe_router_topk=int(row["moe_router_topk"]),
-                   moe_ffn_hidden_size=opt_int("moe_ffn_hidden_size"),
-                   moe_shared_expert_intermediate_size=opt_int("moe_shared_expert_intermediate_size"),
-                   moe_layer_freq=int(freq) if str(freq).isdigit() else freq,
-                   moe_router_force_load_balancing=force_balanced, hidden_dropout=0.0, attention_dropout=0.0,
-                   multi_latent_attention=mla)
+        stated = dict(num_experts=int(row["num_experts"]), moe_router_topk=int(row["moe_router_topk"]),
+                      moe_ffn_hidden_size=opt_int("moe_ffn_hidden_size"),
+                      moe_shared_expert_intermediate_size=opt_int("moe_shared_expert_intermediate_size"),
+                      moe_layer_freq=int(freq) if str(freq).isdigit() else freq,
+                      moe_router_force_load_balancing=force_balanced, hidden_dropout=0.0, attention_dropout=0.0,
+                      multi_latent_attention=mla)
         if mla:
-            moe.update(q_lora_rank=opt_int("q_lora_rank"), kv_lora_rank=int(row["kv_lora_rank"]),
-                       qk_head_dim=int(row["qk_head_dim"]), qk_pos_emb_head_dim=int(row["qk_pos_emb_head_dim"]),
-                       v_head_dim=int(row["v_head_dim"]))
-    groups = None if moe.get("multi_latent_attention") else opt_int("num_query_groups")
+            stated.update(q_lora_rank=opt_int("q_lora_rank"), kv_lora_rank=int(row["kv_lora_rank"]),
+                          qk_head_dim=int(row["qk_head_dim"]), qk_pos_emb_head_dim=int(row["qk_pos_emb_head_dim"]),
+                          v_head_dim=int(row["v_head_dim"]))
+    stated.update({k: float(row[k]) for k in ("hidden_dropout", "attention_dropout") if _given(row, k)})
+    if _given(row, "tie_embeddings"):
+        stated["tie_embeddings"] = bool(int(row["tie_embeddings"]))
+    groups = None if stated.get("multi_latent_attention") else opt_int("num_query_groups")
     return ModelSpec(
         name=str(row["model"]), num_layers=int(row["num_layers"]), hidden_size=int(row["hidden_size"]),
         ffn_hidden_size=int(row["ffn_hidden_size"]), num_attention_heads=int(row["num_attention_heads"]),
         num_query_groups=groups, kv_channels=opt_int("kv_channels"),
         vocab_size=int(row["vocab_size"]), seq_length=int(row["seq_length"]), activation=str(row["activation"]),
-        normalization="rmsnorm" if row["activation"] == "swiglu" else "layernorm", **moe)
+        normalization="rmsnorm" if row["activation"] == "swiglu" else "layernorm", **stated)
 
 
 def _pins(row: pd.Series) -> dict:
+    """The search-space knobs the row states (a training log states them all)."""
     pins = {k: int(row[k]) for k in ("tp", "pp", "cp", "vp", "ep", "etp", "mbs") if _given(row, k)}
     if _given(row, "sp"):
         pins["sp"] = bool(int(row["sp"]))
@@ -133,10 +144,32 @@ def _pins(row: pd.Series) -> dict:
     if _given(row, "recompute"):
         pins["recompute"] = str(row["recompute"])
     pins["precision"] = str(row["precision"])
-    pins["fp8_bf16_edge_layers"] = 0
+    pins["fp8_bf16_edge_layers"] = int(row["fp8_bf16_edge_layers"]) if _given(row, "fp8_bf16_edge_layers") else 0
     # The published FSDP size is dp*cp (64 on 64 GPUs at TP1 PP1); a few rows say only "1" (on).
     pins["fsdp"] = _given(row, "fsdp") and int(row["fsdp"]) >= 1
+    for knob in ("distributed_optimizer", "tp_comm_overlap", "grad_reduce_in_fp32", "flash_attention"):
+        if _given(row, knob):
+            pins[knob] = bool(int(row[knob]))
+    if _given(row, "overlap_grad_reduce"):
+        pins["overlap_dp_comm"] = bool(int(row["overlap_grad_reduce"]))
+    pins["cpu_offloading_num_layers"] = _optional_int(row, "cpu_offloading_num_layers")
     return pins
+
+
+# Plan fields a row may state that the search space has no knob for: set on the candidates.
+EXACT_COLUMNS = ("overlap_grad_reduce", "overlap_param_gather", *SPLIT_COLUMNS)
+
+
+def _exact(row: pd.Series) -> dict:
+    def value(k):
+        if k == "pipeline_model_parallel_layout":
+            return str(row[k])
+        return bool(int(row[k])) if k.startswith(("overlap", "account")) else int(row[k])
+    return {k: value(k) for k in EXACT_COLUMNS if _given(row, k)}
+
+
+def _optional_int(row: pd.Series, key: str) -> int | None:
+    return int(row[key]) if _given(row, key) else None
 
 
 @dataclass(frozen=True)
@@ -182,12 +215,23 @@ def prepare_row(row: pd.Series, assumptions: dict) -> PreparedRow:
     if is_moe_row(row):
         settings.update(source.get("moe_space", {}))
     space = io.from_dict(SearchSpace, settings, str(ASSUMPTIONS)).pinned(**_pins(row))
-    generated = generate(model, hw, int(row["num_gpus"]), int(row["gbs"]), space)
+    generated = generate(model, hw, int(row["num_gpus"]), int(row["gbs"]), space,
+                         _optional_int(row, "recompute_num_layers"))
     candidates = generated[generated["reason"] == ""].reset_index(drop=True)
     if candidates.empty:
         raise UserError(f"{row['id']}: the published layout breaks a rule: {generated['reason'].iloc[0]}")
+    candidates = candidates.assign(**_exact(row)).drop_duplicates(ignore_index=True)
     cols = {name: candidates[name].to_numpy() for name in Plan.field_names()}
     return PreparedRow(row, model, hw, source["metric"], space.memory_fraction, candidates, cols)
+
+
+def best_candidate(out: dict) -> int:
+    """Of the candidates ``estimate_columns`` priced, the fastest that fits; if none fits, the
+    one that needs least memory (the row's authors tuned their run)."""
+    fits = out["fits"]
+    if fits.any():
+        return int(np.argmax(np.where(fits, out["tokens_per_s_per_gpu"], -np.inf)))
+    return int(np.argmin(out["peak_memory_gib"]))
 
 
 def predict_row(prepared: PreparedRow, efficiency: Efficiency | None = None) -> dict:
@@ -197,9 +241,7 @@ def predict_row(prepared: PreparedRow, efficiency: Efficiency | None = None) -> 
     hw = prepared.hardware if efficiency is None else dataclasses.replace(prepared.hardware, efficiency=efficiency)
     out = estimate_columns(model, hw, prepared.cols, prepared.memory_fraction)
     fits = out["fits"]
-    # The fastest layout that fits; if none does, the one that needs least memory.
-    i = int(np.argmax(np.where(fits, out["tokens_per_s_per_gpu"], -np.inf))) if fits.any() \
-        else int(np.argmin(out["peak_memory_gib"]))
+    i = best_candidate(out)
     best = prepared.candidates.iloc[i]
     # The constants describe the newest release they were fitted on; an older one runs slower.
     speed = hw.efficiency.release_speed.get(prepared.software, 1.0)
@@ -251,7 +293,7 @@ def _refit_and_predict(rows: list[PreparedRow], group: str, family: str) -> dict
     members = [p for p in rows if p.family == family and not p.model.is_moe]
     rest = [p for p in members if p.model_group != group]
     start = calibrate.uncalibrated(io.load_hardware(family).efficiency)
-    fitted = calibrate.fit(rest, start)[0] if rest else {}
+    fitted = calibrate.fit(rest, start).values if rest else {}
     efficiency = dataclasses.replace(start, **fitted)
     return {p.id: predict_row(p, efficiency) for p in members if p.model_group == group}
 

@@ -27,9 +27,10 @@ def run_dir(tmp_path_factory):
 
 
 def test_run_folder_holds_every_file(run_dir):
-    assert {p.name for p in run_dir.iterdir()} == {"manifest.yaml", "candidates.csv", "ranked.md", "best.yaml"}
+    assert {p.name for p in run_dir.iterdir()} >= {"manifest.yaml", "candidates.csv", "ranked.md", "best.yaml",
+                                                   "train.sh"}
     best = yaml.safe_load((run_dir / "best.yaml").read_text())
-    assert "--tensor-model-parallel-size" in best["megatron_args"]
+    assert f"--tensor-model-parallel-size {best['plan']['tp']}" in best["megatron_args"]
     assert best["nemo"]["model"]["tensor_model_parallel_size"] == best["plan"]["tp"]
     manifest = yaml.safe_load((run_dir / "manifest.yaml").read_text())
     assert manifest["inputs"]["gpus"] == 64 and manifest["inputs"]["gbs"] == 128
@@ -45,6 +46,8 @@ def test_candidates_keep_rejections_with_reasons(run_dir):
 
 @pytest.mark.parametrize("fmt, expect", [("megatron", "--pipeline-model-parallel-size"),
                                          ("nemo", "pipeline_model_parallel_size:"),
+                                         ("nemo2", "MegatronCommOverlapCallback:"),
+                                         ("launch", "pretrain_gpt.py"),
                                          ("yaml", "megatron_args:")])
 def test_export_formats(run_dir, fmt, expect, capsys):
     assert main(["export", str(run_dir), "--rank", "2", "--format", fmt]) == 0

@@ -35,3 +35,19 @@ def test_user_presets_come_after_the_shipped_ones(tmp_path, monkeypatch):
                                                         .replace("aliases: [h100, h100-80g]", "aliases: []"))
     assert io.load_hardware("my-h100").name == "my-h100"
     assert io.load_hardware("h100-sxm").name == "h100-sxm"
+
+
+def test_every_data_file_of_the_package_is_package_data():
+    """A file the package reads at run time but pyproject's package-data misses is absent from
+    the wheel (editable installs hide it)."""
+    import fnmatch
+    import tomllib
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    globs = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-data"]["autoparallel"]
+    missing = []
+    for path in resources.PACKAGE.rglob("*"):
+        name = path.relative_to(resources.PACKAGE).as_posix()
+        if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts:
+            if not any(fnmatch.fnmatch(name, g) and name.count("/") == g.count("/") for g in globs):
+                missing.append(name)
+    assert not missing, f"not in [tool.setuptools.package-data]: {missing}"

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from autoparallel import __version__
-from autoparallel.cli import (calibrate, estimate, export, fp8_check, infer, presets, report, search,
+from autoparallel.cli import (calibrate, estimate, export, fp8_check, infer, presets, report, runs, search,
                               validate)
 from autoparallel.errors import UserError
 
@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description="Find the fastest parallel layout for LLM training and serving.")
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (search, estimate, export, infer, report, validate, calibrate, fp8_check, presets):
+    for command in (search, estimate, export, infer, report, validate, runs, calibrate, fp8_check, presets):
         command.add_parser(sub)
     profiling_commands.add_profile_parser(sub)
     return p

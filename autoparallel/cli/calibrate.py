@@ -13,7 +13,12 @@ def add_parser(sub) -> None:
     from autoparallel.profiling import commands as profiling_commands  # no torch import here
     c = sub.add_parser("calibrate", help="fit the hardware efficiency constants to published runs")
     c.add_argument("--gpu", help="hardware preset to fit (its rows in the runs CSV)")
-    c.add_argument("--runs", help="CSV of measured runs (default: the published runs shipped in autoparallel/data/)")
+    c.add_argument("--runs", help="CSV of measured runs, e.g. your own from `runs import` (default: the published "
+                                  "runs shipped in autoparallel/data/)")
+    c.add_argument("--with-published", action="store_true",
+                   help="fit to the --runs rows together with the published runs of the same GPU")
+    c.add_argument("--as", dest="as_name", metavar="NEW_NAME",
+                   help="write the fitted preset under this new name (your cluster), leaving the GPU's preset as is")
     c.add_argument("--moe", action="store_true",
                    help="fit the mixture-of-experts constants instead (on the MoE rows of every GPU and the "
                         "forced-balance vs dropless pairs) and write them into --gpu's preset")
@@ -33,5 +38,9 @@ def run(args: argparse.Namespace) -> None:
         return
     if not args.gpu:
         raise UserError("calibrate needs --gpu (published runs) or --from RUN_DIR (profiled runs)")
-    fit = calibrate.main_moe if args.moe else calibrate.main
-    fit(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run, console=console, output=output)
+    if args.moe:
+        calibrate.main_moe(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run, console=console,
+                           output=output)
+        return
+    calibrate.main(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run, console=console,
+                   output=output, as_name=args.as_name, with_published=args.with_published)

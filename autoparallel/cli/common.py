@@ -13,8 +13,8 @@ from autoparallel.argtypes import non_negative, positive
 
 KNOB_FLAGS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
 FEATURE_FLAGS = ("sp", "recompute", "precision", "fp8_bf16_edge_layers", "tp_comm_overlap",
-                 "distributed_optimizer", "overlap_dp_comm", "grad_reduce_in_fp32", "flash_attention",
-                 "overlap_moe_expert_parallel_comm")
+                 "distributed_optimizer", "overlap_dp_comm", "grad_reduce_in_fp32", "flash_attention", "fsdp",
+                 "cpu_offloading_num_layers", "overlap_moe_expert_parallel_comm")
 # Never truncate in logs and pipes: a value cut to "fp8-de…" is worse than a wide line.
 console = Console(width=None if sys.stdout.isatty() else 400)
 
@@ -43,6 +43,10 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
                    help="--overlap-grad-reduce and --overlap-param-gather")
     g.add_argument("--grad-reduce-in-fp32", action=argparse.BooleanOptionalAction)
     g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction)
+    g.add_argument("--fsdp", action=argparse.BooleanOptionalAction,
+                   help="fully sharded data parallel (Megatron-FSDP optim_grads_params) over dp*cp")
+    g.add_argument("--cpu-offloading-num-layers", type=non_negative,
+                   help="layers whose activations are offloaded to host memory (pp=1, no recompute)")
     g.add_argument("--overlap-moe-expert-parallel-comm", action=argparse.BooleanOptionalAction,
                    help="1F1B overlap of the MoE all-to-alls (with --delay-wgrad-compute)")
     p.add_argument("--space", default="training", help="search space preset or YAML path (default training)")

@@ -11,19 +11,29 @@ from autoparallel.errors import UserError
 # What estimate assumes for a knob that is not given (search would search it instead).
 DEFAULTS = {"vp": 1, "cp": 1, "ep": 1, "etp": 1, "mbs": 1, "recompute": "none", "precision": "bf16",
             "fp8_bf16_edge_layers": 0, "tp_comm_overlap": False, "distributed_optimizer": True,
-            "overlap_dp_comm": True, "grad_reduce_in_fp32": True, "flash_attention": True,
-            "overlap_moe_expert_parallel_comm": False}
+            "overlap_dp_comm": True, "grad_reduce_in_fp32": True, "flash_attention": True, "fsdp": False,
+            "cpu_offloading_num_layers": 0, "overlap_moe_expert_parallel_comm": False}
 
 
 def add_parser(sub) -> None:
     e = sub.add_parser("estimate", help="predict one fully pinned layout")
-    add_target(e)
+    add_target(e, required=False)
     add_knobs(e)
+    e.add_argument("--from-log", metavar="LOG", help="predict the run a Megatron-LM / Megatron-Bridge training "
+                   "log describes and show it beside what the log measured (with --gpu)")
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.from_log:
+        from pathlib import Path
+
+        from autoparallel.runlogs import compare
+        compare.main(Path(args.from_log), args.gpu, args.json, console)
+        return
+    if args.model is None or args.gpus is None:
+        raise UserError("estimate needs --model and --gpus (or --from-log LOG)")
     from autoparallel.costmodel.estimate import estimate_plan
     from autoparallel.space import generate, row_to_plan
     model, hw, gbs, space = inputs(args)
@@ -43,10 +53,11 @@ def run(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(result, indent=1))
         return
-    _print_estimate(model, hw, result)
+    _print_estimate(model, hw, result, space.memory_fraction)
 
 
-def _print_estimate(model, hw, result: dict) -> None:
+def _print_estimate(model, hw, result: dict, memory_fraction: float) -> None:
+    from autoparallel.specs.plan import FP8_PRECISIONS
     from rich.table import Table
     c = result["config"]
     title = (f"{model.name} on {c['tp'] * c['pp'] * c['cp'] * c['dp']} x {hw.name}: TP{c['tp']} PP{c['pp']} "
@@ -55,11 +66,15 @@ def _print_estimate(model, hw, result: dict) -> None:
              f"recompute={c['recompute']}")
     t = Table(title=title, show_header=False)
     t.add_row("fits", "yes" if result["fits"] else "[red]NO[/red]")
-    t.add_row("peak memory", f"{result['peak_memory_gib']:.1f} GiB of {hw.memory_gib} GiB")
+    limit = memory_fraction * hw.memory_gib
+    t.add_row("peak memory", f"{result['peak_memory_gib']:.1f} GiB of {limit:.1f} GiB usable "
+                             f"({memory_fraction:.0%} of {hw.memory_gib:g} GiB)")
     t.add_row("step time", f"{result['step_time_s']:.3f} s")
     t.add_row("tokens/s/GPU", f"{result['tokens_per_s_per_gpu']:,.0f}")
     t.add_row("model TFLOP/s/GPU", f"{result['model_tflops_per_gpu']:.0f}")
-    t.add_row("MFU", f"{result['mfu']:.1%}")
+    t.add_row("MFU (BF16 peak)", f"{result['mfu']:.1%}")
+    if c["precision"] in FP8_PRECISIONS:
+        t.add_row("FP8 utilisation", f"{result['precision_utilization']:.1%}")
     for k, v in result["breakdown"]["time_s"].items():
         t.add_row(f"  time: {k[:-2]}", f"{v:.3f} s")
     for k, v in result["breakdown"]["memory_gib"].items():

@@ -1,4 +1,4 @@
-"""``autoparallel infer``: rank serving layouts under a latency bound."""
+"""``autoparallel infer``: rank serving layouts under TTFT, TPOT and end-to-end latency bounds."""
 
 from __future__ import annotations
 
@@ -11,64 +11,98 @@ from pathlib import Path
 from autoparallel import io
 from autoparallel.argtypes import positive
 from autoparallel.cli.common import add_target, console
+from autoparallel.errors import UserError
 
 
 def add_parser(sub) -> None:
-    i = sub.add_parser("infer", help="rank serving layouts (TP, PP, replicas, batch, precision) under a latency bound")
+    i = sub.add_parser("infer", help="rank serving layouts (TP, PP, replicas, max batch, max tokens, precisions) "
+                                     "under TTFT / TPOT / e2e bounds")
     add_target(i)
+    i.add_argument("--engine", default="tensorrt-llm",
+                   help="serving engine whose scheduler and fitted constants to use: tensorrt-llm (default), "
+                        "vllm, sglang, tensorrt-llm-0.10, fastertransformer (static batching)")
     i.add_argument("--input-len", type=positive, default=2048, help="prompt tokens per request (default 2048)")
     i.add_argument("--output-len", type=positive, default=256, help="generated tokens per request (default 256)")
-    i.add_argument("--max-latency-ms", type=float, help="latency bound in ms (default: none)")
-    i.add_argument("--latency-metric", default="tpot",
-                   help="ttft | tpot | e2e: what the bound applies to (default tpot)")
-    g = i.add_argument_group("layout knobs (any given knob is pinned; tp, pp and batch all pinned = one estimate)")
+    i.add_argument("--max-model-len", type=positive,
+                   help="longest sequence the engine must accept (default input + output; at most the model's context)")
+    b = i.add_argument_group("latency bounds (ms; any combination; default none)")
+    b.add_argument("--max-ttft-ms", type=float, help="time to first token")
+    b.add_argument("--max-tpot-ms", type=float, help="time per output token after the first")
+    b.add_argument("--max-e2e-ms", type=float, help="end-to-end latency of a request")
+    b.add_argument("--max-latency-ms", type=float,
+                   help="older spelling: a bound on --latency-metric (same as --max-<metric>-ms)")
+    b.add_argument("--latency-metric", default="tpot", help="ttft | tpot | e2e: what --max-latency-ms bounds (default tpot)")
+    i.add_argument("--request-rate", type=float,
+                   help="requests/s the whole deployment must serve (default: offline, unbounded arrival)")
+    g = i.add_argument_group("layout knobs (any given knob is pinned; tp, pp and max batch all pinned = one estimate)")
     g.add_argument("--tp", type=positive, help="pin tensor parallel size")
     g.add_argument("--pp", type=positive, help="pin pipeline parallel size")
-    g.add_argument("--batch", type=positive, help="pin requests in flight per replica")
+    g.add_argument("--max-batch", "--batch", dest="max_batch", type=positive,
+                   help="pin requests in flight per micro-batch (vLLM --max-num-seqs, TensorRT-LLM max_batch_size)")
+    g.add_argument("--max-num-tokens", type=positive, help="pin the tokens one iteration may process")
     g.add_argument("--weight-precision", help="pin weights: bf16 | fp16 | fp8")
     g.add_argument("--kv-precision", help="pin KV cache: bf16 | fp16 | fp8")
     i.add_argument("--space", default="inference", help="search space preset or YAML path (default inference)")
     i.add_argument("--top", type=positive, default=10, help="entries to print (default 10)")
-    i.add_argument("--json", action="store_true", help="print JSON (one object when tp, pp and batch are pinned)")
+    i.add_argument("--json", action="store_true", help="print JSON (one object when tp, pp and max batch are pinned)")
     i.add_argument("--results", default="results", help="folder for run folders (default results/)")
     i.add_argument("--no-save", action="store_true", help="do not write a run folder")
     i.set_defaults(func=run)
 
 
+def request_of(args: argparse.Namespace):
+    """The Request the flags describe; --max-latency-ms folds into the bound it names."""
+    from autoparallel.serve import search as serve
+    bounds = {"max_ttft_ms": args.max_ttft_ms, "max_tpot_ms": args.max_tpot_ms, "max_e2e_ms": args.max_e2e_ms}
+    for field, value in serve.legacy_bound(args.max_latency_ms, args.latency_metric).items():
+        if bounds[field] is not None and bounds[field] != value:
+            raise UserError(f"--max-latency-ms {value:g} --latency-metric {args.latency_metric} contradicts "
+                            f"--{field.replace('_', '-')} {bounds[field]:g}; give one of them")
+        bounds[field] = value
+    return serve.Request(args.input_len, args.output_len, **bounds, request_rate=args.request_rate,
+                         max_model_len=args.max_model_len)
+
+
 def run(args: argparse.Namespace) -> None:
     from autoparallel.serve import search as serve
+    from autoparallel.serve.assumptions import load_engine
     from autoparallel.serve.report import print_ranked
     from autoparallel.serve.space import load_space, parse_precision
     model = io.load_model(args.model)
     hw = io.load_hardware(args.gpu)
-    request = serve.Request(args.input_len, args.output_len, args.max_latency_ms, args.latency_metric)
-    point = args.tp is not None and args.pp is not None and args.batch is not None
+    engine = load_engine(args.engine)
+    request = request_of(args)
+    point = args.tp is not None and args.pp is not None and args.max_batch is not None
     wp = parse_precision(args.weight_precision, "--weight-precision")
     kp = parse_precision(args.kv_precision, "--kv-precision")
-    if point:  # one layout: 16-bit weights and KV cache unless pinned
+    if point:  # one layout: 16-bit weights and KV cache and the engine's token budget unless pinned
         wp, kp = wp or "bf16", kp or "bf16"
-    space = load_space(args.space).pinned(tp=args.tp, pp=args.pp, batch=args.batch,
-                                          weight_precision=wp, kv_precision=kp)
+        args.max_num_tokens = args.max_num_tokens or engine.max_num_tokens
+    space = load_space(args.space).pinned(tp=args.tp, pp=args.pp, max_batch=args.max_batch,
+                                          max_num_tokens=args.max_num_tokens, weight_precision=wp, kv_precision=kp)
     if point:
         space = space.pinned(tp_within_nvlink_domain=False)
-        row = serve.estimate_point(model, hw, args.gpus, request, space)
+        row = serve.estimate_point(model, hw, args.gpus, request, space, engine)
         if args.json:
             print(json.dumps(serve.record(row), indent=1))
         else:
-            title = serve.point_title(model, hw, args.gpus, request, row)
-            print_ranked(row.to_frame().T.assign(feasible=True, rank=1), title, 1, console)
+            print_ranked(row.to_frame().T.assign(rank=1), serve.point_title(model, hw, args.gpus, request, row),
+                         1, console)
             if row["reason"]:
                 console.print(f"[red]{row['reason']}[/red]")
         return
     start = time.perf_counter()
-    result = serve.search(model, hw, args.gpus, request, space)
+    result = serve.search(model, hw, args.gpus, request, space, engine)
     elapsed = time.perf_counter() - start
     if args.json:
-        print(json.dumps(result.records(args.top), indent=1))
+        print(json.dumps({"ranked": result.records(args.top),
+                          "pareto": [serve.record(r) for _, r in result.pareto.iterrows()]}, indent=1))
     else:
         title = (f"{serve.title_of(result)}: top {min(args.top, len(result.feasible))} of "
                  f"{len(result.feasible):,} feasible ({len(result.ranked):,} candidates in {elapsed:.2f} s)")
-        print_ranked(result.ranked, title, args.top, console)
+        print_ranked(result.feasible, title, args.top, console)
+        print_ranked(result.pareto, "Pareto front: output tokens/s per GPU vs TPOT (fitting layouts, any bound)",
+                     len(result.pareto), console)
     if not args.no_save:
         run_dir = serve.save(result, Path(args.results), sys.argv)
         if not args.json:

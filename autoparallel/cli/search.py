@@ -31,7 +31,8 @@ def add_parser(sub) -> None:
                    help="best grid layouts enqueued as the first trials (0: none)")
     s.add_argument("--resume", metavar="RUN_DIR", help="continue the interrupted optuna search of RUN_DIR "
                                                        "(profiles again only with --profile; see below)")
-    s.add_argument("--top", type=positive, default=10, help="entries to print (default 10)")
+    s.add_argument("--top", type=positive, default=50,
+                   help="best candidates to print, one row per layout (default 50; --json lists them one by one)")
     s.add_argument("--json", action="store_true", help="print the ranked list as JSON")
     s.add_argument("--results", default="results", help="folder for run folders (default results/)")
     s.add_argument("--no-save", action="store_true", help="do not write a run folder")
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> None:
         with status(f"writing the run folder ({len(result.ranked):,} candidates)...", args.json):
             run_dir = runs.save(result, Path(args.results), sys.argv)
         if not args.json:
-            console.print(f"run folder: {run_dir}")
+            _next_steps(result, run_dir)
 
 
 def _show(result, args: argparse.Namespace, how: str, run_dir: Path | None) -> None:
@@ -93,9 +94,25 @@ def _show(result, args: argparse.Namespace, how: str, run_dir: Path | None) -> N
         return
     title = (f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}: top "
              f"{min(args.top, len(result.feasible))} of {len(result.feasible):,} feasible ({how})")
-    print_ranked(result.ranked, title, args.top, console)
+    print_ranked(result.ranked, title, args.top, console, result.hardware, result.space.memory_fraction)
     if run_dir:
-        console.print(f"run folder: {run_dir}")
+        _next_steps(result, run_dir)
+
+
+def _next_steps(result, run_dir: Path) -> None:
+    """Where the run was written and how to launch its rank-1 plan."""
+    from autoparallel.report.export import TOKENIZER_FILES
+    from autoparallel.report.launch import node_layout
+    from autoparallel.report.run_folder import TRAIN_SCRIPT
+    nodes, per_node = node_layout(result.gpus, result.hardware.gpus_per_node)
+    script = run_dir / TRAIN_SCRIPT
+    names = ["MEGATRON_LM", "DATA_PATH", "CHECKPOINT_DIR", *TOKENIZER_FILES.get(result.model.tokenizer_type, {}).values()]
+    launch = f"sbatch {script}" if nodes > 1 else f"bash {script}"
+    console.print(f"run folder: {run_dir}\n"
+                  f"rank 1 as Megatron-LM flags: autoparallel export {run_dir} --rank 1 --format megatron "
+                  "(or launch, nemo, nemo2, yaml)\n"
+                  f"launch rank 1 on {nodes} node(s) x {per_node} GPUs: "
+                  f"{' '.join(f'{n}=...' for n in names)} {launch}", soft_wrap=True)
 
 
 def _fp8_check_first(args: argparse.Namespace, model, space) -> dict:

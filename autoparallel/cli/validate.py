@@ -14,7 +14,9 @@ def add_parser(sub) -> None:
     v.add_argument("--runs", action="append",
                    help="CSV of measured runs (repeatable; default: the published runs shipped in autoparallel/data/)")
     v.add_argument("--inference", action="store_true",
-                   help="validate the inference cost model on FasterTransformer's latencies instead")
+                   help="validate the serving cost model instead: per engine, GPU and model, the in-sample and "
+                        "leave-one-model-out errors on FasterTransformer's (--runs: its CSV) and TensorRT-LLM's "
+                        "published runs")
     v.add_argument("--no-cross-validation", action="store_true",
                    help="skip the leave-one-model-out refits (in-sample error only; seconds instead of a minute)")
     v.add_argument("--json", action="store_true")
@@ -25,12 +27,7 @@ def run(args: argparse.Namespace) -> None:
     runs = [Path(r) for r in args.runs] if args.runs else None
     if args.inference:
         from autoparallel.serve import validate as serve_validate
-        report = serve_validate.validate_inference(runs[0] if runs else None)
-        if args.json:
-            print(json.dumps({"rows": json.loads(report.drop(columns=["notes", "source"]).to_json(orient="records")),
-                              "summary": serve_validate.summary(report)}, indent=1))
-        else:
-            serve_validate.print_report(report, console)
+        serve_validate.run(runs[0] if runs else None, args.json, console, cross=not args.no_cross_validation)
         return
     from autoparallel import validate
     report = _training_report(validate, runs, cross=not args.no_cross_validation, quiet=args.json)

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from rich.console import Console
@@ -68,12 +70,24 @@ def uncalibrated(efficiency: Efficiency) -> Efficiency:
     return dataclasses.replace(efficiency, release_speed={}, **{n: getattr(defaults, n) for n in FITTED})
 
 
-def _least_squares(names: list[str], bounds: list[tuple[float, float]], start: list[float], errors
-                   ) -> tuple[dict, float, float]:
-    """Fit the constants ``names`` so that the log errors ``errors({name: value})`` of the rows
-    are least squares (trust region, bounded, in log space), from ``start``. Constants no row can
-    see keep their start. Returns (fitted values of the visible ones, mean |error| % before, after).
-    """
+class Fit(NamedTuple):
+    """A fit's result: ``values`` to put into ``Efficiency`` (``release_speed`` among them), the
+    mean |error| % before and after, and which constants were fitted or kept, and why."""
+
+    values: dict
+    before: float
+    after: float
+    fitted: tuple[str, ...]
+    unseen: tuple[str, ...]  # no row's prediction depends on them
+    capped: tuple[str, ...]  # seen, but fewer rows than constants: the least telling ones are kept
+
+
+def _least_squares(names: list[str], bounds: list[tuple[float, float]], start: list[float], errors,
+                   max_constants: int) -> Fit:
+    """Fit the constants ``names`` so that the rows' log errors ``errors({name: value})`` are
+    least squares (trust region, bounded, in log space), from ``start``. Constants no row can see
+    keep their start, and so do the ones that move the errors least beyond ``max_constants``.
+    ``values`` of the result holds the fitted constants only."""
     from scipy.optimize import least_squares
     low, high = np.log([b[0] for b in bounds]), np.log([b[1] for b in bounds])
     x0 = np.clip(np.log(start), low, high)
@@ -82,24 +96,31 @@ def _least_squares(names: list[str], bounds: list[tuple[float, float]], start: l
         return errors(dict(zip(keep, np.exp(x))))
 
     base = run(x0, names)
-    visible = [i for i in range(len(names))
-               if not np.array_equal(run(np.where(np.arange(len(names)) == i, x0 + 0.2, x0), names), base)]
+    # How far each constant, nudged alone, moves the rows' errors.
+    moves = [float(np.linalg.norm(run(np.where(np.arange(len(names)) == i, x0 + 0.2, x0), names) - base))
+             for i in range(len(names))]
+    seen = [i for i in sorted(range(len(names)), key=lambda i: -moves[i]) if moves[i] > 0]
+    visible = sorted(seen[:max_constants])
     keep = [names[i] for i in visible]
+    unseen = tuple(n for n, move in zip(names, moves) if move == 0)
+    capped = tuple(names[i] for i in seen[max_constants:])
     if not keep:
-        return {}, _percent(base), _percent(base)
+        return Fit({}, _percent(base), _percent(base), (), unseen, capped)
     result = least_squares(lambda x: run(x, keep), x0[visible], bounds=(low[visible], high[visible]),
                            diff_step=0.02, max_nfev=80)
-    return dict(zip(keep, (float(v) for v in np.exp(result.x)))), _percent(base), _percent(result.fun)
+    values = dict(zip(keep, (float(v) for v in np.exp(result.x))))
+    return Fit(values, _percent(base), _percent(result.fun), tuple(keep), unseen, capped)
 
 
-def fit(rows, efficiency: Efficiency, progress=None) -> tuple[dict, float, float]:
-    """Fit the ``FITTED`` constants to ``rows`` (prepared published runs, each repriced on its own
-    GPU with the trial constants), starting from ``efficiency``; with rows of several software
-    releases, also each older release's speed relative to the newest (``release_speed``).
+def fit(rows, efficiency: Efficiency, progress=None) -> Fit:
+    """Fit the ``FITTED`` constants to ``rows`` (prepared runs, each repriced on its own GPU with
+    the trial constants), starting from ``efficiency``; with rows of several software releases,
+    also each older release's speed relative to the newest (``release_speed``).
 
     Least squares on the log errors (trust region, bounded, in log space). Constants no row can
-    see (FP8 GEMMs without an FP8 row, TP overlap without a TP row) keep their value. Returns
-    (fitted values, mean |error| % before, after); ``release_speed`` is one entry of the values.
+    see (FP8 GEMMs without an FP8 row, TP overlap without a TP row) keep their value, and so do
+    the ones that move the rows' predictions least when there are more constants than rows:
+    never more constants are fitted than there are rows.
     """
     from autoparallel.validate import predict_row, software_date
     releases = release_factors_to_fit(rows, software_date)
@@ -119,11 +140,11 @@ def fit(rows, efficiency: Efficiency, progress=None) -> tuple[dict, float, float
         eff = trial(values)
         return np.array([np.log(r["predicted"] / r["measured"]) for r in (predict_row(p, eff) for p in rows)])
 
-    values, before, after = _least_squares(names, bounds, start, errors)
-    fitted_eff = trial(values)
-    fitted = {n: float(getattr(fitted_eff, n)) for n in values if n in FITTED}
+    result = _least_squares(names, bounds, start, errors, len(rows))
+    fitted_eff = trial(result.values)
+    fitted = {n: float(getattr(fitted_eff, n)) for n in result.values if n in FITTED}
     fitted["release_speed"] = {r: float(v) for r, v in fitted_eff.release_speed.items()}
-    return fitted, before, after
+    return result._replace(values=fitted)
 
 
 # --- mixture of experts (issue 14) -----------------------------------------------------------------
@@ -147,11 +168,9 @@ def uncalibrated_moe(efficiency: Efficiency) -> Efficiency:
     return dataclasses.replace(efficiency, **{n: getattr(defaults, n) for n in MOE_FITTED})
 
 
-def fit_moe(rows, start: Efficiency | None = None, progress=None, fixed: dict | None = None
-            ) -> tuple[dict, float, float]:
+def fit_moe(rows, start: Efficiency | None = None, progress=None, fixed: dict | None = None) -> Fit:
     """Fit ``MOE_FITTED`` to MoE ``rows`` (of any GPUs), from ``start``'s values (default: the
-    uncalibrated ones); ``fixed`` values replace each row's own too. Returns (fitted values,
-    mean |error| % before, after)."""
+    uncalibrated ones); ``fixed`` values replace each row's own too."""
     from autoparallel.validate import predict_row
     start = start or Efficiency()
     fixed = fixed or {}
@@ -163,14 +182,15 @@ def fit_moe(rows, start: Efficiency | None = None, progress=None, fixed: dict | 
                          (predict_row(p, dataclasses.replace(p.hardware.efficiency, **fixed, **values)) for p in rows)])
 
     names = list(MOE_FITTED)
-    return _least_squares(names, [MOE_FITTED[n] for n in names], [getattr(start, n) for n in names], errors)
+    return _least_squares(names, [MOE_FITTED[n] for n in names], [getattr(start, n) for n in names], errors,
+                          len(rows))
 
 
-def fit_load_imbalance(pairs, moe_values: dict | None = None) -> tuple[float, float, float]:
+def fit_load_imbalance(pairs, moe_values: dict | None = None) -> Fit:
     """Fit ``moe_load_imbalance`` to published pairs of the same layout run with forced-balanced
     and with dropless routing (``validate.load_balance_pairs``): the predicted throughput ratio
-    against the measured one, with the MoE constants ``moe_values`` (default: uncalibrated).
-    Returns (value, mean |error| % of the ratio before, after)."""
+    against the measured one, with the MoE constants ``moe_values`` (default: uncalibrated);
+    before / after are the mean |error| % of the ratio."""
     from autoparallel.validate import predict_balance_ratio
     start = Efficiency().moe_load_imbalance
     moe_values = {**{n: getattr(Efficiency(), n) for n in MOE_FITTED}, **(moe_values or {})}
@@ -179,8 +199,7 @@ def fit_load_imbalance(pairs, moe_values: dict | None = None) -> tuple[float, fl
         return np.array([np.log(predict_balance_ratio(p, {**moe_values, **values}) / p.measured_ratio)
                          for p in pairs])
 
-    values, before, after = _least_squares(["moe_load_imbalance"], [LOAD_IMBALANCE_BOUNDS], [start], errors)
-    return values.get("moe_load_imbalance", start), before, after
+    return _least_squares(["moe_load_imbalance"], [LOAD_IMBALANCE_BOUNDS], [start], errors, len(pairs))
 
 
 def _yaml_float(value: float) -> str:
@@ -196,16 +215,21 @@ def user_preset(name: str) -> Path:
 
 
 def write_block(path: Path, fitted: dict, efficiency: Efficiency, note: str, calibrated_on: str,
-                source: Path | None = None) -> None:
+                source: Path | None = None, rename: str | None = None) -> None:
     """Write hardware YAML ``source`` (default ``path`` itself) to ``path`` with its fitted block
-    at the end replaced (or appended)."""
+    at the end replaced (or appended); ``note`` (one or more lines) heads the block. With
+    ``rename`` the preset becomes a new one: that ``name:``, no aliases (they belong to the
+    original)."""
     text = (source or path).read_text()
     if MARKER in text:
         text = text[: text.index(MARKER)]
     # Its own constants now: it no longer inherits another preset's.
     text = "\n".join(line for line in text.splitlines() if not line.startswith("efficiency_from:"))
+    if rename:
+        text = re.sub(r"^name:.*$", f"name: {rename}", text, count=1, flags=re.M)
+        text = re.sub(r"^aliases:[^\n]*\n(?:[ \t]*- [^\n]*\n)*", "", text + "\n", count=1, flags=re.M)
     values = {**dataclasses.asdict(efficiency), **fitted}
-    lines = [MARKER, f"# {note}", f"calibrated_on: {calibrated_on!r}", "efficiency:"]
+    lines = [MARKER, *(f"# {line}" for line in note.splitlines()), f"calibrated_on: {calibrated_on!r}", "efficiency:"]
     for key, value in values.items():
         if isinstance(value, dict):
             lines += [f"  {key}:"] + [f"    {k!r}: {_yaml_float(v)}" for k, v in value.items()] if value else []
@@ -215,39 +239,94 @@ def write_block(path: Path, fitted: dict, efficiency: Efficiency, note: str, cal
     write_atomic(path, text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n")
 
 
-def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Path | None = None) -> dict:
-    """Fit ``gpu`` to the rows measured on it and on the GPUs that take its constants
-    (``efficiency_from``); write the preset to ``output`` (default: the user's preset folder)."""
+PRESET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Path | None = None,
+         as_name: str | None = None, with_published: bool = False) -> dict:
+    """Fit ``gpu`` to the rows of ``runs`` (default: the published runs; ``with_published``: both)
+    measured on it and on the GPUs that take its constants (``efficiency_from``); write the
+    preset to ``output`` (default: the user's preset folder, as ``as_name`` if given)."""
     from rich.progress import Progress
 
     from autoparallel.validate import default_runs, load_runs
+    if as_name is not None and not PRESET_NAME.match(as_name):
+        raise UserError(f"--as {as_name!r}: a preset name is letters, digits, '.', '_' and '-'")
     hw = io.load_hardware(gpu)
-    runs_paths = [runs] if runs else list(default_runs())
-    rows = [p for p in load_runs(runs_paths) if p.hardware.name == hw.name or p.hardware.efficiency_from == hw.name]
+
+    def measured_on_gpu(paths):
+        return [p for p in load_runs(paths) if p.hardware.name == hw.name or p.hardware.efficiency_from == hw.name]
+
+    own = measured_on_gpu([runs]) if runs else []
+    published = measured_on_gpu(list(default_runs())) if with_published or not runs else []
+    rows = own + published
+    runs_paths = ([runs] if runs else []) + (list(default_runs()) if published else [])
     if not rows:
-        names = ", ".join(p.name for p in runs_paths)
-        raise UserError(f"no rows of {names} were measured on {hw.name}; nothing to fit")
+        names = ", ".join(p.name for p in runs_paths or [runs])
+        raise UserError(f"no dense rows of {names} were measured on {hw.name}; nothing to fit")
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"fitting {hw.name} on {len(rows)} runs", total=None)
-        fitted, before, after = fit(rows, hw.efficiency, progress=lambda: bar.advance(task))
-    for name, value in fitted.items():
+        result = fit(rows, hw.efficiency, progress=lambda: bar.advance(task))
+    for name, value in result.values.items():
         if name == "release_speed":
             console.print("  release_speed (relative to the newest release): "
                           + (", ".join(f"{r} {v:.3f}" for r, v in value.items()) or "none fitted"))
         else:
             console.print(f"  {name}: {getattr(hw.efficiency, name):.4g} -> {value:.4g}")
+    kept = _kept(result, len(rows))
+    for line in kept:
+        console.print(f"  {line}")
     gpus = sorted({str(p.row["gpu"]) for p in rows})
     sources = sorted({p.source for p in rows})
-    console.print(f"mean |error| on {len(rows)} rows ({', '.join(gpus)}): {before:.1f} % -> {after:.1f} %")
+    errors = f"mean |error| {result.before:.1f} % before, {result.after:.1f} % after"
+    console.print(f"{errors} on {len(rows)} rows ({', '.join(gpus)})")
+    if own and published:
+        after = dataclasses.replace(hw.efficiency, **result.values)
+        own_errors = (f"on the {len(own)} rows of {runs.name}: {mean_abs_error_pct(own, hw.efficiency):.1f} % "
+                      f"before, {mean_abs_error_pct(own, after):.1f} % after")
+        console.print(f"mean |error| {own_errors}")
+        errors += f"; {own_errors}"
     if write:
-        path = output or user_preset(hw.name)
+        name = as_name or hw.name
+        path = output or user_preset(name)
         names = " + ".join(p.name for p in runs_paths)
-        note = (f"{dt.date.today().isoformat()}: {len(rows)} rows of {names} ({', '.join(gpus)}; "
-                f"{', '.join(sources)}); mean |error| {before:.1f} % before, {after:.1f} % after")
-        write_block(path, fitted, hw.efficiency, note, f"{names}: {len(rows)} rows on {', '.join(gpus)}",
-                    source=io.resolve_preset("hardware", gpu))
-        console.print(f"wrote {path}")
-    return fitted
+        note = [f"{dt.date.today().isoformat()}: {len(rows)} rows of {names} ({', '.join(gpus)}; "
+                f"{', '.join(sources)}); {errors}",
+                *([f"calibrated copy of {hw.name}"] if as_name else []),
+                f"fitted: {', '.join(result.fitted) or 'nothing'}", *kept,
+                *_wrapped("runs: " + ", ".join(p.id for p in rows))]
+        write_block(path, result.values, hw.efficiency, "\n".join(note),
+                    f"{names}: {len(rows)} rows on {', '.join(gpus)}",
+                    source=io.resolve_preset("hardware", gpu), rename=as_name)
+        console.print(f"wrote {path}" + (f" (use it with --gpu {as_name})" if as_name else ""))
+    return result.values
+
+
+def mean_abs_error_pct(rows, efficiency: Efficiency) -> float:
+    """Mean |predicted / measured - 1| in percent over prepared rows, with ``efficiency``."""
+    from autoparallel.validate import predict_row
+    return float(np.mean([abs(predict_row(p, efficiency)["error_pct"]) for p in rows]))
+
+
+def _kept(result: Fit, n_rows: int) -> list[str]:
+    """What the fit left at its value, and why."""
+    lines = []
+    if result.unseen:
+        lines.append(f"kept, no row depends on them: {', '.join(result.unseen)}")
+    if result.capped:
+        lines.append(f"kept, {n_rows} row(s) fit at most {n_rows} constant(s): {', '.join(result.capped)}")
+    return lines
+
+
+def _wrapped(text: str, width: int = 98) -> list[str]:
+    out, line = [], ""
+    for word in text.split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            out.append(line)
+            line = "  " + word
+        else:
+            line = f"{line} {word}" if line else word
+    return out + [line]
 
 
 def main_moe(gpu: str, runs: Path | None, write: bool, console: Console, output: Path | None = None) -> dict:
@@ -267,13 +346,14 @@ def main_moe(gpu: str, runs: Path | None, write: bool, console: Console, output:
     # The published MoE rows are mostly force-balanced and the pairs see the other MoE constants a
     # little: the imbalance from uncalibrated constants, the MoE constants with it, the imbalance
     # again with those (independent of what the presets held before).
-    imbalance = fit_load_imbalance(pairs)[0]
+    imbalance = fit_load_imbalance(pairs).values.get("moe_load_imbalance", hw.efficiency.moe_load_imbalance)
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"fitting the MoE constants on {len(rows)} runs", total=None)
-        fitted, before, after = fit_moe(rows, progress=lambda: bar.advance(task),
-                                        fixed={"moe_load_imbalance": imbalance})
-    imbalance, ratio_before, ratio_after = fit_load_imbalance(pairs, fitted)
-    fitted["moe_load_imbalance"] = imbalance
+        moe_fit = fit_moe(rows, progress=lambda: bar.advance(task), fixed={"moe_load_imbalance": imbalance})
+    fitted, before, after = dict(moe_fit.values), moe_fit.before, moe_fit.after
+    ratio = fit_load_imbalance(pairs, fitted)
+    ratio_before, ratio_after = ratio.before, ratio.after
+    fitted["moe_load_imbalance"] = ratio.values.get("moe_load_imbalance", imbalance)
     for name, value in fitted.items():
         console.print(f"  {name}: {getattr(hw.efficiency, name):.4g} -> {value:.4g}")
     gpus = sorted({str(p.row["gpu"]) for p in rows})
@@ -289,7 +369,7 @@ def main_moe(gpu: str, runs: Path | None, write: bool, console: Console, output:
         notes.append(f"MoE constants ({dt.date.today().isoformat()}): {len(rows)} MoE rows of {names} "
                      f"({', '.join(gpus)}), mean |error| {before:.1f} % -> {after:.1f} %; load imbalance on "
                      f"{len(pairs)} forced/dropless pairs of moe_load_balance.csv")
-        write_block(path, fitted, hw.efficiency, "\n# ".join(notes), hw.calibrated_on, source=source)
+        write_block(path, fitted, hw.efficiency, "\n".join(notes), hw.calibrated_on, source=source)
         console.print(f"wrote {path}")
     return fitted
 

@@ -25,6 +25,14 @@ def _bandwidths(hw: HardwareSpec):
     return nvlink, network
 
 
+def internode_bytes(nbytes, group_size, per_node):
+    """Bytes each rank sends over the network in a reduce-scatter (or all-gather) of ``nbytes``."""
+    n = np.asarray(group_size, dtype=float)
+    g = np.minimum(per_node, n)
+    nodes = n / g
+    return (nodes - 1) / np.maximum(nodes, 1) * (nbytes / g)
+
+
 def reduce_scatter_time(hw: HardwareSpec, nbytes, group_size, per_node):
     """Reduce-scatter (or all-gather: the same traffic) of ``nbytes`` over ``group_size`` ranks."""
     n = np.asarray(group_size, dtype=float)
@@ -32,7 +40,7 @@ def reduce_scatter_time(hw: HardwareSpec, nbytes, group_size, per_node):
     nodes = n / g
     nvlink, network = _bandwidths(hw)
     intra = (g - 1) / g * nbytes / nvlink
-    inter = (nodes - 1) / np.maximum(nodes, 1) * (nbytes / g) / network
+    inter = internode_bytes(nbytes, n, g) / network
     latency = np.where(g > 1, hw.nvlink_latency_us, 0.0) + np.where(nodes > 1, hw.internode_latency_us, 0.0)
     return np.where(n > 1, intra + inter + latency * 1e-6, 0.0)
 

@@ -239,11 +239,18 @@ def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.n
     # Activation offloading (pp = 1 only): the offloaded layers' saved activations go to the host
     # behind the forward pass and come back behind the backward pass.
     offloaded = np.minimum(f64("cpu_offloading_num_layers"), first_layers)
-    stored_mean = stage_sum("stored", first_layers, first_moe) / first_layers
-    transfer = offloaded * stored_mean / (hw.host_link_gbps * 1e9)
-    first_forward = stage_sum("forward", first_layers, first_moe)
+    mean = lambda key: stage_sum(key, first_layers, first_moe) / np.maximum(first_layers, 1.0)  # noqa: E731
+    host_link = hw.host_link_gbps * 1e9
+    if hw.network_shares_host_link:  # FSDP's inter-node gathers and reduce-scatters take their share
+        per_param = 2.0 * memory.WEIGHT_BYTES + grad_bytes
+        fsdp_network = np.where(fsdp, comm.internode_bytes(mean("params") * per_param, dp_group, dp_per_node)
+                                + comm.internode_bytes(mean("expert_params") * per_param, edp_group, edp_per_node),
+                                0.0)
+        host_link = np.maximum(host_link - fsdp_network / mean("compute"), 0.1 * host_link)
+    transfer = offloaded * mean("stored") / host_link
+    first_forward = first_layers * mean("forward")
     t_offload = (np.maximum(transfer - first_forward, 0.0)
-                 + np.maximum(transfer - (stage_sum("compute", first_layers, first_moe) - first_forward), 0.0))
+                 + np.maximum(transfer - (first_layers * mean("compute") - first_forward), 0.0))
 
     single = p == 1
     first_time = stage_sum("time", first_layers, first_moe) + stage_pp + np.where(single, t_logits, 0.0) + t_offload

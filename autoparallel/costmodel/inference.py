@@ -1,53 +1,54 @@
-"""Latency, throughput and memory of serving layouts, as columns (pure numpy).
+"""One forward pass of a serving engine, its memory, and static batching (pure numpy).
 
-One replica of ``tp * pp`` GPUs serves ``batch`` requests at once, each with ``input_len``
-prompt tokens and ``output_len`` generated tokens (static batching, as FasterTransformer and
-the TensorRT-LLM / vLLM benchmark harnesses measure it). Per forward pass and per layer, on one
-GPU:
+A serving engine runs the model as a sequence of forward passes ("iterations"). One pass of one
+pipeline stage over ``tokens`` tokens costs, per layer and GPU (``stage_pass``):
 
 - **compute**: Linear GEMMs, 2 FLOPs per active parameter per token (over ``tp``), at a
   size-dependent fraction of the BF16 / FP8 peak (small GEMMs starve the GPU, as in training);
-  plus the attention core (prefill: 4·s²·heads·head_dim per sequence; decode: 4·ctx·heads·
-  head_dim per token);
-- **memory**: every weight of the layer shard is read once per pass, and in decode every cached
-  K/V of every sequence (KV cache = 2·layers·kv_heads·head_dim·bytes per token, KV heads sharded
-  by ``tp`` and replicated where ``tp`` exceeds them) at an achieved fraction of HBM bandwidth;
-- the two are combined by a smooth roofline ``(c^k + m^k)^(1/k)`` (``k`` fitted; ``k -> inf``
-  is the hard max): decode is bandwidth-bound at small batch, compute-bound at large batch,
-  prefill is compute-bound;
+  plus the attention core (prefill: 2·s²·heads·head_dim per sequence, causal; decode:
+  4·ctx·heads·head_dim per token);
+- **memory**: every weight of the layer shard is read once per pass, and every cached K/V a
+  decoding sequence attends to (KV cache = 2·layers·kv_heads·head_dim·bytes per token, KV heads
+  sharded by ``tp`` and replicated where ``tp`` exceeds them) at an achieved fraction of HBM
+  bandwidth;
+- each kernel is bound by its own FLOPs or bytes, combined by a smooth roofline
+  ``(c^k + m^k)^(1/k)`` (``k`` fitted; ``k -> inf`` is the hard max), and the kernels run one
+  after another: the GEMMs (weights read vs. FLOPs: bandwidth-bound at small batch,
+  compute-bound at large batch), the attention core (decode: KV reads; prefill: FLOPs) and the
+  element-wise kernels add up;
 - **TP**: two all-reduces of the layer output per layer, priced by ``comm.all_reduce_time`` plus
   a fitted per-call latency floor (small inference messages never reach bus bandwidth), higher
   when the group leaves the NVLink domain;
 - memory-bound element-wise traffic per token (norms, bias, activation, residual), a fixed
-  per-layer cost (kernel launches), the sampler's cost per logit (top-p sorts the vocabulary)
-  and a per-pass host cost.
+  per-layer cost (kernel launches), and on the last stage the output layer and the sampler's
+  cost per logit (top-p sorts the vocabulary).
 
-**Pipeline**: the batch is split into ``m = min(pp, batch)`` micro-batches (vLLM's virtual
-engines; FasterTransformer's own rule for validation). The prefill of the batch costs
-``(m + pp - 1)`` stage times of one micro-batch plus the hand-offs; a decode step costs ``pp``
-stage times in the steady state where the micro-batches follow each other through the stages
-(``m + pp - 1`` for FT, which flushes the pipeline every step). So PP adds per-token latency
-(hand-offs, smaller micro-batches) and earns throughput only by keeping stages busy.
+**Static batching** (``estimate_static_columns``; FasterTransformer and TensorRT-LLM's
+``gptSessionBenchmark``): ``batch`` requests start together, each with ``input_len`` prompt and
+``output_len`` generated tokens. The batch is split into ``m = min(pp, batch)`` micro-batches
+(FasterTransformer's own rule for validation). The prefill costs ``(m + pp - 1)`` stage times of
+one micro-batch plus the hand-offs; a decode step costs ``pp`` stage times in the steady state
+where the micro-batches follow each other through the stages (``m + pp - 1`` for FT, which
+flushes the pipeline every step). Latency metrics: ``ttft`` = prefill of the whole batch;
+``tpot`` = one decode pass at the mean context length; ``e2e`` = ttft + decode_steps·tpot
+(``decode_steps`` = output_len - 1 by default; FT's published latency has output_len steps).
 
-Latency metrics: ``ttft`` = prefill of the whole batch (the first token comes out of it);
-``tpot`` = one decode pass at the mean context length; ``e2e`` = ttft + (output_len - 1)·tpot.
-FasterTransformer's published latency is context + ``output_len`` decoder steps; the
-validation passes ``decode_steps`` for that.
+In-flight (continuous) batching, what engines run today, is ``costmodel.inflight``; it uses the
+same ``stage_pass`` and memory terms.
 
 Memory per GPU (the fullest pipeline stage): weights (embedding and output layer in 16 bit),
-KV cache for ``batch * (input_len + output_len)`` tokens, prefill activations of one chunk of
-at most ``prefill_chunk_tokens`` tokens (what the engine's scheduler bounds), the logits of one
-pass, and the hardware's fixed reserve.
+KV cache, activations of the tokens of one pass (at most the engine's token budget), the logits
+of one pass, and the hardware's fixed reserve.
 
-Constants: ``InferenceEfficiency``; fitted to FasterTransformer's A100 tables by
-``python -m autoparallel.serve.validate --fit`` and stored in
-``search_spaces/inference_assumptions.yaml``.
+Constants: ``InferenceEfficiency`` per serving engine, fitted by
+``python -m autoparallel.serve.fit`` and stored in ``search_spaces/inference_assumptions.yaml``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -62,13 +63,14 @@ PRECISIONS = tuple(PRECISION_BYTES)
 ACT_BYTES = 2.0  # activations stay 16 bit
 LOGIT_BYTES = 4.0  # FP32 logits of the sampled position
 SCORE_TRIPS = 4.0  # unfused attention: write QK^T, read it for softmax, write P, read P for P·V
-LATENCY_METRICS = ("ttft", "tpot", "e2e")
+GEMMS_PER_LAYER = 4.0  # QKV, projection, FC1 (fused gate/up), FC2
 
-COLUMNS = ("tp", "pp", "batch", "input_len", "output_len", "weight_precision", "kv_precision")
+STATIC_COLUMNS = ("tp", "pp", "batch", "input_len", "output_len", "weight_precision", "kv_precision")
+#: Breakdown of one decode pass (seconds; compute and memory overlap in the roofline).
+PASS_KEYS = ("decode_compute_s", "decode_memory_s", "decode_tp_comm_s", "decode_overhead_s", "decode_pp_s")
+MEMORY_KEYS = ("memory_per_gpu_gib", "weights_gib", "kv_cache_gib", "activations_gib", "reserve_gib")
 OUTPUT_KEYS = ("ttft_s", "tpot_s", "latency_s", "output_tokens_per_s_per_replica", "fits",
-               "memory_per_gpu_gib", "weights_gib", "kv_cache_gib", "activations_gib", "reserve_gib",
-               "decode_compute_s", "decode_memory_s", "decode_tp_comm_s", "decode_overhead_s",
-               "decode_pp_s")
+               *MEMORY_KEYS, *PASS_KEYS)
 
 
 @dataclass(frozen=True)
@@ -76,10 +78,8 @@ class InferenceEfficiency:
     """Fitted fractions of peak and fixed costs of one serving engine on one GPU type.
 
     The defaults are the fit to FasterTransformer on A100 (rounded; the assumptions YAML holds
-    the exact fit, the command and the data); other GPUs reuse them unless their own block in
-    that YAML overrides them. Fitted to FT, they describe FT: e.g. ``layer_overhead_us`` holds
-    FT's kernel launches without CUDA graphs. ``attention`` is not fitted (the published prompts
-    are too short to show it): 0.4 of the BF16 peak, below FlashAttention-2's 50-70 % forward.
+    each engine's exact fit, the command and the data). Fitted to an engine, they describe that
+    engine: e.g. ``layer_overhead_us`` holds FT's kernel launches without CUDA graphs.
     """
 
     hbm: float = 0.91  # achieved share of HBM bandwidth streaming weights and KV cache
@@ -89,7 +89,7 @@ class InferenceEfficiency:
     attention: float = 0.4  # prefill attention core as a share of the BF16 peak
     roofline_sharpness: float = 20.0  # k in (compute^k + memory^k)^(1/k)
     layer_overhead_us: float = 107.0  # per layer and forward pass
-    pass_overhead_us: float = 0.0  # per forward pass (sampling, host work)
+    pass_overhead_us: float = 0.0  # per forward pass / engine iteration (scheduling, host work)
     allreduce_latency_us: float = 21.2  # per all-reduce inside an NVLink domain, on top of comm
     internode_allreduce_latency_us: float = 65.8  # per all-reduce that leaves the domain
     p2p_latency_us: float = 30.0  # per pipeline hand-off inside an NVLink domain (not fitted: no data)
@@ -107,7 +107,47 @@ class InferenceEfficiency:
             raise ValueError(f"roofline_sharpness must be >= 1, got {self.roofline_sharpness}")
 
 
-def _bytes(names) -> np.ndarray:
+@dataclass(frozen=True)
+class ServingEngine:
+    """How one serving engine batches requests and allocates its KV cache (its own defaults).
+
+    Data, not fitted: every value is the engine's documented behaviour or default (the
+    assumptions YAML cites where each comes from). ``batching``: ``inflight`` (requests join and
+    leave the running batch every iteration) or ``static`` (a batch runs to completion).
+    ``kv_reservation``: ``full`` reserves the blocks of the whole request (prompt + every output
+    token) when it is admitted (TensorRT-LLM's GUARANTEED_NO_EVICT); ``current`` allocates blocks
+    as tokens arrive (vLLM, SGLang, TensorRT-LLM's MAX_UTILIZATION), so a request holds on
+    average its prompt and half its output. ``kv_memory``: the KV pool is ``kv_memory_fraction``
+    of the memory left after weights and activations (``free``, TensorRT-LLM's
+    kv_cache_free_gpu_mem_fraction) or that fraction of the whole GPU minus weights and
+    activations (``total``, vLLM's gpu_memory_utilization, SGLang's mem_fraction_static).
+    ``max_batch_size`` / ``max_num_tokens``: the engine's defaults for requests in one running
+    batch and tokens in one iteration (the search overrides them).
+    """
+
+    name: str
+    batching: Literal["inflight", "static"] = "inflight"
+    kv_block_tokens: int = 64
+    kv_reservation: Literal["full", "current"] = "full"
+    kv_memory: Literal["free", "total"] = "free"
+    kv_memory_fraction: float = 0.9
+    chunked_prefill: bool = True
+    max_batch_size: int = 2048
+    max_num_tokens: int = 8192
+    microbatching: Literal["even", "fastertransformer"] = "even"
+    flash_attention: bool = True
+    cli: str = ""  # the command that starts it (for exports and reports)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.kv_memory_fraction <= 1:
+            raise ValueError(f"kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction}")
+        for key in ("kv_block_tokens", "max_batch_size", "max_num_tokens"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
+
+
+def precision_bytes(names) -> np.ndarray:
     names = np.asarray(names)
     out = np.full(names.shape, np.nan)
     for name, nbytes in PRECISION_BYTES.items():
@@ -155,12 +195,126 @@ def microbatch_size(batch, tokens_per_seq, pp, policy: str = "even"):
     return local
 
 
-def estimate_inference_columns(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency,
-                               cols: Mapping[str, np.ndarray], memory_fraction: float = 0.9,
-                               prefill_chunk_tokens: float | np.ndarray = np.inf,
-                               decode_steps=None, microbatching: str = "even",
-                               flash_attention: bool = True) -> dict[str, np.ndarray]:
-    """Predict every serving layout in ``cols`` (``COLUMNS`` -> arrays). Returns metric columns.
+@dataclass(frozen=True)
+class Layout:
+    """The per-candidate arrays every pass of one layout needs (one element per candidate)."""
+
+    model: ModelSpec
+    hw: HardwareSpec
+    eff: InferenceEfficiency
+    tp: np.ndarray
+    pp: np.ndarray
+    weight_bytes: np.ndarray  # per weight element
+    kv_bytes: np.ndarray  # per KV element
+
+    @property
+    def stage_layers(self) -> np.ndarray:
+        return np.ceil(self.model.num_layers / self.pp)
+
+    def kv_bytes_per_token(self) -> np.ndarray:
+        """KV cache of one token on one GPU of the fullest stage."""
+        return kv_bytes_per_token(self.model, self.stage_layers, self.tp, self.kv_bytes)
+
+    def weights(self) -> np.ndarray:
+        """Weight bytes on one GPU of the fullest stage (embedding and output layer in 16 bit)."""
+        m, t = self.model, self.tp
+        emb = m.embedding_params / t * ACT_BYTES
+        out_w = 0.0 if m.tie_embeddings else emb
+        ends = np.where(self.pp > 1, np.maximum(emb, out_w), emb + out_w)
+        return self.stage_layers * m.layer_params / t * self.weight_bytes + ends
+
+    def activations_per_token(self) -> np.ndarray:
+        """Live activation bytes of one token in one layer's forward pass (16 bit)."""
+        m, t = self.model, self.tp
+        ffn = m.expert_ffn_hidden_size if m.is_moe else m.ffn_hidden_size
+        ffn_mult = (2.0 if m.gated_mlp else 1.0) * (m.moe_router_topk if m.is_moe else 1)
+        h, hd = m.hidden_size, m.head_dim
+        return ACT_BYTES * (4.0 * h + (m.num_attention_heads + 2 * m.query_groups) * hd / t + ffn_mult * ffn / t)
+
+    def logits(self, sequences) -> np.ndarray:
+        return sequences * self.model.vocab_size / self.tp * LOGIT_BYTES
+
+
+def layout(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency, tp, pp,
+           weight_precision, kv_precision) -> Layout:
+    return Layout(model, hw, eff, np.asarray(tp, dtype=float), np.asarray(pp, dtype=float),
+                  precision_bytes(weight_precision), precision_bytes(kv_precision))
+
+
+def stage_pass(lay: Layout, tokens, sampled, attn_flops, attn_bytes) -> dict[str, np.ndarray]:
+    """One micro-batch of ``tokens`` tokens through one pipeline stage.
+
+    ``sampled``: sequences whose next token is sampled (the output layer runs on their last
+    position only). ``attn_flops`` / ``attn_bytes``: attention-core FLOPs and HBM bytes of one
+    layer on one GPU (KV reads of decoding sequences; unfused prefill scores). Returns the stage
+    time and its parts (compute and memory overlap in the roofline, so they do not add up).
+    """
+    model, hw, eff, t = lay.model, lay.hw, lay.eff, lay.tp
+    h, V = model.hidden_size, model.vocab_size
+    peak16 = hw.bf16_tflops * 1e12
+    peak8 = (hw.fp8_tflops or hw.bf16_tflops) * 1e12 * eff.fp8_gemm_relative
+    gemm_peak = np.where(lay.weight_bytes == 1.0, peak8, peak16)  # FP8 weights run FP8 GEMMs
+    hbm = hw.hbm_tbps * 1e12 * eff.hbm
+    k = eff.roofline_sharpness
+
+    lin_flops = 2.0 * model.active_layer_params / t * tokens
+    gemm_gflop = np.maximum(lin_flops / GEMMS_PER_LAYER / 1e9, 1e-12)
+    t_lin = lin_flops / (gemm_peak * eff.gemm_max / (1.0 + eff.gemm_half_gflop / gemm_gflop))
+    # Attention runs on the KV cache's precision: an FP8 cache is read by FP8 attention kernels
+    # (TensorRT-LLM's FP8 context FMHA and XQA), at the FP8 peak.
+    attn_peak = np.where(lay.kv_bytes == 1.0, (hw.fp8_tflops or hw.bf16_tflops) * 1e12, peak16)
+    t_attn = attn_flops / (attn_peak * eff.attention)
+    weight_read = model.layer_params / t * lay.weight_bytes / hbm
+    attn_read = attn_bytes / hbm
+    elementwise = eff.elementwise_bytes_per_token_hidden * tokens * h / hbm
+    mem = weight_read + attn_read + elementwise
+    compute = t_lin + t_attn
+    ar_floor = np.where(t > 1, np.where(t > hw.nvlink_domain, eff.internode_allreduce_latency_us,
+                                        eff.allreduce_latency_us), 0.0) * 1e-6
+    per_node = comm.ranks_per_domain(hw, t, 1)
+    ar = 2.0 * (comm.all_reduce_time(hw, ACT_BYTES * tokens * h, t, per_node) + ar_floor)
+    overhead = eff.layer_overhead_us * 1e-6
+    # Each kernel is bound by its own FLOPs or bytes; the kernels run one after another.
+    layer = _soft_max(t_lin, weight_read, k) + _soft_max(t_attn, attn_read, k) + elementwise + ar + overhead
+    # Output layer on the last stage: logits of the sampled positions.
+    out_compute = 2.0 * sampled * h * V / t / (peak16 * eff.gemm_max)
+    out_mem = (h * V / t * ACT_BYTES) / hbm
+    t_out = _soft_max(out_compute, out_mem, k) + sampled * V * eff.sampling_ns_per_logit * 1e-9
+    layers = lay.stage_layers
+    return {"time": layers * layer + t_out, "compute": layers * compute + out_compute,
+            "memory": layers * mem + out_mem, "tp_comm": layers * ar, "overhead": layers * overhead}
+
+
+def pipeline_hop(lay: Layout, tokens) -> np.ndarray:
+    """Hand-off of ``tokens`` activations to the next pipeline stage (0 without PP)."""
+    eff, hw = lay.eff, lay.hw
+    cross = lay.tp * lay.pp > hw.nvlink_domain
+    floor = np.where(cross, eff.internode_p2p_latency_us, eff.p2p_latency_us) * 1e-6
+    nbytes = ACT_BYTES * tokens * lay.model.hidden_size
+    return np.where(lay.pp > 1, comm.p2p_time(hw, nbytes, ~cross) + floor, 0.0)
+
+
+def prefill_attention(lay: Layout, sequences, prompt, flash: bool = True):
+    """Causal attention over whole prompts: (FLOPs, HBM bytes) of one layer on one GPU."""
+    m = lay.model
+    flops = 0.5 * 4.0 * sequences * prompt * prompt * m.num_attention_heads * m.head_dim / lay.tp
+    scores = 0.0 if flash else SCORE_TRIPS * ACT_BYTES * sequences * prompt * prompt * m.num_attention_heads / lay.tp
+    return flops, scores
+
+
+def decode_attention(lay: Layout, sequences, context):
+    """One new token per sequence attending to ``context`` cached tokens: (FLOPs, KV bytes)."""
+    m = lay.model
+    flops = 4.0 * sequences * context * m.num_attention_heads * m.head_dim / lay.tp
+    return flops, sequences * context * kv_bytes_per_token(m, 1, lay.tp, lay.kv_bytes)
+
+
+def estimate_static_columns(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency,
+                            cols: Mapping[str, np.ndarray], memory_fraction: float = 0.9,
+                            prefill_chunk_tokens: float | np.ndarray = np.inf,
+                            decode_steps=None, microbatching: str = "even",
+                            flash_attention: bool = True) -> dict[str, np.ndarray]:
+    """Predict static-batching layouts (``STATIC_COLUMNS`` -> arrays). Returns ``OUTPUT_KEYS``.
 
     ``decode_steps``: decode passes that follow the prefill (default ``output_len - 1``: the
     prefill yields the first token). ``flash_attention=False`` prices an unfused prefill
@@ -169,116 +323,54 @@ def estimate_inference_columns(model: ModelSpec, hw: HardwareSpec, eff: Inferenc
     (memory only; compute is the same). ``microbatching``: see ``microbatch_size``.
     """
     f64 = lambda k: np.asarray(cols[k], dtype=float)  # noqa: E731
-    t, p, b = f64("tp"), f64("pp"), f64("batch")
-    s_in, s_out = f64("input_len"), f64("output_len")
-    wb = _bytes(cols["weight_precision"])
-    kvb = _bytes(cols["kv_precision"])
+    b, s_in, s_out = f64("batch"), f64("input_len"), f64("output_len")
+    lay = layout(model, hw, eff, cols["tp"], cols["pp"], cols["weight_precision"], cols["kv_precision"])
+    p = lay.pp
     steps = np.maximum(s_out - 1.0, 0.0) if decode_steps is None else np.asarray(decode_steps, float)
-
-    L, h, V = model.num_layers, model.hidden_size, model.vocab_size
-    heads, hd = model.num_attention_heads, model.head_dim
-    stage_layers = np.ceil(L / p)
-
-    peak16 = hw.bf16_tflops * 1e12
-    peak8 = (hw.fp8_tflops or hw.bf16_tflops) * 1e12 * eff.fp8_gemm_relative
-    gemm_peak = np.where(wb == 1.0, peak8, peak16)  # FP8 weights run FP8 GEMMs
-    hbm = hw.hbm_tbps * 1e12 * eff.hbm
-    k = eff.roofline_sharpness
-
-    layer_params = model.active_layer_params / t  # per GPU
-    layer_weight_bytes = model.layer_params / t * wb
-    gemms = 4.0  # QKV, projection, FC1 (fused gate/up), FC2
-    per_node = comm.ranks_per_domain(hw, t, 1)
-    crosses = t > hw.nvlink_domain
-    ar_floor = np.where(t > 1, np.where(crosses, eff.internode_allreduce_latency_us,
-                                        eff.allreduce_latency_us), 0.0) * 1e-6
-    pp_cross = t * p > hw.nvlink_domain
-
-    def stage_pass(tokens, seqs, ctx, prefill):
-        """One micro-batch through one pipeline stage: (time, compute, memory, tp, overhead)."""
-        lin_flops = 2.0 * layer_params * tokens
-        gemm_eff = eff.gemm_max / (1.0 + eff.gemm_half_gflop / np.maximum(lin_flops / gemms / 1e9, 1e-12))
-        t_lin = lin_flops / (gemm_peak * gemm_eff)
-        if prefill:  # causal attention over the prompt
-            attn_flops = 0.5 * 4.0 * seqs * ctx * ctx * heads * hd / t
-            kv_read = 0.0 if flash_attention else SCORE_TRIPS * ACT_BYTES * seqs * ctx * ctx * heads / t
-        else:
-            attn_flops = 4.0 * seqs * ctx * heads * hd / t
-            kv_read = seqs * ctx * kv_bytes_per_token(model, 1, t, kvb)
-        t_attn = attn_flops / (peak16 * eff.attention)
-        elementwise = eff.elementwise_bytes_per_token_hidden * tokens * h
-        mem = (layer_weight_bytes + kv_read + elementwise) / hbm
-        compute = t_lin + t_attn
-        layer = _soft_max(compute, mem, k)
-        ar = 2.0 * (comm.all_reduce_time(hw, ACT_BYTES * tokens * h, t, per_node) + ar_floor)
-        layer_total = layer + ar + eff.layer_overhead_us * 1e-6
-        # Output layer on the last stage: logits of the last position of each sequence.
-        out_flops = 2.0 * seqs * h * V / t
-        out_mem = (h * V / t * ACT_BYTES) / hbm
-        out_compute = out_flops / (peak16 * eff.gemm_max)
-        t_out = _soft_max(out_compute, out_mem, k) + seqs * V * eff.sampling_ns_per_logit * 1e-9
-        stage = stage_layers * layer_total + t_out
-        return (stage, stage_layers * compute + out_compute, stage_layers * mem + out_mem,
-                stage_layers * ar, stage_layers * eff.layer_overhead_us * 1e-6)
-
-    hop_bytes = lambda tokens: ACT_BYTES * tokens * h  # noqa: E731
-    hop_floor = np.where(pp_cross, eff.internode_p2p_latency_us, eff.p2p_latency_us) * 1e-6
-    hop = lambda tokens: np.where(p > 1, comm.p2p_time(hw, hop_bytes(tokens), ~pp_cross)  # noqa: E731
-                                  + hop_floor, 0.0)
+    pass_us = eff.pass_overhead_us * 1e-6
 
     # Prefill: the whole batch's prompts, micro-batched over the pipeline.
-    mb = microbatch_size(b, s_in, p, microbatching)
-    m = b / mb
-    pre_stage, *_ = stage_pass(mb * s_in, mb, s_in, prefill=True)
-    ttft = (m + p - 1.0) * (pre_stage + hop(mb * s_in)) + eff.pass_overhead_us * 1e-6
+    mb_prefill = microbatch_size(b, s_in, p, microbatching)
+    m = b / mb_prefill
+    flops, scores = prefill_attention(lay, mb_prefill, s_in, flash_attention)
+    pre = stage_pass(lay, mb_prefill * s_in, mb_prefill, flops, scores)
+    ttft = (m + p - 1.0) * (pre["time"] + pipeline_hop(lay, mb_prefill * s_in)) + pass_us
 
     # Decode: one token per sequence at the mean context length.
     ctx = s_in + 0.5 * (s_out + 1.0)
-    mb_prefill = mb
     mb = microbatch_size(b, 1, p, microbatching)
     m = b / mb
-    dec_stage, dec_compute, dec_mem, dec_ar, dec_over = stage_pass(mb, mb, ctx, prefill=False)
+    flops, kv_read = decode_attention(lay, mb, ctx)
+    dec = stage_pass(lay, mb, mb, flops, kv_read)
     # FT flushes the pipeline every step: (m + pp - 1) stage times. Engines that keep pp
     # micro-batches in flight across steps (vLLM virtual engines, TensorRT-LLM) reach a steady
     # state where each micro-batch's token takes pp stage times and all stages stay busy.
     slots = m + p - 1.0 if microbatching == "fastertransformer" else np.maximum(m, p)
-    dec_hop = hop(mb)
-    tpot = slots * (dec_stage + dec_hop) + eff.pass_overhead_us * 1e-6
+    hop = pipeline_hop(lay, mb)
+    tpot = slots * (dec["time"] + hop) + pass_us
     latency = ttft + steps * tpot
     throughput = b * s_out / latency  # generated tokens per second of one replica
 
-    # --- memory (fullest stage) -----------------------------------------------------------
-    emb = model.embedding_params / t * ACT_BYTES
-    out_w = 0.0 if model.tie_embeddings else emb
-    ends = np.where(p > 1, np.maximum(emb, out_w), emb + out_w)
-    weights = stage_layers * layer_weight_bytes + ends
-    per_seq_kv = (s_in + s_out) * kv_bytes_per_token(model, stage_layers, t, kvb)
-    kv = b * per_seq_kv
-    ffn = model.expert_ffn_hidden_size if model.is_moe else model.ffn_hidden_size
-    ffn_mult = (2.0 if model.gated_mlp else 1.0) * (model.moe_router_topk if model.is_moe else 1)
-    act_per_token = ACT_BYTES * (4.0 * h + (heads + 2 * model.query_groups) * hd / t + ffn_mult * ffn / t)
+    weights = lay.weights()
+    kv = b * (s_in + s_out) * lay.kv_bytes_per_token()
     chunk = np.minimum(mb_prefill * s_in, prefill_chunk_tokens)
-    logits = b * V / t * LOGIT_BYTES
-    activations = chunk * act_per_token + logits
+    activations = chunk * lay.activations_per_token() + lay.logits(b)
     reserve = hw.reserve_gib * GIB
     total = weights + kv + activations + reserve
-    limit = memory_fraction * hw.memory_gib * GIB
-    fits = total <= limit
     return {
         "ttft_s": ttft,
         "tpot_s": tpot,
         "latency_s": latency,
         "output_tokens_per_s_per_replica": throughput,
-        "fits": fits,
+        "fits": total <= memory_fraction * hw.memory_gib * GIB,
         "memory_per_gpu_gib": total / GIB,
         "weights_gib": weights / GIB,
         "kv_cache_gib": kv / GIB,
         "activations_gib": activations / GIB,
         "reserve_gib": np.full_like(total, hw.reserve_gib),
-        # One decode pass, split (seconds; compute and memory overlap in the roofline).
-        "decode_compute_s": slots * dec_compute,
-        "decode_memory_s": slots * dec_mem,
-        "decode_tp_comm_s": slots * dec_ar,
-        "decode_overhead_s": slots * dec_over + eff.pass_overhead_us * 1e-6,
-        "decode_pp_s": slots * dec_hop,
+        "decode_compute_s": slots * dec["compute"],
+        "decode_memory_s": slots * dec["memory"],
+        "decode_tp_comm_s": slots * dec["tp_comm"],
+        "decode_overhead_s": slots * dec["overhead"] + pass_us,
+        "decode_pp_s": slots * hop,
     }

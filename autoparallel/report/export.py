@@ -1,163 +1,207 @@
-"""A plan as the settings other tools take: Megatron-LM flags, a NeMo YAML block, and the
-TransformerEngine FP8 recipe.
+"""A plan as Megatron-LM runs it: the command-line flags, the environment, the TransformerEngine
+recipe, and best.yaml's document (NeMo's two config shapes live in ``report.nemo``, the launch
+script in ``report.launch``).
 
-Flag names are those of megatron/training/arguments.py; NeMo keys are those of the NeMo
-(1.x YAML / 2.x recipe) model config. Keeping all three in one module means a knob added to
-Plan shows up in one place when it must be exported.
+The flags define the model completely (a flag Megatron-LM defaults differently from the preset is
+always written) and the run exactly as the cost model priced it: precision and gradient
+reduction, the overlaps, ring (p2p) context parallelism, BF16 parameter all-gathers (no
+``--fp8-param-gather``), uneven pipeline stages and FSDP when the plan uses them. Flag names are
+those of megatron/training/arguments.py; ``benchmarks/bench_megatron_args.py`` runs Megatron-LM's
+own parse_args / validate_args / TransformerConfig on them.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from autoparallel.report import moe_export
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
 
-TE_RECIPES = {
-    "fp8-delayed": ("DelayedScaling", "delayed"),
-    "fp8-current": ("Float8CurrentScaling", "tensorwise"),
-    "fp8-blockwise": ("Float8BlockScaling", "blockwise"),
-    "mxfp8": ("MXFP8BlockScaling", "mxfp8"),
+
+@dataclass(frozen=True)
+class Fp8Export:
+    te_class: str  # transformer_engine.common.recipe.<te_class>
+    megatron_recipe: str  # --fp8-recipe
+    fp8_format: str  # --fp8-format: hybrid = E4M3 forward, E5M2 gradients
+    citation: str
+
+
+# One FP8 format per recipe, used by every block (Megatron, NeMo, TE) so they cannot disagree.
+FP8_RECIPES = {
+    "fp8-delayed": Fp8Export("DelayedScaling", "delayed", "hybrid", "NeMo bf16_with_fp8_mixed"),
+    "fp8-current": Fp8Export("Float8CurrentScaling", "tensorwise", "hybrid",
+                             "NeMo bf16_with_fp8_current_scaling_mixed"),
+    "fp8-blockwise": Fp8Export("Float8BlockScaling", "blockwise", "e4m3",
+                               "DeepSeek-V3 (E4M3 everywhere); TE Float8BlockScaling default"),
+    "mxfp8": Fp8Export("MXFP8BlockScaling", "mxfp8", "hybrid", "NeMo bf16_with_mxfp8_mixed"),
 }
+# Delayed scaling as priced and as NeMo's FP8 recipes set it (DESIGN.md §6).
+AMAX_HISTORY_LEN = 1024
+AMAX_COMPUTE_ALGO = "max"
+# The cost model prices context parallelism as a ring exchange of K/V chunks (costmodel.estimate).
+CP_COMM_TYPE = "p2p"
+MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128  # Megatron-LM's default padding (times TP)
+# File-based tokenizers need paths the user supplies: shell variables, defined by train.sh.
+TOKENIZER_FILES = {"GPT2BPETokenizer": {"--vocab-file": "VOCAB_FILE", "--merge-file": "MERGE_FILE"},
+                   "GPTSentencePieceTokenizer": {"--tokenizer-model": "TOKENIZER_MODEL"}}
+NORMALIZATION = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 
 
-def megatron_args(model: ModelSpec, plan: Plan) -> list[str]:
-    """Megatron-LM command-line arguments for the model and the plan."""
-    a = [
-        f"--num-layers {model.num_layers}",
-        f"--hidden-size {model.hidden_size}",
-        f"--ffn-hidden-size {model.ffn_hidden_size}",
-        f"--num-attention-heads {model.num_attention_heads}",
-        f"--seq-length {model.seq_length}",
-        f"--max-position-embeddings {model.seq_length}",
-    ]
+def recompute_layers(model: ModelSpec, plan: Plan) -> int:
+    """Layers per pipeline chunk that full recompute covers (Megatron's block method)."""
+    return plan.recompute_num_layers or model.num_layers // (plan.pp * plan.vp)
+
+
+def model_flags(model: ModelSpec) -> list[str]:
+    """The architecture: every flag whose Megatron-LM default differs from the preset."""
+    a = [f"--num-layers {model.num_layers}", f"--hidden-size {model.hidden_size}",
+         f"--ffn-hidden-size {model.ffn_hidden_size}", f"--num-attention-heads {model.num_attention_heads}"]
     if model.query_groups != model.num_attention_heads:
         a += ["--group-query-attention", f"--num-query-groups {model.query_groups}"]
+    if model.kv_channels:
+        a.append(f"--kv-channels {model.kv_channels}")
+    a += [f"--seq-length {model.seq_length}", f"--max-position-embeddings {model.context_length}",
+          f"--position-embedding-type {model.position_embedding_type}"]
+    if model.position_embedding_type == "rope":
+        a.append(f"--rotary-base {model.rotary_base}")
+        if model.rotary_percent != 1.0:
+            a.append(f"--rotary-percent {model.rotary_percent}")
+        if model.rope_scaling_factor:
+            a += ["--use-rope-scaling", f"--rope-scaling-factor {model.rope_scaling_factor}"]
+    if not model.add_bias_linear:
+        a.append("--disable-bias-linear")
+    a += [f"--normalization {NORMALIZATION[model.normalization]}", f"--norm-epsilon {model.norm_epsilon}"]
+    if model.layernorm_zero_centered_gamma:
+        a.append("--apply-layernorm-1p")
     if model.activation == "swiglu":
         a.append("--swiglu")
     elif model.activation == "squared_relu":
         a.append("--squared-relu")
-    if model.normalization == "rmsnorm":
-        a.append("--normalization RMSNorm")
     if not model.tie_embeddings:
         a.append("--untie-embeddings-and-output-weights")
-    a += [
-        f"--tensor-model-parallel-size {plan.tp}",
-        f"--pipeline-model-parallel-size {plan.pp}",
-        f"--context-parallel-size {plan.cp}",
-    ]
+    a += [f"--hidden-dropout {model.hidden_dropout}", f"--attention-dropout {model.attention_dropout}"]
+    return a + moe_export.model_flags(model)
+
+
+def tokenizer_flags(model: ModelSpec) -> list[str]:
+    a = [f"--tokenizer-type {model.tokenizer_type}"]
+    if model.tokenizer_type == "HuggingFaceTokenizer":
+        a.append(f"--tokenizer-model {model.tokenizer_model}")
+    elif model.tokenizer_type == "NullTokenizer":
+        # NullTokenizer adds the end-of-document token to --vocab-size.
+        a.append(f"--vocab-size {model.vocab_size - 1}")
+    a += [f'{flag} "${variable}"' for flag, variable in TOKENIZER_FILES.get(model.tokenizer_type, {}).items()]
+    return a + [f"--make-vocab-size-divisible-by {MAKE_VOCAB_SIZE_DIVISIBLE_BY}"]
+
+
+def parallel_flags(model: ModelSpec, plan: Plan) -> list[str]:
+    a = [f"--tensor-model-parallel-size {plan.tp}", f"--pipeline-model-parallel-size {plan.pp}",
+         f"--context-parallel-size {plan.cp}"]
     if plan.pipeline_model_parallel_layout:  # sets vp too; Megatron refuses it with the vp flags
         a.append(f"--pipeline-model-parallel-layout '{plan.pipeline_model_parallel_layout}'")
-    elif plan.vp > 1:
-        a.append(f"--num-layers-per-virtual-pipeline-stage {model.num_layers // (plan.pp * plan.vp)}")
-    a += moe_export.megatron_flags(model, plan)
-    if plan.sp:
+    elif plan.vp > 1:  # the only VP flag Megatron accepts together with uneven stages
+        a.append(f"--num-virtual-stages-per-pipeline-rank {plan.vp}")
+    if plan.num_layers_in_first_pipeline_stage:
+        a.append(f"--decoder-first-pipeline-num-layers {plan.num_layers_in_first_pipeline_stage}")
+    if plan.num_layers_in_last_pipeline_stage:
+        a.append(f"--decoder-last-pipeline-num-layers {plan.num_layers_in_last_pipeline_stage}")
+    if plan.account_for_embedding_in_pipeline_split:
+        a.append("--account-for-embedding-in-pipeline-split")
+    if plan.account_for_loss_in_pipeline_split:
+        a.append("--account-for-loss-in-pipeline-split")
+    if plan.cp > 1:
+        a.append(f"--cp-comm-type {CP_COMM_TYPE}")
+    a += moe_export.parallel_flags(model, plan)
+    if plan.sp and plan.tp > 1:
         a.append("--sequence-parallel")
     a += [f"--micro-batch-size {plan.mbs}", f"--global-batch-size {plan.gbs}"]
     if plan.recompute == "selective":
         a.append("--recompute-granularity selective")
     elif plan.recompute == "full":
-        layers = plan.recompute_num_layers or model.num_layers // (plan.pp * plan.vp)
-        a += ["--recompute-granularity full", "--recompute-method block", f"--recompute-num-layers {layers}"]
+        a += ["--recompute-granularity full", "--recompute-method block",
+              f"--recompute-num-layers {recompute_layers(model, plan)}"]
     if plan.distributed_optimizer:
         a.append("--use-distributed-optimizer")
+    if plan.fsdp:  # Megatron-FSDP: weights, gradients and optimizer states sharded over dp*cp
+        a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
+              "--ckpt-format fsdp_dtensor"]
+    if plan.cpu_offloading_num_layers:  # activations only (weights stay on the GPU)
+        a.append(f"--cpu-offloading-num-layers {plan.cpu_offloading_num_layers}")  # sets --cpu-offloading
     if plan.overlap_grad_reduce:
         a.append("--overlap-grad-reduce")
     if plan.overlap_param_gather:
         a.append("--overlap-param-gather")
     if plan.tp_comm_overlap:
         a.append("--tp-comm-overlap")
-    a.append("--fp16" if plan.precision == "fp16" else "--bf16")
-    if not plan.grad_reduce_in_fp32 and plan.precision != "fp16":
+    a.append(f"--attention-backend {'auto' if plan.flash_attention else 'unfused'}")
+    return a + ["--transformer-impl transformer_engine"]
+
+
+def precision_flags(plan: Plan) -> list[str]:
+    a = ["--fp16" if plan.precision == "fp16" else "--bf16"]
+    if plan.grad_reduce_in_fp32:  # FP32 main grads, reduced in FP32 (fp16 needs it said)
+        a.append("--accumulate-allreduce-grads-in-fp32")
+    elif plan.precision != "fp16":
         a.append("--grad-reduce-in-bf16")
     if plan.is_fp8:
-        a += ["--fp8-format hybrid", f"--fp8-recipe {TE_RECIPES[plan.precision][1]}"]
+        fp8 = FP8_RECIPES[plan.precision]
+        a += [f"--fp8-format {fp8.fp8_format}", f"--fp8-recipe {fp8.megatron_recipe}"]
         if plan.precision == "fp8-delayed":
-            a += ["--fp8-amax-history-len 1024", "--fp8-amax-compute-algo max"]
+            a += ["--fp8-margin 0", f"--fp8-amax-history-len {AMAX_HISTORY_LEN}",
+                  f"--fp8-amax-compute-algo {AMAX_COMPUTE_ALGO}"]
         if plan.fp8_bf16_edge_layers:
             n = plan.fp8_bf16_edge_layers
             a += ["--first-last-layers-bf16", f"--num-layers-at-start-in-bf16 {n}",
                   f"--num-layers-at-end-in-bf16 {n}"]
-    if plan.flash_attention:
-        a.append("--attention-backend flash")
     return a
 
 
-def nemo_config(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
-    """NeMo-style trainer/model block (the keys of NeMo's megatron_gpt_config.yaml)."""
-    gpus = plan.num_gpus
-    nodes = max(1, gpus // gpus_per_node)
-    m: dict = {
-        "tensor_model_parallel_size": plan.tp,
-        "pipeline_model_parallel_size": plan.pp,
-        "virtual_pipeline_model_parallel_size": plan.vp if plan.vp > 1 else None,
-        "pipeline_model_parallel_layout": plan.pipeline_model_parallel_layout or None,
-        "context_parallel_size": plan.cp,
-        "expert_model_parallel_size": plan.ep,
-        "sequence_parallel": plan.sp,
-        "micro_batch_size": plan.mbs,
-        "global_batch_size": plan.gbs,
-        "encoder_seq_length": model.seq_length,
-        "num_layers": model.num_layers,
-        "hidden_size": model.hidden_size,
-        "ffn_hidden_size": model.ffn_hidden_size,
-        "num_attention_heads": model.num_attention_heads,
-        "num_query_groups": model.query_groups,
-        "activations_checkpoint_granularity": None if plan.recompute == "none" else plan.recompute,
-        "activations_checkpoint_method": "block" if plan.recompute == "full" else None,
-        "activations_checkpoint_num_layers": (plan.recompute_num_layers
-                                              or model.num_layers // (plan.pp * plan.vp))
-        if plan.recompute == "full" else None,
-        "ub_tp_comm_overlap": plan.tp_comm_overlap,
-        "use_flash_attention": plan.flash_attention,
-        "fp8": plan.is_fp8,
-        **moe_export.config_keys(model, plan),
-        "optim": {
-            "name": "distributed_fused_adam" if plan.distributed_optimizer else "fused_adam",
-            "overlap_grad_sync": plan.overlap_grad_reduce,
-            "overlap_param_sync": plan.overlap_param_gather,
-            "grad_sync_dtype": "fp32" if plan.grad_reduce_in_fp32 else "bf16",
-        },
-    }
-    if plan.is_fp8:
-        m.update({"fp8_e4m3": False, "fp8_hybrid": True, "fp8_margin": 0,
-                  "fp8_amax_history_len": 1024, "fp8_amax_compute_algo": "max",
-                  "fp8_recipe": TE_RECIPES[plan.precision][1]})
-        if plan.fp8_bf16_edge_layers:
-            m["first_last_layers_bf16"] = True
-            m["num_layers_at_start_in_bf16"] = plan.fp8_bf16_edge_layers
-            m["num_layers_at_end_in_bf16"] = plan.fp8_bf16_edge_layers
-    return {
-        "trainer": {"devices": min(gpus, gpus_per_node), "num_nodes": nodes,
-                    "precision": "16-mixed" if plan.precision == "fp16" else "bf16-mixed"},
-        "model": m,
-    }
+def megatron_arg_groups(model: ModelSpec, plan: Plan) -> dict[str, list[str]]:
+    """The flags in the groups train.sh writes them in, one flag (with its value) per entry."""
+    return {"MODEL_ARGS": model_flags(model), "TOKENIZER_ARGS": tokenizer_flags(model),
+            "PARALLEL_ARGS": parallel_flags(model, plan), "PRECISION_ARGS": precision_flags(plan)}
+
+
+def megatron_args(model: ModelSpec, plan: Plan) -> list[str]:
+    """Megatron-LM command-line arguments for the model and the plan, one flag per entry."""
+    return [flag for group in megatron_arg_groups(model, plan).values() for flag in group]
+
+
+def megatron_env(plan: Plan) -> dict[str, str]:
+    """Environment variables Megatron-LM's validate_args demands of this plan."""
+    env = {}
+    # "Using tensor model parallelism or context parallelism require setting the environment
+    # variable CUDA_DEVICE_MAX_CONNECTIONS to 1" (before Blackwell, harmless after); Megatron-FSDP
+    # asserts the opposite ("FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS value large than one").
+    if (plan.tp > 1 or plan.cp > 1) and not plan.fsdp:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    return env
 
 
 def te_recipe(plan: Plan) -> dict | None:
     """The TransformerEngine recipe object (class and arguments), or None for BF16/FP16."""
     if not plan.is_fp8:
         return None
-    cls = TE_RECIPES[plan.precision][0]
+    fp8 = FP8_RECIPES[plan.precision]
+    args = {"fp8_format": fp8.fp8_format.upper()}
     if plan.precision == "fp8-delayed":
-        args = {"fp8_format": "HYBRID", "margin": 0, "amax_history_len": 1024, "amax_compute_algo": "max"}
-    elif plan.precision == "mxfp8":
-        args = {"fp8_format": "E4M3"}
-    elif plan.precision == "fp8-blockwise":
-        args = {"fp8_format": "E4M3"}
-    else:
-        args = {"fp8_format": "HYBRID"}
-    return {"class": f"transformer_engine.common.recipe.{cls}", "args": args,
-            "python": f"{cls}(" + ", ".join(f"{k}={v!r}" if isinstance(v, (int, float)) or k != "fp8_format"
-                                          else f"{k}=Format.{v}" for k, v in args.items()) + ")"}
+        args.update(margin=0, amax_history_len=AMAX_HISTORY_LEN, amax_compute_algo=AMAX_COMPUTE_ALGO)
+    python = ", ".join(f"{k}=Format.{v}" if k == "fp8_format" else f"{k}={v!r}" for k, v in args.items())
+    return {"class": f"transformer_engine.common.recipe.{fp8.te_class}", "args": args,
+            "python": f"{fp8.te_class}({python})"}
 
 
-def export_document(model: ModelSpec, plan: Plan, metrics: dict) -> dict:
+def export_document(model: ModelSpec, plan: Plan, metrics: dict, gpus_per_node: int = 8) -> dict:
     """Everything best.yaml holds for one ranked plan."""
+    from autoparallel.report.nemo import nemo1_config, nemo2_recipe
     return {
         "model": model.name,
         "plan": plan.as_dict(),
         "predicted": metrics,
-        "megatron_args": " ".join(megatron_args(model, plan)),
-        "nemo": nemo_config(model, plan),
+        "environment": megatron_env(plan),
+        "megatron_args": megatron_args(model, plan),
+        "nemo": nemo1_config(model, plan, gpus_per_node),
+        "nemo2": nemo2_recipe(model, plan, gpus_per_node),
         "transformer_engine_recipe": te_recipe(plan),
     }

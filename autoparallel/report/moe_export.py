@@ -27,8 +27,8 @@ def _layer_freq(model: ModelSpec) -> str:
     return str(freq) if isinstance(freq, int) or str(freq).isdigit() else f"'{freq}'"
 
 
-def megatron_flags(model: ModelSpec, plan: Plan) -> list[str]:
-    """The MoE / MLA architecture, the expert layout and the MoE-specific run settings."""
+def model_flags(model: ModelSpec) -> list[str]:
+    """The MoE and MLA architecture."""
     a: list[str] = []
     if model.multi_latent_attention:
         a.append("--multi-latent-attention")
@@ -36,8 +36,6 @@ def megatron_flags(model: ModelSpec, plan: Plan) -> list[str]:
             a.append(f"--q-lora-rank {model.q_lora_rank}")
         a += [f"--kv-lora-rank {model.kv_lora_rank}", f"--qk-head-dim {model.qk_head_dim}",
               f"--qk-pos-emb-head-dim {model.qk_pos_emb_head_dim}", f"--v-head-dim {model.v_head_dim}"]
-    if plan.recompute == "selective" and plan.recompute_modules != "core_attn":
-        a.append(f"--recompute-modules {plan.recompute_modules}")
     if not model.is_moe:
         return a
     a += [f"--num-experts {model.num_experts}", f"--moe-router-topk {model.moe_router_topk}",
@@ -52,6 +50,17 @@ def megatron_flags(model: ModelSpec, plan: Plan) -> list[str]:
         a.append("--moe-router-force-load-balancing")
     if model.num_experts >= FP32_ROUTER_FROM_EXPERTS:
         a.append("--moe-router-dtype fp32")
+    return a
+
+
+def parallel_flags(model: ModelSpec, plan: Plan) -> list[str]:
+    """The expert layout, the dispatcher as priced, the all-to-all overlap and the selective
+    recompute modules of MoE / MLA models."""
+    a: list[str] = []
+    if plan.recompute == "selective" and plan.recompute_modules != "core_attn":
+        a.append(f"--recompute-modules {plan.recompute_modules}")
+    if not model.is_moe:
+        return a
     a += [f"--expert-model-parallel-size {plan.ep}", f"--expert-tensor-parallel-size {plan.etp}",
           f"--moe-token-dispatcher-type {DISPATCHER}", "--moe-grouped-gemm"]
     if plan.overlap_moe_expert_parallel_comm:

@@ -19,9 +19,11 @@ import yaml
 from autoparallel import __version__
 
 CANDIDATES = "candidates.csv"
+CANDIDATES_PARQUET = "candidates.parquet"  # only with pyarrow installed
 RANKED = "ranked.md"
 BEST = "best.yaml"
 MANIFEST = "manifest.yaml"
+TRAIN_SCRIPT = "train.sh"  # Megatron-LM launch script of the rank-1 plan
 PROFILED = "profiled.csv"  # the rows `search --profile` measured, as measured
 FLOAT_DIGITS = 4
 
@@ -41,8 +43,38 @@ def write_yaml(path: Path, data: dict) -> None:
     write_atomic(path, yaml.safe_dump(data, sort_keys=False, width=100))
 
 
+# Columns that count things: written as integers even where pandas holds them as floats.
+INTEGER_COLUMNS = ("rank", "trial", "num_microbatches")
+
+
+def _with_integers(frame: pd.DataFrame) -> pd.DataFrame:
+    """Counts as integers (empty where missing), not '32.0'."""
+    from autoparallel.specs.plan import Plan
+    ints = [c for c in (*INTEGER_COLUMNS, *Plan.field_names()) if c in frame and frame[c].dtype.kind == "f"
+            and (frame[c].dropna() % 1 == 0).all()]
+    return frame.astype({c: "Int64" for c in ints})
+
+
 def write_csv(path: Path, frame: pd.DataFrame) -> None:
-    write_atomic(path, frame.round(FLOAT_DIGITS).to_csv(index=False))
+    write_atomic(path, _with_integers(frame.round(FLOAT_DIGITS)).to_csv(index=False))
+
+
+def write_parquet(path: Path, frame: pd.DataFrame) -> bool:
+    """The frame as Parquet beside its CSV when pyarrow is installed (``pip install
+    autoparallel[parquet]``); False when it is not."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return False
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        _with_integers(frame).to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
 
 
 def new_run_dir(root: Path, model: str, gpus: int, gpu: str) -> Path:

@@ -34,7 +34,7 @@ class CostModelEvaluator:
         out = candidates.copy()
         valid = (out["reason"] == "").to_numpy()
         if valid.any():
-            cols = {name: out.loc[valid, name].to_numpy() for name in Plan.field_names()}
+            cols = {name: out[name].to_numpy()[valid] for name in Plan.field_names()}
             for key, values in estimate_columns(self.model, self.hardware, cols, self.memory_fraction).items():
                 column = np.full(len(out), False if values.dtype == bool else np.nan, dtype=values.dtype)
                 column[valid] = values

@@ -106,20 +106,22 @@ def write_tables(result: SearchResult, run_dir: Path, top_md: int = 50) -> None:
     if result.profiled is not None:
         run_folder.write_csv(run_dir / run_folder.PROFILED, result.profiled)
     title = f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}"
-    run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(result.ranked, top_md))
+    run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(
+        result.ranked, top_md, result.hardware, result.space.memory_fraction))
     if not result.feasible.empty:
-        write_best(run_dir / run_folder.BEST, result.model, result.entry(1))
+        write_best(run_dir, result.model, result.hardware, result.entry(1), title)
     run_folder.write_csv(run_dir / run_folder.CANDIDATES, result.ranked)
+    run_folder.write_parquet(run_dir / run_folder.CANDIDATES_PARQUET, result.ranked)
 
 
-def plan_document(model: ModelSpec, row: pd.Series) -> dict:
+def plan_document(model: ModelSpec, hw: HardwareSpec, row: pd.Series) -> dict:
     """best.yaml's content for one ranked row; metrics rounded as candidates.csv rounds them,
     so exporting from a saved run reproduces the file written at search time."""
     plan = row_to_plan(row)
     rounded = {k: round(v, run_folder.FLOAT_DIGITS) if isinstance(v, float) else v for k, v in row.items()}
     metrics = record(plan.as_dict(), rounded)
     metrics.pop("config")
-    doc = export_document(model, plan, metrics)
+    doc = export_document(model, plan, metrics, hw.gpus_per_node)
     if "fp8_check" in row:  # the search ran with --fp8-check
         from autoparallel.fp8check.search_filter import document
         if (fp8 := document(row)) is not None:
@@ -127,8 +129,20 @@ def plan_document(model: ModelSpec, row: pd.Series) -> dict:
     return doc
 
 
-def write_best(path: Path, model: ModelSpec, row: pd.Series) -> None:
-    run_folder.write_yaml(path, plan_document(model, row))
+def write_best(run_dir: Path, model: ModelSpec, hw: HardwareSpec, row: pd.Series, title: str) -> None:
+    """best.yaml and train.sh (the launch script) of the rank-1 plan."""
+    run_folder.write_yaml(run_dir / run_folder.BEST, plan_document(model, hw, row))
+    run_folder.write_atomic(run_dir / run_folder.TRAIN_SCRIPT, launch_script(model, hw, row, title))
+
+
+def launch_script(model: ModelSpec, hw: HardwareSpec, row: pd.Series, title: str) -> str:
+    """train.sh for one ranked row, headed by what was predicted for it."""
+    from autoparallel.report.launch import train_script
+    plan = row_to_plan(row)
+    layout = f"TP{plan.tp} PP{plan.pp} VP{plan.vp} CP{plan.cp} DP{plan.dp} MBS{plan.mbs} {plan.precision}"
+    predicted = (f"predicted {row['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, {row['step_time_s']:.2f} s/step, "
+                 f"{row['peak_memory_gib']:.1f} GiB")
+    return train_script(model, plan, hw, f"{title}: {layout}; {predicted}")
 
 
 def load_inputs(run_dir: Path) -> tuple[dict, ModelSpec, HardwareSpec, SearchSpace]:
@@ -176,7 +190,7 @@ def optuna_search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space
     run_dir = run_folder.new_run_dir(root, model.name, gpus, hw.name)
     write_manifest(run_dir, model, hw, gpus, gbs, space, command,
                    {"strategy": "optuna", "study": io.to_dict(settings)})
-    seeds = sampler.published_layouts(model, gpus) if settings.published_seeds else []
+    seeds = sampler.published_layouts(model, gpus, hw.name) if settings.published_seeds else []
     if settings.seeds_from_grid:
         best = search(model, hw, gpus, gbs, space).feasible.head(settings.seeds_from_grid)
         seeds = [row.to_dict() for _, row in best.iterrows()] + seeds
@@ -253,9 +267,10 @@ def report(run_dir: Path) -> Path:
     else:
         result = load(run_dir)
         title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"
-        run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(result.ranked))
+        run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(
+            result.ranked, 50, hw, space.memory_fraction))
     title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"
-    page = html.render(result.ranked, title, space.memory_fraction * hw.memory_gib)
+    page = html.render(result.ranked, title, space.memory_fraction * hw.memory_gib, hw)
     path = run_dir / "report.html"
     run_folder.write_atomic(path, page)
     return path

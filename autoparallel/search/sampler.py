@@ -274,10 +274,12 @@ def make_objective(tree: LayoutTree, hw, evaluator: Evaluator, objectives: tuple
     return objective
 
 
-def published_layouts(model: ModelSpec, gpus: int) -> list[dict]:
+def published_layouts(model: ModelSpec, gpus: int, gpu: str) -> list[dict]:
+    """The layouts NVIDIA published for this model on this many GPUs of this type (their knobs)."""
     path = io.SEARCH_SPACES / "published_layouts.yaml"
     entries = io.read_yaml(path).get(model.name, []) if path.exists() else []
-    return [{k: v for k, v in e.items() if k != "gpus"} for e in entries if e.get("gpus") == gpus]
+    return [{k: v for k, v in e.items() if k not in ("gpus", "gpu", "gbs")} for e in entries
+            if e.get("gpus") == gpus and e.get("gpu", gpu) == gpu]
 
 
 def trials_frame(study) -> pd.DataFrame:

@@ -1,21 +1,24 @@
-"""The inference assumptions YAML: fitted ``InferenceEfficiency`` per GPU and validation settings.
+"""The serving assumptions YAML: engines, their fitted ``InferenceEfficiency`` and validation settings.
 
-``search_spaces/inference_assumptions.yaml`` holds an ``efficiency`` mapping (hardware preset
-name -> constants, ``default`` for any other GPU) below the marker line that
-``python -m autoparallel.serve.validate --fit`` rewrites, and the ``validation`` block that says
-how the published rows are read. Unknown keys are errors naming the file and the key.
+``search_spaces/inference_assumptions.yaml`` holds ``engines`` (how each serving engine batches
+and allocates its KV cache: ``ServingEngine``), ``efficiency`` (fitted constants per engine,
+below the marker line that ``python -m autoparallel.serve.fit`` rewrites), ``efficiency_from``
+(engines without a fit of their own and whose constants they take) and ``validation`` (how the
+published rows are read). Unknown keys are errors naming the file and the key.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 
 from autoparallel import io
-from autoparallel.costmodel.inference import InferenceEfficiency
-from autoparallel.errors import SpecError
+from autoparallel.costmodel.inference import InferenceEfficiency, ServingEngine
+from autoparallel.errors import SpecError, UserError
 
 ASSUMPTIONS = io.SEARCH_SPACES / "inference_assumptions.yaml"
-FIT_MARKER = "# --- fitted by `python -m autoparallel.serve.validate --fit`"
-TOP_KEYS = ("validation", "efficiency")
+FIT_MARKER = "# --- fitted by `python -m autoparallel.serve.fit`"
+TOP_KEYS = ("engines", "efficiency_from", "validation", "efficiency")
+DEFAULT_ENGINE = "tensorrt-llm"
 
 
 def load_assumptions() -> dict:
@@ -26,11 +29,48 @@ def load_assumptions() -> dict:
     return data
 
 
-def efficiency_for(hardware_name: str) -> InferenceEfficiency:
-    """The fitted constants for one hardware preset: its own block over ``default``."""
-    blocks = load_assumptions().get("efficiency") or {}
-    merged = {**(blocks.get("default") or {}), **(blocks.get(hardware_name) or {})}
-    return io.from_dict(InferenceEfficiency, merged, f"{ASSUMPTIONS}: efficiency[{hardware_name!r}]")
+def engine_names() -> tuple[str, ...]:
+    return tuple(load_assumptions().get("engines") or {})
 
 
-__all__ = ["ASSUMPTIONS", "FIT_MARKER", "load_assumptions", "efficiency_for"]
+def load_engine(name: str) -> ServingEngine:
+    """One engine by name, or a UserError listing the valid ones."""
+    engines = load_assumptions().get("engines") or {}
+    if name not in engines:
+        raise UserError(f"unknown serving engine {name!r}; valid: {', '.join(engines)}")
+    return io.from_dict(ServingEngine, {"name": name, **engines[name]}, f"{ASSUMPTIONS}: engines[{name!r}]")
+
+
+def efficiency_for(engine: str) -> InferenceEfficiency:
+    """The fitted constants of one engine (or of the engine it borrows them from)."""
+    data = load_assumptions()
+    blocks = data.get("efficiency") or {}
+    source = (data.get("efficiency_from") or {}).get(engine, engine)
+    if source not in blocks:
+        raise SpecError(f"{ASSUMPTIONS}: no efficiency block for engine {engine!r} "
+                        f"(fitted: {', '.join(blocks)}; efficiency_from names the others)")
+    return io.from_dict(InferenceEfficiency, blocks[source], f"{ASSUMPTIONS}: efficiency[{source!r}]")
+
+
+@lru_cache(maxsize=None)
+def _cached_model(name: str):
+    return io.load_model(name)
+
+
+def validation_model(name: str, shape, defaults: dict, source: str):
+    """A validation row's model: a preset name, a shape completed by ``defaults``, or
+    ``{preset: name, <key>: <value>}`` (a preset with some keys changed)."""
+    from autoparallel.specs.model import ModelSpec
+    if isinstance(shape, str):
+        return _cached_model(shape)
+    if not isinstance(shape, dict):
+        raise SpecError(f"{source}: models[{name!r}] must be a preset name or a shape")
+    if "preset" in shape:
+        base = io.to_dict(_cached_model(shape["preset"]))
+        return io.from_dict(ModelSpec, {**base, **{k: v for k, v in shape.items() if k != "preset"}},
+                            f"{source}: models[{name!r}]")
+    return io.from_dict(ModelSpec, {"name": name, **defaults, **shape}, f"{source}: models[{name!r}]")
+
+
+__all__ = ["ASSUMPTIONS", "FIT_MARKER", "DEFAULT_ENGINE", "load_assumptions", "engine_names", "load_engine",
+           "efficiency_for", "validation_model"]

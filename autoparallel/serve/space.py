@@ -1,10 +1,11 @@
-"""The serving search space and its candidates: TP x PP x precisions x batch, with the rule each breaks.
+"""The serving search space and its candidates: TP x PP x precisions x max batch x max tokens.
 
 Rules (vLLM's and TensorRT-LLM's own): ``tp * pp`` divides the GPUs (the rest are replicas);
 attention heads divisible by ``tp``; KV heads divisible by ``tp`` or, when ``tp`` exceeds them,
 dividing it (each KV head is then replicated); ``pp`` at most the layer count (uneven splits
 are allowed, the fullest stage is priced); FP8 weights need FP8 tensor cores (an FP8 KV cache
-is storage only and runs anywhere); heuristic: TP stays inside the NVLink domain.
+is storage only and runs anywhere); without chunked prefill a whole prompt must fit in one
+iteration (``max_num_tokens >= input_len``); heuristic: TP stays inside the NVLink domain.
 """
 
 from __future__ import annotations
@@ -17,29 +18,29 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from autoparallel.costmodel.inference import PRECISIONS
+from autoparallel.costmodel.inference import PRECISIONS, ServingEngine
 from autoparallel.errors import UserError
 from autoparallel.io import from_dict, read_yaml, resolve_preset
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 
-STRUCTURE = ("tp", "pp", "weight_precision", "kv_precision")
+STRUCTURE = ("tp", "pp", "weight_precision", "kv_precision", "max_num_tokens")
+PINNABLE = ("tp", "pp", "max_batch", "max_num_tokens", "weight_precision", "kv_precision")
 
 
 @dataclass(frozen=True)
 class InferenceSpace:
     tp: tuple[int, ...] = (1, 2, 4, 8)
     pp: tuple[int, ...] = (1, 2, 4)
-    batch: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    max_batch: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+    max_num_tokens: tuple[int, ...] = (2048, 8192)
     add_max_batch: bool = True
     weight_precision: tuple[str, ...] = ("bf16",)
     kv_precision: tuple[str, ...] = ("bf16",)
-    memory_fraction: float = 0.9
-    prefill_chunk_tokens: int = 8192
     tp_within_nvlink_domain: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "batch"):
+        for name in ("tp", "pp", "max_batch", "max_num_tokens"):
             values = getattr(self, name)
             if not values or any(v < 1 for v in values):
                 raise ValueError(f"{name} must be a non-empty list of positive integers, got {list(values)}")
@@ -47,10 +48,6 @@ class InferenceSpace:
             bad = sorted(set(getattr(self, name)) - set(PRECISIONS))
             if bad or not getattr(self, name):
                 raise ValueError(f"{name} {bad or '[]'} is not a non-empty list of {', '.join(PRECISIONS)}")
-        if not 0 < self.memory_fraction <= 1:
-            raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
-        if self.prefill_chunk_tokens < 1:
-            raise ValueError(f"prefill_chunk_tokens must be positive, got {self.prefill_chunk_tokens}")
 
     def pinned(self, **pins: Any) -> InferenceSpace:
         """This space with each given knob fixed to one value (None leaves it searched)."""
@@ -58,11 +55,8 @@ class InferenceSpace:
         for name, value in pins.items():
             if value is None:
                 continue
-            if name in ("tp", "pp", "batch", "weight_precision", "kv_precision"):
-                updates[name] = (value,)
-            else:
-                updates[name] = value
-        if "batch" in updates:
+            updates[name] = (value,) if name in PINNABLE else value
+        if "max_batch" in updates:
             updates["add_max_batch"] = False
         return dataclasses.replace(self, **updates)
 
@@ -81,8 +75,9 @@ def _first_reason(n: int, rules: list[tuple[np.ndarray, Any]], frame: pd.DataFra
     return reason
 
 
-def structures(model: ModelSpec, hw: HardwareSpec, gpus: int, space: InferenceSpace) -> pd.DataFrame:
-    """Every (tp, pp, weight precision, KV precision) with ``replicas`` and ``reason`` ('' = valid)."""
+def structures(model: ModelSpec, hw: HardwareSpec, gpus: int, space: InferenceSpace, engine: ServingEngine,
+               input_len: int) -> pd.DataFrame:
+    """Every (tp, pp, precisions, max tokens) with ``replicas`` and ``reason`` ('' = valid)."""
     df = pd.DataFrame(list(itertools.product(*(getattr(space, k) for k in STRUCTURE))), columns=list(STRUCTURE))
     tp, pp = df["tp"].to_numpy(), df["pp"].to_numpy()
     per_replica = tp * pp
@@ -100,17 +95,28 @@ def structures(model: ModelSpec, hw: HardwareSpec, gpus: int, space: InferenceSp
         (pp > model.num_layers, lambda d: [f"pp={a} exceeds the {model.num_layers} layers" for a in d.pp]),
         ((df["weight_precision"].to_numpy() == "fp8") & (not hw.supports_fp8),
          f"fp8 weights need FP8 tensor cores; {hw.name} has none"),
+        ((not engine.chunked_prefill) & (df["max_num_tokens"].to_numpy() < input_len),
+         lambda d: [f"max_num_tokens={a} < input {input_len} without chunked prefill ({engine.name})"
+                    for a in d.max_num_tokens]),
     ]
     df["reason"] = _first_reason(len(df), rules, df)
     return df
 
 
-def check_lengths(model: ModelSpec, input_len: int, output_len: int) -> None:
+def check_lengths(model: ModelSpec, input_len: int, output_len: int, max_model_len: int | None = None) -> int:
+    """Validate the request against the model's context; return the engine's max model length."""
     if input_len < 1 or output_len < 1:
         raise UserError(f"--input-len and --output-len must be positive, got {input_len} and {output_len}")
-    if input_len + output_len > model.seq_length:
+    context = model.context_length
+    if input_len + output_len > context:
         raise UserError(f"--input-len {input_len} + --output-len {output_len} = {input_len + output_len} "
-                        f"exceeds the context of {model.name} ({model.seq_length} tokens)")
+                        f"exceeds the context of {model.name} ({context} tokens)")
+    if max_model_len is None:
+        return input_len + output_len
+    if not input_len + output_len <= max_model_len <= context:
+        raise UserError(f"--max-model-len {max_model_len} must be between input + output "
+                        f"({input_len + output_len}) and the context of {model.name} ({context} tokens)")
+    return max_model_len
 
 
 def parse_precision(value: str | None, flag: str) -> str | None:

@@ -66,6 +66,9 @@ class HardwareSpec:
     nvlink_gbps: float  # per GPU, bidirectional datasheet figure (GB/s)
     internode_gbps: float  # per GPU, unidirectional (GB/s): 400 Gb/s NDR = 50 GB/s
     fp8_tflops: float | None = None
+    # GPUs in one host (what torchrun's --nproc-per-node and NeMo's devices count); not the NVLink
+    # domain: a GB200 NVL72 rack is one domain of 18 trays with 4 GPUs each.
+    gpus_per_node: int = 8
     fp4_tflops: float | None = None
     # Exponentials per second of the special function units (MUFU.EX2), in units of 10^12: the
     # softmax of flash attention waits on them between its two GEMMs. SMs x 16 per clock x boost
@@ -74,6 +77,9 @@ class HardwareSpec:
     # GPU <-> host memory, per GPU and direction (GB/s): PCIe Gen5 x16 on x86 hosts, NVLink-C2C
     # on Grace superchips. Prices activation offloading.
     host_link_gbps: float = 55.0
+    # The network cards reach the GPU over that same PCIe link (x86 DGX/HGX: GPUDirect RDMA through
+    # the shared PCIe switch), so offloading gets only what network traffic leaves of it.
+    network_shares_host_link: bool = True
     mxfp8: bool = False  # Blackwell block-scaled FP8
     nvlink_latency_us: float = 5.0
     internode_latency_us: float = 10.0
@@ -87,7 +93,7 @@ class HardwareSpec:
 
     def __post_init__(self) -> None:
         for key in ("bf16_tflops", "memory_gib", "hbm_tbps", "nvlink_domain", "nvlink_gbps",
-                    "internode_gbps"):
+                    "internode_gbps", "gpus_per_node"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
 

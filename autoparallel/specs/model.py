@@ -12,6 +12,10 @@ from typing import Literal
 
 Activation = Literal["gelu", "swiglu", "squared_relu"]
 Normalization = Literal["layernorm", "rmsnorm"]
+PositionEmbedding = Literal["learned_absolute", "rope"]
+# Megatron-LM's --tokenizer-type names the exports use; the file-based ones need a path.
+TokenizerType = Literal["NullTokenizer", "HuggingFaceTokenizer", "GPT2BPETokenizer",
+                        "GPTSentencePieceTokenizer"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,17 @@ class ModelSpec:
     normalization: Normalization = "layernorm"
     tie_embeddings: bool = False
     kv_channels: int | None = None  # head dim; None means hidden_size / heads
+    # What the exports need to build exactly this model in Megatron-LM / NeMo (not priced: the
+    # cost model's shapes do not depend on them). Defaults are Megatron-LM's own.
+    position_embedding_type: PositionEmbedding = "learned_absolute"
+    rotary_base: int = 10000
+    rotary_percent: float = 1.0  # share of each head's dims that RoPE rotates (Nemotron-4: 0.5)
+    rope_scaling_factor: float | None = None  # Llama 3.1's long-context RoPE scaling (--use-rope-scaling)
+    add_bias_linear: bool = True
+    layernorm_zero_centered_gamma: bool = False  # "LayerNorm1p" (--apply-layernorm-1p)
+    norm_epsilon: float = 1e-5
+    tokenizer_type: TokenizerType = "NullTokenizer"
+    tokenizer_model: str = ""  # Hugging Face repo id for HuggingFaceTokenizer; files are placeholders
     # Megatron-LM's dropout probabilities (its defaults). They decide whether dropout masks are
     # among the saved activations; the built-in transformer itself trains without dropout.
     hidden_dropout: float = 0.1
@@ -61,6 +76,9 @@ class ModelSpec:
     v_head_dim: int = 128
     # The global batch size the model was published with; the search keeps it fixed by default.
     global_batch_size: int | None = None
+    # Positions the model serves (Megatron-LM's --max-position-embeddings; HF's
+    # max_position_embeddings): the serving context. None means seq_length.
+    max_position_embeddings: int | None = None
     aliases: tuple[str, ...] = ()
     source: str = ""
 
@@ -70,6 +88,12 @@ class ModelSpec:
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
+        if self.max_position_embeddings is not None and self.max_position_embeddings < 1:
+            raise ValueError(f"max_position_embeddings must be positive, got {self.max_position_embeddings}")
+        if not 0.0 < self.rotary_percent <= 1.0:
+            raise ValueError(f"rotary_percent must be in (0, 1], got {self.rotary_percent}")
+        if self.tokenizer_type == "HuggingFaceTokenizer" and not self.tokenizer_model:
+            raise ValueError("tokenizer_type HuggingFaceTokenizer needs tokenizer_model (a Hugging Face repo id)")
         for key in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ValueError(f"{key} must be in [0, 1), got {getattr(self, key)}")
@@ -96,6 +120,12 @@ class ModelSpec:
     @property
     def query_groups(self) -> int:
         return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def context_length(self) -> int:
+        """The longest sequence the model handles: its position range where given, else its
+        training length."""
+        return self.max_position_embeddings or self.seq_length
 
     @property
     def head_dim(self) -> int:

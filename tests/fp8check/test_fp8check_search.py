@@ -71,8 +71,8 @@ def test_search_with_decisions_shows_verdict_in_table_and_best_yaml(gpt175b, h10
     current = feasible[feasible.precision == "fp8-current"]
     assert (current.fp8_bf16_edge_layers >= 1).all()
     table = markdown_table(result.ranked, 5)
-    assert "FP8 check" in table.splitlines()[0] and "ok with BF16" in table
-    doc = run.plan_document(gpt175b, feasible.iloc[0])
+    assert "FP8 check" in table.splitlines()[2] and "ok with BF16" in table
+    doc = run.plan_document(gpt175b, h100, feasible.iloc[0])
     block = doc["fp8_check"]
     if feasible.iloc[0].precision == "fp8-current":
         assert block["bf16_edge_layers"] == 1 and "--num-layers-at-start-in-bf16 1" in doc["megatron_args"]
@@ -80,7 +80,7 @@ def test_search_with_decisions_shows_verdict_in_table_and_best_yaml(gpt175b, h10
         assert block["bf16_layers"] == "24-47" and "note" in block
     plain = run.search(gpt175b, h100, 512, 2048, space)
     assert "FP8 check" not in markdown_table(plain.ranked, 5)
-    assert "fp8_check" not in run.plan_document(gpt175b, plain.feasible.iloc[0])
+    assert "fp8_check" not in run.plan_document(gpt175b, h100, plain.feasible.iloc[0])
 
 
 def test_search_without_fp8_check_never_imports_torch(tmp_path):

@@ -1,0 +1,47 @@
+"""``autoparallel runs import``: turn the user's own training logs into rows of a runs CSV."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from autoparallel.argtypes import non_negative
+from autoparallel.cli.common import console
+from autoparallel.errors import UserError
+
+
+def add_parser(sub) -> None:
+    r = sub.add_parser("runs", help="the runs measured on your own cluster (training logs -> runs CSV)")
+    actions = r.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
+    i = actions.add_parser("import", help="read Megatron-LM / Megatron-Bridge training logs into a runs CSV")
+    i.add_argument("logs", nargs="+", metavar="LOG", help="training log files (stdout of the job)")
+    i.add_argument("--gpu", required=True,
+                   help="hardware preset the runs used (logs rarely name the GPU); see `autoparallel hardware`")
+    i.add_argument("--runs", default=None, help="runs CSV to append to (default results/runs.csv)")
+    i.add_argument("--warmup", type=non_negative, default=None, metavar="ITERATIONS",
+                   help="leave out the intervals up to this iteration (default: the first logged interval)")
+    i.set_defaults(func=run_import)
+
+
+def run_import(args: argparse.Namespace) -> None:
+    from autoparallel.runlogs.runsfile import DEFAULT_RUNS, import_logs
+    runs_file = Path(args.runs) if args.runs else DEFAULT_RUNS
+    results = import_logs([Path(p) for p in args.logs], args.gpu, runs_file, args.warmup)
+    for r in results:
+        if r.row is None:
+            console.print(f"[yellow]skipped[/yellow] {r.path}: {r.reason}", highlight=False)
+            continue
+        row = r.row
+        layout = (f"{row['num_gpus']} x {row['gpu']}, TP{row['tp']} PP{row['pp']} VP{row['vp']} CP{row['cp']} "
+                  f"MBS{row['mbs']} GBS{row['gbs']} {row['precision']} recompute={row['recompute']}")
+        memory = ("" if row["measured_max_allocated_gib"] is None
+                  else f", {row['measured_max_allocated_gib']:.1f} GiB max allocated")
+        state = "read" if r.added else "already in the file"
+        console.print(f"{state} {r.path} -> {row['id']}: {layout}; {row['measured_iteration_time_s']:.3f} s "
+                      f"per iteration{memory}", highlight=False)
+    read = [r for r in results if r.row is not None]
+    if not read:
+        raise UserError(f"none of the {len(results)} log(s) could be read; nothing written")
+    added = sum(r.added for r in read)
+    console.print(f"{added} new row(s) in {runs_file} ({len(read) - added} already there, "
+                  f"{len(results) - len(read)} log(s) skipped)", highlight=False)

@@ -1,0 +1,200 @@
+"""Steady state of an in-flight (continuous) batching engine (pure numpy).
+
+TensorRT-LLM, vLLM and SGLang run one forward pass ("iteration") after another over a running
+batch that requests join and leave at every iteration. This module prices that steady state
+for columns of candidates, using the per-stage pass and memory terms of
+``costmodel.inference``. What the engines do, and how it is modelled:
+
+- **Paged KV cache.** After weights, the activations of one iteration (``max_num_tokens``
+  tokens) and the reserve, the engine turns a fraction of the memory into a pool of blocks of
+  ``kv_block_tokens`` tokens (TensorRT-LLM: ``kv_cache_free_gpu_mem_fraction`` of the free
+  memory; vLLM: ``gpu_memory_utilization`` of the whole GPU). A request holds whole blocks:
+  TensorRT-LLM's GUARANTEED_NO_EVICT reserves ceil((input + output) / block) when it admits
+  it; vLLM allocates as tokens arrive, ceil((input + output / 2) / block) on average. The
+  requests in flight are ``min(pp * max_batch, blocks / blocks per request)`` (each of the
+  ``pp`` micro-batches holds up to ``max_batch``).
+- **Token budget and chunked prefill.** Each iteration processes one token of every decoding
+  request first, then prompt tokens up to ``max_num_tokens`` (TensorRT-LLM's
+  MicroBatchScheduler, vLLM's chunked-prefill scheduler). With chunking a prompt is split over
+  iterations (first come, first served); without it a whole prompt must fit.
+- **Steady state** (a fluid model): every iteration ``lam`` requests finish and ``lam`` start,
+  so it holds ``p = lam * input`` prompt tokens and ``d = lam * (output - 1)`` decode tokens
+  (the prefill yields the first output token). ``lam`` is the largest rate both limits allow:
+  ``p + d <= max_num_tokens`` and ``lam * (prefill iterations + output - 1) <= requests in
+  flight``. A prompt takes ``max(1, input / (max_num_tokens - d))`` iterations.
+- **Iteration time**: ``stage_pass`` over ``p + d`` tokens, causal attention of ``lam`` whole
+  prompts (chunks re-read the K/V of earlier chunks), ``d`` decode reads of the KV cache at the
+  mean context ``input + output / 2``; with PP the ``pp`` micro-batches follow each other
+  through the stages, so a request's token takes ``max(m, pp)`` stage times.
+- **Metrics**: output tokens/s = ``m * lam * output / iteration``; TPOT = the mean iteration
+  time (every running request advances one token per iteration, prompt chunks included);
+  TTFT = the prompt's prefill iterations, each as heavy as the budget allows (its chunk of
+  ``min(input, max_num_tokens - d)`` tokens beside the decode tokens; + half an iteration of
+  waiting under a request rate); e2e = TTFT + (output - 1) x TPOT.
+
+Load: unbounded arrival (offline max throughput, ``request_rate`` NaN or inf) keeps the
+running batch full: TTFT then counts from admission into the running batch (a request queued
+outside it waits for a free slot, which offline benchmarks never stop adding). A finite
+``request_rate`` (requests/s per replica) below the capacity solves the iteration time
+``tau = time(lam = rate * tau / m)`` by bisection; at or above the capacity the row is
+``overloaded`` (the queue grows without bound).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from autoparallel.costmodel.inference import (PASS_KEYS, InferenceEfficiency, ServingEngine,
+                                              decode_attention, layout, pipeline_hop,
+                                              prefill_attention, stage_pass)
+from autoparallel.costmodel.memory import GIB
+from autoparallel.specs.hardware import HardwareSpec
+from autoparallel.specs.model import ModelSpec
+
+INFLIGHT_COLUMNS = ("tp", "pp", "max_batch", "max_num_tokens", "input_len", "output_len",
+                    "weight_precision", "kv_precision")
+#: Optional columns: ``max_model_len`` (default input + output: the engine refuses to start
+#: unless one such sequence fits in the KV pool) and ``request_rate`` (requests/s per replica).
+INFLIGHT_KEYS = ("concurrency", "kv_capacity_requests", "decode_batch", "prefill_tokens_per_iteration",
+                 "capacity_requests_per_s", "overloaded")
+_FIXED_POINT_STEPS = 8
+_BISECTION_STEPS = 40
+
+
+def kv_pool(lay, engine: ServingEngine, max_batch, max_num_tokens) -> dict[str, np.ndarray]:
+    """Bytes per GPU of weights, activations, reserve and the KV pool the engine allocates."""
+    memory = lay.hw.memory_gib * GIB
+    weights = lay.weights()
+    activations = (max_num_tokens * lay.activations_per_token()
+                   + lay.logits(np.minimum(max_batch, max_num_tokens)))
+    reserve = lay.hw.reserve_gib * GIB
+    fixed = weights + activations + reserve
+    f = engine.kv_memory_fraction
+    pool = f * (memory - fixed) if engine.kv_memory == "free" else f * memory - fixed
+    return {"weights": weights, "activations": activations, "reserve": reserve,
+            "pool": np.maximum(pool, 0.0), "fixed_fits": fixed < memory}
+
+
+def estimate_inflight_columns(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency,
+                              engine: ServingEngine, cols: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Predict in-flight batching layouts (``INFLIGHT_COLUMNS`` -> arrays).
+
+    Returns ``inference.OUTPUT_KEYS`` (throughput, TTFT, TPOT, e2e, memory, one iteration's
+    parts) plus ``INFLIGHT_KEYS``. ``kv_cache_gib`` is the pool the engine allocates, so
+    ``memory_per_gpu_gib`` is its whole footprint.
+    """
+    f64 = lambda k: np.asarray(cols[k], dtype=float)  # noqa: E731
+    s_in, s_out = f64("input_len"), f64("output_len")
+    max_batch, budget = f64("max_batch"), f64("max_num_tokens")
+    n = np.broadcast_shapes(s_in.shape, max_batch.shape, np.shape(cols["tp"]))
+    model_len = f64("max_model_len") if "max_model_len" in cols else s_in + s_out
+    rate = f64("request_rate") if "request_rate" in cols else np.full(n, np.nan)
+    lay = layout(model, hw, eff, cols["tp"], cols["pp"], cols["weight_precision"], cols["kv_precision"])
+    pp = lay.pp
+
+    # --- KV pool and requests in flight ----------------------------------------------------
+    mem = kv_pool(lay, engine, max_batch, budget)
+    block = engine.kv_block_tokens
+    blocks = np.floor(mem["pool"] / (block * lay.kv_bytes_per_token()))
+    held = s_in + s_out if engine.kv_reservation == "full" else s_in + 0.5 * s_out
+    kv_requests = np.floor(blocks / np.ceil(held / block))
+    fits = mem["fixed_fits"] & (blocks >= np.ceil(model_len / block))
+    concurrency = np.maximum(np.minimum(pp * max_batch, kv_requests), 1.0)
+    m = np.minimum(pp, concurrency)  # micro-batches in flight
+    per_mb = concurrency / m
+
+    # --- composition of one iteration at saturation ----------------------------------------
+    tokens_cap = budget if engine.chunked_prefill else np.maximum(budget, s_in)
+    decode_steps = np.maximum(s_out - 1.0, 0.0)
+
+    def prefill_iterations(lam):
+        if not engine.chunked_prefill:
+            return np.ones_like(lam)
+        return np.maximum(1.0, s_in / np.maximum(tokens_cap - lam * decode_steps, 1.0))
+
+    n_pre = prefill_iterations(np.zeros(n))
+    for _ in range(_FIXED_POINT_STEPS):
+        lam_sat = np.minimum(tokens_cap / (s_in + decode_steps), per_mb / (n_pre + decode_steps))
+        n_pre = prefill_iterations(lam_sat)
+
+    ctx = s_in + 0.5 * s_out
+    kv_token_layer = lay.kv_bytes_per_token() / lay.stage_layers
+    slots = np.maximum(m, pp)
+    pass_s = eff.pass_overhead_us * 1e-6
+
+    def iteration(lam, n_pre, prompts=None):
+        """One micro-batch's pass over every stage; a request's token takes ``slots`` stage times.
+
+        ``lam`` requests finish per iteration: ``lam * (output - 1)`` decode tokens. ``prompts``
+        (default ``lam``): prompts' worth of prefill tokens in this iteration.
+        """
+        prompts = lam if prompts is None else prompts
+        d = lam * decode_steps
+        tokens = prompts * s_in + d
+        pre_flops, _ = prefill_attention(lay, prompts, s_in)
+        reread = prompts * s_in * (n_pre - 1.0) / 2.0 * kv_token_layer  # chunks read earlier chunks
+        dec_flops, dec_bytes = decode_attention(lay, d, ctx)
+        stage = stage_pass(lay, tokens, d + prompts, pre_flops + dec_flops, reread + dec_bytes)
+        hop = pipeline_hop(lay, tokens)
+        return slots * (stage["time"] + hop) + pass_s, stage, hop
+
+    def first_token(lam, n_pre):
+        """A prompt's prefill: ``n_pre`` iterations, each carrying as many of its tokens as the
+        budget leaves after the decode tokens (iterations with a prompt are the heavy ones)."""
+        chunk = np.minimum(s_in, tokens_cap - lam * decode_steps) if engine.chunked_prefill else s_in
+        return n_pre * iteration(lam, n_pre, np.maximum(chunk / s_in, lam))[0]
+
+    tau_sat, stage, hop = iteration(lam_sat, n_pre)
+    capacity = m * lam_sat / tau_sat  # requests per second per replica
+    lam, tau = lam_sat, tau_sat
+
+    loaded = np.isfinite(rate)
+    overloaded = loaded & (rate >= capacity)
+    below = loaded & ~overloaded
+    if below.any():  # solve tau = time(rate * tau / m) on [time(0), tau_sat]
+        lo = np.where(below, iteration(np.zeros(n), np.ones(n))[0], tau_sat)
+        hi = tau_sat.copy()
+        r = np.where(below, rate, 0.0)
+        for _ in range(_BISECTION_STEPS):
+            mid = 0.5 * (lo + hi)
+            lam_mid = r * mid / m
+            too_slow = iteration(lam_mid, prefill_iterations(lam_mid))[0] > mid
+            lo, hi = np.where(too_slow, mid, lo), np.where(too_slow, hi, mid)
+        lam_r = r * hi / m
+        n_pre_r = prefill_iterations(lam_r)
+        tau_r, stage_r, hop_r = iteration(lam_r, n_pre_r)
+        pick = lambda a, b: np.where(below, a, b)  # noqa: E731
+        lam, tau, n_pre = pick(lam_r, lam), pick(tau_r, tau), pick(n_pre_r, n_pre)
+        stage = {k: pick(stage_r[k], stage[k]) for k in stage}
+        hop = pick(hop_r, hop)
+
+    ttft = first_token(lam, n_pre) + np.where(below, 0.5 * tau, 0.0)
+    tpot = tau
+    throughput = np.where(overloaded, capacity, m * lam / tau) * s_out
+    weights, activations, pool = mem["weights"], mem["activations"], mem["pool"]
+    total = weights + activations + mem["reserve"] + pool
+    out = {
+        "ttft_s": ttft,
+        "tpot_s": tpot,
+        "latency_s": ttft + decode_steps * tpot,
+        "output_tokens_per_s_per_replica": throughput,
+        "fits": fits,
+        "memory_per_gpu_gib": total / GIB,
+        "weights_gib": weights / GIB,
+        "kv_cache_gib": pool / GIB,
+        "activations_gib": activations / GIB,
+        "reserve_gib": np.full(n, hw.reserve_gib),
+        "concurrency": np.where(below, m * lam * (n_pre + decode_steps), concurrency),
+        "kv_capacity_requests": kv_requests,
+        "decode_batch": m * lam * decode_steps,
+        "prefill_tokens_per_iteration": m * lam * s_in,
+        "capacity_requests_per_s": capacity,
+        "overloaded": overloaded,
+    }
+    parts = ("compute", "memory", "tp_comm", "overhead")
+    out.update({key: slots * stage[part] for key, part in zip(PASS_KEYS, parts)})
+    out["decode_overhead_s"] = out["decode_overhead_s"] + pass_s
+    out["decode_pp_s"] = slots * hop
+    return out

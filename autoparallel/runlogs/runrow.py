@@ -1,0 +1,244 @@
+"""One training log -> one row of the runs CSV.
+
+The row has the columns of the published ``training_runs_more.csv`` (model, layout, precision,
+measured figures) and, because a log states them where a paper does not, whether the embeddings
+are tied, the dropout probabilities (dropout masks are saved activations) and the layout knobs the
+published rows leave to the validation's search: the full-recompute layer count, the uneven
+pipeline split, CPU offloading, BF16 edge layers, the distributed optimizer and its overlaps,
+FP32 gradient reduction, TP communication overlap, flash attention (``LOG_COLUMNS``, named as
+``Plan`` names them), and the peak memory PyTorch allocated and reserved. The measured
+iteration time is the median of the logged intervals after warm-up.
+
+A log that cannot be turned into a row raises ``UnreadableLog`` with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoparallel import resources
+from autoparallel.errors import UserError
+from autoparallel.runlogs.arguments import read_arguments
+from autoparallel.runlogs.metrics import Interval, Measurements, measure
+
+ID_PREFIX = "log"  # validation.yaml's block for these rows: `assumptions_key` of "log-..."
+# Launchers prefix each line: `srun -l` ("3: "), torchrun's --tee / log redirects ("[default3]:").
+_LAUNCHER_PREFIX = re.compile(r"^(?:\d+: |\[default\d+\]:|\[rank\d+\]: ?)")
+FP8_RECIPES = {"delayed": "fp8-delayed", "tensorwise": "fp8-current", "blockwise": "fp8-blockwise",
+               "mxfp8": "mxfp8"}  # Megatron-LM --fp8-recipe -> Plan.precision
+LOG_COLUMNS = ("tie_embeddings", "hidden_dropout", "attention_dropout", "recompute_num_layers",
+               "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+               "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+               "cpu_offloading_num_layers", "fp8_bf16_edge_layers", "distributed_optimizer", "overlap_grad_reduce",
+               "overlap_param_gather", "grad_reduce_in_fp32", "tp_comm_overlap", "flash_attention",
+               "measured_max_allocated_gib", "measured_max_reserved_gib")
+_NOT_CONTENT = ("id", "model", "source", "notes")
+
+
+class UnreadableLog(UserError):
+    """A log that cannot become a runs row; the message says why in one line."""
+
+
+@dataclass(frozen=True)
+class TrainingLog:
+    path: Path
+    framework: str  # arguments.MEGATRON_LM or MEGATRON_BRIDGE
+    arguments: dict[str, Any]  # Megatron-LM argument names
+    measurements: Measurements
+
+
+def runs_columns() -> list[str]:
+    """The published runs CSV's columns (the schema users' rows share) plus ``LOG_COLUMNS``."""
+    header = resources.data_file("training_runs_more.csv").read_text().splitlines()[0]
+    return header.split(",") + list(LOG_COLUMNS)
+
+
+def read_log(path: Path) -> TrainingLog:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as exc:
+        raise UnreadableLog(f"cannot read it: {exc.strerror}") from None
+    lines = [_LAUNCHER_PREFIX.sub("", line.rstrip()) for line in text.splitlines()]
+    try:
+        framework, arguments = read_arguments(lines)
+    except ValueError as exc:
+        raise UnreadableLog(str(exc)) from None
+    return TrainingLog(Path(path), framework, arguments, measure(lines))
+
+
+def to_row(log: TrainingLog, gpu: str, warmup: int | None = None) -> dict[str, Any]:
+    """The runs row of ``log`` measured on hardware preset ``gpu`` (logs rarely name the GPU)."""
+    a, m = log.arguments, log.measurements
+    notes: list[str] = []
+
+    def need(name: str) -> Any:
+        if a.get(name) is None:
+            raise UnreadableLog(f"the configuration does not state {name}")
+        return a[name]
+
+    _refuse_unmodelled(a)
+    layers, hidden, heads = int(need("num_layers")), int(need("hidden_size")), int(need("num_attention_heads"))
+    seq, mbs, gbs = int(need("seq_length")), int(need("micro_batch_size")), int(need("global_batch_size"))
+    vocab = m.vocab_size or a.get("vocab_size")
+    if not vocab:
+        raise UnreadableLog('no vocabulary size: neither the tokenizer\'s "padded vocab" line nor vocab_size')
+    tp, pp, cp, ep = (int(a.get(k) or 1) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                                   "context_parallel_size", "expert_model_parallel_size"))
+    gpus = _world_size(a, m, tp * pp * cp, mbs, gbs)
+    precision = _precision(a)
+    recompute, recompute_layers = _recompute(a, notes)
+    fsdp = bool(a.get("use_torch_fsdp2")) or (
+        bool(a.get("use_megatron_fsdp")) and a.get("data_parallel_sharding_strategy") == "optim_grads_params")
+    if a.get("use_megatron_fsdp") and not fsdp:
+        notes.append(f"Megatron-FSDP {a.get('data_parallel_sharding_strategy')} priced as the distributed optimizer")
+    sp = bool(a.get("sequence_parallel")) and tp > 1
+    edge = 0
+    if precision not in ("bf16", "fp16") and a.get("first_last_layers_bf16"):
+        start, end = int(a.get("num_layers_at_start_in_bf16") or 0), int(a.get("num_layers_at_end_in_bf16") or 0)
+        edge = max(start, end)
+        if start != end:
+            notes.append(f"BF16 layers {start} first / {end} last priced as {edge} at each end")
+    grads_fp32 = a.get("accumulate_allreduce_grads_in_fp32")
+    if grads_fp32 is None:
+        grads_fp32 = not a.get("grad_reduce_in_bf16") and precision != "fp16"
+
+    steady = steady_intervals(log, warmup)
+    step_s = statistics.median(i.elapsed_ms for i in steady) / 1000.0
+    logged_tflops = [i.tflops for i in steady if i.tflops is not None]
+    notes.insert(0, f"median of {len(steady)} logged intervals after warm-up (of {len(m.intervals)})")
+
+    row: dict[str, Any] = {
+        "model": _slug(log.path.stem), "num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
+        "num_query_groups": int(a["num_query_groups"]) if a.get("group_query_attention") else heads,
+        "ffn_hidden_size": int(need("ffn_hidden_size")), "vocab_size": int(vocab),
+        "activation": "swiglu" if a.get("swiglu") else "squared_relu" if a.get("squared_relu") else "gelu",
+        "seq_length": seq, "gpu": gpu, "num_gpus": gpus, "tp": tp, "pp": pp, "cp": cp,
+        "vp": int(a.get("virtual_pipeline_model_parallel_size") or 1), "ep": ep, "sp": int(sp),
+        "recompute": recompute, "mbs": mbs, "gbs": gbs, "precision": precision,
+        "measured_tokens_per_s_per_gpu": gbs * seq / (step_s * gpus),
+        "measured_model_tflops_per_gpu": statistics.median(logged_tflops) if logged_tflops else None,
+        "measured_iteration_time_s": step_s,
+        "source": f"{log.framework} log {log.path.name}", "notes": "; ".join(notes),
+        "kv_channels": a.get("kv_channels"), "fsdp": gpus // (tp * pp) if fsdp else 0,
+        "tie_embeddings": (None if a.get("untie_embeddings_and_output_weights") is None
+                           else int(not a["untie_embeddings_and_output_weights"])),
+        "hidden_dropout": a.get("hidden_dropout"), "attention_dropout": a.get("attention_dropout"),
+        "recompute_num_layers": recompute_layers,
+        "num_layers_in_first_pipeline_stage": int(a.get("decoder_first_pipeline_num_layers") or 0),
+        "num_layers_in_last_pipeline_stage": int(a.get("decoder_last_pipeline_num_layers") or 0),
+        "account_for_embedding_in_pipeline_split": int(bool(a.get("account_for_embedding_in_pipeline_split"))),
+        "account_for_loss_in_pipeline_split": int(bool(a.get("account_for_loss_in_pipeline_split"))),
+        "cpu_offloading_num_layers": int(a.get("cpu_offloading_num_layers") or 0),
+        "fp8_bf16_edge_layers": edge,
+        "distributed_optimizer": int(bool(a.get("use_distributed_optimizer")) or fsdp),
+        "overlap_grad_reduce": int(bool(a.get("overlap_grad_reduce"))),
+        "overlap_param_gather": int(bool(a.get("overlap_param_gather"))),
+        "grad_reduce_in_fp32": int(bool(grads_fp32)), "tp_comm_overlap": int(bool(a.get("tp_comm_overlap")) and sp),
+        "flash_attention": int(_flash_attention(a)),
+        "measured_max_allocated_gib": m.max_allocated_gib, "measured_max_reserved_gib": m.max_reserved_gib,
+    }
+    row["id"] = f"{ID_PREFIX}-{row['model']}-{content_hash(row)}"
+    return row
+
+
+def steady_intervals(log: TrainingLog, warmup: int | None = None) -> list[Interval]:
+    """The logged intervals after warm-up at the run's global batch size (a batch ramp-up's
+    smaller batches are left out); UnreadableLog if none."""
+    m, gbs = log.measurements, log.arguments.get("global_batch_size")
+    if not m.intervals:
+        raise UnreadableLog('no "elapsed time per iteration (ms)" line: the job logged no training interval')
+    steady = [i for i in m.steady(warmup) if i.global_batch_size in (None, gbs)]
+    if not steady:
+        raise UnreadableLog(f"all {len(m.intervals)} logged interval(s) are warm-up: log more iterations "
+                            "(or give --warmup)")
+    return steady
+
+
+def content_hash(row: dict[str, Any]) -> str:
+    """Eight hex digits of what the row says about the run (not where the log lay): the same
+    run imported twice, under any file name, gets the same one."""
+    def plain(value: Any) -> Any:
+        return f"{value:.6g}" if isinstance(value, float) else value
+    content = {k: plain(v) for k, v in row.items() if k not in _NOT_CONTENT}
+    return hashlib.sha1(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def _slug(stem: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.]+", "_", stem).strip("_")[:60] or "run"
+
+
+def _refuse_unmodelled(a: dict[str, Any]) -> None:
+    if a.get("num_experts"):
+        raise UnreadableLog(f"a mixture-of-experts model (num_experts={a['num_experts']}): only dense models "
+                            "are calibrated so far")
+    for flag, what in (("multi_latent_attention", "multi-latent attention"),
+                       ("is_hybrid_model", "a hybrid (Mamba) model"),
+                       ("hybrid_override_pattern", "a hybrid (Mamba) model"),
+                       ("pipeline_model_parallel_layout", "a --pipeline-model-parallel-layout"),
+                       ("fp4", "FP4 training")):
+        if a.get(flag):
+            raise UnreadableLog(f"{what} ({flag}={a[flag]}) is not modelled")
+
+
+def _world_size(a: dict[str, Any], m: Measurements, model_parallel: int, mbs: int, gbs: int) -> int:
+    """GPUs of the job: Megatron-LM prints world_size; a Bridge log only the micro-batch count,
+    from which dp = gbs / (mbs * micro-batches)."""
+    world = a.get("world_size") or m.world_size
+    if not world and m.microbatches:
+        world = gbs // (mbs * m.microbatches) * model_parallel
+    if not world:
+        raise UnreadableLog('no world size: neither world_size nor the "number of microbatches" line')
+    if world % model_parallel:
+        raise UnreadableLog(f"world size {world} is not a multiple of tp*pp*cp={model_parallel}")
+    return int(world)
+
+
+def _precision(a: dict[str, Any]) -> str:
+    if a.get("fp8"):
+        recipe = a.get("fp8_recipe") or "delayed"  # releases before --fp8-recipe only had delayed scaling
+        if recipe not in FP8_RECIPES:
+            raise UnreadableLog(f"FP8 recipe {recipe!r} is not modelled (known: {', '.join(FP8_RECIPES)})")
+        return FP8_RECIPES[recipe]
+    if a.get("bf16"):
+        return "bf16"
+    if a.get("fp16"):
+        return "fp16"
+    raise UnreadableLog("FP32 training (neither bf16 nor fp16) is not modelled")
+
+
+def _recompute(a: dict[str, Any], notes: list[str]) -> tuple[str, int]:
+    """Plan's recompute and its full-recompute layer count per pipeline chunk (0: all).
+
+    ``--recompute-method block --recompute-num-layers N`` recomputes N layers of each chunk;
+    ``uniform`` recomputes every layer (N only groups the stored inputs)."""
+    granularity = a.get("recompute_granularity")
+    if granularity is None:
+        return "none", 0
+    if granularity == "selective":
+        modules = a.get("recompute_modules") or ["core_attn"]
+        if set(modules) - {"core_attn"}:
+            notes.append(f"selective recompute of {modules} priced as core attention only")
+        return "selective", 0
+    if granularity != "full":
+        raise UnreadableLog(f"recompute_granularity {granularity!r} is not modelled")
+    if a.get("recompute_method") == "block":
+        return "full", int(a.get("recompute_num_layers") or 0)
+    if (a.get("recompute_num_layers") or 1) > 1:
+        notes.append(f"uniform recompute in groups of {a['recompute_num_layers']} priced as storing every "
+                     "layer's input")
+    return "full", 0
+
+
+def _flash_attention(a: dict[str, Any]) -> bool:
+    """Whether the attention core keeps the s x s scores out of memory: every backend but the
+    unfused and local ones (TransformerEngine picks flash or cuDNN fused attention)."""
+    backend = a.get("attention_backend")
+    if backend is not None:
+        return str(backend).split(".")[-1] not in ("unfused", "local")
+    return bool(a.get("use_flash_attn")) or a.get("transformer_impl") == "transformer_engine"

@@ -1,0 +1,170 @@
+"""Fit each serving engine's ``InferenceEfficiency`` to its published rows; leave-one-model-out.
+
+Every engine with measured rows gets its own constants (an engine's kernels, launch overheads and
+scheduler cost are its own): FasterTransformer on ``inference_runs.csv`` (end-to-end latency),
+each TensorRT-LLM release on its in-flight rows of ``serving_runs.csv`` (output tokens/s). The
+fit minimises the absolute log error (scipy least squares, soft-L1 loss, bounded) of the rows
+on the target GPUs; the other GPUs' rows are predicted with those constants and reported.
+Leave-one-model-out refits without one model's rows and predicts them: the error on rows a fit
+did not see.
+
+    python -m autoparallel.serve.fit             # fit every engine, rewrite the assumptions YAML
+    python -m autoparallel.serve.fit --dry-run   # print, do not write
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import sys
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+
+from autoparallel.costmodel.inference import InferenceEfficiency
+from autoparallel.errors import UserError
+from autoparallel.report.run_folder import write_atomic
+from autoparallel.serve.assumptions import ASSUMPTIONS, FIT_MARKER, load_assumptions
+from autoparallel.serve.measured import (Measured, groups, load_fastertransformer, load_serving_runs, predict,
+                                         predicted_values)
+
+# Not fitted for FT: attention (prompts <= 512 tokens cannot pin it), fp8_gemm_relative (no FP8
+# rows), p2p_latency_us (every PP row crosses nodes). In-flight rows are single-node TP groups
+# without PP: no inter-node or pipeline constants.
+FIT_KEYS = {
+    "static": ("hbm", "gemm_max", "gemm_half_gflop", "roofline_sharpness", "layer_overhead_us",
+               "pass_overhead_us", "allreduce_latency_us", "internode_allreduce_latency_us",
+               "internode_p2p_latency_us", "elementwise_bytes_per_token_hidden", "sampling_ns_per_logit"),
+    "inflight": ("hbm", "gemm_max", "gemm_half_gflop", "fp8_gemm_relative", "attention", "roofline_sharpness",
+                 "layer_overhead_us", "pass_overhead_us", "allreduce_latency_us",
+                 "elementwise_bytes_per_token_hidden", "sampling_ns_per_logit"),
+}
+BOUNDS = {"hbm": (0.3, 1.0), "gemm_max": (0.2, 1.0), "gemm_half_gflop": (0.01, 100.0),
+          "fp8_gemm_relative": (0.3, 1.0), "attention": (0.05, 1.0), "roofline_sharpness": (1.0, 20.0),
+          "layer_overhead_us": (0.0, 500.0), "pass_overhead_us": (0.0, 20000.0),
+          "allreduce_latency_us": (0.0, 500.0), "internode_allreduce_latency_us": (0.0, 2000.0),
+          "internode_p2p_latency_us": (0.0, 5000.0), "elementwise_bytes_per_token_hidden": (0.0, 400.0),
+          "sampling_ns_per_logit": (0.0, 50.0)}
+
+
+def target_gpus() -> tuple[str, ...]:
+    return tuple(load_assumptions()["validation"]["serving_runs"]["target_gpus"])
+
+
+def fit_rows(measured: Measured) -> pd.DataFrame:
+    """The rows a fit uses: every predicted row (FT), the target GPUs' rows (in-flight)."""
+    rows = measured.predicted_rows
+    if measured.engine.batching == "static":
+        return rows
+    return rows[rows["hardware"].isin(target_gpus())]
+
+
+def fit(measured: Measured, rows: pd.DataFrame, start: InferenceEfficiency, tol: float = 1e-4) -> InferenceEfficiency:
+    """Least squares from ``start``; ``tol`` is scipy's ftol and xtol (relative changes that stop it)."""
+    from scipy.optimize import least_squares
+    keys = FIT_KEYS[measured.engine.batching]
+    lo = np.array([BOUNDS[k][0] for k in keys])
+    hi = np.array([BOUNDS[k][1] for k in keys])
+    x0 = np.clip([getattr(start, k) for k in keys], lo + 1e-9, hi - 1e-9)
+    scale = np.maximum(np.abs(x0), 1e-3)
+    measured_values = rows["measured"].to_numpy(dtype=float)
+    parts = groups(measured, rows)
+
+    def make(x):
+        return dataclasses.replace(start, **{k: float(v) for k, v in zip(keys, x)})
+
+    def residuals(x):
+        return np.log(predicted_values(measured, make(x), parts, len(rows)) / measured_values)
+
+    result = least_squares(residuals, x0, bounds=(lo, hi), x_scale=scale, loss="soft_l1", f_scale=0.05,
+                           ftol=tol, xtol=tol)
+    return make(result.x)
+
+
+def leave_one_model_out(measured: Measured, eff: InferenceEfficiency, progress=None) -> pd.DataFrame:
+    """Every predicted row, predicted by a fit that saw none of its model's rows (column ``lomo_pct``).
+
+    Each refit starts from ``eff`` (the full fit) and stops at a 0.1 % relative change, so it
+    takes a few steps (held-out errors move by < 1 point against a 0.01 % stop).
+    """
+    rows = measured.predicted_rows
+    train = fit_rows(measured)
+    out = pd.Series(np.nan, index=rows.index)
+    for name in rows["model"].unique():
+        held = rows[rows["model"] == name]
+        rest = train[train["model"] != name]
+        if rest.empty:
+            continue
+        eff_without = fit(measured, rest, eff, tol=1e-3)
+        out[held.index] = predict(measured, eff_without, held)["error_pct"]
+        if progress is not None:
+            progress()
+    return out.rename("lomo_pct")
+
+
+def in_sample_and_lomo(measured: Measured, eff: InferenceEfficiency, progress=None, cross: bool = True) -> pd.DataFrame:
+    """The predicted rows with ``error_pct`` and (``cross``; NaN otherwise) ``lomo_pct``."""
+    report = predict(measured, eff)
+    report["lomo_pct"] = leave_one_model_out(measured, eff, progress) if cross else float("nan")
+    report["engine"] = measured.engine.name
+    report["fitted_on"] = report.index.isin(fit_rows(measured).index)
+    return report
+
+
+def all_measured() -> list[Measured]:
+    return [load_fastertransformer(), *load_serving_runs()]
+
+
+def fit_all(console: Console | None = None) -> dict[str, tuple[InferenceEfficiency, pd.DataFrame]]:
+    """Every engine's fit from the class defaults (the same command gives the same fit)."""
+    out = {}
+    for measured in all_measured():
+        rows = fit_rows(measured)
+        eff = fit(measured, rows, InferenceEfficiency())
+        report = predict(measured, eff, rows)
+        out[measured.engine.name] = (eff, report)
+        if console is not None:
+            err = report["error_pct"].abs()
+            console.print(f"{measured.engine.name}: {len(rows)} rows, mean |error| {err.mean():.1f} %, "
+                          f"max {err.max():.1f} %")
+    return out
+
+
+def write_fits(fits: dict[str, tuple[InferenceEfficiency, pd.DataFrame]]) -> None:
+    """Replace the fitted block (after FIT_MARKER) at the end of the assumptions YAML."""
+    text = ASSUMPTIONS.read_text()
+    head = text.split(FIT_MARKER)[0].rstrip("\n")
+    lines = [FIT_MARKER,
+             f"# {dt.date.today().isoformat()}; reproduce: python -m autoparallel.serve.fit",
+             "efficiency:"]
+    for name, (eff, report) in fits.items():
+        err = report["error_pct"].abs()
+        gpus = ", ".join(sorted(report["hardware"].unique()))
+        lines.append(f"  {name}:  # {len(report)} rows ({gpus}): mean |error| {err.mean():.1f} %, max {err.max():.1f} %")
+        lines += [f"    {f.name}: {round(getattr(eff, f.name), 4)}" for f in dataclasses.fields(eff)]
+    write_atomic(ASSUMPTIONS, head + "\n\n" + "\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m autoparallel.serve.fit", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dry-run", action="store_true", help="print the fits, do not write the YAML")
+    args = p.parse_args(argv)
+    console = Console()
+    try:
+        fits = fit_all(console)
+        for name, (eff, _) in fits.items():
+            console.print(name, {f.name: round(getattr(eff, f.name), 4) for f in dataclasses.fields(eff)})
+        if not args.dry_run:
+            write_fits(fits)
+            console.print(f"wrote {ASSUMPTIONS}")
+    except UserError as exc:
+        print(f"autoparallel: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

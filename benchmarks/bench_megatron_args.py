@@ -1,0 +1,294 @@
+"""Megatron-LM's own checks on every export of 20 searches (issue 13).
+
+For each search (dense presets, every FP8 recipe, recompute, context parallelism, BF16 edge
+layers, fp16, GB200 trays) the top ``--top`` plans are exported as ``train.sh``; bash evaluates
+the script's argument arrays and environment exactly as a user's shell would, and Megatron-LM's
+``parse_args``, ``validate_args``, ``core_transformer_config_from_args`` (TransformerConfig and
+its ``__post_init__`` checks) and its micro-batch calculator run on them. The result must also
+be the model the preset describes and the layout that was priced (checked field by field).
+
+    python benchmarks/bench_megatron_args.py --megatron PATH_TO_MEGATRON_LM [--top 3]
+
+PATH needs megatron/training/arguments.py and megatron/core (a checkout, or the snapshot
+benchmarks/RESULTS.md describes). GPU-only pieces are stubbed; ``STUBS`` lists them and the
+output repeats the list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io as stdio
+import os
+import subprocess
+import sys
+import tempfile
+import types
+import warnings
+from pathlib import Path
+
+from autoparallel import io
+from autoparallel.report.launch import train_script
+from autoparallel.search import run as runs
+from autoparallel.space import load_space
+from autoparallel.specs.plan import Plan
+
+# (model, GPUs, GPU, pinned knobs); gbs is the preset's unless pinned.
+SEARCHES = [
+    ("gpt3-175b", 1024, "h100-sxm", {}),
+    ("gpt3-175b", 512, "h100-sxm", {"precision": "fp8-delayed"}),
+    ("gpt3-5b", 64, "h100-sxm", {}),
+    ("gpt3-20b", 64, "h100-sxm", {"precision": "fp8-current"}),
+    ("llama2-7b", 8, "h100-sxm", {"grad_reduce_in_fp32": False}),
+    ("llama2-13b", 16, "h100-sxm", {"precision": "fp8-delayed"}),
+    ("llama2-70b", 64, "h100-sxm", {"recompute": "full"}),
+    ("llama3-8b", 8, "h100-sxm", {"cp": 2}),
+    ("llama3-70b", 64, "h100-sxm", {"cp": 2, "precision": "fp8-delayed"}),
+    ("llama3-70b", 128, "h100-sxm", {"precision": "fp8-current", "fp8_bf16_edge_layers": 1}),
+    ("llama3.1-405b", 576, "h100-sxm", {"precision": "fp8-delayed", "pp": 9}),  # NeMo: PP9 over 126 layers
+    ("nemotron-15b", 64, "h100-sxm", {"precision": "fp8-delayed"}),
+    ("nemotron-340b", 128, "h100-sxm", {"precision": "fp8-current"}),
+    ("llama3-70b", 64, "b200", {"precision": "mxfp8", "tp_comm_overlap": True}),
+    ("gpt3-175b", 256, "b200", {"precision": "fp8-blockwise"}),
+    ("llama2-70b", 64, "a100-sxm-80g", {"recompute": "selective"}),
+    ("gpt3-175b", 128, "a100-sxm-80g", {"precision": "fp16", "recompute": "full"}),
+    ("llama3-8b", 16, "gb200", {"precision": "fp8-current", "fp8_bf16_edge_layers": 2}),
+    ("llama3-70b", 64, "gb200", {"cp": 4}),
+    ("llama3-8b", 12, "h100-sxm", {"gbs": 120}),
+    ("llama3.1-405b", 1024, "h100-sxm", {}),  # 126 layers: embedding and loss counted as layers
+    ("llama3-70b", 64, "gb200", {"fsdp": True, "cpu_offloading_num_layers": 20}),
+]
+ARCH = {"a100-sxm-80g": 8, "h100-sxm": 9, "h200": 9, "b200": 10, "gb200": 10, "gb300": 10}  # CUDA compute capability
+TE_VERSION = "2.9.0"  # the TransformerEngine megatron-core 0.15 is built against (its [dev] extra)
+STUBS = (
+    "megatron/training/__init__.py: not run (it imports the whole training loop); the package is "
+    "registered without it",
+    "megatron/training/utils.py: replaced by update_use_dist_ckpt, print_rank_0 and warn_rank_0 (copied) "
+    "and get_device_arch_version (a CUDA query) returning the hardware preset's compute capability",
+    f"megatron.core.utils TransformerEngine version: {TE_VERSION} (TE is GPU-only and not installed)",
+    "megatron.core.models.common.embeddings.rope_utils.fused_apply_rotary_pos_emb: a placeholder "
+    "(the fused RoPE kernel comes from TE)",
+)
+PLACEHOLDERS = {"MEGATRON_LM": "/megatron", "DATA_PATH": "/data/corpus_text_document",
+                "CHECKPOINT_DIR": "/checkpoints", "VOCAB_FILE": "/tokenizer/gpt2-vocab.json",
+                "MERGE_FILE": "/tokenizer/gpt2-merges.txt", "TOKENIZER_MODEL": "/tokenizer/tokenizer.model"}
+_ARCH = {"value": 9}
+
+
+def load_megatron(root: Path):
+    """Megatron-LM's argument module and micro-batch calculator, with the GPU-only pieces stubbed."""
+    sys.path.insert(0, str(root))
+    import megatron
+    training = types.ModuleType("megatron.training")
+    training.__path__ = [str(root / "megatron" / "training")]
+    utils = types.ModuleType("megatron.training.utils")
+
+    def update_use_dist_ckpt(args):
+        args.use_dist_ckpt = args.ckpt_format != "torch"
+
+    def print_rank_0(message, rank=None):
+        if rank is None or rank == 0:
+            print(message, flush=True)
+
+    def warn_rank_0(message, rank=None):
+        if rank is None or rank == 0:
+            warnings.warn(message)
+
+    utils.update_use_dist_ckpt, utils.print_rank_0, utils.warn_rank_0 = update_use_dist_ckpt, print_rank_0, warn_rank_0
+    utils.get_device_arch_version = lambda: _ARCH["value"]
+    sys.modules["megatron.training"], sys.modules["megatron.training.utils"] = training, utils
+    megatron.training = training
+    from packaging.version import Version
+
+    import megatron.core.utils as core_utils
+    core_utils._te_version = Version(TE_VERSION)
+    from megatron.core.models.common.embeddings import rope_utils
+    rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None
+    from megatron.core import num_microbatches_calculator as microbatches
+    from megatron.training import arguments
+    return arguments, microbatches
+
+
+def script_argv_env(script: str) -> tuple[list[str], dict[str, str]]:
+    """The pretrain_gpt.py arguments and exported variables of train.sh, as bash expands them."""
+    body = script.split("\ntorchrun ")[0].split("\nMASTER_ADDR=")[0]
+    printer = ('for a in "${MODEL_ARGS[@]}" "${TOKENIZER_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${PRECISION_ARGS[@]}" '
+               '"${DATA_ARGS[@]}" "${CHECKPOINT_ARGS[@]}" "${TRAINING_ARGS[@]}"; do printf "%s\\0" "$a"; done; '
+               'printf "ENV\\0"; env -0')
+    with tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False) as f:
+        f.write(body + "\n" + printer + "\n")
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
+    out = subprocess.run(["bash", f.name], capture_output=True, text=True, check=True,
+                         env={**env, **PLACEHOLDERS}).stdout
+    Path(f.name).unlink()
+    argv, _, environment = out.partition("ENV\0")
+    exported = dict(item.split("=", 1) for item in environment.split("\0") if "=" in item)
+    return argv.split("\0")[:-1], {k: exported[k] for k in ("CUDA_DEVICE_MAX_CONNECTIONS",) if k in exported}
+
+
+def expected(model, plan) -> dict:
+    """What Megatron must end up with: the preset's model and the priced layout."""
+    import torch.nn.functional as F
+    from megatron.core.activations import squared_relu
+    activation = {"swiglu": F.silu, "gelu": F.gelu, "squared_relu": squared_relu}[model.activation]
+    fp8 = None
+    if plan.is_fp8:
+        from autoparallel.report.export import FP8_RECIPES
+        fp8 = FP8_RECIPES[plan.precision]
+    chunk = model.num_layers // (plan.pp * plan.vp)
+    return {
+        "config.num_layers": model.num_layers, "config.hidden_size": model.hidden_size,
+        "config.ffn_hidden_size": model.ffn_hidden_size, "config.num_attention_heads": model.num_attention_heads,
+        "config.num_query_groups": model.query_groups, "config.kv_channels": model.head_dim,
+        "config.add_bias_linear": model.add_bias_linear, "config.hidden_dropout": model.hidden_dropout,
+        "config.attention_dropout": model.attention_dropout, "config.gated_linear_unit": model.gated_mlp,
+        "config.activation_func": activation, "config.layernorm_epsilon": model.norm_epsilon,
+        "config.normalization": {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}[model.normalization],
+        "config.layernorm_zero_centered_gamma": model.layernorm_zero_centered_gamma,
+        "args.position_embedding_type": model.position_embedding_type, "args.rotary_base": model.rotary_base,
+        "args.rotary_percent": model.rotary_percent, "args.use_rope_scaling": bool(model.rope_scaling_factor),
+        "args.untie_embeddings_and_output_weights": not model.tie_embeddings,
+        "args.tokenizer_type": model.tokenizer_type,
+        "config.tensor_model_parallel_size": plan.tp, "config.pipeline_model_parallel_size": plan.pp,
+        "config.context_parallel_size": plan.cp, "args.data_parallel_size": plan.dp,
+        "config.virtual_pipeline_model_parallel_size": plan.vp if plan.vp > 1 else None,
+        "config.sequence_parallel": plan.sp and plan.tp > 1, "args.micro_batch_size": plan.mbs,
+        "config.recompute_granularity": None if plan.recompute == "none" else plan.recompute,
+        "config.recompute_num_layers": (plan.recompute_num_layers or chunk) if plan.recompute == "full" else None,
+        "config.bf16": plan.precision != "fp16", "config.fp16": plan.precision == "fp16",
+        "args.accumulate_allreduce_grads_in_fp32": plan.grad_reduce_in_fp32,
+        "args.use_distributed_optimizer": plan.distributed_optimizer,
+        "args.overlap_grad_reduce": plan.overlap_grad_reduce, "args.overlap_param_gather": plan.overlap_param_gather,
+        "config.tp_comm_overlap": plan.tp_comm_overlap, "config.fp8": fp8.fp8_format if fp8 else None,
+        "config.fp8_param": False,
+        **({"config.fp8_recipe": fp8.megatron_recipe} if fp8 else {}),
+        "config.first_last_layers_bf16": bool(plan.fp8_bf16_edge_layers),
+        **({"config.num_layers_at_start_in_bf16": plan.fp8_bf16_edge_layers} if plan.fp8_bf16_edge_layers else {}),
+        **({"config.cp_comm_type": "p2p"} if plan.cp > 1 else {}),
+        "config.num_layers_in_first_pipeline_stage": plan.num_layers_in_first_pipeline_stage or None,
+        "config.num_layers_in_last_pipeline_stage": plan.num_layers_in_last_pipeline_stage or None,
+        "config.account_for_embedding_in_pipeline_split": plan.account_for_embedding_in_pipeline_split,
+        "config.account_for_loss_in_pipeline_split": plan.account_for_loss_in_pipeline_split,
+        "args.use_megatron_fsdp": plan.fsdp,
+        "config.cpu_offloading": plan.cpu_offloading_num_layers > 0,
+        "config.cpu_offloading_num_layers": plan.cpu_offloading_num_layers,
+        "num_microbatches": plan.num_microbatches,
+    }
+
+
+def check(arguments, microbatches, model, plan, argv: list[str], env: dict) -> tuple[str, str]:
+    """(stage reached, problem) for one export: '' when Megatron accepts it as the same model and layout."""
+    os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+    os.environ.update(env, WORLD_SIZE=str(plan.num_gpus), RANK="0")
+    sys.argv = ["pretrain_gpt.py", *argv]
+    sink = stdio.StringIO()
+    stage = "parse_args"
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            args = arguments.parse_args()
+            stage = "validate_args"
+            args = arguments.validate_args(args)
+            stage = "TransformerConfig"
+            config = arguments.core_transformer_config_from_args(args)
+            stage = "microbatches"
+            microbatches.destroy_num_microbatches_calculator()
+            microbatches.init_num_microbatches_calculator(0, None, args.global_batch_size, args.micro_batch_size,
+                                                          args.data_parallel_size)
+    except (SystemExit, Exception) as e:  # noqa: BLE001 - any refusal is the result
+        text = str(e) if not isinstance(e, SystemExit) else sink.getvalue().strip().splitlines()[-1]
+        return stage, f"{type(e).__name__}: {text}"[:200]
+    got = {"num_microbatches": microbatches.get_num_microbatches()}
+    wrong = []
+    for key, want in expected(model, plan).items():
+        if key != "num_microbatches":
+            scope, name = key.split(".")
+            got[key] = getattr(config if scope == "config" else args, name)
+        if got[key] != want:
+            wrong.append(f"{key}={got[key]!r} (want {want!r})")
+    return "model+layout", "; ".join(wrong)
+
+
+def exports(top: int):
+    """(label, model, plan, hw, train.sh) of the top plans of every search, then two plans with
+    knobs set by hand (explicit first/last stage sizes, Megatron-FSDP, activation offloading)."""
+    space = load_space()
+    for name, gpus, gpu, pins in SEARCHES:
+        model, hw = io.load_model(name), io.load_hardware(gpu)
+        pins = dict(pins)
+        gbs = pins.pop("gbs", None) or model.global_batch_size
+        result = runs.search(model, hw, gpus, gbs, space.pinned(**pins))
+        label = f"{name} {gpus}x{gpu} " + " ".join(f"{k}={v}" for k, v in pins.items())
+        for rank in range(1, min(top, len(result.feasible)) + 1):
+            row = result.entry(rank)
+            yield f"{label} #{rank}", model, result.plan(rank), hw, runs.launch_script(model, hw, row, label)
+    model, hw = io.load_model("llama3.1-405b"), io.load_hardware("h100-sxm")
+    uneven = Plan(tp=8, pp=8, dp=9, gbs=252, sp=True, recompute="selective", precision="fp8-delayed",
+                  num_layers_in_first_pipeline_stage=15, num_layers_in_last_pipeline_stage=15)
+    yield "llama3.1-405b 576xh100 first/last stage 15 layers", model, uneven, hw, \
+        train_script(model, uneven, hw, "")
+    model = io.load_model("llama3-8b")
+    fsdp = Plan(tp=2, pp=1, dp=4, gbs=128, sp=True, fsdp=True)
+    yield "llama3-8b 8xh100 Megatron-FSDP", model, fsdp, hw, train_script(model, fsdp, hw, "")
+    model, gb200 = io.load_model("llama3-70b"), io.load_hardware("gb200")
+    offload = Plan(tp=1, pp=1, dp=64, gbs=256, mbs=2, precision="fp8-current", fsdp=True,
+                   grad_reduce_in_fp32=False, cpu_offloading_num_layers=40)
+    yield "llama3-70b 64xgb200 Megatron-FSDP + 40 layers offloaded", model, offload, gb200, \
+        train_script(model, offload, gb200, "")
+
+
+def controls():
+    """Broken exports the check must refuse (so that 'ok' above means something): the issue's
+    findings, each as (label, model, plan, hw, change to argv and environment)."""
+    hw = io.load_hardware("h100-sxm")
+    llama70, llama8 = io.load_model("llama3-70b"), io.load_model("llama3-8b")
+    cp2 = Plan(tp=4, pp=4, vp=5, cp=2, dp=2, gbs=128, sp=True, precision="fp8-delayed")
+    yield ("without CUDA_DEVICE_MAX_CONNECTIONS", llama70, cp2, hw, lambda argv, env: (argv, {}))
+    with_value = ("--position-embedding-type", "--rotary-base", "--hidden-dropout", "--attention-dropout",
+                  "--norm-epsilon")
+    yield ("without the architecture flags of the old export", llama70, cp2, hw,
+           lambda argv, env: ([a for i, a in enumerate(argv) if a not in (*with_value, "--disable-bias-linear")
+                               and (i == 0 or argv[i - 1] not in with_value)], env))
+    edge = Plan(tp=8, pp=8, dp=1, gbs=128, sp=True, precision="fp8-current", fp8_bf16_edge_layers=5)
+    yield ("BF16 edge layers 5 with 4 layers per stage (the space now rejects it)", llama8, edge, hw,
+           lambda argv, env: (argv, env))
+    fp16 = Plan(tp=8, pp=1, dp=1, gbs=128, sp=True, precision="fp16")
+    yield ("fp16 without --accumulate-allreduce-grads-in-fp32", llama8, fp16, hw,
+           lambda argv, env: ([a for a in argv if a != "--accumulate-allreduce-grads-in-fp32"], env))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--megatron", required=True, help="Megatron-LM checkout (or snapshot) root")
+    parser.add_argument("--top", type=int, default=3, help="plans exported per search")
+    cli = parser.parse_args()
+    with warnings.catch_warnings():  # Apex / TE absent: megatron.core falls back, and says so at import
+        warnings.simplefilter("ignore")
+        arguments, microbatches = load_megatron(Path(cli.megatron).resolve())
+    print("Stubbed:\n" + "".join(f"- {s}\n" for s in STUBS))
+    print("| export | layout | env | reached | problem |\n|---|---|---|---|---|")
+    passed = total = 0
+    for label, model, plan, hw, script in exports(cli.top):
+        _ARCH["value"] = ARCH[hw.name]
+        argv, env = script_argv_env(script)
+        stage, problem = check(arguments, microbatches, model, plan, argv, env)
+        total += 1
+        passed += not problem
+        layout = (f"TP{plan.tp} PP{plan.pp} VP{plan.vp} CP{plan.cp} DP{plan.dp} MBS{plan.mbs} {plan.precision}"
+                  f"{' ' + plan.recompute if plan.recompute != 'none' else ''}"
+                  f"{' edge' + str(plan.fp8_bf16_edge_layers) if plan.fp8_bf16_edge_layers else ''}"
+                  f"{' tp-ovl' if plan.tp_comm_overlap else ''}")
+        env_text = ",".join(f"{k}={v}" for k, v in env.items()) or "-"
+        print(f"| {label} | {layout} | {env_text} | {stage} | {problem or 'ok'} |", flush=True)
+    print(f"\n{passed} of {total} exports pass parse_args + validate_args + TransformerConfig + micro-batches "
+          "with the preset's model and the priced layout")
+    print("\nControls (must be refused):\n\n| broken export | reached | problem found |\n|---|---|---|")
+    for label, model, plan, hw, change in controls():
+        _ARCH["value"] = ARCH[hw.name]
+        argv, env = change(*script_argv_env(train_script(model, plan, hw, "")))
+        stage, problem = check(arguments, microbatches, model, plan, argv, env)
+        print(f"| {label} | {stage} | {problem or 'NOT CAUGHT'} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""`autoparallel infer` and `autoparallel validate --inference` from the command line."""
+
+import json
+
+import pytest
+import yaml
+
+from autoparallel import cli
+
+POINT_KEYS = {"ttft_ms", "tpot_ms", "latency_ms", "output_tokens_per_s", "output_tokens_per_s_per_gpu",
+              "fits", "memory_per_gpu_gib"}
+
+
+def test_pinned_point_json(capsys):
+    rc = cli.main(["infer", "--model", "llama3-70b", "--gpus", "8", "--gpu", "h100-sxm", "--tp", "4",
+                   "--pp", "1", "--max-batch", "32", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert POINT_KEYS <= set(out)
+    assert out["fits"] is True
+    assert out["output_tokens_per_s"] == pytest.approx(8 * out["output_tokens_per_s_per_gpu"])
+    assert out["latency_ms"] == pytest.approx(out["ttft_ms"] + 255 * out["tpot_ms"])
+    assert out["config"]["max_num_tokens"] == 8192  # the engine's default budget when not pinned
+    assert out["serving"]["concurrency"] == 32
+
+
+def test_batch_is_the_old_spelling_of_max_batch(capsys):
+    base = ["infer", "--model", "llama3-70b", "--gpus", "8", "--tp", "8", "--pp", "1", "--json"]
+    assert cli.main([*base, "--batch", "16"]) == 0
+    old = json.loads(capsys.readouterr().out)
+    assert cli.main([*base, "--max-batch", "16"]) == 0
+    assert json.loads(capsys.readouterr().out) == old
+
+
+def test_pinned_point_that_does_not_fit(capsys):
+    rc = cli.main(["infer", "--model", "llama2-70b", "--gpus", "8", "--tp", "1", "--pp", "1", "--max-batch", "64",
+                   "--json"])
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out)["fits"] is False
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--weight-precision", "int4"], "--weight-precision 'int4' is not one of bf16, fp16, fp8"),
+    (["--kv-precision", "fp4"], "--kv-precision 'fp4' is not one of bf16, fp16, fp8"),
+    (["--latency-metric", "p99", "--max-latency-ms", "50"], "--latency-metric 'p99' is not one of ttft, tpot, e2e"),
+    (["--tp", "3", "--pp", "1", "--max-batch", "1"], "tp*pp=3 does not divide 8 GPUs"),
+    (["--max-latency-ms", "-5"], "--max-latency-ms must be positive"),
+    (["--max-tpot-ms", "0"], "--max-tpot-ms must be positive"),
+    (["--request-rate", "-1"], "--request-rate must be positive"),
+    (["--engine", "tgi"], "unknown serving engine 'tgi'; valid: tensorrt-llm"),
+    (["--max-latency-ms", "50", "--max-tpot-ms", "40"], "contradicts --max-tpot-ms 40"),
+    (["--input-len", "9000"], "exceeds the context of llama3-70b (8192 tokens)"),
+])
+def test_errors_are_one_line(capsys, argv, message):
+    rc = cli.main(["infer", "--model", "llama3-70b", "--gpus", "8", "--no-save", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert message in err and err.count("\n") == 1
+
+
+def test_search_writes_run_folder_with_commands(tmp_path, capsys):
+    rc = cli.main(["infer", "--model", "llama3.1-70b", "--gpus", "8", "--gpu", "h100-sxm", "--max-tpot-ms", "50",
+                   "--max-ttft-ms", "2000", "--weight-precision", "fp8", "--results", str(tmp_path), "--top", "3"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "out tok/s/GPU" in out and "Pareto front" in out
+    (run,) = tmp_path.iterdir()
+    assert {p.name for p in run.iterdir()} >= {"best.yaml", "candidates.csv", "ranked.md", "manifest.yaml"}
+    best = yaml.safe_load((run / "best.yaml").read_text())
+    layout = best["layout"]
+    assert best["engine"] == "tensorrt-llm" and best["request"]["max_tpot_ms"] == 50.0
+    assert best["predicted"]["tpot_ms"] <= 50.0 and best["predicted"]["ttft_ms"] <= 2000.0
+    vllm = best["commands"]["vllm"]
+    assert vllm.startswith("vllm serve ") and f"--tensor-parallel-size {layout['tp']}" in vllm
+    assert f"--max-num-seqs {layout['max_batch'] * layout['pp']}" in vllm
+    assert len(best["commands"]["trtllm-serve"]) == len(best["commands"]["sglang"]) == layout["replicas"]
+    assert "Pareto front" in (run / "ranked.md").read_text()
+    manifest = yaml.safe_load((run / "manifest.yaml").read_text())
+    assert manifest["inputs"]["kind"] == "inference" and manifest["inputs"]["engine"]["name"] == "tensorrt-llm"
+
+
+def test_legacy_flags_give_the_same_search(capsys):
+    base = ["infer", "--model", "llama3-8b", "--gpus", "2", "--weight-precision", "fp8", "--no-save", "--json"]
+    assert cli.main([*base, "--max-latency-ms", "30", "--latency-metric", "tpot"]) == 0
+    old = json.loads(capsys.readouterr().out)
+    assert cli.main([*base, "--max-tpot-ms", "30"]) == 0
+    assert json.loads(capsys.readouterr().out) == old
+
+
+def test_validate_inference_json(capsys, monkeypatch, held_out):
+    from autoparallel.serve import validate
+    monkeypatch.setattr(validate, "held_out_report", lambda runs=None, cross=True: held_out)  # refits: once
+    assert cli.main(["validate", "--inference", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    engines = {r["engine"] for r in out["by_engine_gpu_model"]}
+    assert engines == {"fastertransformer", "tensorrt-llm-0.10", "tensorrt-llm"}
+    assert {"in_sample_pct", "lomo_pct", "rows", "hardware", "model"} <= set(out["by_engine_gpu_model"][0])
+    assert out["fastertransformer"]["mean_abs_error_pct"] <= 10.0
+    assert out["not_predicted"]["MoE serving not modelled yet"] >= 20
+
+
+def test_validate_inference_without_refits(capsys):
+    assert cli.main(["validate", "--inference", "--no-cross-validation", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = out["by_engine_gpu_model"]
+    assert all(r["lomo_pct"] is None for r in rows) and all(r["in_sample_pct"] >= 0 for r in rows)

@@ -1,0 +1,94 @@
+"""One forward pass, memory and static batching (costmodel/inference.py)."""
+
+import numpy as np
+import pytest
+
+from autoparallel.costmodel.inference import (OUTPUT_KEYS, InferenceEfficiency, estimate_static_columns,
+                                              kv_bytes_per_token, microbatch_size)
+
+
+def _point(model, hw, eff=None, **kw):
+    cols = {"tp": [1], "pp": [1], "batch": [1], "input_len": [2048], "output_len": [256],
+            "weight_precision": ["bf16"], "kv_precision": ["bf16"]}
+    cols.update({k: [v] for k, v in kw.items()})
+    out = estimate_static_columns(model, hw, eff or InferenceEfficiency(), {k: np.array(v) for k, v in cols.items()})
+    return {k: v[0] for k, v in out.items()}
+
+
+def test_kv_cache_formula(llama2):
+    # 2 (K and V) * 80 layers * 8 KV heads * 128 head_dim * 2 bytes
+    assert kv_bytes_per_token(llama2, 80, 1, 2.0) == 2 * 80 * 8 * 128 * 2
+    assert kv_bytes_per_token(llama2, 80, 8, 1.0) == 2 * 80 * 1 * 128 * 1
+    # tp above the KV heads replicates them: still one head per GPU
+    assert kv_bytes_per_token(llama2, 80, 16, 2.0) == kv_bytes_per_token(llama2, 80, 8, 2.0)
+
+
+def test_decode_is_bandwidth_bound_at_batch_one(llama2, h100):
+    p = _point(llama2, h100, tp=8)
+    floor = llama2.num_parameters * 2 / 8 / (h100.hbm_tbps * 1e12)
+    assert floor < p["tpot_s"] < 5 * floor
+    assert p["decode_memory_s"] > p["decode_compute_s"]
+
+
+def test_latency_grows_with_batch_and_falls_with_tp(llama2, h100):
+    tpot = [_point(llama2, h100, tp=4, batch=b)["tpot_s"] for b in (1, 16, 256)]
+    assert tpot[0] < tpot[1] < tpot[2]
+    assert _point(llama2, h100, tp=8)["tpot_s"] < _point(llama2, h100, tp=2)["tpot_s"]
+    ttft = [_point(llama2, h100, tp=4, batch=b)["ttft_s"] for b in (1, 8)]
+    assert ttft[1] > 4 * ttft[0]  # prefill is compute-bound: ~linear in tokens
+
+
+def test_fp8_halves_weights_and_kv(llama2, h100):
+    bf16 = _point(llama2, h100, tp=2, batch=32)
+    fp8 = _point(llama2, h100, tp=2, batch=32, weight_precision="fp8", kv_precision="fp8")
+    layers = llama2.num_layers * llama2.layer_params / 2 / 2**30
+    assert bf16["weights_gib"] - fp8["weights_gib"] == pytest.approx(layers, rel=1e-6)
+    assert fp8["kv_cache_gib"] == pytest.approx(bf16["kv_cache_gib"] / 2)
+    assert fp8["tpot_s"] < bf16["tpot_s"]
+
+
+def test_memory_counts_kv_for_input_plus_output(llama2, h100):
+    p = _point(llama2, h100, tp=8, batch=10, input_len=1000, output_len=24)
+    expected = 10 * 1024 * kv_bytes_per_token(llama2, 80, 8, 2.0) / 2**30
+    assert p["kv_cache_gib"] == pytest.approx(expected)
+    assert p["memory_per_gpu_gib"] == pytest.approx(
+        p["weights_gib"] + p["kv_cache_gib"] + p["activations_gib"] + p["reserve_gib"])
+
+
+def test_kernels_add_up_rather_than_overlap(llama2, h100):
+    """Attention and GEMMs are separate kernels: a long-context decode step costs about the
+    weight read plus the KV read, not the larger of the two."""
+    eff = InferenceEfficiency(layer_overhead_us=0.0, allreduce_latency_us=0.0, sampling_ns_per_logit=0.0,
+                              elementwise_bytes_per_token_hidden=0.0)
+    short = _point(llama2, h100, eff, tp=8, batch=64, input_len=16, output_len=2)
+    long = _point(llama2, h100, eff, tp=8, batch=64, input_len=8000, output_len=2)
+    kv_read = 64 * (8000 + 1.5) * kv_bytes_per_token(llama2, 80, 8, 2.0) / (h100.hbm_tbps * 1e12 * eff.hbm)
+    assert long["tpot_s"] - short["tpot_s"] == pytest.approx(kv_read, rel=0.1)
+
+
+def test_fastertransformer_microbatching():
+    # FT getLocalBatchSize: divide by pp if it divides, then halve while > 1024 tokens
+    assert microbatch_size([256], 1, [3], "fastertransformer")[0] == 256
+    assert microbatch_size([6], 1, [3], "fastertransformer")[0] == 2
+    assert microbatch_size([256], 128, [3], "fastertransformer")[0] == 8
+    assert microbatch_size([8], 1, [4], "even")[0] == 2
+    assert microbatch_size([2], 1, [4], "even")[0] == 1
+
+
+def test_pipeline_adds_latency_at_batch_one(llama2, h100):
+    assert _point(llama2, h100, tp=2, pp=2)["tpot_s"] > _point(llama2, h100, tp=4)["tpot_s"]
+
+
+def test_pipeline_steady_state_keeps_stages_busy(llama2, h100):
+    one = _point(llama2, h100, tp=2, pp=2, batch=1)["tpot_s"]
+    two = _point(llama2, h100, tp=2, pp=2, batch=2)["tpot_s"]
+    assert two == pytest.approx(one, rel=0.05)  # the second micro-batch fills the idle stage
+
+
+def test_output_keys_documented(llama2, h100):
+    assert set(_point(llama2, h100)) == set(OUTPUT_KEYS)
+
+
+def test_efficiency_rejects_out_of_range():
+    with pytest.raises(ValueError, match="hbm must be in"):
+        InferenceEfficiency(hbm=1.5)

@@ -1,0 +1,81 @@
+"""Engine commands: every flag exported is one the engine's parser declares (engine_flags.yaml)."""
+
+import re
+
+import pandas as pd
+import pytest
+
+from autoparallel.serve import export
+from autoparallel.serve.export import Command, commands, engine_flags
+
+LAYOUTS = [
+    {"tp": 1, "pp": 2, "replicas": 4, "max_batch": 35, "max_num_tokens": 8192, "weight_precision": "fp8",
+     "kv_precision": "fp8", "concurrency": 70.0},
+    {"tp": 8, "pp": 1, "replicas": 1, "max_batch": 256, "max_num_tokens": 2048, "weight_precision": "bf16",
+     "kv_precision": "bf16", "concurrency": 256.0},
+    {"tp": 2, "pp": 1, "replicas": 4, "max_batch": 64, "max_num_tokens": 512, "weight_precision": "fp16",
+     "kv_precision": "fp8", "concurrency": 64.0},
+]
+
+
+def _all(cmds) -> list[Command]:
+    out = []
+    for c in cmds.values():
+        out += c if isinstance(c, list) else [c]
+    return out
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_exported_flag_is_in_the_engine_parser(layout):
+    row = pd.Series(layout)
+    flags = engine_flags()
+    for cmd in _all(commands(row, "llama3.1-70b", 2304)):
+        parts = [(cmd.parser, cmd.args)] + ([(f"{cmd.parser} {cmd.subcommand}", cmd.sub_args)] if cmd.subcommand else [])
+        for parser, args in parts:
+            spec = flags[parser]
+            for flag, value in args:
+                assert flag in spec["flags"], (parser, flag)
+                if flag in (spec.get("choices") or {}):
+                    assert value in spec["choices"][flag], (parser, flag, value)
+        text = cmd.text().split(cmd.program, 1)[1]  # cmd.text() runs Command.check too
+        for flag in re.findall(r"(?<= )--?[a-zA-Z][\w-]*", text):
+            assert flag in flags[cmd.parser]["flags"] or flag in flags.get(f"{cmd.parser} {cmd.subcommand}",
+                                                                          {}).get("flags", []), flag
+
+
+def test_flag_lists_name_their_snapshot():
+    for parser, spec in engine_flags().items():
+        src = spec["source"]
+        assert src["repo"].count("/") == 1 and src["path"], parser
+        assert re.fullmatch(r"[0-9a-f]{40}", src["commit"]), parser
+        assert len(spec["flags"]) == len(set(spec["flags"])) >= 6, parser
+
+
+def test_an_unknown_flag_is_refused():
+    with pytest.raises(RuntimeError, match="vllm serve has no flag --max-batch-size"):
+        Command("vllm serve", "vllm serve m", (("--max-batch-size", "8"),)).text()
+    with pytest.raises(RuntimeError, match="not one of"):
+        Command("sglang", "python -m sglang.launch_server", (("--kv-cache-dtype", "fp8"),)).text()
+
+
+def test_layout_reaches_each_engine():
+    row = pd.Series(LAYOUTS[0])
+    cmds = commands(row, "llama3.1-70b", 2304)
+    vllm = cmds["vllm"].text()
+    assert "--tensor-parallel-size 1 --pipeline-parallel-size 2 --data-parallel-size 4" in vllm
+    assert "--max-num-seqs 70" in vllm  # the whole server's running requests: pp x max batch
+    assert "--quantization fp8" in vllm and "--kv-cache-dtype fp8" in vllm
+    serve = cmds["trtllm-serve"]
+    assert len(serve) == 4  # one server per replica, each on its own GPUs and port
+    gpus = [re.search(r"CUDA_VISIBLE_DEVICES=(\S+)", c.text())[1] for c in serve]
+    assert gpus == ["0,1", "2,3", "4,5", "6,7"]
+    assert all("--max_batch_size 35" in c.text() for c in serve)  # per micro-batch
+    bench = cmds["trtllm-bench"].text()
+    assert " throughput " in bench and "--concurrency 70" in bench and "--tp 1 --pp 2" in bench
+    sglang = [c.text() for c in cmds["sglang"]]
+    assert [re.search(r"--base-gpu-id (\d+)", s)[1] for s in sglang] == ["0", "2", "4", "6"]
+    assert all("--max-running-requests 70" in s and "--kv-cache-dtype fp8_e4m3" in s for s in sglang)
+
+
+def test_flags_file_ships_with_the_package():
+    assert export.FLAGS_FILE.is_file() and "search_spaces" in str(export.FLAGS_FILE)

@@ -1,0 +1,125 @@
+"""Exports (issue 13): the Megatron-LM flags define the preset's model and the priced run, the
+NeMo blocks and the TE recipe say the same, train.sh launches it. Megatron-LM itself checks the
+flags in benchmarks/bench_megatron_args.py; these tests pin what must be in them."""
+
+import dataclasses
+import subprocess
+
+import pytest
+
+from autoparallel import io
+from autoparallel.report.export import FP8_RECIPES, megatron_args, megatron_env, te_recipe
+from autoparallel.report.launch import node_layout, train_script
+from autoparallel.report.nemo import nemo1_config, nemo2_recipe
+from autoparallel.specs.plan import Plan
+
+CP2 = Plan(tp=4, pp=4, vp=5, cp=2, dp=2, gbs=128, sp=True, precision="fp8-delayed")
+
+
+def test_llama3_export_builds_the_llama_model():
+    args = megatron_args(io.load_model("llama3-70b"), CP2)
+    for flag in ("--position-embedding-type rope", "--rotary-base 500000", "--disable-bias-linear",
+                 "--hidden-dropout 0.0", "--attention-dropout 0.0", "--normalization RMSNorm", "--swiglu",
+                 "--untie-embeddings-and-output-weights", "--group-query-attention", "--num-query-groups 8",
+                 "--tokenizer-type HuggingFaceTokenizer", "--tokenizer-model meta-llama/Meta-Llama-3-70B",
+                 "--cp-comm-type p2p", "--num-virtual-stages-per-pipeline-rank 5"):
+        assert flag in args, flag
+    assert not any(a.startswith("--fp8-param-gather") for a in args)  # priced: BF16 gathers
+
+
+def test_gpt3_export_is_gpt3_in_every_block():
+    model = io.load_model("gpt3-175b")
+    args = megatron_args(model, CP2)
+    assert "--position-embedding-type learned_absolute" in args and "--rotary-base" not in " ".join(args)
+    assert "--disable-bias-linear" not in args and "--apply-layernorm-1p" not in args
+    assert '--vocab-file "$VOCAB_FILE"' in args and '--merge-file "$MERGE_FILE"' in args
+    tied = "--untie-embeddings-and-output-weights" not in args
+    assert tied == model.tie_embeddings
+    assert nemo1_config(model, CP2)["model"]["share_embeddings_and_output_weights"] == tied
+    assert nemo2_recipe(model, CP2)["model"]["config"]["share_embeddings_and_output_weights"] == tied
+
+
+@pytest.mark.parametrize("name", sorted(io.preset_files("models")))
+def test_every_preset_exports_its_architecture(name):
+    model = io.load_model(name)
+    args = megatron_args(model, Plan(tp=1, pp=1, dp=8, gbs=64))
+    assert f"--position-embedding-type {model.position_embedding_type}" in args
+    assert ("--disable-bias-linear" in args) == (not model.add_bias_linear)
+    assert ("--apply-layernorm-1p" in args) == model.layernorm_zero_centered_gamma
+    assert f"--hidden-dropout {model.hidden_dropout}" in args and f"--tokenizer-type {model.tokenizer_type}" in args
+    assert nemo2_recipe(model, Plan(tp=1, pp=1, dp=8, gbs=64))["model"]["config"]["rotary_base"] == model.rotary_base
+
+
+@pytest.mark.parametrize("precision, fp32, flag", [("fp16", True, "--accumulate-allreduce-grads-in-fp32"),
+                                                    ("bf16", True, "--accumulate-allreduce-grads-in-fp32"),
+                                                    ("bf16", False, "--grad-reduce-in-bf16")])
+def test_gradient_reduction_as_priced(precision, fp32, flag):
+    args = megatron_args(io.load_model("llama3-8b"), Plan(tp=1, pp=1, dp=8, gbs=64, precision=precision,
+                                                          grad_reduce_in_fp32=fp32))
+    assert flag in args and ("--fp16" in args) == (precision == "fp16")
+
+
+@pytest.mark.parametrize("precision", sorted(FP8_RECIPES))
+def test_one_fp8_format_per_recipe_in_every_block(precision):
+    model, plan = io.load_model("llama3-8b"), Plan(tp=2, pp=1, dp=4, gbs=64, sp=True, precision=precision)
+    fmt = FP8_RECIPES[precision].fp8_format
+    assert f"--fp8-format {fmt}" in megatron_args(model, plan)
+    assert te_recipe(plan)["args"]["fp8_format"] == fmt.upper() and f"Format.{fmt.upper()}" in te_recipe(plan)["python"]
+    assert nemo2_recipe(model, plan)["trainer"]["plugins"]["fp8"] == fmt
+    nemo1 = nemo1_config(model, plan)["model"]
+    assert nemo1["fp8_hybrid"] == (fmt == "hybrid") and nemo1["fp8_e4m3"] == (fmt == "e4m3")
+    assert nemo1["transformer_engine"] is True and nemo1["fp8_param_gather"] is False
+
+
+def test_environment_follows_validate_args():
+    assert megatron_env(CP2) == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    assert megatron_env(Plan(tp=1, pp=8, dp=8, gbs=64)) == {}
+    assert megatron_env(dataclasses.replace(CP2, fsdp=True)) == {}  # Megatron-FSDP asserts != 1
+
+
+def test_uneven_stages_and_fsdp_are_emitted_only_when_set():
+    model = io.load_model("llama3.1-405b")
+    plain = megatron_args(model, CP2)
+    assert not any("pipeline-num-layers" in a or "in-pipeline-split" in a or "fsdp" in a for a in plain)
+    uneven = dataclasses.replace(CP2, num_layers_in_first_pipeline_stage=30, num_layers_in_last_pipeline_stage=31,
+                                 account_for_loss_in_pipeline_split=True, fsdp=True)
+    args = megatron_args(model, uneven)
+    for flag in ("--decoder-first-pipeline-num-layers 30", "--decoder-last-pipeline-num-layers 31",
+                 "--account-for-loss-in-pipeline-split", "--use-megatron-fsdp",
+                 "--data-parallel-sharding-strategy optim_grads_params", "--ckpt-format fsdp_dtensor"):
+        assert flag in args
+    strategy = nemo2_recipe(model, uneven)["trainer"]["strategy"]
+    assert strategy["num_layers_in_first_pipeline_stage"] == 30 and strategy["fsdp"] == "megatron"
+    assert strategy["account_for_loss_in_pipeline_split"] is True
+
+
+@pytest.mark.parametrize("gpus, per_node, expect", [(64, 8, (8, 8)), (4, 8, (1, 4)), (12, 8, (2, 6)),
+                                                    (64, 4, (16, 4)), (72, 4, (18, 4))])
+def test_nodes_never_change_the_gpu_count(gpus, per_node, expect):
+    assert node_layout(gpus, per_node) == expect
+    plan = Plan(tp=1, pp=1, dp=gpus, gbs=gpus)
+    trainer = nemo1_config(io.load_model("llama3-8b"), plan, per_node)["trainer"]
+    assert trainer["devices"] * trainer["num_nodes"] == gpus
+
+
+@pytest.mark.parametrize("gpus, hardware", [(8, "h100-sxm"), (64, "gb200")])
+def test_train_script_runs_the_exported_flags(gpus, hardware, tmp_path):
+    model, hw = io.load_model("gpt3-5b"), io.load_hardware(hardware)
+    plan = Plan(tp=2, pp=1, dp=gpus // 2, gbs=gpus * 4, sp=True, precision="fp8-current")
+    script = train_script(model, plan, hw, "test")
+    (tmp_path / "train.sh").write_text(script)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "train.sh")]).returncode == 0
+    nodes, per_node = node_layout(gpus, hw.gpus_per_node)
+    assert ("#SBATCH --nodes=" in script) == (nodes > 1) and f"--nproc-per-node {per_node}" in script
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in script
+    printer = script.split("\ntorchrun ")[0].split("\nMASTER_ADDR=")[0] + '\nprintf "%s\\n" "${MODEL_ARGS[@]}" ' \
+        '"${TOKENIZER_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${PRECISION_ARGS[@]}"\n'
+    env = {"PATH": "/usr/bin:/bin", "MEGATRON_LM": "/m", "DATA_PATH": "/d", "CHECKPOINT_DIR": "/c",
+           "VOCAB_FILE": "/v.json", "MERGE_FILE": "/m.txt"}
+    out = subprocess.run(["bash", "-c", printer], capture_output=True, text=True, env=env, check=True).stdout
+    expanded = [a.replace('"$VOCAB_FILE"', "/v.json").replace('"$MERGE_FILE"', "/m.txt")
+                for a in megatron_args(model, plan)]
+    assert out.split("\n")[:-1] == [token for a in expanded for token in a.split(" ")]
+    missing = subprocess.run(["bash", "-c", printer], capture_output=True, text=True,
+                             env={k: v for k, v in env.items() if k != "DATA_PATH"})
+    assert missing.returncode != 0 and "set DATA_PATH" in missing.stderr

@@ -1,0 +1,93 @@
+"""Every combination Megatron-LM or TransformerEngine refuses, as a rule of the search space.
+
+Each row names the file and the message the rule mirrors (Megatron-LM megatron/training/
+arguments.py and megatron/core/transformer/transformer_config.py of the snapshot in
+benchmarks/RESULTS.md, TransformerEngine transformer_engine/pytorch/module/base.py), a layout
+that breaks it, and the same layout changed just enough to pass. A rule that stops firing, or
+fires on its neighbour, fails here.
+"""
+
+import dataclasses
+
+import pytest
+
+from autoparallel import io
+from autoparallel.space import SearchSpace, generate
+
+ARGS = "megatron/training/arguments.py validate_args"
+CONFIG = "megatron/core/transformer/transformer_config.py TransformerConfig.__post_init__"
+TE_UB = "transformer_engine/pytorch/module/base.py fill_userbuffers_buffer_for_all_gather"
+
+# (source, message it mirrors, model, gpus, gbs, broken layout, passing change, our reason)
+RULES = [
+    (ARGS, "world size ({args.world_size}) is not divisible by total_model_size",
+     "llama3-8b", 12, 120, dict(tp=8, pp=1), dict(tp=4), "does not divide 12 GPUs"),
+    (CONFIG, "num_attention_heads ({...}) must be a multiple of tensor_model_parallel_size",
+     "gpt3-20b", 64, 256, dict(tp=32, pp=1), dict(tp=8), "attention heads not divisible by tp=32"),
+    (CONFIG, "num_query_groups ({...}) must be a multiple of tensor_model_parallel_size",
+     "llama3-70b", 64, 128, dict(tp=16, pp=1), dict(tp=8), "query groups not divisible by tp=16"),
+    (ARGS, "Number of layers should be divisible by the pipeline-model-parallel size",
+     "gpt3-20b", 48, 240, dict(tp=1, pp=3, sp=False, uneven_pipeline_split=False), dict(pp=4),
+     "44 layers not divisible by pp*vp=3"),
+    (CONFIG, "number of layers at first stage: {...} must be divisible by virtual pipeline parallel degree",
+     "gpt3-20b", 64, 256, dict(tp=4, pp=4, vp=3), dict(vp=11),
+     "44 layers not divisible by pp*vp=12 and no uneven split of Megatron-LM fits"),
+    (ARGS, "seq-length should be a multiple of 2 * context-parallel-size",
+     "llama3-8b", 48, 48, dict(tp=1, pp=1, cp=3, sp=False), dict(cp=2), "not divisible by 2*cp=6"),
+    (ARGS, "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is enabled",
+     "llama3-8b", 8, 128, dict(tp=8, pp=1, sp=False, tp_comm_overlap=True), dict(sp=True),
+     "TP comm overlap needs sequence parallel"),
+    (ARGS, "--overlap-param-gather only supported with distributed optimizer or megatron fsdp",
+     "llama3-8b", 8, 128, dict(tp=8, pp=1, distributed_optimizer=False), dict(overlap_dp_comm=False),
+     "param-gather overlap needs the distributed optimizer"),
+    (CONFIG, "Delayed scaling does not support first / last layer in BF16.",
+     "llama3-8b", 8, 128, dict(tp=8, pp=1, precision="fp8-delayed", fp8_bf16_edge_layers=1),
+     dict(precision="fp8-current"), "delayed scaling cannot keep first/last layers in BF16"),
+    (CONFIG, "num_layers_at_start_in_bf16 ({...}) must be between 0 and number of layers per pipeline stage",
+     "llama3-8b", 64, 128, dict(tp=8, pp=8, precision="fp8-current", fp8_bf16_edge_layers=5),
+     dict(fp8_bf16_edge_layers=4), "must be between 0 and number of layers per pipeline stage (4)"),
+    (TE_UB, "Unsupported quantizer for Userbuffers",
+     "llama3-8b", 8, 128, dict(tp=8, pp=1, sp=True, tp_comm_overlap=True, precision="fp8-blockwise"),
+     dict(precision="fp8-current"), "Unsupported quantizer for Userbuffers"),
+    (TE_UB, "Userbuffers requires MXFP8 tensor dims that are divisible by 128",
+     "llama3-8b", 128, 128, dict(tp=8, pp=1, cp=16, sp=True, tp_comm_overlap=True, precision="mxfp8"),
+     dict(cp=8), "Userbuffers requires MXFP8 tensor dims that are divisible by 128"),
+]
+
+BASE = dict(vp=1, cp=1, ep=1, mbs=1, sp=True, recompute="none", precision="bf16", fp8_bf16_edge_layers=0,
+            tp_comm_overlap=False, distributed_optimizer=True, overlap_dp_comm=True, grad_reduce_in_fp32=True,
+            flash_attention=True, memory_fraction=0.95, tp_within_nvlink_domain=False)
+
+
+def _reason(model_name: str, gpus: int, gbs: int, pins: dict) -> str:
+    model = io.load_model(model_name)
+    hw = io.load_hardware("b200")  # FP8, MXFP8 and an 8-GPU domain (checked off above)
+    space = SearchSpace().pinned(**{**BASE, **pins})
+    frame = generate(model, hw, gpus, gbs, space)
+    assert len(frame) == 1, frame
+    return frame.reason.iloc[0]
+
+
+@pytest.mark.parametrize("source, message, model, gpus, gbs, broken, change, reason", RULES,
+                         ids=[r[1][:40] for r in RULES])
+def test_rule_rejects_what_megatron_or_te_refuses(source, message, model, gpus, gbs, broken, change, reason):
+    assert source and message
+    assert reason in _reason(model, gpus, gbs, broken)
+    assert _reason(model, gpus, gbs, {**broken, **change}) == ""
+
+
+def test_rejected_rows_have_every_knob_filled_with_its_type(gpt175b, h100):
+    frame = generate(gpt175b, h100, 1024, 2048, dataclasses.replace(SearchSpace(), tp=(4, 16), pp=(8, 7)))
+    rejected = frame[frame.reason != ""]
+    assert len(rejected) > 0 and not rejected.isna().any().any()
+    assert frame.tp.dtype.kind == "i" and frame.recompute_num_layers.dtype.kind == "i" and frame.sp.dtype == bool
+
+
+def test_sequence_parallel_is_turned_off_at_tp1_as_megatron_does():
+    """arguments.py validate_args: "Disable sequence parallelism when tp=1" (args.sequence_parallel =
+    False) rather than ModelParallelConfig's error: a tp=1 layout is kept, without SP or TP overlap."""
+    model, hw = io.load_model("llama3-8b"), io.load_hardware("b200")
+    frame = generate(model, hw, 8, 128, SearchSpace().pinned(**{**BASE, "tp": 1, "pp": 1, "sp": True,
+                                                                "tp_comm_overlap": True}))
+    assert len(frame) == 1 and frame.reason.iloc[0] == ""
+    assert not frame.sp.iloc[0] and not frame.tp_comm_overlap.iloc[0]

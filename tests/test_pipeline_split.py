@@ -1,0 +1,102 @@
+"""Uneven pipeline stages as Megatron-LM makes them, and their pricing stage by stage."""
+
+import numpy as np
+import pytest
+
+from autoparallel import io
+from autoparallel.costmodel import pipeline
+from autoparallel.costmodel.estimate import estimate_plan
+from autoparallel.specs.plan import Plan
+
+
+def megatron_accepts(layers: int, pp: int, vp: int, split) -> bool:
+    """The checks of Megatron-LM's TransformerConfig.__post_init__ on a pipeline split."""
+    first, last, embedding, loss, layout = split
+    if layout:  # PipelineParallelLayerLayout: a multiple of pp stages holding every decoder layer once
+        sizes = pipeline.layout_stage_sizes(layout)
+        return len(sizes) == pp * vp and sum(sizes) == layers and layout.startswith("E") and layout.endswith("L")
+    if first or last:
+        middle_stages = pp - bool(first) - bool(last)
+        middle_layers = layers - first - last
+        if any(n % vp for n in (first, last) if n) or middle_layers < 0:
+            return False
+        return middle_stages == 0 and middle_layers == 0 or (
+            middle_stages > 0 and middle_layers % middle_stages == 0 and (middle_layers // middle_stages) % vp == 0)
+    slots = layers + embedding + loss
+    return slots % pp == 0 and (slots // pp) % vp == 0
+
+
+@pytest.mark.parametrize("layers, pp, vp", [(126, 8, 8), (126, 8, 1), (126, 8, 3), (126, 16, 4), (80, 8, 5),
+                                            (96, 8, 7), (61, 4, 4), (61, 2, 1), (32, 3, 1), (94, 4, 12)])
+def test_every_split_offered_is_one_megatron_accepts(layers, pp, vp):
+    for split in pipeline.splits(layers, pp, vp, layouts=True):
+        assert megatron_accepts(layers, pp, vp, split), split
+        stages = pipeline.stage_layers(layers, np.array([pp]), np.array([vp]),
+                                       *(np.array([v], dtype=object if isinstance(v, str) else float) for v in split))
+        first, middle, last = (float(s[0]) for s in stages)
+        if split[4]:  # a flexible layout's middle stages may differ: "middle" is the fullest
+            assert first + (pp - 2) * middle + last >= layers
+        else:
+            assert first + (pp - 2) * middle + last == layers if pp > 1 else first == layers
+        assert min(first, last) >= 1 and (pp < 3 or middle >= 1)
+
+
+def test_405b_on_8_stages_of_8_chunks_counts_embedding_and_loss_as_layers():
+    # NVIDIA's Llama-3.1 405B layout (TP8 PP8 VP8): (126 + 2) / 64 = 2 slots a chunk.
+    assert pipeline.splits(126, 8, 8) == [(0, 0, True, True, "")]
+    first, middle, last = pipeline.stage_layers(126, np.array([8]), np.array([8]), [0], [0], [1], [1])
+    assert (first[0], middle[0], last[0]) == (15, 16, 15)
+
+
+def test_an_even_split_is_the_only_one_offered_when_it_exists():
+    assert pipeline.splits(96, 8, 6) == [pipeline.EVEN]
+    assert pipeline.splits(126, 8, 8, uneven=False) == []
+
+
+def test_stages_hold_megatrons_warm_up():
+    # Interleaved 1F1B: stage i warms up 2(pp-i-1) + (vp-1)pp chunk-micro-batches, holds one more.
+    assert pipeline.inflight_chunks(8, 5, 64, 0) == 2 * 7 + 4 * 8 + 1
+    assert pipeline.inflight_chunks(8, 5, 64, 7) == 4 * 8 + 1
+    assert pipeline.inflight_chunks(8, 1, 64, 0) == 8 and pipeline.inflight_chunks(8, 1, 64, 7) == 1
+    assert pipeline.inflight_chunks(8, 5, 2, 0) == 2 * 5  # capped by what the step has
+
+
+def test_equal_stages_give_the_textbook_bubble():
+    m, vp, stage = 64, 4, 0.1
+    assert pipeline.schedule_time(m, vp, stage, 8 * stage) == pytest.approx((m + 7 / vp) * stage)
+
+
+def _405b(**kw):
+    base = dict(tp=8, pp=8, vp=8, cp=2, dp=8, gbs=512, mbs=1, sp=True, precision="fp8-current",
+                tp_comm_overlap=True, grad_reduce_in_fp32=False, account_for_embedding_in_pipeline_split=True,
+                account_for_loss_in_pipeline_split=True)
+    return Plan(**{**base, **kw})
+
+
+def test_nvidias_405b_layout_fits_an_h100():
+    r = estimate_plan(io.load_model("llama3.1-405b"), io.load_hardware("h100-sxm"), _405b())
+    assert r["fits"] and r["peak_memory_gib"] < 76.0
+
+
+def test_the_slowest_stage_sets_the_pace():
+    model, hw = io.load_model("llama3.1-405b"), io.load_hardware("h100-sxm")
+    accounted = estimate_plan(model, hw, _405b())
+    # The same 126 layers with the first and last stages as heavy as the middle ones would need
+    # vp=1 (126 % 8 != 0 for vp=8); compare instead a layout whose last stage carries 2 more layers.
+    heavy_last = estimate_plan(model, hw, _405b(vp=1, account_for_embedding_in_pipeline_split=False,
+                                                account_for_loss_in_pipeline_split=False,
+                                                num_layers_in_first_pipeline_stage=12,
+                                                num_layers_in_last_pipeline_stage=18))
+    light_last = estimate_plan(model, hw, _405b(vp=1, account_for_embedding_in_pipeline_split=False,
+                                                account_for_loss_in_pipeline_split=False,
+                                                num_layers_in_first_pipeline_stage=15,
+                                                num_layers_in_last_pipeline_stage=15))
+    assert heavy_last["step_time_s"] > light_last["step_time_s"]
+    assert accounted["step_time_s"] < light_last["step_time_s"]  # interleaving shrinks the bubble
+
+
+def test_flexible_layout_only_where_no_other_split_fits():
+    """DeepSeek-V3's 61 layers on 4 x 4 virtual stages: only Megatron's flexible layout."""
+    assert pipeline.splits(61, 4, 4) == []
+    assert pipeline.splits(61, 4, 4, layouts=True) == [(0, 0, False, False, "Et*3|(t*4|)*14t*2L")]
+    assert pipeline.splits(96, 8, 6, layouts=True) == [pipeline.EVEN]
