@@ -20,6 +20,11 @@ the 12 sharded over the DP×CP group by the distributed optimizer; FSDP (Megatro
 optim_grads_params, FSDP2) shards weights and gradients too, and holds two layers' full BF16
 weights (the one computing and the one prefetched) and one layer's full gradient unsharded.
 
+A MoE layer (``routed_expert_bytes``) keeps, per routed token copy on the GPU that computes it,
+the FC1 input gathered over expert TP, the FFN tensors, the unpermutation's input and the routing
+probability, on the busiest GPU ``imbalance`` times the even share; selective recompute of
+Megatron's modules spares parts of a layer (``recomputed_bytes``).
+
 ``tests/test_memory_megatron.py`` compares these counts with the formulas of Megatron-LM's
 ``theoretical_memory_usage.py`` and states each difference.
 """

@@ -32,6 +32,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from autoparallel.model.fp8 import Fp8Linear
+from autoparallel.model.moe import MoeMlp
 from autoparallel.model.recipes import Fp8Policy
 from autoparallel.specs.model import ModelSpec
 
@@ -206,15 +207,16 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
-    def __init__(self, spec: ModelSpec, linear: _LinearFactory) -> None:
+    def __init__(self, spec: ModelSpec, linear: _LinearFactory, ffn: int | None = None) -> None:
         super().__init__()
         if spec.activation not in ("gelu", "swiglu", "squared_relu"):
             raise ValueError(f"activation={spec.activation!r} is not valid; "
                              "choose one of gelu, swiglu, squared_relu")
         self.activation = spec.activation
-        self.w1 = linear("w1", spec.hidden_size, spec.ffn_hidden_size)
-        self.w2 = linear("w2", spec.ffn_hidden_size, spec.hidden_size)
-        self.w3 = linear("w3", spec.hidden_size, spec.ffn_hidden_size) if spec.gated_mlp else None
+        ffn = ffn or spec.ffn_hidden_size
+        self.w1 = linear("w1", spec.hidden_size, ffn)
+        self.w2 = linear("w2", ffn, spec.hidden_size)
+        self.w3 = linear("w3", spec.hidden_size, ffn) if spec.gated_mlp else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.w1(x)
@@ -238,7 +240,12 @@ class TransformerLayer(nn.Module):
                                                         f"{prefix}.attention"),
                                    selective_recompute=recompute.mode == "selective")
         self.mlp_norm = _norm(spec)
-        self.mlp = Mlp(spec, _LinearFactory(policy, index, spec.num_layers, f"{prefix}.mlp"))
+        if spec.moe_layer_pattern[index]:  # a mixture-of-experts layer (``autoparallel.model.moe``)
+            def make_mlp(name: str, ffn: int) -> Mlp:
+                return Mlp(spec, _LinearFactory(policy, index, spec.num_layers, f"{prefix}.mlp.{name}"), ffn)
+            self.mlp = MoeMlp(spec, make_mlp)
+        else:
+            self.mlp = Mlp(spec, _LinearFactory(policy, index, spec.num_layers, f"{prefix}.mlp"))
 
     def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
@@ -256,9 +263,9 @@ class Transformer(nn.Module):
     def __init__(self, spec: ModelSpec, fp8: Fp8Policy | None = None,
                  recompute: Recompute | None = None) -> None:
         super().__init__()
-        if spec.is_moe:
-            raise ValueError(f"model {spec.name!r} is MoE (num_experts={spec.num_experts}); "
-                             "the built-in transformer is dense only")
+        if spec.multi_latent_attention:
+            raise ValueError(f"model {spec.name!r} uses multi-latent attention, which the built-in "
+                             "transformer does not implement")
         if spec.head_dim % 2:
             raise ValueError(f"head_dim={spec.head_dim} must be even for rotary embeddings")
         self.spec, self.policy = spec, fp8 or Fp8Policy()

@@ -19,7 +19,11 @@ built model into one rank's share of a layout, in this order:
 7. ``fp8``: the delayed-scaling amax of every FP8 Linear reduced (max) across the TP, CP and DP
    groups before the scale update, so every rank scales as the single-process model would.
 
-Expert parallel (ep > 1) needs an MoE model: a plan with ep > 1 raises ``NotImplementedError``.
+3b. ``expert`` (MoE models): Megatron's MoE parallel folding with expert tensor parallel 1: EP
+   groups of ep consecutive stage ranks each keep num_experts/ep experts and exchange (token,
+   expert) copies with all-to-alls; expert gradients are reduced, and their AdamW sharded, over
+   the expert-data-parallel group; the router and shared experts stay whole on every TP rank
+   (their gradients summed over TP under sequence parallel, which MoE with TP needs).
 """
 
 from autoparallel.parallel.dims import ParallelDims

@@ -26,11 +26,17 @@ from autoparallel.parallel import comm
 class DistributedOptimizer:
     def __init__(self, params: list[nn.Parameter], replicated: set[int], dims, coords,
                  sharded: bool, lr: float, weight_decay: float, clip: float | None,
-                 betas=(0.9, 0.95)) -> None:
+                 betas=(0.9, 0.95), group=None) -> None:
+        """``group``: (process group, size, this rank's index) to reduce over instead of dp x cp
+        (the expert-data-parallel group of expert weights); gradients are still divided by
+        dp*cp, the number of data-parallel replicas."""
         self.params = params
         # the gradient-reduction group: dp x cp ranks, group rank dp_rank * cp + cp_rank
         self.group, self.size = dims.group("dp_cp"), dims.dp * dims.cp
         index = coords["dp"] * dims.cp + coords["cp"]
+        self.replicas = self.size
+        if group is not None:
+            self.group, self.size, index = group
         self.sharded, self.clip = sharded and self.size > 1, clip
         self.numels = [p.numel() for p in params]
         total = sum(self.numels)
@@ -60,7 +66,9 @@ class DistributedOptimizer:
                                       .float().reshape(-1) for p in self.params])
         return flat
 
-    def step(self, lr: float | None = None) -> float:
+    def reduce(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's reduced gradient (its slice when sharded) and its share of the squared
+        global norm (to be summed over the world)."""
         flat = self._flat_grads()
         if self.sharded:
             grad = torch.empty_like(self.master)
@@ -69,16 +77,23 @@ class DistributedOptimizer:
             if self.size > 1:
                 dist.all_reduce(flat, group=self.group)
             grad = flat
-        grad /= self.size
+        grad /= self.replicas
         sq = (grad.square() * self.norm_weight).sum()
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            if not self.sharded and self.size > 1:
-                sq /= self.size  # every DP/CP rank holds the whole (identical) gradient
-            dist.all_reduce(sq)
-        norm = float(sq.sqrt())
+        if not self.sharded and self.size > 1:
+            sq /= self.size  # every rank of the group holds the whole (identical) gradient
+        return grad, sq
+
+    def step(self, lr: float | None = None) -> float:
+        grad, sq = self.reduce()
+        norm = global_norm([sq])
         self.last_grad_norm = norm
-        if self.clip is not None and norm > self.clip:
-            grad *= self.clip / (norm + 1e-6)
+        self.update(grad, clip_scale(norm, self.clip), lr)
+        return norm
+
+    def update(self, grad: torch.Tensor, scale: float, lr: float | None = None) -> None:
+        """AdamW on ``grad`` times ``scale`` (the clipping), then the new weights everywhere."""
+        if scale != 1.0:
+            grad *= scale
         self.master.grad = grad
         if lr is not None:
             self.adam.param_groups[0]["lr"] = lr
@@ -93,7 +108,6 @@ class DistributedOptimizer:
             for p, n in zip(self.params, self.numels):
                 p.copy_(flat[offset:offset + n].view_as(p))
                 offset += n
-        return norm
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -102,3 +116,39 @@ class DistributedOptimizer:
     def state_bytes(self) -> int:
         """fp32 master slice and the two Adam moments this rank holds."""
         return 3 * self.master.numel() * 4
+
+
+def global_norm(squares: list[torch.Tensor]) -> float:
+    """The gradient norm of the whole model from each optimizer's share on each rank."""
+    sq = torch.stack(squares).sum()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(sq)
+    return float(sq.sqrt())
+
+
+def clip_scale(norm: float, clip: float | None) -> float:
+    return clip / (norm + 1e-6) if clip is not None and norm > clip else 1.0
+
+
+class Optimizers:
+    """Several optimizers (dense weights over dp x cp, expert weights over their EDP group)
+    stepping as one: one global norm, one clipping factor."""
+
+    def __init__(self, parts: list[DistributedOptimizer]) -> None:
+        self.parts = parts
+        self.last_grad_norm = 0.0
+
+    def step(self, lr: float | None = None) -> float:
+        reduced = [part.reduce() for part in self.parts]
+        norm = global_norm([sq for _, sq in reduced])
+        self.last_grad_norm = norm
+        for part, (grad, _) in zip(self.parts, reduced):
+            part.update(grad, clip_scale(norm, part.clip), lr)
+        return norm
+
+    def zero_grad(self) -> None:
+        for part in self.parts:
+            part.zero_grad()
+
+    def state_bytes(self) -> int:
+        return sum(part.state_bytes() for part in self.parts)

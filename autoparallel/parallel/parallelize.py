@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 from autoparallel.model.recipes import Fp8Policy, recipe_from_name
 from autoparallel.model.transformer import Recompute, Transformer
-from autoparallel.parallel import comm, context, fp8, pipeline, tensor
+from autoparallel.parallel import comm, context, expert, fp8, pipeline, tensor
 from autoparallel.parallel.dims import ParallelDims
-from autoparallel.parallel.optimizer import DistributedOptimizer
+from autoparallel.parallel.optimizer import DistributedOptimizer, Optimizers
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
 
@@ -51,8 +51,12 @@ def policy_for(plan: Plan) -> Fp8Policy:
 
 def check_plan(spec: ModelSpec, plan: Plan, world_size: int) -> None:
     """The rules this implementation needs, as ValueError / NotImplementedError with the reason."""
-    if plan.ep > 1:
-        raise NotImplementedError("expert parallel needs an MoE model; the built-in one is dense")
+    if plan.ep > 1 and not spec.is_moe:
+        raise NotImplementedError(f"expert parallel (ep={plan.ep}) needs an MoE model; {spec.name} is dense")
+    if plan.etp > 1:
+        raise NotImplementedError("expert tensor parallel (etp > 1) is not implemented in the built-in model")
+    if spec.is_moe and plan.tp > 1 and not plan.sp:
+        raise ValueError("MoE with tensor parallel needs sequence parallel (each TP rank routes its own tokens)")
     if plan.num_gpus != world_size:
         raise ValueError(f"plan needs {plan.num_gpus} ranks, world size is {world_size}")
     if plan.sp and plan.tp == 1:
@@ -97,6 +101,11 @@ class ParallelModel:
         tp_group = self.dims.group("tp")
         tensor.apply_tensor_parallel(model, self.coords["tp"], plan.tp, tp_group, plan.sp)
         self.vocab_start = self.coords["tp"] * (spec.vocab_size // plan.tp)
+        # 3b. expert parallel: each EP rank keeps its experts, all-to-alls to the others
+        # (the expert-data-parallel group also when ep = 1: experts then replicated over TP too)
+        self.expert_groups = expert.build_groups(self.dims, plan.ep) if spec.is_moe and dist.is_initialized() else {}
+        if plan.ep > 1:
+            expert.apply_expert_parallel(model, self.expert_groups["ep_rank"], plan.ep, self.expert_groups["ep"])
         # 4. context parallel: ring attention over the CP group in every layer
         if plan.cp > 1:
             context.apply_context_parallel(model, context.Ring(
@@ -110,11 +119,17 @@ class ParallelModel:
         owned = {id(p) for chunk in self.chunks for p in chunk.parameters()}
         self.named_params = [(tensor.original_name(n), p) for n, p in model.named_parameters()
                              if id(p) in owned]
-        self.sp_params = {id(p) for p in tensor.sequence_parallel_params(model)}
-        # 6. data (and context) parallel gradient reduction + (distributed) optimizer
-        self.optimizer = DistributedOptimizer(
-            [p for _, p in self.named_params], self.sp_params, self.dims, self.coords,
-            plan.distributed_optimizer, config.lr, config.weight_decay, config.clip)
+        self.sp_params = {id(p) for p in tensor.sequence_parallel_params(model) + expert.tp_replicated_params(model)}
+        # 6. data (and context) parallel gradient reduction + (distributed) optimizer; expert
+        # weights over their expert-data-parallel group
+        dense = [p for n, p in self.named_params if not expert.is_expert_param(n)]
+        experts = [p for n, p in self.named_params if expert.is_expert_param(n)]
+        make = lambda params, group=None: DistributedOptimizer(  # noqa: E731
+            params, self.sp_params, self.dims, self.coords, plan.distributed_optimizer, config.lr,
+            config.weight_decay, config.clip, group=group)
+        edp = (self.expert_groups["edp"], self.expert_groups["edp_size"], self.expert_groups["edp_rank"]) \
+            if self.expert_groups else None
+        self.optimizer = make(dense) if not experts else Optimizers([make(dense), make(experts, edp)])
         self.rope_cos, self.rope_sin = model.rope_cos, model.rope_sin
 
     # -- one step --------------------------------------------------------------------------------
@@ -214,8 +229,11 @@ class ParallelModel:
         for name, p in self.named_params:
             t = p.detach() if which == "param" else p.grad
             t = torch.zeros_like(p) if t is None else t.detach().clone()
-            if which == "grad" and reduce > 1:
-                dist.all_reduce(t, group=self.dims.group("dp_cp"))
+            group = self.dims.group("dp_cp")
+            if expert.is_expert_param(name) and self.expert_groups:
+                group = self.expert_groups["edp"]  # the same experts; EP already summed its tokens
+            if which == "grad" and dist.is_initialized() and dist.get_world_size() > 1:
+                dist.all_reduce(t, group=group)
                 t /= reduce
             dim = tensor.shard_dim(name)
             if dim is not None and self.plan.tp > 1:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from autoparallel.model.moe import MoeMlp
 from autoparallel.parallel import comm, sequence
 
 
@@ -145,15 +146,19 @@ def apply_tensor_parallel(model: nn.Module, rank: int, size: int, group, sp: boo
         raise NotImplementedError("tensor parallel of tied embeddings is not implemented")
     for layer in model.layers:
         att, mlp = layer.attention, layer.mlp
-        for lin in (att.wq, att.wk, att.wv, mlp.w1, mlp.w3):
+        # A MoE MLP stays whole (experts over EP, expert TP 1; router and shared experts on the
+        # rank's sequence shard): ``autoparallel.parallel.expert``.
+        moe = isinstance(mlp, MoeMlp)
+        for lin in (att.wq, att.wk, att.wv) + (() if moe else (mlp.w1, mlp.w3)):
             if lin is not None:
                 _shard_linear(lin, rank, size, 0)
-        for lin in (att.wo, mlp.w2):
+        for lin in (att.wo,) + (() if moe else (mlp.w2,)):
             _shard_linear(lin, rank, size, 1)
         att.heads //= size
         att.groups //= size
         layer.attention = _block(att, group, sp)
-        layer.mlp = _block(mlp, group, sp)
+        if not moe:
+            layer.mlp = _block(mlp, group, sp)
     model.tok_embeddings = VocabParallelEmbedding(model.tok_embeddings, rank, size, group, sp)
     _shard_linear(model.output, rank, size, 0)
     model.output = ParallelHead(model.output, group, sp)
@@ -176,4 +181,6 @@ def original_name(name: str) -> str:
 
 def shard_dim(name: str) -> int | None:
     parts = original_name(name).split(".")
+    if len(parts) > 3 and parts[2] == "mlp" and parts[3] in ("experts", "shared_experts", "router"):
+        return None  # a MoE MLP is not split by TP
     return SHARD_DIMS.get(parts[-2])
