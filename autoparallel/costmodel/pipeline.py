@@ -141,11 +141,13 @@ def stage_layers(num_layers: int, pp, vp, first, last, embedding, loss, layout=N
 
 
 def factorize(values) -> tuple[np.ndarray, list]:
-    """Codes and distinct values of a column of strings (hashing, not sorting: fast on millions)."""
-    index: dict = {}
+    """Codes and values of a column of strings, grouped by object identity (a column made by
+    assigning a value holds the same object throughout, so this is fast on millions of rows;
+    equal strings that are different objects just get two codes)."""
     values = np.asarray(values, dtype=object).reshape(-1)
-    codes = np.fromiter((index.setdefault(v, len(index)) for v in values), dtype=np.int64, count=len(values))
-    return codes, list(index)
+    ids = np.frompyfunc(id, 1, 1)(values).astype(np.int64)
+    _, first, codes = np.unique(ids, return_index=True, return_inverse=True)
+    return codes.reshape(-1), [values[i] for i in first]
 
 
 def _groups(*columns) -> tuple[np.ndarray, np.ndarray]:
