@@ -33,11 +33,13 @@ from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import FP8_PRECISIONS, PRECISION_CHOICES, RECOMPUTE_CHOICES, Plan
 
-STRUCTURE_KNOBS = ("tp", "pp", "vp", "cp", "ep", "mbs")
+STRUCTURE_KNOBS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
 SPLIT_COLUMNS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
-                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+                 "pipeline_model_parallel_layout")
 FEATURE_KNOBS = ("sp", "recompute", "distributed_optimizer", "overlap_dp_comm", "tp_comm_overlap",
-                 "grad_reduce_in_fp32", "precision", "fp8_bf16_edge_layers", "flash_attention", "fsdp")
+                 "grad_reduce_in_fp32", "precision", "fp8_bf16_edge_layers", "flash_attention", "fsdp",
+                 "overlap_moe_expert_parallel_comm")
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,14 @@ class SearchSpace:
     vp: tuple[int, ...] | Literal["auto"] = "auto"  # auto: every vp the layers can be split into
     cp: tuple[int, ...] = (1,)
     ep: tuple[int, ...] = (1,)
+    etp: tuple[int, ...] = (1,)
     mbs: tuple[int, ...] = (1, 2, 4)
     sp: tuple[bool, ...] = (True, False)
     recompute: tuple[str, ...] = ("none", "selective", "full")
     full_recompute_fractions: tuple[float, ...] = (1.0,)
+    # Module sets selective recompute may cover (Megatron's --recompute-modules); a model is
+    # offered the sets that apply to it (MLA's and MoE's only to such models).
+    recompute_modules: tuple[str, ...] = ("core_attn",)
     distributed_optimizer: tuple[bool, ...] = (True,)
     overlap_dp_comm: tuple[bool, ...] = (True,)
     tp_comm_overlap: tuple[bool, ...] = (False,)
@@ -59,6 +65,7 @@ class SearchSpace:
     fp8_bf16_edge_layers: tuple[int, ...] = (0,)
     flash_attention: tuple[bool, ...] = (True,)
     fsdp: tuple[bool, ...] = (False,)
+    overlap_moe_expert_parallel_comm: tuple[bool, ...] = (False,)
     # Shares of the layers whose activations are offloaded to host memory (Megatron-LM's
     # --cpu-offloading-num-layers; only without pipeline parallelism and recompute).
     cpu_offload_fractions: tuple[float, ...] = (0.0,)
@@ -67,6 +74,9 @@ class SearchSpace:
     tp_within_nvlink_domain: bool = True
     # Where num_layers is not divisible by pp*vp, also try Megatron's uneven splits.
     uneven_pipeline_split: bool = True
+    # MoE models where no other split fits: Megatron's flexible --pipeline-model-parallel-layout,
+    # up to this vp (NVIDIA's DeepSeek-V3 layouts use vp <= 4; every vp would multiply the search).
+    pipeline_layout_max_vp: int = 4
 
     def __post_init__(self) -> None:
         for name in STRUCTURE_KNOBS:
@@ -100,7 +110,8 @@ class SearchSpace:
         return dataclasses.replace(self, **updates)
 
 
-SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "uneven_pipeline_split", "cpu_offloading_num_layers")
+SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "uneven_pipeline_split", "cpu_offloading_num_layers",
+            "pipeline_layout_max_vp")
 
 
 def load_space(name_or_path: str = "training") -> SearchSpace:
@@ -133,28 +144,31 @@ def _pipeline_layouts(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
     for pp in space.pp:
         listed = space.vp != "auto"
         for vp in (space.vp if listed else range(1, model.num_layers // pp + 1)):
-            options = pipeline.splits(model.num_layers, pp, vp, space.uneven_pipeline_split)
+            options = pipeline.splits(model.num_layers, pp, vp, space.uneven_pipeline_split,
+                                      layouts=model.is_moe and vp <= space.pipeline_layout_max_vp)
             if options:
                 rows += [(pp, vp, *split, "") for split in options]
             elif listed and pp * vp > 1:
                 why = ("interleaving (vp>1) needs pp>=2" if pp == 1 else
                        f"{model.num_layers} layers not divisible by pp*vp={pp * vp}"
                        + ("" if not space.uneven_pipeline_split else " and no uneven split of Megatron-LM fits"))
-                rows.append((pp, vp, 0, 0, False, False, why))
+                rows.append((pp, vp, 0, 0, False, False, "", why))
     return pd.DataFrame(rows, columns=["pp", "vp", *SPLIT_COLUMNS, "layout_reason"])
 
 
 def _structures(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
-    """tp x cp x ep x mbs crossed with the pipeline layouts. ep > 1 only for MoE models, unless
-    the user asked for it (then it is rejected with its reason)."""
+    """tp x cp x ep x etp x mbs crossed with the pipeline layouts. ep and etp > 1 only for MoE
+    models, unless the user asked for them (then they are rejected with the reason)."""
     ep = (1,) if not model.is_moe and 1 in space.ep else space.ep
-    others = _product(("tp", "cp", "mbs"), space).merge(pd.DataFrame({"ep": ep}), how="cross")
+    etp = (1,) if not model.is_moe and 1 in space.etp else space.etp
+    others = (_product(("tp", "cp", "mbs"), space).merge(pd.DataFrame({"ep": ep}), how="cross")
+              .merge(pd.DataFrame({"etp": etp}), how="cross"))
     return others.merge(_pipeline_layouts(model, space), how="cross")
 
 
 def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int,
                      space: SearchSpace) -> np.ndarray:
-    tp, pp, vp, cp, ep, mbs = (df[k].to_numpy() for k in STRUCTURE_KNOBS)
+    tp, pp, vp, cp, ep, etp, mbs = (df[k].to_numpy() for k in STRUCTURE_KNOBS)
     model_parallel = tp * pp * cp
     dp = np.where(gpus % model_parallel == 0, gpus // model_parallel, 0)
     df["dp"] = dp
@@ -173,9 +187,18 @@ def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus:
         (df["layout_reason"].to_numpy() != "", lambda d: list(d.layout_reason)),
         ((cp > 1) & (model.seq_length % (2 * cp) != 0),
          lambda d: [f"seq_length {model.seq_length} not divisible by 2*cp={2 * a}" for a in d.cp]),
-        ((ep > 1) & (experts <= 1), "ep>1 needs a MoE model"),
-        ((ep > 1) & ((experts % ep != 0) | ((safe_dp * cp) % ep != 0)),
-         lambda d: [f"ep={a} must divide num_experts and dp*cp" for a in d.ep]),
+        (((ep > 1) | (etp > 1)) & (experts <= 1), "ep>1 or etp>1 needs a MoE model"),
+        ((ep > 1) & (experts % ep != 0),
+         lambda d: [f"ep={a} does not divide num_experts={experts}" for a in d.ep]),
+        # Megatron-LM's MoE parallel folding: the expert layers regroup a stage's tp*cp*dp GPUs
+        # as etp x ep x expert-data-parallel (parallel_state.initialize_model_parallel).
+        ((safe_dp * cp * tp) % (ep * etp) != 0,
+         lambda d: [f"ep*etp={a * b} does not divide the {c * e * f} GPUs of a pipeline stage (tp*cp*dp)"
+                    for a, b, c, e, f in zip(d.ep, d.etp, d.tp, d.cp, d.dp)]),
+        (model.expert_ffn_hidden_size % etp != 0,
+         lambda d: [f"moe_ffn_hidden_size={model.expert_ffn_hidden_size} not divisible by etp={a}" for a in d.etp]),
+        (space.tp_within_nvlink_domain & (etp > hw.nvlink_domain),
+         lambda d: [f"etp={a} crosses the {hw.nvlink_domain}-GPU NVLink domain" for a in d.etp]),
         (m == 0, lambda d: [f"gbs {gbs} not divisible by mbs*dp={a * b}" for a, b in zip(d.mbs, d.dp)]),
         ((vp > 1) & (m % pp != 0),
          lambda d: [f"interleaving needs micro-batches ({gbs // (a * b)}) divisible by pp={c}"
@@ -217,8 +240,44 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
         (df.tp_comm_overlap.to_numpy() & (precision == "fp8-blockwise"),
          "TP comm overlap (Userbuffers) cannot carry fp8-blockwise tensors (TE: Unsupported quantizer "
          "for Userbuffers)"),
+        (model.is_moe & (precision == "fp16"), "expert parallel models train in BF16, not FP16 (Megatron-LM)"),
     ]
     return _first_reason(df, rules)
+
+
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "moe")
+
+
+def modules_apply(modules: str, model: ModelSpec) -> str:
+    """'' if every module of a --recompute-modules set applies to ``model``, else why not."""
+    names = modules.split()
+    unknown = [n for n in names if n not in RECOMPUTE_MODULES]
+    if unknown or not names:
+        return f"recompute_modules {modules!r}: choose from {', '.join(RECOMPUTE_MODULES)}"
+    if "mla_up_proj" in names and not model.multi_latent_attention:
+        return "mla_up_proj in recompute_modules is only supported with multi_latent_attention"
+    if {"moe", "moe_act"} & set(names) and not model.is_moe:
+        return f"recompute_modules {modules!r} needs a MoE model"
+    return ""
+
+
+def _expand_recompute_modules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
+    """Give selective-recompute rows one row per module set of the space that applies to the
+    model (a set pinned for a model it does not apply to stays, with the reason)."""
+    sets = [m for m in space.recompute_modules if not modules_apply(m, model)]
+    if model.is_moe and len(sets) > 1:
+        # core_attn alone saves nothing under flash attention and costs the attention again; a
+        # MoE model's moe_act saves the experts' FC2 inputs for an activation's worth of time.
+        sets = [m for m in sets if m != "core_attn"] or sets
+    if not sets:
+        sets = list(space.recompute_modules)
+    selective = (df.recompute == "selective").to_numpy()
+    parts = [df[~selective].assign(recompute_modules="core_attn")]
+    parts += [df[selective].assign(recompute_modules=m) for m in sets]
+    out = pd.concat(parts, ignore_index=True)
+    reasons = {m: modules_apply(m, model) for m in sets}
+    out["reason"] = np.where(out.reason == "", out.recompute_modules.map(reasons).fillna(""), out.reason)
+    return out
 
 
 def _layout_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
@@ -227,6 +286,10 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
     edge = df["fp8_bf16_edge_layers"].to_numpy()
     local_tokens = df.mbs.to_numpy() * model.seq_length // (df.tp.to_numpy() * df.cp.to_numpy())
     rules = [
+        # MoELayer.forward: "performance may degrade if MoE and tensor parallelism are enabled
+        # without also enabling sequence parallelism" (a ValueError in training).
+        (model.is_moe & (df.tp.to_numpy() > 1) & ~df.sp.to_numpy(),
+         "MoE with tensor parallel needs sequence parallel (Megatron-LM MoELayer)"),
         # TransformerConfig.__post_init__: BF16 edge layers are counted per pipeline stage.
         (edge > per_stage,
          lambda d: [f"num_layers_at_start_in_bf16 ({e}) must be between 0 and number of layers per pipeline "
@@ -241,15 +304,23 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
 
 def _cross(structures: pd.DataFrame, features: pd.DataFrame) -> pd.DataFrame:
     """Valid structures x valid features. Sequence parallel (and the TP overlap that needs it)
-    means nothing at tp=1 (Megatron turns it off) and FSDP nothing without a data-parallel
-    group: such structures get each feature combination with those knobs off, once."""
-    no_sp, no_fsdp = structures.tp == 1, structures.dp * structures.cp == 1
+    means nothing at tp=1 (Megatron turns it off), FSDP nothing without a data-parallel group, the
+    expert all-to-all overlap nothing without expert parallel and is refused for a pipeline
+    without virtual stages: such structures get each feature combination with those knobs off,
+    once."""
+    no_a2a_overlap = (structures.ep == 1) | ((structures.pp > 1) & (structures.vp == 1))
+    useless = {"sp": (structures.tp == 1, {"sp": False, "tp_comm_overlap": False}),
+               "fsdp": (structures.dp * structures.cp == 1, {"fsdp": False}),
+               "a2a": (no_a2a_overlap, {"overlap_moe_expert_parallel_comm": False})}
     parts = []
-    for sp_useless, fsdp_useless in itertools.product((False, True), repeat=2):
-        rows = structures[(no_sp == sp_useless) & (no_fsdp == fsdp_useless)]
-        off = ({"sp": False, "tp_comm_overlap": False} if sp_useless else {}) | ({"fsdp": False} if fsdp_useless else {})
+    for flags in itertools.product((False, True), repeat=len(useless)):
+        rows = structures
+        off: dict = {}
+        for flag, (mask, knobs) in zip(flags, useless.values()):
+            rows = rows[mask.loc[rows.index] == flag]
+            off |= knobs if flag else {}
         chosen = features.assign(**off)
-        if sp_useless or fsdp_useless:
+        if off:
             chosen = chosen.drop_duplicates()
         parts.append(rows.merge(chosen, how="cross"))
     out = pd.concat(parts, ignore_index=True)
@@ -265,6 +336,7 @@ def _fill_rejected(rejected: pd.DataFrame, space: SearchSpace, gpus: int) -> pd.
     firsts["vp"] = 1 if space.vp == "auto" else space.vp[0]
     firsts["overlap_grad_reduce"] = firsts["overlap_param_gather"] = firsts.pop("overlap_dp_comm")
     firsts.update(dict(zip(SPLIT_COLUMNS, pipeline.EVEN)), recompute_num_layers=0, cpu_offloading_num_layers=0)
+    firsts["recompute_modules"] = space.recompute_modules[0]
     out = rejected.assign(**{k: v for k, v in firsts.items() if k not in rejected})
     if "dp" not in rejected:
         model_parallel = out.tp * out.pp * out.cp
@@ -289,6 +361,9 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     structures = structures.drop(columns="layout_reason")
 
     features = _without_inapplicable(_product(FEATURE_KNOBS, space), space)
+    # Megatron refuses the 1F1B all-to-all overlap with full recompute: off there.
+    features.loc[features.recompute == "full", "overlap_moe_expert_parallel_comm"] = False
+    features = features.drop_duplicates(ignore_index=True)
     features["overlap_grad_reduce"] = features.pop("overlap_dp_comm")
     features["overlap_param_gather"] = features["overlap_grad_reduce"]
     features["reason"] = _feature_rules(features, model, hw)
@@ -297,6 +372,7 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     valid_features = features[features.reason == ""].drop(columns="reason")
     crossed = _cross(valid_structures, valid_features)
     crossed = _expand_recompute_layers(crossed, model, space, recompute_num_layers)
+    crossed = _expand_recompute_modules(crossed, model, space)
     crossed = _expand_offloading(crossed, model, space)
     crossed["reason"] = np.where(crossed.reason == "", _layout_rules(crossed, model), crossed.reason)
     rejected = [_fill_rejected(part[part.reason != ""], space, gpus) for part in (structures, features)]
@@ -311,7 +387,7 @@ def _expand_recompute_layers(df: pd.DataFrame, model: ModelSpec, space: SearchSp
     all of it), each count once per row."""
     full = (df.recompute == "full").to_numpy()
     rows = df[full]
-    stages = pipeline.stage_layers(model.num_layers, rows.pp, rows.vp, *(rows[c] for c in SPLIT_COLUMNS))
+    stages = pipeline.stage_layers(model.num_layers, rows.pp, rows.vp, *(rows[c].to_numpy() for c in SPLIT_COLUMNS))
     chunk = np.ceil(np.maximum.reduce(stages) / rows.vp.to_numpy()).astype(int)
     parts = [df[~full].assign(recompute_num_layers=0)]
     if pinned is not None:
@@ -360,5 +436,7 @@ def row_to_plan(row: Any) -> Plan:
         elif hints[f.name] is bool:
             value = value if isinstance(value, (bool, np.bool_)) else str(value).lower() == "true"
             value = bool(value)
+        elif hints[f.name] is str and not isinstance(value, str):  # an empty CSV cell reads as NaN
+            value = "" if value is None or pd.isna(value) else str(value)
         values[f.name] = value
     return Plan(**values)

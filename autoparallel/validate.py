@@ -1,7 +1,7 @@
 """Predict published training runs and measure the error, each metric counted as its source counts.
 
-The runs are the dense rows of ``training_runs.csv`` and ``training_runs_more.csv`` (shipped in
-``autoparallel/data/``). Each row pins the layout it states; what the source leaves unstated
+The runs are the rows of ``training_runs.csv`` and ``training_runs_more.csv`` (shipped in
+``autoparallel/data/``), dense and mixture-of-experts, reported apart (``kind``). Each row pins the layout it states; what the source leaves unstated
 (micro-batch size for Narayanan, recompute and overlap for NeMo) is searched with the
 assumptions in ``search_spaces/validation.yaml`` and the fastest layout that fits is taken, since
 the authors tuned their runs. A published layout predicted not to fit is reported as such: the
@@ -10,7 +10,9 @@ cost model must say every published layout fits.
 Two errors are reported. *In-sample*: with the constants shipped in the hardware presets, which
 were fitted on these very rows. *Leave-one-model-out*: for every model architecture, the
 constants of each GPU family that ran it are refitted without that model's rows and its rows
-are predicted with them: the error a user's next model should expect.
+are predicted with them: the error a user's next model should expect. A MoE model's rows are
+predicted with the MoE constants (``calibrate.MOE_FITTED``, fitted on the MoE rows of every GPU
+together) refitted without that model; the dense constants never saw a MoE row.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
 
 TRAINING_RUNS = ("training_runs.csv", "training_runs_more.csv")
+LOAD_BALANCE_RUNS = "moe_load_balance.csv"
 ASSUMPTIONS = io.SEARCH_SPACES / "validation.yaml"
 MEASURED = {"hw_tflops": "measured_hw_tflops_per_gpu", "iteration_time": "measured_iteration_time_s",
             "tokens_per_s_per_gpu": "measured_tokens_per_s_per_gpu"}
@@ -98,25 +101,42 @@ def is_moe_row(row: pd.Series) -> bool:
     return _given(row, "num_experts") and float(row["num_experts"]) > 1
 
 
-def model_from_row(row: pd.Series) -> ModelSpec:
-    """The row's architecture; tied embeddings and dropout (saved masks) where the row states them
-    (a training log does; the published rows take ModelSpec's defaults)."""
+def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
+    """The row's architecture (Megatron-LM's names); tied embeddings and dropout (saved masks)
+    where the row states them (a training log does; the published dense rows take ModelSpec's
+    defaults, the published MoE rows train without dropout as their models' presets do);
+    ``force_balanced``: the source forced the router to balance."""
     def opt_int(key):
         return int(row[key]) if _given(row, key) else None
-    stated = {k: float(row[k]) for k in ("hidden_dropout", "attention_dropout") if _given(row, k)}
+    stated = {}
+    if is_moe_row(row):
+        mla = _given(row, "kv_lora_rank")
+        freq = str(row["moe_layer_freq"]) if _given(row, "moe_layer_freq") else 1
+        stated = dict(num_experts=int(row["num_experts"]), moe_router_topk=int(row["moe_router_topk"]),
+                      moe_ffn_hidden_size=opt_int("moe_ffn_hidden_size"),
+                      moe_shared_expert_intermediate_size=opt_int("moe_shared_expert_intermediate_size"),
+                      moe_layer_freq=int(freq) if str(freq).isdigit() else freq,
+                      moe_router_force_load_balancing=force_balanced, hidden_dropout=0.0, attention_dropout=0.0,
+                      multi_latent_attention=mla)
+        if mla:
+            stated.update(q_lora_rank=opt_int("q_lora_rank"), kv_lora_rank=int(row["kv_lora_rank"]),
+                          qk_head_dim=int(row["qk_head_dim"]), qk_pos_emb_head_dim=int(row["qk_pos_emb_head_dim"]),
+                          v_head_dim=int(row["v_head_dim"]))
+    stated.update({k: float(row[k]) for k in ("hidden_dropout", "attention_dropout") if _given(row, k)})
     if _given(row, "tie_embeddings"):
         stated["tie_embeddings"] = bool(int(row["tie_embeddings"]))
+    groups = None if stated.get("multi_latent_attention") else opt_int("num_query_groups")
     return ModelSpec(
         name=str(row["model"]), num_layers=int(row["num_layers"]), hidden_size=int(row["hidden_size"]),
         ffn_hidden_size=int(row["ffn_hidden_size"]), num_attention_heads=int(row["num_attention_heads"]),
-        num_query_groups=opt_int("num_query_groups"), kv_channels=opt_int("kv_channels"),
+        num_query_groups=groups, kv_channels=opt_int("kv_channels"),
         vocab_size=int(row["vocab_size"]), seq_length=int(row["seq_length"]), activation=str(row["activation"]),
         normalization="rmsnorm" if row["activation"] == "swiglu" else "layernorm", **stated)
 
 
 def _pins(row: pd.Series) -> dict:
     """The search-space knobs the row states (a training log states them all)."""
-    pins = {k: int(row[k]) for k in ("tp", "pp", "cp", "vp", "ep", "mbs") if _given(row, k)}
+    pins = {k: int(row[k]) for k in ("tp", "pp", "cp", "vp", "ep", "etp", "mbs") if _given(row, k)}
     if _given(row, "sp"):
         pins["sp"] = bool(int(row["sp"]))
     else:
@@ -141,8 +161,11 @@ EXACT_COLUMNS = ("overlap_grad_reduce", "overlap_param_gather", *SPLIT_COLUMNS)
 
 
 def _exact(row: pd.Series) -> dict:
-    return {k: (bool(int(row[k])) if k.startswith(("overlap", "account")) else int(row[k]))
-            for k in EXACT_COLUMNS if _given(row, k)}
+    def value(k):
+        if k == "pipeline_model_parallel_layout":
+            return str(row[k])
+        return bool(int(row[k])) if k.startswith(("overlap", "account")) else int(row[k])
+    return {k: value(k) for k in EXACT_COLUMNS if _given(row, k)}
 
 
 def _optional_int(row: pd.Series, key: str) -> int | None:
@@ -185,9 +208,12 @@ class PreparedRow:
 
 def prepare_row(row: pd.Series, assumptions: dict) -> PreparedRow:
     source = assumptions[assumptions_key(row["id"])]
-    model = model_from_row(row)
+    balanced = software_of(row) in source.get("moe_force_balanced_releases", [])
+    model = model_from_row(row, force_balanced=balanced)
     hw = io.load_hardware(str(row["gpu"]))
     settings = {"tp_within_nvlink_domain": False, "full_recompute_fractions": [1.0], **source["space"]}
+    if is_moe_row(row):
+        settings.update(source.get("moe_space", {}))
     space = io.from_dict(SearchSpace, settings, str(ASSUMPTIONS)).pinned(**_pins(row))
     generated = generate(model, hw, int(row["num_gpus"]), int(row["gbs"]), space,
                          _optional_int(row, "recompute_num_layers"))
@@ -229,7 +255,8 @@ def predict_row(prepared: PreparedRow, efficiency: Efficiency | None = None) -> 
         predicted = float(out["tokens_per_s_per_gpu"][i]) * speed
     measured = float(row[MEASURED[prepared.metric]])
     return {
-        "id": prepared.id, "source": prepared.source, "gpu": row["gpu"], "model": prepared.model_group,
+        "id": prepared.id, "kind": "moe" if prepared.model.is_moe else "dense", "source": prepared.source,
+        "gpu": row["gpu"], "model": prepared.model_group,
         "metric": prepared.metric, "measured": measured, "predicted": float(predicted),
         "error_pct": 100.0 * (predicted - measured) / measured,
         "fits": bool(fits[i]), "peak_memory_gib": float(out["peak_memory_gib"][i]),
@@ -289,12 +316,31 @@ def load_runs(runs: Sequence[Path] | None = None, moe: bool = False) -> list[Pre
 def _refit_and_predict(rows: list[PreparedRow], group: str, family: str) -> dict[str, dict]:
     """One fold: refit ``family`` without ``group``'s rows, predict them."""
     from autoparallel.costmodel import calibrate
-    members = [p for p in rows if p.family == family]
+    members = [p for p in rows if p.family == family and not p.model.is_moe]
     rest = [p for p in members if p.model_group != group]
     start = calibrate.uncalibrated(io.load_hardware(family).efficiency)
     fitted = calibrate.fit(rest, start).values if rest else {}
     efficiency = dataclasses.replace(start, **fitted)
     return {p.id: predict_row(p, efficiency) for p in members if p.model_group == group}
+
+
+def _refit_moe_and_predict(rows: list[PreparedRow], group: str, _family: str = "") -> dict[str, dict]:
+    """One MoE fold: the MoE constants refitted on the other MoE models' rows (every GPU), from
+    their uncalibrated values; the shipped dense constants (fitted on dense rows only) stay."""
+    from autoparallel.costmodel import calibrate
+    moe = [p for p in rows if p.model.is_moe]
+    rest = [p for p in moe if p.model_group != group]
+    fitted = calibrate.fit_moe(rest)[0] if rest else {}
+    return {p.id: predict_row(p, dataclasses.replace(calibrate.uncalibrated_moe(p.hardware.efficiency), **fitted))
+            for p in moe if p.model_group == group}
+
+
+def _folds(rows: list[PreparedRow]) -> list[tuple[Callable, str, str]]:
+    """(refit function, model group, GPU family) of every leave-one-model-out fold: dense models
+    per family that ran them, MoE models once (their constants are shared by every GPU)."""
+    dense = sorted({(p.model_group, p.family) for p in rows if not p.model.is_moe})
+    moe = sorted({p.model_group for p in rows if p.model.is_moe})
+    return [(_refit_and_predict, g, f) for g, f in dense] + [(_refit_moe_and_predict, g, "") for g in moe]
 
 
 def cross_validate(rows: list[PreparedRow], progress: Callable[[], None] | None = None,
@@ -306,19 +352,19 @@ def cross_validate(rows: list[PreparedRow], progress: Callable[[], None] | None 
     the held-out rows taught the shipped ones cannot leak into their prediction. The folds run
     in ``workers`` processes (default: one per CPU).
     """
-    folds = sorted({(p.model_group, p.family) for p in rows})
+    folds = _folds(rows)
     workers = min(workers or os.cpu_count() or 1, len(folds))
     held_out: dict[str, dict] = {}
     if workers <= 1:
-        for group, family in folds:
-            held_out.update(_refit_and_predict(rows, group, family))
+        for refit, group, family in folds:
+            held_out.update(refit(rows, group, family))
             if progress:
                 progress()
         return held_out
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
         for done in concurrent.futures.as_completed(
-                [pool.submit(_refit_and_predict, rows, group, family) for group, family in folds]):
+                [pool.submit(refit, rows, group, family) for refit, group, family in folds]):
             held_out.update(done.result())
             if progress:
                 progress()
@@ -327,14 +373,19 @@ def cross_validate(rows: list[PreparedRow], progress: Callable[[], None] | None 
 
 def cross_validation_folds(rows: list[PreparedRow]) -> int:
     """How many refits ``cross_validate`` makes (for a progress bar)."""
-    return len({(p.model_group, p.family) for p in rows})
+    return len(_folds(rows))
+
+
+def all_runs(runs: Sequence[Path] | None = None) -> list[PreparedRow]:
+    """Every prepared row, dense and MoE."""
+    return load_runs(runs) + load_runs(runs, moe=True)
 
 
 def validate_training(runs: Sequence[Path] | None = None, cross: bool = True,
                       progress: Callable[[], None] | None = None) -> pd.DataFrame:
-    """One row per published run: the in-sample prediction and, with ``cross``, the
-    leave-one-model-out one (``heldout_predicted``, ``heldout_error_pct``)."""
-    rows = load_runs(runs)
+    """One row per published run, dense and MoE (``kind``): the in-sample prediction and, with
+    ``cross``, the leave-one-model-out one (``heldout_predicted``, ``heldout_error_pct``)."""
+    rows = all_runs(runs)
     report = pd.DataFrame([predict_row(p) for p in rows])
     if cross:
         held = cross_validate(rows, progress)
@@ -344,8 +395,9 @@ def validate_training(runs: Sequence[Path] | None = None, cross: bool = True,
 
 
 def summary(report: pd.DataFrame) -> pd.DataFrame:
-    """Mean and max |error| for all rows, per source and per GPU (held-out beside in-sample)."""
-    groups = [("all", "all", report)]
+    """Mean and max |error| for dense and MoE rows apart, then per source and per GPU (held-out
+    beside in-sample)."""
+    groups = [("kind", name, g) for name, g in report.groupby("kind")]
     groups += [("source", name, g) for name, g in report.groupby("source")]
     groups += [("gpu", name, g) for name, g in report.groupby("gpu")]
     out = []
@@ -382,3 +434,57 @@ def print_report(report: pd.DataFrame, console: Console) -> None:
             cells += [f"{r['heldout_mean_abs_error_pct']:.1f}", f"{r['heldout_max_abs_error_pct']:.1f}"]
         s.add_row(*cells, "yes" if r["all_fit"] else "[red]no[/red]")
     console.print(s)
+
+
+# --- forced-balance vs dropless pairs (the load-imbalance constant) -------------------------------
+
+@dataclass(frozen=True)
+class LoadBalancePair:
+    """One layout measured with forced-balanced and with dropless routing, candidates generated
+    once: the two models differ only in ``moe_router_force_load_balancing``."""
+
+    id: str
+    forced: ModelSpec
+    dropless: ModelSpec
+    hardware: HardwareSpec
+    memory_fraction: float
+    cols: dict
+    measured_ratio: float  # dropless throughput / forced-balanced throughput
+
+
+def load_balance_pairs(path: Path | None = None) -> list[LoadBalancePair]:
+    """The pairs of ``moe_load_balance.csv``, each layout pinned as published and the unstated
+    knobs searched with NeMo's assumptions (``validation.yaml``)."""
+    frame = pd.read_csv(path or resources.data_file(LOAD_BALANCE_RUNS))
+    source = io.read_yaml(ASSUMPTIONS)["nemo"]
+    pairs = []
+    for _, row in frame.iterrows():
+        base = dataclasses.replace(io.load_model(str(row["model"])), seq_length=int(row["seq_length"]))
+        hw = io.load_hardware(str(row["gpu"]))
+        settings = {"tp_within_nvlink_domain": False, **source["space"], **source.get("moe_space", {})}
+        pins = {k: int(row[k]) for k in ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")}
+        space = io.from_dict(SearchSpace, settings, str(ASSUMPTIONS)).pinned(
+            **pins, sp=int(row["tp"]) > 1, precision=str(row["precision"]), fp8_bf16_edge_layers=0)
+        candidates = generate(base, hw, int(row["num_gpus"]), int(row["gbs"]), space)
+        candidates = candidates[candidates["reason"] == ""].reset_index(drop=True)
+        if candidates.empty:
+            raise UserError(f"{row['id']}: the published layout breaks a rule")
+        pairs.append(LoadBalancePair(
+            str(row["id"]), dataclasses.replace(base, moe_router_force_load_balancing=True), base, hw,
+            space.memory_fraction, {name: candidates[name].to_numpy() for name in Plan.field_names()},
+            float(row["measured_dropless_tflops_per_gpu"]) / float(row["measured_forced_tflops_per_gpu"])))
+    return pairs
+
+
+def predict_balance_ratio(pair: LoadBalancePair, values: dict | None = None) -> float:
+    """Predicted dropless / forced-balanced throughput of a pair (each at its fastest layout that
+    fits), with ``values`` replacing the GPU's efficiency constants of those names."""
+    hw = pair.hardware
+    if values:
+        hw = dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, **values))
+    best = []
+    for model in (pair.dropless, pair.forced):
+        out = estimate_columns(model, hw, pair.cols, pair.memory_fraction)
+        speed = out["tokens_per_s_per_gpu"]
+        best.append(speed[out["fits"]].max() if out["fits"].any() else speed[np.argmin(out["peak_memory_gib"])])
+    return float(best[0] / best[1])

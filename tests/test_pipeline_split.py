@@ -11,7 +11,10 @@ from autoparallel.specs.plan import Plan
 
 def megatron_accepts(layers: int, pp: int, vp: int, split) -> bool:
     """The checks of Megatron-LM's TransformerConfig.__post_init__ on a pipeline split."""
-    first, last, embedding, loss = split
+    first, last, embedding, loss, layout = split
+    if layout:  # PipelineParallelLayerLayout: a multiple of pp stages holding every decoder layer once
+        sizes = pipeline.layout_stage_sizes(layout)
+        return len(sizes) == pp * vp and sum(sizes) == layers and layout.startswith("E") and layout.endswith("L")
     if first or last:
         middle_stages = pp - bool(first) - bool(last)
         middle_layers = layers - first - last
@@ -26,17 +29,21 @@ def megatron_accepts(layers: int, pp: int, vp: int, split) -> bool:
 @pytest.mark.parametrize("layers, pp, vp", [(126, 8, 8), (126, 8, 1), (126, 8, 3), (126, 16, 4), (80, 8, 5),
                                             (96, 8, 7), (61, 4, 4), (61, 2, 1), (32, 3, 1), (94, 4, 12)])
 def test_every_split_offered_is_one_megatron_accepts(layers, pp, vp):
-    for split in pipeline.splits(layers, pp, vp):
+    for split in pipeline.splits(layers, pp, vp, layouts=True):
         assert megatron_accepts(layers, pp, vp, split), split
-        stages = pipeline.stage_layers(layers, np.array([pp]), np.array([vp]), *([v] for v in split))
+        stages = pipeline.stage_layers(layers, np.array([pp]), np.array([vp]),
+                                       *(np.array([v], dtype=object if isinstance(v, str) else float) for v in split))
         first, middle, last = (float(s[0]) for s in stages)
-        assert first + (pp - 2) * middle + last == layers if pp > 1 else first == layers
+        if split[4]:  # a flexible layout's middle stages may differ: "middle" is the fullest
+            assert first + (pp - 2) * middle + last >= layers
+        else:
+            assert first + (pp - 2) * middle + last == layers if pp > 1 else first == layers
         assert min(first, last) >= 1 and (pp < 3 or middle >= 1)
 
 
 def test_405b_on_8_stages_of_8_chunks_counts_embedding_and_loss_as_layers():
     # NVIDIA's Llama-3.1 405B layout (TP8 PP8 VP8): (126 + 2) / 64 = 2 slots a chunk.
-    assert pipeline.splits(126, 8, 8) == [(0, 0, True, True)]
+    assert pipeline.splits(126, 8, 8) == [(0, 0, True, True, "")]
     first, middle, last = pipeline.stage_layers(126, np.array([8]), np.array([8]), [0], [0], [1], [1])
     assert (first[0], middle[0], last[0]) == (15, 16, 15)
 
@@ -86,3 +93,10 @@ def test_the_slowest_stage_sets_the_pace():
                                                 num_layers_in_last_pipeline_stage=15))
     assert heavy_last["step_time_s"] > light_last["step_time_s"]
     assert accounted["step_time_s"] < light_last["step_time_s"]  # interleaving shrinks the bubble
+
+
+def test_flexible_layout_only_where_no_other_split_fits():
+    """DeepSeek-V3's 61 layers on 4 x 4 virtual stages: only Megatron's flexible layout."""
+    assert pipeline.splits(61, 4, 4) == []
+    assert pipeline.splits(61, 4, 4, layouts=True) == [(0, 0, False, False, "Et*3|(t*4|)*14t*2L")]
+    assert pipeline.splits(96, 8, 6, layouts=True) == [pipeline.EVEN]

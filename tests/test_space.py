@@ -17,7 +17,7 @@ def test_valid_candidates_obey_megatron_rules(candidates, gpt175b):
     assert (gpt175b.num_attention_heads % valid.tp == 0).all()
     layouts = valid[["pp", "vp", *SPLIT_COLUMNS]].drop_duplicates()
     for row in layouts.itertuples(index=False):
-        split = (int(row[2]), int(row[3]), bool(row[4]), bool(row[5]))
+        split = (int(row[2]), int(row[3]), bool(row[4]), bool(row[5]), row[6])
         assert split in pipeline.splits(gpt175b.num_layers, int(row.pp), int(row.vp)), row
     assert (2048 % (valid.mbs * valid.dp) == 0).all()
     interleaved = valid[valid.vp > 1]
@@ -50,7 +50,7 @@ def test_vp_auto_offers_every_size_megatron_can_split(gpt175b, h100):
 def test_dense_models_get_no_expert_parallel_candidates(gpt175b, h100):
     assert set(generate(gpt175b, h100, 512, 2048, load_space()).ep.dropna()) == {1}
     pinned = generate(gpt175b, h100, 512, 2048, load_space().pinned(ep=2))
-    assert "ep>1 needs a MoE model" in set(pinned.reason) and (pinned.reason != "").all()
+    assert "ep>1 or etp>1 needs a MoE model" in set(pinned.reason) and (pinned.reason != "").all()
 
 
 def test_blackwell_admits_mxfp8(gpt175b):

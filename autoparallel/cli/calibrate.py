@@ -19,6 +19,9 @@ def add_parser(sub) -> None:
                    help="fit to the --runs rows together with the published runs of the same GPU")
     c.add_argument("--as", dest="as_name", metavar="NEW_NAME",
                    help="write the fitted preset under this new name (your cluster), leaving the GPU's preset as is")
+    c.add_argument("--moe", action="store_true",
+                   help="fit the mixture-of-experts constants instead (on the MoE rows of every GPU and the "
+                        "forced-balance vs dropless pairs) and write them into --gpu's preset")
     c.add_argument("--dry-run", action="store_true", help="print the fit, do not write the YAML")
     c.add_argument("--output", "-o", help="hardware YAML to write (default: <your preset folder>/hardware/"
                                           "<gpu>.yaml, which then takes the shipped preset's place)")
@@ -38,5 +41,9 @@ def run(args: argparse.Namespace) -> None:
         return
     if not args.gpu:
         raise UserError("calibrate needs --gpu (published runs) or --from RUN_DIR (profiled runs)")
+    if args.moe:
+        calibrate.main_moe(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run, console=console,
+                           output=output)
+        return
     calibrate.main(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run, console=console,
                    output=output, as_name=args.as_name, with_published=args.with_published)

@@ -11,10 +11,10 @@ from rich.console import Console
 from autoparallel import io
 from autoparallel.argtypes import non_negative, positive
 
-KNOB_FLAGS = ("tp", "pp", "vp", "cp", "ep", "mbs")
+KNOB_FLAGS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
 FEATURE_FLAGS = ("sp", "recompute", "precision", "fp8_bf16_edge_layers", "tp_comm_overlap",
                  "distributed_optimizer", "overlap_dp_comm", "grad_reduce_in_fp32", "flash_attention", "fsdp",
-                 "cpu_offloading_num_layers")
+                 "cpu_offloading_num_layers", "overlap_moe_expert_parallel_comm")
 # Never truncate in logs and pipes: a value cut to "fp8-de…" is worse than a wide line.
 console = Console(width=None if sys.stdout.isatty() else 400)
 
@@ -30,7 +30,7 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
     from autoparallel.specs.plan import PRECISION_CHOICES, RECOMPUTE_CHOICES
     g = p.add_argument_group("layout knobs (any given knob is pinned; the rest is searched)")
     for name in KNOB_FLAGS:
-        g.add_argument(f"--{name}", type=positive, help=f"pin {name}")
+        g.add_argument(f"--{name}", type=positive, help=f"pin {name}" + (" (expert tensor parallel, MoE)" if name == "etp" else ""))
     g.add_argument("--gbs", type=positive, help="global batch size (default: the model preset's)")
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, help="sequence parallel")
     g.add_argument("--recompute", choices=RECOMPUTE_CHOICES)
@@ -47,6 +47,8 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
                    help="fully sharded data parallel (Megatron-FSDP optim_grads_params) over dp*cp")
     g.add_argument("--cpu-offloading-num-layers", type=non_negative,
                    help="layers whose activations are offloaded to host memory (pp=1, no recompute)")
+    g.add_argument("--overlap-moe-expert-parallel-comm", action=argparse.BooleanOptionalAction,
+                   help="1F1B overlap of the MoE all-to-alls (with --delay-wgrad-compute)")
     p.add_argument("--space", default="training", help="search space preset or YAML path (default training)")
 
 

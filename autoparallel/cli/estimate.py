@@ -9,10 +9,10 @@ from autoparallel.cli.common import add_knobs, add_target, console, inputs, pins
 from autoparallel.errors import UserError
 
 # What estimate assumes for a knob that is not given (search would search it instead).
-DEFAULTS = {"vp": 1, "cp": 1, "ep": 1, "mbs": 1, "recompute": "none", "precision": "bf16",
+DEFAULTS = {"vp": 1, "cp": 1, "ep": 1, "etp": 1, "mbs": 1, "recompute": "none", "precision": "bf16",
             "fp8_bf16_edge_layers": 0, "tp_comm_overlap": False, "distributed_optimizer": True,
             "overlap_dp_comm": True, "grad_reduce_in_fp32": True, "flash_attention": True, "fsdp": False,
-            "cpu_offloading_num_layers": 0}
+            "cpu_offloading_num_layers": 0, "overlap_moe_expert_parallel_comm": False}
 
 
 def add_parser(sub) -> None:
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> None:
     from autoparallel.space import generate, row_to_plan
     model, hw, gbs, space = inputs(args)
     if args.tp is None or args.pp is None:
-        raise UserError("estimate needs at least --tp and --pp (other knobs default to vp=cp=ep=mbs=1, "
+        raise UserError("estimate needs at least --tp and --pp (other knobs default to vp=cp=ep=etp=mbs=1, "
                         "sp when tp>1, no recompute, bf16)")
     defaults = {**DEFAULTS, "sp": args.tp > 1}
     pinned = {k: (v if v is not None else defaults.get(k)) for k, v in pins(args).items()}
@@ -62,7 +62,8 @@ def _print_estimate(model, hw, result: dict, memory_fraction: float) -> None:
     from rich.table import Table
     c = result["config"]
     title = (f"{model.name} on {c['tp'] * c['pp'] * c['cp'] * c['dp']} x {hw.name}: TP{c['tp']} PP{c['pp']} "
-             f"VP{c['vp']} CP{c['cp']} DP{c['dp']} MBS{c['mbs']} GBS{c['gbs']} {c['precision']} "
+             f"VP{c['vp']} CP{c['cp']} DP{c['dp']}" + (f" EP{c['ep']} ETP{c['etp']}" if model.is_moe else "")
+             + f" MBS{c['mbs']} GBS{c['gbs']} {c['precision']} "
              f"recompute={c['recompute']}")
     t = Table(title=title, show_header=False)
     t.add_row("fits", "yes" if result["fits"] else "[red]NO[/red]")

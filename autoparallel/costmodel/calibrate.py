@@ -82,6 +82,36 @@ class Fit(NamedTuple):
     capped: tuple[str, ...]  # seen, but fewer rows than constants: the least telling ones are kept
 
 
+def _least_squares(names: list[str], bounds: list[tuple[float, float]], start: list[float], errors,
+                   max_constants: int) -> Fit:
+    """Fit the constants ``names`` so that the rows' log errors ``errors({name: value})`` are
+    least squares (trust region, bounded, in log space), from ``start``. Constants no row can see
+    keep their start, and so do the ones that move the errors least beyond ``max_constants``.
+    ``values`` of the result holds the fitted constants only."""
+    from scipy.optimize import least_squares
+    low, high = np.log([b[0] for b in bounds]), np.log([b[1] for b in bounds])
+    x0 = np.clip(np.log(start), low, high)
+
+    def run(x, keep):
+        return errors(dict(zip(keep, np.exp(x))))
+
+    base = run(x0, names)
+    # How far each constant, nudged alone, moves the rows' errors.
+    moves = [float(np.linalg.norm(run(np.where(np.arange(len(names)) == i, x0 + 0.2, x0), names) - base))
+             for i in range(len(names))]
+    seen = [i for i in sorted(range(len(names)), key=lambda i: -moves[i]) if moves[i] > 0]
+    visible = sorted(seen[:max_constants])
+    keep = [names[i] for i in visible]
+    unseen = tuple(n for n, move in zip(names, moves) if move == 0)
+    capped = tuple(names[i] for i in seen[max_constants:])
+    if not keep:
+        return Fit({}, _percent(base), _percent(base), (), unseen, capped)
+    result = least_squares(lambda x: run(x, keep), x0[visible], bounds=(low[visible], high[visible]),
+                           diff_step=0.02, max_nfev=80)
+    values = dict(zip(keep, (float(v) for v in np.exp(result.x))))
+    return Fit(values, _percent(base), _percent(result.fun), tuple(keep), unseen, capped)
+
+
 def fit(rows, efficiency: Efficiency, progress=None) -> Fit:
     """Fit the ``FITTED`` constants to ``rows`` (prepared runs, each repriced on its own GPU with
     the trial constants), starting from ``efficiency``; with rows of several software releases,
@@ -92,46 +122,84 @@ def fit(rows, efficiency: Efficiency, progress=None) -> Fit:
     the ones that move the rows' predictions least when there are more constants than rows:
     never more constants are fitted than there are rows.
     """
-    from scipy.optimize import least_squares
-
     from autoparallel.validate import predict_row, software_date
     releases = release_factors_to_fit(rows, software_date)
     efficiency = dataclasses.replace(efficiency, release_speed={r: v for r, v in efficiency.release_speed.items()
                                                                 if r in releases})
     names = list(FITTED) + [f"release {r}" for r in releases]
     bounds = [FITTED[n] for n in FITTED] + [RELEASE_SPEED_BOUNDS] * len(releases)
-    low, high = np.log([b[0] for b in bounds]), np.log([b[1] for b in bounds])
-    x0 = np.clip(np.log([getattr(efficiency, n) for n in FITTED]
-                        + [efficiency.release_speed.get(r, 1.0) for r in releases]), low, high)
+    start = [getattr(efficiency, n) for n in FITTED] + [efficiency.release_speed.get(r, 1.0) for r in releases]
 
-    def trial(x, keep) -> Efficiency:
-        values = dict(zip(keep, np.exp(x)))
+    def trial(values: dict) -> Efficiency:
         speed = {**efficiency.release_speed, **{n[len("release "):]: v for n, v in values.items() if n.startswith("release ")}}
         return dataclasses.replace(efficiency, release_speed=speed, **{n: v for n, v in values.items() if n in FITTED})
 
-    def errors(x, keep=names) -> np.ndarray:
+    def errors(values: dict) -> np.ndarray:
         if progress:
             progress()
-        eff = trial(x, keep)
+        eff = trial(values)
         return np.array([np.log(r["predicted"] / r["measured"]) for r in (predict_row(p, eff) for p in rows)])
 
-    base = errors(x0)
-    # How far each constant, nudged alone, moves the rows' errors.
-    moves = [float(np.linalg.norm(errors(np.where(np.arange(len(names)) == i, x0 + 0.2, x0)) - base))
-             for i in range(len(names))]
-    seen = [i for i in sorted(range(len(names)), key=lambda i: -moves[i]) if moves[i] > 0]
-    visible = sorted(seen[:len(rows)])
-    keep = [names[i] for i in visible]
-    unseen = tuple(n for n, move in zip(names, moves) if move == 0)
-    capped = tuple(names[i] for i in seen[len(rows):])
-    if not keep:
-        return Fit({"release_speed": efficiency.release_speed}, _percent(base), _percent(base), (), unseen, capped)
-    result = least_squares(lambda x: errors(x, keep), x0[visible], bounds=(low[visible], high[visible]),
-                           diff_step=0.02, max_nfev=80)
-    fitted_eff = trial(result.x, keep)
-    fitted = {n: float(getattr(fitted_eff, n)) for n in keep if n in FITTED}
+    result = _least_squares(names, bounds, start, errors, len(rows))
+    fitted_eff = trial(result.values)
+    fitted = {n: float(getattr(fitted_eff, n)) for n in result.values if n in FITTED}
     fitted["release_speed"] = {r: float(v) for r, v in fitted_eff.release_speed.items()}
-    return Fit(fitted, _percent(base), _percent(result.fun), tuple(keep), unseen, capped)
+    return result._replace(values=fitted)
+
+
+# --- mixture of experts (issue 14) -----------------------------------------------------------------
+# The MoE layer's constants (``costmodel.moe``), fitted on the MoE rows of every GPU at once (each
+# row keeps its own GPU's fitted dense constants): no GPU has enough MoE rows of its own, and they
+# describe Megatron's dispatcher and TransformerEngine's grouped GEMMs more than the GPU. The dense
+# fit never sees them (no dense row does), so fitting them leaves the dense figures unchanged.
+MOE_FITTED = {
+    "alltoall": (0.05, 1.0),
+    "grouped_gemm_max": (0.2, 0.95),
+    "grouped_gemm_half_gflop": (0.01, 500.0),
+    "moe_layer_overhead_s": (1e-6, 5e-3),
+}
+LOAD_IMBALANCE_BOUNDS = (1e-3, 2.0)
+
+
+def uncalibrated_moe(efficiency: Efficiency) -> Efficiency:
+    """``efficiency`` with the ``MOE_FITTED`` constants back at their uncalibrated defaults (the
+    load imbalance, fitted on other data, stays)."""
+    defaults = Efficiency()
+    return dataclasses.replace(efficiency, **{n: getattr(defaults, n) for n in MOE_FITTED})
+
+
+def fit_moe(rows, start: Efficiency | None = None, progress=None, fixed: dict | None = None) -> Fit:
+    """Fit ``MOE_FITTED`` to MoE ``rows`` (of any GPUs), from ``start``'s values (default: the
+    uncalibrated ones); ``fixed`` values replace each row's own too."""
+    from autoparallel.validate import predict_row
+    start = start or Efficiency()
+    fixed = fixed or {}
+
+    def errors(values: dict) -> np.ndarray:
+        if progress:
+            progress()
+        return np.array([np.log(r["predicted"] / r["measured"]) for r in
+                         (predict_row(p, dataclasses.replace(p.hardware.efficiency, **fixed, **values)) for p in rows)])
+
+    names = list(MOE_FITTED)
+    return _least_squares(names, [MOE_FITTED[n] for n in names], [getattr(start, n) for n in names], errors,
+                          len(rows))
+
+
+def fit_load_imbalance(pairs, moe_values: dict | None = None) -> Fit:
+    """Fit ``moe_load_imbalance`` to published pairs of the same layout run with forced-balanced
+    and with dropless routing (``validate.load_balance_pairs``): the predicted throughput ratio
+    against the measured one, with the MoE constants ``moe_values`` (default: uncalibrated);
+    before / after are the mean |error| % of the ratio."""
+    from autoparallel.validate import predict_balance_ratio
+    start = Efficiency().moe_load_imbalance
+    moe_values = {**{n: getattr(Efficiency(), n) for n in MOE_FITTED}, **(moe_values or {})}
+
+    def errors(values: dict) -> np.ndarray:
+        return np.array([np.log(predict_balance_ratio(p, {**moe_values, **values}) / p.measured_ratio)
+                         for p in pairs])
+
+    return _least_squares(["moe_load_imbalance"], [LOAD_IMBALANCE_BOUNDS], [start], errors, len(pairs))
 
 
 def _yaml_float(value: float) -> str:
@@ -259,6 +327,51 @@ def _wrapped(text: str, width: int = 98) -> list[str]:
         else:
             line = f"{line} {word}" if line else word
     return out + [line]
+
+
+def main_moe(gpu: str, runs: Path | None, write: bool, console: Console, output: Path | None = None) -> dict:
+    """Fit the MoE constants: ``moe_load_imbalance`` to the forced-balance vs dropless pairs, then
+    ``MOE_FITTED`` to the MoE rows of every GPU; write them into ``gpu``'s preset (its dense
+    constants and their provenance unchanged)."""
+    from rich.progress import Progress
+
+    from autoparallel.validate import default_runs, load_balance_pairs, load_runs
+    hw = io.load_hardware(gpu)
+    runs_paths = [runs] if runs else list(default_runs())
+    rows = load_runs(runs_paths, moe=True)
+    if not rows:
+        names = ", ".join(p.name for p in runs_paths)
+        raise UserError(f"{names} has no mixture-of-experts rows; nothing to fit")
+    pairs = load_balance_pairs()
+    # The published MoE rows are mostly force-balanced and the pairs see the other MoE constants a
+    # little: the imbalance from uncalibrated constants, the MoE constants with it, the imbalance
+    # again with those (independent of what the presets held before).
+    imbalance = fit_load_imbalance(pairs).values.get("moe_load_imbalance", hw.efficiency.moe_load_imbalance)
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(f"fitting the MoE constants on {len(rows)} runs", total=None)
+        moe_fit = fit_moe(rows, progress=lambda: bar.advance(task), fixed={"moe_load_imbalance": imbalance})
+    fitted, before, after = dict(moe_fit.values), moe_fit.before, moe_fit.after
+    ratio = fit_load_imbalance(pairs, fitted)
+    ratio_before, ratio_after = ratio.before, ratio.after
+    fitted["moe_load_imbalance"] = ratio.values.get("moe_load_imbalance", imbalance)
+    for name, value in fitted.items():
+        console.print(f"  {name}: {getattr(hw.efficiency, name):.4g} -> {value:.4g}")
+    gpus = sorted({str(p.row["gpu"]) for p in rows})
+    console.print(f"load-imbalance ratio error on {len(pairs)} pairs: {ratio_before:.1f} % -> {ratio_after:.1f} %")
+    console.print(f"mean |error| on {len(rows)} MoE rows ({', '.join(gpus)}): {before:.1f} % -> {after:.1f} %")
+    if write:
+        path = output or user_preset(hw.name)
+        source = io.resolve_preset("hardware", gpu)
+        text = source.read_text()
+        notes = [line[2:] for line in (text[text.index(MARKER):].splitlines()[1:] if MARKER in text else [])
+                 if line.startswith("# ") and not line.startswith("# MoE constants")]
+        names = " + ".join(p.name for p in runs_paths)
+        notes.append(f"MoE constants ({dt.date.today().isoformat()}): {len(rows)} MoE rows of {names} "
+                     f"({', '.join(gpus)}), mean |error| {before:.1f} % -> {after:.1f} %; load imbalance on "
+                     f"{len(pairs)} forced/dropless pairs of moe_load_balance.csv")
+        write_block(path, fitted, hw.efficiency, "\n".join(notes), hw.calibrated_on, source=source)
+        console.print(f"wrote {path}")
+    return fitted
 
 
 # --- fitting to profiling jobs (issue 4) ----------------------------------------------------------

@@ -17,16 +17,19 @@ from autoparallel.specs.model import ModelSpec
 
 
 def linear_flops_per_token(model: ModelSpec) -> float:
-    """Forward FLOPs of one layer's Linear GEMMs per token (the part FP8 accelerates)."""
+    """Forward FLOPs of one layer's Linear GEMMs per token (the part FP8 accelerates), averaged
+    over the layers (a MoE layer counts its top-k experts)."""
     return 2.0 * model.active_layer_params
 
 
 def attention_core_flops(model: ModelSpec, b, s, causal: bool | np.ndarray = False):
-    """Forward FLOPs of QK^T and attention·V for a micro-batch of ``b`` sequences of ``s``.
+    """Forward FLOPs of QK^T and attention·V for a micro-batch of ``b`` sequences of ``s``
+    (multi-latent attention: queries and keys of qk_head_dim + qk_pos_emb_head_dim, values of
+    v_head_dim per head).
 
     Narayanan counts the full s×s matrix; a causal flash kernel skips the upper half.
     """
-    full = 4.0 * b * s * s * model.num_attention_heads * model.head_dim
+    full = 2.0 * b * s * s * model.num_attention_heads * (model.qk_dim + model.v_dim)
     return np.where(causal, 0.5 * full, full)
 
 
@@ -46,12 +49,16 @@ def padded_vocab_size(model: ModelSpec, tp=1):
 
 def model_flops_per_token(model: ModelSpec, tp=1):
     """Training FLOPs per token as Megatron-LM's ``num_floating_point_operations`` counts them:
-    6 per active Linear parameter (forward, dgrad, wgrad), 6·s·heads·head_dim per layer for
-    causal attention, 6·h·V for the output layer (V padded for ``tp``), no input embedding."""
-    linear = 6.0 * model.num_layers * model.active_layer_params
-    attention = 6.0 * model.num_layers * model.seq_length * model.num_attention_heads * model.head_dim
+    6 per active Linear parameter (forward, dgrad, wgrad: the dense layers' MLP, the top-k and
+    shared experts of the MoE layers, attention or MLA's projections; not the router),
+    3·s·heads·(qk + v head dims) per layer for causal attention, 6·h·V for the output layer
+    (V padded for ``tp``), no input embedding and no multi-token prediction."""
+    layers = (model.num_dense_layers * model.dense_layer_params
+              + model.num_moe_layers * (model.active_moe_layer_params - model.router_params))
+    attention = (3.0 * model.num_layers * model.seq_length * model.num_attention_heads
+                 * (model.qk_dim + model.v_dim))
     logits = 6.0 * model.hidden_size * padded_vocab_size(model, tp)
-    return linear + attention + logits
+    return 6.0 * layers + attention + logits
 
 
 def narayanan_flops_per_step(model: ModelSpec, gbs: float, full_recompute: bool) -> float:

@@ -20,6 +20,11 @@ the 12 sharded over the DP×CP group by the distributed optimizer; FSDP (Megatro
 optim_grads_params, FSDP2) shards weights and gradients too, and holds two layers' full BF16
 weights (the one computing and the one prefetched) and one layer's full gradient unsharded.
 
+A MoE layer (``routed_expert_bytes``) keeps, per routed token copy on the GPU that computes it,
+the FC1 input gathered over expert TP, the FFN tensors, the unpermutation's input and the routing
+probability, on the busiest GPU ``imbalance`` times the even share; selective recompute of
+Megatron's modules spares parts of a layer (``recomputed_bytes``).
+
 ``tests/test_memory_megatron.py`` compares these counts with the formulas of Megatron-LM's
 ``theoretical_memory_usage.py`` and states each difference.
 """
@@ -43,6 +48,7 @@ FP8_WEIGHT_COPY_BYTES = 2.0  # FP8 weight plus its transpose, cached across micr
 SOFTMAX_BYTES = 4.0  # the FP32 softmax the cross-entropy keeps for backward
 LOGITS_TRANSIENT_BYTES = 2.0  # the BF16 logits beside it while the loss is computed
 EMBEDDING_INPUT_BYTES = 8.0  # int64 token ids per token, per micro-batch in flight
+ROUTER_INPUT_BYTES = 2.0  # the MoE router's BF16 input (and the unpermutation's, per token copy)
 
 
 def _gemm_input_bytes(fp8_fraction):
@@ -50,10 +56,21 @@ def _gemm_input_bytes(fp8_fraction):
     return GEMM_INPUT_BYTES - (GEMM_INPUT_BYTES - FP8_GEMM_INPUT_BYTES) * fp8_fraction
 
 
-def replicated_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0):
+def replicated_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0, moe: bool = False):
     """Activation bytes per token and hidden unit that only sequence parallel shards (10 for GPT):
-    the norms' inputs, the QKV and FC1 inputs, the hidden dropout masks."""
-    return (NORM_INPUT_BYTES + 2.0 * _gemm_input_bytes(fp8_fraction)
+    the norms' inputs, the QKV and FC1 inputs, the hidden dropout masks. A MoE layer keeps the
+    router's BF16 input instead of FC1's (and the shared experts' FC1 input); multi-latent
+    attention also keeps its latents (each norm's input and its up projection's input)."""
+    gemm_in = _gemm_input_bytes(fp8_fraction)
+    if moe:
+        mlp_input = ROUTER_INPUT_BYTES + (gemm_in if model.shared_expert_ffn_hidden_size else 0.0)
+    else:
+        mlp_input = gemm_in
+    latents = 0.0
+    if model.multi_latent_attention:
+        latents = ((2.0 + gemm_in) * ((model.q_lora_rank or 0) + model.kv_lora_rank)
+                   + 2.0 * model.qk_pos_emb_head_dim) / model.hidden_size
+    return (NORM_INPUT_BYTES + gemm_in + mlp_input + latents
             + (HIDDEN_DROPOUT_MASK_BYTES if model.hidden_dropout else 0.0))
 
 
@@ -62,33 +79,76 @@ def bytes_per_attention_score(model: ModelSpec) -> float:
     return SOFTMAX_OUTPUT_BYTES + (ATTENTION_DROPOUT_BYTES if model.attention_dropout else 0.0)
 
 
-def sharded_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0):
+def _per_ffn_unit(model: ModelSpec, gemm_in):
+    """Bytes per token and FFN unit: the activation's input (two tensors for a gated MLP) and
+    the FC2 input."""
+    return (4.0 if model.gated_mlp else 2.0) + gemm_in
+
+
+def sharded_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0, moe: bool = False):
     """Activation bytes per token and hidden unit that tensor parallel shards (24 for GPT):
     Q, K and V, the attention output (the projection's input), the activation's input (two
-    tensors for a gated MLP) and the FC2 input."""
-    h = model.hidden_size
-    kv = model.query_groups / model.num_attention_heads
+    tensors for a gated MLP) and the FC2 input; in a MoE layer, of the shared experts only (the
+    routed experts' share is ``routed_expert_bytes``)."""
+    h, heads = model.hidden_size, model.num_attention_heads
     gemm_in = _gemm_input_bytes(fp8_fraction)
-    attention = 2.0 + 4.0 * kv + gemm_in
-    ffn = model.expert_ffn_hidden_size if model.is_moe else model.ffn_hidden_size
-    routed = model.moe_router_topk if model.is_moe else 1
-    per_ffn_unit = (4.0 if model.gated_mlp else 2.0) + gemm_in
-    shared = per_ffn_unit * model.moe_shared_expert_ffn / h
-    return attention + routed * per_ffn_unit * ffn / h + shared
+    if model.multi_latent_attention:
+        attention = (2.0 * heads * (2 * model.qk_dim + model.v_dim) + gemm_in * heads * model.v_dim) / h
+    else:
+        kv = model.query_groups / heads
+        attention = (2.0 + 4.0 * kv + gemm_in) * heads * model.head_dim / h
+    ffn = model.shared_expert_ffn_hidden_size if moe else model.ffn_hidden_size
+    return attention + _per_ffn_unit(model, gemm_in) * ffn / h
 
 
-def layer_activation_bytes(model: ModelSpec, b, s, t, sp, keep_scores, fp8_fraction=0.0):
+def routed_expert_bytes(model: ModelSpec, tokens, etp, imbalance, fp8_fraction=0.0):
+    """What one MoE layer's routed experts save on one GPU for ``tokens`` tokens dispatched from
+    it: per token copy (k per token, ``imbalance`` times the even share on the busiest GPU) the
+    FC1 input gathered over ETP, the FFN tensors (split by ETP over etp times the tokens), the
+    unpermutation's input (for the routing probabilities' gradient) and the FP32 probability."""
+    gemm_in = _gemm_input_bytes(fp8_fraction)
+    h, ffn = model.hidden_size, model.expert_ffn_hidden_size
+    per_copy = etp * gemm_in * h + _per_ffn_unit(model, gemm_in) * ffn + ROUTER_INPUT_BYTES * h + 4.0
+    return tokens * model.moe_router_topk * imbalance * per_copy
+
+
+def recomputed_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, etp, imbalance,
+                     mla_up_proj, moe_act, moe_layer):
+    """What selective recompute of these Megatron modules spares a layer from keeping:
+    ``mla_up_proj`` Q, K and V of multi-latent attention; ``moe_act`` the routed experts' FC2
+    inputs (the activation's output); ``moe_layer`` everything the MoE block keeps but its input
+    (routed and shared experts)."""
+    tokens = b * s / t
+    gemm_in = _gemm_input_bytes(fp8_fraction)
+    out = 0.0
+    if model.multi_latent_attention:
+        heads = model.num_attention_heads
+        out = out + np.where(mla_up_proj, tokens * 2.0 * heads * (2 * model.qk_dim + model.v_dim), 0.0)
+    if moe:
+        routed = routed_expert_bytes(model, tokens, etp, imbalance, fp8_fraction)
+        act = tokens * model.moe_router_topk * imbalance * gemm_in * model.expert_ffn_hidden_size
+        shared_ffn = model.shared_expert_ffn_hidden_size
+        shared_input = np.where(sp, gemm_in * b * s * model.hidden_size / t, gemm_in * b * s * model.hidden_size)
+        shared = (shared_input + tokens * _per_ffn_unit(model, gemm_in) * shared_ffn) if shared_ffn else 0.0
+        out = out + np.where(moe_layer, routed + shared, np.where(moe_act, act, 0.0))
+    return out
+
+
+def layer_activation_bytes(model: ModelSpec, b, s, t, sp, keep_scores, fp8_fraction=0.0,
+                           moe: bool = False, etp=1, imbalance=1.0):
     """Bytes one layer saves for backward for one micro-batch of ``b`` sequences of ``s`` tokens.
 
     ``keep_scores``: the s×s attention probabilities are stored (no flash attention and no
     selective recompute). ``fp8_fraction``: share of layers whose Linears run an FP8 recipe.
+    ``moe``: a MoE layer (its routed experts over ``etp``, the busiest GPU's ``imbalance``).
     """
     sbh = b * s * model.hidden_size
-    replicated_bytes = replicated_bytes_per_token_hidden(model, fp8_fraction)
+    replicated_bytes = replicated_bytes_per_token_hidden(model, fp8_fraction, moe)
     replicated = np.where(sp, replicated_bytes / t, replicated_bytes)
-    per_token = replicated + sharded_bytes_per_token_hidden(model, fp8_fraction) / t
+    per_token = replicated + sharded_bytes_per_token_hidden(model, fp8_fraction, moe) / t
     scores = bytes_per_attention_score(model) * model.num_attention_heads * s * s * b / t
-    return sbh * per_token + np.where(keep_scores, scores, 0.0)
+    routed = routed_expert_bytes(model, b * s / t, etp, imbalance, fp8_fraction) if moe else 0.0
+    return sbh * per_token + np.where(keep_scores, scores, 0.0) + routed
 
 
 def layer_input_bytes(model: ModelSpec, b, s, t, sp):

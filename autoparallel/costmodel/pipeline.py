@@ -11,6 +11,13 @@ is not divisible by pp*vp Megatron offers two uneven splits:
   embedding (the loss) takes the place of one layer in the first (last) virtual stage, so
   L + 1 or L + 2 "slots" are split evenly and the first (last) stage holds one layer fewer.
 
+Where neither fits (DeepSeek-V3's 61 layers on 16 or 32 virtual stages), Megatron-LM's flexible
+``--pipeline-model-parallel-layout`` lists each virtual stage's layers, as Megatron-Bridge's
+DeepSeek-V3 recipes do ("Et|(tt|)*30mL"); the split offered is the balanced one: the L + 2 slots
+(the embedding and the loss count as one layer each) as even as they go, fuller stages first.
+The search offers it to MoE models only (``space``), where NVIDIA's published layouts need it;
+for dense models it would add every vp to the search without a published layout that uses it.
+
 **The schedule** (``megatron/core/pipeline_parallel/schedules.py``): 1F1B, interleaved when
 vp > 1. Stage i warms up with ``pp - i - 1`` micro-batches (1F1B) or ``2(pp - i - 1) +
 (vp - 1)pp`` chunk-micro-batches (interleaved) before its first backward, so at its peak it holds
@@ -27,22 +34,24 @@ runs for about m * max(T_i) at the bottleneck plus the fill and drain of the oth
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
-#: One uneven split: (first stage layers, last stage layers, embedding counted, loss counted);
-#: (0, 0, False, False) is the even split.
-Split = tuple[int, int, bool, bool]
-EVEN: Split = (0, 0, False, False)
+#: One uneven split: (first stage layers, last stage layers, embedding counted, loss counted,
+#: flexible layout); (0, 0, False, False, "") is the even split.
+Split = tuple[int, int, bool, bool, str]
+EVEN: Split = (0, 0, False, False, "")
 
 
-def splits(num_layers: int, pp: int, vp: int, uneven: bool = True) -> list[Split]:
+def splits(num_layers: int, pp: int, vp: int, uneven: bool = True, layouts: bool = False) -> list[Split]:
     """Every way Megatron-LM accepts to put ``num_layers`` layers on ``pp`` stages of ``vp``
-    chunks: the even split when it exists, else (``uneven``) the accounted and explicit splits.
+    chunks: the even split when it exists, else (``uneven``) the accounted and explicit splits,
+    and where none of them fits (and ``layouts``) the balanced flexible layout.
 
     Explicit first/last sizes are taken lighter than the middle stages (the first stage holds
     the most activations, the last one the logits): the middle share is the smallest multiple
-    of vp not below L/pp, or one vp more.
+    of vp not below L/pp, or one vp more. Where none of these fits, the balanced flexible layout.
     """
     if pp == 1:
         return [EVEN] if vp == 1 else []
@@ -55,20 +64,66 @@ def splits(num_layers: int, pp: int, vp: int, uneven: bool = True) -> list[Split
     for embedding, loss in ((True, True), (False, True), (True, False)):
         slots = num_layers + embedding + loss
         if slots % chunks == 0 and slots // chunks >= 2:  # every chunk keeps a decoder layer
-            out.append((0, 0, embedding, loss))
+            out.append((0, 0, embedding, loss, ""))
     if num_layers % vp == 0:
         share = math.ceil(num_layers / pp / vp) * vp
         for middle in (share, share + vp):
             edges = num_layers - (pp - 2) * middle
             first = math.ceil(edges / 2 / vp) * vp
             last = edges - first
-            if last >= vp and (first, last, False, False) not in out:
-                out.append((first, last, False, False))
+            if last >= vp and (first, last, False, False, "") not in out:
+                out.append((first, last, False, False, ""))
+    if layouts and not out and num_layers + 2 >= chunks:  # every middle stage keeps a decoder layer
+        out.append((0, 0, False, False, balanced_layout(num_layers, chunks)))
     return out
 
 
-def stage_layers(num_layers: int, pp, vp, first, last, embedding, loss):
-    """Decoder layers on the first, each middle, and the last stage (arrays, one per plan)."""
+def balanced_layout(num_layers: int, stages: int) -> str:
+    """Megatron-LM's ``--pipeline-model-parallel-layout`` spreading L layers over ``stages``
+    virtual stages with the embedding and the loss counted as one layer each, the fuller stages
+    first: "Et*3|(t*4|)*14t*2L" for 61 layers on 16."""
+    slots = [(num_layers + 2) // stages + (i < (num_layers + 2) % stages) for i in range(stages)]
+    decoders = [n - (i == 0) - (i == stages - 1) for i, n in enumerate(slots)]
+    if stages == 1:
+        return f"E{_layers(decoders[0] + 1)}L"
+    middle = "".join(_repeat(group) for group in _runs(decoders[1:-1]))
+    return f"E{_layers(decoders[0])}|{middle}{_layers(decoders[-1])}L"
+
+
+def _layers(n: int) -> str:
+    return "" if n == 0 else "t" if n == 1 else f"t*{n}"
+
+
+def _runs(sizes: list[int]) -> list[tuple[int, int]]:
+    """Consecutive equal sizes as (size, count)."""
+    runs: list[tuple[int, int]] = []
+    for n in sizes:
+        if runs and runs[-1][0] == n:
+            runs[-1] = (n, runs[-1][1] + 1)
+        else:
+            runs.append((n, 1))
+    return runs
+
+
+def _repeat(run: tuple[int, int]) -> str:
+    size, count = run
+    return f"{_layers(size)}|" if count == 1 else f"({_layers(size)}|)*{count}"
+
+
+def layout_stage_sizes(layout: str) -> list[int]:
+    """Decoder layers of each virtual stage of a ``--pipeline-model-parallel-layout`` string,
+    unrolled as Megatron's ``PipelineParallelLayerLayout.parse_str_to_list`` unrolls it."""
+    text = layout.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        text = re.sub(pattern, lambda x: x.group(1) * int(x.group(2)), text)
+    return [stage.count("t") for stage in text.split("|")]
+
+
+def stage_layers(num_layers: int, pp, vp, first, last, embedding, loss, layout=None):
+    """Decoder layers on the first, each middle (the fullest one), and the last stage (arrays, one
+    per plan)."""
+    if layout is not None and np.any(np.asarray(layout) != ""):
+        return _layout_stage_layers(num_layers, pp, vp, first, last, embedding, loss, layout)
     pp, first, last = (np.asarray(a, dtype=float) for a in (pp, first, last))
     embedding, loss = (np.asarray(a, dtype=float) for a in (embedding, loss))
     even = num_layers / pp
@@ -83,6 +138,49 @@ def stage_layers(num_layers: int, pp, vp, first, last, embedding, loss):
     single = pp == 1
     return (np.where(single, num_layers, first_layers), np.where(single, num_layers, middle),
             np.where(single, num_layers, last_layers))
+
+
+def factorize(values) -> tuple[np.ndarray, list]:
+    """Codes and values of a column of strings, grouped by object identity (a column made by
+    assigning a value holds the same object throughout, so this is fast on millions of rows;
+    equal strings that are different objects just get two codes)."""
+    values = np.asarray(values, dtype=object).reshape(-1)
+    ids = np.frompyfunc(id, 1, 1)(values).astype(np.int64)
+    _, first, codes = np.unique(ids, return_index=True, return_inverse=True)
+    return codes.reshape(-1), [values[i] for i in first]
+
+
+def _groups(*columns) -> tuple[np.ndarray, np.ndarray]:
+    """Group index of each row over integer columns (one int64 key, so np.unique stays 1-D) and
+    the first row of each group."""
+    key = np.zeros(np.broadcast(*columns).shape, dtype=np.int64)
+    for column in columns:
+        column = np.asarray(column, dtype=np.int64)
+        key = key * (int(column.max(initial=0)) + 1) + column
+    _, first_rows, inverse = np.unique(key.reshape(-1), return_index=True, return_inverse=True)
+    return inverse, first_rows
+
+
+def _per_rank(sizes: list[int], pp: int) -> tuple[float, float, float]:
+    """Layers of the first, the fullest middle and the last rank, from per-virtual-stage sizes."""
+    ranks = [sum(sizes[r::pp]) for r in range(pp)]
+    return ranks[0], max(ranks[1:-1]) if pp > 2 else ranks[0], ranks[-1]
+
+
+def _layout_stage_layers(num_layers, pp, vp, first, last, embedding, loss, layout):
+    """``stage_layers`` for columns in which some plans carry a flexible layout."""
+    layout = np.asarray(layout, dtype=object)
+    out = [np.broadcast_to(np.array(x, dtype=float), layout.shape).copy()
+           for x in stage_layers(num_layers, pp, vp, first, last, embedding, loss)]
+    codes, names = factorize(layout)
+    pp_all = np.broadcast_to(np.asarray(pp, dtype=np.int64), layout.shape).reshape(-1)
+    inverse, rows = _groups(codes, pp_all)
+    values = np.array([_per_rank(layout_stage_sizes(names[codes[i]]), int(pp_all[i])) if names[codes[i]]
+                       else (np.nan,) * 3 for i in rows]).reshape(-1, 3)[inverse]
+    flexible = ~np.isnan(values[:, 0])
+    for k in range(3):
+        out[k].reshape(-1)[flexible] = values[flexible, k]
+    return tuple(out)
 
 
 def inflight_chunks(pp, vp, m, stage):
@@ -110,3 +208,47 @@ def inflight_layer_fraction(pp, vp, m):
     (even split)."""
     pp, vp = np.asarray(pp, dtype=float), np.asarray(vp, dtype=float)
     return inflight_chunks(pp, vp, m, 0) / (pp * vp)
+
+
+def virtual_stage_sizes(num_layers: int, pp: int, vp: int, first: int, last: int, embedding: bool,
+                        loss: bool, layout: str = "") -> list[int]:
+    """Decoder layers of each virtual stage v = chunk*pp + rank, in model order: Megatron's
+    ``get_transformer_layer_offset`` walks chunk by chunk, each over every rank."""
+    if layout:
+        return layout_stage_sizes(layout)
+    if pp == 1:
+        return [num_layers // vp] * vp
+    if embedding or loss:
+        slots = (num_layers + embedding + loss) // (pp * vp)
+        sizes = [slots] * (pp * vp)
+        sizes[0] -= embedding
+        sizes[-1] -= loss
+        return sizes
+    explicit_ranks = (first > 0) + (last > 0)
+    middle = (num_layers - first - last) // (pp - explicit_ranks) if pp > explicit_ranks else 0
+    per_rank = [middle] * pp
+    if first:
+        per_rank[0] = first
+    if last:
+        per_rank[-1] = last
+    return [per_rank[r] // vp for _ in range(vp) for r in range(pp)]
+
+
+def stage_pattern_counts(pattern: tuple[int, ...], pp, vp, first, last, embedding, loss, layout):
+    """For layers flagged 1 in ``pattern`` (MoE layers): how many the first stage, the middle stage
+    holding most of them, and the last stage hold (arrays, one per plan; the middle equals the
+    first when pp <= 2)."""
+    layout = np.asarray(layout, dtype=object)
+    codes, names = factorize(layout)
+    columns = [np.broadcast_to(np.asarray(a, dtype=np.int64), layout.shape).reshape(-1)
+               for a in (pp, vp, first, last, embedding, loss)] + [codes]
+    inverse, rows = _groups(*columns)
+    cumulative = np.concatenate([[0], np.cumsum(pattern)])
+    counts = np.zeros((len(rows), 3))
+    for i, row in enumerate(rows):
+        p_, v_, f_, l_, e_, o_, code = (int(c[row]) for c in columns)
+        sizes = virtual_stage_sizes(len(pattern), p_, v_, f_, l_, bool(e_), bool(o_), names[code])
+        ends = np.cumsum(sizes)
+        counts[i] = _per_rank(list(cumulative[ends] - cumulative[ends - np.asarray(sizes)]), p_)
+    out = counts[inverse]
+    return tuple(out[:, k].reshape(layout.shape) for k in range(3))

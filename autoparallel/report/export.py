@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoparallel.report import moe_export
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
 
@@ -80,13 +81,7 @@ def model_flags(model: ModelSpec) -> list[str]:
     if not model.tie_embeddings:
         a.append("--untie-embeddings-and-output-weights")
     a += [f"--hidden-dropout {model.hidden_dropout}", f"--attention-dropout {model.attention_dropout}"]
-    if model.is_moe:
-        a += [f"--num-experts {model.num_experts}", f"--moe-router-topk {model.moe_router_topk}"]
-        if model.moe_ffn_hidden_size:
-            a.append(f"--moe-ffn-hidden-size {model.moe_ffn_hidden_size}")
-        if model.moe_shared_expert_ffn:
-            a.append(f"--moe-shared-expert-intermediate-size {model.moe_shared_expert_ffn}")
-    return a
+    return a + moe_export.model_flags(model)
 
 
 def tokenizer_flags(model: ModelSpec) -> list[str]:
@@ -103,7 +98,9 @@ def tokenizer_flags(model: ModelSpec) -> list[str]:
 def parallel_flags(model: ModelSpec, plan: Plan) -> list[str]:
     a = [f"--tensor-model-parallel-size {plan.tp}", f"--pipeline-model-parallel-size {plan.pp}",
          f"--context-parallel-size {plan.cp}"]
-    if plan.vp > 1:  # the only VP flag Megatron accepts together with uneven stages
+    if plan.pipeline_model_parallel_layout:  # sets vp too; Megatron refuses it with the vp flags
+        a.append(f"--pipeline-model-parallel-layout '{plan.pipeline_model_parallel_layout}'")
+    elif plan.vp > 1:  # the only VP flag Megatron accepts together with uneven stages
         a.append(f"--num-virtual-stages-per-pipeline-rank {plan.vp}")
     if plan.num_layers_in_first_pipeline_stage:
         a.append(f"--decoder-first-pipeline-num-layers {plan.num_layers_in_first_pipeline_stage}")
@@ -115,8 +112,7 @@ def parallel_flags(model: ModelSpec, plan: Plan) -> list[str]:
         a.append("--account-for-loss-in-pipeline-split")
     if plan.cp > 1:
         a.append(f"--cp-comm-type {CP_COMM_TYPE}")
-    if plan.ep > 1:
-        a.append(f"--expert-model-parallel-size {plan.ep}")
+    a += moe_export.parallel_flags(model, plan)
     if plan.sp and plan.tp > 1:
         a.append("--sequence-parallel")
     a += [f"--micro-batch-size {plan.mbs}", f"--global-batch-size {plan.gbs}"]

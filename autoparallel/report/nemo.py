@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from autoparallel.report.export import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, CP_COMM_TYPE, FP8_RECIPES,
                                         MAKE_VOCAB_SIZE_DIVISIBLE_BY, NORMALIZATION, recompute_layers)
+from autoparallel.report import moe_export
 from autoparallel.report.launch import node_layout
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
@@ -73,6 +74,7 @@ def nemo1_config(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
         "tensor_model_parallel_size": plan.tp,
         "pipeline_model_parallel_size": plan.pp,
         "virtual_pipeline_model_parallel_size": plan.vp if plan.vp > 1 else None,
+        "pipeline_model_parallel_layout": plan.pipeline_model_parallel_layout or None,
         "context_parallel_size": plan.cp,
         "expert_model_parallel_size": plan.ep,
         "sequence_parallel": plan.sp,
@@ -100,6 +102,7 @@ def nemo1_config(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
         "use_flash_attention": plan.flash_attention,
         "megatron_amp_O2": True,
         "fp8": plan.is_fp8,
+        **moe_export.config_keys(model, plan),
         "optim": {
             "name": "distributed_fused_adam" if plan.distributed_optimizer else "fused_adam",
             "overlap_grad_sync": plan.overlap_grad_reduce,
@@ -127,6 +130,7 @@ def nemo2_recipe(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
         "context_parallel_size": plan.cp,
         "sequence_parallel": plan.sp,
         "expert_model_parallel_size": plan.ep,
+        "expert_tensor_parallel_size": plan.etp,
         "pipeline_dtype": dtype,
         "num_layers_in_first_pipeline_stage": plan.num_layers_in_first_pipeline_stage or None,
         "num_layers_in_last_pipeline_stage": plan.num_layers_in_last_pipeline_stage or None,
@@ -174,8 +178,9 @@ def nemo2_recipe(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
         "cpu_offloading_activations": True,
         "cpu_offloading_weights": False,
     }
-    if model.is_moe:
-        config.update(num_moe_experts=model.num_experts, moe_router_topk=model.moe_router_topk)
+    if plan.pipeline_model_parallel_layout:
+        config["pipeline_model_parallel_layout"] = plan.pipeline_model_parallel_layout
+    config.update(moe_export.config_keys(model, plan))
     trainer = _trainer(plan, gpus_per_node, plugins.pop("precision"))
     return {
         "trainer": {"num_nodes": trainer["num_nodes"], "devices": trainer["devices"], "strategy": strategy,

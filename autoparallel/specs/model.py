@@ -6,6 +6,7 @@ transformer (``autoparallel.model``), so the two can never disagree about what a
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 from typing import Literal
 
@@ -46,11 +47,33 @@ class ModelSpec:
     # among the saved activations; the built-in transformer itself trains without dropout.
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
-    # Mixture of experts (all None / 0 for a dense model).
+    # Mixture of experts, Megatron-LM's arguments (num_experts None: a dense model).
     num_experts: int | None = None
     moe_router_topk: int = 2
-    moe_ffn_hidden_size: int | None = None
-    moe_shared_expert_ffn: int = 0
+    moe_ffn_hidden_size: int | None = None  # one routed expert's FFN; None means ffn_hidden_size
+    # All shared experts' FFN together (num_shared_experts x each one's size); None: no shared expert.
+    moe_shared_expert_intermediate_size: int | None = None
+    # Which layers are MoE (--moe-layer-freq): every N-th layer from the first (an int), or
+    # Megatron's pattern expression of 0 (dense) and 1 (MoE) per layer, e.g. "([0]*3+[1]*58)".
+    # The dense layers' MLP has ffn_hidden_size.
+    moe_layer_freq: int | str = 1
+    # Tokens an expert takes, as a multiple of its even share (--moe-expert-capacity-factor);
+    # None: dropless routing, every token reaches its top-k experts however unbalanced.
+    moe_expert_capacity_factor: float | None = None
+    # --moe-router-force-load-balancing: route uniformly at random (Megatron's benchmarking switch;
+    # NVIDIA's published MoE throughputs use it), so no EP rank waits for a busier one.
+    moe_router_force_load_balancing: bool = False
+    # Multi-latent attention (DeepSeek-V2/V3; --multi-latent-attention and its ranks, with
+    # Megatron-LM's defaults): queries through a rank-q_lora_rank bottleneck (None: a full-rank
+    # query projection), keys and values through one of kv_lora_rank; each head's query/key has
+    # qk_head_dim dims plus qk_pos_emb_head_dim rotary ones (the rotary key shared by all heads),
+    # its value v_head_dim.
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 32
+    qk_head_dim: int = 128
+    qk_pos_emb_head_dim: int = 64
+    v_head_dim: int = 128
     # The global batch size the model was published with; the search keeps it fixed by default.
     global_batch_size: int | None = None
     # Positions the model serves (Megatron-LM's --max-position-embeddings; HF's
@@ -87,6 +110,17 @@ class ModelSpec:
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not a multiple of "
                 f"num_attention_heads={self.num_attention_heads}; set kv_channels")
+        if self.multi_latent_attention and self.query_groups != self.num_attention_heads:
+            raise ValueError("multi-latent attention has no query groups (Megatron-LM: MLA and GQA "
+                             f"are exclusive); drop num_query_groups={self.num_query_groups}")
+        if self.is_moe:
+            if not 1 <= self.moe_router_topk <= self.num_experts:
+                raise ValueError(f"moe_router_topk must be in 1..num_experts={self.num_experts}, "
+                                 f"got {self.moe_router_topk}")
+            if self.moe_expert_capacity_factor is not None and self.moe_expert_capacity_factor <= 0:
+                raise ValueError(f"moe_expert_capacity_factor must be positive (or left out for "
+                                 f"dropless routing), got {self.moe_expert_capacity_factor}")
+            self.moe_layer_pattern  # noqa: B018 (raises if the pattern is not one of 0/1 per layer)
 
     @property
     def query_groups(self) -> int:
@@ -115,39 +149,108 @@ class ModelSpec:
     def expert_ffn_hidden_size(self) -> int:
         return self.moe_ffn_hidden_size or self.ffn_hidden_size
 
-    # Parameter counts (biases and norms are < 0.1 % and left out, as in Narayanan et al.).
+    @property
+    def shared_expert_ffn_hidden_size(self) -> int:
+        return self.moe_shared_expert_intermediate_size or 0
+
+    @property
+    def moe_layer_pattern(self) -> tuple[int, ...]:
+        """1 for each MoE layer, 0 for each dense one (Megatron-LM's ``moe_layer_pattern``);
+        all 0 for a dense model."""
+        if not self.is_moe:
+            return (0,) * self.num_layers
+        return moe_layer_pattern(self.moe_layer_freq, self.num_layers)
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.moe_layer_pattern)
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    # Attention shapes: per-head dims of queries/keys and of values (MLA gives them apart).
+    @property
+    def qk_dim(self) -> int:
+        return self.qk_head_dim + self.qk_pos_emb_head_dim if self.multi_latent_attention else self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        return self.v_head_dim if self.multi_latent_attention else self.head_dim
+
+    # Parameter counts: Megatron-LM's theoretical_memory_usage.py accounting, less norms and
+    # biases (< 0.1 %, left out as in Narayanan et al.), plus the router (h x experts per MoE
+    # layer), which that accounting leaves out; tests/test_moe_specs.py checks the identity.
     @property
     def attention_params(self) -> int:
-        h, d = self.hidden_size, self.head_dim
-        q_out = self.num_attention_heads * d
-        kv_out = 2 * self.query_groups * d
+        h, heads = self.hidden_size, self.num_attention_heads
+        if self.multi_latent_attention:
+            return self.mla_down_params + self.mla_up_params + heads * self.v_head_dim * h
+        q_out = heads * self.head_dim
+        kv_out = 2 * self.query_groups * self.head_dim
         return h * (q_out + kv_out) + q_out * h
+
+    @property
+    def mla_down_params(self) -> int:
+        """MLA's down projections (hidden -> q / kv latents and the shared rotary key): Megatron
+        keeps them whole on every TP rank (TE parallel_mode "duplicated")."""
+        if not self.multi_latent_attention:
+            return 0
+        return self.hidden_size * ((self.q_lora_rank or 0) + self.kv_lora_rank + self.qk_pos_emb_head_dim)
+
+    @property
+    def mla_up_params(self) -> int:
+        """MLA's up projections (latents -> per-head queries, keys and values), TP-sharded; a
+        model without a query latent projects queries from the hidden state at full rank."""
+        heads = self.num_attention_heads
+        q_in = self.q_lora_rank or self.hidden_size
+        return (q_in * heads * (self.qk_head_dim + self.qk_pos_emb_head_dim)
+                + self.kv_lora_rank * heads * (self.qk_head_dim + self.v_head_dim))
 
     def mlp_params(self, ffn: int) -> int:
         return (3 if self.gated_mlp else 2) * self.hidden_size * ffn
 
     @property
-    def dense_mlp_params(self) -> int:
-        """Parameters of the MLP of a dense layer, or of one routed expert for MoE."""
-        return self.mlp_params(self.expert_ffn_hidden_size if self.is_moe else self.ffn_hidden_size)
+    def expert_params(self) -> int:
+        """One routed expert's MLP."""
+        return self.mlp_params(self.expert_ffn_hidden_size)
+
+    @property
+    def shared_expert_params(self) -> int:
+        return self.mlp_params(self.shared_expert_ffn_hidden_size)
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden_size * (self.num_experts or 0)
+
+    @property
+    def dense_layer_params(self) -> int:
+        """A dense layer: attention and an MLP of ffn_hidden_size."""
+        return self.attention_params + self.mlp_params(self.ffn_hidden_size)
+
+    @property
+    def moe_layer_params(self) -> int:
+        """A MoE layer: attention, every routed expert, the shared experts and the router."""
+        return (self.attention_params + (self.num_experts or 0) * self.expert_params
+                + self.shared_expert_params + self.router_params)
+
+    @property
+    def active_moe_layer_params(self) -> int:
+        """The weights one token passes through in a MoE layer: its top-k experts."""
+        return (self.attention_params + self.moe_router_topk * self.expert_params
+                + self.shared_expert_params + self.router_params)
 
     @property
     def layer_params(self) -> int:
-        """All parameters of one layer (every expert for MoE)."""
-        if not self.is_moe:
-            return self.attention_params + self.dense_mlp_params
-        experts = self.num_experts * self.dense_mlp_params
-        shared = self.mlp_params(self.moe_shared_expert_ffn) if self.moe_shared_expert_ffn else 0
-        router = self.hidden_size * self.num_experts
-        return self.attention_params + experts + shared + router
+        """All parameters of one layer, averaged over the layers (every expert for MoE)."""
+        return (self.num_dense_layers * self.dense_layer_params
+                + self.num_moe_layers * self.moe_layer_params) // self.num_layers
 
     @property
     def active_layer_params(self) -> int:
-        """Parameters one token passes through in one layer (top-k experts for MoE)."""
-        if not self.is_moe:
-            return self.layer_params
-        shared = self.mlp_params(self.moe_shared_expert_ffn) if self.moe_shared_expert_ffn else 0
-        return self.attention_params + self.moe_router_topk * self.dense_mlp_params + shared
+        """Parameters one token passes through in one layer, averaged over the layers."""
+        return (self.num_dense_layers * self.dense_layer_params
+                + self.num_moe_layers * self.active_moe_layer_params) // self.num_layers
 
     @property
     def embedding_params(self) -> int:
@@ -156,9 +259,52 @@ class ModelSpec:
     @property
     def num_parameters(self) -> int:
         output = 0 if self.tie_embeddings else self.embedding_params
-        return self.num_layers * self.layer_params + self.embedding_params + output
+        layers = self.num_dense_layers * self.dense_layer_params + self.num_moe_layers * self.moe_layer_params
+        return layers + self.embedding_params + output
 
     @property
     def num_active_parameters(self) -> int:
         output = 0 if self.tie_embeddings else self.embedding_params
-        return self.num_layers * self.active_layer_params + self.embedding_params + output
+        layers = (self.num_dense_layers * self.dense_layer_params
+                  + self.num_moe_layers * self.active_moe_layer_params)
+        return layers + self.embedding_params + output
+
+
+def moe_layer_pattern(freq: int | str, num_layers: int) -> tuple[int, ...]:
+    """Megatron-LM's ``--moe-layer-freq`` as one 0/1 per layer: an int N makes every N-th layer
+    (from the first) MoE; a string is an int or a list expression of 0s and 1s such as
+    ``([0]*3+[1]*58)`` (evaluated without ``eval``: lists, ints, + and * only)."""
+    if isinstance(freq, str) and freq.strip().lstrip("-").isdigit():
+        freq = int(freq)
+    if isinstance(freq, int):
+        if freq < 1:
+            raise ValueError(f"moe_layer_freq must be a positive integer or a pattern, got {freq}")
+        return tuple(1 if i % freq == 0 else 0 for i in range(num_layers))
+    try:
+        pattern = _list_expression(ast.parse(freq.strip(), mode="eval").body)
+    except (SyntaxError, ValueError, TypeError) as exc:
+        raise ValueError(f"moe_layer_freq {freq!r} is not a pattern of 0s and 1s such as "
+                         f"\"([0]*3+[1]*58)\" ({exc})") from None
+    if not isinstance(pattern, list) or any(v not in (0, 1) for v in pattern):
+        raise ValueError(f"moe_layer_freq {freq!r} must give a list of 0s and 1s, got {pattern!r}")
+    if len(pattern) != num_layers:
+        raise ValueError(f"moe_layer_freq {freq!r} has {len(pattern)} entries for {num_layers} layers")
+    return tuple(pattern)
+
+
+def _list_expression(node: ast.AST):
+    """Evaluate a list expression: integer literals, list displays, + and *."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.List):
+        return [_list_expression(e) for e in node.elts]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+        left, right = _list_expression(node.left), _list_expression(node.right)
+        if isinstance(node.op, ast.Add):
+            if not (isinstance(left, list) and isinstance(right, list)):
+                raise TypeError("+ joins two lists")
+            return left + right
+        if isinstance(left, list) == isinstance(right, list):
+            raise TypeError("* repeats a list an integer number of times")
+        return left * right
+    raise ValueError(f"unsupported element {ast.dump(node)[:40]}")

@@ -29,6 +29,15 @@ class Plan:
     vp: int = 1
     cp: int = 1
     ep: int = 1
+    # Expert tensor parallel (Megatron-LM's MoE parallel folding, --expert-tensor-parallel-size):
+    # the expert layers fold the same tp*cp*dp GPUs of a stage into etp x ep x expert-data-parallel
+    # groups, so each expert's FFN is split over etp GPUs and its gradients and Adam states are
+    # reduced and sharded over dp*cp*tp / (ep*etp) GPUs. Megatron's default is etp = tp.
+    etp: int = 1
+    # --overlap-moe-expert-parallel-comm (with --delay-wgrad-compute): the EP all-to-alls of one
+    # micro-batch run behind the computation of another (1F1B all-to-all overlap; interleaved
+    # pipeline only when pp > 1).
+    overlap_moe_expert_parallel_comm: bool = False
     # Uneven pipeline stages, as Megatron-LM splits them when num_layers is not divisible by
     # pp*vp: explicit layer counts of the first / last stage (--decoder-first-pipeline-num-layers,
     # --decoder-last-pipeline-num-layers; 0 = an even share), or the embedding / the loss counted
@@ -38,6 +47,9 @@ class Plan:
     num_layers_in_last_pipeline_stage: int = 0
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    # Megatron-LM's flexible layout (--pipeline-model-parallel-layout): each virtual stage's
+    # layers, "E" embedding, "t" decoder layer, "L" loss, "|" between stages ("" = not used).
+    pipeline_model_parallel_layout: str = ""
     # Fully sharded data parallel: weights, gradients and optimizer states sharded over dp*cp,
     # parameters all-gathered layer by layer (Megatron-FSDP optim_grads_params, or FSDP2).
     fsdp: bool = False
@@ -50,6 +62,10 @@ class Plan:
     # Layers of each pipeline chunk that full recompute covers (Megatron's block method);
     # 0 means all of them.
     recompute_num_layers: int = 0
+    # What selective recompute recomputes (Megatron-LM's --recompute-modules, space-separated):
+    # core_attn (the attention core, Megatron's default), mla_up_proj (MLA's up projections, so
+    # Q, K and V are not kept), moe_act (the experts' activation), moe (the whole MoE layer).
+    recompute_modules: str = "core_attn"
     distributed_optimizer: bool = True
     # Megatron-LM reduces BF16 gradients in FP32 (main grads, 4 B/param); --grad-reduce-in-bf16
     # (NeMo's default with its distributed Adam) halves both the buffer and the DP traffic.
@@ -78,6 +94,11 @@ class Plan:
     @property
     def num_microbatches(self) -> int:
         return self.gbs // (self.mbs * self.dp)
+
+    @property
+    def expert_data_parallel(self) -> int:
+        """GPUs that hold the same experts of a stage (Megatron's expert-data-parallel size)."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
 
     @property
     def is_fp8(self) -> bool:
