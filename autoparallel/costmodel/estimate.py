@@ -53,10 +53,8 @@ def _gemm_peak(hw: HardwareSpec, precision, bf16_layer_fraction):
 
 
 def _cast_bytes_per_element(precision):
-    out = np.zeros(np.shape(precision))
-    for name, nbytes in FP8_CAST_BYTES.items():
-        out = np.where(precision == name, nbytes, out)
-    return out
+    codes, names = pipeline.factorize(precision)
+    return np.array([FP8_CAST_BYTES.get(name, 0.0) for name in names])[codes].reshape(np.shape(precision))
 
 
 def _pick(masks_and_values, default):
@@ -96,6 +94,7 @@ def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.n
     full = recompute == "full"
     selective = recompute == "selective"
     is_fp8 = np.isin(precision, list(FP8_CAST_BYTES))
+    cast_bytes = _cast_bytes_per_element(precision)
 
     L, h, s, V = model.num_layers, model.hidden_size, model.seq_length, model.vocab_size
     s_local = s / c
@@ -177,7 +176,7 @@ def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.n
         forward = t_linear + t_attention + t_elementwise + t_softmax + overhead
         compute = 3.0 * forward
         cast_elements = 2.0 * tokens * _gemm_input_elements(model, is_moe) / t  # inputs fwd, grads bwd
-        cast = fp8_layer_fraction * cast_elements * _cast_bytes_per_element(precision) / hbm
+        cast = fp8_layer_fraction * cast_elements * cast_bytes / hbm
         full_extra = recomputed_fraction * forward
         module_extra = selective_extra + (np.where(moe_recompute, moe_forward, 0.0) if is_moe else 0.0)
         tp_total = tp_blocks * tp_block
@@ -298,7 +297,7 @@ def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.n
     t_optimizer = ((params_gpu / optimizer_shards + experts_gpu / expert_optimizer_shards)
                    * OPTIMIZER_BYTES_PER_PARAM / hbm)
     bottleneck_layer_params = bottleneck("params") + bottleneck_moe * moe_layer["expert_params"]
-    weight_cast = bottleneck_layer_params * fp8_layer_fraction * _cast_bytes_per_element(precision) / hbm
+    weight_cast = bottleneck_layer_params * fp8_layer_fraction * cast_bytes / hbm
 
     step = pipeline_time + dp_exposed + t_optimizer + weight_cast
 

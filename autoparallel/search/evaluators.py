@@ -37,9 +37,7 @@ class CostModelEvaluator:
         valid = (out["reason"] == "").to_numpy()
         if valid.any():
             cols = {name: out[name].to_numpy()[valid] for name in Plan.field_names()}
-            for key, values in self._estimate(cols).items():
-                column = np.full(len(out), False if values.dtype == bool else np.nan, dtype=values.dtype)
-                column[valid] = values
+            for key, column in self._estimate(cols, np.flatnonzero(valid), len(out)).items():
                 out[key] = column
         else:
             out["fits"], out["peak_memory_gib"], out["tokens_per_s_per_gpu"] = False, np.nan, np.nan
@@ -55,10 +53,15 @@ class CostModelEvaluator:
         out["fits"] = (out["reason"] == "").to_numpy()
         return out
 
-    def _estimate(self, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """``estimate_columns`` over cache-sized chunks of rows: on millions of candidates its
-        intermediates then stay in the CPU cache (twice as fast as one call on everything)."""
-        n = len(next(iter(cols.values())))
-        parts = [estimate_columns(self.model, self.hardware, {k: v[i:i + CHUNK_ROWS] for k, v in cols.items()},
-                                  self.memory_fraction) for i in range(0, n, CHUNK_ROWS)]
-        return {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+    def _estimate(self, cols: dict[str, np.ndarray], rows: np.ndarray, n: int) -> dict[str, np.ndarray]:
+        """Metric columns of ``n`` rows, ``estimate_columns`` of ``cols`` written at ``rows`` (the
+        rest NaN or False). Priced in cache-sized chunks: on millions of candidates the cost
+        model's intermediates then stay in the CPU cache (twice as fast as one call on all)."""
+        out: dict[str, np.ndarray] = {}
+        for i in range(0, len(rows), CHUNK_ROWS):
+            chunk = {k: v[i:i + CHUNK_ROWS] for k, v in cols.items()}
+            for key, values in estimate_columns(self.model, self.hardware, chunk, self.memory_fraction).items():
+                if key not in out:
+                    out[key] = np.full(n, False if values.dtype == bool else np.nan, dtype=values.dtype)
+                out[key][rows[i:i + CHUNK_ROWS]] = values
+        return out
