@@ -42,7 +42,7 @@ STRUCTURE_RULES = (
     Rule(r"interleaving \(vp>1\) needs pp>=2", ("vp", "pp")),
     Rule(r"layers not divisible by pp\*vp", ("pp", "vp")),
     Rule(r"not divisible by 2\*cp", ("cp",)),
-    Rule(r"ep>1 needs a MoE model", ("ep",)),
+    Rule(r"ep>1 or etp>1 needs a MoE model", ("ep", "etp")),
     Rule(r"must divide num_experts and dp\*cp", ("ep",)),
     GBS_RULE,
     Rule(r"interleaving needs micro-batches", ("vp", "pp", "mbs")),

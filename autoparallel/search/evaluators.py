@@ -43,7 +43,12 @@ class CostModelEvaluator:
             out["fits"], out["peak_memory_gib"], out["tokens_per_s_per_gpu"] = False, np.nan, np.nan
         limit = self.memory_fraction * self.hardware.memory_gib
         oom = valid & ~out["fits"].to_numpy(dtype=bool)
-        out.loc[oom, "reason"] = [f"out of memory: needs {need:.1f} GiB, limit {limit:.1f} GiB"
-                                  for need in out.loc[oom, "peak_memory_gib"]]
+        # one string per distinct need (to 0.1 GiB), not per row: millions of rows on MoE spaces
+        needs, which = np.unique(np.round(out["peak_memory_gib"].to_numpy()[oom], 1), return_inverse=True)
+        texts = np.array([f"out of memory: needs {need:.1f} GiB, limit {limit:.1f} GiB" for need in needs],
+                         dtype=object)
+        reason = out["reason"].to_numpy(dtype=object).copy()
+        reason[oom] = texts[which.reshape(-1)]
+        out["reason"] = reason
         out["fits"] = (out["reason"] == "").to_numpy()
         return out

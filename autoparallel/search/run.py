@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,7 +186,8 @@ TABLE_COLUMNS = ("fits", "reason")
 
 def read_table(path: Path) -> pd.DataFrame:
     """A candidates-like CSV as written: CSV turns '' into NaN, the tables want '' back."""
-    text = ("reason", "measurement_error", "measured_device")
+    text = ("reason", "measurement_error", "measured_device") + tuple(
+        name for name, kind in typing.get_type_hints(Plan).items() if kind is str)
     try:
         frame = pd.read_csv(path, low_memory=False, dtype=dict.fromkeys(text, str))
     except pd.errors.EmptyDataError:

@@ -16,7 +16,8 @@ def test_proxy_keeps_structure_of_every_preset(name):
     assert proxy.tie_embeddings == model.tie_embeddings
     ratio = model.num_attention_heads // model.query_groups
     assert proxy.num_attention_heads // proxy.query_groups == ratio
-    expansion = model.ffn_hidden_size / model.hidden_size
+    ffn = model.expert_ffn_hidden_size if model.is_moe else model.ffn_hidden_size  # one expert's
+    expansion = ffn / model.hidden_size
     assert abs(proxy.ffn_hidden_size / proxy.hidden_size - expansion) <= 8 / proxy.hidden_size
     assert proxy.num_layers == min(4, model.num_layers) and proxy.hidden_size == 128
     assert proxy.vocab_size == 256 and proxy.seq_length <= model.seq_length
