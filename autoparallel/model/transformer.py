@@ -1,7 +1,8 @@
 """A GPT-style decoder built from a ModelSpec, free of parallel code.
 
 Pre-norm layers (RMSNorm or LayerNorm), GQA attention through ``scaled_dot_product_attention``
-with rotary positions, a gelu / swiglu / squared_relu MLP, tied or untied embeddings. Module
+with rotary positions, a gelu / swiglu / squared_relu MLP or, in the layers ``moe_layer_freq``
+names, a mixture-of-experts MLP (``autoparallel.model.moe``), tied or untied embeddings. Module
 names follow torchtitan (``layers.{i}.attention.wo``, ``layers.{i}.mlp.w2``...), with the
 projections that read the same input fused as Megatron-LM fuses them: ``attention.wqkv`` (Q, K
 and V, laid out group by group: the query heads of a KV group, then its K, then its V, so a
@@ -44,6 +45,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from autoparallel.model.fp8 import Fp8Linear
+from autoparallel.model.moe import MoeMlp
 from autoparallel.model.recipes import Fp8Policy
 from autoparallel.specs.model import ModelSpec
 
@@ -219,15 +221,17 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
-    def __init__(self, spec: ModelSpec, linear: _LinearFactory) -> None:
+    def __init__(self, spec: ModelSpec, linear: _LinearFactory, ffn: int | None = None) -> None:
+        """``ffn``: the width (default ``spec.ffn_hidden_size``; an expert's in a MoE layer)."""
         super().__init__()
         if spec.activation not in ("gelu", "swiglu", "squared_relu"):
             raise ValueError(f"activation={spec.activation!r} is not valid; "
                              "choose one of gelu, swiglu, squared_relu")
         self.activation = spec.activation
+        ffn = ffn or spec.ffn_hidden_size
         gated = 2 if spec.gated_mlp else 1
-        self.w1 = linear("w1", spec.hidden_size, gated * spec.ffn_hidden_size)
-        self.w2 = linear("w2", spec.ffn_hidden_size, spec.hidden_size)
+        self.w1 = linear("w1", spec.hidden_size, gated * ffn)
+        self.w2 = linear("w2", ffn, spec.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.w1(x)
@@ -251,7 +255,13 @@ class TransformerLayer(nn.Module):
                                                         f"{prefix}.attention"),
                                    selective_recompute=recompute.mode == "selective")
         self.mlp_norm = _norm(spec)
-        self.mlp = Mlp(spec, _LinearFactory(policy, index, spec.num_layers, f"{prefix}.mlp"))
+        if spec.moe_layer_pattern[index]:  # a mixture-of-experts layer (``model.moe``)
+            def make_mlp(name: str, ffn: int) -> Mlp:
+                return Mlp(spec, _LinearFactory(policy, index, spec.num_layers,
+                                                f"{prefix}.mlp.{name}"), ffn)
+            self.mlp = MoeMlp(spec, make_mlp)
+        else:
+            self.mlp = Mlp(spec, _LinearFactory(policy, index, spec.num_layers, f"{prefix}.mlp"))
 
     def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
@@ -315,6 +325,20 @@ def reset_buffers(module: nn.Module) -> None:
             m.reset_fp8_state()
 
 
+def check_spec(spec: ModelSpec) -> None:
+    """Refuse a model this implementation cannot build, with the reason."""
+    if spec.multi_latent_attention:
+        raise NotImplementedError(f"model {spec.name!r} uses multi-latent attention, which the "
+                                  "built-in transformer does not implement")
+    if spec.is_moe and spec.moe_expert_capacity_factor is not None:
+        raise NotImplementedError(
+            f"model {spec.name!r} sets moe_expert_capacity_factor="
+            f"{spec.moe_expert_capacity_factor}; the built-in MoE layer is dropless only "
+            "(leave the capacity factor out)")
+    if spec.head_dim % 2:
+        raise ValueError(f"head_dim={spec.head_dim} must be even for rotary embeddings")
+
+
 class Transformer(nn.Module):
     """Token ids [batch, seq] -> logits [batch, seq, vocab] (fp32).
 
@@ -327,11 +351,7 @@ class Transformer(nn.Module):
                  recompute: Recompute | None = None, device: torch.device | str | None = None,
                  seed: int | None = None) -> None:
         super().__init__()
-        if spec.is_moe:
-            raise ValueError(f"model {spec.name!r} is MoE (num_experts={spec.num_experts}); "
-                             "the built-in transformer is dense only")
-        if spec.head_dim % 2:
-            raise ValueError(f"head_dim={spec.head_dim} must be even for rotary embeddings")
+        check_spec(spec)
         self.spec, self.policy = spec, fp8 or Fp8Policy()
         self.recompute = recompute or Recompute()
         with torch.device("meta"):

@@ -5,6 +5,11 @@ Global rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank: TP faste
 on a GPU cluster), PP slowest, as Megatron-LM orders them. A group's members ascend with global
 rank, so ``cp_ranks[i]`` holds CP rank i and the dp_cp group rank of a rank is
 dp_rank * cp + cp_rank.
+
+The MoE layers regroup the same tp*cp*dp ranks of a pipeline stage (Megatron-LM's MoE parallel
+folding, expert tensor parallel 1): a rank's place in its stage, in rank order, splits into an
+expert-parallel rank (fastest, so an EP group is ``ep`` consecutive ranks) and an
+expert-data-parallel rank (the ranks holding the same experts).
 """
 
 from __future__ import annotations
@@ -22,15 +27,23 @@ class ParallelDims:
     cp: int = 1
     vp: int = 1
     world_size: int = 1
+    ep: int = 1
     groups: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        for k in ("tp", "pp", "dp", "cp", "vp"):
+        for k in ("tp", "pp", "dp", "cp", "vp", "ep"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k}={getattr(self, k)} must be >= 1")
         if self.tp * self.pp * self.dp * self.cp != self.world_size:
             raise ValueError(f"tp*pp*dp*cp = {self.tp}*{self.pp}*{self.dp}*{self.cp} "
                              f"!= world size {self.world_size}")
+        if self.stage_size % self.ep:
+            raise ValueError(f"ep={self.ep} does not divide the {self.stage_size} ranks of a "
+                             "pipeline stage (tp*cp*dp)")
+
+    @property
+    def stage_size(self) -> int:
+        return self.tp * self.cp * self.dp
 
     def coords(self, rank: int) -> dict[str, int]:
         tp_rank, rest = rank % self.tp, rank // self.tp
@@ -66,6 +79,26 @@ class ParallelDims:
                 if rank in members:
                     self.groups[name] = group
                     self.groups[name + "_ranks"] = members
+
+    def expert_coords(self, rank: int) -> dict[str, int]:
+        place = rank % self.stage_size
+        return {"ep": place % self.ep, "edp": place // self.ep}
+
+    def build_expert_groups(self) -> None:
+        """The ``ep`` group (ranks of a stage exchanging tokens; group rank = EP rank) and the
+        ``edp`` group (ranks of a stage holding the same experts; group rank = EDP rank).
+        Collective over the world, like ``build_groups``."""
+        rank = dist.get_rank()
+        for name, shared in (("ep", "edp"), ("edp", "ep")):
+            by_key: dict[tuple[int, int], list[int]] = {}
+            for r in range(self.world_size):
+                key = (r // self.stage_size, self.expert_coords(r)[shared])
+                by_key.setdefault(key, []).append(r)
+            for members in by_key.values():
+                group = dist.new_group(members)
+                if rank in members:
+                    self.groups[name] = group
+                    self.groups[name + "_ranks"] = tuple(members)
 
     def group(self, name: str):
         return self.groups[name]

@@ -11,9 +11,15 @@ training dtype, is all-gathered into the weight buffer. Without it the gradient 
 and every rank steps the whole buffer. AdamW is elementwise, so both give the single-process
 update exactly, up to float summation order.
 
+A MoE model's routed experts are in a second buffer with an optimizer of its own that reduces
+(and shards) over the expert-data-parallel group, the ranks holding the same experts, and still
+divides by dp*cp, the number of data-parallel replicas (``autoparallel.parallel.expert``).
+
 Gradient-norm clipping uses the global norm: squares summed over the rank's slice, counting
-TP-replicated parameters (the norms) on TP rank 0 only, then summed over the whole world. The
-clip factor min(1, clip / norm) is applied on the device: no step waits for the GPU.
+TP-replicated parameters (the norms, the routers) on TP rank 0 only, then summed over the whole
+world; ``Optimizers`` steps several optimizers with one norm, as Megatron-LM clips dense and
+expert gradients together. The clip factor min(1, clip / norm) is applied on the device: no
+step waits for the GPU.
 """
 
 from __future__ import annotations
@@ -29,11 +35,16 @@ from autoparallel.parallel.buffers import ParamBuffers
 class DistributedOptimizer:
     def __init__(self, buffers: ParamBuffers, replicated: set[int], dims, coords,
                  sharded: bool, lr: float, weight_decay: float, clip: float | None,
-                 betas=(0.9, 0.95)) -> None:
+                 betas=(0.9, 0.95), group: tuple | None = None) -> None:
+        """``group``: (process group, size, this rank's index in it) to reduce over instead of
+        dp x cp (the expert-data-parallel group of routed experts)."""
         self.buffers = buffers
         # the gradient-reduction group: dp x cp ranks, group rank dp_rank * cp + cp_rank
         self.group, self.size = dims.group("dp_cp"), dims.dp * dims.cp
         index = coords["dp"] * dims.cp + coords["cp"]
+        self.replicas = self.size  # what the summed gradients are divided by
+        if group is not None:
+            self.group, self.size, index = group
         self.sharded, self.clip = sharded and self.size > 1, clip
         padded = buffers.padded
         shard = padded // self.size if self.sharded else padded
@@ -61,20 +72,29 @@ class DistributedOptimizer:
             return torch.zeros((), device=self.master.device)
         return torch.stack(torch._foreach_norm(self.norm_views, 2)).square().sum()
 
-    def step(self, lr: float | None = None) -> torch.Tensor:
-        """Reduce, clip and apply the gradients; returns the global gradient norm (a tensor)."""
+    def reduce(self) -> torch.Tensor:
+        """Reduce the gradients into this rank's slice; returns the slice's share of the squared
+        global norm (to be summed over the world)."""
         flat = self.buffers.grads
         if self.sharded:
             comm.reduce_scatter_flat(self.grad, flat, self.group)
         elif self.size > 1:
             dist.all_reduce(flat, group=self.group)
-        self.grad.div_(self.size)
+        self.grad.div_(self.replicas)
         sq = self._squared_norm()
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            if not self.sharded and self.size > 1:
-                sq = sq / self.size  # every DP/CP rank holds the whole (identical) gradient
-            dist.all_reduce(sq)
-        norm = sq.sqrt()
+        if not self.sharded and self.size > 1:
+            sq = sq / self.size  # every rank of the group holds the whole (identical) gradient
+        return sq
+
+    def step(self, lr: float | None = None) -> torch.Tensor:
+        """Reduce, clip and apply the gradients; returns the global gradient norm (a tensor)."""
+        norm = global_norm([self.reduce()])
+        self.apply(norm, lr)
+        return norm
+
+    def apply(self, norm: torch.Tensor, lr: float | None = None) -> None:
+        """Clip the reduced gradients by the global ``norm``, step AdamW, and write the new
+        weights (all-gathered when sharded) into the weight buffer."""
         if self.clip is not None:
             self.grad.mul_(torch.clamp(self.clip / (norm + 1e-6), max=1.0))
         self.master.grad = self.grad
@@ -88,7 +108,6 @@ class DistributedOptimizer:
                                      self.group)
             else:
                 self.buffers.params.copy_(self.master.detach())
-        return norm
 
     def zero_grad(self) -> None:
         self.buffers.zero_grad()
@@ -97,3 +116,32 @@ class DistributedOptimizer:
         """FP32 master slice and the two Adam moments this rank holds (and, sharded, the
         reduce-scatter output)."""
         return (3 + int(self.sharded)) * self.master.numel() * 4
+
+
+def global_norm(squares: list[torch.Tensor]) -> torch.Tensor:
+    """The whole model's gradient norm from each optimizer's share on each rank."""
+    sq = torch.stack(squares).sum()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(sq)
+    return sq.sqrt()
+
+
+class Optimizers:
+    """Several optimizers (dense weights over dp x cp, routed experts over their
+    expert-data-parallel group) stepping as one: one global norm, one clipping factor."""
+
+    def __init__(self, parts: list[DistributedOptimizer]) -> None:
+        self.parts = parts
+
+    def step(self, lr: float | None = None) -> torch.Tensor:
+        norm = global_norm([part.reduce() for part in self.parts])
+        for part in self.parts:
+            part.apply(norm, lr)
+        return norm
+
+    def zero_grad(self) -> None:
+        for part in self.parts:
+            part.zero_grad()
+
+    def state_bytes(self) -> int:
+        return sum(part.state_bytes() for part in self.parts)

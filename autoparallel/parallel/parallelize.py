@@ -27,12 +27,13 @@ import torch.distributed as dist
 
 from autoparallel.model.fp8 import weight_cache_bytes
 from autoparallel.model.recipes import Fp8Policy, recipe_from_name
-from autoparallel.model.transformer import (Recompute, Transformer, reset_buffers,
+from autoparallel.model.moe import is_routed_expert
+from autoparallel.model.transformer import (Recompute, Transformer, check_spec, reset_buffers,
                                             rotary_tables, write_init)
-from autoparallel.parallel import comm, context, fp8, pipeline, tensor
+from autoparallel.parallel import comm, context, expert, fp8, pipeline, tensor
 from autoparallel.parallel.buffers import ParamBuffers
 from autoparallel.parallel.dims import ParallelDims
-from autoparallel.parallel.optimizer import DistributedOptimizer
+from autoparallel.parallel.optimizer import DistributedOptimizer, Optimizers
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
 
@@ -65,8 +66,19 @@ def policy_for(plan: Plan) -> Fp8Policy:
 
 def check_plan(spec: ModelSpec, plan: Plan, world_size: int) -> None:
     """The rules this implementation needs, as ValueError / NotImplementedError with the reason."""
-    if plan.ep > 1:
-        raise NotImplementedError("expert parallel needs an MoE model; the built-in one is dense")
+    check_spec(spec)
+    if plan.ep > 1 and not spec.is_moe:
+        raise NotImplementedError(f"expert parallel (ep={plan.ep}) needs an MoE model; "
+                                  f"{spec.name} is dense")
+    if plan.etp > 1:
+        raise NotImplementedError(f"expert tensor parallel (etp={plan.etp}) is not implemented "
+                                  "in the built-in transformer; use etp=1")
+    if spec.is_moe and spec.num_experts % plan.ep:
+        raise ValueError(f"ep={plan.ep} does not divide num_experts={spec.num_experts}")
+    ParallelDims(plan.tp, plan.pp, plan.dp, plan.cp, plan.vp, plan.num_gpus, plan.ep)  # degrees
+    if spec.is_moe and plan.tp > 1 and not plan.sp:
+        raise ValueError("MoE with tensor parallel needs sequence parallel (each TP rank routes "
+                         "its own tokens, as in Megatron-LM)")
     if plan.num_gpus != world_size:
         raise ValueError(f"plan needs {plan.num_gpus} ranks, world size is {world_size}")
     if plan.sp and plan.tp == 1:
@@ -90,11 +102,14 @@ class ParallelModel:
         check_plan(spec, plan, world)
         self.spec, self.plan, self.config = spec, plan, config
         self.device = torch.device(device)
-        self.dims = ParallelDims(plan.tp, plan.pp, plan.dp, plan.cp, plan.vp, world)
+        self.dims = ParallelDims(plan.tp, plan.pp, plan.dp, plan.cp, plan.vp, world, plan.ep)
         if dist.is_initialized():
             self.dims.build_groups()
+            if spec.is_moe:
+                self.dims.build_expert_groups()
         else:
-            self.dims.groups.update(tp=None, cp=None, dp=None, dp_cp=None, stage=None)
+            self.dims.groups.update(tp=None, cp=None, dp=None, dp_cp=None, stage=None, ep=None,
+                                    edp=None)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.coords = self.dims.coords(self.rank)
         # 1. the single-device model, on the meta device: nothing allocated yet
@@ -111,6 +126,10 @@ class ParallelModel:
         tp_group = self.dims.group("tp")
         tensor.apply_tensor_parallel(model, self.coords["tp"], plan.tp, tp_group, plan.sp)
         self.vocab_start = self.coords["tp"] * (spec.vocab_size // plan.tp)
+        # 3b. expert parallel: each EP rank keeps its experts, all-to-alls to the others
+        if plan.ep > 1:
+            expert.apply_expert_parallel(model, self.dims.expert_coords(self.rank)["ep"],
+                                         plan.ep, self.dims.group("ep"))
         # 4. context parallel: ring attention over the CP group in every layer
         if plan.cp > 1:
             context.apply_context_parallel(model, context.Ring(
@@ -125,10 +144,17 @@ class ParallelModel:
         named = [(tensor.original_name(n), p) for n, p in model.named_parameters()
                  if id(p) in owned]
         # 6. materialise this rank's share: its parameters, as views of one flat buffer in the
-        # training dtype, each filled with its region of the single-process model's values
+        # training dtype (routed experts in a second one, reduced over their expert-data-parallel
+        # group), each filled with its region of the single-process model's values
+        edp = plan.expert_data_parallel
+        dense = [(n, p) for n, p in named if not is_routed_expert(n)]
+        experts = [(n, p) for n, p in named if is_routed_expert(n)]
         shards = plan.dp * plan.cp if plan.distributed_optimizer else 1
-        self.buffers = ParamBuffers(model, named, config.dtype, self.device, pad_to=shards)
-        self.named_params = self.buffers.named
+        self.buffers = ParamBuffers(model, dense, config.dtype, self.device, pad_to=shards)
+        self.expert_buffers = ParamBuffers(
+            model, experts, config.dtype, self.device,
+            pad_to=edp if plan.distributed_optimizer else 1) if experts else None
+        self.named_params = self.buffers.named + (self.expert_buffers.named if experts else [])
         for name, p in self.named_params:
             rows, cols = tensor.shard_region(name, full_shapes[name], self.coords["tp"],
                                              plan.tp, spec.gated_mlp)
@@ -142,10 +168,16 @@ class ParallelModel:
         cos, sin = rotary_tables(spec.seq_length, spec.head_dim)
         self.rope_cos, self.rope_sin = cos.to(self.device), sin.to(self.device)
         self.sp_params = {id(p) for p in tensor.sequence_parallel_params(model)}
-        # 7. data (and context) parallel gradient reduction + (distributed) optimizer
-        self.optimizer = DistributedOptimizer(
-            self.buffers, self.sp_params, self.dims, self.coords, plan.distributed_optimizer,
-            config.lr, config.weight_decay, config.clip)
+        # 7. data (and context) parallel gradient reduction + (distributed) optimizer; routed
+        # experts over their expert-data-parallel group, with one global clipping norm
+        def optimizer(buffers, group=None):
+            return DistributedOptimizer(buffers, self.sp_params, self.dims, self.coords,
+                                        plan.distributed_optimizer, config.lr,
+                                        config.weight_decay, config.clip, group=group)
+        self.optimizer = optimizer(self.buffers)
+        if self.expert_buffers is not None:
+            group = (self.dims.group("edp"), edp, self.dims.expert_coords(self.rank)["edp"])
+            self.optimizer = Optimizers([self.optimizer, optimizer(self.expert_buffers, group)])
 
     # -- one step --------------------------------------------------------------------------------
 
@@ -200,7 +232,8 @@ class ParallelModel:
         return loss_sum
 
     def sync_sequence_parallel_grads(self) -> None:
-        """Under SP each TP rank's norm gradients cover its sequence slice: sum them."""
+        """Under SP each TP rank's norm (and router) gradients cover its sequence slice: sum
+        them."""
         if not (self.plan.sp and self.plan.tp > 1):
             return
         for _, p in self.named_params:
@@ -223,23 +256,32 @@ class ParallelModel:
         loss_sum = self.forward_backward(tokens, targets)
         self.sync_sequence_parallel_grads()
         self.optimizer.step(lr)
-        if self.plan.is_fp8:
-            fp8.update_scales(self.model, self.dims.group("stage"))
+        self.update_fp8_scales()
         return self.global_loss(loss_sum)
+
+    def update_fp8_scales(self) -> None:
+        """New delayed scales from this step's amaxes, reduced over the ranks holding the same
+        layers (``parallel.fp8``)."""
+        if self.plan.is_fp8:
+            experts = self.dims.group("edp") if self.plan.ep > 1 else None
+            fp8.update_scales(self.model, self.dims.group("stage"), experts)
 
     # -- for tests and memory accounting ---------------------------------------------------------
 
     def full_tensors(self, which: str = "grad") -> dict[str, torch.Tensor]:
         """This rank's parameters (or DP x CP-mean gradients) in FP32, reassembled across TP, by
-        single-device name. Collective over the TP and DP x CP groups; PP stages each return
-        their own names."""
+        single-device name. Collective over the TP, DP x CP and expert-data-parallel groups; PP
+        stages and EP ranks each return their own names."""
         out = {}
         reduce = self.plan.dp * self.plan.cp
         tp, gated = self.plan.tp, self.spec.gated_mlp
         for name, p in self.named_params:
             t = (p.detach() if which == "param" else p.main_grad).float().clone()
-            if which == "grad" and reduce > 1:
-                dist.all_reduce(t, group=self.dims.group("dp_cp"))
+            if which == "grad":
+                group, size = ((self.dims.group("edp"), self.plan.expert_data_parallel)
+                               if is_routed_expert(name) else (self.dims.group("dp_cp"), reduce))
+                if size > 1:
+                    dist.all_reduce(t, group=group)
                 t /= reduce
             if tensor.shard_dim(name) is not None and tp > 1:
                 parts = comm.all_gather_dim(t.unsqueeze(0), 0, self.dims.group("tp"))
@@ -261,7 +303,8 @@ class ParallelModel:
     def model_state_bytes(self) -> int:
         """Weights and FP32 gradients (the flat buffers), the optimizer slice this rank holds
         and the FP8 weight copies of the current step."""
-        return (self.buffers.nbytes() + self.optimizer.state_bytes()
+        experts = self.expert_buffers.nbytes() if self.expert_buffers is not None else 0
+        return (self.buffers.nbytes() + experts + self.optimizer.state_bytes()
                 + weight_cache_bytes(self.model))
 
 

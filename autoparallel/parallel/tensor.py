@@ -10,8 +10,10 @@ communication sits at the block edges (``comm.enter_block`` / ``exit_block``), o
 and MLP block as in Megatron-LM: all-reduces without sequence parallel, all-gather /
 reduce-scatter along the sequence with it. The embedding and the output layer are vocab-parallel
 and the loss is computed on vocab shards (``vocab_parallel_cross_entropy``): no rank ever holds
-the full logits. Under sequence parallel the norms see a slice of the sequence, so their weight
-gradients are partial sums: ``sequence_parallel_params`` names them for a TP all-reduce; and the
+the full logits. A MoE layer's routed experts and router are not split (expert parallel is
+``expert.py``); its shared expert is, like a dense MLP. Under sequence parallel the norms and
+the routers see a slice of the sequence, so their weight gradients are partial sums:
+``sequence_parallel_params`` names them for a TP all-reduce; and the
 column-parallel GEMMs save the sequence shard, not the gathered input (``sequence.py``).
 """
 
@@ -22,6 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from autoparallel.model.moe import MoeMlp, is_routed_expert
 from autoparallel.parallel import comm, sequence
 
 
@@ -38,7 +41,9 @@ def original_name(name: str) -> str:
 
 def shard_dim(name: str) -> int | None:
     parts = original_name(name).split(".")
-    return SHARD_DIMS.get(parts[-2]) if len(parts) > 1 else None
+    if len(parts) < 2 or is_routed_expert(name):  # routed experts: expert TP 1
+        return None
+    return SHARD_DIMS.get(parts[-2])
 
 
 def shard_region(name: str, full_shape, rank: int, size: int, gated_mlp: bool) -> Region:
@@ -56,7 +61,7 @@ def shard_region(name: str, full_shape, rank: int, size: int, gated_mlp: bool) -
     part = extent // size
     if dim == 1:
         return (range(rows),), range(rank * part, (rank + 1) * part)
-    if gated_mlp and original_name(name).endswith("mlp.w1.weight"):  # [gate; up]
+    if gated_mlp and original_name(name).endswith(".w1.weight"):  # [gate; up]
         half, part = rows // 2, rows // 2 // size
         return ((range(rank * part, (rank + 1) * part),
                  range(half + rank * part, half + (rank + 1) * part)), range(cols))
@@ -213,25 +218,36 @@ def apply_tensor_parallel(model: nn.Module, rank: int, size: int, group, sp: boo
                        ("num_query_groups", spec.query_groups)):
         if value % size:
             raise ValueError(f"{key}={value} is not divisible by tp={size}")
-    if spec.ffn_hidden_size % size:
-        raise ValueError(f"ffn_hidden_size={spec.ffn_hidden_size} is not divisible by tp={size}")
     if spec.tie_embeddings:
         raise NotImplementedError("tensor parallel of tied embeddings is not implemented")
     gated = spec.gated_mlp
     for i, layer in enumerate(model.layers):
-        att, mlp = layer.attention, layer.mlp
-        for lin, name in ((att.wqkv, "attention.wqkv"), (att.wo, "attention.wo"),
-                          (mlp.w1, "mlp.w1"), (mlp.w2, "mlp.w2")):
+        att = layer.attention
+        for lin, name in ((att.wqkv, "attention.wqkv"), (att.wo, "attention.wo")):
             _shard_linear(lin, f"layers.{i}.{name}.weight", rank, size, gated)
         att.heads //= size
         att.groups //= size
         layer.attention = _block(att, group, sp)
-        layer.mlp = _block(mlp, group, sp)
+        # A MoE MLP stays whole on every TP rank, each routing its own sequence shard (experts
+        # over EP, expert TP 1: ``expert``); only its shared expert is split like a dense MLP.
+        moe = isinstance(layer.mlp, MoeMlp)
+        mlp = layer.mlp.shared_experts if moe else layer.mlp
+        if mlp is None:
+            continue
+        prefix = f"layers.{i}.mlp" + (".shared_experts" if moe else "")
+        for lin, name in ((mlp.w2, "w2"), (mlp.w1, "w1")):  # w2 first: its FFN width divides
+            _shard_linear(lin, f"{prefix}.{name}.weight", rank, size, gated)
+        if moe:
+            layer.mlp.shared_experts = _block(mlp, group, sp)
+        else:
+            layer.mlp = _block(mlp, group, sp)
     model.tok_embeddings = VocabParallelEmbedding(model.tok_embeddings, rank, size, group, sp)
     _shard_linear(model.output, "output.weight", rank, size, gated)
     model.output = ParallelHead(model.output, group, sp)
 
 
 def sequence_parallel_params(model: nn.Module) -> list[nn.Parameter]:
-    """Parameters replicated over TP whose gradients are partial sums under SP: the norms."""
-    return [p for name, p in model.named_parameters() if "norm" in name.split(".")[-2]]
+    """Parameters replicated over TP whose gradients are partial sums under SP: the norms and
+    the MoE routers."""
+    return [p for name, p in model.named_parameters()
+            if "norm" in name.split(".")[-2] or name.split(".")[-2] == "router"]

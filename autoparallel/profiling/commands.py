@@ -176,6 +176,12 @@ def check_profiling(args: argparse.Namespace, gpus: int) -> None:
     _guard_world(make_launcher(args.executor, args.ray_address), gpus, f"--profile job on {gpus} GPUs")
 
 
+def _layout(plan) -> str:
+    """A plan's degrees in one line (CP and EP only where they are used)."""
+    text = f"TP{plan.tp} PP{plan.pp} VP{plan.vp}" + (f" CP{plan.cp}" if plan.cp > 1 else "")
+    return text + f" DP{plan.dp}" + (f" EP{plan.ep}" if plan.ep > 1 else "") + f" MBS{plan.mbs}"
+
+
 def cmd_profile(args: argparse.Namespace) -> None:
     from autoparallel.profiling.job import JobSpec
     from autoparallel.profiling.launcher import make_launcher
@@ -198,8 +204,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
         from rich.console import Console
         console = Console()
         if m.ok:
-            console.print(f"{model.name} TP{plan.tp} PP{plan.pp} VP{plan.vp} DP{plan.dp} "
-                          f"MBS{plan.mbs} GBS{plan.gbs} on {m.world_size} x {m.device}: step "
+            console.print(f"{model.name} {_layout(plan)} GBS{plan.gbs} on {m.world_size} x {m.device}: step "
                           f"{m.step_time_s * 1e3:.1f} ms (median of {args.steps}), "
                           f"{m.tokens_per_s_per_gpu:,.0f} tokens/s/rank, peak "
                           f"{m.peak_memory_gib:.3f} GiB, saved activations "
@@ -241,8 +246,7 @@ def _evaluator(result, args: argparse.Namespace, console):
     def show(plan, m):
         if console is not None:
             what = (f"{m.step_time_s * 1e3:.1f} ms/step" if m.ok else f"failed: {m.reason}")
-            console.print(f"profiled TP{plan.tp} PP{plan.pp} VP{plan.vp} DP{plan.dp} "
-                          f"MBS{plan.mbs} {plan.recompute}: {what}")
+            console.print(f"profiled {_layout(plan)} {plan.recompute}: {what}")
     return ProfilingEvaluator(result.model, make_launcher(args.executor, args.ray_address),
                               steps=args.profile_steps, warmup=args.profile_warmup,
                               timeout_s=args.profile_timeout, memory_cap_gib=args.memory_cap_gib,

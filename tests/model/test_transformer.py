@@ -120,9 +120,9 @@ def test_validation():
         Recompute("some")
     with pytest.raises(ValueError, match="full_layers=2 only applies to mode='full'"):
         Recompute("selective", full_layers=2)
-    moe = dataclasses.replace(SMALL, num_experts=8)
-    with pytest.raises(ValueError, match="is MoE"):
-        Transformer(moe)
+    mla = dataclasses.replace(SMALL, multi_latent_attention=True, num_query_groups=None)
+    with pytest.raises(NotImplementedError, match="multi-latent attention"):
+        Transformer(mla)
     with pytest.raises(ValueError, match="exceeds seq_length=32"):
         Transformer(SMALL)(tokens(seq=33))
 

@@ -1,5 +1,6 @@
 """Profiling jobs measure a layout for real, and every way a job can fail becomes a reason."""
 
+import dataclasses
 import math
 
 import pandas as pd
@@ -39,24 +40,40 @@ def test_job_measures_time_memory_and_loss():
 def test_job_runs_in_bf16_like_the_single_process_model(plan):
     """BF16 paths the fp32 equivalence tests cannot see: ring attention's BF16 K/V, the SP
     GEMMs that save the shard, BF16 pipeline messages."""
+    m = run_local(JobSpec(SMALL, plan, steps=1, warmup=0, timeout_s=120))
+    assert m.ok, m.reason
+    # the first step's loss (before any update) against the single-process model: 1.3e-5
+    # apart measured; attention that let tokens see the future would be 3e-4 apart
+    assert m.loss == pytest.approx(_first_loss(SMALL, plan), rel=1e-4)
+
+
+def _first_loss(spec, plan) -> float:
+    """The single-process model's loss on a job's first batch: same seed, same tokens (JobSpec
+    draws them from seed + 1), under BF16 autocast."""
     import torch
     import torch.nn.functional as F
 
     from autoparallel.model.transformer import Transformer
     from autoparallel.parallel.parallelize import policy_for
-    m = run_local(JobSpec(SMALL, plan, steps=1, warmup=0, timeout_s=120))
-    assert m.ok, m.reason
-    # the first step's loss (before any update) against the single-process model, same
-    # seed, same tokens (JobSpec draws them from seed + 1), both under BF16 autocast: 1.3e-5
-    # apart measured; attention that let tokens see the future would be 3e-4 apart
-    torch.manual_seed(0)
-    model = Transformer(SMALL, policy_for(plan))
-    tokens = torch.randint(0, SMALL.vocab_size, (8, SMALL.seq_length + 1),
+    model = Transformer(spec, policy_for(plan), seed=0)
+    tokens = torch.randint(0, spec.vocab_size, (plan.gbs, spec.seq_length + 1),
                            generator=torch.Generator().manual_seed(1))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(tokens[:, :-1])
-    ref = float(F.cross_entropy(logits.reshape(-1, SMALL.vocab_size), tokens[:, 1:].reshape(-1)))
-    assert m.loss == pytest.approx(ref, rel=1e-4)
+    return float(F.cross_entropy(logits.reshape(-1, spec.vocab_size), tokens[:, 1:].reshape(-1)))
+
+
+def test_moe_job_runs_expert_parallel_in_bf16():
+    """A MoE layout (experts over the two TP ranks, ep 2 x tp 2 with SP) through the job path:
+    BF16 rows in the gloo all-to-alls, the expert buffer and optimizer, the job's memory."""
+    moe = dataclasses.replace(SMALL, name="prof-moe", num_experts=4, moe_router_topk=2,
+                              moe_ffn_hidden_size=64, moe_shared_expert_intermediate_size=64)
+    plan = Plan(tp=2, pp=1, dp=1, ep=2, sp=True, gbs=8, mbs=4)
+    m = run_local(JobSpec(moe, plan, steps=1, warmup=0, timeout_s=120))
+    assert m.ok, m.reason
+    assert m.loss == pytest.approx(_first_loss(moe, plan), rel=1e-4)
+    for r in m.per_rank:
+        assert r["peak_bytes"] == r["saved_bytes"] + r["state_bytes"] > 0
 
 
 def test_unrunnable_plan_is_a_reason_not_an_exception():
