@@ -1,4 +1,4 @@
-"""Megatron-LM's own checks on every export of 20 searches (issue 13).
+"""Megatron-LM's own checks on every export of the searches below (issues 13 and 14).
 
 For each search (dense presets, every FP8 recipe, recompute, context parallelism, BF16 edge
 layers, fp16, GB200 trays) the top ``--top`` plans are exported as ``train.sh``; bash evaluates
@@ -28,6 +28,7 @@ import warnings
 from pathlib import Path
 
 from autoparallel import io
+from autoparallel.report import moe_export
 from autoparallel.report.launch import train_script
 from autoparallel.search import run as runs
 from autoparallel.space import load_space
@@ -57,6 +58,14 @@ SEARCHES = [
     ("llama3-8b", 12, "h100-sxm", {"gbs": 120}),
     ("llama3.1-405b", 1024, "h100-sxm", {}),  # 126 layers: embedding and loss counted as layers
     ("llama3-70b", 64, "gb200", {"fsdp": True, "cpu_offloading_num_layers": 20}),
+    # MoE (issue 14): expert parallel, expert TP, grouped GEMMs, shared experts, MLA, layouts
+    ("mixtral-8x7b", 64, "h100-sxm", {"ep": 8}),
+    ("mixtral-8x22b", 256, "b200", {"precision": "fp8-delayed", "etp": 2}),
+    ("qwen3-30b-a3b", 16, "h100-sxm", {"precision": "fp8-current"}),
+    ("qwen3-235b-a22b", 256, "gb200", {"ep": 32}),
+    ("deepseek-v3", 256, "b200", {"precision": "mxfp8"}),
+    ("deepseek-v3", 1024, "h100-sxm", {"pp": 8, "vp": 4}),  # 61 layers on 32 chunks: a flexible layout
+    ("gpt-oss-120b", 64, "h100-sxm", {}),
 ]
 ARCH = {"a100-sxm-80g": 8, "h100-sxm": 9, "h200": 9, "b200": 10, "gb200": 10, "gb300": 10}  # CUDA compute capability
 TE_VERSION = "2.9.0"  # the TransformerEngine megatron-core 0.15 is built against (its [dev] extra)
@@ -68,6 +77,8 @@ STUBS = (
     f"megatron.core.utils TransformerEngine version: {TE_VERSION} (TE is GPU-only and not installed)",
     "megatron.core.models.common.embeddings.rope_utils.fused_apply_rotary_pos_emb: a placeholder "
     "(the fused RoPE kernel comes from TE)",
+    "torch.cuda.get_device_capability (validate_args asks it for --moe-grouped-gemm): the hardware "
+    "preset's compute capability",
 )
 PLACEHOLDERS = {"MEGATRON_LM": "/megatron", "DATA_PATH": "/data/corpus_text_document",
                 "CHECKPOINT_DIR": "/checkpoints", "VOCAB_FILE": "/tokenizer/gpt2-vocab.json",
@@ -104,6 +115,8 @@ def load_megatron(root: Path):
     core_utils._te_version = Version(TE_VERSION)
     from megatron.core.models.common.embeddings import rope_utils
     rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None
+    import torch
+    torch.cuda.get_device_capability = lambda *a, **k: (_ARCH["value"], 0)
     from megatron.core import num_microbatches_calculator as microbatches
     from megatron.training import arguments
     return arguments, microbatches
@@ -173,6 +186,7 @@ def expected(model, plan) -> dict:
         "config.cpu_offloading": plan.cpu_offloading_num_layers > 0,
         "config.cpu_offloading_num_layers": plan.cpu_offloading_num_layers,
         "num_microbatches": plan.num_microbatches,
+        **{f"config.{key}": value for key, value in moe_export.config_keys(model, plan).items()},
     }
 
 
