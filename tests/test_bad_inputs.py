@@ -225,6 +225,8 @@ BAD_INPUTS = [
      "with tp pinned to 16: tp=16 crosses the 8-GPU NVLink domain"),
     (["search", "--model", "175b", "--gpus", "1024", "--pp", "7"], "with pp pinned to 7: tp*pp*cp=7 does not divide"),
     (["search", "--model", "llama2-7b", "--gpus", "8", "--ep", "2"], "with ep pinned to 2: ep>1 or etp>1 needs a MoE model"),
+    (["search", "--model", "mixtral-8x7b", "--gpus", "64", "--profile", "layer", "--no-save"],
+     "--profile layer times dense layers only; mixtral-8x7b is a mixture of experts: use --profile job"),
     (["search", "--model", "175b", "--gpus", "1024", "--precision", "fp8-delayed", "--fp8-bf16-edge-layers", "1"],
      "delayed scaling cannot keep first/last layers in BF16"),
     (["search", "--model", "175b", "--gpus", "7"], "the smallest mbs*dp is 7"),

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> None:
     if args.model is None or args.gpus is None:
         raise UserError("search needs --model and --gpus (or --resume RUN_DIR)")
     model, hw, gbs, space = inputs(args)
-    check_profiling(args, args.gpus)
+    check_profiling(args, args.gpus, model)
     fp8 = _fp8_check_first(args, model, space) if args.fp8_check else None
     if fp8:
         from autoparallel.fp8check.search_filter import restrict_space
