@@ -65,9 +65,10 @@ class CostModelEvaluator:
             return start, estimate_columns(self.model, self.hardware, chunk, self.memory_fraction)
 
         starts = range(0, len(rows), CHUNK_ROWS)
+        workers = min(len(starts), _cores())
         out: dict[str, np.ndarray] = {}
-        with ThreadPoolExecutor(min(len(starts), _cores())) as pool:
-            for start, metrics in pool.map(price, starts):
+        with ThreadPoolExecutor(max(workers, 1)) as pool:  # no thread starts for a single chunk
+            for start, metrics in (pool.map if workers > 1 else map)(price, starts):
                 for key, values in metrics.items():
                     if key not in out:
                         out[key] = np.full(n, False if values.dtype == bool else np.nan, dtype=values.dtype)
