@@ -52,8 +52,8 @@ def run(args: argparse.Namespace) -> None:
     if args.profile == "layer" or not (args.no_save or args.resume):
         run_folder.check_root(Path(args.results))  # run folders and layer_profiles.json go there
     if args.resume:
-        inputs_of_run = runs.load_inputs(Path(args.resume))[0]
-        check_profiling(args, int(inputs_of_run["gpus"]))
+        inputs_of_run, model_of_run = runs.load_inputs(Path(args.resume))[:2]
+        check_profiling(args, int(inputs_of_run["gpus"]), model_of_run)
         with trial_progress(None, args.json) as progress:
             result, run_dir = runs.resume(Path(args.resume), progress, keep_profiled=args.profile == "none")
         result = profile_search(result, args, shown, run_dir)

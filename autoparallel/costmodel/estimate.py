@@ -42,12 +42,11 @@ def gemm_efficiency(hw: HardwareSpec, gemm_flops):
     return eff.gemm_max / (1.0 + eff.gemm_half_gflop / np.maximum(gemm_flops / 1e9, 1e-9))
 
 
-def _gemm_peak(hw: HardwareSpec, precision, bf16_layer_fraction):
-    """Effective peak FLOP/s of the Linear GEMMs: FP8 layers at the FP8 peak, the rest BF16."""
+def _gemm_peak(hw: HardwareSpec, fp8_fraction):
+    """Effective peak FLOP/s of the Linear GEMMs: the FP8 share of the layers at the FP8 peak,
+    the rest BF16."""
     bf16 = hw.bf16_tflops * 1e12
     fp8 = (hw.fp8_tflops or hw.bf16_tflops) * 1e12 * hw.efficiency.fp8_gemm_relative
-    is_fp8 = np.isin(precision, list(FP8_CAST_BYTES))
-    fp8_fraction = np.where(is_fp8, 1.0 - bf16_layer_fraction, 0.0)
     # Harmonic mix: time adds, not speed.
     return 1.0 / (fp8_fraction / fp8 + (1.0 - fp8_fraction) / bf16)
 
@@ -117,7 +116,7 @@ def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.n
     fp8_layer_fraction = np.where(is_fp8, 1.0 - bf16_layer_fraction, 0.0)
 
     # --- one layer, one micro-batch, one GPU: what dense and MoE layers share ------------------
-    gemm_peak = _gemm_peak(hw, precision, bf16_layer_fraction)
+    gemm_peak = _gemm_peak(hw, fp8_layer_fraction)
     # MLA's down projections run whole on every TP rank, on its sequence-parallel share.
     mla_tokens = np.where(sp, tokens / t, tokens)
 

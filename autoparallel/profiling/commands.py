@@ -12,6 +12,7 @@ from pathlib import Path
 from autoparallel import io
 from autoparallel.argtypes import non_negative, positive, positive_number, positive_seconds
 from autoparallel.errors import UserError
+from autoparallel.specs.model import ModelSpec
 
 
 def _device_arg(p) -> None:
@@ -161,14 +162,7 @@ def _guard_world(launcher, world: int, what: str) -> None:
                         "(or use --executor ray with a cluster that has them)")
 
 
-def _check_layer_profiling(model) -> None:
-    """The layer profiler times a dense layer: for a MoE model it would measure the wrong thing."""
-    if model is not None and model.is_moe:
-        raise UserError(f"--profile layer times dense layers only; {model.name} is a mixture of experts: "
-                        "use --profile job")
-
-
-def check_profiling(args: argparse.Namespace, gpus: int, model=None) -> None:
+def check_profiling(args: argparse.Namespace, gpus: int, model: ModelSpec) -> None:
     """Refuse, before a search starts, ``--profile`` that cannot run: no torch, a corrupt layer
     profile store, layer profiles of a MoE ``model``, an unreachable Ray cluster, or jobs of
     ``gpus`` ranks on a machine (or cluster) with fewer."""
@@ -176,7 +170,9 @@ def check_profiling(args: argparse.Namespace, gpus: int, model=None) -> None:
         return
     _need_torch(f"--profile {args.profile}")
     if args.profile == "layer":
-        _check_layer_profiling(model)
+        if model.is_moe:  # the layer profiler times dense layers
+            raise UserError(f"--profile layer times dense layers only; {model.name} is a mixture of experts: "
+                            "use --profile job")
         from autoparallel.profiling.store import FILE_NAME, ProfileStore
         ProfileStore(Path(args.results) / FILE_NAME)
         return
@@ -243,7 +239,6 @@ def _evaluator(result, args: argparse.Namespace, console):
     """The evaluator ``--profile`` names, for the layouts ``profile_top`` hands it."""
     device = _checked_device(getattr(args, "device", "auto"))
     if args.profile == "layer":
-        _check_layer_profiling(result.model)
         from autoparallel.profiling.layer import LayerProfileEvaluator
         from autoparallel.profiling.store import FILE_NAME, ProfileStore
         return LayerProfileEvaluator(result.model, result.hardware, result.space.memory_fraction,
