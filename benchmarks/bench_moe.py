@@ -6,7 +6,8 @@
    25.11 summary: TP1 PP16 EP8 MBS1 GBS2048, MXFP8) and Qwen3-235B-A22B on 256 GB200 (TP1 PP8 VP3
    EP32 MBS1 GBS8192, BF16), the precision pinned to NVIDIA's.
 3. The wall time of ``search --model deepseek-v3 --gpus 1024`` in-process (generation + cost
-   model, no interpreter start-up, no run folder).
+   model, no interpreter start-up, no run folder), then of writing its run folder's
+   candidates.csv (every candidate), beside pandas' own ``to_csv`` of the same table.
 
     python benchmarks/bench_moe.py [--skip-speed]
 """
@@ -14,10 +15,13 @@
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+from pathlib import Path
 
 from autoparallel import io
 from autoparallel.costmodel.estimate import estimate_plan
+from autoparallel.report import run_folder
 from autoparallel.search import run
 from autoparallel.space import load_space
 from autoparallel.specs.plan import Plan
@@ -87,6 +91,21 @@ def search_speed() -> None:
     print("|---|---|---|---|")
     print(f"| deepseek-v3, 1024 x h100-sxm, GBS {model.global_batch_size} | {len(result.ranked):,} | "
           f"{len(result.feasible):,} | {best:.1f} |")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / run_folder.CANDIDATES
+        start = time.perf_counter()
+        run_folder.write_csv(path, result.ranked)
+        written = time.perf_counter() - start
+        size = path.stat().st_size
+        start = time.perf_counter()
+        expected = run_folder._with_integers(result.ranked.round(run_folder.FLOAT_DIGITS)).to_csv(
+            index=False, lineterminator="\n")
+        pandas_s = time.perf_counter() - start
+        same = path.read_text() == expected
+    print()
+    print("| candidates.csv | MB | write s | pandas to_csv s | same bytes |")
+    print("|---|---|---|---|---|")
+    print(f"| {len(result.ranked):,} rows | {size / 1e6:.0f} | {written:.1f} | {pandas_s:.1f} | {same} |")
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ what `search` and `estimate` print."""
 import io as stdio
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 from rich.console import Console
@@ -113,3 +114,23 @@ def test_estimate_compares_with_the_usable_limit(capsys):
                  "--cp", "2", "--precision", "fp8-delayed"]) == 0
     out = capsys.readouterr().out
     assert "GiB of 76.0 GiB usable (95% of 80 GiB)" in out and "MFU (BF16 peak)" in out
+
+
+def test_candidates_csv_is_what_pandas_writes(tmp_path, monkeypatch):
+    """The fast writer formats each column's distinct values once; its file must stay byte for
+    byte pandas' own (rounded floats, missing counts, quoted reasons), across piece boundaries."""
+    monkeypatch.setattr(run_folder, "CSV_ROWS_PER_PIECE", 2)
+    frame = pd.DataFrame({
+        "tp": [1, 2, 4, 8, 8],
+        "num_microbatches": [32.0, np.nan, 8.0, 1.0, 2.0],
+        "step_time_s": [1.23456789, np.nan, np.inf, -0.0, 1e17],
+        "tiny": [1e-5, 0.00004, 2.5e-7, 3.0, 12345.678912],
+        "fits": [True, False, True, False, False],
+        "reason": ["", 'out of memory: needs 80.2 GiB, limit 76.0 GiB', 'a "quoted" one', "two\nlines", None],
+        "pipeline_model_parallel_layout": ["Et*3|(tt|)*29m", "", "", "", ""],
+    })
+    run_folder.write_csv(tmp_path / "c.csv", frame)
+    expected = run_folder._with_integers(frame.round(run_folder.FLOAT_DIGITS)).to_csv(index=False, lineterminator="\n")
+    assert (tmp_path / "c.csv").read_text() == expected
+    run_folder.write_csv(tmp_path / "empty.csv", frame.iloc[:0])
+    assert (tmp_path / "empty.csv").read_text() == frame.iloc[:0].to_csv(index=False, lineterminator="\n")
