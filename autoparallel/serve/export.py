@@ -20,6 +20,14 @@ checked too. What each engine is told:
 
 ``trtllm-bench throughput`` reproduces the prediction: the same settings, offline at the
 predicted number of requests in flight.
+
+Placement: replica k takes GPUs k*tp*pp onwards, nodes of the hardware's ``gpus_per_node``
+filled in order (hosts written ``<node0>``, ``<node1>``, ...). A replica on one node gets its
+GPUs (``CUDA_VISIBLE_DEVICES``, SGLang ``--base-gpu-id``); one that spans nodes is launched as each
+engine documents multi-node serving: TensorRT-LLM under MPI (``mpirun ... trtllm-llmapi-launch
+trtllm-serve``, ``--gpus_per_node``), SGLang once per node (``--nnodes``, ``--node-rank``,
+``--dist-init-addr``), vLLM on the head of a Ray cluster over the nodes
+(``--distributed-executor-backend ray``, ``--data-parallel-backend ray``).
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from functools import lru_cache
 from autoparallel import io
 
 FLAGS_FILE = io.SEARCH_SPACES / "engine_flags.yaml"
-GPUS_PER_NODE = 8
+DIST_INIT_PORT = 20000  # SGLang's rendezvous on a replica's first node, one port per replica
 
 
 @lru_cache(maxsize=1)
@@ -84,15 +92,54 @@ def _in_flight(row) -> int:
     return int(row["max_batch"]) * int(row["pp"])
 
 
-def _gpus(replica: int, per_replica: int) -> str:
-    first = replica * per_replica
-    return ",".join(str(g % GPUS_PER_NODE) for g in range(first, first + per_replica))
+@dataclass(frozen=True)
+class Replica:
+    """Where one copy of the layout runs: ``slots[i]`` of its GPUs on node ``first_node + i``,
+    from local GPU ``first_gpu`` on the first."""
+
+    index: int
+    first_node: int
+    first_gpu: int
+    slots: tuple[int, ...]
+
+    @property
+    def hosts(self) -> list[str]:
+        return [f"<node{self.first_node + i}>" for i in range(len(self.slots))]
+
+    @property
+    def mpirun(self) -> str:
+        """The MPI launch of a replica over its nodes (TensorRT-LLM's multi-node serving)."""
+        hosts = ",".join(f"{host}:{n}" for host, n in zip(self.hosts, self.slots))
+        return f"mpirun -np {sum(self.slots)} -H {hosts}"
+
+    @property
+    def visible_devices(self) -> str:
+        return ",".join(str(g) for g in range(self.first_gpu, self.first_gpu + self.slots[0]))
 
 
-def vllm_serve(row, model_name: str, max_model_len: int, memory_fraction: float) -> Command:
+def placement(row, gpus_per_node: int) -> list[Replica]:
+    """The replicas of a layout, nodes filled in order."""
+    size = int(row["tp"]) * int(row["pp"])
+    out = []
+    for k in range(int(row["replicas"])):
+        node, local = divmod(k * size, gpus_per_node)
+        slots, left, free = [], size, gpus_per_node - local
+        while left:
+            slots.append(min(left, free))
+            left -= slots[-1]
+            free = gpus_per_node
+        out.append(Replica(k, node, local, tuple(slots)))
+    return out
+
+
+def vllm_serve(row, model_name: str, max_model_len: int, memory_fraction: float, gpus_per_node: int) -> Command:
     args = [("--tensor-parallel-size", str(int(row["tp"]))), ("--pipeline-parallel-size", str(int(row["pp"])))]
     if int(row["replicas"]) > 1:
         args.append(("--data-parallel-size", str(int(row["replicas"]))))
+    if int(row["tp"]) * int(row["pp"]) * int(row["replicas"]) > gpus_per_node:
+        args.append(("--distributed-executor-backend", "ray"))
+        if int(row["replicas"]) > 1:
+            args.append(("--data-parallel-backend", "ray"))
     args += [("--max-num-seqs", str(_in_flight(row))),
              ("--max-num-batched-tokens", str(int(row["max_num_tokens"]))),
              ("--enable-chunked-prefill", None),
@@ -105,22 +152,27 @@ def vllm_serve(row, model_name: str, max_model_len: int, memory_fraction: float)
     return Command("vllm serve", f"vllm serve <{model_name} checkpoint>", tuple(args))
 
 
-def trtllm_serve(row, model_name: str, max_model_len: int, memory_fraction: float) -> list[Command]:
-    per_replica = int(row["tp"]) * int(row["pp"])
+def trtllm_serve(row, model_name: str, max_model_len: int, memory_fraction: float,
+                 gpus_per_node: int) -> list[Command]:
+    program = f"trtllm-serve {_checkpoint(model_name, row['weight_precision'])}"
     out = []
-    for k in range(int(row["replicas"])):
+    for replica in placement(row, gpus_per_node):
         args = (("--backend", "pytorch"), ("--tp_size", str(int(row["tp"]))), ("--pp_size", str(int(row["pp"]))),
                 ("--max_batch_size", str(int(row["max_batch"]))),
                 ("--max_num_tokens", str(int(row["max_num_tokens"]))),
                 ("--max_seq_len", str(max_model_len)), ("--enable_chunked_prefill", None),
-                ("--kv_cache_free_gpu_memory_fraction", f"{memory_fraction:g}"), ("--port", str(8000 + k)))
-        out.append(Command("trtllm-serve", f"trtllm-serve {_checkpoint(model_name, row['weight_precision'])}", args,
-                           env=(("CUDA_VISIBLE_DEVICES", _gpus(k, per_replica)),)))
+                ("--kv_cache_free_gpu_memory_fraction", f"{memory_fraction:g}"), ("--port", str(8000 + replica.index)))
+        if len(replica.slots) == 1:
+            out.append(Command("trtllm-serve", program, args, env=(("CUDA_VISIBLE_DEVICES", replica.visible_devices),)))
+            continue
+        out.append(Command("trtllm-serve", f"{replica.mpirun} trtllm-llmapi-launch {program}",
+                           args + (("--gpus_per_node", str(gpus_per_node)),)))
     return out
 
 
-def trtllm_bench(row, model_name: str, max_model_len: int, memory_fraction: float) -> Command:
+def trtllm_bench(row, model_name: str, max_model_len: int, memory_fraction: float, gpus_per_node: int) -> Command:
     """The throughput benchmark of one replica at the predicted settings and requests in flight."""
+    replica = placement(row, gpus_per_node)[0]
     main = (("--model", f"<{model_name} HF name>"),
             ("--model_path", _checkpoint(model_name, row["weight_precision"])))
     sub = (("--backend", "pytorch"), ("--tp", str(int(row["tp"]))), ("--pp", str(int(row["pp"]))),
@@ -128,13 +180,15 @@ def trtllm_bench(row, model_name: str, max_model_len: int, memory_fraction: floa
            ("--max_seq_len", str(max_model_len)), ("--kv_cache_free_gpu_mem_fraction", f"{memory_fraction:g}"),
            ("--scheduler_policy", "guaranteed_no_evict"), ("--enable_chunked_context", None),
            ("--concurrency", str(int(round(row["concurrency"])))), ("--dataset", "<dataset.jsonl>"))
-    return Command("trtllm-bench", "trtllm-bench", main, "throughput", sub)
+    program = "trtllm-bench"
+    if len(replica.slots) > 1:
+        program = f"{replica.mpirun} trtllm-llmapi-launch trtllm-bench"
+    return Command("trtllm-bench", program, main, "throughput", sub)
 
 
-def sglang(row, model_name: str, max_model_len: int, memory_fraction: float) -> list[Command]:
-    per_replica = int(row["tp"]) * int(row["pp"])
+def sglang(row, model_name: str, max_model_len: int, memory_fraction: float, gpus_per_node: int) -> list[Command]:
     out = []
-    for k in range(int(row["replicas"])):
+    for replica in placement(row, gpus_per_node):
         args = [("--model-path", f"<{model_name} checkpoint>"), ("--tp-size", str(int(row["tp"]))),
                 ("--pp-size", str(int(row["pp"]))), ("--max-running-requests", str(_in_flight(row))),
                 ("--chunked-prefill-size", str(int(row["max_num_tokens"]))), ("--context-length", str(max_model_len)),
@@ -143,19 +197,40 @@ def sglang(row, model_name: str, max_model_len: int, memory_fraction: float) -> 
         if row["weight_precision"] == "fp8":
             args.append(("--quantization", "fp8"))
         args += [("--kv-cache-dtype", "fp8_e4m3" if row["kv_precision"] == "fp8" else "auto"),
-                 ("--base-gpu-id", str(k * per_replica % GPUS_PER_NODE)), ("--port", str(30000 + k))]
-        out.append(Command("sglang", "python -m sglang.launch_server", tuple(args)))
+                 ("--port", str(30000 + replica.index))]
+        if len(replica.slots) == 1:
+            out.append(Command("sglang", "python -m sglang.launch_server",
+                               (*args, ("--base-gpu-id", str(replica.first_gpu)))))
+            continue
+        rendezvous = f"{replica.hosts[0]}:{DIST_INIT_PORT + replica.index}"
+        for rank in range(len(replica.slots)):  # one command per node, run on that node
+            out.append(Command("sglang", "python -m sglang.launch_server", (
+                *args, ("--nnodes", str(len(replica.slots))), ("--node-rank", str(rank)),
+                ("--dist-init-addr", rendezvous))))
     return out
 
 
-def commands(row, model_name: str, max_model_len: int) -> dict[str, Command | list[Command]]:
+def commands(row, model_name: str, max_model_len: int, gpus_per_node: int = 8) -> dict[str, Command | list[Command]]:
     """Every engine's commands for one layout, with each engine's own KV memory share."""
     from autoparallel.serve.assumptions import load_engine
     share = {name: load_engine(name).kv_memory_fraction for name in ("vllm", "tensorrt-llm", "sglang")}
-    return {"vllm": vllm_serve(row, model_name, max_model_len, share["vllm"]),
-            "trtllm-serve": trtllm_serve(row, model_name, max_model_len, share["tensorrt-llm"]),
-            "trtllm-bench": trtllm_bench(row, model_name, max_model_len, share["tensorrt-llm"]),
-            "sglang": sglang(row, model_name, max_model_len, share["sglang"])}
+    return {"vllm": vllm_serve(row, model_name, max_model_len, share["vllm"], gpus_per_node),
+            "trtllm-serve": trtllm_serve(row, model_name, max_model_len, share["tensorrt-llm"], gpus_per_node),
+            "trtllm-bench": trtllm_bench(row, model_name, max_model_len, share["tensorrt-llm"], gpus_per_node),
+            "sglang": sglang(row, model_name, max_model_len, share["sglang"], gpus_per_node)}
+
+
+def placement_document(row, gpus_per_node: int) -> dict:
+    """Where the commands run (best.yaml): the nodes, each replica's hosts and GPUs, how vLLM
+    reaches more than one node."""
+    replicas = placement(row, gpus_per_node)
+    nodes = replicas[-1].first_node + len(replicas[-1].slots)
+    where = [f"{r.hosts[0]} GPUs {r.visible_devices}" if len(r.slots) == 1 else " + ".join(r.hosts) for r in replicas]
+    doc = {"nodes": nodes, "gpus_per_node": gpus_per_node, "replicas": where}
+    if nodes > 1:
+        doc["vllm"] = ("start a Ray cluster over the nodes (`ray start --head` on <node0>, `ray start --address "
+                       "<node0>:6379` on the others) and run the vllm command on <node0>")
+    return doc
 
 
 def best_document(result, row, rec: dict) -> dict:
@@ -176,7 +251,9 @@ def best_document(result, row, rec: dict) -> dict:
         "predicted": {k: rec[k] for k in rec if k not in ("config", "serving", "breakdown")},
         "serving": rec["serving"],
         "breakdown": rec["breakdown"],
-        "commands": {name: text(c) for name, c in commands(row, result.model.name, max_model_len).items()},
+        "placement": placement_document(row, result.hardware.gpus_per_node),
+        "commands": {name: text(c) for name, c in
+                     commands(row, result.model.name, max_model_len, result.hardware.gpus_per_node).items()},
         "note": (f"predicted for {result.engine.name} by autoparallel's serving cost model (constants fitted to "
                  "published measurements, search_spaces/inference_assumptions.yaml); the other engines' commands "
                  "set the same layout and limits. Confirm with the trtllm-bench command (or vLLM's / SGLang's "

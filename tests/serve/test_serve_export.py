@@ -15,6 +15,8 @@ LAYOUTS = [
      "kv_precision": "bf16", "concurrency": 256.0},
     {"tp": 2, "pp": 1, "replicas": 4, "max_batch": 64, "max_num_tokens": 512, "weight_precision": "fp16",
      "kv_precision": "fp8", "concurrency": 64.0},
+    {"tp": 8, "pp": 2, "replicas": 2, "max_batch": 32, "max_num_tokens": 2048, "weight_precision": "bf16",
+     "kv_precision": "bf16", "concurrency": 64.0},  # each replica on two 8-GPU nodes
 ]
 
 
@@ -79,3 +81,28 @@ def test_layout_reaches_each_engine():
 
 def test_flags_file_ships_with_the_package():
     assert export.FLAGS_FILE.is_file() and "search_spaces" in str(export.FLAGS_FILE)
+
+
+def test_replicas_are_placed_on_the_nodes_they_run_on():
+    """GPU indices are a node's own; a replica wider than a node is launched as each engine's
+    multi-node serving documents, never as GPU indices that repeat on one host."""
+    row = pd.Series({**LAYOUTS[1], "tp": 8, "pp": 2, "replicas": 2})  # 2 replicas x 16 GPUs on 8-GPU nodes
+    cmds = commands(row, "llama3.1-405b", 2304, gpus_per_node=8)
+    serve = [c.text() for c in cmds["trtllm-serve"]]
+    assert [s.split(" trtllm-llmapi-launch ")[0] for s in serve] == [
+        "mpirun -np 16 -H <node0>:8,<node1>:8", "mpirun -np 16 -H <node2>:8,<node3>:8"]
+    assert all("CUDA_VISIBLE_DEVICES" not in s and "--gpus_per_node 8" in s for s in serve)
+    assert cmds["trtllm-bench"].text().startswith("mpirun -np 16 -H <node0>:8,<node1>:8 trtllm-llmapi-launch")
+    sglang = [c.text() for c in cmds["sglang"]]
+    ranks = [(re.search(r"--dist-init-addr (\S+)", s)[1], re.search(r"--node-rank (\d)", s)[1]) for s in sglang]
+    assert ranks == [("<node0>:20000", "0"), ("<node0>:20000", "1"), ("<node2>:20001", "0"), ("<node2>:20001", "1")]
+    assert all("--nnodes 2" in s and "--base-gpu-id" not in s for s in sglang)
+    vllm = cmds["vllm"].text()
+    assert "--distributed-executor-backend ray" in vllm and "--data-parallel-backend ray" in vllm
+
+    on_gh200 = commands(pd.Series(LAYOUTS[0]), "llama3.1-70b", 2304, gpus_per_node=4)  # 4 replicas x 2 GPUs
+    gpus = [re.search(r"CUDA_VISIBLE_DEVICES=(\S+)", c.text())[1] for c in on_gh200["trtllm-serve"]]
+    assert gpus == ["0,1", "2,3", "0,1", "2,3"]
+    assert export.placement_document(pd.Series(LAYOUTS[0]), 4)["replicas"] == [
+        "<node0> GPUs 0,1", "<node0> GPUs 2,3", "<node1> GPUs 0,1", "<node1> GPUs 2,3"]
+    assert "vllm" not in export.placement_document(pd.Series(LAYOUTS[0]), 8)
