@@ -38,9 +38,16 @@ SLOW_WRITE = textwrap.dedent("""
 """)
 
 
+def _interruptible() -> None:
+    """A shell starts background jobs (`pytest ... &`, nohup) with SIGINT ignored, and Python
+    keeps an ignored SIGINT ignored: give the command Ctrl-C back, as a terminal would."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(args: list[str], script: str | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-c", script, *args] if script else [sys.executable, "-m", "autoparallel", *args]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_interruptible)
 
 
 def _wait_for(predicate, what: str, timeout: float = 90.0):
