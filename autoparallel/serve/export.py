@@ -103,6 +103,10 @@ class Replica:
     slots: tuple[int, ...]
 
     @property
+    def on_one_node(self) -> bool:
+        return len(self.slots) == 1
+
+    @property
     def hosts(self) -> list[str]:
         return [f"<node{self.first_node + i}>" for i in range(len(self.slots))]
 
@@ -132,11 +136,15 @@ def placement(row, gpus_per_node: int) -> list[Replica]:
     return out
 
 
+def node_count(replicas: list[Replica]) -> int:
+    return replicas[-1].first_node + len(replicas[-1].slots)
+
+
 def vllm_serve(row, model_name: str, max_model_len: int, memory_fraction: float, gpus_per_node: int) -> Command:
     args = [("--tensor-parallel-size", str(int(row["tp"]))), ("--pipeline-parallel-size", str(int(row["pp"])))]
     if int(row["replicas"]) > 1:
         args.append(("--data-parallel-size", str(int(row["replicas"]))))
-    if int(row["tp"]) * int(row["pp"]) * int(row["replicas"]) > gpus_per_node:
+    if node_count(placement(row, gpus_per_node)) > 1:
         args.append(("--distributed-executor-backend", "ray"))
         if int(row["replicas"]) > 1:
             args.append(("--data-parallel-backend", "ray"))
@@ -162,7 +170,7 @@ def trtllm_serve(row, model_name: str, max_model_len: int, memory_fraction: floa
                 ("--max_num_tokens", str(int(row["max_num_tokens"]))),
                 ("--max_seq_len", str(max_model_len)), ("--enable_chunked_prefill", None),
                 ("--kv_cache_free_gpu_memory_fraction", f"{memory_fraction:g}"), ("--port", str(8000 + replica.index)))
-        if len(replica.slots) == 1:
+        if replica.on_one_node:
             out.append(Command("trtllm-serve", program, args, env=(("CUDA_VISIBLE_DEVICES", replica.visible_devices),)))
             continue
         out.append(Command("trtllm-serve", f"{replica.mpirun} trtllm-llmapi-launch {program}",
@@ -181,7 +189,7 @@ def trtllm_bench(row, model_name: str, max_model_len: int, memory_fraction: floa
            ("--scheduler_policy", "guaranteed_no_evict"), ("--enable_chunked_context", None),
            ("--concurrency", str(int(round(row["concurrency"])))), ("--dataset", "<dataset.jsonl>"))
     program = "trtllm-bench"
-    if len(replica.slots) > 1:
+    if not replica.on_one_node:
         program = f"{replica.mpirun} trtllm-llmapi-launch trtllm-bench"
     return Command("trtllm-bench", program, main, "throughput", sub)
 
@@ -198,7 +206,7 @@ def sglang(row, model_name: str, max_model_len: int, memory_fraction: float, gpu
             args.append(("--quantization", "fp8"))
         args += [("--kv-cache-dtype", "fp8_e4m3" if row["kv_precision"] == "fp8" else "auto"),
                  ("--port", str(30000 + replica.index))]
-        if len(replica.slots) == 1:
+        if replica.on_one_node:
             out.append(Command("sglang", "python -m sglang.launch_server",
                                (*args, ("--base-gpu-id", str(replica.first_gpu)))))
             continue
@@ -224,8 +232,8 @@ def placement_document(row, gpus_per_node: int) -> dict:
     """Where the commands run (best.yaml): the nodes, each replica's hosts and GPUs, how vLLM
     reaches more than one node."""
     replicas = placement(row, gpus_per_node)
-    nodes = replicas[-1].first_node + len(replicas[-1].slots)
-    where = [f"{r.hosts[0]} GPUs {r.visible_devices}" if len(r.slots) == 1 else " + ".join(r.hosts) for r in replicas]
+    nodes = node_count(replicas)
+    where = [f"{r.hosts[0]} GPUs {r.visible_devices}" if r.on_one_node else " + ".join(r.hosts) for r in replicas]
     doc = {"nodes": nodes, "gpus_per_node": gpus_per_node, "replicas": where}
     if nodes > 1:
         doc["vllm"] = ("start a Ray cluster over the nodes (`ray start --head` on <node0>, `ray start --address "
