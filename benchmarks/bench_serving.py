@@ -36,6 +36,8 @@ SEARCHES = [  # (model, gpus, gpu, input, output, bounds, pins)
     ("llama3-8b", 1, "h100-sxm", 128, 128, {}, {}),
     ("llama3.1-405b", 16, "h100-sxm", 4096, 512, {"max_tpot_ms": 100.0}, {}),
     ("llama3.1-8b", 8, "h200", 20000, 1000, {"max_ttft_ms": 3000.0, "max_tpot_ms": 40.0}, {}),
+    ("mixtral-8x7b", 8, "h100-sxm", 2048, 256, {"max_tpot_ms": 50.0}, {}),  # MoE: expert parallel searched too
+    ("deepseek-v3", 8, "h200", 2048, 256, {"max_tpot_ms": 60.0}, {"weight_precision": "fp8"}),  # MoE + MLA
 ]
 
 
@@ -52,6 +54,8 @@ def accuracy(report: pd.DataFrame, ft: pd.DataFrame) -> None:
              ("  of which FP8", trt[(trt["engine"] == "tensorrt-llm") & (trt["weight_precision"] == "fp8")]),
              ("  of which FP16", trt[(trt["engine"] == "tensorrt-llm") & (trt["weight_precision"] == "fp16")]),
              ("TensorRT-LLM 0.10 (gptManagerBenchmark) in-flight, H100+H200", trt[trt["engine"] == "tensorrt-llm-0.10"]),
+             ("  of which Mixtral-8x7B (MoE)", trt[(trt["engine"] == "tensorrt-llm-0.10")
+                                                   & (trt["model"] == "Mixtral-8x7B")]),
              ("both releases together", trt)]
     for label, rows in cases:
         print(f"| {label} | {len(rows)} | {mean_abs(rows, 'error_pct'):.2f} | {mean_abs(rows, 'lomo_pct'):.2f} | "

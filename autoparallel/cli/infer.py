@@ -37,6 +37,9 @@ def add_parser(sub) -> None:
     g = i.add_argument_group("layout knobs (any given knob is pinned; tp, pp and max batch all pinned = one estimate)")
     g.add_argument("--tp", type=positive, help="pin tensor parallel size")
     g.add_argument("--pp", type=positive, help="pin pipeline parallel size")
+    g.add_argument("--expert-parallel", action=argparse.BooleanOptionalAction,
+                   help="MoE models: pin whole experts spread over the TP group (ep = tp) or, with --no-expert-parallel, "
+                        "a share of every expert on each GPU")
     g.add_argument("--max-batch", "--batch", dest="max_batch", type=positive,
                    help="pin requests in flight per micro-batch (vLLM --max-num-seqs, TensorRT-LLM max_batch_size)")
     g.add_argument("--max-num-tokens", type=positive, help="pin the tokens one iteration may process")
@@ -80,9 +83,11 @@ def run(args: argparse.Namespace) -> None:
     kp = parse_precision(args.kv_precision, "--kv-precision")
     if point:  # one layout: 16-bit weights and KV cache and the engine's token budget unless pinned
         wp, kp = wp or "bf16", kp or "bf16"
+        args.expert_parallel = bool(args.expert_parallel)
         args.max_num_tokens = args.max_num_tokens or engine.max_num_tokens
     space = load_space(args.space).pinned(tp=args.tp, pp=args.pp, max_batch=args.max_batch,
-                                          max_num_tokens=args.max_num_tokens, weight_precision=wp, kv_precision=kp)
+                                          max_num_tokens=args.max_num_tokens, weight_precision=wp, kv_precision=kp,
+                                          expert_parallel=args.expert_parallel)
     if point:
         space = space.pinned(tp_within_nvlink_domain=False)
         row = serve.estimate_point(model, hw, args.gpus, request, space, engine)

@@ -16,6 +16,26 @@ pipeline stage over ``tokens`` tokens costs, per layer and GPU (``stage_pass``):
   after another: the GEMMs (weights read vs. FLOPs: bandwidth-bound at small batch,
   compute-bound at large batch), the attention core (decode: KV reads; prefill: FLOPs) and the
   element-wise kernels add up;
+- **MoE layers** (Mixtral, Qwen3, DeepSeek-V3, ...): the routed experts are their own GEMMs.
+  Each GPU of the TP group holds a 1/tp share of every expert (TensorRT-LLM's default expert
+  tensor parallelism) or, with expert parallelism ``ep`` (= tp: vLLM's
+  ``--enable-expert-parallel``, TensorRT-LLM's ``--ep_size``, SGLang's ``--ep-size``), whole
+  experts, num_experts / ep of them. A pass over T tokens sends T·top-k token copies through the
+  experts, two grouped GEMMs (FC1 with the gate, FC2), each one kernel over every local expert
+  (TensorRT-LLM's MoE plugin, vLLM's and SGLang's fused_moe), priced at the GEMM efficiency of
+  its size (tile padding of experts with few rows is not modelled); under EP the busiest GPU
+  takes ``moe.load_imbalance`` times the even share (the spread fitted to the training runs).
+  Only the experts some token picks are read: with uniform routing a share
+  1 - (1 - top-k / num_experts)^T of them, so a small decode batch reads a few experts and a
+  large one reads them all. The expert outputs are summed by the TP all-reduce the layer has
+  anyway (as TensorRT-LLM's MoE plugin does under TP and EP alike). Inside one TP group EP
+  therefore never beats the split experts; what EP gains in the engines comes from all-to-all
+  dispatch and wide EP with data-parallel attention across nodes, which are not modelled.
+- **Multi-latent attention** (DeepSeek-V3, Kimi-K2): the engines cache the compressed latent
+  (kv_lora_rank + the rotary key, 576 values per token and layer for DeepSeek-V3), whole on
+  every TP rank, and decode with the up projections absorbed into the query and output (each
+  head attends over the latent: 2·(2·kv_lora_rank + rope dims) FLOPs per cached token);
+  prefill attends per head at qk_head_dim + rope dims and v_head_dim.
 - **TP**: two all-reduces of the layer output per layer, priced by ``comm.all_reduce_time`` plus
   a fitted per-call latency floor (small inference messages never reach bus bandwidth), higher
   when the group leaves the NVLink domain;
@@ -52,7 +72,7 @@ from typing import Literal
 
 import numpy as np
 
-from autoparallel.costmodel import comm
+from autoparallel.costmodel import comm, moe
 from autoparallel.costmodel.memory import GIB
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
@@ -159,7 +179,12 @@ def precision_bytes(names) -> np.ndarray:
 
 
 def kv_bytes_per_token(model: ModelSpec, layers, tp, kv_bytes):
-    """K and V of one token on one GPU: 2 · layers · local KV heads · head_dim · bytes."""
+    """K and V of one token on one GPU: 2 · layers · local KV heads · head_dim · bytes (MLA: the
+    latent and the rotary key, layers · (kv_lora_rank + qk_pos_emb_head_dim) · bytes, on every
+    TP rank)."""
+    if model.multi_latent_attention:
+        latent = model.kv_lora_rank + model.qk_pos_emb_head_dim
+        return layers * latent * kv_bytes * np.ones_like(np.asarray(tp, dtype=float))
     local_heads = np.maximum(model.query_groups / np.asarray(tp, dtype=float), 1.0)
     return 2.0 * layers * local_heads * model.head_dim * kv_bytes
 
@@ -206,6 +231,7 @@ class Layout:
     pp: np.ndarray
     weight_bytes: np.ndarray  # per weight element
     kv_bytes: np.ndarray  # per KV element
+    ep: np.ndarray  # expert parallel size inside the TP group (1: every GPU holds a share of every expert)
 
     @property
     def stage_layers(self) -> np.ndarray:
@@ -236,9 +262,31 @@ class Layout:
 
 
 def layout(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency, tp, pp,
-           weight_precision, kv_precision) -> Layout:
-    return Layout(model, hw, eff, np.asarray(tp, dtype=float), np.asarray(pp, dtype=float),
-                  precision_bytes(weight_precision), precision_bytes(kv_precision))
+           weight_precision, kv_precision, ep=1) -> Layout:
+    tp = np.asarray(tp, dtype=float)
+    return Layout(model, hw, eff, tp, np.asarray(pp, dtype=float), precision_bytes(weight_precision),
+                  precision_bytes(kv_precision), np.broadcast_to(np.asarray(ep, dtype=float), tp.shape))
+
+
+def _gemm_time(lay: Layout, flops, gemm_flops, peak):
+    """``flops`` of GEMMs each of ``gemm_flops``, at the size-dependent share of ``peak``."""
+    eff = lay.eff
+    gemm_gflop = np.maximum(gemm_flops / 1e9, 1e-12)
+    return flops / (peak * eff.gemm_max / (1.0 + eff.gemm_half_gflop / gemm_gflop))
+
+
+def routed_experts(lay: Layout, tokens, gemm_peak, hbm) -> tuple[np.ndarray, np.ndarray]:
+    """(GEMM time, weight-read time) of the routed experts of one MoE layer on one GPU for a pass
+    over ``tokens`` tokens (zeros for a dense model)."""
+    model, t, ep = lay.model, lay.tp, lay.ep
+    if not model.is_moe:
+        return np.zeros_like(t), np.zeros_like(t)
+    experts, k = float(model.num_experts), float(model.moe_router_topk)
+    tokens = np.asarray(tokens, dtype=float)
+    flops = 2.0 * tokens * k * model.expert_params / t * moe.load_imbalance(lay.hw, model, ep)
+    picked = 1.0 - (1.0 - k / experts) ** tokens  # share of the experts some token routes to
+    read = picked * experts * model.expert_params / t * lay.weight_bytes / hbm
+    return _gemm_time(lay, flops, flops / 2.0, gemm_peak), read
 
 
 def stage_pass(lay: Layout, tokens, sampled, attn_flops, attn_bytes) -> dict[str, np.ndarray]:
@@ -257,25 +305,31 @@ def stage_pass(lay: Layout, tokens, sampled, attn_flops, attn_bytes) -> dict[str
     hbm = hw.hbm_tbps * 1e12 * eff.hbm
     k = eff.roofline_sharpness
 
-    lin_flops = 2.0 * model.active_layer_params / t * tokens
-    gemm_gflop = np.maximum(lin_flops / GEMMS_PER_LAYER / 1e9, 1e-12)
-    t_lin = lin_flops / (gemm_peak * eff.gemm_max / (1.0 + eff.gemm_half_gflop / gemm_gflop))
+    # Per layer, averaged over the layers: the routed experts apart (a share ``moe_share`` of the
+    # layers are MoE layers), everything else as one set of GEMMs.
+    moe_share = model.num_moe_layers / model.num_layers
+    routed = model.num_experts * model.expert_params if model.is_moe else 0
+    active_routed = model.moe_router_topk * model.expert_params if model.is_moe else 0
+    lin_flops = 2.0 * (model.active_layer_params - moe_share * active_routed) / t * tokens
+    t_lin = _gemm_time(lay, lin_flops, lin_flops / GEMMS_PER_LAYER, gemm_peak)
+    t_experts, expert_read = routed_experts(lay, tokens, gemm_peak, hbm)
     # Attention runs on the KV cache's precision: an FP8 cache is read by FP8 attention kernels
     # (TensorRT-LLM's FP8 context FMHA and XQA), at the FP8 peak.
     attn_peak = np.where(lay.kv_bytes == 1.0, (hw.fp8_tflops or hw.bf16_tflops) * 1e12, peak16)
     t_attn = attn_flops / (attn_peak * eff.attention)
-    weight_read = model.layer_params / t * lay.weight_bytes / hbm
+    weight_read = (model.layer_params - moe_share * routed) / t * lay.weight_bytes / hbm
     attn_read = attn_bytes / hbm
     elementwise = eff.elementwise_bytes_per_token_hidden * tokens * h / hbm
-    mem = weight_read + attn_read + elementwise
-    compute = t_lin + t_attn
+    mem = weight_read + moe_share * expert_read + attn_read + elementwise
+    compute = t_lin + moe_share * t_experts + t_attn
     ar_floor = np.where(t > 1, np.where(t > hw.nvlink_domain, eff.internode_allreduce_latency_us,
                                         eff.allreduce_latency_us), 0.0) * 1e-6
     per_node = comm.ranks_per_domain(hw, t, 1)
     ar = 2.0 * (comm.all_reduce_time(hw, ACT_BYTES * tokens * h, t, per_node) + ar_floor)
     overhead = eff.layer_overhead_us * 1e-6
     # Each kernel is bound by its own FLOPs or bytes; the kernels run one after another.
-    layer = _soft_max(t_lin, weight_read, k) + _soft_max(t_attn, attn_read, k) + elementwise + ar + overhead
+    layer = (_soft_max(t_lin, weight_read, k) + moe_share * _soft_max(t_experts, expert_read, k)
+             + _soft_max(t_attn, attn_read, k) + elementwise + ar + overhead)
     # Output layer on the last stage: logits of the sampled positions.
     out_compute = 2.0 * sampled * h * V / t / (peak16 * eff.gemm_max)
     out_mem = (h * V / t * ACT_BYTES) / hbm
@@ -297,7 +351,7 @@ def pipeline_hop(lay: Layout, tokens) -> np.ndarray:
 def prefill_attention(lay: Layout, sequences, prompt, flash: bool = True):
     """Causal attention over whole prompts: (FLOPs, HBM bytes) of one layer on one GPU."""
     m = lay.model
-    flops = 0.5 * 4.0 * sequences * prompt * prompt * m.num_attention_heads * m.head_dim / lay.tp
+    flops = 0.5 * 2.0 * sequences * prompt * prompt * m.num_attention_heads * (m.qk_dim + m.v_dim) / lay.tp
     scores = 0.0 if flash else SCORE_TRIPS * ACT_BYTES * sequences * prompt * prompt * m.num_attention_heads / lay.tp
     return flops, scores
 
@@ -305,7 +359,10 @@ def prefill_attention(lay: Layout, sequences, prompt, flash: bool = True):
 def decode_attention(lay: Layout, sequences, context):
     """One new token per sequence attending to ``context`` cached tokens: (FLOPs, KV bytes)."""
     m = lay.model
-    flops = 4.0 * sequences * context * m.num_attention_heads * m.head_dim / lay.tp
+    # Per head and cached token: q·k and p·v (MLA, absorbed: both over the latent, q·k also over the rotary key).
+    per_head = (2.0 * (2 * m.kv_lora_rank + m.qk_pos_emb_head_dim) if m.multi_latent_attention
+                else 2.0 * (m.qk_dim + m.v_dim))
+    flops = sequences * context * m.num_attention_heads * per_head / lay.tp
     return flops, sequences * context * kv_bytes_per_token(m, 1, lay.tp, lay.kv_bytes)
 
 
@@ -314,7 +371,8 @@ def estimate_static_columns(model: ModelSpec, hw: HardwareSpec, eff: InferenceEf
                             prefill_chunk_tokens: float | np.ndarray = np.inf,
                             decode_steps=None, microbatching: str = "even",
                             flash_attention: bool = True) -> dict[str, np.ndarray]:
-    """Predict static-batching layouts (``STATIC_COLUMNS`` -> arrays). Returns ``OUTPUT_KEYS``.
+    """Predict static-batching layouts (``STATIC_COLUMNS`` -> arrays, and optionally ``ep``, the
+    expert parallel size of a MoE model). Returns ``OUTPUT_KEYS``.
 
     ``decode_steps``: decode passes that follow the prefill (default ``output_len - 1``: the
     prefill yields the first token). ``flash_attention=False`` prices an unfused prefill
@@ -324,7 +382,8 @@ def estimate_static_columns(model: ModelSpec, hw: HardwareSpec, eff: InferenceEf
     """
     f64 = lambda k: np.asarray(cols[k], dtype=float)  # noqa: E731
     b, s_in, s_out = f64("batch"), f64("input_len"), f64("output_len")
-    lay = layout(model, hw, eff, cols["tp"], cols["pp"], cols["weight_precision"], cols["kv_precision"])
+    lay = layout(model, hw, eff, cols["tp"], cols["pp"], cols["weight_precision"], cols["kv_precision"],
+                 cols["ep"] if "ep" in cols else 1)
     p = lay.pp
     steps = np.maximum(s_out - 1.0, 0.0) if decode_steps is None else np.asarray(decode_steps, float)
     pass_us = eff.pass_overhead_us * 1e-6

@@ -56,7 +56,8 @@ from autoparallel.specs.model import ModelSpec
 INFLIGHT_COLUMNS = ("tp", "pp", "max_batch", "max_num_tokens", "input_len", "output_len",
                     "weight_precision", "kv_precision")
 #: Optional columns: ``max_model_len`` (default input + output: the engine refuses to start
-#: unless one such sequence fits in the KV pool) and ``request_rate`` (requests/s per replica).
+#: unless one such sequence fits in the KV pool), ``request_rate`` (requests/s per replica) and
+#: ``ep`` (expert parallel size of a MoE model, default 1).
 INFLIGHT_KEYS = ("concurrency", "kv_capacity_requests", "decode_batch", "prefill_tokens_per_iteration",
                  "capacity_requests_per_s", "overloaded")
 _FIXED_POINT_STEPS = 8
@@ -91,7 +92,8 @@ def estimate_inflight_columns(model: ModelSpec, hw: HardwareSpec, eff: Inference
     n = np.broadcast_shapes(s_in.shape, max_batch.shape, np.shape(cols["tp"]))
     model_len = f64("max_model_len") if "max_model_len" in cols else s_in + s_out
     rate = f64("request_rate") if "request_rate" in cols else np.full(n, np.nan)
-    lay = layout(model, hw, eff, cols["tp"], cols["pp"], cols["weight_precision"], cols["kv_precision"])
+    lay = layout(model, hw, eff, cols["tp"], cols["pp"], cols["weight_precision"], cols["kv_precision"],
+                 cols["ep"] if "ep" in cols else 1)
     pp = lay.pp
 
     # --- KV pool and requests in flight ----------------------------------------------------

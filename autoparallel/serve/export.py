@@ -7,7 +7,10 @@ checked too. What each engine is told:
 
 - the layout: TP, PP, and ``replicas`` copies of it (vLLM: one server with
   ``--data-parallel-size``; TensorRT-LLM and SGLang: one server per replica on its own GPUs and
-  port, behind a load balancer);
+  port, behind a load balancer); a MoE layout's expert parallelism (ep = tp: vLLM
+  ``--enable-expert-parallel``, TensorRT-LLM ``--ep_size`` / ``--ep``, SGLang ``--ep-size``).
+  vLLM spreads experts over TP x DP, so an expert-parallel layout with replicas runs one vLLM
+  server per replica, as the other engines do;
 - the scheduler: requests in flight (TensorRT-LLM ``--max_batch_size`` per pipeline micro-batch;
   vLLM ``--max-num-seqs`` and SGLang ``--max-running-requests`` for the whole server, so ``pp``
   times that), the iteration token budget (``--max-num-batched-tokens``,
@@ -86,6 +89,12 @@ def _checkpoint(model_name: str, weight_precision: str) -> str:
     return f"<{model_name} FP8 checkpoint>" if weight_precision == "fp8" else f"<{model_name} checkpoint>"
 
 
+def _ep(row) -> int:
+    """The layout's expert parallel size (1 where the row predates the column)."""
+    ep = row.get("ep", 1)
+    return 1 if ep is None or ep != ep else int(ep)
+
+
 def _in_flight(row) -> int:
     """vLLM's max_num_seqs and SGLang's max_running_requests cap the running requests of the
     whole server; TensorRT-LLM's max_batch_size caps each of the ``pp`` micro-batches."""
@@ -140,13 +149,32 @@ def node_count(replicas: list[Replica]) -> int:
     return replicas[-1].first_node + len(replicas[-1].slots)
 
 
-def vllm_serve(row, model_name: str, max_model_len: int, memory_fraction: float, gpus_per_node: int) -> Command:
+def vllm_serve(row, model_name: str, max_model_len: int, memory_fraction: float,
+               gpus_per_node: int) -> Command | list[Command]:
+    """One server for every replica (``--data-parallel-size``) or, for an expert-parallel layout
+    with replicas, one per replica (vLLM's EP would otherwise span the replicas)."""
+    replicas = placement(row, gpus_per_node)
+    if _ep(row) == 1 or len(replicas) == 1:
+        return Command("vllm serve", f"vllm serve <{model_name} checkpoint>",
+                       _vllm_args(row, max_model_len, memory_fraction, replicas))
+    out = []
+    for r in replicas:
+        args = (*_vllm_args(row, max_model_len, memory_fraction, [r]), ("--port", str(8000 + r.index)))
+        env = (("CUDA_VISIBLE_DEVICES", r.visible_devices),) if r.on_one_node else ()
+        out.append(Command("vllm serve", f"vllm serve <{model_name} checkpoint>", args, env=env))
+    return out
+
+
+def _vllm_args(row, max_model_len: int, memory_fraction: float, replicas: list[Replica]) -> tuple:
+    """The arguments of one vLLM server running ``replicas`` (data parallel when more than one)."""
     args = [("--tensor-parallel-size", str(int(row["tp"]))), ("--pipeline-parallel-size", str(int(row["pp"])))]
-    if int(row["replicas"]) > 1:
-        args.append(("--data-parallel-size", str(int(row["replicas"]))))
-    if node_count(placement(row, gpus_per_node)) > 1:
+    if len(replicas) > 1:
+        args.append(("--data-parallel-size", str(len(replicas))))
+    if _ep(row) > 1:
+        args.append(("--enable-expert-parallel", None))
+    if node_count(replicas) - replicas[0].first_node > 1:  # the nodes these replicas span
         args.append(("--distributed-executor-backend", "ray"))
-        if int(row["replicas"]) > 1:
+        if len(replicas) > 1:
             args.append(("--data-parallel-backend", "ray"))
     args += [("--max-num-seqs", str(_in_flight(row))),
              ("--max-num-batched-tokens", str(int(row["max_num_tokens"]))),
@@ -157,7 +185,7 @@ def vllm_serve(row, model_name: str, max_model_len: int, memory_fraction: float,
     if row["weight_precision"] == "fp8":
         args.append(("--quantization", "fp8"))
     args.append(("--kv-cache-dtype", "fp8" if row["kv_precision"] == "fp8" else "auto"))
-    return Command("vllm serve", f"vllm serve <{model_name} checkpoint>", tuple(args))
+    return tuple(args)
 
 
 def trtllm_serve(row, model_name: str, max_model_len: int, memory_fraction: float,
@@ -166,6 +194,7 @@ def trtllm_serve(row, model_name: str, max_model_len: int, memory_fraction: floa
     out = []
     for replica in placement(row, gpus_per_node):
         args = (("--backend", "pytorch"), ("--tp_size", str(int(row["tp"]))), ("--pp_size", str(int(row["pp"]))),
+                *((("--ep_size", str(_ep(row))),) if _ep(row) > 1 else ()),
                 ("--max_batch_size", str(int(row["max_batch"]))),
                 ("--max_num_tokens", str(int(row["max_num_tokens"]))),
                 ("--max_seq_len", str(max_model_len)), ("--enable_chunked_prefill", None),
@@ -184,6 +213,7 @@ def trtllm_bench(row, model_name: str, max_model_len: int, memory_fraction: floa
     main = (("--model", f"<{model_name} HF name>"),
             ("--model_path", _checkpoint(model_name, row["weight_precision"])))
     sub = (("--backend", "pytorch"), ("--tp", str(int(row["tp"]))), ("--pp", str(int(row["pp"]))),
+           *((("--ep", str(_ep(row))),) if _ep(row) > 1 else ()),
            ("--max_batch_size", str(int(row["max_batch"]))), ("--max_num_tokens", str(int(row["max_num_tokens"]))),
            ("--max_seq_len", str(max_model_len)), ("--kv_cache_free_gpu_mem_fraction", f"{memory_fraction:g}"),
            ("--scheduler_policy", "guaranteed_no_evict"), ("--enable_chunked_context", None),
@@ -198,7 +228,8 @@ def sglang(row, model_name: str, max_model_len: int, memory_fraction: float, gpu
     out = []
     for replica in placement(row, gpus_per_node):
         args = [("--model-path", f"<{model_name} checkpoint>"), ("--tp-size", str(int(row["tp"]))),
-                ("--pp-size", str(int(row["pp"]))), ("--max-running-requests", str(_in_flight(row))),
+                ("--pp-size", str(int(row["pp"]))), *((("--ep-size", str(_ep(row))),) if _ep(row) > 1 else ()),
+                ("--max-running-requests", str(_in_flight(row))),
                 ("--chunked-prefill-size", str(int(row["max_num_tokens"]))), ("--context-length", str(max_model_len)),
                 ("--mem-fraction-static", f"{memory_fraction:g}"),
                 ("--dtype", "float16" if row["weight_precision"] == "fp16" else "bfloat16")]

@@ -9,7 +9,7 @@ Two CSVs (package data, copies of ``../shared/data``), read as the assumptions Y
   (offline max throughput, output tokens/s of one TP group) by release, each with the engine
   that ran it and the max batch / max tokens the benchmark built the engine with. Every other
   row of that file is kept with the reason it is not predicted (static-batching tables, TTFT-only
-  tables, NeMo / vLLM rows without input and output lengths, MoE models), so the report
+  tables, NeMo / vLLM rows without input and output lengths), so the report
   accounts for every row.
 
 A ``Measured`` set holds one engine's rows: ``frame`` has the layout columns the cost model
@@ -141,7 +141,6 @@ def load_serving_runs(path: Path | None = None) -> list[Measured]:
         reason[rows["weight_precision"] == ""] = "precision not mapped"
         reason[rows["hardware"] == ""] = "GPU without a hardware preset"
         reason[~rows["model"].isin(shapes)] = "no model shape"
-        reason[rows["model"].isin(a.get("moe_models") or [])] = "MoE serving not modelled yet"
         rows["reason"] = reason
         settings = [_settings(entry, m, int(t), int(i + o)) if r == "" else {"max_batch": np.nan, "max_num_tokens": np.nan}
                     for m, t, i, o, r in zip(rows["model"], rows["tp"], rows["input_len"], rows["output_len"], reason)]

@@ -6,9 +6,9 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-INTEGERS = ("rank", "tp", "pp", "replicas", "max_batch", "max_num_tokens", "concurrency")
+INTEGERS = ("rank", "tp", "pp", "ep", "replicas", "max_batch", "max_num_tokens", "concurrency")
 COLUMNS = (
-    ("rank", "#", "{}"), ("tp", "TP", "{}"), ("pp", "PP", "{}"), ("replicas", "replicas", "{}"),
+    ("rank", "#", "{}"), ("tp", "TP", "{}"), ("pp", "PP", "{}"), ("ep", "EP", "{}"), ("replicas", "replicas", "{}"),
     ("max_batch", "max batch", "{}"), ("max_num_tokens", "max tokens", "{}"),
     ("weight_precision", "weights", "{}"), ("kv_precision", "KV", "{}"),
     ("concurrency", "in flight", "{:,}"),

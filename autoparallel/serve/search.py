@@ -8,7 +8,7 @@ and e2e grow with the batch). Every candidate is priced at once by the engine's 
 batching); those that break a rule, do not fit, cannot sustain the request rate or miss a bound
 stay in the table with the reason. The feasible ones are ranked by output tokens/s per GPU (the
 whole deployment: ``replicas = gpus / (tp * pp)`` independent servers), ties broken by the lower
-TPOT. ``pareto`` marks the candidates no other fitting candidate beats on both throughput per
+TPOT, then the smaller TP, PP and EP. ``pareto`` marks the candidates no other fitting candidate beats on both throughput per
 GPU and TPOT: the trade-off a tighter or looser TPOT bound moves along.
 
 Load: by default offline (unbounded arrival: every replica's running batch stays full, the
@@ -39,7 +39,7 @@ from autoparallel.specs.model import ModelSpec
 BOUNDS = (("ttft", "max_ttft_ms", "ttft_ms"), ("tpot", "max_tpot_ms", "tpot_ms"), ("e2e", "max_e2e_ms", "latency_ms"))
 POINT_KEYS = ("ttft_ms", "tpot_ms", "latency_ms", "output_tokens_per_s", "output_tokens_per_s_per_gpu",
               "fits", "memory_per_gpu_gib")
-LAYOUT = ("tp", "pp", "replicas", "max_batch", "max_num_tokens", "weight_precision", "kv_precision")
+LAYOUT = ("tp", "pp", "ep", "replicas", "max_batch", "max_num_tokens", "weight_precision", "kv_precision")
 SERVING = ("concurrency", "kv_capacity_requests", "decode_batch", "prefill_tokens_per_iteration",
            "capacity_requests_per_s")
 MEMORY = ("weights_gib", "kv_cache_gib", "activations_gib", "reserve_gib")
@@ -136,7 +136,7 @@ def record(row) -> dict:
 
 def _estimate(model, hw, eff, engine: ServingEngine, request: Request, frame: pd.DataFrame) -> dict[str, np.ndarray]:
     n = len(frame)
-    cols = {k: frame[k].to_numpy() for k in ("tp", "pp", "max_batch", "max_num_tokens", "weight_precision",
+    cols = {k: frame[k].to_numpy() for k in ("tp", "pp", "ep", "max_batch", "max_num_tokens", "weight_precision",
                                              "kv_precision")}
     cols["input_len"] = np.full(n, request.input_len)
     cols["output_len"] = np.full(n, request.output_len)
@@ -271,8 +271,8 @@ def evaluate(model: ModelSpec, hw: HardwareSpec, gpus: int, request: Request, sp
     rejected = frame[frame["reason"] != ""].assign(fits=False, overloaded=False, meets_bounds=False,
                                                    feasible=False, pareto=False)
     out = pd.concat([valid, rejected], ignore_index=True)
-    out = out.sort_values(["feasible", "output_tokens_per_s_per_gpu", "tpot_ms", "tp", "pp"],
-                          ascending=[False, False, True, True, True], na_position="last", ignore_index=True)
+    out = out.sort_values(["feasible", "output_tokens_per_s_per_gpu", "tpot_ms", "tp", "pp", "ep"],
+                          ascending=[False, False, True, True, True, True], na_position="last", ignore_index=True)
     out.insert(0, "rank", pd.array(np.where(out["feasible"], np.arange(1, len(out) + 1), 0), dtype="Int64"))
     out.loc[~out["feasible"], "rank"] = pd.NA
     return out
@@ -360,7 +360,8 @@ def estimate_point(model: ModelSpec, hw: HardwareSpec, gpus: int, request: Reque
 
 def point_title(model: ModelSpec, hw: HardwareSpec, gpus: int, request: Request, row: pd.Series) -> str:
     state = "fits" if row["fits"] else "DOES NOT FIT"
-    return (f"{model.name} on {gpus} x {hw.name}: TP{int(row['tp'])} PP{int(row['pp'])} x {int(row['replicas'])} "
+    ep = f" EP{int(row['ep'])}" if int(row["ep"]) > 1 else ""
+    return (f"{model.name} on {gpus} x {hw.name}: TP{int(row['tp'])} PP{int(row['pp'])}{ep} x {int(row['replicas'])} "
             f"replicas, max batch {int(row['max_batch'])}, max tokens {int(row['max_num_tokens'])}, weights "
             f"{row['weight_precision']}, KV {row['kv_precision']}, input {request.input_len} / output "
             f"{request.output_len}: {state}")

@@ -1,4 +1,4 @@
-"""The serving search space and its candidates: TP x PP x precisions x max batch x max tokens.
+"""The serving search space and its candidates: TP x PP x EP x precisions x max batch x max tokens.
 
 Rules (vLLM's and TensorRT-LLM's own): ``tp * pp`` divides the GPUs (the rest are replicas);
 attention heads divisible by ``tp``; KV heads divisible by ``tp`` or, when ``tp`` exceeds them,
@@ -6,6 +6,12 @@ dividing it (each KV head is then replicated); ``pp`` at most the layer count (u
 are allowed, the fullest stage is priced); FP8 weights need FP8 tensor cores (an FP8 KV cache
 is storage only and runs anywhere); without chunked prefill a whole prompt must fit in one
 iteration (``max_num_tokens >= input_len``); heuristic: TP stays inside the NVLink domain.
+
+Expert parallelism (MoE models only): ``expert_parallel`` puts whole experts on the GPUs of the TP
+group, ``ep = tp`` of them sharing the experts (which ``tp`` must divide), instead of a 1/tp share
+of every expert. Only ``ep = tp`` is searched: it is what vLLM's ``--enable-expert-parallel``
+does, and TensorRT-LLM (``--ep_size``) and SGLang (``--ep-size``) take it too, so every engine's
+export can express the winner. At ``tp = 1`` the two are the same layout, kept once.
 """
 
 from __future__ import annotations
@@ -24,8 +30,8 @@ from autoparallel.io import from_dict, read_yaml, resolve_preset
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 
-STRUCTURE = ("tp", "pp", "weight_precision", "kv_precision", "max_num_tokens")
-PINNABLE = ("tp", "pp", "max_batch", "max_num_tokens", "weight_precision", "kv_precision")
+STRUCTURE = ("tp", "pp", "expert_parallel", "weight_precision", "kv_precision", "max_num_tokens")
+PINNABLE = ("tp", "pp", "expert_parallel", "max_batch", "max_num_tokens", "weight_precision", "kv_precision")
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,7 @@ class InferenceSpace:
     add_max_batch: bool = True
     weight_precision: tuple[str, ...] = ("bf16",)
     kv_precision: tuple[str, ...] = ("bf16",)
+    expert_parallel: tuple[bool, ...] = (False,)  # MoE: experts whole over the TP group (ep = tp)
     tp_within_nvlink_domain: bool = True
 
     def __post_init__(self) -> None:
@@ -48,6 +55,8 @@ class InferenceSpace:
             bad = sorted(set(getattr(self, name)) - set(PRECISIONS))
             if bad or not getattr(self, name):
                 raise ValueError(f"{name} {bad or '[]'} is not a non-empty list of {', '.join(PRECISIONS)}")
+        if not self.expert_parallel or any(not isinstance(v, bool) for v in self.expert_parallel):
+            raise ValueError(f"expert_parallel must be a non-empty list of true / false, got {list(self.expert_parallel)}")
 
     def pinned(self, **pins: Any) -> InferenceSpace:
         """This space with each given knob fixed to one value (None leaves it searched)."""
@@ -77,9 +86,15 @@ def _first_reason(n: int, rules: list[tuple[np.ndarray, Any]], frame: pd.DataFra
 
 def structures(model: ModelSpec, hw: HardwareSpec, gpus: int, space: InferenceSpace, engine: ServingEngine,
                input_len: int) -> pd.DataFrame:
-    """Every (tp, pp, precisions, max tokens) with ``replicas`` and ``reason`` ('' = valid)."""
+    """Every (tp, pp, expert parallel, precisions, max tokens) with ``replicas``, ``ep`` and
+    ``reason`` ('' = valid)."""
+    if not model.is_moe and not any(v is False for v in space.expert_parallel):
+        raise UserError(f"expert parallelism applies to MoE models; {model.name} is dense")
     df = pd.DataFrame(list(itertools.product(*(getattr(space, k) for k in STRUCTURE))), columns=list(STRUCTURE))
-    tp, pp = df["tp"].to_numpy(), df["pp"].to_numpy()
+    # A dense model has no experts to spread; at tp = 1 expert parallel is the same layout.
+    df = df[~df["expert_parallel"] | ((df["tp"] > 1) & model.is_moe)].reset_index(drop=True)
+    df["ep"] = np.where(df["expert_parallel"], df["tp"], 1)
+    tp, pp, ep = df["tp"].to_numpy(), df["pp"].to_numpy(), df["ep"].to_numpy()
     per_replica = tp * pp
     df["replicas"] = np.where(gpus % per_replica == 0, gpus // per_replica, 0)
     kv = model.query_groups
@@ -93,6 +108,8 @@ def structures(model: ModelSpec, hw: HardwareSpec, gpus: int, space: InferenceSp
         (space.tp_within_nvlink_domain & (tp > hw.nvlink_domain),
          lambda d: [f"tp={a} crosses the {hw.nvlink_domain}-GPU NVLink domain" for a in d.tp]),
         (pp > model.num_layers, lambda d: [f"pp={a} exceeds the {model.num_layers} layers" for a in d.pp]),
+        ((model.num_experts or 1) % ep != 0,
+         lambda d: [f"{model.num_experts} experts not divisible by ep={a}" for a in d.ep]),
         ((df["weight_precision"].to_numpy() == "fp8") & (not hw.supports_fp8),
          f"fp8 weights need FP8 tensor cores; {hw.name} has none"),
         ((not engine.chunked_prefill) & (df["max_num_tokens"].to_numpy() < input_len),

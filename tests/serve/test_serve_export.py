@@ -17,6 +17,10 @@ LAYOUTS = [
      "kv_precision": "fp8", "concurrency": 64.0},
     {"tp": 8, "pp": 2, "replicas": 2, "max_batch": 32, "max_num_tokens": 2048, "weight_precision": "bf16",
      "kv_precision": "bf16", "concurrency": 64.0},  # each replica on two 8-GPU nodes
+    {"tp": 8, "pp": 1, "ep": 8, "replicas": 1, "max_batch": 128, "max_num_tokens": 8192, "weight_precision": "fp8",
+     "kv_precision": "fp8", "concurrency": 128.0},  # a MoE model's experts spread over the TP group
+    {"tp": 4, "pp": 1, "ep": 4, "replicas": 2, "max_batch": 64, "max_num_tokens": 2048, "weight_precision": "fp8",
+     "kv_precision": "fp8", "concurrency": 64.0},  # expert parallel with replicas: one vLLM server each
 ]
 
 

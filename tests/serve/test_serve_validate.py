@@ -46,9 +46,10 @@ def test_trtllm_inflight_rows_within_issue_tolerance(report):
 
 
 def test_trtllm_010_rows_are_reported_and_bounded(report):
-    """TensorRT-LLM 0.10's rows (gptManagerBenchmark) miss the issue's tolerance: 24.6 % in sample,
-    32 % held out on 2026-11-23, dominated by Falcon-180B's and Llama-3-8B's long outputs, which
-    its 0.12 release serves 2-3x faster. The bound below keeps that figure from getting worse."""
+    """TensorRT-LLM 0.10's rows (gptManagerBenchmark) miss the issue's tolerance: 25.1 % in sample,
+    32 % held out (142 rows with Mixtral-8x7B's, third session of 2026-11-23), dominated by
+    Falcon-180B's and Llama-3-8B's long outputs, which its 0.12 release serves 2-3x faster, and
+    Mixtral's FP8 long outputs. The bound below keeps that figure from getting worse."""
     rows = _rows(report, "tensorrt-llm-0.10")
     assert _mean_abs(rows, "error_pct") <= 28.0
     assert _mean_abs(rows, "lomo_pct") <= 36.0
@@ -86,8 +87,8 @@ def test_every_serving_row_is_predicted_or_has_a_reason():
     skipped = not_predicted_serving_rows()
     assert predicted + len(skipped) == total
     assert (skipped["reason"] != "").all()
-    moe = skipped["reason"] == "MoE serving not modelled yet"
-    assert moe.sum() >= 20 and (skipped.loc[moe, "model"] == "Mixtral-8x7B").all()
+    in_flight = sum(len(m.predicted_rows[m.predicted_rows["model"] == "Mixtral-8x7B"]) for m in load_serving_runs())
+    assert in_flight == 20  # MoE serving: TensorRT-LLM 0.10's Mixtral-8x7B table is predicted
 
 
 def test_fits_use_the_target_gpus_only():
