@@ -95,6 +95,11 @@ def _ep(row) -> int:
     return 1 if ep is None or ep != ep else int(ep)
 
 
+def _ep_args(row, flag: str) -> tuple[tuple[str, str], ...]:
+    """``flag`` with the expert parallel size, or nothing for a layout without EP."""
+    return ((flag, str(_ep(row))),) if _ep(row) > 1 else ()
+
+
 def _in_flight(row) -> int:
     """vLLM's max_num_seqs and SGLang's max_running_requests cap the running requests of the
     whole server; TensorRT-LLM's max_batch_size caps each of the ``pp`` micro-batches."""
@@ -194,7 +199,7 @@ def trtllm_serve(row, model_name: str, max_model_len: int, memory_fraction: floa
     out = []
     for replica in placement(row, gpus_per_node):
         args = (("--backend", "pytorch"), ("--tp_size", str(int(row["tp"]))), ("--pp_size", str(int(row["pp"]))),
-                *((("--ep_size", str(_ep(row))),) if _ep(row) > 1 else ()),
+                *_ep_args(row, "--ep_size"),
                 ("--max_batch_size", str(int(row["max_batch"]))),
                 ("--max_num_tokens", str(int(row["max_num_tokens"]))),
                 ("--max_seq_len", str(max_model_len)), ("--enable_chunked_prefill", None),
@@ -213,7 +218,7 @@ def trtllm_bench(row, model_name: str, max_model_len: int, memory_fraction: floa
     main = (("--model", f"<{model_name} HF name>"),
             ("--model_path", _checkpoint(model_name, row["weight_precision"])))
     sub = (("--backend", "pytorch"), ("--tp", str(int(row["tp"]))), ("--pp", str(int(row["pp"]))),
-           *((("--ep", str(_ep(row))),) if _ep(row) > 1 else ()),
+           *_ep_args(row, "--ep"),
            ("--max_batch_size", str(int(row["max_batch"]))), ("--max_num_tokens", str(int(row["max_num_tokens"]))),
            ("--max_seq_len", str(max_model_len)), ("--kv_cache_free_gpu_mem_fraction", f"{memory_fraction:g}"),
            ("--scheduler_policy", "guaranteed_no_evict"), ("--enable_chunked_context", None),
@@ -228,7 +233,7 @@ def sglang(row, model_name: str, max_model_len: int, memory_fraction: float, gpu
     out = []
     for replica in placement(row, gpus_per_node):
         args = [("--model-path", f"<{model_name} checkpoint>"), ("--tp-size", str(int(row["tp"]))),
-                ("--pp-size", str(int(row["pp"]))), *((("--ep-size", str(_ep(row))),) if _ep(row) > 1 else ()),
+                ("--pp-size", str(int(row["pp"]))), *_ep_args(row, "--ep-size"),
                 ("--max-running-requests", str(_in_flight(row))),
                 ("--chunked-prefill-size", str(int(row["max_num_tokens"]))), ("--context-length", str(max_model_len)),
                 ("--mem-fraction-static", f"{memory_fraction:g}"),

@@ -8,8 +8,8 @@ and e2e grow with the batch). Every candidate is priced at once by the engine's 
 batching); those that break a rule, do not fit, cannot sustain the request rate or miss a bound
 stay in the table with the reason. The feasible ones are ranked by output tokens/s per GPU (the
 whole deployment: ``replicas = gpus / (tp * pp)`` independent servers), ties broken by the lower
-TPOT, then the smaller TP, PP and EP. ``pareto`` marks the candidates no other fitting candidate beats on both throughput per
-GPU and TPOT: the trade-off a tighter or looser TPOT bound moves along.
+TPOT, then the smaller TP, PP and EP. ``pareto`` marks the candidates no other fitting candidate
+beats on both throughput per GPU and TPOT: the trade-off a tighter or looser TPOT bound moves along.
 
 Load: by default offline (unbounded arrival: every replica's running batch stays full, the
 throughput tables' setting); with ``request_rate`` (requests/s for the whole deployment, split

@@ -4,7 +4,6 @@ group, the MLA latent cache, the search's expert-parallel knob and its exports."
 import json
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from autoparallel import cli, io
@@ -108,4 +107,3 @@ def test_the_published_mixtral_rows_are_predicted_by_tensorrt_llm_010():
     assert len(out) == 20 and out["fits"].all()
     short = out[out["output_len"] == 128]  # prefill-heavy and short rows: the model's own regime
     assert short["error_pct"].abs().mean() <= 15.0
-    assert isinstance(out, pd.DataFrame)
