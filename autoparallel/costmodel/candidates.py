@@ -1,0 +1,167 @@
+"""The knobs of many candidate plans as arrays, and the shapes every cost term derives from them.
+
+``estimate_columns`` takes plans as columns (one element per candidate); each cost term reads
+the same few derived quantities (tokens per GPU, micro-batches per step, layers per pipeline
+stage, the share of layers that recompute or run FP8, the data-parallel groups). They are
+computed once, here, so that a term function takes ``Candidates`` and states only its own
+formula.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoparallel.costmodel import comm, gemm, moe, pipeline
+from autoparallel.specs.hardware import HardwareSpec
+from autoparallel.specs.model import ModelSpec
+
+# HBM bytes per element of an FP8 cast (read BF16, write FP8 in both layouts), by recipe.
+FP8_CAST_BYTES = {"fp8-delayed": 4.0, "fp8-current": 6.0, "fp8-blockwise": 4.5, "mxfp8": 4.0}
+# Megatron's --recompute-modules that the cost model prices (core_attn alone for dense models).
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "moe")
+
+
+def _cast_bytes_per_element(precision):
+    codes, names = pipeline.factorize(precision)
+    return np.array([FP8_CAST_BYTES.get(name, 0.0) for name in names])[codes].reshape(np.shape(precision))
+
+
+@dataclass
+class Candidates:
+    """Plan knobs as arrays (one element per candidate) and what the terms derive from them.
+
+    Pipeline stages are priced at three positions, which cover the fullest and the slowest
+    stage of every split Megatron makes (``pipeline``): the first, the first middle one and the
+    last; ``*_layers`` and ``*_moe`` are their layer and MoE-layer counts.
+    """
+
+    model: ModelSpec
+    hw: HardwareSpec
+    knobs: Mapping[str, np.ndarray]
+    t: np.ndarray  # tensor parallel
+    p: np.ndarray  # pipeline parallel
+    v: np.ndarray  # virtual stages per pipeline rank
+    c: np.ndarray  # context parallel
+    dp: np.ndarray
+    e: np.ndarray  # expert parallel
+    et: np.ndarray  # expert tensor parallel
+    b: np.ndarray  # micro-batch size
+    gbs: np.ndarray
+    m: np.ndarray  # micro-batches per step on one pipeline
+    s_local: np.ndarray  # sequence length on one CP rank
+    tokens: np.ndarray  # tokens one GPU processes per micro-batch (before TP)
+    sp: np.ndarray
+    flash: np.ndarray
+    fsdp: np.ndarray
+    full: np.ndarray  # full recompute
+    selective: np.ndarray
+    is_fp8: np.ndarray
+    cast_bytes: np.ndarray  # HBM bytes per element of an FP8 cast under the plan's recipe
+    fp8_layer_fraction: np.ndarray  # share of layers whose Linears run FP8
+    first_layers: np.ndarray
+    middle_layers: np.ndarray
+    last_layers: np.ndarray
+    first_moe: np.ndarray
+    middle_moe: np.ndarray
+    last_moe: np.ndarray
+    recomputed_fraction: np.ndarray  # share of a chunk's layers that full recompute covers
+    modules: dict  # --recompute-modules name -> mask (selective recompute only)
+    grad_bytes: np.ndarray  # bytes per gradient element in the data-parallel reduction
+    dp_group: np.ndarray  # dense parameters are replicated over dp*cp GPUs
+    dp_per_node: np.ndarray
+    edp_group: np.ndarray  # experts over dp*cp*tp / (ep*etp): Megatron's parallel folding
+    edp_per_node: np.ndarray
+    imbalance: np.ndarray  # the busiest EP rank's tokens over the even share
+    hbm: float  # achievable HBM bytes/s
+    gemm_peak: np.ndarray  # FLOP/s of the Linear GEMMs at full efficiency (FP8 and BF16 layers mixed)
+
+    def flag(self, name: str) -> np.ndarray:
+        return np.asarray(self.knobs[name], dtype=bool)
+
+    def number(self, name: str) -> np.ndarray:
+        return np.asarray(self.knobs[name], dtype=float)
+
+    @property
+    def single(self) -> np.ndarray:
+        """No pipeline: the first stage is also the last."""
+        return self.p == 1
+
+    @property
+    def has_middle(self) -> np.ndarray:
+        return self.p > 2
+
+    @property
+    def keep_scores(self) -> np.ndarray:
+        """The s x s attention probabilities are saved for backward (no flash, no core_attn
+        recompute)."""
+        return ~self.flash & ~self.modules["core_attn"]
+
+    @property
+    def offloaded(self) -> np.ndarray:
+        """Layers whose saved activations go to the host (first stage; pp = 1 only)."""
+        return np.minimum(self.number("cpu_offloading_num_layers"), self.first_layers)
+
+    @property
+    def distributed_optimizer(self) -> np.ndarray:
+        """Adam states sharded over the data-parallel group (FSDP shards them too)."""
+        return self.flag("distributed_optimizer") | self.fsdp
+
+    def optimizer_shards(self) -> tuple[np.ndarray, np.ndarray]:
+        """GPUs the Adam states of dense parameters and of experts are sharded over."""
+        dist_opt = self.distributed_optimizer
+        return np.where(dist_opt, self.dp_group, 1.0), np.where(dist_opt, self.edp_group, 1.0)
+
+
+def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray]) -> Candidates:
+    """``cols`` (Plan field name -> array) as ``Candidates``."""
+    f64 = lambda k: np.asarray(cols[k], dtype=float)  # noqa: E731
+    flag = lambda k: np.asarray(cols[k], dtype=bool)  # noqa: E731
+    t, p, v, c, dp, e, et = (f64(k) for k in ("tp", "pp", "vp", "cp", "dp", "ep", "etp"))
+    b, gbs = f64("mbs"), f64("gbs")
+    recompute = np.asarray(cols["recompute"])
+    precision = np.asarray(cols["precision"])
+    full = recompute == "full"
+    selective = recompute == "selective"
+    is_fp8 = np.isin(precision, list(FP8_CAST_BYTES))
+
+    L = model.num_layers
+    s_local = model.seq_length / c
+    split = (f64("num_layers_in_first_pipeline_stage"), f64("num_layers_in_last_pipeline_stage"),
+             f64("account_for_embedding_in_pipeline_split"), f64("account_for_loss_in_pipeline_split"),
+             np.asarray(cols["pipeline_model_parallel_layout"], dtype=object))
+    first_layers, middle_layers, last_layers = pipeline.stage_layers(L, p, v, *split)
+    if model.is_moe:
+        first_moe, middle_moe, last_moe = pipeline.stage_pattern_counts(model.moe_layer_pattern, p, v, *split)
+    else:
+        first_moe = middle_moe = last_moe = np.zeros_like(t)
+    layers_per_chunk = np.maximum(np.maximum(first_layers, middle_layers), last_layers) / v
+    n_recomputed = np.where(f64("recompute_num_layers") > 0,
+                            np.minimum(f64("recompute_num_layers"), layers_per_chunk), layers_per_chunk)
+    bf16_layer_fraction = np.minimum(2.0 * f64("fp8_bf16_edge_layers") / L, 1.0)
+
+    module_codes, module_sets = pipeline.factorize(cols["recompute_modules"])
+    modules = {name: selective & np.array([name in m.split() for m in module_sets], dtype=bool)[module_codes]
+               for name in RECOMPUTE_MODULES}
+    fp8_layer_fraction = np.where(is_fp8, 1.0 - bf16_layer_fraction, 0.0)
+    dp_group = dp * c
+    edp_group = dp_group * t / (e * et)
+    return Candidates(
+        model=model, hw=hw, knobs=cols, t=t, p=p, v=v, c=c, dp=dp, e=e, et=et, b=b, gbs=gbs,
+        m=gbs / (b * dp), s_local=s_local, tokens=b * s_local,
+        sp=flag("sp"), flash=flag("flash_attention"), fsdp=flag("fsdp"), full=full, selective=selective,
+        is_fp8=is_fp8, cast_bytes=_cast_bytes_per_element(precision),
+        fp8_layer_fraction=fp8_layer_fraction,
+        first_layers=first_layers, middle_layers=middle_layers, last_layers=last_layers,
+        first_moe=first_moe, middle_moe=middle_moe, last_moe=last_moe,
+        recomputed_fraction=np.where(full, n_recomputed / layers_per_chunk, 0.0),
+        modules=modules,
+        grad_bytes=np.where(flag("grad_reduce_in_fp32"), 4.0, 2.0),
+        dp_group=dp_group, dp_per_node=comm.ranks_per_domain(hw, dp_group, t),
+        edp_group=edp_group, edp_per_node=comm.ranks_per_domain(hw, edp_group, e * et),
+        imbalance=moe.load_imbalance(hw, model, e) if model.is_moe else np.ones_like(t),
+        hbm=hw.hbm_tbps * 1e12 * hw.efficiency.hbm,
+        gemm_peak=gemm.peak(hw, fp8_layer_fraction),
+    )

@@ -1,0 +1,236 @@
+"""One transformer layer, one micro-batch, one GPU: the layer-time step of the cost model.
+
+A layer's time is the sum of ``LAYER_TIME_TERMS``, each priced by one function below:
+
+- ``compute``: forward and backward (3x the forward) of the Linear GEMMs at a size-dependent
+  efficiency (``gemm``), the attention core, the memory-bound elementwise kernels and a fixed
+  per-layer overhead;
+- ``fp8_cast``: TransformerEngine's casts of GEMM inputs (forward) and gradients (backward);
+- ``selective_recompute`` / ``full_recompute``: the forward work recomputed in the backward pass;
+- ``tp_comm``, ``cp_comm``, ``fsdp``, ``ep_comm``: what communication leaves exposed.
+
+A dense and a MoE layer share these terms; the MoE layer adds routed experts to its GEMM time
+and has expert-parallel traffic. A new term is one function here and one name in
+``LAYER_TIME_TERMS``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoparallel.costmodel import comm, dataparallel, flops, gemm, memory, moe
+from autoparallel.costmodel.candidates import Candidates
+
+GEMMS_PER_LAYER = 4  # QKV, projection, FC1 (gate and up fused), FC2
+# Summed in this order into a layer's time (the breakdown reads each one).
+LAYER_TIME_TERMS = ("compute", "fp8_cast", "selective_recompute", "full_recompute", "tp_comm", "cp_comm",
+                    "fsdp", "ep_comm")
+
+
+def linear_time(x: Candidates, params, whole=0.0):
+    """Forward time of Linear GEMMs on ``params`` split by TP, of which ``whole`` (MLA's down
+    projections) run whole on every TP rank, on its sequence-parallel share of the tokens."""
+    whole_tokens = np.where(x.sp, x.tokens / x.t, x.tokens)
+    lin_flops = 2.0 * (x.tokens * (params - whole) / x.t + whole_tokens * whole)
+    return lin_flops / (x.gemm_peak * gemm.efficiency(x.hw, lin_flops / GEMMS_PER_LAYER))
+
+
+def attention_time(x: Candidates):
+    """Attention core forward: QK^T, the softmax's exponentials on the SFUs, then P·V, one after
+    the other (the second GEMM waits for the softmax), at one fitted efficiency."""
+    model, hw = x.model, x.hw
+    attn_flops = flops.attention_core_flops(model, x.b, model.seq_length, causal=x.flash) / (x.t * x.c)
+    exponentials = np.where(x.flash, attn_flops / (2.0 * (model.qk_dim + model.v_dim)), 0.0)
+    return (attn_flops / (hw.bf16_tflops * 1e12) + exponentials / (hw.exp_tera_per_s * 1e12)) / hw.efficiency.attention
+
+
+def softmax_time(x: Candidates):
+    """Without flash attention the s x s scores go through HBM (written, read by the softmax)."""
+    model = x.model
+    score_bytes = (2 * memory.bytes_per_attention_score(model) * model.num_attention_heads
+                   * x.s_local * model.seq_length * x.b / x.t)
+    return np.where(x.flash, 0.0, score_bytes / x.hbm)
+
+
+def activation_bytes(x: Candidates, is_moe: bool, keep_scores):
+    """Bytes one layer saves for backward; with ``keep_scores`` False counted in BF16 throughout
+    (the tensors the elementwise kernels touch)."""
+    return memory.layer_activation_bytes(
+        x.model, x.b, x.s_local, x.t, x.sp, keep_scores, x.fp8_layer_fraction if keep_scores is not False else 0.0,
+        moe=is_moe, etp=x.et, imbalance=x.imbalance)
+
+
+def forward_time(x: Candidates, t_linear, attention, softmax, is_moe: bool):
+    """One layer's forward: GEMMs, attention core, elementwise kernels (norms, activation,
+    residuals: bytes in proportion to what the layer saves), unfused softmax, fixed overhead."""
+    eff = x.hw.efficiency
+    t_elementwise = eff.elementwise_bytes_per_token_hidden / 34.0 * activation_bytes(x, is_moe, False) / x.hbm
+    overhead = eff.layer_overhead_s + (eff.moe_layer_overhead_s if is_moe else 0.0)
+    return t_linear + attention + t_elementwise + softmax + overhead
+
+
+def compute_time(forward):
+    """Forward and backward (data and weight gradients: twice the forward)."""
+    return 3.0 * forward
+
+
+def gemm_input_elements(x: Candidates, is_moe: bool) -> float:
+    """Elements per token entering a layer's Linear GEMMs (each cast to FP8 under a recipe): the
+    attention's inputs, then FC1's and FC2's (a MoE layer: its top-k and shared experts')."""
+    model = x.model
+    h = model.hidden_size
+    if model.multi_latent_attention:
+        attention = h + (model.q_lora_rank or 0) + model.kv_lora_rank + model.num_attention_heads * model.v_dim
+    else:
+        attention = h + model.num_attention_heads * model.head_dim
+    if not is_moe:
+        return attention + h + model.ffn_hidden_size
+    shared = h + model.shared_expert_ffn_hidden_size if model.shared_expert_ffn_hidden_size else 0
+    return attention + model.moe_router_topk * (h + model.expert_ffn_hidden_size) + shared
+
+
+def fp8_cast_time(x: Candidates, is_moe: bool):
+    """Casting the GEMM inputs (forward) and output gradients (backward) to FP8: HBM traffic."""
+    cast_elements = 2.0 * x.tokens * gemm_input_elements(x, is_moe) / x.t
+    return x.fp8_layer_fraction * cast_elements * x.cast_bytes / x.hbm
+
+
+def selective_recompute_time(x: Candidates, attention, softmax, is_moe: bool, moe_block=0.0):
+    """Megatron's --recompute-modules: core_attn (attention core and unfused softmax),
+    mla_up_proj (MLA's up projections), moe (the whole MoE block, ``moe_block`` forward)."""
+    extra = np.where(x.modules["core_attn"], attention + softmax, 0.0)
+    if x.model.multi_latent_attention:
+        extra = extra + np.where(x.modules["mla_up_proj"], linear_time(x, x.model.mla_up_params), 0.0)
+    return extra + (np.where(x.modules["moe"], moe_block, 0.0) if is_moe else 0.0)
+
+
+def full_recompute_time(x: Candidates, forward):
+    """Full recompute reruns the forward of the share of layers it covers."""
+    return x.recomputed_fraction * forward
+
+
+def tp_comm_time(x: Candidates, blocks, t_linear):
+    """An all-reduce (or all-gather + reduce-scatter pair under SP) each way per block that TP
+    splits (and once more in a recomputed forward). Overlap (userbuffers) hides them behind the
+    GEMMs they run beside, never more."""
+    per_domain = comm.ranks_per_domain(x.hw, x.t, 1)
+    per_block = comm.all_reduce_time(x.hw, 2.0 * x.tokens * x.model.hidden_size, x.t, per_domain)
+    total = blocks * (per_block * (2.0 + x.recomputed_fraction))
+    gemms_beside = t_linear * (3.0 + x.recomputed_fraction)
+    hidden = np.maximum((1 - x.hw.efficiency.tp_overlap) * total, total - gemms_beside)
+    return np.where(x.flag("tp_comm_overlap"), hidden, total)
+
+
+def cp_comm_time(x: Candidates, attention):
+    """Ring exchange of the local K/V chunk: (cp-1) hops forward, K/V and dK/dV backward, partly
+    hidden behind the attention computed meanwhile."""
+    model = x.model
+    kv_heads_local = np.maximum(model.query_groups / x.t, 1.0)
+    kv_bytes = 2.0 * x.b * x.s_local * (model.qk_dim + model.v_dim) * kv_heads_local
+    same_domain = x.t * x.c <= x.hw.nvlink_domain
+    ring = 3.0 * (x.c - 1) * comm.p2p_time(x.hw, kv_bytes, same_domain)
+    return np.maximum(ring * (1 - x.hw.efficiency.cp_overlap), ring - 3.0 * attention)
+
+
+def fsdp_time(x: Candidates, params, expert_params, forward, full_recompute, is_moe: bool):
+    """FSDP: each layer's weights all-gathered before its forward and its backward, its gradients
+    reduce-scattered after its backward, every micro-batch, prefetched behind the layer before
+    (experts over their own data-parallel group)."""
+    backward = 2.0 * forward + full_recompute
+    exposed = dataparallel.fsdp_exposed(x.hw, params, x.grad_bytes, x.dp_group, x.dp_per_node, forward, backward)
+    if is_moe:
+        exposed = exposed + dataparallel.fsdp_exposed(
+            x.hw, expert_params, x.grad_bytes, x.edp_group, x.edp_per_node, forward, backward)
+    return np.where(x.fsdp, exposed, 0.0)
+
+
+def ep_comm_time(x: Candidates, compute, is_moe: bool):
+    """Dispatch and combine all-to-alls each way, again in a recomputed forward (of the layer or
+    the MoE block); the 1F1B overlap hides them behind another micro-batch's compute."""
+    if not is_moe:
+        return np.zeros_like(x.t)
+    recomputed = x.recomputed_fraction + np.where(x.modules["moe"], 1.0, 0.0)
+    dispatches = (4.0 + 2.0 * recomputed) * moe.dispatch_time(x.hw, x.model, x.tokens / x.t, x.e, x.et, x.imbalance)
+    return moe.exposed_dispatch(x.hw, dispatches, x.flag("overlap_moe_expert_parallel_comm"), compute)
+
+
+def stored_activation_bytes(x: Candidates, is_moe: bool):
+    """What the layer keeps per micro-batch in flight: its input where full recompute covers it,
+    else its activations less what selective recompute spares."""
+    spared = memory.recomputed_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.fp8_layer_fraction, is_moe, x.et,
+                                     x.imbalance, x.modules["mla_up_proj"], x.modules["moe_act"], x.modules["moe"])
+    return (x.recomputed_fraction * memory.layer_input_bytes(x.model, x.b, x.s_local, x.t, x.sp)
+            + (1 - x.recomputed_fraction) * (activation_bytes(x, is_moe, x.keep_scores) - spared))
+
+
+def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe: bool, moe_block=0.0) -> dict:
+    """Every term of one layer (``LAYER_TIME_TERMS``), their sum ``time`` and what the other
+    steps read: ``forward``, the bytes ``stored`` per micro-batch in flight and ``working`` while
+    it computes, its ``params`` and ``expert_params`` on the GPU."""
+    attention, softmax = attention_time(x), softmax_time(x)
+    forward = forward_time(x, t_linear, attention, softmax, is_moe)
+    compute = compute_time(forward)
+    full_recompute = full_recompute_time(x, forward)
+    terms = {
+        "compute": compute,
+        "fp8_cast": fp8_cast_time(x, is_moe),
+        "selective_recompute": selective_recompute_time(x, attention, softmax, is_moe, moe_block),
+        "full_recompute": full_recompute,
+        "tp_comm": tp_comm_time(x, tp_blocks, t_linear),
+        "cp_comm": cp_comm_time(x, attention),
+        "fsdp": fsdp_time(x, params, expert_params, forward, full_recompute, is_moe),
+        "ep_comm": ep_comm_time(x, compute, is_moe),
+    }
+    return dict(terms, time=sum(terms[k] for k in LAYER_TIME_TERMS), forward=forward,
+                recompute=terms["selective_recompute"] + terms["full_recompute"],
+                stored=stored_activation_bytes(x, is_moe), working=activation_bytes(x, is_moe, x.keep_scores),
+                params=params, expert_params=expert_params)
+
+
+def dense_layer(x: Candidates) -> dict:
+    """A dense layer: attention and MLP split by TP (MLA's down projections whole)."""
+    model = x.model
+    params = (model.dense_layer_params - model.mla_down_params) / x.t + model.mla_down_params
+    return layer_cost(x, params, 0.0, linear_time(x, model.dense_layer_params, model.mla_down_params), 2.0, False)
+
+
+def routed_experts_time(x: Candidates):
+    """Routed experts: one grouped GEMM per local expert group, at the efficiency of one expert's
+    GEMM on its tokens; the busiest EP rank has ``imbalance`` times the tokens."""
+    eff = x.hw.efficiency
+    expert_flops = moe.expert_flops(x.model, x.tokens / x.t) * x.imbalance
+    group_flops = moe.expert_gemm_flops(x.model, x.tokens / x.t, x.e, x.et)
+    grouped_eff = eff.grouped_gemm_max / (1.0 + eff.grouped_gemm_half_gflop / (group_flops / 1e9))
+    return expert_flops / (x.gemm_peak * grouped_eff)
+
+
+def moe_layer(x: Candidates) -> dict:
+    """A MoE layer: attention, router and shared experts split by TP, routed experts over EP x
+    ETP; TP all-reduces after attention and after the shared experts (if any)."""
+    model = x.model
+    nonexpert = model.moe_layer_params - model.num_experts * model.expert_params
+    t_experts = routed_experts_time(x)
+    tp_blocks = 1.0 + (model.shared_expert_ffn_hidden_size > 0)
+    block = linear_time(x, model.router_params + model.shared_expert_params) + t_experts
+    return layer_cost(x, moe.nonexpert_moe_params_gpu(model, x.t), moe.expert_params_gpu(model, x.e, x.et),
+                      linear_time(x, nonexpert, model.mla_down_params) + t_experts, tp_blocks, True, block)
+
+
+@dataclass
+class Layers:
+    """The dense and the MoE layer's costs, summed over the layers of a pipeline stage."""
+
+    dense: dict
+    moe: dict
+
+    def on(self, key: str, layers, moe_layers):
+        """``key`` summed over ``layers`` layers of which ``moe_layers`` are MoE."""
+        return (layers - moe_layers) * self.dense[key] + moe_layers * self.moe[key]
+
+
+def layers(x: Candidates) -> Layers:
+    """Both layers' costs (the MoE one all zeros for a dense model)."""
+    dense = dense_layer(x)
+    return Layers(dense, moe_layer(x) if x.model.is_moe else {k: np.zeros_like(x.t) for k in dense})

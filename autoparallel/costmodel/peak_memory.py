@@ -1,0 +1,94 @@
+"""Peak memory of one GPU: the memory step of the cost model.
+
+Each priced stage (first, first middle, last; ``candidates``) holds model states
+(``model_states``: weights, gradients and FSDP's unsharded buffers, Adam states, FP8 weight
+copies) and activations (``activation_bytes``: what each micro-batch in flight keeps, the layer
+computing, the embedding's inputs on the first stage and the logits on the last). The fullest
+stage is the plan's peak; with the fixed reserve it must fit in ``memory_fraction`` of the GPU.
+The byte counts per tensor are in ``memory``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoparallel.costmodel import memory, pipeline
+from autoparallel.costmodel.candidates import Candidates
+from autoparallel.costmodel.layer_time import Layers
+from autoparallel.costmodel.memory import GIB
+from autoparallel.costmodel.stages import present
+
+MEMORY_KEYS = ("weights_gib", "grads_gib", "optimizer_gib", "fp8_weights_gib",
+               "activations_gib", "logits_gib", "reserve_gib")
+
+
+def model_states(x: Candidates, layers: Layers, params, stage_layers, stage_moe):
+    """(weights, gradients with FSDP's buffers, Adam states, FP8 weight copies) in bytes on one
+    GPU of a stage holding ``params`` = (replicated, experts) and these layers."""
+    replicated, experts = params
+    weight_shards = np.where(x.fsdp, x.dp_group, 1.0)
+    expert_weight_shards = np.where(x.fsdp, x.edp_group, 1.0)
+    optimizer_shards, expert_optimizer_shards = x.optimizer_shards()
+    weights = memory.WEIGHT_BYTES * (replicated / weight_shards + experts / expert_weight_shards)
+    grads = x.grad_bytes * (replicated / weight_shards + experts / expert_weight_shards)
+    optimizer = memory.OPTIMIZER_BYTES * (replicated / optimizer_shards + experts / expert_optimizer_shards)
+    layer_weights = layers.on("params", stage_layers, stage_moe) / weight_shards + experts / expert_weight_shards
+    fp8_weights = memory.FP8_WEIGHT_COPY_BYTES * layer_weights * x.fp8_layer_fraction
+    has_moe = x.first_moe + x.middle_moe + x.last_moe > 0
+    largest_layer = np.maximum(layers.dense["params"],
+                               np.where(has_moe, layers.moe["params"] + layers.moe["expert_params"], 0.0))
+    buffers = np.where(x.fsdp, memory.fsdp_buffer_bytes(largest_layer, x.grad_bytes), 0.0)
+    return weights, grads + buffers, optimizer, fp8_weights
+
+
+def _in_flight(x: Candidates, layers: Layers, stage_layers, stage_moe, stage):
+    """Saved activations of the micro-batches the schedule holds on ``stage`` and the working set
+    of the layer computing; and the number of micro-batches held."""
+    held = pipeline.inflight_chunks(x.p, x.v, x.m, stage) / x.v
+    working = np.where(stage_moe > 0, layers.moe["working"], layers.dense["working"])
+    return held * layers.on("stored", stage_layers, stage_moe) + working, held
+
+
+def logits_bytes(x: Candidates):
+    """The loss's FP32 softmax and BF16 logits, and the head's inputs, on the last stage."""
+    model = x.model
+    return (memory.logits_bytes(model, x.b, x.s_local, x.t)
+            + memory.head_input_bytes(model, x.b, x.s_local, x.t, x.sp))
+
+
+def activation_bytes(x: Candidates, layers: Layers) -> tuple[list, list]:
+    """Activations of the first, middle and last stage (logits included) and the logits alone.
+    Offloading keeps two layers' worth on the GPU: the one being copied and the next."""
+    logits = logits_bytes(x)
+    offloaded = x.offloaded
+    kept = 1.0 - (offloaded - 2.0 * np.minimum(offloaded, 1.0)) / x.first_layers
+    first, first_held = _in_flight(x, layers, x.first_layers * kept, x.first_moe * kept, 0)
+    first = first + first_held * memory.embedding_activation_bytes(x.model, x.b, x.s_local)
+    first = first + np.where(x.single, logits, 0.0)
+    middle, _ = _in_flight(x, layers, x.middle_layers, x.middle_moe, 1)
+    last, _ = _in_flight(x, layers, x.last_layers, x.last_moe, x.p - 1)
+    return [first, middle, last + logits], [np.where(x.single, logits, 0.0), 0.0, logits]
+
+
+def peak_memory(x: Candidates, layers: Layers, params: list, memory_fraction: float) -> dict:
+    """The fullest stage's peak, whether it fits, and its memory by kind (``MEMORY_KEYS``)."""
+    stage_layers = [(x.first_layers, x.first_moe), (x.middle_layers, x.middle_moe), (x.last_layers, x.last_moe)]
+    states = [model_states(x, layers, p, n, n_moe) for p, (n, n_moe) in zip(params, stage_layers)]
+    acts, logits = activation_bytes(x, layers)
+    peaks = [sum(st) + a for st, a in zip(states, acts)]
+    fullest = np.argmax(np.stack([np.where(ok, pk, -np.inf) for ok, pk in zip(present(x), peaks)]), axis=0)
+    choose = lambda values: np.choose(fullest, [np.broadcast_to(v, x.t.shape) for v in values])  # noqa: E731
+    weights, grads, optimizer, fp8_weights = (choose([st[i] for st in states]) for i in range(4))
+    logits_shown = choose(logits)
+    peak = choose(peaks) + x.hw.reserve_gib * GIB
+    return {
+        "fits": peak <= memory_fraction * x.hw.memory_gib * GIB,
+        "peak_memory_gib": peak / GIB,
+        "weights_gib": weights / GIB,
+        "grads_gib": grads / GIB,
+        "optimizer_gib": optimizer / GIB,
+        "fp8_weights_gib": fp8_weights / GIB,
+        "activations_gib": (choose(acts) - logits_shown) / GIB,
+        "logits_gib": logits_shown / GIB,
+        "reserve_gib": np.full_like(peak, x.hw.reserve_gib),
+    }

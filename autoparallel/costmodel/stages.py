@@ -1,0 +1,98 @@
+"""Pipeline stages, one micro-batch each: the stage step of the cost model.
+
+A stage is its layers (``layer_time.Layers``) plus what only it does: the point-to-point sends
+of activations and gradients to its neighbours (``pp_comm_time``), the output layer and loss on
+the last stage (``logits_time``), activation offloading on the first (``offload_time``). Three
+positions are priced (first, first middle, last; ``candidates``), and their parameters, which
+the data-parallel, optimizer and memory steps read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoparallel.costmodel import comm, flops, gemm, memory
+from autoparallel.costmodel.candidates import Candidates
+from autoparallel.costmodel.layer_time import Layers
+
+LOSS_PASSES = 4  # softmax cross-entropy reads/writes the FP32 logits about four times
+
+
+def logits_time(x: Candidates):
+    """The output layer's GEMM forward and backward (BF16, vocab-parallel over TP) and the loss's
+    passes over the FP32 logits."""
+    model, hw = x.model, x.hw
+    logit_flops = flops.logits_flops(model, x.b, x.s_local) / x.t
+    gemms = 3.0 * logit_flops / (hw.bf16_tflops * 1e12 * gemm.efficiency(hw, logit_flops))
+    return gemms + LOSS_PASSES * 4.0 * x.tokens * model.vocab_size / x.t / x.hbm
+
+
+def pp_comm_time(x: Candidates):
+    """Per micro-batch, each of a rank's vp chunks receives activations and sends gradients (BF16,
+    SP-sharded); with interleaving Megatron overlaps a share of them with compute."""
+    nbytes = 2.0 * x.tokens * x.model.hidden_size / x.t
+    same_domain = x.t * x.c * x.dp * x.p <= x.hw.nvlink_domain
+    exposed_share = np.where(x.v > 1, 1.0 - x.hw.efficiency.pp_overlap, 1.0)
+    return np.where(x.p > 1, 2.0 * x.v * exposed_share * comm.p2p_time(x.hw, nbytes, same_domain), 0.0)
+
+
+def offload_time(x: Candidates, layers: Layers):
+    """Activation offloading (pp = 1 only): the offloaded layers' saved activations go to the host
+    behind the forward pass and come back behind the backward pass; what the passes cannot
+    hide is exposed. Where FSDP's inter-node traffic shares the host link, it takes its share."""
+    mean = lambda key: layers.on(key, x.first_layers, x.first_moe) / np.maximum(x.first_layers, 1.0)  # noqa: E731
+    host_link = x.hw.host_link_gbps * 1e9
+    if x.hw.network_shares_host_link:
+        per_param = 2.0 * memory.WEIGHT_BYTES + x.grad_bytes
+        fsdp_network = np.where(
+            x.fsdp, comm.internode_bytes(mean("params") * per_param, x.dp_group, x.dp_per_node)
+            + comm.internode_bytes(mean("expert_params") * per_param, x.edp_group, x.edp_per_node), 0.0)
+        host_link = np.maximum(host_link - fsdp_network / mean("compute"), 0.1 * host_link)
+    transfer = x.offloaded * mean("stored") / host_link
+    first_forward = x.first_layers * mean("forward")
+    return (np.maximum(transfer - first_forward, 0.0)
+            + np.maximum(transfer - (x.first_layers * mean("compute") - first_forward), 0.0))
+
+
+@dataclass
+class StageTimes:
+    """One micro-batch's time on each priced stage, and the per-stage terms that went into them."""
+
+    first: np.ndarray
+    middle: np.ndarray
+    last: np.ndarray
+    logits: np.ndarray
+    pp_comm: np.ndarray
+    offload: np.ndarray
+
+
+def stage_times(x: Candidates, layers: Layers) -> StageTimes:
+    """The first stage adds offloading (and the logits when it is the only one), the last the
+    logits; every stage its point-to-point traffic."""
+    t_logits, stage_pp, t_offload = logits_time(x), pp_comm_time(x), offload_time(x, layers)
+    first = layers.on("time", x.first_layers, x.first_moe) + stage_pp + np.where(x.single, t_logits, 0.0) + t_offload
+    middle = layers.on("time", x.middle_layers, x.middle_moe) + stage_pp
+    last = layers.on("time", x.last_layers, x.last_moe) + stage_pp + t_logits
+    return StageTimes(first, middle, last, t_logits, stage_pp, t_offload)
+
+
+def stage_params(x: Candidates, layers: Layers) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Parameters on one GPU of the first, middle and last stage: (those replicated over dp*cp,
+    the experts replicated over the expert-data group). The first holds the embedding, the last
+    the output layer (a copy when tied)."""
+    model = x.model
+    embedding_gpu = model.embedding_params / x.t
+    output_gpu = 0.0 if model.tie_embeddings else model.embedding_params / x.t
+    experts = layers.moe["expert_params"]
+    return [(layers.on("params", x.first_layers, x.first_moe) + embedding_gpu + np.where(x.single, output_gpu, 0.0),
+             x.first_moe * experts),
+            (layers.on("params", x.middle_layers, x.middle_moe), x.middle_moe * experts),
+            (layers.on("params", x.last_layers, x.last_moe) + embedding_gpu, x.last_moe * experts)]
+
+
+def present(x: Candidates) -> list[np.ndarray]:
+    """Which of the three priced stages exist: the first always, a middle one from pp = 3, a last
+    one distinct from the first from pp = 2."""
+    return [np.full_like(x.t, True, dtype=bool), x.has_middle, ~x.single]

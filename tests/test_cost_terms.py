@@ -1,0 +1,369 @@
+"""Each term of the cost model pinned to a hand computation on one small case.
+
+The hand values are written out from the formula the term stands for (bytes over bandwidth,
+FLOPs over peak, the schedule's formula), with the preset's constants, not by calling the
+helpers the term calls; the sums (a layer's time, a stage's, the step's) are checked against the
+named terms one by one, so that deleting or doubling any term fails here.
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from autoparallel import io
+from autoparallel.costmodel import layer_time as lt
+from autoparallel.costmodel import peak_memory as pm
+from autoparallel.costmodel import stages as st
+from autoparallel.costmodel import step_time as stp
+from autoparallel.costmodel.candidates import candidates
+from autoparallel.costmodel.estimate import estimate_columns, plan_columns
+from autoparallel.specs.plan import Plan
+
+REL = 1e-12
+
+
+@pytest.fixture(scope="module")
+def hw():
+    return io.load_hardware("h100-sxm")
+
+
+@pytest.fixture(scope="module")
+def gpt(gpt175b):
+    return gpt175b
+
+
+@pytest.fixture(scope="module")
+def mixtral():
+    return io.load_model("mixtral-8x7b")
+
+
+def _cands(model, hw, **knobs):
+    """Candidates of one plan: GPT-3 175B's default is tp 4, pp 8, vp 2, cp 2, dp 4 (256 GPUs),
+    mbs 1, gbs 64 (16 micro-batches), SP, BF16 with BF16 gradient reduce, no recompute, flash
+    attention."""
+    base = dict(tp=4, pp=8, vp=2, cp=2, dp=4, mbs=1, gbs=64, sp=True, precision="bf16", recompute="none",
+                tp_comm_overlap=False, fp8_bf16_edge_layers=0, grad_reduce_in_fp32=False)
+    return candidates(model, hw, plan_columns([Plan(**{**base, **knobs})]))
+
+
+def _nvlink(hw):
+    return hw.nvlink_gbps / 2 * 1e9 * hw.efficiency.nvlink  # unidirectional, achieved
+
+
+def _network(hw):
+    return hw.internode_gbps * 1e9 * hw.efficiency.internode
+
+
+def _hbm(hw):
+    return hw.hbm_tbps * 1e12 * hw.efficiency.hbm
+
+
+def _reduce_scatter(hw, nbytes, n, per_node):
+    """nccl-tests' reduce-scatter, hierarchical: (g-1)/g on NVLink, the rest over the network."""
+    nodes = n / per_node
+    return ((per_node - 1) / per_node * nbytes / _nvlink(hw) + (nodes - 1) / nodes * nbytes / per_node / _network(hw)
+            + (hw.nvlink_latency_us if per_node > 1 else 0) * 1e-6 + (hw.internode_latency_us if nodes > 1 else 0) * 1e-6)
+
+
+# --- shapes ------------------------------------------------------------------------------------
+
+def test_candidates_derive_the_shapes(gpt, hw):
+    x = _cands(gpt, hw, recompute="full", recompute_num_layers=3)
+    assert x.s_local[0] == 1024 and x.tokens[0] == 1024 and x.m[0] == 16
+    assert x.first_layers[0] == x.middle_layers[0] == x.last_layers[0] == 12  # 96 / 8
+    assert x.recomputed_fraction[0] == 0.5  # 3 of the 6 layers of a chunk
+    assert x.dp_group[0] == 8 and x.dp_per_node[0] == 2  # dp*cp, TP groups of 4 fill a node pairwise
+
+
+# --- layer terms -------------------------------------------------------------------------------
+
+def test_linear_time_is_flops_over_peak_at_the_gemm_efficiency(gpt, hw):
+    x = _cands(gpt, hw)
+    params = 1e9
+    gemm_flops = 2 * 1024 * params / 4
+    eff = hw.efficiency.gemm_max / (1 + hw.efficiency.gemm_half_gflop / (gemm_flops / 4 / 1e9))
+    assert lt.linear_time(x, params)[0] == pytest.approx(gemm_flops / (989e12 * eff), rel=REL)
+
+
+def test_attention_time_is_causal_flops_and_exponentials(gpt, hw):
+    x = _cands(gpt, hw)
+    attn_flops = 0.5 * 2 * 2048 * 2048 * 96 * 256 / 8  # causal half of QK^T and PV, over tp*cp
+    exponentials = 2048 * 2048 * 96 / 2 / 8
+    expected = (attn_flops / 989e12 + exponentials / 4.2e12) / hw.efficiency.attention
+    assert lt.attention_time(x)[0] == pytest.approx(expected, rel=REL)
+
+
+def test_unfused_softmax_moves_the_scores_through_hbm(gpt, hw):
+    # 2 B softmax output + 3 B dropout per score, written and read, local queries x all keys.
+    score_bytes = 2 * 5 * 96 * 1024 * 2048 / 4
+    assert lt.softmax_time(_cands(gpt, hw, flash_attention=False))[0] == pytest.approx(score_bytes / _hbm(hw), rel=REL)
+    assert lt.softmax_time(_cands(gpt, hw))[0] == 0.0
+
+
+def test_fp8_cast_reads_bf16_and_writes_both_fp8_layouts(gpt, hw):
+    x = _cands(gpt, hw, precision="fp8-delayed")
+    elements = 2 * 1024 * (12288 + 96 * 128 + 12288 + 49152) / 4  # QKV, proj, FC1, FC2 inputs; fwd + bwd
+    assert lt.fp8_cast_time(x, False)[0] == pytest.approx(elements * 4.0 / _hbm(hw), rel=REL)
+    assert lt.fp8_cast_time(_cands(gpt, hw), False)[0] == 0.0
+
+
+def test_forward_and_compute(gpt, hw):
+    x = _cands(gpt, hw)
+    eff = hw.efficiency
+    elementwise = eff.elementwise_bytes_per_token_hidden / 34.0 * lt.activation_bytes(x, False, False)[0] / _hbm(hw)
+    forward = lt.forward_time(x, 0.5, 0.25, 0.125, False)[0]
+    assert forward == pytest.approx(0.5 + 0.25 + elementwise + 0.125 + eff.layer_overhead_s, rel=REL)
+    assert lt.compute_time(2.0) == 6.0
+
+
+def test_recompute_terms(gpt, hw):
+    full = _cands(gpt, hw, recompute="full", recompute_num_layers=3)
+    assert lt.full_recompute_time(full, 2.0)[0] == 1.0
+    selective = _cands(gpt, hw, recompute="selective", recompute_modules="core_attn")
+    assert lt.selective_recompute_time(selective, 0.3, 0.1, False)[0] == pytest.approx(0.4)
+    assert lt.selective_recompute_time(_cands(gpt, hw), 0.3, 0.1, False)[0] == 0.0
+
+
+def test_tp_comm_is_two_all_reduces_per_layer_and_overlap_hides_behind_gemms(gpt, hw):
+    all_reduce = 2 * (3 / 4 * 2 * 1024 * 12288 / _nvlink(hw) + hw.nvlink_latency_us * 1e-6)
+    total = 2 * 2 * all_reduce  # two blocks, forward and backward
+    assert lt.tp_comm_time(_cands(gpt, hw), 2.0, 1.0)[0] == pytest.approx(total, rel=REL)
+    overlapped = _cands(gpt, hw, tp_comm_overlap=True)
+    assert lt.tp_comm_time(overlapped, 2.0, 0.0)[0] == pytest.approx(total, rel=REL)
+    assert lt.tp_comm_time(overlapped, 2.0, 1.0)[0] == pytest.approx((1 - hw.efficiency.tp_overlap) * total, rel=REL)
+
+
+def test_cp_ring_exchange_sends_kv_cp_minus_one_hops_three_times(gpt, hw):
+    x = _cands(gpt, hw)  # tp 4 x cp 2 = one NVLink domain
+    kv_bytes = 2 * 1 * 1024 * 256 * (96 / 4)  # K and V (qk + v dims) of the local heads
+    ring = 3 * 1 * (kv_bytes / _nvlink(hw) + hw.nvlink_latency_us * 1e-6)
+    assert lt.cp_comm_time(x, 0.0)[0] == pytest.approx(ring, rel=REL)
+    assert lt.cp_comm_time(x, 1.0)[0] == pytest.approx((1 - hw.efficiency.cp_overlap) * ring, rel=REL)
+    assert lt.cp_comm_time(_cands(gpt, hw, cp=1, dp=8), 0.0)[0] == 0.0
+
+
+def test_fsdp_gathers_twice_and_reduce_scatters_once_per_layer(gpt, hw):
+    x = _cands(gpt, hw, fsdp=True)
+    params = 1e8
+    one = _reduce_scatter(hw, params * 2.0, 8, 2)  # BF16 weights or BF16 gradients over dp*cp = 8
+    # Nothing to hide behind (forward 0): gather before forward, gather + reduce after backward.
+    assert lt.fsdp_time(x, params, 0.0, 0.0, 0.0, False)[0] == pytest.approx(3 * one, rel=REL)
+    assert lt.fsdp_time(_cands(gpt, hw), params, 0.0, 0.0, 0.0, False)[0] == 0.0
+
+
+def test_ep_all_to_alls_dispatch_and_combine_each_way(mixtral, hw):
+    x = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+    imbalance = 1 + hw.efficiency.moe_load_imbalance * math.sqrt(2 * math.log(8))
+    assert x.imbalance[0] == pytest.approx(imbalance, rel=REL)
+    nbytes = 4096 * 2 * 4096 * 2.0 * imbalance  # tokens x top-2 x hidden, BF16, busiest rank
+    alltoall = nbytes * 7 / 8 / (hw.nvlink_gbps / 2 * 1e9 * hw.efficiency.alltoall) + hw.nvlink_latency_us * 1e-6
+    assert lt.ep_comm_time(x, 1.0, True)[0] == pytest.approx(4 * alltoall, rel=REL)
+    assert lt.ep_comm_time(x, 1.0, False)[0] == 0.0
+    overlapped = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64,
+                        overlap_moe_expert_parallel_comm=True)
+    assert lt.ep_comm_time(overlapped, 1.0, True)[0] == pytest.approx((1 - hw.efficiency.ep_overlap) * 4 * alltoall,
+                                                                      rel=REL)
+
+
+def test_routed_experts_run_k_copies_of_each_token_at_the_grouped_gemm_efficiency(mixtral, hw):
+    x = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+    copies = 4096 * 2 * x.imbalance[0]
+    group_flops = 2 * (4096 * 2 * 8 / 8) * 176160768 / 2  # one expert's FC1 or FC2 on its tokens
+    eff = hw.efficiency.grouped_gemm_max / (1 + hw.efficiency.grouped_gemm_half_gflop / (group_flops / 1e9))
+    expected = 2 * copies * 176160768 / (989e12 * eff)
+    assert lt.routed_experts_time(x)[0] == pytest.approx(expected, rel=REL)
+
+
+@pytest.mark.parametrize("model_name", ["175b", "mixtral-8x7b"])
+@pytest.mark.parametrize("recompute", ["full", "selective"])
+def test_layer_time_is_the_sum_of_its_named_terms(model_name, recompute, hw):
+    model = io.load_model(model_name)
+    knobs = dict(tp=2, pp=2, vp=1, cp=2, dp=2, ep=2 if model.is_moe else 1, fsdp=True, recompute=recompute,
+                 recompute_num_layers=1 if recompute == "full" else 0, precision="fp8-delayed",
+                 tp_comm_overlap=True, gbs=16, flash_attention=False)
+    x = _cands(model, hw, **knobs)
+    layers = lt.layers(x)
+    attention, softmax = lt.attention_time(x), lt.softmax_time(x)
+    for layer, is_moe in ((layers.dense, False), (layers.moe, True)) if model.is_moe else ((layers.dense, False),):
+        forward = layer["forward"]
+        named = {k: layer[k][0] for k in ("compute", "fp8_cast", "selective_recompute", "full_recompute", "tp_comm",
+                                          "cp_comm", "fsdp", "ep_comm")}
+        idle = {"selective_recompute" if recompute == "full" else "full_recompute"} | (set() if is_moe else {"ep_comm"})
+        assert all((value > 0) != (name in idle) for name, value in named.items()), named
+        assert named["compute"] == pytest.approx(3 * forward[0], rel=REL)
+        assert named["fp8_cast"] == pytest.approx(lt.fp8_cast_time(x, is_moe)[0], rel=REL)
+        if recompute == "full":  # one layer of each chunk (pp 2, vp 1: a stage's layers)
+            assert named["full_recompute"] == pytest.approx(forward[0] / x.first_layers[0], rel=REL)
+        elif not is_moe:  # core_attn: the attention core and the unfused softmax again
+            assert named["selective_recompute"] == pytest.approx(attention[0] + softmax[0], rel=REL)
+        assert named["cp_comm"] == pytest.approx(lt.cp_comm_time(x, attention)[0], rel=REL)
+        assert layer["time"][0] == pytest.approx(sum(named.values()), rel=REL)
+        assert layer["recompute"][0] == pytest.approx(named["selective_recompute"] + named["full_recompute"], rel=REL)
+
+
+def test_a_layer_keeps_its_activations_or_only_its_input_when_recomputed(gpt, hw):
+    sbh = 1024 * 12288  # one micro-batch's tokens on this CP rank x hidden
+    kept = 34 * sbh / 4  # Korthikanti et al.: 34 sbh / t with SP and no stored scores
+    x = _cands(gpt, hw)
+    assert lt.activation_bytes(x, False, False)[0] == pytest.approx(kept, rel=REL)
+    assert lt.stored_activation_bytes(x, False)[0] == pytest.approx(kept, rel=REL)
+    half = _cands(gpt, hw, recompute="full", recompute_num_layers=3)  # 3 of 6 layers per chunk
+    assert lt.stored_activation_bytes(half, False)[0] == pytest.approx(0.5 * 2 * sbh / 4 + 0.5 * kept, rel=REL)
+
+
+# --- stage terms -------------------------------------------------------------------------------
+
+def test_logits_are_the_output_gemms_and_the_loss_passes(gpt, hw):
+    x = _cands(gpt, hw)
+    logit_flops = 2 * 1024 * 12288 * 50304 / 4
+    eff = hw.efficiency.gemm_max / (1 + hw.efficiency.gemm_half_gflop / (logit_flops / 1e9))
+    loss = 4 * 4.0 * 1024 * 50304 / 4 / _hbm(hw)  # four passes over the FP32 logits
+    assert st.logits_time(x)[0] == pytest.approx(3 * logit_flops / (989e12 * eff) + loss, rel=REL)
+
+
+def test_pipeline_p2p_sends_each_chunks_activations_and_gradients(gpt, hw):
+    x = _cands(gpt, hw)  # 256 GPUs: neighbouring stages on different nodes
+    p2p = 2 * 1024 * 12288 / 4 / _network(hw) + hw.internode_latency_us * 1e-6
+    assert st.pp_comm_time(x)[0] == pytest.approx(2 * 2 * (1 - hw.efficiency.pp_overlap) * p2p, rel=REL)
+    assert st.pp_comm_time(_cands(gpt, hw, pp=1, vp=1, dp=32))[0] == 0.0
+
+
+def _fake_layers(x, **dense):
+    base = dict(time=1.0, forward=0.5e-3, compute=1.5e-3, stored=1e9, working=2e9, params=1e8, expert_params=0.0,
+                fp8_cast=0.0, recompute=0.0, tp_comm=0.0, cp_comm=0.0, ep_comm=0.0, fsdp=0.0)
+    values = {k: np.full_like(x.t, v) for k, v in {**base, **dense}.items()}
+    return lt.Layers(values, {k: np.zeros_like(x.t) for k in values})
+
+
+def test_offloading_exposes_what_the_passes_cannot_hide(gpt, hw):
+    x = _cands(gpt, hw, pp=1, vp=1, dp=32, cpu_offloading_num_layers=10)
+    layers = _fake_layers(x)
+    transfer = 10 * 1e9 / (hw.host_link_gbps * 1e9)
+    expected = max(transfer - 96 * 0.5e-3, 0) + max(transfer - 96 * 1.0e-3, 0)
+    assert st.offload_time(x, layers)[0] == pytest.approx(expected, rel=REL)
+    assert st.offload_time(_cands(gpt, hw, pp=1, vp=1, dp=32), layers)[0] == 0.0
+
+
+def test_stage_times_add_what_only_each_stage_does(gpt, hw):
+    x = _cands(gpt, hw)
+    stages = st.stage_times(x, _fake_layers(x))
+    pp, logits = st.pp_comm_time(x)[0], st.logits_time(x)[0]
+    assert stages.first[0] == pytest.approx(12 + pp, rel=REL)
+    assert stages.middle[0] == pytest.approx(12 + pp, rel=REL)
+    assert stages.last[0] == pytest.approx(12 + pp + logits, rel=REL)
+    single = _cands(gpt, hw, pp=1, vp=1, dp=32, cpu_offloading_num_layers=10)
+    one = st.stage_times(single, _fake_layers(single))
+    offload = st.offload_time(single, _fake_layers(single))[0]
+    assert one.first[0] == pytest.approx(96 + st.logits_time(single)[0] + offload, rel=REL)
+
+
+def test_stage_params_hold_the_embedding_first_and_the_output_layer_last(gpt, hw):
+    x = _cands(gpt, hw)
+    (first, _), (middle, _), (last, _) = st.stage_params(x, _fake_layers(x))
+    embedding = 50304 * 12288 / 4
+    assert first[0] == pytest.approx(12 * 1e8 + embedding) and middle[0] == 12 * 1e8
+    assert last[0] == pytest.approx(12 * 1e8 + embedding)  # GPT-3 ties them: a copy on the last stage
+
+
+# --- schedule and step terms -------------------------------------------------------------------
+
+def _stages(first, middle, last, logits=0.1, offload=0.0):
+    arr = lambda v: np.array([v])  # noqa: E731
+    return st.StageTimes(arr(first), arr(middle), arr(last), arr(logits), arr(0.01), arr(offload))
+
+
+def test_schedule_runs_the_slowest_stage_m_times_plus_fill_and_drain(gpt, hw):
+    x = _cands(gpt, hw)  # pp 8, vp 2, m 16
+    sched = stp.schedule(x, _stages(1.0, 1.2, 1.1))
+    total = 1.0 + 6 * 1.2 + 1.1
+    assert sched.time[0] == pytest.approx(16 * 1.2 + (total - 1.2) / 2, rel=REL)
+    assert sched.slowest[0] == 1.2 and sched.layers[0] == 12 and sched.logits[0] == 0.0
+    last = stp.schedule(x, _stages(1.0, 1.0, 1.3))
+    assert last.logits[0] == 0.1 and last.slowest[0] == 1.3
+
+
+def test_dp_comm_reduces_gradients_and_gathers_parameters_per_chunk(gpt, hw):
+    x = _cands(gpt, hw, distributed_optimizer=True, overlap_grad_reduce=False, overlap_param_gather=False)
+    params = 4e8
+    chunk = _reduce_scatter(hw, params / 2 * 2.0, 8, 2)  # BF16 gradients (and weights) of one of 2 chunks
+    assert stp.dp_comm_time(x, params, 0.0, 1.0)[0] == pytest.approx(2 * chunk + 2 * chunk, rel=REL)
+    plain = _cands(gpt, hw, distributed_optimizer=False, overlap_grad_reduce=False, overlap_param_gather=False)
+    assert stp.dp_comm_time(plain, params, 0.0, 1.0)[0] == pytest.approx(2 * 2 * chunk, rel=REL)  # all-reduce
+    assert stp.dp_comm_time(_cands(gpt, hw, fsdp=True), params, 0.0, 1.0)[0] == 0.0
+
+
+def test_optimizer_reads_and_writes_its_share_of_the_states(gpt, hw):
+    params = 4e8
+    sharded = _cands(gpt, hw, distributed_optimizer=True)
+    assert stp.optimizer_time(sharded, params, 0.0)[0] == pytest.approx(params / 8 * 32 / _hbm(hw), rel=REL)
+    whole = _cands(gpt, hw, distributed_optimizer=False)
+    assert stp.optimizer_time(whole, params, 0.0)[0] == pytest.approx(params * 32 / _hbm(hw), rel=REL)
+
+
+def test_weight_cast_is_once_per_step_on_the_bottleneck_stage(gpt, hw):
+    x = _cands(gpt, hw, precision="fp8-delayed")
+    sched = stp.schedule(x, _stages(1.0, 1.2, 1.1))
+    assert stp.weight_cast_time(x, _fake_layers(x), sched)[0] == pytest.approx(12 * 1e8 * 4.0 / _hbm(hw), rel=REL)
+
+
+def test_step_is_the_schedule_plus_the_once_per_step_terms(gpt, hw):
+    x = _cands(gpt, hw, precision="fp8-delayed")
+    layers = _fake_layers(x, compute=0.6, fp8_cast=0.1, recompute=0.1, tp_comm=0.1, cp_comm=0.05, fsdp=0.05)
+    stages = _stages(1.0, 1.2, 1.1)
+    params = st.stage_params(x, layers)
+    out = stp.step_breakdown(x, layers, stages, params)
+    sched = stp.schedule(x, stages)
+    dense, experts = stp.heaviest_stage_params(x, params)
+    expected = (sched.time + stp.dp_comm_time(x, dense, experts, 12.0) + stp.optimizer_time(x, dense, experts)
+                + stp.weight_cast_time(x, layers, sched))
+    assert out["step_time_s"][0] == pytest.approx(expected[0], rel=REL)
+    assert out["cp_comm_s"][0] == pytest.approx(16 * 12 * 0.05) and out["pp_comm_s"][0] == pytest.approx(16 * 0.01)
+    assert out["bubble_s"][0] == pytest.approx(sched.time[0] - 16 * 1.2)
+
+
+# --- memory terms ------------------------------------------------------------------------------
+
+def test_model_states_follow_the_distributed_optimizer(gpt, hw):
+    x = _cands(gpt, hw, precision="fp8-delayed", distributed_optimizer=True)
+    layers = _fake_layers(x)
+    weights, grads, optimizer, fp8 = pm.model_states(x, layers, (1e9, 0.0), 12, 0)
+    assert (weights[0], grads[0]) == (2e9, 2e9)  # BF16 weights, BF16-reduced gradients
+    assert optimizer[0] == pytest.approx(12 * 1e9 / 8)  # Adam sharded over dp*cp
+    assert fp8[0] == pytest.approx(2 * 12 * 1e8)  # FP8 weight and its transpose, per layer
+
+
+def test_logits_and_head_inputs_on_the_last_stage(gpt, hw):
+    x = _cands(gpt, hw)
+    softmax_and_logits = (4 + 2) * 1024 * 50304 / 4
+    head_inputs = 2 * (2 * 1024 * 12288 / 4)  # final norm and output layer inputs, SP-sharded
+    assert pm.logits_bytes(x)[0] == pytest.approx(softmax_and_logits + head_inputs, rel=REL)
+
+
+def test_activations_in_flight_on_the_first_stage(gpt, hw):
+    x = _cands(gpt, hw)  # pp 8, vp 2, m 16
+    (first, middle, last), logits = pm.activation_bytes(x, _fake_layers(x))
+    held = ((2 - 1) * 8 + 2 * 7 + 1) / 2  # interleaved warm-up plus the one in flight, in chunks
+    embedding = 8 * 1024 + 1024 * 12288  # token ids and the dropout mask per micro-batch
+    assert first[0] == pytest.approx(held * 12 * 1e9 + 2e9 + held * embedding, rel=REL)
+    assert last[0] == pytest.approx(((2 - 1) * 8 + 1) / 2 * 12 * 1e9 + 2e9 + pm.logits_bytes(x)[0], rel=REL)
+    assert logits[0] == 0.0 and logits[2][0] == pm.logits_bytes(x)[0]
+
+
+def test_a_plan_fits_when_its_fullest_stage_is_under_the_memory_share(gpt, hw):
+    cols = plan_columns([Plan(tp=4, pp=8, vp=2, cp=2, dp=4, mbs=1, gbs=64)])
+    peak = estimate_columns(gpt, hw, cols, 1.0)["peak_memory_gib"][0]
+    share = peak / hw.memory_gib
+    assert estimate_columns(gpt, hw, cols, share * 1.001)["fits"][0]
+    assert not estimate_columns(gpt, hw, cols, share * 0.999)["fits"][0]
+
+
+def test_estimate_reports_every_named_term(gpt, hw):
+    cols = plan_columns([Plan(tp=4, pp=8, vp=2, cp=2, dp=4, mbs=1, gbs=64, precision="fp8-delayed")])
+    out = estimate_columns(gpt, hw, cols)
+    assert sum(out[k][0] for k in stp.BREAKDOWN_KEYS) == pytest.approx(out["step_time_s"][0], rel=1e-9)
+    assert all(out[k][0] > 0 for k in ("compute_s", "fp8_cast_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "bubble_s",
+                                       "dp_comm_s", "optimizer_s"))
+    slower = dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, internode=0.4))
+    assert estimate_columns(gpt, slower, cols)["pp_comm_s"][0] > out["pp_comm_s"][0]
