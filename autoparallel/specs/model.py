@@ -63,6 +63,14 @@ class ModelSpec:
     # --moe-router-force-load-balancing: route uniformly at random (Megatron's benchmarking switch;
     # NVIDIA's published MoE throughputs use it), so no EP rank waits for a busier one.
     moe_router_force_load_balancing: bool = False
+    # Group-limited ("node-limited") routing (--moe-router-num-groups, --moe-router-group-topk):
+    # the experts form num_groups groups and each token picks its experts from its group_topk best
+    # groups (DeepSeek-V3: 8 groups, top 4, so a token reaches at most 4 nodes under EP64).
+    moe_router_num_groups: int | None = None
+    moe_router_group_topk: int | None = None
+    # Multi-token prediction (--mtp-num-layers): extra transformer layers on the last pipeline
+    # stage, each predicting one more token with its own output pass (DeepSeek-V3: 1).
+    mtp_num_layers: int = 0
     # Multi-latent attention (DeepSeek-V2/V3; --multi-latent-attention and its ranks, with
     # Megatron-LM's defaults): queries through a rank-q_lora_rank bottleneck (None: a full-rank
     # query projection), keys and values through one of kv_lora_rank; each head's query/key has
@@ -121,6 +129,15 @@ class ModelSpec:
                 raise ValueError(f"moe_expert_capacity_factor must be positive (or left out for "
                                  f"dropless routing), got {self.moe_expert_capacity_factor}")
             self.moe_layer_pattern  # noqa: B018 (raises if the pattern is not one of 0/1 per layer)
+            groups, group_topk = self.moe_router_num_groups, self.moe_router_group_topk
+            if (groups is None) != (group_topk is None):
+                raise ValueError("moe_router_num_groups and moe_router_group_topk go together (group-limited "
+                                 f"routing), got {groups} and {group_topk}")
+            if groups is not None and (groups < 1 or self.num_experts % groups or not 1 <= group_topk <= groups):
+                raise ValueError(f"moe_router_num_groups={groups} must divide num_experts={self.num_experts} and "
+                                 f"moe_router_group_topk={group_topk} be in 1..{groups}")
+        if self.mtp_num_layers < 0:
+            raise ValueError(f"mtp_num_layers must be 0 or more, got {self.mtp_num_layers}")
 
     @property
     def query_groups(self) -> int:
