@@ -31,7 +31,7 @@ from autoparallel.errors import UserError
 from autoparallel.io import from_dict, read_yaml, resolve_preset
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
-from autoparallel.specs.plan import FP8_PRECISIONS, PRECISION_CHOICES, RECOMPUTE_CHOICES, Plan
+from autoparallel.specs.plan import DISPATCHER_CHOICES, FP8_PRECISIONS, PRECISION_CHOICES, RECOMPUTE_CHOICES, Plan
 
 STRUCTURE_KNOBS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
 SPLIT_COLUMNS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
@@ -39,7 +39,7 @@ SPLIT_COLUMNS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipel
                  "pipeline_model_parallel_layout")
 FEATURE_KNOBS = ("sp", "recompute", "distributed_optimizer", "overlap_dp_comm", "tp_comm_overlap",
                  "grad_reduce_in_fp32", "precision", "fp8_bf16_edge_layers", "flash_attention", "fsdp",
-                 "overlap_moe_expert_parallel_comm")
+                 "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type")
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,7 @@ class SearchSpace:
     flash_attention: tuple[bool, ...] = (True,)
     fsdp: tuple[bool, ...] = (False,)
     overlap_moe_expert_parallel_comm: tuple[bool, ...] = (False,)
+    moe_token_dispatcher_type: tuple[str, ...] = ("alltoall",)
     # Shares of the layers whose activations are offloaded to host memory (Megatron-LM's
     # --cpu-offloading-num-layers; only without pipeline parallelism and recompute).
     cpu_offload_fractions: tuple[float, ...] = (0.0,)
@@ -77,6 +78,13 @@ class SearchSpace:
     # MoE models where no other split fits: Megatron's flexible --pipeline-model-parallel-layout,
     # up to this vp (NVIDIA's DeepSeek-V3 layouts use vp <= 4; every vp would multiply the search).
     pipeline_layout_max_vp: int = 4
+    # A pinned --pipeline-model-parallel-layout (Megatron's E/t/m/L string): the only split, on
+    # every pp that divides its virtual stages.
+    pipeline_layout: str = ""
+    # Heuristic, as Megatron's MoE guide advises: where the space holds both, the alltoall
+    # dispatcher for EP groups inside one node and flex (DeepEP / HybridEP) for those across
+    # nodes, instead of both everywhere (which doubles a MoE search).
+    dispatcher_by_ep_span: bool = True
 
     def __post_init__(self) -> None:
         for name in STRUCTURE_KNOBS:
@@ -88,6 +96,9 @@ class SearchSpace:
         bad = set(self.recompute) - set(RECOMPUTE_CHOICES)
         if bad:
             raise ValueError(f"recompute {sorted(bad)} is not one of {', '.join(RECOMPUTE_CHOICES)}")
+        bad = set(self.moe_token_dispatcher_type) - set(DISPATCHER_CHOICES)
+        if bad:
+            raise ValueError(f"moe_token_dispatcher_type {sorted(bad)} is not one of {', '.join(DISPATCHER_CHOICES)}")
         bad = set(self.precision) - set(PRECISION_CHOICES)
         if bad:
             raise ValueError(f"precision {sorted(bad)} is not one of {', '.join(PRECISION_CHOICES)}")
@@ -111,7 +122,7 @@ class SearchSpace:
 
 
 SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "uneven_pipeline_split", "cpu_offloading_num_layers",
-            "pipeline_layout_max_vp")
+            "pipeline_layout_max_vp", "pipeline_layout", "dispatcher_by_ep_span")
 
 
 def load_space(name_or_path: str = "training") -> SearchSpace:
@@ -140,12 +151,15 @@ def _first_reason(df: pd.DataFrame, rules: list[tuple[np.ndarray, Any]]) -> np.n
 def _pipeline_layouts(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
     """Every (pp, vp, split) of the space: one row per split Megatron accepts, or one row with
     the reason no split exists for a vp the space lists."""
+    if space.pipeline_layout:
+        return _pinned_layout(model, space)
     rows = []
     for pp in space.pp:
         listed = space.vp != "auto"
         for vp in (space.vp if listed else range(1, model.num_layers // pp + 1)):
             options = pipeline.splits(model.num_layers, pp, vp, space.uneven_pipeline_split,
-                                      layouts=model.is_moe and vp <= space.pipeline_layout_max_vp)
+                                      layouts=model.is_moe and vp <= space.pipeline_layout_max_vp,
+                                      mtp=model.mtp_num_layers)
             if options:
                 rows += [(pp, vp, *split, "") for split in options]
             elif listed and pp * vp > 1:
@@ -153,6 +167,29 @@ def _pipeline_layouts(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
                        f"{model.num_layers} layers not divisible by pp*vp={pp * vp}"
                        + ("" if not space.uneven_pipeline_split else " and no uneven split of Megatron-LM fits"))
                 rows.append((pp, vp, 0, 0, False, False, "", why))
+    return pd.DataFrame(rows, columns=["pp", "vp", *SPLIT_COLUMNS, "layout_reason"])
+
+
+def _pinned_layout(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
+    """The pinned layout on each pp of the space that divides its virtual stages (vp = stages/pp),
+    or the reason a pp cannot take it."""
+    layout = space.pipeline_layout
+    error = pipeline.layout_error(layout, model.num_layers, model.mtp_num_layers)
+    if error:
+        raise UserError(error)
+    stages = len(pipeline.layout_stages(layout))
+    rows = []
+    for pp in space.pp:
+        vp = stages // pp
+        if stages % pp:
+            why = f"pipeline layout has {stages} virtual stages, not divisible by pp={pp}"
+        elif space.vp != "auto" and vp not in space.vp:
+            why = f"pipeline layout has {stages} virtual stages: vp={vp} on pp={pp}, not in vp {list(space.vp)}"
+        elif pp == 1 and vp > 1:
+            why = "interleaving (vp>1) needs pp>=2"
+        else:
+            why = ""
+        rows.append((pp, max(vp, 1), 0, 0, False, False, layout, why))
     return pd.DataFrame(rows, columns=["pp", "vp", *SPLIT_COLUMNS, "layout_reason"])
 
 
@@ -200,19 +237,23 @@ def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus:
         (space.tp_within_nvlink_domain & (etp > hw.nvlink_domain),
          lambda d: [f"etp={a} crosses the {hw.nvlink_domain}-GPU NVLink domain" for a in d.etp]),
         (m == 0, lambda d: [f"gbs {gbs} not divisible by mbs*dp={a * b}" for a, b in zip(d.mbs, d.dp)]),
-        ((vp > 1) & (m % pp != 0),
-         lambda d: [f"interleaving needs micro-batches ({gbs // (a * b)}) divisible by pp={c}"
+        # schedules.py takes any m >= pp with --microbatch-group-size-per-virtual-pipeline-stage
+        # (pipeline.microbatch_group) where m is not a multiple of pp.
+        ((vp > 1) & (m < pp),
+         lambda d: [f"interleaving needs at least pp={c} micro-batches, got {gbs // (a * b)}"
                     for a, b, c in zip(d.mbs, d.dp, d.pp)]),
     ]
     return _first_reason(df, rules)
 
 
-def _without_inapplicable(features: pd.DataFrame, space: SearchSpace) -> pd.DataFrame:
+def _without_inapplicable(features: pd.DataFrame, space: SearchSpace, model: ModelSpec) -> pd.DataFrame:
     """Drop the combinations a knob cannot apply to (BF16 edge layers without an FP8 recipe, TP
-    overlap without SP) when the space also holds that knob off: they would only be rejected. A
-    user who pinned the knob on gets the rule's reason instead."""
+    overlap without SP, a token dispatcher of a dense model) when the space also holds that knob
+    off: they would only be rejected. A user who pinned the knob on gets the rule's reason instead."""
     fp8 = features.precision.isin(FP8_PRECISIONS)
     inapplicable = np.zeros(len(features), dtype=bool)
+    if "alltoall" in space.moe_token_dispatcher_type and not model.is_moe:
+        inapplicable |= features.moe_token_dispatcher_type != "alltoall"
     if 0 in space.fp8_bf16_edge_layers:
         inapplicable |= (features.fp8_bf16_edge_layers > 0) & ~fp8
     if False in space.tp_comm_overlap:
@@ -241,6 +282,10 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
          "TP comm overlap (Userbuffers) cannot carry fp8-blockwise tensors (TE: Unsupported quantizer "
          "for Userbuffers)"),
         (model.is_moe & (precision == "fp16"), "expert parallel models train in BF16, not FP16 (Megatron-LM)"),
+        (df.overlap_moe_expert_parallel_comm.to_numpy() & (df.moe_token_dispatcher_type.to_numpy() == "allgather"),
+         "overlap_moe_expert_parallel_comm is supported with alltoall/flex token dispatcher (Megatron-LM)"),
+        ((not model.is_moe) & (df.moe_token_dispatcher_type.to_numpy() != "alltoall"),
+         f"a token dispatcher applies to MoE models; {model.name} is dense"),
     ]
     return _first_reason(df, rules)
 
@@ -306,12 +351,13 @@ def _cross(structures: pd.DataFrame, features: pd.DataFrame) -> pd.DataFrame:
     """Valid structures x valid features. Sequence parallel (and the TP overlap that needs it)
     means nothing at tp=1 (Megatron turns it off), FSDP nothing without a data-parallel group, the
     expert all-to-all overlap nothing without expert parallel and is refused for a pipeline
-    without virtual stages: such structures get each feature combination with those knobs off,
-    once."""
+    without virtual stages, the token dispatcher nothing on one GPU: such structures get each
+    feature combination with those knobs off (alltoall), once."""
     no_a2a_overlap = (structures.ep == 1) | ((structures.pp > 1) & (structures.vp == 1))
     useless = {"sp": (structures.tp == 1, {"sp": False, "tp_comm_overlap": False}),
                "fsdp": (structures.dp * structures.cp == 1, {"fsdp": False}),
-               "a2a": (no_a2a_overlap, {"overlap_moe_expert_parallel_comm": False})}
+               "a2a": (no_a2a_overlap, {"overlap_moe_expert_parallel_comm": False}),
+               "dispatch": (structures.ep * structures.etp == 1, {"moe_token_dispatcher_type": "alltoall"})}
     parts = []
     for flags in itertools.product((False, True), repeat=len(useless)):
         rows = structures
@@ -328,6 +374,19 @@ def _cross(structures: pd.DataFrame, features: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _cross_dispatchers(structures: pd.DataFrame, features: pd.DataFrame, model: ModelSpec, hw: HardwareSpec,
+                       space: SearchSpace) -> pd.DataFrame:
+    """``_cross``, with ``dispatcher_by_ep_span``: alltoall only for EP groups inside one node,
+    flex only for those across nodes."""
+    offered = set(space.moe_token_dispatcher_type)
+    if not (model.is_moe and space.dispatcher_by_ep_span and {"alltoall", "flex"} <= offered):
+        return _cross(structures, features)
+    across = (structures.ep * structures.etp > hw.gpus_per_node).to_numpy()
+    dispatcher = features.moe_token_dispatcher_type
+    return pd.concat([_cross(structures[~across], features[dispatcher != "flex"]),
+                      _cross(structures[across], features[dispatcher != "alltoall"])], ignore_index=True)
+
+
 def _fill_rejected(rejected: pd.DataFrame, space: SearchSpace, gpus: int) -> pd.DataFrame:
     """A row rejected on its structure (or features) alone stands for every combination of the
     other knobs; it shows the space's first value of each so that every knob column holds a
@@ -337,12 +396,22 @@ def _fill_rejected(rejected: pd.DataFrame, space: SearchSpace, gpus: int) -> pd.
     firsts["overlap_grad_reduce"] = firsts["overlap_param_gather"] = firsts.pop("overlap_dp_comm")
     firsts.update(dict(zip(SPLIT_COLUMNS, pipeline.EVEN)), recompute_num_layers=0, cpu_offloading_num_layers=0)
     firsts["recompute_modules"] = space.recompute_modules[0]
+    firsts["moe_flex_dispatcher_backend"] = "deepep"
     out = rejected.assign(**{k: v for k, v in firsts.items() if k not in rejected})
     if "dp" not in rejected:
         model_parallel = out.tp * out.pp * out.cp
         out["dp"] = np.where(gpus % model_parallel == 0, gpus // model_parallel, 0)
     hints = typing.get_type_hints(Plan)
     return out.astype({k: hints[k] for k in out.columns if k in hints and hints[k] in (int, bool)})
+
+
+def flex_backend(ep_group, hw: HardwareSpec) -> np.ndarray:
+    """The flex dispatcher's backend Megatron-LM can run: HybridEP where the EP x ETP group spans
+    several nodes of one multi-node NVLink domain (GB200/GB300 NVL72: DeepEP does not do MNNVL),
+    DeepEP elsewhere (one node, or nodes joined by RDMA)."""
+    ep_group = np.asarray(ep_group)
+    mnnvl = (ep_group > hw.gpus_per_node) & (ep_group <= hw.nvlink_domain)
+    return np.where(mnnvl, "hybridep", "deepep")
 
 
 def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
@@ -360,7 +429,7 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     structures["reason"] = _structure_rules(structures, model, hw, gpus, gbs, space)
     structures = structures.drop(columns="layout_reason")
 
-    features = _without_inapplicable(_product(FEATURE_KNOBS, space), space)
+    features = _without_inapplicable(_product(FEATURE_KNOBS, space), space, model)
     # Megatron refuses the 1F1B all-to-all overlap with full recompute: off there.
     features.loc[features.recompute == "full", "overlap_moe_expert_parallel_comm"] = False
     features = features.drop_duplicates(ignore_index=True)
@@ -370,10 +439,11 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
 
     valid_structures = structures[structures.reason == ""].drop(columns="reason")
     valid_features = features[features.reason == ""].drop(columns="reason")
-    crossed = _cross(valid_structures, valid_features)
+    crossed = _cross_dispatchers(valid_structures, valid_features, model, hw, space)
     crossed = _expand_recompute_layers(crossed, model, space, recompute_num_layers)
     crossed = _expand_recompute_modules(crossed, model, space)
     crossed = _expand_offloading(crossed, model, space)
+    crossed["moe_flex_dispatcher_backend"] = flex_backend(crossed.ep * crossed.etp, hw)
     crossed["reason"] = np.where(crossed.reason == "", _layout_rules(crossed, model), crossed.reason)
     rejected = [_fill_rejected(part[part.reason != ""], space, gpus) for part in (structures, features)]
     out = pd.concat([crossed, *rejected], ignore_index=True)

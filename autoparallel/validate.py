@@ -40,7 +40,7 @@ from autoparallel.specs.hardware import Efficiency, HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
 
-TRAINING_RUNS = ("training_runs.csv", "training_runs_more.csv")
+TRAINING_RUNS = ("training_runs.csv", "training_runs_more.csv", "training_runs_papers.csv")
 LOAD_BALANCE_RUNS = "moe_load_balance.csv"
 ASSUMPTIONS = io.SEARCH_SPACES / "validation.yaml"
 MEASURED = {"hw_tflops": "measured_hw_tflops_per_gpu", "iteration_time": "measured_iteration_time_s",
@@ -118,11 +118,16 @@ def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
                       moe_layer_freq=int(freq) if str(freq).isdigit() else freq,
                       moe_router_force_load_balancing=force_balanced, hidden_dropout=0.0, attention_dropout=0.0,
                       multi_latent_attention=mla)
+        if _given(row, "moe_router_num_groups"):
+            stated.update(moe_router_num_groups=int(row["moe_router_num_groups"]),
+                          moe_router_group_topk=int(row["moe_router_group_topk"]))
         if mla:
             stated.update(q_lora_rank=opt_int("q_lora_rank"), kv_lora_rank=int(row["kv_lora_rank"]),
                           qk_head_dim=int(row["qk_head_dim"]), qk_pos_emb_head_dim=int(row["qk_pos_emb_head_dim"]),
                           v_head_dim=int(row["v_head_dim"]))
     stated.update({k: float(row[k]) for k in ("hidden_dropout", "attention_dropout") if _given(row, k)})
+    if _given(row, "mtp_num_layers"):
+        stated["mtp_num_layers"] = int(row["mtp_num_layers"])
     if _given(row, "tie_embeddings"):
         stated["tie_embeddings"] = bool(int(row["tie_embeddings"]))
     groups = None if stated.get("multi_latent_attention") else opt_int("num_query_groups")

@@ -367,3 +367,20 @@ def test_estimate_reports_every_named_term(gpt, hw):
                                        "dp_comm_s", "optimizer_s"))
     slower = dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, internode=0.4))
     assert estimate_columns(gpt, slower, cols)["pp_comm_s"][0] > out["pp_comm_s"][0]
+
+
+def test_mtp_adds_a_layer_and_another_output_pass_to_the_last_stage(gpt, hw):
+    model = dataclasses.replace(gpt, mtp_num_layers=1)
+    x = _cands(model, hw)
+    layers = _fake_layers(x)
+    logits = st.logits_time(x)[0]
+    projection = 3 * lt.linear_time(x, 2 * 12288 ** 2)[0]  # [embedding; hidden] -> hidden, fwd + bwd
+    stages = st.stage_times(x, layers)
+    assert stages.last[0] == pytest.approx(12 + st.pp_comm_time(x)[0] + logits + projection + 1.0 + logits, rel=REL)
+    assert stages.first[0] == pytest.approx(12 + st.pp_comm_time(x)[0], rel=REL)
+    (_, _), (_, _), (last, _) = st.stage_params(x, layers)
+    assert last[0] == pytest.approx(12 * 1e8 + 50304 * 12288 / 4 + 1e8 + 2 * 12288 ** 2 / 4)
+    (_, _, with_mtp), _ = pm.activation_bytes(x, layers)
+    (_, _, without), _ = pm.activation_bytes(_cands(gpt, hw), _fake_layers(x))
+    held = ((2 - 1) * 8 + 1) / 2
+    assert with_mtp[0] - without[0] == pytest.approx(held * 1e9 + pm.logits_bytes(x)[0], rel=REL)

@@ -86,7 +86,7 @@ def test_llama_layer_activations_differ_by_gqa_swiglu_and_no_dropout():
 def test_the_first_stage_holds_megatrons_interleaved_penalty():
     for pp, vp in ((8, 6), (4, 5), (16, 4)):
         penalty = 1 + (pp - 1) / (pp * vp)
-        assert pipeline.inflight_chunks(pp, vp, 1000, 0) / vp == pytest.approx(pp * penalty)
+        assert pipeline.inflight_chunks(pp, vp, 960, 0) / vp == pytest.approx(pp * penalty)
 
 
 def test_embedding_activations_are_megatrons(gpt3):
@@ -112,3 +112,14 @@ def test_fp8_keeps_one_byte_of_each_linear_input(gpt3):
 def test_the_last_interleaved_stage_holds_fewer_chunks_than_the_first():
     """Difference 5."""
     assert pipeline.inflight_chunks(8, 6, 1000, 7) == 5 * 8 + 1 < pipeline.inflight_chunks(8, 6, 1000, 0)
+
+
+def test_interleaving_runs_micro_batches_in_groups_megatron_accepts():
+    # schedules.py: the last group (m mod N) must be empty or at least pp; N defaults to pp.
+    assert pipeline.microbatch_group_size(128, 16) == 16
+    assert pipeline.microbatch_group_size(120, 16) == 20  # 120 mod 16..19 is 8, 1, 12, 6; 120 mod 20 = 0
+    assert pipeline.microbatch_group_size(33, 8) == 11
+    assert pipeline.microbatch_group_size(10, 16) is None
+    # The warm-up holds (vp-1) groups of N instead of pp.
+    assert pipeline.inflight_chunks(16, 2, 120, 0) == (2 - 1) * 20 + 2 * 15 + 1
+    assert pipeline.inflight_chunks(16, 2, 128, 0) == (2 - 1) * 16 + 2 * 15 + 1

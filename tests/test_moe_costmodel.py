@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from autoparallel import io
-from autoparallel.costmodel import flops, moe, pipeline
+from autoparallel.costmodel import dispatch, flops, moe, pipeline
 from autoparallel.costmodel.estimate import estimate_columns, estimate_plan, plan_columns
 from autoparallel.space import SearchSpace, generate, load_space
 from autoparallel.specs.plan import Plan
@@ -48,12 +48,12 @@ def test_larger_ep_is_no_longer_free(mixtral, h100):
 
 
 def test_alltoall_inside_the_nvlink_domain_is_cheaper(h100):
-    inside = moe.alltoall_time(h100, 1e9, 8, 1)
-    across = moe.alltoall_time(h100, 1e9, 16, 1)
+    inside = dispatch.alltoall_time(h100, 1e9, 8, 1)
+    across = dispatch.alltoall_time(h100, 1e9, 16, 1)
     assert across > 3 * inside > 0
-    assert moe.alltoall_time(h100, 1e9, 1, 1) == 0.0
+    assert dispatch.alltoall_time(h100, 1e9, 1, 1) == 0.0
     gb200 = io.load_hardware("gb200")
-    assert moe.alltoall_time(gb200, 1e9, 64, 1) < moe.alltoall_time(h100, 1e9, 64, 1) / 3  # NVL72
+    assert dispatch.alltoall_time(gb200, 1e9, 64, 1) < dispatch.alltoall_time(h100, 1e9, 64, 1) / 3  # NVL72
 
 
 def test_load_imbalance_costs_dropless_routing_only(mixtral, h100):

@@ -1,5 +1,7 @@
 """Uneven pipeline stages as Megatron-LM makes them, and their pricing stage by stage."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -100,3 +102,35 @@ def test_flexible_layout_only_where_no_other_split_fits():
     assert pipeline.splits(61, 4, 4) == []
     assert pipeline.splits(61, 4, 4, layouts=True) == [(0, 0, False, False, "Et*3|(t*4|)*14t*2L")]
     assert pipeline.splits(96, 8, 6, layouts=True) == [pipeline.EVEN]
+
+
+def test_balanced_layouts_place_mtp_before_the_loss():
+    assert pipeline.balanced_layout(61, 32, mtp=1) == "Et|(t*2|)*30mL"  # NVIDIA's DeepSeek-V3 recipe
+    assert pipeline.balanced_layout(61, 16) == "Et*3|(t*4|)*14t*2L"
+    assert pipeline.layout_stage_sizes("Et|(t*2|)*30mL") == [1] + [2] * 30 + [0]
+
+
+@pytest.mark.parametrize("layout, error", [
+    ("Et|(tt|)*30mL", ""),
+    ("Et|(tt|)*30L", "has 0 MTP layers (m), the model 1"),
+    ("Et|(tt|)*29mL", "has 59 decoder layers (t), the model 61"),
+    ("tE|(tt|)*30mL", "must start with the embedding E and end with the loss L"),
+    ("Et|(tx|)*30mL", "unknown symbol(s) x"),
+    ("Emt|(tt|)*30L", "places decoder layers after an MTP layer"),
+    ("E(t)*99999999L", "unrolls to more than"),
+])
+def test_a_pinned_layout_is_checked_as_megatron_checks_it(layout, error):
+    got = pipeline.layout_error(layout, 61, 1)
+    assert (error in got) if error else got == ""
+
+
+def test_a_pinned_layout_sets_pp_and_vp():
+    from autoparallel.space import generate, load_space
+    model = dataclasses.replace(io.load_model("deepseek-v3"), mtp_num_layers=1)
+    space = dataclasses.replace(load_space().pinned(pipeline_layout="Et|(tt|)*30mL", tp=1, ep=8, mbs=1,
+                                                    precision="bf16", recompute="full"), pp=(2, 8, 16, 64))
+    out = generate(model, io.load_hardware("gb300"), 256, 4096, space)
+    valid = out[out.reason == ""]
+    assert set(zip(valid.pp, valid.vp)) == {(2, 16), (8, 4), (16, 2)}
+    assert (valid.pipeline_model_parallel_layout == "Et|(tt|)*30mL").all()
+    assert out.reason.str.contains("32 virtual stages, not divisible by pp=64").any()

@@ -14,7 +14,8 @@ from autoparallel.argtypes import non_negative, positive
 KNOB_FLAGS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
 FEATURE_FLAGS = ("sp", "recompute", "precision", "fp8_bf16_edge_layers", "tp_comm_overlap",
                  "distributed_optimizer", "overlap_dp_comm", "grad_reduce_in_fp32", "flash_attention", "fsdp",
-                 "cpu_offloading_num_layers", "overlap_moe_expert_parallel_comm")
+                 "cpu_offloading_num_layers", "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type")
+SETTING_FLAGS = ("pipeline_layout",)
 # Never truncate in logs and pipes: a value cut to "fp8-de…" is worse than a wide line.
 console = Console(width=None if sys.stdout.isatty() else 400)
 
@@ -27,7 +28,7 @@ def add_target(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 
 def add_knobs(p: argparse.ArgumentParser) -> None:
-    from autoparallel.specs.plan import PRECISION_CHOICES, RECOMPUTE_CHOICES
+    from autoparallel.specs.plan import DISPATCHER_CHOICES, PRECISION_CHOICES, RECOMPUTE_CHOICES
     g = p.add_argument_group("layout knobs (any given knob is pinned; the rest is searched)")
     for name in KNOB_FLAGS:
         g.add_argument(f"--{name}", type=positive, help=f"pin {name}" + (" (expert tensor parallel, MoE)" if name == "etp" else ""))
@@ -49,12 +50,17 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
                    help="layers whose activations are offloaded to host memory (pp=1, no recompute)")
     g.add_argument("--overlap-moe-expert-parallel-comm", action=argparse.BooleanOptionalAction,
                    help="1F1B overlap of the MoE all-to-alls (with --delay-wgrad-compute)")
+    g.add_argument("--pipeline-layout", metavar="LAYOUT",
+                   help="pin Megatron's --pipeline-model-parallel-layout, e.g. 'Et|(tt|)*30mL' (E embedding, t decoder "
+                        "layer, m MTP layer, L loss, | between virtual stages); pp*vp = its stages")
+    g.add_argument("--moe-token-dispatcher-type", choices=DISPATCHER_CHOICES,
+                   help="MoE token dispatcher: NCCL all-to-all, all-gather, or flex (DeepEP / HybridEP)")
     p.add_argument("--space", default="training", help="search space preset or YAML path (default training)")
 
 
 def pins(args: argparse.Namespace) -> dict:
     """The knobs given on the command line (None: searched)."""
-    return {n: getattr(args, n) for n in KNOB_FLAGS + FEATURE_FLAGS}
+    return {n: getattr(args, n) for n in KNOB_FLAGS + FEATURE_FLAGS + SETTING_FLAGS}
 
 
 def inputs(args: argparse.Namespace):

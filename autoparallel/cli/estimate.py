@@ -12,7 +12,8 @@ from autoparallel.errors import UserError
 DEFAULTS = {"vp": 1, "cp": 1, "ep": 1, "etp": 1, "mbs": 1, "recompute": "none", "precision": "bf16",
             "fp8_bf16_edge_layers": 0, "tp_comm_overlap": False, "distributed_optimizer": True,
             "overlap_dp_comm": True, "grad_reduce_in_fp32": True, "flash_attention": True, "fsdp": False,
-            "cpu_offloading_num_layers": 0, "overlap_moe_expert_parallel_comm": False}
+            "cpu_offloading_num_layers": 0, "overlap_moe_expert_parallel_comm": False,
+            "moe_token_dispatcher_type": "alltoall"}
 
 
 def add_parser(sub) -> None:
@@ -41,6 +42,8 @@ def run(args: argparse.Namespace) -> None:
         raise UserError("estimate needs at least --tp and --pp (other knobs default to vp=cp=ep=etp=mbs=1, "
                         "sp when tp>1, no recompute, bf16)")
     defaults = {**DEFAULTS, "sp": args.tp > 1}
+    if args.pipeline_layout:  # its virtual stages set vp
+        del defaults["vp"]
     pinned = {k: (v if v is not None else defaults.get(k)) for k, v in pins(args).items()}
     space = space.pinned(**pinned)
     if args.recompute_num_layers is None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoparallel.costmodel import comm, dataparallel, flops, gemm, memory, moe
+from autoparallel.costmodel import comm, dataparallel, dispatch, flops, gemm, memory, moe
 from autoparallel.costmodel.candidates import Candidates
 
 GEMMS_PER_LAYER = 4  # QKV, projection, FC1 (gate and up fused), FC2
@@ -62,11 +62,20 @@ def activation_bytes(x: Candidates, is_moe: bool, keep_scores):
         moe=is_moe, etp=x.et, imbalance=x.imbalance)
 
 
+def unpermute_bytes(x: Candidates):
+    """The BF16 expert outputs the unpermutation scatter-adds back to their tokens: elementwise
+    traffic that, since Megatron-Core multiplies the routing probabilities in the activation,
+    leaves nothing saved for backward."""
+    return x.tokens / x.t * x.model.moe_router_topk * x.imbalance * memory.ROUTER_INPUT_BYTES * x.model.hidden_size
+
+
 def forward_time(x: Candidates, t_linear, attention, softmax, is_moe: bool):
     """One layer's forward: GEMMs, attention core, elementwise kernels (norms, activation,
-    residuals: bytes in proportion to what the layer saves), unfused softmax, fixed overhead."""
+    residuals, a MoE layer's unpermutation: bytes in proportion to what the layer saves and
+    moves), unfused softmax, fixed overhead."""
     eff = x.hw.efficiency
-    t_elementwise = eff.elementwise_bytes_per_token_hidden / 34.0 * activation_bytes(x, is_moe, False) / x.hbm
+    touched = activation_bytes(x, is_moe, False) + (unpermute_bytes(x) if is_moe else 0.0)
+    t_elementwise = eff.elementwise_bytes_per_token_hidden / 34.0 * touched / x.hbm
     overhead = eff.layer_overhead_s + (eff.moe_layer_overhead_s if is_moe else 0.0)
     return t_linear + attention + t_elementwise + softmax + overhead
 
@@ -147,13 +156,16 @@ def fsdp_time(x: Candidates, params, expert_params, forward, full_recompute, is_
 
 
 def ep_comm_time(x: Candidates, compute, is_moe: bool):
-    """Dispatch and combine all-to-alls each way, again in a recomputed forward (of the layer or
-    the MoE block); the 1F1B overlap hides them behind another micro-batch's compute."""
+    """Dispatch and combine each way, again in a recomputed forward (of the layer or the MoE
+    block), with the plan's token dispatcher; the 1F1B overlap hides them behind another
+    micro-batch's compute."""
     if not is_moe:
         return np.zeros_like(x.t)
+    dispatcher = x.knobs["moe_token_dispatcher_type"]
     recomputed = x.recomputed_fraction + np.where(x.modules["moe"], 1.0, 0.0)
-    dispatches = (4.0 + 2.0 * recomputed) * moe.dispatch_time(x.hw, x.model, x.tokens / x.t, x.e, x.et, x.imbalance)
-    return moe.exposed_dispatch(x.hw, dispatches, x.flag("overlap_moe_expert_parallel_comm"), compute)
+    one = dispatch.dispatch_time(x.hw, x.model, x.tokens / x.t, x.e, x.et, x.imbalance, dispatcher)
+    return dispatch.exposed_dispatch(x.hw, (4.0 + 2.0 * recomputed) * one,
+                                     x.flag("overlap_moe_expert_parallel_comm"), compute, dispatcher)
 
 
 def stored_activation_bytes(x: Candidates, is_moe: bool):

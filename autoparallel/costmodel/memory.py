@@ -21,8 +21,10 @@ optim_grads_params, FSDP2) shards weights and gradients too, and holds two layer
 weights (the one computing and the one prefetched) and one layer's full gradient unsharded.
 
 A MoE layer (``routed_expert_bytes``) keeps, per routed token copy on the GPU that computes it,
-the FC1 input gathered over expert TP, the FFN tensors, the unpermutation's input and the routing
-probability, on the busiest GPU ``imbalance`` times the even share; selective recompute of
+the FC1 input gathered over expert TP, the FFN tensors and the routing probability, on the busiest
+GPU ``imbalance`` times the even share: Megatron-Core (since 0.13) multiplies the probabilities in
+the experts' activation function (``weighted_bias_swiglu``), so the unpermutation, a scatter-add,
+keeps nothing; selective recompute of
 Megatron's modules spares parts of a layer (``recomputed_bytes``).
 
 ``tests/test_memory_megatron.py`` compares these counts with the formulas of Megatron-LM's
@@ -48,7 +50,7 @@ FP8_WEIGHT_COPY_BYTES = 2.0  # FP8 weight plus its transpose, cached across micr
 SOFTMAX_BYTES = 4.0  # the FP32 softmax the cross-entropy keeps for backward
 LOGITS_TRANSIENT_BYTES = 2.0  # the BF16 logits beside it while the loss is computed
 EMBEDDING_INPUT_BYTES = 8.0  # int64 token ids per token, per micro-batch in flight
-ROUTER_INPUT_BYTES = 2.0  # the MoE router's BF16 input (and the unpermutation's, per token copy)
+ROUTER_INPUT_BYTES = 2.0  # the MoE router's BF16 input
 
 
 def _gemm_input_bytes(fp8_fraction):
@@ -104,11 +106,11 @@ def sharded_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0, moe: bool
 def routed_expert_bytes(model: ModelSpec, tokens, etp, imbalance, fp8_fraction=0.0):
     """What one MoE layer's routed experts save on one GPU for ``tokens`` tokens dispatched from
     it: per token copy (k per token, ``imbalance`` times the even share on the busiest GPU) the
-    FC1 input gathered over ETP, the FFN tensors (split by ETP over etp times the tokens), the
-    unpermutation's input (for the routing probabilities' gradient) and the FP32 probability."""
+    FC1 input gathered over ETP, the FFN tensors (split by ETP over etp times the tokens) and the
+    FP32 probability (the weighted activation's second input)."""
     gemm_in = _gemm_input_bytes(fp8_fraction)
     h, ffn = model.hidden_size, model.expert_ffn_hidden_size
-    per_copy = etp * gemm_in * h + _per_ffn_unit(model, gemm_in) * ffn + ROUTER_INPUT_BYTES * h + 4.0
+    per_copy = etp * gemm_in * h + _per_ffn_unit(model, gemm_in) * ffn + 4.0
     return tokens * model.moe_router_topk * imbalance * per_copy
 
 

@@ -1,5 +1,5 @@
-"""The mixture-of-experts layer as Megatron-LM runs it (``--moe-token-dispatcher-type alltoall``,
-``--moe-grouped-gemm``), priced per GPU and micro-batch.
+"""The mixture-of-experts layer as Megatron-LM runs it (``--moe-grouped-gemm``), priced per GPU
+and micro-batch; moving the tokens to their experts is ``dispatch``.
 
 **Parallel folding** (``megatron/core/parallel_state.py``): attention runs on tp x cp x dp GPUs
 per stage; the expert layers regroup the same GPUs as etp x ep x edp (expert tensor, expert and
@@ -7,16 +7,11 @@ expert-data parallel, edp = tp*cp*dp / (ep*etp), ranks in that order, etp fastes
 num_experts / ep experts, each split over etp GPUs; expert gradients are reduced, and the
 distributed optimizer shards their Adam states, over the edp group, not over dp*cp.
 
-**One MoE layer forward** (``token_dispatcher.MoEAlltoAllTokenDispatcher``) on the T tokens a GPU
-holds (the micro-batch's b*s/cp, split over tp by sequence parallel): the router (a T x h x E
-GEMM), permutation, an all-to-all over the EP group sending each token to its top-k experts
-(T*k*h BF16 values, the share (ep-1)/ep leaving the GPU), an all-gather over the ETP group, the
-local experts' grouped GEMMs, a reduce-scatter over ETP, the combine all-to-all, unpermutation.
-The backward pass runs both all-to-alls again. An all-to-all's peers inside the NVLink domain
-are reached over NVLink, the others over the network, both at once; it reaches a fitted share
-(``alltoall``) of the link bandwidth. Without ``--overlap-moe-expert-parallel-comm`` the
-all-to-alls wait for the compute around them and it for them; with it, the all-to-alls of one
-micro-batch hide behind another's computation (``ep_overlap``, the share that can hide).
+**One MoE layer forward** on the T tokens a GPU holds (the micro-batch's b*s/cp, split over tp
+by sequence parallel): the router (a T x h x E GEMM), permutation, the dispatch of each token to
+its top-k experts over the EP group (``dispatch``: alltoall, allgather or flex), the local
+experts' grouped GEMMs, the combine back, unpermutation. The backward pass runs the dispatch and
+the combine again.
 
 **Grouped GEMMs**: each local expert sees T*k*etp*ep / E tokens on average; its two GEMMs are
 priced at the GEMM efficiency of their own size, so fine-grained experts (small FFN, few tokens
@@ -34,11 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoparallel.costmodel import comm
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
-
-DISPATCH_BYTES = 2.0  # BF16 tokens through the all-to-alls
 
 
 def local_experts(model: ModelSpec, ep):
@@ -70,35 +62,6 @@ def expert_flops(model: ModelSpec, tokens):
 def expert_gemm_flops(model: ModelSpec, tokens, ep, etp):
     """Average size of one grouped-GEMM group: one expert's FC1 or FC2 on its tokens."""
     return 2.0 * tokens_per_expert(model, tokens, ep, etp) * model.expert_params / etp / 2.0
-
-
-def alltoall_time(hw: HardwareSpec, nbytes, ep, etp):
-    """One all-to-all in which every GPU of an EP group sends ``nbytes`` split evenly over the
-    group. EP ranks are etp GPUs apart, so ``ranks_per_domain`` of them share an NVLink domain."""
-    ep = np.asarray(ep, dtype=float)
-    eff = hw.efficiency
-    inside = comm.ranks_per_domain(hw, ep, etp)
-    nvlink = hw.nvlink_unidirectional_gbps * 1e9 * eff.alltoall
-    network = hw.internode_gbps * 1e9 * eff.alltoall
-    intra = nbytes * (inside - 1) / ep / nvlink
-    inter = nbytes * (ep - inside) / ep / network
-    latency = np.where(ep > inside, hw.internode_latency_us, hw.nvlink_latency_us) * 1e-6
-    return np.where(ep > 1, np.maximum(intra, inter) + latency, 0.0)
-
-
-def dispatch_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance):
-    """One dispatch (or combine): the EP all-to-all of T*k tokens, then the ETP all-gather (or
-    the reduce-scatter before it). The busiest rank receives ``imbalance`` times its share."""
-    nbytes = tokens * model.moe_router_topk * model.hidden_size * DISPATCH_BYTES * imbalance
-    per_domain = comm.ranks_per_domain(hw, etp, 1)
-    return alltoall_time(hw, nbytes, ep, etp) + comm.reduce_scatter_time(hw, nbytes * etp, etp, per_domain)
-
-
-def exposed_dispatch(hw: HardwareSpec, total, overlap, window):
-    """What the step waits for of ``total`` seconds of all-to-alls: all of it, or with the 1F1B
-    overlap what ``window`` (another micro-batch's computation) cannot hide."""
-    hidden = np.maximum((1.0 - hw.efficiency.ep_overlap) * total, total - window)
-    return np.where(overlap, hidden, total)
 
 
 def expert_params_gpu(model: ModelSpec, ep, etp):

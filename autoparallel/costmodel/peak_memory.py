@@ -16,7 +16,7 @@ from autoparallel.costmodel import memory, pipeline
 from autoparallel.costmodel.candidates import Candidates
 from autoparallel.costmodel.layer_time import Layers
 from autoparallel.costmodel.memory import GIB
-from autoparallel.costmodel.stages import present
+from autoparallel.costmodel.stages import mtp_layer, present
 
 MEMORY_KEYS = ("weights_gib", "grads_gib", "optimizer_gib", "fp8_weights_gib",
                "activations_gib", "logits_gib", "reserve_gib")
@@ -66,8 +66,17 @@ def activation_bytes(x: Candidates, layers: Layers) -> tuple[list, list]:
     first = first + first_held * memory.embedding_activation_bytes(x.model, x.b, x.s_local)
     first = first + np.where(x.single, logits, 0.0)
     middle, _ = _in_flight(x, layers, x.middle_layers, x.middle_moe, 1)
-    last, _ = _in_flight(x, layers, x.last_layers, x.last_moe, x.p - 1)
+    last, last_held = _in_flight(x, layers, x.last_layers, x.last_moe, x.p - 1)
+    if x.model.mtp_num_layers:
+        mtp = mtp_bytes(x, layers, last_held, logits)
+        first, last = first + np.where(x.single, mtp, 0.0), last + mtp
     return [first, middle, last + logits], [np.where(x.single, logits, 0.0), 0.0, logits]
+
+
+def mtp_bytes(x: Candidates, layers: Layers, held, logits):
+    """Multi-token prediction on the last stage: each module's layer activations per micro-batch
+    in flight, and its own logits and loss while they are computed."""
+    return x.model.mtp_num_layers * (held * mtp_layer(layers, x.model)["stored"] + logits)
 
 
 def peak_memory(x: Candidates, layers: Layers, params: list, memory_fraction: float) -> dict:

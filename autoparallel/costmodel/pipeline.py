@@ -45,10 +45,12 @@ Split = tuple[int, int, bool, bool, str]
 EVEN: Split = (0, 0, False, False, "")
 
 
-def splits(num_layers: int, pp: int, vp: int, uneven: bool = True, layouts: bool = False) -> list[Split]:
+def splits(num_layers: int, pp: int, vp: int, uneven: bool = True, layouts: bool = False,
+           mtp: int = 0) -> list[Split]:
     """Every way Megatron-LM accepts to put ``num_layers`` layers on ``pp`` stages of ``vp``
     chunks: the even split when it exists, else (``uneven``) the accounted and explicit splits,
-    and where none of them fits (and ``layouts``) the balanced flexible layout.
+    and where none of them fits (and ``layouts``) the balanced flexible layout (with ``mtp``
+    multi-token-prediction layers before the loss).
 
     Explicit first/last sizes are taken lighter than the middle stages (the first stage holds
     the most activations, the last one the logits): the middle share is the smallest multiple
@@ -74,21 +76,24 @@ def splits(num_layers: int, pp: int, vp: int, uneven: bool = True, layouts: bool
             last = edges - first
             if last >= vp and (first, last, False, False, "") not in out:
                 out.append((first, last, False, False, ""))
-    if layouts and not out and num_layers + 2 >= chunks:  # every middle stage keeps a decoder layer
-        out.append((0, 0, False, False, balanced_layout(num_layers, chunks)))
+    if layouts and not out and num_layers + 2 + mtp >= chunks:  # every middle stage keeps a decoder layer
+        out.append((0, 0, False, False, balanced_layout(num_layers, chunks, mtp)))
     return out
 
 
-def balanced_layout(num_layers: int, stages: int) -> str:
+def balanced_layout(num_layers: int, stages: int, mtp: int = 0) -> str:
     """Megatron-LM's ``--pipeline-model-parallel-layout`` spreading L layers over ``stages``
-    virtual stages with the embedding and the loss counted as one layer each, the fuller stages
-    first: "Et*3|(t*4|)*14t*2L" for 61 layers on 16."""
-    slots = [(num_layers + 2) // stages + (i < (num_layers + 2) % stages) for i in range(stages)]
-    decoders = [n - (i == 0) - (i == stages - 1) for i, n in enumerate(slots)]
+    virtual stages with the embedding, each MTP layer and the loss counted as one layer each,
+    the fuller stages first: "Et*3|(t*4|)*14t*2L" for 61 layers on 16, "Et|(t*2|)*30mL" for 61
+    and one MTP layer on 32 (NVIDIA's DeepSeek-V3 recipe)."""
+    total = num_layers + 2 + mtp
+    slots = [total // stages + (i < total % stages) for i in range(stages)]
+    decoders = [n - (i == 0) - (i == stages - 1) * (1 + mtp) for i, n in enumerate(slots)]
+    head = "m" * mtp + "L"
     if stages == 1:
-        return f"E{_layers(decoders[0] + 1)}L"
+        return f"E{_layers(decoders[0] + 1 + mtp)}{head}"
     middle = "".join(_repeat(group) for group in _runs(decoders[1:-1]))
-    return f"E{_layers(decoders[0])}|{middle}{_layers(decoders[-1])}L"
+    return f"E{_layers(decoders[0])}|{middle}{_layers(decoders[-1])}{head}"
 
 
 def _layers(n: int) -> str:
@@ -111,13 +116,49 @@ def _repeat(run: tuple[int, int]) -> str:
     return f"{_layers(size)}|" if count == 1 else f"({_layers(size)}|)*{count}"
 
 
-def layout_stage_sizes(layout: str) -> list[int]:
-    """Decoder layers of each virtual stage of a ``--pipeline-model-parallel-layout`` string,
-    unrolled as Megatron's ``PipelineParallelLayerLayout.parse_str_to_list`` unrolls it."""
+LAYOUT_SYMBOLS = {"E": "embedding", "t": "decoder layer", "m": "MTP layer", "L": "loss"}
+MAX_LAYOUT_LENGTH = 100_000  # unrolled characters: far above any real model, below memory trouble
+
+
+def layout_stages(layout: str) -> list[str]:
+    """The virtual stages of a ``--pipeline-model-parallel-layout`` string, unrolled as Megatron's
+    ``PipelineParallelLayerLayout.parse_str_to_list`` unrolls it ("Et|(tt|)*2L" -> Et, tt, tt, L)."""
     text = layout.replace(",", "")
     for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
-        text = re.sub(pattern, lambda x: x.group(1) * int(x.group(2)), text)
-    return [stage.count("t") for stage in text.split("|")]
+        def unroll(x: re.Match) -> str:
+            if len(x.group(1)) * int(x.group(2)) > MAX_LAYOUT_LENGTH:
+                raise ValueError(f"unrolls to more than {MAX_LAYOUT_LENGTH:,} characters")
+            return x.group(1) * int(x.group(2))
+        text = re.sub(pattern, unroll, text)
+    return text.split("|")
+
+
+def layout_stage_sizes(layout: str) -> list[int]:
+    """Decoder layers of each virtual stage of a layout string."""
+    return [stage.count("t") for stage in layout_stages(layout)]
+
+
+def layout_error(layout: str, num_layers: int, mtp: int) -> str:
+    """Why Megatron-LM would refuse ``layout`` for this model (PipelineParallelLayerLayout's
+    checks), or "" if it accepts it."""
+    try:
+        stages = layout_stages(layout)
+    except ValueError as exc:
+        return f"pipeline layout {layout!r} {exc}"
+    flat = "".join(stages)
+    bad = sorted(set(flat) - set(LAYOUT_SYMBOLS))
+    if bad:
+        known = ", ".join(f"{k} ({v})" for k, v in LAYOUT_SYMBOLS.items())
+        return f"pipeline layout {layout!r} has unknown symbol(s) {' '.join(bad)}; known: {known}, | between stages"
+    if not flat or flat[0] != "E" or flat[-1] != "L" or flat.count("E") != 1 or flat.count("L") != 1:
+        return f"pipeline layout {layout!r} must start with the embedding E and end with the loss L, each once"
+    if flat.count("t") != num_layers:
+        return f"pipeline layout {layout!r} has {flat.count('t')} decoder layers (t), the model {num_layers}"
+    if flat.count("m") != mtp:
+        return f"pipeline layout {layout!r} has {flat.count('m')} MTP layers (m), the model {mtp} (mtp_num_layers)"
+    if "m" in flat and "t" in flat[flat.index("m"):]:
+        return f"pipeline layout {layout!r} places decoder layers after an MTP layer"
+    return ""
 
 
 def stage_layers(num_layers: int, pp, vp, first, last, embedding, loss, layout=None):
@@ -180,11 +221,35 @@ def _layout_stage_layers(num_layers, pp, vp, first, last, embedding, loss, layou
     return tuple(out)
 
 
+def microbatch_group(m, pp):
+    """Megatron's --microbatch-group-size-per-virtual-pipeline-stage N for an interleaved
+    schedule of m micro-batches: pp (its default) when m is a multiple of pp, else the smallest
+    N >= pp that ``schedules.forward_backward_pipelining_with_interleaving`` accepts (the last
+    group, m mod N, empty or at least pp). m < pp has none (NaN)."""
+    m, pp = np.broadcast_arrays(np.asarray(m, dtype=float), np.asarray(pp, dtype=float))
+    out = np.full(m.shape, np.nan)
+    pairs, inverse = np.unique(np.stack([m.reshape(-1), pp.reshape(-1)]), axis=1, return_inverse=True)
+    sizes = [microbatch_group_size(int(total), int(ranks)) for total, ranks in pairs.T]
+    out.reshape(-1)[:] = np.array([np.nan if n is None else n for n in sizes], dtype=float)[inverse.reshape(-1)]
+    return out
+
+
+def microbatch_group_size(m: int, pp: int) -> int | None:
+    """``microbatch_group`` of one plan (None where m < pp)."""
+    return next((n for n in range(pp, m + 1) if m % n == 0 or m % n >= pp), None)
+
+
 def inflight_chunks(pp, vp, m, stage):
     """Chunk-micro-batches whose activations stage ``stage`` holds at its peak (micro-batches
-    when vp = 1): warm-up plus the one in flight, capped by what the step has."""
+    when vp = 1): warm-up plus the one in flight, capped by what the step has. Interleaved, each
+    virtual stage runs a group of N micro-batches at a time (``microbatch_group``), so the
+    warm-up holds (vp-1) groups."""
     pp, vp, m, stage = (np.asarray(a, dtype=float) for a in (pp, vp, m, stage))
-    interleaved = (vp - 1) * pp + 2 * (pp - 1 - stage) + 1
+    group = np.array(np.broadcast_to(pp, np.broadcast(pp, vp, m).shape))
+    grouped = (vp > 1) & (m % pp != 0) & (m >= pp)  # m < pp: no schedule (space rule); the cap below
+    if grouped.any():
+        group[grouped] = microbatch_group(np.broadcast_to(m, grouped.shape)[grouped], group[grouped])
+    interleaved = (vp - 1) * group + 2 * (pp - 1 - stage) + 1
     plain = pp - stage
     return np.minimum(np.where(vp > 1, interleaved, plain), m * vp)
 

@@ -2,9 +2,10 @@
 
 A stage is its layers (``layer_time.Layers``) plus what only it does: the point-to-point sends
 of activations and gradients to its neighbours (``pp_comm_time``), the output layer and loss on
-the last stage (``logits_time``), activation offloading on the first (``offload_time``). Three
-positions are priced (first, first middle, last; ``candidates``), and their parameters, which
-the data-parallel, optimizer and memory steps read.
+the last stage (``logits_time``) with the multi-token-prediction layers after it
+(``mtp_time``), activation offloading on the first (``offload_time``). Three positions are
+priced (first, first middle, last; ``candidates``), and their parameters, which the
+data-parallel, optimizer and memory steps read.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 
 from autoparallel.costmodel import comm, flops, gemm, memory
 from autoparallel.costmodel.candidates import Candidates
-from autoparallel.costmodel.layer_time import Layers
+from autoparallel.costmodel.layer_time import Layers, linear_time
 
 LOSS_PASSES = 4  # softmax cross-entropy reads/writes the FP32 logits about four times
 
@@ -27,6 +28,23 @@ def logits_time(x: Candidates):
     logit_flops = flops.logits_flops(model, x.b, x.s_local) / x.t
     gemms = 3.0 * logit_flops / (hw.bf16_tflops * 1e12 * gemm.efficiency(hw, logit_flops))
     return gemms + LOSS_PASSES * 4.0 * x.tokens * model.vocab_size / x.t / x.hbm
+
+
+def mtp_layer(layers: Layers, model) -> dict:
+    """The transformer layer of a multi-token-prediction module: the decoder's (MoE) layer."""
+    return layers.moe if model.is_moe else layers.dense
+
+
+def mtp_projection_params(x: Candidates):
+    """Each MTP module's projection of [embedding; hidden] (2h -> h), split by TP."""
+    return 2.0 * x.model.hidden_size ** 2 / x.t
+
+
+def mtp_time(x: Candidates, layers: Layers, logits):
+    """Multi-token prediction (--mtp-num-layers) on the last stage: per module the projection,
+    one transformer layer and one more pass through the (shared) output layer and loss."""
+    projection = 3.0 * linear_time(x, 2.0 * x.model.hidden_size ** 2)
+    return x.model.mtp_num_layers * (projection + mtp_layer(layers, x.model)["time"] + logits)
 
 
 def pp_comm_time(x: Candidates):
@@ -58,7 +76,8 @@ def offload_time(x: Candidates, layers: Layers):
 
 @dataclass
 class StageTimes:
-    """One micro-batch's time on each priced stage, and the per-stage terms that went into them."""
+    """One micro-batch's time on each priced stage, and the per-stage terms that went into them
+    (``logits``: the last stage's head, the output layer and loss and any MTP modules)."""
 
     first: np.ndarray
     middle: np.ndarray
@@ -69,9 +88,11 @@ class StageTimes:
 
 
 def stage_times(x: Candidates, layers: Layers) -> StageTimes:
-    """The first stage adds offloading (and the logits when it is the only one), the last the
-    logits; every stage its point-to-point traffic."""
+    """The first stage adds offloading (and the head when it is the only one), the last the
+    head; every stage its point-to-point traffic."""
     t_logits, stage_pp, t_offload = logits_time(x), pp_comm_time(x), offload_time(x, layers)
+    if x.model.mtp_num_layers:
+        t_logits = t_logits + mtp_time(x, layers, t_logits)
     first = layers.on("time", x.first_layers, x.first_moe) + stage_pp + np.where(x.single, t_logits, 0.0) + t_offload
     middle = layers.on("time", x.middle_layers, x.middle_moe) + stage_pp
     last = layers.on("time", x.last_layers, x.last_moe) + stage_pp + t_logits
@@ -86,10 +107,17 @@ def stage_params(x: Candidates, layers: Layers) -> list[tuple[np.ndarray, np.nda
     embedding_gpu = model.embedding_params / x.t
     output_gpu = 0.0 if model.tie_embeddings else model.embedding_params / x.t
     experts = layers.moe["expert_params"]
-    return [(layers.on("params", x.first_layers, x.first_moe) + embedding_gpu + np.where(x.single, output_gpu, 0.0),
-             x.first_moe * experts),
-            (layers.on("params", x.middle_layers, x.middle_moe), x.middle_moe * experts),
-            (layers.on("params", x.last_layers, x.last_moe) + embedding_gpu, x.last_moe * experts)]
+    first = (layers.on("params", x.first_layers, x.first_moe) + embedding_gpu + np.where(x.single, output_gpu, 0.0),
+             x.first_moe * experts)
+    last = (layers.on("params", x.last_layers, x.last_moe) + embedding_gpu,  # the output layer (a copy if tied)
+            x.last_moe * experts)
+    if model.mtp_num_layers:  # on the last stage (the only one when pp = 1)
+        n = model.mtp_num_layers
+        mtp = mtp_layer(layers, model)
+        head = (n * (mtp["params"] + mtp_projection_params(x)), n * mtp["expert_params"])
+        last = (last[0] + head[0], last[1] + head[1])
+        first = (first[0] + np.where(x.single, head[0], 0.0), first[1] + np.where(x.single, head[1], 0.0))
+    return [first, (layers.on("params", x.middle_layers, x.middle_moe), x.middle_moe * experts), last]
 
 
 def present(x: Candidates) -> list[np.ndarray]:

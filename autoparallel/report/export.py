@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoparallel.costmodel import pipeline
 from autoparallel.report import moe_export
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
@@ -102,6 +103,10 @@ def parallel_flags(model: ModelSpec, plan: Plan) -> list[str]:
         a.append(f"--pipeline-model-parallel-layout '{plan.pipeline_model_parallel_layout}'")
     elif plan.vp > 1:  # the only VP flag Megatron accepts together with uneven stages
         a.append(f"--num-virtual-stages-per-pipeline-rank {plan.vp}")
+    microbatches = plan.gbs // (plan.mbs * plan.dp)
+    if plan.vp > 1 and microbatches % plan.pp:  # Megatron's default group (pp) would not divide them
+        group = pipeline.microbatch_group_size(microbatches, plan.pp)
+        a.append(f"--microbatch-group-size-per-virtual-pipeline-stage {group}")
     if plan.num_layers_in_first_pipeline_stage:
         a.append(f"--decoder-first-pipeline-num-layers {plan.num_layers_in_first_pipeline_stage}")
     if plan.num_layers_in_last_pipeline_stage:

@@ -6,9 +6,9 @@ settings live in one place. Flag names are those of ``megatron/training/argument
 (``_add_moe_args``, ``_add_mla_args``, ``--recompute-modules``) of NVIDIA/Megatron-LM at commit
 000c4ac24f61159c138b0975def722c65245983c; keys are the fields of its ``TransformerConfig`` /
 ``ModelParallelConfig`` (``num_moe_experts`` where the flag says ``--num-experts``). The run is
-written as it was priced: the alltoall token dispatcher with grouped GEMMs, expert tensor
-parallel always stated (Megatron's default would be the attention TP size), the 1F1B all-to-all
-overlap with its delayed weight gradients when the plan uses it.
+written as it was priced: the plan's token dispatcher (flex with its backend) with grouped GEMMs,
+expert tensor parallel always stated (Megatron's default would be the attention TP size), the
+1F1B all-to-all overlap with its delayed weight gradients when the plan uses it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
 
-DISPATCHER = "alltoall"  # --moe-token-dispatcher-type the cost model prices
 # Megatron warns below FP32 routing from 32 experts on ("Consider enabling moe_router_dtype").
 FP32_ROUTER_FROM_EXPERTS = 32
 
@@ -62,7 +61,9 @@ def parallel_flags(model: ModelSpec, plan: Plan) -> list[str]:
     if not model.is_moe:
         return a
     a += [f"--expert-model-parallel-size {plan.ep}", f"--expert-tensor-parallel-size {plan.etp}",
-          f"--moe-token-dispatcher-type {DISPATCHER}", "--moe-grouped-gemm"]
+          f"--moe-token-dispatcher-type {plan.moe_token_dispatcher_type}", "--moe-grouped-gemm"]
+    if plan.moe_token_dispatcher_type == "flex":
+        a.append(f"--moe-flex-dispatcher-backend {plan.moe_flex_dispatcher_backend}")
     if plan.overlap_moe_expert_parallel_comm:
         a += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     return a
@@ -88,9 +89,11 @@ def config_keys(model: ModelSpec, plan: Plan) -> dict:
         moe_expert_capacity_factor=model.moe_expert_capacity_factor,
         moe_router_dtype="fp32" if model.num_experts >= FP32_ROUTER_FROM_EXPERTS else None,
         expert_model_parallel_size=plan.ep, expert_tensor_parallel_size=plan.etp,
-        moe_token_dispatcher_type=DISPATCHER, moe_grouped_gemm=True,
+        moe_token_dispatcher_type=plan.moe_token_dispatcher_type, moe_grouped_gemm=True,
         overlap_moe_expert_parallel_comm=plan.overlap_moe_expert_parallel_comm,
         delay_wgrad_compute=plan.overlap_moe_expert_parallel_comm)
+    if plan.moe_token_dispatcher_type == "flex":
+        keys["moe_flex_dispatcher_backend"] = plan.moe_flex_dispatcher_backend
     if model.moe_router_force_load_balancing:
         keys["moe_router_force_load_balancing"] = True
     return keys

@@ -45,7 +45,7 @@ STRUCTURE_RULES = (
     Rule(r"ep>1 or etp>1 needs a MoE model", ("ep", "etp")),
     Rule(r"must divide num_experts and dp\*cp", ("ep",)),
     GBS_RULE,
-    Rule(r"interleaving needs micro-batches", ("vp", "pp", "mbs")),
+    Rule(r"interleaving needs at least pp=", ("vp", "pp", "mbs")),
 )
 FEATURE_RULES = (
     Rule(r"TP comm overlap needs sequence parallel", ("tp_comm_overlap", "sp")),
@@ -92,7 +92,10 @@ def explain(frame: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus: int, 
                 "recompute, a smaller --mbs, or fewer pinned knobs)")
     if not crossed.empty:  # valid structures met valid features; a rule on the pair refused them
         return head + _group_message(crossed, LAYOUT_RULES, fixed, gpus, gbs)
-    if feature.sum() >= math.prod(len(getattr(space, name)) for name in FEATURE_KNOBS):
+    # A dense model is offered one dispatcher (space._without_inapplicable).
+    offered = {name: 1 if name == "moe_token_dispatcher_type" and not model.is_moe else len(getattr(space, name))
+               for name in FEATURE_KNOBS}
+    if feature.sum() >= math.prod(offered.values()):
         return head + _group_message(frame[feature], FEATURE_RULES, fixed, gpus, gbs)  # every feature set
     if structure.any():
         return head + _group_message(frame[structure], STRUCTURE_RULES, fixed, gpus, gbs)

@@ -155,14 +155,16 @@ def _reseeded(name: str, seed: int):
 # The order in which a trial chooses knobs: structure first, so each later choice is among the
 # values that still lead to a valid layout.
 # Every Plan field but the derived ones (dp from the GPU count, gbs given, the param gather overlap
-# turned with the grad reduce overlap), so that no two layouts share a path.
+# turned with the grad reduce overlap, the flex backend), so that no two layouts share a path.
 TREE_KNOBS = ("tp", "pp", "vp", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
               "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
               "pipeline_model_parallel_layout", "cp", "ep", "etp",
-              "mbs", "sp", "tp_comm_overlap", "overlap_moe_expert_parallel_comm", "recompute", "recompute_num_layers", "recompute_modules", "cpu_offloading_num_layers", "fsdp",
+              "mbs", "sp", "tp_comm_overlap", "overlap_moe_expert_parallel_comm",
+              "moe_token_dispatcher_type", "recompute", "recompute_num_layers", "recompute_modules", "cpu_offloading_num_layers", "fsdp",
               "precision", "fp8_bf16_edge_layers", "distributed_optimizer", "overlap_grad_reduce",
               "grad_reduce_in_fp32", "flash_attention")
-DERIVED = ("dp", "gbs", "overlap_param_gather")
+# The flex dispatcher's backend follows from the EP group and the hardware (space.flex_backend).
+DERIVED = ("dp", "gbs", "overlap_param_gather", "moe_flex_dispatcher_backend")
 
 
 def _norm(value: Any) -> Any:

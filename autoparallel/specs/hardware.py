@@ -91,6 +91,8 @@ class HardwareSpec:
     # the shared PCIe switch), so offloading gets only what network traffic leaves of it.
     network_shares_host_link: bool = True
     mxfp8: bool = False  # Blackwell block-scaled FP8
+    # Streaming multiprocessors: DeepEP / HybridEP kernels take some of them from compute.
+    sm_count: int = 132
     nvlink_latency_us: float = 5.0
     internode_latency_us: float = 10.0
     reserve_gib: float = 4.0  # CUDA context, NCCL buffers, allocator fragmentation

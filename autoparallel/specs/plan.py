@@ -11,12 +11,15 @@ from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
 Recompute = Literal["none", "selective", "full"]
+Dispatcher = Literal["alltoall", "allgather", "flex"]
+FlexBackend = Literal["deepep", "hybridep"]
 Precision = Literal["bf16", "fp16", "fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8"]
 
 RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
 PRECISION_CHOICES: tuple[str, ...] = ("bf16", "fp16", "fp8-delayed", "fp8-current",
                                       "fp8-blockwise", "mxfp8")
 FP8_PRECISIONS: tuple[str, ...] = ("fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8")
+DISPATCHER_CHOICES: tuple[str, ...] = ("alltoall", "allgather", "flex")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,14 @@ class Plan:
     # micro-batch run behind the computation of another (1F1B all-to-all overlap; interleaved
     # pipeline only when pp > 1).
     overlap_moe_expert_parallel_comm: bool = False
+    # How tokens reach their experts (--moe-token-dispatcher-type; MoE only): alltoall, one NCCL
+    # all-to-all sending every token copy on its own; allgather, every GPU of the EP x ETP group
+    # gathers all its tokens; flex, DeepEP / HybridEP kernels that send a token once to each
+    # remote node its experts are on and forward it over NVLink there
+    # (--moe-flex-dispatcher-backend: HybridEP where the EP group spans a multi-node NVLink
+    # domain, which DeepEP cannot, else DeepEP).
+    moe_token_dispatcher_type: Dispatcher = "alltoall"
+    moe_flex_dispatcher_backend: FlexBackend = "deepep"
     # Uneven pipeline stages, as Megatron-LM splits them when num_layers is not divisible by
     # pp*vp: explicit layer counts of the first / last stage (--decoder-first-pipeline-num-layers,
     # --decoder-last-pipeline-num-layers; 0 = an even share), or the embedding / the loss counted

@@ -1,0 +1,142 @@
+"""Moving tokens to their experts and back: Megatron-Core's three token dispatchers, priced.
+
+One dispatch (or combine: the same traffic the other way) on the GPU that holds T tokens, each
+routed to k experts spread over an EP group of ep ranks (etp GPUs apart) that spans ``nodes``
+NVLink domains of ``inside`` ranks each:
+
+- ``alltoall`` (``MoEAlltoAllTokenDispatcher``): one NCCL all-to-all; every token *copy* is sent
+  on its own, T*k*h BF16 values of which (ep-inside)/ep cross the network, then the ETP
+  all-gather. It reaches a fitted share (``alltoall``) of the links.
+- ``allgather`` (``MoEAllGatherTokenDispatcher``): every GPU of the EP x ETP group gathers the
+  whole group's tokens (T*ep*etp*h) and keeps those of its experts; combine reduce-scatters.
+  Independent of k, so it only pays inside one NVLink domain with large k.
+- ``flex`` (DeepEP, HybridEP): hierarchical, as DeepEP's normal kernels run it. A token crosses
+  the network once per *remote node* that hosts one of its experts (to the GPU of the same local
+  rank there), then is forwarded over NVLink once per *GPU* that hosts its experts: the copies of
+  a token for several experts on one node or one GPU are sent once. Node-limited routing
+  (``moe_router_group_topk`` of ``moe_router_num_groups`` groups, DeepSeek-V3: 4 of 8) caps the
+  nodes a token reaches. The links run at the GPU's fitted NCCL efficiencies (``nvlink``,
+  ``internode``): DeepEP's published normal-kernel figures on H800 (153-158 GB/s NVLink of
+  ~160, 43-58 GB/s RDMA of 50 "bottleneck bandwidth") are at or above them. The kernels occupy
+  ``FLEX_DISPATCHER_SMS`` SMs, which the computation they overlap loses.
+
+The busiest EP rank receives ``imbalance`` times the even share (``moe.load_imbalance``). Without
+``--overlap-moe-expert-parallel-comm`` a dispatch waits for the compute around it and the compute
+for it; with it (1F1B all-to-all overlap), one micro-batch's dispatches run behind another's
+computation, hiding at most ``ep_overlap`` of them and never more than that computation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoparallel.costmodel import comm
+from autoparallel.specs.hardware import HardwareSpec
+from autoparallel.specs.model import ModelSpec
+
+DISPATCH_BYTES = 2.0  # Megatron dispatches and combines BF16 tokens (FP8 dispatch: ncclep only)
+# Megatron's flex dispatcher: moe_flex_dispatcher_num_sms None -> 20, DeepEP's historical default.
+FLEX_DISPATCHER_SMS = 20
+
+
+def _ep_domains(hw: HardwareSpec, ep, etp):
+    """(EP ranks per NVLink domain, domains the EP group spans)."""
+    ep = np.asarray(ep, dtype=float)
+    inside = comm.ranks_per_domain(hw, ep, etp)
+    return inside, ep / inside
+
+
+def alltoall_time(hw: HardwareSpec, nbytes, ep, etp):
+    """One all-to-all in which every GPU of an EP group sends ``nbytes`` split evenly over the
+    group. EP ranks are etp GPUs apart, so ``ranks_per_domain`` of them share an NVLink domain;
+    NVLink and network carry their shares at once."""
+    ep = np.asarray(ep, dtype=float)
+    eff = hw.efficiency
+    inside, _ = _ep_domains(hw, ep, etp)
+    nvlink = hw.nvlink_unidirectional_gbps * 1e9 * eff.alltoall
+    network = hw.internode_gbps * 1e9 * eff.alltoall
+    intra = nbytes * (inside - 1) / ep / nvlink
+    inter = nbytes * (ep - inside) / ep / network
+    latency = np.where(ep > inside, hw.internode_latency_us, hw.nvlink_latency_us) * 1e-6
+    return np.where(ep > 1, np.maximum(intra, inter) + latency, 0.0)
+
+
+def distinct_share(picks: int, places) -> np.ndarray:
+    """Expected distinct places among ``picks`` uniform picks of ``places`` equally likely ones,
+    as a number of places: places * (1 - (1 - 1/places)^picks)."""
+    places = np.maximum(np.asarray(places, dtype=float), 1.0)
+    return places * (1.0 - (1.0 - 1.0 / places) ** picks)
+
+
+def nodes_per_token(model: ModelSpec, nodes) -> np.ndarray:
+    """Expected NVLink domains one token's top-k experts are on, the experts spread evenly over
+    ``nodes`` domains. Group-limited routing picks the experts inside g of G groups: with G >= nodes
+    (whole groups per node) the token reaches the nodes of g distinct groups, else the g*nodes/G
+    nodes its groups span, k picks over them."""
+    nodes = np.maximum(np.asarray(nodes, dtype=float), 1.0)
+    k = model.moe_router_topk
+    groups, chosen = model.moe_router_num_groups, model.moe_router_group_topk
+    if not groups:
+        return distinct_share(k, nodes)
+    # P(a node holds none of the g chosen groups) = C(G - G/nodes, g) / C(G, g).
+    per_node = groups / nodes
+    missed = np.ones_like(nodes)
+    for i in range(chosen):
+        missed = missed * np.maximum(groups - per_node - i, 0.0) / (groups - i)
+    whole_groups = nodes * (1.0 - missed)
+    spread = distinct_share(k, chosen * nodes / groups)
+    return np.where(nodes <= groups, whole_groups, spread)
+
+
+def flex_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance):
+    """One DeepEP / HybridEP dispatch: the RDMA sends to remote nodes and the NVLink forwarding
+    run at once; the slower sets the time."""
+    ep = np.asarray(ep, dtype=float)
+    eff = hw.efficiency
+    inside, nodes = _ep_domains(hw, ep, etp)
+    per_copy = model.hidden_size * DISPATCH_BYTES * imbalance
+    remote_nodes = nodes_per_token(model, nodes) * (nodes - 1) / nodes
+    gpus = distinct_share(model.moe_router_topk, ep)
+    # Token-GPU pairs crossing NVLink: to the other GPUs of the own node, and from the relay GPU to
+    # the others of a remote node.
+    nvlink_pairs = gpus * ((inside - 1) / ep + (ep - inside) / ep * (inside - 1) / inside)
+    rdma = tokens * remote_nodes * per_copy / (hw.internode_gbps * 1e9 * eff.internode)
+    nvlink = tokens * nvlink_pairs * per_copy / (hw.nvlink_unidirectional_gbps * 1e9 * eff.nvlink)
+    latency = np.where(nodes > 1, hw.internode_latency_us, hw.nvlink_latency_us) * 1e-6
+    return np.where(ep > 1, np.maximum(rdma, nvlink) + latency, 0.0)
+
+
+def allgather_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp):
+    """One all-gather of the EP x ETP group's tokens (every GPU receives all of them)."""
+    group = np.asarray(ep, dtype=float) * etp
+    nbytes = tokens * model.hidden_size * DISPATCH_BYTES * group
+    return comm.reduce_scatter_time(hw, nbytes, group, comm.ranks_per_domain(hw, group, 1))
+
+
+def dispatch_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance, dispatcher):
+    """One dispatch (or combine) with each candidate's ``dispatcher``; alltoall and flex add the
+    ETP all-gather (or the reduce-scatter before a combine). Only the dispatchers present are
+    priced."""
+    dispatcher = np.broadcast_to(np.asarray(dispatcher), np.shape(ep))
+    nbytes = tokens * model.moe_router_topk * model.hidden_size * DISPATCH_BYTES * imbalance
+    expert_tp = comm.reduce_scatter_time(hw, nbytes * etp, etp, comm.ranks_per_domain(hw, etp, 1))
+    out = np.zeros(np.shape(ep))
+    if (dispatcher == "alltoall").any():
+        out = np.where(dispatcher == "alltoall", alltoall_time(hw, nbytes, ep, etp) + expert_tp, out)
+    if (dispatcher == "flex").any():
+        out = np.where(dispatcher == "flex", flex_time(hw, model, tokens, ep, etp, imbalance) + expert_tp, out)
+    if (dispatcher == "allgather").any():
+        out = np.where(dispatcher == "allgather", allgather_time(hw, model, tokens, ep, etp), out)
+    return out
+
+
+def exposed_dispatch(hw: HardwareSpec, total, overlap, window, dispatcher=None):
+    """What the step waits for of ``total`` seconds of dispatches: all of it, or with the 1F1B
+    overlap what ``window`` (another micro-batch's computation) cannot hide; a flex dispatcher's
+    kernels also slow the computation they hide behind by the share of SMs they hold."""
+    overlapped = np.maximum((1.0 - hw.efficiency.ep_overlap) * total, total - window)
+    exposed = np.where(overlap, overlapped, total)
+    if dispatcher is None:
+        return exposed
+    sm_share = np.where(np.asarray(dispatcher) == "flex", FLEX_DISPATCHER_SMS / hw.sm_count, 0.0)
+    return exposed + (total - exposed) * sm_share
