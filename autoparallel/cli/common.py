@@ -52,6 +52,14 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--space", default="training", help="search space preset or YAML path (default training)")
 
 
+def add_table_flags(p: argparse.ArgumentParser, explain: bool = True) -> None:
+    """--wide (and --explain): the ranked tables fit the terminal by dropping low-priority columns."""
+    p.add_argument("--wide", action="store_true",
+                   help="every table column, however wide (default: the columns that fit the terminal)")
+    if explain:
+        p.add_argument("--explain", action="store_true", help="the full legend: every column and code")
+
+
 def pins(args: argparse.Namespace) -> dict:
     """The knobs given on the command line (None: searched)."""
     return {n: getattr(args, n) for n in KNOB_FLAGS + FEATURE_FLAGS}

@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 from autoparallel.argtypes import non_negative, positive, seed
-from autoparallel.cli.common import add_knobs, add_target, console, inputs, pins, status, trial_progress
+from autoparallel.cli.common import (add_knobs, add_table_flags, add_target, console, inputs, pins, status,
+                                     trial_progress)
 from autoparallel.errors import UserError
 
 
@@ -34,6 +35,7 @@ def add_parser(sub) -> None:
     s.add_argument("--top", type=positive, default=50,
                    help="best candidates to print, one row per layout (default 50; --json lists them one by one)")
     s.add_argument("--json", action="store_true", help="print the ranked list as JSON")
+    add_table_flags(s)
     s.add_argument("--results", default="results", help="folder for run folders (default results/)")
     s.add_argument("--no-save", action="store_true", help="do not write a run folder")
     s.add_argument("--fp8-check", action="store_true",
@@ -100,7 +102,9 @@ def _show(result, args: argparse.Namespace, how: str, run_dir: Path | None) -> N
         return
     title = (f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}: top "
              f"{min(args.top, len(result.feasible))} of {len(result.feasible):,} feasible ({how})")
-    print_ranked(result.ranked, title, args.top, console, result.hardware, result.space.memory_fraction)
+    where = "" if args.no_save else "; all in the run folder's ranked.md"
+    print_ranked(result.ranked, title, args.top, console, result.hardware, result.space.memory_fraction,
+                 args.wide, args.explain, where)
     if run_dir:
         _next_steps(result, run_dir)
 

@@ -29,7 +29,7 @@ def _b64(png: bytes) -> str:
 
 def render(ranked: pd.DataFrame, title: str, memory_limit_gib: float, hw=None) -> str:
     feasible = ranked[ranked["fits"]]
-    headers = [h for _, h, _ in tables.RANKED_COLUMNS]
+    headers = [c.header for c in tables.RANKED_COLUMNS]
     rows = [row[:len(headers)] for row in tables.ranked_rows(ranked, 20, hw)]
     table = "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers) + "</tr>" + "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows) + "</table>"

@@ -60,7 +60,7 @@ def test_search_writes_run_folder_with_commands(tmp_path, capsys):
                    "--max-ttft-ms", "2000", "--weight-precision", "fp8", "--results", str(tmp_path), "--top", "3"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "out tok/s/GPU" in out and "Pareto front" in out
+    assert "tok/s/GPU" in out and "Pareto front" in out
     (run,) = tmp_path.iterdir()
     assert {p.name for p in run.iterdir()} >= {"best.yaml", "candidates.csv", "ranked.md", "manifest.yaml"}
     best = yaml.safe_load((run / "best.yaml").read_text())
