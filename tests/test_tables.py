@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
+from autoparallel import io
 from autoparallel.cli import main
 from autoparallel.report import fit, run_folder, tables
 from autoparallel.search import run as runs
@@ -173,3 +174,17 @@ def test_candidates_csv_is_what_pandas_writes(tmp_path, monkeypatch):
     assert (tmp_path / "c.csv").read_text() == expected
     run_folder.write_csv(tmp_path / "empty.csv", frame.iloc[:0])
     assert (tmp_path / "empty.csv").read_text() == frame.iloc[:0].to_csv(index=False, lineterminator="\n")
+
+
+def test_search_reports_pricing_progress_up_to_every_valid_row(h100):
+    model = io.load_model("llama3-70b")
+    seen = []
+    result = runs.search(model, h100, 64, 128, load_space(), progress=lambda done, total: seen.append((done, total)))
+    valid = int((result.ranked["reason"] == "").sum() + result.ranked["reason"].str.startswith("out of memory").sum())
+    assert len(seen) >= 2 and [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert seen[-1] == (valid, valid)
+
+
+def test_piped_search_prints_no_progress_residue(capsys):
+    assert main(["search", "--model", "llama3-8b", "--gpus", "16", "--no-save", "--top", "3"]) == 0
+    assert capsys.readouterr().out.startswith("llama3-8b on 16 x h100-sxm")

@@ -82,6 +82,7 @@ def test_search_table_in_a_terminal(width, expected_search):
     rows, headers = expected_search
     text = screen(SEARCH, width)
     assert "…" not in text and "Traceback" not in text
+    assert "candidate layouts" not in text  # the progress bar is gone once the table is there
     for cells in rows:
         _row_line(text, cells)
     lines = text.splitlines()

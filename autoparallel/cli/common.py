@@ -97,3 +97,22 @@ def trial_progress(total: int | None, quiet: bool):
                 p.update(task, completed=done, description=text)
             yield update
     return bar()
+
+
+def pricing_progress(quiet: bool):
+    """A progress bar while the grid prices its candidates (a pulse while they are generated);
+    nothing with --json or in pipes, and transient: it never stays above the table."""
+    if quiet or not console.is_terminal:
+        return nullcontext(None)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    @contextmanager
+    def bar():
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as p:
+            task = p.add_task("generating candidate layouts", total=None)
+
+            def update(done: int, total: int) -> None:
+                p.update(task, completed=done, total=total, description="pricing candidate layouts")
+            yield update
+    return bar()

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from autoparallel.argtypes import non_negative, positive, seed
-from autoparallel.cli.common import (add_knobs, add_table_flags, add_target, console, inputs, pins, status,
-                                     trial_progress)
+from autoparallel.cli.common import (add_knobs, add_table_flags, add_target, console, inputs, pins,
+                                     pricing_progress, status, trial_progress)
 from autoparallel.errors import UserError
 
 
@@ -82,9 +82,9 @@ def run(args: argparse.Namespace) -> None:
         result = profile_search(result, args, shown, run_dir)
         _show(result, args, f"{args.trials} {args.sampler} trials in {elapsed:.1f} s", run_dir)
         return
-    with status("pricing every candidate layout...", args.json):
+    with pricing_progress(args.json) as progress:
         result = runs.search(model, hw, args.gpus, gbs, space, args.recompute_num_layers, fp8_decisions=fp8,
-                             pinned=pins(args))
+                             pinned=pins(args), progress=progress)
     elapsed = time.perf_counter() - start
     result = profile_search(result, args, shown)
     _show(result, args, f"{len(result.ranked):,} candidates in {elapsed:.2f} s", None)

@@ -61,14 +61,15 @@ def default_gbs(model: ModelSpec, gbs: int | None) -> int:
 
 def search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
            recompute_num_layers: int | None = None, fp8_decisions: dict | None = None,
-           pinned: dict | None = None) -> SearchResult:
+           pinned: dict | None = None, progress: typing.Callable[[int, int], None] | None = None) -> SearchResult:
     """Every candidate priced and ranked; a UserError naming what rules them all out if none
-    fits (``pinned``: the knobs the user pinned, named first in that message)."""
+    fits (``pinned``: the knobs the user pinned, named first in that message; ``progress(done,
+    total)``: rows priced so far)."""
     candidates = generate(model, hw, gpus, gbs, space, recompute_num_layers)
     if fp8_decisions:  # verdicts of `fp8-check` (autoparallel.fp8check.search_filter)
         from autoparallel.fp8check.search_filter import apply_to_candidates
         candidates = apply_to_candidates(candidates, fp8_decisions)
-    ranked = evaluate(model, hw, candidates, space.memory_fraction)
+    ranked = evaluate(model, hw, candidates, space.memory_fraction, progress)
     result = SearchResult(model, hw, gpus, gbs, space, ranked)
     if result.feasible.empty:
         from autoparallel.search.diagnose import explain
