@@ -111,8 +111,7 @@ def _show(result, args: argparse.Namespace, how: str, run_dir: Path | None) -> N
 
 def _next_steps(result, run_dir: Path) -> None:
     """Where the run was written and how to launch its rank-1 plan."""
-    from autoparallel.report.export import TOKENIZER_FILES
-    from autoparallel.report.launch import node_layout
+    from autoparallel.report.shared import TOKENIZER_FILES, node_layout
     from autoparallel.report.run_folder import TRAIN_SCRIPT
     nodes, per_node = node_layout(result.gpus, result.hardware.gpus_per_node)
     script = run_dir / TRAIN_SCRIPT
