@@ -46,12 +46,25 @@ def test_candidates_keep_rejections_with_reasons(run_dir):
 
 @pytest.mark.parametrize("fmt, expect", [("megatron", "--pipeline-model-parallel-size"),
                                          ("nemo", "pipeline_model_parallel_size:"),
-                                         ("nemo2", "MegatronCommOverlapCallback:"),
+                                         ("nemo2", "recipe = llm.llama3_70b.pretrain_recipe("),
+                                         ("nemo2-yaml", "MegatronCommOverlapCallback:"),
                                          ("launch", "pretrain_gpt.py"),
                                          ("yaml", "megatron_args:")])
 def test_export_formats(run_dir, fmt, expect, capsys):
     assert main(["export", str(run_dir), "--rank", "2", "--format", fmt]) == 0
     assert expect in capsys.readouterr().out
+
+
+def test_megatron_export_is_flags_only_and_notes_the_environment(run_dir, capsys):
+    assert main(["export", str(run_dir), "--rank", "1", "--format", "megatron"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert all(line.startswith("--") for line in lines), lines[:3]
+    assert all(line.endswith(" \\") for line in lines[:-1]) and not lines[-1].endswith("\\")
+    best = yaml.safe_load((run_dir / "best.yaml").read_text())
+    assert best["plan"]["tp"] > 1 and best["environment"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1" in err and "export" not in out
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in (run_dir / "train.sh").read_text()
 
 
 def test_export_rank_1_matches_best_yaml(run_dir, tmp_path):
