@@ -12,6 +12,7 @@ from autoparallel.argtypes import non_negative, positive, seed
 from autoparallel.cli.common import (add_knobs, add_table_flags, add_target, console, inputs, pins,
                                      pricing_progress, status, trial_progress)
 from autoparallel.errors import UserError
+from autoparallel.report import time_to_train
 
 
 def add_parser(sub) -> None:
@@ -36,6 +37,7 @@ def add_parser(sub) -> None:
                    help="best candidates to print, one row per layout (default 50; --json lists them one by one)")
     s.add_argument("--json", action="store_true", help="print the ranked list as JSON")
     add_table_flags(s)
+    time_to_train.add_flags(s)
     s.add_argument("--results", default="results", help="folder for run folders (default results/)")
     s.add_argument("--no-save", action="store_true", help="do not write a run folder")
     s.add_argument("--fp8-check", action="store_true",
@@ -63,6 +65,7 @@ def run(args: argparse.Namespace) -> None:
         return
     if args.model is None or args.gpus is None:
         raise UserError("search needs --model and --gpus (or --resume RUN_DIR)")
+    time_to_train.from_args(args, args.gpus)  # a bad combination fails before the search
     model, hw, gbs, space = inputs(args)
     check_profiling(args, args.gpus, model)
     fp8 = _fp8_check_first(args, model, space) if args.fp8_check else None
@@ -97,14 +100,18 @@ def run(args: argparse.Namespace) -> None:
 
 def _show(result, args: argparse.Namespace, how: str, run_dir: Path | None) -> None:
     from autoparallel.report.tables import print_ranked
+    train = time_to_train.from_args(args, result.gpus)
     if args.json:
-        print(json.dumps(result.records(args.top), indent=1))
+        records = result.records(args.top)
+        for r in records if train else ():
+            r["time_to_train"] = train.record(r["tokens_per_s_per_gpu"])
+        print(json.dumps(records, indent=1))
         return
     title = (f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}: top "
              f"{min(args.top, len(result.feasible))} of {len(result.feasible):,} feasible ({how})")
     where = "" if args.no_save else "; all in the run folder's ranked.md"
     print_ranked(result.ranked, title, args.top, console, result.hardware, result.space.memory_fraction,
-                 args.wide, args.explain, where)
+                 args.wide, args.explain, where, train)
     if run_dir:
         _next_steps(result, run_dir)
 

@@ -12,7 +12,7 @@ one line under the table names what went and how to see it. Piped output gets a 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rich import box
@@ -27,12 +27,13 @@ GAP = 2  # spaces between two columns (padding (0, 1), collapsed)
 
 @dataclass(frozen=True)
 class Column:
-    """One table column: the frame column it shows, its header and value format, and when it
-    goes: ``drop`` 0 = never; otherwise the higher, the sooner it is dropped to fit."""
+    """One table column: the frame column it shows, its header and value format (a format string
+    or a function), and when it goes: ``drop`` 0 = never; otherwise the higher, the sooner it is
+    dropped to fit."""
 
     key: str
     header: str
-    fmt: str = "{}"
+    fmt: str | Callable[[object], str] = "{}"
     drop: int = 0
 
 
@@ -104,13 +105,13 @@ def print_table(console: Console, title: str | None, columns: Sequence[Column], 
     return shown
 
 
-def cell(value, fmt: str) -> str:
+def cell(value, fmt: str | Callable[[object], str]) -> str:
     """A value as its column formats it; missing (None, NaN) as '-', booleans as yes/-."""
     if value is None or (isinstance(value, float) and value != value):
         return "-"
     if isinstance(value, bool) or type(value).__name__ == "bool_":
         return "yes" if value else "-"
     try:
-        return fmt.format(value)
+        return fmt(value) if callable(fmt) else fmt.format(value)
     except (ValueError, TypeError):
         return str(value)

@@ -19,6 +19,7 @@ from rich.console import Console
 
 from autoparallel import io
 from autoparallel.report.fit import Column, cell, print_table
+from autoparallel.report.time_to_train import TimeToTrain, dollars, si
 from autoparallel.resources import SEARCH_SPACES
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.plan import FP8_PRECISIONS, Plan
@@ -51,7 +52,10 @@ OPTIONAL_COLUMNS = (Column("fp8_check", "FP8 check", drop=8),
                     Column("measured_step_time_s", "meas. step s", "{:.3f}", drop=1),
                     Column("measured_tokens_per_s_per_gpu", "meas. tok/s/GPU", "{:,.0f}", drop=2),
                     Column("measured_peak_memory_gib", "meas. mem GiB", "{:.3f}", drop=3),
-                    Column("measurement_error", "profiling", drop=9))
+                    Column("measurement_error", "profiling", drop=9),
+                    # asked for with --tokens / --train-days: dropped after the precision only
+                    Column("train_days", "days", "{:,.1f}", drop=1), Column("train_tokens", "tokens", si, drop=1),
+                    Column("gpu_hours", "GPU-h", si, drop=6), Column("cost_usd", "cost", dollars, drop=6))
 # Knobs as the "differs" and "other" columns write them: a short code, and what it means.
 KNOB_CODES = {"vp": ("vp", "virtual pipeline stages"), "mbs": ("mbs", "micro-batch size"),
               "sp": ("sp", "sequence parallel"), "recompute": ("rc", "recompute"),
@@ -139,9 +143,18 @@ def _cell(row: pd.Series, column: Column) -> str:
     return cell(value, column.fmt)
 
 
-def ranked_rows(ranked: pd.DataFrame, candidates: int, hw: HardwareSpec | None = None) -> list[list[str]]:
+def _table(ranked: pd.DataFrame, candidates: int, hw: HardwareSpec | None = None,
+           train: TimeToTrain | None = None) -> tuple[tuple[Column, ...], list[list[str]]]:
+    """The columns and cells of the grouped table, with the time to train when asked for."""
     rows = grouped(ranked, candidates, hw)
-    return [[_cell(row, c) for c in _columns(ranked)] for _, row in rows.iterrows()]
+    if train is not None and not rows.empty:
+        rows = rows.assign(**train.columns(rows["tokens_per_s_per_gpu"]))
+    columns = _columns(rows if not rows.empty else ranked)
+    return columns, [[_cell(row, c) for c in columns] for _, row in rows.iterrows()]
+
+
+def ranked_rows(ranked: pd.DataFrame, candidates: int, hw: HardwareSpec | None = None) -> list[list[str]]:
+    return _table(ranked, candidates, hw)[1]
 
 
 def legend(hw: HardwareSpec | None, memory_fraction: float | None = None,
@@ -160,6 +173,8 @@ def legend(hw: HardwareSpec | None, memory_fraction: float | None = None,
              "measure them (search --profile job).",
              "TP ovl = TP communication overlapped with GEMMs (--tp-comm-overlap, TE Userbuffers); "
              "recompute full(n) = n layers of each pipeline chunk recomputed.",
+             "days, GPU-h, cost (with --tokens) or tokens (with --train-days): the whole run at the predicted "
+             "steady-state throughput (no restarts, evaluation or checkpoint stalls); GPU-h = days x 24 x GPUs.",
              "Codes in differs and other: " + "; ".join(f"{code} = {text}" for code, text in KNOB_CODES.values())
              + "; noX = X off."]
     if hw is not None:
@@ -187,18 +202,22 @@ def short_legend(hw: HardwareSpec | None, memory_fraction: float | None = None,
 
 def print_ranked(ranked: pd.DataFrame, title: str, top: int = 10, console: Console | None = None,
                  hw: HardwareSpec | None = None, memory_fraction: float | None = None, wide: bool = False,
-                 explain: bool = False, where: str = "") -> None:
+                 explain: bool = False, where: str = "", train: TimeToTrain | None = None) -> None:
     """The ranked table as wide as the terminal allows (all columns with ``wide``), the short
-    legend, or the full one with ``explain``."""
+    legend, or the full one with ``explain``; with ``train``, the time to train of each layout
+    and a line on the winner's."""
     console = console or Console()
     text = legend(hw, memory_fraction) if explain else short_legend(hw, memory_fraction)
-    print_table(console, title, _columns(ranked), ranked_rows(ranked, top, hw), text, wide, where)
+    if train is not None and ranked["fits"].any():
+        text = [train.summary(float(ranked.loc[ranked["fits"], "tokens_per_s_per_gpu"].iloc[0])), *text]
+    columns, rows = _table(ranked, top, hw, train)
+    print_table(console, title, columns, rows, text, wide, where)
 
 
 def markdown_table(ranked: pd.DataFrame, top: int = 50, hw: HardwareSpec | None = None,
                    memory_fraction: float | None = None) -> str:
-    headers = [c.header for c in _columns(ranked)]
-    rows = ranked_rows(ranked, top, hw)
+    columns, rows = _table(ranked, top, hw)
+    headers = [c.header for c in columns]
     feasible = int(ranked["fits"].sum())
     lines = [f"Best {min(top, feasible)} of {feasible:,} feasible candidates in {len(rows)} layouts.", "",
              "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
