@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
     i.add_argument("--input-len", type=positive, default=2048, help="prompt tokens per request (default 2048)")
     i.add_argument("--output-len", type=positive, default=256, help="generated tokens per request (default 256)")
     i.add_argument("--max-model-len", type=positive,
-                   help="longest sequence the engine must accept (default input + output; at most the model's context)")
+                   help="longest sequence the engine must accept (default input + output; past the model's "
+                        "context it is accepted with a warning, as the engines accept it)")
     b = i.add_argument_group("latency bounds (ms; any combination; default none)")
     b.add_argument("--max-ttft-ms", type=positive_number, help="time to first token")
     b.add_argument("--max-tpot-ms", type=positive_number, help="time per output token after the first")
@@ -72,13 +73,16 @@ def run(args: argparse.Namespace) -> None:
     from autoparallel.serve import search as serve
     from autoparallel.serve.assumptions import load_engine
     from autoparallel.serve.report import print_ranked
-    from autoparallel.serve.space import load_space, parse_precision
+    from autoparallel.serve.space import context_warning, load_space, parse_precision
     model = io.load_model(args.model)
     hw = io.load_hardware(args.gpu)
     if not args.no_save:
         run_folder.check_root(Path(args.results))
     engine = load_engine(args.engine)
     request = request_of(args)
+    warning = context_warning(model, request.input_len, request.output_len, request.max_model_len)
+    if warning:
+        print(f"autoparallel: warning: {warning}", file=sys.stderr)
     point = args.tp is not None and args.pp is not None and args.max_batch is not None
     wp = parse_precision(args.weight_precision, "--weight-precision")
     kp = parse_precision(args.kv_precision, "--kv-precision")
