@@ -40,6 +40,9 @@ def add_parser(sub) -> None:
     time_to_train.add_flags(s)
     s.add_argument("--results", default="results", help="folder for run folders (default results/)")
     s.add_argument("--no-save", action="store_true", help="do not write a run folder")
+    s.add_argument("--all-candidates", action="store_true",
+                   help="candidates.csv holds every candidate (default: the best 50,000 feasible ones, "
+                        "rejections counted per rule with one example each in rejections.csv)")
     s.add_argument("--fp8-check", action="store_true",
                    help="run `fp8-check` first: drop rejected FP8 recipes, apply their BF16 layers")
     s.add_argument("--fp8-check-steps", type=positive, help="training steps of the FP8 check (default: its YAML)")
@@ -93,7 +96,7 @@ def run(args: argparse.Namespace) -> None:
     _show(result, args, f"{len(result.ranked):,} candidates in {elapsed:.2f} s", None)
     if not args.no_save:
         with status(f"writing the run folder ({len(result.ranked):,} candidates)...", args.json):
-            run_dir = runs.save(result, Path(args.results), sys.argv)
+            run_dir = runs.save(result, Path(args.results), sys.argv, all_candidates=args.all_candidates)
         if not args.json:
             _next_steps(result, run_dir)
 
@@ -126,7 +129,7 @@ def _next_steps(result, run_dir: Path) -> None:
     launch = f"sbatch {script}" if nodes > 1 else f"bash {script}"
     console.print(f"run folder: {run_dir}\n"
                   f"rank 1 as Megatron-LM flags: autoparallel export {run_dir} --rank 1 --format megatron "
-                  "(or launch, nemo, nemo2, yaml)\n"
+                  "(or launch, nemo, nemo2, nemo2-yaml, yaml)\n"
                   f"launch rank 1 on {nodes} node(s) x {per_node} GPUs: "
                   f"{' '.join(f'{n}=...' for n in names)} {launch}", soft_wrap=True)
 

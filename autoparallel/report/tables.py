@@ -215,18 +215,39 @@ def print_ranked(ranked: pd.DataFrame, title: str, top: int = 10, console: Conso
 
 
 def markdown_table(ranked: pd.DataFrame, top: int = 50, hw: HardwareSpec | None = None,
-                   memory_fraction: float | None = None) -> str:
+                   memory_fraction: float | None = None, feasible: int | None = None) -> str:
+    """ranked.md's table; ``feasible``: the run's count when ``ranked`` keeps only the best."""
     columns, rows = _table(ranked, top, hw)
     headers = [c.header for c in columns]
-    feasible = int(ranked["fits"].sum())
+    feasible = feasible or int(ranked["fits"].sum())
     lines = [f"Best {min(top, feasible)} of {feasible:,} feasible candidates in {len(rows)} layouts.", "",
              "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines) + "\n\n" + "".join(f"- {line}\n" for line in legend(hw, memory_fraction))
 
 
-def rejection_summary(ranked: pd.DataFrame) -> pd.Series:
-    """How many candidates each rule rejected, memory rejections counted together."""
+def _rules(ranked: pd.DataFrame) -> pd.Series:
+    """The rule that rejected each rejected row: its reason, memory rejections counted together."""
     reasons = ranked.loc[~ranked["fits"], "reason"].astype(str)
-    reasons = reasons.where(~reasons.str.startswith("out of memory"), "out of memory")
-    return reasons.value_counts()
+    return reasons.where(~reasons.str.startswith("out of memory"), "out of memory")
+
+
+def rejection_summary(ranked: pd.DataFrame, rejections: pd.DataFrame | None = None) -> pd.Series:
+    """How many candidates each rule rejected, memory rejections counted together; ``rejections``:
+    the per-rule counts of a summarised run folder (rejection_examples), added in."""
+    counts = _rules(ranked).value_counts()
+    if rejections is not None and not rejections.empty:
+        counts = counts.add(rejections.set_index("rule")["count"].astype(int), fill_value=0).astype(int)
+    return counts.sort_values(ascending=False, kind="stable")
+
+
+def rejection_examples(ranked: pd.DataFrame) -> pd.DataFrame:
+    """One row per rejecting rule, most frequent first: the rule, its count and its first candidate
+    (a summarised run folder's rejections.csv)."""
+    rules = _rules(ranked)
+    counts = rules.value_counts()
+    first = ranked.loc[rules.index].groupby(rules.to_numpy(), sort=False).head(1)
+    first = first.assign(rule=rules.loc[first.index].to_numpy())
+    first.insert(0, "count", first["rule"].map(counts).to_numpy())
+    first = first[["rule", *[c for c in first.columns if c != "rule"]]]
+    return first.sort_values("count", ascending=False, kind="stable").reset_index(drop=True)

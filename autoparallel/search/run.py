@@ -21,6 +21,13 @@ from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
 
 
+# A grid run folder keeps the best KEEP_FEASIBLE feasible candidates in candidates.csv and one
+# row per rejecting rule (its count and one example) in rejections.csv, unless --all-candidates:
+# every row of a DeepSeek-V3 / 1024-GPU search is 385 MB of CSV and 20-40 s of writing (issue 24).
+KEEP_FEASIBLE = 50_000
+REJECTIONS = "rejections.csv"
+
+
 @dataclass
 class SearchResult:
     model: ModelSpec
@@ -31,6 +38,9 @@ class SearchResult:
     ranked: pd.DataFrame  # every candidate, best first; rank is NA where rejected
     objectives: tuple[str, ...] = ("throughput",)  # two: profiling picks from the Pareto front
     profiled: pd.DataFrame | None = None  # rows `--profile` measured (written as profiled.csv)
+    # Loaded from a summarised folder: the rules' counts and examples, and the feasible total.
+    rejections: pd.DataFrame | None = None
+    feasible_total: int | None = None
 
     @property
     def feasible(self) -> pd.DataFrame:
@@ -44,6 +54,9 @@ class SearchResult:
         if n == 0:
             raise UserError("this run has no feasible plan to pick a --rank from")
         if not 1 <= rank <= n:
+            if self.feasible_total and self.feasible_total > n and rank <= self.feasible_total:
+                raise UserError(f"--rank {rank}: this run folder keeps the best {n:,} of {self.feasible_total:,} "
+                                "feasible plans; search again with --all-candidates to keep every one")
             raise UserError(f"--rank {rank} is out of range: this run has {n} feasible plans (1..{n})")
         return self.feasible.iloc[rank - 1]
 
@@ -77,14 +90,18 @@ def search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Searc
     return result
 
 
-def save(result: SearchResult, root: Path, command: list[str], top_md: int = 50) -> Path:
-    """The run folder of a finished grid search, complete or (on any failure) absent."""
+def save(result: SearchResult, root: Path, command: list[str], top_md: int = 50,
+         all_candidates: bool = False) -> Path:
+    """The run folder of a finished grid search, complete or (on any failure) absent; every
+    candidate in candidates.csv with ``all_candidates``, else the best feasible ones and the
+    rejections summarised per rule (``KEEP_FEASIBLE``, ``REJECTIONS``)."""
     def make(staging: Path) -> Path:
         run_dir = run_folder.new_run_dir(staging, result.model.name, result.gpus, result.hardware.name)
         write_manifest(run_dir, result.model, result.hardware, result.gpus, result.gbs, result.space, command,
                        {"strategy": "grid", "candidates": len(result.ranked),
-                        "feasible": int(result.ranked["fits"].sum())})
-        write_tables(result, run_dir, top_md)
+                        "feasible": int(result.ranked["fits"].sum()),
+                        "candidates_file": "all" if all_candidates else "feasible"})
+        write_tables(result, run_dir, top_md, summarise=not all_candidates)
         return run_dir
     return run_folder.staged(root, make)
 
@@ -96,7 +113,7 @@ def write_manifest(run_dir: Path, model: ModelSpec, hw: HardwareSpec, gpus: int,
         "gpus": gpus, "gbs": gbs, "space": io.to_dict(space), **extra}))
 
 
-def write_tables(result: SearchResult, run_dir: Path, top_md: int = 50) -> None:
+def write_tables(result: SearchResult, run_dir: Path, top_md: int = 50, summarise: bool = False) -> None:
     """ranked.md, best.yaml and candidates.csv of a finished search (best.yaml only if one fits),
     after profiled.csv when it was profiled: a sampler run's tables are rebuilt from the study
     plus that file (``finish_study``), so it must never lag behind the tables."""
@@ -107,8 +124,12 @@ def write_tables(result: SearchResult, run_dir: Path, top_md: int = 50) -> None:
         result.ranked, top_md, result.hardware, result.space.memory_fraction))
     if not result.feasible.empty:
         write_best(run_dir, result.model, result.hardware, result.entry(1), title)
-    run_folder.write_csv(run_dir / run_folder.CANDIDATES, result.ranked)
-    run_folder.write_parquet(run_dir / run_folder.CANDIDATES_PARQUET, result.ranked)
+    rows = result.ranked
+    if summarise:  # the best feasible rows, and one row per rejecting rule
+        rows = result.feasible.head(KEEP_FEASIBLE)
+        run_folder.write_csv(run_dir / REJECTIONS, tables.rejection_examples(result.ranked))
+    run_folder.write_csv(run_dir / run_folder.CANDIDATES, rows)
+    run_folder.write_parquet(run_dir / run_folder.CANDIDATES_PARQUET, rows)
 
 
 def plan_document(model: ModelSpec, hw: HardwareSpec, row: pd.Series) -> dict:
@@ -179,7 +200,11 @@ def load(run_dir: Path) -> SearchResult:
         raise UserError(f"{run_dir} has no {run_folder.CANDIDATES} yet (an interrupted sampler run? "
                         "use `autoparallel search --resume` or `autoparallel report`)")
     ranked = read_table(run_dir / run_folder.CANDIDATES)
-    return SearchResult(model, hw, int(inputs["gpus"]), int(inputs["gbs"]), space, ranked)
+    result = SearchResult(model, hw, int(inputs["gpus"]), int(inputs["gbs"]), space, ranked)
+    if (run_dir / REJECTIONS).exists():  # a summarised folder (older ones hold every row)
+        result.rejections = read_table(run_dir / REJECTIONS)
+        result.feasible_total = int(inputs.get("feasible", len(result.feasible)))
+    return result
 
 
 TABLE_COLUMNS = ("fits", "reason")
@@ -381,9 +406,10 @@ def report(run_dir: Path) -> Path:
         result = load(run_dir)
         title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"
         run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(
-            result.ranked, 50, hw, space.memory_fraction))
+            result.ranked, 50, hw, space.memory_fraction, result.feasible_total))
     title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"
-    page = html.render(result.ranked, title, space.memory_fraction * hw.memory_gib, hw)
+    page = html.render(result.ranked, title, space.memory_fraction * hw.memory_gib, hw, result.rejections,
+                       result.feasible_total)
     path = run_dir / "report.html"
     run_folder.write_atomic(path, page)
     return path
