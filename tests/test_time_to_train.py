@@ -92,3 +92,16 @@ def test_bad_values_get_one_line_and_exit_2(command, extra, message, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_the_run_folder_keeps_the_time_to_train(tmp_path, capsys):
+    import yaml
+    assert main(["search", "--model", "llama3-8b", "--gpus", "16", "--results", str(tmp_path), "--top", "3",
+                 "--tokens", "2T", "--gpu-hour-cost", "3"]) == 0
+    (folder,) = tmp_path.iterdir()
+    manifest = yaml.safe_load((folder / "manifest.yaml").read_text())["inputs"]
+    assert manifest["time_to_train"] == {"tokens": 2e12, "days": None, "gpu_hour_cost": 3.0}
+    for _ in range(2):  # as searched, then as `report` renders it again
+        header = next(line for line in (folder / "ranked.md").read_text().splitlines() if line.startswith("| #"))
+        assert header.endswith("| days | GPU-h | cost |")
+        assert main(["report", str(folder)]) == 0

@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> None:
 
 def _show(result, args: argparse.Namespace, how: str, run_dir: Path | None) -> None:
     from autoparallel.report.tables import print_ranked
-    train = time_to_train.from_args(args, result.gpus)
+    train = result.train = time_to_train.from_args(args, result.gpus)
     if args.json:
         records = result.records(args.top)
         for r in records if train else ():

@@ -215,9 +215,11 @@ def print_ranked(ranked: pd.DataFrame, title: str, top: int = 10, console: Conso
 
 
 def markdown_table(ranked: pd.DataFrame, top: int = 50, hw: HardwareSpec | None = None,
-                   memory_fraction: float | None = None, feasible: int | None = None) -> str:
-    """ranked.md's table; ``feasible``: the run's count when ``ranked`` keeps only the best."""
-    columns, rows = _table(ranked, top, hw)
+                   memory_fraction: float | None = None, feasible: int | None = None,
+                   train: TimeToTrain | None = None) -> str:
+    """ranked.md's table; ``feasible``: the run's count when ``ranked`` keeps only the best;
+    ``train``: the time to train beside each layout."""
+    columns, rows = _table(ranked, top, hw, train)
     headers = [c.header for c in columns]
     feasible = feasible or int(ranked["fits"].sum())
     lines = [f"Best {min(top, feasible)} of {feasible:,} feasible candidates in {len(rows)} layouts.", "",

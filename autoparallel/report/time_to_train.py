@@ -77,6 +77,10 @@ class TimeToTrain:
         if (self.tokens is None) == (self.days is None):
             raise ValueError("a time to train needs exactly one of tokens and days")
 
+    def settings(self) -> dict:
+        """What a run folder's manifest keeps (``TimeToTrain(gpus, **settings)`` rebuilds it)."""
+        return {"tokens": self.tokens, "days": self.days, "gpu_hour_cost": self.gpu_hour_cost}
+
     def columns(self, tokens_per_s_per_gpu) -> dict[str, np.ndarray]:
         """What differs between layouts: train_days, gpu_hours (and cost_usd with a price) for
         --tokens; train_tokens for --train-days (its GPU-hours and cost are every layout's)."""

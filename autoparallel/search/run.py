@@ -14,6 +14,7 @@ from autoparallel.costmodel.estimate import record
 from autoparallel.errors import UserError
 from autoparallel.report import run_folder, tables
 from autoparallel.report.export import export_document
+from autoparallel.report.time_to_train import TimeToTrain
 from autoparallel.search.grid import evaluate
 from autoparallel.space import SearchSpace, generate, row_to_plan
 from autoparallel.specs.hardware import HardwareSpec
@@ -41,6 +42,7 @@ class SearchResult:
     # Loaded from a summarised folder: the rules' counts and examples, and the feasible total.
     rejections: pd.DataFrame | None = None
     feasible_total: int | None = None
+    train: TimeToTrain | None = None  # --tokens / --train-days: the time to train beside each layout
 
     @property
     def feasible(self) -> pd.DataFrame:
@@ -100,7 +102,8 @@ def save(result: SearchResult, root: Path, command: list[str], top_md: int = 50,
         write_manifest(run_dir, result.model, result.hardware, result.gpus, result.gbs, result.space, command,
                        {"strategy": "grid", "candidates": len(result.ranked),
                         "feasible": int(result.ranked["fits"].sum()),
-                        "candidates_file": "all" if all_candidates else "feasible"})
+                        "candidates_file": "all" if all_candidates else "feasible",
+                        **({"time_to_train": result.train.settings()} if result.train else {})})
         write_tables(result, run_dir, top_md, summarise=not all_candidates)
         return run_dir
     return run_folder.staged(root, make)
@@ -121,7 +124,7 @@ def write_tables(result: SearchResult, run_dir: Path, top_md: int = 50, summaris
         run_folder.write_csv(run_dir / run_folder.PROFILED, result.profiled)
     title = f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}"
     run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(
-        result.ranked, top_md, result.hardware, result.space.memory_fraction))
+        result.ranked, top_md, result.hardware, result.space.memory_fraction, train=result.train))
     if not result.feasible.empty:
         write_best(run_dir, result.model, result.hardware, result.entry(1), title)
     rows = result.ranked
@@ -204,6 +207,8 @@ def load(run_dir: Path) -> SearchResult:
     if (run_dir / REJECTIONS).exists():  # a summarised folder (older ones hold every row)
         result.rejections = read_table(run_dir / REJECTIONS)
         result.feasible_total = int(inputs.get("feasible", len(result.feasible)))
+    if inputs.get("time_to_train"):
+        result.train = TimeToTrain(result.gpus, **inputs["time_to_train"])
     return result
 
 
@@ -406,7 +411,7 @@ def report(run_dir: Path) -> Path:
         result = load(run_dir)
         title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"
         run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(
-            result.ranked, 50, hw, space.memory_fraction, result.feasible_total))
+            result.ranked, 50, hw, space.memory_fraction, result.feasible_total, result.train))
     title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"
     page = html.render(result.ranked, title, space.memory_fraction * hw.memory_gib, hw, result.rejections,
                        result.feasible_total)
