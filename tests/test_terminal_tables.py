@@ -2,14 +2,17 @@
 80, 120 and 200 columns; the captured screen must show every layout value and measure of the top
 rows in full, drop low-priority columns whole (naming them), and keep the legend to three lines.
 
-tmux runs on its own socket, so that no other tmux server of the machine is touched. Without
+tmux runs on its own socket in a temporary folder, so that no other tmux server of the machine is
+touched and nothing is left behind. Without
 tmux (and no way to install it) these tests skip, saying so; .ci/run installs it.
 """
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -36,20 +39,22 @@ pytestmark = pytest.mark.skipif(shutil.which("tmux") is None,
 
 def screen(argv: list[str], width: int, height: int = 80) -> str:
     """What a ``width``-column terminal shows after running ``autoparallel argv`` in it."""
-    socket, done = f"ap-test-{uuid.uuid4().hex[:8]}", f"done-{uuid.uuid4().hex[:8]}"
-    tmux = ["tmux", "-L", socket, "-f", os.devnull]
+    folder = Path(tempfile.mkdtemp(prefix="ap-tmux-"))  # the server's socket, removed with it
+    socket, done = folder / "socket", f"done-{uuid.uuid4().hex[:8]}"
+    tmux = ["tmux", "-S", str(socket), "-f", os.devnull]
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TMUX")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    command = " ".join([sys.executable, "-m", "autoparallel", *argv])
+    command = shlex.join([sys.executable, "-m", "autoparallel", *argv])
     # The pane stays open after the command (sleep) so that it can be captured, then goes with the server.
-    shell = f"cd {ROOT} && {command}; tmux -L {socket} wait-for -S {done}; sleep 60"
-    subprocess.run([*tmux, "new-session", "-d", "-x", str(width), "-y", str(height), shell], env=env, check=True)
+    shell = f"cd {shlex.quote(str(ROOT))} && {command}; tmux -S {shlex.quote(str(socket))} wait-for -S {done}; sleep 60"
     try:
+        subprocess.run([*tmux, "new-session", "-d", "-x", str(width), "-y", str(height), shell], env=env, check=True)
         subprocess.run([*tmux, "wait-for", done], timeout=120, check=True)
         return subprocess.run([*tmux, "capture-pane", "-p", "-t", "0"], capture_output=True, text=True,
                               check=True).stdout
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _contains_in_order(tokens: list[str], wanted: list[str]) -> bool:

@@ -80,18 +80,23 @@ def status(text: str, quiet: bool):
     return nullcontext() if quiet else console.status(text, spinner="dots")
 
 
+@contextmanager
+def progress_bar(description: str, total: int | None):
+    """A transient rich progress bar on the console: (progress, task)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as p:
+        yield p, p.add_task(description, total=total)
+
+
 def trial_progress(total: int | None, quiet: bool):
     """A progress bar for sampler trials showing the best feasible throughput so far."""
     if quiet:
         return nullcontext()
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     @contextmanager
     def bar():
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as p:
-            task = p.add_task("trials", total=total)
-
+        with progress_bar("trials", total) as (p, task):
             def update(done: int, best: float | None) -> None:
                 text = f"trials (best {best:,.0f} tok/s/GPU)" if best else "trials"
                 p.update(task, completed=done, description=text)
@@ -104,14 +109,10 @@ def pricing_progress(quiet: bool):
     nothing with --json or in pipes, and transient: it never stays above the table."""
     if quiet or not console.is_terminal:
         return nullcontext(None)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     @contextmanager
     def bar():
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as p:
-            task = p.add_task("generating candidate layouts", total=None)
-
+        with progress_bar("generating candidate layouts", None) as (p, task):
             def update(done: int, total: int) -> None:
                 p.update(task, completed=done, total=total, description="pricing candidate layouts")
             yield update
