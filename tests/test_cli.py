@@ -36,22 +36,76 @@ def test_run_folder_holds_every_file(run_dir):
     assert manifest["inputs"]["gpus"] == 64 and manifest["inputs"]["gbs"] == 128
 
 
-def test_candidates_keep_rejections_with_reasons(run_dir):
+def test_candidates_keep_feasible_rows_and_rejections_per_rule(run_dir):
+    """By default (issue 24) candidates.csv holds the feasible candidates and rejections.csv one
+    row per rejecting rule: its count and one example with its reason."""
     import pandas as pd
     frame = pd.read_csv(run_dir / "candidates.csv", low_memory=False)
-    rejected = frame[~frame.fits]
-    assert len(rejected) > 0 and rejected.reason.notna().all()
-    assert frame.fits.sum() == frame["rank"].notna().sum()
+    assert frame.fits.all() and list(frame["rank"]) == list(range(1, len(frame) + 1))
+    rejected = pd.read_csv(run_dir / "rejections.csv", low_memory=False)
+    manifest = yaml.safe_load((run_dir / "manifest.yaml").read_text())["inputs"]
+    assert manifest["candidates_file"] == "feasible" and len(frame) == manifest["feasible"]
+    assert rejected["count"].sum() == manifest["candidates"] - manifest["feasible"]
+    assert not rejected.fits.any() and rejected.reason.notna().all() and rejected["rule"].is_unique
+    assert (rejected["rule"] == "out of memory").any() and rejected["count"].is_monotonic_decreasing
+
+
+def test_all_candidates_keeps_every_row_as_before(tmp_path):
+    import pandas as pd
+    assert main(["search", "--model", "llama3-8b", "--gpus", "16", "--results", str(tmp_path), "--top", "3",
+                 "--all-candidates"]) == 0
+    (folder,) = tmp_path.iterdir()
+    frame = pd.read_csv(folder / "candidates.csv", low_memory=False)
+    manifest = yaml.safe_load((folder / "manifest.yaml").read_text())["inputs"]
+    assert len(frame) == manifest["candidates"] and (~frame.fits).sum() > 0 and frame[~frame.fits].reason.notna().all()
+    assert not (folder / "rejections.csv").exists()
+    # a folder of the previous version: every row, no candidates_file in its manifest
+    manifest_path = folder / "manifest.yaml"
+    manifest = yaml.safe_load(manifest_path.read_text())
+    del manifest["inputs"]["candidates_file"]
+    manifest_path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    assert main(["export", str(folder), "--rank", "2", "--format", "nemo2"]) == 0
+    assert main(["report", str(folder)]) == 0
+    assert f"{manifest['inputs']['candidates']:,} candidates" in (folder / "report.html").read_text()
+
+
+def test_summarised_folder_reports_exports_and_names_the_cap(tmp_path, monkeypatch, capsys):
+    from autoparallel.search import run as runs
+    monkeypatch.setattr(runs, "KEEP_FEASIBLE", 5)
+    assert main(["search", "--model", "llama3-8b", "--gpus", "16", "--results", str(tmp_path), "--top", "3"]) == 0
+    (folder,) = tmp_path.iterdir()
+    capsys.readouterr()
+    assert main(["export", str(folder), "--rank", "5", "--format", "megatron"]) == 0
+    assert main(["export", str(folder), "--rank", "6", "--format", "megatron"]) == 2
+    assert "keeps the best 5 of" in capsys.readouterr().err
+    assert main(["report", str(folder)]) == 0
+    page = (folder / "report.html").read_text()
+    manifest = yaml.safe_load((folder / "manifest.yaml").read_text())["inputs"]
+    assert f"{manifest['candidates']:,} candidates, {manifest['feasible']:,} feasible" in page
+    assert f"of {manifest['feasible']:,} feasible candidates" in (folder / "ranked.md").read_text()
 
 
 @pytest.mark.parametrize("fmt, expect", [("megatron", "--pipeline-model-parallel-size"),
                                          ("nemo", "pipeline_model_parallel_size:"),
-                                         ("nemo2", "MegatronCommOverlapCallback:"),
+                                         ("nemo2", "recipe = llm.llama3_70b.pretrain_recipe("),
+                                         ("nemo2-yaml", "MegatronCommOverlapCallback:"),
                                          ("launch", "pretrain_gpt.py"),
                                          ("yaml", "megatron_args:")])
 def test_export_formats(run_dir, fmt, expect, capsys):
     assert main(["export", str(run_dir), "--rank", "2", "--format", fmt]) == 0
     assert expect in capsys.readouterr().out
+
+
+def test_megatron_export_is_flags_only_and_notes_the_environment(run_dir, capsys):
+    assert main(["export", str(run_dir), "--rank", "1", "--format", "megatron"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert all(line.startswith("--") for line in lines), lines[:3]
+    assert all(line.endswith(" \\") for line in lines[:-1]) and not lines[-1].endswith("\\")
+    best = yaml.safe_load((run_dir / "best.yaml").read_text())
+    assert best["plan"]["tp"] > 1 and best["environment"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1" in err and "export" not in out
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in (run_dir / "train.sh").read_text()
 
 
 def test_export_rank_1_matches_best_yaml(run_dir, tmp_path):

@@ -123,3 +123,42 @@ def test_train_script_runs_the_exported_flags(gpus, hardware, tmp_path):
     missing = subprocess.run(["bash", "-c", printer], capture_output=True, text=True,
                              env={k: v for k, v in env.items() if k != "DATA_PATH"})
     assert missing.returncode != 0 and "set DATA_PATH" in missing.stderr
+
+
+def _report_imports() -> dict[str, set[str]]:
+    """Which autoparallel.report modules each one imports, at the top or inside a function."""
+    import ast
+    from pathlib import Path
+
+    import autoparallel.report as package
+    graph = {}
+    for path in Path(package.__file__).parent.glob("*.py"):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("autoparallel.report"):
+                found |= ({node.module.split(".")[2]} if node.module.count(".") >= 2
+                          else {alias.name for alias in node.names})
+        graph[path.stem] = found - {path.stem}
+    return graph
+
+
+def test_the_exports_import_no_circle():
+    graph = _report_imports()
+    assert graph["shared"] <= set() and "export" not in graph["nemo"] and "launch" not in graph["nemo"]
+
+    def reach(start: str, seen: set[str]) -> set[str]:
+        for nxt in graph.get(start, ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                reach(nxt, seen)
+        return seen
+    assert not [m for m in graph if m in reach(m, set())], graph
+
+
+@pytest.mark.parametrize("module", ["shared", "export", "nemo", "launch", "moe_export"])
+def test_each_export_module_imports_alone(module):
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", f"import autoparallel.report.{module}"], capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stderr

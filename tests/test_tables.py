@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
+from autoparallel import io
 from autoparallel.cli import main
-from autoparallel.report import run_folder, tables
+from autoparallel.report import fit, run_folder, tables
 from autoparallel.search import run as runs
 from autoparallel.space import load_space
 
@@ -50,8 +51,10 @@ def test_variants_of_a_layout_collapse_and_say_what_differs(h100):
                     dict(tokens_per_s_per_gpu=970.0, tp=4, dp=32, grad_reduce_in_fp32=False)])
     rows = tables.grouped(frame, 50, h100)
     assert list(rows["variants"]) == ["+2", "-"]
-    assert rows["differs_in"].iloc[0] == "VP, precision, BF16 edge layers"
-    assert rows["other_knobs"].iloc[1] == "grad reduce in FP32: no"
+    assert rows["differs_in"].iloc[0] == "vp,prec,edge"
+    assert rows["other_knobs"].iloc[1] == "nog32"
+    key = tables.legend(h100)[-1]
+    assert "vp = virtual pipeline stages" in key and "g32 = gradients reduced in FP32" in key
 
 
 def test_mfu_on_the_bf16_peak_and_fp8_utilisation_beside_it(result_175b, h100):
@@ -72,11 +75,48 @@ def test_tie_is_the_prediction_error_band(h100):
     assert tables.grouped(frame, 50, h100, error)["tie"].tolist() == ["yes", "yes", "-"]
 
 
-def test_logs_get_the_whole_table(result_175b, h100):
+def test_pipes_get_a_sane_width_and_wide_gets_every_column(result_175b, h100, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
     out = stdio.StringIO()
-    tables.print_ranked(result_175b.ranked, "t", 50, Console(file=out, width=80), h100, 0.95)
-    text = out.getvalue()
-    assert "fp8-delayed" in text and "…" not in text and max(map(len, text.splitlines())) > 80
+    tables.print_ranked(result_175b.ranked, "t", 50, Console(file=out, width=400), h100, 0.95)
+    lines = out.getvalue().splitlines()
+    assert max(map(len, lines)) <= fit.PIPE_WIDTH and "…" not in out.getvalue()
+    (note,) = [line for line in lines if line.startswith("--wide adds ")]
+    assert "other" in note and "precision" not in note  # the lowest priority went first
+    assert len(lines) == 1 + 2 + len(tables.grouped(result_175b.ranked, 50, h100)) + 1 + 3  # title, header, rows, note, legend
+    monkeypatch.setenv("COLUMNS", "120")
+    out = stdio.StringIO()
+    tables.print_ranked(result_175b.ranked, "t", 50, Console(file=out, width=400), h100, 0.95, wide=True)
+    header = out.getvalue().splitlines()[1].split()
+    assert {"differs", "other", "TFLOP/s", "var"} <= set(header) and "--wide adds" not in out.getvalue()
+    assert max(map(len, out.getvalue().splitlines())) > 120  # --wide: as wide as the table needs
+
+
+def test_short_legend_is_three_lines_under_80_columns(h100):
+    lines = tables.short_legend(h100, 0.95)
+    assert len(lines) <= 3 and all(len(line) <= 80 for line in lines)
+    assert "76.0" in lines[1] and "989" in lines[1] and "--explain" in lines[2]
+
+
+def test_fit_drops_whole_columns_lowest_priority_first_and_never_the_kept_ones():
+    cols = [fit.Column("a", "A"), fit.Column("b", "B", drop=1), fit.Column("c", "C", drop=2),
+            fit.Column("d", "D", drop=2), fit.Column("e", "EEEE")]
+    rows = [["1", "22", "333", "4444", "5"]]
+    # natural widths 1, 2, 3, 4, 4 with gaps of 2: 14 + 8 = 22
+    assert fit.fit(cols, rows, 22) == [0, 1, 2, 3, 4]
+    assert fit.fit(cols, rows, 21) == [0, 1, 2, 4]  # the rightmost of the two drop=2 columns first
+    assert fit.fit(cols, rows, 13) == [0, 1, 4]
+    assert fit.fit(cols, rows, 3) == [0, 4]  # kept columns stay even when they alone are too wide
+    assert fit.fit(cols, rows, None) == [0, 1, 2, 3, 4]
+    assert fit.dropped_note(cols, [0, 4], "") == "--wide adds B, C, D"
+
+
+def test_kept_columns_wider_than_the_screen_run_on_whole():
+    cols = [fit.Column("a", "A"), fit.Column("b", "B")]
+    out = stdio.StringIO()
+    fit.print_table(Console(file=out, width=10, force_terminal=True, color_system=None), None, cols,
+                    [["x" * 8, "y" * 8]])
+    assert "x" * 8 + "  " + "y" * 8 in out.getvalue()
 
 
 def test_candidates_csv_counts_are_integers_and_parquet_sits_beside(result_175b, tmp_path, monkeypatch):
@@ -134,3 +174,17 @@ def test_candidates_csv_is_what_pandas_writes(tmp_path, monkeypatch):
     assert (tmp_path / "c.csv").read_text() == expected
     run_folder.write_csv(tmp_path / "empty.csv", frame.iloc[:0])
     assert (tmp_path / "empty.csv").read_text() == frame.iloc[:0].to_csv(index=False, lineterminator="\n")
+
+
+def test_search_reports_pricing_progress_up_to_every_valid_row(h100):
+    model = io.load_model("llama3-70b")
+    seen = []
+    result = runs.search(model, h100, 64, 128, load_space(), progress=lambda done, total: seen.append((done, total)))
+    valid = int((result.ranked["reason"] == "").sum() + result.ranked["reason"].str.startswith("out of memory").sum())
+    assert len(seen) >= 2 and [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert seen[-1] == (valid, valid)
+
+
+def test_piped_search_prints_no_progress_residue(capsys):
+    assert main(["search", "--model", "llama3-8b", "--gpus", "16", "--no-save", "--top", "3"]) == 0
+    assert capsys.readouterr().out.startswith("llama3-8b on 16 x h100-sxm")

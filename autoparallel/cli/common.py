@@ -58,6 +58,14 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--space", default="training", help="search space preset or YAML path (default training)")
 
 
+def add_table_flags(p: argparse.ArgumentParser, explain: bool = True) -> None:
+    """--wide (and --explain): the ranked tables fit the terminal by dropping low-priority columns."""
+    p.add_argument("--wide", action="store_true",
+                   help="every table column, however wide (default: the columns that fit the terminal)")
+    if explain:
+        p.add_argument("--explain", action="store_true", help="the full legend: every column and code")
+
+
 def pins(args: argparse.Namespace) -> dict:
     """The knobs given on the command line (None: searched)."""
     return {n: getattr(args, n) for n in KNOB_FLAGS + FEATURE_FLAGS + SETTING_FLAGS}
@@ -78,20 +86,40 @@ def status(text: str, quiet: bool):
     return nullcontext() if quiet else console.status(text, spinner="dots")
 
 
+@contextmanager
+def progress_bar(description: str, total: int | None):
+    """A transient rich progress bar on the console: (progress, task)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as p:
+        yield p, p.add_task(description, total=total)
+
+
 def trial_progress(total: int | None, quiet: bool):
     """A progress bar for sampler trials showing the best feasible throughput so far."""
     if quiet:
         return nullcontext()
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     @contextmanager
     def bar():
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as p:
-            task = p.add_task("trials", total=total)
-
+        with progress_bar("trials", total) as (p, task):
             def update(done: int, best: float | None) -> None:
                 text = f"trials (best {best:,.0f} tok/s/GPU)" if best else "trials"
                 p.update(task, completed=done, description=text)
+            yield update
+    return bar()
+
+
+def pricing_progress(quiet: bool):
+    """A progress bar while the grid prices its candidates (a pulse while they are generated);
+    nothing with --json or in pipes, and transient: it never stays above the table."""
+    if quiet or not console.is_terminal:
+        return nullcontext(None)
+
+    @contextmanager
+    def bar():
+        with progress_bar("generating candidate layouts", None) as (p, task):
+            def update(done: int, total: int) -> None:
+                p.update(task, completed=done, total=total, description="pricing candidate layouts")
             yield update
     return bar()

@@ -7,6 +7,7 @@ import json
 
 from autoparallel.cli.common import add_knobs, add_target, console, inputs, pins
 from autoparallel.errors import UserError
+from autoparallel.report import time_to_train
 
 # What estimate assumes for a knob that is not given (search would search it instead).
 DEFAULTS = {"vp": 1, "cp": 1, "ep": 1, "etp": 1, "mbs": 1, "recompute": "none", "precision": "bf16",
@@ -23,6 +24,7 @@ def add_parser(sub) -> None:
     e.add_argument("--from-log", metavar="LOG", help="predict the run a Megatron-LM / Megatron-Bridge training "
                    "log describes and show it beside what the log measured (with --gpu)")
     e.add_argument("--json", action="store_true")
+    time_to_train.add_flags(e)
     e.set_defaults(func=run)
 
 
@@ -35,6 +37,7 @@ def run(args: argparse.Namespace) -> None:
         return
     if args.model is None or args.gpus is None:
         raise UserError("estimate needs --model and --gpus (or --from-log LOG)")
+    train = time_to_train.from_args(args, args.gpus)
     from autoparallel.costmodel.estimate import estimate_plan
     from autoparallel.space import generate, row_to_plan
     model, hw, gbs, space = inputs(args)
@@ -54,13 +57,15 @@ def run(args: argparse.Namespace) -> None:
         raise UserError(explain(candidates, model, hw, args.gpus, gbs, space, pins(args)))
     plan = row_to_plan(candidates[candidates.reason == ""].iloc[0])
     result = estimate_plan(model, hw, plan, space.memory_fraction)
+    if train is not None:
+        result["time_to_train"] = train.record(result["tokens_per_s_per_gpu"])
     if args.json:
         print(json.dumps(result, indent=1))
         return
-    _print_estimate(model, hw, result, space.memory_fraction)
+    _print_estimate(model, hw, result, space.memory_fraction, train)
 
 
-def _print_estimate(model, hw, result: dict, memory_fraction: float) -> None:
+def _print_estimate(model, hw, result: dict, memory_fraction: float, train=None) -> None:
     from autoparallel.specs.plan import FP8_PRECISIONS
     from rich.table import Table
     c = result["config"]
@@ -79,6 +84,8 @@ def _print_estimate(model, hw, result: dict, memory_fraction: float) -> None:
     t.add_row("MFU (BF16 peak)", f"{result['mfu']:.1%}")
     if c["precision"] in FP8_PRECISIONS:
         t.add_row("FP8 utilisation", f"{result['precision_utilization']:.1%}")
+    if train is not None:
+        t.add_row("time to train", train.summary(result["tokens_per_s_per_gpu"], None))
     for k, v in result["breakdown"]["time_s"].items():
         t.add_row(f"  time: {k[:-2]}", f"{v:.3f} s")
     for k, v in result["breakdown"]["memory_gib"].items():

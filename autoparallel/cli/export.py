@@ -1,5 +1,9 @@
 """``autoparallel export``: a ranked entry of a run as Megatron-LM arguments, a launch script,
-NeMo 1.x YAML, NeMo 2.x recipe fields or best.yaml's document."""
+NeMo 1.x YAML, a NeMo 2 Python recipe or its fields as YAML, or best.yaml's document.
+
+The Megatron-LM format is flags only, so that it can be appended to a ``pretrain_gpt.py``
+command; the environment a plan needs goes to stderr as a note (it is in train.sh and in
+best.yaml's ``environment`` block)."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from pathlib import Path
 
 from autoparallel.argtypes import positive
 
-FORMATS = ("megatron", "launch", "nemo", "nemo2", "yaml")
+FORMATS = ("megatron", "launch", "nemo", "nemo2", "nemo2-yaml", "yaml")
 
 
 def add_parser(sub) -> None:
@@ -17,9 +21,10 @@ def add_parser(sub) -> None:
     x.add_argument("run_dir")
     x.add_argument("--rank", type=positive, default=1)
     x.add_argument("--format", choices=FORMATS, default="yaml",
-                   help="megatron: flags (with the environment they need), one per line; launch: train.sh "
-                        "(torchrun, or sbatch/srun across nodes); nemo: NeMo 1.x YAML; nemo2: NeMo 2.x llm recipe "
-                        "fields; yaml: best.yaml's document (default)")
+                   help="megatron: flags only, one per line (the environment they need is noted on stderr); "
+                        "launch: train.sh (torchrun, or sbatch/srun across nodes); nemo: NeMo 1.x YAML; nemo2: a "
+                        "NeMo 2 Python recipe (llm.<model>.pretrain_recipe with every field set); nemo2-yaml: the "
+                        "same fields as YAML (NeMo-Run overrides); yaml: best.yaml's document (default)")
     x.add_argument("--output", "-o", help="file to write (default stdout)")
     x.set_defaults(func=run)
 
@@ -28,19 +33,21 @@ def export_text(result, rank: int, fmt: str) -> str:
     """The text ``export`` writes for one ranked entry of a loaded run."""
     import yaml
 
-    from autoparallel.report.export import megatron_args, megatron_env
+    from autoparallel.report.export import megatron_args
     from autoparallel.report.nemo import nemo1_config, nemo2_recipe
+    from autoparallel.report.nemo_python import nemo2_python
     from autoparallel.search import run as runs
     plan, per_node = result.plan(rank), result.hardware.gpus_per_node
+    title = f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}, rank {rank}"
     if fmt == "megatron":
-        env = "".join(f"export {k}={v}\n" for k, v in megatron_env(plan).items())
-        return env + " \\\n".join(megatron_args(result.model, plan)) + "\n"
+        return " \\\n".join(megatron_args(result.model, plan)) + "\n"
     if fmt == "launch":
-        title = f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}, rank {rank}"
         return runs.launch_script(result.model, result.hardware, result.entry(rank), title)
+    if fmt == "nemo2":
+        return nemo2_python(result.model, plan, per_node, title)
     if fmt == "nemo":
         return yaml.safe_dump(nemo1_config(result.model, plan, per_node), sort_keys=False)
-    if fmt == "nemo2":
+    if fmt == "nemo2-yaml":
         return yaml.safe_dump(nemo2_recipe(result.model, plan, per_node), sort_keys=False)
     return yaml.safe_dump(runs.plan_document(result.model, result.hardware, result.entry(rank)),
                           sort_keys=False, width=100)
@@ -51,8 +58,20 @@ def run(args: argparse.Namespace) -> None:
     from autoparallel.search import run as runs
     if args.output:
         run_folder.check_output_file(Path(args.output), "--output")
-    text = export_text(runs.load(Path(args.run_dir)), args.rank, args.format)
+    result = runs.load(Path(args.run_dir))
+    text = export_text(result, args.rank, args.format)
+    if args.format == "megatron":
+        _note_environment(result.plan(args.rank))
     if args.output:
         run_folder.write_atomic(Path(args.output), text)
     else:
         sys.stdout.write(text)
+
+
+def _note_environment(plan) -> None:
+    """The variables the flags need, on stderr (the flag file itself stays flags only)."""
+    from autoparallel.report.export import megatron_env
+    env = megatron_env(plan)
+    if env:
+        print("note: these flags need " + " ".join(f"{k}={v}" for k, v in env.items())
+              + " in the environment (train.sh exports it; best.yaml: environment)", file=sys.stderr)

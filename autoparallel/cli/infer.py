@@ -10,7 +10,7 @@ from pathlib import Path
 
 from autoparallel import io
 from autoparallel.argtypes import positive, positive_number
-from autoparallel.cli.common import add_target, console
+from autoparallel.cli.common import add_table_flags, add_target, console
 from autoparallel.errors import UserError
 
 
@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
     i.add_argument("--input-len", type=positive, default=2048, help="prompt tokens per request (default 2048)")
     i.add_argument("--output-len", type=positive, default=256, help="generated tokens per request (default 256)")
     i.add_argument("--max-model-len", type=positive,
-                   help="longest sequence the engine must accept (default input + output; at most the model's context)")
+                   help="longest sequence the engine must accept (default input + output; past the model's "
+                        "context it is accepted with a warning, as the engines accept it)")
     b = i.add_argument_group("latency bounds (ms; any combination; default none)")
     b.add_argument("--max-ttft-ms", type=positive_number, help="time to first token")
     b.add_argument("--max-tpot-ms", type=positive_number, help="time per output token after the first")
@@ -48,6 +49,7 @@ def add_parser(sub) -> None:
     i.add_argument("--space", default="inference", help="search space preset or YAML path (default inference)")
     i.add_argument("--top", type=positive, default=10, help="entries to print (default 10)")
     i.add_argument("--json", action="store_true", help="print JSON (one object when tp, pp and max batch are pinned)")
+    add_table_flags(i, explain=False)
     i.add_argument("--results", default="results", help="folder for run folders (default results/)")
     i.add_argument("--no-save", action="store_true", help="do not write a run folder")
     i.set_defaults(func=run)
@@ -71,13 +73,16 @@ def run(args: argparse.Namespace) -> None:
     from autoparallel.serve import search as serve
     from autoparallel.serve.assumptions import load_engine
     from autoparallel.serve.report import print_ranked
-    from autoparallel.serve.space import load_space, parse_precision
+    from autoparallel.serve.space import context_warning, load_space, parse_precision
     model = io.load_model(args.model)
     hw = io.load_hardware(args.gpu)
     if not args.no_save:
         run_folder.check_root(Path(args.results))
     engine = load_engine(args.engine)
     request = request_of(args)
+    warning = context_warning(model, request.input_len, request.output_len, request.max_model_len)
+    if warning:
+        print(f"autoparallel: warning: {warning}", file=sys.stderr)
     point = args.tp is not None and args.pp is not None and args.max_batch is not None
     wp = parse_precision(args.weight_precision, "--weight-precision")
     kp = parse_precision(args.kv_precision, "--kv-precision")
@@ -95,7 +100,7 @@ def run(args: argparse.Namespace) -> None:
             print(json.dumps(serve.record(row), indent=1))
         else:
             print_ranked(row.to_frame().T.assign(rank=1), serve.point_title(model, hw, args.gpus, request, row),
-                         1, console)
+                         1, console, args.wide)
             if row["reason"]:
                 console.print(f"[red]{row['reason']}[/red]")
         return
@@ -108,9 +113,10 @@ def run(args: argparse.Namespace) -> None:
     else:
         title = (f"{serve.title_of(result)}: top {min(args.top, len(result.feasible))} of "
                  f"{len(result.feasible):,} feasible ({len(result.ranked):,} candidates in {elapsed:.2f} s)")
-        print_ranked(result.feasible, title, args.top, console)
+        where = "" if args.no_save else "; all in the run folder's ranked.md"
+        print_ranked(result.feasible, title, args.top, console, args.wide, legend=False, where=where)
         print_ranked(result.pareto, "Pareto front: output tokens/s per GPU vs TPOT (fitting layouts, any bound)",
-                     len(result.pareto), console)
+                     len(result.pareto), console, args.wide, where=where)
     if not args.no_save:  # serve.save makes the folder inside the staging folder it is given
         run_dir = run_folder.staged(Path(args.results), lambda staging: serve.save(result, staging, sys.argv))
         if not args.json:

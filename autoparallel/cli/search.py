@@ -9,8 +9,10 @@ import time
 from pathlib import Path
 
 from autoparallel.argtypes import non_negative, positive, seed
-from autoparallel.cli.common import add_knobs, add_target, console, inputs, pins, status, trial_progress
+from autoparallel.cli.common import (add_knobs, add_table_flags, add_target, console, inputs, pins,
+                                     pricing_progress, status, trial_progress)
 from autoparallel.errors import UserError
+from autoparallel.report import time_to_train
 
 
 def add_parser(sub) -> None:
@@ -34,8 +36,13 @@ def add_parser(sub) -> None:
     s.add_argument("--top", type=positive, default=50,
                    help="best candidates to print, one row per layout (default 50; --json lists them one by one)")
     s.add_argument("--json", action="store_true", help="print the ranked list as JSON")
+    add_table_flags(s)
+    time_to_train.add_flags(s)
     s.add_argument("--results", default="results", help="folder for run folders (default results/)")
     s.add_argument("--no-save", action="store_true", help="do not write a run folder")
+    s.add_argument("--all-candidates", action="store_true",
+                   help="candidates.csv holds every candidate (default: the best 50,000 feasible ones, "
+                        "rejections counted per rule with one example each in rejections.csv)")
     s.add_argument("--fp8-check", action="store_true",
                    help="run `fp8-check` first: drop rejected FP8 recipes, apply their BF16 layers")
     s.add_argument("--fp8-check-steps", type=positive, help="training steps of the FP8 check (default: its YAML)")
@@ -61,6 +68,7 @@ def run(args: argparse.Namespace) -> None:
         return
     if args.model is None or args.gpus is None:
         raise UserError("search needs --model and --gpus (or --resume RUN_DIR)")
+    time_to_train.from_args(args, args.gpus)  # a bad combination fails before the search
     model, hw, gbs, space = inputs(args)
     check_profiling(args, args.gpus, model)
     fp8 = _fp8_check_first(args, model, space) if args.fp8_check else None
@@ -80,35 +88,40 @@ def run(args: argparse.Namespace) -> None:
         result = profile_search(result, args, shown, run_dir)
         _show(result, args, f"{args.trials} {args.sampler} trials in {elapsed:.1f} s", run_dir)
         return
-    with status("pricing every candidate layout...", args.json):
+    with pricing_progress(args.json) as progress:
         result = runs.search(model, hw, args.gpus, gbs, space, args.recompute_num_layers, fp8_decisions=fp8,
-                             pinned=pins(args))
+                             pinned=pins(args), progress=progress)
     elapsed = time.perf_counter() - start
     result = profile_search(result, args, shown)
     _show(result, args, f"{len(result.ranked):,} candidates in {elapsed:.2f} s", None)
     if not args.no_save:
         with status(f"writing the run folder ({len(result.ranked):,} candidates)...", args.json):
-            run_dir = runs.save(result, Path(args.results), sys.argv)
+            run_dir = runs.save(result, Path(args.results), sys.argv, all_candidates=args.all_candidates)
         if not args.json:
             _next_steps(result, run_dir)
 
 
 def _show(result, args: argparse.Namespace, how: str, run_dir: Path | None) -> None:
     from autoparallel.report.tables import print_ranked
+    train = result.train = time_to_train.from_args(args, result.gpus)
     if args.json:
-        print(json.dumps(result.records(args.top), indent=1))
+        records = result.records(args.top)
+        for r in records if train else ():
+            r["time_to_train"] = train.record(r["tokens_per_s_per_gpu"])
+        print(json.dumps(records, indent=1))
         return
     title = (f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}: top "
              f"{min(args.top, len(result.feasible))} of {len(result.feasible):,} feasible ({how})")
-    print_ranked(result.ranked, title, args.top, console, result.hardware, result.space.memory_fraction)
+    where = "" if args.no_save else "; all in the run folder's ranked.md"
+    print_ranked(result.ranked, title, args.top, console, result.hardware, result.space.memory_fraction,
+                 args.wide, args.explain, where, train)
     if run_dir:
         _next_steps(result, run_dir)
 
 
 def _next_steps(result, run_dir: Path) -> None:
     """Where the run was written and how to launch its rank-1 plan."""
-    from autoparallel.report.export import TOKENIZER_FILES
-    from autoparallel.report.launch import node_layout
+    from autoparallel.report.shared import TOKENIZER_FILES, node_layout
     from autoparallel.report.run_folder import TRAIN_SCRIPT
     nodes, per_node = node_layout(result.gpus, result.hardware.gpus_per_node)
     script = run_dir / TRAIN_SCRIPT
@@ -116,7 +129,7 @@ def _next_steps(result, run_dir: Path) -> None:
     launch = f"sbatch {script}" if nodes > 1 else f"bash {script}"
     console.print(f"run folder: {run_dir}\n"
                   f"rank 1 as Megatron-LM flags: autoparallel export {run_dir} --rank 1 --format megatron "
-                  "(or launch, nemo, nemo2, yaml)\n"
+                  "(or launch, nemo, nemo2, nemo2-yaml, yaml)\n"
                   f"launch rank 1 on {nodes} node(s) x {per_node} GPUs: "
                   f"{' '.join(f'{n}=...' for n in names)} {launch}", soft_wrap=True)
 

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from autoparallel.cli.common import console
+from autoparallel.cli.common import console, progress_bar
 from autoparallel.errors import UserError
 
 
@@ -52,9 +52,6 @@ def _training_report(validate, runs, cross: bool, quiet: bool):
     """The report, with a progress bar over the leave-one-model-out refits."""
     if not cross or quiet:
         return validate.validate_training(runs, cross=cross)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as bar:
-        task = bar.add_task("leave-one-model-out refits", total=validate.cross_validation_folds(
-            validate.load_runs(runs)))
+    folds = validate.cross_validation_folds(validate.load_runs(runs))
+    with progress_bar("leave-one-model-out refits", folds) as (bar, task):
         return validate.validate_training(runs, cross=True, progress=lambda: bar.advance(task))

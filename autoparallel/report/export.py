@@ -1,6 +1,6 @@
 """A plan as Megatron-LM runs it: the command-line flags, the environment, the TransformerEngine
 recipe, and best.yaml's document (NeMo's two config shapes live in ``report.nemo``, the launch
-script in ``report.launch``).
+script in ``report.launch``, the constants they share in ``report.shared``).
 
 The flags define the model completely (a flag Megatron-LM defaults differently from the preset is
 always written) and the run exactly as the cost model priced it: precision and gradient
@@ -12,46 +12,14 @@ own parse_args / validate_args / TransformerConfig on them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from autoparallel.costmodel import pipeline
 from autoparallel.report import moe_export
+from autoparallel.report.nemo import nemo1_config, nemo2_recipe
+from autoparallel.report.shared import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, CP_COMM_TYPE, FP8_RECIPES,
+                                        MAKE_VOCAB_SIZE_DIVISIBLE_BY, NORMALIZATION, TOKENIZER_FILES,
+                                        recompute_layers)
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
-
-
-@dataclass(frozen=True)
-class Fp8Export:
-    te_class: str  # transformer_engine.common.recipe.<te_class>
-    megatron_recipe: str  # --fp8-recipe
-    fp8_format: str  # --fp8-format: hybrid = E4M3 forward, E5M2 gradients
-    citation: str
-
-
-# One FP8 format per recipe, used by every block (Megatron, NeMo, TE) so they cannot disagree.
-FP8_RECIPES = {
-    "fp8-delayed": Fp8Export("DelayedScaling", "delayed", "hybrid", "NeMo bf16_with_fp8_mixed"),
-    "fp8-current": Fp8Export("Float8CurrentScaling", "tensorwise", "hybrid",
-                             "NeMo bf16_with_fp8_current_scaling_mixed"),
-    "fp8-blockwise": Fp8Export("Float8BlockScaling", "blockwise", "e4m3",
-                               "DeepSeek-V3 (E4M3 everywhere); TE Float8BlockScaling default"),
-    "mxfp8": Fp8Export("MXFP8BlockScaling", "mxfp8", "hybrid", "NeMo bf16_with_mxfp8_mixed"),
-}
-# Delayed scaling as priced and as NeMo's FP8 recipes set it (DESIGN.md §6).
-AMAX_HISTORY_LEN = 1024
-AMAX_COMPUTE_ALGO = "max"
-# The cost model prices context parallelism as a ring exchange of K/V chunks (costmodel.estimate).
-CP_COMM_TYPE = "p2p"
-MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128  # Megatron-LM's default padding (times TP)
-# File-based tokenizers need paths the user supplies: shell variables, defined by train.sh.
-TOKENIZER_FILES = {"GPT2BPETokenizer": {"--vocab-file": "VOCAB_FILE", "--merge-file": "MERGE_FILE"},
-                   "GPTSentencePieceTokenizer": {"--tokenizer-model": "TOKENIZER_MODEL"}}
-NORMALIZATION = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
-
-
-def recompute_layers(model: ModelSpec, plan: Plan) -> int:
-    """Layers per pipeline chunk that full recompute covers (Megatron's block method)."""
-    return plan.recompute_num_layers or model.num_layers // (plan.pp * plan.vp)
 
 
 def model_flags(model: ModelSpec) -> list[str]:
@@ -199,7 +167,6 @@ def te_recipe(plan: Plan) -> dict | None:
 
 def export_document(model: ModelSpec, plan: Plan, metrics: dict, gpus_per_node: int = 8) -> dict:
     """Everything best.yaml holds for one ranked plan."""
-    from autoparallel.report.nemo import nemo1_config, nemo2_recipe
     return {
         "model": model.name,
         "plan": plan.as_dict(),

@@ -27,15 +27,20 @@ def _b64(png: bytes) -> str:
     return base64.b64encode(png).decode("ascii")
 
 
-def render(ranked: pd.DataFrame, title: str, memory_limit_gib: float, hw=None) -> str:
+def render(ranked: pd.DataFrame, title: str, memory_limit_gib: float, hw=None,
+           rejections: pd.DataFrame | None = None, feasible_total: int | None = None) -> str:
+    """The page; ``rejections`` and ``feasible_total``: a summarised run folder's per-rule counts
+    and feasible count (its candidates.csv keeps only the best feasible rows)."""
     feasible = ranked[ranked["fits"]]
-    headers = [h for _, h, _ in tables.RANKED_COLUMNS]
+    headers = [c.header for c in tables.RANKED_COLUMNS]
     rows = [row[:len(headers)] for row in tables.ranked_rows(ranked, 20, hw)]
     table = "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers) + "</tr>" + "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows) + "</table>"
-    counts = tables.rejection_summary(ranked).head(5)
-    rejected = "; ".join(f"{n:,} {html.escape(r)}" for r, n in counts.items())
-    summary = f"{len(ranked):,} candidates, {len(feasible):,} feasible. Rejected: {rejected or 'none'}."
+    counts = tables.rejection_summary(ranked, rejections)
+    rejected = "; ".join(f"{n:,} {html.escape(r)}" for r, n in counts.head(5).items())
+    n_feasible = feasible_total or len(feasible)
+    total = n_feasible + int(counts.sum())
+    summary = f"{total:,} candidates, {n_feasible:,} feasible. Rejected: {rejected or 'none'}."
     measured = ""
     if "measured_step_time_s" in ranked and ranked["measured_step_time_s"].notna().any():
         png = plots.predicted_vs_measured(ranked[ranked["measured_step_time_s"].notna()])

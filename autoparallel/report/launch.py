@@ -7,7 +7,8 @@ checkpoints, tokenizer files); it stops with a message naming the variable when 
 
 from __future__ import annotations
 
-from autoparallel.report.export import TOKENIZER_FILES, megatron_arg_groups, megatron_env
+from autoparallel.report.export import megatron_arg_groups, megatron_env
+from autoparallel.report.shared import TOKENIZER_FILES, node_layout
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
@@ -24,13 +25,6 @@ PATHS = {"MEGATRON_LM": "a Megatron-LM checkout", "DATA_PATH": "the preprocessed
          "CHECKPOINT_DIR": "the checkpoint folder", "VOCAB_FILE": "the GPT-2 vocab.json",
          "MERGE_FILE": "the GPT-2 merges.txt", "TOKENIZER_MODEL": "the SentencePiece tokenizer.model"}
 RENDEZVOUS_PORT = 29500
-
-
-def node_layout(gpus: int, gpus_per_node: int) -> tuple[int, int]:
-    """(nodes, GPUs per node) for ``gpus``: full nodes when they divide, else the largest equal
-    share that does (12 GPUs on 8-GPU nodes run as 2 x 6, never as 1 x 8 with a silent DP change)."""
-    per_node = max(d for d in range(1, min(gpus, gpus_per_node) + 1) if gpus % d == 0)
-    return gpus // per_node, per_node
 
 
 def _array(name: str, flags: list[str] | tuple[str, ...]) -> str:

@@ -4,16 +4,15 @@ recipe fields (``recipe.trainer.strategy``, ``recipe.trainer.plugins``, ``recipe
 
 Both blocks say the same run as the Megatron-LM flags of ``report.export``: TransformerEngine on,
 the full architecture (activation, normalization, biases, positions, dropout, embedding tying),
-the overlaps, and the FP8 format and recipe of ``export.FP8_RECIPES``. NeMo's FP8 recipes gather
+the overlaps, and the FP8 format and recipe of ``shared.FP8_RECIPES``. NeMo's FP8 recipes gather
 FP8 weights (``fp8_param_gather=True``); the cost model prices BF16 gathers, so it is written off.
 """
 
 from __future__ import annotations
 
-from autoparallel.report.export import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, CP_COMM_TYPE, FP8_RECIPES,
-                                        MAKE_VOCAB_SIZE_DIVISIBLE_BY, NORMALIZATION, recompute_layers)
 from autoparallel.report import moe_export
-from autoparallel.report.launch import node_layout
+from autoparallel.report.shared import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, CP_COMM_TYPE, FP8_RECIPES,
+                                        MAKE_VOCAB_SIZE_DIVISIBLE_BY, NORMALIZATION, node_layout, recompute_layers)
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
 

@@ -2,8 +2,10 @@
 
 Many of the best candidates are one layout (TP/PP/CP/DP/EP) with another VP, micro-batch,
 precision or recompute: a table row is one layout, showing its best variant, how many other
-variants of it the window holds and which knobs they change. Knobs the columns do not show get
-one column ("other knobs") so that two rows never look the same. Predictions within the cost
+variants of it the window holds and which knobs they change (as short codes, ``KNOB_CODES``).
+Knobs the columns do not show get one column ("other") so that two rows never look the same.
+The terminal gets the columns that fit its width (``report.fit``) and a three-line legend; the
+full legend and the code key are in ranked.md and under ``--explain``. Predictions within the cost
 model's cross-validated error of the best are marked as a tie (``search_spaces/prediction_error.yaml``).
 MFU is against the BF16 dense peak, as NeMo and Megatron-LM report it, FP8 utilisation beside it.
 """
@@ -14,51 +16,68 @@ from dataclasses import dataclass
 
 import pandas as pd
 from rich.console import Console
-from rich.measure import Measurement
-from rich.table import Table
 
 from autoparallel import io
+from autoparallel.report.fit import Column, cell, print_table
+from autoparallel.report.time_to_train import TimeToTrain, dollars, si
 from autoparallel.resources import SEARCH_SPACES
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.plan import FP8_PRECISIONS, Plan
 
 LAYOUT_KEYS = ("tp", "pp", "cp", "dp", "ep")
-# (column, header, format); the layout columns first, then what was predicted.
+# The layout, the measures and the tie mark are never dropped (drop=0); the others go whole when
+# the terminal is too narrow, the highest ``drop`` first (report.fit). Headers stay short: the
+# legend and ``--explain`` say what each means.
 RANKED_COLUMNS = (
-    ("rank", "#", "{:.0f}"),
-    ("tp", "TP", "{:.0f}"), ("pp", "PP", "{:.0f}"), ("vp", "VP", "{:.0f}"), ("cp", "CP", "{:.0f}"),
-    ("ep", "EP", "{:.0f}"), ("dp", "DP", "{:.0f}"), ("mbs", "MBS", "{:.0f}"),
-    ("sp", "SP", "{}"), ("recompute", "recompute", "{}"), ("precision", "precision", "{}"),
-    ("tp_comm_overlap", "TP overlap", "{}"), ("other_knobs", "other knobs", "{}"),
-    ("peak_memory_gib", "mem GiB", "{:.1f}"),
-    ("step_time_s", "step s", "{:.2f}"),
-    ("tokens_per_s_per_gpu", "tok/s/GPU", "{:,.0f}"),
-    ("model_tflops_per_gpu", "model TFLOP/s", "{:.0f}"),
-    ("mfu", "MFU", "{:.1%}"),
-    ("fp8_utilisation", "FP8 util", "{:.1%}"),
-    ("tie", "tie", "{}"),
-    ("variants", "variants", "{}"),
-    ("differs_in", "variants differ in", "{}"),
+    Column("rank", "#", "{:.0f}"),
+    Column("tp", "TP", "{:.0f}"), Column("pp", "PP", "{:.0f}"), Column("vp", "VP", "{:.0f}"),
+    Column("cp", "CP", "{:.0f}"), Column("ep", "EP", "{:.0f}"), Column("dp", "DP", "{:.0f}"),
+    Column("mbs", "MBS", "{:.0f}"), Column("sp", "SP"),
+    Column("precision", "precision", drop=1), Column("recompute", "recompute", drop=2),
+    Column("tp_comm_overlap", "TP ovl", drop=4),
+    Column("peak_memory_gib", "mem GiB", "{:.1f}"),
+    Column("step_time_s", "step s", "{:.2f}"),
+    Column("tokens_per_s_per_gpu", "tok/s/GPU", "{:,.0f}"),
+    Column("model_tflops_per_gpu", "TFLOP/s", "{:.0f}", drop=6),
+    Column("mfu", "MFU", "{:.1%}"),
+    Column("fp8_utilisation", "FP8 util", "{:.1%}", drop=6),
+    Column("tie", "tie"),
+    Column("variants", "var", drop=3),
+    Column("differs_in", "differs", drop=5),
+    Column("other_knobs", "other", drop=7),
 )
-# Shown only when the frame has them: the verdict of `search --fp8-check` for the row's recipe.
-OPTIONAL_COLUMNS = (("fp8_check", "FP8 check", "{}"),
-                    # `search --profile job` (issue 4): measured beside predicted
-                    ("measured_step_time_s", "meas. step s", "{:.3f}"),
-                    ("measured_tokens_per_s_per_gpu", "meas. tok/s/GPU", "{:,.0f}"),
-                    ("measured_peak_memory_gib", "meas. mem GiB", "{:.3f}"),
-                    ("measurement_error", "profiling", "{}"))
-# Knobs without a column of their own, as "other knobs" writes a non-default value.
-HIDDEN_KNOBS = {"fp8_bf16_edge_layers": "BF16 edge layers {}", "grad_reduce_in_fp32": "grad reduce in FP32: {}",
-                "distributed_optimizer": "distributed optimizer: {}", "overlap_grad_reduce": "DP overlap: {}",
-                "flash_attention": "flash attention: {}", "fsdp": "FSDP: {}",
-                "num_layers_in_first_pipeline_stage": "first stage {} layers",
-                "num_layers_in_last_pipeline_stage": "last stage {} layers",
-                "account_for_embedding_in_pipeline_split": "embedding counted in split: {}",
-                "account_for_loss_in_pipeline_split": "loss counted in split: {}"}
-VARIANT_KNOBS = {"vp": "VP", "mbs": "MBS", "sp": "SP", "recompute": "recompute",
-                 "recompute_num_layers": "recompute layers", "precision": "precision",
-                 "tp_comm_overlap": "TP overlap",
-                 **{k: text.split(":")[0].replace(" {}", "") for k, text in HIDDEN_KNOBS.items()}}
+# Shown only when the frame has them: the verdict of `search --fp8-check` for the row's recipe,
+# `search --profile job` (issue 4): measured beside predicted, and the time to train (issue 24).
+OPTIONAL_COLUMNS = (Column("fp8_check", "FP8 check", drop=8),
+                    Column("measured_step_time_s", "meas. step s", "{:.3f}", drop=1),
+                    Column("measured_tokens_per_s_per_gpu", "meas. tok/s/GPU", "{:,.0f}", drop=2),
+                    Column("measured_peak_memory_gib", "meas. mem GiB", "{:.3f}", drop=3),
+                    Column("measurement_error", "profiling", drop=9),
+                    # asked for with --tokens / --train-days: dropped after the precision only
+                    Column("train_days", "days", "{:,.1f}", drop=1), Column("train_tokens", "tokens", si, drop=1),
+                    Column("gpu_hours", "GPU-h", si, drop=6), Column("cost_usd", "cost", dollars, drop=6))
+# Knobs as the "differs" and "other" columns write them: a short code, and what it means.
+KNOB_CODES = {"vp": ("vp", "virtual pipeline stages"), "mbs": ("mbs", "micro-batch size"),
+              "sp": ("sp", "sequence parallel"), "recompute": ("rc", "recompute"),
+              "recompute_num_layers": ("rcn", "layers full recompute covers"),
+              "precision": ("prec", "precision"), "tp_comm_overlap": ("tpov", "TP communication overlap"),
+              "fp8_bf16_edge_layers": ("edge", "first/last layers kept in BF16 under FP8 (edgeN: N each)"),
+              "grad_reduce_in_fp32": ("g32", "gradients reduced in FP32"),
+              "distributed_optimizer": ("dopt", "distributed optimizer"),
+              "overlap_grad_reduce": ("dpov", "DP gradient reduce / parameter gather overlapped"),
+              "flash_attention": ("fa", "flash attention"),
+              "fsdp": ("fsdp", "fully sharded data parallel (Megatron-FSDP)"),
+              "num_layers_in_first_pipeline_stage": ("first", "layers of the first pipeline stage (firstN)"),
+              "num_layers_in_last_pipeline_stage": ("last", "layers of the last pipeline stage (lastN)"),
+              "account_for_embedding_in_pipeline_split": ("emb", "embedding counted as a layer in the split"),
+              "account_for_loss_in_pipeline_split": ("loss", "loss counted as a layer in the split")}
+# Knobs without a column of their own: "other" writes each one away from its default.
+HIDDEN_KNOBS = ("fp8_bf16_edge_layers", "grad_reduce_in_fp32", "distributed_optimizer", "overlap_grad_reduce",
+                "flash_attention", "fsdp", "num_layers_in_first_pipeline_stage",
+                "num_layers_in_last_pipeline_stage", "account_for_embedding_in_pipeline_split",
+                "account_for_loss_in_pipeline_split")
+VARIANT_KNOBS = ("vp", "mbs", "sp", "recompute", "recompute_num_layers", "precision", "tp_comm_overlap",
+                 *HIDDEN_KNOBS)
 PLAN_DEFAULTS = {f: getattr(Plan(tp=1, pp=1, dp=1, gbs=1), f) for f in HIDDEN_KNOBS}
 
 
@@ -75,14 +94,20 @@ def prediction_error() -> PredictionError:
                         "prediction_error.yaml")
 
 
-def _columns(ranked: pd.DataFrame) -> tuple:
-    return RANKED_COLUMNS + tuple(c for c in OPTIONAL_COLUMNS if c[0] in ranked.columns)
+def _columns(ranked: pd.DataFrame) -> tuple[Column, ...]:
+    return RANKED_COLUMNS + tuple(c for c in OPTIONAL_COLUMNS if c.key in ranked.columns)
+
+
+def _code(knob: str, value) -> str:
+    """A hidden knob's value as "other" writes it: code and number, the code alone for on, no+code for off."""
+    code = KNOB_CODES[knob][0]
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return code if value else f"no{code}"
+    return f"{code}{value}"
 
 
 def _other_knobs(row: pd.Series) -> str:
-    shown = [text.format(row[k] if not isinstance(row[k], bool) else "no" if not row[k] else "yes")
-             for k, text in HIDDEN_KNOBS.items() if k in row and row[k] != PLAN_DEFAULTS[k]]
-    return ", ".join(shown) or "-"
+    return ",".join(_code(k, row[k]) for k in HIDDEN_KNOBS if k in row and row[k] != PLAN_DEFAULTS[k]) or "-"
 
 
 def grouped(ranked: pd.DataFrame, candidates: int, hw: HardwareSpec | None = None,
@@ -98,7 +123,7 @@ def grouped(ranked: pd.DataFrame, candidates: int, hw: HardwareSpec | None = Non
     others = groups.size().rename("n")
     best["variants"] = [f"+{n - 1}" if n > 1 else "-" for n in best.join(others, on=keys)["n"]]
     varying = groups[[k for k in VARIANT_KNOBS if k in window]].nunique()
-    best["differs_in"] = [", ".join(VARIANT_KNOBS[k] for k in varying.columns if varying.loc[idx, k] > 1) or "-"
+    best["differs_in"] = [",".join(KNOB_CODES[k][0] for k in varying.columns if varying.loc[idx, k] > 1) or "-"
                           for idx in best.set_index(keys).index]
     best["other_knobs"] = [_other_knobs(row) for _, row in best.iterrows()]
     if "precision_utilization" in best:  # the cost model's utilisation of the FP8 peak, FP8 rows only
@@ -111,40 +136,47 @@ def grouped(ranked: pd.DataFrame, candidates: int, hw: HardwareSpec | None = Non
     return best
 
 
-def _cell(row: pd.Series, column: str, fmt: str) -> str:
-    value = row.get(column)
-    if value is None or (isinstance(value, float) and value != value):
-        return "-"  # not measured (only the top-k are profiled), or not an FP8 run
-    if column == "recompute" and value == "full" and row.get("recompute_num_layers", 0):
+def _cell(row: pd.Series, column: Column) -> str:
+    value = row.get(column.key)
+    if column.key == "recompute" and value == "full" and row.get("recompute_num_layers", 0):
         return f"full({int(row['recompute_num_layers'])})"
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
-        return "yes" if value else "-"
-    try:
-        return fmt.format(value)
-    except (ValueError, TypeError):
-        return str(value)
+    return cell(value, column.fmt)
+
+
+def _table(ranked: pd.DataFrame, candidates: int, hw: HardwareSpec | None = None,
+           train: TimeToTrain | None = None) -> tuple[tuple[Column, ...], list[list[str]]]:
+    """The columns and cells of the grouped table, with the time to train when asked for."""
+    rows = grouped(ranked, candidates, hw)
+    if train is not None and not rows.empty:
+        rows = rows.assign(**train.columns(rows["tokens_per_s_per_gpu"]))
+    columns = _columns(rows if not rows.empty else ranked)
+    return columns, [[_cell(row, c) for c in columns] for _, row in rows.iterrows()]
 
 
 def ranked_rows(ranked: pd.DataFrame, candidates: int, hw: HardwareSpec | None = None) -> list[list[str]]:
-    rows = grouped(ranked, candidates, hw)
-    return [[_cell(row, c, f) for c, _, f in _columns(ranked)] for _, row in rows.iterrows()]
+    return _table(ranked, candidates, hw)[1]
 
 
 def legend(hw: HardwareSpec | None, memory_fraction: float | None = None,
            error: PredictionError | None = None) -> list[str]:
-    """What the columns mean: units, the MFU basis, the memory limit and the tie band's source."""
+    """What the columns mean in full: units, the MFU basis, the memory limit, the tie band's
+    source and the knob codes (``--explain`` and ranked.md)."""
     error = error or prediction_error()
-    lines = ["One row per layout (TP/PP/CP/DP/EP): its best variant; variants = the other candidates of that "
-             "layout in this window, 'variants differ in' = the knobs they change; other knobs = knobs without "
-             "a column that the row sets away from their default.",
+    lines = ["One row per layout (TP/PP/CP/DP/EP): its best variant; var = the other candidates of that "
+             "layout in this window, differs = the knobs they change; other = knobs without a column that the "
+             "row sets away from their default.",
              "step s = predicted seconds per optimizer step; tok/s/GPU = trained tokens per second per GPU; "
-             "model TFLOP/s = model FLOPs per second per GPU as NeMo counts them (6 x parameters + attention, "
+             "TFLOP/s = model FLOPs per second per GPU as NeMo counts them (6 x parameters + attention, "
              "per token, recompute not counted).",
              f"tie = predicted throughput within {error.step_time_relative_error:.1%} of the best, the cost "
              f"model's cross-validated step-time error ({error.source}): the order among ties is not meaningful; "
              "measure them (search --profile job).",
-             "TP overlap = TP communication overlapped with GEMMs (--tp-comm-overlap, TE Userbuffers); "
-             "recompute full(n) = n layers of each pipeline chunk recomputed."]
+             "TP ovl = TP communication overlapped with GEMMs (--tp-comm-overlap, TE Userbuffers); "
+             "recompute full(n) = n layers of each pipeline chunk recomputed.",
+             "days, GPU-h, cost (with --tokens) or tokens (with --train-days): the whole run at the predicted "
+             "steady-state throughput (no restarts, evaluation or checkpoint stalls); GPU-h = days x 24 x GPUs.",
+             "Codes in differs and other: " + "; ".join(f"{code} = {text}" for code, text in KNOB_CODES.values())
+             + "; noX = X off."]
     if hw is not None:
         fp8 = f", FP8 util against the FP8 dense peak ({hw.fp8_tflops:,.0f} TFLOP/s)" if hw.fp8_tflops else ""
         limit = (f" against a limit of {memory_fraction * hw.memory_gib:.1f} GiB ({memory_fraction:.0%} of "
@@ -155,34 +187,69 @@ def legend(hw: HardwareSpec | None, memory_fraction: float | None = None,
     return lines
 
 
+def short_legend(hw: HardwareSpec | None, memory_fraction: float | None = None,
+                 error: PredictionError | None = None) -> list[str]:
+    """The terminal's legend: at most three lines of under 80 characters each."""
+    error = error or prediction_error()
+    lines = [f"tie: within {error.step_time_relative_error:.1%} of the best tok/s/GPU, the model's error: "
+             "ties are unordered"]
+    if hw is not None:
+        limit = f", limit {memory_fraction * hw.memory_gib:.1f}" if memory_fraction else ""
+        lines.append(f"MFU: of the BF16 peak, {hw.bf16_tflops:,.0f} TFLOP/s; mem GiB: fullest GPU{limit}")
+    lines.append("one row per layout, its best variant; --explain: every column and code")
+    return lines
+
+
 def print_ranked(ranked: pd.DataFrame, title: str, top: int = 10, console: Console | None = None,
-                 hw: HardwareSpec | None = None, memory_fraction: float | None = None) -> None:
+                 hw: HardwareSpec | None = None, memory_fraction: float | None = None, wide: bool = False,
+                 explain: bool = False, where: str = "", train: TimeToTrain | None = None) -> None:
+    """The ranked table as wide as the terminal allows (all columns with ``wide``), the short
+    legend, or the full one with ``explain``; with ``train``, the time to train of each layout
+    and a line on the winner's."""
     console = console or Console()
-    table = Table(title=title, header_style="bold", caption="\n".join(legend(hw, memory_fraction)),
-                  caption_justify="left")
-    for _, header, _ in _columns(ranked):
-        table.add_column(header, justify="right", no_wrap=True)
-    for row in ranked_rows(ranked, top, hw):
-        table.add_row(*row)
-    if not console.is_terminal:  # logs and pipes: as wide as the table needs, never a truncated value
-        width = Measurement.get(console, console.options.update(width=100_000), table).maximum
-        console = Console(file=console.file, width=width, force_terminal=False, color_system=None)
-    console.print(table)
+    text = legend(hw, memory_fraction) if explain else short_legend(hw, memory_fraction)
+    if train is not None and ranked["fits"].any():
+        text = [train.summary(float(ranked.loc[ranked["fits"], "tokens_per_s_per_gpu"].iloc[0])), *text]
+    columns, rows = _table(ranked, top, hw, train)
+    print_table(console, title, columns, rows, text, wide, where)
 
 
 def markdown_table(ranked: pd.DataFrame, top: int = 50, hw: HardwareSpec | None = None,
-                   memory_fraction: float | None = None) -> str:
-    headers = [h for _, h, _ in _columns(ranked)]
-    rows = ranked_rows(ranked, top, hw)
-    feasible = int(ranked["fits"].sum())
+                   memory_fraction: float | None = None, feasible: int | None = None,
+                   train: TimeToTrain | None = None) -> str:
+    """ranked.md's table; ``feasible``: the run's count when ``ranked`` keeps only the best;
+    ``train``: the time to train beside each layout."""
+    columns, rows = _table(ranked, top, hw, train)
+    headers = [c.header for c in columns]
+    feasible = feasible or int(ranked["fits"].sum())
     lines = [f"Best {min(top, feasible)} of {feasible:,} feasible candidates in {len(rows)} layouts.", "",
              "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines) + "\n\n" + "".join(f"- {line}\n" for line in legend(hw, memory_fraction))
 
 
-def rejection_summary(ranked: pd.DataFrame) -> pd.Series:
-    """How many candidates each rule rejected, memory rejections counted together."""
+def _rules(ranked: pd.DataFrame) -> pd.Series:
+    """The rule that rejected each rejected row: its reason, memory rejections counted together."""
     reasons = ranked.loc[~ranked["fits"], "reason"].astype(str)
-    reasons = reasons.where(~reasons.str.startswith("out of memory"), "out of memory")
-    return reasons.value_counts()
+    return reasons.where(~reasons.str.startswith("out of memory"), "out of memory")
+
+
+def rejection_summary(ranked: pd.DataFrame, rejections: pd.DataFrame | None = None) -> pd.Series:
+    """How many candidates each rule rejected, memory rejections counted together; ``rejections``:
+    the per-rule counts of a summarised run folder (rejection_examples), added in."""
+    counts = _rules(ranked).value_counts()
+    if rejections is not None and not rejections.empty:
+        counts = counts.add(rejections.set_index("rule")["count"].astype(int), fill_value=0).astype(int)
+    return counts.sort_values(ascending=False, kind="stable")
+
+
+def rejection_examples(ranked: pd.DataFrame) -> pd.DataFrame:
+    """One row per rejecting rule, most frequent first: the rule, its count and its first candidate
+    (a summarised run folder's rejections.csv)."""
+    rules = _rules(ranked)
+    counts = rules.value_counts()
+    first = ranked.loc[rules.index].groupby(rules.to_numpy(), sort=False).head(1)
+    first = first.assign(rule=rules.loc[first.index].to_numpy())
+    first.insert(0, "count", first["rule"].map(counts).to_numpy())
+    first = first[["rule", *[c for c in first.columns if c != "rule"]]]
+    return first.sort_values("count", ascending=False, kind="stable").reset_index(drop=True)

@@ -9,6 +9,7 @@ trial at a time. The cost model is one evaluator; profiling jobs are another.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -31,8 +32,11 @@ class Evaluator(Protocol):
 class CostModelEvaluator:
     """Prices candidates with the calibrated cost model: microseconds each, vectorised."""
 
-    def __init__(self, model: ModelSpec, hardware: HardwareSpec, memory_fraction: float):
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, memory_fraction: float,
+                 progress: Callable[[int, int], None] | None = None):
+        """``progress(done, total)``: told after each priced chunk (a progress bar on millions of rows)."""
         self.model, self.hardware, self.memory_fraction = model, hardware, memory_fraction
+        self.progress = progress
 
     def evaluate(self, candidates: pd.DataFrame) -> pd.DataFrame:
         out = candidates.copy()
@@ -73,6 +77,8 @@ class CostModelEvaluator:
                     if key not in out:
                         out[key] = np.full(n, False if values.dtype == bool else np.nan, dtype=values.dtype)
                     out[key][rows[start:start + CHUNK_ROWS]] = values
+                if self.progress:
+                    self.progress(min(start + CHUNK_ROWS, len(rows)), len(rows))
         return out
 
 

@@ -6,6 +6,8 @@ trials well (``autoparallel.search.sampler``) is for evaluations that cost minut
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 
@@ -27,7 +29,7 @@ def rank(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def evaluate(model: ModelSpec, hw: HardwareSpec, candidates: pd.DataFrame,
-             memory_fraction: float) -> pd.DataFrame:
-    """Every candidate priced by the cost model and ranked."""
-    return rank(CostModelEvaluator(model, hw, memory_fraction).evaluate(candidates))
+def evaluate(model: ModelSpec, hw: HardwareSpec, candidates: pd.DataFrame, memory_fraction: float,
+             progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+    """Every candidate priced by the cost model and ranked; ``progress(done, total)`` as it goes."""
+    return rank(CostModelEvaluator(model, hw, memory_fraction, progress).evaluate(candidates))

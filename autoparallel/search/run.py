@@ -14,11 +14,19 @@ from autoparallel.costmodel.estimate import record
 from autoparallel.errors import UserError
 from autoparallel.report import run_folder, tables
 from autoparallel.report.export import export_document
+from autoparallel.report.time_to_train import TimeToTrain
 from autoparallel.search.grid import evaluate
 from autoparallel.space import SearchSpace, generate, row_to_plan
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
+
+
+# A grid run folder keeps the best KEEP_FEASIBLE feasible candidates in candidates.csv and one
+# row per rejecting rule (its count and one example) in rejections.csv, unless --all-candidates:
+# every row of a DeepSeek-V3 / 1024-GPU search is 385 MB of CSV and 20-40 s of writing (issue 24).
+KEEP_FEASIBLE = 50_000
+REJECTIONS = "rejections.csv"
 
 
 @dataclass
@@ -31,6 +39,10 @@ class SearchResult:
     ranked: pd.DataFrame  # every candidate, best first; rank is NA where rejected
     objectives: tuple[str, ...] = ("throughput",)  # two: profiling picks from the Pareto front
     profiled: pd.DataFrame | None = None  # rows `--profile` measured (written as profiled.csv)
+    # Loaded from a summarised folder: the rules' counts and examples, and the feasible total.
+    rejections: pd.DataFrame | None = None
+    feasible_total: int | None = None
+    train: TimeToTrain | None = None  # --tokens / --train-days: the time to train beside each layout
 
     @property
     def feasible(self) -> pd.DataFrame:
@@ -44,6 +56,9 @@ class SearchResult:
         if n == 0:
             raise UserError("this run has no feasible plan to pick a --rank from")
         if not 1 <= rank <= n:
+            if self.feasible_total and self.feasible_total > n and rank <= self.feasible_total:
+                raise UserError(f"--rank {rank}: this run folder keeps the best {n:,} of {self.feasible_total:,} "
+                                "feasible plans; search again with --all-candidates to keep every one")
             raise UserError(f"--rank {rank} is out of range: this run has {n} feasible plans (1..{n})")
         return self.feasible.iloc[rank - 1]
 
@@ -61,14 +76,15 @@ def default_gbs(model: ModelSpec, gbs: int | None) -> int:
 
 def search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
            recompute_num_layers: int | None = None, fp8_decisions: dict | None = None,
-           pinned: dict | None = None) -> SearchResult:
+           pinned: dict | None = None, progress: typing.Callable[[int, int], None] | None = None) -> SearchResult:
     """Every candidate priced and ranked; a UserError naming what rules them all out if none
-    fits (``pinned``: the knobs the user pinned, named first in that message)."""
+    fits (``pinned``: the knobs the user pinned, named first in that message; ``progress(done,
+    total)``: rows priced so far)."""
     candidates = generate(model, hw, gpus, gbs, space, recompute_num_layers)
     if fp8_decisions:  # verdicts of `fp8-check` (autoparallel.fp8check.search_filter)
         from autoparallel.fp8check.search_filter import apply_to_candidates
         candidates = apply_to_candidates(candidates, fp8_decisions)
-    ranked = evaluate(model, hw, candidates, space.memory_fraction)
+    ranked = evaluate(model, hw, candidates, space.memory_fraction, progress)
     result = SearchResult(model, hw, gpus, gbs, space, ranked)
     if result.feasible.empty:
         from autoparallel.search.diagnose import explain
@@ -76,14 +92,19 @@ def search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Searc
     return result
 
 
-def save(result: SearchResult, root: Path, command: list[str], top_md: int = 50) -> Path:
-    """The run folder of a finished grid search, complete or (on any failure) absent."""
+def save(result: SearchResult, root: Path, command: list[str], top_md: int = 50,
+         all_candidates: bool = False) -> Path:
+    """The run folder of a finished grid search, complete or (on any failure) absent; every
+    candidate in candidates.csv with ``all_candidates``, else the best feasible ones and the
+    rejections summarised per rule (``KEEP_FEASIBLE``, ``REJECTIONS``)."""
     def make(staging: Path) -> Path:
         run_dir = run_folder.new_run_dir(staging, result.model.name, result.gpus, result.hardware.name)
         write_manifest(run_dir, result.model, result.hardware, result.gpus, result.gbs, result.space, command,
                        {"strategy": "grid", "candidates": len(result.ranked),
-                        "feasible": int(result.ranked["fits"].sum())})
-        write_tables(result, run_dir, top_md)
+                        "feasible": int(result.ranked["fits"].sum()),
+                        "candidates_file": "all" if all_candidates else "feasible",
+                        **({"time_to_train": result.train.settings()} if result.train else {})})
+        write_tables(result, run_dir, top_md, summarise=not all_candidates)
         return run_dir
     return run_folder.staged(root, make)
 
@@ -95,7 +116,7 @@ def write_manifest(run_dir: Path, model: ModelSpec, hw: HardwareSpec, gpus: int,
         "gpus": gpus, "gbs": gbs, "space": io.to_dict(space), **extra}))
 
 
-def write_tables(result: SearchResult, run_dir: Path, top_md: int = 50) -> None:
+def write_tables(result: SearchResult, run_dir: Path, top_md: int = 50, summarise: bool = False) -> None:
     """ranked.md, best.yaml and candidates.csv of a finished search (best.yaml only if one fits),
     after profiled.csv when it was profiled: a sampler run's tables are rebuilt from the study
     plus that file (``finish_study``), so it must never lag behind the tables."""
@@ -103,11 +124,15 @@ def write_tables(result: SearchResult, run_dir: Path, top_md: int = 50) -> None:
         run_folder.write_csv(run_dir / run_folder.PROFILED, result.profiled)
     title = f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}"
     run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(
-        result.ranked, top_md, result.hardware, result.space.memory_fraction))
+        result.ranked, top_md, result.hardware, result.space.memory_fraction, train=result.train))
     if not result.feasible.empty:
         write_best(run_dir, result.model, result.hardware, result.entry(1), title)
-    run_folder.write_csv(run_dir / run_folder.CANDIDATES, result.ranked)
-    run_folder.write_parquet(run_dir / run_folder.CANDIDATES_PARQUET, result.ranked)
+    rows = result.ranked
+    if summarise:  # the best feasible rows, and one row per rejecting rule
+        rows = result.feasible.head(KEEP_FEASIBLE)
+        run_folder.write_csv(run_dir / REJECTIONS, tables.rejection_examples(result.ranked))
+    run_folder.write_csv(run_dir / run_folder.CANDIDATES, rows)
+    run_folder.write_parquet(run_dir / run_folder.CANDIDATES_PARQUET, rows)
 
 
 def plan_document(model: ModelSpec, hw: HardwareSpec, row: pd.Series) -> dict:
@@ -178,7 +203,13 @@ def load(run_dir: Path) -> SearchResult:
         raise UserError(f"{run_dir} has no {run_folder.CANDIDATES} yet (an interrupted sampler run? "
                         "use `autoparallel search --resume` or `autoparallel report`)")
     ranked = read_table(run_dir / run_folder.CANDIDATES)
-    return SearchResult(model, hw, int(inputs["gpus"]), int(inputs["gbs"]), space, ranked)
+    result = SearchResult(model, hw, int(inputs["gpus"]), int(inputs["gbs"]), space, ranked)
+    if (run_dir / REJECTIONS).exists():  # a summarised folder (older ones hold every row)
+        result.rejections = read_table(run_dir / REJECTIONS)
+        result.feasible_total = int(inputs.get("feasible", len(result.feasible)))
+    if inputs.get("time_to_train"):
+        result.train = TimeToTrain(result.gpus, **inputs["time_to_train"])
+    return result
 
 
 TABLE_COLUMNS = ("fits", "reason")
@@ -380,9 +411,10 @@ def report(run_dir: Path) -> Path:
         result = load(run_dir)
         title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"
         run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(
-            result.ranked, 50, hw, space.memory_fraction))
+            result.ranked, 50, hw, space.memory_fraction, result.feasible_total, result.train))
     title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"
-    page = html.render(result.ranked, title, space.memory_fraction * hw.memory_gib, hw)
+    page = html.render(result.ranked, title, space.memory_fraction * hw.memory_gib, hw, result.rejections,
+                       result.feasible_total)
     path = run_dir / "report.html"
     run_folder.write_atomic(path, page)
     return path

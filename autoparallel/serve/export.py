@@ -35,7 +35,7 @@ trtllm-serve``, ``--gpus_per_node``), SGLang once per node (``--nnodes``, ``--no
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from autoparallel import io
@@ -254,14 +254,23 @@ def sglang(row, model_name: str, max_model_len: int, memory_fraction: float, gpu
     return out
 
 
-def commands(row, model_name: str, max_model_len: int, gpus_per_node: int = 8) -> dict[str, Command | list[Command]]:
-    """Every engine's commands for one layout, with each engine's own KV memory share."""
+def commands(row, model_name: str, max_model_len: int, gpus_per_node: int = 8,
+             context: int | None = None) -> dict[str, Command | list[Command]]:
+    """Every engine's commands for one layout, with each engine's own KV memory share; past the
+    model's ``context``, vLLM and SGLang get the variable that lets them serve it."""
     from autoparallel.serve.assumptions import load_engine
+    from autoparallel.serve.space import LONG_CONTEXT_ENV
     share = {name: load_engine(name).kv_memory_fraction for name in ("vllm", "tensorrt-llm", "sglang")}
-    return {"vllm": vllm_serve(row, model_name, max_model_len, share["vllm"], gpus_per_node),
-            "trtllm-serve": trtllm_serve(row, model_name, max_model_len, share["tensorrt-llm"], gpus_per_node),
-            "trtllm-bench": trtllm_bench(row, model_name, max_model_len, share["tensorrt-llm"], gpus_per_node),
-            "sglang": sglang(row, model_name, max_model_len, share["sglang"], gpus_per_node)}
+    out = {"vllm": vllm_serve(row, model_name, max_model_len, share["vllm"], gpus_per_node),
+           "trtllm-serve": trtllm_serve(row, model_name, max_model_len, share["tensorrt-llm"], gpus_per_node),
+           "trtllm-bench": trtllm_bench(row, model_name, max_model_len, share["tensorrt-llm"], gpus_per_node),
+           "sglang": sglang(row, model_name, max_model_len, share["sglang"], gpus_per_node)}
+    if context is not None and max_model_len > context:
+        for name in ("vllm", "sglang"):
+            env = tuple(LONG_CONTEXT_ENV[name].split("=", 1))
+            add = lambda c: replace(c, env=(*c.env, env))  # noqa: E731
+            out[name] = [add(c) for c in out[name]] if isinstance(out[name], list) else add(out[name])
+    return out
 
 
 def placement_document(row, gpus_per_node: int) -> dict:
@@ -297,7 +306,8 @@ def best_document(result, row, rec: dict) -> dict:
         "breakdown": rec["breakdown"],
         "placement": placement_document(row, result.hardware.gpus_per_node),
         "commands": {name: text(c) for name, c in
-                     commands(row, result.model.name, max_model_len, result.hardware.gpus_per_node).items()},
+                     commands(row, result.model.name, max_model_len, result.hardware.gpus_per_node,
+                              result.model.context_length).items()},
         "note": (f"predicted for {result.engine.name} by autoparallel's serving cost model (constants fitted to "
                  "published measurements, search_spaces/inference_assumptions.yaml); the other engines' commands "
                  "set the same layout and limits. Confirm with the trtllm-bench command (or vLLM's / SGLang's "

@@ -1,47 +1,60 @@
-"""Serving tables for the terminal (rich) and for files (markdown): ranked layouts, the Pareto front."""
+"""Serving tables for the terminal (rich) and for files (markdown): ranked layouts, the Pareto front.
+
+The terminal gets the columns that fit (``report.fit``): the layout a deployment needs (TP, PP,
+EP for MoE models, replicas, max batch) and the measures (TTFT, TPOT, e2e, tokens/s, memory) are
+never dropped; the token budget, the precisions and the concurrency go whole when it is narrow.
+"""
 
 from __future__ import annotations
 
 import pandas as pd
 from rich.console import Console
-from rich.table import Table
+
+from autoparallel.report.fit import Column, cell, print_table
 
 INTEGERS = ("rank", "tp", "pp", "ep", "replicas", "max_batch", "max_num_tokens", "concurrency")
 COLUMNS = (
-    ("rank", "#", "{}"), ("tp", "TP", "{}"), ("pp", "PP", "{}"), ("ep", "EP", "{}"), ("replicas", "replicas", "{}"),
-    ("max_batch", "max batch", "{}"), ("max_num_tokens", "max tokens", "{}"),
-    ("weight_precision", "weights", "{}"), ("kv_precision", "KV", "{}"),
-    ("concurrency", "in flight", "{:,}"),
-    ("ttft_ms", "TTFT ms", "{:,.0f}"), ("tpot_ms", "TPOT ms", "{:.1f}"), ("latency_ms", "e2e ms", "{:,.0f}"),
-    ("output_tokens_per_s_per_gpu", "out tok/s/GPU", "{:,.0f}"), ("memory_per_gpu_gib", "mem GiB", "{:.1f}"),
+    Column("rank", "#"), Column("tp", "TP"), Column("pp", "PP"), Column("ep", "EP"),
+    Column("replicas", "replicas"), Column("max_batch", "batch"), Column("max_num_tokens", "max tokens", drop=2),
+    Column("weight_precision", "weights", drop=1), Column("kv_precision", "KV", drop=1),
+    Column("concurrency", "in flight", "{:,}", drop=3),
+    Column("ttft_ms", "TTFT ms", "{:,.0f}"), Column("tpot_ms", "TPOT ms", "{:.1f}"),
+    Column("latency_ms", "e2e ms", "{:,.0f}"),
+    Column("output_tokens_per_s_per_gpu", "tok/s/GPU", "{:,.0f}"), Column("memory_per_gpu_gib", "mem GiB", "{:.1f}"),
 )
+LEGEND = ("batch: requests per micro-batch; tok/s/GPU: output tokens per second per GPU",)
 
 
-def _cell(row: pd.Series, column: str, fmt: str) -> str:
-    value = row[column]
+def _columns(frame: pd.DataFrame) -> tuple[Column, ...]:
+    """Every column, less EP where no row spreads experts (dense models)."""
+    has_ep = "ep" in frame and (pd.to_numeric(frame["ep"], errors="coerce") > 1).any()
+    return tuple(c for c in COLUMNS if c.key != "ep" or has_ep)
+
+
+def _cell(row: pd.Series, column: Column) -> str:
+    value = row[column.key]
     if pd.isna(value):
         return "-"
-    return fmt.format(int(value) if column in INTEGERS else value)
+    return cell(int(value) if column.key in INTEGERS else value, column.fmt)
 
 
-def rows(frame: pd.DataFrame, top: int) -> list[list[str]]:
+def rows(frame: pd.DataFrame, top: int, columns: tuple[Column, ...] = COLUMNS) -> list[list[str]]:
     """The first ``top`` rows of ``frame`` as table cells."""
-    return [[_cell(r, c, fmt) for c, _, fmt in COLUMNS] for _, r in frame.head(top).iterrows()]
+    return [[_cell(r, c) for c in columns] for _, r in frame.head(top).iterrows()]
 
 
-def print_ranked(frame: pd.DataFrame, title: str, top: int, console: Console) -> None:
-    t = Table(title=title, header_style="bold")
-    for _, header, _ in COLUMNS:
-        t.add_column(header, justify="right")
-    for r in rows(frame, top):
-        t.add_row(*r)
-    console.print(t)
+def print_ranked(frame: pd.DataFrame, title: str, top: int, console: Console, wide: bool = False,
+                 legend: bool = True, where: str = "") -> None:
+    """``frame``'s first ``top`` rows in the columns that fit (all with ``wide``); ``where``: see
+    ``report.fit.print_table``."""
+    columns = _columns(frame)
+    print_table(console, title, columns, rows(frame, top, columns), LEGEND if legend else (), wide, where)
 
 
 def markdown_table(frame: pd.DataFrame, top: int = 50, feasible_only: bool = True) -> str:
     if feasible_only and "feasible" in frame:
         frame = frame[frame["feasible"]]
-    headers = [h for _, h, _ in COLUMNS]
+    headers = [c.header for c in COLUMNS]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(r) + " |" for r in rows(frame, top)]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + "".join(f"- {line}\n" for line in LEGEND)

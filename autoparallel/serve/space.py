@@ -120,20 +120,32 @@ def structures(model: ModelSpec, hw: HardwareSpec, gpus: int, space: InferenceSp
     return df
 
 
+# What vLLM and SGLang need in the environment to serve past the model's context (they refuse otherwise).
+LONG_CONTEXT_ENV = {"vllm": "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1", "sglang": "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"}
+
+
 def check_lengths(model: ModelSpec, input_len: int, output_len: int, max_model_len: int | None = None) -> int:
-    """Validate the request against the model's context; return the engine's max model length."""
+    """The engine's max model length for the request (default input + output). Longer than the
+    model's context is allowed, as the engines allow it with a warning (``context_warning``);
+    shorter than one request is not: the engine would refuse every request."""
     if input_len < 1 or output_len < 1:
         raise UserError(f"--input-len and --output-len must be positive, got {input_len} and {output_len}")
-    context = model.context_length
-    if input_len + output_len > context:
-        raise UserError(f"--input-len {input_len} + --output-len {output_len} = {input_len + output_len} "
-                        f"exceeds the context of {model.name} ({context} tokens)")
     if max_model_len is None:
         return input_len + output_len
-    if not input_len + output_len <= max_model_len <= context:
-        raise UserError(f"--max-model-len {max_model_len} must be between input + output "
-                        f"({input_len + output_len}) and the context of {model.name} ({context} tokens)")
+    if max_model_len < input_len + output_len:
+        raise UserError(f"--max-model-len {max_model_len} is shorter than --input-len {input_len} + --output-len "
+                        f"{output_len} = {input_len + output_len}: the engine would refuse every request")
     return max_model_len
+
+
+def context_warning(model: ModelSpec, input_len: int, output_len: int, max_model_len: int | None = None) -> str | None:
+    """One line when the engine's max model length passes the model's context (None otherwise)."""
+    length = check_lengths(model, input_len, output_len, max_model_len)
+    if length <= model.context_length:
+        return None
+    return (f"max model length {length} exceeds the context of {model.name} ({model.context_length} tokens): priced "
+            f"as asked; engines accept it with a warning (the vLLM and SGLang commands set {LONG_CONTEXT_ENV['vllm']}"
+            f" and {LONG_CONTEXT_ENV['sglang']}), and output quality past the context is the model's business")
 
 
 def parse_precision(value: str | None, flag: str) -> str | None:

@@ -46,7 +46,7 @@ def test_pinned_point_that_does_not_fit(capsys):
     (["--tp", "3", "--pp", "1", "--max-batch", "1"], "tp*pp=3 does not divide 8 GPUs"),
     (["--engine", "tgi"], "unknown serving engine 'tgi'; valid: tensorrt-llm"),
     (["--max-latency-ms", "50", "--max-tpot-ms", "40"], "contradicts --max-tpot-ms 40"),
-    (["--input-len", "9000"], "exceeds the context of llama3-70b (8192 tokens)"),
+    (["--input-len", "2048", "--max-model-len", "2000"], "--max-model-len 2000 is shorter than --input-len 2048"),
 ])
 def test_errors_are_one_line(capsys, argv, message):
     rc = cli.main(["infer", "--model", "llama3-70b", "--gpus", "8", "--no-save", *argv])
@@ -55,12 +55,30 @@ def test_errors_are_one_line(capsys, argv, message):
     assert message in err and err.count("\n") == 1
 
 
+def test_past_the_context_is_accepted_with_one_warning_line(tmp_path, capsys):
+    """TensorRT-LLM's published Llama-2-7B benchmark runs 128 + 4096 tokens on a 4096-token model."""
+    rc = cli.main(["infer", "--model", "llama2-7b", "--gpus", "8", "--input-len", "128", "--output-len", "4096",
+                   "--results", str(tmp_path), "--top", "1"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and err.count("\n") == 1 and err.startswith("autoparallel: warning: max model length 4224 "
+                                                                 "exceeds the context of llama2-7b (4096 tokens)")
+    (run,) = tmp_path.iterdir()
+    best = yaml.safe_load((run / "best.yaml").read_text())
+    assert best["request"]["max_model_len"] == 4224
+    assert best["commands"]["vllm"].startswith("VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 vllm serve")
+    assert all(c.startswith("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 ") for c in best["commands"]["sglang"])
+    assert "--max_seq_len 4224" in best["commands"]["trtllm-bench"]
+    assert cli.main(["infer", "--model", "llama2-7b", "--gpus", "8", "--input-len", "128", "--output-len", "256",
+                     "--no-save", "--top", "1"]) == 0
+    assert capsys.readouterr().err == ""  # within the context: no warning
+
+
 def test_search_writes_run_folder_with_commands(tmp_path, capsys):
     rc = cli.main(["infer", "--model", "llama3.1-70b", "--gpus", "8", "--gpu", "h100-sxm", "--max-tpot-ms", "50",
                    "--max-ttft-ms", "2000", "--weight-precision", "fp8", "--results", str(tmp_path), "--top", "3"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "out tok/s/GPU" in out and "Pareto front" in out
+    assert "tok/s/GPU" in out and "Pareto front" in out
     (run,) = tmp_path.iterdir()
     assert {p.name for p in run.iterdir()} >= {"best.yaml", "candidates.csv", "ranked.md", "manifest.yaml"}
     best = yaml.safe_load((run / "best.yaml").read_text())

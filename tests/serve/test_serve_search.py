@@ -6,6 +6,7 @@ from autoparallel import io
 from autoparallel.errors import UserError
 from autoparallel.serve import search as serve
 from autoparallel.serve.assumptions import load_engine
+from autoparallel.serve.space import context_warning as check_context
 from autoparallel.serve.space import load_space
 
 
@@ -78,20 +79,20 @@ def test_the_issue_headline_llama3_8b_on_one_h100(h100):
     assert best["output_tokens_per_s_per_gpu"] == pytest.approx(27_400, rel=0.15)
 
 
-def test_long_context_needs_a_model_that_serves_it(h100):
+def test_past_the_context_is_priced_with_a_warning(h100):
+    """Engines serve past the model's context with a warning (issue 24): so does the search."""
     request = serve.Request(20000, 256)
     space = load_space().pinned(weight_precision="fp8", kv_precision="fp8")
-    with pytest.raises(UserError, match="exceeds the context of llama3-8b \\(8192 tokens\\)"):
-        serve.search(io.load_model("llama3-8b"), h100, 8, request, space)
-    r = serve.search(io.load_model("llama3.1-8b"), h100, 8, request, space)
-    assert r.entry(1)["fits"]
+    llama3 = io.load_model("llama3-8b")
+    assert "exceeds the context of llama3-8b (8192 tokens)" in check_context(llama3, 20000, 256)
+    assert check_context(io.load_model("llama3.1-8b"), 20000, 256) is None
+    assert serve.search(llama3, h100, 8, request, space).entry(1)["fits"]
 
 
 def test_max_model_len_is_checked_and_priced(llama70, h100):
-    with pytest.raises(UserError, match="--max-model-len 1000 must be between"):
+    with pytest.raises(UserError, match="--max-model-len 1000 is shorter than --input-len 2048 \\+ --output-len 256"):
         serve.search(llama70, h100, 8, serve.Request(2048, 256, max_model_len=1000), load_space())
-    with pytest.raises(UserError, match="--max-model-len 200000 must be between"):
-        serve.search(llama70, h100, 8, serve.Request(2048, 256, max_model_len=200_000), load_space())
+    assert "200000 exceeds the context of llama3.1-70b (131072 tokens)" in check_context(llama70, 2048, 256, 200_000)
     space = load_space().pinned(tp=1, pp=1, weight_precision="fp8", kv_precision="fp8")
     r = serve.search(llama70, h100, 8, serve.Request(2048, 256, max_model_len=131072), space, require_feasible=False)
     assert r.feasible.empty  # one 128K-token request does not fit beside 70 GB of weights

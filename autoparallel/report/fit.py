@@ -1,0 +1,117 @@
+"""Tables that read at any terminal width (issue 24).
+
+A person reads the ranked tables in terminals from 80 columns up, and in logs. Rich's own answer
+to a table wider than the screen is to squeeze every column, so the layout values a user needs
+became zero-width and the measures "…", while free-text columns kept their room. Here each
+column says whether it may go: the kept ones (layout, measures, tie mark) are never shrunk,
+wrapped or cut; the others are dropped whole, lowest priority first, until the table fits, and
+one line under the table names what went and how to see it. Piped output gets a sane width
+(``COLUMNS`` or ``PIPE_WIDTH``), not one line as long as the widest table.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from rich import box
+from rich.cells import cell_len
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+PIPE_WIDTH = 100  # columns of a table written to a pipe or file when COLUMNS does not say
+GAP = 2  # spaces between two columns (padding (0, 1), collapsed)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One table column: the frame column it shows, its header and value format (a format string
+    or a function), and when it goes: ``drop`` 0 = never; otherwise the higher, the sooner it is
+    dropped to fit."""
+
+    key: str
+    header: str
+    fmt: str | Callable[[object], str] = "{}"
+    drop: int = 0
+
+
+def output_width(console: Console) -> int:
+    """The terminal's width; for pipes and files ``COLUMNS`` when set, else ``PIPE_WIDTH``."""
+    if console.is_terminal:
+        return console.width
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else PIPE_WIDTH
+
+
+def _natural_widths(columns: Sequence[Column], rows: Sequence[Sequence[str]]) -> list[int]:
+    return [max([cell_len(c.header)] + [cell_len(r[i]) for r in rows]) for i, c in enumerate(columns)]
+
+
+def table_width(widths: Sequence[int]) -> int:
+    return sum(widths) + GAP * max(len(widths) - 1, 0)
+
+
+def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | None) -> list[int]:
+    """Indices of the columns to show within ``width`` (None: all of them): droppable columns
+    go whole, highest ``drop`` first and the rightmost of equals first; kept columns always stay,
+    even when they alone are wider than ``width``."""
+    widths = _natural_widths(columns, rows)
+    shown = list(range(len(columns)))
+    if width is None:
+        return shown
+    order = sorted((i for i, c in enumerate(columns) if c.drop), key=lambda i: (-columns[i].drop, -i))
+    for i in order:
+        if table_width([widths[j] for j in shown]) <= width:
+            break
+        shown.remove(i)
+    return shown
+
+
+def dropped_note(columns: Sequence[Column], shown: Sequence[int], where: str) -> str | None:
+    """The one line under a narrowed table: which columns are not shown and how to see them."""
+    gone = [c.header for i, c in enumerate(columns) if i not in shown]
+    if not gone:
+        return None
+    return f"--wide adds {', '.join(gone)}{where}"
+
+
+def print_table(console: Console, title: str | None, columns: Sequence[Column], rows: Sequence[Sequence[str]],
+                legend: Sequence[str] = (), wide: bool = False, where: str = "") -> list[int]:
+    """Print ``rows`` under ``title`` with the columns that fit (all of them with ``wide``), the
+    dropped-columns line and ``legend``; returns the indices of the columns shown. ``where``
+    completes the hint (e.g. "; all in the run folder's ranked.md")."""
+    width = output_width(console)
+    shown = fit(columns, rows, None if wide else width)
+    widths = _natural_widths([columns[i] for i in shown], [[r[i] for i in shown] for r in rows])
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True,
+                  header_style="bold")
+    for i in shown:
+        table.add_column(columns[i].header, justify="right", no_wrap=True)
+    for r in rows:
+        table.add_row(*(Text(r[i]) for i in shown))
+    needed = table_width(widths)
+    out = console
+    if needed > console.width:  # kept columns wider than the screen: lines run on, values stay whole
+        out = Console(file=console.file, width=needed, force_terminal=console.is_terminal,
+                      color_system=console.color_system)
+    if title:
+        console.print(Text(title), width=width)
+    out.print(table)
+    note = dropped_note(columns, shown, where)
+    for line in ([note] if note else []) + list(legend):  # prose wraps at the width, as a terminal would
+        console.print(Text(line), width=width)
+    return shown
+
+
+def cell(value, fmt: str | Callable[[object], str]) -> str:
+    """A value as its column formats it; missing (None, NaN) as '-', booleans as yes/-."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return "yes" if value else "-"
+    try:
+        return fmt(value) if callable(fmt) else fmt.format(value)
+    except (ValueError, TypeError):
+        return str(value)

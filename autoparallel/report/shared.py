@@ -1,0 +1,55 @@
+"""What every export of a plan shares: the FP8 recipes, the constants the cost model priced, the
+tokenizer files train.sh asks for and how the GPUs split into nodes.
+
+``report.export`` (Megatron-LM flags), ``report.nemo`` (NeMo 1.x / 2.x), ``report.nemo_python``
+and ``report.launch`` (train.sh) all import from here and none of them from each other's
+constants, so that no import circle joins them and a value is written in one place only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoparallel.specs.model import ModelSpec
+from autoparallel.specs.plan import Plan
+
+
+@dataclass(frozen=True)
+class Fp8Export:
+    te_class: str  # transformer_engine.common.recipe.<te_class>
+    megatron_recipe: str  # --fp8-recipe
+    fp8_format: str  # --fp8-format: hybrid = E4M3 forward, E5M2 gradients
+    citation: str
+
+
+# One FP8 format per recipe, used by every block (Megatron, NeMo, TE) so they cannot disagree.
+FP8_RECIPES = {
+    "fp8-delayed": Fp8Export("DelayedScaling", "delayed", "hybrid", "NeMo bf16_with_fp8_mixed"),
+    "fp8-current": Fp8Export("Float8CurrentScaling", "tensorwise", "hybrid",
+                             "NeMo bf16_with_fp8_current_scaling_mixed"),
+    "fp8-blockwise": Fp8Export("Float8BlockScaling", "blockwise", "e4m3",
+                               "DeepSeek-V3 (E4M3 everywhere); TE Float8BlockScaling default"),
+    "mxfp8": Fp8Export("MXFP8BlockScaling", "mxfp8", "hybrid", "NeMo bf16_with_mxfp8_mixed"),
+}
+# Delayed scaling as priced and as NeMo's FP8 recipes set it (DESIGN.md §6).
+AMAX_HISTORY_LEN = 1024
+AMAX_COMPUTE_ALGO = "max"
+# The cost model prices context parallelism as a ring exchange of K/V chunks (costmodel.estimate).
+CP_COMM_TYPE = "p2p"
+MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128  # Megatron-LM's default padding (times TP)
+# File-based tokenizers need paths the user supplies: shell variables, defined by train.sh.
+TOKENIZER_FILES = {"GPT2BPETokenizer": {"--vocab-file": "VOCAB_FILE", "--merge-file": "MERGE_FILE"},
+                   "GPTSentencePieceTokenizer": {"--tokenizer-model": "TOKENIZER_MODEL"}}
+NORMALIZATION = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+
+
+def recompute_layers(model: ModelSpec, plan: Plan) -> int:
+    """Layers per pipeline chunk that full recompute covers (Megatron's block method)."""
+    return plan.recompute_num_layers or model.num_layers // (plan.pp * plan.vp)
+
+
+def node_layout(gpus: int, gpus_per_node: int) -> tuple[int, int]:
+    """(nodes, GPUs per node) for ``gpus``: full nodes when they divide, else the largest equal
+    share that does (12 GPUs on 8-GPU nodes run as 2 x 6, never as 1 x 8 with a silent DP change)."""
+    per_node = max(d for d in range(1, min(gpus, gpus_per_node) + 1) if gpus % d == 0)
+    return gpus // per_node, per_node

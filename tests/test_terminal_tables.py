@@ -1,0 +1,127 @@
+"""The ranked tables as a person sees them (issue 24): the real CLI in a real terminal (tmux) at
+80, 120 and 200 columns; the captured screen must show every layout value and measure of the top
+rows in full, drop low-priority columns whole (naming them), and keep the legend to three lines.
+
+tmux runs on its own socket in a temporary folder, so that no other tmux server of the machine is
+touched and nothing is left behind. Without
+tmux (and no way to install it) these tests skip, saying so; .ci/run installs it.
+"""
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from autoparallel import io
+from autoparallel.report import tables
+from autoparallel.search import run as runs
+from autoparallel.serve import report as serve_report
+from autoparallel.serve import search as serve
+from autoparallel.serve.assumptions import load_engine
+from autoparallel.serve.space import load_space as load_serve_space
+from autoparallel.space import load_space
+
+ROOT = Path(__file__).resolve().parents[1]
+WIDTHS = (80, 120, 200)
+SEARCH = ["search", "--model", "llama3-70b", "--gpus", "64", "--no-save", "--top", "20"]
+INFER = ["infer", "--model", "llama3-70b", "--gpus", "8", "--max-latency-ms", "50", "--no-save", "--top", "5"]
+TOP = 5
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None,
+                                reason="tmux is not installed (.ci/run installs it with apt-get)")
+
+
+def screen(argv: list[str], width: int, height: int = 80) -> str:
+    """What a ``width``-column terminal shows after running ``autoparallel argv`` in it."""
+    folder = Path(tempfile.mkdtemp(prefix="ap-tmux-"))  # the server's socket, removed with it
+    socket, done = folder / "socket", f"done-{uuid.uuid4().hex[:8]}"
+    tmux = ["tmux", "-S", str(socket), "-f", os.devnull]
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TMUX")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    command = shlex.join([sys.executable, "-m", "autoparallel", *argv])
+    # The pane stays open after the command (sleep) so that it can be captured, then goes with the server.
+    shell = f"cd {shlex.quote(str(ROOT))} && {command}; tmux -S {shlex.quote(str(socket))} wait-for -S {done}; sleep 60"
+    try:
+        subprocess.run([*tmux, "new-session", "-d", "-x", str(width), "-y", str(height), shell], env=env, check=True)
+        subprocess.run([*tmux, "wait-for", done], timeout=120, check=True)
+        return subprocess.run([*tmux, "capture-pane", "-p", "-t", "0"], capture_output=True, text=True,
+                              check=True).stdout
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _contains_in_order(tokens: list[str], wanted: list[str]) -> bool:
+    it = iter(tokens)
+    return all(any(t == w for t in it) for w in wanted)
+
+
+def _row_line(text: str, cells: list[str]) -> str:
+    """The screen line that shows ``cells`` (the first being the rank) as whole words, in order."""
+    lines = [line for line in text.splitlines() if line.split()[:1] == cells[:1]
+             and _contains_in_order(line.split(), cells)]
+    assert lines, f"row {cells} not shown in full on:\n{text}"
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def expected_search():
+    model, hw = io.load_model("llama3-70b"), io.load_hardware("h100-sxm")
+    result = runs.search(model, hw, 64, model.global_batch_size, load_space())
+    columns = tables._columns(result.ranked)
+    rows = tables.ranked_rows(result.ranked, 20, hw)
+    kept = [i for i, c in enumerate(columns) if not c.drop]
+    assert [columns[i].header for i in kept] == ["#", "TP", "PP", "VP", "CP", "EP", "DP", "MBS", "SP", "mem GiB",
+                                                 "step s", "tok/s/GPU", "MFU", "tie"]
+    return [[row[i] for i in kept] for row in rows[:TOP]], [c.header for c in columns]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_search_table_in_a_terminal(width, expected_search):
+    rows, headers = expected_search
+    text = screen(SEARCH, width)
+    assert "…" not in text and "Traceback" not in text
+    assert "candidate layouts" not in text  # the progress bar is gone once the table is there
+    for cells in rows:
+        _row_line(text, cells)
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:3] == ["#", "TP", "PP"])
+    end = next(i for i in range(head + 2, len(lines)) if not lines[i].split()[:1] or not lines[i].split()[0].isdigit())
+    tail = [line for line in lines[end:] if line.strip()]
+    note = [line for line in tail if line.startswith("--wide adds ")]
+    legend = [line for line in tail if not line.startswith("--wide adds ")]
+    shown = lines[head].split()
+    if width < 200:  # narrower than the whole table: columns went, and the line under it says which
+        (note,) = note
+        gone = note.removeprefix("--wide adds ").split(", ")
+        assert gone and all(h in headers for h in gone) and "other" in gone
+        assert not {"differs", "other", "FP8 util"} <= set(shown)
+    else:
+        assert not note and {"precision", "differs", "other"} <= set(shown)
+    assert 1 <= len(legend) <= 3 and "--explain" in legend[-1]
+
+
+def test_narrower_terminals_drop_more_columns_never_a_kept_one(expected_search):
+    shown = {w: next(line for line in screen(SEARCH, w).splitlines() if line.split()[:2] == ["#", "TP"])
+             for w in (80, 120)}
+    assert len(shown[80]) < len(shown[120])
+    assert shown[80].split()[:9] == shown[120].split()[:9] == ["#", "TP", "PP", "VP", "CP", "EP", "DP", "MBS", "SP"]
+
+
+@pytest.mark.parametrize("width", (80, 120))
+def test_infer_table_in_a_terminal(width):
+    model, hw = io.load_model("llama3-70b"), io.load_hardware("h100-sxm")
+    request = serve.Request(2048, 256, max_tpot_ms=50.0)
+    result = serve.search(model, hw, 8, request, load_serve_space("inference"), load_engine("tensorrt-llm"))
+    columns = serve_report._columns(result.feasible)
+    kept = [i for i, c in enumerate(columns) if not c.drop]
+    text = screen(INFER, width)
+    assert "…" not in text
+    for row in serve_report.rows(result.feasible, TOP, columns):
+        _row_line(text, [row[i] for i in kept])
