@@ -31,7 +31,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from autoparallel import io, resources
+from autoparallel import io, resources, safefile
 from autoparallel.costmodel import flops
 from autoparallel.costmodel.estimate import estimate_columns
 from autoparallel.errors import UserError
@@ -273,10 +273,11 @@ RUN_COLUMNS = ("id", "model", "num_layers", "hidden_size", "num_attention_heads"
 def read_runs_table(path: Path, columns: tuple[str, ...] = ()) -> pd.DataFrame:
     """A CSV of measured runs with a header, the given columns and at least one row; anything
     else is a UserError naming the file."""
+    if not os.path.lexists(path):
+        raise UserError(f"runs CSV {path} does not exist")
     try:
-        frame = pd.read_csv(path)
-    except FileNotFoundError:
-        raise UserError(f"runs CSV {path} does not exist") from None
+        with safefile.open_capped(path, "runs CSV") as f:
+            frame = pd.read_csv(f)
     except pd.errors.EmptyDataError:
         raise UserError(f"runs CSV {path} is empty (expected a header and one row per run)") from None
     except (OSError, pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:

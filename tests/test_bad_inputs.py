@@ -13,6 +13,7 @@ the fixture files untouched.
 from __future__ import annotations
 
 import csv
+import os
 import shutil
 import sqlite3
 import sys
@@ -144,6 +145,21 @@ def files(tmp_path_factory):
     (d / "a_folder").mkdir()
     f["a_folder"] = d / "a_folder"
     put("results_file", "I am a file, not a folder\n")
+    put("moe_freq_huge.yaml", _model(num_experts=8, moe_router_topk=2, moe_layer_freq="[1]*1000000000000"))
+
+    # Special files and links (issue 25): nothing may read them endlessly or replace them.
+    os.mkfifo(d / "fifo")
+    f["fifo"] = d / "fifo"
+    os.symlink("link_loop", d / "link_loop")
+    f["link_loop"] = d / "link_loop"
+    os.symlink(d / "a_folder", d / "link_to_folder")
+    f["link_to_folder"] = d / "link_to_folder"
+    os.symlink("/dev/null", d / "link_to_null")
+    f["link_to_null"] = d / "link_to_null"
+    for name, size in (("big.yaml", 17 * 2**20), ("big.csv", 257 * 2**20)):  # sparse: no disk used
+        with open(d / name, "wb") as big:
+            big.truncate(size)
+        f[name.replace(".", "_")] = d / name
 
     # A user preset folder with a binary-junk model preset (and a good one of ours).
     home = d / "home"
@@ -182,6 +198,7 @@ def files(tmp_path_factory):
         (grid / "candidates.csv").read_text().splitlines()[0] + "\n"))
     damaged("candidates_junk", grid, lambda p: (p / "candidates.csv").write_bytes(JUNK))
     damaged("candidates_missing", grid, lambda p: (p / "candidates.csv").unlink())
+    damaged("candidates_fifo", grid, lambda p: ((p / "candidates.csv").unlink(), os.mkfifo(p / "candidates.csv")))
     damaged("study_missing", optuna_run, lambda p: (p / "study.db").unlink())
     damaged("study_corrupt", optuna_run, lambda p: (p / "study.db").write_bytes(b"\0junk" * 500))
     with closing(sqlite3.connect(optuna_run / "study.db")) as c:  # the study is written and closed
@@ -191,7 +208,7 @@ def files(tmp_path_factory):
 
 
 def _snapshot(folder) -> dict:
-    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*")}
+    return {str(p.relative_to(folder)): p.lstat().st_mtime_ns for p in folder.rglob("*")}
 
 
 # (arguments, part of the one-line message: it names the bad value). {name}: a file of `files`.
@@ -371,6 +388,33 @@ BAD_INPUTS = [
     (["profile", "--model", "cpu-small", "--plan", "{plan_tp3_yaml}", "--timeout", "0"], "--timeout: expected a positive number of seconds, got 0"),
     (["profile", "--model", "cpu-small", "--rank", "1", "{grid}", "--executor", "ray", "--ray-address", "127.0.0.1:1"],
      "nothing answers at 127.0.0.1:1"),
+    # --- outputs never destroy what they name: not a device, a FIFO, a folder or a link loop
+    (["export", "{grid}", "-o", "/dev/null"], "--output /dev/null is a character device, not a regular file; refusing to replace it"),
+    (["export", "{grid}", "-o", "{fifo}"], "--output {fifo} is a FIFO (named pipe), not a regular file; refusing to replace it"),
+    (["export", "{grid}", "-o", "{link_to_null}"], "--output {link_to_null} is a character device, not a regular file"),
+    (["export", "{grid}", "-o", "{link_to_folder}"], "--output {link_to_folder} is a folder; give a file name"),
+    (["export", "{grid}", "-o", "{link_loop}"], "--output {link_loop} is a symbolic link that cannot be followed"),
+    (["calibrate", "--gpu", "h100-sxm", "-o", "{fifo}"], "--output {fifo} is a FIFO (named pipe), not a regular file"),
+    (["calibrate", "--gpu", "h100-sxm", "-o", "/dev/null"], "--output /dev/null is a character device, not a regular file"),
+    (["runs", "import", "{runs_junk_csv}", "--gpu", "h100-sxm", "--runs", "{fifo}"], "--runs {fifo} is a FIFO (named pipe)"),
+    (["runs", "import", "{runs_junk_csv}", "--gpu", "h100-sxm", "--runs", "{a_folder}"], "--runs {a_folder} is a folder"),
+    (["runs", "import", "{runs_junk_csv}", "--gpu", "h100-sxm", "--runs", "{link_loop}"], "--runs {link_loop} is a symbolic link that cannot"),
+    # --- inputs are regular files of a bounded size, read with a cap
+    (["search", "--model", "/dev/zero", "--gpus", "8"], "YAML file /dev/zero is a character device, not a regular file"),
+    (["search", "--model", "{fifo}", "--gpus", "8"], "YAML file {fifo} is a FIFO (named pipe), not a regular file"),
+    (["search", "--model", "{a_folder}", "--gpus", "8"], "YAML file {a_folder} is a folder, not a regular file"),
+    (["search", "--model", "{big_yaml}", "--gpus", "8"], "YAML file {big_yaml} is 17 MiB; a YAML file is at most 16 MiB"),
+    (["search", "--model", "175b", "--gpus", "64", "--gpu", "{fifo}"], "YAML file {fifo} is a FIFO"),
+    (["search", "--model", "175b", "--gpus", "64", "--space", "/dev/zero"], "YAML file /dev/zero is a character device"),
+    (["search", "--model", "{link_loop}", "--gpus", "8"], "cannot read {link_loop}: Too many levels of symbolic links"),
+    (["profile", "--model", "cpu-small", "--plan", "{fifo}"], "YAML file {fifo} is a FIFO"),
+    (["validate", "--runs", "{fifo}"], "runs CSV {fifo} is a FIFO (named pipe), not a regular file"),
+    (["validate", "--runs", "{big_csv}"], "runs CSV {big_csv} is 257 MiB; a runs CSV is at most 256 MiB"),
+    (["validate", "--inference", "--runs", "/dev/zero"], "runs CSV /dev/zero is a character device"),
+    (["calibrate", "--gpu", "h100-sxm", "--runs", "{fifo}"], "runs CSV {fifo} is a FIFO"),
+    (["export", "{candidates_fifo}"], "candidates.csv is a FIFO (named pipe), not a regular file"),
+    (["report", "{candidates_fifo}"], "candidates.csv is a FIFO (named pipe), not a regular file"),
+    (["search", "--model", "{moe_freq_huge_yaml}", "--gpus", "8"], "moe_layer_freq '[1]*1000000000000' has a count of 1000000000000 for 4 layers"),
     (["@no-torch", "profile", "--model", "cpu-small", "--rank", "1", "{grid}"], "profile runs the built-in transformer and needs torch"),
 ]
 

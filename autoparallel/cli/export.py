@@ -53,6 +53,6 @@ def run(args: argparse.Namespace) -> None:
         run_folder.check_output_file(Path(args.output), "--output")
     text = export_text(runs.load(Path(args.run_dir)), args.rank, args.format)
     if args.output:
-        run_folder.write_atomic(Path(args.output), text)
+        run_folder.write_atomic(Path(args.output), text, "--output")
     else:
         sys.stdout.write(text)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoparallel import resources
+from autoparallel import resources, safefile
 from autoparallel.errors import UserError
 from autoparallel.runlogs.arguments import read_arguments
 from autoparallel.runlogs.metrics import Interval, Measurements, measure
@@ -61,9 +61,9 @@ def runs_columns() -> list[str]:
 
 def read_log(path: Path) -> TrainingLog:
     try:
-        text = Path(path).read_text(errors="replace")
-    except OSError as exc:
-        raise UnreadableLog(f"cannot read it: {exc.strerror}") from None
+        text = safefile.read_text(path, "training log", errors="replace")
+    except UserError as exc:
+        raise UnreadableLog(str(exc)) from None
     lines = [_LAUNCHER_PREFIX.sub("", line.rstrip()) for line in text.splitlines()]
     try:
         framework, arguments = read_arguments(lines)

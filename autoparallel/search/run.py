@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from autoparallel import io
+from autoparallel import io, safefile
 from autoparallel.costmodel.estimate import record
 from autoparallel.errors import UserError
 from autoparallel.report import run_folder, tables
@@ -189,7 +189,8 @@ def read_table(path: Path) -> pd.DataFrame:
     text = ("reason", "measurement_error", "measured_device") + tuple(
         name for name, kind in typing.get_type_hints(Plan).items() if kind is str)
     try:
-        frame = pd.read_csv(path, low_memory=False, dtype=dict.fromkeys(text, str))
+        with safefile.open_capped(path, "run table") as f:
+            frame = pd.read_csv(f, low_memory=False, dtype=dict.fromkeys(text, str))
     except pd.errors.EmptyDataError:
         raise UserError(f"{path} is empty (an interrupted run? run the search again)") from None
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:

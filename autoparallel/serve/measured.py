@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from autoparallel import io, resources
+from autoparallel import io, resources, safefile
 from autoparallel.costmodel.inference import (InferenceEfficiency, ServingEngine,
                                               estimate_static_columns)
 from autoparallel.costmodel.inflight import estimate_inflight_columns
@@ -57,8 +57,9 @@ class Measured:
 
 def _read(path: Path, needed: set[str]) -> pd.DataFrame:
     try:
-        frame = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError) as exc:
+        with safefile.open_capped(path, "runs CSV") as f:
+            frame = pd.read_csv(f)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read runs CSV {path}: {exc}") from None
     missing = sorted(needed - set(frame.columns))
     if missing:
