@@ -19,6 +19,7 @@ import sqlite3
 import sys
 from contextlib import closing
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -141,10 +142,31 @@ def files(tmp_path_factory):
     values = next(csv.reader([row]))
     values[header.split(",").index("tp")] = "two"
     put("inference_values.csv", header + "\n" + ",".join(f'"{v}"' for v in values) + "\n")
+    # Measured numbers out of range (issue 25): one published row with its measurement changed.
+    lines = resources.data_file("training_runs.csv").read_text().splitlines()
+    columns = lines[0].split(",")
+    for name, column, value in (("runs_zero.csv", "measured_hw_tflops_per_gpu", "0"),
+                                ("runs_negative.csv", "measured_hw_tflops_per_gpu", "-137"),
+                                ("runs_inf.csv", "measured_hw_tflops_per_gpu", "inf"),
+                                ("runs_no_metric.csv", "measured_hw_tflops_per_gpu", ""),
+                                ("runs_mfu.csv", "measured_mfu_pct", "150")):
+        values = next(csv.reader([lines[1]]))
+        values[columns.index(column)] = value
+        put(name, lines[0] + "\n" + ",".join(f'"{v}"' for v in values) + "\n")
+    header, row = resources.data_file("serving_runs.csv").read_text().splitlines()[:2]
+    values = next(csv.reader([row]))
+    values[header.split(",").index("throughput_tokens_per_s")] = "-10907"
+    put("serving_negative.csv", header + "\n" + ",".join(f'"{v}"' for v in values) + "\n")
     put("profiles/layer_profiles.json", "{not json")
     (d / "a_folder").mkdir()
     f["a_folder"] = d / "a_folder"
     put("results_file", "I am a file, not a folder\n")
+    put("name_parent.yaml", _model(name="../../outside"))
+    put("name_slash.yaml", _model(name="a/b"))
+    put("name_empty.yaml", _model(name=""))
+    put("name_control.yaml", _model(name="tiny\x1b[31m"))
+    put("name_dot.yaml", _model(name=".."))
+    put("hw_name_slash.yaml", HARDWARE.format(name="'../gpu'"))
     put("moe_freq_huge.yaml", _model(num_experts=8, moe_router_topk=2, moe_layer_freq="[1]*1000000000000"))
 
     # Special files and links (issue 25): nothing may read them endlessly or replace them.
@@ -199,6 +221,28 @@ def files(tmp_path_factory):
     damaged("candidates_junk", grid, lambda p: (p / "candidates.csv").write_bytes(JUNK))
     damaged("candidates_missing", grid, lambda p: (p / "candidates.csv").unlink())
     damaged("candidates_fifo", grid, lambda p: ((p / "candidates.csv").unlink(), os.mkfifo(p / "candidates.csv")))
+    def table(name: str, change) -> None:
+        def write(p):
+            frame = pd.read_csv(p / "candidates.csv")
+            change(frame)
+            frame.to_csv(p / "candidates.csv", index=False)
+        damaged(name, grid, write)
+    table("candidates_nan", lambda t: t.__setitem__("step_time_s", t["step_time_s"].where(t["rank"] != 1)))
+    table("candidates_negative", lambda t: t.__setitem__("peak_memory_gib", t["peak_memory_gib"].where(t["rank"] != 2, -1.0)))
+    table("candidates_inf", lambda t: t.__setitem__("tokens_per_s_per_gpu", t["tokens_per_s_per_gpu"].where(t["rank"] != 3, float("inf"))))
+    table("candidates_breakdown", lambda t: t.__setitem__("compute_s", t["compute_s"].where(t["rank"] != 1, -0.25)))
+    table("candidates_no_column", lambda t: t.pop("tokens_per_s_per_gpu"))
+    damaged("candidates_truncated", grid, lambda p: (p / "candidates.csv").write_text(
+        (grid / "candidates.csv").read_text()[:(grid / "candidates.csv").read_text().index("\n3,") + 20]))
+
+    def sql(statement: str):
+        def change(p):
+            with closing(sqlite3.connect(p / "study.db")) as c:
+                c.execute(statement)
+                c.commit()
+        return change
+    damaged("study_no_trials", optuna_run, sql("drop table trials"))
+    damaged("study_no_values", optuna_run, sql("delete from trial_values"))
     damaged("study_missing", optuna_run, lambda p: (p / "study.db").unlink())
     damaged("study_corrupt", optuna_run, lambda p: (p / "study.db").write_bytes(b"\0junk" * 500))
     with closing(sqlite3.connect(optuna_run / "study.db")) as c:  # the study is written and closed
@@ -388,6 +432,38 @@ BAD_INPUTS = [
     (["profile", "--model", "cpu-small", "--plan", "{plan_tp3_yaml}", "--timeout", "0"], "--timeout: expected a positive number of seconds, got 0"),
     (["profile", "--model", "cpu-small", "--rank", "1", "{grid}", "--executor", "ray", "--ray-address", "127.0.0.1:1"],
      "nothing answers at 127.0.0.1:1"),
+    # --- measured numbers are finite and positive: a bad row is skipped, none left is exit 2
+    (["validate", "--runs", "{runs_zero_csv}"],
+     "runs CSV row narayanan21-table1-gpt-1.7b: measured_hw_tflops_per_gpu = 0"),
+    (["validate", "--runs", "{runs_negative_csv}"], "measured_hw_tflops_per_gpu = -137"),
+    (["validate", "--runs", "{runs_inf_csv}"], "measured_hw_tflops_per_gpu = inf is not a finite positive number; no usable row is left"),
+    (["validate", "--runs", "{runs_no_metric_csv}"], "measured_hw_tflops_per_gpu is empty or NaN; no usable row is left"),
+    (["validate", "--runs", "{runs_mfu_csv}"], "measured_mfu_pct = 150"),
+    (["calibrate", "--gpu", "a100-sxm-80g", "--runs", "{runs_zero_csv}", "--dry-run"], "measured_hw_tflops_per_gpu = 0"),
+    (["validate", "--inference", "--runs", "{serving_negative_csv}"],
+     "row at line 2: throughput_tokens_per_s = -10907 is not a finite positive number; no usable row is left"),
+    # --- a damaged run folder is named and refused with the first damage found
+    (["export", "{candidates_nan}"], "candidates.csv is damaged: rank 1: step_time_s is empty"),
+    (["export", "{candidates_negative}"], "candidates.csv is damaged: rank 2: peak_memory_gib = -1.0 is not a finite positive number"),
+    (["export", "{candidates_inf}"], "candidates.csv is damaged: rank 3: tokens_per_s_per_gpu = inf"),
+    (["export", "{candidates_breakdown}"], "candidates.csv is damaged: rank 1: compute_s = -0.25 is not a finite non-negative number"),
+    (["export", "{candidates_no_column}"], "candidates.csv is damaged: it has no column tokens_per_s_per_gpu"),
+    (["export", "{candidates_truncated}"], "candidates.csv is damaged: rank 3"),
+    (["report", "{candidates_nan}"], "candidates.csv is damaged: rank 1: step_time_s is empty"),
+    (["report", "{study_no_trials}"], "study.db is damaged: it has no table trials"),
+    (["search", "--resume", "{study_no_trials}"], "study.db is damaged: it has no table trials"),
+    (["report", "{study_no_values}"], "completed trial(s) have no values"),
+    (["search", "--resume", "{study_no_values}"], "completed trial(s) have no values"),
+    # --- names are names: a preset name never becomes a path
+    (["search", "--model", "{name_parent_yaml}", "--gpus", "8"], "name '../../outside' contains a path separator"),
+    (["search", "--model", "{name_slash_yaml}", "--gpus", "8"], "name_slash.yaml: name 'a/b' contains a path separator"),
+    (["search", "--model", "{name_empty_yaml}", "--gpus", "8"], "name_empty.yaml: name '' is empty"),
+    (["search", "--model", "{name_control_yaml}", "--gpus", "8"], "name 'tiny\\x1b[31m' contains a control character"),
+    (["search", "--model", "{name_dot_yaml}", "--gpus", "8"], "name '..' starts with '.' or contains '..'"),
+    (["search", "--model", "175b", "--gpus", "64", "--gpu", "{hw_name_slash_yaml}"], "name '../gpu' contains a path separator"),
+    (["infer", "--model", "{name_parent_yaml}", "--gpus", "8"], "name '../../outside' contains a path separator"),
+    (["calibrate", "--gpu", "h100-sxm", "--as", "../mine"], "--as '../mine' contains a path separator"),
+    (["calibrate", "--gpu", "h100-sxm", "--as", ""], "--as '' is empty"),
     # --- outputs never destroy what they name: not a device, a FIFO, a folder or a link loop
     (["export", "{grid}", "-o", "/dev/null"], "--output /dev/null is a character device, not a regular file; refusing to replace it"),
     (["export", "{grid}", "-o", "{fifo}"], "--output {fifo} is a FIFO (named pipe), not a regular file; refusing to replace it"),
@@ -468,3 +544,35 @@ def test_the_largest_counts_run_without_overflow(capsys):
     best = json.loads(out.out)[0]
     assert out.err == "" and best["config"]["dp"] == 2**31 - 1
     assert all(math.isfinite(best[k]) and best[k] > 0 for k in ("step_time_s", "tokens_per_s_per_gpu", "peak_memory_gib"))
+
+
+def test_a_bad_measured_row_is_skipped_with_its_reason_and_the_rest_used(tmp_path, capsys):
+    """Of a bad row and a good one, the good one is used and the bad one named on stderr."""
+    from autoparallel import validate
+    lines = resources.data_file("training_runs.csv").read_text().splitlines()
+    bad = next(csv.reader([lines[1]]))
+    bad[lines[0].split(",").index("measured_hw_tflops_per_gpu")] = "-1"
+    (tmp_path / "runs.csv").write_text("\n".join([lines[0], ",".join(f'"{v}"' for v in bad), lines[2]]) + "\n")
+    rows = validate.load_runs([tmp_path / "runs.csv"])
+    assert [r.id for r in rows] == [next(csv.reader([lines[2]]))[0]]
+    err = capsys.readouterr().err
+    assert err == (f"autoparallel: warning: runs CSV row {bad[0]} skipped: measured_hw_tflops_per_gpu = -1 "
+                   "is not a finite positive number\n")
+
+
+@pytest.mark.parametrize("change, reason", [
+    ("elapsed time per iteration (ms): 0.0 |", "elapsed time per iteration (ms) = 0.0 is not a finite positive number"),
+    ("throughput per GPU (TFLOP/s/GPU): 0.0 |", "TFLOP/s = 0.0 is not a finite positive number"),
+])
+def test_a_log_with_a_zero_measurement_is_skipped_with_its_reason(change, reason, tmp_path, capsys):
+    import re
+    from pathlib import Path
+    source = Path(__file__).parent / "fixtures" / "runlogs" / "megatron_tp2_pp2_vp4_sp_selective_fp8.log"
+    pattern = re.escape(change.split(":")[0]) + r": [0-9.]+ \|"
+    text = re.sub(pattern, change, source.read_text())
+    assert text != source.read_text()
+    (tmp_path / "job.log").write_text(text)
+    code = main(["runs", "import", str(tmp_path / "job.log"), "--gpu", "h100-sxm", "--runs", str(tmp_path / "runs.csv")])
+    out, err = capsys.readouterr()
+    assert code == 2 and "none of the 1 log(s) could be read" in err and len(err.splitlines()) == 1
+    assert reason in out and not (tmp_path / "runs.csv").exists()

@@ -32,6 +32,11 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> None:
     from autoparallel.costmodel import calibrate
     output = Path(args.output) if args.output else None
+    if args.as_name is not None:
+        from autoparallel.specs.names import name_problem
+        if name_problem(args.as_name):
+            raise UserError(f"--as {args.as_name!r} {name_problem(args.as_name)}: it names a preset file; use "
+                            "letters, digits, '-', '_', '.' and '+'")
     if output is not None and not args.dry_run:
         from autoparallel.report.run_folder import check_output_file
         check_output_file(output, "--output")

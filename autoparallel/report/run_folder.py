@@ -30,6 +30,7 @@ import yaml
 
 from autoparallel import __version__
 from autoparallel.errors import UserError
+from autoparallel.specs.names import name_problem
 from autoparallel.safefile import current_umask, check_output_file, replacing, write_atomic  # noqa: F401
 
 CANDIDATES = "candidates.csv"
@@ -106,7 +107,12 @@ def new_run_dir(root: Path, model: str, gpus: int, gpu: str) -> Path:
 
 
 def new_dir(root: Path, name: str) -> Path:
-    """A fresh folder <date>_<name>; a second one on the same day gets a -2, -3, ... suffix."""
+    """A fresh folder <date>_<name>; a second one on the same day gets a -2, -3, ... suffix.
+    ``name`` is made of preset names, which are checked when read (``specs.names``); this is the
+    last guard that a run folder stays inside ``root``."""
+    problem = name_problem(name)
+    if problem:
+        raise UserError(f"cannot name a run folder {name!r}: it {problem}")
     path = _free_name(root, f"{dt.date.today().isoformat()}_{name}")
     path.mkdir(parents=True)
     return path

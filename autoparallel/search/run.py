@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from autoparallel import io, safefile
-from autoparallel.costmodel.estimate import record
+from autoparallel import io, ranges, safefile
+from autoparallel.costmodel.estimate import BREAKDOWN_KEYS, MEMORY_KEYS, record
 from autoparallel.errors import UserError
 from autoparallel.report import run_folder, tables
 from autoparallel.report.export import export_document
@@ -202,7 +202,13 @@ def read_table(path: Path) -> pd.DataFrame:
     for col in text:
         if col in frame:
             frame[col] = frame[col].fillna("")
+    ranges.first_damage(frame[frame["reason"] == ""], path, STORED_POSITIVE, BREAKDOWN_KEYS + MEMORY_KEYS,
+                        [c for c in frame if c.startswith("measured_") and c not in text])
     return frame
+
+
+# The metrics every priced candidate has: a damaged table is refused, not exported.
+STORED_POSITIVE = ("step_time_s", "tokens_per_s_per_gpu", "peak_memory_gib")
 
 
 # --- sampler (Optuna) searches ------------------------------------------------------------------

@@ -91,7 +91,36 @@ def open_existing(settings: sampler.StudySettings, run_dir: Path):
         if not any(f.exists() for f in stored):
             raise UserError(f"{run_dir} has no study.db or study.journal: its study is lost, nothing to "
                             "resume (start the search again)")
+        if stored[0].exists():
+            _check_tables(stored[0])
     return _open(settings, Path(run_dir), create=False)
+
+
+# The tables of an Optuna SQLite study that hold its trials. Optuna creates missing tables when it
+# opens a storage, so a dropped one would silently lose every trial: it is refused instead.
+STUDY_TABLES = ("studies", "study_directions", "trials", "trial_params", "trial_values")
+
+
+def _check_tables(path: Path) -> None:
+    """A UserError naming ``path`` if a study table is gone or a completed trial lost its
+    values; a file that is no database is left to Optuna's own error."""
+    import sqlite3
+    from contextlib import closing
+    try:
+        # immutable: no -shm/-wal files made beside a closed study (a killed one keeps its -wal)
+        wal = path.with_name(path.name + "-wal").exists()
+        with closing(sqlite3.connect(f"file:{path}?mode=ro{'' if wal else '&immutable=1'}", uri=True)) as db:
+            tables = {row[0] for row in db.execute("select name from sqlite_master where type='table'")}
+            missing = [t for t in STUDY_TABLES if t not in tables]
+            lost = 0 if missing else db.execute(
+                "select count(*) from trials t where t.state = 'COMPLETE' and not exists "
+                "(select 1 from trial_values v where v.trial_id = t.trial_id)").fetchone()[0]
+    except sqlite3.Error:
+        return
+    if missing:
+        raise UserError(f"{path} is damaged: it has no table {', '.join(missing)} (start the search again)")
+    if lost:
+        raise UserError(f"{path} is damaged: {lost} completed trial(s) have no values (start the search again)")
 
 
 def close(study) -> None:

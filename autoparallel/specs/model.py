@@ -10,6 +10,8 @@ import ast
 from dataclasses import dataclass
 from typing import Literal
 
+from autoparallel.specs.names import check_name
+
 Activation = Literal["gelu", "swiglu", "squared_relu"]
 Normalization = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned_absolute", "rope"]
@@ -83,6 +85,7 @@ class ModelSpec:
     source: str = ""
 
     def __post_init__(self) -> None:
+        check_name(self.name)
         positive = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                     "vocab_size", "seq_length")
         for key in positive:
