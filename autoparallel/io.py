@@ -233,8 +233,9 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareSpec:
     path = resolve_preset("hardware", name_or_path)
-    if path.resolve() in _chain:
-        names = " -> ".join(p.stem for p in (*_chain, path.resolve()))
+    real = Path(os.path.realpath(path))  # not Path.resolve(): a symlink loop is a RuntimeError there
+    if real in _chain:
+        names = " -> ".join(p.stem for p in (*_chain, real))
         raise SpecError(f"{_chain[-1]}: efficiency_from makes a cycle ({names}); name a preset with "
                         "its own efficiency block")
     data = read_yaml(path)
@@ -242,7 +243,7 @@ def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareS
     if hw.efficiency_from:
         if "efficiency" in data:
             raise SpecError(f"{path}: give either efficiency or efficiency_from, not both")
-        donor = load_hardware(_beside(path, hw.efficiency_from), (*_chain, path.resolve()))
+        donor = load_hardware(_beside(path, hw.efficiency_from), (*_chain, real))
         hw = dataclasses.replace(hw, efficiency=donor.efficiency,
                                  calibrated_on=f"inherited from {donor.name}: {donor.calibrated_on}")
     return hw

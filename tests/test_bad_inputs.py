@@ -188,6 +188,9 @@ def files(tmp_path_factory):
     (home / "models").mkdir(parents=True)
     (home / "models" / "junk.yaml").write_bytes(JUNK)
     (home / "models" / "tiny.yaml").write_text(MODEL)
+    (home / "hardware").mkdir()
+    os.symlink("loop.yaml", home / "hardware" / "loop.yaml")  # a symlink loop: skipped, named when asked for
+    os.symlink("mloop.yaml", home / "models" / "mloop.yaml")
     f["home"] = home
 
     # Run folders: a grid search, an optuna search, a serving search, a 1024-GPU search.
@@ -454,6 +457,43 @@ BAD_INPUTS = [
     (["search", "--resume", "{study_no_trials}"], "study.db is damaged: it has no table trials"),
     (["report", "{study_no_values}"], "completed trial(s) have no values"),
     (["search", "--resume", "{study_no_values}"], "completed trial(s) have no values"),
+    # --- flags with no effect in the combination: an error naming both
+    (["search", "--model", "175b", "--gpus", "64", "--recompute", "none", "--recompute-num-layers", "2"],
+     "--recompute-num-layers has no effect with --recompute none"),
+    (["search", "--model", "175b", "--gpus", "64", "--recompute", "selective", "--recompute-num-layers", "2"],
+     "--recompute-num-layers has no effect with --recompute selective"),
+    (["estimate", "--model", "175b", "--gpus", "512", "--tp", "4", "--pp", "8", "--recompute", "none", "--recompute-num-layers", "1"],
+     "--recompute-num-layers has no effect with --recompute none"),
+    (["estimate", "--model", "175b", "--gpus", "512", "--tp", "4", "--pp", "8", "--recompute", "full", "--recompute-num-layers", "13"],
+     "--recompute-num-layers 13 is above the 12 layers of a pipeline chunk of gpt3-175b with --pp 8; give at most 12"),
+    (["search", "--model", "175b", "--gpus", "64", "--recompute-num-layers", "97"],
+     "--recompute-num-layers 97 is above the 96 layers of gpt3-175b"),
+    (["search", "--model", "175b", "--gpus", "64", "--fsdp", "--no-distributed-optimizer"],
+     "--fsdp needs the distributed optimizer (Megatron-FSDP shards the optimizer state itself); drop --no-distributed-optimizer"),
+    (["estimate", "--model", "175b", "--gpus", "64", "--tp", "8", "--pp", "8", "--fsdp", "--no-distributed-optimizer"],
+     "--fsdp needs the distributed optimizer"),
+    (["search", "--model", "175b", "--gpus", "64", "--trials", "50"], "--trials has no effect with --strategy grid"),
+    (["search", "--model", "175b", "--gpus", "64", "--workers", "4"], "--workers has no effect with --strategy grid"),
+    (["search", "--model", "175b", "--gpus", "64", "--sampler", "random"], "--sampler has no effect with --strategy grid"),
+    (["search", "--model", "175b", "--gpus", "64", "--storage", "sqlite:///x.db"], "--storage has no effect with --strategy grid"),
+    (["search", "--model", "175b", "--gpus", "64", "--no-save", "--results", "{dir}/elsewhere"], "--results has no effect with --no-save"),
+    (["search", "--resume", "{optuna}", "--model", "gpt3-175b"], "--model gpt3-175b has no effect with --resume"),
+    (["search", "--resume", "{optuna}", "--gpus", "16"], "--gpus 16 has no effect with --resume"),
+    (["search", "--resume", "{optuna}", "--trials", "9"], "--trials has no effect with --resume"),
+    (["search", "--resume", "{optuna}", "--tp", "2"], "--tp has no effect with --resume"),
+    (["estimate", "--from-log", "{runs_junk_csv}", "--tp", "2"], "--tp has no effect with --from-log"),
+    (["estimate", "--from-log", "{runs_junk_csv}", "--model", "175b"], "--model has no effect with --from-log"),
+    (["calibrate", "--gpu", "h100-sxm", "--dry-run", "-o", "{dir}/fit.yaml"], "--output has no effect with --dry-run"),
+    (["calibrate", "--gpu", "h100-sxm", "--moe", "--as", "mine"], "--as has no effect with --moe"),
+    (["calibrate", "--gpu", "h100-sxm", "--with-published"], "--with-published has no effect with no --runs"),
+    (["calibrate", "--gpu", "cpu-local"], "no published run was measured on cpu-local; nothing to fit"),
+    (["search", "--model", "", "--gpus", "8"], "--model: expected a value, got an empty string"),
+    (["search", "--model=", "--gpus", "8"], "--model: expected a value, got an empty string"),
+    (["search", "--model", "175b", "--gpus", "64", "--gpu", " "], "--gpu: expected a value, got an empty string"),
+    (["export", "{grid}", "-o", ""], "-o: expected a value, got an empty string"),
+    (["export", ""], "an argument: expected a value, got an empty string"),
+    (["search", "--model", "175b", "--gpus", "64", "--gpu", "loop"], "loop.yaml: Too many levels of symbolic links"),
+    (["search", "--model", "mloop", "--gpus", "64"], "mloop.yaml: Too many levels of symbolic links"),
     # --- names are names: a preset name never becomes a path
     (["search", "--model", "{name_parent_yaml}", "--gpus", "8"], "name '../../outside' contains a path separator"),
     (["search", "--model", "{name_slash_yaml}", "--gpus", "8"], "name_slash.yaml: name 'a/b' contains a path separator"),
@@ -463,7 +503,7 @@ BAD_INPUTS = [
     (["search", "--model", "175b", "--gpus", "64", "--gpu", "{hw_name_slash_yaml}"], "name '../gpu' contains a path separator"),
     (["infer", "--model", "{name_parent_yaml}", "--gpus", "8"], "name '../../outside' contains a path separator"),
     (["calibrate", "--gpu", "h100-sxm", "--as", "../mine"], "--as '../mine' contains a path separator"),
-    (["calibrate", "--gpu", "h100-sxm", "--as", ""], "--as '' is empty"),
+    (["calibrate", "--gpu", "h100-sxm", "--as", ".."], "--as '..' starts with '.' or contains '..'"),
     # --- outputs never destroy what they name: not a device, a FIFO, a folder or a link loop
     (["export", "{grid}", "-o", "/dev/null"], "--output /dev/null is a character device, not a regular file; refusing to replace it"),
     (["export", "{grid}", "-o", "{fifo}"], "--output {fifo} is a FIFO (named pipe), not a regular file; refusing to replace it"),
@@ -530,7 +570,9 @@ def test_a_junk_preset_breaks_no_other_preset(files, monkeypatch, capsys):
     monkeypatch.setenv(resources.HOME_ENV, str(files["home"]))
     assert main(["models"]) == 0
     out = capsys.readouterr().out
-    assert "gpt3-175b" in out and "tiny" in out and "skipped junk.yaml" in out
+    assert "gpt3-175b" in out and "tiny" in out and "skipped junk.yaml" in out and "skipped mloop.yaml" in out
+    assert main(["hardware"]) == 0
+    assert "h100-sxm" in (out := capsys.readouterr().out) and "skipped loop.yaml" in out
     assert main(["estimate", "--model", "tiny", "--gpus", "4", "--tp", "2", "--pp", "2", "--json"]) == 0
 
 
