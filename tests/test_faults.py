@@ -189,3 +189,56 @@ def test_a_log_that_is_a_fifo_is_skipped_with_its_reason(tmp_path):
     _one_line_error(code, err, "none of the 1 log(s) could be read; nothing written")
     assert f"training log {tmp_path / 'job.log'} is a FIFO (named pipe), not a regular file" in out
     assert not (tmp_path / "runs.csv").exists()
+
+
+# --- workers: capped, and a signal ends the run within seconds whatever their number -----------
+
+SAMPLER = ["search", "--model", "llama2-7b", "--gpus", "8", "--strategy", "optuna", "--grid-seeds", "0", "--json"]
+
+
+def test_workers_are_capped_at_the_trials_left(tmp_path):
+    code, out, err = _run([*SAMPLER, "--trials", "2", "--workers", "5000", "--results", str(tmp_path)], cwd=tmp_path)
+    assert code == 0, err
+    assert "autoparallel: warning: --workers 5000 capped at 2 (the 2 trial(s) left)" in err
+    (run,) = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
+    assert run.is_dir() and (run / "candidates.csv").is_file()
+
+
+def test_workers_are_capped_at_a_multiple_of_the_cores():
+    from autoparallel.search import study
+    cores = len(os.sched_getaffinity(0))
+    assert study.worker_count(10**6, 10**9) == study.WORKERS_PER_CORE * cores
+    assert study.worker_count(3, 1) == 1 and study.worker_count(1, 0) == 1
+
+
+def _interruptible() -> None:
+    """Background shells start children with SIGINT ignored: give it back (see test_interrupts)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_a_signal_ends_a_run_with_many_workers_within_seconds(signum, tmp_path):
+    import signal
+    import time
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-m", "autoparallel", *SAMPLER, "--trials", "1000000", "--workers", "64",
+                          "--results", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         env=env, cwd=tmp_path, preexec_fn=_interruptible)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob(".partial-*/*/study.journal")):  # the workers share it once they run
+            assert p.poll() is None and time.monotonic() < deadline, "the search did not start its workers"
+            time.sleep(0.1)
+        time.sleep(1.0)
+        p.send_signal(getattr(signal, signum))
+        sent = time.monotonic()
+        _, err = p.communicate(timeout=20)
+        took = time.monotonic() - sent
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 128 + getattr(signal, signum), err
+    assert took < 10, f"took {took:.1f} s to stop"
+    assert "capped at" in err and "Traceback" not in err

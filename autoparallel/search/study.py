@@ -249,20 +249,52 @@ def _complete(study, model, hw, gpus, gbs, space, settings, evaluator, run_dir, 
             mine.optimize(objective, n_trials=settings.trials, callbacks=[limit, terminate.stop])
 
     ctx = multiprocessing.get_context("fork")
-    workers = [ctx.Process(target=work, args=(i,), daemon=True) for i in range(settings.workers)]
-    for w in workers:
-        w.start()
+    workers = []
     try:
+        for i in range(worker_count(settings.workers, settings.trials - completed(study))):
+            if interrupts.asked:
+                break
+            workers.append(ctx.Process(target=work, args=(i,), daemon=True))
+            workers[-1].start()
         while any(w.is_alive() for w in workers) and not interrupts.asked:
-            time.sleep(0.5)
+            time.sleep(0.2)
             if progress:
                 progress(completed(study), best_throughput(study))
     finally:
-        for w in workers:
-            if w.is_alive():
-                w.terminate()
-        for w in workers:
-            w.join(timeout=30)
-            if w.is_alive():
-                w.kill()
-                w.join()
+        _stop(workers)
+
+
+# Trials of the cost model are CPU-bound: more processes than this many per core only add
+# start-up time, memory and lock contention on the study (a profiling trial waits on its job,
+# where a few per core still help).
+WORKERS_PER_CORE = 4
+STOP_GRACE_S = 3.0  # a terminated worker finishes its trial (milliseconds for the cost model)
+
+
+def worker_count(asked: int, trials_left: int) -> int:
+    """``--workers`` capped at the trials left and ``WORKERS_PER_CORE`` per core, said on stderr
+    when capped."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    count = max(1, min(asked, trials_left, WORKERS_PER_CORE * cores))
+    if count < asked:
+        from autoparallel.ranges import warn
+        why = (f"the {trials_left} trial(s) left" if count == max(1, trials_left)
+               else f"{WORKERS_PER_CORE} per core on {cores} core(s)")
+        warn(f"--workers {asked} capped at {count} ({why})")
+    return count
+
+
+def _stop(workers: list) -> None:
+    """Terminate the workers, give them ``STOP_GRACE_S`` in all to finish their trial, then kill
+    the rest: a signalled search ends within seconds whatever the number of workers."""
+    for w in workers:
+        if w.is_alive():
+            w.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for w in workers:
+        w.join(timeout=max(0.0, deadline - time.monotonic()))
+    for w in workers:
+        if w.is_alive():
+            w.kill()
+    for w in workers:
+        w.join()
