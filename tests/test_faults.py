@@ -242,3 +242,45 @@ def test_a_signal_ends_a_run_with_many_workers_within_seconds(signum, tmp_path):
     assert p.returncode == 128 + getattr(signal, signum), err
     assert took < 10, f"took {took:.1f} s to stop"
     assert "capped at" in err and "Traceback" not in err
+
+
+# --- shared studies: two searches on one --storage run together as Optuna's workers do --------
+
+def _study_states(storage: str) -> dict:
+    import collections
+
+    import optuna
+    if storage.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend
+        storage = optuna.storages.JournalStorage(JournalFileBackend(storage[len("journal:"):]))
+    (summary,) = optuna.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    return dict(collections.Counter(t.state.name for t in study.get_trials(deepcopy=False)))
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+@pytest.mark.parametrize("stagger_s", [0.0, 1.0], ids=["together", "staggered"])
+def test_two_searches_share_one_storage(kind, stagger_s, tmp_path):
+    pytest.importorskip("optuna")
+    import time
+    storage = f"sqlite:///{tmp_path / 's.db'}" if kind == "sqlite" else f"journal:{tmp_path / 's.journal'}"
+    trials = 30
+    args = [sys.executable, "-m", "autoparallel", *SAMPLER, "--trials", str(trials), "--storage", storage,
+            "--results", str(tmp_path / "runs")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    time.sleep(stagger_s)
+    second = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        errors = [p.communicate(timeout=90)[1] for p in (first, second)]
+    finally:
+        for p in (first, second):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [first.returncode, second.returncode] == [0, 0], errors
+    assert not any("Traceback" in e for e in errors), errors
+    runs = sorted(p for p in (tmp_path / "runs").iterdir() if not p.name.startswith("."))
+    assert len(runs) == 2 and all((r / "candidates.csv").is_file() for r in runs)
+    states = _study_states(storage)
+    assert set(states) == {"COMPLETE"} and trials <= states["COMPLETE"] <= trials + 2, states  # each told once

@@ -11,11 +11,13 @@ storage URL holds the studies of many searches without mixing them.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import multiprocessing
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -63,25 +65,53 @@ def check_storage(settings: sampler.StudySettings) -> None:
     """Open a storage URL once, before any run folder is made."""
     if settings.storage in ("", "journal"):
         return
+    if settings.storage.startswith(sampler.JOURNAL_PREFIX):
+        folder = Path(settings.storage[len(sampler.JOURNAL_PREFIX):]).expanduser().parent
+        if not folder.is_dir():
+            raise UserError(f"cannot open --storage {settings.storage}: the folder {folder} does not exist")
+        return
     optuna = sampler._optuna()
     with _storage_errors(settings, Path(".")):
-        optuna.storages.RDBStorage(settings.storage)
+        _racing(lambda: optuna.storages.RDBStorage(settings.storage))
+
+
+# What a search meets when another one creates the same storage at the same moment: the schema
+# half made ("table ... already exists") or the file locked. It opens again after a pause.
+RACES = ("already exists", "database is locked", "UNIQUE constraint failed")
+
+
+def _racing(open_it: Callable, attempts: int = 8):
+    """``open_it()``, again after a short pause while it fails as two searches opening one new
+    storage at once do (``RACES``)."""
+    import sqlalchemy.exc
+    for attempt in range(attempts):
+        try:
+            return open_it()
+        except sqlalchemy.exc.OperationalError as exc:
+            if attempt == attempts - 1 or not any(r in str(exc) for r in RACES):
+                raise
+        except sqlalchemy.exc.IntegrityError as exc:
+            if attempt == attempts - 1 or not any(r in str(exc) for r in RACES):
+                raise
+        time.sleep(0.1 * (attempt + 1))
 
 
 def _open(settings: sampler.StudySettings, run_dir: Path, worker: int = 0, create: bool = True):
     optuna = sampler._optuna()
     directions = [sampler.OBJECTIVES[o][1] for o in settings.objectives]
     with _storage_errors(settings, run_dir):
-        storage = sampler.storage_url(settings, run_dir)
+        url = sampler.storage_url(settings, run_dir)
+        # a URL: opened once, patiently (another search may be creating it), for the calls below
+        storage = _racing(lambda: optuna.storages.RDBStorage(url)) if isinstance(url, str) else url
         if not create:
             try:
                 return optuna.load_study(study_name=_name(settings), storage=storage,
                                          sampler=sampler.make_sampler(settings, worker))
             except KeyError:
                 raise UserError(f"{run_dir} holds no Optuna study named {_name(settings)!r}") from None
-        return optuna.create_study(storage=storage, study_name=_name(settings),
-                                   sampler=sampler.make_sampler(settings, worker), directions=directions,
-                                   load_if_exists=True)
+        return _racing(lambda: optuna.create_study(
+            storage=storage, study_name=_name(settings), sampler=sampler.make_sampler(settings, worker),
+            directions=directions, load_if_exists=True))
 
 
 def open_existing(settings: sampler.StudySettings, run_dir: Path):
@@ -175,14 +205,59 @@ def best_throughput(study) -> float | None:
     return float(frame.loc[frame["fits"], "tokens_per_s_per_gpu"].max())
 
 
-def _requeue_stale(study) -> int:
-    """Trials left RUNNING by a killed process: mark FAIL, enqueue their parameters again."""
+def _requeue_stale(study, shared: bool) -> int:
+    """Trials left RUNNING by a killed process: mark FAIL, enqueue their parameters again.
+
+    A study in its run folder is this process's alone (the folder is locked), so every RUNNING
+    trial in it is stale. A ``shared`` study (a ``--storage`` URL) may have live trials of other
+    searches: only a trial whose owner (``_owned``) is a dead process of this machine is stale,
+    or one without an owner started more than ``UNOWNED_GRACE_S`` ago; another machine's trials
+    are left to it. Failing a live trial made its search crash ("Cannot tell a FAIL trial")."""
     optuna = sampler._optuna()
-    stale = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    stale = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+             if not shared or _is_stale(t)]
+    requeued = 0
     for t in stale:
-        study._storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
+        try:
+            study._storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:  # its owner finished it, or another search failed it
+            continue
         study.enqueue_trial(t.params, skip_if_exists=False)
-    return len(stale)
+        requeued += 1
+    return requeued
+
+
+OWNER_ATTR = "owner"  # host:pid of the process that runs a trial
+UNOWNED_GRACE_S = 600.0
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _owned(objective: Callable) -> Callable:
+    """The objective, first recording which process runs the trial (``_requeue_stale``)."""
+    def run(trial):
+        trial.set_user_attr(OWNER_ATTR, _owner())
+        return objective(trial)
+    return run
+
+
+def _is_stale(trial) -> bool:
+    owner = trial.user_attrs.get(OWNER_ATTR)
+    if owner is None:
+        started = trial.datetime_start
+        return started is None or (datetime.datetime.now() - started).total_seconds() > UNOWNED_GRACE_S
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, someone else's
+        return False
+    return False
 
 
 def run(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
@@ -218,8 +293,8 @@ def _complete(study, model, hw, gpus, gbs, space, settings, evaluator, run_dir, 
             if params is not None:
                 study.enqueue_trial(params, skip_if_exists=True)
     else:
-        _requeue_stale(study)
-    objective = sampler.make_objective(tree, hw, evaluator, settings.objectives, space.memory_fraction)
+        _requeue_stale(study, shared=settings.storage not in ("", "journal"))
+    objective = _owned(sampler.make_objective(tree, hw, evaluator, settings.objectives, space.memory_fraction))
     limit = optuna.study.MaxTrialsCallback(settings.trials, states=(optuna.trial.TrialState.COMPLETE,))
     if completed(study) >= settings.trials:
         return
