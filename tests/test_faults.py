@@ -284,3 +284,39 @@ def test_two_searches_share_one_storage(kind, stagger_s, tmp_path):
     assert len(runs) == 2 and all((r / "candidates.csv").is_file() for r in runs)
     states = _study_states(storage)
     assert set(states) == {"COMPLETE"} and trials <= states["COMPLETE"] <= trials + 2, states  # each told once
+
+
+# --- a disk that fills up: the file or run folder is whole or absent ---------------------------
+
+def _small_disk(limit: int):
+    """In the child: files can grow to ``limit`` bytes only (EFBIG past it, as a full disk's
+    ENOSPC), SIGXFSZ ignored so that the write fails instead of killing the process."""
+    def apply() -> None:
+        import resource
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def _run_on_small_disk(args: list[str], cwd: Path, limit: int = 2000):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
+    p = subprocess.run([sys.executable, "-m", "autoparallel", *args], capture_output=True, text=True,
+                       timeout=TIMEOUT, env=env, cwd=cwd, preexec_fn=_small_disk(limit))
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_a_full_disk_leaves_the_output_unchanged(shared, tmp_path):
+    (tmp_path / "out.txt").write_text("keep me\n")
+    code, _, err = _run_on_small_disk(["export", str(shared["run"]), "--format", "launch", "-o",
+                                       str(tmp_path / "out.txt")], tmp_path, limit=200)
+    _one_line_error(code, err, f"cannot write --output {tmp_path / 'out.txt'}: File too large; the file is unchanged")
+    assert (tmp_path / "out.txt").read_text() == "keep me\n" and os.listdir(tmp_path) == ["out.txt"]
+
+
+def test_a_full_disk_leaves_no_run_folder(tmp_path):
+    code, _, err = _run_on_small_disk(["search", "--model", "cpu-small", "--gpus", "4", "--gpu", "cpu-local",
+                                       "--space", "cpu-profiling", "--results", str(tmp_path / "runs"), "--json"],
+                                      tmp_path)
+    _one_line_error(code, err, "File too large")
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == []  # no folder, no staging folder
