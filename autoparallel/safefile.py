@@ -31,6 +31,14 @@ from pathlib import Path
 
 from autoparallel.errors import UserError
 
+class WriteError(UserError):
+    """A file that could not be written (no space, no permission); ``reason`` says why."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 MiB = 2**20
 # The largest file of each kind that is read: far above any real one, far below memory.
 LIMITS = {
@@ -181,14 +189,14 @@ def replacing(path: Path | str, flag: str = "") -> Iterator[tuple[int, str]]:
     try:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     except OSError as exc:
-        raise UserError(f"cannot write {name}: {_strerror(exc)} (in {target.parent})") from None
+        raise WriteError(f"cannot write {name}: {_strerror(exc)} (in {target.parent})", _strerror(exc)) from None
     try:
         os.fchmod(fd, mode)
         yield fd, tmp
         os.replace(tmp, target)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise UserError(f"cannot write {name}: {_strerror(exc)}; the file is unchanged") from None
+        raise WriteError(f"cannot write {name}: {_strerror(exc)}; the file is unchanged", _strerror(exc)) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

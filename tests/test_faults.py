@@ -318,5 +318,5 @@ def test_a_full_disk_leaves_no_run_folder(tmp_path):
     code, _, err = _run_on_small_disk(["search", "--model", "cpu-small", "--gpus", "4", "--gpu", "cpu-local",
                                        "--space", "cpu-profiling", "--results", str(tmp_path / "runs"), "--json"],
                                       tmp_path)
-    _one_line_error(code, err, "File too large")
+    _one_line_error(code, err, f"cannot write a run folder in {tmp_path / 'runs'}: File too large; nothing was written")
     assert [p.name for p in (tmp_path / "runs").iterdir()] == []  # no folder, no staging folder

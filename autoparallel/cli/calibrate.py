@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> None:
             raise UserError(f"--as {args.as_name!r} {name_problem(args.as_name)}: it names a preset file; use "
                             "letters, digits, '-', '_', '.' and '+'")
     if output is not None and not args.dry_run:
-        from autoparallel.report.run_folder import check_output_file
+        from autoparallel.safefile import check_output_file
         check_output_file(output, "--output")
     if args.from_run:  # fit to profiled step times of a run
         from autoparallel.profiling.commands import calibrate_from

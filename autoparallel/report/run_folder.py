@@ -20,7 +20,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,7 +31,7 @@ import yaml
 from autoparallel import __version__
 from autoparallel.errors import UserError
 from autoparallel.specs.names import name_problem
-from autoparallel.safefile import current_umask, check_output_file, replacing, write_atomic  # noqa: F401
+from autoparallel.safefile import WriteError, current_umask, replacing, write_atomic  # noqa: F401 (re-exported)
 
 CANDIDATES = "candidates.csv"
 CANDIDATES_PARQUET = "candidates.parquet"  # only with pyarrow installed
@@ -158,6 +158,8 @@ def staged(root: Path, make: Callable[[Path], Path]) -> Path:
         return publish(run_dir)
     except OSError as exc:
         raise UserError(f"cannot write a run folder in {root}: {exc.strerror or exc}") from None
+    except WriteError as exc:  # a file of it: the folder is removed, so say so, not the staged file
+        raise UserError(f"cannot write a run folder in {root}: {exc.reason}; nothing was written") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
