@@ -25,7 +25,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
-from autoparallel import resources
+from autoparallel import resources, safefile
 from autoparallel.argtypes import MAX_COUNT
 from autoparallel.errors import SpecError, UserError
 from autoparallel.specs.hardware import HardwareSpec
@@ -38,10 +38,7 @@ SEARCH_SPACES = resources.SEARCH_SPACES
 
 def read_yaml(path: Path) -> dict:
     """A YAML file that must hold a mapping; any other content is a one-line SpecError."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    raw = safefile.read_bytes(path, "YAML file")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -207,7 +204,7 @@ def resolve_preset(kind: str, name_or_path: str) -> Path:
     """The YAML file for a preset name, alias or path; a UserError listing valid names if none."""
     candidate = Path(name_or_path)
     if candidate.suffix in (".yaml", ".yml") or os.sep in name_or_path:
-        if not candidate.exists():
+        if not os.path.lexists(candidate):  # a link loop exists, and says so when read
             raise UserError(f"{kind} file {name_or_path!r} does not exist")
         return candidate
     names = _preset_aliases(kind)
@@ -236,8 +233,9 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareSpec:
     path = resolve_preset("hardware", name_or_path)
-    if path.resolve() in _chain:
-        names = " -> ".join(p.stem for p in (*_chain, path.resolve()))
+    real = Path(os.path.realpath(path))  # not Path.resolve(): a symlink loop is a RuntimeError there
+    if real in _chain:
+        names = " -> ".join(p.stem for p in (*_chain, real))
         raise SpecError(f"{_chain[-1]}: efficiency_from makes a cycle ({names}); name a preset with "
                         "its own efficiency block")
     data = read_yaml(path)
@@ -245,7 +243,7 @@ def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareS
     if hw.efficiency_from:
         if "efficiency" in data:
             raise SpecError(f"{path}: give either efficiency or efficiency_from, not both")
-        donor = load_hardware(_beside(path, hw.efficiency_from), (*_chain, path.resolve()))
+        donor = load_hardware(_beside(path, hw.efficiency_from), (*_chain, real))
         hw = dataclasses.replace(hw, efficiency=donor.efficiency,
                                  calibrated_on=f"inherited from {donor.name}: {donor.calibrated_on}")
     return hw

@@ -31,7 +31,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from autoparallel import io, resources
+from autoparallel import io, ranges, resources, safefile
 from autoparallel.costmodel import flops
 from autoparallel.costmodel.estimate import estimate_columns
 from autoparallel.errors import UserError
@@ -278,10 +278,11 @@ RUN_COLUMNS = ("id", "model", "num_layers", "hidden_size", "num_attention_heads"
 def read_runs_table(path: Path, columns: tuple[str, ...] = ()) -> pd.DataFrame:
     """A CSV of measured runs with a header, the given columns and at least one row; anything
     else is a UserError naming the file."""
+    if not os.path.lexists(path):
+        raise UserError(f"runs CSV {path} does not exist")
     try:
-        frame = pd.read_csv(path)
-    except FileNotFoundError:
-        raise UserError(f"runs CSV {path} does not exist") from None
+        with safefile.open_capped(path, "runs CSV") as f:
+            frame = pd.read_csv(f)
     except pd.errors.EmptyDataError:
         raise UserError(f"runs CSV {path} is empty (expected a header and one row per run)") from None
     except (OSError, pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
@@ -308,13 +309,27 @@ def load_runs(runs: Sequence[Path] | None = None, moe: bool = False) -> list[Pre
     unknown = sorted({assumptions_key(str(i)) for i in frame["id"]} - set(assumptions))
     if unknown:
         raise UserError(f"no assumptions for source(s) {unknown} in {ASSUMPTIONS}")
-    prepared = []
-    for _, row in frame.iterrows():
+    measured = ranges.row_problems(frame, [c for c in frame if str(c).startswith("measured_")])
+    prepared, skipped = [], []
+    for i, row in frame.iterrows():
         try:
-            if is_moe_row(row) == moe:
-                prepared.append(prepare_row(row, assumptions))
+            if is_moe_row(row) != moe:
+                continue
+            if measured[i]:
+                skipped.append((row["id"], measured[i]))
+                continue
+            ready = prepare_row(row, assumptions)
+            metric = MEASURED[ready.metric]  # the number the row is compared on: it must be there
+            if pd.isna(row.get(metric)):
+                skipped.append((row["id"], f"{metric} is empty or NaN"))
+                continue
+            prepared.append(ready)
         except (ValueError, TypeError, KeyError) as exc:
-            raise UserError(f"runs CSV row {row['id']}: {' '.join(str(exc).split())[:200]}") from None
+            skipped.append((row["id"], " ".join(str(exc).split())[:200]))
+    if skipped and not prepared:  # a bad row is never used, and a command needs one good row
+        raise UserError(f"runs CSV row {skipped[0][0]}: {skipped[0][1]}; no usable row is left")
+    for run_id, reason in skipped:
+        ranges.warn(f"runs CSV row {run_id} skipped: {reason}")
     return prepared
 
 

@@ -13,11 +13,13 @@ the fixture files untouched.
 from __future__ import annotations
 
 import csv
+import os
 import shutil
 import sqlite3
 import sys
 from contextlib import closing
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -140,16 +142,55 @@ def files(tmp_path_factory):
     values = next(csv.reader([row]))
     values[header.split(",").index("tp")] = "two"
     put("inference_values.csv", header + "\n" + ",".join(f'"{v}"' for v in values) + "\n")
+    # Measured numbers out of range (issue 25): one published row with its measurement changed.
+    lines = resources.data_file("training_runs.csv").read_text().splitlines()
+    columns = lines[0].split(",")
+    for name, column, value in (("runs_zero.csv", "measured_hw_tflops_per_gpu", "0"),
+                                ("runs_negative.csv", "measured_hw_tflops_per_gpu", "-137"),
+                                ("runs_inf.csv", "measured_hw_tflops_per_gpu", "inf"),
+                                ("runs_no_metric.csv", "measured_hw_tflops_per_gpu", ""),
+                                ("runs_mfu.csv", "measured_mfu_pct", "150")):
+        values = next(csv.reader([lines[1]]))
+        values[columns.index(column)] = value
+        put(name, lines[0] + "\n" + ",".join(f'"{v}"' for v in values) + "\n")
+    header, row = resources.data_file("serving_runs.csv").read_text().splitlines()[:2]
+    values = next(csv.reader([row]))
+    values[header.split(",").index("throughput_tokens_per_s")] = "-10907"
+    put("serving_negative.csv", header + "\n" + ",".join(f'"{v}"' for v in values) + "\n")
     put("profiles/layer_profiles.json", "{not json")
     (d / "a_folder").mkdir()
     f["a_folder"] = d / "a_folder"
     put("results_file", "I am a file, not a folder\n")
+    put("name_parent.yaml", _model(name="../../outside"))
+    put("name_slash.yaml", _model(name="a/b"))
+    put("name_empty.yaml", _model(name=""))
+    put("name_control.yaml", _model(name="tiny\x1b[31m"))
+    put("name_dot.yaml", _model(name=".."))
+    put("hw_name_slash.yaml", HARDWARE.format(name="'../gpu'"))
+    put("moe_freq_huge.yaml", _model(num_experts=8, moe_router_topk=2, moe_layer_freq="[1]*1000000000000"))
+
+    # Special files and links (issue 25): nothing may read them endlessly or replace them.
+    os.mkfifo(d / "fifo")
+    f["fifo"] = d / "fifo"
+    os.symlink("link_loop", d / "link_loop")
+    f["link_loop"] = d / "link_loop"
+    os.symlink(d / "a_folder", d / "link_to_folder")
+    f["link_to_folder"] = d / "link_to_folder"
+    os.symlink("/dev/null", d / "link_to_null")
+    f["link_to_null"] = d / "link_to_null"
+    for name, size in (("big.yaml", 17 * 2**20), ("big.csv", 257 * 2**20)):  # sparse: no disk used
+        with open(d / name, "wb") as big:
+            big.truncate(size)
+        f[name.replace(".", "_")] = d / name
 
     # A user preset folder with a binary-junk model preset (and a good one of ours).
     home = d / "home"
     (home / "models").mkdir(parents=True)
     (home / "models" / "junk.yaml").write_bytes(JUNK)
     (home / "models" / "tiny.yaml").write_text(MODEL)
+    (home / "hardware").mkdir()
+    os.symlink("loop.yaml", home / "hardware" / "loop.yaml")  # a symlink loop: skipped, named when asked for
+    os.symlink("mloop.yaml", home / "models" / "mloop.yaml")
     f["home"] = home
 
     # Run folders: a grid search, an optuna search, a serving search, a 1024-GPU search.
@@ -182,6 +223,29 @@ def files(tmp_path_factory):
         (grid / "candidates.csv").read_text().splitlines()[0] + "\n"))
     damaged("candidates_junk", grid, lambda p: (p / "candidates.csv").write_bytes(JUNK))
     damaged("candidates_missing", grid, lambda p: (p / "candidates.csv").unlink())
+    damaged("candidates_fifo", grid, lambda p: ((p / "candidates.csv").unlink(), os.mkfifo(p / "candidates.csv")))
+    def table(name: str, change) -> None:
+        def write(p):
+            frame = pd.read_csv(p / "candidates.csv")
+            change(frame)
+            frame.to_csv(p / "candidates.csv", index=False)
+        damaged(name, grid, write)
+    table("candidates_nan", lambda t: t.__setitem__("step_time_s", t["step_time_s"].where(t["rank"] != 1)))
+    table("candidates_negative", lambda t: t.__setitem__("peak_memory_gib", t["peak_memory_gib"].where(t["rank"] != 2, -1.0)))
+    table("candidates_inf", lambda t: t.__setitem__("tokens_per_s_per_gpu", t["tokens_per_s_per_gpu"].where(t["rank"] != 3, float("inf"))))
+    table("candidates_breakdown", lambda t: t.__setitem__("compute_s", t["compute_s"].where(t["rank"] != 1, -0.25)))
+    table("candidates_no_column", lambda t: t.pop("tokens_per_s_per_gpu"))
+    damaged("candidates_truncated", grid, lambda p: (p / "candidates.csv").write_text(
+        (grid / "candidates.csv").read_text()[:(grid / "candidates.csv").read_text().index("\n3,") + 20]))
+
+    def sql(statement: str):
+        def change(p):
+            with closing(sqlite3.connect(p / "study.db")) as c:
+                c.execute(statement)
+                c.commit()
+        return change
+    damaged("study_no_trials", optuna_run, sql("drop table trials"))
+    damaged("study_no_values", optuna_run, sql("delete from trial_values"))
     damaged("study_missing", optuna_run, lambda p: (p / "study.db").unlink())
     damaged("study_corrupt", optuna_run, lambda p: (p / "study.db").write_bytes(b"\0junk" * 500))
     with closing(sqlite3.connect(optuna_run / "study.db")) as c:  # the study is written and closed
@@ -191,7 +255,7 @@ def files(tmp_path_factory):
 
 
 def _snapshot(folder) -> dict:
-    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*")}
+    return {str(p.relative_to(folder)): p.lstat().st_mtime_ns for p in folder.rglob("*")}
 
 
 # (arguments, part of the one-line message: it names the bad value). {name}: a file of `files`.
@@ -371,6 +435,102 @@ BAD_INPUTS = [
     (["profile", "--model", "cpu-small", "--plan", "{plan_tp3_yaml}", "--timeout", "0"], "--timeout: expected a positive number of seconds, got 0"),
     (["profile", "--model", "cpu-small", "--rank", "1", "{grid}", "--executor", "ray", "--ray-address", "127.0.0.1:1"],
      "nothing answers at 127.0.0.1:1"),
+    # --- measured numbers are finite and positive: a bad row is skipped, none left is exit 2
+    (["validate", "--runs", "{runs_zero_csv}"],
+     "runs CSV row narayanan21-table1-gpt-1.7b: measured_hw_tflops_per_gpu = 0"),
+    (["validate", "--runs", "{runs_negative_csv}"], "measured_hw_tflops_per_gpu = -137"),
+    (["validate", "--runs", "{runs_inf_csv}"], "measured_hw_tflops_per_gpu = inf is not a finite positive number; no usable row is left"),
+    (["validate", "--runs", "{runs_no_metric_csv}"], "measured_hw_tflops_per_gpu is empty or NaN; no usable row is left"),
+    (["validate", "--runs", "{runs_mfu_csv}"], "measured_mfu_pct = 150"),
+    (["calibrate", "--gpu", "a100-sxm-80g", "--runs", "{runs_zero_csv}", "--dry-run"], "measured_hw_tflops_per_gpu = 0"),
+    (["validate", "--inference", "--runs", "{serving_negative_csv}"],
+     "row at line 2: throughput_tokens_per_s = -10907 is not a finite positive number; no usable row is left"),
+    # --- a damaged run folder is named and refused with the first damage found
+    (["export", "{candidates_nan}"], "candidates.csv is damaged: rank 1: step_time_s is empty"),
+    (["export", "{candidates_negative}"], "candidates.csv is damaged: rank 2: peak_memory_gib = -1.0 is not a finite positive number"),
+    (["export", "{candidates_inf}"], "candidates.csv is damaged: rank 3: tokens_per_s_per_gpu = inf"),
+    (["export", "{candidates_breakdown}"], "candidates.csv is damaged: rank 1: compute_s = -0.25 is not a finite non-negative number"),
+    (["export", "{candidates_no_column}"], "candidates.csv is damaged: it has no column tokens_per_s_per_gpu"),
+    (["export", "{candidates_truncated}"], "candidates.csv is damaged: rank 3"),
+    (["report", "{candidates_nan}"], "candidates.csv is damaged: rank 1: step_time_s is empty"),
+    (["report", "{study_no_trials}"], "study.db is damaged: it has no table trials"),
+    (["search", "--resume", "{study_no_trials}"], "study.db is damaged: it has no table trials"),
+    (["report", "{study_no_values}"], "completed trial(s) have no values"),
+    (["search", "--resume", "{study_no_values}"], "completed trial(s) have no values"),
+    # --- flags with no effect in the combination: an error naming both
+    (["search", "--model", "175b", "--gpus", "64", "--recompute", "none", "--recompute-num-layers", "2"],
+     "--recompute-num-layers has no effect with --recompute none"),
+    (["search", "--model", "175b", "--gpus", "64", "--recompute", "selective", "--recompute-num-layers", "2"],
+     "--recompute-num-layers has no effect with --recompute selective"),
+    (["estimate", "--model", "175b", "--gpus", "512", "--tp", "4", "--pp", "8", "--recompute", "none", "--recompute-num-layers", "1"],
+     "--recompute-num-layers has no effect with --recompute none"),
+    (["estimate", "--model", "175b", "--gpus", "512", "--tp", "4", "--pp", "8", "--recompute", "full", "--recompute-num-layers", "13"],
+     "--recompute-num-layers 13 is above the 12 layers of a pipeline chunk of gpt3-175b with --pp 8; give at most 12"),
+    (["search", "--model", "175b", "--gpus", "64", "--recompute-num-layers", "97"],
+     "--recompute-num-layers 97 is above the 96 layers of gpt3-175b"),
+    (["search", "--model", "175b", "--gpus", "64", "--fsdp", "--no-distributed-optimizer"],
+     "--fsdp needs the distributed optimizer (Megatron-FSDP shards the optimizer state itself); drop --no-distributed-optimizer"),
+    (["estimate", "--model", "175b", "--gpus", "64", "--tp", "8", "--pp", "8", "--fsdp", "--no-distributed-optimizer"],
+     "--fsdp needs the distributed optimizer"),
+    (["search", "--model", "175b", "--gpus", "64", "--trials", "50"], "--trials has no effect with --strategy grid"),
+    (["search", "--model", "175b", "--gpus", "64", "--workers", "4"], "--workers has no effect with --strategy grid"),
+    (["search", "--model", "175b", "--gpus", "64", "--sampler", "random"], "--sampler has no effect with --strategy grid"),
+    (["search", "--model", "175b", "--gpus", "64", "--storage", "sqlite:///x.db"], "--storage has no effect with --strategy grid"),
+    (["search", "--model", "175b", "--gpus", "64", "--no-save", "--results", "{dir}/elsewhere"], "--results has no effect with --no-save"),
+    (["search", "--resume", "{optuna}", "--model", "gpt3-175b"], "--model gpt3-175b has no effect with --resume"),
+    (["search", "--resume", "{optuna}", "--gpus", "16"], "--gpus 16 has no effect with --resume"),
+    (["search", "--resume", "{optuna}", "--trials", "9"], "--trials has no effect with --resume"),
+    (["search", "--resume", "{optuna}", "--tp", "2"], "--tp has no effect with --resume"),
+    (["estimate", "--from-log", "{runs_junk_csv}", "--tp", "2"], "--tp has no effect with --from-log"),
+    (["estimate", "--from-log", "{runs_junk_csv}", "--model", "175b"], "--model has no effect with --from-log"),
+    (["calibrate", "--gpu", "h100-sxm", "--dry-run", "-o", "{dir}/fit.yaml"], "--output has no effect with --dry-run"),
+    (["calibrate", "--gpu", "h100-sxm", "--moe", "--as", "mine"], "--as has no effect with --moe"),
+    (["calibrate", "--gpu", "h100-sxm", "--with-published"], "--with-published has no effect with no --runs"),
+    (["calibrate", "--gpu", "cpu-local"], "no published run was measured on cpu-local; nothing to fit"),
+    (["search", "--model", "", "--gpus", "8"], "--model: expected a value, got an empty string"),
+    (["search", "--model=", "--gpus", "8"], "--model: expected a value, got an empty string"),
+    (["search", "--model", "175b", "--gpus", "64", "--gpu", " "], "--gpu: expected a value, got an empty string"),
+    (["export", "{grid}", "-o", ""], "-o: expected a value, got an empty string"),
+    (["export", ""], "an argument: expected a value, got an empty string"),
+    (["search", "--model", "175b", "--gpus", "64", "--gpu", "loop"], "loop.yaml: Too many levels of symbolic links"),
+    (["search", "--model", "mloop", "--gpus", "64"], "mloop.yaml: Too many levels of symbolic links"),
+    # --- names are names: a preset name never becomes a path
+    (["search", "--model", "{name_parent_yaml}", "--gpus", "8"], "name '../../outside' contains a path separator"),
+    (["search", "--model", "{name_slash_yaml}", "--gpus", "8"], "name_slash.yaml: name 'a/b' contains a path separator"),
+    (["search", "--model", "{name_empty_yaml}", "--gpus", "8"], "name_empty.yaml: name '' is empty"),
+    (["search", "--model", "{name_control_yaml}", "--gpus", "8"], "name 'tiny\\x1b[31m' contains a control character"),
+    (["search", "--model", "{name_dot_yaml}", "--gpus", "8"], "name '..' starts with '.' or contains '..'"),
+    (["search", "--model", "175b", "--gpus", "64", "--gpu", "{hw_name_slash_yaml}"], "name '../gpu' contains a path separator"),
+    (["infer", "--model", "{name_parent_yaml}", "--gpus", "8"], "name '../../outside' contains a path separator"),
+    (["calibrate", "--gpu", "h100-sxm", "--as", "../mine"], "--as '../mine' contains a path separator"),
+    (["calibrate", "--gpu", "h100-sxm", "--as", ".."], "--as '..' starts with '.' or contains '..'"),
+    # --- outputs never destroy what they name: not a device, a FIFO, a folder or a link loop
+    (["export", "{grid}", "-o", "/dev/null"], "--output /dev/null is a character device, not a regular file; refusing to replace it"),
+    (["export", "{grid}", "-o", "{fifo}"], "--output {fifo} is a FIFO (named pipe), not a regular file; refusing to replace it"),
+    (["export", "{grid}", "-o", "{link_to_null}"], "--output {link_to_null} is a character device, not a regular file"),
+    (["export", "{grid}", "-o", "{link_to_folder}"], "--output {link_to_folder} is a folder; give a file name"),
+    (["export", "{grid}", "-o", "{link_loop}"], "--output {link_loop} is a symbolic link that cannot be followed"),
+    (["calibrate", "--gpu", "h100-sxm", "-o", "{fifo}"], "--output {fifo} is a FIFO (named pipe), not a regular file"),
+    (["calibrate", "--gpu", "h100-sxm", "-o", "/dev/null"], "--output /dev/null is a character device, not a regular file"),
+    (["runs", "import", "{runs_junk_csv}", "--gpu", "h100-sxm", "--runs", "{fifo}"], "--runs {fifo} is a FIFO (named pipe)"),
+    (["runs", "import", "{runs_junk_csv}", "--gpu", "h100-sxm", "--runs", "{a_folder}"], "--runs {a_folder} is a folder"),
+    (["runs", "import", "{runs_junk_csv}", "--gpu", "h100-sxm", "--runs", "{link_loop}"], "--runs {link_loop} is a symbolic link that cannot"),
+    # --- inputs are regular files of a bounded size, read with a cap
+    (["search", "--model", "/dev/zero", "--gpus", "8"], "YAML file /dev/zero is a character device, not a regular file"),
+    (["search", "--model", "{fifo}", "--gpus", "8"], "YAML file {fifo} is a FIFO (named pipe), not a regular file"),
+    (["search", "--model", "{a_folder}", "--gpus", "8"], "YAML file {a_folder} is a folder, not a regular file"),
+    (["search", "--model", "{big_yaml}", "--gpus", "8"], "YAML file {big_yaml} is 17 MiB; a YAML file is at most 16 MiB"),
+    (["search", "--model", "175b", "--gpus", "64", "--gpu", "{fifo}"], "YAML file {fifo} is a FIFO"),
+    (["search", "--model", "175b", "--gpus", "64", "--space", "/dev/zero"], "YAML file /dev/zero is a character device"),
+    (["search", "--model", "{link_loop}", "--gpus", "8"], "cannot read {link_loop}: Too many levels of symbolic links"),
+    (["profile", "--model", "cpu-small", "--plan", "{fifo}"], "YAML file {fifo} is a FIFO"),
+    (["validate", "--runs", "{fifo}"], "runs CSV {fifo} is a FIFO (named pipe), not a regular file"),
+    (["validate", "--runs", "{big_csv}"], "runs CSV {big_csv} is 257 MiB; a runs CSV is at most 256 MiB"),
+    (["validate", "--inference", "--runs", "/dev/zero"], "runs CSV /dev/zero is a character device"),
+    (["calibrate", "--gpu", "h100-sxm", "--runs", "{fifo}"], "runs CSV {fifo} is a FIFO"),
+    (["export", "{candidates_fifo}"], "candidates.csv is a FIFO (named pipe), not a regular file"),
+    (["report", "{candidates_fifo}"], "candidates.csv is a FIFO (named pipe), not a regular file"),
+    (["search", "--model", "{moe_freq_huge_yaml}", "--gpus", "8"], "moe_layer_freq '[1]*1000000000000' has a count of 1000000000000 for 4 layers"),
     (["@no-torch", "profile", "--model", "cpu-small", "--rank", "1", "{grid}"], "profile runs the built-in transformer and needs torch"),
 ]
 
@@ -410,7 +570,9 @@ def test_a_junk_preset_breaks_no_other_preset(files, monkeypatch, capsys):
     monkeypatch.setenv(resources.HOME_ENV, str(files["home"]))
     assert main(["models"]) == 0
     out = capsys.readouterr().out
-    assert "gpt3-175b" in out and "tiny" in out and "skipped junk.yaml" in out
+    assert "gpt3-175b" in out and "tiny" in out and "skipped junk.yaml" in out and "skipped mloop.yaml" in out
+    assert main(["hardware"]) == 0
+    assert "h100-sxm" in (out := capsys.readouterr().out) and "skipped loop.yaml" in out
     assert main(["estimate", "--model", "tiny", "--gpus", "4", "--tp", "2", "--pp", "2", "--json"]) == 0
 
 
@@ -424,3 +586,35 @@ def test_the_largest_counts_run_without_overflow(capsys):
     best = json.loads(out.out)[0]
     assert out.err == "" and best["config"]["dp"] == 2**31 - 1
     assert all(math.isfinite(best[k]) and best[k] > 0 for k in ("step_time_s", "tokens_per_s_per_gpu", "peak_memory_gib"))
+
+
+def test_a_bad_measured_row_is_skipped_with_its_reason_and_the_rest_used(tmp_path, capsys):
+    """Of a bad row and a good one, the good one is used and the bad one named on stderr."""
+    from autoparallel import validate
+    lines = resources.data_file("training_runs.csv").read_text().splitlines()
+    bad = next(csv.reader([lines[1]]))
+    bad[lines[0].split(",").index("measured_hw_tflops_per_gpu")] = "-1"
+    (tmp_path / "runs.csv").write_text("\n".join([lines[0], ",".join(f'"{v}"' for v in bad), lines[2]]) + "\n")
+    rows = validate.load_runs([tmp_path / "runs.csv"])
+    assert [r.id for r in rows] == [next(csv.reader([lines[2]]))[0]]
+    err = capsys.readouterr().err
+    assert err == (f"autoparallel: warning: runs CSV row {bad[0]} skipped: measured_hw_tflops_per_gpu = -1 "
+                   "is not a finite positive number\n")
+
+
+@pytest.mark.parametrize("change, reason", [
+    ("elapsed time per iteration (ms): 0.0 |", "elapsed time per iteration (ms) = 0.0 is not a finite positive number"),
+    ("throughput per GPU (TFLOP/s/GPU): 0.0 |", "TFLOP/s = 0.0 is not a finite positive number"),
+])
+def test_a_log_with_a_zero_measurement_is_skipped_with_its_reason(change, reason, tmp_path, capsys):
+    import re
+    from pathlib import Path
+    source = Path(__file__).parent / "fixtures" / "runlogs" / "megatron_tp2_pp2_vp4_sp_selective_fp8.log"
+    pattern = re.escape(change.split(":")[0]) + r": [0-9.]+ \|"
+    text = re.sub(pattern, change, source.read_text())
+    assert text != source.read_text()
+    (tmp_path / "job.log").write_text(text)
+    code = main(["runs", "import", str(tmp_path / "job.log"), "--gpu", "h100-sxm", "--runs", str(tmp_path / "runs.csv")])
+    out, err = capsys.readouterr()
+    assert code == 2 and "none of the 1 log(s) could be read" in err and len(err.splitlines()) == 1
+    assert reason in out and not (tmp_path / "runs.csv").exists()

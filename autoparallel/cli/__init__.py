@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from autoparallel import __version__
-from autoparallel.cli import (calibrate, estimate, export, fp8_check, infer, presets, report, runs, search,
+from autoparallel.cli import (calibrate, combos, estimate, export, fp8_check, infer, presets, report, runs, search,
                               validate)
 from autoparallel.errors import UserError
 
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     with _sigterm_interrupts() as received:
         try:
+            combos.check_empty(sys.argv[1:] if argv is None else argv)
             args.func(args)
         except UserError as exc:
             print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line, always

@@ -32,8 +32,14 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> None:
     from autoparallel.costmodel import calibrate
     output = Path(args.output) if args.output else None
+    _check_combinations(args)
+    if args.as_name is not None:
+        from autoparallel.specs.names import name_problem
+        if name_problem(args.as_name):
+            raise UserError(f"--as {args.as_name!r} {name_problem(args.as_name)}: it names a preset file; use "
+                            "letters, digits, '-', '_', '.' and '+'")
     if output is not None and not args.dry_run:
-        from autoparallel.report.run_folder import check_output_file
+        from autoparallel.safefile import check_output_file
         check_output_file(output, "--output")
     if args.from_run:  # fit to profiled step times of a run
         from autoparallel.profiling.commands import calibrate_from
@@ -47,3 +53,33 @@ def run(args: argparse.Namespace) -> None:
         return
     calibrate.main(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run, console=console,
                    output=output, as_name=args.as_name, with_published=args.with_published)
+
+
+def _check_combinations(args: argparse.Namespace) -> None:
+    """calibrate's flags that have no effect together (``cli.combos``)."""
+    from autoparallel.cli.combos import no_effect
+    if args.dry_run and args.output:
+        raise no_effect("--output", "--dry-run", "a dry run writes nothing; drop one of them")
+    if args.as_name is not None and args.moe:
+        raise no_effect("--as", "--moe", "the MoE constants go into --gpu's own preset")
+    if args.with_published and not args.runs:
+        raise no_effect("--with-published", "no --runs", "the published runs are the default already")
+    if args.gpu and not args.runs and not args.moe and not args.from_run:
+        _check_published_rows(args.gpu)
+
+
+def _check_published_rows(gpu: str) -> None:
+    """A UserError if no published run was measured on ``gpu`` (or on a GPU that takes its
+    constants): there is nothing to fit, and your own rows are needed (--runs)."""
+    from autoparallel import io
+    from autoparallel.validate import read_runs
+    hw = io.load_hardware(gpu)
+    for name in read_runs()["gpu"].dropna().astype(str).unique():
+        try:
+            measured_on = io.load_hardware(name)
+        except UserError:
+            continue
+        if hw.name in (measured_on.name, measured_on.efficiency_from):
+            return
+    raise UserError(f"no published run was measured on {hw.name}; nothing to fit: give your own rows "
+                    "with --runs (see `autoparallel runs import`)")

@@ -75,7 +75,9 @@ def inputs(args: argparse.Namespace):
     """Model, hardware, global batch size and the search space with the pinned knobs."""
     from autoparallel.search.run import default_gbs
     from autoparallel.space import load_space
+    from autoparallel.cli.combos import check_knobs
     model = io.load_model(args.model)
+    check_knobs(args, model)
     hw = io.load_hardware(args.gpu)
     space = load_space(args.space).pinned(**pins(args))
     return model, hw, default_gbs(model, args.gbs), space

@@ -32,6 +32,11 @@ def run(args: argparse.Namespace) -> None:
     if args.from_log:
         from pathlib import Path
 
+        from autoparallel.cli.combos import flag, no_effect
+        given = [d for d in ("model", "gpus", "gbs", "recompute_num_layers", *pins(args)) if getattr(args, d) is not None]
+        if given:
+            raise no_effect(flag(given[0]), "--from-log", "the log states the model and the layout; drop it")
+
         from autoparallel.runlogs import compare
         compare.main(Path(args.from_log), args.gpu, args.json, console)
         return

@@ -54,16 +54,16 @@ def export_text(result, rank: int, fmt: str) -> str:
 
 
 def run(args: argparse.Namespace) -> None:
-    from autoparallel.report import run_folder
+    from autoparallel import safefile
     from autoparallel.search import run as runs
     if args.output:
-        run_folder.check_output_file(Path(args.output), "--output")
+        safefile.check_output_file(Path(args.output), "--output")
     result = runs.load(Path(args.run_dir))
     text = export_text(result, args.rank, args.format)
     if args.format == "megatron":
         _note_environment(result.plan(args.rank))
     if args.output:
-        run_folder.write_atomic(Path(args.output), text)
+        safefile.write_atomic(Path(args.output), text, "--output")
     else:
         sys.stdout.write(text)
 

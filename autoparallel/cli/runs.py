@@ -8,6 +8,7 @@ from pathlib import Path
 from autoparallel.argtypes import non_negative
 from autoparallel.cli.common import console
 from autoparallel.errors import UserError
+from autoparallel.safefile import check_output_file
 
 
 def add_parser(sub) -> None:
@@ -26,6 +27,8 @@ def add_parser(sub) -> None:
 def run_import(args: argparse.Namespace) -> None:
     from autoparallel.runlogs.runsfile import DEFAULT_RUNS, import_logs
     runs_file = Path(args.runs) if args.runs else DEFAULT_RUNS
+    if runs_file.parent.is_dir():  # a missing folder is made when the rows are written
+        check_output_file(runs_file, "--runs")
     results = import_logs([Path(p) for p in args.logs], args.gpu, runs_file, args.warmup)
     for r in results:
         if r.row is None:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from autoparallel.argtypes import non_negative, positive, seed
+from autoparallel.cli import combos
 from autoparallel.cli.common import (add_knobs, add_table_flags, add_target, console, inputs, pins,
                                      pricing_progress, status, trial_progress)
 from autoparallel.errors import UserError
@@ -22,15 +23,15 @@ def add_parser(sub) -> None:
     add_knobs(s)
     s.add_argument("--strategy", choices=("grid", "optuna"), default="grid",
                    help="grid prices every candidate (default); optuna samples --trials of them")
-    s.add_argument("--sampler", choices=("tpe", "nsga2", "random", "gp"), default="tpe")
-    s.add_argument("--trials", type=positive, default=200, help="completed trials an optuna search runs")
-    s.add_argument("--objectives", default="throughput", help="throughput, or throughput,memory for a Pareto front")
-    s.add_argument("--seed", type=seed, default=0, help="sampler seed (default 0)")
+    s.add_argument("--sampler", choices=("tpe", "nsga2", "random", "gp"), help="optuna sampler (default tpe)")
+    s.add_argument("--trials", type=positive, help="completed trials an optuna search runs (default 200)")
+    s.add_argument("--objectives", help="throughput (default), or throughput,memory for a Pareto front")
+    s.add_argument("--seed", type=seed, help="sampler seed (default 0)")
     s.add_argument("--storage", help="Optuna storage URL (default: SQLite in the run folder; 'journal' for a "
                                      "journal file, used automatically with --workers > 1)")
-    s.add_argument("--workers", type=positive, default=1, help="parallel local trial workers")
-    s.add_argument("--grid-seeds", type=non_negative, default=5,
-                   help="best grid layouts enqueued as the first trials (0: none)")
+    s.add_argument("--workers", type=positive, help="parallel local trial workers (default 1)")
+    s.add_argument("--grid-seeds", type=non_negative,
+                   help="best grid layouts enqueued as the first trials (default 5; 0: none)")
     s.add_argument("--resume", metavar="RUN_DIR", help="continue the interrupted optuna search of RUN_DIR "
                                                        "(profiles again only with --profile; see below)")
     s.add_argument("--top", type=positive, default=50,
@@ -38,7 +39,7 @@ def add_parser(sub) -> None:
     s.add_argument("--json", action="store_true", help="print the ranked list as JSON")
     add_table_flags(s)
     time_to_train.add_flags(s)
-    s.add_argument("--results", default="results", help="folder for run folders (default results/)")
+    s.add_argument("--results", help="folder for run folders (default results/)")
     s.add_argument("--no-save", action="store_true", help="do not write a run folder")
     s.add_argument("--all-candidates", action="store_true",
                    help="candidates.csv holds every candidate (default: the best 50,000 feasible ones, "
@@ -55,11 +56,14 @@ def run(args: argparse.Namespace) -> None:
     from autoparallel.profiling.commands import check_profiling, profile_search  # measure the top-k, re-rank
     from autoparallel.report import run_folder
     from autoparallel.search import run as runs
+    combos.check_search(args, pins(args))  # flags with no effect together: before any work
+    combos.fill_defaults(args, {**combos.OPTUNA_DEFAULTS, "results": combos.RESULTS_DEFAULT})
     shown = None if args.json else console
     if args.profile == "layer" or not (args.no_save or args.resume):
         run_folder.check_root(Path(args.results))  # run folders and layer_profiles.json go there
     if args.resume:
         inputs_of_run, model_of_run = runs.load_inputs(Path(args.resume))[:2]
+        combos.check_resumed_target(args, inputs_of_run, model_of_run)
         check_profiling(args, int(inputs_of_run["gpus"]), model_of_run)
         with trial_progress(None, args.json) as progress:
             result, run_dir = runs.resume(Path(args.resume), progress, keep_profiled=args.profile == "none")

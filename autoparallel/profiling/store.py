@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from autoparallel import safefile
 from autoparallel.errors import UserError
 
 FILE_NAME = "layer_profiles.json"
@@ -40,8 +41,8 @@ class ProfileStore:
         if not self.path.exists():
             return {}
         try:
-            entries = json.loads(self.path.read_bytes())
-        except (OSError, ValueError) as exc:
+            entries = json.loads(safefile.read_bytes(self.path, "layer-profile store"))
+        except (UserError, ValueError) as exc:
             raise UserError(f"{self.path} is not a layer-profile store ({' '.join(str(exc).split())[:120]}); "
                             "delete it to profile the layers again") from None
         if not isinstance(entries, dict) or not all(isinstance(v, dict) and "fwd_bwd_s" in v

@@ -20,7 +20,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,6 +30,8 @@ import yaml
 
 from autoparallel import __version__
 from autoparallel.errors import UserError
+from autoparallel.specs.names import name_problem
+from autoparallel.safefile import WriteError, current_umask, replacing, write_atomic  # noqa: F401 (re-exported)
 
 CANDIDATES = "candidates.csv"
 CANDIDATES_PARQUET = "candidates.parquet"  # only with pyarrow installed
@@ -39,26 +41,6 @@ MANIFEST = "manifest.yaml"
 TRAIN_SCRIPT = "train.sh"  # Megatron-LM launch script of the rank-1 plan
 PROFILED = "profiled.csv"  # the rows `search --profile` measured, as measured
 FLOAT_DIGITS = 4
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_atomic(path: Path, content: str | bytes | Iterable[str]) -> None:
-    """Write ``path`` whole or not at all, readable as the user's umask allows; ``content`` may
-    come in pieces (text), so that a large file is never held whole in memory."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as f:
-            f.writelines([content] if isinstance(content, str | bytes) else content)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_yaml(path: Path, data: dict) -> None:
@@ -114,15 +96,9 @@ def write_parquet(path: Path, frame: pd.DataFrame) -> bool:
         import pyarrow  # noqa: F401
     except ImportError:
         return False
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.fchmod(fd, 0o666 & ~_umask())
-    os.close(fd)
-    try:
+    with replacing(path) as (fd, tmp):
+        os.close(fd)
         _with_integers(frame).to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return True
 
 
@@ -131,7 +107,12 @@ def new_run_dir(root: Path, model: str, gpus: int, gpu: str) -> Path:
 
 
 def new_dir(root: Path, name: str) -> Path:
-    """A fresh folder <date>_<name>; a second one on the same day gets a -2, -3, ... suffix."""
+    """A fresh folder <date>_<name>; a second one on the same day gets a -2, -3, ... suffix.
+    ``name`` is made of preset names, which are checked when read (``specs.names``); this is the
+    last guard that a run folder stays inside ``root``."""
+    problem = name_problem(name)
+    if problem:
+        raise UserError(f"cannot name a run folder {name!r}: it {problem}")
     path = _free_name(root, f"{dt.date.today().isoformat()}_{name}")
     path.mkdir(parents=True)
     return path
@@ -159,17 +140,6 @@ def check_root(root: Path) -> None:
         raise UserError(f"--results {root}: cannot write in {existing} (permission denied)")
 
 
-def check_output_file(path: Path, flag: str) -> None:
-    """A UserError now if ``path`` (a file the user named with ``flag``) cannot be written."""
-    path = Path(path)
-    if path.is_dir():
-        raise UserError(f"{flag} {path} is a folder; give a file name, e.g. {path / 'out.yaml'}")
-    if not path.parent.is_dir():
-        raise UserError(f"{flag} {path}: the folder {path.parent} does not exist")
-    if not os.access(path.parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise UserError(f"{flag} {path}: permission denied")
-
-
 STAGING_PREFIX = ".partial-"
 
 
@@ -188,6 +158,8 @@ def staged(root: Path, make: Callable[[Path], Path]) -> Path:
         return publish(run_dir)
     except OSError as exc:
         raise UserError(f"cannot write a run folder in {root}: {exc.strerror or exc}") from None
+    except WriteError as exc:  # a file of it: the folder is removed, so say so, not the staged file
+        raise UserError(f"cannot write a run folder in {root}: {exc.reason}; nothing was written") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -196,7 +168,7 @@ def make_staging(root: Path) -> Path:
     try:
         Path(root).mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=root, prefix=STAGING_PREFIX))
-        os.chmod(staging, 0o777 & ~_umask())
+        os.chmod(staging, 0o777 & ~current_umask())
     except OSError as exc:
         raise UserError(f"cannot make a run folder in {root}: {exc.strerror or exc}") from None
     return staging

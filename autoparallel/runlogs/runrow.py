@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoparallel import resources
+from autoparallel import ranges, resources, safefile
 from autoparallel.errors import UserError
 from autoparallel.runlogs.arguments import read_arguments
 from autoparallel.runlogs.metrics import Interval, Measurements, measure
@@ -61,9 +61,9 @@ def runs_columns() -> list[str]:
 
 def read_log(path: Path) -> TrainingLog:
     try:
-        text = Path(path).read_text(errors="replace")
-    except OSError as exc:
-        raise UnreadableLog(f"cannot read it: {exc.strerror}") from None
+        text = safefile.read_text(path, "training log", errors="replace")
+    except UserError as exc:
+        raise UnreadableLog(str(exc)) from None
     lines = [_LAUNCHER_PREFIX.sub("", line.rstrip()) for line in text.splitlines()]
     try:
         framework, arguments = read_arguments(lines)
@@ -109,6 +109,11 @@ def to_row(log: TrainingLog, gpu: str, warmup: int | None = None) -> dict[str, A
         grads_fp32 = not a.get("grad_reduce_in_bf16") and precision != "fp16"
 
     steady = steady_intervals(log, warmup)
+    for interval in steady:
+        reason = (ranges.problem("elapsed time per iteration (ms)", interval.elapsed_ms)
+                  or (interval.tflops is not None and ranges.problem("TFLOP/s", interval.tflops)))
+        if reason:
+            raise UnreadableLog(f"iteration {interval.iteration}: {reason}")
     step_s = statistics.median(i.elapsed_ms for i in steady) / 1000.0
     logged_tflops = [i.tflops for i in steady if i.tflops is not None]
     notes.insert(0, f"median of {len(steady)} logged intervals after warm-up (of {len(m.intervals)})")
@@ -143,8 +148,15 @@ def to_row(log: TrainingLog, gpu: str, warmup: int | None = None) -> dict[str, A
         "flash_attention": int(_flash_attention(a)),
         "measured_max_allocated_gib": m.max_allocated_gib, "measured_max_reserved_gib": m.max_reserved_gib,
     }
+    for name in LOG_MEASURED:  # a log's own numbers: a zero or nan step time is no run
+        if row[name] is not None and (reason := ranges.problem(name, row[name])):
+            raise UnreadableLog(reason)
     row["id"] = f"{ID_PREFIX}-{row['model']}-{content_hash(row)}"
     return row
+
+
+LOG_MEASURED = ("measured_tokens_per_s_per_gpu", "measured_model_tflops_per_gpu", "measured_iteration_time_s",
+                "measured_max_allocated_gib", "measured_max_reserved_gib")
 
 
 def steady_intervals(log: TrainingLog, warmup: int | None = None) -> list[Interval]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from autoparallel import io
+from autoparallel import io, safefile
 from autoparallel.errors import UserError
 from autoparallel.report.run_folder import write_atomic
 from autoparallel.runlogs.runrow import ID_PREFIX, UnreadableLog, read_log, runs_columns, to_row
@@ -53,7 +53,8 @@ def _content_key(run_id: str) -> str | None:
 
 def read_runs_file(path: Path) -> pd.DataFrame:
     try:
-        frame = pd.read_csv(path)
+        with safefile.open_capped(path, "runs CSV") as f:
+            frame = pd.read_csv(f)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read runs CSV {path}: {exc}") from None
     if "id" not in frame.columns:
@@ -77,5 +78,5 @@ def append_rows(path: Path, rows: Sequence[dict[str, Any]]) -> set[str]:
     new = pd.DataFrame(fresh).reindex(columns=columns)
     out = new if old.empty else pd.concat([old, new], ignore_index=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, out.to_csv(index=False))
+    write_atomic(path, out.to_csv(index=False), "--runs")
     return {row["id"] for row in fresh}

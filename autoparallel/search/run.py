@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from autoparallel import io
-from autoparallel.costmodel.estimate import record
+from autoparallel import io, ranges, safefile
+from autoparallel.costmodel.estimate import BREAKDOWN_KEYS, MEMORY_KEYS, record
 from autoparallel.errors import UserError
 from autoparallel.report import run_folder, tables
 from autoparallel.report.export import export_document
@@ -220,7 +220,8 @@ def read_table(path: Path) -> pd.DataFrame:
     text = ("reason", "measurement_error", "measured_device") + tuple(
         name for name, kind in typing.get_type_hints(Plan).items() if kind is str)
     try:
-        frame = pd.read_csv(path, low_memory=False, dtype=dict.fromkeys(text, str))
+        with safefile.open_capped(path, "run table") as f:
+            frame = pd.read_csv(f, low_memory=False, dtype=dict.fromkeys(text, str))
     except pd.errors.EmptyDataError:
         raise UserError(f"{path} is empty (an interrupted run? run the search again)") from None
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
@@ -232,7 +233,13 @@ def read_table(path: Path) -> pd.DataFrame:
     for col in text:
         if col in frame:
             frame[col] = frame[col].fillna("")
+    ranges.first_damage(frame[frame["reason"] == ""], path, STORED_POSITIVE, BREAKDOWN_KEYS + MEMORY_KEYS,
+                        [c for c in frame if c.startswith("measured_") and c not in text])
     return frame
+
+
+# The metrics every priced candidate has: a damaged table is refused, not exported.
+STORED_POSITIVE = ("step_time_s", "tokens_per_s_per_gpu", "peak_memory_gib")
 
 
 # --- sampler (Optuna) searches ------------------------------------------------------------------

@@ -72,9 +72,18 @@ def _optuna():
     return optuna
 
 
+JOURNAL_PREFIX = "journal:"  # --storage journal:PATH: a journal file outside the run folder
+
+
 def storage_url(settings: StudySettings, run_dir: Path):
     """The storage a study lives in: a URL, or a journal file (several local workers)."""
     optuna = _optuna()
+    if settings.storage.startswith(JOURNAL_PREFIX):  # a journal file several searches share
+        from optuna.storages.journal import JournalFileBackend
+        path = Path(settings.storage[len(JOURNAL_PREFIX):]).expanduser()
+        if not path.parent.is_dir():
+            raise ValueError(f"the folder {path.parent} does not exist")
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
     if settings.storage == "journal" or (not settings.storage and settings.workers > 1):
         from optuna.storages.journal import JournalFileBackend
         return optuna.storages.JournalStorage(JournalFileBackend(str(run_dir / "study.journal")))

@@ -11,11 +11,13 @@ storage URL holds the studies of many searches without mixing them.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import multiprocessing
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -63,25 +65,53 @@ def check_storage(settings: sampler.StudySettings) -> None:
     """Open a storage URL once, before any run folder is made."""
     if settings.storage in ("", "journal"):
         return
+    if settings.storage.startswith(sampler.JOURNAL_PREFIX):
+        folder = Path(settings.storage[len(sampler.JOURNAL_PREFIX):]).expanduser().parent
+        if not folder.is_dir():
+            raise UserError(f"cannot open --storage {settings.storage}: the folder {folder} does not exist")
+        return
     optuna = sampler._optuna()
     with _storage_errors(settings, Path(".")):
-        optuna.storages.RDBStorage(settings.storage)
+        _racing(lambda: optuna.storages.RDBStorage(settings.storage))
+
+
+# What a search meets when another one creates the same storage at the same moment: the schema
+# half made ("table ... already exists") or the file locked. It opens again after a pause.
+RACES = ("already exists", "database is locked", "UNIQUE constraint failed")
+
+
+def _racing(open_it: Callable, attempts: int = 8):
+    """``open_it()``, again after a short pause while it fails as two searches opening one new
+    storage at once do (``RACES``)."""
+    import sqlalchemy.exc
+    for attempt in range(attempts):
+        try:
+            return open_it()
+        except sqlalchemy.exc.OperationalError as exc:
+            if attempt == attempts - 1 or not any(r in str(exc) for r in RACES):
+                raise
+        except sqlalchemy.exc.IntegrityError as exc:
+            if attempt == attempts - 1 or not any(r in str(exc) for r in RACES):
+                raise
+        time.sleep(0.1 * (attempt + 1))
 
 
 def _open(settings: sampler.StudySettings, run_dir: Path, worker: int = 0, create: bool = True):
     optuna = sampler._optuna()
     directions = [sampler.OBJECTIVES[o][1] for o in settings.objectives]
     with _storage_errors(settings, run_dir):
-        storage = sampler.storage_url(settings, run_dir)
+        url = sampler.storage_url(settings, run_dir)
+        # a URL: opened once, patiently (another search may be creating it), for the calls below
+        storage = _racing(lambda: optuna.storages.RDBStorage(url)) if isinstance(url, str) else url
         if not create:
             try:
                 return optuna.load_study(study_name=_name(settings), storage=storage,
                                          sampler=sampler.make_sampler(settings, worker))
             except KeyError:
                 raise UserError(f"{run_dir} holds no Optuna study named {_name(settings)!r}") from None
-        return optuna.create_study(storage=storage, study_name=_name(settings),
-                                   sampler=sampler.make_sampler(settings, worker), directions=directions,
-                                   load_if_exists=True)
+        return _racing(lambda: optuna.create_study(
+            storage=storage, study_name=_name(settings), sampler=sampler.make_sampler(settings, worker),
+            directions=directions, load_if_exists=True))
 
 
 def open_existing(settings: sampler.StudySettings, run_dir: Path):
@@ -91,7 +121,36 @@ def open_existing(settings: sampler.StudySettings, run_dir: Path):
         if not any(f.exists() for f in stored):
             raise UserError(f"{run_dir} has no study.db or study.journal: its study is lost, nothing to "
                             "resume (start the search again)")
+        if stored[0].exists():
+            _check_tables(stored[0])
     return _open(settings, Path(run_dir), create=False)
+
+
+# The tables of an Optuna SQLite study that hold its trials. Optuna creates missing tables when it
+# opens a storage, so a dropped one would silently lose every trial: it is refused instead.
+STUDY_TABLES = ("studies", "study_directions", "trials", "trial_params", "trial_values")
+
+
+def _check_tables(path: Path) -> None:
+    """A UserError naming ``path`` if a study table is gone or a completed trial lost its
+    values; a file that is no database is left to Optuna's own error."""
+    import sqlite3
+    from contextlib import closing
+    try:
+        # immutable: no -shm/-wal files made beside a closed study (a killed one keeps its -wal)
+        wal = path.with_name(path.name + "-wal").exists()
+        with closing(sqlite3.connect(f"file:{path}?mode=ro{'' if wal else '&immutable=1'}", uri=True)) as db:
+            tables = {row[0] for row in db.execute("select name from sqlite_master where type='table'")}
+            missing = [t for t in STUDY_TABLES if t not in tables]
+            lost = 0 if missing else db.execute(
+                "select count(*) from trials t where t.state = 'COMPLETE' and not exists "
+                "(select 1 from trial_values v where v.trial_id = t.trial_id)").fetchone()[0]
+    except sqlite3.Error:
+        return
+    if missing:
+        raise UserError(f"{path} is damaged: it has no table {', '.join(missing)} (start the search again)")
+    if lost:
+        raise UserError(f"{path} is damaged: {lost} completed trial(s) have no values (start the search again)")
 
 
 def close(study) -> None:
@@ -146,14 +205,59 @@ def best_throughput(study) -> float | None:
     return float(frame.loc[frame["fits"], "tokens_per_s_per_gpu"].max())
 
 
-def _requeue_stale(study) -> int:
-    """Trials left RUNNING by a killed process: mark FAIL, enqueue their parameters again."""
+def _requeue_stale(study, shared: bool) -> int:
+    """Trials left RUNNING by a killed process: mark FAIL, enqueue their parameters again.
+
+    A study in its run folder is this process's alone (the folder is locked), so every RUNNING
+    trial in it is stale. A ``shared`` study (a ``--storage`` URL) may have live trials of other
+    searches: only a trial whose owner (``_owned``) is a dead process of this machine is stale,
+    or one without an owner started more than ``UNOWNED_GRACE_S`` ago; another machine's trials
+    are left to it. Failing a live trial made its search crash ("Cannot tell a FAIL trial")."""
     optuna = sampler._optuna()
-    stale = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    stale = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+             if not shared or _is_stale(t)]
+    requeued = 0
     for t in stale:
-        study._storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
+        try:
+            study._storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:  # its owner finished it, or another search failed it
+            continue
         study.enqueue_trial(t.params, skip_if_exists=False)
-    return len(stale)
+        requeued += 1
+    return requeued
+
+
+OWNER_ATTR = "owner"  # host:pid of the process that runs a trial
+UNOWNED_GRACE_S = 600.0
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _owned(objective: Callable) -> Callable:
+    """The objective, first recording which process runs the trial (``_requeue_stale``)."""
+    def run(trial):
+        trial.set_user_attr(OWNER_ATTR, _owner())
+        return objective(trial)
+    return run
+
+
+def _is_stale(trial) -> bool:
+    owner = trial.user_attrs.get(OWNER_ATTR)
+    if owner is None:
+        started = trial.datetime_start
+        return started is None or (datetime.datetime.now() - started).total_seconds() > UNOWNED_GRACE_S
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, someone else's
+        return False
+    return False
 
 
 def run(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
@@ -189,8 +293,8 @@ def _complete(study, model, hw, gpus, gbs, space, settings, evaluator, run_dir, 
             if params is not None:
                 study.enqueue_trial(params, skip_if_exists=True)
     else:
-        _requeue_stale(study)
-    objective = sampler.make_objective(tree, hw, evaluator, settings.objectives, space.memory_fraction)
+        _requeue_stale(study, shared=settings.storage not in ("", "journal"))
+    objective = _owned(sampler.make_objective(tree, hw, evaluator, settings.objectives, space.memory_fraction))
     limit = optuna.study.MaxTrialsCallback(settings.trials, states=(optuna.trial.TrialState.COMPLETE,))
     if completed(study) >= settings.trials:
         return
@@ -220,20 +324,52 @@ def _complete(study, model, hw, gpus, gbs, space, settings, evaluator, run_dir, 
             mine.optimize(objective, n_trials=settings.trials, callbacks=[limit, terminate.stop])
 
     ctx = multiprocessing.get_context("fork")
-    workers = [ctx.Process(target=work, args=(i,), daemon=True) for i in range(settings.workers)]
-    for w in workers:
-        w.start()
+    workers = []
     try:
+        for i in range(worker_count(settings.workers, settings.trials - completed(study))):
+            if interrupts.asked:
+                break
+            workers.append(ctx.Process(target=work, args=(i,), daemon=True))
+            workers[-1].start()
         while any(w.is_alive() for w in workers) and not interrupts.asked:
-            time.sleep(0.5)
+            time.sleep(0.2)
             if progress:
                 progress(completed(study), best_throughput(study))
     finally:
-        for w in workers:
-            if w.is_alive():
-                w.terminate()
-        for w in workers:
-            w.join(timeout=30)
-            if w.is_alive():
-                w.kill()
-                w.join()
+        _stop(workers)
+
+
+# Trials of the cost model are CPU-bound: more processes than this many per core only add
+# start-up time, memory and lock contention on the study (a profiling trial waits on its job,
+# where a few per core still help).
+WORKERS_PER_CORE = 4
+STOP_GRACE_S = 3.0  # a terminated worker finishes its trial (milliseconds for the cost model)
+
+
+def worker_count(asked: int, trials_left: int) -> int:
+    """``--workers`` capped at the trials left and ``WORKERS_PER_CORE`` per core, said on stderr
+    when capped."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    count = max(1, min(asked, trials_left, WORKERS_PER_CORE * cores))
+    if count < asked:
+        from autoparallel.ranges import warn
+        why = (f"the {trials_left} trial(s) left" if count == max(1, trials_left)
+               else f"{WORKERS_PER_CORE} per core on {cores} core(s)")
+        warn(f"--workers {asked} capped at {count} ({why})")
+    return count
+
+
+def _stop(workers: list) -> None:
+    """Terminate the workers, give them ``STOP_GRACE_S`` in all to finish their trial, then kill
+    the rest: a signalled search ends within seconds whatever the number of workers."""
+    for w in workers:
+        if w.is_alive():
+            w.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for w in workers:
+        w.join(timeout=max(0.0, deadline - time.monotonic()))
+    for w in workers:
+        if w.is_alive():
+            w.kill()
+    for w in workers:
+        w.join()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autoparallel.specs.names import check_name
+
 
 @dataclass(frozen=True)
 class Efficiency:
@@ -104,6 +106,7 @@ class HardwareSpec:
     calibrated_on: str = ""
 
     def __post_init__(self) -> None:
+        check_name(self.name)
         for key in ("bf16_tflops", "memory_gib", "hbm_tbps", "nvlink_domain", "nvlink_gbps",
                     "internode_gbps", "gpus_per_node"):
             if getattr(self, key) <= 0:

@@ -10,6 +10,8 @@ import ast
 from dataclasses import dataclass
 from typing import Literal
 
+from autoparallel.specs.names import check_name
+
 Activation = Literal["gelu", "swiglu", "squared_relu"]
 Normalization = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned_absolute", "rope"]
@@ -91,6 +93,7 @@ class ModelSpec:
     source: str = ""
 
     def __post_init__(self) -> None:
+        check_name(self.name)
         positive = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                     "vocab_size", "seq_length")
         for key in positive:
@@ -290,7 +293,9 @@ class ModelSpec:
 def moe_layer_pattern(freq: int | str, num_layers: int) -> tuple[int, ...]:
     """Megatron-LM's ``--moe-layer-freq`` as one 0/1 per layer: an int N makes every N-th layer
     (from the first) MoE; a string is an int or a list expression of 0s and 1s such as
-    ``([0]*3+[1]*58)`` (evaluated without ``eval``: lists, ints, + and * only)."""
+    ``([0]*3+[1]*58)`` (evaluated without ``eval``: lists, ints, + and * only). The expression
+    describes ``num_layers`` layers, so no list or count in it may exceed that: ``[1]*10**12``
+    is refused before it is built, not after memory runs out."""
     if isinstance(freq, str) and freq.strip().lstrip("-").isdigit():
         freq = int(freq)
     if isinstance(freq, int):
@@ -298,8 +303,10 @@ def moe_layer_pattern(freq: int | str, num_layers: int) -> tuple[int, ...]:
             raise ValueError(f"moe_layer_freq must be a positive integer or a pattern, got {freq}")
         return tuple(1 if i % freq == 0 else 0 for i in range(num_layers))
     try:
-        pattern = _list_expression(ast.parse(freq.strip(), mode="eval").body)
-    except (SyntaxError, ValueError, TypeError) as exc:
+        pattern = _list_expression(ast.parse(freq.strip(), mode="eval").body, max(num_layers, 1))
+    except _TooLong as exc:
+        raise ValueError(f"moe_layer_freq {freq!r} {exc} for {num_layers} layers") from None
+    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError) as exc:
         raise ValueError(f"moe_layer_freq {freq!r} is not a pattern of 0s and 1s such as "
                          f"\"([0]*3+[1]*58)\" ({exc})") from None
     if not isinstance(pattern, list) or any(v not in (0, 1) for v in pattern):
@@ -309,19 +316,33 @@ def moe_layer_pattern(freq: int | str, num_layers: int) -> tuple[int, ...]:
     return tuple(pattern)
 
 
-def _list_expression(node: ast.AST):
-    """Evaluate a list expression: integer literals, list displays, + and *."""
+class _TooLong(ValueError):
+    """A list expression that asks for more entries (or a larger count) than the layers."""
+
+
+def _list_expression(node: ast.AST, limit: int):
+    """Evaluate a list expression: integer literals, list displays, + and *; every integer and
+    every list at most ``limit`` (the layer count)."""
     if isinstance(node, ast.Constant) and type(node.value) is int:
+        if not 0 <= node.value <= limit:
+            raise _TooLong(f"has a count of {node.value}")
         return node.value
     if isinstance(node, ast.List):
-        return [_list_expression(e) for e in node.elts]
+        if len(node.elts) > limit:
+            raise _TooLong(f"has {len(node.elts)} entries")
+        return [_list_expression(e, limit) for e in node.elts]
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
-        left, right = _list_expression(node.left), _list_expression(node.right)
+        left, right = _list_expression(node.left, limit), _list_expression(node.right, limit)
         if isinstance(node.op, ast.Add):
             if not (isinstance(left, list) and isinstance(right, list)):
                 raise TypeError("+ joins two lists")
+            if len(left) + len(right) > limit:
+                raise _TooLong(f"has {len(left) + len(right)} entries")
             return left + right
         if isinstance(left, list) == isinstance(right, list):
             raise TypeError("* repeats a list an integer number of times")
-        return left * right
+        items, times = (left, right) if isinstance(left, list) else (right, left)
+        if len(items) * max(times, 0) > limit:
+            raise _TooLong(f"has {len(items) * times} entries")
+        return items * times
     raise ValueError(f"unsupported element {ast.dump(node)[:40]}")

@@ -1,0 +1,98 @@
+"""Flags that have no effect in the combination given are errors naming both (issue 25).
+
+A flag that is silently dropped or clamped lets a user believe a run did what they asked:
+``--recompute-num-layers 4 --recompute selective`` prices selective recompute, ``--trials 50``
+on a grid search prices every layout, ``--results x --no-save`` writes nothing. Each such
+combination is refused here, before any work, in one line that names both flags and what to do.
+Optional flags whose default matters only in one mode default to None in the parser, so that
+"given" can be told from "left at its default"; ``fill_defaults`` then sets the documented
+defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from autoparallel.errors import UserError
+
+# search: the flags only a sampler (optuna) search reads, with their defaults.
+OPTUNA_DEFAULTS = {"sampler": "tpe", "trials": 200, "workers": 1, "objectives": "throughput", "seed": 0,
+                   "grid_seeds": 5, "storage": None}
+RESULTS_DEFAULT = "results"
+
+
+def flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _given(args: argparse.Namespace, dests) -> list[str]:
+    return [d for d in dests if getattr(args, d, None) is not None]
+
+
+def no_effect(first: str, second: str, why: str) -> UserError:
+    return UserError(f"{first} has no effect with {second}: {why}")
+
+
+def fill_defaults(args: argparse.Namespace, defaults: dict) -> None:
+    for dest, value in defaults.items():
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, value)
+
+
+def check_knobs(args: argparse.Namespace, model) -> None:
+    """Layout flags that contradict each other or the model (search and estimate)."""
+    layers = getattr(args, "recompute_num_layers", None)
+    if layers is not None:
+        if args.recompute in ("none", "selective"):
+            raise no_effect("--recompute-num-layers", f"--recompute {args.recompute}",
+                            "it counts the layers full recompute covers; use --recompute full or drop it")
+        chunks = (args.pp or 1) * (args.vp or 1)
+        chunk = model.num_layers // chunks if args.pp else model.num_layers
+        if layers > chunk:
+            where = (f"a pipeline chunk of {model.name} with --pp {args.pp}" + (f" --vp {args.vp}" if args.vp else "")
+                     if args.pp else f"{model.name}")
+            raise UserError(f"--recompute-num-layers {layers} is above the {chunk} layers of {where}; "
+                            f"give at most {chunk}")
+    if args.fsdp and args.distributed_optimizer is False:
+        raise UserError("--fsdp needs the distributed optimizer (Megatron-FSDP shards the optimizer state "
+                        "itself); drop --no-distributed-optimizer")
+
+
+def check_search(args: argparse.Namespace, knobs: dict) -> None:
+    """search: optuna-only flags on a grid search, run inputs with --resume, --results with
+    --no-save. ``knobs``: the layout flags given (``common.pins``)."""
+    optuna_given = _given(args, OPTUNA_DEFAULTS)
+    if args.resume:
+        pinned = [d for d, v in knobs.items() if v is not None] + _given(args, ("gbs", "recompute_num_layers"))
+        for dest in [*optuna_given, *pinned]:
+            raise no_effect(flag(dest), "--resume", "a resumed search keeps its own inputs and settings")
+        if args.no_save:
+            raise no_effect("--no-save", "--resume", "the resumed run folder is always written")
+    elif args.strategy == "grid" and optuna_given:
+        raise no_effect(flag(optuna_given[0]), "--strategy grid",
+                        "only a sampler search reads it; add --strategy optuna or drop it")
+    if args.no_save and args.results is not None and getattr(args, "profile", "none") != "layer":
+        raise no_effect("--results", "--no-save", "nothing is written; drop one of them")
+
+
+def check_resumed_target(args: argparse.Namespace, inputs: dict, model) -> None:
+    """search --resume: a --model or --gpus that is not the run's own is refused."""
+    from autoparallel import io
+    if args.model is not None and io.load_model(args.model).name != model.name:
+        raise no_effect(f"--model {args.model}", f"--resume {args.resume}",
+                        f"the run searches {model.name}; drop --model")
+    if args.gpus is not None and args.gpus != int(inputs["gpus"]):
+        raise no_effect(f"--gpus {args.gpus}", f"--resume {args.resume}",
+                        f"the run searches {inputs['gpus']} GPUs; drop --gpus")
+
+
+def check_empty(argv: list[str]) -> None:
+    """An empty (or blank) value is refused, not taken as the default: ``--model ""`` from an
+    unset shell variable must not search the default model."""
+    for i, token in enumerate(argv):
+        name, eq, value = token.partition("=") if token.startswith("--") else ("", "", token)
+        if eq and not value.strip():
+            raise UserError(f"{name}: expected a value, got an empty string")
+        if not eq and not token.strip():
+            before = argv[i - 1] if i and argv[i - 1].startswith("-") else "an argument"
+            raise UserError(f"{before}: expected a value, got an empty string")
