@@ -147,13 +147,25 @@ def _pipeline_layouts(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
             options = pipeline.splits(model.num_layers, pp, vp, space.uneven_pipeline_split,
                                       layouts=model.is_moe and vp <= space.pipeline_layout_max_vp)
             if options:
-                rows += [(pp, vp, *split, "") for split in options]
+                rows += [(pp, vp, *_with_mtp(split, model.mtp_num_layers), "") for split in options]
             elif listed and pp * vp > 1:
                 why = ("interleaving (vp>1) needs pp>=2" if pp == 1 else
                        f"{model.num_layers} layers not divisible by pp*vp={pp * vp}"
                        + ("" if not space.uneven_pipeline_split else " and no uneven split of Megatron-LM fits"))
                 rows.append((pp, vp, 0, 0, False, False, "", why))
     return pd.DataFrame(rows, columns=["pp", "vp", *SPLIT_COLUMNS, "layout_reason"])
+
+
+def _with_mtp(split: tuple, mtp_layers: int) -> tuple:
+    """A split whose flexible layout also places the model's MTP layers: all of them in the last
+    stage, before the loss, as Megatron-Core's validate_layer_layout demands ("Number of mtp
+    layers in layout must match mtp_num_layers", "MTP layers must be in the last stage together
+    with Loss stage"). The cost model counts a layout's decoder layers only (MTP is not priced)."""
+    layout = split[-1]
+    if not (layout and mtp_layers):
+        return split
+    assert layout.endswith("L"), layout
+    return (*split[:-1], layout[:-1] + "m" * mtp_layers + "L")
 
 
 def _structures(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
@@ -199,6 +211,9 @@ def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus:
          lambda d: [f"moe_ffn_hidden_size={model.expert_ffn_hidden_size} not divisible by etp={a}" for a in d.etp]),
         (space.tp_within_nvlink_domain & (etp > hw.nvlink_domain),
          lambda d: [f"etp={a} crosses the {hw.nvlink_domain}-GPU NVLink domain" for a in d.etp]),
+        # TransformerConfig.__post_init__: "Bias in Moe is only supported when ETP==1".
+        (model.is_moe & model.add_bias_linear & (etp > 1),
+         lambda d: [f"etp={a}: Bias in Moe is only supported when ETP==1 (Megatron-Core)" for a in d.etp]),
         (m == 0, lambda d: [f"gbs {gbs} not divisible by mbs*dp={a * b}" for a, b in zip(d.mbs, d.dp)]),
         ((vp > 1) & (m % pp != 0),
          lambda d: [f"interleaving needs micro-batches ({gbs // (a * b)}) divisible by pp={c}"
@@ -298,8 +313,17 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
         (df.tp_comm_overlap.to_numpy() & (df.precision.to_numpy() == "mxfp8") & (local_tokens % 128 != 0),
          lambda d: [f"Userbuffers requires MXFP8 tensor dims that are divisible by 128 (mbs*seq/(tp*cp) = "
                     f"{m * model.seq_length // (t * c)})" for m, t, c in zip(d.mbs, d.tp, d.cp)]),
+        # TransformerConfig.__post_init__ (selective recompute under FP8).
+        ((df.precision.to_numpy() == "fp8-delayed") & _recomputes_any(df, ("moe_act", "layernorm")),
+         "Delayed scaling does not support moe_act and layernorm recompute for fp8 (Megatron-Core)"),
     ]
     return _first_reason(df, rules)
+
+
+def _recomputes_any(df: pd.DataFrame, modules: tuple[str, ...]) -> np.ndarray:
+    """Rows whose selective recompute covers any of ``modules`` (--recompute-modules is a list)."""
+    covered = df.recompute_modules.str.split().map(lambda names: bool(set(names) & set(modules)))
+    return (df.recompute == "selective").to_numpy() & covered.to_numpy(dtype=bool)
 
 
 def _cross(structures: pd.DataFrame, features: pd.DataFrame) -> pd.DataFrame:
@@ -361,8 +385,10 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     structures = structures.drop(columns="layout_reason")
 
     features = _without_inapplicable(_product(FEATURE_KNOBS, space), space)
-    # Megatron refuses the 1F1B all-to-all overlap with full recompute: off there.
-    features.loc[features.recompute == "full", "overlap_moe_expert_parallel_comm"] = False
+    # Megatron refuses the 1F1B all-to-all overlap with full recompute, and with more than one MTP
+    # layer ("MTP layernum only supports 1 when enabling overlap_moe_expert_parallel_comm"): off there.
+    refused = (features.recompute == "full") | (model.mtp_num_layers > 1)
+    features.loc[refused, "overlap_moe_expert_parallel_comm"] = False
     features = features.drop_duplicates(ignore_index=True)
     features["overlap_grad_reduce"] = features.pop("overlap_dp_comm")
     features["overlap_param_gather"] = features["overlap_grad_reduce"]
