@@ -314,16 +314,22 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
          lambda d: [f"Userbuffers requires MXFP8 tensor dims that are divisible by 128 (mbs*seq/(tp*cp) = "
                     f"{m * model.seq_length // (t * c)})" for m, t, c in zip(d.mbs, d.tp, d.cp)]),
         # TransformerConfig.__post_init__ (selective recompute under FP8).
-        ((df.precision.to_numpy() == "fp8-delayed") & _recomputes_any(df, ("moe_act", "layernorm")),
+        (_recomputes_any(df, df.precision.to_numpy() == "fp8-delayed", ("moe_act", "layernorm")),
          "Delayed scaling does not support moe_act and layernorm recompute for fp8 (Megatron-Core)"),
     ]
     return _first_reason(df, rules)
 
 
-def _recomputes_any(df: pd.DataFrame, modules: tuple[str, ...]) -> np.ndarray:
-    """Rows whose selective recompute covers any of ``modules`` (--recompute-modules is a list)."""
-    covered = df.recompute_modules.str.split().map(lambda names: bool(set(names) & set(modules)))
-    return (df.recompute == "selective").to_numpy() & covered.to_numpy(dtype=bool)
+def _recomputes_any(df: pd.DataFrame, rows: np.ndarray, modules: tuple[str, ...]) -> np.ndarray:
+    """Of the ``rows`` asked about, those whose selective recompute covers any of ``modules``
+    (--recompute-modules is a list); each distinct module set is read once (a space has a
+    handful, a search millions of rows)."""
+    rows = rows & (df.recompute == "selective").to_numpy()
+    out = np.zeros(len(df), dtype=bool)
+    if rows.any():
+        codes, sets = pd.factorize(df.recompute_modules.to_numpy()[rows])
+        out[rows] = np.array([bool(set(s.split()) & set(modules)) for s in sets], dtype=bool)[codes]
+    return out
 
 
 def _cross(structures: pd.DataFrame, features: pd.DataFrame) -> pd.DataFrame:
