@@ -157,6 +157,9 @@ REFUSED = [
      dict(beta_fast=32.0)),
     (dict(window_size=(127, 0, 1)), "window_size is (left, right)", dict(window_size=(127, 0))),
     (dict(window_attn_skip_freq=2), "window_attn_skip_freq needs window_size", dict(window_size=(127, 0))),
+    # TransformerConfig: "moe_shared_expert_intermediate_size must be num_shared_experts * ffn_size_of_each..."
+    (dict(moe_shared_expert_intermediate_size=0), "moe_shared_expert_intermediate_size must be a positive integer",
+     dict(moe_shared_expert_intermediate_size=14336)),
     (dict(mtp_num_layers=1, position_embedding_type="learned_absolute"),
      "Multi-Token Prediction (MTP) is not supported with learned_absolute", dict(position_embedding_type="rope")),
 ]

@@ -122,7 +122,7 @@ class ModelSpec:
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
         for key in ("num_query_groups", "kv_channels", "num_experts", "moe_ffn_hidden_size",
-                    "global_batch_size", "max_position_embeddings"):
+                    "moe_shared_expert_intermediate_size", "global_batch_size", "max_position_embeddings"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ValueError(f"{key} must be a positive integer (or left out), got {getattr(self, key)}")
         if self.is_moe and not 1 <= self.moe_router_topk <= self.num_experts:
