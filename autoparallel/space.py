@@ -236,6 +236,9 @@ def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus:
          lambda d: [f"moe_ffn_hidden_size={model.expert_ffn_hidden_size} not divisible by etp={a}" for a in d.etp]),
         (space.tp_within_nvlink_domain & (etp > hw.nvlink_domain),
          lambda d: [f"etp={a} crosses the {hw.nvlink_domain}-GPU NVLink domain" for a in d.etp]),
+        # TransformerConfig.__post_init__: "Bias in Moe is only supported when ETP==1".
+        (model.is_moe & model.add_bias_linear & (etp > 1),
+         lambda d: [f"etp={a}: Bias in Moe is only supported when ETP==1 (Megatron-Core)" for a in d.etp]),
         (m == 0, lambda d: [f"gbs {gbs} not divisible by mbs*dp={a * b}" for a, b in zip(d.mbs, d.dp)]),
         # schedules.py takes any m >= pp with --microbatch-group-size-per-virtual-pipeline-stage
         # (pipeline.microbatch_group) where m is not a multiple of pp.
@@ -343,8 +346,23 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
         (df.tp_comm_overlap.to_numpy() & (df.precision.to_numpy() == "mxfp8") & (local_tokens % 128 != 0),
          lambda d: [f"Userbuffers requires MXFP8 tensor dims that are divisible by 128 (mbs*seq/(tp*cp) = "
                     f"{m * model.seq_length // (t * c)})" for m, t, c in zip(d.mbs, d.tp, d.cp)]),
+        # TransformerConfig.__post_init__ (selective recompute under FP8).
+        (_recomputes_any(df, df.precision.to_numpy() == "fp8-delayed", ("moe_act", "layernorm")),
+         "Delayed scaling does not support moe_act and layernorm recompute for fp8 (Megatron-Core)"),
     ]
     return _first_reason(df, rules)
+
+
+def _recomputes_any(df: pd.DataFrame, rows: np.ndarray, modules: tuple[str, ...]) -> np.ndarray:
+    """Of the ``rows`` asked about, those whose selective recompute covers any of ``modules``
+    (--recompute-modules is a list); each distinct module set is read once (a space has a
+    handful, a search millions of rows)."""
+    rows = rows & (df.recompute == "selective").to_numpy()
+    out = np.zeros(len(df), dtype=bool)
+    if rows.any():
+        codes, sets = pd.factorize(df.recompute_modules.to_numpy()[rows])
+        out[rows] = np.array([bool(set(s.split()) & set(modules)) for s in sets], dtype=bool)[codes]
+    return out
 
 
 def _cross(structures: pd.DataFrame, features: pd.DataFrame) -> pd.DataFrame:
@@ -430,8 +448,10 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     structures = structures.drop(columns="layout_reason")
 
     features = _without_inapplicable(_product(FEATURE_KNOBS, space), space, model)
-    # Megatron refuses the 1F1B all-to-all overlap with full recompute: off there.
-    features.loc[features.recompute == "full", "overlap_moe_expert_parallel_comm"] = False
+    # Megatron refuses the 1F1B all-to-all overlap with full recompute, and with more than one MTP
+    # layer ("MTP layernum only supports 1 when enabling overlap_moe_expert_parallel_comm"): off there.
+    refused = (features.recompute == "full") | (model.mtp_num_layers > 1)
+    features.loc[refused, "overlap_moe_expert_parallel_comm"] = False
     features = features.drop_duplicates(ignore_index=True)
     features["overlap_grad_reduce"] = features.pop("overlap_dp_comm")
     features["overlap_param_gather"] = features["overlap_grad_reduce"]

@@ -66,6 +66,8 @@ SEARCHES = [
     ("deepseek-v3", 256, "b200", {"precision": "mxfp8"}),
     ("deepseek-v3", 1024, "h100-sxm", {"pp": 8, "vp": 4}),  # 61 layers on 32 chunks: a flexible layout
     ("gpt-oss-120b", 64, "h100-sxm", {}),
+    ("kimi-k2", 512, "b200", {"precision": "mxfp8"}),
+    ("mixtral-8x7b", 64, "h100-sxm", {"precision": "fp8-delayed"}),  # no moe_act recompute (item 6)
 ]
 ARCH = {"a100-sxm-80g": 8, "h100-sxm": 9, "h200": 9, "b200": 10, "gb200": 10, "gb300": 10}  # CUDA compute capability
 TE_VERSION = "2.9.0"  # the TransformerEngine megatron-core 0.15 is built against (its [dev] extra)
@@ -217,7 +219,8 @@ def check(arguments, microbatches, model, plan, argv: list[str], env: dict) -> t
     for key, want in expected(model, plan).items():
         if key != "num_microbatches":
             scope, name = key.split(".")
-            got[key] = getattr(config if scope == "config" else args, name)
+            value = getattr(config if scope == "config" else args, name)
+            got[key] = list(value) if isinstance(value, tuple) else value  # the exports' YAML lists
         if got[key] != want:
             wrong.append(f"{key}={got[key]!r} (want {want!r})")
     return "model+layout", "; ".join(wrong)
@@ -261,14 +264,38 @@ def controls():
     with_value = ("--position-embedding-type", "--rotary-base", "--hidden-dropout", "--attention-dropout",
                   "--norm-epsilon")
     yield ("without the architecture flags of the old export", llama70, cp2, hw,
-           lambda argv, env: ([a for i, a in enumerate(argv) if a not in (*with_value, "--disable-bias-linear")
-                               and (i == 0 or argv[i - 1] not in with_value)], env))
+           lambda argv, env: (_without(argv, (*with_value, "--disable-bias-linear")), env))
     edge = Plan(tp=8, pp=8, dp=1, gbs=128, sp=True, precision="fp8-current", fp8_bf16_edge_layers=5)
     yield ("BF16 edge layers 5 with 4 layers per stage (the space now rejects it)", llama8, edge, hw,
            lambda argv, env: (argv, env))
     fp16 = Plan(tp=8, pp=1, dp=1, gbs=128, sp=True, precision="fp16")
     yield ("fp16 without --accumulate-allreduce-grads-in-fp32", llama8, fp16, hw,
            lambda argv, env: ([a for a in argv if a != "--accumulate-allreduce-grads-in-fp32"], env))
+    # issue 22 item 6: layouts the space now rejects, exported anyway
+    delayed = Plan(tp=1, pp=1, dp=64, gbs=256, ep=8, precision="fp8-delayed", recompute="selective",
+                   recompute_modules="moe_act")
+    yield ("Mixtral fp8-delayed with moe_act recompute (the space now rejects it)", io.load_model("mixtral-8x7b"),
+           delayed, hw, lambda argv, env: (argv, env))
+    biased = Plan(tp=2, pp=1, dp=32, gbs=256, ep=8, etp=2, sp=True)
+    yield ("GPT-OSS (expert biases) at ETP 2 (the space now rejects it)", io.load_model("gpt-oss-120b"), biased, hw,
+           lambda argv, env: (argv, env))
+    flexible = Plan(tp=2, pp=8, vp=4, dp=64, gbs=4096, ep=8, sp=True,
+                    pipeline_model_parallel_layout="Et|(t*2|)*30mL")
+    yield ("DeepSeek-V3 (MTP 1) with a flexible layout that places no MTP layer", io.load_model("deepseek-v3"),
+           flexible, hw, lambda argv, env: ([a.replace("mL", "L") for a in argv], env))
+    new_flags = ("--moe-router-score-function", "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor",
+                 "--moe-router-num-groups", "--moe-router-group-topk", "--mtp-num-layers", "--qk-layernorm",
+                 "--rotary-scaling-factor", "--mscale", "--mscale-all-dim")
+    yield ("DeepSeek-V3 without the config.json fields of issue 22 item 6", io.load_model("deepseek-v3"),
+           Plan(tp=2, pp=1, dp=512, gbs=4096, ep=8, sp=True), hw,
+           lambda argv, env: (_without(argv, new_flags), env))
+
+
+def _without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    """argv less each of ``flags`` and the value that follows it."""
+    drop = {i for i, a in enumerate(argv) if a in flags}
+    drop |= {i + 1 for i in drop if i + 1 < len(argv) and not argv[i + 1].startswith("--")}
+    return [a for i, a in enumerate(argv) if i not in drop]
 
 
 def main() -> None:

@@ -52,6 +52,13 @@ RULES = [
     (TE_UB, "Userbuffers requires MXFP8 tensor dims that are divisible by 128",
      "llama3-8b", 128, 128, dict(tp=8, pp=1, cp=16, sp=True, tp_comm_overlap=True, precision="mxfp8"),
      dict(cp=8), "Userbuffers requires MXFP8 tensor dims that are divisible by 128"),
+    # MoE (issue 22): Mixtral's top FP8 layouts, GPT-OSS's biased experts.
+    (CONFIG, "Delayed scaling does not support moe_act and layernorm recompute for fp8.",
+     "mixtral-8x7b", 8, 128, dict(tp=1, pp=1, ep=8, precision="fp8-delayed", recompute="selective",
+                                  recompute_modules="moe_act"),
+     dict(precision="fp8-current"), "Delayed scaling does not support moe_act and layernorm recompute for fp8"),
+    (CONFIG, "Bias in Moe is only supported when ETP==1",
+     "gpt-oss-120b", 16, 128, dict(tp=2, pp=1, ep=8, etp=2), dict(etp=1), "Bias in Moe is only supported when ETP==1"),
 ]
 
 BASE = dict(vp=1, cp=1, ep=1, mbs=1, sp=True, recompute="none", precision="bf16", fp8_bf16_edge_layers=0,
@@ -91,3 +98,29 @@ def test_sequence_parallel_is_turned_off_at_tp1_as_megatron_does():
                                                                 "tp_comm_overlap": True}))
     assert len(frame) == 1 and frame.reason.iloc[0] == ""
     assert not frame.sp.iloc[0] and not frame.tp_comm_overlap.iloc[0]
+
+
+def test_delayed_scaling_keeps_the_moe_layer_recompute_megatron_accepts():
+    pins = dict(tp=1, pp=1, ep=8, precision="fp8-delayed", recompute="selective", recompute_modules="moe")
+    assert _reason("mixtral-8x7b", 8, 128, pins) == ""
+
+
+def test_all_to_all_overlap_is_off_with_more_than_one_mtp_layer():
+    # transformer_config.py: "MTP layernum only supports 1 when enabling overlap_moe_expert_parallel_comm"
+    model, hw = io.load_model("deepseek-v3"), io.load_hardware("b200")
+    space = SearchSpace().pinned(**{**BASE, "tp": 1, "pp": 1, "ep": 8, "overlap_moe_expert_parallel_comm": True})
+    one = generate(model, hw, 64, 512, space)
+    two = generate(dataclasses.replace(model, mtp_num_layers=2), hw, 64, 512, space)
+    assert one.overlap_moe_expert_parallel_comm.all() and (one.reason == "").all()
+    assert not two.overlap_moe_expert_parallel_comm.any() and (two.reason == "").all()
+
+
+@pytest.mark.parametrize("mtp", [0, 1, 2])
+def test_flexible_layouts_place_every_mtp_layer_in_the_last_stage_with_the_loss(mtp):
+    # pipeline_parallel_layer_layout.py validate_layer_layout: "Number of mtp layers in layout must
+    # match mtp_num_layers", "MTP layers must be in the last stage together with Loss stage"
+    model = dataclasses.replace(io.load_model("deepseek-v3"), mtp_num_layers=mtp)
+    space = SearchSpace().pinned(**{**BASE, "tp": 1, "pp": 8, "vp": 4, "ep": 8})
+    frame = generate(model, io.load_hardware("b200"), 64, 512, space)
+    layouts = set(frame[frame.reason == ""].pipeline_model_parallel_layout)
+    assert layouts == {"Et|(t*2|)*30" + "m" * mtp + "L"}

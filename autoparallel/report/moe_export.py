@@ -1,5 +1,8 @@
 """What a mixture-of-experts or multi-latent-attention model and a plan's expert layout add to
-the exports: Megatron-LM flags and the NeMo / Megatron-Core ``TransformerConfig`` keys.
+the exports: Megatron-LM flags and the NeMo / Megatron-Core ``TransformerConfig`` keys, with the
+architecture details the MoE presets carry from their Hugging Face config.json (router score
+function, expert bias, routed scaling, group-limited routing, MLA's YaRN, multi-token prediction,
+QK norm, sliding windows, attention sinks) and the TransformerEngine release the settings need.
 
 Kept apart from ``report.export`` (which hooks them in with one line each) so that the MoE
 settings live in one place. Flag names are those of ``megatron/training/arguments.py``
@@ -26,15 +29,48 @@ def _layer_freq(model: ModelSpec) -> str:
     return str(freq) if isinstance(freq, int) or str(freq).isdigit() else f"'{freq}'"
 
 
-def model_flags(model: ModelSpec) -> list[str]:
-    """The MoE and MLA architecture."""
+def attention_flags(model: ModelSpec) -> list[str]:
+    """QK norm, sliding-window attention, the softmax variant and multi-token prediction, each
+    only where the model departs from Megatron-LM's default."""
+    a: list[str] = ["--qk-layernorm"] if model.qk_layernorm else []
+    if model.window_size is not None:
+        a.append(f"--window-size {','.join(map(str, model.window_size))}")
+        if model.window_attn_skip_freq:
+            a.append(f"--window-attn-skip-freq {model.window_attn_skip_freq}")
+    if model.softmax_type != "vanilla":
+        a.append(f"--softmax-type {model.softmax_type}")
+    if model.mtp_num_layers:
+        a.append(f"--mtp-num-layers {model.mtp_num_layers}")
+    return a
+
+
+def router_flags(model: ModelSpec) -> list[str]:
+    """How the router scores and picks experts, where it departs from Megatron-LM's default."""
     a: list[str] = []
+    if model.moe_router_score_function != "softmax":
+        a.append(f"--moe-router-score-function {model.moe_router_score_function}")
+    if model.moe_router_enable_expert_bias:
+        a.append("--moe-router-enable-expert-bias")
+    if model.moe_router_topk_scaling_factor is not None:
+        a.append(f"--moe-router-topk-scaling-factor {model.moe_router_topk_scaling_factor}")
+    if model.moe_router_num_groups is not None:
+        a += [f"--moe-router-num-groups {model.moe_router_num_groups}",
+              f"--moe-router-group-topk {model.moe_router_group_topk}"]
+    return a
+
+
+def model_flags(model: ModelSpec) -> list[str]:
+    """The MoE and MLA architecture (MLA's YaRN always written: Megatron-LM's argument default,
+    factor 1, would silently override the model's)."""
+    a = attention_flags(model)
     if model.multi_latent_attention:
         a.append("--multi-latent-attention")
         if model.q_lora_rank:
             a.append(f"--q-lora-rank {model.q_lora_rank}")
         a += [f"--kv-lora-rank {model.kv_lora_rank}", f"--qk-head-dim {model.qk_head_dim}",
-              f"--qk-pos-emb-head-dim {model.qk_pos_emb_head_dim}", f"--v-head-dim {model.v_head_dim}"]
+              f"--qk-pos-emb-head-dim {model.qk_pos_emb_head_dim}", f"--v-head-dim {model.v_head_dim}",
+              f"--rotary-scaling-factor {model.rotary_scaling_factor}", f"--mscale {model.mscale}",
+              f"--mscale-all-dim {model.mscale_all_dim}"]
     if not model.is_moe:
         return a
     a += [f"--num-experts {model.num_experts}", f"--moe-router-topk {model.moe_router_topk}",
@@ -49,7 +85,7 @@ def model_flags(model: ModelSpec) -> list[str]:
         a.append("--moe-router-force-load-balancing")
     if model.num_experts >= FP32_ROUTER_FROM_EXPERTS:
         a.append("--moe-router-dtype fp32")
-    return a
+    return a + router_flags(model)
 
 
 def parallel_flags(model: ModelSpec, plan: Plan) -> list[str]:
@@ -69,13 +105,29 @@ def parallel_flags(model: ModelSpec, plan: Plan) -> list[str]:
     return a
 
 
+def attention_keys(model: ModelSpec) -> dict:
+    """``attention_flags`` as TransformerConfig fields (the window as a list: YAML has no tuples)."""
+    keys: dict = {"qk_layernorm": True} if model.qk_layernorm else {}
+    if model.window_size is not None:
+        keys.update(window_size=list(model.window_size), window_attn_skip_freq=model.window_attn_skip_freq)
+    if model.softmax_type != "vanilla":
+        keys["softmax_type"] = model.softmax_type
+    if model.mtp_num_layers:
+        keys["mtp_num_layers"] = model.mtp_num_layers
+    return keys
+
+
 def config_keys(model: ModelSpec, plan: Plan) -> dict:
-    """The same settings as Megatron-Core TransformerConfig fields (NeMo's model config keys)."""
-    keys: dict = {}
+    """The same settings as Megatron-Core TransformerConfig fields (NeMo's model config keys);
+    MLA's YaRN in full, also the fields Megatron-LM has no flag for."""
+    keys = attention_keys(model)
     if model.multi_latent_attention:
         keys.update(multi_latent_attention=True, q_lora_rank=model.q_lora_rank, kv_lora_rank=model.kv_lora_rank,
                     qk_head_dim=model.qk_head_dim, qk_pos_emb_head_dim=model.qk_pos_emb_head_dim,
-                    v_head_dim=model.v_head_dim)
+                    v_head_dim=model.v_head_dim, rotary_scaling_factor=model.rotary_scaling_factor,
+                    mscale=model.mscale, mscale_all_dim=model.mscale_all_dim,
+                    original_max_position_embeddings=model.original_max_position_embeddings,
+                    beta_fast=model.beta_fast, beta_slow=model.beta_slow)
     if plan.recompute == "selective" and plan.recompute_modules != "core_attn":
         keys["recompute_modules"] = plan.recompute_modules.split()
     if not model.is_moe:
@@ -91,9 +143,38 @@ def config_keys(model: ModelSpec, plan: Plan) -> dict:
         expert_model_parallel_size=plan.ep, expert_tensor_parallel_size=plan.etp,
         moe_token_dispatcher_type=plan.moe_token_dispatcher_type, moe_grouped_gemm=True,
         overlap_moe_expert_parallel_comm=plan.overlap_moe_expert_parallel_comm,
-        delay_wgrad_compute=plan.overlap_moe_expert_parallel_comm)
+        delay_wgrad_compute=plan.overlap_moe_expert_parallel_comm,
+        moe_router_score_function=model.moe_router_score_function,
+        moe_router_enable_expert_bias=model.moe_router_enable_expert_bias,
+        moe_router_topk_scaling_factor=model.moe_router_topk_scaling_factor,
+        moe_router_num_groups=model.moe_router_num_groups, moe_router_group_topk=model.moe_router_group_topk)
     if plan.moe_token_dispatcher_type == "flex":
         keys["moe_flex_dispatcher_backend"] = plan.moe_flex_dispatcher_backend
     if model.moe_router_force_load_balancing:
         keys["moe_router_force_load_balancing"] = True
     return keys
+
+
+def te_requirements(model: ModelSpec, plan: Plan) -> list[tuple[str, str]]:
+    """(TransformerEngine version, why) for each exported setting that Megatron-LM refuses with an
+    older TE (its messages, at the commit above)."""
+    need = []
+    if plan.overlap_moe_expert_parallel_comm and plan.overlap_grad_reduce:
+        need.append(("2.8.0", "--delay-wgrad-compute with --overlap-grad-reduce (validate_args)"))
+    if model.softmax_type != "vanilla":
+        need.append(("2.8.0", f"--softmax-type {model.softmax_type} (TEDotProductAttention)"))
+    if plan.is_fp8 and plan.recompute == "selective" and {"moe_act", "layernorm"} & set(plan.recompute_modules.split()):
+        need.append(("2.6.0", "moe_act / layernorm recompute with FP8 (TransformerConfig: >= 2.6.0dev0)"))
+    if model.is_moe and plan.is_fp8:
+        need.append(("1.11.0", "FP8 grouped GEMM of the experts (TransformerConfig)"))
+    return need
+
+
+def te_min_version(model: ModelSpec, plan: Plan) -> dict | None:
+    """best.yaml's statement of the oldest TransformerEngine the export runs on, or None where
+    no exported setting asks for a particular release."""
+    need = te_requirements(model, plan)
+    if not need:
+        return None
+    version = max((v for v, _ in need), key=lambda v: tuple(int(x) for x in v.split(".")))
+    return {"version": version, "because": [f"TE >= {v}: {why}" for v, why in need]}

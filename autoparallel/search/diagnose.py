@@ -44,6 +44,7 @@ STRUCTURE_RULES = (
     Rule(r"not divisible by 2\*cp", ("cp",)),
     Rule(r"ep>1 or etp>1 needs a MoE model", ("ep", "etp")),
     Rule(r"must divide num_experts and dp\*cp", ("ep",)),
+    Rule(r"Bias in Moe is only supported when ETP==1", ("etp",)),
     GBS_RULE,
     Rule(r"interleaving needs at least pp=", ("vp", "pp", "mbs")),
 )
@@ -62,6 +63,7 @@ LAYOUT_RULES = (
     Rule(r"num_layers_at_start_in_bf16 .* per pipeline stage", ("fp8_bf16_edge_layers", "pp")),
     Rule(r"Userbuffers requires MXFP8 tensor dims", ("tp_comm_overlap", "precision", "mbs", "tp", "cp")),
     Rule(r"^CPU offloading", ("cpu_offloading_num_layers", "pp", "recompute")),
+    Rule(r"Delayed scaling does not support moe_act and layernorm recompute", ("precision", "recompute")),
     Rule(r"^fp8-check:", ("precision", "fp8_bf16_edge_layers")),
 )
 # Knobs that set the memory of a layout, for a search where valid layouts exist but none fits, and

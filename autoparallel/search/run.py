@@ -12,7 +12,7 @@ import pandas as pd
 from autoparallel import io, ranges, safefile
 from autoparallel.costmodel.estimate import BREAKDOWN_KEYS, MEMORY_KEYS, record
 from autoparallel.errors import UserError
-from autoparallel.report import run_folder, tables
+from autoparallel.report import moe_export, run_folder, tables
 from autoparallel.report.export import export_document
 from autoparallel.report.time_to_train import TimeToTrain
 from autoparallel.search.grid import evaluate
@@ -143,6 +143,8 @@ def plan_document(model: ModelSpec, hw: HardwareSpec, row: pd.Series) -> dict:
     metrics = record(plan.as_dict(), rounded)
     metrics.pop("config")
     doc = export_document(model, plan, metrics, hw.gpus_per_node)
+    if (te := moe_export.te_min_version(model, plan)) is not None:
+        doc["transformer_engine_min_version"] = te
     if "fp8_check" in row:  # the search ran with --fp8-check
         from autoparallel.fp8check.search_filter import document
         if (fp8 := document(row)) is not None:

@@ -15,6 +15,8 @@ from autoparallel.specs.names import check_name
 Activation = Literal["gelu", "swiglu", "squared_relu"]
 Normalization = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned_absolute", "rope"]
+RouterScore = Literal["softmax", "sigmoid"]  # --moe-router-score-function
+SoftmaxType = Literal["vanilla", "off-by-one", "learnable"]  # --softmax-type (learnable: attention sinks)
 # Megatron-LM's --tokenizer-type names the exports use; the file-based ones need a path.
 TokenizerType = Literal["NullTokenizer", "HuggingFaceTokenizer", "GPT2BPETokenizer",
                         "GPTSentencePieceTokenizer"]
@@ -73,6 +75,20 @@ class ModelSpec:
     # Multi-token prediction (--mtp-num-layers): extra transformer layers on the last pipeline
     # stage, each predicting one more token with its own output pass (DeepSeek-V3: 1).
     mtp_num_layers: int = 0
+    # The router as the model was trained (export only, not priced; Megatron-LM's defaults):
+    # score function, the aux-loss-free expert bias (--moe-router-enable-expert-bias, sigmoid
+    # only) and the factor the routed experts' weights are scaled by (HF routed_scaling_factor).
+    moe_router_score_function: RouterScore = "softmax"
+    moe_router_enable_expert_bias: bool = False
+    moe_router_topk_scaling_factor: float | None = None
+    # Attention variants (export only, not priced; Megatron-LM's defaults): a norm on the queries
+    # and keys (--qk-layernorm; under MLA the norms of the query and KV latents), sliding-window
+    # attention (--window-size LEFT,RIGHT as flash-attention counts it, on every layer or on all
+    # but every --window-attn-skip-freq-th one) and the softmax (--softmax-type).
+    qk_layernorm: bool = False
+    window_size: tuple[int, ...] | None = None
+    window_attn_skip_freq: int | None = None
+    softmax_type: SoftmaxType = "vanilla"
     # Multi-latent attention (DeepSeek-V2/V3; --multi-latent-attention and its ranks, with
     # Megatron-LM's defaults): queries through a rank-q_lora_rank bottleneck (None: a full-rank
     # query projection), keys and values through one of kv_lora_rank; each head's query/key has
@@ -84,6 +100,15 @@ class ModelSpec:
     qk_head_dim: int = 128
     qk_pos_emb_head_dim: int = 64
     v_head_dim: int = 128
+    # YaRN of multi-latent attention (export only, not priced): --rotary-scaling-factor, --mscale
+    # and --mscale-all-dim with Megatron-LM's argument defaults; the original context and the
+    # beta_fast / beta_slow ramp with MLATransformerConfig's (Megatron-LM has no flag for them).
+    rotary_scaling_factor: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+    original_max_position_embeddings: int = 4096
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
     # The global batch size the model was published with; the search keeps it fixed by default.
     global_batch_size: int | None = None
     # Positions the model serves (Megatron-LM's --max-position-embeddings; HF's
@@ -100,7 +125,7 @@ class ModelSpec:
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
         for key in ("num_query_groups", "kv_channels", "num_experts", "moe_ffn_hidden_size",
-                    "global_batch_size", "max_position_embeddings"):
+                    "moe_shared_expert_intermediate_size", "global_batch_size", "max_position_embeddings"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ValueError(f"{key} must be a positive integer (or left out), got {getattr(self, key)}")
         if self.is_moe and not 1 <= self.moe_router_topk <= self.num_experts:
@@ -141,6 +166,33 @@ class ModelSpec:
                                  f"moe_router_group_topk={group_topk} be in 1..{groups}")
         if self.mtp_num_layers < 0:
             raise ValueError(f"mtp_num_layers must be 0 or more, got {self.mtp_num_layers}")
+        self._check_export_fields()
+
+    def _check_export_fields(self) -> None:
+        """The export-only fields, refused where Megatron-LM would refuse the model (its
+        validate_args and TransformerConfig.__post_init__ messages quoted)."""
+        if self.mtp_num_layers and self.position_embedding_type != "rope":
+            raise ValueError("Multi-Token Prediction (MTP) is not supported with "
+                             f"{self.position_embedding_type} position embedding type (Megatron-LM: rope or none)")
+        if self.moe_router_enable_expert_bias and self.moe_router_score_function != "sigmoid":
+            raise ValueError("Expert bias for aux-loss-free routing only supports sigmoid score function "
+                             "(Megatron-LM); set moe_router_score_function: sigmoid")
+        if self.moe_router_topk_scaling_factor is not None and self.moe_router_topk_scaling_factor <= 0:
+            raise ValueError(f"moe_router_topk_scaling_factor must be positive (or left out), "
+                             f"got {self.moe_router_topk_scaling_factor}")
+        if self.window_size is not None and len(self.window_size) != 2:
+            raise ValueError(f"window_size is (left, right) as --window-size takes it, got {list(self.window_size)}")
+        if self.window_attn_skip_freq is not None and (self.window_size is None or self.window_attn_skip_freq < 1):
+            raise ValueError("window_attn_skip_freq needs window_size and must be a positive integer, got "
+                             f"{self.window_attn_skip_freq}")
+        yarn = {"rotary_scaling_factor": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0,
+                "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
+        changed = [k for k, default in yarn.items() if getattr(self, k) != default]
+        if changed and not self.multi_latent_attention:
+            raise ValueError(f"{', '.join(changed)}: Megatron-LM applies YaRN only to multi-latent attention "
+                             "(\"Common attention only support rope_type='rope'\")")
+        if self.rotary_scaling_factor <= 0 or self.original_max_position_embeddings < 1:
+            raise ValueError("rotary_scaling_factor and original_max_position_embeddings must be positive")
 
     @property
     def query_groups(self) -> int:
