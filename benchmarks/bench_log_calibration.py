@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
-from autoparallel import io, validate
+from autoparallel import io, measured_runs
 from autoparallel.costmodel import calibrate, flops
 from autoparallel.costmodel.estimate import estimate_columns
 from autoparallel.runlogs.runrow import FP8_RECIPES
@@ -137,15 +137,15 @@ def write_log(model, plan, gpus: int, step_s: float) -> str:
 
 # --- the check -----------------------------------------------------------------------------------
 
-def chosen_plan(prepared: validate.PreparedRow, efficiency):
+def chosen_plan(prepared: measured_runs.PreparedRow, efficiency):
     """The layout the validation's search picks for a published row with ``efficiency``."""
     hw = dataclasses.replace(prepared.hardware, efficiency=efficiency)
     out = estimate_columns(prepared.model, hw, prepared.cols, prepared.memory_fraction)
-    return row_to_plan(prepared.candidates.iloc[validate.best_candidate(out)])
+    return row_to_plan(prepared.candidates.iloc[measured_runs.best_candidate(out)])
 
 
 def errors(rows, efficiency) -> dict[str, float]:
-    return {p.id: validate.predict_row(p, efficiency)["error_pct"] for p in rows}
+    return {p.id: measured_runs.predict_row(p, efficiency)["error_pct"] for p in rows}
 
 
 def mean_abs(values) -> float:
@@ -155,7 +155,7 @@ def mean_abs(values) -> float:
 def main() -> None:
     hw = io.load_hardware(GPU)
     uncalibrated = calibrate.uncalibrated(hw.efficiency)
-    published = sorted((p for p in validate.load_runs() if p.hardware.name == hw.name), key=lambda p: p.id)
+    published = sorted((p for p in measured_runs.load_runs() if p.hardware.name == hw.name), key=lambda p: p.id)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for p in published:
@@ -165,7 +165,7 @@ def main() -> None:
         runs = folder / "runs.csv"
         imported = import_logs(sorted(folder.glob("*.log")), GPU, runs)
         skipped = [f"{r.path.name}: {r.reason}" for r in imported if r.row is None]
-        rows = sorted(validate.load_runs([runs]), key=lambda p: p.id)
+        rows = sorted(measured_runs.load_runs([runs]), key=lambda p: p.id)
         by_source = {Path(str(p.row["source"]).split(" log ")[1]).stem: p for p in rows}
         mismatched = []
         for p in published:

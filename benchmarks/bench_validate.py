@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from autoparallel import validate
+from autoparallel import measured_runs, validate
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
         print(f"| {s.by} | {s.group} | {s.rows} | {s.mean_abs_error_pct:.1f} / {s.max_abs_error_pct:.1f} | "
               f"{s.heldout_mean_abs_error_pct:.1f} / {s.heldout_max_abs_error_pct:.1f} | "
               f"{'yes' if s.all_fit else 'no'} |")
-    print(f"\n{len(report)} rows, {validate.cross_validation_folds(validate.load_runs())} refits, {seconds:.0f} s")
+    print(f"\n{len(report)} rows, {validate.cross_validation_folds(measured_runs.load_runs())} refits, {seconds:.0f} s")
 
 
 if __name__ == "__main__":

@@ -590,12 +590,12 @@ def test_the_largest_counts_run_without_overflow(capsys):
 
 def test_a_bad_measured_row_is_skipped_with_its_reason_and_the_rest_used(tmp_path, capsys):
     """Of a bad row and a good one, the good one is used and the bad one named on stderr."""
-    from autoparallel import validate
+    from autoparallel import measured_runs
     lines = resources.data_file("training_runs.csv").read_text().splitlines()
     bad = next(csv.reader([lines[1]]))
     bad[lines[0].split(",").index("measured_hw_tflops_per_gpu")] = "-1"
     (tmp_path / "runs.csv").write_text("\n".join([lines[0], ",".join(f'"{v}"' for v in bad), lines[2]]) + "\n")
-    rows = validate.load_runs([tmp_path / "runs.csv"])
+    rows = measured_runs.load_runs([tmp_path / "runs.csv"])
     assert [r.id for r in rows] == [next(csv.reader([lines[2]]))[0]]
     err = capsys.readouterr().err
     assert err == (f"autoparallel: warning: runs CSV row {bad[0]} skipped: measured_hw_tflops_per_gpu = -1 "

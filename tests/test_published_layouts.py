@@ -8,7 +8,7 @@ bytes and tensor-core rate).
 
 import pytest
 
-from autoparallel import io, validate
+from autoparallel import io, measured_runs
 from autoparallel.search.grid import evaluate
 from autoparallel.space import generate, load_space
 
@@ -16,7 +16,7 @@ STATED = ("tp", "pp", "cp", "vp", "ep", "mbs", "gbs", "precision", "fsdp")
 
 
 def _published_rows():
-    frame = validate.read_runs()
+    frame = measured_runs.read_runs()
     return [row for _, row in frame.iterrows()]
 
 
@@ -37,10 +37,10 @@ def _check(model, gpu: str, gpus: int, knobs: dict) -> None:
 
 @pytest.mark.parametrize("row", _published_rows(), ids=lambda r: r["id"])
 def test_every_published_run_is_a_fitting_candidate(row):
-    knobs = {k: v for k, v in validate._pins(row).items() if k in STATED} | {"gbs": row["gbs"]}
+    knobs = {k: v for k, v in measured_runs._pins(row).items() if k in STATED} | {"gbs": row["gbs"]}
     if knobs["precision"] not in load_space().precision:
         knobs["precision"] = "bf16"
-    _check(validate.model_from_row(row), str(row["gpu"]), int(row["num_gpus"]), knobs)
+    _check(measured_runs.model_from_row(row), str(row["gpu"]), int(row["num_gpus"]), knobs)
 
 
 @pytest.mark.parametrize("name, entry", _yaml_entries(), ids=lambda v: str(v))

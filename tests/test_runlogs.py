@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from autoparallel import io, validate
+from autoparallel import io, measured_runs
 from autoparallel.cli import main
 from autoparallel.costmodel import calibrate
 from autoparallel.runlogs.arguments import parse_value
@@ -147,7 +147,7 @@ def test_import_appends_new_rows_skips_bad_logs_and_never_duplicates(tmp_path):
 def test_imported_rows_price_exactly_the_logged_layout(tmp_path):
     runs = tmp_path / "runs.csv"
     import_logs(GOOD, "h100-sxm", runs)
-    prepared = {p.id.split("-")[1]: p for p in validate.load_runs([runs])}
+    prepared = {p.id.split("-")[1]: p for p in measured_runs.load_runs([runs])}
     for p in prepared.values():
         assert len(p.candidates) == 1, p.id  # every knob pinned: nothing left to search
         assert p.software == "log" and p.metric == "iteration_time"
@@ -162,8 +162,8 @@ def test_imported_rows_price_exactly_the_logged_layout(tmp_path):
 
 
 def test_user_runs_are_the_reference_release():
-    assert validate.software_date("log") == math.inf
-    assert validate.software_date("nemo 25.02") == pytest.approx(2025.02)
+    assert measured_runs.software_date("log") == math.inf
+    assert measured_runs.software_date("nemo 25.02") == pytest.approx(2025.02)
 
 
 def test_runs_import_cli_exit_codes(tmp_path, capsys):
@@ -203,7 +203,7 @@ def test_estimate_without_target_or_log_is_a_user_error(capsys):
 def test_fit_never_fits_more_constants_than_rows(tmp_path):
     runs = tmp_path / "runs.csv"
     import_logs([FP8_TP2], "h100-sxm", runs)
-    rows = validate.load_runs([runs])
+    rows = measured_runs.load_runs([runs])
     result = calibrate.fit(rows, io.load_hardware("h100-sxm").efficiency)
     assert len(result.fitted) == 1 and len(result.capped) >= 2
     assert set(result.values) - {"release_speed"} == set(result.fitted)

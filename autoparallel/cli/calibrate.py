@@ -72,7 +72,7 @@ def _check_published_rows(gpu: str) -> None:
     """A UserError if no published run was measured on ``gpu`` (or on a GPU that takes its
     constants): there is nothing to fit, and your own rows are needed (--runs)."""
     from autoparallel import io
-    from autoparallel.validate import read_runs
+    from autoparallel.measured_runs import read_runs
     hw = io.load_hardware(gpu)
     for name in read_runs()["gpu"].dropna().astype(str).unique():
         try:

@@ -27,8 +27,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> None:
     runs = [Path(r) for r in args.runs] if args.runs else None
     if args.inference:
+        from autoparallel.measured_runs import read_runs_table
         from autoparallel.serve import validate as serve_validate
-        from autoparallel.validate import read_runs_table
         for path in runs or []:
             read_runs_table(path)  # serve/ checks its own columns; here a file that is no table at all
         try:
@@ -52,6 +52,7 @@ def _training_report(validate, runs, cross: bool, quiet: bool):
     """The report, with a progress bar over the leave-one-model-out refits."""
     if not cross or quiet:
         return validate.validate_training(runs, cross=cross)
-    folds = validate.cross_validation_folds(validate.load_runs(runs))
+    from autoparallel.measured_runs import load_runs
+    folds = validate.cross_validation_folds(load_runs(runs))
     with progress_bar("leave-one-model-out refits", folds) as (bar, task):
         return validate.validate_training(runs, cross=True, progress=lambda: bar.advance(task))

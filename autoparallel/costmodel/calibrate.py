@@ -23,6 +23,8 @@ from rich.console import Console
 
 from autoparallel import io, resources
 from autoparallel.errors import UserError
+from autoparallel.measured_runs import (default_runs, load_balance_pairs, load_runs, predict_balance_ratio, predict_row,
+                                       software_date)
 from autoparallel.report.run_folder import write_atomic
 from autoparallel.specs.hardware import Efficiency, HardwareSpec
 
@@ -122,7 +124,6 @@ def fit(rows, efficiency: Efficiency, progress=None) -> Fit:
     the ones that move the rows' predictions least when there are more constants than rows:
     never more constants are fitted than there are rows.
     """
-    from autoparallel.validate import predict_row, software_date
     releases = release_factors_to_fit(rows, software_date)
     efficiency = dataclasses.replace(efficiency, release_speed={r: v for r, v in efficiency.release_speed.items()
                                                                 if r in releases})
@@ -171,7 +172,6 @@ def uncalibrated_moe(efficiency: Efficiency) -> Efficiency:
 def fit_moe(rows, start: Efficiency | None = None, progress=None, fixed: dict | None = None) -> Fit:
     """Fit ``MOE_FITTED`` to MoE ``rows`` (of any GPUs), from ``start``'s values (default: the
     uncalibrated ones); ``fixed`` values replace each row's own too."""
-    from autoparallel.validate import predict_row
     start = start or Efficiency()
     fixed = fixed or {}
 
@@ -188,10 +188,9 @@ def fit_moe(rows, start: Efficiency | None = None, progress=None, fixed: dict | 
 
 def fit_load_imbalance(pairs, moe_values: dict | None = None) -> Fit:
     """Fit ``moe_load_imbalance`` to published pairs of the same layout run with forced-balanced
-    and with dropless routing (``validate.load_balance_pairs``): the predicted throughput ratio
+    and with dropless routing (``measured_runs.load_balance_pairs``): the predicted throughput ratio
     against the measured one, with the MoE constants ``moe_values`` (default: uncalibrated);
     before / after are the mean |error| % of the ratio."""
-    from autoparallel.validate import predict_balance_ratio
     start = Efficiency().moe_load_imbalance
     moe_values = {**{n: getattr(Efficiency(), n) for n in MOE_FITTED}, **(moe_values or {})}
 
@@ -249,7 +248,6 @@ def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Pat
     preset to ``output`` (default: the user's preset folder, as ``as_name`` if given)."""
     from rich.progress import Progress
 
-    from autoparallel.validate import default_runs, load_runs
     if as_name is not None and not PRESET_NAME.match(as_name):
         raise UserError(f"--as {as_name!r}: a preset name is letters, digits, '.', '_' and '-'")
     hw = io.load_hardware(gpu)
@@ -304,7 +302,6 @@ def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Pat
 
 def mean_abs_error_pct(rows, efficiency: Efficiency) -> float:
     """Mean |predicted / measured - 1| in percent over prepared rows, with ``efficiency``."""
-    from autoparallel.validate import predict_row
     return float(np.mean([abs(predict_row(p, efficiency)["error_pct"]) for p in rows]))
 
 
@@ -335,7 +332,6 @@ def main_moe(gpu: str, runs: Path | None, write: bool, console: Console, output:
     constants and their provenance unchanged)."""
     from rich.progress import Progress
 
-    from autoparallel.validate import default_runs, load_balance_pairs, load_runs
     hw = io.load_hardware(gpu)
     runs_paths = [runs] if runs else list(default_runs())
     rows = load_runs(runs_paths, moe=True)

@@ -1,6 +1,6 @@
 """``autoparallel estimate --from-log``: the prediction for a logged run beside what it measured.
 
-The log's layout is priced exactly as ``calibrate`` prices it (``validate.prepare_row`` on the
+The log's layout is priced exactly as ``calibrate`` prices it (``measured_runs.prepare_row`` on the
 row ``runs import`` would write), so what this shows is the error a calibration sees. Terms the
 log measures are compared one to one: the step time, Megatron's TFLOP/s, tokens/s, the
 ``forward-backward`` and ``optimizer`` timers (``--timing-log-level`` >= 1) against the step
@@ -25,16 +25,16 @@ from autoparallel.runlogs.runrow import read_log, steady_intervals, to_row
 
 def compare(path: Path, gpu: str, warmup: int | None = None) -> dict[str, Any]:
     """``{"log", "gpu", "run", "terms": [{term, measured, predicted, error_pct}], "prediction"}``."""
-    from autoparallel import validate
+    from autoparallel import measured_runs
     from autoparallel.costmodel.estimate import estimate_columns, estimate_plan
     from autoparallel.space import row_to_plan
 
     log = read_log(path)
     hw = io.load_hardware(gpu)
     row = to_row(log, hw.name, warmup)
-    prepared = validate.prepare_row(pd.Series(row), io.read_yaml(validate.ASSUMPTIONS))
+    prepared = measured_runs.prepare_row(pd.Series(row), io.read_yaml(measured_runs.ASSUMPTIONS))
     out = estimate_columns(prepared.model, prepared.hardware, prepared.cols, prepared.memory_fraction)
-    plan = row_to_plan(prepared.candidates.iloc[validate.best_candidate(out)])
+    plan = row_to_plan(prepared.candidates.iloc[measured_runs.best_candidate(out)])
     prediction = estimate_plan(prepared.model, prepared.hardware, plan, prepared.memory_fraction)
     time_s, memory = prediction["breakdown"]["time_s"], prediction["breakdown"]["memory_gib"]
     steady = steady_intervals(log, warmup)

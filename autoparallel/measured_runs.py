@@ -1,0 +1,375 @@
+"""Published training runs as the cost model sees them: each row's architecture, the layout it
+states, the candidates consistent with it, and the prediction of the metric its source reports.
+
+Below both ``validate`` (which reports the errors, in-sample and held out) and
+``costmodel.calibrate`` (which fits the constants to them), so that neither imports the other.
+What a source leaves unstated is searched with the assumptions of ``search_spaces/validation.yaml``
+and the fastest layout that fits is taken, as the authors tuned their runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from autoparallel import io, ranges, resources, safefile
+from autoparallel.costmodel import flops
+from autoparallel.costmodel.estimate import estimate_columns
+from autoparallel.errors import UserError
+from autoparallel.space import SPLIT_COLUMNS, SearchSpace, generate
+from autoparallel.specs.hardware import Efficiency, HardwareSpec
+from autoparallel.specs.model import ModelSpec
+from autoparallel.specs.plan import Plan
+
+TRAINING_RUNS = ("training_runs.csv", "training_runs_more.csv", "training_runs_papers.csv")
+LOAD_BALANCE_RUNS = "moe_load_balance.csv"
+ASSUMPTIONS = io.SEARCH_SPACES / "validation.yaml"
+MEASURED = {"hw_tflops": "measured_hw_tflops_per_gpu", "iteration_time": "measured_iteration_time_s",
+            "tokens_per_s_per_gpu": "measured_tokens_per_s_per_gpu"}
+DEFAULT_RELEASE = "24.07"  # the NeMo rows of training_runs.csv
+
+
+def default_runs() -> tuple[Path, ...]:
+    return tuple(resources.data_file(name) for name in TRAINING_RUNS)
+
+
+def assumptions_key(run_id: str) -> str:
+    """The block of validation.yaml a row's source uses: narayanan21, korthikanti22, nemo, or log
+    (rows ``autoparallel runs import`` read from training logs)."""
+    return run_id.split("-")[0]
+
+
+def _given(row: pd.Series, key: str) -> bool:
+    v = row.get(key)
+    return not (v is None or (isinstance(v, float) and math.isnan(v)) or v == "")
+
+
+def source_of(row: pd.Series) -> str:
+    """Who published the row: the paper, or the NeMo release ("nemo 25.11")."""
+    key = assumptions_key(row["id"])
+    if key != "nemo":
+        return key
+    return f"nemo {row['release'] if _given(row, 'release') else DEFAULT_RELEASE}"
+
+
+def software_of(row: pd.Series) -> str:
+    """The software a row ran: the paper's Megatron-LM, or the (first listed) NeMo release."""
+    key = assumptions_key(row["id"])
+    if key != "nemo":
+        return key
+    release = str(row["release"]).split(",")[0] if _given(row, "release") else DEFAULT_RELEASE
+    return f"nemo {release}"
+
+
+def software_date(software: str) -> float:
+    """Sortable release date: "nemo 25.02" -> 2025.02, "korthikanti22" -> 2022; the user's own
+    runs (``runs import``: "log") come after every release: their cluster is the one the
+    constants should describe, older releases get speed factors relative to it."""
+    if software.startswith("nemo "):
+        return 2000 + float(software.split()[1])
+    if not software[-2:].isdigit():
+        return math.inf
+    return 2000 + float(software[-2:])
+
+
+def model_group(row: pd.Series) -> str:
+    """The architecture a row trains, so that the same network published by two sources (GPT-3
+    175B by Korthikanti and by NeMo) is left out as one model."""
+    return f"L{int(row['num_layers'])}-h{int(row['hidden_size'])}-a{int(row['num_attention_heads'])}"
+
+
+def is_moe_row(row: pd.Series) -> bool:
+    return _given(row, "num_experts") and float(row["num_experts"]) > 1
+
+
+def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
+    """The row's architecture (Megatron-LM's names); tied embeddings and dropout (saved masks)
+    where the row states them (a training log does; the published dense rows take ModelSpec's
+    defaults, the published MoE rows train without dropout as their models' presets do);
+    ``force_balanced``: the source forced the router to balance."""
+    def opt_int(key):
+        return int(row[key]) if _given(row, key) else None
+    stated = {}
+    if is_moe_row(row):
+        mla = _given(row, "kv_lora_rank")
+        freq = str(row["moe_layer_freq"]) if _given(row, "moe_layer_freq") else 1
+        stated = dict(num_experts=int(row["num_experts"]), moe_router_topk=int(row["moe_router_topk"]),
+                      moe_ffn_hidden_size=opt_int("moe_ffn_hidden_size"),
+                      moe_shared_expert_intermediate_size=opt_int("moe_shared_expert_intermediate_size"),
+                      moe_layer_freq=int(freq) if str(freq).isdigit() else freq,
+                      moe_router_force_load_balancing=force_balanced, hidden_dropout=0.0, attention_dropout=0.0,
+                      multi_latent_attention=mla)
+        if _given(row, "moe_router_num_groups"):
+            stated.update(moe_router_num_groups=int(row["moe_router_num_groups"]),
+                          moe_router_group_topk=int(row["moe_router_group_topk"]))
+        if mla:
+            stated.update(q_lora_rank=opt_int("q_lora_rank"), kv_lora_rank=int(row["kv_lora_rank"]),
+                          qk_head_dim=int(row["qk_head_dim"]), qk_pos_emb_head_dim=int(row["qk_pos_emb_head_dim"]),
+                          v_head_dim=int(row["v_head_dim"]))
+    stated.update({k: float(row[k]) for k in ("hidden_dropout", "attention_dropout") if _given(row, k)})
+    if _given(row, "mtp_num_layers"):  # MTP models use rotary positions (Megatron refuses others)
+        stated.update(mtp_num_layers=int(row["mtp_num_layers"]), position_embedding_type="rope")
+    if _given(row, "tie_embeddings"):
+        stated["tie_embeddings"] = bool(int(row["tie_embeddings"]))
+    groups = None if stated.get("multi_latent_attention") else opt_int("num_query_groups")
+    return ModelSpec(
+        name=str(row["model"]), num_layers=int(row["num_layers"]), hidden_size=int(row["hidden_size"]),
+        ffn_hidden_size=int(row["ffn_hidden_size"]), num_attention_heads=int(row["num_attention_heads"]),
+        num_query_groups=groups, kv_channels=opt_int("kv_channels"),
+        vocab_size=int(row["vocab_size"]), seq_length=int(row["seq_length"]), activation=str(row["activation"]),
+        normalization="rmsnorm" if row["activation"] == "swiglu" else "layernorm", **stated)
+
+
+def _pins(row: pd.Series) -> dict:
+    """The search-space knobs the row states (a training log states them all)."""
+    pins = {k: int(row[k]) for k in ("tp", "pp", "cp", "vp", "ep", "etp", "mbs") if _given(row, k)}
+    if _given(row, "sp"):
+        pins["sp"] = bool(int(row["sp"]))
+    else:
+        pins["sp"] = pins.get("tp", 1) > 1
+    if _given(row, "recompute"):
+        pins["recompute"] = str(row["recompute"])
+    pins["precision"] = str(row["precision"])
+    pins["fp8_bf16_edge_layers"] = int(row["fp8_bf16_edge_layers"]) if _given(row, "fp8_bf16_edge_layers") else 0
+    # The published FSDP size is dp*cp (64 on 64 GPUs at TP1 PP1); a few rows say only "1" (on).
+    pins["fsdp"] = _given(row, "fsdp") and int(row["fsdp"]) >= 1
+    for knob in ("distributed_optimizer", "tp_comm_overlap", "grad_reduce_in_fp32", "flash_attention"):
+        if _given(row, knob):
+            pins[knob] = bool(int(row[knob]))
+    if _given(row, "overlap_grad_reduce"):
+        pins["overlap_dp_comm"] = bool(int(row["overlap_grad_reduce"]))
+    pins["cpu_offloading_num_layers"] = _optional_int(row, "cpu_offloading_num_layers")
+    return pins
+
+
+# Plan fields a row may state that the search space has no knob for: set on the candidates.
+EXACT_COLUMNS = ("overlap_grad_reduce", "overlap_param_gather", *SPLIT_COLUMNS)
+
+
+def _exact(row: pd.Series) -> dict:
+    def value(k):
+        if k == "pipeline_model_parallel_layout":
+            return str(row[k])
+        return bool(int(row[k])) if k.startswith(("overlap", "account")) else int(row[k])
+    return {k: value(k) for k in EXACT_COLUMNS if _given(row, k)}
+
+
+def _optional_int(row: pd.Series, key: str) -> int | None:
+    return int(row[key]) if _given(row, key) else None
+
+
+@dataclass(frozen=True)
+class PreparedRow:
+    """One published run with its candidate layouts generated once (calibration reprices them)."""
+
+    row: pd.Series
+    model: ModelSpec
+    hardware: HardwareSpec
+    metric: str
+    memory_fraction: float
+    candidates: pd.DataFrame
+    cols: dict  # the candidates as the columns estimate_columns takes
+
+    @property
+    def id(self) -> str:
+        return str(self.row["id"])
+
+    @property
+    def source(self) -> str:
+        return source_of(self.row)
+
+    @property
+    def model_group(self) -> str:
+        return model_group(self.row)
+
+    @property
+    def software(self) -> str:
+        return software_of(self.row)
+
+    @property
+    def family(self) -> str:
+        """The hardware preset whose fitted constants this row's GPU uses."""
+        return self.hardware.efficiency_from or self.hardware.name
+
+
+def prepare_row(row: pd.Series, assumptions: dict) -> PreparedRow:
+    source = assumptions[assumptions_key(row["id"])]
+    balanced = software_of(row) in source.get("moe_force_balanced_releases", [])
+    model = model_from_row(row, force_balanced=balanced)
+    hw = io.load_hardware(str(row["gpu"]))
+    settings = {"tp_within_nvlink_domain": False, "full_recompute_fractions": [1.0], **source["space"]}
+    if is_moe_row(row):
+        settings.update(source.get("moe_space", {}))
+    space = io.from_dict(SearchSpace, settings, str(ASSUMPTIONS)).pinned(**_pins(row))
+    generated = generate(model, hw, int(row["num_gpus"]), int(row["gbs"]), space,
+                         _optional_int(row, "recompute_num_layers"))
+    candidates = generated[generated["reason"] == ""].reset_index(drop=True)
+    if candidates.empty:
+        raise UserError(f"{row['id']}: the published layout breaks a rule: {generated['reason'].iloc[0]}")
+    candidates = candidates.assign(**_exact(row)).drop_duplicates(ignore_index=True)
+    cols = {name: candidates[name].to_numpy() for name in Plan.field_names()}
+    return PreparedRow(row, model, hw, source["metric"], space.memory_fraction, candidates, cols)
+
+
+def best_candidate(out: dict) -> int:
+    """Of the candidates ``estimate_columns`` priced, the fastest that fits; if none fits, the
+    one that needs least memory (the row's authors tuned their run)."""
+    fits = out["fits"]
+    if fits.any():
+        return int(np.argmax(np.where(fits, out["tokens_per_s_per_gpu"], -np.inf)))
+    return int(np.argmin(out["peak_memory_gib"]))
+
+
+def predict_row(prepared: PreparedRow, efficiency: Efficiency | None = None) -> dict:
+    """The best predicted layout consistent with the row, and the metric its source reports;
+    ``efficiency`` replaces the constants of the row's GPU (calibration tries many)."""
+    row, model = prepared.row, prepared.model
+    hw = prepared.hardware if efficiency is None else dataclasses.replace(prepared.hardware, efficiency=efficiency)
+    out = estimate_columns(model, hw, prepared.cols, prepared.memory_fraction)
+    fits = out["fits"]
+    i = best_candidate(out)
+    best = prepared.candidates.iloc[i]
+    # The constants describe the newest release they were fitted on; an older one runs slower.
+    speed = hw.efficiency.release_speed.get(prepared.software, 1.0)
+    gpus, gbs, step = int(row["num_gpus"]), int(row["gbs"]), float(out["step_time_s"][i]) / speed
+    if prepared.metric == "hw_tflops":
+        full = best["recompute"] == "full"
+        predicted = flops.narayanan_flops_per_step(model, gbs, full) / (step * gpus) / 1e12
+    elif prepared.metric == "iteration_time":
+        predicted = step
+    else:
+        predicted = float(out["tokens_per_s_per_gpu"][i]) * speed
+    measured = float(row[MEASURED[prepared.metric]])
+    return {
+        "id": prepared.id, "kind": "moe" if prepared.model.is_moe else "dense", "source": prepared.source,
+        "gpu": row["gpu"], "model": prepared.model_group,
+        "metric": prepared.metric, "measured": measured, "predicted": float(predicted),
+        "error_pct": 100.0 * (predicted - measured) / measured,
+        "fits": bool(fits[i]), "peak_memory_gib": float(out["peak_memory_gib"][i]),
+        "mbs": int(best["mbs"]), "recompute": best["recompute"],
+        "recompute_num_layers": int(best["recompute_num_layers"]),
+        "tp_comm_overlap": bool(best["tp_comm_overlap"]),
+    }
+
+
+RUN_COLUMNS = ("id", "model", "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+               "vocab_size", "activation", "seq_length", "gpu", "num_gpus", "gbs", "precision")
+
+
+def read_runs_table(path: Path, columns: tuple[str, ...] = ()) -> pd.DataFrame:
+    """A CSV of measured runs with a header, the given columns and at least one row; anything
+    else is a UserError naming the file."""
+    if not os.path.lexists(path):
+        raise UserError(f"runs CSV {path} does not exist")
+    try:
+        with safefile.open_capped(path, "runs CSV") as f:
+            frame = pd.read_csv(f)
+    except pd.errors.EmptyDataError:
+        raise UserError(f"runs CSV {path} is empty (expected a header and one row per run)") from None
+    except (OSError, pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(f"cannot read runs CSV {path}: {' '.join(str(exc).split())[:200]}") from None
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise UserError(f"runs CSV {path} lacks column(s) {', '.join(missing)}")
+    if frame.empty:
+        raise UserError(f"runs CSV {path} has a header but no rows")
+    return frame
+
+
+def read_runs(runs: Sequence[Path] | None = None) -> pd.DataFrame:
+    """The runs CSVs as one frame (columns a file lacks are empty)."""
+    return pd.concat([read_runs_table(path, RUN_COLUMNS) for path in runs or default_runs()],
+                     ignore_index=True)
+
+
+def load_runs(runs: Sequence[Path] | None = None, moe: bool = False) -> list[PreparedRow]:
+    """Prepared dense rows (with ``moe``, the mixture-of-experts rows instead); a value that does
+    not parse is a UserError naming its row."""
+    frame = read_runs(runs)
+    assumptions = io.read_yaml(ASSUMPTIONS)
+    unknown = sorted({assumptions_key(str(i)) for i in frame["id"]} - set(assumptions))
+    if unknown:
+        raise UserError(f"no assumptions for source(s) {unknown} in {ASSUMPTIONS}")
+    measured = ranges.row_problems(frame, [c for c in frame if str(c).startswith("measured_")])
+    prepared, skipped = [], []
+    for i, row in frame.iterrows():
+        try:
+            if is_moe_row(row) != moe:
+                continue
+            if measured[i]:
+                skipped.append((row["id"], measured[i]))
+                continue
+            ready = prepare_row(row, assumptions)
+            metric = MEASURED[ready.metric]  # the number the row is compared on: it must be there
+            if pd.isna(row.get(metric)):
+                skipped.append((row["id"], f"{metric} is empty or NaN"))
+                continue
+            prepared.append(ready)
+        except (ValueError, TypeError, KeyError) as exc:
+            skipped.append((row["id"], " ".join(str(exc).split())[:200]))
+    if skipped and not prepared:  # a bad row is never used, and a command needs one good row
+        raise UserError(f"runs CSV row {skipped[0][0]}: {skipped[0][1]}; no usable row is left")
+    for run_id, reason in skipped:
+        ranges.warn(f"runs CSV row {run_id} skipped: {reason}")
+    return prepared
+
+
+# --- forced-balance vs dropless pairs (the load-imbalance constant) -------------------------------
+
+@dataclass(frozen=True)
+class LoadBalancePair:
+    """One layout measured with forced-balanced and with dropless routing, candidates generated
+    once: the two models differ only in ``moe_router_force_load_balancing``."""
+
+    id: str
+    forced: ModelSpec
+    dropless: ModelSpec
+    hardware: HardwareSpec
+    memory_fraction: float
+    cols: dict
+    measured_ratio: float  # dropless throughput / forced-balanced throughput
+
+
+def load_balance_pairs(path: Path | None = None) -> list[LoadBalancePair]:
+    """The pairs of ``moe_load_balance.csv``, each layout pinned as published and the unstated
+    knobs searched with NeMo's assumptions (``validation.yaml``)."""
+    frame = pd.read_csv(path or resources.data_file(LOAD_BALANCE_RUNS))
+    source = io.read_yaml(ASSUMPTIONS)["nemo"]
+    pairs = []
+    for _, row in frame.iterrows():
+        base = dataclasses.replace(io.load_model(str(row["model"])), seq_length=int(row["seq_length"]))
+        hw = io.load_hardware(str(row["gpu"]))
+        settings = {"tp_within_nvlink_domain": False, **source["space"], **source.get("moe_space", {})}
+        pins = {k: int(row[k]) for k in ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")}
+        space = io.from_dict(SearchSpace, settings, str(ASSUMPTIONS)).pinned(
+            **pins, sp=int(row["tp"]) > 1, precision=str(row["precision"]), fp8_bf16_edge_layers=0)
+        candidates = generate(base, hw, int(row["num_gpus"]), int(row["gbs"]), space)
+        candidates = candidates[candidates["reason"] == ""].reset_index(drop=True)
+        if candidates.empty:
+            raise UserError(f"{row['id']}: the published layout breaks a rule")
+        pairs.append(LoadBalancePair(
+            str(row["id"]), dataclasses.replace(base, moe_router_force_load_balancing=True), base, hw,
+            space.memory_fraction, {name: candidates[name].to_numpy() for name in Plan.field_names()},
+            float(row["measured_dropless_tflops_per_gpu"]) / float(row["measured_forced_tflops_per_gpu"])))
+    return pairs
+
+
+def predict_balance_ratio(pair: LoadBalancePair, values: dict | None = None) -> float:
+    """Predicted dropless / forced-balanced throughput of a pair (each at its fastest layout that
+    fits), with ``values`` replacing the GPU's efficiency constants of those names."""
+    hw = pair.hardware
+    if values:
+        hw = dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, **values))
+    best = []
+    for model in (pair.dropless, pair.forced):
+        out = estimate_columns(model, hw, pair.cols, pair.memory_fraction)
+        speed = out["tokens_per_s_per_gpu"]
+        best.append(speed[out["fits"]].max() if out["fits"].any() else speed[np.argmin(out["peak_memory_gib"])])
+    return float(best[0] / best[1])
