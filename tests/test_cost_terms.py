@@ -370,7 +370,7 @@ def test_estimate_reports_every_named_term(gpt, hw):
 
 
 def test_mtp_adds_a_layer_and_another_output_pass_to_the_last_stage(gpt, hw):
-    model = dataclasses.replace(gpt, mtp_num_layers=1)
+    model = dataclasses.replace(gpt, mtp_num_layers=1, position_embedding_type="rope")
     x = _cands(model, hw)
     layers = _fake_layers(x)
     logits = st.logits_time(x)[0]

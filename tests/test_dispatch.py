@@ -146,5 +146,9 @@ def test_flex_is_exported_with_its_backend():
     assert "--moe-token-dispatcher-type flex" in flags and "--moe-flex-dispatcher-backend hybridep" in flags
     keys = moe_export.config_keys(model, plan)
     assert keys["moe_token_dispatcher_type"] == "flex" and keys["moe_flex_dispatcher_backend"] == "hybridep"
-    assert "--moe-flex-dispatcher-backend" not in " ".join(moe_export.parallel_flags(model, Plan(tp=1, pp=8, dp=32, ep=32,
-                                                                                               gbs=4096)))
+    alltoall = " ".join(moe_export.parallel_flags(model, Plan(tp=1, pp=8, dp=32, ep=32, gbs=4096)))
+    assert "--moe-flex-dispatcher-backend" not in alltoall and "deepep" not in alltoall
+    deepep = moe_export.parallel_flags(model, Plan(tp=1, pp=8, dp=32, ep=32, gbs=4096, moe_token_dispatcher_type="flex"))
+    assert "--moe-enable-deepep" in deepep  # the flag Megatron-LM has had since 0.12
+    assert moe_export.config_keys(model, Plan(tp=1, pp=8, dp=32, ep=32, gbs=4096,
+                                              moe_token_dispatcher_type="flex"))["moe_enable_deepep"] is True

@@ -86,12 +86,15 @@ def balanced_layout(num_layers: int, stages: int, mtp: int = 0) -> str:
     virtual stages with the embedding, each MTP layer and the loss counted as one layer each,
     the fuller stages first: "Et*3|(t*4|)*14t*2L" for 61 layers on 16, "Et|(t*2|)*30mL" for 61
     and one MTP layer on 32 (NVIDIA's DeepSeek-V3 recipe)."""
-    total = num_layers + 2 + mtp
-    slots = [total // stages + (i < total % stages) for i in range(stages)]
-    decoders = [n - (i == 0) - (i == stages - 1) * (1 + mtp) for i, n in enumerate(slots)]
     head = "m" * mtp + "L"
     if stages == 1:
-        return f"E{_layers(decoders[0] + 1 + mtp)}{head}"
+        return f"E{_layers(num_layers)}{head}"
+    # The last stage takes an even share of the slots, its head first (no decoder layer if the
+    # head fills it); the other stages share the rest, fuller first, the first one holding E.
+    last = max((num_layers + 2 + mtp) // stages - 1 - mtp, 0)
+    rest = num_layers - last + 1
+    slots = [rest // (stages - 1) + (i < rest % (stages - 1)) for i in range(stages - 1)]
+    decoders = [n - (i == 0) for i, n in enumerate(slots)] + [last]
     middle = "".join(_repeat(group) for group in _runs(decoders[1:-1]))
     return f"E{_layers(decoders[0])}|{middle}{_layers(decoders[-1])}{head}"
 

@@ -98,8 +98,7 @@ def parallel_flags(model: ModelSpec, plan: Plan) -> list[str]:
         return a
     a += [f"--expert-model-parallel-size {plan.ep}", f"--expert-tensor-parallel-size {plan.etp}",
           f"--moe-token-dispatcher-type {plan.moe_token_dispatcher_type}", "--moe-grouped-gemm"]
-    if plan.moe_token_dispatcher_type == "flex":
-        a.append(f"--moe-flex-dispatcher-backend {plan.moe_flex_dispatcher_backend}")
+    a += _flex_backend_flags(plan)
     if plan.overlap_moe_expert_parallel_comm:
         a += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     return a
@@ -115,6 +114,17 @@ def attention_keys(model: ModelSpec) -> dict:
     if model.mtp_num_layers:
         keys["mtp_num_layers"] = model.mtp_num_layers
     return keys
+
+
+def _flex_backend_flags(plan: Plan) -> list[str]:
+    """The flex dispatcher's backend: DeepEP by --moe-enable-deepep (every Megatron-LM since 0.12;
+    deprecated, still accepted, where --moe-flex-dispatcher-backend exists), HybridEP by
+    --moe-flex-dispatcher-backend hybridep (Megatron-Core 0.15 on)."""
+    if plan.moe_token_dispatcher_type != "flex":
+        return []
+    if plan.moe_flex_dispatcher_backend == "deepep":
+        return ["--moe-enable-deepep"]
+    return [f"--moe-flex-dispatcher-backend {plan.moe_flex_dispatcher_backend}"]
 
 
 def config_keys(model: ModelSpec, plan: Plan) -> dict:
@@ -148,7 +158,9 @@ def config_keys(model: ModelSpec, plan: Plan) -> dict:
         moe_router_enable_expert_bias=model.moe_router_enable_expert_bias,
         moe_router_topk_scaling_factor=model.moe_router_topk_scaling_factor,
         moe_router_num_groups=model.moe_router_num_groups, moe_router_group_topk=model.moe_router_group_topk)
-    if plan.moe_token_dispatcher_type == "flex":
+    if plan.moe_token_dispatcher_type == "flex" and plan.moe_flex_dispatcher_backend == "deepep":
+        keys["moe_enable_deepep"] = True
+    elif plan.moe_token_dispatcher_type == "flex":
         keys["moe_flex_dispatcher_backend"] = plan.moe_flex_dispatcher_backend
     if model.moe_router_force_load_balancing:
         keys["moe_router_force_load_balancing"] = True
