@@ -1,8 +1,8 @@
 """Does every cost-model term have a unit test that notices it missing or doubled?
 
 Each term function of the cost model's four steps is scaled by 0 (deleted) and by 2 (doubled),
-and each name in a sum is dropped or repeated; ``tests/test_cost_terms.py`` runs against each
-mutant and must fail. Prints one row per mutant; exits 1 if any survives.
+and each name in a sum is dropped or repeated; ``tests/test_cost_terms.py`` and
+``tests/test_dispatch.py`` run against each mutant and must fail. Prints one row per mutant; exits 1 if any survives.
 
     python benchmarks/bench_term_mutations.py
 
@@ -19,15 +19,17 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = ["tests/test_cost_terms.py"]
+TESTS = ["tests/test_cost_terms.py", "tests/test_dispatch.py"]
 FUNCTIONS = {
     "autoparallel.costmodel.layer_time": [
         "linear_time", "attention_time", "softmax_time", "forward_time", "compute_time", "fp8_cast_time",
         "selective_recompute_time", "full_recompute_time", "tp_comm_time", "cp_comm_time", "fsdp_time",
         "ep_comm_time", "routed_experts_time", "activation_bytes", "stored_activation_bytes", "gemm_input_elements"],
-    "autoparallel.costmodel.stages": ["logits_time", "pp_comm_time", "offload_time", "stage_params"],
+    "autoparallel.costmodel.stages": ["logits_time", "pp_comm_time", "offload_time", "stage_params", "mtp_time"],
     "autoparallel.costmodel.step_time": ["dp_comm_time", "optimizer_time", "weight_cast_time"],
-    "autoparallel.costmodel.peak_memory": ["logits_bytes", "model_states", "_in_flight"],
+    "autoparallel.costmodel.peak_memory": ["logits_bytes", "model_states", "_in_flight", "mtp_bytes"],
+    "autoparallel.costmodel.dispatch": ["alltoall_time", "flex_time", "allgather_time", "nodes_per_token",
+                                        "distinct_share", "exposed_dispatch"],
 }
 LAYER = "autoparallel/costmodel/layer_time.py"
 STAGES = "autoparallel/costmodel/stages.py"
