@@ -2,9 +2,10 @@
 
 Dense tolerances from issue 11: in-sample mean |error| <= 6 %, no row worse than 15 %;
 leave-one-model-out (each model's rows predicted by constants refitted without them) mean <= 10 %,
-max <= 25 %. MoE (issue 14): leave-one-model-out mean <= 20 %; in-sample the issue asks <= 12 %,
-which is missed (14.9 %, benchmarks/RESULTS.md): the bound here is the figure reached, so that it
-cannot get worse unnoticed. Every published layout, dense or MoE, predicted to fit.
+max <= 25 %. MoE (issue 22): leave-one-model-out mean <= 15 %, in-sample <= 10 %, no row worse than
+35 %, DeepSeek-V3's own run within 15 %: all missed today, held as strict expected failures with
+today's figures in the reason (meeting one turns the suite red until the test is updated), beside
+regression bounds at the figures reached. Every published layout, dense or MoE, predicted to fit.
 """
 
 import pytest
@@ -77,15 +78,33 @@ def test_every_moe_row_is_predicted_and_its_published_layout_fits(moe_report):
     assert set(moe_report.id[~moe_report.fits]) == KNOWN_NOT_FITTING
 
 
-def test_moe_leave_one_model_out_error(moe_report):
+def test_moe_errors_do_not_regress(moe_report):
+    # Figures reached (RESULTS.md, issue 22): in-sample 17.9 %, held out 19.5 %; max 69.9 / 64.9 %.
+    assert moe_report.error_pct.abs().mean() <= 18.5
     assert moe_report.heldout_error_pct.abs().mean() <= 20.0
 
 
-def test_moe_in_sample_error_does_not_regress(moe_report):
-    # 14.9 % before issue 22 (18 rows); 17.9 % after: the unpermutation no longer keeps its input
-    # (Megatron-Core >= 0.13), so layouts with less recompute fit and GPT-OSS on B200 and Qwen3-30B
-    # on H100 (25.11) are predicted faster than NVIDIA measured (RESULTS.md, issue 22).
-    assert moe_report.error_pct.abs().mean() <= 18.5
+@pytest.mark.xfail(strict=True, reason="issue 22 target: MoE held-out mean <= 15 %; 19.5 % on 2026-11-25")
+def test_moe_leave_one_model_out_target(moe_report):
+    assert moe_report.heldout_error_pct.abs().mean() <= 15.0
+
+
+@pytest.mark.xfail(strict=True, reason="issue 22 target: MoE in-sample mean <= 10 %; 17.9 % on 2026-11-25")
+def test_moe_in_sample_target(moe_report):
+    assert moe_report.error_pct.abs().mean() <= 10.0
+
+
+@pytest.mark.xfail(strict=True, reason="issue 22 target: no MoE row worse than 35 %; GPT-OSS-120B on B200 "
+                                       "+69.9 % in sample, +64.9 % held out on 2026-11-25")
+def test_moe_worst_row_target(moe_report):
+    assert moe_report.error_pct.abs().max() <= 35.0 and moe_report.heldout_error_pct.abs().max() <= 35.0
+
+
+@pytest.mark.xfail(strict=True, reason="issue 22 target: DeepSeek-V3 on 2,048 H800 within 15 % of 1,543 "
+                                       "tok/s/GPU and predicted to fit; -25.7 %, 119 GiB on 2026-11-25")
+def test_deepseek_v3_own_run_target(moe_report):
+    row = moe_report[moe_report.id.str.startswith("deepseek-v3-report")].iloc[0]
+    assert abs(row.error_pct) <= 15.0 and row.fits
 
 
 def test_moe_held_out_rows_do_not_see_their_own_model(moe_report):
