@@ -24,7 +24,8 @@ FUNCTIONS = {
     "autoparallel.costmodel.layer_time": [
         "linear_time", "attention_time", "softmax_time", "forward_time", "compute_time", "fp8_cast_time",
         "selective_recompute_time", "full_recompute_time", "tp_comm_time", "cp_comm_time", "fsdp_time",
-        "ep_comm_time", "routed_experts_time", "activation_bytes", "stored_activation_bytes", "gemm_input_elements"],
+        "ep_comm_time", "routed_experts_time", "activation_bytes", "stored_activation_bytes", "gemm_input_elements",
+        "unpermute_bytes"],
     "autoparallel.costmodel.stages": ["logits_time", "pp_comm_time", "offload_time", "stage_params", "mtp_time"],
     "autoparallel.costmodel.step_time": ["dp_comm_time", "optimizer_time", "weight_cast_time"],
     "autoparallel.costmodel.peak_memory": ["logits_bytes", "model_states", "_in_flight", "mtp_bytes"],

@@ -167,6 +167,16 @@ def test_ep_all_to_alls_dispatch_and_combine_each_way(mixtral, hw):
                                                                       rel=REL)
 
 
+def test_a_moe_layers_elementwise_work_includes_the_unpermutation(mixtral, hw):
+    x = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+    assert lt.unpermute_bytes(x)[0] == pytest.approx(4096 * 2 * x.imbalance[0] * 2.0 * 4096, rel=REL)
+    eff = hw.efficiency
+    touched = lt.activation_bytes(x, True, False)[0] + lt.unpermute_bytes(x)[0]
+    expected = eff.elementwise_bytes_per_token_hidden / 34.0 * touched / _hbm(hw) + eff.layer_overhead_s \
+        + eff.moe_layer_overhead_s
+    assert lt.forward_time(x, 0.0, 0.0, 0.0, True)[0] == pytest.approx(expected, rel=REL)
+
+
 def test_routed_experts_run_k_copies_of_each_token_at_the_grouped_gemm_efficiency(mixtral, hw):
     x = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
     copies = 4096 * 2 * x.imbalance[0]

@@ -66,7 +66,7 @@ def unpermute_bytes(x: Candidates):
     """The BF16 expert outputs the unpermutation scatter-adds back to their tokens: elementwise
     traffic that, since Megatron-Core multiplies the routing probabilities in the activation,
     leaves nothing saved for backward."""
-    return x.tokens / x.t * x.model.moe_router_topk * x.imbalance * memory.ROUTER_INPUT_BYTES * x.model.hidden_size
+    return x.tokens / x.t * x.model.moe_router_topk * x.imbalance * dispatch.DISPATCH_BYTES * x.model.hidden_size
 
 
 def forward_time(x: Candidates, t_linear, attention, softmax, is_moe: bool):
