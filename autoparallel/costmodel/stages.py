@@ -35,15 +35,15 @@ def mtp_layer(layers: Layers, model) -> dict:
     return layers.moe if model.is_moe else layers.dense
 
 
-def mtp_projection_params(x: Candidates):
-    """Each MTP module's projection of [embedding; hidden] (2h -> h), split by TP."""
-    return 2.0 * x.model.hidden_size ** 2 / x.t
+def mtp_projection_params(model) -> float:
+    """Each MTP module's projection of [embedding; hidden] (2h -> h)."""
+    return 2.0 * model.hidden_size ** 2
 
 
 def mtp_time(x: Candidates, layers: Layers, logits):
     """Multi-token prediction (--mtp-num-layers) on the last stage: per module the projection,
     one transformer layer and one more pass through the (shared) output layer and loss."""
-    projection = 3.0 * linear_time(x, 2.0 * x.model.hidden_size ** 2)
+    projection = 3.0 * linear_time(x, mtp_projection_params(x.model))
     return x.model.mtp_num_layers * (projection + mtp_layer(layers, x.model)["time"] + logits)
 
 
@@ -114,7 +114,7 @@ def stage_params(x: Candidates, layers: Layers) -> list[tuple[np.ndarray, np.nda
     if model.mtp_num_layers:  # on the last stage (the only one when pp = 1)
         n = model.mtp_num_layers
         mtp = mtp_layer(layers, model)
-        head = (n * (mtp["params"] + mtp_projection_params(x)), n * mtp["expert_params"])
+        head = (n * (mtp["params"] + mtp_projection_params(model) / x.t), n * mtp["expert_params"])
         last = (last[0] + head[0], last[1] + head[1])
         first = (first[0] + np.where(x.single, head[0], 0.0), first[1] + np.where(x.single, head[1], 0.0))
     return [first, (layers.on("params", x.middle_layers, x.middle_moe), x.middle_moe * experts), last]
