@@ -152,3 +152,33 @@ def print_report(report: pd.DataFrame, console: Console) -> None:
             cells += [f"{r['heldout_mean_abs_error_pct']:.1f}", f"{r['heldout_max_abs_error_pct']:.1f}"]
         s.add_row(*cells, "yes" if r["all_fit"] else "[red]no[/red]")
     console.print(s)
+
+
+def tie_bands(report: pd.DataFrame) -> dict:
+    """The held-out mean |error| (a fraction) pooled per kind and per GPU family (the preset whose
+    fitted constants a GPU uses) and kind, with row counts: the share of predicted throughput
+    within which a search cannot tell layouts apart on that hardware."""
+    family = {gpu: io.load_hardware(gpu).efficiency_from or gpu for gpu in report["gpu"].unique()}
+    errors = report.assign(family=report["gpu"].map(family), error=report["heldout_error_pct"].abs() / 100)
+    pooled = errors.groupby("kind")["error"].mean()
+    by_family: dict[str, dict] = {}
+    for (fam, kind), group in errors.groupby(["family", "kind"]):
+        by_family.setdefault(fam, {}).update({kind: round(float(group["error"].mean()), 3), f"{kind}_rows": len(group)})
+    return {"step_time_relative_error": round(float(pooled["dense"]), 3),
+            "moe_step_time_relative_error": round(float(pooled["moe"]), 3) if "moe" in pooled else None,
+            "by_family": dict(sorted(by_family.items()))}
+
+
+def tie_bands_yaml(report: pd.DataFrame, date: str) -> str:
+    """prediction_error.yaml as ``validate --tie-bands`` writes it."""
+    import yaml
+    bands = tie_bands(report)
+    counts = report["kind"].value_counts()
+    header = ("# How far a predicted step time may be from the measured one on a layout the calibration has not\n"
+              "# seen. Ranked tables mark layouts whose predicted throughput is within this share of the best as\n"
+              "# a tie: the cost model cannot tell them apart; measure them (search --profile job) to decide.\n"
+              "# Written by `autoparallel validate --tie-bands FILE`; tests/test_validate.py checks it.\n")
+    bands["source"] = (f"`autoparallel validate`, leave-one-model-out mean |error| over {counts.get('dense', 0)} "
+                       f"dense and {counts.get('moe', 0)} MoE published rows, {date}")
+    return header + yaml.safe_dump(bands, sort_keys=False, width=100)
+

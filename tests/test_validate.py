@@ -109,3 +109,23 @@ def test_deepseek_v3_own_run_target(moe_report):
 
 def test_moe_held_out_rows_do_not_see_their_own_model(moe_report):
     assert (moe_report.heldout_predicted != moe_report.predicted).all()
+
+
+def test_the_shipped_tie_bands_are_what_validate_computes(full_report):
+    """prediction_error.yaml holds today's held-out errors (`validate --tie-bands FILE` rewrites it)."""
+    from autoparallel import io
+    from autoparallel.resources import SEARCH_SPACES
+    shipped = io.read_yaml(SEARCH_SPACES / "prediction_error.yaml")
+    assert {k: shipped[k] for k in validate.tie_bands(full_report)} == validate.tie_bands(full_report)
+
+
+def test_each_family_gets_its_own_tie_band():
+    from autoparallel import io
+    from autoparallel.report.tables import prediction_error
+    error = prediction_error()
+    h100, gb300, a100 = (io.load_hardware(g) for g in ("h100-sxm", "gb300", "a100-sxm-80g"))
+    assert error.for_hardware(h100).step_time_relative_error == error.by_family["h100-sxm"]["dense"]
+    assert error.for_hardware(gb300, moe=True).step_time_relative_error == error.by_family["b200"]["moe"]
+    assert "b200 family" in error.for_hardware(gb300, moe=True).source
+    # No MoE rows on A100: the pooled MoE band.
+    assert error.for_hardware(a100, moe=True).step_time_relative_error == error.moe_step_time_relative_error

@@ -118,7 +118,7 @@ def _show(result, args: argparse.Namespace, how: str, run_dir: Path | None) -> N
              f"{min(args.top, len(result.feasible))} of {len(result.feasible):,} feasible ({how})")
     where = "" if args.no_save else "; all in the run folder's ranked.md"
     print_ranked(result.ranked, title, args.top, console, result.hardware, result.space.memory_fraction,
-                 args.wide, args.explain, where, train)
+                 args.wide, args.explain, where, train, moe=result.model.is_moe)
     if run_dir:
         _next_steps(result, run_dir)
 

@@ -20,12 +20,18 @@ def add_parser(sub) -> None:
                         "published runs")
     v.add_argument("--no-cross-validation", action="store_true",
                    help="skip the leave-one-model-out refits (in-sample error only; seconds instead of a minute)")
+    v.add_argument("--tie-bands", metavar="FILE",
+                   help="also write the held-out error per GPU family and dense/MoE (prediction_error.yaml, the "
+                        "tie band of the ranked tables) to FILE")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
     runs = [Path(r) for r in args.runs] if args.runs else None
+    if args.inference and args.tie_bands:
+        raise UserError("--tie-bands has no effect with --inference (the bands are the training model's); "
+                        "drop one of them")
     if args.inference:
         from autoparallel.measured_runs import read_runs_table
         from autoparallel.serve import validate as serve_validate
@@ -40,7 +46,16 @@ def run(args: argparse.Namespace) -> None:
                             f"({type(exc).__name__}: {' '.join(str(exc).split())[:150]})") from None
         return
     from autoparallel import validate
+    if args.tie_bands and args.no_cross_validation:
+        raise UserError("--tie-bands needs the held-out errors: drop --no-cross-validation")
+    if args.tie_bands:
+        from autoparallel import safefile
+        safefile.check_output_file(Path(args.tie_bands), "--tie-bands")
     report = _training_report(validate, runs, cross=not args.no_cross_validation, quiet=args.json)
+    if args.tie_bands:
+        import datetime as dt
+        safefile.write_atomic(Path(args.tie_bands), validate.tie_bands_yaml(report, dt.date.today().isoformat()),
+                              "--tie-bands")
     if args.json:
         print(json.dumps({"rows": json.loads(report.to_json(orient="records")),
                           "summary": json.loads(validate.summary(report).to_json(orient="records"))}, indent=1))

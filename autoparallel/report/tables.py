@@ -12,7 +12,7 @@ MFU is against the BF16 dense peak, as NeMo and Megatron-LM report it, FP8 utili
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 from rich.console import Console
@@ -83,10 +83,28 @@ PLAN_DEFAULTS = {f: getattr(Plan(tp=1, pp=1, dp=1, gbs=1), f) for f in HIDDEN_KN
 
 @dataclass(frozen=True)
 class PredictionError:
-    """The relative step-time error within which two predictions are a tie, and where it comes from."""
+    """The relative step-time error within which two predictions are a tie, and where it comes
+    from: pooled over every GPU, and per GPU family (a preset and those that take its fitted
+    constants) for dense and MoE models, as ``validate --tie-bands`` writes them."""
 
     step_time_relative_error: float
     source: str
+    moe_step_time_relative_error: float | None = None
+    # family -> {"dense": error, "dense_rows": n, "moe": error, "moe_rows": n} (kinds it has rows of)
+    by_family: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def for_hardware(self, hw: HardwareSpec | None, moe: bool = False) -> PredictionError:
+        """The band of ``hw``'s family and the model's kind; the pooled one where the family has
+        no held-out rows of that kind."""
+        kind = "moe" if moe else "dense"
+        pooled = self.moe_step_time_relative_error if moe and self.moe_step_time_relative_error else \
+            self.step_time_relative_error
+        family = (hw.efficiency_from or hw.name) if hw is not None else ""
+        band = self.by_family.get(family, {})
+        if kind not in band:
+            return PredictionError(pooled, f"{kind} rows of every GPU; {self.source}")
+        rows = int(band[f"{kind}_rows"])
+        return PredictionError(band[kind], f"{rows} {kind} rows of the {family} family; {self.source}")
 
 
 def prediction_error() -> PredictionError:
@@ -129,7 +147,7 @@ def grouped(ranked: pd.DataFrame, candidates: int, hw: HardwareSpec | None = Non
     if "precision_utilization" in best:  # the cost model's utilisation of the FP8 peak, FP8 rows only
         fp8 = best["precision"].astype(str).isin(FP8_PRECISIONS)
         best["fp8_utilisation"] = best["precision_utilization"].where(fp8)
-    error = error or prediction_error()
+    error = error or prediction_error().for_hardware(hw)
     top = window["tokens_per_s_per_gpu"].iloc[0]
     best["tie"] = ["yes" if t >= top * (1 - error.step_time_relative_error) else "-"
                    for t in best["tokens_per_s_per_gpu"]]
@@ -144,9 +162,10 @@ def _cell(row: pd.Series, column: Column) -> str:
 
 
 def _table(ranked: pd.DataFrame, candidates: int, hw: HardwareSpec | None = None,
-           train: TimeToTrain | None = None) -> tuple[tuple[Column, ...], list[list[str]]]:
+           train: TimeToTrain | None = None, error: PredictionError | None = None
+           ) -> tuple[tuple[Column, ...], list[list[str]]]:
     """The columns and cells of the grouped table, with the time to train when asked for."""
-    rows = grouped(ranked, candidates, hw)
+    rows = grouped(ranked, candidates, hw, error)
     if train is not None and not rows.empty:
         rows = rows.assign(**train.columns(rows["tokens_per_s_per_gpu"]))
     columns = _columns(rows if not rows.empty else ranked)
@@ -161,7 +180,7 @@ def legend(hw: HardwareSpec | None, memory_fraction: float | None = None,
            error: PredictionError | None = None) -> list[str]:
     """What the columns mean in full: units, the MFU basis, the memory limit, the tie band's
     source and the knob codes (``--explain`` and ranked.md)."""
-    error = error or prediction_error()
+    error = error or prediction_error().for_hardware(hw)
     lines = ["One row per layout (TP/PP/CP/DP/EP): its best variant; var = the other candidates of that "
              "layout in this window, differs = the knobs they change; other = knobs without a column that the "
              "row sets away from their default.",
@@ -190,7 +209,7 @@ def legend(hw: HardwareSpec | None, memory_fraction: float | None = None,
 def short_legend(hw: HardwareSpec | None, memory_fraction: float | None = None,
                  error: PredictionError | None = None) -> list[str]:
     """The terminal's legend: at most three lines of under 80 characters each."""
-    error = error or prediction_error()
+    error = error or prediction_error().for_hardware(hw)
     lines = [f"tie: within {error.step_time_relative_error:.1%} of the best tok/s/GPU, the model's error: "
              "ties are unordered"]
     if hw is not None:
@@ -202,30 +221,33 @@ def short_legend(hw: HardwareSpec | None, memory_fraction: float | None = None,
 
 def print_ranked(ranked: pd.DataFrame, title: str, top: int = 10, console: Console | None = None,
                  hw: HardwareSpec | None = None, memory_fraction: float | None = None, wide: bool = False,
-                 explain: bool = False, where: str = "", train: TimeToTrain | None = None) -> None:
+                 explain: bool = False, where: str = "", train: TimeToTrain | None = None,
+                 moe: bool = False) -> None:
     """The ranked table as wide as the terminal allows (all columns with ``wide``), the short
     legend, or the full one with ``explain``; with ``train``, the time to train of each layout
-    and a line on the winner's."""
+    and a line on the winner's; ``moe``: the tie band of MoE models."""
     console = console or Console()
-    text = legend(hw, memory_fraction) if explain else short_legend(hw, memory_fraction)
+    error = prediction_error().for_hardware(hw, moe)
+    text = legend(hw, memory_fraction, error) if explain else short_legend(hw, memory_fraction, error)
     if train is not None and ranked["fits"].any():
         text = [train.summary(float(ranked.loc[ranked["fits"], "tokens_per_s_per_gpu"].iloc[0])), *text]
-    columns, rows = _table(ranked, top, hw, train)
+    columns, rows = _table(ranked, top, hw, train, error)
     print_table(console, title, columns, rows, text, wide, where)
 
 
 def markdown_table(ranked: pd.DataFrame, top: int = 50, hw: HardwareSpec | None = None,
                    memory_fraction: float | None = None, feasible: int | None = None,
-                   train: TimeToTrain | None = None) -> str:
+                   train: TimeToTrain | None = None, moe: bool = False) -> str:
     """ranked.md's table; ``feasible``: the run's count when ``ranked`` keeps only the best;
-    ``train``: the time to train beside each layout."""
-    columns, rows = _table(ranked, top, hw, train)
+    ``train``: the time to train beside each layout; ``moe``: the tie band of MoE models."""
+    error = prediction_error().for_hardware(hw, moe)
+    columns, rows = _table(ranked, top, hw, train, error)
     headers = [c.header for c in columns]
     feasible = feasible or int(ranked["fits"].sum())
     lines = [f"Best {min(top, feasible)} of {feasible:,} feasible candidates in {len(rows)} layouts.", "",
              "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n\n" + "".join(f"- {line}\n" for line in legend(hw, memory_fraction))
+    return "\n".join(lines) + "\n\n" + "".join(f"- {line}\n" for line in legend(hw, memory_fraction, error))
 
 
 def _rules(ranked: pd.DataFrame) -> pd.Series:

@@ -124,7 +124,8 @@ def write_tables(result: SearchResult, run_dir: Path, top_md: int = 50, summaris
         run_folder.write_csv(run_dir / run_folder.PROFILED, result.profiled)
     title = f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}"
     run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(
-        result.ranked, top_md, result.hardware, result.space.memory_fraction, train=result.train))
+        result.ranked, top_md, result.hardware, result.space.memory_fraction, train=result.train,
+        moe=result.model.is_moe))
     if not result.feasible.empty:
         write_best(run_dir, result.model, result.hardware, result.entry(1), title)
     rows = result.ranked
@@ -420,7 +421,7 @@ def report(run_dir: Path) -> Path:
         result = load(run_dir)
         title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"
         run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(
-            result.ranked, 50, hw, space.memory_fraction, result.feasible_total, result.train))
+            result.ranked, 50, hw, space.memory_fraction, result.feasible_total, result.train, model.is_moe))
     title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"
     page = html.render(result.ranked, title, space.memory_fraction * hw.memory_gib, hw, result.rejections,
                        result.feasible_total)
