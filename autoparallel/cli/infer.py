@@ -13,6 +13,8 @@ from autoparallel.argtypes import positive, positive_number
 from autoparallel.cli.common import add_table_flags, add_target, console
 from autoparallel.errors import UserError
 
+DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN = 2048, 256
+
 
 def add_parser(sub) -> None:
     i = sub.add_parser("infer", help="rank serving layouts (TP, PP, replicas, max batch, max tokens, precisions) "
@@ -21,8 +23,12 @@ def add_parser(sub) -> None:
     i.add_argument("--engine", default="tensorrt-llm",
                    help="serving engine whose scheduler and fitted constants to use: tensorrt-llm (default), "
                         "vllm, sglang, tensorrt-llm-0.10, fastertransformer (static batching)")
-    i.add_argument("--input-len", type=positive, default=2048, help="prompt tokens per request (default 2048)")
-    i.add_argument("--output-len", type=positive, default=256, help="generated tokens per request (default 256)")
+    i.add_argument("--input-len", type=positive, help="prompt tokens per request (default 2048)")
+    i.add_argument("--output-len", type=positive, help="generated tokens per request (default 256)")
+    i.add_argument("--workload",
+                   help="request lengths from a distribution instead of one fixed pair: mlperf-llama2-70b, "
+                        "mlperf-mixtral-8x7b, mlperf-llama3.1-405b, mlperf-llama3.1-8b, sharegpt, or a CSV / JSONL "
+                        "file of input_len,output_len pairs (the search prices the mean lengths)")
     i.add_argument("--max-model-len", type=positive,
                    help="longest sequence the engine must accept (default input + output; past the model's "
                         "context it is accepted with a warning, as the engines accept it)")
@@ -64,8 +70,14 @@ def request_of(args: argparse.Namespace):
             raise UserError(f"--max-latency-ms {value:g} --latency-metric {args.latency_metric} contradicts "
                             f"--{field.replace('_', '-')} {bounds[field]:g}; give one of them")
         bounds[field] = value
-    return serve.Request(args.input_len, args.output_len, **bounds, request_rate=args.request_rate,
-                         max_model_len=args.max_model_len)
+    if args.workload is None:
+        return serve.Request(args.input_len or DEFAULT_INPUT_LEN, args.output_len or DEFAULT_OUTPUT_LEN, **bounds,
+                             request_rate=args.request_rate, max_model_len=args.max_model_len)
+    if args.input_len is not None or args.output_len is not None:
+        raise UserError(f"--workload {args.workload} gives the request lengths; drop --input-len / --output-len")
+    from autoparallel.serve.workload import load_workload
+    return serve.Request.of_workload(load_workload(args.workload), **bounds, request_rate=args.request_rate,
+                                     max_model_len=args.max_model_len)
 
 
 def run(args: argparse.Namespace) -> None:
