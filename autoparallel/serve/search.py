@@ -325,7 +325,9 @@ def no_feasible_message(result: InferenceResult) -> str:
     return f"no serving layout of {where} meets {result.request.describe()}: {top}; {lowest}"
 
 
-def save(result: InferenceResult, root: Path, command: list[str], top_md: int = 50) -> Path:
+def save(result: InferenceResult, root: Path, command: list[str], top_md: int = 50,
+         extra: dict[str, str] | None = None) -> Path:
+    """The run folder: manifest, ranked.md, best.yaml, candidates.csv and ``extra`` files (name -> text)."""
     from autoparallel.serve.report import markdown_table
     run_dir = run_folder.new_run_dir(root, f"{result.model.name}-infer", result.gpus, result.hardware.name)
     run_folder.write_yaml(run_dir / run_folder.MANIFEST, run_folder.manifest(command, {
@@ -346,6 +348,8 @@ def save(result: InferenceResult, root: Path, command: list[str], top_md: int = 
                             + markdown_table(result.pareto, len(result.pareto), feasible_only=False))
     run_folder.write_yaml(run_dir / run_folder.BEST, export.best_document(result, result.entry(1), record(result.entry(1))))
     run_folder.write_csv(run_dir / run_folder.CANDIDATES, result.ranked)
+    for name, text in (extra or {}).items():
+        run_folder.write_atomic(run_dir / name, text)
     return run_dir
 
 

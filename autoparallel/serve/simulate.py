@@ -47,8 +47,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoparallel.costmodel.inference import (InferenceEfficiency, ServingEngine, _soft_max, decode_attention,
-                                              layout, pipeline_hop, prefill_attention, stage_pass)
+from autoparallel.costmodel.inference import (InferenceEfficiency, ServingEngine, decode_attention, layout,
+                                              pipeline_hop, prefill_attention, stage_pass)
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 
@@ -120,8 +120,10 @@ class IterationCost:
         m = min(self.pp, max(n, 1))
         t_mb = min(round(n / m), self.max_tokens)
         fixed = self.per_tokens[t_mb] + self.per_sampled[min(t_mb, self.max_seqs)] + self.hop[t_mb]
-        att = _soft_max(ctx_sums * self.ctx_flops / m * self.per_flop, ctx_sums * self.ctx_bytes / m * self.per_byte,
-                        self.k)
+        a = ctx_sums * (self.ctx_flops / m * self.per_flop)
+        b = ctx_sums * (self.ctx_bytes / m * self.per_byte)
+        hi = np.maximum(np.maximum(a, b), 1e-300)  # the roofline of ``attention``, over the array
+        att = hi * ((a / hi) ** self.k + (b / hi) ** self.k) ** (1.0 / self.k)
         return self.pp * (fixed + att) + self.pass_s
 
 
@@ -387,6 +389,9 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
         k = heap[0][0] - D - 1  # stop one iteration before the first finish
         if k <= 0:
             continue
+        if horizon < math.inf:  # iterations only get longer: at most this many start before the arrival
+            first_step = cost.decode_times(n_dec, np.array([float(ctx_sum)]))[0]
+            k = min(k, int((horizon - t) / first_step) + 2)
         if not full:
             needs = np.cumsum(np.array(cnt)[(D + 1 + np.arange(k)) % B])
             k = int(np.searchsorted(needs, free, side="right"))
