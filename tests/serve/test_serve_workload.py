@@ -95,14 +95,15 @@ def test_unknown_name_lists_the_valid_ones():
 
 def test_request_of_a_workload_prices_the_means_and_accepts_the_longest():
     r = Request.of_workload(load_workload("mlperf-llama2-70b"))
-    assert (r.input_len, r.output_len, r.max_model_len, r.workload) == (870, 294, 2048, "mlperf-llama2-70b")
+    assert (r.input_len, r.output_len, r.max_model_len, r.workload) == (227, 294, 2048, "mlperf-llama2-70b")
 
 
 def test_cli_workload_search(capsys):
+    """--workload turns the traffic simulation on (offline without a rate or scenario)."""
     rc = cli.main(["infer", "--model", "llama3-70b", "--gpus", "8", "--gpu", "h100-sxm", "--workload",
-                   "mlperf-llama2-70b", "--no-save", "--top", "1"])
+                   "mlperf-llama2-70b", "--no-save", "--top", "1", "--requests", "500"])
     out = capsys.readouterr().out
-    assert rc == 0 and "workload mlperf-llama2-70b (means 870 / 294 tokens)" in out
+    assert rc == 0 and "mlperf-llama2-70b, offline: 500 simulated requests" in " ".join(out.split())
     assert max(len(line) for line in out.splitlines()) <= 100
 
 
@@ -118,12 +119,16 @@ def test_cli_errors_are_one_line(capsys, argv, message):
 
 
 def test_cli_json_point_with_a_workload_file(tmp_path, capsys):
+    """A pinned layout over a file's pairs: that one layout, simulated over the file's lengths."""
     path = tmp_path / "w.jsonl"
     path.write_text("\n".join(json.dumps({"input_len": i, "output_len": 100}) for i in (1000, 3000)) + "\n")
-    rc = cli.main(["infer", "--model", "llama3-70b", "--gpus", "8", "--tp", "8", "--pp", "1", "--max-batch", "16",
-                   "--workload", str(path), "--json"])
-    assert rc == 0
+    argv = ["infer", "--model", "llama3-70b", "--gpus", "8", "--tp", "8", "--pp", "1", "--max-batch", "16",
+            "--requests", "200", "--json"]
+    assert cli.main([*argv, "--workload", str(path)]) == 0
+    spread = json.loads(capsys.readouterr().out)
+    assert spread["workload"] == "w.jsonl" and len(spread["ranked"]) == 1
+    assert spread["ranked"][0]["config"]["tp"] == 8 and spread["ranked"][0]["config"]["max_batch"] == 16
+    assert cli.main([*argv, "--input-len", "2000", "--output-len", "100", "--scenario", "offline"]) == 0
     fixed = json.loads(capsys.readouterr().out)
-    assert cli.main(["infer", "--model", "llama3-70b", "--gpus", "8", "--tp", "8", "--pp", "1", "--max-batch", "16",
-                     "--input-len", "2000", "--output-len", "100", "--max-model-len", "3100", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == fixed  # the fluid model prices the mean pair
+    assert fixed["workload"] == "fixed 2000/100"
+    assert fixed["ranked"][0]["ttft_ms"]["p50"] != spread["ranked"][0]["ttft_ms"]["p50"]
