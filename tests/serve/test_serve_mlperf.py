@@ -56,12 +56,12 @@ def test_offline_within_the_issue_tolerance(report):
     assert len(held) >= 10 and held["in_sample_pct"].abs().mean() <= 15.0
 
 
-def test_server_figures_are_reported_as_they_are(report):
-    """Server sustained tokens/s: measured 18.6 % mean |error| (target 15 %: not met); p99 TTFT /
-    TPOT at the target QPS 46.9 / 51.4 % (target 25 %: not met). Bounds here guard against a
-    regression, not the issue's targets."""
+def test_server_within_the_issue_tolerance_and_p99_as_it_is(report):
+    """Server sustained tokens/s per GPU: mean |error| <= 15 % (measured 7.1 %). p99 TTFT / TPOT
+    at the target QPS: measured 46.9 / 51.4 % (the simulation's tails are about half the
+    submissions'; the issue's 25 % is not met) -- bounded here against a regression only."""
     m = mlperf.scenario_means(report)
-    assert m["server_tokens_pct"] <= 22.0
+    assert m["server_tokens_pct"] <= 15.0
     assert m["ttft_p99_pct"] <= 60.0 and m["tpot_p99_pct"] <= 60.0
     server = report[report["scenario"] == "Server"]
     assert server["in_sample_ttft_pct"].notna().all() and server["in_sample_tpot_pct"].notna().all()

@@ -169,3 +169,15 @@ def test_5000_requests_in_well_under_a_second(llama70b_tp4):
     start = time.process_time()
     run_workload(*llama70b_tp4, w, 8.0, 5000)
     assert time.process_time() - start < 0.5
+
+
+def test_a_queue_that_grows_is_not_kept_up_with():
+    """One request at a time, each 2 iterations (2 s): arrivals every 3 s are served as they come
+    (throughput = rate x output); every 0.5 s the queue grows and the TTFT with it."""
+    sched = Scheduler(1, 100, 100, 4)
+    calm = both(sched, np.arange(40) * 3.0, [4] * 40, [2] * 40)
+    assert calm.keeps_up and calm.output_tokens_per_s == pytest.approx(2 / 3.0)
+    assert set(calm.ttft.tolist()) == {1.0}
+    flood = both(sched, np.arange(40) * 0.5, [4] * 40, [2] * 40)
+    assert not flood.keeps_up
+    assert flood.output_tokens_per_s == pytest.approx(1.0, rel=0.05)  # the capacity: 2 tokens per 2 s
