@@ -57,7 +57,7 @@ def test_offline_within_the_issue_tolerance(report):
 
 
 def test_server_within_the_issue_tolerance_and_p99_as_it_is(report):
-    """Server sustained tokens/s per GPU: mean |error| <= 15 % (measured 7.1 %). p99 TTFT / TPOT
+    """Server sustained tokens/s per GPU: mean |error| <= 15 % (measured 8.5 %). p99 TTFT / TPOT
     at the target QPS: measured 46.9 / 51.4 % (the simulation's tails are about half the
     submissions'; the issue's 25 % is not met) -- bounded here against a regression only."""
     m = mlperf.scenario_means(report)
