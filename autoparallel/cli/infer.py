@@ -185,6 +185,7 @@ def run_simulated(args: argparse.Namespace, model, hw, request, space, engine) -
                                 console, args.wide)
     if not args.no_save:
         extra = {"simulated.md": traffic.markdown(frame, title, percentile)}
-        run_dir = run_folder.staged(Path(args.results), lambda staging: serve.save(result, staging, sys.argv, extra=extra))
+        run_dir = run_folder.staged(Path(args.results),
+                                    lambda staging: serve.save(result, staging, sys.argv, extra=extra))
         if not args.json:
             console.print(f"run folder: {run_dir}")

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from autoparallel import io
+from autoparallel.costmodel.inference import layout, stage_pass
 from autoparallel.costmodel.inflight import estimate_inflight_columns
 from autoparallel.serve.assumptions import efficiency_for, load_engine
 from autoparallel.serve.simulate import (IterationCost, Scheduler, arrivals, replica, run_workload, simulate,
@@ -109,13 +110,22 @@ def test_fast_equals_reference_on_a_real_cost(engine, pp, chunked, rate, blocks)
 
 
 def test_iteration_cost_is_the_stage_pass_sum():
-    """A pure decode iteration priced by the tables equals costmodel.inflight's iteration at rest."""
+    """A decode iteration and a mixed one priced through the tables equal stage_pass on the same
+    batch (plus the per-iteration overhead), and the vectorised decode prices agree."""
     model, hw = io.load_model("llama3.1-70b"), io.load_hardware("h100-sxm")
-    eff, e = efficiency_for("tensorrt-llm"), load_engine("tensorrt-llm")
-    cost = IterationCost(model, hw, eff, 4, 1, "fp8", "fp8", 1, 8192, 64)
-    n, ctx = 64, 1000
-    assert cost.time(n, n, n * ctx * cost.ctx_flops, n * ctx * cost.ctx_bytes, n) == pytest.approx(
-        cost.decode_times(n, np.array([n * ctx]))[0], rel=1e-12)
+    eff = efficiency_for("tensorrt-llm")
+    cost = IterationCost(model, hw, eff, 4, 1, "fp8", "fp8", 1, 8192, 128)  # tables up to 128 sequences
+    lay = layout(model, hw, eff, 4.0, 1.0, "fp8", "fp8", 1.0)
+    n, ctx, chunk = 64, 1000, 512
+    flops, nbytes = n * ctx * cost.ctx_flops, n * ctx * cost.ctx_bytes
+    direct = float(stage_pass(lay, np.array([n]), np.array([n]), np.array([flops]), np.array([nbytes]))["time"][0])
+    assert cost.time(n, n, flops, nbytes, n) == pytest.approx(direct + eff.pass_overhead_us * 1e-6, rel=1e-9)
+    assert cost.decode_times(n, np.array([n * ctx]))[0] == pytest.approx(cost.time(n, n, flops, nbytes, n), rel=1e-12)
+    mixed_flops = flops + cost.chunk_flops * chunk * chunk / 2
+    direct = float(stage_pass(lay, np.array([n + chunk]), np.array([n + 1]), np.array([mixed_flops]),
+                              np.array([nbytes]))["time"][0])
+    assert cost.time(n + chunk, n + 1, mixed_flops, nbytes, n + 1) == pytest.approx(
+        direct + eff.pass_overhead_us * 1e-6, rel=1e-9)
 
 
 @pytest.mark.parametrize("tp, max_batch, inp, out", [(4, 256, 1024, 256), (8, 64, 2048, 128), (2, 512, 512, 512)])
