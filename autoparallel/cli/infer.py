@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from autoparallel import io
-from autoparallel.argtypes import positive, positive_number, seed
+from autoparallel.argtypes import percentile, positive, positive_number, seed
 from autoparallel.cli.common import add_table_flags, add_target, console
 from autoparallel.errors import UserError
 
@@ -46,7 +46,7 @@ def add_parser(sub) -> None:
                    help="offline: all requests at once; server: each layout's largest Poisson request rate whose "
                         "percentile bounds hold (default bounds: MLPerf Server's p99 TTFT 2000 / TPOT 200 ms); "
                         "interactive: server with MLPerf's tighter bounds (450 / 40 ms)")
-    t.add_argument("--latency-percentile", type=float,
+    t.add_argument("--latency-percentile", type=percentile,
                    help="percentile --max-ttft-ms / --max-tpot-ms bound in the simulation (default 99)")
     t.add_argument("--requests", type=positive, default=5000, help="simulated requests per layout (default 5000)")
     t.add_argument("--seed", type=seed, default=0, help="seed of the lengths and arrivals (default 0)")

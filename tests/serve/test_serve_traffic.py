@@ -86,8 +86,9 @@ def test_run_folder_gets_the_simulated_table(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--scenario", "peak"], "--scenario 'peak' is not one of offline, server, interactive"),
-    (["--latency-percentile", "0"], "--latency-percentile 0 is not in (0, 100]"),
-    (["--latency-percentile", "101"], "--latency-percentile 101 is not in (0, 100]"),
+    (["--latency-percentile", "0"], "--latency-percentile: expected a percentile in (0, 100], got 0"),
+    (["--latency-percentile", "101"], "--latency-percentile: expected a percentile in (0, 100], got 101"),
+    (["--latency-percentile", "p99"], "--latency-percentile: expected a percentile in (0, 100], got 'p99'"),
     (["--scenario", "server", "--request-rate", "3"], "--scenario server finds each layout's request rate"),
     (["--latency-percentile", "99", "--engine", "fastertransformer"], "needs an in-flight batching engine"),
 ])
