@@ -9,9 +9,11 @@ import time
 from pathlib import Path
 
 from autoparallel import io
-from autoparallel.argtypes import positive, positive_number
+from autoparallel.argtypes import percentile, positive, positive_number, seed
 from autoparallel.cli.common import add_table_flags, add_target, console
 from autoparallel.errors import UserError
+
+DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN = 2048, 256
 
 
 def add_parser(sub) -> None:
@@ -21,8 +23,12 @@ def add_parser(sub) -> None:
     i.add_argument("--engine", default="tensorrt-llm",
                    help="serving engine whose scheduler and fitted constants to use: tensorrt-llm (default), "
                         "vllm, sglang, tensorrt-llm-0.10, fastertransformer (static batching)")
-    i.add_argument("--input-len", type=positive, default=2048, help="prompt tokens per request (default 2048)")
-    i.add_argument("--output-len", type=positive, default=256, help="generated tokens per request (default 256)")
+    i.add_argument("--input-len", type=positive, help="prompt tokens per request (default 2048)")
+    i.add_argument("--output-len", type=positive, help="generated tokens per request (default 256)")
+    i.add_argument("--workload",
+                   help="request lengths from a distribution instead of one fixed pair: mlperf-llama2-70b, "
+                        "mlperf-mixtral-8x7b, mlperf-llama3.1-405b, mlperf-llama3.1-8b, sharegpt, or a CSV / JSONL "
+                        "file of input_len,output_len pairs (the search prices the mean lengths)")
     i.add_argument("--max-model-len", type=positive,
                    help="longest sequence the engine must accept (default input + output; past the model's "
                         "context it is accepted with a warning, as the engines accept it)")
@@ -35,6 +41,15 @@ def add_parser(sub) -> None:
     b.add_argument("--latency-metric", default="tpot", help="ttft | tpot | e2e: what --max-latency-ms bounds (default tpot)")
     i.add_argument("--request-rate", type=positive_number,
                    help="requests/s the whole deployment must serve (default: offline, unbounded arrival)")
+    t = i.add_argument_group("traffic simulation (issue 29; on with any of these or --workload)")
+    t.add_argument("--scenario",
+                   help="offline: all requests at once; server: each layout's largest Poisson request rate whose "
+                        "percentile bounds hold (default bounds: MLPerf Server's p99 TTFT 2000 / TPOT 200 ms); "
+                        "interactive: server with MLPerf's tighter bounds (450 / 40 ms)")
+    t.add_argument("--latency-percentile", type=percentile,
+                   help="percentile --max-ttft-ms / --max-tpot-ms bound in the simulation (default 99)")
+    t.add_argument("--requests", type=positive, default=5000, help="simulated requests per layout (default 5000)")
+    t.add_argument("--seed", type=seed, default=0, help="seed of the lengths and arrivals (default 0)")
     g = i.add_argument_group("layout knobs (any given knob is pinned; tp, pp and max batch all pinned = one estimate)")
     g.add_argument("--tp", type=positive, help="pin tensor parallel size")
     g.add_argument("--pp", type=positive, help="pin pipeline parallel size")
@@ -55,17 +70,36 @@ def add_parser(sub) -> None:
     i.set_defaults(func=run)
 
 
+def simulated(args: argparse.Namespace) -> bool:
+    """Whether the flags ask for the traffic simulation (else the steady-state model alone)."""
+    return bool(args.scenario or args.workload or args.latency_percentile is not None)
+
+
 def request_of(args: argparse.Namespace):
-    """The Request the flags describe; --max-latency-ms folds into the bound it names."""
+    """The Request the flags describe; --max-latency-ms folds into the bound it names; a server
+    or interactive scenario supplies the bounds not given."""
     from autoparallel.serve import search as serve
+    from autoparallel.serve.traffic import Traffic, scenario_bounds
     bounds = {"max_ttft_ms": args.max_ttft_ms, "max_tpot_ms": args.max_tpot_ms, "max_e2e_ms": args.max_e2e_ms}
     for field, value in serve.legacy_bound(args.max_latency_ms, args.latency_metric).items():
         if bounds[field] is not None and bounds[field] != value:
             raise UserError(f"--max-latency-ms {value:g} --latency-metric {args.latency_metric} contradicts "
                             f"--{field.replace('_', '-')} {bounds[field]:g}; give one of them")
         bounds[field] = value
-    return serve.Request(args.input_len, args.output_len, **bounds, request_rate=args.request_rate,
-                         max_model_len=args.max_model_len)
+    if simulated(args):
+        Traffic(None, args.scenario, 99.0 if args.latency_percentile is None else args.latency_percentile)  # checks
+        if args.scenario in ("server", "interactive") and args.request_rate is not None:
+            raise UserError(f"--scenario {args.scenario} finds each layout's request rate; drop --request-rate")
+        for field, value in scenario_bounds(args.scenario).items():
+            bounds[field] = value if bounds[field] is None else bounds[field]
+    if args.workload is None:
+        return serve.Request(args.input_len or DEFAULT_INPUT_LEN, args.output_len or DEFAULT_OUTPUT_LEN, **bounds,
+                             request_rate=args.request_rate, max_model_len=args.max_model_len)
+    if args.input_len is not None or args.output_len is not None:
+        raise UserError(f"--workload {args.workload} gives the request lengths; drop --input-len / --output-len")
+    from autoparallel.serve.workload import load_workload
+    return serve.Request.of_workload(load_workload(args.workload), **bounds, request_rate=args.request_rate,
+                                     max_model_len=args.max_model_len)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -95,6 +129,7 @@ def run(args: argparse.Namespace) -> None:
                                           expert_parallel=args.expert_parallel)
     if point:
         space = space.pinned(tp_within_nvlink_domain=False)
+    if point and not simulated(args):
         row = serve.estimate_point(model, hw, args.gpus, request, space, engine)
         if args.json:
             print(json.dumps(serve.record(row), indent=1))
@@ -104,6 +139,8 @@ def run(args: argparse.Namespace) -> None:
             if row["reason"]:
                 console.print(f"[red]{row['reason']}[/red]")
         return
+    if simulated(args):
+        return run_simulated(args, model, hw, request, space, engine)
     start = time.perf_counter()
     result = serve.search(model, hw, args.gpus, request, space, engine)
     elapsed = time.perf_counter() - start
@@ -119,5 +156,36 @@ def run(args: argparse.Namespace) -> None:
                      len(result.pareto), console, args.wide, where=where)
     if not args.no_save:  # serve.save makes the folder inside the staging folder it is given
         run_dir = run_folder.staged(Path(args.results), lambda staging: serve.save(result, staging, sys.argv))
+        if not args.json:
+            console.print(f"run folder: {run_dir}")
+
+
+def run_simulated(args: argparse.Namespace, model, hw, request, space, engine) -> None:
+    """The steady-state search, then its best layouts simulated under the workload's traffic."""
+    from autoparallel.report import run_folder
+    from autoparallel.serve import search as serve
+    from autoparallel.serve import traffic
+    from autoparallel.serve.workload import Workload, load_workload
+    workload = load_workload(args.workload) if args.workload else Workload.fixed(request.input_len, request.output_len)
+    percentile = 99.0 if args.latency_percentile is None else args.latency_percentile
+    plan = traffic.Traffic(workload, args.scenario, percentile, args.requests, args.seed)
+    start = time.perf_counter()
+    result = serve.search(model, hw, args.gpus, request, space, engine, require_feasible=False)
+    frame = traffic.simulate_ranked(result, plan)
+    elapsed = time.perf_counter() - start
+    if frame.empty:
+        raise UserError(serve.no_feasible_message(result))
+    title = traffic.title(result, plan)
+    if args.json:
+        print(json.dumps({"scenario": args.scenario or "rate", "workload": workload.name, "percentile": percentile,
+                          "ranked": [traffic.record(r, percentile) for _, r in frame.head(args.top).iterrows()]},
+                         indent=1))
+    else:
+        traffic.print_simulated(frame, f"{title} ({len(frame)} layouts in {elapsed:.1f} s)", percentile, args.top,
+                                console, args.wide)
+    if not args.no_save:
+        extra = {"simulated.md": traffic.markdown(frame, title, percentile)}
+        run_dir = run_folder.staged(Path(args.results),
+                                    lambda staging: serve.save(result, staging, sys.argv, extra=extra))
         if not args.json:
             console.print(f"run folder: {run_dir}")

@@ -17,12 +17,15 @@ def add_parser(sub) -> None:
     v.add_argument("--inference", action="store_true",
                    help="validate the serving cost model instead: per engine, GPU and model, the in-sample and "
                         "leave-one-model-out errors on FasterTransformer's (--runs: its CSV) and TensorRT-LLM's "
-                        "published runs")
+                        "published runs, then the MLPerf Inference Offline / Server runs through the traffic "
+                        "simulation (in sample and LOMO; p99 TTFT / TPOT)")
     v.add_argument("--no-cross-validation", action="store_true",
                    help="skip the leave-one-model-out refits (in-sample error only; seconds instead of a minute)")
     v.add_argument("--tie-bands", metavar="FILE",
                    help="also write the held-out error per GPU family and dense/MoE (prediction_error.yaml, the "
                         "tie band of the ranked tables) to FILE")
+    v.add_argument("--no-mlperf", action="store_true",
+                   help="with --inference: skip the MLPerf Inference runs (simulated traffic, about half a minute)")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=run)
 
@@ -38,7 +41,8 @@ def run(args: argparse.Namespace) -> None:
         for path in runs or []:
             read_runs_table(path)  # serve/ checks its own columns; here a file that is no table at all
         try:
-            serve_validate.run(runs[0] if runs else None, args.json, console, cross=not args.no_cross_validation)
+            serve_validate.run(runs[0] if runs else None, args.json, console, cross=not args.no_cross_validation,
+                               with_mlperf=not args.no_mlperf)
         except (ValueError, TypeError, KeyError) as exc:  # a value of the user's CSV serve/ cannot read
             if runs is None:
                 raise

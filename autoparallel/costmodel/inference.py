@@ -154,6 +154,7 @@ class ServingEngine:
     chunked_prefill: bool = True
     max_batch_size: int = 2048
     max_num_tokens: int = 8192
+    prefill_priority: bool = False  # iterations with prompts to prefill run no decode tokens (SGLang)
     microbatching: Literal["even", "fastertransformer"] = "even"
     flash_attention: bool = True
     cli: str = ""  # the command that starts it (for exports and reports)

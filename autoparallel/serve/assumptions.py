@@ -17,7 +17,7 @@ from autoparallel.errors import SpecError, UserError
 
 ASSUMPTIONS = io.SEARCH_SPACES / "inference_assumptions.yaml"
 FIT_MARKER = "# --- fitted by `python -m autoparallel.serve.fit`"
-TOP_KEYS = ("engines", "efficiency_from", "validation", "efficiency")
+TOP_KEYS = ("engines", "scenarios", "efficiency_from", "validation", "efficiency")
 DEFAULT_ENGINE = "tensorrt-llm"
 
 

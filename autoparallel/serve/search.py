@@ -59,6 +59,15 @@ class Request:
     max_e2e_ms: float | None = None
     request_rate: float | None = None  # requests/s for the whole deployment; None: offline
     max_model_len: int | None = None  # the engine's longest sequence; None: input + output
+    workload: str | None = None  # a length distribution's name; input_len / output_len are its means
+
+    @staticmethod
+    def of_workload(workload, max_model_len: int | None = None, **kw) -> Request:
+        """A request of a ``serve.workload.Workload``: the fluid model prices its mean lengths and
+        the engine must accept its longest request (default max input + max output)."""
+        model_len = max_model_len or workload.max_input + workload.max_output
+        return Request(max(1, round(workload.mean_input)), max(1, round(workload.mean_output)),
+                       max_model_len=model_len, workload=workload.name, **kw)
 
     def __post_init__(self) -> None:
         for _, field, _ in BOUNDS:
@@ -316,7 +325,9 @@ def no_feasible_message(result: InferenceResult) -> str:
     return f"no serving layout of {where} meets {result.request.describe()}: {top}; {lowest}"
 
 
-def save(result: InferenceResult, root: Path, command: list[str], top_md: int = 50) -> Path:
+def save(result: InferenceResult, root: Path, command: list[str], top_md: int = 50,
+         extra: dict[str, str] | None = None) -> Path:
+    """The run folder: manifest, ranked.md, best.yaml, candidates.csv and ``extra`` files (name -> text)."""
     from autoparallel.serve.report import markdown_table
     run_dir = run_folder.new_run_dir(root, f"{result.model.name}-infer", result.gpus, result.hardware.name)
     run_folder.write_yaml(run_dir / run_folder.MANIFEST, run_folder.manifest(command, {
@@ -337,6 +348,8 @@ def save(result: InferenceResult, root: Path, command: list[str], top_md: int = 
                             + markdown_table(result.pareto, len(result.pareto), feasible_only=False))
     run_folder.write_yaml(run_dir / run_folder.BEST, export.best_document(result, result.entry(1), record(result.entry(1))))
     run_folder.write_csv(run_dir / run_folder.CANDIDATES, result.ranked)
+    for name, text in (extra or {}).items():
+        run_folder.write_atomic(run_dir / name, text)
     return run_dir
 
 
@@ -344,7 +357,14 @@ def title_of(result: InferenceResult) -> str:
     r = result.request
     bound = f", {r.describe()}" if r.describe() else ""
     return (f"{result.model.name} on {result.gpus} x {result.hardware.name} ({result.engine.name}), "
-            f"input {r.input_len} / output {r.output_len} tokens{bound}")
+            f"{lengths_of(r)}{bound}")
+
+
+def lengths_of(r: Request) -> str:
+    """The request lengths in a title: the fixed pair, or the workload and its mean lengths."""
+    if r.workload:
+        return f"workload {r.workload} (means {r.input_len} / {r.output_len} tokens)"
+    return f"input {r.input_len} / output {r.output_len} tokens"
 
 
 def estimate_point(model: ModelSpec, hw: HardwareSpec, gpus: int, request: Request, space: InferenceSpace,
@@ -363,5 +383,4 @@ def point_title(model: ModelSpec, hw: HardwareSpec, gpus: int, request: Request,
     ep = f" EP{int(row['ep'])}" if int(row["ep"]) > 1 else ""
     return (f"{model.name} on {gpus} x {hw.name}: TP{int(row['tp'])} PP{int(row['pp'])}{ep} x {int(row['replicas'])} "
             f"replicas, max batch {int(row['max_batch'])}, max tokens {int(row['max_num_tokens'])}, weights "
-            f"{row['weight_precision']}, KV {row['kv_precision']}, input {request.input_len} / output "
-            f"{request.output_len}: {state}")
+            f"{row['weight_precision']}, KV {row['kv_precision']}, {lengths_of(request)}: {state}")

@@ -4,7 +4,9 @@
 of the fitted constants on their own rows (in sample) and of refits that never saw the model
 (leave-one-model-out: the constants refitted without that model's rows, then its rows
 predicted; ``--no-cross-validation`` skips these refits), for FasterTransformer's A100 latencies (``inference_runs.csv``, static batching) and
-TensorRT-LLM's in-flight batching throughput tables (``serving_runs.csv``). The FT rows whose
+TensorRT-LLM's in-flight batching throughput tables (``serving_runs.csv``), then the MLPerf
+Inference Offline / Server runs through the traffic simulation (``serve/mlperf.py``; ``--no-mlperf``
+skips them). The FT rows whose
 ``notes`` start with ``OOM`` have no latency: the memory model must say they do not fit
 (reported apart). Rows of ``serving_runs.csv`` that are not predicted are counted by reason.
 
@@ -132,15 +134,55 @@ def json_report(report: pd.DataFrame, ft: pd.DataFrame, not_predicted: pd.DataFr
             "not_predicted": {str(k): int(v) for k, v in not_predicted["reason"].value_counts().items()}}
 
 
-def run(runs: Path | None, as_json: bool, console: Console, cross: bool = True) -> int:
+def mlperf_report(cross: bool = True) -> tuple[pd.DataFrame, pd.Series]:
+    """MLPerf Inference runs predicted by the traffic simulation (serve/mlperf.py) and the reasons
+    of the rows left out."""
+    from autoparallel.serve import mlperf
+    rows, left_out = mlperf.load_rows()
+    return mlperf.predict_rows(rows, cross=cross), left_out
+
+
+def print_mlperf(report: pd.DataFrame, left_out: pd.Series, console: Console) -> None:
+    from autoparallel.report.fit import Column, print_table
+    from autoparallel.serve import mlperf
+    fmt = lambda v: "-" if pd.isna(v) else f"{v:.1f}"  # noqa: E731
+    columns = (Column("round", "round"), Column("hardware", "GPU"), Column("model", "benchmark"),
+               Column("scenario", "scenario"), Column("runs", "runs", lambda v: str(int(v))),
+               Column("tokens_pct", "tok/s %", fmt), Column("lomo_pct", "LOMO %", fmt),
+               Column("ttft_p99_pct", "TTFT %", fmt), Column("tpot_p99_pct", "TPOT %", fmt))
+    table = mlperf.summary(report)
+    print_table(console, "MLPerf Inference, simulated: mean |error| % of output tokens/s (in sample, LOMO) "
+                         "and of Server p99 TTFT / TPOT at the target QPS",
+                [*columns], [[c.fmt(r[c.key]) if callable(c.fmt) else str(r[c.key]) for c in columns]
+                             for _, r in table.iterrows()])
+    m = mlperf.scenario_means(report)
+    parts = [f"{name} {m[f'{key}_tokens_pct']:.1f} %" + (f" (LOMO {m[f'{key}_tokens_lomo_pct']:.1f} %)"
+                                                        if f"{key}_tokens_lomo_pct" in m else "")
+             for name, key in (("Offline", "offline"), ("Server", "server")) if f"{key}_tokens_pct" in m]
+    console.print(f"MLPerf mean |error| of tokens/s per GPU: {', '.join(parts)}; Server p99 TTFT "
+                  f"{m['ttft_p99_pct']:.1f} %, p99 TPOT {m['tpot_p99_pct']:.1f} %; rows not predicted: "
+                  + "; ".join(f"{n} {why}" for why, n in left_out.value_counts().items()))
+
+
+def run(runs: Path | None, as_json: bool, console: Console, cross: bool = True, with_mlperf: bool = True) -> int:
     ft = fastertransformer_report(runs)
     report = held_out_report(runs, cross=cross)
     not_predicted = not_predicted_serving_rows()
+    ml = mlperf_report(cross) if with_mlperf else None
     if as_json:
         import json
-        print(json.dumps(json_report(report, ft, not_predicted), indent=1))
+        out = json_report(report, ft, not_predicted)
+        if ml is not None:
+            from autoparallel.serve import mlperf
+            out["mlperf"] = {**mlperf.scenario_means(ml[0]),
+                             "by_round_gpu_benchmark_scenario": json.loads(mlperf.summary(ml[0]).to_json(
+                                 orient="records")),
+                             "not_predicted": {str(k): int(v) for k, v in ml[1].value_counts().items()}}
+        print(json.dumps(out, indent=1))
     else:
         print_report(report, ft, not_predicted, console)
+        if ml is not None:
+            print_mlperf(*ml, console)
     return 0
 
 
@@ -150,10 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", help="FasterTransformer runs CSV (default: the copy shipped in autoparallel/data/)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-cross-validation", action="store_true", help="in-sample errors only (no refits)")
+    p.add_argument("--no-mlperf", action="store_true", help="skip the MLPerf Inference runs (simulated: ~30 s)")
     args = p.parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 160)
     try:
-        return run(Path(args.runs) if args.runs else None, args.json, console, cross=not args.no_cross_validation)
+        return run(Path(args.runs) if args.runs else None, args.json, console, cross=not args.no_cross_validation,
+                   with_mlperf=not args.no_mlperf)
     except UserError as exc:
         print(f"autoparallel: error: {exc}", file=sys.stderr)
         return 2

@@ -105,7 +105,7 @@ def test_legacy_flags_give_the_same_search(capsys):
 def test_validate_inference_json(capsys, monkeypatch, held_out):
     from autoparallel.serve import validate
     monkeypatch.setattr(validate, "held_out_report", lambda runs=None, cross=True: held_out)  # refits: once
-    assert cli.main(["validate", "--inference", "--json"]) == 0
+    assert cli.main(["validate", "--inference", "--no-mlperf", "--json"]) == 0  # MLPerf: test_serve_mlperf.py
     out = json.loads(capsys.readouterr().out)
     engines = {r["engine"] for r in out["by_engine_gpu_model"]}
     assert engines == {"fastertransformer", "tensorrt-llm-0.10", "tensorrt-llm"}
@@ -116,7 +116,7 @@ def test_validate_inference_json(capsys, monkeypatch, held_out):
 
 
 def test_validate_inference_without_refits(capsys):
-    assert cli.main(["validate", "--inference", "--no-cross-validation", "--json"]) == 0
+    assert cli.main(["validate", "--inference", "--no-cross-validation", "--no-mlperf", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     rows = out["by_engine_gpu_model"]
     assert all(r["lomo_pct"] is None for r in rows) and all(r["in_sample_pct"] >= 0 for r in rows)

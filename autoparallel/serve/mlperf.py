@@ -1,0 +1,155 @@
+"""MLPerf Inference LLM results as the check of the traffic simulation (issue 29 item 4).
+
+Why these rows: they are the only published measurements of serving under the question the
+simulation answers (a dataset's length distribution; Offline = every request at once; Server =
+Poisson arrivals with p99 TTFT / TPOT bounds), each with the layout the submitter ran (TP, PP,
+replicas, max batch, max tokens, FP8 weights and KV cache, the KV memory fraction in the notes).
+
+Each kept row (``data/mlperf_inference_runs.csv``: closed division, TensorRT-LLM, a GPU with a
+preset, the layout published; the -99 and -99.9 copies of one run counted once) is predicted by
+simulating one replica of its layout over the benchmark's workload (``--workload mlperf-<model>``)
+with the TensorRT-LLM constants fitted on ``serving_runs.csv`` (which hold no MLPerf row):
+
+- Offline: output tokens/s with every request at once, times the replicas;
+- Server: the largest Poisson rate whose p99 TTFT / TPOT meet the round's bounds, its output
+  tokens/s times the replicas (the measured figure is at the submitter's target QPS, which is at
+  most the largest valid rate), and the p99 TTFT / TPOT at the measured target QPS.
+
+``lomo``: the same with the constants refitted without the row's model's rows of
+``serving_runs.csv`` (Llama-2-70B, Mixtral-8x7B), as ``validate --inference`` does for its rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+from autoparallel import io, resources
+from autoparallel.serve.assumptions import efficiency_for, load_assumptions, load_engine
+from autoparallel.serve.search import Request
+from autoparallel.serve.simulate import replica, run_workload
+from autoparallel.serve.traffic import Traffic, _largest_rate
+from autoparallel.serve.workload import load_workload
+
+DATA = "mlperf_inference_runs.csv"
+LAYOUT = ("tp", "pp", "replicas", "max_batch", "max_num_tokens", "weight_precision", "kv_precision")
+SAME_RUN = ("round", "submitter", "system", "gpu", "gpus", "model", "scenario", *LAYOUT, "tokens_per_s")
+REQUESTS = 3000  # simulated requests per run (MLPerf Server runs 600 s: thousands of requests)
+
+
+def settings() -> dict:
+    return load_assumptions()["validation"]["mlperf"]
+
+
+def load_rows() -> tuple[pd.DataFrame, pd.Series]:
+    """The rows predicted (one per run) and the reason each other row is not."""
+    frame = pd.read_csv(resources.data_file(DATA))
+    s = settings()
+    reason = pd.Series("", index=frame.index, dtype=object)
+    checks = [
+        (frame["division"] != "closed", "open division (its own model changes)"),
+        (frame["engine"] != "TensorRT-LLM", "not TensorRT-LLM"),
+        (frame[["tp", "pp", "max_batch", "max_num_tokens"]].isna().any(axis=1), "layout not published"),
+        (~frame["gpu"].isin(s["gpus"]), "GPU without a preset"),
+        (~frame["model"].isin(s["models"]), "model without a preset"),
+    ]
+    for broken, why in checks:
+        reason[broken & (reason == "")] = why
+    kept = frame[reason == ""]
+    dup = kept.duplicated(subset=list(SAME_RUN))
+    reason[dup[dup].index] = "same run submitted as -99 and -99.9"
+    rows = frame[reason == ""].copy()
+    rows["hardware"] = rows["gpu"].map(s["gpus"])
+    kv = rows["notes"].fillna("").str.extract(r"kvcache_free_gpu_mem_frac=([0-9.]+)")[0].astype(float)
+    rows["kv_fraction"] = kv.fillna(load_engine("tensorrt-llm").kv_memory_fraction)
+    return rows, reason[reason != ""]
+
+
+@lru_cache(maxsize=None)
+def _predict(model: str, hardware: str, scenario: str, layout: tuple, kv_fraction: float, ttft_ms: float,
+             tpot_ms: float, target_qps: float, eff_key: str, requests: int) -> tuple[float, float, float]:
+    """(tokens/s of the deployment, p99 TTFT ms and p99 TPOT ms at the target QPS) of one run."""
+    s = settings()
+    spec = io.load_model(s["models"][model])
+    hw = io.load_hardware(hardware)
+    eff = _efficiency(eff_key)
+    engine = dataclasses.replace(load_engine("tensorrt-llm"), kv_memory_fraction=kv_fraction)
+    workload = load_workload(s["workloads"][model])
+    tp, pp, replicas, max_batch, max_tokens, wp, kp = layout
+    cost, sched = replica(spec, hw, eff, engine, tp, pp, max_batch, max_tokens, wp, kp, 1,
+                          workload.max_input + workload.max_output)
+    if scenario == "Offline":  # the whole dataset at once, as MLPerf Offline sends it (the drain is then short)
+        offline = run_workload(cost, sched, workload, None, int(s["offline_requests"][model]))
+        return offline.output_tokens_per_s * replicas, np.nan, np.nan
+    plan = Traffic(workload, "server", 99.0, requests)
+    _, best = _largest_rate(cost, sched, plan, Request(1, 1, max_ttft_ms=ttft_ms, max_tpot_ms=tpot_ms))
+    at = run_workload(cost, sched, workload, target_qps / replicas, requests).summary()
+    sustained = best["output_tokens_per_s"] * replicas if best else 0.0
+    return sustained, at["ttft_p99_ms"], at["tpot_p99_ms"]
+
+
+_EFFICIENCIES: dict = {}
+
+
+def _efficiency(key: str):
+    return _EFFICIENCIES[key]
+
+
+def lomo_efficiency(model_name: str):
+    """TensorRT-LLM's constants refitted without ``model_name``'s rows of serving_runs.csv."""
+    from autoparallel.serve.fit import fit, fit_rows
+    from autoparallel.serve.measured import load_serving_runs
+    measured = next(m for m in load_serving_runs() if m.engine.name == "tensorrt-llm")
+    train = fit_rows(measured)
+    return fit(measured, train[train["model"] != model_name], efficiency_for("tensorrt-llm"), tol=1e-3)
+
+
+def predict_rows(rows: pd.DataFrame, cross: bool = True, requests: int = REQUESTS) -> pd.DataFrame:
+    """Each run's predicted tokens/s per GPU and p99s, with the in-sample and (``cross``) LOMO errors."""
+    s = settings()
+    _EFFICIENCIES["fit"] = efficiency_for("tensorrt-llm")
+    keys = {"in_sample": "fit"}
+    if cross:
+        for model in rows["model"].unique():
+            _EFFICIENCIES[f"lomo:{model}"] = lomo_efficiency(s["serving_model"][model])
+        keys["lomo"] = "lomo:{model}"
+    out = rows.copy()
+    for label, key in keys.items():
+        preds = [_predict(r["model"], r["hardware"], r["scenario"],
+                          tuple(int(r[k]) if k not in ("weight_precision", "kv_precision") else r[k] for k in LAYOUT),
+                          float(r["kv_fraction"]), float(r["ttft_bound_ms"]), float(r["tpot_bound_ms"]),
+                          float(r["target_qps"]) if r["scenario"] == "Server" else 0.0,
+                          key.format(model=r["model"]), requests)
+                 for _, r in rows.iterrows()]
+        tokens, ttft, tpot = (np.array(x, dtype=float) for x in zip(*preds)) if preds else ([], [], [])
+        out[f"{label}_tokens_per_s_per_gpu"] = tokens / out["gpus"].to_numpy()
+        out[f"{label}_pct"] = 100.0 * (tokens - out["tokens_per_s"].to_numpy()) / out["tokens_per_s"].to_numpy()
+        out[f"{label}_ttft_pct"] = 100.0 * (ttft - out["ttft_p99_ms"].to_numpy()) / out["ttft_p99_ms"].to_numpy()
+        out[f"{label}_tpot_pct"] = 100.0 * (tpot - out["tpot_p99_ms"].to_numpy()) / out["tpot_p99_ms"].to_numpy()
+    return out
+
+
+def summary(report: pd.DataFrame) -> pd.DataFrame:
+    """Mean |error| % per round, GPU, benchmark and scenario: tokens/s (in sample, LOMO), p99s."""
+    def agg(g: pd.DataFrame) -> pd.Series:
+        mean = lambda c: g[c].abs().mean() if c in g else np.nan  # noqa: E731
+        return pd.Series({"runs": len(g), "tokens_pct": mean("in_sample_pct"), "lomo_pct": mean("lomo_pct"),
+                          "ttft_p99_pct": mean("in_sample_ttft_pct"), "tpot_p99_pct": mean("in_sample_tpot_pct")})
+    return (report.groupby(["round", "hardware", "model", "scenario"], sort=True)[list(report.columns)]
+            .apply(agg).reset_index())
+
+
+def scenario_means(report: pd.DataFrame) -> dict[str, float]:
+    """The headline figures: mean |error| % of tokens/s per GPU by scenario, and of the p99s."""
+    out = {}
+    for scenario, g in report.groupby("scenario"):
+        out[f"{scenario.lower()}_tokens_pct"] = float(g["in_sample_pct"].abs().mean())
+        if "lomo_pct" in g:
+            out[f"{scenario.lower()}_tokens_lomo_pct"] = float(g["lomo_pct"].abs().mean())
+    server = report[report["scenario"] == "Server"]
+    out["ttft_p99_pct"] = float(server["in_sample_ttft_pct"].abs().mean())
+    out["tpot_p99_pct"] = float(server["in_sample_tpot_pct"].abs().mean())
+    return out

@@ -1,0 +1,468 @@
+"""Discrete-event simulation of an in-flight batching engine serving a workload (issue 29).
+
+Why: the steady-state model (``costmodel.inflight``) gives one TTFT and one TPOT for one request
+length. A serving team's bounds are on the 99th percentile under random arrivals of requests of
+varying length, where queueing, long prompts stalling the token budget and KV-cache pressure make
+the tail. As Vidur (MLSys 2024) does for vLLM / Sarathi, this module replays the engine's
+scheduler iteration by iteration and prices each iteration with the existing per-iteration cost
+model (``costmodel.inference.stage_pass``), so the tail comes from the same constants the
+throughput tables are fitted on.
+
+The scheduler (``Scheduler``; one replica, its requests FIFO):
+
+- **admission**: a waiting request joins the running batch while fewer than ``max_running``
+  requests run and the paged KV pool has its blocks: the whole request's,
+  ceil((input + output) / block), under TensorRT-LLM's GUARANTEED_NO_EVICT (``reserve_full``),
+  else its prompt's, with one more block each time a decoding request fills its last one (vLLM,
+  SGLang). A head that does not fit blocks the queue (first come, first served).
+- **iteration**: one token of every decoding request, then prompt chunks in admission order
+  under the token budget (chunked prefill; without it a prompt runs whole or waits). Under
+  ``prefill_priority`` (SGLang's default scheduler) an iteration with prompts to prefill runs
+  only prompts, and decoding waits.
+- **preemption** (allocate-as-you-go engines): when decoding requests need more blocks than are
+  free, the most recently admitted request is evicted (vLLM's recompute: its blocks are freed and
+  it re-joins the front of the queue to prefill its prompt and the tokens it generated again).
+- a request's first token comes with its prompt's last chunk; each later token with one decode
+  iteration. TTFT = first token - arrival; TPOT = (finish - first token) / (output - 1), MLPerf's
+  definition (the mean interval between a request's output tokens).
+
+Pricing (``IterationCost``): an iteration of T tokens, s sampled sequences and attention F FLOPs /
+B bytes costs ``A[T] + S[s] + roofline(F, B)`` per pipeline stage, exactly ``stage_pass``'s sum
+(tables of A and S are computed once per layout: the per-batch-shape cache); with ``pp`` stages
+the running batch is split into ``min(pp, sequences)`` micro-batches and a token takes ``pp``
+stage times, as in ``costmodel.inflight``.
+
+Two implementations of the same scheduler: ``simulate_reference`` (plain Python, one request
+object at a time, small enough to check by hand) and ``simulate`` (aggregated state: decoding
+requests as counts, sums and a heap of finishing iterations, and stretches of decode-only
+iterations priced at once with numpy), which the tests hold to the reference.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoparallel.costmodel.inference import (InferenceEfficiency, ServingEngine, decode_attention, layout,
+                                              pipeline_hop, prefill_attention, stage_pass)
+from autoparallel.specs.hardware import HardwareSpec
+from autoparallel.specs.model import ModelSpec
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    """One replica's scheduling limits and policy (see the module docstring)."""
+
+    max_running: int  # requests in the running batch (max batch x pipeline micro-batches)
+    budget: int  # tokens one iteration may process (max_num_tokens)
+    kv_blocks: int  # blocks in the paged KV pool
+    block: int  # tokens per block
+    reserve_full: bool = True
+    chunked: bool = True
+    prefill_priority: bool = False
+
+    @staticmethod
+    def of(engine: ServingEngine, max_batch: int, max_num_tokens: int, pp: int, kv_blocks: int) -> Scheduler:
+        return Scheduler(int(max_batch * pp), int(max_num_tokens), int(kv_blocks), engine.kv_block_tokens,
+                         engine.kv_reservation == "full", engine.chunked_prefill, engine.prefill_priority)
+
+    def blocks(self, tokens: int) -> int:
+        return -(-int(tokens) // self.block)
+
+
+class IterationCost:
+    """Seconds of one engine iteration of one layout, by batch shape (tables built once)."""
+
+    def __init__(self, model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency, tp: int, pp: int,
+                 weight_precision: str, kv_precision: str, ep: int = 1, max_tokens: int = 8192,
+                 max_seqs: int = 2048):
+        lay = layout(model, hw, eff, float(tp), float(pp), weight_precision, kv_precision, float(ep))
+        zero = np.zeros(1)
+        base = float(stage_pass(lay, zero, zero, zero, zero)["time"][0])
+        tokens = np.arange(max_tokens + 1, dtype=float)
+        self.per_tokens = stage_pass(lay, tokens, 0.0 * tokens, 0.0 * tokens, 0.0 * tokens)["time"]
+        self.hop = np.broadcast_to(pipeline_hop(lay, tokens), tokens.shape).astype(float)
+        seqs = np.arange(max_seqs + 1, dtype=float)
+        self.per_sampled = stage_pass(lay, 0.0 * seqs, seqs, 0.0 * seqs, 0.0 * seqs)["time"] - base
+        unit = 1e12  # the attention term is linear in FLOPs alone and in bytes alone
+        self.per_flop = (float(stage_pass(lay, zero, zero, zero + unit, zero)["time"][0]) - base) / unit
+        self.per_byte = (float(stage_pass(lay, zero, zero, zero, zero + unit)["time"][0]) - base) / unit
+        self.k = eff.roofline_sharpness
+        self.pp = int(pp)
+        self.pass_s = eff.pass_overhead_us * 1e-6
+        dec_flops, dec_bytes = decode_attention(lay, 1.0, 1.0)
+        self.ctx_flops, self.ctx_bytes = float(np.ravel(dec_flops)[0]), float(np.ravel(dec_bytes)[0])
+        # A chunk of c prompt tokens after k earlier ones: c * (k + c / 2) units of causal attention.
+        self.chunk_flops = 2.0 * float(np.ravel(prefill_attention(lay, 1.0, 1.0)[0])[0])
+        self.max_tokens, self.max_seqs = max_tokens, max_seqs
+
+    def attention(self, flops: float, nbytes: float) -> float:
+        a, b = flops * self.per_flop, nbytes * self.per_byte
+        hi = max(a, b)
+        return hi * ((a / hi) ** self.k + (b / hi) ** self.k) ** (1.0 / self.k) if hi > 0 else 0.0
+
+    def time(self, tokens: int, sampled: int, flops: float, nbytes: float, seqs: int) -> float:
+        """One iteration: ``tokens`` processed, ``sampled`` sequences sampled, attention ``flops`` /
+        ``nbytes`` (one layer, one GPU), ``seqs`` sequences in the batch."""
+        m = min(self.pp, max(seqs, 1))
+        t_mb, s_mb = min(round(tokens / m), self.max_tokens), min(round(sampled / m), self.max_seqs)
+        stage = self.per_tokens[t_mb] + self.per_sampled[s_mb] + self.attention(flops / m, nbytes / m)
+        return self.pp * (stage + self.hop[t_mb]) + self.pass_s
+
+    def decode_times(self, n: int, ctx_sums: np.ndarray) -> np.ndarray:
+        """Decode-only iterations of ``n`` sequences whose contexts sum to each of ``ctx_sums``."""
+        m = min(self.pp, max(n, 1))
+        t_mb = min(round(n / m), self.max_tokens)
+        fixed = self.per_tokens[t_mb] + self.per_sampled[min(t_mb, self.max_seqs)] + self.hop[t_mb]
+        a = ctx_sums * (self.ctx_flops / m * self.per_flop)
+        b = ctx_sums * (self.ctx_bytes / m * self.per_byte)
+        hi = np.maximum(np.maximum(a, b), 1e-300)  # the roofline of ``attention``, over the array
+        att = hi * ((a / hi) ** self.k + (b / hi) ** self.k) ** (1.0 / self.k)
+        return self.pp * (fixed + att) + self.pass_s
+
+
+@dataclass
+class SimResult:
+    """Per-request times of one simulated run (seconds; NaN for a request never finished)."""
+
+    arrival: np.ndarray
+    first_token: np.ndarray
+    finish: np.ndarray
+    input_len: np.ndarray
+    output_len: np.ndarray
+    iterations: int
+    preemptions: int
+
+    @property
+    def ttft(self) -> np.ndarray:
+        return self.first_token - self.arrival
+
+    @property
+    def tpot(self) -> np.ndarray:
+        many = self.output_len > 1
+        return (self.finish[many] - self.first_token[many]) / (self.output_len[many] - 1)
+
+    @property
+    def duration(self) -> float:
+        return float(np.nanmax(self.finish) - self.arrival.min())
+
+    @property
+    def keeps_up(self) -> bool:
+        """Whether the replica serves the arrivals without a growing queue: the last quarter of
+        arrivals waits for its first token at most 1.5 x as long as the second quarter (plus one
+        median TPOT of slack). A queue growing from empty gives about 2.3 x; a stable one ~1 x.
+        Needed because a finite run above capacity can end before its queue breaks a TTFT bound
+        (MLPerf's 600 s minimum run guards against the same)."""
+        n = len(self.arrival)
+        if n < 8 or float(self.arrival.max()) <= 0:
+            return True
+        ttft, q = self.ttft, n // 4
+        slack = float(np.median(self.tpot)) if len(self.tpot) else 0.0
+        return float(ttft[-q:].mean()) <= 1.5 * float(ttft[q:2 * q].mean()) + slack
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        """Offline (every request at 0): all output tokens over the run. Under arrivals that it
+        keeps up with: the arrival rate x the mean output (what a long run completes; a finite
+        run's empty start and drain would dilute it). Overloaded: the tokens produced between the
+        end of the warm-up (the median request's end-to-end time, at most half the arrivals) and
+        the last arrival, each request's tokens spread evenly from its first token to its finish."""
+        end = float(self.arrival.max())
+        if end <= 0:
+            return float(self.output_len.sum() / self.duration)
+        n = len(self.arrival)
+        if self.keeps_up:
+            return float((n - 1) / end * self.output_len.mean())
+        start = min(float(np.median(self.finish - self.arrival)), 0.5 * end)
+        return float((self._made_by(end) - self._made_by(start)).sum() / (end - start))
+
+    def _made_by(self, t: float) -> np.ndarray:
+        """Output tokens each request has produced by time ``t``."""
+        span = np.maximum(self.finish - self.first_token, 1e-12)
+        later = np.clip((t - self.first_token) / span, 0.0, 1.0) * (self.output_len - 1)
+        return np.where(self.first_token <= t, 1.0 + later, 0.0)
+
+    def summary(self, percentiles=PERCENTILES) -> dict[str, float]:
+        out = {"output_tokens_per_s": self.output_tokens_per_s, "requests_per_s": len(self.arrival) / self.duration}
+        tpot = self.tpot
+        for p in percentiles:
+            out[f"ttft_p{p}_ms"] = 1e3 * float(np.percentile(self.ttft, p))
+            out[f"tpot_p{p}_ms"] = 1e3 * float(np.percentile(tpot, p)) if len(tpot) else 0.0
+        return out
+
+
+def arrivals(n: int, rate: float | None, seed: int = 0) -> np.ndarray:
+    """Poisson arrival times of ``n`` requests at ``rate``/s (None or inf: all at 0, MLPerf Offline)."""
+    if rate is None or not math.isfinite(rate):
+        return np.zeros(n)
+    gaps = np.random.default_rng([seed, 1]).exponential(1.0 / rate, n)
+    return np.cumsum(gaps) - gaps[0]
+
+
+def _check(sched: Scheduler, inp, out) -> None:
+    need = max(sched.blocks(int(i) + int(o)) for i, o in zip(inp, out))
+    if need > sched.kv_blocks:
+        raise ValueError(f"a request of {need} KV blocks never fits the pool of {sched.kv_blocks}")
+
+
+def simulate_reference(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimResult:
+    """The scheduler one iteration and one request at a time (plain Python, for checking ``simulate``)."""
+    _check(sched, inp, out)
+    n = len(arrival)
+    first, finish = np.full(n, np.nan), np.full(n, np.nan)
+    waiting, running = deque(), []  # running: dicts in admission order
+    free, t, nxt, iterations, preemptions = sched.kv_blocks, 0.0, 0, 0, 0
+    gen = [0] * n
+    while nxt < n or waiting or running:
+        while nxt < n and arrival[nxt] <= t:
+            waiting.append({"id": nxt, "target": int(inp[nxt]), "done": 0})
+            nxt += 1
+        while waiting and len(running) < sched.max_running:
+            r = waiting[0]
+            need = sched.blocks(inp[r["id"]] + out[r["id"]]) if sched.reserve_full else sched.blocks(r["target"])
+            if need > free:
+                break
+            waiting.popleft()
+            free -= need
+            r.update(blocks=need, pos=0)
+            running.append(r)
+        if not running:
+            t = max(t, float(arrival[nxt]))
+            continue
+        prefilling = [r for r in running if r["done"] < r["target"]]
+        decode = not (sched.prefill_priority and prefilling)
+        while decode and not sched.reserve_full:  # blocks for the decode tokens, evicting the latest admitted
+            need = sum(1 for r in running if r["done"] == r["target"] and r["pos"] % sched.block == 0)
+            if need <= free:
+                free -= need
+                for r in running:
+                    if r["done"] == r["target"] and r["pos"] % sched.block == 0:
+                        r["blocks"] += 1
+                break
+            victim = running.pop()
+            free += victim["blocks"]
+            preemptions += 1
+            victim.update(target=int(inp[victim["id"]]) + gen[victim["id"]], done=0)
+            waiting.appendleft(victim)
+            prefilling = [r for r in running if r["done"] < r["target"]]
+            decode = not (sched.prefill_priority and prefilling)
+        decoders = [r for r in running if r["done"] == r["target"]] if decode else []
+        tokens = len(decoders)
+        flops = sum(r["pos"] for r in decoders) * cost.ctx_flops
+        nbytes = sum(r["pos"] for r in decoders) * cost.ctx_bytes
+        chunks = []
+        for r in prefilling:
+            left = sched.budget - tokens
+            rem = r["target"] - r["done"]
+            c = min(rem, left) if sched.chunked else (rem if rem <= left or tokens == 0 else 0)
+            if c <= 0:
+                break
+            flops += cost.chunk_flops * c * (r["done"] + c / 2.0)
+            nbytes += cost.ctx_bytes * r["done"]
+            tokens += c
+            chunks.append((r, c))
+        completing = sum(1 for r, c in chunks if r["done"] + c == r["target"])
+        t += cost.time(tokens, len(decoders) + completing, flops, nbytes, len(decoders) + len(chunks))
+        iterations += 1
+        for r in decoders:
+            r["pos"] += 1
+            gen[r["id"]] += 1
+        for r, c in chunks:
+            r["done"] += c
+            if r["done"] == r["target"]:
+                r["pos"] = r["target"]
+                gen[r["id"]] += 1
+                if np.isnan(first[r["id"]]):
+                    first[r["id"]] = t
+        for r in [r for r in running if gen[r["id"]] >= out[r["id"]]]:
+            finish[r["id"]] = t
+            free += r["blocks"]
+            running.remove(r)
+    return SimResult(np.asarray(arrival, float), first, finish, np.asarray(inp), np.asarray(out), iterations,
+                     preemptions)
+
+
+def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimResult:
+    """``simulate_reference``'s scheduler with aggregated decode state and decode-only stretches
+    priced at once (the search runs this one)."""
+    _check(sched, inp, out)
+    n = len(arrival)
+    arrival_l = [float(a) for a in arrival]
+    inp_l, out_l = [int(i) for i in inp], [int(o) for o in out]
+    first, finish = [math.nan] * n, [math.nan] * n
+    B, full = sched.block, sched.reserve_full
+    gen, target, done, held = [0] * n, [0] * n, [0] * n, [0] * n
+    d0, p0, epoch = [0] * n, [0] * n, [0] * n  # decode entry: counter, cached positions; epoch voids stale heap entries
+    phase = [0] * n  # 0 waiting / gone, 1 prefilling, 2 decoding
+    waiting, prefilling, order = deque(), deque(), []
+    heap: list[tuple[int, int, int]] = []  # (decode counter at which it finishes, id, epoch)
+    cnt = [0] * B  # decoding requests needing a new block at decode iteration D where D % B == residue
+    n_dec, ctx_sum, D = 0, 0, 0
+    free, t, nxt, iterations, preemptions, running = sched.kv_blocks, 0.0, 0, 0, 0, 0
+
+    def positions(r):
+        return p0[r] + (D - d0[r])
+
+    def leave_decoding(r):
+        nonlocal n_dec, ctx_sum
+        gen[r] += D - d0[r]
+        n_dec -= 1
+        ctx_sum -= positions(r)
+        cnt[(d0[r] + 1 - p0[r]) % B] -= 1
+        epoch[r] += 1
+
+    def release(r):
+        nonlocal free, running
+        free += held[r] if (full or phase[r] == 1) else -(-positions(r) // B)
+        phase[r] = 0
+        running -= 1
+
+    while nxt < n or waiting or running:
+        while nxt < n and arrival_l[nxt] <= t:
+            waiting.append(nxt)
+            target[nxt] = inp_l[nxt]
+            nxt += 1
+        while waiting and running < sched.max_running:
+            r = waiting[0]
+            need = -(-(inp_l[r] + out_l[r]) // B) if full else -(-target[r] // B)
+            if need > free:
+                break
+            waiting.popleft()
+            free -= need
+            held[r], phase[r], done[r] = need, 1, 0
+            prefilling.append(r)
+            order.append(r)
+            running += 1
+        if not running:
+            t = max(t, arrival_l[nxt])
+            continue
+        decode = not (sched.prefill_priority and prefilling)
+        while decode and not full:
+            need = cnt[(D + 1) % B]
+            if need <= free:
+                free -= need
+                break
+            victim = order.pop()
+            while phase[victim] == 0:
+                victim = order.pop()
+            if phase[victim] == 2:
+                leave_decoding(victim)
+            else:
+                prefilling.remove(victim)
+            release(victim)
+            preemptions += 1
+            target[victim] = inp_l[victim] + gen[victim]
+            waiting.appendleft(victim)
+            decode = not (sched.prefill_priority and prefilling)
+        decodes = n_dec if decode else 0
+        tokens = decodes
+        flops = (ctx_sum * cost.ctx_flops) if decodes else 0.0
+        nbytes = (ctx_sum * cost.ctx_bytes) if decodes else 0.0
+        chunks = []
+        for r in prefilling:
+            left = sched.budget - tokens
+            rem = target[r] - done[r]
+            c = min(rem, left) if sched.chunked else (rem if rem <= left or tokens == 0 else 0)
+            if c <= 0:
+                break
+            flops += cost.chunk_flops * c * (done[r] + c / 2.0)
+            nbytes += cost.ctx_bytes * done[r]
+            tokens += c
+            chunks.append((r, c))
+        completing = sum(1 for r, c in chunks if done[r] + c == target[r])
+        t += cost.time(tokens, decodes + completing, flops, nbytes, decodes + len(chunks))
+        iterations += 1
+        if decodes:
+            D += 1
+            ctx_sum += n_dec
+            while heap and heap[0][0] <= D:
+                _, r, e = heapq.heappop(heap)
+                if e != epoch[r]:
+                    continue
+                finish[r] = t
+                leave_decoding(r)
+                release(r)
+        for r, c in chunks:
+            done[r] += c
+            if done[r] < target[r]:
+                continue
+            prefilling.popleft()  # chunks run in admission order: a finished prompt is the first
+            gen[r] += 1
+            if math.isnan(first[r]):
+                first[r] = t
+            if gen[r] >= out_l[r]:
+                finish[r] = t
+                release(r)
+                continue
+            phase[r], d0[r], p0[r] = 2, D, target[r]
+            cnt[(D + 1 - target[r]) % B] += 1
+            n_dec += 1
+            ctx_sum += target[r]
+            heapq.heappush(heap, (D + out_l[r] - gen[r], r, epoch[r]))
+        # Decode-only stretch: no prompt to prefill and nothing the next iterations could admit.
+        if prefilling or not n_dec or not heap:
+            continue
+        if waiting:
+            head = waiting[0]
+            need = -(-(inp_l[head] + out_l[head]) // B) if full else -(-target[head] // B)
+            if running < sched.max_running and need <= free:
+                continue
+            horizon = math.inf
+        else:
+            horizon = arrival_l[nxt] if nxt < n else math.inf
+            if horizon <= t:
+                continue
+        k = heap[0][0] - D - 1  # stop one iteration before the first finish
+        if k <= 0:
+            continue
+        if horizon < math.inf:  # iterations only get longer: at most this many start before the arrival
+            first_step = cost.decode_times(n_dec, np.array([float(ctx_sum)]))[0]
+            k = min(k, int((horizon - t) / first_step) + 2)
+        if not full:
+            needs = np.cumsum(np.array(cnt)[(D + 1 + np.arange(k)) % B])
+            k = int(np.searchsorted(needs, free, side="right"))
+            if k <= 0:
+                continue
+        times = cost.decode_times(n_dec, ctx_sum + n_dec * np.arange(k, dtype=float))
+        if horizon < math.inf:
+            starts = t + np.concatenate(([0.0], np.cumsum(times[:-1])))
+            k = int(np.searchsorted(starts, horizon, side="left"))
+            if k <= 0:
+                continue
+        if not full:
+            free -= int(needs[k - 1])
+        t += float(np.sum(times[:k]))
+        iterations += k
+        D += k
+        ctx_sum += k * n_dec
+    return SimResult(np.asarray(arrival, float), np.asarray(first), np.asarray(finish), np.asarray(inp),
+                     np.asarray(out), iterations, preemptions)
+
+
+def replica(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency, engine: ServingEngine, tp: int, pp: int,
+            max_batch: int, max_num_tokens: int, weight_precision: str, kv_precision: str, ep: int = 1,
+            longest: int = 0) -> tuple[IterationCost, Scheduler]:
+    """The iteration cost and scheduler of one replica of a layout, its KV pool as
+    ``costmodel.inflight.kv_pool`` allocates it; ``longest``: the longest request (tokens)."""
+    from autoparallel.costmodel.inflight import kv_pool
+    lay = layout(model, hw, eff, float(tp), float(pp), weight_precision, kv_precision, float(ep))
+    pool = float(np.ravel(kv_pool(lay, engine, float(max_batch), float(max_num_tokens))["pool"])[0])
+    blocks = int(pool // (engine.kv_block_tokens * float(np.ravel(lay.kv_bytes_per_token())[0])))
+    sched = Scheduler.of(engine, max_batch, max_num_tokens, pp, blocks)
+    cost = IterationCost(model, hw, eff, tp, pp, weight_precision, kv_precision, ep,
+                         max(max_num_tokens, longest), sched.max_running)
+    return cost, sched
+
+
+def run_workload(cost: IterationCost, sched: Scheduler, workload, rate: float | None, requests: int = 5000,
+                 seed: int = 0) -> SimResult:
+    """``requests`` of ``workload`` (a ``serve.workload.Workload``) arriving as a Poisson process
+    at ``rate``/s for this replica (None: all at once, MLPerf Offline)."""
+    inp, out = workload.sample(requests, seed)
+    return simulate(cost, sched, arrivals(requests, rate, seed), inp, out)

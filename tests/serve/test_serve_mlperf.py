@@ -1,0 +1,98 @@
+"""MLPerf Inference runs as validation of the traffic simulation (serve/mlperf.py, issue 29 item 4)."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from autoparallel import cli, io, resources
+from autoparallel.serve import mlperf
+from autoparallel.serve.workload import load_workload
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return mlperf.load_rows()
+
+
+@pytest.fixture(scope="module")
+def report(rows):
+    """Every kept run predicted with the fitted constants (in sample only: the LOMO refits are the
+    CLI's business; `validate --inference` prints both)."""
+    return mlperf.predict_rows(rows[0], cross=False)
+
+
+def test_rows_kept_and_left_out(rows):
+    kept, left_out = rows
+    assert len(kept) + len(left_out) == len(pd.read_csv(resources.data_file(mlperf.DATA)))
+    assert set(kept["division"]) == {"closed"} and set(kept["engine"]) == {"TensorRT-LLM"}
+    assert not kept.duplicated(subset=list(mlperf.SAME_RUN)).any()  # -99 / -99.9 copies counted once
+    assert left_out.str.contains("same run submitted as -99 and -99.9").sum() > 0
+    for preset in mlperf.settings()["gpus"].values():
+        io.load_hardware(preset)
+    assert set(kept["scenario"]) == {"Offline", "Server"} and set(kept["kv_fraction"]) <= {0.9, 0.95, 0.97}
+
+
+def test_an_870_token_mean_input_would_need_more_than_the_fp8_peak(rows):
+    """Why the llama2-70b mean input is not the first guess (870): the best H200 Offline run makes
+    output tokens at a rate whose prefill and decode GEMMs alone would then exceed the H200's FP8
+    peak (2 FLOPs per layer parameter per token), while the fitted mean (227) needs less than it."""
+    kept, _ = rows
+    h200 = kept[(kept["hardware"] == "h200") & (kept["model"] == "llama2-70b") & (kept["scenario"] == "Offline")]
+    per_gpu = h200["tokens_per_s_per_gpu"].max()
+    model, hw = io.load_model("llama2-70b"), io.load_hardware("h200")
+    out_len = load_workload("mlperf-llama2-70b").mean_output
+    flops_at = lambda mean_in: 2 * model.num_layers * model.layer_params * per_gpu / out_len * (mean_in + out_len)  # noqa: E731
+    assert flops_at(870) > hw.fp8_tflops * 1e12
+    assert flops_at(load_workload("mlperf-llama2-70b").mean_input) < 0.7 * hw.fp8_tflops * 1e12
+
+
+def test_offline_within_the_issue_tolerance(report):
+    """Issue 29: Offline tokens/s per GPU mean |error| <= 15 % (measured 5.4 %; the mean input
+    lengths are fitted on the H100 Offline runs, the other GPUs' are held out)."""
+    offline = report[report["scenario"] == "Offline"]
+    assert offline["in_sample_pct"].abs().mean() <= 15.0
+    held = offline[offline["hardware"] != "h100-sxm"]
+    assert len(held) >= 10 and held["in_sample_pct"].abs().mean() <= 15.0
+
+
+def test_server_within_the_issue_tolerance_and_p99_as_it_is(report):
+    """Server sustained tokens/s per GPU: mean |error| <= 15 % (measured 8.5 %). p99 TTFT / TPOT
+    at the target QPS: measured 46.9 / 51.4 % (the simulation's tails are about half the
+    submissions'; the issue's 25 % is not met) -- bounded here against a regression only."""
+    m = mlperf.scenario_means(report)
+    assert m["server_tokens_pct"] <= 15.0
+    assert m["ttft_p99_pct"] <= 60.0 and m["tpot_p99_pct"] <= 60.0
+    server = report[report["scenario"] == "Server"]
+    assert server["in_sample_ttft_pct"].notna().all() and server["in_sample_tpot_pct"].notna().all()
+
+
+def test_summary_groups_per_round_gpu_benchmark_scenario(report):
+    table = mlperf.summary(report)
+    assert list(table.columns[:4]) == ["round", "hardware", "model", "scenario"]
+    assert table["runs"].sum() == len(report)
+
+
+def test_validate_inference_prints_mlperf_in_80_columns(capsys, monkeypatch, held_out, report, rows):
+    from autoparallel.serve import validate
+    monkeypatch.setattr(validate, "held_out_report", lambda runs=None, cross=True: held_out)
+    monkeypatch.setattr(validate, "mlperf_report", lambda cross=True: (report, rows[1]))
+    monkeypatch.setenv("COLUMNS", "80")
+    assert cli.main(["validate", "--inference"]) == 0
+    out = capsys.readouterr().out
+    start = out.index("MLPerf Inference, simulated")
+    table = [line for line in out[start:].splitlines() if line.strip().startswith("v4.1")]
+    assert table and max(len(line) for line in table) <= 80
+    assert "MLPerf mean |error| of tokens/s per GPU: Offline" in " ".join(out.split())
+    assert cli.main(["validate", "--inference", "--json"]) == 0
+    ml = json.loads(capsys.readouterr().out)["mlperf"]
+    assert {"offline_tokens_pct", "server_tokens_pct", "ttft_p99_pct", "tpot_p99_pct"} <= set(ml)
+    assert ml["not_predicted"]["GPU without a preset"] > 0
+
+
+def test_no_mlperf_skips_it(capsys, monkeypatch, held_out):
+    from autoparallel.serve import validate
+    monkeypatch.setattr(validate, "held_out_report", lambda runs=None, cross=True: held_out)
+    monkeypatch.setattr(validate, "mlperf_report", lambda cross=True: pytest.fail("simulated anyway"))
+    assert cli.main(["validate", "--inference", "--no-mlperf", "--json"]) == 0
+    assert "mlperf" not in json.loads(capsys.readouterr().out)

@@ -1,0 +1,101 @@
+"""`infer` under traffic (serve/traffic.py, issue 29 items 2 and 3): percentiles, the server and
+interactive scenarios, their bounds and the flags' errors."""
+
+import json
+
+import pytest
+
+from autoparallel import cli
+from autoparallel.serve.assumptions import efficiency_for, load_engine
+from autoparallel.serve.simulate import replica, run_workload
+from autoparallel.serve.traffic import scenario_bounds
+from autoparallel.serve.workload import load_workload
+from autoparallel import io
+
+BASE = ["infer", "--model", "llama3-8b", "--gpus", "2", "--gpu", "h100-sxm", "--workload", "sharegpt",
+        "--requests", "400", "--no-save", "--json"]
+
+
+def run_json(capsys, *argv):
+    assert cli.main([*BASE, *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_scenario_bounds_are_mlperf_s():
+    assert scenario_bounds("server") == {"max_ttft_ms": 2000.0, "max_tpot_ms": 200.0}
+    assert scenario_bounds("interactive") == {"max_ttft_ms": 450.0, "max_tpot_ms": 40.0}
+    assert scenario_bounds("offline") == {} and scenario_bounds(None) == {}
+
+
+def test_offline_reports_percentiles_and_ranks_per_gpu(capsys):
+    out = run_json(capsys, "--scenario", "offline", "--top", "4")
+    ranked = out["ranked"]
+    assert out["scenario"] == "offline" and out["percentile"] == 99.0 and ranked
+    per_gpu = [r["output_tokens_per_s_per_gpu"] for r in ranked]
+    assert per_gpu == sorted(per_gpu, reverse=True)
+    for r in ranked:
+        assert set(r["ttft_ms"]) == {"p50", "p90", "p99"}
+        assert r["ttft_ms"]["p50"] <= r["ttft_ms"]["p90"] <= r["ttft_ms"]["p99"]
+        assert r["tpot_ms"]["p50"] <= r["tpot_ms"]["p99"]
+
+
+def test_server_rate_meets_the_bounds_there(capsys):
+    """The reported rate is one whose p99 TTFT / TPOT hold, re-simulated independently."""
+    out = run_json(capsys, "--scenario", "server", "--max-tpot-ms", "20", "--top", "2")
+    best = out["ranked"][0]
+    assert best["meets_bounds"] and best["tpot_ms"]["p99"] <= 20 and best["ttft_ms"]["p99"] <= 2000
+    c = best["config"]
+    model, hw, e = io.load_model("llama3-8b"), io.load_hardware("h100-sxm"), load_engine("tensorrt-llm")
+    cost, sched = replica(model, hw, efficiency_for("tensorrt-llm"), e, c["tp"], c["pp"], c["max_batch"],
+                          c["max_num_tokens"], c["weight_precision"], c["kv_precision"], c["ep"], 1024 + 2048)
+    again = run_workload(cost, sched, load_workload("sharegpt"), best["request_rate"] / c["replicas"], 400).summary()
+    assert again["tpot_p99_ms"] == pytest.approx(best["tpot_ms"]["p99"])
+    assert best["output_tokens_per_s"] == pytest.approx(again["output_tokens_per_s"] * c["replicas"])
+
+
+def test_tighter_bounds_sustain_less(capsys):
+    server = run_json(capsys, "--scenario", "server", "--top", "1")["ranked"][0]
+    interactive = run_json(capsys, "--scenario", "interactive", "--top", "1")["ranked"][0]
+    assert interactive["tpot_ms"]["p99"] <= 40 and interactive["ttft_ms"]["p99"] <= 450
+    assert interactive["output_tokens_per_s_per_gpu"] <= server["output_tokens_per_s_per_gpu"]
+
+
+def test_latency_percentile_moves_the_bound(capsys):
+    """A p50 bound on TPOT holds where the p99 one may not."""
+    out = run_json(capsys, "--request-rate", "20", "--latency-percentile", "50", "--max-tpot-ms", "1000",
+                   "--top", "1")
+    assert out["percentile"] == 50.0 and out["ranked"][0]["meets_bounds"]
+
+
+def test_table_fits_80_columns(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    argv = [a for a in BASE if a != "--json"]
+    assert cli.main([*argv, "--scenario", "server", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line[:1].isdigit() or line.startswith("#")]
+    assert table and max(len(line) for line in table) <= 80
+    assert "p99 TTFT <= 2000 ms, p99 TPOT <= 200 ms" in " ".join(out.split())
+
+
+def test_run_folder_gets_the_simulated_table(tmp_path, capsys):
+    argv = [a for a in BASE if a not in ("--no-save", "--json")]
+    assert cli.main([*argv, "--scenario", "offline", "--top", "1", "--results", str(tmp_path)]) == 0
+    (run,) = tmp_path.iterdir()
+    assert "| # | TP |" in (run / "simulated.md").read_text()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--scenario", "peak"], "--scenario 'peak' is not one of offline, server, interactive"),
+    (["--latency-percentile", "0"], "--latency-percentile: expected a percentile in (0, 100], got 0"),
+    (["--latency-percentile", "101"], "--latency-percentile: expected a percentile in (0, 100], got 101"),
+    (["--latency-percentile", "p99"], "--latency-percentile: expected a percentile in (0, 100], got 'p99'"),
+    (["--scenario", "server", "--request-rate", "3"], "--scenario server finds each layout's request rate"),
+    (["--latency-percentile", "99", "--engine", "fastertransformer"], "needs an in-flight batching engine"),
+])
+def test_errors_are_one_line(capsys, argv, message):
+    try:
+        rc = cli.main(["infer", "--model", "llama3-8b", "--gpus", "2", "--no-save", "--requests", "100", *argv])
+    except SystemExit as exc:  # argparse
+        rc = exc.code
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and err.count("\n") == 1

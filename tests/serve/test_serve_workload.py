@@ -1,0 +1,134 @@
+"""Request-length workloads (issue 29 item 1): the named distributions keep their published
+numbers, samples are deterministic, user files are read or refused in one line."""
+
+import json
+
+import numpy as np
+import pytest
+
+from autoparallel import cli, io
+from autoparallel.errors import UserError
+from autoparallel.serve.search import Request
+from autoparallel.serve.workload import WORKLOADS, Workload, load_workload, workload_names
+
+MLPERF = ("mlperf-llama2-70b", "mlperf-mixtral-8x7b", "mlperf-llama3.1-405b", "mlperf-llama3.1-8b")
+
+
+def test_the_issue_names_are_shipped():
+    assert set(MLPERF) | {"sharegpt"} <= set(workload_names())
+
+
+@pytest.mark.parametrize("name", [*MLPERF, "sharegpt"])
+def test_sample_keeps_the_stated_means_and_bounds(name):
+    w = load_workload(name)
+    inp, out = w.sample(20_000, seed=3)
+    assert inp.min() >= w.input.min and inp.max() <= w.max_input
+    assert out.min() >= w.output.min and out.max() <= w.max_output
+    assert inp.mean() == pytest.approx(w.mean_input, rel=0.01)
+    assert out.mean() == pytest.approx(w.mean_output, rel=0.01)
+    assert np.std(inp) > 0.1 * inp.mean()  # a distribution, not one length
+
+
+def test_published_mlperf_figures_are_the_data_readme_ones():
+    """The data README: llama2-70b mean output 294.45, max input and output 1024; mixtral 144.84, max input 2048."""
+    llama = load_workload("mlperf-llama2-70b")
+    assert (llama.mean_output, llama.max_output, llama.max_input) == (294.45, 1024, 1024)
+    mixtral = load_workload("mlperf-mixtral-8x7b")
+    assert (mixtral.mean_output, mixtral.max_input) == (144.84, 2048)
+
+
+def test_every_unpublished_number_is_marked_as_an_assumption():
+    """Each workload lists what its source publishes; the YAML says 'Assumed' for the rest."""
+    specs = io.read_yaml(WORKLOADS)
+    text = WORKLOADS.read_text()
+    for name, spec in specs.items():
+        assert spec["source"]
+        block = text.split(f"\n{name}:\n")[1]
+        block = block[:min((block.find(f"\n{n}:\n") for n in specs if f"\n{n}:\n" in block), default=len(block))]
+        if {"input.mean", "output.mean"} - set(spec["published"]):
+            assert "Assumed" in block, name
+    assert "input.mean" not in specs["mlperf-llama2-70b"]["published"]  # no source states it
+
+
+def test_sampling_is_seeded():
+    w = load_workload("sharegpt")
+    a, b = w.sample(100, seed=7), w.sample(100, seed=7)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not np.array_equal(w.sample(100, seed=8)[0], a[0])
+
+
+def test_fixed_lengths_are_the_degenerate_workload():
+    inp, out = Workload.fixed(512, 64).sample(10, seed=1)
+    assert set(inp) == {512} and set(out) == {64}
+
+
+def test_user_csv_and_jsonl(tmp_path):
+    csv = tmp_path / "pairs.csv"
+    csv.write_text("input_len,output_len\n100,10\n300,30\n")
+    w = load_workload(str(csv))
+    assert (w.mean_input, w.mean_output, w.max_input, w.max_output) == (200, 20, 300, 30)
+    inp, out = w.sample(2, seed=0)  # as many as the file holds: the file's rows in order
+    assert inp.tolist() == [100, 300] and out.tolist() == [10, 30]
+    jsonl = tmp_path / "pairs.jsonl"
+    jsonl.write_text('{"prompt_tokens": 5, "completion_tokens": 7}\n\n{"input_len": 9, "output_len": 1}\n')
+    assert load_workload(str(jsonl)).sample(2)[0].tolist() == [5, 9]
+
+
+@pytest.mark.parametrize("content, suffix, message", [
+    ("input_len,output_len\n100,x\n", ".csv", "output_len 'x' is not a number"),
+    ("input_len,output_len\n100,0\n", ".csv", "output_len '0' is not a positive whole number"),
+    ("input_len\n100\n", ".csv", "no output_len / output_tokens"),
+    ("input_len,output_len\n", ".csv", "no requests"),
+    ("[1, 2]\n", ".jsonl", "line 1 is not a JSON object"),
+])
+def test_bad_user_files(tmp_path, content, suffix, message):
+    path = tmp_path / f"w{suffix}"
+    path.write_text(content)
+    with pytest.raises(UserError, match=message):
+        load_workload(str(path))
+
+
+def test_unknown_name_lists_the_valid_ones():
+    with pytest.raises(UserError, match="'chat' is neither a file nor a known workload; valid: mlperf-llama2-70b"):
+        load_workload("chat")
+
+
+def test_request_of_a_workload_prices_the_means_and_accepts_the_longest():
+    r = Request.of_workload(load_workload("mlperf-llama2-70b"))
+    assert (r.input_len, r.output_len, r.max_model_len, r.workload) == (227, 294, 2048, "mlperf-llama2-70b")
+
+
+def test_cli_workload_search(capsys):
+    """--workload turns the traffic simulation on (offline without a rate or scenario)."""
+    rc = cli.main(["infer", "--model", "llama3-70b", "--gpus", "8", "--gpu", "h100-sxm", "--workload",
+                   "mlperf-llama2-70b", "--no-save", "--top", "1", "--requests", "500"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "mlperf-llama2-70b, offline: 500 simulated requests" in " ".join(out.split())
+    assert max(len(line) for line in out.splitlines()) <= 100
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workload", "chat"], "--workload 'chat' is neither a file nor a known workload"),
+    (["--workload", "sharegpt", "--input-len", "100"], "--workload sharegpt gives the request lengths"),
+    (["--workload", "missing.csv"], "--workload missing.csv: no such file"),
+])
+def test_cli_errors_are_one_line(capsys, argv, message):
+    rc = cli.main(["infer", "--model", "llama3-70b", "--gpus", "8", "--no-save", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and err.count("\n") == 1
+
+
+def test_cli_json_point_with_a_workload_file(tmp_path, capsys):
+    """A pinned layout over a file's pairs: that one layout, simulated over the file's lengths."""
+    path = tmp_path / "w.jsonl"
+    path.write_text("\n".join(json.dumps({"input_len": i, "output_len": 100}) for i in (1000, 3000)) + "\n")
+    argv = ["infer", "--model", "llama3-70b", "--gpus", "8", "--tp", "8", "--pp", "1", "--max-batch", "16",
+            "--requests", "200", "--json"]
+    assert cli.main([*argv, "--workload", str(path)]) == 0
+    spread = json.loads(capsys.readouterr().out)
+    assert spread["workload"] == "w.jsonl" and len(spread["ranked"]) == 1
+    assert spread["ranked"][0]["config"]["tp"] == 8 and spread["ranked"][0]["config"]["max_batch"] == 16
+    assert cli.main([*argv, "--input-len", "2000", "--output-len", "100", "--scenario", "offline"]) == 0
+    fixed = json.loads(capsys.readouterr().out)
+    assert fixed["workload"] == "fixed 2000/100"
+    assert fixed["ranked"][0]["ttft_ms"]["p50"] != spread["ranked"][0]["ttft_ms"]["p50"]
