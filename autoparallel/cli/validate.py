@@ -32,6 +32,9 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> None:
     runs = [Path(r) for r in args.runs] if args.runs else None
+    if args.no_mlperf and not args.inference:
+        raise UserError("--no-mlperf has no effect without --inference (the MLPerf rows are serving runs); "
+                        "drop it or add --inference")
     if args.inference and args.tie_bands:
         raise UserError("--tie-bands has no effect with --inference (the bands are the training model's); "
                         "drop one of them")
