@@ -376,6 +376,13 @@ BAD_INPUTS = [
     (["report", "{study_corrupt}"], "cannot open the study in"),
     # --- validate and calibrate
     (["validate", "--runs", "{runs_empty_csv}"], "runs_empty.csv is empty"),
+    (["validate", "--no-mlperf"], "--no-mlperf has no effect without --inference"),
+    (["validate", "--inference", "--tie-bands", "x.yaml"], "--tie-bands has no effect with --inference"),
+    (["validate", "--no-cross-validation", "--tie-bands", "x.yaml"], "--tie-bands needs the held-out errors"),
+    (["search", "--model", "deepseek-v3", "--gpus", "256", "--pipeline-layout", "Et|(tt|)*30x"],
+     "has unknown symbol(s) x"),
+    (["search", "--model", "175b", "--gpus", "64", "--moe-token-dispatcher-type", "carrier"],
+     "invalid choice: 'carrier'"),
     (["validate", "--runs", "{runs_header_csv}"], "runs_header.csv has a header but no rows"),
     (["validate", "--runs", "{runs_junk_csv}"], "cannot read runs CSV {runs_junk_csv}"),
     (["validate", "--runs", "{runs_columns_csv}"], "lacks column(s) id, model"),
