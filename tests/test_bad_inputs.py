@@ -381,6 +381,8 @@ BAD_INPUTS = [
     (["validate", "--no-cross-validation", "--tie-bands", "x.yaml"], "--tie-bands needs the held-out errors"),
     (["search", "--model", "deepseek-v3", "--gpus", "256", "--pipeline-layout", "Et|(tt|)*30x"],
      "has unknown symbol(s) x"),
+    (["search", "--model", "175b", "--gpus", "64", "--moe-token-dispatcher-type", "flex"],
+     "with moe_token_dispatcher_type pinned to flex: a token dispatcher applies to MoE models; gpt3-175b is dense"),
     (["search", "--model", "175b", "--gpus", "64", "--moe-token-dispatcher-type", "carrier"],
      "invalid choice: 'carrier'"),
     (["validate", "--runs", "{runs_header_csv}"], "runs_header.csv has a header but no rows"),

@@ -58,6 +58,9 @@ FEATURE_RULES = (
     Rule(r"param-gather overlap needs the distributed optimizer", ("overlap_dp_comm", "distributed_optimizer")),
     Rule(r"FSDP needs the distributed optimizer", ("fsdp", "distributed_optimizer")),
     Rule(r"cannot carry fp8-blockwise", ("tp_comm_overlap", "precision")),
+    Rule(r"a token dispatcher applies to MoE models", ("moe_token_dispatcher_type",)),
+    Rule(r"supported with alltoall/flex token dispatcher", ("overlap_moe_expert_parallel_comm",
+                                                          "moe_token_dispatcher_type")),
 )
 LAYOUT_RULES = (
     Rule(r"num_layers_at_start_in_bf16 .* per pipeline stage", ("fp8_bf16_edge_layers", "pp")),
