@@ -432,6 +432,16 @@ def flex_backend(ep_group, hw: HardwareSpec) -> np.ndarray:
     return np.where(mnnvl, "hybridep", "deepep")
 
 
+def feature_combinations(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
+    """The feature knobs' combinations a search offers this model, before the rules."""
+    features = _without_inapplicable(_product(FEATURE_KNOBS, space), space, model)
+    # Megatron refuses the 1F1B all-to-all overlap with full recompute, and with more than one MTP
+    # layer ("MTP layernum only supports 1 when enabling overlap_moe_expert_parallel_comm"): off there.
+    refused = (features.recompute == "full") | (model.mtp_num_layers > 1)
+    features.loc[refused, "overlap_moe_expert_parallel_comm"] = False
+    return features.drop_duplicates(ignore_index=True)
+
+
 def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
              recompute_num_layers: int | None = None) -> pd.DataFrame:
     """Every candidate of ``space`` as a DataFrame of Plan columns plus ``reason`` ('' = valid).
@@ -447,12 +457,7 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     structures["reason"] = _structure_rules(structures, model, hw, gpus, gbs, space)
     structures = structures.drop(columns="layout_reason")
 
-    features = _without_inapplicable(_product(FEATURE_KNOBS, space), space, model)
-    # Megatron refuses the 1F1B all-to-all overlap with full recompute, and with more than one MTP
-    # layer ("MTP layernum only supports 1 when enabling overlap_moe_expert_parallel_comm"): off there.
-    refused = (features.recompute == "full") | (model.mtp_num_layers > 1)
-    features.loc[refused, "overlap_moe_expert_parallel_comm"] = False
-    features = features.drop_duplicates(ignore_index=True)
+    features = feature_combinations(model, space)
     features["overlap_grad_reduce"] = features.pop("overlap_dp_comm")
     features["overlap_param_gather"] = features["overlap_grad_reduce"]
     features["reason"] = _feature_rules(features, model, hw)

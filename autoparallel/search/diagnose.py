@@ -17,12 +17,11 @@ the most common reasons are listed.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import pandas as pd
 
-from autoparallel.space import FEATURE_KNOBS, STRUCTURE_KNOBS, SearchSpace
+from autoparallel.space import FEATURE_KNOBS, STRUCTURE_KNOBS, SearchSpace, feature_combinations
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 
@@ -97,10 +96,7 @@ def explain(frame: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus: int, 
                 "recompute, a smaller --mbs, or fewer pinned knobs)")
     if not crossed.empty:  # valid structures met valid features; a rule on the pair refused them
         return head + _group_message(crossed, LAYOUT_RULES, fixed, gpus, gbs)
-    # A dense model is offered one dispatcher (space._without_inapplicable).
-    offered = {name: 1 if name == "moe_token_dispatcher_type" and not model.is_moe else len(getattr(space, name))
-               for name in FEATURE_KNOBS}
-    if feature.sum() >= math.prod(offered.values()):
+    if feature.sum() >= len(feature_combinations(model, space)):
         return head + _group_message(frame[feature], FEATURE_RULES, fixed, gpus, gbs)  # every feature set
     if structure.any():
         return head + _group_message(frame[structure], STRUCTURE_RULES, fixed, gpus, gbs)
