@@ -231,9 +231,13 @@ def _tail(folder: Path, lines: int = 3) -> str:
 class SlurmBatch:
     """Run tasks on Slurm and return one result per task, in order (see the module docstring)."""
 
-    def __init__(self, settings: SlurmSettings, client: SlurmClient | None = None, echo: Callable[[str], None] | None = None) -> None:
+    def __init__(self, settings: SlurmSettings, client: SlurmClient | None = None,
+                 echo: Callable[[str], None] | None = None, progress=None) -> None:
+        """``echo``: where to say what is submitted or picked up; ``progress(total)``: returns
+        (update(done, jobs per state), close) for a display of the queue."""
         self.settings, self.client = settings, client or SlurmClient(settings)
         self.echo = echo or (lambda text: None)
+        self.progress = progress
 
     def run(self, tasks: list[Task], on_result: Callable[[int, object], None] | None = None) -> list:
         results: dict[int, object] = {}
@@ -256,15 +260,20 @@ class SlurmBatch:
         for i, r in results.items():
             if on_result:
                 on_result(i, r)
+        update, close = self.progress(len(tasks)) if self.progress else (lambda done, counts: None, lambda: None)
         try:
             waiting.update(self._submit(tasks, fresh))
-            self._wait(tasks, waiting, results, on_result)
+            self._wait(tasks, waiting, results, on_result, update)
         except KeyboardInterrupt:
             left = sorted(set(waiting.values()))
             self.client.cancel(left)
+            for i, job in waiting.items():  # submitted again on resume
+                _write_state(tasks[i].folder, {"job_id": job, "final": "CANCELLED", "reason": "interrupted (scancel)"})
             raise KeyboardInterrupt(f"cancelled {len(left)} Slurm job(s) (scancel); {len(results)} finished result(s) "
                                     f"kept in {self.settings.root}: run the same command again to pick them up "
                                     "and resubmit the rest") from None
+        finally:
+            close()
         return [results[i] for i in range(len(tasks))]
 
     def _submit(self, tasks: list[Task], indices: list[int]) -> dict[int, str]:
@@ -290,10 +299,14 @@ class SlurmBatch:
             self.echo(f"submitted {len(submitted)} Slurm job(s): {', '.join(sorted(set(j.split('_')[0] for j in submitted.values())))}")
         return submitted
 
-    def _wait(self, tasks, waiting: dict[int, str], results: dict, on_result) -> None:
+    def _wait(self, tasks, waiting: dict[int, str], results: dict, on_result, update) -> None:
         started: dict[int, float] = {}
         while waiting:
             states = self.client.active(list(waiting.values()))
+            counts: dict[str, int] = {}
+            for state in states.values():
+                counts[state] = counts.get(state, 0) + 1
+            update(len(results), counts)
             now = time.monotonic()
             for i, job in list(waiting.items()):
                 state = states.get(job)

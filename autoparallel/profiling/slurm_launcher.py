@@ -29,10 +29,10 @@ def failure(reason: str, world: int) -> Measurement:
 class SlurmLauncher:
     name = "slurm"
 
-    def __init__(self, settings: SlurmSettings, echo: Callable[[str], None] | None = None) -> None:
+    def __init__(self, settings: SlurmSettings, echo: Callable[[str], None] | None = None, progress=None) -> None:
         self.settings = settings
         self.client = SlurmClient(settings)
-        self.batch = SlurmBatch(settings, self.client, echo)
+        self.batch = SlurmBatch(settings, self.client, echo, progress)
         self._nodes: tuple[int, int, int] | None = None
 
     def nodes(self) -> tuple[int, int, int]:

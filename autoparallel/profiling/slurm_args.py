@@ -1,0 +1,97 @@
+"""The ``--slurm-*`` options of ``profile`` and ``search --profile job``, checked and turned into
+``SlurmSettings`` and a launcher.
+
+Why its own module: the options are shared by two commands, each must be refused (one line,
+exit 2, naming the value) when it cannot take effect (a Slurm option without ``--executor
+slurm``, a malformed ``--slurm-time``), and the launcher gets a live progress display of the
+queue. No Slurm command runs at import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from pathlib import Path
+
+from autoparallel.argtypes import positive
+from autoparallel.errors import UserError
+
+# sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+_TIME = re.compile(r"^(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2})$")
+# dest -> the flag (the options that only Slurm reads; --executor slurm must be given with them)
+FLAGS = {"slurm_partition": "--slurm-partition", "slurm_account": "--slurm-account", "slurm_time": "--slurm-time",
+         "slurm_qos": "--slurm-qos", "sbatch_args": "--sbatch-args", "container_image": "--container-image",
+         "slurm_gpus_per_node": "--slurm-gpus-per-node", "slurm_array": "--no-slurm-array",
+         "slurm_dir": "--slurm-dir"}
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Slurm (--executor slurm)",
+                             "One sbatch job per layout, or one job array for layouts that ask for the same "
+                             "nodes; Ctrl-C cancels them (scancel); the same command again picks up the "
+                             "finished ones (kept under --slurm-dir) and resubmits the rest.")
+    g.add_argument("--slurm-partition", help="sbatch --partition (default: the cluster's default partition)")
+    g.add_argument("--slurm-account", help="sbatch --account")
+    g.add_argument("--slurm-time", help="sbatch --time per job (default: the job timeout in minutes, plus one)")
+    g.add_argument("--slurm-qos", help="sbatch --qos")
+    g.add_argument("--sbatch-args", help="more sbatch arguments, as one quoted string (e.g. '--exclusive')")
+    g.add_argument("--container-image", help="run the job in this container image (pyxis: srun --container-image)")
+    g.add_argument("--slurm-gpus-per-node", type=positive,
+                   help="GPUs per node (default: the hardware preset's gpus_per_node)")
+    g.add_argument("--no-slurm-array", dest="slurm_array", action="store_false", default=None,
+                   help="one job per layout even where a job array would do")
+    g.add_argument("--slurm-dir", help="job folders, kept for resuming (default: <results>/slurm)")
+
+
+def check(args: argparse.Namespace) -> None:
+    """Slurm options without --executor slurm, a --slurm-time sbatch would refuse, unsplittable
+    --sbatch-args, and --profile layer on Slurm: UserError naming the value."""
+    given = [flag for dest, flag in FLAGS.items() if getattr(args, dest, None) is not None]
+    if given and getattr(args, "executor", "local") != "slurm":
+        raise UserError(f"{given[0]} has no effect with --executor {args.executor}: add --executor slurm or drop it")
+    if getattr(args, "executor", "local") != "slurm":
+        return
+    if getattr(args, "profile", "job") == "layer":
+        raise UserError("--executor slurm has no effect with --profile layer: layer profiles are timed in this "
+                        "process; use --profile job")
+    if args.slurm_time is not None and not _TIME.match(args.slurm_time):
+        raise UserError(f"--slurm-time {args.slurm_time!r} is not a Slurm time (minutes, MM:SS, HH:MM:SS, "
+                        "D-HH, D-HH:MM or D-HH:MM:SS)")
+    extra_args(args)
+
+
+def extra_args(args: argparse.Namespace) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(args.sbatch_args or ""))
+    except ValueError as exc:
+        raise UserError(f"--sbatch-args {args.sbatch_args!r}: {exc}") from None
+
+
+def settings(args: argparse.Namespace, gpus_per_node: int | None = None):
+    from autoparallel.profiling.slurm import SlurmSettings
+    root = Path(args.slurm_dir) if args.slurm_dir else Path(getattr(args, "results", None) or "results") / "slurm"
+    return SlurmSettings(partition=args.slurm_partition, account=args.slurm_account, time=args.slurm_time,
+                         qos=args.slurm_qos, extra=extra_args(args), container_image=args.container_image,
+                         gpus_per_node=args.slurm_gpus_per_node or gpus_per_node or 8,
+                         array=args.slurm_array is not False, root=root)
+
+
+def launcher(args: argparse.Namespace, console=None, gpus_per_node: int | None = None):
+    """A SlurmLauncher; with a console, it says what it submits and shows the queue's progress."""
+    from autoparallel.profiling.slurm_launcher import SlurmLauncher
+    return SlurmLauncher(settings(args, gpus_per_node), echo=console.print if console is not None else None,
+                         progress=queue_progress if console is not None else None)
+
+
+def queue_progress(total: int):
+    """A progress bar over a batch's jobs: (update(done, counts), close) where ``counts`` are the
+    jobs per state (PENDING, RUNNING) in the last poll."""
+    from autoparallel.cli.common import progress_bar
+    bar = progress_bar("Slurm jobs", total)
+    p, task = bar.__enter__()
+
+    def update(done: int, counts: dict[str, int]) -> None:
+        waiting = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
+        p.update(task, completed=done, description=f"Slurm jobs ({waiting})" if waiting else "Slurm jobs")
+    return update, lambda: bar.__exit__(None, None, None)
