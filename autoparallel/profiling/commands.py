@@ -112,10 +112,11 @@ def _need_torch(what: str) -> None:
                         "pip install 'autoparallel[model]'") from None
 
 
-def check_runnable(model, plan, label: str) -> None:
+def check_runnable(model, plan, label: str, builtin: bool = True) -> None:
     """Refuse, before any process starts, a plan the built-in transformer cannot run: one that
     breaks Megatron-LM's layout rules (the search's own, ``space.generate``, on a device that
-    has every precision) or this implementation's (``check_plan``, the recipes it implements)."""
+    has every precision) or this implementation's (``check_plan``, the recipes it implements;
+    not checked when ``builtin`` is False: the job is the user's Megatron-LM)."""
     from autoparallel.parallel.parallelize import check_plan, policy_for
     from autoparallel.space import SearchSpace, generate
     from autoparallel.specs.hardware import HardwareSpec
@@ -131,6 +132,8 @@ def check_runnable(model, plan, label: str) -> None:
     broken = sorted(set(frame["reason"]) - {""})
     if broken and not (frame["reason"] == "").any():
         raise UserError(f"cannot profile {label} on {model.name}: {'; '.join(broken)}")
+    if not builtin:
+        return
     try:
         policy_for(plan)
         check_plan(model, plan, plan.num_gpus)
@@ -187,11 +190,12 @@ def check_profiling(args: argparse.Namespace, gpus: int, model: ModelSpec) -> No
     _guard_world(_launcher(args, None), gpus, f"--profile job on {gpus} GPUs")
 
 
-def _launcher(args: argparse.Namespace, console, gpus_per_node: int | None = None):
-    """The launcher ``--executor`` names (Slurm with its settings and a progress display)."""
+def _launcher(args: argparse.Namespace, console, hw=None):
+    """The launcher ``--executor`` names (Slurm with its settings, the trainer and a progress
+    display; ``hw``: the hardware the candidates were priced on)."""
     from autoparallel.profiling.launcher import make_launcher
     if args.executor == "slurm":
-        return slurm_args.launcher(args, console, gpus_per_node)
+        return slurm_args.launcher(args, console, hw)
     return make_launcher(args.executor, args.ray_address)
 
 
@@ -206,7 +210,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
     _need_torch("profile")
     slurm_args.check(args)
     plan, label, model = _plan_and_model(args)
-    check_runnable(model, plan, label)
+    check_runnable(model, plan, label, builtin=args.trainer != "megatron")
     if args.executor != "slurm":  # under Slurm the compute nodes have the devices
         _checked_device(args.device)
     try:
@@ -214,8 +218,11 @@ def cmd_profile(args: argparse.Namespace) -> None:
                       memory_cap_gib=args.memory_cap_gib, fault=args.fault, device=args.device)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    launcher = _launcher(args, None if args.json else _console(), _rank_gpus_per_node(args))
+    launcher = _launcher(args, None if args.json else _console(), _rank_hardware(args))
     _guard_world(launcher, plan.num_gpus, f"cannot profile {label}")
+    if args.executor == "slurm":
+        slurm_args.confirm(args, [plan.num_gpus], None, args.warmup + args.steps, args.timeout,
+                           None if args.json else _console())
     m = launcher.run(job)
     record = {"plan": plan.as_dict(), **{k: v for k, v in m.as_dict().items()}}
     if args.json:
@@ -243,7 +250,11 @@ def profile_search(result, args: argparse.Namespace, console=None, run_dir: Path
     if getattr(args, "profile", "none") == "none":
         return result
     from autoparallel.search import run
-    from autoparallel.search.measured import profile_top
+    from autoparallel.search.measured import choose, profile_top
+    if args.executor == "slurm" and args.profile == "job":
+        rows = result.ranked.loc[choose(result.ranked, args.top_k, pareto=len(result.objectives) > 1)]
+        slurm_args.confirm(args, [result.gpus] * len(rows), list(rows["step_time_s"]),
+                           args.profile_warmup + args.profile_steps, args.profile_timeout, console)
     result.ranked, result.profiled = profile_top(result.ranked, _evaluator(result, args, console),
                                                  args.top_k, pareto=len(result.objectives) > 1)
     if run_dir is not None:
@@ -256,12 +267,12 @@ def _console():
     return console
 
 
-def _rank_gpus_per_node(args: argparse.Namespace) -> int | None:
-    """profile --rank: the GPUs per node of the run's hardware (a bare --plan: the default)."""
+def _rank_hardware(args: argparse.Namespace):
+    """profile --rank: the hardware of the run (a bare --plan: None, the default's)."""
     if not args.rank:
         return None
     from autoparallel.search import run
-    return run.load_inputs(Path(args.rank[1]))[2].gpus_per_node
+    return run.load_inputs(Path(args.rank[1]))[2]
 
 
 def _evaluator(result, args: argparse.Namespace, console):
@@ -280,7 +291,7 @@ def _evaluator(result, args: argparse.Namespace, console):
         if console is not None:
             what = (f"{m.step_time_s * 1e3:.1f} ms/step" if m.ok else f"failed: {m.reason}")
             console.print(f"profiled {_layout(plan)} {plan.recompute}: {what}")
-    return ProfilingEvaluator(result.model, _launcher(args, console, result.hardware.gpus_per_node),
+    return ProfilingEvaluator(result.model, _launcher(args, console, result.hardware),
                               steps=args.profile_steps, warmup=args.profile_warmup,
                               timeout_s=args.profile_timeout, memory_cap_gib=args.memory_cap_gib,
                               on_result=show, device=device)

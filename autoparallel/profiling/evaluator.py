@@ -27,7 +27,10 @@ MEASURED_COLUMNS = {
     "measured_activation_bytes": "activation_bytes",
     "measured_loss": "loss",
     "measured_device": "device",
+    "measured_model_tflops_per_gpu": "model_tflops_per_gpu",
 }
+# Written only when some job measured it (Megatron-LM logs TFLOP/s; the built-in jobs do not).
+OPTIONAL_MEASURED = ("measured_model_tflops_per_gpu",)
 
 
 class ProfilingEvaluator:
@@ -76,6 +79,7 @@ class ProfilingEvaluator:
 
     def evaluate(self, candidates: pd.DataFrame) -> pd.DataFrame:
         out = candidates.copy()
+        had = set(out.columns)
         for col in MEASURED_COLUMNS:
             if col not in out:
                 out[col] = "" if col == "measured_device" else np.nan
@@ -98,4 +102,7 @@ class ProfilingEvaluator:
             reasons.append("" if m.ok else f"profiling failed: {m.reason}")
         if not predicted:
             out["fits"], out["reason"] = fits, reasons
+        for col in OPTIONAL_MEASURED:
+            if col not in had and not pd.to_numeric(out[col], errors="coerce").notna().any():
+                out = out.drop(columns=col)
         return out

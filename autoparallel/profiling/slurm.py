@@ -108,6 +108,18 @@ def time_limit(seconds: float) -> str:
     return str(int(-(-seconds // 60)) + 1)
 
 
+def time_seconds(text: str) -> float:
+    """Seconds of an sbatch --time (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS)."""
+    days, _, rest = text.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:
+        parts += [0] * (3 - len(parts))  # D-HH[:MM[:SS]]
+        h, m, sec = parts
+    else:
+        h, m, sec = ([0, 0] + parts)[-3:] if len(parts) == 3 else (0, parts[0], parts[1] if len(parts) > 1 else 0)
+    return ((int(days or 0) * 24 + h) * 60 + m) * 60 + sec
+
+
 def batch_script(tasks: list[Task], settings: SlurmSettings, array: bool) -> str:
     """The sbatch script of one task, or of a job array over ``tasks`` (same resources)."""
     r = tasks[0].resources
@@ -350,7 +362,11 @@ def _failure_detail(t: Task) -> str:
     error a rank reported, else the end of the job's output."""
     parts = []
     outs = sorted(t.folder.glob("slurm-*.out"), key=lambda p: p.stat().st_mtime)
-    for line in outs[-1].read_text(errors="replace").splitlines() if outs else ():
+    lines = outs[-1].read_text(errors="replace").splitlines() if outs else []
+    oom = next((line.strip() for line in lines if "out of memory" in line.lower()), "")
+    if oom:  # a trainer's own OOM message (torch.OutOfMemoryError), wherever the launcher put it
+        parts.append(oom[:300])
+    for line in lines:
         if "srun: error:" in line and ("Exited with exit code" in line or "memory" in line.lower()):
             parts.append(line.split("srun: error:", 1)[1].strip())
             break

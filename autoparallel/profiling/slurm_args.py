@@ -10,6 +10,7 @@ queue. No Slurm command runs at import.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 from pathlib import Path
@@ -23,7 +24,7 @@ _TIME = re.compile(r"^(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2})$")
 FLAGS = {"slurm_partition": "--slurm-partition", "slurm_account": "--slurm-account", "slurm_time": "--slurm-time",
          "slurm_qos": "--slurm-qos", "sbatch_args": "--sbatch-args", "container_image": "--container-image",
          "slurm_gpus_per_node": "--slurm-gpus-per-node", "slurm_array": "--no-slurm-array",
-         "slurm_dir": "--slurm-dir"}
+         "slurm_dir": "--slurm-dir", "yes": "--yes"}
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -42,6 +43,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-slurm-array", dest="slurm_array", action="store_false", default=None,
                    help="one job per layout even where a job array would do")
     g.add_argument("--slurm-dir", help="job folders, kept for resuming (default: <results>/slurm)")
+    g.add_argument("--yes", action="store_true", default=None,
+                   help="submit without asking (the jobs and GPU-hours are printed first either way)")
+    t = p.add_argument_group("trainer (--executor slurm)")
+    t.add_argument("--trainer", choices=("builtin", "megatron"), default=None,
+                   help="what a job runs: the built-in transformer (default), or a short run of your Megatron-LM "
+                        "(the exported train.sh, warm-up + timed steps as --train-iters, mock data unless DATA_PATH)")
+    t.add_argument("--megatron-lm", metavar="PATH", help="the Megatron-LM checkout (default: $MEGATRON_LM)")
 
 
 def check(args: argparse.Namespace) -> None:
@@ -50,8 +58,20 @@ def check(args: argparse.Namespace) -> None:
     given = [flag for dest, flag in FLAGS.items() if getattr(args, dest, None) is not None]
     if given and getattr(args, "executor", "local") != "slurm":
         raise UserError(f"{given[0]} has no effect with --executor {args.executor}: add --executor slurm or drop it")
+    trainer = getattr(args, "trainer", None)
+    if getattr(args, "megatron_lm", None) is not None and trainer != "megatron":
+        raise UserError("--megatron-lm has no effect without --trainer megatron: add it or drop --megatron-lm")
+    if trainer == "megatron" and getattr(args, "executor", "local") != "slurm":
+        raise UserError(f"--trainer megatron has no effect with --executor {args.executor}: Megatron-LM runs are "
+                        "submitted with --executor slurm")
     if getattr(args, "executor", "local") != "slurm":
         return
+    if trainer == "megatron":
+        from autoparallel.profiling.megatron_run import checkout
+        checkout(args.megatron_lm or os.environ.get("MEGATRON_LM"))
+        if args.container_image is not None:
+            raise UserError("--container-image has no effect with --trainer megatron: train.sh runs torchrun on "
+                            "the node; start it in your image with --sbatch-args (e.g. pyxis' --container-image)")
     if getattr(args, "profile", "job") == "layer":
         raise UserError("--executor slurm has no effect with --profile layer: layer profiles are timed in this "
                         "process; use --profile job")
@@ -77,11 +97,28 @@ def settings(args: argparse.Namespace, gpus_per_node: int | None = None):
                          array=args.slurm_array is not False, root=root)
 
 
-def launcher(args: argparse.Namespace, console=None, gpus_per_node: int | None = None):
-    """A SlurmLauncher; with a console, it says what it submits and shows the queue's progress."""
+def launcher(args: argparse.Namespace, console=None, hw=None):
+    """A SlurmLauncher for candidates priced on ``hw`` (its GPUs per node; default h100-sxm's);
+    with a console, it says what it submits and shows the queue's progress."""
+    from autoparallel import io
     from autoparallel.profiling.slurm_launcher import SlurmLauncher
-    return SlurmLauncher(settings(args, gpus_per_node), echo=console.print if console is not None else None,
-                         progress=queue_progress if console is not None else None)
+    trainer = None
+    if getattr(args, "trainer", None) == "megatron":
+        from autoparallel.profiling.megatron_run import MegatronTrainer, checkout
+        trainer = MegatronTrainer(checkout(args.megatron_lm or os.environ.get("MEGATRON_LM")),
+                                  hw or io.load_hardware("h100-sxm"))
+    return SlurmLauncher(settings(args, hw.gpus_per_node if hw else None),
+                         echo=console.print if console is not None else None,
+                         progress=queue_progress if console is not None else None, trainer=trainer)
+
+
+def confirm(args: argparse.Namespace, gpus: list[int], step_times_s, iterations: int, timeout_s: float,
+            console=None) -> None:
+    """Print what the jobs cost in GPU-hours and ask before submitting (``budget``)."""
+    from autoparallel.profiling import budget
+    from autoparallel.profiling.slurm import time_limit, time_seconds
+    limit = time_seconds(args.slurm_time or time_limit(timeout_s))
+    budget.confirm(budget.summary(gpus, step_times_s, iterations, limit), bool(args.yes), console)
 
 
 def queue_progress(total: int):

@@ -5,7 +5,8 @@ what a job runs; this one knows the built-in transformer's jobs: their resources
 rank; on GPU nodes one GPU per rank, ``gpus_per_node`` ranks a node; on CPU nodes every rank on
 one node), the ranks' command (``slurm_rank``) and how a finished job's rank reports become one
 ``Measurement``. The launcher has the ``LocalLauncher``'s interface (``capacity``, ``run``) and
-``run_all``, which the evaluator uses to submit a whole tie band at once.
+``run_all``, which the evaluator uses to submit a whole tie band at once. With a ``trainer``
+(``megatron_run.MegatronTrainer``) the job is a short run of the user's Megatron-LM instead.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ def failure(reason: str, world: int) -> Measurement:
 class SlurmLauncher:
     name = "slurm"
 
-    def __init__(self, settings: SlurmSettings, echo: Callable[[str], None] | None = None, progress=None) -> None:
+    def __init__(self, settings: SlurmSettings, echo: Callable[[str], None] | None = None, progress=None,
+                 trainer=None) -> None:
         self.settings = settings
+        self.trainer = trainer.with_gpus_per_node(settings.gpus_per_node) if trainer is not None else None
         self.client = SlurmClient(settings)
         self.batch = SlurmBatch(settings, self.client, echo, progress)
         self._nodes: tuple[int, int, int] | None = None
@@ -62,6 +65,15 @@ class SlurmLauncher:
 
     def task(self, job: JobSpec) -> Task:
         world = job.plan.num_gpus
+        if self.trainer is not None:
+            t = self.trainer
+            script = t.script(job)
+            resources = t.resources(job, self.gpu_jobs(job))
+            return Task(key={**t.key(), "script": script, "resources": resources.__dict__,
+                             "warmup": job.warmup, "steps": job.steps},
+                        body=t.body(), resources=resources, timeout_s=job.timeout_s,
+                        collect=lambda folder: t.collect(job, folder), fail=lambda why: failure(why, world),
+                        files={"train.sh": script}, name="autoparallel-megatron")
         python = "python" if self.settings.container_image else sys.executable
         spec = job_to_dict(job)
         body = [f'{srun_prefix(self.settings, [str(self.settings.root.resolve())])} '

@@ -68,8 +68,13 @@ def test_search_profiles_the_top_k_as_one_job_array_and_reranks(cluster, tmp_pat
     args = ["search", "--model", str(small_yaml), "--gpus", "2", "--gpu", "cpu-local", "--space", "cpu-profiling",
             "--sp", "--recompute", "none", "--results", str(tmp_path), "--profile", "job", "--top-k", "2",
             "--profile-steps", "2", "--profile-warmup", "1", "--executor", "slurm"]
-    assert main(args) == 0
-    assert "submitted 2 Slurm job(s)" in capsys.readouterr().out
+    assert main(args) == 2  # no terminal to ask on: nothing is submitted without --yes
+    err = capsys.readouterr().err
+    assert "about to submit 2 Slurm job(s), 4 GPUs in all: about" in err and "add --yes" in err
+    assert not (tmp_path / "slurm").exists()
+    assert main(args + ["--yes"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU-hours predicted (3 iterations" in out and "submitted 2 Slurm job(s)" in out
     run_dir = next(p for p in tmp_path.iterdir() if p.name != "slurm")
     frame = pd.read_csv(run_dir / "candidates.csv")
     measured = frame[frame["measured_step_time_s"].notna()]
@@ -139,7 +144,7 @@ def test_ctrl_c_cancels_the_submitted_job_and_exits_130(cluster, tmp_path, small
     root = tmp_path / "jobs"
     proc = subprocess.Popen([sys.executable, "-m", "autoparallel", "profile", "--model", str(small_yaml),
                              "--plan", str(plan), "--steps", "100000", "--warmup", "0", "--executor", "slurm",
-                             "--slurm-dir", str(root)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--slurm-dir", str(root), "--yes"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_until(lambda: list(root.glob("*/slurm.json")), 60)
         job_id = json.loads(next(root.glob("*/slurm.json")).read_text())["job_id"]
