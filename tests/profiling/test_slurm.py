@@ -138,22 +138,25 @@ def _wait_until(condition, seconds: float) -> None:
         time.sleep(0.3)
 
 
-def test_ctrl_c_cancels_the_submitted_job_and_exits_130(cluster, tmp_path, small_yaml):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_cancels_the_submitted_job(cluster, tmp_path, small_yaml, signum):
     plan = tmp_path / "plan.yaml"
     plan.write_text("tp: 1\npp: 1\ndp: 2\ngbs: 8\n")
     root = tmp_path / "jobs"
     proc = subprocess.Popen([sys.executable, "-m", "autoparallel", "profile", "--model", str(small_yaml),
                              "--plan", str(plan), "--steps", "100000", "--warmup", "0", "--executor", "slurm",
-                             "--slurm-dir", str(root), "--yes"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--slurm-dir", str(root), "--yes"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # a shell's background job inherits SIGINT ignored: give the command Ctrl-C back
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         _wait_until(lambda: list(root.glob("*/slurm.json")), 60)
         job_id = json.loads(next(root.glob("*/slurm.json")).read_text())["job_id"]
         _wait_until(lambda: _scontrol(job_id) == "RUNNING", 30)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
-    assert proc.returncode == 130
+    assert proc.returncode == 128 + signum
     assert "cancelled 1 Slurm job(s) (scancel)" in err and str(root) in err
     _wait_until(lambda: _scontrol(job_id) == "CANCELLED", 20)
     assert job_id not in _queued().split()
