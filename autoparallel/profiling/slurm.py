@@ -24,6 +24,7 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -132,12 +133,13 @@ def batch_script(tasks: list[Task], settings: SlurmSettings, array: bool) -> str
     for flag in ("partition", "account", "qos"):
         if getattr(settings, flag):
             lines.append(f"#SBATCH --{flag}={getattr(settings, flag)}")
+    # Each task writes its output into its own folder (an array's tasks have different folders).
+    lines.append("#SBATCH --output=/dev/null")
     if array:
-        lines += [f"#SBATCH --array=0-{len(tasks) - 1}", "#SBATCH --output=/dev/null",
-                  "FOLDERS=(" + " ".join(shlex.quote(f) for f in folders) + ")",
+        lines += [f"#SBATCH --array=0-{len(tasks) - 1}", "FOLDERS=(" + " ".join(shlex.quote(f) for f in folders) + ")",
                   'TASK_DIR=${FOLDERS[$SLURM_ARRAY_TASK_ID]}']
     else:
-        lines += ["#SBATCH --output=/dev/null", f"TASK_DIR={shlex.quote(folders[0])}"]
+        lines.append(f"TASK_DIR={shlex.quote(folders[0])}")
     lines += ['exec >"$TASK_DIR/slurm-$SLURM_JOB_ID.out" 2>&1',
               "export TASK_DIR",
               'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
@@ -150,9 +152,9 @@ def srun_prefix(settings: SlurmSettings, mounts: Sequence[str] = ()) -> str:
     """srun that stops every rank when one fails, inside the container image if one is given."""
     words = ["srun", "--kill-on-bad-exit=1"]
     if settings.container_image:
-        words += [f"--container-image={settings.container_image}",
-                  f"--container-mounts={','.join(f'{m}:{m}' for m in mounts)}"] if mounts else \
-                 [f"--container-image={settings.container_image}"]
+        words.append(f"--container-image={settings.container_image}")
+        if mounts:  # the job folders, at the same path inside
+            words.append(f"--container-mounts={','.join(f'{m}:{m}' for m in mounts)}")
     return " ".join(shlex.quote(w) for w in words)
 
 
@@ -245,8 +247,8 @@ class SlurmBatch:
 
     def __init__(self, settings: SlurmSettings, client: SlurmClient | None = None,
                  echo: Callable[[str], None] | None = None, progress=None) -> None:
-        """``echo``: where to say what is submitted or picked up; ``progress(total)``: returns
-        (update(done, jobs per state), close) for a display of the queue."""
+        """``echo``: where to say what is submitted or picked up; ``progress(total)``: a context
+        manager giving update(done, jobs per state) for a display of the queue."""
         self.settings, self.client = settings, client or SlurmClient(settings)
         self.echo = echo or (lambda text: None)
         self.progress = progress
@@ -272,10 +274,10 @@ class SlurmBatch:
         for i, r in results.items():
             if on_result:
                 on_result(i, r)
-        update, close = self.progress(len(tasks)) if self.progress else (lambda done, counts: None, lambda: None)
         try:
-            waiting.update(self._submit(tasks, fresh))
-            self._wait(tasks, waiting, results, on_result, update)
+            with self.progress(len(tasks)) if self.progress else nullcontext(lambda done, counts: None) as update:
+                waiting.update(self._submit(tasks, fresh))
+                self._wait(tasks, waiting, results, on_result, update)
         except KeyboardInterrupt:
             left = sorted(set(waiting.values()))
             self.client.cancel(left)
@@ -284,8 +286,6 @@ class SlurmBatch:
             raise KeyboardInterrupt(f"cancelled {len(left)} Slurm job(s) (scancel); {len(results)} finished result(s) "
                                     f"kept in {self.settings.root}: run the same command again to pick them up "
                                     "and resubmit the rest") from None
-        finally:
-            close()
         return [results[i] for i in range(len(tasks))]
 
     def _submit(self, tasks: list[Task], indices: list[int]) -> dict[int, str]:
@@ -352,9 +352,9 @@ class SlurmBatch:
             except ValueError as exc:
                 if final == "COMPLETED":
                     return t.fail(f"the job completed but {exc}")
-        detail = FAILED.get(final, reason or "ended in an unknown state")
-        why = _failure_detail(t)
-        return t.fail(f"{detail}: {reason}" + (f"; {why}" if why else ""))
+        detail = FAILED.get(final)  # None for our own timeout and an unknown end: the reason says it
+        head = f"{detail}: {reason}" if detail and reason else detail or reason or "ended in an unknown state"
+        return t.fail("; ".join(part for part in (head, _failure_detail(t)) if part))
 
 
 def _failure_detail(t: Task) -> str:

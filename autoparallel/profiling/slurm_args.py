@@ -13,6 +13,7 @@ import argparse
 import os
 import re
 import shlex
+from contextlib import contextmanager
 from pathlib import Path
 
 from autoparallel.argtypes import positive
@@ -121,14 +122,12 @@ def confirm(args: argparse.Namespace, gpus: list[int], step_times_s, iterations:
     budget.confirm(budget.summary(gpus, step_times_s, iterations, limit), bool(args.yes), console)
 
 
+@contextmanager
 def queue_progress(total: int):
-    """A progress bar over a batch's jobs: (update(done, counts), close) where ``counts`` are the
-    jobs per state (PENDING, RUNNING) in the last poll."""
+    """A progress bar over a batch's jobs; yields update(done, jobs per state in the last poll)."""
     from autoparallel.cli.common import progress_bar
-    bar = progress_bar("Slurm jobs", total)
-    p, task = bar.__enter__()
-
-    def update(done: int, counts: dict[str, int]) -> None:
-        waiting = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
-        p.update(task, completed=done, description=f"Slurm jobs ({waiting})" if waiting else "Slurm jobs")
-    return update, lambda: bar.__exit__(None, None, None)
+    with progress_bar("Slurm jobs", total) as (p, task):
+        def update(done: int, counts: dict[str, int]) -> None:
+            waiting = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
+            p.update(task, completed=done, description=f"Slurm jobs ({waiting})" if waiting else "Slurm jobs")
+        yield update

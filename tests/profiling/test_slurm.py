@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import pandas as pd
@@ -112,7 +113,7 @@ def test_resume_picks_up_finished_jobs_and_resubmits_cancelled_ones(cluster, tmp
     done_id = json.loads(next(tmp_path.glob("*/slurm.json")).read_text())["job_id"]
     # Interrupted as soon as the second job is submitted: it is cancelled, the first is kept.
     launcher = _launcher(tmp_path)
-    launcher.batch.progress = lambda total: (_interrupt, lambda: None)
+    launcher.batch.progress = lambda total: nullcontext(_interrupt)
     with pytest.raises(KeyboardInterrupt, match=r"cancelled 1 Slurm job\(s\) \(scancel\); 1 finished"):
         launcher.run_all([first, second])
     states = {p.parent: json.loads(p.read_text()) for p in tmp_path.glob("*/slurm.json")}

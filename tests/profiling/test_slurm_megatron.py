@@ -8,7 +8,6 @@ argument block, the world size, one iteration line per iteration with the time a
 memory report), with an iteration time that depends on the layout so that measurement re-ranks
 the table. torchrun and Slurm are real."""
 
-import json
 import os
 import textwrap
 from pathlib import Path
