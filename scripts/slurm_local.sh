@@ -23,7 +23,19 @@ dir=$(cd "$dir" && pwd)
 conf="$dir/slurm.conf"
 
 stop() {
-  # Only the daemons this script started, by the PIDs it recorded: slurmd, slurmctld, munged.
+  # Jobs first: slurmstepd and a job's processes outlive slurmd. Cancel what this cluster still
+  # runs (SIGTERM, SIGKILL after KillWait) and wait for its queue to empty (at most 20 s).
+  if [ -s "$dir/slurmctld.pid" ] && [ -f "$conf" ]; then
+    jobs=$(SLURM_CONF="$conf" timeout 10 squeue -h -o %i 2>/dev/null || true)
+    if [ -n "$jobs" ]; then
+      SLURM_CONF="$conf" timeout 10 scancel $jobs 2>/dev/null || true
+      for _ in $(seq 100); do
+        [ -z "$(SLURM_CONF="$conf" timeout 10 squeue -h -o %i 2>/dev/null)" ] && break
+        sleep 0.2
+      done
+    fi
+  fi
+  # Then only the daemons this script started, by the PIDs it recorded: slurmd, slurmctld, munged.
   for name in slurmd slurmctld munged; do
     pidfile="$dir/$name.pid"
     [ -s "$pidfile" ] || continue

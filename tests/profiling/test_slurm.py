@@ -156,7 +156,10 @@ def test_ctrl_c_or_sigterm_cancels_the_submitted_job(cluster, tmp_path, small_ya
         proc.send_signal(signum)
         _, err = proc.communicate(timeout=30)
     finally:
-        proc.kill()
+        if proc.poll() is None:  # it did not stop: stop it and its job
+            proc.kill()
+            for state in root.glob("*/slurm.json"):
+                subprocess.run(["scancel", json.loads(state.read_text())["job_id"]], timeout=10)
     assert proc.returncode == 128 + signum
     assert "cancelled 1 Slurm job(s) (scancel)" in err and str(root) in err
     _wait_until(lambda: _scontrol(job_id) == "CANCELLED", 20)
