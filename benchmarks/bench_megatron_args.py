@@ -226,9 +226,11 @@ def check(arguments, microbatches, model, plan, argv: list[str], env: dict) -> t
     return "model+layout", "; ".join(wrong)
 
 
-def exports(top: int):
+def exports(top: int, short_run: int | None = None):
     """(label, model, plan, hw, train.sh) of the top plans of every search, then two plans with
-    knobs set by hand (explicit first/last stage sizes, Megatron-FSDP, activation offloading)."""
+    knobs set by hand (explicit first/last stage sizes, Megatron-FSDP, activation offloading).
+    ``short_run``: the profiling run of that many iterations that ``--trainer megatron`` submits
+    (issue 26) instead of the export's train.sh."""
     space = load_space()
     for name, gpus, gpu, pins in SEARCHES:
         model, hw = io.load_model(name), io.load_hardware(gpu)
@@ -238,20 +240,22 @@ def exports(top: int):
         label = f"{name} {gpus}x{gpu} " + " ".join(f"{k}={v}" for k, v in pins.items())
         for rank in range(1, min(top, len(result.feasible)) + 1):
             row = result.entry(rank)
-            yield f"{label} #{rank}", model, result.plan(rank), hw, runs.launch_script(model, hw, row, label)
+            script = (train_script(model, result.plan(rank), hw, label, short_run=short_run) if short_run
+                      else runs.launch_script(model, hw, row, label))
+            yield f"{label} #{rank}", model, result.plan(rank), hw, script
     model, hw = io.load_model("llama3.1-405b"), io.load_hardware("h100-sxm")
     uneven = Plan(tp=8, pp=8, dp=9, gbs=252, sp=True, recompute="selective", precision="fp8-delayed",
                   num_layers_in_first_pipeline_stage=15, num_layers_in_last_pipeline_stage=15)
     yield "llama3.1-405b 576xh100 first/last stage 15 layers", model, uneven, hw, \
-        train_script(model, uneven, hw, "")
+        train_script(model, uneven, hw, "", short_run=short_run)
     model = io.load_model("llama3-8b")
     fsdp = Plan(tp=2, pp=1, dp=4, gbs=128, sp=True, fsdp=True)
-    yield "llama3-8b 8xh100 Megatron-FSDP", model, fsdp, hw, train_script(model, fsdp, hw, "")
+    yield "llama3-8b 8xh100 Megatron-FSDP", model, fsdp, hw, train_script(model, fsdp, hw, "", short_run=short_run)
     model, gb200 = io.load_model("llama3-70b"), io.load_hardware("gb200")
     offload = Plan(tp=1, pp=1, dp=64, gbs=256, mbs=2, precision="fp8-current", fsdp=True,
                    grad_reduce_in_fp32=False, cpu_offloading_num_layers=40)
     yield "llama3-70b 64xgb200 Megatron-FSDP + 40 layers offloaded", model, offload, gb200, \
-        train_script(model, offload, gb200, "")
+        train_script(model, offload, gb200, "", short_run=short_run)
 
 
 def controls():
@@ -302,6 +306,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--megatron", required=True, help="Megatron-LM checkout (or snapshot) root")
     parser.add_argument("--top", type=int, default=3, help="plans exported per search")
+    parser.add_argument("--short-run", type=int, help="check the short profiling runs of --trainer megatron "
+                                                      "(this many iterations) instead of the exports")
     cli = parser.parse_args()
     with warnings.catch_warnings():  # Apex / TE absent: megatron.core falls back, and says so at import
         warnings.simplefilter("ignore")
@@ -309,7 +315,7 @@ def main() -> None:
     print("Stubbed:\n" + "".join(f"- {s}\n" for s in STUBS))
     print("| export | layout | env | reached | problem |\n|---|---|---|---|---|")
     passed = total = 0
-    for label, model, plan, hw, script in exports(cli.top):
+    for label, model, plan, hw, script in exports(cli.top, cli.short_run):
         _ARCH["value"] = ARCH[hw.name]
         argv, env = script_argv_env(script)
         stage, problem = check(arguments, microbatches, model, plan, argv, env)

@@ -12,7 +12,11 @@ from pathlib import Path
 from autoparallel import io
 from autoparallel.argtypes import non_negative, positive, positive_number, positive_seconds
 from autoparallel.errors import UserError
+from autoparallel.profiling import slurm_args
 from autoparallel.specs.model import ModelSpec
+
+
+EXECUTORS = ("local", "ray", "slurm")
 
 
 def _device_arg(p) -> None:
@@ -37,9 +41,10 @@ def _job_args(p: argparse.ArgumentParser, prefix: str = "") -> None:
                    help="seconds before a job counts as hung (default 600)")
     p.add_argument("--memory-cap-gib", type=positive_number,
                    help="CPU only: fail like an out-of-memory above this many GiB per rank")
-    p.add_argument("--executor", choices=("local", "ray"), default="local",
-                   help="where jobs run: processes here (default) or a Ray cluster")
+    p.add_argument("--executor", choices=EXECUTORS, default="local",
+                   help="where jobs run: processes here (default), a Ray cluster, or Slurm (sbatch)")
     p.add_argument("--ray-address", help="Ray cluster address (default: start or join a local one)")
+    slurm_args.add_args(p)
 
 
 def add_profile_parser(sub) -> None:
@@ -74,9 +79,11 @@ def add_search_args(s: argparse.ArgumentParser) -> None:
     g.add_argument("--profile-warmup", type=non_negative, default=5, help="warm-up steps per job (default 5)")
     g.add_argument("--profile-timeout", type=positive_seconds, default=600.0, help="seconds per job (default 600)")
     g.add_argument("--memory-cap-gib", type=positive_number, help="CPU only: forced per-rank memory cap")
-    g.add_argument("--executor", choices=("local", "ray"), default="local")
+    g.add_argument("--executor", choices=EXECUTORS, default="local",
+                   help="where jobs run: processes here (default), a Ray cluster, or Slurm (sbatch)")
     g.add_argument("--ray-address", help="Ray cluster address")
     _device_arg(g)
+    slurm_args.add_args(s)
 
 
 def add_calibrate_args(c: argparse.ArgumentParser) -> None:
@@ -105,10 +112,11 @@ def _need_torch(what: str) -> None:
                         "pip install 'autoparallel[model]'") from None
 
 
-def check_runnable(model, plan, label: str) -> None:
+def check_runnable(model, plan, label: str, builtin: bool = True) -> None:
     """Refuse, before any process starts, a plan the built-in transformer cannot run: one that
     breaks Megatron-LM's layout rules (the search's own, ``space.generate``, on a device that
-    has every precision) or this implementation's (``check_plan``, the recipes it implements)."""
+    has every precision) or this implementation's (``check_plan``, the recipes it implements;
+    not checked when ``builtin`` is False: the job is the user's Megatron-LM)."""
     from autoparallel.parallel.parallelize import check_plan, policy_for
     from autoparallel.space import SearchSpace, generate
     from autoparallel.specs.hardware import HardwareSpec
@@ -124,6 +132,8 @@ def check_runnable(model, plan, label: str) -> None:
     broken = sorted(set(frame["reason"]) - {""})
     if broken and not (frame["reason"] == "").any():
         raise UserError(f"cannot profile {label} on {model.name}: {'; '.join(broken)}")
+    if not builtin:
+        return
     try:
         policy_for(plan)
         check_plan(model, plan, plan.num_gpus)
@@ -165,7 +175,8 @@ def _guard_world(launcher, world: int, what: str) -> None:
 def check_profiling(args: argparse.Namespace, gpus: int, model: ModelSpec) -> None:
     """Refuse, before a search starts, ``--profile`` that cannot run: no torch, a corrupt layer
     profile store, layer profiles of a MoE ``model``, an unreachable Ray cluster, or jobs of
-    ``gpus`` ranks on a machine (or cluster) with fewer."""
+    ``gpus`` ranks on a machine (or cluster) with fewer; Slurm options that have no effect."""
+    slurm_args.check(args)
     if getattr(args, "profile", "none") == "none":
         return
     _need_torch(f"--profile {args.profile}")
@@ -176,8 +187,16 @@ def check_profiling(args: argparse.Namespace, gpus: int, model: ModelSpec) -> No
         from autoparallel.profiling.store import FILE_NAME, ProfileStore
         ProfileStore(Path(args.results) / FILE_NAME)
         return
+    _guard_world(_launcher(args, None), gpus, f"--profile job on {gpus} GPUs")
+
+
+def _launcher(args: argparse.Namespace, console, hw=None):
+    """The launcher ``--executor`` names (Slurm with its settings, the trainer and a progress
+    display; ``hw``: the hardware the candidates were priced on)."""
     from autoparallel.profiling.launcher import make_launcher
-    _guard_world(make_launcher(args.executor, args.ray_address), gpus, f"--profile job on {gpus} GPUs")
+    if args.executor == "slurm":
+        return slurm_args.launcher(args, console, hw)
+    return make_launcher(args.executor, args.ray_address)
 
 
 def _layout(plan) -> str:
@@ -188,18 +207,22 @@ def _layout(plan) -> str:
 
 def cmd_profile(args: argparse.Namespace) -> None:
     from autoparallel.profiling.job import JobSpec
-    from autoparallel.profiling.launcher import make_launcher
     _need_torch("profile")
+    slurm_args.check(args)
     plan, label, model = _plan_and_model(args)
-    check_runnable(model, plan, label)
-    _checked_device(args.device)
+    check_runnable(model, plan, label, builtin=args.trainer != "megatron")
+    if args.executor != "slurm":  # under Slurm the compute nodes have the devices
+        _checked_device(args.device)
     try:
         job = JobSpec(model, plan, steps=args.steps, warmup=args.warmup, timeout_s=args.timeout,
                       memory_cap_gib=args.memory_cap_gib, fault=args.fault, device=args.device)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    launcher = make_launcher(args.executor, args.ray_address)
+    launcher = _launcher(args, None if args.json else _console(), _rank_hardware(args))
     _guard_world(launcher, plan.num_gpus, f"cannot profile {label}")
+    if args.executor == "slurm":
+        slurm_args.confirm(args, [plan.num_gpus], None, args.warmup + args.steps, args.timeout,
+                           None if args.json else _console())
     m = launcher.run(job)
     record = {"plan": plan.as_dict(), **{k: v for k, v in m.as_dict().items()}}
     if args.json:
@@ -227,7 +250,11 @@ def profile_search(result, args: argparse.Namespace, console=None, run_dir: Path
     if getattr(args, "profile", "none") == "none":
         return result
     from autoparallel.search import run
-    from autoparallel.search.measured import profile_top
+    from autoparallel.search.measured import choose, profile_top
+    if args.executor == "slurm" and args.profile == "job":
+        rows = result.ranked.loc[choose(result.ranked, args.top_k, pareto=len(result.objectives) > 1)]
+        slurm_args.confirm(args, [result.gpus] * len(rows), list(rows["step_time_s"]),
+                           args.profile_warmup + args.profile_steps, args.profile_timeout, console)
     result.ranked, result.profiled = profile_top(result.ranked, _evaluator(result, args, console),
                                                  args.top_k, pareto=len(result.objectives) > 1)
     if run_dir is not None:
@@ -235,9 +262,23 @@ def profile_search(result, args: argparse.Namespace, console=None, run_dir: Path
     return result
 
 
+def _console():
+    from autoparallel.cli.common import console
+    return console
+
+
+def _rank_hardware(args: argparse.Namespace):
+    """profile --rank: the hardware of the run (a bare --plan: None, the default's)."""
+    if not args.rank:
+        return None
+    from autoparallel.search import run
+    return run.load_inputs(Path(args.rank[1]))[2]
+
+
 def _evaluator(result, args: argparse.Namespace, console):
     """The evaluator ``--profile`` names, for the layouts ``profile_top`` hands it."""
-    device = _checked_device(getattr(args, "device", "auto"))
+    slurm = getattr(args, "executor", "local") == "slurm"
+    device = getattr(args, "device", "auto") if slurm else _checked_device(getattr(args, "device", "auto"))
     if args.profile == "layer":
         from autoparallel.profiling.layer import LayerProfileEvaluator
         from autoparallel.profiling.store import FILE_NAME, ProfileStore
@@ -245,13 +286,12 @@ def _evaluator(result, args: argparse.Namespace, console):
                                      top_k=args.top_k, device=device,
                                      store=ProfileStore(Path(args.results) / FILE_NAME))
     from autoparallel.profiling.evaluator import ProfilingEvaluator
-    from autoparallel.profiling.launcher import make_launcher
 
     def show(plan, m):
         if console is not None:
             what = (f"{m.step_time_s * 1e3:.1f} ms/step" if m.ok else f"failed: {m.reason}")
             console.print(f"profiled {_layout(plan)} {plan.recompute}: {what}")
-    return ProfilingEvaluator(result.model, make_launcher(args.executor, args.ray_address),
+    return ProfilingEvaluator(result.model, _launcher(args, console, result.hardware),
                               steps=args.profile_steps, warmup=args.profile_warmup,
                               timeout_s=args.profile_timeout, memory_cap_gib=args.memory_cap_gib,
                               on_result=show, device=device)

@@ -7,7 +7,8 @@ it the top-k predicted layouts) and writes the measurement beside any prediction
 that measured) and ``measurement_error`` (the reason of a failed job, '' when it ran). Given
 candidates without predictions it fills ``fits`` and ``reason`` from the measurement itself, so
 a sampler can use it alone. A failing job never raises: the launcher turns it into a reason and
-the next candidate runs.
+the next candidate runs. A launcher with ``run_all`` (Slurm) gets every candidate at once, so
+that a cluster's queue runs them side by side; the others run one job at a time.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ MEASURED_COLUMNS = {
     "measured_activation_bytes": "activation_bytes",
     "measured_loss": "loss",
     "measured_device": "device",
+    "measured_model_tflops_per_gpu": "model_tflops_per_gpu",
 }
+# Written only when some job measured it (Megatron-LM logs TFLOP/s; the built-in jobs do not).
+OPTIONAL_MEASURED = ("measured_model_tflops_per_gpu",)
 
 
 class ProfilingEvaluator:
@@ -48,24 +52,49 @@ class ProfilingEvaluator:
         except Exception as exc:  # noqa: BLE001 - a launcher bug must not end the search
             return Measurement(ok=False, reason=f"launcher error: {type(exc).__name__}: {exc}")
 
+    def measure_all(self, plans: list) -> list[Measurement]:
+        """One Measurement per plan, in order (``on_result`` called as each one ends)."""
+        run_all = getattr(self.launcher, "run_all", None)
+        if run_all is None:
+            out = []
+            for plan in plans:
+                out.append(self.measure(plan))
+                if self.on_result is not None:
+                    self.on_result(plan, out[-1])
+            return out
+        out: list[Measurement | None] = [None] * len(plans)
+        jobs = []
+        for i, plan in enumerate(plans):
+            try:
+                jobs.append((i, JobSpec(self.model, plan, **self.job_options)))
+            except ValueError as exc:
+                out[i] = Measurement(ok=False, reason=f"not runnable: {exc}")
+
+        def done(k: int, m: Measurement) -> None:
+            if self.on_result is not None:
+                self.on_result(jobs[k][1].plan, m)
+        for (i, _), m in zip(jobs, run_all([job for _, job in jobs], done)):
+            out[i] = m
+        return out
+
     def evaluate(self, candidates: pd.DataFrame) -> pd.DataFrame:
         out = candidates.copy()
+        had = set(out.columns)
         for col in MEASURED_COLUMNS:
             if col not in out:
                 out[col] = "" if col == "measured_device" else np.nan
         if "measurement_error" not in out:
             out["measurement_error"] = ""
         predicted = "fits" in out
+        valid = [i for i, row in out.iterrows() if row["reason"] == ""]
+        measured = dict(zip(valid, self.measure_all([row_to_plan(out.loc[i]) for i in valid])))
         fits, reasons = [], []
         for i, row in out.iterrows():
             if row["reason"] != "":
                 fits.append(False)
                 reasons.append(row["reason"])
                 continue
-            plan = row_to_plan(row)
-            m = self.measure(plan)
-            if self.on_result is not None:
-                self.on_result(plan, m)
+            m = measured[i]
             for col, attr in MEASURED_COLUMNS.items():
                 out.at[i, col] = getattr(m, attr)
             out.at[i, "measurement_error"] = "" if m.ok else m.reason
@@ -73,4 +102,7 @@ class ProfilingEvaluator:
             reasons.append("" if m.ok else f"profiling failed: {m.reason}")
         if not predicted:
             out["fits"], out["reason"] = fits, reasons
+        for col in OPTIONAL_MEASURED:
+            if col not in had and not pd.to_numeric(out[col], errors="coerce").notna().any():
+                out = out.drop(columns=col)
         return out

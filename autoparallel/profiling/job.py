@@ -62,6 +62,7 @@ class Measurement:
     world_size: int = 0
     device: str = ""  # the name of the device that measured (device.device_name)
     build_s: float = float("nan")  # slowest rank's model build (meta build + its shard)
+    model_tflops_per_gpu: float = float("nan")  # as the trainer logs it (Megatron-LM --log-throughput)
     wall_s: float = 0.0
     per_rank: list = field(default_factory=list)
 

@@ -106,11 +106,12 @@ class RayLauncher:
         self.ray = ray
         if not ray.is_initialized():
             check_reachable(address)
+            check_token(address)
             try:
                 ray.init(address=address, **(init_kwargs or {}))
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise UserError(f"--ray-address {address}: Ray could not connect: "
-                                f"{' '.join(str(exc).split())[:200]}") from None
+                                f"{' '.join(str(exc).split())[:200]}{token_hint(address)}") from None
         self.max_retries = max_retries
 
     def capacity(self, gpus: bool | None = None) -> tuple[int, str]:
@@ -230,6 +231,30 @@ def check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
         why = exc.strerror or type(exc).__name__
         raise UserError(f"--ray-address {address}: nothing answers at {host}:{port} ({why}); is the Ray "
                         "head running (`ray start --head`)?") from None
+
+
+def _token_source() -> str:
+    """Where Ray's client finds an authentication token (Ray's token-auth docs), '' if nowhere."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "RAY_AUTH_TOKEN"
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    return path if os.path.isfile(path) else ""
+
+
+def check_token(address: str | None) -> None:
+    """RAY_AUTH_MODE=token without a token is refused at once (Ray would retry for seconds)."""
+    if address and os.environ.get("RAY_AUTH_MODE") == "token" and not _token_source():
+        raise UserError(f"--ray-address {address}: RAY_AUTH_MODE=token but no token: set RAY_AUTH_TOKEN, or copy "
+                        "the head node's ~/.ray/auth_token here (or point RAY_AUTH_TOKEN_PATH at it)")
+
+
+def token_hint(address: str | None) -> str:
+    """What to set when a connection fails without token authentication: Ray >= 2.59 turns it
+    on for clusters started with `ray start`, and a client must then ask for it."""
+    if not address or address in ("auto", "local") or os.environ.get("RAY_AUTH_MODE") == "token":
+        return ""
+    return ("; a cluster started with `ray start` (Ray >= 2.59) requires token authentication: set "
+            "RAY_AUTH_MODE=token, with the token in RAY_AUTH_TOKEN or ~/.ray/auth_token (from the head node)")
 
 
 def make_launcher(executor: str = "local", address: str | None = None):

@@ -31,11 +31,23 @@ def _array(name: str, flags: list[str] | tuple[str, ...]) -> str:
     return f"{name}=(\n" + "".join(f"  {flag}\n" for flag in flags) + ")\n"
 
 
-def train_script(model: ModelSpec, plan: Plan, hw: HardwareSpec, title: str) -> str:
-    """The bash script that runs ``plan`` with Megatron-LM; ``title`` heads it (what was predicted)."""
+def short_run_args(iters: int) -> tuple[str, ...]:
+    """The training recipe of a profiling run (issue 26): ``iters`` iterations logged one by one
+    with their throughput and timers, then exit; no evaluation, no checkpoint."""
+    return (f"--train-iters {iters}", "--lr 3.0e-4", "--min-lr 3.0e-5", "--lr-decay-style cosine",
+            "--lr-warmup-iters 0", "--weight-decay 0.1", "--adam-beta1 0.9", "--adam-beta2 0.95", "--clip-grad 1.0",
+            "--init-method-std 0.02", "--log-interval 1", "--log-throughput", "--timing-log-level 1",
+            f"--exit-interval {iters}", f"--eval-interval {iters + 1}", "--eval-iters 0")
+
+
+def train_script(model: ModelSpec, plan: Plan, hw: HardwareSpec, title: str, short_run: int | None = None) -> str:
+    """The bash script that runs ``plan`` with Megatron-LM; ``title`` heads it (what was predicted).
+    ``short_run``: a profiling run of that many iterations instead (``short_run_args``), on
+    ``$DATA_PATH`` if it is set, else on ``--mock-data``, saving nothing."""
     nodes, per_node = node_layout(plan.num_gpus, hw.gpus_per_node)
     groups = megatron_arg_groups(model, plan)
-    paths = ["MEGATRON_LM", "DATA_PATH", "CHECKPOINT_DIR"] + list(TOKENIZER_FILES.get(model.tokenizer_type, {}).values())
+    paths = ["MEGATRON_LM"] + ([] if short_run else ["DATA_PATH", "CHECKPOINT_DIR"]) + list(
+        TOKENIZER_FILES.get(model.tokenizer_type, {}).values())
     lines = ["#!/bin/bash"]
     if nodes > 1:
         lines += [f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1", f"#SBATCH --gpus-per-node={per_node}",
@@ -50,8 +62,14 @@ def train_script(model: ModelSpec, plan: Plan, hw: HardwareSpec, title: str) -> 
     text = "\n".join(lines) + "\n\n"
     for name, flags in groups.items():
         text += _array(name, flags)
-    text += _array("DATA_ARGS", DATA_ARGS) + _array("CHECKPOINT_ARGS", CHECKPOINT_ARGS)
-    text += "# Training recipe (yours to choose; not part of the layout):\n" + _array("TRAINING_ARGS", TRAINING_ARGS)
+    if short_run:
+        text += ('if [ -n "${DATA_PATH:-}" ]; then\n  ' + _array("DATA_ARGS", DATA_ARGS).replace("\n", "\n  ").rstrip()
+                 + "\nelse\n  DATA_ARGS=(--mock-data)\nfi\nCHECKPOINT_ARGS=()  # a profiling run saves nothing\n")
+        text += "# A short profiling run (autoparallel profile --trainer megatron):\n" + _array(
+            "TRAINING_ARGS", short_run_args(short_run))
+    else:
+        text += _array("DATA_ARGS", DATA_ARGS) + _array("CHECKPOINT_ARGS", CHECKPOINT_ARGS)
+        text += "# Training recipe (yours to choose; not part of the layout):\n" + _array("TRAINING_ARGS", TRAINING_ARGS)
     arrays = " ".join(f'"${{{name}[@]}}"' for name in (*groups, "DATA_ARGS", "CHECKPOINT_ARGS", "TRAINING_ARGS"))
     if nodes == 1:
         text += (f'\ntorchrun --nnodes 1 --nproc-per-node {per_node} "$MEGATRON_LM/pretrain_gpt.py" \\\n'

@@ -52,6 +52,7 @@ OPTIONAL_COLUMNS = (Column("fp8_check", "FP8 check", drop=8),
                     Column("measured_step_time_s", "meas. step s", "{:.3f}", drop=1),
                     Column("measured_tokens_per_s_per_gpu", "meas. tok/s/GPU", "{:,.0f}", drop=2),
                     Column("measured_peak_memory_gib", "meas. mem GiB", "{:.3f}", drop=3),
+                    Column("measured_model_tflops_per_gpu", "meas. TFLOP/s", "{:.0f}", drop=4),
                     Column("measurement_error", "profiling", drop=9),
                     # asked for with --tokens / --train-days: dropped after the precision only
                     Column("train_days", "days", "{:,.1f}", drop=1), Column("train_tokens", "tokens", si, drop=1),

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from autoparallel.report.plots import pareto_front
+from autoparallel.report.tables import LAYOUT_KEYS
 from autoparallel.search.grid import RANK_METRIC, rank
 from autoparallel.specs.plan import Plan
 
@@ -25,15 +26,19 @@ _TEXT_COLUMNS = ("measurement_error", "measured_device")  # '' where not profile
 
 
 def choose(ranked: pd.DataFrame, k: int, pareto: bool = False) -> pd.Index:
-    """Index labels of the ``k`` feasible layouts with the highest predicted throughput, best
-    first. ``pareto``: only from the throughput/memory Pareto front (a two-objective study asked
-    for the trade-off, so profiling confirms the trade-off rather than k near-twins of its top)."""
+    """Index labels of ``k`` feasible candidates to measure: the best predicted variant of each
+    distinct layout (TP/PP/CP/DP/EP) first, by predicted throughput, then the other variants (a
+    profiling job per layout tells more than two recompute variants of one: issue 26).
+    ``pareto``: only from the throughput/memory Pareto front (a two-objective study asked for
+    the trade-off, so profiling confirms the trade-off rather than k near-twins of its top)."""
     pool = ranked[ranked["fits"].to_numpy(dtype=bool)]
     if pareto and not pool.empty:
         front = pareto_front(pool["peak_memory_gib"].to_numpy(dtype=float),
                              pool[RANK_METRIC].to_numpy(dtype=float))
         pool = pool.iloc[np.sort(front)]
-    return pool.sort_values(RANK_METRIC, ascending=False, kind="stable").index[:max(k, 0)]
+    order = pool.sort_values(RANK_METRIC, ascending=False, kind="stable")
+    first = ~order.duplicated([c for c in LAYOUT_KEYS if c in order]).to_numpy()
+    return order.index[first].append(order.index[~first])[:max(k, 0)]
 
 
 def profile_top(ranked: pd.DataFrame, evaluator, k: int,

@@ -94,10 +94,19 @@ def test_two_objective_study_profiles_the_pareto_front(search):
     study = run.open_study(run_dir)
     front = sorted(study.best_trials, key=lambda t: -t.values[0])  # feasible, non-dominated
     assert len(front) > 2
-    assert list(profiled["trial"]) == [t.number for t in front[:2]]
     frame = pd.read_csv(run_dir / "candidates.csv")
+    by_trial = frame.set_index("trial")
+    # the front by throughput, the best variant of each distinct layout first (issue 26)
+    numbers, seen, distinct = [t.number for t in front], set(), []
+    for n in numbers:
+        layout = tuple(by_trial.loc[n, ["tp", "pp", "cp", "dp", "ep"]])
+        if layout not in seen:
+            seen.add(layout)
+            distinct.append(n)
+    expected = (distinct + [n for n in numbers if n not in distinct])[:2]
+    assert list(profiled["trial"]) == expected
     skipped = frame[frame["fits"] & ~frame["trial"].isin(profiled["trial"])]
-    assert skipped["tokens_per_s_per_gpu"].max() > front[1].values[0]  # not merely the top 2
+    assert skipped["tokens_per_s_per_gpu"].max() > by_trial.loc[expected[1], "tokens_per_s_per_gpu"]  # not the top 2
     assert profiled["measured_layer_s"].notna().all()
 
 
@@ -109,7 +118,9 @@ def _toy():
 
 def test_choose_takes_the_best_feasible_or_the_best_of_the_pareto_front():
     frame = _toy()
-    assert list(choose(frame, 3)) == [0, 1, 2]  # the infeasible 500 is never chosen
+    assert list(choose(frame, 3)) == [0, 2, 1]  # the infeasible 500 is never chosen
+    # distinct layouts first (tp 1, tp 2), then the other variants, by predicted throughput
+    assert list(choose(frame, 2)) == [0, 2] and list(choose(frame, 4)) == [0, 2, 1, 3]
     # front (memory down, throughput up): 30 GiB/80 and 50 GiB/100; 60/90 and 40/70 are beaten
     assert list(choose(frame, 3, pareto=True)) == [0, 2]
     feasible = frame[frame["fits"]]

@@ -1,0 +1,133 @@
+"""The ``--slurm-*`` options of ``profile`` and ``search --profile job``, checked and turned into
+``SlurmSettings`` and a launcher.
+
+Why its own module: the options are shared by two commands, each must be refused (one line,
+exit 2, naming the value) when it cannot take effect (a Slurm option without ``--executor
+slurm``, a malformed ``--slurm-time``), and the launcher gets a live progress display of the
+queue. No Slurm command runs at import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+from contextlib import contextmanager
+from pathlib import Path
+
+from autoparallel.argtypes import positive
+from autoparallel.errors import UserError
+
+# sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+_TIME = re.compile(r"^(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2})$")
+# dest -> the flag (the options that only Slurm reads; --executor slurm must be given with them)
+FLAGS = {"slurm_partition": "--slurm-partition", "slurm_account": "--slurm-account", "slurm_time": "--slurm-time",
+         "slurm_qos": "--slurm-qos", "sbatch_args": "--sbatch-args", "container_image": "--container-image",
+         "slurm_gpus_per_node": "--slurm-gpus-per-node", "slurm_array": "--no-slurm-array",
+         "slurm_dir": "--slurm-dir", "yes": "--yes"}
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Slurm (--executor slurm)",
+                             "One sbatch job per layout, or one job array for layouts that ask for the same "
+                             "nodes; Ctrl-C cancels them (scancel); the same command again picks up the "
+                             "finished ones (kept under --slurm-dir) and resubmits the rest.")
+    g.add_argument("--slurm-partition", help="sbatch --partition (default: the cluster's default partition)")
+    g.add_argument("--slurm-account", help="sbatch --account")
+    g.add_argument("--slurm-time", help="sbatch --time per job (default: the job timeout in minutes, plus one)")
+    g.add_argument("--slurm-qos", help="sbatch --qos")
+    g.add_argument("--sbatch-args", help="more sbatch arguments, as one quoted string (e.g. '--exclusive')")
+    g.add_argument("--container-image", help="run the job in this container image (pyxis: srun --container-image)")
+    g.add_argument("--slurm-gpus-per-node", type=positive,
+                   help="GPUs per node (default: the hardware preset's gpus_per_node)")
+    g.add_argument("--no-slurm-array", dest="slurm_array", action="store_false", default=None,
+                   help="one job per layout even where a job array would do")
+    g.add_argument("--slurm-dir", help="job folders, kept for resuming (default: <results>/slurm)")
+    g.add_argument("--yes", action="store_true", default=None,
+                   help="submit without asking (the jobs and GPU-hours are printed first either way)")
+    t = p.add_argument_group("trainer (--executor slurm)")
+    t.add_argument("--trainer", choices=("builtin", "megatron"), default=None,
+                   help="what a job runs: the built-in transformer (default), or a short run of your Megatron-LM "
+                        "(the exported train.sh, warm-up + timed steps as --train-iters, mock data unless DATA_PATH)")
+    t.add_argument("--megatron-lm", metavar="PATH", help="the Megatron-LM checkout (default: $MEGATRON_LM)")
+
+
+def check(args: argparse.Namespace) -> None:
+    """Slurm options without --executor slurm, a --slurm-time sbatch would refuse, unsplittable
+    --sbatch-args, and --profile layer on Slurm: UserError naming the value."""
+    given = [flag for dest, flag in FLAGS.items() if getattr(args, dest, None) is not None]
+    if given and getattr(args, "executor", "local") != "slurm":
+        raise UserError(f"{given[0]} has no effect with --executor {args.executor}: add --executor slurm or drop it")
+    trainer = getattr(args, "trainer", None)
+    if getattr(args, "megatron_lm", None) is not None and trainer != "megatron":
+        raise UserError("--megatron-lm has no effect without --trainer megatron: add it or drop --megatron-lm")
+    if trainer == "megatron" and getattr(args, "executor", "local") != "slurm":
+        raise UserError(f"--trainer megatron has no effect with --executor {args.executor}: Megatron-LM runs are "
+                        "submitted with --executor slurm")
+    if getattr(args, "executor", "local") != "slurm":
+        return
+    if trainer == "megatron":
+        from autoparallel.profiling.megatron_run import checkout
+        checkout(args.megatron_lm or os.environ.get("MEGATRON_LM"))
+        if args.container_image is not None:
+            raise UserError("--container-image has no effect with --trainer megatron: train.sh runs torchrun on "
+                            "the node; start it in your image with --sbatch-args (e.g. pyxis' --container-image)")
+    if getattr(args, "profile", "job") == "layer":
+        raise UserError("--executor slurm has no effect with --profile layer: layer profiles are timed in this "
+                        "process; use --profile job")
+    if args.slurm_time is not None and not _TIME.match(args.slurm_time):
+        raise UserError(f"--slurm-time {args.slurm_time!r} is not a Slurm time (minutes, MM:SS, HH:MM:SS, "
+                        "D-HH, D-HH:MM or D-HH:MM:SS)")
+    extra_args(args)
+
+
+def extra_args(args: argparse.Namespace) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(args.sbatch_args or ""))
+    except ValueError as exc:
+        raise UserError(f"--sbatch-args {args.sbatch_args!r}: {exc}") from None
+
+
+def settings(args: argparse.Namespace, gpus_per_node: int | None = None):
+    from autoparallel.profiling.slurm import SlurmSettings
+    root = Path(args.slurm_dir) if args.slurm_dir else Path(getattr(args, "results", None) or "results") / "slurm"
+    return SlurmSettings(partition=args.slurm_partition, account=args.slurm_account, time=args.slurm_time,
+                         qos=args.slurm_qos, extra=extra_args(args), container_image=args.container_image,
+                         gpus_per_node=args.slurm_gpus_per_node or gpus_per_node or 8,
+                         array=args.slurm_array is not False, root=root)
+
+
+def launcher(args: argparse.Namespace, console=None, hw=None):
+    """A SlurmLauncher for candidates priced on ``hw`` (its GPUs per node; default h100-sxm's);
+    with a console, it says what it submits and shows the queue's progress."""
+    from autoparallel import io
+    from autoparallel.profiling.slurm_launcher import SlurmLauncher
+    trainer = None
+    if getattr(args, "trainer", None) == "megatron":
+        from autoparallel.profiling.megatron_run import MegatronTrainer, checkout
+        trainer = MegatronTrainer(checkout(args.megatron_lm or os.environ.get("MEGATRON_LM")),
+                                  hw or io.load_hardware("h100-sxm"))
+    return SlurmLauncher(settings(args, hw.gpus_per_node if hw else None),
+                         echo=console.print if console is not None else None,
+                         progress=queue_progress if console is not None else None, trainer=trainer)
+
+
+def confirm(args: argparse.Namespace, gpus: list[int], step_times_s, iterations: int, timeout_s: float,
+            console=None) -> None:
+    """Print what the jobs cost in GPU-hours and ask before submitting (``budget``)."""
+    from autoparallel.profiling import budget
+    from autoparallel.profiling.slurm import time_limit, time_seconds
+    limit = time_seconds(args.slurm_time or time_limit(timeout_s))
+    budget.confirm(budget.summary(gpus, step_times_s, iterations, limit), bool(args.yes), console)
+
+
+@contextmanager
+def queue_progress(total: int):
+    """A progress bar over a batch's jobs; yields update(done, jobs per state in the last poll)."""
+    from autoparallel.cli.common import progress_bar
+    with progress_bar("Slurm jobs", total) as (p, task):
+        def update(done: int, counts: dict[str, int]) -> None:
+            waiting = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
+            p.update(task, completed=done, description=f"Slurm jobs ({waiting})" if waiting else "Slurm jobs")
+        yield update
