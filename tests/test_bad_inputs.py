@@ -350,6 +350,10 @@ BAD_INPUTS = [
     # --- estimate
     (["estimate", "--model", "175b", "--gpus", "512", "--tp", "3", "--pp", "8"], "with tp pinned to 3 and pp pinned to 8: tp*pp*cp=24 does not divide 512"),
     (["estimate", "--model", "175b", "--gpus", "512"], "estimate needs at least --tp and --pp"),
+    (["estimate", "--model", "175b", "--gpus", "512", "--tp", "4", "--pp", "8", "--seq-length", "0"],
+     "argument --seq-length: expected an integer in 1..2147483647, got 0"),
+    (["search", "--model", "llama3.1-8b", "--gpus", "8", "--seq-length", "262144"],
+     "--seq-length 262144 is above llama3.1-8b's max_position_embeddings 131072; give at most 131072"),
     (["estimate", "--model", "175b", "--gpus", "512", "--tp", "4", "--pp", "8", "--recompute-num-layers", "0"],
      "--recompute-num-layers: expected an integer in 1..2147483647, got 0"),
     (["estimate", "--model", "175b", "--gpus", "512", "--tp", "4", "--pp", "8", "--precision", "mxfp8"], "mxfp8 needs Blackwell"),
@@ -480,6 +484,7 @@ BAD_INPUTS = [
     (["search", "--resume", "{optuna}", "--model", "gpt3-175b"], "--model gpt3-175b has no effect with --resume"),
     (["search", "--resume", "{optuna}", "--gpus", "16"], "--gpus 16 has no effect with --resume"),
     (["search", "--resume", "{optuna}", "--trials", "9"], "--trials has no effect with --resume"),
+    (["search", "--resume", "{optuna}", "--seq-length", "4096"], "--seq-length has no effect with --resume"),
     (["search", "--resume", "{optuna}", "--tp", "2"], "--tp has no effect with --resume"),
     (["estimate", "--from-log", "{runs_junk_csv}", "--tp", "2"], "--tp has no effect with --from-log"),
     (["estimate", "--from-log", "{runs_junk_csv}", "--model", "175b"], "--model has no effect with --from-log"),

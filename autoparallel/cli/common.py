@@ -33,6 +33,9 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
     for name in KNOB_FLAGS:
         g.add_argument(f"--{name}", type=positive, help=f"pin {name}" + (" (expert tensor parallel, MoE)" if name == "etp" else ""))
     g.add_argument("--gbs", type=positive, help="global batch size (default: the model preset's)")
+    g.add_argument("--seq-length", type=positive, metavar="TOKENS",
+                   help="training sequence length (default: the model preset's); memory, FLOPs and the CP "
+                        "choices follow it, the global batch stays in sequences")
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, help="sequence parallel")
     g.add_argument("--recompute", choices=RECOMPUTE_CHOICES)
     g.add_argument("--recompute-num-layers", type=positive, help="layers per pipeline chunk that full recompute covers")
@@ -76,11 +79,27 @@ def inputs(args: argparse.Namespace):
     from autoparallel.search.run import default_gbs
     from autoparallel.space import load_space
     from autoparallel.cli.combos import check_knobs
-    model = io.load_model(args.model)
+    model = with_seq_length(io.load_model(args.model), args.seq_length)
     check_knobs(args, model)
     hw = io.load_hardware(args.gpu)
     space = load_space(args.space).pinned(**pins(args))
     return model, hw, default_gbs(model, args.gbs), space
+
+
+def with_seq_length(model, seq_length: int | None):
+    """The model trained at ``seq_length`` tokens per sequence (None: the preset's own). Megatron
+    asserts max_position_embeddings >= seq_length, so a model whose position range is stated
+    cannot be trained past it; one without (its range is its training length) follows it."""
+    import dataclasses
+
+    from autoparallel.errors import UserError
+    if seq_length is None or seq_length == model.seq_length:
+        return model
+    if model.max_position_embeddings is not None and seq_length > model.max_position_embeddings:
+        raise UserError(f"--seq-length {seq_length} is above {model.name}'s max_position_embeddings "
+                        f"{model.max_position_embeddings}; give at most {model.max_position_embeddings} "
+                        "(or a model YAML with a larger max_position_embeddings)")
+    return dataclasses.replace(model, seq_length=seq_length)
 
 
 def status(text: str, quiet: bool):

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> None:
         from pathlib import Path
 
         from autoparallel.cli.combos import flag, no_effect
-        given = [d for d in ("model", "gpus", "gbs", "recompute_num_layers", *pins(args)) if getattr(args, d) is not None]
+        given = [d for d in ("model", "gpus", "gbs", "seq_length", "recompute_num_layers", *pins(args)) if getattr(args, d) is not None]
         if given:
             raise no_effect(flag(given[0]), "--from-log", "the log states the model and the layout; drop it")
 
@@ -76,7 +76,7 @@ def _print_estimate(model, hw, result: dict, memory_fraction: float, train=None)
     c = result["config"]
     title = (f"{model.name} on {c['tp'] * c['pp'] * c['cp'] * c['dp']} x {hw.name}: TP{c['tp']} PP{c['pp']} "
              f"VP{c['vp']} CP{c['cp']} DP{c['dp']}" + (f" EP{c['ep']} ETP{c['etp']}" if model.is_moe else "")
-             + f" MBS{c['mbs']} GBS{c['gbs']} {c['precision']} "
+             + f" MBS{c['mbs']} GBS{c['gbs']} seq {model.seq_length} {c['precision']} "
              f"recompute={c['recompute']}")
     t = Table(title=title, show_header=False)
     t.add_row("fits", "yes" if result["fits"] else "[red]NO[/red]")
