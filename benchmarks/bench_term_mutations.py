@@ -27,7 +27,7 @@ FUNCTIONS = {
         "ep_comm_time", "routed_experts_time", "activation_bytes", "stored_activation_bytes", "gemm_input_elements"],
     "autoparallel.costmodel.stages": ["logits_time", "pp_comm_time", "offload_time", "stage_params"],
     "autoparallel.costmodel.step_time": ["dp_comm_time", "optimizer_time", "weight_cast_time"],
-    "autoparallel.costmodel.peak_memory": ["logits_bytes", "model_states", "_in_flight"],
+    "autoparallel.costmodel.peak_memory": ["logits_bytes", "model_states", "_in_flight", "cuda_graph_bytes"],
 }
 LAYER = "autoparallel/costmodel/layer_time.py"
 STAGES = "autoparallel/costmodel/stages.py"

@@ -350,6 +350,11 @@ BAD_INPUTS = [
     # --- estimate
     (["estimate", "--model", "175b", "--gpus", "512", "--tp", "3", "--pp", "8"], "with tp pinned to 3 and pp pinned to 8: tp*pp*cp=24 does not divide 512"),
     (["estimate", "--model", "175b", "--gpus", "512"], "estimate needs at least --tp and --pp"),
+    (["estimate", "--model", "deepseek-v3", "--gpus", "1024", "--tp", "1", "--pp", "8", "--pipeline-layout",
+      "Et|(t*2|)*30mL", "--account-for-loss-in-pipeline-split"],
+     "--account-for-loss-in-pipeline-split has no effect with --pipeline-layout"),
+    (["estimate", "--model", "175b", "--gpus", "512", "--tp", "4", "--pp", "8", "--cuda-graph", "partial"],
+     "argument --cuda-graph: invalid choice: 'partial'"),
     (["estimate", "--model", "175b", "--gpus", "512", "--tp", "4", "--pp", "8", "--seq-length", "0"],
      "argument --seq-length: expected an integer in 1..2147483647, got 0"),
     (["search", "--model", "llama3.1-8b", "--gpus", "8", "--seq-length", "262144"],

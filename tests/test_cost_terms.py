@@ -302,6 +302,21 @@ def test_optimizer_reads_and_writes_its_share_of_the_states(gpt, hw):
     assert stp.optimizer_time(whole, params, 0.0)[0] == pytest.approx(params * 32 / _hbm(hw), rel=REL)
 
 
+def test_fp8_param_gather_moves_one_byte_per_parameter(gpt, hw):
+    x = _cands(gpt, hw, precision="fp8-delayed", fp8_param_gather=True, overlap_grad_reduce=False,
+               overlap_param_gather=False)
+    params = 4e8
+    grads = _reduce_scatter(hw, params / 2 * 2.0, 8, 2)  # BF16 gradients of one of 2 chunks
+    weights = _reduce_scatter(hw, params / 2 * 1.0, 8, 2)  # FP8 weights
+    assert stp.dp_comm_time(x, params, 0.0, 1.0)[0] == pytest.approx(2 * grads + 2 * weights, rel=REL)
+
+
+def test_bf16_moments_halve_the_moments_traffic_of_the_optimizer(gpt, hw):
+    params = 4e8
+    x = _cands(gpt, hw, distributed_optimizer=True, precision_aware_optimizer=True)
+    assert stp.optimizer_time(x, params, 0.0)[0] == pytest.approx(params / 8 * (32 - 8) / _hbm(hw), rel=REL)
+
+
 def test_weight_cast_is_once_per_step_on_the_bottleneck_stage(gpt, hw):
     x = _cands(gpt, hw, precision="fp8-delayed")
     sched = stp.schedule(x, _stages(1.0, 1.2, 1.1))
@@ -332,6 +347,32 @@ def test_model_states_follow_the_distributed_optimizer(gpt, hw):
     assert (weights[0], grads[0]) == (2e9, 2e9)  # BF16 weights, BF16-reduced gradients
     assert optimizer[0] == pytest.approx(12 * 1e9 / 8)  # Adam sharded over dp*cp
     assert fp8[0] == pytest.approx(2 * 12 * 1e8)  # FP8 weight and its transpose, per layer
+
+
+def test_fp8_param_gather_and_bf16_moments_shrink_the_model_states(gpt, hw):
+    """--fp8-param-gather: an FP8 layer's BF16 weight is not kept (its FP8 copies stay); the
+    precision-aware optimizer: FP32 master 4 B + two BF16 moments 2 B each."""
+    x = _cands(gpt, hw, precision="fp8-delayed", distributed_optimizer=True, fp8_param_gather=True,
+               precision_aware_optimizer=True)
+    weights, grads, optimizer, fp8 = pm.model_states(x, _fake_layers(x), (1e9, 0.0), 12, 0)
+    assert weights[0] == pytest.approx(2e9 - 2 * 12 * 1e8)  # only the non-layer parameters in BF16
+    assert grads[0] == 2e9 and fp8[0] == pytest.approx(2 * 12 * 1e8)
+    assert optimizer[0] == pytest.approx((4 + 2 + 2) * 1e9 / 8)
+
+
+def test_cuda_graphs_keep_static_buffers(gpt, hw):
+    """Per-layer graphs: one BF16 layer input (SP-sharded) per layer and micro-batch in flight;
+    a full-iteration graph: ids, labels and loss mask (20 B/token) of the step's 16 micro-batches."""
+    held, layer_input = 4.5, 2 * 1024 * 12288 / 4
+    layer = _cands(gpt, hw, cuda_graph="layer")
+    assert pm.cuda_graph_bytes(layer, held, 12)[0] == pytest.approx(held * 12 * layer_input, rel=REL)
+    full = _cands(gpt, hw, cuda_graph="full_iteration")
+    assert pm.cuda_graph_bytes(full, held, 12)[0] == pytest.approx(16 * 1024 * 20, rel=REL)
+    assert pm.cuda_graph_bytes(_cands(gpt, hw), held, 12)[0] == 0.0
+    (first, _, _), _ = pm.activation_bytes(layer, _fake_layers(layer))
+    (eager, _, _), _ = pm.activation_bytes(_cands(gpt, hw), _fake_layers(layer))
+    held_first = ((2 - 1) * 8 + 2 * 7 + 1) / 2
+    assert first[0] - eager[0] == pytest.approx(held_first * 12 * layer_input, rel=REL)
 
 
 def test_logits_and_head_inputs_on_the_last_stage(gpt, hw):
@@ -370,7 +411,7 @@ def test_estimate_reports_every_named_term(gpt, hw):
 
 
 def test_mtp_adds_a_layer_and_another_output_pass_to_the_last_stage(gpt, hw):
-    model = dataclasses.replace(gpt, mtp_num_layers=1)
+    model = dataclasses.replace(gpt, mtp_num_layers=1, position_embedding_type="rope")  # Megatron: MTP needs rope
     x = _cands(model, hw)
     layers = _fake_layers(x)
     logits = st.logits_time(x)[0]

@@ -93,6 +93,28 @@ def test_uneven_stages_and_fsdp_are_emitted_only_when_set():
     assert strategy["account_for_loss_in_pipeline_split"] is True
 
 
+def test_memory_knobs_are_written_as_priced_in_every_block():
+    """Issue 23: FP8 param gather, BF16 Adam moments and CUDA graphs, in the flags and in NeMo 2's
+    fields (Megatron-Core names); none of them when the plan has them off."""
+    model = io.load_model("gpt3-175b")
+    plan = dataclasses.replace(CP2, fp8_param_gather=True, precision_aware_optimizer=True, cuda_graph="layer")
+    args = megatron_args(model, plan)
+    for flag in ("--fp8-param-gather", "--use-precision-aware-optimizer", "--exp-avg-dtype bf16",
+                 "--exp-avg-sq-dtype bf16", "--cuda-graph-impl transformer_engine"):
+        assert flag in args, flag
+    plain = " ".join(megatron_args(model, CP2))
+    assert "--fp8-param-gather" not in plain and "precision-aware" not in plain and "cuda-graph" not in plain
+    full = megatron_args(model, dataclasses.replace(CP2, cuda_graph="full_iteration"))
+    assert {"--cuda-graph-impl local", "--cuda-graph-scope full_iteration", "--no-check-for-nan-in-loss-and-grad"} <= set(full)
+    nemo2 = nemo2_recipe(model, plan)
+    assert nemo2["trainer"]["plugins"]["fp8_param_gather"] is True
+    assert nemo2["optim"]["config"] == {"use_distributed_optimizer": True, "use_precision_aware_optimizer": True,
+                                        "exp_avg_dtype": "torch.bfloat16", "exp_avg_sq_dtype": "torch.bfloat16"}
+    assert nemo2["model"]["config"]["cuda_graph_impl"] == "transformer_engine"
+    assert nemo2["model"]["config"]["cuda_graph_scope"] == "full"
+    assert nemo2_recipe(model, CP2)["model"]["config"]["cuda_graph_impl"] == "none"
+
+
 @pytest.mark.parametrize("gpus, per_node, expect", [(64, 8, (8, 8)), (4, 8, (1, 4)), (12, 8, (2, 6)),
                                                     (64, 4, (16, 4)), (72, 4, (18, 4))])
 def test_nodes_never_change_the_gpu_count(gpus, per_node, expect):

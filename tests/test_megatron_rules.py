@@ -17,6 +17,7 @@ from autoparallel.space import SearchSpace, generate
 ARGS = "megatron/training/arguments.py validate_args"
 CONFIG = "megatron/core/transformer/transformer_config.py TransformerConfig.__post_init__"
 TE_UB = "transformer_engine/pytorch/module/base.py fill_userbuffers_buffer_for_all_gather"
+OPTIM = "megatron/core/optimizer/__init__.py get_megatron_optimizer"
 
 # (source, message it mirrors, model, gpus, gbs, broken layout, passing change, our reason)
 RULES = [
@@ -59,6 +60,24 @@ RULES = [
      dict(precision="fp8-current"), "Delayed scaling does not support moe_act and layernorm recompute for fp8"),
     (CONFIG, "Bias in Moe is only supported when ETP==1",
      "gpt-oss-120b", 16, 128, dict(tp=2, pp=1, ep=8, etp=2), dict(etp=1), "Bias in Moe is only supported when ETP==1"),
+    # Issue 23: the memory knobs of NVIDIA's recipes.
+    (ARGS, "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron fsdp",
+     "llama3-8b", 8, 128, dict(tp=1, pp=1, precision="fp8-current", fp8_param_gather=True,
+                               distributed_optimizer=False, overlap_dp_comm=False),
+     dict(distributed_optimizer=True), "--fp8-param-gather only supported with distributed optimizer"),
+    (ARGS, "fp8_param_gather keeps the compute param in fp8 (Keep the compute param in fp8)",
+     "llama3-8b", 8, 128, dict(tp=1, pp=1, fp8_param_gather=True), dict(precision="fp8-current"),
+     "--fp8-param-gather keeps FP8 weights: it needs an FP8 recipe"),
+    (OPTIM, "--use-precision-aware-optimizer only supported with distributed optimizer",
+     "llama3-8b", 8, 128, dict(tp=1, pp=1, precision_aware_optimizer=True, distributed_optimizer=False,
+                               overlap_dp_comm=False), dict(distributed_optimizer=True),
+     "--use-precision-aware-optimizer only supported with distributed optimizer"),
+    (ARGS, "recompute_granularity must not be full when CUDA Graphs are enabled.",
+     "llama3-8b", 8, 128, dict(tp=1, pp=1, recompute="full", cuda_graph="full_iteration"),
+     dict(recompute="selective"), "recompute_granularity must not be full when CUDA Graphs are enabled"),
+    (CONFIG, "CUDA graphs not supported with CPU offloading.",
+     "llama3-8b", 8, 128, dict(tp=1, pp=1, cuda_graph="layer", cpu_offloading_num_layers=4),
+     dict(cuda_graph="none"), "CUDA graphs not supported with CPU offloading"),
 ]
 
 BASE = dict(vp=1, cp=1, ep=1, mbs=1, sp=True, recompute="none", precision="bf16", fp8_bf16_edge_layers=0,

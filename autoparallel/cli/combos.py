@@ -53,6 +53,15 @@ def check_knobs(args: argparse.Namespace, model) -> None:
                      if args.pp else f"{model.name}")
             raise UserError(f"--recompute-num-layers {layers} is above the {chunk} layers of {where}; "
                             f"give at most {chunk}")
+    split = [d for d in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                         "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+             if getattr(args, d, None) is not None]
+    if split and getattr(args, "pipeline_layout", None):
+        names = {"num_layers_in_first_pipeline_stage": "--decoder-first-pipeline-num-layers",
+                 "num_layers_in_last_pipeline_stage": "--decoder-last-pipeline-num-layers"}
+        raise no_effect(names.get(split[0], flag(split[0])), "--pipeline-layout",
+                        "pipeline_model_parallel_layout cannot be set with other pipeline layout arguments "
+                        "(Megatron-LM); drop one")
     if args.fsdp and args.distributed_optimizer is False:
         raise UserError("--fsdp needs the distributed optimizer (Megatron-FSDP shards the optimizer state "
                         "itself); drop --no-distributed-optimizer")

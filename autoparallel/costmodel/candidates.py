@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoparallel.costmodel import comm, gemm, moe, pipeline
+from autoparallel.costmodel import comm, gemm, memory, moe, pipeline
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 
@@ -70,6 +70,9 @@ class Candidates:
     recomputed_fraction: np.ndarray  # share of a chunk's layers that full recompute covers
     modules: dict  # --recompute-modules name -> mask (selective recompute only)
     grad_bytes: np.ndarray  # bytes per gradient element in the data-parallel reduction
+    fp8_param_share: np.ndarray  # share of layer weights kept only in FP8 (--fp8-param-gather)
+    gather_bytes: np.ndarray  # bytes per parameter of the parameter all-gather (BF16, FP8 share at 1)
+    moment_bytes: np.ndarray  # bytes of each Adam moment (FP32, BF16 with the precision-aware optimizer)
     dp_group: np.ndarray  # dense parameters are replicated over dp*cp GPUs
     dp_per_node: np.ndarray
     edp_group: np.ndarray  # experts over dp*cp*tp / (ep*etp): Megatron's parallel folding
@@ -109,6 +112,10 @@ class Candidates:
         """Adam states sharded over the data-parallel group (FSDP shards them too)."""
         return self.flag("distributed_optimizer") | self.fsdp
 
+    @property
+    def cuda_graph(self) -> np.ndarray:
+        return np.asarray(self.knobs["cuda_graph"])
+
     def optimizer_shards(self) -> tuple[np.ndarray, np.ndarray]:
         """GPUs the Adam states of dense parameters and of experts are sharded over."""
         dist_opt = self.distributed_optimizer
@@ -146,6 +153,7 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
     modules = {name: selective & np.array([name in m.split() for m in module_sets], dtype=bool)[module_codes]
                for name in RECOMPUTE_MODULES}
     fp8_layer_fraction = np.where(is_fp8, 1.0 - bf16_layer_fraction, 0.0)
+    fp8_param_share = np.where(flag("fp8_param_gather"), fp8_layer_fraction, 0.0)
     dp_group = dp * c
     edp_group = dp_group * t / (e * et)
     return Candidates(
@@ -159,6 +167,9 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
         recomputed_fraction=np.where(full, n_recomputed / layers_per_chunk, 0.0),
         modules=modules,
         grad_bytes=np.where(flag("grad_reduce_in_fp32"), 4.0, 2.0),
+        fp8_param_share=fp8_param_share,
+        gather_bytes=memory.WEIGHT_BYTES - (memory.WEIGHT_BYTES - memory.FP8_WEIGHT_BYTES) * fp8_param_share,
+        moment_bytes=np.where(flag("precision_aware_optimizer"), memory.BF16_MOMENT_BYTES, memory.ADAM_MOMENT_BYTES),
         dp_group=dp_group, dp_per_node=comm.ranks_per_domain(hw, dp_group, t),
         edp_group=edp_group, edp_per_node=comm.ranks_per_domain(hw, edp_group, e * et),
         imbalance=moe.load_imbalance(hw, model, e) if model.is_moe else np.ones_like(t),

@@ -148,10 +148,11 @@ def fsdp_time(x: Candidates, params, expert_params, forward, full_recompute, is_
     reduce-scattered after its backward, every micro-batch, prefetched behind the layer before
     (experts over their own data-parallel group)."""
     backward = 2.0 * forward + full_recompute
-    exposed = dataparallel.fsdp_exposed(x.hw, params, x.grad_bytes, x.dp_group, x.dp_per_node, forward, backward)
+    exposed = dataparallel.fsdp_exposed(x.hw, params, x.grad_bytes, x.dp_group, x.dp_per_node, forward, backward,
+                                        x.gather_bytes)
     if is_moe:
         exposed = exposed + dataparallel.fsdp_exposed(
-            x.hw, expert_params, x.grad_bytes, x.edp_group, x.edp_per_node, forward, backward)
+            x.hw, expert_params, x.grad_bytes, x.edp_group, x.edp_per_node, forward, backward, x.gather_bytes)
     return np.where(x.fsdp, exposed, 0.0)
 
 

@@ -16,7 +16,10 @@ The loss keeps the FP32 softmax of the logits (4 B per token and vocabulary entr
 
 Model states follow Megatron-LM's distributed-optimizer documentation: BF16 weights 2 B/param,
 main gradients 4 B/param (2 with --grad-reduce-in-bf16), Adam (FP32 master + m + v) 12 B/param,
-the 12 sharded over the DP×CP group by the distributed optimizer; FSDP (Megatron-FSDP
+the 12 sharded over the DP×CP group by the distributed optimizer (8 with the precision-aware
+optimizer's BF16 moments); under an FP8 recipe each layer weight also has its FP8 copy and its
+transpose (2 B), and with --fp8-param-gather those FP8 tensors are the parameters: the BF16
+weight of an FP8 layer is not kept at all; FSDP (Megatron-FSDP
 optim_grads_params, FSDP2) shards weights and gradients too, and holds two layers' full BF16
 weights (the one computing and the one prefetched) and one layer's full gradient unsharded.
 
@@ -44,8 +47,15 @@ FP8_GEMM_INPUT_BYTES = 1.0
 HIDDEN_DROPOUT_MASK_BYTES = 2.0  # one byte per mask, after attention and after the MLP
 SOFTMAX_OUTPUT_BYTES = 2.0  # per attention score
 ATTENTION_DROPOUT_BYTES = 3.0  # per attention score: dropout mask 1, dropout output 2
-OPTIMIZER_BYTES = 12.0
+MASTER_WEIGHT_BYTES = 4.0  # the distributed optimizer's FP32 copy of each weight
+ADAM_MOMENT_BYTES = 4.0  # each of Adam's two moments, FP32
+BF16_MOMENT_BYTES = 2.0  # each moment under the precision-aware optimizer's --exp-avg(-sq)-dtype bf16
+OPTIMIZER_BYTES = MASTER_WEIGHT_BYTES + 2 * ADAM_MOMENT_BYTES  # 12
 WEIGHT_BYTES = 2.0
+FP8_WEIGHT_BYTES = 1.0  # a weight kept (and all-gathered) in FP8 only: --fp8-param-gather
+# What a full-iteration CUDA graph keeps of every micro-batch of the step as static inputs: int64
+# token ids and labels and the FP32 loss mask per token.
+GRAPH_DATA_BYTES_PER_TOKEN = 8.0 + 8.0 + 4.0
 FP8_WEIGHT_COPY_BYTES = 2.0  # FP8 weight plus its transpose, cached across micro-batches
 SOFTMAX_BYTES = 4.0  # the FP32 softmax the cross-entropy keeps for backward
 LOGITS_TRANSIENT_BYTES = 2.0  # the BF16 logits beside it while the loss is computed
@@ -175,7 +185,7 @@ def embedding_activation_bytes(model: ModelSpec, b, s):
     return EMBEDDING_INPUT_BYTES * b * s + mask
 
 
-def fsdp_buffer_bytes(layer_params_gpu, grad_bytes):
-    """Unsharded FSDP buffers: two layers' BF16 weights (computing, prefetched), one layer's
-    gradients before its reduce-scatter."""
-    return layer_params_gpu * (2.0 * WEIGHT_BYTES + grad_bytes)
+def fsdp_buffer_bytes(layer_params_gpu, grad_bytes, weight_bytes=WEIGHT_BYTES):
+    """Unsharded FSDP buffers: two layers' gathered weights (computing, prefetched; BF16, or FP8
+    with --fp8-param-gather), one layer's gradients before its reduce-scatter."""
+    return layer_params_gpu * (2.0 * weight_bytes + grad_bytes)

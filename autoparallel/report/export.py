@@ -4,8 +4,9 @@ script in ``report.launch``, the constants they share in ``report.shared``).
 
 The flags define the model completely (a flag Megatron-LM defaults differently from the preset is
 always written) and the run exactly as the cost model priced it: precision and gradient
-reduction, the overlaps, ring (p2p) context parallelism, BF16 parameter all-gathers (no
-``--fp8-param-gather``), uneven pipeline stages and FSDP when the plan uses them. Flag names are
+reduction, the overlaps, ring (p2p) context parallelism, FP8 parameter all-gathers
+(``--fp8-param-gather``), BF16 Adam moments, CUDA graphs, uneven pipeline stages and FSDP when the
+plan uses them. Flag names are
 those of megatron/training/arguments.py; ``benchmarks/bench_megatron_args.py`` runs Megatron-LM's
 own parse_args / validate_args / TransformerConfig on them.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 from autoparallel.costmodel import pipeline
 from autoparallel.report import moe_export
 from autoparallel.report.nemo import nemo1_config, nemo2_recipe
-from autoparallel.report.shared import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, CP_COMM_TYPE, FP8_RECIPES,
+from autoparallel.report.shared import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, CP_COMM_TYPE, CUDA_GRAPHS, FP8_RECIPES,
                                         MAKE_VOCAB_SIZE_DIVISIBLE_BY, NORMALIZATION, TOKENIZER_FILES,
                                         recompute_layers)
 from autoparallel.specs.model import ModelSpec
@@ -107,8 +108,30 @@ def parallel_flags(model: ModelSpec, plan: Plan) -> list[str]:
         a.append("--overlap-param-gather")
     if plan.tp_comm_overlap:
         a.append("--tp-comm-overlap")
+    a += cuda_graph_flags(plan)
     a.append(f"--attention-backend {'auto' if plan.flash_attention else 'unfused'}")
     return a + ["--transformer-impl transformer_engine"]
+
+
+def cuda_graph_flags(plan: Plan) -> list[str]:
+    """Megatron-LM's CUDA-graph flags: TransformerEngine's per-layer graphs of whole layers (the
+    default scope: the whole layer), or one graph of the forward-backward, which needs the NaN
+    check that syncs with the host off."""
+    if plan.cuda_graph == "none":
+        return []
+    keys = CUDA_GRAPHS[plan.cuda_graph]
+    a = [f"--cuda-graph-impl {keys['cuda_graph_impl']}"]
+    if plan.cuda_graph == "full_iteration":
+        a += [f"--cuda-graph-scope {keys['cuda_graph_scope']}", "--no-check-for-nan-in-loss-and-grad"]
+    return a
+
+
+def optimizer_flags(plan: Plan) -> list[str]:
+    """FP8 weights gathered in FP8; Adam's moments in BF16 (the precision-aware optimizer)."""
+    a = ["--fp8-param-gather"] if plan.fp8_param_gather else []
+    if plan.precision_aware_optimizer:
+        a += ["--use-precision-aware-optimizer", "--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"]
+    return a
 
 
 def precision_flags(plan: Plan) -> list[str]:
@@ -127,7 +150,7 @@ def precision_flags(plan: Plan) -> list[str]:
             n = plan.fp8_bf16_edge_layers
             a += ["--first-last-layers-bf16", f"--num-layers-at-start-in-bf16 {n}",
                   f"--num-layers-at-end-in-bf16 {n}"]
-    return a
+    return a + optimizer_flags(plan)
 
 
 def megatron_arg_groups(model: ModelSpec, plan: Plan) -> dict[str, list[str]]:

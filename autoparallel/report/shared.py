@@ -36,6 +36,13 @@ AMAX_HISTORY_LEN = 1024
 AMAX_COMPUTE_ALGO = "max"
 # The cost model prices context parallelism as a ring exchange of K/V chunks (costmodel.estimate).
 CP_COMM_TYPE = "p2p"
+# Plan.cuda_graph as Megatron-Core's TransformerConfig (cuda_graph_impl, cuda_graph_scope): whole-layer
+# graphs by TransformerEngine; the full-iteration graph by MCore's local implementation, spelled as
+# Megatron-LM 0.15 takes it (later releases name it --cuda-graph-impl full_iteration and still
+# accept this spelling, migrating it).
+CUDA_GRAPHS = {"none": {"cuda_graph_impl": "none"},
+               "layer": {"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": "full"},
+               "full_iteration": {"cuda_graph_impl": "local", "cuda_graph_scope": "full_iteration"}}
 MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128  # Megatron-LM's default padding (times TP)
 # File-based tokenizers need paths the user supplies: shell variables, defined by train.sh.
 TOKENIZER_FILES = {"GPT2BPETokenizer": {"--vocab-file": "VOCAB_FILE", "--merge-file": "MERGE_FILE"},
