@@ -32,7 +32,7 @@ from autoparallel.io import from_dict, read_yaml, resolve_preset
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import (CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES, FP8_PRECISIONS, PRECISION_CHOICES,
-                                     RECOMPUTE_CHOICES, Plan)
+                                     QUANTIZED_PRECISIONS, RECOMPUTE_CHOICES, Plan)
 
 STRUCTURE_KNOBS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
 SPLIT_COLUMNS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
@@ -289,11 +289,12 @@ def _without_inapplicable(features: pd.DataFrame, space: SearchSpace, model: Mod
     overlap without SP, a token dispatcher of a dense model) when the space also holds that knob
     off: they would only be rejected. A user who pinned the knob on gets the rule's reason instead."""
     fp8 = features.precision.isin(FP8_PRECISIONS)
+    quantized = features.precision.isin(QUANTIZED_PRECISIONS)
     inapplicable = np.zeros(len(features), dtype=bool)
     if "alltoall" in space.moe_token_dispatcher_type and not model.is_moe:
         inapplicable |= features.moe_token_dispatcher_type != "alltoall"
     if 0 in space.fp8_bf16_edge_layers:
-        inapplicable |= (features.fp8_bf16_edge_layers > 0) & ~fp8
+        inapplicable |= (features.fp8_bf16_edge_layers > 0) & ~quantized
     if False in space.tp_comm_overlap:
         inapplicable |= features.tp_comm_overlap & ~features.sp
     if False in space.fp8_param_gather:
@@ -305,12 +306,15 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
     """Rules on the feature knobs alone (no structure needed)."""
     precision = df["precision"].to_numpy()
     fp8 = np.isin(precision, FP8_PRECISIONS)
+    quantized = np.isin(precision, QUANTIZED_PRECISIONS)
     edge = df["fp8_bf16_edge_layers"].to_numpy()
     rules = [
         (df.tp_comm_overlap.to_numpy() & ~df.sp.to_numpy(), "TP comm overlap needs sequence parallel"),
         (fp8 & (not hw.supports_fp8), f"{hw.name} has no FP8 tensor cores"),
         ((precision == "mxfp8") & (not hw.mxfp8), f"mxfp8 needs Blackwell; {hw.name} lacks it"),
-        ((edge > 0) & ~fp8, "BF16 edge layers only apply to FP8 precisions"),
+        # TE's NVFP4BlockScaling: "for Blackwell+ architecture" (Megatron-Core's fp4 recipe).
+        ((precision == "nvfp4") & (hw.fp4_tflops is None), f"nvfp4 needs Blackwell FP4 tensor cores; {hw.name} lacks them"),
+        ((edge > 0) & ~quantized, "BF16 edge layers only apply to FP8 and FP4 precisions"),
         ((edge > 0) & (precision == "fp8-delayed"), "delayed scaling cannot keep first/last layers in BF16"),
         (2 * edge >= model.num_layers, "BF16 edge layers cover the whole model"),
         (df.overlap_param_gather.to_numpy() & ~df.distributed_optimizer.to_numpy(),
@@ -318,9 +322,9 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
         (df.fsdp.to_numpy() & ~df.distributed_optimizer.to_numpy(), "FSDP needs the distributed optimizer"),
         # TE module/base.py fill_userbuffers_buffer_for_all_gather: only delayed, current and MXFP8
         # quantizers; anything else is "Unsupported quantizer for Userbuffers".
-        (df.tp_comm_overlap.to_numpy() & (precision == "fp8-blockwise"),
-         "TP comm overlap (Userbuffers) cannot carry fp8-blockwise tensors (TE: Unsupported quantizer "
-         "for Userbuffers)"),
+        (df.tp_comm_overlap.to_numpy() & np.isin(precision, ("fp8-blockwise", "nvfp4")),
+         lambda d: [f"TP comm overlap (Userbuffers) cannot carry {p} tensors (TE: Unsupported quantizer "
+                    "for Userbuffers)" for p in d.precision]),
         (model.is_moe & (precision == "fp16"), "expert parallel models train in BF16, not FP16 (Megatron-LM)"),
         (df.overlap_moe_expert_parallel_comm.to_numpy() & (df.moe_token_dispatcher_type.to_numpy() == "allgather"),
          "overlap_moe_expert_parallel_comm is supported with alltoall/flex token dispatcher (Megatron-LM)"),
@@ -396,8 +400,8 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
         # without also enabling sequence parallelism" (a ValueError in training).
         (model.is_moe & (df.tp.to_numpy() > 1) & ~df.sp.to_numpy(),
          "MoE with tensor parallel needs sequence parallel (Megatron-LM MoELayer)"),
-        # TransformerConfig.__post_init__: BF16 edge layers are counted per pipeline stage.
-        (edge > per_stage,
+        # TransformerConfig.__post_init__: BF16 edge layers are counted per pipeline stage (FP8 only).
+        ((edge > per_stage) & (df.precision.to_numpy() != "nvfp4"),
          lambda d: [f"num_layers_at_start_in_bf16 ({e}) must be between 0 and number of layers per pipeline "
                     f"stage ({model.num_layers // p})" for e, p in zip(d.fp8_bf16_edge_layers, d.pp)]),
         # TE fill_userbuffers_buffer_for_all_gather: MXFP8 scales come in blocks of 128 rows.

@@ -109,6 +109,46 @@ def test_fp8_cast_reads_bf16_and_writes_both_fp8_layouts(gpt, hw):
     assert lt.fp8_cast_time(_cands(gpt, hw), False)[0] == 0.0
 
 
+@pytest.fixture(scope="module")
+def b200():
+    return io.load_hardware("b200")
+
+
+def test_nvfp4_runs_the_linear_gemms_at_the_fp4_peak(gpt, b200):
+    """NVFP4 (Blackwell): all three GEMMs of a Linear at the FP4 dense peak (9 PF on B200, twice
+    FP8), at the FP8 GEMMs' fitted efficiency; BF16 edge layers at the BF16 peak (harmonic mix)."""
+    params, gemm_flops = 1e9, 2 * 1024 * 1e9 / 4
+    eff = b200.efficiency.gemm_max / (1 + b200.efficiency.gemm_half_gflop / (gemm_flops / 4 / 1e9))
+    fp4 = b200.fp4_tflops * 1e12 * b200.efficiency.fp8_gemm_relative
+    x = _cands(gpt, b200, precision="nvfp4", sp=True, tp_comm_overlap=False)
+    assert lt.linear_time(x, params)[0] == pytest.approx(gemm_flops / (fp4 * eff), rel=REL)
+    edge = _cands(gpt, b200, precision="nvfp4", fp8_bf16_edge_layers=12)  # 24 of 96 layers in BF16
+    mixed = 1 / (0.75 / fp4 + 0.25 / (b200.bf16_tflops * 1e12))
+    assert lt.linear_time(edge, params)[0] == pytest.approx(gemm_flops / (mixed * eff), rel=REL)
+
+
+def test_nvfp4_cast_passes(gpt, b200):
+    """Per element: the per-tensor amax (read BF16 2 B), the amax of the Hadamard-transformed copy
+    (2 B), the cast (read 2 B, write row- and column-wise E2M1 0.5 B + one E4M3 scale per 16)."""
+    x = _cands(gpt, b200, precision="nvfp4")
+    elements = 2 * 1024 * (12288 + 96 * 128 + 12288 + 49152) / 4
+    per_element = 2 + 2 + 2 + 2 * (0.5 + 1 / 16)
+    assert lt.fp8_cast_time(x, False)[0] == pytest.approx(elements * per_element / _hbm(b200), rel=REL)
+
+
+def test_nvfp4_keeps_half_byte_inputs_and_weights(gpt, b200):
+    """A quantized layer keeps each Linear input's column-wise copy: 1 B under FP8, 0.5625 B under
+    NVFP4; each weight's two layouts: 2 B under FP8, 2 x (0.5 + 1/256) under NVFP4 (16x16 blocks)."""
+    fp8, fp4 = _cands(gpt, b200, precision="mxfp8"), _cands(gpt, b200, precision="nvfp4")
+    gemm_inputs = 1024 * (12288 + 96 * 128 + 12288 + 49152) / 4  # per layer, SP and TP 4
+    saved = lt.activation_bytes(fp8, False, False)[0] - lt.activation_bytes(fp4, False, fp4.keep_scores)[0]
+    bf16 = lt.activation_bytes(fp8, False, False)[0] - lt.activation_bytes(fp8, False, fp8.keep_scores)[0]
+    assert bf16 == pytest.approx(gemm_inputs * (2 - 1), rel=1e-9)
+    assert saved == pytest.approx(gemm_inputs * (2 - 0.5625), rel=1e-9)
+    _, _, _, copies = pm.model_states(fp4, _fake_layers(fp4), (1e9, 0.0), 12, 0)
+    assert copies[0] == pytest.approx(2 * (0.5 + 1 / 256) * 12 * 1e8)
+
+
 def test_forward_and_compute(gpt, hw):
     x = _cands(gpt, hw)
     eff = hw.efficiency

@@ -93,6 +93,28 @@ def test_uneven_stages_and_fsdp_are_emitted_only_when_set():
     assert strategy["account_for_loss_in_pipeline_split"] is True
 
 
+def test_nvfp4_is_written_as_megatron_and_megatron_bridge_take_it():
+    """Megatron-LM flags, TE's NVFP4BlockScaling with its defaults (RHT, stochastic rounding, 2D
+    weight scaling: the priced recipe), Megatron-Bridge's recipe name; NeMo 1.x / 2 cannot run it."""
+    from autoparallel.report.export import export_document
+    model = io.load_model("llama3.1-8b")
+    plan = Plan(tp=1, pp=1, dp=8, gbs=128, precision="nvfp4", fp8_bf16_edge_layers=2)
+    args = megatron_args(model, plan)
+    for flag in ("--fp4-format e2m1", "--fp4-recipe nvfp4", "--first-last-layers-bf16",
+                 "--num-layers-at-start-in-bf16 2", "--num-layers-at-end-in-bf16 2", "--bf16"):
+        assert flag in args, flag
+    assert not any(a.startswith("--fp8") for a in args)
+    assert te_recipe(plan) == {"class": "transformer_engine.common.recipe.NVFP4BlockScaling", "args": {},
+                               "python": "NVFP4BlockScaling()"}
+    doc = export_document(model, plan, {})
+    assert doc["megatron_bridge_mixed_precision"] == {
+        "recipe": "bf16_with_nvfp4_mixed", "fields": {"grad_reduce_in_fp32": True, "first_last_layers_bf16": True,
+                                                      "num_layers_at_start_in_bf16": 2, "num_layers_at_end_in_bf16": 2}}
+    assert "no NeMo 1.x / NeMo 2 form" in doc["nemo"]["unsupported"] and "unsupported" in doc["nemo2"]
+    fp8 = export_document(model, dataclasses.replace(plan, precision="mxfp8", fp8_bf16_edge_layers=0), {})
+    assert fp8["megatron_bridge_mixed_precision"]["recipe"] == "bf16_with_mxfp8_mixed" and "trainer" in fp8["nemo2"]
+
+
 def test_memory_knobs_are_written_as_priced_in_every_block():
     """Issue 23: FP8 param gather, BF16 Adam moments and CUDA graphs, in the flags and in NeMo 2's
     fields (Megatron-Core names); none of them when the plan has them off."""

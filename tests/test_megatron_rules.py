@@ -60,6 +60,13 @@ RULES = [
      dict(precision="fp8-current"), "Delayed scaling does not support moe_act and layernorm recompute for fp8"),
     (CONFIG, "Bias in Moe is only supported when ETP==1",
      "gpt-oss-120b", 16, 128, dict(tp=2, pp=1, ep=8, etp=2), dict(etp=1), "Bias in Moe is only supported when ETP==1"),
+    # Issue 23: NVFP4 (Blackwell only, no Userbuffers, BF16 edge layers as FP8's).
+    (TE_UB, "Unsupported quantizer for Userbuffers (NVFP4Quantizer)",
+     "llama3-8b", 8, 128, dict(tp=2, pp=1, precision="nvfp4", tp_comm_overlap=True), dict(tp_comm_overlap=False),
+     "TP comm overlap (Userbuffers) cannot carry nvfp4 tensors"),
+    (CONFIG, "first_last_layers_bf16 applies to fp8 and fp4 (get_fp4_context: nullcontext for them)",
+     "llama3-8b", 8, 128, dict(tp=1, pp=1, precision="bf16", fp8_bf16_edge_layers=2), dict(precision="nvfp4"),
+     "BF16 edge layers only apply to FP8 and FP4 precisions"),
     # Issue 23: the memory knobs of NVIDIA's recipes.
     (ARGS, "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron fsdp",
      "llama3-8b", 8, 128, dict(tp=1, pp=1, precision="fp8-current", fp8_param_gather=True,
@@ -85,9 +92,9 @@ BASE = dict(vp=1, cp=1, ep=1, mbs=1, sp=True, recompute="none", precision="bf16"
             flash_attention=True, memory_fraction=0.95, tp_within_nvlink_domain=False)
 
 
-def _reason(model_name: str, gpus: int, gbs: int, pins: dict) -> str:
+def _reason(model_name: str, gpus: int, gbs: int, pins: dict, gpu: str = "b200") -> str:
     model = io.load_model(model_name)
-    hw = io.load_hardware("b200")  # FP8, MXFP8 and an 8-GPU domain (checked off above)
+    hw = io.load_hardware(gpu)  # b200: FP8, MXFP8, NVFP4 and an 8-GPU domain (checked off above)
     space = SearchSpace().pinned(**{**BASE, **pins})
     frame = generate(model, hw, gpus, gbs, space)
     assert len(frame) == 1, frame
@@ -100,6 +107,16 @@ def test_rule_rejects_what_megatron_or_te_refuses(source, message, model, gpus, 
     assert source and message
     assert reason in _reason(model, gpus, gbs, broken)
     assert _reason(model, gpus, gbs, {**broken, **change}) == ""
+
+
+def test_nvfp4_needs_blackwell():
+    """TransformerConfig: fp4_recipe 'nvfp4' "uses NVFP4BlockScaling recipe for Blackwell+
+    architecture": FP4 tensor cores, which the Hopper and Ada presets lack."""
+    pins = dict(tp=1, pp=1, precision="nvfp4")
+    for gpu in ("h100-sxm", "h200-nvl", "l40s"):
+        assert "nvfp4 needs Blackwell FP4 tensor cores" in _reason("llama3-8b", 8, 128, pins, gpu)
+    for gpu in ("b200", "b300", "gb300"):
+        assert _reason("llama3-8b", 8, 128, pins, gpu) == ""
 
 
 def test_rejected_rows_have_every_knob_filled_with_its_type(gpt175b, h100):

@@ -42,7 +42,7 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute", choices=RECOMPUTE_CHOICES)
     g.add_argument("--recompute-num-layers", type=positive, help="layers per pipeline chunk that full recompute covers")
     g.add_argument("--precision", choices=PRECISION_CHOICES)
-    g.add_argument("--fp8-bf16-edge-layers", type=non_negative, help="first/last layers kept in BF16 under FP8")
+    g.add_argument("--fp8-bf16-edge-layers", type=non_negative, help="first/last layers kept in BF16 under FP8 or NVFP4")
     g.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction)
     g.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction)
     g.add_argument("--overlap-dp-comm", action=argparse.BooleanOptionalAction,

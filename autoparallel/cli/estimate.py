@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _print_estimate(model, hw, result: dict, memory_fraction: float, train=None) -> None:
-    from autoparallel.specs.plan import FP8_PRECISIONS
+    from autoparallel.specs.plan import FP4_PRECISIONS, FP8_PRECISIONS
     from rich.table import Table
     c = result["config"]
     title = (f"{model.name} on {c['tp'] * c['pp'] * c['cp'] * c['dp']} x {hw.name}: TP{c['tp']} PP{c['pp']} "
@@ -88,8 +88,9 @@ def _print_estimate(model, hw, result: dict, memory_fraction: float, train=None)
     t.add_row("tokens/s/GPU", f"{result['tokens_per_s_per_gpu']:,.0f}")
     t.add_row("model TFLOP/s/GPU", f"{result['model_tflops_per_gpu']:.0f}")
     t.add_row("MFU (BF16 peak)", f"{result['mfu']:.1%}")
-    if c["precision"] in FP8_PRECISIONS:
-        t.add_row("FP8 utilisation", f"{result['precision_utilization']:.1%}")
+    if c["precision"] in FP8_PRECISIONS + FP4_PRECISIONS:
+        label = "FP4" if c["precision"] in FP4_PRECISIONS else "FP8"
+        t.add_row(f"{label} utilisation", f"{result['precision_utilization']:.1%}")
     if train is not None:
         t.add_row("time to train", train.summary(result["tokens_per_s_per_gpu"], None))
     for k, v in result["breakdown"]["time_s"].items():

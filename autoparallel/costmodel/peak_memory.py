@@ -35,7 +35,7 @@ def model_states(x: Candidates, layers: Layers, params, stage_layers, stage_moe)
     grads = x.grad_bytes * (replicated / weight_shards + experts / expert_weight_shards)
     optimizer = ((memory.MASTER_WEIGHT_BYTES + 2 * x.moment_bytes)
                  * (replicated / optimizer_shards + experts / expert_optimizer_shards))
-    fp8_weights = memory.FP8_WEIGHT_COPY_BYTES * layer_weights * x.fp8_layer_fraction
+    fp8_weights = x.quantized_weight_bytes * layer_weights * x.quantized_fraction
     has_moe = x.first_moe + x.middle_moe + x.last_moe > 0
     largest_layer = np.maximum(layers.dense["params"],
                                np.where(has_moe, layers.moe["params"] + layers.moe["expert_params"], 0.0))

@@ -91,7 +91,7 @@ def optimizer_time(x: Candidates, params_gpu, experts_gpu):
 def weight_cast_time(x: Candidates, layers: Layers, bottleneck: Schedule):
     """The FP8 copies of the bottleneck stage's weights, cast once per step."""
     layer_params = layers.on("params", bottleneck.layers, bottleneck.moe) + bottleneck.moe * layers.moe["expert_params"]
-    return layer_params * x.fp8_layer_fraction * x.cast_bytes / x.hbm
+    return layer_params * x.quantized_fraction * x.cast_bytes / x.hbm
 
 
 def step_breakdown(x: Candidates, layers: Layers, stages: StageTimes, params: list) -> dict:

@@ -16,7 +16,9 @@ from __future__ import annotations
 from autoparallel.costmodel import pipeline
 from autoparallel.report import moe_export
 from autoparallel.report.nemo import nemo1_config, nemo2_recipe
-from autoparallel.report.shared import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, CP_COMM_TYPE, CUDA_GRAPHS, FP8_RECIPES,
+from autoparallel.report.shared import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, BRIDGE_PRECISION_RECIPES, CP_COMM_TYPE,
+                                        CUDA_GRAPHS, FP4_FORMAT, FP4_RECIPE, FP4_TE_CLASS, FP8_RECIPES,
+                                        nemo_unsupported,
                                         MAKE_VOCAB_SIZE_DIVISIBLE_BY, NORMALIZATION, TOKENIZER_FILES,
                                         recompute_layers)
 from autoparallel.specs.model import ModelSpec
@@ -146,10 +148,11 @@ def precision_flags(plan: Plan) -> list[str]:
         if plan.precision == "fp8-delayed":
             a += ["--fp8-margin 0", f"--fp8-amax-history-len {AMAX_HISTORY_LEN}",
                   f"--fp8-amax-compute-algo {AMAX_COMPUTE_ALGO}"]
-        if plan.fp8_bf16_edge_layers:
-            n = plan.fp8_bf16_edge_layers
-            a += ["--first-last-layers-bf16", f"--num-layers-at-start-in-bf16 {n}",
-                  f"--num-layers-at-end-in-bf16 {n}"]
+    if plan.is_fp4:
+        a += [f"--fp4-format {FP4_FORMAT}", f"--fp4-recipe {FP4_RECIPE}"]
+    if plan.is_quantized and plan.fp8_bf16_edge_layers:  # Megatron keeps them in BF16 under FP8 and FP4
+        n = plan.fp8_bf16_edge_layers
+        a += ["--first-last-layers-bf16", f"--num-layers-at-start-in-bf16 {n}", f"--num-layers-at-end-in-bf16 {n}"]
     return a + optimizer_flags(plan)
 
 
@@ -177,6 +180,9 @@ def megatron_env(plan: Plan) -> dict[str, str]:
 
 def te_recipe(plan: Plan) -> dict | None:
     """The TransformerEngine recipe object (class and arguments), or None for BF16/FP16."""
+    if plan.is_fp4:  # Megatron's get_fp4_recipe: the defaults (RHT, stochastic rounding, 2D weights on)
+        return {"class": f"transformer_engine.common.recipe.{FP4_TE_CLASS}", "args": {},
+                "python": f"{FP4_TE_CLASS}()"}
     if not plan.is_fp8:
         return None
     fp8 = FP8_RECIPES[plan.precision]
@@ -188,6 +194,18 @@ def te_recipe(plan: Plan) -> dict | None:
             "python": f"{fp8.te_class}({python})"}
 
 
+def bridge_precision(plan: Plan) -> dict:
+    """Megatron-Bridge's mixed-precision recipe for the plan's precision and the fields the plan
+    sets on it (its recipes default some of them otherwise, e.g. FP8 param gather on)."""
+    fields = {"grad_reduce_in_fp32": plan.grad_reduce_in_fp32}
+    if plan.is_fp8:
+        fields["fp8_param_gather"] = plan.fp8_param_gather
+    if plan.is_quantized:
+        n = plan.fp8_bf16_edge_layers
+        fields.update(first_last_layers_bf16=bool(n), num_layers_at_start_in_bf16=n, num_layers_at_end_in_bf16=n)
+    return {"recipe": BRIDGE_PRECISION_RECIPES[plan.precision], "fields": fields}
+
+
 def export_document(model: ModelSpec, plan: Plan, metrics: dict, gpus_per_node: int = 8) -> dict:
     """Everything best.yaml holds for one ranked plan."""
     return {
@@ -196,7 +214,8 @@ def export_document(model: ModelSpec, plan: Plan, metrics: dict, gpus_per_node: 
         "predicted": metrics,
         "environment": megatron_env(plan),
         "megatron_args": megatron_args(model, plan),
-        "nemo": nemo1_config(model, plan, gpus_per_node),
-        "nemo2": nemo2_recipe(model, plan, gpus_per_node),
+        "nemo": {"unsupported": why} if (why := nemo_unsupported(plan)) else nemo1_config(model, plan, gpus_per_node),
+        "nemo2": {"unsupported": why} if why else nemo2_recipe(model, plan, gpus_per_node),
+        "megatron_bridge_mixed_precision": bridge_precision(plan),
         "transformer_engine_recipe": te_recipe(plan),
     }

@@ -13,12 +13,16 @@ from typing import Literal
 Recompute = Literal["none", "selective", "full"]
 Dispatcher = Literal["alltoall", "allgather", "flex"]
 FlexBackend = Literal["deepep", "hybridep"]
-Precision = Literal["bf16", "fp16", "fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8"]
+Precision = Literal["bf16", "fp16", "fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8", "nvfp4"]
 
 RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
 PRECISION_CHOICES: tuple[str, ...] = ("bf16", "fp16", "fp8-delayed", "fp8-current",
-                                      "fp8-blockwise", "mxfp8")
+                                      "fp8-blockwise", "mxfp8", "nvfp4")
 FP8_PRECISIONS: tuple[str, ...] = ("fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8")
+# NVFP4 (TransformerEngine's NVFP4BlockScaling, Megatron-LM --fp4-format e2m1 --fp4-recipe nvfp4):
+# E2M1 values with an E4M3 scale per 16 and an FP32 scale per tensor; Blackwell only.
+FP4_PRECISIONS: tuple[str, ...] = ("nvfp4",)
+QUANTIZED_PRECISIONS: tuple[str, ...] = FP8_PRECISIONS + FP4_PRECISIONS
 DISPATCHER_CHOICES: tuple[str, ...] = ("alltoall", "allgather", "flex")
 CudaGraph = Literal["none", "layer", "full_iteration"]
 CUDA_GRAPH_CHOICES: tuple[str, ...] = ("none", "layer", "full_iteration")
@@ -129,6 +133,15 @@ class Plan:
     @property
     def is_fp8(self) -> bool:
         return self.precision in FP8_PRECISIONS
+
+    @property
+    def is_fp4(self) -> bool:
+        return self.precision in FP4_PRECISIONS
+
+    @property
+    def is_quantized(self) -> bool:
+        """The Linear GEMMs run a low-precision recipe (FP8 or FP4): BF16 edge layers apply."""
+        return self.precision in QUANTIZED_PRECISIONS
 
     def as_dict(self) -> dict:
         return asdict(self)
