@@ -297,8 +297,6 @@ def _without_inapplicable(features: pd.DataFrame, space: SearchSpace, model: Mod
         inapplicable |= (features.fp8_bf16_edge_layers > 0) & ~quantized
     if False in space.tp_comm_overlap:
         inapplicable |= features.tp_comm_overlap & ~features.sp
-    if False in space.fp8_param_gather:
-        inapplicable |= features.fp8_param_gather & ~fp8
     return features[~inapplicable].reset_index(drop=True)
 
 
@@ -341,7 +339,6 @@ def _memory_knob_rules(df: pd.DataFrame, fp8: np.ndarray, model: ModelSpec) -> l
     dist_opt = df.distributed_optimizer.to_numpy()
     graph = df.cuda_graph.to_numpy()
     return [
-        (df.fp8_param_gather.to_numpy() & ~fp8, "--fp8-param-gather keeps FP8 weights: it needs an FP8 recipe"),
         (df.fp8_param_gather.to_numpy() & ~dist_opt,
          "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron fsdp (Megatron-LM)"),
         (df.precision_aware_optimizer.to_numpy() & ~dist_opt,
@@ -513,6 +510,9 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     structures = structures.drop(columns="layout_reason")
 
     features = _without_inapplicable(_product(FEATURE_KNOBS, space), space, model)
+    # FP8 param gather keeps FP8 weights: off where the precision is not FP8 (as SP at tp 1; a
+    # pinned --fp8-param-gather with another precision is refused by the CLI, cli.combos).
+    features.loc[~features.precision.isin(FP8_PRECISIONS), "fp8_param_gather"] = False
     # Megatron refuses the 1F1B all-to-all overlap with full recompute, and with more than one MTP
     # layer ("MTP layernum only supports 1 when enabling overlap_moe_expert_parallel_comm"): off there.
     refused = (features.recompute == "full") | (model.mtp_num_layers > 1)

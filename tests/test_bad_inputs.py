@@ -353,6 +353,13 @@ BAD_INPUTS = [
     (["estimate", "--model", "deepseek-v3", "--gpus", "1024", "--tp", "1", "--pp", "8", "--pipeline-layout",
       "Et|(t*2|)*30mL", "--account-for-loss-in-pipeline-split"],
      "--account-for-loss-in-pipeline-split has no effect with --pipeline-layout"),
+    (["estimate", "--model", "175b", "--gpus", "512", "--tp", "4", "--pp", "8", "--fp8-param-gather"],
+     "--fp8-param-gather keeps FP8 weights: give an FP8 --precision"),
+    (["search", "--model", "175b", "--gpus", "512", "--precision", "nvfp4", "--fp8-param-gather"],
+     "--fp8-param-gather keeps FP8 weights: it needs an FP8 --precision (fp8-delayed, fp8-current, fp8-blockwise, "
+     "mxfp8), got --precision nvfp4"),
+    (["search", "--model", "175b", "--gpus", "512", "--precision", "nvfp4"],
+     "with precision pinned to nvfp4: nvfp4 needs Blackwell FP4 tensor cores; h100-sxm lacks them"),
     (["estimate", "--model", "175b", "--gpus", "512", "--tp", "4", "--pp", "8", "--cuda-graph", "partial"],
      "argument --cuda-graph: invalid choice: 'partial'"),
     (["estimate", "--model", "175b", "--gpus", "512", "--tp", "4", "--pp", "8", "--seq-length", "0"],

@@ -72,9 +72,6 @@ RULES = [
      "llama3-8b", 8, 128, dict(tp=1, pp=1, precision="fp8-current", fp8_param_gather=True,
                                distributed_optimizer=False, overlap_dp_comm=False),
      dict(distributed_optimizer=True), "--fp8-param-gather only supported with distributed optimizer"),
-    (ARGS, "fp8_param_gather keeps the compute param in fp8 (Keep the compute param in fp8)",
-     "llama3-8b", 8, 128, dict(tp=1, pp=1, fp8_param_gather=True), dict(precision="fp8-current"),
-     "--fp8-param-gather keeps FP8 weights: it needs an FP8 recipe"),
     (OPTIM, "--use-precision-aware-optimizer only supported with distributed optimizer",
      "llama3-8b", 8, 128, dict(tp=1, pp=1, precision_aware_optimizer=True, distributed_optimizer=False,
                                overlap_dp_comm=False), dict(distributed_optimizer=True),
@@ -107,6 +104,17 @@ def test_rule_rejects_what_megatron_or_te_refuses(source, message, model, gpus, 
     assert source and message
     assert reason in _reason(model, gpus, gbs, broken)
     assert _reason(model, gpus, gbs, {**broken, **change}) == ""
+
+
+def test_fp8_param_gather_is_off_where_the_precision_is_not_fp8():
+    """As SP at tp 1: the space keeps FP8 param gather on for FP8 recipes only (a pinned
+    --fp8-param-gather with another precision is refused on the command line: test_bad_inputs)."""
+    model, hw = io.load_model("llama3-8b"), io.load_hardware("b200")
+    space = SearchSpace().pinned(**{**BASE, "tp": 1, "pp": 1, "fp8_param_gather": True})
+    space = dataclasses.replace(space, precision=("bf16", "mxfp8", "nvfp4"))
+    frame = generate(model, hw, 8, 128, space)
+    ok = frame[frame.reason == ""].set_index("precision").fp8_param_gather
+    assert ok.to_dict() == {"bf16": False, "mxfp8": True, "nvfp4": False}
 
 
 def test_nvfp4_needs_blackwell():

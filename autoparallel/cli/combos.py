@@ -62,6 +62,10 @@ def check_knobs(args: argparse.Namespace, model) -> None:
         raise no_effect(names.get(split[0], flag(split[0])), "--pipeline-layout",
                         "pipeline_model_parallel_layout cannot be set with other pipeline layout arguments "
                         "(Megatron-LM); drop one")
+    precision = getattr(args, "precision", None)
+    if getattr(args, "fp8_param_gather", None) and precision is not None and not precision.startswith(("fp8", "mxfp8")):
+        raise UserError(f"--fp8-param-gather keeps FP8 weights: it needs an FP8 --precision "
+                        f"(fp8-delayed, fp8-current, fp8-blockwise, mxfp8), got --precision {precision}")
     if args.fsdp and args.distributed_optimizer is False:
         raise UserError("--fsdp needs the distributed optimizer (Megatron-FSDP shards the optimizer state "
                         "itself); drop --no-distributed-optimizer")

@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> None:
     if args.pipeline_layout:  # its virtual stages set vp
         del defaults["vp"]
     pinned = {k: (v if v is not None else defaults.get(k)) for k, v in pins(args).items()}
+    if args.fp8_param_gather and args.precision is None:
+        raise UserError("--fp8-param-gather keeps FP8 weights: give an FP8 --precision (estimate's default is bf16)")
     space = space.pinned(**pinned)
     if args.recompute_num_layers is None:
         space = space.pinned(full_recompute_fractions=1.0)

@@ -40,7 +40,11 @@ STRUCTURE_RULES = (
     Rule(r"query groups not divisible by tp", ("tp",)),
     Rule(r"crosses the \d+-GPU NVLink domain", ("tp",)),
     Rule(r"interleaving \(vp>1\) needs pp>=2", ("vp", "pp")),
-    Rule(r"layers not divisible by pp\*vp", ("pp", "vp")),
+    Rule(r"not divisible by pp\*vp", ("pp", "vp")),
+    Rule(r"an uneven pipeline split needs pp > 1", ("pp",)),
+    Rule(r"cannot be set at the same time with account_for", ("pp",)),
+    Rule(r"must be divisible by (?:virtual pipeline|the middle pipeline)|first \+ last stage layers", ("pp", "vp")),
+    Rule(r"leaves a chunk without a decoder layer", ("pp", "vp")),
     Rule(r"not divisible by 2\*cp", ("cp",)),
     Rule(r"ep>1 or etp>1 needs a MoE model", ("ep", "etp")),
     Rule(r"must divide num_experts and dp\*cp", ("ep",)),
@@ -52,12 +56,17 @@ FEATURE_RULES = (
     Rule(r"TP comm overlap needs sequence parallel", ("tp_comm_overlap", "sp")),
     Rule(r"has no FP8 tensor cores", ("precision",)),
     Rule(r"mxfp8 needs Blackwell", ("precision",)),
+    Rule(r"nvfp4 needs Blackwell", ("precision",)),
     Rule(r"BF16 edge layers only apply to FP8", ("fp8_bf16_edge_layers", "precision")),
     Rule(r"delayed scaling cannot keep", ("precision", "fp8_bf16_edge_layers")),
     Rule(r"BF16 edge layers cover the whole model", ("fp8_bf16_edge_layers",)),
     Rule(r"param-gather overlap needs the distributed optimizer", ("overlap_dp_comm", "distributed_optimizer")),
     Rule(r"FSDP needs the distributed optimizer", ("fsdp", "distributed_optimizer")),
-    Rule(r"cannot carry fp8-blockwise", ("tp_comm_overlap", "precision")),
+    Rule(r"cannot carry (?:fp8-blockwise|nvfp4)", ("tp_comm_overlap", "precision")),
+    Rule(r"--fp8-param-gather only supported with distributed optimizer", ("fp8_param_gather", "distributed_optimizer")),
+    Rule(r"--use-precision-aware-optimizer only supported", ("precision_aware_optimizer", "distributed_optimizer")),
+    Rule(r"recompute_granularity must not be full when CUDA Graphs", ("cuda_graph", "recompute")),
+    Rule(r"whole-layer CUDA graphs need static shapes", ("cuda_graph",)),
 )
 LAYOUT_RULES = (
     Rule(r"num_layers_at_start_in_bf16 .* per pipeline stage", ("fp8_bf16_edge_layers", "pp")),
@@ -65,6 +74,7 @@ LAYOUT_RULES = (
     Rule(r"^CPU offloading", ("cpu_offloading_num_layers", "pp", "recompute")),
     Rule(r"Delayed scaling does not support moe_act and layernorm recompute", ("precision", "recompute")),
     Rule(r"^fp8-check:", ("precision", "fp8_bf16_edge_layers")),
+    Rule(r"CUDA graphs not supported with CPU offloading", ("cuda_graph", "cpu_offloading_num_layers")),
 )
 # Knobs that set the memory of a layout, for a search where valid layouts exist but none fits, and
 # the value that needs the least memory (None: no such value): a knob pinned there is not the cause.
