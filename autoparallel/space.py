@@ -31,7 +31,8 @@ from autoparallel.errors import UserError
 from autoparallel.io import from_dict, read_yaml, resolve_preset
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
-from autoparallel.specs.plan import DISPATCHER_CHOICES, FP8_PRECISIONS, PRECISION_CHOICES, RECOMPUTE_CHOICES, Plan
+from autoparallel.specs.plan import (CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES, FP8_PRECISIONS, PRECISION_CHOICES,
+                                     QUANTIZED_PRECISIONS, RECOMPUTE_CHOICES, Plan)
 
 STRUCTURE_KNOBS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
 SPLIT_COLUMNS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
@@ -39,7 +40,8 @@ SPLIT_COLUMNS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipel
                  "pipeline_model_parallel_layout")
 FEATURE_KNOBS = ("sp", "recompute", "distributed_optimizer", "overlap_dp_comm", "tp_comm_overlap",
                  "grad_reduce_in_fp32", "precision", "fp8_bf16_edge_layers", "flash_attention", "fsdp",
-                 "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type")
+                 "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type", "fp8_param_gather",
+                 "precision_aware_optimizer", "cuda_graph")
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,9 @@ class SearchSpace:
     fsdp: tuple[bool, ...] = (False,)
     overlap_moe_expert_parallel_comm: tuple[bool, ...] = (False,)
     moe_token_dispatcher_type: tuple[str, ...] = ("alltoall",)
+    fp8_param_gather: tuple[bool, ...] = (False,)
+    precision_aware_optimizer: tuple[bool, ...] = (False,)
+    cuda_graph: tuple[str, ...] = ("none",)
     # Shares of the layers whose activations are offloaded to host memory (Megatron-LM's
     # --cpu-offloading-num-layers; only without pipeline parallelism and recompute).
     cpu_offload_fractions: tuple[float, ...] = (0.0,)
@@ -81,6 +86,12 @@ class SearchSpace:
     # A pinned --pipeline-model-parallel-layout (Megatron's E/t/m/L string): the only split, on
     # every pp that divides its virtual stages.
     pipeline_layout: str = ""
+    # A pinned uneven split (--decoder-first/last-pipeline-num-layers, --account-for-embedding/
+    # loss-in-pipeline-split): given ones take their value, the others none; the only split.
+    num_layers_in_first_pipeline_stage: int | None = None
+    num_layers_in_last_pipeline_stage: int | None = None
+    account_for_embedding_in_pipeline_split: bool | None = None
+    account_for_loss_in_pipeline_split: bool | None = None
     # Heuristic, as Megatron's MoE guide advises: where the space holds both, the alltoall
     # dispatcher for EP groups inside one node and flex (DeepEP / HybridEP) for those across
     # nodes, instead of both everywhere (which doubles a MoE search).
@@ -99,6 +110,9 @@ class SearchSpace:
         bad = set(self.moe_token_dispatcher_type) - set(DISPATCHER_CHOICES)
         if bad:
             raise ValueError(f"moe_token_dispatcher_type {sorted(bad)} is not one of {', '.join(DISPATCHER_CHOICES)}")
+        bad = set(self.cuda_graph) - set(CUDA_GRAPH_CHOICES)
+        if bad:
+            raise ValueError(f"cuda_graph {sorted(bad)} is not one of {', '.join(CUDA_GRAPH_CHOICES)}")
         bad = set(self.precision) - set(PRECISION_CHOICES)
         if bad:
             raise ValueError(f"precision {sorted(bad)} is not one of {', '.join(PRECISION_CHOICES)}")
@@ -121,8 +135,10 @@ class SearchSpace:
         return dataclasses.replace(self, **updates)
 
 
+PINNED_SPLIT = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "uneven_pipeline_split", "cpu_offloading_num_layers",
-            "pipeline_layout_max_vp", "pipeline_layout", "dispatcher_by_ep_span")
+            "pipeline_layout_max_vp", "pipeline_layout", "dispatcher_by_ep_span", *PINNED_SPLIT)
 
 
 def load_space(name_or_path: str = "training") -> SearchSpace:
@@ -153,6 +169,8 @@ def _pipeline_layouts(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
     the reason no split exists for a vp the space lists."""
     if space.pipeline_layout:
         return _pinned_layout(model, space)
+    if any(getattr(space, name) is not None for name in PINNED_SPLIT):
+        return _pinned_split(model, space)
     rows = []
     for pp in space.pp:
         listed = space.vp != "auto"
@@ -168,6 +186,23 @@ def _pipeline_layouts(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
                        + ("" if not space.uneven_pipeline_split else " and no uneven split of Megatron-LM fits"))
                 rows.append((pp, vp, 0, 0, False, False, "", why))
     return pd.DataFrame(rows, columns=["pp", "vp", *SPLIT_COLUMNS, "layout_reason"])
+
+
+def _pinned_split(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
+    """The pinned uneven split on every (pp, vp) of the space Megatron accepts it on; where none
+    does, one row per pp with the reason (vp 1, or each listed vp)."""
+    split = (space.num_layers_in_first_pipeline_stage or 0, space.num_layers_in_last_pipeline_stage or 0,
+             bool(space.account_for_embedding_in_pipeline_split), bool(space.account_for_loss_in_pipeline_split), "")
+    rows, rejected = [], []
+    for pp in space.pp:
+        listed = space.vp != "auto"
+        for vp in (space.vp if listed else range(1, model.num_layers // pp + 1)):
+            why = pipeline.split_error(model.num_layers, pp, vp, split)
+            if pp == 1 and vp > 1:
+                why = "interleaving (vp>1) needs pp>=2"
+            if not why or listed or vp == 1:
+                (rows if not why else rejected).append((pp, vp, *split, why))
+    return pd.DataFrame(rows + rejected, columns=["pp", "vp", *SPLIT_COLUMNS, "layout_reason"])
 
 
 def _pinned_layout(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
@@ -253,12 +288,12 @@ def _without_inapplicable(features: pd.DataFrame, space: SearchSpace, model: Mod
     """Drop the combinations a knob cannot apply to (BF16 edge layers without an FP8 recipe, TP
     overlap without SP, a token dispatcher of a dense model) when the space also holds that knob
     off: they would only be rejected. A user who pinned the knob on gets the rule's reason instead."""
-    fp8 = features.precision.isin(FP8_PRECISIONS)
+    quantized = features.precision.isin(QUANTIZED_PRECISIONS)
     inapplicable = np.zeros(len(features), dtype=bool)
     if "alltoall" in space.moe_token_dispatcher_type and not model.is_moe:
         inapplicable |= features.moe_token_dispatcher_type != "alltoall"
     if 0 in space.fp8_bf16_edge_layers:
-        inapplicable |= (features.fp8_bf16_edge_layers > 0) & ~fp8
+        inapplicable |= (features.fp8_bf16_edge_layers > 0) & ~quantized
     if False in space.tp_comm_overlap:
         inapplicable |= features.tp_comm_overlap & ~features.sp
     return features[~inapplicable].reset_index(drop=True)
@@ -268,12 +303,15 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
     """Rules on the feature knobs alone (no structure needed)."""
     precision = df["precision"].to_numpy()
     fp8 = np.isin(precision, FP8_PRECISIONS)
+    quantized = np.isin(precision, QUANTIZED_PRECISIONS)
     edge = df["fp8_bf16_edge_layers"].to_numpy()
     rules = [
         (df.tp_comm_overlap.to_numpy() & ~df.sp.to_numpy(), "TP comm overlap needs sequence parallel"),
         (fp8 & (not hw.supports_fp8), f"{hw.name} has no FP8 tensor cores"),
         ((precision == "mxfp8") & (not hw.mxfp8), f"mxfp8 needs Blackwell; {hw.name} lacks it"),
-        ((edge > 0) & ~fp8, "BF16 edge layers only apply to FP8 precisions"),
+        # TE's NVFP4BlockScaling: "for Blackwell+ architecture" (Megatron-Core's fp4 recipe).
+        ((precision == "nvfp4") & (hw.fp4_tflops is None), f"nvfp4 needs Blackwell FP4 tensor cores; {hw.name} lacks them"),
+        ((edge > 0) & ~quantized, "BF16 edge layers only apply to FP8 and FP4 precisions"),
         ((edge > 0) & (precision == "fp8-delayed"), "delayed scaling cannot keep first/last layers in BF16"),
         (2 * edge >= model.num_layers, "BF16 edge layers cover the whole model"),
         (df.overlap_param_gather.to_numpy() & ~df.distributed_optimizer.to_numpy(),
@@ -281,16 +319,36 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
         (df.fsdp.to_numpy() & ~df.distributed_optimizer.to_numpy(), "FSDP needs the distributed optimizer"),
         # TE module/base.py fill_userbuffers_buffer_for_all_gather: only delayed, current and MXFP8
         # quantizers; anything else is "Unsupported quantizer for Userbuffers".
-        (df.tp_comm_overlap.to_numpy() & (precision == "fp8-blockwise"),
-         "TP comm overlap (Userbuffers) cannot carry fp8-blockwise tensors (TE: Unsupported quantizer "
-         "for Userbuffers)"),
+        (df.tp_comm_overlap.to_numpy() & np.isin(precision, ("fp8-blockwise", "nvfp4")),
+         lambda d: [f"TP comm overlap (Userbuffers) cannot carry {p} tensors (TE: Unsupported quantizer "
+                    "for Userbuffers)" for p in d.precision]),
         (model.is_moe & (precision == "fp16"), "expert parallel models train in BF16, not FP16 (Megatron-LM)"),
         (df.overlap_moe_expert_parallel_comm.to_numpy() & (df.moe_token_dispatcher_type.to_numpy() == "allgather"),
          "overlap_moe_expert_parallel_comm is supported with alltoall/flex token dispatcher (Megatron-LM)"),
         ((not model.is_moe) & (df.moe_token_dispatcher_type.to_numpy() != "alltoall"),
          f"a token dispatcher applies to MoE models; {model.name} is dense"),
+        *_memory_knob_rules(df, fp8, model),
     ]
     return _first_reason(df, rules)
+
+
+def _memory_knob_rules(df: pd.DataFrame, fp8: np.ndarray, model: ModelSpec) -> list:
+    """Megatron-LM's rules on FP8 param gather, the precision-aware optimizer and CUDA graphs
+    (megatron/training/arguments.py, core/optimizer/__init__.py, TransformerConfig)."""
+    dist_opt = df.distributed_optimizer.to_numpy()
+    graph = df.cuda_graph.to_numpy()
+    return [
+        (df.fp8_param_gather.to_numpy() & ~dist_opt,
+         "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron fsdp (Megatron-LM)"),
+        (df.precision_aware_optimizer.to_numpy() & ~dist_opt,
+         "--use-precision-aware-optimizer only supported with distributed optimizer (Megatron-LM)"),
+        ((graph != "none") & (df.recompute.to_numpy() == "full"),
+         "recompute_granularity must not be full when CUDA Graphs are enabled (Megatron-LM 0.15; later "
+         "releases allow it with the full-iteration graph only)"),
+        ((graph == "layer") & model.is_moe,
+         "whole-layer CUDA graphs need static shapes; a dropless MoE layer has none (Megatron graphs "
+         "MoE layers only drop-padded or up to the router)"),
+    ]
 
 
 RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "moe")
@@ -338,8 +396,8 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
         # without also enabling sequence parallelism" (a ValueError in training).
         (model.is_moe & (df.tp.to_numpy() > 1) & ~df.sp.to_numpy(),
          "MoE with tensor parallel needs sequence parallel (Megatron-LM MoELayer)"),
-        # TransformerConfig.__post_init__: BF16 edge layers are counted per pipeline stage.
-        (edge > per_stage,
+        # TransformerConfig.__post_init__: BF16 edge layers are counted per pipeline stage (FP8 only).
+        ((edge > per_stage) & (df.precision.to_numpy() != "nvfp4"),
          lambda d: [f"num_layers_at_start_in_bf16 ({e}) must be between 0 and number of layers per pipeline "
                     f"stage ({model.num_layers // p})" for e, p in zip(d.fp8_bf16_edge_layers, d.pp)]),
         # TE fill_userbuffers_buffer_for_all_gather: MXFP8 scales come in blocks of 128 rows.
@@ -349,6 +407,9 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
         # TransformerConfig.__post_init__ (selective recompute under FP8).
         (_recomputes_any(df, df.precision.to_numpy() == "fp8-delayed", ("moe_act", "layernorm")),
          "Delayed scaling does not support moe_act and layernorm recompute for fp8 (Megatron-Core)"),
+        # TransformerConfig.__post_init__ (0.15; later releases allow the full-iteration graph).
+        ((df.cuda_graph.to_numpy() != "none") & (df.cpu_offloading_num_layers.to_numpy() > 0),
+         "CUDA graphs not supported with CPU offloading (Megatron-Core)"),
     ]
     return _first_reason(df, rules)
 
@@ -435,6 +496,9 @@ def flex_backend(ep_group, hw: HardwareSpec) -> np.ndarray:
 def feature_combinations(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
     """The feature knobs' combinations a search offers this model, before the rules."""
     features = _without_inapplicable(_product(FEATURE_KNOBS, space), space, model)
+    # FP8 param gather keeps FP8 weights: off where the precision is not FP8 (as SP at tp 1; a
+    # pinned --fp8-param-gather with another precision is refused by the CLI, cli.combos).
+    features.loc[~features.precision.isin(FP8_PRECISIONS), "fp8_param_gather"] = False
     # Megatron refuses the 1F1B all-to-all overlap with full recompute, and with more than one MTP
     # layer ("MTP layernum only supports 1 when enabling overlap_moe_expert_parallel_comm"): off there.
     refused = (features.recompute == "full") | (model.mtp_num_layers > 1)

@@ -1,7 +1,9 @@
 """Predict published training runs and measure the error, each metric counted as its source counts.
 
-The runs are the rows of ``training_runs.csv`` and ``training_runs_more.csv`` (shipped in
-``autoparallel/data/``), dense and mixture-of-experts, reported apart (``kind``). Each row pins the layout it states; what the source leaves unstated
+The runs are the rows of ``training_runs.csv``, ``training_runs_more.csv`` and
+``training_runs_papers.csv`` (shipped in ``autoparallel/data/``), dense and mixture-of-experts,
+reported apart (``kind``), and MLPerf Training's GPT-3 submissions (``mlperf_training_gpt3.csv``,
+kind ``mlperf``: every knob pinned as submitted; predicted, never fitted, not even in the refits). Each row pins the layout it states; what the source leaves unstated
 (micro-batch size for Narayanan, recompute and overlap for NeMo) is searched with the
 assumptions in ``search_spaces/validation.yaml`` and the fastest layout that fits is taken, since
 the authors tuned their runs. A published layout predicted not to fit is reported as such: the
@@ -30,13 +32,13 @@ from rich.table import Table
 
 from autoparallel import io
 from autoparallel.costmodel import calibrate
-from autoparallel.measured_runs import PreparedRow, load_runs, predict_row
+from autoparallel.measured_runs import PreparedRow, load_runs, predict_row, validation_runs
 
 
 def _refit_and_predict(rows: list[PreparedRow], group: str, family: str) -> dict[str, dict]:
     """One fold: refit ``family`` without ``group``'s rows, predict them."""
     members = [p for p in rows if p.family == family and not p.model.is_moe]
-    rest = [p for p in members if p.model_group != group]
+    rest = [p for p in members if p.model_group != group and not p.validation_only]
     start = calibrate.uncalibrated(io.load_hardware(family).efficiency)
     fitted = calibrate.fit(rest, start).values if rest else {}
     efficiency = dataclasses.replace(start, **fitted)
@@ -95,7 +97,9 @@ def cross_validation_folds(rows: list[PreparedRow]) -> int:
 
 
 def all_runs(runs: Sequence[Path] | None = None) -> list[PreparedRow]:
-    """Every prepared row, dense and MoE."""
+    """Every prepared row, dense and MoE (by default the published runs and the validation-only
+    MLPerf rows)."""
+    runs = runs or validation_runs()
     return load_runs(runs) + load_runs(runs, moe=True)
 
 

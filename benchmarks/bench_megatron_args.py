@@ -68,6 +68,12 @@ SEARCHES = [
     ("gpt-oss-120b", 64, "h100-sxm", {}),
     ("kimi-k2", 512, "b200", {"precision": "mxfp8"}),
     ("mixtral-8x7b", 64, "h100-sxm", {"precision": "fp8-delayed"}),  # no moe_act recompute (item 6)
+    # Issue 23: the memory knobs of NVIDIA's recipes (MLPerf GPT-3's layer CUDA graphs).
+    ("gpt3-175b", 512, "h100-sxm", {"precision": "fp8-delayed", "fp8_param_gather": True,
+                                    "precision_aware_optimizer": True, "cuda_graph": "layer"}),
+    ("llama3-70b", 64, "b200", {"precision": "mxfp8", "fp8_param_gather": True, "cuda_graph": "full_iteration"}),
+    ("llama3.1-8b", 512, "gb200", {"precision": "nvfp4"}),
+    ("llama3.1-405b", 512, "gb200", {"precision": "nvfp4", "fp8_bf16_edge_layers": 2}),
 ]
 ARCH = {"a100-sxm-80g": 8, "h100-sxm": 9, "h200": 9, "b200": 10, "gb200": 10, "gb300": 10}  # CUDA compute capability
 TE_VERSION = "2.9.0"  # the TransformerEngine megatron-core 0.15 is built against (its [dev] extra)
@@ -143,8 +149,11 @@ def script_argv_env(script: str) -> tuple[list[str], dict[str, str]]:
 
 def expected(model, plan) -> dict:
     """What Megatron must end up with: the preset's model and the priced layout."""
+    import torch
     import torch.nn.functional as F
     from megatron.core.activations import squared_relu
+
+    from autoparallel.report.shared import CUDA_GRAPHS
     activation = {"swiglu": F.silu, "gelu": F.gelu, "squared_relu": squared_relu}[model.activation]
     fp8 = None
     if plan.is_fp8:
@@ -175,9 +184,14 @@ def expected(model, plan) -> dict:
         "args.use_distributed_optimizer": plan.distributed_optimizer,
         "args.overlap_grad_reduce": plan.overlap_grad_reduce, "args.overlap_param_gather": plan.overlap_param_gather,
         "config.tp_comm_overlap": plan.tp_comm_overlap, "config.fp8": fp8.fp8_format if fp8 else None,
-        "config.fp8_param": False,
+        "config.fp4": "e2m1" if plan.is_fp4 else None, **({"config.fp4_recipe": "nvfp4"} if plan.is_fp4 else {}),
+        "config.fp8_param": plan.fp8_param_gather, "args.fp8_param_gather": plan.fp8_param_gather,
+        "args.use_precision_aware_optimizer": plan.precision_aware_optimizer,
+        **({"args.exp_avg_dtype": torch.bfloat16, "args.exp_avg_sq_dtype": torch.bfloat16}
+           if plan.precision_aware_optimizer else {}),
+        **{f"config.{key}": value for key, value in CUDA_GRAPHS[plan.cuda_graph].items()},
         **({"config.fp8_recipe": fp8.megatron_recipe} if fp8 else {}),
-        "config.first_last_layers_bf16": bool(plan.fp8_bf16_edge_layers),
+        "config.first_last_layers_bf16": bool(plan.fp8_bf16_edge_layers) and plan.is_quantized,
         **({"config.num_layers_at_start_in_bf16": plan.fp8_bf16_edge_layers} if plan.fp8_bf16_edge_layers else {}),
         **({"config.cp_comm_type": "p2p"} if plan.cp > 1 else {}),
         "config.num_layers_in_first_pipeline_stage": plan.num_layers_in_first_pipeline_stage or None,

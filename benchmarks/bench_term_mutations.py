@@ -28,7 +28,7 @@ FUNCTIONS = {
         "unpermute_bytes"],
     "autoparallel.costmodel.stages": ["logits_time", "pp_comm_time", "offload_time", "stage_params", "mtp_time"],
     "autoparallel.costmodel.step_time": ["dp_comm_time", "optimizer_time", "weight_cast_time"],
-    "autoparallel.costmodel.peak_memory": ["logits_bytes", "model_states", "_in_flight", "mtp_bytes"],
+    "autoparallel.costmodel.peak_memory": ["logits_bytes", "model_states", "_in_flight", "mtp_bytes", "cuda_graph_bytes"],
     "autoparallel.costmodel.dispatch": ["alltoall_time", "flex_time", "allgather_time", "nodes_per_token",
                                         "distinct_share", "exposed_dispatch"],
 }

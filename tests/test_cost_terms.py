@@ -109,6 +109,46 @@ def test_fp8_cast_reads_bf16_and_writes_both_fp8_layouts(gpt, hw):
     assert lt.fp8_cast_time(_cands(gpt, hw), False)[0] == 0.0
 
 
+@pytest.fixture(scope="module")
+def b200():
+    return io.load_hardware("b200")
+
+
+def test_nvfp4_runs_the_linear_gemms_at_the_fp4_peak(gpt, b200):
+    """NVFP4 (Blackwell): all three GEMMs of a Linear at the FP4 dense peak (9 PF on B200, twice
+    FP8), at the FP8 GEMMs' fitted efficiency; BF16 edge layers at the BF16 peak (harmonic mix)."""
+    params, gemm_flops = 1e9, 2 * 1024 * 1e9 / 4
+    eff = b200.efficiency.gemm_max / (1 + b200.efficiency.gemm_half_gflop / (gemm_flops / 4 / 1e9))
+    fp4 = b200.fp4_tflops * 1e12 * b200.efficiency.fp8_gemm_relative
+    x = _cands(gpt, b200, precision="nvfp4", sp=True, tp_comm_overlap=False)
+    assert lt.linear_time(x, params)[0] == pytest.approx(gemm_flops / (fp4 * eff), rel=REL)
+    edge = _cands(gpt, b200, precision="nvfp4", fp8_bf16_edge_layers=12)  # 24 of 96 layers in BF16
+    mixed = 1 / (0.75 / fp4 + 0.25 / (b200.bf16_tflops * 1e12))
+    assert lt.linear_time(edge, params)[0] == pytest.approx(gemm_flops / (mixed * eff), rel=REL)
+
+
+def test_nvfp4_cast_passes(gpt, b200):
+    """Per element: the per-tensor amax (read BF16 2 B), the amax of the Hadamard-transformed copy
+    (2 B), the cast (read 2 B, write row- and column-wise E2M1 0.5 B + one E4M3 scale per 16)."""
+    x = _cands(gpt, b200, precision="nvfp4")
+    elements = 2 * 1024 * (12288 + 96 * 128 + 12288 + 49152) / 4
+    per_element = 2 + 2 + 2 + 2 * (0.5 + 1 / 16)
+    assert lt.fp8_cast_time(x, False)[0] == pytest.approx(elements * per_element / _hbm(b200), rel=REL)
+
+
+def test_nvfp4_keeps_half_byte_inputs_and_weights(gpt, b200):
+    """A quantized layer keeps each Linear input's column-wise copy: 1 B under FP8, 0.5625 B under
+    NVFP4; each weight's two layouts: 2 B under FP8, 2 x (0.5 + 1/256) under NVFP4 (16x16 blocks)."""
+    fp8, fp4 = _cands(gpt, b200, precision="mxfp8"), _cands(gpt, b200, precision="nvfp4")
+    gemm_inputs = 1024 * (12288 + 96 * 128 + 12288 + 49152) / 4  # per layer, SP and TP 4
+    saved = lt.activation_bytes(fp8, False, False)[0] - lt.activation_bytes(fp4, False, fp4.keep_scores)[0]
+    bf16 = lt.activation_bytes(fp8, False, False)[0] - lt.activation_bytes(fp8, False, fp8.keep_scores)[0]
+    assert bf16 == pytest.approx(gemm_inputs * (2 - 1), rel=1e-9)
+    assert saved == pytest.approx(gemm_inputs * (2 - 0.5625), rel=1e-9)
+    _, _, _, copies = pm.model_states(fp4, _fake_layers(fp4), (1e9, 0.0), 12, 0)
+    assert copies[0] == pytest.approx(2 * (0.5 + 1 / 256) * 12 * 1e8)
+
+
 def test_forward_and_compute(gpt, hw):
     x = _cands(gpt, hw)
     eff = hw.efficiency
@@ -312,6 +352,21 @@ def test_optimizer_reads_and_writes_its_share_of_the_states(gpt, hw):
     assert stp.optimizer_time(whole, params, 0.0)[0] == pytest.approx(params * 32 / _hbm(hw), rel=REL)
 
 
+def test_fp8_param_gather_moves_one_byte_per_parameter(gpt, hw):
+    x = _cands(gpt, hw, precision="fp8-delayed", fp8_param_gather=True, overlap_grad_reduce=False,
+               overlap_param_gather=False)
+    params = 4e8
+    grads = _reduce_scatter(hw, params / 2 * 2.0, 8, 2)  # BF16 gradients of one of 2 chunks
+    weights = _reduce_scatter(hw, params / 2 * 1.0, 8, 2)  # FP8 weights
+    assert stp.dp_comm_time(x, params, 0.0, 1.0)[0] == pytest.approx(2 * grads + 2 * weights, rel=REL)
+
+
+def test_bf16_moments_halve_the_moments_traffic_of_the_optimizer(gpt, hw):
+    params = 4e8
+    x = _cands(gpt, hw, distributed_optimizer=True, precision_aware_optimizer=True)
+    assert stp.optimizer_time(x, params, 0.0)[0] == pytest.approx(params / 8 * (32 - 8) / _hbm(hw), rel=REL)
+
+
 def test_weight_cast_is_once_per_step_on_the_bottleneck_stage(gpt, hw):
     x = _cands(gpt, hw, precision="fp8-delayed")
     sched = stp.schedule(x, _stages(1.0, 1.2, 1.1))
@@ -342,6 +397,32 @@ def test_model_states_follow_the_distributed_optimizer(gpt, hw):
     assert (weights[0], grads[0]) == (2e9, 2e9)  # BF16 weights, BF16-reduced gradients
     assert optimizer[0] == pytest.approx(12 * 1e9 / 8)  # Adam sharded over dp*cp
     assert fp8[0] == pytest.approx(2 * 12 * 1e8)  # FP8 weight and its transpose, per layer
+
+
+def test_fp8_param_gather_and_bf16_moments_shrink_the_model_states(gpt, hw):
+    """--fp8-param-gather: an FP8 layer's BF16 weight is not kept (its FP8 copies stay); the
+    precision-aware optimizer: FP32 master 4 B + two BF16 moments 2 B each."""
+    x = _cands(gpt, hw, precision="fp8-delayed", distributed_optimizer=True, fp8_param_gather=True,
+               precision_aware_optimizer=True)
+    weights, grads, optimizer, fp8 = pm.model_states(x, _fake_layers(x), (1e9, 0.0), 12, 0)
+    assert weights[0] == pytest.approx(2e9 - 2 * 12 * 1e8)  # only the non-layer parameters in BF16
+    assert grads[0] == 2e9 and fp8[0] == pytest.approx(2 * 12 * 1e8)
+    assert optimizer[0] == pytest.approx((4 + 2 + 2) * 1e9 / 8)
+
+
+def test_cuda_graphs_keep_static_buffers(gpt, hw):
+    """Per-layer graphs: one BF16 layer input (SP-sharded) per layer and micro-batch in flight;
+    a full-iteration graph: ids, labels and loss mask (20 B/token) of the step's 16 micro-batches."""
+    held, layer_input = 4.5, 2 * 1024 * 12288 / 4
+    layer = _cands(gpt, hw, cuda_graph="layer")
+    assert pm.cuda_graph_bytes(layer, held, 12)[0] == pytest.approx(held * 12 * layer_input, rel=REL)
+    full = _cands(gpt, hw, cuda_graph="full_iteration")
+    assert pm.cuda_graph_bytes(full, held, 12)[0] == pytest.approx(16 * 1024 * 20, rel=REL)
+    assert pm.cuda_graph_bytes(_cands(gpt, hw), held, 12)[0] == 0.0
+    (first, _, _), _ = pm.activation_bytes(layer, _fake_layers(layer))
+    (eager, _, _), _ = pm.activation_bytes(_cands(gpt, hw), _fake_layers(layer))
+    held_first = ((2 - 1) * 8 + 2 * 7 + 1) / 2
+    assert first[0] - eager[0] == pytest.approx(held_first * 12 * layer_input, rel=REL)
 
 
 def test_logits_and_head_inputs_on_the_last_stage(gpt, hw):
@@ -380,7 +461,7 @@ def test_estimate_reports_every_named_term(gpt, hw):
 
 
 def test_mtp_adds_a_layer_and_another_output_pass_to_the_last_stage(gpt, hw):
-    model = dataclasses.replace(gpt, mtp_num_layers=1, position_embedding_type="rope")
+    model = dataclasses.replace(gpt, mtp_num_layers=1, position_embedding_type="rope")  # Megatron: MTP needs rope
     x = _cands(model, hw)
     layers = _fake_layers(x)
     logits = st.logits_time(x)[0]

@@ -93,6 +93,50 @@ def test_uneven_stages_and_fsdp_are_emitted_only_when_set():
     assert strategy["account_for_loss_in_pipeline_split"] is True
 
 
+def test_nvfp4_is_written_as_megatron_and_megatron_bridge_take_it():
+    """Megatron-LM flags, TE's NVFP4BlockScaling with its defaults (RHT, stochastic rounding, 2D
+    weight scaling: the priced recipe), Megatron-Bridge's recipe name; NeMo 1.x / 2 cannot run it."""
+    from autoparallel.report.export import export_document
+    model = io.load_model("llama3.1-8b")
+    plan = Plan(tp=1, pp=1, dp=8, gbs=128, precision="nvfp4", fp8_bf16_edge_layers=2)
+    args = megatron_args(model, plan)
+    for flag in ("--fp4-format e2m1", "--fp4-recipe nvfp4", "--first-last-layers-bf16",
+                 "--num-layers-at-start-in-bf16 2", "--num-layers-at-end-in-bf16 2", "--bf16"):
+        assert flag in args, flag
+    assert not any(a.startswith("--fp8") for a in args)
+    assert te_recipe(plan) == {"class": "transformer_engine.common.recipe.NVFP4BlockScaling", "args": {},
+                               "python": "NVFP4BlockScaling()"}
+    doc = export_document(model, plan, {})
+    assert doc["megatron_bridge_mixed_precision"] == {
+        "recipe": "bf16_with_nvfp4_mixed", "fields": {"grad_reduce_in_fp32": True, "first_last_layers_bf16": True,
+                                                      "num_layers_at_start_in_bf16": 2, "num_layers_at_end_in_bf16": 2}}
+    assert "no NeMo 1.x / NeMo 2 form" in doc["nemo"]["unsupported"] and "unsupported" in doc["nemo2"]
+    fp8 = export_document(model, dataclasses.replace(plan, precision="mxfp8", fp8_bf16_edge_layers=0), {})
+    assert fp8["megatron_bridge_mixed_precision"]["recipe"] == "bf16_with_mxfp8_mixed" and "trainer" in fp8["nemo2"]
+
+
+def test_memory_knobs_are_written_as_priced_in_every_block():
+    """Issue 23: FP8 param gather, BF16 Adam moments and CUDA graphs, in the flags and in NeMo 2's
+    fields (Megatron-Core names); none of them when the plan has them off."""
+    model = io.load_model("gpt3-175b")
+    plan = dataclasses.replace(CP2, fp8_param_gather=True, precision_aware_optimizer=True, cuda_graph="layer")
+    args = megatron_args(model, plan)
+    for flag in ("--fp8-param-gather", "--use-precision-aware-optimizer", "--exp-avg-dtype bf16",
+                 "--exp-avg-sq-dtype bf16", "--cuda-graph-impl transformer_engine"):
+        assert flag in args, flag
+    plain = " ".join(megatron_args(model, CP2))
+    assert "--fp8-param-gather" not in plain and "precision-aware" not in plain and "cuda-graph" not in plain
+    full = megatron_args(model, dataclasses.replace(CP2, cuda_graph="full_iteration"))
+    assert {"--cuda-graph-impl local", "--cuda-graph-scope full_iteration", "--no-check-for-nan-in-loss-and-grad"} <= set(full)
+    nemo2 = nemo2_recipe(model, plan)
+    assert nemo2["trainer"]["plugins"]["fp8_param_gather"] is True
+    assert nemo2["optim"]["config"] == {"use_distributed_optimizer": True, "use_precision_aware_optimizer": True,
+                                        "exp_avg_dtype": "torch.bfloat16", "exp_avg_sq_dtype": "torch.bfloat16"}
+    assert nemo2["model"]["config"]["cuda_graph_impl"] == "transformer_engine"
+    assert nemo2["model"]["config"]["cuda_graph_scope"] == "full"
+    assert nemo2_recipe(model, CP2)["model"]["config"]["cuda_graph_impl"] == "none"
+
+
 @pytest.mark.parametrize("gpus, per_node, expect", [(64, 8, (8, 8)), (4, 8, (1, 4)), (12, 8, (2, 6)),
                                                     (64, 4, (16, 4)), (72, 4, (18, 4))])
 def test_nodes_never_change_the_gpu_count(gpus, per_node, expect):

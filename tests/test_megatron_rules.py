@@ -17,6 +17,7 @@ from autoparallel.space import SearchSpace, generate
 ARGS = "megatron/training/arguments.py validate_args"
 CONFIG = "megatron/core/transformer/transformer_config.py TransformerConfig.__post_init__"
 TE_UB = "transformer_engine/pytorch/module/base.py fill_userbuffers_buffer_for_all_gather"
+OPTIM = "megatron/core/optimizer/__init__.py get_megatron_optimizer"
 
 # (source, message it mirrors, model, gpus, gbs, broken layout, passing change, our reason)
 RULES = [
@@ -59,6 +60,28 @@ RULES = [
      dict(precision="fp8-current"), "Delayed scaling does not support moe_act and layernorm recompute for fp8"),
     (CONFIG, "Bias in Moe is only supported when ETP==1",
      "gpt-oss-120b", 16, 128, dict(tp=2, pp=1, ep=8, etp=2), dict(etp=1), "Bias in Moe is only supported when ETP==1"),
+    # Issue 23: NVFP4 (Blackwell only, no Userbuffers, BF16 edge layers as FP8's).
+    (TE_UB, "Unsupported quantizer for Userbuffers (NVFP4Quantizer)",
+     "llama3-8b", 8, 128, dict(tp=2, pp=1, precision="nvfp4", tp_comm_overlap=True), dict(tp_comm_overlap=False),
+     "TP comm overlap (Userbuffers) cannot carry nvfp4 tensors"),
+    (CONFIG, "first_last_layers_bf16 applies to fp8 and fp4 (get_fp4_context: nullcontext for them)",
+     "llama3-8b", 8, 128, dict(tp=1, pp=1, precision="bf16", fp8_bf16_edge_layers=2), dict(precision="nvfp4"),
+     "BF16 edge layers only apply to FP8 and FP4 precisions"),
+    # Issue 23: the memory knobs of NVIDIA's recipes.
+    (ARGS, "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron fsdp",
+     "llama3-8b", 8, 128, dict(tp=1, pp=1, precision="fp8-current", fp8_param_gather=True,
+                               distributed_optimizer=False, overlap_dp_comm=False),
+     dict(distributed_optimizer=True), "--fp8-param-gather only supported with distributed optimizer"),
+    (OPTIM, "--use-precision-aware-optimizer only supported with distributed optimizer",
+     "llama3-8b", 8, 128, dict(tp=1, pp=1, precision_aware_optimizer=True, distributed_optimizer=False,
+                               overlap_dp_comm=False), dict(distributed_optimizer=True),
+     "--use-precision-aware-optimizer only supported with distributed optimizer"),
+    (ARGS, "recompute_granularity must not be full when CUDA Graphs are enabled.",
+     "llama3-8b", 8, 128, dict(tp=1, pp=1, recompute="full", cuda_graph="full_iteration"),
+     dict(recompute="selective"), "recompute_granularity must not be full when CUDA Graphs are enabled"),
+    (CONFIG, "CUDA graphs not supported with CPU offloading.",
+     "llama3-8b", 8, 128, dict(tp=1, pp=1, cuda_graph="layer", cpu_offloading_num_layers=4),
+     dict(cuda_graph="none"), "CUDA graphs not supported with CPU offloading"),
 ]
 
 BASE = dict(vp=1, cp=1, ep=1, mbs=1, sp=True, recompute="none", precision="bf16", fp8_bf16_edge_layers=0,
@@ -66,9 +89,9 @@ BASE = dict(vp=1, cp=1, ep=1, mbs=1, sp=True, recompute="none", precision="bf16"
             flash_attention=True, memory_fraction=0.95, tp_within_nvlink_domain=False)
 
 
-def _reason(model_name: str, gpus: int, gbs: int, pins: dict) -> str:
+def _reason(model_name: str, gpus: int, gbs: int, pins: dict, gpu: str = "b200") -> str:
     model = io.load_model(model_name)
-    hw = io.load_hardware("b200")  # FP8, MXFP8 and an 8-GPU domain (checked off above)
+    hw = io.load_hardware(gpu)  # b200: FP8, MXFP8, NVFP4 and an 8-GPU domain (checked off above)
     space = SearchSpace().pinned(**{**BASE, **pins})
     frame = generate(model, hw, gpus, gbs, space)
     assert len(frame) == 1, frame
@@ -81,6 +104,27 @@ def test_rule_rejects_what_megatron_or_te_refuses(source, message, model, gpus, 
     assert source and message
     assert reason in _reason(model, gpus, gbs, broken)
     assert _reason(model, gpus, gbs, {**broken, **change}) == ""
+
+
+def test_fp8_param_gather_is_off_where_the_precision_is_not_fp8():
+    """As SP at tp 1: the space keeps FP8 param gather on for FP8 recipes only (a pinned
+    --fp8-param-gather with another precision is refused on the command line: test_bad_inputs)."""
+    model, hw = io.load_model("llama3-8b"), io.load_hardware("b200")
+    space = SearchSpace().pinned(**{**BASE, "tp": 1, "pp": 1, "fp8_param_gather": True})
+    space = dataclasses.replace(space, precision=("bf16", "mxfp8", "nvfp4"))
+    frame = generate(model, hw, 8, 128, space)
+    ok = frame[frame.reason == ""].set_index("precision").fp8_param_gather
+    assert ok.to_dict() == {"bf16": False, "mxfp8": True, "nvfp4": False}
+
+
+def test_nvfp4_needs_blackwell():
+    """TransformerConfig: fp4_recipe 'nvfp4' "uses NVFP4BlockScaling recipe for Blackwell+
+    architecture": FP4 tensor cores, which the Hopper and Ada presets lack."""
+    pins = dict(tp=1, pp=1, precision="nvfp4")
+    for gpu in ("h100-sxm", "h200-nvl", "l40s"):
+        assert "nvfp4 needs Blackwell FP4 tensor cores" in _reason("llama3-8b", 8, 128, pins, gpu)
+    for gpu in ("b200", "b300", "gb300"):
+        assert _reason("llama3-8b", 8, 128, pins, gpu) == ""
 
 
 def test_rejected_rows_have_every_knob_filled_with_its_type(gpt175b, h100):

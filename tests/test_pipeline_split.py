@@ -134,3 +134,29 @@ def test_a_pinned_layout_sets_pp_and_vp():
     assert set(zip(valid.pp, valid.vp)) == {(2, 16), (8, 4), (16, 2)}
     assert (valid.pipeline_model_parallel_layout == "Et|(tt|)*30mL").all()
     assert out.reason.str.contains("32 virtual stages, not divisible by pp=64").any()
+
+
+@pytest.mark.parametrize("layers, pp, vp", [(126, 8, 1), (126, 8, 2), (96, 8, 12), (61, 4, 1), (80, 6, 2)])
+def test_a_pinned_split_is_refused_exactly_where_megatron_refuses_it(layers, pp, vp):
+    """Issue 23: each split a user can pin (first/last sizes, accounted embedding/loss) against the
+    checks of TransformerConfig.__post_init__ (``megatron_accepts``); an accounted split also keeps
+    a decoder layer in every chunk."""
+    candidates = [(f, l, False, False, "") for f in range(0, 20) for l in range(0, 20)]
+    candidates += [(0, 0, e, lo, "") for e in (False, True) for lo in (False, True)]
+    for split in candidates:
+        error = pipeline.split_error(layers, pp, vp, split)
+        accounted = split[2] or split[3]
+        chunk_keeps_a_layer = not accounted or (layers + split[2] + split[3]) // (pp * vp) >= 2
+        assert (error == "") == (megatron_accepts(layers, pp, vp, split) and chunk_keeps_a_layer), (split, error)
+
+
+def test_a_pinned_split_is_the_only_split_searched():
+    from autoparallel.space import SearchSpace, generate
+    model, hw = io.load_model("llama3.1-405b"), io.load_hardware("h100-sxm")
+    space = SearchSpace(tp=(8,), pp=(8, 16), mbs=(1,), recompute=("none",)).pinned(
+        num_layers_in_first_pipeline_stage=15, num_layers_in_last_pipeline_stage=15)
+    out = generate(model, hw, 1024, 512, space)
+    ok = out[out.reason == ""]
+    assert set(ok.pp) == {8} and set(ok.vp) == {1}  # 96 middle layers over 6 stages; pp 16 leaves 96/14
+    assert (ok.num_layers_in_first_pipeline_stage == 15).all() and (ok.num_layers_in_last_pipeline_stage == 15).all()
+    assert "must be divisible by the middle pipeline model parallel size 14" in " ".join(out.reason)

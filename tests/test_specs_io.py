@@ -6,7 +6,7 @@ from autoparallel.specs.model import ModelSpec
 
 REQUIRED_MODELS = ["gpt3-5b", "gpt3-20b", "gpt3-175b", "llama2-7b", "llama2-13b", "llama2-70b",
                    "llama3-8b", "llama3-70b", "llama3.1-405b", "nemotron-15b", "nemotron-340b"]
-REQUIRED_HARDWARE = ["a100-sxm-80g", "h100-sxm", "h200", "b200", "gb200"]
+REQUIRED_HARDWARE = ["a100-sxm-80g", "h100-sxm", "h200", "h200-nvl", "b200", "b300", "gb200", "gb300"]
 
 
 @pytest.mark.parametrize("name", REQUIRED_MODELS)
@@ -32,6 +32,22 @@ def test_parameter_counts_match_model_cards(name, billions):
 
 def test_gb200_is_one_72_gpu_nvlink_domain():
     assert io.load_hardware("gb200").nvlink_domain == 72
+
+
+def test_blackwell_ultra_presets_follow_their_datasheets():
+    """HGX B300: 8 GPUs of 288 GB per node, dense FP4 3x FP8 (Blackwell: 2x); GB300 trays hold 4 GPUs."""
+    b300, gb300, b200 = (io.load_hardware(n) for n in ("b300", "gb300", "b200"))
+    assert (b300.gpus_per_node, b300.nvlink_domain, b300.memory_gib) == (8, 8, 268)
+    assert b300.fp4_tflops == 3 * b300.fp8_tflops and b200.fp4_tflops == 2 * b200.fp8_tflops
+    assert (gb300.gpus_per_node, gb300.nvlink_domain) == (4, 72)
+    assert b300.efficiency == gb300.efficiency == b200.efficiency
+
+
+def test_h200_nvl_is_a_slower_h200_in_4_gpu_bridges():
+    nvl, sxm = io.load_hardware("h200-nvl"), io.load_hardware("h200")
+    assert nvl.memory_gib == sxm.memory_gib and nvl.nvlink_domain == 4 < nvl.gpus_per_node
+    assert nvl.bf16_tflops / sxm.bf16_tflops == pytest.approx(0.845, abs=0.01)
+    assert nvl.fp4_tflops is None and not nvl.mxfp8
 
 
 def test_uncalibrated_gpu_inherits_h100_constants():

@@ -53,6 +53,19 @@ def check_knobs(args: argparse.Namespace, model) -> None:
                      if args.pp else f"{model.name}")
             raise UserError(f"--recompute-num-layers {layers} is above the {chunk} layers of {where}; "
                             f"give at most {chunk}")
+    split = [d for d in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                         "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+             if getattr(args, d, None) is not None]
+    if split and getattr(args, "pipeline_layout", None):
+        names = {"num_layers_in_first_pipeline_stage": "--decoder-first-pipeline-num-layers",
+                 "num_layers_in_last_pipeline_stage": "--decoder-last-pipeline-num-layers"}
+        raise no_effect(names.get(split[0], flag(split[0])), "--pipeline-layout",
+                        "pipeline_model_parallel_layout cannot be set with other pipeline layout arguments "
+                        "(Megatron-LM); drop one")
+    precision = getattr(args, "precision", None)
+    if getattr(args, "fp8_param_gather", None) and precision is not None and not precision.startswith(("fp8", "mxfp8")):
+        raise UserError(f"--fp8-param-gather keeps FP8 weights: it needs an FP8 --precision "
+                        f"(fp8-delayed, fp8-current, fp8-blockwise, mxfp8), got --precision {precision}")
     if args.fsdp and args.distributed_optimizer is False:
         raise UserError("--fsdp needs the distributed optimizer (Megatron-FSDP shards the optimizer state "
                         "itself); drop --no-distributed-optimizer")
@@ -63,7 +76,7 @@ def check_search(args: argparse.Namespace, knobs: dict) -> None:
     --no-save. ``knobs``: the layout flags given (``common.pins``)."""
     optuna_given = _given(args, OPTUNA_DEFAULTS)
     if args.resume:
-        pinned = [d for d, v in knobs.items() if v is not None] + _given(args, ("gbs", "recompute_num_layers"))
+        pinned = [d for d, v in knobs.items() if v is not None] + _given(args, ("gbs", "seq_length", "recompute_num_layers"))
         for dest in [*optuna_given, *pinned]:
             raise no_effect(flag(dest), "--resume", "a resumed search keeps its own inputs and settings")
         if args.no_save:

@@ -14,8 +14,10 @@ from autoparallel.argtypes import non_negative, positive
 KNOB_FLAGS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
 FEATURE_FLAGS = ("sp", "recompute", "precision", "fp8_bf16_edge_layers", "tp_comm_overlap",
                  "distributed_optimizer", "overlap_dp_comm", "grad_reduce_in_fp32", "flash_attention", "fsdp",
-                 "cpu_offloading_num_layers", "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type")
-SETTING_FLAGS = ("pipeline_layout",)
+                 "cpu_offloading_num_layers", "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type",
+                 "fp8_param_gather", "precision_aware_optimizer", "cuda_graph")
+SETTING_FLAGS = ("pipeline_layout", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 # Never truncate in logs and pipes: a value cut to "fp8-de…" is worse than a wide line.
 console = Console(width=None if sys.stdout.isatty() else 400)
 
@@ -28,16 +30,19 @@ def add_target(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 
 def add_knobs(p: argparse.ArgumentParser) -> None:
-    from autoparallel.specs.plan import DISPATCHER_CHOICES, PRECISION_CHOICES, RECOMPUTE_CHOICES
+    from autoparallel.specs.plan import CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES, PRECISION_CHOICES, RECOMPUTE_CHOICES
     g = p.add_argument_group("layout knobs (any given knob is pinned; the rest is searched)")
     for name in KNOB_FLAGS:
         g.add_argument(f"--{name}", type=positive, help=f"pin {name}" + (" (expert tensor parallel, MoE)" if name == "etp" else ""))
     g.add_argument("--gbs", type=positive, help="global batch size (default: the model preset's)")
+    g.add_argument("--seq-length", type=positive, metavar="TOKENS",
+                   help="training sequence length (default: the model preset's); memory, FLOPs and the CP "
+                        "choices follow it, the global batch stays in sequences")
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, help="sequence parallel")
     g.add_argument("--recompute", choices=RECOMPUTE_CHOICES)
     g.add_argument("--recompute-num-layers", type=positive, help="layers per pipeline chunk that full recompute covers")
     g.add_argument("--precision", choices=PRECISION_CHOICES)
-    g.add_argument("--fp8-bf16-edge-layers", type=non_negative, help="first/last layers kept in BF16 under FP8")
+    g.add_argument("--fp8-bf16-edge-layers", type=non_negative, help="first/last layers kept in BF16 under FP8 or NVFP4")
     g.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction)
     g.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction)
     g.add_argument("--overlap-dp-comm", action=argparse.BooleanOptionalAction,
@@ -53,6 +58,23 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pipeline-layout", metavar="LAYOUT",
                    help="pin Megatron's --pipeline-model-parallel-layout, e.g. 'Et|(tt|)*30mL' (E embedding, t decoder "
                         "layer, m MTP layer, L loss, | between virtual stages); pp*vp = its stages")
+    g.add_argument("--decoder-first-pipeline-num-layers", dest="num_layers_in_first_pipeline_stage", type=positive,
+                   metavar="N", help="pin the first pipeline stage's layers (Megatron's uneven split)")
+    g.add_argument("--decoder-last-pipeline-num-layers", dest="num_layers_in_last_pipeline_stage", type=positive,
+                   metavar="N", help="pin the last pipeline stage's layers")
+    g.add_argument("--account-for-embedding-in-pipeline-split", action=argparse.BooleanOptionalAction,
+                   help="pin the split that counts the embedding as a layer of the first stage")
+    g.add_argument("--account-for-loss-in-pipeline-split", action=argparse.BooleanOptionalAction,
+                   help="pin the split that counts the loss as a layer of the last stage")
+    g.add_argument("--fp8-param-gather", action=argparse.BooleanOptionalAction,
+                   help="FP8 recipes: keep the weights in FP8 only and all-gather them in FP8 (Megatron's "
+                        "--fp8-param-gather; distributed optimizer)")
+    g.add_argument("--precision-aware-optimizer", action=argparse.BooleanOptionalAction,
+                   help="Adam's moments in BF16 (--use-precision-aware-optimizer --exp-avg-dtype bf16 "
+                        "--exp-avg-sq-dtype bf16; distributed optimizer)")
+    g.add_argument("--cuda-graph", choices=CUDA_GRAPH_CHOICES,
+                   help="CUDA graphs: per-layer (TransformerEngine, MLPerf's LAYER_CUDA_GRAPH) or the whole "
+                        "forward-backward (full_iteration); priced for their static buffers")
     g.add_argument("--moe-token-dispatcher-type", choices=DISPATCHER_CHOICES,
                    help="MoE token dispatcher: NCCL all-to-all, all-gather, or flex (DeepEP / HybridEP)")
     p.add_argument("--space", default="training", help="search space preset or YAML path (default training)")
@@ -76,11 +98,27 @@ def inputs(args: argparse.Namespace):
     from autoparallel.search.run import default_gbs
     from autoparallel.space import load_space
     from autoparallel.cli.combos import check_knobs
-    model = io.load_model(args.model)
+    model = with_seq_length(io.load_model(args.model), args.seq_length)
     check_knobs(args, model)
     hw = io.load_hardware(args.gpu)
     space = load_space(args.space).pinned(**pins(args))
     return model, hw, default_gbs(model, args.gbs), space
+
+
+def with_seq_length(model, seq_length: int | None):
+    """The model trained at ``seq_length`` tokens per sequence (None: the preset's own). Megatron
+    asserts max_position_embeddings >= seq_length, so a model whose position range is stated
+    cannot be trained past it; one without (its range is its training length) follows it."""
+    import dataclasses
+
+    from autoparallel.errors import UserError
+    if seq_length is None or seq_length == model.seq_length:
+        return model
+    if model.max_position_embeddings is not None and seq_length > model.max_position_embeddings:
+        raise UserError(f"--seq-length {seq_length} is above {model.name}'s max_position_embeddings "
+                        f"{model.max_position_embeddings}; give at most {model.max_position_embeddings} "
+                        "(or a model YAML with a larger max_position_embeddings)")
+    return dataclasses.replace(model, seq_length=seq_length)
 
 
 def status(text: str, quiet: bool):

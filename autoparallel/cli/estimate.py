@@ -14,7 +14,8 @@ DEFAULTS = {"vp": 1, "cp": 1, "ep": 1, "etp": 1, "mbs": 1, "recompute": "none", 
             "fp8_bf16_edge_layers": 0, "tp_comm_overlap": False, "distributed_optimizer": True,
             "overlap_dp_comm": True, "grad_reduce_in_fp32": True, "flash_attention": True, "fsdp": False,
             "cpu_offloading_num_layers": 0, "overlap_moe_expert_parallel_comm": False,
-            "moe_token_dispatcher_type": "alltoall"}
+            "moe_token_dispatcher_type": "alltoall", "fp8_param_gather": False, "precision_aware_optimizer": False,
+            "cuda_graph": "none"}
 
 
 def add_parser(sub) -> None:
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> None:
         from pathlib import Path
 
         from autoparallel.cli.combos import flag, no_effect
-        given = [d for d in ("model", "gpus", "gbs", "recompute_num_layers", *pins(args)) if getattr(args, d) is not None]
+        given = [d for d in ("model", "gpus", "gbs", "seq_length", "recompute_num_layers", *pins(args)) if getattr(args, d) is not None]
         if given:
             raise no_effect(flag(given[0]), "--from-log", "the log states the model and the layout; drop it")
 
@@ -53,6 +54,8 @@ def run(args: argparse.Namespace) -> None:
     if args.pipeline_layout:  # its virtual stages set vp
         del defaults["vp"]
     pinned = {k: (v if v is not None else defaults.get(k)) for k, v in pins(args).items()}
+    if args.fp8_param_gather and args.precision is None:
+        raise UserError("--fp8-param-gather keeps FP8 weights: give an FP8 --precision (estimate's default is bf16)")
     space = space.pinned(**pinned)
     if args.recompute_num_layers is None:
         space = space.pinned(full_recompute_fractions=1.0)
@@ -71,12 +74,12 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _print_estimate(model, hw, result: dict, memory_fraction: float, train=None) -> None:
-    from autoparallel.specs.plan import FP8_PRECISIONS
+    from autoparallel.specs.plan import FP4_PRECISIONS, FP8_PRECISIONS
     from rich.table import Table
     c = result["config"]
     title = (f"{model.name} on {c['tp'] * c['pp'] * c['cp'] * c['dp']} x {hw.name}: TP{c['tp']} PP{c['pp']} "
              f"VP{c['vp']} CP{c['cp']} DP{c['dp']}" + (f" EP{c['ep']} ETP{c['etp']}" if model.is_moe else "")
-             + f" MBS{c['mbs']} GBS{c['gbs']} {c['precision']} "
+             + f" MBS{c['mbs']} GBS{c['gbs']} seq {model.seq_length} {c['precision']} "
              f"recompute={c['recompute']}")
     t = Table(title=title, show_header=False)
     t.add_row("fits", "yes" if result["fits"] else "[red]NO[/red]")
@@ -87,8 +90,9 @@ def _print_estimate(model, hw, result: dict, memory_fraction: float, train=None)
     t.add_row("tokens/s/GPU", f"{result['tokens_per_s_per_gpu']:,.0f}")
     t.add_row("model TFLOP/s/GPU", f"{result['model_tflops_per_gpu']:.0f}")
     t.add_row("MFU (BF16 peak)", f"{result['mfu']:.1%}")
-    if c["precision"] in FP8_PRECISIONS:
-        t.add_row("FP8 utilisation", f"{result['precision_utilization']:.1%}")
+    if c["precision"] in FP8_PRECISIONS + FP4_PRECISIONS:
+        label = "FP4" if c["precision"] in FP4_PRECISIONS else "FP8"
+        t.add_row(f"{label} utilisation", f"{result['precision_utilization']:.1%}")
     if train is not None:
         t.add_row("time to train", train.summary(result["tokens_per_s_per_gpu"], None))
     for k, v in result["breakdown"]["time_s"].items():

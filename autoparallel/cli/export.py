@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from autoparallel.argtypes import positive
+from autoparallel.errors import UserError
 
 FORMATS = ("megatron", "launch", "nemo", "nemo2", "nemo2-yaml", "yaml")
 
@@ -36,6 +37,7 @@ def export_text(result, rank: int, fmt: str) -> str:
     from autoparallel.report.export import megatron_args
     from autoparallel.report.nemo import nemo1_config, nemo2_recipe
     from autoparallel.report.nemo_python import nemo2_python
+    from autoparallel.report.shared import nemo_unsupported
     from autoparallel.search import run as runs
     plan, per_node = result.plan(rank), result.hardware.gpus_per_node
     title = f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}, rank {rank}"
@@ -43,6 +45,8 @@ def export_text(result, rank: int, fmt: str) -> str:
         return " \\\n".join(megatron_args(result.model, plan)) + "\n"
     if fmt == "launch":
         return runs.launch_script(result.model, result.hardware, result.entry(rank), title)
+    if fmt in ("nemo", "nemo2", "nemo2-yaml") and (why := nemo_unsupported(plan)):
+        raise UserError(f"--format {fmt}: rank {rank} is {plan.precision}; {why}")
     if fmt == "nemo2":
         return nemo2_python(result.model, plan, per_node, title)
     if fmt == "nemo":

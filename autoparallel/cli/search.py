@@ -114,7 +114,8 @@ def _show(result, args: argparse.Namespace, how: str, run_dir: Path | None) -> N
             r["time_to_train"] = train.record(r["tokens_per_s_per_gpu"])
         print(json.dumps(records, indent=1))
         return
-    title = (f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}: top "
+    title = (f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}, "
+             f"seq {result.model.seq_length}: top "
              f"{min(args.top, len(result.feasible))} of {len(result.feasible):,} feasible ({how})")
     where = "" if args.no_save else "; all in the run folder's ranked.md"
     print_ranked(result.ranked, title, args.top, console, result.hardware, result.space.memory_fraction,

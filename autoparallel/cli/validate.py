@@ -74,7 +74,6 @@ def _training_report(validate, runs, cross: bool, quiet: bool):
     """The report, with a progress bar over the leave-one-model-out refits."""
     if not cross or quiet:
         return validate.validate_training(runs, cross=cross)
-    from autoparallel.measured_runs import load_runs
-    folds = validate.cross_validation_folds(load_runs(runs))
+    folds = validate.cross_validation_folds(validate.all_runs(runs))
     with progress_bar("leave-one-model-out refits", folds) as (bar, task):
         return validate.validate_training(runs, cross=True, progress=lambda: bar.advance(task))

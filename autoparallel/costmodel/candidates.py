@@ -14,19 +14,33 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoparallel.costmodel import comm, gemm, moe, pipeline
+from autoparallel.costmodel import comm, gemm, memory, moe, pipeline
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
+from autoparallel.specs.plan import FP4_PRECISIONS, FP8_PRECISIONS
 
-# HBM bytes per element of an FP8 cast (read BF16, write FP8 in both layouts), by recipe.
-FP8_CAST_BYTES = {"fp8-delayed": 4.0, "fp8-current": 6.0, "fp8-blockwise": 4.5, "mxfp8": 4.0}
+# An NVFP4 element as TransformerEngine stores it: an E2M1 value and its share of the E4M3 scale of
+# its 1x16 block (the per-tensor FP32 scale is one number).
+NVFP4_ELEMENT_BYTES = 0.5 + 1.0 / 16
+# HBM bytes per element of a quantizing cast (read BF16, write both layouts), by recipe. NVFP4: one
+# pass for the per-tensor amax, one for the amax of the random-Hadamard-transformed (RHT, 16-point)
+# column-wise copy the weight-gradient GEMM reads, then the cast itself (read BF16, write the row-
+# and column-wise NVFP4 copies); the gradients' stochastic rounding and the RHT's few MACs run
+# inside the cast kernel, hidden under its memory traffic. The weights' 16x16 2D scaling makes one
+# copy serve both layouts; they are cast with the same passes (once per step, small).
+CAST_BYTES = {"fp8-delayed": 4.0, "fp8-current": 6.0, "fp8-blockwise": 4.5, "mxfp8": 4.0,
+              "nvfp4": 2.0 + 2.0 + 2.0 + 2 * NVFP4_ELEMENT_BYTES}
+# Bytes per element of what a quantized layer keeps: each Linear input's column-wise copy (for the
+# weight gradient) and each weight's two layouts, by recipe family.
+QUANTIZED_INPUT_BYTES = {"fp8": 1.0, "fp4": NVFP4_ELEMENT_BYTES}
+QUANTIZED_WEIGHT_BYTES = {"fp8": 2.0, "fp4": 2 * (0.5 + 1.0 / 256)}  # NVFP4 weights: 16x16 blocks
 # Megatron's --recompute-modules that the cost model prices (core_attn alone for dense models).
 RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "moe")
 
 
 def _cast_bytes_per_element(precision):
     codes, names = pipeline.factorize(precision)
-    return np.array([FP8_CAST_BYTES.get(name, 0.0) for name in names])[codes].reshape(np.shape(precision))
+    return np.array([CAST_BYTES.get(name, 0.0) for name in names])[codes].reshape(np.shape(precision))
 
 
 @dataclass
@@ -59,8 +73,11 @@ class Candidates:
     full: np.ndarray  # full recompute
     selective: np.ndarray
     is_fp8: np.ndarray
-    cast_bytes: np.ndarray  # HBM bytes per element of an FP8 cast under the plan's recipe
-    fp8_layer_fraction: np.ndarray  # share of layers whose Linears run FP8
+    is_fp4: np.ndarray  # NVFP4
+    cast_bytes: np.ndarray  # HBM bytes per element of a quantizing cast under the plan's recipe
+    quantized_fraction: np.ndarray  # share of layers whose Linears run the FP8 or FP4 recipe
+    quantized_input_bytes: np.ndarray  # bytes per element a quantized layer keeps of a Linear input
+    quantized_weight_bytes: np.ndarray  # bytes per weight of its quantized copies (both layouts)
     first_layers: np.ndarray
     middle_layers: np.ndarray
     last_layers: np.ndarray
@@ -70,13 +87,16 @@ class Candidates:
     recomputed_fraction: np.ndarray  # share of a chunk's layers that full recompute covers
     modules: dict  # --recompute-modules name -> mask (selective recompute only)
     grad_bytes: np.ndarray  # bytes per gradient element in the data-parallel reduction
+    fp8_param_share: np.ndarray  # share of layer weights kept only in FP8 (--fp8-param-gather)
+    gather_bytes: np.ndarray  # bytes per parameter of the parameter all-gather (BF16, FP8 share at 1)
+    moment_bytes: np.ndarray  # bytes of each Adam moment (FP32, BF16 with the precision-aware optimizer)
     dp_group: np.ndarray  # dense parameters are replicated over dp*cp GPUs
     dp_per_node: np.ndarray
     edp_group: np.ndarray  # experts over dp*cp*tp / (ep*etp): Megatron's parallel folding
     edp_per_node: np.ndarray
     imbalance: np.ndarray  # the busiest EP rank's tokens over the even share
     hbm: float  # achievable HBM bytes/s
-    gemm_peak: np.ndarray  # FLOP/s of the Linear GEMMs at full efficiency (FP8 and BF16 layers mixed)
+    gemm_peak: np.ndarray  # FLOP/s of the Linear GEMMs at full efficiency (quantized and BF16 layers mixed)
 
     def flag(self, name: str) -> np.ndarray:
         return np.asarray(self.knobs[name], dtype=bool)
@@ -109,6 +129,10 @@ class Candidates:
         """Adam states sharded over the data-parallel group (FSDP shards them too)."""
         return self.flag("distributed_optimizer") | self.fsdp
 
+    @property
+    def cuda_graph(self) -> np.ndarray:
+        return np.asarray(self.knobs["cuda_graph"])
+
     def optimizer_shards(self) -> tuple[np.ndarray, np.ndarray]:
         """GPUs the Adam states of dense parameters and of experts are sharded over."""
         dist_opt = self.distributed_optimizer
@@ -125,7 +149,8 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
     precision = np.asarray(cols["precision"])
     full = recompute == "full"
     selective = recompute == "selective"
-    is_fp8 = np.isin(precision, list(FP8_CAST_BYTES))
+    is_fp8 = np.isin(precision, FP8_PRECISIONS)
+    is_fp4 = np.isin(precision, FP4_PRECISIONS)
 
     L = model.num_layers
     s_local = model.seq_length / c
@@ -145,23 +170,29 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
     module_codes, module_sets = pipeline.factorize(cols["recompute_modules"])
     modules = {name: selective & np.array([name in m.split() for m in module_sets], dtype=bool)[module_codes]
                for name in RECOMPUTE_MODULES}
-    fp8_layer_fraction = np.where(is_fp8, 1.0 - bf16_layer_fraction, 0.0)
+    quantized_fraction = np.where(is_fp8 | is_fp4, 1.0 - bf16_layer_fraction, 0.0)
+    fp8_param_share = np.where(flag("fp8_param_gather"), quantized_fraction, 0.0)
     dp_group = dp * c
     edp_group = dp_group * t / (e * et)
     return Candidates(
         model=model, hw=hw, knobs=cols, t=t, p=p, v=v, c=c, dp=dp, e=e, et=et, b=b, gbs=gbs,
         m=gbs / (b * dp), s_local=s_local, tokens=b * s_local,
         sp=flag("sp"), flash=flag("flash_attention"), fsdp=flag("fsdp"), full=full, selective=selective,
-        is_fp8=is_fp8, cast_bytes=_cast_bytes_per_element(precision),
-        fp8_layer_fraction=fp8_layer_fraction,
+        is_fp8=is_fp8, is_fp4=is_fp4, cast_bytes=_cast_bytes_per_element(precision),
+        quantized_fraction=quantized_fraction,
+        quantized_input_bytes=np.where(is_fp4, QUANTIZED_INPUT_BYTES["fp4"], QUANTIZED_INPUT_BYTES["fp8"]),
+        quantized_weight_bytes=np.where(is_fp4, QUANTIZED_WEIGHT_BYTES["fp4"], QUANTIZED_WEIGHT_BYTES["fp8"]),
         first_layers=first_layers, middle_layers=middle_layers, last_layers=last_layers,
         first_moe=first_moe, middle_moe=middle_moe, last_moe=last_moe,
         recomputed_fraction=np.where(full, n_recomputed / layers_per_chunk, 0.0),
         modules=modules,
         grad_bytes=np.where(flag("grad_reduce_in_fp32"), 4.0, 2.0),
+        fp8_param_share=fp8_param_share,
+        gather_bytes=memory.WEIGHT_BYTES - (memory.WEIGHT_BYTES - memory.FP8_WEIGHT_BYTES) * fp8_param_share,
+        moment_bytes=np.where(flag("precision_aware_optimizer"), memory.BF16_MOMENT_BYTES, memory.ADAM_MOMENT_BYTES),
         dp_group=dp_group, dp_per_node=comm.ranks_per_domain(hw, dp_group, t),
         edp_group=edp_group, edp_per_node=comm.ranks_per_domain(hw, edp_group, e * et),
         imbalance=moe.load_imbalance(hw, model, e) if model.is_moe else np.ones_like(t),
         hbm=hw.hbm_tbps * 1e12 * hw.efficiency.hbm,
-        gemm_peak=gemm.peak(hw, fp8_layer_fraction),
+        gemm_peak=gemm.peak(hw, quantized_fraction, is_fp4),
     )

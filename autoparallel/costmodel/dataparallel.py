@@ -30,15 +30,16 @@ def _hidden(hw: HardwareSpec, comm_time, window):
 
 
 def distributed_optimizer_exposed(hw: HardwareSpec, params_gpu, grad_bytes, group, per_node, dist_opt,
-                                  vp, pp, stage_compute, overlap_grads, overlap_params):
+                                  vp, pp, stage_compute, overlap_grads, overlap_params, gather_bytes=WEIGHT_BYTES):
     """Exposed seconds per step of the gradient reduce and parameter gather of one stage.
 
-    ``stage_compute``: forward + backward of one micro-batch through the stage (all chunks).
+    ``stage_compute``: forward + backward of one micro-batch through the stage (all chunks);
+    ``gather_bytes``: per parameter gathered (BF16; 1 for weights kept in FP8).
     """
     chunk_params = params_gpu / vp
     reduce = np.where(dist_opt, comm.reduce_scatter_time(hw, chunk_params * grad_bytes, group, per_node),
                       comm.all_reduce_time(hw, chunk_params * grad_bytes, group, per_node))
-    gather = np.where(dist_opt, comm.reduce_scatter_time(hw, chunk_params * WEIGHT_BYTES, group, per_node), 0.0)
+    gather = np.where(dist_opt, comm.reduce_scatter_time(hw, chunk_params * gather_bytes, group, per_node), 0.0)
     chunk_backward = (2.0 / 3.0) * stage_compute / vp
     chunk_forward = (1.0 / 3.0) * stage_compute / vp
     later_chunks = vp - 1
@@ -48,8 +49,9 @@ def distributed_optimizer_exposed(hw: HardwareSpec, params_gpu, grad_bytes, grou
             + np.where(overlap_params, gather_exposed, vp * gather))
 
 
-def fsdp_exposed(hw: HardwareSpec, layer_params_gpu, grad_bytes, group, per_node, layer_forward, layer_backward):
+def fsdp_exposed(hw: HardwareSpec, layer_params_gpu, grad_bytes, group, per_node, layer_forward, layer_backward,
+                 gather_bytes=WEIGHT_BYTES):
     """Exposed seconds per layer and micro-batch of FSDP's gathers and reduce-scatter."""
-    gather = comm.reduce_scatter_time(hw, layer_params_gpu * WEIGHT_BYTES, group, per_node)
+    gather = comm.reduce_scatter_time(hw, layer_params_gpu * gather_bytes, group, per_node)
     reduce = comm.reduce_scatter_time(hw, layer_params_gpu * grad_bytes, group, per_node)
     return _hidden(hw, gather, layer_forward) + _hidden(hw, gather + reduce, layer_backward)

@@ -50,7 +50,8 @@ def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.n
     n_gpus = x.t * x.p * x.c * x.dp
     tokens_per_s_per_gpu = x.gbs * model.seq_length / (step * n_gpus)
     model_tflops = flops.model_flops_per_token(model, x.t) * tokens_per_s_per_gpu / 1e12
-    precision_peak = np.where(x.is_fp8, hw.fp8_tflops or hw.bf16_tflops, hw.bf16_tflops)
+    precision_peak = np.select([x.is_fp4, x.is_fp8], [hw.fp4_tflops or hw.fp8_tflops or hw.bf16_tflops,
+                                                      hw.fp8_tflops or hw.bf16_tflops], hw.bf16_tflops)
     return {
         "fits": mem["fits"],
         "peak_memory_gib": mem["peak_memory_gib"],

@@ -58,8 +58,8 @@ def activation_bytes(x: Candidates, is_moe: bool, keep_scores):
     """Bytes one layer saves for backward; with ``keep_scores`` False counted in BF16 throughout
     (the tensors the elementwise kernels touch)."""
     return memory.layer_activation_bytes(
-        x.model, x.b, x.s_local, x.t, x.sp, keep_scores, x.fp8_layer_fraction if keep_scores is not False else 0.0,
-        moe=is_moe, etp=x.et, imbalance=x.imbalance)
+        x.model, x.b, x.s_local, x.t, x.sp, keep_scores, x.quantized_fraction if keep_scores is not False else 0.0,
+        moe=is_moe, etp=x.et, imbalance=x.imbalance, quantized_bytes=x.quantized_input_bytes)
 
 
 def unpermute_bytes(x: Candidates):
@@ -101,9 +101,10 @@ def gemm_input_elements(x: Candidates, is_moe: bool) -> float:
 
 
 def fp8_cast_time(x: Candidates, is_moe: bool):
-    """Casting the GEMM inputs (forward) and output gradients (backward) to FP8: HBM traffic."""
+    """Casting the GEMM inputs (forward) and output gradients (backward) to FP8 or NVFP4: HBM
+    traffic (``candidates.CAST_BYTES``)."""
     cast_elements = 2.0 * x.tokens * gemm_input_elements(x, is_moe) / x.t
-    return x.fp8_layer_fraction * cast_elements * x.cast_bytes / x.hbm
+    return x.quantized_fraction * cast_elements * x.cast_bytes / x.hbm
 
 
 def selective_recompute_time(x: Candidates, attention, softmax, is_moe: bool, moe_block=0.0):
@@ -148,10 +149,11 @@ def fsdp_time(x: Candidates, params, expert_params, forward, full_recompute, is_
     reduce-scattered after its backward, every micro-batch, prefetched behind the layer before
     (experts over their own data-parallel group)."""
     backward = 2.0 * forward + full_recompute
-    exposed = dataparallel.fsdp_exposed(x.hw, params, x.grad_bytes, x.dp_group, x.dp_per_node, forward, backward)
+    exposed = dataparallel.fsdp_exposed(x.hw, params, x.grad_bytes, x.dp_group, x.dp_per_node, forward, backward,
+                                        x.gather_bytes)
     if is_moe:
         exposed = exposed + dataparallel.fsdp_exposed(
-            x.hw, expert_params, x.grad_bytes, x.edp_group, x.edp_per_node, forward, backward)
+            x.hw, expert_params, x.grad_bytes, x.edp_group, x.edp_per_node, forward, backward, x.gather_bytes)
     return np.where(x.fsdp, exposed, 0.0)
 
 
@@ -171,8 +173,9 @@ def ep_comm_time(x: Candidates, compute, is_moe: bool):
 def stored_activation_bytes(x: Candidates, is_moe: bool):
     """What the layer keeps per micro-batch in flight: its input where full recompute covers it,
     else its activations less what selective recompute spares."""
-    spared = memory.recomputed_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.fp8_layer_fraction, is_moe, x.et,
-                                     x.imbalance, x.modules["mla_up_proj"], x.modules["moe_act"], x.modules["moe"])
+    spared = memory.recomputed_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction, is_moe, x.et,
+                                     x.imbalance, x.modules["mla_up_proj"], x.modules["moe_act"], x.modules["moe"],
+                                     x.quantized_input_bytes)
     return (x.recomputed_fraction * memory.layer_input_bytes(x.model, x.b, x.s_local, x.t, x.sp)
             + (1 - x.recomputed_fraction) * (activation_bytes(x, is_moe, x.keep_scores) - spared))
 

@@ -8,7 +8,8 @@ masks are counted only when the model has dropout (``hidden_dropout`` / ``attent
 0): Llama and Nemotron train without, and their layers save 8 and 2 bytes per score instead.
 
 Under an FP8 recipe TransformerEngine keeps, of each Linear's input, only the FP8 copy the
-weight-gradient GEMM reads (1 B per element instead of 2): the QKV, projection, FC1 and FC2
+weight-gradient GEMM reads (1 B per element instead of 2; under NVFP4 its column-wise NVFP4 copy,
+0.5625 B): the QKV, projection, FC1 and FC2
 inputs; the norms' inputs, Q/K/V for attention and the activation's input stay BF16.
 
 The loss keeps the FP32 softmax of the logits (4 B per token and vocabulary entry, Megatron's
@@ -16,7 +17,10 @@ The loss keeps the FP32 softmax of the logits (4 B per token and vocabulary entr
 
 Model states follow Megatron-LM's distributed-optimizer documentation: BF16 weights 2 B/param,
 main gradients 4 B/param (2 with --grad-reduce-in-bf16), Adam (FP32 master + m + v) 12 B/param,
-the 12 sharded over the DP×CP group by the distributed optimizer; FSDP (Megatron-FSDP
+the 12 sharded over the DP×CP group by the distributed optimizer (8 with the precision-aware
+optimizer's BF16 moments); under an FP8 recipe each layer weight also has its FP8 copy and its
+transpose (2 B), and with --fp8-param-gather those FP8 tensors are the parameters: the BF16
+weight of an FP8 layer is not kept at all; FSDP (Megatron-FSDP
 optim_grads_params, FSDP2) shards weights and gradients too, and holds two layers' full BF16
 weights (the one computing and the one prefetched) and one layer's full gradient unsharded.
 
@@ -44,26 +48,34 @@ FP8_GEMM_INPUT_BYTES = 1.0
 HIDDEN_DROPOUT_MASK_BYTES = 2.0  # one byte per mask, after attention and after the MLP
 SOFTMAX_OUTPUT_BYTES = 2.0  # per attention score
 ATTENTION_DROPOUT_BYTES = 3.0  # per attention score: dropout mask 1, dropout output 2
-OPTIMIZER_BYTES = 12.0
+MASTER_WEIGHT_BYTES = 4.0  # the distributed optimizer's FP32 copy of each weight
+ADAM_MOMENT_BYTES = 4.0  # each of Adam's two moments, FP32
+BF16_MOMENT_BYTES = 2.0  # each moment under the precision-aware optimizer's --exp-avg(-sq)-dtype bf16
+OPTIMIZER_BYTES = MASTER_WEIGHT_BYTES + 2 * ADAM_MOMENT_BYTES  # 12
 WEIGHT_BYTES = 2.0
-FP8_WEIGHT_COPY_BYTES = 2.0  # FP8 weight plus its transpose, cached across micro-batches
+FP8_WEIGHT_BYTES = 1.0  # a weight kept (and all-gathered) in FP8 only: --fp8-param-gather
+# What a full-iteration CUDA graph keeps of every micro-batch of the step as static inputs: int64
+# token ids and labels and the FP32 loss mask per token.
+GRAPH_DATA_BYTES_PER_TOKEN = 8.0 + 8.0 + 4.0
 SOFTMAX_BYTES = 4.0  # the FP32 softmax the cross-entropy keeps for backward
 LOGITS_TRANSIENT_BYTES = 2.0  # the BF16 logits beside it while the loss is computed
 EMBEDDING_INPUT_BYTES = 8.0  # int64 token ids per token, per micro-batch in flight
 ROUTER_INPUT_BYTES = 2.0  # the MoE router's BF16 input
 
 
-def _gemm_input_bytes(fp8_fraction):
-    """Bytes kept per element of a Linear input, a share ``fp8_fraction`` of layers in FP8."""
-    return GEMM_INPUT_BYTES - (GEMM_INPUT_BYTES - FP8_GEMM_INPUT_BYTES) * fp8_fraction
+def _gemm_input_bytes(fp8_fraction, quantized_bytes=FP8_GEMM_INPUT_BYTES):
+    """Bytes kept per element of a Linear input, a share ``fp8_fraction`` of layers quantized
+    (keeping ``quantized_bytes``: 1 under FP8, 0.5625 under NVFP4: E2M1 and its 1x16 block scale)."""
+    return GEMM_INPUT_BYTES - (GEMM_INPUT_BYTES - quantized_bytes) * fp8_fraction
 
 
-def replicated_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0, moe: bool = False):
+def replicated_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0, moe: bool = False,
+                                      quantized_bytes=FP8_GEMM_INPUT_BYTES):
     """Activation bytes per token and hidden unit that only sequence parallel shards (10 for GPT):
     the norms' inputs, the QKV and FC1 inputs, the hidden dropout masks. A MoE layer keeps the
     router's BF16 input instead of FC1's (and the shared experts' FC1 input); multi-latent
     attention also keeps its latents (each norm's input and its up projection's input)."""
-    gemm_in = _gemm_input_bytes(fp8_fraction)
+    gemm_in = _gemm_input_bytes(fp8_fraction, quantized_bytes)
     if moe:
         mlp_input = ROUTER_INPUT_BYTES + (gemm_in if model.shared_expert_ffn_hidden_size else 0.0)
     else:
@@ -87,13 +99,14 @@ def _per_ffn_unit(model: ModelSpec, gemm_in):
     return (4.0 if model.gated_mlp else 2.0) + gemm_in
 
 
-def sharded_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0, moe: bool = False):
+def sharded_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0, moe: bool = False,
+                                   quantized_bytes=FP8_GEMM_INPUT_BYTES):
     """Activation bytes per token and hidden unit that tensor parallel shards (24 for GPT):
     Q, K and V, the attention output (the projection's input), the activation's input (two
     tensors for a gated MLP) and the FC2 input; in a MoE layer, of the shared experts only (the
     routed experts' share is ``routed_expert_bytes``)."""
     h, heads = model.hidden_size, model.num_attention_heads
-    gemm_in = _gemm_input_bytes(fp8_fraction)
+    gemm_in = _gemm_input_bytes(fp8_fraction, quantized_bytes)
     if model.multi_latent_attention:
         attention = (2.0 * heads * (2 * model.qk_dim + model.v_dim) + gemm_in * heads * model.v_dim) / h
     else:
@@ -103,31 +116,32 @@ def sharded_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0, moe: bool
     return attention + _per_ffn_unit(model, gemm_in) * ffn / h
 
 
-def routed_expert_bytes(model: ModelSpec, tokens, etp, imbalance, fp8_fraction=0.0):
+def routed_expert_bytes(model: ModelSpec, tokens, etp, imbalance, fp8_fraction=0.0,
+                        quantized_bytes=FP8_GEMM_INPUT_BYTES):
     """What one MoE layer's routed experts save on one GPU for ``tokens`` tokens dispatched from
     it: per token copy (k per token, ``imbalance`` times the even share on the busiest GPU) the
     FC1 input gathered over ETP, the FFN tensors (split by ETP over etp times the tokens) and the
     FP32 probability (the weighted activation's second input)."""
-    gemm_in = _gemm_input_bytes(fp8_fraction)
+    gemm_in = _gemm_input_bytes(fp8_fraction, quantized_bytes)
     h, ffn = model.hidden_size, model.expert_ffn_hidden_size
     per_copy = etp * gemm_in * h + _per_ffn_unit(model, gemm_in) * ffn + 4.0
     return tokens * model.moe_router_topk * imbalance * per_copy
 
 
 def recomputed_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, etp, imbalance,
-                     mla_up_proj, moe_act, moe_layer):
+                     mla_up_proj, moe_act, moe_layer, quantized_bytes=FP8_GEMM_INPUT_BYTES):
     """What selective recompute of these Megatron modules spares a layer from keeping:
     ``mla_up_proj`` Q, K and V of multi-latent attention; ``moe_act`` the routed experts' FC2
     inputs (the activation's output); ``moe_layer`` everything the MoE block keeps but its input
     (routed and shared experts)."""
     tokens = b * s / t
-    gemm_in = _gemm_input_bytes(fp8_fraction)
+    gemm_in = _gemm_input_bytes(fp8_fraction, quantized_bytes)
     out = 0.0
     if model.multi_latent_attention:
         heads = model.num_attention_heads
         out = out + np.where(mla_up_proj, tokens * 2.0 * heads * (2 * model.qk_dim + model.v_dim), 0.0)
     if moe:
-        routed = routed_expert_bytes(model, tokens, etp, imbalance, fp8_fraction)
+        routed = routed_expert_bytes(model, tokens, etp, imbalance, fp8_fraction, quantized_bytes)
         act = tokens * model.moe_router_topk * imbalance * gemm_in * model.expert_ffn_hidden_size
         shared_ffn = model.shared_expert_ffn_hidden_size
         shared_input = np.where(sp, gemm_in * b * s * model.hidden_size / t, gemm_in * b * s * model.hidden_size)
@@ -137,7 +151,7 @@ def recomputed_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, etp
 
 
 def layer_activation_bytes(model: ModelSpec, b, s, t, sp, keep_scores, fp8_fraction=0.0,
-                           moe: bool = False, etp=1, imbalance=1.0):
+                           moe: bool = False, etp=1, imbalance=1.0, quantized_bytes=FP8_GEMM_INPUT_BYTES):
     """Bytes one layer saves for backward for one micro-batch of ``b`` sequences of ``s`` tokens.
 
     ``keep_scores``: the s×s attention probabilities are stored (no flash attention and no
@@ -145,11 +159,11 @@ def layer_activation_bytes(model: ModelSpec, b, s, t, sp, keep_scores, fp8_fract
     ``moe``: a MoE layer (its routed experts over ``etp``, the busiest GPU's ``imbalance``).
     """
     sbh = b * s * model.hidden_size
-    replicated_bytes = replicated_bytes_per_token_hidden(model, fp8_fraction, moe)
+    replicated_bytes = replicated_bytes_per_token_hidden(model, fp8_fraction, moe, quantized_bytes)
     replicated = np.where(sp, replicated_bytes / t, replicated_bytes)
-    per_token = replicated + sharded_bytes_per_token_hidden(model, fp8_fraction, moe) / t
+    per_token = replicated + sharded_bytes_per_token_hidden(model, fp8_fraction, moe, quantized_bytes) / t
     scores = bytes_per_attention_score(model) * model.num_attention_heads * s * s * b / t
-    routed = routed_expert_bytes(model, b * s / t, etp, imbalance, fp8_fraction) if moe else 0.0
+    routed = routed_expert_bytes(model, b * s / t, etp, imbalance, fp8_fraction, quantized_bytes) if moe else 0.0
     return sbh * per_token + np.where(keep_scores, scores, 0.0) + routed
 
 
@@ -175,7 +189,7 @@ def embedding_activation_bytes(model: ModelSpec, b, s):
     return EMBEDDING_INPUT_BYTES * b * s + mask
 
 
-def fsdp_buffer_bytes(layer_params_gpu, grad_bytes):
-    """Unsharded FSDP buffers: two layers' BF16 weights (computing, prefetched), one layer's
-    gradients before its reduce-scatter."""
-    return layer_params_gpu * (2.0 * WEIGHT_BYTES + grad_bytes)
+def fsdp_buffer_bytes(layer_params_gpu, grad_bytes, weight_bytes=WEIGHT_BYTES):
+    """Unsharded FSDP buffers: two layers' gathered weights (computing, prefetched; BF16, or FP8
+    with --fp8-param-gather), one layer's gradients before its reduce-scatter."""
+    return layer_params_gpu * (2.0 * weight_bytes + grad_bytes)

@@ -29,24 +29,40 @@ def model_states(x: Candidates, layers: Layers, params, stage_layers, stage_moe)
     weight_shards = np.where(x.fsdp, x.dp_group, 1.0)
     expert_weight_shards = np.where(x.fsdp, x.edp_group, 1.0)
     optimizer_shards, expert_optimizer_shards = x.optimizer_shards()
-    weights = memory.WEIGHT_BYTES * (replicated / weight_shards + experts / expert_weight_shards)
-    grads = x.grad_bytes * (replicated / weight_shards + experts / expert_weight_shards)
-    optimizer = memory.OPTIMIZER_BYTES * (replicated / optimizer_shards + experts / expert_optimizer_shards)
     layer_weights = layers.on("params", stage_layers, stage_moe) / weight_shards + experts / expert_weight_shards
-    fp8_weights = memory.FP8_WEIGHT_COPY_BYTES * layer_weights * x.fp8_layer_fraction
+    bf16_replaced = memory.WEIGHT_BYTES * layer_weights * x.fp8_param_share  # --fp8-param-gather keeps no BF16 copy
+    weights = memory.WEIGHT_BYTES * (replicated / weight_shards + experts / expert_weight_shards) - bf16_replaced
+    grads = x.grad_bytes * (replicated / weight_shards + experts / expert_weight_shards)
+    optimizer = ((memory.MASTER_WEIGHT_BYTES + 2 * x.moment_bytes)
+                 * (replicated / optimizer_shards + experts / expert_optimizer_shards))
+    fp8_weights = x.quantized_weight_bytes * layer_weights * x.quantized_fraction
     has_moe = x.first_moe + x.middle_moe + x.last_moe > 0
     largest_layer = np.maximum(layers.dense["params"],
                                np.where(has_moe, layers.moe["params"] + layers.moe["expert_params"], 0.0))
-    buffers = np.where(x.fsdp, memory.fsdp_buffer_bytes(largest_layer, x.grad_bytes), 0.0)
+    buffers = np.where(x.fsdp, memory.fsdp_buffer_bytes(largest_layer, x.grad_bytes, x.gather_bytes), 0.0)
     return weights, grads + buffers, optimizer, fp8_weights
 
 
 def _in_flight(x: Candidates, layers: Layers, stage_layers, stage_moe, stage):
-    """Saved activations of the micro-batches the schedule holds on ``stage`` and the working set
-    of the layer computing; and the number of micro-batches held."""
+    """Saved activations of the micro-batches the schedule holds on ``stage``, the working set
+    of the layer computing and the CUDA graphs' static buffers; and the number of micro-batches
+    held."""
     held = pipeline.inflight_chunks(x.p, x.v, x.m, stage) / x.v
     working = np.where(stage_moe > 0, layers.moe["working"], layers.dense["working"])
-    return held * layers.on("stored", stage_layers, stage_moe) + working, held
+    graphs = cuda_graph_bytes(x, held, stage_layers)
+    return held * layers.on("stored", stage_layers, stage_moe) + working + graphs, held
+
+
+def cuda_graph_bytes(x: Candidates, held, stage_layers):
+    """What CUDA graphs keep beyond eager's allocations (whose sizes the graph's pool replays):
+    per-layer graphs (TransformerEngine's make_graphed_callables, one graph per layer and
+    micro-batch) copy each layer's input into a static buffer that is reused only after that
+    micro-batch's backward, so one BF16 layer input per layer and micro-batch in flight; a
+    full-iteration graph keeps the token ids, labels and loss mask of every micro-batch of the
+    step."""
+    layer_inputs = held * stage_layers * memory.layer_input_bytes(x.model, x.b, x.s_local, x.t, x.sp)
+    data = x.m * x.tokens * memory.GRAPH_DATA_BYTES_PER_TOKEN
+    return np.select([x.cuda_graph == "layer", x.cuda_graph == "full_iteration"], [layer_inputs, data], 0.0)
 
 
 def logits_bytes(x: Candidates):

@@ -81,6 +81,37 @@ def splits(num_layers: int, pp: int, vp: int, uneven: bool = True, layouts: bool
     return out
 
 
+def split_error(num_layers: int, pp: int, vp: int, split: Split) -> str:
+    """'' if Megatron-LM accepts this pinned split of ``num_layers`` on ``pp`` stages of ``vp``
+    chunks, else why not (TransformerConfig.__post_init__ and validate_args, Megatron-Core 0.15);
+    an accounted split also keeps a decoder layer in every chunk, as ``splits`` does."""
+    first, last, embedding, loss, _ = split
+    chunks = pp * vp
+    explicit, accounted = first > 0 or last > 0, embedding or loss
+    if pp == 1 and (explicit or accounted):
+        return "an uneven pipeline split needs pp > 1"
+    if explicit and accounted:
+        return ("num_layers_in_first_pipeline_stage and num_layers_in_last_pipeline_stage cannot be set at the "
+                "same time with account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split")
+    if explicit:
+        for name, n in (("first", first), ("last", last)):
+            if n and vp > 1 and n % vp:
+                return f"number of layers at {name} stage: {n} must be divisible by virtual pipeline parallel degree {vp}"
+        rest, middle = num_layers - first - last, pp - (first > 0) - (last > 0)
+        if middle == 0:
+            return "" if rest == 0 else f"first + last stage layers ({first} + {last}) must be the {num_layers} layers"
+        if rest <= 0 or rest % middle or (rest // middle) % vp:
+            return (f"number of layers at middle stage: {rest} must be divisible by the middle pipeline model "
+                    f"parallel size {middle}" + (f" and each middle rank's by vp {vp}" if vp > 1 else ""))
+        return ""
+    slots = num_layers + embedding + loss
+    if slots % chunks:
+        return f"{num_layers} layers{' + embedding' if embedding else ''}{' + loss' if loss else ''} not divisible by pp*vp={chunks}"
+    if accounted and slots // chunks < 2:
+        return f"an accounted split of {num_layers} layers on pp*vp={chunks} leaves a chunk without a decoder layer"
+    return ""
+
+
 def balanced_layout(num_layers: int, stages: int, mtp: int = 0) -> str:
     """Megatron-LM's ``--pipeline-model-parallel-layout`` spreading L layers over ``stages``
     virtual stages with the embedding, each MTP layer and the loss counted as one layer each,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoparallel.costmodel import comm, flops, gemm, memory
+from autoparallel.costmodel import comm, flops, gemm
 from autoparallel.costmodel.candidates import Candidates
 from autoparallel.costmodel.layer_time import Layers, linear_time
 
@@ -63,7 +63,7 @@ def offload_time(x: Candidates, layers: Layers):
     mean = lambda key: layers.on(key, x.first_layers, x.first_moe) / np.maximum(x.first_layers, 1.0)  # noqa: E731
     host_link = x.hw.host_link_gbps * 1e9
     if x.hw.network_shares_host_link:
-        per_param = 2.0 * memory.WEIGHT_BYTES + x.grad_bytes
+        per_param = 2.0 * x.gather_bytes + x.grad_bytes
         fsdp_network = np.where(
             x.fsdp, comm.internode_bytes(mean("params") * per_param, x.dp_group, x.dp_per_node)
             + comm.internode_bytes(mean("expert_params") * per_param, x.edp_group, x.edp_per_node), 0.0)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoparallel.costmodel import dataparallel, pipeline
+from autoparallel.costmodel import dataparallel, memory, pipeline
 from autoparallel.costmodel.candidates import Candidates
 from autoparallel.costmodel.layer_time import Layers
 from autoparallel.costmodel.stages import StageTimes, present
@@ -73,7 +73,7 @@ def dp_comm_time(x: Candidates, params_gpu, experts_gpu, stage_compute):
     def exposed(params, group, per_node):
         return np.where(x.fsdp, 0.0, dataparallel.distributed_optimizer_exposed(
             x.hw, params, x.grad_bytes, group, per_node, x.distributed_optimizer, x.v, x.p, stage_compute,
-            x.flag("overlap_grad_reduce"), x.flag("overlap_param_gather")))
+            x.flag("overlap_grad_reduce"), x.flag("overlap_param_gather"), x.gather_bytes))
     total = exposed(params_gpu, x.dp_group, x.dp_per_node)
     if x.model.is_moe:
         total = total + exposed(experts_gpu, x.edp_group, x.edp_per_node)
@@ -81,15 +81,17 @@ def dp_comm_time(x: Candidates, params_gpu, experts_gpu, stage_compute):
 
 
 def optimizer_time(x: Candidates, params_gpu, experts_gpu):
-    """Adam's pass over its share of the states: HBM-bound."""
+    """Adam's pass over its share of the states: HBM-bound. BF16 moments (the precision-aware
+    optimizer) halve the bytes of the two moments, each read and written once."""
     shards, expert_shards = x.optimizer_shards()
-    return (params_gpu / shards + experts_gpu / expert_shards) * OPTIMIZER_BYTES_PER_PARAM / x.hbm
+    per_param = OPTIMIZER_BYTES_PER_PARAM - 2 * 2 * (memory.ADAM_MOMENT_BYTES - x.moment_bytes)
+    return (params_gpu / shards + experts_gpu / expert_shards) * per_param / x.hbm
 
 
 def weight_cast_time(x: Candidates, layers: Layers, bottleneck: Schedule):
     """The FP8 copies of the bottleneck stage's weights, cast once per step."""
     layer_params = layers.on("params", bottleneck.layers, bottleneck.moe) + bottleneck.moe * layers.moe["expert_params"]
-    return layer_params * x.fp8_layer_fraction * x.cast_bytes / x.hbm
+    return layer_params * x.quantized_fraction * x.cast_bytes / x.hbm
 
 
 def step_breakdown(x: Candidates, layers: Layers, stages: StageTimes, params: list) -> dict:

@@ -4,8 +4,9 @@ script in ``report.launch``, the constants they share in ``report.shared``).
 
 The flags define the model completely (a flag Megatron-LM defaults differently from the preset is
 always written) and the run exactly as the cost model priced it: precision and gradient
-reduction, the overlaps, ring (p2p) context parallelism, BF16 parameter all-gathers (no
-``--fp8-param-gather``), uneven pipeline stages and FSDP when the plan uses them. Flag names are
+reduction, the overlaps, ring (p2p) context parallelism, FP8 parameter all-gathers
+(``--fp8-param-gather``), BF16 Adam moments, CUDA graphs, uneven pipeline stages and FSDP when the
+plan uses them. Flag names are
 those of megatron/training/arguments.py; ``benchmarks/bench_megatron_args.py`` runs Megatron-LM's
 own parse_args / validate_args / TransformerConfig on them.
 """
@@ -15,7 +16,9 @@ from __future__ import annotations
 from autoparallel.costmodel import pipeline
 from autoparallel.report import moe_export
 from autoparallel.report.nemo import nemo1_config, nemo2_recipe
-from autoparallel.report.shared import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, CP_COMM_TYPE, FP8_RECIPES,
+from autoparallel.report.shared import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, BRIDGE_PRECISION_RECIPES, CP_COMM_TYPE,
+                                        CUDA_GRAPHS, FP4_FORMAT, FP4_RECIPE, FP4_TE_CLASS, FP8_RECIPES,
+                                        nemo_unsupported,
                                         MAKE_VOCAB_SIZE_DIVISIBLE_BY, NORMALIZATION, TOKENIZER_FILES,
                                         recompute_layers)
 from autoparallel.specs.model import ModelSpec
@@ -107,8 +110,30 @@ def parallel_flags(model: ModelSpec, plan: Plan) -> list[str]:
         a.append("--overlap-param-gather")
     if plan.tp_comm_overlap:
         a.append("--tp-comm-overlap")
+    a += cuda_graph_flags(plan)
     a.append(f"--attention-backend {'auto' if plan.flash_attention else 'unfused'}")
     return a + ["--transformer-impl transformer_engine"]
+
+
+def cuda_graph_flags(plan: Plan) -> list[str]:
+    """Megatron-LM's CUDA-graph flags: TransformerEngine's per-layer graphs of whole layers (the
+    default scope: the whole layer), or one graph of the forward-backward, which needs the NaN
+    check that syncs with the host off."""
+    if plan.cuda_graph == "none":
+        return []
+    keys = CUDA_GRAPHS[plan.cuda_graph]
+    a = [f"--cuda-graph-impl {keys['cuda_graph_impl']}"]
+    if plan.cuda_graph == "full_iteration":
+        a += [f"--cuda-graph-scope {keys['cuda_graph_scope']}", "--no-check-for-nan-in-loss-and-grad"]
+    return a
+
+
+def optimizer_flags(plan: Plan) -> list[str]:
+    """FP8 weights gathered in FP8; Adam's moments in BF16 (the precision-aware optimizer)."""
+    a = ["--fp8-param-gather"] if plan.fp8_param_gather else []
+    if plan.precision_aware_optimizer:
+        a += ["--use-precision-aware-optimizer", "--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"]
+    return a
 
 
 def precision_flags(plan: Plan) -> list[str]:
@@ -123,11 +148,12 @@ def precision_flags(plan: Plan) -> list[str]:
         if plan.precision == "fp8-delayed":
             a += ["--fp8-margin 0", f"--fp8-amax-history-len {AMAX_HISTORY_LEN}",
                   f"--fp8-amax-compute-algo {AMAX_COMPUTE_ALGO}"]
-        if plan.fp8_bf16_edge_layers:
-            n = plan.fp8_bf16_edge_layers
-            a += ["--first-last-layers-bf16", f"--num-layers-at-start-in-bf16 {n}",
-                  f"--num-layers-at-end-in-bf16 {n}"]
-    return a
+    if plan.is_fp4:
+        a += [f"--fp4-format {FP4_FORMAT}", f"--fp4-recipe {FP4_RECIPE}"]
+    if plan.is_quantized and plan.fp8_bf16_edge_layers:  # Megatron keeps them in BF16 under FP8 and FP4
+        n = plan.fp8_bf16_edge_layers
+        a += ["--first-last-layers-bf16", f"--num-layers-at-start-in-bf16 {n}", f"--num-layers-at-end-in-bf16 {n}"]
+    return a + optimizer_flags(plan)
 
 
 def megatron_arg_groups(model: ModelSpec, plan: Plan) -> dict[str, list[str]]:
@@ -154,6 +180,9 @@ def megatron_env(plan: Plan) -> dict[str, str]:
 
 def te_recipe(plan: Plan) -> dict | None:
     """The TransformerEngine recipe object (class and arguments), or None for BF16/FP16."""
+    if plan.is_fp4:  # Megatron's get_fp4_recipe: the defaults (RHT, stochastic rounding, 2D weights on)
+        return {"class": f"transformer_engine.common.recipe.{FP4_TE_CLASS}", "args": {},
+                "python": f"{FP4_TE_CLASS}()"}
     if not plan.is_fp8:
         return None
     fp8 = FP8_RECIPES[plan.precision]
@@ -165,6 +194,18 @@ def te_recipe(plan: Plan) -> dict | None:
             "python": f"{fp8.te_class}({python})"}
 
 
+def bridge_precision(plan: Plan) -> dict:
+    """Megatron-Bridge's mixed-precision recipe for the plan's precision and the fields the plan
+    sets on it (its recipes default some of them otherwise, e.g. FP8 param gather on)."""
+    fields = {"grad_reduce_in_fp32": plan.grad_reduce_in_fp32}
+    if plan.is_fp8:
+        fields["fp8_param_gather"] = plan.fp8_param_gather
+    if plan.is_quantized:
+        n = plan.fp8_bf16_edge_layers
+        fields.update(first_last_layers_bf16=bool(n), num_layers_at_start_in_bf16=n, num_layers_at_end_in_bf16=n)
+    return {"recipe": BRIDGE_PRECISION_RECIPES[plan.precision], "fields": fields}
+
+
 def export_document(model: ModelSpec, plan: Plan, metrics: dict, gpus_per_node: int = 8) -> dict:
     """Everything best.yaml holds for one ranked plan."""
     return {
@@ -173,7 +214,8 @@ def export_document(model: ModelSpec, plan: Plan, metrics: dict, gpus_per_node: 
         "predicted": metrics,
         "environment": megatron_env(plan),
         "megatron_args": megatron_args(model, plan),
-        "nemo": nemo1_config(model, plan, gpus_per_node),
-        "nemo2": nemo2_recipe(model, plan, gpus_per_node),
+        "nemo": {"unsupported": why} if (why := nemo_unsupported(plan)) else nemo1_config(model, plan, gpus_per_node),
+        "nemo2": {"unsupported": why} if why else nemo2_recipe(model, plan, gpus_per_node),
+        "megatron_bridge_mixed_precision": bridge_precision(plan),
         "transformer_engine_recipe": te_recipe(plan),
     }

@@ -179,6 +179,8 @@ def te_requirements(model: ModelSpec, plan: Plan) -> list[tuple[str, str]]:
         need.append(("2.6.0", "moe_act / layernorm recompute with FP8 (TransformerConfig: >= 2.6.0dev0)"))
     if model.is_moe and plan.is_fp8:
         need.append(("1.11.0", "FP8 grouped GEMM of the experts (TransformerConfig)"))
+    if plan.is_fp4:
+        need.append(("2.7.0", "--fp4-format: NVFP4BlockScaling (validate_args: TE >= 2.7.0.dev0)"))
     return need
 
 

@@ -5,13 +5,14 @@ recipe fields (``recipe.trainer.strategy``, ``recipe.trainer.plugins``, ``recipe
 Both blocks say the same run as the Megatron-LM flags of ``report.export``: TransformerEngine on,
 the full architecture (activation, normalization, biases, positions, dropout, embedding tying),
 the overlaps, and the FP8 format and recipe of ``shared.FP8_RECIPES``. NeMo's FP8 recipes gather
-FP8 weights (``fp8_param_gather=True``); the cost model prices BF16 gathers, so it is written off.
+FP8 weights (``fp8_param_gather=True``); it is written as the plan has it (the cost model prices
+either: FP8 weights kept without a BF16 copy, gathered at 1 B per parameter).
 """
 
 from __future__ import annotations
 
 from autoparallel.report import moe_export
-from autoparallel.report.shared import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, CP_COMM_TYPE, FP8_RECIPES,
+from autoparallel.report.shared import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, CP_COMM_TYPE, CUDA_GRAPHS, FP8_RECIPES,
                                         MAKE_VOCAB_SIZE_DIVISIBLE_BY, NORMALIZATION, node_layout, recompute_layers)
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
@@ -49,11 +50,18 @@ def _fp8(plan: Plan) -> dict:
     fp8 = FP8_RECIPES[plan.precision]
     out = {"fp8": fp8.fp8_format, "fp8_recipe": fp8.megatron_recipe, "fp8_margin": 0,
            "fp8_amax_history_len": AMAX_HISTORY_LEN, "fp8_amax_compute_algo": AMAX_COMPUTE_ALGO,
-           "fp8_param_gather": False}
+           "fp8_param_gather": plan.fp8_param_gather}
     if plan.fp8_bf16_edge_layers:
         out.update(first_last_layers_bf16=True, num_layers_at_start_in_bf16=plan.fp8_bf16_edge_layers,
                    num_layers_at_end_in_bf16=plan.fp8_bf16_edge_layers)
     return out
+
+
+def _optimizer_dtypes(plan: Plan) -> dict:
+    """Megatron-Core OptimizerConfig keys of the precision-aware optimizer (BF16 Adam moments)."""
+    if not plan.precision_aware_optimizer:
+        return {}
+    return {"use_precision_aware_optimizer": True, "exp_avg_dtype": "torch.bfloat16", "exp_avg_sq_dtype": "torch.bfloat16"}
 
 
 def _trainer(plan: Plan, gpus_per_node: int, precision: str) -> dict:
@@ -176,6 +184,7 @@ def nemo2_recipe(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
         "cpu_offloading_num_layers": plan.cpu_offloading_num_layers,
         "cpu_offloading_activations": True,
         "cpu_offloading_weights": False,
+        **CUDA_GRAPHS[plan.cuda_graph],
     }
     if plan.pipeline_model_parallel_layout:
         config["pipeline_model_parallel_layout"] = plan.pipeline_model_parallel_layout
@@ -187,5 +196,5 @@ def nemo2_recipe(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
                     "callbacks": {"MegatronCommOverlapCallback": overlap}},
         "model": {"config": config},
         "data": {"seq_length": model.seq_length, "micro_batch_size": plan.mbs, "global_batch_size": plan.gbs},
-        "optim": {"config": {"use_distributed_optimizer": plan.distributed_optimizer}},
+        "optim": {"config": {"use_distributed_optimizer": plan.distributed_optimizer, **_optimizer_dtypes(plan)}},
     }

@@ -31,11 +31,40 @@ FP8_RECIPES = {
                                "DeepSeek-V3 (E4M3 everywhere); TE Float8BlockScaling default"),
     "mxfp8": Fp8Export("MXFP8BlockScaling", "mxfp8", "hybrid", "NeMo bf16_with_mxfp8_mixed"),
 }
+# NVFP4 as Megatron-LM takes it (--fp4-format e2m1 --fp4-recipe nvfp4) and the TransformerEngine
+# recipe Megatron builds from it: NVFP4BlockScaling with its defaults, the recipe the cost model
+# prices (1x16 E4M3 block scales and a per-tensor FP32 scale, 16x16 2D scaling of the weights, the
+# random Hadamard transform on the weight-gradient inputs, stochastic rounding of the gradients).
+FP4_FORMAT, FP4_RECIPE, FP4_TE_CLASS = "e2m1", "nvfp4", "NVFP4BlockScaling"
+# Megatron-Bridge's mixed-precision recipe of each precision (megatron/bridge/training/
+# mixed_precision.py); NeMo 2's MegatronMixedPrecision and NeMo 1.x have no FP4.
+BRIDGE_PRECISION_RECIPES = {"bf16": "bf16_mixed", "fp16": "fp16_mixed",
+                            "fp8-delayed": "bf16_with_fp8_delayed_scaling_mixed",
+                            "fp8-current": "bf16_with_fp8_current_scaling_mixed",
+                            "fp8-blockwise": "bf16_with_fp8_subchannel_scaling_mixed",
+                            "mxfp8": "bf16_with_mxfp8_mixed", "nvfp4": "bf16_with_nvfp4_mixed"}
+
+
+def nemo_unsupported(plan: Plan) -> str:
+    """Why NeMo (1.x YAML, 2.x recipe) cannot run the plan as priced, or ''."""
+    if plan.is_fp4:
+        return ("NVFP4 has no NeMo 1.x / NeMo 2 form (MegatronMixedPrecision has no FP4): use the Megatron-LM "
+                "flags or Megatron-Bridge's bf16_with_nvfp4_mixed")
+    return ""
+
+
 # Delayed scaling as priced and as NeMo's FP8 recipes set it (DESIGN.md §6).
 AMAX_HISTORY_LEN = 1024
 AMAX_COMPUTE_ALGO = "max"
 # The cost model prices context parallelism as a ring exchange of K/V chunks (costmodel.estimate).
 CP_COMM_TYPE = "p2p"
+# Plan.cuda_graph as Megatron-Core's TransformerConfig (cuda_graph_impl, cuda_graph_scope): whole-layer
+# graphs by TransformerEngine; the full-iteration graph by MCore's local implementation, spelled as
+# Megatron-LM 0.15 takes it (later releases name it --cuda-graph-impl full_iteration and still
+# accept this spelling, migrating it).
+CUDA_GRAPHS = {"none": {"cuda_graph_impl": "none"},
+               "layer": {"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": "full"},
+               "full_iteration": {"cuda_graph_impl": "local", "cuda_graph_scope": "full_iteration"}}
 MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128  # Megatron-LM's default padding (times TP)
 # File-based tokenizers need paths the user supplies: shell variables, defined by train.sh.
 TOKENIZER_FILES = {"GPT2BPETokenizer": {"--vocab-file": "VOCAB_FILE", "--merge-file": "MERGE_FILE"},

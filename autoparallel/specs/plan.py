@@ -13,13 +13,19 @@ from typing import Literal
 Recompute = Literal["none", "selective", "full"]
 Dispatcher = Literal["alltoall", "allgather", "flex"]
 FlexBackend = Literal["deepep", "hybridep"]
-Precision = Literal["bf16", "fp16", "fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8"]
+Precision = Literal["bf16", "fp16", "fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8", "nvfp4"]
 
 RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
 PRECISION_CHOICES: tuple[str, ...] = ("bf16", "fp16", "fp8-delayed", "fp8-current",
-                                      "fp8-blockwise", "mxfp8")
+                                      "fp8-blockwise", "mxfp8", "nvfp4")
 FP8_PRECISIONS: tuple[str, ...] = ("fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8")
+# NVFP4 (TransformerEngine's NVFP4BlockScaling, Megatron-LM --fp4-format e2m1 --fp4-recipe nvfp4):
+# E2M1 values with an E4M3 scale per 16 and an FP32 scale per tensor; Blackwell only.
+FP4_PRECISIONS: tuple[str, ...] = ("nvfp4",)
+QUANTIZED_PRECISIONS: tuple[str, ...] = FP8_PRECISIONS + FP4_PRECISIONS
 DISPATCHER_CHOICES: tuple[str, ...] = ("alltoall", "allgather", "flex")
+CudaGraph = Literal["none", "layer", "full_iteration"]
+CUDA_GRAPH_CHOICES: tuple[str, ...] = ("none", "layer", "full_iteration")
 
 
 @dataclass(frozen=True)
@@ -88,11 +94,24 @@ class Plan:
     # Layers at the start and at the end kept in BF16 under an FP8 recipe.
     fp8_bf16_edge_layers: int = 0
     flash_attention: bool = True
+    # --fp8-param-gather: the FP8 weights are the parameters (no BF16 copy is kept) and the
+    # distributed optimizer all-gathers them in FP8, 1 B per parameter instead of 2.
+    fp8_param_gather: bool = False
+    # --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16: Adam's two
+    # moments in BF16 beside the FP32 master weights, 8 B per parameter instead of 12.
+    precision_aware_optimizer: bool = False
+    # CUDA graphs: "layer" = per-layer graphs of whole transformer layers (TransformerEngine's
+    # make_graphed_callables, --cuda-graph-impl transformer_engine; MLPerf's LAYER_CUDA_GRAPH);
+    # "full_iteration" = the forward-backward of the step as one graph (--cuda-graph-impl
+    # full_iteration). Each graph keeps static input buffers (``peak_memory.cuda_graph_bytes``).
+    cuda_graph: CudaGraph = "none"
 
     def __post_init__(self) -> None:
         for key in ("tp", "pp", "dp", "gbs", "mbs", "vp", "cp", "ep"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be a positive integer, got {getattr(self, key)}")
+        if self.cuda_graph not in CUDA_GRAPH_CHOICES:
+            raise ValueError(f"cuda_graph must be one of {', '.join(CUDA_GRAPH_CHOICES)}, got {self.cuda_graph!r}")
         for key in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                     "cpu_offloading_num_layers", "recompute_num_layers", "fp8_bf16_edge_layers"):
             if getattr(self, key) < 0:
@@ -114,6 +133,15 @@ class Plan:
     @property
     def is_fp8(self) -> bool:
         return self.precision in FP8_PRECISIONS
+
+    @property
+    def is_fp4(self) -> bool:
+        return self.precision in FP4_PRECISIONS
+
+    @property
+    def is_quantized(self) -> bool:
+        """The Linear GEMMs run a low-precision recipe (FP8 or FP4): BF16 edge layers apply."""
+        return self.precision in QUANTIZED_PRECISIONS
 
     def as_dict(self) -> dict:
         return asdict(self)
