@@ -393,6 +393,7 @@ BAD_INPUTS = [
     # --- validate and calibrate
     (["validate", "--runs", "{runs_empty_csv}"], "runs_empty.csv is empty"),
     (["validate", "--no-mlperf"], "--no-mlperf has no effect without --inference"),
+    (["calibrate", "--gpu", "h800", "--dry-run"], "no dense rows of training_runs.csv, training_runs_more.csv"),
     (["validate", "--inference", "--tie-bands", "x.yaml"], "--tie-bands has no effect with --inference"),
     (["validate", "--no-cross-validation", "--tie-bands", "x.yaml"], "--tie-bands needs the held-out errors"),
     (["search", "--model", "deepseek-v3", "--gpus", "256", "--pipeline-layout", "Et|(tt|)*30x"],

@@ -1,3 +1,6 @@
+import numpy as np
+import pytest
+
 from autoparallel import io
 from autoparallel.costmodel import calibrate
 from autoparallel.specs.hardware import Efficiency, HardwareSpec
@@ -33,3 +36,17 @@ def test_calibration_goes_to_the_user_preset_folder_not_the_package(tmp_path, mo
     assert target.parent == tmp_path / "hardware"
     assert io.resolve_preset("hardware", "h100-sxm") == target  # the user's copy now takes its place
     assert io.load_hardware("h100-sxm").efficiency.gemm_max == 0.5
+
+
+def test_a_constant_at_its_upper_bound_is_nudged_down_not_past_it():
+    # calibrate --dry-run on b200 once crashed: tp_overlap at 0.95, nudged to 1.16, refused by
+    # Efficiency. The nudge that finds which constants the rows see must stay inside the bounds.
+    seen = []
+
+    def errors(values):
+        seen.append(values["x"])
+        assert 0.1 <= values["x"] <= 0.95, values
+        return np.array([values["x"] - 0.5])
+    result = calibrate._least_squares(["x"], [(0.1, 0.95)], [0.95], errors, 1)
+    assert result.values["x"] == pytest.approx(0.5, abs=1e-3)
+    assert max(seen) <= 0.95

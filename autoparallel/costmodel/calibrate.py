@@ -98,8 +98,9 @@ def _least_squares(names: list[str], bounds: list[tuple[float, float]], start: l
         return errors(dict(zip(keep, np.exp(x))))
 
     base = run(x0, names)
-    # How far each constant, nudged alone, moves the rows' errors.
-    moves = [float(np.linalg.norm(run(np.where(np.arange(len(names)) == i, x0 + 0.2, x0), names) - base))
+    # How far each constant, nudged alone (down from its upper bound), moves the rows' errors.
+    nudged = np.where(x0 + 0.2 <= high, x0 + 0.2, x0 - 0.2)
+    moves = [float(np.linalg.norm(run(np.where(np.arange(len(names)) == i, nudged, x0), names) - base))
              for i in range(len(names))]
     seen = [i for i in sorted(range(len(names)), key=lambda i: -moves[i]) if moves[i] > 0]
     visible = sorted(seen[:max_constants])
@@ -260,7 +261,7 @@ def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Pat
     rows = own + published
     runs_paths = ([runs] if runs else []) + (list(default_runs()) if published else [])
     if not rows:
-        names = ", ".join(p.name for p in runs_paths or [runs])
+        names = ", ".join(p.name for p in ([runs] if runs else list(default_runs())))
         raise UserError(f"no dense rows of {names} were measured on {hw.name}; nothing to fit")
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"fitting {hw.name} on {len(rows)} runs", total=None)

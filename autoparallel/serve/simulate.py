@@ -192,8 +192,8 @@ class SimResult:
         out = {"output_tokens_per_s": self.output_tokens_per_s, "requests_per_s": len(self.arrival) / self.duration}
         tpot = self.tpot
         for p in percentiles:
-            out[f"ttft_p{p}_ms"] = 1e3 * float(np.percentile(self.ttft, p))
-            out[f"tpot_p{p}_ms"] = 1e3 * float(np.percentile(tpot, p)) if len(tpot) else 0.0
+            out[f"ttft_p{p:g}_ms"] = 1e3 * float(np.percentile(self.ttft, p))
+            out[f"tpot_p{p:g}_ms"] = 1e3 * float(np.percentile(tpot, p)) if len(tpot) else 0.0
         return out
 
 

@@ -191,3 +191,11 @@ def test_a_queue_that_grows_is_not_kept_up_with():
     flood = both(sched, np.arange(40) * 0.5, [4] * 40, [2] * 40)
     assert not flood.keeps_up
     assert flood.output_tokens_per_s == pytest.approx(1.0, rel=0.05)  # the capacity: 2 tokens per 2 s
+
+
+def test_any_percentile_is_reported_under_the_name_traffic_reads(llama70b_tp4):
+    # --latency-percentile 100 (the help says (0, 100]) once crashed: p100.0 written, p100 read.
+    w = Workload.fixed(1000, 100)
+    s = run_workload(*llama70b_tp4, w, 4.0, 300).summary([99.0, 100.0, 99.9])
+    assert {"ttft_p99_ms", "ttft_p100_ms", "tpot_p100_ms", "ttft_p99.9_ms"} <= set(s)
+    assert s["ttft_p100_ms"] >= s["ttft_p99_ms"]
