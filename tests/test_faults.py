@@ -320,3 +320,17 @@ def test_a_full_disk_leaves_no_run_folder(tmp_path):
                                       tmp_path)
     _one_line_error(code, err, f"cannot write a run folder in {tmp_path / 'runs'}: File too large; nothing was written")
     assert [p.name for p in (tmp_path / "runs").iterdir()] == []  # no folder, no staging folder
+
+
+def test_a_journal_cut_mid_record_is_named_not_a_traceback(tmp_path):
+    """A disk-full or kill -9 can leave the study journal cut off in a record; --resume names the
+    damage in one line (it raised json's JSONDecodeError)."""
+    code, _, err = _run(["search", "--model", "cpu-small", "--gpus", "4", "--gpu", "cpu-local", "--strategy",
+                         "optuna", "--trials", "4", "--workers", "2", "--results", str(tmp_path / "res")],
+                        cwd=tmp_path)
+    assert code == 0, err
+    run_dir = next((tmp_path / "res").iterdir())
+    journal = run_dir / "study.journal"
+    journal.write_bytes(journal.read_bytes()[:journal.stat().st_size // 2])
+    code, _, err = _run(["search", "--resume", str(run_dir)], cwd=tmp_path)
+    _one_line_error(code, err, "is damaged (its journal breaks off")

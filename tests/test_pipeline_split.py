@@ -118,6 +118,9 @@ def test_balanced_layouts_place_mtp_before_the_loss():
     ("Et|(tx|)*30mL", "unknown symbol(s) x"),
     ("Emt|(tt|)*30L", "places decoder layers after an MTP layer"),
     ("E(t)*99999999L", "unrolls to more than"),
+    ("(tt|", "unbalanced parentheses"),
+    ("E(t|)*-3L", "a repeat is (stages)*N or t*N"),
+    ("Et*16|\x1bt*16L", "unknown symbol(s) \\x1b"),
 ])
 def test_a_pinned_layout_is_checked_as_megatron_checks_it(layout, error):
     got = pipeline.layout_error(layout, 61, 1)

@@ -175,23 +175,29 @@ def layout_stage_sizes(layout: str) -> list[int]:
 def layout_error(layout: str, num_layers: int, mtp: int) -> str:
     """Why Megatron-LM would refuse ``layout`` for this model (PipelineParallelLayerLayout's
     checks), or "" if it accepts it."""
+    shown = ascii(layout)
+    if layout.count("(") != layout.count(")"):
+        return f"pipeline layout {shown} has unbalanced parentheses"
     try:
         stages = layout_stages(layout)
     except ValueError as exc:
-        return f"pipeline layout {layout!r} {exc}"
+        return f"pipeline layout {shown} {exc}"
     flat = "".join(stages)
     bad = sorted(set(flat) - set(LAYOUT_SYMBOLS))
     if bad:
+        if set(flat) & set("()*0123456789-"):
+            return f"pipeline layout {shown}: a repeat is (stages)*N or t*N with N a positive integer"
         known = ", ".join(f"{k} ({v})" for k, v in LAYOUT_SYMBOLS.items())
-        return f"pipeline layout {layout!r} has unknown symbol(s) {' '.join(bad)}; known: {known}, | between stages"
+        return (f"pipeline layout {shown} has unknown symbol(s) {ascii(''.join(bad))[1:-1]}; known: {known}, "
+                "| between stages")
     if not flat or flat[0] != "E" or flat[-1] != "L" or flat.count("E") != 1 or flat.count("L") != 1:
-        return f"pipeline layout {layout!r} must start with the embedding E and end with the loss L, each once"
+        return f"pipeline layout {shown} must start with the embedding E and end with the loss L, each once"
     if flat.count("t") != num_layers:
-        return f"pipeline layout {layout!r} has {flat.count('t')} decoder layers (t), the model {num_layers}"
+        return f"pipeline layout {shown} has {flat.count('t')} decoder layers (t), the model {num_layers}"
     if flat.count("m") != mtp:
-        return f"pipeline layout {layout!r} has {flat.count('m')} MTP layers (m), the model {mtp} (mtp_num_layers)"
+        return f"pipeline layout {shown} has {flat.count('m')} MTP layers (m), the model {mtp} (mtp_num_layers)"
     if "m" in flat and "t" in flat[flat.index("m"):]:
-        return f"pipeline layout {layout!r} places decoder layers after an MTP layer"
+        return f"pipeline layout {shown} places decoder layers after an MTP layer"
     return ""
 
 

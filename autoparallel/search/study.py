@@ -275,6 +275,10 @@ def run(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSp
             if not interrupts.asked:
                 _complete(study, model, hw, gpus, gbs, space, settings, evaluator, run_dir, seeds, progress,
                           tree, interrupts)
+        except json.JSONDecodeError as exc:  # a journal cut mid-record (disk full, kill -9)
+            close(study)
+            raise UserError(f"the study of {run_dir} is damaged (its journal breaks off: {exc}); "
+                            "start a new search") from None
         except BaseException:  # no connection left open on a folder about to be renamed
             close(study)
             raise
