@@ -55,11 +55,18 @@ def _entry(rank, world, port, backend, fn, args, results, collective_timeout_s, 
         results.put((rank, kind, f"{type(exc).__name__}: {exc}"[:500]
                      + "\n" + traceback.format_exc(limit=3)[-800:]))
     finally:
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:  # noqa: BLE001
-                pass
+        destroy_group()
+
+
+def destroy_group() -> None:
+    """Leave the process group, if any, at a rank's end: a failed rank's group may be broken, and
+    its error is already on the way to the caller."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def run(fn, world: int, args: tuple = (), timeout: float = 120.0, backend: str = "gloo",

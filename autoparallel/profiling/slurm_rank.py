@@ -46,6 +46,7 @@ def main(job_dir: str) -> int:
     import torch
     import torch.distributed as dist
 
+    from autoparallel.parallel.spawn import destroy_group
     from autoparallel.profiling.job import run_rank
     rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
     out = rank_file(Path(job_dir), rank)
@@ -65,11 +66,7 @@ def main(job_dir: str) -> int:
         print(text, file=sys.stderr)
         return 1
     finally:
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:  # noqa: BLE001
-                pass
+        destroy_group()
 
 
 if __name__ == "__main__":
