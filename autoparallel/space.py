@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from autoparallel.costmodel import pipeline
+from autoparallel.costmodel.candidates import RECOMPUTE_MODULES  # the modules the cost model prices
 from autoparallel.errors import UserError
 from autoparallel.io import from_dict, read_yaml, resolve_preset
 from autoparallel.specs.hardware import HardwareSpec
@@ -349,9 +350,6 @@ def _memory_knob_rules(df: pd.DataFrame, fp8: np.ndarray, model: ModelSpec) -> l
          "whole-layer CUDA graphs need static shapes; a dropless MoE layer has none (Megatron graphs "
          "MoE layers only drop-padded or up to the router)"),
     ]
-
-
-RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "moe")
 
 
 def modules_apply(modules: str, model: ModelSpec) -> str:
