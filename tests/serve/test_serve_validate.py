@@ -100,3 +100,23 @@ def test_validation_hardware_presets_exist():
     for name in ("l40s", "gh200"):
         hw = io.load_hardware(name)
         assert hw.supports_fp8 and hw.source
+
+
+def test_held_out_refits_start_from_the_uncalibrated_constants(monkeypatch):
+    """Issue 28 item 2: a refit that started from the fit that saw every row would carry what the
+    held-out model taught it; each starts where the shipped fit starts, without that model's rows."""
+    from autoparallel.costmodel.inference import InferenceEfficiency
+    from autoparallel.serve import fit as serve_fit
+    calls = []
+
+    def recording_fit(measured, rows, start, tol=1e-4):
+        calls.append((set(rows["model"]), start, tol))
+        return start
+    monkeypatch.setattr(serve_fit, "fit", recording_fit)
+    measured = load_serving_runs()[-1]
+    serve_fit.leave_one_model_out(measured)
+    models = set(measured.predicted_rows["model"])
+    assert len(calls) == len(models)
+    for (seen, start, tol), held in zip(calls, measured.predicted_rows["model"].unique()):
+        assert held not in seen and seen == set(fit_rows(measured)["model"]) - {held}
+        assert start == InferenceEfficiency() and tol == 1e-4
