@@ -52,3 +52,9 @@ def at_bounds(values: Mapping[str, float], bounds: Mapping[str, tuple[float, flo
         elif position >= 1 - tolerance:
             out.append(AtBound(name, float(value), float(high), "upper"))
     return out
+
+
+def warn_at_bounds(console, hits) -> None:
+    """One warning line per constant on a bound, on a rich ``console`` (what every fit command prints)."""
+    for hit in hits:
+        console.print(f"  [yellow]warning:[/yellow] {hit.message()}")

@@ -22,7 +22,7 @@ import numpy as np
 from rich.console import Console
 
 from autoparallel import io, resources
-from autoparallel.costmodel.bounds import AtBound, at_bounds
+from autoparallel.costmodel.bounds import AtBound, at_bounds, warn_at_bounds
 from autoparallel.errors import UserError
 from autoparallel.measured_runs import (default_runs, load_balance_pairs, load_runs, predict_balance_ratio, predict_row,
                                        software_date)
@@ -244,12 +244,6 @@ def write_block(path: Path, fitted: dict, efficiency: Efficiency, note: str, cal
 
 
 PRESET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-def warn_at_bounds(console: Console, hits) -> None:
-    """One warning line per fitted constant on a bound (``bounds.AtBound``)."""
-    for hit in hits:
-        console.print(f"  [yellow]warning:[/yellow] {hit.message()}")
 
 
 def summary(fit_result: Fit, rows: int) -> dict:

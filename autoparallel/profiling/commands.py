@@ -303,7 +303,7 @@ def calibrate_from(run_dir: Path, write: bool, console, output: Path | None = No
     import pandas as pd
 
     from autoparallel.costmodel import calibrate
-    from autoparallel.costmodel.bounds import at_bounds
+    from autoparallel.costmodel.bounds import at_bounds, warn_at_bounds
     from autoparallel.search import run
     result = run.load(run_dir)
     if "measured_step_time_s" not in result.ranked:
@@ -316,7 +316,7 @@ def calibrate_from(run_dir: Path, write: bool, console, output: Path | None = No
     for name, value in fitted.items():
         console.print(f"  {name}: {getattr(result.hardware.efficiency, name):.4g} -> {value:.4g}")
     hits = at_bounds(fitted, calibrate.MEASURED_FITTED, log=True)
-    calibrate.warn_at_bounds(console, hits)
+    warn_at_bounds(console, hits)
     console.print(f"mean |error| on {len(rows)} measured layouts: {before:.1f} % -> {after:.1f} %")
     if write:
         path = output or calibrate.user_preset(result.hardware.name)

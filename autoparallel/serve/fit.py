@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
-from autoparallel.costmodel.bounds import AtBound, at_bounds
+from autoparallel.costmodel.bounds import AtBound, at_bounds, warn_at_bounds
 from autoparallel.costmodel.inference import InferenceEfficiency
 from autoparallel.errors import UserError
 from autoparallel.report.run_folder import write_atomic
@@ -148,8 +148,7 @@ def fit_all(console: Console | None = None) -> dict[str, tuple[InferenceEfficien
             err = report["error_pct"].abs()
             console.print(f"{measured.engine.name}: {len(rows)} rows, mean |error| {err.mean():.1f} %, "
                           f"max {err.max():.1f} %")
-            for hit in hits:
-                console.print(f"  [yellow]warning:[/yellow] {hit.message()}")
+            warn_at_bounds(console, hits)
     return out
 
 
