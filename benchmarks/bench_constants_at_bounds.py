@@ -17,7 +17,7 @@ from autoparallel import io
 from autoparallel.costmodel import calibrate
 from autoparallel.costmodel.bounds import at_bounds
 from autoparallel.serve.assumptions import efficiency_for
-from autoparallel.serve.fit import all_measured, fitted_at_bounds
+from autoparallel.serve.fit import FIT_KEYS, all_measured, fitted_at_bounds
 
 
 def training_rows() -> list[tuple[str, str, object, int]]:
@@ -43,7 +43,6 @@ def training_rows() -> list[tuple[str, str, object, int]]:
 
 def serving_rows() -> list[tuple[str, str, object, int]]:
     """(engine, "serving", AtBound, constants its fit moves) for every fitted engine."""
-    from autoparallel.serve.fit import FIT_KEYS
     out = []
     for measured in all_measured():
         hits = fitted_at_bounds(measured, efficiency_for(measured.engine.name))

@@ -1,6 +1,6 @@
 """Serving leave-one-model-out from a warm start (the old way) against a cold start (issue 28 item 2).
 
-    python benchmarks/bench_serving_lomo_start.py     # markdown; ~40 refits, a few minutes on 2 shared cores
+    python benchmarks/bench_serving_lomo_start.py     # markdown; 40 refits, under a minute on 2 shared cores
 
 Warm: each refit started from the engine's fit that saw every row and stopped at a 0.1 % relative
 change, as ``serve/fit.py`` did until issue 28; what the held-out model's rows taught that fit
