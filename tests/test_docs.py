@@ -94,12 +94,13 @@ def test_the_docs_run_commands():
                          ids=[p.relative_to(ROOT).as_posix() for p in PAGES if _runnable(p)])
 def test_the_commands_a_page_shows_run(page, tmp_path, monkeypatch, capsys):
     """In a fresh folder holding the checkout's files (so `tests/fixtures/...` resolves) but its
-    own results/, each command in order; globs expand as a shell's would."""
+    own results/ and preset folder, each command in order; globs expand as a shell's would."""
     for entry in ROOT.iterdir():
         if entry.name != "results" and not entry.name.startswith("."):
             (tmp_path / entry.name).symlink_to(entry)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setenv(resources.HOME_ENV, str(tmp_path / "home"))  # `calibrate --as` writes a preset there
     for command in _runnable(page):
         argv = [a for word in shlex.split(command, comments=True)[1:]
                 for a in (sorted(glob.glob(word)) or [word] if any(c in word for c in "*?[") else [word])]
@@ -132,7 +133,7 @@ def test_links_and_paths_exist(page):
 
 def _named_scripts(text: str) -> set[str]:
     """benchmarks/*.py, tests/**.py and scripts/* paths, and bare bench_*.py / test_*.py names."""
-    named = set(re.findall(r"(?<![\w/])((?:benchmarks|tests|scripts)/[\w./-]*\w)", text))
+    named = set(re.findall(r"(?<![\w/])((?:benchmarks|tests|scripts)/[\w./*-]*[\w*])", text))
     for bare in re.findall(r"(?<![\w/])((?:bench|test)_\w+\.py)", text):
         if not any(p.endswith("/" + bare) for p in named):
             named.add(bare)
@@ -141,7 +142,7 @@ def _named_scripts(text: str) -> set[str]:
 
 def _exists(name: str) -> bool:
     if "/" in name:
-        return (ROOT / name).exists()
+        return bool(glob.glob(str(ROOT / name)))
     return any(ROOT.glob(f"benchmarks/{name}")) or any(ROOT.glob(f"tests/**/{name}"))
 
 
