@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from autoparallel import io, ranges, resources, safefile
+from autoparallel import io, ranges, resources
 from autoparallel.costmodel.inference import (InferenceEfficiency, ServingEngine,
                                               estimate_static_columns)
 from autoparallel.costmodel.inflight import estimate_inflight_columns
@@ -56,9 +56,9 @@ class Measured:
 
 
 def _read(path: Path, needed: set[str]) -> pd.DataFrame:
+    from autoparallel.measured_runs import read_measured_csv
     try:
-        with safefile.open_capped(path, "runs CSV") as f:
-            frame = pd.read_csv(f)
+        frame = read_measured_csv(path)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read runs CSV {path}: {exc}") from None
     missing = sorted(needed - set(frame.columns))
