@@ -217,21 +217,27 @@ def _interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
-def test_a_signal_ends_a_run_with_many_workers_within_seconds(signum, tmp_path):
+@pytest.mark.parametrize("signum, group", [("SIGTERM", False), ("SIGINT", False), ("SIGTERM", True)],
+                         ids=["SIGTERM", "SIGINT", "SIGTERM-to-the-group"])
+def test_a_signal_ends_a_run_with_many_workers_within_seconds(signum, group, tmp_path):
+    """Sent to the search, or to its whole process group (as a job scheduler or `kill -- -PGID`
+    does: each worker gets it, then the parent's terminate() too), the run ends quietly."""
     import signal
     import time
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     p = subprocess.Popen([sys.executable, "-m", "autoparallel", *SAMPLER, "--trials", "1000000", "--workers", "64",
                           "--results", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         env=env, cwd=tmp_path, preexec_fn=_interruptible)
+                         env=env, cwd=tmp_path, preexec_fn=_interruptible, start_new_session=group)
     try:
         deadline = time.monotonic() + 60
         while not list(tmp_path.glob(".partial-*/*/study.journal")):  # the workers share it once they run
             assert p.poll() is None and time.monotonic() < deadline, "the search did not start its workers"
             time.sleep(0.1)
         time.sleep(1.0)
-        p.send_signal(getattr(signal, signum))
+        if group:
+            os.killpg(p.pid, getattr(signal, signum))
+        else:
+            p.send_signal(getattr(signal, signum))
         sent = time.monotonic()
         _, err = p.communicate(timeout=20)
         took = time.monotonic() - sent
