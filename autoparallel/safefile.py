@@ -45,7 +45,10 @@ LIMITS = {
     "YAML file": 16 * MiB,  # presets, spaces, plans, manifests, settings
     "runs CSV": 256 * MiB,  # measured runs (training, inference)
     "training log": 1024 * MiB,  # a job's stdout
-    "run table": 4096 * MiB,  # candidates.csv of a million-layout MoE search
+    "workload file": 64 * MiB,  # request lengths: ~5 million input_len,output_len pairs
+    # candidates.csv: DeepSeek-V3 on 1024 GPUs with --all-candidates (1.8 M layouts) writes ~400 MB,
+    # which pandas holds in several times that; the default run folder keeps 50,000 rows (16 MB).
+    "run table": 1024 * MiB,
     "layer-profile store": 256 * MiB,
 }
 

@@ -99,6 +99,14 @@ def check_resumed_target(args: argparse.Namespace, inputs: dict, model) -> None:
                         f"the run searches {inputs['gpus']} GPUs; drop --gpus")
 
 
+def check_json(args: argparse.Namespace) -> None:
+    """--wide and --explain shape the terminal tables, which --json replaces (any command)."""
+    if getattr(args, "json", False):
+        for dest in ("wide", "explain"):
+            if getattr(args, dest, False):
+                raise no_effect(flag(dest), "--json", "JSON holds every column and no legend; drop one of them")
+
+
 def check_empty(argv: list[str]) -> None:
     """An empty (or blank) value is refused, not taken as the default: ``--model ""`` from an
     unset shell variable must not search the default model."""

@@ -110,7 +110,7 @@ def new_dir(root: Path, name: str) -> Path:
     """A fresh folder <date>_<name>; a second one on the same day gets a -2, -3, ... suffix.
     ``name`` is made of preset names, which are checked when read (``specs.names``); this is the
     last guard that a run folder stays inside ``root``."""
-    problem = name_problem(name)
+    problem = name_problem(name, limit=240)  # 255 bytes less the date and a -N suffix
     if problem:
         raise UserError(f"cannot name a run folder {name!r}: it {problem}")
     path = _free_name(root, f"{dt.date.today().isoformat()}_{name}")
