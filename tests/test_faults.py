@@ -26,10 +26,11 @@ UNPRIVILEGED = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowne
 TIMEOUT = 60  # seconds; every case here takes a few
 
 
-def _run(args: list[str], unprivileged: bool = False, timeout: float = TIMEOUT, cwd: Path | None = None):
-    """The command in a subprocess (without root's file powers if ``unprivileged``):
-    (exit code, stdout, stderr)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(cwd or tempfile.gettempdir())}
+def _run(args: list[str], unprivileged: bool = False, timeout: float = TIMEOUT, cwd: Path | None = None,
+         **environ: str):
+    """The command in a subprocess (without root's file powers if ``unprivileged``; ``environ``
+    added to its environment): (exit code, stdout, stderr)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(cwd or tempfile.gettempdir()), **environ}
     prefix = UNPRIVILEGED if unprivileged else []
     p = subprocess.run([*prefix, sys.executable, "-m", "autoparallel", *args], capture_output=True, text=True,
                        timeout=timeout, env=env, cwd=cwd)
@@ -130,6 +131,18 @@ def test_an_unwritable_target_is_one_line_and_nothing_changes(args, message, sha
     _one_line_error(code, err, message.format(**fill))
     assert sorted(p.name for p in read_only.iterdir()) == ["out.yaml"]
     assert (read_only / "out.yaml").read_text() == "keep me\n"
+
+
+@needs_root
+def test_calibrate_checks_an_unwritable_preset_folder_before_the_fit(shared, read_only):
+    """The fit takes seconds to minutes; an unwritable preset folder was a PermissionError
+    traceback after it. Now it is one line before it (no "fitting" progress, nothing written)."""
+    home = read_only / "home"
+    code, out, err = _run(["calibrate", "--gpu", "h100-sxm"], unprivileged=True, cwd=shared["dir"],
+                          AUTOPARALLEL_HOME=str(home))
+    _one_line_error(code, err, f"your preset folder {home / 'hardware'} (AUTOPARALLEL_HOME={home}): "
+                               f"cannot write in {read_only} (permission denied)")
+    assert out == "" and sorted(p.name for p in read_only.iterdir()) == ["out.yaml"]
 
 
 @needs_root
