@@ -176,6 +176,7 @@ def files(tmp_path_factory):
     put("name_nel.yaml", _model(name="tiny\x85next"))
     put("name_bidi.yaml", _model(name="tiny\u202ex"))
     put("name_long.yaml", _model(name="x" * 300))
+    put("workload_huge.csv", "input_len,output_len\n1000000000000,10\n")
     put("workload_field.csv", 'input_len,output_len\n"' + "1" * 200_000 + '",5\n')
     put("moe_freq_huge.yaml", _model(num_experts=8, moe_router_topk=2, moe_layer_freq="[1]*1000000000000"))
 
@@ -610,6 +611,18 @@ BAD_INPUTS = [
      "workload file {big_workload_csv} is 65 MiB; a workload file is at most 64 MiB"),
     (["infer", "--model", "llama3-8b", "--gpus", "8", "--workload", "{workload_field_csv}"],
      "not a CSV of input_len,output_len pairs (field larger than field limit"),
+    # --- fresh eyes on recent flags (2026-11-26)
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--workload", "{workload_huge_csv}"],
+     "row 1: input_len '1000000000000' is not a whole number of tokens in 1..2147483647"),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--request-rate", "1e300"],
+     "no serving layout of llama3-8b on 8 x h100-sxm serves --request-rate 1e+300 requests/s"),
+    (["search", "--model", "cpu-small", "--gpus", "4", "--gpu", "cpu-local", "--executor", "slurm"],
+     "--executor has no effect with no --profile: only a profiled search reads it"),
+    (["search", "--model", "cpu-small", "--gpus", "4", "--gpu", "cpu-local", "--top-k", "3"], "--top-k has no effect with no --profile"),
+    (["search", "--model", "cpu-small", "--gpus", "4", "--gpu", "cpu-local", "--device", "cpu"], "--device has no effect with no --profile"),
+    (["search", "--resume", "{optuna}", "--profile-steps", "3"], "--profile-steps has no effect with no --profile"),
+    (["search", "--model", "cpu-small", "--gpus", "4", "--gpu", "cpu-local", "--trainer", "builtin"],
+     "--trainer builtin has no effect with --executor local"),
 ]
 
 

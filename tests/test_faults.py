@@ -263,6 +263,24 @@ def test_a_signal_ends_a_run_with_many_workers_within_seconds(signum, group, tmp
     assert "capped at" in err and "Traceback" not in err
 
 
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
+    """`search --json | head -1`: the pipe closes under the writer; it ends as a tool killed by
+    SIGPIPE does (exit 141), not with a BrokenPipeError traceback."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-m", "autoparallel", "search", "--model", "cpu-small", "--gpus", "4",
+                          "--gpu", "cpu-local", "--no-save", "--json", "--top", "1000"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    p.stdout.readline()
+    p.stdout.close()  # the reader leaves after one line
+    try:
+        err = p.stderr.read().decode()
+        p.wait(timeout=TIMEOUT)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 141 and "Traceback" not in err, err
+
+
 # --- shared studies: two searches on one --storage run together as Optuna's workers do --------
 
 def _study_states(storage: str) -> dict:

@@ -8,6 +8,7 @@ that needs it, so ``autoparallel --help`` and the cost-model commands never impo
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import signal
 import sys
@@ -65,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt as exc:  # what the run kept, if anything, is in the message
             print(f"{PROG}: interrupted" + (f": {exc}" if str(exc) else ""), file=sys.stderr)
             return 128 + received.get("signal", signal.SIGINT)
+        except BrokenPipeError:  # `... --json | head`: the reader left; end as a SIGPIPE'd tool does
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error again at exit's flush
+            return 128 + signal.SIGPIPE
     return 0
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from autoparallel import io, safefile
+from autoparallel.argtypes import MAX_COUNT
 from autoparallel.errors import UserError
 
 WORKLOADS = io.SEARCH_SPACES / "workloads.yaml"
@@ -129,8 +130,8 @@ def _pick(row: dict, keys: tuple[str, ...], where: str) -> int:
                 value = float(row[key])
             except (TypeError, ValueError):
                 raise UserError(f"{where}: {key} {row[key]!r} is not a number") from None
-            if not (value >= 1 and value == int(value)):
-                raise UserError(f"{where}: {key} {row[key]!r} is not a positive whole number of tokens")
+            if not (1 <= value <= MAX_COUNT and value == int(value)):
+                raise UserError(f"{where}: {key} {row[key]!r} is not a whole number of tokens in 1..{MAX_COUNT}")
             return int(value)
     raise UserError(f"{where}: no {' / '.join(keys)} value")
 
