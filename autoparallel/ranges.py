@@ -48,10 +48,9 @@ PLAUSIBLE = {
     "ttft_ms": _LATENCY_MS, "tpot_ms": _LATENCY_MS, "latency_ms": _LATENCY_MS,
 }
 
-# Counts a measured row states: whole numbers of at least 1 where given.
+# Counts a measured training row states: whole numbers of at least 1 where given.
 COUNT_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-                 "vocab_size", "seq_length", "num_gpus", "tp", "pp", "cp", "vp", "ep", "etp", "mbs", "gbs",
-                 "input_len", "output_len", "batch_or_concurrency")
+                 "vocab_size", "seq_length", "num_gpus", "tp", "pp", "cp", "vp", "ep", "etp", "mbs", "gbs")
 
 
 def _outside(name: str, number: float) -> str:
@@ -136,7 +135,7 @@ def warn(message: str) -> None:
 
 
 def skip_bad_rows(frame: pd.DataFrame, what: str, ids: pd.Series, positive: Iterable[str],
-                  required: Iterable[str] = (), counts: Iterable[str] = COUNT_COLUMNS) -> pd.DataFrame:
+                  required: Iterable[str] = (), counts: Iterable[str] = ()) -> pd.DataFrame:
     """``frame`` without its rows holding a bad measurement or count, each skipped row named on
     stderr with its reason; a UserError (the first reason) when no row is left."""
     reasons = row_problems(frame, positive, required=required, counts=counts)

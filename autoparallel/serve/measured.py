@@ -65,11 +65,13 @@ def _read(path: Path, needed: set[str]) -> pd.DataFrame:
     if missing:
         raise UserError(f"{path}: missing column(s) {missing}")
     lines = pd.Series([f"at line {i + 2}" for i in range(len(frame))], index=frame.index)
-    return ranges.skip_bad_rows(frame, f"runs CSV {path}", lines, MEASURED_COLUMNS)
+    return ranges.skip_bad_rows(frame, f"runs CSV {path}", lines, MEASURED_COLUMNS, counts=COUNT_COLUMNS)
 
 
 # The measured numbers of a serving row: each, where given, finite and positive.
 MEASURED_COLUMNS = ("throughput_tokens_per_s", "ttft_ms", "tpot_ms", "latency_ms")
+# Its counts, where given (lengths and batch are text in some published rows: "not stated", "max").
+COUNT_COLUMNS = ("num_gpus", "tp", "pp")
 
 
 def load_fastertransformer(path: Path | None = None) -> Measured:

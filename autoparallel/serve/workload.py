@@ -173,6 +173,8 @@ def load_workload(name_or_path: str) -> Workload:
         return _named(name_or_path, specs[name_or_path])
     path = Path(name_or_path)
     if path.suffix.lower() in (".csv", ".jsonl", ".json") or os.path.lexists(path):
+        if not os.path.lexists(path):
+            raise UserError(f"--workload {name_or_path}: no such file")
         return _from_file(path)  # only a regular file under its size limit is read (safefile)
     raise UserError(f"--workload {name_or_path!r} is neither a file nor a known workload; valid: "
                     f"{', '.join(specs)}, or a CSV / JSONL of input_len,output_len pairs")
