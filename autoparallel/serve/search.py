@@ -348,7 +348,7 @@ def save(result: InferenceResult, root: Path, command: list[str], top_md: int = 
     }))
     title = title_of(result)
     run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + markdown_table(result.feasible, top_md)
-                            + f"\n## Pareto front: throughput per GPU vs TPOT\n\n"
+                            + "\n## Pareto front: throughput per GPU vs TPOT\n\n"
                             + markdown_table(result.pareto, len(result.pareto), feasible_only=False))
     run_folder.write_yaml(run_dir / run_folder.BEST, export.best_document(result, result.entry(1), record(result.entry(1))))
     run_folder.write_csv(run_dir / run_folder.CANDIDATES, result.ranked)
