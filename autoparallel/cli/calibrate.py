@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from rich.console import Console
@@ -50,9 +51,14 @@ def _fit(args: argparse.Namespace, output: Path | None, console: Console) -> dic
         if name_problem(args.as_name):
             raise UserError(f"--as {args.as_name!r} {name_problem(args.as_name)}: it names a preset file; use "
                             "letters, digits, '-', '_', '.' and '+'")
-    if output is not None and not args.dry_run:
-        from autoparallel.safefile import check_output_file
-        check_output_file(output, "--output")
+    if not args.dry_run:  # checked before the fit, which takes minutes
+        from autoparallel import resources, safefile
+        if output is not None:
+            safefile.check_output_file(args.output, "--output")
+        else:
+            folder = resources.user_dir() / "hardware"
+            home = f" ({resources.HOME_ENV}={resources.user_dir()})" if os.environ.get(resources.HOME_ENV) else ""
+            safefile.check_folder(folder, f"your preset folder {folder}{home}")
     if args.from_run:  # fit to profiled step times of a run
         from autoparallel.profiling.commands import calibrate_from
         return calibrate_from(Path(args.from_run), write=not args.dry_run, console=console, output=output)
