@@ -5,8 +5,9 @@ of the fitted constants on their own rows (in sample) and of refits that never s
 (leave-one-model-out: the constants refitted without that model's rows, then its rows
 predicted; ``--no-cross-validation`` skips these refits), for FasterTransformer's A100 latencies (``inference_runs.csv``, static batching) and
 TensorRT-LLM's in-flight batching throughput tables (``serving_runs.csv``), then the MLPerf
-Inference Offline / Server runs through the traffic simulation (``serve/mlperf.py``; ``--no-mlperf``
-skips them). The FT rows whose
+Inference Offline / Server runs through the traffic simulation (``serve/mlperf.py``: tokens/s and
+the Server p99 TTFT / TPOT in sample and LOMO, the p99 end-to-end latency, per round, GPU, benchmark
+and scenario; ``--json`` adds every run; ``--no-mlperf`` skips them). The FT rows whose
 ``notes`` start with ``OOM`` have no latency: the memory model must say they do not fit
 (reported apart). Rows of ``serving_runs.csv`` that are not predicted are counted by reason.
 
