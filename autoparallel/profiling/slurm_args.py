@@ -89,16 +89,22 @@ def extra_args(args: argparse.Namespace) -> tuple[str, ...]:
         raise UserError(f"--sbatch-args {args.sbatch_args!r}: {exc}") from None
 
 
-def settings(args: argparse.Namespace, gpus_per_node: int | None = None):
+def root(args: argparse.Namespace) -> Path:
+    """The job folders' root: --slurm-dir, else <--results>/slurm."""
+    return Path(args.slurm_dir) if args.slurm_dir else Path(getattr(args, "results", None) or "results") / "slurm"
+
+
+def settings(args: argparse.Namespace, gpus_per_node: int | None = None, again: str | None = None):
+    """``again``: how to resume an interrupted batch (default: the same command again)."""
     from autoparallel.profiling.slurm import SlurmSettings
-    root = Path(args.slurm_dir) if args.slurm_dir else Path(getattr(args, "results", None) or "results") / "slurm"
     return SlurmSettings(partition=args.slurm_partition, account=args.slurm_account, time=args.slurm_time,
                          qos=args.slurm_qos, extra=extra_args(args), container_image=args.container_image,
                          gpus_per_node=args.slurm_gpus_per_node or gpus_per_node or 8,
-                         array=args.slurm_array is not False, root=root)
+                         array=args.slurm_array is not False, root=root(args),
+                         **({"again": again} if again else {}))
 
 
-def launcher(args: argparse.Namespace, console=None, hw=None):
+def launcher(args: argparse.Namespace, console=None, hw=None, again: str | None = None):
     """A SlurmLauncher for candidates priced on ``hw`` (its GPUs per node; default h100-sxm's);
     with a console, it says what it submits and shows the queue's progress."""
     from autoparallel import io
@@ -108,7 +114,7 @@ def launcher(args: argparse.Namespace, console=None, hw=None):
         from autoparallel.profiling.megatron_run import MegatronTrainer, checkout
         trainer = MegatronTrainer(checkout(args.megatron_lm or os.environ.get("MEGATRON_LM")),
                                   hw or io.load_hardware("h100-sxm"))
-    return SlurmLauncher(settings(args, hw.gpus_per_node if hw else None),
+    return SlurmLauncher(settings(args, hw.gpus_per_node if hw else None, again),
                          echo=console.print if console is not None else None,
                          progress=queue_progress if console is not None else None, trainer=trainer)
 
