@@ -259,11 +259,13 @@ class SlurmBatch:
         results: dict[int, object] = {}
         waiting: dict[int, str] = {}  # task index -> job id
         fresh: list[int] = []
+        earlier = 0  # tasks an earlier run submitted
         for i, t in enumerate(tasks):
             t.folder = (self.settings.root / task_hash(t.key)).resolve()
             t.folder.mkdir(parents=True, exist_ok=True)
             (t.folder / "task.json").write_text(json.dumps(t.key, indent=1, sort_keys=True, default=str))
             state = _read_state(t.folder)
+            earlier += bool(state.get("job_id"))
             if state.get("final") and state["final"] not in RETRIED:
                 results[i] = self._collect(t, state["final"], state.get("reason", ""))
             elif state.get("job_id") and not state.get("final"):
@@ -271,7 +273,7 @@ class SlurmBatch:
             else:
                 fresh.append(i)
         fresh += self._settle(tasks, waiting, results)
-        if results or waiting:
+        if earlier:
             self.echo(f"resuming: {len(results)} finished job(s) picked up, {len(waiting)} still queued or running, "
                       f"{len(fresh)} to submit (in {self.settings.root})")
         for i, r in results.items():
