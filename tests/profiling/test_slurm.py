@@ -82,6 +82,9 @@ def test_search_profiles_the_top_k_as_one_job_array_and_reranks(cluster, tmp_pat
     assert len(measured) == 2 and (measured["measured_tokens_per_s_per_gpu"] > 0).all()
     assert list(frame["rank"].head(2)) == [1, 2]  # re-ranked: the measured ones lead
     assert len(pd.read_csv(run_dir / "profiled.csv")) == 2
+    table = [line for line in (run_dir / "ranked.md").read_text().splitlines() if line.startswith("| ")]
+    assert table[0].endswith("| profiled |")  # which rows were measured, said in the table
+    assert [line.endswith("| measured |") for line in table[1:]] == [True, True] + [False] * (len(table) - 3)
     states = [json.loads(p.read_text()) for p in (tmp_path / "slurm").glob("*/slurm.json")]
     assert len(states) == 2 and all(s["final"] == "COMPLETED" for s in states)
     assert len({s["job_id"].split("_")[0] for s in states}) == 1  # one array ...

@@ -92,7 +92,8 @@ def test_megatron_short_runs_through_slurm_rerank_and_calibrate(megatron_lm, tmp
     profiled = pd.read_csv(run_dir / "profiled.csv", dtype={"measurement_error": str}).fillna({"measurement_error": ""})
     failed = profiled[profiled["measurement_error"] != ""]
     assert len(failed) == 1 and failed["tp"].iloc[0] == 2 and "out of memory" in failed["measurement_error"].iloc[0]
-    assert "meas. TFLOP/s" in (run_dir / "ranked.md").read_text()
+    ranked_md = (run_dir / "ranked.md").read_text()
+    assert "meas. TFLOP/s" in ranked_md and "| failed: out of memory" in ranked_md and "| measured |" in ranked_md
     # the job was the exported short run: train.sh in the job folder, saved nothing
     script = next((results / "slurm").glob("*/train.sh")).read_text()
     assert "--mock-data" in script and "--exit-interval 4" in script and "--save " not in script
