@@ -199,6 +199,9 @@ def _launcher(args: argparse.Namespace, console, hw=None, again: str | None = No
     from autoparallel.profiling.launcher import make_launcher
     if args.executor == "slurm":
         return slurm_args.launcher(args, console, hw, again)
+    if trainer := slurm_args.megatron(args, hw):  # --executor local: torchrun here
+        from autoparallel.profiling.megatron_local import MegatronLocalLauncher
+        return MegatronLocalLauncher(trainer, Path(getattr(args, "results", None) or "results") / "megatron")
     return make_launcher(args.executor, args.ray_address)
 
 
