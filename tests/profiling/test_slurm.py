@@ -284,3 +284,22 @@ def test_resume_after_the_search_was_killed_picks_up_what_finished_meanwhile(clu
     after = {json.loads(p.read_text())["job_id"] for p in (tmp_path / "slurm").glob("*/slurm.json")}
     assert kept in after and lost not in after
     assert len(_measured(run_dir)) == 2
+
+
+@pytest.mark.parametrize("answer, submits", [("y", True), ("yes", True), ("n", False), ("", False)])
+def test_the_gpu_hours_are_asked_about_on_a_terminal(monkeypatch, capsys, answer, submits):
+    from autoparallel.profiling import budget
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    asked = []
+    monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or answer)
+    text = budget.summary([1024] * 5, [5.2] * 5, 25, 660)
+    assert text.startswith("5 Slurm job(s), 5,120 GPUs in all: about 611.6 GPU-hours predicted")  # 5 x 1,024 x (25 x 5.2 s + 300 s)
+    assert text.endswith("at most 938.7 GPU-hours (the time limit of 11 min each)")  # 5,120 GPUs x 660 s
+    if submits:
+        budget.confirm(text, yes=False)
+    else:
+        with pytest.raises(UserError, match="nothing submitted"):
+            budget.confirm(text, yes=False)
+    assert asked == ["submit? [y/N] "]
+    budget.confirm(text, yes=True)  # --yes: never asks
+    assert len(asked) == 1
