@@ -262,10 +262,11 @@ def confirm_cost(result, args: argparse.Namespace, console=None) -> None:
 def profile_search(result, args: argparse.Namespace, console=None, run_dir: Path | None = None,
                    summarise: bool = False):
     """``search --profile job|layer`` for either strategy: measure the top-k, return the result
-    re-ranked with ``result.profiled`` set (the cost confirmed first: ``confirm_cost``). ``run_dir``: the run's folder, written before
-    profiling starts with the predictions and the profiling options (``record``); its tables are
-    rewritten with the measurements (``summarise``: a fresh grid run's, the best feasible rows
-    and rejections.csv), and an interrupted profiling says how to resume it."""
+    re-ranked with ``result.profiled`` set (the cost is confirmed first: ``confirm_cost``).
+    ``run_dir``: the run's folder, written before profiling starts with the predictions; the
+    profiling options go into it (``record``), then the tables with the measurements
+    (``summarise``: a fresh grid run's, the best feasible rows and rejections.csv); an
+    interrupted profiling says how to resume it."""
     if getattr(args, "profile", "none") == "none":
         return result
     from autoparallel.profiling import record

@@ -87,16 +87,13 @@ def _kill(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        try:
-            proc.wait(timeout=grace_s if sig == signal.SIGTERM else None)
-        except subprocess.TimeoutExpired:
-            pass
         deadline = time.monotonic() + grace_s
-        while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
+        while (tree := [pid for pid in tree if _alive(pid)]) and time.monotonic() < deadline:
+            proc.poll()  # reaps train.sh
             time.sleep(0.1)
-        tree = [pid for pid in tree if _alive(pid)]
         if not tree:
-            return
+            break
+    proc.wait()
 
 
 def _alive(pid: int) -> bool:

@@ -21,23 +21,21 @@ from autoparallel.errors import UserError
 from autoparallel.report import run_folder
 
 FILE = "profiling.yaml"
-# What decides the jobs of `search --profile job|layer`. Those whose default is None are taken
-# from the command line when given there; the others (argparse defaults) from the record.
-OPTIONS = ("profile", "top_k", "profile_steps", "profile_warmup", "profile_timeout", "memory_cap_gib",
-           "executor", "ray_address", "device", "trainer", "megatron_lm", "slurm_partition", "slurm_account",
-           "slurm_time", "slurm_qos", "sbatch_args", "container_image", "slurm_gpus_per_node", "slurm_array",
-           "slurm_dir")
-DEFAULT_NONE = ("memory_cap_gib", "ray_address", "trainer", "megatron_lm", "slurm_partition", "slurm_account",
-                "slurm_time", "slurm_qos", "sbatch_args", "container_image", "slurm_gpus_per_node", "slurm_array",
-                "slurm_dir")
+# What decides the jobs of `search --profile job|layer`: options with an argparse default (always
+# taken from the record: the command line cannot tell that they were given), then those that are
+# None unless given (given again on the command line, they win over the record).
+DEFAULTED = ("profile", "top_k", "profile_steps", "profile_warmup", "profile_timeout", "executor", "device")
+OPTIONS = DEFAULTED + ("memory_cap_gib", "ray_address", "trainer", "megatron_lm", "slurm_partition", "slurm_account",
+                       "slurm_time", "slurm_qos", "sbatch_args", "container_image", "slurm_gpus_per_node",
+                       "slurm_array", "slurm_dir")
 
 
-def write(run_dir: Path, args: argparse.Namespace, slurm_dir: Path | None, finished: bool = False) -> None:
+def write(run_dir: Path, args: argparse.Namespace, slurm_dir: Path | None) -> None:
     """Record ``args``' profiling options (``slurm_dir``: the job folders' root, made absolute)."""
     options = {name: getattr(args, name, None) for name in OPTIONS}
     if slurm_dir is not None:
         options["slurm_dir"] = str(Path(slurm_dir).resolve())
-    run_folder.write_yaml(Path(run_dir) / FILE, {"finished": finished, "options": options})
+    run_folder.write_yaml(Path(run_dir) / FILE, {"finished": False, "options": options})
 
 
 def finish(run_dir: Path) -> None:
@@ -47,21 +45,35 @@ def finish(run_dir: Path) -> None:
         run_folder.write_yaml(path, {**data, "finished": True})
 
 
-def restore(args: argparse.Namespace, run_dir: Path) -> bool:
-    """``search --resume`` without ``--profile``: fill ``args`` from an unfinished record; True if
-    there was one. A record that is not one is a UserError naming it."""
+def restore(args: argparse.Namespace, run_dir: Path) -> None:
+    """``search --resume`` without ``--profile``: fill ``args`` from an unfinished record. A
+    record that is not one is a UserError naming it."""
     path = Path(run_dir) / FILE
     if getattr(args, "profile", "none") != "none" or not path.exists():
-        return False
+        return
     data = io.read_yaml(path)
     options = data.get("options")
     if not isinstance(options, dict) or set(options) - set(OPTIONS) or not isinstance(data.get("finished"), bool):
         raise UserError(f"{path} is not a profiling record (expected finished: true|false and options: "
                         f"{', '.join(OPTIONS)}); delete it, and profile again with --profile job")
     if data["finished"]:
-        return False
+        return
+    if why := _damage(options):
+        raise UserError(f"{path}: {why}; delete it, and profile again with --profile job")
     for name, value in options.items():
-        if name in DEFAULT_NONE and getattr(args, name, None) is not None:
-            continue  # given again on the command line
-        setattr(args, name, value)
-    return True
+        if name in DEFAULTED or getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
+def _damage(options: dict) -> str:
+    """What is wrong with a record's values ('' if nothing): the ones a job depends on most."""
+    from autoparallel.profiling.commands import EXECUTORS
+    choices = {"profile": ("job", "layer"), "executor": EXECUTORS, "trainer": (None, "builtin", "megatron")}
+    for name, allowed in choices.items():
+        if options.get(name) not in allowed:
+            return f"{name} {options.get(name)!r} is not one of {', '.join(map(str, allowed))}"
+    for name, least in (("top_k", 1), ("profile_steps", 1), ("profile_warmup", 0), ("profile_timeout", 1e-9)):
+        value = options.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= least:
+            return f"{name} {value!r} is not a number >= {least:g}"
+    return ""

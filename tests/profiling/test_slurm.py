@@ -303,3 +303,17 @@ def test_the_gpu_hours_are_asked_about_on_a_terminal(monkeypatch, capsys, answer
     assert asked == ["submit? [y/N] "]
     budget.confirm(text, yes=True)  # --yes: never asks
     assert len(asked) == 1
+
+
+@pytest.mark.parametrize("text", ["finished: maybe\noptions: {}\n", "options: {top_k: 2, colour: red}\nfinished: false\n",
+                                  "[1, 2]\n", "finished: false\noptions: {profile: job, executor: local, top_k: -3}\n",
+                                  "finished: false\noptions: {profile: jobs}\n"])
+def test_a_damaged_profiling_record_is_named_on_resume(tmp_path, small_yaml, capsys, text):
+    assert main(["search", "--model", str(small_yaml), "--gpus", "2", "--gpu", "cpu-local", "--space", "cpu-profiling",
+                 "--results", str(tmp_path)]) == 0
+    run_dir = next(tmp_path.iterdir())
+    (run_dir / "profiling.yaml").write_text(text)
+    capsys.readouterr()
+    assert main(["search", "--resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "profiling.yaml" in err and len(err.strip().splitlines()) == 1
