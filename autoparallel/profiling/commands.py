@@ -253,10 +253,22 @@ def confirm_cost(result, args: argparse.Namespace, console=None) -> None:
     printed and confirmed (``--yes``) before anything is written or submitted."""
     if getattr(args, "profile", "none") != "job" or args.executor != "slurm":
         return
+    from autoparallel.profiling.job import JobSpec
     from autoparallel.search.measured import choose
+    from autoparallel.space import row_to_plan
     rows = result.ranked.loc[choose(result.ranked, args.top_k, pareto=len(result.objectives) > 1)]
+    evaluator = _evaluator(result, args, None)  # the very jobs profile_search submits
+    tasks = [evaluator.launcher.task(JobSpec(result.model, row_to_plan(row), **evaluator.job_options))
+             for _, row in rows.iterrows()]
+    kept = evaluator.launcher.batch.finished_earlier(tasks)  # a resumed profiling reads these back
+    if all(kept):
+        if console is not None:
+            console.print(f"nothing to submit: the {len(rows)} job(s) finished earlier")
+        return
+    rows = rows[[not k for k in kept]]
     slurm_args.confirm(args, [result.gpus] * len(rows), list(rows["step_time_s"]),
-                       args.profile_warmup + args.profile_steps, args.profile_timeout, console)
+                       args.profile_warmup + args.profile_steps, args.profile_timeout, console,
+                       f"; {sum(kept)} finished earlier, read back" if any(kept) else "")
 
 
 def profile_search(result, args: argparse.Namespace, console=None, run_dir: Path | None = None,

@@ -293,6 +293,20 @@ class SlurmBatch:
                                     "and resubmit the rest") from None
         return [results[i] for i in range(len(tasks))]
 
+    def finished_earlier(self, tasks: list[Task]) -> list[bool]:
+        """Which tasks an earlier run saw end for good: their results are read back, not
+        submitted again (what ``run`` will do with them, asked before it runs)."""
+        states = [_read_state(self.settings.root / task_hash(t.key)) for t in tasks]
+        unseen = [s["job_id"] for s in states if s.get("job_id") and not s.get("final")]  # a killed run's
+        active = self.client.active(unseen)
+
+        def ended(state: dict) -> bool:
+            final = state.get("final")
+            if not final and state.get("job_id") and state["job_id"] not in active:
+                final = self.client.final(state["job_id"])[0]
+            return bool(final) and final not in RETRIED and final not in ACTIVE
+        return [ended(s) for s in states]
+
     def _settle(self, tasks: list[Task], waiting: dict[int, str], results: dict) -> list[int]:
         """Jobs an earlier run submitted and never saw end: those still queued stay in ``waiting``;
         those that ended meanwhile are collected into ``results``, except the ones that ended

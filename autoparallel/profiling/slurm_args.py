@@ -126,12 +126,12 @@ def megatron(args: argparse.Namespace, hw=None):
 
 
 def confirm(args: argparse.Namespace, gpus: list[int], step_times_s, iterations: int, timeout_s: float,
-            console=None) -> None:
-    """Print what the jobs cost in GPU-hours and ask before submitting (``budget``)."""
+            console=None, note: str = "") -> None:
+    """Print what the jobs cost in GPU-hours (and ``note``) and ask before submitting (``budget``)."""
     from autoparallel.profiling import budget
     from autoparallel.profiling.slurm import time_limit, time_seconds
     limit = time_seconds(args.slurm_time or time_limit(timeout_s))
-    budget.confirm(budget.summary(gpus, step_times_s, iterations, limit), bool(args.yes), console)
+    budget.confirm(budget.summary(gpus, step_times_s, iterations, limit) + note, bool(args.yes), console)
 
 
 @contextmanager

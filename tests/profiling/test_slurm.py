@@ -251,6 +251,7 @@ def test_an_interrupted_search_is_resumed_from_its_run_folder(cluster, tmp_path,
     monkeypatch.setattr(slurm_args, "queue_progress", shown)
     assert main(["search", "--resume", str(run_dir), "--yes"]) == 0
     out = capsys.readouterr().out
+    assert "about to submit 2 Slurm job(s), 4 GPUs in all" in out  # both were cancelled: both cost again
     assert "resuming: 0 finished job(s) picked up, 0 still queued or running, 2 to submit" in out
     assert "submitted 2 Slurm job(s)" in out
     assert len(_measured(run_dir)) == 2 and len(pd.read_csv(run_dir / "profiled.csv")) == 2
@@ -280,6 +281,8 @@ def test_resume_after_the_search_was_killed_picks_up_what_finished_meanwhile(clu
     assert main(["search", "--resume", str(run_dir), "--yes"]) == 0
     out = capsys.readouterr().out
     assert "resuming: 1 finished job(s) picked up, 0 still queued or running, 1 to submit" in out
+    # the cost printed first counts only what is submitted again
+    assert "about to submit 1 Slurm job(s), 2 GPUs in all" in out and "; 1 finished earlier, read back" in out
     assert "submitted 1 Slurm job(s)" in out
     after = {json.loads(p.read_text())["job_id"] for p in (tmp_path / "slurm").glob("*/slurm.json")}
     assert kept in after and lost not in after
