@@ -63,13 +63,17 @@ def check(args: argparse.Namespace) -> None:
     trainer = getattr(args, "trainer", None)
     if getattr(args, "megatron_lm", None) is not None and trainer != "megatron":
         raise UserError("--megatron-lm has no effect without --trainer megatron: add it or drop --megatron-lm")
-    if trainer == "megatron" and getattr(args, "executor", "local") == "ray":
+    executor = getattr(args, "executor", "local")
+    if trainer == "megatron" and executor == "ray":
         raise UserError("--trainer megatron has no effect with --executor ray: Megatron-LM runs go through Slurm "
                         "(--executor slurm) or torchrun on this machine (--executor local)")
+    if trainer == "builtin" and executor != "slurm":
+        raise UserError(f"--trainer builtin has no effect with --executor {executor}: it says what a Slurm job "
+                        "runs; add --executor slurm or drop it")
     if trainer == "megatron":
         from autoparallel.profiling.megatron_run import checkout
         checkout(args.megatron_lm or os.environ.get("MEGATRON_LM"))
-    if getattr(args, "executor", "local") != "slurm":
+    if executor != "slurm":
         return
     if trainer == "megatron":
         if args.container_image is not None:
