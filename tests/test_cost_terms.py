@@ -357,6 +357,21 @@ def test_dp_comm_reduces_gradients_and_gathers_parameters_per_chunk(gpt, hw):
     assert stp.dp_comm_time(_cands(gpt, hw, fsdp=True), params, 0.0, 1.0)[0] == 0.0
 
 
+def test_overlapped_dp_comm_hides_the_reduce_behind_later_backwards_and_each_gather_behind_one_forward(gpt, hw):
+    """vp 2, pp 8: the last chunk's reduce hides behind its own backward, the other's behind pp
+    chunk backwards; each chunk's all-gather (one bucket ahead of the forward) behind one chunk
+    forward. Stage compute 6 ms: chunk forward 1 ms, chunk backward 2 ms."""
+    x = _cands(gpt, hw, distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True)
+    params, keep = 4e8, 1 - hw.efficiency.dp_overlap
+    chunk = _reduce_scatter(hw, params / 2 * 2.0, 8, 2)
+
+    def hidden(comm, window):
+        return max(keep * comm, comm - window)
+    expected = hidden(chunk, 0.002) + hidden(chunk, 8 * 0.002) + 2 * hidden(chunk, 0.001)
+    assert stp.dp_comm_time(x, params, 0.0, 0.006)[0] == pytest.approx(expected, rel=REL)
+    assert chunk - 0.001 > keep * chunk and chunk - 8 * 0.002 < keep * chunk  # each window matters
+
+
 def test_optimizer_reads_and_writes_its_share_of_the_states(gpt, hw):
     params = 4e8
     sharded = _cands(gpt, hw, distributed_optimizer=True)
