@@ -144,7 +144,7 @@ def _fp8_check_first(args: argparse.Namespace, model, space) -> dict:
     from autoparallel.cli.fp8_check import print_check_result
     from autoparallel.fp8check.command import CHECKABLE, check_and_save, settings_from_flags
     from autoparallel.fp8check.search_filter import decisions_from_check
-    recipes = ",".join(p for p in space.precision if p in CHECKABLE)  # mxfp8 is not emulated
+    recipes = ",".join(p for p in space.precision if p in CHECKABLE)
     if not recipes:
         return {}
     settings = settings_from_flags(args.fp8_check_settings, args.fp8_check_steps, recipes)
