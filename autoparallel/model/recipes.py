@@ -173,7 +173,7 @@ class Fp8Policy:
     def __post_init__(self) -> None:
         if self.recipe is not None and not isinstance(
                 self.recipe, tuple(RECIPE_NAMES.values())):
-            raise ValueError(f"recipe={self.recipe!r} is not a low-precision recipe; use one of "
+            raise ValueError(f"recipe={self.recipe!r} is not an FP8 or FP4 recipe; use one of "
                              + ", ".join(t.__name__ for t in RECIPE_NAMES.values())
                              + " or None for BF16")
         for key in ("bf16_first_layers", "bf16_last_layers"):
