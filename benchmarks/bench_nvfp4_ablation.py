@@ -9,6 +9,7 @@ seed and its mean, and the mean squared quantization error of the wgrad GEMM's o
 columns compare across variants). MXFP8 is the reference row.
 
     PYTHONPATH=. python benchmarks/bench_nvfp4_ablation.py --steps 60 --seeds 0,1,2
+    PYTHONPATH=. python benchmarks/bench_nvfp4_ablation.py --steps 200 --seeds 0 --variants nvfp4,no-rht,no-sr
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from autoparallel.fp8check.settings import load_settings
 from autoparallel.model.recipes import Mxfp8BlockScaling, Nvfp4BlockScaling
 
 VARIANTS = {
-    "nvfp4 (full recipe)": Nvfp4BlockScaling(),
-    "nvfp4, no RHT": Nvfp4BlockScaling(random_hadamard=False),
-    "nvfp4, no stochastic rounding": Nvfp4BlockScaling(stochastic_rounding=False),
-    "nvfp4, 1x16 weights (no 2D)": Nvfp4BlockScaling(weight_2d=False),
+    "nvfp4": Nvfp4BlockScaling(),                                  # the full recipe
+    "no-rht": Nvfp4BlockScaling(random_hadamard=False),
+    "no-sr": Nvfp4BlockScaling(stochastic_rounding=False),         # round-to-nearest gradients
+    "no-2d": Nvfp4BlockScaling(weight_2d=False),                   # 1x16 weight blocks
     "mxfp8": Mxfp8BlockScaling(),
 }
 
@@ -80,11 +81,18 @@ def main() -> None:
     parser.add_argument("--model", default="llama3.1-8b")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, of {', '.join(VARIANTS)}")
     args = parser.parse_args()
+    chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in chosen if v not in VARIANTS]
+    if unknown or not chosen:
+        parser.error(f"--variants: {', '.join(unknown) or 'none given'}; choose from "
+                     f"{', '.join(VARIANTS)}")
     torch.set_num_threads(1)
     seeds = [int(s) for s in args.seeds.split(",")]
     start = time.perf_counter()
-    rows = ablation(args.model, args.steps, seeds, VARIANTS)
+    rows = ablation(args.model, args.steps, seeds, {v: VARIANTS[v] for v in chosen})
     print(f"NVFP4 ablation, proxy of {args.model}, {args.steps} steps, seeds {seeds} "
           f"({time.perf_counter() - start:.0f} s)\n")
     print(markdown(rows, seeds))
