@@ -72,3 +72,25 @@ def test_ablation_rht_lowers_the_wgrad_operands_error_on_the_proxy():
         assert mse[True][tensor] < 0.97 * mse[False][tensor]
     for tensor in ("input", "weight"):  # fprop operands do not see the RHT
         assert mse[True][tensor] == mse[False][tensor]
+
+
+@pytest.mark.slow
+def test_ablation_no_stochastic_rounding_ends_worse_at_200_steps():
+    """The loss-level ablation where it is robust: without stochastic rounding the llama3.1-8b
+    proxy ends further from BF16 than with it, at 200 steps (seeds 0 / 1 / 2: +2.35 / +1.41 /
+    +1.58 points; benchmarks/RESULTS.md). Seed 0, the largest margin. ~2 min on one core; the
+    numerics are not recorded (they do not change the losses). Removing the RHT is not asserted:
+    at this scale it is worse on seeds 0 and 1 only."""
+    import dataclasses
+
+    from autoparallel.fp8check.proxy import proxy_spec
+    from autoparallel.fp8check.runner import run_policy
+    from autoparallel.fp8check.settings import load_settings
+    from autoparallel.model.recipes import Nvfp4BlockScaling
+    settings = load_settings()
+    run = dataclasses.replace(settings.run, seed=0, stats_every=settings.run.steps + 1)
+    spec = proxy_spec(io.load_model("llama3.1-8b"), settings.proxy)
+    base = run_policy(spec, None, run).final_loss(run.final_window)
+    gap = {sr: V.loss_gap_pct(run_policy(spec, Nvfp4BlockScaling(stochastic_rounding=sr), run)
+                              .final_loss(run.final_window), base) for sr in (True, False)}
+    assert gap[False] > gap[True] + 1.0
