@@ -52,10 +52,6 @@ class BlockScaled:
     global_inv: torch.Tensor
     fmt: str
 
-    @property
-    def shape(self) -> torch.Size:
-        return self.values.shape
-
     def t(self) -> "BlockScaled":
         return BlockScaled(self.values.t(), self.scale.t(), self.block[::-1], self.global_inv,
                            self.fmt)

@@ -99,8 +99,8 @@ def native_gemm(device: torch.device, fmt: str, backend: GemmBackend = "auto") -
     name = _device_name(torch.device(device))
     if backend == "emulate" or (backend == "auto" and not name.startswith("cuda")):
         return False
-    if name.startswith("cuda") and torch.cuda.get_device_capability(torch.device(name)) < (10, 0):
-        cap = torch.cuda.get_device_capability(torch.device(name))
+    cap = torch.cuda.get_device_capability(torch.device(name)) if name.startswith("cuda") else None
+    if cap is not None and cap < (10, 0):
         raise MxUnsupported(f"microscaled ({fmt}) GEMMs need Blackwell (compute capability 10.0+),"
                             f" {name} has {cap[0]}.{cap[1]}; use gemm_backend='emulate'")
     why = native_support(name, fmt)
