@@ -22,8 +22,8 @@ from autoparallel.space import load_space
 from autoparallel.specs.plan import FP8_PRECISIONS
 
 MODELS = ("llama3.1-8b", "llama3.1-405b")
-LAYOUT = ("tp", "pp", "cp", "dp", "vp", "mbs", "fsdp", "sp", "recompute", "fp8_bf16_edge_layers", "cuda_graph",
-          "tp_comm_overlap")
+LAYOUT = ("tp", "pp", "cp", "dp", "vp", "mbs", "fsdp", "sp", "recompute", "fp8_bf16_edge_layers",
+          "cuda_graph", "tp_comm_overlap")
 
 
 def best_by_precision(model_name: str, gpu: str, gpus: int, gbs: int | None) -> dict:

@@ -1,4 +1,4 @@
-"""The precision check's thresholds and run lengths, read strictly from search_spaces/fp8_check.yaml.
+"""The precision check's thresholds and run lengths, read strictly from fp8_check.yaml.
 
 Numbers that decide a verdict live in data, not code, so a team can tighten them without a
 release; the file's comments say why each default is what it is (the measured seed noise of the

@@ -13,8 +13,9 @@ NVIDIA's NVFP4 pre-training report (arXiv 2509.25149):
 * **MXFP8**: E4M3 values, one E8M0 (power-of-two) scale per block of 32. The exponent is
   rounded up (ceil(log2(amax_block / 448))) as TransformerEngine does, so no value clips.
 * **RHT**: each run of 16 elements along the contracted dim times H16 * S (H16 the normalised
-  Sylvester Hadamard matrix, S random +-1 signs drawn per step). Applied to both operands of the
-  wgrad GEMM it leaves the product unchanged and spreads a token's outlier over 16 values.
+  Sylvester Hadamard matrix, S random +-1 signs: TransformerEngine draws them per step, MxLinear
+  per layer call). Applied to both operands of the wgrad GEMM it leaves the product unchanged
+  and spreads a token's outlier over 16 values.
 * **Stochastic rounding** (gradients): up with probability (x - lo) / (hi - lo), so that the
   quantized gradient is unbiased; round-to-nearest-even otherwise.
 
@@ -155,7 +156,7 @@ def hadamard(size: int = HADAMARD_SIZE, device=None) -> torch.Tensor:
 
 def random_signs(generator: torch.Generator | None = None, size: int = HADAMARD_SIZE,
                  device=None) -> torch.Tensor:
-    """The diagonal of S: +-1, drawn once per step and shared by every layer."""
+    """The diagonal of S: random +-1 (from ``generator``, or torch's global generator)."""
     draw = torch.randint(0, 2, (size,), generator=generator)
     return (draw * 2 - 1).float().to(device)
 

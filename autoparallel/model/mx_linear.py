@@ -9,7 +9,7 @@ does:
   along its output features: under NVFP4 the same 16x16-block weight as fprop (``weight_2d``),
   under MXFP8 a second, columnwise quantization of W;
 * wgrad  dW = dY^T X: both along the tokens; under NVFP4 both first pass through the random
-  Hadamard transform with one sign vector per step (so the product is unchanged), and dY^T is
+  Hadamard transform with one sign vector for both (so the product is unchanged), and dY^T is
   stochastically rounded.
 
 The columnwise X for wgrad is quantized in forward and is all backward keeps of X. The numerics
