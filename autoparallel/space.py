@@ -301,6 +301,18 @@ def _without_inapplicable(features: pd.DataFrame, space: SearchSpace, model: Mod
     return features[~inapplicable].reset_index(drop=True)
 
 
+def unsupported_precisions(hw: HardwareSpec) -> dict[str, str]:
+    """The precisions ``hw`` has no tensor cores for, each with the reason (also what
+    ``search --fp8-check`` leaves unchecked)."""
+    out = {p: f"{hw.name} has no FP8 tensor cores" for p in FP8_PRECISIONS if not hw.supports_fp8}
+    if not hw.mxfp8:
+        out.setdefault("mxfp8", f"mxfp8 needs Blackwell; {hw.name} lacks it")
+    if hw.fp4_tflops is None:
+        # TE's NVFP4BlockScaling: "for Blackwell+ architecture" (Megatron-Core's fp4 recipe).
+        out["nvfp4"] = f"nvfp4 needs Blackwell FP4 tensor cores; {hw.name} lacks them"
+    return out
+
+
 def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.ndarray:
     """Rules on the feature knobs alone (no structure needed)."""
     precision = df["precision"].to_numpy()
@@ -309,10 +321,7 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
     edge = df["fp8_bf16_edge_layers"].to_numpy()
     rules = [
         (df.tp_comm_overlap.to_numpy() & ~df.sp.to_numpy(), "TP comm overlap needs sequence parallel"),
-        (fp8 & (not hw.supports_fp8), f"{hw.name} has no FP8 tensor cores"),
-        ((precision == "mxfp8") & (not hw.mxfp8), f"mxfp8 needs Blackwell; {hw.name} lacks it"),
-        # TE's NVFP4BlockScaling: "for Blackwell+ architecture" (Megatron-Core's fp4 recipe).
-        ((precision == "nvfp4") & (hw.fp4_tflops is None), f"nvfp4 needs Blackwell FP4 tensor cores; {hw.name} lacks them"),
+        *[(precision == name, why) for name, why in unsupported_precisions(hw).items()],
         ((edge > 0) & ~quantized, "BF16 edge layers only apply to FP8 and FP4 precisions"),
         ((edge > 0) & (precision == "fp8-delayed"), "delayed scaling cannot keep first/last layers in BF16"),
         (2 * edge >= model.num_layers, "BF16 edge layers cover the whole model"),

@@ -440,7 +440,7 @@ BAD_INPUTS = [
     (["calibrate", "--from", "{grid}"], "has no measurements"),
     (["calibrate", "--from", "{dir}/no_such_run"], "no_such_run is not a run folder"),
     # --- fp8-check (refused before the proxy trains)
-    (["fp8-check", "--model", "llama3-8b", "--recipes", "mxfp8"], "--recipes: mxfp8 cannot be checked"),
+    (["fp8-check", "--model", "llama3-8b", "--recipes", "mxfp4"], "--recipes: mxfp4 cannot be checked; choose from fp8-delayed, fp8-current, fp8-blockwise, mxfp8, nvfp4"),
     (["fp8-check", "--model", "llama3-8b", "--settings", "{fp8_nan_yaml}"], "key 'max_loss_gap_pct': expected a finite number >= 0, got nan"),
     (["fp8-check", "--model", "llama3-8b", "--settings", "{fp8_negative_yaml}"], "key 'steps': expected an integer in 0..2147483647, got -3"),
     (["fp8-check", "--model", "llama3-8b", "--steps", "0"], "--steps: expected an integer in 1..2147483647, got 0"),

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> None:
     time_to_train.from_args(args, args.gpus)  # a bad combination fails before the search
     model, hw, gbs, space = inputs(args)
     check_profiling(args, args.gpus, model)
-    fp8 = _fp8_check_first(args, model, space) if args.fp8_check else None
+    fp8 = _fp8_check_first(args, model, hw, space) if args.fp8_check else None
     if fp8:
         from autoparallel.fp8check.search_filter import restrict_space
         space = restrict_space(space, fp8)
@@ -146,12 +146,15 @@ def _next_steps(result, run_dir: Path) -> None:
                   f"{' '.join(f'{n}=...' for n in names)} {launch}", soft_wrap=True)
 
 
-def _fp8_check_first(args: argparse.Namespace, model, space) -> dict:
-    """Run ``fp8-check`` on the model; its decisions restrict the search (issue 7)."""
+def _fp8_check_first(args: argparse.Namespace, model, hw, space) -> dict:
+    """Run ``fp8-check`` on the model for the space's FP8 / FP4 recipes this GPU runs (mxfp8 and
+    nvfp4 on Blackwell only); its decisions restrict the search (issue 7)."""
     from autoparallel.cli.fp8_check import print_check_result
     from autoparallel.fp8check.command import CHECKABLE, check_and_save, settings_from_flags
     from autoparallel.fp8check.search_filter import decisions_from_check
-    recipes = ",".join(p for p in space.precision if p in CHECKABLE)  # mxfp8 is not emulated
+    from autoparallel.space import unsupported_precisions
+    lacking = unsupported_precisions(hw)
+    recipes = ",".join(p for p in space.precision if p in CHECKABLE and p not in lacking)
     if not recipes:
         return {}
     settings = settings_from_flags(args.fp8_check_settings, args.fp8_check_steps, recipes)

@@ -554,11 +554,14 @@ def weight_cache_bytes(model: nn.Module) -> int:
 
 
 def attach_observer(model: nn.Module, observer: NumericsObserver | None) -> int:
-    """Point every Fp8Linear at ``observer`` (None detaches); returns how many layers."""
+    """Point every Fp8Linear and MxLinear (which casts its weight on every call) at
+    ``observer`` (None detaches); returns how many layers."""
+    from autoparallel.model.mx_linear import MxLinear  # it imports this module
     layers = 0
     for name, m in model.named_modules():
-        if isinstance(m, Fp8Linear):
+        if isinstance(m, (Fp8Linear, MxLinear)):
             m.observer, m.numerics_name = observer, name
-            m.next_step()  # the next forward casts (and so reports) the weight again
+            if isinstance(m, Fp8Linear):
+                m.next_step()  # the next forward casts (and so reports) the weight again
             layers += 1
     return layers
