@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from autoparallel.costmodel import pipeline
+from autoparallel.costmodel.finetune import is_lora as lora
 from autoparallel.costmodel.candidates import RECOMPUTE_MODULES  # the modules the cost model prices
 from autoparallel.errors import UserError
 from autoparallel.io import from_dict, read_yaml, resolve_preset
@@ -297,6 +298,8 @@ def _without_inapplicable(features: pd.DataFrame, space: SearchSpace, model: Mod
         inapplicable |= (features.fp8_bf16_edge_layers > 0) & ~quantized
     if False in space.tp_comm_overlap:
         inapplicable |= features.tp_comm_overlap & ~features.sp
+    if False in space.fsdp and lora(model):
+        inapplicable |= features.fsdp
     return features[~inapplicable].reset_index(drop=True)
 
 
@@ -318,6 +321,7 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
         (df.overlap_param_gather.to_numpy() & ~df.distributed_optimizer.to_numpy(),
          "param-gather overlap needs the distributed optimizer"),
         (df.fsdp.to_numpy() & ~df.distributed_optimizer.to_numpy(), "FSDP needs the distributed optimizer"),
+        (df.fsdp.to_numpy() & lora(model), "LoRA's frozen base is priced unsharded: FSDP is not offered with it"),
         # TE module/base.py fill_userbuffers_buffer_for_all_gather: only delayed, current and MXFP8
         # quantizers; anything else is "Unsupported quantizer for Userbuffers".
         (df.tp_comm_overlap.to_numpy() & np.isin(precision, ("fp8-blockwise", "nvfp4")),

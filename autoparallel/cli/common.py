@@ -98,7 +98,8 @@ def inputs(args: argparse.Namespace):
     from autoparallel.search.run import default_gbs
     from autoparallel.space import load_space
     from autoparallel.cli.combos import check_knobs
-    model = with_seq_length(io.load_model(args.model), args.seq_length)
+    from autoparallel.cli.finetune import with_finetune
+    model = with_finetune(with_seq_length(io.load_model(args.model), args.seq_length), args)
     check_knobs(args, model)
     hw = io.load_hardware(args.gpu)
     space = load_space(args.space).pinned(**pins(args))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from autoparallel.argtypes import non_negative, positive, seed
 from autoparallel.cli import combos
+from autoparallel.cli import finetune as finetune_flags
 from autoparallel.cli.common import (add_knobs, add_table_flags, add_target, console, inputs, pins,
                                      pricing_progress, status, trial_progress)
 from autoparallel.errors import UserError
@@ -21,6 +22,7 @@ def add_parser(sub) -> None:
     s = sub.add_parser("search", help="rank every valid training layout")
     add_target(s, required=False)
     add_knobs(s)
+    finetune_flags.add_flags(s)
     s.add_argument("--strategy", choices=("grid", "optuna"), default="grid",
                    help="grid prices every candidate (default); optuna samples --trials of them")
     s.add_argument("--sampler", choices=("tpe", "nsga2", "random", "gp"), help="optuna sampler (default tpe)")
