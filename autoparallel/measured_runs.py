@@ -156,7 +156,7 @@ def _pins(row: pd.Series) -> dict:
     # The published FSDP size is dp*cp (64 on 64 GPUs at TP1 PP1); a few rows say only "1" (on).
     pins["fsdp"] = _given(row, "fsdp") and int(row["fsdp"]) >= 1
     for knob in ("distributed_optimizer", "tp_comm_overlap", "grad_reduce_in_fp32", "flash_attention",
-                 "fp8_param_gather", "precision_aware_optimizer"):
+                 "fp8_param_gather", "precision_aware_optimizer", "fp8_attention"):
         if _given(row, knob):
             pins[knob] = bool(int(row[knob]))
     if _given(row, "overlap_grad_reduce"):
@@ -358,6 +358,7 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
         "grad_reduce_in_fp32": 0, "flash_attention": 1, "overlap_grad_reduce": 1,
         "cuda_graph": ["layer" if _knob_set(k, "LAYER_CUDA_GRAPH") else "none" for k in frame["other_knobs"]],
         "fp8_param_gather": [int(_knob_set(k, "FP8_PARAMS")) for k in frame["other_knobs"]],
+        "fp8_attention": [int(_knob_set(k, "FP8_DPA")) for k in frame["other_knobs"]],
         "measured_iteration_time_s": frame["step_time_s"], "source": frame["source"],
         "lora_rank": [_lora_rank(k) for k in frame["other_knobs"]],
     })

@@ -596,3 +596,11 @@ def test_a_lora_estimate_adds_up_and_counts_no_wgrad_flops(llama, hw):
     adapters = 80 * (16 * (8192 + 10240) + 16 * (8192 + 8192))
     expected = 4 * llama.num_layers * llama.dense_layer_params + 3 * 80 * 8192 * 64 * 256 + 4 * 8192 * 32000 + 6 * adapters
     assert flops.model_flops_per_token(model) == pytest.approx(expected, rel=REL)
+
+
+def test_fp8_attention_runs_both_gemms_at_the_fp8_peak(llama, hw):
+    x = _llama_cands(llama, hw, fp8_attention=True)
+    attn_flops = 0.5 * 2 * 8192 * 8192 * 64 * 256 / 4
+    exponentials = 8192 * 8192 * 64 / 2 / 4  # the softmax stays on the SFUs
+    expected = (attn_flops / (hw.fp8_tflops * 1e12) + exponentials / 4.2e12) / hw.efficiency.attention
+    assert hw.fp8_tflops == 1979 and lt.attention_time(x)[0] == pytest.approx(expected, rel=REL)

@@ -42,12 +42,15 @@ def linear_time(x: Candidates, params, whole=0.0):
 def attention_time(x: Candidates):
     """Attention core forward: QK^T, the softmax's exponentials on the SFUs, then P·V, one after
     the other (the second GEMM waits for the softmax), at one fitted efficiency. A flash kernel
-    on packed sequences computes each document's causal block only (``finetune.attention_share``)."""
+    on packed sequences computes each document's causal block only (``finetune.attention_share``).
+    FP8 attention runs both GEMMs at the FP8 peak, at the same fitted efficiency (no published run
+    to fit its own); the exponentials stay on the SFUs."""
     model, hw = x.model, x.hw
     attn_flops = flops.attention_core_flops(model, x.b, model.seq_length, causal=x.flash) / (x.t * x.c)
     attn_flops = attn_flops * np.where(x.flash, finetune.attention_share(model), 1.0)
     exponentials = np.where(x.flash, attn_flops / (2.0 * (model.qk_dim + model.v_dim)), 0.0)
-    return (attn_flops / (hw.bf16_tflops * 1e12) + exponentials / (hw.exp_tera_per_s * 1e12)) / hw.efficiency.attention
+    peak = np.where(x.flag("fp8_attention"), hw.fp8_tflops or hw.bf16_tflops, hw.bf16_tflops) * 1e12
+    return (attn_flops / peak + exponentials / (hw.exp_tera_per_s * 1e12)) / hw.efficiency.attention
 
 
 def softmax_time(x: Candidates):
