@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rich.console import Console
+
 from autoparallel.cli.common import console
 from autoparallel.errors import UserError
 
@@ -23,6 +25,8 @@ def add_parser(sub) -> None:
                    help="fit the mixture-of-experts constants instead (on the MoE rows of every GPU and the "
                         "forced-balance vs dropless pairs) and write them into --gpu's preset")
     c.add_argument("--dry-run", action="store_true", help="print the fit, do not write the YAML")
+    c.add_argument("--json", action="store_true",
+                   help="print the fit as JSON (fitted values, errors, constants at a bound); the rest goes to stderr")
     c.add_argument("--output", "-o", help="hardware YAML to write (default: <your preset folder>/hardware/"
                                           "<gpu>.yaml, which then takes the shipped preset's place)")
     profiling_commands.add_calibrate_args(c)
@@ -30,9 +34,17 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from autoparallel.costmodel import calibrate
     output = Path(args.output) if args.output else None
     _check_combinations(args)
+    result = _fit(args, output, Console(stderr=True) if args.json else console)
+    if args.json:
+        import json
+        print(json.dumps(result, indent=1))
+
+
+def _fit(args: argparse.Namespace, output: Path | None, console: Console) -> dict:
+    """Run the fit the flags ask for; its ``calibrate.summary``."""
+    from autoparallel.costmodel import calibrate
     if args.as_name is not None:
         from autoparallel.specs.names import name_problem
         if name_problem(args.as_name):
@@ -43,16 +55,14 @@ def run(args: argparse.Namespace) -> None:
         check_output_file(output, "--output")
     if args.from_run:  # fit to profiled step times of a run
         from autoparallel.profiling.commands import calibrate_from
-        calibrate_from(Path(args.from_run), write=not args.dry_run, console=console, output=output)
-        return
+        return calibrate_from(Path(args.from_run), write=not args.dry_run, console=console, output=output)
     if not args.gpu:
         raise UserError("calibrate needs --gpu (published runs) or --from RUN_DIR (profiled runs)")
     if args.moe:
-        calibrate.main_moe(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run, console=console,
-                           output=output)
-        return
-    calibrate.main(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run, console=console,
-                   output=output, as_name=args.as_name, with_published=args.with_published)
+        return calibrate.main_moe(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run,
+                                  console=console, output=output)
+    return calibrate.main(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run, console=console,
+                          output=output, as_name=args.as_name, with_published=args.with_published)
 
 
 def _check_combinations(args: argparse.Namespace) -> None:

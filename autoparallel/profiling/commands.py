@@ -298,10 +298,12 @@ def _evaluator(result, args: argparse.Namespace, console):
 
 
 def calibrate_from(run_dir: Path, write: bool, console, output: Path | None = None) -> dict:
-    """Fit the run's hardware constants to its measured step times (needs >= 2 measured rows)."""
+    """Fit the run's hardware constants to its measured step times (needs >= 2 measured rows);
+    returns ``calibrate.summary`` of the fit."""
     import pandas as pd
 
     from autoparallel.costmodel import calibrate
+    from autoparallel.costmodel.bounds import at_bounds, warn_at_bounds
     from autoparallel.search import run
     result = run.load(run_dir)
     if "measured_step_time_s" not in result.ranked:
@@ -313,6 +315,8 @@ def calibrate_from(run_dir: Path, write: bool, console, output: Path | None = No
                                                    rows, rows["measured_step_time_s"])
     for name, value in fitted.items():
         console.print(f"  {name}: {getattr(result.hardware.efficiency, name):.4g} -> {value:.4g}")
+    hits = at_bounds(fitted, calibrate.MEASURED_FITTED, log=True)
+    warn_at_bounds(console, hits)
     console.print(f"mean |error| on {len(rows)} measured layouts: {before:.1f} % -> {after:.1f} %")
     if write:
         path = output or calibrate.user_preset(result.hardware.name)
@@ -322,4 +326,4 @@ def calibrate_from(run_dir: Path, write: bool, console, output: Path | None = No
                               f"profiling jobs: {Path(run_dir).name}",
                               source=io.resolve_preset("hardware", result.hardware.name))
         console.print(f"wrote {path}")
-    return fitted
+    return calibrate.summary(calibrate.Fit(fitted, before, after, tuple(fitted), (), (), tuple(hits)), len(rows))
