@@ -5,19 +5,25 @@ Linears; MLPerf's: rank 16 on QKV and projection, packed), GPU (h100-sxm, h200) 
 preset's 128, and MLPerf's 8): each submitted 8-GPU layout (TP, CP; PP 1, MBS 1, FP8) at its best variant (the
 unpublished knobs searched), its rank among the feasible layouts and the share above it.
 
+Then the MLPerf LoRA rows' mean and max |error| with the fixed step cost (``step_overhead_s``) set
+to each of a few values, the rest of the shipped constants kept.
+
     PYTHONPATH=. python benchmarks/bench_issue27_lora.py
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+
+import numpy as np
 
 from autoparallel import io, resources
 from autoparallel.cli.finetune import with_finetune
 from autoparallel.cli.common import with_seq_length
 from autoparallel.search.run import search
 from autoparallel.space import load_space
-from autoparallel.measured_runs import read_runs_table
+from autoparallel.measured_runs import load_runs, predict_row, read_runs_table
 
 
 def submitted_layouts(gpu: str) -> set[tuple[int, int]]:
@@ -36,6 +42,16 @@ def main() -> None:
         flags = argparse.Namespace(finetune="lora", document_tokens=None, **setting)
         print(f"--- LoRA with {name} settings")
         rank_layouts(with_finetune(with_seq_length(io.load_model("llama2-70b"), 8192), flags))
+    floor_ablation()
+
+
+def floor_ablation() -> None:
+    rows = load_runs([resources.data_file("mlperf_training_lora_hopper.csv")])
+    print(f"--- {len(rows)} MLPerf LoRA rows by step_overhead_s (shipped: {rows[0].hardware.efficiency.step_overhead_s})")
+    for floor in (0.0, 0.02, 0.04, 0.06, 0.1, 0.145):
+        errors = np.abs([predict_row(r, dataclasses.replace(r.hardware.efficiency, step_overhead_s=floor))["error_pct"]
+                         for r in rows])
+        print(f"  {floor:.3f} s: mean |error| {errors.mean():.1f} %, max {errors.max():.1f} %")
 
 
 def rank_layouts(model) -> None:
