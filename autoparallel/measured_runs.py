@@ -131,8 +131,8 @@ def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
     if _given(row, "tie_embeddings"):
         stated["tie_embeddings"] = bool(int(row["tie_embeddings"]))
     if _given(row, "finetune"):
-        stated["finetune"] = Finetune(str(row["finetune"]), int(row["lora_rank"]), tuple(str(row["lora_targets"]).split()),
-                                      bool(int(row["packed_sequence"])))
+        stated["finetune"] = Finetune(str(row["finetune"]), int(row["lora_rank"]),
+                                      tuple(str(row["lora_targets"]).split()), bool(int(row["packed_sequence"])))
     groups = None if stated.get("multi_latent_attention") else opt_int("num_query_groups")
     return ModelSpec(
         name=str(row["model"]), num_layers=int(row["num_layers"]), hidden_size=int(row["hidden_size"]),
@@ -336,17 +336,20 @@ def _lora_rank(other_knobs: str) -> float:
 
 def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
     """MLPerf Training submissions (one row per system, NeMo's config as submitted) as runs rows:
-    id ``mlperf-<round>-<submitter>-<system>`` (``mlperflora-`` for the LoRA rows), the architecture, every layout knob pinned, the
+    id ``mlperf-<round>-<submitter>-<system>`` (``mlperflora-`` for the LoRA rows), the
+    architecture, every layout knob pinned, the
     mean logged train_step_time as the iteration time. Gradients are reduced in BF16 (the configs'
     distributed Adam: grad_sync_dtype bf16), attention is fused (no stored scores)."""
     # An empty cell stays unknown (searched with validation.yaml's assumptions).
-    bool_int = lambda c: frame[c].map(lambda v: math.nan if pd.isna(v) else int(str(v).lower() in ("true", "1")))  # noqa: E731
+    bool_int = lambda c: frame[c].map(  # noqa: E731
+        lambda v: math.nan if pd.isna(v) else int(str(v).lower() in ("true", "1")))
     unknown = sorted(set(frame["model"].astype(str)) - set(MLPERF_MODEL))
     if unknown:
         raise UserError(f"MLPerf rows of model(s) {unknown}: only {sorted(MLPERF_MODEL)} are known")
     arch = pd.DataFrame([MLPERF_MODEL[m] for m in frame["model"].astype(str)], index=frame.index)
     out = pd.DataFrame({
-        "id": frame["model"].astype(str).map(MLPERF_ID_PREFIX) + frame["round"].astype(str) + "-" + frame["submitter"].astype(str) + "-"
+        "id": frame["model"].astype(str).map(MLPERF_ID_PREFIX) + frame["round"].astype(str) + "-"
+              + frame["submitter"].astype(str) + "-"
               + frame["system"].astype(str),
         "model": frame["model"], "seq_length": frame["seq_length"], "gpu": frame["gpu"],
         "num_gpus": frame["gpus"], "gbs": frame["global_batch_size"], "mbs": frame["micro_batch_size"],

@@ -131,9 +131,10 @@ def _next_steps(result, run_dir: Path) -> None:
     from autoparallel.report.shared import TOKENIZER_FILES, node_layout
     from autoparallel.report.run_folder import TRAIN_SCRIPT
     nodes, per_node = node_layout(result.gpus, result.hardware.gpus_per_node)
-    if result.model.finetune is not None and result.model.finetune.lora:
-        console.print(f"run folder: {run_dir}\nrank 1 as a NeMo 2 LoRA fine-tuning recipe: autoparallel export {run_dir} "
-                      "--rank 1 --format nemo2 (or nemo2-yaml, yaml)", soft_wrap=True)
+    from autoparallel.costmodel.finetune import is_lora
+    if is_lora(result.model):
+        console.print(f"run folder: {run_dir}\nrank 1 as a NeMo 2 LoRA fine-tuning recipe: "
+                      f"autoparallel export {run_dir} --rank 1 --format nemo2 (or nemo2-yaml, yaml)", soft_wrap=True)
         return
     script = run_dir / TRAIN_SCRIPT
     names = ["MEGATRON_LM", "DATA_PATH", "CHECKPOINT_DIR", *TOKENIZER_FILES.get(result.model.tokenizer_type, {}).values()]

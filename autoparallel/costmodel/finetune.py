@@ -32,6 +32,7 @@ COLUMN_PARALLEL = ("linear_qkv", "linear_fc1")
 
 
 def is_lora(model: ModelSpec) -> bool:
+    """A LoRA run: the base weights are frozen (no wgrad GEMMs, no main gradients, no Adam states)."""
     return model.finetune is not None and model.finetune.lora
 
 
@@ -58,11 +59,6 @@ def adapter_params_gpu(model: ModelSpec, t):
 def adapter_gemms(model: ModelSpec) -> int:
     """GEMMs of one layer's adapters in one forward: A then B per target."""
     return 2 * len(model.finetune.lora_targets) if is_lora(model) else 0
-
-
-def frozen_base(model: ModelSpec) -> bool:
-    """The base weights take no gradients (no wgrad GEMMs, no main gradients, no Adam states)."""
-    return is_lora(model)
 
 
 def base_weight_bytes(model: ModelSpec, is_fp8):

@@ -99,7 +99,7 @@ def forward_time(x: Candidates, t_linear, attention, softmax, is_moe: bool):
 def compute_time(x: Candidates, forward, t_linear):
     """Forward and backward (data and weight gradients: twice the forward); a frozen base (LoRA)
     skips its Linears' weight-gradient GEMMs (one forward's worth of them)."""
-    return 3.0 * forward - (t_linear if finetune.frozen_base(x.model) else 0.0)
+    return 3.0 * forward - (t_linear if finetune.is_lora(x.model) else 0.0)
 
 
 def lora_adapters_time(x: Candidates):
@@ -156,7 +156,7 @@ def tp_comm_time(x: Candidates, blocks, t_linear):
     per_domain = comm.ranks_per_domain(x.hw, x.t, 1)
     per_block = comm.all_reduce_time(x.hw, 2.0 * x.tokens * x.model.hidden_size, x.t, per_domain)
     total = blocks * (per_block * (2.0 + x.recomputed_fraction))
-    gemm_passes = 2.0 if finetune.frozen_base(x.model) else 3.0  # no wgrad GEMMs beside a frozen base
+    gemm_passes = 2.0 if finetune.is_lora(x.model) else 3.0  # no wgrad GEMMs beside a frozen base
     gemms_beside = t_linear * (gemm_passes + x.recomputed_fraction)
     hidden = np.maximum((1 - x.hw.efficiency.tp_overlap) * total, total - gemms_beside)
     return np.where(x.flag("tp_comm_overlap"), hidden, total)

@@ -26,7 +26,7 @@ def logits_time(x: Candidates):
     computes no weight gradient) and the loss's passes over the FP32 logits."""
     model, hw = x.model, x.hw
     logit_flops = flops.logits_flops(model, x.b, x.s_local) / x.t
-    passes = 2.0 if finetune.frozen_base(model) else 3.0
+    passes = 2.0 if finetune.is_lora(model) else 3.0
     gemms = passes * logit_flops / (hw.bf16_tflops * 1e12 * gemm.efficiency(hw, logit_flops))
     return gemms + LOSS_PASSES * 4.0 * x.tokens * model.vocab_size / x.t / x.hbm
 
@@ -124,7 +124,7 @@ def stage_params(x: Candidates, layers: Layers) -> list[tuple[np.ndarray, np.nda
 def trainable_params(x: Candidates, layers: Layers, params: list) -> list[tuple[np.ndarray, np.ndarray]]:
     """The parameters of ``stage_params`` that take gradients and optimizer states: all of them,
     or under LoRA (a frozen base, embedding and output layer included) the stage's adapters."""
-    if not finetune.frozen_base(x.model):
+    if not finetune.is_lora(x.model):
         return params
     counts = [(x.first_layers, x.first_moe), (x.middle_layers, x.middle_moe), (x.last_layers, x.last_moe)]
     return [(layers.on("adapter_params", n, n_moe), np.zeros_like(x.t)) for n, n_moe in counts]

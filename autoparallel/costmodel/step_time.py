@@ -92,7 +92,7 @@ def optimizer_time(x: Candidates, params_gpu, experts_gpu):
 def weight_cast_time(x: Candidates, layers: Layers, bottleneck: Schedule):
     """The FP8 copies of the bottleneck stage's weights, cast once per step (a frozen LoRA base
     is kept in FP8: never cast)."""
-    if finetune.frozen_base(x.model):
+    if finetune.is_lora(x.model):
         return np.zeros_like(x.t)
     layer_params = layers.on("params", bottleneck.layers, bottleneck.moe) + bottleneck.moe * layers.moe["expert_params"]
     return layer_params * x.quantized_fraction * x.cast_bytes / x.hbm
