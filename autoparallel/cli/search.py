@@ -10,6 +10,7 @@ from pathlib import Path
 
 from autoparallel.argtypes import non_negative, positive, seed
 from autoparallel.cli import combos
+from autoparallel.cli import finetune as finetune_flags
 from autoparallel.cli.common import (add_knobs, add_table_flags, add_target, console, inputs, pins,
                                      pricing_progress, status, trial_progress)
 from autoparallel.errors import UserError
@@ -21,6 +22,7 @@ def add_parser(sub) -> None:
     s = sub.add_parser("search", help="rank every valid training layout")
     add_target(s, required=False)
     add_knobs(s)
+    finetune_flags.add_flags(s)
     s.add_argument("--strategy", choices=("grid", "optuna"), default="grid",
                    help="grid prices every candidate (default); optuna samples --trials of them")
     s.add_argument("--sampler", choices=("tpe", "nsga2", "random", "gp"), help="optuna sampler (default tpe)")
@@ -136,6 +138,11 @@ def _next_steps(result, run_dir: Path) -> None:
     from autoparallel.report.shared import TOKENIZER_FILES, node_layout
     from autoparallel.report.run_folder import TRAIN_SCRIPT
     nodes, per_node = node_layout(result.gpus, result.hardware.gpus_per_node)
+    from autoparallel.costmodel.finetune import is_lora
+    if is_lora(result.model):
+        console.print(f"run folder: {run_dir}\nrank 1 as a NeMo 2 LoRA fine-tuning recipe: "
+                      f"autoparallel export {run_dir} --rank 1 --format nemo2 (or nemo2-yaml, yaml)", soft_wrap=True)
+        return
     script = run_dir / TRAIN_SCRIPT
     names = ["MEGATRON_LM", "DATA_PATH", "CHECKPOINT_DIR", *TOKENIZER_FILES.get(result.model.tokenizer_type, {}).values()]
     launch = f"sbatch {script}" if nodes > 1 else f"bash {script}"

@@ -154,8 +154,12 @@ def plan_document(model: ModelSpec, hw: HardwareSpec, row: pd.Series) -> dict:
 
 
 def write_best(run_dir: Path, model: ModelSpec, hw: HardwareSpec, row: pd.Series, title: str) -> None:
-    """best.yaml and train.sh (the launch script) of the rank-1 plan."""
+    """best.yaml and train.sh (the launch script) of the rank-1 plan; no train.sh for LoRA, which
+    Megatron-LM's pretrain_gpt.py cannot run (``export --format nemo2`` writes its recipe)."""
     run_folder.write_yaml(run_dir / run_folder.BEST, plan_document(model, hw, row))
+    from autoparallel.costmodel.finetune import is_lora
+    if is_lora(model):
+        return
     run_folder.write_atomic(run_dir / run_folder.TRAIN_SCRIPT, launch_script(model, hw, row, title))
 
 
