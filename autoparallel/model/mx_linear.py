@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autoparallel.model.fp8 import GEMM_BACKENDS, GemmBackend, _device_name
+from autoparallel.model.fp8 import GemmBackend, _device_name, init_quantized_linear
 from autoparallel.model.microscaling import (NVFP4_BLOCK, BlockScaled, mxfp8_cast, nvfp4_cast,
                                              random_signs, rht)
 from autoparallel.model.recipes import MICROSCALED, Mxfp8BlockScaling, Nvfp4BlockScaling
@@ -129,14 +129,7 @@ class MxLinear(nn.Module):
         super().__init__()
         if not isinstance(recipe, MICROSCALED):
             raise ValueError(f"recipe={recipe!r} is not a microscaled recipe (mxfp8, nvfp4)")
-        if gemm_backend not in GEMM_BACKENDS:
-            raise ValueError(f"gemm_backend={gemm_backend!r} is not valid; "
-                             f"choose one of {', '.join(GEMM_BACKENDS)}")
-        self.in_features, self.out_features = in_features, out_features
-        self.recipe, self.gemm_backend = recipe, gemm_backend
-        factory = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
-        self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
+        init_quantized_linear(self, in_features, out_features, recipe, bias, gemm_backend, device, dtype)
         self.observer = None
         self.numerics_name = ""
         self.reset_parameters()
