@@ -171,6 +171,9 @@ def test_each_family_gets_its_own_tie_band():
     assert "b200 family" in error.for_hardware(gb300, moe=True).source
     # No MoE rows on A100: the pooled MoE band.
     assert error.for_hardware(a100, moe=True).step_time_relative_error == error.moe_step_time_relative_error
+    # LoRA runs take their family's LoRA band (MLPerf's Llama-2-70B LoRA rows), else the dense one.
+    assert error.for_hardware(h100, lora=True).step_time_relative_error == error.by_family["h100-sxm"]["lora"]
+    assert error.for_hardware(a100, lora=True).step_time_relative_error == error.step_time_relative_error
 
 
 @pytest.fixture(scope="module")

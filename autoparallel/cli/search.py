@@ -11,6 +11,7 @@ from pathlib import Path
 from autoparallel.argtypes import non_negative, positive, seed
 from autoparallel.cli import combos
 from autoparallel.cli import finetune as finetune_flags
+from autoparallel.costmodel.finetune import is_lora
 from autoparallel.cli.common import (add_knobs, add_table_flags, add_target, console, inputs, pins,
                                      pricing_progress, status, trial_progress)
 from autoparallel.errors import UserError
@@ -128,7 +129,8 @@ def _show(result, args: argparse.Namespace, how: str, run_dir: Path | None) -> N
              f"{min(args.top, len(result.feasible))} of {len(result.feasible):,} feasible ({how})")
     where = "" if args.no_save else "; all in the run folder's ranked.md"
     print_ranked(result.ranked, title, args.top, console, result.hardware, result.space.memory_fraction,
-                 args.wide, args.explain, where, train, moe=result.model.is_moe)
+                 args.wide, args.explain, where, train, moe=result.model.is_moe,
+                 lora=is_lora(result.model))
     if run_dir:
         _next_steps(result, run_dir)
 

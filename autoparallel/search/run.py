@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from autoparallel import io, ranges, safefile
+from autoparallel.costmodel import finetune
 from autoparallel.costmodel.estimate import BREAKDOWN_KEYS, MEMORY_KEYS, record
 from autoparallel.errors import UserError
 from autoparallel.report import moe_export, run_folder, tables
@@ -125,7 +126,7 @@ def write_tables(result: SearchResult, run_dir: Path, top_md: int = 50, summaris
     title = f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}"
     run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(
         result.ranked, top_md, result.hardware, result.space.memory_fraction, result.feasible_total,
-        train=result.train, moe=result.model.is_moe))
+        train=result.train, moe=result.model.is_moe, lora=finetune.is_lora(result.model)))
     if not result.feasible.empty:
         write_best(run_dir, result.model, result.hardware, result.entry(1), title)
     rows = result.ranked
