@@ -45,6 +45,12 @@ def target_shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:
             "linear_fc1": (h, ffn * (2 if model.gated_mlp else 1)), "linear_fc2": (ffn, h)}
 
 
+def linear_passes(model: ModelSpec) -> float:
+    """GEMM passes of a base Linear per micro-batch: forward, dgrad and wgrad, or only the first
+    two for a frozen (LoRA) base."""
+    return 2.0 if is_lora(model) else 3.0
+
+
 def adapter_params_gpu(model: ModelSpec, t):
     """One layer's adapter weights on one GPU of a TP group of ``t`` (0 unless LoRA)."""
     if not is_lora(model):

@@ -60,7 +60,7 @@ def model_flops_per_token(model: ModelSpec, tp=1):
               + model.num_moe_layers * (model.active_moe_layer_params - model.router_params))
     attention = (3.0 * model.num_layers * model.seq_length * model.num_attention_heads
                  * (model.qk_dim + model.v_dim)) * finetune.attention_share(model)
-    per_weight = 4.0 if finetune.is_lora(model) else 6.0
+    per_weight = 2.0 * finetune.linear_passes(model)
     logits = per_weight * model.hidden_size * padded_vocab_size(model, tp)
     adapters = 6.0 * model.num_layers * finetune.adapter_params_gpu(model, 1)
     return per_weight * layers + attention + logits + adapters

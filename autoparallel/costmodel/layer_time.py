@@ -65,12 +65,11 @@ def activation_bytes(x: Candidates, is_moe: bool, keep_scores):
     """Bytes one layer saves for backward (a LoRA layer: what its frozen Linears and adapters
     keep); with ``keep_scores`` False counted in BF16 throughout (the tensors the elementwise
     kernels touch)."""
+    fraction = x.quantized_fraction if keep_scores is not False else 0.0
+    saved = memory.layer_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, keep_scores, fraction, moe=is_moe,
+                                          etp=x.et, imbalance=x.imbalance, quantized_bytes=x.quantized_input_bytes)
     if keep_scores is False:
-        return memory.layer_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, False, 0.0, moe=is_moe, etp=x.et,
-                                             imbalance=x.imbalance, quantized_bytes=x.quantized_input_bytes)
-    saved = memory.layer_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, keep_scores, x.quantized_fraction,
-                                          moe=is_moe, etp=x.et, imbalance=x.imbalance,
-                                          quantized_bytes=x.quantized_input_bytes)
+        return saved
     return saved + finetune.frozen_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction,
                                                     x.quantized_input_bytes)
 
@@ -99,7 +98,7 @@ def forward_time(x: Candidates, t_linear, attention, softmax, is_moe: bool):
 def compute_time(x: Candidates, forward, t_linear):
     """Forward and backward (data and weight gradients: twice the forward); a frozen base (LoRA)
     skips its Linears' weight-gradient GEMMs (one forward's worth of them)."""
-    return 3.0 * forward - (t_linear if finetune.is_lora(x.model) else 0.0)
+    return 3.0 * forward - (3.0 - finetune.linear_passes(x.model)) * t_linear
 
 
 def lora_adapters_time(x: Candidates):
@@ -156,8 +155,7 @@ def tp_comm_time(x: Candidates, blocks, t_linear):
     per_domain = comm.ranks_per_domain(x.hw, x.t, 1)
     per_block = comm.all_reduce_time(x.hw, 2.0 * x.tokens * x.model.hidden_size, x.t, per_domain)
     total = blocks * (per_block * (2.0 + x.recomputed_fraction))
-    gemm_passes = 2.0 if finetune.is_lora(x.model) else 3.0  # no wgrad GEMMs beside a frozen base
-    gemms_beside = t_linear * (gemm_passes + x.recomputed_fraction)
+    gemms_beside = t_linear * (finetune.linear_passes(x.model) + x.recomputed_fraction)
     hidden = np.maximum((1 - x.hw.efficiency.tp_overlap) * total, total - gemms_beside)
     return np.where(x.flag("tp_comm_overlap"), hidden, total)
 

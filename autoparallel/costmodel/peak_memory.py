@@ -112,7 +112,7 @@ def mtp_bytes(x: Candidates, layers: Layers, held, logits):
 
 def peak_memory(x: Candidates, layers: Layers, params: list, memory_fraction: float) -> dict:
     """The fullest stage's peak, whether it fits, and its memory by kind (``MEMORY_KEYS``)."""
-    stage_layers = [(x.first_layers, x.first_moe), (x.middle_layers, x.middle_moe), (x.last_layers, x.last_moe)]
+    stage_layers = x.stage_layer_counts
     priced = lora_model_states if finetune.is_lora(x.model) else model_states
     states = [priced(x, layers, p, n, n_moe) for p, (n, n_moe) in zip(params, stage_layers)]
     acts, logits = activation_bytes(x, layers)

@@ -26,8 +26,7 @@ def logits_time(x: Candidates):
     computes no weight gradient) and the loss's passes over the FP32 logits."""
     model, hw = x.model, x.hw
     logit_flops = flops.logits_flops(model, x.b, x.s_local) / x.t
-    passes = 2.0 if finetune.is_lora(model) else 3.0
-    gemms = passes * logit_flops / (hw.bf16_tflops * 1e12 * gemm.efficiency(hw, logit_flops))
+    gemms = finetune.linear_passes(model) * logit_flops / (hw.bf16_tflops * 1e12 * gemm.efficiency(hw, logit_flops))
     return gemms + LOSS_PASSES * 4.0 * x.tokens * model.vocab_size / x.t / x.hbm
 
 
@@ -126,8 +125,7 @@ def trainable_params(x: Candidates, layers: Layers, params: list) -> list[tuple[
     or under LoRA (a frozen base, embedding and output layer included) the stage's adapters."""
     if not finetune.is_lora(x.model):
         return params
-    counts = [(x.first_layers, x.first_moe), (x.middle_layers, x.middle_moe), (x.last_layers, x.last_moe)]
-    return [(layers.on("adapter_params", n, n_moe), np.zeros_like(x.t)) for n, n_moe in counts]
+    return [(layers.on("adapter_params", n, n_moe), np.zeros_like(x.t)) for n, n_moe in x.stage_layer_counts]
 
 
 def present(x: Candidates) -> list[np.ndarray]:
