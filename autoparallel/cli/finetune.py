@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 
 from autoparallel.argtypes import positive
+from autoparallel.cli.combos import flag, no_effect
 from autoparallel.errors import UserError
 from autoparallel.specs.finetune import DEFAULT_LORA_RANK, FINETUNE_MODES, LORA_TARGETS, Finetune, parse_targets
 
@@ -45,13 +46,13 @@ def with_finetune(model, args: argparse.Namespace):
     mode = getattr(args, "finetune", None)
     if mode is None:
         if given:
-            raise UserError(f"--{given[0].replace('_', '-')} has no effect without --finetune: "
+            raise UserError(f"{flag(given[0])} has no effect without --finetune: "
                             "give --finetune full or --finetune lora")
         return model
     lora_given = [d for d in ("lora_rank", "lora_targets") if d in given]
     if mode != "lora" and lora_given:
-        raise UserError(f"--{lora_given[0].replace('_', '-')} has no effect with --finetune {mode}: "
-                        "it sets LoRA's adapters; give --finetune lora or drop it")
+        raise no_effect(flag(lora_given[0]), f"--finetune {mode}", "it sets LoRA's adapters; give --finetune lora "
+                        "or drop it")
     if args.document_tokens is not None and not args.packed_sequence:
         raise UserError("--document-tokens has no effect without --packed-sequence: it is the mean length of "
                         "the documents packed into a sequence")

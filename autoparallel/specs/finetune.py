@@ -38,8 +38,7 @@ class Finetune:
             raise ValueError(f"finetune mode must be one of {', '.join(FINETUNE_MODES)}, got {self.mode!r}")
         if self.lora_rank < 1:
             raise ValueError(f"lora_rank must be a positive integer, got {self.lora_rank}")
-        bad = [t for t in self.lora_targets if t not in LORA_TARGETS]
-        if bad or not self.lora_targets or len(set(self.lora_targets)) != len(self.lora_targets):
+        if not _valid_targets(self.lora_targets):
             raise ValueError(f"lora_targets must be distinct names among {', '.join(LORA_TARGETS)}, "
                              f"got {', '.join(self.lora_targets) or 'none'}")
         if self.document_tokens is not None and (self.document_tokens < 1 or not self.packed_sequence):
@@ -54,7 +53,11 @@ class Finetune:
 def parse_targets(text: str) -> tuple[str, ...]:
     """``--lora-targets linear_qkv,linear_proj`` as a tuple; ``ValueError`` names a bad name."""
     targets = tuple(t.strip() for t in text.split(",") if t.strip())
-    bad = [t for t in targets if t not in LORA_TARGETS]
-    if bad or not targets or len(set(targets)) != len(targets):
+    if not _valid_targets(targets):
         raise ValueError(f"expected distinct comma-separated names among {', '.join(LORA_TARGETS)}, got {text!r}")
     return targets
+
+
+def _valid_targets(targets: tuple[str, ...]) -> bool:
+    """At least one target, each a known name, none twice."""
+    return bool(targets) and set(targets) <= set(LORA_TARGETS) and len(set(targets)) == len(targets)
