@@ -3,6 +3,7 @@ MFU on the BF16 peak, the tie band, no truncation in logs; candidates.csv / .par
 what `search` and `estimate` print."""
 
 import io as stdio
+import re
 import sys
 
 import numpy as np
@@ -144,8 +145,11 @@ def test_search_prints_how_to_export_and_launch_rank_1(tmp_path, capsys):
     assert main(["search", "--model", "llama3-8b", "--gpus", "16", "--results", str(tmp_path), "--top", "5"]) == 0
     out = capsys.readouterr().out
     (run_dir,) = tmp_path.iterdir()
-    assert f"autoparallel export {run_dir} --rank 1 --format megatron" in out
-    assert f"sbatch {run_dir / 'train.sh'}" in out and "DATA_PATH=..." in out
+    commands = re.sub(r" \\\n +", " ", out)  # the shell's line continuations, joined
+    assert f"autoparallel export {run_dir} --rank 1 --format megatron" in commands
+    assert f"sbatch {run_dir / 'train.sh'}" in commands and "DATA_PATH=..." in commands
+    hints = out[out.index("rank 1 as Megatron-LM flags"):].splitlines()
+    assert all(len(line) <= 80 for line in hints if str(run_dir) not in line), hints
     assert (run_dir / "train.sh").read_text().startswith("#!/bin/bash\n#SBATCH --nodes=2")
 
 

@@ -170,3 +170,15 @@ def pricing_progress(quiet: bool):
                 p.update(task, completed=done, total=total, description="pricing candidate layouts")
             yield update
     return bar()
+
+
+def shell_command(words: list[str], width: int = 80, indent: str = "  ") -> str:
+    """A command to copy into a shell, indented and broken with `` \\`` continuations so that no
+    line passes ``width`` columns (a word longer than the line stays whole)."""
+    lines, line = [], indent
+    for word in words:
+        if line.strip() and len(line) + 1 + len(word) + 2 > width:
+            lines.append(line + " \\")
+            line = indent * 2
+        line += ("" if line.isspace() else " ") + word
+    return "\n".join([*lines, line])

@@ -13,7 +13,7 @@ from autoparallel.cli import combos
 from autoparallel.cli import finetune as finetune_flags
 from autoparallel.costmodel.finetune import is_lora
 from autoparallel.cli.common import (add_knobs, add_table_flags, add_target, console, inputs, pins,
-                                     pricing_progress, status, trial_progress)
+                                     pricing_progress, shell_command, status, trial_progress)
 from autoparallel.errors import UserError
 from autoparallel.report import time_to_train
 
@@ -136,23 +136,24 @@ def _show(result, args: argparse.Namespace, how: str, run_dir: Path | None) -> N
 
 
 def _next_steps(result, run_dir: Path) -> None:
-    """Where the run was written and how to launch its rank-1 plan."""
+    """Where the run was written and how to export and launch its rank-1 plan, as commands that
+    copy into a shell and read in 80 columns."""
     from autoparallel.report.shared import TOKENIZER_FILES, node_layout
     from autoparallel.report.run_folder import TRAIN_SCRIPT
-    nodes, per_node = node_layout(result.gpus, result.hardware.gpus_per_node)
-    from autoparallel.costmodel.finetune import is_lora
+    export = ["autoparallel", "export", str(run_dir), "--rank", "1", "--format"]
     if is_lora(result.model):
-        console.print(f"run folder: {run_dir}\nrank 1 as a NeMo 2 LoRA fine-tuning recipe: "
-                      f"autoparallel export {run_dir} --rank 1 --format nemo2 (or nemo2-yaml, yaml)", soft_wrap=True)
+        console.print(f"run folder: {run_dir}\n"
+                      "rank 1 as a NeMo 2 LoRA fine-tuning recipe (or --format nemo2-yaml, yaml):\n"
+                      + shell_command([*export, "nemo2"]), soft_wrap=True)
         return
-    script = run_dir / TRAIN_SCRIPT
+    nodes, per_node = node_layout(result.gpus, result.hardware.gpus_per_node)
     names = ["MEGATRON_LM", "DATA_PATH", "CHECKPOINT_DIR", *TOKENIZER_FILES.get(result.model.tokenizer_type, {}).values()]
-    launch = f"sbatch {script}" if nodes > 1 else f"bash {script}"
+    launch = ["sbatch" if nodes > 1 else "bash", str(run_dir / TRAIN_SCRIPT)]
     console.print(f"run folder: {run_dir}\n"
-                  f"rank 1 as Megatron-LM flags: autoparallel export {run_dir} --rank 1 --format megatron "
-                  "(or launch, nemo, nemo2, nemo2-yaml, yaml)\n"
-                  f"launch rank 1 on {nodes} node(s) x {per_node} GPUs: "
-                  f"{' '.join(f'{n}=...' for n in names)} {launch}", soft_wrap=True)
+                  "rank 1 as Megatron-LM flags (or --format launch, nemo, nemo2, nemo2-yaml, yaml):\n"
+                  + shell_command([*export, "megatron"]) + "\n"
+                  f"launch rank 1 on {nodes} node(s) x {per_node} GPUs:\n"
+                  + shell_command([*(f"{n}=..." for n in names), *launch]), soft_wrap=True)
 
 
 def _fp8_check_first(args: argparse.Namespace, model, hw, space) -> dict:
