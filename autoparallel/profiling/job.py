@@ -70,6 +70,12 @@ class Measurement:
         return asdict(self)
 
 
+def out_of_memory_line(lines: list[str]) -> str:
+    """The first line of a failed job's output that says it ran out of memory (torch's
+    OutOfMemoryError, wherever the launcher put it), stripped; empty if none does."""
+    return next((line.strip() for line in lines if "out of memory" in line.lower()), "")
+
+
 def _inject(job: JobSpec, rank: int, step: int) -> None:
     if not job.fault or step != 1:
         return

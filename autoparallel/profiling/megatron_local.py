@@ -19,7 +19,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from autoparallel.profiling.job import JobSpec, Measurement
+from autoparallel.profiling.job import JobSpec, Measurement, out_of_memory_line
 from autoparallel.profiling.launcher import local_capacity
 from autoparallel.profiling.megatron_run import LOG, SCRIPT, MegatronTrainer
 from autoparallel.profiling.slurm import task_hash
@@ -28,7 +28,7 @@ from autoparallel.profiling.slurm import task_hash
 def failure_reason(log: Path, returncode: int) -> str:
     """Why a run ended without a measurement: its exit, and the log's out-of-memory line or last lines."""
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()] if log.exists() else []
-    oom = next((line for line in lines if "out of memory" in line.lower()), "")
+    oom = out_of_memory_line(lines)
     detail = oom[:300] or " | ".join(lines[-3:])[:400]
     head = f"exit code {returncode}" if returncode >= 0 else f"killed by signal {-returncode}"
     return ("out of memory: " if oom else "") + f"train.sh ended with {head}" + (f": {detail}" if detail else "")

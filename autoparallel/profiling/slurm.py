@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoparallel.errors import UserError
+from autoparallel.profiling.job import out_of_memory_line
 
 STATE_FILE = "slurm.json"
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
@@ -411,8 +412,7 @@ def _failure_detail(t: Task) -> str:
     parts = []
     outs = sorted(t.folder.glob("slurm-*.out"), key=lambda p: p.stat().st_mtime)
     lines = outs[-1].read_text(errors="replace").splitlines() if outs else []
-    oom = next((line.strip() for line in lines if "out of memory" in line.lower()), "")
-    if oom:  # a trainer's own OOM message (torch.OutOfMemoryError), wherever the launcher put it
+    if oom := out_of_memory_line(lines):
         parts.append(oom[:300])
     for line in lines:
         if "srun: error:" in line and ("Exited with exit code" in line or "memory" in line.lower()):
