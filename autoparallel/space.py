@@ -390,7 +390,8 @@ def modules_apply(modules: str, model: ModelSpec) -> str:
 
 def _expand_recompute_modules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
     """Give selective-recompute rows one row per module set of the space that applies to the
-    model (a set pinned for a model it does not apply to stays, with the reason)."""
+    model (a set pinned for a model it does not apply to stays, with the reason); a set that
+    recomputes the whole MoE layer ("moe") runs without the 1F1B all-to-all overlap."""
     sets = [m for m in space.recompute_modules if not modules_apply(m, model)]
     if model.is_moe and len(sets) > 1:
         # core_attn alone saves nothing under flash attention and costs the attention again; a
@@ -402,6 +403,10 @@ def _expand_recompute_modules(df: pd.DataFrame, model: ModelSpec, space: SearchS
     parts = [df[~selective].assign(recompute_modules="core_attn")]
     parts += [df[selective].assign(recompute_modules=m) for m in sets]
     out = pd.concat(parts, ignore_index=True)
+    # TransformerConfig.__post_init__ (Megatron-LM d98e8a6): "disable moe in recompute_modules when
+    # enabling overlap_moe_expert_parallel_comm"; the 1F1B overlap is off there, as under full recompute.
+    out.loc[_recomputes_any(out, out.overlap_moe_expert_parallel_comm.to_numpy(), ("moe",)),
+            "overlap_moe_expert_parallel_comm"] = False
     reasons = {m: modules_apply(m, model) for m in sets}
     out["reason"] = np.where(out.reason == "", out.recompute_modules.map(reasons).fillna(""), out.reason)
     return out

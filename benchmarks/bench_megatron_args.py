@@ -80,13 +80,14 @@ TE_VERSION = "2.9.0"  # the TransformerEngine megatron-core 0.15 is built agains
 STUBS = (
     "megatron/training/__init__.py: not run (it imports the whole training loop); the package is "
     "registered without it",
-    "megatron/training/utils.py: replaced by update_use_dist_ckpt, print_rank_0 and warn_rank_0 (copied) "
+    "megatron/training/utils.py: replaced by update_use_dist_ckpt, print_rank_0, warn_rank_0 (copied), is_rank0 "
     "and get_device_arch_version (a CUDA query) returning the hardware preset's compute capability",
     f"megatron.core.utils TransformerEngine version: {TE_VERSION} (TE is GPU-only and not installed)",
     "megatron.core.models.common.embeddings.rope_utils.fused_apply_rotary_pos_emb: a placeholder "
     "(the fused RoPE kernel comes from TE)",
     "torch.cuda.get_device_capability (validate_args asks it for --moe-grouped-gemm): the hardware "
     "preset's compute capability",
+    "typing.override on Python < 3.12 (newer Megatron-LM imports it): typing_extensions.override",
 )
 PLACEHOLDERS = {"MEGATRON_LM": "/megatron", "DATA_PATH": "/data/corpus_text_document",
                 "CHECKPOINT_DIR": "/checkpoints", "VOCAB_FILE": "/tokenizer/gpt2-vocab.json",
@@ -97,6 +98,10 @@ _ARCH = {"value": 9}
 def load_megatron(root: Path):
     """Megatron-LM's argument module and micro-batch calculator, with the GPU-only pieces stubbed."""
     sys.path.insert(0, str(root))
+    import typing
+    if not hasattr(typing, "override"):
+        import typing_extensions
+        typing.override = typing_extensions.override
     import megatron
     training = types.ModuleType("megatron.training")
     training.__path__ = [str(root / "megatron" / "training")]
@@ -115,6 +120,7 @@ def load_megatron(root: Path):
 
     utils.update_use_dist_ckpt, utils.print_rank_0, utils.warn_rank_0 = update_use_dist_ckpt, print_rank_0, warn_rank_0
     utils.get_device_arch_version = lambda: _ARCH["value"]
+    utils.is_rank0 = lambda: True  # newer validate_args asks it (one process here)
     sys.modules["megatron.training"], sys.modules["megatron.training.utils"] = training, utils
     megatron.training = training
     from packaging.version import Version
@@ -147,8 +153,18 @@ def script_argv_env(script: str) -> tuple[list[str], dict[str, str]]:
     return argv.split("\0")[:-1], {k: exported[k] for k in ("CUDA_DEVICE_MAX_CONNECTIONS",) if k in exported}
 
 
-def expected(model, plan) -> dict:
-    """What Megatron must end up with: the preset's model and the priced layout."""
+# Megatron-LM after the CUDA-graph refactor (4c2022d6c0, "decompose cuda_graph_scope into
+# full_iteration impl ... and per-layer capture modules") migrates the exports' 0.15 spelling:
+# --cuda-graph-scope full -> whole-layer capture (empty cuda_graph_modules), and
+# --cuda-graph-impl local --cuda-graph-scope full_iteration -> --cuda-graph-impl full_iteration.
+CUDA_GRAPHS_MIGRATED = {"none": {"cuda_graph_impl": "none"},
+                        "layer": {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": []},
+                        "full_iteration": {"cuda_graph_impl": "full_iteration", "cuda_graph_modules": []}}
+
+
+def expected(model, plan, graph_modules: bool = False) -> dict:
+    """What Megatron must end up with: the preset's model and the priced layout
+    (``graph_modules``: a Megatron-LM that has ``cuda_graph_modules``, so the migrated spelling)."""
     import torch
     import torch.nn.functional as F
     from megatron.core.activations import squared_relu
@@ -189,7 +205,8 @@ def expected(model, plan) -> dict:
         "args.use_precision_aware_optimizer": plan.precision_aware_optimizer,
         **({"args.exp_avg_dtype": torch.bfloat16, "args.exp_avg_sq_dtype": torch.bfloat16}
            if plan.precision_aware_optimizer else {}),
-        **{f"config.{key}": value for key, value in CUDA_GRAPHS[plan.cuda_graph].items()},
+        **{f"config.{key}": value
+           for key, value in (CUDA_GRAPHS_MIGRATED if graph_modules else CUDA_GRAPHS)[plan.cuda_graph].items()},
         **({"config.fp8_recipe": fp8.megatron_recipe} if fp8 else {}),
         "config.first_last_layers_bf16": bool(plan.fp8_bf16_edge_layers) and plan.is_quantized,
         **({"config.num_layers_at_start_in_bf16": plan.fp8_bf16_edge_layers} if plan.fp8_bf16_edge_layers else {}),
@@ -230,7 +247,7 @@ def check(arguments, microbatches, model, plan, argv: list[str], env: dict) -> t
         return stage, f"{type(e).__name__}: {text}"[:200]
     got = {"num_microbatches": microbatches.get_num_microbatches()}
     wrong = []
-    for key, want in expected(model, plan).items():
+    for key, want in expected(model, plan, hasattr(config, "cuda_graph_modules")).items():
         if key != "num_microbatches":
             scope, name = key.split(".")
             value = getattr(config if scope == "config" else args, name)

@@ -159,6 +159,20 @@ def test_all_to_all_overlap_is_off_with_more_than_one_mtp_layer():
     assert not two.overlap_moe_expert_parallel_comm.any() and (two.reason == "").all()
 
 
+def test_all_to_all_overlap_is_off_where_selective_recompute_covers_the_moe_layer():
+    # transformer_config.py (d98e8a6): "disable moe in recompute_modules when enabling
+    # overlap_moe_expert_parallel_comm"; moe_act (the activation only) keeps it.
+    model, hw = io.load_model("qwen3-30b-a3b"), io.load_hardware("h100-sxm")
+    out = {}
+    for modules in ("moe", "moe_act"):
+        space = SearchSpace().pinned(**{**BASE, "tp": 1, "pp": 1, "ep": 8, "recompute": "selective",
+                                        "recompute_modules": modules, "overlap_moe_expert_parallel_comm": True})
+        out[modules] = generate(model, hw, 16, 512, space)
+        assert len(out[modules]) and (out[modules].reason == "").all()
+    assert not out["moe"].overlap_moe_expert_parallel_comm.any()
+    assert out["moe_act"].overlap_moe_expert_parallel_comm.all()
+
+
 @pytest.mark.parametrize("mtp", [0, 1, 2])
 def test_flexible_layouts_place_every_mtp_layer_in_the_last_stage_with_the_loss(mtp):
     # pipeline_parallel_layer_layout.py validate_layer_layout: "Number of mtp layers in layout must
