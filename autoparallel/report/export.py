@@ -133,6 +133,7 @@ def optimizer_flags(plan: Plan) -> list[str]:
     optimizer)."""
     a = ["--fp8-param-gather"] if plan.fp8_param_gather else []
     a += ["--fp8-dot-product-attention"] if plan.fp8_attention else []
+    a += ["--tp-only-amax-red"] if plan.tp_only_amax_red else []
     if plan.precision_aware_optimizer:
         a += ["--use-precision-aware-optimizer", "--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"]
     return a

@@ -190,6 +190,8 @@ def nemo2_recipe(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
         config["pipeline_model_parallel_layout"] = plan.pipeline_model_parallel_layout
     if plan.fp8_attention:
         config["fp8_dot_product_attention"] = True
+    if plan.tp_only_amax_red:
+        config["tp_only_amax_red"] = True
     config.update(moe_export.config_keys(model, plan))
     trainer = _trainer(plan, gpus_per_node, plugins.pop("precision"))
     return {
