@@ -326,8 +326,9 @@ def is_mlperf_table(frame: pd.DataFrame) -> bool:
 
 
 def _knob_set(other_knobs: str, name: str) -> bool:
-    """Whether ``other_knobs`` ("LAYER_CUDA_GRAPH=1; FP8_AMAX_HISTORY=1024; ...") sets ``name`` to 1."""
-    return any(part.strip() == f"{name}=1" for part in str(other_knobs).split(";"))
+    """Whether ``other_knobs`` ("LAYER_CUDA_GRAPH=1; FP8_PARAMS=True; ...") sets ``name`` on (1 or
+    True, as the config's shell variable reads)."""
+    return any(part.strip() in (f"{name}=1", f"{name}=True") for part in str(other_knobs).split(";"))
 
 
 def _tp_only_amax(other_knobs: str) -> bool:
