@@ -72,7 +72,8 @@ def test_every_mlperf_gpt3_submission_is_predicted_to_fit(mlperf_report):
 
 
 def test_mlperf_mean_error_meets_the_issue_target(mlperf_report):
-    """Issue 23: mean |error| <= 6 % (4.7 % on 2026-11-26); no constant is fitted on these rows."""
+    """Issue 23: mean |error| <= 6 % (5.5 % on 2026-11-26, 4.7 % before the v4.x rows stated FP8_PARAMS);
+    no constant is fitted on these rows."""
     assert mlperf_report.error_pct.abs().mean() <= MLPERF_MEAN
     assert mlperf_report.error_pct.abs().max() <= MLPERF_MAX_REACHED  # regression guard
 
