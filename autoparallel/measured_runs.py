@@ -158,7 +158,7 @@ def _pins(row: pd.Series) -> dict:
     # The published FSDP size is dp*cp (64 on 64 GPUs at TP1 PP1); a few rows say only "1" (on).
     pins["fsdp"] = _given(row, "fsdp") and int(row["fsdp"]) >= 1
     for knob in ("distributed_optimizer", "tp_comm_overlap", "grad_reduce_in_fp32", "flash_attention",
-                 "fp8_param_gather", "precision_aware_optimizer", "fp8_attention"):
+                 "fp8_param_gather", "precision_aware_optimizer", "fp8_attention", "tp_only_amax_red"):
         if _given(row, knob):
             pins[knob] = bool(int(row[knob]))
     if _given(row, "overlap_grad_reduce"):
@@ -326,8 +326,18 @@ def is_mlperf_table(frame: pd.DataFrame) -> bool:
 
 
 def _knob_set(other_knobs: str, name: str) -> bool:
-    """Whether ``other_knobs`` ("LAYER_CUDA_GRAPH=1; FP8_AMAX_HISTORY=1024; ...") sets ``name`` to 1."""
-    return any(part.strip() == f"{name}=1" for part in str(other_knobs).split(";"))
+    """Whether ``other_knobs`` ("LAYER_CUDA_GRAPH=1; FP8_PARAMS=True; ...") sets ``name`` on (1 or
+    True, as the config's shell variable reads)."""
+    return any(part.strip() in (f"{name}=1", f"{name}=True") for part in str(other_knobs).split(";"))
+
+
+def _tp_only_amax(other_knobs: str) -> bool:
+    """Whether the config reduces FP8 amaxes over TP only: TransformerEngine < 1.6's
+    NVTE_DP_AMAX_REDUCE_INTERVAL=0 (MLPerf v3.1-v4.0 config_common.sh) or NeMo's
+    tp_only_amax_red (v4.1 conf/custom.yaml: TP_ONLY_AMAX_RED, default True). Unstated: TE's
+    default, over TP x DP (the v3.0 configs set neither)."""
+    parts = [part.strip().split(" ")[0] for part in str(other_knobs).split(";")]
+    return "NVTE_DP_AMAX_REDUCE_INTERVAL=0" in parts or "TP_ONLY_AMAX_RED=1" in parts
 
 
 def _lora_rank(other_knobs: str) -> float:
@@ -364,6 +374,7 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
         "cuda_graph": ["layer" if _knob_set(k, "LAYER_CUDA_GRAPH") else "none" for k in frame["other_knobs"]],
         "fp8_param_gather": [int(_knob_set(k, "FP8_PARAMS")) for k in frame["other_knobs"]],
         "fp8_attention": [int(_knob_set(k, "FP8_DPA")) for k in frame["other_knobs"]],
+        "tp_only_amax_red": [int(_tp_only_amax(k)) for k in frame["other_knobs"]],
         "measured_iteration_time_s": frame["step_time_s"], "source": frame["source"],
         "lora_rank": [_lora_rank(k) for k in frame["other_knobs"]],
     })

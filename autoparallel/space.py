@@ -45,7 +45,8 @@ SPLIT_COLUMNS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipel
 FEATURE_KNOBS = ("sp", "recompute", "distributed_optimizer", "overlap_dp_comm", "tp_comm_overlap",
                  "grad_reduce_in_fp32", "precision", "fp8_bf16_edge_layers", "flash_attention", "fsdp",
                  "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type", "fp8_param_gather",
-                 "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap", "fp8_attention")
+                 "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap", "fp8_attention",
+                 "tp_only_amax_red")
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class SearchSpace:
     fp8_bf16_edge_layers: tuple[int, ...] = (0,)
     flash_attention: tuple[bool, ...] = (True,)
     fp8_attention: tuple[bool, ...] = (False,)
+    tp_only_amax_red: tuple[bool, ...] = (False,)
     fsdp: tuple[bool, ...] = (False,)
     overlap_moe_expert_parallel_comm: tuple[bool, ...] = (False,)
     moe_token_dispatcher_type: tuple[str, ...] = ("alltoall",)
@@ -304,6 +306,8 @@ def _without_inapplicable(features: pd.DataFrame, space: SearchSpace, model: Mod
         inapplicable |= features.tp_comm_overlap & ~features.sp
     if False in space.fp8_attention:
         inapplicable |= features.fp8_attention & ~features.precision.isin(FP8_ATTENTION_RECIPES)
+    if False in space.tp_only_amax_red:
+        inapplicable |= features.tp_only_amax_red & (features.precision != "fp8-delayed")
     if False in space.fsdp and lora(model):
         inapplicable |= features.fsdp
     return features[~inapplicable].reset_index(drop=True)
@@ -339,6 +343,8 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
         (df.fsdp.to_numpy() & lora(model), "LoRA's frozen base is priced unsharded: FSDP is not offered with it"),
         (df.fp8_attention.to_numpy() & ~np.isin(precision, FP8_ATTENTION_RECIPES),
          "FP8 attention (--fp8-dot-product-attention) needs the fp8-delayed or fp8-current recipe"),
+        (df.tp_only_amax_red.to_numpy() & (precision != "fp8-delayed"),
+         "TP-only amax reduction (--tp-only-amax-red) applies to the fp8-delayed recipe's amax history"),
         (df.fp8_attention.to_numpy() & ~df.flash_attention.to_numpy(),
          "FP8 attention runs in TransformerEngine's fused attention: it needs flash attention"),
         # TE module/base.py fill_userbuffers_buffer_for_all_gather: only delayed, current and MXFP8

@@ -252,7 +252,7 @@ def test_layer_time_is_the_sum_of_its_named_terms(model_name, recompute, hw):
     for layer, is_moe in ((layers.dense, False), (layers.moe, True)) if model.is_moe else ((layers.dense, False),):
         forward = layer["forward"]
         named = {k: layer[k][0] for k in ("compute", "fp8_cast", "selective_recompute", "full_recompute", "tp_comm",
-                                          "cp_comm", "fsdp", "ep_comm", "lora_adapters")}
+                                          "cp_comm", "fsdp", "ep_comm", "lora_adapters", "amax_reduction")}
         idle = ({"selective_recompute" if recompute == "full" else "full_recompute", "lora_adapters"}
                 | (set() if is_moe else {"ep_comm"}))
         assert all((value > 0) != (name in idle) for name, value in named.items()), named
@@ -265,6 +265,30 @@ def test_layer_time_is_the_sum_of_its_named_terms(model_name, recompute, hw):
         assert named["cp_comm"] == pytest.approx(lt.cp_comm_time(x, attention)[0], rel=REL)
         assert layer["time"][0] == pytest.approx(sum(named.values()), rel=REL)
         assert layer["recompute"][0] == pytest.approx(named["selective_recompute"] + named["full_recompute"], rel=REL)
+
+
+def test_delayed_scaling_all_reduces_each_chunks_amaxes_twice_over_tp_dp_cp(gpt, hw):
+    # tp 4 x cp 2 x dp 4 = 32 ranks, 8 per NVLink domain: 4 nodes, a tree of 2 levels; a chunk is
+    # 96 / (8 x 2) = 6 layers, its forward and its backward each reduce once.
+    x = _cands(gpt, hw, precision="fp8-delayed")
+    tree = 2 * (hw.nvlink_latency_us + 2 * hw.internode_latency_us) * 1e-6
+    assert lt.amax_reduction_time(x)[0] == pytest.approx(2 * tree / 6, rel=REL)
+    # --tp-only-amax-red: tp 4 x cp 2 = 8 ranks in one domain, NVLink only.
+    tp_only = _cands(gpt, hw, precision="fp8-delayed", tp_only_amax_red=True)
+    assert lt.amax_reduction_time(tp_only)[0] == pytest.approx(2 * 2 * hw.nvlink_latency_us * 1e-6 / 6, rel=REL)
+    # 448 nodes' worth of ranks: ceil(log2(56 domains)) = 6 levels.
+    wide = _cands(gpt, hw, precision="fp8-delayed", cp=1, dp=112, gbs=2688)
+    tree = 2 * (hw.nvlink_latency_us + 6 * hw.internode_latency_us) * 1e-6
+    assert lt.amax_reduction_time(wide)[0] == pytest.approx(2 * tree / 6, rel=REL)
+    # Other recipes keep no amax history to reduce.
+    for precision in ("bf16", "fp8-current"):
+        assert lt.amax_reduction_time(_cands(gpt, hw, precision=precision))[0] == 0.0
+    # The step counts it on every micro-batch of the bottleneck stage, in fp8_cast_s.
+    plans = [Plan(tp=4, pp=8, vp=2, cp=2, dp=4, mbs=1, gbs=64, precision="fp8-delayed", tp_only_amax_red=t)
+             for t in (False, True)]
+    out = estimate_columns(gpt, hw, plan_columns(plans))
+    added = 16 * 12 * (lt.amax_reduction_time(x)[0] - lt.amax_reduction_time(tp_only)[0])  # m x stage layers
+    assert out["fp8_cast_s"][0] - out["fp8_cast_s"][1] == pytest.approx(added, rel=1e-9)
 
 
 def test_a_layer_keeps_its_activations_or_only_its_input_when_recomputed(gpt, hw):
@@ -297,7 +321,7 @@ def test_pipeline_p2p_sends_each_chunks_activations_and_gradients(gpt, hw):
 def _fake_layers(x, **dense):
     base = dict(time=1.0, forward=0.5e-3, compute=1.5e-3, stored=1e9, working=2e9, params=1e8, expert_params=0.0,
                 fp8_cast=0.0, recompute=0.0, tp_comm=0.0, cp_comm=0.0, ep_comm=0.0, fsdp=0.0, lora_adapters=0.0,
-                adapter_params=1e6)
+                amax_reduction=0.0, adapter_params=1e6)
     values = {k: np.full_like(x.t, v) for k, v in {**base, **dense}.items()}
     return lt.Layers(values, {k: np.zeros_like(x.t) for k in values})
 
@@ -579,7 +603,7 @@ def test_a_frozen_base_skips_its_weight_gradients(llama, hw):
     layer = lt.layers(lora).dense
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] - lt.linear_time(lora, llama.dense_layer_params)[0],
                                                 rel=REL)
-    named = {k: layer[k][0] for k in ("compute", "fp8_cast", "tp_comm", "lora_adapters")}  # the others are 0 here
+    named = {k: layer[k][0] for k in ("compute", "fp8_cast", "tp_comm", "lora_adapters", "amax_reduction")}  # the others are 0 here
     assert named["lora_adapters"] > 0 and named["lora_adapters"] == pytest.approx(lt.lora_adapters_time(lora)[0], rel=REL)
     assert layer["time"][0] == pytest.approx(sum(named.values()), rel=REL)
     # The output layer: forward and dgrad only.

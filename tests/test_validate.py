@@ -13,7 +13,10 @@ import pytest
 from autoparallel import validate
 
 MLPERF_MEAN, MLPERF_MAX = 6.0, 12.0  # issue 23's targets
-MLPERF_MAX_REACHED = 13.6  # 2026-11-26, since the parameter all-gather runs one bucket ahead (was 17.7)
+# 2026-11-26: 10.6 since FP8 delayed scaling's amax all-reduce over TP x DP is priced (v3.0's TE 0.8
+# reduced every chunk's amaxes over it; 13.5 before, 17.7 before the parameter all-gather ran one
+# bucket ahead).
+MLPERF_MAX_REACHED = 10.7
 # Issue 27, MLPerf's Llama-2-70B LoRA rows: reached in sample and held out (the target: mean <= 10 %).
 LORA_MEAN, LORA_HELDOUT_MEAN, LORA_MAX = 5.8, 5.6, 29.3  # 2026-11-26: 5.7, 5.5, 29.2
 
@@ -69,14 +72,14 @@ def test_every_mlperf_gpt3_submission_is_predicted_to_fit(mlperf_report):
 
 
 def test_mlperf_mean_error_meets_the_issue_target(mlperf_report):
-    """Issue 23: mean |error| <= 6 % (5.4 % on 2026-11-26); no constant is fitted on these rows."""
+    """Issue 23: mean |error| <= 6 % (5.5 % on 2026-11-26, 4.7 % before the v4.x rows stated FP8_PARAMS);
+    no constant is fitted on these rows."""
     assert mlperf_report.error_pct.abs().mean() <= MLPERF_MEAN
     assert mlperf_report.error_pct.abs().max() <= MLPERF_MAX_REACHED  # regression guard
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 target: no MLPerf GPT-3 row worse than 12 %; 13.5 % "
-                   "(v3.0 CoreWeave n448, an older release) on 2026-11-26")
 def test_mlperf_worst_row_meets_the_issue_target(mlperf_report):
+    """Issue 23: no row worse than 12 % in sample (10.6 %, v3.0 CoreWeave n448, on 2026-11-26)."""
     assert mlperf_report.error_pct.abs().max() <= MLPERF_MAX
 
 

@@ -50,6 +50,16 @@ def all_reduce_time(hw: HardwareSpec, nbytes, group_size, per_node):
     return 2.0 * reduce_scatter_time(hw, nbytes, group_size, per_node)
 
 
+def tree_all_reduce_latency(hw: HardwareSpec, group_size, per_node):
+    """A latency-bound all-reduce (a few bytes): NCCL's tree goes up and down once, one NVLink
+    hop inside the domain and one network hop per level of a binary tree over the domains."""
+    n = np.asarray(group_size, dtype=float)
+    g = np.minimum(per_node, n)
+    levels = np.ceil(np.log2(np.maximum(n / g, 1.0)))
+    return np.where(n > 1, 2.0 * (np.where(g > 1, hw.nvlink_latency_us, 0.0) + levels * hw.internode_latency_us)
+                    * 1e-6, 0.0)
+
+
 def p2p_time(hw: HardwareSpec, nbytes, same_domain):
     """One point-to-point send between adjacent pipeline stages."""
     nvlink, network = _bandwidths(hw)

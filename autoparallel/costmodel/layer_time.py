@@ -8,6 +8,7 @@ A layer's time is the sum of ``LAYER_TIME_TERMS``, each priced by one function b
 - ``fp8_cast``: TransformerEngine's casts of GEMM inputs (forward) and gradients (backward);
 - ``selective_recompute`` / ``full_recompute``: the forward work recomputed in the backward pass;
 - ``tp_comm``, ``cp_comm``, ``fsdp``, ``ep_comm``: what communication leaves exposed;
+- ``amax_reduction``: the delayed-scaling recipe's blocking amax all-reduce per model chunk;
 - ``lora_adapters``: LoRA's adapters, forward and backward (``finetune``); a frozen base computes no
   weight gradients, so ``compute`` drops its wgrad GEMMs.
 
@@ -28,7 +29,7 @@ from autoparallel.costmodel.candidates import Candidates
 GEMMS_PER_LAYER = 4  # QKV, projection, FC1 (gate and up fused), FC2
 # Summed in this order into a layer's time (the breakdown reads each one).
 LAYER_TIME_TERMS = ("compute", "fp8_cast", "selective_recompute", "full_recompute", "tp_comm", "cp_comm",
-                    "fsdp", "ep_comm", "lora_adapters")
+                    "fsdp", "ep_comm", "lora_adapters", "amax_reduction")
 
 
 def linear_time(x: Candidates, params, whole=0.0):
@@ -200,6 +201,22 @@ def ep_comm_time(x: Candidates, compute, is_moe: bool):
                                      np.where(shared_overlap, shared, compute), dispatcher)
 
 
+def amax_reduction_time(x: Candidates):
+    """FP8 delayed scaling: when a model chunk's fp8_autocast exits, and when the backward of its
+    first FP8 module ends, TransformerEngine all-reduces (MAX) the chunk's amaxes over the amax
+    group, blocking (``reduce_and_update_fp8_tensors``; TE 0.8's ``global_amax_reduction`` with
+    NVTE_ASYNC_AMAX_REDUCTION unset): TP x DP x CP ranks (Megatron's ``get_amax_reduction_group``),
+    TP x CP with --tp-only-amax-red. A few bytes: latency only (a tree), twice per chunk and
+    micro-batch, spread here over the chunk's layers. Other recipes keep no amax history."""
+    layers_per_chunk = np.maximum(np.maximum(x.first_layers, x.middle_layers), x.last_layers) / x.v
+    tp_only = x.flag("tp_only_amax_red")
+    group = np.where(tp_only, x.t * x.c, x.t * x.c * x.dp)
+    per_node = comm.ranks_per_domain(x.hw, group, 1)
+    delayed = np.asarray(x.knobs["precision"]) == "fp8-delayed"
+    reduce = comm.tree_all_reduce_latency(x.hw, group, per_node)
+    return np.where(delayed, 2.0 * reduce / np.maximum(layers_per_chunk, 1.0), 0.0)
+
+
 def stored_activation_bytes(x: Candidates, is_moe: bool):
     """What the layer keeps per micro-batch in flight: its input where full recompute covers it,
     else its activations less what selective recompute spares."""
@@ -228,6 +245,7 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
         "fsdp": fsdp_time(x, params, expert_params, forward, full_recompute, is_moe),
         "ep_comm": ep_comm_time(x, compute, is_moe),
         "lora_adapters": lora_adapters_time(x) if not is_moe else np.zeros_like(x.t),
+        "amax_reduction": amax_reduction_time(x),
     }
     return dict(terms, time=sum(terms[k] for k in LAYER_TIME_TERMS), forward=forward,
                 recompute=terms["selective_recompute"] + terms["full_recompute"],

@@ -208,6 +208,12 @@ def bridge_precision(plan: Plan) -> dict:
     return {"recipe": BRIDGE_PRECISION_RECIPES[plan.precision], "fields": fields}
 
 
+# TransformerConfig.tp_only_amax_red has no Megatron-LM flag (arguments.py leaves it out of the
+# flags it generates from TransformerConfig); NeMo 1/2 and Megatron-Bridge set it on the config.
+MEGATRON_LM_UNFLAGGED = {"tp_only_amax_red": "TransformerConfig.tp_only_amax_red=True has no Megatron-LM flag: the "
+                                             "nemo / nemo2 configs here set it, Megatron-Bridge on its model provider"}
+
+
 def export_document(model: ModelSpec, plan: Plan, metrics: dict, gpus_per_node: int = 8) -> dict:
     """Everything best.yaml holds for one ranked plan."""
     return {
@@ -220,4 +226,5 @@ def export_document(model: ModelSpec, plan: Plan, metrics: dict, gpus_per_node: 
         "nemo2": {"unsupported": why} if why else nemo2_recipe(model, plan, gpus_per_node),
         "megatron_bridge_mixed_precision": bridge_precision(plan),
         "transformer_engine_recipe": te_recipe(plan),
+        **({"megatron_lm_unflagged": MEGATRON_LM_UNFLAGGED} if plan.tp_only_amax_red else {}),
     }

@@ -120,6 +120,8 @@ def nemo1_config(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
     if plan.is_fp8:
         m.update({"fp8_e4m3": fp8["fp8"] == "e4m3", "fp8_hybrid": fp8["fp8"] == "hybrid",
                   **{k: v for k, v in fp8.items() if k != "fp8"}})
+    if plan.tp_only_amax_red:  # megatron_base_model reads it into TransformerConfig
+        m["tp_only_amax_red"] = True
     return {"trainer": _trainer(plan, gpus_per_node, "16-mixed" if plan.precision == "fp16" else "bf16-mixed"),
             "model": m}
 
@@ -190,6 +192,8 @@ def nemo2_recipe(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
         config["pipeline_model_parallel_layout"] = plan.pipeline_model_parallel_layout
     if plan.fp8_attention:
         config["fp8_dot_product_attention"] = True
+    if plan.tp_only_amax_red:
+        config["tp_only_amax_red"] = True
     config.update(moe_export.config_keys(model, plan))
     trainer = _trainer(plan, gpus_per_node, plugins.pop("precision"))
     return {

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 BREAKDOWN_PARTS = (  # (column, label) in stacking order
-    ("compute_s", "compute"), ("fp8_cast_s", "FP8 casts"), ("recompute_s", "recompute"),
+    ("compute_s", "compute"), ("fp8_cast_s", "FP8 casts, amax reduction"), ("recompute_s", "recompute"),
     ("tp_comm_s", "TP comm (exposed)"), ("cp_comm_s", "CP comm (exposed)"), ("pp_comm_s", "PP comm (exposed)"),
     ("bubble_s", "pipeline bubble"), ("dp_comm_s", "DP comm (exposed)"), ("optimizer_s", "optimizer"),
 )

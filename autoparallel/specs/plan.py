@@ -100,6 +100,10 @@ class Plan:
     # --fp8-dot-product-attention: TransformerEngine's fused attention computes QK^T and P·V in FP8
     # (MLPerf's FP8_DPA; under the fp8-delayed and fp8-current recipes).
     fp8_attention: bool = False
+    # --tp-only-amax-red: the delayed-scaling recipe reduces its amaxes over the TP (x CP) group
+    # only; by default (Megatron, TransformerEngine) over TP x DP x CP, a blocking all-reduce at
+    # every model chunk's forward and backward (``layer_time.amax_reduction_time``).
+    tp_only_amax_red: bool = False
     # --fp8-param-gather: the FP8 weights are the parameters (no BF16 copy is kept) and the
     # distributed optimizer all-gathers them in FP8, 1 B per parameter instead of 2.
     fp8_param_gather: bool = False
