@@ -212,7 +212,8 @@ NEWER_SOURCES = {"bridge 26.02", "bridge 26.02.01", "bridge 26.04", "bridge 26.0
 # Published as TP1 PP1 with FSDP 0 on 64 GB300 (26.02.01, NVFP4): 70B parameters, their gradients and
 # Adam states unsharded on one GPU; the other releases run this model on GB300 with FSDP 64 or PP4.
 KNOWN_NEWER_NOT_FITTING = {"bridge-26.02.01-llama3-70b-gb300-64gpu-nvfp4-tp1pp1cp1vp1ep1-mbs2-gbs256"}
-NEWER_REACHED = {"dense-newer": (99.0, 99.0), "moe-newer": (99.0, 99.0)}  # FILL
+# Reached 2026-11-26 (in sample, held out): dense 8.15 / 9.61 %, MoE 23.16 / 23.70 %.
+NEWER_REACHED = {"dense-newer": (8.2, 9.7), "moe-newer": (23.2, 23.8)}
 
 
 @pytest.fixture(scope="module")
@@ -265,13 +266,15 @@ def test_newer_errors_do_not_regress(newer_report, kind):
 
 
 @pytest.mark.xfail(strict=True, reason="issue 22 target: MoE held-out mean <= 15 % over every MoE row, the "
-                                       "newer ones included; ALL_MOE_HELDOUT_TODAY")
+                                       "newer ones included; 23.2 % over 127 rows (19 fitted: 20.2 %) on 2026-11-26")
 def test_moe_held_out_target_with_the_newer_rows(full_report):
     moe = full_report[full_report.kind.isin(["moe", "moe-newer"])]
     assert moe.heldout_error_pct.abs().mean() <= 15.0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22 target: no MoE row worse than 35 %; NEWER_MOE_WORST_TODAY")
+@pytest.mark.xfail(strict=True, reason="issue 22 target: no MoE row worse than 35 %; of the 108 newer "
+                                       "ones 20 are held out, worst GPT-OSS-120B on 64 B300 at EP64 (26.02): "
+                                       "+155.6 % in sample, +164.1 % held out on 2026-11-26")
 def test_no_newer_moe_row_worse_than_35_percent(newer_report):
     moe = newer_report[newer_report.kind == "moe-newer"]
     assert moe.error_pct.abs().max() <= 35.0 and moe.heldout_error_pct.abs().max() <= 35.0
