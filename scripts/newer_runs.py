@@ -49,7 +49,8 @@ KIMI_K2 = dict(num_layers=61, hidden_size=7168, num_attention_heads=64, num_quer
                moe_shared_expert_intermediate_size=2048, moe_layer_freq="([0]*1+[1]*60)", q_lora_rank=1536,
                kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128)
 NOTES = {"kimi-k2": "Muon optimizer (the summary's note), priced as Adam; ",
-         "gpt-oss-120b@26.06.01": "the summary flags a GPT-OSS regression in this container (cudnn-frontend issue 256); "}
+         "gpt-oss-120b@26.06.01": "the summary flags a GPT-OSS regression in this container "
+                                  "(cudnn-frontend issue 256); "}
 
 
 # NVIDIA/Megatron-LM eb0783b6d3 docs/discussions/deepseek-v3-gb200-optimization/deepseek-v3-gb200-optimization.md
@@ -63,7 +64,8 @@ MEGATRON_GUIDE = dict(
     gpu="gb200", num_gpus=256, tp=1, pp=8, cp=1, vp=4, ep=32, etp=1, sp=1, recompute="selective", mbs=1, gbs=2048,
     precision="mxfp8", measured_model_tflops_per_gpu=970.01, fsdp="", release="",
     distributed_optimizer=1, overlap_grad_reduce=1, overlap_param_gather=1, fp8_param_gather=1,
-    precision_aware_optimizer=1, grad_reduce_in_fp32=1, cuda_graph="none", pipeline_model_parallel_layout="Et|(tt|)*30L",
+    precision_aware_optimizer=1, grad_reduce_in_fp32=1, cuda_graph="none",
+    pipeline_model_parallel_layout="Et|(tt|)*30L",
     moe_token_dispatch="dropless",
     source=f"NVIDIA/Megatron-LM@eb0783b6d3:{GUIDE}/deepseek-v3-gb200-optimization.md §3 (HybridEP, cuDNN 9.14 row); "
            f"flags: NVIDIA/Megatron-LM@8a2ac1fdc7:{GUIDE}/deepseek-v3-gb200-reproduce-guide.md",
@@ -132,7 +134,8 @@ def rows(git_dir: str) -> tuple[list[dict], set[str]]:
                 "mbs": mbs, "gbs": gbs, "precision": prec,
                 "measured_tokens_per_s_per_gpu": number(cell["Tokens / sec / GPU"]),
                 "measured_model_tflops_per_gpu": number(cell["Model TFLOP / sec / GPU"]),
-                "source": f"NVIDIA-NeMo/Megatron-Bridge@{commit}:{path} [{release} NeMo Container / Pre-Training Performance]",
+                "source": f"NVIDIA-NeMo/Megatron-Bridge@{commit}:{path} "
+                          f"[{release} NeMo Container / Pre-Training Performance]",
                 "notes": note + "one published figure; recompute, overlap and dispatcher not stated (searched)",
                 "fsdp": fsdp or "", "release": release, "mtp_num_layers": MTP.get(model, ""), **SPLIT.get(model, {}),
             })
