@@ -3,7 +3,10 @@
 The runs are the rows of ``training_runs.csv``, ``training_runs_more.csv`` and
 ``training_runs_papers.csv`` (shipped in ``autoparallel/data/``), dense and mixture-of-experts,
 reported apart (``kind``), and MLPerf Training's GPT-3 submissions (``mlperf_training_gpt3.csv``,
-kind ``mlperf``: every knob pinned as submitted; predicted, never fitted, not even in the refits). Each row pins the layout it states; what the source leaves unstated
+kind ``mlperf``: every knob pinned as submitted; predicted, never fitted, not even in the refits) and
+NVIDIA's runs newer than the fit (``training_runs_newer.csv``: Megatron-Bridge's summaries after
+25.11 and Megatron-LM's DeepSeek-V3 GB200 guide, kinds ``dense-newer`` / ``moe-newer``, never
+fitted either). Each row pins the layout it states; what the source leaves unstated
 (micro-batch size for Narayanan, recompute and overlap for NeMo) is searched with the
 assumptions in ``search_spaces/validation.yaml`` and the fastest layout that fits is taken, since
 the authors tuned their runs. A published layout predicted not to fit is reported as such: the
@@ -49,7 +52,7 @@ def _refit_moe_and_predict(rows: list[PreparedRow], group: str, _family: str = "
     """One MoE fold: the MoE constants refitted on the other MoE models' rows (every GPU), from
     their uncalibrated values; the shipped dense constants (fitted on dense rows only) stay."""
     moe = [p for p in rows if p.model.is_moe]
-    rest = [p for p in moe if p.model_group != group]
+    rest = [p for p in moe if p.model_group != group and not p.validation_only]
     fitted = calibrate.fit_moe(rest)[0] if rest else {}
     return {p.id: predict_row(p, dataclasses.replace(calibrate.uncalibrated_moe(p.hardware.efficiency), **fitted))
             for p in moe if p.model_group == group}

@@ -90,6 +90,17 @@ def test_megatron_flops_reproduce_nemos_model_tflops(dsv3):
     assert flops.model_flops_per_token(qwen) / 1e12 == pytest.approx(907 / 6131, rel=0.002)
 
 
+def test_megatron_flops_at_the_gb200_guides_commit(dsv3):
+    """The model_tflops metric (Megatron-LM's DeepSeek-V3 GB200 guide, 970 TFLOP/s/GPU): Megatron-LM
+    eb0783b6d3 num_floating_point_operations, run on DeepSeek-V3 at 4096 tokens, gives 0.249812054016
+    TFLOP per token without MTP and 0.259992950784 with --mtp-num-layers 1, which is the ratio of
+    Megatron-Bridge's 26.02-26.08 DeepSeek-V3 rows (1648 / 6338 = 0.26002): our count is the former,
+    and the metric refuses rows with MTP."""
+    no_mtp = dataclasses.replace(dsv3, mtp_num_layers=0, seq_length=4096)
+    assert flops.model_flops_per_token(no_mtp) == pytest.approx(0.249812054016e12, rel=1e-5)
+    assert 1648 / 6338 == pytest.approx(0.259992950784, rel=2e-4)
+
+
 def test_mla_attention_core_counts_query_key_and_value_dims(dsv3):
     assert flops.attention_core_flops(dsv3, 1, 4096) == 2.0 * 4096**2 * 128 * (192 + 128)
 

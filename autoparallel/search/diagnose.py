@@ -43,7 +43,6 @@ STRUCTURE_RULES = (
     Rule(r"an uneven pipeline split needs pp > 1", ("pp",)),
     Rule(r"cannot be set at the same time with account_for", ("pp",)),
     Rule(r"must be divisible by (?:virtual pipeline|the middle pipeline)|first \+ last stage layers", ("pp", "vp")),
-    Rule(r"leaves a chunk without a decoder layer", ("pp", "vp")),
     Rule(r"not divisible by 2\*cp", ("cp",)),
     Rule(r"ep>1 or etp>1 needs a MoE model", ("ep", "etp")),
     Rule(r"must divide num_experts and dp\*cp", ("ep",)),
