@@ -35,7 +35,7 @@ CAST_BYTES = {"fp8-delayed": 4.0, "fp8-current": 6.0, "fp8-blockwise": 4.5, "mxf
 QUANTIZED_INPUT_BYTES = {"fp8": 1.0, "fp4": NVFP4_ELEMENT_BYTES}
 QUANTIZED_WEIGHT_BYTES = {"fp8": 2.0, "fp4": 2 * (0.5 + 1.0 / 256)}  # NVFP4 weights: 16x16 blocks
 # Megatron's --recompute-modules that the cost model prices (core_attn alone for dense models).
-RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "moe")
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "moe", "layernorm")
 
 
 def _cast_bytes_per_element(precision):

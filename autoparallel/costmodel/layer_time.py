@@ -134,10 +134,18 @@ def fp8_cast_time(x: Candidates, is_moe: bool):
     return x.quantized_fraction * cast_elements * x.cast_bytes / x.hbm
 
 
+def norm_recompute_time(x: Candidates):
+    """The two norms run again in the backward pass (``layernorm``): each reads its BF16 input
+    and writes its BF16 output, HBM-bound."""
+    return 2 * 2 * memory.layer_input_bytes(x.model, x.b, x.s_local, x.t, x.sp) / x.hbm
+
+
 def selective_recompute_time(x: Candidates, attention, softmax, is_moe: bool, moe_block=0.0):
     """Megatron's --recompute-modules: core_attn (attention core and unfused softmax),
-    mla_up_proj (MLA's up projections), moe (the whole MoE block, ``moe_block`` forward)."""
+    mla_up_proj (MLA's up projections), moe (the whole MoE block, ``moe_block`` forward),
+    layernorm (the two norms, ``norm_recompute_time``)."""
     extra = np.where(x.modules["core_attn"], attention + softmax, 0.0)
+    extra = extra + np.where(x.modules["layernorm"], norm_recompute_time(x), 0.0)
     if x.model.multi_latent_attention:
         extra = extra + np.where(x.modules["mla_up_proj"], linear_time(x, x.model.mla_up_params), 0.0)
     return extra + (np.where(x.modules["moe"], moe_block, 0.0) if is_moe else 0.0)
@@ -205,7 +213,7 @@ def stored_activation_bytes(x: Candidates, is_moe: bool):
     else its activations less what selective recompute spares."""
     spared = memory.recomputed_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction, is_moe, x.et,
                                      x.imbalance, x.modules["mla_up_proj"], x.modules["moe_act"], x.modules["moe"],
-                                     x.quantized_input_bytes)
+                                     x.quantized_input_bytes, x.modules["layernorm"])
     return (x.recomputed_fraction * memory.layer_input_bytes(x.model, x.b, x.s_local, x.t, x.sp)
             + (1 - x.recomputed_fraction) * (activation_bytes(x, is_moe, x.keep_scores) - spared))
 
