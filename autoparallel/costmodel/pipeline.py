@@ -296,6 +296,20 @@ def inflight_chunks(pp, vp, m, stage):
     return np.minimum(np.where(vp > 1, interleaved, plain), m * vp)
 
 
+# Pipeline schedules Megatron does not run, which only a published row states (the row's
+# ``pipeline_schedule`` column; a search never offers them). DualPipe (DeepSeek-V3 report, arXiv
+# 2412.19437 §3.2.1, Table 2): each rank holds two model chunks, one per direction of a
+# bidirectional pipeline, so 2x the parameters, and PP+1 micro-batches' activations of a stage at
+# its peak, where 1F1B holds PP. Its time is priced as interleaved 1F1B (vp 2, as the row pins).
+DUALPIPE = "dualpipe"
+DUALPIPE_PARAMETER_COPIES = 2.0
+
+
+def dualpipe_inflight(pp):
+    """Micro-batches whose activations (of one stage's layers) a DualPipe rank holds at its peak."""
+    return np.asarray(pp, dtype=float) + 1.0
+
+
 def schedule_time(m, vp, stage_times_max, stage_times_sum):
     """One step of m micro-batches: the bottleneck stage m times, plus fill and drain."""
     return m * stage_times_max + (stage_times_sum - stage_times_max) / vp
