@@ -232,6 +232,18 @@ def test_ep_all_to_alls_dispatch_and_combine_each_way(mixtral, hw):
                                                                       rel=REL)
 
 
+def test_a_dualpipe_row_hides_all_its_all_to_alls_and_p2p_sends_the_compute_beside_can(mixtral, gpt, hw):
+    """DeepSeek-V3 report §3.2.1: "both all-to-all and PP communication can be fully hidden"."""
+    knobs = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, overlap_moe_expert_parallel_comm=True)
+    cols = plan_columns([Plan(**{**dict(mbs=1, precision="bf16", recompute="none", grad_reduce_in_fp32=False), **knobs})])
+    dual = candidates(mixtral, hw, {**cols, "pipeline_schedule": np.array(["dualpipe"], dtype=object)})
+    alltoall = lt.ep_comm_time(_cands(mixtral, hw, **knobs), 1e9, True)[0] / (1 - hw.efficiency.ep_overlap)
+    assert lt.ep_comm_time(dual, 1e9, True)[0] == 0.0  # alltoall: no SMs taken
+    assert lt.ep_comm_time(dual, 0.25 * alltoall, True)[0] == pytest.approx(0.75 * alltoall, rel=REL)
+    pp_cols = plan_columns([Plan(tp=4, pp=8, vp=2, cp=2, dp=4, mbs=1, gbs=64)])
+    assert st.pp_comm_time(candidates(gpt, hw, {**pp_cols, "pipeline_schedule": np.array(["dualpipe"], dtype=object)}))[0] == 0.0
+
+
 def test_shared_expert_overlap_hides_the_all_to_alls_behind_the_shared_experts_gemms(hw):
     """Forward, backward (twice the forward) and nothing recomputed: the window is the shared
     experts' three GEMM passes; at most ep_overlap of the all-to-alls hides."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoparallel.costmodel import comm, dataparallel, dispatch, finetune, flops, gemm, memory, moe
+from autoparallel.costmodel import comm, dataparallel, dispatch, finetune, flops, gemm, memory, moe, pipeline
 from autoparallel.costmodel.candidates import Candidates
 
 GEMMS_PER_LAYER = 4  # QKV, projection, FC1 (gate and up fused), FC2
@@ -196,7 +196,8 @@ def ep_comm_time(x: Candidates, compute, is_moe: bool):
     """Dispatch and combine each way, again in a recomputed forward (of the layer or the MoE
     block), with the plan's token dispatcher; the 1F1B overlap hides them behind another
     micro-batch's compute, the shared-expert overlap behind the shared experts' own GEMMs
-    (forward, backward and a recomputed forward: Megatron runs them on a side stream)."""
+    (forward, backward and a recomputed forward: Megatron runs them on a side stream); a published
+    row's DualPipe hides all that the compute beside can (``pipeline.DUALPIPE_HIDDEN_SHARE``)."""
     if not is_moe:
         return np.zeros_like(x.t)
     dispatcher = x.knobs["moe_token_dispatcher_type"]
@@ -204,8 +205,9 @@ def ep_comm_time(x: Candidates, compute, is_moe: bool):
     one = dispatch.dispatch_time(x.hw, x.model, x.tokens / x.t, x.e, x.et, x.imbalance, dispatcher)
     a2a_overlap, shared_overlap = x.flag("overlap_moe_expert_parallel_comm"), x.flag("moe_shared_expert_overlap")
     shared = (3.0 + recomputed) * linear_time(x, x.model.shared_expert_params)  # forward, backward, recomputed
+    hidden_share = np.where(x.dualpipe, pipeline.DUALPIPE_HIDDEN_SHARE, x.hw.efficiency.ep_overlap)
     return dispatch.exposed_dispatch(x.hw, (4.0 + 2.0 * recomputed) * one, a2a_overlap | shared_overlap,
-                                     np.where(shared_overlap, shared, compute), dispatcher)
+                                     np.where(shared_overlap, shared, compute), dispatcher, hidden_share)
 
 
 def stored_activation_bytes(x: Candidates, is_moe: bool):

@@ -345,8 +345,12 @@ def inflight_chunks(pp, vp, m, stage):
 # 2412.19437 §3.2.1, Table 2): each rank holds two model chunks, one per direction of a
 # bidirectional pipeline, so 2x the parameters, and PP+1 micro-batches' activations of a stage at
 # its peak, where 1F1B holds PP. Its time is priced as interleaved 1F1B (vp 2, as the row pins).
+# Its all-to-alls and point-to-point sends run behind the other direction's computation: "both
+# all-to-all and PP communication can be fully hidden during execution" (§3.2.1), as issue 22 lets
+# DualPipe be priced; its communication kernels still take their SMs from that computation.
 DUALPIPE = "dualpipe"
 DUALPIPE_PARAMETER_COPIES = 2.0
+DUALPIPE_HIDDEN_SHARE = 1.0
 
 
 def dualpipe_inflight(pp):
