@@ -266,6 +266,8 @@ def prepare_row(row: pd.Series, assumptions: dict) -> PreparedRow:
         raise UserError(f"{row['id']}: the published layout breaks a rule: {generated['reason'].iloc[0]}")
     candidates = candidates.assign(**_exact(row)).drop_duplicates(ignore_index=True)
     cols = {name: candidates[name].to_numpy() for name in Plan.field_names()}
+    if _given(row, "pipeline_schedule"):  # a schedule Megatron does not run (``pipeline.DUALPIPE``)
+        cols["pipeline_schedule"] = np.full(len(candidates), str(row["pipeline_schedule"]), dtype=object)
     return PreparedRow(row, model, hw, source["metric"], space.memory_fraction, candidates, cols)
 
 

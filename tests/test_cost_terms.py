@@ -166,6 +166,31 @@ def test_recompute_terms(gpt, hw):
     assert lt.selective_recompute_time(_cands(gpt, hw), 0.3, 0.1, False)[0] == 0.0
 
 
+def test_norm_recompute_reruns_two_norms_through_hbm(gpt, hw):
+    """--recompute-modules layernorm: each norm reads its BF16 input and writes its BF16 output
+    again in the backward pass; 1024 tokens x 12288 hidden, SP-sharded over tp 4."""
+    x = _cands(gpt, hw, recompute="selective", recompute_modules="layernorm")
+    norms = 2 * (2 + 2) * 1024 * 12288 / 4 / _hbm(hw)
+    assert lt.norm_recompute_time(x)[0] == pytest.approx(norms, rel=REL)
+    assert lt.selective_recompute_time(x, 0.3, 0.1, False)[0] == pytest.approx(norms, rel=REL)
+
+
+def test_norm_recompute_spares_the_norms_outputs(gpt, mixtral, hw):
+    """The attention's first Linear input and FC1's (BF16: 2 B each; under FP8 the Linears keep
+    the original input, so the FP8 copies go too); in a MoE layer the router's BF16 input."""
+    sbh = 1024 * 12288 / 4  # SP-sharded tokens x hidden
+    bf16 = _cands(gpt, hw, recompute="selective", recompute_modules="layernorm")
+    spared = lt.stored_activation_bytes(_cands(gpt, hw), False)[0] - lt.stored_activation_bytes(bf16, False)[0]
+    assert spared == pytest.approx((2 + 2) * sbh, rel=REL)
+    fp8 = _cands(gpt, hw, recompute="selective", recompute_modules="layernorm", precision="fp8-current")
+    kept = lt.stored_activation_bytes(_cands(gpt, hw, precision="fp8-current"), False)[0]
+    assert kept - lt.stored_activation_bytes(fp8, False)[0] == pytest.approx((1 + 1) * sbh, rel=REL)
+    moe = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=8)
+    plain, normed = _cands(mixtral, hw, **moe), _cands(mixtral, hw, recompute="selective", recompute_modules="layernorm", **moe)
+    moe_spared = lt.stored_activation_bytes(plain, True)[0] - lt.stored_activation_bytes(normed, True)[0]
+    assert moe_spared == pytest.approx((2 + 2) * 4096 * 4096, rel=REL)  # attention input, router input
+
+
 def test_tp_comm_is_two_all_reduces_per_layer_and_overlap_hides_behind_gemms(gpt, hw):
     all_reduce = 2 * (3 / 4 * 2 * 1024 * 12288 / _nvlink(hw) + hw.nvlink_latency_us * 1e-6)
     total = 2 * 2 * all_reduce  # two blocks, forward and backward
@@ -205,6 +230,18 @@ def test_ep_all_to_alls_dispatch_and_combine_each_way(mixtral, hw):
                         overlap_moe_expert_parallel_comm=True)
     assert lt.ep_comm_time(overlapped, 1.0, True)[0] == pytest.approx((1 - hw.efficiency.ep_overlap) * 4 * alltoall,
                                                                       rel=REL)
+
+
+def test_a_dualpipe_row_hides_all_its_all_to_alls_and_p2p_sends_the_compute_beside_can(mixtral, gpt, hw):
+    """DeepSeek-V3 report §3.2.1: "both all-to-all and PP communication can be fully hidden"."""
+    knobs = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, overlap_moe_expert_parallel_comm=True)
+    cols = plan_columns([Plan(**{**dict(mbs=1, precision="bf16", recompute="none", grad_reduce_in_fp32=False), **knobs})])
+    dual = candidates(mixtral, hw, {**cols, "pipeline_schedule": np.array(["dualpipe"], dtype=object)})
+    alltoall = lt.ep_comm_time(_cands(mixtral, hw, **knobs), 1e9, True)[0] / (1 - hw.efficiency.ep_overlap)
+    assert lt.ep_comm_time(dual, 1e9, True)[0] == 0.0  # alltoall: no SMs taken
+    assert lt.ep_comm_time(dual, 0.25 * alltoall, True)[0] == pytest.approx(0.75 * alltoall, rel=REL)
+    pp_cols = plan_columns([Plan(tp=4, pp=8, vp=2, cp=2, dp=4, mbs=1, gbs=64)])
+    assert st.pp_comm_time(candidates(gpt, hw, {**pp_cols, "pipeline_schedule": np.array(["dualpipe"], dtype=object)}))[0] == 0.0
 
 
 def test_shared_expert_overlap_hides_the_all_to_alls_behind_the_shared_experts_gemms(hw):
@@ -520,6 +557,23 @@ def test_activations_in_flight_on_the_first_stage(gpt, hw):
     assert first[0] == pytest.approx(held * 12 * 1e9 + 2e9 + held * embedding, rel=REL)
     assert last[0] == pytest.approx(((2 - 1) * 8 + 1) / 2 * 12 * 1e9 + 2e9 + pm.logits_bytes(x)[0], rel=REL)
     assert logits[0] == 0.0 and logits[2][0] == pm.logits_bytes(x)[0]
+
+
+def test_a_dualpipe_row_holds_pp_plus_one_micro_batches_and_two_parameter_copies(gpt, hw):
+    """DeepSeek-V3 report Table 2: DualPipe keeps 2x the parameters and PP+1 micro-batches of a
+    stage's activations on every rank (pp 8: 9, where interleaved 1F1B holds 12.5 on the first)."""
+    cols = plan_columns([Plan(tp=4, pp=8, vp=2, cp=2, dp=4, mbs=1, gbs=64)])
+    dual = candidates(gpt, hw, {**cols, "pipeline_schedule": np.array(["dualpipe"], dtype=object)})
+    layers = _fake_layers(dual)
+    (first, middle, last), _ = pm.activation_bytes(dual, layers)
+    embedding = 8 * 1024 + 1024 * 12288
+    assert first[0] == pytest.approx(9 * 12 * 1e9 + 2e9 + 9 * embedding, rel=REL)
+    assert middle[0] == pytest.approx(9 * 12 * 1e9 + 2e9, rel=REL)
+    plain = candidates(gpt, hw, cols)
+    params = st.stage_params(plain, layers)
+    once, twice = pm.peak_memory(plain, layers, params, 0.95), pm.peak_memory(dual, layers, params, 0.95)
+    for key in ("weights_gib", "grads_gib", "optimizer_gib"):
+        assert twice[key][0] == pytest.approx(2 * once[key][0], rel=REL)
 
 
 def test_a_plan_fits_when_its_fullest_stage_is_under_the_memory_share(gpt, hw):

@@ -12,6 +12,7 @@ import dataclasses
 import pytest
 
 from autoparallel import io
+from autoparallel.costmodel import pipeline
 from autoparallel.space import SearchSpace, generate
 
 ARGS = "megatron/training/arguments.py validate_args"
@@ -181,7 +182,14 @@ def test_flexible_layouts_place_every_mtp_layer_in_the_last_stage_with_the_loss(
     space = SearchSpace().pinned(**{**BASE, "tp": 1, "pp": 8, "vp": 4, "ep": 8})
     frame = generate(model, io.load_hardware("b200"), 64, 512, space)
     layouts = set(frame[frame.reason == ""].pipeline_model_parallel_layout)
-    assert layouts == {"Et|(t*2|)*30" + "m" * mtp + "L"}
+    assert layouts == {pipeline.rank_balanced_layout(61, 8, 4, mtp)}
+    (layout,) = layouts
+    stages = pipeline.layout_stages(layout)
+    assert stages[-1] == "m" * mtp + "L" and "m" not in "".join(stages[:-1])
+    # NVIDIA's H100 recipe layout "Et|(tt|)*30mL" leaves rank 7 with 6 layers + MTP + loss (9 layers'
+    # work against 8 elsewhere): the offered layout moves one to the first stage; the recipe's stays
+    # pinnable (--pipeline-layout).
+    assert layout == ("Et|(t*2|)*30L" if mtp == 0 else "Et*2|(t*2|)*22t|(t*2|)*7" + "m" * mtp + "L")
 
 
 def test_shared_expert_overlap_takes_the_place_of_the_all_to_all_overlap_where_that_cannot_run():

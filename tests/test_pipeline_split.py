@@ -165,3 +165,22 @@ def test_a_pinned_split_is_the_only_split_searched():
     assert set(ok.pp) == {8} and set(ok.vp) == {1}  # 96 middle layers over 6 stages; pp 16 leaves 96/14
     assert (ok.num_layers_in_first_pipeline_stage == 15).all() and (ok.num_layers_in_last_pipeline_stage == 15).all()
     assert "must be divisible by the middle pipeline model parallel size 14" in " ".join(out.reason)
+
+
+def test_the_offered_layout_balances_the_ranks_with_the_head_counted_as_work():
+    """The last rank runs the output layer and loss (one layer's work) and each MTP module (two):
+    where moving one of its decoder layers to the first stage lightens the busiest rank, that
+    layout is offered instead of the slot-balanced one (one layout per pp x vp either way)."""
+    # pp 16: NVIDIA's DeepSeek-V3 GB200/GB300 layout; busiest rank 2 + 3 -> 4 (+ 3) work
+    assert pipeline.rank_balanced_layout(61, 16, 1, mtp=1) == "Et*4|(t*4|)*14tmL"
+    assert pipeline.splits(61, 8, 4, layouts=True, mtp=1) == [
+        (0, 0, False, False, pipeline.rank_balanced_layout(61, 8, 4, mtp=1))]
+    # pp 16 x vp 2: rank 15 holds virtual stages 15 and 31 ("tt" and "mL": 2 + 3 work)
+    lighter = pipeline.rank_balanced_layout(61, 16, 2, mtp=1)
+    assert lighter == "Et*2|(t*2|)*14t|(t*2|)*15mL"
+    sizes = pipeline.layout_stage_sizes(lighter)
+    assert sum(sizes) == 61 and sizes[15] + sizes[31] == 1 and sizes[0] + sizes[16] == 4
+    # a tie keeps the slot-balanced layout: 61 layers on 4 x 4 without MTP (15 and 15)
+    assert pipeline.rank_balanced_layout(61, 4, 4) == pipeline.balanced_layout(61, 16)
+    # nothing to move: the last rank holds only the head
+    assert pipeline.rank_balanced_layout(61, 32, 1, mtp=1) == "Et|(t*2|)*30mL"

@@ -106,10 +106,12 @@ def test_held_out_rows_do_not_see_their_own_model(report):
     assert (nemo.heldout_predicted != nemo.predicted).all()
 
 
-# DeepSeek-V3's own run is priced with Megatron's interleaved schedule (vp 2, 120 micro-batches in
-# groups of 20: 51 chunk-micro-batches held on the first stage), which holds more activations than
-# its DualPipe did: 120 GiB predicted on an 80 GB H800. Listed so that a change that makes it fit,
-# or makes another row not fit, is noticed.
+# DeepSeek-V3's own run: its time priced as Megatron's interleaved 1F1B (vp 2), its memory as its
+# DualPipe's (report Table 2: 2x parameters, PP+1 micro-batches), with what the report states
+# (RMSNorm and MLA up-projection recompute, BF16 Adam moments, FP32 gradients): 98 GiB on the first
+# rank (embedding, 4 layers, both DualPipe copies) of an 80 GB H800; its FP8-cached SwiGLU inputs are
+# not priced (about 7 GiB there, `benchmarks/bench_dsv3_h800.py`). Listed so that a change that makes
+# it fit, or makes another row not fit, is noticed.
 KNOWN_NOT_FITTING = {"deepseek-v3-report-h800-2048gpu-fp8-blockwise-tp1pp16cp1vp2ep64-gbs15360"}
 
 
@@ -124,29 +126,31 @@ def test_moe_errors_do_not_regress(moe_report):
     # Figures reached (RESULTS.md, issues 22 and 23): in-sample 18.0 %, held out 20.3 % (19.5 % until
     # issue 23 gave GB300 its 4-GPU trays: Qwen3-30B-A3B's EP 8 on 8 GB300 now spans two trays, and
     # the fold that holds GPT-OSS out refits to other MoE constants; 20.24 % since the parameter
-    # all-gather runs one bucket ahead, issue 23 item 5).
-    assert moe_report.error_pct.abs().mean() <= 18.5
-    assert moe_report.heldout_error_pct.abs().mean() <= 20.4
+    # all-gather runs one bucket ahead, issue 23 item 5); 16.6 % and 18.9 % since DeepSeek-V3's H800
+    # run is priced as its DualPipe (memory, hidden communication) on a rank-balanced layout (issue 22,
+    # 2026-11-26).
+    assert moe_report.error_pct.abs().mean() <= 17.1
+    assert moe_report.heldout_error_pct.abs().mean() <= 19.4
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22 target: MoE held-out mean <= 15 %; 20.3 % on 2026-11-25")
+@pytest.mark.xfail(strict=True, reason="issue 22 target: MoE held-out mean <= 15 %; 18.9 % on 2026-11-26")
 def test_moe_leave_one_model_out_target(moe_report):
     assert moe_report.heldout_error_pct.abs().mean() <= 15.0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22 target: MoE in-sample mean <= 10 %; 18.0 % on 2026-11-25")
+@pytest.mark.xfail(strict=True, reason="issue 22 target: MoE in-sample mean <= 10 %; 16.6 % on 2026-11-26")
 def test_moe_in_sample_target(moe_report):
     assert moe_report.error_pct.abs().mean() <= 10.0
 
 
 @pytest.mark.xfail(strict=True, reason="issue 22 target: no MoE row worse than 35 %; GPT-OSS-120B on B200 "
-                                       "+69.9 % in sample, +64.9 % held out on 2026-11-25")
+                                       "+69.9 % in sample, +67.3 % held out on 2026-11-26")
 def test_moe_worst_row_target(moe_report):
     assert moe_report.error_pct.abs().max() <= 35.0 and moe_report.heldout_error_pct.abs().max() <= 35.0
 
 
 @pytest.mark.xfail(strict=True, reason="issue 22 target: DeepSeek-V3 on 2,048 H800 within 15 % of 1,543 "
-                                       "tok/s/GPU and predicted to fit; -25.7 %, 119 GiB on 2026-11-25")
+                                       "tok/s/GPU and predicted to fit; -0.8 % but 98 GiB (not fitting) on 2026-11-26")
 def test_deepseek_v3_own_run_target(moe_report):
     row = moe_report[moe_report.id.str.startswith("deepseek-v3-report")].iloc[0]
     assert abs(row.error_pct) <= 15.0 and row.fits

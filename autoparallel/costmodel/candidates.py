@@ -35,7 +35,7 @@ CAST_BYTES = {"fp8-delayed": 4.0, "fp8-current": 6.0, "fp8-blockwise": 4.5, "mxf
 QUANTIZED_INPUT_BYTES = {"fp8": 1.0, "fp4": NVFP4_ELEMENT_BYTES}
 QUANTIZED_WEIGHT_BYTES = {"fp8": 2.0, "fp4": 2 * (0.5 + 1.0 / 256)}  # NVFP4 weights: 16x16 blocks
 # Megatron's --recompute-modules that the cost model prices (core_attn alone for dense models).
-RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "moe")
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "moe", "layernorm")
 
 
 def _cast_bytes_per_element(precision):
@@ -95,6 +95,7 @@ class Candidates:
     edp_group: np.ndarray  # experts over dp*cp*tp / (ep*etp): Megatron's parallel folding
     edp_per_node: np.ndarray
     imbalance: np.ndarray  # the busiest EP rank's tokens over the even share
+    dualpipe: np.ndarray  # a published row's DualPipe schedule (``pipeline.DUALPIPE``), never searched
     hbm: float  # achievable HBM bytes/s
     gemm_peak: np.ndarray  # FLOP/s of the Linear GEMMs at full efficiency (quantized and BF16 layers mixed)
 
@@ -199,6 +200,7 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
         dp_group=dp_group, dp_per_node=comm.ranks_per_domain(hw, dp_group, t),
         edp_group=edp_group, edp_per_node=comm.ranks_per_domain(hw, edp_group, e * et),
         imbalance=moe.load_imbalance(hw, model, e) if model.is_moe else np.ones_like(t),
+        dualpipe=np.asarray(cols.get("pipeline_schedule", ""), dtype=object) == pipeline.DUALPIPE,
         hbm=hw.hbm_tbps * 1e12 * hw.efficiency.hbm,
         gemm_peak=gemm.peak(hw, quantized_fraction, is_fp4),
     )

@@ -130,11 +130,13 @@ def dispatch_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance
     return out
 
 
-def exposed_dispatch(hw: HardwareSpec, total, overlap, window, dispatcher=None):
+def exposed_dispatch(hw: HardwareSpec, total, overlap, window, dispatcher=None, hidden_share=None):
     """What the step waits for of ``total`` seconds of dispatches: all of it, or with the 1F1B
-    overlap what ``window`` (another micro-batch's computation) cannot hide; a flex dispatcher's
-    kernels also slow the computation they hide behind by the share of SMs they hold."""
-    overlapped = np.maximum((1.0 - hw.efficiency.ep_overlap) * total, total - window)
+    overlap what ``window`` (another micro-batch's computation) cannot hide, at most
+    ``hidden_share`` of it (the fitted ``ep_overlap`` unless given); a flex dispatcher's kernels
+    also slow the computation they hide behind by the share of SMs they hold."""
+    share = hw.efficiency.ep_overlap if hidden_share is None else hidden_share
+    overlapped = np.maximum((1.0 - share) * total, total - window)
     exposed = np.where(overlap, overlapped, total)
     if dispatcher is None:
         return exposed

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoparallel.costmodel import comm, dataparallel, dispatch, finetune, flops, gemm, memory, moe
+from autoparallel.costmodel import comm, dataparallel, dispatch, finetune, flops, gemm, memory, moe, pipeline
 from autoparallel.costmodel.candidates import Candidates
 
 GEMMS_PER_LAYER = 4  # QKV, projection, FC1 (gate and up fused), FC2
@@ -135,10 +135,18 @@ def fp8_cast_time(x: Candidates, is_moe: bool):
     return x.quantized_fraction * cast_elements * x.cast_bytes / x.hbm
 
 
+def norm_recompute_time(x: Candidates):
+    """The two norms run again in the backward pass (``layernorm``): each reads its BF16 input
+    and writes its BF16 output, HBM-bound."""
+    return 2 * 2 * memory.layer_input_bytes(x.model, x.b, x.s_local, x.t, x.sp) / x.hbm
+
+
 def selective_recompute_time(x: Candidates, attention, softmax, is_moe: bool, moe_block=0.0):
     """Megatron's --recompute-modules: core_attn (attention core and unfused softmax),
-    mla_up_proj (MLA's up projections), moe (the whole MoE block, ``moe_block`` forward)."""
+    mla_up_proj (MLA's up projections), moe (the whole MoE block, ``moe_block`` forward),
+    layernorm (the two norms, ``norm_recompute_time``)."""
     extra = np.where(x.modules["core_attn"], attention + softmax, 0.0)
+    extra = extra + np.where(x.modules["layernorm"], norm_recompute_time(x), 0.0)
     if x.model.multi_latent_attention:
         extra = extra + np.where(x.modules["mla_up_proj"], linear_time(x, x.model.mla_up_params), 0.0)
     return extra + (np.where(x.modules["moe"], moe_block, 0.0) if is_moe else 0.0)
@@ -189,7 +197,8 @@ def ep_comm_time(x: Candidates, compute, is_moe: bool):
     """Dispatch and combine each way, again in a recomputed forward (of the layer or the MoE
     block), with the plan's token dispatcher; the 1F1B overlap hides them behind another
     micro-batch's compute, the shared-expert overlap behind the shared experts' own GEMMs
-    (forward, backward and a recomputed forward: Megatron runs them on a side stream)."""
+    (forward, backward and a recomputed forward: Megatron runs them on a side stream); a published
+    row's DualPipe hides all that the compute beside can (``pipeline.DUALPIPE_HIDDEN_SHARE``)."""
     if not is_moe:
         return np.zeros_like(x.t)
     dispatcher = x.knobs["moe_token_dispatcher_type"]
@@ -197,8 +206,9 @@ def ep_comm_time(x: Candidates, compute, is_moe: bool):
     one = dispatch.dispatch_time(x.hw, x.model, x.tokens / x.t, x.e, x.et, x.imbalance, dispatcher)
     a2a_overlap, shared_overlap = x.flag("overlap_moe_expert_parallel_comm"), x.flag("moe_shared_expert_overlap")
     shared = (3.0 + recomputed) * linear_time(x, x.model.shared_expert_params)  # forward, backward, recomputed
+    hidden_share = np.where(x.dualpipe, pipeline.DUALPIPE_HIDDEN_SHARE, x.hw.efficiency.ep_overlap)
     return dispatch.exposed_dispatch(x.hw, (4.0 + 2.0 * recomputed) * one, a2a_overlap | shared_overlap,
-                                     np.where(shared_overlap, shared, compute), dispatcher)
+                                     np.where(shared_overlap, shared, compute), dispatcher, hidden_share)
 
 
 def amax_reduction_time(x: Candidates):
@@ -222,7 +232,7 @@ def stored_activation_bytes(x: Candidates, is_moe: bool):
     else its activations less what selective recompute spares."""
     spared = memory.recomputed_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction, is_moe, x.et,
                                      x.imbalance, x.modules["mla_up_proj"], x.modules["moe_act"], x.modules["moe"],
-                                     x.quantized_input_bytes)
+                                     x.quantized_input_bytes, x.modules["layernorm"])
     return (x.recomputed_fraction * memory.layer_input_bytes(x.model, x.b, x.s_local, x.t, x.sp)
             + (1 - x.recomputed_fraction) * (activation_bytes(x, is_moe, x.keep_scores) - spared))
 

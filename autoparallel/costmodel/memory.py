@@ -128,15 +128,33 @@ def routed_expert_bytes(model: ModelSpec, tokens, etp, imbalance, fp8_fraction=0
     return tokens * model.moe_router_topk * imbalance * per_copy
 
 
+def norm_output_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, moe_layer,
+                      quantized_bytes=FP8_GEMM_INPUT_BYTES):
+    """What ``--recompute-modules layernorm`` spares: the two norms' outputs, which Megatron
+    discards after the forward and recomputes from the kept norm inputs. Under FP8/FP4 the
+    Linears that read them keep the original input (TransformerEngine's ``save_original_input``,
+    set by ``set_for_recompute_input_layernorm`` / ``set_for_recompute_pre_mlp_layernorm``), so
+    their quantized copies go too: the attention's first Linear input, and FC1's (a MoE layer:
+    the router's BF16 input and the shared experts' FC1 input, already spared by ``moe_layer``)."""
+    gemm_in = gemm_input_bytes(fp8_fraction, quantized_bytes)
+    if moe:
+        shared = model.shared_expert_ffn_hidden_size
+        mlp_input = ROUTER_INPUT_BYTES + np.where(moe_layer, 0.0, gemm_in if shared else 0.0)
+    else:
+        mlp_input = gemm_in
+    return (gemm_in + mlp_input) * b * s * model.hidden_size / np.where(sp, t, 1)
+
+
 def recomputed_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, etp, imbalance,
-                     mla_up_proj, moe_act, moe_layer, quantized_bytes=FP8_GEMM_INPUT_BYTES):
+                     mla_up_proj, moe_act, moe_layer, quantized_bytes=FP8_GEMM_INPUT_BYTES, layernorm=False):
     """What selective recompute of these Megatron modules spares a layer from keeping:
     ``mla_up_proj`` Q, K and V of multi-latent attention; ``moe_act`` the routed experts' FC2
     inputs (the activation's output); ``moe_layer`` everything the MoE block keeps but its input
-    (routed and shared experts)."""
+    (routed and shared experts); ``layernorm`` the norms' outputs (``norm_output_bytes``)."""
     tokens = b * s / t
     gemm_in = gemm_input_bytes(fp8_fraction, quantized_bytes)
-    out = 0.0
+    out = np.where(layernorm, norm_output_bytes(model, b, s, t, sp, fp8_fraction, moe, moe_layer,
+                                                quantized_bytes), 0.0)
     if model.multi_latent_attention:
         heads = model.num_attention_heads
         out = out + np.where(mla_up_proj, tokens * 2.0 * heads * (2 * model.qk_dim + model.v_dim), 0.0)

@@ -61,8 +61,8 @@ def lora_model_states(x: Candidates, layers: Layers, params, stage_layers, stage
 def _in_flight(x: Candidates, layers: Layers, stage_layers, stage_moe, stage):
     """Saved activations of the micro-batches the schedule holds on ``stage``, the working set
     of the layer computing and the CUDA graphs' static buffers; and the number of micro-batches
-    held."""
-    held = pipeline.inflight_chunks(x.p, x.v, x.m, stage) / x.v
+    held (a published row's DualPipe: ``pipeline.dualpipe_inflight`` on every rank)."""
+    held = np.where(x.dualpipe, pipeline.dualpipe_inflight(x.p), pipeline.inflight_chunks(x.p, x.v, x.m, stage) / x.v)
     working = np.where(stage_moe > 0, layers.moe["working"], layers.dense["working"])
     graphs = cuda_graph_bytes(x, held, stage_layers)
     return held * layers.on("stored", stage_layers, stage_moe) + working + graphs, held
@@ -111,10 +111,12 @@ def mtp_bytes(x: Candidates, layers: Layers, held, logits):
 
 
 def peak_memory(x: Candidates, layers: Layers, params: list, memory_fraction: float) -> dict:
-    """The fullest stage's peak, whether it fits, and its memory by kind (``MEMORY_KEYS``)."""
+    """The fullest stage's peak, whether it fits, and its memory by kind (``MEMORY_KEYS``); a
+    DualPipe rank holds two copies of its model states (``pipeline.DUALPIPE_PARAMETER_COPIES``)."""
     stage_layers = x.stage_layer_counts
     priced = lora_model_states if finetune.is_lora(x.model) else model_states
-    states = [priced(x, layers, p, n, n_moe) for p, (n, n_moe) in zip(params, stage_layers)]
+    copies = np.where(x.dualpipe, pipeline.DUALPIPE_PARAMETER_COPIES, 1.0)
+    states = [[copies * st for st in priced(x, layers, p, n, n_moe)] for p, (n, n_moe) in zip(params, stage_layers)]
     acts, logits = activation_bytes(x, layers)
     peaks = [sum(st) + a for st, a in zip(states, acts)]
     fullest = np.argmax(np.stack([np.where(ok, pk, -np.inf) for ok, pk in zip(present(x), peaks)]), axis=0)

@@ -77,7 +77,7 @@ def splits(num_layers: int, pp: int, vp: int, uneven: bool = True, layouts: bool
             if last >= vp and (first, last, False, False, "") not in out:
                 out.append((first, last, False, False, ""))
     if layouts and not out and num_layers + 2 + mtp >= chunks:  # every middle stage keeps a decoder layer
-        out.append((0, 0, False, False, balanced_layout(num_layers, chunks, mtp)))
+        out.append((0, 0, False, False, rank_balanced_layout(num_layers, pp, vp, mtp)))
     return out
 
 
@@ -118,17 +118,61 @@ def balanced_layout(num_layers: int, stages: int, mtp: int = 0) -> str:
     virtual stages with the embedding, each MTP layer and the loss counted as one layer each,
     the fuller stages first: "Et*3|(t*4|)*14t*2L" for 61 layers on 16, "Et|(t*2|)*30mL" for 61
     and one MTP layer on 32 (NVIDIA's DeepSeek-V3 recipe)."""
-    head = "m" * mtp + "L"
+    return _render(_balanced_decoders(num_layers, stages, mtp), mtp)
+
+
+def _balanced_decoders(num_layers: int, stages: int, mtp: int) -> list[int]:
+    """Decoder layers of each virtual stage of ``balanced_layout``."""
     if stages == 1:
-        return f"E{_layers(num_layers)}{head}"
+        return [num_layers]
     # The last stage takes an even share of the slots, its head first (no decoder layer if the
     # head fills it); the other stages share the rest, fuller first, the first one holding E.
     last = max((num_layers + 2 + mtp) // stages - 1 - mtp, 0)
     rest = num_layers - last + 1
     slots = [rest // (stages - 1) + (i < rest % (stages - 1)) for i in range(stages - 1)]
-    decoders = [n - (i == 0) for i, n in enumerate(slots)] + [last]
+    return [n - (i == 0) for i, n in enumerate(slots)] + [last]
+
+
+def _render(decoders: list[int], mtp: int) -> str:
+    head = "m" * mtp + "L"
+    if len(decoders) == 1:
+        return f"E{_layers(decoders[0])}{head}"
     middle = "".join(_repeat(group) for group in _runs(decoders[1:-1]))
     return f"E{_layers(decoders[0])}|{middle}{_layers(decoders[-1])}{head}"
+
+
+def rank_balanced_layout(num_layers: int, pp: int, vp: int, mtp: int = 0) -> str:
+    """Of ``balanced_layout`` and ``head_light_layout``, the one whose busiest pipeline rank has
+    less work, the output layer and loss counted as one layer's work and each MTP module as two
+    (its layer and its pass through the output layer and loss); on a tie the balanced one."""
+    balanced = balanced_layout(num_layers, pp * vp, mtp)
+    lighter = head_light_layout(num_layers, pp, vp, mtp)
+    if lighter and _busiest_rank_work(lighter, pp, mtp) < _busiest_rank_work(balanced, pp, mtp):
+        return lighter
+    return balanced
+
+
+def _busiest_rank_work(layout: str, pp: int, mtp: int) -> int:
+    sizes = layout_stage_sizes(layout)
+    work = [sum(sizes[r::pp]) for r in range(pp)]
+    work[(len(sizes) - 1) % pp] += 2 * mtp + 1
+    return max(work)
+
+
+def head_light_layout(num_layers: int, pp: int, vp: int, mtp: int = 0) -> str:
+    """``balanced_layout`` with one decoder layer moved from the last pipeline rank (which also
+    runs the output layer and loss, and each MTP module's layer and second output pass: far more
+    than the one layer's slot each is counted as) to the first virtual stage: "Et*4|(t*4|)*14tmL"
+    for 61 layers and one MTP layer on pp 16 (NVIDIA's DeepSeek-V3 GB200/GB300 recipes),
+    "Et*2|(t*2|)*14t|(t*2|)*15mL" on pp 16 x vp 2. '' where the last rank has no decoder layer
+    to give."""
+    decoders = _balanced_decoders(num_layers, pp * vp, mtp)
+    last_rank = [v for v in range(pp - 1, pp * vp, pp) if decoders[v] > 0 and v > 0]
+    if not last_rank:
+        return ""
+    decoders[last_rank[-1]] -= 1
+    decoders[0] += 1
+    return _render(decoders, mtp)
 
 
 def _layers(n: int) -> str:
@@ -295,6 +339,24 @@ def inflight_chunks(pp, vp, m, stage):
     interleaved = (vp - 1) * group + 2 * (pp - 1 - stage) + 1
     plain = pp - stage
     return np.minimum(np.where(vp > 1, interleaved, plain), m * vp)
+
+
+# Pipeline schedules Megatron does not run, which only a published row states (the row's
+# ``pipeline_schedule`` column; a search never offers them). DualPipe (DeepSeek-V3 report, arXiv
+# 2412.19437 §3.2.1, Table 2): each rank holds two model chunks, one per direction of a
+# bidirectional pipeline, so 2x the parameters, and PP+1 micro-batches' activations of a stage at
+# its peak, where 1F1B holds PP. Its time is priced as interleaved 1F1B (vp 2, as the row pins).
+# Its all-to-alls and point-to-point sends run behind the other direction's computation: "both
+# all-to-all and PP communication can be fully hidden during execution" (§3.2.1), as issue 22 lets
+# DualPipe be priced; its communication kernels still take their SMs from that computation.
+DUALPIPE = "dualpipe"
+DUALPIPE_PARAMETER_COPIES = 2.0
+DUALPIPE_HIDDEN_SHARE = 1.0
+
+
+def dualpipe_inflight(pp):
+    """Micro-batches whose activations (of one stage's layers) a DualPipe rank holds at its peak."""
+    return np.asarray(pp, dtype=float) + 1.0
 
 
 def schedule_time(m, vp, stage_times_max, stage_times_sum):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoparallel.costmodel import comm, finetune, flops, gemm
+from autoparallel.costmodel import comm, finetune, flops, gemm, pipeline
 from autoparallel.costmodel.candidates import Candidates
 from autoparallel.costmodel.layer_time import Layers, linear_time
 
@@ -49,10 +49,12 @@ def mtp_time(x: Candidates, layers: Layers, logits):
 
 def pp_comm_time(x: Candidates):
     """Per micro-batch, each of a rank's vp chunks receives activations and sends gradients (BF16,
-    SP-sharded); with interleaving Megatron overlaps a share of them with compute."""
+    SP-sharded); with interleaving Megatron overlaps a share of them with compute; a published
+    row's DualPipe all of them (``pipeline.DUALPIPE_HIDDEN_SHARE``)."""
     nbytes = 2.0 * x.tokens * x.model.hidden_size / x.t
     same_domain = x.t * x.c * x.dp * x.p <= x.hw.nvlink_domain
     exposed_share = np.where(x.v > 1, 1.0 - x.hw.efficiency.pp_overlap, 1.0)
+    exposed_share = np.where(x.dualpipe, 1.0 - pipeline.DUALPIPE_HIDDEN_SHARE, exposed_share)
     return np.where(x.p > 1, 2.0 * x.v * exposed_share * comm.p2p_time(x.hw, nbytes, same_domain), 0.0)
 
 

@@ -84,7 +84,8 @@ class Plan:
     recompute_num_layers: int = 0
     # What selective recompute recomputes (Megatron-LM's --recompute-modules, space-separated):
     # core_attn (the attention core, Megatron's default), mla_up_proj (MLA's up projections, so
-    # Q, K and V are not kept), moe_act (the experts' activation), moe (the whole MoE layer).
+    # Q, K and V are not kept), moe_act (the experts' activation), moe (the whole MoE layer),
+    # layernorm (the two norms: their outputs are not kept).
     recompute_modules: str = "core_attn"
     distributed_optimizer: bool = True
     # Megatron-LM reduces BF16 gradients in FP32 (main grads, 4 B/param); --grad-reduce-in-bf16
