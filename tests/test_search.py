@@ -18,7 +18,10 @@ def test_ranks_are_dense_and_sorted(search_512):
     assert (search_512.ranked.loc[~search_512.ranked.fits, "reason"] != "").all()
 
 
-def test_published_nemo_layout_is_feasible_and_in_the_top_5_percent(search_512):
+def test_in_sample_published_nemo_layout_is_feasible_and_in_the_top_5_percent(search_512):
+    """In sample: NeMo's GPT-3 175B rows on 512 H100 are among those the H100 constants were fitted
+    on, so this checks the search ranks a layout of the fit well, not that it generalises
+    (test_validate's leave-one-model-out figures do)."""
     f = search_512.feasible
     published = f[(f.tp == 4) & (f.pp == 8) & (f.vp == 6) & (f.cp == 1) & (f.mbs == 2)
                   & (f.precision == "fp8-delayed")]

@@ -1,4 +1,9 @@
-"""MLPerf Inference runs as validation of the traffic simulation (serve/mlperf.py, issue 29 item 4)."""
+"""MLPerf Inference runs as validation of the traffic simulation (serve/mlperf.py, issue 29 item 4).
+
+Issue 29's targets: Offline and Server tokens/s per GPU within 15 % mean |error| (met), p99 TTFT /
+TPOT within 25 % (not met: a strict expected failure quoting today's figures, beside a regression
+guard at them). In sample: these are the fitted constants' rows.
+"""
 
 import json
 
@@ -8,6 +13,10 @@ import pytest
 from autoparallel import cli, io, resources
 from autoparallel.serve import mlperf
 from autoparallel.serve.workload import load_workload
+
+# Today's figures (in-sample mean |error| %, 2026-11-26): the expected failure's reason and the
+# regression guard's bounds; update them here when the serving model moves.
+P99 = {"ttft": 46.9, "tpot": 51.4}
 
 
 @pytest.fixture(scope="module")
@@ -56,15 +65,25 @@ def test_offline_within_the_issue_tolerance(report):
     assert len(held) >= 10 and held["in_sample_pct"].abs().mean() <= 15.0
 
 
-def test_server_within_the_issue_tolerance_and_p99_as_it_is(report):
-    """Server sustained tokens/s per GPU: mean |error| <= 15 % (measured 8.5 %). p99 TTFT / TPOT
-    at the target QPS: measured 46.9 / 51.4 % (the simulation's tails are about half the
-    submissions'; the issue's 25 % is not met) -- bounded here against a regression only."""
+def test_server_tokens_within_the_issue_tolerance(report):
+    """Server sustained tokens/s per GPU: mean |error| <= 15 % (measured 8.5 %)."""
     m = mlperf.scenario_means(report)
     assert m["server_tokens_pct"] <= 15.0
-    assert m["ttft_p99_pct"] <= 60.0 and m["tpot_p99_pct"] <= 60.0
     server = report[report["scenario"] == "Server"]
     assert server["in_sample_ttft_pct"].notna().all() and server["in_sample_tpot_pct"].notna().all()
+
+
+@pytest.mark.xfail(strict=True, reason=f"issue 29 target: p99 TTFT and TPOT at the target QPS within 25 %; "
+                                       f"{P99['ttft']} / {P99['tpot']} % on 2026-11-26 (the simulation's tails "
+                                       "are about half the submissions')")
+def test_server_p99_target(report):
+    m = mlperf.scenario_means(report)
+    assert m["ttft_p99_pct"] <= 25.0 and m["tpot_p99_pct"] <= 25.0
+
+
+def test_server_p99_regression_guard(report):
+    m = mlperf.scenario_means(report)
+    assert m["ttft_p99_pct"] <= P99["ttft"] + 0.1 and m["tpot_p99_pct"] <= P99["tpot"] + 0.1
 
 
 def test_summary_groups_per_round_gpu_benchmark_scenario(report):

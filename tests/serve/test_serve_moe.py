@@ -98,12 +98,29 @@ def test_infer_pins_expert_parallel_and_refuses_it_for_a_dense_model(capsys):
     assert "expert parallelism applies to MoE models; llama3-8b is dense" in capsys.readouterr().err
 
 
-def test_the_published_mixtral_rows_are_predicted_by_tensorrt_llm_010():
+# Today's in-sample mean |error| over all 20 Mixtral-8x7B rows of TensorRT-LLM 0.10 (2026-11-26;
+# the long FP8 outputs miss by up to 101 %): the expected failure's reason and the guard's bound.
+MIXTRAL_MEAN = 25.2
+
+
+@pytest.fixture(scope="module")
+def mixtral_010():
     from autoparallel.serve.measured import load_serving_runs, predict
     from autoparallel.serve.assumptions import efficiency_for
     m = next(x for x in load_serving_runs() if x.engine.name == "tensorrt-llm-0.10")
-    rows = m.predicted_rows[m.predicted_rows["model"] == "Mixtral-8x7B"]
-    out = predict(m, efficiency_for("tensorrt-llm-0.10"), rows)
-    assert len(out) == 20 and out["fits"].all()
-    short = out[out["output_len"] == 128]  # prefill-heavy and short rows: the model's own regime
-    assert short["error_pct"].abs().mean() <= 15.0
+    return predict(m, efficiency_for("tensorrt-llm-0.10"), m.predicted_rows[m.predicted_rows["model"] == "Mixtral-8x7B"])
+
+
+def test_every_published_mixtral_row_is_predicted_to_fit(mixtral_010):
+    assert len(mixtral_010) == 20 and mixtral_010["fits"].all()
+
+
+@pytest.mark.xfail(strict=True, reason=f"issue 16 target: mean |error| <= 15 % in sample; {MIXTRAL_MEAN} % over "
+                                       "all 20 Mixtral-8x7B rows of TensorRT-LLM 0.10 on 2026-11-26")
+def test_mixtral_rows_in_sample_target(mixtral_010):
+    assert mixtral_010["error_pct"].abs().mean() <= 15.0
+
+
+def test_mixtral_rows_in_sample_regression_guard(mixtral_010):
+    """All 20 rows, not the ones that pass."""
+    assert mixtral_010["error_pct"].abs().mean() <= MIXTRAL_MEAN + 0.1

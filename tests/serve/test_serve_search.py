@@ -71,9 +71,11 @@ def test_request_rate_fixes_the_throughput(llama70, h100):
     assert over.ranked["reason"].str.startswith("request rate").any()
 
 
-def test_the_issue_headline_llama3_8b_on_one_h100(h100):
+def test_in_sample_the_issue_headline_llama3_8b_on_one_h100(h100):
     """`infer --model llama3-8b --gpus 1 --tp 1 --pp 1 --input-len 128 --output-len 128 --weight-precision
-    fp8 --kv-precision fp8` predicted 5,893 output tokens/s; TensorRT-LLM 0.12 measured 27,400."""
+    fp8 --kv-precision fp8` predicted 5,893 output tokens/s; TensorRT-LLM 0.12 measured 27,400.
+    In sample: that row is one the serving constants were fitted on, so this checks the search
+    reproduces the fit, not that it predicts an unseen run (test_serve_validate's held-out figures do)."""
     space = load_space().pinned(tp=1, pp=1, weight_precision="fp8", kv_precision="fp8")
     best = serve.search(io.load_model("llama3-8b"), h100, 1, serve.Request(128, 128), space).entry(1)
     assert best["output_tokens_per_s_per_gpu"] == pytest.approx(27_400, rel=0.15)

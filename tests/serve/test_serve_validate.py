@@ -2,6 +2,8 @@
 
 Issue 16: TensorRT-LLM's in-flight batching rows on H100 and H200 (FP8 and FP16) within 15 %
 mean |error| in sample and 25 % leave-one-model-out; FasterTransformer's rows within 10 %.
+A target not met is a strict expected failure quoting today's figure (FIGURES), beside a
+regression guard at that figure (named so: it is not a target).
 """
 
 import re
@@ -16,6 +18,9 @@ from autoparallel.serve.measured import (SERVING_RUNS, load_serving_runs, not_pr
 from autoparallel.serve.validate import by_engine, fastertransformer_report, ft_summary
 
 TARGET = ("h100-sxm", "h200")
+# Today's figures (mean |error| %, H100 and H200 rows, 2026-11-26): the expected failures' reasons
+# and the regression guards' bounds; update them here when the serving model moves.
+FIGURES = {"trtllm-0.10": {"in_sample": 25.1, "held_out": 31.7}}
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +50,22 @@ def test_trtllm_inflight_rows_within_issue_tolerance(report):
     assert _mean_abs(rows, "lomo_pct") <= 25.0
 
 
-def test_trtllm_010_rows_are_reported_and_bounded(report):
-    """TensorRT-LLM 0.10's rows (gptManagerBenchmark) miss the issue's tolerance: 25.1 % in sample,
-    32 % held out (142 rows with Mixtral-8x7B's, third session of 2026-11-23), dominated by
-    Falcon-180B's and Llama-3-8B's long outputs, which its 0.12 release serves 2-3x faster, and
-    Mixtral's FP8 long outputs. The bound below keeps that figure from getting worse."""
+_TRT010 = FIGURES["trtllm-0.10"]
+
+
+@pytest.mark.xfail(strict=True, reason=f"issue 16 target: TensorRT-LLM 0.10 rows within 15 % in sample and 25 % "
+                                       f"held out; {_TRT010['in_sample']} / {_TRT010['held_out']} % on 2026-11-26")
+def test_trtllm_010_rows_target(report):
+    """Dominated by Falcon-180B's and Llama-3-8B's long outputs, which its 0.12 release serves
+    2-3x faster, and Mixtral's FP8 long outputs."""
     rows = _rows(report, "tensorrt-llm-0.10")
-    assert _mean_abs(rows, "error_pct") <= 28.0
-    assert _mean_abs(rows, "lomo_pct") <= 36.0
+    assert _mean_abs(rows, "error_pct") <= 15.0 and _mean_abs(rows, "lomo_pct") <= 25.0
+
+
+def test_trtllm_010_rows_regression_guard(report):
+    rows = _rows(report, "tensorrt-llm-0.10")
+    assert _mean_abs(rows, "error_pct") <= _TRT010["in_sample"] + 0.1
+    assert _mean_abs(rows, "lomo_pct") <= _TRT010["held_out"] + 0.1
 
 
 def test_fastertransformer_rows_stay_within_ten_percent(ft, report):
