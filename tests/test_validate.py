@@ -17,12 +17,13 @@ import pytest
 
 from autoparallel import validate
 
-# Today's figures (`autoparallel validate`), quoted by the expected failures' reasons and used as
-# the regression guards' bounds: update them here, in one place, when the cost model moves.
+# Today's figures (`autoparallel validate`, rounded to 0.1), quoted by the expected failures'
+# reasons and, plus the rounding, the regression guards' bounds: update them here, in one place,
+# when the cost model moves.
 TODAY = "2026-11-26"
 FIGURES = {
-    "dense_in_max": 26.7,    # nemo-llama3.1-405b-gb200-128gpu-fp8-delayed (offload 95 of its recipe)
-    "moe_in_mean": 18.7,
+    "dense_in_max": 26.6,    # nemo-llama3.1-405b-gb200-128gpu-fp8-delayed (offload 95 of its recipe)
+    "moe_in_mean": 18.6,
     "moe_held_mean": 20.3,
     "moe_worst": "GPT-OSS-120B on B200 +64.9 % in sample, Qwen3-235B on H100 -65.6 % held out",
     "deepseek": "-25.7 %, 119 GiB",
@@ -85,7 +86,7 @@ def test_in_sample_worst_row_target(report):
 
 
 def test_in_sample_worst_row_regression_guard(report):
-    assert report.error_pct.abs().max() <= FIGURES["dense_in_max"]
+    assert report.error_pct.abs().max() <= FIGURES["dense_in_max"] + 0.1
 
 
 def test_leave_one_model_out_error(report):
@@ -164,8 +165,8 @@ def test_mlperf_error_target(mlperf_report):
 
 
 def test_mlperf_error_regression_guard(mlperf_report):
-    assert mlperf_report.error_pct.abs().mean() <= FIGURES["mlperf_mean"]
-    assert mlperf_report.error_pct.abs().max() <= FIGURES["mlperf_max"]
+    assert mlperf_report.error_pct.abs().mean() <= FIGURES["mlperf_mean"] + 0.1
+    assert mlperf_report.error_pct.abs().max() <= FIGURES["mlperf_max"] + 0.1
 
 
 def test_mlperf_rows_are_never_fitted(full_report, report):
@@ -198,8 +199,8 @@ def test_every_moe_row_is_predicted(moe_report):
 
 
 def test_moe_errors_regression_guard(moe_report):
-    assert moe_report.error_pct.abs().mean() <= FIGURES["moe_in_mean"]
-    assert moe_report.heldout_error_pct.abs().mean() <= FIGURES["moe_held_mean"]
+    assert moe_report.error_pct.abs().mean() <= FIGURES["moe_in_mean"] + 0.1
+    assert moe_report.heldout_error_pct.abs().mean() <= FIGURES["moe_held_mean"] + 0.1
 
 
 @_target(f"issue 22 target: MoE held-out mean <= 15 %; {FIGURES['moe_held_mean']} %")
