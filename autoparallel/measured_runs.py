@@ -11,11 +11,13 @@ fits taken, as the authors tuned their runs. Each prediction names the variant i
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from io import BytesIO
 from pathlib import Path
 
 import numpy as np
@@ -391,14 +393,32 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([out, arch], axis=1)
 
 
+def read_measured_csv(path: Path) -> pd.DataFrame:
+    """A CSV of measurements, read whole under its size cap. A last row cut off (the file was
+    truncated: a copy that broke off, a disk that filled up) would be read with its missing
+    fields empty; it is left out with its reason, or the file refused when it is the only row."""
+    data = safefile.read_bytes(path, "runs CSV")
+    frame = pd.read_csv(BytesIO(data))
+    if len(frame) and not data.endswith(b"\n"):
+        fields = len(next(csv.reader([data.rsplit(b"\n", 1)[-1].decode("utf-8", "replace")]), []))
+        if fields < len(frame.columns):
+            line = data.count(b"\n") + 1
+            why = (f"line {line} is cut off after {fields} of {len(frame.columns)} fields "
+                   "(the file was truncated)")
+            if len(frame) == 1:
+                raise UserError(f"runs CSV {path} is damaged: its only row, {why}")
+            ranges.warn(f"runs CSV {path}: {why}; that row is skipped")
+            frame = frame.iloc[:-1]
+    return frame
+
+
 def read_runs_table(path: Path, columns: tuple[str, ...] = ()) -> pd.DataFrame:
     """A CSV of measured runs with a header, the given columns and at least one row; anything
     else is a UserError naming the file."""
     if not os.path.lexists(path):
         raise UserError(f"runs CSV {path} does not exist")
     try:
-        with safefile.open_capped(path, "runs CSV") as f:
-            frame = pd.read_csv(f)
+        frame = read_measured_csv(path)
     except pd.errors.EmptyDataError:
         raise UserError(f"runs CSV {path} is empty (expected a header and one row per run)") from None
     except (OSError, pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
@@ -427,7 +447,8 @@ def load_runs(runs: Sequence[Path] | None = None, moe: bool = False) -> list[Pre
     unknown = sorted({assumptions_key(str(i)) for i in frame["id"]} - set(assumptions))
     if unknown:
         raise UserError(f"no assumptions for source(s) {unknown} in {ASSUMPTIONS}")
-    measured = ranges.row_problems(frame, [c for c in frame if str(c).startswith("measured_")])
+    measured = ranges.row_problems(frame, [c for c in frame if str(c).startswith("measured_")],
+                                   counts=ranges.COUNT_COLUMNS)
     prepared, skipped = [], []
     for i, row in frame.iterrows():
         try:

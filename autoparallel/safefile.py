@@ -45,7 +45,10 @@ LIMITS = {
     "YAML file": 16 * MiB,  # presets, spaces, plans, manifests, settings
     "runs CSV": 256 * MiB,  # measured runs (training, inference)
     "training log": 1024 * MiB,  # a job's stdout
-    "run table": 4096 * MiB,  # candidates.csv of a million-layout MoE search
+    "workload file": 64 * MiB,  # request lengths: ~5 million input_len,output_len pairs
+    # candidates.csv: DeepSeek-V3 on 1024 GPUs with --all-candidates (1.8 M layouts) writes ~400 MB,
+    # which pandas holds in several times that; the default run folder keeps 50,000 rows (16 MB).
+    "run table": 1024 * MiB,
     "layer-profile store": 256 * MiB,
 }
 
@@ -133,6 +136,9 @@ def output_target(path: Path | str, flag: str = "") -> Path:
     """The file a write to ``path`` replaces: ``path``, or the file a symbolic link finally
     points at. A UserError (naming ``flag`` and the path) if that is not a regular file, its
     folder does not exist, or it cannot be written."""
+    if isinstance(path, str) and path.endswith(("/", os.sep)):  # Path() would drop the separator
+        raise UserError(f"{flag + ' ' if flag else ''}{path} ends in a path separator, so it names a folder; "
+                        f"give a file name, e.g. {Path(path) / 'out.yaml'}")
     path = Path(path)
     name = f"{flag} {path}" if flag else str(path)
     target = path
@@ -160,6 +166,20 @@ def output_target(path: Path | str, flag: str = "") -> Path:
     if mode is not None and not os.access(target, os.W_OK):
         raise UserError(f"{name}: the file {target} is read-only (permission denied)")
     return target
+
+
+def check_folder(folder: Path | str, name: str) -> None:
+    """A UserError now, before any work, if files cannot be made in ``folder`` (made with its
+    parents when missing): the nearest existing folder on its path is a file or not writable.
+    ``name`` says which folder it is (e.g. ``--results runs``)."""
+    existing = Path(folder)
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "is" if existing == Path(folder) else f"is under {existing}, which is"
+        raise UserError(f"{name} {where} a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{name}: cannot write in {existing} (permission denied)")
 
 
 def check_output_file(path: Path | str, flag: str) -> None:

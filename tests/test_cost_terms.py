@@ -347,9 +347,34 @@ def test_dp_comm_reduces_gradients_and_gathers_parameters_per_chunk(gpt, hw):
 def test_optimizer_reads_and_writes_its_share_of_the_states(gpt, hw):
     params = 4e8
     sharded = _cands(gpt, hw, distributed_optimizer=True)
-    assert stp.optimizer_time(sharded, params, 0.0)[0] == pytest.approx(params / 8 * 32 / _hbm(hw), rel=REL)
+    floor = hw.efficiency.step_overhead_s
+    assert stp.optimizer_time(sharded, params, 0.0)[0] == pytest.approx(params / 8 * 32 / _hbm(hw) + floor, rel=REL)
     whole = _cands(gpt, hw, distributed_optimizer=False)
-    assert stp.optimizer_time(whole, params, 0.0)[0] == pytest.approx(params * 32 / _hbm(hw), rel=REL)
+    assert stp.optimizer_time(whole, params, 0.0)[0] == pytest.approx(params * 32 / _hbm(hw) + floor, rel=REL)
+
+
+def test_every_step_pays_the_fixed_step_overhead_once(gpt, hw):
+    """The fixed cost of a step (``step_overhead_s``) is one term, whatever the micro-batches."""
+    floor = dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, step_overhead_s=0.2))
+    none = dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, step_overhead_s=0.0))
+    for gbs in (16, 64):
+        plan = plan_columns([Plan(tp=4, pp=8, vp=2, cp=2, dp=4, mbs=1, gbs=gbs, sp=True, precision="bf16")])
+        with_floor, without = estimate_columns(gpt, floor, plan), estimate_columns(gpt, none, plan)
+        assert with_floor["step_time_s"][0] - without["step_time_s"][0] == pytest.approx(0.2, rel=1e-9)
+        assert with_floor["optimizer_s"][0] - without["optimizer_s"][0] == pytest.approx(0.2, rel=1e-9)
+
+
+def test_cuda_graphs_remove_the_launch_overhead_of_a_layer_but_not_a_moe_layers_sync(gpt, mixtral, hw):
+    eff = hw.efficiency
+    for graph in ("layer", "full_iteration"):
+        dense = lt.forward_time(_cands(gpt, hw, cuda_graph=graph), 0.5, 0.25, 0.125, False)[0]
+        assert lt.forward_time(_cands(gpt, hw), 0.5, 0.25, 0.125, False)[0] - dense == pytest.approx(
+            eff.layer_overhead_s, rel=1e-9)
+        moe_graphed = lt.forward_time(_cands(mixtral, hw, cuda_graph=graph, ep=8, dp=8, cp=1, vp=1, pp=4,
+                                             tp=1, gbs=64), 0.0, 0.0, 0.0, True)[0]
+        moe_plain = lt.forward_time(_cands(mixtral, hw, ep=8, dp=8, cp=1, vp=1, pp=4, tp=1, gbs=64),
+                                    0.0, 0.0, 0.0, True)[0]
+        assert moe_plain - moe_graphed == pytest.approx(eff.layer_overhead_s, rel=1e-9)
 
 
 def test_fp8_param_gather_moves_one_byte_per_parameter(gpt, hw):
@@ -364,7 +389,8 @@ def test_fp8_param_gather_moves_one_byte_per_parameter(gpt, hw):
 def test_bf16_moments_halve_the_moments_traffic_of_the_optimizer(gpt, hw):
     params = 4e8
     x = _cands(gpt, hw, distributed_optimizer=True, precision_aware_optimizer=True)
-    assert stp.optimizer_time(x, params, 0.0)[0] == pytest.approx(params / 8 * (32 - 8) / _hbm(hw), rel=REL)
+    assert stp.optimizer_time(x, params, 0.0)[0] == pytest.approx(
+        params / 8 * (32 - 8) / _hbm(hw) + hw.efficiency.step_overhead_s, rel=REL)
 
 
 def test_weight_cast_is_once_per_step_on_the_bottleneck_stage(gpt, hw):

@@ -26,10 +26,11 @@ UNPRIVILEGED = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowne
 TIMEOUT = 60  # seconds; every case here takes a few
 
 
-def _run(args: list[str], unprivileged: bool = False, timeout: float = TIMEOUT, cwd: Path | None = None):
-    """The command in a subprocess (without root's file powers if ``unprivileged``):
-    (exit code, stdout, stderr)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(cwd or tempfile.gettempdir())}
+def _run(args: list[str], unprivileged: bool = False, timeout: float = TIMEOUT, cwd: Path | None = None,
+         **environ: str):
+    """The command in a subprocess (without root's file powers if ``unprivileged``; ``environ``
+    added to its environment): (exit code, stdout, stderr)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(cwd or tempfile.gettempdir()), **environ}
     prefix = UNPRIVILEGED if unprivileged else []
     p = subprocess.run([*prefix, sys.executable, "-m", "autoparallel", *args], capture_output=True, text=True,
                        timeout=timeout, env=env, cwd=cwd)
@@ -133,6 +134,18 @@ def test_an_unwritable_target_is_one_line_and_nothing_changes(args, message, sha
 
 
 @needs_root
+def test_calibrate_checks_an_unwritable_preset_folder_before_the_fit(shared, read_only):
+    """The fit takes seconds to minutes; an unwritable preset folder was a PermissionError
+    traceback after it. Now it is one line before it (no "fitting" progress, nothing written)."""
+    home = read_only / "home"
+    code, out, err = _run(["calibrate", "--gpu", "h100-sxm"], unprivileged=True, cwd=shared["dir"],
+                          AUTOPARALLEL_HOME=str(home))
+    _one_line_error(code, err, f"your preset folder {home / 'hardware'} (AUTOPARALLEL_HOME={home}): "
+                               f"cannot write in {read_only} (permission denied)")
+    assert out == "" and sorted(p.name for p in read_only.iterdir()) == ["out.yaml"]
+
+
+@needs_root
 def test_a_read_only_file_in_a_writable_folder_is_not_replaced(shared):
     d = shared["dir"] / "writable"
     d.mkdir(exist_ok=True)
@@ -217,21 +230,27 @@ def _interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
-def test_a_signal_ends_a_run_with_many_workers_within_seconds(signum, tmp_path):
+@pytest.mark.parametrize("signum, group", [("SIGTERM", False), ("SIGINT", False), ("SIGTERM", True)],
+                         ids=["SIGTERM", "SIGINT", "SIGTERM-to-the-group"])
+def test_a_signal_ends_a_run_with_many_workers_within_seconds(signum, group, tmp_path):
+    """Sent to the search, or to its whole process group (as a job scheduler or `kill -- -PGID`
+    does: each worker gets it, then the parent's terminate() too), the run ends quietly."""
     import signal
     import time
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     p = subprocess.Popen([sys.executable, "-m", "autoparallel", *SAMPLER, "--trials", "1000000", "--workers", "64",
                           "--results", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         env=env, cwd=tmp_path, preexec_fn=_interruptible)
+                         env=env, cwd=tmp_path, preexec_fn=_interruptible, start_new_session=group)
     try:
         deadline = time.monotonic() + 60
         while not list(tmp_path.glob(".partial-*/*/study.journal")):  # the workers share it once they run
             assert p.poll() is None and time.monotonic() < deadline, "the search did not start its workers"
             time.sleep(0.1)
         time.sleep(1.0)
-        p.send_signal(getattr(signal, signum))
+        if group:
+            os.killpg(p.pid, getattr(signal, signum))
+        else:
+            p.send_signal(getattr(signal, signum))
         sent = time.monotonic()
         _, err = p.communicate(timeout=20)
         took = time.monotonic() - sent
@@ -242,6 +261,24 @@ def test_a_signal_ends_a_run_with_many_workers_within_seconds(signum, tmp_path):
     assert p.returncode == 128 + getattr(signal, signum), err
     assert took < 10, f"took {took:.1f} s to stop"
     assert "capped at" in err and "Traceback" not in err
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
+    """`search --json | head -1`: the pipe closes under the writer; it ends as a tool killed by
+    SIGPIPE does (exit 141), not with a BrokenPipeError traceback."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-m", "autoparallel", "search", "--model", "cpu-small", "--gpus", "4",
+                          "--gpu", "cpu-local", "--no-save", "--json", "--top", "1000"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    p.stdout.readline()
+    p.stdout.close()  # the reader leaves after one line
+    try:
+        err = p.stderr.read().decode()
+        p.wait(timeout=TIMEOUT)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 141 and "Traceback" not in err, err
 
 
 # --- shared studies: two searches on one --storage run together as Optuna's workers do --------

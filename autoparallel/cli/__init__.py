@@ -8,6 +8,8 @@ that needs it, so ``autoparallel --help`` and the cost-model commands never impo
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import signal
 import sys
 import threading
@@ -23,7 +25,15 @@ PROG = "autoparallel"
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a bad argument in one line (exit 2) instead of the usage text."""
+    """argparse that reports a bad argument in one line (exit 2) instead of the usage text.
+
+    A value that starts with '-' and a digit (``--tokens -5T``, ``--gpu-hour-cost -1e3``) or is
+    ``-inf``/``-nan`` is a value, so that its type says what is wrong with it; argparse takes
+    only ``-5`` and ``-.5`` for numbers and calls the rest a missing argument."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(\d|\.\d|inf$|nan$|infinity$)", re.IGNORECASE)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"{PROG}: error: {self.prog.removeprefix(PROG).strip() or 'usage'}: {message} "
@@ -48,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     with _sigterm_interrupts() as received:
         try:
             combos.check_empty(sys.argv[1:] if argv is None else argv)
+            combos.check_json(args)
             args.func(args)
         except UserError as exc:
             print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line, always
@@ -55,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt as exc:  # what the run kept, if anything, is in the message
             print(f"{PROG}: interrupted" + (f": {exc}" if str(exc) else ""), file=sys.stderr)
             return 128 + received.get("signal", signal.SIGINT)
+        except BrokenPipeError:  # `... --json | head`: the reader left; end as a SIGPIPE'd tool does
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error again at exit's flush
+            return 128 + signal.SIGPIPE
     return 0
 
 

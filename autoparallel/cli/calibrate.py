@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
+
+from rich.console import Console
 
 from autoparallel.cli.common import console
 from autoparallel.errors import UserError
@@ -23,6 +26,8 @@ def add_parser(sub) -> None:
                    help="fit the mixture-of-experts constants instead (on the MoE rows of every GPU and the "
                         "forced-balance vs dropless pairs) and write them into --gpu's preset")
     c.add_argument("--dry-run", action="store_true", help="print the fit, do not write the YAML")
+    c.add_argument("--json", action="store_true",
+                   help="print the fit as JSON (fitted values, errors, constants at a bound); the rest goes to stderr")
     c.add_argument("--output", "-o", help="hardware YAML to write (default: <your preset folder>/hardware/"
                                           "<gpu>.yaml, which then takes the shipped preset's place)")
     profiling_commands.add_calibrate_args(c)
@@ -30,29 +35,40 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from autoparallel.costmodel import calibrate
     output = Path(args.output) if args.output else None
     _check_combinations(args)
+    result = _fit(args, output, Console(stderr=True) if args.json else console)
+    if args.json:
+        import json
+        print(json.dumps(result, indent=1))
+
+
+def _fit(args: argparse.Namespace, output: Path | None, console: Console) -> dict:
+    """Run the fit the flags ask for; its ``calibrate.summary``."""
+    from autoparallel.costmodel import calibrate
     if args.as_name is not None:
         from autoparallel.specs.names import name_problem
         if name_problem(args.as_name):
             raise UserError(f"--as {args.as_name!r} {name_problem(args.as_name)}: it names a preset file; use "
                             "letters, digits, '-', '_', '.' and '+'")
-    if output is not None and not args.dry_run:
-        from autoparallel.safefile import check_output_file
-        check_output_file(output, "--output")
+    if not args.dry_run:  # checked before the fit, which takes minutes
+        from autoparallel import resources, safefile
+        if output is not None:
+            safefile.check_output_file(args.output, "--output")
+        else:
+            folder = resources.user_dir() / "hardware"
+            home = f" ({resources.HOME_ENV}={resources.user_dir()})" if os.environ.get(resources.HOME_ENV) else ""
+            safefile.check_folder(folder, f"your preset folder {folder}{home}")
     if args.from_run:  # fit to profiled step times of a run
         from autoparallel.profiling.commands import calibrate_from
-        calibrate_from(Path(args.from_run), write=not args.dry_run, console=console, output=output)
-        return
+        return calibrate_from(Path(args.from_run), write=not args.dry_run, console=console, output=output)
     if not args.gpu:
         raise UserError("calibrate needs --gpu (published runs) or --from RUN_DIR (profiled runs)")
     if args.moe:
-        calibrate.main_moe(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run, console=console,
-                           output=output)
-        return
-    calibrate.main(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run, console=console,
-                   output=output, as_name=args.as_name, with_published=args.with_published)
+        return calibrate.main_moe(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run,
+                                  console=console, output=output)
+    return calibrate.main(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run, console=console,
+                          output=output, as_name=args.as_name, with_published=args.with_published)
 
 
 def _check_combinations(args: argparse.Namespace) -> None:

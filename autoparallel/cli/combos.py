@@ -19,6 +19,9 @@ from autoparallel.errors import UserError
 OPTUNA_DEFAULTS = {"sampler": "tpe", "trials": 200, "workers": 1, "objectives": "throughput", "seed": 0,
                    "grid_seeds": 5, "storage": None}
 RESULTS_DEFAULT = "results"
+# search: the flags only --profile job|layer reads, with their defaults.
+PROFILE_DEFAULTS = {"top_k": 5, "profile_steps": 20, "profile_warmup": 5, "profile_timeout": 600.0,
+                    "executor": "local", "ray_address": None, "memory_cap_gib": None, "device": "auto"}
 
 
 def flag(dest: str) -> str:
@@ -84,6 +87,10 @@ def check_search(args: argparse.Namespace, knobs: dict) -> None:
     elif args.strategy == "grid" and optuna_given:
         raise no_effect(flag(optuna_given[0]), "--strategy grid",
                         "only a sampler search reads it; add --strategy optuna or drop it")
+    profile_given = _given(args, PROFILE_DEFAULTS)
+    if args.profile == "none" and profile_given:
+        raise no_effect(flag(profile_given[0]), "no --profile", "only a profiled search reads it; add --profile job "
+                        "(or layer) or drop it")
     if args.no_save and args.results is not None and getattr(args, "profile", "none") != "layer":
         raise no_effect("--results", "--no-save", "nothing is written; drop one of them")
 
@@ -97,6 +104,14 @@ def check_resumed_target(args: argparse.Namespace, inputs: dict, model) -> None:
     if args.gpus is not None and args.gpus != int(inputs["gpus"]):
         raise no_effect(f"--gpus {args.gpus}", f"--resume {args.resume}",
                         f"the run searches {inputs['gpus']} GPUs; drop --gpus")
+
+
+def check_json(args: argparse.Namespace) -> None:
+    """--wide and --explain shape the terminal tables, which --json replaces (any command)."""
+    if getattr(args, "json", False):
+        for dest in ("wide", "explain"):
+            if getattr(args, dest, False):
+                raise no_effect(flag(dest), "--json", "JSON holds every column and no legend; drop one of them")
 
 
 def check_empty(argv: list[str]) -> None:

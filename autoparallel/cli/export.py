@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> None:
     from autoparallel import safefile
     from autoparallel.search import run as runs
     if args.output:
-        safefile.check_output_file(Path(args.output), "--output")
+        safefile.check_output_file(args.output, "--output")
     result = runs.load(Path(args.run_dir))
     text = export_text(result, args.rank, args.format)
     if args.format == "megatron":

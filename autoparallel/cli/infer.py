@@ -38,7 +38,7 @@ def add_parser(sub) -> None:
     b.add_argument("--max-e2e-ms", type=positive_number, help="end-to-end latency of a request")
     b.add_argument("--max-latency-ms", type=positive_number,
                    help="older spelling: a bound on --latency-metric (same as --max-<metric>-ms)")
-    b.add_argument("--latency-metric", default="tpot", help="ttft | tpot | e2e: what --max-latency-ms bounds (default tpot)")
+    b.add_argument("--latency-metric", help="ttft | tpot | e2e: what --max-latency-ms bounds (default tpot)")
     i.add_argument("--request-rate", type=positive_number,
                    help="requests/s the whole deployment must serve (default: offline, unbounded arrival)")
     t = i.add_argument_group("traffic simulation (issue 29; on with any of these or --workload)")
@@ -81,11 +81,16 @@ def request_of(args: argparse.Namespace):
     from autoparallel.serve import search as serve
     from autoparallel.serve.traffic import Traffic, scenario_bounds
     bounds = {"max_ttft_ms": args.max_ttft_ms, "max_tpot_ms": args.max_tpot_ms, "max_e2e_ms": args.max_e2e_ms}
-    for field, value in serve.legacy_bound(args.max_latency_ms, args.latency_metric).items():
+    metric = args.latency_metric or "tpot"
+    for field, value in serve.legacy_bound(args.max_latency_ms, metric).items():
         if bounds[field] is not None and bounds[field] != value:
-            raise UserError(f"--max-latency-ms {value:g} --latency-metric {args.latency_metric} contradicts "
+            raise UserError(f"--max-latency-ms {value:g} --latency-metric {metric} contradicts "
                             f"--{field.replace('_', '-')} {bounds[field]:g}; give one of them")
         bounds[field] = value
+    if args.latency_metric is not None and args.max_latency_ms is None:
+        from autoparallel.cli.combos import no_effect
+        raise no_effect("--latency-metric", "no --max-latency-ms", "it says which latency --max-latency-ms bounds; "
+                        f"add --max-latency-ms, or bound it directly with --max-{args.latency_metric}-ms")
     if simulated(args):
         Traffic(None, args.scenario, 99.0 if args.latency_percentile is None else args.latency_percentile)  # checks
         if args.scenario in ("server", "interactive") and args.request_rate is not None:

@@ -26,10 +26,10 @@ def add_parser(sub) -> None:
 
 def run_import(args: argparse.Namespace) -> None:
     from autoparallel.runlogs.runsfile import DEFAULT_RUNS, import_logs
-    runs_file = Path(args.runs) if args.runs else DEFAULT_RUNS
-    if runs_file.parent.is_dir():  # a missing folder is made when the rows are written
+    runs_file = args.runs or str(DEFAULT_RUNS)
+    if Path(runs_file).parent.is_dir() or runs_file.endswith("/"):  # a missing folder is made when written
         check_output_file(runs_file, "--runs")
-    results = import_logs([Path(p) for p in args.logs], args.gpu, runs_file, args.warmup)
+    results = import_logs([Path(p) for p in args.logs], args.gpu, Path(runs_file), args.warmup)
     for r in results:
         if r.row is None:
             console.print(f"[yellow]skipped[/yellow] {r.path}: {r.reason}", highlight=False)

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> None:
     from autoparallel.report import run_folder
     from autoparallel.search import run as runs
     combos.check_search(args, pins(args))  # flags with no effect together: before any work
-    combos.fill_defaults(args, {**combos.OPTUNA_DEFAULTS, "results": combos.RESULTS_DEFAULT})
+    combos.fill_defaults(args, {**combos.OPTUNA_DEFAULTS, **combos.PROFILE_DEFAULTS, "results": combos.RESULTS_DEFAULT})
     shown = None if args.json else console
     if args.profile == "layer" or not (args.no_save or args.resume):
         run_folder.check_root(Path(args.results))  # run folders and layer_profiles.json go there

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> None:
         raise UserError("--tie-bands needs the held-out errors: drop --no-cross-validation")
     if args.tie_bands:
         from autoparallel import safefile
-        safefile.check_output_file(Path(args.tie_bands), "--tie-bands")
+        safefile.check_output_file(args.tie_bands, "--tie-bands")
     report = _training_report(validate, runs, cross=not args.no_cross_validation, quiet=args.json)
     if args.tie_bands:
         import datetime as dt

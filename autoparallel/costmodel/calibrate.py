@@ -22,6 +22,7 @@ import numpy as np
 from rich.console import Console
 
 from autoparallel import io, resources
+from autoparallel.costmodel.bounds import AtBound, at_bounds, warn_at_bounds
 from autoparallel.errors import UserError
 from autoparallel.measured_runs import (default_runs, load_balance_pairs, load_runs, predict_balance_ratio, predict_row,
                                        software_date)
@@ -74,7 +75,8 @@ def uncalibrated(efficiency: Efficiency) -> Efficiency:
 
 class Fit(NamedTuple):
     """A fit's result: ``values`` to put into ``Efficiency`` (``release_speed`` among them), the
-    mean |error| % before and after, and which constants were fitted or kept, and why."""
+    mean |error| % before and after, which constants were fitted or kept, and why, and which
+    fitted ones landed on a bound (``bounds.at_bounds``: names as fitted, ``release <r>`` too)."""
 
     values: dict
     before: float
@@ -82,6 +84,7 @@ class Fit(NamedTuple):
     fitted: tuple[str, ...]
     unseen: tuple[str, ...]  # no row's prediction depends on them
     capped: tuple[str, ...]  # seen, but fewer rows than constants: the least telling ones are kept
+    at_bounds: tuple[AtBound, ...] = ()
 
 
 def _least_squares(names: list[str], bounds: list[tuple[float, float]], start: list[float], errors,
@@ -112,7 +115,8 @@ def _least_squares(names: list[str], bounds: list[tuple[float, float]], start: l
     result = least_squares(lambda x: run(x, keep), x0[visible], bounds=(low[visible], high[visible]),
                            diff_step=0.02, max_nfev=80)
     values = dict(zip(keep, (float(v) for v in np.exp(result.x))))
-    return Fit(values, _percent(base), _percent(result.fun), tuple(keep), unseen, capped)
+    return Fit(values, _percent(base), _percent(result.fun), tuple(keep), unseen, capped,
+               tuple(at_bounds(values, dict(zip(names, bounds)), log=True)))
 
 
 def fit(rows, efficiency: Efficiency, progress=None) -> Fit:
@@ -242,11 +246,19 @@ def write_block(path: Path, fitted: dict, efficiency: Efficiency, note: str, cal
 PRESET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
+def summary(fit_result: Fit, rows: int) -> dict:
+    """What ``calibrate --json`` prints of a fit: the fitted values, the mean |error| before and
+    after, and the constants on a bound."""
+    return {"rows": rows, "fitted": fit_result.values, "before_mean_abs_error_pct": fit_result.before,
+            "after_mean_abs_error_pct": fit_result.after, "at_bounds": [h.as_dict() for h in fit_result.at_bounds]}
+
+
 def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Path | None = None,
          as_name: str | None = None, with_published: bool = False) -> dict:
     """Fit ``gpu`` to the rows of ``runs`` (default: the published runs; ``with_published``: both)
     measured on it and on the GPUs that take its constants (``efficiency_from``); write the
-    preset to ``output`` (default: the user's preset folder, as ``as_name`` if given)."""
+    preset to ``output`` (default: the user's preset folder, as ``as_name`` if given). Returns
+    ``summary`` of the fit."""
     from rich.progress import Progress
 
     if as_name is not None and not PRESET_NAME.match(as_name):
@@ -275,6 +287,7 @@ def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Pat
     kept = _kept(result, len(rows))
     for line in kept:
         console.print(f"  {line}")
+    warn_at_bounds(console, result.at_bounds)
     gpus = sorted({str(p.row["gpu"]) for p in rows})
     sources = sorted({p.source for p in rows})
     errors = f"mean |error| {result.before:.1f} % before, {result.after:.1f} % after"
@@ -298,7 +311,7 @@ def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Pat
                     f"{names}: {len(rows)} rows on {', '.join(gpus)}",
                     source=io.resolve_preset("hardware", gpu), rename=as_name)
         console.print(f"wrote {path}" + (f" (use it with --gpu {as_name})" if as_name else ""))
-    return result.values
+    return summary(result, len(rows))
 
 
 def mean_abs_error_pct(rows, efficiency: Efficiency) -> float:
@@ -330,7 +343,8 @@ def _wrapped(text: str, width: int = 98) -> list[str]:
 def main_moe(gpu: str, runs: Path | None, write: bool, console: Console, output: Path | None = None) -> dict:
     """Fit the MoE constants: ``moe_load_imbalance`` to the forced-balance vs dropless pairs, then
     ``MOE_FITTED`` to the MoE rows of every GPU; write them into ``gpu``'s preset (its dense
-    constants and their provenance unchanged)."""
+    constants and their provenance unchanged). Returns ``summary`` of the fit (the load
+    imbalance's bound counted too)."""
     from rich.progress import Progress
 
     hw = io.load_hardware(gpu)
@@ -353,6 +367,8 @@ def main_moe(gpu: str, runs: Path | None, write: bool, console: Console, output:
     fitted["moe_load_imbalance"] = ratio.values.get("moe_load_imbalance", imbalance)
     for name, value in fitted.items():
         console.print(f"  {name}: {getattr(hw.efficiency, name):.4g} -> {value:.4g}")
+    hits = moe_fit.at_bounds + ratio.at_bounds
+    warn_at_bounds(console, hits)
     gpus = sorted({str(p.row["gpu"]) for p in rows})
     console.print(f"load-imbalance ratio error on {len(pairs)} pairs: {ratio_before:.1f} % -> {ratio_after:.1f} %")
     console.print(f"mean |error| on {len(rows)} MoE rows ({', '.join(gpus)}): {before:.1f} % -> {after:.1f} %")
@@ -368,7 +384,7 @@ def main_moe(gpu: str, runs: Path | None, write: bool, console: Console, output:
                      f"{len(pairs)} forced/dropless pairs of moe_load_balance.csv")
         write_block(path, fitted, hw.efficiency, "\n".join(notes), hw.calibrated_on, source=source)
         console.print(f"wrote {path}")
-    return fitted
+    return summary(moe_fit._replace(values=fitted, at_bounds=hits), len(rows))
 
 
 # --- fitting to profiling jobs (issue 4) ----------------------------------------------------------

@@ -72,11 +72,14 @@ def unpermute_bytes(x: Candidates):
 def forward_time(x: Candidates, t_linear, attention, softmax, is_moe: bool):
     """One layer's forward: GEMMs, attention core, elementwise kernels (norms, activation,
     residuals, a MoE layer's unpermutation: bytes in proportion to what the layer saves and
-    moves), unfused softmax, fixed overhead."""
+    moves), unfused softmax, fixed overhead: the kernel launches a CUDA graph replays in one
+    (``layer_overhead_s``) and a MoE layer's host sync on its token counts, which no graph
+    removes (``moe_layer_overhead_s``)."""
     eff = x.hw.efficiency
     touched = activation_bytes(x, is_moe, False) + (unpermute_bytes(x) if is_moe else 0.0)
     t_elementwise = eff.elementwise_bytes_per_token_hidden / 34.0 * touched / x.hbm
-    overhead = eff.layer_overhead_s + (eff.moe_layer_overhead_s if is_moe else 0.0)
+    launches = np.where(x.cuda_graph == "none", eff.layer_overhead_s, 0.0)
+    overhead = launches + (eff.moe_layer_overhead_s if is_moe else 0.0)
     return t_linear + attention + t_elementwise + softmax + overhead
 
 

@@ -81,11 +81,12 @@ def dp_comm_time(x: Candidates, params_gpu, experts_gpu, stage_compute):
 
 
 def optimizer_time(x: Candidates, params_gpu, experts_gpu):
-    """Adam's pass over its share of the states: HBM-bound. BF16 moments (the precision-aware
-    optimizer) halve the bytes of the two moments, each read and written once."""
+    """Adam's pass over its share of the states (HBM-bound; BF16 moments, the precision-aware
+    optimizer, halve the bytes of the two moments, each read and written once), plus the step's
+    fixed cost (``Efficiency.step_overhead_s``: launches, syncs and the host loop)."""
     shards, expert_shards = x.optimizer_shards()
     per_param = OPTIMIZER_BYTES_PER_PARAM - 2 * 2 * (memory.ADAM_MOMENT_BYTES - x.moment_bytes)
-    return (params_gpu / shards + experts_gpu / expert_shards) * per_param / x.hbm
+    return (params_gpu / shards + experts_gpu / expert_shards) * per_param / x.hbm + x.hw.efficiency.step_overhead_s
 
 
 def weight_cast_time(x: Candidates, layers: Layers, bottleneck: Schedule):

@@ -19,9 +19,9 @@ from autoparallel.specs.model import ModelSpec
 EXECUTORS = ("local", "ray", "slurm")
 
 
-def _device_arg(p) -> None:
+def _device_arg(p, default: str | None = "auto") -> None:
     from autoparallel.profiling.device import DEVICE_CHOICES
-    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
+    p.add_argument("--device", choices=DEVICE_CHOICES, default=default,
                    help="where profiles run: the GPU when torch sees one (auto, default), or "
                         "cpu / cuda; profiled.csv records which device measured")
 
@@ -74,15 +74,15 @@ def add_search_args(s: argparse.ArgumentParser) -> None:
     g.add_argument("--profile", choices=("none", "job", "layer"), default="none",
                    help="job: run the --top-k best predicted layouts and re-rank by measurement; "
                         "layer: replace the compute estimate with measured layer profiles")
-    g.add_argument("--top-k", type=positive, default=5, help="layouts to profile (default 5)")
-    g.add_argument("--profile-steps", type=positive, default=20, help="timed steps per job (default 20)")
-    g.add_argument("--profile-warmup", type=non_negative, default=5, help="warm-up steps per job (default 5)")
-    g.add_argument("--profile-timeout", type=positive_seconds, default=600.0, help="seconds per job (default 600)")
+    g.add_argument("--top-k", type=positive, help="layouts to profile (default 5)")
+    g.add_argument("--profile-steps", type=positive, help="timed steps per job (default 20)")
+    g.add_argument("--profile-warmup", type=non_negative, help="warm-up steps per job (default 5)")
+    g.add_argument("--profile-timeout", type=positive_seconds, help="seconds per job (default 600)")
     g.add_argument("--memory-cap-gib", type=positive_number, help="CPU only: forced per-rank memory cap")
-    g.add_argument("--executor", choices=EXECUTORS, default="local",
+    g.add_argument("--executor", choices=EXECUTORS,
                    help="where jobs run: processes here (default), a Ray cluster, or Slurm (sbatch)")
     g.add_argument("--ray-address", help="Ray cluster address")
-    _device_arg(g)
+    _device_arg(g, default=None)  # search: None tells "given" from the default (cli.combos)
     slurm_args.add_args(s)
 
 
@@ -298,10 +298,12 @@ def _evaluator(result, args: argparse.Namespace, console):
 
 
 def calibrate_from(run_dir: Path, write: bool, console, output: Path | None = None) -> dict:
-    """Fit the run's hardware constants to its measured step times (needs >= 2 measured rows)."""
+    """Fit the run's hardware constants to its measured step times (needs >= 2 measured rows);
+    returns ``calibrate.summary`` of the fit."""
     import pandas as pd
 
     from autoparallel.costmodel import calibrate
+    from autoparallel.costmodel.bounds import at_bounds, warn_at_bounds
     from autoparallel.search import run
     result = run.load(run_dir)
     if "measured_step_time_s" not in result.ranked:
@@ -313,6 +315,8 @@ def calibrate_from(run_dir: Path, write: bool, console, output: Path | None = No
                                                    rows, rows["measured_step_time_s"])
     for name, value in fitted.items():
         console.print(f"  {name}: {getattr(result.hardware.efficiency, name):.4g} -> {value:.4g}")
+    hits = at_bounds(fitted, calibrate.MEASURED_FITTED, log=True)
+    warn_at_bounds(console, hits)
     console.print(f"mean |error| on {len(rows)} measured layouts: {before:.1f} % -> {after:.1f} %")
     if write:
         path = output or calibrate.user_preset(result.hardware.name)
@@ -322,4 +326,4 @@ def calibrate_from(run_dir: Path, write: bool, console, output: Path | None = No
                               f"profiling jobs: {Path(run_dir).name}",
                               source=io.resolve_preset("hardware", result.hardware.name))
         console.print(f"wrote {path}")
-    return fitted
+    return calibrate.summary(calibrate.Fit(fitted, before, after, tuple(fitted), (), (), tuple(hits)), len(rows))

@@ -62,9 +62,9 @@ def check(args: argparse.Namespace) -> None:
     trainer = getattr(args, "trainer", None)
     if getattr(args, "megatron_lm", None) is not None and trainer != "megatron":
         raise UserError("--megatron-lm has no effect without --trainer megatron: add it or drop --megatron-lm")
-    if trainer == "megatron" and getattr(args, "executor", "local") != "slurm":
-        raise UserError(f"--trainer megatron has no effect with --executor {args.executor}: Megatron-LM runs are "
-                        "submitted with --executor slurm")
+    if trainer is not None and getattr(args, "executor", "local") != "slurm":
+        raise UserError(f"--trainer {trainer} has no effect with --executor {args.executor}: it says what a Slurm "
+                        "job runs; add --executor slurm or drop it")
     if getattr(args, "executor", "local") != "slurm":
         return
     if trainer == "megatron":

@@ -31,7 +31,7 @@ import yaml
 from autoparallel import __version__
 from autoparallel.errors import UserError
 from autoparallel.specs.names import name_problem
-from autoparallel.safefile import WriteError, current_umask, replacing, write_atomic  # noqa: F401 (re-exported)
+from autoparallel.safefile import WriteError, check_folder, current_umask, replacing, write_atomic  # noqa: F401 (re-exported)
 
 CANDIDATES = "candidates.csv"
 CANDIDATES_PARQUET = "candidates.parquet"  # only with pyarrow installed
@@ -110,7 +110,7 @@ def new_dir(root: Path, name: str) -> Path:
     """A fresh folder <date>_<name>; a second one on the same day gets a -2, -3, ... suffix.
     ``name`` is made of preset names, which are checked when read (``specs.names``); this is the
     last guard that a run folder stays inside ``root``."""
-    problem = name_problem(name)
+    problem = name_problem(name, limit=240)  # 255 bytes less the date and a -N suffix
     if problem:
         raise UserError(f"cannot name a run folder {name!r}: it {problem}")
     path = _free_name(root, f"{dt.date.today().isoformat()}_{name}")
@@ -128,16 +128,7 @@ def _free_name(root: Path, base: str) -> Path:
 
 def check_root(root: Path) -> None:
     """A UserError now, before any work, if run folders cannot be made under ``root``."""
-    existing = Path(root)
-    while not existing.exists():
-        if existing.parent == existing:
-            break
-        existing = existing.parent
-    if not existing.is_dir():
-        where = "is" if existing == Path(root) else f"is under {existing}, which is"
-        raise UserError(f"--results {root} {where} a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"--results {root}: cannot write in {existing} (permission denied)")
+    check_folder(root, f"--results {root}")
 
 
 STAGING_PREFIX = ".partial-"

@@ -82,14 +82,22 @@ def to_row(log: TrainingLog, gpu: str, warmup: int | None = None) -> dict[str, A
             raise UnreadableLog(f"the configuration does not state {name}")
         return a[name]
 
+    def count(name: str, default: int | None = None) -> int:
+        """A count the configuration states (``default`` if it may be left out): a whole
+        number of at least 1, or the log is unreadable (``tp=1.5`` was read as 1)."""
+        value = need(name) if default is None or a.get(name) is not None else default
+        if reason := ranges.count_problem(name, value):
+            raise UnreadableLog(f"the configuration's {reason}")
+        return int(value)
+
     _refuse_unmodelled(a)
-    layers, hidden, heads = int(need("num_layers")), int(need("hidden_size")), int(need("num_attention_heads"))
-    seq, mbs, gbs = int(need("seq_length")), int(need("micro_batch_size")), int(need("global_batch_size"))
+    layers, hidden, heads = count("num_layers"), count("hidden_size"), count("num_attention_heads")
+    seq, mbs, gbs = count("seq_length"), count("micro_batch_size"), count("global_batch_size")
     vocab = m.vocab_size or a.get("vocab_size")
     if not vocab:
         raise UnreadableLog('no vocabulary size: neither the tokenizer\'s "padded vocab" line nor vocab_size')
-    tp, pp, cp, ep = (int(a.get(k) or 1) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                                                   "context_parallel_size", "expert_model_parallel_size"))
+    tp, pp, cp, ep = (count(k, 1) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                            "context_parallel_size", "expert_model_parallel_size"))
     gpus = _world_size(a, m, tp * pp * cp, mbs, gbs)
     precision = _precision(a)
     recompute, recompute_layers = _recompute(a, notes)

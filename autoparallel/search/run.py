@@ -205,7 +205,7 @@ def load(run_dir: Path) -> SearchResult:
     if not (run_dir / run_folder.CANDIDATES).exists():
         raise UserError(f"{run_dir} has no {run_folder.CANDIDATES} yet (an interrupted sampler run? "
                         "use `autoparallel search --resume` or `autoparallel report`)")
-    ranked = read_table(run_dir / run_folder.CANDIDATES)
+    ranked = read_table(run_dir / run_folder.CANDIDATES, ("rank",))
     result = SearchResult(model, hw, int(inputs["gpus"]), int(inputs["gbs"]), space, ranked)
     if (run_dir / REJECTIONS).exists():  # a summarised folder (older ones hold every row)
         result.rejections = read_table(run_dir / REJECTIONS)
@@ -218,8 +218,9 @@ def load(run_dir: Path) -> SearchResult:
 TABLE_COLUMNS = ("fits", "reason")
 
 
-def read_table(path: Path) -> pd.DataFrame:
-    """A candidates-like CSV as written: CSV turns '' into NaN, the tables want '' back."""
+def read_table(path: Path, columns: tuple[str, ...] = ()) -> pd.DataFrame:
+    """A candidates-like CSV as written (with ``columns`` besides the plan's): CSV turns '' into
+    NaN, the tables want '' back."""
     text = ("reason", "measurement_error", "measured_device") + tuple(
         name for name, kind in typing.get_type_hints(Plan).items() if kind is str)
     try:
@@ -229,7 +230,7 @@ def read_table(path: Path) -> pd.DataFrame:
         raise UserError(f"{path} is empty (an interrupted run? run the search again)") from None
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
         raise UserError(f"{path} is not a candidates table: {' '.join(str(exc).split())[:200]}") from None
-    missing = [c for c in TABLE_COLUMNS + Plan.field_names()[:4] if c not in frame]
+    missing = [c for c in columns + TABLE_COLUMNS + Plan.field_names()[:4] if c not in frame]
     if missing:
         raise UserError(f"{path} is not a candidates table (no column {', '.join(missing)})")
     frame["fits"] = frame["fits"].astype(str).str.lower().eq("true")

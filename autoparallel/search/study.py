@@ -167,10 +167,11 @@ class _Interrupts:
     delivered on leaving the block, where the caller's handler runs (the CLI's: KeyboardInterrupt).
     An interrupt in the middle of Optuna's bookkeeping breaks it (optuna 5.0 raises
     UnboundLocalError), and one during a lazy import leaves a half-imported SQLAlchemy module
-    behind for the code that keeps the study. A second signal interrupts at once."""
+    behind for the code that keeps the study. A second signal interrupts at once (``again``;
+    otherwise it is ignored)."""
 
-    def __init__(self, signals: tuple[int, ...]) -> None:
-        self.signals, self.asked, self._previous = signals, 0, {}
+    def __init__(self, signals: tuple[int, ...], again: bool = True) -> None:
+        self.signals, self.again, self.asked, self._previous = signals, again, 0, {}
 
     def __enter__(self) -> _Interrupts:
         if threading.current_thread() is threading.main_thread():
@@ -178,7 +179,7 @@ class _Interrupts:
         return self
 
     def _ask(self, signum, _frame) -> None:
-        if self.asked:
+        if self.asked and self.again:
             raise KeyboardInterrupt
         self.asked = signum
 
@@ -324,7 +325,10 @@ def _complete(study, model, hw, gpus, gbs, space, settings, evaluator, run_dir, 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler, inherited by fork
         mine = _open(settings, run_dir, worker=index + 1)
-        with _Interrupts((signal.SIGTERM,)) as terminate:  # the parent's terminate(): stop cleanly
+        # The parent's terminate(): stop cleanly. A SIGTERM to the whole process group comes
+        # before the parent's; the second must not interrupt Optuna's journal lock (a traceback
+        # per worker), and the parent kills a worker that does not stop within STOP_GRACE_S.
+        with _Interrupts((signal.SIGTERM,), again=False) as terminate:
             mine.optimize(objective, n_trials=settings.trials, callbacks=[limit, terminate.stop])
 
     ctx = multiprocessing.get_context("fork")

@@ -5,11 +5,15 @@ scheduler cost are its own): FasterTransformer on ``inference_runs.csv`` (end-to
 each TensorRT-LLM release on its in-flight rows of ``serving_runs.csv`` (output tokens/s). The
 fit minimises the absolute log error (scipy least squares, soft-L1 loss, bounded) of the rows
 on the target GPUs; the other GPUs' rows are predicted with those constants and reported.
-Leave-one-model-out refits without one model's rows and predicts them: the error on rows a fit
-did not see.
+Leave-one-model-out refits without one model's rows, from the uncalibrated defaults as the
+shipped fit does, and predicts them: the error on rows a fit did not see.
 
     python -m autoparallel.serve.fit             # fit every engine, rewrite the assumptions YAML
     python -m autoparallel.serve.fit --dry-run   # print, do not write
+    python -m autoparallel.serve.fit --json      # the fits as JSON, constants on a bound included
+
+A constant the fit leaves on one of its ``BOUNDS`` is warned about (``costmodel.bounds``): it
+stands in for a cost the model lacks rather than measuring what its name says.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
+from autoparallel.costmodel.bounds import AtBound, at_bounds, warn_at_bounds
 from autoparallel.costmodel.inference import InferenceEfficiency
 from autoparallel.errors import UserError
 from autoparallel.report.run_folder import write_atomic
@@ -83,22 +88,34 @@ def fit(measured: Measured, rows: pd.DataFrame, start: InferenceEfficiency, tol:
     return make(result.x)
 
 
-def leave_one_model_out(measured: Measured, eff: InferenceEfficiency, progress=None) -> pd.DataFrame:
-    """Every predicted row, predicted by a fit that saw none of its model's rows (column ``lomo_pct``).
+def fitted_at_bounds(measured: Measured, eff: InferenceEfficiency) -> list[AtBound]:
+    """The constants the engine's fit moves that ``eff`` holds on (or next to) a bound."""
+    return at_bounds({k: getattr(eff, k) for k in FIT_KEYS[measured.engine.batching]}, BOUNDS, log=False)
 
-    Each refit starts from ``eff`` (the full fit) and stops at a 0.1 % relative change, so it
-    takes a few steps (held-out errors move by < 1 point against a 0.01 % stop).
+
+def refit_without(measured: Measured, model: str, start: InferenceEfficiency | None = None,
+                  tol: float = 1e-4) -> InferenceEfficiency:
+    """The engine's constants fitted on its fit rows without ``model``'s, from ``start``.
+
+    The default start is the uncalibrated ``InferenceEfficiency()``, where the shipped fit starts
+    too: a start at the fit that saw every row would carry what ``model``'s rows taught it into
+    the refit (the held-out error would read low, as training's refits from ``uncalibrated`` avoid).
     """
+    train = fit_rows(measured)
+    return fit(measured, train[train["model"] != model], start or InferenceEfficiency(), tol)
+
+
+def leave_one_model_out(measured: Measured, progress=None, start: InferenceEfficiency | None = None,
+                        tol: float = 1e-4) -> pd.Series:
+    """Every predicted row, predicted by a fit that saw none of its model's rows (column ``lomo_pct``);
+    each refit is ``refit_without`` from ``start`` (default: cold, the uncalibrated constants)."""
     rows = measured.predicted_rows
     train = fit_rows(measured)
     out = pd.Series(np.nan, index=rows.index)
     for name in rows["model"].unique():
         held = rows[rows["model"] == name]
-        rest = train[train["model"] != name]
-        if rest.empty:
-            continue
-        eff_without = fit(measured, rest, eff, tol=1e-3)
-        out[held.index] = predict(measured, eff_without, held)["error_pct"]
+        if (train["model"] != name).any():
+            out[held.index] = predict(measured, refit_without(measured, name, start, tol), held)["error_pct"]
         if progress is not None:
             progress()
     return out.rename("lomo_pct")
@@ -107,7 +124,7 @@ def leave_one_model_out(measured: Measured, eff: InferenceEfficiency, progress=N
 def in_sample_and_lomo(measured: Measured, eff: InferenceEfficiency, progress=None, cross: bool = True) -> pd.DataFrame:
     """The predicted rows with ``error_pct`` and (``cross``; NaN otherwise) ``lomo_pct``."""
     report = predict(measured, eff)
-    report["lomo_pct"] = leave_one_model_out(measured, eff, progress) if cross else float("nan")
+    report["lomo_pct"] = leave_one_model_out(measured, progress) if cross else float("nan")
     report["engine"] = measured.engine.name
     report["fitted_on"] = report.index.isin(fit_rows(measured).index)
     return report
@@ -117,29 +134,32 @@ def all_measured() -> list[Measured]:
     return [load_fastertransformer(), *load_serving_runs()]
 
 
-def fit_all(console: Console | None = None) -> dict[str, tuple[InferenceEfficiency, pd.DataFrame]]:
-    """Every engine's fit from the class defaults (the same command gives the same fit)."""
+def fit_all(console: Console | None = None) -> dict[str, tuple[InferenceEfficiency, pd.DataFrame, list[AtBound]]]:
+    """Every engine's fit from the class defaults (the same command gives the same fit), its
+    rows' predictions and its constants on a bound."""
     out = {}
     for measured in all_measured():
         rows = fit_rows(measured)
         eff = fit(measured, rows, InferenceEfficiency())
         report = predict(measured, eff, rows)
-        out[measured.engine.name] = (eff, report)
+        hits = fitted_at_bounds(measured, eff)
+        out[measured.engine.name] = (eff, report, hits)
         if console is not None:
             err = report["error_pct"].abs()
             console.print(f"{measured.engine.name}: {len(rows)} rows, mean |error| {err.mean():.1f} %, "
                           f"max {err.max():.1f} %")
+            warn_at_bounds(console, hits)
     return out
 
 
-def write_fits(fits: dict[str, tuple[InferenceEfficiency, pd.DataFrame]]) -> None:
+def write_fits(fits: dict[str, tuple[InferenceEfficiency, pd.DataFrame, list[AtBound]]]) -> None:
     """Replace the fitted block (after FIT_MARKER) at the end of the assumptions YAML."""
     text = ASSUMPTIONS.read_text()
     head = text.split(FIT_MARKER)[0].rstrip("\n")
     lines = [FIT_MARKER,
              f"# {dt.date.today().isoformat()}; reproduce: python -m autoparallel.serve.fit",
              "efficiency:"]
-    for name, (eff, report) in fits.items():
+    for name, (eff, report, _) in fits.items():
         err = report["error_pct"].abs()
         gpus = ", ".join(sorted(report["hardware"].unique()))
         lines.append(f"  {name}:  # {len(report)} rows ({gpus}): mean |error| {err.mean():.1f} %, max {err.max():.1f} %")
@@ -147,16 +167,29 @@ def write_fits(fits: dict[str, tuple[InferenceEfficiency, pd.DataFrame]]) -> Non
     write_atomic(ASSUMPTIONS, head + "\n\n" + "\n".join(lines) + "\n")
 
 
+def fits_json(fits: dict[str, tuple[InferenceEfficiency, pd.DataFrame, list[AtBound]]]) -> dict:
+    """Per engine: its constants, rows, mean / max |error| % and constants on a bound."""
+    return {name: {"constants": dataclasses.asdict(eff), "rows": len(report),
+                   "mean_abs_error_pct": float(report["error_pct"].abs().mean()),
+                   "max_abs_error_pct": float(report["error_pct"].abs().max()),
+                   "at_bounds": [hit.as_dict() for hit in hits]}
+            for name, (eff, report, hits) in fits.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m autoparallel.serve.fit", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dry-run", action="store_true", help="print the fits, do not write the YAML")
+    p.add_argument("--json", action="store_true", help="print the fits as JSON (the rest goes to stderr)")
     args = p.parse_args(argv)
-    console = Console()
+    console = Console(stderr=args.json)
     try:
         fits = fit_all(console)
-        for name, (eff, _) in fits.items():
+        for name, (eff, _, _) in fits.items():
             console.print(name, {f.name: round(getattr(eff, f.name), 4) for f in dataclasses.fields(eff)})
+        if args.json:
+            import json
+            print(json.dumps(fits_json(fits), indent=1))
         if not args.dry_run:
             write_fits(fits)
             console.print(f"wrote {ASSUMPTIONS}")

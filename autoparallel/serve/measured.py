@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from autoparallel import io, ranges, resources, safefile
+from autoparallel import io, ranges, resources
 from autoparallel.costmodel.inference import (InferenceEfficiency, ServingEngine,
                                               estimate_static_columns)
 from autoparallel.costmodel.inflight import estimate_inflight_columns
@@ -56,20 +56,22 @@ class Measured:
 
 
 def _read(path: Path, needed: set[str]) -> pd.DataFrame:
+    from autoparallel.measured_runs import read_measured_csv
     try:
-        with safefile.open_capped(path, "runs CSV") as f:
-            frame = pd.read_csv(f)
+        frame = read_measured_csv(path)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read runs CSV {path}: {exc}") from None
     missing = sorted(needed - set(frame.columns))
     if missing:
         raise UserError(f"{path}: missing column(s) {missing}")
     lines = pd.Series([f"at line {i + 2}" for i in range(len(frame))], index=frame.index)
-    return ranges.skip_bad_rows(frame, f"runs CSV {path}", lines, MEASURED_COLUMNS)
+    return ranges.skip_bad_rows(frame, f"runs CSV {path}", lines, MEASURED_COLUMNS, counts=COUNT_COLUMNS)
 
 
 # The measured numbers of a serving row: each, where given, finite and positive.
 MEASURED_COLUMNS = ("throughput_tokens_per_s", "ttft_ms", "tpot_ms", "latency_ms")
+# Its counts, where given (lengths and batch are text in some published rows: "not stated", "max").
+COUNT_COLUMNS = ("num_gpus", "tp", "pp")
 
 
 def load_fastertransformer(path: Path | None = None) -> Measured:

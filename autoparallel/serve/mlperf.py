@@ -16,7 +16,8 @@ with the TensorRT-LLM constants fitted on ``serving_runs.csv`` (which hold no ML
   most the largest valid rate), and the p99 TTFT / TPOT at the measured target QPS.
 
 ``lomo``: the same with the constants refitted without the row's model's rows of
-``serving_runs.csv`` (Llama-2-70B, Mixtral-8x7B), as ``validate --inference`` does for its rows.
+``serving_runs.csv`` (Llama-2-70B, Mixtral-8x7B), from the uncalibrated constants, as
+``validate --inference`` does for its rows.
 """
 
 from __future__ import annotations
@@ -99,12 +100,11 @@ def _efficiency(key: str):
 
 
 def lomo_efficiency(model_name: str):
-    """TensorRT-LLM's constants refitted without ``model_name``'s rows of serving_runs.csv."""
-    from autoparallel.serve.fit import fit, fit_rows
+    """TensorRT-LLM's constants refitted from the uncalibrated ones without ``model_name``'s rows of
+    serving_runs.csv (``fit.refit_without``)."""
+    from autoparallel.serve.fit import refit_without
     from autoparallel.serve.measured import load_serving_runs
-    measured = next(m for m in load_serving_runs() if m.engine.name == "tensorrt-llm")
-    train = fit_rows(measured)
-    return fit(measured, train[train["model"] != model_name], efficiency_for("tensorrt-llm"), tol=1e-3)
+    return refit_without(next(m for m in load_serving_runs() if m.engine.name == "tensorrt-llm"), model_name)
 
 
 def predict_rows(rows: pd.DataFrame, cross: bool = True, requests: int = REQUESTS) -> pd.DataFrame:

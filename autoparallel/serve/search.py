@@ -317,9 +317,13 @@ def no_feasible_message(result: InferenceResult) -> str:
     where = f"{result.model.name} on {result.gpus} x {result.hardware.name}"
     if "tpot_ms" not in r or r["tpot_ms"].isna().all():
         return f"no valid serving layout of {where}: {top}"
-    usable = r[r["fits"].astype(bool) & ~r["overloaded"].astype(bool) & r["tpot_ms"].notna()]
-    if usable.empty:
+    fitting = r[r["fits"].astype(bool) & r["tpot_ms"].notna()]
+    if fitting.empty:
         return f"no serving layout of {where} fits in memory: {top} (try more GPUs or fp8 weights / KV cache)"
+    usable = fitting[~fitting["overloaded"].astype(bool)]
+    if usable.empty:  # they fit, but none keeps up with the arrivals
+        return (f"no serving layout of {where} serves --request-rate {result.request.request_rate:g} requests/s: "
+                f"{top} (lower the rate or add GPUs)")
     lowest = "; ".join(f"the lowest {name} predicted is {usable[column].min():.1f} ms"
                        for name, _, column in result.request.bounds)
     return f"no serving layout of {where} meets {result.request.describe()}: {top}; {lowest}"
@@ -344,7 +348,7 @@ def save(result: InferenceResult, root: Path, command: list[str], top_md: int = 
     }))
     title = title_of(result)
     run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + markdown_table(result.feasible, top_md)
-                            + f"\n## Pareto front: throughput per GPU vs TPOT\n\n"
+                            + "\n## Pareto front: throughput per GPU vs TPOT\n\n"
                             + markdown_table(result.pareto, len(result.pareto), feasible_only=False))
     run_folder.write_yaml(run_dir / run_folder.BEST, export.best_document(result, result.entry(1), record(result.entry(1))))
     run_folder.write_csv(run_dir / run_folder.CANDIDATES, result.ranked)

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from autoparallel import io
+from autoparallel import io, safefile
+from autoparallel.argtypes import MAX_COUNT
 from autoparallel.errors import UserError
 
 WORKLOADS = io.SEARCH_SPACES / "workloads.yaml"
@@ -128,8 +130,8 @@ def _pick(row: dict, keys: tuple[str, ...], where: str) -> int:
                 value = float(row[key])
             except (TypeError, ValueError):
                 raise UserError(f"{where}: {key} {row[key]!r} is not a number") from None
-            if not (value >= 1 and value == int(value)):
-                raise UserError(f"{where}: {key} {row[key]!r} is not a positive whole number of tokens")
+            if not (1 <= value <= MAX_COUNT and value == int(value)):
+                raise UserError(f"{where}: {key} {row[key]!r} is not a whole number of tokens in 1..{MAX_COUNT}")
             return int(value)
     raise UserError(f"{where}: no {' / '.join(keys)} value")
 
@@ -137,9 +139,9 @@ def _pick(row: dict, keys: tuple[str, ...], where: str) -> int:
 def _from_file(path: Path) -> Workload:
     """Pairs from a CSV (header with input_len,output_len) or JSONL (one object a line)."""
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"--workload {path}: cannot read it ({e.__class__.__name__})") from None
+        text = safefile.read_text(path, "workload file")
+    except UnicodeDecodeError as e:
+        raise UserError(f"--workload {path}: not a text file ({e.reason} at byte {e.start})") from None
     if path.suffix.lower() in (".jsonl", ".json"):
         rows = []
         for i, line in enumerate(text.splitlines(), 1):
@@ -153,7 +155,10 @@ def _from_file(path: Path) -> Workload:
                 raise UserError(f"--workload {path}: line {i} is not a JSON object")
             rows.append(obj)
     else:
-        rows = list(csv.DictReader(text.splitlines()))
+        try:
+            rows = list(csv.DictReader(text.splitlines()))
+        except csv.Error as e:  # e.g. a field past csv's limit of 128 KiB
+            raise UserError(f"--workload {path}: not a CSV of {INPUT_KEYS[0]},{OUTPUT_KEYS[0]} pairs ({e})") from None
     if not rows:
         raise UserError(f"--workload {path}: no requests (expected {INPUT_KEYS[0]},{OUTPUT_KEYS[0]} pairs)")
     inp = np.array([_pick(r, INPUT_KEYS, f"--workload {path} row {i}") for i, r in enumerate(rows, 1)])
@@ -167,9 +172,9 @@ def load_workload(name_or_path: str) -> Workload:
     if name_or_path in specs:
         return _named(name_or_path, specs[name_or_path])
     path = Path(name_or_path)
-    if path.suffix.lower() in (".csv", ".jsonl", ".json") or path.is_file():
-        if not path.is_file():
+    if path.suffix.lower() in (".csv", ".jsonl", ".json") or os.path.lexists(path):
+        if not os.path.lexists(path):
             raise UserError(f"--workload {name_or_path}: no such file")
-        return _from_file(path)
+        return _from_file(path)  # only a regular file under its size limit is read (safefile)
     raise UserError(f"--workload {name_or_path!r} is neither a file nor a known workload; valid: "
                     f"{', '.join(specs)}, or a CSV / JSONL of input_len,output_len pairs")

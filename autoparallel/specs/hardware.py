@@ -38,8 +38,13 @@ class Efficiency:
     cp_overlap: float = 0.7
     # Fraction of pipeline point-to-point traffic hidden when the schedule is interleaved.
     pp_overlap: float = 0.5
-    # Fixed CPU / launch overhead per micro-batch per layer (seconds).
+    # Fixed CPU / launch overhead per micro-batch per layer (seconds); CUDA graphs remove it.
     layer_overhead_s: float = 30e-6
+    # Fixed cost of one training step outside the pipeline schedule (seconds): Megatron's
+    # train_step zeroes the gradient buffers, syncs the gradient norm and the loss over every rank
+    # (the host waits for the slowest), launches the optimizer's multi-tensor kernels and runs the
+    # host loop (timers, logging, the next batch) while the GPU queue is empty.
+    step_overhead_s: float = 0.0
     # Mixture of experts (``costmodel.moe``): the share of link bandwidth an expert-parallel
     # all-to-all reaches; the share of it the 1F1B all-to-all overlap can hide; the relative
     # spread of an EP rank's routed tokens under dropless routing; the grouped GEMMs' own

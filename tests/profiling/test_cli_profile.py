@@ -57,3 +57,8 @@ def test_search_profiles_top_k_and_calibrates_from_the_run(tmp_path, small_yaml,
     capsys.readouterr()
     assert main(["calibrate", "--from", str(run_dir), "--dry-run"]) == 0
     assert "measured layouts" in capsys.readouterr().out
+    assert main(["calibrate", "--from", str(run_dir), "--dry-run", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)  # the human lines went to stderr
+    assert out["rows"] == 2 and set(out["fitted"]) == {"gemm_max", "gemm_half_gflop", "attention",
+                                                       "elementwise_bytes_per_token_hidden", "layer_overhead_s", "nvlink"}
+    assert all(hit["name"] in out["fitted"] for hit in out["at_bounds"])

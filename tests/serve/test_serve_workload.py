@@ -76,7 +76,7 @@ def test_user_csv_and_jsonl(tmp_path):
 
 @pytest.mark.parametrize("content, suffix, message", [
     ("input_len,output_len\n100,x\n", ".csv", "output_len 'x' is not a number"),
-    ("input_len,output_len\n100,0\n", ".csv", "output_len '0' is not a positive whole number"),
+    ("input_len,output_len\n100,0\n", ".csv", "output_len '0' is not a whole number of tokens in 1..2147483647"),
     ("input_len\n100\n", ".csv", "no output_len / output_tokens"),
     ("input_len,output_len\n", ".csv", "no requests"),
     ("[1, 2]\n", ".jsonl", "line 1 is not a JSON object"),
