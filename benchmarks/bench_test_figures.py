@@ -23,6 +23,9 @@ def training() -> None:
         print(f"{kind}: {len(g)} rows, in sample mean / max {g.error_pct.abs().mean():.2f} / "
               f"{g.error_pct.abs().max():.2f} %, held out {g.heldout_error_pct.abs().mean():.2f} / "
               f"{g.heldout_error_pct.abs().max():.2f} %, {int(g.fits.sum())} fit as run")
+        for column in ("error_pct", "heldout_error_pct"):
+            worst = g.loc[g[column].abs().idxmax()]
+            print(f"  worst {column}: {worst.id} {worst[column]:+.1f} %")
     for _, r in report[~report.fits].iterrows():
         print(f"  not fitting as run: {r.id}: {r.peak_memory_gib:.1f} GiB | {r.variant}")
     deepseek = report[report.id.str.startswith("deepseek-v3-report")].iloc[0]
