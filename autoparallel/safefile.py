@@ -153,6 +153,9 @@ def output_target(path: Path | str, flag: str = "") -> Path:
         mode = os.stat(target).st_mode
     except FileNotFoundError:
         mode = None
+    except NotADirectoryError:
+        blocking = next(p for p in reversed(target.parents) if p.exists() and not p.is_dir())
+        raise UserError(f"{name}: {blocking} is a file, not a folder") from None
     except OSError as exc:
         raise UserError(f"{name}: {_strerror(exc)}") from None
     if mode is not None and stat.S_ISDIR(mode):

@@ -32,8 +32,10 @@ def add_parser(sub) -> None:
     s.add_argument("--workers", type=positive, help="parallel local trial workers (default 1)")
     s.add_argument("--grid-seeds", type=non_negative,
                    help="best grid layouts enqueued as the first trials (default 5; 0: none)")
-    s.add_argument("--resume", metavar="RUN_DIR", help="continue the interrupted optuna search of RUN_DIR "
-                                                       "(profiles again only with --profile; see below)")
+    s.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue the interrupted optuna search of RUN_DIR, or its interrupted --profile (with "
+                        "the options it was given: finished jobs picked up, the rest submitted again); "
+                        "--profile job profiles a saved run's best layouts anew (see below)")
     s.add_argument("--top", type=positive, default=50,
                    help="best candidates to print, one row per layout (default 50; --json lists them one by one)")
     s.add_argument("--json", action="store_true", help="print the ranked list as JSON")
@@ -53,7 +55,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from autoparallel.profiling.commands import check_profiling, profile_search  # measure the top-k, re-rank
+    from autoparallel.profiling.commands import check_profiling, confirm_cost, profile_search  # measure, re-rank
     from autoparallel.report import run_folder
     from autoparallel.search import run as runs
     combos.check_search(args, pins(args))  # flags with no effect together: before any work
@@ -62,11 +64,14 @@ def run(args: argparse.Namespace) -> None:
     if args.profile == "layer" or not (args.no_save or args.resume):
         run_folder.check_root(Path(args.results))  # run folders and layer_profiles.json go there
     if args.resume:
+        from autoparallel.profiling import record
         inputs_of_run, model_of_run = runs.load_inputs(Path(args.resume))[:2]
         combos.check_resumed_target(args, inputs_of_run, model_of_run)
+        record.restore(args, Path(args.resume))  # an interrupted --profile goes on as it was asked
         check_profiling(args, int(inputs_of_run["gpus"]), model_of_run)
         with trial_progress(None, args.json) as progress:
             result, run_dir = runs.resume(Path(args.resume), progress, keep_profiled=args.profile == "none")
+        confirm_cost(result, args, shown)
         result = profile_search(result, args, shown, run_dir)
         _show(result, args, f"resumed {args.resume}", run_dir)
         return
@@ -89,6 +94,7 @@ def run(args: argparse.Namespace) -> None:
             result, run_dir = runs.optuna_search(model, hw, args.gpus, gbs, space, settings,
                                                  None if args.no_save else Path(args.results), sys.argv, progress)
         elapsed = time.perf_counter() - start
+        confirm_cost(result, args, shown)
         result = profile_search(result, args, shown, run_dir)
         _show(result, args, f"{args.trials} {args.sampler} trials in {elapsed:.1f} s", run_dir)
         return
@@ -96,13 +102,14 @@ def run(args: argparse.Namespace) -> None:
         result = runs.search(model, hw, args.gpus, gbs, space, args.recompute_num_layers, fp8_decisions=fp8,
                              pinned=pins(args), progress=progress)
     elapsed = time.perf_counter() - start
-    result = profile_search(result, args, shown)
-    _show(result, args, f"{len(result.ranked):,} candidates in {elapsed:.2f} s", None)
-    if not args.no_save:
+    result.train = time_to_train.from_args(args, result.gpus)
+    confirm_cost(result, args, shown)
+    run_dir = None
+    if not args.no_save:  # before profiling: an interrupted profiling is resumed from it
         with status(f"writing the run folder ({len(result.ranked):,} candidates)...", args.json):
             run_dir = runs.save(result, Path(args.results), sys.argv, all_candidates=args.all_candidates)
-        if not args.json:
-            _next_steps(result, run_dir)
+    result = profile_search(result, args, shown, run_dir, summarise=not args.all_candidates)
+    _show(result, args, f"{len(result.ranked):,} candidates in {elapsed:.2f} s", run_dir)
 
 
 def _show(result, args: argparse.Namespace, how: str, run_dir: Path | None) -> None:

@@ -178,6 +178,8 @@ def layout_error(layout: str, num_layers: int, mtp: int) -> str:
     shown = ascii(layout)
     if layout.count("(") != layout.count(")"):
         return f"pipeline layout {shown} has unbalanced parentheses"
+    if re.search(r"\*0+(?!\d)", layout):
+        return f"pipeline layout {shown}: a repeat is (stages)*N or t*N with N a positive integer"
     try:
         stages = layout_stages(layout)
     except ValueError as exc:

@@ -70,7 +70,9 @@ def add_search_args(s: argparse.ArgumentParser) -> None:
         "of its Pareto front), write the measurements beside the predictions (and the profiled "
         "rows to profiled.csv) and re-rank. "
         "--resume RUN_DIR profiles again only if --profile is given again (the new top-k, "
-        "replacing the earlier measurements); without it the earlier measurements are kept.")
+        "replacing the earlier measurements); without it the earlier measurements are kept, and a "
+        "profiling that was interrupted goes on with the options it was started with "
+        "(profiling.yaml in the run folder).")
     g.add_argument("--profile", choices=("none", "job", "layer"), default="none",
                    help="job: run the --top-k best predicted layouts and re-rank by measurement; "
                         "layer: replace the compute estimate with measured layer profiles")
@@ -190,12 +192,16 @@ def check_profiling(args: argparse.Namespace, gpus: int, model: ModelSpec) -> No
     _guard_world(_launcher(args, None), gpus, f"--profile job on {gpus} GPUs")
 
 
-def _launcher(args: argparse.Namespace, console, hw=None):
+def _launcher(args: argparse.Namespace, console, hw=None, again: str | None = None):
     """The launcher ``--executor`` names (Slurm with its settings, the trainer and a progress
-    display; ``hw``: the hardware the candidates were priced on)."""
+    display; ``hw``: the hardware the candidates were priced on; ``again``: how to resume an
+    interrupted Slurm batch)."""
     from autoparallel.profiling.launcher import make_launcher
     if args.executor == "slurm":
-        return slurm_args.launcher(args, console, hw)
+        return slurm_args.launcher(args, console, hw, again)
+    if trainer := slurm_args.megatron(args, hw):  # --executor local: torchrun here
+        from autoparallel.profiling.megatron_local import MegatronLocalLauncher
+        return MegatronLocalLauncher(trainer, Path(getattr(args, "results", None) or "results") / "megatron")
     return make_launcher(args.executor, args.ray_address)
 
 
@@ -242,23 +248,58 @@ def cmd_profile(args: argparse.Namespace) -> None:
         raise SystemExit(1)
 
 
-def profile_search(result, args: argparse.Namespace, console=None, run_dir: Path | None = None):
+def confirm_cost(result, args: argparse.Namespace, console=None) -> None:
+    """``search --profile job --executor slurm``: the jobs and GPU-hours the top-k will take,
+    printed and confirmed (``--yes``) before anything is written or submitted."""
+    if getattr(args, "profile", "none") != "job" or args.executor != "slurm":
+        return
+    from autoparallel.profiling.job import JobSpec
+    from autoparallel.search.measured import choose
+    from autoparallel.space import row_to_plan
+    rows = result.ranked.loc[choose(result.ranked, args.top_k, pareto=len(result.objectives) > 1)]
+    evaluator = _evaluator(result, args, None)  # the very jobs profile_search submits
+    tasks = [evaluator.launcher.task(JobSpec(result.model, row_to_plan(row), **evaluator.job_options))
+             for _, row in rows.iterrows()]
+    kept = evaluator.launcher.batch.finished_earlier(tasks)  # a resumed profiling reads these back
+    if all(kept):
+        if console is not None:
+            console.print(f"nothing to submit: the {len(rows)} job(s) finished earlier")
+        return
+    rows = rows[[not k for k in kept]]
+    slurm_args.confirm(args, [result.gpus] * len(rows), list(rows["step_time_s"]),
+                       args.profile_warmup + args.profile_steps, args.profile_timeout, console,
+                       f"; {sum(kept)} finished earlier, read back" if any(kept) else "")
+
+
+def profile_search(result, args: argparse.Namespace, console=None, run_dir: Path | None = None,
+                   summarise: bool = False):
     """``search --profile job|layer`` for either strategy: measure the top-k, return the result
-    re-ranked with ``result.profiled`` set. ``run_dir``: a sampler run's folder, which exists
-    before profiling starts; its tables are rewritten with the measurements (a grid run's folder
-    is written afterwards, from the returned result)."""
+    re-ranked with ``result.profiled`` set (the cost is confirmed first: ``confirm_cost``).
+    ``run_dir``: the run's folder, written before profiling starts with the predictions; the
+    profiling options go into it (``record``), then the tables with the measurements
+    (``summarise``: a fresh grid run's, the best feasible rows and rejections.csv); an
+    interrupted profiling says how to resume it."""
     if getattr(args, "profile", "none") == "none":
         return result
+    from autoparallel.profiling import record
     from autoparallel.search import run
-    from autoparallel.search.measured import choose, profile_top
-    if args.executor == "slurm" and args.profile == "job":
-        rows = result.ranked.loc[choose(result.ranked, args.top_k, pareto=len(result.objectives) > 1)]
-        slurm_args.confirm(args, [result.gpus] * len(rows), list(rows["step_time_s"]),
-                           args.profile_warmup + args.profile_steps, args.profile_timeout, console)
-    result.ranked, result.profiled = profile_top(result.ranked, _evaluator(result, args, console),
-                                                 args.top_k, pareto=len(result.objectives) > 1)
+    from autoparallel.search.measured import profile_top
+    slurm = args.executor == "slurm" and args.profile == "job"
+    again = None
     if run_dir is not None:
-        run.write_tables(result, run_dir)
+        record.write(run_dir, args, slurm_args.root(args) if slurm else None)
+        again = f"continue with `autoparallel search --resume {run_dir}`"
+    try:
+        result.ranked, result.profiled = profile_top(result.ranked, _evaluator(result, args, console, again),
+                                                     args.top_k, pareto=len(result.objectives) > 1)
+    except KeyboardInterrupt as exc:
+        if run_dir is None or str(exc):  # a Slurm batch says what it kept and how to resume
+            raise
+        raise KeyboardInterrupt(f"profiling stopped; the run folder {run_dir} keeps the predictions: "
+                                f"{again} to profile again") from None
+    if run_dir is not None:
+        run.write_tables(result, run_dir, summarise=summarise)
+        record.finish(run_dir)
     return result
 
 
@@ -275,7 +316,7 @@ def _rank_hardware(args: argparse.Namespace):
     return run.load_inputs(Path(args.rank[1]))[2]
 
 
-def _evaluator(result, args: argparse.Namespace, console):
+def _evaluator(result, args: argparse.Namespace, console, again: str | None = None):
     """The evaluator ``--profile`` names, for the layouts ``profile_top`` hands it."""
     slurm = getattr(args, "executor", "local") == "slurm"
     device = getattr(args, "device", "auto") if slurm else _checked_device(getattr(args, "device", "auto"))
@@ -291,7 +332,7 @@ def _evaluator(result, args: argparse.Namespace, console):
         if console is not None:
             what = (f"{m.step_time_s * 1e3:.1f} ms/step" if m.ok else f"failed: {m.reason}")
             console.print(f"profiled {_layout(plan)} {plan.recompute}: {what}")
-    return ProfilingEvaluator(result.model, _launcher(args, console, result.hardware),
+    return ProfilingEvaluator(result.model, _launcher(args, console, result.hardware, again),
                               steps=args.profile_steps, warmup=args.profile_warmup,
                               timeout_s=args.profile_timeout, memory_cap_gib=args.memory_cap_gib,
                               on_result=show, device=device)

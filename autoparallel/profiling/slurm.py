@@ -8,8 +8,9 @@ that does not answer is a ``UserError`` within seconds, not a hang.
 Each task has a folder named by the hash of what it runs (``<root>/<hash>/``): the batch script,
 Slurm's output, what the job leaves behind, and ``slurm.json`` (the job id and the final state).
 That is what makes a batch resumable: an interrupted batch is cancelled (``scancel``) and leaves
-its folders; submitting the same tasks again picks up the ones that finished (or are still
-queued from an earlier run that was killed outright) and resubmits the rest.
+its folders; submitting the same tasks again picks up the ones that finished (also those that
+ended, or are still queued, after an earlier run was killed outright) and resubmits the rest
+(cancelled, timed out, preempted, node failure: ``RETRIED``).
 A job's end is read from ``squeue`` while it is queued or running, then ``scontrol show job``
 (kept for ``MinJobAge``), then ``sacct`` where the cluster keeps accounting. Out of memory, a
 node failure, a time limit or a cancellation become the task's failure reason; the batch goes on.
@@ -55,6 +56,7 @@ class SlurmSettings:
     gpus_per_node: int = 8
     array: bool = True  # tasks asking for the same resources go in one job array
     poll_s: float = 1.0
+    again: str = "run the same command again"  # how to resume, said when interrupted
     command_timeout_s: float = 15.0
     root: Path = Path("results") / "slurm"
 
@@ -257,19 +259,22 @@ class SlurmBatch:
         results: dict[int, object] = {}
         waiting: dict[int, str] = {}  # task index -> job id
         fresh: list[int] = []
+        earlier = 0  # tasks an earlier run submitted
         for i, t in enumerate(tasks):
             t.folder = (self.settings.root / task_hash(t.key)).resolve()
             t.folder.mkdir(parents=True, exist_ok=True)
             (t.folder / "task.json").write_text(json.dumps(t.key, indent=1, sort_keys=True, default=str))
             state = _read_state(t.folder)
+            earlier += bool(state.get("job_id"))
             if state.get("final") and state["final"] not in RETRIED:
                 results[i] = self._collect(t, state["final"], state.get("reason", ""))
             elif state.get("job_id") and not state.get("final"):
-                waiting[i] = state["job_id"]  # queued by an earlier run: wait for it
+                waiting[i] = state["job_id"]  # submitted by an earlier run that was killed outright
             else:
                 fresh.append(i)
-        if results or waiting:
-            self.echo(f"resuming: {len(results)} finished job(s) picked up, {len(waiting)} still queued, "
+        fresh += self._settle(tasks, waiting, results)
+        if earlier:
+            self.echo(f"resuming: {len(results)} finished job(s) picked up, {len(waiting)} still queued or running, "
                       f"{len(fresh)} to submit (in {self.settings.root})")
         for i, r in results.items():
             if on_result:
@@ -284,9 +289,52 @@ class SlurmBatch:
             for i, job in waiting.items():  # submitted again on resume
                 _write_state(tasks[i].folder, {"job_id": job, "final": "CANCELLED", "reason": "interrupted (scancel)"})
             raise KeyboardInterrupt(f"cancelled {len(left)} Slurm job(s) (scancel); {len(results)} finished result(s) "
-                                    f"kept in {self.settings.root}: run the same command again to pick them up "
+                                    f"kept in {self.settings.root}: {self.settings.again} to pick them up "
                                     "and resubmit the rest") from None
         return [results[i] for i in range(len(tasks))]
+
+    def finished_earlier(self, tasks: list[Task]) -> list[bool]:
+        """Which tasks an earlier run saw end for good: their results are read back, not
+        submitted again (what ``run`` will do with them, asked before it runs)."""
+        states = [_read_state(self.settings.root / task_hash(t.key)) for t in tasks]
+        unseen = [s["job_id"] for s in states if s.get("job_id") and not s.get("final")]  # a killed run's
+        active = self.client.active(unseen)
+
+        def ended(state: dict) -> bool:
+            final = state.get("final")
+            if not final and state.get("job_id") and state["job_id"] not in active:
+                final = self.client.final(state["job_id"])[0]
+            return bool(final) and final not in RETRIED and final not in ACTIVE
+        return [ended(s) for s in states]
+
+    def _settle(self, tasks: list[Task], waiting: dict[int, str], results: dict) -> list[int]:
+        """Jobs an earlier run submitted and never saw end: those still queued stay in ``waiting``;
+        those that ended meanwhile are collected into ``results``, except the ones that ended
+        before measuring (cancelled, timed out, node failure: ``RETRIED``, or forgotten by Slurm
+        without leaving a result), which are returned to be submitted again."""
+        again = []
+        states = self.client.active(list(waiting.values()))
+        for i, job in list(waiting.items()):
+            if states.get(job) in ACTIVE:
+                continue
+            final, reason = self.client.final(job)
+            if final in ACTIVE:  # it left squeue's answer between the two commands: wait for it
+                continue
+            del waiting[i]
+            if final in RETRIED:
+                again.append(i)
+            elif final:
+                results[i] = self._collect(tasks[i], final, reason)
+                _write_state(tasks[i].folder, {**_read_state(tasks[i].folder), "final": final, "reason": reason})
+            else:  # Slurm forgot it: what it left behind, if anything
+                try:
+                    results[i] = tasks[i].collect(tasks[i].folder)
+                except ValueError:
+                    again.append(i)
+                    continue
+                _write_state(tasks[i].folder, {**_read_state(tasks[i].folder), "final": "UNKNOWN",
+                                               "reason": "Slurm no longer knows the job; its results were read"})
+        return again
 
     def _submit(self, tasks: list[Task], indices: list[int]) -> dict[int, str]:
         groups: dict[tuple, list[int]] = {}

@@ -46,10 +46,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--slurm-dir", help="job folders, kept for resuming (default: <results>/slurm)")
     g.add_argument("--yes", action="store_true", default=None,
                    help="submit without asking (the jobs and GPU-hours are printed first either way)")
-    t = p.add_argument_group("trainer (--executor slurm)")
+    t = p.add_argument_group("trainer (--executor slurm or local)")
     t.add_argument("--trainer", choices=("builtin", "megatron"), default=None,
                    help="what a job runs: the built-in transformer (default), or a short run of your Megatron-LM "
-                        "(the exported train.sh, warm-up + timed steps as --train-iters, mock data unless DATA_PATH)")
+                        "(the exported train.sh, warm-up + timed steps as --train-iters, mock data unless DATA_PATH; "
+                        "through Slurm, or through torchrun on this machine with --executor local)")
     t.add_argument("--megatron-lm", metavar="PATH", help="the Megatron-LM checkout (default: $MEGATRON_LM)")
 
 
@@ -62,14 +63,19 @@ def check(args: argparse.Namespace) -> None:
     trainer = getattr(args, "trainer", None)
     if getattr(args, "megatron_lm", None) is not None and trainer != "megatron":
         raise UserError("--megatron-lm has no effect without --trainer megatron: add it or drop --megatron-lm")
-    if trainer is not None and getattr(args, "executor", "local") != "slurm":
-        raise UserError(f"--trainer {trainer} has no effect with --executor {args.executor}: it says what a Slurm "
-                        "job runs; add --executor slurm or drop it")
-    if getattr(args, "executor", "local") != "slurm":
-        return
+    executor = getattr(args, "executor", "local")
+    if trainer == "megatron" and executor == "ray":
+        raise UserError("--trainer megatron has no effect with --executor ray: Megatron-LM runs go through Slurm "
+                        "(--executor slurm) or torchrun on this machine (--executor local)")
+    if trainer == "builtin" and executor != "slurm":
+        raise UserError(f"--trainer builtin has no effect with --executor {executor}: it says what a Slurm job "
+                        "runs; add --executor slurm or drop it")
     if trainer == "megatron":
         from autoparallel.profiling.megatron_run import checkout
         checkout(args.megatron_lm or os.environ.get("MEGATRON_LM"))
+    if executor != "slurm":
+        return
+    if trainer == "megatron":
         if args.container_image is not None:
             raise UserError("--container-image has no effect with --trainer megatron: train.sh runs torchrun on "
                             "the node; start it in your image with --sbatch-args (e.g. pyxis' --container-image)")
@@ -89,37 +95,47 @@ def extra_args(args: argparse.Namespace) -> tuple[str, ...]:
         raise UserError(f"--sbatch-args {args.sbatch_args!r}: {exc}") from None
 
 
-def settings(args: argparse.Namespace, gpus_per_node: int | None = None):
+def root(args: argparse.Namespace) -> Path:
+    """The job folders' root: --slurm-dir, else <--results>/slurm."""
+    return Path(args.slurm_dir) if args.slurm_dir else Path(getattr(args, "results", None) or "results") / "slurm"
+
+
+def settings(args: argparse.Namespace, gpus_per_node: int | None = None, again: str | None = None):
+    """``again``: how to resume an interrupted batch (default: the same command again)."""
     from autoparallel.profiling.slurm import SlurmSettings
-    root = Path(args.slurm_dir) if args.slurm_dir else Path(getattr(args, "results", None) or "results") / "slurm"
     return SlurmSettings(partition=args.slurm_partition, account=args.slurm_account, time=args.slurm_time,
                          qos=args.slurm_qos, extra=extra_args(args), container_image=args.container_image,
                          gpus_per_node=args.slurm_gpus_per_node or gpus_per_node or 8,
-                         array=args.slurm_array is not False, root=root)
+                         array=args.slurm_array is not False, root=root(args),
+                         **({"again": again} if again else {}))
 
 
-def launcher(args: argparse.Namespace, console=None, hw=None):
+def launcher(args: argparse.Namespace, console=None, hw=None, again: str | None = None):
     """A SlurmLauncher for candidates priced on ``hw`` (its GPUs per node; default h100-sxm's);
     with a console, it says what it submits and shows the queue's progress."""
-    from autoparallel import io
     from autoparallel.profiling.slurm_launcher import SlurmLauncher
-    trainer = None
-    if getattr(args, "trainer", None) == "megatron":
-        from autoparallel.profiling.megatron_run import MegatronTrainer, checkout
-        trainer = MegatronTrainer(checkout(args.megatron_lm or os.environ.get("MEGATRON_LM")),
-                                  hw or io.load_hardware("h100-sxm"))
-    return SlurmLauncher(settings(args, hw.gpus_per_node if hw else None),
+    return SlurmLauncher(settings(args, hw.gpus_per_node if hw else None, again),
                          echo=console.print if console is not None else None,
-                         progress=queue_progress if console is not None else None, trainer=trainer)
+                         progress=queue_progress if console is not None else None, trainer=megatron(args, hw))
+
+
+def megatron(args: argparse.Namespace, hw=None):
+    """The MegatronTrainer of ``--trainer megatron`` for candidates priced on ``hw`` (default
+    h100-sxm), else None."""
+    if getattr(args, "trainer", None) != "megatron":
+        return None
+    from autoparallel import io
+    from autoparallel.profiling.megatron_run import MegatronTrainer, checkout
+    return MegatronTrainer(checkout(args.megatron_lm or os.environ.get("MEGATRON_LM")), hw or io.load_hardware("h100-sxm"))
 
 
 def confirm(args: argparse.Namespace, gpus: list[int], step_times_s, iterations: int, timeout_s: float,
-            console=None) -> None:
-    """Print what the jobs cost in GPU-hours and ask before submitting (``budget``)."""
+            console=None, note: str = "") -> None:
+    """Print what the jobs cost in GPU-hours (and ``note``) and ask before submitting (``budget``)."""
     from autoparallel.profiling import budget
     from autoparallel.profiling.slurm import time_limit, time_seconds
     limit = time_seconds(args.slurm_time or time_limit(timeout_s))
-    budget.confirm(budget.summary(gpus, step_times_s, iterations, limit), bool(args.yes), console)
+    budget.confirm(budget.summary(gpus, step_times_s, iterations, limit) + note, bool(args.yes), console)
 
 
 @contextmanager

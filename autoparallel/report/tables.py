@@ -53,7 +53,7 @@ OPTIONAL_COLUMNS = (Column("fp8_check", "FP8 check", drop=8),
                     Column("measured_tokens_per_s_per_gpu", "meas. tok/s/GPU", "{:,.0f}", drop=2),
                     Column("measured_peak_memory_gib", "meas. mem GiB", "{:.3f}", drop=3),
                     Column("measured_model_tflops_per_gpu", "meas. TFLOP/s", "{:.0f}", drop=4),
-                    Column("measurement_error", "profiling", drop=9),
+                    Column("profiled", "profiled", drop=9),
                     # asked for with --tokens / --train-days: dropped after the precision only
                     Column("train_days", "days", "{:,.1f}", drop=1), Column("train_tokens", "tokens", si, drop=1),
                     Column("gpu_hours", "GPU-h", si, drop=6), Column("cost_usd", "cost", dollars, drop=6))
@@ -148,6 +148,8 @@ def grouped(ranked: pd.DataFrame, candidates: int, hw: HardwareSpec | None = Non
     best["differs_in"] = [",".join(KNOB_CODES[k][0] for k in varying.columns if varying.loc[idx, k] > 1) or "-"
                           for idx in best.set_index(keys).index]
     best["other_knobs"] = [_other_knobs(row) for _, row in best.iterrows()]
+    if "measurement_error" in best:
+        best["profiled"] = _profiled(best)
     if "precision_utilization" in best:  # the cost model's utilisation of the FP8 peak, FP8 rows only
         fp8 = best["precision"].astype(str).isin(FP8_PRECISIONS)
         best["fp8_utilisation"] = best["precision_utilization"].where(fp8)
@@ -156,6 +158,14 @@ def grouped(ranked: pd.DataFrame, candidates: int, hw: HardwareSpec | None = Non
     best["tie"] = ["yes" if t >= top * (1 - error.step_time_relative_error) else "-"
                    for t in best["tokens_per_s_per_gpu"]]
     return best
+
+
+def _profiled(rows: pd.DataFrame) -> list[str]:
+    """Which rows ``search --profile job`` measured: "measured", the reason its job failed, or
+    "-" (not profiled), so that a reader never takes a prediction for a measurement."""
+    error = rows["measurement_error"].fillna("").astype(str)
+    measured = pd.to_numeric(rows.get("measured_step_time_s", pd.Series(index=rows.index)), errors="coerce").notna()
+    return [f"failed: {e}" if e else "measured" if m else "-" for e, m in zip(error, measured)]
 
 
 def _cell(row: pd.Series, column: Column) -> str:
@@ -194,6 +204,8 @@ def legend(hw: HardwareSpec | None, memory_fraction: float | None = None,
              f"tie = predicted throughput within {error.step_time_relative_error:.1%} of the best, the cost "
              f"model's cross-validated step-time error ({error.source}): the order among ties is not meaningful; "
              "measure them (search --profile job).",
+             "meas. = measured by `search --profile job` (the job's step time, tok/s/GPU, peak memory, TFLOP/s); "
+             "profiled = measured, failed: why, or - (a prediction only).",
              "TP ovl = TP communication overlapped with GEMMs (--tp-comm-overlap, TE Userbuffers); "
              "recompute full(n) = n layers of each pipeline chunk recomputed.",
              "days, GPU-h, cost (with --tokens) or tokens (with --train-days): the whole run at the predicted "

@@ -124,8 +124,8 @@ def write_tables(result: SearchResult, run_dir: Path, top_md: int = 50, summaris
         run_folder.write_csv(run_dir / run_folder.PROFILED, result.profiled)
     title = f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}"
     run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(
-        result.ranked, top_md, result.hardware, result.space.memory_fraction, train=result.train,
-        moe=result.model.is_moe))
+        result.ranked, top_md, result.hardware, result.space.memory_fraction, result.feasible_total,
+        train=result.train, moe=result.model.is_moe))
     if not result.feasible.empty:
         write_best(run_dir, result.model, result.hardware, result.entry(1), title)
     rows = result.ranked
@@ -342,7 +342,10 @@ def resume(run_dir: Path, progress=None, keep_profiled: bool = True) -> tuple[Se
     run_dir = Path(run_dir)
     inputs, model, hw, space = load_inputs(run_dir)
     if inputs.get("strategy") != "optuna":
-        raise UserError(f"{run_dir} is a grid search: there is nothing to resume (run it again)")
+        if keep_profiled:
+            raise UserError(f"{run_dir} is a grid search: there is nothing to resume (run it again, or profile "
+                            "its best layouts with --profile job)")
+        return _unprofiled(load(run_dir)), run_dir
     settings = _study_settings(inputs, run_dir)
     gpus, gbs = int(inputs["gpus"]), int(inputs["gbs"])
     evaluator = CostModelEvaluator(model, hw, space.memory_fraction)
@@ -354,6 +357,15 @@ def resume(run_dir: Path, progress=None, keep_profiled: bool = True) -> tuple[Se
             raise
         result = _finish(s, model, hw, gpus, gbs, space, run_dir, settings.objectives, keep_profiled)
         return result, run_folder.publish(run_dir)
+
+
+def _unprofiled(result: SearchResult) -> SearchResult:
+    """A saved grid run without an earlier ``--profile``'s measurements, ranked by prediction
+    again (the caller profiles its top-k afresh)."""
+    from autoparallel.search.grid import rank
+    measured = [c for c in result.ranked if c.startswith("measured_") or c == "measurement_error"]
+    result.ranked = rank(result.ranked.drop(columns=measured + ["rank"], errors="ignore"))
+    return result
 
 
 def open_study(run_dir: Path):

@@ -194,6 +194,7 @@ class SimResult:
         for p in percentiles:
             out[f"ttft_p{p:g}_ms"] = 1e3 * float(np.percentile(self.ttft, p))
             out[f"tpot_p{p:g}_ms"] = 1e3 * float(np.percentile(tpot, p)) if len(tpot) else 0.0
+            out[f"e2e_p{p:g}_ms"] = 1e3 * float(np.percentile(self.finish - self.arrival, p))
         return out
 
 

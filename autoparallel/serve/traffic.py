@@ -104,36 +104,11 @@ def candidates(ranked: pd.DataFrame, structures: int) -> pd.DataFrame:
 def simulate_ranked(result, traffic: Traffic) -> pd.DataFrame:
     """Simulate the best candidates of a steady-state ``serve.search`` result; rank them by the
     simulated output tokens/s per GPU among those meeting the bounds at the percentile."""
-    from autoparallel.serve.search import LAYOUT
-    request, gpus = result.request, result.gpus
     if result.engine.batching != "inflight":
         raise UserError(f"the traffic simulation needs an in-flight batching engine; {result.engine.name} "
                         f"batches statically (drop --workload / --scenario / --latency-percentile)")
-    longest = traffic.workload.max_input + traffic.workload.max_output
-    rows = []
-    for _, row in candidates(result.ranked, traffic.structures).iterrows():
-        cost, sched = replica(result.model, result.hardware, result.efficiency, result.engine, int(row["tp"]),
-                              int(row["pp"]), int(row["max_batch"]), int(row["max_num_tokens"]),
-                              row["weight_precision"], row["kv_precision"], int(row["ep"]), longest)
-        replicas = int(row["replicas"])
-        if traffic.scenario in ("server", "interactive"):
-            rate, s = _largest_rate(cost, sched, traffic, request)
-            reason = "" if s is not None else f"misses the p{traffic.percentile:g} bounds at every rate tried"
-            if s is None:  # report the lightest load tried, sustaining nothing
-                s = {**_summary(cost, sched, traffic, rate or 1e-3), "output_tokens_per_s": 0.0}
-        else:
-            rate = None if request.request_rate is None else request.request_rate / replicas
-            s = _summary(cost, sched, traffic, rate)
-            reason = "" if _ok(s, request) else _missed(s, request, traffic.percentile)
-            rate = s["requests_per_s"] if rate is None else rate
-        out = {k: row[k] for k in LAYOUT}
-        out.update(s)
-        out["request_rate"] = rate * replicas
-        out["output_tokens_per_s"] = s["output_tokens_per_s"] * replicas
-        out["output_tokens_per_s_per_gpu"] = out["output_tokens_per_s"] / gpus
-        out["reason"] = reason
-        rows.append(out)
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame([simulate_layout(result, traffic, row)
+                          for _, row in candidates(result.ranked, traffic.structures).iterrows()])
     if frame.empty:
         return frame
     frame["feasible"] = frame["reason"] == ""
@@ -141,6 +116,36 @@ def simulate_ranked(result, traffic: Traffic) -> pd.DataFrame:
                               ascending=[False, False, True, True], ignore_index=True)
     frame.insert(0, "rank", np.where(frame["feasible"], np.arange(1, len(frame) + 1), 0))
     return frame
+
+
+def simulate_layout(result, traffic: Traffic, row) -> dict:
+    """One layout (a row with ``serve.search.LAYOUT``'s keys) of ``result``'s deployment simulated
+    under ``traffic``: its percentiles, rate and output tokens/s (whole deployment and per GPU),
+    and why it misses the bounds ("" when it meets them)."""
+    from autoparallel.serve.search import LAYOUT
+    request, gpus = result.request, result.gpus
+    longest = traffic.workload.max_input + traffic.workload.max_output
+    cost, sched = replica(result.model, result.hardware, result.efficiency, result.engine, int(row["tp"]),
+                          int(row["pp"]), int(row["max_batch"]), int(row["max_num_tokens"]),
+                          row["weight_precision"], row["kv_precision"], int(row["ep"]), longest)
+    replicas = int(row["replicas"])
+    if traffic.scenario in ("server", "interactive"):
+        rate, s = _largest_rate(cost, sched, traffic, request)
+        reason = "" if s is not None else f"misses the p{traffic.percentile:g} bounds at every rate tried"
+        if s is None:  # report the lightest load tried, sustaining nothing
+            s = {**_summary(cost, sched, traffic, rate or 1e-3), "output_tokens_per_s": 0.0}
+    else:
+        rate = None if request.request_rate is None else request.request_rate / replicas
+        s = _summary(cost, sched, traffic, rate)
+        reason = "" if _ok(s, request) else _missed(s, request, traffic.percentile)
+        rate = s["requests_per_s"] if rate is None else rate
+    out = {k: row[k] for k in LAYOUT}
+    out.update(s)
+    out["request_rate"] = rate * replicas
+    out["output_tokens_per_s"] = s["output_tokens_per_s"] * replicas
+    out["output_tokens_per_s_per_gpu"] = out["output_tokens_per_s"] / gpus
+    out["reason"] = reason
+    return out
 
 
 def _missed(s: dict, request, p: float) -> str:

@@ -5,8 +5,9 @@ of the fitted constants on their own rows (in sample) and of refits that never s
 (leave-one-model-out: the constants refitted without that model's rows, then its rows
 predicted; ``--no-cross-validation`` skips these refits), for FasterTransformer's A100 latencies (``inference_runs.csv``, static batching) and
 TensorRT-LLM's in-flight batching throughput tables (``serving_runs.csv``), then the MLPerf
-Inference Offline / Server runs through the traffic simulation (``serve/mlperf.py``; ``--no-mlperf``
-skips them). The FT rows whose
+Inference Offline / Server runs through the traffic simulation (``serve/mlperf.py``: tokens/s and
+the Server p99 TTFT / TPOT in sample and LOMO, the p99 end-to-end latency, per round, GPU, benchmark
+and scenario; ``--json`` adds every run; ``--no-mlperf`` skips them). The FT rows whose
 ``notes`` start with ``OOM`` have no latency: the memory model must say they do not fit
 (reported apart). Rows of ``serving_runs.csv`` that are not predicted are counted by reason.
 
@@ -143,25 +144,41 @@ def mlperf_report(cross: bool = True) -> tuple[pd.DataFrame, pd.Series]:
 
 
 def print_mlperf(report: pd.DataFrame, left_out: pd.Series, console: Console) -> None:
-    from autoparallel.report.fit import Column, print_table
+    from autoparallel.report.fit import Column, cell, print_table
     from autoparallel.serve import mlperf
-    fmt = lambda v: "-" if pd.isna(v) else f"{v:.1f}"  # noqa: E731
+    pct = "{:.1f}"
     columns = (Column("round", "round"), Column("hardware", "GPU"), Column("model", "benchmark"),
-               Column("scenario", "scenario"), Column("runs", "runs", lambda v: str(int(v))),
-               Column("tokens_pct", "tok/s %", fmt), Column("lomo_pct", "LOMO %", fmt),
-               Column("ttft_p99_pct", "TTFT %", fmt), Column("tpot_p99_pct", "TPOT %", fmt))
+               Column("scenario", "scenario"), Column("runs", "runs", "{:.0f}"),
+               Column("tokens_pct", "tok/s %", pct), Column("lomo_pct", "LOMO %", pct),
+               Column("ttft_p99_pct", "TTFT %", pct), Column("ttft_p99_lomo_pct", "LOMO", pct, drop=2),
+               Column("tpot_p99_pct", "TPOT %", pct), Column("tpot_p99_lomo_pct", "LOMO", pct, drop=2),
+               Column("latency_p99_pct", "e2e %", pct, drop=1))
     table = mlperf.summary(report)
     print_table(console, "MLPerf Inference, simulated: mean |error| % of output tokens/s (in sample, LOMO) "
-                         "and of Server p99 TTFT / TPOT at the target QPS",
-                [*columns], [[c.fmt(r[c.key]) if callable(c.fmt) else str(r[c.key]) for c in columns]
-                             for _, r in table.iterrows()])
+                         "and of Server p99 TTFT / TPOT / end-to-end latency at the target QPS",
+                columns, [[cell(r[c.key], c.fmt) for c in columns] for _, r in table.iterrows()],
+                ("LOMO: constants refitted without the benchmark's model; e2e: p99 end-to-end latency "
+                 "(in sample), whose p99 request is a ~1,000-token answer: it checks the mean iteration time",))
     m = mlperf.scenario_means(report)
     parts = [f"{name} {m[f'{key}_tokens_pct']:.1f} %" + (f" (LOMO {m[f'{key}_tokens_lomo_pct']:.1f} %)"
                                                         if f"{key}_tokens_lomo_pct" in m else "")
              for name, key in (("Offline", "offline"), ("Server", "server")) if f"{key}_tokens_pct" in m]
+    lomo = lambda key: f" (LOMO {m[key]:.1f} %)" if key in m else ""  # noqa: E731
     console.print(f"MLPerf mean |error| of tokens/s per GPU: {', '.join(parts)}; Server p99 TTFT "
-                  f"{m['ttft_p99_pct']:.1f} %, p99 TPOT {m['tpot_p99_pct']:.1f} %; rows not predicted: "
+                  f"{m['ttft_p99_pct']:.1f} %{lomo('ttft_p99_lomo_pct')}, p99 TPOT {m['tpot_p99_pct']:.1f} %"
+                  f"{lomo('tpot_p99_lomo_pct')}, p99 end-to-end {m['latency_p99_pct']:.1f} %; rows not predicted: "
                   + "; ".join(f"{n} {why}" for why, n in left_out.value_counts().items()))
+
+
+def mlperf_json(report: pd.DataFrame, left_out: pd.Series) -> dict:
+    """The MLPerf part of ``--json``: the headline means, the table per round, GPU, benchmark and
+    scenario, every predicted run, and the rows left out by reason."""
+    import json
+    from autoparallel.serve import mlperf
+    return {**mlperf.scenario_means(report),
+            "by_round_gpu_benchmark_scenario": json.loads(mlperf.summary(report).to_json(orient="records")),
+            "rows": mlperf.records(report),
+            "not_predicted": {str(k): int(v) for k, v in left_out.value_counts().items()}}
 
 
 def run(runs: Path | None, as_json: bool, console: Console, cross: bool = True, with_mlperf: bool = True) -> int:
@@ -173,11 +190,7 @@ def run(runs: Path | None, as_json: bool, console: Console, cross: bool = True, 
         import json
         out = json_report(report, ft, not_predicted)
         if ml is not None:
-            from autoparallel.serve import mlperf
-            out["mlperf"] = {**mlperf.scenario_means(ml[0]),
-                             "by_round_gpu_benchmark_scenario": json.loads(mlperf.summary(ml[0]).to_json(
-                                 orient="records")),
-                             "not_predicted": {str(k): int(v) for k, v in ml[1].value_counts().items()}}
+            out["mlperf"] = mlperf_json(*ml)
         print(json.dumps(out, indent=1))
     else:
         print_report(report, ft, not_predicted, console)

@@ -91,3 +91,64 @@ def slurm(tmp_path_factory):
     finally:
         mp.undo()
         subprocess.run([str(SLURM_SCRIPT), "stop", str(folder)], timeout=60)
+
+
+# --- a STAND-IN for Megatron-LM (issue 26) ---------------------------------------------------
+
+import textwrap  # noqa: E402
+
+STAND_IN = textwrap.dedent('''
+    """STAND-IN for Megatron-LM's pretrain_gpt.py (tests only): prints Megatron-format log lines."""
+    import os, sys, time
+    if os.environ.get("RANK", "0") != "0":
+        sys.exit(0)  # rank 0 prints, as Megatron-LM's logging rank does here
+    argv, args, i = sys.argv[1:], {}, 0
+    while i < len(argv):
+        name = argv[i][2:].replace("-", "_")
+        if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            args[name], i = argv[i + 1], i + 2
+        else:
+            args[name], i = True, i + 1
+    iters = int(args["train_iters"])
+    short_run = (args.get("mock_data") is True and "save" not in args and "load" not in args
+                 and int(args["exit_interval"]) == iters and args["log_interval"] == "1"
+                 and args.get("log_throughput") is True)
+    if not short_run:
+        sys.exit(f"stand-in: not a short profiling run: {sorted(args)}")
+    tp, pp = int(args["tensor_model_parallel_size"]), int(args["pipeline_model_parallel_size"])
+    if os.environ.get("STAND_IN_HANG"):
+        time.sleep(600)
+    if tp == int(os.environ.get("STAND_IN_OOM_TP", "0")):
+        sys.exit("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    world = int(os.environ["WORLD_SIZE"])
+    print("------------------------ arguments ------------------------")
+    for name in sorted(args):
+        print(f"  {name} {'.' * (48 - len(name))} {args[name]}")
+    print("-------------------- end of arguments ---------------------")
+    print(f"using world size: {world}, data-parallel size: {world // (tp * pp)}")
+    ms = 100.0 * tp + 30.0 * pp  # the stand-in's "measured" time: layout-dependent
+    for it in range(1, iters + 1):
+        print(f" [2026-11-25 12:00:00.000000] iteration {it:8d}/{iters:8d} | consumed samples: {it * 8:12d} | "
+              f"elapsed time per iteration (ms): {ms + (500 if it == 1 else 0):.1f} | "
+              f"throughput per GPU (TFLOP/s/GPU): {1000.0 / ms:.1f} | global batch size: {args['global_batch_size']:>5} | "
+              "lm loss: 4.8E+00 |")
+        if it == 1:
+            print("[Rank 0] (after 1 iterations) memory (MB) | allocated: 100.0 | max allocated: 2048.0 | "
+                  "reserved: 3000.0 | max reserved: 3072.0")
+''')
+
+
+@pytest.fixture
+def stand_in_megatron(tmp_path, monkeypatch):
+    """A "Megatron-LM checkout" whose pretrain_gpt.py is the STAND-IN TRAINER above (no Megatron-LM
+    nor GPU here): it checks the short-run flags it is given, then prints what Megatron-LM prints
+    (the argument block, the world size, one iteration line per iteration with the time and
+    TFLOP/s, the memory report), with an iteration time that depends on the layout so that
+    measurement re-ranks the table. STAND_IN_OOM_TP=N: the TP N run dies of OOM;
+    STAND_IN_HANG=1: it hangs. This checkout is importable in the jobs."""
+    root = tmp_path / "megatron-lm"
+    root.mkdir()
+    (root / "pretrain_gpt.py").write_text(STAND_IN)
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
+    return root

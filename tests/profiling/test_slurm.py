@@ -62,7 +62,7 @@ def _scontrol(job_id: str) -> str:
 
 
 def _queued() -> str:
-    return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=10).stdout
+    return subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True, timeout=10).stdout
 
 
 def test_search_profiles_the_top_k_as_one_job_array_and_reranks(cluster, tmp_path, small_yaml, capsys):
@@ -82,6 +82,9 @@ def test_search_profiles_the_top_k_as_one_job_array_and_reranks(cluster, tmp_pat
     assert len(measured) == 2 and (measured["measured_tokens_per_s_per_gpu"] > 0).all()
     assert list(frame["rank"].head(2)) == [1, 2]  # re-ranked: the measured ones lead
     assert len(pd.read_csv(run_dir / "profiled.csv")) == 2
+    table = [line for line in (run_dir / "ranked.md").read_text().splitlines() if line.startswith("| ")]
+    assert table[0].endswith("| profiled |")  # which rows were measured, said in the table
+    assert [line.endswith("| measured |") for line in table[1:]] == [True, True] + [False] * (len(table) - 3)
     states = [json.loads(p.read_text()) for p in (tmp_path / "slurm").glob("*/slurm.json")]
     assert len(states) == 2 and all(s["final"] == "COMPLETED" for s in states)
     assert len({s["job_id"].split("_")[0] for s in states}) == 1  # one array ...
@@ -218,3 +221,102 @@ def test_layer_profiles_are_not_run_on_slurm(small_yaml, tmp_path, capsys):
     assert main(["search", "--model", str(small_yaml), "--gpus", "2", "--results", str(tmp_path),
                  "--profile", "layer", "--executor", "slurm"]) == 2
     assert "--executor slurm has no effect with --profile layer" in capsys.readouterr().err
+
+
+def _search_args(results: Path, small_yaml: Path, *more: str) -> list[str]:
+    return ["search", "--model", str(small_yaml), "--gpus", "2", "--gpu", "cpu-local", "--space", "cpu-profiling",
+            "--sp", "--recompute", "none", "--results", str(results), "--profile", "job", "--top-k", "2",
+            "--profile-steps", "2", "--profile-warmup", "1", "--executor", "slurm", "--yes", *more]
+
+
+def _measured(run_dir: Path) -> pd.DataFrame:
+    frame = pd.read_csv(run_dir / "candidates.csv")
+    return frame[frame["measured_step_time_s"].notna()]
+
+
+def test_an_interrupted_search_is_resumed_from_its_run_folder(cluster, tmp_path, small_yaml, capsys, monkeypatch):
+    from autoparallel.profiling import slurm_args
+    shown = slurm_args.queue_progress
+    monkeypatch.setattr(slurm_args, "queue_progress", lambda total: nullcontext(_interrupt))  # Ctrl-C once submitted
+    assert main(_search_args(tmp_path, small_yaml)) == 130
+    err = capsys.readouterr().err
+    run_dir = next(p for p in tmp_path.iterdir() if p.name != "slurm")
+    assert "cancelled 2 Slurm job(s) (scancel)" in err  # the two tasks of one array
+    assert f"continue with `autoparallel search --resume {run_dir}`" in err
+    assert "finished: false" in (run_dir / "profiling.yaml").read_text()
+    assert "measured_step_time_s" not in pd.read_csv(run_dir / "candidates.csv")  # the predictions, kept
+    cancelled = {json.loads(p.read_text())["job_id"] for p in (tmp_path / "slurm").glob("*/slurm.json")}
+    _wait_until(lambda: not cancelled & set(_queued().split()), 20)  # a pending array task leaves no record
+    # --resume alone goes on with the options profiling.yaml recorded: both jobs submitted again.
+    monkeypatch.setattr(slurm_args, "queue_progress", shown)
+    assert main(["search", "--resume", str(run_dir), "--yes"]) == 0
+    out = capsys.readouterr().out
+    assert "about to submit 2 Slurm job(s), 4 GPUs in all" in out  # both were cancelled: both cost again
+    assert "resuming: 0 finished job(s) picked up, 0 still queued or running, 2 to submit" in out
+    assert "submitted 2 Slurm job(s)" in out
+    assert len(_measured(run_dir)) == 2 and len(pd.read_csv(run_dir / "profiled.csv")) == 2
+    assert "finished: true" in (run_dir / "profiling.yaml").read_text()
+    again = {json.loads(p.read_text())["job_id"] for p in (tmp_path / "slurm").glob("*/slurm.json")}
+    assert not again & cancelled
+    # Finished: a grid run has nothing more to resume.
+    assert main(["search", "--resume", str(run_dir)]) == 2
+    assert "is a grid search: there is nothing to resume" in capsys.readouterr().err
+
+
+def test_resume_after_the_search_was_killed_picks_up_what_finished_meanwhile(cluster, tmp_path, small_yaml,
+                                                                              capsys):
+    proc = subprocess.Popen([sys.executable, "-m", "autoparallel", *_search_args(tmp_path, small_yaml, "--no-slurm-array")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_until(lambda: len([p for p in (tmp_path / "slurm").glob("*/slurm.json")]) == 2, 90)
+    finally:
+        proc.kill()  # killed outright: nothing cancels its jobs
+        proc.wait(timeout=30)
+    states = {p.parent: json.loads(p.read_text())["job_id"] for p in (tmp_path / "slurm").glob("*/slurm.json")}
+    kept, lost = sorted(states.values())
+    subprocess.run(["scancel", lost], timeout=10, check=True)  # say, an administrator cancelled it
+    _wait_until(lambda: not {kept, lost} & set(_queued().split()), 90)  # the other one finishes meanwhile
+    assert _scontrol(kept) == "COMPLETED" and _scontrol(lost) == "CANCELLED"
+    run_dir = next(p for p in tmp_path.iterdir() if p.name != "slurm")
+    assert main(["search", "--resume", str(run_dir), "--yes"]) == 0
+    out = capsys.readouterr().out
+    assert "resuming: 1 finished job(s) picked up, 0 still queued or running, 1 to submit" in out
+    # the cost printed first counts only what is submitted again
+    assert "about to submit 1 Slurm job(s), 2 GPUs in all" in out and "; 1 finished earlier, read back" in out
+    assert "submitted 1 Slurm job(s)" in out
+    after = {json.loads(p.read_text())["job_id"] for p in (tmp_path / "slurm").glob("*/slurm.json")}
+    assert kept in after and lost not in after
+    assert len(_measured(run_dir)) == 2
+
+
+@pytest.mark.parametrize("answer, submits", [("y", True), ("yes", True), ("n", False), ("", False)])
+def test_the_gpu_hours_are_asked_about_on_a_terminal(monkeypatch, capsys, answer, submits):
+    from autoparallel.profiling import budget
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    asked = []
+    monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or answer)
+    text = budget.summary([1024] * 5, [5.2] * 5, 25, 660)
+    assert text.startswith("5 Slurm job(s), 5,120 GPUs in all: about 611.6 GPU-hours predicted")  # 5 x 1,024 x (25 x 5.2 s + 300 s)
+    assert text.endswith("at most 938.7 GPU-hours (the time limit of 11 min each)")  # 5,120 GPUs x 660 s
+    if submits:
+        budget.confirm(text, yes=False)
+    else:
+        with pytest.raises(UserError, match="nothing submitted"):
+            budget.confirm(text, yes=False)
+    assert asked == ["submit? [y/N] "]
+    budget.confirm(text, yes=True)  # --yes: never asks
+    assert len(asked) == 1
+
+
+@pytest.mark.parametrize("text", ["finished: maybe\noptions: {}\n", "options: {top_k: 2, colour: red}\nfinished: false\n",
+                                  "[1, 2]\n", "finished: false\noptions: {profile: job, executor: local, top_k: -3}\n",
+                                  "finished: false\noptions: {profile: jobs}\n"])
+def test_a_damaged_profiling_record_is_named_on_resume(tmp_path, small_yaml, capsys, text):
+    assert main(["search", "--model", str(small_yaml), "--gpus", "2", "--gpu", "cpu-local", "--space", "cpu-profiling",
+                 "--results", str(tmp_path)]) == 0
+    run_dir = next(tmp_path.iterdir())
+    (run_dir / "profiling.yaml").write_text(text)
+    capsys.readouterr()
+    assert main(["search", "--resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "profiling.yaml" in err and len(err.strip().splitlines()) == 1

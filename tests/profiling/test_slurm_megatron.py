@@ -2,15 +2,9 @@
 read its log with the ``runs import`` reader, write the measurements beside the predictions,
 re-rank, refit with ``calibrate --from``.
 
-There is no Megatron-LM (nor a GPU) here, so ``pretrain_gpt.py`` is a STAND-IN TRAINER written by
-the test: it checks the short-run flags it is given, then prints what Megatron-LM prints (the
-argument block, the world size, one iteration line per iteration with the time and TFLOP/s, the
-memory report), with an iteration time that depends on the layout so that measurement re-ranks
-the table. torchrun and Slurm are real."""
+There is no Megatron-LM (nor a GPU) here, so ``pretrain_gpt.py`` is conftest's STAND-IN TRAINER
+(``stand_in_megatron``). torchrun and Slurm are real."""
 
-import os
-import textwrap
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -18,54 +12,11 @@ import pytest
 from autoparallel.cli import main
 
 pytestmark = pytest.mark.slurm
-REPO = Path(__file__).resolve().parents[2]
-
-STAND_IN = textwrap.dedent('''
-    """STAND-IN for Megatron-LM's pretrain_gpt.py (tests only): prints Megatron-format log lines."""
-    import os, sys, time
-    if os.environ.get("RANK", "0") != "0":
-        sys.exit(0)  # rank 0 prints, as Megatron-LM's logging rank does here
-    argv, args, i = sys.argv[1:], {}, 0
-    while i < len(argv):
-        name = argv[i][2:].replace("-", "_")
-        if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            args[name], i = argv[i + 1], i + 2
-        else:
-            args[name], i = True, i + 1
-    iters = int(args["train_iters"])
-    short_run = (args.get("mock_data") is True and "save" not in args and "load" not in args
-                 and int(args["exit_interval"]) == iters and args["log_interval"] == "1"
-                 and args.get("log_throughput") is True)
-    if not short_run:
-        sys.exit(f"stand-in: not a short profiling run: {sorted(args)}")
-    tp, pp = int(args["tensor_model_parallel_size"]), int(args["pipeline_model_parallel_size"])
-    if tp == int(os.environ.get("STAND_IN_OOM_TP", "0")):
-        sys.exit("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
-    world = int(os.environ["WORLD_SIZE"])
-    print("------------------------ arguments ------------------------")
-    for name in sorted(args):
-        print(f"  {name} {'.' * (48 - len(name))} {args[name]}")
-    print("-------------------- end of arguments ---------------------")
-    print(f"using world size: {world}, data-parallel size: {world // (tp * pp)}")
-    ms = 100.0 * tp + 30.0 * pp  # the stand-in's "measured" time: layout-dependent
-    for it in range(1, iters + 1):
-        print(f" [2026-11-25 12:00:00.000000] iteration {it:8d}/{iters:8d} | consumed samples: {it * 8:12d} | "
-              f"elapsed time per iteration (ms): {ms + (500 if it == 1 else 0):.1f} | "
-              f"throughput per GPU (TFLOP/s/GPU): {1000.0 / ms:.1f} | global batch size: {args['global_batch_size']:>5} | "
-              "lm loss: 4.8E+00 |")
-        if it == 1:
-            print("[Rank 0] (after 1 iterations) memory (MB) | allocated: 100.0 | max allocated: 2048.0 | "
-                  "reserved: 3000.0 | max reserved: 3072.0")
-''')
 
 
 @pytest.fixture
-def megatron_lm(tmp_path, slurm, monkeypatch):
-    root = tmp_path / "megatron-lm"
-    root.mkdir()
-    (root / "pretrain_gpt.py").write_text(STAND_IN)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    return root
+def megatron_lm(stand_in_megatron, slurm):
+    return stand_in_megatron
 
 
 def test_megatron_short_runs_through_slurm_rerank_and_calibrate(megatron_lm, tmp_path, small_yaml, capsys,
@@ -92,7 +43,8 @@ def test_megatron_short_runs_through_slurm_rerank_and_calibrate(megatron_lm, tmp
     profiled = pd.read_csv(run_dir / "profiled.csv", dtype={"measurement_error": str}).fillna({"measurement_error": ""})
     failed = profiled[profiled["measurement_error"] != ""]
     assert len(failed) == 1 and failed["tp"].iloc[0] == 2 and "out of memory" in failed["measurement_error"].iloc[0]
-    assert "meas. TFLOP/s" in (run_dir / "ranked.md").read_text()
+    ranked_md = (run_dir / "ranked.md").read_text()
+    assert "meas. TFLOP/s" in ranked_md and "| failed: out of memory" in ranked_md and "| measured |" in ranked_md
     # the job was the exported short run: train.sh in the job folder, saved nothing
     script = next((results / "slurm").glob("*/train.sh")).read_text()
     assert "--mock-data" in script and "--exit-interval 4" in script and "--save " not in script
@@ -101,12 +53,12 @@ def test_megatron_short_runs_through_slurm_rerank_and_calibrate(megatron_lm, tmp
     assert "measured layouts" in capsys.readouterr().out
 
 
-def test_megatron_trainer_needs_a_checkout_and_slurm(tmp_path, small_yaml, capsys, monkeypatch):
+def test_megatron_trainer_needs_a_checkout(tmp_path, small_yaml, capsys, monkeypatch):
     monkeypatch.delenv("MEGATRON_LM", raising=False)
     plan = tmp_path / "plan.yaml"
     plan.write_text("tp: 1\npp: 1\ndp: 2\ngbs: 8\n")
     base = ["profile", "--model", str(small_yaml), "--plan", str(plan)]
-    cases = [(["--trainer", "megatron"], "--trainer megatron has no effect with --executor local"),
+    cases = [(["--trainer", "megatron"], "--trainer megatron needs a Megatron-LM checkout"),
              (["--executor", "slurm", "--trainer", "megatron"], "--trainer megatron needs a Megatron-LM checkout"),
              (["--executor", "slurm", "--trainer", "megatron", "--megatron-lm", str(tmp_path)],
               f"--megatron-lm {tmp_path}: no pretrain_gpt.py there"),

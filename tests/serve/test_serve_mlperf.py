@@ -90,6 +90,19 @@ def test_summary_groups_per_round_gpu_benchmark_scenario(report):
     table = mlperf.summary(report)
     assert list(table.columns[:4]) == ["round", "hardware", "model", "scenario"]
     assert table["runs"].sum() == len(report)
+    offline, server = table[table["scenario"] == "Offline"], table[table["scenario"] == "Server"]
+    assert offline["ttft_p99_pct"].isna().all() and offline["latency_p99_pct"].isna().all()  # no p99s offline
+    assert server["tpot_p99_pct"].notna().all() and server["latency_p99_pct"].notna().all()
+    assert table["lomo_pct"].isna().all()  # this report has no LOMO refits: NaN, not a copy of in sample
+
+
+def test_mean_iteration_time_not_only_the_tail_is_short(report):
+    """The p99 misses come from the mean iteration time at Server load, not from the tail's shape:
+    the p99 end-to-end latency (a ~1,000-token answer, i.e. ~1,000 iterations) is short by about
+    as much as the p99 TPOT (RESULTS.md, 2026-11-26; a regression bound, not the issue's target)."""
+    server = report[report["scenario"] == "Server"]
+    e2e, tpot = server["in_sample_latency_pct"], server["in_sample_tpot_pct"]
+    assert (e2e < 0).mean() > 0.9 and abs(e2e.mean() - tpot.mean()) < 15.0
 
 
 def test_validate_inference_prints_mlperf_in_80_columns(capsys, monkeypatch, held_out, report, rows):
@@ -105,7 +118,15 @@ def test_validate_inference_prints_mlperf_in_80_columns(capsys, monkeypatch, hel
     assert "MLPerf mean |error| of tokens/s per GPU: Offline" in " ".join(out.split())
     assert cli.main(["validate", "--inference", "--json"]) == 0
     ml = json.loads(capsys.readouterr().out)["mlperf"]
-    assert {"offline_tokens_pct", "server_tokens_pct", "ttft_p99_pct", "tpot_p99_pct"} <= set(ml)
+    assert {"offline_tokens_pct", "server_tokens_pct", "ttft_p99_pct", "tpot_p99_pct", "latency_p99_pct"} <= set(ml)
+    assert len(ml["rows"]) == len(report)  # every run, with its layout, measurement and errors
+    one = next(r for r in ml["rows"] if r["scenario"] == "Server")
+    assert {"round", "hardware", "model", "tp", "replicas", "target_qps", "tpot_p99_ms", "in_sample_tpot_ms",
+            "in_sample_tpot_pct", "in_sample_latency_pct"} <= set(one)
+    assert one["in_sample_tpot_pct"] == pytest.approx(
+        100 * (one["in_sample_tpot_ms"] - one["tpot_p99_ms"]) / one["tpot_p99_ms"])
+    groups = ml["by_round_gpu_benchmark_scenario"]
+    assert {"tokens_pct", "lomo_pct", "ttft_p99_lomo_pct", "tpot_p99_lomo_pct", "latency_p99_pct"} <= set(groups[0])
     assert ml["not_predicted"]["GPU without a preset"] > 0
 
 

@@ -99,3 +99,20 @@ def test_errors_are_one_line(capsys, argv, message):
         rc = exc.code
     err = capsys.readouterr().err
     assert rc == 2 and message in err and err.count("\n") == 1
+
+
+def test_simulate_layout_is_what_the_ranking_simulates():
+    """One layout simulated alone (as benchmarks/bench_issue29_serving.py prices a submitted layout)
+    gives the ranked table's figures for it, end-to-end p99 included."""
+    from autoparallel.serve import search as serve
+    from autoparallel.serve import traffic
+    from autoparallel.serve.space import load_space
+    wl = load_workload("sharegpt")
+    result = serve.search(io.load_model("llama3-8b"), io.load_hardware("h100-sxm"), 2,
+                          serve.Request.of_workload(wl, max_tpot_ms=20.0), load_space(), load_engine("tensorrt-llm"))
+    plan = traffic.Traffic(wl, "server", 99.0, requests=300, structures=2)
+    ranked = traffic.simulate_ranked(result, plan)
+    row = ranked.iloc[0]
+    alone = traffic.simulate_layout(result, plan, row)
+    assert alone["output_tokens_per_s_per_gpu"] == pytest.approx(row["output_tokens_per_s_per_gpu"])
+    assert alone["e2e_p99_ms"] == pytest.approx(row["e2e_p99_ms"]) and alone["e2e_p99_ms"] >= alone["ttft_p99_ms"]
