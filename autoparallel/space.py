@@ -42,7 +42,7 @@ SPLIT_COLUMNS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipel
 FEATURE_KNOBS = ("sp", "recompute", "distributed_optimizer", "overlap_dp_comm", "tp_comm_overlap",
                  "grad_reduce_in_fp32", "precision", "fp8_bf16_edge_layers", "flash_attention", "fsdp",
                  "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type", "fp8_param_gather",
-                 "precision_aware_optimizer", "cuda_graph")
+                 "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap")
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ class SearchSpace:
     fsdp: tuple[bool, ...] = (False,)
     overlap_moe_expert_parallel_comm: tuple[bool, ...] = (False,)
     moe_token_dispatcher_type: tuple[str, ...] = ("alltoall",)
+    moe_shared_expert_overlap: tuple[bool, ...] = (False,)
     fp8_param_gather: tuple[bool, ...] = (False,)
     precision_aware_optimizer: tuple[bool, ...] = (False,)
     cuda_graph: tuple[str, ...] = ("none",)
@@ -408,6 +409,10 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
         # TransformerConfig.__post_init__ (0.15; later releases allow the full-iteration graph).
         ((df.cuda_graph.to_numpy() != "none") & (df.cpu_offloading_num_layers.to_numpy() > 0),
          "CUDA graphs not supported with CPU offloading (Megatron-Core)"),
+        # TransformerConfig.__post_init__; after the cross, because the 1F1B overlap is turned off
+        # where it cannot apply (``_cross``), and there the shared-expert overlap can take its place.
+        (df.moe_shared_expert_overlap.to_numpy() & df.overlap_moe_expert_parallel_comm.to_numpy(),
+         "disable moe_shared_expert_overlap when enabling overlap_moe_expert_parallel_comm (Megatron-LM)"),
     ]
     return _first_reason(df, rules)
 
@@ -424,17 +429,21 @@ def _recomputes_any(df: pd.DataFrame, rows: np.ndarray, modules: tuple[str, ...]
     return out
 
 
-def _cross(structures: pd.DataFrame, features: pd.DataFrame) -> pd.DataFrame:
+def _cross(structures: pd.DataFrame, features: pd.DataFrame, shared_overlap: bool = False) -> pd.DataFrame:
     """Valid structures x valid features. Sequence parallel (and the TP overlap that needs it)
     means nothing at tp=1 (Megatron turns it off), FSDP nothing without a data-parallel group, the
     expert all-to-all overlap nothing without expert parallel and is refused for a pipeline
     without virtual stages, the token dispatcher nothing on one GPU: such structures get each
-    feature combination with those knobs off (alltoall), once."""
+    feature combination with those knobs off (alltoall), once. Where the all-to-all overlap is
+    off, the shared-expert overlap (which Megatron refuses beside it) takes its place when
+    ``shared_overlap`` (never slower: it only hides the all-to-alls behind the shared experts)."""
     no_a2a_overlap = (structures.ep == 1) | ((structures.pp > 1) & (structures.vp == 1))
     useless = {"sp": (structures.tp == 1, {"sp": False, "tp_comm_overlap": False}),
                "fsdp": (structures.dp * structures.cp == 1, {"fsdp": False}),
-               "a2a": (no_a2a_overlap, {"overlap_moe_expert_parallel_comm": False}),
-               "dispatch": (structures.ep * structures.etp == 1, {"moe_token_dispatcher_type": "alltoall"})}
+               "a2a": (no_a2a_overlap, {"overlap_moe_expert_parallel_comm": False,
+                                        **({"moe_shared_expert_overlap": True} if shared_overlap else {})}),
+               "dispatch": (structures.ep * structures.etp == 1, {"moe_token_dispatcher_type": "alltoall",
+                                                                  "moe_shared_expert_overlap": False})}
     parts = []
     for flags in itertools.product((False, True), repeat=len(useless)):
         rows = structures
@@ -443,6 +452,8 @@ def _cross(structures: pd.DataFrame, features: pd.DataFrame) -> pd.DataFrame:
             rows = rows[mask.loc[rows.index] == flag]
             off |= knobs if flag else {}
         chosen = features.assign(**off)
+        if off.get("moe_shared_expert_overlap"):  # alltoall / flex only (TransformerConfig)
+            chosen.loc[chosen.moe_token_dispatcher_type == "allgather", "moe_shared_expert_overlap"] = False
         if off:
             chosen = chosen.drop_duplicates()
         parts.append(rows.merge(chosen, how="cross"))
@@ -456,12 +467,13 @@ def _cross_dispatchers(structures: pd.DataFrame, features: pd.DataFrame, model: 
     """``_cross``, with ``dispatcher_by_ep_span``: alltoall only for EP groups inside one node,
     flex only for those across nodes."""
     offered = set(space.moe_token_dispatcher_type)
+    shared = model.shared_expert_ffn_hidden_size > 0 and True in space.moe_shared_expert_overlap
     if not (model.is_moe and space.dispatcher_by_ep_span and {"alltoall", "flex"} <= offered):
-        return _cross(structures, features)
+        return _cross(structures, features, shared)
     across = (structures.ep * structures.etp > hw.gpus_per_node).to_numpy()
     dispatcher = features.moe_token_dispatcher_type
-    return pd.concat([_cross(structures[~across], features[dispatcher != "flex"]),
-                      _cross(structures[across], features[dispatcher != "alltoall"])], ignore_index=True)
+    return pd.concat([_cross(structures[~across], features[dispatcher != "flex"], shared),
+                      _cross(structures[across], features[dispatcher != "alltoall"], shared)], ignore_index=True)
 
 
 def _fill_rejected(rejected: pd.DataFrame, space: SearchSpace, gpus: int) -> pd.DataFrame:
@@ -501,6 +513,13 @@ def feature_combinations(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
     # layer ("MTP layernum only supports 1 when enabling overlap_moe_expert_parallel_comm"): off there.
     refused = (features.recompute == "full") | (model.mtp_num_layers > 1)
     features.loc[refused, "overlap_moe_expert_parallel_comm"] = False
+    # The shared-expert overlap means nothing without shared experts (as SP at tp 1); Megatron
+    # refuses it beside the 1F1B overlap, which hides more where it runs (``_cross`` offers it
+    # where the 1F1B overlap cannot run; a pinned one comes with the 1F1B overlap off, cli.combos).
+    if model.shared_expert_ffn_hidden_size == 0:
+        features["moe_shared_expert_overlap"] = False
+    features.loc[features.overlap_moe_expert_parallel_comm | (features.moe_token_dispatcher_type == "allgather"),
+                 "moe_shared_expert_overlap"] = False
     return features.drop_duplicates(ignore_index=True)
 
 

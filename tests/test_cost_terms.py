@@ -207,6 +207,19 @@ def test_ep_all_to_alls_dispatch_and_combine_each_way(mixtral, hw):
                                                                       rel=REL)
 
 
+def test_shared_expert_overlap_hides_the_all_to_alls_behind_the_shared_experts_gemms(hw):
+    """Forward, backward (twice the forward) and nothing recomputed: the window is the shared
+    experts' three GEMM passes; at most ep_overlap of the all-to-alls hides."""
+    model = io.load_model("deepseek-v3")
+    knobs = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, moe_token_dispatcher_type="alltoall")
+    plain, shared = _cands(model, hw, **knobs), _cands(model, hw, moe_shared_expert_overlap=True, **knobs)
+    total = lt.ep_comm_time(plain, 1.0, True)[0]
+    window = 3.0 * lt.linear_time(shared, model.shared_expert_params)[0]
+    expected = max((1 - hw.efficiency.ep_overlap) * total, total - window)
+    assert lt.ep_comm_time(shared, 1.0, True)[0] == pytest.approx(expected, rel=REL)
+    assert expected < total
+
+
 def test_a_moe_layers_elementwise_work_includes_the_unpermutation(mixtral, hw):
     x = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
     assert lt.unpermute_bytes(x)[0] == pytest.approx(4096 * 2 * x.imbalance[0] * 2.0 * 4096, rel=REL)

@@ -152,3 +152,13 @@ def test_flex_is_exported_with_its_backend():
     assert "--moe-enable-deepep" in deepep  # the flag Megatron-LM has had since 0.12
     assert moe_export.config_keys(model, Plan(tp=1, pp=8, dp=32, ep=32, gbs=4096,
                                               moe_token_dispatcher_type="flex"))["moe_enable_deepep"] is True
+
+
+def test_shared_expert_overlap_is_exported_as_megatron_spells_it():
+    model = io.load_model("deepseek-v3")
+    plan = Plan(tp=1, pp=8, vp=1, dp=32, ep=32, mbs=1, gbs=4096, moe_token_dispatcher_type="flex",
+                moe_shared_expert_overlap=True)
+    assert "--moe-shared-expert-overlap" in moe_export.parallel_flags(model, plan)
+    assert moe_export.config_keys(model, plan)["moe_shared_expert_overlap"] is True
+    assert "--moe-shared-expert-overlap" not in moe_export.parallel_flags(model, dataclasses.replace(
+        plan, moe_shared_expert_overlap=False))

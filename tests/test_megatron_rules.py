@@ -168,3 +168,23 @@ def test_flexible_layouts_place_every_mtp_layer_in_the_last_stage_with_the_loss(
     frame = generate(model, io.load_hardware("b200"), 64, 512, space)
     layouts = set(frame[frame.reason == ""].pipeline_model_parallel_layout)
     assert layouts == {"Et|(t*2|)*30" + "m" * mtp + "L"}
+
+
+def test_shared_expert_overlap_takes_the_place_of_the_all_to_all_overlap_where_that_cannot_run():
+    """TransformerConfig: "disable moe_shared_expert_overlap when enabling
+    overlap_moe_expert_parallel_comm", "moe_shared_expert_overlap only works with alltoall or flex
+    token dispatcher". The default space asks for both: each layout gets the 1F1B overlap where
+    Megatron runs it (pp 1, or vp > 1) and the shared-expert overlap elsewhere; never both."""
+    model, hw = io.load_model("deepseek-v3"), io.load_hardware("b200")
+    space = SearchSpace().pinned(**{**BASE, "tp": 1, "ep": 8, "overlap_moe_expert_parallel_comm": True,
+                                    "moe_shared_expert_overlap": True, "pp": None, "vp": None})
+    space = dataclasses.replace(space, pp=(1, 2), vp=(1, 2), moe_token_dispatcher_type=("alltoall", "allgather"))
+    frame = generate(model, hw, 64, 512, space)
+    ok = frame[frame.reason == ""]
+    a2a_possible = (ok.pp == 1) | (ok.vp > 1)
+    assert len(ok) and not (ok.overlap_moe_expert_parallel_comm & ok.moe_shared_expert_overlap).any()
+    assert (ok.overlap_moe_expert_parallel_comm == (a2a_possible & (ok.moe_token_dispatcher_type != "allgather"))).all()
+    expected = ~a2a_possible & (ok.moe_token_dispatcher_type == "alltoall")
+    assert (ok.moe_shared_expert_overlap == expected).all() and expected.any()
+    mixtral = generate(io.load_model("mixtral-8x7b"), hw, 64, 512, space)
+    assert not mixtral[mixtral.reason == ""].moe_shared_expert_overlap.any()  # no shared experts: nothing to overlap

@@ -69,6 +69,17 @@ def check_knobs(args: argparse.Namespace, model) -> None:
     if getattr(args, "fp8_param_gather", None) and precision is not None and not precision.startswith(("fp8", "mxfp8")):
         raise UserError(f"--fp8-param-gather keeps FP8 weights: it needs an FP8 --precision "
                         f"(fp8-delayed, fp8-current, fp8-blockwise, mxfp8), got --precision {precision}")
+    if getattr(args, "moe_shared_expert_overlap", None):
+        if model.shared_expert_ffn_hidden_size == 0:
+            raise UserError(f"--moe-shared-expert-overlap runs the shared experts beside the all-to-alls; "
+                            f"{model.name} has no shared experts")
+        if getattr(args, "moe_token_dispatcher_type", None) == "allgather":
+            raise UserError("--moe-shared-expert-overlap only works with the alltoall or flex token dispatcher "
+                            "(Megatron-LM), got --moe-token-dispatcher-type allgather")
+        if args.overlap_moe_expert_parallel_comm:
+            raise UserError("--moe-shared-expert-overlap cannot go with --overlap-moe-expert-parallel-comm "
+                            "(Megatron-LM refuses both together); drop one")
+        args.overlap_moe_expert_parallel_comm = False  # pinned off with it: Megatron runs one or the other
     if args.fsdp and args.distributed_optimizer is False:
         raise UserError("--fsdp needs the distributed optimizer (Megatron-FSDP shards the optimizer state "
                         "itself); drop --no-distributed-optimizer")

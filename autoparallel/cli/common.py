@@ -15,7 +15,7 @@ KNOB_FLAGS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
 FEATURE_FLAGS = ("sp", "recompute", "precision", "fp8_bf16_edge_layers", "tp_comm_overlap",
                  "distributed_optimizer", "overlap_dp_comm", "grad_reduce_in_fp32", "flash_attention", "fsdp",
                  "cpu_offloading_num_layers", "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type",
-                 "fp8_param_gather", "precision_aware_optimizer", "cuda_graph")
+                 "fp8_param_gather", "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap")
 SETTING_FLAGS = ("pipeline_layout", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 # Never truncate in logs and pipes: a value cut to "fp8-de…" is worse than a wide line.
@@ -55,6 +55,9 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
                    help="layers whose activations are offloaded to host memory (pp=1, no recompute)")
     g.add_argument("--overlap-moe-expert-parallel-comm", action=argparse.BooleanOptionalAction,
                    help="1F1B overlap of the MoE all-to-alls (with --delay-wgrad-compute)")
+    g.add_argument("--moe-shared-expert-overlap", action=argparse.BooleanOptionalAction,
+                   help="run the shared experts beside the dispatch/combine all-to-alls (models with shared "
+                        "experts; not with --overlap-moe-expert-parallel-comm)")
     g.add_argument("--pipeline-layout", metavar="LAYOUT",
                    help="pin Megatron's --pipeline-model-parallel-layout, e.g. 'Et|(tt|)*30mL' (E embedding, t decoder "
                         "layer, m MTP layer, L loss, | between virtual stages); pp*vp = its stages")

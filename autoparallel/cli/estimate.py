@@ -15,7 +15,7 @@ DEFAULTS = {"vp": 1, "cp": 1, "ep": 1, "etp": 1, "mbs": 1, "recompute": "none", 
             "overlap_dp_comm": True, "grad_reduce_in_fp32": True, "flash_attention": True, "fsdp": False,
             "cpu_offloading_num_layers": 0, "overlap_moe_expert_parallel_comm": False,
             "moe_token_dispatcher_type": "alltoall", "fp8_param_gather": False, "precision_aware_optimizer": False,
-            "cuda_graph": "none"}
+            "cuda_graph": "none", "moe_shared_expert_overlap": False}
 
 
 def add_parser(sub) -> None:

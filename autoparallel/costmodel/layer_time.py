@@ -163,14 +163,17 @@ def fsdp_time(x: Candidates, params, expert_params, forward, full_recompute, is_
 def ep_comm_time(x: Candidates, compute, is_moe: bool):
     """Dispatch and combine each way, again in a recomputed forward (of the layer or the MoE
     block), with the plan's token dispatcher; the 1F1B overlap hides them behind another
-    micro-batch's compute."""
+    micro-batch's compute, the shared-expert overlap behind the shared experts' own GEMMs
+    (forward, backward and a recomputed forward: Megatron runs them on a side stream)."""
     if not is_moe:
         return np.zeros_like(x.t)
     dispatcher = x.knobs["moe_token_dispatcher_type"]
     recomputed = x.recomputed_fraction + np.where(x.modules["moe"], 1.0, 0.0)
     one = dispatch.dispatch_time(x.hw, x.model, x.tokens / x.t, x.e, x.et, x.imbalance, dispatcher)
-    return dispatch.exposed_dispatch(x.hw, (4.0 + 2.0 * recomputed) * one,
-                                     x.flag("overlap_moe_expert_parallel_comm"), compute, dispatcher)
+    a2a_overlap, shared_overlap = x.flag("overlap_moe_expert_parallel_comm"), x.flag("moe_shared_expert_overlap")
+    shared = compute_time(linear_time(x, x.model.shared_expert_params)) * (1.0 + recomputed / 3.0)
+    return dispatch.exposed_dispatch(x.hw, (4.0 + 2.0 * recomputed) * one, a2a_overlap | shared_overlap,
+                                     np.where(shared_overlap, shared, compute), dispatcher)
 
 
 def stored_activation_bytes(x: Candidates, is_moe: bool):

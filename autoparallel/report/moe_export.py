@@ -101,6 +101,8 @@ def parallel_flags(model: ModelSpec, plan: Plan) -> list[str]:
     a += _flex_backend_flags(plan)
     if plan.overlap_moe_expert_parallel_comm:
         a += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+    if plan.moe_shared_expert_overlap:
+        a.append("--moe-shared-expert-overlap")
     return a
 
 
@@ -154,6 +156,7 @@ def config_keys(model: ModelSpec, plan: Plan) -> dict:
         moe_token_dispatcher_type=plan.moe_token_dispatcher_type, moe_grouped_gemm=True,
         overlap_moe_expert_parallel_comm=plan.overlap_moe_expert_parallel_comm,
         delay_wgrad_compute=plan.overlap_moe_expert_parallel_comm,
+        moe_shared_expert_overlap=plan.moe_shared_expert_overlap,
         moe_router_score_function=model.moe_router_score_function,
         moe_router_enable_expert_bias=model.moe_router_enable_expert_bias,
         moe_router_topk_scaling_factor=model.moe_router_topk_scaling_factor,

@@ -74,12 +74,14 @@ KNOB_CODES = {"vp": ("vp", "virtual pipeline stages"), "mbs": ("mbs", "micro-bat
               "account_for_loss_in_pipeline_split": ("loss", "loss counted as a layer in the split"),
               "fp8_param_gather": ("fp8pg", "FP8 weights kept and gathered in FP8 (--fp8-param-gather)"),
               "precision_aware_optimizer": ("bf16m", "Adam moments in BF16 (precision-aware optimizer)"),
-              "cuda_graph": ("cg", "CUDA graphs (cglayer, cgfull_iteration)")}
+              "cuda_graph": ("cg", "CUDA graphs (cglayer, cgfull_iteration)"),
+              "moe_shared_expert_overlap": ("shov", "shared experts beside the all-to-alls")}
 # Knobs without a column of their own: "other" writes each one away from its default.
 HIDDEN_KNOBS = ("fp8_bf16_edge_layers", "grad_reduce_in_fp32", "distributed_optimizer", "overlap_grad_reduce",
                 "flash_attention", "fsdp", "num_layers_in_first_pipeline_stage",
                 "num_layers_in_last_pipeline_stage", "account_for_embedding_in_pipeline_split",
-                "account_for_loss_in_pipeline_split", "fp8_param_gather", "precision_aware_optimizer", "cuda_graph")
+                "account_for_loss_in_pipeline_split", "fp8_param_gather", "precision_aware_optimizer", "cuda_graph",
+                "moe_shared_expert_overlap")
 VARIANT_KNOBS = ("vp", "mbs", "sp", "recompute", "recompute_num_layers", "precision", "tp_comm_overlap",
                  *HIDDEN_KNOBS)
 PLAN_DEFAULTS = {f: getattr(Plan(tp=1, pp=1, dp=1, gbs=1), f) for f in HIDDEN_KNOBS}

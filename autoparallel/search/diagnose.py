@@ -71,6 +71,8 @@ FEATURE_RULES = (
                                                           "moe_token_dispatcher_type")),
 )
 LAYOUT_RULES = (
+    Rule(r"disable moe_shared_expert_overlap when enabling", ("moe_shared_expert_overlap",
+                                                              "overlap_moe_expert_parallel_comm")),
     Rule(r"num_layers_at_start_in_bf16 .* per pipeline stage", ("fp8_bf16_edge_layers", "pp")),
     Rule(r"Userbuffers requires MXFP8 tensor dims", ("tp_comm_overlap", "precision", "mbs", "tp", "cp")),
     Rule(r"^CPU offloading", ("cpu_offloading_num_layers", "pp", "recompute")),

@@ -47,6 +47,9 @@ class Plan:
     # micro-batch run behind the computation of another (1F1B all-to-all overlap; interleaved
     # pipeline only when pp > 1).
     overlap_moe_expert_parallel_comm: bool = False
+    # The shared experts' GEMMs on a side stream beside the dispatch and combine all-to-alls
+    # (--moe-shared-expert-overlap; models with shared experts, alltoall / flex dispatcher).
+    moe_shared_expert_overlap: bool = False
     # How tokens reach their experts (--moe-token-dispatcher-type; MoE only): alltoall, one NCCL
     # all-to-all sending every token copy on its own; allgather, every GPU of the EP x ETP group
     # gathers all its tokens; flex, DeepEP / HybridEP kernels that send a token once to each
