@@ -15,6 +15,7 @@ import csv
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from io import BytesIO
@@ -28,6 +29,7 @@ from autoparallel.costmodel import flops
 from autoparallel.costmodel.estimate import estimate_columns
 from autoparallel.errors import UserError
 from autoparallel.space import SPLIT_COLUMNS, SearchSpace, generate
+from autoparallel.specs.finetune import Finetune
 from autoparallel.specs.hardware import Efficiency, HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
@@ -35,8 +37,8 @@ from autoparallel.specs.plan import Plan
 TRAINING_RUNS = ("training_runs.csv", "training_runs_more.csv", "training_runs_papers.csv")
 # Runs that validate predicts but calibration never fits (nor validate's refits): MLPerf's record
 # submissions, tuned far beyond the published recipes the constants describe, stay a held-out test.
-VALIDATION_ONLY_RUNS = ("mlperf_training_gpt3.csv",)
-VALIDATION_ONLY_SOURCES = ("mlperf",)
+VALIDATION_ONLY_RUNS = ("mlperf_training_gpt3.csv", "mlperf_training_lora_hopper.csv")
+VALIDATION_ONLY_SOURCES = ("mlperf", "mlperflora")
 LOAD_BALANCE_RUNS = "moe_load_balance.csv"
 RECIPES = "recipe_settings.yaml"
 ASSUMPTIONS = io.SEARCH_SPACES / "validation.yaml"
@@ -133,6 +135,9 @@ def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
         stated.update(mtp_num_layers=int(row["mtp_num_layers"]), position_embedding_type="rope")
     if _given(row, "tie_embeddings"):
         stated["tie_embeddings"] = bool(int(row["tie_embeddings"]))
+    if _given(row, "finetune"):
+        stated["finetune"] = Finetune(str(row["finetune"]), int(row["lora_rank"]),
+                                      tuple(str(row["lora_targets"]).split()), bool(int(row["packed_sequence"])))
     groups = None if stated.get("multi_latent_attention") else opt_int("num_query_groups")
     return ModelSpec(
         name=str(row["model"]), num_layers=int(row["num_layers"]), hidden_size=int(row["hidden_size"]),
@@ -156,7 +161,7 @@ def _pins(row: pd.Series) -> dict:
     # The published FSDP size is dp*cp (64 on 64 GPUs at TP1 PP1); a few rows say only "1" (on).
     pins["fsdp"] = _given(row, "fsdp") and int(row["fsdp"]) >= 1
     for knob in ("distributed_optimizer", "tp_comm_overlap", "grad_reduce_in_fp32", "flash_attention",
-                 "fp8_param_gather", "precision_aware_optimizer"):
+                 "fp8_param_gather", "precision_aware_optimizer", "fp8_attention"):
         if _given(row, knob):
             pins[knob] = bool(int(row[knob]))
     if _given(row, "overlap_grad_reduce"):
@@ -266,8 +271,13 @@ class PreparedRow:
 
     @property
     def kind(self) -> str:
-        """dense, moe, or mlperf (the validation-only MLPerf rows, reported apart)."""
-        return "moe" if self.model.is_moe else ("mlperf" if self.validation_only else "dense")
+        """dense, moe, mlperf (the validation-only MLPerf GPT-3 rows) or lora (MLPerf's LoRA
+        fine-tuning rows), each reported apart."""
+        if self.model.is_moe:
+            return "moe"
+        if self.model.finetune is not None:
+            return self.model.finetune.mode
+        return "mlperf" if self.validation_only else "dense"
 
     @property
     def family(self) -> str:
@@ -353,9 +363,23 @@ RUN_COLUMNS = ("id", "model", "num_layers", "hidden_size", "num_attention_heads"
 # MLPerf Training's GPT-3 rows (mlperf_training_gpt3.csv) are the paper's architecture run by NeMo
 # with dropout 0 (the submissions' conf/custom.yaml) and tied embeddings; the ~50k SentencePiece
 # vocabulary is taken as the gpt3-175b preset's padded 50304.
+# MLPerf's Llama-2-70B LoRA rows (mlperf_training_lora_hopper.csv) fine-tune Llama 2 70B (its model
+# card) with LoRA of the stated rank on the fused QKV and the output projection (the reference's
+# --lora_target_modules "qkv_proj,o_proj", mlcommons/training llama2_70b_lora/run_llama_70B_scrolls_r16.sh)
+# on GovReport packed to 8,192 tokens, every sample taken as one document.
 MLPERF_MODEL = {"gpt3-175b": dict(num_layers=96, hidden_size=12288, num_attention_heads=96, ffn_hidden_size=49152,
                                   vocab_size=50304, activation="gelu", tie_embeddings=1, hidden_dropout=0.0,
-                                  attention_dropout=0.0)}
+                                  attention_dropout=0.0),
+                "llama2-70b-lora": dict(num_layers=80, hidden_size=8192, num_attention_heads=64, ffn_hidden_size=28672,
+                                        num_query_groups=8, vocab_size=32000, activation="swiglu", tie_embeddings=0,
+                                        hidden_dropout=0.0, attention_dropout=0.0, finetune="lora",
+                                        lora_targets="linear_qkv linear_proj", packed_sequence=1)}
+# Every LoRA submission runs TransformerEngine's FP8 recipe: the implementations set FP8=True in the
+# config_common.sh that each system's config sources, which the CSV's precision column did not read
+# (its 5 "bf16" rows: two state FP8_DPA=1, which TE runs only under FP8, and NVIDIA's H200 TP1 row
+# could not hold the 70B base in BF16 on one 141 GB GPU).
+LORA_PRECISION = "fp8-delayed"
+MLPERF_ID_PREFIX = {"gpt3-175b": "mlperf-", "llama2-70b-lora": "mlperflora-"}
 MLPERF_COLUMNS = ("round", "submitter", "system", "step_time_s", "other_knobs")
 
 
@@ -368,27 +392,42 @@ def _knob_set(other_knobs: str, name: str) -> bool:
     return any(part.strip() == f"{name}=1" for part in str(other_knobs).split(";"))
 
 
+def _lora_rank(other_knobs: str) -> float:
+    """The rank ``LORA_FINETUNE(rank=16)`` in ``other_knobs`` states (NaN if none)."""
+    match = re.search(r"LORA_FINETUNE\(rank=(\d+)\)", str(other_knobs))
+    return float(match.group(1)) if match else math.nan
+
+
 def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
     """MLPerf Training submissions (one row per system, NeMo's config as submitted) as runs rows:
-    id ``mlperf-<round>-<submitter>-<system>``, the architecture, every layout knob pinned, the
+    id ``mlperf-<round>-<submitter>-<system>`` (``mlperflora-`` for the LoRA rows), the
+    architecture, every layout knob pinned, the
     mean logged train_step_time as the iteration time. Gradients are reduced in BF16 (the configs'
     distributed Adam: grad_sync_dtype bf16), attention is fused (no stored scores)."""
-    bool_int = lambda c: frame[c].astype(str).str.lower().isin(("true", "1")).astype(int)  # noqa: E731
+    # An empty cell stays unknown (searched with validation.yaml's assumptions).
+    bool_int = lambda c: frame[c].map(  # noqa: E731
+        lambda v: math.nan if pd.isna(v) else int(str(v).lower() in ("true", "1")))
     unknown = sorted(set(frame["model"].astype(str)) - set(MLPERF_MODEL))
     if unknown:
         raise UserError(f"MLPerf rows of model(s) {unknown}: only {sorted(MLPERF_MODEL)} are known")
     arch = pd.DataFrame([MLPERF_MODEL[m] for m in frame["model"].astype(str)], index=frame.index)
     out = pd.DataFrame({
-        "id": "mlperf-" + frame["round"].astype(str) + "-" + frame["submitter"].astype(str) + "-"
+        "id": frame["model"].astype(str).map(MLPERF_ID_PREFIX) + frame["round"].astype(str) + "-"
+              + frame["submitter"].astype(str) + "-"
               + frame["system"].astype(str),
         "model": frame["model"], "seq_length": frame["seq_length"], "gpu": frame["gpu"],
         "num_gpus": frame["gpus"], "gbs": frame["global_batch_size"], "mbs": frame["micro_batch_size"],
-        **{k: frame[k] for k in ("tp", "pp", "vp", "cp", "ep", "precision", "recompute")},
+        **{k: frame[k] for k in ("tp", "pp", "vp", "cp", "ep", "recompute")},
+        "precision": frame["precision"].where(frame["model"] != "llama2-70b-lora", LORA_PRECISION),
         **{k: bool_int(k) for k in ("sp", "tp_comm_overlap", "distributed_optimizer", "fsdp")},
+        # NeMo ignores TP overlap without TP (Megatron refuses it without SP): off at TP 1.
+        "tp_comm_overlap": bool_int("tp_comm_overlap").where(frame["tp"] > 1, 0),
         "grad_reduce_in_fp32": 0, "flash_attention": 1, "overlap_grad_reduce": 1,
         "cuda_graph": ["layer" if _knob_set(k, "LAYER_CUDA_GRAPH") else "none" for k in frame["other_knobs"]],
         "fp8_param_gather": [int(_knob_set(k, "FP8_PARAMS")) for k in frame["other_knobs"]],
+        "fp8_attention": [int(_knob_set(k, "FP8_DPA")) for k in frame["other_knobs"]],
         "measured_iteration_time_s": frame["step_time_s"], "source": frame["source"],
+        "lora_rank": [_lora_rank(k) for k in frame["other_knobs"]],
     })
     return pd.concat([out, arch], axis=1)
 

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from autoparallel.costmodel import pipeline
+from autoparallel.costmodel.finetune import is_lora as lora
 from autoparallel.costmodel.candidates import RECOMPUTE_MODULES  # the modules the cost model prices
 from autoparallel.errors import UserError
 from autoparallel.io import from_dict, read_yaml, resolve_preset
@@ -35,6 +36,8 @@ from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import (CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES, FP8_PRECISIONS, PRECISION_CHOICES,
                                      QUANTIZED_PRECISIONS, RECOMPUTE_CHOICES, Plan)
 
+# The recipes under which TransformerEngine's fused attention runs in FP8 (MLPerf's FP8_DPA).
+FP8_ATTENTION_RECIPES = ("fp8-delayed", "fp8-current")
 STRUCTURE_KNOBS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
 SPLIT_COLUMNS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
@@ -42,7 +45,7 @@ SPLIT_COLUMNS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipel
 FEATURE_KNOBS = ("sp", "recompute", "distributed_optimizer", "overlap_dp_comm", "tp_comm_overlap",
                  "grad_reduce_in_fp32", "precision", "fp8_bf16_edge_layers", "flash_attention", "fsdp",
                  "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type", "fp8_param_gather",
-                 "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap")
+                 "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap", "fp8_attention")
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class SearchSpace:
     precision: tuple[str, ...] = ("bf16",)
     fp8_bf16_edge_layers: tuple[int, ...] = (0,)
     flash_attention: tuple[bool, ...] = (True,)
+    fp8_attention: tuple[bool, ...] = (False,)
     fsdp: tuple[bool, ...] = (False,)
     overlap_moe_expert_parallel_comm: tuple[bool, ...] = (False,)
     moe_token_dispatcher_type: tuple[str, ...] = ("alltoall",)
@@ -298,7 +302,23 @@ def _without_inapplicable(features: pd.DataFrame, space: SearchSpace, model: Mod
         inapplicable |= (features.fp8_bf16_edge_layers > 0) & ~quantized
     if False in space.tp_comm_overlap:
         inapplicable |= features.tp_comm_overlap & ~features.sp
+    if False in space.fp8_attention:
+        inapplicable |= features.fp8_attention & ~features.precision.isin(FP8_ATTENTION_RECIPES)
+    if False in space.fsdp and lora(model):
+        inapplicable |= features.fsdp
     return features[~inapplicable].reset_index(drop=True)
+
+
+def unsupported_precisions(hw: HardwareSpec) -> dict[str, str]:
+    """The precisions ``hw`` has no tensor cores for, each with the reason (also what
+    ``search --fp8-check`` leaves unchecked)."""
+    out = {p: f"{hw.name} has no FP8 tensor cores" for p in FP8_PRECISIONS if not hw.supports_fp8}
+    if not hw.mxfp8:
+        out.setdefault("mxfp8", f"mxfp8 needs Blackwell; {hw.name} lacks it")
+    if hw.fp4_tflops is None:
+        # TE's NVFP4BlockScaling: "for Blackwell+ architecture" (Megatron-Core's fp4 recipe).
+        out["nvfp4"] = f"nvfp4 needs Blackwell FP4 tensor cores; {hw.name} lacks them"
+    return out
 
 
 def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.ndarray:
@@ -309,16 +329,18 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
     edge = df["fp8_bf16_edge_layers"].to_numpy()
     rules = [
         (df.tp_comm_overlap.to_numpy() & ~df.sp.to_numpy(), "TP comm overlap needs sequence parallel"),
-        (fp8 & (not hw.supports_fp8), f"{hw.name} has no FP8 tensor cores"),
-        ((precision == "mxfp8") & (not hw.mxfp8), f"mxfp8 needs Blackwell; {hw.name} lacks it"),
-        # TE's NVFP4BlockScaling: "for Blackwell+ architecture" (Megatron-Core's fp4 recipe).
-        ((precision == "nvfp4") & (hw.fp4_tflops is None), f"nvfp4 needs Blackwell FP4 tensor cores; {hw.name} lacks them"),
+        *[(precision == name, why) for name, why in unsupported_precisions(hw).items()],
         ((edge > 0) & ~quantized, "BF16 edge layers only apply to FP8 and FP4 precisions"),
         ((edge > 0) & (precision == "fp8-delayed"), "delayed scaling cannot keep first/last layers in BF16"),
         (2 * edge >= model.num_layers, "BF16 edge layers cover the whole model"),
         (df.overlap_param_gather.to_numpy() & ~df.distributed_optimizer.to_numpy(),
          "param-gather overlap needs the distributed optimizer"),
         (df.fsdp.to_numpy() & ~df.distributed_optimizer.to_numpy(), "FSDP needs the distributed optimizer"),
+        (df.fsdp.to_numpy() & lora(model), "LoRA's frozen base is priced unsharded: FSDP is not offered with it"),
+        (df.fp8_attention.to_numpy() & ~np.isin(precision, FP8_ATTENTION_RECIPES),
+         "FP8 attention (--fp8-dot-product-attention) needs the fp8-delayed or fp8-current recipe"),
+        (df.fp8_attention.to_numpy() & ~df.flash_attention.to_numpy(),
+         "FP8 attention runs in TransformerEngine's fused attention: it needs flash attention"),
         # TE module/base.py fill_userbuffers_buffer_for_all_gather: only delayed, current and MXFP8
         # quantizers; anything else is "Unsupported quantizer for Userbuffers".
         (df.tp_comm_overlap.to_numpy() & np.isin(precision, ("fp8-blockwise", "nvfp4")),

@@ -39,6 +39,8 @@ MEGATRON_CORE = "megatron/core/"
 # section: (repository, path, class, method or None for a dataclass's fields)
 SOURCES = {
     "pretrain_recipe": [("nemo", "nemo/collections/llm/recipes/llama3_70b.py", None, "pretrain_recipe")],
+    "finetune_recipe": [("nemo", "nemo/collections/llm/recipes/llama3_70b.py", None, "finetune_recipe")],
+    "peft": [("nemo", "nemo/collections/llm/peft/lora.py", "LoRA", None)],
     "trainer": [("lightning", "", "Trainer", None)],
     "trainer.strategy": [("nemo", "nemo/lightning/pytorch/strategies/megatron_strategy.py", "MegatronStrategy",
                           "__init__")],
@@ -59,6 +61,7 @@ SOURCES = {
 # lightning.pytorch.Trainer is not read (a third repository for two names): its documented arguments.
 LIGHTNING_TRAINER = ["num_nodes", "devices", "strategy", "plugins", "callbacks"]
 RECIPE_DIR = "nemo/collections/llm/recipes"
+FINETUNE_ARGS = ("name", "num_nodes", "num_gpus_per_node", "peft_scheme", "packed_sequence")
 
 
 def _git(root: Path, *args: str) -> str:
@@ -95,7 +98,18 @@ def read_fields(roots: dict[str, Path]) -> dict:
     commits = {repo: _git(root, "rev-parse", "HEAD").strip() for repo, root in roots.items()}
     return {"read_by": "benchmarks/bench_nemo_fields.py --write",
             "sources": {"NVIDIA/NeMo": commits["nemo"], "NVIDIA/Megatron-LM": commits["megatron"]},
-            "recipes": recipes, "fields": fields}
+            "recipes": recipes, "finetune_recipes": finetune_recipes(roots["nemo"], recipes), "fields": fields}
+
+
+def finetune_recipes(nemo: Path, recipes: list[str]) -> list[str]:
+    """The recipe modules whose finetune_recipe takes what the export passes to it."""
+    wanted = set(FINETUNE_ARGS)
+    out = []
+    for name in recipes:
+        source = read(nemo, f"{RECIPE_DIR}/{name}.py")
+        if "\ndef finetune_recipe(" in source and wanted <= set(names(source, None, "finetune_recipe")):
+            out.append(name)
+    return out
 
 
 def unknown(written: dict[str, list[str]], fields: dict[str, list[str]]) -> list[str]:

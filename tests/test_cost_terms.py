@@ -155,7 +155,7 @@ def test_forward_and_compute(gpt, hw):
     elementwise = eff.elementwise_bytes_per_token_hidden / 34.0 * lt.activation_bytes(x, False, False)[0] / _hbm(hw)
     forward = lt.forward_time(x, 0.5, 0.25, 0.125, False)[0]
     assert forward == pytest.approx(0.5 + 0.25 + elementwise + 0.125 + eff.layer_overhead_s, rel=REL)
-    assert lt.compute_time(2.0) == 6.0
+    assert lt.compute_time(x, 2.0, 0.5) == 6.0
 
 
 def test_recompute_terms(gpt, hw):
@@ -252,8 +252,9 @@ def test_layer_time_is_the_sum_of_its_named_terms(model_name, recompute, hw):
     for layer, is_moe in ((layers.dense, False), (layers.moe, True)) if model.is_moe else ((layers.dense, False),):
         forward = layer["forward"]
         named = {k: layer[k][0] for k in ("compute", "fp8_cast", "selective_recompute", "full_recompute", "tp_comm",
-                                          "cp_comm", "fsdp", "ep_comm")}
-        idle = {"selective_recompute" if recompute == "full" else "full_recompute"} | (set() if is_moe else {"ep_comm"})
+                                          "cp_comm", "fsdp", "ep_comm", "lora_adapters")}
+        idle = ({"selective_recompute" if recompute == "full" else "full_recompute", "lora_adapters"}
+                | (set() if is_moe else {"ep_comm"}))
         assert all((value > 0) != (name in idle) for name, value in named.items()), named
         assert named["compute"] == pytest.approx(3 * forward[0], rel=REL)
         assert named["fp8_cast"] == pytest.approx(lt.fp8_cast_time(x, is_moe)[0], rel=REL)
@@ -295,7 +296,8 @@ def test_pipeline_p2p_sends_each_chunks_activations_and_gradients(gpt, hw):
 
 def _fake_layers(x, **dense):
     base = dict(time=1.0, forward=0.5e-3, compute=1.5e-3, stored=1e9, working=2e9, params=1e8, expert_params=0.0,
-                fp8_cast=0.0, recompute=0.0, tp_comm=0.0, cp_comm=0.0, ep_comm=0.0, fsdp=0.0)
+                fp8_cast=0.0, recompute=0.0, tp_comm=0.0, cp_comm=0.0, ep_comm=0.0, fsdp=0.0, lora_adapters=0.0,
+                adapter_params=1e6)
     values = {k: np.full_like(x.t, v) for k, v in {**base, **dense}.items()}
     return lt.Layers(values, {k: np.zeros_like(x.t) for k in values})
 
@@ -355,6 +357,21 @@ def test_dp_comm_reduces_gradients_and_gathers_parameters_per_chunk(gpt, hw):
     plain = _cands(gpt, hw, distributed_optimizer=False, overlap_grad_reduce=False, overlap_param_gather=False)
     assert stp.dp_comm_time(plain, params, 0.0, 1.0)[0] == pytest.approx(2 * 2 * chunk, rel=REL)  # all-reduce
     assert stp.dp_comm_time(_cands(gpt, hw, fsdp=True), params, 0.0, 1.0)[0] == 0.0
+
+
+def test_overlapped_dp_comm_hides_the_reduce_behind_later_backwards_and_each_gather_behind_one_forward(gpt, hw):
+    """vp 2, pp 8: the last chunk's reduce hides behind its own backward, the other's behind pp
+    chunk backwards; each chunk's all-gather (one bucket ahead of the forward) behind one chunk
+    forward. Stage compute 6 ms: chunk forward 1 ms, chunk backward 2 ms."""
+    x = _cands(gpt, hw, distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True)
+    params, keep = 4e8, 1 - hw.efficiency.dp_overlap
+    chunk = _reduce_scatter(hw, params / 2 * 2.0, 8, 2)
+
+    def hidden(comm, window):
+        return max(keep * comm, comm - window)
+    expected = hidden(chunk, 0.002) + hidden(chunk, 8 * 0.002) + 2 * hidden(chunk, 0.001)
+    assert stp.dp_comm_time(x, params, 0.0, 0.006)[0] == pytest.approx(expected, rel=REL)
+    assert chunk - 0.001 > keep * chunk and chunk - 8 * 0.002 < keep * chunk  # each window matters
 
 
 def test_optimizer_reads_and_writes_its_share_of_the_states(gpt, hw):
@@ -514,3 +531,131 @@ def test_mtp_adds_a_layer_and_another_output_pass_to_the_last_stage(gpt, hw):
     (_, _, without), _ = pm.activation_bytes(_cands(gpt, hw), _fake_layers(x))
     held = ((2 - 1) * 8 + 1) / 2
     assert with_mtp[0] - without[0] == pytest.approx(held * 1e9 + pm.logits_bytes(x)[0], rel=REL)
+
+
+# --- fine-tuning: LoRA and packed sequences (issue 27) --------------------------------------------
+
+@pytest.fixture(scope="module")
+def llama():
+    """Llama 2 70B at 8,192 tokens (h 8192, 64 heads of 128, 8 KV groups, FFN 28672, SwiGLU)."""
+    return dataclasses.replace(io.load_model("llama2-70b"), seq_length=8192)
+
+
+def _lora(model, rank=16, targets=("linear_qkv", "linear_proj"), **packing):
+    from autoparallel.specs.finetune import Finetune
+    return dataclasses.replace(model, finetune=Finetune("lora", rank, targets, **packing))
+
+
+def _llama_cands(model, hw, **knobs):
+    """MLPerf's 8-GPU H100 layout: tp 4, dp 2, mbs 1, gbs 8 (4 micro-batches), SP, FP8."""
+    base = dict(tp=4, pp=1, vp=1, cp=1, dp=2, mbs=1, gbs=8, sp=True, precision="fp8-delayed", recompute="none",
+                tp_comm_overlap=False, grad_reduce_in_fp32=False)
+    return candidates(model, hw, plan_columns([Plan(**{**base, **knobs})]))
+
+
+def test_lora_adapters_split_as_megatron_bridge_splits_them(llama):
+    from autoparallel.costmodel import finetune
+    # linear_qkv (column-parallel): A 8192 x 16 whole, B 16 x (64 + 2*8)*128 split by 4;
+    # linear_proj (row-parallel): A 8192/4 x 16, B 16 x 8192 whole.
+    expected = 16 * (8192 + 10240 / 4) + 16 * (8192 / 4 + 8192)
+    assert finetune.adapter_params_gpu(_lora(llama), 4) == pytest.approx(expected, rel=REL)
+    fc = 16 * (8192 + 2 * 28672 / 4) + 16 * (28672 / 4 + 8192)  # FC1 (gate and up) and FC2
+    assert finetune.adapter_params_gpu(_lora(llama, targets=("linear_fc1", "linear_fc2")), 4) == pytest.approx(fc)
+    assert finetune.adapter_params_gpu(llama, 4) == 0.0
+
+
+def test_lora_adapters_run_forward_dgrad_and_wgrad_at_their_gemm_efficiency(llama, hw):
+    x = _llama_cands(_lora(llama), hw)
+    params = 16 * (8192 + 10240 / 4) + 16 * (8192 / 4 + 8192)
+    forward_flops = 2 * 8192 * params  # every token of the micro-batch through A and B
+    eff = hw.efficiency.gemm_max / (1 + hw.efficiency.gemm_half_gflop / (forward_flops / 4 / 1e9))  # 4 GEMMs
+    assert lt.lora_adapters_time(x)[0] == pytest.approx(3 * forward_flops / (989e12 * eff), rel=REL)
+    assert lt.lora_adapters_time(_llama_cands(llama, hw))[0] == 0.0
+
+
+def test_a_frozen_base_skips_its_weight_gradients(llama, hw):
+    lora, full = _llama_cands(_lora(llama), hw), _llama_cands(llama, hw)
+    assert lt.compute_time(lora, 2.0, 0.5) == 5.5 and lt.compute_time(full, 2.0, 0.5) == 6.0
+    layer = lt.layers(lora).dense
+    assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] - lt.linear_time(lora, llama.dense_layer_params)[0],
+                                                rel=REL)
+    named = {k: layer[k][0] for k in ("compute", "fp8_cast", "tp_comm", "lora_adapters")}  # the others are 0 here
+    assert named["lora_adapters"] > 0 and named["lora_adapters"] == pytest.approx(lt.lora_adapters_time(lora)[0], rel=REL)
+    assert layer["time"][0] == pytest.approx(sum(named.values()), rel=REL)
+    # The output layer: forward and dgrad only.
+    logit_flops = 2 * 8192 * 8192 * 32000 / 4
+    eff = hw.efficiency.gemm_max / (1 + hw.efficiency.gemm_half_gflop / (logit_flops / 1e9))
+    loss = 4 * 4.0 * 8192 * 32000 / 4 / _hbm(hw)
+    assert st.logits_time(lora)[0] == pytest.approx(2 * logit_flops / (989e12 * eff) + loss, rel=REL)
+
+
+def test_tp_overlap_hides_behind_no_wgrad_gemms_of_a_frozen_base(llama, hw):
+    x = _llama_cands(_lora(llama), hw, tp_comm_overlap=True)
+    per_block = lt.comm.all_reduce_time(hw, 2.0 * 8192 * 8192, 4.0, 4.0)
+    total = 2 * 2 * per_block
+    hidden = max((1 - hw.efficiency.tp_overlap) * total, total - 2 * 0.001)
+    assert lt.tp_comm_time(x, 2.0, 0.001)[0] == pytest.approx(hidden, rel=REL)
+
+
+def test_packed_documents_attend_to_themselves_only(llama, hw):
+    one = lt.attention_time(_llama_cands(_lora(llama, packed_sequence=True), hw))[0]
+    quarter = lt.attention_time(_llama_cands(_lora(llama, packed_sequence=True, document_tokens=2048), hw))[0]
+    attn_flops = 0.5 * 2 * 8192 * 8192 * 64 * 256 / 4
+    exponentials = 8192 * 8192 * 64 / 2 / 4
+    assert one == pytest.approx((attn_flops / 989e12 + exponentials / 4.2e12) / hw.efficiency.attention, rel=REL)
+    assert quarter == pytest.approx(one / 4, rel=REL)  # 4 documents of 2,048: (s/d)·d²/2 = s·d/2 scores
+
+
+def test_a_lora_layer_keeps_the_adapters_inputs_not_the_frozen_linears(llama, hw):
+    from autoparallel.costmodel import finetune
+    x = _llama_cands(_lora(llama), hw)
+    # FP8: the base keeps 1 B per Linear input element; frozen, QKV's (target: adapter's 2 B BF16),
+    # FC1's (h, 0) and FC2's (ffn, 0) change, the projection's (target) takes 2 B; SP over tp 4.
+    per_token = ((2 - 1) * 8192 + (0 - 1) * 8192) / 4 + ((0 - 1) * 28672 + (2 - 1) * 8192) / 4
+    assert finetune.frozen_activation_bytes(x.model, 1, 8192, 4, True, 1.0) == pytest.approx(8192 * per_token)
+    full = lt.activation_bytes(_llama_cands(llama, hw), False, x.keep_scores)[0]
+    assert lt.activation_bytes(x, False, x.keep_scores)[0] == pytest.approx(full + 8192 * per_token, rel=REL)
+
+
+def test_lora_model_states_hold_the_frozen_base_and_train_the_adapters(llama, hw):
+    x = _llama_cands(_lora(llama), hw)
+    layers = _fake_layers(x)  # 1e8 base and 1e6 adapter parameters a layer
+    weights, grads, optimizer, fp8 = pm.lora_model_states(x, layers, (80 * 1e8 + 5e8, 0.0), 80, 0)
+    assert weights[0] == pytest.approx(1.0 * 80e8 + 2 * 5e8 + 2 * 80e6)  # FP8 base, BF16 embeddings, BF16 adapters
+    assert grads[0] == 2 * 80e6 and optimizer[0] == pytest.approx(12 * 80e6 / 2) and fp8[0] == 0
+    bf16 = _llama_cands(_lora(llama), hw, precision="bf16")
+    assert pm.lora_model_states(bf16, _fake_layers(bf16), (80 * 1e8 + 5e8, 0.0), 80, 0)[0][0] == pytest.approx(
+        2.0 * 80e8 + 2 * 5e8 + 2 * 80e6)
+
+
+def test_only_the_adapters_are_reduced_stepped_and_never_cast(llama, hw):
+    x = _llama_cands(_lora(llama), hw)
+    layers = _fake_layers(x)
+    trainable = st.trainable_params(x, layers, st.stage_params(x, layers))
+    assert trainable[0][0][0] == 80 * 1e6 and trainable[0][1][0] == 0
+    full = _llama_cands(llama, hw)
+    assert st.trainable_params(full, layers, st.stage_params(full, layers)) == st.stage_params(full, layers)
+    sched = stp.schedule(x, _stages(1.0, 1.0, 1.0))
+    assert stp.weight_cast_time(x, layers, sched)[0] == 0.0
+    assert stp.optimizer_time(x, 80e6, 0.0)[0] == pytest.approx(80e6 / 2 * 32.0 / _hbm(hw)
+                                                                + hw.efficiency.step_overhead_s, rel=REL)
+
+
+def test_a_lora_estimate_adds_up_and_counts_no_wgrad_flops(llama, hw):
+    from autoparallel.costmodel import flops
+    model = _lora(llama, packed_sequence=True)
+    cols = plan_columns([Plan(tp=4, pp=1, dp=2, mbs=1, gbs=8, sp=True, precision="fp8-delayed", tp_comm_overlap=True)])
+    out = estimate_columns(model, hw, cols)
+    assert sum(out[k][0] for k in stp.BREAKDOWN_KEYS) == pytest.approx(out["step_time_s"][0], rel=1e-9)
+    assert out["optimizer_gib"][0] < 0.5 and out["fp8_weights_gib"][0] == 0 and out["fits"][0]
+    adapters = 80 * (16 * (8192 + 10240) + 16 * (8192 + 8192))
+    expected = 4 * llama.num_layers * llama.dense_layer_params + 3 * 80 * 8192 * 64 * 256 + 4 * 8192 * 32000 + 6 * adapters
+    assert flops.model_flops_per_token(model) == pytest.approx(expected, rel=REL)
+
+
+def test_fp8_attention_runs_both_gemms_at_the_fp8_peak(llama, hw):
+    x = _llama_cands(llama, hw, fp8_attention=True)
+    attn_flops = 0.5 * 2 * 8192 * 8192 * 64 * 256 / 4
+    exponentials = 8192 * 8192 * 64 / 2 / 4  # the softmax stays on the SFUs
+    expected = (attn_flops / (hw.fp8_tflops * 1e12) + exponentials / 4.2e12) / hw.efficiency.attention
+    assert hw.fp8_tflops == 1979 and lt.attention_time(x)[0] == pytest.approx(expected, rel=REL)

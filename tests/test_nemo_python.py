@@ -76,10 +76,13 @@ def nemo_stubs(monkeypatch):
 
     class Recipes:
         def __getattr__(self, name):
-            def pretrain_recipe(**kwargs):
-                calls["recipe"], calls["recipe_args"] = name, kwargs
-                return Recorder("", log)
-            return types.SimpleNamespace(pretrain_recipe=pretrain_recipe)
+            def recipe(function):
+                def make(**kwargs):
+                    calls["recipe"], calls["recipe_args"], calls["function"] = name, kwargs, function
+                    return Recorder("", log)
+                return make
+            return types.SimpleNamespace(pretrain_recipe=recipe("pretrain_recipe"),
+                                         finetune_recipe=recipe("finetune_recipe"))
     collections = types.ModuleType("nemo.collections")
     collections.llm = Recipes()
     nemo = types.ModuleType("nemo")
@@ -155,3 +158,46 @@ def test_the_field_list_catches_a_wrong_name():
     assert "ub_tp_comm_overlap" not in KNOWN["fields"]["trainer.callbacks.MegatronCommOverlapCallback"]
     assert set(KNOWN["sources"]) == {"NVIDIA/NeMo", "NVIDIA/Megatron-LM"}
     assert all(name in KNOWN["recipes"] for name in nemo_python.RECIPES.values())
+
+
+# --- fine-tuning (issue 27): NeMo 2's finetune_recipe with its LoRA ---------------------------------
+
+def _finetuned(name, mode="lora", **fields):
+    import dataclasses
+
+    from autoparallel.specs.finetune import Finetune
+    return dataclasses.replace(io.load_model(name), finetune=Finetune(mode, **fields))
+
+
+LORA_PLAN = Plan(tp=4, pp=1, dp=2, gbs=8, sp=True, precision="fp8-delayed", tp_comm_overlap=True)
+
+
+@pytest.mark.parametrize("name", ["llama3-70b", "llama2-70b", "gpt3-175b"])
+def test_a_lora_run_starts_from_finetune_recipe_and_sets_its_peft(name, nemo_stubs):
+    log, calls, _ = nemo_stubs
+    model = _finetuned(name, lora_rank=16, lora_targets=("linear_qkv", "linear_proj"), packed_sequence=True)
+    source = nemo_python.nemo2_python(model, LORA_PLAN, 8)
+    exec(compile(source, "recipe.py", "exec"), {"__name__": "__main__"})
+    assert calls["function"] == "finetune_recipe" and calls["recipe"] in KNOWN["finetune_recipes"]
+    assert calls["recipe_args"] == {"name": "autoparallel", "num_nodes": 1, "num_gpus_per_node": 8,
+                                    "peft_scheme": "lora", "packed_sequence": True}
+    assert log["peft.dim"] == 16 and log["peft.target_modules"] == ["linear_qkv", "linear_proj"]
+    written = nemo_python.written_fields(model, LORA_PLAN, 8)
+    assert "pretrain_recipe" not in written
+    unknown = [f"{section}.{key}" for section, keys in written.items() for key in keys
+               if key not in KNOWN["fields"][section]]
+    assert not unknown
+
+
+def test_full_sft_has_no_peft(nemo_stubs):
+    log, calls, _ = nemo_stubs
+    doc = nemo2_recipe(_finetuned("llama3-8b", "full"), LORA_PLAN, 8)
+    assert doc["finetune_recipe"] == {"peft_scheme": "none", "packed_sequence": False} and "peft" not in doc
+    exec(compile(nemo_python.nemo2_python(_finetuned("llama3-8b", "full"), LORA_PLAN, 8), "r.py", "exec"),
+         {"__name__": "__main__"})
+    assert calls["recipe_args"]["peft_scheme"] == "none" and not [k for k in log if k.startswith("peft")]
+
+
+def test_every_preset_recipe_that_a_finetune_starts_from_has_a_finetune_recipe():
+    for name in nemo_python.RECIPES:
+        assert nemo_python.recipe_name(_finetuned(name, "full")) in KNOWN["finetune_recipes"], name

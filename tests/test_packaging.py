@@ -12,7 +12,7 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 @pytest.mark.parametrize("name", ["training_runs.csv", "training_runs_more.csv", "inference_runs.csv",
                                   "serving_runs.csv", "mlperf_inference_runs.csv",
-                                  "mlperf_training_gpt3.csv"])
+                                  "mlperf_training_gpt3.csv", "mlperf_training_lora_hopper.csv"])
 def test_shipped_measurements_equal_the_shared_originals(name):
     assert resources.data_file(name).is_file()
     if not SHARED_DATA.is_dir():

@@ -2,6 +2,7 @@
 
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -175,3 +176,28 @@ def test_the_layout_tree_turns_every_plan_knob():
     from autoparallel.search.sampler import DERIVED, TREE_KNOBS
     from autoparallel.specs.plan import Plan
     assert sorted(TREE_KNOBS + DERIVED) == sorted(Plan.field_names())
+
+
+def test_a_killed_trial_is_requeued_only_where_the_sampler_would_not_propose_it_again():
+    """A stale sampled trial (here killed after one of its parameters) is failed, not re-queued:
+    re-queuing its partial parameters would shift the reseeded sampler's draws. A stale seed (an
+    enqueued layout) is queued again with its whole layout; in a shared study every stale trial is."""
+    import optuna
+    states = optuna.trial.TrialState
+    own = optuna.create_study()
+    own.ask().suggest_int("tp", 1, 8)  # RUNNING, one parameter of several suggested
+    own.enqueue_trial({"tp": 2, "pp": 4})
+    seed = own.ask()
+    assert seed.params == {} and study._requeue_stale(own, shared=False) == 1
+    waiting = own.get_trials(states=(states.WAITING,))
+    assert [t.system_attrs["fixed_params"] for t in waiting] == [{"tp": 2, "pp": 4}]
+    assert len(own.get_trials(states=(states.FAIL,))) == 2
+    shared = optuna.create_study()
+    shared.ask().suggest_int("tp", 1, 8)
+    assert study._requeue_stale(shared, shared=False) == 0
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    killed = shared.ask()
+    killed.suggest_int("tp", 1, 8)
+    killed.set_user_attr(study.OWNER_ATTR, f"{socket.gethostname()}:{dead.pid}")
+    assert study._requeue_stale(shared, shared=True) == 1

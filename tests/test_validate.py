@@ -27,6 +27,7 @@ FIGURES = {
     "moe_held_mean": 20.4,
     "moe_worst": "GPT-OSS-120B on B200 +64.9 % in sample, +65.7 % held out",
     "deepseek": "-26.1 %, 119 GiB",
+    "mlperf_max": "13.5 % (v3.0 CoreWeave n448, an older release)",
 }
 # Published layouts predicted not to fit in the variant their source ran (TODAY): findings (the
 # memory model, or the recorded recipe, is wrong for them), each held as a strict expected failure.
@@ -50,6 +51,12 @@ NOT_FITTING_AS_RUN = {
 
 def _target(reason: str):
     return pytest.mark.xfail(strict=True, reason=f"{reason} on {TODAY}")
+
+
+MLPERF_MEAN, MLPERF_MAX = 6.0, 12.0  # issue 23's targets
+MLPERF_MAX_REACHED = 13.6  # 2026-11-26, since the parameter all-gather runs one bucket ahead (was 17.7)
+# Issue 27, MLPerf's Llama-2-70B LoRA rows: reached in sample and held out (the target: mean <= 10 %).
+LORA_MEAN, LORA_HELDOUT_MEAN, LORA_MAX = 5.8, 5.6, 29.3  # 2026-11-26: 5.7, 5.5, 29.2
 
 
 @pytest.fixture(scope="module")
@@ -156,18 +163,20 @@ def test_every_mlperf_gpt3_submission_is_predicted_to_fit(mlperf_report):
     assert (mlperf_report.recompute == "none").all() and (mlperf_report.tp_comm_overlap).all()
 
 
-def test_mlperf_error_meets_the_issue_target(mlperf_report):
-    """Issue 23: mean |error| <= 6 %, max <= 12 %. In sample for the one constant fitted on these
-    rows (h100-sxm's ``step_overhead_s``; its leave-one-round-out figure is printed by
-    benchmarks/bench_fixed_costs.py), held out for every other constant."""
-    assert mlperf_report.error_pct.abs().mean() <= 6.0
-    assert mlperf_report.error_pct.abs().max() <= 12.0
+def test_mlperf_mean_error_meets_the_issue_target(mlperf_report):
+    """Issue 23: mean |error| <= 6 % (5.4 % on 2026-11-26); no constant is fitted on these rows."""
+    assert mlperf_report.error_pct.abs().mean() <= MLPERF_MEAN
+    assert mlperf_report.error_pct.abs().max() <= MLPERF_MAX_REACHED  # regression guard
 
 
-def test_mlperf_rows_are_never_fitted_by_calibrate(full_report, report):
+@_target(f"issue 23 target: no MLPerf GPT-3 row worse than 12 %; {FIGURES['mlperf_max']}")
+def test_mlperf_worst_row_meets_the_issue_target(mlperf_report):
+    assert mlperf_report.error_pct.abs().max() <= MLPERF_MAX
+
+
+def test_mlperf_rows_are_never_fitted(full_report, report):
     """They are predicted with the shipped constants and, held out, with constants refitted on the
-    calibration rows only: the dense figures are those of the calibration rows alone. (The step
-    floor is the exception, fitted on them by benchmarks/bench_fixed_costs.py.)"""
+    calibration rows only: the dense figures are those of the calibration rows alone."""
     from autoparallel.measured_runs import default_runs
     alone = validate.validate_training(default_runs(), cross=False)
     dense = alone[alone.kind == "dense"].set_index("id").error_pct
@@ -177,7 +186,7 @@ def test_mlperf_rows_are_never_fitted_by_calibrate(full_report, report):
 def test_summary_reports_sources_and_gpus_with_held_out_errors(full_report):
     s = validate.summary(full_report)
     assert list(s.by.unique()) == ["kind", "source", "gpu"]
-    assert set(s[s.by == "kind"].group) == {"dense", "moe", "mlperf"}
+    assert set(s[s.by == "kind"].group) == {"dense", "moe", "mlperf", "lora"}
     assert {"heldout_mean_abs_error_pct", "heldout_max_abs_error_pct"} <= set(s.columns)
     assert (s.heldout_mean_abs_error_pct >= 0).all()
 
@@ -243,3 +252,34 @@ def test_each_family_gets_its_own_tie_band():
     assert "b200 family" in error.for_hardware(gb300, moe=True).source
     # No MoE rows on A100: the pooled MoE band.
     assert error.for_hardware(a100, moe=True).step_time_relative_error == error.moe_step_time_relative_error
+    # LoRA runs take their family's LoRA band (MLPerf's Llama-2-70B LoRA rows), else the dense one.
+    assert error.for_hardware(h100, lora=True).step_time_relative_error == error.by_family["h100-sxm"]["lora"]
+    assert error.for_hardware(a100, lora=True).step_time_relative_error == error.step_time_relative_error
+
+
+@pytest.fixture(scope="module")
+def lora_report(full_report):
+    return full_report[full_report.kind == "lora"]
+
+
+def test_every_mlperf_lora_submission_is_predicted_to_fit(lora_report):
+    """Issue 27: the 66 MLPerf Training Llama-2-70B LoRA submissions (H100, H200; 4 to 1,024 GPUs),
+    every knob pinned as submitted, LoRA rank 16 on QKV and projection, packed 8,192-token sequences,
+    trained to the target: each fits (the TP1 CP2 H200 ones only with the frozen base in FP8)."""
+    assert len(lora_report) == 66 and set(lora_report.gpu) == {"h100-sxm", "h200"}
+    assert lora_report.fits.all(), list(lora_report.id[~lora_report.fits])
+    assert (lora_report.source == "mlperflora").all() and (lora_report.metric == "iteration_time").all()
+
+
+def test_mlperf_lora_error_is_no_worse_than_reached(lora_report):
+    """In sample and with the constants refitted without the 70B model size (leave-one-model-out:
+    the LoRA rows are never fitted, so no fold sees them); the bounds are the figures reached."""
+    assert lora_report.error_pct.abs().mean() <= LORA_MEAN
+    assert lora_report.heldout_error_pct.abs().mean() <= LORA_HELDOUT_MEAN
+    assert lora_report.error_pct.abs().max() <= LORA_MAX
+    assert (lora_report.heldout_predicted != lora_report.predicted).all()
+
+
+def test_mlperf_lora_error_meets_the_target(lora_report):
+    """Issue 27: mean |error| <= 10 %, in sample and held out."""
+    assert lora_report.error_pct.abs().mean() <= 10.0 and lora_report.heldout_error_pct.abs().mean() <= 10.0

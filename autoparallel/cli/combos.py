@@ -90,7 +90,9 @@ def check_search(args: argparse.Namespace, knobs: dict) -> None:
     --no-save. ``knobs``: the layout flags given (``common.pins``)."""
     optuna_given = _given(args, OPTUNA_DEFAULTS)
     if args.resume:
-        pinned = [d for d, v in knobs.items() if v is not None] + _given(args, ("gbs", "seq_length", "recompute_num_layers"))
+        from autoparallel.cli.finetune import FINETUNE_DESTS
+        pinned = [d for d, v in knobs.items() if v is not None] + _given(
+            args, ("gbs", "seq_length", "recompute_num_layers", *FINETUNE_DESTS))
         for dest in [*optuna_given, *pinned]:
             raise no_effect(flag(dest), "--resume", "a resumed search keeps its own inputs and settings")
         if args.no_save:

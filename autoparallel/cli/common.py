@@ -15,7 +15,8 @@ KNOB_FLAGS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
 FEATURE_FLAGS = ("sp", "recompute", "precision", "fp8_bf16_edge_layers", "tp_comm_overlap",
                  "distributed_optimizer", "overlap_dp_comm", "grad_reduce_in_fp32", "flash_attention", "fsdp",
                  "cpu_offloading_num_layers", "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type",
-                 "fp8_param_gather", "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap")
+                 "fp8_param_gather", "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap",
+                 "fp8_attention")
 SETTING_FLAGS = ("pipeline_layout", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 # Never truncate in logs and pipes: a value cut to "fp8-de…" is worse than a wide line.
@@ -49,6 +50,8 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
                    help="--overlap-grad-reduce and --overlap-param-gather")
     g.add_argument("--grad-reduce-in-fp32", action=argparse.BooleanOptionalAction)
     g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction)
+    g.add_argument("--fp8-attention", action=argparse.BooleanOptionalAction,
+                   help="FP8 dot-product attention (--fp8-dot-product-attention; fp8-delayed / fp8-current)")
     g.add_argument("--fsdp", action=argparse.BooleanOptionalAction,
                    help="fully sharded data parallel (Megatron-FSDP optim_grads_params) over dp*cp")
     g.add_argument("--cpu-offloading-num-layers", type=non_negative,
@@ -101,7 +104,8 @@ def inputs(args: argparse.Namespace):
     from autoparallel.search.run import default_gbs
     from autoparallel.space import load_space
     from autoparallel.cli.combos import check_knobs
-    model = with_seq_length(io.load_model(args.model), args.seq_length)
+    from autoparallel.cli.finetune import with_finetune
+    model = with_finetune(with_seq_length(io.load_model(args.model), args.seq_length), args)
     check_knobs(args, model)
     hw = io.load_hardware(args.gpu)
     space = load_space(args.space).pinned(**pins(args))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from autoparallel.cli import finetune as finetune_flags
 from autoparallel.cli.common import add_knobs, add_target, console, inputs, pins
 from autoparallel.errors import UserError
 from autoparallel.report import time_to_train
@@ -15,13 +16,14 @@ DEFAULTS = {"vp": 1, "cp": 1, "ep": 1, "etp": 1, "mbs": 1, "recompute": "none", 
             "overlap_dp_comm": True, "grad_reduce_in_fp32": True, "flash_attention": True, "fsdp": False,
             "cpu_offloading_num_layers": 0, "overlap_moe_expert_parallel_comm": False,
             "moe_token_dispatcher_type": "alltoall", "fp8_param_gather": False, "precision_aware_optimizer": False,
-            "cuda_graph": "none", "moe_shared_expert_overlap": False}
+            "fp8_attention": False, "cuda_graph": "none", "moe_shared_expert_overlap": False}
 
 
 def add_parser(sub) -> None:
     e = sub.add_parser("estimate", help="predict one fully pinned layout")
     add_target(e, required=False)
     add_knobs(e)
+    finetune_flags.add_flags(e)
     e.add_argument("--from-log", metavar="LOG", help="predict the run a Megatron-LM / Megatron-Bridge training "
                    "log describes and show it beside what the log measured (with --gpu)")
     e.add_argument("--json", action="store_true")
@@ -34,7 +36,8 @@ def run(args: argparse.Namespace) -> None:
         from pathlib import Path
 
         from autoparallel.cli.combos import flag, no_effect
-        given = [d for d in ("model", "gpus", "gbs", "seq_length", "recompute_num_layers", *pins(args)) if getattr(args, d) is not None]
+        given = [d for d in ("model", "gpus", "gbs", "seq_length", "recompute_num_layers", *pins(args),
+                             *finetune_flags.FINETUNE_DESTS) if getattr(args, d) is not None]
         if given:
             raise no_effect(flag(given[0]), "--from-log", "the log states the model and the layout; drop it")
 

@@ -41,6 +41,11 @@ def export_text(result, rank: int, fmt: str) -> str:
     from autoparallel.search import run as runs
     plan, per_node = result.plan(rank), result.hardware.gpus_per_node
     title = f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}, rank {rank}"
+    from autoparallel.costmodel.finetune import is_lora
+    if is_lora(result.model) and fmt in ("megatron", "launch", "nemo"):
+        raise UserError(f"--format {fmt}: the run fine-tunes with LoRA, which Megatron-LM's pretrain_gpt.py and NeMo "
+                        "1's pre-training config cannot express; use --format nemo2 or nemo2-yaml (NeMo 2's "
+                        "finetune_recipe with its peft fields), or yaml")
     if fmt == "megatron":
         return " \\\n".join(megatron_args(result.model, plan)) + "\n"
     if fmt == "launch":

@@ -1,4 +1,4 @@
-"""``autoparallel fp8-check``: judge FP8 recipes on a proxy model's numerics."""
+"""``autoparallel fp8-check``: judge FP8 and FP4 recipes on a proxy model's numerics."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from autoparallel.cli.common import console
 
 
 def add_parser(sub) -> None:
-    f = sub.add_parser("fp8-check", help="judge FP8 recipes on a proxy model's numerics (loss gap, under/overflow)")
+    f = sub.add_parser("fp8-check", help="judge FP8 / FP4 recipes on a proxy model's numerics (loss gap, under/overflow)")
     f.add_argument("--model", required=True, help="preset name or alias, or a model YAML path")
     f.add_argument("--steps", type=positive, help="training steps per run (default: the settings YAML's, 200)")
-    f.add_argument("--recipes", help="comma-separated: fp8-delayed,fp8-current,fp8-blockwise (default all)")
+    f.add_argument("--recipes", help="comma-separated, of fp8-delayed,fp8-current,fp8-blockwise,"
+                   "mxfp8,nvfp4 (or delayed,current,blockwise); default: the three FP8 ones")
     f.add_argument("--seed", type=seed, help="seed of data order and initialisation (default: the YAML's)")
     f.add_argument("--settings", help="thresholds / proxy YAML (default: the shipped fp8_check.yaml)")
     f.add_argument("--results", default="results", help="folder for run folders (default results/)")

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from autoparallel.argtypes import non_negative, positive, seed
 from autoparallel.cli import combos
+from autoparallel.cli import finetune as finetune_flags
+from autoparallel.costmodel.finetune import is_lora
 from autoparallel.cli.common import (add_knobs, add_table_flags, add_target, console, inputs, pins,
                                      pricing_progress, status, trial_progress)
 from autoparallel.errors import UserError
@@ -21,6 +23,7 @@ def add_parser(sub) -> None:
     s = sub.add_parser("search", help="rank every valid training layout")
     add_target(s, required=False)
     add_knobs(s)
+    finetune_flags.add_flags(s)
     s.add_argument("--strategy", choices=("grid", "optuna"), default="grid",
                    help="grid prices every candidate (default); optuna samples --trials of them")
     s.add_argument("--sampler", choices=("tpe", "nsga2", "random", "gp"), help="optuna sampler (default tpe)")
@@ -80,7 +83,7 @@ def run(args: argparse.Namespace) -> None:
     time_to_train.from_args(args, args.gpus)  # a bad combination fails before the search
     model, hw, gbs, space = inputs(args)
     check_profiling(args, args.gpus, model)
-    fp8 = _fp8_check_first(args, model, space) if args.fp8_check else None
+    fp8 = _fp8_check_first(args, model, hw, space) if args.fp8_check else None
     if fp8:
         from autoparallel.fp8check.search_filter import restrict_space
         space = restrict_space(space, fp8)
@@ -126,7 +129,8 @@ def _show(result, args: argparse.Namespace, how: str, run_dir: Path | None) -> N
              f"{min(args.top, len(result.feasible))} of {len(result.feasible):,} feasible ({how})")
     where = "" if args.no_save else "; all in the run folder's ranked.md"
     print_ranked(result.ranked, title, args.top, console, result.hardware, result.space.memory_fraction,
-                 args.wide, args.explain, where, train, moe=result.model.is_moe)
+                 args.wide, args.explain, where, train, moe=result.model.is_moe,
+                 lora=is_lora(result.model))
     if run_dir:
         _next_steps(result, run_dir)
 
@@ -136,6 +140,11 @@ def _next_steps(result, run_dir: Path) -> None:
     from autoparallel.report.shared import TOKENIZER_FILES, node_layout
     from autoparallel.report.run_folder import TRAIN_SCRIPT
     nodes, per_node = node_layout(result.gpus, result.hardware.gpus_per_node)
+    from autoparallel.costmodel.finetune import is_lora
+    if is_lora(result.model):
+        console.print(f"run folder: {run_dir}\nrank 1 as a NeMo 2 LoRA fine-tuning recipe: "
+                      f"autoparallel export {run_dir} --rank 1 --format nemo2 (or nemo2-yaml, yaml)", soft_wrap=True)
+        return
     script = run_dir / TRAIN_SCRIPT
     names = ["MEGATRON_LM", "DATA_PATH", "CHECKPOINT_DIR", *TOKENIZER_FILES.get(result.model.tokenizer_type, {}).values()]
     launch = f"sbatch {script}" if nodes > 1 else f"bash {script}"
@@ -146,12 +155,15 @@ def _next_steps(result, run_dir: Path) -> None:
                   f"{' '.join(f'{n}=...' for n in names)} {launch}", soft_wrap=True)
 
 
-def _fp8_check_first(args: argparse.Namespace, model, space) -> dict:
-    """Run ``fp8-check`` on the model; its decisions restrict the search (issue 7)."""
+def _fp8_check_first(args: argparse.Namespace, model, hw, space) -> dict:
+    """Run ``fp8-check`` on the model for the space's FP8 / FP4 recipes this GPU runs (mxfp8 and
+    nvfp4 on Blackwell only); its decisions restrict the search (issue 7)."""
     from autoparallel.cli.fp8_check import print_check_result
     from autoparallel.fp8check.command import CHECKABLE, check_and_save, settings_from_flags
     from autoparallel.fp8check.search_filter import decisions_from_check
-    recipes = ",".join(p for p in space.precision if p in CHECKABLE)  # mxfp8 is not emulated
+    from autoparallel.space import unsupported_precisions
+    lacking = unsupported_precisions(hw)
+    recipes = ",".join(p for p in space.precision if p in CHECKABLE and p not in lacking)
     if not recipes:
         return {}
     settings = settings_from_flags(args.fp8_check_settings, args.fp8_check_steps, recipes)

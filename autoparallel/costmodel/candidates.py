@@ -110,6 +110,12 @@ class Candidates:
         return self.p == 1
 
     @property
+    def stage_layer_counts(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(decoder layers, of which MoE) of the first, middle and last stage."""
+        return [(self.first_layers, self.first_moe), (self.middle_layers, self.middle_moe),
+                (self.last_layers, self.last_moe)]
+
+    @property
     def has_middle(self) -> np.ndarray:
         return self.p > 2
 

@@ -6,8 +6,11 @@ chunk's last backward ends; parameters are all-gathered before each chunk's firs
 next step. With vp chunks per stage, a chunk's reduce can hide behind the backward work the
 schedule still has after that chunk's last backward: about pp chunk-micro-batches for every
 chunk but the one that finishes last, which has only its own backward (its buckets start as its
-layers finish). The parameter all-gather mirrors this in the forward. Some of every collective
-stays exposed (``dp_overlap``: kernels contend for SMs and memory bandwidth).
+layers finish). The parameter all-gather runs only one bucket ahead of the forward
+(``_ParamAndGradBucketGroup.finish_param_sync``: the forward pre-hook waits for a bucket's
+all-gather and only then dispatches the next one), so each chunk's gather hides behind one
+micro-batch's forward of the chunk before it, not behind the warm-up's other micro-batches. Some
+of every collective stays exposed (``dp_overlap``: kernels contend for SMs and memory bandwidth).
 
 **FSDP** (Megatron-FSDP ``optim_grads_params``, PyTorch FSDP2): weights, gradients and optimizer
 states sharded over dp*cp; each layer's weights all-gathered before its forward and again before
@@ -44,7 +47,7 @@ def distributed_optimizer_exposed(hw: HardwareSpec, params_gpu, grad_bytes, grou
     chunk_forward = (1.0 / 3.0) * stage_compute / vp
     later_chunks = vp - 1
     reduce_exposed = (_hidden(hw, reduce, chunk_backward) + later_chunks * _hidden(hw, reduce, pp * chunk_backward))
-    gather_exposed = (_hidden(hw, gather, chunk_forward) + later_chunks * _hidden(hw, gather, pp * chunk_forward))
+    gather_exposed = vp * _hidden(hw, gather, chunk_forward)
     return (np.where(overlap_grads, reduce_exposed, vp * reduce)
             + np.where(overlap_params, gather_exposed, vp * gather))
 

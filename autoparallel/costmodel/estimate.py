@@ -25,7 +25,7 @@ from autoparallel.costmodel import flops
 from autoparallel.costmodel.candidates import candidates
 from autoparallel.costmodel.layer_time import layers as layer_costs
 from autoparallel.costmodel.peak_memory import MEMORY_KEYS, peak_memory
-from autoparallel.costmodel.stages import stage_params, stage_times
+from autoparallel.costmodel.stages import stage_params, stage_times, trainable_params
 from autoparallel.costmodel.step_time import BREAKDOWN_KEYS, step_breakdown
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
@@ -43,7 +43,7 @@ def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.n
     x = candidates(model, hw, cols)
     layers = layer_costs(x)
     params = stage_params(x, layers)
-    time = step_breakdown(x, layers, stage_times(x, layers), params)
+    time = step_breakdown(x, layers, stage_times(x, layers), trainable_params(x, layers, params))
     mem = peak_memory(x, layers, params, memory_fraction)
 
     step = time.pop("step_time_s")

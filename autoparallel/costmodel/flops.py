@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from autoparallel.costmodel import finetune
 from autoparallel.specs.model import ModelSpec
 
 
@@ -52,13 +53,17 @@ def model_flops_per_token(model: ModelSpec, tp=1):
     6 per active Linear parameter (forward, dgrad, wgrad: the dense layers' MLP, the top-k and
     shared experts of the MoE layers, attention or MLA's projections; not the router),
     3·s·heads·(qk + v head dims) per layer for causal attention, 6·h·V for the output layer
-    (V padded for ``tp``), no input embedding and no multi-token prediction."""
+    (V padded for ``tp``), no input embedding and no multi-token prediction. Fine-tuning: packed
+    documents' attention (``finetune.attention_share``); under LoRA the frozen weights count 4
+    (no wgrad) and the adapters 6 per parameter."""
     layers = (model.num_dense_layers * model.dense_layer_params
               + model.num_moe_layers * (model.active_moe_layer_params - model.router_params))
     attention = (3.0 * model.num_layers * model.seq_length * model.num_attention_heads
-                 * (model.qk_dim + model.v_dim))
-    logits = 6.0 * model.hidden_size * padded_vocab_size(model, tp)
-    return 6.0 * layers + attention + logits
+                 * (model.qk_dim + model.v_dim)) * finetune.attention_share(model)
+    per_weight = 2.0 * finetune.linear_passes(model)
+    logits = per_weight * model.hidden_size * padded_vocab_size(model, tp)
+    adapters = 6.0 * model.num_layers * finetune.adapter_params_gpu(model, 1)
+    return per_weight * layers + attention + logits + adapters
 
 
 def narayanan_flops_per_step(model: ModelSpec, gbs: float, full_recompute: bool) -> float:

@@ -7,7 +7,9 @@ A layer's time is the sum of ``LAYER_TIME_TERMS``, each priced by one function b
   per-layer overhead;
 - ``fp8_cast``: TransformerEngine's casts of GEMM inputs (forward) and gradients (backward);
 - ``selective_recompute`` / ``full_recompute``: the forward work recomputed in the backward pass;
-- ``tp_comm``, ``cp_comm``, ``fsdp``, ``ep_comm``: what communication leaves exposed.
+- ``tp_comm``, ``cp_comm``, ``fsdp``, ``ep_comm``: what communication leaves exposed;
+- ``lora_adapters``: LoRA's adapters, forward and backward (``finetune``); a frozen base computes no
+  weight gradients, so ``compute`` drops its wgrad GEMMs.
 
 A dense and a MoE layer share these terms; the MoE layer adds routed experts to its GEMM time
 and has expert-parallel traffic. A new term is one function here and one name in
@@ -20,13 +22,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoparallel.costmodel import comm, dataparallel, dispatch, flops, gemm, memory, moe
+from autoparallel.costmodel import comm, dataparallel, dispatch, finetune, flops, gemm, memory, moe
 from autoparallel.costmodel.candidates import Candidates
 
 GEMMS_PER_LAYER = 4  # QKV, projection, FC1 (gate and up fused), FC2
 # Summed in this order into a layer's time (the breakdown reads each one).
 LAYER_TIME_TERMS = ("compute", "fp8_cast", "selective_recompute", "full_recompute", "tp_comm", "cp_comm",
-                    "fsdp", "ep_comm")
+                    "fsdp", "ep_comm", "lora_adapters")
 
 
 def linear_time(x: Candidates, params, whole=0.0):
@@ -39,11 +41,16 @@ def linear_time(x: Candidates, params, whole=0.0):
 
 def attention_time(x: Candidates):
     """Attention core forward: QK^T, the softmax's exponentials on the SFUs, then P·V, one after
-    the other (the second GEMM waits for the softmax), at one fitted efficiency."""
+    the other (the second GEMM waits for the softmax), at one fitted efficiency. A flash kernel
+    on packed sequences computes each document's causal block only (``finetune.attention_share``).
+    FP8 attention runs both GEMMs at the FP8 peak, at the same fitted efficiency (no published run
+    to fit its own); the exponentials stay on the SFUs."""
     model, hw = x.model, x.hw
     attn_flops = flops.attention_core_flops(model, x.b, model.seq_length, causal=x.flash) / (x.t * x.c)
+    attn_flops = attn_flops * np.where(x.flash, finetune.attention_share(model), 1.0)
     exponentials = np.where(x.flash, attn_flops / (2.0 * (model.qk_dim + model.v_dim)), 0.0)
-    return (attn_flops / (hw.bf16_tflops * 1e12) + exponentials / (hw.exp_tera_per_s * 1e12)) / hw.efficiency.attention
+    peak = np.where(x.flag("fp8_attention"), hw.fp8_tflops or hw.bf16_tflops, hw.bf16_tflops) * 1e12
+    return (attn_flops / peak + exponentials / (hw.exp_tera_per_s * 1e12)) / hw.efficiency.attention
 
 
 def softmax_time(x: Candidates):
@@ -55,11 +62,16 @@ def softmax_time(x: Candidates):
 
 
 def activation_bytes(x: Candidates, is_moe: bool, keep_scores):
-    """Bytes one layer saves for backward; with ``keep_scores`` False counted in BF16 throughout
-    (the tensors the elementwise kernels touch)."""
-    return memory.layer_activation_bytes(
-        x.model, x.b, x.s_local, x.t, x.sp, keep_scores, x.quantized_fraction if keep_scores is not False else 0.0,
-        moe=is_moe, etp=x.et, imbalance=x.imbalance, quantized_bytes=x.quantized_input_bytes)
+    """Bytes one layer saves for backward (a LoRA layer: what its frozen Linears and adapters
+    keep); with ``keep_scores`` False counted in BF16 throughout (the tensors the elementwise
+    kernels touch)."""
+    fraction = x.quantized_fraction if keep_scores is not False else 0.0
+    saved = memory.layer_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, keep_scores, fraction, moe=is_moe,
+                                          etp=x.et, imbalance=x.imbalance, quantized_bytes=x.quantized_input_bytes)
+    if keep_scores is False:
+        return saved
+    return saved + finetune.frozen_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction,
+                                                    x.quantized_input_bytes)
 
 
 def unpermute_bytes(x: Candidates):
@@ -83,9 +95,21 @@ def forward_time(x: Candidates, t_linear, attention, softmax, is_moe: bool):
     return t_linear + attention + t_elementwise + softmax + overhead
 
 
-def compute_time(forward):
-    """Forward and backward (data and weight gradients: twice the forward)."""
-    return 3.0 * forward
+def compute_time(x: Candidates, forward, t_linear):
+    """Forward and backward (data and weight gradients: twice the forward); a frozen base (LoRA)
+    skips its Linears' weight-gradient GEMMs (one forward's worth of them)."""
+    return 3.0 * forward - (3.0 - finetune.linear_passes(x.model)) * t_linear
+
+
+def lora_adapters_time(x: Candidates):
+    """LoRA's adapters (BF16, their own small GEMMs): forward, dgrad and wgrad, 3x the forward
+    FLOPs, each GEMM at the efficiency of its size."""
+    n_gemms = finetune.adapter_gemms(x.model)
+    if not n_gemms:
+        return np.zeros_like(x.t)
+    adapter_flops = 2.0 * x.tokens * finetune.adapter_params_gpu(x.model, x.t)
+    peak = x.hw.bf16_tflops * 1e12 * gemm.efficiency(x.hw, adapter_flops / n_gemms)
+    return 3.0 * adapter_flops / peak
 
 
 def gemm_input_elements(x: Candidates, is_moe: bool) -> float:
@@ -131,7 +155,7 @@ def tp_comm_time(x: Candidates, blocks, t_linear):
     per_domain = comm.ranks_per_domain(x.hw, x.t, 1)
     per_block = comm.all_reduce_time(x.hw, 2.0 * x.tokens * x.model.hidden_size, x.t, per_domain)
     total = blocks * (per_block * (2.0 + x.recomputed_fraction))
-    gemms_beside = t_linear * (3.0 + x.recomputed_fraction)
+    gemms_beside = t_linear * (finetune.linear_passes(x.model) + x.recomputed_fraction)
     hidden = np.maximum((1 - x.hw.efficiency.tp_overlap) * total, total - gemms_beside)
     return np.where(x.flag("tp_comm_overlap"), hidden, total)
 
@@ -171,7 +195,7 @@ def ep_comm_time(x: Candidates, compute, is_moe: bool):
     recomputed = x.recomputed_fraction + np.where(x.modules["moe"], 1.0, 0.0)
     one = dispatch.dispatch_time(x.hw, x.model, x.tokens / x.t, x.e, x.et, x.imbalance, dispatcher)
     a2a_overlap, shared_overlap = x.flag("overlap_moe_expert_parallel_comm"), x.flag("moe_shared_expert_overlap")
-    shared = compute_time(linear_time(x, x.model.shared_expert_params)) * (1.0 + recomputed / 3.0)
+    shared = (3.0 + recomputed) * linear_time(x, x.model.shared_expert_params)  # forward, backward, recomputed
     return dispatch.exposed_dispatch(x.hw, (4.0 + 2.0 * recomputed) * one, a2a_overlap | shared_overlap,
                                      np.where(shared_overlap, shared, compute), dispatcher)
 
@@ -192,7 +216,7 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
     it computes, its ``params`` and ``expert_params`` on the GPU."""
     attention, softmax = attention_time(x), softmax_time(x)
     forward = forward_time(x, t_linear, attention, softmax, is_moe)
-    compute = compute_time(forward)
+    compute = compute_time(x, forward, t_linear)
     full_recompute = full_recompute_time(x, forward)
     terms = {
         "compute": compute,
@@ -203,11 +227,13 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
         "cp_comm": cp_comm_time(x, attention),
         "fsdp": fsdp_time(x, params, expert_params, forward, full_recompute, is_moe),
         "ep_comm": ep_comm_time(x, compute, is_moe),
+        "lora_adapters": lora_adapters_time(x) if not is_moe else np.zeros_like(x.t),
     }
     return dict(terms, time=sum(terms[k] for k in LAYER_TIME_TERMS), forward=forward,
                 recompute=terms["selective_recompute"] + terms["full_recompute"],
                 stored=stored_activation_bytes(x, is_moe), working=activation_bytes(x, is_moe, x.keep_scores),
-                params=params, expert_params=expert_params)
+                params=params, expert_params=expert_params,
+                adapter_params=finetune.adapter_params_gpu(x.model, x.t) + np.zeros_like(x.t))
 
 
 def dense_layer(x: Candidates) -> dict:

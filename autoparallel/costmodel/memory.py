@@ -63,7 +63,7 @@ EMBEDDING_INPUT_BYTES = 8.0  # int64 token ids per token, per micro-batch in fli
 ROUTER_INPUT_BYTES = 2.0  # the MoE router's BF16 input
 
 
-def _gemm_input_bytes(fp8_fraction, quantized_bytes=FP8_GEMM_INPUT_BYTES):
+def gemm_input_bytes(fp8_fraction, quantized_bytes=FP8_GEMM_INPUT_BYTES):
     """Bytes kept per element of a Linear input, a share ``fp8_fraction`` of layers quantized
     (keeping ``quantized_bytes``: 1 under FP8, 0.5625 under NVFP4: E2M1 and its 1x16 block scale)."""
     return GEMM_INPUT_BYTES - (GEMM_INPUT_BYTES - quantized_bytes) * fp8_fraction
@@ -75,7 +75,7 @@ def replicated_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0, moe: b
     the norms' inputs, the QKV and FC1 inputs, the hidden dropout masks. A MoE layer keeps the
     router's BF16 input instead of FC1's (and the shared experts' FC1 input); multi-latent
     attention also keeps its latents (each norm's input and its up projection's input)."""
-    gemm_in = _gemm_input_bytes(fp8_fraction, quantized_bytes)
+    gemm_in = gemm_input_bytes(fp8_fraction, quantized_bytes)
     if moe:
         mlp_input = ROUTER_INPUT_BYTES + (gemm_in if model.shared_expert_ffn_hidden_size else 0.0)
     else:
@@ -106,7 +106,7 @@ def sharded_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0, moe: bool
     tensors for a gated MLP) and the FC2 input; in a MoE layer, of the shared experts only (the
     routed experts' share is ``routed_expert_bytes``)."""
     h, heads = model.hidden_size, model.num_attention_heads
-    gemm_in = _gemm_input_bytes(fp8_fraction, quantized_bytes)
+    gemm_in = gemm_input_bytes(fp8_fraction, quantized_bytes)
     if model.multi_latent_attention:
         attention = (2.0 * heads * (2 * model.qk_dim + model.v_dim) + gemm_in * heads * model.v_dim) / h
     else:
@@ -122,7 +122,7 @@ def routed_expert_bytes(model: ModelSpec, tokens, etp, imbalance, fp8_fraction=0
     it: per token copy (k per token, ``imbalance`` times the even share on the busiest GPU) the
     FC1 input gathered over ETP, the FFN tensors (split by ETP over etp times the tokens) and the
     FP32 probability (the weighted activation's second input)."""
-    gemm_in = _gemm_input_bytes(fp8_fraction, quantized_bytes)
+    gemm_in = gemm_input_bytes(fp8_fraction, quantized_bytes)
     h, ffn = model.hidden_size, model.expert_ffn_hidden_size
     per_copy = etp * gemm_in * h + _per_ffn_unit(model, gemm_in) * ffn + 4.0
     return tokens * model.moe_router_topk * imbalance * per_copy
@@ -135,7 +135,7 @@ def recomputed_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, etp
     inputs (the activation's output); ``moe_layer`` everything the MoE block keeps but its input
     (routed and shared experts)."""
     tokens = b * s / t
-    gemm_in = _gemm_input_bytes(fp8_fraction, quantized_bytes)
+    gemm_in = gemm_input_bytes(fp8_fraction, quantized_bytes)
     out = 0.0
     if model.multi_latent_attention:
         heads = model.num_attention_heads

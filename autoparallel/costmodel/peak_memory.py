@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoparallel.costmodel import memory, pipeline
+from autoparallel.costmodel import finetune, memory, pipeline
 from autoparallel.costmodel.candidates import Candidates
 from autoparallel.costmodel.layer_time import Layers
 from autoparallel.costmodel.memory import GIB
@@ -41,6 +41,21 @@ def model_states(x: Candidates, layers: Layers, params, stage_layers, stage_moe)
                                np.where(has_moe, layers.moe["params"] + layers.moe["expert_params"], 0.0))
     buffers = np.where(x.fsdp, memory.fsdp_buffer_bytes(largest_layer, x.grad_bytes, x.gather_bytes), 0.0)
     return weights, grads + buffers, optimizer, fp8_weights
+
+
+def lora_model_states(x: Candidates, layers: Layers, params, stage_layers, stage_moe):
+    """``model_states`` under LoRA: the frozen base's layer weights in FP8 or BF16
+    (``finetune.base_weight_bytes``), its embedding and output layer in BF16, and only the
+    adapters with gradients and Adam states (no FSDP buffers: the space keeps LoRA off FSDP)."""
+    replicated, _ = params
+    optimizer_shards, _ = x.optimizer_shards()
+    layer_weights = layers.on("params", stage_layers, stage_moe)
+    adapters = layers.on("adapter_params", stage_layers, stage_moe)
+    weights = (finetune.base_weight_bytes(x.model, x.quantized_fraction > 0) * layer_weights
+               + memory.WEIGHT_BYTES * (replicated - layer_weights) + finetune.ADAPTER_BYTES * adapters)
+    grads = x.grad_bytes * adapters
+    optimizer = (memory.MASTER_WEIGHT_BYTES + 2 * x.moment_bytes) * adapters / optimizer_shards
+    return weights, grads, optimizer, np.zeros_like(weights)
 
 
 def _in_flight(x: Candidates, layers: Layers, stage_layers, stage_moe, stage):
@@ -97,8 +112,9 @@ def mtp_bytes(x: Candidates, layers: Layers, held, logits):
 
 def peak_memory(x: Candidates, layers: Layers, params: list, memory_fraction: float) -> dict:
     """The fullest stage's peak, whether it fits, and its memory by kind (``MEMORY_KEYS``)."""
-    stage_layers = [(x.first_layers, x.first_moe), (x.middle_layers, x.middle_moe), (x.last_layers, x.last_moe)]
-    states = [model_states(x, layers, p, n, n_moe) for p, (n, n_moe) in zip(params, stage_layers)]
+    stage_layers = x.stage_layer_counts
+    priced = lora_model_states if finetune.is_lora(x.model) else model_states
+    states = [priced(x, layers, p, n, n_moe) for p, (n, n_moe) in zip(params, stage_layers)]
     acts, logits = activation_bytes(x, layers)
     peaks = [sum(st) + a for st, a in zip(states, acts)]
     fullest = np.argmax(np.stack([np.where(ok, pk, -np.inf) for ok, pk in zip(present(x), peaks)]), axis=0)

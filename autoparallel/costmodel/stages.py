@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoparallel.costmodel import comm, flops, gemm
+from autoparallel.costmodel import comm, finetune, flops, gemm
 from autoparallel.costmodel.candidates import Candidates
 from autoparallel.costmodel.layer_time import Layers, linear_time
 
@@ -22,11 +22,11 @@ LOSS_PASSES = 4  # softmax cross-entropy reads/writes the FP32 logits about four
 
 
 def logits_time(x: Candidates):
-    """The output layer's GEMM forward and backward (BF16, vocab-parallel over TP) and the loss's
-    passes over the FP32 logits."""
+    """The output layer's GEMM forward and backward (BF16, vocab-parallel over TP; a frozen one
+    computes no weight gradient) and the loss's passes over the FP32 logits."""
     model, hw = x.model, x.hw
     logit_flops = flops.logits_flops(model, x.b, x.s_local) / x.t
-    gemms = 3.0 * logit_flops / (hw.bf16_tflops * 1e12 * gemm.efficiency(hw, logit_flops))
+    gemms = finetune.linear_passes(model) * logit_flops / (hw.bf16_tflops * 1e12 * gemm.efficiency(hw, logit_flops))
     return gemms + LOSS_PASSES * 4.0 * x.tokens * model.vocab_size / x.t / x.hbm
 
 
@@ -118,6 +118,14 @@ def stage_params(x: Candidates, layers: Layers) -> list[tuple[np.ndarray, np.nda
         last = (last[0] + head[0], last[1] + head[1])
         first = (first[0] + np.where(x.single, head[0], 0.0), first[1] + np.where(x.single, head[1], 0.0))
     return [first, (layers.on("params", x.middle_layers, x.middle_moe), x.middle_moe * experts), last]
+
+
+def trainable_params(x: Candidates, layers: Layers, params: list) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The parameters of ``stage_params`` that take gradients and optimizer states: all of them,
+    or under LoRA (a frozen base, embedding and output layer included) the stage's adapters."""
+    if not finetune.is_lora(x.model):
+        return params
+    return [(layers.on("adapter_params", n, n_moe), np.zeros_like(x.t)) for n, n_moe in x.stage_layer_counts]
 
 
 def present(x: Candidates) -> list[np.ndarray]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoparallel.costmodel import dataparallel, memory, pipeline
+from autoparallel.costmodel import dataparallel, finetune, memory, pipeline
 from autoparallel.costmodel.candidates import Candidates
 from autoparallel.costmodel.layer_time import Layers
 from autoparallel.costmodel.stages import StageTimes, present
@@ -90,7 +90,10 @@ def optimizer_time(x: Candidates, params_gpu, experts_gpu):
 
 
 def weight_cast_time(x: Candidates, layers: Layers, bottleneck: Schedule):
-    """The FP8 copies of the bottleneck stage's weights, cast once per step."""
+    """The FP8 copies of the bottleneck stage's weights, cast once per step (a frozen LoRA base
+    is kept in FP8: never cast)."""
+    if finetune.is_lora(x.model):
+        return np.zeros_like(x.t)
     layer_params = layers.on("params", bottleneck.layers, bottleneck.moe) + bottleneck.moe * layers.moe["expert_params"]
     return layer_params * x.quantized_fraction * x.cast_bytes / x.hbm
 
@@ -106,7 +109,8 @@ def step_breakdown(x: Candidates, layers: Layers, stages: StageTimes, params: li
     weight_cast = weight_cast_time(x, layers, bottleneck)
     return {
         "step_time_s": bottleneck.time + dp_exposed + t_optimizer + weight_cast,
-        "compute_s": x.m * (layers.on("compute", bottleneck.layers, bottleneck.moe) + bottleneck.logits),
+        "compute_s": x.m * (layers.on("compute", bottleneck.layers, bottleneck.moe) + bottleneck.logits
+                            + layers.on("lora_adapters", bottleneck.layers, bottleneck.moe)),
         "fp8_cast_s": per_microbatch("fp8_cast") + weight_cast,
         "recompute_s": per_microbatch("recompute"),
         "tp_comm_s": per_microbatch("tp_comm"),

@@ -3,6 +3,8 @@
 ``run_check`` trains the proxy once in BF16 and once per recipe with the same data and seed,
 judges each recipe with ``verdict``, and for a recipe that fails re-runs it with candidate sets
 of layers kept in BF16 (at most ``layer_search.max_reruns`` re-runs per recipe) until one passes.
+NVFP4 is judged by its own thresholds and tries only the last n layers (Megatron's
+``--num-layers-at-end-in-bf16``, the layers NVIDIA's NVFP4 recipe keeps in BF16).
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from autoparallel.fp8check import verdict as V
-from autoparallel.fp8check.proxy import proxy_spec
+from autoparallel.fp8check.proxy import proxy_spec, real_layers
 from autoparallel.fp8check.runner import RunRecord, run_policy
-from autoparallel.fp8check.settings import Fp8CheckSettings, load_settings
-from autoparallel.model.recipes import Recipe, recipe_from_name
+from autoparallel.fp8check.settings import Fp8CheckSettings, load_settings, thresholds_for
+from autoparallel.model.recipes import Nvfp4BlockScaling, Recipe, recipe_from_name
 from autoparallel.specs.model import ModelSpec
 
 Progress = Callable[[str], None]
@@ -82,17 +84,27 @@ def run_check(model: ModelSpec, settings: Fp8CheckSettings | None = None,
     bf16 = run_policy(spec, None, settings.run)
     result = CheckResult(model, spec, settings, bf16)
     for label, recipe in chosen.items():
-        verdict, runs = check_recipe(spec, label, recipe, bf16, settings, module_recipes, say)
+        verdict, runs = check_recipe(spec, label, recipe, bf16, settings, module_recipes, say,
+                                     model.num_layers)
         result.verdicts[label], result.runs[label] = verdict, runs
         say(f"{label}: {verdict.text}")
     result.seconds = time.perf_counter() - start
     return result
 
 
+def end_layers_flag(layers: tuple[int, ...], proxy_layers: int, model_layers: int) -> str:
+    """Megatron's flag for proxy end layers ``layers`` kept in BF16, in the real model's layers
+    (the last proxy layer of 4 stands for the last quarter of the real ones)."""
+    first = real_layers(min(layers), proxy_layers, model_layers).start
+    return f"--num-layers-at-end-in-bf16 {model_layers - first}"
+
+
 def check_recipe(spec: ModelSpec, label: str, recipe: Recipe, bf16: RunRecord,
                  settings: Fp8CheckSettings, module_recipes: Mapping[str, Recipe] | None,
-                 say: Progress) -> tuple[V.Verdict, list[RunRecord]]:
-    th, window = settings.thresholds, settings.run.final_window
+                 say: Progress, model_layers: int | None = None
+                 ) -> tuple[V.Verdict, list[RunRecord]]:
+    model_layers = model_layers or spec.num_layers
+    th, window = thresholds_for(settings, recipe.name), settings.run.final_window
     base = bf16.final_loss(window)
     faults = dict(module_recipes or {})
 
@@ -110,8 +122,11 @@ def check_recipe(spec: ModelSpec, label: str, recipe: Recipe, bf16: RunRecord,
     if not why:
         return V.Verdict(label, V.OK, gap, worst=worst), [full]
     runs = [full]
-    candidates = V.candidate_sets(summary, bad, spec.num_layers, th,
-                                  settings.layer_search.max_bf16_layers)
+    if isinstance(recipe, Nvfp4BlockScaling):  # Megatron keeps NVFP4's end layers in BF16
+        candidates = V.end_sets(bad, spec.num_layers, settings.layer_search.max_bf16_layers)
+    else:
+        candidates = V.candidate_sets(summary, bad, spec.num_layers, th,
+                                      settings.layer_search.max_bf16_layers)
     if not candidates:
         reason = "; ".join(why) + (f" (more than {settings.layer_search.max_bf16_layers} layers "
                                    "would have to stay in BF16)" if not bad.empty else "")
@@ -124,7 +139,9 @@ def check_recipe(spec: ModelSpec, label: str, recipe: Recipe, bf16: RunRecord,
         rerun_gap, _, rerun_why = judged(run)
         tried.append(f"{list(layers)}: {rerun_gap:+.2f} %")
         if not rerun_why:
+            flags = (end_layers_flag(layers, spec.num_layers, model_layers)
+                     if isinstance(recipe, Nvfp4BlockScaling) else "")
             return V.Verdict(label, V.OK_BF16, gap, layers, rerun_gap, worst=worst,
-                             reruns=len(runs) - 1), runs
+                             reruns=len(runs) - 1, flags=flags), runs
     reason = "; ".join(why) + "; BF16 layers tried: " + ", ".join(tried)
     return V.Verdict(label, V.REJECT, gap, reason=reason, worst=worst, reruns=len(runs) - 1), runs

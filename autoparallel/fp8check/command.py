@@ -13,7 +13,9 @@ from autoparallel.errors import UserError
 from autoparallel.fp8check.settings import Fp8CheckSettings, load_settings
 from autoparallel.specs.model import ModelSpec
 
-CHECKABLE = ("fp8-delayed", "fp8-current", "fp8-blockwise")
+CHECKABLE = ("fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8", "nvfp4")
+# Short names TransformerEngine's recipes go by, accepted by --recipes.
+ALIASES = {"delayed": "fp8-delayed", "current": "fp8-current", "blockwise": "fp8-blockwise"}
 
 
 def settings_from_flags(path: str | None, steps: int | None, recipes: str | None,
@@ -27,11 +29,12 @@ def settings_from_flags(path: str | None, steps: int | None, recipes: str | None
         run = dataclasses.replace(run, seed=seed)
     chosen = settings.recipes
     if recipes:
-        chosen = tuple(r.strip() for r in recipes.split(",") if r.strip())
-        bad = [r for r in chosen if r not in CHECKABLE]
-        if bad:
-            raise UserError(f"--recipes: {', '.join(bad)} cannot be checked; choose from "
-                            f"{', '.join(CHECKABLE)} (mxfp8 needs Blackwell and is not emulated)")
+        names = [r.strip() for r in recipes.split(",") if r.strip()]
+        bad = [r for r in names if ALIASES.get(r, r) not in CHECKABLE]
+        if bad or not names:
+            raise UserError(f"--recipes: {', '.join(bad) or repr(recipes)} cannot be checked; "
+                            f"choose from {', '.join(CHECKABLE)} (or {', '.join(ALIASES)})")
+        chosen = tuple(dict.fromkeys(ALIASES.get(r, r) for r in names))
     return dataclasses.replace(settings, run=run, recipes=chosen)
 
 

@@ -21,7 +21,8 @@ from autoparallel.fp8check import verdict as V
 from autoparallel.report import run_folder
 from autoparallel.report.plots import _png, _pyplot
 
-TENSORS = ("input", "weight", "grad_output")
+# FP8 quantizes three operands; MXFP8 / NVFP4 also the second (wgrad / dgrad) copies, "_t"
+TENSORS = ("input", "weight", "grad_output", "input_t", "weight_t", "grad_output_t")
 
 
 def _worst(summary: pd.DataFrame, column: str, fmt: str) -> str:
@@ -143,10 +144,12 @@ def underflow_heatmap_png(result) -> bytes:
     for k, (ax, label) in enumerate(zip(axes[0], labels)):
         s = result.summary(label)
         grid = s.pivot_table(index="layer", columns="tensor", values="underflow_pct",
-                             aggfunc="mean", sort=False).reindex(columns=list(TENSORS))
+                             aggfunc="mean", sort=False)
+        grid = grid.reindex(columns=[t for t in TENSORS if t in grid.columns or t in TENSORS[:3]])
         image = ax.imshow(np.log10(grid.to_numpy(dtype=float) + 1e-4), aspect="auto",
                           cmap="magma_r", vmin=-4, vmax=2)
-        ax.set_xticks(range(len(TENSORS)), ["input", "weight", "grad"], fontsize=8)
+        ax.set_xticks(range(len(grid.columns)),
+                      [t.replace("grad_output", "grad") for t in grid.columns], fontsize=8)
         ax.set_yticks(range(len(grid.index)), grid.index if k == 0 else [], fontsize=6)
         for (i, j), v in np.ndenumerate(grid.to_numpy(dtype=float)):
             if np.isfinite(v):

@@ -21,9 +21,11 @@ from torch import nn
 
 from autoparallel.fp8check.settings import CheckRun
 from autoparallel.model.fp8 import Fp8Linear
+from autoparallel.model.mx_linear import MxLinear
 from autoparallel.model.numerics import NumericsRecorder
 from autoparallel.model.recipes import Fp8Policy, Recipe
 from autoparallel.model.train import TrainConfig, build_model, train
+from autoparallel.model.transformer import low_precision_linear
 from autoparallel.specs.model import ModelSpec
 
 _LAYER = re.compile(r"layers\.(\d+)\.")
@@ -59,17 +61,19 @@ def policy_for(recipe: Recipe | None, bf16_layers: tuple[int, ...]) -> Fp8Policy
 
 
 def _override(model: nn.Module, module_recipes: dict[str, Recipe]) -> int:
-    """Swap the recipe of every Fp8Linear whose name matches a pattern; returns how many."""
+    """Swap the recipe of every FP8 / FP4 Linear whose name matches a pattern (an FP8 fault
+    inside an NVFP4 run too); returns how many."""
     swapped = 0
     for parent_name, parent in list(model.named_modules()):
         for child_name, child in list(parent.named_children()):
             name = f"{parent_name}.{child_name}" if parent_name else child_name
-            if not isinstance(child, Fp8Linear):
+            if not isinstance(child, (Fp8Linear, MxLinear)):
                 continue
             for pattern, recipe in module_recipes.items():
                 if fnmatch.fnmatchcase(name, pattern):
-                    new = Fp8Linear(child.in_features, child.out_features, recipe,
-                                    bias=child.bias is not None, gemm_backend=child.gemm_backend)
+                    new = low_precision_linear(child.in_features, child.out_features, recipe,
+                                               bias=child.bias is not None)
+                    new.gemm_backend = child.gemm_backend
                     new.load_state_dict({"weight": child.weight.detach(),
                                          **({"bias": child.bias.detach()} if child.bias is not None
                                             else {})}, strict=False)

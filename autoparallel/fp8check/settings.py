@@ -1,4 +1,4 @@
-"""The FP8 check's thresholds and run lengths, read strictly from search_spaces/fp8_check.yaml.
+"""The precision check's thresholds and run lengths, read strictly from fp8_check.yaml.
 
 Numbers that decide a verdict live in data, not code, so a team can tighten them without a
 release; the file's comments say why each default is what it is (the measured seed noise of the
@@ -59,10 +59,20 @@ class LayerSearch:
 @dataclass(frozen=True)
 class Fp8CheckSettings:
     thresholds: Thresholds = field(default_factory=Thresholds)
+    # NVFP4 flushes to zero what is below a quarter of the smallest E2M1 step of its block
+    # (amax / 24) and clips in blocks whose E4M3 scale is subnormal: its limits are its own
+    # (the shipped YAML says why each is what it is).
+    fp4_thresholds: Thresholds = field(default_factory=lambda: Thresholds(
+        max_underflow_pct=60.0, max_overflow_pct=3.0))
     run: CheckRun = field(default_factory=CheckRun)
     proxy: ProxyRule = field(default_factory=ProxyRule)
     layer_search: LayerSearch = field(default_factory=LayerSearch)
     recipes: tuple[str, ...] = ("fp8-delayed", "fp8-current", "fp8-blockwise")
+
+
+def thresholds_for(settings: Fp8CheckSettings, recipe_name: str) -> Thresholds:
+    """The limits a recipe is judged by: ``fp4_thresholds`` for NVFP4, else ``thresholds``."""
+    return settings.fp4_thresholds if recipe_name == "nvfp4" else settings.thresholds
 
 
 def load_settings(path: str | Path | None = None) -> Fp8CheckSettings:

@@ -118,6 +118,14 @@ def candidate_sets(summary: pd.DataFrame, bad: pd.DataFrame, num_layers: int, th
     return sets
 
 
+def end_sets(bad: pd.DataFrame, num_layers: int, max_layers: int) -> list[tuple[int, ...]]:
+    """The last 1, 2, ... ``max_layers`` layers (fewer than all), each containing every damaged
+    layer: the only BF16 sets Megatron's ``--num-layers-at-end-in-bf16`` expresses."""
+    first_bad = int(bad["layer_index"].min()) if not bad.empty else num_layers
+    return [tuple(range(num_layers - n, num_layers))
+            for n in range(1, min(max_layers, num_layers - 1) + 1) if num_layers - n <= first_bad]
+
+
 @dataclass
 class Verdict:
     """The outcome for one recipe (``bf16_layers`` are proxy layer indices)."""
@@ -130,11 +138,13 @@ class Verdict:
     reason: str = ""
     worst: str = ""              # the worst tensors of the full-FP8 run, for the printout
     reruns: int = 0
+    flags: str = ""              # the Megatron flag that keeps those layers in BF16, if one does
 
     @property
     def text(self) -> str:
         if self.status == OK:
             return "ok"
         if self.status == OK_BF16:
-            return f"ok with BF16 layers {list(self.bf16_layers)}"
+            return f"ok with BF16 layers {list(self.bf16_layers)}" + \
+                (f" ({self.flags})" if self.flags else "")
         return f"reject: {self.reason}"

@@ -59,6 +59,19 @@ ROLE_INDEX = {role: i for i, role in enumerate(ROLES)}
 GEMM_BACKENDS = ("auto", "scaled_mm", "emulate")
 
 
+def init_quantized_linear(module: nn.Module, in_features: int, out_features: int, recipe, bias: bool,
+                          gemm_backend: str, device, dtype) -> None:
+    """The settings and parameters every quantized Linear (FP8, MXFP8, NVFP4) holds, laid out as
+    ``nn.Linear``'s so parallel wrappers shard them from outside."""
+    if gemm_backend not in GEMM_BACKENDS:
+        raise ValueError(f"gemm_backend={gemm_backend!r} is not valid; choose one of {', '.join(GEMM_BACKENDS)}")
+    module.in_features, module.out_features = in_features, out_features
+    module.recipe, module.gemm_backend = recipe, gemm_backend
+    factory = {"device": device, "dtype": dtype}
+    module.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
+    module.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
+
+
 class Fp8Unsupported(RuntimeError):
     """An FP8 GEMM this device / torch cannot run natively (the reason is in the message)."""
 
@@ -270,14 +283,7 @@ class Fp8Linear(nn.Module):
         super().__init__()
         if not isinstance(recipe, (DelayedScaling, CurrentScaling, BlockwiseScaling)):
             raise ValueError(f"recipe={recipe!r} is not an FP8 recipe")
-        if gemm_backend not in GEMM_BACKENDS:
-            raise ValueError(f"gemm_backend={gemm_backend!r} is not valid; "
-                             f"choose one of {', '.join(GEMM_BACKENDS)}")
-        self.in_features, self.out_features = in_features, out_features
-        self.recipe, self.gemm_backend = recipe, gemm_backend
-        factory = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
-        self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
+        init_quantized_linear(self, in_features, out_features, recipe, bias, gemm_backend, device, dtype)
         if isinstance(recipe, DelayedScaling):
             n, f32 = len(ROLES), {"device": device, "dtype": torch.float32}
             self.register_buffer("amax_history", torch.zeros(n, recipe.amax_history_len, **f32))
@@ -554,11 +560,14 @@ def weight_cache_bytes(model: nn.Module) -> int:
 
 
 def attach_observer(model: nn.Module, observer: NumericsObserver | None) -> int:
-    """Point every Fp8Linear at ``observer`` (None detaches); returns how many layers."""
+    """Point every Fp8Linear and MxLinear (which casts its weight on every call) at
+    ``observer`` (None detaches); returns how many layers."""
+    from autoparallel.model.mx_linear import MxLinear  # it imports this module
     layers = 0
     for name, m in model.named_modules():
-        if isinstance(m, Fp8Linear):
+        if isinstance(m, (Fp8Linear, MxLinear)):
             m.observer, m.numerics_name = observer, name
-            m.next_step()  # the next forward casts (and so reports) the weight again
+            if isinstance(m, Fp8Linear):
+                m.next_step()  # the next forward casts (and so reports) the weight again
             layers += 1
     return layers

@@ -23,10 +23,15 @@ import torch
 from torch import nn
 
 from autoparallel.model.fp8 import Fp8Tensor, attach_observer
+from autoparallel.model.microscaling import BlockScaled
 from autoparallel.model.recipes import Fp8Policy, Recipe
 
 COLUMNS = ("step", "layer", "tensor", "format", "numel", "mse", "cos_sim", "underflow_pct",
            "overflow_pct", "amax", "scale", "delayed_current_ratio")
+
+
+FP8_FORMATS = {torch.float8_e4m3fn: "E4M3", torch.float8_e5m2: "E5M2"}
+E2M1_OVERFLOW = 7.0  # half an ulp (2) above E2M1's max 6, as _overflow_threshold for FP8
 
 
 def _overflow_threshold(dtype: torch.dtype) -> float:
@@ -42,28 +47,49 @@ def _mantissa_bits(dtype: torch.dtype) -> int:
     return {torch.float8_e4m3fn: 3, torch.float8_e5m2: 2}[dtype]
 
 
-def tensor_stats(high_precision: torch.Tensor, quantized: Fp8Tensor,
-                 current_scale: torch.Tensor | None = None) -> dict[str, float]:
-    """Statistics of one FP8 round trip (pure function: tested on its own)."""
-    hp = high_precision.detach().float()
-    dq = quantized.dequantize()
+def format_of(quantized) -> str:
+    """E4M3 / E5M2 for an ``Fp8Tensor``, E2M1 (NVFP4) / E4M3 (MXFP8) for a ``BlockScaled``."""
+    if isinstance(quantized, BlockScaled):
+        return quantized.fmt
+    return FP8_FORMATS[quantized.data.dtype]
+
+
+def _round_trip(quantized) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dequantized values, the magnitude past which each element overflowed) of an FP8 tensor
+    or a microscaled one."""
+    if isinstance(quantized, BlockScaled):
+        past_max = E2M1_OVERFLOW if quantized.fmt == "E2M1" else \
+            _overflow_threshold(torch.float8_e4m3fn)
+        return quantized.dequantize(), quantized.element_scale() * past_max
     dtype = quantized.data.dtype
+    unit = Fp8Tensor(torch.ones_like(quantized.data, dtype=torch.float32).to(dtype),
+                     quantized.scale_inv, quantized.block).dequantize()  # scale_inv per element
+    return quantized.dequantize(), unit * _overflow_threshold(dtype)
+
+
+def tensor_stats(high_precision: torch.Tensor, quantized,
+                 current_scale: torch.Tensor | None = None) -> dict[str, float]:
+    """Statistics of one round trip through FP8 (``Fp8Tensor``) or a microscaled format
+    (``BlockScaled``); pure function, tested on its own. ``scale`` is the smallest encode
+    scale (for NVFP4 the per-tensor one times the smallest block's)."""
+    hp = high_precision.detach().float()
+    dq, limit = _round_trip(quantized)
     finite = torch.isfinite(hp)
     diff = torch.where(finite, dq - hp, torch.zeros_like(hp))
     hp_f = torch.where(finite, hp, torch.zeros_like(hp))
     denom = hp_f.norm() * dq.nan_to_num(0.0, 0.0, 0.0).norm()
     cos = (hp_f.flatten() @ dq.nan_to_num(0.0, 0.0, 0.0).flatten()) / denom if denom > 0 else \
         torch.tensor(1.0 if hp_f.abs().sum() == 0 and dq.abs().sum() == 0 else 0.0)
-    unit = Fp8Tensor(torch.ones_like(quantized.data, dtype=torch.float32).to(dtype),
-                     quantized.scale_inv, quantized.block).dequantize()  # scale_inv per element
     nonzero = hp != 0
     underflow = (nonzero & (dq == 0)).sum().item()
-    overflow = ((hp.abs() / unit) > _overflow_threshold(dtype)).sum().item()
-    scales = quantized.scale_inv.reciprocal()
-    scale = scales.min().item()
+    overflow = (hp.abs() > limit).sum().item()
+    if isinstance(quantized, BlockScaled):
+        scale = (quantized.scale * quantized.global_inv).reciprocal().min().item()
+    else:
+        scale = quantized.scale_inv.reciprocal().min().item()
     ratio = float("nan")
     if current_scale is not None and quantized.block is None:
-        ratio = (scales / current_scale).item()
+        ratio = (quantized.scale_inv.reciprocal() / current_scale).item()
     return {
         "numel": hp.numel(),
         "mse": (diff.square().mean()).item() if hp.numel() else 0.0,
@@ -94,7 +120,7 @@ class NumericsRecorder:
             return
         with torch.no_grad():
             stats = tensor_stats(high_precision, quantized, current_scale)
-        fmt = {torch.float8_e4m3fn: "E4M3", torch.float8_e5m2: "E5M2"}[quantized.data.dtype]
+        fmt = format_of(quantized)
         self.rows.append({"step": self.step, "layer": layer, "tensor": role, "format": fmt,
                           **stats})
 

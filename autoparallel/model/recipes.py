@@ -1,4 +1,4 @@
-"""FP8 recipes and the per-layer policy, as small frozen dataclasses (DESIGN.md §6).
+"""FP8 / FP4 recipes and the per-layer policy, as small frozen dataclasses (DESIGN.md §6).
 
 A recipe says how a tensor gets its scale (delayed, current or blockwise); the policy says which
 Linear layers use the recipe at all. Both are plain values passed into the model: nothing here is
@@ -101,9 +101,45 @@ class BlockwiseScaling:
         return "fp8-blockwise"
 
 
-Recipe = Union[DelayedScaling, CurrentScaling, BlockwiseScaling]
+@dataclass(frozen=True)
+class Mxfp8BlockScaling:
+    """TransformerEngine's MXFP8BlockScaling (Blackwell): E4M3 for every tensor, gradients too,
+    with one power-of-two (E8M0) scale per 32 values along each GEMM's contracted dim."""
+
+    @property
+    def name(self) -> str:
+        return "mxfp8"
+
+
+@dataclass(frozen=True)
+class Nvfp4BlockScaling:
+    """TransformerEngine's NVFP4BlockScaling (Blackwell; arXiv 2509.25149): E2M1 values with
+    E4M3 scales per 16 values and an FP32 scale per tensor.
+
+    Each switch is one part of the recipe that the report ablates: ``weight_2d`` (16x16 weight
+    blocks, so fprop and dgrad see the same weight), ``random_hadamard`` (16x16 RHT on the wgrad
+    GEMM's inputs), ``stochastic_rounding`` (of the gradients). Defaults are the recipe's."""
+
+    weight_2d: bool = True
+    random_hadamard: bool = True
+    stochastic_rounding: bool = True
+
+    def __post_init__(self) -> None:
+        for key in ("weight_2d", "random_hadamard", "stochastic_rounding"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{key}={getattr(self, key)!r} must be true or false")
+
+    @property
+    def name(self) -> str:
+        return "nvfp4"
+
+
+Recipe = Union[DelayedScaling, CurrentScaling, BlockwiseScaling, Mxfp8BlockScaling,
+               Nvfp4BlockScaling]
+MICROSCALED = (Mxfp8BlockScaling, Nvfp4BlockScaling)
 RECIPE_NAMES: dict[str, type] = {
     "fp8-delayed": DelayedScaling, "fp8-current": CurrentScaling, "fp8-blockwise": BlockwiseScaling,
+    "mxfp8": Mxfp8BlockScaling, "nvfp4": Nvfp4BlockScaling,
 }
 
 
@@ -136,9 +172,10 @@ class Fp8Policy:
 
     def __post_init__(self) -> None:
         if self.recipe is not None and not isinstance(
-                self.recipe, (DelayedScaling, CurrentScaling, BlockwiseScaling)):
-            raise ValueError(f"recipe={self.recipe!r} is not an FP8 recipe; use DelayedScaling, "
-                             "CurrentScaling, BlockwiseScaling or None for BF16")
+                self.recipe, tuple(RECIPE_NAMES.values())):
+            raise ValueError(f"recipe={self.recipe!r} is not an FP8 or FP4 recipe; use one of "
+                             + ", ".join(t.__name__ for t in RECIPE_NAMES.values())
+                             + " or None for BF16")
         for key in ("bf16_first_layers", "bf16_last_layers"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

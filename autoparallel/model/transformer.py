@@ -45,8 +45,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from autoparallel.model.fp8 import Fp8Linear
+from autoparallel.model.mx_linear import MxLinear
 from autoparallel.model.moe import MoeMlp
-from autoparallel.model.recipes import Fp8Policy
+from autoparallel.model.recipes import MICROSCALED, Fp8Policy
 from autoparallel.specs.model import ModelSpec
 
 RecomputeMode = Literal["none", "selective", "full"]
@@ -165,8 +166,15 @@ class _LinearFactory:
     def __call__(self, name: str, in_features: int, out_features: int) -> nn.Module:
         full_name = f"{self.prefix}.{name}"
         if self.policy.uses_fp8(full_name, self.layer, self.num_layers):
-            return Fp8Linear(in_features, out_features, self.policy.recipe, bias=False)
+            return low_precision_linear(in_features, out_features, self.policy.recipe)
         return nn.Linear(in_features, out_features, bias=False)
+
+
+def low_precision_linear(in_features: int, out_features: int, recipe, bias: bool = False
+                         ) -> nn.Module:
+    """The Linear that runs ``recipe``: MxLinear for MXFP8 / NVFP4, else Fp8Linear."""
+    cls = MxLinear if isinstance(recipe, MICROSCALED) else Fp8Linear
+    return cls(in_features, out_features, recipe, bias=bias)
 
 
 def rotary_tables(seq_length: int, head_dim: int, base: float = 10000.0

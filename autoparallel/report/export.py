@@ -129,8 +129,10 @@ def cuda_graph_flags(plan: Plan) -> list[str]:
 
 
 def optimizer_flags(plan: Plan) -> list[str]:
-    """FP8 weights gathered in FP8; Adam's moments in BF16 (the precision-aware optimizer)."""
+    """FP8 weights gathered in FP8, FP8 attention; Adam's moments in BF16 (the precision-aware
+    optimizer)."""
     a = ["--fp8-param-gather"] if plan.fp8_param_gather else []
+    a += ["--fp8-dot-product-attention"] if plan.fp8_attention else []
     if plan.precision_aware_optimizer:
         a += ["--use-precision-aware-optimizer", "--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"]
     return a

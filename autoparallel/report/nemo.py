@@ -188,6 +188,8 @@ def nemo2_recipe(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
     }
     if plan.pipeline_model_parallel_layout:
         config["pipeline_model_parallel_layout"] = plan.pipeline_model_parallel_layout
+    if plan.fp8_attention:
+        config["fp8_dot_product_attention"] = True
     config.update(moe_export.config_keys(model, plan))
     trainer = _trainer(plan, gpus_per_node, plugins.pop("precision"))
     return {
@@ -197,4 +199,19 @@ def nemo2_recipe(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
         "model": {"config": config},
         "data": {"seq_length": model.seq_length, "micro_batch_size": plan.mbs, "global_batch_size": plan.gbs},
         "optim": {"config": {"use_distributed_optimizer": plan.distributed_optimizer, **_optimizer_dtypes(plan)}},
+        **_finetune(model),
     }
+
+
+def _finetune(model: ModelSpec) -> dict:
+    """A fine-tuning run starts from the recipe's ``finetune_recipe`` with these arguments
+    (``peft_scheme`` 'lora' or 'none' for full SFT, ``packed_sequence``) and sets its LoRA
+    (``recipe.peft``: nemo/collections/llm/peft/lora.py's dim and target_modules, Megatron's
+    module names); nothing for pre-training."""
+    ft = model.finetune
+    if ft is None:
+        return {}
+    out = {"finetune_recipe": {"peft_scheme": "lora" if ft.lora else "none", "packed_sequence": ft.packed_sequence}}
+    if ft.lora:
+        out["peft"] = {"dim": ft.lora_rank, "target_modules": list(ft.lora_targets)}
+    return out

@@ -25,6 +25,9 @@ RECIPES = {"gpt3-175b": "gpt3_175b", "llama2-7b": "llama2_7b", "llama3-8b": "lla
 # Without one, the recipe of the nearest architecture; every architecture field is set anyway.
 FALLBACK = (("multi_latent_attention", "deepseek_v3"), ("is_moe", "mixtral_8x7b"), ("gated_mlp", "llama3_8b"))
 DEFAULT_RECIPE = "gpt3_175b"
+# A fine-tuning run needs the module's finetune_recipe; of the presets' modules only gpt3_175b has
+# none (tests/fixtures/nemo_fields.yaml lists those that have one): NeMo's Llama 3 8B's instead.
+FINETUNE_FALLBACK = "llama3_8b"
 DTYPES = {"torch.bfloat16", "torch.float16"}  # written as names in the YAML form
 ACTIVATIONS = {"silu": "F.silu", "gelu": "F.gelu", "squared_relu": "squared_relu"}
 ACTIVATION_IMPORTS = {"F.silu": "import torch.nn.functional as F", "F.gelu": "import torch.nn.functional as F",
@@ -39,8 +42,10 @@ SECTIONS = ("model.config", "data", "optim.config")  # set field by field on the
 def recipe_name(model: ModelSpec) -> str:
     """The NeMo recipe module the snippet starts from."""
     if model.name in RECIPES:
-        return RECIPES[model.name]
-    return next((name for attr, name in FALLBACK if getattr(model, attr, False)), DEFAULT_RECIPE)
+        name = RECIPES[model.name]
+    else:
+        name = next((name for attr, name in FALLBACK if getattr(model, attr, False)), DEFAULT_RECIPE)
+    return FINETUNE_FALLBACK if model.finetune is not None and name == "gpt3_175b" else name
 
 
 def python_value(key: str, value) -> str:
@@ -72,6 +77,10 @@ def written_fields(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict
            "trainer.plugins": list(trainer["plugins"])}
     out.update({f"trainer.callbacks.{name}": list(fields) for name, fields in trainer["callbacks"].items()})
     out.update({section: list(_section(doc, section)) for section in SECTIONS})
+    if "finetune_recipe" in doc:
+        out["finetune_recipe"] = out.pop("pretrain_recipe") + list(doc["finetune_recipe"])
+    if "peft" in doc:
+        out["peft"] = list(doc["peft"])
     return out
 
 
@@ -81,21 +90,24 @@ def nemo2_python(model: ModelSpec, plan: Plan, gpus_per_node: int = 8, title: st
     trainer, name = doc["trainer"], recipe_name(model)
     strategy = dict(trainer["strategy"])
     ddp = strategy.pop("ddp")
+    finetune = doc.get("finetune_recipe")
+    kind = "pre-training" if finetune is None else f"fine-tuning ({finetune['peft_scheme']})"
     lines = [f"# {title}" if title else f"# {model.name}: a layout chosen by autoparallel",
-             "# NeMo 2 pre-training recipe; run it as a script, or import `recipe` and pass it to nemo_run."]
+             f"# NeMo 2 {kind} recipe; run it as a script, or import `recipe` and pass it to nemo_run."]
     if model.name not in RECIPES:
         lines.append(f"# NeMo has no recipe for {model.name}: starting from {name}'s, every architecture field set below.")
     activation = python_value("activation_func", doc["model"]["config"]["activation_func"])
+    extra = "".join(f", {k}={v!r}" for k, v in (finetune or {}).items())
     lines += [*IMPORTS, ACTIVATION_IMPORTS[activation], "",
-              f"recipe = llm.{name}.pretrain_recipe(name={'autoparallel'!r}, num_nodes={trainer['num_nodes']}, "
-              f"num_gpus_per_node={trainer['devices']})"]  # RECIPE_ARGS
+              f"recipe = llm.{name}.{'pretrain' if finetune is None else 'finetune'}_recipe(name={'autoparallel'!r}, "
+              f"num_nodes={trainer['num_nodes']}, num_gpus_per_node={trainer['devices']}{extra})"]  # RECIPE_ARGS
     lines += [f"recipe.trainer.strategy.{k} = {python_value(k, v)}" for k, v in strategy.items()]
     lines.append(f"recipe.trainer.strategy.ddp = run.Config(DistributedDataParallelConfig, {_kwargs(ddp)})")
     lines.append(f"recipe.trainer.plugins = run.Config(nl.MegatronMixedPrecision, {_kwargs(trainer['plugins'])})")
     for callback, fields in trainer["callbacks"].items():
         lines.append(f"recipe.trainer.callbacks = [*(recipe.trainer.callbacks or []), "
                      f"run.Config({callback}, {_kwargs(fields)})]")
-    for section in SECTIONS:
+    for section in SECTIONS + (("peft",) if "peft" in doc else ()):
         lines += [f"recipe.{section}.{k} = {python_value(k, v)}" for k, v in _section(doc, section).items()]
     lines += ["", 'if __name__ == "__main__":',
               f"    run.run(recipe, executor=run.LocalExecutor(ntasks_per_node={trainer['devices']}, "

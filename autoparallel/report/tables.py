@@ -75,13 +75,14 @@ KNOB_CODES = {"vp": ("vp", "virtual pipeline stages"), "mbs": ("mbs", "micro-bat
               "fp8_param_gather": ("fp8pg", "FP8 weights kept and gathered in FP8 (--fp8-param-gather)"),
               "precision_aware_optimizer": ("bf16m", "Adam moments in BF16 (precision-aware optimizer)"),
               "cuda_graph": ("cg", "CUDA graphs (cglayer, cgfull_iteration)"),
-              "moe_shared_expert_overlap": ("shov", "shared experts beside the all-to-alls")}
+              "moe_shared_expert_overlap": ("shov", "shared experts beside the all-to-alls"),
+              "fp8_attention": ("fp8a", "FP8 dot-product attention")}
 # Knobs without a column of their own: "other" writes each one away from its default.
 HIDDEN_KNOBS = ("fp8_bf16_edge_layers", "grad_reduce_in_fp32", "distributed_optimizer", "overlap_grad_reduce",
                 "flash_attention", "fsdp", "num_layers_in_first_pipeline_stage",
                 "num_layers_in_last_pipeline_stage", "account_for_embedding_in_pipeline_split",
                 "account_for_loss_in_pipeline_split", "fp8_param_gather", "precision_aware_optimizer", "cuda_graph",
-                "moe_shared_expert_overlap")
+                "moe_shared_expert_overlap", "fp8_attention")
 VARIANT_KNOBS = ("vp", "mbs", "sp", "recompute", "recompute_num_layers", "precision", "tp_comm_overlap",
                  *HIDDEN_KNOBS)
 PLAN_DEFAULTS = {f: getattr(Plan(tp=1, pp=1, dp=1, gbs=1), f) for f in HIDDEN_KNOBS}
@@ -99,10 +100,10 @@ class PredictionError:
     # family -> {"dense": error, "dense_rows": n, "moe": error, "moe_rows": n} (kinds it has rows of)
     by_family: dict[str, dict[str, float]] = field(default_factory=dict)
 
-    def for_hardware(self, hw: HardwareSpec | None, moe: bool = False) -> PredictionError:
-        """The band of ``hw``'s family and the model's kind; the pooled one where the family has
-        no held-out rows of that kind."""
-        kind = "moe" if moe else "dense"
+    def for_hardware(self, hw: HardwareSpec | None, moe: bool = False, lora: bool = False) -> PredictionError:
+        """The band of ``hw``'s family and the model's kind (dense, moe, or a LoRA fine-tune); the
+        pooled one (dense for LoRA) where the family has no held-out rows of that kind."""
+        kind = "moe" if moe else "lora" if lora else "dense"
         pooled = self.moe_step_time_relative_error if moe and self.moe_step_time_relative_error else \
             self.step_time_relative_error
         family = (hw.efficiency_from or hw.name) if hw is not None else ""
@@ -240,12 +241,12 @@ def short_legend(hw: HardwareSpec | None, memory_fraction: float | None = None,
 def print_ranked(ranked: pd.DataFrame, title: str, top: int = 10, console: Console | None = None,
                  hw: HardwareSpec | None = None, memory_fraction: float | None = None, wide: bool = False,
                  explain: bool = False, where: str = "", train: TimeToTrain | None = None,
-                 moe: bool = False) -> None:
+                 moe: bool = False, lora: bool = False) -> None:
     """The ranked table as wide as the terminal allows (all columns with ``wide``), the short
     legend, or the full one with ``explain``; with ``train``, the time to train of each layout
-    and a line on the winner's; ``moe``: the tie band of MoE models."""
+    and a line on the winner's; ``moe`` / ``lora``: the tie band of MoE models / LoRA runs."""
     console = console or Console()
-    error = prediction_error().for_hardware(hw, moe)
+    error = prediction_error().for_hardware(hw, moe, lora)
     text = legend(hw, memory_fraction, error) if explain else short_legend(hw, memory_fraction, error)
     if train is not None and ranked["fits"].any():
         text = [train.summary(float(ranked.loc[ranked["fits"], "tokens_per_s_per_gpu"].iloc[0])), *text]
@@ -255,10 +256,11 @@ def print_ranked(ranked: pd.DataFrame, title: str, top: int = 10, console: Conso
 
 def markdown_table(ranked: pd.DataFrame, top: int = 50, hw: HardwareSpec | None = None,
                    memory_fraction: float | None = None, feasible: int | None = None,
-                   train: TimeToTrain | None = None, moe: bool = False) -> str:
+                   train: TimeToTrain | None = None, moe: bool = False, lora: bool = False) -> str:
     """ranked.md's table; ``feasible``: the run's count when ``ranked`` keeps only the best;
-    ``train``: the time to train beside each layout; ``moe``: the tie band of MoE models."""
-    error = prediction_error().for_hardware(hw, moe)
+    ``train``: the time to train beside each layout; ``moe`` / ``lora``: the tie band of MoE
+    models / LoRA runs."""
+    error = prediction_error().for_hardware(hw, moe, lora)
     columns, rows = _table(ranked, top, hw, train, error)
     headers = [c.header for c in columns]
     feasible = feasible or int(ranked["fits"].sum())

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from autoparallel import io, ranges, safefile
+from autoparallel.costmodel import finetune
 from autoparallel.costmodel.estimate import BREAKDOWN_KEYS, MEMORY_KEYS, record
 from autoparallel.errors import UserError
 from autoparallel.report import moe_export, run_folder, tables
@@ -125,7 +126,7 @@ def write_tables(result: SearchResult, run_dir: Path, top_md: int = 50, summaris
     title = f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}"
     run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(
         result.ranked, top_md, result.hardware, result.space.memory_fraction, result.feasible_total,
-        train=result.train, moe=result.model.is_moe))
+        train=result.train, moe=result.model.is_moe, lora=finetune.is_lora(result.model)))
     if not result.feasible.empty:
         write_best(run_dir, result.model, result.hardware, result.entry(1), title)
     rows = result.ranked
@@ -154,8 +155,12 @@ def plan_document(model: ModelSpec, hw: HardwareSpec, row: pd.Series) -> dict:
 
 
 def write_best(run_dir: Path, model: ModelSpec, hw: HardwareSpec, row: pd.Series, title: str) -> None:
-    """best.yaml and train.sh (the launch script) of the rank-1 plan."""
+    """best.yaml and train.sh (the launch script) of the rank-1 plan; no train.sh for LoRA, which
+    Megatron-LM's pretrain_gpt.py cannot run (``export --format nemo2`` writes its recipe)."""
     run_folder.write_yaml(run_dir / run_folder.BEST, plan_document(model, hw, row))
+    from autoparallel.costmodel.finetune import is_lora
+    if is_lora(model):
+        return
     run_folder.write_atomic(run_dir / run_folder.TRAIN_SCRIPT, launch_script(model, hw, row, title))
 
 

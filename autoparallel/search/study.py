@@ -207,7 +207,11 @@ def best_throughput(study) -> float | None:
 
 
 def _requeue_stale(study, shared: bool) -> int:
-    """Trials left RUNNING by a killed process: mark FAIL, enqueue their parameters again.
+    """Trials left RUNNING by a killed process: mark FAIL and enqueue them again: an enqueued
+    seed with its fixed layout; a sampled trial only in a shared study. A study of its own
+    re-proposes a sampled trial anyway (its sampler is reseeded from the count of completed trials),
+    and re-queuing one killed while its parameters were being suggested would fix some of them and
+    shift the sampler's draws: the resumed study would diverge from an uninterrupted one.
 
     A study in its run folder is this process's alone (the folder is locked), so every RUNNING
     trial in it is stale. A ``shared`` study (a ``--storage`` URL) may have live trials of other
@@ -223,8 +227,10 @@ def _requeue_stale(study, shared: bool) -> int:
             study._storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
         except optuna.exceptions.UpdateFinishedTrialError:  # its owner finished it, or another search failed it
             continue
-        study.enqueue_trial(t.params, skip_if_exists=False)
-        requeued += 1
+        fixed = t.system_attrs.get("fixed_params")
+        if fixed or shared:
+            study.enqueue_trial(fixed or t.params, skip_if_exists=False)
+            requeued += 1
     return requeued
 
 

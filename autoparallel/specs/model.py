@@ -10,6 +10,7 @@ import ast
 from dataclasses import dataclass
 from typing import Literal
 
+from autoparallel.specs.finetune import Finetune
 from autoparallel.specs.names import check_name
 
 Activation = Literal["gelu", "swiglu", "squared_relu"]
@@ -114,6 +115,8 @@ class ModelSpec:
     # Positions the model serves (Megatron-LM's --max-position-embeddings; HF's
     # max_position_embeddings): the serving context. None means seq_length.
     max_position_embeddings: int | None = None
+    # A fine-tuning run (full SFT or LoRA, packed sequences); None: pre-training.
+    finetune: Finetune | None = None
     aliases: tuple[str, ...] = ()
     source: str = ""
 
@@ -166,6 +169,9 @@ class ModelSpec:
                                  f"moe_router_group_topk={group_topk} be in 1..{groups}")
         if self.mtp_num_layers < 0:
             raise ValueError(f"mtp_num_layers must be 0 or more, got {self.mtp_num_layers}")
+        if self.finetune and (self.finetune.document_tokens or 0) > self.seq_length:
+            raise ValueError(f"finetune.document_tokens {self.finetune.document_tokens} is longer than the packed "
+                             f"sequence (seq_length {self.seq_length})")
         self._check_export_fields()
 
     def _check_export_fields(self) -> None:

@@ -97,6 +97,9 @@ class Plan:
     # Layers at the start and at the end kept in BF16 under an FP8 recipe.
     fp8_bf16_edge_layers: int = 0
     flash_attention: bool = True
+    # --fp8-dot-product-attention: TransformerEngine's fused attention computes QK^T and P·V in FP8
+    # (MLPerf's FP8_DPA; under the fp8-delayed and fp8-current recipes).
+    fp8_attention: bool = False
     # --fp8-param-gather: the FP8 weights are the parameters (no BF16 copy is kept) and the
     # distributed optimizer all-gathers them in FP8, 1 B per parameter instead of 2.
     fp8_param_gather: bool = False

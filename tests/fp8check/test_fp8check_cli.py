@@ -25,7 +25,7 @@ def test_fp8_check_command_writes_folder_and_json(tiny_yaml, tmp_path, capsys):
 
 
 def test_fp8_check_refuses_unknown_recipe(capsys):
-    assert main(["fp8-check", "--model", "gpt3-175b", "--recipes", "mxfp8", "--no-save"]) == 2
+    assert main(["fp8-check", "--model", "gpt3-175b", "--recipes", "mxfp4", "--no-save"]) == 2
     assert "cannot be checked" in capsys.readouterr().err
 
 

@@ -38,5 +38,17 @@ def test_flags_override_steps_window_and_recipes(tiny_yaml):
     s = settings_from_flags(str(tiny_yaml), steps=3, recipes="fp8-delayed", seed=7)
     assert (s.run.steps, s.run.final_window, s.run.seed) == (3, 3, 7)
     assert s.recipes == ("fp8-delayed",)
-    with pytest.raises(UserError, match="mxfp8"):
-        settings_from_flags(None, None, "fp8-current,mxfp8")
+    both = settings_from_flags(None, None, "delayed,current,mxfp8,nvfp4,fp8-current")
+    assert both.recipes == ("fp8-delayed", "fp8-current", "mxfp8", "nvfp4")  # aliases, once each
+    with pytest.raises(UserError, match=r"mxfp4 cannot be checked; choose from .*nvfp4"):
+        settings_from_flags(None, None, "fp8-current,mxfp4")
+    with pytest.raises(UserError, match="cannot be checked"):
+        settings_from_flags(None, None, " , ")
+
+
+def test_nvfp4_is_judged_by_its_own_thresholds():
+    from autoparallel.fp8check.settings import thresholds_for
+    s = load_settings()
+    assert thresholds_for(s, "nvfp4") is s.fp4_thresholds
+    assert thresholds_for(s, "mxfp8") is s.thresholds
+    assert s.fp4_thresholds.max_underflow_pct > s.thresholds.max_underflow_pct

@@ -70,6 +70,6 @@ def test_policy_validation():
         Fp8Policy(CurrentScaling(), bf16_last_layers=-1)
     with pytest.raises(ValueError, match="must be a tuple of name patterns"):
         Fp8Policy(CurrentScaling(), bf16_modules="layers.0.mlp.w2")
-    with pytest.raises(ValueError, match="is not an FP8 recipe"):
+    with pytest.raises(ValueError, match="is not an FP8 or FP4 recipe; use one of .*Nvfp4BlockScaling"):
         Fp8Policy("fp8-delayed")
     assert Fp8Policy(DelayedScaling(), bf16_modules=("layers.0.*",))  # named modules are fine

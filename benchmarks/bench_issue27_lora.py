@@ -1,0 +1,76 @@
+"""Issue 27's figure: does `search --model llama2-70b --gpus 8 --finetune lora --seq-length 8192`
+offer the layouts MLPerf's Llama-2-70B LoRA submissions used on 8 GPUs as candidates predicted to
+fit, and where does it rank them? Per LoRA setting (Megatron-Bridge's defaults: rank 32 on all four
+Linears; MLPerf's: rank 16 on QKV and projection, packed), GPU (h100-sxm, h200) and global batch (the
+preset's 128, and MLPerf's 8): each submitted 8-GPU layout (TP, CP; PP 1, MBS 1, FP8) at its best variant (the
+unpublished knobs searched), its rank among the feasible layouts and the share above it.
+
+Then the MLPerf LoRA rows' mean and max |error| with the fixed step cost (``step_overhead_s``) set
+to each of a few values, the rest of the shipped constants kept.
+
+    PYTHONPATH=. python benchmarks/bench_issue27_lora.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import numpy as np
+
+from autoparallel import io, resources
+from autoparallel.cli.finetune import with_finetune
+from autoparallel.cli.common import with_seq_length
+from autoparallel.search.run import search
+from autoparallel.space import load_space
+from autoparallel.measured_runs import load_runs, predict_row, read_runs_table
+
+
+def submitted_layouts(gpu: str) -> set[tuple[int, int]]:
+    """(tp, cp) of the 8-GPU submissions on ``gpu``."""
+    rows = read_runs_table(resources.data_file("mlperf_training_lora_hopper.csv"))
+    rows = rows[(rows.gpu == gpu) & (rows.num_gpus == 8)]
+    return {(int(r.tp), int(r.cp)) for r in rows.itertuples()}
+
+
+SETTINGS = {"defaults": dict(lora_rank=None, lora_targets=None, packed_sequence=None),
+            "MLPerf's": dict(lora_rank=16, lora_targets=("linear_qkv", "linear_proj"), packed_sequence=True)}
+
+
+def main() -> None:
+    for name, setting in SETTINGS.items():
+        flags = argparse.Namespace(finetune="lora", document_tokens=None, **setting)
+        print(f"--- LoRA with {name} settings")
+        rank_layouts(with_finetune(with_seq_length(io.load_model("llama2-70b"), 8192), flags))
+    floor_ablation()
+
+
+def floor_ablation() -> None:
+    rows = load_runs([resources.data_file("mlperf_training_lora_hopper.csv")])
+    print(f"--- {len(rows)} MLPerf LoRA rows by step_overhead_s (shipped: {rows[0].hardware.efficiency.step_overhead_s})")
+    for floor in (0.0, 0.02, 0.04, 0.06, 0.1, 0.145):
+        errors = np.abs([predict_row(r, dataclasses.replace(r.hardware.efficiency, step_overhead_s=floor))["error_pct"]
+                         for r in rows])
+        print(f"  {floor:.3f} s: mean |error| {errors.mean():.1f} %, max {errors.max():.1f} %")
+
+
+def rank_layouts(model) -> None:
+    for gpu in ("h100-sxm", "h200"):
+        hw = io.load_hardware(gpu)
+        for gbs in (128, 8):
+            result = search(model, hw, 8, gbs, load_space("training"))
+            feasible = result.feasible.reset_index(drop=True)
+            print(f"{gpu}, gbs {gbs}: {len(feasible):,} feasible candidates")
+            for tp, cp in sorted(submitted_layouts(gpu)):
+                match = feasible[(feasible.tp == tp) & (feasible.cp == cp) & (feasible.pp == 1) & (feasible.mbs == 1)
+                                 & (feasible.precision == "fp8-delayed")]
+                if match.empty:
+                    print(f"  TP{tp} CP{cp}: NOT offered as fitting")
+                    continue
+                rank = int(match.index[0]) + 1
+                print(f"  TP{tp} CP{cp} PP1 MBS1 fp8: rank {rank} of {len(feasible):,} (top {100 * rank / len(feasible):.2f} %), "
+                      f"{match.iloc[0].step_time_s:.3f} s/step, {match.iloc[0].peak_memory_gib:.1f} GiB")
+
+
+if __name__ == "__main__":
+    main()

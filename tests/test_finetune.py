@@ -1,0 +1,94 @@
+"""Fine-tuning runs (issue 27): the spec, the search's offer of MLPerf's LoRA layouts, and the exports.
+
+The cost terms are pinned in tests/test_cost_terms.py, the MLPerf LoRA rows' errors in
+tests/test_validate.py, the bad flags in tests/test_bad_inputs.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from autoparallel import io
+from autoparallel.cli.common import with_seq_length
+from autoparallel.cli.finetune import with_finetune
+from autoparallel.errors import UserError
+from autoparallel.search import run as runs
+from autoparallel.space import load_space
+from autoparallel.specs.finetune import Finetune
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(mode="qlora"), "finetune mode must be one of full, lora"),
+    (dict(lora_rank=0), "lora_rank must be a positive integer"),
+    (dict(lora_targets=("linear_qkv", "linear_qkv")), "lora_targets must be distinct names"),
+    (dict(lora_targets=("q_proj",)), "lora_targets must be distinct names among linear_qkv"),
+    (dict(document_tokens=512), "with packed_sequence"),
+])
+def test_a_bad_finetune_names_the_value(fields, message):
+    with pytest.raises(ValueError, match=message):
+        Finetune(**fields)
+
+
+def test_a_finetune_travels_in_a_model_yaml():
+    model = dataclasses.replace(io.load_model("llama2-70b"), finetune=Finetune("lora", 16, ("linear_qkv",), True, 2048))
+    assert io.from_dict(type(model), io.to_dict(model), "test") == model
+    with pytest.raises(ValueError, match="longer than the packed sequence"):
+        dataclasses.replace(model, seq_length=1024)
+
+
+def _mlperf_lora(gpu: str):
+    """search --model llama2-70b --gpus 8 --finetune lora --lora-rank 16 --lora-targets
+    linear_qkv,linear_proj --packed-sequence --seq-length 8192 --gbs 8 (MLPerf's settings)."""
+    flags = argparse.Namespace(finetune="lora", lora_rank=16, lora_targets=("linear_qkv", "linear_proj"),
+                               packed_sequence=True, document_tokens=None)
+    model = with_finetune(with_seq_length(io.load_model("llama2-70b"), 8192), flags)
+    return runs.search(model, io.load_hardware(gpu), 8, 8, load_space("training"))
+
+
+def _share_above(result, tp: int, cp: int) -> float:
+    """The share of the feasible candidates ranked above the submitted layout's best variant."""
+    feasible = result.feasible.reset_index(drop=True)
+    match = feasible[(feasible.tp == tp) & (feasible.cp == cp) & (feasible.pp == 1) & (feasible.mbs == 1)
+                     & (feasible.precision == "fp8-delayed")]
+    assert not match.empty, f"TP{tp} CP{cp} is not offered as fitting"
+    return (match.index[0] + 1) / len(feasible)
+
+
+@pytest.fixture(scope="module")
+def h100_search():
+    return _mlperf_lora("h100-sxm")
+
+
+@pytest.fixture(scope="module")
+def h200_search():
+    return _mlperf_lora("h200")
+
+
+def test_the_h100_submissions_layout_fits_and_ranks_in_the_top_5_percent(h100_search):
+    assert _share_above(h100_search, 4, 1) <= 0.05
+
+
+@pytest.mark.parametrize("tp, cp", [(1, 2), (2, 1)])
+def test_the_h200_submissions_layouts_fit_and_rank_in_the_top_5_percent(h200_search, tp, cp):
+    assert _share_above(h200_search, tp, cp) <= 0.05
+
+
+@pytest.mark.xfail(strict=True, reason="issue 27: Oracle's H200 TP4 layout fits but ranks at 12.6 % (the model "
+                                       "prices TP4 on H200 20 % slow: mlperflora-v5.0-Oracle-1xBM.GPU.H200.8 +20 %)")
+def test_the_h200_tp4_submission_ranks_in_the_top_5_percent(h200_search):
+    assert _share_above(h200_search, 4, 1) <= 0.05
+
+
+def test_lora_runs_export_to_nemo2_not_to_megatron_lm(h100_search, tmp_path):
+    from autoparallel.cli.export import export_text
+    run_dir = runs.save(h100_search, tmp_path, ["autoparallel", "search"])
+    loaded = runs.load(run_dir)
+    assert loaded.model.finetune == h100_search.model.finetune
+    assert "finetune_recipe(" in export_text(loaded, 1, "nemo2")
+    assert not (run_dir / "train.sh").exists()  # a Megatron-LM pre-training launch would train every weight
+    for fmt in ("megatron", "launch", "nemo"):
+        with pytest.raises(UserError, match=f"--format {fmt}: the run fine-tunes with LoRA"):
+            export_text(loaded, 1, fmt)
