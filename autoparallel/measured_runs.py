@@ -32,7 +32,7 @@ from autoparallel.space import SPLIT_COLUMNS, SearchSpace, generate
 from autoparallel.specs.finetune import Finetune
 from autoparallel.specs.hardware import Efficiency, HardwareSpec
 from autoparallel.specs.model import ModelSpec
-from autoparallel.specs.plan import Plan
+from autoparallel.specs.plan import FP8_PRECISIONS, Plan
 
 TRAINING_RUNS = ("training_runs.csv", "training_runs_more.csv", "training_runs_papers.csv")
 # Runs that validate predicts but calibration never fits (nor validate's refits): MLPerf's record
@@ -189,16 +189,31 @@ def _optional_int(row: pd.Series, key: str) -> int | None:
 
 
 def recipe_settings() -> dict:
-    """``{row id: settings}``: the recipe a published row ran, where it departs from its source's
-    defaults (``data/recipe_settings.yaml``; each entry's ``source`` names the recipe file)."""
-    return io.read_yaml(resources.data_file(RECIPES)) or {}
+    """``{"releases": {release: settings}, "rows": {row id: settings}}``: what the recipe a
+    published row ran sets where it departs from its source's defaults (``data/recipe_settings.yaml``;
+    each entry's ``source`` names the recipe file and commit). A release's settings hold for its
+    rows of the precisions the entry names (``precisions``)."""
+    settings = io.read_yaml(resources.data_file(RECIPES)) or {}
+    return {"releases": settings.get("releases") or {}, "rows": settings.get("rows") or {}}
+
+
+def recipe_for(row: pd.Series, recipes: dict | None) -> dict:
+    """The recipe settings of one row: its release's (for its precision), then its own entry's."""
+    recipes = recipes or {}
+    release = (recipes.get("releases") or {}).get(software_of(row), {})
+    out = {}
+    if str(row["precision"]) in release.get("precisions", ()):
+        out.update(release)
+    out.update((recipes.get("rows") or {}).get(str(row["id"]), {}))
+    return {k: v for k, v in out.items() if k not in ("source", "precisions", "note")}
 
 
 # The knobs a published row's variant is made of, as ``variant`` names them.
 VARIANT_KNOBS = {"mbs": "mbs", "recompute": "recompute", "recompute_num_layers": "recompute_layers",
                  "recompute_modules": "recompute_modules", "cpu_offloading_num_layers": "offload",
-                 "tp_comm_overlap": "tp_overlap", "moe_token_dispatcher_type": "dispatcher",
-                 "overlap_moe_expert_parallel_comm": "a2a_overlap"}
+                 "tp_comm_overlap": "tp_overlap", "fp8_param_gather": "fp8_param_gather",
+                 "precision_aware_optimizer": "precision_aware", "cuda_graph": "cuda_graph",
+                 "moe_token_dispatcher_type": "dispatcher", "overlap_moe_expert_parallel_comm": "a2a_overlap"}
 MOE_VARIANT_KNOBS = ("moe_token_dispatcher_type", "overlap_moe_expert_parallel_comm")
 # The search-space knob whose values a variant knob is chosen from.
 _SPACE_KNOB = {"recompute_num_layers": "full_recompute_fractions", "cpu_offloading_num_layers": "cpu_offload_fractions"}
@@ -225,6 +240,8 @@ def variant_text(plan: pd.Series, origins: dict[str, str], moe: bool) -> str:
             return moe
         if knob == "recompute_num_layers":
             return plan["recompute"] == "full"
+        if knob == "fp8_param_gather":
+            return plan["precision"] in FP8_PRECISIONS
         return knob != "recompute_modules" or plan["recompute"] == "selective"
     def value(knob):
         v = plan[knob]
@@ -289,7 +306,7 @@ def prepare_row(row: pd.Series, assumptions: dict, recipes: dict | None = None) 
     """The row's candidates: its stated layout, its recipe's settings (``recipes``: see
     ``recipe_settings``) where the row is silent, the source's defaults where both are."""
     source = assumptions[assumptions_key(row["id"])]
-    recipe = {k: v for k, v in (recipes or {}).get(str(row["id"]), {}).items() if k != "source"}
+    recipe = recipe_for(row, recipes)
     balanced = software_of(row) in source.get("moe_force_balanced_releases", [])
     model = model_from_row(row, force_balanced=balanced)
     hw = io.load_hardware(str(row["gpu"]))
