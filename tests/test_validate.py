@@ -6,7 +6,7 @@ then the source's defaults); a published layout fits only if it fits in that var
 The issues' targets are held as targets. Dense (issue 11): in-sample mean |error| <= 6 %, no row
 worse than 15 %; leave-one-model-out (each model's rows predicted by constants refitted without
 them) mean <= 10 %, max <= 25 %. MoE (issue 22): held out <= 15 %, in sample <= 10 %, no row worse
-than 35 %, DeepSeek-V3's own run within 15 %. MLPerf GPT-3 (issue 23): mean <= 6 %, max <= 12 % (met).
+than 35 %, DeepSeek-V3's own run within 15 %. MLPerf GPT-3 (issue 23): mean <= 6 % (met), max <= 12 %.
 A target not met is a strict expected failure whose reason quotes today's figure (meeting it turns
 the suite red until the test is updated); beside it a regression guard at today's figure (named so),
 which is not a target. Every published layout predicted to fit as run; the ones that do not are
@@ -22,27 +22,27 @@ from autoparallel import validate
 # when the cost model moves.
 TODAY = "2026-11-26"
 FIGURES = {
-    "dense_in_max": 26.6,    # nemo-llama3.1-405b-gb200-128gpu-fp8-delayed (offload 95 of its recipe)
-    "moe_in_mean": 18.6,
-    "moe_held_mean": 20.4,
-    "moe_worst": "GPT-OSS-120B on B200 +64.9 % in sample, +65.7 % held out",
-    "deepseek": "-26.1 %, 119 GiB",
+    "dense_in_max": 28.8,    # nemo-llama3.1-405b-gb200-128gpu-fp8-delayed (25.07: FSDP, offload 95, FP8 param gather)
+    "moe_in_mean": 18.3,
+    "moe_held_mean": 20.0,
+    "moe_worst": "GPT-OSS-120B on B200 +64.9 % in sample; Qwen3-235B-A22B on H100 -65.7 % held out",
+    "deepseek": "-25.7 %, 119 GiB",
     "mlperf_max": "13.5 % (v3.0 CoreWeave n448, an older release)",
 }
-# Published layouts predicted not to fit in the variant their source ran (TODAY): findings (the
-# memory model, or the recorded recipe, is wrong for them), each held as a strict expected failure.
+# Published layouts predicted not to fit in the variant their source ran (TODAY): findings, each
+# held as a strict expected failure. The reason gives the peak with the 4 GiB reserve, against the
+# 0.95 share of the GPU a plan may fill; "fits the whole GPU" where the peak without the reserve
+# is within the GPU's memory (RESULTS.md, issue 28 item 4, says what the runtime may keep less of).
 NOT_FITTING_AS_RUN = {
-    "nemo-gpt3-20b-h100-sxm-64gpu-fp8-delayed-tp2pp1cp1vp1-mbs2-gbs256": "79.3 GiB on an 80 GB H100",
-    "nemo-nemotron-340b-h100-sxm-128gpu-fp8-delayed-tp8pp8cp1vp12-mbs1-gbs32": "89.3 GiB on an 80 GB H100",
-    "nemo-llama3-8b-h100-sxm-8gpu-fp8-delayed-tp1pp1cp2vp1-mbs1-gbs128": "76.4 GiB on an 80 GB H100",
-    "nemo-llama3-70b-gb300-64gpu-fp8-current-tp1pp1cp1vp1ep1-mbs2-gbs256-fsdp64": "267.9 GiB on GB300, offload 20",
-    "nemo-llama3.1-405b-gb300-256gpu-fp8-current-tp2pp8cp2vp4ep1-mbs1-gbs1536": "292.4 GiB on GB300",
-    "nemo-llama3-70b-gb200-64gpu-fp8-current-tp1pp1cp1vp1ep1-mbs2-gbs256-fsdp64": "195.4 GiB on GB200, offload 40",
-    "nemo-llama3.1-405b-gb200-256gpu-fp8-current-tp4pp16cp1vp4ep1-mbs1-gbs1536": "190.6 GiB on GB200",
-    "nemo-llama3.1-405b-b200-128gpu-fp8-current-tp4pp8cp2vp8ep1-mbs1-gbs64": "170.6 GiB on B200",
-    "nemo-llama3.1-405b-b200-128gpu-fp8-delayed-tp4pp8cp2vp8ep1-mbs1-gbs64": "170.6 GiB on B200",
-    "nemo-llama3-70b-gb200-64gpu-fp8-delayed-tp1pp1cp1vp1ep1-mbs1-gbs128-fsdp1": "180.2 GiB on GB200",
-    "nemo-gpt-oss-120b-h100-sxm-64gpu-bf16-tp1pp4cp1vp1ep8-mbs4-gbs512": "103.8 GiB on an 80 GB H100",
+    "nemo-gpt3-20b-h100-sxm-64gpu-fp8-delayed-tp2pp1cp1vp1-mbs2-gbs256": "79.3 GiB on an 80 GB H100 (fits the whole GPU)",
+    "nemo-nemotron-340b-h100-sxm-128gpu-fp8-delayed-tp8pp8cp1vp12-mbs1-gbs32": "78.6 GiB on an 80 GB H100 (fits the whole GPU)",
+    "nemo-llama3-8b-h100-sxm-8gpu-fp8-delayed-tp1pp1cp2vp1-mbs1-gbs128": "76.4 GiB on an 80 GB H100 (fits the whole GPU)",
+    "nemo-llama3-70b-gb300-64gpu-fp8-current-tp1pp1cp1vp1ep1-mbs2-gbs256-fsdp64": "264.4 GiB on GB300, offload 20 (fits the whole GPU)",
+    "nemo-llama3-70b-gb200-64gpu-fp8-current-tp1pp1cp1vp1ep1-mbs2-gbs256-fsdp64": "191.9 GiB on GB200, offload 40",
+    "nemo-llama3.1-405b-gb200-256gpu-fp8-current-tp4pp16cp1vp4ep1-mbs1-gbs1536": "178.8 GiB on GB200",
+    "nemo-llama3-70b-gb200-64gpu-fp8-delayed-tp1pp1cp1vp1ep1-mbs1-gbs128-fsdp1": "176.6 GiB on GB200 (fits the whole GPU)",
+    # Its recipe's micro-batch is 1 (Megatron-Bridge v0.2.0 GPT_OSS_120B_H100_BF16_BASE_CONFIG), the table's 4.
+    "nemo-gpt-oss-120b-h100-sxm-64gpu-bf16-tp1pp4cp1vp1ep8-mbs4-gbs512": "103.8 GiB on an 80 GB H100 at the table's mbs 4",
     # Priced with Megatron's interleaved schedule (vp 2, 120 micro-batches in groups of 20: 51
     # chunk-micro-batches held on the first stage), which holds more than its DualPipe did.
     "deepseek-v3-report-h800-2048gpu-fp8-blockwise-tp1pp16cp1vp2ep64-gbs15360": "119.1 GiB on an 80 GB H800",
@@ -56,7 +56,9 @@ def _target(reason: str):
 MLPERF_MEAN, MLPERF_MAX = 6.0, 12.0  # issue 23's targets
 MLPERF_MAX_REACHED = 13.6  # 2026-11-26, since the parameter all-gather runs one bucket ahead (was 17.7)
 # Issue 27, MLPerf's Llama-2-70B LoRA rows: reached in sample and held out (the target: mean <= 10 %).
-LORA_MEAN, LORA_HELDOUT_MEAN, LORA_MAX = 5.8, 5.6, 29.3  # 2026-11-26: 5.7, 5.5, 29.2
+# Held out 5.5 % when the dense rows were priced in their best variant; 7.9 % since they are priced
+# as run (issue 28 item 4): the refits without the 70B models land on other H100 constants.
+LORA_MEAN, LORA_HELDOUT_MEAN, LORA_MAX = 5.8, 8.0, 29.3  # 2026-11-26: 5.7, 7.9, 29.2
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +115,18 @@ def test_published_layout_fits_as_run(full_report, row_id):
     assert full_report.set_index("id").fits[row_id]
 
 
+def test_the_rows_said_to_fit_the_whole_gpu_do(full_report):
+    """The layouts NOT_FITTING_AS_RUN says fit the whole GPU miss only the search's headroom (the
+    0.95 share and the 4 GiB reserve); the others need more than the GPU has, as priced."""
+    from autoparallel import io
+    rows = full_report.set_index("id")
+    for row_id, why in NOT_FITTING_AS_RUN.items():
+        hw = io.load_hardware(rows.gpu[row_id])
+        assert f"{rows.peak_memory_gib[row_id]:.1f} GiB" in why, (row_id, rows.peak_memory_gib[row_id])
+        whole = rows.peak_memory_gib[row_id] - hw.reserve_gib <= hw.memory_gib
+        assert whole == ("fits the whole GPU" in why), (row_id, rows.peak_memory_gib[row_id])
+
+
 def test_every_row_names_the_variant_it_was_priced_in(full_report):
     """NeMo rows are priced in the recipe's settings: none of their knobs is the best-priced pick."""
     import re
@@ -129,12 +143,30 @@ def test_a_recipe_setting_is_the_variant_priced():
     what the row is priced in."""
     from autoparallel.measured_runs import load_runs, predict_row, read_runs, recipe_settings
     recipes = recipe_settings()
-    assert set(recipes) <= set(read_runs().id) and all(r.get("source") for r in recipes.values())
+    rows, releases = recipes["rows"], recipes["releases"]
+    assert set(rows) <= set(read_runs().id)
+    assert all(r.get("source") for r in [*rows.values(), *releases.values()])
     row_id = "nemo-llama3-8b-h100-sxm-8gpu-fp8-current-tp1pp1cp1vp1ep1-mbs1-gbs128-fsdp8"
-    assert recipes[row_id]["recompute_num_layers"] == 5
+    assert rows[row_id]["recompute_num_layers"] == 5
     row = next(p for p in load_runs() if p.id == row_id)
     assert set(row.candidates.recompute) == {"full"} and set(row.candidates.recompute_num_layers) == {5}
-    assert "recompute=full[recipe] recompute_layers=5[recipe]" in predict_row(row)["variant"]
+    variant = predict_row(row)["variant"]
+    assert "recompute=full[recipe] recompute_layers=5[recipe]" in variant
+    assert "fp8_param_gather=on[recipe]" in variant  # its release's FP8 precision config
+    assert set(row.candidates.fp8_param_gather) == {True}
+
+
+def test_a_release_setting_holds_for_its_precisions_only():
+    """NeMo 25.11's FP8 param gather is a setting of its FP8 precision configs: its BF16 rows and the
+    24.07 rows run without it."""
+    from autoparallel.measured_runs import read_runs, recipe_for, recipe_settings
+    recipes, runs = recipe_settings(), read_runs().set_index("id", drop=False)
+    fp8 = runs.loc["nemo-llama3.1-405b-gb300-256gpu-fp8-current-tp2pp8cp2vp4ep1-mbs1-gbs1536"]
+    bf16 = runs.loc["nemo-gpt-oss-120b-b200-64gpu-bf16-tp1pp1cp1vp1ep8-mbs4-gbs512"]
+    old = runs.loc["nemo-gpt3-20b-h100-sxm-64gpu-fp8-delayed-tp2pp1cp1vp1-mbs2-gbs256"]
+    assert recipe_for(fp8, recipes)["fp8_param_gather"] is True
+    assert "fp8_param_gather" not in recipe_for(bf16, recipes)
+    assert recipe_for(old, recipes)["fp8_param_gather"] is False
 
 
 def test_validate_reports_the_variant_in_json_and_table(full_report, monkeypatch, capsys):
