@@ -3,8 +3,10 @@ states, the candidates consistent with it, and the prediction of the metric its 
 
 Below both ``validate`` (which reports the errors, in-sample and held out) and
 ``costmodel.calibrate`` (which fits the constants to them), so that neither imports the other.
-What a source leaves unstated is searched with the assumptions of ``search_spaces/validation.yaml``
-and the fastest layout that fits is taken, as the authors tuned their runs.
+What a row leaves unstated is taken from what its source documents: the recipe it ran
+(``data/recipe_settings.yaml``), else the source's defaults (``search_spaces/validation.yaml``).
+Only what no source documents (Narayanan's micro-batch size) is searched, the fastest layout that
+fits taken, as the authors tuned their runs. Each prediction names the variant it priced.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from autoparallel.space import SPLIT_COLUMNS, SearchSpace, generate
 from autoparallel.specs.finetune import Finetune
 from autoparallel.specs.hardware import Efficiency, HardwareSpec
 from autoparallel.specs.model import ModelSpec
-from autoparallel.specs.plan import Plan
+from autoparallel.specs.plan import FP8_PRECISIONS, Plan
 
 TRAINING_RUNS = ("training_runs.csv", "training_runs_more.csv", "training_runs_papers.csv")
 # Runs that validate predicts but calibration never fits (nor validate's refits): MLPerf's record
@@ -41,6 +43,7 @@ VALIDATION_ONLY_RUNS = ("mlperf_training_gpt3.csv", "mlperf_training_lora_hopper
 VALIDATION_ONLY_SOURCES = ("mlperf", "mlperflora", "bridge", "megatron")
 NEWER_SOURCES = ("bridge", "megatron")
 LOAD_BALANCE_RUNS = "moe_load_balance.csv"
+RECIPES = "recipe_settings.yaml"
 ASSUMPTIONS = io.SEARCH_SPACES / "validation.yaml"
 MEASURED = {"hw_tflops": "measured_hw_tflops_per_gpu", "iteration_time": "measured_iteration_time_s",
             "tokens_per_s_per_gpu": "measured_tokens_per_s_per_gpu",
@@ -194,6 +197,70 @@ def _optional_int(row: pd.Series, key: str) -> int | None:
     return int(row[key]) if _given(row, key) else None
 
 
+def recipe_settings() -> dict:
+    """``{"releases": {release: settings}, "rows": {row id: settings}}``: what the recipe a
+    published row ran sets where it departs from its source's defaults (``data/recipe_settings.yaml``;
+    each entry's ``source`` names the recipe file and commit). A release's settings hold for its
+    rows of the precisions the entry names (``precisions``)."""
+    settings = io.read_yaml(resources.data_file(RECIPES)) or {}
+    return {"releases": settings.get("releases") or {}, "rows": settings.get("rows") or {}}
+
+
+def recipe_for(row: pd.Series, recipes: dict | None) -> dict:
+    """The recipe settings of one row: its release's (for its precision), then its own entry's."""
+    recipes = recipes or {}
+    release = (recipes.get("releases") or {}).get(software_of(row), {})
+    out = {}
+    if str(row["precision"]) in release.get("precisions", ()):
+        out.update(release)
+    out.update((recipes.get("rows") or {}).get(str(row["id"]), {}))
+    return {k: v for k, v in out.items() if k not in ("source", "precisions", "note")}
+
+
+# The knobs a published row's variant is made of, as ``variant`` names them.
+VARIANT_KNOBS = {"mbs": "mbs", "recompute": "recompute", "recompute_num_layers": "recompute_layers",
+                 "recompute_modules": "recompute_modules", "cpu_offloading_num_layers": "offload",
+                 "tp_comm_overlap": "tp_overlap", "fp8_param_gather": "fp8_param_gather",
+                 "precision_aware_optimizer": "precision_aware", "cuda_graph": "cuda_graph",
+                 "moe_token_dispatcher_type": "dispatcher", "overlap_moe_expert_parallel_comm": "a2a_overlap"}
+MOE_VARIANT_KNOBS = ("moe_token_dispatcher_type", "overlap_moe_expert_parallel_comm")
+# The search-space knob whose values a variant knob is chosen from.
+_SPACE_KNOB = {"recompute_num_layers": "full_recompute_fractions", "cpu_offloading_num_layers": "cpu_offload_fractions"}
+
+
+def _origins(row: pd.Series, recipe: dict, space: SearchSpace) -> dict[str, str]:
+    """Where each variant knob's value comes from: the row itself, its recipe, the source's one
+    default (validation.yaml), or searched (the source block offers several values)."""
+    def origin(knob):
+        if _given(row, knob):
+            return "row"
+        if knob in recipe:
+            return "recipe"
+        values = getattr(space, _SPACE_KNOB.get(knob, knob), ())
+        return "searched" if isinstance(values, tuple) and len(values) > 1 else "default"
+    return {knob: origin(knob) for knob in VARIANT_KNOBS}
+
+
+def variant_text(plan: pd.Series, origins: dict[str, str], moe: bool) -> str:
+    """The variant a row was priced in, each knob with where its value came from:
+    ``mbs=2[searched] recompute=full[recipe] recompute_layers=5[recipe] offload=0[default] ...``."""
+    def shown(knob):
+        if knob in MOE_VARIANT_KNOBS:
+            return moe
+        if knob == "recompute_num_layers":
+            return plan["recompute"] == "full"
+        if knob == "fp8_param_gather":
+            return plan["precision"] in FP8_PRECISIONS
+        return knob != "recompute_modules" or plan["recompute"] == "selective"
+    def value(knob):
+        v = plan[knob]
+        if isinstance(v, (bool, np.bool_)):
+            return "on" if v else "off"
+        return "all" if knob == "recompute_num_layers" and v == 0 else str(v)  # 0: the whole chunk
+    return " ".join(f"{name}={value(knob)}[{origins.get(knob, 'searched')}]"
+                    for knob, name in VARIANT_KNOBS.items() if shown(knob))
+
+
 @dataclass(frozen=True)
 class PreparedRow:
     """One published run with its candidate layouts generated once (calibration reprices them)."""
@@ -205,6 +272,7 @@ class PreparedRow:
     memory_fraction: float
     candidates: pd.DataFrame
     cols: dict  # the candidates as the columns estimate_columns takes
+    origins: dict = dataclasses.field(default_factory=dict)  # variant knob -> row/recipe/default/searched
 
     @property
     def id(self) -> str:
@@ -247,8 +315,11 @@ class PreparedRow:
         return self.hardware.efficiency_from or self.hardware.name
 
 
-def prepare_row(row: pd.Series, assumptions: dict) -> PreparedRow:
+def prepare_row(row: pd.Series, assumptions: dict, recipes: dict | None = None) -> PreparedRow:
+    """The row's candidates: its stated layout, its recipe's settings (``recipes``: see
+    ``recipe_settings``) where the row is silent, the source's defaults where both are."""
     source = assumptions[assumptions_key(row["id"])]
+    recipe = recipe_for(row, recipes)
     balanced = software_of(row) in source.get("moe_force_balanced_releases", [])
     model = model_from_row(row, force_balanced=balanced)
     if source["metric"] == "model_tflops" and model.mtp_num_layers:
@@ -258,9 +329,15 @@ def prepare_row(row: pd.Series, assumptions: dict) -> PreparedRow:
     settings = {"tp_within_nvlink_domain": False, "full_recompute_fractions": [1.0], **source["space"]}
     if is_moe_row(row):
         settings.update(source.get("moe_space", {}))
-    space = io.from_dict(SearchSpace, settings, str(ASSUMPTIONS)).pinned(**_pins(row))
-    generated = generate(model, hw, int(row["num_gpus"]), int(row["gbs"]), space,
-                         _optional_int(row, "recompute_num_layers"))
+    space = io.from_dict(SearchSpace, settings, str(ASSUMPTIONS))
+    origins = _origins(row, recipe, space)
+    pins = _pins(row)
+    pins.update({k: v for k, v in recipe.items() if pins.get(k) is None and k != "recompute_num_layers"})
+    if not pins["sp"]:  # the recipes overlap TP communication only with TP > 1 (which brings SP)
+        pins.setdefault("tp_comm_overlap", False)
+    layers = _optional_int(row, "recompute_num_layers") or recipe.get("recompute_num_layers")
+    space = space.pinned(**pins)
+    generated = generate(model, hw, int(row["num_gpus"]), int(row["gbs"]), space, layers)
     candidates = generated[generated["reason"] == ""].reset_index(drop=True)
     if candidates.empty:
         raise UserError(f"{row['id']}: the published layout breaks a rule: {generated['reason'].iloc[0]}")
@@ -268,12 +345,13 @@ def prepare_row(row: pd.Series, assumptions: dict) -> PreparedRow:
     cols = {name: candidates[name].to_numpy() for name in Plan.field_names()}
     if _given(row, "pipeline_schedule"):  # a schedule Megatron does not run (``pipeline.DUALPIPE``)
         cols["pipeline_schedule"] = np.full(len(candidates), str(row["pipeline_schedule"]), dtype=object)
-    return PreparedRow(row, model, hw, source["metric"], space.memory_fraction, candidates, cols)
+    return PreparedRow(row, model, hw, source["metric"], space.memory_fraction, candidates, cols, origins)
 
 
 def best_candidate(out: dict) -> int:
     """Of the candidates ``estimate_columns`` priced, the fastest that fits; if none fits, the
-    one that needs least memory (the row's authors tuned their run)."""
+    one that needs least memory (the row's authors tuned their run). The candidates differ only
+    in the knobs no source documents (``PreparedRow.origins``: searched)."""
     fits = out["fits"]
     if fits.any():
         return int(np.argmax(np.where(fits, out["tokens_per_s_per_gpu"], -np.inf)))
@@ -314,6 +392,7 @@ def predict_row(prepared: PreparedRow, efficiency: Efficiency | None = None) -> 
         "mbs": int(best["mbs"]), "recompute": best["recompute"],
         "recompute_num_layers": int(best["recompute_num_layers"]),
         "tp_comm_overlap": bool(best["tp_comm_overlap"]),
+        "variant": variant_text(best, prepared.origins, model.is_moe),
     }
 
 
@@ -454,7 +533,7 @@ def load_runs(runs: Sequence[Path] | None = None, moe: bool = False) -> list[Pre
     """Prepared dense rows (with ``moe``, the mixture-of-experts rows instead); a value that does
     not parse is a UserError naming its row."""
     frame = read_runs(runs)
-    assumptions = io.read_yaml(ASSUMPTIONS)
+    assumptions, recipes = io.read_yaml(ASSUMPTIONS), recipe_settings()
     unknown = sorted({assumptions_key(str(i)) for i in frame["id"]} - set(assumptions))
     if unknown:
         raise UserError(f"no assumptions for source(s) {unknown} in {ASSUMPTIONS}")
@@ -468,7 +547,7 @@ def load_runs(runs: Sequence[Path] | None = None, moe: bool = False) -> list[Pre
             if measured[i]:
                 skipped.append((row["id"], measured[i]))
                 continue
-            ready = prepare_row(row, assumptions)
+            ready = prepare_row(row, assumptions, recipes)
             metric = MEASURED[ready.metric]  # the number the row is compared on: it must be there
             if pd.isna(row.get(metric)):
                 skipped.append((row["id"], f"{metric} is empty or NaN"))
@@ -501,7 +580,7 @@ class LoadBalancePair:
 
 def load_balance_pairs(path: Path | None = None) -> list[LoadBalancePair]:
     """The pairs of ``moe_load_balance.csv``, each layout pinned as published and the unstated
-    knobs searched with NeMo's assumptions (``validation.yaml``)."""
+    knobs at NeMo's recipe defaults (``validation.yaml``)."""
     frame = pd.read_csv(path or resources.data_file(LOAD_BALANCE_RUNS))
     source = io.read_yaml(ASSUMPTIONS)["nemo"]
     pairs = []

@@ -52,3 +52,16 @@ def test_every_data_file_of_the_package_is_package_data():
             if not any(fnmatch.fnmatch(name, g) and name.count("/") == g.count("/") for g in globs):
                 missing.append(name)
     assert not missing, f"not in [tool.setuptools.package-data]: {missing}"
+
+
+def test_every_shipped_data_file_is_package_data():
+    """A file under autoparallel/data that no package-data glob names is missing from the wheel
+    (recipe_settings.yaml was, until issue 28 item 4 was finished)."""
+    import fnmatch
+    import tomllib
+    pyproject = tomllib.loads((resources.PACKAGE.parent / "pyproject.toml").read_text())
+    globs = pyproject["tool"]["setuptools"]["package-data"]["autoparallel"]
+    for path in resources.DATA.iterdir():
+        name = f"data/{path.name}"
+        if path.is_file() and not path.name.startswith("."):
+            assert any(fnmatch.fnmatch(name, g) for g in globs), name
