@@ -25,7 +25,7 @@ FUNCTIONS = {
         "linear_time", "attention_time", "softmax_time", "forward_time", "compute_time", "fp8_cast_time",
         "selective_recompute_time", "full_recompute_time", "tp_comm_time", "cp_comm_time", "fsdp_time",
         "ep_comm_time", "routed_experts_time", "activation_bytes", "stored_activation_bytes", "gemm_input_elements",
-        "unpermute_bytes", "lora_adapters_time"],
+        "router_time", "permutation_time", "lora_adapters_time"],
     "autoparallel.costmodel.stages": ["logits_time", "pp_comm_time", "offload_time", "stage_params", "mtp_time",
                                       "trainable_params"],
     "autoparallel.costmodel.step_time": ["dp_comm_time", "optimizer_time", "weight_cast_time"],

@@ -19,9 +19,6 @@ from __future__ import annotations
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
 
-# Megatron warns below FP32 routing from 32 experts on ("Consider enabling moe_router_dtype").
-FP32_ROUTER_FROM_EXPERTS = 32
-
 
 def _layer_freq(model: ModelSpec) -> str:
     """--moe-layer-freq as the shell passes it: an int, or the pattern in single quotes."""
@@ -83,7 +80,7 @@ def model_flags(model: ModelSpec) -> list[str]:
         a.append(f"--moe-expert-capacity-factor {model.moe_expert_capacity_factor}")
     if model.moe_router_force_load_balancing:
         a.append("--moe-router-force-load-balancing")
-    if model.num_experts >= FP32_ROUTER_FROM_EXPERTS:
+    if model.moe_router_fp32:
         a.append("--moe-router-dtype fp32")
     return a + router_flags(model)
 
@@ -151,7 +148,7 @@ def config_keys(model: ModelSpec, plan: Plan) -> dict:
         moe_shared_expert_intermediate_size=model.moe_shared_expert_intermediate_size,
         moe_layer_freq=list(model.moe_layer_pattern) if isinstance(freq, str) and not freq.isdigit() else int(freq),
         moe_expert_capacity_factor=model.moe_expert_capacity_factor,
-        moe_router_dtype="fp32" if model.num_experts >= FP32_ROUTER_FROM_EXPERTS else None,
+        moe_router_dtype="fp32" if model.moe_router_fp32 else None,
         expert_model_parallel_size=plan.ep, expert_tensor_parallel_size=plan.etp,
         moe_token_dispatcher_type=plan.moe_token_dispatcher_type, moe_grouped_gemm=True,
         overlap_moe_expert_parallel_comm=plan.overlap_moe_expert_parallel_comm,
