@@ -121,23 +121,24 @@ def test_moe_errors_do_not_regress(moe_report):
     # Figures reached (RESULTS.md, issues 22 and 23): in-sample 18.0 %, held out 20.3 % (19.5 % until
     # issue 23 gave GB300 its 4-GPU trays: Qwen3-30B-A3B's EP 8 on 8 GB300 now spans two trays, and
     # the fold that holds GPT-OSS out refits to other MoE constants; 20.24 % since the parameter
-    # all-gather runs one bucket ahead, issue 23 item 5).
-    assert moe_report.error_pct.abs().mean() <= 18.5
-    assert moe_report.heldout_error_pct.abs().mean() <= 20.4
+    # all-gather runs one bucket ahead, issue 23 item 5); 17.3 % / 19.6 % since the router and the
+    # token permutations are priced on their own (issue 22 item 3).
+    assert moe_report.error_pct.abs().mean() <= 17.5
+    assert moe_report.heldout_error_pct.abs().mean() <= 19.8
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22 target: MoE held-out mean <= 15 %; 20.3 % on 2026-11-25")
+@pytest.mark.xfail(strict=True, reason="issue 22 target: MoE held-out mean <= 15 %; 19.6 % on 2026-11-26")
 def test_moe_leave_one_model_out_target(moe_report):
     assert moe_report.heldout_error_pct.abs().mean() <= 15.0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22 target: MoE in-sample mean <= 10 %; 18.0 % on 2026-11-25")
+@pytest.mark.xfail(strict=True, reason="issue 22 target: MoE in-sample mean <= 10 %; 17.3 % on 2026-11-26")
 def test_moe_in_sample_target(moe_report):
     assert moe_report.error_pct.abs().mean() <= 10.0
 
 
 @pytest.mark.xfail(strict=True, reason="issue 22 target: no MoE row worse than 35 %; GPT-OSS-120B on B200 "
-                                       "+69.9 % in sample, +64.9 % held out on 2026-11-25")
+                                       "+70.3 % in sample, +67.2 % held out on 2026-11-26")
 def test_moe_worst_row_target(moe_report):
     assert moe_report.error_pct.abs().max() <= 35.0 and moe_report.heldout_error_pct.abs().max() <= 35.0
 
