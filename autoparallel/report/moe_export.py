@@ -94,7 +94,8 @@ def parallel_flags(model: ModelSpec, plan: Plan) -> list[str]:
     if not model.is_moe:
         return a
     a += [f"--expert-model-parallel-size {plan.ep}", f"--expert-tensor-parallel-size {plan.etp}",
-          f"--moe-token-dispatcher-type {plan.moe_token_dispatcher_type}", "--moe-grouped-gemm"]
+          f"--moe-token-dispatcher-type {plan.moe_token_dispatcher_type}", "--moe-grouped-gemm",
+          "--moe-permute-fusion"]
     a += _flex_backend_flags(plan)
     if plan.overlap_moe_expert_parallel_comm:
         a += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
@@ -150,7 +151,7 @@ def config_keys(model: ModelSpec, plan: Plan) -> dict:
         moe_expert_capacity_factor=model.moe_expert_capacity_factor,
         moe_router_dtype="fp32" if model.moe_router_fp32 else None,
         expert_model_parallel_size=plan.ep, expert_tensor_parallel_size=plan.etp,
-        moe_token_dispatcher_type=plan.moe_token_dispatcher_type, moe_grouped_gemm=True,
+        moe_token_dispatcher_type=plan.moe_token_dispatcher_type, moe_grouped_gemm=True, moe_permute_fusion=True,
         overlap_moe_expert_parallel_comm=plan.overlap_moe_expert_parallel_comm,
         delay_wgrad_compute=plan.overlap_moe_expert_parallel_comm,
         moe_shared_expert_overlap=plan.moe_shared_expert_overlap,
@@ -179,6 +180,8 @@ def te_requirements(model: ModelSpec, plan: Plan) -> list[tuple[str, str]]:
         need.append(("2.6.0", "moe_act / layernorm recompute with FP8 (TransformerConfig: >= 2.6.0dev0)"))
     if model.is_moe and plan.is_fp8:
         need.append(("1.11.0", "FP8 grouped GEMM of the experts (TransformerConfig)"))
+    if model.is_moe:
+        need.append(("2.1.0", "--moe-permute-fusion, the fused permutations priced (TransformerConfig)"))
     if plan.is_fp4:
         need.append(("2.7.0", "--fp4-format: NVFP4BlockScaling (validate_args: TE >= 2.7.0.dev0)"))
     return need
