@@ -88,7 +88,12 @@ STUBS = (
     "torch.cuda.get_device_capability (validate_args asks it for --moe-grouped-gemm): the hardware "
     "preset's compute capability",
     "typing.override on Python < 3.12 (newer Megatron-LM imports it): typing_extensions.override",
+    "megatron.core.transformer.moe.moe_utils fused permutation kernels (fused_permute, "
+    "fused_permute_with_probs, fused_sort_chunks_by_index(_with_probs), fused_unpermute): placeholders "
+    "(TE >= 2.1.0 provides them; TransformerConfig checks they exist for --moe-permute-fusion)",
 )
+FUSED_PERMUTATION = ("fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
+                     "fused_sort_chunks_by_index_with_probs", "fused_unpermute")
 PLACEHOLDERS = {"MEGATRON_LM": "/megatron", "DATA_PATH": "/data/corpus_text_document",
                 "CHECKPOINT_DIR": "/checkpoints", "VOCAB_FILE": "/tokenizer/gpt2-vocab.json",
                 "MERGE_FILE": "/tokenizer/gpt2-merges.txt", "TOKENIZER_MODEL": "/tokenizer/tokenizer.model"}
@@ -129,6 +134,9 @@ def load_megatron(root: Path):
     core_utils._te_version = Version(TE_VERSION)
     from megatron.core.models.common.embeddings import rope_utils
     rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None
+    from megatron.core.transformer.moe import moe_utils
+    for name in FUSED_PERMUTATION:
+        setattr(moe_utils, name, lambda *a, **k: None)
     import torch
     torch.cuda.get_device_capability = lambda *a, **k: (_ARCH["value"], 0)
     from megatron.core import num_microbatches_calculator as microbatches

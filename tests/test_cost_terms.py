@@ -257,14 +257,58 @@ def test_shared_expert_overlap_hides_the_all_to_alls_behind_the_shared_experts_g
     assert expected < total
 
 
-def test_a_moe_layers_elementwise_work_includes_the_unpermutation(mixtral, hw):
+def test_a_moe_layers_elementwise_work_is_in_proportion_to_what_it_saves(mixtral, hw):
     x = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
-    assert lt.unpermute_bytes(x)[0] == pytest.approx(4096 * 2 * x.imbalance[0] * 2.0 * 4096, rel=REL)
     eff = hw.efficiency
-    touched = lt.activation_bytes(x, True, False)[0] + lt.unpermute_bytes(x)[0]
-    expected = eff.elementwise_bytes_per_token_hidden / 34.0 * touched / _hbm(hw) + eff.layer_overhead_s \
-        + eff.moe_layer_overhead_s
+    expected = eff.elementwise_bytes_per_token_hidden / 34.0 * lt.activation_bytes(x, True, False)[0] / _hbm(hw) \
+        + eff.layer_overhead_s + eff.moe_layer_overhead_s
     assert lt.forward_time(x, 0.0, 0.0, 0.0, True)[0] == pytest.approx(expected, rel=REL)
+
+
+def test_the_token_permutations_are_one_pass_each_way_and_a_sort_per_local_expert_group(mixtral, hw):
+    """Mixtral, ep 8 (one local expert: no sort): permute reads 4096 tokens and writes 8192
+    copies, unpermute the reverse, BF16 x hidden 4096; backward the same bytes. At ep 4 (two local
+    experts) the alltoall dispatcher also sorts the received copies and sorts them back."""
+    x = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+    one_way = 2 * (4096 + 4096 * 2) * 2.0 * 4096 / _hbm(hw)
+    forward, backward = lt.permutation_time(x)
+    assert forward[0] == pytest.approx(one_way, rel=REL) and backward[0] == pytest.approx(one_way, rel=REL)
+    sorted_ = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=4, sp=False, gbs=64)
+    received = 4096 * 2 * sorted_.imbalance[0]
+    expected = one_way + 2 * 2 * received * 2.0 * 4096 / _hbm(hw)
+    assert lt.permutation_time(sorted_)[0][0] == pytest.approx(expected, rel=REL)
+    flex = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=4, sp=False, gbs=64, moe_token_dispatcher_type="flex")
+    assert lt.permutation_time(flex)[0][0] == pytest.approx(one_way, rel=REL)
+
+
+def test_the_router_is_a_bf16_gemm_of_its_own_size_and_tf32_backward_when_routed_in_fp32(mixtral, hw):
+    """Mixtral (8 experts, BF16 routing): forward 2 x 4096 tokens x 4096 x 8, backward twice it,
+    never at the FP8 peak. DeepSeek-V3 (256 experts, routed in FP32): the backward's two GEMMs at
+    the TF32 rate, half the BF16 one."""
+    eff = hw.efficiency
+
+    def bf16_gemm(f):
+        return f / (989e12 * eff.gemm_max / (1 + eff.gemm_half_gflop / (f / 1e9)))
+    x = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, precision="fp8-delayed")
+    flops = 2 * 4096 * 4096 * 8
+    forward, backward = lt.router_time(x)
+    assert forward[0] == pytest.approx(bf16_gemm(flops), rel=REL)
+    assert backward[0] == pytest.approx(2 * bf16_gemm(flops), rel=REL)
+    dsv3 = io.load_model("deepseek-v3")
+    y = _cands(dsv3, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+    flops = 2 * 4096 * 7168 * 256
+    forward, backward = lt.router_time(y)
+    assert forward[0] == pytest.approx(bf16_gemm(flops), rel=REL)
+    assert backward[0] == pytest.approx(2 * 2 * bf16_gemm(flops), rel=REL)
+
+
+def test_a_moe_layers_compute_gives_the_router_and_the_permutations_their_own_backward(mixtral, hw):
+    x = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+    layer = lt.moe_layer(x)
+    kernels = (lt.router_time(x), lt.permutation_time(x))
+    own = sum(b[0] - 2 * f[0] for f, b in kernels)
+    assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
+    assert own != 0.0
 
 
 def test_routed_experts_run_k_copies_of_each_token_at_the_grouped_gemm_efficiency(mixtral, hw):
@@ -293,7 +337,8 @@ def test_layer_time_is_the_sum_of_its_named_terms(model_name, recompute, hw):
         idle = ({"selective_recompute" if recompute == "full" else "full_recompute", "lora_adapters"}
                 | (set() if is_moe else {"ep_comm"}))
         assert all((value > 0) != (name in idle) for name, value in named.items()), named
-        assert named["compute"] == pytest.approx(3 * forward[0], rel=REL)
+        own = sum(b[0] - 2 * f[0] for f, b in (lt.router_time(x), lt.permutation_time(x))) if is_moe else 0.0
+        assert named["compute"] == pytest.approx(3 * forward[0] + own, rel=REL)
         assert named["fp8_cast"] == pytest.approx(lt.fp8_cast_time(x, is_moe)[0], rel=REL)
         if recompute == "full":  # one layer of each chunk (pp 2, vp 1: a stage's layers)
             assert named["full_recompute"] == pytest.approx(forward[0] / x.first_layers[0], rel=REL)

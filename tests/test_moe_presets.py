@@ -175,13 +175,14 @@ def test_a_field_megatron_would_refuse_is_refused_with_its_reason(change, messag
 
 # (model, plan, TransformerEngine release best.yaml states; None: no setting asks for one)
 TE_CASES = [
-    ("mixtral-8x7b", Plan(tp=1, pp=1, dp=8, gbs=64, ep=8), None),
+    # TransformerConfig: "fused permutation is not available. Please install TE >= 2.1.0."
+    ("mixtral-8x7b", Plan(tp=1, pp=1, dp=8, gbs=64, ep=8), "2.1.0"),
     # validate_args: "overlap_grad_reduce is only supported with TE >= 2.8.0 when enabling delay_wgrad_compute"
     ("mixtral-8x7b", Plan(tp=1, pp=1, dp=8, gbs=64, ep=8, overlap_moe_expert_parallel_comm=True), "2.8.0"),
     ("mixtral-8x7b", Plan(tp=1, pp=1, dp=8, gbs=64, ep=8, overlap_moe_expert_parallel_comm=True,
-                          overlap_grad_reduce=False, overlap_param_gather=False), None),
+                          overlap_grad_reduce=False, overlap_param_gather=False), "2.1.0"),
     # TransformerConfig: FP8 grouped GEMM (>= 1.11.0); moe_act recompute under FP8 (>= 2.6.0dev0)
-    ("mixtral-8x7b", Plan(tp=1, pp=1, dp=8, gbs=64, ep=8, precision="fp8-current"), "1.11.0"),
+    ("mixtral-8x7b", Plan(tp=1, pp=1, dp=8, gbs=64, ep=8, precision="fp8-current"), "2.1.0"),
     ("mixtral-8x7b", Plan(tp=1, pp=1, dp=8, gbs=64, ep=8, precision="fp8-current", recompute="selective",
                           recompute_modules="moe_act"), "2.6.0"),
     # TEDotProductAttention: "Transformer-Engine ... must be >= 2.8.0 to support `softmax_type`"
@@ -196,6 +197,12 @@ def test_best_yaml_states_the_transformer_engine_the_export_needs(name, plan, ve
     assert (stated and stated["version"]) == version
     if stated:
         assert all(line.startswith("TE >= ") for line in stated["because"])
+
+
+def test_an_fp8_moe_export_states_the_fp8_grouped_gemm_requirement_too():
+    plan = Plan(tp=1, pp=1, dp=8, gbs=64, ep=8, precision="fp8-current")
+    versions = [v for v, _ in moe_export.te_requirements(io.load_model("mixtral-8x7b"), plan)]
+    assert "1.11.0" in versions and "2.1.0" in versions
 
 
 def test_best_yaml_of_a_search_carries_the_statement():

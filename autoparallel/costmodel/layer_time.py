@@ -27,6 +27,9 @@ from autoparallel.costmodel import comm, dataparallel, dispatch, finetune, flops
 from autoparallel.costmodel.candidates import Candidates
 
 GEMMS_PER_LAYER = 4  # QKV, projection, FC1 (gate and up fused), FC2
+# TF32 tensor cores run at half the BF16 rate (dense, datasheets: H100 SXM 494.7 of 989 TFLOPS,
+# B200 1.1 of 2.25 PFLOPS, A100 156 of 312).
+TF32_PER_BF16 = 0.5
 # Summed in this order into a layer's time (the breakdown reads each one).
 LAYER_TIME_TERMS = ("compute", "fp8_cast", "selective_recompute", "full_recompute", "tp_comm", "cp_comm",
                     "fsdp", "ep_comm", "lora_adapters", "amax_reduction")
@@ -75,22 +78,33 @@ def activation_bytes(x: Candidates, is_moe: bool, keep_scores):
                                                     x.quantized_input_bytes)
 
 
-def unpermute_bytes(x: Candidates):
-    """The BF16 expert outputs the unpermutation scatter-adds back to their tokens: elementwise
-    traffic that, since Megatron-Core multiplies the routing probabilities in the activation,
-    leaves nothing saved for backward."""
-    return x.tokens / x.t * x.model.moe_router_topk * x.imbalance * dispatch.DISPATCH_BYTES * x.model.hidden_size
+def permutation_time(x: Candidates):
+    """(forward, backward) seconds of a MoE layer's token permutations: HBM traffic of one gather
+    or scatter pass each (TransformerEngine's fused ``moe_permute`` / ``moe_unpermute`` /
+    ``moe_sort_chunks_by_index``, ``--moe-permute-fusion``), BF16 tokens. The permutation reads
+    the T tokens a GPU holds and writes their T*k copies in expert order; the unpermutation reads
+    the copies (the routing probabilities are already in the activation) and writes T tokens back;
+    the alltoall dispatcher with several local experts also sorts the copies it received (etp
+    times gathered, ``imbalance`` times the even share on the busiest rank) by local expert after
+    the dispatch and back before the combine (``sort_chunks_by_idxs``). Each pass's backward is
+    its transpose, one pass of the same bytes."""
+    model = x.model
+    tokens, k = x.tokens / x.t, model.moe_router_topk
+    received = tokens * k * x.imbalance * x.et
+    sorts = (np.asarray(x.knobs["moe_token_dispatcher_type"]) == "alltoall") & (moe.local_experts(model, x.e) > 1)
+    passes = 2.0 * tokens * (1.0 + k) + np.where(sorts, 2.0 * 2.0 * received, 0.0)
+    forward = passes * dispatch.DISPATCH_BYTES * model.hidden_size / x.hbm
+    return forward, forward
 
 
 def forward_time(x: Candidates, t_linear, attention, softmax, is_moe: bool):
     """One layer's forward: GEMMs, attention core, elementwise kernels (norms, activation,
-    residuals, a MoE layer's unpermutation: bytes in proportion to what the layer saves and
-    moves), unfused softmax, fixed overhead: the kernel launches a CUDA graph replays in one
+    residuals: bytes in proportion to what the layer saves), unfused softmax, fixed overhead:
+    the kernel launches a CUDA graph replays in one
     (``layer_overhead_s``) and a MoE layer's host sync on its token counts, which no graph
     removes (``moe_layer_overhead_s``)."""
     eff = x.hw.efficiency
-    touched = activation_bytes(x, is_moe, False) + (unpermute_bytes(x) if is_moe else 0.0)
-    t_elementwise = eff.elementwise_bytes_per_token_hidden / 34.0 * touched / x.hbm
+    t_elementwise = eff.elementwise_bytes_per_token_hidden / 34.0 * activation_bytes(x, is_moe, False) / x.hbm
     launches = np.where(x.cuda_graph == "none", eff.layer_overhead_s, 0.0)
     overhead = launches + (eff.moe_layer_overhead_s if is_moe else 0.0)
     return t_linear + attention + t_elementwise + softmax + overhead
@@ -237,13 +251,17 @@ def stored_activation_bytes(x: Candidates, is_moe: bool):
             + (1 - x.recomputed_fraction) * (activation_bytes(x, is_moe, x.keep_scores) - spared))
 
 
-def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe: bool, moe_block=0.0) -> dict:
+def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe: bool, moe_block=0.0,
+               kernels=()) -> dict:
     """Every term of one layer (``LAYER_TIME_TERMS``), their sum ``time`` and what the other
     steps read: ``forward``, the bytes ``stored`` per micro-batch in flight and ``working`` while
-    it computes, its ``params`` and ``expert_params`` on the GPU."""
+    it computes, its ``params`` and ``expert_params`` on the GPU. ``kernels``: (forward,
+    backward) pairs of a MoE layer priced with their own backward (``router_time``,
+    ``permutation_time``)."""
     attention, softmax = attention_time(x), softmax_time(x)
-    forward = forward_time(x, t_linear, attention, softmax, is_moe)
-    compute = compute_time(x, forward, t_linear)
+    forward = forward_time(x, t_linear, attention, softmax, is_moe) + sum(f for f, _ in kernels)
+    # compute_time prices a backward of twice the forward; these kernels' backward is their own.
+    compute = compute_time(x, forward, t_linear) + sum(b - 2.0 * f for f, b in kernels)
     full_recompute = full_recompute_time(x, forward)
     terms = {
         "compute": compute,
@@ -271,6 +289,20 @@ def dense_layer(x: Candidates) -> dict:
     return layer_cost(x, params, 0.0, linear_time(x, model.dense_layer_params, model.mla_down_params), 2.0, False)
 
 
+def router_time(x: Candidates):
+    """(forward, backward) seconds of the router's GEMM, the T/tp tokens on num_experts logits.
+    Megatron-Core's ``router_gating_linear`` calls TransformerEngine's ``general_gemm`` itself, so
+    no FP8 recipe quantizes it: the forward takes BF16 inputs to FP32 logits (BF16 tensor cores);
+    the backward's dgrad and wgrad take FP32 operands under ``--moe-router-dtype fp32``, which TE
+    runs as TF32 ("Use TF32 only for pure FP32 GEMM", ``cublaslt_gemm.cu``). Each GEMM is priced at
+    the dense efficiency of its own (small) size, not at the layer's."""
+    model, hw = x.model, x.hw
+    gemm_flops = 2.0 * x.tokens / x.t * model.router_params
+    forward = gemm_flops / (hw.bf16_tflops * 1e12 * gemm.efficiency(hw, gemm_flops))
+    backward_rate = TF32_PER_BF16 if model.moe_router_fp32 else 1.0
+    return forward, 2.0 * forward / backward_rate
+
+
 def routed_experts_time(x: Candidates):
     """Routed experts: one grouped GEMM per local expert group, at the efficiency of one expert's
     GEMM on its tokens; the busiest EP rank has ``imbalance`` times the tokens."""
@@ -282,15 +314,18 @@ def routed_experts_time(x: Candidates):
 
 
 def moe_layer(x: Candidates) -> dict:
-    """A MoE layer: attention, router and shared experts split by TP, routed experts over EP x
+    """A MoE layer: attention and shared experts split by TP, the router on each GPU's tokens
+    (``router_time``), the token permutations (``permutation_time``), routed experts over EP x
     ETP; TP all-reduces after attention and after the shared experts (if any)."""
     model = x.model
-    nonexpert = model.moe_layer_params - model.num_experts * model.expert_params
+    nonexpert = model.moe_layer_params - model.num_experts * model.expert_params - model.router_params
     t_experts = routed_experts_time(x)
+    router, permutation = router_time(x), permutation_time(x)
     tp_blocks = 1.0 + (model.shared_expert_ffn_hidden_size > 0)
-    block = linear_time(x, model.router_params + model.shared_expert_params) + t_experts
+    block = linear_time(x, model.shared_expert_params) + t_experts + router[0] + permutation[0]
     return layer_cost(x, moe.nonexpert_moe_params_gpu(model, x.t), moe.expert_params_gpu(model, x.e, x.et),
-                      linear_time(x, nonexpert, model.mla_down_params) + t_experts, tp_blocks, True, block)
+                      linear_time(x, nonexpert, model.mla_down_params) + t_experts, tp_blocks, True, block,
+                      (router, permutation))
 
 
 @dataclass

@@ -19,9 +19,6 @@ from __future__ import annotations
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
 
-# Megatron warns below FP32 routing from 32 experts on ("Consider enabling moe_router_dtype").
-FP32_ROUTER_FROM_EXPERTS = 32
-
 
 def _layer_freq(model: ModelSpec) -> str:
     """--moe-layer-freq as the shell passes it: an int, or the pattern in single quotes."""
@@ -83,7 +80,7 @@ def model_flags(model: ModelSpec) -> list[str]:
         a.append(f"--moe-expert-capacity-factor {model.moe_expert_capacity_factor}")
     if model.moe_router_force_load_balancing:
         a.append("--moe-router-force-load-balancing")
-    if model.num_experts >= FP32_ROUTER_FROM_EXPERTS:
+    if model.moe_router_fp32:
         a.append("--moe-router-dtype fp32")
     return a + router_flags(model)
 
@@ -97,7 +94,8 @@ def parallel_flags(model: ModelSpec, plan: Plan) -> list[str]:
     if not model.is_moe:
         return a
     a += [f"--expert-model-parallel-size {plan.ep}", f"--expert-tensor-parallel-size {plan.etp}",
-          f"--moe-token-dispatcher-type {plan.moe_token_dispatcher_type}", "--moe-grouped-gemm"]
+          f"--moe-token-dispatcher-type {plan.moe_token_dispatcher_type}", "--moe-grouped-gemm",
+          "--moe-permute-fusion"]
     a += _flex_backend_flags(plan)
     if plan.overlap_moe_expert_parallel_comm:
         a += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
@@ -151,9 +149,9 @@ def config_keys(model: ModelSpec, plan: Plan) -> dict:
         moe_shared_expert_intermediate_size=model.moe_shared_expert_intermediate_size,
         moe_layer_freq=list(model.moe_layer_pattern) if isinstance(freq, str) and not freq.isdigit() else int(freq),
         moe_expert_capacity_factor=model.moe_expert_capacity_factor,
-        moe_router_dtype="fp32" if model.num_experts >= FP32_ROUTER_FROM_EXPERTS else None,
+        moe_router_dtype="fp32" if model.moe_router_fp32 else None,
         expert_model_parallel_size=plan.ep, expert_tensor_parallel_size=plan.etp,
-        moe_token_dispatcher_type=plan.moe_token_dispatcher_type, moe_grouped_gemm=True,
+        moe_token_dispatcher_type=plan.moe_token_dispatcher_type, moe_grouped_gemm=True, moe_permute_fusion=True,
         overlap_moe_expert_parallel_comm=plan.overlap_moe_expert_parallel_comm,
         delay_wgrad_compute=plan.overlap_moe_expert_parallel_comm,
         moe_shared_expert_overlap=plan.moe_shared_expert_overlap,
@@ -182,6 +180,8 @@ def te_requirements(model: ModelSpec, plan: Plan) -> list[tuple[str, str]]:
         need.append(("2.6.0", "moe_act / layernorm recompute with FP8 (TransformerConfig: >= 2.6.0dev0)"))
     if model.is_moe and plan.is_fp8:
         need.append(("1.11.0", "FP8 grouped GEMM of the experts (TransformerConfig)"))
+    if model.is_moe:
+        need.append(("2.1.0", "--moe-permute-fusion, the fused permutations priced (TransformerConfig)"))
     if plan.is_fp4:
         need.append(("2.7.0", "--fp4-format: NVFP4BlockScaling (validate_args: TE >= 2.7.0.dev0)"))
     return need

@@ -49,8 +49,9 @@ class Efficiency:
     # all-to-all reaches; the share of it the 1F1B all-to-all overlap can hide; the relative
     # spread of an EP rank's routed tokens under dropless routing; the grouped GEMMs' own
     # efficiency curve (as gemm_max / gemm_half_gflop, on one expert's GEMM); the fixed cost of
-    # a MoE layer per micro-batch forward (the dispatcher's device-to-host sync of token counts,
-    # routing and permutation kernels), on top of ``layer_overhead_s``.
+    # a MoE layer per micro-batch forward (the dispatcher's device-to-host sync of token counts;
+    # the router's GEMM and the token permutations are priced on their own, ``layer_time``), on
+    # top of ``layer_overhead_s``.
     alltoall: float = 0.6
     ep_overlap: float = 0.8
     moe_load_imbalance: float = 0.1

@@ -13,6 +13,10 @@ from typing import Literal
 from autoparallel.specs.finetune import Finetune
 from autoparallel.specs.names import check_name
 
+# Megatron warns below FP32 routing from 32 experts on ("Consider enabling moe_router_dtype"); the
+# exports then pass --moe-router-dtype fp32 and the cost model prices the router that way.
+FP32_ROUTER_FROM_EXPERTS = 32
+
 Activation = Literal["gelu", "swiglu", "squared_relu"]
 Normalization = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned_absolute", "rope"]
@@ -300,6 +304,12 @@ class ModelSpec:
     @property
     def router_params(self) -> int:
         return self.hidden_size * (self.num_experts or 0)
+
+    @property
+    def moe_router_fp32(self) -> bool:
+        """Routed in FP32 (``--moe-router-dtype fp32``), as the exports ask from
+        ``FP32_ROUTER_FROM_EXPERTS`` experts on."""
+        return (self.num_experts or 0) >= FP32_ROUTER_FROM_EXPERTS
 
     @property
     def dense_layer_params(self) -> int:
