@@ -42,6 +42,10 @@ DATA = "mlperf_inference_runs.csv"
 LAYOUT = ("tp", "pp", "replicas", "max_batch", "max_num_tokens", "weight_precision", "kv_precision")
 SAME_RUN = ("round", "submitter", "system", "gpu", "gpus", "model", "scenario", *LAYOUT, "tokens_per_s")
 REQUESTS = 3000  # simulated requests per run (MLPerf Server runs 600 s: thousands of requests)
+#: TensorRT-LLM's capacity scheduler policies as the simulation's KV reservation: GUARANTEED_NO_EVICT
+#: reserves each request's prompt and max new tokens at admission; MAX_UTILIZATION allocates blocks
+#: as tokens come and pauses the newest request when the pool is full.
+CAPACITY_POLICIES = {"guaranteed_no_evict": "full", "max_utilization": "current"}
 
 
 def settings() -> dict:
@@ -80,11 +84,12 @@ def _predict(model: str, hardware: str, scenario: str, layout: tuple, kv_fractio
     spec = io.load_model(s["models"][model])
     hw = io.load_hardware(hardware)
     eff = _efficiency(eff_key)
-    engine = dataclasses.replace(load_engine("tensorrt-llm"), kv_memory_fraction=kv_fraction)
+    engine = dataclasses.replace(load_engine("tensorrt-llm"), kv_memory_fraction=kv_fraction,
+                                 kv_reservation=CAPACITY_POLICIES[s["capacity_policy"]])
     workload = load_workload(s["workloads"][model])
     tp, pp, replicas, max_batch, max_tokens, wp, kp = layout
     cost, sched = replica(spec, hw, eff, engine, tp, pp, max_batch, max_tokens, wp, kp, 1,
-                          workload.max_input + workload.max_output)
+                          workload.max_input + workload.max_output, workload.max_output)
     if scenario == "Offline":  # the whole dataset at once, as MLPerf Offline sends it (the drain is then short)
         offline = run_workload(cost, sched, workload, None, int(s["offline_requests"][model]))
         return offline.output_tokens_per_s * replicas, np.nan, np.nan, np.nan

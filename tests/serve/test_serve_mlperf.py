@@ -45,7 +45,7 @@ def test_rows_kept_and_left_out(rows):
 def test_an_870_token_mean_input_would_need_more_than_the_fp8_peak(rows):
     """Why the llama2-70b mean input is not the first guess (870): the best H200 Offline run makes
     output tokens at a rate whose prefill and decode GEMMs alone would then exceed the H200's FP8
-    peak (2 FLOPs per layer parameter per token), while the fitted mean (227) needs less than it."""
+    peak (2 FLOPs per layer parameter per token), while the fitted mean (251) needs less than it."""
     kept, _ = rows
     h200 = kept[(kept["hardware"] == "h200") & (kept["model"] == "llama2-70b") & (kept["scenario"] == "Offline")]
     per_gpu = h200["tokens_per_s_per_gpu"].max()
