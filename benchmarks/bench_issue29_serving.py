@@ -52,7 +52,7 @@ def _search(model: str, hardware: str, gpus: int, scenario: str, bounds: dict, s
     wl = load_workload(mlperf.settings()["workloads"][model])
     request = serve.Request.of_workload(wl, **(bounds if scenario == "server" else {}))
     result = serve.search(io.load_model(mlperf.settings()["models"][model]), io.load_hardware(hardware), gpus,
-                          request, load_space(), load_engine("tensorrt-llm"), require_feasible=False)
+                          request, load_space(), mlperf.harness_engine(), require_feasible=False)
     plan = traffic.Traffic(wl, scenario, 99.0, structures=structures)
     return result, plan, traffic.simulate_ranked(result, plan)
 
@@ -109,7 +109,7 @@ def simulation_speed() -> pd.DataFrame:
         wl = load_workload(wl_name)
         cost, sched = replica(io.load_model(model), io.load_hardware(hw), efficiency_for("tensorrt-llm"),
                               load_engine("tensorrt-llm"), tp, 1, batch, tokens, "fp8", "fp8", 1,
-                              wl.max_input + wl.max_output)
+                              wl.max_input + wl.max_output, wl.max_output)
         offline = run_workload(cost, sched, wl, None, 5000)
         rate = 0.9 * len(offline.arrival) / offline.duration
         for label, r in (("offline", None), ("Poisson, 90 % of offline", rate)):
@@ -133,10 +133,11 @@ def tail_probes() -> pd.DataFrame:
     spec, hw, eff = io.load_model("llama2-70b"), io.load_hardware("h100-sxm"), efficiency_for("tensorrt-llm")
     wl = load_workload("mlperf-llama2-70b")
     base = load_engine("tensorrt-llm")
-    variants = [("whole-request KV reservation, chunked (as simulated)", base, 1.0),
-                ("allocate as you go (MAX_UTILIZATION), chunked", dataclasses.replace(base, kv_reservation="current"), 1.0),
-                ("whole-request reservation, prompts unchunked", dataclasses.replace(base, chunked_prefill=False), 1.0),
-                *((f"iteration cost x {k:.2f}", base, k) for k in (1.05, 1.10, 1.15))]
+    util = dataclasses.replace(base, kv_reservation="current")
+    variants = [("prompt + 1,024 new tokens reserved (GUARANTEED_NO_EVICT), chunked", base, 1.0),
+                ("allocate as you go (MAX_UTILIZATION), chunked (as simulated)", util, 1.0),
+                ("allocate as you go, prompts unchunked", dataclasses.replace(util, chunked_prefill=False), 1.0),
+                *((f"iteration cost x {k:.2f}", util, k) for k in (1.05, 1.10, 1.15))]
     time_of, decode_of = IterationCost.time, IterationCost.decode_times
     out = []
     try:
@@ -144,7 +145,7 @@ def tail_probes() -> pd.DataFrame:
             IterationCost.time = lambda self, *a, k=k: k * time_of(self, *a)
             IterationCost.decode_times = lambda self, *a, k=k: k * decode_of(self, *a)
             cost, sched = replica(spec, hw, eff, engine, 2, 1, 1024, 4096, "fp8", "fp8", 1,
-                                  wl.max_input + wl.max_output)
+                                  wl.max_input + wl.max_output, wl.max_output)
             offline = run_workload(cost, sched, wl, None, 24576).output_tokens_per_s
             sim = run_workload(cost, sched, wl, 18.75, mlperf.REQUESTS)
             s = sim.summary()

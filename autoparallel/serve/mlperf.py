@@ -76,6 +76,14 @@ def load_rows() -> tuple[pd.DataFrame, pd.Series]:
     return rows, reason[reason != ""]
 
 
+def harness_engine(kv_fraction: float | None = None):
+    """TensorRT-LLM as NVIDIA's MLPerf harness runs it: its capacity policy
+    (``validation.mlperf.capacity_policy``) and KV memory fraction (the engine's default if None)."""
+    engine = load_engine("tensorrt-llm")
+    return dataclasses.replace(engine, kv_reservation=CAPACITY_POLICIES[settings()["capacity_policy"]],
+                               kv_memory_fraction=engine.kv_memory_fraction if kv_fraction is None else kv_fraction)
+
+
 @lru_cache(maxsize=None)
 def _predict(model: str, hardware: str, scenario: str, layout: tuple, kv_fraction: float, ttft_ms: float,
              tpot_ms: float, target_qps: float, eff_key: str, requests: int) -> tuple[float, float, float, float]:
@@ -84,8 +92,7 @@ def _predict(model: str, hardware: str, scenario: str, layout: tuple, kv_fractio
     spec = io.load_model(s["models"][model])
     hw = io.load_hardware(hardware)
     eff = _efficiency(eff_key)
-    engine = dataclasses.replace(load_engine("tensorrt-llm"), kv_memory_fraction=kv_fraction,
-                                 kv_reservation=CAPACITY_POLICIES[s["capacity_policy"]])
+    engine = harness_engine(kv_fraction)
     workload = load_workload(s["workloads"][model])
     tp, pp, replicas, max_batch, max_tokens, wp, kp = layout
     cost, sched = replica(spec, hw, eff, engine, tp, pp, max_batch, max_tokens, wp, kp, 1,
