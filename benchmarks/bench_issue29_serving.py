@@ -5,7 +5,8 @@
 
 1. **Layouts** (one line per distinct MLPerf v4.1 system: benchmark, GPU, GPU count, scenario, the
    submitted layout): the search ``infer --workload mlperf-<model> --scenario offline|server`` runs
-   on the system's GPUs with the round's p99 bounds; the line says whether the submitted TP x PP
+   on the system's GPUs with the round's p99 bounds, TensorRT-LLM as NVIDIA's harness runs it
+   (``mlperf.harness_engine``: MAX_UTILIZATION); the line says whether the submitted TP x PP
    with FP8 weights and KV cache is a candidate (valid and fitting; otherwise the search's reason),
    the search's best simulated layout, and the submitted layout (its own max batch and max tokens)
    simulated the same way, as a share of the best. The tie band is the MLPerf validation's own
@@ -16,7 +17,8 @@
 3. **Tail probes** (why the Server p99s miss): one submitted layout (Llama-2-70B, H100-SXM TP2,
    max batch 1024, 4,096 tokens, FP8; measured at 18.75 requests/s per replica: p99 TTFT 474 ms,
    TPOT 180 ms, end-to-end 156 s) simulated at that rate with each KV policy / chunking the
-   engines offer, and with every iteration's cost scaled by 1.05-1.15 (what that does to Offline).
+   engines offer (the MLPerf rows are simulated under MAX_UTILIZATION), and with every
+   iteration's cost scaled by 1.05-1.15 (what that does to Offline).
 4. **Search speed**: ``infer --model llama3.1-70b --gpus 8 --gpu h100-sxm --workload mlperf-llama2-70b
    --scenario server`` (p99 TTFT 2,000 / TPOT 200 ms) in-process, median of 3, and once end to end
    through the CLI (target < 30 s). Every timing runs pinned to one core (the process and the CLI
