@@ -237,7 +237,8 @@ def simulate_reference(cost: IterationCost, sched: Scheduler, arrival, inp, out)
             nxt += 1
         while waiting and len(running) < sched.max_running:
             r = waiting[0]
-            need = sched.blocks(sched.reserved(inp[r["id"]], out[r["id"]])) if sched.reserve_full else sched.blocks(r["target"])
+            held = sched.reserved(inp[r["id"]], out[r["id"]]) if sched.reserve_full else r["target"]
+            need = sched.blocks(held)
             if need > free:
                 break
             waiting.popleft()

@@ -16,7 +16,7 @@ from autoparallel.serve.workload import load_workload
 
 # Today's figures (in-sample mean |error| %, 2026-11-26): the expected failure's reason and the
 # regression guard's bounds; update them here when the serving model moves.
-P99 = {"ttft": 41.2, "tpot": 45.6}
+P99 = {"ttft": 40.8, "tpot": 41.6}
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +70,32 @@ def test_server_tokens_within_the_issue_tolerance(report):
     m = mlperf.scenario_means(report)
     assert m["server_tokens_pct"] <= 15.0
     server = report[report["scenario"] == "Server"]
-    assert server["in_sample_ttft_pct"].notna().all() and server["in_sample_tpot_pct"].notna().all()
+    kept, over = server[~server["in_sample_overloaded"]], server[server["in_sample_overloaded"]]
+    assert kept["in_sample_ttft_pct"].notna().all() and kept["in_sample_tpot_pct"].notna().all()
+    # Only where the modelled capacity falls short of what the submission sustained (2026-11-26: the
+    # two H200-SXM-141GB-CTS runs, a custom-cooled H200 priced as the plain one) are the p99s absent.
+    assert over["in_sample_tpot_pct"].isna().all() and len(over) <= 2 and (over["in_sample_pct"] < 0).all()
+    assert m["server_overloaded_in_sample_runs"] == len(over)
+
+
+def test_an_overloaded_replica_has_no_p99_to_compare(rows):
+    """At three times a run's target QPS the simulated replica's queue grows for the whole
+    (600-2,400 s) run: flagged, its p99s NaN rather than a figure that only grows with the run."""
+    kept, _ = rows
+    one = kept[(kept["scenario"] == "Server") & (kept["hardware"] == "h100-sxm")].head(1).copy()
+    normal = mlperf.predict_rows(one, cross=False)
+    one["target_qps"] *= 3.0
+    heavy = mlperf.predict_rows(one, cross=False)
+    assert not normal["in_sample_overloaded"].iloc[0] and normal["in_sample_ttft_ms"].notna().all()
+    assert heavy["in_sample_overloaded"].iloc[0]
+    assert heavy[["in_sample_ttft_ms", "in_sample_tpot_ms"]].isna().all(axis=None)
+    # the sustained rate found does not depend on the target
+    assert heavy["in_sample_tokens_per_s"].iloc[0] == normal["in_sample_tokens_per_s"].iloc[0]
 
 
 @pytest.mark.xfail(strict=True, reason=f"issue 29 target: p99 TTFT and TPOT at the target QPS within 25 %; "
                                        f"{P99['ttft']} / {P99['tpot']} % on 2026-11-26 under MAX_UTILIZATION "
+                                       "over MLPerf's run length "
                                        "(the simulated mean iteration at Server load is about half the measured)")
 def test_server_p99_target(report):
     m = mlperf.scenario_means(report)
@@ -100,7 +121,7 @@ def test_mean_iteration_time_not_only_the_tail_is_short(report):
     """The p99 misses come from the mean iteration time at Server load, not from the tail's shape:
     the p99 end-to-end latency (a ~1,000-token answer, i.e. ~1,000 iterations) is short by about
     as much as the p99 TPOT (RESULTS.md, 2026-11-26; a regression bound, not the issue's target)."""
-    server = report[report["scenario"] == "Server"]
+    server = report[(report["scenario"] == "Server") & ~report["in_sample_overloaded"]]
     e2e, tpot = server["in_sample_latency_pct"], server["in_sample_tpot_pct"]
     assert (e2e < 0).mean() > 0.9 and abs(e2e.mean() - tpot.mean()) < 15.0
 
