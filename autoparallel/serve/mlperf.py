@@ -8,13 +8,15 @@ replicas, max batch, max tokens, FP8 weights and KV cache, the KV memory fractio
 Each kept row (``data/mlperf_inference_runs.csv``: closed division, TensorRT-LLM, a GPU with a
 preset, the layout published; the -99 and -99.9 copies of one run counted once) is predicted by
 simulating one replica of its layout over the benchmark's workload (``--workload mlperf-<model>``)
-with the TensorRT-LLM constants fitted on ``serving_runs.csv`` (which hold no MLPerf row):
+with the TensorRT-LLM constants fitted on ``serving_runs.csv`` (which hold no MLPerf row), the
+engine run as NVIDIA's harness runs it (``harness_engine``: MAX_UTILIZATION, the row's KV fraction):
 
 - Offline: output tokens/s with every request at once, times the replicas;
 - Server: the largest Poisson rate whose p99 TTFT / TPOT meet the round's bounds, its output
   tokens/s times the replicas (the measured figure is at the submitter's target QPS, which is at
   most the largest valid rate), and the p99 TTFT / TPOT / end-to-end latency at the measured
-  target QPS. The end-to-end p99 is a diagnostic the issue does not ask for: the p99 request is
+  target QPS over the run's minimum duration (a run the simulated replica cannot keep up with is
+  flagged, its p99s NaN). The end-to-end p99 is a diagnostic the issue does not ask for: the p99 request is
   one of the longest answers (~1,000 tokens), so its latency over its output length is the mean
   iteration time at that load, which tells a missed mean apart from a missed tail shape.
 
