@@ -66,6 +66,10 @@ def load_rows() -> tuple[pd.DataFrame, pd.Series]:
         (frame[["tp", "pp", "max_batch", "max_num_tokens"]].isna().any(axis=1), "layout not published"),
         (~frame["gpu"].isin(s["gpus"]), "GPU without a preset"),
         (~frame["model"].isin(s["models"]), "model without a preset"),
+        # NVIDIA's MaxQ configs cap the board power (power_limit 500 W on a 700 W H200): the
+        # presets' peaks are the GPUs' at full power, as the MaxP runs use them.
+        (frame["notes"].fillna("").str.contains("PowerSetting.MaxQ", regex=False),
+         "power-capped run (MaxQ): the preset is the GPU at full power"),
     ]
     for broken, why in checks:
         reason[broken & (reason == "")] = why
