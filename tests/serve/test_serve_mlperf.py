@@ -38,7 +38,7 @@ def test_rows_kept_and_left_out(rows):
     assert not kept.duplicated(subset=list(mlperf.SAME_RUN)).any()  # -99 / -99.9 copies counted once
     assert left_out.str.contains("same run submitted as -99 and -99.9").sum() > 0
     capped = left_out.str.startswith("power-capped run (MaxQ)")
-    assert capped.sum() == 4 and not kept["notes"].str.contains("MaxQ", regex=False).any()
+    assert capped.sum() == 6 and not kept["notes"].str.contains("MaxQ", regex=False).any()
     for preset in mlperf.settings()["gpus"].values():
         io.load_hardware(preset)
     assert set(kept["scenario"]) == {"Offline", "Server"} and set(kept["kv_fraction"]) <= {0.9, 0.95, 0.97}
