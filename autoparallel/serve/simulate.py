@@ -11,10 +11,13 @@ throughput tables are fitted on.
 The scheduler (``Scheduler``; one replica, its requests FIFO):
 
 - **admission**: a waiting request joins the running batch while fewer than ``max_running``
-  requests run and the paged KV pool has its blocks: the whole request's,
-  ceil((input + output) / block), under TensorRT-LLM's GUARANTEED_NO_EVICT (``reserve_full``),
-  else its prompt's, with one more block each time a decoding request fills its last one (vLLM,
-  SGLang). A head that does not fit blocks the queue (first come, first served).
+  requests run and the paged KV pool has its blocks: under TensorRT-LLM's GUARANTEED_NO_EVICT
+  (``reserve_full``) the whole request's as the engine knows it, ceil((input + max new tokens) /
+  block) — the engine cannot know where an answer will stop, so it reserves the request's
+  ``max_tokens`` (``max_new_tokens``; 0: the request's own output, as trtllm-bench sets
+  ``max_tokens`` to each request's output length); else its prompt's, with one more block each
+  time a decoding request fills its last one (vLLM, SGLang, TensorRT-LLM's MAX_UTILIZATION).
+  A head that does not fit blocks the queue (first come, first served).
 - **iteration**: one token of every decoding request, then prompt chunks in admission order
   under the token budget (chunked prefill; without it a prompt runs whole or waits). Under
   ``prefill_priority`` (SGLang's default scheduler) an iteration with prompts to prefill runs
@@ -66,14 +69,21 @@ class Scheduler:
     reserve_full: bool = True
     chunked: bool = True
     prefill_priority: bool = False
+    max_new_tokens: int = 0  # the output a full reservation holds (0: each request's own)
 
     @staticmethod
-    def of(engine: ServingEngine, max_batch: int, max_num_tokens: int, pp: int, kv_blocks: int) -> Scheduler:
+    def of(engine: ServingEngine, max_batch: int, max_num_tokens: int, pp: int, kv_blocks: int,
+           max_new_tokens: int = 0) -> Scheduler:
         return Scheduler(int(max_batch * pp), int(max_num_tokens), int(kv_blocks), engine.kv_block_tokens,
-                         engine.kv_reservation == "full", engine.chunked_prefill, engine.prefill_priority)
+                         engine.kv_reservation == "full", engine.chunked_prefill, engine.prefill_priority,
+                         int(max_new_tokens))
 
     def blocks(self, tokens: int) -> int:
         return -(-int(tokens) // self.block)
+
+    def reserved(self, inp: int, out: int) -> int:
+        """Tokens a full reservation holds for a request of ``inp`` prompt and ``out`` output tokens."""
+        return int(inp) + max(int(out), self.max_new_tokens)
 
 
 class IterationCost:
@@ -207,7 +217,8 @@ def arrivals(n: int, rate: float | None, seed: int = 0) -> np.ndarray:
 
 
 def _check(sched: Scheduler, inp, out) -> None:
-    need = max(sched.blocks(int(i) + int(o)) for i, o in zip(inp, out))
+    need = max(sched.blocks(sched.reserved(i, o) if sched.reserve_full else int(i) + int(o))
+               for i, o in zip(inp, out))
     if need > sched.kv_blocks:
         raise ValueError(f"a request of {need} KV blocks never fits the pool of {sched.kv_blocks}")
 
@@ -226,7 +237,8 @@ def simulate_reference(cost: IterationCost, sched: Scheduler, arrival, inp, out)
             nxt += 1
         while waiting and len(running) < sched.max_running:
             r = waiting[0]
-            need = sched.blocks(inp[r["id"]] + out[r["id"]]) if sched.reserve_full else sched.blocks(r["target"])
+            held = sched.reserved(inp[r["id"]], out[r["id"]]) if sched.reserve_full else r["target"]
+            need = sched.blocks(held)
             if need > free:
                 break
             waiting.popleft()
@@ -331,7 +343,7 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
             nxt += 1
         while waiting and running < sched.max_running:
             r = waiting[0]
-            need = -(-(inp_l[r] + out_l[r]) // B) if full else -(-target[r] // B)
+            need = -(-sched.reserved(inp_l[r], out_l[r]) // B) if full else -(-target[r] // B)
             if need > free:
                 break
             waiting.popleft()
@@ -411,7 +423,7 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
             continue
         if waiting:
             head = waiting[0]
-            need = -(-(inp_l[head] + out_l[head]) // B) if full else -(-target[head] // B)
+            need = -(-sched.reserved(inp_l[head], out_l[head]) // B) if full else -(-target[head] // B)
             if running < sched.max_running and need <= free:
                 continue
             horizon = math.inf
@@ -448,14 +460,16 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
 
 def replica(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency, engine: ServingEngine, tp: int, pp: int,
             max_batch: int, max_num_tokens: int, weight_precision: str, kv_precision: str, ep: int = 1,
-            longest: int = 0) -> tuple[IterationCost, Scheduler]:
+            longest: int = 0, max_new_tokens: int = 0) -> tuple[IterationCost, Scheduler]:
     """The iteration cost and scheduler of one replica of a layout, its KV pool as
-    ``costmodel.inflight.kv_pool`` allocates it; ``longest``: the longest request (tokens)."""
+    ``costmodel.inflight.kv_pool`` allocates it; ``longest``: the longest request (tokens);
+    ``max_new_tokens``: the requests' ``max_tokens`` (what a full reservation holds; 0: each
+    request's own output)."""
     from autoparallel.costmodel.inflight import kv_pool
     lay = layout(model, hw, eff, float(tp), float(pp), weight_precision, kv_precision, float(ep))
     pool = float(np.ravel(kv_pool(lay, engine, float(max_batch), float(max_num_tokens))["pool"])[0])
     blocks = int(pool // (engine.kv_block_tokens * float(np.ravel(lay.kv_bytes_per_token())[0])))
-    sched = Scheduler.of(engine, max_batch, max_num_tokens, pp, blocks)
+    sched = Scheduler.of(engine, max_batch, max_num_tokens, pp, blocks, max_new_tokens)
     cost = IterationCost(model, hw, eff, tp, pp, weight_precision, kv_precision, ep,
                          max(max_num_tokens, longest), sched.max_running)
     return cost, sched

@@ -127,7 +127,8 @@ def simulate_layout(result, traffic: Traffic, row) -> dict:
     longest = traffic.workload.max_input + traffic.workload.max_output
     cost, sched = replica(result.model, result.hardware, result.efficiency, result.engine, int(row["tp"]),
                           int(row["pp"]), int(row["max_batch"]), int(row["max_num_tokens"]),
-                          row["weight_precision"], row["kv_precision"], int(row["ep"]), longest)
+                          row["weight_precision"], row["kv_precision"], int(row["ep"]), longest,
+                          traffic.workload.max_output)
     replicas = int(row["replicas"])
     if traffic.scenario in ("server", "interactive"):
         rate, s = _largest_rate(cost, sched, traffic, request)

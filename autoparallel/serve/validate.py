@@ -166,8 +166,18 @@ def print_mlperf(report: pd.DataFrame, left_out: pd.Series, console: Console) ->
     lomo = lambda key: f" (LOMO {m[key]:.1f} %)" if key in m else ""  # noqa: E731
     console.print(f"MLPerf mean |error| of tokens/s per GPU: {', '.join(parts)}; Server p99 TTFT "
                   f"{m['ttft_p99_pct']:.1f} %{lomo('ttft_p99_lomo_pct')}, p99 TPOT {m['tpot_p99_pct']:.1f} %"
-                  f"{lomo('tpot_p99_lomo_pct')}, p99 end-to-end {m['latency_p99_pct']:.1f} %; rows not predicted: "
+                  f"{lomo('tpot_p99_lomo_pct')}, p99 end-to-end {m['latency_p99_pct']:.1f} %"
+                  f"{_overloaded(m, int((report['scenario'] == 'Server').sum()))}; rows not predicted: "
                   + "; ".join(f"{n} {why}" for why, n in left_out.value_counts().items()))
+
+
+def _overloaded(means: dict, server_runs: int) -> str:
+    """The Server runs the simulation cannot keep up with at the submitted QPS (no p99 to compare)."""
+    n, lomo = means.get("server_overloaded_in_sample_runs", 0), means.get("server_overloaded_lomo_runs")
+    if not n and not lomo:
+        return ""
+    return (f" over the runs simulated as keeping up; {n} of {server_runs} Server runs overloaded at the "
+            f"submitted QPS in sample" + (f", {lomo} LOMO" if lomo is not None else "") + " (p99s not compared)")
 
 
 def mlperf_json(report: pd.DataFrame, left_out: pd.Series) -> dict:

@@ -16,7 +16,7 @@ from autoparallel.serve.workload import load_workload
 
 # Today's figures (in-sample mean |error| %, 2026-11-26): the expected failure's reason and the
 # regression guard's bounds; update them here when the serving model moves.
-P99 = {"ttft": 46.9, "tpot": 51.4}
+P99 = {"ttft": 39.7, "tpot": 39.8}
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +37,8 @@ def test_rows_kept_and_left_out(rows):
     assert set(kept["division"]) == {"closed"} and set(kept["engine"]) == {"TensorRT-LLM"}
     assert not kept.duplicated(subset=list(mlperf.SAME_RUN)).any()  # -99 / -99.9 copies counted once
     assert left_out.str.contains("same run submitted as -99 and -99.9").sum() > 0
+    capped = left_out.str.startswith("power-capped run (MaxQ)")
+    assert capped.sum() == 6 and not kept["notes"].str.contains("MaxQ", regex=False).any()
     for preset in mlperf.settings()["gpus"].values():
         io.load_hardware(preset)
     assert set(kept["scenario"]) == {"Offline", "Server"} and set(kept["kv_fraction"]) <= {0.9, 0.95, 0.97}
@@ -45,7 +47,7 @@ def test_rows_kept_and_left_out(rows):
 def test_an_870_token_mean_input_would_need_more_than_the_fp8_peak(rows):
     """Why the llama2-70b mean input is not the first guess (870): the best H200 Offline run makes
     output tokens at a rate whose prefill and decode GEMMs alone would then exceed the H200's FP8
-    peak (2 FLOPs per layer parameter per token), while the fitted mean (227) needs less than it."""
+    peak (2 FLOPs per layer parameter per token), while the fitted mean (251) needs less than it."""
     kept, _ = rows
     h200 = kept[(kept["hardware"] == "h200") & (kept["model"] == "llama2-70b") & (kept["scenario"] == "Offline")]
     per_gpu = h200["tokens_per_s_per_gpu"].max()
@@ -57,7 +59,7 @@ def test_an_870_token_mean_input_would_need_more_than_the_fp8_peak(rows):
 
 
 def test_offline_within_the_issue_tolerance(report):
-    """Issue 29: Offline tokens/s per GPU mean |error| <= 15 % (measured 5.4 %; the mean input
+    """Issue 29: Offline tokens/s per GPU mean |error| <= 15 % (measured 3.9 %; the mean input
     lengths are fitted on the H100 Offline runs, the other GPUs' are held out)."""
     offline = report[report["scenario"] == "Offline"]
     assert offline["in_sample_pct"].abs().mean() <= 15.0
@@ -66,16 +68,37 @@ def test_offline_within_the_issue_tolerance(report):
 
 
 def test_server_tokens_within_the_issue_tolerance(report):
-    """Server sustained tokens/s per GPU: mean |error| <= 15 % (measured 8.5 %)."""
+    """Server sustained tokens/s per GPU: mean |error| <= 15 % (measured 6.1 %)."""
     m = mlperf.scenario_means(report)
     assert m["server_tokens_pct"] <= 15.0
     server = report[report["scenario"] == "Server"]
-    assert server["in_sample_ttft_pct"].notna().all() and server["in_sample_tpot_pct"].notna().all()
+    kept, over = server[~server["in_sample_overloaded"]], server[server["in_sample_overloaded"]]
+    assert kept["in_sample_ttft_pct"].notna().all() and kept["in_sample_tpot_pct"].notna().all()
+    # Only where the modelled capacity falls short of what the submission sustained (2026-11-26: the
+    # two H200-SXM-141GB-CTS runs, a custom-cooled H200 priced as the plain one) are the p99s absent.
+    assert over["in_sample_tpot_pct"].isna().all() and len(over) <= 2 and (over["in_sample_pct"] < 0).all()
+    assert m["server_overloaded_in_sample_runs"] == len(over)
+
+
+def test_an_overloaded_replica_has_no_p99_to_compare(rows):
+    """At three times a run's target QPS the simulated replica's queue grows for the whole
+    (600-2,400 s) run: flagged, its p99s NaN rather than a figure that only grows with the run."""
+    kept, _ = rows
+    one = kept[(kept["scenario"] == "Server") & (kept["hardware"] == "h100-sxm")].head(1).copy()
+    normal = mlperf.predict_rows(one, cross=False)
+    one["target_qps"] *= 3.0
+    heavy = mlperf.predict_rows(one, cross=False)
+    assert not normal["in_sample_overloaded"].iloc[0] and normal["in_sample_ttft_ms"].notna().all()
+    assert heavy["in_sample_overloaded"].iloc[0]
+    assert heavy[["in_sample_ttft_ms", "in_sample_tpot_ms"]].isna().all(axis=None)
+    # the sustained rate found does not depend on the target
+    assert heavy["in_sample_tokens_per_s"].iloc[0] == normal["in_sample_tokens_per_s"].iloc[0]
 
 
 @pytest.mark.xfail(strict=True, reason=f"issue 29 target: p99 TTFT and TPOT at the target QPS within 25 %; "
-                                       f"{P99['ttft']} / {P99['tpot']} % on 2026-11-26 (the simulation's tails "
-                                       "are about half the submissions')")
+                                       f"{P99['ttft']} / {P99['tpot']} % on 2026-11-26 under MAX_UTILIZATION "
+                                       "over MLPerf's run length "
+                                       "(the simulated mean iteration at Server load is about half the measured)")
 def test_server_p99_target(report):
     m = mlperf.scenario_means(report)
     assert m["ttft_p99_pct"] <= 25.0 and m["tpot_p99_pct"] <= 25.0
@@ -100,7 +123,7 @@ def test_mean_iteration_time_not_only_the_tail_is_short(report):
     """The p99 misses come from the mean iteration time at Server load, not from the tail's shape:
     the p99 end-to-end latency (a ~1,000-token answer, i.e. ~1,000 iterations) is short by about
     as much as the p99 TPOT (RESULTS.md, 2026-11-26; a regression bound, not the issue's target)."""
-    server = report[report["scenario"] == "Server"]
+    server = report[(report["scenario"] == "Server") & ~report["in_sample_overloaded"]]
     e2e, tpot = server["in_sample_latency_pct"], server["in_sample_tpot_pct"]
     assert (e2e < 0).mean() > 0.9 and abs(e2e.mean() - tpot.mean()) < 15.0
 

@@ -82,6 +82,34 @@ def test_full_reservation_admits_by_whole_requests():
     assert r.first_token.tolist() == [1.0, 1.0, 5.0] and r.preemptions == 0
 
 
+def test_full_reservation_holds_the_max_new_tokens_not_the_answer():
+    """GUARANTEED_NO_EVICT cannot know where an answer stops: it reserves the request's max new
+    tokens. 4 blocks of 4, prompts of 4 with 4-token answers but max_tokens 12: each holds
+    ceil(16 / 4) = 4 blocks, so the three run one after another (reserving the answer itself,
+    2 blocks each, two would run at once)."""
+    sched = Scheduler(8, 100, 4, 4, reserve_full=True, max_new_tokens=12)
+    r = both(sched, [0, 0, 0], [4, 4, 4], [4, 4, 4])
+    assert r.first_token.tolist() == [1.0, 5.0, 9.0] and r.preemptions == 0
+    assert sched.reserved(4, 4) == 16 and sched.reserved(4, 20) == 24  # never less than the answer
+    with pytest.raises(ValueError, match="never fits"):  # a request whose reservation exceeds the pool
+        both(dataclasses.replace(sched, max_new_tokens=13), [0], [4], [4])
+
+
+def test_replica_passes_the_max_new_tokens_to_a_full_reservation():
+    """``replica``'s scheduler reserves the workload's longest answer under TensorRT-LLM's default
+    policy, and ``run_workload`` then admits fewer requests at once than reserving each answer."""
+    model, hw = io.load_model("llama2-70b"), io.load_hardware("h100-sxm")
+    wl = load_workload("mlperf-llama2-70b")
+    args = (model, hw, efficiency_for("tensorrt-llm"), load_engine("tensorrt-llm"), 2, 1, 1024, 4096, "fp8", "fp8",
+            1, wl.max_input + wl.max_output)
+    cost, own = replica(*args)
+    _, most = replica(*args, wl.max_output)
+    assert (own.max_new_tokens, most.max_new_tokens) == (0, wl.max_output) and most.reserve_full
+    a, b = run_workload(cost, own, wl, None, 3000), run_workload(cost, most, wl, None, 3000)
+    in_flight = lambda s: float(np.sum(s.finish - s.first_token) / s.duration)  # noqa: E731 (Little's law)
+    assert in_flight(b) < 0.8 * in_flight(a)
+
+
 def test_allocate_as_you_go_preempts_the_latest_admitted():
     """3 blocks of 4, two 4-token prompts (1 block each) decoding: both need a second block at
     t = 1 (position 4), only one is free: request 1 is evicted and recomputes 4 + 1 tokens later."""
@@ -97,7 +125,8 @@ def test_allocate_as_you_go_preempts_the_latest_admitted():
 def test_fast_equals_reference_on_a_real_cost(engine, pp, chunked, rate, blocks):
     model, hw = io.load_model("llama3-8b"), io.load_hardware("h100-sxm")
     e = load_engine(engine)
-    sched = dataclasses.replace(Scheduler.of(e, 8, 512, pp, blocks * 64 // e.kv_block_tokens), chunked=chunked)
+    # max new tokens 300 (the longest answer drawn): a full reservation holds it, not the answer
+    sched = dataclasses.replace(Scheduler.of(e, 8, 512, pp, blocks * 64 // e.kv_block_tokens, 300), chunked=chunked)
     cost = IterationCost(model, hw, efficiency_for(engine), 1, pp, "bf16", "bf16", 1, 4096, sched.max_running)
     rng = np.random.default_rng(blocks + pp)
     inp, out = rng.integers(1, 600, 120), rng.integers(1, 300, 120)
