@@ -68,8 +68,12 @@ class SearchResult:
 
 
 def default_gbs(model: ModelSpec, gbs: int | None) -> int:
+    """``gbs`` if given; else a fine-tuning run's recipe global batch (``Finetune.default_global_batch``:
+    fine-tuning takes far smaller batches than the pre-training preset's), else the preset's."""
     if gbs is not None:
         return gbs
+    if model.finetune is not None:
+        return model.finetune.default_global_batch
     if model.global_batch_size is None:
         raise UserError(f"model {model.name!r} has no global_batch_size; pass --gbs")
     return model.global_batch_size
