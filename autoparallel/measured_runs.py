@@ -27,7 +27,7 @@ from autoparallel.costmodel import flops
 from autoparallel.costmodel.estimate import estimate_columns
 from autoparallel.errors import UserError
 from autoparallel.space import SPLIT_COLUMNS, SearchSpace, generate
-from autoparallel.specs.finetune import Finetune
+from autoparallel.specs.finetune import DEFAULT_LORA_RANK, LORA_TARGETS, Finetune
 from autoparallel.specs.hardware import Efficiency, HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
@@ -35,8 +35,9 @@ from autoparallel.specs.plan import Plan
 TRAINING_RUNS = ("training_runs.csv", "training_runs_more.csv", "training_runs_papers.csv")
 # Runs that validate predicts but calibration never fits (nor validate's refits): MLPerf's record
 # submissions, tuned far beyond the published recipes the constants describe, stay a held-out test.
-VALIDATION_ONLY_RUNS = ("mlperf_training_gpt3.csv", "mlperf_training_lora_hopper.csv")
-VALIDATION_ONLY_SOURCES = ("mlperf", "mlperflora")
+# NeMo's fine-tuning table (nemo_finetune_runs.csv) is predicted only too: no fit has fine-tuning rows.
+VALIDATION_ONLY_RUNS = ("mlperf_training_gpt3.csv", "mlperf_training_lora_hopper.csv", "nemo_finetune_runs.csv")
+VALIDATION_ONLY_SOURCES = ("mlperf", "mlperflora", "nemoft")
 LOAD_BALANCE_RUNS = "moe_load_balance.csv"
 ASSUMPTIONS = io.SEARCH_SPACES / "validation.yaml"
 MEASURED = {"hw_tflops": "measured_hw_tflops_per_gpu", "iteration_time": "measured_iteration_time_s",
@@ -133,8 +134,10 @@ def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
     if _given(row, "tie_embeddings"):
         stated["tie_embeddings"] = bool(int(row["tie_embeddings"]))
     if _given(row, "finetune"):
-        stated["finetune"] = Finetune(str(row["finetune"]), int(row["lora_rank"]),
-                                      tuple(str(row["lora_targets"]).split()), bool(int(row["packed_sequence"])))
+        lora = str(row["finetune"]) == "lora"
+        stated["finetune"] = Finetune(str(row["finetune"]), int(row["lora_rank"]) if lora else DEFAULT_LORA_RANK,
+                                      tuple(str(row["lora_targets"]).split()) if lora else LORA_TARGETS,
+                                      bool(int(row["packed_sequence"])), opt_int("document_tokens"))
     groups = None if stated.get("multi_latent_attention") else opt_int("num_query_groups")
     return ModelSpec(
         name=str(row["model"]), num_layers=int(row["num_layers"]), hidden_size=int(row["hidden_size"]),
@@ -220,12 +223,12 @@ class PreparedRow:
 
     @property
     def kind(self) -> str:
-        """dense, moe, mlperf (the validation-only MLPerf GPT-3 rows) or lora (MLPerf's LoRA
-        fine-tuning rows), each reported apart."""
+        """dense, moe, mlperf (the validation-only MLPerf GPT-3 rows), lora or sft (fine-tuning
+        rows: MLPerf's LoRA, NeMo's table), each reported apart."""
         if self.model.is_moe:
             return "moe"
         if self.model.finetune is not None:
-            return self.model.finetune.mode
+            return "lora" if self.model.finetune.lora else "sft"
         return "mlperf" if self.validation_only else "dense"
 
     @property
