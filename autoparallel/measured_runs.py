@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from autoparallel import io, ranges, resources, safefile
+from autoparallel import io, log_corrections, ranges, resources, safefile
 from autoparallel.costmodel import flops
 from autoparallel.costmodel.estimate import estimate_columns
 from autoparallel.errors import UserError
 from autoparallel.space import SPLIT_COLUMNS, SearchSpace, generate
-from autoparallel.specs.finetune import Finetune
+from autoparallel.specs.finetune import DEFAULT_LORA_RANK, LORA_TARGETS, Finetune
 from autoparallel.specs.hardware import Efficiency, HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import FP8_PRECISIONS, Plan
@@ -38,9 +38,11 @@ TRAINING_RUNS = ("training_runs.csv", "training_runs_more.csv", "training_runs_p
 # Runs that validate predicts but calibration never fits (nor validate's refits): MLPerf's record
 # submissions, tuned far beyond the published recipes the constants describe, stay a held-out test;
 # NVIDIA's runs newer than the fit (Megatron-Bridge's 26.02-26.08 summaries, Megatron-LM's
-# DeepSeek-V3 GB200 guide) are the runs the fit did not see.
-VALIDATION_ONLY_RUNS = ("mlperf_training_gpt3.csv", "mlperf_training_lora_hopper.csv", "training_runs_newer.csv")
-VALIDATION_ONLY_SOURCES = ("mlperf", "mlperflora", "bridge", "megatron")
+# DeepSeek-V3 GB200 guide) are the runs the fit did not see; NeMo's fine-tuning table
+# (nemo_finetune_runs.csv) is predicted only too: no fit has fine-tuning rows.
+VALIDATION_ONLY_RUNS = ("mlperf_training_gpt3.csv", "mlperf_training_lora_hopper.csv", "training_runs_newer.csv",
+                        "nemo_finetune_runs.csv")
+VALIDATION_ONLY_SOURCES = ("mlperf", "mlperflora", "bridge", "megatron", "nemoft")
 NEWER_SOURCES = ("bridge", "megatron")
 LOAD_BALANCE_RUNS = "moe_load_balance.csv"
 RECIPES = "recipe_settings.yaml"
@@ -142,8 +144,10 @@ def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
     if _given(row, "tie_embeddings"):
         stated["tie_embeddings"] = bool(int(row["tie_embeddings"]))
     if _given(row, "finetune"):
-        stated["finetune"] = Finetune(str(row["finetune"]), int(row["lora_rank"]),
-                                      tuple(str(row["lora_targets"]).split()), bool(int(row["packed_sequence"])))
+        lora = str(row["finetune"]) == "lora"
+        stated["finetune"] = Finetune(str(row["finetune"]), int(row["lora_rank"]) if lora else DEFAULT_LORA_RANK,
+                                      tuple(str(row["lora_targets"]).split()) if lora else LORA_TARGETS,
+                                      bool(int(row["packed_sequence"])), opt_int("document_tokens"))
     groups = None if stated.get("multi_latent_attention") else opt_int("num_query_groups")
     return ModelSpec(
         name=str(row["model"]), num_layers=int(row["num_layers"]), hidden_size=int(row["hidden_size"]),
@@ -297,14 +301,14 @@ class PreparedRow:
 
     @property
     def kind(self) -> str:
-        """dense, moe, mlperf (the validation-only MLPerf GPT-3 rows), lora (MLPerf's LoRA
-        fine-tuning rows), dense-newer and moe-newer (NVIDIA's runs newer than the fit), each
-        reported apart."""
+        """dense, moe, mlperf (the validation-only MLPerf GPT-3 rows), lora or sft (fine-tuning
+        rows: MLPerf's LoRA, NeMo's table), dense-newer and moe-newer (NVIDIA's runs newer than the
+        fit), each reported apart."""
         newer = assumptions_key(self.id) in NEWER_SOURCES
         if self.model.is_moe:
             return "moe-newer" if newer else "moe"
         if self.model.finetune is not None:
-            return self.model.finetune.mode
+            return "lora" if self.model.finetune.lora else "sft"
         if newer:
             return "dense-newer"
         return "mlperf" if self.validation_only else "dense"
@@ -514,7 +518,7 @@ def read_runs_table(path: Path, columns: tuple[str, ...] = ()) -> pd.DataFrame:
     except (OSError, pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
         raise UserError(f"cannot read runs CSV {path}: {' '.join(str(exc).split())[:200]}") from None
     if is_mlperf_table(frame):
-        frame = from_mlperf(frame)
+        frame = from_mlperf(log_corrections.apply(frame))
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise UserError(f"runs CSV {path} lacks column(s) {', '.join(missing)}")

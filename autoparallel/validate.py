@@ -21,12 +21,22 @@ constants of each GPU family that ran it are refitted without that model's rows 
 are predicted with them: the error a user's next model should expect. A MoE model's rows are
 predicted with the MoE constants (``calibrate.MOE_FITTED``, fitted on the MoE rows of every GPU
 together) refitted without that model; the dense constants never saw a MoE row.
+
+The MLPerf rows (GPT-3 and Llama-2-70B LoRA), submitted by many systems, are also held out by
+*system* (``heldout_system_error_pct``): rows group by GPU and node-count family (``system_group``:
+one node, 2-8, 9-64, more), and their GPU family's constants are refitted without every published
+row of that GPU at that scale. The submitters' own system names cannot group them: 60 names for 66
+LoRA rows, the same DGX H100 under a name per vendor, so each group would be one row of a file no fit
+reads. A group whose GPU ran no published row at its scale (every H200 group) is predicted by its
+family's constants refitted on all their published rows, from the uncalibrated start: no fit ever saw
+that system. (Held out by model, the LoRA rows' refit leaves out the 70B NeMo rows instead.)
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import math
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
@@ -39,7 +49,7 @@ from rich.table import Table
 
 from autoparallel import io
 from autoparallel.costmodel import calibrate
-from autoparallel.measured_runs import PreparedRow, load_runs, predict_row, validation_runs
+from autoparallel.measured_runs import NEWER_SOURCES, PreparedRow, assumptions_key, load_runs, predict_row, validation_runs
 
 
 def _refit_and_predict(rows: list[PreparedRow], group: str, family: str) -> dict[str, dict]:
@@ -50,6 +60,41 @@ def _refit_and_predict(rows: list[PreparedRow], group: str, family: str) -> dict
     fitted = calibrate.fit(rest, start).values if rest else {}
     efficiency = dataclasses.replace(start, **fitted)
     return {p.id: predict_row(p, efficiency) for p in members if p.model_group == group}
+
+
+NODE_FAMILIES = ((1, "1 node"), (8, "2-8 nodes"), (64, "9-64 nodes"), (None, ">64 nodes"))
+
+
+def system_group(p: PreparedRow) -> str:
+    """The GPU and node-count family a row ran on ("h200 2-8 nodes"): what a held-out system is."""
+    nodes = -(-int(p.row["num_gpus"]) // p.hardware.gpus_per_node)
+    name = next(label for most, label in NODE_FAMILIES if most is None or nodes <= most)
+    return f"{p.row['gpu']} {name}"
+
+
+def _system_folds(rows: list[PreparedRow]) -> list[tuple[str, tuple[str, ...], tuple[str, ...]]]:
+    """(GPU family, ids of the published rows left out of its refit, ids of the validation-only
+    rows predicted with it): one per system group, groups that leave out the same rows sharing one
+    refit. The runs newer than the fit are held out by release instead (they are all unseen)."""
+    folds: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for p in rows:
+        if not p.validation_only or p.model.is_moe or assumptions_key(p.id) in NEWER_SOURCES:
+            continue
+        group = system_group(p)
+        left_out = tuple(sorted(q.id for q in rows if q.family == p.family and not q.validation_only
+                                and not q.model.is_moe and system_group(q) == group))
+        folds.setdefault((p.family, left_out), []).append(p.id)
+    return [(family, left_out, tuple(ids)) for (family, left_out), ids in sorted(folds.items())]
+
+
+def _refit_system_and_predict(rows: list[PreparedRow], family: str, left_out: tuple[str, ...],
+                              predicted: tuple[str, ...]) -> dict[str, dict]:
+    """One system fold: ``family`` refitted from its uncalibrated constants without ``left_out``."""
+    rest = [p for p in rows if p.family == family and not p.model.is_moe and not p.validation_only
+            and p.id not in left_out]
+    start = calibrate.uncalibrated(io.load_hardware(family).efficiency)
+    efficiency = dataclasses.replace(start, **(calibrate.fit(rest, start).values if rest else {}))
+    return {p.id: predict_row(p, efficiency) for p in rows if p.id in predicted}
 
 
 def _refit_moe_and_predict(rows: list[PreparedRow], group: str, _family: str = "") -> dict[str, dict]:
@@ -79,19 +124,30 @@ def cross_validate(rows: list[PreparedRow], progress: Callable[[], None] | None 
     the held-out rows taught the shipped ones cannot leak into their prediction. The folds run
     in ``workers`` processes (default: one per CPU).
     """
-    folds = _folds(rows)
+    return _run(rows, [(refit, (group, family)) for refit, group, family in _folds(rows)], progress, workers)
+
+
+def cross_validate_by_system(rows: list[PreparedRow], progress: Callable[[], None] | None = None,
+                             workers: int | None = None) -> dict[str, dict]:
+    """Leave-one-system-out for the validation-only (MLPerf) rows: ``{row id: prediction}`` with
+    their GPU family refitted without the published rows of their system group."""
+    return _run(rows, [(_refit_system_and_predict, fold) for fold in _system_folds(rows)], progress, workers)
+
+
+def _run(rows: list[PreparedRow], folds: list[tuple[Callable, tuple]], progress: Callable[[], None] | None,
+         workers: int | None) -> dict[str, dict]:
+    """Every fold ``refit(rows, *args)``, in ``workers`` processes (default: one per CPU)."""
     workers = min(workers or os.cpu_count() or 1, len(folds))
     held_out: dict[str, dict] = {}
     if workers <= 1:
-        for refit, group, family in folds:
-            held_out.update(refit(rows, group, family))
+        for refit, args in folds:
+            held_out.update(refit(rows, *args))
             if progress:
                 progress()
         return held_out
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        for done in concurrent.futures.as_completed(
-                [pool.submit(refit, rows, group, family) for refit, group, family in folds]):
+        for done in concurrent.futures.as_completed([pool.submit(refit, rows, *args) for refit, args in folds]):
             held_out.update(done.result())
             if progress:
                 progress()
@@ -99,8 +155,8 @@ def cross_validate(rows: list[PreparedRow], progress: Callable[[], None] | None 
 
 
 def cross_validation_folds(rows: list[PreparedRow]) -> int:
-    """How many refits ``cross_validate`` makes (for a progress bar)."""
-    return len(_folds(rows))
+    """How many refits ``cross_validate`` and ``cross_validate_by_system`` make (for a progress bar)."""
+    return len(_folds(rows)) + len(_system_folds(rows))
 
 
 def all_runs(runs: Sequence[Path] | None = None) -> list[PreparedRow]:
@@ -113,13 +169,21 @@ def all_runs(runs: Sequence[Path] | None = None) -> list[PreparedRow]:
 def validate_training(runs: Sequence[Path] | None = None, cross: bool = True,
                       progress: Callable[[], None] | None = None) -> pd.DataFrame:
     """One row per published run, dense and MoE (``kind``): the in-sample prediction and, with
-    ``cross``, the leave-one-model-out one (``heldout_predicted``, ``heldout_error_pct``)."""
+    ``cross``, the leave-one-model-out one (``heldout_predicted``, ``heldout_error_pct``) and, for
+    the MLPerf rows, the leave-one-system-out one (``system``, ``heldout_system_error_pct``; empty
+    for the other rows)."""
     rows = all_runs(runs)
     report = pd.DataFrame([predict_row(p) for p in rows])
     if cross:
         held = cross_validate(rows, progress)
         report["heldout_predicted"] = [held[i]["predicted"] for i in report["id"]]
         report["heldout_error_pct"] = [held[i]["error_pct"] for i in report["id"]]
+        by_system = cross_validate_by_system(rows, progress)
+        report["system"] = [system_group(p) if p.id in by_system else None for p in rows]
+        report["heldout_system_predicted"] = [by_system[i]["predicted"] if i in by_system else math.nan
+                                              for i in report["id"]]
+        report["heldout_system_error_pct"] = [by_system[i]["error_pct"] if i in by_system else math.nan
+                                              for i in report["id"]]
     return report
 
 
@@ -129,6 +193,8 @@ def summary(report: pd.DataFrame) -> pd.DataFrame:
     groups = [("kind", name, g) for name, g in report.groupby("kind")]
     groups += [("source", name, g) for name, g in report.groupby("source")]
     groups += [("gpu", name, g) for name, g in report.groupby("gpu")]
+    if "system" in report:
+        groups += [("system", name, g) for name, g in report.groupby("system")]
     out = []
     for by, name, g in groups:
         entry = {"by": by, "group": name, "rows": len(g), "mean_abs_error_pct": g["error_pct"].abs().mean(),
@@ -136,31 +202,45 @@ def summary(report: pd.DataFrame) -> pd.DataFrame:
         if "heldout_error_pct" in g:
             entry["heldout_mean_abs_error_pct"] = g["heldout_error_pct"].abs().mean()
             entry["heldout_max_abs_error_pct"] = g["heldout_error_pct"].abs().max()
+        if "heldout_system_error_pct" in g:  # NaN where the group has no MLPerf row
+            entry["heldout_system_mean_abs_error_pct"] = g["heldout_system_error_pct"].abs().mean()
+            entry["heldout_system_max_abs_error_pct"] = g["heldout_system_error_pct"].abs().max()
         out.append(entry)
     return pd.DataFrame(out)
 
 
+def _pct(value: float, sign: str = "") -> str:
+    """A percentage cell; blank where a row has no such figure (NaN)."""
+    return "" if pd.isna(value) else f"{value:{sign}.1f}"
+
+
 def print_report(report: pd.DataFrame, console: Console) -> None:
     held = "heldout_error_pct" in report
+    by_system = "heldout_system_error_pct" in report
     t = Table(title="predicted vs published", header_style="bold")
     columns = ["id", "metric", "measured", "predicted", "error %"] + (["held-out %"] if held else [])
+    columns += ["by system %"] if by_system else []
     for c in columns + ["fits", "mem GiB", "variant"]:
         t.add_column(c, justify="right" if c not in ("id", "metric", "variant") else "left")
     for _, r in report.iterrows():
         cells = [r["id"], r["metric"], f"{r['measured']:.4g}", f"{r['predicted']:.4g}", f"{r['error_pct']:+.1f}"]
         cells += [f"{r['heldout_error_pct']:+.1f}"] if held else []
+        cells += [_pct(r["heldout_system_error_pct"], "+")] if by_system else []
         t.add_row(*cells, "yes" if r["fits"] else "[red]NO[/red]", f"{r['peak_memory_gib']:.1f}",
                   escape(r["variant"]))
     console.print(t)
-    s = Table(title="mean / max |error| %: in-sample" + (" and leave-one-model-out" if held else ""),
-              header_style="bold")
+    s = Table(title="mean / max |error| %: in-sample" + (" and leave-one-model-out" if held else "")
+              + (" (MLPerf rows: and leave-one-system-out)" if by_system else ""), header_style="bold")
     for c in ["by", "group", "rows", "in-sample mean", "in-sample max"] + (
-            ["held-out mean", "held-out max"] if held else []) + ["all fit"]:
+            ["held-out mean", "held-out max"] if held else []) + (
+            ["by-system mean", "by-system max"] if by_system else []) + ["all fit"]:
         s.add_column(c, justify="left" if c in ("by", "group") else "right")
     for _, r in summary(report).iterrows():
         cells = [r["by"], r["group"], str(r["rows"]), f"{r['mean_abs_error_pct']:.1f}", f"{r['max_abs_error_pct']:.1f}"]
         if held:
             cells += [f"{r['heldout_mean_abs_error_pct']:.1f}", f"{r['heldout_max_abs_error_pct']:.1f}"]
+        if by_system:
+            cells += [_pct(r["heldout_system_mean_abs_error_pct"]), _pct(r["heldout_system_max_abs_error_pct"])]
         s.add_row(*cells, "yes" if r["all_fit"] else "[red]no[/red]")
     console.print(s)
 

@@ -6,6 +6,8 @@ the script's argument arrays and environment exactly as a user's shell would, an
 ``parse_args``, ``validate_args``, ``core_transformer_config_from_args`` (TransformerConfig and
 its ``__post_init__`` checks) and its micro-batch calculator run on them. The result must also
 be the model the preset describes and the layout that was priced (checked field by field).
+A plan Megatron-LM has no flag for (FP8 dot-product attention, issue 27) is refused by the export
+and listed as such; a control shows Megatron-LM's parser refusing the flag autoparallel once wrote.
 
     python benchmarks/bench_megatron_args.py --megatron PATH_TO_MEGATRON_LM [--top 3]
 
@@ -30,6 +32,7 @@ from pathlib import Path
 from autoparallel import io
 from autoparallel.report import moe_export
 from autoparallel.report.launch import train_script
+from autoparallel.report.shared import megatron_unsupported
 from autoparallel.search import run as runs
 from autoparallel.space import load_space
 from autoparallel.specs.plan import Plan
@@ -74,6 +77,9 @@ SEARCHES = [
     ("llama3-70b", 64, "b200", {"precision": "mxfp8", "fp8_param_gather": True, "cuda_graph": "full_iteration"}),
     ("llama3.1-8b", 512, "gb200", {"precision": "nvfp4"}),
     ("llama3.1-405b", 512, "gb200", {"precision": "nvfp4", "fp8_bf16_edge_layers": 2}),
+    # Issue 27: FP8 dot-product attention (--fp8-attention), under both FP8 recipes that allow it.
+    ("llama3-70b", 64, "h100-sxm", {"precision": "fp8-delayed", "fp8_attention": True}),
+    ("llama3-8b", 8, "h100-sxm", {"precision": "fp8-current", "fp8_attention": True}),
 ]
 ARCH = {"a100-sxm-80g": 8, "h100-sxm": 9, "h200": 9, "b200": 10, "gb200": 10, "gb300": 10}  # CUDA compute capability
 TE_VERSION = "2.9.0"  # the TransformerEngine megatron-core 0.15 is built against (its [dev] extra)
@@ -208,6 +214,7 @@ def expected(model, plan, graph_modules: bool = False) -> dict:
         "args.use_distributed_optimizer": plan.distributed_optimizer,
         "args.overlap_grad_reduce": plan.overlap_grad_reduce, "args.overlap_param_gather": plan.overlap_param_gather,
         "config.tp_comm_overlap": plan.tp_comm_overlap, "config.fp8": fp8.fp8_format if fp8 else None,
+        "config.fp8_dot_product_attention": False,  # no flag sets it; a plan with it is refused
         "config.fp4": "e2m1" if plan.is_fp4 else None, **({"config.fp4_recipe": "nvfp4"} if plan.is_fp4 else {}),
         "config.fp8_param": plan.fp8_param_gather, "args.fp8_param_gather": plan.fp8_param_gather,
         "args.use_precision_aware_optimizer": plan.precision_aware_optimizer,
@@ -279,6 +286,9 @@ def exports(top: int, short_run: int | None = None):
         label = f"{name} {gpus}x{gpu} " + " ".join(f"{k}={v}" for k, v in pins.items())
         for rank in range(1, min(top, len(result.feasible)) + 1):
             row = result.entry(rank)
+            if megatron_unsupported(result.plan(rank)):  # refused by the export; the controls show why
+                yield f"{label} #{rank}", model, result.plan(rank), hw, None
+                continue
             script = (train_script(model, result.plan(rank), hw, label, short_run=short_run) if short_run
                       else runs.launch_script(model, hw, row, label))
             yield f"{label} #{rank}", model, result.plan(rank), hw, script
@@ -332,6 +342,10 @@ def controls():
     yield ("DeepSeek-V3 without the config.json fields of issue 22 item 6", io.load_model("deepseek-v3"),
            Plan(tp=2, pp=1, dp=512, gbs=4096, ep=8, sp=True), hw,
            lambda argv, env: (_without(argv, new_flags), env))
+    # issue 27: why the export refuses FP8 attention (the flag autoparallel used to write)
+    fp8 = Plan(tp=1, pp=1, dp=8, gbs=128, precision="fp8-current")
+    yield ("FP8 attention as --fp8-dot-product-attention (the export now refuses the plan)", llama8, fp8, hw,
+           lambda argv, env: ([*argv, "--fp8-dot-product-attention"], env))
 
 
 def _without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
@@ -353,9 +367,14 @@ def main() -> None:
         arguments, microbatches = load_megatron(Path(cli.megatron).resolve())
     print("Stubbed:\n" + "".join(f"- {s}\n" for s in STUBS))
     print("| export | layout | env | reached | problem |\n|---|---|---|---|---|")
-    passed = total = 0
+    passed = total = refused = 0
     for label, model, plan, hw, script in exports(cli.top, cli.short_run):
         _ARCH["value"] = ARCH[hw.name]
+        if script is None:
+            refused += 1
+            print(f"| {label} | {plan.precision} fp8-attention | - | refused by the export | "
+                  f"{megatron_unsupported(plan)} |", flush=True)
+            continue
         argv, env = script_argv_env(script)
         stage, problem = check(arguments, microbatches, model, plan, argv, env)
         total += 1
@@ -367,7 +386,8 @@ def main() -> None:
         env_text = ",".join(f"{k}={v}" for k, v in env.items()) or "-"
         print(f"| {label} | {layout} | {env_text} | {stage} | {problem or 'ok'} |", flush=True)
     print(f"\n{passed} of {total} exports pass parse_args + validate_args + TransformerConfig + micro-batches "
-          "with the preset's model and the priced layout")
+          f"with the preset's model and the priced layout; {refused} plans refused by the export (no Megatron-LM "
+          "flag for them)")
     print("\nControls (must be refused):\n\n| broken export | reached | problem found |\n|---|---|---|")
     for label, model, plan, hw, change in controls():
         _ARCH["value"] = ARCH[hw.name]

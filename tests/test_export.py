@@ -206,3 +206,17 @@ def test_each_export_module_imports_alone(module):
     out = subprocess.run([sys.executable, "-c", f"import autoparallel.report.{module}"], capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_fp8_attention_is_refused_by_megatron_lm_exports_and_written_for_nemo():
+    """Issue 27: Megatron-LM's pretrain_gpt.py has no flag for TransformerConfig.fp8_dot_product_attention
+    (benchmarks/bench_megatron_args.py shows its parser refusing --fp8-dot-product-attention), so a
+    plan priced with FP8 attention has no Megatron-LM flags or train.sh; NeMo's configs carry it."""
+    from autoparallel.errors import UserError
+    model, plan = io.load_model("llama3-8b"), Plan(tp=1, pp=1, dp=8, gbs=128, precision="fp8-current", fp8_attention=True)
+    with pytest.raises(UserError, match="FP8 dot-product attention has no Megatron-LM flag"):
+        megatron_args(model, plan)
+    with pytest.raises(UserError, match="FP8 dot-product attention has no Megatron-LM flag"):
+        train_script(model, plan, io.load_hardware("h100-sxm"), "")
+    assert "fp8-dot-product" not in " ".join(megatron_args(model, dataclasses.replace(plan, fp8_attention=False)))
+    assert nemo2_recipe(model, plan)["model"]["config"]["fp8_dot_product_attention"] is True

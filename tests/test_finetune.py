@@ -11,10 +11,11 @@ import dataclasses
 
 import pytest
 
-from autoparallel import io
+from autoparallel import io, resources
 from autoparallel.cli.common import with_seq_length
 from autoparallel.cli.finetune import with_finetune
 from autoparallel.errors import UserError
+from autoparallel.measured_runs import read_runs_table
 from autoparallel.search import run as runs
 from autoparallel.space import load_space
 from autoparallel.specs.finetune import Finetune
@@ -71,15 +72,31 @@ def test_the_h100_submissions_layout_fits_and_ranks_in_the_top_5_percent(h100_se
     assert _share_above(h100_search, 4, 1) <= 0.05
 
 
-@pytest.mark.parametrize("tp, cp", [(1, 2), (2, 1)])
+def _submitted_8gpu_layouts(gpu: str) -> set[tuple[int, int]]:
+    """(tp, cp) of the 8-GPU LoRA submissions on ``gpu``, as their logs say they ran."""
+    rows = read_runs_table(resources.data_file("mlperf_training_lora_hopper.csv"))
+    rows = rows[(rows.gpu == gpu) & (rows.num_gpus == 8)]
+    return {(int(r.tp), int(r.cp)) for r in rows.itertuples()}
+
+
+def test_the_8gpu_submissions_are_h100_tp4_and_h200_tp1_cp2_or_tp2():
+    # Oracle's H200 row read TP4 from an H100 config its log did not run (mlperf_log_corrections.yaml).
+    assert _submitted_8gpu_layouts("h100-sxm") == {(4, 1)}
+    assert _submitted_8gpu_layouts("h200") == {(1, 2), (2, 1)}
+
+
+@pytest.mark.parametrize("tp, cp", sorted(_submitted_8gpu_layouts("h200")))
 def test_the_h200_submissions_layouts_fit_and_rank_in_the_top_5_percent(h200_search, tp, cp):
     assert _share_above(h200_search, tp, cp) <= 0.05
 
 
-@pytest.mark.xfail(strict=True, reason="issue 27: Oracle's H200 TP4 layout fits but ranks at 12.6 % (the model "
-                                       "prices TP4 on H200 20 % slow: mlperflora-v5.0-Oracle-1xBM.GPU.H200.8 +20 %)")
-def test_the_h200_tp4_submission_ranks_in_the_top_5_percent(h200_search):
-    assert _share_above(h200_search, 4, 1) <= 0.05
+@pytest.mark.parametrize("packed, gbs", [(True, 8), (False, 128)])
+def test_a_finetune_search_defaults_to_the_recipes_global_batch(packed, gbs):
+    from autoparallel.search.run import default_gbs
+    model = dataclasses.replace(io.load_model("llama3-70b"), finetune=Finetune("lora", packed_sequence=packed))
+    assert default_gbs(model, None) == gbs
+    assert default_gbs(model, 32) == 32
+    assert default_gbs(io.load_model("llama3-70b"), None) == io.load_model("llama3-70b").global_batch_size
 
 
 def test_lora_runs_export_to_nemo2_not_to_megatron_lm(h100_search, tmp_path):

@@ -60,7 +60,9 @@ MLPERF_MAX_REACHED = 10.7
 # Issue 27, MLPerf's Llama-2-70B LoRA rows: reached in sample and held out (the target: mean <= 10 %).
 # Held out 5.5 % when the dense rows were priced in their best variant; 7.9 % since they are priced
 # as run (issue 28 item 4): the refits without the 70B models land on other H100 constants.
-LORA_MEAN, LORA_HELDOUT_MEAN, LORA_MAX = 5.8, 8.0, 29.3  # 2026-11-26: 5.7, 7.9, 29.2
+LORA_MEAN, LORA_HELDOUT_MEAN, LORA_MAX = 5.1, 8.0, 29.3  # 2026-11-26 (log-corrected rows)
+LORA_BY_SYSTEM_MEAN = 9.5  # held out by system (GPU and node-count family), 2026-11-26: 9.4
+NEMOFT_MEAN, NEMOFT_HELDOUT_MEAN = 16.4, 16.6  # NeMo 24.07's SFT / LoRA table, 2026-11-26: 16.3, 16.5
 
 
 @pytest.fixture(scope="module")
@@ -220,8 +222,8 @@ def test_mlperf_rows_are_never_fitted(full_report, report):
 
 def test_summary_reports_sources_and_gpus_with_held_out_errors(full_report):
     s = validate.summary(full_report)
-    assert list(s.by.unique()) == ["kind", "source", "gpu"]
-    assert set(s[s.by == "kind"].group) == {"dense", "moe", "mlperf", "lora", "dense-newer", "moe-newer"}
+    assert list(s.by.unique()) == ["kind", "source", "gpu", "system"]
+    assert set(s[s.by == "kind"].group) == {"dense", "moe", "mlperf", "lora", "sft", "dense-newer", "moe-newer"}
     assert {"heldout_mean_abs_error_pct", "heldout_max_abs_error_pct"} <= set(s.columns)
     assert (s.heldout_mean_abs_error_pct >= 0).all()
 
@@ -294,7 +296,7 @@ def test_each_family_gets_its_own_tie_band():
 
 @pytest.fixture(scope="module")
 def lora_report(full_report):
-    return full_report[full_report.kind == "lora"]
+    return full_report[(full_report.kind == "lora") & (full_report.source == "mlperflora")]
 
 
 def test_every_mlperf_lora_submission_is_predicted_to_fit(lora_report):
@@ -394,3 +396,56 @@ def test_moe_held_out_target_with_the_newer_rows(full_report):
 def test_no_newer_moe_row_worse_than_35_percent(newer_report):
     moe = newer_report[newer_report.kind == "moe-newer"]
     assert moe.error_pct.abs().max() <= 35.0 and moe.heldout_error_pct.abs().max() <= 35.0
+
+
+def test_mlperf_rows_are_held_out_by_system_too(full_report):
+    """Issue 27: every validation-only row (MLPerf GPT-3 and LoRA, NeMo's fine-tuning table) is also
+    predicted with its GPU family refitted without the published rows of its GPU at its node-count
+    family; the other rows have no system."""
+    mlperf = full_report.source.isin(["mlperf", "mlperflora", "nemoft"])
+    assert full_report.heldout_system_error_pct[mlperf].notna().all()
+    assert full_report.heldout_system_error_pct[~mlperf].isna().all() and full_report.system[~mlperf].isna().all()
+    assert set(full_report.system[full_report.source == "mlperflora"]) == {
+        "h100-sxm 1 node", "h100-sxm 2-8 nodes", "h100-sxm 9-64 nodes", "h100-sxm >64 nodes",
+        "h200 1 node", "h200 2-8 nodes", "h200 9-64 nodes"}
+    lora = full_report[full_report.source == "mlperflora"]
+    assert lora.heldout_system_error_pct.abs().mean() <= LORA_BY_SYSTEM_MEAN
+    s = validate.summary(full_report)
+    assert {"heldout_system_mean_abs_error_pct", "heldout_system_max_abs_error_pct"} <= set(s.columns)
+
+
+def test_a_system_fold_leaves_out_only_its_gpu_at_its_scale():
+    rows = validate.all_runs()
+    by_id = {p.id: p for p in rows}
+    for family, left_out, predicted in validate._system_folds(rows):
+        groups = {validate.system_group(by_id[i]) for i in predicted}
+        assert all(validate.system_group(by_id[i]) in groups and not by_id[i].validation_only for i in left_out)
+        assert all(by_id[i].validation_only and by_id[i].family == family for i in predicted)
+
+
+@pytest.fixture(scope="module")
+def nemo_finetune_report(full_report):
+    return full_report[full_report.source == "nemoft"]
+
+
+def test_nemos_finetuning_table_is_predicted_never_fitted(nemo_finetune_report, report):
+    """Issue 27: NeMo 24.07's SFT and LoRA rows (Llama 2 7B / 13B / 70B on DGX-H100) join validate
+    as kinds sft and lora; no fold fits them (the dense figures stay those of the calibration rows)."""
+    assert sorted(nemo_finetune_report.kind.value_counts().items()) == [("lora", 3), ("sft", 3)]
+    assert (nemo_finetune_report.metric == "tokens_per_s_per_gpu").all()
+    assert nemo_finetune_report.error_pct.abs().mean() <= NEMOFT_MEAN
+    assert nemo_finetune_report.heldout_error_pct.abs().mean() <= NEMOFT_HELDOUT_MEAN
+
+
+@pytest.mark.xfail(strict=True, reason="every published layout fits: NeMo's Llama 2 70B SFT on 16 H100 (TP4 PP4 "
+                                       "VP20, DP 1) is predicted at 86 GiB on 80 GB on 2026-11-26 (FP32 Adam "
+                                       "states of 4.4B parameters a GPU, unsharded at DP 1)")
+def test_every_nemo_finetuning_layout_fits(nemo_finetune_report):
+    assert nemo_finetune_report.fits.all(), list(nemo_finetune_report.id[~nemo_finetune_report.fits])
+
+
+@pytest.mark.xfail(strict=True, reason="issue 27 target: fine-tuning rows' mean |error| <= 10 %; NeMo's LoRA "
+                                       "rows are 20-28 % slow in sample on 2026-11-26 (packed SQuAD documents "
+                                       "priced as one 4,096-token document: length not published)")
+def test_nemo_finetuning_rows_meet_the_target(nemo_finetune_report):
+    assert nemo_finetune_report.error_pct.abs().mean() <= 10.0

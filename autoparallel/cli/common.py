@@ -35,7 +35,9 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("layout knobs (any given knob is pinned; the rest is searched)")
     for name in KNOB_FLAGS:
         g.add_argument(f"--{name}", type=positive, help=f"pin {name}" + (" (expert tensor parallel, MoE)" if name == "etp" else ""))
-    g.add_argument("--gbs", type=positive, help="global batch size (default: the model preset's)")
+    g.add_argument("--gbs", "--global-batch-size", type=positive, dest="gbs",
+                   help="global batch size (default: the model preset's; with --finetune, NeMo's fine-tuning "
+                        "recipe's: 8 packed sequences, 128 unpacked)")
     g.add_argument("--seq-length", type=positive, metavar="TOKENS",
                    help="training sequence length (default: the model preset's); memory, FLOPs and the CP "
                         "choices follow it, the global batch stays in sequences")

@@ -138,13 +138,18 @@ def _show(result, args: argparse.Namespace, how: str, run_dir: Path | None) -> N
 def _next_steps(result, run_dir: Path) -> None:
     """Where the run was written and how to export and launch its rank-1 plan, as commands that
     copy into a shell and read in 80 columns."""
-    from autoparallel.report.shared import TOKENIZER_FILES, node_layout
+    from autoparallel.report.shared import TOKENIZER_FILES, megatron_unsupported, node_layout
     from autoparallel.report.run_folder import TRAIN_SCRIPT
     export = ["autoparallel", "export", str(run_dir), "--rank", "1", "--format"]
     if is_lora(result.model):
         console.print(f"run folder: {run_dir}\n"
                       "rank 1 as a NeMo 2 LoRA fine-tuning recipe (or --format nemo2-yaml, yaml):\n"
                       + shell_command([*export, "nemo2"]), soft_wrap=True)
+        return
+    if megatron_unsupported(result.plan(1)):
+        console.print(f"run folder: {run_dir}\n"
+                      "rank 1 as a NeMo 2 recipe (or --format nemo, nemo2-yaml, yaml; Megatron-LM has no "
+                      "flag for its FP8 attention):\n" + shell_command([*export, "nemo2"]), soft_wrap=True)
         return
     nodes, per_node = node_layout(result.gpus, result.hardware.gpus_per_node)
     names = ["MEGATRON_LM", "DATA_PATH", "CHECKPOINT_DIR", *TOKENIZER_FILES.get(result.model.tokenizer_type, {}).values()]

@@ -14,11 +14,12 @@ own parse_args / validate_args / TransformerConfig on them.
 from __future__ import annotations
 
 from autoparallel.costmodel import pipeline
+from autoparallel.errors import UserError
 from autoparallel.report import moe_export
 from autoparallel.report.nemo import nemo1_config, nemo2_recipe
 from autoparallel.report.shared import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, BRIDGE_PRECISION_RECIPES, CP_COMM_TYPE,
                                         CUDA_GRAPHS, FP4_FORMAT, FP4_RECIPE, FP4_TE_CLASS, FP8_RECIPES,
-                                        nemo_unsupported,
+                                        megatron_unsupported, nemo_unsupported,
                                         MAKE_VOCAB_SIZE_DIVISIBLE_BY, NORMALIZATION, TOKENIZER_FILES,
                                         recompute_layers)
 from autoparallel.specs.model import ModelSpec
@@ -129,10 +130,8 @@ def cuda_graph_flags(plan: Plan) -> list[str]:
 
 
 def optimizer_flags(plan: Plan) -> list[str]:
-    """FP8 weights gathered in FP8, FP8 attention; Adam's moments in BF16 (the precision-aware
-    optimizer)."""
+    """FP8 weights gathered in FP8; Adam's moments in BF16 (the precision-aware optimizer)."""
     a = ["--fp8-param-gather"] if plan.fp8_param_gather else []
-    a += ["--fp8-dot-product-attention"] if plan.fp8_attention else []
     if plan.precision_aware_optimizer:
         a += ["--use-precision-aware-optimizer", "--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"]
     return a
@@ -159,7 +158,10 @@ def precision_flags(plan: Plan) -> list[str]:
 
 
 def megatron_arg_groups(model: ModelSpec, plan: Plan) -> dict[str, list[str]]:
-    """The flags in the groups train.sh writes them in, one flag (with its value) per entry."""
+    """The flags in the groups train.sh writes them in, one flag (with its value) per entry; a
+    UserError when Megatron-LM has no flag for part of the plan (``shared.megatron_unsupported``)."""
+    if why := megatron_unsupported(plan):
+        raise UserError(f"Megatron-LM cannot run this plan as priced: {why}")
     return {"MODEL_ARGS": model_flags(model), "TOKENIZER_ARGS": tokenizer_flags(model),
             "PARALLEL_ARGS": parallel_flags(model, plan), "PRECISION_ARGS": precision_flags(plan)}
 

@@ -53,6 +53,19 @@ def nemo_unsupported(plan: Plan) -> str:
     return ""
 
 
+def megatron_unsupported(plan: Plan) -> str:
+    """Why Megatron-LM's pretrain_gpt.py cannot run the plan as priced, or ''."""
+    if plan.fp8_attention:
+        # TransformerConfig.fp8_dot_product_attention is among the fields Megatron-LM's generated
+        # arguments leave out ("no CLI argument exists for these", megatron/training/arguments.py,
+        # d98e8a6); 000c4ac's hand-written parser had no such flag either: parse_args refuses
+        # --fp8-dot-product-attention (benchmarks/bench_megatron_args.py).
+        return ("FP8 dot-product attention has no Megatron-LM flag (TransformerConfig.fp8_dot_product_attention "
+                "is set only from Python: NeMo / Megatron-Bridge); use --format nemo, nemo2 or nemo2-yaml, or "
+                "search without --fp8-attention")
+    return ""
+
+
 # Delayed scaling as priced and as NeMo's FP8 recipes set it (DESIGN.md §6).
 AMAX_HISTORY_LEN = 1024
 AMAX_COMPUTE_ALGO = "max"

@@ -68,8 +68,12 @@ class SearchResult:
 
 
 def default_gbs(model: ModelSpec, gbs: int | None) -> int:
+    """``gbs`` if given; else a fine-tuning run's recipe global batch (``Finetune.default_global_batch``:
+    fine-tuning takes far smaller batches than the pre-training preset's), else the preset's."""
     if gbs is not None:
         return gbs
+    if model.finetune is not None:
+        return model.finetune.default_global_batch
     if model.global_batch_size is None:
         raise UserError(f"model {model.name!r} has no global_batch_size; pass --gbs")
     return model.global_batch_size
@@ -155,11 +159,13 @@ def plan_document(model: ModelSpec, hw: HardwareSpec, row: pd.Series) -> dict:
 
 
 def write_best(run_dir: Path, model: ModelSpec, hw: HardwareSpec, row: pd.Series, title: str) -> None:
-    """best.yaml and train.sh (the launch script) of the rank-1 plan; no train.sh for LoRA, which
-    Megatron-LM's pretrain_gpt.py cannot run (``export --format nemo2`` writes its recipe)."""
+    """best.yaml and train.sh (the launch script) of the rank-1 plan; no train.sh for LoRA or FP8
+    attention, which Megatron-LM's pretrain_gpt.py cannot run (``export --format nemo2`` writes
+    their recipe)."""
     run_folder.write_yaml(run_dir / run_folder.BEST, plan_document(model, hw, row))
     from autoparallel.costmodel.finetune import is_lora
-    if is_lora(model):
+    from autoparallel.report.shared import megatron_unsupported
+    if is_lora(model) or megatron_unsupported(row_to_plan(row)):
         return
     run_folder.write_atomic(run_dir / run_folder.TRAIN_SCRIPT, launch_script(model, hw, row, title))
 

@@ -23,6 +23,11 @@ FINETUNE_MODES = ("full", "lora")
 # output projection (attention), FC1 (gate and up fused) and FC2 (MLP).
 LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 DEFAULT_LORA_RANK = 32  # Megatron-Bridge's LoRA.dim
+# A fine-tuning run's global batch when none is given: NeMo 2's default_finetune_recipe (NVIDIA/NeMo
+# 8cfedd7, nemo/collections/llm/recipes/finetune_default.py) takes 8 packed sequences, or 128
+# unpacked ones; Megatron-Bridge's SFT and PEFT recipes (llama/h100/llama3.py, 067f987) take 8 with
+# offline packing, "else 128". MLPerf's Llama-2-70B LoRA runs 8 up to 64 GPUs.
+PACKED_GLOBAL_BATCH, UNPACKED_GLOBAL_BATCH = 8, 128
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,11 @@ class Finetune:
     @property
     def lora(self) -> bool:
         return self.mode == "lora"
+
+    @property
+    def default_global_batch(self) -> int:
+        """The recipes' global batch (sequences) for this run, when none is given."""
+        return PACKED_GLOBAL_BATCH if self.packed_sequence else UNPACKED_GLOBAL_BATCH
 
 
 def parse_targets(text: str) -> tuple[str, ...]:
