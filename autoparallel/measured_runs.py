@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from autoparallel import io, log_corrections, ranges, resources, safefile
+from autoparallel import io, mlperf_corrections, ranges, resources, safefile
 from autoparallel.costmodel import flops
 from autoparallel.costmodel.estimate import estimate_columns
 from autoparallel.errors import UserError
@@ -518,7 +518,7 @@ def read_runs_table(path: Path, columns: tuple[str, ...] = ()) -> pd.DataFrame:
     except (OSError, pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
         raise UserError(f"cannot read runs CSV {path}: {' '.join(str(exc).split())[:200]}") from None
     if is_mlperf_table(frame):
-        frame = from_mlperf(log_corrections.apply(frame))
+        frame = from_mlperf(mlperf_corrections.apply(frame))
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise UserError(f"runs CSV {path} lacks column(s) {', '.join(missing)}")

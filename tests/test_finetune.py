@@ -80,7 +80,7 @@ def _submitted_8gpu_layouts(gpu: str) -> set[tuple[int, int]]:
 
 
 def test_the_8gpu_submissions_are_h100_tp4_and_h200_tp1_cp2_or_tp2():
-    # Oracle's H200 row read TP4 from an H100 config its log did not run (mlperf_log_corrections.yaml).
+    # Oracle's H200 row read TP4 from an H100 config its log did not run (mlperf_corrections.yaml).
     assert _submitted_8gpu_layouts("h100-sxm") == {(4, 1)}
     assert _submitted_8gpu_layouts("h200") == {(1, 2), (2, 1)}
 

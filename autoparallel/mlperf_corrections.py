@@ -1,5 +1,5 @@
 """MLPerf rows whose CSV layout is not the one their result logs say ran
-(``data/mlperf_log_corrections.yaml``), set right before the rows are priced.
+(``data/mlperf_corrections.yaml``), set right before the rows are priced.
 
 The shipped CSVs stay byte-identical to the published ``../shared/data`` copies; the corrections
 sit beside them, each with the log that shows it. Each change is written ``old -> new`` and the
@@ -15,7 +15,7 @@ import yaml
 from autoparallel import resources
 from autoparallel.errors import UserError
 
-CORRECTIONS = "mlperf_log_corrections.yaml"
+CORRECTIONS = "mlperf_corrections.yaml"
 KEYS = ("round", "submitter", "system")
 
 
@@ -37,8 +37,15 @@ def _parse(dtype, text: str):
     return int(text) if pd.api.types.is_integer_dtype(dtype) else text
 
 
+UNSET = "unset"
+
+
 def _set_knob(other_knobs: str, name: str, old: str, new: str, where: str) -> str:
     parts = [p.strip() for p in str(other_knobs).split(";")]
+    if old == UNSET:
+        if any(p.split("=")[0].strip() == name for p in parts):
+            raise UserError(f"{CORRECTIONS}: {where} expects no {name} in other_knobs, which has {other_knobs!r}")
+        return "; ".join([*parts, f"{name}={new}"])
     if f"{name}={old}" not in parts:
         raise UserError(f"{CORRECTIONS}: {where} expects {name}={old} in other_knobs, which has {other_knobs!r}")
     return "; ".join(f"{name}={new}" if p == f"{name}={old}" else p for p in parts)
