@@ -34,7 +34,6 @@ FIGURES = {
 # is within the GPU's memory (RESULTS.md, issue 28 item 4, says what the runtime may keep less of).
 NOT_FITTING_AS_RUN = {
     "nemo-gpt3-20b-h100-sxm-64gpu-fp8-delayed-tp2pp1cp1vp1-mbs2-gbs256": "79.3 GiB on an 80 GB H100 (fits the whole GPU)",
-    "nemo-nemotron-340b-h100-sxm-128gpu-fp8-delayed-tp8pp8cp1vp12-mbs1-gbs32": "78.6 GiB on an 80 GB H100 (fits the whole GPU)",
     "nemo-llama3-8b-h100-sxm-8gpu-fp8-delayed-tp1pp1cp2vp1-mbs1-gbs128": "76.4 GiB on an 80 GB H100 (fits the whole GPU)",
     "nemo-llama3-70b-gb300-64gpu-fp8-current-tp1pp1cp1vp1ep1-mbs2-gbs256-fsdp64": "264.4 GiB on GB300, offload 20 (fits the whole GPU)",
     "nemo-llama3-70b-gb200-64gpu-fp8-current-tp1pp1cp1vp1ep1-mbs2-gbs256-fsdp64": "191.9 GiB on GB200, offload 40",
