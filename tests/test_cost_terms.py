@@ -572,6 +572,16 @@ def test_fp8_param_gather_and_bf16_moments_shrink_the_model_states(gpt, hw):
     assert optimizer[0] == pytest.approx((4 + 2 + 2) * 1e9 / 8)
 
 
+def test_precision_aware_optimizer_keeps_master_weight_remainders(gpt, hw):
+    """Without FP8 parameters Megatron-Core's precision-aware optimizer keeps only the low 16 bits
+    of each FP32 master weight (store_param_remainders): 2 B + two BF16 moments 2 B each = 6 B."""
+    x = _cands(gpt, hw, precision="fp8-delayed", distributed_optimizer=True, precision_aware_optimizer=True)
+    optimizer = pm.model_states(x, _fake_layers(x), (1e9, 0.0), 12, 0)[2]
+    assert optimizer[0] == pytest.approx((2 + 2 + 2) * 1e9 / 8)
+    plain = _cands(gpt, hw, precision="fp8-delayed", distributed_optimizer=True)
+    assert pm.model_states(plain, _fake_layers(plain), (1e9, 0.0), 12, 0)[2][0] == pytest.approx(12 * 1e9 / 8)
+
+
 def test_cuda_graphs_keep_static_buffers(gpt, hw):
     """Per-layer graphs: one BF16 layer input (SP-sharded) per layer and micro-batch in flight;
     a full-iteration graph: ids, labels and loss mask (20 B/token) of the step's 16 micro-batches."""

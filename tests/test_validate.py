@@ -26,7 +26,7 @@ FIGURES = {
     "moe_in_mean": 18.3,
     "moe_held_mean": 20.0,
     "moe_worst": "GPT-OSS-120B on B200 +64.9 % in sample; Qwen3-235B-A22B on H100 -65.7 % held out",
-    "deepseek": "-25.7 %, 119 GiB",
+    "deepseek": "-0.8 %, 97 GiB",
 }
 # Published layouts predicted not to fit in the variant their source ran (TODAY): findings, each
 # held as a strict expected failure. The reason gives the peak with the 4 GiB reserve, against the
@@ -34,7 +34,6 @@ FIGURES = {
 # is within the GPU's memory (RESULTS.md, issue 28 item 4, says what the runtime may keep less of).
 NOT_FITTING_AS_RUN = {
     "nemo-gpt3-20b-h100-sxm-64gpu-fp8-delayed-tp2pp1cp1vp1-mbs2-gbs256": "79.3 GiB on an 80 GB H100 (fits the whole GPU)",
-    "nemo-nemotron-340b-h100-sxm-128gpu-fp8-delayed-tp8pp8cp1vp12-mbs1-gbs32": "78.6 GiB on an 80 GB H100 (fits the whole GPU)",
     "nemo-llama3-8b-h100-sxm-8gpu-fp8-delayed-tp1pp1cp2vp1-mbs1-gbs128": "76.4 GiB on an 80 GB H100 (fits the whole GPU)",
     "nemo-llama3-70b-gb300-64gpu-fp8-current-tp1pp1cp1vp1ep1-mbs2-gbs256-fsdp64": "264.4 GiB on GB300, offload 20 (fits the whole GPU)",
     "nemo-llama3-70b-gb200-64gpu-fp8-current-tp1pp1cp1vp1ep1-mbs2-gbs256-fsdp64": "191.9 GiB on GB200, offload 40",
@@ -44,7 +43,7 @@ NOT_FITTING_AS_RUN = {
     "nemo-gpt-oss-120b-h100-sxm-64gpu-bf16-tp1pp4cp1vp1ep8-mbs4-gbs512": "103.8 GiB on an 80 GB H100 at the table's mbs 4",
     # Priced with Megatron's interleaved schedule (vp 2, 120 micro-batches in groups of 20: 51
     # chunk-micro-batches held on the first stage), which holds more than its DualPipe did.
-    "deepseek-v3-report-h800-2048gpu-fp8-blockwise-tp1pp16cp1vp2ep64-gbs15360": "119.1 GiB on an 80 GB H800",
+    "deepseek-v3-report-h800-2048gpu-fp8-blockwise-tp1pp16cp1vp2ep64-gbs15360": "97.5 GiB on an 80 GB H800",
 }
 
 

@@ -17,8 +17,9 @@ The loss keeps the FP32 softmax of the logits (4 B per token and vocabulary entr
 
 Model states follow Megatron-LM's distributed-optimizer documentation: BF16 weights 2 B/param,
 main gradients 4 B/param (2 with --grad-reduce-in-bf16), Adam (FP32 master + m + v) 12 B/param,
-the 12 sharded over the DP×CP group by the distributed optimizer (8 with the precision-aware
-optimizer's BF16 moments); under an FP8 recipe each layer weight also has its FP8 copy and its
+the 12 sharded over the DP×CP group by the distributed optimizer (6 with the precision-aware
+optimizer: BF16 moments, and only the 16-bit remainder of each FP32 master weight beside the BF16
+weight, Megatron-Core's default store_param_remainders; 8 where FP8 parameters turn that off); under an FP8 recipe each layer weight also has its FP8 copy and its
 transpose (2 B), and with --fp8-param-gather those FP8 tensors are the parameters: the BF16
 weight of an FP8 layer is not kept at all; FSDP (Megatron-FSDP
 optim_grads_params, FSDP2) shards weights and gradients too, and holds two layers' full BF16
@@ -49,6 +50,10 @@ HIDDEN_DROPOUT_MASK_BYTES = 2.0  # one byte per mask, after attention and after 
 SOFTMAX_OUTPUT_BYTES = 2.0  # per attention score
 ATTENTION_DROPOUT_BYTES = 3.0  # per attention score: dropout mask 1, dropout output 2
 MASTER_WEIGHT_BYTES = 4.0  # the distributed optimizer's FP32 copy of each weight
+# Under the precision-aware optimizer with BF16 weights Megatron-Core keeps only the low 16 bits of
+# each FP32 master weight (OptimizerConfig.store_param_remainders, default True; the high 16 are the
+# BF16 weight itself): megatron/core/optimizer/distrib_optimizer.py allocates master_param as int16.
+MASTER_REMAINDER_BYTES = 2.0
 ADAM_MOMENT_BYTES = 4.0  # each of Adam's two moments, FP32
 BF16_MOMENT_BYTES = 2.0  # each moment under the precision-aware optimizer's --exp-avg(-sq)-dtype bf16
 OPTIMIZER_BYTES = MASTER_WEIGHT_BYTES + 2 * ADAM_MOMENT_BYTES  # 12

@@ -33,7 +33,7 @@ def model_states(x: Candidates, layers: Layers, params, stage_layers, stage_moe)
     bf16_replaced = memory.WEIGHT_BYTES * layer_weights * x.fp8_param_share  # --fp8-param-gather keeps no BF16 copy
     weights = memory.WEIGHT_BYTES * (replicated / weight_shards + experts / expert_weight_shards) - bf16_replaced
     grads = x.grad_bytes * (replicated / weight_shards + experts / expert_weight_shards)
-    optimizer = ((memory.MASTER_WEIGHT_BYTES + 2 * x.moment_bytes)
+    optimizer = ((x.master_bytes + 2 * x.moment_bytes)
                  * (replicated / optimizer_shards + experts / expert_optimizer_shards))
     fp8_weights = x.quantized_weight_bytes * layer_weights * x.quantized_fraction
     has_moe = x.first_moe + x.middle_moe + x.last_moe > 0
