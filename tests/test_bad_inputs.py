@@ -284,7 +284,7 @@ BAD_INPUTS = [
      "expected an integer in 1..2147483647, got 1000000000000000000000"),
     (["search", "--model", "175b", "--gpus", "-4"], "--gpus: expected an integer in 1..2147483647, got -4"),
     (["search", "--model", "175b", "--gpus", "four"], "--gpus: expected an integer in 1..2147483647, got 'four'"),
-    (["search", "--model", "175b", "--gpus", "1024", "--gbs", "0"], "--gbs: expected an integer in 1..2147483647, got 0"),
+    (["search", "--model", "175b", "--gpus", "1024", "--gbs", "0"], "--gbs/--global-batch-size: expected an integer in 1..2147483647, got 0"),
     (["search", "--model", "175b", "--gpus", "1024", "--precision", "fp9"], "invalid choice: 'fp9'"),
     (["search", "--model", "175b"], "search needs --model and --gpus"),
     (["search", "--model", "gpt-175b", "--gpus", "1024"], "unknown model 'gpt-175b'. Did you mean 'gpt3-175b'?"),
