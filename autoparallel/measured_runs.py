@@ -180,8 +180,11 @@ def _pins(row: pd.Series) -> dict:
     if _given(row, "cuda_graph"):
         pins["cuda_graph"] = str(row["cuda_graph"])
     for split in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
-        if _given(row, split):  # candidates are split so (126 layers + embedding + loss on pp16 vp8)
-            pins[split] = bool(int(row[split]))
+        # Candidates are split so (126 layers + embedding + loss on pp16 vp8). A stated 0 pins
+        # nothing: pinned off, the space would no longer offer the uneven first/last stage sizes a
+        # row (a log's) states beside it.
+        if _given(row, split) and int(row[split]):
+            pins[split] = True
     return pins
 
 
