@@ -177,8 +177,11 @@ def _pipeline_layouts(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
     the reason no split exists for a vp the space lists."""
     if space.pipeline_layout:
         return _pinned_layout(model, space)
-    if any(getattr(space, name) is not None for name in PINNED_SPLIT):
+    if any(getattr(space, name) for name in PINNED_SPLIT):  # a size, or an accounting turned on
         return _pinned_split(model, space)
+    # Accounting pinned off: every other split still, as Megatron's default (no flag) would run.
+    refused = (space.account_for_embedding_in_pipeline_split is False,
+               space.account_for_loss_in_pipeline_split is False)
     rows = []
     for pp in space.pp:
         listed = space.vp != "auto"
@@ -186,6 +189,7 @@ def _pipeline_layouts(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
             options = pipeline.splits(model.num_layers, pp, vp, space.uneven_pipeline_split,
                                       layouts=model.is_moe and vp <= space.pipeline_layout_max_vp,
                                       mtp=model.mtp_num_layers)
+            options = [s for s in options if not (refused[0] and s[2]) and not (refused[1] and s[3])]
             if options:
                 rows += [(pp, vp, *split, "") for split in options]
             elif listed and pp * vp > 1:

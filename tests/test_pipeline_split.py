@@ -184,3 +184,15 @@ def test_the_offered_layout_balances_the_ranks_with_the_head_counted_as_work():
     assert pipeline.rank_balanced_layout(61, 4, 4) == pipeline.balanced_layout(61, 16)
     # nothing to move: the last rank holds only the head
     assert pipeline.rank_balanced_layout(61, 32, 1, mtp=1) == "Et|(t*2|)*30mL"
+
+
+def test_accounting_pinned_off_keeps_the_other_uneven_splits():
+    """--no-account-for-embedding-in-pipeline-split is Megatron's default: 126 layers on pp 8 still
+    get the explicit first/last stage sizes (it used to pin an empty split and refuse them all)."""
+    from autoparallel.space import SearchSpace, generate
+    model, hw = io.load_model("llama3.1-405b"), io.load_hardware("h100-sxm")
+    space = SearchSpace().pinned(tp=8, pp=8, vp=1, cp=1, mbs=1, account_for_embedding_in_pipeline_split=False)
+    valid = generate(model, hw, 576, 504, space)
+    valid = valid[valid.reason == ""]
+    assert len(valid) and not valid.account_for_embedding_in_pipeline_split.any()
+    assert (valid.num_layers_in_first_pipeline_stage > 0).all()
