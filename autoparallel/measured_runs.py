@@ -180,11 +180,8 @@ def _pins(row: pd.Series) -> dict:
     if _given(row, "cuda_graph"):
         pins["cuda_graph"] = str(row["cuda_graph"])
     for split in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
-        # Candidates are split so (126 layers + embedding + loss on pp16 vp8). A stated 0 pins
-        # nothing: pinned off, the space would no longer offer the uneven first/last stage sizes a
-        # row (a log's) states beside it.
-        if _given(row, split) and int(row[split]):
-            pins[split] = True
+        if _given(row, split):  # candidates are split so (126 layers + embedding + loss on pp16 vp8)
+            pins[split] = bool(int(row[split]))
     return pins
 
 
@@ -445,8 +442,8 @@ def _tp_only_amax(other_knobs: str) -> bool:
     NVTE_DP_AMAX_REDUCE_INTERVAL=0 (MLPerf v3.1-v4.0 config_common.sh) or NeMo's
     tp_only_amax_red (v4.1 conf/custom.yaml: TP_ONLY_AMAX_RED, default True). Unstated: TE's
     default, over TP x DP (the v3.0 configs set neither)."""
-    parts = [part.strip().split(" ")[0] for part in str(other_knobs).split(";")]
-    return "NVTE_DP_AMAX_REDUCE_INTERVAL=0" in parts or "TP_ONLY_AMAX_RED=1" in parts
+    stated = [part.strip() for part in str(other_knobs).split(";")]
+    return "NVTE_DP_AMAX_REDUCE_INTERVAL=0" in stated or _knob_set(other_knobs, "TP_ONLY_AMAX_RED")
 
 
 def _lora_rank(other_knobs: str) -> float:

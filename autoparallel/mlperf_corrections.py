@@ -1,10 +1,11 @@
-"""MLPerf rows whose CSV layout is not the one their result logs say ran
-(``data/mlperf_corrections.yaml``), set right before the rows are priced.
+"""MLPerf rows whose CSV is not what the submission ran (``data/mlperf_corrections.yaml``): a
+layout the result logs contradict, or a setting the submission's config states that the CSV left
+out; set right before the rows are priced.
 
 The shipped CSVs stay byte-identical to the published ``../shared/data`` copies; the corrections
-sit beside them, each with the log that shows it. Each change is written ``old -> new`` and the
-old value must be the CSV's: once the published CSV is mended, the entry fails loudly instead of
-silently doing nothing.
+sit beside them, each with the log or config file that shows it. Each change is written
+``old -> new`` and the old value must be the CSV's (``unset`` for a knob ``other_knobs`` does not
+name): once the published CSV is mended, the entry fails loudly instead of silently doing nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from autoparallel.errors import UserError
 
 CORRECTIONS = "mlperf_corrections.yaml"
 KEYS = ("round", "submitter", "system")
+UNSET = "unset"  # the old value of a knob the CSV's other_knobs does not name
 
 
 def load() -> list[dict]:
@@ -35,9 +37,6 @@ def _parse(dtype, text: str):
             raise UserError(f"{CORRECTIONS}: expected True or False, got {text!r}")
         return text == "True"
     return int(text) if pd.api.types.is_integer_dtype(dtype) else text
-
-
-UNSET = "unset"
 
 
 def _set_knob(other_knobs: str, name: str, old: str, new: str, where: str) -> str:

@@ -180,8 +180,8 @@ def _pipeline_layouts(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
     if any(getattr(space, name) for name in PINNED_SPLIT):  # a size, or an accounting turned on
         return _pinned_split(model, space)
     # Accounting pinned off: every other split still, as Megatron's default (no flag) would run.
-    refused = (space.account_for_embedding_in_pipeline_split is False,
-               space.account_for_loss_in_pipeline_split is False)
+    no_embedding = space.account_for_embedding_in_pipeline_split is False
+    no_loss = space.account_for_loss_in_pipeline_split is False
     rows = []
     for pp in space.pp:
         listed = space.vp != "auto"
@@ -189,7 +189,8 @@ def _pipeline_layouts(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
             options = pipeline.splits(model.num_layers, pp, vp, space.uneven_pipeline_split,
                                       layouts=model.is_moe and vp <= space.pipeline_layout_max_vp,
                                       mtp=model.mtp_num_layers)
-            options = [s for s in options if not (refused[0] and s[2]) and not (refused[1] and s[3])]
+            options = [(first, last, embedding, loss, layout) for first, last, embedding, loss, layout in options
+                       if not (no_embedding and embedding) and not (no_loss and loss)]
             if options:
                 rows += [(pp, vp, *split, "") for split in options]
             elif listed and pp * vp > 1:

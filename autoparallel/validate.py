@@ -49,7 +49,8 @@ from rich.table import Table
 
 from autoparallel import io
 from autoparallel.costmodel import calibrate
-from autoparallel.measured_runs import NEWER_SOURCES, PreparedRow, assumptions_key, load_runs, predict_row, validation_runs
+from autoparallel.measured_runs import (NEWER_SOURCES, PreparedRow, assumptions_key, load_runs, predict_row,
+                                       validation_runs)
 
 
 def _refit_and_predict(rows: list[PreparedRow], group: str, family: str) -> dict[str, dict]:
@@ -75,7 +76,7 @@ def system_group(p: PreparedRow) -> str:
 def _system_folds(rows: list[PreparedRow]) -> list[tuple[str, tuple[str, ...], tuple[str, ...]]]:
     """(GPU family, ids of the published rows left out of its refit, ids of the validation-only
     rows predicted with it): one per system group, groups that leave out the same rows sharing one
-    refit. The runs newer than the fit are held out by release instead (they are all unseen)."""
+    refit. The runs newer than the fit get no system fold: no fit sees any of them."""
     folds: dict[tuple[str, tuple[str, ...]], list[str]] = {}
     for p in rows:
         if not p.validation_only or p.model.is_moe or assumptions_key(p.id) in NEWER_SOURCES:
