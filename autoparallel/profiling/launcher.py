@@ -91,8 +91,9 @@ class RayLauncher:
     """A job = a placement group of one bundle per rank (one GPU each on a GPU cluster, one CPU
     here) and one Ray task per rank pinned to its bundle; rank 0's node and a free port there
     form the rendezvous, so a layout may span nodes (PACK strategy). ``ray.get`` with the job's
-    timeout, then ``ray.cancel``, bounds a hung job; a whole job is retried ``max_retries`` times
-    when Ray reports a system failure (a worker or node lost), never for an application error.
+    timeout, then removing the placement group (which kills the ranks on it), bounds a hung job;
+    a whole job is retried ``max_retries`` times when Ray reports a system failure (a worker or
+    node lost), never for an application error.
     """
 
     name = "ray"
@@ -153,7 +154,6 @@ class RayLauncher:
 
         def on(index: int):
             return PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)
-        refs: list = []
         try:
             try:
                 ray.get(pg.ready(), timeout=left())
@@ -182,12 +182,10 @@ class RayLauncher:
             return Measurement(ok=False, world_size=world, wall_s=time.perf_counter() - start,
                                reason=("out of memory: " if oom else "rank failed: ") + text), False
         finally:
-            # Cancel only the ranks still running: force-cancelling a task whose reply is on its
-            # way trips a check in Ray 2.60's task manager that aborts the driver process.
-            if refs:
-                _, running = ray.wait(refs, num_returns=len(refs), timeout=0)
-                for ref in running:
-                    ray.cancel(ref, force=True)
+            # Removing the placement group kills the ranks still running on it. No
+            # ray.cancel(force=True): force-cancelling a task whose reply is on its way trips a
+            # check in Ray 2.60's task manager that ends the driver process (exit code 1, no
+            # message), and a wait() before it only narrows that window.
             remove_placement_group(pg)
         return summarize(job, values, time.perf_counter() - start), False
 

@@ -6,6 +6,9 @@ printed instead of ending the whole pytest run. Usage: python ray_driver_checks.
 """
 
 import sys
+import time
+from dataclasses import replace
+from pathlib import Path
 
 import ray
 
@@ -41,7 +44,33 @@ def failures_become_reasons(launcher: RayLauncher) -> None:
     assert not m.ok and "out of memory" in m.reason, m.reason
 
 
-CHECKS = {f.__name__: f for f in (same_job_same_result, failures_become_reasons)}
+def ranks_alive() -> list[int]:
+    """PIDs of Ray workers running a rank (Ray titles a worker's process by its task)."""
+    alive = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if b"ray::_ray_rank" in (proc / "cmdline").read_bytes():
+                alive.append(int(proc.name))
+        except OSError:
+            pass
+    return alive
+
+
+def hung_job_times_out_and_frees_its_ranks(launcher: RayLauncher) -> None:
+    hung = JobSpec(SMALL, Plan(tp=1, pp=1, dp=2, gbs=8), steps=2, warmup=1, timeout_s=30,
+                   fault="hang:1")
+    m = launcher.run(hung)
+    assert not m.ok and "timed out" in m.reason, m.reason
+    deadline = time.monotonic() + 30
+    while ranks_alive() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not ranks_alive(), f"ranks still running after the timeout: {ranks_alive()}"
+    m = launcher.run(replace(hung, fault="", timeout_s=300))  # the CPUs it held are free again
+    assert m.ok, m.reason
+
+
+CHECKS = {f.__name__: f for f in (same_job_same_result, failures_become_reasons,
+                                  hung_job_times_out_and_frees_its_ranks)}
 
 if __name__ == "__main__":
     temp_dir = sys.argv[2]

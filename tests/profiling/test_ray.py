@@ -28,15 +28,17 @@ def temp_dir():
 
 
 def run_check(name: str, temp_dir: Path) -> None:
-    """Runs one check in a child process; on failure, says what the child and the raylet printed."""
+    """Runs one check in a child process; on failure, says what the child, the raylet and the
+    driver's Ray core logged."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, str(CHECKS), name, str(temp_dir)], capture_output=True,
                           text=True, env=env, timeout=400)
     if proc.returncode != 0:
-        logs = sorted(temp_dir.glob("session_*/logs/raylet.*"))
-        raylet = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in logs)
+        logs = [p for pattern in ("raylet.*", "python-core-driver-*.log")  # a driver's crash is here
+                for p in sorted(temp_dir.glob(f"session_2*/logs/{pattern}"))]  # not session_latest, a link
+        tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in logs)
         pytest.fail(f"{name} exited with {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n"
-                    f"--- stderr\n{proc.stderr[-3000:]}\n{raylet}", pytrace=False)
+                    f"--- stderr\n{proc.stderr[-3000:]}\n{tails}", pytrace=False)
     assert "check passed" in proc.stdout
 
 
@@ -46,3 +48,7 @@ def test_same_job_same_result_through_both_launchers(temp_dir):
 
 def test_ray_failures_become_reasons(temp_dir):
     run_check("failures_become_reasons", temp_dir)
+
+
+def test_a_hung_job_times_out_and_its_ranks_are_killed(temp_dir):
+    run_check("hung_job_times_out_and_frees_its_ranks", temp_dir)
