@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from autoparallel import io, resources
-from autoparallel.serve.assumptions import efficiency_for, load_assumptions, load_engine
+from autoparallel.serve.assumptions import efficiency_for, load_assumptions, load_engine, with_capacity_policy
 from autoparallel.serve.search import Request
 from autoparallel.serve.simulate import replica, run_workload
 from autoparallel.serve.traffic import Traffic, _largest_rate
@@ -45,10 +45,6 @@ DATA = "mlperf_inference_runs.csv"
 LAYOUT = ("tp", "pp", "replicas", "max_batch", "max_num_tokens", "weight_precision", "kv_precision")
 SAME_RUN = ("round", "submitter", "system", "gpu", "gpus", "model", "scenario", *LAYOUT, "tokens_per_s")
 REQUESTS = 3000  # simulated requests per run of the bisection on the sustained rate
-#: TensorRT-LLM's capacity scheduler policies as the simulation's KV reservation: GUARANTEED_NO_EVICT
-#: reserves each request's prompt and max new tokens at admission; MAX_UTILIZATION allocates blocks
-#: as tokens come and pauses the newest request when the pool is full.
-CAPACITY_POLICIES = {"guaranteed_no_evict": "full", "max_utilization": "current"}
 
 
 def settings() -> dict:
@@ -86,9 +82,9 @@ def load_rows() -> tuple[pd.DataFrame, pd.Series]:
 def harness_engine(kv_fraction: float | None = None):
     """TensorRT-LLM as NVIDIA's MLPerf harness runs it: its capacity policy
     (``validation.mlperf.capacity_policy``) and KV memory fraction (the engine's default if None)."""
-    engine = load_engine("tensorrt-llm")
-    return dataclasses.replace(engine, kv_reservation=CAPACITY_POLICIES[settings()["capacity_policy"]],
-                               kv_memory_fraction=engine.kv_memory_fraction if kv_fraction is None else kv_fraction)
+    engine = with_capacity_policy(load_engine("tensorrt-llm"), settings()["capacity_policy"])
+    return dataclasses.replace(engine, kv_memory_fraction=engine.kv_memory_fraction if kv_fraction is None
+                               else kv_fraction)
 
 
 @lru_cache(maxsize=None)
