@@ -136,17 +136,21 @@ class IterationCost:
         return self.pp * (stage + self.hop[t_mb]) + self.pass_s
 
     def _unbalanced(self, tokens, sampled, flops, nbytes, m: int, chunks) -> float:
-        load = np.zeros((4, m))  # tokens, sampled, attention FLOPs, bytes per micro-batch step
-        for j, chunk in enumerate(chunks):
-            load[:, j % m] += chunk
-        rest = np.array([tokens, sampled, flops, nbytes], dtype=float) - load.sum(axis=1)
-        load += rest[:, None] / m  # decode requests spread evenly
+        steps = [[0.0, 0.0, 0.0, 0.0] for _ in range(m)]  # tokens, sampled, attention FLOPs, bytes
+        for j, (c, ends, f, b) in enumerate(chunks):
+            step = steps[j % m]
+            step[0] += c
+            step[1] += ends
+            step[2] += f
+            step[3] += b
+        # the decode requests spread evenly over the steps
+        rest = [(total - sum(step[i] for step in steps)) / m for i, total in enumerate((tokens, sampled, flops, nbytes))]
         slowest = 0.0
-        for t, s, f, b in load.T:
-            t_mb, s_mb = min(round(t), self.max_tokens), min(round(s), self.max_seqs)
-            slowest = max(slowest, self.per_tokens[t_mb] + self.per_sampled[s_mb] + self.attention(f, b)
-                          + self.hop[t_mb])
-        return self.pp * slowest + self.pass_s
+        for t, s, f, b in steps:
+            t_mb, s_mb = min(round(t + rest[0]), self.max_tokens), min(round(s + rest[1]), self.max_seqs)
+            slowest = max(slowest, self.per_tokens[t_mb] + self.per_sampled[s_mb]
+                          + self.attention(f + rest[2], b + rest[3]) + self.hop[t_mb])
+        return self.pp * float(slowest) + self.pass_s
 
     def decode_times(self, n: int, ctx_sums: np.ndarray) -> np.ndarray:
         """Decode-only iterations of ``n`` sequences whose contexts sum to each of ``ctx_sums``."""
