@@ -211,7 +211,8 @@ def server_factor_probe(factors=(1.0, 1.05, 1.10)) -> pd.DataFrame:
             report = mlperf.predict_rows(rows, cross=False)
             for (hw, model), g in report.groupby(["hardware", "model"]):
                 kept = g[~g["in_sample_overloaded"]]
-                out.append({"k": k, "GPU": hw, "benchmark": model, "runs": len(g), "overloaded": len(g) - len(kept),
+                out.append({"k": f"{k:.2f}", "GPU": hw, "benchmark": model, "runs": len(g),
+                            "overloaded": len(g) - len(kept),
                             "tok/s error %": float(g["in_sample_pct"].mean()),
                             "p99 TTFT error %": float(kept["in_sample_ttft_pct"].mean()),
                             "p99 TPOT error %": float(kept["in_sample_tpot_pct"].mean())})

@@ -144,7 +144,8 @@ class IterationCost:
             step[2] += f
             step[3] += b
         # the decode requests spread evenly over the steps
-        rest = [(total - sum(step[i] for step in steps)) / m for i, total in enumerate((tokens, sampled, flops, nbytes))]
+        totals = (tokens, sampled, flops, nbytes)
+        rest = [(total - sum(step[i] for step in steps)) / m for i, total in enumerate(totals)]
         slowest = 0.0
         for t, s, f, b in steps:
             t_mb, s_mb = min(round(t + rest[0]), self.max_tokens), min(round(s + rest[1]), self.max_seqs)
