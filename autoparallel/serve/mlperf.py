@@ -15,7 +15,8 @@ engine run as NVIDIA's harness runs it (``harness_engine``: MAX_UTILIZATION, the
   as LoadGen issues: its Offline query holds max(dataset size, 1.1 x min_duration x the config's
   ``offline_expected_qps``) samples (mlcommons/inference loadgen/test_settings_internal.cc, ``kSlack``;
   e.g. 200,640 in NVIDIA's DGX-H100 llama2-70b log), shared by the replicas, so the last batch's
-  drain is a small share of a 2,400 s run, not the ~10 % of one pass over the dataset; where the
+  drain is the small share of a 2,400 s run it is in MLPerf, not its share of one pass over the
+  dataset (+1 to +4 % on the H100 Offline runs); where the
   config's QPS would end the simulated run before the row's ``min_duration_ms`` (a valid run
   lasts that long: the config published is not the one run), the count is raised to 1.1 x what
   the simulated replica serves in that time;

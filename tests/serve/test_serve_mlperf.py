@@ -64,7 +64,7 @@ def test_offline_runs_as_many_samples_as_loadgen_sends(rows):
     """LoadGen's Offline query holds max(min count, 1.1 x min_duration x offline_expected_qps)
     samples: NVIDIA's DGX-H100 llama2-70b-99.9 log (target_qps 76, 2,400 s) says 200,640. The
     validation simulates each replica's share of that, not one pass over the 24,576-sample dataset
-    (whose drain would be ~10 % of the simulated run instead of a small share of MLPerf's)."""
+    (whose last batch's drain is a larger share of the simulated run than of MLPerf's)."""
     assert mlperf.offline_sample_count("llama2-70b", 76.0, 2_400_000.0) == 200_640
     assert mlperf.offline_sample_count("llama2-70b", 1.0, 2_400_000.0) == 24_576  # the dataset at least
     assert mlperf.offline_sample_count("mixtral-8x7b", float("nan"), 2_400_000.0) == 15_000  # no published QPS
