@@ -3,6 +3,8 @@
     PYTHONPATH=$PWD python benchmarks/bench_issue29_serving.py            # everything (~10 min, 2 shared cores)
     PYTHONPATH=$PWD python benchmarks/bench_issue29_serving.py --speed    # the two timings only
     PYTHONPATH=$PWD python benchmarks/bench_issue29_serving.py --fixed-cost-probe  # the diagnostic of RESULTS.md
+    PYTHONPATH=$PWD python benchmarks/bench_issue29_serving.py --p99-floor  # what no load-monotone model beats
+    PYTHONPATH=$PWD python benchmarks/bench_issue29_serving.py --server-factor-probe  # ill-conditioning
 
 1. **Layouts** (one line per distinct MLPerf v4.1 system: benchmark, GPU, GPU count, scenario, the
    submitted layout): the search ``infer --workload mlperf-<model> --scenario offline|server`` runs
@@ -192,6 +194,61 @@ def fixed_cost_probe() -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def server_factor_probe(factors=(1.0, 1.05, 1.10)) -> pd.DataFrame:
+    """Diagnostic, not shipped: every Server-run iteration k times slower (Offline untouched), the
+    in-sample Server figures per GPU and benchmark: how ill-conditioned the p99s at the submitted
+    rate are (a few % of iteration time moves runs past the simulated capacity)."""
+    from autoparallel.serve.simulate import IterationCost
+    rows, _ = mlperf.load_rows()
+    rows = rows[rows["scenario"] == "Server"]
+    time_of, decode_of = IterationCost.time, IterationCost.decode_times
+    out = []
+    try:
+        for k in factors:
+            IterationCost.time = lambda self, *a, k=k: k * time_of(self, *a)
+            IterationCost.decode_times = lambda self, *a, k=k: k * decode_of(self, *a)
+            mlperf._predict.cache_clear()
+            report = mlperf.predict_rows(rows, cross=False)
+            for (hw, model), g in report.groupby(["hardware", "model"]):
+                kept = g[~g["in_sample_overloaded"]]
+                out.append({"k": f"{k:.2f}", "GPU": hw, "benchmark": model, "runs": len(g),
+                            "overloaded": len(g) - len(kept),
+                            "tok/s error %": float(g["in_sample_pct"].mean()),
+                            "p99 TTFT error %": float(kept["in_sample_ttft_pct"].mean()),
+                            "p99 TPOT error %": float(kept["in_sample_tpot_pct"].mean())})
+    finally:
+        IterationCost.time, IterationCost.decode_times = time_of, decode_of
+        mlperf._predict.cache_clear()
+    return pd.DataFrame(out)
+
+
+def p99_floor() -> pd.DataFrame:
+    """The least mean |error| % of the Server p99s that ANY predictor can reach which, for one GPU,
+    benchmark and TP x PP, is a non-decreasing function of the request rate per replica (more load
+    never shortens the tail): a weighted-L1 isotonic fit to the measurements themselves. Where the
+    runs of one layout disagree (a faster host sustaining more at a shorter tail), no cost model
+    of the GPU can do better than this floor."""
+    import numpy as np
+    rows, _ = mlperf.load_rows()
+    server = rows[rows["scenario"] == "Server"].assign(rate=lambda f: f["target_qps"] / f["replicas"])
+    out = []
+    for key, g in server.groupby(["hardware", "model", "tp", "pp"]):
+        line = {"GPU": key[0], "benchmark": key[1], "layout": f"TP{int(key[2])} PP{int(key[3])}", "runs": len(g)}
+        for col, name in (("ttft_p99_ms", "p99 TTFT floor %"), ("tpot_p99_ms", "p99 TPOT floor %")):
+            g2 = g.sort_values(["rate", col])
+            y = g2[col].to_numpy(float)
+            values, best = np.unique(y), np.zeros(len(np.unique(y)))
+            for yi in y:  # dp over the sorted rates: the cheapest non-decreasing fit ending at each value
+                best = np.minimum.accumulate(best) + np.abs(values - yi) / yi
+            line[name] = 100 * best.min() / len(g)
+        out.append(line)
+    frame = pd.DataFrame(out)
+    total = {"GPU": "all", "benchmark": "", "layout": "", "runs": int(frame["runs"].sum())}
+    for name in ("p99 TTFT floor %", "p99 TPOT floor %"):
+        total[name] = float((frame[name] * frame["runs"]).sum() / frame["runs"].sum())
+    return pd.concat([frame, pd.DataFrame([total])], ignore_index=True)
+
+
 def search_speed(repeat: int = 3) -> pd.DataFrame:
     bounds = {"max_ttft_ms": 2000.0, "max_tpot_ms": 200.0}
     times = []
@@ -229,12 +286,24 @@ def main() -> None:
     p.add_argument("--speed", action="store_true", help="the two timings only")
     p.add_argument("--fixed-cost-probe", action="store_true",
                    help="only the diagnostic per-iteration fixed cost probe (not shipped; RESULTS.md)")
+    p.add_argument("--server-factor-probe", action="store_true",
+                   help="only the diagnostic: Server iterations k = 1.00 / 1.05 / 1.10 times slower")
+    p.add_argument("--p99-floor", action="store_true",
+                   help="only the floor of the Server p99 errors any load-monotone predictor has on these runs")
     p.add_argument("--offline-band", type=float, default=None,
                    help="tie band of Offline (default: the MLPerf LOMO mean |error|, computed here)")
     p.add_argument("--server-band", type=float, default=None, help="tie band of Server (same default)")
     args = p.parse_args()
     pd.set_option("display.width", 250)
     pd.set_option("display.max_colwidth", 60)
+    if args.server_factor_probe:
+        print("### Diagnostic: every Server iteration k times slower (Offline untouched), signed mean errors\n")
+        print(markdown(server_factor_probe(), "{:,.1f}"))
+        return
+    if args.p99_floor:
+        print("### Floor of the Server p99 errors: the best non-decreasing function of the rate per replica\n")
+        print(markdown(p99_floor(), "{:,.1f}"))
+        return
     if args.fixed_cost_probe:
         print("### Diagnostic: a per-iteration fixed cost with the mean input refitted (llama2-70b, H100 / H200)\n")
         print(markdown(fixed_cost_probe(), "{:,.1f}"))

@@ -23,6 +23,12 @@ def add_parser(sub) -> None:
     i.add_argument("--engine", default="tensorrt-llm",
                    help="serving engine whose scheduler and fitted constants to use: tensorrt-llm (default), "
                         "vllm, sglang, tensorrt-llm-0.10, fastertransformer (static batching)")
+    i.add_argument("--capacity-policy", choices=("guaranteed_no_evict", "max_utilization"),
+                   help="TensorRT-LLM's KV capacity scheduler (trtllm-bench --scheduler_policy): "
+                        "guaranteed_no_evict admits a request only when the KV pool holds its prompt and its max "
+                        "new tokens (never pauses; the default of tensorrt-llm); max_utilization allocates KV "
+                        "blocks as tokens come and pauses the newest request when the pool is full (more in flight; "
+                        "NVIDIA's MLPerf configs; the default of tensorrt-llm-0.10). TensorRT-LLM engines only")
     i.add_argument("--input-len", type=positive, help="prompt tokens per request (default 2048)")
     i.add_argument("--output-len", type=positive, help="generated tokens per request (default 256)")
     i.add_argument("--workload",
@@ -110,14 +116,14 @@ def request_of(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> None:
     from autoparallel.report import run_folder
     from autoparallel.serve import search as serve
-    from autoparallel.serve.assumptions import load_engine
+    from autoparallel.serve.assumptions import load_engine, with_capacity_policy
     from autoparallel.serve.report import print_ranked
     from autoparallel.serve.space import context_warning, load_space, parse_precision
     model = io.load_model(args.model)
     hw = io.load_hardware(args.gpu)
     if not args.no_save:
         run_folder.check_root(Path(args.results))
-    engine = load_engine(args.engine)
+    engine = with_capacity_policy(load_engine(args.engine), args.capacity_policy)
     request = request_of(args)
     warning = context_warning(model, request.input_len, request.output_len, request.max_model_len)
     if warning:

@@ -9,6 +9,7 @@ published rows are read). Unknown keys are errors naming the file and the key.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 
 from autoparallel import io
@@ -19,6 +20,11 @@ ASSUMPTIONS = io.SEARCH_SPACES / "inference_assumptions.yaml"
 FIT_MARKER = "# --- fitted by `python -m autoparallel.serve.fit`"
 TOP_KEYS = ("engines", "scenarios", "efficiency_from", "validation", "efficiency")
 DEFAULT_ENGINE = "tensorrt-llm"
+#: TensorRT-LLM's capacity scheduler policies (``CapacitySchedulerPolicy``; trtllm-bench
+#: ``--scheduler_policy``) as the KV reservation the cost model and the simulation price:
+#: GUARANTEED_NO_EVICT admits a request only when the pool holds its prompt and max new tokens;
+#: MAX_UTILIZATION allocates blocks as tokens come and pauses the newest request when the pool is full.
+CAPACITY_POLICIES = {"guaranteed_no_evict": "full", "max_utilization": "current"}
 
 
 def load_assumptions() -> dict:
@@ -39,6 +45,26 @@ def load_engine(name: str) -> ServingEngine:
     if name not in engines:
         raise UserError(f"unknown serving engine {name!r}; valid: {', '.join(engines)}")
     return io.from_dict(ServingEngine, {"name": name, **engines[name]}, f"{ASSUMPTIONS}: engines[{name!r}]")
+
+
+def with_capacity_policy(engine: ServingEngine, policy: str | None) -> ServingEngine:
+    """``engine`` run under TensorRT-LLM capacity policy ``policy`` (None: as the engine is
+    configured). Only TensorRT-LLM has the choice: vLLM and SGLang always allocate as tokens come
+    and preempt, FasterTransformer batches statically."""
+    if policy is None:
+        return engine
+    if policy not in CAPACITY_POLICIES:
+        raise UserError(f"--capacity-policy {policy!r} is not one of {', '.join(CAPACITY_POLICIES)}")
+    if not engine.name.startswith("tensorrt-llm"):
+        raise UserError(f"--capacity-policy is TensorRT-LLM's KV capacity scheduler; {engine.name} has no such "
+                        "choice (vLLM and SGLang allocate KV blocks as tokens come and preempt when full; "
+                        "FasterTransformer batches statically): drop it or use --engine tensorrt-llm")
+    return dataclasses.replace(engine, kv_reservation=CAPACITY_POLICIES[policy])
+
+
+def capacity_policy_of(engine: ServingEngine) -> str:
+    """The TensorRT-LLM capacity policy whose KV reservation ``engine`` prices."""
+    return next(name for name, reservation in CAPACITY_POLICIES.items() if reservation == engine.kv_reservation)
 
 
 def efficiency_for(engine: str) -> InferenceEfficiency:
@@ -72,5 +98,5 @@ def validation_model(name: str, shape, defaults: dict, source: str):
     return io.from_dict(ModelSpec, {"name": name, **defaults, **shape}, f"{source}: models[{name!r}]")
 
 
-__all__ = ["ASSUMPTIONS", "FIT_MARKER", "DEFAULT_ENGINE", "load_assumptions", "engine_names", "load_engine",
-           "efficiency_for", "validation_model"]
+__all__ = ["ASSUMPTIONS", "FIT_MARKER", "DEFAULT_ENGINE", "CAPACITY_POLICIES", "load_assumptions", "engine_names",
+           "load_engine", "with_capacity_policy", "capacity_policy_of", "efficiency_for", "validation_model"]

@@ -212,8 +212,10 @@ def trtllm_serve(row, model_name: str, max_model_len: int, memory_fraction: floa
     return out
 
 
-def trtllm_bench(row, model_name: str, max_model_len: int, memory_fraction: float, gpus_per_node: int) -> Command:
-    """The throughput benchmark of one replica at the predicted settings and requests in flight."""
+def trtllm_bench(row, model_name: str, max_model_len: int, memory_fraction: float, gpus_per_node: int,
+                 capacity_policy: str = "guaranteed_no_evict") -> Command:
+    """The throughput benchmark of one replica at the predicted settings, requests in flight and
+    KV capacity policy."""
     replica = placement(row, gpus_per_node)[0]
     main = (("--model", f"<{model_name} HF name>"),
             ("--model_path", _checkpoint(model_name, row["weight_precision"])))
@@ -221,7 +223,7 @@ def trtllm_bench(row, model_name: str, max_model_len: int, memory_fraction: floa
            *_ep_args(row, "--ep"),
            ("--max_batch_size", str(int(row["max_batch"]))), ("--max_num_tokens", str(int(row["max_num_tokens"]))),
            ("--max_seq_len", str(max_model_len)), ("--kv_cache_free_gpu_mem_fraction", f"{memory_fraction:g}"),
-           ("--scheduler_policy", "guaranteed_no_evict"), ("--enable_chunked_context", None),
+           ("--scheduler_policy", capacity_policy), ("--enable_chunked_context", None),
            ("--concurrency", str(int(round(row["concurrency"])))), ("--dataset", "<dataset.jsonl>"))
     program = "trtllm-bench"
     if not replica.on_one_node:
@@ -255,15 +257,18 @@ def sglang(row, model_name: str, max_model_len: int, memory_fraction: float, gpu
 
 
 def commands(row, model_name: str, max_model_len: int, gpus_per_node: int = 8,
-             context: int | None = None) -> dict[str, Command | list[Command]]:
+             context: int | None = None,
+             capacity_policy: str = "guaranteed_no_evict") -> dict[str, Command | list[Command]]:
     """Every engine's commands for one layout, with each engine's own KV memory share; past the
-    model's ``context``, vLLM and SGLang get the variable that lets them serve it."""
+    model's ``context``, vLLM and SGLang get the variable that lets them serve it; trtllm-bench
+    runs TensorRT-LLM's ``capacity_policy`` (the one the prediction priced)."""
     from autoparallel.serve.assumptions import load_engine
     from autoparallel.serve.space import LONG_CONTEXT_ENV
     share = {name: load_engine(name).kv_memory_fraction for name in ("vllm", "tensorrt-llm", "sglang")}
     out = {"vllm": vllm_serve(row, model_name, max_model_len, share["vllm"], gpus_per_node),
            "trtllm-serve": trtllm_serve(row, model_name, max_model_len, share["tensorrt-llm"], gpus_per_node),
-           "trtllm-bench": trtllm_bench(row, model_name, max_model_len, share["tensorrt-llm"], gpus_per_node),
+           "trtllm-bench": trtllm_bench(row, model_name, max_model_len, share["tensorrt-llm"], gpus_per_node,
+                                         capacity_policy),
            "sglang": sglang(row, model_name, max_model_len, share["sglang"], gpus_per_node)}
     if context is not None and max_model_len > context:
         for name in ("vllm", "sglang"):
@@ -284,6 +289,13 @@ def placement_document(row, gpus_per_node: int) -> dict:
         doc["vllm"] = ("start a Ray cluster over the nodes (`ray start --head` on <node0>, `ray start --address "
                        "<node0>:6379` on the others) and run the vllm command on <node0>")
     return doc
+
+
+def _capacity_policy(engine) -> str:
+    """The capacity policy trtllm-bench is told: a TensorRT-LLM prediction's own (``infer
+    --capacity-policy``); TensorRT-LLM's default for the other engines' predictions."""
+    from autoparallel.serve.assumptions import capacity_policy_of
+    return capacity_policy_of(engine) if engine.name.startswith("tensorrt-llm") else "guaranteed_no_evict"
 
 
 def best_document(result, row, rec: dict) -> dict:
@@ -307,7 +319,7 @@ def best_document(result, row, rec: dict) -> dict:
         "placement": placement_document(row, result.hardware.gpus_per_node),
         "commands": {name: text(c) for name, c in
                      commands(row, result.model.name, max_model_len, result.hardware.gpus_per_node,
-                              result.model.context_length).items()},
+                              result.model.context_length, _capacity_policy(result.engine)).items()},
         "note": (f"predicted for {result.engine.name} by autoparallel's serving cost model (constants fitted to "
                  "published measurements, search_spaces/inference_assumptions.yaml); the other engines' commands "
                  "set the same layout and limits. Confirm with the trtllm-bench command (or vLLM's / SGLang's "

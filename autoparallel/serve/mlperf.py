@@ -11,7 +11,15 @@ simulating one replica of its layout over the benchmark's workload (``--workload
 with the TensorRT-LLM constants fitted on ``serving_runs.csv`` (which hold no MLPerf row), the
 engine run as NVIDIA's harness runs it (``harness_engine``: MAX_UTILIZATION, the row's KV fraction):
 
-- Offline: output tokens/s with every request at once, times the replicas;
+- Offline: output tokens/s with every request at once, times the replicas, over as many requests
+  as LoadGen issues: its Offline query holds max(dataset size, 1.1 x min_duration x the config's
+  ``offline_expected_qps``) samples (mlcommons/inference loadgen/test_settings_internal.cc, ``kSlack``;
+  e.g. 200,640 in NVIDIA's DGX-H100 llama2-70b log), shared by the replicas, so the last batch's
+  drain is the small share of a 2,400 s run it is in MLPerf, not its share of one pass over the
+  dataset (+1 to +4 % on the H100 Offline runs); where the
+  config's QPS would end the simulated run before the row's ``min_duration_ms`` (a valid run
+  lasts that long: the config published is not the one run), the count is raised to 1.1 x what
+  the simulated replica serves in that time;
 - Server: the largest Poisson rate whose p99 TTFT / TPOT meet the round's bounds, its output
   tokens/s times the replicas (the measured figure is at the submitter's target QPS, which is at
   most the largest valid rate), and the p99 TTFT / TPOT / end-to-end latency at the measured
@@ -35,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from autoparallel import io, resources
-from autoparallel.serve.assumptions import efficiency_for, load_assumptions, load_engine
+from autoparallel.serve.assumptions import efficiency_for, load_assumptions, load_engine, with_capacity_policy
 from autoparallel.serve.search import Request
 from autoparallel.serve.simulate import replica, run_workload
 from autoparallel.serve.traffic import Traffic, _largest_rate
@@ -45,10 +53,6 @@ DATA = "mlperf_inference_runs.csv"
 LAYOUT = ("tp", "pp", "replicas", "max_batch", "max_num_tokens", "weight_precision", "kv_precision")
 SAME_RUN = ("round", "submitter", "system", "gpu", "gpus", "model", "scenario", *LAYOUT, "tokens_per_s")
 REQUESTS = 3000  # simulated requests per run of the bisection on the sustained rate
-#: TensorRT-LLM's capacity scheduler policies as the simulation's KV reservation: GUARANTEED_NO_EVICT
-#: reserves each request's prompt and max new tokens at admission; MAX_UTILIZATION allocates blocks
-#: as tokens come and pauses the newest request when the pool is full.
-CAPACITY_POLICIES = {"guaranteed_no_evict": "full", "max_utilization": "current"}
 
 
 def settings() -> dict:
@@ -80,21 +84,44 @@ def load_rows() -> tuple[pd.DataFrame, pd.Series]:
     rows["hardware"] = rows["gpu"].map(s["gpus"])
     kv = rows["notes"].fillna("").str.extract(r"kvcache_free_gpu_mem_frac=([0-9.]+)")[0].astype(float)
     rows["kv_fraction"] = kv.fillna(load_engine("tensorrt-llm").kv_memory_fraction)
+    expected = rows["notes"].fillna("").str.extract(r"offline_expected_qps=([0-9.]+)")[0].astype(float)
+    rows["offline_requests"] = [offline_sample_count(m, q, d) for m, q, d in
+                                zip(rows["model"], expected, rows["min_duration_ms"])]
     return rows, reason[reason != ""]
+
+
+def offline_sample_count(model: str, expected_qps: float, min_duration_ms: float) -> int:
+    """Samples in LoadGen's Offline query: ``max(min_query_count, 1.1 * min_duration * offline_expected_qps)``
+    (loadgen/test_settings_internal.cc), the dataset size standing for the minimum count; the
+    dataset size alone where the config's expected QPS is not published."""
+    dataset = int(settings()["offline_requests"][model])
+    if not (math.isfinite(expected_qps) and math.isfinite(min_duration_ms)):
+        return dataset
+    return max(dataset, int(1.1 * min_duration_ms / 1e3 * expected_qps))
+
+
+def offline_run(cost, sched, workload, requests: int, min_duration_s: float = 0.0):
+    """One replica's Offline run of ``requests`` samples, all at once; a valid MLPerf run lasts at
+    least ``min_duration_s``, so where the config's sample count would end sooner (the config
+    published is not the one run) the run gets 1.1 x what the replica serves in that time."""
+    run = run_workload(cost, sched, workload, None, requests)
+    if run.duration < min_duration_s:
+        run = run_workload(cost, sched, workload, None, math.ceil(requests * 1.1 * min_duration_s / run.duration))
+    return run
 
 
 def harness_engine(kv_fraction: float | None = None):
     """TensorRT-LLM as NVIDIA's MLPerf harness runs it: its capacity policy
     (``validation.mlperf.capacity_policy``) and KV memory fraction (the engine's default if None)."""
-    engine = load_engine("tensorrt-llm")
-    return dataclasses.replace(engine, kv_reservation=CAPACITY_POLICIES[settings()["capacity_policy"]],
-                               kv_memory_fraction=engine.kv_memory_fraction if kv_fraction is None else kv_fraction)
+    engine = with_capacity_policy(load_engine("tensorrt-llm"), settings()["capacity_policy"])
+    return dataclasses.replace(engine, kv_memory_fraction=engine.kv_memory_fraction if kv_fraction is None
+                               else kv_fraction)
 
 
 @lru_cache(maxsize=None)
 def _predict(model: str, hardware: str, scenario: str, layout: tuple, kv_fraction: float, ttft_ms: float,
              tpot_ms: float, target_qps: float, eff_key: str, requests: int,
-             duration_s: float = 0.0) -> tuple[float, float, float, float, float]:
+             duration_s: float = 0.0, offline_requests: int = 0) -> tuple[float, float, float, float, float]:
     """(tokens/s of the deployment, p99 TTFT, TPOT and end-to-end latency in ms at the target QPS,
     1.0 where the simulated replica does not keep up with the target QPS else 0.0).
 
@@ -105,7 +132,8 @@ def _predict(model: str, hardware: str, scenario: str, layout: tuple, kv_fractio
     percentiles down; over MLPerf's 2,400 s it is a small one. Where the simulated replica cannot
     keep up with the target QPS (its modelled capacity is below what the submission sustained:
     a tokens/s error, counted there), its queue grows for the whole run and the p99s have no
-    value to compare: NaN, and the run is flagged."""
+    value to compare: NaN, and the run is flagged. Offline: ``offline_requests`` (LoadGen's sample
+    count, ``offline_sample_count``) over the replicas, at least as many as last ``duration_s``."""
     s = settings()
     spec = io.load_model(s["models"][model])
     hw = io.load_hardware(hardware)
@@ -115,8 +143,9 @@ def _predict(model: str, hardware: str, scenario: str, layout: tuple, kv_fractio
     tp, pp, replicas, max_batch, max_tokens, wp, kp = layout
     cost, sched = replica(spec, hw, eff, engine, tp, pp, max_batch, max_tokens, wp, kp, 1,
                           workload.max_input + workload.max_output, workload.max_output)
-    if scenario == "Offline":  # the whole dataset at once, as MLPerf Offline sends it (the drain is then short)
-        offline = run_workload(cost, sched, workload, None, int(s["offline_requests"][model]))
+    if scenario == "Offline":  # LoadGen's one query of ``offline_requests`` samples, this replica's share
+        share = math.ceil((offline_requests or int(s["offline_requests"][model])) / replicas)
+        offline = offline_run(cost, sched, workload, share, duration_s)
         return offline.output_tokens_per_s * replicas, np.nan, np.nan, np.nan, 0.0
     plan = Traffic(workload, "server", 99.0, requests)
     _, best = _largest_rate(cost, sched, plan, Request(1, 1, max_ttft_ms=ttft_ms, max_tpot_ms=tpot_ms))
@@ -160,7 +189,8 @@ def predict_rows(rows: pd.DataFrame, cross: bool = True, requests: int = REQUEST
                           float(r["kv_fraction"]), float(r["ttft_bound_ms"]), float(r["tpot_bound_ms"]),
                           float(r["target_qps"]) if r["scenario"] == "Server" else 0.0,
                           key.format(model=r["model"]), requests,
-                          float(r["min_duration_ms"]) / 1e3 if r["scenario"] == "Server" else 0.0)
+                          float(r["min_duration_ms"]) / 1e3 if r["min_duration_ms"] > 0 else 0.0,
+                          int(r["offline_requests"]) if r["scenario"] == "Offline" else 0)
                  for _, r in rows.iterrows()]
         tokens, ttft, tpot, e2e, over = (np.array(x, dtype=float) for x in zip(*preds)) if preds else ([],) * 5
         out[f"{label}_tokens_per_s_per_gpu"] = tokens / out["gpus"].to_numpy()

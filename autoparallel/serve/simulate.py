@@ -117,13 +117,41 @@ class IterationCost:
         hi = max(a, b)
         return hi * ((a / hi) ** self.k + (b / hi) ** self.k) ** (1.0 / self.k) if hi > 0 else 0.0
 
-    def time(self, tokens: int, sampled: int, flops: float, nbytes: float, seqs: int) -> float:
+    def time(self, tokens: int, sampled: int, flops: float, nbytes: float, seqs: int, chunks=()) -> float:
         """One iteration: ``tokens`` processed, ``sampled`` sequences sampled, attention ``flops`` /
-        ``nbytes`` (one layer, one GPU), ``seqs`` sequences in the batch."""
+        ``nbytes`` (one layer, one GPU), ``seqs`` sequences in the batch; ``chunks``: the prompt
+        chunks among them, (tokens, attention FLOPs, bytes, 1 if it ends its prompt) each.
+
+        With PP the round is ``m`` micro-batch steps; TensorRT-LLM's micro-batch scheduler fills
+        each step with the requests not in flight and the contexts waiting at that moment, a chunk
+        whole in one step (trtGptModelInflightBatching.cpp ``forwardAsync``), so the decode tokens
+        are spread evenly while the chunks go to the steps in turn. A micro-batch's next step waits
+        for its previous one to leave the last stage, so the round takes ``pp`` times the slowest
+        step's stage time (a pipeline of balanced steps: ``pp`` times the mean)."""
         m = min(self.pp, max(seqs, 1))
+        if m > 1 and chunks:
+            return self._unbalanced(tokens, sampled, flops, nbytes, m, chunks)
         t_mb, s_mb = min(round(tokens / m), self.max_tokens), min(round(sampled / m), self.max_seqs)
         stage = self.per_tokens[t_mb] + self.per_sampled[s_mb] + self.attention(flops / m, nbytes / m)
         return self.pp * (stage + self.hop[t_mb]) + self.pass_s
+
+    def _unbalanced(self, tokens, sampled, flops, nbytes, m: int, chunks) -> float:
+        steps = [[0.0, 0.0, 0.0, 0.0] for _ in range(m)]  # tokens, sampled, attention FLOPs, bytes
+        for j, (c, ends, f, b) in enumerate(chunks):
+            step = steps[j % m]
+            step[0] += c
+            step[1] += ends
+            step[2] += f
+            step[3] += b
+        # the decode requests spread evenly over the steps
+        totals = (tokens, sampled, flops, nbytes)
+        rest = [(total - sum(step[i] for step in steps)) / m for i, total in enumerate(totals)]
+        slowest = 0.0
+        for t, s, f, b in steps:
+            t_mb, s_mb = min(round(t + rest[0]), self.max_tokens), min(round(s + rest[1]), self.max_seqs)
+            slowest = max(slowest, self.per_tokens[t_mb] + self.per_sampled[s_mb]
+                          + self.attention(f + rest[2], b + rest[3]) + self.hop[t_mb])
+        return self.pp * float(slowest) + self.pass_s
 
     def decode_times(self, n: int, ctx_sums: np.ndarray) -> np.ndarray:
         """Decode-only iterations of ``n`` sequences whose contexts sum to each of ``ctx_sums``."""
@@ -269,19 +297,21 @@ def simulate_reference(cost: IterationCost, sched: Scheduler, arrival, inp, out)
         tokens = len(decoders)
         flops = sum(r["pos"] for r in decoders) * cost.ctx_flops
         nbytes = sum(r["pos"] for r in decoders) * cost.ctx_bytes
-        chunks = []
+        chunks, shapes = [], []
         for r in prefilling:
             left = sched.budget - tokens
             rem = r["target"] - r["done"]
             c = min(rem, left) if sched.chunked else (rem if rem <= left or tokens == 0 else 0)
             if c <= 0:
                 break
-            flops += cost.chunk_flops * c * (r["done"] + c / 2.0)
-            nbytes += cost.ctx_bytes * r["done"]
+            f, b = cost.chunk_flops * c * (r["done"] + c / 2.0), cost.ctx_bytes * r["done"]
+            flops += f
+            nbytes += b
             tokens += c
             chunks.append((r, c))
+            shapes.append((c, float(r["done"] + c == r["target"]), f, b))
         completing = sum(1 for r, c in chunks if r["done"] + c == r["target"])
-        t += cost.time(tokens, len(decoders) + completing, flops, nbytes, len(decoders) + len(chunks))
+        t += cost.time(tokens, len(decoders) + completing, flops, nbytes, len(decoders) + len(chunks), shapes)
         iterations += 1
         for r in decoders:
             r["pos"] += 1
@@ -318,6 +348,7 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
     cnt = [0] * B  # decoding requests needing a new block at decode iteration D where D % B == residue
     n_dec, ctx_sum, D = 0, 0, 0
     free, t, nxt, iterations, preemptions, running = sched.kv_blocks, 0.0, 0, 0, 0, 0
+    pipelined = cost.pp > 1
 
     def positions(r):
         return p0[r] + (D - d0[r])
@@ -377,19 +408,22 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
         tokens = decodes
         flops = (ctx_sum * cost.ctx_flops) if decodes else 0.0
         nbytes = (ctx_sum * cost.ctx_bytes) if decodes else 0.0
-        chunks = []
+        chunks, shapes = [], []
         for r in prefilling:
             left = sched.budget - tokens
             rem = target[r] - done[r]
             c = min(rem, left) if sched.chunked else (rem if rem <= left or tokens == 0 else 0)
             if c <= 0:
                 break
-            flops += cost.chunk_flops * c * (done[r] + c / 2.0)
-            nbytes += cost.ctx_bytes * done[r]
+            f, b = cost.chunk_flops * c * (done[r] + c / 2.0), cost.ctx_bytes * done[r]
+            flops += f
+            nbytes += b
             tokens += c
             chunks.append((r, c))
+            if pipelined:
+                shapes.append((c, float(done[r] + c == target[r]), f, b))
         completing = sum(1 for r, c in chunks if done[r] + c == target[r])
-        t += cost.time(tokens, decodes + completing, flops, nbytes, decodes + len(chunks))
+        t += cost.time(tokens, decodes + completing, flops, nbytes, decodes + len(chunks), shapes)
         iterations += 1
         if decodes:
             D += 1

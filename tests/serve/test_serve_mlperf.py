@@ -12,11 +12,13 @@ import pytest
 
 from autoparallel import cli, io, resources
 from autoparallel.serve import mlperf
+from autoparallel.serve.assumptions import efficiency_for
+from autoparallel.serve.simulate import replica, run_workload
 from autoparallel.serve.workload import load_workload
 
-# Today's figures (in-sample mean |error| %, 2026-11-26): the expected failure's reason and the
+# Today's figures (in-sample mean |error| %, 2026-11-27): the expected failure's reason and the
 # regression guard's bounds; update them here when the serving model moves.
-P99 = {"ttft": 39.7, "tpot": 39.8}
+P99 = {"ttft": 46.9, "tpot": 34.1}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,7 @@ def test_rows_kept_and_left_out(rows):
 def test_an_870_token_mean_input_would_need_more_than_the_fp8_peak(rows):
     """Why the llama2-70b mean input is not the first guess (870): the best H200 Offline run makes
     output tokens at a rate whose prefill and decode GEMMs alone would then exceed the H200's FP8
-    peak (2 FLOPs per layer parameter per token), while the fitted mean (251) needs less than it."""
+    peak (2 FLOPs per layer parameter per token), while the fitted mean (257) needs less than it."""
     kept, _ = rows
     h200 = kept[(kept["hardware"] == "h200") & (kept["model"] == "llama2-70b") & (kept["scenario"] == "Offline")]
     per_gpu = h200["tokens_per_s_per_gpu"].max()
@@ -58,8 +60,41 @@ def test_an_870_token_mean_input_would_need_more_than_the_fp8_peak(rows):
     assert flops_at(load_workload("mlperf-llama2-70b").mean_input) < 0.7 * hw.fp8_tflops * 1e12
 
 
+def test_offline_runs_as_many_samples_as_loadgen_sends(rows):
+    """LoadGen's Offline query holds max(min count, 1.1 x min_duration x offline_expected_qps)
+    samples: NVIDIA's DGX-H100 llama2-70b-99.9 log (target_qps 76, 2,400 s) says 200,640. The
+    validation simulates each replica's share of that, not one pass over the 24,576-sample dataset
+    (whose last batch's drain is a larger share of the simulated run than of MLPerf's)."""
+    assert mlperf.offline_sample_count("llama2-70b", 76.0, 2_400_000.0) == 200_640
+    assert mlperf.offline_sample_count("llama2-70b", 1.0, 2_400_000.0) == 24_576  # the dataset at least
+    assert mlperf.offline_sample_count("mixtral-8x7b", float("nan"), 2_400_000.0) == 15_000  # no published QPS
+    kept, _ = rows
+    offline = kept[kept["scenario"] == "Offline"]
+    dgx = offline[(offline["system"] == "DGX-H100_H100-SXM-80GBx8_TRT") & (offline["model"] == "llama2-70b")]
+    assert set(dgx["offline_requests"]) == {211_200}  # its -99 config: offline_expected_qps 80
+    assert (offline["offline_requests"] >= offline["model"].map(mlperf.settings()["offline_requests"])).all()
+
+
+def test_a_config_qps_too_low_for_min_duration_is_raised(rows):
+    """Juniper's 16-GPU config publishes offline_expected_qps 19 (50,160 samples, ~6,300 per
+    replica: five minutes of work), but its run is valid, so it lasted its 600 s minimum: the
+    simulated replica gets as many requests as it serves in that time (x LoadGen's 1.1 slack)."""
+    kept, _ = rows
+    row = kept[(kept["scenario"] == "Offline") & (kept["system"] == "DGX-H100_H100-SXM-80GBx16_TRT")].iloc[0]
+    assert int(row["offline_requests"]) == 50_160 and row["min_duration_ms"] == 600_000
+    wl = load_workload("mlperf-llama2-70b")
+    cost, sched = replica(io.load_model("llama2-70b"), io.load_hardware("h100-sxm"), efficiency_for("tensorrt-llm"),
+                          mlperf.harness_engine(0.9), 2, 1, 896, 4096, "fp8", "fp8", 1, 2048, 1024)
+    share = 50_160 // int(row["replicas"])
+    short = run_workload(cost, sched, wl, None, share)
+    assert short.duration < 600  # what the published config alone would simulate
+    run = mlperf.offline_run(cost, sched, wl, share, 600.0)
+    assert run.duration >= 600 and len(run.arrival) == pytest.approx(1.1 * share * 600 / short.duration, abs=1)
+    assert mlperf.offline_run(cost, sched, wl, share).duration == short.duration  # no minimum: as published
+
+
 def test_offline_within_the_issue_tolerance(report):
-    """Issue 29: Offline tokens/s per GPU mean |error| <= 15 % (measured 3.9 %; the mean input
+    """Issue 29: Offline tokens/s per GPU mean |error| <= 15 % (measured 4.1 %; the mean input
     lengths are fitted on the H100 Offline runs, the other GPUs' are held out)."""
     offline = report[report["scenario"] == "Offline"]
     assert offline["in_sample_pct"].abs().mean() <= 15.0
@@ -68,15 +103,16 @@ def test_offline_within_the_issue_tolerance(report):
 
 
 def test_server_tokens_within_the_issue_tolerance(report):
-    """Server sustained tokens/s per GPU: mean |error| <= 15 % (measured 6.1 %)."""
+    """Server sustained tokens/s per GPU: mean |error| <= 15 % (measured 6.9 %)."""
     m = mlperf.scenario_means(report)
     assert m["server_tokens_pct"] <= 15.0
     server = report[report["scenario"] == "Server"]
     kept, over = server[~server["in_sample_overloaded"]], server[server["in_sample_overloaded"]]
     assert kept["in_sample_ttft_pct"].notna().all() and kept["in_sample_tpot_pct"].notna().all()
-    # Only where the modelled capacity falls short of what the submission sustained (2026-11-26: the
-    # two H200-SXM-141GB-CTS runs, a custom-cooled H200 priced as the plain one) are the p99s absent.
-    assert over["in_sample_tpot_pct"].isna().all() and len(over) <= 2 and (over["in_sample_pct"] < 0).all()
+    # Only where the modelled capacity falls short of what the submission sustained (2026-11-27: the
+    # two H200-SXM-141GB-CTS runs, a custom-cooled H200 priced as the plain one, and Supermicro's
+    # H100 run at 82.24 requests/s, the highest H100 rate submitted) are the p99s absent.
+    assert over["in_sample_tpot_pct"].isna().all() and len(over) <= 3 and (over["in_sample_pct"] < 0).all()
     assert m["server_overloaded_in_sample_runs"] == len(over)
 
 
@@ -96,9 +132,10 @@ def test_an_overloaded_replica_has_no_p99_to_compare(rows):
 
 
 @pytest.mark.xfail(strict=True, reason=f"issue 29 target: p99 TTFT and TPOT at the target QPS within 25 %; "
-                                       f"{P99['ttft']} / {P99['tpot']} % on 2026-11-26 under MAX_UTILIZATION "
+                                       f"{P99['ttft']} / {P99['tpot']} % on 2026-11-27 under MAX_UTILIZATION "
                                        "over MLPerf's run length "
-                                       "(the simulated mean iteration at Server load is about half the measured)")
+                                       "(the simulated mean iteration at Server load is ~0.6x the measured; "
+                                       "no load-monotone predictor beats 20.7 / 5.4 % on these runs)")
 def test_server_p99_target(report):
     m = mlperf.scenario_means(report)
     assert m["ttft_p99_pct"] <= 25.0 and m["tpot_p99_pct"] <= 25.0

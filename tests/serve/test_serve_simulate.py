@@ -22,8 +22,9 @@ class UnitCost:
     """Every iteration takes one second: the schedules below can be followed by hand."""
 
     ctx_flops = ctx_bytes = chunk_flops = 0.0
+    pp = 1
 
-    def time(self, tokens, sampled, flops, nbytes, seqs):
+    def time(self, tokens, sampled, flops, nbytes, seqs, chunks=()):
         return 1.0
 
     def decode_times(self, n, ctx_sums):
@@ -228,3 +229,28 @@ def test_any_percentile_is_reported_under_the_name_traffic_reads(llama70b_tp4):
     s = run_workload(*llama70b_tp4, w, 4.0, 300).summary([99.0, 100.0, 99.9])
     assert {"ttft_p99_ms", "ttft_p100_ms", "tpot_p100_ms", "ttft_p99.9_ms"} <= set(s)
     assert s["ttft_p100_ms"] >= s["ttft_p99_ms"]
+
+
+def test_pipelined_round_waits_for_the_step_that_holds_the_prompt():
+    """PP 2: TensorRT-LLM's micro-batch steps each take the contexts waiting when they are
+    scheduled, a chunk whole in one step, and a micro-batch's next step waits for its last one to
+    leave the last stage, so the round costs pp x the slowest step. One 1,024-token chunk beside
+    256 decode tokens: pp x stage(128 + 1,024), not pp x stage((256 + 1,024) / 2); two equal chunks
+    balance the steps and price as the even split; without chunks nothing changes."""
+    model, hw = io.load_model("llama2-70b"), io.load_hardware("h100-sxm")
+    eff = efficiency_for("tensorrt-llm")
+    cost = IterationCost(model, hw, eff, 1, 2, "fp8", "fp8", 1, 4096, 512)
+    d, c = 256, 1024
+    f = cost.chunk_flops * c * c / 2
+
+    def stage(tokens, sampled, flops, nbytes):
+        return (cost.per_tokens[tokens] + cost.per_sampled[sampled] + cost.attention(flops, nbytes)
+                + cost.hop[tokens])
+
+    one = cost.time(d + c, d + 1, f, 0.0, d + 1, [(c, 1.0, f, 0.0)])
+    assert one == pytest.approx(2 * stage(d // 2 + c, d // 2 + 1, f, 0.0) + cost.pass_s, rel=1e-12)
+    assert one > cost.time(d + c, d + 1, f, 0.0, d + 1) * 1.2  # the even split the cost model used to assume
+    two = cost.time(d + 2 * c, d + 2, 2 * f, 0.0, d + 2, [(c, 1.0, f, 0.0)] * 2)
+    assert two == pytest.approx(cost.time(d + 2 * c, d + 2, 2 * f, 0.0, d + 2), rel=1e-9)
+    flat = IterationCost(model, hw, eff, 2, 1, "fp8", "fp8", 1, 4096, 512)  # no PP: one step, the chunks are moot
+    assert flat.time(d + c, d + 1, f, 0.0, d + 1, [(c, 1.0, f, 0.0)]) == flat.time(d + c, d + 1, f, 0.0, d + 1)

@@ -95,7 +95,7 @@ def test_unknown_name_lists_the_valid_ones():
 
 def test_request_of_a_workload_prices_the_means_and_accepts_the_longest():
     r = Request.of_workload(load_workload("mlperf-llama2-70b"))
-    assert (r.input_len, r.output_len, r.max_model_len, r.workload) == (251, 294, 2048, "mlperf-llama2-70b")
+    assert (r.input_len, r.output_len, r.max_model_len, r.workload) == (257, 294, 2048, "mlperf-llama2-70b")
 
 
 def test_cli_workload_search(capsys):
