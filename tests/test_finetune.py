@@ -27,6 +27,7 @@ from autoparallel.specs.finetune import Finetune
     (dict(lora_targets=("linear_qkv", "linear_qkv")), "lora_targets must be distinct names"),
     (dict(lora_targets=("q_proj",)), "lora_targets must be distinct names among linear_qkv"),
     (dict(document_tokens=512), "with packed_sequence"),
+    (dict(lora_dropout=1.0), "lora_dropout must be in"),
 ])
 def test_a_bad_finetune_names_the_value(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -46,6 +47,8 @@ def _mlperf_lora(gpu: str):
     flags = argparse.Namespace(finetune="lora", lora_rank=16, lora_targets=("linear_qkv", "linear_proj"),
                                packed_sequence=True, document_tokens=None)
     model = with_finetune(with_seq_length(io.load_model("llama2-70b"), 8192), flags)
+    # and what the CLI does not set: the adapters' dropout and all-to-all (NVIDIA's implementation).
+    model = dataclasses.replace(model, finetune=dataclasses.replace(model.finetune, lora_dropout=0.1, lora_a2a=True))
     return runs.search(model, io.load_hardware(gpu), 8, 8, load_space("training"))
 
 

@@ -101,21 +101,28 @@ def adapter_stream_elements(model: ModelSpec, t, sp):
     return total
 
 
-def adapter_collectives(model: ModelSpec, sp) -> list[tuple[float, float]]:
+def adapter_collectives(model: ModelSpec, t, sp) -> list[tuple[float, float]]:
     """The TP collectives one layer's adapters run per micro-batch beyond the base's, as (elements
     per token, collectives of that size, each priced as an all-gather): beside a column-parallel
     Linear, the input gathered over the sequence (SP: ``gather_from_sequence_parallel_region``,
     reduce-scattered back in the backward) or its gradient all-reduced (no SP: A's
     ``ColumnParallelLinear`` input-gradient reduce, two); beside a row-parallel one, B's output
     gathered whole (``gather_output``) and, under SP, the gradient of its sequence scatter gathered
-    in the backward (Megatron-Bridge's default path; its ``a2a_experimental`` all-to-all is not
-    priced). The rank-wide tensors between A and B are neglected. On the compute stream: exposed."""
+    in the backward (Megatron-Bridge's default path); with ``lora_a2a`` under SP, B's split output
+    goes to its sequence shard by one all-to-all each way (``all2all_hp2sp``: each rank sends
+    (t-1)/t of its T x out/t, priced as an all-gather of that buffer). The rank-wide tensors between
+    A and B are neglected. On the compute stream: exposed."""
     if not is_lora(model):
         return []
     out = []
     for name in model.finetune.lora_targets:
         fan_in, fan_out = target_shapes(model)[name]
-        out.append((fan_in, 2.0) if name in COLUMN_PARALLEL else (fan_out, np.where(sp, 2.0, 1.0)))
+        if name in COLUMN_PARALLEL:
+            out.append((fan_in, 2.0))
+        elif model.finetune.lora_a2a:
+            out.append((np.where(sp, fan_out / t, fan_out), np.where(sp, 2.0, 1.0)))
+        else:
+            out.append((fan_out, np.where(sp, 2.0, 1.0)))
     return out
 
 

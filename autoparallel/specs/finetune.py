@@ -40,6 +40,9 @@ class Finetune:
     # Dropout on each adapter's input (Megatron-Bridge's LoRA.dropout, position "pre": default 0.0;
     # MLPerf's Llama-2-70B LoRA runs 0.1).
     lora_dropout: float = 0.0
+    # Megatron-Bridge's LoRA.a2a_experimental (default False): beside a row-parallel Linear under SP,
+    # B's output goes back over the sequence by an all-to-all instead of a gather and a scatter.
+    lora_a2a: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in FINETUNE_MODES:
