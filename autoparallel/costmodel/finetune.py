@@ -3,10 +3,10 @@
 LoRA (``specs.finetune``) leaves the base model frozen: its Linears still run forward and pass
 activation gradients back (dgrad), but compute no weight gradients (no wgrad GEMMs), and hold no
 gradients or optimizer states. Each target Linear gets an adapter ``B·A`` of rank r, in BF16,
-as Megatron-Bridge's ``ParallelLinearAdapter`` splits it under TP: beside a column-parallel
-Linear (linear_qkv, linear_fc1) A (in x r) is whole on every TP rank and B (r x out) split;
-beside a row-parallel one (linear_proj, linear_fc2) A is split and B whole. Adapters train as any
-weight does: forward, dgrad and wgrad (3x the forward), gradients reduced over DP, Adam states.
+as Megatron-Bridge's ``ParallelLinearAdapter`` splits it under TP (``adapter_params_gpu``: both
+halves split). Adapters train as any weight does: forward, dgrad and wgrad, gradients reduced over
+DP, Adam states; their thin GEMMs and eager ops take the time of the bytes they stream
+(``adapter_stream_elements``) and their own TP collectives (``adapter_collectives``).
 
 Under an FP8 recipe the frozen base is kept in FP8 only (one byte a weight, as MLPerf's LoRA
 submissions keep it; the transpose the dgrad GEMM reads is made per layer and freed), under BF16
