@@ -6,7 +6,8 @@ preset's 128, and MLPerf's 8): each submitted 8-GPU layout (TP, CP; PP 1, MBS 1,
 unpublished knobs searched), its rank among the feasible layouts and the share above it.
 
 Then the MLPerf LoRA rows' mean and max |error| with the fixed step cost (``step_overhead_s``) set
-to each of a few values, the rest of the shipped constants kept.
+to each of a few values, the rest of the shipped constants kept; and the mean packed SQuAD document
+length NeMo 24.07's fine-tuning table implies (nemo_finetune_runs.csv's document_tokens).
 
     PYTHONPATH=. python benchmarks/bench_issue27_lora.py
 """
@@ -19,6 +20,7 @@ import dataclasses
 import numpy as np
 
 from autoparallel import io, resources
+from autoparallel.costmodel import flops
 from autoparallel.cli.finetune import with_finetune
 from autoparallel.cli.common import with_seq_length
 from autoparallel.search.run import search
@@ -35,14 +37,43 @@ def submitted_layouts(gpu: str) -> set[tuple[int, int]]:
 
 SETTINGS = {"defaults": dict(lora_rank=None, lora_targets=None, packed_sequence=None),
             "MLPerf's": dict(lora_rank=16, lora_targets=("linear_qkv", "linear_proj"), packed_sequence=True)}
+# What MLPerf's runs set that the CLI does not: dropout 0.1 and the all-to-all on the adapters.
+MLPERF_UNFLAGGED = dict(lora_dropout=0.1, lora_a2a=True)
 
 
 def main() -> None:
     for name, setting in SETTINGS.items():
         flags = argparse.Namespace(finetune="lora", document_tokens=None, **setting)
         print(f"--- LoRA with {name} settings")
-        rank_layouts(with_finetune(with_seq_length(io.load_model("llama2-70b"), 8192), flags))
+        model = with_finetune(with_seq_length(io.load_model("llama2-70b"), 8192), flags)
+        if name == "MLPerf's":
+            model = dataclasses.replace(model, finetune=dataclasses.replace(model.finetune, **MLPERF_UNFLAGGED))
+        rank_layouts(model)
     floor_ablation()
+    squad_document_length()
+
+
+def squad_document_length() -> None:
+    """NeMo 24.07's fine-tuning table (nemo_finetune_runs.csv) publishes model TFLOP/s beside tokens/s:
+    their ratio is the FLOPs it counted per token, and what exceeds the Linears and the output layer
+    is the packed documents' causal attention, which grows with their length. Each row's implied mean
+    document length, +- what the table's rounding (0.5 TFLOP/s) leaves, and the inverse-variance mean
+    that the CSV's document_tokens rounds."""
+    frame = read_runs_table(resources.data_file("nemo_finetune_runs.csv")).set_index("id")
+    lengths, weights = [], []
+    print("--- packed SQuAD document length implied by NeMo 24.07's model TFLOP/s")
+    for r in load_runs([resources.data_file("nemo_finetune_runs.csv")]):
+        row = frame.loc[r.id]
+        per_token = row.measured_model_tflops_per_gpu * 1e12 / row.measured_tokens_per_s_per_gpu
+        s = r.model.seq_length
+        at = lambda d: flops.model_flops_per_token(dataclasses.replace(  # noqa: E731
+            r.model, finetune=dataclasses.replace(r.model.finetune, packed_sequence=True, document_tokens=d)))
+        slope = (at(s) - at(1)) / (s - 1)
+        length, spread = 1 + (per_token - at(1)) / slope, 0.5e12 / row.measured_tokens_per_s_per_gpu / slope
+        lengths.append(length)
+        weights.append(1 / spread ** 2)
+        print(f"  {r.id}: {per_token / 1e9:.2f} GFLOP/token, {length:.0f} +- {spread:.0f} tokens")
+    print(f"  inverse-variance mean: {np.average(lengths, weights=weights):.0f} tokens")
 
 
 def floor_ablation() -> None:

@@ -34,8 +34,8 @@ FUNCTIONS = {
     "autoparallel.costmodel.step_time": ["dp_comm_time", "optimizer_time", "weight_cast_time"],
     "autoparallel.costmodel.peak_memory": ["logits_bytes", "model_states", "_in_flight", "mtp_bytes", "cuda_graph_bytes",
                                            "lora_model_states"],
-    "autoparallel.costmodel.finetune": ["adapter_params_gpu", "attention_share", "frozen_activation_bytes",
-                                        "base_weight_bytes"],
+    "autoparallel.costmodel.finetune": ["adapter_params_gpu", "adapter_stream_elements", "attention_share",
+                                        "frozen_activation_bytes", "base_weight_bytes", "cast_bytes"],
     "autoparallel.costmodel.dispatch": ["alltoall_time", "flex_time", "allgather_time", "nodes_per_token",
                                         "distinct_share", "exposed_dispatch"],
 }

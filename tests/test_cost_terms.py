@@ -688,22 +688,51 @@ def _llama_cands(model, hw, **knobs):
 
 def test_lora_adapters_split_as_megatron_bridge_splits_them(llama):
     from autoparallel.costmodel import finetune
-    # linear_qkv (column-parallel): A 8192 x 16 whole, B 16 x (64 + 2*8)*128 split by 4;
-    # linear_proj (row-parallel): A 8192/4 x 16, B 16 x 8192 whole.
-    expected = 16 * (8192 + 10240 / 4) + 16 * (8192 / 4 + 8192)
+    # Both halves split over TP 4 (Megatron-Bridge ParallelLinearAdapter): linear_qkv's A 8192 x 16/4
+    # (ColumnParallelLinear over the rank), B 16 x 10240/4; linear_proj's A 8192/4 x 16, B 16 x 8192/4.
+    expected = 16 * (8192 + 10240) / 4 + 16 * (8192 + 8192) / 4
     assert finetune.adapter_params_gpu(_lora(llama), 4) == pytest.approx(expected, rel=REL)
-    fc = 16 * (8192 + 2 * 28672 / 4) + 16 * (28672 / 4 + 8192)  # FC1 (gate and up) and FC2
+    fc = 16 * (8192 + 2 * 28672) / 4 + 16 * (28672 + 8192) / 4  # FC1 (gate and up) and FC2
     assert finetune.adapter_params_gpu(_lora(llama, targets=("linear_fc1", "linear_fc2")), 4) == pytest.approx(fc)
     assert finetune.adapter_params_gpu(llama, 4) == 0.0
 
 
-def test_lora_adapters_run_forward_dgrad_and_wgrad_at_their_gemm_efficiency(llama, hw):
+def test_lora_adapters_stream_their_activations_and_run_their_own_tp_collectives(llama, hw):
+    """Rank-16 GEMMs are memory-bound: the adapters take the HBM time of what they stream (GEMM
+    passes 3x each side, the eager scale/add/gradient-sum ops), then their collectives under SP:
+    QKV's input all-gathered and reduce-scattered back, the projection's output gathered forward
+    and its scattered gradient gathered backward (four all-gathers of 8192 x 8192 BF16 over TP 4)."""
+    from autoparallel.costmodel import finetune
     x = _llama_cands(_lora(llama), hw)
-    params = 16 * (8192 + 10240 / 4) + 16 * (8192 / 4 + 8192)
-    forward_flops = 2 * 8192 * params  # every token of the micro-batch through A and B
-    eff = hw.efficiency.gemm_max / (1 + hw.efficiency.gemm_half_gflop / (forward_flops / 4 / 1e9))  # 4 GEMMs
-    assert lt.lora_adapters_time(x)[0] == pytest.approx(3 * forward_flops / (989e12 * eff), rel=REL)
+    qkv = 3 * (8192 + 10240 / 4) + 7 * 10240 / 4 + 3 * 8192 / 4
+    proj = 3 * (8192 + 8192) / 4 + 7 * 8192 / 4 + 3 * 8192 / 4
+    assert finetune.adapter_stream_elements(x.model, 4, True) == pytest.approx(qkv + proj, rel=REL)
+    stream = 8192 * (qkv + proj) * 2 / _hbm(hw)
+    gathers = 4 * lt.comm.reduce_scatter_time(hw, 2.0 * 8192 * 8192, 4.0, 4.0)
+    flops = 3 * 2 * 8192 * finetune.adapter_params_gpu(x.model, 4) / (989e12 * hw.efficiency.gemm_max)
+    assert flops < stream
+    assert lt.lora_adapters_time(x)[0] == pytest.approx(stream + gathers, rel=REL)
     assert lt.lora_adapters_time(_llama_cands(llama, hw))[0] == 0.0
+    # Without SP no sequence gather: QKV's input gradient all-reduced (two), the projection's output gathered.
+    no_sp = _llama_cands(_lora(llama), hw, sp=False)
+    assert [(w, float(c)) for w, c in finetune.adapter_collectives(no_sp.model, 4, False)] == [(8192, 2.0), (8192, 1.0)]
+    # Megatron-Bridge's a2a_experimental: the projection's output goes over the sequence by one
+    # all-to-all of its 8192 x 8192/4 shard each way.
+    a2a = _llama_cands(_lora(llama, lora_a2a=True), hw)
+    assert lt.lora_adapters_time(a2a)[0] == pytest.approx(
+        stream + 2 * lt.comm.reduce_scatter_time(hw, 2.0 * 8192 * 8192, 4.0, 4.0)
+        + 2 * lt.comm.reduce_scatter_time(hw, 2.0 * 8192 * 8192 / 4, 4.0, 4.0), rel=REL)
+    # Dropout on the inputs (MLPerf's 0.1) adds its passes over each input as the base lays it out.
+    dropped = _lora(llama, lora_dropout=0.1)
+    assert finetune.adapter_stream_elements(dropped, 4, True) - (qkv + proj) == pytest.approx(
+        finetune.DROPOUT_PASSES * (8192 / 4 + 8192 / 4), rel=REL)
+
+
+def test_a_frozen_bases_fp8_casts_write_no_column_wise_copy(llama, hw):
+    """TransformerEngine makes the column-wise (transposed) FP8 copies only for the weight gradient."""
+    lora, full = _llama_cands(_lora(llama), hw), _llama_cands(llama, hw)
+    assert lt.fp8_cast_time(lora, False)[0] == pytest.approx(lt.fp8_cast_time(full, False)[0] * (4.0 - 1.0) / 4.0,
+                                                             rel=REL)
 
 
 def test_a_frozen_base_skips_its_weight_gradients(llama, hw):

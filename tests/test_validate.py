@@ -65,11 +65,18 @@ MLPERF_MAX_REACHED = 10.7
 # Issue 27, MLPerf's Llama-2-70B LoRA rows: reached in sample and held out (the target: mean <= 10 %).
 # Held out 5.5 % when the dense rows were priced in their best variant; 7.9 % since they are priced
 # as run (issue 28 item 4): the refits without the 70B models land on other H100 constants.
-LORA_MEAN, LORA_HELDOUT_MEAN, LORA_MAX = 5.1, 7.3, 29.3  # 2026-11-26 (log-corrected rows): 5.0, 7.2, 29.2
+# 2026-11-27: 7.1, 7.4, 39.4 (5.0, 7.2, 29.2 before the adapters were priced by the bytes they stream,
+# with their own TP collectives and dropout: the old 0.8 %-of-peak adapter GEMMs had masked an
+# under-priced rest, most on the short multi-node steps; Oracle's 64 x H200 row is the worst).
+LORA_MEAN, LORA_HELDOUT_MEAN, LORA_MAX = 7.2, 7.5, 39.5
 # Held out by system (GPU and node-count family): 9.4 % with the dense rows in their best variant,
 # 11.8 % as run (2026-11-26).
-LORA_BY_SYSTEM_MEAN = 11.9
-NEMOFT_MEAN, NEMOFT_HELDOUT_MEAN = 16.5, 14.6  # NeMo 24.07's SFT / LoRA table, 2026-11-26: 16.4, 14.5
+# 11.8 % as run (2026-11-26); 8.5 % on 2026-11-27 (adapters priced by their bytes and collectives).
+LORA_BY_SYSTEM_MEAN = 8.6
+# NeMo 24.07's SFT / LoRA table: 16.4, 14.5 on 2026-11-26; 6.6, 9.4 on 2026-11-27 (its SQuAD documents at
+# the 200 tokens its own TFLOP/s imply, LoRA adapters by their bytes); its LoRA rows alone 10.2 in sample.
+NEMOFT_MEAN, NEMOFT_HELDOUT_MEAN = 6.7, 9.5
+NEMOFT_LORA_MEAN = 10.3
 
 
 @pytest.fixture(scope="module")
@@ -445,8 +452,20 @@ def test_nemos_finetuning_table_is_predicted_never_fitted(nemo_finetune_report, 
     assert nemo_finetune_report.heldout_error_pct.abs().mean() <= NEMOFT_HELDOUT_MEAN
 
 
-@pytest.mark.xfail(strict=True, reason="issue 27 target: fine-tuning rows' mean |error| <= 10 %; NeMo's LoRA "
-                                       "rows are 20-28 % slow in sample on 2026-11-26 (packed SQuAD documents "
-                                       "priced as one 4,096-token document: length not published)")
 def test_nemo_finetuning_rows_meet_the_target(nemo_finetune_report):
+    """Issue 27: the fine-tuning rows' mean |error| <= 10 %, in sample and held out."""
     assert nemo_finetune_report.error_pct.abs().mean() <= 10.0
+    assert nemo_finetune_report.heldout_error_pct.abs().mean() <= 10.0
+
+
+def test_nemo_lora_rows_are_no_worse_than_reached(nemo_finetune_report):
+    lora = nemo_finetune_report[nemo_finetune_report.kind == "lora"]
+    assert lora.error_pct.abs().mean() <= NEMOFT_LORA_MEAN
+
+
+@pytest.mark.xfail(strict=True, reason="issue 27 target: fine-tuning rows' mean |error| <= 10 %; NeMo 24.07's "
+                                       "three LoRA rows alone are 10.2 % in sample on 2026-11-27 (-12.3, -8.1, "
+                                       "-10.3 %: predicted slow; its SFT rows 3.0 %)")
+def test_nemo_lora_rows_meet_the_target(nemo_finetune_report):
+    lora = nemo_finetune_report[nemo_finetune_report.kind == "lora"]
+    assert lora.error_pct.abs().mean() <= 10.0

@@ -3,10 +3,10 @@
 LoRA (``specs.finetune``) leaves the base model frozen: its Linears still run forward and pass
 activation gradients back (dgrad), but compute no weight gradients (no wgrad GEMMs), and hold no
 gradients or optimizer states. Each target Linear gets an adapter ``B·A`` of rank r, in BF16,
-as Megatron-Bridge's ``ParallelLinearAdapter`` splits it under TP: beside a column-parallel
-Linear (linear_qkv, linear_fc1) A (in x r) is whole on every TP rank and B (r x out) split;
-beside a row-parallel one (linear_proj, linear_fc2) A is split and B whole. Adapters train as any
-weight does: forward, dgrad and wgrad (3x the forward), gradients reduced over DP, Adam states.
+as Megatron-Bridge's ``ParallelLinearAdapter`` splits it under TP (``adapter_params_gpu``: both
+halves split). Adapters train as any weight does: forward, dgrad and wgrad, gradients reduced over
+DP, Adam states; their thin GEMMs and eager ops take the time of the bytes they stream
+(``adapter_stream_elements``) and their own TP collectives (``adapter_collectives``).
 
 Under an FP8 recipe the frozen base is kept in FP8 only (one byte a weight, as MLPerf's LoRA
 submissions keep it; the transpose the dgrad GEMM reads is made per layer and freed), under BF16
@@ -29,6 +29,9 @@ ADAPTER_BYTES = 2.0  # BF16 adapter weights (Megatron-Bridge's lora_dtype: the m
 FROZEN_FP8_WEIGHT_BYTES = 1.0
 # Which side of each target Linear TP splits: column-parallel (output) or row-parallel (input).
 COLUMN_PARALLEL = ("linear_qkv", "linear_fc1")
+# PyTorch's dropout in BF16 elements: forward reads the input and writes the output and a one-byte
+# mask (2.5), backward reads the gradient and the mask and writes the input gradient (2.5).
+DROPOUT_PASSES = 5.0
 
 
 def is_lora(model: ModelSpec) -> bool:
@@ -52,14 +55,15 @@ def linear_passes(model: ModelSpec) -> float:
 
 
 def adapter_params_gpu(model: ModelSpec, t):
-    """One layer's adapter weights on one GPU of a TP group of ``t`` (0 unless LoRA)."""
+    """One layer's adapter weights on one GPU of a TP group of ``t`` (0 unless LoRA): both halves
+    split, whatever the side of the base (Megatron-Bridge 067f987, ``peft/utils.py``
+    ``ParallelLinearAdapter``: beside a column-parallel Linear A is a ``ColumnParallelLinear`` over
+    the rank, beside a row-parallel one a ``RowParallelLinear`` over its input; B is a
+    ``ColumnParallelLinear`` over the output in both)."""
     if not is_lora(model):
         return np.zeros_like(np.asarray(t, dtype=float))
-    r, total = model.finetune.lora_rank, 0.0
-    for name in model.finetune.lora_targets:
-        fan_in, fan_out = target_shapes(model)[name]
-        total = total + (r * (fan_in + fan_out / t) if name in COLUMN_PARALLEL else r * (fan_in / t + fan_out))
-    return total
+    r = model.finetune.lora_rank
+    return sum(r * sum(target_shapes(model)[name]) for name in model.finetune.lora_targets) / np.asarray(t, dtype=float)
 
 
 def adapter_gemms(model: ModelSpec) -> int:
@@ -67,9 +71,73 @@ def adapter_gemms(model: ModelSpec) -> int:
     return 2 * len(model.finetune.lora_targets) if is_lora(model) else 0
 
 
+def adapter_stream_elements(model: ModelSpec, t, sp):
+    """Activation elements one layer's adapters move through HBM per token of the sequence a GPU
+    computes (0 unless LoRA), at the widths one TP rank holds.
+
+    An adapter's GEMMs are thin (one side is the rank: a few FLOPs per byte, far below any GPU's
+    FLOP:byte ridge), so they take the time of the wide operand each streams: forward, A reads the
+    target's input and B writes its output; backward, B's dgrad and wgrad each read the output
+    gradient, A's dgrad writes the input gradient and A's wgrad reads the input again (3 passes
+    over each side). The rest runs as eager elementwise ops (``LoRALinear.forward``,
+    ``ParallelLinearAdapter.forward``): the output scaled by alpha/r (read, write) and added to the
+    base output (two reads, one write), the scaling's backward (read, write), and autograd's sum of
+    the adapter's input gradient into the base's (two reads, one write). A column-parallel target's
+    input is the whole sequence gathered (under SP) and its output split; a row-parallel one's
+    input is split and its output, gathered whole, is scattered back over the sequence under SP.
+    With ``lora_dropout`` the input goes through dropout first, as the base input is laid out
+    (``DROPOUT_PASSES``)."""
+    if not is_lora(model):
+        return np.zeros_like(np.asarray(t, dtype=float))
+    shard = np.where(sp, t, 1.0)
+    dropout = DROPOUT_PASSES if model.finetune.lora_dropout > 0 else 0.0
+    total = 0.0
+    for name in model.finetune.lora_targets:
+        fan_in, fan_out = target_shapes(model)[name]
+        if name in COLUMN_PARALLEL:
+            total = total + 3.0 * (fan_in + fan_out / t) + 7.0 * fan_out / t + (3.0 + dropout) * fan_in / shard
+        else:
+            total = total + 3.0 * (fan_in + fan_out) / t + 7.0 * fan_out / shard + (3.0 + dropout) * fan_in / t
+    return total
+
+
+def adapter_collectives(model: ModelSpec, t, sp) -> list[tuple[float, float]]:
+    """The TP collectives one layer's adapters run per micro-batch beyond the base's, as (elements
+    per token, collectives of that size, each priced as an all-gather): beside a column-parallel
+    Linear, the input gathered over the sequence (SP: ``gather_from_sequence_parallel_region``,
+    reduce-scattered back in the backward) or its gradient all-reduced (no SP: A's
+    ``ColumnParallelLinear`` input-gradient reduce, two); beside a row-parallel one, B's output
+    gathered whole (``gather_output``) and, under SP, the gradient of its sequence scatter gathered
+    in the backward (Megatron-Bridge's default path); with ``lora_a2a`` under SP, B's split output
+    goes to its sequence shard by one all-to-all each way (``all2all_hp2sp``: each rank sends
+    (t-1)/t of its T x out/t, priced as an all-gather of that buffer). The rank-wide tensors between
+    A and B are neglected. On the compute stream: exposed."""
+    if not is_lora(model):
+        return []
+    out = []
+    for name in model.finetune.lora_targets:
+        fan_in, fan_out = target_shapes(model)[name]
+        if name in COLUMN_PARALLEL:
+            out.append((fan_in, 2.0))
+        elif model.finetune.lora_a2a:
+            out.append((np.where(sp, fan_out / t, fan_out), np.where(sp, 2.0, 1.0)))
+        else:
+            out.append((fan_out, np.where(sp, 2.0, 1.0)))
+    return out
+
+
 def base_weight_bytes(model: ModelSpec, is_fp8):
     """Bytes a frozen base weight takes: FP8 only under an FP8 recipe, else BF16."""
     return np.where(is_fp8, FROZEN_FP8_WEIGHT_BYTES, 2.0)
+
+
+def cast_bytes(model: ModelSpec, bytes_per_element, column_copy_bytes):
+    """HBM bytes per element of a quantizing cast of a Linear's input or output gradient: a frozen
+    base's casts write no column-wise copy (the layout only the weight-gradient GEMM reads):
+    TransformerEngine asks for it only when the weight requires a gradient (``linear.py``
+    ``backward_needs_input = is_grad_enabled and weight.requires_grad``; the output gradient's
+    ``set_usage(columnwise=False)`` without wgrad, TransformerEngine d0067d0)."""
+    return bytes_per_element - column_copy_bytes if is_lora(model) else bytes_per_element
 
 
 def attention_share(model: ModelSpec) -> float:

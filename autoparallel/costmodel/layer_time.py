@@ -117,14 +117,19 @@ def compute_time(x: Candidates, forward, t_linear):
 
 
 def lora_adapters_time(x: Candidates):
-    """LoRA's adapters (BF16, their own small GEMMs): forward, dgrad and wgrad, 3x the forward
-    FLOPs, each GEMM at the efficiency of its size."""
-    n_gemms = finetune.adapter_gemms(x.model)
-    if not n_gemms:
+    """LoRA's adapters (BF16, their own GEMMs): forward, dgrad and wgrad, 3x the forward FLOPs
+    at the GEMMs' top efficiency, or the HBM traffic of their thin GEMMs and eager elementwise
+    ops (``finetune.adapter_stream_elements``) where that is slower, as it is at LoRA ranks; then
+    the TP collectives of their own (``finetune.adapter_collectives``), exposed."""
+    if not finetune.adapter_gemms(x.model):
         return np.zeros_like(x.t)
-    adapter_flops = 2.0 * x.tokens * finetune.adapter_params_gpu(x.model, x.t)
-    peak = x.hw.bf16_tflops * 1e12 * gemm.efficiency(x.hw, adapter_flops / n_gemms)
-    return 3.0 * adapter_flops / peak
+    flops_time = 3.0 * 2.0 * x.tokens * finetune.adapter_params_gpu(x.model, x.t) / (
+        x.hw.bf16_tflops * 1e12 * x.hw.efficiency.gemm_max)
+    stream_time = x.tokens * finetune.adapter_stream_elements(x.model, x.t, x.sp) * finetune.ADAPTER_BYTES / x.hbm
+    per_domain = comm.ranks_per_domain(x.hw, x.t, 1)
+    collectives = sum(count * comm.reduce_scatter_time(x.hw, finetune.ADAPTER_BYTES * x.tokens * width, x.t, per_domain)
+                      for width, count in finetune.adapter_collectives(x.model, x.t, x.sp))
+    return np.maximum(flops_time, stream_time) + collectives
 
 
 def gemm_input_elements(x: Candidates, is_moe: bool) -> float:
@@ -144,9 +149,10 @@ def gemm_input_elements(x: Candidates, is_moe: bool) -> float:
 
 def fp8_cast_time(x: Candidates, is_moe: bool):
     """Casting the GEMM inputs (forward) and output gradients (backward) to FP8 or NVFP4: HBM
-    traffic (``candidates.CAST_BYTES``)."""
+    traffic (``candidates.CAST_BYTES``; a frozen LoRA base: ``finetune.cast_bytes``)."""
     cast_elements = 2.0 * x.tokens * gemm_input_elements(x, is_moe) / x.t
-    return x.quantized_fraction * cast_elements * x.cast_bytes / x.hbm
+    per_element = finetune.cast_bytes(x.model, x.cast_bytes, x.quantized_input_bytes)
+    return x.quantized_fraction * cast_elements * per_element / x.hbm
 
 
 def norm_recompute_time(x: Candidates):

@@ -37,6 +37,12 @@ class Finetune:
     lora_targets: tuple[str, ...] = LORA_TARGETS
     packed_sequence: bool = False
     document_tokens: int | None = None  # mean document length in a packed sequence; None: the whole sequence
+    # Dropout on each adapter's input (Megatron-Bridge's LoRA.dropout, position "pre": default 0.0;
+    # MLPerf's Llama-2-70B LoRA runs 0.1).
+    lora_dropout: float = 0.0
+    # Megatron-Bridge's LoRA.a2a_experimental (default False): beside a row-parallel Linear under SP,
+    # B's output goes back over the sequence by an all-to-all instead of a gather and a scatter.
+    lora_a2a: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in FINETUNE_MODES:
@@ -46,6 +52,8 @@ class Finetune:
         if not _valid_targets(self.lora_targets):
             raise ValueError(f"lora_targets must be distinct names among {', '.join(LORA_TARGETS)}, "
                              f"got {', '.join(self.lora_targets) or 'none'}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if self.document_tokens is not None and (self.document_tokens < 1 or not self.packed_sequence):
             raise ValueError(f"document_tokens ({self.document_tokens}) is the mean document length of packed "
                              "sequences: a positive integer, with packed_sequence")
