@@ -43,12 +43,11 @@ def test_a_finetune_travels_in_a_model_yaml():
 
 def _mlperf_lora(gpu: str):
     """search --model llama2-70b --gpus 8 --finetune lora --lora-rank 16 --lora-targets
-    linear_qkv,linear_proj --packed-sequence --seq-length 8192 --gbs 8 (MLPerf's settings)."""
+    linear_qkv,linear_proj --lora-dropout 0.1 --lora-a2a --packed-sequence --seq-length 8192 --gbs 8
+    (MLPerf's settings)."""
     flags = argparse.Namespace(finetune="lora", lora_rank=16, lora_targets=("linear_qkv", "linear_proj"),
-                               packed_sequence=True, document_tokens=None)
+                               lora_dropout=0.1, lora_a2a=True, packed_sequence=True, document_tokens=None)
     model = with_finetune(with_seq_length(io.load_model("llama2-70b"), 8192), flags)
-    # and what the CLI does not set: the adapters' dropout and all-to-all (NVIDIA's implementation).
-    model = dataclasses.replace(model, finetune=dataclasses.replace(model.finetune, lora_dropout=0.1, lora_a2a=True))
     return runs.search(model, io.load_hardware(gpu), 8, 8, load_space("training"))
 
 
@@ -114,7 +113,9 @@ def test_lora_runs_export_to_nemo2_not_to_megatron_lm(h100_search, tmp_path):
     run_dir = runs.save(h100_search, tmp_path, ["autoparallel", "search"])
     loaded = runs.load(run_dir)
     assert loaded.model.finetune == h100_search.model.finetune
-    assert "finetune_recipe(" in export_text(loaded, 1, "nemo2")
+    text = export_text(loaded, 1, "nemo2")
+    assert "finetune_recipe(" in text
+    assert "recipe.peft.dropout = 0.1" in text and "recipe.peft.a2a_experimental = True" in text  # --lora-*
     assert not (run_dir / "train.sh").exists()  # a Megatron-LM pre-training launch would train every weight
     for fmt in ("megatron", "launch", "nemo"):
         with pytest.raises(UserError, match=f"--format {fmt}: the run fine-tunes with LoRA"):

@@ -182,6 +182,7 @@ def test_a_lora_run_starts_from_finetune_recipe_and_sets_its_peft(name, nemo_stu
     assert calls["recipe_args"] == {"name": "autoparallel", "num_nodes": 1, "num_gpus_per_node": 8,
                                     "peft_scheme": "lora", "packed_sequence": True}
     assert log["peft.dim"] == 16 and log["peft.target_modules"] == ["linear_qkv", "linear_proj"]
+    assert log["peft.dropout"] == 0.0 and log["peft.a2a_experimental"] is False  # Bridge's and NeMo's defaults
     written = nemo_python.written_fields(model, LORA_PLAN, 8)
     assert "pretrain_recipe" not in written
     unknown = [f"{section}.{key}" for section, keys in written.items() for key in keys

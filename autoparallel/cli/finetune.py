@@ -1,5 +1,5 @@
 """The fine-tuning flags of ``search`` and ``estimate``: which weights train (``--finetune full|lora``,
-``--lora-rank``, ``--lora-targets``) and packed sequences (``--packed-sequence``,
+``--lora-rank``, ``--lora-targets``, ``--lora-dropout``, ``--lora-a2a``) and packed sequences (``--packed-sequence``,
 ``--document-tokens``). They make the model a fine-tuning run (``specs.finetune.Finetune``),
 which the cost model prices and the exports carry; without ``--finetune`` a run is pre-training.
 """
@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from autoparallel.argtypes import positive
+from autoparallel.argtypes import dropout, positive
 from autoparallel.cli.combos import flag, no_effect
 from autoparallel.errors import UserError
 from autoparallel.specs.finetune import DEFAULT_LORA_RANK, FINETUNE_MODES, LORA_TARGETS, Finetune, parse_targets
 
-FINETUNE_DESTS = ("finetune", "lora_rank", "lora_targets", "packed_sequence", "document_tokens")
+LORA_DESTS = ("lora_rank", "lora_targets", "lora_dropout", "lora_a2a")
+FINETUNE_DESTS = ("finetune", *LORA_DESTS, "packed_sequence", "document_tokens")
 
 
 def _targets(text: str) -> tuple[str, ...]:
@@ -33,6 +34,13 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help=f"LoRA rank (Megatron-Bridge's LoRA.dim; default {DEFAULT_LORA_RANK})")
     g.add_argument("--lora-targets", type=_targets, metavar="NAMES",
                    help=f"comma-separated Linears that get adapters, among {','.join(LORA_TARGETS)} (default: all)")
+    g.add_argument("--lora-dropout", type=dropout, metavar="P",
+                   help="dropout on each adapter's input (Megatron-Bridge's LoRA.dropout; default 0, MLPerf's "
+                        "Llama 2 70B LoRA runs 0.1)")
+    g.add_argument("--lora-a2a", action="store_true", default=None,
+                   help="beside a row-parallel Linear under sequence parallelism, the adapter's output goes "
+                        "back over the sequence by one all-to-all instead of a gather and a scatter "
+                        "(Megatron-Bridge's LoRA.a2a_experimental; MLPerf's LoRA runs set it)")
     g.add_argument("--packed-sequence", action="store_true", default=None,
                    help="documents packed into each --seq-length sequence, each attending to itself only")
     g.add_argument("--document-tokens", type=positive, metavar="TOKENS",
@@ -49,7 +57,7 @@ def with_finetune(model, args: argparse.Namespace):
             raise UserError(f"{flag(given[0])} has no effect without --finetune: "
                             "give --finetune full or --finetune lora")
         return model
-    lora_given = [d for d in ("lora_rank", "lora_targets") if d in given]
+    lora_given = [d for d in LORA_DESTS if d in given]
     if mode != "lora" and lora_given:
         raise no_effect(flag(lora_given[0]), f"--finetune {mode}", "it sets LoRA's adapters; give --finetune lora "
                         "or drop it")
@@ -63,5 +71,6 @@ def with_finetune(model, args: argparse.Namespace):
         raise UserError(f"--finetune lora is priced for dense models; {model.name} is a mixture of experts "
                         "(use --finetune full)")
     finetune = Finetune(mode, args.lora_rank or DEFAULT_LORA_RANK, args.lora_targets or LORA_TARGETS,
-                        bool(args.packed_sequence), args.document_tokens)
+                        bool(args.packed_sequence), args.document_tokens,
+                        lora_dropout=args.lora_dropout or 0.0, lora_a2a=bool(args.lora_a2a))
     return dataclasses.replace(model, finetune=finetune)

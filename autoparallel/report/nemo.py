@@ -211,11 +211,12 @@ def _finetune(model: ModelSpec) -> dict:
     """A fine-tuning run starts from the recipe's ``finetune_recipe`` with these arguments
     (``peft_scheme`` 'lora' or 'none' for full SFT, ``packed_sequence``) and sets its LoRA
     (``recipe.peft``: nemo/collections/llm/peft/lora.py's dim and target_modules, Megatron's
-    module names); nothing for pre-training."""
+    module names, dropout and a2a_experimental); nothing for pre-training."""
     ft = model.finetune
     if ft is None:
         return {}
     out = {"finetune_recipe": {"peft_scheme": "lora" if ft.lora else "none", "packed_sequence": ft.packed_sequence}}
     if ft.lora:
-        out["peft"] = {"dim": ft.lora_rank, "target_modules": list(ft.lora_targets)}
+        out["peft"] = {"dim": ft.lora_rank, "target_modules": list(ft.lora_targets), "dropout": ft.lora_dropout,
+                       "a2a_experimental": ft.lora_a2a}
     return out
