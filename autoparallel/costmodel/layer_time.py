@@ -70,8 +70,10 @@ def activation_bytes(x: Candidates, is_moe: bool, keep_scores):
     keep); with ``keep_scores`` False counted in BF16 throughout (the tensors the elementwise
     kernels touch)."""
     fraction = x.quantized_fraction if keep_scores is not False else 0.0
+    act_in = x.act_input_bytes if keep_scores is not False else memory.ACT_INPUT_BYTES
     saved = memory.layer_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, keep_scores, fraction, moe=is_moe,
-                                          etp=x.et, imbalance=x.imbalance, quantized_bytes=x.quantized_input_bytes)
+                                          etp=x.et, imbalance=x.imbalance, quantized_bytes=x.quantized_input_bytes,
+                                          act_in=act_in)
     if keep_scores is False:
         return saved
     return saved + finetune.frozen_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction,
@@ -142,11 +144,25 @@ def gemm_input_elements(x: Candidates, is_moe: bool) -> float:
     return attention + model.moe_router_topk * (h + model.expert_ffn_hidden_size) + shared
 
 
+def activation_input_elements(x: Candidates, is_moe: bool):
+    """Elements per GPU of the activation's input (gate and up) in one layer: the MLP's, or a MoE
+    layer's routed copies (``imbalance`` times the even share, ETP-split FFN) and shared experts'."""
+    model, tokens = x.model, x.tokens / x.t
+    if not is_moe:
+        return 2.0 * tokens * model.ffn_hidden_size
+    routed = tokens * model.moe_router_topk * x.imbalance * model.expert_ffn_hidden_size
+    return 2.0 * (routed + tokens * (model.shared_expert_ffn_hidden_size or 0))
+
+
 def fp8_cast_time(x: Candidates, is_moe: bool):
     """Casting the GEMM inputs (forward) and output gradients (backward) to FP8 or NVFP4: HBM
-    traffic (``candidates.CAST_BYTES``)."""
+    traffic (``candidates.CAST_BYTES``); and where the SwiGLU's input is kept in FP8
+    (``activation_func_fp8_input_store``), its cast to E4M3 after the forward (2 B read, 1 B
+    written) and back to BF16 before the backward (1 B read, 2 B written)."""
     cast_elements = 2.0 * x.tokens * gemm_input_elements(x, is_moe) / x.t
-    return x.quantized_fraction * cast_elements * x.cast_bytes / x.hbm
+    stored = x.act_input_bytes < memory.ACT_INPUT_BYTES
+    store = np.where(stored, 2.0 * (memory.ACT_INPUT_BYTES + memory.FP8_ACT_INPUT_BYTES), 0.0)
+    return (x.quantized_fraction * cast_elements * x.cast_bytes + store * activation_input_elements(x, is_moe)) / x.hbm
 
 
 def norm_recompute_time(x: Candidates):
@@ -246,7 +262,7 @@ def stored_activation_bytes(x: Candidates, is_moe: bool):
     else its activations less what selective recompute spares."""
     spared = memory.recomputed_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction, is_moe, x.et,
                                      x.imbalance, x.modules["mla_up_proj"], x.modules["moe_act"], x.modules["moe"],
-                                     x.quantized_input_bytes, x.modules["layernorm"])
+                                     x.quantized_input_bytes, x.modules["layernorm"], x.act_input_bytes)
     return (x.recomputed_fraction * memory.layer_input_bytes(x.model, x.b, x.s_local, x.t, x.sp)
             + (1 - x.recomputed_fraction) * (activation_bytes(x, is_moe, x.keep_scores) - spared))
 
