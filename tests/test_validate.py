@@ -169,6 +169,25 @@ def test_a_recipe_setting_is_the_variant_priced():
     assert set(row.candidates.fp8_param_gather) == {True}
 
 
+def test_a_table_correction_prices_the_recipe_and_fails_on_a_mended_table():
+    """recipe_settings.yaml's table_corrections (old -> new): GPT-OSS-120B on B200 (25.11) is priced
+    at its recipe's EP 64, not the table's EP 8; an entry whose old value is not the table's fails."""
+    from autoparallel import io
+    from autoparallel.errors import UserError
+    from autoparallel.measured_runs import ASSUMPTIONS, corrected_row, prepare_row, read_runs, recipe_settings
+    recipes, runs = recipe_settings(), read_runs().set_index("id", drop=False)
+    row = runs.loc["nemo-gpt-oss-120b-b200-64gpu-bf16-tp1pp1cp1vp1ep8-mbs4-gbs512"]
+    prepared = prepare_row(row, io.read_yaml(ASSUMPTIONS), recipes)
+    assert set(prepared.candidates.ep) == {64} and int(prepared.row["ep"]) == 64
+    h100 = prepare_row(runs.loc["nemo-gpt-oss-120b-h100-sxm-64gpu-bf16-tp1pp4cp1vp1ep8-mbs4-gbs512"],
+                       io.read_yaml(ASSUMPTIONS), recipes)
+    assert set(h100.candidates.mbs) == {1} and h100.origins["mbs"] == "recipe"
+    mended = row.copy()
+    mended["ep"] = 64
+    with pytest.raises(UserError, match="expects ep 8"):
+        corrected_row(mended, recipes)
+
+
 def test_a_release_setting_holds_for_its_precisions_only():
     """NeMo 25.11's FP8 param gather is a setting of its FP8 precision configs: its BF16 rows and the
     24.07 rows run without it."""
