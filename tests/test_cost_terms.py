@@ -261,8 +261,11 @@ def test_a_moe_layers_elementwise_work_is_in_proportion_to_what_it_saves(mixtral
     x = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
     eff = hw.efficiency
     expected = eff.elementwise_bytes_per_token_hidden / 34.0 * lt.activation_bytes(x, True, False)[0] / _hbm(hw) \
-        + eff.layer_overhead_s + eff.moe_layer_overhead_s
+        + eff.layer_overhead_s + eff.moe_expert_overhead_s  # 8 experts over ep 8: one local expert
     assert lt.forward_time(x, 0.0, 0.0, 0.0, True)[0] == pytest.approx(expected, rel=REL)
+    # At ep 2 a GPU holds 4 experts: TransformerEngine launches 4 GEMMs where it launched one.
+    two = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=2, sp=False, gbs=64)
+    assert lt.moe_expert_overhead(two)[0] == pytest.approx(4 * eff.moe_expert_overhead_s, rel=REL)
 
 
 def test_the_token_permutations_are_one_pass_each_way_and_a_sort_per_local_expert_group(mixtral, hw):

@@ -103,13 +103,24 @@ def forward_time(x: Candidates, t_linear, attention, softmax, is_moe: bool):
     """One layer's forward: GEMMs, attention core, elementwise kernels (norms, activation,
     residuals: bytes in proportion to what the layer saves), unfused softmax, fixed overhead:
     the kernel launches a CUDA graph replays in one
-    (``layer_overhead_s``) and a MoE layer's host sync on its token counts, which no graph
-    removes (``moe_layer_overhead_s``)."""
+    (``layer_overhead_s``) and a MoE layer's fixed cost per local expert (``moe_expert_overhead``),
+    which no graph removes."""
     eff = x.hw.efficiency
     t_elementwise = eff.elementwise_bytes_per_token_hidden / 34.0 * activation_bytes(x, is_moe, False) / x.hbm
     launches = np.where(x.cuda_graph == "none", eff.layer_overhead_s, 0.0)
-    overhead = launches + (eff.moe_layer_overhead_s if is_moe else 0.0)
+    overhead = launches + (moe_expert_overhead(x) if is_moe else 0.0)
     return t_linear + attention + t_elementwise + softmax + overhead
+
+
+def moe_expert_overhead(x: Candidates):
+    """A MoE layer's forward pays a fixed cost per local expert (``moe_expert_overhead_s``):
+    TransformerEngine's GroupedLinear runs its grouped GEMM as one cuBLAS GEMM per expert
+    (``multi_stream_cublas_gemm`` loops over them, ``transformer_engine/common/gemm/cublaslt_gemm.cu``
+    at d0067d0; CUTLASS's single grouped kernel only on Hopper under NVTE_USE_CUTLASS_GROUPED_GEMM)
+    and splits and quantizes each expert's input apart, so launches and the per-GEMM tail grow with
+    the experts a GPU holds, not with their tokens. Its backward pays it twice again (dgrad and
+    wgrad GEMMs per expert: ``compute_time``'s 3x the forward)."""
+    return x.hw.efficiency.moe_expert_overhead_s * moe.local_experts(x.model, x.e)
 
 
 def compute_time(x: Candidates, forward, t_linear):
