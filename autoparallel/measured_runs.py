@@ -220,7 +220,28 @@ def recipe_for(row: pd.Series, recipes: dict | None) -> dict:
     if str(row["precision"]) in release.get("precisions", ()):
         out.update(release)
     out.update((recipes.get("rows") or {}).get(str(row["id"]), {}))
-    return {k: v for k, v in out.items() if k not in ("source", "precisions", "note")}
+    return {k: v for k, v in out.items() if k not in ("source", "precisions", "note", TABLE_CORRECTIONS)}
+
+
+# A row entry's ``table_corrections``: columns the published table states that its recipe and the
+# neighbouring releases' tables contradict (``column: old -> new``), priced as the recipe ran.
+TABLE_CORRECTIONS = "table_corrections"
+
+
+def corrected_row(row: pd.Series, recipes: dict | None) -> tuple[pd.Series, tuple[str, ...]]:
+    """``row`` with its entry's ``table_corrections`` applied, and the columns they set. The old
+    value must be the CSV's, so that an entry outlives no mended table silently."""
+    entry = ((recipes or {}).get("rows") or {}).get(str(row["id"]), {})
+    changes = entry.get(TABLE_CORRECTIONS) or {}
+    if not changes:
+        return row, ()
+    row = row.copy()
+    for column, change in changes.items():
+        old, new = (part.strip() for part in str(change).split("->"))
+        if not _given(row, column) or str(int(row[column])) != old:
+            raise UserError(f"{RECIPES}: {row['id']} expects {column} {old}, the table states {row.get(column)}")
+        row[column] = int(new)
+    return row, tuple(changes)
 
 
 # The knobs a published row's variant is made of, as ``variant`` names them.
@@ -325,6 +346,7 @@ def prepare_row(row: pd.Series, assumptions: dict, recipes: dict | None = None) 
     """The row's candidates: its stated layout, its recipe's settings (``recipes``: see
     ``recipe_settings``) where the row is silent, the source's defaults where both are."""
     source = assumptions[assumptions_key(row["id"])]
+    row, corrected = corrected_row(row, recipes)
     recipe = recipe_for(row, recipes)
     balanced = software_of(row) in source.get("moe_force_balanced_releases", [])
     model = model_from_row(row, force_balanced=balanced)
@@ -336,7 +358,7 @@ def prepare_row(row: pd.Series, assumptions: dict, recipes: dict | None = None) 
     if is_moe_row(row):
         settings.update(source.get("moe_space", {}))
     space = io.from_dict(SearchSpace, settings, str(ASSUMPTIONS))
-    origins = _origins(row, recipe, space)
+    origins = {**_origins(row, recipe, space), **{k: "recipe" for k in corrected if k in VARIANT_KNOBS}}
     pins = _pins(row)
     pins.update({k: v for k, v in recipe.items() if pins.get(k) is None and k != "recompute_num_layers"})
     if not pins["sp"]:  # the recipes overlap TP communication only with TP > 1 (which brings SP)

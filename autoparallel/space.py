@@ -46,7 +46,7 @@ FEATURE_KNOBS = ("sp", "recompute", "distributed_optimizer", "overlap_dp_comm", 
                  "grad_reduce_in_fp32", "precision", "fp8_bf16_edge_layers", "flash_attention", "fsdp",
                  "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type", "fp8_param_gather",
                  "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap", "fp8_attention",
-                 "tp_only_amax_red")
+                 "tp_only_amax_red", "activation_func_fp8_input_store")
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ class SearchSpace:
     flash_attention: tuple[bool, ...] = (True,)
     fp8_attention: tuple[bool, ...] = (False,)
     tp_only_amax_red: tuple[bool, ...] = (False,)
+    activation_func_fp8_input_store: tuple[bool, ...] = (False,)
     fsdp: tuple[bool, ...] = (False,)
     overlap_moe_expert_parallel_comm: tuple[bool, ...] = (False,)
     moe_token_dispatcher_type: tuple[str, ...] = ("alltoall",)
@@ -297,6 +298,10 @@ def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus:
     return _first_reason(df, rules)
 
 
+def _swiglu(model: ModelSpec) -> bool:
+    return model.activation == "swiglu"
+
+
 def _without_inapplicable(features: pd.DataFrame, space: SearchSpace, model: ModelSpec) -> pd.DataFrame:
     """Drop the combinations a knob cannot apply to (BF16 edge layers without an FP8 recipe, TP
     overlap without SP, a token dispatcher of a dense model) when the space also holds that knob
@@ -313,6 +318,8 @@ def _without_inapplicable(features: pd.DataFrame, space: SearchSpace, model: Mod
         inapplicable |= features.fp8_attention & ~features.precision.isin(FP8_ATTENTION_RECIPES)
     if False in space.tp_only_amax_red:
         inapplicable |= features.tp_only_amax_red & (features.precision != "fp8-delayed")
+    if False in space.activation_func_fp8_input_store and not _swiglu(model):
+        inapplicable |= features.activation_func_fp8_input_store
     if False in space.fsdp and lora(model):
         inapplicable |= features.fsdp
     return features[~inapplicable].reset_index(drop=True)
@@ -350,6 +357,9 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
          "FP8 attention (--fp8-dot-product-attention) needs the fp8-delayed or fp8-current recipe"),
         (df.tp_only_amax_red.to_numpy() & (precision != "fp8-delayed"),
          "TP-only amax reduction (--tp-only-amax-red) applies to the fp8-delayed recipe's amax history"),
+        # TransformerConfig.__post_init__: "Storing activation input in FP8 is supported only for SwiGLU."
+        (df.activation_func_fp8_input_store.to_numpy() & (not _swiglu(model)),
+         "the activation input is kept in FP8 (activation_func_fp8_input_store) only for SwiGLU"),
         (df.fp8_attention.to_numpy() & ~df.flash_attention.to_numpy(),
          "FP8 attention runs in TransformerEngine's fused attention: it needs flash attention"),
         # TE module/base.py fill_userbuffers_buffer_for_all_gather: only delayed, current and MXFP8

@@ -261,8 +261,11 @@ def test_a_moe_layers_elementwise_work_is_in_proportion_to_what_it_saves(mixtral
     x = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
     eff = hw.efficiency
     expected = eff.elementwise_bytes_per_token_hidden / 34.0 * lt.activation_bytes(x, True, False)[0] / _hbm(hw) \
-        + eff.layer_overhead_s + eff.moe_layer_overhead_s
+        + eff.layer_overhead_s + eff.moe_expert_overhead_s  # 8 experts over ep 8: one local expert
     assert lt.forward_time(x, 0.0, 0.0, 0.0, True)[0] == pytest.approx(expected, rel=REL)
+    # At ep 2 a GPU holds 4 experts: TransformerEngine launches 4 GEMMs where it launched one.
+    two = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=2, sp=False, gbs=64)
+    assert lt.moe_expert_overhead(two)[0] == pytest.approx(4 * eff.moe_expert_overhead_s, rel=REL)
 
 
 def test_the_token_permutations_are_one_pass_each_way_and_a_sort_per_local_expert_group(mixtral, hw):
@@ -821,3 +824,21 @@ def test_fp8_attention_runs_both_gemms_at_the_fp8_peak(llama, hw):
     exponentials = 8192 * 8192 * 64 / 2 / 4  # the softmax stays on the SFUs
     expected = (attn_flops / (hw.fp8_tflops * 1e12) + exponentials / 4.2e12) / hw.efficiency.attention
     assert hw.fp8_tflops == 1979 and lt.attention_time(x)[0] == pytest.approx(expected, rel=REL)
+
+
+def test_an_fp8_kept_swiglu_input_halves_its_bytes_and_costs_its_casts(mixtral, hw):
+    """TransformerConfig.activation_func_fp8_input_store: Megatron's fused SwiGLU saves
+    input.to(float8_e4m3fn), 1 B per element of the gate and up outputs instead of 2, and converts
+    it back before the backward. Mixtral 8x7B at tp 1, ep 8, mbs 1: 4,096 tokens, each sent to 2
+    experts of FFN 14,336; the busiest rank has ``imbalance`` times the even share."""
+    base = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+    plain, kept = (_cands(mixtral, hw, activation_func_fp8_input_store=k, **base) for k in (False, True))
+    elements = 2 * 4096 * 2 * plain.imbalance[0] * 14336  # gate and up of every routed copy
+    assert (lt.stored_activation_bytes(plain, True) - lt.stored_activation_bytes(kept, True))[0] == pytest.approx(
+        elements * (2.0 - 1.0), rel=REL)
+    # To E4M3 after the forward (read 2, write 1), back to BF16 before the backward (read 1, write 2).
+    assert (lt.fp8_cast_time(kept, True) - lt.fp8_cast_time(plain, True))[0] == pytest.approx(
+        6.0 * elements / _hbm(hw), rel=REL)
+    # A dense layer's MLP keeps its SwiGLU input in FP8 too.
+    assert (lt.stored_activation_bytes(plain, False) - lt.stored_activation_bytes(kept, False))[0] == pytest.approx(
+        2 * 4096 * 14336 * 1.0, rel=REL)

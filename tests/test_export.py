@@ -220,3 +220,18 @@ def test_fp8_attention_is_refused_by_megatron_lm_exports_and_written_for_nemo():
         train_script(model, plan, io.load_hardware("h100-sxm"), "")
     assert "fp8-dot-product" not in " ".join(megatron_args(model, dataclasses.replace(plan, fp8_attention=False)))
     assert nemo2_recipe(model, plan)["model"]["config"]["fp8_dot_product_attention"] is True
+
+
+def test_an_fp8_kept_swiglu_input_is_written_where_a_config_takes_it():
+    """TransformerConfig.activation_func_fp8_input_store has no Megatron-LM flag (arguments.py,
+    d98e8a6, lists it among the fields without one): best.yaml says so, NeMo's configs set it."""
+    from autoparallel.report.export import export_document
+    model = io.load_model("llama3-70b")
+    plan = dataclasses.replace(CP2, activation_func_fp8_input_store=True)
+    doc = export_document(model, plan, {})
+    assert set(doc["megatron_lm_unflagged"]) == {"activation_func_fp8_input_store"}
+    assert "fp8-input-store" not in " ".join(megatron_args(model, plan))
+    assert nemo2_recipe(model, plan)["model"]["config"]["activation_func_fp8_input_store"] is True
+    assert nemo1_config(model, plan)["model"]["activation_func_fp8_input_store"] is True
+    assert "megatron_lm_unflagged" not in export_document(model, CP2, {})
+    assert "activation_func_fp8_input_store" not in nemo2_recipe(model, CP2)["model"]["config"]

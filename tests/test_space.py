@@ -81,3 +81,16 @@ def test_row_round_trips_to_a_plan(candidates):
 def test_bad_space_values_are_rejected():
     with pytest.raises(ValueError, match="precision \\['fp6'\\] is not one of"):
         SearchSpace(precision=("fp6",))
+
+
+def test_an_fp8_kept_activation_input_is_refused_off_swiglu(gpt175b, h100):
+    """TransformerConfig.__post_init__: "Storing activation input in FP8 is supported only for
+    SwiGLU" (GPT-3's MLP is GELU); a SwiGLU model is offered it where pinned."""
+    space = load_space().pinned(tp=8, pp=8, cp=1, mbs=1, activation_func_fp8_input_store=True)
+    gelu = generate(gpt175b, h100, 1024, 2048, space)
+    assert (gelu.reason != "").all() and gelu.reason.str.contains("only for SwiGLU").any()
+    llama = io.load_model("llama3-70b")
+    swiglu = generate(llama, h100, 64, 128, load_space().pinned(tp=8, pp=8, cp=1, mbs=1,
+                                                                  activation_func_fp8_input_store=True))
+    valid = swiglu[swiglu.reason == ""]
+    assert len(valid) and valid.activation_func_fp8_input_store.all()

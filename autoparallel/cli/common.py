@@ -16,7 +16,7 @@ FEATURE_FLAGS = ("sp", "recompute", "precision", "fp8_bf16_edge_layers", "tp_com
                  "distributed_optimizer", "overlap_dp_comm", "grad_reduce_in_fp32", "flash_attention", "fsdp",
                  "cpu_offloading_num_layers", "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type",
                  "fp8_param_gather", "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap",
-                 "fp8_attention", "tp_only_amax_red")
+                 "fp8_attention", "tp_only_amax_red", "activation_func_fp8_input_store")
 SETTING_FLAGS = ("pipeline_layout", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 # Never truncate in logs and pipes: a value cut to "fp8-de…" is worse than a wide line.
@@ -56,6 +56,9 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
                    help="FP8 dot-product attention (--fp8-dot-product-attention; fp8-delayed / fp8-current)")
     g.add_argument("--tp-only-amax-red", action=argparse.BooleanOptionalAction,
                    help="reduce the fp8-delayed recipe's amaxes over TP only, not TP x DP (--tp-only-amax-red)")
+    g.add_argument("--activation-func-fp8-input-store", action=argparse.BooleanOptionalAction,
+                   help="keep the SwiGLU's input for backward in FP8 (TransformerConfig."
+                        "activation_func_fp8_input_store; no Megatron-LM flag)")
     g.add_argument("--fsdp", action=argparse.BooleanOptionalAction,
                    help="fully sharded data parallel (Megatron-FSDP optim_grads_params) over dp*cp")
     g.add_argument("--cpu-offloading-num-layers", type=non_negative,

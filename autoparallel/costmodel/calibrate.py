@@ -162,7 +162,7 @@ MOE_FITTED = {
     "alltoall": (0.05, 1.0),
     "grouped_gemm_max": (0.2, 0.95),
     "grouped_gemm_half_gflop": (0.01, 500.0),
-    "moe_layer_overhead_s": (1e-6, 5e-3),
+    "moe_expert_overhead_s": (1e-7, 1e-3),
 }
 LOAD_IMBALANCE_BOUNDS = (1e-3, 2.0)
 

@@ -78,6 +78,7 @@ class Candidates:
     quantized_fraction: np.ndarray  # share of layers whose Linears run the FP8 or FP4 recipe
     quantized_input_bytes: np.ndarray  # bytes per element a quantized layer keeps of a Linear input
     quantized_weight_bytes: np.ndarray  # bytes per weight of its quantized copies (both layouts)
+    act_input_bytes: np.ndarray  # bytes per element kept of the activation's input (FP8 copy or BF16)
     first_layers: np.ndarray
     middle_layers: np.ndarray
     last_layers: np.ndarray
@@ -190,6 +191,8 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
         quantized_fraction=quantized_fraction,
         quantized_input_bytes=np.where(is_fp4, QUANTIZED_INPUT_BYTES["fp4"], QUANTIZED_INPUT_BYTES["fp8"]),
         quantized_weight_bytes=np.where(is_fp4, QUANTIZED_WEIGHT_BYTES["fp4"], QUANTIZED_WEIGHT_BYTES["fp8"]),
+        act_input_bytes=np.where(flag("activation_func_fp8_input_store"), memory.FP8_ACT_INPUT_BYTES,
+                                 memory.ACT_INPUT_BYTES),
         first_layers=first_layers, middle_layers=middle_layers, last_layers=last_layers,
         first_moe=first_moe, middle_moe=middle_moe, last_moe=last_moe,
         recomputed_fraction=np.where(full, n_recomputed / layers_per_chunk, 0.0),

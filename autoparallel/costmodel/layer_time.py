@@ -70,8 +70,10 @@ def activation_bytes(x: Candidates, is_moe: bool, keep_scores):
     keep); with ``keep_scores`` False counted in BF16 throughout (the tensors the elementwise
     kernels touch)."""
     fraction = x.quantized_fraction if keep_scores is not False else 0.0
+    act_in = x.act_input_bytes if keep_scores is not False else memory.ACT_INPUT_BYTES
     saved = memory.layer_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, keep_scores, fraction, moe=is_moe,
-                                          etp=x.et, imbalance=x.imbalance, quantized_bytes=x.quantized_input_bytes)
+                                          etp=x.et, imbalance=x.imbalance, quantized_bytes=x.quantized_input_bytes,
+                                          act_in=act_in)
     if keep_scores is False:
         return saved
     return saved + finetune.frozen_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction,
@@ -101,13 +103,24 @@ def forward_time(x: Candidates, t_linear, attention, softmax, is_moe: bool):
     """One layer's forward: GEMMs, attention core, elementwise kernels (norms, activation,
     residuals: bytes in proportion to what the layer saves), unfused softmax, fixed overhead:
     the kernel launches a CUDA graph replays in one
-    (``layer_overhead_s``) and a MoE layer's host sync on its token counts, which no graph
-    removes (``moe_layer_overhead_s``)."""
+    (``layer_overhead_s``) and a MoE layer's fixed cost per local expert (``moe_expert_overhead``),
+    which no graph removes."""
     eff = x.hw.efficiency
     t_elementwise = eff.elementwise_bytes_per_token_hidden / 34.0 * activation_bytes(x, is_moe, False) / x.hbm
     launches = np.where(x.cuda_graph == "none", eff.layer_overhead_s, 0.0)
-    overhead = launches + (eff.moe_layer_overhead_s if is_moe else 0.0)
+    overhead = launches + (moe_expert_overhead(x) if is_moe else 0.0)
     return t_linear + attention + t_elementwise + softmax + overhead
+
+
+def moe_expert_overhead(x: Candidates):
+    """A MoE layer's forward pays a fixed cost per local expert (``moe_expert_overhead_s``):
+    TransformerEngine's GroupedLinear runs its grouped GEMM as one cuBLAS GEMM per expert
+    (``multi_stream_cublas_gemm`` loops over them, ``transformer_engine/common/gemm/cublaslt_gemm.cu``
+    at d0067d0; CUTLASS's single grouped kernel only on Hopper under NVTE_USE_CUTLASS_GROUPED_GEMM)
+    and splits and quantizes each expert's input apart, so launches and the per-GEMM tail grow with
+    the experts a GPU holds, not with their tokens. Its backward pays it twice again (dgrad and
+    wgrad GEMMs per expert: ``compute_time``'s 3x the forward)."""
+    return x.hw.efficiency.moe_expert_overhead_s * moe.local_experts(x.model, x.e)
 
 
 def compute_time(x: Candidates, forward, t_linear):
@@ -147,12 +160,27 @@ def gemm_input_elements(x: Candidates, is_moe: bool) -> float:
     return attention + model.moe_router_topk * (h + model.expert_ffn_hidden_size) + shared
 
 
+def activation_input_elements(x: Candidates, is_moe: bool):
+    """Elements per GPU of the activation's input (gate and up) in one layer: the MLP's, or a MoE
+    layer's routed copies (``imbalance`` times the even share, ETP-split FFN) and shared experts'."""
+    model, tokens = x.model, x.tokens / x.t
+    if not is_moe:
+        return 2.0 * tokens * model.ffn_hidden_size
+    routed = tokens * model.moe_router_topk * x.imbalance * model.expert_ffn_hidden_size
+    return 2.0 * (routed + tokens * (model.shared_expert_ffn_hidden_size or 0))
+
+
 def fp8_cast_time(x: Candidates, is_moe: bool):
     """Casting the GEMM inputs (forward) and output gradients (backward) to FP8 or NVFP4: HBM
-    traffic (``candidates.CAST_BYTES``; a frozen LoRA base: ``finetune.cast_bytes``)."""
+    traffic (``candidates.CAST_BYTES``; a frozen LoRA base: ``finetune.cast_bytes``); and where
+    the SwiGLU's input is kept in FP8 (``activation_func_fp8_input_store``), its cast to E4M3 after
+    the forward (2 B read, 1 B written) and back to BF16 before the backward (1 B read, 2 B
+    written)."""
     cast_elements = 2.0 * x.tokens * gemm_input_elements(x, is_moe) / x.t
     per_element = finetune.cast_bytes(x.model, x.cast_bytes, x.quantized_input_bytes)
-    return x.quantized_fraction * cast_elements * per_element / x.hbm
+    stored = x.act_input_bytes < memory.ACT_INPUT_BYTES
+    store = np.where(stored, 2.0 * (memory.ACT_INPUT_BYTES + memory.FP8_ACT_INPUT_BYTES), 0.0)
+    return (x.quantized_fraction * cast_elements * per_element + store * activation_input_elements(x, is_moe)) / x.hbm
 
 
 def norm_recompute_time(x: Candidates):
@@ -252,7 +280,7 @@ def stored_activation_bytes(x: Candidates, is_moe: bool):
     else its activations less what selective recompute spares."""
     spared = memory.recomputed_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction, is_moe, x.et,
                                      x.imbalance, x.modules["mla_up_proj"], x.modules["moe_act"], x.modules["moe"],
-                                     x.quantized_input_bytes, x.modules["layernorm"])
+                                     x.quantized_input_bytes, x.modules["layernorm"], x.act_input_bytes)
     return (x.recomputed_fraction * memory.layer_input_bytes(x.model, x.b, x.s_local, x.t, x.sp)
             + (1 - x.recomputed_fraction) * (activation_bytes(x, is_moe, x.keep_scores) - spared))
 

@@ -10,7 +10,9 @@ masks are counted only when the model has dropout (``hidden_dropout`` / ``attent
 Under an FP8 recipe TransformerEngine keeps, of each Linear's input, only the FP8 copy the
 weight-gradient GEMM reads (1 B per element instead of 2; under NVFP4 its column-wise NVFP4 copy,
 0.5625 B): the QKV, projection, FC1 and FC2
-inputs; the norms' inputs, Q/K/V for attention and the activation's input stay BF16.
+inputs; the norms' inputs, Q/K/V for attention and the activation's input stay BF16 (the SwiGLU's
+input is kept as an E4M3 copy, 1 B, where TransformerConfig.activation_func_fp8_input_store is set:
+Megatron's fused ``bias_swiglu`` / ``weighted_bias_swiglu`` save ``input.to(torch.float8_e4m3fn)``).
 
 The loss keeps the FP32 softmax of the logits (4 B per token and vocabulary entry, Megatron's
 ``_VocabParallelCrossEntropy``), and while it is computed the BF16 logits exist beside it (2 B).
@@ -66,6 +68,8 @@ SOFTMAX_BYTES = 4.0  # the FP32 softmax the cross-entropy keeps for backward
 LOGITS_TRANSIENT_BYTES = 2.0  # the BF16 logits beside it while the loss is computed
 EMBEDDING_INPUT_BYTES = 8.0  # int64 token ids per token, per micro-batch in flight
 ROUTER_INPUT_BYTES = 2.0  # the MoE router's BF16 input
+ACT_INPUT_BYTES = 2.0  # per element of the activation's input: BF16 ...
+FP8_ACT_INPUT_BYTES = 1.0  # ... or its E4M3 copy (TransformerConfig.activation_func_fp8_input_store, SwiGLU only)
 
 
 def gemm_input_bytes(fp8_fraction, quantized_bytes=FP8_GEMM_INPUT_BYTES):
@@ -98,14 +102,14 @@ def bytes_per_attention_score(model: ModelSpec) -> float:
     return SOFTMAX_OUTPUT_BYTES + (ATTENTION_DROPOUT_BYTES if model.attention_dropout else 0.0)
 
 
-def _per_ffn_unit(model: ModelSpec, gemm_in):
-    """Bytes per token and FFN unit: the activation's input (two tensors for a gated MLP) and
-    the FC2 input."""
-    return (4.0 if model.gated_mlp else 2.0) + gemm_in
+def _per_ffn_unit(model: ModelSpec, gemm_in, act_in=ACT_INPUT_BYTES):
+    """Bytes per token and FFN unit: the activation's input (two tensors for a gated MLP, ``act_in``
+    bytes per element) and the FC2 input."""
+    return (2.0 if model.gated_mlp else 1.0) * act_in + gemm_in
 
 
 def sharded_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0, moe: bool = False,
-                                   quantized_bytes=FP8_GEMM_INPUT_BYTES):
+                                   quantized_bytes=FP8_GEMM_INPUT_BYTES, act_in=ACT_INPUT_BYTES):
     """Activation bytes per token and hidden unit that tensor parallel shards (24 for GPT):
     Q, K and V, the attention output (the projection's input), the activation's input (two
     tensors for a gated MLP) and the FC2 input; in a MoE layer, of the shared experts only (the
@@ -118,18 +122,18 @@ def sharded_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0, moe: bool
         kv = model.query_groups / heads
         attention = (2.0 + 4.0 * kv + gemm_in) * heads * model.head_dim / h
     ffn = model.shared_expert_ffn_hidden_size if moe else model.ffn_hidden_size
-    return attention + _per_ffn_unit(model, gemm_in) * ffn / h
+    return attention + _per_ffn_unit(model, gemm_in, act_in) * ffn / h
 
 
 def routed_expert_bytes(model: ModelSpec, tokens, etp, imbalance, fp8_fraction=0.0,
-                        quantized_bytes=FP8_GEMM_INPUT_BYTES):
+                        quantized_bytes=FP8_GEMM_INPUT_BYTES, act_in=ACT_INPUT_BYTES):
     """What one MoE layer's routed experts save on one GPU for ``tokens`` tokens dispatched from
     it: per token copy (k per token, ``imbalance`` times the even share on the busiest GPU) the
     FC1 input gathered over ETP, the FFN tensors (split by ETP over etp times the tokens) and the
     FP32 probability (the weighted activation's second input)."""
     gemm_in = gemm_input_bytes(fp8_fraction, quantized_bytes)
     h, ffn = model.hidden_size, model.expert_ffn_hidden_size
-    per_copy = etp * gemm_in * h + _per_ffn_unit(model, gemm_in) * ffn + 4.0
+    per_copy = etp * gemm_in * h + _per_ffn_unit(model, gemm_in, act_in) * ffn + 4.0
     return tokens * model.moe_router_topk * imbalance * per_copy
 
 
@@ -151,7 +155,8 @@ def norm_output_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, mo
 
 
 def recomputed_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, etp, imbalance,
-                     mla_up_proj, moe_act, moe_layer, quantized_bytes=FP8_GEMM_INPUT_BYTES, layernorm=False):
+                     mla_up_proj, moe_act, moe_layer, quantized_bytes=FP8_GEMM_INPUT_BYTES, layernorm=False,
+                     act_in=ACT_INPUT_BYTES):
     """What selective recompute of these Megatron modules spares a layer from keeping:
     ``mla_up_proj`` Q, K and V of multi-latent attention; ``moe_act`` the routed experts' FC2
     inputs (the activation's output); ``moe_layer`` everything the MoE block keeps but its input
@@ -164,29 +169,32 @@ def recomputed_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, etp
         heads = model.num_attention_heads
         out = out + np.where(mla_up_proj, tokens * 2.0 * heads * (2 * model.qk_dim + model.v_dim), 0.0)
     if moe:
-        routed = routed_expert_bytes(model, tokens, etp, imbalance, fp8_fraction, quantized_bytes)
+        routed = routed_expert_bytes(model, tokens, etp, imbalance, fp8_fraction, quantized_bytes, act_in)
         act = tokens * model.moe_router_topk * imbalance * gemm_in * model.expert_ffn_hidden_size
         shared_ffn = model.shared_expert_ffn_hidden_size
         shared_input = np.where(sp, gemm_in * b * s * model.hidden_size / t, gemm_in * b * s * model.hidden_size)
-        shared = (shared_input + tokens * _per_ffn_unit(model, gemm_in) * shared_ffn) if shared_ffn else 0.0
+        shared = (shared_input + tokens * _per_ffn_unit(model, gemm_in, act_in) * shared_ffn) if shared_ffn else 0.0
         out = out + np.where(moe_layer, routed + shared, np.where(moe_act, act, 0.0))
     return out
 
 
 def layer_activation_bytes(model: ModelSpec, b, s, t, sp, keep_scores, fp8_fraction=0.0,
-                           moe: bool = False, etp=1, imbalance=1.0, quantized_bytes=FP8_GEMM_INPUT_BYTES):
+                           moe: bool = False, etp=1, imbalance=1.0, quantized_bytes=FP8_GEMM_INPUT_BYTES,
+                           act_in=ACT_INPUT_BYTES):
     """Bytes one layer saves for backward for one micro-batch of ``b`` sequences of ``s`` tokens.
 
     ``keep_scores``: the s×s attention probabilities are stored (no flash attention and no
     selective recompute). ``fp8_fraction``: share of layers whose Linears run an FP8 recipe.
     ``moe``: a MoE layer (its routed experts over ``etp``, the busiest GPU's ``imbalance``).
+    ``act_in``: bytes kept per element of the activation's input (``FP8_ACT_INPUT_BYTES`` when
+    Megatron keeps it in FP8).
     """
     sbh = b * s * model.hidden_size
     replicated_bytes = replicated_bytes_per_token_hidden(model, fp8_fraction, moe, quantized_bytes)
     replicated = np.where(sp, replicated_bytes / t, replicated_bytes)
-    per_token = replicated + sharded_bytes_per_token_hidden(model, fp8_fraction, moe, quantized_bytes) / t
+    per_token = replicated + sharded_bytes_per_token_hidden(model, fp8_fraction, moe, quantized_bytes, act_in) / t
     scores = bytes_per_attention_score(model) * model.num_attention_heads * s * s * b / t
-    routed = routed_expert_bytes(model, b * s / t, etp, imbalance, fp8_fraction, quantized_bytes) if moe else 0.0
+    routed = routed_expert_bytes(model, b * s / t, etp, imbalance, fp8_fraction, quantized_bytes, act_in) if moe else 0.0
     return sbh * per_token + np.where(keep_scores, scores, 0.0) + routed
 
 

@@ -210,10 +210,16 @@ def bridge_precision(plan: Plan) -> dict:
     return {"recipe": BRIDGE_PRECISION_RECIPES[plan.precision], "fields": fields}
 
 
-# TransformerConfig.tp_only_amax_red has no Megatron-LM flag (arguments.py leaves it out of the
-# flags it generates from TransformerConfig); NeMo 1/2 and Megatron-Bridge set it on the config.
-MEGATRON_LM_UNFLAGGED = {"tp_only_amax_red": "TransformerConfig.tp_only_amax_red=True has no Megatron-LM flag: the "
-                                             "nemo / nemo2 configs here set it, Megatron-Bridge on its model provider"}
+# TransformerConfig fields with no Megatron-LM flag (arguments.py leaves them out of the flags it
+# generates from TransformerConfig, d98e8a6); NeMo 1/2 and Megatron-Bridge set them on the config.
+UNFLAGGED_FIELDS = ("tp_only_amax_red", "activation_func_fp8_input_store")
+MEGATRON_LM_UNFLAGGED = {name: f"TransformerConfig.{name}=True has no Megatron-LM flag: the nemo / nemo2 configs "
+                               "here set it, Megatron-Bridge on its model provider" for name in UNFLAGGED_FIELDS}
+
+
+def unflagged(plan: Plan) -> dict:
+    """The plan's TransformerConfig settings that no Megatron-LM flag can set, each with why."""
+    return {name: why for name, why in MEGATRON_LM_UNFLAGGED.items() if getattr(plan, name)}
 
 
 def export_document(model: ModelSpec, plan: Plan, metrics: dict, gpus_per_node: int = 8) -> dict:
@@ -228,5 +234,5 @@ def export_document(model: ModelSpec, plan: Plan, metrics: dict, gpus_per_node: 
         "nemo2": {"unsupported": why} if why else nemo2_recipe(model, plan, gpus_per_node),
         "megatron_bridge_mixed_precision": bridge_precision(plan),
         "transformer_engine_recipe": te_recipe(plan),
-        **({"megatron_lm_unflagged": MEGATRON_LM_UNFLAGGED} if plan.tp_only_amax_red else {}),
+        **({"megatron_lm_unflagged": why} if (why := unflagged(plan)) else {}),
     }

@@ -120,8 +120,9 @@ def nemo1_config(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
     if plan.is_fp8:
         m.update({"fp8_e4m3": fp8["fp8"] == "e4m3", "fp8_hybrid": fp8["fp8"] == "hybrid",
                   **{k: v for k, v in fp8.items() if k != "fp8"}})
-    if plan.tp_only_amax_red:  # megatron_base_model reads it into TransformerConfig
-        m["tp_only_amax_red"] = True
+    for name in ("tp_only_amax_red", "activation_func_fp8_input_store"):
+        if getattr(plan, name):  # megatron_base_model reads it into TransformerConfig
+            m[name] = True
     return {"trainer": _trainer(plan, gpus_per_node, "16-mixed" if plan.precision == "fp16" else "bf16-mixed"),
             "model": m}
 
@@ -192,8 +193,9 @@ def nemo2_recipe(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
         config["pipeline_model_parallel_layout"] = plan.pipeline_model_parallel_layout
     if plan.fp8_attention:
         config["fp8_dot_product_attention"] = True
-    if plan.tp_only_amax_red:
-        config["tp_only_amax_red"] = True
+    for name in ("tp_only_amax_red", "activation_func_fp8_input_store"):
+        if getattr(plan, name):
+            config[name] = True
     config.update(moe_export.config_keys(model, plan))
     trainer = _trainer(plan, gpus_per_node, plugins.pop("precision"))
     return {

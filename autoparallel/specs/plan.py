@@ -105,6 +105,10 @@ class Plan:
     # only; by default (Megatron, TransformerEngine) over TP x DP x CP, a blocking all-reduce at
     # every model chunk's forward and backward (``layer_time.amax_reduction_time``).
     tp_only_amax_red: bool = False
+    # TransformerConfig.activation_func_fp8_input_store: the SwiGLU's input (gate and up, of the
+    # MLP and of every expert) is kept for the backward pass as an FP8 (E4M3) copy, 1 B per
+    # element instead of 2 (Megatron's fused bias_swiglu / weighted_bias_swiglu; no Megatron-LM flag).
+    activation_func_fp8_input_store: bool = False
     # --fp8-param-gather: the FP8 weights are the parameters (no BF16 copy is kept) and the
     # distributed optimizer all-gathers them in FP8, 1 B per parameter instead of 2.
     fp8_param_gather: bool = False
