@@ -43,8 +43,8 @@ MLP_GRAPHS = {"LLAMA3_70B_SFT_CONFIG_GB300_BF16_V1", "LLAMA3_70B_SFT_CONFIG_GB30
 RECOMPUTE_LAYERS = {"LLAMA3_70B_LORA_CONFIG_H100_BF16_V1": 1}
 # SQuAD v1.1 packed to the sequence length: the mean document length is published nowhere. 200 tokens
 # is what NeMo 24.07's table of the same packed SQuAD implies (nemo_finetune_runs.csv, Llama 2's
-# tokenizer; Llama 3's is denser). At 4,096 tokens it moves a prediction by about 0.1 % per 100 tokens
-# (python benchmarks/bench_newer_finetune.py).
+# tokenizer; Llama 3's is denser). At 4,096 tokens it moves a prediction by 0.1-0.3 % per 100 tokens;
+# unpacked data (the launcher's default --data mock) by 6-8 % (python benchmarks/bench_newer_finetune.py).
 SQUAD_DOCUMENT_TOKENS = 200
 
 COMMON = (
