@@ -108,6 +108,9 @@ def rows(git_dir: str) -> tuple[list[dict], set[str]]:
                                      precision=precision_note(prec))
                 if layers:
                     note += f"recompute_num_layers {layers} (full, block); "
+                if dp > 1 and layout["pp"] > 1 and layout["vp"] > 1 and prec in ("BF16", "FP8"):
+                    note += ("overlap_param_gather_with_optimizer_step True (utils/overrides.py set_post_overrides: "
+                             "DP, PP and VP > 1, not MXFP8), not priced; ")
                 note += (LORA if task == "lora" else "SFT: every weight trains; ")
                 note += DATA.format(why=WHY[task], d=SQUAD_DOCUMENT_TOKENS)
                 rid = (f"bridge-{release}-{model}-{task}-{gpu}-{gpus}gpu-{PRECISIONS[prec]}-tp{layout['tp']}"
