@@ -39,9 +39,10 @@ TRAINING_RUNS = ("training_runs.csv", "training_runs_more.csv", "training_runs_p
 # submissions, tuned far beyond the published recipes the constants describe, stay a held-out test;
 # NVIDIA's runs newer than the fit (Megatron-Bridge's 26.02-26.08 summaries, Megatron-LM's
 # DeepSeek-V3 GB200 guide) are the runs the fit did not see; NeMo's fine-tuning table
-# (nemo_finetune_runs.csv) is predicted only too: no fit has fine-tuning rows.
+# (nemo_finetune_runs.csv) and Megatron-Bridge's newer SFT / LoRA tables (finetune_runs_newer.csv) are
+# predicted only too: no fit has fine-tuning rows.
 VALIDATION_ONLY_RUNS = ("mlperf_training_gpt3.csv", "mlperf_training_lora_hopper.csv", "training_runs_newer.csv",
-                        "nemo_finetune_runs.csv")
+                        "nemo_finetune_runs.csv", "finetune_runs_newer.csv")
 VALIDATION_ONLY_SOURCES = ("mlperf", "mlperflora", "bridge", "megatron", "nemoft")
 NEWER_SOURCES = ("bridge", "megatron")
 LOAD_BALANCE_RUNS = "moe_load_balance.csv"
@@ -325,13 +326,13 @@ class PreparedRow:
     @property
     def kind(self) -> str:
         """dense, moe, mlperf (the validation-only MLPerf GPT-3 rows), lora or sft (fine-tuning
-        rows: MLPerf's LoRA, NeMo's table), dense-newer and moe-newer (NVIDIA's runs newer than the
-        fit), each reported apart."""
+        rows: MLPerf's LoRA, NeMo's table), dense-newer, moe-newer, sft-newer and lora-newer
+        (NVIDIA's runs newer than the fit), each reported apart."""
         newer = assumptions_key(self.id) in NEWER_SOURCES
         if self.model.is_moe:
             return "moe-newer" if newer else "moe"
         if self.model.finetune is not None:
-            return "lora" if self.model.finetune.lora else "sft"
+            return ("lora" if self.model.finetune.lora else "sft") + ("-newer" if newer else "")
         if newer:
             return "dense-newer"
         return "mlperf" if self.validation_only else "dense"

@@ -5,8 +5,9 @@ The runs are the rows of ``training_runs.csv``, ``training_runs_more.csv`` and
 reported apart (``kind``), and MLPerf Training's GPT-3 submissions (``mlperf_training_gpt3.csv``,
 kind ``mlperf``: every knob pinned as submitted; predicted, never fitted, not even in the refits) and
 NVIDIA's runs newer than the fit (``training_runs_newer.csv``: Megatron-Bridge's summaries after
-25.11 and Megatron-LM's DeepSeek-V3 GB200 guide, kinds ``dense-newer`` / ``moe-newer``, never
-fitted either). Each row pins the layout it states; what the source leaves unstated (recompute, CPU
+25.11 and Megatron-LM's DeepSeek-V3 GB200 guide, kinds ``dense-newer`` / ``moe-newer``;
+``finetune_runs_newer.csv``: those summaries' SFT and LoRA tables, kinds ``sft-newer`` /
+``lora-newer``; never fitted either). Each row pins the layout it states; what the source leaves unstated (recompute, CPU
 offload and overlap for NeMo) is taken from what the source documents: the recipe the row ran
 (``data/recipe_settings.yaml``), else the source's defaults (``search_spaces/validation.yaml``);
 only what nothing documents (Narayanan's micro-batch size, the newer releases' recipes not read

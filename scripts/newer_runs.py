@@ -80,8 +80,9 @@ def release_key(release: str) -> tuple[int, ...]:
     return tuple(int(p) for p in release.split("."))
 
 
-def tables(text: str):
-    """(release, model title, header cells, row cells) of every pre-training table."""
+def tables(text: str, wanted: str = "Pre-Training Performance"):
+    """(release, model title, header cells, row cells) of every table of section ``wanted`` (the
+    pre-training tables; "SFT Performance" and "LoRA Performance" for newer_finetune_runs.py)."""
     release = section = model = None
     header: list[str] = []
     for line in text.splitlines():
@@ -91,7 +92,7 @@ def tables(text: str):
             section = line[4:].strip()
         elif m := re.match(r"#### Model: (.+)", line):
             model, header = m.group(1).strip(), []
-        elif line.startswith("|") and release and section == "Pre-Training Performance" and model:
+        elif line.startswith("|") and release and section == wanted and model:
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if not header:
                 header = cells
@@ -143,6 +144,16 @@ def rows(git_dir: str) -> tuple[list[dict], set[str]]:
     return out + [{**deepseek, **MEGATRON_GUIDE}], skipped
 
 
+def whole_numbers(frame: pd.DataFrame) -> pd.DataFrame:
+    """Columns of whole numbers print as such ("256", not "256.0"), the measurements as published."""
+    for c in frame:
+        values = pd.to_numeric(frame[c], errors="coerce")
+        if values.notna().any() and values.notna().sum() == frame[c].replace("", None).notna().sum() \
+                and (values.dropna() % 1 == 0).all() and not c.startswith("measured_"):
+            frame[c] = values.astype("Int64")
+    return frame
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--git-dir", default="/work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo")
@@ -152,12 +163,7 @@ def main() -> None:
         "fp8_param_gather", "precision_aware_optimizer", "grad_reduce_in_fp32", "cuda_graph",
         "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
         "account_for_loss_in_pipeline_split"]
-    frame = pd.DataFrame(found).reindex(columns=columns)
-    for c in frame:  # whole numbers print as such ("256", not "256.0")
-        values = pd.to_numeric(frame[c], errors="coerce")
-        if values.notna().any() and values.notna().sum() == frame[c].replace("", None).notna().sum() \
-                and (values.dropna() % 1 == 0).all() and not c.startswith("measured_"):
-            frame[c] = values.astype("Int64")
+    frame = whole_numbers(pd.DataFrame(found).reindex(columns=columns))
     assert frame["id"].is_unique, frame["id"][frame["id"].duplicated()].tolist()
     frame.to_csv(OUT, index=False)
     print(f"{len(frame)} rows -> {OUT.relative_to(ROOT)}; skipped (no preset): {', '.join(sorted(skipped))}")

@@ -43,6 +43,19 @@ def test_every_published_run_is_a_fitting_candidate(row):
     _check(measured_runs.model_from_row(row), str(row["gpu"]), int(row["num_gpus"]), knobs)
 
 
+def _finetune_rows():
+    """Megatron-Bridge's newer SFT / LoRA rows (issue 27): fine-tuning layouts the default space must offer."""
+    from autoparallel import resources
+    frame = measured_runs.read_runs_table(resources.data_file("finetune_runs_newer.csv"), measured_runs.RUN_COLUMNS)
+    return [row for _, row in frame.iterrows()]
+
+
+@pytest.mark.parametrize("row", _finetune_rows(), ids=lambda r: r["id"])
+def test_every_newer_finetuning_run_is_a_fitting_candidate(row):
+    knobs = {k: v for k, v in measured_runs._pins(row).items() if k in STATED} | {"gbs": row["gbs"]}
+    _check(measured_runs.model_from_row(row), str(row["gpu"]), int(row["num_gpus"]), knobs)
+
+
 @pytest.mark.parametrize("name, entry", _yaml_entries(), ids=lambda v: str(v))
 def test_every_layout_in_published_layouts_yaml_is_a_fitting_candidate(name, entry):
     _check(io.load_model(name), entry["gpu"], entry["gpus"], entry)

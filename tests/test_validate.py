@@ -256,7 +256,8 @@ def test_mlperf_rows_are_never_fitted(full_report, report):
 def test_summary_reports_sources_and_gpus_with_held_out_errors(full_report):
     s = validate.summary(full_report)
     assert list(s.by.unique()) == ["kind", "source", "gpu", "system"]
-    assert set(s[s.by == "kind"].group) == {"dense", "moe", "mlperf", "lora", "sft", "dense-newer", "moe-newer"}
+    assert set(s[s.by == "kind"].group) == {"dense", "moe", "mlperf", "lora", "sft", "dense-newer", "moe-newer",
+                                            "sft-newer", "lora-newer"}
     assert {"heldout_mean_abs_error_pct", "heldout_max_abs_error_pct"} <= set(s.columns)
     assert (s.heldout_mean_abs_error_pct >= 0).all()
 
@@ -488,3 +489,65 @@ def test_nemo_lora_rows_are_no_worse_than_reached(nemo_finetune_report):
 def test_nemo_lora_rows_meet_the_target(nemo_finetune_report):
     lora = nemo_finetune_report[nemo_finetune_report.kind == "lora"]
     assert lora.error_pct.abs().mean() <= 10.0
+
+
+# Megatron-Bridge's newer fine-tuning tables (issue 27): 26.06's Llama 3 70B SFT and LoRA runs on GB300,
+# GB200 and H100 (autoparallel/data/finetune_runs_newer.csv, written by scripts/newer_finetune_runs.py
+# from the 067f987df0 summaries and Bridge v0.5.0's performance scripts), never fitted.
+NEWER_FINETUNE = "finetune_runs_newer.csv"
+# Reached 2026-11-27 (mean |error| %, in sample and held out): SFT 12.78 / 8.21, LoRA 8.18 / 9.73; plus the
+# rounding. The MXFP8 rows are predicted faster than the FP8 ones, measured slower (SFT on GB200 +24.7 %).
+NEWER_FINETUNE_REACHED = {"sft-newer": (12.8, 8.3), "lora-newer": (8.2, 9.8)}
+
+
+@pytest.fixture(scope="module")
+def newer_finetune_report(full_report):
+    return full_report[full_report.kind.isin(["sft-newer", "lora-newer"])]
+
+
+def test_the_newer_finetuning_runs_load_and_every_row_is_priced(newer_finetune_report):
+    from autoparallel import resources
+    from autoparallel.measured_runs import RUN_COLUMNS, VALIDATION_ONLY_RUNS, read_runs_table
+    assert NEWER_FINETUNE in VALIDATION_ONLY_RUNS
+    frame = read_runs_table(resources.data_file(NEWER_FINETUNE), RUN_COLUMNS)
+    assert sorted(newer_finetune_report.id) == sorted(frame.id)  # none skipped
+    assert newer_finetune_report.kind.value_counts().to_dict() == {"sft-newer": 5, "lora-newer": 5}
+    assert set(newer_finetune_report.source) == {"bridge 26.06"}
+    assert set(newer_finetune_report.gpu) == {"gb300", "gb200", "h100-sxm"}
+    assert (newer_finetune_report.metric == "tokens_per_s_per_gpu").all()
+    # Every setting cites the Bridge release that ran it; the unstated dataset is said so.
+    assert frame.notes.str.contains("Megatron-Bridge fcbb603110:").all()
+    assert frame.notes.str.contains("dataset not stated by the summary").all()
+
+
+def test_the_newer_finetuning_layouts_fit_as_run(newer_finetune_report):
+    assert newer_finetune_report.fits.all(), list(newer_finetune_report.id[~newer_finetune_report.fits])
+
+
+def test_the_newer_finetuning_rows_are_never_fitted(newer_finetune_report):
+    """Held out by model like every row (a refit without the 70B models); no fit sees them, so no
+    system fold either (as the other newer rows)."""
+    assert newer_finetune_report.heldout_system_error_pct.isna().all()
+    assert (newer_finetune_report.heldout_predicted != newer_finetune_report.predicted).all()
+
+
+@pytest.mark.parametrize("kind", ["sft-newer", "lora-newer"])
+def test_newer_finetuning_errors_do_not_regress(newer_finetune_report, kind):
+    """Regression guard at the figures reached (not a target): mean |error| in sample and held out."""
+    rows = newer_finetune_report[newer_finetune_report.kind == kind]
+    mean, held = NEWER_FINETUNE_REACHED[kind]
+    assert rows.error_pct.abs().mean() <= mean and rows.heldout_error_pct.abs().mean() <= held
+
+
+def test_newer_lora_rows_meet_the_target(newer_finetune_report):
+    """Issue 27: the fine-tuning rows' mean |error| <= 10 %, in sample and held out."""
+    lora = newer_finetune_report[newer_finetune_report.kind == "lora-newer"]
+    assert lora.error_pct.abs().mean() <= 10.0 and lora.heldout_error_pct.abs().mean() <= 10.0
+
+
+@pytest.mark.xfail(strict=True, reason="issue 27 target: fine-tuning rows' mean |error| <= 10 %; Megatron-Bridge "
+                                       "26.06's five Llama 3 70B SFT rows are 12.8 % in sample (held out 8.2 %) on "
+                                       "2026-11-27: MXFP8 on GB200 +24.7 %, on GB300 +19.1 %")
+def test_newer_sft_rows_meet_the_target(newer_finetune_report):
+    sft = newer_finetune_report[newer_finetune_report.kind == "sft-newer"]
+    assert sft.error_pct.abs().mean() <= 10.0 and sft.heldout_error_pct.abs().mean() <= 10.0
