@@ -171,7 +171,8 @@ def _pins(row: pd.Series) -> dict:
     # The published FSDP size is dp*cp (64 on 64 GPUs at TP1 PP1); a few rows say only "1" (on).
     pins["fsdp"] = _given(row, "fsdp") and int(row["fsdp"]) >= 1
     for knob in ("distributed_optimizer", "tp_comm_overlap", "grad_reduce_in_fp32", "flash_attention",
-                 "fp8_param_gather", "precision_aware_optimizer", "fp8_attention", "tp_only_amax_red"):
+                 "fp8_param_gather", "precision_aware_optimizer", "fp8_attention", "tp_only_amax_red",
+                 "param_remainders"):
         if _given(row, knob):
             pins[knob] = bool(int(row[knob]))
     if _given(row, "overlap_grad_reduce"):
@@ -225,7 +226,8 @@ def recipe_for(row: pd.Series, recipes: dict | None) -> dict:
 VARIANT_KNOBS = {"mbs": "mbs", "recompute": "recompute", "recompute_num_layers": "recompute_layers",
                  "recompute_modules": "recompute_modules", "cpu_offloading_num_layers": "offload",
                  "tp_comm_overlap": "tp_overlap", "fp8_param_gather": "fp8_param_gather",
-                 "precision_aware_optimizer": "precision_aware", "cuda_graph": "cuda_graph",
+                 "precision_aware_optimizer": "precision_aware", "param_remainders": "remainders",
+                 "cuda_graph": "cuda_graph",
                  "moe_token_dispatcher_type": "dispatcher", "overlap_moe_expert_parallel_comm": "a2a_overlap"}
 MOE_VARIANT_KNOBS = ("moe_token_dispatcher_type", "overlap_moe_expert_parallel_comm")
 # The search-space knob whose values a variant knob is chosen from.

@@ -90,7 +90,7 @@ class Candidates:
     fp8_param_share: np.ndarray  # share of layer weights kept only in FP8 (--fp8-param-gather)
     gather_bytes: np.ndarray  # bytes per parameter of the parameter all-gather (BF16, FP8 share at 1)
     moment_bytes: np.ndarray  # bytes of each Adam moment (FP32, BF16 with the precision-aware optimizer)
-    master_bytes: np.ndarray  # bytes of each master weight (FP32, its 16-bit remainder when precision-aware)
+    master_bytes: np.ndarray  # bytes of each master weight (FP32; 16 bits when precision-aware or param_remainders)
     dp_group: np.ndarray  # dense parameters are replicated over dp*cp GPUs
     dp_per_node: np.ndarray
     edp_group: np.ndarray  # experts over dp*cp*tp / (ep*etp): Megatron's parallel folding
@@ -199,7 +199,7 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
         gather_bytes=memory.WEIGHT_BYTES - (memory.WEIGHT_BYTES - memory.FP8_WEIGHT_BYTES) * fp8_param_share,
         moment_bytes=np.where(flag("precision_aware_optimizer"), memory.BF16_MOMENT_BYTES, memory.ADAM_MOMENT_BYTES),
         # store_param_remainders applies only without FP8 parameters (use_precision_aware_optimizer_no_fp8_or_ds_fp8)
-        master_bytes=np.where(flag("precision_aware_optimizer") & ~flag("fp8_param_gather"),
+        master_bytes=np.where((flag("precision_aware_optimizer") & ~flag("fp8_param_gather")) | flag("param_remainders"),
                               memory.MASTER_REMAINDER_BYTES, memory.MASTER_WEIGHT_BYTES),
         dp_group=dp_group, dp_per_node=comm.ranks_per_domain(hw, dp_group, t),
         edp_group=edp_group, edp_per_node=comm.ranks_per_domain(hw, edp_group, e * et),

@@ -213,7 +213,20 @@ def bridge_precision(plan: Plan) -> dict:
 # TransformerConfig.tp_only_amax_red has no Megatron-LM flag (arguments.py leaves it out of the
 # flags it generates from TransformerConfig); NeMo 1/2 and Megatron-Bridge set it on the config.
 MEGATRON_LM_UNFLAGGED = {"tp_only_amax_red": "TransformerConfig.tp_only_amax_red=True has no Megatron-LM flag: the "
-                                             "nemo / nemo2 configs here set it, Megatron-Bridge on its model provider"}
+                                             "nemo / nemo2 configs here set it, Megatron-Bridge on its model provider",
+                         # Megatron-Core keeps master remainders only under --use-precision-aware-optimizer
+                         # without FP8 parameters (OptimizerConfig.store_param_remainders).
+                         "param_remainders": "16-bit master-weight remainders without the precision-aware optimizer "
+                                             "are Apex DistributedFusedAdam's (the nemo config's distributed_fused_adam); "
+                                             "Megatron-LM keeps FP32 master weights there"}
+
+
+def megatron_lm_unflagged(plan: Plan) -> dict:
+    """The plan's settings the Megatron-LM flags cannot state, each with what does state it."""
+    unflagged = {"tp_only_amax_red": plan.tp_only_amax_red,
+                 "param_remainders": plan.param_remainders and not (plan.precision_aware_optimizer
+                                                                    and not plan.fp8_param_gather)}
+    return {k: MEGATRON_LM_UNFLAGGED[k] for k, on in unflagged.items() if on}
 
 
 def export_document(model: ModelSpec, plan: Plan, metrics: dict, gpus_per_node: int = 8) -> dict:
@@ -228,5 +241,5 @@ def export_document(model: ModelSpec, plan: Plan, metrics: dict, gpus_per_node: 
         "nemo2": {"unsupported": why} if why else nemo2_recipe(model, plan, gpus_per_node),
         "megatron_bridge_mixed_precision": bridge_precision(plan),
         "transformer_engine_recipe": te_recipe(plan),
-        **({"megatron_lm_unflagged": MEGATRON_LM_UNFLAGGED} if plan.tp_only_amax_red else {}),
+        **({"megatron_lm_unflagged": unflagged} if (unflagged := megatron_lm_unflagged(plan)) else {}),
     }
