@@ -172,7 +172,7 @@ def _pins(row: pd.Series) -> dict:
     pins["fsdp"] = _given(row, "fsdp") and int(row["fsdp"]) >= 1
     for knob in ("distributed_optimizer", "tp_comm_overlap", "grad_reduce_in_fp32", "flash_attention",
                  "fp8_param_gather", "precision_aware_optimizer", "fp8_attention", "tp_only_amax_red",
-                 "param_remainders"):
+                 "param_remainders", "cross_entropy_loss_fusion"):
         if _given(row, knob):
             pins[knob] = bool(int(row[knob]))
     if _given(row, "overlap_grad_reduce"):

@@ -46,7 +46,7 @@ FEATURE_KNOBS = ("sp", "recompute", "distributed_optimizer", "overlap_dp_comm", 
                  "grad_reduce_in_fp32", "precision", "fp8_bf16_edge_layers", "flash_attention", "fsdp",
                  "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type", "fp8_param_gather",
                  "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap", "fp8_attention",
-                 "tp_only_amax_red", "param_remainders")
+                 "tp_only_amax_red", "param_remainders", "cross_entropy_loss_fusion")
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,7 @@ class SearchSpace:
     fp8_param_gather: tuple[bool, ...] = (False,)
     precision_aware_optimizer: tuple[bool, ...] = (False,)
     param_remainders: tuple[bool, ...] = (False,)
+    cross_entropy_loss_fusion: tuple[bool, ...] = (False,)
     cuda_graph: tuple[str, ...] = ("none",)
     # Shares of the layers whose activations are offloaded to host memory (Megatron-LM's
     # --cpu-offloading-num-layers; only without pipeline parallelism and recompute).

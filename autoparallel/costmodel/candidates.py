@@ -34,6 +34,13 @@ CAST_BYTES = {"fp8-delayed": 4.0, "fp8-current": 6.0, "fp8-blockwise": 4.5, "mxf
 # weight gradient) and each weight's two layouts, by recipe family.
 QUANTIZED_INPUT_BYTES = {"fp8": 1.0, "fp4": NVFP4_ELEMENT_BYTES}
 QUANTIZED_WEIGHT_BYTES = {"fp8": 2.0, "fp4": 2 * (0.5 + 1.0 / 256)}  # NVFP4 weights: 16x16 blocks
+# Per-tensor FP8 (delayed and current scaling) on Blackwell keeps one layout of each weight: sm_100's
+# FP8 GEMMs take any operand layout, so TransformerEngine (since 2.0) makes no transpose there
+# (transformer_engine/pytorch/csrc/quantizer.cpp Float8Quantizer::create_tensor: with_transpose =
+# columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported(), true for compute capability 10.x-11.x;
+# TransformerEngine d0067d0d / v2.9). Block-scaled copies differ by layout (their scales run along
+# rows or columns) and keep both.
+PER_TENSOR_FP8 = ("fp8-delayed", "fp8-current")
 # Megatron's --recompute-modules that the cost model prices (core_attn alone for dense models).
 RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "moe", "layernorm")
 
@@ -189,7 +196,9 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
         is_fp8=is_fp8, is_fp4=is_fp4, cast_bytes=_cast_bytes_per_element(precision),
         quantized_fraction=quantized_fraction,
         quantized_input_bytes=np.where(is_fp4, QUANTIZED_INPUT_BYTES["fp4"], QUANTIZED_INPUT_BYTES["fp8"]),
-        quantized_weight_bytes=np.where(is_fp4, QUANTIZED_WEIGHT_BYTES["fp4"], QUANTIZED_WEIGHT_BYTES["fp8"]),
+        quantized_weight_bytes=np.select(
+            [is_fp4, np.isin(precision, PER_TENSOR_FP8) & hw.mxfp8],  # hw.mxfp8: a Blackwell (sm_100) GPU
+            [QUANTIZED_WEIGHT_BYTES["fp4"], memory.FP8_WEIGHT_BYTES], QUANTIZED_WEIGHT_BYTES["fp8"]),
         first_layers=first_layers, middle_layers=middle_layers, last_layers=last_layers,
         first_moe=first_moe, middle_moe=middle_moe, last_moe=last_moe,
         recomputed_fraction=np.where(full, n_recomputed / layers_per_chunk, 0.0),

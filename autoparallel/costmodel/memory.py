@@ -63,6 +63,9 @@ FP8_WEIGHT_BYTES = 1.0  # a weight kept (and all-gathered) in FP8 only: --fp8-pa
 # token ids and labels and the FP32 loss mask per token.
 GRAPH_DATA_BYTES_PER_TOKEN = 8.0 + 8.0 + 4.0
 SOFTMAX_BYTES = 4.0  # the FP32 softmax the cross-entropy keeps for backward
+# TransformerEngine's fused loss (transformer_engine/pytorch/cross_entropy.py CrossEntropyFunction,
+# v2.9) writes the gradient into the BF16 logits in its forward and saves only them.
+FUSED_LOGITS_BYTES = 2.0
 LOGITS_TRANSIENT_BYTES = 2.0  # the BF16 logits beside it while the loss is computed
 EMBEDDING_INPUT_BYTES = 8.0  # int64 token ids per token, per micro-batch in flight
 ROUTER_INPUT_BYTES = 2.0  # the MoE router's BF16 input
@@ -200,9 +203,11 @@ def head_input_bytes(model: ModelSpec, b, s, t, sp):
     return 2.0 * layer_input_bytes(model, b, s, t, sp)
 
 
-def logits_bytes(model: ModelSpec, b, s, t):
-    """The loss's FP32 softmax and the BF16 logits beside it on the last stage (vocab-parallel)."""
-    return (SOFTMAX_BYTES + LOGITS_TRANSIENT_BYTES) * b * s * model.vocab_size / t
+def logits_bytes(model: ModelSpec, b, s, t, fused=False):
+    """The loss's FP32 softmax and the BF16 logits beside it on the last stage (vocab-parallel);
+    ``fused``: TransformerEngine's fused loss keeps the BF16 logits only."""
+    per_logit = np.where(fused, FUSED_LOGITS_BYTES, SOFTMAX_BYTES + LOGITS_TRANSIENT_BYTES)
+    return per_logit * b * s * model.vocab_size / t
 
 
 def embedding_activation_bytes(model: ModelSpec, b, s):

@@ -83,16 +83,22 @@ def cuda_graph_bytes(x: Candidates, held, stage_layers):
 def logits_bytes(x: Candidates):
     """The loss's FP32 softmax and BF16 logits, and the head's inputs, on the last stage."""
     model = x.model
-    return (memory.logits_bytes(model, x.b, x.s_local, x.t)
+    return (memory.logits_bytes(model, x.b, x.s_local, x.t, x.flag("cross_entropy_loss_fusion"))
             + memory.head_input_bytes(model, x.b, x.s_local, x.t, x.sp))
 
 
 def activation_bytes(x: Candidates, layers: Layers) -> tuple[list, list]:
     """Activations of the first, middle and last stage (logits included) and the logits alone.
-    Offloading keeps two layers' worth on the GPU: the one being copied and the next."""
+    Offloading N of the L layers keeps L - N layers' activations on the GPU at the end of the
+    forward, never fewer than two (the layer computing and the one being copied or reloaded):
+    TransformerEngine's AsyncDoubleBufferGroupOffloadHandler frees offloaded group i once layer
+    (L // N)(i + 1) - 1 has run (``layer_window_map``, transformer_engine/pytorch/cpu_offload.py,
+    v2.9), so the last group is off the GPU when the last layer's forward ends, and the backward
+    reloads each group only when the layers after it are freed."""
     logits = logits_bytes(x)
     offloaded = x.offloaded
-    kept = 1.0 - (offloaded - 2.0 * np.minimum(offloaded, 1.0)) / x.first_layers
+    kept_layers = np.maximum(x.first_layers - offloaded, np.minimum(2.0, x.first_layers))
+    kept = np.where(offloaded > 0, kept_layers / x.first_layers, 1.0)
     first, first_held = _in_flight(x, layers, x.first_layers * kept, x.first_moe * kept, 0)
     first = first + first_held * memory.embedding_activation_bytes(x.model, x.b, x.s_local)
     first = first + np.where(x.single, logits, 0.0)

@@ -132,6 +132,8 @@ def cuda_graph_flags(plan: Plan) -> list[str]:
 def optimizer_flags(plan: Plan) -> list[str]:
     """FP8 weights gathered in FP8; Adam's moments in BF16 (the precision-aware optimizer)."""
     a = ["--fp8-param-gather"] if plan.fp8_param_gather else []
+    if plan.cross_entropy_loss_fusion:
+        a += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl te"]
     if plan.precision_aware_optimizer:
         a += ["--use-precision-aware-optimizer", "--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"]
     return a

@@ -118,6 +118,10 @@ class Plan:
     # of FP8 parameters. Megatron-LM does the first only under the precision-aware optimizer without
     # FP8 parameters (store_param_remainders), which prices it without this knob.
     param_remainders: bool = False
+    # --cross-entropy-loss-fusion --cross-entropy-fusion-impl te: TransformerEngine's fused loss
+    # writes the logits' gradient into the BF16 logits and keeps only them (2 B per logit), where
+    # Megatron's unfused loss keeps an FP32 softmax beside them (``memory.logits_bytes``).
+    cross_entropy_loss_fusion: bool = False
     # CUDA graphs: "layer" = per-layer graphs of whole transformer layers (TransformerEngine's
     # make_graphed_callables, --cuda-graph-impl transformer_engine; MLPerf's LAYER_CUDA_GRAPH);
     # "full_iteration" = the forward-backward of the step as one graph (--cuda-graph-impl
