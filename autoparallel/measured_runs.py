@@ -206,20 +206,21 @@ def recipe_settings() -> dict:
     """``{"releases": {release: settings}, "rows": {row id: settings}}``: what the recipe a
     published row ran sets where it departs from its source's defaults (``data/recipe_settings.yaml``;
     each entry's ``source`` names the recipe file and commit). A release's settings hold for its
-    rows of the precisions the entry names (``precisions``)."""
+    rows of the precisions the entry names (``precisions``), its ``every_precision`` settings for all its rows."""
     settings = io.read_yaml(resources.data_file(RECIPES)) or {}
     return {"releases": settings.get("releases") or {}, "rows": settings.get("rows") or {}}
 
 
 def recipe_for(row: pd.Series, recipes: dict | None) -> dict:
-    """The recipe settings of one row: its release's (for its precision), then its own entry's."""
+    """The recipe settings of one row: its release's for every precision (``every_precision``), its
+    release's for its precision, then its own entry's."""
     recipes = recipes or {}
     release = (recipes.get("releases") or {}).get(software_of(row), {})
-    out = {}
+    out = dict(release.get("every_precision") or {})
     if str(row["precision"]) in release.get("precisions", ()):
         out.update(release)
     out.update((recipes.get("rows") or {}).get(str(row["id"]), {}))
-    return {k: v for k, v in out.items() if k not in ("source", "precisions", "note")}
+    return {k: v for k, v in out.items() if k not in ("source", "precisions", "note", "every_precision")}
 
 
 # The knobs a published row's variant is made of, as ``variant`` names them.
