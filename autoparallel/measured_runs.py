@@ -116,9 +116,11 @@ def is_moe_row(row: pd.Series) -> bool:
 
 def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
     """The row's architecture (Megatron-LM's names); tied embeddings and dropout (saved masks)
-    where the row states them (a training log does; the published dense rows take ModelSpec's
-    defaults, the published MoE rows train without dropout as their models' presets do);
-    ``force_balanced``: the source forced the router to balance."""
+    where the row states them (a training log does); else a dense row's dropout is its model
+    preset's where one is named (search_spaces/models: NVIDIA's Llama and Nemotron recipes train
+    without dropout, GPT-3 with 0.1), else ModelSpec's defaults; the published MoE rows train
+    without dropout as their models' presets do. ``force_balanced``: the source forced the router
+    to balance."""
     def opt_int(key):
         return int(row[key]) if _given(row, key) else None
     stated = {}
@@ -138,6 +140,8 @@ def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
             stated.update(q_lora_rank=opt_int("q_lora_rank"), kv_lora_rank=int(row["kv_lora_rank"]),
                           qk_head_dim=int(row["qk_head_dim"]), qk_pos_emb_head_dim=int(row["qk_pos_emb_head_dim"]),
                           v_head_dim=int(row["v_head_dim"]))
+    if not is_moe_row(row) and (preset := _preset(str(row["model"]))) is not None:
+        stated.update(hidden_dropout=preset.hidden_dropout, attention_dropout=preset.attention_dropout)
     stated.update({k: float(row[k]) for k in ("hidden_dropout", "attention_dropout") if _given(row, k)})
     if _given(row, "mtp_num_layers"):  # MTP models use rotary positions (Megatron refuses others)
         stated.update(mtp_num_layers=int(row["mtp_num_layers"]), position_embedding_type="rope")
@@ -155,6 +159,14 @@ def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
         num_query_groups=groups, kv_channels=opt_int("kv_channels"),
         vocab_size=int(row["vocab_size"]), seq_length=int(row["seq_length"]), activation=str(row["activation"]),
         normalization="rmsnorm" if row["activation"] == "swiglu" else "layernorm", **stated)
+
+
+def _preset(name: str) -> ModelSpec | None:
+    """The model preset of that name (search_spaces/models), if there is one."""
+    try:
+        return io.load_model(name)
+    except UserError:
+        return None
 
 
 def _pins(row: pd.Series) -> dict:
