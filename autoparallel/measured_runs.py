@@ -224,15 +224,19 @@ def recipe_settings() -> dict:
 
 
 def recipe_for(row: pd.Series, recipes: dict | None) -> dict:
-    """The recipe settings of one row: its release's for every precision (``every_precision``), its
-    release's for its precision, then its own entry's."""
+    """The recipe settings of one row: its release's for every precision (``every_precision``),
+    for its precision (the release's own keys for those it lists in ``precisions``; ``by_precision``),
+    then its own entry's."""
     recipes = recipes or {}
     release = (recipes.get("releases") or {}).get(software_of(row), {})
+    precision = str(row["precision"])
     out = dict(release.get("every_precision") or {})
-    if str(row["precision"]) in release.get("precisions", ()):
+    if precision in release.get("precisions", ()):
         out.update(release)
+    out.update((release.get("by_precision") or {}).get(precision) or {})
     out.update((recipes.get("rows") or {}).get(str(row["id"]), {}))
-    return {k: v for k, v in out.items() if k not in ("source", "precisions", "note", "every_precision")}
+    return {k: v for k, v in out.items()
+            if k not in ("source", "precisions", "note", "every_precision", "by_precision")}
 
 
 # The knobs a published row's variant is made of, as ``variant`` names them.
@@ -240,6 +244,7 @@ VARIANT_KNOBS = {"mbs": "mbs", "recompute": "recompute", "recompute_num_layers":
                  "recompute_modules": "recompute_modules", "cpu_offloading_num_layers": "offload",
                  "tp_comm_overlap": "tp_overlap", "fp8_param_gather": "fp8_param_gather",
                  "precision_aware_optimizer": "precision_aware", "param_remainders": "remainders",
+                 "cross_entropy_loss_fusion": "ce_fusion",
                  "cuda_graph": "cuda_graph",
                  "moe_token_dispatcher_type": "dispatcher", "overlap_moe_expert_parallel_comm": "a2a_overlap"}
 MOE_VARIANT_KNOBS = ("moe_token_dispatcher_type", "overlap_moe_expert_parallel_comm")
