@@ -132,8 +132,6 @@ def cuda_graph_flags(plan: Plan) -> list[str]:
 def optimizer_flags(plan: Plan) -> list[str]:
     """FP8 weights gathered in FP8; Adam's moments in BF16 (the precision-aware optimizer)."""
     a = ["--fp8-param-gather"] if plan.fp8_param_gather else []
-    if plan.cross_entropy_loss_fusion:
-        a += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl te"]
     if plan.precision_aware_optimizer:
         a += ["--use-precision-aware-optimizer", "--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"]
     return a
@@ -220,14 +218,21 @@ MEGATRON_LM_UNFLAGGED = {"tp_only_amax_red": "TransformerConfig.tp_only_amax_red
                          # without FP8 parameters (OptimizerConfig.store_param_remainders).
                          "param_remainders": "16-bit master-weight remainders without the precision-aware optimizer "
                                              "are Apex DistributedFusedAdam's (the nemo config's distributed_fused_adam); "
-                                             "Megatron-LM keeps FP32 master weights there"}
+                                             "Megatron-LM keeps FP32 master weights there",
+                         # Megatron-LM 168cb15d70 (2026-06-03, "Disable TE cross entropy loss fusion")
+                         # asserts against --cross-entropy-loss-fusion with --cross-entropy-fusion-impl te.
+                         "cross_entropy_loss_fusion": "TransformerEngine's fused cross-entropy: Megatron-LM refuses "
+                                                      "--cross-entropy-loss-fusion --cross-entropy-fusion-impl te since "
+                                                      "168cb15d70; Megatron-Bridge and NeMo 2 set "
+                                                      "cross_entropy_fusion_impl='te' on the model config"}
 
 
 def megatron_lm_unflagged(plan: Plan) -> dict:
     """The plan's settings the Megatron-LM flags cannot state, each with what does state it."""
     unflagged = {"tp_only_amax_red": plan.tp_only_amax_red,
                  "param_remainders": plan.param_remainders and not (plan.precision_aware_optimizer
-                                                                    and not plan.fp8_param_gather)}
+                                                                    and not plan.fp8_param_gather),
+                 "cross_entropy_loss_fusion": plan.cross_entropy_loss_fusion}
     return {k: MEGATRON_LM_UNFLAGGED[k] for k, on in unflagged.items() if on}
 
 
