@@ -96,3 +96,20 @@ def test_a_release_sets_knobs_for_every_precision_and_per_precision():
     assert measured_runs.recipe_for(row, recipes) == {"cross_entropy_loss_fusion": True, "param_remainders": True}
     fp8 = pd.Series({**row.to_dict(), "precision": "fp8-current"})
     assert measured_runs.recipe_for(fp8, recipes) == {"cross_entropy_loss_fusion": True, "fp8_param_gather": True}
+
+
+def test_the_attention_output_is_kept_in_bf16_beside_the_projections_fp8_copy():
+    """A fused attention saves its BF16 output; under delayed scaling the projection keeps its own
+    FP8 copy too (3 B), under the other recipes Megatron has it save the BF16 original (2 B), and
+    with core attention recomputed only the projection's input is kept."""
+    out = memory.attention_output_bytes
+    assert out(1.0, 1.0, True, True) == 3.0
+    assert out(1.0, 1.0, True, False) == 2.0
+    assert out(1.0, 1.0, False, True) == 1.0
+    assert out(0.0, 1.0, True, True) == 2.0  # BF16: one tensor, shared
+    model, h100 = io.load_model("llama3-8b"), io.load_hardware("h100-sxm")
+    delayed = _mem(model, h100, _8b(precision="fp8-delayed"))["activations_gib"]
+    current = _mem(model, h100, _8b())["activations_gib"]
+    # one layer held plus the one computing, per layer one byte per token and attention channel
+    per_layer = 8192 * model.num_attention_heads * model.head_dim / GIB
+    assert delayed - current == pytest.approx((model.num_layers + 1) * per_layer)

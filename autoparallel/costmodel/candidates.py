@@ -135,6 +135,15 @@ class Candidates:
         return ~self.flash & ~self.modules["core_attn"]
 
     @property
+    def attention_output_bytes(self) -> np.ndarray:
+        """Bytes kept per element of the attention output (``memory.attention_output_bytes``):
+        the fused kernel's BF16 output unless core attention is recomputed; the projection's own
+        quantized copy beside it under delayed scaling."""
+        delayed = np.asarray(self.knobs["precision"]) == "fp8-delayed"
+        return memory.attention_output_bytes(self.quantized_fraction, self.quantized_input_bytes,
+                                             self.flash & ~self.modules["core_attn"], delayed)
+
+    @property
     def offloaded(self) -> np.ndarray:
         """Layers whose saved activations go to the host (first stage; pp = 1 only)."""
         return np.minimum(self.number("cpu_offloading_num_layers"), self.first_layers)

@@ -70,8 +70,10 @@ def activation_bytes(x: Candidates, is_moe: bool, keep_scores):
     keep); with ``keep_scores`` False counted in BF16 throughout (the tensors the elementwise
     kernels touch)."""
     fraction = x.quantized_fraction if keep_scores is not False else 0.0
+    output = x.attention_output_bytes if keep_scores is not False else None
     saved = memory.layer_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, keep_scores, fraction, moe=is_moe,
-                                          etp=x.et, imbalance=x.imbalance, quantized_bytes=x.quantized_input_bytes)
+                                          etp=x.et, imbalance=x.imbalance, quantized_bytes=x.quantized_input_bytes,
+                                          attention_output=output)
     if keep_scores is False:
         return saved
     return saved + finetune.frozen_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction,

@@ -107,19 +107,34 @@ def _per_ffn_unit(model: ModelSpec, gemm_in):
     return (4.0 if model.gated_mlp else 2.0) + gemm_in
 
 
+def attention_output_bytes(fp8_fraction, quantized_bytes, fused_saves_output, proj_keeps_copy):
+    """Bytes kept per element of the attention output (the projection's input). A fused attention
+    kernel (flash, cuDNN; not recomputed) saves its BF16 output for its backward (TransformerEngine
+    FusedAttnFunc saves q, k, v and out). Under an FP8/FP4 recipe the projection keeps its own
+    quantized copy beside it (``proj_keeps_copy``: TE's Linear saves the quantized input), except
+    where Megatron has it save the original BF16 input instead, shared with the attention's:
+    every recipe but delayed scaling since Megatron-LM 781e765818 (attention.py
+    set_save_original_input(self.linear_proj), TE >= 2.6)."""
+    gemm_in = gemm_input_bytes(fp8_fraction, quantized_bytes)
+    with_copy = np.where(fused_saves_output, GEMM_INPUT_BYTES + fp8_fraction * quantized_bytes, gemm_in)
+    return np.where(proj_keeps_copy, with_copy, GEMM_INPUT_BYTES)
+
+
 def sharded_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0, moe: bool = False,
-                                   quantized_bytes=FP8_GEMM_INPUT_BYTES):
+                                   quantized_bytes=FP8_GEMM_INPUT_BYTES, attention_output=None):
     """Activation bytes per token and hidden unit that tensor parallel shards (24 for GPT):
-    Q, K and V, the attention output (the projection's input), the activation's input (two
-    tensors for a gated MLP) and the FC2 input; in a MoE layer, of the shared experts only (the
-    routed experts' share is ``routed_expert_bytes``)."""
+    Q, K and V, the attention output (the projection's input; ``attention_output`` bytes per
+    element, see ``attention_output_bytes``, else the projection's GEMM input), the activation's
+    input (two tensors for a gated MLP) and the FC2 input; in a MoE layer, of the shared experts
+    only (the routed experts' share is ``routed_expert_bytes``)."""
     h, heads = model.hidden_size, model.num_attention_heads
     gemm_in = gemm_input_bytes(fp8_fraction, quantized_bytes)
+    out = gemm_in if attention_output is None else attention_output
     if model.multi_latent_attention:
-        attention = (2.0 * heads * (2 * model.qk_dim + model.v_dim) + gemm_in * heads * model.v_dim) / h
+        attention = (2.0 * heads * (2 * model.qk_dim + model.v_dim) + out * heads * model.v_dim) / h
     else:
         kv = model.query_groups / heads
-        attention = (2.0 + 4.0 * kv + gemm_in) * heads * model.head_dim / h
+        attention = (2.0 + 4.0 * kv + out) * heads * model.head_dim / h
     ffn = model.shared_expert_ffn_hidden_size if moe else model.ffn_hidden_size
     return attention + _per_ffn_unit(model, gemm_in) * ffn / h
 
@@ -177,7 +192,8 @@ def recomputed_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, etp
 
 
 def layer_activation_bytes(model: ModelSpec, b, s, t, sp, keep_scores, fp8_fraction=0.0,
-                           moe: bool = False, etp=1, imbalance=1.0, quantized_bytes=FP8_GEMM_INPUT_BYTES):
+                           moe: bool = False, etp=1, imbalance=1.0, quantized_bytes=FP8_GEMM_INPUT_BYTES,
+                           attention_output=None):
     """Bytes one layer saves for backward for one micro-batch of ``b`` sequences of ``s`` tokens.
 
     ``keep_scores``: the s×s attention probabilities are stored (no flash attention and no
@@ -187,7 +203,8 @@ def layer_activation_bytes(model: ModelSpec, b, s, t, sp, keep_scores, fp8_fract
     sbh = b * s * model.hidden_size
     replicated_bytes = replicated_bytes_per_token_hidden(model, fp8_fraction, moe, quantized_bytes)
     replicated = np.where(sp, replicated_bytes / t, replicated_bytes)
-    per_token = replicated + sharded_bytes_per_token_hidden(model, fp8_fraction, moe, quantized_bytes) / t
+    per_token = replicated + sharded_bytes_per_token_hidden(model, fp8_fraction, moe, quantized_bytes,
+                                                            attention_output) / t
     scores = bytes_per_attention_score(model) * model.num_attention_heads * s * s * b / t
     routed = routed_expert_bytes(model, b * s / t, etp, imbalance, fp8_fraction, quantized_bytes) if moe else 0.0
     return sbh * per_token + np.where(keep_scores, scores, 0.0) + routed
