@@ -755,7 +755,11 @@ def test_a_lora_layer_keeps_the_adapters_inputs_not_the_frozen_linears(llama, hw
     per_token = ((2 - 1) * 8192 + (0 - 1) * 8192) / 4 + ((0 - 1) * 28672 + (2 - 1) * 8192) / 4
     assert finetune.frozen_activation_bytes(x.model, 1, 8192, 4, True, 1.0) == pytest.approx(8192 * per_token)
     full = lt.activation_bytes(_llama_cands(llama, hw), False, x.keep_scores)[0]
-    assert lt.activation_bytes(x, False, x.keep_scores)[0] == pytest.approx(full + 8192 * per_token, rel=REL)
+    # Full training under delayed scaling counts the attention output as the fused attention's BF16
+    # copy and the projection's FP8 one (3 B); the LoRA layer keeps the BF16 one only (2 B).
+    output = (3 - 1) * 8192 / 4
+    assert lt.activation_bytes(x, False, x.keep_scores)[0] == pytest.approx(full + 8192 * (per_token - output),
+                                                                             rel=REL)
 
 
 def test_lora_model_states_hold_the_frozen_base_and_train_the_adapters(llama, hw):

@@ -135,13 +135,21 @@ class Candidates:
         return ~self.flash & ~self.modules["core_attn"]
 
     @property
+    def attention_output_fused(self) -> np.ndarray:
+        """A fused attention kernel saves its BF16 output for its backward: flash attention, core
+        attention not recomputed, not FP8 attention (whose FP8 output is the projection's input)."""
+        return self.flash & ~self.modules["core_attn"] & ~self.flag("fp8_attention")
+
+    @property
     def attention_output_bytes(self) -> np.ndarray:
         """Bytes kept per element of the attention output (``memory.attention_output_bytes``):
-        the fused kernel's BF16 output unless core attention is recomputed; the projection's own
-        quantized copy beside it under delayed scaling."""
+        the fused kernel's BF16 output; the projection's own quantized copy beside it under
+        delayed scaling; FP8 attention's one FP8 output, shared with the projection."""
         delayed = np.asarray(self.knobs["precision"]) == "fp8-delayed"
-        return memory.attention_output_bytes(self.quantized_fraction, self.quantized_input_bytes,
-                                             self.flash & ~self.modules["core_attn"], delayed)
+        fp8_attention = self.flag("fp8_attention") & (self.quantized_fraction > 0)
+        return np.where(fp8_attention, memory.gemm_input_bytes(self.quantized_fraction, self.quantized_input_bytes),
+                        memory.attention_output_bytes(self.quantized_fraction, self.quantized_input_bytes,
+                                                      self.attention_output_fused, delayed))
 
     @property
     def offloaded(self) -> np.ndarray:

@@ -77,7 +77,7 @@ def activation_bytes(x: Candidates, is_moe: bool, keep_scores):
     if keep_scores is False:
         return saved
     return saved + finetune.frozen_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction,
-                                                    x.quantized_input_bytes)
+                                                    x.quantized_input_bytes, output, x.attention_output_fused)
 
 
 def permutation_time(x: Candidates):
