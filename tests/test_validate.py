@@ -73,7 +73,9 @@ MLPERF_MAX_REACHED = 10.7
 # Issue 27, MLPerf's Llama-2-70B LoRA rows: reached in sample and held out (the target: mean <= 10 %).
 # Held out 5.5 % when the dense rows were priced in their best variant; 7.9 % since they are priced
 # as run (issue 28 item 4): the refits without the 70B models land on other H100 constants.
-LORA_MEAN, LORA_HELDOUT_MEAN, LORA_MAX = 5.1, 7.3, 29.3  # 2026-11-26 (log-corrected rows): 5.0, 7.2, 29.2
+# 7.6 % since the dense Llama rows keep no dropout masks and the attention output's two copies are
+# counted (issues 23/28 memory): the refits without the 70B models land on other H100 constants again.
+LORA_MEAN, LORA_HELDOUT_MEAN, LORA_MAX = 5.1, 7.7, 29.3  # 2026-11-26 (log-corrected rows): 5.0, 7.6, 29.2
 # Held out by system (GPU and node-count family): 9.4 % with the dense rows in their best variant,
 # 11.8 % as run (2026-11-26).
 LORA_BY_SYSTEM_MEAN = 11.9
@@ -162,10 +164,10 @@ def test_every_row_names_the_variant_it_was_priced_in(full_report):
 def test_a_recipe_setting_is_the_variant_priced():
     """recipe_settings.yaml names published rows only, each with its source, and what it sets is
     what the row is priced in."""
-    from autoparallel.measured_runs import load_runs, predict_row, read_runs, recipe_settings
+    from autoparallel.measured_runs import load_runs, predict_row, read_runs, recipe_settings, validation_runs
     recipes = recipe_settings()
     rows, releases = recipes["rows"], recipes["releases"]
-    assert set(rows) <= set(read_runs().id)
+    assert set(rows) <= set(read_runs(validation_runs()).id)
     assert all(r.get("source") for r in [*rows.values(), *releases.values()])
     row_id = "nemo-llama3-8b-h100-sxm-8gpu-fp8-current-tp1pp1cp1vp1ep1-mbs1-gbs128-fsdp8"
     assert rows[row_id]["recompute_num_layers"] == 5
@@ -347,7 +349,10 @@ NEWER_SOURCES = {"bridge 26.02", "bridge 26.02.01", "bridge 26.04", "bridge 26.0
 KNOWN_NEWER_NOT_FITTING = {i for i in NOT_FITTING_AS_RUN if i.startswith("bridge-")}
 # Reached 2026-11-26 (in sample, held out): dense 8.15 / 14.16 %, MoE 23.10 / 24.72 % (dense held out
 # 9.61 % before the dense rows were priced as run: the refits without a model now land elsewhere).
-NEWER_REACHED = {"dense-newer": (8.2, 14.2), "moe-newer": (23.2, 24.8)}
+# MoE 23.51 / 24.90 % once the attention output's BF16 copy is counted: multi-latent attention's
+# 128 x 128 output per token no longer leaves DeepSeek-V3 mxfp8 on 256 GB300 (PP2, mbs 2) room for
+# selective recompute, and the fastest variant that fits is full recompute (+3..+11 % -> -14..-21 %).
+NEWER_REACHED = {"dense-newer": (8.2, 14.2), "moe-newer": (23.6, 25.0)}
 
 
 @pytest.fixture(scope="module")
