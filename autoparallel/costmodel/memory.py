@@ -9,20 +9,23 @@ masks are counted only when the model has dropout (``hidden_dropout`` / ``attent
 
 Under an FP8 recipe TransformerEngine keeps, of each Linear's input, only the FP8 copy the
 weight-gradient GEMM reads (1 B per element instead of 2; under NVFP4 its column-wise NVFP4 copy,
-0.5625 B): the QKV, projection, FC1 and FC2
-inputs; the norms' inputs, Q/K/V for attention and the activation's input stay BF16.
+0.5625 B): the QKV, FC1 and FC2 inputs; the norms' inputs, Q/K/V for attention and the activation's
+input stay BF16. The attention output is kept by the fused attention itself in BF16, beside the
+projection's FP8 copy under delayed scaling (``attention_output_bytes``).
 
 The loss keeps the FP32 softmax of the logits (4 B per token and vocabulary entry, Megatron's
-``_VocabParallelCrossEntropy``), and while it is computed the BF16 logits exist beside it (2 B).
+``_VocabParallelCrossEntropy``), and while it is computed the BF16 logits exist beside it (2 B);
+TransformerEngine's fused loss keeps the BF16 logits only.
 
 Model states follow Megatron-LM's distributed-optimizer documentation: BF16 weights 2 B/param,
 main gradients 4 B/param (2 with --grad-reduce-in-bf16), Adam (FP32 master + m + v) 12 B/param,
 the 12 sharded over the DP×CP group by the distributed optimizer (6 with the precision-aware
 optimizer: BF16 moments, and only the 16-bit remainder of each FP32 master weight beside the BF16
-weight, Megatron-Core's default store_param_remainders; 8 where FP8 parameters turn that off); under an FP8 recipe each layer weight also has its FP8 copy and its
-transpose (2 B), and with --fp8-param-gather those FP8 tensors are the parameters: the BF16
-weight of an FP8 layer is not kept at all; FSDP (Megatron-FSDP
-optim_grads_params, FSDP2) shards weights and gradients too, and holds two layers' full BF16
+weight, Megatron-Core's default store_param_remainders; 8 where FP8 parameters turn that off; 10 with
+Apex DistributedFusedAdam's remainders, NeMo 1's default); under an FP8 recipe each layer weight also
+has its FP8 copy and its transpose (2 B; one layout, 1 B, for per-tensor FP8 on Blackwell), and with
+--fp8-param-gather those FP8 tensors are the parameters: the BF16 weight of an FP8 layer is not kept
+at all; FSDP (Megatron-FSDP optim_grads_params, FSDP2) shards weights and gradients too, and holds two layers' full BF16
 weights (the one computing and the one prefetched) and one layer's full gradient unsharded.
 
 A MoE layer (``routed_expert_bytes``) keeps, per routed token copy on the GPU that computes it,

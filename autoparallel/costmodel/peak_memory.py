@@ -94,7 +94,8 @@ def cuda_graph_bytes(x: Candidates, held, stage_layers):
 
 
 def logits_bytes(x: Candidates):
-    """The loss's FP32 softmax and BF16 logits, and the head's inputs, on the last stage."""
+    """The loss's FP32 softmax and BF16 logits (the BF16 logits only under TransformerEngine's
+    fused loss), and the head's inputs, on the last stage."""
     model = x.model
     return (memory.logits_bytes(model, x.b, x.s_local, x.t, x.flag("cross_entropy_loss_fusion"))
             + memory.head_input_bytes(model, x.b, x.s_local, x.t, x.sp))
