@@ -218,7 +218,8 @@ def recipe_settings() -> dict:
     """``{"releases": {release: settings}, "rows": {row id: settings}}``: what the recipe a
     published row ran sets where it departs from its source's defaults (``data/recipe_settings.yaml``;
     each entry's ``source`` names the recipe file and commit). A release's settings hold for its
-    rows of the precisions the entry names (``precisions``), its ``every_precision`` settings for all its rows."""
+    rows of the precisions the entry names (``precisions``), its ``every_precision`` settings for all
+    its rows and its ``by_precision`` ones for the rows of that precision."""
     settings = io.read_yaml(resources.data_file(RECIPES)) or {}
     return {"releases": settings.get("releases") or {}, "rows": settings.get("rows") or {}}
 
