@@ -117,9 +117,11 @@ def is_moe_row(row: pd.Series) -> bool:
 
 def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
     """The row's architecture (Megatron-LM's names); tied embeddings and dropout (saved masks)
-    where the row states them (a training log does; the published dense rows take ModelSpec's
-    defaults, the published MoE rows train without dropout as their models' presets do);
-    ``force_balanced``: the source forced the router to balance."""
+    where the row states them (a training log does); else a dense row's dropout is its model
+    preset's where one is named (search_spaces/models: NVIDIA's Llama and Nemotron recipes train
+    without dropout, GPT-3 with 0.1), else ModelSpec's defaults; the published MoE rows train
+    without dropout as their models' presets do. ``force_balanced``: the source forced the router
+    to balance."""
     def opt_int(key):
         return int(row[key]) if _given(row, key) else None
     stated = {}
@@ -139,6 +141,8 @@ def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
             stated.update(q_lora_rank=opt_int("q_lora_rank"), kv_lora_rank=int(row["kv_lora_rank"]),
                           qk_head_dim=int(row["qk_head_dim"]), qk_pos_emb_head_dim=int(row["qk_pos_emb_head_dim"]),
                           v_head_dim=int(row["v_head_dim"]))
+    if not is_moe_row(row) and (preset := _preset(str(row["model"]))) is not None:
+        stated.update(hidden_dropout=preset.hidden_dropout, attention_dropout=preset.attention_dropout)
     stated.update({k: float(row[k]) for k in ("hidden_dropout", "attention_dropout") if _given(row, k)})
     if _given(row, "mtp_num_layers"):  # MTP models use rotary positions (Megatron refuses others)
         stated.update(mtp_num_layers=int(row["mtp_num_layers"]), position_embedding_type="rope")
@@ -160,6 +164,14 @@ def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
         normalization="rmsnorm" if row["activation"] == "swiglu" else "layernorm", **stated)
 
 
+def _preset(name: str) -> ModelSpec | None:
+    """The model preset of that name (search_spaces/models), if there is one."""
+    try:
+        return io.load_model(name)
+    except UserError:
+        return None
+
+
 def _pins(row: pd.Series) -> dict:
     """The search-space knobs the row states (a training log states them all)."""
     pins = {k: int(row[k]) for k in ("tp", "pp", "cp", "vp", "ep", "etp", "mbs") if _given(row, k)}
@@ -174,7 +186,8 @@ def _pins(row: pd.Series) -> dict:
     # The published FSDP size is dp*cp (64 on 64 GPUs at TP1 PP1); a few rows say only "1" (on).
     pins["fsdp"] = _given(row, "fsdp") and int(row["fsdp"]) >= 1
     for knob in ("distributed_optimizer", "tp_comm_overlap", "grad_reduce_in_fp32", "flash_attention",
-                 "fp8_param_gather", "precision_aware_optimizer", "fp8_attention", "tp_only_amax_red"):
+                 "fp8_param_gather", "precision_aware_optimizer", "fp8_attention", "tp_only_amax_red",
+                 "param_remainders", "cross_entropy_loss_fusion"):
         if _given(row, knob):
             pins[knob] = bool(int(row[knob]))
     if _given(row, "overlap_grad_reduce"):
@@ -208,20 +221,26 @@ def recipe_settings() -> dict:
     """``{"releases": {release: settings}, "rows": {row id: settings}}``: what the recipe a
     published row ran sets where it departs from its source's defaults (``data/recipe_settings.yaml``;
     each entry's ``source`` names the recipe file and commit). A release's settings hold for its
-    rows of the precisions the entry names (``precisions``)."""
+    rows of the precisions the entry names (``precisions``), its ``every_precision`` settings for all
+    its rows and its ``by_precision`` ones for the rows of that precision."""
     settings = io.read_yaml(resources.data_file(RECIPES)) or {}
     return {"releases": settings.get("releases") or {}, "rows": settings.get("rows") or {}}
 
 
 def recipe_for(row: pd.Series, recipes: dict | None) -> dict:
-    """The recipe settings of one row: its release's (for its precision), then its own entry's."""
+    """The recipe settings of one row: its release's for every precision (``every_precision``),
+    for its precision (the release's own keys for those it lists in ``precisions``; ``by_precision``),
+    then its own entry's."""
     recipes = recipes or {}
     release = (recipes.get("releases") or {}).get(software_of(row), {})
-    out = {}
-    if str(row["precision"]) in release.get("precisions", ()):
+    precision = str(row["precision"])
+    out = dict(release.get("every_precision") or {})
+    if precision in release.get("precisions", ()):
         out.update(release)
+    out.update((release.get("by_precision") or {}).get(precision) or {})
     out.update((recipes.get("rows") or {}).get(str(row["id"]), {}))
-    return {k: v for k, v in out.items() if k not in ("source", "precisions", "note", TABLE_CORRECTIONS)}
+    return {k: v for k, v in out.items()
+            if k not in ("source", "precisions", "note", "every_precision", "by_precision", TABLE_CORRECTIONS)}
 
 
 # A row entry's ``table_corrections``: columns the published table states that its recipe and the
@@ -249,7 +268,9 @@ def corrected_row(row: pd.Series, recipes: dict | None) -> tuple[pd.Series, tupl
 VARIANT_KNOBS = {"mbs": "mbs", "recompute": "recompute", "recompute_num_layers": "recompute_layers",
                  "recompute_modules": "recompute_modules", "cpu_offloading_num_layers": "offload",
                  "tp_comm_overlap": "tp_overlap", "fp8_param_gather": "fp8_param_gather",
-                 "precision_aware_optimizer": "precision_aware", "cuda_graph": "cuda_graph",
+                 "precision_aware_optimizer": "precision_aware", "param_remainders": "remainders",
+                 "cross_entropy_loss_fusion": "ce_fusion",
+                 "cuda_graph": "cuda_graph",
                  "moe_token_dispatcher_type": "dispatcher", "overlap_moe_expert_parallel_comm": "a2a_overlap"}
 MOE_VARIANT_KNOBS = ("moe_token_dispatcher_type", "overlap_moe_expert_parallel_comm")
 # The search-space knob whose values a variant knob is chosen from.

@@ -46,7 +46,8 @@ FEATURE_KNOBS = ("sp", "recompute", "distributed_optimizer", "overlap_dp_comm", 
                  "grad_reduce_in_fp32", "precision", "fp8_bf16_edge_layers", "flash_attention", "fsdp",
                  "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type", "fp8_param_gather",
                  "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap", "fp8_attention",
-                 "tp_only_amax_red", "activation_func_fp8_input_store")
+                 "tp_only_amax_red", "activation_func_fp8_input_store", "param_remainders",
+                 "cross_entropy_loss_fusion")
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,8 @@ class SearchSpace:
     moe_shared_expert_overlap: tuple[bool, ...] = (False,)
     fp8_param_gather: tuple[bool, ...] = (False,)
     precision_aware_optimizer: tuple[bool, ...] = (False,)
+    param_remainders: tuple[bool, ...] = (False,)
+    cross_entropy_loss_fusion: tuple[bool, ...] = (False,)
     cuda_graph: tuple[str, ...] = ("none",)
     # Shares of the layers whose activations are offloaded to host memory (Megatron-LM's
     # --cpu-offloading-num-layers; only without pipeline parallelism and recompute).
@@ -387,6 +390,9 @@ def _memory_knob_rules(df: pd.DataFrame, fp8: np.ndarray, model: ModelSpec) -> l
          "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron fsdp (Megatron-LM)"),
         (df.precision_aware_optimizer.to_numpy() & ~dist_opt,
          "--use-precision-aware-optimizer only supported with distributed optimizer (Megatron-LM)"),
+        (df.param_remainders.to_numpy() & ~dist_opt,
+         "master-weight remainders are state of the distributed optimizer (Apex DistributedFusedAdam "
+         "store_param_remainders)"),
         ((graph != "none") & (df.recompute.to_numpy() == "full"),
          "recompute_granularity must not be full when CUDA Graphs are enabled (Megatron-LM 0.15; later "
          "releases allow it with the full-iteration graph only)"),

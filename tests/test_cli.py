@@ -96,16 +96,25 @@ def test_export_formats(run_dir, fmt, expect, capsys):
     assert expect in capsys.readouterr().out
 
 
+def _document(run_dir, rank, capsys):
+    assert main(["export", str(run_dir), "--rank", str(rank), "--format", "yaml"]) == 0
+    return yaml.safe_load(capsys.readouterr().out)
+
+
 def test_megatron_export_is_flags_only_and_notes_the_environment(run_dir, capsys):
-    assert main(["export", str(run_dir), "--rank", "1", "--format", "megatron"]) == 0
+    """Megatron-LM demands CUDA_DEVICE_MAX_CONNECTIONS=1 with TP (Megatron-FSDP the opposite): the
+    export of the first such ranked layout notes it, on stderr and in train.sh, outside the flags."""
+    rank = next(r for r in (1, 2, 3) if (plan := _document(run_dir, r, capsys)["plan"])["tp"] > 1 and not plan["fsdp"])
+    assert main(["export", str(run_dir), "--rank", str(rank), "--format", "megatron"]) == 0
     out, err = capsys.readouterr()
     lines = out.splitlines()
     assert all(line.startswith("--") for line in lines), lines[:3]
     assert all(line.endswith(" \\") for line in lines[:-1]) and not lines[-1].endswith("\\")
-    best = yaml.safe_load((run_dir / "best.yaml").read_text())
-    assert best["plan"]["tp"] > 1 and best["environment"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    assert _document(run_dir, rank, capsys)["environment"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     assert "CUDA_DEVICE_MAX_CONNECTIONS=1" in err and "export" not in out
-    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in (run_dir / "train.sh").read_text()
+    best = yaml.safe_load((run_dir / "best.yaml").read_text())
+    noted = "export CUDA_DEVICE_MAX_CONNECTIONS=1" in (run_dir / "train.sh").read_text()
+    assert noted == (best["plan"]["tp"] > 1 and not best["plan"]["fsdp"])  # train.sh launches rank 1
 
 
 def test_export_rank_1_matches_best_yaml(run_dir, tmp_path):

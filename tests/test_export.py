@@ -235,3 +235,18 @@ def test_an_fp8_kept_swiglu_input_is_written_where_a_config_takes_it():
     assert nemo1_config(model, plan)["model"]["activation_func_fp8_input_store"] is True
     assert "megatron_lm_unflagged" not in export_document(model, CP2, {})
     assert "activation_func_fp8_input_store" not in nemo2_recipe(model, CP2)["model"]["config"]
+
+
+def test_settings_megatron_lm_cannot_state_are_named_not_flagged():
+    """TE's fused loss (refused by Megatron-LM since 168cb15d70) and Apex's master remainders are
+    written off for Megatron-LM and set in the NeMo 2 config where it has the key."""
+    from autoparallel.report.export import megatron_lm_unflagged
+    model = io.load_model("llama3-8b")
+    plan = Plan(tp=1, pp=1, dp=8, gbs=128, mbs=1, cross_entropy_loss_fusion=True, param_remainders=True)
+    assert set(megatron_lm_unflagged(plan)) == {"cross_entropy_loss_fusion", "param_remainders"}
+    assert not any("cross-entropy" in a for a in megatron_args(model, plan))
+    config = nemo2_recipe(model, plan)
+    assert "'cross_entropy_fusion_impl': 'te'" in str(config)
+    # Megatron keeps remainders itself under the precision-aware optimizer without FP8 parameters.
+    megatron_kept = dataclasses.replace(plan, cross_entropy_loss_fusion=False, precision_aware_optimizer=True)
+    assert megatron_lm_unflagged(megatron_kept) == {}

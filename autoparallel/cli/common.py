@@ -16,7 +16,8 @@ FEATURE_FLAGS = ("sp", "recompute", "precision", "fp8_bf16_edge_layers", "tp_com
                  "distributed_optimizer", "overlap_dp_comm", "grad_reduce_in_fp32", "flash_attention", "fsdp",
                  "cpu_offloading_num_layers", "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type",
                  "fp8_param_gather", "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap",
-                 "fp8_attention", "tp_only_amax_red", "activation_func_fp8_input_store")
+                 "fp8_attention", "tp_only_amax_red", "activation_func_fp8_input_store", "param_remainders",
+                 "cross_entropy_loss_fusion")
 SETTING_FLAGS = ("pipeline_layout", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 # Never truncate in logs and pipes: a value cut to "fp8-de…" is worse than a wide line.
@@ -82,6 +83,12 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fp8-param-gather", action=argparse.BooleanOptionalAction,
                    help="FP8 recipes: keep the weights in FP8 only and all-gather them in FP8 (Megatron's "
                         "--fp8-param-gather; distributed optimizer)")
+    g.add_argument("--cross-entropy-loss-fusion", action=argparse.BooleanOptionalAction,
+                   help="TransformerEngine's fused cross-entropy: only the BF16 logits are kept "
+                        "(--cross-entropy-loss-fusion --cross-entropy-fusion-impl te)")
+    g.add_argument("--param-remainders", action=argparse.BooleanOptionalAction,
+                   help="the distributed optimizer keeps 16 bits per master weight beside the BF16 weight "
+                        "(Apex DistributedFusedAdam store_param_remainders: NeMo 1's distributed_fused_adam)")
     g.add_argument("--precision-aware-optimizer", action=argparse.BooleanOptionalAction,
                    help="Adam's moments in BF16 (--use-precision-aware-optimizer --exp-avg-dtype bf16 "
                         "--exp-avg-sq-dtype bf16; distributed optimizer)")

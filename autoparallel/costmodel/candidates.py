@@ -34,6 +34,13 @@ CAST_BYTES = {"fp8-delayed": 4.0, "fp8-current": 6.0, "fp8-blockwise": 4.5, "mxf
 # weight gradient) and each weight's two layouts, by recipe family.
 QUANTIZED_INPUT_BYTES = {"fp8": 1.0, "fp4": NVFP4_ELEMENT_BYTES}
 QUANTIZED_WEIGHT_BYTES = {"fp8": 2.0, "fp4": 2 * (0.5 + 1.0 / 256)}  # NVFP4 weights: 16x16 blocks
+# Per-tensor FP8 (delayed and current scaling) on Blackwell keeps one layout of each weight: sm_100's
+# FP8 GEMMs take any operand layout, so TransformerEngine (since 2.0) makes no transpose there
+# (transformer_engine/pytorch/csrc/quantizer.cpp Float8Quantizer::create_tensor: with_transpose =
+# columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported(), true for compute capability 10.x-11.x;
+# TransformerEngine d0067d0d / v2.9). Block-scaled copies differ by layout (their scales run along
+# rows or columns) and keep both.
+PER_TENSOR_FP8 = ("fp8-delayed", "fp8-current")
 # Megatron's --recompute-modules that the cost model prices (core_attn alone for dense models).
 RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "moe", "layernorm")
 
@@ -91,7 +98,7 @@ class Candidates:
     fp8_param_share: np.ndarray  # share of layer weights kept only in FP8 (--fp8-param-gather)
     gather_bytes: np.ndarray  # bytes per parameter of the parameter all-gather (BF16, FP8 share at 1)
     moment_bytes: np.ndarray  # bytes of each Adam moment (FP32, BF16 with the precision-aware optimizer)
-    master_bytes: np.ndarray  # bytes of each master weight (FP32, its 16-bit remainder when precision-aware)
+    master_bytes: np.ndarray  # bytes of each master weight (FP32; 16 bits when precision-aware or param_remainders)
     dp_group: np.ndarray  # dense parameters are replicated over dp*cp GPUs
     dp_per_node: np.ndarray
     edp_group: np.ndarray  # experts over dp*cp*tp / (ep*etp): Megatron's parallel folding
@@ -127,6 +134,23 @@ class Candidates:
         """The s x s attention probabilities are saved for backward (no flash, no core_attn
         recompute)."""
         return ~self.flash & ~self.modules["core_attn"]
+
+    @property
+    def attention_output_fused(self) -> np.ndarray:
+        """A fused attention kernel saves its BF16 output for its backward: flash attention, core
+        attention not recomputed, not FP8 attention (whose FP8 output is the projection's input)."""
+        return self.flash & ~self.modules["core_attn"] & ~self.flag("fp8_attention")
+
+    @property
+    def attention_output_bytes(self) -> np.ndarray:
+        """Bytes kept per element of the attention output (``memory.attention_output_bytes``):
+        the fused kernel's BF16 output; the projection's own quantized copy beside it under
+        delayed scaling; FP8 attention's one FP8 output, shared with the projection."""
+        delayed = np.asarray(self.knobs["precision"]) == "fp8-delayed"
+        fp8_attention = self.flag("fp8_attention") & (self.quantized_fraction > 0)
+        return np.where(fp8_attention, memory.gemm_input_bytes(self.quantized_fraction, self.quantized_input_bytes),
+                        memory.attention_output_bytes(self.quantized_fraction, self.quantized_input_bytes,
+                                                      self.attention_output_fused, delayed))
 
     @property
     def offloaded(self) -> np.ndarray:
@@ -190,7 +214,9 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
         is_fp8=is_fp8, is_fp4=is_fp4, cast_bytes=_cast_bytes_per_element(precision),
         quantized_fraction=quantized_fraction,
         quantized_input_bytes=np.where(is_fp4, QUANTIZED_INPUT_BYTES["fp4"], QUANTIZED_INPUT_BYTES["fp8"]),
-        quantized_weight_bytes=np.where(is_fp4, QUANTIZED_WEIGHT_BYTES["fp4"], QUANTIZED_WEIGHT_BYTES["fp8"]),
+        quantized_weight_bytes=np.select(
+            [is_fp4, np.isin(precision, PER_TENSOR_FP8) & hw.mxfp8],  # hw.mxfp8: a Blackwell (sm_100) GPU
+            [QUANTIZED_WEIGHT_BYTES["fp4"], memory.FP8_WEIGHT_BYTES], QUANTIZED_WEIGHT_BYTES["fp8"]),
         act_input_bytes=np.where(flag("activation_func_fp8_input_store"), memory.FP8_ACT_INPUT_BYTES,
                                  memory.ACT_INPUT_BYTES),
         first_layers=first_layers, middle_layers=middle_layers, last_layers=last_layers,
@@ -202,7 +228,7 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
         gather_bytes=memory.WEIGHT_BYTES - (memory.WEIGHT_BYTES - memory.FP8_WEIGHT_BYTES) * fp8_param_share,
         moment_bytes=np.where(flag("precision_aware_optimizer"), memory.BF16_MOMENT_BYTES, memory.ADAM_MOMENT_BYTES),
         # store_param_remainders applies only without FP8 parameters (use_precision_aware_optimizer_no_fp8_or_ds_fp8)
-        master_bytes=np.where(flag("precision_aware_optimizer") & ~flag("fp8_param_gather"),
+        master_bytes=np.where((flag("precision_aware_optimizer") & ~flag("fp8_param_gather")) | flag("param_remainders"),
                               memory.MASTER_REMAINDER_BYTES, memory.MASTER_WEIGHT_BYTES),
         dp_group=dp_group, dp_per_node=comm.ranks_per_domain(hw, dp_group, t),
         edp_group=edp_group, edp_per_node=comm.ranks_per_domain(hw, edp_group, e * et),

@@ -150,19 +150,24 @@ def attention_share(model: ModelSpec) -> float:
 
 
 def frozen_activation_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction=0.0,
-                            quantized_bytes=memory.FP8_GEMM_INPUT_BYTES):
+                            quantized_bytes=memory.FP8_GEMM_INPUT_BYTES, attention_output=None,
+                            fused_saves_output=True):
     """What a LoRA layer keeps beyond (negative: short of) ``memory.layer_activation_bytes``'s
     count of the Linears' inputs: a frozen Linear keeps no input for a weight gradient (QKV's and
     FC1's norm outputs, FC2's activation output); a target's adapter keeps its BF16 input instead
     (assumption: sharded as the base input was, Megatron-Bridge's ``LORA_A2A``/regather paths).
-    The projection's input is the attention output, which flash attention keeps for itself."""
+    The projection's input is the attention output (counted ``attention_output`` bytes per
+    element, else as a GEMM input): a fused attention keeps it in BF16 for itself, which a
+    target's adapter shares (the adapter keeps it in BF16 either way); the frozen projection keeps
+    no copy of its own."""
     if not is_lora(model):
         return 0.0
     gemm_in = memory.gemm_input_bytes(fp8_fraction, quantized_bytes)
+    counted_output = gemm_in if attention_output is None else attention_output
     targets = model.finetune.lora_targets
     kept = lambda name: np.where(name in targets, memory.GEMM_INPUT_BYTES, 0.0) - gemm_in  # noqa: E731
     replicated = (kept("linear_qkv") + kept("linear_fc1")) * model.hidden_size
+    output = np.where(fused_saves_output | ("linear_proj" in targets), memory.GEMM_INPUT_BYTES, counted_output)
     sharded = (kept("linear_fc2") * model.ffn_hidden_size
-               + np.where("linear_proj" in targets, memory.GEMM_INPUT_BYTES - gemm_in, 0.0)
-               * model.num_attention_heads * model.head_dim)
+               + (output - counted_output) * model.num_attention_heads * model.head_dim)
     return b * s * (np.where(sp, replicated / t, replicated) + sharded / t)

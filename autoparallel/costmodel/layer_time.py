@@ -71,13 +71,14 @@ def activation_bytes(x: Candidates, is_moe: bool, keep_scores):
     kernels touch)."""
     fraction = x.quantized_fraction if keep_scores is not False else 0.0
     act_in = x.act_input_bytes if keep_scores is not False else memory.ACT_INPUT_BYTES
+    output = x.attention_output_bytes if keep_scores is not False else None
     saved = memory.layer_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, keep_scores, fraction, moe=is_moe,
                                           etp=x.et, imbalance=x.imbalance, quantized_bytes=x.quantized_input_bytes,
-                                          act_in=act_in)
+                                          act_in=act_in, attention_output=output)
     if keep_scores is False:
         return saved
     return saved + finetune.frozen_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction,
-                                                    x.quantized_input_bytes)
+                                                    x.quantized_input_bytes, output, x.attention_output_fused)
 
 
 def permutation_time(x: Candidates):

@@ -9,22 +9,26 @@ masks are counted only when the model has dropout (``hidden_dropout`` / ``attent
 
 Under an FP8 recipe TransformerEngine keeps, of each Linear's input, only the FP8 copy the
 weight-gradient GEMM reads (1 B per element instead of 2; under NVFP4 its column-wise NVFP4 copy,
-0.5625 B): the QKV, projection, FC1 and FC2
-inputs; the norms' inputs, Q/K/V for attention and the activation's input stay BF16 (the SwiGLU's
-input is kept as an E4M3 copy, 1 B, where TransformerConfig.activation_func_fp8_input_store is set:
-Megatron's fused ``bias_swiglu`` / ``weighted_bias_swiglu`` save ``input.to(torch.float8_e4m3fn)``).
+0.5625 B): the QKV, FC1 and FC2 inputs; the norms' inputs, Q/K/V for attention and the activation's
+input stay BF16 (the SwiGLU's input is kept as an E4M3 copy, 1 B, where
+TransformerConfig.activation_func_fp8_input_store is set: Megatron's fused ``bias_swiglu`` /
+``weighted_bias_swiglu`` save ``input.to(torch.float8_e4m3fn)``). The attention output is kept by
+the fused attention itself in BF16, beside the projection's FP8 copy under delayed scaling
+(``attention_output_bytes``).
 
 The loss keeps the FP32 softmax of the logits (4 B per token and vocabulary entry, Megatron's
-``_VocabParallelCrossEntropy``), and while it is computed the BF16 logits exist beside it (2 B).
+``_VocabParallelCrossEntropy``), and while it is computed the BF16 logits exist beside it (2 B);
+TransformerEngine's fused loss keeps the BF16 logits only.
 
 Model states follow Megatron-LM's distributed-optimizer documentation: BF16 weights 2 B/param,
 main gradients 4 B/param (2 with --grad-reduce-in-bf16), Adam (FP32 master + m + v) 12 B/param,
 the 12 sharded over the DP×CP group by the distributed optimizer (6 with the precision-aware
 optimizer: BF16 moments, and only the 16-bit remainder of each FP32 master weight beside the BF16
-weight, Megatron-Core's default store_param_remainders; 8 where FP8 parameters turn that off); under an FP8 recipe each layer weight also has its FP8 copy and its
-transpose (2 B), and with --fp8-param-gather those FP8 tensors are the parameters: the BF16
-weight of an FP8 layer is not kept at all; FSDP (Megatron-FSDP
-optim_grads_params, FSDP2) shards weights and gradients too, and holds two layers' full BF16
+weight, Megatron-Core's default store_param_remainders; 8 where FP8 parameters turn that off; 10 with
+Apex DistributedFusedAdam's remainders, NeMo 1's default); under an FP8 recipe each layer weight also
+has its FP8 copy and its transpose (2 B; one layout, 1 B, for per-tensor FP8 on Blackwell), and with
+--fp8-param-gather those FP8 tensors are the parameters: the BF16 weight of an FP8 layer is not kept
+at all; FSDP (Megatron-FSDP optim_grads_params, FSDP2) shards weights and gradients too, and holds two layers' full BF16
 weights (the one computing and the one prefetched) and one layer's full gradient unsharded.
 
 A MoE layer (``routed_expert_bytes``) keeps, per routed token copy on the GPU that computes it,
@@ -65,6 +69,9 @@ FP8_WEIGHT_BYTES = 1.0  # a weight kept (and all-gathered) in FP8 only: --fp8-pa
 # token ids and labels and the FP32 loss mask per token.
 GRAPH_DATA_BYTES_PER_TOKEN = 8.0 + 8.0 + 4.0
 SOFTMAX_BYTES = 4.0  # the FP32 softmax the cross-entropy keeps for backward
+# TransformerEngine's fused loss (transformer_engine/pytorch/cross_entropy.py CrossEntropyFunction,
+# v2.9) writes the gradient into the BF16 logits in its forward and saves only them.
+FUSED_LOGITS_BYTES = 2.0
 LOGITS_TRANSIENT_BYTES = 2.0  # the BF16 logits beside it while the loss is computed
 EMBEDDING_INPUT_BYTES = 8.0  # int64 token ids per token, per micro-batch in flight
 ROUTER_INPUT_BYTES = 2.0  # the MoE router's BF16 input
@@ -108,19 +115,35 @@ def _per_ffn_unit(model: ModelSpec, gemm_in, act_in=ACT_INPUT_BYTES):
     return (2.0 if model.gated_mlp else 1.0) * act_in + gemm_in
 
 
+def attention_output_bytes(fp8_fraction, quantized_bytes, fused_saves_output, proj_keeps_copy):
+    """Bytes kept per element of the attention output (the projection's input). A fused attention
+    kernel (flash, cuDNN; not recomputed) saves its BF16 output for its backward (TransformerEngine
+    FusedAttnFunc saves q, k, v and out). Under an FP8/FP4 recipe the projection keeps its own
+    quantized copy beside it (``proj_keeps_copy``: TE's Linear saves the quantized input), except
+    where Megatron has it save the original BF16 input instead, shared with the attention's:
+    every recipe but delayed scaling since Megatron-LM 781e765818 (attention.py
+    set_save_original_input(self.linear_proj), TE >= 2.6)."""
+    gemm_in = gemm_input_bytes(fp8_fraction, quantized_bytes)
+    with_copy = np.where(fused_saves_output, GEMM_INPUT_BYTES + fp8_fraction * quantized_bytes, gemm_in)
+    return np.where(proj_keeps_copy, with_copy, GEMM_INPUT_BYTES)
+
+
 def sharded_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0, moe: bool = False,
-                                   quantized_bytes=FP8_GEMM_INPUT_BYTES, act_in=ACT_INPUT_BYTES):
+                                   quantized_bytes=FP8_GEMM_INPUT_BYTES, act_in=ACT_INPUT_BYTES,
+                                   attention_output=None):
     """Activation bytes per token and hidden unit that tensor parallel shards (24 for GPT):
-    Q, K and V, the attention output (the projection's input), the activation's input (two
-    tensors for a gated MLP) and the FC2 input; in a MoE layer, of the shared experts only (the
-    routed experts' share is ``routed_expert_bytes``)."""
+    Q, K and V, the attention output (the projection's input; ``attention_output`` bytes per
+    element, see ``attention_output_bytes``, else the projection's GEMM input), the activation's
+    input (two tensors for a gated MLP) and the FC2 input; in a MoE layer, of the shared experts
+    only (the routed experts' share is ``routed_expert_bytes``)."""
     h, heads = model.hidden_size, model.num_attention_heads
     gemm_in = gemm_input_bytes(fp8_fraction, quantized_bytes)
+    out = gemm_in if attention_output is None else attention_output
     if model.multi_latent_attention:
-        attention = (2.0 * heads * (2 * model.qk_dim + model.v_dim) + gemm_in * heads * model.v_dim) / h
+        attention = (2.0 * heads * (2 * model.qk_dim + model.v_dim) + out * heads * model.v_dim) / h
     else:
         kv = model.query_groups / heads
-        attention = (2.0 + 4.0 * kv + gemm_in) * heads * model.head_dim / h
+        attention = (2.0 + 4.0 * kv + out) * heads * model.head_dim / h
     ffn = model.shared_expert_ffn_hidden_size if moe else model.ffn_hidden_size
     return attention + _per_ffn_unit(model, gemm_in, act_in) * ffn / h
 
@@ -180,7 +203,7 @@ def recomputed_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, etp
 
 def layer_activation_bytes(model: ModelSpec, b, s, t, sp, keep_scores, fp8_fraction=0.0,
                            moe: bool = False, etp=1, imbalance=1.0, quantized_bytes=FP8_GEMM_INPUT_BYTES,
-                           act_in=ACT_INPUT_BYTES):
+                           act_in=ACT_INPUT_BYTES, attention_output=None):
     """Bytes one layer saves for backward for one micro-batch of ``b`` sequences of ``s`` tokens.
 
     ``keep_scores``: the s×s attention probabilities are stored (no flash attention and no
@@ -192,7 +215,8 @@ def layer_activation_bytes(model: ModelSpec, b, s, t, sp, keep_scores, fp8_fract
     sbh = b * s * model.hidden_size
     replicated_bytes = replicated_bytes_per_token_hidden(model, fp8_fraction, moe, quantized_bytes)
     replicated = np.where(sp, replicated_bytes / t, replicated_bytes)
-    per_token = replicated + sharded_bytes_per_token_hidden(model, fp8_fraction, moe, quantized_bytes, act_in) / t
+    per_token = replicated + sharded_bytes_per_token_hidden(model, fp8_fraction, moe, quantized_bytes, act_in,
+                                                            attention_output) / t
     scores = bytes_per_attention_score(model) * model.num_attention_heads * s * s * b / t
     routed = routed_expert_bytes(model, b * s / t, etp, imbalance, fp8_fraction, quantized_bytes, act_in) if moe else 0.0
     return sbh * per_token + np.where(keep_scores, scores, 0.0) + routed
@@ -208,9 +232,11 @@ def head_input_bytes(model: ModelSpec, b, s, t, sp):
     return 2.0 * layer_input_bytes(model, b, s, t, sp)
 
 
-def logits_bytes(model: ModelSpec, b, s, t):
-    """The loss's FP32 softmax and the BF16 logits beside it on the last stage (vocab-parallel)."""
-    return (SOFTMAX_BYTES + LOGITS_TRANSIENT_BYTES) * b * s * model.vocab_size / t
+def logits_bytes(model: ModelSpec, b, s, t, fused=False):
+    """The loss's FP32 softmax and the BF16 logits beside it on the last stage (vocab-parallel);
+    ``fused``: TransformerEngine's fused loss keeps the BF16 logits only."""
+    per_logit = np.where(fused, FUSED_LOGITS_BYTES, SOFTMAX_BYTES + LOGITS_TRANSIENT_BYTES)
+    return per_logit * b * s * model.vocab_size / t
 
 
 def embedding_activation_bytes(model: ModelSpec, b, s):

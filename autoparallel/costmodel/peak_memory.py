@@ -63,9 +63,22 @@ def _in_flight(x: Candidates, layers: Layers, stage_layers, stage_moe, stage):
     of the layer computing and the CUDA graphs' static buffers; and the number of micro-batches
     held (a published row's DualPipe: ``pipeline.dualpipe_inflight`` on every rank)."""
     held = np.where(x.dualpipe, pipeline.dualpipe_inflight(x.p), pipeline.inflight_chunks(x.p, x.v, x.m, stage) / x.v)
-    working = np.where(stage_moe > 0, layers.moe["working"], layers.dense["working"])
+    working = _working(layers, stage_moe)
     graphs = cuda_graph_bytes(x, held, stage_layers)
     return held * layers.on("stored", stage_layers, stage_moe) + working + graphs, held
+
+
+def _working(layers: Layers, stage_moe):
+    """The working set of the layer computing (a MoE layer's where the stage has one)."""
+    return np.where(stage_moe > 0, layers.moe["working"], layers.dense["working"])
+
+
+def _beyond_working(logits, layers: Layers, stage_moe):
+    """What the head (the loss's logits, the head's inputs) adds to a stage's peak beyond the
+    working set of a layer: the two never coexist, as the head's forward starts after the last
+    layer's and its backward (which frees the logits and their gradient) ends before that layer's
+    backward begins."""
+    return np.maximum(logits - _working(layers, stage_moe), 0.0)
 
 
 def cuda_graph_bytes(x: Candidates, held, stage_layers):
@@ -81,27 +94,36 @@ def cuda_graph_bytes(x: Candidates, held, stage_layers):
 
 
 def logits_bytes(x: Candidates):
-    """The loss's FP32 softmax and BF16 logits, and the head's inputs, on the last stage."""
+    """The loss's FP32 softmax and BF16 logits (the BF16 logits only under TransformerEngine's
+    fused loss), and the head's inputs, on the last stage."""
     model = x.model
-    return (memory.logits_bytes(model, x.b, x.s_local, x.t)
+    return (memory.logits_bytes(model, x.b, x.s_local, x.t, x.flag("cross_entropy_loss_fusion"))
             + memory.head_input_bytes(model, x.b, x.s_local, x.t, x.sp))
 
 
 def activation_bytes(x: Candidates, layers: Layers) -> tuple[list, list]:
-    """Activations of the first, middle and last stage (logits included) and the logits alone.
-    Offloading keeps two layers' worth on the GPU: the one being copied and the next."""
-    logits = logits_bytes(x)
+    """Activations of the first, middle and last stage (the head's logits included, where they
+    exceed a layer's working set: ``_beyond_working``) and that share of the logits alone.
+    Offloading N of the L layers keeps L - N layers' activations on the GPU at the end of the
+    forward, never fewer than two (the layer computing and the one being copied or reloaded):
+    TransformerEngine's AsyncDoubleBufferGroupOffloadHandler frees offloaded group i once layer
+    (L // N)(i + 1) - 1 has run (``layer_window_map``, transformer_engine/pytorch/cpu_offload.py,
+    v2.9), so the last group is off the GPU when the last layer's forward ends, and the backward
+    reloads each group only when the layers after it are freed."""
     offloaded = x.offloaded
-    kept = 1.0 - (offloaded - 2.0 * np.minimum(offloaded, 1.0)) / x.first_layers
+    kept_layers = np.maximum(x.first_layers - offloaded, np.minimum(2.0, x.first_layers))
+    kept = np.where(offloaded > 0, kept_layers / x.first_layers, 1.0)
     first, first_held = _in_flight(x, layers, x.first_layers * kept, x.first_moe * kept, 0)
     first = first + first_held * memory.embedding_activation_bytes(x.model, x.b, x.s_local)
-    first = first + np.where(x.single, logits, 0.0)
+    first_head = np.where(x.single, _beyond_working(logits_bytes(x), layers, x.first_moe), 0.0)
+    first = first + first_head
     middle, _ = _in_flight(x, layers, x.middle_layers, x.middle_moe, 1)
     last, last_held = _in_flight(x, layers, x.last_layers, x.last_moe, x.p - 1)
+    last_head = _beyond_working(logits_bytes(x), layers, x.last_moe)
     if x.model.mtp_num_layers:
-        mtp = mtp_bytes(x, layers, last_held, logits)
+        mtp = mtp_bytes(x, layers, last_held, logits_bytes(x))
         first, last = first + np.where(x.single, mtp, 0.0), last + mtp
-    return [first, middle, last + logits], [np.where(x.single, logits, 0.0), 0.0, logits]
+    return [first, middle, last + last_head], [first_head, 0.0, last_head]
 
 
 def mtp_bytes(x: Candidates, layers: Layers, held, logits):

@@ -213,13 +213,29 @@ def bridge_precision(plan: Plan) -> dict:
 # TransformerConfig fields with no Megatron-LM flag (arguments.py leaves them out of the flags it
 # generates from TransformerConfig, d98e8a6); NeMo 1/2 and Megatron-Bridge set them on the config.
 UNFLAGGED_FIELDS = ("tp_only_amax_red", "activation_func_fp8_input_store")
-MEGATRON_LM_UNFLAGGED = {name: f"TransformerConfig.{name}=True has no Megatron-LM flag: the nemo / nemo2 configs "
-                               "here set it, Megatron-Bridge on its model provider" for name in UNFLAGGED_FIELDS}
+MEGATRON_LM_UNFLAGGED = {
+    **{name: f"TransformerConfig.{name}=True has no Megatron-LM flag: the nemo / nemo2 configs here set it, "
+             "Megatron-Bridge on its model provider" for name in UNFLAGGED_FIELDS},
+    # Megatron-Core keeps master remainders only under --use-precision-aware-optimizer
+    # without FP8 parameters (OptimizerConfig.store_param_remainders).
+    "param_remainders": "16-bit master-weight remainders without the precision-aware optimizer "
+                        "are Apex DistributedFusedAdam's (the nemo config's distributed_fused_adam); "
+                        "Megatron-LM keeps FP32 master weights there",
+    # Megatron-LM 168cb15d70 (2026-06-03, "Disable TE cross entropy loss fusion")
+    # asserts against --cross-entropy-loss-fusion with --cross-entropy-fusion-impl te.
+    "cross_entropy_loss_fusion": "TransformerEngine's fused cross-entropy: Megatron-LM refuses "
+                                 "--cross-entropy-loss-fusion --cross-entropy-fusion-impl te since "
+                                 "168cb15d70; Megatron-Bridge and NeMo 2 set "
+                                 "cross_entropy_fusion_impl='te' on the model config"}
 
 
-def unflagged(plan: Plan) -> dict:
-    """The plan's TransformerConfig settings that no Megatron-LM flag can set, each with why."""
-    return {name: why for name, why in MEGATRON_LM_UNFLAGGED.items() if getattr(plan, name)}
+def megatron_lm_unflagged(plan: Plan) -> dict:
+    """The plan's settings the Megatron-LM flags cannot state, each with what does state it."""
+    unflagged = {**{name: getattr(plan, name) for name in UNFLAGGED_FIELDS},
+                 "param_remainders": plan.param_remainders and not (plan.precision_aware_optimizer
+                                                                    and not plan.fp8_param_gather),
+                 "cross_entropy_loss_fusion": plan.cross_entropy_loss_fusion}
+    return {k: MEGATRON_LM_UNFLAGGED[k] for k, on in unflagged.items() if on}
 
 
 def export_document(model: ModelSpec, plan: Plan, metrics: dict, gpus_per_node: int = 8) -> dict:
@@ -234,5 +250,5 @@ def export_document(model: ModelSpec, plan: Plan, metrics: dict, gpus_per_node: 
         "nemo2": {"unsupported": why} if why else nemo2_recipe(model, plan, gpus_per_node),
         "megatron_bridge_mixed_precision": bridge_precision(plan),
         "transformer_engine_recipe": te_recipe(plan),
-        **({"megatron_lm_unflagged": why} if (why := unflagged(plan)) else {}),
+        **({"megatron_lm_unflagged": unflagged} if (unflagged := megatron_lm_unflagged(plan)) else {}),
     }

@@ -196,6 +196,8 @@ def nemo2_recipe(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
     for name in ("tp_only_amax_red", "activation_func_fp8_input_store"):
         if getattr(plan, name):
             config[name] = True
+    if plan.cross_entropy_loss_fusion:
+        config.update(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
     config.update(moe_export.config_keys(model, plan))
     trainer = _trainer(plan, gpus_per_node, plugins.pop("precision"))
     return {

@@ -115,6 +115,17 @@ class Plan:
     # --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16: Adam's two
     # moments in BF16 beside the FP32 master weights, 8 B per parameter instead of 12.
     precision_aware_optimizer: bool = False
+    # The distributed optimizer keeps 16 bits per master weight beside the 16-bit weight instead of
+    # an FP32 copy: Apex DistributedFusedAdam's store_param_remainders (the low 16 bits of the FP32
+    # master; NeMo 1's megatron_base_model sets it for FP32 state with BF16 weights, NeMo 24.07's
+    # distributed_fused_adam), or Apex with BF16 state (optim.dtype bf16) keeping BF16 master copies
+    # of FP8 parameters. Megatron-LM does the first only under the precision-aware optimizer without
+    # FP8 parameters (store_param_remainders), which prices it without this knob.
+    param_remainders: bool = False
+    # --cross-entropy-loss-fusion --cross-entropy-fusion-impl te: TransformerEngine's fused loss
+    # writes the logits' gradient into the BF16 logits and keeps only them (2 B per logit), where
+    # Megatron's unfused loss keeps an FP32 softmax beside them (``memory.logits_bytes``).
+    cross_entropy_loss_fusion: bool = False
     # CUDA graphs: "layer" = per-layer graphs of whole transformer layers (TransformerEngine's
     # make_graphed_callables, --cuda-graph-impl transformer_engine; MLPerf's LAYER_CUDA_GRAPH);
     # "full_iteration" = the forward-backward of the step as one graph (--cuda-graph-impl
