@@ -19,8 +19,10 @@ With userbuffers (NeMo's ``tp_overlap_configs/userbuffers.py``: ``*_fprop`` and
 ``proj_dgrad`` / ``fc2_dgrad`` are ``RingExchangeOverlapCfg`` in every FP8 config) the three
 collectives that TE otherwise waits on are ring exchanges: the GEMM is split into tp chunks of
 tokens/tp rows, each computed while the next chunk travels, so the GEMM runs at the efficiency of
-a chunk (``gemm``: smaller GEMMs reach less of peak) and hides the transfer behind it. The other
-two stay bulk overlaps beside the dgrad / wgrad GEMMs. A collective hidden behind a GEMM keeps
+a chunk (``gemm``: smaller GEMMs reach less of peak) and hides the transfer behind it. TE moves
+a ring exchange's chunks with the copy engines (``initialize_ub``'s default: ``use_ce`` True,
+``num_sm`` 1), so only what outlasts its chunked GEMM is exposed. The other two stay bulk
+overlaps beside the dgrad / wgrad GEMMs, on SMs: a collective hidden that way keeps
 ``1 - tp_overlap`` of it exposed (kernels contend for SMs and memory), as ``dataparallel`` does.
 """
 
@@ -51,9 +53,9 @@ def tp_comm_time(x: Candidates, blocks, t_linear, t_chunked):
     waited = forward + 1.0 + (1.0 - wgrad)  # ... the output-gradient AG, a frozen base's RS
     behind_gemm = wgrad * (_hidden(x, one, half) + _hidden(x, one, half))  # AG beside dgrad, RS beside wgrad
     plain = waited * one + behind_gemm
-    # Ring exchange: each of the waited collectives beside its own (chunked) GEMM.
+    # Ring exchange (copy engines): each waited collective beside its own chunked GEMM.
     chunking = waited * (half_chunked - half)  # the chunked GEMMs: forward, row dgrad (a frozen base's col dgrad)
-    overlapped = waited * _hidden(x, one, half_chunked) + behind_gemm + chunking
+    overlapped = waited * np.maximum(one - half_chunked, 0.0) + behind_gemm + chunking
     no_sp = 2.0 * one * (1.0 + x.recomputed_fraction) + np.where(wgrad > 0, _hidden(x, 2.0 * one, half), 2.0 * one)
     per_block = np.where(x.sp, np.where(x.flag("tp_comm_overlap"), overlapped, plain), no_sp)
     return np.where(x.t > 1, blocks * per_block, 0.0)
