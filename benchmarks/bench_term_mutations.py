@@ -23,10 +23,11 @@ TESTS = ["tests/test_cost_terms.py", "tests/test_dispatch.py"]
 FUNCTIONS = {
     "autoparallel.costmodel.layer_time": [
         "linear_time", "attention_time", "softmax_time", "forward_time", "compute_time", "fp8_cast_time",
-        "selective_recompute_time", "full_recompute_time", "tp_comm_time", "cp_comm_time", "fsdp_time",
+        "selective_recompute_time", "full_recompute_time", "cp_comm_time", "fsdp_time",
         "ep_comm_time", "routed_experts_time", "activation_bytes", "stored_activation_bytes", "gemm_input_elements",
         "router_time", "permutation_time", "lora_adapters_time", "amax_reduction_time",
         "norm_recompute_time"],
+    "autoparallel.costmodel.tensor_parallel": ["tp_comm_time"],
     "autoparallel.costmodel.memory": ["norm_output_bytes"],
     "autoparallel.costmodel.pipeline": ["dualpipe_inflight"],
     "autoparallel.costmodel.stages": ["logits_time", "pp_comm_time", "offload_time", "stage_params", "mtp_time",

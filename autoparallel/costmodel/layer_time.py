@@ -7,7 +7,8 @@ A layer's time is the sum of ``LAYER_TIME_TERMS``, each priced by one function b
   per-layer overhead;
 - ``fp8_cast``: TransformerEngine's casts of GEMM inputs (forward) and gradients (backward);
 - ``selective_recompute`` / ``full_recompute``: the forward work recomputed in the backward pass;
-- ``tp_comm``, ``cp_comm``, ``fsdp``, ``ep_comm``: what communication leaves exposed;
+- ``tp_comm``, ``cp_comm``, ``fsdp``, ``ep_comm``: what communication leaves exposed (TP's as
+  TransformerEngine overlaps it, ``tensor_parallel``);
 - ``amax_reduction``: the delayed-scaling recipe's blocking amax all-reduce per model chunk;
 - ``lora_adapters``: LoRA's adapters, forward and backward (``finetune``); a frozen base computes no
   weight gradients, so ``compute`` drops its wgrad GEMMs.
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoparallel.costmodel import comm, dataparallel, dispatch, finetune, flops, gemm, memory, moe, pipeline
+from autoparallel.costmodel import comm, dataparallel, dispatch, finetune, flops, gemm, memory, moe, pipeline, tensor_parallel
 from autoparallel.costmodel.candidates import Candidates
 
 GEMMS_PER_LAYER = 4  # QKV, projection, FC1 (gate and up fused), FC2
@@ -35,18 +36,23 @@ LAYER_TIME_TERMS = ("compute", "fp8_cast", "selective_recompute", "full_recomput
                     "fsdp", "ep_comm", "lora_adapters", "amax_reduction")
 
 
-def linear_time(x: Candidates, params, whole=0.0):
+def linear_time(x: Candidates, params, whole=0.0, chunks=1.0):
     """Forward time of Linear GEMMs on ``params`` split by TP, of which ``whole`` (MLA's down
-    projections) run whole on every TP rank, on its sequence-parallel share of the tokens."""
+    projections) run whole on every TP rank, on its sequence-parallel share of the tokens;
+    ``chunks``: each GEMM split into that many row chunks (userbuffers' ring exchange), each at
+    the efficiency of its own size."""
     whole_tokens = np.where(x.sp, x.tokens / x.t, x.tokens)
     lin_flops = 2.0 * (x.tokens * (params - whole) / x.t + whole_tokens * whole)
-    return lin_flops / (x.gemm_peak * gemm.efficiency(x.hw, lin_flops / GEMMS_PER_LAYER))
+    return lin_flops / (x.gemm_peak * gemm.efficiency(x.hw, lin_flops / GEMMS_PER_LAYER / chunks))
 
 
 def attention_time(x: Candidates):
-    """Attention core forward: QK^T, the softmax's exponentials on the SFUs, then P·V, one after
-    the other (the second GEMM waits for the softmax), at one fitted efficiency. A flash kernel
-    on packed sequences computes each document's causal block only (``finetune.attention_share``).
+    """Attention core forward: QK^T, the softmax's exponentials on the SFUs and P·V, at one
+    fitted efficiency. A flash kernel keeps the tensor cores and the SFUs busy at once: while one
+    warpgroup's exponentials run, another's GEMMs do (FlashAttention-3, arXiv 2407.08608 §3.1-3.2:
+    ping-pong scheduling and intra-warpgroup pipelining; cuDNN's fused attention on Hopper and
+    Blackwell pipelines them alike), so the slower of the two sets the time. A flash kernel on
+    packed sequences computes each document's causal block only (``finetune.attention_share``).
     FP8 attention runs both GEMMs at the FP8 peak, at the same fitted efficiency (no published run
     to fit its own); the exponentials stay on the SFUs."""
     model, hw = x.model, x.hw
@@ -54,7 +60,7 @@ def attention_time(x: Candidates):
     attn_flops = attn_flops * np.where(x.flash, finetune.attention_share(model), 1.0)
     exponentials = np.where(x.flash, attn_flops / (2.0 * (model.qk_dim + model.v_dim)), 0.0)
     peak = np.where(x.flag("fp8_attention"), hw.fp8_tflops or hw.bf16_tflops, hw.bf16_tflops) * 1e12
-    return (attn_flops / peak + exponentials / (hw.exp_tera_per_s * 1e12)) / hw.efficiency.attention
+    return np.maximum(attn_flops / peak, exponentials / (hw.exp_tera_per_s * 1e12)) / hw.efficiency.attention
 
 
 def softmax_time(x: Candidates):
@@ -206,18 +212,6 @@ def full_recompute_time(x: Candidates, forward):
     return x.recomputed_fraction * forward
 
 
-def tp_comm_time(x: Candidates, blocks, t_linear):
-    """An all-reduce (or all-gather + reduce-scatter pair under SP) each way per block that TP
-    splits (and once more in a recomputed forward). Overlap (userbuffers) hides them behind the
-    GEMMs they run beside, never more."""
-    per_domain = comm.ranks_per_domain(x.hw, x.t, 1)
-    per_block = comm.all_reduce_time(x.hw, 2.0 * x.tokens * x.model.hidden_size, x.t, per_domain)
-    total = blocks * (per_block * (2.0 + x.recomputed_fraction))
-    gemms_beside = t_linear * (finetune.linear_passes(x.model) + x.recomputed_fraction)
-    hidden = np.maximum((1 - x.hw.efficiency.tp_overlap) * total, total - gemms_beside)
-    return np.where(x.flag("tp_comm_overlap"), hidden, total)
-
-
 def cp_comm_time(x: Candidates, attention):
     """Ring exchange of the local K/V chunk: (cp-1) hops forward, K/V and dK/dV backward, partly
     hidden behind the attention computed meanwhile."""
@@ -287,12 +281,13 @@ def stored_activation_bytes(x: Candidates, is_moe: bool):
 
 
 def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe: bool, moe_block=0.0,
-               kernels=()) -> dict:
+               kernels=(), tp_linear=(0.0, 0.0)) -> dict:
     """Every term of one layer (``LAYER_TIME_TERMS``), their sum ``time`` and what the other
     steps read: ``forward``, the bytes ``stored`` per micro-batch in flight and ``working`` while
     it computes, its ``params`` and ``expert_params`` on the GPU. ``kernels``: (forward,
     backward) pairs of a MoE layer priced with their own backward (``router_time``,
-    ``permutation_time``)."""
+    ``permutation_time``); ``tp_linear``: forward time of the TP-split GEMMs, whole and in
+    ring-exchange chunks (``tensor_parallel``)."""
     attention, softmax = attention_time(x), softmax_time(x)
     forward = forward_time(x, t_linear, attention, softmax, is_moe) + sum(f for f, _ in kernels)
     # compute_time prices a backward of twice the forward; these kernels' backward is their own.
@@ -303,7 +298,7 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
         "fp8_cast": fp8_cast_time(x, is_moe),
         "selective_recompute": selective_recompute_time(x, attention, softmax, is_moe, moe_block),
         "full_recompute": full_recompute,
-        "tp_comm": tp_comm_time(x, tp_blocks, t_linear),
+        "tp_comm": tensor_parallel.tp_comm_time(x, tp_blocks, *tp_linear),
         "cp_comm": cp_comm_time(x, attention),
         "fsdp": fsdp_time(x, params, expert_params, forward, full_recompute, is_moe),
         "ep_comm": ep_comm_time(x, compute, is_moe),
@@ -321,7 +316,9 @@ def dense_layer(x: Candidates) -> dict:
     """A dense layer: attention and MLP split by TP (MLA's down projections whole)."""
     model = x.model
     params = (model.dense_layer_params - model.mla_down_params) / x.t + model.mla_down_params
-    return layer_cost(x, params, 0.0, linear_time(x, model.dense_layer_params, model.mla_down_params), 2.0, False)
+    t_linear = linear_time(x, model.dense_layer_params, model.mla_down_params)
+    chunked = linear_time(x, model.dense_layer_params, model.mla_down_params, chunks=x.t)
+    return layer_cost(x, params, 0.0, t_linear, 2.0, False, tp_linear=(t_linear, chunked))
 
 
 def router_time(x: Candidates):
@@ -358,9 +355,11 @@ def moe_layer(x: Candidates) -> dict:
     router, permutation = router_time(x), permutation_time(x)
     tp_blocks = 1.0 + (model.shared_expert_ffn_hidden_size > 0)
     block = linear_time(x, model.shared_expert_params) + t_experts + router[0] + permutation[0]
+    t_nonexpert = linear_time(x, nonexpert, model.mla_down_params)
+    chunked = linear_time(x, nonexpert, model.mla_down_params, chunks=x.t)
     return layer_cost(x, moe.nonexpert_moe_params_gpu(model, x.t), moe.expert_params_gpu(model, x.e, x.et),
-                      linear_time(x, nonexpert, model.mla_down_params) + t_experts, tp_blocks, True, block,
-                      (router, permutation))
+                      t_nonexpert + t_experts, tp_blocks, True, block, (router, permutation),
+                      tp_linear=(t_nonexpert, chunked))
 
 
 @dataclass

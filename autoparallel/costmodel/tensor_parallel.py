@@ -1,0 +1,61 @@
+"""Tensor-parallel traffic of one layer as TransformerEngine's Linears run it, with and without
+userbuffers (``--tp-comm-overlap``).
+
+Each TP block (attention, MLP) is a column-parallel Linear (QKV, FC1) then a row-parallel one
+(projection, FC2). Under sequence parallelism a block moves five collectives of its BF16
+activation (tokens x hidden) per micro-batch, and a recomputed forward two more:
+
+- forward: all-gather of the column Linear's input, reduce-scatter of the row Linear's output;
+- backward: all-gather of the row Linear's output gradient before its dgrad; the column Linear
+  all-gathers its input again for its wgrad while its dgrad GEMM runs, and reduce-scatters its
+  dgrad while its wgrad GEMM runs (TE ``_Linear.backward``: both ``async_op=True``, so they
+  hide behind those GEMMs even without userbuffers). A frozen (LoRA) base has no wgrad: no
+  second all-gather, and the reduce-scatter has no GEMM to hide behind.
+
+Without SP the block all-reduces the row output forward (exposed) and the column dgrad backward
+(asynchronous, behind the wgrad GEMM).
+
+With userbuffers (NeMo's ``tp_overlap_configs/userbuffers.py``: ``*_fprop`` and
+``proj_dgrad`` / ``fc2_dgrad`` are ``RingExchangeOverlapCfg`` in every FP8 config) the three
+collectives that TE otherwise waits on are ring exchanges: the GEMM is split into tp chunks of
+tokens/tp rows, each computed while the next chunk travels, so the GEMM runs at the efficiency of
+a chunk (``gemm``: smaller GEMMs reach less of peak) and hides the transfer behind it. TE moves
+a ring exchange's chunks with the copy engines (``initialize_ub``'s default: ``use_ce`` True,
+``num_sm`` 1), so only what outlasts its chunked GEMM is exposed. The other two stay bulk
+overlaps beside the dgrad / wgrad GEMMs, on SMs: a collective hidden that way keeps
+``1 - tp_overlap`` of it exposed (kernels contend for SMs and memory), as ``dataparallel`` does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoparallel.costmodel import comm, finetune
+from autoparallel.costmodel.candidates import Candidates
+
+
+def _hidden(x: Candidates, collective, window):
+    """What stays exposed of ``collective`` overlapped with ``window`` of GEMM time."""
+    return np.maximum((1 - x.hw.efficiency.tp_overlap) * collective, collective - window)
+
+
+def tp_comm_time(x: Candidates, blocks, t_linear, t_chunked):
+    """Exposed TP communication of one layer and micro-batch, plus (userbuffers) the time its
+    GEMMs lose to ring-exchange chunking. ``t_linear`` / ``t_chunked``: forward time of the
+    TP-split GEMMs, whole and split into tp chunks; each block's column and row Linear are taken
+    as half of its share."""
+    per_domain = comm.ranks_per_domain(x.hw, x.t, 1)
+    one = comm.reduce_scatter_time(x.hw, 2.0 * x.tokens * x.model.hidden_size, x.t, per_domain)
+    half = t_linear / blocks / 2.0  # one Linear of a block, forward (its dgrad and wgrad alike)
+    half_chunked = t_chunked / blocks / 2.0
+    wgrad = finetune.linear_passes(x.model) - 2.0  # 1, or 0 for a frozen base
+    forward = 2.0 + 2.0 * x.recomputed_fraction  # AG and RS per forward, recomputed ones too
+    waited = forward + 1.0 + (1.0 - wgrad)  # ... the output-gradient AG, a frozen base's RS
+    behind_gemm = wgrad * (_hidden(x, one, half) + _hidden(x, one, half))  # AG beside dgrad, RS beside wgrad
+    plain = waited * one + behind_gemm
+    # Ring exchange (copy engines): each waited collective beside its own chunked GEMM.
+    chunking = waited * (half_chunked - half)  # the chunked GEMMs: forward, row dgrad (a frozen base's col dgrad)
+    overlapped = waited * np.maximum(one - half_chunked, 0.0) + behind_gemm + chunking
+    no_sp = 2.0 * one * (1.0 + x.recomputed_fraction) + np.where(wgrad > 0, _hidden(x, 2.0 * one, half), 2.0 * one)
+    per_block = np.where(x.sp, np.where(x.flag("tp_comm_overlap"), overlapped, plain), no_sp)
+    return np.where(x.t > 1, blocks * per_block, 0.0)
