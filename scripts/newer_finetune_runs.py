@@ -14,10 +14,9 @@ Re-run after a new summary appears:
 from __future__ import annotations
 
 import argparse
-import subprocess
 
 import pandas as pd
-from newer_runs import ARCH, GPUS, MODELS, MORE, PRECISIONS, ROOT, SUMMARIES, number, tables, whole_numbers
+from newer_runs import ARCH, GPUS, MODELS, MORE, PRECISIONS, ROOT, layout_of, number, summaries, tables, whole_numbers
 
 OUT = ROOT / "autoparallel" / "data" / "finetune_runs_newer.csv"
 FINETUNE = ROOT / "autoparallel" / "data" / "nemo_finetune_runs.csv"
@@ -75,13 +74,10 @@ def precision_note(prec: str) -> str:
 
 
 def rows(git_dir: str) -> tuple[list[dict], set[str]]:
-    commit = subprocess.run(["git", f"--git-dir={git_dir}", "rev-parse", "--short=10", "HEAD"],
-                            capture_output=True, text=True, check=True).stdout.strip()
+    commit, texts = summaries(git_dir)
     more = pd.read_csv(MORE)
     out, skipped = [], set()
-    for path in SUMMARIES:
-        text = subprocess.run(["git", f"--git-dir={git_dir}", "show", f"HEAD:{path}"],
-                              capture_output=True, text=True, check=True).stdout
+    for path, text in texts:
         for section, task in SECTIONS.items():
             for release, title, header, cells in tables(text, section):
                 if release not in RECIPES or title not in MODELS:
@@ -89,8 +85,7 @@ def rows(git_dir: str) -> tuple[list[dict], set[str]]:
                     continue
                 cell = dict(zip(header, cells))
                 model = MODELS[title]
-                one = lambda k: 1 if cell.get(k, "n/a") in ("n/a", "0", "") else int(number(cell[k]))  # noqa: E731
-                layout = {k.lower(): one(k) for k in ("TP", "PP", "CP", "VP", "EP")}
+                layout = layout_of(cell)
                 gpu, gpus, prec = GPUS[cell["System"]], int(cell["#-GPUs"]), cell["Precision"]
                 mbs, gbs, seq = int(cell["MBS"]), int(cell["GBS"]), int(cell["Sequence Length"])
                 dp = gpus // (layout["tp"] * layout["pp"] * layout["cp"])

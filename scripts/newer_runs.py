@@ -104,14 +104,25 @@ def number(cell: str) -> float:
     return float(re.sub(r"\[\^[^\]]*\]", "", cell).replace(",", ""))
 
 
+def summaries(git_dir: str) -> tuple[str, list[tuple[str, str]]]:
+    """The Megatron-Bridge mirror's HEAD (short hash) and each performance summary's (path, text)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", f"--git-dir={git_dir}", *args], capture_output=True, text=True,
+                              check=True).stdout
+    return git("rev-parse", "--short=10", "HEAD").strip(), [(p, git("show", f"HEAD:{p}")) for p in SUMMARIES]
+
+
+def layout_of(cell: dict) -> dict:
+    """A table row's tp, pp, cp, vp, ep ("n/a", "0" or empty: 1)."""
+    one = lambda k: 1 if cell.get(k, "n/a") in ("n/a", "0", "") else int(number(cell[k]))  # noqa: E731
+    return {k.lower(): one(k) for k in ("TP", "PP", "CP", "VP", "EP")}
+
+
 def rows(git_dir: str) -> tuple[list[dict], set[str]]:
-    commit = subprocess.run(["git", f"--git-dir={git_dir}", "rev-parse", "--short=10", "HEAD"],
-                            capture_output=True, text=True, check=True).stdout.strip()
+    commit, texts = summaries(git_dir)
     more = pd.read_csv(MORE)
     out, skipped = [], set()
-    for path in SUMMARIES:
-        text = subprocess.run(["git", f"--git-dir={git_dir}", "show", f"HEAD:{path}"],
-                              capture_output=True, text=True, check=True).stdout
+    for path, text in texts:
         for release, title, header, cells in tables(text):
             if release_key(release)[:2] < FIRST_UNSEEN:
                 continue
@@ -122,8 +133,7 @@ def rows(git_dir: str) -> tuple[list[dict], set[str]]:
             model = MODELS[title]
             known = more[more.model == model]
             arch = KIMI_K2 if model == "kimi-k2" else known.iloc[0][list(ARCH)].to_dict()
-            one = lambda k: 1 if cell.get(k, "n/a") in ("n/a", "0", "") else int(number(cell[k]))  # noqa: E731
-            layout = {k.lower(): one(k) for k in ("TP", "PP", "CP", "VP", "EP")}
+            layout = layout_of(cell)
             gpu, gpus, prec = GPUS[cell["System"]], int(cell["#-GPUs"]), PRECISIONS[cell["Precision"]]
             mbs, gbs, seq = int(cell["MBS"]), int(cell["GBS"]), int(cell["Sequence Length"])
             fsdp = int(cell.get("FSDP", "0") or 0)
