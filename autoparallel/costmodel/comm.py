@@ -13,6 +13,13 @@ import numpy as np
 from autoparallel.specs.hardware import HardwareSpec
 
 
+def exposed_behind(comm_time, window, overlap):
+    """What stays exposed of ``comm_time`` run beside ``window`` seconds of compute: all that
+    outlasts the window, and never less than ``1 - overlap`` of it (the kernels share SMs and
+    memory bandwidth); ``overlap`` is the fitted efficiency of that kind of overlap."""
+    return np.maximum((1 - overlap) * comm_time, comm_time - window)
+
+
 def ranks_per_domain(hw: HardwareSpec, group_size, stride):
     """How many members of a group whose consecutive ranks are ``stride`` apart share a domain."""
     group_size = np.asarray(group_size, dtype=float)

@@ -28,8 +28,8 @@ from autoparallel.specs.hardware import HardwareSpec
 
 
 def _hidden(hw: HardwareSpec, comm_time, window):
-    """What stays exposed of ``comm_time`` overlapped with ``window`` of compute."""
-    return np.maximum((1 - hw.efficiency.dp_overlap) * comm_time, comm_time - window)
+    """What stays exposed of ``comm_time`` overlapped with ``window`` of compute (``dp_overlap``)."""
+    return comm.exposed_behind(comm_time, window, hw.efficiency.dp_overlap)
 
 
 def distributed_optimizer_exposed(hw: HardwareSpec, params_gpu, grad_bytes, group, per_node, dist_opt,

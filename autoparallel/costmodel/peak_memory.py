@@ -110,18 +110,19 @@ def activation_bytes(x: Candidates, layers: Layers) -> tuple[list, list]:
     (L // N)(i + 1) - 1 has run (``layer_window_map``, transformer_engine/pytorch/cpu_offload.py,
     v2.9), so the last group is off the GPU when the last layer's forward ends, and the backward
     reloads each group only when the layers after it are freed."""
+    logits = logits_bytes(x)
     offloaded = x.offloaded
     kept_layers = np.maximum(x.first_layers - offloaded, np.minimum(2.0, x.first_layers))
     kept = np.where(offloaded > 0, kept_layers / x.first_layers, 1.0)
     first, first_held = _in_flight(x, layers, x.first_layers * kept, x.first_moe * kept, 0)
     first = first + first_held * memory.embedding_activation_bytes(x.model, x.b, x.s_local)
-    first_head = np.where(x.single, _beyond_working(logits_bytes(x), layers, x.first_moe), 0.0)
+    first_head = np.where(x.single, _beyond_working(logits, layers, x.first_moe), 0.0)
     first = first + first_head
     middle, _ = _in_flight(x, layers, x.middle_layers, x.middle_moe, 1)
     last, last_held = _in_flight(x, layers, x.last_layers, x.last_moe, x.p - 1)
-    last_head = _beyond_working(logits_bytes(x), layers, x.last_moe)
+    last_head = _beyond_working(logits, layers, x.last_moe)
     if x.model.mtp_num_layers:
-        mtp = mtp_bytes(x, layers, last_held, logits_bytes(x))
+        mtp = mtp_bytes(x, layers, last_held, logits)
         first, last = first + np.where(x.single, mtp, 0.0), last + mtp
     return [first, middle, last + last_head], [first_head, 0.0, last_head]
 

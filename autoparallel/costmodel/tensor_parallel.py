@@ -35,8 +35,8 @@ from autoparallel.costmodel.candidates import Candidates
 
 
 def _hidden(x: Candidates, collective, window):
-    """What stays exposed of ``collective`` overlapped with ``window`` of GEMM time."""
-    return np.maximum((1 - x.hw.efficiency.tp_overlap) * collective, collective - window)
+    """What stays exposed of ``collective`` overlapped with ``window`` of GEMM time (``tp_overlap``)."""
+    return comm.exposed_behind(collective, window, x.hw.efficiency.tp_overlap)
 
 
 def tp_comm_time(x: Candidates, blocks, t_linear, t_chunked):
@@ -51,7 +51,7 @@ def tp_comm_time(x: Candidates, blocks, t_linear, t_chunked):
     wgrad = finetune.linear_passes(x.model) - 2.0  # 1, or 0 for a frozen base
     forward = 2.0 + 2.0 * x.recomputed_fraction  # AG and RS per forward, recomputed ones too
     waited = forward + 1.0 + (1.0 - wgrad)  # ... the output-gradient AG, a frozen base's RS
-    behind_gemm = wgrad * (_hidden(x, one, half) + _hidden(x, one, half))  # AG beside dgrad, RS beside wgrad
+    behind_gemm = wgrad * 2.0 * _hidden(x, one, half)  # AG beside dgrad, RS beside wgrad
     plain = waited * one + behind_gemm
     # Ring exchange (copy engines): each waited collective beside its own chunked GEMM.
     chunking = waited * (half_chunked - half)  # the chunked GEMMs: forward, row dgrad (a frozen base's col dgrad)
