@@ -202,3 +202,10 @@ def test_full_sft_has_no_peft(nemo_stubs):
 def test_every_preset_recipe_that_a_finetune_starts_from_has_a_finetune_recipe():
     for name in nemo_python.RECIPES:
         assert nemo_python.recipe_name(_finetuned(name, "full")) in KNOWN["finetune_recipes"], name
+
+
+def test_a_dense_model_without_a_recipe_starts_from_the_llama_recipe_of_its_width():
+    """Llama 2 70B has no NeMo 2 recipe; llama3_70b's defaults are sized for it, llama3_8b's are not."""
+    assert nemo_python.recipe_name(io.load_model("llama2-70b")) == "llama3_70b"
+    assert nemo_python.recipe_name(io.load_model("llama2-13b")) == "llama3_8b"
+    assert all(r in KNOWN["recipes"] and r in KNOWN["finetune_recipes"] for r in nemo_python.GATED_MLP_RECIPES)

@@ -12,6 +12,8 @@ field written against that list.
 
 from __future__ import annotations
 
+import math
+
 from autoparallel.report.nemo import nemo2_recipe
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
@@ -23,7 +25,10 @@ RECIPES = {"gpt3-175b": "gpt3_175b", "llama2-7b": "llama2_7b", "llama3-8b": "lla
            "gpt-oss-120b": "gpt_oss_120b", "qwen3-30b-a3b": "qwen3_30b_a3b", "qwen3-235b-a22b": "qwen3_235b_a22b",
            "nemotron-15b": "nemotron4_15b", "nemotron-340b": "nemotron4_340b"}
 # Without one, the recipe of the nearest architecture; every architecture field is set anyway.
-FALLBACK = (("multi_latent_attention", "deepseek_v3"), ("is_moe", "mixtral_8x7b"), ("gated_mlp", "llama3_8b"))
+FALLBACK = (("multi_latent_attention", "deepseek_v3"), ("is_moe", "mixtral_8x7b"))
+# A dense gated-MLP model starts from the Llama 3 recipe of the nearest width (the recipe's
+# parallelism and optimizer defaults are sized for it): Llama 2 70B from llama3_70b, not llama3_8b.
+GATED_MLP_RECIPES = {"llama3_8b": 4096, "llama3_70b": 8192, "llama31_405b": 16384}
 DEFAULT_RECIPE = "gpt3_175b"
 # A fine-tuning run needs the module's finetune_recipe; of the presets' modules only gpt3_175b has
 # none (tests/fixtures/nemo_fields.yaml lists those that have one): NeMo's Llama 3 8B's instead.
@@ -43,6 +48,8 @@ def recipe_name(model: ModelSpec) -> str:
     """The NeMo recipe module the snippet starts from."""
     if model.name in RECIPES:
         name = RECIPES[model.name]
+    elif model.gated_mlp and not any(getattr(model, attr, False) for attr, _ in FALLBACK):
+        name = min(GATED_MLP_RECIPES, key=lambda r: abs(math.log(GATED_MLP_RECIPES[r] / model.hidden_size)))
     else:
         name = next((name for attr, name in FALLBACK if getattr(model, attr, False)), DEFAULT_RECIPE)
     return FINETUNE_FALLBACK if model.finetune is not None and name == "gpt3_175b" else name
