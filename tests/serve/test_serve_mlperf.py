@@ -157,9 +157,9 @@ def test_p99s_are_loadgens_nearest_rank_not_interpolated():
 def test_p99_at_the_submitted_rate_is_ill_conditioned(rows):
     """Why the p99s at the submitted QPS miss by more than the tokens/s: near capacity a queue's
     p99 grows like 1 / (1 - load), so a small rate (or capacity) error is a large p99 error. On
-    NVIDIA's H200 Llama-2-70B Server run (12.63 requests/s per replica) 2 % more requests/s lengthen the simulated p99 TPOT by > 10 % (elasticity
-    ~9: benchmarks/bench_issue29_p99_rows.py), so its -44 % TPOT miss is what a ~6 % capacity
-    error alone would give."""
+    NVIDIA's H200 Llama-2-70B Server run (12.63 requests/s per replica) 2 % more requests/s
+    lengthen the simulated p99 TPOT by > 10 % (elasticity ~9: benchmarks/bench_issue29_p99_rows.py),
+    so its -44 % TPOT miss is what a ~6 % capacity error alone would give."""
     kept, _ = rows
     run = kept[(kept["submitter"] == "NVIDIA") & (kept["hardware"] == "h200") & (kept["model"] == "llama2-70b")
                & (kept["scenario"] == "Server") & (kept["replicas"] == 8) & (kept["max_batch"] == 896)
