@@ -18,7 +18,7 @@ from autoparallel.serve.workload import load_workload
 
 # Today's figures (in-sample mean |error| %, 2026-11-27): the expected failure's reason and the
 # regression guard's bounds; update them here when the serving model moves.
-P99 = {"ttft": 46.9, "tpot": 34.1}
+P99 = {"ttft": 46.9, "tpot": 34.0}
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,8 @@ def test_an_overloaded_replica_has_no_p99_to_compare(rows):
                                        f"{P99['ttft']} / {P99['tpot']} % on 2026-11-27 under MAX_UTILIZATION "
                                        "over MLPerf's run length "
                                        "(the simulated mean iteration at Server load is ~0.6x the measured; "
-                                       "no load-monotone predictor beats 20.7 / 5.4 % on these runs)")
+                                       "no load-monotone predictor beats 20.7 / 5.4 % on these runs; the p99s' "
+                                       "elasticity to the rate there is a median ~4, up to ~44 for Mixtral's TTFT)")
 def test_server_p99_target(report):
     m = mlperf.scenario_means(report)
     assert m["ttft_p99_pct"] <= 25.0 and m["tpot_p99_pct"] <= 25.0
