@@ -9,7 +9,8 @@ the engine, GPU, benchmark, round, layout and rate per replica; the measured and
 TTFT / TPOT / end-to-end latency at the submitted QPS; the simulated replica's mean iteration and
 requests in flight (Little's law) there; the measured mean iteration implied by the measured p99
 end-to-end latency (the p99 request is one of the ~1,000-token answers in both, so the ratio of
-the p99 end-to-end latencies is the ratio of the mean iterations).
+the p99 end-to-end latencies is the ratio of the mean iterations; for Mixtral, whose answer-length
+tail is not published, an assumption).
 
 How the p99 depends on the rate: the elasticity d ln p99 / d ln rate at the submitted QPS (central
 difference at +-2 %), and the error of the modelled capacity that alone would explain the miss
