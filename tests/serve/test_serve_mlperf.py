@@ -103,7 +103,7 @@ def test_offline_within_the_issue_tolerance(report):
 
 
 def test_server_tokens_within_the_issue_tolerance(report):
-    """Server sustained tokens/s per GPU: mean |error| <= 15 % (measured 6.9 %)."""
+    """Server sustained tokens/s per GPU: mean |error| <= 15 % (measured 6.4 %, 2026-11-27)."""
     m = mlperf.scenario_means(report)
     assert m["server_tokens_pct"] <= 15.0
     server = report[report["scenario"] == "Server"]
