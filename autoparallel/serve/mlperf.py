@@ -154,8 +154,16 @@ def _predict(model: str, hardware: str, scenario: str, layout: tuple, kv_fractio
     sustained = best["output_tokens_per_s"] * replicas if best else 0.0
     if not sim.keeps_up:
         return sustained, np.nan, np.nan, np.nan, 1.0
-    at = sim.summary()
-    return sustained, at["ttft_p99_ms"], at["tpot_p99_ms"], at["e2e_p99_ms"], 0.0
+    return (sustained, 1e3 * loadgen_percentile(sim.ttft, 99.0), 1e3 * loadgen_percentile(sim.tpot, 99.0),
+            1e3 * loadgen_percentile(sim.finish - sim.arrival, 99.0), 0.0)
+
+
+def loadgen_percentile(values, p: float) -> float:
+    """The ``p``-th percentile as LoadGen reports it: the sorted samples' element at index
+    ``floor(count x p / 100)`` (mlcommons/inference loadgen/results.cc ``ProcessLatencies`` /
+    ``ProcessTokenLatencies``: ``latencies[sample_count * percentile]``), no interpolation."""
+    x = np.sort(np.asarray(values, dtype=float))
+    return float(x[min(int(len(x) * p / 100.0), len(x) - 1)])
 
 
 _EFFICIENCIES: dict = {}

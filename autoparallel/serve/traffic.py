@@ -76,11 +76,11 @@ def _ok(s: dict, request) -> bool:
 def _largest_rate(cost, sched, traffic: Traffic, request) -> tuple[float, dict | None]:
     """The largest Poisson rate (requests/s, this replica) whose percentiles meet the bounds,
     and its summary (0 and None where even a light load misses them)."""
-    # No arrival process sustains more than every request at once: the offline rate bounds the
-    # search (over enough requests that the drain of the last batch does not bias it low).
+    # No arrival process sustains more than every request at once: the offline rate while the
+    # queue still feeds the batch bounds the search (the drain of the last batch left out).
     offline = run_workload(cost, sched, traffic.workload, None, max(traffic.requests, 8 * sched.max_running),
                            traffic.seed)
-    hi = len(offline.arrival) / offline.duration
+    hi = offline.steady_requests_per_s
     lo, best = 0.0, None
     for _ in range(_RATE_STEPS):
         mid = 0.5 * (lo + hi)

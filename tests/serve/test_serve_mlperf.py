@@ -18,7 +18,7 @@ from autoparallel.serve.workload import load_workload
 
 # Today's figures (in-sample mean |error| %, 2026-11-27): the expected failure's reason and the
 # regression guard's bounds; update them here when the serving model moves.
-P99 = {"ttft": 46.9, "tpot": 34.1}
+P99 = {"ttft": 46.9, "tpot": 34.0}
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_offline_within_the_issue_tolerance(report):
 
 
 def test_server_tokens_within_the_issue_tolerance(report):
-    """Server sustained tokens/s per GPU: mean |error| <= 15 % (measured 6.9 %)."""
+    """Server sustained tokens/s per GPU: mean |error| <= 15 % (measured 6.4 %, 2026-11-27)."""
     m = mlperf.scenario_means(report)
     assert m["server_tokens_pct"] <= 15.0
     server = report[report["scenario"] == "Server"]
@@ -135,7 +135,8 @@ def test_an_overloaded_replica_has_no_p99_to_compare(rows):
                                        f"{P99['ttft']} / {P99['tpot']} % on 2026-11-27 under MAX_UTILIZATION "
                                        "over MLPerf's run length "
                                        "(the simulated mean iteration at Server load is ~0.6x the measured; "
-                                       "no load-monotone predictor beats 20.7 / 5.4 % on these runs)")
+                                       "no load-monotone predictor beats 20.7 / 5.4 % on these runs; the p99s' "
+                                       "elasticity to the rate there is a median ~4, up to ~44 for Mixtral's TTFT)")
 def test_server_p99_target(report):
     m = mlperf.scenario_means(report)
     assert m["ttft_p99_pct"] <= 25.0 and m["tpot_p99_pct"] <= 25.0
@@ -144,6 +145,33 @@ def test_server_p99_target(report):
 def test_server_p99_regression_guard(report):
     m = mlperf.scenario_means(report)
     assert m["ttft_p99_pct"] <= P99["ttft"] + 0.1 and m["tpot_p99_pct"] <= P99["tpot"] + 0.1
+
+
+def test_p99s_are_loadgens_nearest_rank_not_interpolated():
+    """LoadGen reports ``sorted[floor(count x 0.99)]`` (loadgen/results.cc), no interpolation."""
+    x = list(range(100, 0, -1))  # 1..100 in any order
+    assert mlperf.loadgen_percentile(x, 99.0) == 100.0  # numpy's linear rule would give 99.01
+    assert mlperf.loadgen_percentile(range(1, 201), 99.0) == 199.0
+    assert mlperf.loadgen_percentile([7.0], 99.0) == 7.0
+
+
+def test_p99_at_the_submitted_rate_is_ill_conditioned(rows):
+    """Why the p99s at the submitted QPS miss by more than the tokens/s: near capacity a queue's
+    p99 grows like 1 / (1 - load), so a small rate (or capacity) error is a large p99 error. On
+    NVIDIA's H200 Llama-2-70B Server run (12.63 requests/s per replica) 2 % more requests/s
+    lengthen the simulated p99 TPOT by > 10 % (elasticity ~9: benchmarks/bench_issue29_p99_rows.py),
+    so its -44 % TPOT miss is what a ~6 % capacity error alone would give."""
+    kept, _ = rows
+    run = kept[(kept["submitter"] == "NVIDIA") & (kept["hardware"] == "h200") & (kept["model"] == "llama2-70b")
+               & (kept["scenario"] == "Server") & (kept["replicas"] == 8) & (kept["max_batch"] == 896)
+               & (kept["target_qps"] == 101.0)].iloc[0]
+    wl = load_workload("mlperf-llama2-70b")
+    cost, sched = replica(io.load_model("llama2-70b"), io.load_hardware("h200"), efficiency_for("tensorrt-llm"),
+                          mlperf.harness_engine(run["kv_fraction"]), 1, 1, 896, 4096, "fp8", "fp8", 1,
+                          wl.max_input + wl.max_output, wl.max_output)
+    rate = run["target_qps"] / run["replicas"]
+    tpot = [mlperf.loadgen_percentile(run_workload(cost, sched, wl, r, 20000).tpot, 99.0) for r in (rate, 1.02 * rate)]
+    assert tpot[1] > 1.10 * tpot[0]
 
 
 def test_summary_groups_per_round_gpu_benchmark_scenario(report):

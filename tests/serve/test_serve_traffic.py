@@ -54,10 +54,20 @@ def test_server_rate_meets_the_bounds_there(capsys):
 
 
 def test_tighter_bounds_sustain_less(capsys):
-    server = run_json(capsys, "--scenario", "server", "--top", "1")["ranked"][0]
-    interactive = run_json(capsys, "--scenario", "interactive", "--top", "1")["ranked"][0]
-    assert interactive["tpot_ms"]["p99"] <= 40 and interactive["ttft_ms"]["p99"] <= 450
-    assert interactive["output_tokens_per_s_per_gpu"] <= server["output_tokens_per_s_per_gpu"]
+    """Per layout, MLPerf's Interactive bounds sustain no more than Server's (the rate search is
+    monotone in the bounds). Compared layout by layout: each scenario simulates the best structures
+    of its own steady-state pre-ranking, whose mean-latency filter depends on the bounds, so the two
+    best rows need not be the same layout (on 2026-11-27 Interactive's best was 0.4 % above Server's
+    best, a layout Server's pre-ranking did not simulate)."""
+    server = run_json(capsys, "--scenario", "server", "--top", "8")["ranked"]
+    interactive = run_json(capsys, "--scenario", "interactive", "--top", "8")["ranked"]
+    assert interactive[0]["tpot_ms"]["p99"] <= 40 and interactive[0]["ttft_ms"]["p99"] <= 450
+    by_layout = {json.dumps(r["config"], sort_keys=True): r for r in server}
+    common = [(r, by_layout[json.dumps(r["config"], sort_keys=True)]) for r in interactive
+              if json.dumps(r["config"], sort_keys=True) in by_layout]
+    assert common
+    for tight, loose in common:
+        assert tight["output_tokens_per_s_per_gpu"] <= loose["output_tokens_per_s_per_gpu"]
 
 
 def test_latency_percentile_moves_the_bound(capsys):
@@ -116,3 +126,20 @@ def test_simulate_layout_is_what_the_ranking_simulates():
     alone = traffic.simulate_layout(result, plan, row)
     assert alone["output_tokens_per_s_per_gpu"] == pytest.approx(row["output_tokens_per_s_per_gpu"])
     assert alone["e2e_p99_ms"] == pytest.approx(row["e2e_p99_ms"]) and alone["e2e_p99_ms"] >= alone["ttft_p99_ms"]
+
+
+def test_the_rate_search_is_bounded_by_the_steady_offline_rate_not_the_drain():
+    """The largest sustainable rate is searched below the Offline rate; a few-thousand-request
+    Offline run spends a large share of its time draining its last batch (the longest answers at a
+    shrinking batch), so its whole-run rate is low. The bound is the rate while the queue still
+    feeds the batch: close to a long run's, where the whole short run's is not (Mixtral, one H100,
+    max batch 896, the MLPerf workload)."""
+    wl = load_workload("mlperf-mixtral-8x7b")
+    cost, sched = replica(io.load_model("mixtral-8x7b"), io.load_hardware("h100-sxm"), efficiency_for("tensorrt-llm"),
+                          load_engine("tensorrt-llm"), 1, 1, 896, 16384, "fp8", "fp8", 1,
+                          wl.max_input + wl.max_output, wl.max_output)
+    short, long = (run_workload(cost, sched, wl, None, n) for n in (8 * 896, 40000))
+    long_rate = len(long.arrival) / long.duration
+    assert len(short.arrival) / short.duration < 0.95 * long_rate
+    assert short.steady_requests_per_s == pytest.approx(long_rate, rel=0.03)
+    assert long.steady_requests_per_s == pytest.approx(long_rate, rel=0.03)
