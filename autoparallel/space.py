@@ -116,18 +116,11 @@ class SearchSpace:
                 continue
             if not values or any(v < 1 for v in values):
                 raise ValueError(f"{name} must be a non-empty list of positive integers, got {list(values)}")
-        bad = set(self.recompute) - set(RECOMPUTE_CHOICES)
-        if bad:
-            raise ValueError(f"recompute {sorted(bad)} is not one of {', '.join(RECOMPUTE_CHOICES)}")
-        bad = set(self.moe_token_dispatcher_type) - set(DISPATCHER_CHOICES)
-        if bad:
-            raise ValueError(f"moe_token_dispatcher_type {sorted(bad)} is not one of {', '.join(DISPATCHER_CHOICES)}")
-        bad = set(self.cuda_graph) - set(CUDA_GRAPH_CHOICES)
-        if bad:
-            raise ValueError(f"cuda_graph {sorted(bad)} is not one of {', '.join(CUDA_GRAPH_CHOICES)}")
-        bad = set(self.precision) - set(PRECISION_CHOICES)
-        if bad:
-            raise ValueError(f"precision {sorted(bad)} is not one of {', '.join(PRECISION_CHOICES)}")
+        for name, choices in (("recompute", RECOMPUTE_CHOICES), ("moe_token_dispatcher_type", DISPATCHER_CHOICES),
+                              ("cuda_graph", CUDA_GRAPH_CHOICES), ("precision", PRECISION_CHOICES)):
+            bad = set(getattr(self, name)) - set(choices)
+            if bad:
+                raise ValueError(f"{name} {sorted(bad)} is not one of {', '.join(choices)}")
         if not 0 < self.memory_fraction <= 1:
             raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
         if any(not 0 < f <= 1 for f in self.full_recompute_fractions):
