@@ -54,8 +54,9 @@ class CostModelEvaluator:
             cols = {name: candidates[name].to_numpy()[valid] for name in Plan.field_names()}
             out = self._estimate(cols, np.flatnonzero(valid), len(candidates))
         else:
-            nan = np.full(len(candidates), np.nan)
-            out = {"fits": np.zeros(len(candidates), dtype=bool), "peak_memory_gib": nan, "tokens_per_s_per_gpu": nan}
+            n = len(candidates)
+            out = {"fits": np.zeros(n, dtype=bool), "peak_memory_gib": np.full(n, np.nan),
+                   "tokens_per_s_per_gpu": np.full(n, np.nan)}
         limit = self.memory_fraction * self.hardware.memory_gib
         oom = valid & ~out["fits"]
         # one string per distinct need (to 0.1 GiB), not per row: millions of rows on MoE spaces
