@@ -428,7 +428,8 @@ def _expand_recompute_modules(df: pd.DataFrame, model: ModelSpec, space: SearchS
     # TransformerConfig.__post_init__ (Megatron-LM d98e8a6): "disable moe in recompute_modules when
     # enabling overlap_moe_expert_parallel_comm"; the 1F1B overlap is off there, as under full recompute.
     recomputes_moe = np.array([False] + ["moe" in m.split() for m in sets])[part]
-    out.loc[recomputes_moe & out.overlap_moe_expert_parallel_comm.to_numpy(), "overlap_moe_expert_parallel_comm"] = False
+    overlap = out.overlap_moe_expert_parallel_comm.to_numpy()
+    out.loc[recomputes_moe & overlap, "overlap_moe_expert_parallel_comm"] = False
     reasons = {m: modules_apply(m, model) for m in sets}
     part_reasons = np.array([reasons.get(m, "") for _, m in parts], dtype=object)
     if part_reasons.any():  # a set pinned for a model it does not apply to
