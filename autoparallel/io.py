@@ -14,10 +14,12 @@ read as-is, so users can describe their own model or cluster without touching th
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import math
 import os
+import stat
 import types
 import typing
 from pathlib import Path
@@ -37,7 +39,31 @@ SEARCH_SPACES = resources.SEARCH_SPACES
 
 
 def read_yaml(path: Path) -> dict:
-    """A YAML file that must hold a mapping; any other content is a one-line SpecError."""
+    """A YAML file that must hold a mapping; any other content is a one-line SpecError.
+
+    Parsed mappings are kept per file while its stat (size, mtime, ctime, inode) is unchanged:
+    ``validate`` resolves presets hundreds of times, and each lookup reads every preset's aliases
+    (PyYAML's pure-Python parser made that most of its run time). A file edited in between is read
+    again; each caller gets its own copy, so changing it cannot change the next caller's.
+    """
+    try:
+        info = os.stat(path)
+    except OSError:
+        info = None  # read_bytes says what is wrong with it
+    if info is None or not stat.S_ISREG(info.st_mode):
+        return _parse_yaml(path)
+    key = os.path.abspath(path)
+    version = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    cached = _YAML_CACHE.get(key)
+    if cached is None or cached[0] != version:
+        cached = _YAML_CACHE[key] = (version, _parse_yaml(path))
+    return copy.deepcopy(cached[1])
+
+
+_YAML_CACHE: dict[str, tuple[tuple[int, ...], dict]] = {}
+
+
+def _parse_yaml(path: Path) -> dict:
     raw = safefile.read_bytes(path, "YAML file")
     try:
         text = raw.decode("utf-8")

@@ -116,18 +116,11 @@ class SearchSpace:
                 continue
             if not values or any(v < 1 for v in values):
                 raise ValueError(f"{name} must be a non-empty list of positive integers, got {list(values)}")
-        bad = set(self.recompute) - set(RECOMPUTE_CHOICES)
-        if bad:
-            raise ValueError(f"recompute {sorted(bad)} is not one of {', '.join(RECOMPUTE_CHOICES)}")
-        bad = set(self.moe_token_dispatcher_type) - set(DISPATCHER_CHOICES)
-        if bad:
-            raise ValueError(f"moe_token_dispatcher_type {sorted(bad)} is not one of {', '.join(DISPATCHER_CHOICES)}")
-        bad = set(self.cuda_graph) - set(CUDA_GRAPH_CHOICES)
-        if bad:
-            raise ValueError(f"cuda_graph {sorted(bad)} is not one of {', '.join(CUDA_GRAPH_CHOICES)}")
-        bad = set(self.precision) - set(PRECISION_CHOICES)
-        if bad:
-            raise ValueError(f"precision {sorted(bad)} is not one of {', '.join(PRECISION_CHOICES)}")
+        for name, choices in (("recompute", RECOMPUTE_CHOICES), ("moe_token_dispatcher_type", DISPATCHER_CHOICES),
+                              ("cuda_graph", CUDA_GRAPH_CHOICES), ("precision", PRECISION_CHOICES)):
+            bad = set(getattr(self, name)) - set(choices)
+            if bad:
+                raise ValueError(f"{name} {sorted(bad)} is not one of {', '.join(choices)}")
         if not 0 < self.memory_fraction <= 1:
             raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
         if any(not 0 < f <= 1 for f in self.full_recompute_fractions):
@@ -166,12 +159,14 @@ def _product(names: tuple[str, ...], space: SearchSpace) -> pd.DataFrame:
 def _first_reason(df: pd.DataFrame, rules: list[tuple[np.ndarray, Any]]) -> np.ndarray:
     """For each row, the message of the first rule it breaks ('' if none)."""
     reason = np.full(len(df), "", dtype=object)
+    free = np.ones(len(df), dtype=bool)  # no rule broken yet (every message is a non-empty string)
     for broken, message in rules:
-        broken = np.asarray(broken, dtype=bool) & (reason == "")
+        broken = np.asarray(broken, dtype=bool) & free
         if broken.any():
             text = message(df[broken]) if callable(message) else np.full(broken.sum(), message)
             reason[broken] = np.asarray(text, dtype=object)
-        if (reason != "").all():
+            free &= ~broken
+        if not free.any():
             break
     return reason
 
@@ -427,15 +422,32 @@ def _expand_recompute_modules(df: pd.DataFrame, model: ModelSpec, space: SearchS
     if not sets:
         sets = list(space.recompute_modules)
     selective = (df.recompute == "selective").to_numpy()
-    parts = [df[~selective].assign(recompute_modules="core_attn")]
-    parts += [df[selective].assign(recompute_modules=m) for m in sets]
-    out = pd.concat(parts, ignore_index=True)
+    parts = [(np.flatnonzero(~selective), "core_attn")] + [(np.flatnonzero(selective), m) for m in sets]
+    out = _stacked(df, "recompute_modules", parts)
+    part = np.repeat(np.arange(len(parts)), [len(rows) for rows, _ in parts])
     # TransformerConfig.__post_init__ (Megatron-LM d98e8a6): "disable moe in recompute_modules when
     # enabling overlap_moe_expert_parallel_comm"; the 1F1B overlap is off there, as under full recompute.
-    out.loc[_recomputes_any(out, out.overlap_moe_expert_parallel_comm.to_numpy(), ("moe",)),
-            "overlap_moe_expert_parallel_comm"] = False
+    recomputes_moe = np.array([False] + ["moe" in m.split() for m in sets])[part]
+    overlap = out.overlap_moe_expert_parallel_comm.to_numpy()
+    out.loc[recomputes_moe & overlap, "overlap_moe_expert_parallel_comm"] = False
     reasons = {m: modules_apply(m, model) for m in sets}
-    out["reason"] = np.where(out.reason == "", out.recompute_modules.map(reasons).fillna(""), out.reason)
+    part_reasons = np.array([reasons.get(m, "") for _, m in parts], dtype=object)
+    if part_reasons.any():  # a set pinned for a model it does not apply to
+        out["reason"] = np.where(out.reason == "", part_reasons[part], out.reason)
+    return out
+
+
+def _stacked(df: pd.DataFrame, column: str, parts: list[tuple[np.ndarray, Any]]) -> pd.DataFrame:
+    """``df``'s rows at each part's positions, part after part, with ``column`` set to the
+    part's value (one, or one per row): ``pd.concat([df.iloc[rows].assign(column=value), ...],
+    ignore_index=True)`` as one take, not a copy per part and another to join them (the
+    expansions run on millions of rows)."""
+    rows = np.concatenate([rows for rows, _ in parts])
+    if not len(rows):
+        return pd.concat([df.iloc[rows].assign(**{column: value}) for rows, value in parts], ignore_index=True)
+    out = df.take(rows).reset_index(drop=True)
+    out[column] = np.concatenate([np.full(len(rows), value, dtype=object if isinstance(value, str) else None)
+                                  if np.ndim(value) == 0 else np.asarray(value) for rows, value in parts])
     return out
 
 
@@ -617,20 +629,21 @@ def _expand_recompute_layers(df: pd.DataFrame, model: ModelSpec, space: SearchSp
     all of it), each count once per row."""
     full = (df.recompute == "full").to_numpy()
     rows = df[full]
+    at = np.flatnonzero(full)
     stages = pipeline.stage_layers(model.num_layers, rows.pp, rows.vp, *(rows[c].to_numpy() for c in SPLIT_COLUMNS))
     chunk = np.ceil(np.maximum.reduce(stages) / rows.vp.to_numpy()).astype(int)
-    parts = [df[~full].assign(recompute_num_layers=0)]
+    parts = [(np.flatnonzero(~full), 0)]
     if pinned is not None:
-        parts.append(rows.assign(recompute_num_layers=np.minimum(pinned, chunk)))
-        return pd.concat(parts, ignore_index=True)
+        parts.append((at, np.minimum(pinned, chunk)))
+        return _stacked(df, "recompute_num_layers", parts)
     seen = []
     for fraction in space.full_recompute_fractions:
         layers = np.maximum(1, np.ceil(fraction * chunk).astype(int))
         layers = np.where(layers >= chunk, 0, layers)
         new = ~np.any([layers == earlier for earlier in seen], axis=0) if seen else np.ones(len(rows), bool)
-        parts.append(rows[new].assign(recompute_num_layers=layers[new]))
+        parts.append((at[new], layers[new]))
         seen.append(layers)
-    return pd.concat(parts, ignore_index=True)
+    return _stacked(df, "recompute_num_layers", parts)
 
 
 def _expand_offloading(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
@@ -647,9 +660,9 @@ def _expand_offloading(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -
             out["reason"] = np.where(out.reason == "", broken, out.reason)
         return out
     counts = sorted({int(f * model.num_layers) for f in space.cpu_offload_fractions} - {model.num_layers})
-    parts = [df[~able].assign(cpu_offloading_num_layers=0)]
-    parts += [df[able].assign(cpu_offloading_num_layers=n) for n in counts or [0]]
-    return pd.concat(parts, ignore_index=True)
+    able = able.to_numpy()
+    parts = [(np.flatnonzero(~able), 0)] + [(np.flatnonzero(able), n) for n in counts or [0]]
+    return _stacked(df, "cpu_offloading_num_layers", parts)
 
 
 def row_to_plan(row: Any) -> Plan:

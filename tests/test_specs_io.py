@@ -1,6 +1,9 @@
+import os
+from pathlib import Path
+
 import pytest
 
-from autoparallel import io
+from autoparallel import io, resources
 from autoparallel.errors import SpecError, UserError
 from autoparallel.specs.model import ModelSpec
 
@@ -84,6 +87,40 @@ def test_model_yaml_path_loads(tmp_path):
     assert io.load_model(_write(tmp_path, GOOD)) == ModelSpec(
         name="tiny", num_layers=2, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
         vocab_size=128, seq_length=32)
+
+
+def test_a_yaml_file_edited_between_reads_is_read_again(tmp_path):
+    """read_yaml keeps parsed files while their stat is unchanged; an edit of the same size within
+    the same second (a test, an editor's quick save) changes mtime_ns and is seen."""
+    path = _write(tmp_path, GOOD)
+    assert io.load_model(path).num_layers == 2
+    stat = os.stat(path)
+    Path(path).write_text(GOOD.replace("num_layers: 2", "num_layers: 4"))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    assert io.load_model(path).num_layers == 4
+
+
+def test_read_yaml_gives_each_caller_its_own_mapping(tmp_path):
+    path = Path(_write(tmp_path, GOOD))
+    io.read_yaml(path)["num_layers"] = 99
+    assert io.read_yaml(path)["num_layers"] == 2
+
+
+def test_a_user_preset_alias_edited_in_one_process_resolves(tmp_path):
+    """resolve_preset reads every preset's aliases per look-up (through the read_yaml cache)."""
+    folder = resources.user_dir() / "models"
+    folder.mkdir(parents=True, exist_ok=True)
+    preset = folder / "cache-test-tiny.yaml"
+    try:
+        preset.write_text(GOOD + "aliases: [first-alias]\n")
+        assert io.resolve_preset("models", "first-alias") == preset
+        preset.write_text(GOOD + "aliases: [second-alias]\n")
+        os.utime(preset, ns=(0, preset.stat().st_mtime_ns + 1))
+        assert io.resolve_preset("models", "second-alias") == preset
+        with pytest.raises(UserError, match="unknown model 'first-alias'"):
+            io.resolve_preset("models", "first-alias")
+    finally:
+        preset.unlink()
 
 
 def test_unknown_key_names_file_and_key(tmp_path):

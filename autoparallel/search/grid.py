@@ -18,11 +18,18 @@ from autoparallel.specs.model import ModelSpec
 RANK_METRIC = "tokens_per_s_per_gpu"
 
 
-def rank(frame: pd.DataFrame) -> pd.DataFrame:
-    """Sort best first; ``rank`` is 1.. for feasible plans and NA for the rejected."""
-    feasible = frame["fits"].to_numpy(dtype=bool)
-    order = np.lexsort((-np.nan_to_num(frame[RANK_METRIC].to_numpy(dtype=float), nan=-1.0), ~feasible))
+def rank(frame: pd.DataFrame, columns: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
+    """Sort best first; ``rank`` is 1.. for feasible plans and NA for the rejected. ``columns``:
+    arrays to set on ``frame`` (new ones appended, existing ones replaced in place), set after
+    sorting so that each row is copied once."""
+    columns = columns or {}
+    fits = columns["fits"] if "fits" in columns else frame["fits"].to_numpy(dtype=bool)
+    metric = columns[RANK_METRIC] if RANK_METRIC in columns else frame[RANK_METRIC].to_numpy(dtype=float)
+    feasible = np.asarray(fits, dtype=bool)
+    order = np.lexsort((-np.nan_to_num(np.asarray(metric, dtype=float), nan=-1.0), ~feasible))
     out = frame.iloc[order].reset_index(drop=True)
+    for key, values in columns.items():
+        out[key] = values[order]
     ranks = pd.array(np.arange(1, len(out) + 1), dtype="Int64")
     ranks[~out["fits"].to_numpy(dtype=bool)] = pd.NA
     out.insert(0, "rank", ranks)
@@ -32,4 +39,4 @@ def rank(frame: pd.DataFrame) -> pd.DataFrame:
 def evaluate(model: ModelSpec, hw: HardwareSpec, candidates: pd.DataFrame, memory_fraction: float,
              progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
     """Every candidate priced by the cost model and ranked; ``progress(done, total)`` as it goes."""
-    return rank(CostModelEvaluator(model, hw, memory_fraction, progress).evaluate(candidates))
+    return rank(candidates, CostModelEvaluator(model, hw, memory_fraction, progress).columns(candidates))
