@@ -43,7 +43,7 @@ MLPERF_UNFLAGGED = dict(lora_dropout=0.1, lora_a2a=True)
 
 def main() -> None:
     for name, setting in SETTINGS.items():
-        flags = argparse.Namespace(finetune="lora", document_tokens=None, **setting)
+        flags = argparse.Namespace(finetune="lora", document_tokens=None, lora_dropout=None, lora_a2a=None, **setting)
         print(f"--- LoRA with {name} settings")
         model = with_finetune(with_seq_length(io.load_model("llama2-70b"), 8192), flags)
         if name == "MLPerf's":

@@ -732,11 +732,12 @@ def test_lora_adapters_split_as_megatron_bridge_splits_them(llama):
 
 def test_lora_adapters_stream_their_activations_and_run_their_own_tp_collectives(llama, hw):
     """Rank-16 GEMMs are memory-bound: the adapters take the HBM time of what they stream (GEMM
-    passes 3x each side, the eager scale/add/gradient-sum ops), then their collectives under SP:
-    QKV's input all-gathered and reduce-scattered back, the projection's output gathered forward
-    and its scattered gradient gathered backward (four all-gathers of 8192 x 8192 BF16 over TP 4)."""
+    passes 3x each side, the eager scale/add/gradient-sum ops), then their collectives under SP
+    with userbuffers: QKV's input all-gathered and reduce-scattered back, the projection's output
+    gathered forward and its scattered gradient gathered backward (four all-gathers of 8192 x 8192
+    BF16 over TP 4); without userbuffers QKV's adapter takes the norm output TE gathered (two)."""
     from autoparallel.costmodel import finetune
-    x = _llama_cands(_lora(llama), hw)
+    x = _llama_cands(_lora(llama), hw, tp_comm_overlap=True)
     qkv = 3 * (8192 + 10240 / 4) + 7 * 10240 / 4 + 3 * 8192 / 4
     proj = 3 * (8192 + 8192) / 4 + 7 * 8192 / 4 + 3 * 8192 / 4
     assert finetune.adapter_stream_elements(x.model, 4, True) == pytest.approx(qkv + proj, rel=REL)
@@ -745,13 +746,14 @@ def test_lora_adapters_stream_their_activations_and_run_their_own_tp_collectives
     flops = 3 * 2 * 8192 * finetune.adapter_params_gpu(x.model, 4) / (989e12 * hw.efficiency.gemm_max)
     assert flops < stream
     assert lt.lora_adapters_time(x)[0] == pytest.approx(stream + gathers, rel=REL)
+    assert lt.lora_adapters_time(_llama_cands(_lora(llama), hw))[0] == pytest.approx(stream + gathers / 2, rel=REL)
     assert lt.lora_adapters_time(_llama_cands(llama, hw))[0] == 0.0
     # Without SP no sequence gather: QKV's input gradient all-reduced (two), the projection's output gathered.
     no_sp = _llama_cands(_lora(llama), hw, sp=False)
     assert [(w, float(c)) for w, c in finetune.adapter_collectives(no_sp.model, 4, False)] == [(8192, 2.0), (8192, 1.0)]
     # Megatron-Bridge's a2a_experimental: the projection's output goes over the sequence by one
     # all-to-all of its 8192 x 8192/4 shard each way.
-    a2a = _llama_cands(_lora(llama, lora_a2a=True), hw)
+    a2a = _llama_cands(_lora(llama, lora_a2a=True), hw, tp_comm_overlap=True)
     assert lt.lora_adapters_time(a2a)[0] == pytest.approx(
         stream + 2 * lt.comm.reduce_scatter_time(hw, 2.0 * 8192 * 8192, 4.0, 4.0)
         + 2 * lt.comm.reduce_scatter_time(hw, 2.0 * 8192 * 8192 / 4, 4.0, 4.0), rel=REL)

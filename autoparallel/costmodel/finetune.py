@@ -101,12 +101,18 @@ def adapter_stream_elements(model: ModelSpec, t, sp):
     return total
 
 
-def adapter_collectives(model: ModelSpec, t, sp) -> list[tuple[float, float]]:
+def adapter_collectives(model: ModelSpec, t, sp, ub=False) -> list[tuple[float, float]]:
     """The TP collectives one layer's adapters run per micro-batch beyond the base's, as (elements
     per token, collectives of that size, each priced as an all-gather): beside a column-parallel
-    Linear, the input gathered over the sequence (SP: ``gather_from_sequence_parallel_region``,
-    reduce-scattered back in the backward) or its gradient all-reduced (no SP: A's
-    ``ColumnParallelLinear`` input-gradient reduce, two); beside a row-parallel one, B's output
+    Linear under SP, none where the base gathers its input by NCCL (no userbuffers, ``ub``
+    False): TransformerEngine's LayerNormLinear returns the norm output it gathered
+    (``return_layernorm_output_gathered``) and the adapter takes it as is, its A's input-gradient
+    reduce switched off (Megatron-Bridge 067f987 ``peft/utils.py`` ``get_adapter_attributes_from_linear``:
+    ``disable_sequence_parallel_comm`` when the Linear has no ``ub_overlap_ag``; A built with
+    ``disable_grad_reduce`` under SP; NeMo 1's ``mcore_mixins.py`` alike); where userbuffers
+    gather it (``ub``), the adapter gathers the input over the sequence itself
+    (``gather_from_sequence_parallel_region``, reduce-scattered back in the backward: two); without
+    SP, A's ``ColumnParallelLinear`` all-reduces its input gradient (two); beside a row-parallel one, B's output
     gathered whole (``gather_output``) and, under SP, the gradient of its sequence scatter gathered
     in the backward (Megatron-Bridge's default path); with ``lora_a2a`` under SP, B's split output
     goes to its sequence shard by one all-to-all each way (``all2all_hp2sp``: each rank sends
@@ -118,7 +124,7 @@ def adapter_collectives(model: ModelSpec, t, sp) -> list[tuple[float, float]]:
     for name in model.finetune.lora_targets:
         fan_in, fan_out = target_shapes(model)[name]
         if name in COLUMN_PARALLEL:
-            out.append((fan_in, 2.0))
+            out.append((fan_in, np.where(np.asarray(sp) & ~np.asarray(ub, dtype=bool), 0.0, 2.0)))
         elif model.finetune.lora_a2a:
             out.append((np.where(sp, fan_out / t, fan_out), np.where(sp, 2.0, 1.0)))
         else:
