@@ -809,9 +809,10 @@ def test_packed_documents_attend_to_themselves_only(llama, hw):
 def test_a_lora_layer_keeps_the_adapters_inputs_not_the_frozen_linears(llama, hw):
     from autoparallel.costmodel import finetune
     x = _llama_cands(_lora(llama), hw)
-    # FP8: the base keeps 1 B per Linear input element; frozen, QKV's (target: adapter's 2 B BF16),
-    # FC1's (h, 0) and FC2's (ffn, 0) change, the projection's (target) takes 2 B; SP over tp 4.
-    per_token = ((2 - 1) * 8192 + (0 - 1) * 8192) / 4 + ((0 - 1) * 28672 + (2 - 1) * 8192) / 4
+    # FP8: the base keeps 1 B per Linear input element, split by SP over tp 4; frozen, QKV's and FC1's
+    # (h, 0) and FC2's (ffn, 0) go; QKV's adapter keeps its 2 B BF16 input whole (the gathered norm
+    # output), the projection's (target) takes 2 B of its TP-split input.
+    per_token = 2 * 8192 + ((0 - 1) * 8192 + (0 - 1) * 8192) / 4 + ((0 - 1) * 28672 + (2 - 1) * 8192) / 4
     assert finetune.frozen_activation_bytes(x.model, 1, 8192, 4, True, 1.0) == pytest.approx(8192 * per_token)
     full = lt.activation_bytes(_llama_cands(llama, hw), False, x.keep_scores)[0]
     # Full training under delayed scaling counts the attention output as the fused attention's BF16

@@ -160,9 +160,12 @@ def frozen_activation_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction=0.0,
                             fused_saves_output=True):
     """What a LoRA layer keeps beyond (negative: short of) ``memory.layer_activation_bytes``'s
     count of the Linears' inputs: a frozen Linear keeps no input for a weight gradient (QKV's and
-    FC1's norm outputs, FC2's activation output); a target's adapter keeps its BF16 input instead
-    (assumption: sharded as the base input was, Megatron-Bridge's ``LORA_A2A``/regather paths).
-    The projection's input is the attention output (counted ``attention_output`` bytes per
+    FC1's norm outputs, FC2's activation output); a target's adapter keeps its BF16 input instead:
+    beside QKV and FC1 the whole sequence even under SP, the norm output gathered for it (by the
+    adapter, or by TE where it returns it gathered), which A's ColumnParallelLinear saves for its
+    weight gradient (Megatron-Bridge 067f987 ``peft/utils.py`` ``ParallelLinearAdapter.forward``;
+    its opt-in ``sequence_parallel_input_regather``, off by default, would keep the shard: Bridge
+    PR #4581), beside FC2 the input the base splits by TP. The projection's input is the attention output (counted ``attention_output`` bytes per
     element, else as a GEMM input): a fused attention keeps it in BF16 for itself, which a
     target's adapter shares (the adapter keeps it in BF16 either way); the frozen projection keeps
     no copy of its own."""
@@ -171,9 +174,10 @@ def frozen_activation_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction=0.0,
     gemm_in = memory.gemm_input_bytes(fp8_fraction, quantized_bytes)
     counted_output = gemm_in if attention_output is None else attention_output
     targets = model.finetune.lora_targets
-    kept = lambda name: np.where(name in targets, memory.GEMM_INPUT_BYTES, 0.0) - gemm_in  # noqa: E731
-    replicated = (kept("linear_qkv") + kept("linear_fc1")) * model.hidden_size
+    adapter = lambda name: np.where(name in targets, memory.GEMM_INPUT_BYTES, 0.0)  # noqa: E731
+    gathered = (adapter("linear_qkv") + adapter("linear_fc1")) * model.hidden_size
+    replicated = -2.0 * gemm_in * model.hidden_size  # QKV's and FC1's own inputs, not kept
     output = np.where(fused_saves_output | ("linear_proj" in targets), memory.GEMM_INPUT_BYTES, counted_output)
-    sharded = (kept("linear_fc2") * model.ffn_hidden_size
+    sharded = ((adapter("linear_fc2") - gemm_in) * model.ffn_hidden_size
                + (output - counted_output) * model.num_attention_heads * model.head_dim)
-    return b * s * (np.where(sp, replicated / t, replicated) + sharded / t)
+    return b * s * (gathered + np.where(sp, replicated / t, replicated) + sharded / t)
