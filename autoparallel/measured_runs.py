@@ -187,7 +187,7 @@ def _pins(row: pd.Series) -> dict:
     pins["fsdp"] = _given(row, "fsdp") and int(row["fsdp"]) >= 1
     for knob in ("distributed_optimizer", "tp_comm_overlap", "grad_reduce_in_fp32", "flash_attention",
                  "fp8_param_gather", "precision_aware_optimizer", "fp8_attention", "tp_only_amax_red",
-                 "param_remainders", "cross_entropy_loss_fusion"):
+                 "param_remainders", "cross_entropy_loss_fusion", "activation_func_fp8_input_store"):
         if _given(row, knob):
             pins[knob] = bool(int(row[knob]))
     if _given(row, "overlap_grad_reduce"):
@@ -531,6 +531,8 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
         "cuda_graph": ["layer" if _knob_set(k, "LAYER_CUDA_GRAPH") else "none" for k in frame["other_knobs"]],
         "fp8_param_gather": [int(_knob_set(k, "FP8_PARAMS")) for k in frame["other_knobs"]],
         "fp8_attention": [int(_knob_set(k, "FP8_DPA")) for k in frame["other_knobs"]],
+        # NeMo's activation_func_fp8_input_store (the LoRA configs' FP8_ACTIVATION).
+        "activation_func_fp8_input_store": [int(_knob_set(k, "FP8_ACTIVATION")) for k in frame["other_knobs"]],
         "tp_only_amax_red": [int(_tp_only_amax(k)) for k in frame["other_knobs"]],
         "measured_iteration_time_s": frame["step_time_s"], "source": frame["source"],
         "lora_rank": [_lora_rank(k) for k in frame["other_knobs"]],

@@ -732,11 +732,12 @@ def test_lora_adapters_split_as_megatron_bridge_splits_them(llama):
 
 def test_lora_adapters_stream_their_activations_and_run_their_own_tp_collectives(llama, hw):
     """Rank-16 GEMMs are memory-bound: the adapters take the HBM time of what they stream (GEMM
-    passes 3x each side, the eager scale/add/gradient-sum ops), then their collectives under SP:
-    QKV's input all-gathered and reduce-scattered back, the projection's output gathered forward
-    and its scattered gradient gathered backward (four all-gathers of 8192 x 8192 BF16 over TP 4)."""
+    passes 3x each side, the eager scale/add/gradient-sum ops), then their collectives under SP
+    with userbuffers: QKV's input all-gathered and reduce-scattered back, the projection's output
+    gathered forward and its scattered gradient gathered backward (four all-gathers of 8192 x 8192
+    BF16 over TP 4); without userbuffers QKV's adapter takes the norm output TE gathered (two)."""
     from autoparallel.costmodel import finetune
-    x = _llama_cands(_lora(llama), hw)
+    x = _llama_cands(_lora(llama), hw, tp_comm_overlap=True)
     qkv = 3 * (8192 + 10240 / 4) + 7 * 10240 / 4 + 3 * 8192 / 4
     proj = 3 * (8192 + 8192) / 4 + 7 * 8192 / 4 + 3 * 8192 / 4
     assert finetune.adapter_stream_elements(x.model, 4, True) == pytest.approx(qkv + proj, rel=REL)
@@ -745,13 +746,14 @@ def test_lora_adapters_stream_their_activations_and_run_their_own_tp_collectives
     flops = 3 * 2 * 8192 * finetune.adapter_params_gpu(x.model, 4) / (989e12 * hw.efficiency.gemm_max)
     assert flops < stream
     assert lt.lora_adapters_time(x)[0] == pytest.approx(stream + gathers, rel=REL)
+    assert lt.lora_adapters_time(_llama_cands(_lora(llama), hw))[0] == pytest.approx(stream + gathers / 2, rel=REL)
     assert lt.lora_adapters_time(_llama_cands(llama, hw))[0] == 0.0
     # Without SP no sequence gather: QKV's input gradient all-reduced (two), the projection's output gathered.
     no_sp = _llama_cands(_lora(llama), hw, sp=False)
     assert [(w, float(c)) for w, c in finetune.adapter_collectives(no_sp.model, 4, False)] == [(8192, 2.0), (8192, 1.0)]
     # Megatron-Bridge's a2a_experimental: the projection's output goes over the sequence by one
     # all-to-all of its 8192 x 8192/4 shard each way.
-    a2a = _llama_cands(_lora(llama, lora_a2a=True), hw)
+    a2a = _llama_cands(_lora(llama, lora_a2a=True), hw, tp_comm_overlap=True)
     assert lt.lora_adapters_time(a2a)[0] == pytest.approx(
         stream + 2 * lt.comm.reduce_scatter_time(hw, 2.0 * 8192 * 8192, 4.0, 4.0)
         + 2 * lt.comm.reduce_scatter_time(hw, 2.0 * 8192 * 8192 / 4, 4.0, 4.0), rel=REL)
@@ -807,9 +809,10 @@ def test_packed_documents_attend_to_themselves_only(llama, hw):
 def test_a_lora_layer_keeps_the_adapters_inputs_not_the_frozen_linears(llama, hw):
     from autoparallel.costmodel import finetune
     x = _llama_cands(_lora(llama), hw)
-    # FP8: the base keeps 1 B per Linear input element; frozen, QKV's (target: adapter's 2 B BF16),
-    # FC1's (h, 0) and FC2's (ffn, 0) change, the projection's (target) takes 2 B; SP over tp 4.
-    per_token = ((2 - 1) * 8192 + (0 - 1) * 8192) / 4 + ((0 - 1) * 28672 + (2 - 1) * 8192) / 4
+    # FP8: the base keeps 1 B per Linear input element, split by SP over tp 4; frozen, QKV's and FC1's
+    # (h, 0) and FC2's (ffn, 0) go; QKV's adapter keeps its 2 B BF16 input whole (the gathered norm
+    # output), the projection's (target) takes 2 B of its TP-split input.
+    per_token = 2 * 8192 + ((0 - 1) * 8192 + (0 - 1) * 8192) / 4 + ((0 - 1) * 28672 + (2 - 1) * 8192) / 4
     assert finetune.frozen_activation_bytes(x.model, 1, 8192, 4, True, 1.0) == pytest.approx(8192 * per_token)
     full = lt.activation_bytes(_llama_cands(llama, hw), False, x.keep_scores)[0]
     # Full training under delayed scaling counts the attention output as the fused attention's BF16

@@ -54,8 +54,10 @@ def _mlperf_lora(gpu: str):
 def test_the_h100_submissions_layout_is_offered_as_fitting(h100_search):
     """Offered as fitting; its rank no worse than reached (a regression guard, not the target):
     5.79 % with the adapters' collectives priced, 6.0 % after the as-run h100 refit, 8.6 % with
-    both and the memory fixes merged (2026-11-27)."""
-    assert _share_above(h100_search, 4, 1) <= 0.087
+    both and the memory fixes merged, 9.2 % once a column target's adapter under SP without
+    userbuffers takes TE's gathered norm output (TP4/TP8 SP layouts without userbuffers gain), 9.1 %
+    with QKV's adapter keeping its gathered input whole (TP4 at mbs 2 no longer fits; 2026-11-27)."""
+    assert _share_above(h100_search, 4, 1) <= 0.091
 
 
 def _share_above(result, tp: int, cp: int) -> float:
@@ -77,9 +79,10 @@ def h200_search():
     return _mlperf_lora("h200")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 27 target: the H100 submissions' TP4 in the top 5 %; 8.6 % on "
-                                       "2026-11-27 (5.8 % with the adapters' own TP collectives priced, 6.0 % "
-                                       "after the as-run h100 refit: TP2 layouts, no submission's, price faster)")
+@pytest.mark.xfail(strict=True, reason="issue 27 target: the H100 submissions' TP4 in the top 5 %; 9.1 % on "
+                                       "2026-11-27 (rank 290 of 3,196: above it TP1/TP2 layouts with CP and/or PP, "
+                                       "TP2 with 20-40 layers offloaded, mbs > 1; none pays TP4's 0.62 s of TP and "
+                                       "adapter traffic; no H100 row runs them to say they are priced fast)")
 def test_the_h100_submissions_layout_fits_and_ranks_in_the_top_5_percent(h100_search):
     assert _share_above(h100_search, 4, 1) <= 0.05
 

@@ -101,12 +101,18 @@ def adapter_stream_elements(model: ModelSpec, t, sp):
     return total
 
 
-def adapter_collectives(model: ModelSpec, t, sp) -> list[tuple[float, float]]:
+def adapter_collectives(model: ModelSpec, t, sp, ub=False) -> list[tuple[float, float]]:
     """The TP collectives one layer's adapters run per micro-batch beyond the base's, as (elements
     per token, collectives of that size, each priced as an all-gather): beside a column-parallel
-    Linear, the input gathered over the sequence (SP: ``gather_from_sequence_parallel_region``,
-    reduce-scattered back in the backward) or its gradient all-reduced (no SP: A's
-    ``ColumnParallelLinear`` input-gradient reduce, two); beside a row-parallel one, B's output
+    Linear under SP, none where the base gathers its input by NCCL (no userbuffers, ``ub``
+    False): TransformerEngine's LayerNormLinear returns the norm output it gathered
+    (``return_layernorm_output_gathered``) and the adapter takes it as is, its A's input-gradient
+    reduce switched off (Megatron-Bridge 067f987 ``peft/utils.py`` ``get_adapter_attributes_from_linear``:
+    ``disable_sequence_parallel_comm`` when the Linear has no ``ub_overlap_ag``; A built with
+    ``disable_grad_reduce`` under SP; NeMo 1's ``mcore_mixins.py`` alike); where userbuffers
+    gather it (``ub``), the adapter gathers the input over the sequence itself
+    (``gather_from_sequence_parallel_region``, reduce-scattered back in the backward: two); without
+    SP, A's ``ColumnParallelLinear`` all-reduces its input gradient (two); beside a row-parallel one, B's output
     gathered whole (``gather_output``) and, under SP, the gradient of its sequence scatter gathered
     in the backward (Megatron-Bridge's default path); with ``lora_a2a`` under SP, B's split output
     goes to its sequence shard by one all-to-all each way (``all2all_hp2sp``: each rank sends
@@ -118,7 +124,7 @@ def adapter_collectives(model: ModelSpec, t, sp) -> list[tuple[float, float]]:
     for name in model.finetune.lora_targets:
         fan_in, fan_out = target_shapes(model)[name]
         if name in COLUMN_PARALLEL:
-            out.append((fan_in, 2.0))
+            out.append((fan_in, np.where(np.asarray(sp) & ~np.asarray(ub, dtype=bool), 0.0, 2.0)))
         elif model.finetune.lora_a2a:
             out.append((np.where(sp, fan_out / t, fan_out), np.where(sp, 2.0, 1.0)))
         else:
@@ -154,9 +160,12 @@ def frozen_activation_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction=0.0,
                             fused_saves_output=True):
     """What a LoRA layer keeps beyond (negative: short of) ``memory.layer_activation_bytes``'s
     count of the Linears' inputs: a frozen Linear keeps no input for a weight gradient (QKV's and
-    FC1's norm outputs, FC2's activation output); a target's adapter keeps its BF16 input instead
-    (assumption: sharded as the base input was, Megatron-Bridge's ``LORA_A2A``/regather paths).
-    The projection's input is the attention output (counted ``attention_output`` bytes per
+    FC1's norm outputs, FC2's activation output); a target's adapter keeps its BF16 input instead:
+    beside QKV and FC1 the whole sequence even under SP, the norm output gathered for it (by the
+    adapter, or by TE where it returns it gathered), which A's ColumnParallelLinear saves for its
+    weight gradient (Megatron-Bridge 067f987 ``peft/utils.py`` ``ParallelLinearAdapter.forward``;
+    its opt-in ``sequence_parallel_input_regather``, off by default, would keep the shard: Bridge
+    PR #4581), beside FC2 the input the base splits by TP. The projection's input is the attention output (counted ``attention_output`` bytes per
     element, else as a GEMM input): a fused attention keeps it in BF16 for itself, which a
     target's adapter shares (the adapter keeps it in BF16 either way); the frozen projection keeps
     no copy of its own."""
@@ -165,9 +174,10 @@ def frozen_activation_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction=0.0,
     gemm_in = memory.gemm_input_bytes(fp8_fraction, quantized_bytes)
     counted_output = gemm_in if attention_output is None else attention_output
     targets = model.finetune.lora_targets
-    kept = lambda name: np.where(name in targets, memory.GEMM_INPUT_BYTES, 0.0) - gemm_in  # noqa: E731
-    replicated = (kept("linear_qkv") + kept("linear_fc1")) * model.hidden_size
+    adapter = lambda name: np.where(name in targets, memory.GEMM_INPUT_BYTES, 0.0)  # noqa: E731
+    gathered = (adapter("linear_qkv") + adapter("linear_fc1")) * model.hidden_size
+    replicated = -2.0 * gemm_in * model.hidden_size  # QKV's and FC1's own inputs, not kept
     output = np.where(fused_saves_output | ("linear_proj" in targets), memory.GEMM_INPUT_BYTES, counted_output)
-    sharded = (kept("linear_fc2") * model.ffn_hidden_size
+    sharded = ((adapter("linear_fc2") - gemm_in) * model.ffn_hidden_size
                + (output - counted_output) * model.num_attention_heads * model.head_dim)
-    return b * s * (np.where(sp, replicated / t, replicated) + sharded / t)
+    return b * s * (gathered + np.where(sp, replicated / t, replicated) + sharded / t)

@@ -148,7 +148,8 @@ def lora_adapters_time(x: Candidates):
     stream_time = x.tokens * finetune.adapter_stream_elements(x.model, x.t, x.sp) * finetune.ADAPTER_BYTES / x.hbm
     per_domain = comm.ranks_per_domain(x.hw, x.t, 1)
     collectives = sum(count * comm.reduce_scatter_time(x.hw, finetune.ADAPTER_BYTES * x.tokens * width, x.t, per_domain)
-                      for width, count in finetune.adapter_collectives(x.model, x.t, x.sp))
+                      for width, count in finetune.adapter_collectives(x.model, x.t, x.sp,
+                                                                             x.flag("tp_comm_overlap")))
     return np.maximum(flops_time, stream_time) + collectives
 
 
