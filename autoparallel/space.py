@@ -287,6 +287,10 @@ def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus:
         (model.is_moe & model.add_bias_linear & (etp > 1),
          lambda d: [f"etp={a}: Bias in Moe is only supported when ETP==1 (Megatron-Core)" for a in d.etp]),
         (m == 0, lambda d: [f"gbs {gbs} not divisible by mbs*dp={a * b}" for a, b in zip(d.mbs, d.dp)]),
+        # NeMo 2's FineTuningDataModule and Megatron-Bridge's ConfigContainer.validate: "Micro batch
+        # size should be 1 when training with packed sequence" (a packed sequence is the batch).
+        (_packed(model) & (mbs > 1),
+         lambda d: [f"mbs={a}: packed sequences need mbs 1 (NeMo, Megatron-Bridge)" for a in d.mbs]),
         # schedules.py takes any m >= pp with --microbatch-group-size-per-virtual-pipeline-stage
         # (pipeline.microbatch_group) where m is not a multiple of pp.
         ((vp > 1) & (m < pp),
@@ -294,6 +298,10 @@ def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus:
                     for a, b, c in zip(d.mbs, d.dp, d.pp)]),
     ]
     return _first_reason(df, rules)
+
+
+def _packed(model: ModelSpec) -> bool:
+    return model.finetune is not None and model.finetune.packed_sequence
 
 
 def _swiglu(model: ModelSpec) -> bool:
