@@ -284,7 +284,8 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
                kernels=(), tp_linear=(0.0, 0.0)) -> dict:
     """Every term of one layer (``LAYER_TIME_TERMS``), their sum ``time`` and what the other
     steps read: ``forward``, the bytes ``stored`` per micro-batch in flight and ``working`` while
-    it computes, its ``params`` and ``expert_params`` on the GPU. ``kernels``: (forward,
+    it computes (``stored_imbalance`` of it: what the busiest EP rank keeps beyond the even share),
+    its ``params`` and ``expert_params`` on the GPU. ``kernels``: (forward,
     backward) pairs of a MoE layer priced with their own backward (``router_time``,
     ``permutation_time``); ``tp_linear``: forward time of the TP-split GEMMs, whole and in
     ring-exchange chunks (``tensor_parallel``)."""
@@ -305,9 +306,11 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
         "lora_adapters": lora_adapters_time(x) if not is_moe else np.zeros_like(x.t),
         "amax_reduction": amax_reduction_time(x),
     }
+    stored = stored_activation_bytes(x, is_moe)
     return dict(terms, time=sum(terms[k] for k in LAYER_TIME_TERMS), forward=forward,
                 recompute=terms["selective_recompute"] + terms["full_recompute"],
-                stored=stored_activation_bytes(x, is_moe), working=activation_bytes(x, is_moe, x.keep_scores),
+                stored=stored, stored_imbalance=stored - stored_activation_bytes(x.evenly_loaded(), is_moe) if is_moe
+                else np.zeros_like(stored), working=activation_bytes(x, is_moe, x.keep_scores),
                 params=params, expert_params=expert_params,
                 adapter_params=finetune.adapter_params_gpu(x.model, x.t) + np.zeros_like(x.t))
 
