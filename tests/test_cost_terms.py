@@ -247,7 +247,8 @@ def test_ep_all_to_alls_dispatch_and_combine_each_way(mixtral, hw):
     imbalance = 1 + hw.efficiency.moe_load_imbalance * math.sqrt(2 * math.log(8))
     assert x.imbalance[0] == pytest.approx(imbalance, rel=REL)
     nbytes = 4096 * 2 * 4096 * 2.0 * imbalance  # tokens x top-2 x hidden, BF16, busiest rank
-    alltoall = nbytes * 7 / 8 / (hw.nvlink_gbps / 2 * 1e9 * hw.efficiency.alltoall) + hw.nvlink_latency_us * 1e-6
+    # NCCL's all-to-all: one send/receive per peer, each of the 7 NVLink peers paying the latency.
+    alltoall = nbytes * 7 / 8 / (hw.nvlink_gbps / 2 * 1e9 * hw.efficiency.alltoall) + 7 * hw.nvlink_latency_us * 1e-6
     assert lt.ep_comm_time(x, 1.0, True)[0] == pytest.approx(4 * alltoall, rel=REL)
     assert lt.ep_comm_time(x, 1.0, False)[0] == 0.0
     overlapped = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64,

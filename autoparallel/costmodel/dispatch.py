@@ -49,7 +49,14 @@ def _ep_domains(hw: HardwareSpec, ep, etp):
 def alltoall_time(hw: HardwareSpec, nbytes, ep, etp):
     """One all-to-all in which every GPU of an EP group sends ``nbytes`` split evenly over the
     group. EP ranks are etp GPUs apart, so ``ranks_per_domain`` of them share an NVLink domain;
-    NVLink and network carry their shares at once."""
+    NVLink and network carry their shares at once.
+
+    Megatron's alltoall dispatcher calls ``torch.distributed.all_to_all_single``, which NCCL runs
+    as one group of a send and a receive per peer (the linear schedule of NCCL's documentation
+    and nccl-tests' alltoall). The GPU's channels walk the NVLink peers in turn, so each of the
+    inside - 1 NVLink peers pays the link latency; the network sends are posted by NCCL's proxy
+    thread and progress together (one network latency). At EP64 in one NVL72 domain that is 63
+    latencies per all-to-all, where a collective over the same GPUs pays one."""
     ep = np.asarray(ep, dtype=float)
     eff = hw.efficiency
     inside, _ = _ep_domains(hw, ep, etp)
@@ -57,7 +64,7 @@ def alltoall_time(hw: HardwareSpec, nbytes, ep, etp):
     network = hw.internode_gbps * 1e9 * eff.alltoall
     intra = nbytes * (inside - 1) / ep / nvlink
     inter = nbytes * (ep - inside) / ep / network
-    latency = np.where(ep > inside, hw.internode_latency_us, hw.nvlink_latency_us) * 1e-6
+    latency = ((inside - 1) * hw.nvlink_latency_us + np.where(ep > inside, hw.internode_latency_us, 0.0)) * 1e-6
     return np.where(ep > 1, np.maximum(intra, inter) + latency, 0.0)
 
 
