@@ -248,13 +248,16 @@ def test_ep_all_to_alls_dispatch_and_combine_each_way(mixtral, hw):
     assert x.imbalance[0] == pytest.approx(imbalance, rel=REL)
     nbytes = 4096 * 2 * 4096 * 2.0 * imbalance  # tokens x top-2 x hidden, BF16, busiest rank
     # NCCL's all-to-all: one send/receive per peer, each of the 7 NVLink peers paying the latency.
-    alltoall = nbytes * 7 / 8 / (hw.nvlink_gbps / 2 * 1e9 * hw.efficiency.alltoall) + 7 * hw.nvlink_latency_us * 1e-6
-    assert lt.ep_comm_time(x, 1.0, True)[0] == pytest.approx(4 * alltoall, rel=REL)
+    link = hw.nvlink_gbps / 2 * 1e9 * hw.efficiency.alltoall
+    alltoall = nbytes * 7 / 8 / link + 7 * hw.nvlink_latency_us * 1e-6
+    # Each dispatch also sends every copy's FP32 routing probability in an all-to-all of its own.
+    probs = 4096 * 2 * 4.0 * imbalance * 7 / 8 / link + 7 * hw.nvlink_latency_us * 1e-6
+    assert lt.ep_comm_time(x, 1.0, True)[0] == pytest.approx(4 * alltoall + 2 * probs, rel=REL)
     assert lt.ep_comm_time(x, 1.0, False)[0] == 0.0
     overlapped = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64,
                         overlap_moe_expert_parallel_comm=True)
-    assert lt.ep_comm_time(overlapped, 1.0, True)[0] == pytest.approx((1 - hw.efficiency.ep_overlap) * 4 * alltoall,
-                                                                      rel=REL)
+    assert lt.ep_comm_time(overlapped, 1.0, True)[0] == pytest.approx(
+        (1 - hw.efficiency.ep_overlap) * (4 * alltoall + 2 * probs), rel=REL)
 
 
 def test_a_dualpipe_row_hides_all_its_all_to_alls_and_p2p_sends_the_compute_beside_can(mixtral, gpt, hw):

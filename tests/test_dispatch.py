@@ -87,6 +87,16 @@ def test_alltoall_pays_the_nvlink_latency_once_per_peer():
     assert dispatch.alltoall_time(gb200, nbytes, 64, 1)[()] == pytest.approx(expected, rel=1e-12)
 
 
+def test_only_the_alltoall_dispatcher_sends_the_probabilities_apart(dsv3, h100):
+    """Megatron-Core's alltoall dispatch sends the FP32 routing probabilities in a second
+    all-to-all; flex carries them with the tokens."""
+    tokens, ep = 4096, np.array([8.0])
+    nbytes = tokens * 8 * 4.0  # top-8 copies, FP32
+    expected = nbytes * 7 / 8 / (450e9 * h100.efficiency.alltoall) + 7 * h100.nvlink_latency_us * 1e-6
+    assert dispatch.probs_time(h100, dsv3, tokens, ep, 1, 1.0, np.array(["alltoall"]))[0] == pytest.approx(expected)
+    assert dispatch.probs_time(h100, dsv3, tokens, ep, 1, 1.0, np.array(["flex"]))[0] == 0.0
+
+
 def test_allgather_gathers_the_whole_group(dsv3, h100):
     tokens = 4096
     gathered = tokens * 7168 * 2.0 * 8

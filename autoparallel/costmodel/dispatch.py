@@ -137,6 +137,22 @@ def dispatch_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance
     return out
 
 
+PROBS_BYTES = 4.0  # the routing probabilities, FP32, one per token copy
+
+
+def probs_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance, dispatcher):
+    """The alltoall dispatcher's second all-to-all of a dispatch: each token copy's routing
+    probability, which Megatron-Core multiplies in the experts' activation (``dispatch_all_to_all``
+    sends ``permuted_probs`` after the tokens, Megatron-LM d98e8a6 token_dispatcher.py); few bytes,
+    so mostly its per-peer latency. flex's kernels carry the probabilities with the tokens; the
+    combine sends none."""
+    nbytes = tokens * model.moe_router_topk * PROBS_BYTES * imbalance
+    alltoall = np.broadcast_to(np.asarray(dispatcher), np.shape(ep)) == "alltoall"
+    if not alltoall.any():
+        return np.zeros(np.shape(ep))
+    return np.where(alltoall, alltoall_time(hw, nbytes, ep, etp), 0.0)
+
+
 def exposed_dispatch(hw: HardwareSpec, total, overlap, window, dispatcher=None, hidden_share=None):
     """What the step waits for of ``total`` seconds of dispatches: all of it, or with the 1F1B
     overlap what ``window`` (another micro-batch's computation) cannot hide, at most
