@@ -247,13 +247,17 @@ def test_ep_all_to_alls_dispatch_and_combine_each_way(mixtral, hw):
     imbalance = 1 + hw.efficiency.moe_load_imbalance * math.sqrt(2 * math.log(8))
     assert x.imbalance[0] == pytest.approx(imbalance, rel=REL)
     nbytes = 4096 * 2 * 4096 * 2.0 * imbalance  # tokens x top-2 x hidden, BF16, busiest rank
-    alltoall = nbytes * 7 / 8 / (hw.nvlink_gbps / 2 * 1e9 * hw.efficiency.alltoall) + hw.nvlink_latency_us * 1e-6
-    assert lt.ep_comm_time(x, 1.0, True)[0] == pytest.approx(4 * alltoall, rel=REL)
+    # NCCL's all-to-all: one send/receive per peer, each of the 7 NVLink peers paying the latency.
+    link = hw.nvlink_gbps / 2 * 1e9 * hw.efficiency.alltoall
+    alltoall = nbytes * 7 / 8 / link + 7 * hw.nvlink_latency_us * 1e-6
+    # Each dispatch also sends every copy's FP32 routing probability in an all-to-all of its own.
+    probs = 4096 * 2 * 4.0 * imbalance * 7 / 8 / link + 7 * hw.nvlink_latency_us * 1e-6
+    assert lt.ep_comm_time(x, 1.0, True)[0] == pytest.approx(4 * alltoall + 2 * probs, rel=REL)
     assert lt.ep_comm_time(x, 1.0, False)[0] == 0.0
     overlapped = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64,
                         overlap_moe_expert_parallel_comm=True)
-    assert lt.ep_comm_time(overlapped, 1.0, True)[0] == pytest.approx((1 - hw.efficiency.ep_overlap) * 4 * alltoall,
-                                                                      rel=REL)
+    assert lt.ep_comm_time(overlapped, 1.0, True)[0] == pytest.approx(
+        (1 - hw.efficiency.ep_overlap) * (4 * alltoall + 2 * probs), rel=REL)
 
 
 def test_a_dualpipe_row_hides_all_its_all_to_alls_and_p2p_sends_the_compute_beside_can(mixtral, gpt, hw):
@@ -430,7 +434,7 @@ def test_pipeline_p2p_sends_each_chunks_activations_and_gradients(gpt, hw):
 def _fake_layers(x, **dense):
     base = dict(time=1.0, forward=0.5e-3, compute=1.5e-3, stored=1e9, working=2e9, params=1e8, expert_params=0.0,
                 fp8_cast=0.0, recompute=0.0, tp_comm=0.0, cp_comm=0.0, ep_comm=0.0, fsdp=0.0, lora_adapters=0.0,
-                amax_reduction=0.0, adapter_params=1e6)
+                amax_reduction=0.0, adapter_params=1e6, stored_imbalance=0.0)
     values = {k: np.full_like(x.t, v) for k, v in {**base, **dense}.items()}
     return lt.Layers(values, {k: np.zeros_like(x.t) for k in values})
 
@@ -662,6 +666,24 @@ def test_a_dualpipe_row_holds_pp_plus_one_micro_batches_and_two_parameter_copies
     once, twice = pm.peak_memory(plain, layers, params, 0.95), pm.peak_memory(dual, layers, params, 0.95)
     for key in ("weights_gib", "grads_gib", "optimizer_gib"):
         assert twice[key][0] == pytest.approx(2 * once[key][0], rel=REL)
+
+
+def test_the_busiest_ep_rank_keeps_its_excess_tokens_averaged_over_a_stages_moe_layers(mixtral, hw):
+    """Each MoE layer keeps its routed copies at the busiest rank's load (``imbalance`` times the
+    even share: BF16 FC1 input, gate, up and FC2 input, FP32 probability per copy); a stage of n
+    MoE layers keeps n even shares plus 1/sqrt(n) of n layers' excess."""
+    x = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+    per_copy = 2.0 * 4096 + (2 * 2.0 + 2.0) * 14336 + 4.0
+    excess = 4096 * 2 * (x.imbalance[0] - 1) * per_copy  # tokens x top-2 beyond the even share
+    assert lt.layers(x).moe["stored_imbalance"][0] == pytest.approx(excess, rel=1e-9)
+    assert lt.layers(x).dense["stored_imbalance"][0] == 0.0
+    ones = np.ones(1)
+    layers = lt.Layers({"stored": 1e9 * ones, "stored_imbalance": 0 * ones},
+                       {"stored": 3e9 * ones, "stored_imbalance": 1e9 * ones})
+    assert pm.stored_bytes(layers, 4 * ones, 4 * ones)[0] == pytest.approx(4 * 3e9 - 4 * 1e9 * (1 - 1 / 2), rel=REL)
+    assert pm.stored_bytes(layers, 1 * ones, 1 * ones)[0] == pytest.approx(3e9, rel=REL)
+    assert pm.stored_bytes(layers, 6 * ones, 2 * ones)[0] == pytest.approx(
+        4 * 1e9 + 2 * 3e9 - 2 * 1e9 * (1 - 1 / math.sqrt(2)), rel=REL)
 
 
 def test_a_plan_fits_when_its_fullest_stage_is_under_the_memory_share(gpt, hw):

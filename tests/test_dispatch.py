@@ -65,7 +65,10 @@ def test_flex_inside_one_node_is_nvlink_with_each_gpu_reached_once(dsv3, h100):
 def test_alltoall_sends_every_token_copy(dsv3, h100):
     tokens = 4096
     nbytes = tokens * 8 * 7168 * 2.0
-    across = nbytes * 56 / 64 / (50e9 * h100.efficiency.alltoall) + h100.internode_latency_us * 1e-6
+    # One send/receive per peer: the 7 NVLink peers of its node each pay the NVLink latency, the
+    # network peers progress together (one network latency).
+    across = (nbytes * 56 / 64 / (50e9 * h100.efficiency.alltoall)
+              + (7 * h100.nvlink_latency_us + h100.internode_latency_us) * 1e-6)
     got = dispatch.dispatch_time(h100, dsv3, tokens, np.array([64.0]), 1, 1.0, np.array(["alltoall"]))[0]
     assert got == pytest.approx(across, rel=1e-12)
     # At the same link efficiency, one copy per remote node instead of one per expert: 3.5 vs 7.
@@ -73,6 +76,25 @@ def test_alltoall_sends_every_token_copy(dsv3, h100):
     alltoall = dispatch.dispatch_time(same, dsv3, tokens, np.array([64.0]), 1, 1.0, np.array(["alltoall"]))[0]
     flex = dispatch.dispatch_time(same, dsv3, tokens, np.array([64.0]), 1, 1.0, np.array(["flex"]))[0]
     assert flex < alltoall / 1.9
+
+
+def test_alltoall_pays_the_nvlink_latency_once_per_peer():
+    """EP64 inside one NVL72 domain: 63 NVLink peers, 63 latencies beside the bytes."""
+    gb200 = io.load_hardware("gb200")
+    nbytes = 1e9
+    nvlink = gb200.nvlink_gbps / 2 * 1e9 * gb200.efficiency.alltoall
+    expected = nbytes * 63 / 64 / nvlink + 63 * gb200.nvlink_latency_us * 1e-6
+    assert dispatch.alltoall_time(gb200, nbytes, 64, 1)[()] == pytest.approx(expected, rel=1e-12)
+
+
+def test_only_the_alltoall_dispatcher_sends_the_probabilities_apart(dsv3, h100):
+    """Megatron-Core's alltoall dispatch sends the FP32 routing probabilities in a second
+    all-to-all; flex carries them with the tokens."""
+    tokens, ep = 4096, np.array([8.0])
+    nbytes = tokens * 8 * 4.0  # top-8 copies, FP32
+    expected = nbytes * 7 / 8 / (450e9 * h100.efficiency.alltoall) + 7 * h100.nvlink_latency_us * 1e-6
+    assert dispatch.probs_time(h100, dsv3, tokens, ep, 1, 1.0, np.array(["alltoall"]))[0] == pytest.approx(expected)
+    assert dispatch.probs_time(h100, dsv3, tokens, ep, 1, 1.0, np.array(["flex"]))[0] == 0.0
 
 
 def test_allgather_gathers_the_whole_group(dsv3, h100):

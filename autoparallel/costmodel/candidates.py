@@ -10,7 +10,7 @@ formula.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -113,6 +113,10 @@ class Candidates:
 
     def number(self, name: str) -> np.ndarray:
         return np.asarray(self.knobs[name], dtype=float)
+
+    def evenly_loaded(self) -> Candidates:
+        """The same candidates with every EP rank at the even share of routed tokens."""
+        return replace(self, imbalance=np.ones_like(self.imbalance))
 
     @property
     def single(self) -> np.ndarray:

@@ -49,7 +49,14 @@ def _ep_domains(hw: HardwareSpec, ep, etp):
 def alltoall_time(hw: HardwareSpec, nbytes, ep, etp):
     """One all-to-all in which every GPU of an EP group sends ``nbytes`` split evenly over the
     group. EP ranks are etp GPUs apart, so ``ranks_per_domain`` of them share an NVLink domain;
-    NVLink and network carry their shares at once."""
+    NVLink and network carry their shares at once.
+
+    Megatron's alltoall dispatcher calls ``torch.distributed.all_to_all_single``, which NCCL runs
+    as one group of a send and a receive per peer (the linear schedule of NCCL's documentation
+    and nccl-tests' alltoall). The GPU's channels walk the NVLink peers in turn, so each of the
+    inside - 1 NVLink peers pays the link latency; the network sends are posted by NCCL's proxy
+    thread and progress together (one network latency). At EP64 in one NVL72 domain that is 63
+    latencies per all-to-all, where a collective over the same GPUs pays one."""
     ep = np.asarray(ep, dtype=float)
     eff = hw.efficiency
     inside, _ = _ep_domains(hw, ep, etp)
@@ -57,7 +64,7 @@ def alltoall_time(hw: HardwareSpec, nbytes, ep, etp):
     network = hw.internode_gbps * 1e9 * eff.alltoall
     intra = nbytes * (inside - 1) / ep / nvlink
     inter = nbytes * (ep - inside) / ep / network
-    latency = np.where(ep > inside, hw.internode_latency_us, hw.nvlink_latency_us) * 1e-6
+    latency = ((inside - 1) * hw.nvlink_latency_us + np.where(ep > inside, hw.internode_latency_us, 0.0)) * 1e-6
     return np.where(ep > 1, np.maximum(intra, inter) + latency, 0.0)
 
 
@@ -128,6 +135,22 @@ def dispatch_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance
     if (dispatcher == "allgather").any():
         out = np.where(dispatcher == "allgather", allgather_time(hw, model, tokens, ep, etp), out)
     return out
+
+
+PROBS_BYTES = 4.0  # the routing probabilities, FP32, one per token copy
+
+
+def probs_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance, dispatcher):
+    """The alltoall dispatcher's second all-to-all of a dispatch: each token copy's routing
+    probability, which Megatron-Core multiplies in the experts' activation (``dispatch_all_to_all``
+    sends ``permuted_probs`` after the tokens, Megatron-LM d98e8a6 token_dispatcher.py); few bytes,
+    so mostly its per-peer latency. flex's kernels carry the probabilities with the tokens; the
+    combine sends none."""
+    nbytes = tokens * model.moe_router_topk * PROBS_BYTES * imbalance
+    alltoall = np.broadcast_to(np.asarray(dispatcher), np.shape(ep)) == "alltoall"
+    if not alltoall.any():
+        return np.zeros(np.shape(ep))
+    return np.where(alltoall, alltoall_time(hw, nbytes, ep, etp), 0.0)
 
 
 def exposed_dispatch(hw: HardwareSpec, total, overlap, window, dispatcher=None, hidden_share=None):

@@ -239,7 +239,8 @@ def fsdp_time(x: Candidates, params, expert_params, forward, full_recompute, is_
 
 def ep_comm_time(x: Candidates, compute, is_moe: bool):
     """Dispatch and combine each way, again in a recomputed forward (of the layer or the MoE
-    block), with the plan's token dispatcher; the 1F1B overlap hides them behind another
+    block), with the plan's token dispatcher (alltoall: each dispatch a second all-to-all of the
+    routing probabilities, ``dispatch.probs_time``); the 1F1B overlap hides them behind another
     micro-batch's compute, the shared-expert overlap behind the shared experts' own GEMMs
     (forward, backward and a recomputed forward: Megatron runs them on a side stream); a published
     row's DualPipe hides all that the compute beside can (``pipeline.DUALPIPE_HIDDEN_SHARE``)."""
@@ -248,10 +249,12 @@ def ep_comm_time(x: Candidates, compute, is_moe: bool):
     dispatcher = x.knobs["moe_token_dispatcher_type"]
     recomputed = x.recomputed_fraction + np.where(x.modules["moe"], 1.0, 0.0)
     one = dispatch.dispatch_time(x.hw, x.model, x.tokens / x.t, x.e, x.et, x.imbalance, dispatcher)
+    probs = dispatch.probs_time(x.hw, x.model, x.tokens / x.t, x.e, x.et, x.imbalance, dispatcher)
     a2a_overlap, shared_overlap = x.flag("overlap_moe_expert_parallel_comm"), x.flag("moe_shared_expert_overlap")
     shared = (3.0 + recomputed) * linear_time(x, x.model.shared_expert_params)  # forward, backward, recomputed
     hidden_share = np.where(x.dualpipe, pipeline.DUALPIPE_HIDDEN_SHARE, x.hw.efficiency.ep_overlap)
-    return dispatch.exposed_dispatch(x.hw, (4.0 + 2.0 * recomputed) * one, a2a_overlap | shared_overlap,
+    total = (4.0 + 2.0 * recomputed) * one + (2.0 + recomputed) * probs  # each dispatch sends its probabilities
+    return dispatch.exposed_dispatch(x.hw, total, a2a_overlap | shared_overlap,
                                      np.where(shared_overlap, shared, compute), dispatcher, hidden_share)
 
 
@@ -285,7 +288,8 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
                kernels=(), tp_linear=(0.0, 0.0)) -> dict:
     """Every term of one layer (``LAYER_TIME_TERMS``), their sum ``time`` and what the other
     steps read: ``forward``, the bytes ``stored`` per micro-batch in flight and ``working`` while
-    it computes, its ``params`` and ``expert_params`` on the GPU. ``kernels``: (forward,
+    it computes (``stored_imbalance`` of it: what the busiest EP rank keeps beyond the even share),
+    its ``params`` and ``expert_params`` on the GPU. ``kernels``: (forward,
     backward) pairs of a MoE layer priced with their own backward (``router_time``,
     ``permutation_time``); ``tp_linear``: forward time of the TP-split GEMMs, whole and in
     ring-exchange chunks (``tensor_parallel``)."""
@@ -306,9 +310,11 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
         "lora_adapters": lora_adapters_time(x) if not is_moe else np.zeros_like(x.t),
         "amax_reduction": amax_reduction_time(x),
     }
+    stored = stored_activation_bytes(x, is_moe)
     return dict(terms, time=sum(terms[k] for k in LAYER_TIME_TERMS), forward=forward,
                 recompute=terms["selective_recompute"] + terms["full_recompute"],
-                stored=stored_activation_bytes(x, is_moe), working=activation_bytes(x, is_moe, x.keep_scores),
+                stored=stored, stored_imbalance=stored - stored_activation_bytes(x.evenly_loaded(), is_moe) if is_moe
+                else np.zeros_like(stored), working=activation_bytes(x, is_moe, x.keep_scores),
                 params=params, expert_params=expert_params,
                 adapter_params=finetune.adapter_params_gpu(x.model, x.t) + np.zeros_like(x.t))
 

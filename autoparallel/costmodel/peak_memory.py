@@ -65,7 +65,19 @@ def _in_flight(x: Candidates, layers: Layers, stage_layers, stage_moe, stage):
     held = np.where(x.dualpipe, pipeline.dualpipe_inflight(x.p), pipeline.inflight_chunks(x.p, x.v, x.m, stage) / x.v)
     working = _working(layers, stage_moe)
     graphs = cuda_graph_bytes(x, held, stage_layers)
-    return held * layers.on("stored", stage_layers, stage_moe) + working + graphs, held
+    return held * stored_bytes(layers, stage_layers, stage_moe) + working + graphs, held
+
+
+def stored_bytes(layers: Layers, stage_layers, stage_moe):
+    """What ``stage_layers`` layers (``stage_moe`` of them MoE) keep per micro-batch in flight. A
+    step waits for the busiest EP rank of each MoE layer (``moe.load_imbalance``), but a GPU's
+    memory holds the routed tokens of all its MoE layers: each layer's router picks its experts
+    apart, so the busiest rank of one layer is not that of the next, and the largest sum over the
+    ep ranks of n layers' loads exceeds n even shares by 1/sqrt(n) of one layer's excess (the
+    expected maximum of ep normal draws scales with their spread; micro-batches of one step are
+    not averaged, as the same experts may stay popular across them)."""
+    excess = layers.moe["stored_imbalance"] * (1.0 - 1.0 / np.sqrt(np.maximum(stage_moe, 1.0)))
+    return layers.on("stored", stage_layers, stage_moe) - stage_moe * excess
 
 
 def _working(layers: Layers, stage_moe):
