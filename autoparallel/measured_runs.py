@@ -203,6 +203,9 @@ def _pins(row: pd.Series) -> dict:
 
 # Plan fields a row may state that the search space has no knob for: set on the candidates.
 EXACT_COLUMNS = ("overlap_grad_reduce", "overlap_param_gather", *SPLIT_COLUMNS)
+# A published system's own way of running, which no search offers: DeepSeek's DualPipe schedule
+# (``pipeline.DUALPIPE``) and its FP8 token dispatch (``dispatch.FP8_DISPATCH_BYTES``).
+ROW_ONLY_COLUMNS = ("pipeline_schedule", "moe_dispatch_precision")
 
 
 def _exact(row: pd.Series) -> dict:
@@ -393,8 +396,9 @@ def prepare_row(row: pd.Series, assumptions: dict, recipes: dict | None = None) 
         raise UserError(f"{row['id']}: the published layout breaks a rule: {generated['reason'].iloc[0]}")
     candidates = candidates.assign(**_exact(row)).drop_duplicates(ignore_index=True)
     cols = {name: candidates[name].to_numpy() for name in Plan.field_names()}
-    if _given(row, "pipeline_schedule"):  # a schedule Megatron does not run (``pipeline.DUALPIPE``)
-        cols["pipeline_schedule"] = np.full(len(candidates), str(row["pipeline_schedule"]), dtype=object)
+    for name in ROW_ONLY_COLUMNS:  # what the published system ran that Megatron does not
+        if _given(row, name):
+            cols[name] = np.full(len(candidates), str(row[name]), dtype=object)
     return PreparedRow(row, model, hw, source["metric"], space.memory_fraction, candidates, cols, origins)
 
 

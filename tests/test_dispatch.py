@@ -55,6 +55,26 @@ def test_flex_sends_a_token_once_per_remote_node_and_forwards_it_over_nvlink(dsv
     assert dispatch.flex_time(h100, dsv3, tokens, 1, 1, 1.0)[()] == 0.0
 
 
+def test_fp8_dispatch_sends_e4m3_values_and_a_scale_per_128_one_way_bf16_the_other(dsv3, h100):
+    """DeepSeek-V3's kernels (report §3.3.2): dispatch (and the combine's backward) in FP8 with one
+    FP32 scale per 128 values, combine (and the dispatch's backward) in BF16: on a layer's passes
+    (1 + 4/128 + 2) / 2 bytes per value."""
+    assert dispatch.FP8_DISPATCH_MEAN_BYTES == pytest.approx((1 + 4 / 128 + 2) / 2)
+    tokens = 4096
+    latency = h100.internode_latency_us * 1e-6
+    bf16 = dispatch.dispatch_time(h100, dsv3, tokens, np.array([64.0]), 1, 1.0, np.array(["flex"]))[0] - latency
+    fp8 = dispatch.dispatch_time(h100, dsv3, tokens, np.array([64.0]), 1, 1.0, np.array(["flex"]),
+                                 dispatch.FP8_DISPATCH_MEAN_BYTES)[0] - latency
+    assert fp8 == pytest.approx(bf16 * (1 + 4 / 128 + 2) / 4, rel=1e-12)
+
+
+def test_only_a_row_that_states_fp8_dispatch_gets_it():
+    from autoparallel import measured_runs as mr
+    rows = mr.load_runs(mr.validation_runs(), moe=True)
+    fp8 = {r.id for r in rows if "moe_dispatch_precision" in r.cols}
+    assert fp8 == {r.id for r in rows if r.id.startswith("deepseek-v3-report-h800")}
+
+
 def test_flex_inside_one_node_is_nvlink_with_each_gpu_reached_once(dsv3, h100):
     tokens = 4096
     gpus = 8 * (1 - (7 / 8) ** 8)

@@ -20,14 +20,14 @@ from autoparallel import validate
 # Today's figures (`autoparallel validate`, rounded to 0.1), quoted by the expected failures'
 # reasons and, plus the rounding, the regression guards' bounds: update them here, in one place,
 # when the cost model moves.
-TODAY = "2026-11-26"
+TODAY = "2026-11-27"
 FIGURES = {
     "dense_in_max": 13.4,    # nemo-llama3.1-405b-gb300-256gpu-fp8-current (priced too slow by the b200 family's refit)
     "dense_in_mean": 3.5,
     "dense_held_mean": 5.1,
-    "moe_in_mean": 9.3,
-    "moe_held_mean": 11.1,
-    "deepseek": "-18.7 % and 86.0 GiB",
+    "moe_in_mean": 8.8,
+    "moe_held_mean": 10.5,
+    "deepseek": "86.1 GiB",
 }
 # Published layouts predicted not to fit in the variant their source ran (TODAY): findings, each
 # held as a strict expected failure. The reason gives the peak with the 4 GiB reserve, against the
@@ -54,7 +54,7 @@ NOT_FITTING_AS_RUN = {
     # report caches one E5M6 copy, §3.3.2) and the busiest EP rank's excess routed activations at the
     # fitted load imbalance (0.322), averaged over the stage's MoE layers. The fullest rank is the
     # first (the embedding twice with its FP32 gradients: 21.7 GiB of gradients, 46.6 of activations).
-    "deepseek-v3-report-h800-2048gpu-fp8-blockwise-tp1pp16cp1vp2ep64-gbs15360": "86.0 GiB on an 80 GB H800",
+    "deepseek-v3-report-h800-2048gpu-fp8-blockwise-tp1pp16cp1vp2ep64-gbs15360": "86.1 GiB on an 80 GB H800",
     # Published as TP1 PP1 with FSDP 0 on 64 GB300 (26.02.01, NVFP4): 70B parameters, their gradients and
     # Adam states unsharded on one GPU; the other releases run this model on GB300 with FSDP 64 or PP4.
     "bridge-26.02.01-llama3-70b-gb300-64gpu-nvfp4-tp1pp1cp1vp1ep1-mbs2-gbs256": "375.6 GiB on GB300",
@@ -317,15 +317,24 @@ def test_moe_in_sample_target(moe_report):
 
 def test_moe_worst_row_target(moe_report):
     """Issue 22: no fitted MoE row worse than 35 %, in sample or held out (met 2026-11-27: GPT-OSS-120B
-    on 64 GB300, +26.4 / +31.2 %, once NCCL's all-to-all pays its latency per peer)."""
+    on 64 GB300, +26.9 / +31.8 %, once NCCL's all-to-all pays its latency per peer)."""
     assert moe_report.error_pct.abs().max() <= 35.0 and moe_report.heldout_error_pct.abs().max() <= 35.0
 
 
-@_target(f"issue 22 target: DeepSeek-V3 on 2,048 H800 within 15 % of 1,543 tok/s/GPU and predicted to "
-         f"fit; {FIGURES['deepseek']}")
-def test_deepseek_v3_own_run_target(moe_report):
-    row = moe_report[moe_report.id.str.startswith("deepseek-v3-report")].iloc[0]
-    assert abs(row.error_pct) <= 15.0 and row.fits
+def _deepseek_v3_own_run(moe_report):
+    return moe_report[moe_report.id.str.startswith("deepseek-v3-report")].iloc[0]
+
+
+def test_deepseek_v3_own_run_speed_target(moe_report):
+    """Issue 22: DeepSeek-V3 on 2,048 H800 within 15 % of 1,543 tok/s/GPU (met 2026-11-27: -8.7 %,
+    once its FP8 dispatch is priced: -18.7 % with BF16 tokens, the all-to-all then longer than the
+    computation DualPipe hides it behind)."""
+    assert abs(_deepseek_v3_own_run(moe_report).error_pct) <= 15.0
+
+
+@_target(f"issue 22 target: DeepSeek-V3's own layout on 2,048 H800 predicted to fit; {FIGURES['deepseek']}")
+def test_deepseek_v3_own_run_fits_target(moe_report):
+    assert _deepseek_v3_own_run(moe_report).fits
 
 
 def test_moe_held_out_rows_do_not_see_their_own_model(moe_report):
@@ -398,7 +407,8 @@ KNOWN_NEWER_NOT_FITTING = {i for i in NOT_FITTING_AS_RUN if i.startswith("bridge
 # 2026-11-27 (issue 22, per-peer all-to-all and its MoE refit): MoE 26.45 / 28.23 % -- worse: the refit's
 # grouped_gemm_max 0.646 -> 0.708 speeds up the newer GPT-OSS EP64 rows, which the space prices with
 # the flex dispatcher (no per-peer latency) and which were already +69..+199 % too fast.
-NEWER_REACHED = {"dense-newer": (13.7, 14.6), "moe-newer": (26.5, 28.3)}
+# 2026-11-27 (DeepSeek-V3's FP8 dispatch, MoE refit): MoE 26.62 / 28.46 %.
+NEWER_REACHED = {"dense-newer": (13.7, 14.6), "moe-newer": (26.7, 28.5)}
 
 
 @pytest.fixture(scope="module")
@@ -434,7 +444,7 @@ def test_validation_only_rows_stay_out_of_the_moe_refits(monkeypatch):
 
 
 @pytest.mark.xfail(strict=True, reason="issue 22 target: MoE held-out mean <= 15 % over every MoE row, the "
-                                       "newer ones included; 25.7 % over 127 rows (19 fitted: 11.1 %) on 2026-11-27")
+                                       "newer ones included; 25.8 % over 127 rows (19 fitted: 10.5 %) on 2026-11-27")
 def test_moe_held_out_target_with_the_newer_rows(full_report):
     moe = full_report[full_report.kind.isin(["moe", "moe-newer"])]
     assert moe.heldout_error_pct.abs().mean() <= 15.0
@@ -442,7 +452,7 @@ def test_moe_held_out_target_with_the_newer_rows(full_report):
 
 @pytest.mark.xfail(strict=True, reason="issue 22 target: no MoE row worse than 35 %; the worst of the 108 "
                                        "newer ones is GPT-OSS-120B on 64 B300 at EP64 (26.02): "
-                                       "+178.0 % in sample, +175.6 % held out on 2026-11-27")
+                                       "+203.2 % in sample, +216.5 % held out on 2026-11-27")
 def test_no_newer_moe_row_worse_than_35_percent(newer_report):
     moe = newer_report[newer_report.kind == "moe-newer"]
     assert moe.error_pct.abs().max() <= 35.0 and moe.heldout_error_pct.abs().max() <= 35.0

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autoparallel.costmodel import comm, gemm, memory, moe, pipeline
+from autoparallel.costmodel import comm, dispatch, gemm, memory, moe, pipeline
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import FP4_PRECISIONS, FP8_PRECISIONS
@@ -105,6 +105,7 @@ class Candidates:
     edp_per_node: np.ndarray
     imbalance: np.ndarray  # the busiest EP rank's tokens over the even share
     dualpipe: np.ndarray  # a published row's DualPipe schedule (``pipeline.DUALPIPE``), never searched
+    dispatch_bytes: np.ndarray  # bytes per token value of an MoE dispatch/combine (a published row's FP8 dispatch)
     hbm: float  # achievable HBM bytes/s
     gemm_peak: np.ndarray  # FLOP/s of the Linear GEMMs at full efficiency (quantized and BF16 layers mixed)
 
@@ -238,6 +239,8 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
         edp_group=edp_group, edp_per_node=comm.ranks_per_domain(hw, edp_group, e * et),
         imbalance=moe.load_imbalance(hw, model, e) if model.is_moe else np.ones_like(t),
         dualpipe=np.asarray(cols.get("pipeline_schedule", ""), dtype=object) == pipeline.DUALPIPE,
+        dispatch_bytes=np.where(np.asarray(cols.get("moe_dispatch_precision", ""), dtype=object) == "fp8",
+                                dispatch.FP8_DISPATCH_MEAN_BYTES, dispatch.DISPATCH_BYTES),
         hbm=hw.hbm_tbps * 1e12 * hw.efficiency.hbm,
         gemm_peak=gemm.peak(hw, quantized_fraction, is_fp4),
     )

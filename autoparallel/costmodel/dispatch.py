@@ -35,6 +35,12 @@ from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 
 DISPATCH_BYTES = 2.0  # Megatron dispatches and combines BF16 tokens (FP8 dispatch: ncclep only)
+# DeepSeek-V3's own kernels (report §3.3.2) dispatch E4M3 values with one FP32 scale per 128 (as
+# DeepEP's FP8 dispatch takes them) and combine in BF16; the activation gradient before the
+# down-projection (the combine's backward, a dispatch) is FP8 too. Half the passes each way: the
+# mean bytes per value over a layer's dispatches and combines.
+FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128
+FP8_DISPATCH_MEAN_BYTES = (FP8_DISPATCH_BYTES + DISPATCH_BYTES) / 2
 # Megatron's flex dispatcher: moe_flex_dispatcher_num_sms None -> 20, DeepEP's historical default.
 FLEX_DISPATCHER_SMS = 20
 
@@ -95,13 +101,13 @@ def nodes_per_token(model: ModelSpec, nodes) -> np.ndarray:
     return np.where(nodes <= groups, whole_groups, spread)
 
 
-def flex_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance):
+def flex_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance, value_bytes=DISPATCH_BYTES):
     """One DeepEP / HybridEP dispatch: the RDMA sends to remote nodes and the NVLink forwarding
     run at once; the slower sets the time."""
     ep = np.asarray(ep, dtype=float)
     eff = hw.efficiency
     inside, nodes = _ep_domains(hw, ep, etp)
-    per_copy = model.hidden_size * DISPATCH_BYTES * imbalance
+    per_copy = model.hidden_size * value_bytes * imbalance
     remote_nodes = nodes_per_token(model, nodes) * (nodes - 1) / nodes
     gpus = distinct_share(model.moe_router_topk, ep)
     # Token-GPU pairs crossing NVLink: to the other GPUs of the own node, and from the relay GPU to
@@ -120,18 +126,20 @@ def allgather_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp):
     return comm.reduce_scatter_time(hw, nbytes, group, comm.ranks_per_domain(hw, group, 1))
 
 
-def dispatch_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance, dispatcher):
-    """One dispatch (or combine) with each candidate's ``dispatcher``; alltoall and flex add the
-    ETP all-gather (or the reduce-scatter before a combine). Only the dispatchers present are
-    priced."""
+def dispatch_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance, dispatcher,
+                  value_bytes=DISPATCH_BYTES):
+    """One dispatch (or combine) with each candidate's ``dispatcher``, ``value_bytes`` per token
+    value (BF16, or ``FP8_DISPATCH_MEAN_BYTES`` averaged over a dispatch and a combine); alltoall
+    and flex add the ETP all-gather (or the reduce-scatter before a combine). Only the dispatchers
+    present are priced."""
     dispatcher = np.broadcast_to(np.asarray(dispatcher), np.shape(ep))
-    nbytes = tokens * model.moe_router_topk * model.hidden_size * DISPATCH_BYTES * imbalance
+    nbytes = tokens * model.moe_router_topk * model.hidden_size * value_bytes * imbalance
     expert_tp = comm.reduce_scatter_time(hw, nbytes * etp, etp, comm.ranks_per_domain(hw, etp, 1))
     out = np.zeros(np.shape(ep))
     if (dispatcher == "alltoall").any():
         out = np.where(dispatcher == "alltoall", alltoall_time(hw, nbytes, ep, etp) + expert_tp, out)
     if (dispatcher == "flex").any():
-        out = np.where(dispatcher == "flex", flex_time(hw, model, tokens, ep, etp, imbalance) + expert_tp, out)
+        out = np.where(dispatcher == "flex", flex_time(hw, model, tokens, ep, etp, imbalance, value_bytes) + expert_tp, out)
     if (dispatcher == "allgather").any():
         out = np.where(dispatcher == "allgather", allgather_time(hw, model, tokens, ep, etp), out)
     return out

@@ -248,7 +248,7 @@ def ep_comm_time(x: Candidates, compute, is_moe: bool):
         return np.zeros_like(x.t)
     dispatcher = x.knobs["moe_token_dispatcher_type"]
     recomputed = x.recomputed_fraction + np.where(x.modules["moe"], 1.0, 0.0)
-    one = dispatch.dispatch_time(x.hw, x.model, x.tokens / x.t, x.e, x.et, x.imbalance, dispatcher)
+    one = dispatch.dispatch_time(x.hw, x.model, x.tokens / x.t, x.e, x.et, x.imbalance, dispatcher, x.dispatch_bytes)
     probs = dispatch.probs_time(x.hw, x.model, x.tokens / x.t, x.e, x.et, x.imbalance, dispatcher)
     a2a_overlap, shared_overlap = x.flag("overlap_moe_expert_parallel_comm"), x.flag("moe_shared_expert_overlap")
     shared = (3.0 + recomputed) * linear_time(x, x.model.shared_expert_params)  # forward, backward, recomputed
