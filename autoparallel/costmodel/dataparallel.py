@@ -40,9 +40,10 @@ def distributed_optimizer_exposed(hw: HardwareSpec, params_gpu, grad_bytes, grou
     ``gather_bytes``: per parameter gathered (BF16; 1 for weights kept in FP8).
     """
     chunk_params = params_gpu / vp
-    reduce = np.where(dist_opt, comm.reduce_scatter_time(hw, chunk_params * grad_bytes, group, per_node),
-                      comm.all_reduce_time(hw, chunk_params * grad_bytes, group, per_node))
-    gather = np.where(dist_opt, comm.reduce_scatter_time(hw, chunk_params * gather_bytes, group, per_node), 0.0)
+    ranks = comm.group(hw, group, per_node)
+    reduce_scatter = ranks.reduce_scatter_time(chunk_params * grad_bytes)
+    reduce = np.where(dist_opt, reduce_scatter, 2.0 * reduce_scatter)  # else an all-reduce: comm.all_reduce_time
+    gather = np.where(dist_opt, ranks.reduce_scatter_time(chunk_params * gather_bytes), 0.0)
     chunk_backward = (2.0 / 3.0) * stage_compute / vp
     chunk_forward = (1.0 / 3.0) * stage_compute / vp
     later_chunks = vp - 1
@@ -55,6 +56,7 @@ def distributed_optimizer_exposed(hw: HardwareSpec, params_gpu, grad_bytes, grou
 def fsdp_exposed(hw: HardwareSpec, layer_params_gpu, grad_bytes, group, per_node, layer_forward, layer_backward,
                  gather_bytes=WEIGHT_BYTES):
     """Exposed seconds per layer and micro-batch of FSDP's gathers and reduce-scatter."""
-    gather = comm.reduce_scatter_time(hw, layer_params_gpu * gather_bytes, group, per_node)
-    reduce = comm.reduce_scatter_time(hw, layer_params_gpu * grad_bytes, group, per_node)
+    ranks = comm.group(hw, group, per_node)
+    gather = ranks.reduce_scatter_time(layer_params_gpu * gather_bytes)
+    reduce = ranks.reduce_scatter_time(layer_params_gpu * grad_bytes)
     return _hidden(hw, gather, layer_forward) + _hidden(hw, gather + reduce, layer_backward)

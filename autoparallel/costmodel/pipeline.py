@@ -33,6 +33,8 @@ runs for about m * max(T_i) at the bottleneck plus the fill and drain of the oth
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 import re
 
@@ -214,7 +216,13 @@ def layout_stages(layout: str) -> list[str]:
 
 def layout_stage_sizes(layout: str) -> list[int]:
     """Decoder layers of each virtual stage of a layout string."""
-    return [stage.count("t") for stage in layout_stages(layout)]
+    return list(_layout_stage_sizes(layout))
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout_stage_sizes(layout: str) -> tuple[int, ...]:
+    """``layout_stage_sizes`` parsed once per string: the cost model asks per chunk of candidates."""
+    return tuple(stage.count("t") for stage in layout_stages(layout))
 
 
 def layout_error(layout: str, num_layers: int, mtp: int) -> str:
@@ -251,8 +259,10 @@ def layout_error(layout: str, num_layers: int, mtp: int) -> str:
 def stage_layers(num_layers: int, pp, vp, first, last, embedding, loss, layout=None):
     """Decoder layers on the first, each middle (the fullest one), and the last stage (arrays, one
     per plan)."""
-    if layout is not None and np.any(np.asarray(layout) != ""):
-        return _layout_stage_layers(num_layers, pp, vp, first, last, embedding, loss, layout)
+    if layout is not None:
+        layout = np.asarray(layout, dtype=object)
+        if (layout != "").any():
+            return _layout_stage_layers(num_layers, pp, vp, first, last, embedding, loss, layout)
     pp, first, last = (np.asarray(a, dtype=float) for a in (pp, first, last))
     embedding, loss = (np.asarray(a, dtype=float) for a in (embedding, loss))
     even = num_layers / pp
@@ -270,23 +280,36 @@ def stage_layers(num_layers: int, pp, vp, first, last, embedding, loss, layout=N
 
 
 def factorize(values) -> tuple[np.ndarray, list]:
-    """Codes and distinct values of a column of strings (pandas' hash table: fast on millions)."""
-    values = np.asarray(values, dtype=object).reshape(-1)
-    codes, uniques = pd.factorize(values)  # twice as fast as keeping a missing value as a code
+    """Codes and distinct values of a column of strings, as ``pd.factorize`` gives them (in order
+    of first appearance). A search's columns repeat a few string objects, so the rows are hashed
+    by object identity (an integer table, 4x faster than hashing strings) and only the distinct
+    objects by value: equal strings that are different objects get one code."""
+    values = np.ascontiguousarray(np.asarray(values, dtype=object).reshape(-1))
+    # The array's own object pointers, read in place (numpy gives object arrays no integer view);
+    # ``values`` is held, so each pointer names a live object.
+    pointers = np.ctypeslib.as_array((ctypes.c_ssize_t * len(values)).from_address(values.ctypes.data)) \
+        if len(values) else np.zeros(0, dtype=np.intp)
+    by_object, first = pd.factorize(pointers)
+    rows = np.empty(len(first), dtype=np.int64)
+    rows[by_object] = np.arange(len(values))  # a row of each object (any: they hold the same one)
+    objects = values[rows]  # in order of first appearance, as ``first``
+    codes, uniques = pd.factorize(objects)  # twice as fast as keeping a missing value as a code
     if len(codes) and codes.min() < 0:  # a None or NaN among them
-        codes, uniques = pd.factorize(values, use_na_sentinel=False)
-    return codes.astype(np.int64), list(uniques)
+        codes, uniques = pd.factorize(objects, use_na_sentinel=False)
+    return codes.astype(np.int64)[by_object], list(uniques)
 
 
 def _groups(*columns) -> tuple[np.ndarray, np.ndarray]:
-    """Group index of each row over integer columns (one int64 key, so np.unique stays 1-D) and
-    the first row of each group."""
+    """Group index of each row over integer columns (one int64 key, hashed) and one row of each
+    group (any: its rows agree on every column)."""
     key = np.zeros(np.broadcast(*columns).shape, dtype=np.int64)
     for column in columns:
         column = np.asarray(column, dtype=np.int64)
         key = key * (int(column.max(initial=0)) + 1) + column
-    _, first_rows, inverse = np.unique(key.reshape(-1), return_index=True, return_inverse=True)
-    return inverse, first_rows
+    inverse, uniques = pd.factorize(key.reshape(-1))  # a hash table: np.unique's sort costs 4x
+    rows = np.empty(len(uniques), dtype=np.int64)
+    rows[inverse] = np.arange(len(inverse))
+    return inverse, rows
 
 
 def _per_rank(sizes: list[int], pp: int) -> tuple[float, float, float]:
@@ -295,19 +318,30 @@ def _per_rank(sizes: list[int], pp: int) -> tuple[float, float, float]:
     return ranks[0], max(ranks[1:-1]) if pp > 2 else ranks[0], ranks[-1]
 
 
-def _layout_stage_layers(num_layers, pp, vp, first, last, embedding, loss, layout):
-    """``stage_layers`` for columns in which some plans carry a flexible layout."""
+def _structure(pp, vp, first, last, embedding, loss, layout) -> tuple[list[np.ndarray], list, np.ndarray, np.ndarray]:
+    """The pipeline-structure columns as flat int64 arrays (the layout as codes into ``names``),
+    each row's structure group and one row of each group: a search's rows have few structures
+    (32 in DeepSeek-V3's 1.7 M), so what depends on the structure alone is priced per group."""
     layout = np.asarray(layout, dtype=object)
+    codes, names = factorize(layout)
+    columns = [np.broadcast_to(np.asarray(a, dtype=np.int64), layout.shape).reshape(-1)
+               for a in (pp, vp, first, last, embedding, loss)] + [codes]
+    inverse, rows = _groups(*columns)
+    return columns, names, inverse, rows
+
+
+def _layout_stage_layers(num_layers, pp, vp, first, last, embedding, loss, layout):
+    """``stage_layers`` for columns in which some plans carry a layout string: the layout's stages
+    are counted once per structure group."""
     out = [np.broadcast_to(np.array(x, dtype=float), layout.shape).copy()
            for x in stage_layers(num_layers, pp, vp, first, last, embedding, loss)]
-    codes, names = factorize(layout)
-    pp_all = np.broadcast_to(np.asarray(pp, dtype=np.int64), layout.shape).reshape(-1)
-    inverse, rows = _groups(codes, pp_all)
+    columns, names, inverse, rows = _structure(pp, vp, first, last, embedding, loss, layout)
+    pp_all, codes = columns[0], columns[-1]
     values = np.array([_per_rank(layout_stage_sizes(names[codes[i]]), int(pp_all[i])) if names[codes[i]]
                        else (np.nan,) * 3 for i in rows]).reshape(-1, 3)[inverse]
-    flexible = ~np.isnan(values[:, 0])
+    priced = ~np.isnan(values[:, 0])
     for k in range(3):
-        out[k].reshape(-1)[flexible] = values[flexible, k]
+        out[k].reshape(-1)[priced] = values[priced, k]
     return tuple(out)
 
 
@@ -409,10 +443,7 @@ def stage_pattern_counts(pattern: tuple[int, ...], pp, vp, first, last, embeddin
     holding most of them, and the last stage hold (arrays, one per plan; the middle equals the
     first when pp <= 2)."""
     layout = np.asarray(layout, dtype=object)
-    codes, names = factorize(layout)
-    columns = [np.broadcast_to(np.asarray(a, dtype=np.int64), layout.shape).reshape(-1)
-               for a in (pp, vp, first, last, embedding, loss)] + [codes]
-    inverse, rows = _groups(*columns)
+    columns, names, inverse, rows = _structure(pp, vp, first, last, embedding, loss, layout)
     cumulative = np.concatenate([[0], np.cumsum(pattern)])
     counts = np.zeros((len(rows), 3))
     for i, row in enumerate(rows):

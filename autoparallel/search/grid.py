@@ -27,13 +27,16 @@ def rank(frame: pd.DataFrame, columns: dict[str, np.ndarray] | None = None) -> p
     metric = columns[RANK_METRIC] if RANK_METRIC in columns else frame[RANK_METRIC].to_numpy(dtype=float)
     feasible = np.asarray(fits, dtype=bool)
     order = np.lexsort((-np.nan_to_num(np.asarray(metric, dtype=float), nan=-1.0), ~feasible))
-    out = frame.iloc[order].reset_index(drop=True)
-    for key, values in columns.items():
-        out[key] = values[order]
-    ranks = pd.array(np.arange(1, len(out) + 1), dtype="Int64")
-    ranks[~out["fits"].to_numpy(dtype=bool)] = pd.NA
-    out.insert(0, "rank", ranks)
-    return out
+    taken = frame.iloc[order].reset_index(drop=True)
+    # One frame from the columns, not column by column: setting a column copies it (a DataFrame
+    # owns what it is given), 30 columns of millions of rows each written twice to fresh memory.
+    out = {name: taken[name] for name in taken.columns}
+    out.update((key, values[order]) for key, values in columns.items())  # replaced in place, new ones appended
+    if "rank" in out:
+        raise ValueError("cannot insert rank, already exists")  # as DataFrame.insert: a frame ranked twice
+    ranks = pd.array(np.arange(1, len(taken) + 1), dtype="Int64")
+    ranks[~np.asarray(out["fits"], dtype=bool)] = pd.NA
+    return pd.DataFrame({"rank": ranks, **out}, copy=False)
 
 
 def evaluate(model: ModelSpec, hw: HardwareSpec, candidates: pd.DataFrame, memory_fraction: float,
