@@ -33,7 +33,6 @@ runs for about m * max(T_i) at the bottleneck plus the fill and drain of the oth
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
 import re
@@ -280,23 +279,12 @@ def stage_layers(num_layers: int, pp, vp, first, last, embedding, loss, layout=N
 
 
 def factorize(values) -> tuple[np.ndarray, list]:
-    """Codes and distinct values of a column of strings, as ``pd.factorize`` gives them (in order
-    of first appearance). A search's columns repeat a few string objects, so the rows are hashed
-    by object identity (an integer table, 4x faster than hashing strings) and only the distinct
-    objects by value: equal strings that are different objects get one code."""
-    values = np.ascontiguousarray(np.asarray(values, dtype=object).reshape(-1))
-    # The array's own object pointers, read in place (numpy gives object arrays no integer view);
-    # ``values`` is held, so each pointer names a live object.
-    pointers = np.ctypeslib.as_array((ctypes.c_ssize_t * len(values)).from_address(values.ctypes.data)) \
-        if len(values) else np.zeros(0, dtype=np.intp)
-    by_object, first = pd.factorize(pointers)
-    rows = np.empty(len(first), dtype=np.int64)
-    rows[by_object] = np.arange(len(values))  # a row of each object (any: they hold the same one)
-    objects = values[rows]  # in order of first appearance, as ``first``
-    codes, uniques = pd.factorize(objects)  # twice as fast as keeping a missing value as a code
+    """Codes and distinct values of a column of strings (pandas' hash table: fast on millions)."""
+    values = np.asarray(values, dtype=object).reshape(-1)
+    codes, uniques = pd.factorize(values)  # twice as fast as keeping a missing value as a code
     if len(codes) and codes.min() < 0:  # a None or NaN among them
-        codes, uniques = pd.factorize(objects, use_na_sentinel=False)
-    return codes.astype(np.int64)[by_object], list(uniques)
+        codes, uniques = pd.factorize(values, use_na_sentinel=False)
+    return codes.astype(np.int64), list(uniques)
 
 
 def _groups(*columns) -> tuple[np.ndarray, np.ndarray]:
