@@ -79,7 +79,7 @@ class CostModelEvaluator:
             return start, estimate_columns(self.model, self.hardware, chunk, self.memory_fraction)
 
         starts = range(0, len(rows), CHUNK_ROWS)
-        workers = min(len(starts), _cores())
+        workers = min(len(starts), cores())
         out: dict[str, np.ndarray] = {}
         with ThreadPoolExecutor(max(workers, 1)) as pool:  # no thread starts for a single chunk
             for start, metrics in (pool.map if workers > 1 else map)(price, starts):
@@ -92,6 +92,6 @@ class CostModelEvaluator:
         return out
 
 
-def _cores() -> int:
+def cores() -> int:
     """CPUs this process may run on (its affinity, not the machine's count)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -7,11 +7,12 @@ trials well (``autoparallel.search.sampler``) is for evaluations that cost minut
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
 
-from autoparallel.search.evaluators import CostModelEvaluator
+from autoparallel.search.evaluators import CostModelEvaluator, cores
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 
@@ -31,7 +32,9 @@ def rank(frame: pd.DataFrame, columns: dict[str, np.ndarray] | None = None) -> p
     # One frame from the columns, not column by column: setting a column copies it (a DataFrame
     # owns what it is given), 30 columns of millions of rows each written twice to fresh memory.
     out = {name: taken[name] for name in taken.columns}
-    out.update((key, values[order]) for key, values in columns.items())  # replaced in place, new ones appended
+    with ThreadPoolExecutor(cores()) as pool:  # NumPy's gather releases the GIL: columns side by side
+        sorted_columns = pool.map(lambda values: values[order], columns.values())
+        out.update(zip(columns, sorted_columns))  # replaced in place, new ones appended
     if "rank" in out:
         raise ValueError("cannot insert rank, already exists")  # as DataFrame.insert: a frame ranked twice
     ranks = pd.array(np.arange(1, len(taken) + 1), dtype="Int64")
