@@ -435,7 +435,7 @@ def _expand_recompute_modules(df: pd.DataFrame, model: ModelSpec, space: SearchS
     part = np.repeat(np.arange(len(parts)), [len(rows) for rows, _ in parts])
     # TransformerConfig.__post_init__ (Megatron-LM d98e8a6): "disable moe in recompute_modules when
     # enabling overlap_moe_expert_parallel_comm"; the 1F1B overlap is off there, as under full recompute.
-    recomputes_moe = np.array([False] + ["moe" in m.split() for m in sets])[part]
+    recomputes_moe = np.array([False] + [_covers_any(m, ("moe",)) for m in sets])[part]
     overlap = out.overlap_moe_expert_parallel_comm.to_numpy()
     out.loc[recomputes_moe & overlap, "overlap_moe_expert_parallel_comm"] = False
     reasons = {m: modules_apply(m, model) for m in sets}
@@ -499,8 +499,13 @@ def _recomputes_any(df: pd.DataFrame, rows: np.ndarray, modules: tuple[str, ...]
     out = np.zeros(len(df), dtype=bool)
     if rows.any():
         codes, sets = pd.factorize(df.recompute_modules.to_numpy()[rows])
-        out[rows] = np.array([bool(set(s.split()) & set(modules)) for s in sets], dtype=bool)[codes]
+        out[rows] = np.array([_covers_any(s, modules) for s in sets], dtype=bool)[codes]
     return out
+
+
+def _covers_any(recompute_modules: str, modules: tuple[str, ...]) -> bool:
+    """Whether a --recompute-modules list (space-separated) names any of ``modules``."""
+    return bool(set(recompute_modules.split()) & set(modules))
 
 
 def _cross(structures: pd.DataFrame, features: pd.DataFrame, shared_overlap: bool = False) -> pd.DataFrame:

@@ -62,6 +62,10 @@ class Group:
         inter = self.inter_share * (nbytes / self.per_node) / self.network
         return np.where(self.size > 1, intra + inter + self.latency_s, 0.0)
 
+    def all_reduce_time(self, nbytes):
+        """All-reduce = reduce-scatter + all-gather of the same buffer."""
+        return 2.0 * self.reduce_scatter_time(nbytes)
+
 
 def group(hw: HardwareSpec, group_size, per_node) -> Group:
     """``Group`` of ``group_size`` ranks with ``per_node`` of them in one NVLink domain."""
@@ -80,7 +84,7 @@ def reduce_scatter_time(hw: HardwareSpec, nbytes, group_size, per_node):
 
 def all_reduce_time(hw: HardwareSpec, nbytes, group_size, per_node):
     """All-reduce = reduce-scatter + all-gather of the same buffer."""
-    return 2.0 * reduce_scatter_time(hw, nbytes, group_size, per_node)
+    return group(hw, group_size, per_node).all_reduce_time(nbytes)
 
 
 def tree_all_reduce_latency(hw: HardwareSpec, group_size, per_node):

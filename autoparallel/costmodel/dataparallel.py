@@ -41,8 +41,8 @@ def distributed_optimizer_exposed(hw: HardwareSpec, params_gpu, grad_bytes, grou
     """
     chunk_params = params_gpu / vp
     ranks = comm.group(hw, group, per_node)
-    reduce_scatter = ranks.reduce_scatter_time(chunk_params * grad_bytes)
-    reduce = np.where(dist_opt, reduce_scatter, 2.0 * reduce_scatter)  # else an all-reduce: comm.all_reduce_time
+    grads = chunk_params * grad_bytes
+    reduce = np.where(dist_opt, ranks.reduce_scatter_time(grads), ranks.all_reduce_time(grads))
     gather = np.where(dist_opt, ranks.reduce_scatter_time(chunk_params * gather_bytes), 0.0)
     chunk_backward = (2.0 / 3.0) * stage_compute / vp
     chunk_forward = (1.0 / 3.0) * stage_compute / vp

@@ -167,7 +167,7 @@ def exposed_dispatch(hw: HardwareSpec, total, overlap, window, dispatcher=None, 
     ``hidden_share`` of it (the fitted ``ep_overlap`` unless given); a flex dispatcher's kernels
     also slow the computation they hide behind by the share of SMs they hold."""
     share = hw.efficiency.ep_overlap if hidden_share is None else hidden_share
-    overlapped = np.maximum((1.0 - share) * total, total - window)
+    overlapped = comm.exposed_behind(total, window, share)
     exposed = np.where(overlap, overlapped, total)
     if dispatcher is None:
         return exposed
