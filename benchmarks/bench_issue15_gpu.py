@@ -306,8 +306,10 @@ def row10() -> None:
             os.chdir(cwd)
     measured = profiled[profiled["measured_layer_s"].notna()]
     devices = set(measured["measured_device"])
+    errors = set(profiled.get("measurement_error", pd.Series(dtype=str)).dropna()) - {""}
+    why = f"; errors: {sorted(errors)}" if errors else ""
     report("10 search --profile layer --top-k 4", f"rc {rc}, {len(measured)} layouts on "
-           f"{devices} in {seconds:.0f} s", "4 layouts, on the GPU, seconds",
+           f"{devices} in {seconds:.0f} s{why}"[:400], "4 layouts, on the GPU, seconds",
            rc == 0 and len(measured) == 4 and devices == {device_name("cuda")} and seconds < 120)
 
 

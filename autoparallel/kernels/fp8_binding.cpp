@@ -158,7 +158,8 @@ void delayed_scaling_update(at::Tensor history, at::Tensor scale, at::Tensor sca
                             const at::Tensor& fp8_max, int64_t margin, bool most_recent) {
   check_input(history, 2);
   check_input(scale, 1);
-  check_input(scale_inv, 1);
+  TORCH_CHECK(scale_inv.is_cuda() && scale_inv.dim() == 1,
+              "scale_inv must be a 1-D CUDA tensor (strided is fine)");
   check_input(fp8_max, 1);
   TORCH_CHECK(history.scalar_type() == at::kFloat && scale.scalar_type() == at::kFloat &&
                   scale_inv.scalar_type() == at::kFloat && fp8_max.scalar_type() == at::kFloat,
@@ -167,7 +168,8 @@ void delayed_scaling_update(at::Tensor history, at::Tensor scale, at::Tensor sca
   TORCH_CHECK(scale.numel() == n && scale_inv.numel() == n && fp8_max.numel() == n,
               "scale, scale_inv and fp8_max need ", n, " entries (one per history column)");
   check(ap_delayed_scaling_update(history.data_ptr<float>(), scale.data_ptr<float>(),
-                                  scale_inv.data_ptr<float>(), fp8_max.data_ptr<float>(), n,
+                                  scale_inv.data_ptr<float>(), scale_inv.stride(0),
+                                  fp8_max.data_ptr<float>(), n,
                                   history.size(0), static_cast<int>(margin), most_recent ? 1 : 0,
                                   at::cuda::getCurrentCUDAStream()),
         "ap_delayed_scaling_update");

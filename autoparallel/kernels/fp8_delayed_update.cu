@@ -6,6 +6,8 @@
 // across ranks is one collective on it, and here thread i owns column i: at every step of its
 // walk down the column the warp reads and writes 32 consecutive floats (coalesced). A
 // non-finite amax in row 0 (a step that saw inf or NaN) is recorded as 0 before anything else.
+// scale_inv is strided (inv_stride floats apart): the caller gives each value its own 16-byte
+// slot, the alignment cuBLASLt wants of the scale pointers of an FP8 GEMM.
 #include "fp8_common.cuh"
 
 namespace ap {
@@ -14,7 +16,7 @@ namespace {
 constexpr int kThreads = 128;
 
 __global__ void delayed_update_kernel(float* __restrict__ history, float* __restrict__ scale,
-                                      float* __restrict__ scale_inv,
+                                      float* __restrict__ scale_inv, int64_t inv_stride,
                                       const float* __restrict__ fmax, int64_t n, int64_t len,
                                       int margin, int most_recent) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
@@ -34,19 +36,20 @@ __global__ void delayed_update_kernel(float* __restrict__ history, float* __rest
   const float amax = most_recent ? now : __uint_as_float(window);
   const float s = compute_scale(amax, fmax[i], margin, scale[i]);
   scale[i] = s;
-  scale_inv[i] = 1.0f / s;
+  scale_inv[i * inv_stride] = 1.0f / s;
 }
 
 }  // namespace
 }  // namespace ap
 
 extern "C" int ap_delayed_scaling_update(float* history, float* scale, float* scale_inv,
-                                         const float* fp8_max, int64_t n, int64_t len, int margin,
-                                         int most_recent, cudaStream_t stream) {
+                                         int64_t scale_inv_stride, const float* fp8_max, int64_t n,
+                                         int64_t len, int margin, int most_recent,
+                                         cudaStream_t stream) {
   if (n == 0) return 0;
   if (len < 1) return static_cast<int>(cudaErrorInvalidValue);
   ap::delayed_update_kernel<<<ap::blocks_for(n, ap::kThreads, 2147483647), ap::kThreads, 0,
-                              stream>>>(history, scale, scale_inv, fp8_max, n, len, margin,
-                                        most_recent);
+                              stream>>>(history, scale, scale_inv, scale_inv_stride, fp8_max, n,
+                                        len, margin, most_recent);
   return ap::last_error();
 }

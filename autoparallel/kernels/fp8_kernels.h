@@ -68,12 +68,13 @@ int ap_blockwise_cast_128x128(const void* x, int in_dtype, int64_t rows, int64_t
                               uint8_t* out, float* scale_inv, cudaStream_t stream);
 
 /* Delayed-scaling update of n tensors in one launch, in place. history is [len, n] (row 0 =
- * this step's amax), scale, scale_inv and fp8_max [n]. Per column: a non-finite amax in row 0
- * counts as 0; amax = max(column) or row 0 (most_recent); new scale unless that amax is 0 /
- * non-finite, scale_inv = 1 / scale; the column rolls up by one and row 0 is cleared. */
+ * this step's amax), scale and fp8_max [n], scale_inv n values scale_inv_stride floats apart.
+ * Per column: a non-finite amax in row 0 counts as 0; amax = max(column) or row 0
+ * (most_recent); new scale unless that amax is 0 / non-finite, scale_inv = 1 / scale; the
+ * column rolls up by one and row 0 is cleared. */
 int ap_delayed_scaling_update(float* history, float* scale, float* scale_inv,
-                              const float* fp8_max, int64_t n, int64_t len, int margin,
-                              int most_recent, cudaStream_t stream);
+                              int64_t scale_inv_stride, const float* fp8_max, int64_t n,
+                              int64_t len, int margin, int most_recent, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from autoparallel.model import kernels, ops
@@ -140,17 +141,51 @@ _BLOCK_KIND = {("a", (1, 128)): "1x128", ("a", (128, 128)): "128x128",
                ("b", (128, 1)): "1x128", ("b", (128, 128)): "128x128"}
 
 
-def _scale_for_scaled_mm(scale: torch.Tensor, block: tuple[int, int], role: str) -> torch.Tensor:
+# cuBLASLt reads an FP8 GEMM's scales through pointers it wants 16-byte aligned, as it wants
+# every matrix pointer (cuBLAS docs, cublasLtMatmul, FP8 requirements): an unaligned one fails
+# with CUBLAS_STATUS_NOT_SUPPORTED.
+SCALE_ALIGN_BYTES = 16
+
+
+def _aligned_scale(scale: torch.Tensor) -> torch.Tensor:
+    return scale if scale.data_ptr() % SCALE_ALIGN_BYTES == 0 else scale.clone()
+
+
+def _b_blocks(scale: torch.Tensor, layout: str) -> torch.Tensor:
+    """B's 128x128 block scales ([K/128, N/128] grid) as torch._scaled_mm reads them: K-blocks
+    contiguous per N-block, their count padded to a multiple of 4 in memory as cuBLASLt reads
+    them ("padded": the padded grid, as PyTorch PR #166752 checks it; "strided": the bare grid
+    over padded memory) or not ("bare": what torch 2.11 takes, and cuBLASLt then reads as if
+    padded, so right only where K/128 % 4 == 0)."""
+    kb, nb = scale.shape
+    rows = kb if layout == "bare" else -(-kb // 4) * 4
+    if scale.stride(0) == 1 and scale.stride(1) == rows and rows == kb:
+        return scale
+    memory = scale.new_ones(nb, rows)
+    memory[:, :kb].copy_(scale.t())
+    return memory.t() if layout == "padded" else memory.t()[:kb]
+
+
+# B's 128x128 layouts, those that take any K first.
+B_BLOCK_LAYOUTS = ("padded", "strided", "bare")
+
+
+def _scale_for_scaled_mm(scale: torch.Tensor, block: tuple[int, int], role: str,
+                         b_layout: str) -> torch.Tensor:
     """The block-scale grid in the strides torch._scaled_mm checks (a copy only if needed):
-    column-major for A's 1x128 tiles and B's 128x128 blocks, row-major otherwise."""
-    column_major = _BLOCK_KIND[(role, block)] == ("1x128" if role == "a" else "128x128")
-    if column_major:
+    column-major for A's 1x128 tiles (cuBLASLt's outer-dim-major), B's 128x128 blocks per
+    ``b_layout``, row-major otherwise."""
+    kind = _BLOCK_KIND[(role, block)]
+    if role == "b" and kind == "128x128":
+        return _b_blocks(scale, b_layout)
+    if role == "a" and kind == "1x128":
         ok = scale.stride(0) == 1 and (scale.shape[1] == 1 or scale.stride(1) == scale.shape[0])
         return scale if ok else scale.t().contiguous().t()
     return scale if scale.is_contiguous() else scale.contiguous()
 
 
-def _scaled_mm_operand(t: Fp8Tensor, role: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _scaled_mm_operand(t: Fp8Tensor, role: str, b_layout: str = B_BLOCK_LAYOUTS[0]
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """(data, scale) of ``t`` as operand A (row-major) or B (column-major) of torch._scaled_mm."""
     row_major = role == "a"
     other_scale = t.scale_inv if t.scale_inv_other is None else t.scale_inv_other
@@ -161,16 +196,17 @@ def _scaled_mm_operand(t: Fp8Tensor, role: str) -> tuple[torch.Tensor, torch.Ten
         data, scale = (t.data.contiguous() if row_major else t.data.t().contiguous().t(),
                        t.scale_inv)
     if t.block is not None:
-        scale = _scale_for_scaled_mm(scale, t.block, role)
-    return data, scale
+        return data, _scale_for_scaled_mm(scale, t.block, role, b_layout)
+    return data, _aligned_scale(scale)
 
 
-def _blockwise_operands(device: torch.device, a_kind: str, b_kind: str, out_dtype: torch.dtype):
-    """A 256^3 problem in the given block-scale kinds, and its emulated product."""
+def _blockwise_operands(device: torch.device, a_kind: str, b_kind: str, out_dtype: torch.dtype,
+                        k: int):
+    """A 256 x ``k`` x 256 problem in the given block-scale kinds, and its emulated product."""
     from autoparallel.model import reference as R
     g = torch.Generator().manual_seed(0)
-    a = (torch.randn(256, 256, generator=g) * torch.logspace(-2, 2, 256)).to(device)
-    w = torch.randn(256, 256, generator=g).to(device)
+    a = (torch.randn(256, k, generator=g) * torch.logspace(-2, 2, k)).to(device)
+    w = torch.randn(256, k, generator=g).to(device)
     e4m3 = torch.float8_e4m3fn
     qa, sa = R.blockwise_cast_1d(a, e4m3) if a_kind == "1x128" else R.blockwise_cast_2d(a, e4m3)
     fa = Fp8Tensor(qa, sa, (1, 128) if a_kind == "1x128" else (128, 128))
@@ -185,15 +221,13 @@ def _blockwise_operands(device: torch.device, a_kind: str, b_kind: str, out_dtyp
 
 
 @functools.lru_cache(maxsize=None)
-def blockwise_support(device: str, a_kind: str, b_kind: str,
-                      out_dtype: torch.dtype = torch.bfloat16) -> str | None:
-    """None when ``torch._scaled_mm`` on ``device`` multiplies FP8 operands with these block
-    scales correctly, else the reason it does not. Tried once per combination: a 256^3 product
-    against the emulation (relative error < 1 %), so a layout torch accepts but reads
-    differently counts as unsupported too."""
+def _probe(device: str, a_kind: str, b_kind: str, out_dtype: torch.dtype, b_layout: str,
+           k: int) -> str | None:
+    """None when that product matches the emulation (relative error < 1 %), else why not: a
+    layout torch accepts but reads differently fails too."""
     try:
-        fa, fb, want = _blockwise_operands(torch.device(device), a_kind, b_kind, out_dtype)
-        (da, sa), (db, sb) = _scaled_mm_operand(fa, "a"), _scaled_mm_operand(fb, "b")
+        fa, fb, want = _blockwise_operands(torch.device(device), a_kind, b_kind, out_dtype, k)
+        (da, sa), (db, sb) = _scaled_mm_operand(fa, "a"), _scaled_mm_operand(fb, "b", b_layout)
         got = torch._scaled_mm(da, db, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
     except Exception as exc:  # noqa: BLE001 - an unsupported configuration is the answer
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
@@ -201,6 +235,28 @@ def blockwise_support(device: str, a_kind: str, b_kind: str,
     if not math.isfinite(err) or err > 1e-2:
         return f"wrong result (relative error {err:.3g} against the emulation)"
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def blockwise_b_layout(device: str) -> str:
+    """How torch._scaled_mm on ``device`` takes B's 128x128 scales: the first padded layout
+    it multiplies right at K/128 = 2, else "bare" (torch 2.11 on an H100: the padded grids are
+    an "Invalid scaling configuration", the bare one a wrong result at K/128 = 2)."""
+    return next((layout for layout in B_BLOCK_LAYOUTS[:2]
+                 if _probe(device, "1x128", "128x128", torch.bfloat16, layout, 256) is None),
+                "bare")
+
+
+def blockwise_support(device: str, a_kind: str, b_kind: str,
+                      out_dtype: torch.dtype = torch.bfloat16) -> str | None:
+    """None when ``torch._scaled_mm`` on ``device`` multiplies FP8 operands with these block
+    scales correctly (with the "bare" layout: where K/128 % 4 == 0), else the reason it does
+    not (tried once per combination)."""
+    if b_kind != "128x128":
+        return _probe(device, a_kind, b_kind, out_dtype, B_BLOCK_LAYOUTS[0], 256)
+    layout = blockwise_b_layout(device)
+    why = _probe(device, a_kind, b_kind, out_dtype, layout, 512 if layout == "bare" else 256)
+    return None if why is None else f"{why} (B's 128x128 scales tried as {B_BLOCK_LAYOUTS})"
 
 
 @functools.lru_cache(maxsize=None)
@@ -232,6 +288,19 @@ def native_gemm(device: torch.device, blockwise: bool, backend: GemmBackend = "a
     return _native_on(_device_name(torch.device(device)), blockwise, backend)
 
 
+def _zero_pad_k(da, sa, db, sb):
+    """A 1x128 x B 128x128 operands with K padded by zero FP8 blocks (scale 1) to a multiple of
+    4 blocks, for a torch that takes only the bare B grid, which cuBLASLt reads as if so padded:
+    the product is then right, and unchanged by the zeros."""
+    blocks = (-(da.shape[1] // 128)) % 4
+    pad_data = (0, 128 * blocks)
+    da = F.pad(da.view(torch.uint8), pad_data).view(da.dtype)
+    db = F.pad(db.t().view(torch.uint8), pad_data).view(db.dtype).t()
+    sa = F.pad(sa.t(), (0, 0, 0, blocks), value=1.0).t()  # stays outer-dim-major
+    sb = F.pad(sb.t(), (0, blocks), value=1.0).t()
+    return (da, sa), (db, sb)
+
+
 def fp8_gemm(a: Fp8Tensor, b: Fp8Tensor, out_dtype: torch.dtype,
              backend: GemmBackend = "auto") -> torch.Tensor:
     """a @ b for FP8 operands: [M, K] x [K, N] -> [M, N] in ``out_dtype``."""
@@ -246,10 +315,14 @@ def fp8_gemm(a: Fp8Tensor, b: Fp8Tensor, out_dtype: torch.dtype,
         raise ValueError(f"torch._scaled_mm needs every dim divisible by 16"
                          f"{' and K by 128 (block scales)' if blockwise else ''}, got "
                          f"{tuple(a.shape)} x {tuple(b.shape)}")
-    (da, sa), (db, sb) = _scaled_mm_operand(a, "a"), _scaled_mm_operand(b, "b")
+    device = _device_name(a.data.device)
+    b_layout = blockwise_b_layout(device) if b.block == (128, 128) else B_BLOCK_LAYOUTS[0]
+    (da, sa), (db, sb) = _scaled_mm_operand(a, "a"), _scaled_mm_operand(b, "b", b_layout)
+    if b_layout == "bare" and (k // 128) % 4:
+        (da, sa), (db, sb) = _zero_pad_k(da, sa, db, sb)
     if blockwise and out_dtype != torch.bfloat16:
         # Block-scaled outputs other than BF16 are used only where the probe says they work.
-        if blockwise_support(_device_name(a.data.device), _BLOCK_KIND[("a", a.block)],
+        if blockwise_support(device, _BLOCK_KIND[("a", a.block)],
                              _BLOCK_KIND[("b", b.block)], out_dtype) is not None:
             return torch._scaled_mm(da, db, scale_a=sa, scale_b=sb,
                                     out_dtype=torch.bfloat16).to(out_dtype)
@@ -484,7 +557,8 @@ class Fp8StatePack:
     ``scale`` / ``scale_inv`` [3n]; each layer's ``amax_history`` ([3, L]), ``scale`` and
     ``scale_inv`` buffers become views of them, so casts write straight into the pack, the
     per-step update is one operator over all layers and the cross-rank amax reduction one
-    all-reduce of ``history[0]``.
+    all-reduce of ``history[0]``. ``scale_inv`` gives each value its own 16-byte slot (a
+    strided view): cuBLASLt takes only aligned scale pointers.
     """
 
     def __init__(self, layers: list[Fp8Linear]) -> None:
@@ -494,7 +568,7 @@ class Fp8StatePack:
         self.layers, self.recipe = list(layers), recipe
         self.history = torch.empty(length, n, device=device)
         self.scale = torch.empty(n, device=device)
-        self.scale_inv = torch.empty(n, device=device)
+        self.scale_inv = torch.empty(n, SCALE_ALIGN_BYTES // 4, device=device)[:, 0]
         maxes = [torch.finfo(role_dtype(recipe.fp8_format, r)).max for r in ROLES]
         self.fp8_max = torch.tensor(maxes * len(layers), dtype=torch.float32, device=device)
         width = len(ROLES)

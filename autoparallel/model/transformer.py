@@ -76,7 +76,7 @@ class Recompute:
 class _NormFunction(torch.autograd.Function):
     """LayerNorm / RMSNorm over the last dim that saves only its input and per-token statistics
     (as fused norm kernels do) and recomputes the normalised input in backward. It computes in
-    at least FP32 and returns the input's dtype."""
+    at least FP32 and returns the input's dtype: the CPU path and the GPU path's oracle."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps: float, rms: bool):
@@ -122,7 +122,16 @@ class Norm(nn.Module):
         self.bias = None if self.rms else nn.Parameter(torch.zeros(hidden_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _NormFunction.apply(x, self.weight, self.bias, self.eps, self.rms)
+        if not x.is_cuda:
+            return _NormFunction.apply(x, self.weight, self.bias, self.eps, self.rms)
+        # torch's fused kernels: one pass over the activation each way where the FP32 twin
+        # makes about ten, saving the same input and per-token statistics. Out of autocast,
+        # which would run them in FP32.
+        with torch.autocast("cuda", enabled=False):
+            weight = self.weight.to(x.dtype)
+            if self.rms:
+                return F.rms_norm(x, x.shape[-1:], weight, self.eps)
+            return F.layer_norm(x, x.shape[-1:], weight, self.bias.to(x.dtype), self.eps)
 
 
 def _norm(spec: ModelSpec) -> Norm:

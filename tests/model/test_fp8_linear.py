@@ -209,3 +209,54 @@ def test_backward_keeps_one_fp8_copy_of_the_input(name, backend):
     assert scales == (256 if isinstance(recipe, BlockwiseScaling) else 1)
     y.sum().backward()
     assert x.grad is not None and layer.weight.grad is not None
+
+
+def test_delayed_scales_reach_the_gemm_16_byte_aligned():
+    """cuBLASLt refuses an FP8 GEMM whose scale pointer is not 16-byte aligned
+    (CUBLAS_STATUS_NOT_SUPPORTED, seen on an H100 when the packed scale_inv was [3n]): every
+    packed scale_inv value has its own slot, and an unaligned scale is copied before the GEMM."""
+    from autoparallel.model.fp8 import SCALE_ALIGN_BYTES, _aligned_scale
+    layers = torch.nn.Sequential(*(Fp8Linear(64, 64, DelayedScaling()) for _ in range(3)))
+    for _ in range(2):
+        layers(torch.randn(16, 64)).sum().backward()
+        update_fp8_scales(layers)
+    for layer in layers:
+        assert torch.equal(layer.scale_inv, layer.scale.reciprocal())
+        assert all(layer.scale_inv[i].data_ptr() % SCALE_ALIGN_BYTES == 0 for i in range(3))
+    packed = torch.ones(8)
+    assert _aligned_scale(packed[1]).data_ptr() % SCALE_ALIGN_BYTES == 0
+    assert _aligned_scale(packed[4]).data_ptr() == packed[4].data_ptr()
+
+
+@pytest.mark.parametrize("layout, shape, stride", [("padded", (4, 3), (1, 4)),
+                                                   ("strided", (2, 3), (1, 4)),
+                                                   ("bare", (2, 3), (1, 2))])
+def test_b_block_scales_in_each_layout_torch_has_taken(layout, shape, stride):
+    """B's 128x128 scales ([K/128, N/128] = [2, 3]) with the K-block count padded to a multiple
+    of 4 in memory (PyTorch #166752) or not; the values read back are the grid's."""
+    from autoparallel.model.fp8 import _b_blocks
+    grid = torch.arange(6.0).reshape(3, 2).t()  # any strides in
+    out = _b_blocks(grid, layout)
+    assert (tuple(out.shape), out.stride()) == (shape, stride)
+    assert torch.equal(out[:2], grid)
+
+
+def test_zero_padding_k_leaves_a_blockwise_product_unchanged():
+    """K/128 = 10 blocks padded to 12 with zero FP8 data and unit scales (what a torch that
+    takes only the bare 128x128 B grid needs): same product, the layouts torch._scaled_mm takes."""
+    from autoparallel.model import reference as R
+    from autoparallel.model.fp8 import _b_blocks, _scale_for_scaled_mm, _zero_pad_k
+    e4m3 = torch.float8_e4m3fn
+    a, w = torch.randn(256, 1280), torch.randn(384, 1280)
+    fa = Fp8Tensor(*R.blockwise_cast_1d(a, e4m3), (1, 128))
+    fb = Fp8Tensor(*R.blockwise_cast_2d(w, e4m3), (128, 128)).t()  # B = W^T, [K, N]
+    want = fa.dequantize() @ fb.dequantize()
+    sa = _scale_for_scaled_mm(fa.scale_inv, (1, 128), "a", "bare")
+    sb = _b_blocks(fb.scale_inv, "bare")
+    db = fb.data.t().contiguous().t()
+    (da, sa), (db, sb) = _zero_pad_k(fa.data.contiguous(), sa, db, sb)
+    assert da.shape == (256, 1536) and db.shape == (1536, 384) and db.stride() == (1, 1536)
+    assert sa.shape == (256, 12) and sa.stride() == (1, 256)
+    assert sb.shape == (12, 3) and sb.stride() == (1, 12)
+    got = Fp8Tensor(da, sa, (1, 128)).dequantize() @ Fp8Tensor(db, sb, (128, 128)).dequantize()
+    assert torch.equal(got, want)

@@ -134,3 +134,24 @@ def test_state_dict_keys_are_nn_linear_compatible():
     state = {k: v for k, v in fp8.state_dict().items()
              if not k.endswith(("amax_history", "scale", "scales_initialized"))}
     bf16.load_state_dict(state)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
+def test_fused_norm_on_gpu_matches_its_fp32_twin(kind):
+    """On a GPU the norm runs torch's fused kernel; the FP32 autograd function is its oracle."""
+    from autoparallel.model.transformer import Norm, _NormFunction
+    norm = Norm(1024, kind).cuda().to(torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(4, 512, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    got = norm(x)
+    (dx, dw) = torch.autograd.grad(got, (x, norm.weight), dy)
+    want = _NormFunction.apply(x, norm.weight, norm.bias, norm.eps, norm.rms)
+    (dx_ref, dw_ref) = torch.autograd.grad(want, (x, norm.weight), dy)
+    assert got.dtype == torch.bfloat16
+    for a, b in ((got, want), (dx, dx_ref), (dw, dw_ref)):
+        err = float((a.float() - b.float()).norm() / b.float().norm())
+        assert err < 1e-2, err
