@@ -3,11 +3,13 @@
 //
 // A block of 256 threads walks 64x64 tiles. Phase 1: thread (r, k) loads 16 elements of row r
 // with 16-byte loads, casts them, stores the 16 FP8 bytes to X's row-major output and to a
-// 64x64-byte shared tile (eight consecutive threads write 128 consecutive bytes: no bank
-// conflict). Phase 2: thread (c, j) gathers tile bytes [16j, 16j+16) of column c and writes them
-// to X^T with one 16-byte store; a warp reads 32 consecutive bytes of one tile row per step,
-// which the hardware serves as a broadcast: no bank conflict either. Shapes whose dims are not
-// multiples of 16 (or misaligned pointers) take a plain per-element kernel.
+// 64x64-byte shared tile. Phase 2: thread (c, j) gathers tile bytes [16j, 16j+16) of column c
+// and writes them to X^T with one 16-byte store; the four threads of one c are adjacent, so each
+// 64-byte segment of an X^T row is written whole by one warp instruction (full 32-byte sectors;
+// with j the slow index each store half-filled a sector, 63 % of HBM peak on an H100). The
+// tile's 16-byte chunks are XOR-swizzled by (row / 16) % 4, so phase 2's byte reads, rows 16
+// apart across j, land in different banks. Shapes whose dims are not multiples of 16 (or
+// misaligned pointers) take a plain per-element kernel.
 #include "fp8_common.cuh"
 
 namespace ap {
@@ -28,7 +30,7 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, int64_t rows, int
   const int64_t tiles_x = (cols + kTile - 1) / kTile;
   const int64_t tiles = tiles_x * ((rows + kTile - 1) / kTile);
   const int r = threadIdx.x >> 2, k = threadIdx.x & 3;      // phase 1
-  const int c = threadIdx.x & 63, j = threadIdx.x >> 6;     // phase 2
+  const int c = threadIdx.x >> 2, j = threadIdx.x & 3;      // phase 2
   unsigned local = 0u;
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int64_t row0 = t / tiles_x * kTile, col0 = t % tiles_x * kTile;
@@ -39,19 +41,21 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, int64_t rows, int
       local = max(local, max_abs16(v));
       const uint4 q = cast16<FMT>(v, s);
       *reinterpret_cast<uint4*>(out + row * cols + col) = q;
-      tile[r][k] = q;
+      tile[r][k ^ ((r >> 4) & 3)] = q;
     }
     __syncthreads();
     const int64_t trow = col0 + c, tcol = row0 + kChunk * j;
     if (trow < cols && tcol < rows) {
-      const uint8_t* bytes = reinterpret_cast<const uint8_t*>(tile);
+      // rows 16j.. of column c: chunk c / 16, swizzled by j (= row / 16)
+      const uint8_t* bytes =
+          reinterpret_cast<const uint8_t*>(tile) + ((((c >> 4) ^ j) << 4) | (c & 15));
       unsigned w[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         w[q] = 0u;
 #pragma unroll
         for (int b = 0; b < 4; ++b)
-          w[q] |= unsigned(bytes[(kChunk * j + 4 * q + b) * kTile + c]) << (8 * b);
+          w[q] |= unsigned(bytes[(kChunk * j + 4 * q + b) * kTile]) << (8 * b);
       }
       *reinterpret_cast<uint4*>(out_t + trow * rows + tcol) = make_uint4(w[0], w[1], w[2], w[3]);
     }
