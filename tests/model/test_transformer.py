@@ -155,3 +155,25 @@ def test_fused_norm_on_gpu_matches_its_fp32_twin(kind):
     for a, b in ((got, want), (dx, dx_ref), (dw, dw_ref)):
         err = float((a.float() - b.float()).norm() / b.float().norm())
         assert err < 1e-2, err
+
+
+def test_rotary_forward_and_backward_match_the_pairwise_formula():
+    """apply_rotary (a complex product, its backward the opposite rotation) against autograd
+    through the textbook formula on the (even, odd) pairs, on a strided view as the QKV split
+    gives it."""
+    from autoparallel.model.transformer import apply_rotary, rotary_tables
+
+    def textbook(x, cos, sin):
+        cos, sin = cos.view(cos.shape[0], 1, 1, -1), sin.view(sin.shape[0], 1, 1, -1)
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+    cos, sin = rotary_tables(16, 8)
+    qkv = torch.randn(2, 16, 3, 4, 8, requires_grad=True)
+    q = qkv.split((2, 1, 1), dim=3)[0]
+    dy = torch.randn(2, 16, 3, 2, 8)
+    got = apply_rotary(q, cos, sin)
+    want = textbook(q, cos, sin)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got, qkv, dy)[0],
+                               torch.autograd.grad(want, qkv, dy)[0])
