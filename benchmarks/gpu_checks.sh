@@ -7,8 +7,12 @@
 #   (a subset of the benchmark's rows; the precision whose layer kernels are listed)
 #
 # The lent machine has torch with CUDA but neither platformdirs nor optuna/ray: platformdirs travels
-# as a wheel in the git-ignored .whl/ (see .library/device/README.md); tests that import optuna or
-# ray fail to collect there and are passed over (--continue-on-collection-errors).
+# as a wheel in the git-ignored .whl/, made here once with
+#   echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --implementation cp --platform manylinux_2_28_x86_64 -d .whl platformdirs
+# Tests that import optuna or ray fail to collect there and are passed over
+# (--continue-on-collection-errors). A run of everything takes about 4 minutes on an H100.
 set -u
 bench_s=${1:-330}
 pytest_s=${2:-180}
