@@ -153,21 +153,16 @@ def _aligned_scale(scale: torch.Tensor) -> torch.Tensor:
 
 def _b_blocks(scale: torch.Tensor, layout: str) -> torch.Tensor:
     """B's 128x128 block scales ([K/128, N/128] grid) as torch._scaled_mm reads them: K-blocks
-    contiguous per N-block, their count padded to a multiple of 4 in memory as cuBLASLt reads
-    them ("padded": the padded grid, as PyTorch PR #166752 checks it; "strided": the bare grid
-    over padded memory) or not ("bare": what torch 2.11 takes, and cuBLASLt then reads as if
-    padded, so right only where K/128 % 4 == 0)."""
+    contiguous per N-block, their count padded to a multiple of 4 as cuBLASLt reads them
+    ("padded": the padded grid, as PyTorch PR #166752 checks it) or not ("bare": what torch 2.11
+    takes, and cuBLASLt then reads as if padded, so right only where K/128 % 4 == 0)."""
     kb, nb = scale.shape
     rows = kb if layout == "bare" else -(-kb // 4) * 4
     if scale.stride(0) == 1 and scale.stride(1) == rows and rows == kb:
         return scale
     memory = scale.new_ones(nb, rows)
     memory[:, :kb].copy_(scale.t())
-    return memory.t() if layout == "padded" else memory.t()[:kb]
-
-
-# B's 128x128 layouts, those that take any K first.
-B_BLOCK_LAYOUTS = ("padded", "strided", "bare")
+    return memory.t()
 
 
 def _scale_for_scaled_mm(scale: torch.Tensor, block: tuple[int, int], role: str,
@@ -184,7 +179,7 @@ def _scale_for_scaled_mm(scale: torch.Tensor, block: tuple[int, int], role: str,
     return scale if scale.is_contiguous() else scale.contiguous()
 
 
-def _scaled_mm_operand(t: Fp8Tensor, role: str, b_layout: str = B_BLOCK_LAYOUTS[0]
+def _scaled_mm_operand(t: Fp8Tensor, role: str, b_layout: str = "padded"
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """(data, scale) of ``t`` as operand A (row-major) or B (column-major) of torch._scaled_mm."""
     row_major = role == "a"
@@ -239,12 +234,11 @@ def _probe(device: str, a_kind: str, b_kind: str, out_dtype: torch.dtype, b_layo
 
 @functools.lru_cache(maxsize=None)
 def blockwise_b_layout(device: str) -> str:
-    """How torch._scaled_mm on ``device`` takes B's 128x128 scales: the first padded layout
-    it multiplies right at K/128 = 2, else "bare" (torch 2.11 on an H100: the padded grids are
-    an "Invalid scaling configuration", the bare one a wrong result at K/128 = 2)."""
-    return next((layout for layout in B_BLOCK_LAYOUTS[:2]
-                 if _probe(device, "1x128", "128x128", torch.bfloat16, layout, 256) is None),
-                "bare")
+    """How torch._scaled_mm on ``device`` takes B's 128x128 scales: "padded" where it multiplies
+    right with them at K/128 = 2, else "bare" (torch 2.11 on an H100: the padded grid is an
+    "Invalid scaling configuration", the bare one a wrong result at K/128 = 2)."""
+    ok = _probe(device, "1x128", "128x128", torch.bfloat16, "padded", 256) is None
+    return "padded" if ok else "bare"
 
 
 def blockwise_support(device: str, a_kind: str, b_kind: str,
@@ -253,10 +247,10 @@ def blockwise_support(device: str, a_kind: str, b_kind: str,
     scales correctly (with the "bare" layout: where K/128 % 4 == 0), else the reason it does
     not (tried once per combination)."""
     if b_kind != "128x128":
-        return _probe(device, a_kind, b_kind, out_dtype, B_BLOCK_LAYOUTS[0], 256)
+        return _probe(device, a_kind, b_kind, out_dtype, "padded", 256)
     layout = blockwise_b_layout(device)
     why = _probe(device, a_kind, b_kind, out_dtype, layout, 512 if layout == "bare" else 256)
-    return None if why is None else f"{why} (B's 128x128 scales tried as {B_BLOCK_LAYOUTS})"
+    return None if why is None else f"{why} (B's 128x128 scales laid out {layout})"
 
 
 @functools.lru_cache(maxsize=None)
@@ -316,7 +310,7 @@ def fp8_gemm(a: Fp8Tensor, b: Fp8Tensor, out_dtype: torch.dtype,
                          f"{' and K by 128 (block scales)' if blockwise else ''}, got "
                          f"{tuple(a.shape)} x {tuple(b.shape)}")
     device = _device_name(a.data.device)
-    b_layout = blockwise_b_layout(device) if b.block == (128, 128) else B_BLOCK_LAYOUTS[0]
+    b_layout = blockwise_b_layout(device) if b.block == (128, 128) else "padded"
     (da, sa), (db, sb) = _scaled_mm_operand(a, "a"), _scaled_mm_operand(b, "b", b_layout)
     if b_layout == "bare" and (k // 128) % 4:
         (da, sa), (db, sb) = _zero_pad_k(da, sa, db, sb)

@@ -229,7 +229,6 @@ def test_delayed_scales_reach_the_gemm_16_byte_aligned():
 
 
 @pytest.mark.parametrize("layout, shape, stride", [("padded", (4, 3), (1, 4)),
-                                                   ("strided", (2, 3), (1, 4)),
                                                    ("bare", (2, 3), (1, 2))])
 def test_b_block_scales_in_each_layout_torch_has_taken(layout, shape, stride):
     """B's 128x128 scales ([K/128, N/128] = [2, 3]) with the K-block count padded to a multiple
