@@ -364,8 +364,7 @@ def test_layer_time_is_the_sum_of_its_named_terms(model_name, recompute, hw):
     for layer, is_moe in ((layers.dense, False), (layers.moe, True)) if model.is_moe else ((layers.dense, False),):
         forward = layer["forward"]
         named = {k: layer[k][0] for k in ("compute", "fp8_cast", "selective_recompute", "full_recompute", "tp_comm",
-                                          "cp_comm", "fsdp", "ep_comm", "lora_adapters", "amax_reduction",
-                                          "main_grad")}
+                                          "cp_comm", "fsdp", "ep_comm", "lora_adapters", "amax_reduction")}
         idle = ({"selective_recompute" if recompute == "full" else "full_recompute", "lora_adapters"}
                 | (set() if is_moe else {"ep_comm"}))
         assert all((value > 0) != (name in idle) for name, value in named.items()), named
@@ -740,22 +739,6 @@ def _llama_cands(model, hw, **knobs):
     base = dict(tp=4, pp=1, vp=1, cp=1, dp=2, mbs=1, gbs=8, sp=True, precision="fp8-delayed", recompute="none",
                 tp_comm_overlap=False, grad_reduce_in_fp32=False)
     return candidates(model, hw, plan_columns([Plan(**{**base, **knobs})]))
-
-
-def test_main_grad_accumulation_reads_and_writes_each_gradient_once_per_micro_batch(llama, hw):
-    """Llama 2 70B's layer on TP 4, by hand: QKV 8192 x 10240, projection 8192 x 8192, FC1
-    8192 x 2 x 28672, FC2 28672 x 8192, split over 4 GPUs; each
-    gradient read and written by the wgrad GEMM's accumulating epilogue (FP32: 4 + 4 bytes, BF16:
-    2 + 2) at the achievable HBM rate; a frozen LoRA base: nothing."""
-    weights = (8192 * 10240 + 8192 * 8192 + 8192 * 2 * 28672 + 28672 * 8192) / 4
-    hbm = hw.hbm_tbps * 1e12 * hw.efficiency.hbm
-    fp32 = _llama_cands(llama, hw, grad_reduce_in_fp32=True)
-    layer = lt.dense_layer(fp32)
-    assert layer["main_grad"][0] == pytest.approx(8.0 * weights / hbm, rel=1e-6)
-    bf16 = lt.dense_layer(_llama_cands(llama, hw))
-    assert bf16["main_grad"][0] == pytest.approx(4.0 * weights / hbm, rel=1e-6)
-    assert bf16["time"][0] - layer["time"][0] == pytest.approx(-4.0 * weights / hbm, rel=1e-6)
-    assert lt.dense_layer(_llama_cands(_lora(llama), hw, grad_reduce_in_fp32=True))["main_grad"][0] == 0.0
 
 
 def test_lora_adapters_split_as_megatron_bridge_splits_them(llama):

@@ -11,8 +11,7 @@ A layer's time is the sum of ``LAYER_TIME_TERMS``, each priced by one function b
   TransformerEngine overlaps it, ``tensor_parallel``);
 - ``amax_reduction``: the delayed-scaling recipe's blocking amax all-reduce per model chunk;
 - ``lora_adapters``: LoRA's adapters, forward and backward (``finetune``); a frozen base computes no
-  weight gradients, so ``compute`` drops its wgrad GEMMs;
-- ``main_grad``: each wgrad GEMM accumulating into its weight's main gradient (none for a frozen base).
+  weight gradients, so ``compute`` drops its wgrad GEMMs.
 
 A dense and a MoE layer share these terms; the MoE layer adds routed experts to its GEMM time
 and has expert-parallel traffic. A new term is one function here and one name in
@@ -34,7 +33,7 @@ GEMMS_PER_LAYER = 4  # QKV, projection, FC1 (gate and up fused), FC2
 TF32_PER_BF16 = 0.5
 # Summed in this order into a layer's time (the breakdown reads each one).
 LAYER_TIME_TERMS = ("compute", "fp8_cast", "selective_recompute", "full_recompute", "tp_comm", "cp_comm",
-                    "fsdp", "ep_comm", "lora_adapters", "amax_reduction", "main_grad")
+                    "fsdp", "ep_comm", "lora_adapters", "amax_reduction")
 
 
 def linear_time(x: Candidates, params, whole=0.0, chunks=1.0):
@@ -135,24 +134,6 @@ def compute_time(x: Candidates, forward, t_linear):
     """Forward and backward (data and weight gradients: twice the forward); a frozen base (LoRA)
     skips its Linears' weight-gradient GEMMs (one forward's worth of them)."""
     return 3.0 * forward - (3.0 - finetune.linear_passes(x.model)) * t_linear
-
-
-def main_grad_time(x: Candidates, params):
-    """The weight-gradient GEMMs of the layer's ``params`` (on this GPU) accumulating into their
-    main gradients, once per micro-batch: Megatron's gradient_accumulation_fusion (on by default,
-    ``--no-gradient-accumulation-fusion``; NeMo's Llama SFT configs keep it) hands each Linear's
-    ``main_grad`` to TransformerEngine as the wgrad GEMM's output with ``accumulate=True``
-    (``linear.py``: cuBLAS beta=1, C = D = main_grad), so the epilogue reads and writes every
-    weight's gradient (``grad_bytes`` each: FP32, or BF16 under --grad-reduce-in-bf16); without
-    the fusion the GEMM writes a BF16 gradient that is then added into main_grad (more bytes).
-    Priced exposed at the HBM rate: cuBLAS's Hopper GEMMs are cooperative (two consumer
-    warpgroups on one output tile, ``warpgroupsize2x1x1``), so a tile's read-modify-write epilogue
-    runs after its mainloop on the same warpgroups, the tensor cores idle meanwhile; were it hidden
-    behind the next tile's mainloop it would cost nothing here (at a few thousand tokens the
-    mainloop outlasts these bytes). A frozen (LoRA) base has no weight gradients: zero."""
-    if finetune.is_lora(x.model):
-        return np.zeros_like(x.t)
-    return 2.0 * x.grad_bytes * params / x.hbm
 
 
 def lora_adapters_time(x: Candidates):
@@ -328,7 +309,6 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
         "ep_comm": ep_comm_time(x, compute, is_moe),
         "lora_adapters": lora_adapters_time(x) if not is_moe else np.zeros_like(x.t),
         "amax_reduction": amax_reduction_time(x),
-        "main_grad": main_grad_time(x, params + expert_params),
     }
     stored = stored_activation_bytes(x, is_moe)
     return dict(terms, time=sum(terms[k] for k in LAYER_TIME_TERMS), forward=forward,

@@ -110,8 +110,7 @@ def step_breakdown(x: Candidates, layers: Layers, stages: StageTimes, params: li
     return {
         "step_time_s": bottleneck.time + dp_exposed + t_optimizer + weight_cast,
         "compute_s": x.m * (layers.on("compute", bottleneck.layers, bottleneck.moe) + bottleneck.logits
-                            + layers.on("lora_adapters", bottleneck.layers, bottleneck.moe)
-                            + layers.on("main_grad", bottleneck.layers, bottleneck.moe)),
+                            + layers.on("lora_adapters", bottleneck.layers, bottleneck.moe)),
         "fp8_cast_s": per_microbatch("fp8_cast") + per_microbatch("amax_reduction") + weight_cast,
         "recompute_s": per_microbatch("recompute"),
         "tp_comm_s": per_microbatch("tp_comm"),
