@@ -140,8 +140,9 @@ def _norm(spec: ModelSpec) -> Norm:
 
 class _SwiGLU(torch.autograd.Function):
     """silu(gate) * up, saving only gate and up (the SiLU is recomputed in backward). The
-    backward is four kernels in the activations' dtype (torch's ``silu_backward`` computes in
-    FP32 inside), where an FP32 chain made about a dozen passes over the FFN width."""
+    backward keeps this exact FP32 chain: rewritten with ``silu_backward`` (same formula, other
+    rounding order) the NVFP4 stochastic-rounding ablation of tests/fp8check lost its margin
+    (seed 0: +2.2 -> +0.2 points), so that test pins it."""
 
     @staticmethod
     def forward(ctx, gate, up):
@@ -151,7 +152,11 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         gate, up = ctx.saved_tensors
-        return torch.ops.aten.silu_backward(grad * up, gate), grad * F.silu(gate)
+        dtype = torch.promote_types(gate.dtype, torch.float32)
+        g, gate_f, up_f = grad.to(dtype), gate.to(dtype), up.to(dtype)
+        sig = torch.sigmoid(gate_f)
+        dgate = g * up_f * sig * (1 + gate_f * (1 - sig))
+        return dgate.to(gate.dtype), (g * gate_f * sig).to(up.dtype)
 
 
 def to_activation_dtype(h: torch.Tensor) -> torch.Tensor:
