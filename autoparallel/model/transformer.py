@@ -220,7 +220,14 @@ class _Rotary(torch.autograd.Function):
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Each (even, odd) pair of the head dim as a complex number times cos + i sin, in FP32: one
-    product, not six elementwise passes."""
+    product, not six elementwise passes. Under torch.compile the pairs are written out instead:
+    Inductor fuses them into one kernel but generates no code for complex operators."""
+    if torch.compiler.is_compiling():
+        shape = (cos.shape[0], *[1] * (x.dim() - 3), -1)
+        cos, sin = cos.view(shape), sin.view(shape)
+        x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
+        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+        return out.to(x.dtype)
     turn = torch.complex(cos, sin).view(cos.shape[0], *[1] * (x.dim() - 3), -1)
     pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
     return torch.view_as_real(pairs * turn).flatten(-2).to(x.dtype)
