@@ -146,8 +146,8 @@ def lora_adapters_time(x: Candidates):
     flops_time = 3.0 * 2.0 * x.tokens * finetune.adapter_params_gpu(x.model, x.t) / (
         x.hw.bf16_tflops * 1e12 * x.hw.efficiency.gemm_max)
     stream_time = x.tokens * finetune.adapter_stream_elements(x.model, x.t, x.sp) * finetune.ADAPTER_BYTES / x.hbm
-    per_domain = comm.ranks_per_domain(x.hw, x.t, 1)
-    collectives = sum(count * comm.reduce_scatter_time(x.hw, finetune.ADAPTER_BYTES * x.tokens * width, x.t, per_domain)
+    tp_group = comm.group(x.hw, x.t, comm.ranks_per_domain(x.hw, x.t, 1))
+    collectives = sum(count * tp_group.reduce_scatter_time(finetune.ADAPTER_BYTES * x.tokens * width)
                       for width, count in finetune.adapter_collectives(x.model, x.t, x.sp,
                                                                              x.flag("tp_comm_overlap")))
     return np.maximum(flops_time, stream_time) + collectives
