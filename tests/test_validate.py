@@ -57,7 +57,7 @@ NOT_FITTING_AS_RUN = {
     "deepseek-v3-report-h800-2048gpu-fp8-blockwise-tp1pp16cp1vp2ep64-gbs15360": "86.1 GiB on an 80 GB H800",
     # Published as TP1 PP1 with FSDP 0 on 64 GB300 (26.02.01, NVFP4): 70B parameters, their gradients and
     # Adam states unsharded on one GPU; the other releases run this model on GB300 with FSDP 64 or PP4.
-    "bridge-26.02.01-llama3-70b-gb300-64gpu-nvfp4-tp1pp1cp1vp1ep1-mbs2-gbs256": "375.6 GiB on GB300",
+    "bridge-26.02.01-llama3-70b-gb300-64gpu-nvfp4-tp1pp1cp1vp1ep1-mbs2-gbs256": "367.8 GiB on GB300",
 }
 
 
