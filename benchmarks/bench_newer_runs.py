@@ -4,7 +4,9 @@ The rows of autoparallel/data/training_runs_newer.csv (Megatron-Bridge's 26.02-2
 Megatron-LM's DeepSeek-V3 GB200 guide) are never fitted: in-sample here means the shipped
 constants (fitted on the older rows, the same models among them), held out the constants refitted
 without the row's model. Prints mean / max |error| per release, dense and MoE apart, then per
-model, and every published layout predicted not to fit with its memory.
+model, every published layout predicted not to fit with its memory, and the same layouts run on
+two GPUs (one release, model, precision, layout and batch): the measured speed ratio beside the
+predicted one, which tells a GPU's own speed apart from a layout's.
 
     PYTHONPATH=. python benchmarks/bench_newer_runs.py
 """
@@ -43,8 +45,35 @@ def print_tables(full: pd.DataFrame) -> None:
         print(f"  {r['id']}: {r['peak_memory_gib']:.0f} GiB")
 
 
+# GPUs whose published rows repeat a layout run on the other of the pair.
+GPU_PAIRS = (("gb200", "gb300"), ("b200", "b300"), ("b200", "gb200"), ("h100-sxm", "h200"))
+
+
+def gpu_pairs(full: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose id differs only in the GPU, for each pair of ``GPU_PAIRS``: measured and predicted
+    speed of the second GPU over the first (tokens/s ratio; iteration-time metrics inverted)."""
+    out = []
+    for first, second in GPU_PAIRS:
+        rows = full[full.gpu.isin([first, second])].copy()
+        rows["layout"] = rows.id.str.replace(f"-{second}-", "-GPU-").str.replace(f"-{first}-", "-GPU-")
+        speed = rows.measured.where(rows.metric != "iteration_time", 1 / rows.measured)
+        predicted = rows.predicted.where(rows.metric != "iteration_time", 1 / rows.predicted)
+        rows = rows.assign(speed=speed, predicted_speed=predicted)
+        both = rows.pivot_table(index="layout", columns="gpu", values=["speed", "predicted_speed"]).dropna()
+        for layout, r in both.iterrows():
+            out.append({"pair": f"{second} / {first}", "layout": layout,
+                        "measured": r[("speed", second)] / r[("speed", first)],
+                        "predicted": r[("predicted_speed", second)] / r[("predicted_speed", first)]})
+    return pd.DataFrame(out).round(3)
+
+
 def main() -> None:
-    print_tables(validate.validate_training())
+    full = validate.validate_training()
+    print_tables(full)
+    pairs = gpu_pairs(full)
+    print("\nthe same layout on two GPUs: speed of the second over the first")
+    print(pairs.to_string(index=False))
+    print(pairs.groupby("pair")[["measured", "predicted"]].agg(["count", "mean"]).round(3).to_string())
 
 
 if __name__ == "__main__":
