@@ -167,8 +167,9 @@ def mtp_bytes(x: Candidates, layers: Layers, held):
     """Multi-token prediction on the last stage: each module's layer activations per micro-batch
     in flight, and what its loss keeps for backward (``memory.kept_logits_bytes``) with its head's
     inputs. Megatron computes the MTP losses before the main one (Megatron-LM d98e8a64dd
-    megatron/core/models/gpt/gpt_model.py ``_postprocess``: ``process_mtp_loss``, then the output
-    layer's logits), so an MTP loss's transient BF16 logits are freed before the main head's
+    megatron/core/models/gpt/gpt_model.py ``_postprocess`` lines 746-761 call
+    ``multi_token_prediction.process_mtp_loss``, which returns before the output layer computes the
+    main logits), so an MTP loss's transient BF16 logits are freed before the main head's
     (``logits_bytes``, counted beside the layers' working set) exist."""
     model = x.model
     kept = (memory.kept_logits_bytes(model, x.b, x.s_local, x.t, x.flag("cross_entropy_loss_fusion"))
