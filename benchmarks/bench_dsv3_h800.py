@@ -5,9 +5,10 @@ Prints, for each candidate of the row (the micro-batch size is not stated), the 
 memory by kind and the step's breakdown; then, for the one validate reports, one MoE layer's
 costs per micro-batch, each stage's time per micro-batch, one dispatch, and what the V3 report
 states beside them (arXiv 2412.19437 §3.2-3.3). Last, the memory a stated item the cost model
-does not price would spare, by hand: the SwiGLU inputs cached in FP8 (§3.3.2; Megatron-Core's
-``activation_func_fp8_input_store`` is no Megatron-LM flag, and with ``moe_act`` recompute its
-checkpoint keeps the BF16 input).
+does not price would spare, by hand: the attention output cached once in DeepSeek's E5M6 (§3.3.2,
+12 bits if packed; the row keeps Megatron's BF16 copy, which the fused attention and the output
+projection share), on a DualPipe middle rank (PP+1 micro-batches of its stage's layers) and on an
+end rank (PP of the first stage's, one of the last's with its MTP layer).
 
     PYTHONPATH=$PWD python benchmarks/bench_dsv3_h800.py
 """
@@ -62,17 +63,15 @@ def main() -> None:
           f"{dispatch.FLEX_DISPATCHER_SMS} SMs for communication (report: 20); IB {x.hw.internode_gbps:.0f} GB/s "
           f"per GPU (report: 50); busiest EP rank {x.imbalance[0]:.2f}x the even share")
 
-    held = float(pipeline.dualpipe_inflight(x.p)[0]) if x.dualpipe[0] else float(
-        pipeline.inflight_chunks(x.p, x.v, x.m, 1)[0] / x.v[0])
     model, tokens = x.model, float(x.tokens[0])
-    routed = tokens * model.moe_router_topk * float(x.imbalance[0]) * model.expert_ffn_hidden_size
-    shared = tokens * (model.shared_expert_ffn_hidden_size or 0)
-    per_layer = 2 * (memory.WEIGHT_BYTES - memory.FP8_WEIGHT_BYTES) * (routed + shared)  # 2 tensors, 2 B -> 1 B
-    n = float(x.middle_moe[0])
-    print(f"\nNot priced, by hand: SwiGLU inputs cached in FP8 (2 x 1 B per FFN unit, not 2 x 2 B) spare "
-          f"{per_layer / GIB:.3f} GiB per MoE layer and micro-batch; x {held:.0f} micro-batches x {n:.0f} layers "
-          f"on a middle rank = {held * n * per_layer / GIB:.1f} GiB")
-
+    per_layer = (memory.GEMM_INPUT_BYTES - 1.5) * tokens * model.num_attention_heads * model.v_dim  # BF16 -> E5M6
+    held = float(pipeline.dualpipe_inflight(x.p)[0])
+    own, other = (float(np.ravel(c)[0]) for c in pipeline.dualpipe_chunks(x.p, 0))
+    middle = held * float(x.middle_layers[0])
+    end = own * float(x.first_layers[0]) + other * (float(x.last_layers[0]) + model.mtp_num_layers)
+    print(f"\nNot priced, by hand: the attention output in E5M6 (1.5 B per element, not BF16's 2) spares "
+          f"{per_layer / GIB:.3f} GiB per layer and micro-batch; a middle rank's {middle:.0f} layer-micro-batches "
+          f"{middle * per_layer / GIB:.1f} GiB, an end rank's {end:.0f} {end * per_layer / GIB:.1f} GiB")
 
 if __name__ == "__main__":
     np.set_printoptions(precision=3)

@@ -14,12 +14,14 @@ import pytest
 
 from autoparallel import io
 from autoparallel.costmodel import layer_time as lt
+from autoparallel.costmodel import pipeline
 from autoparallel.costmodel import peak_memory as pm
 from autoparallel.costmodel import stages as st
 from autoparallel.costmodel import step_time as stp
 from autoparallel.costmodel import tensor_parallel
 from autoparallel.costmodel.candidates import candidates
 from autoparallel.costmodel.estimate import estimate_columns, plan_columns
+from autoparallel.costmodel.memory import GIB
 from autoparallel.specs.plan import Plan
 
 REL = 1e-12
@@ -651,21 +653,70 @@ def test_activations_in_flight_on_the_first_stage(gpt, hw):
     assert logits[2][0] == pytest.approx(pm.logits_bytes(x)[0] - 1e7, rel=REL)
 
 
-def test_a_dualpipe_row_holds_pp_plus_one_micro_batches_and_two_parameter_copies(gpt, hw):
-    """DeepSeek-V3 report Table 2: DualPipe keeps 2x the parameters and PP+1 micro-batches of a
-    stage's activations on every rank (pp 8: 9, where interleaved 1F1B holds 12.5 on the first)."""
+def _dualpipe_replay(pp, rank, micro_batches):
+    """Forward chunks alive (of phase 0, of phase 1) at the fullest moment of one rank, replaying
+    deepseek-ai/DualPipe 3da1bbe dualpipe/dualpipe.py ``DualPipe.step`` (lines 358-425) chunk by
+    chunk, an overlapped F&B counted forward first."""
+    half, h, half_chunks = pp // 2, min(rank, pp - 1 - rank), micro_batches // 2
+    alive, fullest = [0, 0], (0, (0, 0))
+
+    def forward(phase):
+        nonlocal fullest
+        alive[phase] += 1
+        fullest = max(fullest, (sum(alive), tuple(alive)))
+
+    def backward(phase):
+        alive[phase] -= 1
+    for _ in range((half - h - 1) * 2):  # step 1: nF0
+        forward(0)
+    for _ in range(h + 1):  # step 2: nF0F1
+        forward(0), forward(1)
+    for _ in range(half - h - 1):  # step 3: nB1W1F1
+        backward(1), forward(1)
+    for _ in range(half_chunks - pp + h + 1):  # step 4: nF0B1F1B0
+        forward(0), backward(1), forward(1), backward(0)
+    for _ in range(half - h - 1):  # step 5: nB1F1B0
+        backward(1), forward(1), backward(0)
+    for _ in range(h + 1):  # step 6: nB1B0
+        backward(1), backward(0)
+    for _ in range(half - h - 1):  # step 7: nWB0
+        backward(0)
+    assert alive == [0, 0]
+    return fullest[1]
+
+
+@pytest.mark.parametrize("pp", [4, 8, 16])
+def test_dualpipe_chunks_are_what_its_schedule_holds(pp):
+    """PP-h micro-batches of a rank's forward-direction stage and h+1 of its other stage at the peak,
+    PP+1 in all (the README's "Activation PP+1"), h = min(r, PP-1-r)."""
+    for rank in range(pp):
+        h = min(rank, pp - 1 - rank)
+        assert tuple(float(c) for c in pipeline.dualpipe_chunks(pp, h)) == _dualpipe_replay(pp, rank, 6 * pp)
+        assert sum(_dualpipe_replay(pp, rank, 6 * pp)) == pipeline.dualpipe_inflight(pp)
+
+
+def test_a_dualpipe_row_holds_its_two_stages_and_pp_plus_one_micro_batches(gpt, hw):
+    """DualPipe's rank r holds stage r and stage PP-1-r (2x the parameters): an end rank the first
+    stage's states and the last's (embedding and output layer once each), PP micro-batches of the
+    first stage (with the embedding's inputs) and one of the last; a middle rank two middle stages'
+    states and PP+1 of its micro-batches (pp 8: 9, where interleaved 1F1B holds 12.5 on the first)."""
     cols = plan_columns([Plan(tp=4, pp=8, vp=2, cp=2, dp=4, mbs=1, gbs=64)])
     dual = candidates(gpt, hw, {**cols, "pipeline_schedule": np.array(["dualpipe"], dtype=object)})
     layers = _fake_layers(dual)
     (first, middle, last), _ = pm.activation_bytes(dual, layers)
     embedding = 8 * 1024 + 1024 * 12288
-    assert first[0] == pytest.approx(9 * 12 * 1e9 + 2e9 + 9 * embedding, rel=REL)
+    assert first[0] == pytest.approx(8 * (12 * 1e9 + embedding) + 12 * 1e9 + 2e9, rel=REL)
+    assert last[0] == first[0]
     assert middle[0] == pytest.approx(9 * 12 * 1e9 + 2e9, rel=REL)
     plain = candidates(gpt, hw, cols)
     params = st.stage_params(plain, layers)
-    once, twice = pm.peak_memory(plain, layers, params, 0.95), pm.peak_memory(dual, layers, params, 0.95)
-    for key in ("weights_gib", "grads_gib", "optimizer_gib"):
-        assert twice[key][0] == pytest.approx(2 * once[key][0], rel=REL)
+    once = [pm.model_states(plain, layers, p, n, n_moe) for p, (n, n_moe) in zip(params, plain.stage_layer_counts)]
+    dual_peak = pm.peak_memory(dual, layers, params, 0.95)
+    for i, key in enumerate(("weights_gib", "grads_gib", "optimizer_gib")):  # the end rank is the fullest
+        assert dual_peak[key][0] == pytest.approx((once[0][i][0] + once[2][i][0]) / GIB, rel=REL)
+        assert once[0][i][0] + once[2][i][0] > 2 * once[1][i][0]
+    assert dual_peak["peak_memory_gib"][0] == pytest.approx(
+        (sum(st_[0] for st_ in once[0]) + sum(st_[0] for st_ in once[2]) + first[0]) / GIB + hw.reserve_gib, rel=REL)
 
 
 def test_the_busiest_ep_rank_keeps_its_excess_tokens_averaged_over_a_stages_moe_layers(mixtral, hw):
@@ -718,7 +769,11 @@ def test_mtp_adds_a_layer_and_another_output_pass_to_the_last_stage(gpt, hw):
     (_, _, with_mtp), _ = pm.activation_bytes(x, layers)
     (_, _, without), _ = pm.activation_bytes(_cands(gpt, hw), _fake_layers(x))
     held = ((2 - 1) * 8 + 1) / 2
-    assert with_mtp[0] - without[0] == pytest.approx(held * 1e9 + pm.logits_bytes(x)[0], rel=REL)
+    # Its loss keeps the FP32 softmax (4 B per logit, vocab-parallel over tp 4) and its head's two BF16
+    # inputs (SP-sharded); its BF16 logits are freed before the main head computes its own.
+    kept = 4 * 1024 * 50304 / 4 + 2 * (2 * 1024 * 12288 / 4)
+    assert with_mtp[0] - without[0] == pytest.approx(held * 1e9 + kept, rel=REL)
+    assert kept < pm.logits_bytes(x)[0]
 
 
 # --- fine-tuning: LoRA and packed sequences (issue 27) --------------------------------------------
@@ -904,3 +959,26 @@ def test_an_fp8_kept_swiglu_input_halves_its_bytes_and_costs_its_casts(mixtral, 
     # A dense layer's MLP keeps its SwiGLU input in FP8 too.
     assert (lt.stored_activation_bytes(plain, False) - lt.stored_activation_bytes(kept, False))[0] == pytest.approx(
         2 * 4096 * 14336 * 1.0, rel=REL)
+
+
+@pytest.mark.parametrize("fp8_fraction", [0.0, 1.0])
+def test_mla_up_projection_recompute_keeps_only_the_latents(fp8_fraction):
+    """--recompute-modules mla_up_proj (Megatron-LM d98e8a64dd multi_latent_attention.py lines
+    983-990): the up projections and RoPE run in a CheckpointWithoutOutput that keeps its inputs,
+    the BF16 latents (their norms fused into the up projections under TE), so Q, K, V and the up
+    projections' own input copies (BF16, or FP8 under an FP8 recipe) go: DeepSeek-V3 at 4,096
+    tokens, tp 1."""
+    from autoparallel.costmodel import memory
+    dsv3 = io.load_model("deepseek-v3")
+    tokens, copy = 4096, 2.0 - fp8_fraction
+    args = (dsv3, 1, tokens, 1, False, fp8_fraction, False, 1, 1.0)
+    spared = memory.recomputed_bytes(*args, True, False, False)
+    assert memory.recomputed_bytes(*args, False, False, False) == 0.0
+    qkv = 2.0 * 128 * (2 * 192 + 128)  # BF16 Q, K (nope 128 + rope 64) and V (128) per head
+    assert spared == pytest.approx(tokens * (qkv + copy * (1536 + 512)), rel=REL)
+    # What a dense layer keeps replicated: the norms' BF16 inputs, the down projections' and FC1's input
+    # copies and, per token, the latents with their up projections' input copies and the shared RoPE key.
+    replicated = memory.replicated_bytes_per_token_hidden(dsv3, fp8_fraction) * 7168
+    latents = (2.0 + copy) * (1536 + 512) + 2.0 * 64
+    assert replicated == pytest.approx((4.0 + 2 * copy) * 7168 + latents, rel=REL)
+    assert latents - copy * (1536 + 512) == 2.0 * (1536 + 512 + 64)  # kept under the recompute

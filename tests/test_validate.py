@@ -27,7 +27,7 @@ FIGURES = {
     "dense_held_mean": 5.1,
     "moe_in_mean": 8.8,
     "moe_held_mean": 10.5,
-    "deepseek": "86.1 GiB",
+    "deepseek": "82.3 GiB",
 }
 # Published layouts predicted not to fit in the variant their source ran (TODAY): findings, each
 # held as a strict expected failure. The reason gives the peak with the 4 GiB reserve, against the
@@ -48,13 +48,15 @@ NOT_FITTING_AS_RUN = {
     "nemo-llama3.1-405b-gb200-256gpu-fp8-current-tp4pp16cp1vp4ep1-mbs1-gbs1536": "168.0 GiB on GB200 (fits the whole GPU)",
     # NeMo 2.4 (25.07): 80 layers of mbs 1 kept, delayed scaling keeping the attention output twice.
     "nemo-llama3-70b-gb200-64gpu-fp8-delayed-tp1pp1cp1vp1ep1-mbs1-gbs128-fsdp1": "169.8 GiB on GB200 (fits the whole GPU)",
-    # DualPipe's memory (2 parameter copies, PP+1 micro-batches of a stage's 4 layers), the report's
-    # recompute (RMSNorm, MLA up-projections, SwiGLU output), FP8-kept SwiGLU inputs, BF16 moments,
-    # FP8 primary weights (Megatron's DeepSeek-V3 H100 guide), Megatron's BF16 attention output (the
-    # report caches one E5M6 copy, §3.3.2) and the busiest EP rank's excess routed activations at the
-    # fitted load imbalance (0.322), averaged over the stage's MoE layers. The fullest rank is the
-    # first (the embedding twice with its FP32 gradients: 21.7 GiB of gradients, 46.6 of activations).
-    "deepseek-v3-report-h800-2048gpu-fp8-blockwise-tp1pp16cp1vp2ep64-gbs15360": "86.1 GiB on an 80 GB H800",
+    # DualPipe's memory (rank r holds stage r and stage PP-1-r; at its peak PP+1 micro-batches: an end
+    # rank PP of the first stage and one of the last, with the head and MTP module once), the report's
+    # recompute (RMSNorm, MLA up-projections keeping only the latents, SwiGLU output), FP8-kept SwiGLU
+    # inputs, BF16 moments, FP8 primary weights (Megatron's DeepSeek-V3 H100 guide), Megatron's BF16
+    # attention output (the report caches one E5M6 copy, §3.3.2) and the busiest EP rank's excess
+    # routed activations at the fitted load imbalance (0.322), averaged over the stage's MoE layers.
+    # The end rank (82.3: 17.7 GiB of FP32 gradients, 47.4 of activations) and a middle one (82.3: 17
+    # micro-batches of 4 MoE layers) are the fullest. 86.1 before DualPipe's placement (2026-11-27).
+    "deepseek-v3-report-h800-2048gpu-fp8-blockwise-tp1pp16cp1vp2ep64-gbs15360": "82.3 GiB on an 80 GB H800 (fits the whole GPU)",
     # The newer summaries' dense rows priced as Megatron-Bridge v0.3.0-v0.5.0's V2 presets ran them
     # (recipe_settings.yaml; 2026-11-27, helper h1-dense-recipes), not at the searched recompute that
     # fitted them before: the same two presets as the 25.11 rows above, at the same predicted memory.

@@ -181,7 +181,12 @@ def recomputed_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, etp
                      mla_up_proj, moe_act, moe_layer, quantized_bytes=FP8_GEMM_INPUT_BYTES, layernorm=False,
                      act_in=ACT_INPUT_BYTES):
     """What selective recompute of these Megatron modules spares a layer from keeping:
-    ``mla_up_proj`` Q, K and V of multi-latent attention; ``moe_act`` the routed experts' FC2
+    ``mla_up_proj`` Q, K and V of multi-latent attention and the up projections' quantized input
+    copies (Megatron-LM d98e8a64dd megatron/core/transformer/multi_latent_attention.py lines 983-990:
+    ``CheckpointWithoutOutput`` runs the up projections and RoPE without autograd and keeps only its
+    inputs, the latents; with TransformerEngine the latents' norms are fused into the up projections,
+    gpt_layer_specs.py lines 246-255 and 277-278: q_layernorm / kv_layernorm IdentityOp, so those
+    inputs are the BF16 latents the layer keeps anyway); ``moe_act`` the routed experts' FC2
     inputs (the activation's output); ``moe_layer`` everything the MoE block keeps but its input
     (routed and shared experts); ``layernorm`` the norms' outputs (``norm_output_bytes``)."""
     tokens = b * s / t
@@ -190,7 +195,8 @@ def recomputed_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, etp
                                                 quantized_bytes), 0.0)
     if model.multi_latent_attention:
         heads = model.num_attention_heads
-        out = out + np.where(mla_up_proj, tokens * 2.0 * heads * (2 * model.qk_dim + model.v_dim), 0.0)
+        latent_copies = gemm_in * ((model.q_lora_rank or 0) + model.kv_lora_rank) * b * s / np.where(sp, t, 1)
+        out = out + np.where(mla_up_proj, tokens * 2.0 * heads * (2 * model.qk_dim + model.v_dim) + latent_copies, 0.0)
     if moe:
         routed = routed_expert_bytes(model, tokens, etp, imbalance, fp8_fraction, quantized_bytes, act_in)
         act = tokens * model.moe_router_topk * imbalance * gemm_in * model.expert_ffn_hidden_size
@@ -237,6 +243,13 @@ def logits_bytes(model: ModelSpec, b, s, t, fused=False):
     ``fused``: TransformerEngine's fused loss keeps the BF16 logits only."""
     per_logit = np.where(fused, FUSED_LOGITS_BYTES, SOFTMAX_BYTES + LOGITS_TRANSIENT_BYTES)
     return per_logit * b * s * model.vocab_size / t
+
+
+def kept_logits_bytes(model: ModelSpec, b, s, t, fused=False):
+    """What a loss keeps for its backward once it has been computed: the FP32 softmax (Megatron's
+    ``_VocabParallelCrossEntropy``), or the BF16 logits under TransformerEngine's fused loss; the
+    BF16 logits beside the softmax are gone by then."""
+    return np.where(fused, FUSED_LOGITS_BYTES, SOFTMAX_BYTES) * b * s * model.vocab_size / t
 
 
 def embedding_activation_bytes(model: ModelSpec, b, s):

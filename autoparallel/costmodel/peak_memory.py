@@ -61,7 +61,8 @@ def lora_model_states(x: Candidates, layers: Layers, params, stage_layers, stage
 def _in_flight(x: Candidates, layers: Layers, stage_layers, stage_moe, stage):
     """Saved activations of the micro-batches the schedule holds on ``stage``, the working set
     of the layer computing and the CUDA graphs' static buffers; and the number of micro-batches
-    held (a published row's DualPipe: ``pipeline.dualpipe_inflight`` on every rank)."""
+    held (a published row's DualPipe: ``pipeline.dualpipe_inflight``; its end ranks are
+    ``dualpipe_end_rank``)."""
     held = np.where(x.dualpipe, pipeline.dualpipe_inflight(x.p), pipeline.inflight_chunks(x.p, x.v, x.m, stage) / x.v)
     working = _working(layers, stage_moe)
     graphs = cuda_graph_bytes(x, held, stage_layers)
@@ -134,24 +135,59 @@ def activation_bytes(x: Candidates, layers: Layers) -> tuple[list, list]:
     last, last_held = _in_flight(x, layers, x.last_layers, x.last_moe, x.p - 1)
     last_head = _beyond_working(logits, layers, x.last_moe)
     if x.model.mtp_num_layers:
-        mtp = mtp_bytes(x, layers, last_held, logits)
+        mtp = mtp_bytes(x, layers, last_held)
         first, last = first + np.where(x.single, mtp, 0.0), last + mtp
-    return [first, middle, last + last_head], [first_head, 0.0, last_head]
+    last = last + last_head
+    if x.dualpipe.any():
+        end, end_head = dualpipe_end_rank(x, layers, logits)
+        first, last = np.where(x.dualpipe, end, first), np.where(x.dualpipe, end, last)
+        first_head, last_head = np.where(x.dualpipe, end_head, first_head), np.where(x.dualpipe, end_head, last_head)
+    return [first, middle, last], [first_head, 0.0, last_head]
 
 
-def mtp_bytes(x: Candidates, layers: Layers, held, logits):
+def dualpipe_end_rank(x: Candidates, layers: Layers, logits):
+    """Activations of a DualPipe end rank (a published row's schedule), which holds the first
+    stage and the last one (``pipeline.DUALPIPE``): at its peak PP micro-batches of the first
+    stage's layers and embedding inputs and one of the last stage's layers and MTP modules
+    (``pipeline.dualpipe_chunks``), the working set of a layer of either, and the head's logits
+    where they exceed it; and that share of the logits alone. The stages are the priced layout's
+    first and last pipeline ranks, as the step time prices them."""
+    own, other = pipeline.dualpipe_chunks(x.p, 0)
+    first = (stored_bytes(layers, x.first_layers, x.first_moe)
+             + memory.embedding_activation_bytes(x.model, x.b, x.s_local))
+    last = stored_bytes(layers, x.last_layers, x.last_moe)
+    both_moe = x.first_moe + x.last_moe
+    graphs = cuda_graph_bytes(x, 1.0, own * x.first_layers + other * x.last_layers)
+    mtp = mtp_bytes(x, layers, other) if x.model.mtp_num_layers else 0.0
+    head = _beyond_working(logits, layers, both_moe)
+    return own * first + other * last + _working(layers, both_moe) + graphs + mtp + head, head
+
+
+def mtp_bytes(x: Candidates, layers: Layers, held):
     """Multi-token prediction on the last stage: each module's layer activations per micro-batch
-    in flight, and its own logits and loss while they are computed."""
-    return x.model.mtp_num_layers * (held * mtp_layer(layers, x.model)["stored"] + logits)
+    in flight, and what its loss keeps for backward (``memory.kept_logits_bytes``) with its head's
+    inputs. Megatron computes the MTP losses before the main one (Megatron-LM d98e8a64dd
+    megatron/core/models/gpt/gpt_model.py ``_postprocess`` lines 746-761 call
+    ``multi_token_prediction.process_mtp_loss``, which returns before the output layer computes the
+    main logits), so an MTP loss's transient BF16 logits are freed before the main head's
+    (``logits_bytes``, counted beside the layers' working set) exist."""
+    model = x.model
+    kept = (memory.kept_logits_bytes(model, x.b, x.s_local, x.t, x.flag("cross_entropy_loss_fusion"))
+            + memory.head_input_bytes(model, x.b, x.s_local, x.t, x.sp))
+    return model.mtp_num_layers * (held * mtp_layer(layers, model)["stored"] + kept)
 
 
 def peak_memory(x: Candidates, layers: Layers, params: list, memory_fraction: float) -> dict:
-    """The fullest stage's peak, whether it fits, and its memory by kind (``MEMORY_KEYS``); a
-    DualPipe rank holds two copies of its model states (``pipeline.DUALPIPE_PARAMETER_COPIES``)."""
+    """The fullest stage's peak, whether it fits, and its memory by kind (``MEMORY_KEYS``). A
+    DualPipe rank holds two stages' model states (``pipeline.DUALPIPE_PARAMETER_COPIES``): a
+    middle rank two like the fullest middle stage, an end rank the first stage's and the last's
+    (the embedding, the output head and the MTP module once: ``pipeline.DUALPIPE``)."""
     stage_layers = x.stage_layer_counts
     priced = lora_model_states if finetune.is_lora(x.model) else model_states
+    first, middle, last = (priced(x, layers, p, n, n_moe) for p, (n, n_moe) in zip(params, stage_layers))
     copies = np.where(x.dualpipe, pipeline.DUALPIPE_PARAMETER_COPIES, 1.0)
-    states = [[copies * st for st in priced(x, layers, p, n, n_moe)] for p, (n, n_moe) in zip(params, stage_layers)]
+    ends = [np.where(x.dualpipe, f + l, f) for f, l in zip(first, last)]
+    states = [ends, [copies * st for st in middle], [np.where(x.dualpipe, f + l, l) for f, l in zip(first, last)]]
     acts, logits = activation_bytes(x, layers)
     peaks = [sum(st) + a for st, a in zip(states, acts)]
     fullest = np.argmax(np.stack([np.where(ok, pk, -np.inf) for ok, pk in zip(present(x), peaks)]), axis=0)

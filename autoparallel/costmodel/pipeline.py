@@ -370,7 +370,13 @@ def inflight_chunks(pp, vp, m, stage):
 # ``pipeline_schedule`` column; a search never offers them). DualPipe (DeepSeek-V3 report, arXiv
 # 2412.19437 §3.2.1, Table 2): each rank holds two model chunks, one per direction of a
 # bidirectional pipeline, so 2x the parameters, and PP+1 micro-batches' activations of a stage at
-# its peak, where 1F1B holds PP. Its time is priced as interleaved 1F1B (vp 2, as the row pins).
+# its peak, where 1F1B holds PP. Which stages and how many of each: rank r holds stage r and stage
+# PP-1-r of the PP stages (deepseek-ai/DualPipe 3da1bbe examples/example_dualpipe.py lines 138-141),
+# so the two end ranks each hold the first stage (the embedding) and the last (the output head and
+# the MTP module, which share the embedding and head there: report §3.2.1); at the peak of
+# ``DualPipe.step`` (dualpipe/dualpipe.py lines 358-396, step 4's overlapped F&B) a rank h = min(r,
+# PP-1-r) from the end holds PP-h micro-batches of its forward-direction stage and h+1 of the other
+# (``dualpipe_chunks``). Its time is priced as interleaved 1F1B (vp 2, as the row pins).
 # Its all-to-alls and point-to-point sends run behind the other direction's computation: "both
 # all-to-all and PP communication can be fully hidden during execution" (§3.2.1), as issue 22 lets
 # DualPipe be priced; its communication kernels still take their SMs from that computation.
@@ -382,6 +388,16 @@ DUALPIPE_HIDDEN_SHARE = 1.0
 def dualpipe_inflight(pp):
     """Micro-batches whose activations (of one stage's layers) a DualPipe rank holds at its peak."""
     return np.asarray(pp, dtype=float) + 1.0
+
+
+def dualpipe_chunks(pp, half_rank):
+    """(micro-batches of its forward-direction stage, of its other stage) a DualPipe rank
+    ``half_rank`` = min(r, PP-1-r) from the pipeline's end holds at its peak: PP-h and h+1, PP+1 in
+    all (the end ranks: PP of the first stage, one of the last). Replayed chunk by chunk from
+    ``DualPipe.step`` (3da1bbe dualpipe/dualpipe.py lines 358-396): step 1 runs 2(PP/2-h-1) forward
+    chunks of phase 0, step 2 h+1 of each phase, steps 3-4 a backward for each further forward."""
+    pp, h = np.asarray(pp, dtype=float), np.asarray(half_rank, dtype=float)
+    return pp - h, h + 1.0
 
 
 def schedule_time(m, vp, stage_times_max, stage_times_sum):
