@@ -151,9 +151,11 @@ def moe_expert_calls(x: Candidates):
     (2026-08-14, ``moe_use_grouped_tensor``, default off) - later than every row. So the count of
     per-expert calls per pass is ``EXPERT_GEMMS`` plus, under a quantized recipe, ``EXPERT_QUANTIZES``
     (BF16: 2 forward, 4 backward per expert; FP8 / MXFP8: 4 and 6), and each pays the same host
-    cost. Priced under CUDA graphs as well: the full-iteration graphs of the newer recipes also pad
-    every expert to a capacity, which the cost model does not price (removing this cost under them
-    made those rows worse, benchmarks/RESULTS.md)."""
+    cost. Priced under CUDA graphs as well: a graph replays the same per-expert kernels (their host
+    share goes, their GPU share stays, and the split is not known), and the newer recipes'
+    full-iteration graphs also pad every expert to a capacity, which the cost model does not price;
+    dropping the cost under a graph moved the newer MoE rows 17.0 -> 16.8 % and their worst row
+    90 -> 116 % (benchmarks/RESULTS.md, issue 22 helper h6-experts)."""
     per_call = x.hw.efficiency.moe_expert_call_s * moe.local_experts(x.model, x.e) * GROUPED_LINEARS
     q = x.quantized_fraction
     return tuple(per_call * (gemms + quantizes * q) for gemms, quantizes in zip(EXPERT_GEMMS, EXPERT_QUANTIZES))
