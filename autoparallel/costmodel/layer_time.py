@@ -144,8 +144,8 @@ def moe_expert_calls(x: Candidates):
     the split-quantize on the output gradient and runs a dgrad and a wgrad GEMM per expert, then
     hands each expert's weight gradient to Megatron's DDP in a Python loop (TransformerEngine v2.14,
     f031cf87bd, ``transformer_engine/pytorch/module/grouped_linear.py`` lines 145-215 forward,
-    345-525 backward; ``transformer_engine/common/gemm/cublaslt_gemm.cu`` lines 970-1021 and
-    1058-1071). CUTLASS's single grouped kernel runs only on Hopper under
+    345-525 backward; ``transformer_engine/common/gemm/cublaslt_gemm.cu`` lines 969-1022 and
+    1051-1075). CUTLASS's single grouped kernel runs only on Hopper under
     ``NVTE_USE_CUTLASS_GROUPED_GEMM`` (no recipe sets it), and the GroupedTensor path with device-side
     splits (``use_grouped_tensor``, one cuBLASLt grouped GEMM) only from Megatron-LM 883533e049
     (2026-08-14, ``moe_use_grouped_tensor``, default off) - later than every row. So the count of
