@@ -308,6 +308,12 @@ def test_the_calls_per_local_expert_are_transformer_engines_gemms_and_quantizes(
     assert forward[0] == pytest.approx(4 * call, rel=REL) and backward[0] == pytest.approx(6 * call, rel=REL)
     two = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=2, sp=False, gbs=64, precision="fp8-delayed")
     assert lt.moe_expert_calls(two)[0][0] == pytest.approx(4 * 4 * call, rel=REL)
+    # NVFP4 (a Blackwell recipe) quantizes every expert's split in one fused call: the BF16 count.
+    b200 = io.load_hardware("b200")
+    nvfp4 = _cands(mixtral, b200, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, precision="nvfp4")
+    forward, backward = lt.moe_expert_calls(nvfp4)
+    call = b200.efficiency.moe_expert_call_s
+    assert forward[0] == pytest.approx(2 * call, rel=REL) and backward[0] == pytest.approx(4 * call, rel=REL)
 
 
 def test_the_token_permutations_are_one_pass_each_way_and_a_sort_per_local_expert_group(mixtral, hw):

@@ -118,10 +118,11 @@ def forward_time(x: Candidates, t_linear, attention, softmax, is_moe: bool):
     return t_linear + attention + t_elementwise + softmax + launches
 
 
-# TransformerEngine's GroupedLinear calls per local expert and pass, BF16 / quantized (FP8, MXFP8,
-# NVFP4): one cuBLAS GEMM per expert for the forward, two (dgrad, wgrad) for the backward, and under
-# a quantized recipe one quantize call per expert of the GEMM input (forward) or output gradient
-# (backward). A MoE layer's experts run two GroupedLinears (FC1, FC2).
+# TransformerEngine's GroupedLinear calls per local expert and pass: one cuBLAS GEMM per expert for
+# the forward, two (dgrad, wgrad) for the backward, and under an FP8 recipe (per-tensor, blockwise,
+# MXFP8) one quantize call per expert of the GEMM input (forward) or output gradient (backward);
+# NVFP4 quantizes all splits in one fused call (``split_quantize_nvfp4_impl``). A MoE layer's experts
+# run two GroupedLinears (FC1, FC2).
 EXPERT_GEMMS = (1.0, 2.0)
 EXPERT_QUANTIZES = (1.0, 1.0)
 GROUPED_LINEARS = 2.0
@@ -150,14 +151,14 @@ def moe_expert_calls(x: Candidates):
     splits (``use_grouped_tensor``, one cuBLASLt grouped GEMM) only from Megatron-LM 883533e049
     (2026-08-14, ``moe_use_grouped_tensor``, default off) - later than every row. So the count of
     per-expert calls per pass is ``EXPERT_GEMMS`` plus, under a quantized recipe, ``EXPERT_QUANTIZES``
-    (BF16: 2 forward, 4 backward per expert; FP8 / MXFP8: 4 and 6), and each pays the same host
+    (BF16 and NVFP4: 2 forward, 4 backward per expert; FP8 / MXFP8: 4 and 6), and each pays the same host
     cost. Priced under CUDA graphs as well: a graph replays the same per-expert kernels (their host
     share goes, their GPU share stays, and the split is not known), and the newer recipes'
     full-iteration graphs also pad every expert to a capacity, which the cost model does not price;
     dropping the cost under a graph moved the newer MoE rows 17.0 -> 16.8 % and their worst row
     90 -> 116 % (benchmarks/RESULTS.md, issue 22 helper h6-experts)."""
     per_call = x.hw.efficiency.moe_expert_call_s * moe.local_experts(x.model, x.e) * GROUPED_LINEARS
-    q = x.quantized_fraction
+    q = np.where(x.is_fp4, 0.0, x.quantized_fraction)
     return tuple(per_call * (gemms + quantizes * q) for gemms, quantizes in zip(EXPERT_GEMMS, EXPERT_QUANTIZES))
 
 
