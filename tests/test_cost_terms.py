@@ -291,11 +291,29 @@ def test_a_moe_layers_elementwise_work_is_in_proportion_to_what_it_saves(mixtral
     x = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
     eff = hw.efficiency
     expected = eff.elementwise_bytes_per_token_hidden / 34.0 * lt.activation_bytes(x, True, False)[0] / _hbm(hw) \
-        + eff.layer_overhead_s + eff.moe_expert_overhead_s  # 8 experts over ep 8: one local expert
+        + eff.layer_overhead_s
     assert lt.forward_time(x, 0.0, 0.0, 0.0, True)[0] == pytest.approx(expected, rel=REL)
-    # At ep 2 a GPU holds 4 experts: TransformerEngine launches 4 GEMMs where it launched one.
-    two = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=2, sp=False, gbs=64)
-    assert lt.moe_expert_overhead(two)[0] == pytest.approx(4 * eff.moe_expert_overhead_s, rel=REL)
+
+
+def test_the_calls_per_local_expert_are_transformer_engines_gemms_and_quantizes(mixtral, hw):
+    """Mixtral at ep 8: one local expert, two GroupedLinears (FC1, FC2). BF16: one GEMM each
+    forward, a dgrad and a wgrad backward (2 and 4 calls); FP8: a quantize per GEMM input or
+    output gradient too (4 and 6). At ep 2 a GPU holds 4 experts: four times the calls."""
+    call = hw.efficiency.moe_expert_call_s
+    bf16 = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+    forward, backward = lt.moe_expert_calls(bf16)
+    assert forward[0] == pytest.approx(2 * call, rel=REL) and backward[0] == pytest.approx(4 * call, rel=REL)
+    fp8 = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, precision="fp8-delayed")
+    forward, backward = lt.moe_expert_calls(fp8)
+    assert forward[0] == pytest.approx(4 * call, rel=REL) and backward[0] == pytest.approx(6 * call, rel=REL)
+    two = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=2, sp=False, gbs=64, precision="fp8-delayed")
+    assert lt.moe_expert_calls(two)[0][0] == pytest.approx(4 * 4 * call, rel=REL)
+    # NVFP4 (a Blackwell recipe) quantizes every expert's split in one fused call: the BF16 count.
+    b200 = io.load_hardware("b200")
+    nvfp4 = _cands(mixtral, b200, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, precision="nvfp4")
+    forward, backward = lt.moe_expert_calls(nvfp4)
+    call = b200.efficiency.moe_expert_call_s
+    assert forward[0] == pytest.approx(2 * call, rel=REL) and backward[0] == pytest.approx(4 * call, rel=REL)
 
 
 def test_the_token_permutations_are_one_pass_each_way_and_a_sort_per_local_expert_group(mixtral, hw):
@@ -338,17 +356,19 @@ def test_the_router_is_a_bf16_gemm_of_its_own_size_and_tf32_backward_when_routed
 def test_a_moe_layers_compute_gives_the_router_and_the_permutations_their_own_backward(mixtral, hw):
     x = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
     layer = lt.moe_layer(x)
-    kernels = (lt.router_time(x), lt.permutation_time(x))
+    kernels = (lt.router_time(x), lt.permutation_time(x), lt.moe_expert_calls(x))
     own = sum(b[0] - 2 * f[0] for f, b in kernels)
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
     assert own != 0.0
 
 
-def test_routed_experts_run_k_copies_of_each_token_at_the_grouped_gemm_efficiency(mixtral, hw):
+def test_routed_experts_run_k_copies_of_each_token_at_the_dense_gemm_efficiency_of_one_experts_gemm(mixtral, hw):
+    """Each expert's FC1 / FC2 is a cuBLAS GEMM of its own (TE's multi-stream loop), priced on the
+    dense GEMM curve at one expert's size."""
     x = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
     copies = 4096 * 2 * x.imbalance[0]
     group_flops = 2 * (4096 * 2 * 8 / 8) * 176160768 / 2  # one expert's FC1 or FC2 on its tokens
-    eff = hw.efficiency.grouped_gemm_max / (1 + hw.efficiency.grouped_gemm_half_gflop / (group_flops / 1e9))
+    eff = hw.efficiency.gemm_max / (1 + hw.efficiency.gemm_half_gflop / (group_flops / 1e9))
     expected = 2 * copies * 176160768 / (989e12 * eff)
     assert lt.routed_experts_time(x)[0] == pytest.approx(expected, rel=REL)
 
@@ -370,7 +390,7 @@ def test_layer_time_is_the_sum_of_its_named_terms(model_name, recompute, hw):
         idle = ({"selective_recompute" if recompute == "full" else "full_recompute", "lora_adapters"}
                 | (set() if is_moe else {"ep_comm"}))
         assert all((value > 0) != (name in idle) for name, value in named.items()), named
-        own = sum(b[0] - 2 * f[0] for f, b in (lt.router_time(x), lt.permutation_time(x))) if is_moe else 0.0
+        own = sum(b[0] - 2 * f[0] for f, b in (lt.router_time(x), lt.permutation_time(x), lt.moe_expert_calls(x))) if is_moe else 0.0
         assert named["compute"] == pytest.approx(3 * forward[0] + own, rel=REL)
         assert named["fp8_cast"] == pytest.approx(lt.fp8_cast_time(x, is_moe)[0], rel=REL)
         if recompute == "full":  # one layer of each chunk (pp 2, vp 1: a stage's layers)

@@ -156,13 +156,11 @@ def fit(rows, efficiency: Efficiency, progress=None) -> Fit:
 # --- mixture of experts (issue 14) -----------------------------------------------------------------
 # The MoE layer's constants (``costmodel.moe``), fitted on the MoE rows of every GPU at once (each
 # row keeps its own GPU's fitted dense constants): no GPU has enough MoE rows of its own, and they
-# describe Megatron's dispatcher and TransformerEngine's grouped GEMMs more than the GPU. The dense
+# describe Megatron's dispatcher and TransformerEngine's calls per expert more than the GPU. The dense
 # fit never sees them (no dense row does), so fitting them leaves the dense figures unchanged.
 MOE_FITTED = {
     "alltoall": (0.05, 1.0),
-    "grouped_gemm_max": (0.2, 0.95),
-    "grouped_gemm_half_gflop": (0.01, 500.0),
-    "moe_expert_overhead_s": (1e-7, 1e-3),
+    "moe_expert_call_s": (1e-7, 1e-3),
 }
 LOAD_IMBALANCE_BOUNDS = (1e-3, 2.0)
 

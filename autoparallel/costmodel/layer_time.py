@@ -110,24 +110,56 @@ def forward_time(x: Candidates, t_linear, attention, softmax, is_moe: bool):
     """One layer's forward: GEMMs, attention core, elementwise kernels (norms, activation,
     residuals: bytes in proportion to what the layer saves), unfused softmax, fixed overhead:
     the kernel launches a CUDA graph replays in one
-    (``layer_overhead_s``) and a MoE layer's fixed cost per local expert (``moe_expert_overhead``),
-    which no graph removes."""
+    (``layer_overhead_s``). A MoE layer's calls per local expert are priced on their own
+    (``moe_expert_calls``)."""
     eff = x.hw.efficiency
     t_elementwise = eff.elementwise_bytes_per_token_hidden / 34.0 * activation_bytes(x, is_moe, False) / x.hbm
     launches = np.where(x.cuda_graph == "none", eff.layer_overhead_s, 0.0)
-    overhead = launches + (moe_expert_overhead(x) if is_moe else 0.0)
-    return t_linear + attention + t_elementwise + softmax + overhead
+    return t_linear + attention + t_elementwise + softmax + launches
 
 
-def moe_expert_overhead(x: Candidates):
-    """A MoE layer's forward pays a fixed cost per local expert (``moe_expert_overhead_s``):
-    TransformerEngine's GroupedLinear runs its grouped GEMM as one cuBLAS GEMM per expert
-    (``multi_stream_cublas_gemm`` loops over them, ``transformer_engine/common/gemm/cublaslt_gemm.cu``
-    at d0067d0; CUTLASS's single grouped kernel only on Hopper under NVTE_USE_CUTLASS_GROUPED_GEMM)
-    and splits and quantizes each expert's input apart, so launches and the per-GEMM tail grow with
-    the experts a GPU holds, not with their tokens. Its backward pays it twice again (dgrad and
-    wgrad GEMMs per expert: ``compute_time``'s 3x the forward)."""
-    return x.hw.efficiency.moe_expert_overhead_s * moe.local_experts(x.model, x.e)
+# TransformerEngine's GroupedLinear calls per local expert and pass: one cuBLAS GEMM per expert for
+# the forward, two (dgrad, wgrad) for the backward, and under an FP8 recipe (per-tensor, blockwise,
+# MXFP8) one quantize call per expert of the GEMM input (forward) or output gradient (backward);
+# NVFP4 quantizes all splits in one fused call (``split_quantize_nvfp4_impl``). A MoE layer's experts
+# run two GroupedLinears (FC1, FC2).
+EXPERT_GEMMS = (1.0, 2.0)
+EXPERT_QUANTIZES = (1.0, 1.0)
+GROUPED_LINEARS = 2.0
+
+
+def moe_expert_calls(x: Candidates):
+    """(forward, backward) seconds of a MoE layer's fixed cost per call per local expert
+    (``moe_expert_call_s``): what Megatron-Core and TransformerEngine run once for every local
+    expert, whatever its tokens.
+
+    Megatron-Core's TEGroupedMLP (``megatron/core/transformer/moe/experts.py``: ``linear_fc1`` ->
+    activation -> ``linear_fc2``, Megatron-LM core_v0.16.0) calls TransformerEngine's GroupedLinear,
+    which in the containers of every published MoE row (NeMo 25.09-25.11: TE 2.7 / 2.9; Megatron-
+    Bridge 26.02-26.06: TE 2.12, 2.14, 2.16, Bridge's ``docs/releases/software-versions.md``) splits
+    its input per expert and quantizes each split apart (``tex.split_quantize``: one quantize per
+    tensor, ``multi_tensor_quantize_impl``), fetches each expert's quantized weight in a Python loop
+    (``get_weight_workspace``) and runs ``general_grouped_gemm`` -> ``te_general_grouped_gemm`` ->
+    ``nvte_multi_tensor_gemm``, which loops one cuBLAS GEMM per expert over four compute streams
+    (``multi_stream_cublas_gemm``: a cublasLt heuristic query and launch each); the backward repeats
+    the split-quantize on the output gradient and runs a dgrad and a wgrad GEMM per expert, then
+    hands each expert's weight gradient to Megatron's DDP in a Python loop (TransformerEngine v2.14,
+    f031cf87bd, ``transformer_engine/pytorch/module/grouped_linear.py`` lines 145-215 forward,
+    345-525 backward; ``transformer_engine/common/gemm/cublaslt_gemm.cu`` lines 969-1022 and
+    1051-1075). CUTLASS's single grouped kernel runs only on Hopper under
+    ``NVTE_USE_CUTLASS_GROUPED_GEMM`` (no recipe sets it), and the GroupedTensor path with device-side
+    splits (``use_grouped_tensor``, one cuBLASLt grouped GEMM) only from Megatron-LM 883533e049
+    (2026-08-14, ``moe_use_grouped_tensor``, default off) - later than every row. So the count of
+    per-expert calls per pass is ``EXPERT_GEMMS`` plus, under a quantized recipe, ``EXPERT_QUANTIZES``
+    (BF16 and NVFP4: 2 forward, 4 backward per expert; FP8 / MXFP8: 4 and 6), and each pays the same host
+    cost. Priced under CUDA graphs as well: a graph replays the same per-expert kernels (their host
+    share goes, their GPU share stays, and the split is not known), and the newer recipes'
+    full-iteration graphs also pad every expert to a capacity, which the cost model does not price;
+    dropping the cost under a graph moved the newer MoE rows 17.0 -> 16.8 % and their worst row
+    90 -> 116 % (benchmarks/RESULTS.md, issue 22 helper h6-experts)."""
+    per_call = x.hw.efficiency.moe_expert_call_s * moe.local_experts(x.model, x.e) * GROUPED_LINEARS
+    q = np.where(x.is_fp4, 0.0, x.quantized_fraction)
+    return tuple(per_call * (gemms + quantizes * q) for gemms, quantizes in zip(EXPERT_GEMMS, EXPERT_QUANTIZES))
 
 
 def compute_time(x: Candidates, forward, t_linear):
@@ -343,29 +375,31 @@ def router_time(x: Candidates):
 
 
 def routed_experts_time(x: Candidates):
-    """Routed experts: one grouped GEMM per local expert group, at the efficiency of one expert's
-    GEMM on its tokens; the busiest EP rank has ``imbalance`` times the tokens."""
-    eff = x.hw.efficiency
+    """Routed experts: each local expert's FC1 and FC2 are cuBLAS GEMMs of their own
+    (``moe_expert_calls``: TransformerEngine's grouped GEMM is a loop of the same ``cublas_gemm`` a
+    Linear calls), so each is priced at the GPU's dense GEMM efficiency of its own size
+    (``gemm.efficiency``, as the router's GEMM); the busiest EP rank has ``imbalance`` times the
+    tokens."""
     expert_flops = moe.expert_flops(x.model, x.tokens / x.t) * x.imbalance
     group_flops = moe.expert_gemm_flops(x.model, x.tokens / x.t, x.e, x.et)
-    grouped_eff = eff.grouped_gemm_max / (1.0 + eff.grouped_gemm_half_gflop / (group_flops / 1e9))
-    return expert_flops / (x.gemm_peak * grouped_eff)
+    return expert_flops / (x.gemm_peak * gemm.efficiency(x.hw, group_flops))
 
 
 def moe_layer(x: Candidates) -> dict:
     """A MoE layer: attention and shared experts split by TP, the router on each GPU's tokens
     (``router_time``), the token permutations (``permutation_time``), routed experts over EP x
-    ETP; TP all-reduces after attention and after the shared experts (if any)."""
+    ETP and their calls per local expert (``moe_expert_calls``); TP all-reduces after attention
+    and after the shared experts (if any)."""
     model = x.model
     nonexpert = model.moe_layer_params - model.num_experts * model.expert_params - model.router_params
     t_experts = routed_experts_time(x)
-    router, permutation = router_time(x), permutation_time(x)
+    router, permutation, calls = router_time(x), permutation_time(x), moe_expert_calls(x)
     tp_blocks = 1.0 + (model.shared_expert_ffn_hidden_size > 0)
-    block = linear_time(x, model.shared_expert_params) + t_experts + router[0] + permutation[0]
+    block = linear_time(x, model.shared_expert_params) + t_experts + router[0] + permutation[0] + calls[0]
     t_nonexpert = linear_time(x, nonexpert, model.mla_down_params)
     chunked = linear_time(x, nonexpert, model.mla_down_params, chunks=x.t)
     return layer_cost(x, moe.nonexpert_moe_params_gpu(model, x.t), moe.expert_params_gpu(model, x.e, x.et),
-                      t_nonexpert + t_experts, tp_blocks, True, block, (router, permutation),
+                      t_nonexpert + t_experts, tp_blocks, True, block, (router, permutation, calls),
                       tp_linear=(t_nonexpert, chunked))
 
 

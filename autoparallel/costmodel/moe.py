@@ -14,8 +14,10 @@ experts' grouped GEMMs, the combine back, unpermutation. The backward pass runs 
 the combine again.
 
 **Grouped GEMMs**: each local expert sees T*k*etp*ep / E tokens on average; its two GEMMs are
-priced at the GEMM efficiency of their own size, so fine-grained experts (small FFN, few tokens
-per expert) run at a small share of peak.
+cuBLAS GEMMs of their own (TransformerEngine's GroupedLinear loops over the experts), priced at the
+dense GEMM efficiency of their own size, so fine-grained experts (small FFN, few tokens per
+expert) run at a small share of peak; each call per local expert also pays a fixed cost
+(``layer_time.moe_expert_calls``).
 
 **Load imbalance**: with dropless routing (no capacity factor) every expert takes what the router
 sends, so the step waits for the busiest EP rank. Each rank's load is modelled as the even share

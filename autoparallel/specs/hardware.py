@@ -47,18 +47,15 @@ class Efficiency:
     step_overhead_s: float = 0.0
     # Mixture of experts (``costmodel.moe``): the share of link bandwidth an expert-parallel
     # all-to-all reaches; the share of it the 1F1B all-to-all overlap can hide; the relative
-    # spread of an EP rank's routed tokens under dropless routing; the grouped GEMMs' own
-    # efficiency curve (as gemm_max / gemm_half_gflop, on one expert's GEMM); the fixed cost of
-    # a MoE layer per local expert and micro-batch forward (``layer_time.moe_expert_overhead``:
-    # TransformerEngine launches one GEMM per local expert and quantizes each expert's input apart;
-    # the router's GEMM and the token permutations are priced on their own), on top of
-    # ``layer_overhead_s``.
+    # spread of an EP rank's routed tokens under dropless routing; the fixed cost of one call per
+    # local expert (``layer_time.moe_expert_calls``: TransformerEngine's GroupedLinear runs one
+    # cuBLAS GEMM per expert, and under a quantized recipe one quantize per expert, each call with
+    # its host work), on top of ``layer_overhead_s``. The experts' GEMMs themselves run at the dense
+    # GEMM efficiency (``gemm_max`` / ``gemm_half_gflop``) of one expert's GEMM.
     alltoall: float = 0.6
     ep_overlap: float = 0.8
     moe_load_imbalance: float = 0.1
-    grouped_gemm_max: float = 0.75
-    grouped_gemm_half_gflop: float = 5.0
-    moe_expert_overhead_s: float = 100e-6
+    moe_expert_call_s: float = 30e-6
     # Speed of older software releases relative to the newest one the constants were fitted on
     # (NeMo container -> factor on throughput): the same layout runs faster release by release,
     # so the constants describe the newest release and the validation scales the older rows.
