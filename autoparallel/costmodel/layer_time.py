@@ -106,6 +106,52 @@ def permutation_time(x: Candidates):
     return forward, forward
 
 
+# Bytes per element of a routed expert's FC2 output that Megatron-Core's eager expert-bias step
+# moves (``expert_bias_time``): BF16 activations, and the routing probabilities' dtype, which the
+# bias-times-probability product and everything after it take by type promotion.
+EXPERT_OUTPUT_BYTES = 2.0
+ROUTER_FP32_BYTES, ROUTER_BF16_BYTES = 4.0, 2.0
+
+
+def expert_bias_bytes(probs_bytes: float, act_bytes: float = EXPERT_OUTPUT_BYTES) -> tuple[float, float]:
+    """(forward, backward) HBM bytes per element of the routed experts' FC2 output that adding
+    their bias costs in Megatron-Core's ``TEGroupedMLP._apply_bias`` (NVIDIA/Megatron-LM a329dd6
+    "Enable bias in expert mlp [gpt-oss 5/5]", megatron/core/transformer/moe/experts.py, unchanged
+    in d98e8a6 except a CUDA-graph path added in 883533e, 2026-08). FC2 is built with
+    ``skip_bias_add=True`` (FC1's bias TransformerEngine's GroupedLinear adds in the GEMM epilogue,
+    its gradient fused into the wgrad GEMM: free), and the returned per-expert biases are applied
+    token-weighted, in PyTorch, one local expert at a time::
+
+        torch.cat([t + b * p for t, b, p in zip(split(out), biases, split(probs))]).to(out.dtype)
+
+    Forward, per element (activations ``a`` bytes, the probability's dtype ``e``): ``b * p`` writes
+    e; ``t + ...`` reads a + e and writes e; ``cat`` reads and writes e; ``.to`` reads e and writes
+    a when e is wider (a no-op otherwise). Backward (autograd): the cast's backward (e written from
+    a, when wider), ``cat``'s (views), the add's gradient cast back to ``t``'s dtype (when wider),
+    then ``mul``'s two gradients, each a product written (e read, e written) and reduced (e read):
+    over the tokens for the bias, over the hidden size for the probability (the router is trained
+    through it)."""
+    wider = probs_bytes > act_bytes
+    cast = (probs_bytes + act_bytes) if wider else 0.0
+    forward = probs_bytes + (act_bytes + 2 * probs_bytes) + 2 * probs_bytes + cast
+    backward = cast + cast + 2 * 3 * probs_bytes
+    return forward, backward
+
+
+def expert_bias_time(x: Candidates):
+    """(forward, backward) seconds of adding a MoE layer's routed-expert biases (``add_bias_linear``)
+    as Megatron-Core does it, eagerly (``expert_bias_bytes``), over the routed copies the busiest
+    EP rank computes (``imbalance`` times the even share, gathered over ETP) and the full hidden
+    size, HBM-bound; the probabilities are FP32 when the model routes in FP32
+    (``ModelSpec.moe_router_fp32``), else BF16. Zero without expert biases."""
+    model = x.model
+    if not (model.is_moe and model.add_bias_linear):
+        return np.zeros_like(x.t, dtype=float), np.zeros_like(x.t, dtype=float)
+    elements = x.tokens / x.t * model.moe_router_topk * x.imbalance * x.et * model.hidden_size
+    forward, backward = expert_bias_bytes(ROUTER_FP32_BYTES if model.moe_router_fp32 else ROUTER_BF16_BYTES)
+    return forward * elements / x.hbm, backward * elements / x.hbm
+
+
 def forward_time(x: Candidates, t_linear, attention, softmax, is_moe: bool):
     """One layer's forward: GEMMs, attention core, elementwise kernels (norms, activation,
     residuals: bytes in proportion to what the layer saves), unfused softmax, fixed overhead:
@@ -291,8 +337,8 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
     it computes (``stored_imbalance`` of it: what the busiest EP rank keeps beyond the even share),
     its ``params`` and ``expert_params`` on the GPU. ``kernels``: (forward,
     backward) pairs of a MoE layer priced with their own backward (``router_time``,
-    ``permutation_time``); ``tp_linear``: forward time of the TP-split GEMMs, whole and in
-    ring-exchange chunks (``tensor_parallel``)."""
+    ``permutation_time``, ``expert_bias_time``); ``tp_linear``: forward time of the TP-split
+    GEMMs, whole and in ring-exchange chunks (``tensor_parallel``)."""
     attention, softmax = attention_time(x), softmax_time(x)
     forward = forward_time(x, t_linear, attention, softmax, is_moe) + sum(f for f, _ in kernels)
     # compute_time prices a backward of twice the forward; these kernels' backward is their own.
@@ -355,17 +401,18 @@ def routed_experts_time(x: Candidates):
 def moe_layer(x: Candidates) -> dict:
     """A MoE layer: attention and shared experts split by TP, the router on each GPU's tokens
     (``router_time``), the token permutations (``permutation_time``), routed experts over EP x
-    ETP; TP all-reduces after attention and after the shared experts (if any)."""
+    ETP and their biases (``expert_bias_time``); TP all-reduces after attention and after the
+    shared experts (if any)."""
     model = x.model
     nonexpert = model.moe_layer_params - model.num_experts * model.expert_params - model.router_params
     t_experts = routed_experts_time(x)
-    router, permutation = router_time(x), permutation_time(x)
+    router, permutation, bias = router_time(x), permutation_time(x), expert_bias_time(x)
     tp_blocks = 1.0 + (model.shared_expert_ffn_hidden_size > 0)
-    block = linear_time(x, model.shared_expert_params) + t_experts + router[0] + permutation[0]
+    block = linear_time(x, model.shared_expert_params) + t_experts + router[0] + permutation[0] + bias[0]
     t_nonexpert = linear_time(x, nonexpert, model.mla_down_params)
     chunked = linear_time(x, nonexpert, model.mla_down_params, chunks=x.t)
     return layer_cost(x, moe.nonexpert_moe_params_gpu(model, x.t), moe.expert_params_gpu(model, x.e, x.et),
-                      t_nonexpert + t_experts, tp_blocks, True, block, (router, permutation),
+                      t_nonexpert + t_experts, tp_blocks, True, block, (router, permutation, bias),
                       tp_linear=(t_nonexpert, chunked))
 
 

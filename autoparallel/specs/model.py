@@ -47,6 +47,8 @@ class ModelSpec:
     rotary_base: int = 10000
     rotary_percent: float = 1.0  # share of each head's dims that RoPE rotates (Nemotron-4: 0.5)
     rope_scaling_factor: float | None = None  # Llama 3.1's long-context RoPE scaling (--use-rope-scaling)
+    # Priced for a MoE model's routed experts only (Megatron-Core adds their FC2 bias eagerly:
+    # layer_time.expert_bias_time); every other Linear's bias TransformerEngine fuses into its GEMM.
     add_bias_linear: bool = True
     layernorm_zero_centered_gamma: bool = False  # "LayerNorm1p" (--apply-layernorm-1p)
     norm_epsilon: float = 1e-5
