@@ -1003,10 +1003,48 @@ def test_expert_biases_cost_hbm_passes_over_the_routed_copies_and_nothing_withou
     assert forward[0] == pytest.approx(28 * elements / _hbm(hw), rel=REL)
     assert backward[0] == pytest.approx(36 * elements / _hbm(hw), rel=REL)
     layer = lt.moe_layer(x)
-    own = sum(b[0] - 2 * f[0] for f, b in (lt.router_time(x), lt.permutation_time(x), (forward, backward)))
+    kernels = (lt.router_time(x), lt.permutation_time(x), (forward, backward), lt.glu_clamp_time(x, True))
+    own = sum(b[0] - 2 * f[0] for f, b in kernels)
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
     no_bias = dataclasses.replace(model, add_bias_linear=False)
     y = _cands(no_bias, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
     assert lt.moe_layer(y)["compute"][0] == pytest.approx(layer["compute"][0] - forward[0] - backward[0], rel=1e-9)
     z = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
     assert all(t[0] == 0.0 for t in lt.expert_bias_time(z))
+
+
+def test_a_quick_geglus_clamp_is_eager_hbm_passes_over_the_glu_inputs(hw):
+    """GPT-OSS-120B (quick-GEGLU clamped at 7), ep 8, mbs 1: 4096 tokens x top-4 x imbalance x
+    2 x 2880 GLU input elements, 8 B forward (two clamps, a cat), 10 B backward (masked gradients,
+    the chunk's cat); under moe_act recompute the forward again in the backward. Without the clamp,
+    or as a SwiGLU (whose clamp is fused), nothing."""
+    model = io.load_model("gpt-oss-120b")
+    x = _cands(model, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+    elements = 4096 * 4 * x.imbalance[0] * 2 * 2880
+    forward, backward = lt.glu_clamp_time(x, True)
+    assert forward[0] == pytest.approx(8 * elements / _hbm(hw), rel=REL)
+    assert backward[0] == pytest.approx(10 * elements / _hbm(hw), rel=REL)
+    layer = lt.moe_layer(x)
+    kernels = (lt.router_time(x), lt.permutation_time(x), lt.expert_bias_time(x), (forward, backward))
+    own = sum(b[0] - 2 * f[0] for f, b in kernels)
+    assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
+    r = _cands(model, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, recompute="selective",
+               recompute_modules="moe_act")
+    assert lt.glu_clamp_time(r, True)[1][0] == pytest.approx(18 * elements / _hbm(hw), rel=REL)
+    for other in (dataclasses.replace(model, activation_func_clamp_value=None),
+                  dataclasses.replace(model, quick_geglu=False)):
+        y = _cands(other, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+        assert all(t[0] == 0.0 for t in lt.glu_clamp_time(y, True))
+        assert lt.moe_layer(y)["compute"][0] == pytest.approx(layer["compute"][0] - forward[0] - backward[0],
+                                                              rel=1e-9)
+
+
+def test_a_dense_quick_geglu_mlp_pays_its_clamp_on_the_mlps_glu_input(hw):
+    model = dataclasses.replace(io.load_model("llama3-8b"), quick_geglu=True, activation_func_clamp_value=7.0)
+    x = _cands(model, hw, tp=1, pp=1, vp=1, cp=1, dp=8, sp=False, gbs=64)
+    elements = 8192 * 2 * model.ffn_hidden_size
+    forward, backward = lt.glu_clamp_time(x, False)
+    assert forward[0] == pytest.approx(8 * elements / _hbm(hw), rel=REL)
+    plain = lt.dense_layer(_cands(io.load_model("llama3-8b"), hw, tp=1, pp=1, vp=1, cp=1, dp=8, sp=False, gbs=64))
+    assert lt.dense_layer(x)["compute"][0] == pytest.approx(plain["compute"][0] + forward[0] + backward[0],
+                                                            rel=1e-9)

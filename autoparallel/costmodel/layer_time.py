@@ -152,6 +152,38 @@ def expert_bias_time(x: Candidates):
     return forward * elements / x.hbm, backward * elements / x.hbm
 
 
+# HBM bytes per element of a GLU's input (gate and up halves, BF16) that Megatron-Core's eager
+# clamp before a fused quick-GEGLU moves (``glu_clamp_time``): forward, each half clamped (read 2,
+# write 2) and the halves concatenated again (read 2, write 2); backward, each clamp's gradient
+# masked by its input (grad and input read, written: 6) and the chunk's backward concatenating the
+# two halves' gradients (read 2, write 2).
+GLU_CLAMP_BYTES = (4.0 + 4.0, 6.0 + 4.0)
+
+
+def glu_clamp_time(x: Candidates, is_moe: bool):
+    """(forward, backward) seconds of clamping a quick-GEGLU's input (``activation_func_clamp_value``
+    with ``quick_geglu``; GPT-OSS). Megatron-Core's ``weighted_bias_quick_geglu_impl`` (NVIDIA/
+    Megatron-LM 2e29a5e "Add quick geglu activation for gpt-oss", megatron/core/fusions/
+    fused_bias_geglu.py, unchanged in d98e8a6; called by TEGroupedMLP and MLP with
+    bias_activation_fusion) runs, before its jit-fused GLU::
+
+        x_glu, x_linear = input.chunk(2, -1)
+        input = torch.cat((x_glu.clamp(max=c), x_linear.clamp(min=-c, max=c)), -1)
+
+    in eager PyTorch (``GLU_CLAMP_BYTES`` over every GLU input element: the MLP's, or the routed
+    copies' and shared experts' of a MoE layer), where SwiGLU's clamp sits inside its fused kernel
+    (fused_bias_swiglu.py ``clamped_swiglu``): nothing then. Under --recompute-modules moe_act the
+    checkpointed activation (clamp included) runs its forward again in the backward pass."""
+    model = x.model
+    if not (model.quick_geglu and model.activation_func_clamp_value is not None):
+        return np.zeros_like(x.t, dtype=float), np.zeros_like(x.t, dtype=float)
+    elements = activation_input_elements(x, is_moe)
+    forward, backward = (b * elements / x.hbm for b in GLU_CLAMP_BYTES)
+    if is_moe:
+        backward = backward + np.where(x.modules["moe_act"], forward, 0.0)
+    return forward, backward
+
+
 def forward_time(x: Candidates, t_linear, attention, softmax, is_moe: bool):
     """One layer's forward: GEMMs, attention core, elementwise kernels (norms, activation,
     residuals: bytes in proportion to what the layer saves), unfused softmax, fixed overhead:
@@ -337,7 +369,7 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
     it computes (``stored_imbalance`` of it: what the busiest EP rank keeps beyond the even share),
     its ``params`` and ``expert_params`` on the GPU. ``kernels``: (forward,
     backward) pairs of a MoE layer priced with their own backward (``router_time``,
-    ``permutation_time``, ``expert_bias_time``); ``tp_linear``: forward time of the TP-split
+    ``permutation_time``, ``expert_bias_time``, ``glu_clamp_time``); ``tp_linear``: forward time of the TP-split
     GEMMs, whole and in ring-exchange chunks (``tensor_parallel``)."""
     attention, softmax = attention_time(x), softmax_time(x)
     forward = forward_time(x, t_linear, attention, softmax, is_moe) + sum(f for f, _ in kernels)
@@ -366,12 +398,14 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
 
 
 def dense_layer(x: Candidates) -> dict:
-    """A dense layer: attention and MLP split by TP (MLA's down projections whole)."""
+    """A dense layer: attention and MLP split by TP (MLA's down projections whole), a quick-GEGLU's
+    eager clamp (``glu_clamp_time``)."""
     model = x.model
     params = (model.dense_layer_params - model.mla_down_params) / x.t + model.mla_down_params
     t_linear = linear_time(x, model.dense_layer_params, model.mla_down_params)
     chunked = linear_time(x, model.dense_layer_params, model.mla_down_params, chunks=x.t)
-    return layer_cost(x, params, 0.0, t_linear, 2.0, False, tp_linear=(t_linear, chunked))
+    return layer_cost(x, params, 0.0, t_linear, 2.0, False, kernels=(glu_clamp_time(x, False),),
+                      tp_linear=(t_linear, chunked))
 
 
 def router_time(x: Candidates):
@@ -401,18 +435,20 @@ def routed_experts_time(x: Candidates):
 def moe_layer(x: Candidates) -> dict:
     """A MoE layer: attention and shared experts split by TP, the router on each GPU's tokens
     (``router_time``), the token permutations (``permutation_time``), routed experts over EP x
-    ETP and their biases (``expert_bias_time``); TP all-reduces after attention and after the
-    shared experts (if any)."""
+    ETP, their biases (``expert_bias_time``) and a quick-GEGLU's clamp (``glu_clamp_time``); TP
+    all-reduces after attention and after the shared experts (if any)."""
     model = x.model
     nonexpert = model.moe_layer_params - model.num_experts * model.expert_params - model.router_params
     t_experts = routed_experts_time(x)
-    router, permutation, bias = router_time(x), permutation_time(x), expert_bias_time(x)
+    router, permutation = router_time(x), permutation_time(x)
+    bias, clamp = expert_bias_time(x), glu_clamp_time(x, True)
     tp_blocks = 1.0 + (model.shared_expert_ffn_hidden_size > 0)
-    block = linear_time(x, model.shared_expert_params) + t_experts + router[0] + permutation[0] + bias[0]
+    block = (linear_time(x, model.shared_expert_params) + t_experts + router[0] + permutation[0] + bias[0]
+             + clamp[0])
     t_nonexpert = linear_time(x, nonexpert, model.mla_down_params)
     chunked = linear_time(x, nonexpert, model.mla_down_params, chunks=x.t)
     return layer_cost(x, moe.nonexpert_moe_params_gpu(model, x.t), moe.expert_params_gpu(model, x.e, x.et),
-                      t_nonexpert + t_experts, tp_blocks, True, block, (router, permutation, bias),
+                      t_nonexpert + t_experts, tp_blocks, True, block, (router, permutation, bias, clamp),
                       tp_linear=(t_nonexpert, chunked))
 
 
