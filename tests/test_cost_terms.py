@@ -1048,3 +1048,17 @@ def test_a_dense_quick_geglu_mlp_pays_its_clamp_on_the_mlps_glu_input(hw):
     plain = lt.dense_layer(_cands(io.load_model("llama3-8b"), hw, tp=1, pp=1, vp=1, cp=1, dp=8, sp=False, gbs=64))
     assert lt.dense_layer(x)["compute"][0] == pytest.approx(plain["compute"][0] + forward[0] + backward[0],
                                                             rel=1e-9)
+
+
+def test_a_quick_geglus_clamp_keeps_one_more_bf16_copy_of_the_glu_input_unless_moe_act_recomputes(hw):
+    """The clamps keep the FC1 output (2 B per GLU input element) beside the fused GLU's clamped copy:
+    4096 tokens x top-4 x imbalance x 2 x 2880 elements more per layer; moe_act's checkpoint keeps the
+    FC1 output only, as without the clamp."""
+    model = io.load_model("gpt-oss-120b")
+    plain = dataclasses.replace(model, activation_func_clamp_value=None)
+    for recompute, extra in ((dict(), True), (dict(recompute="selective", recompute_modules="moe_act"), False)):
+        knobs = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, **recompute)
+        x, y = _cands(model, hw, **knobs), _cands(plain, hw, **knobs)
+        elements = 4096 * 4 * x.imbalance[0] * 2 * 2880
+        difference = lt.stored_activation_bytes(x, True)[0] - lt.stored_activation_bytes(y, True)[0]
+        assert difference == pytest.approx(2.0 * elements if extra else 0.0, rel=1e-9, abs=1e-3)

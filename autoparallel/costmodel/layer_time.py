@@ -71,12 +71,20 @@ def softmax_time(x: Candidates):
     return np.where(x.flash, 0.0, score_bytes / x.hbm)
 
 
+def glu_clamp_saved_bytes(model) -> float:
+    """Bytes per GLU input element that a quick-GEGLU's eager clamp (``glu_clamp_time``) keeps
+    for backward beyond the fused GLU's own saved input: the two clamps keep their BF16 input (the
+    FC1 output, for their masks) while the fused GLU keeps the clamped copy. Under --recompute-modules
+    moe_act the checkpoint keeps the FC1 output only (``stored_activation_bytes`` spares it)."""
+    return memory.ACT_INPUT_BYTES if (model.quick_geglu and model.activation_func_clamp_value is not None) else 0.0
+
+
 def activation_bytes(x: Candidates, is_moe: bool, keep_scores):
     """Bytes one layer saves for backward (a LoRA layer: what its frozen Linears and adapters
     keep); with ``keep_scores`` False counted in BF16 throughout (the tensors the elementwise
     kernels touch)."""
     fraction = x.quantized_fraction if keep_scores is not False else 0.0
-    act_in = x.act_input_bytes if keep_scores is not False else memory.ACT_INPUT_BYTES
+    act_in = x.act_input_bytes + glu_clamp_saved_bytes(x.model) if keep_scores is not False else memory.ACT_INPUT_BYTES
     output = x.attention_output_bytes if keep_scores is not False else None
     saved = memory.layer_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, keep_scores, fraction, moe=is_moe,
                                           etp=x.et, imbalance=x.imbalance, quantized_bytes=x.quantized_input_bytes,
@@ -355,9 +363,14 @@ def amax_reduction_time(x: Candidates):
 def stored_activation_bytes(x: Candidates, is_moe: bool):
     """What the layer keeps per micro-batch in flight: its input where full recompute covers it,
     else its activations less what selective recompute spares."""
+    clamp = glu_clamp_saved_bytes(x.model)
     spared = memory.recomputed_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction, is_moe, x.et,
                                      x.imbalance, x.modules["mla_up_proj"], x.modules["moe_act"], x.modules["moe"],
-                                     x.quantized_input_bytes, x.modules["layernorm"], x.act_input_bytes)
+                                     x.quantized_input_bytes, x.modules["layernorm"], x.act_input_bytes + clamp)
+    if is_moe and clamp:  # moe_act's checkpoint drops the routed clamp's extra copy (moe drops it anyway)
+        copies = x.b * x.s_local / x.t * x.model.moe_router_topk * x.imbalance
+        extra = copies * 2.0 * x.model.expert_ffn_hidden_size * clamp
+        spared = spared + np.where(x.modules["moe"], 0.0, np.where(x.modules["moe_act"], extra, 0.0))
     return (x.recomputed_fraction * memory.layer_input_bytes(x.model, x.b, x.s_local, x.t, x.sp)
             + (1 - x.recomputed_fraction) * (activation_bytes(x, is_moe, x.keep_scores) - spared))
 
