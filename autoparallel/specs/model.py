@@ -93,8 +93,9 @@ class ModelSpec:
     # and keys (--qk-layernorm; under MLA the norms of the query and KV latents), sliding-window
     # attention (--window-size LEFT,RIGHT as flash-attention counts it, on every layer or on all
     # but every --window-attn-skip-freq-th one) and the softmax (--softmax-type).
-    # The gated activation's variant (Megatron-LM --quick-geglu, --activation-func-clamp-value;
-    # GPT-OSS: a quick-GELU GLU, sigmoid(1.702 x), both halves clamped to 7): activation "swiglu"
+    # The gated activation's variant (Megatron-LM --quick-geglu; TransformerConfig's
+    # activation_func_clamp_value, no flag. GPT-OSS: a quick-GELU GLU, sigmoid(1.702 x), both halves
+    # clamped to 7): activation "swiglu"
     # stands for any GLU (three matrices). Priced: Megatron-Core clamps a quick-GEGLU's input
     # eagerly, outside its fused kernel (layer_time.glu_clamp_time); SwiGLU's clamp is fused.
     quick_geglu: bool = False
@@ -203,7 +204,8 @@ class ModelSpec:
             raise ValueError("quick_geglu is a gated activation: set activation: swiglu (the GLU's three matrices)")
         if self.activation_func_clamp_value is not None and not (
                 self.activation_func_clamp_value > 0 and math.isfinite(self.activation_func_clamp_value)):
-            raise ValueError("activation_func_clamp_value must be finite and greater than zero (Megatron-LM), got "
+            raise ValueError("activation_func_clamp_value must be finite and greater than zero (as Megatron-LM checks "
+                             "SwiGLU's), got "
                              f"{self.activation_func_clamp_value}")
         if self.window_size is not None and len(self.window_size) != 2:
             raise ValueError(f"window_size is (left, right) as --window-size takes it, got {list(self.window_size)}")
