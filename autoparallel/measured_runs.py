@@ -120,8 +120,8 @@ def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
     where the row states them (a training log does); else a dense row's dropout is its model
     preset's where one is named (search_spaces/models: NVIDIA's Llama and Nemotron recipes train
     without dropout, GPT-3 with 0.1), else ModelSpec's defaults; the published MoE rows train
-    without dropout as their models' presets do. ``force_balanced``: the source forced the router
-    to balance."""
+    without dropout as their models' presets do, with their presets' expert biases
+    (``add_bias_linear``) and clamped quick-GEGLU. ``force_balanced``: the source forced the router to balance."""
     def opt_int(key):
         return int(row[key]) if _given(row, key) else None
     stated = {}
@@ -141,6 +141,12 @@ def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
             stated.update(q_lora_rank=opt_int("q_lora_rank"), kv_lora_rank=int(row["kv_lora_rank"]),
                           qk_head_dim=int(row["qk_head_dim"]), qk_pos_emb_head_dim=int(row["qk_pos_emb_head_dim"]),
                           v_head_dim=int(row["v_head_dim"]))
+    if is_moe_row(row) and (preset := _preset(str(row["model"]))) is not None:
+        # What the CSV's columns do not state and the cost model prices: the expert biases
+        # (layer_time.expert_bias_time) and a quick-GEGLU's clamp (layer_time.glu_clamp_time);
+        # GPT-OSS has both, the other published MoE models neither.
+        stated.update(add_bias_linear=preset.add_bias_linear, quick_geglu=preset.quick_geglu,
+                      activation_func_clamp_value=preset.activation_func_clamp_value)
     if not is_moe_row(row) and (preset := _preset(str(row["model"]))) is not None:
         stated.update(hidden_dropout=preset.hidden_dropout, attention_dropout=preset.attention_dropout)
     stated.update({k: float(row[k]) for k in ("hidden_dropout", "attention_dropout") if _given(row, k)})

@@ -1002,3 +1002,83 @@ def test_mla_up_projection_recompute_keeps_only_the_latents(fp8_fraction):
     latents = (2.0 + copy) * (1536 + 512) + 2.0 * 64
     assert replicated == pytest.approx((4.0 + 2 * copy) * 7168 + latents, rel=REL)
     assert latents - copy * (1536 + 512) == 2.0 * (1536 + 512 + 64)  # kept under the recompute
+
+
+def test_expert_bias_bytes_follow_megatrons_eager_per_expert_add():
+    """``cat([t + b * p ...]).to(bf16)``: FP32 probabilities, forward b*p 4 + add 2+4+4 + cat 4+4
+    + cast 4+2 = 28 B, backward cast 2+4, add's gradient cast 4+2, two products and reductions
+    2 x (4+4+4) = 36 B; BF16 probabilities: 2 + 6 + 4 = 12 forward, 2 x 6 = 12 backward."""
+    assert lt.expert_bias_bytes(4.0) == (28.0, 36.0)
+    assert lt.expert_bias_bytes(2.0) == (12.0, 12.0)
+
+
+def test_expert_biases_cost_hbm_passes_over_the_routed_copies_and_nothing_without_them(mixtral, hw):
+    """GPT-OSS-120B (expert biases, 128 experts routed in FP32), ep 8, mbs 1: 4096 tokens x top-4
+    copies x imbalance x hidden 2880 elements, 28 B forward and 36 B backward each. Mixtral has no
+    bias: zero."""
+    model = io.load_model("gpt-oss-120b")
+    x = _cands(model, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+    elements = 4096 * 4 * x.imbalance[0] * 2880
+    forward, backward = lt.expert_bias_time(x)
+    assert forward[0] == pytest.approx(28 * elements / _hbm(hw), rel=REL)
+    assert backward[0] == pytest.approx(36 * elements / _hbm(hw), rel=REL)
+    layer = lt.moe_layer(x)
+    kernels = (lt.router_time(x), lt.permutation_time(x), (forward, backward), lt.glu_clamp_time(x, True))
+    own = sum(b[0] - 2 * f[0] for f, b in kernels)
+    assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
+    no_bias = dataclasses.replace(model, add_bias_linear=False)
+    y = _cands(no_bias, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+    assert lt.moe_layer(y)["compute"][0] == pytest.approx(layer["compute"][0] - forward[0] - backward[0], rel=1e-9)
+    z = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+    assert all(t[0] == 0.0 for t in lt.expert_bias_time(z))
+
+
+def test_a_quick_geglus_clamp_is_eager_hbm_passes_over_the_glu_inputs(hw):
+    """GPT-OSS-120B (quick-GEGLU clamped at 7), ep 8, mbs 1: 4096 tokens x top-4 x imbalance x
+    2 x 2880 GLU input elements, 8 B forward (two clamps, a cat), 10 B backward (masked gradients,
+    the chunk's cat); under moe_act recompute the forward again in the backward. Without the clamp,
+    or as a SwiGLU (whose clamp is fused), nothing."""
+    model = io.load_model("gpt-oss-120b")
+    x = _cands(model, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+    elements = 4096 * 4 * x.imbalance[0] * 2 * 2880
+    forward, backward = lt.glu_clamp_time(x, True)
+    assert forward[0] == pytest.approx(8 * elements / _hbm(hw), rel=REL)
+    assert backward[0] == pytest.approx(10 * elements / _hbm(hw), rel=REL)
+    layer = lt.moe_layer(x)
+    kernels = (lt.router_time(x), lt.permutation_time(x), lt.expert_bias_time(x), (forward, backward))
+    own = sum(b[0] - 2 * f[0] for f, b in kernels)
+    assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
+    r = _cands(model, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, recompute="selective",
+               recompute_modules="moe_act")
+    assert lt.glu_clamp_time(r, True)[1][0] == pytest.approx(18 * elements / _hbm(hw), rel=REL)
+    for other in (dataclasses.replace(model, activation_func_clamp_value=None),
+                  dataclasses.replace(model, quick_geglu=False)):
+        y = _cands(other, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+        assert all(t[0] == 0.0 for t in lt.glu_clamp_time(y, True))
+        assert lt.moe_layer(y)["compute"][0] == pytest.approx(layer["compute"][0] - forward[0] - backward[0],
+                                                              rel=1e-9)
+
+
+def test_a_dense_quick_geglu_mlp_pays_its_clamp_on_the_mlps_glu_input(hw):
+    model = dataclasses.replace(io.load_model("llama3-8b"), quick_geglu=True, activation_func_clamp_value=7.0)
+    x = _cands(model, hw, tp=1, pp=1, vp=1, cp=1, dp=8, sp=False, gbs=64)
+    elements = 8192 * 2 * model.ffn_hidden_size
+    forward, backward = lt.glu_clamp_time(x, False)
+    assert forward[0] == pytest.approx(8 * elements / _hbm(hw), rel=REL)
+    plain = lt.dense_layer(_cands(io.load_model("llama3-8b"), hw, tp=1, pp=1, vp=1, cp=1, dp=8, sp=False, gbs=64))
+    assert lt.dense_layer(x)["compute"][0] == pytest.approx(plain["compute"][0] + forward[0] + backward[0],
+                                                            rel=1e-9)
+
+
+def test_a_quick_geglus_clamp_keeps_one_more_bf16_copy_of_the_glu_input_unless_moe_act_recomputes(hw):
+    """The clamps keep the FC1 output (2 B per GLU input element) beside the fused GLU's clamped copy:
+    4096 tokens x top-4 x imbalance x 2 x 2880 elements more per layer; moe_act's checkpoint keeps the
+    FC1 output only, as without the clamp."""
+    model = io.load_model("gpt-oss-120b")
+    plain = dataclasses.replace(model, activation_func_clamp_value=None)
+    for recompute, extra in ((dict(), True), (dict(recompute="selective", recompute_modules="moe_act"), False)):
+        knobs = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, **recompute)
+        x, y = _cands(model, hw, **knobs), _cands(plain, hw, **knobs)
+        elements = 4096 * 4 * x.imbalance[0] * 2 * 2880
+        difference = lt.stored_activation_bytes(x, True)[0] - lt.stored_activation_bytes(y, True)[0]
+        assert difference == pytest.approx(2.0 * elements if extra else 0.0, rel=1e-9, abs=1e-3)

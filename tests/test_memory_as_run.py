@@ -87,6 +87,15 @@ def test_dense_rows_take_their_presets_dropout():
     assert (gpt3.hidden_dropout, gpt3.attention_dropout) == (0.1, 0.1)
 
 
+
+def test_moe_rows_take_their_presets_expert_biases():
+    """The CSV states no biases: GPT-OSS's experts have them (its preset), Qwen3's not; Megatron's
+    default (biases on) would price an eager bias pass over every MoE row's routed tokens."""
+    gpt_oss = measured_runs.model_from_row(_row("nemo-gpt-oss-120b-h100-sxm-64gpu-bf16-tp1pp4cp1vp1ep8-mbs4-gbs512"))
+    qwen = measured_runs.model_from_row(_row("nemo-qwen3-30b-a3b-gb200-8gpu-mxfp8-tp1pp1cp1vp1ep8-mbs4-gbs512"))
+    assert gpt_oss.add_bias_linear and not qwen.add_bias_linear
+
+
 def test_a_release_sets_knobs_for_every_precision_and_per_precision():
     recipes = {"releases": {"nemo 25.11": {"precisions": ["fp8-current"], "fp8_param_gather": True,
                                            "every_precision": {"cross_entropy_loss_fusion": True},

@@ -1,3 +1,4 @@
+import dataclasses
 import os
 from pathlib import Path
 
@@ -197,3 +198,15 @@ def test_every_number_read_from_yaml_is_finite_and_not_negative(cls, valid):
         for bad in bad_values:
             with pytest.raises(SpecError, match=f"key '{name}'"):
                 io.from_dict(cls, {**valid, name: [bad] if is_list else bad}, "bad.yaml")
+
+
+def test_quick_geglu_is_a_gated_activation_and_its_clamp_positive():
+    """Megatron-LM's --quick-geglu builds a GLU (activation "swiglu" stands for the three matrices);
+    --activation-func-clamp-value must be finite and above zero (TransformerConfig.__post_init__)."""
+    base = io.load_model("gpt-oss-120b")
+    with pytest.raises(ValueError, match="quick_geglu is a gated activation"):
+        dataclasses.replace(base, activation="gelu")
+    for bad in (0.0, -7.0, float("inf")):
+        with pytest.raises(ValueError, match="activation_func_clamp_value must be finite"):
+            dataclasses.replace(base, activation_func_clamp_value=bad)
+    assert (base.quick_geglu, base.activation_func_clamp_value) == (True, 7.0)

@@ -71,12 +71,20 @@ def softmax_time(x: Candidates):
     return np.where(x.flash, 0.0, score_bytes / x.hbm)
 
 
+def glu_clamp_saved_bytes(model) -> float:
+    """Bytes per GLU input element that a quick-GEGLU's eager clamp (``glu_clamp_time``) keeps
+    for backward beyond the fused GLU's own saved input: the two clamps keep their BF16 input (the
+    FC1 output, for their masks) while the fused GLU keeps the clamped copy. Under --recompute-modules
+    moe_act the checkpoint keeps the FC1 output only (``stored_activation_bytes`` spares it)."""
+    return memory.ACT_INPUT_BYTES if (model.quick_geglu and model.activation_func_clamp_value is not None) else 0.0
+
+
 def activation_bytes(x: Candidates, is_moe: bool, keep_scores):
     """Bytes one layer saves for backward (a LoRA layer: what its frozen Linears and adapters
     keep); with ``keep_scores`` False counted in BF16 throughout (the tensors the elementwise
     kernels touch)."""
     fraction = x.quantized_fraction if keep_scores is not False else 0.0
-    act_in = x.act_input_bytes if keep_scores is not False else memory.ACT_INPUT_BYTES
+    act_in = x.act_input_bytes + glu_clamp_saved_bytes(x.model) if keep_scores is not False else memory.ACT_INPUT_BYTES
     output = x.attention_output_bytes if keep_scores is not False else None
     saved = memory.layer_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, keep_scores, fraction, moe=is_moe,
                                           etp=x.et, imbalance=x.imbalance, quantized_bytes=x.quantized_input_bytes,
@@ -104,6 +112,84 @@ def permutation_time(x: Candidates):
     passes = 2.0 * tokens * (1.0 + k) + np.where(sorts, 2.0 * 2.0 * received, 0.0)
     forward = passes * dispatch.DISPATCH_BYTES * model.hidden_size / x.hbm
     return forward, forward
+
+
+# Bytes per element of a routed expert's FC2 output that Megatron-Core's eager expert-bias step
+# moves (``expert_bias_time``): BF16 activations, and the routing probabilities' dtype, which the
+# bias-times-probability product and everything after it take by type promotion.
+EXPERT_OUTPUT_BYTES = 2.0
+ROUTER_FP32_BYTES, ROUTER_BF16_BYTES = 4.0, 2.0
+
+
+def expert_bias_bytes(probs_bytes: float, act_bytes: float = EXPERT_OUTPUT_BYTES) -> tuple[float, float]:
+    """(forward, backward) HBM bytes per element of the routed experts' FC2 output that adding
+    their bias costs in Megatron-Core's ``TEGroupedMLP._apply_bias`` (NVIDIA/Megatron-LM a329dd6
+    "Enable bias in expert mlp [gpt-oss 5/5]", megatron/core/transformer/moe/experts.py, unchanged
+    in d98e8a6 except a CUDA-graph path added in 883533e, 2026-08). FC2 is built with
+    ``skip_bias_add=True`` (FC1's bias TransformerEngine's GroupedLinear adds in the GEMM epilogue,
+    its gradient fused into the wgrad GEMM: free), and the returned per-expert biases are applied
+    token-weighted, in PyTorch, one local expert at a time::
+
+        torch.cat([t + b * p for t, b, p in zip(split(out), biases, split(probs))]).to(out.dtype)
+
+    Forward, per element (activations ``a`` bytes, the probability's dtype ``e``): ``b * p`` writes
+    e; ``t + ...`` reads a + e and writes e; ``cat`` reads and writes e; ``.to`` reads e and writes
+    a when e is wider (a no-op otherwise). Backward (autograd): the cast's backward (e written from
+    a, when wider), ``cat``'s (views), the add's gradient cast back to ``t``'s dtype (when wider),
+    then ``mul``'s two gradients, each a product written (e read, e written) and reduced (e read):
+    over the tokens for the bias, over the hidden size for the probability (the router is trained
+    through it)."""
+    wider = probs_bytes > act_bytes
+    cast = (probs_bytes + act_bytes) if wider else 0.0
+    forward = probs_bytes + (act_bytes + 2 * probs_bytes) + 2 * probs_bytes + cast
+    backward = cast + cast + 2 * 3 * probs_bytes
+    return forward, backward
+
+
+def expert_bias_time(x: Candidates):
+    """(forward, backward) seconds of adding a MoE layer's routed-expert biases (``add_bias_linear``)
+    as Megatron-Core does it, eagerly (``expert_bias_bytes``), over the routed copies the busiest
+    EP rank computes (``imbalance`` times the even share, gathered over ETP) and the full hidden
+    size, HBM-bound; the probabilities are FP32 when the model routes in FP32
+    (``ModelSpec.moe_router_fp32``), else BF16. Zero without expert biases."""
+    model = x.model
+    if not (model.is_moe and model.add_bias_linear):
+        return np.zeros_like(x.t, dtype=float), np.zeros_like(x.t, dtype=float)
+    elements = x.tokens / x.t * model.moe_router_topk * x.imbalance * x.et * model.hidden_size
+    forward, backward = expert_bias_bytes(ROUTER_FP32_BYTES if model.moe_router_fp32 else ROUTER_BF16_BYTES)
+    return forward * elements / x.hbm, backward * elements / x.hbm
+
+
+# HBM bytes per element of a GLU's input (gate and up halves, BF16) that Megatron-Core's eager
+# clamp before a fused quick-GEGLU moves (``glu_clamp_time``): forward, each half clamped (read 2,
+# write 2) and the halves concatenated again (read 2, write 2); backward, each clamp's gradient
+# masked by its input (grad and input read, written: 6) and the chunk's backward concatenating the
+# two halves' gradients (read 2, write 2).
+GLU_CLAMP_BYTES = (4.0 + 4.0, 6.0 + 4.0)
+
+
+def glu_clamp_time(x: Candidates, is_moe: bool):
+    """(forward, backward) seconds of clamping a quick-GEGLU's input (``activation_func_clamp_value``
+    with ``quick_geglu``; GPT-OSS). Megatron-Core's ``weighted_bias_quick_geglu_impl`` (NVIDIA/
+    Megatron-LM 2e29a5e "Add quick geglu activation for gpt-oss", megatron/core/fusions/
+    fused_bias_geglu.py, unchanged in d98e8a6; called by TEGroupedMLP and MLP with
+    bias_activation_fusion) runs, before its jit-fused GLU::
+
+        x_glu, x_linear = input.chunk(2, -1)
+        input = torch.cat((x_glu.clamp(max=c), x_linear.clamp(min=-c, max=c)), -1)
+
+    in eager PyTorch (``GLU_CLAMP_BYTES`` over every GLU input element: the MLP's, or the routed
+    copies' and shared experts' of a MoE layer), where SwiGLU's clamp sits inside its fused kernel
+    (fused_bias_swiglu.py ``clamped_swiglu``): nothing then. Under --recompute-modules moe_act the
+    checkpointed activation (clamp included) runs its forward again in the backward pass."""
+    model = x.model
+    if not (model.quick_geglu and model.activation_func_clamp_value is not None):
+        return np.zeros_like(x.t, dtype=float), np.zeros_like(x.t, dtype=float)
+    elements = activation_input_elements(x, is_moe)
+    forward, backward = (b * elements / x.hbm for b in GLU_CLAMP_BYTES)
+    if is_moe:
+        backward = backward + np.where(x.modules["moe_act"], forward, 0.0)
+    return forward, backward
 
 
 def forward_time(x: Candidates, t_linear, attention, softmax, is_moe: bool):
@@ -309,9 +395,14 @@ def amax_reduction_time(x: Candidates):
 def stored_activation_bytes(x: Candidates, is_moe: bool):
     """What the layer keeps per micro-batch in flight: its input where full recompute covers it,
     else its activations less what selective recompute spares."""
+    clamp = glu_clamp_saved_bytes(x.model)
     spared = memory.recomputed_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction, is_moe, x.et,
                                      x.imbalance, x.modules["mla_up_proj"], x.modules["moe_act"], x.modules["moe"],
-                                     x.quantized_input_bytes, x.modules["layernorm"], x.act_input_bytes)
+                                     x.quantized_input_bytes, x.modules["layernorm"], x.act_input_bytes + clamp)
+    if is_moe and clamp:  # moe_act's checkpoint drops the routed clamp's extra copy (moe drops it anyway)
+        copies = x.b * x.s_local / x.t * x.model.moe_router_topk * x.imbalance
+        extra = copies * 2.0 * x.model.expert_ffn_hidden_size * clamp
+        spared = spared + np.where(x.modules["moe"], 0.0, np.where(x.modules["moe_act"], extra, 0.0))
     return (x.recomputed_fraction * memory.layer_input_bytes(x.model, x.b, x.s_local, x.t, x.sp)
             + (1 - x.recomputed_fraction) * (activation_bytes(x, is_moe, x.keep_scores) - spared))
 
@@ -323,8 +414,8 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
     it computes (``stored_imbalance`` of it: what the busiest EP rank keeps beyond the even share),
     its ``params`` and ``expert_params`` on the GPU. ``kernels``: (forward,
     backward) pairs of a MoE layer priced with their own backward (``router_time``,
-    ``permutation_time``); ``tp_linear``: forward time of the TP-split GEMMs, whole and in
-    ring-exchange chunks (``tensor_parallel``)."""
+    ``permutation_time``, ``expert_bias_time``, ``glu_clamp_time``); ``tp_linear``: forward time of the TP-split
+    GEMMs, whole and in ring-exchange chunks (``tensor_parallel``)."""
     attention, softmax = attention_time(x), softmax_time(x)
     forward = forward_time(x, t_linear, attention, softmax, is_moe) + sum(f for f, _ in kernels)
     # compute_time prices a backward of twice the forward; these kernels' backward is their own.
@@ -352,12 +443,14 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
 
 
 def dense_layer(x: Candidates) -> dict:
-    """A dense layer: attention and MLP split by TP (MLA's down projections whole)."""
+    """A dense layer: attention and MLP split by TP (MLA's down projections whole), a quick-GEGLU's
+    eager clamp (``glu_clamp_time``)."""
     model = x.model
     params = (model.dense_layer_params - model.mla_down_params) / x.t + model.mla_down_params
     t_linear = linear_time(x, model.dense_layer_params, model.mla_down_params)
     chunked = linear_time(x, model.dense_layer_params, model.mla_down_params, chunks=x.t)
-    return layer_cost(x, params, 0.0, t_linear, 2.0, False, tp_linear=(t_linear, chunked))
+    return layer_cost(x, params, 0.0, t_linear, 2.0, False, kernels=(glu_clamp_time(x, False),),
+                      tp_linear=(t_linear, chunked))
 
 
 def router_time(x: Candidates):
@@ -388,18 +481,21 @@ def routed_experts_time(x: Candidates):
 def moe_layer(x: Candidates) -> dict:
     """A MoE layer: attention and shared experts split by TP, the router on each GPU's tokens
     (``router_time``), the token permutations (``permutation_time``), routed experts over EP x
-    ETP and their calls per local expert (``moe_expert_calls``); TP all-reduces after attention
-    and after the shared experts (if any)."""
+    ETP and their calls per local expert (``moe_expert_calls``), their biases (``expert_bias_time``)
+    and a quick-GEGLU's clamp (``glu_clamp_time``); TP all-reduces after attention and after the
+    shared experts (if any)."""
     model = x.model
     nonexpert = model.moe_layer_params - model.num_experts * model.expert_params - model.router_params
     t_experts = routed_experts_time(x)
     router, permutation, calls = router_time(x), permutation_time(x), moe_expert_calls(x)
+    bias, clamp = expert_bias_time(x), glu_clamp_time(x, True)
     tp_blocks = 1.0 + (model.shared_expert_ffn_hidden_size > 0)
-    block = linear_time(x, model.shared_expert_params) + t_experts + router[0] + permutation[0] + calls[0]
+    block = (linear_time(x, model.shared_expert_params) + t_experts + router[0] + permutation[0] + calls[0]
+             + bias[0] + clamp[0])
     t_nonexpert = linear_time(x, nonexpert, model.mla_down_params)
     chunked = linear_time(x, nonexpert, model.mla_down_params, chunks=x.t)
     return layer_cost(x, moe.nonexpert_moe_params_gpu(model, x.t), moe.expert_params_gpu(model, x.e, x.et),
-                      t_nonexpert + t_experts, tp_blocks, True, block, (router, permutation, calls),
+                      t_nonexpert + t_experts, tp_blocks, True, block, (router, permutation, calls, bias, clamp),
                       tp_linear=(t_nonexpert, chunked))
 
 

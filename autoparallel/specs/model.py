@@ -7,6 +7,7 @@ transformer (``autoparallel.model``), so the two can never disagree about what a
 from __future__ import annotations
 
 import ast
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -47,6 +48,8 @@ class ModelSpec:
     rotary_base: int = 10000
     rotary_percent: float = 1.0  # share of each head's dims that RoPE rotates (Nemotron-4: 0.5)
     rope_scaling_factor: float | None = None  # Llama 3.1's long-context RoPE scaling (--use-rope-scaling)
+    # Priced for a MoE model's routed experts only (Megatron-Core adds their FC2 bias eagerly:
+    # layer_time.expert_bias_time); every other Linear's bias TransformerEngine fuses into its GEMM.
     add_bias_linear: bool = True
     layernorm_zero_centered_gamma: bool = False  # "LayerNorm1p" (--apply-layernorm-1p)
     norm_epsilon: float = 1e-5
@@ -90,6 +93,13 @@ class ModelSpec:
     # and keys (--qk-layernorm; under MLA the norms of the query and KV latents), sliding-window
     # attention (--window-size LEFT,RIGHT as flash-attention counts it, on every layer or on all
     # but every --window-attn-skip-freq-th one) and the softmax (--softmax-type).
+    # The gated activation's variant (Megatron-LM --quick-geglu; TransformerConfig's
+    # activation_func_clamp_value, no flag. GPT-OSS: a quick-GELU GLU, sigmoid(1.702 x), both halves
+    # clamped to 7): activation "swiglu"
+    # stands for any GLU (three matrices). Priced: Megatron-Core clamps a quick-GEGLU's input
+    # eagerly, outside its fused kernel (layer_time.glu_clamp_time); SwiGLU's clamp is fused.
+    quick_geglu: bool = False
+    activation_func_clamp_value: float | None = None
     qk_layernorm: bool = False
     window_size: tuple[int, ...] | None = None
     window_attn_skip_freq: int | None = None
@@ -190,6 +200,13 @@ class ModelSpec:
         if self.moe_router_topk_scaling_factor is not None and self.moe_router_topk_scaling_factor <= 0:
             raise ValueError(f"moe_router_topk_scaling_factor must be positive (or left out), "
                              f"got {self.moe_router_topk_scaling_factor}")
+        if self.quick_geglu and self.activation != "swiglu":
+            raise ValueError("quick_geglu is a gated activation: set activation: swiglu (the GLU's three matrices)")
+        if self.activation_func_clamp_value is not None and not (
+                self.activation_func_clamp_value > 0 and math.isfinite(self.activation_func_clamp_value)):
+            raise ValueError("activation_func_clamp_value must be finite and greater than zero (as Megatron-LM checks "
+                             "SwiGLU's), got "
+                             f"{self.activation_func_clamp_value}")
         if self.window_size is not None and len(self.window_size) != 2:
             raise ValueError(f"window_size is (left, right) as --window-size takes it, got {list(self.window_size)}")
         if self.window_attn_skip_freq is not None and (self.window_size is None or self.window_attn_skip_freq < 1):
