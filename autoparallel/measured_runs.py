@@ -143,10 +143,11 @@ def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
                           v_head_dim=int(row["v_head_dim"]))
     if is_moe_row(row) and (preset := _preset(str(row["model"]))) is not None:
         # What the CSV's columns do not state and the cost model prices: the expert biases
-        # (layer_time.expert_bias_time) and a quick-GEGLU's clamp (layer_time.glu_clamp_time);
-        # GPT-OSS has both, the other published MoE models neither.
+        # (layer_time.expert_bias_time), a quick-GEGLU's clamp (layer_time.glu_clamp_time) and the
+        # router's precision; GPT-OSS has the first two and a BF16 router, the other published MoE models neither.
         stated.update(add_bias_linear=preset.add_bias_linear, quick_geglu=preset.quick_geglu,
-                      activation_func_clamp_value=preset.activation_func_clamp_value)
+                      activation_func_clamp_value=preset.activation_func_clamp_value,
+                      moe_router_dtype=preset.moe_router_dtype)
     if not is_moe_row(row) and (preset := _preset(str(row["model"]))) is not None:
         stated.update(hidden_dropout=preset.hidden_dropout, attention_dropout=preset.attention_dropout)
     stated.update({k: float(row[k]) for k in ("hidden_dropout", "attention_dropout") if _given(row, k)})

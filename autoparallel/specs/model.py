@@ -22,6 +22,7 @@ Activation = Literal["gelu", "swiglu", "squared_relu"]
 Normalization = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned_absolute", "rope"]
 RouterScore = Literal["softmax", "sigmoid"]  # --moe-router-score-function
+RouterDtype = Literal["fp32", "bf16"]  # --moe-router-dtype (bf16: Megatron-Core's default, the params' dtype)
 SoftmaxType = Literal["vanilla", "off-by-one", "learnable"]  # --softmax-type (learnable: attention sinks)
 # Megatron-LM's --tokenizer-type names the exports use; the file-based ones need a path.
 TokenizerType = Literal["NullTokenizer", "HuggingFaceTokenizer", "GPT2BPETokenizer",
@@ -89,6 +90,9 @@ class ModelSpec:
     moe_router_score_function: RouterScore = "softmax"
     moe_router_enable_expert_bias: bool = False
     moe_router_topk_scaling_factor: float | None = None
+    # The router's precision as the model's published recipe runs it (priced: the router's GEMM
+    # and the routing probabilities' passes); unset, FP32 from FP32_ROUTER_FROM_EXPERTS experts on.
+    moe_router_dtype: RouterDtype | None = None
     # Attention variants (export only, not priced; Megatron-LM's defaults): a norm on the queries
     # and keys (--qk-layernorm; under MLA the norms of the query and KV latents), sliding-window
     # attention (--window-size LEFT,RIGHT as flash-attention counts it, on every layer or on all
@@ -324,8 +328,10 @@ class ModelSpec:
 
     @property
     def moe_router_fp32(self) -> bool:
-        """Routed in FP32 (``--moe-router-dtype fp32``), as the exports ask from
-        ``FP32_ROUTER_FROM_EXPERTS`` experts on."""
+        """Routed in FP32 (``--moe-router-dtype fp32``): as the model states (``moe_router_dtype``),
+        else as the exports ask from ``FP32_ROUTER_FROM_EXPERTS`` experts on."""
+        if self.moe_router_dtype is not None:
+            return self.moe_router_dtype == "fp32"
         return (self.num_experts or 0) >= FP32_ROUTER_FROM_EXPERTS
 
     @property
