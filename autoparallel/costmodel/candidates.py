@@ -92,6 +92,9 @@ class Candidates:
     first_moe: np.ndarray
     middle_moe: np.ndarray
     last_moe: np.ndarray
+    # What the first, middle and last stage may hold at their peaks (``pipeline.held_at_peak``):
+    # per position (dense layer-, MoE layer-, edge chunk) micro-batches, each a (K, plans) array.
+    held: list
     recomputed_fraction: np.ndarray  # share of a chunk's layers that full recompute covers
     modules: dict  # --recompute-modules name -> mask (selective recompute only)
     grad_bytes: np.ndarray  # bytes per gradient element in the data-parallel reduction
@@ -200,6 +203,8 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
         first_moe, middle_moe, last_moe = pipeline.stage_pattern_counts(model.moe_layer_pattern, p, v, *split)
     else:
         first_moe = middle_moe = last_moe = np.zeros_like(t)
+    pattern = model.moe_layer_pattern if model.is_moe else (0,) * L
+    held = pipeline.held_at_peak(pattern, p, v, gbs / (b * dp), *split)
     layers_per_chunk = np.maximum(np.maximum(first_layers, middle_layers), last_layers) / v
     n_recomputed = np.where(f64("recompute_num_layers") > 0,
                             np.minimum(f64("recompute_num_layers"), layers_per_chunk), layers_per_chunk)
@@ -225,7 +230,7 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
         act_input_bytes=np.where(flag("activation_func_fp8_input_store"), memory.FP8_ACT_INPUT_BYTES,
                                  memory.ACT_INPUT_BYTES),
         first_layers=first_layers, middle_layers=middle_layers, last_layers=last_layers,
-        first_moe=first_moe, middle_moe=middle_moe, last_moe=last_moe,
+        first_moe=first_moe, middle_moe=middle_moe, last_moe=last_moe, held=held,
         recomputed_fraction=np.where(full, n_recomputed / layers_per_chunk, 0.0),
         modules=modules,
         grad_bytes=np.where(flag("grad_reduce_in_fp32"), 4.0, 2.0),
