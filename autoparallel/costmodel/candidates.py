@@ -199,12 +199,14 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
              f64("account_for_embedding_in_pipeline_split"), f64("account_for_loss_in_pipeline_split"),
              np.asarray(cols["pipeline_model_parallel_layout"], dtype=object))
     first_layers, middle_layers, last_layers = pipeline.stage_layers(L, p, v, *split)
+    structure = pipeline.structure(p, v, *split)
     if model.is_moe:
-        first_moe, middle_moe, last_moe = pipeline.stage_pattern_counts(model.moe_layer_pattern, p, v, *split)
+        first_moe, middle_moe, last_moe = pipeline.stage_pattern_counts(model.moe_layer_pattern, p, v, *split,
+                                                                        structure=structure)
     else:
         first_moe = middle_moe = last_moe = np.zeros_like(t)
     pattern = model.moe_layer_pattern if model.is_moe else (0,) * L
-    held = pipeline.held_at_peak(pattern, p, v, gbs / (b * dp), *split)
+    held = pipeline.held_at_peak(pattern, p, v, gbs / (b * dp), *split, structure=structure)
     layers_per_chunk = np.maximum(np.maximum(first_layers, middle_layers), last_layers) / v
     n_recomputed = np.where(f64("recompute_num_layers") > 0,
                             np.minimum(f64("recompute_num_layers"), layers_per_chunk), layers_per_chunk)

@@ -391,7 +391,6 @@ def _chunk_counts(k: np.ndarray, m: int, vp: int, group: int, last_group: int) -
     return counts + np.clip(k - start - chunks * last_group, 0, last_group) * (k > start)
 
 
-@functools.lru_cache(maxsize=4096)
 def alive_chunks(pp: int, vp: int, m: int) -> tuple[np.ndarray, ...]:
     """Chunk-micro-batches each pipeline rank may hold at its peak under Megatron's schedule, per
     chunk: one (states, vp) int array per rank.
@@ -406,31 +405,44 @@ def alive_chunks(pp: int, vp: int, m: int) -> tuple[np.ndarray, ...]:
     the warm-up is the whole step). Memory only grows in the warm-up and only falls in the
     cool-down, so the peak is one of these states; between two B at which a forward or a backward
     enters a new chunk every count moves by a constant step, so any weighting of the chunks peaks
-    at such a B: those states are kept (the duplicates and those another state holds as much of
-    every chunk as dropped)."""
+    at such a B: those states are kept. While both B and B + W + 1 lie in regular groups the states repeat
+    with the period N * vp (each chunk gains N forwards and N backwards), so one period and the
+    states that reach the last group cover them all, as they do for m less whole groups as long
+    as a period and the fullest warm-up fit twice before the last group: the states are worked
+    out for the fewest such micro-batches."""
     group, last_group = _schedule_group(m, pp, vp)
-    total = m * vp
+    period = group * vp
+    fullest = (pp - 1) * 2 + (vp - 1) * group + 1 if vp > 1 else pp
+    spare = ((m - last_group) * vp - 2 * (period + fullest)) // period
+    return _alive_chunks(pp, vp, m - max(spare, 0) * group, group, last_group)
+
+
+@functools.lru_cache(maxsize=4096)
+def _alive_chunks(pp: int, vp: int, m: int, group: int, last_group: int) -> tuple[np.ndarray, ...]:
+    """``alive_chunks`` for m micro-batches in groups of ``group``, the last of ``last_group``."""
+    total, period = m * vp, group * vp
     start = (m - last_group) * vp
     bounds = np.union1d(np.arange(0, start + 1, group), start + np.arange(vp + 1) * last_group)
-    out = []
-    for rank in range(pp):
-        warmup = (pp - rank - 1) * 2 + (vp - 1) * group if vp > 1 else pp - rank - 1
-        held = min(warmup + 1, total)
-        last = total - held
-        steps = np.concatenate([[0, last], bounds, bounds - held])
-        steps = np.unique(steps[(steps >= 0) & (steps <= last)])
-        forwards = _chunk_counts(steps + held, m, vp, group, last_group)
-        backwards = _chunk_counts(steps, m, vp, group, last_group)[:, ::-1]
-        out.append(_undominated(forwards - backwards))
-    return tuple(out)
+    ranks = np.arange(pp)
+    warmup = (pp - ranks - 1) * 2 + (vp - 1) * group if vp > 1 else pp - ranks - 1
+    held = np.minimum(warmup + 1, total)[:, None]
+    last = total - held
+    steps = np.concatenate([np.zeros_like(held), last, np.broadcast_to(bounds, (pp, len(bounds))), bounds - held],
+                           axis=1)
+    keep = (steps >= 0) & (steps <= last) & ((steps <= period) | (steps >= start - held))
+    steps, held = steps[keep], np.broadcast_to(held, keep.shape)[keep]
+    alive = (_chunk_counts(steps + held, m, vp, group, last_group)
+             - _chunk_counts(steps, m, vp, group, last_group)[:, ::-1])
+    return tuple(np.split(alive, np.cumsum(keep.sum(axis=1))[:-1]))
 
 
 def _undominated(points: np.ndarray) -> np.ndarray:
-    """The distinct rows of ``points`` that no other row is >= in every column."""
-    points = np.unique(points, axis=0)
-    ge = (points[:, None, :] >= points[None, :, :]).all(axis=2)
-    dominated = (ge & ~np.eye(len(points), dtype=bool)).any(axis=0)
-    return points[~dominated]
+    """The distinct rows of ``points`` (three non-negative int columns below 2**21) that no other
+    row is >= in every column."""
+    keys = np.unique((points[:, 0] << 42) | (points[:, 1] << 21) | points[:, 2])
+    points = np.stack([keys >> 42, (keys >> 21) & (2 ** 21 - 1), keys & (2 ** 21 - 1)], axis=1)
+    ge = (points[:, None, :] >= points[None, :, :]).all(axis=2)  # ge[j, i]: row j holds as much as row i
+    return points[~(ge & ~np.eye(len(points), dtype=bool)).any(axis=0)]
 
 
 @functools.lru_cache(maxsize=65536)
@@ -449,11 +461,12 @@ def _held_at_peak(pattern: tuple[int, ...], pp: int, vp: int, m: int, first: int
         edge = states[rank][:, 0] if rank == 0 else states[rank][:, -1] if rank == pp - 1 else 0 * states[rank][:, 0]
         moe_layers = states[rank] @ moe[rank::pp]
         ranks.append(np.stack([states[rank] @ sizes[rank::pp] - moe_layers, moe_layers, edge], axis=1))
+    assert max(int(r.max()) for r in ranks) < 2 ** 21, "held counts beyond _undominated's packing"
     middle = _undominated(np.concatenate(ranks[1:-1])) if pp > 2 else _undominated(ranks[0])
     return _undominated(ranks[0]), middle, _undominated(ranks[-1])
 
 
-def held_at_peak(pattern: tuple[int, ...], pp, vp, m, first, last, embedding, loss, layout):
+def held_at_peak(pattern: tuple[int, ...], pp, vp, m, first, last, embedding, loss, layout, structure=None):
     """What the first, the fullest middle and the last pipeline rank may hold at the peak of
     Megatron's schedule (``alive_chunks``), summed over the chunk-micro-batches in flight: for each
     position an array of each of dense layer-micro-batches, MoE layer-micro-batches and
@@ -467,22 +480,39 @@ def held_at_peak(pattern: tuple[int, ...], pp, vp, m, first, last, embedding, lo
     (Llama 3.1 405B, PP16 VP4, 126 layers + embedding + loss: rank 0 holds at most 127
     layer-micro-batches, not 138.25; rank 15 98, not 85.75). The middle takes the states of every
     middle rank: priced with the middle rank's model states (the most layers, ``stage_layers``),
-    every rank is covered."""
+    every rank is covered. ``structure``: ``structure(pp, vp, first, last, embedding, loss, layout)``
+    where the caller has it."""
     layout = np.asarray(layout, dtype=object)
     shape = np.broadcast(layout, np.asarray(pp), np.asarray(m)).shape
-    layout = np.broadcast_to(layout, shape)
-    m = np.broadcast_to(np.rint(np.asarray(m, dtype=float)), shape)
-    columns, names, inverse, rows = _structure(pp, vp, first, last, embedding, loss, layout, m)
+    m = np.broadcast_to(np.rint(np.asarray(m, dtype=float)), shape).astype(np.int64).reshape(-1)
+    columns, names, by_structure, _ = structure or _structure(pp, vp, first, last, embedding, loss,
+                                                              np.broadcast_to(layout, shape))
+    inverse, rows = _groups(by_structure, m)
+    columns = [*columns, m]
     per_group = []
     for i in rows:
         p_, v_, f_, l_, e_, o_, code, m_ = (int(c[i]) for c in columns)
         per_group.append(_held_at_peak(pattern, p_, v_, m_, f_, l_, bool(e_), bool(o_), names[code] or ""))
-    out = []
+    tables, varying = [], []
     for position in range(3):
         k = max(len(g[position]) for g in per_group)
         table = np.stack([np.concatenate([g[position], np.repeat(g[position][:1], k - len(g[position]), axis=0)])
-                          for g in per_group]).astype(float)  # (groups, K, 3)
-        out.append(tuple(table[:, :, j].T[:, inverse].reshape(k, *shape) for j in range(3)))
+                          for g in per_group]).astype(np.int32)  # (groups, K, 3)
+        tables.append(table)
+        # a count the same in every group is one (K, 1) column (a dense model's MoE layers, a middle
+        # rank's edge chunk); the others are gathered per plan, all in one pass
+        varying += [table[:, :, j] for j in range(3) if (table[:, :, j] != table[:1, :, j]).any()]
+    gathered = np.take(np.concatenate(varying, axis=1), inverse, axis=0) if varying else None
+    out, column = [], 0
+    for table in tables:
+        k, parts = table.shape[1], []
+        for j in range(3):
+            if (table[:, :, j] != table[:1, :, j]).any():
+                parts.append(gathered[:, column:column + k].T.reshape(k, *shape))
+                column += k
+            else:
+                parts.append(table[0, :, j].reshape(k, *(1,) * len(shape)))
+        out.append(tuple(parts))
     return out
 
 
@@ -562,12 +592,18 @@ def virtual_stage_sizes(num_layers: int, pp: int, vp: int, first: int, last: int
     return [per_rank[r] // vp for _ in range(vp) for r in range(pp)]
 
 
-def stage_pattern_counts(pattern: tuple[int, ...], pp, vp, first, last, embedding, loss, layout):
+def structure(pp, vp, first, last, embedding, loss, layout):
+    """The pipeline-structure groups of these plans (``_structure``), for the functions that take
+    them (``held_at_peak``, ``stage_pattern_counts``) to share."""
+    return _structure(pp, vp, first, last, embedding, loss, layout)
+
+
+def stage_pattern_counts(pattern: tuple[int, ...], pp, vp, first, last, embedding, loss, layout, structure=None):
     """For layers flagged 1 in ``pattern`` (MoE layers): how many the first stage, the middle stage
     holding most of them, and the last stage hold (arrays, one per plan; the middle equals the
     first when pp <= 2)."""
     layout = np.asarray(layout, dtype=object)
-    columns, names, inverse, rows = _structure(pp, vp, first, last, embedding, loss, layout)
+    columns, names, inverse, rows = structure or _structure(pp, vp, first, last, embedding, loss, layout)
     cumulative = np.concatenate([[0], np.cumsum(pattern)])
     counts = np.zeros((len(rows), 3))
     for i, row in enumerate(rows):
