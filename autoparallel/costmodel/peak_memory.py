@@ -78,6 +78,8 @@ def _in_flight(x: Candidates, layers: Layers, held, stage_layers, stage_moe, edg
     edge = np.broadcast_to(edge, states.shape)
     if len(states) == 1:
         peak, edge = states[0], edge[0]
+    elif not np.any(edge_bytes):  # the edge chunk's count is read only where it holds something
+        peak, edge = states.max(axis=0), None
     else:
         fullest = np.argmax(states, axis=0)[None]
         peak, edge = (np.take_along_axis(a, fullest, axis=0)[0] for a in (states, edge))

@@ -455,7 +455,7 @@ def _held_at_peak(pattern: tuple[int, ...], pp: int, vp: int, m: int, first: int
     ends = np.cumsum(sizes)
     cumulative = np.concatenate([[0], np.cumsum(pattern)]).astype(np.int64)
     moe = cumulative[ends] - cumulative[ends - sizes]
-    states = alive_chunks(pp, vp, m)
+    states = [np.asarray(held, dtype=np.int64) for held in alive_chunks(pp, vp, m)]
     ranks = []
     for rank in range(pp):
         edge = states[rank][:, 0] if rank == 0 else states[rank][:, -1] if rank == pp - 1 else 0 * states[rank][:, 0]
