@@ -1091,3 +1091,25 @@ def test_interleaved_activations_are_priced_at_the_fullest_state(gpt, hw):
         peak, edge = pm._in_flight(x, layers, states, x.middle_layers, x.middle_moe, edge_bytes)
         assert peak[0] == pytest.approx(want + 2e9, rel=REL)  # + the working set of the layer computing
         assert edge[0] == (0.0 if want == 30e9 else 4.0)
+
+
+def test_moe_act_recompute_keeps_the_routed_experts_bf16_fc1_output(mixtral, hw):
+    """``--recompute-modules moe_act`` runs the routed experts' SwiGLU in a CheckpointWithoutOutput
+    that keeps its BF16 input (Megatron-LM d98e8a64dd experts.py lines 1019-1023; the activation
+    runs without autograd, so no FP8 copy is kept): 2 B per element of the two FC1 halves whatever
+    ``activation_func_fp8_input_store`` says, where without the recompute the knob keeps 1 B. A
+    published row's own FP8 cache (DeepSeek-V3 §3.3.2, ``moe_act_cache_precision`` fp8) keeps 1 B."""
+    moe = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=8, precision="fp8-current")
+    act = dict(recompute="selective", recompute_modules="moe_act")
+    stored = lambda x: lt.stored_activation_bytes(x, True)[0]  # noqa: E731
+    recomputed = [_cands(mixtral, hw, activation_func_fp8_input_store=fp8, **act, **moe) for fp8 in (False, True)]
+    assert stored(recomputed[1]) == stored(recomputed[0])
+    x = recomputed[1]
+    halves = 4096 * 2 * x.imbalance[0] * 2 * 14336  # token copies (top 2, busiest rank) x the two FC1 halves
+    plain = [_cands(mixtral, hw, activation_func_fp8_input_store=fp8, **moe) for fp8 in (False, True)]
+    assert stored(plain[0]) - stored(plain[1]) == pytest.approx(halves * (2 - 1), rel=1e-9)
+    cols = plan_columns([Plan(**{**dict(tp=4, pp=8, vp=2, cp=2, dp=4, mbs=1, gbs=64, sp=True, recompute="none",
+                                        tp_comm_overlap=False, fp8_bf16_edge_layers=0, grad_reduce_in_fp32=False),
+                                 **moe, **act, "activation_func_fp8_input_store": True})])
+    row = candidates(mixtral, hw, {**cols, "moe_act_cache_precision": np.array(["fp8"], dtype=object)})
+    assert stored(x) - stored(row) == pytest.approx(halves * (2 - 1), rel=1e-9)

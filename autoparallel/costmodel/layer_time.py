@@ -77,10 +77,11 @@ def activation_bytes(x: Candidates, is_moe: bool, keep_scores):
     kernels touch)."""
     fraction = x.quantized_fraction if keep_scores is not False else 0.0
     act_in = x.act_input_bytes if keep_scores is not False else memory.ACT_INPUT_BYTES
+    routed_act_in = x.routed_act_input_bytes if keep_scores is not False else memory.ACT_INPUT_BYTES
     output = x.attention_output_bytes if keep_scores is not False else None
     saved = memory.layer_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, keep_scores, fraction, moe=is_moe,
                                           etp=x.et, imbalance=x.imbalance, quantized_bytes=x.quantized_input_bytes,
-                                          act_in=act_in, attention_output=output)
+                                          act_in=act_in, attention_output=output, routed_act_in=routed_act_in)
     if keep_scores is False:
         return saved
     return saved + finetune.frozen_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction,
@@ -279,7 +280,8 @@ def stored_activation_bytes(x: Candidates, is_moe: bool):
     else its activations less what selective recompute spares."""
     spared = memory.recomputed_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction, is_moe, x.et,
                                      x.imbalance, x.modules["mla_up_proj"], x.modules["moe_act"], x.modules["moe"],
-                                     x.quantized_input_bytes, x.modules["layernorm"], x.act_input_bytes)
+                                     x.quantized_input_bytes, x.modules["layernorm"], x.act_input_bytes,
+                                     x.routed_act_input_bytes)
     return (x.recomputed_fraction * memory.layer_input_bytes(x.model, x.b, x.s_local, x.t, x.sp)
             + (1 - x.recomputed_fraction) * (activation_bytes(x, is_moe, x.keep_scores) - spared))
 
