@@ -60,7 +60,8 @@ def lora_model_states(x: Candidates, layers: Layers, params, stage_layers, stage
 
 def _in_flight(x: Candidates, layers: Layers, held, stage_layers, stage_moe, edge_bytes=0.0, kept=1.0, graphs=None):
     """Saved activations the schedule holds on a stage at its peak, the working set of the layer
-    computing and the CUDA graphs' static buffers; and the edge chunk's micro-batches held then.
+    computing and the CUDA graphs' static buffers; and the edge chunk's micro-batches held then (None
+    where ``edge_bytes`` is nothing and several states may be the peak).
     ``held``: (dense layer-, MoE layer-, edge chunk) micro-batches of each state that may be the
     peak (``pipeline.held_at_peak``), the fullest of which is priced, its edge chunk's micro-batches
     keeping ``edge_bytes`` each; ``kept``: the share of the layers' activations left on the GPU
@@ -168,7 +169,7 @@ def activation_bytes(x: Candidates, layers: Layers) -> tuple[list, list]:
     mtp = mtp_bytes(x, layers, 1.0) if x.model.mtp_num_layers else 0.0
     last, last_edge = _in_flight(x, layers, x.held[2], x.last_layers, x.last_moe, last_head + mtp, graphs=graphs)
     first = first + np.where(x.single, mtp, 0.0)
-    last_head = last_edge * last_head
+    last_head = last_head if last_edge is None else last_edge * last_head  # None: no head beyond the working set
     if x.dualpipe.any():
         end, end_head = dualpipe_end_rank(x, layers, logits)
         first, last = np.where(x.dualpipe, end, first), np.where(x.dualpipe, end, last)
