@@ -1027,7 +1027,8 @@ HELD_CASES = [
     (60, None, 4, 3, 12, (12, 12, False, False, "")),
     (61, (0,) * 3 + (1,) * 58, 16, 2, 120, (0, 0, False, False, "Et*2|(t*2|)*14t|(t*2|)*15mL")),
     (61, (0,) * 3 + (1,) * 58, 4, 4, 36, (0, 0, False, False, pipeline.rank_balanced_layout(61, 4, 4, 1))),
-    (61, (0,) * 3 + (1,) * 58, 2, 8, 2, (0, 0, False, False, pipeline.rank_balanced_layout(61, 2, 8, 1))),  # all in the warm-up
+    # every micro-batch in the warm-up
+    (61, (0,) * 3 + (1,) * 58, 2, 8, 2, (0, 0, False, False, pipeline.rank_balanced_layout(61, 2, 8, 1))),
     (5, None, 4, 1, 8, (0, 0, False, False, "Et|t|t*2|tL")),
     (40, (1, 0) * 20, 8, 5, 256, pipeline.EVEN),
 ]
@@ -1043,7 +1044,8 @@ def test_held_at_peak_is_what_megatrons_schedule_holds(case):
     sizes = pipeline.virtual_stage_sizes(num_layers, pp, vp, *split)
     ends = np.cumsum(sizes)
     moe_sizes = [sum(pattern[e - s:e]) for s, e in zip(sizes, ends)]
-    positions = pipeline.held_at_peak(pattern, np.array([pp]), np.array([vp]), np.array([m]), *(np.array([v]) for v in split))
+    positions = pipeline.held_at_peak(pattern, np.array([pp]), np.array([vp]), np.array([m]),
+                                      *(np.array([v]) for v in split))
     rng = np.random.default_rng(pp * 100 + vp * 10 + m)
     for weights in [(1.0, 1.0, 0.0), (1.0, 1.0, 1.0), (0.0, 0.0, 1.0), *rng.uniform(0, 3, (6, 3))]:
         dense_w, moe_w, edge_w = weights

@@ -24,7 +24,10 @@ vp > 1. Stage i warms up with ``pp - i - 1`` micro-batches (1F1B) or ``2(pp - i 
 the activations of one more than that, capped by what the step has (m micro-batches, m*vp
 chunk-micro-batches). The first stage therefore holds about pp micro-batches of all its layers
 (×(1 + (pp-1)/(pp*vp)) interleaved, Korthikanti et al. §4.2.3); the last stage (vp-1)*pp + 1
-chunks, one micro-batch when not interleaved.
+chunks, one micro-batch when not interleaved. Which chunks those are matters where a rank's chunks
+hold different layers (the embedding or the loss counted in the split, a flexible layout, dense and
+MoE layers): the memory step prices the states the schedule really holds, chunk by chunk
+(``held_at_peak``), not that count of the rank's average chunk.
 
 A step of m micro-batches whose stages take T_i each (forward + backward of one micro-batch)
 runs for about m * max(T_i) at the bottleneck plus the fill and drain of the others,
