@@ -408,11 +408,12 @@ def alive_chunks(pp: int, vp: int, m: int) -> tuple[np.ndarray, ...]:
     the warm-up is the whole step). Memory only grows in the warm-up and only falls in the
     cool-down, so the peak is one of these states; between two B at which a forward or a backward
     enters a new chunk every count moves by a constant step, so any weighting of the chunks peaks
-    at such a B: those states are kept. While both B and B + W + 1 lie in regular groups the states repeat
-    with the period N * vp (each chunk gains N forwards and N backwards), so one period and the
-    states that reach the last group cover them all, as they do for m less whole groups as long
-    as a period and the fullest warm-up fit twice before the last group: the states are worked
-    out for the fewest such micro-batches."""
+    at such a B: those states are kept. While both B and B + W + 1 lie in regular groups the
+    states repeat with the period N * vp (each chunk gains N forwards and N backwards), so one
+    period and the states that reach the last group (shorter where m is not a multiple of N)
+    cover them all, as they do for m less whole groups as long as a period and the fullest
+    warm-up fit twice before the last group: the states are worked out for the fewest such
+    micro-batches."""
     group, last_group = _schedule_group(m, pp, vp)
     period = group * vp
     fullest = (pp - 1) * 2 + (vp - 1) * group + 1 if vp > 1 else pp
