@@ -29,7 +29,7 @@ FUNCTIONS = {
         "norm_recompute_time"],
     "autoparallel.costmodel.tensor_parallel": ["tp_comm_time"],
     "autoparallel.costmodel.memory": ["norm_output_bytes", "kept_logits_bytes"],
-    "autoparallel.costmodel.pipeline": ["dualpipe_inflight", "dualpipe_chunks"],
+    "autoparallel.costmodel.pipeline": ["dualpipe_inflight", "dualpipe_chunks", "held_at_peak", "alive_chunks"],
     "autoparallel.costmodel.stages": ["logits_time", "pp_comm_time", "offload_time", "stage_params", "mtp_time",
                                       "trainable_params"],
     "autoparallel.costmodel.step_time": ["dp_comm_time", "optimizer_time", "weight_cast_time"],

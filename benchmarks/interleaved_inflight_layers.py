@@ -1,8 +1,9 @@
 """Layer-micro-batches a pipeline rank holds at its peak under Megatron-Core's interleaved 1F1B,
-replayed chunk by chunk, against what the cost model prices (``pipeline.inflight_chunks`` / vp
-micro-batches of the rank's average chunk). They differ where a rank's chunks are uneven (the
-embedding or the loss counted in the split, a layout string): the held chunks are mostly the early
-chunks of each group.
+replayed chunk by chunk, against what the cost model priced before issue 22's helper h4
+(``pipeline.inflight_chunks`` / vp micro-batches of the rank's average chunk) and prices now
+(``pipeline.held_at_peak``: the states Megatron's schedule holds, chunk by chunk). The first two
+differ where a rank's chunks are uneven (the embedding or the loss counted in the split, a layout
+string): the held chunks are mostly the early chunks of each group.
 
 Megatron-LM d98e8a64dd megatron/core/pipeline_parallel/schedules.py: forwards run in the order of
 ``get_schedule_table`` (groups of ``microbatch_group_size_per_vp_stage`` micro-batches, each through
@@ -18,6 +19,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
 
 from autoparallel.costmodel import pipeline  # noqa: E402
 
@@ -53,12 +56,17 @@ def main() -> None:
     pp, vp, m = 16, 4, 1536 // 4  # 126 layers + embedding + loss in 64 virtual stages of 2 slots
     sizes = pipeline.virtual_stage_sizes(126, pp, vp, 0, 0, True, True)
     group = pipeline.microbatch_group_size(m, pp)
-    print("| rank | chunk layers | Megatron's peak | priced (inflight_chunks / vp x layers) |")
-    print("|---|---|---|---|")
+    split = [np.array([v]) for v in (0, 0, True, True, "")]
+    held = pipeline.held_at_peak((0,) * 126, np.array([pp]), np.array([vp]), np.array([m]), *split)
+    now = {0: held[0], 1: held[1], pp - 1: held[2]}
+    print("| rank | chunk layers | Megatron's peak | priced before (inflight_chunks / vp x layers) | priced now |")
+    print("|---|---|---|---|---|")
     for rank in (0, 1, pp - 1):
         chunks = [sizes[c * pp + rank] for c in range(vp)]
-        priced = float(pipeline.inflight_chunks(pp, vp, m, rank)) / vp * sum(chunks)
-        print(f"| {rank} | {chunks} | {peak_layers(pp, vp, m, group, rank, chunks)} | {priced:.2f} |")
+        before = float(pipeline.inflight_chunks(pp, vp, m, rank)) / vp * sum(chunks)
+        dense, moe, _ = now[rank]
+        print(f"| {rank} | {chunks} | {peak_layers(pp, vp, m, group, rank, chunks)} | {before:.2f} | "
+              f"{float((dense + moe).max()):.0f} |")
 
 
 if __name__ == "__main__":

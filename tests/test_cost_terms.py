@@ -662,7 +662,10 @@ def test_activations_in_flight_on_the_first_stage(gpt, hw):
     (first, middle, last), logits = pm.activation_bytes(x, _fake_layers(x))
     held = ((2 - 1) * 8 + 2 * 7 + 1) / 2  # interleaved warm-up plus the one in flight, in chunks
     embedding = 8 * 1024 + 1024 * 12288  # token ids and the dropout mask per micro-batch
-    assert first[0] == pytest.approx(held * 12 * 1e9 + 2e9 + held * embedding, rel=REL)
+    # The 23 chunk-micro-batches are 11.5 micro-batches of the rank's 12 layers, whichever chunks
+    # they are (both hold 6); the embedding's inputs are held per micro-batch of chunk 0, of which
+    # the fullest such state holds all 16 (chunk 1 then holds 7).
+    assert first[0] == pytest.approx(held * 12 * 1e9 + 2e9 + 16 * embedding, rel=REL)
     # The head's logits (90 MB here) are freed before the last layer's backward needs its 2 GB
     # working set: they add only what they exceed it by.
     held_last = ((2 - 1) * 8 + 1) / 2
@@ -788,7 +791,9 @@ def test_mtp_adds_a_layer_and_another_output_pass_to_the_last_stage(gpt, hw):
     assert last[0] == pytest.approx(12 * 1e8 + 50304 * 12288 / 4 + 1e8 + 2 * 12288 ** 2 / 4)
     (_, _, with_mtp), _ = pm.activation_bytes(x, layers)
     (_, _, without), _ = pm.activation_bytes(_cands(gpt, hw), _fake_layers(x))
-    held = ((2 - 1) * 8 + 1) / 2
+    # The MTP layer runs in the last chunk of the last rank, whose backward follows its forward at
+    # once: one micro-batch of it is held (the rank's 4.5 micro-batches are of its other chunk).
+    held = 1
     # Its loss keeps the FP32 softmax (4 B per logit, vocab-parallel over tp 4) and its head's two BF16
     # inputs (SP-sharded); its BF16 logits are freed before the main head computes its own.
     kept = 4 * 1024 * 50304 / 4 + 2 * (2 * 1024 * 12288 / 4)
@@ -1082,3 +1087,134 @@ def test_a_quick_geglus_clamp_keeps_one_more_bf16_copy_of_the_glu_input_unless_m
         elements = 4096 * 4 * x.imbalance[0] * 2 * 2880
         difference = lt.stored_activation_bytes(x, True)[0] - lt.stored_activation_bytes(y, True)[0]
         assert difference == pytest.approx(2.0 * elements if extra else 0.0, rel=1e-9, abs=1e-3)
+
+
+def _schedule_table(m, vp, group):
+    """Megatron-LM d98e8a64dd schedules.py ``get_schedule_table``: (micro-batch, chunk) in forward order."""
+    table = []
+    for low in range(0, m, group):
+        high = m if low + group >= m else low + group
+        table += [(mb, c) for c in range(vp) for mb in range(low, high)]
+    return table
+
+
+def _megatron_peak(pp, vp, m, rank, weights):
+    """The most ``weights`` (one per chunk) summed over the chunk-micro-batches alive on ``rank``,
+    replaying Megatron's schedule step by step: warm-up forwards ((pp - rank - 1) * 2 + (vp - 1) * N
+    interleaved, pp - rank - 1 not; ``get_pp_rank_microbatches``), then one forward and one backward
+    per step, the backwards in table order with the chunk reversed (``get_model_chunk_id``)."""
+    group = (pipeline.microbatch_group_size(m, pp) or pp) if vp > 1 else 1
+    table = _schedule_table(m, vp, group)
+    warmup = min((pp - rank - 1) * 2 + (vp - 1) * group if vp > 1 else pp - rank - 1, len(table))
+    alive, best, forwards, backwards = [0] * vp, 0.0, 0, 0
+    while backwards < len(table):
+        if forwards < len(table) and (forwards < warmup or forwards == backwards + warmup):
+            alive[table[forwards][1]] += 1
+            forwards += 1
+            best = max(best, sum(a * w for a, w in zip(alive, weights)))
+        else:
+            alive[vp - 1 - table[backwards][1]] -= 1
+            backwards += 1
+    return best
+
+
+# (layers, MoE pattern or None, pp, vp, micro-batches, split): even, accounted, explicit, flexible
+# layouts, groups of N != pp with a shorter last group (m not a multiple of pp: its states near the
+# step's end differ), every micro-batch in the warm-up, no interleaving.
+HELD_CASES = [
+    (126, None, 16, 4, 384, (0, 0, True, True, "")),  # Llama 3.1 405B on 256 GB200
+    (96, None, 8, 2, 16, pipeline.EVEN),
+    (30, None, 4, 2, 20, (0, 0, True, True, "")),  # 32 slots
+    (34, None, 6, 3, 29, (0, 0, True, True, "")),  # 36 slots; m = 29: groups of 10, the last of 9
+    (61, (0,) * 3 + (1,) * 58, 6, 4, 26, (0, 0, False, False, pipeline.rank_balanced_layout(61, 6, 4, 1))),  # 9, 8
+    (60, None, 4, 3, 12, (12, 12, False, False, "")),
+    (61, (0,) * 3 + (1,) * 58, 16, 2, 120, (0, 0, False, False, "Et*2|(t*2|)*14t|(t*2|)*15mL")),
+    (61, (0,) * 3 + (1,) * 58, 4, 4, 36, (0, 0, False, False, pipeline.rank_balanced_layout(61, 4, 4, 1))),
+    # every micro-batch in the warm-up
+    (61, (0,) * 3 + (1,) * 58, 2, 8, 2, (0, 0, False, False, pipeline.rank_balanced_layout(61, 2, 8, 1))),
+    (5, None, 4, 1, 8, (0, 0, False, False, "Et|t|t*2|tL")),
+    (40, (1, 0) * 20, 8, 5, 256, pipeline.EVEN),
+]
+
+
+@pytest.mark.parametrize("case", HELD_CASES, ids=lambda c: f"L{c[0]}-pp{c[2]}-vp{c[3]}-m{c[4]}")
+def test_held_at_peak_is_what_megatrons_schedule_holds(case):
+    """Every rank's peak, for any weights of its dense layers, MoE layers and edge chunk (the
+    embedding's on the first rank, the loss's on the last), is a state ``held_at_peak`` prices:
+    the first rank, the fullest middle rank (over every middle rank), the last rank."""
+    num_layers, pattern, pp, vp, m, split = case
+    pattern = pattern or (0,) * num_layers
+    sizes = pipeline.virtual_stage_sizes(num_layers, pp, vp, *split)
+    ends = np.cumsum(sizes)
+    moe_sizes = [sum(pattern[e - s:e]) for s, e in zip(sizes, ends)]
+    positions = pipeline.held_at_peak(pattern, np.array([pp]), np.array([vp]), np.array([m]),
+                                      *(np.array([v]) for v in split))
+    rng = np.random.default_rng(pp * 100 + vp * 10 + m)
+    for weights in [(1.0, 1.0, 0.0), (1.0, 1.0, 1.0), (0.0, 0.0, 1.0), *rng.uniform(0, 3, (6, 3))]:
+        dense_w, moe_w, edge_w = weights
+        peaks = []
+        for rank in range(pp):
+            per_chunk = [dense_w * (sizes[c * pp + rank] - moe_sizes[c * pp + rank]) + moe_w * moe_sizes[c * pp + rank]
+                         for c in range(vp)]
+            if rank == 0:
+                per_chunk[0] += edge_w
+            elif rank == pp - 1:
+                per_chunk[-1] += edge_w
+            peaks.append(_megatron_peak(pp, vp, m, rank, per_chunk))
+        expected = {0: peaks[0], 2: peaks[-1], **({1: max(peaks[1:-1])} if pp > 2 else {})}  # a middle from pp 3
+        for position, want in expected.items():
+            dense, moe, edge = (np.broadcast_to(a, (a.shape[0], 1))[:, 0] for a in positions[position])
+            got = (dense_w * dense + moe_w * moe + edge_w * (edge if position != 1 else 0)).max()
+            assert got == pytest.approx(want, abs=1e-9), (position, weights)
+
+
+def test_held_at_peak_moves_each_end_rank_its_own_way():
+    """Llama 3.1 405B, TP4 PP16 VP4, 384 micro-batches, the embedding and the loss counted in the
+    split (chunks of [1, 2, 2, 2] layers on rank 0, [2, 2, 2, 1] on rank 15): Megatron holds 127
+    layer-micro-batches on rank 0 (inflight_chunks / vp of the average chunk: 138.25), 154 on rank 1
+    (154 either way) and 98 on rank 15 (85.75); and on a flexible layout whose third rank holds more
+    layers the fullest middle rank is that one, not rank 1 (pp 4: rank 1 holds 3 micro-batches of 1
+    layer, rank 2 two of 3)."""
+    split = (np.array([0]), np.array([0]), np.array([True]), np.array([True]), np.array([""]))
+    first, middle, last = pipeline.held_at_peak((0,) * 126, np.array([16]), np.array([4]), np.array([384]), *split)
+    assert [float((d + mo).max()) for d, mo, _ in (first, middle, last)] == [127, 154, 98]
+    for rank, chunks in ((0, [1, 2, 2, 2]), (15, [2, 2, 2, 1])):
+        assert float(pipeline.inflight_chunks(16, 4, 384, rank)) / 4 * sum(chunks) == {0: 138.25, 15: 85.75}[rank]
+    layout = (np.array([0]), np.array([0]), np.array([False]), np.array([False]), np.array(["Et|t|t*3|tL"]))
+    _, middle, _ = pipeline.held_at_peak((0,) * 6, np.array([4]), np.array([1]), np.array([8]), *layout)
+    assert float(middle[0].max()) == 2 * 3
+
+
+def test_interleaved_activations_are_priced_at_the_fullest_state(gpt, hw):
+    """The memory step prices a stage at the fullest of ``held_at_peak``'s states: a rank whose
+    two states hold (30 dense layer-micro-batches, 0 edge) and (28, 4) keeps 30 layers' or 28
+    layers' and 4 edge chunks' activations, whichever is more."""
+    x = _cands(gpt, hw)
+    layers = _fake_layers(x)
+    states = (np.array([[30.0], [28.0]]), np.zeros((2, 1)), np.array([[0.0], [4.0]]))
+    for edge_bytes, want in ((0.4e9, 30e9), (0.6e9, 28e9 + 2.4e9)):
+        peak, edge = pm._in_flight(x, layers, states, x.middle_layers, x.middle_moe, edge_bytes)
+        assert peak[0] == pytest.approx(want + 2e9, rel=REL)  # + the working set of the layer computing
+        assert edge[0] == (0.0 if want == 30e9 else 4.0)
+
+
+def test_moe_act_recompute_keeps_the_routed_experts_bf16_fc1_output(mixtral, hw):
+    """``--recompute-modules moe_act`` runs the routed experts' SwiGLU in a CheckpointWithoutOutput
+    that keeps its BF16 input (Megatron-LM d98e8a64dd experts.py lines 1019-1023; the activation
+    runs without autograd, so no FP8 copy is kept): 2 B per element of the two FC1 halves whatever
+    ``activation_func_fp8_input_store`` says, where without the recompute the knob keeps 1 B. A
+    published row's own FP8 cache (DeepSeek-V3 §3.3.2, ``moe_act_cache_precision`` fp8) keeps 1 B."""
+    moe = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=8, precision="fp8-current")
+    act = dict(recompute="selective", recompute_modules="moe_act")
+    stored = lambda x: lt.stored_activation_bytes(x, True)[0]  # noqa: E731
+    recomputed = [_cands(mixtral, hw, activation_func_fp8_input_store=fp8, **act, **moe) for fp8 in (False, True)]
+    assert stored(recomputed[1]) == stored(recomputed[0])
+    x = recomputed[1]
+    halves = 4096 * 2 * x.imbalance[0] * 2 * 14336  # token copies (top 2, busiest rank) x the two FC1 halves
+    plain = [_cands(mixtral, hw, activation_func_fp8_input_store=fp8, **moe) for fp8 in (False, True)]
+    assert stored(plain[0]) - stored(plain[1]) == pytest.approx(halves * (2 - 1), rel=1e-9)
+    cols = plan_columns([Plan(**{**dict(tp=4, pp=8, vp=2, cp=2, dp=4, mbs=1, gbs=64, sp=True, recompute="none",
+                                        tp_comm_overlap=False, fp8_bf16_edge_layers=0, grad_reduce_in_fp32=False),
+                                 **moe, **act, "activation_func_fp8_input_store": True})])
+    row = candidates(mixtral, hw, {**cols, "moe_act_cache_precision": np.array(["fp8"], dtype=object)})
+    assert stored(x) - stored(row) == pytest.approx(halves * (2 - 1), rel=1e-9)

@@ -45,6 +45,28 @@ PER_TENSOR_FP8 = ("fp8-delayed", "fp8-current")
 RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "moe", "layernorm")
 
 
+# A published system's own cache of the recomputed routed experts' activation input, which
+# Megatron does not offer (``routed_act_input_bytes``): DeepSeek-V3 caches the SwiGLU inputs in FP8.
+MOE_ACT_CACHE_COLUMN = "moe_act_cache_precision"
+
+
+def routed_act_input_bytes(cols: Mapping[str, np.ndarray], moe_act):
+    """Bytes per element the routed experts keep of their activation's input. With
+    ``--recompute-modules moe_act`` Megatron runs the activation in a ``CheckpointWithoutOutput``
+    that keeps its inputs, the BF16 FC1 output, and runs the activation without autograd, so the
+    FP8 copy ``activation_func_fp8_input_store`` would save is not kept (Megatron-LM d98e8a64dd
+    megatron/core/transformer/moe/experts.py lines 1019-1023 ``TEGroupedMLP.forward``;
+    megatron/core/tensor_parallel/random.py lines 777-781 ``CheckpointWithoutOutputFunction.forward``:
+    ``torch.no_grad()``, then ``_save_args_to_ctx``): 2 B whatever the knob says. A published row
+    may state its own FP8 cache (``MOE_ACT_CACHE_COLUMN`` "fp8": DeepSeek-V3 report §3.3.2 "we cache
+    the inputs of the SwiGLU operator and recompute its output ... stored in FP8"). Elsewhere the
+    knob's bytes (``act_input_bytes``)."""
+    fp8_store = np.asarray(cols["activation_func_fp8_input_store"], dtype=bool)
+    row_fp8 = np.asarray(cols.get(MOE_ACT_CACHE_COLUMN, ""), dtype=object) == "fp8"
+    fp8 = np.where(moe_act, row_fp8, fp8_store)
+    return np.where(fp8, memory.FP8_ACT_INPUT_BYTES, memory.ACT_INPUT_BYTES)
+
+
 def _cast_bytes_per_element(precision):
     codes, names = pipeline.factorize(precision)
     return np.array([CAST_BYTES.get(name, 0.0) for name in names])[codes].reshape(np.shape(precision))
@@ -86,12 +108,16 @@ class Candidates:
     quantized_input_bytes: np.ndarray  # bytes per element a quantized layer keeps of a Linear input
     quantized_weight_bytes: np.ndarray  # bytes per weight of its quantized copies (both layouts)
     act_input_bytes: np.ndarray  # bytes per element kept of the activation's input (FP8 copy or BF16)
+    routed_act_input_bytes: np.ndarray  # the same for the routed experts (``routed_act_input_bytes``)
     first_layers: np.ndarray
     middle_layers: np.ndarray
     last_layers: np.ndarray
     first_moe: np.ndarray
     middle_moe: np.ndarray
     last_moe: np.ndarray
+    # What the first, middle and last stage may hold at their peaks (``pipeline.held_at_peak``):
+    # per position (dense layer-, MoE layer-, edge chunk) micro-batches, each a (K, plans) array.
+    held: list
     recomputed_fraction: np.ndarray  # share of a chunk's layers that full recompute covers
     modules: dict  # --recompute-modules name -> mask (selective recompute only)
     grad_bytes: np.ndarray  # bytes per gradient element in the data-parallel reduction
@@ -196,10 +222,14 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
              f64("account_for_embedding_in_pipeline_split"), f64("account_for_loss_in_pipeline_split"),
              np.asarray(cols["pipeline_model_parallel_layout"], dtype=object))
     first_layers, middle_layers, last_layers = pipeline.stage_layers(L, p, v, *split)
+    structure = pipeline.structure(p, v, *split)
     if model.is_moe:
-        first_moe, middle_moe, last_moe = pipeline.stage_pattern_counts(model.moe_layer_pattern, p, v, *split)
+        first_moe, middle_moe, last_moe = pipeline.stage_pattern_counts(model.moe_layer_pattern, p, v, *split,
+                                                                        structure=structure)
     else:
         first_moe = middle_moe = last_moe = np.zeros_like(t)
+    pattern = model.moe_layer_pattern if model.is_moe else (0,) * L
+    held = pipeline.held_at_peak(pattern, p, v, gbs / (b * dp), *split, structure=structure)
     layers_per_chunk = np.maximum(np.maximum(first_layers, middle_layers), last_layers) / v
     n_recomputed = np.where(f64("recompute_num_layers") > 0,
                             np.minimum(f64("recompute_num_layers"), layers_per_chunk), layers_per_chunk)
@@ -224,8 +254,9 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
             [QUANTIZED_WEIGHT_BYTES["fp4"], memory.FP8_WEIGHT_BYTES], QUANTIZED_WEIGHT_BYTES["fp8"]),
         act_input_bytes=np.where(flag("activation_func_fp8_input_store"), memory.FP8_ACT_INPUT_BYTES,
                                  memory.ACT_INPUT_BYTES),
+        routed_act_input_bytes=routed_act_input_bytes(cols, modules["moe_act"]),
         first_layers=first_layers, middle_layers=middle_layers, last_layers=last_layers,
-        first_moe=first_moe, middle_moe=middle_moe, last_moe=last_moe,
+        first_moe=first_moe, middle_moe=middle_moe, last_moe=last_moe, held=held,
         recomputed_fraction=np.where(full, n_recomputed / layers_per_chunk, 0.0),
         modules=modules,
         grad_bytes=np.where(flag("grad_reduce_in_fp32"), 4.0, 2.0),

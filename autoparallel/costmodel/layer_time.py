@@ -84,11 +84,13 @@ def activation_bytes(x: Candidates, is_moe: bool, keep_scores):
     keep); with ``keep_scores`` False counted in BF16 throughout (the tensors the elementwise
     kernels touch)."""
     fraction = x.quantized_fraction if keep_scores is not False else 0.0
-    act_in = x.act_input_bytes + glu_clamp_saved_bytes(x.model) if keep_scores is not False else memory.ACT_INPUT_BYTES
+    clamp = glu_clamp_saved_bytes(x.model)
+    act_in = x.act_input_bytes + clamp if keep_scores is not False else memory.ACT_INPUT_BYTES
+    routed_act_in = x.routed_act_input_bytes + clamp if keep_scores is not False else memory.ACT_INPUT_BYTES
     output = x.attention_output_bytes if keep_scores is not False else None
     saved = memory.layer_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, keep_scores, fraction, moe=is_moe,
                                           etp=x.et, imbalance=x.imbalance, quantized_bytes=x.quantized_input_bytes,
-                                          act_in=act_in, attention_output=output)
+                                          act_in=act_in, attention_output=output, routed_act_in=routed_act_in)
     if keep_scores is False:
         return saved
     return saved + finetune.frozen_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction,
@@ -398,7 +400,8 @@ def stored_activation_bytes(x: Candidates, is_moe: bool):
     clamp = glu_clamp_saved_bytes(x.model)
     spared = memory.recomputed_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction, is_moe, x.et,
                                      x.imbalance, x.modules["mla_up_proj"], x.modules["moe_act"], x.modules["moe"],
-                                     x.quantized_input_bytes, x.modules["layernorm"], x.act_input_bytes + clamp)
+                                     x.quantized_input_bytes, x.modules["layernorm"], x.act_input_bytes + clamp,
+                                     x.routed_act_input_bytes + clamp)
     if is_moe and clamp:  # moe_act's checkpoint drops the routed clamp's extra copy (moe drops it anyway)
         copies = x.b * x.s_local / x.t * x.model.moe_router_topk * x.imbalance
         extra = copies * 2.0 * x.model.expert_ffn_hidden_size * clamp

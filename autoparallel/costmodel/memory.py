@@ -179,7 +179,7 @@ def norm_output_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, mo
 
 def recomputed_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, etp, imbalance,
                      mla_up_proj, moe_act, moe_layer, quantized_bytes=FP8_GEMM_INPUT_BYTES, layernorm=False,
-                     act_in=ACT_INPUT_BYTES):
+                     act_in=ACT_INPUT_BYTES, routed_act_in=None):
     """What selective recompute of these Megatron modules spares a layer from keeping:
     ``mla_up_proj`` Q, K and V of multi-latent attention and the up projections' quantized input
     copies (Megatron-LM d98e8a64dd megatron/core/transformer/multi_latent_attention.py lines 983-990:
@@ -188,7 +188,9 @@ def recomputed_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, etp
     gpt_layer_specs.py lines 246-255 and 277-278: q_layernorm / kv_layernorm IdentityOp, so those
     inputs are the BF16 latents the layer keeps anyway); ``moe_act`` the routed experts' FC2
     inputs (the activation's output); ``moe_layer`` everything the MoE block keeps but its input
-    (routed and shared experts); ``layernorm`` the norms' outputs (``norm_output_bytes``)."""
+    (routed and shared experts, the routed experts' activation input at ``routed_act_in`` bytes,
+    ``act_in`` where not given: ``routed_expert_bytes``); ``layernorm`` the norms' outputs
+    (``norm_output_bytes``)."""
     tokens = b * s / t
     gemm_in = gemm_input_bytes(fp8_fraction, quantized_bytes)
     out = np.where(layernorm, norm_output_bytes(model, b, s, t, sp, fp8_fraction, moe, moe_layer,
@@ -198,7 +200,8 @@ def recomputed_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, etp
         latent_copies = gemm_in * ((model.q_lora_rank or 0) + model.kv_lora_rank) * b * s / np.where(sp, t, 1)
         out = out + np.where(mla_up_proj, tokens * 2.0 * heads * (2 * model.qk_dim + model.v_dim) + latent_copies, 0.0)
     if moe:
-        routed = routed_expert_bytes(model, tokens, etp, imbalance, fp8_fraction, quantized_bytes, act_in)
+        routed = routed_expert_bytes(model, tokens, etp, imbalance, fp8_fraction, quantized_bytes,
+                                     act_in if routed_act_in is None else routed_act_in)
         act = tokens * model.moe_router_topk * imbalance * gemm_in * model.expert_ffn_hidden_size
         shared_ffn = model.shared_expert_ffn_hidden_size
         shared_input = np.where(sp, gemm_in * b * s * model.hidden_size / t, gemm_in * b * s * model.hidden_size)
@@ -209,14 +212,15 @@ def recomputed_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, etp
 
 def layer_activation_bytes(model: ModelSpec, b, s, t, sp, keep_scores, fp8_fraction=0.0,
                            moe: bool = False, etp=1, imbalance=1.0, quantized_bytes=FP8_GEMM_INPUT_BYTES,
-                           act_in=ACT_INPUT_BYTES, attention_output=None):
+                           act_in=ACT_INPUT_BYTES, attention_output=None, routed_act_in=None):
     """Bytes one layer saves for backward for one micro-batch of ``b`` sequences of ``s`` tokens.
 
     ``keep_scores``: the s×s attention probabilities are stored (no flash attention and no
     selective recompute). ``fp8_fraction``: share of layers whose Linears run an FP8 recipe.
     ``moe``: a MoE layer (its routed experts over ``etp``, the busiest GPU's ``imbalance``).
     ``act_in``: bytes kept per element of the activation's input (``FP8_ACT_INPUT_BYTES`` when
-    Megatron keeps it in FP8).
+    Megatron keeps it in FP8); ``routed_act_in``: the routed experts' own, where it differs
+    (``--recompute-modules moe_act`` keeps their BF16 FC1 output, ``candidates``).
     """
     sbh = b * s * model.hidden_size
     replicated_bytes = replicated_bytes_per_token_hidden(model, fp8_fraction, moe, quantized_bytes)
@@ -224,7 +228,9 @@ def layer_activation_bytes(model: ModelSpec, b, s, t, sp, keep_scores, fp8_fract
     per_token = replicated + sharded_bytes_per_token_hidden(model, fp8_fraction, moe, quantized_bytes, act_in,
                                                             attention_output) / t
     scores = bytes_per_attention_score(model) * model.num_attention_heads * s * s * b / t
-    routed = routed_expert_bytes(model, b * s / t, etp, imbalance, fp8_fraction, quantized_bytes, act_in) if moe else 0.0
+    routed_act_in = act_in if routed_act_in is None else routed_act_in
+    routed = (routed_expert_bytes(model, b * s / t, etp, imbalance, fp8_fraction, quantized_bytes, routed_act_in)
+              if moe else 0.0)
     return sbh * per_token + np.where(keep_scores, scores, 0.0) + routed
 
 

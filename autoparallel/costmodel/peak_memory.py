@@ -58,26 +58,51 @@ def lora_model_states(x: Candidates, layers: Layers, params, stage_layers, stage
     return weights, grads, optimizer, np.zeros_like(weights)
 
 
-def _in_flight(x: Candidates, layers: Layers, stage_layers, stage_moe, stage):
-    """Saved activations of the micro-batches the schedule holds on ``stage``, the working set
-    of the layer computing and the CUDA graphs' static buffers; and the number of micro-batches
-    held (a published row's DualPipe: ``pipeline.dualpipe_inflight``; its end ranks are
-    ``dualpipe_end_rank``)."""
-    held = np.where(x.dualpipe, pipeline.dualpipe_inflight(x.p), pipeline.inflight_chunks(x.p, x.v, x.m, stage) / x.v)
-    working = _working(layers, stage_moe)
-    graphs = cuda_graph_bytes(x, held, stage_layers)
-    return held * stored_bytes(layers, stage_layers, stage_moe) + working + graphs, held
+def _in_flight(x: Candidates, layers: Layers, held, stage_layers, stage_moe, edge_bytes=0.0, kept=1.0, graphs=None):
+    """Saved activations the schedule holds on a stage at its peak, the working set of the layer
+    computing and the CUDA graphs' static buffers; and the edge chunk's micro-batches held then (None
+    where ``edge_bytes`` is nothing and several states may be the peak).
+    ``held``: (dense layer-, MoE layer-, edge chunk) micro-batches of each state that may be the
+    peak (``pipeline.held_at_peak``), the fullest of which is priced, its edge chunk's micro-batches
+    keeping ``edge_bytes`` each; ``kept``: the share of the layers' activations left on the GPU
+    (offloading); ``graphs``: (``graph_layer_input_bytes``, ``cuda_graph_bytes`` of no layer), computed
+    once for the three stages. A published row's DualPipe holds ``pipeline.dualpipe_inflight`` micro-batches of
+    the stage's layers (its end ranks are ``dualpipe_end_rank``)."""
+    dense, moe, edge = held
+    graph_layer, graph_data = graphs or (graph_layer_input_bytes(x), cuda_graph_bytes(x, 0.0, 0.0))
+    per_layer = kept * graph_layer
+    states = dense * (kept * stored_bytes(layers, 1.0, 0.0, stage_moe) + per_layer)
+    if np.any(moe):
+        states = states + moe * (kept * stored_bytes(layers, 1.0, 1.0, stage_moe) + per_layer)
+    if np.any(edge_bytes):
+        states = states + edge * edge_bytes
+    edge = np.broadcast_to(edge, states.shape)
+    if len(states) == 1:
+        peak, edge = states[0], edge[0]
+    elif not np.any(edge_bytes):  # the edge chunk's count is read only where it holds something
+        peak, edge = states.max(axis=0), None
+    else:
+        fullest = np.argmax(states, axis=0)[None]
+        peak, edge = (np.take_along_axis(a, fullest, axis=0)[0] for a in (states, edge))
+    peak = peak + graph_data
+    if x.dualpipe.any():
+        dual = pipeline.dualpipe_inflight(x.p)
+        peak = np.where(x.dualpipe, dual * stored_bytes(layers, stage_layers, stage_moe)
+                        + cuda_graph_bytes(x, dual, stage_layers), peak)
+    return peak + _working(layers, stage_moe), edge
 
 
-def stored_bytes(layers: Layers, stage_layers, stage_moe):
-    """What ``stage_layers`` layers (``stage_moe`` of them MoE) keep per micro-batch in flight. A
-    step waits for the busiest EP rank of each MoE layer (``moe.load_imbalance``), but a GPU's
-    memory holds the routed tokens of all its MoE layers: each layer's router picks its experts
-    apart, so the busiest rank of one layer is not that of the next, and the largest sum over the
-    ep ranks of n layers' loads exceeds n even shares by 1/sqrt(n) of one layer's excess (the
-    expected maximum of ep normal draws scales with their spread; micro-batches of one step are
-    not averaged, as the same experts may stay popular across them)."""
-    excess = layers.moe["stored_imbalance"] * (1.0 - 1.0 / np.sqrt(np.maximum(stage_moe, 1.0)))
+def stored_bytes(layers: Layers, stage_layers, stage_moe, gpu_moe=None):
+    """What ``stage_layers`` layers (``stage_moe`` of them MoE) keep, summed over the micro-batches in
+    flight. A step waits for the busiest EP rank of each MoE layer (``moe.load_imbalance``), but a
+    GPU's memory holds the routed tokens of all its MoE layers (``gpu_moe`` of them, the stage's
+    own where not given): each layer's router picks its experts apart, so the busiest rank of one
+    layer is not that of the next, and the largest sum over the ep ranks of n layers' loads exceeds
+    n even shares by 1/sqrt(n) of one layer's excess (the expected maximum of ep normal draws
+    scales with their spread; micro-batches of one step are not averaged, as the same experts may
+    stay popular across them)."""
+    gpu_moe = stage_moe if gpu_moe is None else gpu_moe
+    excess = layers.moe["stored_imbalance"] * (1.0 - 1.0 / np.sqrt(np.maximum(gpu_moe, 1.0)))
     return layers.on("stored", stage_layers, stage_moe) - stage_moe * excess
 
 
@@ -101,9 +126,14 @@ def cuda_graph_bytes(x: Candidates, held, stage_layers):
     micro-batch's backward, so one BF16 layer input per layer and micro-batch in flight; a
     full-iteration graph keeps the token ids, labels and loss mask of every micro-batch of the
     step."""
-    layer_inputs = held * stage_layers * memory.layer_input_bytes(x.model, x.b, x.s_local, x.t, x.sp)
     data = x.m * x.tokens * memory.GRAPH_DATA_BYTES_PER_TOKEN
-    return np.select([x.cuda_graph == "layer", x.cuda_graph == "full_iteration"], [layer_inputs, data], 0.0)
+    return held * stage_layers * graph_layer_input_bytes(x) + np.where(x.cuda_graph == "full_iteration", data, 0.0)
+
+
+def graph_layer_input_bytes(x: Candidates):
+    """Per-layer CUDA graphs' static input buffer, per layer and micro-batch in flight
+    (``cuda_graph_bytes``)."""
+    return np.where(x.cuda_graph == "layer", memory.layer_input_bytes(x.model, x.b, x.s_local, x.t, x.sp), 0.0)
 
 
 def logits_bytes(x: Candidates):
@@ -127,17 +157,19 @@ def activation_bytes(x: Candidates, layers: Layers) -> tuple[list, list]:
     offloaded = x.offloaded
     kept_layers = np.maximum(x.first_layers - offloaded, np.minimum(2.0, x.first_layers))
     kept = np.where(offloaded > 0, kept_layers / x.first_layers, 1.0)
-    first, first_held = _in_flight(x, layers, x.first_layers * kept, x.first_moe * kept, 0)
-    first = first + first_held * memory.embedding_activation_bytes(x.model, x.b, x.s_local)
+    graphs = graph_layer_input_bytes(x), cuda_graph_bytes(x, 0.0, 0.0)
+    first, _ = _in_flight(x, layers, x.held[0], x.first_layers * kept, x.first_moe * kept,
+                          memory.embedding_activation_bytes(x.model, x.b, x.s_local), kept, graphs)
     first_head = np.where(x.single, _beyond_working(logits, layers, x.first_moe), 0.0)
     first = first + first_head
-    middle, _ = _in_flight(x, layers, x.middle_layers, x.middle_moe, 1)
-    last, last_held = _in_flight(x, layers, x.last_layers, x.last_moe, x.p - 1)
+    middle, _ = _in_flight(x, layers, x.held[1], x.middle_layers, x.middle_moe, graphs=graphs)
+    # The last chunk's micro-batches hold the head's logits and the MTP layers (its one micro-batch
+    # without pipeline or interleaving; interleaved, the fullest state may hold none).
     last_head = _beyond_working(logits, layers, x.last_moe)
-    if x.model.mtp_num_layers:
-        mtp = mtp_bytes(x, layers, last_held)
-        first, last = first + np.where(x.single, mtp, 0.0), last + mtp
-    last = last + last_head
+    mtp = mtp_bytes(x, layers, 1.0) if x.model.mtp_num_layers else 0.0
+    last, last_edge = _in_flight(x, layers, x.held[2], x.last_layers, x.last_moe, last_head + mtp, graphs=graphs)
+    first = first + np.where(x.single, mtp, 0.0)
+    last_head = last_head if last_edge is None else last_edge * last_head  # None: no head beyond the working set
     if x.dualpipe.any():
         end, end_head = dualpipe_end_rank(x, layers, logits)
         first, last = np.where(x.dualpipe, end, first), np.where(x.dualpipe, end, last)

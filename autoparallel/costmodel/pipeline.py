@@ -24,7 +24,10 @@ vp > 1. Stage i warms up with ``pp - i - 1`` micro-batches (1F1B) or ``2(pp - i 
 the activations of one more than that, capped by what the step has (m micro-batches, m*vp
 chunk-micro-batches). The first stage therefore holds about pp micro-batches of all its layers
 (×(1 + (pp-1)/(pp*vp)) interleaved, Korthikanti et al. §4.2.3); the last stage (vp-1)*pp + 1
-chunks, one micro-batch when not interleaved.
+chunks, one micro-batch when not interleaved. Which chunks those are matters where a rank's chunks
+hold different layers (the embedding or the loss counted in the split, a flexible layout, dense and
+MoE layers): the memory step prices the states the schedule really holds, chunk by chunk
+(``held_at_peak``), not that count of the rank's average chunk.
 
 A step of m micro-batches whose stages take T_i each (forward + backward of one micro-batch)
 runs for about m * max(T_i) at the bottleneck plus the fill and drain of the others,
@@ -306,14 +309,17 @@ def _per_rank(sizes: list[int], pp: int) -> tuple[float, float, float]:
     return ranks[0], max(ranks[1:-1]) if pp > 2 else ranks[0], ranks[-1]
 
 
-def _structure(pp, vp, first, last, embedding, loss, layout) -> tuple[list[np.ndarray], list, np.ndarray, np.ndarray]:
-    """The pipeline-structure columns as flat int64 arrays (the layout as codes into ``names``),
-    each row's structure group and one row of each group: a search's rows have few structures
-    (32 in DeepSeek-V3's 1.7 M), so what depends on the structure alone is priced per group."""
+def _structure(pp, vp, first, last, embedding, loss, layout, *extra) -> tuple[list[np.ndarray], list, np.ndarray,
+                                                                             np.ndarray]:
+    """The pipeline-structure columns as flat int64 arrays (the layout as codes into ``names``,
+    then any ``extra`` integer columns), each row's structure group and one row of each group: a
+    search's rows have few structures (32 in DeepSeek-V3's 1.7 M), so what depends on the
+    structure alone is priced per group."""
     layout = np.asarray(layout, dtype=object)
     codes, names = factorize(layout)
     columns = [np.broadcast_to(np.asarray(a, dtype=np.int64), layout.shape).reshape(-1)
                for a in (pp, vp, first, last, embedding, loss)] + [codes]
+    columns += [np.broadcast_to(np.asarray(a, dtype=np.int64), layout.shape).reshape(-1) for a in extra]
     inverse, rows = _groups(*columns)
     return columns, names, inverse, rows
 
@@ -364,6 +370,154 @@ def inflight_chunks(pp, vp, m, stage):
     interleaved = (vp - 1) * group + 2 * (pp - 1 - stage) + 1
     plain = pp - stage
     return np.minimum(np.where(vp > 1, interleaved, plain), m * vp)
+
+
+def _schedule_group(m: int, pp: int, vp: int) -> tuple[int, int]:
+    """(N, the size of the last group) of ``get_schedule_table``'s groups of N micro-batches: N as
+    ``microbatch_group`` (pp where m < pp); the last group, the first whose end reaches m, takes
+    the rest (m - its first micro-batch, at most N)."""
+    group = (microbatch_group_size(m, pp) or pp) if vp > 1 else 1
+    low = group * max(-(-m // group) - 1, 0)
+    return group, m - low
+
+
+def _chunk_counts(k: np.ndarray, m: int, vp: int, group: int, last_group: int) -> np.ndarray:
+    """How many of the first ``k`` entries of ``get_schedule_table(m, vp, group)`` run each
+    chunk: (len(k), vp). Regular groups (N micro-batches through chunk 0, then 1, ...) come first,
+    the last one (``last_group`` micro-batches) ends the table."""
+    k = np.asarray(k, dtype=np.int64)[:, None]
+    chunks = np.arange(vp, dtype=np.int64)[None, :]
+    period = group * vp
+    start = (m - last_group) * vp  # the last group's first entry
+    regular = np.minimum(k, start)
+    counts = (regular // period) * group + np.clip(regular % period - chunks * group, 0, group)
+    return counts + np.clip(k - start - chunks * last_group, 0, last_group) * (k > start)
+
+
+def alive_chunks(pp: int, vp: int, m: int) -> tuple[np.ndarray, ...]:
+    """Chunk-micro-batches each pipeline rank may hold at its peak under Megatron's schedule, per
+    chunk: one (states, vp) int array per rank.
+
+    Megatron-LM d98e8a64dd megatron/core/pipeline_parallel/schedules.py: the forwards run in the
+    order of ``get_schedule_table`` (lines 989-1016: groups of ``microbatch_group_size_per_vp_stage``
+    micro-batches, each through chunk 0, 1, ... in turn), the backwards in the same order with the
+    chunk reversed (``get_model_chunk_id``, forward=False: vp - 1 - chunk); rank r warms up with
+    ``(pp - r - 1) * 2 + (vp - 1) * N`` forwards (``get_pp_rank_microbatches``, lines 957-970;
+    ``pp - r - 1`` without interleaving), then runs one forward and one backward per step, so after
+    B backwards it holds the first B + W + 1 forwards less the first B backwards (all m*vp where
+    the warm-up is the whole step). Memory only grows in the warm-up and only falls in the
+    cool-down, so the peak is one of these states; between two B at which a forward or a backward
+    enters a new chunk every count moves by a constant step, so any weighting of the chunks peaks
+    at such a B: those states are kept. While both B and B + W + 1 lie in regular groups the
+    states repeat with the period N * vp (each chunk gains N forwards and N backwards), so one
+    period and the states that reach the last group (shorter where m is not a multiple of N)
+    cover them all, as they do for m less whole groups as long as a period and the fullest
+    warm-up fit twice before the last group: the states are worked out for the fewest such
+    micro-batches."""
+    group, last_group = _schedule_group(m, pp, vp)
+    period = group * vp
+    fullest = (pp - 1) * 2 + (vp - 1) * group + 1 if vp > 1 else pp
+    spare = ((m - last_group) * vp - 2 * (period + fullest)) // period
+    return _alive_chunks(pp, vp, m - max(spare, 0) * group, group, last_group)
+
+
+@functools.lru_cache(maxsize=4096)
+def _alive_chunks(pp: int, vp: int, m: int, group: int, last_group: int) -> tuple[np.ndarray, ...]:
+    """``alive_chunks`` for m micro-batches in groups of ``group``, the last of ``last_group``."""
+    total, period = m * vp, group * vp
+    start = (m - last_group) * vp
+    bounds = np.union1d(np.arange(0, start + 1, group), start + np.arange(vp + 1) * last_group)
+    ranks = np.arange(pp)
+    warmup = (pp - ranks - 1) * 2 + (vp - 1) * group if vp > 1 else pp - ranks - 1
+    held = np.minimum(warmup + 1, total)[:, None]
+    last = total - held
+    steps = np.concatenate([np.zeros_like(held), last, np.broadcast_to(bounds, (pp, len(bounds))), bounds - held],
+                           axis=1)
+    keep = (steps >= 0) & (steps <= last) & ((steps <= period) | (steps >= start - held))
+    steps, held = steps[keep], np.broadcast_to(held, keep.shape)[keep]
+    alive = (_chunk_counts(steps + held, m, vp, group, last_group)
+             - _chunk_counts(steps, m, vp, group, last_group)[:, ::-1])
+    return tuple(np.split(alive, np.cumsum(keep.sum(axis=1))[:-1]))
+
+
+def _undominated(points: np.ndarray) -> np.ndarray:
+    """The distinct rows of ``points`` (three non-negative int columns below 2**21) that no other
+    row is >= in every column."""
+    keys = np.unique((points[:, 0] << 42) | (points[:, 1] << 21) | points[:, 2])
+    points = np.stack([keys >> 42, (keys >> 21) & (2 ** 21 - 1), keys & (2 ** 21 - 1)], axis=1)
+    ge = (points[:, None, :] >= points[None, :, :]).all(axis=2)  # ge[j, i]: row j holds as much as row i
+    return points[~(ge & ~np.eye(len(points), dtype=bool)).any(axis=0)]
+
+
+@functools.lru_cache(maxsize=65536)
+def _held_at_peak(pattern: tuple[int, ...], pp: int, vp: int, m: int, first: int, last: int, embedding: bool,
+                  loss: bool, layout: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``held_at_peak`` of one structure: for the first rank, the fullest middle rank and the last
+    rank, the (layers, MoE layers, edge chunk's micro-batches) of each state that may be its peak,
+    as three (states, 3) arrays."""
+    sizes = np.asarray(virtual_stage_sizes(len(pattern), pp, vp, first, last, embedding, loss, layout), dtype=np.int64)
+    ends = np.cumsum(sizes)
+    cumulative = np.concatenate([[0], np.cumsum(pattern)]).astype(np.int64)
+    moe = cumulative[ends] - cumulative[ends - sizes]
+    states = [np.asarray(held, dtype=np.int64) for held in alive_chunks(pp, vp, m)]
+    ranks = []
+    for rank in range(pp):
+        edge = states[rank][:, 0] if rank == 0 else states[rank][:, -1] if rank == pp - 1 else 0 * states[rank][:, 0]
+        moe_layers = states[rank] @ moe[rank::pp]
+        ranks.append(np.stack([states[rank] @ sizes[rank::pp] - moe_layers, moe_layers, edge], axis=1))
+    assert max(int(r.max()) for r in ranks) < 2 ** 21, "held counts beyond _undominated's packing"
+    middle = _undominated(np.concatenate(ranks[1:-1])) if pp > 2 else _undominated(ranks[0])
+    return _undominated(ranks[0]), middle, _undominated(ranks[-1])
+
+
+def held_at_peak(pattern: tuple[int, ...], pp, vp, m, first, last, embedding, loss, layout, structure=None):
+    """What the first, the fullest middle and the last pipeline rank may hold at the peak of
+    Megatron's schedule (``alive_chunks``), summed over the chunk-micro-batches in flight: for each
+    position an array of each of dense layer-micro-batches, MoE layer-micro-batches and
+    micro-batches of the edge chunk (the first rank's first chunk: the embedding's inputs; the last
+    rank's last chunk: the loss's and the MTP layers'), one row per state that may be the peak
+    ((K, plans) arrays, a group's first state repeated up to K); the memory step prices every state
+    and keeps the fullest. ``pattern``: 1 per MoE layer, 0
+    per dense one. Where a rank's chunks hold different counts (the embedding or the loss counted
+    in the split, an uneven or flexible layout), its early chunks are held more often than its late
+    ones, which ``inflight_chunks`` / vp micro-batches of the average chunk misses both ways
+    (Llama 3.1 405B, PP16 VP4, 126 layers + embedding + loss: rank 0 holds at most 127
+    layer-micro-batches, not 138.25; rank 15 98, not 85.75). The middle takes the states of every
+    middle rank: priced with the middle rank's model states (the most layers, ``stage_layers``),
+    every rank is covered. ``structure``: ``structure(pp, vp, first, last, embedding, loss, layout)``
+    where the caller has it."""
+    layout = np.asarray(layout, dtype=object)
+    shape = np.broadcast(layout, np.asarray(pp), np.asarray(m)).shape
+    m = np.broadcast_to(np.rint(np.asarray(m, dtype=float)), shape).astype(np.int64).reshape(-1)
+    columns, names, by_structure, _ = structure or _structure(pp, vp, first, last, embedding, loss,
+                                                              np.broadcast_to(layout, shape))
+    inverse, rows = _groups(by_structure, m)
+    columns = [*columns, m]
+    per_group = []
+    for i in rows:
+        p_, v_, f_, l_, e_, o_, code, m_ = (int(c[i]) for c in columns)
+        per_group.append(_held_at_peak(pattern, p_, v_, m_, f_, l_, bool(e_), bool(o_), names[code] or ""))
+    tables, varying = [], []
+    for position in range(3):
+        k = max(len(g[position]) for g in per_group)
+        table = np.stack([np.concatenate([g[position], np.repeat(g[position][:1], k - len(g[position]), axis=0)])
+                          for g in per_group]).astype(np.int32)  # (groups, K, 3)
+        tables.append(table)
+        # a count the same in every group is one (K, 1) column (a dense model's MoE layers, a middle
+        # rank's edge chunk); the others are gathered per plan, all in one pass
+        varying += [table[:, :, j] for j in range(3) if (table[:, :, j] != table[:1, :, j]).any()]
+    gathered = np.take(np.concatenate(varying, axis=1), inverse, axis=0) if varying else None
+    out, column = [], 0
+    for table in tables:
+        k, parts = table.shape[1], []
+        for j in range(3):
+            if (table[:, :, j] != table[:1, :, j]).any():
+                parts.append(gathered[:, column:column + k].T.reshape(k, *shape))
+                column += k
+            else:
+                parts.append(table[0, :, j].reshape(k, *(1,) * len(shape)))
+        out.append(tuple(parts))
+    return out
 
 
 # Pipeline schedules Megatron does not run, which only a published row states (the row's
@@ -442,12 +596,18 @@ def virtual_stage_sizes(num_layers: int, pp: int, vp: int, first: int, last: int
     return [per_rank[r] // vp for _ in range(vp) for r in range(pp)]
 
 
-def stage_pattern_counts(pattern: tuple[int, ...], pp, vp, first, last, embedding, loss, layout):
+def structure(pp, vp, first, last, embedding, loss, layout):
+    """The pipeline-structure groups of these plans (``_structure``), for the functions that take
+    them (``held_at_peak``, ``stage_pattern_counts``) to share."""
+    return _structure(pp, vp, first, last, embedding, loss, layout)
+
+
+def stage_pattern_counts(pattern: tuple[int, ...], pp, vp, first, last, embedding, loss, layout, structure=None):
     """For layers flagged 1 in ``pattern`` (MoE layers): how many the first stage, the middle stage
     holding most of them, and the last stage hold (arrays, one per plan; the middle equals the
     first when pp <= 2)."""
     layout = np.asarray(layout, dtype=object)
-    columns, names, inverse, rows = _structure(pp, vp, first, last, embedding, loss, layout)
+    columns, names, inverse, rows = structure or _structure(pp, vp, first, last, embedding, loss, layout)
     cumulative = np.concatenate([[0], np.cumsum(pattern)])
     counts = np.zeros((len(rows), 3))
     for i, row in enumerate(rows):
