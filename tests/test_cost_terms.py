@@ -1018,17 +1018,22 @@ def test_expert_bias_bytes_follow_megatrons_eager_per_expert_add():
 
 
 def test_expert_biases_cost_hbm_passes_over_the_routed_copies_and_nothing_without_them(mixtral, hw):
-    """GPT-OSS-120B (expert biases, 128 experts routed in FP32), ep 8, mbs 1: 4096 tokens x top-4
-    copies x imbalance x hidden 2880 elements, 28 B forward and 36 B backward each. Mixtral has no
-    bias: zero."""
+    """GPT-OSS-120B (expert biases, routed in BF16 as its preset states), ep 8, mbs 1: 4096 tokens x
+    top-4 copies x imbalance x hidden 2880 elements, 12 B forward and 12 B backward each; routed in
+    FP32, 28 and 36. Mixtral has no bias: zero."""
     model = io.load_model("gpt-oss-120b")
     x = _cands(model, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
     elements = 4096 * 4 * x.imbalance[0] * 2880
     forward, backward = lt.expert_bias_time(x)
-    assert forward[0] == pytest.approx(28 * elements / _hbm(hw), rel=REL)
-    assert backward[0] == pytest.approx(36 * elements / _hbm(hw), rel=REL)
+    assert forward[0] == pytest.approx(12 * elements / _hbm(hw), rel=REL)
+    assert backward[0] == pytest.approx(12 * elements / _hbm(hw), rel=REL)
+    fp32 = _cands(dataclasses.replace(model, moe_router_dtype="fp32"), hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8,
+                  sp=False, gbs=64)
+    assert [t[0] for t in lt.expert_bias_time(fp32)] == pytest.approx(
+        [28 * elements / _hbm(hw), 36 * elements / _hbm(hw)], rel=REL)
     layer = lt.moe_layer(x)
-    kernels = (lt.router_time(x), lt.permutation_time(x), (forward, backward), lt.glu_clamp_time(x, True))
+    kernels = (lt.router_time(x), lt.permutation_time(x), lt.moe_expert_calls(x), (forward, backward),
+               lt.glu_clamp_time(x, True))
     own = sum(b[0] - 2 * f[0] for f, b in kernels)
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
     no_bias = dataclasses.replace(model, add_bias_linear=False)
