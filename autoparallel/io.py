@@ -20,6 +20,7 @@ import difflib
 import math
 import os
 import stat
+import sys
 import types
 import typing
 from pathlib import Path
@@ -257,6 +258,22 @@ def load_model(name_or_path: str) -> ModelSpec:
     return from_dict(ModelSpec, read_yaml(path), str(path))
 
 
+# Efficiency constants an older `autoparallel calibrate --moe` wrote that the cost model no longer
+# has (2026-11-27: the local experts are priced per TransformerEngine call, costmodel/layer_time.py
+# moe_expert_calls): a preset that states them still loads, without them, and says so.
+RETIRED_EFFICIENCY_KEYS = ("grouped_gemm_max", "grouped_gemm_half_gflop", "moe_expert_overhead_s")
+
+
+def _drop_retired(data: dict, path: Path) -> dict:
+    efficiency = data.get("efficiency")
+    retired = [k for k in RETIRED_EFFICIENCY_KEYS if isinstance(efficiency, dict) and k in efficiency]
+    if not retired:
+        return data
+    print(f"autoparallel: warning: {path}: {', '.join(retired)} no longer priced (ignored); refit the MoE "
+          "constants with `autoparallel calibrate --moe`", file=sys.stderr)
+    return {**data, "efficiency": {k: v for k, v in efficiency.items() if k not in retired}}
+
+
 def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareSpec:
     path = resolve_preset("hardware", name_or_path)
     real = Path(os.path.realpath(path))  # not Path.resolve(): a symlink loop is a RuntimeError there
@@ -264,7 +281,7 @@ def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareS
         names = " -> ".join(p.stem for p in (*_chain, real))
         raise SpecError(f"{_chain[-1]}: efficiency_from makes a cycle ({names}); name a preset with "
                         "its own efficiency block")
-    data = read_yaml(path)
+    data = _drop_retired(read_yaml(path), path)
     hw = from_dict(HardwareSpec, data, str(path))
     if hw.efficiency_from:
         if "efficiency" in data:

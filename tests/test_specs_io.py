@@ -210,3 +210,18 @@ def test_quick_geglu_is_a_gated_activation_and_its_clamp_positive():
         with pytest.raises(ValueError, match="activation_func_clamp_value must be finite"):
             dataclasses.replace(base, activation_func_clamp_value=bad)
     assert (base.quick_geglu, base.activation_func_clamp_value) == (True, 7.0)
+
+
+def test_a_preset_calibrated_before_the_moe_experts_were_priced_per_call_still_loads(tmp_path, capsys):
+    """Presets `calibrate --moe` wrote before 2026-11-27 state grouped_gemm_max, grouped_gemm_half_gflop
+    and moe_expert_overhead_s: they load without them, and the user is told to refit."""
+    text = (io.SEARCH_SPACES / "hardware" / "h100-sxm.yaml").read_text().replace("name: h100-sxm", "name: my-cluster")
+    text = text.replace("efficiency:\n", "efficiency:\n  grouped_gemm_max: 0.7191\n  grouped_gemm_half_gflop: 0.01\n"
+                        "  moe_expert_overhead_s: 0.0001365\n", 1)
+    path = tmp_path / "my-cluster.yaml"
+    path.write_text(text)
+    hw = io.load_hardware(str(path))
+    assert hw.efficiency == io.load_hardware("h100-sxm").efficiency
+    err = capsys.readouterr().err
+    assert "grouped_gemm_max, grouped_gemm_half_gflop, moe_expert_overhead_s no longer priced" in err
+    assert "calibrate --moe" in err
