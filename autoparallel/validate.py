@@ -58,8 +58,9 @@ def _refit_and_predict(rows: list[PreparedRow], group: str, family: str) -> dict
     """One fold: refit ``family`` without ``group``'s rows, predict them."""
     members = [p for p in rows if p.family == family and not p.model.is_moe]
     rest = [p for p in members if p.model_group != group and not p.validation_only]
-    start = calibrate.uncalibrated(io.load_hardware(family).efficiency)
-    fitted = calibrate.fit(rest, start).values if rest else {}
+    shipped = io.load_hardware(family)
+    start = calibrate.uncalibrated(shipped.efficiency)
+    fitted = calibrate.fit(rest, start, donor=calibrate.speed_donor(shipped)).values if rest else {}
     efficiency = dataclasses.replace(start, **fitted)
     return {p.id: predict_row(p, efficiency) for p in members if p.model_group == group}
 
@@ -94,8 +95,10 @@ def _refit_system_and_predict(rows: list[PreparedRow], family: str, left_out: tu
     """One system fold: ``family`` refitted from its uncalibrated constants without ``left_out``."""
     rest = [p for p in rows if p.family == family and not p.model.is_moe and not p.validation_only
             and p.id not in left_out]
-    start = calibrate.uncalibrated(io.load_hardware(family).efficiency)
-    efficiency = dataclasses.replace(start, **(calibrate.fit(rest, start).values if rest else {}))
+    shipped = io.load_hardware(family)
+    start = calibrate.uncalibrated(shipped.efficiency)
+    efficiency = dataclasses.replace(start, **(calibrate.fit(rest, start, donor=calibrate.speed_donor(shipped)).values
+                                               if rest else {}))
     return {p.id: predict_row(p, efficiency) for p in rows if p.id in predicted}
 
 

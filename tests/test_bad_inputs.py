@@ -554,6 +554,7 @@ BAD_INPUTS = [
     (["calibrate", "--gpu", "h100-sxm", "--dry-run", "-o", "{dir}/fit.yaml"], "--output has no effect with --dry-run"),
     (["calibrate", "--gpu", "h100-sxm", "--moe", "--as", "mine"], "--as has no effect with --moe"),
     (["calibrate", "--gpu", "h100-sxm", "--with-published"], "--with-published has no effect with no --runs"),
+    (["calibrate", "--gpu", "b200", "--moe", "--gpu-speed"], "--gpu-speed has no effect with --moe"),
     (["calibrate", "--gpu", "cpu-local"], "no published run was measured on cpu-local; nothing to fit"),
     (["search", "--model", "", "--gpus", "8"], "--model: expected a value, got an empty string"),
     (["search", "--model=", "--gpus", "8"], "--model: expected a value, got an empty string"),

@@ -16,7 +16,7 @@ from autoparallel.specs.hardware import Efficiency, HardwareSpec
 
 REGISTRY = io.read_yaml(io.SEARCH_SPACES / "hand_set_constants.yaml")
 KINDS = {"measurement", "datasheet", "code", "guess"}
-FITTED_TRAINING = {*calibrate.FITTED, *calibrate.MOE_FITTED, "moe_load_imbalance", "release_speed"}
+FITTED_TRAINING = {*calibrate.FITTED, *calibrate.MOE_FITTED, "moe_load_imbalance", "release_speed", "gpu_speed"}
 
 
 def _gpu_presets():

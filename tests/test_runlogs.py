@@ -206,7 +206,7 @@ def test_fit_never_fits_more_constants_than_rows(tmp_path):
     rows = measured_runs.load_runs([runs])
     result = calibrate.fit(rows, io.load_hardware("h100-sxm").efficiency)
     assert len(result.fitted) == 1 and len(result.capped) >= 2
-    assert set(result.values) - {"release_speed"} == set(result.fitted)
+    assert set(result.values) - {"release_speed", "gpu_speed"} == set(result.fitted)
     assert result.after < result.before
 
 

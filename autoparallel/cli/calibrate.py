@@ -25,6 +25,10 @@ def add_parser(sub) -> None:
     c.add_argument("--moe", action="store_true",
                    help="fit the mixture-of-experts constants instead (on the MoE rows of every GPU and the "
                         "forced-balance vs dropless pairs) and write them into --gpu's preset")
+    c.add_argument("--gpu-speed", action="store_true",
+                   help="also fit each GPU that takes --gpu's constants (efficiency_from) a sustained tensor speed "
+                        "relative to --gpu, where 3 rows of it and 5 of --gpu pin it (a preset that holds such "
+                        "factors refits them without the flag)")
     c.add_argument("--dry-run", action="store_true", help="print the fit, do not write the YAML")
     c.add_argument("--json", action="store_true",
                    help="print the fit as JSON (fitted values, errors, constants at a bound); the rest goes to stderr")
@@ -68,7 +72,8 @@ def _fit(args: argparse.Namespace, output: Path | None, console: Console) -> dic
         return calibrate.main_moe(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run,
                                   console=console, output=output)
     return calibrate.main(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run, console=console,
-                          output=output, as_name=args.as_name, with_published=args.with_published)
+                          output=output, as_name=args.as_name, with_published=args.with_published,
+                          gpu_speed=args.gpu_speed)
 
 
 def _check_combinations(args: argparse.Namespace) -> None:
@@ -78,6 +83,8 @@ def _check_combinations(args: argparse.Namespace) -> None:
         raise no_effect("--output", "--dry-run", "a dry run writes nothing; drop one of them")
     if args.as_name is not None and args.moe:
         raise no_effect("--as", "--moe", "the MoE constants go into --gpu's own preset")
+    if args.gpu_speed and (args.moe or args.from_run):
+        raise no_effect("--gpu-speed", "--moe" if args.moe else "--from", "the GPU speeds are fitted with the dense constants")
     if args.with_published and not args.runs:
         raise no_effect("--with-published", "no --runs", "the published runs are the default already")
     if args.gpu and not args.runs and not args.moe and not args.from_run:

@@ -67,10 +67,34 @@ def release_factors_to_fit(rows, software_date) -> list[str]:
     return [r for r in ordered[:-1] if counts[r] >= MIN_RELEASE_ROWS]
 
 
+GPU_SPEED_BOUNDS = (0.5, 2.0)
+# A family GPU's tensor speed relative to the donor's (``Efficiency.gpu_speed``) is fitted only
+# where its own rows and the donor's pin it, as a release's speed is.
+MIN_GPU_ROWS = 3
+MIN_DONOR_ROWS = 5
+
+
+def gpu_factors_to_fit(rows, donor: str | None) -> list[str]:
+    """The GPUs among ``rows`` (hardware preset names) other than ``donor``, the one whose
+    constants they take, whose sustained tensor speed relative to it is fitted; none without a
+    donor."""
+    counts = Counter(p.hardware.name for p in rows)
+    if not donor or counts[donor] < MIN_DONOR_ROWS:
+        return []
+    return sorted(g for g, n in counts.items() if g != donor and n >= MIN_GPU_ROWS)
+
+
+def speed_donor(hw: HardwareSpec, asked: bool = False) -> str | None:
+    """``fit``'s ``donor`` for a refit of ``hw``'s constants: its name where the GPU speeds of its
+    family are fitted (``asked``, or the preset holds some: a refit keeps what it was fitted with),
+    else None."""
+    return hw.name if asked or hw.efficiency.gpu_speed else None
+
+
 def uncalibrated(efficiency: Efficiency) -> Efficiency:
     """``efficiency`` with every fitted constant back at its uncalibrated default."""
     defaults = Efficiency()
-    return dataclasses.replace(efficiency, release_speed={}, **{n: getattr(defaults, n) for n in FITTED})
+    return dataclasses.replace(efficiency, release_speed={}, gpu_speed={}, **{n: getattr(defaults, n) for n in FITTED})
 
 
 class Fit(NamedTuple):
@@ -119,10 +143,12 @@ def _least_squares(names: list[str], bounds: list[tuple[float, float]], start: l
                tuple(at_bounds(values, dict(zip(names, bounds)), log=True)))
 
 
-def fit(rows, efficiency: Efficiency, progress=None) -> Fit:
+def fit(rows, efficiency: Efficiency, progress=None, donor: str | None = None) -> Fit:
     """Fit the ``FITTED`` constants to ``rows`` (prepared runs, each repriced on its own GPU with
     the trial constants), starting from ``efficiency``; with rows of several software releases,
-    also each older release's speed relative to the newest (``release_speed``).
+    also each older release's speed relative to the newest (``release_speed``); with rows of
+    several GPUs that take the constants of ``donor`` (the preset they belong to), each other
+    GPU's sustained tensor speed relative to it (``gpu_speed``).
 
     Least squares on the log errors (trust region, bounded, in log space). Constants no row can
     see (FP8 GEMMs without an FP8 row, TP overlap without a TP row) keep their value, and so do
@@ -130,15 +156,21 @@ def fit(rows, efficiency: Efficiency, progress=None) -> Fit:
     never more constants are fitted than there are rows.
     """
     releases = release_factors_to_fit(rows, software_date)
-    efficiency = dataclasses.replace(efficiency, release_speed={r: v for r, v in efficiency.release_speed.items()
-                                                                if r in releases})
-    names = list(FITTED) + [f"release {r}" for r in releases]
-    bounds = [FITTED[n] for n in FITTED] + [RELEASE_SPEED_BOUNDS] * len(releases)
-    start = [getattr(efficiency, n) for n in FITTED] + [efficiency.release_speed.get(r, 1.0) for r in releases]
+    gpus = gpu_factors_to_fit(rows, donor)
+    efficiency = dataclasses.replace(
+        efficiency, release_speed={r: v for r, v in efficiency.release_speed.items() if r in releases},
+        gpu_speed={g: v for g, v in efficiency.gpu_speed.items() if g in gpus})
+    names = list(FITTED) + [f"release {r}" for r in releases] + [f"gpu {g}" for g in gpus]
+    bounds = [FITTED[n] for n in FITTED] + [RELEASE_SPEED_BOUNDS] * len(releases) + [GPU_SPEED_BOUNDS] * len(gpus)
+    start = ([getattr(efficiency, n) for n in FITTED] + [efficiency.release_speed.get(r, 1.0) for r in releases]
+             + [efficiency.gpu_speed.get(g, 1.0) for g in gpus])
 
     def trial(values: dict) -> Efficiency:
-        speed = {**efficiency.release_speed, **{n[len("release "):]: v for n, v in values.items() if n.startswith("release ")}}
-        return dataclasses.replace(efficiency, release_speed=speed, **{n: v for n, v in values.items() if n in FITTED})
+        def factors(prefix, current):
+            return {**current, **{n[len(prefix):]: v for n, v in values.items() if n.startswith(prefix)}}
+        return dataclasses.replace(efficiency, release_speed=factors("release ", efficiency.release_speed),
+                                   gpu_speed=factors("gpu ", efficiency.gpu_speed),
+                                   **{n: v for n, v in values.items() if n in FITTED})
 
     def errors(values: dict) -> np.ndarray:
         if progress:
@@ -150,6 +182,7 @@ def fit(rows, efficiency: Efficiency, progress=None) -> Fit:
     fitted_eff = trial(result.values)
     fitted = {n: float(getattr(fitted_eff, n)) for n in result.values if n in FITTED}
     fitted["release_speed"] = {r: float(v) for r, v in fitted_eff.release_speed.items()}
+    fitted["gpu_speed"] = {g: float(v) for g, v in fitted_eff.gpu_speed.items()}
     return result._replace(values=fitted)
 
 
@@ -252,11 +285,12 @@ def summary(fit_result: Fit, rows: int) -> dict:
 
 
 def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Path | None = None,
-         as_name: str | None = None, with_published: bool = False) -> dict:
+         as_name: str | None = None, with_published: bool = False, gpu_speed: bool = False) -> dict:
     """Fit ``gpu`` to the rows of ``runs`` (default: the published runs; ``with_published``: both)
-    measured on it and on the GPUs that take its constants (``efficiency_from``); write the
-    preset to ``output`` (default: the user's preset folder, as ``as_name`` if given). Returns
-    ``summary`` of the fit."""
+    measured on it and on the GPUs that take its constants (``efficiency_from``), with those GPUs'
+    speeds relative to it (``fit``'s ``donor``) if ``gpu_speed`` or the preset holds some already;
+    write the preset to ``output`` (default: the user's preset folder, as ``as_name`` if given).
+    Returns ``summary`` of the fit."""
     from rich.progress import Progress
 
     if as_name is not None and not PRESET_NAME.match(as_name):
@@ -275,11 +309,14 @@ def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Pat
         raise UserError(f"no dense rows of {names} were measured on {hw.name}; nothing to fit")
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"fitting {hw.name} on {len(rows)} runs", total=None)
-        result = fit(rows, hw.efficiency, progress=lambda: bar.advance(task))
+        result = fit(rows, hw.efficiency, progress=lambda: bar.advance(task), donor=speed_donor(hw, gpu_speed))
     for name, value in result.values.items():
         if name == "release_speed":
             console.print("  release_speed (relative to the newest release): "
                           + (", ".join(f"{r} {v:.3f}" for r, v in value.items()) or "none fitted"))
+        elif name == "gpu_speed":
+            console.print(f"  gpu_speed (sustained tensor speed relative to {hw.name}): "
+                          + (", ".join(f"{g} {v:.3f}" for g, v in value.items()) or "none fitted"))
         else:
             console.print(f"  {name}: {getattr(hw.efficiency, name):.4g} -> {value:.4g}")
     kept = _kept(result, len(rows))

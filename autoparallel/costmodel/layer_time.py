@@ -59,7 +59,7 @@ def attention_time(x: Candidates):
     attn_flops = flops.attention_core_flops(model, x.b, model.seq_length, causal=x.flash) / (x.t * x.c)
     attn_flops = attn_flops * np.where(x.flash, finetune.attention_share(model), 1.0)
     exponentials = np.where(x.flash, attn_flops / (2.0 * (model.qk_dim + model.v_dim)), 0.0)
-    peak = np.where(x.flag("fp8_attention"), hw.fp8_tflops or hw.bf16_tflops, hw.bf16_tflops) * 1e12
+    peak = np.where(x.flag("fp8_attention"), hw.fp8_tflops or hw.bf16_tflops, hw.bf16_tflops) * 1e12 * gemm.tensor_speed(hw)
     return np.maximum(attn_flops / peak, exponentials / (hw.exp_tera_per_s * 1e12)) / hw.efficiency.attention
 
 
@@ -264,7 +264,7 @@ def lora_adapters_time(x: Candidates):
     if not finetune.adapter_gemms(x.model):
         return np.zeros_like(x.t)
     flops_time = 3.0 * 2.0 * x.tokens * finetune.adapter_params_gpu(x.model, x.t) / (
-        x.hw.bf16_tflops * 1e12 * x.hw.efficiency.gemm_max)
+        gemm.bf16_peak(x.hw) * x.hw.efficiency.gemm_max)
     stream_time = x.tokens * finetune.adapter_stream_elements(x.model, x.t, x.sp) * finetune.ADAPTER_BYTES / x.hbm
     tp_group = comm.group(x.hw, x.t, comm.ranks_per_domain(x.hw, x.t, 1))
     collectives = sum(count * tp_group.reduce_scatter_time(finetune.ADAPTER_BYTES * x.tokens * width)
@@ -465,7 +465,7 @@ def router_time(x: Candidates):
     the dense efficiency of its own (small) size, not at the layer's."""
     model, hw = x.model, x.hw
     gemm_flops = 2.0 * x.tokens / x.t * model.router_params
-    forward = gemm_flops / (hw.bf16_tflops * 1e12 * gemm.efficiency(hw, gemm_flops))
+    forward = gemm_flops / (gemm.bf16_peak(hw) * gemm.efficiency(hw, gemm_flops))
     backward_rate = TF32_PER_BF16 if model.moe_router_fp32 else 1.0
     return forward, 2.0 * forward / backward_rate
 

@@ -26,7 +26,7 @@ def logits_time(x: Candidates):
     computes no weight gradient) and the loss's passes over the FP32 logits."""
     model, hw = x.model, x.hw
     logit_flops = flops.logits_flops(model, x.b, x.s_local) / x.t
-    gemms = finetune.linear_passes(model) * logit_flops / (hw.bf16_tflops * 1e12 * gemm.efficiency(hw, logit_flops))
+    gemms = finetune.linear_passes(model) * logit_flops / (gemm.bf16_peak(hw) * gemm.efficiency(hw, logit_flops))
     return gemms + LOSS_PASSES * 4.0 * x.tokens * model.vocab_size / x.t / x.hbm
 
 

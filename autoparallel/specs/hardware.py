@@ -60,6 +60,11 @@ class Efficiency:
     # (NeMo container -> factor on throughput): the same layout runs faster release by release,
     # so the constants describe the newest release and the validation scales the older rows.
     release_speed: dict[str, float] = field(default_factory=dict)
+    # Sustained tensor-core speed of the other GPUs that take these constants (``efficiency_from``)
+    # relative to the GPU they belong to (preset name -> factor on the BF16 / FP8 / FP4 peaks of
+    # the GEMMs and of the attention's GEMMs; not HBM, not links, not the SFUs): the same datasheet
+    # peak runs at the clocks each GPU's power limit sustains (GB300 1.4 kW, GB200 1.2 kW, B200 1 kW).
+    gpu_speed: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Reached fractions of a peak: above 1 (or 0, which divides) would be a faster-than-peak
@@ -70,6 +75,10 @@ class Efficiency:
         for key in ("dp_overlap", "tp_overlap", "cp_overlap", "pp_overlap"):
             if not 0 <= getattr(self, key) <= 1:
                 raise ValueError(f"efficiency.{key} must be in [0, 1], got {getattr(self, key)}")
+        for key in ("release_speed", "gpu_speed"):
+            for name, value in getattr(self, key).items():
+                if not value > 0:
+                    raise ValueError(f"efficiency.{key}[{name!r}] must be positive, got {value}")
 
 
 @dataclass(frozen=True)

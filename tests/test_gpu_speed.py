@@ -1,0 +1,143 @@
+"""A family GPU's sustained tensor speed (``Efficiency.gpu_speed``): a factor on the tensor-core
+peaks of the GPU it is keyed by (GEMMs, the attention's GEMMs), nothing else; fitted by the dense
+calibrate only where the rows pin it."""
+
+import dataclasses
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from autoparallel import io
+from autoparallel.costmodel import calibrate, gemm
+from autoparallel.costmodel import layer_time as lt
+from autoparallel.costmodel import stages as st
+from autoparallel.costmodel.candidates import candidates
+from autoparallel.costmodel.estimate import plan_columns
+from autoparallel.specs.hardware import Efficiency, HardwareSpec
+from autoparallel.specs.plan import Plan
+
+REL = 1e-12
+
+
+@pytest.fixture(scope="module")
+def hw():
+    return io.load_hardware("h100-sxm")
+
+
+def _faster(hw, speed, name=None):
+    return dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, gpu_speed={name or hw.name: speed}))
+
+
+def _cands(model, hw, **knobs):
+    base = dict(tp=4, pp=8, vp=2, cp=2, dp=4, mbs=1, gbs=64, sp=True, precision="bf16", recompute="none",
+                tp_comm_overlap=False, fp8_bf16_edge_layers=0, grad_reduce_in_fp32=False)
+    return candidates(model, hw, plan_columns([Plan(**{**base, **knobs})]))
+
+
+def test_the_factor_scales_the_gemm_peaks_of_its_own_gpu_only(hw):
+    fast = _faster(hw, 1.25)
+    assert gemm.bf16_peak(fast) == pytest.approx(1.25 * 989e12, rel=REL)
+    for fraction in (0.0, 0.5, 1.0):
+        assert gemm.peak(fast, fraction) == pytest.approx(1.25 * gemm.peak(hw, fraction), rel=REL)
+    other = _faster(hw, 1.25, name="gb300")  # keyed by another GPU of the family: no effect here
+    assert gemm.tensor_speed(other) == 1.0 and gemm.peak(other, 0.5) == gemm.peak(hw, 0.5)
+    assert gemm.efficiency(fast, 1e9) == gemm.efficiency(hw, 1e9)  # a peak, not an efficiency
+
+
+def test_the_factor_speeds_up_the_gemms_and_the_attention_math_not_hbm_or_links(gpt175b, hw):
+    fast = _faster(hw, 1.25)
+    x, y = _cands(gpt175b, hw, precision="fp8-delayed"), _cands(gpt175b, fast, precision="fp8-delayed")
+    assert lt.linear_time(y, 1e9)[0] == pytest.approx(lt.linear_time(x, 1e9)[0] / 1.25, rel=REL)
+    assert lt.attention_time(y)[0] == pytest.approx(lt.attention_time(x)[0] / 1.25, rel=REL)  # GEMM-bound on H100
+    # The output layer: its GEMMs faster, the loss's passes over the logits (HBM) not.
+    logit_gemms = 3 * 2 * 1024 * 12288 * 50304 / 4 / (989e12 * gemm.efficiency(hw, 2 * 1024 * 12288 * 50304 / 4))
+    assert st.logits_time(x)[0] - st.logits_time(y)[0] == pytest.approx(logit_gemms * (1 - 1 / 1.25), rel=1e-9)
+    # Memory-bound kernels, casts and collectives keep their time.
+    unfused_x, unfused_y = (_cands(gpt175b, h, flash_attention=False) for h in (hw, fast))
+    assert lt.softmax_time(unfused_y)[0] == lt.softmax_time(unfused_x)[0] > 0
+    assert lt.fp8_cast_time(y, False)[0] == lt.fp8_cast_time(x, False)[0] > 0
+    dense_x, dense_y = lt.layers(x).dense, lt.layers(y).dense
+    for term in ("tp_comm", "fp8_cast", "amax_reduction"):
+        assert dense_y[term][0] == dense_x[term][0] > 0, term
+    assert dense_y["compute"][0] < dense_x["compute"][0]
+
+
+def test_the_softmax_exponentials_keep_their_speed(gpt175b, hw):
+    # Ten times the tensor cores: the SFUs' exponentials bound the flash attention core instead.
+    x = _cands(gpt175b, _faster(hw, 10.0))
+    exponentials = 2048 * 2048 * 96 / 2 / 8
+    assert lt.attention_time(x)[0] == pytest.approx(exponentials / 4.2e12 / hw.efficiency.attention, rel=REL)
+
+
+def test_the_router_and_experts_gemms_take_the_factor(hw):
+    mixtral = io.load_model("mixtral-8x7b")
+    knobs = dict(tp=2, pp=1, vp=1, cp=1, dp=4, ep=4, gbs=16)
+    x, y = _cands(mixtral, hw, **knobs), _cands(mixtral, _faster(hw, 1.25), **knobs)
+    assert lt.router_time(y)[0][0] == pytest.approx(lt.router_time(x)[0][0] / 1.25, rel=REL)
+    assert lt.routed_experts_time(y)[0] == pytest.approx(lt.routed_experts_time(x)[0] / 1.25, rel=REL)
+
+
+def test_a_negative_or_zero_speed_is_refused():
+    with pytest.raises(ValueError, match="gpu_speed"):
+        Efficiency(gpu_speed={"gb200": 0.0})
+
+
+def _rows(counts):
+    return [SimpleNamespace(hardware=SimpleNamespace(name=g), software="nemo 25.11", id=f"{g}-{i}")
+            for g, n in counts.items() for i in range(n)]
+
+
+def test_only_gpus_with_enough_rows_beside_enough_donor_rows_get_a_factor():
+    assert calibrate.gpu_factors_to_fit(_rows({"b200": 8, "gb200": 6, "gb300": 3}), "b200") == ["gb200", "gb300"]
+    assert calibrate.gpu_factors_to_fit(_rows({"b200": 8, "gb200": 6, "gb300": 2}), "b200") == ["gb200"]
+    assert calibrate.gpu_factors_to_fit(_rows({"b200": 4, "gb200": 6, "gb300": 3}), "b200") == []
+    assert calibrate.gpu_factors_to_fit(_rows({"b200": 8, "gb200": 6}), None) == []
+
+
+def test_the_fit_recovers_each_pinned_gpus_speed_and_leaves_the_others_out(monkeypatch):
+    # Rows whose prediction is gemm_max x the GPU's speed: the donor's rows pin gemm_max (0.6), the
+    # GB200 rows its speed (1.1); GB300's two rows are too few: its factor is not fitted, and the
+    # one the start held is dropped (its rows priced at the donor's speed, as they run here).
+    true_speed = {"b200": 1.0, "gb200": 1.1, "gb300": 1.0}
+
+    def predict(p, eff):
+        g = p.hardware.name
+        return {"predicted": 1000 * eff.gemm_max * eff.gpu_speed.get(g, 1.0), "measured": 600 * true_speed[g]}
+    monkeypatch.setattr(calibrate, "predict_row", predict)
+    rows = _rows({"b200": 6, "gb200": 3, "gb300": 2})
+    result = calibrate.fit(rows, Efficiency(gpu_speed={"gb300": 1.2}), donor="b200")
+    assert result.values["gemm_max"] == pytest.approx(0.6, rel=1e-4)
+    assert result.values["gpu_speed"] == {"gb200": pytest.approx(1.1, rel=1e-4)}
+    assert "gpu gb200" in result.fitted and not result.at_bounds
+    # Without the donor named (a fit of one GPU's own rows), no factor.
+    assert calibrate.fit(rows, Efficiency(), donor=None).values["gpu_speed"] == {}
+
+
+def test_the_factors_are_written_and_read_back(tmp_path):
+    path = tmp_path / "gpu.yaml"
+    path.write_text("name: gpu\nbf16_tflops: 100\nmemory_gib: 80\nhbm_tbps: 2\nnvlink_domain: 8\n"
+                    "nvlink_gbps: 600\ninternode_gbps: 25\n")
+    calibrate.write_block(path, {"gpu_speed": {"gb200": 1.0234, "gb300": 1.2345}}, Efficiency(), "note", "rows")
+    hw = io.from_dict(HardwareSpec, io.read_yaml(path), str(path))
+    assert hw.efficiency.gpu_speed == {"gb200": 1.023, "gb300": 1.234}
+    assert calibrate.uncalibrated(hw.efficiency).gpu_speed == {}
+    assert np.isclose(gemm.tensor_speed(hw), 1.0)  # the donor itself runs at its own speed
+
+
+def test_calibrate_fits_the_family_gpus_speeds_only_when_asked(capsys):
+    # B200's family: 8 B200, 6 GB200 and 3 GB300 rows; the shipped preset holds no speeds, so a
+    # plain refit fits none (and validate's folds none), --gpu-speed fits both, off their bounds.
+    import json
+
+    from autoparallel import cli
+    assert calibrate.speed_donor(io.load_hardware("b200")) is None
+    assert calibrate.speed_donor(io.load_hardware("b200"), asked=True) == "b200"
+    assert cli.main(["calibrate", "--gpu", "b200", "--gpu-speed", "--dry-run", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    speeds = result["fitted"]["gpu_speed"]
+    assert set(speeds) == {"gb200", "gb300"}
+    low, high = calibrate.GPU_SPEED_BOUNDS
+    assert all(low * 1.01 < v < high / 1.01 for v in speeds.values())
+    assert not any(h["name"].startswith("gpu ") for h in result["at_bounds"])
+    assert result["after_mean_abs_error_pct"] < result["before_mean_abs_error_pct"]
