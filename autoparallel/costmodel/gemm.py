@@ -32,8 +32,8 @@ def efficiency(hw: HardwareSpec, gemm_flops):
 def peak(hw: HardwareSpec, quantized_fraction, fp4=False):
     """Effective peak FLOP/s of the Linear GEMMs: the quantized share of the layers at the FP8
     peak, or at the FP4 peak under NVFP4 (all three GEMMs of a Linear run NVFP4: forward, data
-    and weight gradient), the rest BF16, each at ``hw``'s sustained speed (``tensor_speed``). The FP4 GEMMs take the FP8 ones' fitted efficiency (no
-    published NVFP4 run to fit their own)."""
+    and weight gradient), the rest BF16, each at ``hw``'s sustained speed (``tensor_speed``). The
+    FP4 GEMMs take the FP8 ones' fitted efficiency (no published NVFP4 run to fit their own)."""
     speed = tensor_speed(hw)
     bf16 = bf16_peak(hw)
     fp8 = (hw.fp8_tflops or hw.bf16_tflops) * 1e12 * hw.efficiency.fp8_gemm_relative * speed

@@ -59,7 +59,8 @@ def attention_time(x: Candidates):
     attn_flops = flops.attention_core_flops(model, x.b, model.seq_length, causal=x.flash) / (x.t * x.c)
     attn_flops = attn_flops * np.where(x.flash, finetune.attention_share(model), 1.0)
     exponentials = np.where(x.flash, attn_flops / (2.0 * (model.qk_dim + model.v_dim)), 0.0)
-    peak = np.where(x.flag("fp8_attention"), hw.fp8_tflops or hw.bf16_tflops, hw.bf16_tflops) * 1e12 * gemm.tensor_speed(hw)
+    peak = (np.where(x.flag("fp8_attention"), hw.fp8_tflops or hw.bf16_tflops, hw.bf16_tflops) * 1e12
+            * gemm.tensor_speed(hw))
     return np.maximum(attn_flops / peak, exponentials / (hw.exp_tera_per_s * 1e12)) / hw.efficiency.attention
 
 
