@@ -50,7 +50,7 @@ RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "moe", "layernorm")
 MOE_ACT_CACHE_COLUMN = "moe_act_cache_precision"
 
 
-def routed_act_input_bytes(cols: Mapping[str, np.ndarray], moe_act):
+def routed_act_input_bytes(cols: Mapping[str, np.ndarray], moe_act, act_input_bytes):
     """Bytes per element the routed experts keep of their activation's input. With
     ``--recompute-modules moe_act`` Megatron runs the activation in a ``CheckpointWithoutOutput``
     that keeps its inputs, the BF16 FC1 output, and runs the activation without autograd, so the
@@ -61,10 +61,9 @@ def routed_act_input_bytes(cols: Mapping[str, np.ndarray], moe_act):
     may state its own FP8 cache (``MOE_ACT_CACHE_COLUMN`` "fp8": DeepSeek-V3 report §3.3.2 "we cache
     the inputs of the SwiGLU operator and recompute its output ... stored in FP8"). Elsewhere the
     knob's bytes (``act_input_bytes``)."""
-    fp8_store = np.asarray(cols["activation_func_fp8_input_store"], dtype=bool)
     row_fp8 = np.asarray(cols.get(MOE_ACT_CACHE_COLUMN, ""), dtype=object) == "fp8"
-    fp8 = np.where(moe_act, row_fp8, fp8_store)
-    return np.where(fp8, memory.FP8_ACT_INPUT_BYTES, memory.ACT_INPUT_BYTES)
+    recomputed = np.where(row_fp8, memory.FP8_ACT_INPUT_BYTES, memory.ACT_INPUT_BYTES)
+    return np.where(moe_act, recomputed, act_input_bytes)
 
 
 def _cast_bytes_per_element(precision):
@@ -221,15 +220,15 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
     split = (f64("num_layers_in_first_pipeline_stage"), f64("num_layers_in_last_pipeline_stage"),
              f64("account_for_embedding_in_pipeline_split"), f64("account_for_loss_in_pipeline_split"),
              np.asarray(cols["pipeline_model_parallel_layout"], dtype=object))
-    first_layers, middle_layers, last_layers = pipeline.stage_layers(L, p, v, *split)
-    structure = pipeline.structure(p, v, *split)
+    groups = pipeline.structure(p, v, *split)
+    first_layers, middle_layers, last_layers = pipeline.stage_layers(L, p, v, *split, groups=groups)
     if model.is_moe:
         first_moe, middle_moe, last_moe = pipeline.stage_pattern_counts(model.moe_layer_pattern, p, v, *split,
-                                                                        structure=structure)
+                                                                        groups=groups)
     else:
         first_moe = middle_moe = last_moe = np.zeros_like(t)
     pattern = model.moe_layer_pattern if model.is_moe else (0,) * L
-    held = pipeline.held_at_peak(pattern, p, v, gbs / (b * dp), *split, structure=structure)
+    held = pipeline.held_at_peak(pattern, p, v, gbs / (b * dp), *split, groups=groups)
     layers_per_chunk = np.maximum(np.maximum(first_layers, middle_layers), last_layers) / v
     n_recomputed = np.where(f64("recompute_num_layers") > 0,
                             np.minimum(f64("recompute_num_layers"), layers_per_chunk), layers_per_chunk)
@@ -242,6 +241,8 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
     fp8_param_share = np.where(flag("fp8_param_gather"), quantized_fraction, 0.0)
     dp_group = dp * c
     edp_group = dp_group * t / (e * et)
+    act_input_bytes = np.where(flag("activation_func_fp8_input_store"), memory.FP8_ACT_INPUT_BYTES,
+                               memory.ACT_INPUT_BYTES)
     return Candidates(
         model=model, hw=hw, knobs=cols, t=t, p=p, v=v, c=c, dp=dp, e=e, et=et, b=b, gbs=gbs,
         m=gbs / (b * dp), s_local=s_local, tokens=b * s_local,
@@ -252,9 +253,8 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
         quantized_weight_bytes=np.select(
             [is_fp4, np.isin(precision, PER_TENSOR_FP8) & hw.mxfp8],  # hw.mxfp8: a Blackwell (sm_100) GPU
             [QUANTIZED_WEIGHT_BYTES["fp4"], memory.FP8_WEIGHT_BYTES], QUANTIZED_WEIGHT_BYTES["fp8"]),
-        act_input_bytes=np.where(flag("activation_func_fp8_input_store"), memory.FP8_ACT_INPUT_BYTES,
-                                 memory.ACT_INPUT_BYTES),
-        routed_act_input_bytes=routed_act_input_bytes(cols, modules["moe_act"]),
+        act_input_bytes=act_input_bytes,
+        routed_act_input_bytes=routed_act_input_bytes(cols, modules["moe_act"], act_input_bytes),
         first_layers=first_layers, middle_layers=middle_layers, last_layers=last_layers,
         first_moe=first_moe, middle_moe=middle_moe, last_moe=last_moe, held=held,
         recomputed_fraction=np.where(full, n_recomputed / layers_per_chunk, 0.0),

@@ -258,13 +258,13 @@ def layout_error(layout: str, num_layers: int, mtp: int) -> str:
     return ""
 
 
-def stage_layers(num_layers: int, pp, vp, first, last, embedding, loss, layout=None):
+def stage_layers(num_layers: int, pp, vp, first, last, embedding, loss, layout=None, groups=None):
     """Decoder layers on the first, each middle (the fullest one), and the last stage (arrays, one
-    per plan)."""
+    per plan); ``groups``: ``structure(...)`` of the same columns where the caller has it."""
     if layout is not None:
         layout = np.asarray(layout, dtype=object)
         if (layout != "").any():
-            return _layout_stage_layers(num_layers, pp, vp, first, last, embedding, loss, layout)
+            return _layout_stage_layers(num_layers, pp, vp, first, last, embedding, loss, layout, groups)
     pp, first, last = (np.asarray(a, dtype=float) for a in (pp, first, last))
     embedding, loss = (np.asarray(a, dtype=float) for a in (embedding, loss))
     even = num_layers / pp
@@ -309,27 +309,26 @@ def _per_rank(sizes: list[int], pp: int) -> tuple[float, float, float]:
     return ranks[0], max(ranks[1:-1]) if pp > 2 else ranks[0], ranks[-1]
 
 
-def _structure(pp, vp, first, last, embedding, loss, layout, *extra) -> tuple[list[np.ndarray], list, np.ndarray,
-                                                                             np.ndarray]:
-    """The pipeline-structure columns as flat int64 arrays (the layout as codes into ``names``,
-    then any ``extra`` integer columns), each row's structure group and one row of each group: a
-    search's rows have few structures (32 in DeepSeek-V3's 1.7 M), so what depends on the
-    structure alone is priced per group."""
+def structure(pp, vp, first, last, embedding, loss, layout) -> tuple[list[np.ndarray], list, np.ndarray, np.ndarray]:
+    """The pipeline-structure columns as flat int64 arrays (the layout as codes into ``names``, the
+    last column), each row's structure group and one row of each group: a search's rows have few
+    structures (32 in DeepSeek-V3's 1.7 M), so what depends on the structure alone is priced per
+    group; computed once per search and handed to ``stage_layers``, ``stage_pattern_counts`` and
+    ``held_at_peak``."""
     layout = np.asarray(layout, dtype=object)
     codes, names = factorize(layout)
     columns = [np.broadcast_to(np.asarray(a, dtype=np.int64), layout.shape).reshape(-1)
                for a in (pp, vp, first, last, embedding, loss)] + [codes]
-    columns += [np.broadcast_to(np.asarray(a, dtype=np.int64), layout.shape).reshape(-1) for a in extra]
     inverse, rows = _groups(*columns)
     return columns, names, inverse, rows
 
 
-def _layout_stage_layers(num_layers, pp, vp, first, last, embedding, loss, layout):
+def _layout_stage_layers(num_layers, pp, vp, first, last, embedding, loss, layout, groups=None):
     """``stage_layers`` for columns in which some plans carry a layout string: the layout's stages
     are counted once per structure group."""
     out = [np.broadcast_to(np.array(x, dtype=float), layout.shape).copy()
            for x in stage_layers(num_layers, pp, vp, first, last, embedding, loss)]
-    columns, names, inverse, rows = _structure(pp, vp, first, last, embedding, loss, layout)
+    columns, names, inverse, rows = groups or structure(pp, vp, first, last, embedding, loss, layout)
     pp_all, codes = columns[0], columns[-1]
     values = np.array([_per_rank(layout_stage_sizes(names[codes[i]]), int(pp_all[i])) if names[codes[i]]
                        else (np.nan,) * 3 for i in rows]).reshape(-1, 3)[inverse]
@@ -470,7 +469,7 @@ def _held_at_peak(pattern: tuple[int, ...], pp: int, vp: int, m: int, first: int
     return _undominated(ranks[0]), middle, _undominated(ranks[-1])
 
 
-def held_at_peak(pattern: tuple[int, ...], pp, vp, m, first, last, embedding, loss, layout, structure=None):
+def held_at_peak(pattern: tuple[int, ...], pp, vp, m, first, last, embedding, loss, layout, groups=None):
     """What the first, the fullest middle and the last pipeline rank may hold at the peak of
     Megatron's schedule (``alive_chunks``), summed over the chunk-micro-batches in flight: for each
     position an array of each of dense layer-micro-batches, MoE layer-micro-batches and
@@ -484,13 +483,13 @@ def held_at_peak(pattern: tuple[int, ...], pp, vp, m, first, last, embedding, lo
     (Llama 3.1 405B, PP16 VP4, 126 layers + embedding + loss: rank 0 holds at most 127
     layer-micro-batches, not 138.25; rank 15 98, not 85.75). The middle takes the states of every
     middle rank: priced with the middle rank's model states (the most layers, ``stage_layers``),
-    every rank is covered. ``structure``: ``structure(pp, vp, first, last, embedding, loss, layout)``
+    every rank is covered. ``groups``: ``structure(pp, vp, first, last, embedding, loss, layout)``
     where the caller has it."""
     layout = np.asarray(layout, dtype=object)
     shape = np.broadcast(layout, np.asarray(pp), np.asarray(m)).shape
     m = np.broadcast_to(np.rint(np.asarray(m, dtype=float)), shape).astype(np.int64).reshape(-1)
-    columns, names, by_structure, _ = structure or _structure(pp, vp, first, last, embedding, loss,
-                                                              np.broadcast_to(layout, shape))
+    columns, names, by_structure, _ = groups or structure(pp, vp, first, last, embedding, loss,
+                                                          np.broadcast_to(layout, shape))
     inverse, rows = _groups(by_structure, m)
     columns = [*columns, m]
     per_group = []
@@ -596,18 +595,12 @@ def virtual_stage_sizes(num_layers: int, pp: int, vp: int, first: int, last: int
     return [per_rank[r] // vp for _ in range(vp) for r in range(pp)]
 
 
-def structure(pp, vp, first, last, embedding, loss, layout):
-    """The pipeline-structure groups of these plans (``_structure``), for the functions that take
-    them (``held_at_peak``, ``stage_pattern_counts``) to share."""
-    return _structure(pp, vp, first, last, embedding, loss, layout)
-
-
-def stage_pattern_counts(pattern: tuple[int, ...], pp, vp, first, last, embedding, loss, layout, structure=None):
+def stage_pattern_counts(pattern: tuple[int, ...], pp, vp, first, last, embedding, loss, layout, groups=None):
     """For layers flagged 1 in ``pattern`` (MoE layers): how many the first stage, the middle stage
     holding most of them, and the last stage hold (arrays, one per plan; the middle equals the
     first when pp <= 2)."""
     layout = np.asarray(layout, dtype=object)
-    columns, names, inverse, rows = structure or _structure(pp, vp, first, last, embedding, loss, layout)
+    columns, names, inverse, rows = groups or structure(pp, vp, first, last, embedding, loss, layout)
     cumulative = np.concatenate([[0], np.cumsum(pattern)])
     counts = np.zeros((len(rows), 3))
     for i, row in enumerate(rows):
