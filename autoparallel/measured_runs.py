@@ -121,7 +121,8 @@ def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
     preset's where one is named (search_spaces/models: NVIDIA's Llama and Nemotron recipes train
     without dropout, GPT-3 with 0.1), else ModelSpec's defaults; the published MoE rows train
     without dropout as their models' presets do, with their presets' expert biases
-    (``add_bias_linear``) and clamped quick-GEGLU. ``force_balanced``: the source forced the router to balance."""
+    (``add_bias_linear``), clamped quick-GEGLU and router precision. ``force_balanced``: the source
+    forced the router to balance."""
     def opt_int(key):
         return int(row[key]) if _given(row, key) else None
     stated = {}

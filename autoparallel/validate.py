@@ -54,14 +54,19 @@ from autoparallel.measured_runs import (NEWER_SOURCES, PreparedRow, assumptions_
                                        validation_runs)
 
 
+def _refitted(family: str, rows: list[PreparedRow]):
+    """``family``'s dense constants refitted from their uncalibrated values on ``rows`` (its GPUs'
+    speeds too where the shipped preset holds some: ``calibrate.speed_donor``)."""
+    shipped = io.load_hardware(family)
+    start = calibrate.uncalibrated(shipped.efficiency)
+    fitted = calibrate.fit(rows, start, donor=calibrate.speed_donor(shipped)).values if rows else {}
+    return dataclasses.replace(start, **fitted)
+
+
 def _refit_and_predict(rows: list[PreparedRow], group: str, family: str) -> dict[str, dict]:
     """One fold: refit ``family`` without ``group``'s rows, predict them."""
     members = [p for p in rows if p.family == family and not p.model.is_moe]
-    rest = [p for p in members if p.model_group != group and not p.validation_only]
-    shipped = io.load_hardware(family)
-    start = calibrate.uncalibrated(shipped.efficiency)
-    fitted = calibrate.fit(rest, start, donor=calibrate.speed_donor(shipped)).values if rest else {}
-    efficiency = dataclasses.replace(start, **fitted)
+    efficiency = _refitted(family, [p for p in members if p.model_group != group and not p.validation_only])
     return {p.id: predict_row(p, efficiency) for p in members if p.model_group == group}
 
 
@@ -93,12 +98,8 @@ def _system_folds(rows: list[PreparedRow]) -> list[tuple[str, tuple[str, ...], t
 def _refit_system_and_predict(rows: list[PreparedRow], family: str, left_out: tuple[str, ...],
                               predicted: tuple[str, ...]) -> dict[str, dict]:
     """One system fold: ``family`` refitted from its uncalibrated constants without ``left_out``."""
-    rest = [p for p in rows if p.family == family and not p.model.is_moe and not p.validation_only
-            and p.id not in left_out]
-    shipped = io.load_hardware(family)
-    start = calibrate.uncalibrated(shipped.efficiency)
-    efficiency = dataclasses.replace(start, **(calibrate.fit(rest, start, donor=calibrate.speed_donor(shipped)).values
-                                               if rest else {}))
+    efficiency = _refitted(family, [p for p in rows if p.family == family and not p.model.is_moe
+                                    and not p.validation_only and p.id not in left_out])
     return {p.id: predict_row(p, efficiency) for p in rows if p.id in predicted}
 
 

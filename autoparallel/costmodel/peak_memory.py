@@ -65,11 +65,11 @@ def _in_flight(x: Candidates, layers: Layers, held, stage_layers, stage_moe, edg
     ``held``: (dense layer-, MoE layer-, edge chunk) micro-batches of each state that may be the
     peak (``pipeline.held_at_peak``), the fullest of which is priced, its edge chunk's micro-batches
     keeping ``edge_bytes`` each; ``kept``: the share of the layers' activations left on the GPU
-    (offloading); ``graphs``: (``graph_layer_input_bytes``, ``cuda_graph_bytes`` of no layer), computed
+    (offloading); ``graphs``: (``graph_layer_input_bytes``, ``graph_data_bytes``), computed
     once for the three stages. A published row's DualPipe holds ``pipeline.dualpipe_inflight`` micro-batches of
     the stage's layers (its end ranks are ``dualpipe_end_rank``)."""
     dense, moe, edge = held
-    graph_layer, graph_data = graphs or (graph_layer_input_bytes(x), cuda_graph_bytes(x, 0.0, 0.0))
+    graph_layer, graph_data = graphs or (graph_layer_input_bytes(x), graph_data_bytes(x))
     per_layer = kept * graph_layer
     states = dense * (kept * stored_bytes(layers, 1.0, 0.0, stage_moe) + per_layer)
     if np.any(moe):
@@ -126,8 +126,12 @@ def cuda_graph_bytes(x: Candidates, held, stage_layers):
     micro-batch's backward, so one BF16 layer input per layer and micro-batch in flight; a
     full-iteration graph keeps the token ids, labels and loss mask of every micro-batch of the
     step."""
-    data = x.m * x.tokens * memory.GRAPH_DATA_BYTES_PER_TOKEN
-    return held * stage_layers * graph_layer_input_bytes(x) + np.where(x.cuda_graph == "full_iteration", data, 0.0)
+    return held * stage_layers * graph_layer_input_bytes(x) + graph_data_bytes(x)
+
+
+def graph_data_bytes(x: Candidates):
+    """A full-iteration graph's static token ids, labels and loss masks (``cuda_graph_bytes``)."""
+    return np.where(x.cuda_graph == "full_iteration", x.m * x.tokens * memory.GRAPH_DATA_BYTES_PER_TOKEN, 0.0)
 
 
 def graph_layer_input_bytes(x: Candidates):
@@ -157,7 +161,7 @@ def activation_bytes(x: Candidates, layers: Layers) -> tuple[list, list]:
     offloaded = x.offloaded
     kept_layers = np.maximum(x.first_layers - offloaded, np.minimum(2.0, x.first_layers))
     kept = np.where(offloaded > 0, kept_layers / x.first_layers, 1.0)
-    graphs = graph_layer_input_bytes(x), cuda_graph_bytes(x, 0.0, 0.0)
+    graphs = graph_layer_input_bytes(x), graph_data_bytes(x)
     first, _ = _in_flight(x, layers, x.held[0], x.first_layers * kept, x.first_moe * kept,
                           memory.embedding_activation_bytes(x.model, x.b, x.s_local), kept, graphs)
     first_head = np.where(x.single, _beyond_working(logits, layers, x.first_moe), 0.0)

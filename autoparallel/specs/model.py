@@ -93,17 +93,17 @@ class ModelSpec:
     # The router's precision as the model's published recipe runs it (priced: the router's GEMM
     # and the routing probabilities' passes); unset, FP32 from FP32_ROUTER_FROM_EXPERTS experts on.
     moe_router_dtype: RouterDtype | None = None
+    # The gated activation's variant (Megatron-LM --quick-geglu; TransformerConfig's
+    # activation_func_clamp_value, no flag. GPT-OSS: a quick-GELU GLU, sigmoid(1.702 x), both halves
+    # clamped to 7): activation "swiglu" stands for any GLU (three matrices). Priced: Megatron-Core
+    # clamps a quick-GEGLU's input eagerly, outside its fused kernel (layer_time.glu_clamp_time);
+    # SwiGLU's clamp is fused.
+    quick_geglu: bool = False
+    activation_func_clamp_value: float | None = None
     # Attention variants (export only, not priced; Megatron-LM's defaults): a norm on the queries
     # and keys (--qk-layernorm; under MLA the norms of the query and KV latents), sliding-window
     # attention (--window-size LEFT,RIGHT as flash-attention counts it, on every layer or on all
     # but every --window-attn-skip-freq-th one) and the softmax (--softmax-type).
-    # The gated activation's variant (Megatron-LM --quick-geglu; TransformerConfig's
-    # activation_func_clamp_value, no flag. GPT-OSS: a quick-GELU GLU, sigmoid(1.702 x), both halves
-    # clamped to 7): activation "swiglu"
-    # stands for any GLU (three matrices). Priced: Megatron-Core clamps a quick-GEGLU's input
-    # eagerly, outside its fused kernel (layer_time.glu_clamp_time); SwiGLU's clamp is fused.
-    quick_geglu: bool = False
-    activation_func_clamp_value: float | None = None
     qk_layernorm: bool = False
     window_size: tuple[int, ...] | None = None
     window_attn_skip_freq: int | None = None
@@ -208,9 +208,8 @@ class ModelSpec:
             raise ValueError("quick_geglu is a gated activation: set activation: swiglu (the GLU's three matrices)")
         if self.activation_func_clamp_value is not None and not (
                 self.activation_func_clamp_value > 0 and math.isfinite(self.activation_func_clamp_value)):
-            raise ValueError("activation_func_clamp_value must be finite and greater than zero (as Megatron-LM checks "
-                             "SwiGLU's), got "
-                             f"{self.activation_func_clamp_value}")
+            raise ValueError("activation_func_clamp_value must be finite and greater than zero (as Megatron-LM "
+                             f"checks SwiGLU's), got {self.activation_func_clamp_value}")
         if self.window_size is not None and len(self.window_size) != 2:
             raise ValueError(f"window_size is (left, right) as --window-size takes it, got {list(self.window_size)}")
         if self.window_attn_skip_freq is not None and (self.window_size is None or self.window_attn_skip_freq < 1):
