@@ -27,6 +27,15 @@ engine run as NVIDIA's harness runs it (``harness_engine``: MAX_UTILIZATION, the
   flagged, its p99s NaN). The end-to-end p99 is a diagnostic the issue does not ask for: the p99 request is
   one of the longest answers (~1,000 tokens), so its latency over its output length is the mean
   iteration time at that load, which tells a missed mean apart from a missed tail shape.
+- Server, the same p99 TTFT / TPOT at the simulated replica's **own** Server rate (``*_own_*``): a
+  Server result is one operating point, the QPS the submitter found valid and the p99s LoadGen
+  measured there (mlcommons/inference loadgen: the run is valid only if both p99s are within the
+  bounds, and submitters raise the QPS until it is not). The tokens/s above are predicted at the
+  simulated system's own operating point (its largest valid rate); these p99s are taken there too,
+  so the predicted Server result is one point with no measured QPS in it. At the submitted QPS a
+  p99 near capacity inherits its elasticity (2-44, RESULTS "issue 29, fifth part") times the
+  capacity error; at the own rate it does not, but it carries the bisection's 1/64 step of the
+  Offline rate and, where a bound binds, sits at that bound.
 
 ``lomo``: the same with the constants refitted without the row's model's rows of
 ``serving_runs.csv`` (Llama-2-70B, Mixtral-8x7B), from the uncalibrated constants, as
@@ -121,9 +130,11 @@ def harness_engine(kv_fraction: float | None = None):
 @lru_cache(maxsize=None)
 def _predict(model: str, hardware: str, scenario: str, layout: tuple, kv_fraction: float, ttft_ms: float,
              tpot_ms: float, target_qps: float, eff_key: str, requests: int,
-             duration_s: float = 0.0, offline_requests: int = 0) -> tuple[float, float, float, float, float]:
+             duration_s: float = 0.0, offline_requests: int = 0) -> tuple[float, ...]:
     """(tokens/s of the deployment, p99 TTFT, TPOT and end-to-end latency in ms at the target QPS,
-    1.0 where the simulated replica does not keep up with the target QPS else 0.0).
+    1.0 where the simulated replica does not keep up with the target QPS else 0.0, p99 TTFT and
+    TPOT in ms at the simulated replica's own Server rate: the largest rate within the bounds, the
+    one its Server tokens/s is taken at; NaN for Offline).
 
     The p99s at the target QPS are taken over as many requests as LoadGen issues in the run's
     minimum duration (``duration_s``, the row's ``min_duration_ms``: 600 or 2,400 s), at least
@@ -146,16 +157,24 @@ def _predict(model: str, hardware: str, scenario: str, layout: tuple, kv_fractio
     if scenario == "Offline":  # LoadGen's one query of ``offline_requests`` samples, this replica's share
         share = math.ceil((offline_requests or int(s["offline_requests"][model])) / replicas)
         offline = offline_run(cost, sched, workload, share, duration_s)
-        return offline.output_tokens_per_s * replicas, np.nan, np.nan, np.nan, 0.0
+        return offline.output_tokens_per_s * replicas, np.nan, np.nan, np.nan, 0.0, np.nan, np.nan
     plan = Traffic(workload, "server", 99.0, requests)
-    _, best = _largest_rate(cost, sched, plan, Request(1, 1, max_ttft_ms=ttft_ms, max_tpot_ms=tpot_ms))
-    rate = target_qps / replicas
-    sim = run_workload(cost, sched, workload, rate, max(requests, math.ceil(rate * duration_s)))
+    own_rate, best = _largest_rate(cost, sched, plan, Request(1, 1, max_ttft_ms=ttft_ms, max_tpot_ms=tpot_ms))
     sustained = best["output_tokens_per_s"] * replicas if best else 0.0
+    own = _p99s(cost, sched, workload, own_rate, requests, duration_s)[:2] if best else (np.nan, np.nan)
+    at_target = _p99s(cost, sched, workload, target_qps / replicas, requests, duration_s)
+    return (sustained, *at_target, 0.0 if np.isfinite(at_target[0]) else 1.0, *own)
+
+
+def _p99s(cost, sched, workload, rate: float, requests: int, duration_s: float) -> tuple[float, float, float]:
+    """LoadGen's p99 TTFT, TPOT and end-to-end latency (ms) of one replica at ``rate`` requests/s
+    over as many requests as arrive in ``duration_s`` (at least ``requests``); NaN where the
+    replica does not keep up with the rate (its queue grows for the whole run)."""
+    sim = run_workload(cost, sched, workload, rate, max(requests, math.ceil(rate * duration_s)))
     if not sim.keeps_up:
-        return sustained, np.nan, np.nan, np.nan, 1.0
-    return (sustained, 1e3 * loadgen_percentile(sim.ttft, 99.0), 1e3 * loadgen_percentile(sim.tpot, 99.0),
-            1e3 * loadgen_percentile(sim.finish - sim.arrival, 99.0), 0.0)
+        return np.nan, np.nan, np.nan
+    return (1e3 * loadgen_percentile(sim.ttft, 99.0), 1e3 * loadgen_percentile(sim.tpot, 99.0),
+            1e3 * loadgen_percentile(sim.finish - sim.arrival, 99.0))
 
 
 def loadgen_percentile(values, p: float) -> float:
@@ -200,11 +219,13 @@ def predict_rows(rows: pd.DataFrame, cross: bool = True, requests: int = REQUEST
                           float(r["min_duration_ms"]) / 1e3 if r["min_duration_ms"] > 0 else 0.0,
                           int(r["offline_requests"]) if r["scenario"] == "Offline" else 0)
                  for _, r in rows.iterrows()]
-        tokens, ttft, tpot, e2e, over = (np.array(x, dtype=float) for x in zip(*preds)) if preds else ([],) * 5
+        tokens, ttft, tpot, e2e, over, ttft_own, tpot_own = ((np.array(x, dtype=float) for x in zip(*preds))
+                                                            if preds else ([],) * 7)
         out[f"{label}_tokens_per_s_per_gpu"] = tokens / out["gpus"].to_numpy()
         out[f"{label}_overloaded"] = np.asarray(over, dtype=float) > 0
         for suffix, predicted, measured in (("", tokens, "tokens_per_s"), ("_ttft", ttft, "ttft_p99_ms"),
-                                            ("_tpot", tpot, "tpot_p99_ms"), ("_latency", e2e, "latency_p99_ms")):
+                                            ("_tpot", tpot, "tpot_p99_ms"), ("_latency", e2e, "latency_p99_ms"),
+                                            ("_ttft_own", ttft_own, "ttft_p99_ms"), ("_tpot_own", tpot_own, "tpot_p99_ms")):
             out[f"{label}{suffix}_ms" if suffix else f"{label}_tokens_per_s"] = predicted
             out[f"{label}{suffix}_pct"] = 100.0 * (predicted - out[measured].to_numpy()) / out[measured].to_numpy()
     return out
@@ -212,10 +233,14 @@ def predict_rows(rows: pd.DataFrame, cross: bool = True, requests: int = REQUEST
 
 #: (summary column, report column): mean |error| % of tokens/s and of the Server p99s (the
 #: end-to-end p99 is measured on every run; Offline's is the whole run, so only Server's counts).
+#: ``*_own_*``: the p99s at the simulated replica's own Server rate instead of the submitted QPS
+#: (see the module docstring).
 ERRORS = (("tokens_pct", "in_sample_pct"), ("lomo_pct", "lomo_pct"),
           ("ttft_p99_pct", "in_sample_ttft_pct"), ("ttft_p99_lomo_pct", "lomo_ttft_pct"),
           ("tpot_p99_pct", "in_sample_tpot_pct"), ("tpot_p99_lomo_pct", "lomo_tpot_pct"),
-          ("latency_p99_pct", "in_sample_latency_pct"))
+          ("latency_p99_pct", "in_sample_latency_pct"),
+          ("ttft_p99_own_pct", "in_sample_ttft_own_pct"), ("ttft_p99_own_lomo_pct", "lomo_ttft_own_pct"),
+          ("tpot_p99_own_pct", "in_sample_tpot_own_pct"), ("tpot_p99_own_lomo_pct", "lomo_tpot_own_pct"))
 
 
 def summary(report: pd.DataFrame) -> pd.DataFrame:
