@@ -36,8 +36,12 @@ from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import (CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES, FP8_PRECISIONS, PRECISION_CHOICES,
                                      QUANTIZED_PRECISIONS, RECOMPUTE_CHOICES, Plan)
 
-# The recipes under which TransformerEngine's fused attention runs in FP8 (MLPerf's FP8_DPA).
-FP8_ATTENTION_RECIPES = ("fp8-delayed", "fp8-current")
+# The recipes under which TransformerEngine's fused attention runs in FP8 (MLPerf's FP8_DPA;
+# Megatron-Bridge's fp8_dot_product_attention): per-tensor delayed or current scaling, and MXFP8 on
+# Blackwell (TransformerEngine d0067d0d transformer_engine/pytorch/attention/dot_product_attention/
+# dot_product_attention.py: an MXFP8 autocast runs MXFP8 attention; utils.py keeps FusedAttention for
+# MXFP8 on sm100 and later with cuDNN 9.21+, which the mxfp8 precision's Blackwell requirement covers).
+FP8_ATTENTION_RECIPES = ("fp8-delayed", "fp8-current", "mxfp8")
 STRUCTURE_KNOBS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
 SPLIT_COLUMNS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
@@ -360,7 +364,7 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
         (df.fsdp.to_numpy() & ~df.distributed_optimizer.to_numpy(), "FSDP needs the distributed optimizer"),
         (df.fsdp.to_numpy() & lora(model), "LoRA's frozen base is priced unsharded: FSDP is not offered with it"),
         (df.fp8_attention.to_numpy() & ~np.isin(precision, FP8_ATTENTION_RECIPES),
-         "FP8 attention (--fp8-dot-product-attention) needs the fp8-delayed or fp8-current recipe"),
+         "FP8 attention (--fp8-dot-product-attention) needs the fp8-delayed, fp8-current or mxfp8 recipe"),
         (df.tp_only_amax_red.to_numpy() & (precision != "fp8-delayed"),
          "TP-only amax reduction (--tp-only-amax-red) applies to the fp8-delayed recipe's amax history"),
         # TransformerConfig.__post_init__: "Storing activation input in FP8 is supported only for SwiGLU."

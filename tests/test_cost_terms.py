@@ -968,6 +968,32 @@ def test_fp8_attention_runs_both_gemms_at_the_fp8_peak(llama, hw):
     assert hw.fp8_tflops == 1979 and lt.attention_time(x)[0] == pytest.approx(expected, rel=REL)
 
 
+def test_mxfp8_attention_runs_both_gemms_at_the_fp8_peak_on_blackwell_and_is_searchable(llama):
+    """Megatron-Bridge's newer MoE recipes set fp8_dot_product_attention under the MXFP8 recipe
+    (v0.6.0 perf_recipes/qwen/common.py); TransformerEngine runs it as MXFP8 fused attention on
+    sm100+. GB300 (FP8 5,000 TFLOPS, 10.7 Tera-exponentials/s), Llama 2 70B at tp 4, mbs 1, 8,192
+    tokens, causal: QK^T and P.V at the FP8 peak, the exponentials (one per score) on the SFUs,
+    the slower of the two at the fitted attention efficiency; BF16 attention takes 2x for the GEMMs."""
+    from autoparallel.space import generate, load_space
+    gb300 = io.load_hardware("gb300")
+    attn_flops = 0.5 * 2 * 8192 * 8192 * 64 * 256 / 4  # causal half; QK^T and P.V, 2 FLOPs each
+    exponentials = 8192 * 8192 * 64 / 2 / 4
+    plain, fp8 = (_llama_cands(llama, gb300, precision="mxfp8", fp8_attention=f) for f in (False, True))
+    speed = 5000e12 * gb300.efficiency.gpu_speed.get("gb300", 1.0)  # the preset's sustained-speed factor, if any
+    expected = max(attn_flops / speed, exponentials / 10.7e12) / gb300.efficiency.attention
+    assert gb300.fp8_tflops == 5000 and gb300.exp_tera_per_s == 10.7
+    assert lt.attention_time(fp8)[0] == pytest.approx(expected, rel=REL)
+    assert lt.attention_time(plain)[0] == pytest.approx(max(2 * attn_flops / speed, exponentials / 10.7e12)
+                                                        / gb300.efficiency.attention, rel=REL)
+    # The search no longer refuses it under MXFP8 (it still does under BF16).
+    space = dataclasses.replace(load_space().pinned(tp=4, pp=1, vp=1, cp=1, mbs=1, recompute="none",
+                                                    fp8_attention=True), precision=("bf16", "mxfp8"))
+    out = generate(llama, gb300, 8, 8, space)
+    mxfp8, bf16 = out[out.precision == "mxfp8"], out[out.precision == "bf16"]
+    assert (mxfp8.reason == "").any()
+    assert bf16.reason.str.contains("needs the fp8-delayed, fp8-current or mxfp8 recipe").all()
+
+
 def test_an_fp8_kept_swiglu_input_halves_its_bytes_and_costs_its_casts(mixtral, hw):
     """TransformerConfig.activation_func_fp8_input_store: Megatron's fused SwiGLU saves
     input.to(float8_e4m3fn), 1 B per element of the gate and up outputs instead of 2, and converts
