@@ -13,7 +13,6 @@ CPU figures say nothing about GPU speed; the GPU table is ``bench_issue15_gpu.py
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path

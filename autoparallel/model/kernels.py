@@ -13,7 +13,6 @@ import os
 import shutil
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 
 import torch
