@@ -373,6 +373,26 @@ def test_routed_experts_run_k_copies_of_each_token_at_the_dense_gemm_efficiency_
     assert lt.routed_experts_time(x)[0] == pytest.approx(expected, rel=REL)
 
 
+def test_local_experts_gemms_share_the_gemm_curve_over_te_s_four_compute_streams(hw):
+    """GPT-OSS-120B (128 experts of 3 x 2880 x 2880 weights, top-4) on 8 GPUs, mbs 1: ep 8 leaves 16
+    local experts, whose GEMMs TransformerEngine's loop puts on its 4 compute streams: the curve is
+    read at 4 experts' GEMM size, 4096 x 4 x 8 / 128 = 1024 rows each (2 x 1024 x 24,883,200 / 2 FLOPs
+    per FC1 or FC2, one expert). At ep 64 (2 local experts) at 2 experts' size; Mixtral at ep 8 (1 local
+    expert) at one expert's, as before."""
+    model = io.load_model("gpt-oss-120b")
+    eff = hw.efficiency
+    per_expert = 2 * 1024 * 24883200 / 2
+    x = _cands(model, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+    assert lt.concurrent_experts(model, x.e)[0] == 4.0
+    share = eff.gemm_max / (1 + eff.gemm_half_gflop / (4 * per_expert / 1e9))
+    copies = 4096 * 4 * x.imbalance[0]
+    assert lt.routed_experts_time(x)[0] == pytest.approx(2 * copies * 24883200 / (989e12 * share), rel=REL)
+    alone = eff.gemm_max / (1 + eff.gemm_half_gflop / (per_expert / 1e9))
+    assert lt.routed_experts_time(x)[0] < 2 * copies * 24883200 / (989e12 * alone)
+    assert lt.concurrent_experts(model, np.array([64.0, 128.0]))[0] == 2.0
+    assert lt.concurrent_experts(model, np.array([64.0, 128.0]))[1] == 1.0
+
+
 @pytest.mark.parametrize("model_name", ["175b", "mixtral-8x7b"])
 @pytest.mark.parametrize("recompute", ["full", "selective"])
 def test_layer_time_is_the_sum_of_its_named_terms(model_name, recompute, hw):

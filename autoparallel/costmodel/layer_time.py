@@ -471,14 +471,29 @@ def router_time(x: Candidates):
     return forward, 2.0 * forward / backward_rate
 
 
+# TransformerEngine's compute streams for a grouped GEMM's per-expert cuBLAS calls
+# (``transformer_engine/common/util/multi_stream.cpp``: ``num_compute_streams = 4``).
+TE_COMPUTE_STREAMS = 4
+
+
+def concurrent_experts(model, ep):
+    """Local experts whose GEMMs run at once: TransformerEngine's ``multi_stream_cublas_gemm``
+    launches expert i's GEMM on compute stream i mod 4 (``cublaslt_gemm.cu``), so up to
+    ``TE_COMPUTE_STREAMS`` of them share the GPU, never more than the local experts."""
+    return np.minimum(float(TE_COMPUTE_STREAMS), np.maximum(moe.local_experts(model, ep), 1.0))
+
+
 def routed_experts_time(x: Candidates):
     """Routed experts: each local expert's FC1 and FC2 are cuBLAS GEMMs of their own
     (``moe_expert_calls``: TransformerEngine's grouped GEMM is a loop of the same ``cublas_gemm`` a
-    Linear calls), so each is priced at the GPU's dense GEMM efficiency of its own size
-    (``gemm.efficiency``, as the router's GEMM); the busiest EP rank has ``imbalance`` times the
-    tokens."""
+    Linear calls), priced on the GPU's dense GEMM curve (``gemm.efficiency``, as the router's GEMM).
+    The loop puts consecutive experts' GEMMs on TransformerEngine's 4 compute streams, which the GPU
+    runs side by side: a small GEMM's SMs left idle (too few tiles, the last wave's tail) are
+    filled by the GEMMs of the other streams, so the curve is read at the size of the GEMMs in
+    flight together (``concurrent_experts`` of them), not of one expert's. The busiest EP rank has
+    ``imbalance`` times the tokens."""
     expert_flops = moe.expert_flops(x.model, x.tokens / x.t) * x.imbalance
-    group_flops = moe.expert_gemm_flops(x.model, x.tokens / x.t, x.e, x.et)
+    group_flops = moe.expert_gemm_flops(x.model, x.tokens / x.t, x.e, x.et) * concurrent_experts(x.model, x.e)
     return expert_flops / (x.gemm_peak * gemm.efficiency(x.hw, group_flops))
 
 

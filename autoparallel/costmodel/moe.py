@@ -14,10 +14,11 @@ experts' grouped GEMMs, the combine back, unpermutation. The backward pass runs 
 the combine again.
 
 **Grouped GEMMs**: each local expert sees T*k*etp*ep / E tokens on average; its two GEMMs are
-cuBLAS GEMMs of their own (TransformerEngine's GroupedLinear loops over the experts), priced at the
-dense GEMM efficiency of their own size, so fine-grained experts (small FFN, few tokens per
-expert) run at a small share of peak; each call per local expert also pays a fixed cost
-(``layer_time.moe_expert_calls``).
+cuBLAS GEMMs of their own (TransformerEngine's GroupedLinear loops over the experts, round-robin
+over its 4 compute streams), priced on the dense GEMM curve at the size of the GEMMs in flight
+together (``layer_time.concurrent_experts``: up to 4 experts' at once), so fine-grained experts
+(small FFN, few tokens per expert) still run at a smaller share of peak; each call per local
+expert also pays a fixed cost (``layer_time.moe_expert_calls``).
 
 **Load imbalance**: with dropless routing (no capacity factor) every expert takes what the router
 sends, so the step waits for the busiest EP rank. Each rank's load is modelled as the even share
