@@ -212,9 +212,11 @@ def _pins(row: pd.Series) -> dict:
 # Plan fields a row may state that the search space has no knob for: set on the candidates.
 EXACT_COLUMNS = ("overlap_grad_reduce", "overlap_param_gather", *SPLIT_COLUMNS)
 # A published system's own way of running, which no search offers: DeepSeek's DualPipe schedule
-# (``pipeline.DUALPIPE``), its FP8 token dispatch (``dispatch.FP8_DISPATCH_BYTES``) and its FP8 cache
-# of the recomputed SwiGLU's inputs (``candidates.routed_act_input_bytes``).
-ROW_ONLY_COLUMNS = ("pipeline_schedule", "moe_dispatch_precision", "moe_act_cache_precision")
+# (``pipeline.DUALPIPE``), its FP8 token dispatch (``dispatch.FP8_DISPATCH_BYTES``), its FP8 cache
+# of the recomputed SwiGLU's inputs (``candidates.routed_act_input_bytes``) and its E5M6 cache of
+# the attention output (``candidates.ATTENTION_OUTPUT_CACHE_COLUMN``).
+ROW_ONLY_COLUMNS = ("pipeline_schedule", "moe_dispatch_precision", "moe_act_cache_precision",
+                    "attention_output_cache_precision")
 
 
 def _exact(row: pd.Series) -> dict:

@@ -92,7 +92,7 @@ class SearchSpace:
     # --cpu-offloading-num-layers; only without pipeline parallelism and recompute).
     cpu_offload_fractions: tuple[float, ...] = (0.0,)
     cpu_offloading_num_layers: int | None = None  # pinned exact count instead of the fractions
-    memory_fraction: float = 0.95
+    memory_fraction: float = 1.0  # the hardware's reserve_gib is the runtime's headroom
     tp_within_nvlink_domain: bool = True
     # Where num_layers is not divisible by pp*vp, also try Megatron's uneven splits.
     uneven_pipeline_split: bool = True

@@ -4,11 +4,9 @@ where its predicted memory and time go.
 Prints, for each candidate of the row (the micro-batch size is not stated), the prediction, the
 memory by kind and the step's breakdown; then, for the one validate reports, one MoE layer's
 costs per micro-batch, each stage's time per micro-batch, one dispatch, and what the V3 report
-states beside them (arXiv 2412.19437 §3.2-3.3). Last, the memory a stated item the cost model
-does not price would spare, by hand: the attention output cached once in DeepSeek's E5M6 (§3.3.2,
-12 bits if packed; the row keeps Megatron's BF16 copy, which the fused attention and the output
-projection share), on a DualPipe middle rank (PP+1 micro-batches of its stage's layers) and on an
-end rank (PP of the first stage's, one of the last's with its MTP layer).
+states beside them (arXiv 2412.19437 §3.2-3.3). Last, the peak of a DualPipe end rank (the first
+stage and the last one) and of a middle rank (two copies of a middle stage), which hold the
+attention output in the report's E5M6 (§3.3.3, 1.5 B per element; priced since 2026-11-27).
 
     PYTHONPATH=$PWD python benchmarks/bench_dsv3_h800.py
 """
@@ -18,10 +16,10 @@ from __future__ import annotations
 import numpy as np
 
 from autoparallel import io, measured_runs
-from autoparallel.costmodel import dispatch, layer_time, memory, pipeline
+from autoparallel.costmodel import dispatch, layer_time, peak_memory, pipeline
 from autoparallel.costmodel.candidates import candidates
 from autoparallel.costmodel.estimate import BREAKDOWN_KEYS, MEMORY_KEYS, estimate_columns
-from autoparallel.costmodel.stages import stage_times
+from autoparallel.costmodel.stages import stage_params, stage_times
 
 GIB = 2.0**30
 
@@ -63,15 +61,19 @@ def main() -> None:
           f"{dispatch.FLEX_DISPATCHER_SMS} SMs for communication (report: 20); IB {x.hw.internode_gbps:.0f} GB/s "
           f"per GPU (report: 50); busiest EP rank {x.imbalance[0]:.2f}x the even share")
 
-    model, tokens = x.model, float(x.tokens[0])
-    per_layer = (memory.GEMM_INPUT_BYTES - 1.5) * tokens * model.num_attention_heads * model.v_dim  # BF16 -> E5M6
-    held = float(pipeline.dualpipe_inflight(x.p)[0])
-    own, other = (float(np.ravel(c)[0]) for c in pipeline.dualpipe_chunks(x.p, 0))
-    middle = held * float(x.middle_layers[0])
-    end = own * float(x.first_layers[0]) + other * (float(x.last_layers[0]) + model.mtp_num_layers)
-    print(f"\nNot priced, by hand: the attention output in E5M6 (1.5 B per element, not BF16's 2) spares "
-          f"{per_layer / GIB:.3f} GiB per layer and micro-batch; a middle rank's {middle:.0f} layer-micro-batches "
-          f"{middle * per_layer / GIB:.1f} GiB, an end rank's {end:.0f} {end * per_layer / GIB:.1f} GiB")
+    first_moe, last_moe = peak_memory.dualpipe_stage_moe(x)  # contiguous stages
+    params = stage_params(x, layers, (first_moe, last_moe))
+    counts = [(x.first_layers, first_moe), (x.middle_layers, x.middle_moe), (x.last_layers, last_moe)]
+    acts, _ = peak_memory.activation_bytes(x, layers)
+    states = [sum(peak_memory.model_states(x, layers, p, n, n_moe)) for p, (n, n_moe) in zip(params, counts)]
+    end = (acts[0] + states[0] + states[2])[0] / GIB + x.hw.reserve_gib
+    middle = (acts[1] + pipeline.DUALPIPE_PARAMETER_COPIES * states[1])[0] / GIB + x.hw.reserve_gib
+    print(f"\nDualPipe ranks (reserve included): an end rank {end:.1f} GiB (the first stage's and the last's states, "
+          f"PP micro-batches of the first, one of the last; the first stage the model's first {x.first_layers[0]:.0f} "
+          f"layers, {first_moe[0]:.0f} of them MoE), a middle rank {middle:.1f} GiB (two copies of the middle "
+          f"stage's states, PP+1 micro-batches); the attention output kept in the report's E5M6 (1.5 B per element, "
+          f"§3.3.3; column attention_output_cache_precision), {x.hw.memory_gib:g} GiB GPU")
+
 
 if __name__ == "__main__":
     np.set_printoptions(precision=3)

@@ -34,7 +34,7 @@ FUNCTIONS = {
                                       "trainable_params"],
     "autoparallel.costmodel.step_time": ["dp_comm_time", "optimizer_time", "weight_cast_time"],
     "autoparallel.costmodel.peak_memory": ["logits_bytes", "model_states", "_in_flight", "mtp_bytes", "cuda_graph_bytes",
-                                           "lora_model_states", "dualpipe_end_rank"],
+                                           "lora_model_states", "dualpipe_end_rank", "dualpipe_stage_moe"],
     "autoparallel.costmodel.finetune": ["adapter_params_gpu", "adapter_stream_elements", "attention_share",
                                         "frozen_activation_bytes", "base_weight_bytes", "cast_bytes"],
     "autoparallel.costmodel.dispatch": ["alltoall_time", "flex_time", "allgather_time", "nodes_per_token",

@@ -1269,3 +1269,79 @@ def test_moe_act_recompute_keeps_the_routed_experts_bf16_fc1_output(mixtral, hw)
                                  **moe, **act, "activation_func_fp8_input_store": True})])
     row = candidates(mixtral, hw, {**cols, "moe_act_cache_precision": np.array(["fp8"], dtype=object)})
     assert stored(x) - stored(row) == pytest.approx(halves * (2 - 1), rel=1e-9)
+
+
+def test_a_rows_e5m6_attention_output_cache_keeps_one_and_a_half_bytes(hw):
+    """DeepSeek-V3 caches the attention output (the output projection's input, which the
+    attention's backward reads too) in its E5M6 format (report §3.3.3), 12 bits packed: 1.5 B per
+    element instead of the BF16 copy Megatron shares between the two under blockwise FP8. Each
+    layer, dense or MoE, keeps tokens x heads x v_head_dim elements of it; nothing else moves."""
+    dsv3 = io.load_model("deepseek-v3")
+    knobs = dict(tp=1, pp=16, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=128, precision="fp8-blockwise",
+                 recompute="selective", recompute_modules="layernorm mla_up_proj moe_act")
+    cols = plan_columns([Plan(**{**dict(tp_comm_overlap=False, fp8_bf16_edge_layers=0, grad_reduce_in_fp32=True,
+                                        mbs=1), **knobs})])
+    megatron = candidates(dsv3, hw, cols)
+    e5m6 = candidates(dsv3, hw, {**cols, "attention_output_cache_precision": np.array(["e5m6"], dtype=object)})
+    assert megatron.attention_output_bytes[0] == 2.0 and e5m6.attention_output_bytes[0] == 1.5
+    per_layer = 4096 * 128 * 128 * (2.0 - 1.5)  # tokens x heads x v_head_dim x the byte spared
+    for moe in (False, True):
+        assert (lt.stored_activation_bytes(megatron, moe)[0] - lt.stored_activation_bytes(e5m6, moe)[0]
+                == pytest.approx(per_layer, rel=1e-9))
+    unknown = candidates(dsv3, hw, {**cols, "attention_output_cache_precision": np.array([""], dtype=object)})
+    assert unknown.attention_output_bytes[0] == 2.0
+
+
+def test_the_headroom_is_the_fixed_reserve_alone(gpt, hw):
+    """The search's default share is 1 (spaces/training.yaml memory_fraction): a plan fits when
+    its tensors and the GPU's fixed reserve (4 GiB on an H100, what the CUDA context, NCCL's
+    buffers and the allocator's slack take: hand_set_constants.yaml reserve_gib) fit the GPU's
+    memory; 0.95 of 80 GiB on top of the reserve left 8 GiB to the runtime."""
+    from autoparallel.space import load_space
+    assert load_space().memory_fraction == 1.0 and hw.reserve_gib == 4.0
+    cols = plan_columns([Plan(tp=4, pp=8, vp=2, cp=2, dp=4, mbs=1, gbs=64)])
+    out = estimate_columns(gpt, hw, cols)
+    tensors = sum(out[k][0] for k in pm.MEMORY_KEYS if k != "reserve_gib")
+    assert out["peak_memory_gib"][0] == pytest.approx(tensors + 4.0, rel=1e-12)
+    assert out["fits"][0] == (tensors + 4.0 <= 80.0)
+    # 74.2 GiB of tensors (SP, MBS 2): within the whole H100 with the reserve, not within the old 0.95 share;
+    # 76.2 GiB of tensors: beyond the GPU with the reserve.
+    fits = plan_columns([Plan(tp=4, pp=8, vp=1, cp=1, dp=16, mbs=2, gbs=512, sp=True)])
+    over = plan_columns([Plan(tp=4, pp=16, vp=3, cp=1, dp=4, mbs=2, gbs=512, sp=True)])
+    assert 76.0 < estimate_columns(gpt, hw, fits)["peak_memory_gib"][0] <= 80.0 < estimate_columns(
+        gpt, hw, over)["peak_memory_gib"][0]
+    assert estimate_columns(gpt, hw, fits)["fits"][0] and not estimate_columns(gpt, hw, fits, 0.95)["fits"][0]
+    assert not estimate_columns(gpt, hw, over)["fits"][0]
+
+
+def test_dualpipe_stages_are_contiguous_slices_of_the_model(hw):
+    """DualPipe splits the model in PP contiguous stages (deepseek-ai/DualPipe example_dualpipe.py):
+    with DeepSeek-V3's published layout (rank 0: the embedding and 2 + 2 layers of chunks 0 and
+    16; rank 15: 1 layer, the MTP module and the head) its first stage is the embedding and layers
+    0-3, three dense and one MoE, where the interleaved rank 0 holds two of each. The end rank's PP
+    micro-batches of the first stage keep three dense layers' and one MoE layer's activations, and
+    its states are those of that stage beside the last; the priced ranks (the step time) keep the
+    interleaved counts."""
+    dsv3 = io.load_model("deepseek-v3")
+    cols = plan_columns([Plan(tp=1, pp=16, vp=2, cp=1, dp=128, ep=64, mbs=1, gbs=15360, precision="fp8-blockwise",
+                              pipeline_model_parallel_layout="Et*2|(t*2|)*14t|(t*2|)*15mL", grad_reduce_in_fp32=True)])
+    x = candidates(dsv3, hw, {**cols, "pipeline_schedule": np.array(["dualpipe"], dtype=object)})
+    assert (x.first_layers[0], x.first_moe[0], x.last_layers[0], x.last_moe[0]) == (4, 2, 1, 1)
+    assert tuple(float(m[0]) for m in pm.dualpipe_stage_moe(x)) == (1.0, 1.0)
+    plain = candidates(dsv3, hw, cols)
+    assert tuple(float(m[0]) for m in pm.dualpipe_stage_moe(plain)) == (2.0, 1.0)  # no DualPipe: the ranks'
+    ones = np.ones(1)
+    dense = dict(stored=2e9 * ones, stored_imbalance=0 * ones, working=2e9 * ones, params=5e8 * ones,
+                 expert_params=0 * ones, adapter_params=0 * ones)
+    moe = {**dense, "stored": 1e9 * ones, "params": 2e8 * ones, "expert_params": 1e8 * ones}
+    layers = lt.Layers(dense, moe)  # stand-ins: a dense layer keeping more, so that the end rank is the fullest
+    (first, _, _), _ = pm.activation_bytes(x, layers)
+    embedding = 8 * 4096  # int64 token ids, no dropout
+    mtp = pm.mtp_bytes(x, layers, 1.0)
+    head = max(pm.logits_bytes(x)[0] - 2e9, 0.0)
+    assert first[0] == pytest.approx(16 * (3 * 2e9 + 1e9 + embedding) + 1e9 + 2e9 + mtp[0] + head, rel=REL)
+    embedding_params = 129280 * 7168
+    first_stage = 3 * 5e8 + 2e8 + embedding_params + 1e8
+    last_stage = 2e8 + embedding_params + 1e8 + (2e8 + 2 * 7168 ** 2) + 1e8  # a MoE layer, the head, the MTP module
+    out = pm.peak_memory(x, layers, st.stage_params(x, layers), 1.0)
+    assert out["grads_gib"][0] == pytest.approx(4.0 * (first_stage + last_stage) / GIB, rel=REL)

@@ -50,6 +50,17 @@ RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "moe", "layernorm")
 MOE_ACT_CACHE_COLUMN = "moe_act_cache_precision"
 
 
+# A published system's own cache of the attention output (the output projection's input, which
+# the attention's backward reads too; ``Candidates.attention_output_bytes``): DeepSeek-V3 keeps it in
+# its E5M6 format (report §3.3.3 "Low-Precision Activation" (1): "These activations are also used
+# in the backward pass of the attention operator ... We adopt a customized E5M6 data format
+# exclusively for these activations"), 12 bits, stored packed: a 16-bit container would be no
+# smaller than BF16 and less precise, so the format's only purpose is the 1.5 B. Its 1x128 tiles'
+# scales are left out, as for FP8 copies (``QUANTIZED_INPUT_BYTES``).
+ATTENTION_OUTPUT_CACHE_COLUMN = "attention_output_cache_precision"
+ATTENTION_OUTPUT_CACHE_BYTES = {"e5m6": 1.5}
+
+
 def routed_act_input_bytes(cols: Mapping[str, np.ndarray], moe_act, act_input_bytes):
     """Bytes per element the routed experts keep of their activation's input. With
     ``--recompute-modules moe_act`` Megatron runs the activation in a ``CheckpointWithoutOutput``
@@ -175,12 +186,16 @@ class Candidates:
     def attention_output_bytes(self) -> np.ndarray:
         """Bytes kept per element of the attention output (``memory.attention_output_bytes``):
         the fused kernel's BF16 output; the projection's own quantized copy beside it under
-        delayed scaling; FP8 attention's one FP8 output, shared with the projection."""
+        delayed scaling; FP8 attention's one FP8 output, shared with the projection; a published
+        row's own cache where it states one (``ATTENTION_OUTPUT_CACHE_COLUMN``: one copy, shared)."""
         delayed = np.asarray(self.knobs["precision"]) == "fp8-delayed"
         fp8_attention = self.flag("fp8_attention") & (self.quantized_fraction > 0)
-        return np.where(fp8_attention, memory.gemm_input_bytes(self.quantized_fraction, self.quantized_input_bytes),
+        kept = np.where(fp8_attention, memory.gemm_input_bytes(self.quantized_fraction, self.quantized_input_bytes),
                         memory.attention_output_bytes(self.quantized_fraction, self.quantized_input_bytes,
                                                       self.attention_output_fused, delayed))
+        stated = np.asarray(self.knobs.get(ATTENTION_OUTPUT_CACHE_COLUMN, ""), dtype=object)
+        row_cache = np.vectorize(lambda v: ATTENTION_OUTPUT_CACHE_BYTES.get(v, np.nan), otypes=[float])(stated)
+        return np.where(np.isnan(row_cache), kept, row_cache)
 
     @property
     def offloaded(self) -> np.ndarray:

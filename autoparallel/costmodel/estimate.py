@@ -35,10 +35,11 @@ __all__ = ["BREAKDOWN_KEYS", "MEMORY_KEYS", "estimate_columns", "estimate_plan",
 
 
 def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray],
-                     memory_fraction: float = 0.95) -> dict[str, np.ndarray]:
+                     memory_fraction: float = 1.0) -> dict[str, np.ndarray]:
     """Predict every plan in ``cols`` (Plan field name -> array). Returns metric columns.
 
-    ``memory_fraction``: a plan fits when its peak is at most this share of GPU memory.
+    ``memory_fraction``: a plan fits when its peak (the fixed reserve included) is at most this
+    share of GPU memory.
     """
     x = candidates(model, hw, cols)
     layers = layer_costs(x)
@@ -76,7 +77,7 @@ def plan_columns(plans: list[Plan]) -> dict[str, np.ndarray]:
 
 
 def estimate_plan(model: ModelSpec, hw: HardwareSpec, plan: Plan,
-                  memory_fraction: float = 0.95) -> dict:
+                  memory_fraction: float = 1.0) -> dict:
     """One plan's prediction as the stable JSON record (config, fits, metrics, breakdown)."""
     cols = estimate_columns(model, hw, plan_columns([plan]), memory_fraction)
     return record(plan.as_dict(), {k: v[0] for k, v in cols.items()})

@@ -16,7 +16,7 @@ from autoparallel.costmodel import finetune, memory, pipeline
 from autoparallel.costmodel.candidates import Candidates
 from autoparallel.costmodel.layer_time import Layers
 from autoparallel.costmodel.memory import GIB
-from autoparallel.costmodel.stages import mtp_layer, present
+from autoparallel.costmodel.stages import mtp_layer, present, stage_params
 
 MEMORY_KEYS = ("weights_gib", "grads_gib", "optimizer_gib", "fp8_weights_gib",
                "activations_gib", "logits_gib", "reserve_gib")
@@ -181,18 +181,37 @@ def activation_bytes(x: Candidates, layers: Layers) -> tuple[list, list]:
     return [first, middle, last], [first_head, 0.0, last_head]
 
 
+def dualpipe_stage_moe(x: Candidates):
+    """MoE layers of DualPipe's first and last stage. Its stages are contiguous slices of the
+    model (deepseek-ai/DualPipe 3da1bbe examples/example_dualpipe.py: ``full_modules`` split in
+    PP stages, rank r keeping ``full_modules[pp_rank]`` and ``full_modules[pp_size - 1 - pp_rank]``),
+    not the interleaved chunks of the priced ranks: the first stage holds the model's first
+    ``first_layers`` layers (DeepSeek-V3's three dense ones among them), the last its last
+    ``last_layers``; each as many layers as the priced rank, so the step time's split stands.
+    Elsewhere the priced ranks' counts."""
+    if not x.model.is_moe or not x.dualpipe.any():
+        return x.first_moe, x.last_moe
+    moe = np.concatenate([[0.0], np.cumsum(x.model.moe_layer_pattern, dtype=float)])
+    n = len(moe) - 1
+    first = moe[x.first_layers.astype(int)]
+    last = moe[n] - moe[n - x.last_layers.astype(int)]
+    return np.where(x.dualpipe, first, x.first_moe), np.where(x.dualpipe, last, x.last_moe)
+
+
 def dualpipe_end_rank(x: Candidates, layers: Layers, logits):
     """Activations of a DualPipe end rank (a published row's schedule), which holds the first
     stage and the last one (``pipeline.DUALPIPE``): at its peak PP micro-batches of the first
     stage's layers and embedding inputs and one of the last stage's layers and MTP modules
     (``pipeline.dualpipe_chunks``), the working set of a layer of either, and the head's logits
-    where they exceed it; and that share of the logits alone. The stages are the priced layout's
-    first and last pipeline ranks, as the step time prices them."""
+    where they exceed it; and that share of the logits alone. The stages hold as many layers as the
+    priced layout's first and last pipeline ranks, as the step time prices them, but contiguous
+    ones (``dualpipe_stage_moe``)."""
     own, other = pipeline.dualpipe_chunks(x.p, 0)
-    first = (stored_bytes(layers, x.first_layers, x.first_moe)
+    first_moe, last_moe = dualpipe_stage_moe(x)
+    first = (stored_bytes(layers, x.first_layers, first_moe)
              + memory.embedding_activation_bytes(x.model, x.b, x.s_local))
-    last = stored_bytes(layers, x.last_layers, x.last_moe)
-    both_moe = x.first_moe + x.last_moe
+    last = stored_bytes(layers, x.last_layers, last_moe)
+    both_moe = first_moe + last_moe
     graphs = cuda_graph_bytes(x, 1.0, own * x.first_layers + other * x.last_layers)
     mtp = mtp_bytes(x, layers, other) if x.model.mtp_num_layers else 0.0
     head = _beyond_working(logits, layers, both_moe)
@@ -222,8 +241,15 @@ def peak_memory(x: Candidates, layers: Layers, params: list, memory_fraction: fl
     priced = lora_model_states if finetune.is_lora(x.model) else model_states
     first, middle, last = (priced(x, layers, p, n, n_moe) for p, (n, n_moe) in zip(params, stage_layers))
     copies = np.where(x.dualpipe, pipeline.DUALPIPE_PARAMETER_COPIES, 1.0)
-    ends = [np.where(x.dualpipe, f + l, f) for f, l in zip(first, last)]
-    states = [ends, [copies * st for st in middle], [np.where(x.dualpipe, f + l, l) for f, l in zip(first, last)]]
+    dual_first, dual_last = first, last
+    if x.dualpipe.any():  # the end rank's two stages, contiguous (dualpipe_stage_moe)
+        first_moe, last_moe = dualpipe_stage_moe(x)
+        dual = stage_params(x, layers, (first_moe, last_moe))
+        dual_first = priced(x, layers, dual[0], x.first_layers, first_moe)
+        dual_last = priced(x, layers, dual[2], x.last_layers, last_moe)
+    both = [f + l for f, l in zip(dual_first, dual_last)]
+    states = [[np.where(x.dualpipe, b, f) for b, f in zip(both, first)], [copies * st for st in middle],
+              [np.where(x.dualpipe, b, l) for b, l in zip(both, last)]]
     acts, logits = activation_bytes(x, layers)
     peaks = [sum(st) + a for st, a in zip(states, acts)]
     fullest = np.argmax(np.stack([np.where(ok, pk, -np.inf) for ok, pk in zip(present(x), peaks)]), axis=0)

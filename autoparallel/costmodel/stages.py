@@ -101,18 +101,20 @@ def stage_times(x: Candidates, layers: Layers) -> StageTimes:
     return StageTimes(first, middle, last, t_logits, stage_pp, t_offload)
 
 
-def stage_params(x: Candidates, layers: Layers) -> list[tuple[np.ndarray, np.ndarray]]:
+def stage_params(x: Candidates, layers: Layers, moe=None) -> list[tuple[np.ndarray, np.ndarray]]:
     """Parameters on one GPU of the first, middle and last stage: (those replicated over dp*cp,
     the experts replicated over the expert-data group). The first holds the embedding, the last
-    the output layer (a copy when tied)."""
+    the output layer (a copy when tied). ``moe``: (first, last) stage's MoE layers where not the
+    priced ranks' (DualPipe's contiguous stages, ``peak_memory.dualpipe_stage_moe``)."""
     model = x.model
+    first_moe, last_moe = (x.first_moe, x.last_moe) if moe is None else moe
     embedding_gpu = model.embedding_params / x.t
     output_gpu = 0.0 if model.tie_embeddings else model.embedding_params / x.t
     experts = layers.moe["expert_params"]
-    first = (layers.on("params", x.first_layers, x.first_moe) + embedding_gpu + np.where(x.single, output_gpu, 0.0),
-             x.first_moe * experts)
-    last = (layers.on("params", x.last_layers, x.last_moe) + embedding_gpu,  # the output layer (a copy if tied)
-            x.last_moe * experts)
+    first = (layers.on("params", x.first_layers, first_moe) + embedding_gpu + np.where(x.single, output_gpu, 0.0),
+             first_moe * experts)
+    last = (layers.on("params", x.last_layers, last_moe) + embedding_gpu,  # the output layer (a copy if tied)
+            last_moe * experts)
     if model.mtp_num_layers:  # on the last stage (the only one when pp = 1)
         n = model.mtp_num_layers
         mtp = mtp_layer(layers, model)

@@ -150,7 +150,7 @@ def predicted_layer_s(model: ModelSpec, plan: Plan, row) -> tuple[float, float, 
 class LayerProfileEvaluator:
     """The cost model with measured layer compute (profiles cached in ``store``)."""
 
-    def __init__(self, model: ModelSpec, hw, memory_fraction: float = 0.95,
+    def __init__(self, model: ModelSpec, hw, memory_fraction: float = 1.0,
                  store: ProfileStore | None = None, top_k: int | None = None,
                  steps: int = 10, warmup: int = 3, device: str = "auto") -> None:
         from autoparallel.profiling.device import device_name, resolve_device
