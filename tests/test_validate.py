@@ -31,8 +31,9 @@ FIGURES = {
     "moe_in_mean": 8.1,
     "moe_held_mean": 8.7,
     # GiB, the peak with the reserve: 79.5 before the E5M6 attention output (77.5) and the DualPipe
-    # end rank's contiguous first stage (73.9: the middle rank, 76.2, is then the fullest)
-    "deepseek": 76.2,
+    # end rank's contiguous first stage (73.9: the middle rank, 76.2, is then the fullest); 78.3 at
+    # the load imbalance refitted once TE's four compute streams were priced (0.2112 -> 0.2716, s36h1)
+    "deepseek": 78.3,
 }
 # Published layouts predicted not to fit in the variant their source ran (TODAY): findings, each
 # held as a strict expected failure. The reason gives the peak with the 4 GiB reserve against the
@@ -321,8 +322,8 @@ def test_deepseek_v3_own_run_speed_target(moe_report):
 
 
 def test_deepseek_v3_own_run_fits_target(moe_report):
-    """Issue 22: DeepSeek-V3's own layout on 2,048 H800 predicted to fit (met 2026-11-27: 76.2 GiB
-    with the reserve on the 80 GB GPU, once the search's headroom is the reserve alone, the
+    """Issue 22: DeepSeek-V3's own layout on 2,048 H800 predicted to fit (met 2026-11-27: 78.3 GiB
+    with the reserve within the 79.65 GiB the driver gives of the 80 GB GPU, once the search's headroom is the reserve alone, the
     attention output is cached in E5M6 as the report states and DualPipe's stages are contiguous;
     79.5 against 76 allowed before)."""
     row = _deepseek_v3_own_run(moe_report)

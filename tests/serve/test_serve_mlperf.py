@@ -18,10 +18,12 @@ from autoparallel.serve.workload import load_workload
 
 # Today's figures (in-sample mean |error| %, 2026-11-27): the expected failure's reason and the
 # regression guard's bounds; update them here when the serving model moves.
-P99 = {"ttft": 46.9, "tpot": 34.0}
+# 46.9 / 34.0 (own rate 44.1 / 29.5) before the H100 / H800 presets took the 79.65 GiB the driver
+# reports instead of 80 (session 36): a smaller KV pool, the ill-conditioned p99s move (RESULTS.md).
+P99 = {"ttft": 48.8, "tpot": 34.1}
 # The same at the simulated replica's own Server rate (the largest within the bounds), over all 38
 # Server runs (2026-11-27, session 36).
-P99_OWN = {"ttft": 44.1, "tpot": 29.5}
+P99_OWN = {"ttft": 49.0, "tpot": 30.0}
 
 
 @pytest.fixture(scope="module")
