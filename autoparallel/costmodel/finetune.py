@@ -166,9 +166,9 @@ def frozen_transpose_bytes(model: ModelSpec, quantized_weight_bytes, non_tn_fp8_
     and backward. A weight that learns would refill a cache once per step after the optimizer; a
     frozen one never does. Per weight on the GPU, whatever the layout, so a layout that holds more
     weights per GPU (less TP or PP) and runs more micro-batches per GPU (more CP) pays more.
-    Only where the run makes them so (``Finetune.fp8_transpose_per_microbatch``, MLPerf's runs):
-    TransformerEngine 2.x's ``Float8TensorStorage.update_usage`` keeps the transpose it makes on the
-    parameter (v2.9 ``tensor/storage/float8_tensor_storage.py``; ``module/base.py``
+    Priced only where the run makes them so (``Finetune.fp8_transpose_per_microbatch``, set on
+    MLPerf's rows). TransformerEngine 2.x's ``Float8TensorStorage.update_usage`` keeps the transpose
+    it makes on the parameter (v2.9 ``tensor/storage/float8_tensor_storage.py``; ``module/base.py``
     ``get_weight_workspace``: "do not destroy unnecessary usages"): no per-micro-batch pass, 1 B more
     per weight (``base_weight_bytes``). Blackwell's FP8 GEMMs take either layout
     (``non_tn_fp8_gemm``): no transpose."""
