@@ -162,7 +162,9 @@ def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
                                       tuple(str(row["lora_targets"]).split()) if lora else LORA_TARGETS,
                                       bool(int(row["packed_sequence"])), opt_int("document_tokens"),
                                       float(row["lora_dropout"]) if _given(row, "lora_dropout") else 0.0,
-                                      bool(int(row["lora_a2a"])) if _given(row, "lora_a2a") else False)
+                                      bool(int(row["lora_a2a"])) if _given(row, "lora_a2a") else False,
+                                      bool(int(row["fp8_transpose_per_microbatch"]))
+                                      if _given(row, "fp8_transpose_per_microbatch") else False)
     groups = None if stated.get("multi_latent_attention") else opt_int("num_query_groups")
     return ModelSpec(
         name=str(row["model"]), num_layers=int(row["num_layers"]), hidden_size=int(row["hidden_size"]),
@@ -478,7 +480,9 @@ RUN_COLUMNS = ("id", "model", "num_layers", "hidden_size", "num_attention_heads"
 # adapters' inputs (NVIDIA's implementation, conf/megatron_gpt_peft_tuning_config.yaml
 # lora_tuning.adapter_dropout LORA_DROPOUT default 0.1, dropout_position "pre", mlcommons/training_results_v4.1)
 # and the all-to-all path beside the projection (a2a_experimental: LORA_A2A=1 in configs/config_common.sh,
-# set in every round v4.0-v5.1 and 0 in none).
+# set in every round v4.0-v5.1 and 0 in none); its frozen base in FP8 only (fp8_params: ${FP8} in that
+# YAML) with disable_parameter_transpose_cache: True, so TransformerEngine 1.x transposes each FP8 weight
+# for its dgrad in every micro-batch (finetune.frozen_transpose_bytes).
 MLPERF_MODEL = {"gpt3-175b": dict(num_layers=96, hidden_size=12288, num_attention_heads=96, ffn_hidden_size=49152,
                                   vocab_size=50304, activation="gelu", tie_embeddings=1, hidden_dropout=0.0,
                                   attention_dropout=0.0),
@@ -486,7 +490,7 @@ MLPERF_MODEL = {"gpt3-175b": dict(num_layers=96, hidden_size=12288, num_attentio
                                         num_query_groups=8, vocab_size=32000, activation="swiglu", tie_embeddings=0,
                                         hidden_dropout=0.0, attention_dropout=0.0, finetune="lora",
                                         lora_targets="linear_qkv linear_proj", packed_sequence=1,
-                                        lora_dropout=0.1, lora_a2a=1)}
+                                        lora_dropout=0.1, lora_a2a=1, fp8_transpose_per_microbatch=1)}
 # Every LoRA submission runs TransformerEngine's FP8 recipe: the implementations set FP8=True in the
 # config_common.sh that each system's config sources, which the CSV's precision column did not read
 # (its 5 "bf16" rows: two state FP8_DPA=1, which TE runs only under FP8, and NVIDIA's H200 TP1 row

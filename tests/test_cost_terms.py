@@ -892,6 +892,29 @@ def test_a_frozen_bases_fp8_casts_write_no_column_wise_copy(llama, hw):
                                                              rel=REL)
 
 
+def test_a_frozen_fp8_base_is_transposed_for_its_dgrad_once_per_micro_batch_on_hopper(llama, hw):
+    """MLPerf's frozen base is kept in FP8 only, without TE's transpose cache: TE 1.x's backward
+    transposes each FP8 weight for its dgrad GEMM once per micro-batch (1 B read, 1 B written per
+    weight on the GPU); a weight that learns, BF16, Blackwell's any-layout FP8 GEMMs, and TE 2.x,
+    which keeps the transpose it makes (``fp8_transpose_per_microbatch`` False), pay none."""
+    mlperf = _lora(llama, fp8_transpose_per_microbatch=True)
+    lora = _llama_cands(mlperf, hw)
+    transpose = 2.0 * llama.dense_layer_params / 4 / _hbm(hw)
+    layer = lt.layers(lora).dense
+    assert layer["fp8_cast"][0] == pytest.approx(lt.fp8_cast_time(lora, False)[0] + transpose, rel=REL)
+    assert lt.frozen_transpose_time(lora, llama.dense_layer_params / 4)[0] == pytest.approx(transpose, rel=REL)
+    for other in (_llama_cands(llama, hw), _llama_cands(mlperf, hw, precision="bf16"),
+                  _llama_cands(mlperf, io.load_hardware("b200")), _llama_cands(_lora(llama), hw)):
+        assert lt.frozen_transpose_time(other, llama.dense_layer_params / 4)[0] == 0.0
+    # Per weight on the GPU and per micro-batch: TP 1 CP 4 PP 2 (35B weights, 8 micro-batches)
+    # transposes four times what TP 4 (17.5B weights, 4 micro-batches) does in a step.
+    def step_transposes(**knobs):
+        x = _llama_cands(mlperf, hw, **knobs)
+        per_layer = lt.frozen_transpose_time(x, llama.dense_layer_params / x.t)[0]
+        return per_layer * llama.num_layers / x.p[0] * x.m[0]
+    assert step_transposes(tp=1, cp=4, pp=2, dp=1, sp=False) == pytest.approx(4 * step_transposes(), rel=REL)
+
+
 def test_a_frozen_base_skips_its_weight_gradients(llama, hw):
     lora, full = _llama_cands(_lora(llama), hw), _llama_cands(llama, hw)
     assert lt.compute_time(lora, 2.0, 0.5) == 5.5 and lt.compute_time(full, 2.0, 0.5) == 6.0
@@ -945,11 +968,19 @@ def test_a_lora_layer_keeps_the_adapters_inputs_not_the_frozen_linears(llama, hw
 
 
 def test_lora_model_states_hold_the_frozen_base_and_train_the_adapters(llama, hw):
-    x = _llama_cands(_lora(llama), hw)
+    x = _llama_cands(_lora(llama, fp8_transpose_per_microbatch=True), hw)
     layers = _fake_layers(x)  # 1e8 base and 1e6 adapter parameters a layer
     weights, grads, optimizer, fp8 = pm.lora_model_states(x, layers, (80 * 1e8 + 5e8, 0.0), 80, 0)
-    assert weights[0] == pytest.approx(1.0 * 80e8 + 2 * 5e8 + 2 * 80e6)  # FP8 base, BF16 embeddings, BF16 adapters
+    # MLPerf's TE 1.x runs: one FP8 layout of the base (transposed per micro-batch), BF16 embeddings and adapters.
+    assert weights[0] == pytest.approx(1.0 * 80e8 + 2 * 5e8 + 2 * 80e6)
     assert grads[0] == 2 * 80e6 and optimizer[0] == pytest.approx(12 * 80e6 / 2) and fp8[0] == 0
+    # TE 2.x keeps the FP8 parameter's transpose (Hopper: both layouts, 2 B); Blackwell's per-tensor FP8 one layout.
+    kept = _llama_cands(_lora(llama), hw)
+    assert pm.lora_model_states(kept, _fake_layers(kept), (80 * 1e8 + 5e8, 0.0), 80, 0)[0][0] == pytest.approx(
+        2.0 * 80e8 + 2 * 5e8 + 2 * 80e6)
+    blackwell = _llama_cands(_lora(llama), io.load_hardware("b200"))
+    assert pm.lora_model_states(blackwell, _fake_layers(blackwell), (80 * 1e8 + 5e8, 0.0), 80, 0)[0][0] == pytest.approx(
+        1.0 * 80e8 + 2 * 5e8 + 2 * 80e6)
     bf16 = _llama_cands(_lora(llama), hw, precision="bf16")
     assert pm.lora_model_states(bf16, _fake_layers(bf16), (80 * 1e8 + 5e8, 0.0), 80, 0)[0][0] == pytest.approx(
         2.0 * 80e8 + 2 * 5e8 + 2 * 80e6)

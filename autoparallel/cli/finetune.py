@@ -1,5 +1,6 @@
 """The fine-tuning flags of ``search`` and ``estimate``: which weights train (``--finetune full|lora``,
-``--lora-rank``, ``--lora-targets``, ``--lora-dropout``, ``--lora-a2a``) and packed sequences (``--packed-sequence``,
+``--lora-rank``, ``--lora-targets``, ``--lora-dropout``, ``--lora-a2a``, ``--fp8-transpose-per-microbatch``) and
+packed sequences (``--packed-sequence``,
 ``--document-tokens``). They make the model a fine-tuning run (``specs.finetune.Finetune``),
 which the cost model prices and the exports carry; without ``--finetune`` a run is pre-training.
 """
@@ -14,7 +15,7 @@ from autoparallel.cli.combos import flag, no_effect
 from autoparallel.errors import UserError
 from autoparallel.specs.finetune import DEFAULT_LORA_RANK, FINETUNE_MODES, LORA_TARGETS, Finetune, parse_targets
 
-LORA_DESTS = ("lora_rank", "lora_targets", "lora_dropout", "lora_a2a")
+LORA_DESTS = ("lora_rank", "lora_targets", "lora_dropout", "lora_a2a", "fp8_transpose_per_microbatch")
 FINETUNE_DESTS = ("finetune", *LORA_DESTS, "packed_sequence", "document_tokens")
 
 
@@ -41,6 +42,11 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="beside a row-parallel Linear under sequence parallelism, the adapter's output goes "
                         "back over the sequence by one all-to-all instead of a gather and a scatter "
                         "(Megatron-Bridge's LoRA.a2a_experimental; MLPerf's LoRA runs set it)")
+    g.add_argument("--fp8-transpose-per-microbatch", action="store_true", default=None,
+                   help="under an FP8 recipe on Hopper, keep the frozen base's FP8 weights in one layout and "
+                        "transpose each for its dgrad in every micro-batch, as MLPerf's LoRA runs on "
+                        "TransformerEngine 1.x did (FP8 params, disable_parameter_transpose_cache); default: "
+                        "both layouts kept, as TransformerEngine 2.x keeps an FP8 parameter's transpose")
     g.add_argument("--packed-sequence", action="store_true", default=None,
                    help="documents packed into each --seq-length sequence, each attending to itself only")
     g.add_argument("--document-tokens", type=positive, metavar="TOKENS",
@@ -72,5 +78,6 @@ def with_finetune(model, args: argparse.Namespace):
                         "(use --finetune full)")
     finetune = Finetune(mode, args.lora_rank or DEFAULT_LORA_RANK, args.lora_targets or LORA_TARGETS,
                         bool(args.packed_sequence), args.document_tokens,
-                        lora_dropout=args.lora_dropout or 0.0, lora_a2a=bool(args.lora_a2a))
+                        lora_dropout=args.lora_dropout or 0.0, lora_a2a=bool(args.lora_a2a),
+                        fp8_transpose_per_microbatch=bool(getattr(args, "fp8_transpose_per_microbatch", None)))
     return dataclasses.replace(model, finetune=finetune)

@@ -8,9 +8,10 @@ halves split). Adapters train as any weight does: forward, dgrad and wgrad, grad
 DP, Adam states; their thin GEMMs and eager ops take the time of the bytes they stream
 (``adapter_stream_elements``) and their own TP collectives (``adapter_collectives``).
 
-Under an FP8 recipe the frozen base is kept in FP8 only (one byte a weight, as MLPerf's LoRA
-submissions keep it; the transpose the dgrad GEMM reads is made per layer and freed), under BF16
-in BF16.
+Under an FP8 recipe the frozen base is kept in FP8 only: one byte a weight where the run makes the
+transpose the dgrad GEMM reads in every micro-batch and frees it (MLPerf's LoRA submissions,
+TransformerEngine 1.x: ``Finetune.fp8_transpose_per_microbatch``, ``frozen_transpose_bytes``), else
+both layouts kept, as TE 2.x keeps them (``base_weight_bytes``); under BF16 in BF16.
 
 Packed sequences (``packed_sequence``) hold documents of ``document_tokens`` tokens on average
 (assumption: all of that length) each attending causally to itself only (THD layout,
@@ -27,6 +28,7 @@ from autoparallel.specs.model import ModelSpec
 
 ADAPTER_BYTES = 2.0  # BF16 adapter weights (Megatron-Bridge's lora_dtype: the model's)
 FROZEN_FP8_WEIGHT_BYTES = 1.0
+FP8_TRANSPOSE_BYTES = 2.0  # a one-byte FP8 weight read and its one-byte transpose written
 # Which side of each target Linear TP splits: column-parallel (output) or row-parallel (input).
 COLUMN_PARALLEL = ("linear_qkv", "linear_fc1")
 # PyTorch's dropout in BF16 elements: forward reads the input and writes the output and a one-byte
@@ -132,9 +134,47 @@ def adapter_collectives(model: ModelSpec, t, sp, ub=False) -> list[tuple[float, 
     return out
 
 
-def base_weight_bytes(model: ModelSpec, is_fp8):
-    """Bytes a frozen base weight takes: FP8 only under an FP8 recipe, else BF16."""
-    return np.where(is_fp8, FROZEN_FP8_WEIGHT_BYTES, 2.0)
+def base_weight_bytes(model: ModelSpec, is_fp8, quantized_weight_bytes=FROZEN_FP8_WEIGHT_BYTES):
+    """Bytes a frozen base weight takes: BF16, or under a quantized recipe its quantized copies
+    only (no BF16 weight: FP8 primary weights): one layout where the run transposes it for each
+    micro-batch's dgrad instead of keeping the transpose (``frozen_transpose_bytes``: MLPerf's TE 1.x
+    runs), else the layouts the recipe keeps of any quantized weight, ``quantized_weight_bytes``
+    (TE 2.x creates an FP8 parameter with its column-wise copy, ``module/base.py``
+    ``reset_parameters``: ``quantizer.set_usage(rowwise=True, columnwise=torch.is_grad_enabled())``,
+    and ``get_weight_workspace`` never drops it; a frozen weight's is never invalidated)."""
+    transposed = is_lora(model) and model.finetune.fp8_transpose_per_microbatch
+    kept = FROZEN_FP8_WEIGHT_BYTES if transposed else quantized_weight_bytes
+    return np.where(is_fp8, kept, 2.0)
+
+
+def frozen_transpose_bytes(model: ModelSpec, quantized_weight_bytes, non_tn_fp8_gemm: bool):
+    """HBM bytes per frozen base weight element that one micro-batch's backward moves to lay the
+    FP8 weight out for its data-gradient GEMM (0 unless LoRA under a quantized recipe on a GPU whose
+    FP8 GEMMs take one operand layout, TN, where the weight's quantized copies are two layouts:
+    ``quantized_weight_bytes`` above ``FROZEN_FP8_WEIGHT_BYTES``): the kept FP8 weight read and its
+    transpose written, ``FP8_TRANSPOSE_BYTES``.
+
+    The frozen base is kept in FP8 only (``base_weight_bytes``), as MLPerf's LoRA runs keep it:
+    FP8 primary weights (NeMo's ``fp8_params``) with ``disable_parameter_transpose_cache``
+    (NVIDIA's MLPerf v4.0 ``megatron_gpt_peft_tuning_config.yaml``; NeMo 8cfedd7
+    ``scripts/performance/llm/mlperf_lora_llama2_70b.py``), under which Megatron passes TE no
+    ``is_first_microbatch`` (Megatron-LM d98e8a64dd ``megatron/core/extensions/transformer_engine.py``).
+    TransformerEngine 1.x's backward then calls ``weight_fp8.transpose_2d()`` for the dgrad GEMM
+    (``module/linear.py``, ``layernorm_linear.py``, ``layernorm_mlp.py``), and a ``Float8Tensor``
+    with no cached ``_transpose`` computes a fresh one that it does not keep (``fill_cache``
+    False: ``tensor/float8_tensor.py`` ``transpose_2d``, v1.9-v1.11): once per Linear, micro-batch
+    and backward. A weight that learns would refill a cache once per step after the optimizer; a
+    frozen one never does. Per weight on the GPU, whatever the layout, so a layout that holds more
+    weights per GPU (less TP or PP) and runs more micro-batches per GPU (more CP) pays more.
+    Priced only where the run makes them so (``Finetune.fp8_transpose_per_microbatch``, set on
+    MLPerf's rows). TransformerEngine 2.x's ``Float8TensorStorage.update_usage`` keeps the transpose
+    it makes on the parameter (v2.9 ``tensor/storage/float8_tensor_storage.py``; ``module/base.py``
+    ``get_weight_workspace``: "do not destroy unnecessary usages"): no per-micro-batch pass, 1 B more
+    per weight (``base_weight_bytes``). Blackwell's FP8 GEMMs take either layout
+    (``non_tn_fp8_gemm``): no transpose."""
+    if not is_lora(model) or not model.finetune.fp8_transpose_per_microbatch or non_tn_fp8_gemm:
+        return np.zeros_like(np.asarray(quantized_weight_bytes, dtype=float))
+    return np.where(np.asarray(quantized_weight_bytes) > FROZEN_FP8_WEIGHT_BYTES, FP8_TRANSPOSE_BYTES, 0.0)
 
 
 def cast_bytes(model: ModelSpec, bytes_per_element, column_copy_bytes):

@@ -5,7 +5,8 @@ A layer's time is the sum of ``LAYER_TIME_TERMS``, each priced by one function b
 - ``compute``: forward and backward (3x the forward) of the Linear GEMMs at a size-dependent
   efficiency (``gemm``), the attention core, the memory-bound elementwise kernels and a fixed
   per-layer overhead;
-- ``fp8_cast``: TransformerEngine's casts of GEMM inputs (forward) and gradients (backward);
+- ``fp8_cast``: TransformerEngine's casts of GEMM inputs (forward) and gradients (backward), and a
+  LoRA run's frozen FP8 weights transposed for each micro-batch's dgrad where the run makes them so;
 - ``selective_recompute`` / ``full_recompute``: the forward work recomputed in the backward pass;
 - ``tp_comm``, ``cp_comm``, ``fsdp``, ``ep_comm``: what communication leaves exposed (TP's as
   TransformerEngine overlaps it, ``tensor_parallel``);
@@ -312,6 +313,13 @@ def fp8_cast_time(x: Candidates, is_moe: bool):
     return (x.quantized_fraction * cast_elements * per_element + store * activation_input_elements(x, is_moe)) / x.hbm
 
 
+def frozen_transpose_time(x: Candidates, params):
+    """A LoRA run's frozen FP8 base weights (``params`` on the GPU) transposed for the dgrad GEMMs
+    once per micro-batch (``finetune.frozen_transpose_bytes``), HBM-bound."""
+    per_weight = finetune.frozen_transpose_bytes(x.model, x.quantized_weight_bytes, x.hw.mxfp8)
+    return x.quantized_fraction * per_weight * params / x.hbm
+
+
 def norm_recompute_time(x: Candidates):
     """The two norms run again in the backward pass (``layernorm``): each reads its BF16 input
     and writes its BF16 output, HBM-bound."""
@@ -427,7 +435,7 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
     full_recompute = full_recompute_time(x, forward)
     terms = {
         "compute": compute,
-        "fp8_cast": fp8_cast_time(x, is_moe),
+        "fp8_cast": fp8_cast_time(x, is_moe) + frozen_transpose_time(x, params + expert_params),
         "selective_recompute": selective_recompute_time(x, attention, softmax, is_moe, moe_block),
         "full_recompute": full_recompute,
         "tp_comm": tensor_parallel.tp_comm_time(x, tp_blocks, *tp_linear),

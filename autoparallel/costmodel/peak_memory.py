@@ -44,14 +44,14 @@ def model_states(x: Candidates, layers: Layers, params, stage_layers, stage_moe)
 
 
 def lora_model_states(x: Candidates, layers: Layers, params, stage_layers, stage_moe):
-    """``model_states`` under LoRA: the frozen base's layer weights in FP8 or BF16
-    (``finetune.base_weight_bytes``), its embedding and output layer in BF16, and only the
+    """``model_states`` under LoRA: the frozen base's layer weights in BF16 or their quantized
+    copies (``finetune.base_weight_bytes``), its embedding and output layer in BF16, and only the
     adapters with gradients and Adam states (no FSDP buffers: the space keeps LoRA off FSDP)."""
     replicated, _ = params
     optimizer_shards, _ = x.optimizer_shards()
     layer_weights = layers.on("params", stage_layers, stage_moe)
     adapters = layers.on("adapter_params", stage_layers, stage_moe)
-    weights = (finetune.base_weight_bytes(x.model, x.quantized_fraction > 0) * layer_weights
+    weights = (finetune.base_weight_bytes(x.model, x.quantized_fraction > 0, x.quantized_weight_bytes) * layer_weights
                + memory.WEIGHT_BYTES * (replicated - layer_weights) + finetune.ADAPTER_BYTES * adapters)
     grads = x.grad_bytes * adapters
     optimizer = (memory.MASTER_WEIGHT_BYTES + 2 * x.moment_bytes) * adapters / optimizer_shards

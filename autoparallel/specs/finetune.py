@@ -43,6 +43,11 @@ class Finetune:
     # Megatron-Bridge's LoRA.a2a_experimental (default False): beside a row-parallel Linear under SP,
     # B's output goes back over the sequence by an all-to-all instead of a gather and a scatter.
     lora_a2a: bool = False
+    # The frozen FP8 base's transposes made again in every micro-batch's backward, as MLPerf's LoRA
+    # runs make them (FP8 primary weights under TransformerEngine 1.x, no transpose kept on the
+    # parameter: ``costmodel.finetune.frozen_transpose_bytes``); False: TE keeps the transpose it
+    # makes, as TE 2.x's Float8Tensor does (Megatron-Bridge), and none is made per micro-batch.
+    fp8_transpose_per_microbatch: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in FINETUNE_MODES:
