@@ -376,7 +376,8 @@ def ep_comm_time(x: Candidates, compute, is_moe: bool):
     hidden_share = np.where(x.dualpipe, pipeline.DUALPIPE_HIDDEN_SHARE, x.hw.efficiency.ep_overlap)
     total = (4.0 + 2.0 * recomputed) * one + (2.0 + recomputed) * probs  # each dispatch sends its probabilities
     return dispatch.exposed_dispatch(x.hw, total, a2a_overlap | shared_overlap,
-                                     np.where(shared_overlap, shared, compute), dispatcher, hidden_share)
+                                     np.where(shared_overlap, shared, compute), dispatcher, hidden_share,
+                                     x.knobs.get("moe_flex_dispatcher_backend"))
 
 
 def amax_reduction_time(x: Candidates):
