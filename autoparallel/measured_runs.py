@@ -288,6 +288,7 @@ VARIANT_KNOBS = {"mbs": "mbs", "recompute": "recompute", "recompute_num_layers":
                  "cross_entropy_loss_fusion": "ce_fusion",
                  "cuda_graph": "cuda_graph",
                  "fp8_attention": "fp8_attention",
+                 "cutedsl_fused_grouped_mlp": "fused_mlp",
                  "moe_token_dispatcher_type": "dispatcher", "overlap_moe_expert_parallel_comm": "a2a_overlap"}
 MOE_VARIANT_KNOBS = ("moe_token_dispatcher_type", "overlap_moe_expert_parallel_comm")
 # The search-space knob whose values a variant knob is chosen from.
@@ -317,8 +318,8 @@ def variant_text(plan: pd.Series, origins: dict[str, str], moe: bool) -> str:
             return plan["recompute"] == "full"
         if knob == "fp8_param_gather":
             return plan["precision"] in FP8_PRECISIONS
-        if knob == "fp8_attention":  # shown where on (MLPerf's FP8_DPA, the newer MXFP8 MoE recipes)
-            return bool(plan["fp8_attention"])
+        if knob in ("fp8_attention", "cutedsl_fused_grouped_mlp"):  # shown where on (the newer MXFP8 MoE recipes)
+            return bool(plan[knob])
         return knob != "recompute_modules" or plan["recompute"] == "selective"
     def value(knob):
         v = plan[knob]

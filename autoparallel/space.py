@@ -51,7 +51,7 @@ FEATURE_KNOBS = ("sp", "recompute", "distributed_optimizer", "overlap_dp_comm", 
                  "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type", "fp8_param_gather",
                  "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap", "fp8_attention",
                  "tp_only_amax_red", "activation_func_fp8_input_store", "param_remainders",
-                 "cross_entropy_loss_fusion")
+                 "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp")
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,7 @@ class SearchSpace:
     fp8_attention: tuple[bool, ...] = (False,)
     tp_only_amax_red: tuple[bool, ...] = (False,)
     activation_func_fp8_input_store: tuple[bool, ...] = (False,)
+    cutedsl_fused_grouped_mlp: tuple[bool, ...] = (False,)
     fsdp: tuple[bool, ...] = (False,)
     overlap_moe_expert_parallel_comm: tuple[bool, ...] = (False,)
     moe_token_dispatcher_type: tuple[str, ...] = ("alltoall",)
@@ -312,6 +313,12 @@ def _swiglu(model: ModelSpec) -> bool:
     return model.activation == "swiglu"
 
 
+def _fused_mlp(model: ModelSpec) -> bool:
+    """TransformerEngine's fused grouped MLP fuses GroupedLinear + scaled SwiGLU (or clamped quick-GEGLU)
+    + GroupedLinear: a MoE model with a GLU (``cutedsl_fused_grouped_mlp``)."""
+    return model.is_moe and model.activation == "swiglu"  # "swiglu" stands for any GLU (ModelSpec)
+
+
 def _without_inapplicable(features: pd.DataFrame, space: SearchSpace, model: ModelSpec) -> pd.DataFrame:
     """Drop the combinations a knob cannot apply to (BF16 edge layers without an FP8 recipe, TP
     overlap without SP, a token dispatcher of a dense model) when the space also holds that knob
@@ -330,6 +337,8 @@ def _without_inapplicable(features: pd.DataFrame, space: SearchSpace, model: Mod
         inapplicable |= features.tp_only_amax_red & (features.precision != "fp8-delayed")
     if False in space.activation_func_fp8_input_store and not _swiglu(model):
         inapplicable |= features.activation_func_fp8_input_store
+    if False in space.cutedsl_fused_grouped_mlp:
+        inapplicable |= features.cutedsl_fused_grouped_mlp & ((features.precision != "mxfp8") | (not _fused_mlp(model)))
     if False in space.fsdp and lora(model):
         inapplicable |= features.fsdp
     return features[~inapplicable].reset_index(drop=True)
@@ -370,6 +379,10 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
         # TransformerConfig.__post_init__: "Storing activation input in FP8 is supported only for SwiGLU."
         (df.activation_func_fp8_input_store.to_numpy() & (not _swiglu(model)),
          "the activation input is kept in FP8 (activation_func_fp8_input_store) only for SwiGLU"),
+        # TE ForwardGroupedMLP_CuTeGEMMSwiGLU_MXFP8 (v2.16 ops/fused/forward_grouped_mlp.py): MXFP8 only,
+        # GroupedLinear + ScaledSwiGLU / ScaledClampedQGeGLU + GroupedLinear of a MoE layer's experts.
+        (df.cutedsl_fused_grouped_mlp.to_numpy() & ((precision != "mxfp8") | (not _fused_mlp(model))),
+         "the CuTe-DSL fused grouped MLP (cutedsl_fused_grouped_mlp) runs MXFP8 MoE experts with a GLU only"),
         (df.fp8_attention.to_numpy() & ~df.flash_attention.to_numpy(),
          "FP8 attention runs in TransformerEngine's fused attention: it needs flash attention"),
         # TE module/base.py fill_userbuffers_buffer_for_all_gather: only delayed, current and MXFP8

@@ -316,6 +316,34 @@ def test_the_calls_per_local_expert_are_transformer_engines_gemms_and_quantizes(
     assert forward[0] == pytest.approx(2 * call, rel=REL) and backward[0] == pytest.approx(4 * call, rel=REL)
 
 
+def test_the_fused_grouped_mlp_pays_its_kernels_once_per_pass_and_half_a_256_row_tile_per_expert(mixtral):
+    """Mixtral (SwiGLU, 8 experts, top-2) on B200 under MXFP8 at ep 2: 4 local experts. With the
+    CuTe-DSL fused grouped MLP (Megatron-Bridge cutedsl_fused_grouped_mlp), 3 kernels forward and 5
+    backward whatever the local experts (TE v2.16 forward_grouped_mlp.py / backward_grouped_mlp.py),
+    each at one call's cost, plus each expert's rows padded to 256: 4096 tokens x 2 copies x ep 2 /
+    8 experts = 2048 rows per expert (times the busiest rank's imbalance), 128 pad rows on average,
+    at the routed experts' GEMM speed (twice in the backward). Off, the per-expert loop's 4 and 6
+    calls per local expert."""
+    b200 = io.load_hardware("b200")
+    call = b200.efficiency.moe_expert_call_s
+    knobs = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=2, sp=False, gbs=64, precision="mxfp8")
+    fused = _cands(mixtral, b200, cutedsl_fused_grouped_mlp=True, **knobs)
+    looped = _cands(mixtral, b200, **knobs)
+    t_experts = lt.routed_experts_time(fused)
+    imbalance = 1.0 + b200.efficiency.moe_load_imbalance * math.sqrt(2.0 * math.log(2.0))
+    padding = t_experts[0] * 128.0 / (2048.0 * imbalance)
+    forward, backward = lt.expert_calls(fused, t_experts)
+    assert forward[0] == pytest.approx(3 * call + padding, rel=1e-9)
+    assert backward[0] == pytest.approx(5 * call + 2 * padding, rel=1e-9)
+    off_forward, off_backward = lt.expert_calls(looped, lt.routed_experts_time(looped))
+    assert off_forward[0] == pytest.approx(4 * 4 * call, rel=REL) and off_backward[0] == pytest.approx(4 * 6 * call, rel=REL)
+    assert forward[0] < off_forward[0] and backward[0] < off_backward[0]
+    # The MoE layer takes the fused calls in its compute.
+    layer = lt.moe_layer(fused)
+    own = sum(b[0] - 2 * f[0] for f, b in (lt.router_time(fused), lt.permutation_time(fused), (forward, backward)))
+    assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=1e-9)
+
+
 def test_the_token_permutations_are_one_pass_each_way_and_a_sort_per_local_expert_group(mixtral, hw):
     """Mixtral, ep 8 (one local expert: no sort): permute reads 4096 tokens and writes 8192
     copies, unpermute the reverse, BF16 x hidden 4096; backward the same bytes. At ep 4 (two local

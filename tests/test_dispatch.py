@@ -134,6 +134,12 @@ def test_flex_kernels_take_their_sms_from_the_compute_they_hide_behind(h100):
     assert flex == pytest.approx(1 - hidden + hidden * dispatch.FLEX_DISPATCHER_SMS / h100.sm_count)
     unhidden = dispatch.exposed_dispatch(h100, total, np.array([False]), np.array([10.0]), np.array(["flex"]))[0]
     assert unhidden == 1.0
+    # Megatron-Bridge's performance recipes give HybridEP 32 SMs (moe_hybridep_num_sms), DeepEP 20.
+    backends = np.array(["hybridep", "deepep"])
+    both = dispatch.exposed_dispatch(h100, np.array([1.0, 1.0]), np.array([True, True]), np.array([10.0, 10.0]),
+                                     np.array(["flex", "flex"]), backend=backends)
+    assert both[0] == pytest.approx(1 - hidden + hidden * 32 / h100.sm_count)
+    assert both[1] == pytest.approx(flex)
 
 
 def test_cross_node_ep_prices_flex_far_below_alltoall(h100):

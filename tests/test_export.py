@@ -250,3 +250,19 @@ def test_settings_megatron_lm_cannot_state_are_named_not_flagged():
     # Megatron keeps remainders itself under the precision-aware optimizer without FP8 parameters.
     megatron_kept = dataclasses.replace(plan, cross_entropy_loss_fusion=False, precision_aware_optimizer=True)
     assert megatron_lm_unflagged(megatron_kept) == {}
+
+
+def test_the_fused_grouped_mlp_exports_the_op_fuser_its_glu_interleave_and_tes_environment_switch():
+    """Megatron-Bridge's cutedsl_fused_grouped_mlp (v0.5.0 scripts/performance/utils/overrides.py,
+    perf_plugins.py): use_transformer_engine_op_fuser, moe_mlp_glu_interleave_size 32 and
+    NVTE_CUTEDSL_FUSED_GROUPED_MLP=1; Megatron-LM generates the two flags from TransformerConfig."""
+    model = io.load_model("mixtral-8x7b")
+    base = Plan(tp=1, pp=1, dp=8, ep=8, gbs=64, sp=False, precision="mxfp8", moe_token_dispatcher_type="alltoall")
+    fused = dataclasses.replace(base, cutedsl_fused_grouped_mlp=True)
+    args = " ".join(megatron_args(model, fused))
+    assert "--use-transformer-engine-op-fuser" in args and "--moe-mlp-glu-interleave-size 32" in args
+    assert megatron_env(fused) == {"NVTE_CUTEDSL_FUSED_GROUPED_MLP": "1"}
+    config = nemo2_recipe(model, fused)["model"]["config"]
+    assert config["use_transformer_engine_op_fuser"] is True and config["moe_mlp_glu_interleave_size"] == 32
+    assert "--use-transformer-engine-op-fuser" not in " ".join(megatron_args(model, base))
+    assert megatron_env(base) == {} and "use_transformer_engine_op_fuser" not in nemo2_recipe(model, base)["model"]["config"]

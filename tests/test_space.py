@@ -83,6 +83,17 @@ def test_bad_space_values_are_rejected():
         SearchSpace(precision=("fp6",))
 
 
+def test_the_fused_grouped_mlp_is_refused_off_mxfp8_and_offered_where_pinned():
+    """TE's ForwardGroupedMLP_CuTeGEMMSwiGLU_MXFP8 (v2.16): MXFP8 MoE experts with a GLU only."""
+    b200, mixtral = io.load_hardware("b200"), io.load_model("mixtral-8x7b")
+    pins = dict(tp=1, pp=1, cp=1, mbs=1, ep=8, etp=1, cutedsl_fused_grouped_mlp=True)
+    bf16 = generate(mixtral, b200, 8, 64, load_space().pinned(precision="bf16", **pins))
+    assert (bf16.reason != "").all() and bf16.reason.str.contains("MXFP8 MoE experts").any()
+    mxfp8 = generate(mixtral, b200, 8, 64, load_space().pinned(precision="mxfp8", **pins))
+    valid = mxfp8[mxfp8.reason == ""]
+    assert len(valid) and valid.cutedsl_fused_grouped_mlp.all()
+
+
 def test_an_fp8_kept_activation_input_is_refused_off_swiglu(gpt175b, h100):
     """TransformerConfig.__post_init__: "Storing activation input in FP8 is supported only for
     SwiGLU" (GPT-3's MLP is GELU); a SwiGLU model is offered it where pinned."""

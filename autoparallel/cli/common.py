@@ -17,7 +17,7 @@ FEATURE_FLAGS = ("sp", "recompute", "precision", "fp8_bf16_edge_layers", "tp_com
                  "cpu_offloading_num_layers", "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type",
                  "fp8_param_gather", "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap",
                  "fp8_attention", "tp_only_amax_red", "activation_func_fp8_input_store", "param_remainders",
-                 "cross_entropy_loss_fusion")
+                 "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp")
 SETTING_FLAGS = ("pipeline_layout", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 # Never truncate in logs and pipes: a value cut to "fp8-de…" is worse than a wide line.
@@ -60,6 +60,9 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
     g.add_argument("--activation-func-fp8-input-store", action=argparse.BooleanOptionalAction,
                    help="keep the SwiGLU's input for backward in FP8 (TransformerConfig."
                         "activation_func_fp8_input_store; no Megatron-LM flag)")
+    g.add_argument("--cutedsl-fused-grouped-mlp", action=argparse.BooleanOptionalAction,
+                   help="run MXFP8 MoE experts as TransformerEngine's fused CuTe-DSL grouped MLP (Megatron-Bridge "
+                        "cutedsl_fused_grouped_mlp: use_transformer_engine_op_fuser, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1)")
     g.add_argument("--fsdp", action=argparse.BooleanOptionalAction,
                    help="fully sharded data parallel (Megatron-FSDP optim_grads_params) over dp*cp")
     g.add_argument("--cpu-offloading-num-layers", type=non_negative,

@@ -18,7 +18,8 @@ NVLink domains of ``inside`` ranks each:
   nodes a token reaches. The links run at the GPU's fitted NCCL efficiencies (``nvlink``,
   ``internode``): DeepEP's published normal-kernel figures on H800 (153-158 GB/s NVLink of
   ~160, 43-58 GB/s RDMA of 50 "bottleneck bandwidth") are at or above them. The kernels occupy
-  ``FLEX_DISPATCHER_SMS`` SMs, which the computation they overlap loses.
+  ``FLEX_DISPATCHER_SMS`` SMs (DeepEP; HybridEP ``HYBRIDEP_SMS``), which the computation they
+  overlap loses.
 
 The busiest EP rank receives ``imbalance`` times the even share (``moe.load_imbalance``). Without
 ``--overlap-moe-expert-parallel-comm`` a dispatch waits for the compute around it and the compute
@@ -41,8 +42,14 @@ DISPATCH_BYTES = 2.0  # Megatron dispatches and combines BF16 tokens (FP8 dispat
 # mean bytes per value over a layer's dispatches and combines.
 FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128
 FP8_DISPATCH_MEAN_BYTES = (FP8_DISPATCH_BYTES + DISPATCH_BYTES) / 2
-# Megatron's flex dispatcher: moe_flex_dispatcher_num_sms None -> 20, DeepEP's historical default.
+# Megatron's flex dispatcher: moe_flex_dispatcher_num_sms None -> 20, DeepEP's historical default
+# (Megatron-LM d98e8a64dd token_dispatcher.py). Every Megatron-Bridge performance recipe that runs
+# HybridEP sets moe_hybridep_num_sms = 32 (Megatron-Bridge/scripts/performance/utils/overrides.py
+# _set_common_perf_overrides, v0.3.0 through v0.6.0; v0.6.0 src/megatron/bridge/perf_recipes/_common.py
+# too), which Megatron-Core routes to moe_flex_dispatcher_num_sms: one value for every published
+# HybridEP row, so a constant of the backend, not a recipe fact.
 FLEX_DISPATCHER_SMS = 20
+HYBRIDEP_SMS = 32
 
 
 def _ep_domains(hw: HardwareSpec, ep, etp):
@@ -161,7 +168,15 @@ def probs_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance, d
     return np.where(alltoall, alltoall_time(hw, nbytes, ep, etp), 0.0)
 
 
-def exposed_dispatch(hw: HardwareSpec, total, overlap, window, dispatcher=None, hidden_share=None):
+def dispatcher_sms(backend=None):
+    """SMs the flex dispatcher's kernels hold: ``HYBRIDEP_SMS`` under HybridEP, else DeepEP's
+    ``FLEX_DISPATCHER_SMS`` (also where the backend is not known)."""
+    if backend is None:
+        return FLEX_DISPATCHER_SMS
+    return np.where(np.asarray(backend) == "hybridep", HYBRIDEP_SMS, FLEX_DISPATCHER_SMS)
+
+
+def exposed_dispatch(hw: HardwareSpec, total, overlap, window, dispatcher=None, hidden_share=None, backend=None):
     """What the step waits for of ``total`` seconds of dispatches: all of it, or with the 1F1B
     overlap what ``window`` (another micro-batch's computation) cannot hide, at most
     ``hidden_share`` of it (the fitted ``ep_overlap`` unless given); a flex dispatcher's kernels
@@ -171,5 +186,5 @@ def exposed_dispatch(hw: HardwareSpec, total, overlap, window, dispatcher=None, 
     exposed = np.where(overlap, overlapped, total)
     if dispatcher is None:
         return exposed
-    sm_share = np.where(np.asarray(dispatcher) == "flex", FLEX_DISPATCHER_SMS / hw.sm_count, 0.0)
+    sm_share = np.where(np.asarray(dispatcher) == "flex", dispatcher_sms(backend) / hw.sm_count, 0.0)
     return exposed + (total - exposed) * sm_share

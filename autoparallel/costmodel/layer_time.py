@@ -246,10 +246,54 @@ def moe_expert_calls(x: Candidates):
     share goes, their GPU share stays, and the split is not known), and the newer recipes'
     full-iteration graphs also pad every expert to a capacity, which the cost model does not price;
     dropping the cost under a graph moved the newer MoE rows 17.0 -> 16.8 % and their worst row
-    90 -> 116 % (benchmarks/RESULTS.md, issue 22 helper h6-experts)."""
+    90 -> 116 % (benchmarks/RESULTS.md, issue 22 helper h6-experts). A plan that runs TE's fused
+    CuTe-DSL grouped MLP (``cutedsl_fused_grouped_mlp``) has no such loop: ``fused_grouped_mlp_calls``
+    instead (``expert_calls`` picks)."""
     per_call = x.hw.efficiency.moe_expert_call_s * moe.local_experts(x.model, x.e) * GROUPED_LINEARS
     q = np.where(x.is_fp4, 0.0, x.quantized_fraction)
     return tuple(per_call * (gemms + quantizes * q) for gemms, quantizes in zip(EXPERT_GEMMS, EXPERT_QUANTIZES))
+
+
+# TransformerEngine's fused MoE grouped MLP (Megatron-Bridge ``cutedsl_fused_grouped_mlp``: TE v2.16,
+# 4220403e8, ``transformer_engine/pytorch/ops/fused/forward_grouped_mlp.py`` and
+# ``backward_grouped_mlp.py``, the container of the 26.06+ rows per Megatron-Bridge v0.5.0
+# ``docs/releases/software-versions.md``): kernels per pass over ALL local experts at once. Forward:
+# ``tex.group_quantize`` of FC1's input (one MXFP8 quantize for every split), cuDNN's CuTe-DSL
+# ``grouped_gemm_glu_wrapper_sm100`` (FC1 + GLU + routing-probability scale + MXFP8 quantize of FC2's
+# input, rowwise and columnwise, in the epilogue) and ``grouped_gemm_quant_wrapper_sm100`` (FC2).
+# Backward: ``tex.bgrad_group_quantize`` / ``group_quantize`` of the output gradient,
+# ``grouped_gemm_dglu_wrapper_sm100`` (FC2 dgrad + GLU backward + quantize), ``grouped_gemm_quant``
+# (FC1 dgrad) and one grouped wgrad per GroupedLinear (``grouped_gemm_wgrad_wrapper_sm100``, else
+# ``general_grouped_gemm_for_grouped_tensor``): no per-expert loop in either pass.
+FUSED_MLP_KERNELS = (3.0, 5.0)
+# Megatron-Core pads every expert's tokens to 256 rows for the fused kernel
+# (``moe_utils.get_align_size_for_quantization``: "TE's grouped-tensor and fused grouped-MLP kernels
+# require 256-token alignment", Megatron-LM d98e8a64dd): half a tile per local expert on average.
+FUSED_MLP_ALIGN_TOKENS = 256
+
+
+def fused_grouped_mlp_calls(x: Candidates, t_experts):
+    """(forward, backward) seconds the fused CuTe-DSL grouped MLP adds to the routed experts' GEMMs
+    (``t_experts``, the forward) in place of ``moe_expert_calls``: its ``FUSED_MLP_KERNELS`` launches
+    per pass, each at the fitted cost of one call (``moe_expert_call_s``) whatever the number of
+    local experts, and the rows each local expert is padded by to ``FUSED_MLP_ALIGN_TOKENS`` (half an
+    alignment on average) at the routed experts' GEMM speed, twice over in the backward (dgrad and
+    wgrad). The GLU, the probability scale and the MXFP8 quantizes run in the GEMMs' epilogues: their
+    bytes stay priced as the unfused kernels' (``activation_bytes``)."""
+    kernels = tuple(x.hw.efficiency.moe_expert_call_s * k for k in FUSED_MLP_KERNELS)
+    routed = moe.tokens_per_expert(x.model, x.tokens / x.t, x.e, x.et) * x.imbalance
+    padding = t_experts * (FUSED_MLP_ALIGN_TOKENS / 2.0) / routed  # every local expert's share alike
+    return kernels[0] + padding, kernels[1] + 2.0 * padding
+
+
+def expert_calls(x: Candidates, t_experts):
+    """The routed experts' calls: the fused grouped MLP's where the plan runs it
+    (``cutedsl_fused_grouped_mlp``), else TransformerEngine's per-expert loop (``moe_expert_calls``)."""
+    looped = moe_expert_calls(x)
+    fused = x.flag("cutedsl_fused_grouped_mlp")
+    if not fused.any():
+        return looped
+    return tuple(np.where(fused, f, l) for f, l in zip(fused_grouped_mlp_calls(x, t_experts), looped))
 
 
 def compute_time(x: Candidates, forward, t_linear):
@@ -384,7 +428,8 @@ def ep_comm_time(x: Candidates, compute, is_moe: bool):
     hidden_share = np.where(x.dualpipe, pipeline.DUALPIPE_HIDDEN_SHARE, x.hw.efficiency.ep_overlap)
     total = (4.0 + 2.0 * recomputed) * one + (2.0 + recomputed) * probs  # each dispatch sends its probabilities
     return dispatch.exposed_dispatch(x.hw, total, a2a_overlap | shared_overlap,
-                                     np.where(shared_overlap, shared, compute), dispatcher, hidden_share)
+                                     np.where(shared_overlap, shared, compute), dispatcher, hidden_share,
+                                     x.knobs.get("moe_flex_dispatcher_backend"))
 
 
 def amax_reduction_time(x: Candidates):
@@ -514,7 +559,7 @@ def moe_layer(x: Candidates) -> dict:
     model = x.model
     nonexpert = model.moe_layer_params - model.num_experts * model.expert_params - model.router_params
     t_experts = routed_experts_time(x)
-    router, permutation, calls = router_time(x), permutation_time(x), moe_expert_calls(x)
+    router, permutation, calls = router_time(x), permutation_time(x), expert_calls(x, t_experts)
     bias, clamp = expert_bias_time(x), glu_clamp_time(x, True)
     tp_blocks = 1.0 + (model.shared_expert_ffn_hidden_size > 0)
     block = (linear_time(x, model.shared_expert_params) + t_experts + router[0] + permutation[0] + calls[0]

@@ -172,13 +172,19 @@ def megatron_args(model: ModelSpec, plan: Plan) -> list[str]:
 
 
 def megatron_env(plan: Plan) -> dict[str, str]:
-    """Environment variables Megatron-LM's validate_args demands of this plan."""
+    """Environment variables Megatron-LM's validate_args demands of this plan, and those
+    TransformerEngine reads to run what the plan prices."""
     env = {}
     # "Using tensor model parallelism or context parallelism require setting the environment
     # variable CUDA_DEVICE_MAX_CONNECTIONS to 1" (before Blackwell, harmless after); Megatron-FSDP
     # asserts the opposite ("FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS value large than one").
     if (plan.tp > 1 or plan.cp > 1) and not plan.fsdp:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    # TE v2.16 ops/fused/forward_grouped_mlp.py is_supported: the fused grouped MLP is registered only
+    # under this variable (Megatron-Bridge v0.5.0 scripts/performance/perf_plugins.py sets it where
+    # cutedsl_fused_grouped_mlp is on); the flags set --use-transformer-engine-op-fuser.
+    if plan.cutedsl_fused_grouped_mlp:
+        env["NVTE_CUTEDSL_FUSED_GROUPED_MLP"] = "1"
     return env
 
 

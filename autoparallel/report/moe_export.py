@@ -101,6 +101,8 @@ def parallel_flags(model: ModelSpec, plan: Plan) -> list[str]:
         a += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if plan.moe_shared_expert_overlap:
         a.append("--moe-shared-expert-overlap")
+    if plan.cutedsl_fused_grouped_mlp:  # and NVTE_CUTEDSL_FUSED_GROUPED_MLP=1 (export.megatron_env)
+        a += ["--use-transformer-engine-op-fuser", f"--moe-mlp-glu-interleave-size {FUSED_MLP_GLU_INTERLEAVE}"]
     return a
 
 
@@ -114,6 +116,12 @@ def attention_keys(model: ModelSpec) -> dict:
     if model.mtp_num_layers:
         keys["mtp_num_layers"] = model.mtp_num_layers
     return keys
+
+
+# Megatron-Bridge's cutedsl_fused_grouped_mlp (v0.5.0 scripts/performance/utils/overrides.py): the
+# TE op fuser with the GLU's gate and up rows interleaved in blocks of 32, as the fused kernel reads
+# them; perf_plugins.py sets NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, without which TE runs the unfused ops.
+FUSED_MLP_GLU_INTERLEAVE = 32
 
 
 def _flex_backend_flags(plan: Plan) -> list[str]:
@@ -165,6 +173,8 @@ def config_keys(model: ModelSpec, plan: Plan) -> dict:
         keys["moe_flex_dispatcher_backend"] = plan.moe_flex_dispatcher_backend
     if model.moe_router_force_load_balancing:
         keys["moe_router_force_load_balancing"] = True
+    if plan.cutedsl_fused_grouped_mlp:
+        keys.update(use_transformer_engine_op_fuser=True, moe_mlp_glu_interleave_size=FUSED_MLP_GLU_INTERLEAVE)
     return keys
 
 

@@ -80,14 +80,15 @@ KNOB_CODES = {"vp": ("vp", "virtual pipeline stages"), "mbs": ("mbs", "micro-bat
               "tp_only_amax_red": ("tpamax", "FP8 amaxes reduced over TP only (--tp-only-amax-red)"),
               "activation_func_fp8_input_store": ("fp8act", "SwiGLU inputs kept in FP8 for backward"),
               "param_remainders": ("prem", "16 bits per master weight (Apex store_param_remainders)"),
-              "cross_entropy_loss_fusion": ("cefuse", "TransformerEngine's fused cross-entropy")}
+              "cross_entropy_loss_fusion": ("cefuse", "TransformerEngine's fused cross-entropy"),
+              "cutedsl_fused_grouped_mlp": ("fgmlp", "MoE experts as TE's fused CuTe-DSL grouped MLP")}
 # Knobs without a column of their own: "other" writes each one away from its default.
 HIDDEN_KNOBS = ("fp8_bf16_edge_layers", "grad_reduce_in_fp32", "distributed_optimizer", "overlap_grad_reduce",
                 "flash_attention", "fsdp", "num_layers_in_first_pipeline_stage",
                 "num_layers_in_last_pipeline_stage", "account_for_embedding_in_pipeline_split",
                 "account_for_loss_in_pipeline_split", "fp8_param_gather", "precision_aware_optimizer", "cuda_graph",
                 "moe_shared_expert_overlap", "fp8_attention", "tp_only_amax_red", "activation_func_fp8_input_store",
-                "param_remainders", "cross_entropy_loss_fusion")
+                "param_remainders", "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp")
 VARIANT_KNOBS = ("vp", "mbs", "sp", "recompute", "recompute_num_layers", "precision", "tp_comm_overlap",
                  *HIDDEN_KNOBS)
 PLAN_DEFAULTS = {f: getattr(Plan(tp=1, pp=1, dp=1, gbs=1), f) for f in HIDDEN_KNOBS}

@@ -109,6 +109,12 @@ class Plan:
     # MLP and of every expert) is kept for the backward pass as an FP8 (E4M3) copy, 1 B per
     # element instead of 2 (Megatron's fused bias_swiglu / weighted_bias_swiglu; no Megatron-LM flag).
     activation_func_fp8_input_store: bool = False
+    # Megatron-Bridge's cutedsl_fused_grouped_mlp (scripts/performance/utils/overrides.py, v0.5.0+):
+    # TransformerConfig.use_transformer_engine_op_fuser with NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, so
+    # TransformerEngine runs a MoE layer's experts as one fused MXFP8 CuTe-DSL grouped MLP (FC1 +
+    # GLU + FC2 over all local experts, SM100) instead of a cuBLAS GEMM per expert
+    # (``layer_time.fused_grouped_mlp_calls``). MXFP8 MoE models with a GLU only.
+    cutedsl_fused_grouped_mlp: bool = False
     # --fp8-param-gather: the FP8 weights are the parameters (no BF16 copy is kept) and the
     # distributed optimizer all-gathers them in FP8, 1 B per parameter instead of 2.
     fp8_param_gather: bool = False
