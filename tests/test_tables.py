@@ -157,7 +157,7 @@ def test_estimate_compares_with_the_usable_limit(capsys):
     assert main(["estimate", "--model", "llama3-70b", "--gpus", "64", "--tp", "4", "--pp", "4", "--vp", "5",
                  "--cp", "2", "--precision", "fp8-delayed"]) == 0
     out = capsys.readouterr().out
-    assert "GiB of 80.0 GiB usable (100% of 80 GiB)" in out and "MFU (BF16 peak)" in out
+    assert "GiB of 79.7 usable, 4 GiB reserve included" in out and "MFU (BF16 peak)" in out
 
 
 def test_candidates_csv_is_what_pandas_writes(tmp_path, monkeypatch):

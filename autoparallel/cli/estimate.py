@@ -89,8 +89,9 @@ def _print_estimate(model, hw, result: dict, memory_fraction: float, train=None)
     t = Table(title=title, show_header=False)
     t.add_row("fits", "yes" if result["fits"] else "[red]NO[/red]")
     limit = memory_fraction * hw.memory_gib
-    t.add_row("peak memory", f"{result['peak_memory_gib']:.1f} GiB of {limit:.1f} GiB usable "
-                             f"({memory_fraction:.0%} of {hw.memory_gib:g} GiB)")
+    share = f", {memory_fraction:.0%} of {hw.memory_gib:g} GiB" if memory_fraction < 1 else ""
+    t.add_row("peak memory", f"{result['peak_memory_gib']:.1f} GiB of {limit:.1f} usable{share}, "
+                             f"{hw.reserve_gib:g} GiB reserve included")
     t.add_row("step time", f"{result['step_time_s']:.3f} s")
     t.add_row("tokens/s/GPU", f"{result['tokens_per_s_per_gpu']:,.0f}")
     t.add_row("model TFLOP/s/GPU", f"{result['model_tflops_per_gpu']:.0f}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -45,9 +45,15 @@ class SearchResult:
     feasible_total: int | None = None
     train: TimeToTrain | None = None  # --tokens / --train-days: the time to train beside each layout
 
+    _feasible: tuple[pd.DataFrame, pd.DataFrame] | None = field(default=None, init=False, repr=False, compare=False)
+
     @property
     def feasible(self) -> pd.DataFrame:
-        return self.ranked[self.ranked["fits"]]
+        """The fitting rows, best first; filtered once per ``ranked`` frame (millions of rows on
+        MoE spaces, read by every table and export of the run)."""
+        if self._feasible is None or self._feasible[0] is not self.ranked:
+            self._feasible = (self.ranked, self.ranked[self.ranked["fits"]])
+        return self._feasible[1]
 
     def plan(self, rank: int) -> Plan:
         return row_to_plan(self.entry(rank))
