@@ -344,6 +344,33 @@ def test_the_fused_grouped_mlp_pays_its_kernels_once_per_pass_and_half_a_256_row
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=1e-9)
 
 
+def test_paged_stashing_copies_the_fused_mlps_saved_tensors_out_and_back_under_the_full_iteration_graph(mixtral):
+    """Megatron-Core's paged stash (set with the 1.5 capacity on the Bridge recipes' MXFP8
+    full-iteration graphs) copies the tensors TE's fused grouped MLP marks as grouped
+    (``mark_grouped_tensor``) into a paged buffer after the forward and back before the backward:
+    per routed token copy FC1's input h + h/32 scale bytes, FC1's BF16 output 2 x 2f (gated), the
+    FP32 probability and FC2's input f + f/32. Mixtral (h 4096, f 14336): 4224 + 57344 + 4 +
+    14784 = 76,356 bytes; 4096 tokens x top-2 copies x the busiest rank's imbalance, each byte
+    read and written once a pass. Qwen3-30B-A3B (h 2048, f 768): 2112 + 3072 + 4 + 792 = 5,980.
+    Not without the full-iteration graph, nor for the per-expert loop."""
+    assert lt.paged_stash_bytes_per_copy(mixtral) == pytest.approx(76356.0)
+    assert lt.paged_stash_bytes_per_copy(io.load_model("qwen3-30b-a3b")) == pytest.approx(5980.0)
+    b200 = io.load_hardware("b200")
+    knobs = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=2, sp=False, gbs=64, precision="mxfp8")
+    graphed = _cands(mixtral, b200, cutedsl_fused_grouped_mlp=True, cuda_graph="full_iteration", **knobs)
+    eager = _cands(mixtral, b200, cutedsl_fused_grouped_mlp=True, **knobs)
+    imbalance = 1.0 + b200.efficiency.moe_load_imbalance * math.sqrt(2.0 * math.log(2.0))
+    one_pass = 2.0 * 4096 * 2 * imbalance * 76356.0 / _hbm(b200)
+    assert lt.paged_stash_time(graphed)[0][0] == pytest.approx(one_pass, rel=1e-9)
+    with_stash = lt.expert_calls(graphed, lt.routed_experts_time(graphed))
+    without = lt.expert_calls(eager, lt.routed_experts_time(eager))
+    assert with_stash[0][0] - without[0][0] == pytest.approx(one_pass, rel=1e-9)
+    assert with_stash[1][0] - without[1][0] == pytest.approx(one_pass, rel=1e-9)
+    looped = _cands(mixtral, b200, cuda_graph="full_iteration", **knobs)
+    assert lt.expert_calls(looped, lt.routed_experts_time(looped))[0][0] == pytest.approx(
+        lt.moe_expert_calls(looped)[0][0], rel=1e-9)
+
+
 def test_the_token_permutations_are_one_pass_each_way_and_a_sort_per_local_expert_group(mixtral, hw):
     """Mixtral, ep 8 (one local expert: no sort): permute reads 4096 tokens and writes 8192
     copies, unpermute the reverse, BF16 x hidden 4096; backward the same bytes. At ep 4 (two local

@@ -428,7 +428,9 @@ KNOWN_NEWER_NOT_FITTING = {i for i in NOT_FITTING_AS_RUN if i.startswith("bridge
 # (layer_time.concurrent_experts), MoE constants refitted; merged with s36h2: 13.36 / 13.74 %.
 # 2026-11-27 (session 36, s36h6): the fused CuTe-DSL grouped MLP of the v0.5.0+ recipes
 # (layer_time.fused_grouped_mlp_calls) and HybridEP's 32 SMs: 12.71 / 13.06 %.
-NEWER_REACHED = {"dense-newer": (8.7, 8.9), "moe-newer": (12.8, 13.1)}
+# 2026-11-27 (session 36, s36h8): Megatron-Core's paged stashing of the fused MLP's saved tensors
+# under the recipes' full-iteration graph (layer_time.paged_stash_time): 11.66 / 11.99 %.
+NEWER_REACHED = {"dense-newer": (8.7, 8.9), "moe-newer": (11.7, 12.0)}
 
 
 @pytest.fixture(scope="module")

@@ -286,14 +286,53 @@ def fused_grouped_mlp_calls(x: Candidates, t_experts):
     return kernels[0] + padding, kernels[1] + 2.0 * padding
 
 
+# Megatron-Core's paged stashing (``moe_paged_stash``, Megatron-LM d98e8a64dd
+# ``megatron/core/transformer/moe/paged_stash.py``): under the full-iteration CUDA graph the fused
+# grouped MLP's buffers have the static size of ``moe_expert_rank_capacity_factor`` (1.5) times the
+# routed tokens, so the saved-for-backward tensors that TransformerEngine marks as grouped
+# (``mark_grouped_tensor(saved_fc1_x, activation_in, scales, grouped_fc2_x)``, TE
+# ``ops/fused/grouped_mlp.py``; only that op marks any) are copied, their real rows only, into a
+# paged buffer after the forward (``paged_stash_copy_kernel``) and back before the backward
+# (``paged_stash_pop_kernel``). Megatron-Bridge v0.5.0 ``Megatron-Bridge/scripts/performance/configs/
+# {qwen,deepseek,gpt_oss}/*_llm_pretrain.py`` ``set_full_iter_cg_configs`` set it (with the 1.5
+# capacity) on every MXFP8 full-iteration-graph recipe, the recipes that run the fused MLP.
+# Per routed token copy, MXFP8 (only the columnwise copies are kept, ``mark_grouped_tensor``):
+# FC1's input (h bytes + one E8M0 scale per 32), FC1's BF16 output (the GLU's input, 2 x 2f
+# bytes gated), the routing probability (FP32) and FC2's input (f bytes + scales).
+MXFP8_BLOCK = 32
+STASH_PROB_BYTES = 4.0
+
+
+def paged_stash_bytes_per_copy(model) -> float:
+    """HBM bytes one routed token copy's stashed tensors hold (``paged_stash_time``)."""
+    h, f = model.hidden_size, model.expert_ffn_hidden_size
+    fc1_out = (2.0 if model.gated_mlp else 1.0) * f
+    scaled = 1.0 + 1.0 / MXFP8_BLOCK
+    return h * scaled + 2.0 * fc1_out + STASH_PROB_BYTES + f * scaled
+
+
+def paged_stash_time(x: Candidates):
+    """(forward, backward) seconds of paged stashing's copies on the busiest EP rank: each stashed
+    byte read and written once into the paged buffer (forward) and once back (backward), at the
+    GPU's HBM bandwidth; the copies run on a side stream beside the compute but move their bytes
+    through the same HBM (priced exposed, as the casts and permutations are)."""
+    copies = x.tokens / x.t * x.model.moe_router_topk * x.et * x.imbalance
+    one = 2.0 * copies * paged_stash_bytes_per_copy(x.model) / x.hbm
+    return one, one
+
+
 def expert_calls(x: Candidates, t_experts):
     """The routed experts' calls: the fused grouped MLP's where the plan runs it
-    (``cutedsl_fused_grouped_mlp``), else TransformerEngine's per-expert loop (``moe_expert_calls``)."""
+    (``cutedsl_fused_grouped_mlp``), plus paged stashing's copies under the full-iteration CUDA
+    graph (``paged_stash_time``), else TransformerEngine's per-expert loop (``moe_expert_calls``)."""
     looped = moe_expert_calls(x)
     fused = x.flag("cutedsl_fused_grouped_mlp")
     if not fused.any():
         return looped
-    return tuple(np.where(fused, f, l) for f, l in zip(fused_grouped_mlp_calls(x, t_experts), looped))
+    stashed = fused & (x.cuda_graph == "full_iteration")
+    stash = paged_stash_time(x)
+    return tuple(np.where(fused, f + np.where(stashed, s, 0.0), l)
+                 for f, s, l in zip(fused_grouped_mlp_calls(x, t_experts), stash, looped))
 
 
 def compute_time(x: Candidates, forward, t_linear):
