@@ -66,15 +66,17 @@ def test_the_h100_submissions_layout_is_offered_as_fitting(h100_search):
     assert _share_above(h100_search, 4, 1) <= 0.106
 
 
-def test_with_te2s_kept_fp8_transposes_tp4_still_fits_and_the_h200_tp1_cp2_does_not():
+def test_with_te2s_kept_fp8_transposes_tp4_still_fits_and_the_h200_tp1_cp2_barely_does():
     """TransformerEngine 2.x keeps a frozen FP8 parameter's transpose (2 B a weight on Hopper): the
-    70B base no longer fits whole on one H200 (TP1 CP2 ran on MLPerf's TE 1.x), the H100 layouts
-    that held 35B weights a GPU drop out, and TP4 (74.8 GiB) still fits: rank 92 of 1,402 (6.6 %),
-    below only TP2 CP2 PP2 (session 36; a regression guard)."""
+    70B base whole on one H200 (TP1 CP2, as MLPerf ran it on TE 1.x) is 130 GiB of weights alone and
+    only fits within the GPU's 140 GiB with the reserve (138.6 GiB), the H100 layouts that held 35B
+    weights a GPU drop out, and TP4 (74.8 GiB) still fits: rank 107 of 1,468 (7.3 %) once the
+    search's headroom is the reserve alone (session 36; a regression guard)."""
     h100 = _mlperf_lora("h100-sxm", transposed=False)
-    assert _share_above(h100, 4, 1) <= 0.066
+    assert _share_above(h100, 4, 1) <= 0.073
     h200 = _mlperf_lora("h200", transposed=False).feasible
-    assert h200[(h200.tp == 1) & (h200.cp == 2) & (h200.pp == 1)].empty
+    whole = h200[(h200.tp == 1) & (h200.cp == 2) & (h200.pp == 1)]
+    assert len(whole) and (whole.peak_memory_gib > 70e9 * 2 / 2**30).all()
 
 
 def test_packed_sequences_take_micro_batch_1_as_nemo_and_bridge_require(h100_search):
