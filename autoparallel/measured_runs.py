@@ -480,8 +480,9 @@ RUN_COLUMNS = ("id", "model", "num_layers", "hidden_size", "num_attention_heads"
 # on GovReport packed to 8,192 tokens, every sample taken as one document, with dropout 0.1 on the
 # adapters' inputs (NVIDIA's implementation, conf/megatron_gpt_peft_tuning_config.yaml
 # lora_tuning.adapter_dropout LORA_DROPOUT default 0.1, dropout_position "pre", mlcommons/training_results_v4.1)
-# and the all-to-all path beside the projection (a2a_experimental: LORA_A2A=1 in configs/config_common.sh,
-# set in every round v4.0-v5.1 and 0 in none); its frozen base in FP8 only (fp8_params: ${FP8} in that
+# and the all-to-all path beside the projection as each row's LORA_A2A states it (a2a_experimental:
+# LORA_A2A=1 in configs/config_common.sh, set in every round v4.0-v5.1 and 0 in none; the rows whose
+# other_knobs left it out get it from mlperf_corrections.yaml); its frozen base in FP8 only (fp8_params: ${FP8} in that
 # YAML) with disable_parameter_transpose_cache: True, so TransformerEngine 1.x transposes each FP8 weight
 # for its dgrad in every micro-batch (finetune.frozen_transpose_bytes).
 MLPERF_MODEL = {"gpt3-175b": dict(num_layers=96, hidden_size=12288, num_attention_heads=96, ffn_hidden_size=49152,
@@ -491,12 +492,20 @@ MLPERF_MODEL = {"gpt3-175b": dict(num_layers=96, hidden_size=12288, num_attentio
                                         num_query_groups=8, vocab_size=32000, activation="swiglu", tie_embeddings=0,
                                         hidden_dropout=0.0, attention_dropout=0.0, finetune="lora",
                                         lora_targets="linear_qkv linear_proj", packed_sequence=1,
-                                        lora_dropout=0.1, lora_a2a=1, fp8_transpose_per_microbatch=1)}
+                                        lora_dropout=0.1, fp8_transpose_per_microbatch=1)}
 # Every LoRA submission runs TransformerEngine's FP8 recipe: the implementations set FP8=True in the
 # config_common.sh that each system's config sources, which the CSV's precision column did not read
 # (its 5 "bf16" rows: two state FP8_DPA=1, which TE runs only under FP8, and NVIDIA's H200 TP1 row
 # could not hold the 70B base in BF16 on one 141 GB GPU).
 LORA_PRECISION = "fp8-delayed"
+# MLPerf rounds whose images built a TransformerEngine that runs context-parallel attention in BF16
+# whatever fp8_dot_product_attention (FP8_DPA) asks: every v4.0 LoRA implementation's Dockerfile pins
+# TE 1.6 (TE_REVISION v1.6rc2, release_v1.6, or 090e724, tagged v1.6rc2; training_results_v4.0), whose
+# AttnFuncWithCP takes no FP8 and whose backend filter keeps fused attention under CP to the F16
+# backend (transformer_engine/pytorch/attention.py v1.6); FP8 joined CP attention in TE 1.10
+# (TransformerEngine 311b6b6, "Add FP8 support to CP implementation with KV P2P (#1114)"). The FP8
+# attention of a row in such a round at CP > 1 is priced off.
+BF16_CP_ATTENTION_ROUNDS = ("v4.0",)
 MLPERF_ID_PREFIX = {"gpt3-175b": "mlperf-", "llama2-70b-lora": "mlperflora-"}
 MLPERF_COLUMNS = ("round", "submitter", "system", "step_time_s", "other_knobs")
 
@@ -553,12 +562,15 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
         "grad_reduce_in_fp32": 0, "flash_attention": 1, "overlap_grad_reduce": 1,
         "cuda_graph": ["layer" if _knob_set(k, "LAYER_CUDA_GRAPH") else "none" for k in frame["other_knobs"]],
         "fp8_param_gather": [int(_knob_set(k, "FP8_PARAMS")) for k in frame["other_knobs"]],
-        "fp8_attention": [int(_knob_set(k, "FP8_DPA")) for k in frame["other_knobs"]],
+        "fp8_attention": [int(_knob_set(k, "FP8_DPA") and not (cp > 1 and r in BF16_CP_ATTENTION_ROUNDS))
+                          for k, cp, r in zip(frame["other_knobs"], frame["cp"], frame["round"].astype(str))],
         # NeMo's activation_func_fp8_input_store (the LoRA configs' FP8_ACTIVATION).
         "activation_func_fp8_input_store": [int(_knob_set(k, "FP8_ACTIVATION")) for k in frame["other_knobs"]],
         "tp_only_amax_red": [int(_tp_only_amax(k)) for k in frame["other_knobs"]],
         "measured_iteration_time_s": frame["step_time_s"], "source": frame["source"],
         "lora_rank": [_lora_rank(k) for k in frame["other_knobs"]],
+        # NeMo's a2a_experimental (the LoRA configs' LORA_A2A): 0 where the row does not state it.
+        "lora_a2a": [int(_knob_set(k, "LORA_A2A")) for k in frame["other_knobs"]],
     })
     return pd.concat([out, arch], axis=1)
 

@@ -2,9 +2,11 @@
 offer the layouts MLPerf's Llama-2-70B LoRA submissions used on 8 GPUs as candidates predicted to
 fit, and where does it rank them? Per LoRA setting (Megatron-Bridge's defaults: rank 32 on all four
 Linears; MLPerf's: rank 16 on QKV and projection, packed, the frozen FP8 base transposed in every
-micro-batch as MLPerf's TransformerEngine 1.x runs did; MLPerf's on TE 2.x: the same with the FP8
+micro-batch as MLPerf's TransformerEngine 1.x runs did, and FP8 dot-product attention offered to
+every FP8 candidate, as the submitted configs set FP8_DPA; MLPerf's on TE 2.x: the same with the FP8
 transposes kept, as Megatron-Bridge's TE 2.x keeps them), GPU (h100-sxm, h200) and global batch (the
-preset's 128, and MLPerf's 8): each submitted 8-GPU layout (TP, CP; PP 1, MBS 1, FP8) at its best variant (the
+preset's 128, and MLPerf's 8): each submitted 8-GPU layout (TP, CP; PP 1, MBS 1, FP8; with its own
+FP8 attention where the search offers it) at its best variant (the
 unpublished knobs searched), its rank among the feasible layouts and the share above it, and its
 rank among the distinct layouts (the ranked table's rows: one per TP/PP/CP/DP/EP, its best variant).
 
@@ -30,16 +32,17 @@ from autoparallel.costmodel import flops
 from autoparallel.cli.finetune import with_finetune
 from autoparallel.cli.common import with_seq_length
 from autoparallel.search.run import search
-from autoparallel.space import load_space
+from autoparallel.space import FP8_ATTENTION_RECIPES, load_space
 from autoparallel.measured_runs import load_runs, predict_row, read_runs_table
 from autoparallel.report.tables import LAYOUT_KEYS
 
 
-def submitted_layouts(gpu: str) -> set[tuple[int, int]]:
-    """(tp, cp) of the 8-GPU submissions on ``gpu``."""
+def submitted_layouts(gpu: str) -> set[tuple[int, int, bool]]:
+    """(tp, cp, FP8 attention) of the 8-GPU submissions on ``gpu`` (as mlperf_corrections.yaml sets them
+    right: every H100 TP4 and H200 TP2 config sets FP8_DPA=1, every H200 TP1 CP2 one FP8_DPA=0)."""
     rows = read_runs_table(resources.data_file("mlperf_training_lora_hopper.csv"))
     rows = rows[(rows.gpu == gpu) & (rows.num_gpus == 8)]
-    return {(int(r.tp), int(r.cp)) for r in rows.itertuples()}
+    return {(int(r.tp), int(r.cp), bool(r.fp8_attention)) for r in rows.itertuples()}
 
 
 SETTINGS = {"defaults": dict(lora_rank=None, lora_targets=None, packed_sequence=None),
@@ -48,6 +51,9 @@ SETTINGS = {"defaults": dict(lora_rank=None, lora_targets=None, packed_sequence=
             "MLPerf's on TE 2.x": dict(lora_rank=16, lora_targets=("linear_qkv", "linear_proj"), packed_sequence=True)}
 # What MLPerf's runs set that these settings leave out: dropout 0.1 and the all-to-all on the adapters.
 MLPERF_UNFLAGGED = dict(lora_dropout=0.1, lora_a2a=True)
+# And the search knob their configs set (config_common.sh's FP8_DPA=1, NVTE_FP8_DPA_BWD=1): FP8
+# dot-product attention, offered beside BF16 attention to every FP8 candidate.
+MLPERF_SPACE = dict(fp8_attention=(False, True))
 
 
 def main() -> None:
@@ -56,9 +62,11 @@ def main() -> None:
                                    **{"fp8_transpose_per_microbatch": None, **setting})
         print(f"--- LoRA with {name} settings")
         model = with_finetune(with_seq_length(io.load_model("llama2-70b"), 8192), flags)
+        space = load_space("training")
         if name.startswith("MLPerf's"):
             model = dataclasses.replace(model, finetune=dataclasses.replace(model.finetune, **MLPERF_UNFLAGGED))
-        rank_layouts(model)
+            space = dataclasses.replace(space, **MLPERF_SPACE)
+        rank_layouts(model, space)
     floor_ablation()
     squad_document_length()
 
@@ -95,14 +103,23 @@ def floor_ablation() -> None:
         print(f"  {floor:.3f} s: mean |error| {errors.mean():.1f} %, max {errors.max():.1f} %")
 
 
-def rank_layouts(model) -> None:
+def rank_layouts(model, space) -> None:
+    """Where FP8 attention is offered (MLPerf's settings), each submitted layout is ranked at the
+    setting its configs state, applied to every candidate it applies to (FP8_DPA=1: every FP8
+    candidate with FP8 attention, BF16 ones as they are; FP8_DPA=0: none), then among the
+    candidates with the knob searched both ways."""
+    searched = True in space.fp8_attention
     for gpu in ("h100-sxm", "h200"):
         hw = io.load_hardware(gpu)
         for gbs in (128, 8):
-            result = search(model, hw, 8, gbs, load_space("training"))
-            feasible = result.feasible.reset_index(drop=True)
-            print(f"{gpu}, gbs {gbs}: {len(feasible):,} feasible candidates")
-            for tp, cp in sorted(submitted_layouts(gpu)):
+            result = search(model, hw, 8, gbs, space)
+            everything = result.feasible.reset_index(drop=True)
+            print(f"{gpu}, gbs {gbs}: {len(everything):,} feasible candidates")
+            for tp, cp, fp8a in sorted(submitted_layouts(gpu)):
+                feasible = everything
+                if searched:  # the configs' FP8_DPA, on every candidate whose recipe runs it
+                    feasible = everything[~everything.precision.isin(FP8_ATTENTION_RECIPES)
+                                          | (everything.fp8_attention == fp8a)].reset_index(drop=True)
                 match = feasible[(feasible.tp == tp) & (feasible.cp == cp) & (feasible.pp == 1) & (feasible.mbs == 1)
                                  & (feasible.precision == "fp8-delayed")]
                 if match.empty:
@@ -111,8 +128,17 @@ def rank_layouts(model) -> None:
                 rank = int(match.index[0]) + 1
                 if gpu == "h100-sxm" and gbs == 8 and model.finetune.lora_dropout > 0:
                     above_the_submission(feasible.iloc[:rank - 1])
-                print(f"  TP{tp} CP{cp} PP1 MBS1 fp8: rank {rank} of {len(feasible):,} (top {100 * rank / len(feasible):.2f} %), "
+                attention = f" FP8_DPA={int(fp8a)}" if searched else ""
+                print(f"  TP{tp} CP{cp} PP1 MBS1 fp8{attention}: rank {rank} of {len(feasible):,} "
+                      f"(top {100 * rank / len(feasible):.2f} %), "
                       f"{match.iloc[0].step_time_s:.3f} s/step, {match.iloc[0].peak_memory_gib:.1f} GiB")
+                if searched:
+                    both = everything[(everything.tp == tp) & (everything.cp == cp) & (everything.pp == 1)
+                                      & (everything.mbs == 1) & (everything.precision == "fp8-delayed")
+                                      & (everything.fp8_attention == fp8a)]
+                    at = int(both.index[0]) + 1
+                    print(f"    with FP8 attention searched both ways: rank {at} of {len(everything):,} "
+                          f"(top {100 * at / len(everything):.2f} %)")
                 layouts = feasible.drop_duplicates(list(LAYOUT_KEYS)).reset_index(drop=True)
                 at = int(layouts[(layouts.tp == tp) & (layouts.cp == cp) & (layouts.pp == 1)].index[0]) + 1
                 print(f"    as the ranked table groups them (one row per {'/'.join(LAYOUT_KEYS)} layout): "

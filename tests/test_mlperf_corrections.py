@@ -5,7 +5,7 @@ import pytest
 
 from autoparallel import mlperf_corrections, resources
 from autoparallel.errors import UserError
-from autoparallel.measured_runs import read_runs_table
+from autoparallel.measured_runs import load_runs, predict_row, read_runs_table
 
 LORA = "mlperf_training_lora_hopper.csv"
 
@@ -54,3 +54,31 @@ def test_the_gpt3_rows_carry_what_their_configs_state():
     rows = read_runs_table(resources.data_file("mlperf_training_gpt3.csv")).set_index("id")
     assert rows.loc["mlperf-v4.0-NVIDIA-eos-dfw_n1344_ngc24.04_nemo"].fp8_param_gather
     assert not rows.loc["mlperf-v3.1-NVIDIA-eos_n64_ngc23.09_nemo"].fp8_param_gather
+
+
+def test_the_lora_rows_carry_fp8_attention_and_the_adapter_all_to_all_their_configs_set():
+    """Issue 27: NVIDIA's v4.0 / v4.1 system configs source a config_common.sh (FP8_DPA=1, LORA_A2A=1)
+    that the CSV did not read; the corrections reach the priced rows and the variant they are priced in."""
+    rows = read_runs_table(resources.data_file(LORA)).set_index("id")
+    eos = rows.loc["mlperflora-v4.0-NVIDIA-eos_ngc24.04_nemo"]
+    assert (eos.fp8_attention, eos.lora_a2a) == (1, 1)
+    assert rows.loc["mlperflora-v4.0-NVIDIA-h200_ngc24.04_nemo"].fp8_attention == 1
+    assert rows.loc["mlperflora-v4.0-Supermicro-AS-8125GS-TNHR_8_H100-SXM-80GB"].fp8_attention == 1
+    # v4.1's own configs turn FP8 attention off at CP 2 (FP8_DPA=0 after config_common.sh).
+    assert rows.loc["mlperflora-v4.1-NVIDIA-eos_n8_ngc24.09_nemo"].fp8_attention == 0
+    assert (rows.lora_a2a == 1).all(), list(rows.index[rows.lora_a2a != 1])
+    runs = {r.id: r for r in load_runs([resources.data_file(LORA)])}
+    assert all(r.model.finetune.lora_a2a for r in runs.values())
+    assert "fp8_attention=on[row]" in predict_row(runs["mlperflora-v4.0-NVIDIA-eos_ngc24.04_nemo"])["variant"]
+
+
+def test_v40s_transformer_engine_runs_context_parallel_attention_in_bf16():
+    """TE 1.6 (every v4.0 LoRA image) has no FP8 context-parallel attention: the v4.0 rows at CP 2
+    whose configs set FP8_DPA=1 are priced with BF16 attention; CP 1 rows keep FP8 attention."""
+    frame = pd.read_csv(resources.data_file(LORA))
+    rows = read_runs_table(resources.data_file(LORA)).set_index("id")
+    for system in ("eos_n8_ngc24.04_nemo", "eos_n128_ngc24.04_nemo", "SYS-421GE-TNHR2-LCC-8"):
+        row = rows[rows.index.str.endswith(system) & rows.index.str.startswith("mlperflora-v4.0-")].iloc[0]
+        assert (row.cp, row.fp8_attention) == (2, 0)
+    stated = frame[(frame["round"] == "v4.0") & (frame.cp > 1) & frame.other_knobs.str.contains("FP8_DPA=1")]
+    assert len(stated) == 2  # HPE n2 and Supermicro's 64 GPUs state it in the CSV itself
