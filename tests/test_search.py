@@ -47,3 +47,20 @@ def test_nothing_fits_says_why_and_smallest_need(h100):
 def test_gpu_count_no_layout_can_use(gpt175b, h100):
     with pytest.raises(UserError, match="no valid layout of gpt3-175b for 7 GPUs"):
         run.search(gpt175b, h100, 7, 2048, load_space())
+
+
+@pytest.mark.parametrize("pins, why", [
+    ({"cutedsl_fused_grouped_mlp": True, "precision": "bf16"},
+     r"with cutedsl_fused_grouped_mlp pinned to true and precision pinned to bf16: the CuTe-DSL fused grouped MLP"),
+    ({"fp8_attention": True, "precision": "bf16"},
+     r"with fp8_attention pinned to true and precision pinned to bf16: FP8 attention \(--fp8-dot-product-attention\)"),
+    ({"ep": 64}, r"with ep pinned to 64: ep\*etp=64 does not divide the 32 GPUs of a pipeline stage"),
+])
+def test_a_pinned_knob_that_rules_out_every_layout_is_named(pins, why):
+    """The MoE structure rules and the feature rules each knob pinned on brings name the knob and the
+    rule, not the most common reasons of layouts the user never asked for (session 36: the ep*etp
+    split and the FP8-attention / fused-MLP rules had no pattern in search.diagnose)."""
+    from autoparallel.io import load_hardware
+    with pytest.raises(UserError, match=why):
+        run.search(load_model("qwen3-30b-a3b"), load_hardware("b200"), 32, 512, load_space().pinned(**pins),
+                   pinned=pins)
