@@ -77,9 +77,11 @@ def routed_act_input_bytes(cols: Mapping[str, np.ndarray], moe_act, act_input_by
     return np.where(moe_act, recomputed, act_input_bytes)
 
 
-def _cast_bytes_per_element(precision):
-    codes, names = pipeline.factorize(precision)
-    return np.array([CAST_BYTES.get(name, 0.0) for name in names])[codes].reshape(np.shape(precision))
+def _looked_up(values, table: Mapping[str, float], default: float) -> np.ndarray:
+    """``table``'s number for each string of ``values`` (``default`` where it has none), looked up
+    once per distinct value."""
+    codes, names = pipeline.factorize(values)
+    return np.array([table.get(name, default) for name in names], dtype=float)[codes].reshape(np.shape(values))
 
 
 @dataclass
@@ -193,8 +195,7 @@ class Candidates:
         kept = np.where(fp8_attention, memory.gemm_input_bytes(self.quantized_fraction, self.quantized_input_bytes),
                         memory.attention_output_bytes(self.quantized_fraction, self.quantized_input_bytes,
                                                       self.attention_output_fused, delayed))
-        stated = np.asarray(self.knobs.get(ATTENTION_OUTPUT_CACHE_COLUMN, ""), dtype=object)
-        row_cache = np.vectorize(lambda v: ATTENTION_OUTPUT_CACHE_BYTES.get(v, np.nan), otypes=[float])(stated)
+        row_cache = _looked_up(self.knobs.get(ATTENTION_OUTPUT_CACHE_COLUMN, ""), ATTENTION_OUTPUT_CACHE_BYTES, np.nan)
         return np.where(np.isnan(row_cache), kept, row_cache)
 
     @property
@@ -262,7 +263,7 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
         model=model, hw=hw, knobs=cols, t=t, p=p, v=v, c=c, dp=dp, e=e, et=et, b=b, gbs=gbs,
         m=gbs / (b * dp), s_local=s_local, tokens=b * s_local,
         sp=flag("sp"), flash=flag("flash_attention"), fsdp=flag("fsdp"), full=full, selective=selective,
-        is_fp8=is_fp8, is_fp4=is_fp4, cast_bytes=_cast_bytes_per_element(precision),
+        is_fp8=is_fp8, is_fp4=is_fp4, cast_bytes=_looked_up(precision, CAST_BYTES, 0.0),
         quantized_fraction=quantized_fraction,
         quantized_input_bytes=np.where(is_fp4, QUANTIZED_INPUT_BYTES["fp4"], QUANTIZED_INPUT_BYTES["fp8"]),
         quantized_weight_bytes=np.select(

@@ -73,12 +73,17 @@ def softmax_time(x: Candidates):
     return np.where(x.flash, 0.0, score_bytes / x.hbm)
 
 
+def clamps_glu(model) -> bool:
+    """A quick-GEGLU with a clamp (GPT-OSS): Megatron-Core clamps its input eagerly (``glu_clamp_time``)."""
+    return model.quick_geglu and model.activation_func_clamp_value is not None
+
+
 def glu_clamp_saved_bytes(model) -> float:
     """Bytes per GLU input element that a quick-GEGLU's eager clamp (``glu_clamp_time``) keeps
     for backward beyond the fused GLU's own saved input: the two clamps keep their BF16 input (the
     FC1 output, for their masks) while the fused GLU keeps the clamped copy. Under --recompute-modules
     moe_act the checkpoint keeps the FC1 output only (``stored_activation_bytes`` spares it)."""
-    return memory.ACT_INPUT_BYTES if (model.quick_geglu and model.activation_func_clamp_value is not None) else 0.0
+    return memory.ACT_INPUT_BYTES if clamps_glu(model) else 0.0
 
 
 def activation_bytes(x: Candidates, is_moe: bool, keep_scores):
@@ -99,6 +104,12 @@ def activation_bytes(x: Candidates, is_moe: bool, keep_scores):
                                                     x.quantized_input_bytes, output, x.attention_output_fused)
 
 
+def received_copies(x: Candidates):
+    """Routed token copies the busiest EP rank computes per micro-batch: its tokens' top-k copies
+    over the EP group, gathered over ETP, ``imbalance`` times the even share."""
+    return x.tokens / x.t * x.model.moe_router_topk * x.imbalance * x.et
+
+
 def permutation_time(x: Candidates):
     """(forward, backward) seconds of a MoE layer's token permutations: HBM traffic of one gather
     or scatter pass each (TransformerEngine's fused ``moe_permute`` / ``moe_unpermute`` /
@@ -111,7 +122,7 @@ def permutation_time(x: Candidates):
     its transpose, one pass of the same bytes."""
     model = x.model
     tokens, k = x.tokens / x.t, model.moe_router_topk
-    received = tokens * k * x.imbalance * x.et
+    received = received_copies(x)
     sorts = (np.asarray(x.knobs["moe_token_dispatcher_type"]) == "alltoall") & (moe.local_experts(model, x.e) > 1)
     passes = 2.0 * tokens * (1.0 + k) + np.where(sorts, 2.0 * 2.0 * received, 0.0)
     forward = passes * dispatch.DISPATCH_BYTES * model.hidden_size / x.hbm
@@ -159,7 +170,7 @@ def expert_bias_time(x: Candidates):
     model = x.model
     if not (model.is_moe and model.add_bias_linear):
         return np.zeros_like(x.t, dtype=float), np.zeros_like(x.t, dtype=float)
-    elements = x.tokens / x.t * model.moe_router_topk * x.imbalance * x.et * model.hidden_size
+    elements = received_copies(x) * model.hidden_size
     forward, backward = expert_bias_bytes(ROUTER_FP32_BYTES if model.moe_router_fp32 else ROUTER_BF16_BYTES)
     return forward * elements / x.hbm, backward * elements / x.hbm
 
@@ -186,8 +197,7 @@ def glu_clamp_time(x: Candidates, is_moe: bool):
     copies' and shared experts' of a MoE layer), where SwiGLU's clamp sits inside its fused kernel
     (fused_bias_swiglu.py ``clamped_swiglu``): nothing then. Under --recompute-modules moe_act the
     checkpointed activation (clamp included) runs its forward again in the backward pass."""
-    model = x.model
-    if not (model.quick_geglu and model.activation_func_clamp_value is not None):
+    if not clamps_glu(x.model):
         return np.zeros_like(x.t, dtype=float), np.zeros_like(x.t, dtype=float)
     elements = activation_input_elements(x, is_moe)
     forward, backward = (b * elements / x.hbm for b in GLU_CLAMP_BYTES)
@@ -316,8 +326,7 @@ def paged_stash_time(x: Candidates):
     byte read and written once into the paged buffer (forward) and once back (backward), at the
     GPU's HBM bandwidth; the copies run on a side stream beside the compute but move their bytes
     through the same HBM (priced exposed, as the casts and permutations are)."""
-    copies = x.tokens / x.t * x.model.moe_router_topk * x.et * x.imbalance
-    one = 2.0 * copies * paged_stash_bytes_per_copy(x.model) / x.hbm
+    one = 2.0 * received_copies(x) * paged_stash_bytes_per_copy(x.model) / x.hbm
     return one, one
 
 
