@@ -235,6 +235,30 @@ def test_cp_ring_exchange_sends_kv_cp_minus_one_hops_three_times(gpt, hw):
     assert lt.cp_comm_time(_cands(gpt, hw, cp=1, dp=8), 0.0)[0] == 0.0
 
 
+def test_cp_with_softmax_sinks_is_te_all_to_all_of_q_k_v_and_o_both_ways(gpt, hw):
+    """A model with softmax sinks runs TE's all-to-all CP (AttnFuncWithCPAndQKVOA2A), the only CP
+    TransformerEngine allows with them: Q, K, V in and O out forward, dO in and dQ, dK, dV out
+    backward, each one all-to-all of the local tensor over the CP group (tp apart), none hidden."""
+    sinks = dataclasses.replace(gpt, softmax_type="learnable", num_query_groups=8)
+    x = _cands(sinks, hw, cp=4, dp=2)  # tp 4 x cp 4: two 8-GPU NVLink domains
+    q = 2 * 1 * 512 * (96 / 4) * 128   # BF16, mbs 1 x s/cp tokens, 24 local heads of 128
+    kv = 2 * 1 * 512 * (8 / 4) * 128   # 2 local query groups
+    inside = 8 // 4                    # CP ranks tp apart: 2 share a domain, 2 domains
+    nvlink = hw.nvlink_gbps / 2 * 1e9 * hw.efficiency.alltoall
+    network = hw.internode_gbps * 1e9 * hw.efficiency.alltoall
+    latency = (hw.nvlink_latency_us + hw.internode_latency_us) * 1e-6  # inside - 1 = 1 NVLink peer
+
+    def a2a(nbytes):
+        return max(nbytes * (inside - 1) / 4 / nvlink, nbytes * (4 - inside) / 4 / network) + latency
+
+    hand = 2 * (2 * a2a(q) + 2 * a2a(kv))  # Q and O, K and V; forward and backward
+    assert lt.cp_comm_time(x, 0.0)[0] == pytest.approx(hand, rel=REL)
+    assert lt.cp_comm_time(x, 1.0)[0] == pytest.approx(hand, rel=REL)  # not hidden behind attention
+    assert lt.cp_comm_time(_cands(sinks, hw, cp=1, dp=8), 0.0)[0] == 0.0
+    vanilla = dataclasses.replace(sinks, softmax_type="vanilla")
+    assert lt.cp_comm_time(_cands(vanilla, hw, cp=4, dp=2), 0.0)[0] != pytest.approx(hand, rel=1e-3)
+
+
 def test_fsdp_gathers_twice_and_reduce_scatters_once_per_layer(gpt, hw):
     x = _cands(gpt, hw, fsdp=True)
     params = 1e8

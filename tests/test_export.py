@@ -27,6 +27,19 @@ def test_llama3_export_builds_the_llama_model():
     assert not any(a.startswith("--fp8-param-gather") for a in args)  # priced: BF16 gathers
 
 
+def test_softmax_sinks_export_the_all_to_all_cp_they_are_priced_with():
+    """TE runs attention with sinks under CP only as the all-to-all CP (cp_comm_type a2a; p2p disables
+    its fused attention and the unfused one takes no CP): GPT-OSS exports it (Megatron-LM flags, the NeMo 2 recipe), as
+    Megatron-Bridge's gpt_oss recipes set it; a model without sinks keeps the ring (p2p)."""
+    oss = io.load_model("gpt-oss-120b")
+    plan = Plan(tp=2, pp=4, cp=2, dp=8, ep=8, gbs=128, sp=True, precision="bf16")
+    args = megatron_args(oss, plan)
+    assert "--cp-comm-type a2a" in args and "--cp-comm-type p2p" not in args
+    assert "--softmax-type learnable" in args
+    assert nemo2_recipe(oss, plan)["model"]["config"]["cp_comm_type"] == "a2a"
+    assert not any(a.startswith("--cp-comm-type") for a in megatron_args(oss, dataclasses.replace(plan, cp=1, dp=16)))
+
+
 def test_gpt3_export_is_gpt3_in_every_block():
     model = io.load_model("gpt3-175b")
     args = megatron_args(model, CP2)

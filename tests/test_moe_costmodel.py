@@ -126,6 +126,26 @@ def test_moe_structure_rules(mixtral, h100, pins, reason):
     assert any(reason in r for r in out.reason), set(out.reason)
 
 
+def test_softmax_sink_rules_follow_transformer_engines_backends(h100):
+    """GPT-OSS's sinks: context parallelism only as TE's all-to-all CP, whose heads and query groups
+    per TP rank must divide by cp (8 query groups: tp*cp <= 8); FP8 attention with sinks has no TE
+    backend before Blackwell (cuDNN's fused FP8 attention takes sinks on sm100 only), so it is
+    refused on H100 and offered on B200."""
+    from autoparallel.io import load_hardware
+    oss = io.load_model("gpt-oss-120b")
+    out = generate(oss, h100, 64, 512, load_space().pinned(tp=1, pp=4, cp=16, ep=1, mbs=1))
+    assert any("softmax sinks run the all-to-all CP" in r for r in out.reason), set(out.reason)
+    ok = generate(oss, h100, 64, 512, load_space().pinned(tp=2, pp=4, cp=4, ep=4, mbs=1))
+    assert (ok.reason == "").any() and not any("all-to-all CP" in r for r in ok.reason)
+    fp8 = load_space().pinned(tp=1, pp=4, ep=8, mbs=1, precision="fp8-current", fp8_attention=True)
+    assert any("FP8 attention with softmax sinks has no TransformerEngine backend on h100-sxm" in r
+               for r in generate(oss, h100, 64, 512, fp8).reason)
+    blackwell = generate(oss, load_hardware("b200"), 64, 512, fp8)
+    assert (blackwell.reason == "").any() and not any("softmax sinks" in r for r in blackwell.reason)
+    llama = generate(io.load_model("mixtral-8x7b"), h100, 64, 512, load_space().pinned(tp=1, pp=4, cp=16, ep=1))
+    assert not any("softmax sinks" in r for r in llama.reason)
+
+
 def test_moe_layout_rules(mixtral, h100):
     """The 1F1B all-to-all overlap is used wherever Megatron allows it: not without EP, not
     for a pipeline without virtual stages, not with full recompute nor where selective recompute

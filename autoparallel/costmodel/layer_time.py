@@ -434,10 +434,41 @@ def full_recompute_time(x: Candidates, forward):
     return x.recomputed_fraction * forward
 
 
+def sink_attention(model) -> bool:
+    """Attention with a softmax offset per head (``--softmax-type`` off-by-one or learnable: GPT-OSS's
+    sinks). TransformerEngine runs it in cuDNN's fused attention (``sdpa_options.set_sink_token``,
+    cuDNN >= 9.13.1) or its unfused attention, never in FlashAttention, and under context
+    parallelism only through the all-to-all CP (``cp_comm_type='a2a'``): TE v2.9-v2.17
+    ``attention/dot_product_attention/utils.py`` get_attention_backend, "Filter: Softmax type"."""
+    return model.softmax_type != "vanilla"
+
+
+def cp_a2a_time(x: Candidates):
+    """TransformerEngine's all-to-all context parallelism (``AttnFuncWithCPAndQKVOA2A``, TE
+    ``attention/dot_product_attention/context_parallel.py``, DeepSpeed-Ulysses style): before the
+    attention each of Q, K and V goes through one all-to-all over the CP group ("gather s and split
+    h": every rank then holds the whole sequence for heads/cp of its heads), after it the output comes
+    back the same way ("split s and gather h"); the backward moves dO in and dQ, dK, dV out. Eight
+    all-to-alls of the local tensors per layer and micro-batch, CP ranks tp apart (Megatron's rank
+    order), priced as the expert dispatch's all-to-all (``dispatch.alltoall_time``) and exposed: the
+    attention waits for its inputs and the next layer for the output."""
+    model = x.model
+    heads = model.num_attention_heads / x.t
+    kv_heads = np.maximum(model.query_groups / x.t, 1.0)
+    per_head = 2.0 * x.b * x.s_local  # BF16 bytes per head dimension of one local tensor
+    q, o = per_head * heads * model.qk_dim, per_head * heads * model.v_dim
+    k, v = per_head * kv_heads * model.qk_dim, per_head * kv_heads * model.v_dim
+    one_way = sum(dispatch.alltoall_time(x.hw, nbytes, x.c, x.t) for nbytes in (q, k, v, o))
+    return 2.0 * one_way  # forward Q, K, V in and O out; backward dO in and dQ, dK, dV out
+
+
 def cp_comm_time(x: Candidates, attention):
     """Ring exchange of the local K/V chunk: (cp-1) hops forward, K/V and dK/dV backward, partly
-    hidden behind the attention computed meanwhile."""
+    hidden behind the attention computed meanwhile (TE's p2p CP, the exports' ``--cp-comm-type``).
+    A model with softmax sinks (``sink_attention``) runs the all-to-all CP instead (``cp_a2a_time``)."""
     model = x.model
+    if sink_attention(model):
+        return cp_a2a_time(x)
     kv_heads_local = np.maximum(model.query_groups / x.t, 1.0)
     kv_bytes = 2.0 * x.b * x.s_local * (model.qk_dim + model.v_dim) * kv_heads_local
     same_domain = x.t * x.c <= x.hw.nvlink_domain

@@ -17,11 +17,11 @@ from autoparallel.costmodel import pipeline
 from autoparallel.errors import UserError
 from autoparallel.report import moe_export
 from autoparallel.report.nemo import nemo1_config, nemo2_recipe
-from autoparallel.report.shared import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, BRIDGE_PRECISION_RECIPES, CP_COMM_TYPE,
+from autoparallel.report.shared import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, BRIDGE_PRECISION_RECIPES,
                                         CUDA_GRAPHS, FP4_FORMAT, FP4_RECIPE, FP4_TE_CLASS, FP8_RECIPES,
                                         megatron_unsupported, nemo_unsupported,
                                         MAKE_VOCAB_SIZE_DIVISIBLE_BY, NORMALIZATION, TOKENIZER_FILES,
-                                        recompute_layers)
+                                        cp_comm_type, recompute_layers)
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
 
@@ -88,7 +88,7 @@ def parallel_flags(model: ModelSpec, plan: Plan) -> list[str]:
     if plan.account_for_loss_in_pipeline_split:
         a.append("--account-for-loss-in-pipeline-split")
     if plan.cp > 1:
-        a.append(f"--cp-comm-type {CP_COMM_TYPE}")
+        a.append(f"--cp-comm-type {cp_comm_type(model)}")
     a += moe_export.parallel_flags(model, plan)
     if plan.sp and plan.tp > 1:
         a.append("--sequence-parallel")

@@ -12,8 +12,9 @@ either: FP8 weights kept without a BF16 copy, gathered at 1 B per parameter).
 from __future__ import annotations
 
 from autoparallel.report import moe_export
-from autoparallel.report.shared import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, CP_COMM_TYPE, CUDA_GRAPHS, FP8_RECIPES,
-                                        MAKE_VOCAB_SIZE_DIVISIBLE_BY, NORMALIZATION, node_layout, recompute_layers)
+from autoparallel.report.shared import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, CUDA_GRAPHS, FP8_RECIPES,
+                                        MAKE_VOCAB_SIZE_DIVISIBLE_BY, NORMALIZATION, cp_comm_type, node_layout,
+                                        recompute_layers)
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
 
@@ -182,7 +183,7 @@ def nemo2_recipe(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
         "recompute_granularity": granularity,
         "recompute_method": method,
         "recompute_num_layers": layers,
-        "cp_comm_type": CP_COMM_TYPE if plan.cp > 1 else None,
+        "cp_comm_type": cp_comm_type(model) if plan.cp > 1 else None,
         "cpu_offloading": plan.cpu_offloading_num_layers > 0,
         "cpu_offloading_num_layers": plan.cpu_offloading_num_layers,
         "cpu_offloading_activations": True,
