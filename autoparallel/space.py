@@ -276,10 +276,10 @@ def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus:
         (df["layout_reason"].to_numpy() != "", lambda d: list(d.layout_reason)),
         ((cp > 1) & (model.seq_length % (2 * cp) != 0),
          lambda d: [f"seq_length {model.seq_length} not divisible by 2*cp={2 * a}" for a in d.cp]),
-        # Softmax sinks run context parallelism only as TE's all-to-all CP (layer_time.sink_attention),
+        # Softmax sinks run context parallelism only as TE's all-to-all CP (ModelSpec.softmax_sinks),
         # AttnFuncWithCPAndQKVOA2A: "cp_comm_type='a2a' requires num_heads % cp_size == 0 for Q, K, V"
         # (the heads of one TP rank).
-        (_sinks(model) & (cp > 1) & ((model.num_attention_heads % (tp * cp) != 0)
+        (model.softmax_sinks & (cp > 1) & ((model.num_attention_heads % (tp * cp) != 0)
                                      | (model.query_groups % (tp * cp) != 0)),
          lambda d: [f"cp={c}: softmax sinks run the all-to-all CP (cp_comm_type a2a), which needs the "
                     f"{model.num_attention_heads // t} heads and {model.query_groups // t} query groups of a "
@@ -315,11 +315,6 @@ def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus:
 
 def _packed(model: ModelSpec) -> bool:
     return model.finetune is not None and model.finetune.packed_sequence
-
-
-def _sinks(model: ModelSpec) -> bool:
-    """The model's attention has softmax sinks (``layer_time.sink_attention``)."""
-    return model.softmax_type != "vanilla"
 
 
 def _swiglu(model: ModelSpec) -> bool:
@@ -401,7 +396,7 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
         # TE get_attention_backend, "Filter: Softmax type": with FP8 DPA and a softmax offset the unfused
         # attention is off, FlashAttention is off, and cuDNN's fused FP8 attention takes sinks from
         # TE v2.15 on sm100+ with cuDNN >= 9.21 only (none at all before v2.15).
-        (df.fp8_attention.to_numpy() & _sinks(model) & (not hw.mxfp8),
+        (df.fp8_attention.to_numpy() & model.softmax_sinks & (not hw.mxfp8),
          f"FP8 attention with softmax sinks has no TransformerEngine backend on {hw.name} (cuDNN's fused "
          "FP8 attention takes sinks on Blackwell only)"),
         # TE module/base.py fill_userbuffers_buffer_for_all_gather: only delayed, current and MXFP8

@@ -434,15 +434,6 @@ def full_recompute_time(x: Candidates, forward):
     return x.recomputed_fraction * forward
 
 
-def sink_attention(model) -> bool:
-    """Attention with a softmax offset per head (``--softmax-type`` off-by-one or learnable: GPT-OSS's
-    sinks). TransformerEngine runs it in cuDNN's fused attention (``sdpa_options.set_sink_token``,
-    cuDNN >= 9.13.1) or its unfused attention, never in FlashAttention, and under context
-    parallelism only through the all-to-all CP (``cp_comm_type='a2a'``): TE v2.9-v2.17
-    ``attention/dot_product_attention/utils.py`` get_attention_backend, "Filter: Softmax type"."""
-    return model.softmax_type != "vanilla"
-
-
 def cp_a2a_time(x: Candidates):
     """TransformerEngine's all-to-all context parallelism (``AttnFuncWithCPAndQKVOA2A``, TE
     ``attention/dot_product_attention/context_parallel.py``, DeepSpeed-Ulysses style): before the
@@ -465,9 +456,9 @@ def cp_a2a_time(x: Candidates):
 def cp_comm_time(x: Candidates, attention):
     """Ring exchange of the local K/V chunk: (cp-1) hops forward, K/V and dK/dV backward, partly
     hidden behind the attention computed meanwhile (TE's p2p CP, the exports' ``--cp-comm-type``).
-    A model with softmax sinks (``sink_attention``) runs the all-to-all CP instead (``cp_a2a_time``)."""
+    A model with softmax sinks (``ModelSpec.softmax_sinks``) runs the all-to-all CP instead (``cp_a2a_time``)."""
     model = x.model
-    if sink_attention(model):
+    if model.softmax_sinks:
         return cp_a2a_time(x)
     kv_heads_local = np.maximum(model.query_groups / x.t, 1.0)
     kv_bytes = 2.0 * x.b * x.s_local * (model.qk_dim + model.v_dim) * kv_heads_local

@@ -71,14 +71,16 @@ AMAX_HISTORY_LEN = 1024
 AMAX_COMPUTE_ALGO = "max"
 # The cost model prices context parallelism as a ring exchange of K/V chunks (costmodel.estimate),
 # or, for a model with softmax sinks, as TransformerEngine's all-to-all CP: the only one TE runs with
-# them (layer_time.sink_attention, cp_a2a_time).
+# them (ModelSpec.softmax_sinks, layer_time.cp_a2a_time).
 CP_COMM_TYPE = "p2p"
 CP_COMM_TYPE_SINKS = "a2a"
 
 
 def cp_comm_type(model) -> str:
     """``--cp-comm-type`` of a plan with cp > 1 of ``model``, as the cost model prices it."""
-    return CP_COMM_TYPE_SINKS if model.softmax_type != "vanilla" else CP_COMM_TYPE
+    return CP_COMM_TYPE_SINKS if model.softmax_sinks else CP_COMM_TYPE
+
+
 # Plan.cuda_graph as Megatron-Core's TransformerConfig (cuda_graph_impl, cuda_graph_scope): whole-layer
 # graphs by TransformerEngine; the full-iteration graph by MCore's local implementation, spelled as
 # Megatron-LM 0.15 takes it (later releases name it --cuda-graph-impl full_iteration and still

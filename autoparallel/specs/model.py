@@ -100,10 +100,11 @@ class ModelSpec:
     # SwiGLU's clamp is fused.
     quick_geglu: bool = False
     activation_func_clamp_value: float | None = None
-    # Attention variants (export only, not priced; Megatron-LM's defaults): a norm on the queries
-    # and keys (--qk-layernorm; under MLA the norms of the query and KV latents), sliding-window
-    # attention (--window-size LEFT,RIGHT as flash-attention counts it, on every layer or on all
-    # but every --window-attn-skip-freq-th one) and the softmax (--softmax-type).
+    # Attention variants (Megatron-LM's defaults): a norm on the queries and keys (--qk-layernorm;
+    # under MLA the norms of the query and KV latents), sliding-window attention (--window-size
+    # LEFT,RIGHT as flash-attention counts it, on every layer or on all but every
+    # --window-attn-skip-freq-th one) and the softmax (--softmax-type). Exported, not priced, except
+    # that a softmax with sinks changes how context parallelism runs (``softmax_sinks``).
     qk_layernorm: bool = False
     window_size: tuple[int, ...] | None = None
     window_attn_skip_freq: int | None = None
@@ -237,6 +238,15 @@ class ModelSpec:
     @property
     def head_dim(self) -> int:
         return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def softmax_sinks(self) -> bool:
+        """Attention with a softmax offset per head (``--softmax-type`` off-by-one or learnable:
+        GPT-OSS's sinks). TransformerEngine runs it in cuDNN's fused attention (cuDNN >= 9.13.1) or
+        its unfused attention, never in FlashAttention, and under context parallelism only through
+        the all-to-all CP (``cp_comm_type='a2a'``): TE v2.9-v2.17
+        ``attention/dot_product_attention/utils.py`` get_attention_backend, "Filter: Softmax type"."""
+        return self.softmax_type != "vanilla"
 
     @property
     def is_moe(self) -> bool:
