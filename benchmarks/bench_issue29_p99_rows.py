@@ -161,16 +161,31 @@ def shape() -> pd.DataFrame:
         stats = lambda x: (1e3 * float(np.mean(x)), *(1e3 * mlperf.loadgen_percentile(x, p) for p in (50, 90, 99)))  # noqa: E731
         s_ttft, s_tpot = stats(sim.ttft), stats(sim.tpot)
         n_meas, n_sim = rate * latency_s, rate * float(np.mean(sim.finish - sim.arrival))
+        at_n = at_concurrency(r, eff, n_meas)
         for what, meas, simulated in (("TTFT ms", ttft, s_ttft), ("TPOT ms", tpot, s_tpot),
                                       ("TTFT / mean TPOT", tuple(v / tpot[0] for v in ttft),
                                        tuple(v / s_tpot[0] for v in s_ttft))):
             line = {"submitter": submitter, "GPU": r["hardware"], "benchmark": r["model"],
-                    "req/s/rep": rate, "N meas / sim": f"{n_meas:,.0f} / {n_sim:,.0f}", "quantity": what}
+                    "req/s/rep": rate, "N meas / sim": f"{n_meas:,.0f} / {n_sim:,.0f}",
+                    "tok/s at N meas: sim / meas": f"{at_n:,.0f} / {rate * wl.mean_output:,.0f}", "quantity": what}
             for name, m, v in zip(("mean", "p50", "p90", "p99"), meas, simulated):
                 line[name] = f"{m:,.3g} / {v:,.3g}" if what.startswith("TTFT /") else f"{m:,.0f} / {v:,.0f}"
             line["p99 / p50 meas / sim"] = f"{meas[3] / meas[1]:.2f} / {simulated[3] / simulated[1]:.2f}"
             out.append(line)
     return pd.DataFrame(out)
+
+
+def at_concurrency(r, eff, n: float, requests: int = 20_000) -> float:
+    """Output tokens/s of the simulated replica holding ``n`` requests in flight: an all-at-once
+    run with the batch capped at ``n``, its steady rate (the engine's throughput curve at that
+    point; the measured Server run's is its rate x the mean output at its Little's-law ``n``)."""
+    s = mlperf.settings()
+    wl = load_workload(s["workloads"][r["model"]])
+    cost, sched = replica(io.load_model(s["models"][r["model"]]), io.load_hardware(r["hardware"]), eff,
+                          mlperf.harness_engine(float(r["kv_fraction"])), int(r["tp"]), int(r["pp"]),
+                          max(1, round(n)), int(r["max_num_tokens"]), r["weight_precision"], r["kv_precision"],
+                          1, wl.max_input + wl.max_output, wl.max_output)
+    return run_workload(cost, sched, wl, None, requests).steady_requests_per_s * wl.mean_output
 
 
 def summary(frame: pd.DataFrame) -> pd.DataFrame:
