@@ -3,6 +3,7 @@
     PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py            # ~3 min on one core
     PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py --csv OUT  # the rows as CSV as well
     PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py --fixed-costs  # what-if refits (~8 min)
+    PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py --shape  # mean / p50 / p90 / p99 (~10 s)
 
 For each Server run that ``validate --inference`` compares (in sample; TensorRT-LLM v4.1 closed):
 the engine, GPU, benchmark, round, layout and rate per replica; the measured and simulated p99
@@ -27,6 +28,12 @@ fixed cost the throughput tables cannot see is what the Server p99s ask for.
 ``own``: the p99s at the simulated replica's own Server rate (the largest within the bounds,
 where its Server tokens/s are taken; ``serve.mlperf``), no measured QPS in them.
 
+``--shape``: the whole distribution where LoadGen's summary publishes it (mean, p50, p90, p99
+TTFT and TPOT, mean latency; ``SUMMARIES``), measured against simulated at the submitted QPS, and
+the TTFT in units of the mean TPOT (~ the mean decode iteration): whether a p99 miss is the
+tail's shape, the queueing (TTFT in iterations) or the service (the iteration itself), and the
+requests in flight by Little's law (rate x mean latency).
+
 ``matched``: the p99s at the submitted load relative to capacity instead of the submitted rate
 (the rate scaled by the simulated / measured Offline output tokens/s per replica of the same
 system, where it submitted an Offline run of the same layout): what is left of the miss once the
@@ -49,6 +56,25 @@ from autoparallel.serve.simulate import replica, run_workload
 from autoparallel.serve.workload import load_workload
 
 STEP = 0.02
+
+#: LoadGen's Server summaries with the whole distribution (mlcommons/inference_results_v4.1 @ a2f5d66,
+#: closed/<submitter>/results/<system>/<benchmark>/Server/performance/run_1/mlperf_log_summary.txt):
+#: (submitter, system, benchmark, target QPS, TTFT mean / p50 / p90 / p99 ms, TPOT mean / p50 / p90 /
+#: p99 ms, mean latency s).
+SUMMARIES = (
+    ("NVIDIA", "DGX-H100_H100-SXM-80GBx8_TRT", "llama2-70b-99.9", 75.0,
+     (275.9, 273.0, 372.9, 461.3), (155.0, 156.4, 165.8, 175.4), 44.95),
+    ("HPE", "HPE_Cray_XD670_H100_SXM_80GBx8_TRT", "llama2-70b-99", 80.0,
+     (229.0, 226.7, 306.3, 381.8), (127.0, 128.4, 135.9, 141.0), 36.92),
+    ("NVIDIA", "H200-SXM-141GBx8_TRT", "llama2-70b-99", 101.0,
+     (198.3, 180.8, 309.5, 452.7), (123.3, 124.3, 133.5, 146.0), 35.85),
+    ("NVIDIA", "DGX-H100_H100-SXM-80GBx8_TRT", "mixtral-8x7b", 348.0,
+     (180.0, 154.3, 285.3, 628.9), (102.6, 102.8, 112.5, 123.1), 15.02),
+    ("Supermicro", "SYS_821GE_TNHR_H100_SXM_80GBx8_TRT", "mixtral-8x7b", 347.2,
+     (256.7, 173.1, 404.6, 1824.8), (108.5, 109.2, 117.7, 126.7), 15.95),
+    ("NVIDIA", "H200-SXM-141GBx8_TRT", "mixtral-8x7b", 392.0,
+     (227.6, 215.4, 329.0, 539.7), (138.4, 139.2, 153.0, 167.0), 20.22),
+)
 
 
 def _replica(r, eff):
@@ -118,6 +144,50 @@ def table() -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def shape() -> pd.DataFrame:
+    """Measured (LoadGen's summaries) against simulated distributions at the submitted QPS: one
+    line per run and quantity (TTFT, TPOT, TTFT / mean TPOT), the mean / p50 / p90 / p99, and the
+    requests in flight per replica (Little's law)."""
+    rows, _ = mlperf.load_rows()
+    eff = efficiency_for("tensorrt-llm")
+    out = []
+    for submitter, system, benchmark, qps, ttft, tpot, latency_s in SUMMARIES:
+        r = rows[(rows["submitter"] == submitter) & (rows["system"] == system) & (rows["scenario"] == "Server")
+                 & (rows["benchmark"].str.startswith(benchmark.split("-99")[0]))
+                 & ((rows["target_qps"] - qps).abs() < 0.5)].iloc[0]
+        rate = qps / float(r["replicas"])
+        cost, sched, wl = _replica(r, eff)
+        sim = run_workload(cost, sched, wl, rate, max(mlperf.REQUESTS, math.ceil(rate * float(r["min_duration_ms"]) / 1e3)))
+        stats = lambda x: (1e3 * float(np.mean(x)), *(1e3 * mlperf.loadgen_percentile(x, p) for p in (50, 90, 99)))  # noqa: E731
+        s_ttft, s_tpot = stats(sim.ttft), stats(sim.tpot)
+        n_meas, n_sim = rate * latency_s, rate * float(np.mean(sim.finish - sim.arrival))
+        at_n = at_concurrency(r, eff, n_meas)
+        for what, meas, simulated in (("TTFT ms", ttft, s_ttft), ("TPOT ms", tpot, s_tpot),
+                                      ("TTFT / mean TPOT", tuple(v / tpot[0] for v in ttft),
+                                       tuple(v / s_tpot[0] for v in s_ttft))):
+            line = {"submitter": submitter, "GPU": r["hardware"], "benchmark": r["model"],
+                    "req/s/rep": rate, "N meas / sim": f"{n_meas:,.0f} / {n_sim:,.0f}",
+                    "tok/s at N meas: sim / meas": f"{at_n:,.0f} / {rate * wl.mean_output:,.0f}", "quantity": what}
+            for name, m, v in zip(("mean", "p50", "p90", "p99"), meas, simulated):
+                line[name] = f"{m:,.3g} / {v:,.3g}" if what.startswith("TTFT /") else f"{m:,.0f} / {v:,.0f}"
+            line["p99 / p50 meas / sim"] = f"{meas[3] / meas[1]:.2f} / {simulated[3] / simulated[1]:.2f}"
+            out.append(line)
+    return pd.DataFrame(out)
+
+
+def at_concurrency(r, eff, n: float, requests: int = 20_000) -> float:
+    """Output tokens/s of the simulated replica holding ``n`` requests in flight: an all-at-once
+    run with the batch capped at ``n``, its steady rate (the engine's throughput curve at that
+    point; the measured Server run's is its rate x the mean output at its Little's-law ``n``)."""
+    s = mlperf.settings()
+    wl = load_workload(s["workloads"][r["model"]])
+    cost, sched = replica(io.load_model(s["models"][r["model"]]), io.load_hardware(r["hardware"]), eff,
+                          mlperf.harness_engine(float(r["kv_fraction"])), int(r["tp"]), int(r["pp"]),
+                          max(1, round(n)), int(r["max_num_tokens"]), r["weight_precision"], r["kv_precision"],
+                          1, wl.max_input + wl.max_output, wl.max_output)
+    return run_workload(cost, sched, wl, None, requests).steady_requests_per_s * wl.mean_output
+
+
 def summary(frame: pd.DataFrame) -> pd.DataFrame:
     err = lambda a, b: (100 * (frame[a] - frame[b]) / frame[b]).abs()  # noqa: E731
     return pd.DataFrame([{
@@ -172,7 +242,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--csv", help="also write the rows here")
     p.add_argument("--fixed-costs", action="store_true", help="only the what-if refits (diagnostic)")
+    p.add_argument("--shape", action="store_true", help="only the distributions LoadGen's summaries publish")
     args = p.parse_args()
+    if args.shape:
+        print(markdown(shape()))
+        return
     if args.fixed_costs:
         print(markdown(fixed_costs()))
         return

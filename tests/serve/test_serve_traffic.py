@@ -133,13 +133,14 @@ def test_the_rate_search_is_bounded_by_the_steady_offline_rate_not_the_drain():
     Offline run spends a large share of its time draining its last batch (the longest answers at a
     shrinking batch), so its whole-run rate is low. The bound is the rate while the queue still
     feeds the batch: close to a long run's, where the whole short run's is not (Mixtral, one H100,
-    max batch 896, the MLPerf workload)."""
+    max batch 896, the MLPerf workload: the short run's whole-run rate 4.8 % low with the output
+    spread LoadGen measured, 7.6 % with the assumed sigma 0.8 before session 37)."""
     wl = load_workload("mlperf-mixtral-8x7b")
     cost, sched = replica(io.load_model("mixtral-8x7b"), io.load_hardware("h100-sxm"), efficiency_for("tensorrt-llm"),
                           load_engine("tensorrt-llm"), 1, 1, 896, 16384, "fp8", "fp8", 1,
                           wl.max_input + wl.max_output, wl.max_output)
     short, long = (run_workload(cost, sched, wl, None, n) for n in (8 * 896, 40000))
     long_rate = len(long.arrival) / long.duration
-    assert len(short.arrival) / short.duration < 0.95 * long_rate
+    assert len(short.arrival) / short.duration < 0.97 * long_rate
     assert short.steady_requests_per_s == pytest.approx(long_rate, rel=0.03)
     assert long.steady_requests_per_s == pytest.approx(long_rate, rel=0.03)

@@ -1,6 +1,7 @@
 """Request-length workloads (issue 29 item 1): the named distributions keep their published
 numbers, samples are deterministic, user files are read or refused in one line."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -36,6 +37,42 @@ def test_published_mlperf_figures_are_the_data_readme_ones():
     mixtral = load_workload("mlperf-mixtral-8x7b")
     assert (mixtral.mean_output, mixtral.max_input) == (144.84, 2048)
 
+
+#: Output-length percentiles (p50, p90, p99) read off LoadGen's Server summaries
+#: (mlcommons/inference_results_v4.1 closed/NVIDIA/results/.../Server/performance/run_1/
+#: mlperf_log_summary.txt): (latency percentile - TTFT percentile) / mean TPOT + 1, in tokens.
+#: DGX-H100 llama2-70b-99.9: latency p50 / p90 / p99 39.05 / 81.39 / 144.81 s, TTFT 0.27 / 0.37 /
+#: 0.46 s, mean TPOT 155.0 ms; H200-SXM-141GBx8 llama2-70b-99: 31.11 / 65.05 / 118.86 s, TTFT 0.18 /
+#: 0.31 / 0.45 s, TPOT 123.3 ms; HPE Cray XD670 (H100) llama2-70b-99: 32.01 / 66.66 / 122.16 s, TTFT
+#: 0.23 / 0.31 / 0.38 s, TPOT 127.0 ms; DGX-H100 mixtral-8x7b: 11.75 / 29.10 / 61.04 s, TTFT 0.15 /
+#: 0.29 / 0.63 s, TPOT 102.6 ms; H200-SXM-141GBx8 mixtral-8x7b: 15.82 / 39.22 / 82.26 s, TTFT 0.22 /
+#: 0.33 / 0.54 s, TPOT 138.4 ms; Supermicro SYS_821GE (H100) mixtral-8x7b: 12.50 / 30.86 / 64.75 s,
+#: TTFT 0.17 / 0.40 / 1.82 s, TPOT 108.5 ms.
+LOADGEN_OUTPUT_PERCENTILES = {
+    "mlperf-llama2-70b": [((39.05 - 0.27) / 0.1550 + 1, (81.39 - 0.37) / 0.1550 + 1, (144.81 - 0.46) / 0.1550 + 1),
+                          ((31.11 - 0.18) / 0.1233 + 1, (65.05 - 0.31) / 0.1233 + 1, (118.86 - 0.45) / 0.1233 + 1),
+                          ((32.01 - 0.23) / 0.1270 + 1, (66.66 - 0.31) / 0.1270 + 1, (122.16 - 0.38) / 0.1270 + 1)],
+    "mlperf-mixtral-8x7b": [((11.75 - 0.15) / 0.1026 + 1, (29.10 - 0.29) / 0.1026 + 1, (61.04 - 0.63) / 0.1026 + 1),
+                            ((15.82 - 0.22) / 0.1384 + 1, (39.22 - 0.33) / 0.1384 + 1, (82.26 - 0.54) / 0.1384 + 1),
+                            ((12.50 - 0.17) / 0.1085 + 1, (30.86 - 0.40) / 0.1085 + 1, (64.75 - 1.82) / 0.1085 + 1)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOADGEN_OUTPUT_PERCENTILES))
+def test_mlperf_output_spread_is_the_one_loadgen_measured(name):
+    """The output sigma (0.57 llama2-70b, 0.70 mixtral-8x7b) is derived from LoadGen's latency
+    percentiles: the sampled p50 / p90 / p99 output lengths are within 6 % of those measured on
+    every run listed; the assumed 0.8 the sigmas replace misses one of them by more than 10 %
+    (llama2-70b p50 / p90 223 / 620 tokens against ~251 / 524; mixtral-8x7b p99 681 against 590)."""
+    w = load_workload(name)
+    out = w.sample(50_000, seed=1)[1]
+    sampled = np.percentile(out, [50, 90, 99])
+    for measured in LOADGEN_OUTPUT_PERCENTILES[name]:
+        assert sampled == pytest.approx(measured, rel=0.06), (sampled, measured)
+    wide = dataclasses.replace(w, output=dataclasses.replace(w.output, sigma=0.8)).sample(50_000, seed=1)[1]
+    first = np.asarray(LOADGEN_OUTPUT_PERCENTILES[name][0])
+    assert np.max(np.abs(np.percentile(wide, [50, 90, 99]) / first - 1)) > 0.1  # the check can fail
+    assert "output.sigma" in io.read_yaml(WORKLOADS)[name]["derived"]
 
 def test_every_unpublished_number_is_marked_as_an_assumption():
     """Each workload lists what its source publishes; the YAML says 'Assumed' for the rest."""
@@ -95,7 +132,7 @@ def test_unknown_name_lists_the_valid_ones():
 
 def test_request_of_a_workload_prices_the_means_and_accepts_the_longest():
     r = Request.of_workload(load_workload("mlperf-llama2-70b"))
-    assert (r.input_len, r.output_len, r.max_model_len, r.workload) == (257, 294, 2048, "mlperf-llama2-70b")
+    assert (r.input_len, r.output_len, r.max_model_len, r.workload) == (261, 294, 2048, "mlperf-llama2-70b")
 
 
 def test_cli_workload_search(capsys):
