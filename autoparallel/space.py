@@ -42,6 +42,8 @@ from autoparallel.specs.plan import (CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES, FP8
 # dot_product_attention.py: an MXFP8 autocast runs MXFP8 attention; utils.py keeps FusedAttention for
 # MXFP8 on sm100 and later with cuDNN 9.21+, which the mxfp8 precision's Blackwell requirement covers).
 FP8_ATTENTION_RECIPES = ("fp8-delayed", "fp8-current", "mxfp8")
+FP8_CP_ATTENTION_REASON = ("FP8 attention under context parallelism needs TransformerEngine >= 1.10 "
+                           "(fp8_attention_with_cp: false; an older TE runs it in BF16)")
 STRUCTURE_KNOBS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
 SPLIT_COLUMNS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
@@ -95,6 +97,16 @@ class SearchSpace:
     cpu_offloading_num_layers: int | None = None  # pinned exact count instead of the fractions
     memory_fraction: float = 1.0  # the hardware's reserve_gib is the runtime's headroom
     tp_within_nvlink_domain: bool = True
+    # Whether the TransformerEngine the run uses runs FP8 dot-product attention under context
+    # parallelism: FP8 joined CP attention in TE 1.10 (TransformerEngine 311b6b6, "Add FP8 support to
+    # CP implementation with KV P2P (#1114)", first tagged v1.10). False for an older TE, such as the
+    # TE 1.6 of MLPerf v4.0's LoRA images (training_results_v4.0: every llama2_70b_lora Dockerfile pins
+    # v1.6rc2 / release_v1.6 / 090e724), whose AttnFuncWithCP takes no FP8 and whose backend filter
+    # keeps fused attention under CP to the F16 backend (transformer_engine/pytorch/attention.py v1.6):
+    # there fp8_dot_product_attention at CP > 1 runs BF16 attention, which the candidate without
+    # FP8 attention already prices, so the FP8 one is refused (measured_runs.BF16_CP_ATTENTION_ROUNDS
+    # prices such MLPerf rows the same way).
+    fp8_attention_with_cp: bool = True
     # Where num_layers is not divisible by pp*vp, also try Megatron's uneven splits.
     uneven_pipeline_split: bool = True
     # MoE models where no other split fits: Megatron's flexible --pipeline-model-parallel-layout,
@@ -147,7 +159,7 @@ class SearchSpace:
 
 PINNED_SPLIT = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
-SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "uneven_pipeline_split", "cpu_offloading_num_layers",
+SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "fp8_attention_with_cp", "uneven_pipeline_split", "cpu_offloading_num_layers",
             "pipeline_layout_max_vp", "pipeline_layout", "dispatcher_by_ep_span", *PINNED_SPLIT)
 
 
@@ -476,7 +488,7 @@ def _stacked(df: pd.DataFrame, column: str, parts: list[tuple[np.ndarray, Any]])
     return out
 
 
-def _layout_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
+def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -> np.ndarray:
     """Rules on a structure and its features together (Megatron-LM and TE refusals)."""
     per_stage = model.num_layers // df.pp.to_numpy()
     edge = df["fp8_bf16_edge_layers"].to_numpy()
@@ -497,6 +509,9 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
         # TransformerConfig.__post_init__ (selective recompute under FP8).
         (_recomputes_any(df, df.precision.to_numpy() == "fp8-delayed", ("moe_act", "layernorm")),
          "Delayed scaling does not support moe_act and layernorm recompute for fp8 (Megatron-Core)"),
+        # SearchSpace.fp8_attention_with_cp: TE < 1.10 runs no FP8 attention under CP.
+        ((not space.fp8_attention_with_cp) & df.fp8_attention.to_numpy() & (df.cp.to_numpy() > 1),
+         FP8_CP_ATTENTION_REASON),
         # TransformerConfig.__post_init__ (0.15; later releases allow the full-iteration graph).
         ((df.cuda_graph.to_numpy() != "none") & (df.cpu_offloading_num_layers.to_numpy() > 0),
          "CUDA graphs not supported with CPU offloading (Megatron-Core)"),
@@ -646,7 +661,7 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     crossed = _expand_recompute_modules(crossed, model, space)
     crossed = _expand_offloading(crossed, model, space)
     crossed["moe_flex_dispatcher_backend"] = flex_backend(crossed.ep * crossed.etp, hw)
-    crossed["reason"] = np.where(crossed.reason == "", _layout_rules(crossed, model), crossed.reason)
+    crossed["reason"] = np.where(crossed.reason == "", _layout_rules(crossed, model, space), crossed.reason)
     rejected = [_fill_rejected(part[part.reason != ""], space, gpus) for part in (structures, features)]
     out = pd.concat([crossed, *rejected], ignore_index=True)
     out["gbs"] = gbs
