@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -43,7 +44,7 @@ from autoparallel.specs.plan import (CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES, FP8
 # MXFP8 on sm100 and later with cuDNN 9.21+, which the mxfp8 precision's Blackwell requirement covers).
 FP8_ATTENTION_RECIPES = ("fp8-delayed", "fp8-current", "mxfp8")
 FP8_CP_ATTENTION_REASON = ("FP8 attention under context parallelism needs TransformerEngine >= 1.10 "
-                           "(fp8_attention_with_cp: false; an older TE runs it in BF16)")
+                           "(an older TE runs it in BF16)")
 STRUCTURE_KNOBS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
 SPLIT_COLUMNS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
@@ -97,16 +98,16 @@ class SearchSpace:
     cpu_offloading_num_layers: int | None = None  # pinned exact count instead of the fractions
     memory_fraction: float = 1.0  # the hardware's reserve_gib is the runtime's headroom
     tp_within_nvlink_domain: bool = True
-    # Whether the TransformerEngine the run uses runs FP8 dot-product attention under context
-    # parallelism: FP8 joined CP attention in TE 1.10 (TransformerEngine 311b6b6, "Add FP8 support to
-    # CP implementation with KV P2P (#1114)", first tagged v1.10). False for an older TE, such as the
-    # TE 1.6 of MLPerf v4.0's LoRA images (training_results_v4.0: every llama2_70b_lora Dockerfile pins
-    # v1.6rc2 / release_v1.6 / 090e724), whose AttnFuncWithCP takes no FP8 and whose backend filter
-    # keeps fused attention under CP to the F16 backend (transformer_engine/pytorch/attention.py v1.6):
-    # there fp8_dot_product_attention at CP > 1 runs BF16 attention, which the candidate without
-    # FP8 attention already prices, so the FP8 one is refused (measured_runs.BF16_CP_ATTENTION_ROUNDS
-    # prices such MLPerf rows the same way).
-    fp8_attention_with_cp: bool = True
+    # The TransformerEngine release the run uses ("1.6", "1.10", "2.9"; "" for a current one), for
+    # what an older TE cannot run: FP8 dot-product attention under context parallelism needs 1.10
+    # (TransformerEngine 311b6b6, "Add FP8 support to CP implementation with KV P2P (#1114)", first
+    # tagged v1.10). TE 1.6, which MLPerf v4.0's LoRA images pin (training_results_v4.0: every
+    # llama2_70b_lora Dockerfile, v1.6rc2 / release_v1.6 / 090e724), takes its FusedAttention's CP path
+    # (attn_forward_func_with_cp, no FP8) before the FP8 one and admits only the F16 backend under CP
+    # (transformer_engine/pytorch/attention.py v1.6): fp8_dot_product_attention at CP > 1 runs BF16
+    # attention, which the candidate without FP8 attention already prices, so the FP8 one is refused
+    # (measured_runs.BF16_CP_ATTENTION_ROUNDS prices such MLPerf rows the same way).
+    transformer_engine_version: str = ""
     # Where num_layers is not divisible by pp*vp, also try Megatron's uneven splits.
     uneven_pipeline_split: bool = True
     # MoE models where no other split fits: Megatron's flexible --pipeline-model-parallel-layout,
@@ -144,6 +145,21 @@ class SearchSpace:
             raise ValueError(f"full_recompute_fractions must be in (0, 1], got {list(self.full_recompute_fractions)}")
         if not self.cpu_offload_fractions or any(not 0 <= f < 1 for f in self.cpu_offload_fractions):
             raise ValueError(f"cpu_offload_fractions must be in [0, 1), got {list(self.cpu_offload_fractions)}")
+        if self.transformer_engine_version and not re.fullmatch(r"\d+\.\d+(\.\d+)?", self.transformer_engine_version):
+            raise ValueError("transformer_engine_version must be a release such as 1.6 or 2.9 (or empty for a "
+                             f"current one), got {self.transformer_engine_version!r}")
+
+    def transformer_engine_at_least(self, major: int, minor: int) -> bool:
+        """Whether the run's TransformerEngine (``transformer_engine_version``; empty: a current
+        one) is release ``major.minor`` or later."""
+        if not self.transformer_engine_version:
+            return True
+        return tuple(int(p) for p in self.transformer_engine_version.split(".")[:2]) >= (major, minor)
+
+    @property
+    def fp8_attention_with_cp(self) -> bool:
+        """Whether the run's TE runs FP8 attention under context parallelism (1.10 and later)."""
+        return self.transformer_engine_at_least(1, 10)
 
     def pinned(self, **pins: Any) -> SearchSpace:
         """This space with each given knob fixed to one value (None leaves it searched)."""
@@ -159,7 +175,7 @@ class SearchSpace:
 
 PINNED_SPLIT = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
-SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "fp8_attention_with_cp", "uneven_pipeline_split", "cpu_offloading_num_layers",
+SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "transformer_engine_version", "uneven_pipeline_split", "cpu_offloading_num_layers",
             "pipeline_layout_max_vp", "pipeline_layout", "dispatcher_by_ep_span", *PINNED_SPLIT)
 
 
@@ -509,7 +525,7 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -> np.
         # TransformerConfig.__post_init__ (selective recompute under FP8).
         (_recomputes_any(df, df.precision.to_numpy() == "fp8-delayed", ("moe_act", "layernorm")),
          "Delayed scaling does not support moe_act and layernorm recompute for fp8 (Megatron-Core)"),
-        # SearchSpace.fp8_attention_with_cp: TE < 1.10 runs no FP8 attention under CP.
+        # SearchSpace.transformer_engine_version: TE < 1.10 runs no FP8 attention under CP.
         ((not space.fp8_attention_with_cp) & df.fp8_attention.to_numpy() & (df.cp.to_numpy() > 1),
          FP8_CP_ATTENTION_REASON),
         # TransformerConfig.__post_init__ (0.15; later releases allow the full-iteration graph).

@@ -53,10 +53,10 @@ SETTINGS = {"defaults": dict(lora_rank=None, lora_targets=None, packed_sequence=
             "MLPerf's on v4.0's TE 1.6": dict(lora_rank=16, lora_targets=("linear_qkv", "linear_proj"),
                                              packed_sequence=True, fp8_transpose_per_microbatch=True)}
 # The TransformerEngine each setting runs, where it matters to the space: v4.0's images pin TE 1.6,
-# which runs no FP8 attention under context parallelism (SearchSpace.fp8_attention_with_cp); "MLPerf's"
+# which runs no FP8 attention under context parallelism (SearchSpace.transformer_engine_version); "MLPerf's"
 # (TE 1.x) stands for v4.1's 24.09 images, whose TE was not pinned (TE_REVISION=SKIP: the PyTorch
 # 24.09 container's), taken to be 1.10 or later as TE's release v1.10 (2024-09-11) precedes it.
-SPACE_BY_SETTING = {"MLPerf's on v4.0's TE 1.6": dict(fp8_attention_with_cp=False)}
+SPACE_BY_SETTING = {"MLPerf's on v4.0's TE 1.6": dict(transformer_engine_version="1.6")}
 # What MLPerf's runs set that these settings leave out: dropout 0.1 and the all-to-all on the adapters.
 MLPERF_UNFLAGGED = dict(lora_dropout=0.1, lora_a2a=True)
 # And the search knob their configs set (config_common.sh's FP8_DPA=1, NVTE_FP8_DPA_BWD=1): FP8
@@ -116,7 +116,7 @@ def rank_layouts(model, space) -> None:
     setting its configs state, applied to every candidate it applies to (FP8_DPA=1: every FP8
     candidate with FP8 attention, BF16 ones as they are; FP8_DPA=0: none), then among the
     candidates with the knob searched both ways. A TE that runs no FP8 attention under CP
-    (``fp8_attention_with_cp`` off) runs FP8_DPA=1 at CP > 1 in BF16: those candidates keep their
+    (``transformer_engine_version`` before 1.10) runs FP8_DPA=1 at CP > 1 in BF16: those candidates keep their
     BF16 attention."""
     searched = True in space.fp8_attention
     for gpu in ("h100-sxm", "h200"):

@@ -42,21 +42,21 @@ def test_a_finetune_travels_in_a_model_yaml():
 
 
 def _mlperf_lora(gpu: str, transposed: bool = True, fp8_attention: tuple[bool, ...] = (False, True),
-                 fp8_attention_with_cp: bool = True):
+                 transformer_engine_version: str = ""):
     """search --model llama2-70b --gpus 8 --finetune lora --lora-rank 16 --lora-targets
     linear_qkv,linear_proj --lora-dropout 0.1 --lora-a2a --fp8-transpose-per-microbatch
     --packed-sequence --seq-length 8192 --gbs 8 (MLPerf's settings: its TransformerEngine 1.x runs
     transposed the frozen FP8 base in every micro-batch, as the validate rows are priced), with FP8
     dot-product attention offered beside BF16 attention (their config_common.sh's FP8_DPA=1);
     ``transposed`` False: without that flag (TE 2.x keeps the transposes); ``fp8_attention``: the
-    attention the search offers; ``fp8_attention_with_cp`` False: a TransformerEngine older than 1.10
-    (MLPerf v4.0's TE 1.6: --no-fp8-attention-with-cp), which runs no FP8 attention under CP."""
+    attention the search offers; ``transformer_engine_version``: the run's TE (MLPerf v4.0's "1.6":
+    --transformer-engine-version 1.6, which runs no FP8 attention under CP)."""
     flags = argparse.Namespace(finetune="lora", lora_rank=16, lora_targets=("linear_qkv", "linear_proj"),
                                lora_dropout=0.1, lora_a2a=True, fp8_transpose_per_microbatch=transposed or None,
                                packed_sequence=True, document_tokens=None)
     model = with_finetune(with_seq_length(io.load_model("llama2-70b"), 8192), flags)
     space = dataclasses.replace(load_space("training"), fp8_attention=fp8_attention,
-                                fp8_attention_with_cp=fp8_attention_with_cp)
+                                transformer_engine_version=transformer_engine_version)
     return runs.search(model, io.load_hardware(gpu), 8, 8, space)
 
 
@@ -136,11 +136,11 @@ def test_the_h100_submissions_layout_fits_and_ranks_in_the_top_5_percent(h100_se
 def test_on_v40s_te_1_6_the_h100_submissions_layout_ranks_in_the_top_5_percent():
     """MLPerf v4.0's LoRA images pin TransformerEngine 1.6, which runs no FP8 attention under context
     parallelism (FP8_DPA=1 there runs BF16 attention: measured_runs.BF16_CP_ATTENTION_ROUNDS): with
-    --no-fp8-attention-with-cp the CP layouts lose the FP8 attention that put them above TP4, and TP4
+    --transformer-engine-version 1.6 the CP layouts lose the FP8 attention that put them above TP4, and TP4
     ranks 62 of 1,851 (3.35 %; s37h1), below TP2 CP1 with 40 layers offloaded (3.32 s), TP1 CP4 PP2
     (3.56 s) and TP2 CP2 PP1/PP2 (3.61-3.67 s). The denominator is the TE >= 1.10 search's: the CP
     layouts stay, at their BF16 attention."""
-    older = _mlperf_lora("h100-sxm", fp8_attention_with_cp=False)
+    older = _mlperf_lora("h100-sxm", transformer_engine_version="1.6")
     assert not older.feasible[(older.feasible.cp > 1) & older.feasible.fp8_attention.astype(bool)].size
     assert _share_above(older, 4, 1, with_cp=False) <= 0.034
 

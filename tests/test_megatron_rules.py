@@ -87,8 +87,8 @@ RULES = [
      dict(cuda_graph="none"), "CUDA graphs not supported with CPU offloading"),
     (TE_CP, "context-parallel attention takes no FP8 (fused attention under CP: F16 backend only)",
      "llama3-8b", 8, 128, dict(tp=1, pp=1, cp=2, precision="fp8-delayed", fp8_attention=True,
-                               fp8_attention_with_cp=False),
-     dict(fp8_attention_with_cp=True), "FP8 attention under context parallelism needs TransformerEngine >= 1.10"),
+                               transformer_engine_version="1.6"),
+     dict(transformer_engine_version="1.10"), "FP8 attention under context parallelism needs TransformerEngine >= 1.10"),
 ]
 
 BASE = dict(vp=1, cp=1, ep=1, mbs=1, sp=True, recompute="none", precision="bf16", fp8_bf16_edge_layers=0,
@@ -219,8 +219,17 @@ def test_shared_expert_overlap_takes_the_place_of_the_all_to_all_overlap_where_t
 
 
 def test_an_older_transformer_engine_refuses_fp8_attention_only_under_context_parallelism():
-    """TE < 1.10 (fp8_attention_with_cp off) runs FP8 attention without CP: cp 1 passes, and BF16
-    attention at cp 2 passes (what TE 1.6 runs when FP8_DPA=1 meets CP)."""
-    older = dict(tp=1, pp=1, cp=2, precision="fp8-delayed", fp8_attention=True, fp8_attention_with_cp=False)
+    """TE < 1.10 runs FP8 attention without CP: cp 1 passes, and BF16 attention at cp 2 passes (what
+    TE 1.6 runs when FP8_DPA=1 meets CP); a current TE (no version given) and 2.9 run it under CP."""
+    older = dict(tp=1, pp=1, cp=2, precision="fp8-delayed", fp8_attention=True, transformer_engine_version="1.6")
     assert _reason("llama3-8b", 8, 128, {**older, "cp": 1}) == ""
     assert _reason("llama3-8b", 8, 128, {**older, "fp8_attention": False}) == ""
+    assert _reason("llama3-8b", 8, 128, {**older, "transformer_engine_version": "1.9"}) != ""
+    for current in ("", "2.9", "1.10.0"):
+        assert _reason("llama3-8b", 8, 128, {**older, "transformer_engine_version": current}) == ""
+
+
+@pytest.mark.parametrize("version", ["1", "v1.6", "1.6rc2", "latest"])
+def test_a_transformer_engine_version_is_a_release_number(version):
+    with pytest.raises(ValueError, match="transformer_engine_version must be a release such as 1.6"):
+        SearchSpace(transformer_engine_version=version)
