@@ -156,6 +156,11 @@ class SearchSpace:
             return True
         return tuple(int(p) for p in self.transformer_engine_version.split(".")[:2]) >= (major, minor)
 
+    def cost_settings(self) -> dict[str, str]:
+        """The run-level facts the cost model prices (columns every candidate shares): the TE
+        release where one is given (``costmodel.candidates.TE_VERSION_COLUMN``)."""
+        return {"transformer_engine_version": self.transformer_engine_version} if self.transformer_engine_version else {}
+
     @property
     def fp8_attention_with_cp(self) -> bool:
         """Whether the run's TE runs FP8 attention under context parallelism (1.10 and later)."""

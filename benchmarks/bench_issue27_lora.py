@@ -5,7 +5,8 @@ Linears; MLPerf's: rank 16 on QKV and projection, packed, the frozen FP8 base tr
 micro-batch as MLPerf's TransformerEngine 1.x runs did, and FP8 dot-product attention offered to
 every FP8 candidate, as the submitted configs set FP8_DPA; MLPerf's on TE 2.x: the same with the FP8
 transposes kept, as Megatron-Bridge's TE 2.x keeps them; MLPerf's on v4.0's TE 1.6: MLPerf's, with
-no FP8 attention under context parallelism, which TE runs only from 1.10), GPU (h100-sxm, h200) and global batch (the
+no FP8 attention under context parallelism, which TE runs only from 1.10, and TE 1.6's activation
+offloading one layer at a time), GPU (h100-sxm, h200) and global batch (the
 preset's 128, and MLPerf's 8): each submitted 8-GPU layout (TP, CP; PP 1, MBS 1, FP8; with its own
 FP8 attention where the search offers it) at its best variant (the
 unpublished knobs searched), its rank among the feasible layouts and the share above it, and its
@@ -52,8 +53,9 @@ SETTINGS = {"defaults": dict(lora_rank=None, lora_targets=None, packed_sequence=
             "MLPerf's on TE 2.x": dict(lora_rank=16, lora_targets=("linear_qkv", "linear_proj"), packed_sequence=True),
             "MLPerf's on v4.0's TE 1.6": dict(lora_rank=16, lora_targets=("linear_qkv", "linear_proj"),
                                              packed_sequence=True, fp8_transpose_per_microbatch=True)}
-# The TransformerEngine each setting runs, where it matters to the space: v4.0's images pin TE 1.6,
-# which runs no FP8 attention under context parallelism (SearchSpace.transformer_engine_version); "MLPerf's"
+# The TransformerEngine each setting runs, where it matters: v4.0's images pin TE 1.6, which runs no
+# FP8 attention under context parallelism and offloads one layer at a time
+# (SearchSpace.transformer_engine_version, stages.offload_time); "MLPerf's"
 # (TE 1.x) stands for v4.1's 24.09 images, whose TE was not pinned (TE_REVISION=SKIP: the PyTorch
 # 24.09 container's), taken to be 1.10 or later as TE's release v1.10 (2024-09-11) precedes it.
 SPACE_BY_SETTING = {"MLPerf's on v4.0's TE 1.6": dict(transformer_engine_version="1.6")}
