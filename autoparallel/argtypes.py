@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 
 MAX_COUNT = 2**31 - 1
 
@@ -33,3 +34,10 @@ positive_seconds = _number_in(1e-9, math.inf, float, "a positive number of secon
 positive_number = _number_in(1e-300, math.inf, float, "a positive finite number")
 percentile = _number_in(1e-9, 100.0, float, "a percentile in (0, 100]")
 dropout = _number_in(0.0, math.nextafter(1.0, 0.0), float, "a dropout probability in [0, 1)")
+
+
+def release(text: str) -> str:
+    """A software release number such as 1.6, 1.10 or 2.9.1 (TransformerEngine's)."""
+    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", text):
+        raise argparse.ArgumentTypeError(f"expected a release number such as 1.6 or 2.9, got {text!r}")
+    return text

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -42,6 +43,8 @@ from autoparallel.specs.plan import (CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES, FP8
 # dot_product_attention.py: an MXFP8 autocast runs MXFP8 attention; utils.py keeps FusedAttention for
 # MXFP8 on sm100 and later with cuDNN 9.21+, which the mxfp8 precision's Blackwell requirement covers).
 FP8_ATTENTION_RECIPES = ("fp8-delayed", "fp8-current", "mxfp8")
+FP8_CP_ATTENTION_REASON = ("FP8 attention under context parallelism needs TransformerEngine >= 1.10 "
+                           "(an older TE runs it in BF16)")
 STRUCTURE_KNOBS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
 SPLIT_COLUMNS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
@@ -95,6 +98,16 @@ class SearchSpace:
     cpu_offloading_num_layers: int | None = None  # pinned exact count instead of the fractions
     memory_fraction: float = 1.0  # the hardware's reserve_gib is the runtime's headroom
     tp_within_nvlink_domain: bool = True
+    # The TransformerEngine release the run uses ("1.6", "1.10", "2.9"; "" for a current one), for
+    # what an older TE cannot run: FP8 dot-product attention under context parallelism needs 1.10
+    # (TransformerEngine 311b6b6, "Add FP8 support to CP implementation with KV P2P (#1114)", first
+    # tagged v1.10). TE 1.6, which MLPerf v4.0's LoRA images pin (training_results_v4.0: every
+    # llama2_70b_lora Dockerfile, v1.6rc2 / release_v1.6 / 090e724), takes its FusedAttention's CP path
+    # (attn_forward_func_with_cp, no FP8) before the FP8 one and admits only the F16 backend under CP
+    # (transformer_engine/pytorch/attention.py v1.6): fp8_dot_product_attention at CP > 1 runs BF16
+    # attention, which the candidate without FP8 attention already prices, so the FP8 one is refused
+    # (measured_runs.BF16_CP_ATTENTION_ROUNDS prices such MLPerf rows the same way).
+    transformer_engine_version: str = ""
     # Where num_layers is not divisible by pp*vp, also try Megatron's uneven splits.
     uneven_pipeline_split: bool = True
     # MoE models where no other split fits: Megatron's flexible --pipeline-model-parallel-layout,
@@ -132,6 +145,26 @@ class SearchSpace:
             raise ValueError(f"full_recompute_fractions must be in (0, 1], got {list(self.full_recompute_fractions)}")
         if not self.cpu_offload_fractions or any(not 0 <= f < 1 for f in self.cpu_offload_fractions):
             raise ValueError(f"cpu_offload_fractions must be in [0, 1), got {list(self.cpu_offload_fractions)}")
+        if self.transformer_engine_version and not re.fullmatch(r"\d+\.\d+(\.\d+)?", self.transformer_engine_version):
+            raise ValueError("transformer_engine_version must be a release such as 1.6 or 2.9 (or empty for a "
+                             f"current one), got {self.transformer_engine_version!r}")
+
+    def transformer_engine_at_least(self, major: int, minor: int) -> bool:
+        """Whether the run's TransformerEngine (``transformer_engine_version``; empty: a current
+        one) is release ``major.minor`` or later."""
+        if not self.transformer_engine_version:
+            return True
+        return tuple(int(p) for p in self.transformer_engine_version.split(".")[:2]) >= (major, minor)
+
+    def cost_settings(self) -> dict[str, str]:
+        """The run-level facts the cost model prices (columns every candidate shares): the TE
+        release where one is given (``costmodel.candidates.TE_VERSION_COLUMN``)."""
+        return {"transformer_engine_version": self.transformer_engine_version} if self.transformer_engine_version else {}
+
+    @property
+    def fp8_attention_with_cp(self) -> bool:
+        """Whether the run's TE runs FP8 attention under context parallelism (1.10 and later)."""
+        return self.transformer_engine_at_least(1, 10)
 
     def pinned(self, **pins: Any) -> SearchSpace:
         """This space with each given knob fixed to one value (None leaves it searched)."""
@@ -147,7 +180,7 @@ class SearchSpace:
 
 PINNED_SPLIT = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
-SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "uneven_pipeline_split", "cpu_offloading_num_layers",
+SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "transformer_engine_version", "uneven_pipeline_split", "cpu_offloading_num_layers",
             "pipeline_layout_max_vp", "pipeline_layout", "dispatcher_by_ep_span", *PINNED_SPLIT)
 
 
@@ -490,7 +523,7 @@ def _stacked(df: pd.DataFrame, column: str, parts: list[tuple[np.ndarray, Any]])
     return out
 
 
-def _layout_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
+def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -> np.ndarray:
     """Rules on a structure and its features together (Megatron-LM and TE refusals)."""
     per_stage = model.num_layers // df.pp.to_numpy()
     edge = df["fp8_bf16_edge_layers"].to_numpy()
@@ -511,6 +544,9 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec) -> np.ndarray:
         # TransformerConfig.__post_init__ (selective recompute under FP8).
         (_recomputes_any(df, df.precision.to_numpy() == "fp8-delayed", ("moe_act", "layernorm")),
          "Delayed scaling does not support moe_act and layernorm recompute for fp8 (Megatron-Core)"),
+        # SearchSpace.transformer_engine_version: TE < 1.10 runs no FP8 attention under CP.
+        ((not space.fp8_attention_with_cp) & df.fp8_attention.to_numpy() & (df.cp.to_numpy() > 1),
+         FP8_CP_ATTENTION_REASON),
         # TransformerConfig.__post_init__ (0.15; later releases allow the full-iteration graph).
         ((df.cuda_graph.to_numpy() != "none") & (df.cpu_offloading_num_layers.to_numpy() > 0),
          "CUDA graphs not supported with CPU offloading (Megatron-Core)"),
@@ -660,7 +696,7 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     crossed = _expand_recompute_modules(crossed, model, space)
     crossed = _expand_offloading(crossed, model, space)
     crossed["moe_flex_dispatcher_backend"] = flex_backend(crossed.ep * crossed.etp, hw)
-    crossed["reason"] = np.where(crossed.reason == "", _layout_rules(crossed, model), crossed.reason)
+    crossed["reason"] = np.where(crossed.reason == "", _layout_rules(crossed, model, space), crossed.reason)
     rejected = [_fill_rejected(part[part.reason != ""], space, gpus) for part in (structures, features)]
     out = pd.concat([crossed, *rejected], ignore_index=True)
     out["gbs"] = gbs

@@ -4,7 +4,9 @@ fit, and where does it rank them? Per LoRA setting (Megatron-Bridge's defaults: 
 Linears; MLPerf's: rank 16 on QKV and projection, packed, the frozen FP8 base transposed in every
 micro-batch as MLPerf's TransformerEngine 1.x runs did, and FP8 dot-product attention offered to
 every FP8 candidate, as the submitted configs set FP8_DPA; MLPerf's on TE 2.x: the same with the FP8
-transposes kept, as Megatron-Bridge's TE 2.x keeps them), GPU (h100-sxm, h200) and global batch (the
+transposes kept, as Megatron-Bridge's TE 2.x keeps them; MLPerf's on v4.0's TE 1.6: MLPerf's, with
+no FP8 attention under context parallelism, which TE runs only from 1.10, and TE 1.6's activation
+offloading one layer at a time), GPU (h100-sxm, h200) and global batch (the
 preset's 128, and MLPerf's 8): each submitted 8-GPU layout (TP, CP; PP 1, MBS 1, FP8; with its own
 FP8 attention where the search offers it) at its best variant (the
 unpublished knobs searched), its rank among the feasible layouts and the share above it, and its
@@ -48,7 +50,15 @@ def submitted_layouts(gpu: str) -> set[tuple[int, int, bool]]:
 SETTINGS = {"defaults": dict(lora_rank=None, lora_targets=None, packed_sequence=None),
             "MLPerf's": dict(lora_rank=16, lora_targets=("linear_qkv", "linear_proj"), packed_sequence=True,
                              fp8_transpose_per_microbatch=True),
-            "MLPerf's on TE 2.x": dict(lora_rank=16, lora_targets=("linear_qkv", "linear_proj"), packed_sequence=True)}
+            "MLPerf's on TE 2.x": dict(lora_rank=16, lora_targets=("linear_qkv", "linear_proj"), packed_sequence=True),
+            "MLPerf's on v4.0's TE 1.6": dict(lora_rank=16, lora_targets=("linear_qkv", "linear_proj"),
+                                             packed_sequence=True, fp8_transpose_per_microbatch=True)}
+# The TransformerEngine each setting runs, where it matters: v4.0's images pin TE 1.6, which runs no
+# FP8 attention under context parallelism and offloads one layer at a time
+# (SearchSpace.transformer_engine_version, stages.offload_time); "MLPerf's"
+# (TE 1.x) stands for v4.1's 24.09 images, whose TE was not pinned (TE_REVISION=SKIP: the PyTorch
+# 24.09 container's), taken to be 1.10 or later as TE's release v1.10 (2024-09-11) precedes it.
+SPACE_BY_SETTING = {"MLPerf's on v4.0's TE 1.6": dict(transformer_engine_version="1.6")}
 # What MLPerf's runs set that these settings leave out: dropout 0.1 and the all-to-all on the adapters.
 MLPERF_UNFLAGGED = dict(lora_dropout=0.1, lora_a2a=True)
 # And the search knob their configs set (config_common.sh's FP8_DPA=1, NVTE_FP8_DPA_BWD=1): FP8
@@ -65,7 +75,7 @@ def main() -> None:
         space = load_space("training")
         if name.startswith("MLPerf's"):
             model = dataclasses.replace(model, finetune=dataclasses.replace(model.finetune, **MLPERF_UNFLAGGED))
-            space = dataclasses.replace(space, **MLPERF_SPACE)
+            space = dataclasses.replace(space, **MLPERF_SPACE, **SPACE_BY_SETTING.get(name, {}))
         rank_layouts(model, space)
     floor_ablation()
     squad_document_length()
@@ -107,7 +117,9 @@ def rank_layouts(model, space) -> None:
     """Where FP8 attention is offered (MLPerf's settings), each submitted layout is ranked at the
     setting its configs state, applied to every candidate it applies to (FP8_DPA=1: every FP8
     candidate with FP8 attention, BF16 ones as they are; FP8_DPA=0: none), then among the
-    candidates with the knob searched both ways."""
+    candidates with the knob searched both ways. A TE that runs no FP8 attention under CP
+    (``transformer_engine_version`` before 1.10) runs FP8_DPA=1 at CP > 1 in BF16: those candidates keep their
+    BF16 attention."""
     searched = True in space.fp8_attention
     for gpu in ("h100-sxm", "h200"):
         hw = io.load_hardware(gpu)
@@ -118,8 +130,9 @@ def rank_layouts(model, space) -> None:
             for tp, cp, fp8a in sorted(submitted_layouts(gpu)):
                 feasible = everything
                 if searched:  # the configs' FP8_DPA, on every candidate whose recipe runs it
-                    feasible = everything[~everything.precision.isin(FP8_ATTENTION_RECIPES)
-                                          | (everything.fp8_attention == fp8a)].reset_index(drop=True)
+                    runs_it = everything.precision.isin(FP8_ATTENTION_RECIPES) & (
+                        space.fp8_attention_with_cp | (everything.cp == 1))
+                    feasible = everything[~runs_it | (everything.fp8_attention == fp8a)].reset_index(drop=True)
                 match = feasible[(feasible.tp == tp) & (feasible.cp == cp) & (feasible.pp == 1) & (feasible.mbs == 1)
                                  & (feasible.precision == "fp8-delayed")]
                 if match.empty:

@@ -415,6 +415,8 @@ BAD_INPUTS = [
      "expected a dropout probability in [0, 1), got 1 "),
     (["search", "--model", "llama2-70b", "--gpus", "8", "--finetune", "full", "--lora-a2a"],
      "--lora-a2a has no effect with --finetune full"),
+    (["search", "--model", "llama2-70b", "--gpus", "8", "--transformer-engine-version", "1.6rc2"],
+     "expected a release number such as 1.6 or 2.9, got '1.6rc2'"),
     (["search", "--model", "llama2-70b", "--gpus", "8", "--finetune", "full", "--fp8-transpose-per-microbatch"],
      "--fp8-transpose-per-microbatch has no effect with --finetune full"),
     (["search", "--model", "llama2-70b", "--gpus", "8", "--finetune", "lora", "--document-tokens", "512"],

@@ -19,7 +19,7 @@ from autoparallel.costmodel import peak_memory as pm
 from autoparallel.costmodel import stages as st
 from autoparallel.costmodel import step_time as stp
 from autoparallel.costmodel import tensor_parallel
-from autoparallel.costmodel.candidates import candidates
+from autoparallel.costmodel.candidates import TE_VERSION_COLUMN, candidates
 from autoparallel.costmodel.estimate import estimate_columns, plan_columns
 from autoparallel.costmodel.memory import GIB
 from autoparallel.specs.plan import Plan
@@ -567,6 +567,29 @@ def test_offloading_exposes_what_the_passes_cannot_hide(gpt, hw):
     expected = max(transfer - 96 * 0.5e-3, 0) + max(transfer - 96 * 1.0e-3, 0)
     assert st.offload_time(x, layers)[0] == pytest.approx(expected, rel=REL)
     assert st.offload_time(_cands(gpt, hw, pp=1, vp=1, dp=32), layers)[0] == 0.0
+
+
+def test_before_te_1_10_each_offloaded_layer_hides_behind_one_layers_pass_only(gpt, hw):
+    """TE 1.6-1.9's AsyncDoubleBufferGroupOffloadHandler copies each offloaded layer's tensors into a
+    GPU double buffer, sends them while the next layer computes and synchronizes the device at its
+    end; the backward prefetches one group ahead. Per offloaded layer: the transfer against one
+    layer's forward and one layer's backward, plus the copy (read and write on the GPU). TE 1.10's
+    windows (and a run without a version) keep the whole pass's."""
+    def offload(version, **layer):
+        x = candidates(gpt, hw, {**plan_columns([Plan(tp=4, pp=1, vp=1, cp=2, dp=32, mbs=1, gbs=64, sp=True,
+                                                      precision="bf16", cpu_offloading_num_layers=10)]),
+                                 TE_VERSION_COLUMN: version})
+        return st.offload_time(x, _fake_layers(x, **layer))[0]
+    layer_transfer = 1e9 / (hw.host_link_gbps * 1e9)  # 18 ms against a 0.5 ms forward, 1.0 ms backward
+    expected = 10 * ((layer_transfer - 0.5e-3) + (layer_transfer - 1.0e-3) + 2 * 1e9 / _hbm(hw))
+    assert offload("1.6") == pytest.approx(expected, rel=REL)
+    assert offload("1.9") == pytest.approx(expected, rel=REL)
+    windowed = 2 * 10 * layer_transfer - 96 * 0.5e-3 - 96 * 1.0e-3
+    assert offload("1.10") == offload("") == pytest.approx(windowed, rel=REL)
+    # A layer whose passes outlast its transfer exposes only the copy.
+    slow = dict(forward=0.1, compute=0.3)
+    assert offload("1.6", **slow) == pytest.approx(10 * 2 * 1e9 / _hbm(hw), rel=REL)
+    assert offload("2.9", **slow) == 0.0
 
 
 def test_stage_times_add_what_only_each_stage_does(gpt, hw):

@@ -19,6 +19,8 @@ ARGS = "megatron/training/arguments.py validate_args"
 CONFIG = "megatron/core/transformer/transformer_config.py TransformerConfig.__post_init__"
 TE_UB = "transformer_engine/pytorch/module/base.py fill_userbuffers_buffer_for_all_gather"
 OPTIM = "megatron/core/optimizer/__init__.py get_megatron_optimizer"
+TE_CP = ("transformer_engine/pytorch/attention.py v1.6 AttnFuncWithCP / get_attention_backend "
+         "(no FP8 under CP before TransformerEngine 311b6b6, #1114, v1.10)")
 
 # (source, message it mirrors, model, gpus, gbs, broken layout, passing change, our reason)
 RULES = [
@@ -83,6 +85,10 @@ RULES = [
     (CONFIG, "CUDA graphs not supported with CPU offloading.",
      "llama3-8b", 8, 128, dict(tp=1, pp=1, cuda_graph="layer", cpu_offloading_num_layers=4),
      dict(cuda_graph="none"), "CUDA graphs not supported with CPU offloading"),
+    (TE_CP, "context-parallel attention takes no FP8 (fused attention under CP: F16 backend only)",
+     "llama3-8b", 8, 128, dict(tp=1, pp=1, cp=2, precision="fp8-delayed", fp8_attention=True,
+                               transformer_engine_version="1.6"),
+     dict(transformer_engine_version="1.10"), "FP8 attention under context parallelism needs TransformerEngine >= 1.10"),
 ]
 
 BASE = dict(vp=1, cp=1, ep=1, mbs=1, sp=True, recompute="none", precision="bf16", fp8_bf16_edge_layers=0,
@@ -210,3 +216,20 @@ def test_shared_expert_overlap_takes_the_place_of_the_all_to_all_overlap_where_t
     assert (ok.moe_shared_expert_overlap == expected).all() and expected.any()
     mixtral = generate(io.load_model("mixtral-8x7b"), hw, 64, 512, space)
     assert not mixtral[mixtral.reason == ""].moe_shared_expert_overlap.any()  # no shared experts: nothing to overlap
+
+
+def test_an_older_transformer_engine_refuses_fp8_attention_only_under_context_parallelism():
+    """TE < 1.10 runs FP8 attention without CP: cp 1 passes, and BF16 attention at cp 2 passes (what
+    TE 1.6 runs when FP8_DPA=1 meets CP); a current TE (no version given) and 2.9 run it under CP."""
+    older = dict(tp=1, pp=1, cp=2, precision="fp8-delayed", fp8_attention=True, transformer_engine_version="1.6")
+    assert _reason("llama3-8b", 8, 128, {**older, "cp": 1}) == ""
+    assert _reason("llama3-8b", 8, 128, {**older, "fp8_attention": False}) == ""
+    assert _reason("llama3-8b", 8, 128, {**older, "transformer_engine_version": "1.9"}) != ""
+    for current in ("", "2.9", "1.10.0"):
+        assert _reason("llama3-8b", 8, 128, {**older, "transformer_engine_version": current}) == ""
+
+
+@pytest.mark.parametrize("version", ["1", "v1.6", "1.6rc2", "latest"])
+def test_a_transformer_engine_version_is_a_release_number(version):
+    with pytest.raises(ValueError, match="transformer_engine_version must be a release such as 1.6"):
+        SearchSpace(transformer_engine_version=version)

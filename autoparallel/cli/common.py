@@ -9,7 +9,7 @@ from contextlib import contextmanager, nullcontext
 from rich.console import Console
 
 from autoparallel import io
-from autoparallel.argtypes import non_negative, positive
+from autoparallel.argtypes import non_negative, positive, release
 
 KNOB_FLAGS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
 FEATURE_FLAGS = ("sp", "recompute", "precision", "fp8_bf16_edge_layers", "tp_comm_overlap",
@@ -19,7 +19,8 @@ FEATURE_FLAGS = ("sp", "recompute", "precision", "fp8_bf16_edge_layers", "tp_com
                  "fp8_attention", "tp_only_amax_red", "activation_func_fp8_input_store", "param_remainders",
                  "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp")
 SETTING_FLAGS = ("pipeline_layout", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
-                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+                 "transformer_engine_version")
 # Never truncate in logs and pipes: a value cut to "fp8-de…" is worse than a wide line.
 console = Console(width=None if sys.stdout.isatty() else 400)
 
@@ -55,6 +56,10 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
     g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction)
     g.add_argument("--fp8-attention", action=argparse.BooleanOptionalAction,
                    help="FP8 dot-product attention (--fp8-dot-product-attention; fp8-delayed / fp8-current)")
+    g.add_argument("--transformer-engine-version", metavar="X.Y", type=release,
+                   help="the TransformerEngine release the run uses (default: a current one); what an older "
+                        "one cannot run is refused: FP8 attention under context parallelism needs 1.10 (MLPerf "
+                        "v4.0's TE 1.6 runs it in BF16)")
     g.add_argument("--tp-only-amax-red", action=argparse.BooleanOptionalAction,
                    help="reduce the fp8-delayed recipe's amaxes over TP only, not TP x DP (--tp-only-amax-red)")
     g.add_argument("--activation-func-fp8-input-store", action=argparse.BooleanOptionalAction,

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> None:
         from autoparallel.search.diagnose import explain
         raise UserError(explain(candidates, model, hw, args.gpus, gbs, space, pins(args)))
     plan = row_to_plan(candidates[candidates.reason == ""].iloc[0])
-    result = estimate_plan(model, hw, plan, space.memory_fraction)
+    result = estimate_plan(model, hw, plan, space.memory_fraction, space.cost_settings())
     if train is not None:
         result["time_to_train"] = train.record(result["tokens_per_s_per_gpu"])
     if args.json:

@@ -58,6 +58,21 @@ MOE_ACT_CACHE_COLUMN = "moe_act_cache_precision"
 # smaller than BF16 and less precise, so the format's only purpose is the 1.5 B. Its 1x128 tiles'
 # scales are left out, as for FP8 copies (``QUANTIZED_INPUT_BYTES``).
 ATTENTION_OUTPUT_CACHE_COLUMN = "attention_output_cache_precision"
+
+
+# The TransformerEngine release a run uses ("1.6", "2.9"; empty or absent: a current one), a column
+# every candidate of a search shares (``SearchSpace.cost_settings``). What it prices: TE's activation
+# offloading, whose scheduling changed in 1.10 (``windowed_offload``).
+TE_VERSION_COLUMN = "transformer_engine_version"
+
+
+def te_at_least(values, major: int, minor: int) -> np.ndarray:
+    """Whether each TE release in ``values`` (empty: a current one) is ``major.minor`` or later."""
+    values = np.asarray(values, dtype=object)
+    releases, which = np.unique(values.ravel().astype(str), return_inverse=True)
+    newer = np.array([r in ("", "nan", "None") or tuple(int(p) for p in r.split(".")[:2]) >= (major, minor)
+                      for r in releases], dtype=bool)
+    return newer[which].reshape(values.shape)
 ATTENTION_OUTPUT_CACHE_BYTES = {"e5m6": 1.5}
 
 
@@ -144,6 +159,7 @@ class Candidates:
     imbalance: np.ndarray  # the busiest EP rank's tokens over the even share
     dualpipe: np.ndarray  # a published row's DualPipe schedule (``pipeline.DUALPIPE``), never searched
     dispatch_bytes: np.ndarray  # bytes per token value of an MoE dispatch/combine (a published row's FP8 dispatch)
+    windowed_offload: np.ndarray  # TE >= 1.10's load-balanced offload windows (else one layer's, ``stages.offload_time``)
     hbm: float  # achievable HBM bytes/s
     gemm_peak: np.ndarray  # FLOP/s of the Linear GEMMs at full efficiency (quantized and BF16 layers mixed)
 
@@ -288,6 +304,7 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
         dualpipe=np.asarray(cols.get("pipeline_schedule", ""), dtype=object) == pipeline.DUALPIPE,
         dispatch_bytes=np.where(np.asarray(cols.get("moe_dispatch_precision", ""), dtype=object) == "fp8",
                                 dispatch.FP8_DISPATCH_MEAN_BYTES, dispatch.DISPATCH_BYTES),
+        windowed_offload=te_at_least(cols.get(TE_VERSION_COLUMN, ""), 1, 10),
         hbm=hw.hbm_tbps * 1e12 * hw.efficiency.hbm,
         gemm_peak=gemm.peak(hw, quantized_fraction, is_fp4),
     )

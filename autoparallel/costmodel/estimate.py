@@ -77,9 +77,10 @@ def plan_columns(plans: list[Plan]) -> dict[str, np.ndarray]:
 
 
 def estimate_plan(model: ModelSpec, hw: HardwareSpec, plan: Plan,
-                  memory_fraction: float = 1.0) -> dict:
-    """One plan's prediction as the stable JSON record (config, fits, metrics, breakdown)."""
-    cols = estimate_columns(model, hw, plan_columns([plan]), memory_fraction)
+                  memory_fraction: float = 1.0, settings: Mapping | None = None) -> dict:
+    """One plan's prediction as the stable JSON record (config, fits, metrics, breakdown);
+    ``settings``: run-level columns (``SearchSpace.cost_settings``)."""
+    cols = estimate_columns(model, hw, {**plan_columns([plan]), **(settings or {})}, memory_fraction)
     return record(plan.as_dict(), {k: v[0] for k, v in cols.items()})
 
 

@@ -61,7 +61,17 @@ def pp_comm_time(x: Candidates):
 def offload_time(x: Candidates, layers: Layers):
     """Activation offloading (pp = 1 only): the offloaded layers' saved activations go to the host
     behind the forward pass and come back behind the backward pass; what the passes cannot
-    hide is exposed. Where FSDP's inter-node traffic shares the host link, it takes its share."""
+    hide is exposed. Where FSDP's inter-node traffic shares the host link, it takes its share.
+
+    How much of a pass hides them depends on TransformerEngine's offload handler. Since 1.10 ("Load
+    balanced offloading algorithm", TransformerEngine c8c05f38b, #1057) the offloads of the N groups
+    are spread over windows of L/N layers (``layer_window_map``, cpu_offload.py v1.11), so the whole
+    pass hides them. Before (v1.6-1.9 ``AsyncDoubleBufferGroupOffloadHandler``) each offloaded layer's
+    tensors are first copied into a GPU double buffer (``tensor_push``: ``tensor_buf.copy_``), sent
+    while the next layer computes, and ``synchronize_on_group_commit_forward`` calls
+    ``torch.cuda.synchronize()`` at that layer's end; the backward prefetches one group ahead
+    (``num_prefetch_group=1``): each layer's transfer hides behind one layer's pass only
+    (``Candidates.windowed_offload`` off)."""
     mean = lambda key: layers.on(key, x.first_layers, x.first_moe) / np.maximum(x.first_layers, 1.0)  # noqa: E731
     host_link = x.hw.host_link_gbps * 1e9
     if x.hw.network_shares_host_link:
@@ -72,8 +82,15 @@ def offload_time(x: Candidates, layers: Layers):
         host_link = np.maximum(host_link - fsdp_network / mean("compute"), 0.1 * host_link)
     transfer = x.offloaded * mean("stored") / host_link
     first_forward = x.first_layers * mean("forward")
-    return (np.maximum(transfer - first_forward, 0.0)
-            + np.maximum(transfer - (x.first_layers * mean("compute") - first_forward), 0.0))
+    windowed = (np.maximum(transfer - first_forward, 0.0)
+                + np.maximum(transfer - (x.first_layers * mean("compute") - first_forward), 0.0))
+    # Before TE 1.10: per offloaded layer, its transfer against one layer's forward and backward, and
+    # the copy into the double buffer (read and write on the GPU).
+    layer_transfer, forward = mean("stored") / host_link, mean("forward")
+    per_layer = x.offloaded * (np.maximum(layer_transfer - forward, 0.0)
+                               + np.maximum(layer_transfer - (mean("compute") - forward), 0.0)
+                               + 2.0 * mean("stored") / x.hbm)
+    return np.where(x.windowed_offload, windowed, per_layer)
 
 
 @dataclass

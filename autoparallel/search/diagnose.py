@@ -92,6 +92,8 @@ LAYOUT_RULES = (
     Rule(r"Delayed scaling does not support moe_act and layernorm recompute", ("precision", "recompute")),
     Rule(r"^fp8-check:", ("precision", "fp8_bf16_edge_layers")),
     Rule(r"CUDA graphs not supported with CPU offloading", ("cuda_graph", "cpu_offloading_num_layers")),
+    Rule(r"FP8 attention under context parallelism needs TransformerEngine", ("fp8_attention", "cp",
+                                                                               "transformer_engine_version")),
 )
 # Knobs that set the memory of a layout, for a search where valid layouts exist but none fits, and
 # the value that needs the least memory (None: no such value): a knob pinned there is not the cause.

@@ -9,7 +9,7 @@ trial at a time. The cost model is one evaluator; profiling jobs are another.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -33,10 +33,12 @@ class CostModelEvaluator:
     """Prices candidates with the calibrated cost model: microseconds each, vectorised."""
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, memory_fraction: float,
-                 progress: Callable[[int, int], None] | None = None):
-        """``progress(done, total)``: told after each priced chunk (a progress bar on millions of rows)."""
+                 progress: Callable[[int, int], None] | None = None, settings: Mapping[str, object] | None = None):
+        """``progress(done, total)``: told after each priced chunk (a progress bar on millions of rows);
+        ``settings``: run-level columns every candidate shares (``SearchSpace.cost_settings``)."""
         self.model, self.hardware, self.memory_fraction = model, hardware, memory_fraction
         self.progress = progress
+        self.settings = dict(settings or {})
 
     def evaluate(self, candidates: pd.DataFrame) -> pd.DataFrame:
         out = candidates.copy()
@@ -52,6 +54,7 @@ class CostModelEvaluator:
         valid = reason == ""
         if valid.any():
             cols = {name: candidates[name].to_numpy()[valid] for name in Plan.field_names()}
+            cols.update(self.settings)
             out = self._estimate(cols, np.flatnonzero(valid), len(candidates))
         else:
             n = len(candidates)
@@ -75,7 +78,7 @@ class CostModelEvaluator:
         in the CPU cache: twice as fast as one call on millions of rows), on a thread per core
         (NumPy releases the GIL inside each operation)."""
         def price(start: int) -> tuple[int, dict[str, np.ndarray]]:
-            chunk = {k: v[start:start + CHUNK_ROWS] for k, v in cols.items()}
+            chunk = {k: v[start:start + CHUNK_ROWS] if k not in self.settings else v for k, v in cols.items()}
             return start, estimate_columns(self.model, self.hardware, chunk, self.memory_fraction)
 
         starts = range(0, len(rows), CHUNK_ROWS)

@@ -43,6 +43,7 @@ def rank(frame: pd.DataFrame, columns: dict[str, np.ndarray] | None = None) -> p
 
 
 def evaluate(model: ModelSpec, hw: HardwareSpec, candidates: pd.DataFrame, memory_fraction: float,
-             progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
-    """Every candidate priced by the cost model and ranked; ``progress(done, total)`` as it goes."""
-    return rank(candidates, CostModelEvaluator(model, hw, memory_fraction, progress).columns(candidates))
+             progress: Callable[[int, int], None] | None = None, settings: dict | None = None) -> pd.DataFrame:
+    """Every candidate priced by the cost model and ranked; ``progress(done, total)`` as it goes;
+    ``settings``: the space's run-level facts (``SearchSpace.cost_settings``)."""
+    return rank(candidates, CostModelEvaluator(model, hw, memory_fraction, progress, settings).columns(candidates))

@@ -95,7 +95,7 @@ def search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Searc
     if fp8_decisions:  # verdicts of `fp8-check` (autoparallel.fp8check.search_filter)
         from autoparallel.fp8check.search_filter import apply_to_candidates
         candidates = apply_to_candidates(candidates, fp8_decisions)
-    ranked = evaluate(model, hw, candidates, space.memory_fraction, progress)
+    ranked = evaluate(model, hw, candidates, space.memory_fraction, progress, space.cost_settings())
     result = SearchResult(model, hw, gpus, gbs, space, ranked)
     if result.feasible.empty:
         from autoparallel.search.diagnose import explain
@@ -289,7 +289,7 @@ def optuna_search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space
         settings = dataclasses.replace(settings, study_name=study.name_for(model, hw, gpus, gbs, space,
                                                                            settings.objectives))
     study.check_storage(settings)
-    evaluator = CostModelEvaluator(model, hw, space.memory_fraction)
+    evaluator = CostModelEvaluator(model, hw, space.memory_fraction, settings=space.cost_settings())
 
     def run_in(run_dir: Path) -> SearchResult:
         s = study.run(model, hw, gpus, gbs, space, settings, evaluator, run_dir, seeds, progress, tree)
@@ -365,7 +365,7 @@ def resume(run_dir: Path, progress=None, keep_profiled: bool = True) -> tuple[Se
         return _unprofiled(load(run_dir)), run_dir
     settings = _study_settings(inputs, run_dir)
     gpus, gbs = int(inputs["gpus"]), int(inputs["gbs"])
-    evaluator = CostModelEvaluator(model, hw, space.memory_fraction)
+    evaluator = CostModelEvaluator(model, hw, space.memory_fraction, settings=space.cost_settings())
     with run_folder.locked(run_dir, "--resume"):
         try:
             s = study.run(model, hw, gpus, gbs, space, settings, evaluator, run_dir, None, progress)
