@@ -36,8 +36,11 @@ percentile = _number_in(1e-9, 100.0, float, "a percentile in (0, 100]")
 dropout = _number_in(0.0, math.nextafter(1.0, 0.0), float, "a dropout probability in [0, 1)")
 
 
+RELEASE_PATTERN = r"\d+\.\d+(\.\d+)?"
+
+
 def release(text: str) -> str:
     """A software release number such as 1.6, 1.10 or 2.9.1 (TransformerEngine's)."""
-    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", text):
+    if not re.fullmatch(RELEASE_PATTERN, text):
         raise argparse.ArgumentTypeError(f"expected a release number such as 1.6 or 2.9, got {text!r}")
     return text

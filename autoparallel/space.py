@@ -29,7 +29,9 @@ import pandas as pd
 
 from autoparallel.costmodel import pipeline
 from autoparallel.costmodel.finetune import is_lora as lora
+from autoparallel.argtypes import RELEASE_PATTERN
 from autoparallel.costmodel.candidates import RECOMPUTE_MODULES  # the modules the cost model prices
+from autoparallel.costmodel.candidates import release_at_least
 from autoparallel.errors import UserError
 from autoparallel.io import from_dict, read_yaml, resolve_preset
 from autoparallel.specs.hardware import HardwareSpec
@@ -145,16 +147,14 @@ class SearchSpace:
             raise ValueError(f"full_recompute_fractions must be in (0, 1], got {list(self.full_recompute_fractions)}")
         if not self.cpu_offload_fractions or any(not 0 <= f < 1 for f in self.cpu_offload_fractions):
             raise ValueError(f"cpu_offload_fractions must be in [0, 1), got {list(self.cpu_offload_fractions)}")
-        if self.transformer_engine_version and not re.fullmatch(r"\d+\.\d+(\.\d+)?", self.transformer_engine_version):
+        if self.transformer_engine_version and not re.fullmatch(RELEASE_PATTERN, self.transformer_engine_version):
             raise ValueError("transformer_engine_version must be a release such as 1.6 or 2.9 (or empty for a "
                              f"current one), got {self.transformer_engine_version!r}")
 
     def transformer_engine_at_least(self, major: int, minor: int) -> bool:
         """Whether the run's TransformerEngine (``transformer_engine_version``; empty: a current
         one) is release ``major.minor`` or later."""
-        if not self.transformer_engine_version:
-            return True
-        return tuple(int(p) for p in self.transformer_engine_version.split(".")[:2]) >= (major, minor)
+        return release_at_least(self.transformer_engine_version, major, minor)
 
     def cost_settings(self) -> dict[str, str]:
         """The run-level facts the cost model prices (columns every candidate shares): the TE

@@ -58,6 +58,7 @@ MOE_ACT_CACHE_COLUMN = "moe_act_cache_precision"
 # smaller than BF16 and less precise, so the format's only purpose is the 1.5 B. Its 1x128 tiles'
 # scales are left out, as for FP8 copies (``QUANTIZED_INPUT_BYTES``).
 ATTENTION_OUTPUT_CACHE_COLUMN = "attention_output_cache_precision"
+ATTENTION_OUTPUT_CACHE_BYTES = {"e5m6": 1.5}
 
 
 # The TransformerEngine release a run uses ("1.6", "2.9"; empty or absent: a current one), a column
@@ -66,14 +67,19 @@ ATTENTION_OUTPUT_CACHE_COLUMN = "attention_output_cache_precision"
 TE_VERSION_COLUMN = "transformer_engine_version"
 
 
+def release_at_least(release: str, major: int, minor: int) -> bool:
+    """Whether a TE release ("1.6", "2.9.1"; empty: a current one) is ``major.minor`` or later."""
+    if release in ("", "nan", "None"):
+        return True
+    return tuple(int(p) for p in release.split(".")[:2]) >= (major, minor)
+
+
 def te_at_least(values, major: int, minor: int) -> np.ndarray:
-    """Whether each TE release in ``values`` (empty: a current one) is ``major.minor`` or later."""
+    """``release_at_least`` of each TE release in ``values``."""
     values = np.asarray(values, dtype=object)
     releases, which = np.unique(values.ravel().astype(str), return_inverse=True)
-    newer = np.array([r in ("", "nan", "None") or tuple(int(p) for p in r.split(".")[:2]) >= (major, minor)
-                      for r in releases], dtype=bool)
+    newer = np.array([release_at_least(r, major, minor) for r in releases], dtype=bool)
     return newer[which].reshape(values.shape)
-ATTENTION_OUTPUT_CACHE_BYTES = {"e5m6": 1.5}
 
 
 def routed_act_input_bytes(cols: Mapping[str, np.ndarray], moe_act, act_input_bytes):
