@@ -251,17 +251,66 @@ def moe_expert_calls(x: Candidates):
     splits (``use_grouped_tensor``, one cuBLASLt grouped GEMM) only from Megatron-LM 883533e049
     (2026-08-14, ``moe_use_grouped_tensor``, default off) - later than every row. So the count of
     per-expert calls per pass is ``EXPERT_GEMMS`` plus, under a quantized recipe, ``EXPERT_QUANTIZES``
-    (BF16 and NVFP4: 2 forward, 4 backward per expert; FP8 / MXFP8: 4 and 6), and each pays the same host
-    cost. Priced under CUDA graphs as well: a graph replays the same per-expert kernels (their host
+    (BF16 and NVFP4: 2 forward, 4 backward per expert; FP8 / MXFP8: 4 and 6), and each costs the host
+    the same time (``expert_call_count``). In the plain 1F1B schedules the GPU waits for the
+    forward's calls only: the dropless dispatcher syncs the host with the GPU before every forward
+    all-to-all (``combined_host_stall``), so the host issues the forward's experts with the GPU's
+    queue empty, while the backward has no sync (its all-to-alls reuse the forward's splits) and the
+    host issues its calls ahead of the GPU's work; under the 1F1B all-to-all overlap both passes'
+    calls bound the layer instead (``combined_host_stall``). Priced under CUDA graphs as well: a graph replays the same per-expert kernels (their host
     share goes, their GPU share stays, and the split is not known), and the newer recipes'
     full-iteration graphs also pad every expert to a capacity, which the cost model does not price;
     dropping the cost under a graph moved the newer MoE rows 17.0 -> 16.8 % and their worst row
     90 -> 116 % (benchmarks/RESULTS.md, issue 22 helper h6-experts). A plan that runs TE's fused
     CuTe-DSL grouped MLP (``cutedsl_fused_grouped_mlp``) has no such loop: ``fused_grouped_mlp_calls``
-    instead (``expert_calls`` picks)."""
-    per_call = x.hw.efficiency.moe_expert_call_s * moe.local_experts(x.model, x.e) * GROUPED_LINEARS
+    instead (``expert_calls`` picks). Returns (forward, 0): the backward's calls are not waited for."""
+    forward, _ = expert_call_count(x)
+    return x.hw.efficiency.moe_expert_call_s * forward, np.zeros_like(forward)
+
+
+def expert_call_count(x: Candidates):
+    """(forward, backward) per-expert calls of one MoE layer and micro-batch on one GPU: the local
+    experts' ``EXPERT_GEMMS`` and, under a quantized recipe, ``EXPERT_QUANTIZES`` for each of the
+    ``GROUPED_LINEARS``, each costing the host ``moe_expert_call_s``."""
+    per_pass = moe.local_experts(x.model, x.e) * GROUPED_LINEARS
     q = np.where(x.is_fp4, 0.0, x.quantized_fraction)
-    return tuple(per_call * (gemms + quantizes * q) for gemms, quantizes in zip(EXPERT_GEMMS, EXPERT_QUANTIZES))
+    return tuple(per_pass * (gemms + quantizes * q) for gemms, quantizes in zip(EXPERT_GEMMS, EXPERT_QUANTIZES))
+
+
+def combined_host_stall(x: Candidates, layer_time):
+    """Seconds per MoE layer and micro-batch the GPU waits for the host under the 1F1B all-to-all
+    overlap (``overlap_moe_expert_parallel_comm``) without a CUDA graph over the experts: what one
+    host thread needs to issue the layer's per-expert calls of both micro-batches
+    (``expert_call_count``, forward and backward, at ``moe_expert_call_s`` each) beyond the layer's
+    priced time ``layer_time`` (which holds the forward's calls already, ``moe_expert_calls``).
+
+    Megatron-Core runs that overlap as a combined schedule (``megatron/core/models/common/
+    model_chunk_schedule_plan.py`` ``TransformerLayerSchedulePlan.run``, core_v0.15.0): for every
+    layer one Python thread issues one micro-batch's forward (attention, router, dispatch, experts,
+    combine) and another's backward (combine, experts' dgrad, ``backward_dw``, dispatch, attention)
+    in one interleaved sequence. The forward's dispatch needs the token counts on the host before
+    its all-to-all: the alltoall dispatcher's ``_maybe_dtoh_and_synchronize`` at
+    ``before_ep_alltoall`` (``token_dispatcher.py``, dropless: ``input_splits`` / ``output_splits``
+    on the CPU), DeepEP's dispatch returning ``num_recv_tokens_per_expert_list`` and HybridEP's
+    blocking dispatch without a capacity (``fused_a2a.py``, ``_HybridEPManager``, core_v0.16.0), so
+    the host waits there for the GPU every layer and can never queue more than the one layer pair
+    ahead: the layer pair takes at least the host's time to issue it. TransformerEngine's
+    GroupedLinear issues each local expert's quantize and GEMM from Python (``moe_expert_calls``),
+    so that host time grows with the local experts and not with the tokens. In the plain 1F1B
+    schedules the backward has no sync (its all-to-alls reuse the forward's splits) and the host
+    issues it ahead of the GPU: only the forward's calls are waited for (``moe_expert_calls``).
+    One constant prices both: fitted with this floor, ``moe_expert_call_s`` is 86 us, and the rows
+    that run the overlap with 16 local experts and no graph (Qwen3-235B B200 / B300 PP8 EP8, Qwen3-30B
+    H100 PP2 EP8) measure 13-17 ms per layer and micro-batch, 160 calls at 82-104 us each
+    (benchmarks/RESULTS.md, session 37 s37h3). A full-iteration
+    CUDA graph replays the whole step without the host: nothing then. The warm-up and cool-down
+    micro-batches (plain forwards and backwards) are priced alike."""
+    if not x.model.is_moe:
+        return np.zeros_like(x.t, dtype=float)
+    combined = x.flag("overlap_moe_expert_parallel_comm") & (x.cuda_graph != "full_iteration") & ~x.dualpipe
+    forward, backward = expert_call_count(x)
+    host = (forward + backward) * x.hw.efficiency.moe_expert_call_s
+    return np.where(combined, np.maximum(host - layer_time, 0.0), 0.0)
 
 
 # TransformerEngine's fused MoE grouped MLP (Megatron-Bridge ``cutedsl_fused_grouped_mlp``: TE v2.16,
@@ -284,13 +333,13 @@ FUSED_MLP_ALIGN_TOKENS = 256
 
 def fused_grouped_mlp_calls(x: Candidates, t_experts):
     """(forward, backward) seconds the fused CuTe-DSL grouped MLP adds to the routed experts' GEMMs
-    (``t_experts``, the forward) in place of ``moe_expert_calls``: its ``FUSED_MLP_KERNELS`` launches
-    per pass, each at the fitted cost of one call (``moe_expert_call_s``) whatever the number of
-    local experts, and the rows each local expert is padded by to ``FUSED_MLP_ALIGN_TOKENS`` (half an
+    (``t_experts``, the forward) in place of ``moe_expert_calls``: its forward's ``FUSED_MLP_KERNELS``
+    launches, each at the fitted cost of one call (``moe_expert_call_s``) whatever the number of
+    local experts (the backward's, like the looped backward's calls, are not waited for), and the rows each local expert is padded by to ``FUSED_MLP_ALIGN_TOKENS`` (half an
     alignment on average) at the routed experts' GEMM speed, twice over in the backward (dgrad and
     wgrad). The GLU, the probability scale and the MXFP8 quantizes run in the GEMMs' epilogues: their
     bytes stay priced as the unfused kernels' (``activation_bytes``)."""
-    kernels = tuple(x.hw.efficiency.moe_expert_call_s * k for k in FUSED_MLP_KERNELS)
+    kernels = (x.hw.efficiency.moe_expert_call_s * FUSED_MLP_KERNELS[0], 0.0)
     routed = moe.tokens_per_expert(x.model, x.tokens / x.t, x.e, x.et) * x.imbalance
     padding = t_experts * (FUSED_MLP_ALIGN_TOKENS / 2.0) / routed  # every local expert's share alike
     return kernels[0] + padding, kernels[1] + 2.0 * padding
@@ -560,6 +609,8 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
         "lora_adapters": lora_adapters_time(x) if not is_moe else np.zeros_like(x.t),
         "amax_reduction": amax_reduction_time(x),
     }
+    if is_moe:  # the GPU idles while the host issues the layer (the 1F1B all-to-all overlap)
+        terms["compute"] = terms["compute"] + combined_host_stall(x, sum(terms[k] for k in LAYER_TIME_TERMS))
     stored = stored_activation_bytes(x, is_moe)
     return dict(terms, time=sum(terms[k] for k in LAYER_TIME_TERMS), forward=forward,
                 recompute=terms["selective_recompute"] + terms["full_recompute"],

@@ -47,10 +47,11 @@ class Efficiency:
     step_overhead_s: float = 0.0
     # Mixture of experts (``costmodel.moe``): the share of link bandwidth an expert-parallel
     # all-to-all reaches; the share of it the 1F1B all-to-all overlap can hide; the relative
-    # spread of an EP rank's routed tokens under dropless routing; the fixed cost of one call per
-    # local expert (``layer_time.moe_expert_calls``: TransformerEngine's GroupedLinear runs one
-    # cuBLAS GEMM per expert, and under a quantized recipe one quantize per expert, each call with
-    # its host work), on top of ``layer_overhead_s``. The experts' GEMMs themselves run at the dense
+    # spread of an EP rank's routed tokens under dropless routing; the host's time to issue one call
+    # per local expert (``layer_time.moe_expert_calls``: TransformerEngine's GroupedLinear runs one
+    # cuBLAS GEMM per expert, and under a quantized recipe one quantize per expert, each from
+    # Python), which the GPU waits for in the forward of a plain schedule and in both passes under
+    # the 1F1B all-to-all overlap (``layer_time.combined_host_stall``), on top of ``layer_overhead_s``. The experts' GEMMs themselves run at the dense
     # GEMM efficiency (``gemm_max`` / ``gemm_half_gflop``) of one expert's GEMM.
     alltoall: float = 0.6
     ep_overlap: float = 0.8
