@@ -153,3 +153,24 @@ def test_estimate_pins_are_respected():
 def test_models_and_hardware_list_presets():
     assert "llama3.1-405b" in run_cli("models").stdout
     assert "gb200" in run_cli("hardware").stdout
+
+
+@pytest.mark.parametrize("kind", ["models", "hardware"])
+def test_preset_lists_read_whole_at_80_columns(kind, monkeypatch):
+    """At 80 columns every preset's name and alias is printed whole (a user types them; "deepseek…" and
+    "llama3-7…" were what rich cut them to) and no line is wider than the terminal."""
+    import io as stdio
+
+    from rich.console import Console
+
+    from autoparallel import io
+    from autoparallel.cli import presets
+    buffer = stdio.StringIO()
+    monkeypatch.setattr(presets, "console", Console(file=buffer, width=80))
+    presets.list_presets(kind)
+    text = buffer.getvalue()
+    load = io.load_model if kind == "models" else io.load_hardware
+    words = {w for line in text.splitlines() for w in line.replace("│", " ").replace(",", " ").split()}
+    for name in io.preset_files(kind):
+        assert name in words and set(load(name).aliases) <= words, name
+    assert "…" not in text and max(map(len, text.splitlines())) <= 80
