@@ -477,6 +477,9 @@ BAD_INPUTS = [
     (["infer", "--model", "llama3-8b", "--gpus", "8", "--space", "{infer_space_negative_yaml}"], "key 'max_batch'[0]: expected an integer in 0..2147483647, got -4"),
     (["infer", "--model", "llama3-8b", "--gpus", "8", "--max-ttft-ms", "inf"], "--max-ttft-ms: expected a positive finite number, got inf"),
     (["infer", "--model", "llama3-8b", "--gpus", "8", "--request-rate", "0"], "--request-rate: expected a positive finite number, got 0"),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--tp", "3"], "--tp 3 does not divide --gpus 8: --tp can be 1, 2, 4, 8"),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--tp", "4", "--pp", "4"],
+     "--tp 4 x --pp 4 = 16 GPUs a replica does not divide --gpus 8"),
     # --- runs import
     (["runs"], "the following arguments are required: ACTION"),
     (["runs", "import", "{runs_junk_csv}", "--gpu", "h1000"], "unknown hardware 'h1000'"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -113,12 +114,30 @@ def request_of(args: argparse.Namespace):
                                      max_model_len=args.max_model_len)
 
 
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+def _check_replica(gpus: int, tp: int | None, pp: int | None) -> None:
+    """A replica takes tp*pp GPUs, so a pinned --tp, --pp or both must divide --gpus: said here, with
+    the values that would, rather than as every candidate's rejection."""
+    for flag, value in (("--tp", tp), ("--pp", pp)):
+        if value is not None and gpus % value:
+            shown = _divisors(gpus)
+            listed = ", ".join(map(str, shown[:12])) + (", ..." if len(shown) > 12 else "")
+            raise UserError(f"{flag} {value} does not divide --gpus {gpus}: {flag} can be {listed}")
+    if tp is not None and pp is not None and gpus % (tp * pp):
+        raise UserError(f"--tp {tp} x --pp {pp} = {tp * pp} GPUs a replica does not divide --gpus {gpus}")
+
+
 def run(args: argparse.Namespace) -> None:
     from autoparallel.report import run_folder
     from autoparallel.serve import search as serve
     from autoparallel.serve.assumptions import load_engine, with_capacity_policy
     from autoparallel.serve.report import print_ranked
     from autoparallel.serve.space import context_warning, load_space, parse_precision
+    _check_replica(args.gpus, args.tp, args.pp)
     model = io.load_model(args.model)
     hw = io.load_hardware(args.gpu)
     if not args.no_save:
