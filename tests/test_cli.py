@@ -174,3 +174,19 @@ def test_preset_lists_read_whole_at_80_columns(kind, monkeypatch):
     for name in io.preset_files(kind):
         assert name in words and set(load(name).aliases) <= words, name
     assert "…" not in text and max(map(len, text.splitlines())) <= 80
+
+
+HELP_COMMANDS = ["", "search", "estimate", "export", "infer", "report", "validate", "runs", "runs import", "calibrate",
+                 "fp8-check", "models", "hardware", "profile"]
+
+
+@pytest.mark.parametrize("command", HELP_COMMANDS)
+def test_help_reads_at_80_columns(command, monkeypatch, capsys):
+    """No --help line is wider than an 80-column terminal: argparse cannot wrap one word, and a choice
+    list ('{bf16,fp16,...,nvfp4}') or a '--x | --no-x' pair is one, so search's usage ran to 112 columns."""
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main([*command.split(), "--help"])
+    text = capsys.readouterr().out
+    assert text.startswith("usage: autoparallel") and max(map(len, text.splitlines())) <= 80, \
+        [line for line in text.splitlines() if len(line) > 80]

@@ -57,7 +57,7 @@ def add_parser(sub) -> None:
                    help="percentile --max-ttft-ms / --max-tpot-ms bound in the simulation (default 99)")
     t.add_argument("--requests", type=positive, default=5000, help="simulated requests per layout (default 5000)")
     t.add_argument("--seed", type=seed, default=0, help="seed of the lengths and arrivals (default 0)")
-    g = i.add_argument_group("layout knobs (any given knob is pinned; tp, pp and max batch all pinned = one estimate)")
+    g = i.add_argument_group("layout knobs (a given one is pinned; tp, pp and max batch pinned: one estimate)")
     g.add_argument("--tp", type=positive, help="pin tensor parallel size")
     g.add_argument("--pp", type=positive, help="pin pipeline parallel size")
     g.add_argument("--expert-parallel", action=argparse.BooleanOptionalAction,
