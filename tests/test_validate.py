@@ -397,7 +397,7 @@ NEWER = "training_runs_newer.csv"
 NEWER_SOURCES = {"bridge 26.02", "bridge 26.02.01", "bridge 26.04", "bridge 26.04.01", "bridge 26.06",
                  "bridge 26.06.01", "bridge 26.08", "megatron"}
 # The 107 newer MoE rows all fit as their recipes ran them (2026-11-27, recipe_settings.yaml): the fullest
-# is DeepSeek-V3 on GB300 at mbs 2 (PP2 VP8 EP32, recompute mla_up_proj), 223.8 GiB of 268.
+# is DeepSeek-V3 on GB300 at mbs 2 (PP2 VP8 EP32, recompute mla_up_proj), 223.8 GiB of 277.55 (268 before 2026-11-27).
 KNOWN_NEWER_NOT_FITTING = {i for i in NOT_FITTING_AS_RUN if i.startswith("bridge-")}
 # Reached 2026-11-26 (in sample, held out): dense 8.15 / 14.16 %, MoE 23.10 / 24.72 % (dense held out
 # 9.61 % before the dense rows were priced as run: the refits without a model now land elsewhere);
