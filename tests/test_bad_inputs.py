@@ -626,6 +626,10 @@ BAD_INPUTS = [
     (["export", "{grid}", "-o", "{dir}/newdir/"], "--output {dir}/newdir/ ends in a path separator, so it names a folder"),
     (["calibrate", "--gpu", "h100-sxm", "-o", "{dir}/newdir/"], "--output {dir}/newdir/ ends in a path separator"),
     (["runs", "import", "{runs_junk_csv}", "--gpu", "h100-sxm", "--runs", "{dir}/newdir/"], "--runs {dir}/newdir/ ends in a path separator"),
+    # a --runs you name is written where you say, as export -o is: a missing folder is refused (only the
+    # default results/runs.csv makes results/), where it once made /nonexistent at the root
+    (["runs", "import", "{runs_junk_csv}", "--gpu", "h100-sxm", "--runs", "{dir}/newdir/deeper/runs.csv"],
+     "--runs {dir}/newdir/deeper/runs.csv: the folder {dir}/newdir/deeper does not exist"),
     (["@home={results_file}", "calibrate", "--gpu", "h100-sxm"],
      "your preset folder {results_file}/hardware (AUTOPARALLEL_HOME={results_file}) is under {results_file}, which is a file"),
     (["@home={results_file}", "calibrate", "--from", "{grid}"], "which is a file, not a folder"),
