@@ -190,3 +190,17 @@ def test_help_reads_at_80_columns(command, monkeypatch, capsys):
     text = capsys.readouterr().out
     assert text.startswith("usage: autoparallel") and max(map(len, text.splitlines())) <= 80, \
         [line for line in text.splitlines() if len(line) > 80]
+
+
+def test_a_small_model_lists_its_parameters_in_millions(monkeypatch):
+    """cpu-small (4.5M parameters) was listed as '0.0B'."""
+    import io as stdio
+
+    from rich.console import Console
+
+    from autoparallel.cli import presets
+    buffer = stdio.StringIO()
+    monkeypatch.setattr(presets, "console", Console(file=buffer, width=80))
+    presets.list_presets("models")
+    line = next(x for x in buffer.getvalue().splitlines() if x.startswith("cpu-small"))
+    assert "4.5M" in line.split() and "0.0B" not in line

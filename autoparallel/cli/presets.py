@@ -50,8 +50,13 @@ def _names(name: str, aliases) -> str:
 def _model_row(name: str) -> list[str]:
     m = io.load_model(name)
     return [_names(name, m.aliases), str(m.num_layers), str(m.hidden_size),
-            f"{m.num_attention_heads}/{m.query_groups}", f"{m.num_parameters / 1e9:.1f}B",
+            f"{m.num_attention_heads}/{m.query_groups}", _count(m.num_parameters),
             str(m.seq_length), str(m.global_batch_size or "-")]
+
+
+def _count(n: int) -> str:
+    """Parameters in billions, or millions below one billion ('4.5M', not '0.0B')."""
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
 
 
 def _hardware_row(name: str, sources: dict) -> list[str]:
