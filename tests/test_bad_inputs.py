@@ -302,6 +302,8 @@ BAD_INPUTS = [
     (["search", "--model", "175b", "--gpus", "1024", "--tp", "16"],
      "with tp pinned to 16: tp=16 crosses the 8-GPU NVLink domain"),
     (["search", "--model", "175b", "--gpus", "1024", "--pp", "7"], "with pp pinned to 7: tp*pp*cp=7 does not divide"),
+    (["search", "--model", "llama3-8b", "--gpus", "8", "--tp", "3"],
+     "with tp pinned to 3: tp*pp*cp=3 does not divide 8 GPUs; tp*pp*cp can be 1, 2, 4, 8"),
     (["search", "--model", "llama2-7b", "--gpus", "8", "--ep", "2"], "with ep pinned to 2: ep>1 or etp>1 needs a MoE model"),
     (["search", "--model", "mixtral-8x7b", "--gpus", "64", "--profile", "layer", "--no-save"],
      "--profile layer times dense layers only; mixtral-8x7b is a mixture of experts: use --profile job"),
