@@ -204,3 +204,12 @@ def test_a_small_model_lists_its_parameters_in_millions(monkeypatch):
     presets.list_presets("models")
     line = next(x for x in buffer.getvalue().splitlines() if x.startswith("cpu-small"))
     assert "4.5M" in line.split() and "0.0B" not in line
+
+
+def test_report_prints_the_ranked_table_again(run_dir, capsys):
+    """The README: `report results/<run>  # tables again, report.html with plots`. It wrote ranked.md and
+    report.html and printed only their path; it now prints the run's ranked table as the search did."""
+    capsys.readouterr()
+    assert main(["report", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "tok/s/GPU" in out and "llama3-70b on 64 x h100-sxm, gbs 128" in out and "report.html" in out
