@@ -66,3 +66,24 @@ def test_the_verdict_table_reads_at_80_columns(monkeypatch):
     text = buffer.getvalue()
     assert "…" not in text and max(map(len, text.splitlines())) <= 80
     assert "fp8-delayed" in text and "fp8-blockwise" in text and all(w in text for w in worst.values())
+
+
+def test_the_training_runs_under_a_progress_display(monkeypatch):
+    """Each proxy run trains for a minute or more (200 steps) between two progress lines: a spinner with
+    the elapsed time now runs the whole check, and the lines still print above it."""
+    import io as stdio
+
+    from rich.console import Console
+
+    from autoparallel import io
+    from autoparallel.fp8check import check, command
+    console, seen = Console(file=stdio.StringIO(), force_terminal=True), []
+
+    def run_check(model, settings, progress=None):
+        seen.append(bool(console._live_stack))
+        progress("fp8-delayed: ok")
+        return "result"
+    monkeypatch.setattr(check, "run_check", run_check)
+    result, run_dir = command.check_and_save(io.load_model("cpu-small"), command.load_settings(), None, [], console)
+    assert (result, run_dir, seen) == ("result", None, [True]) and not console._live_stack
+    assert "fp8-check: fp8-delayed: ok" in console.file.getvalue()
