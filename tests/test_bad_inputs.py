@@ -557,6 +557,8 @@ BAD_INPUTS = [
     (["search", "--resume", "{optuna}", "--seq-length", "4096"], "--seq-length has no effect with --resume"),
     (["search", "--resume", "{optuna}", "--tp", "2"], "--tp has no effect with --resume"),
     (["estimate", "--from-log", "{runs_junk_csv}", "--tp", "2"], "--tp has no effect with --from-log"),
+    (["estimate", "--from-log", "{runs_junk_csv}", "--gpu", "h100-sxm"],
+     "--from-log {runs_junk_csv}: no printed configuration"),
     (["estimate", "--from-log", "{runs_junk_csv}", "--model", "175b"], "--model has no effect with --from-log"),
     (["calibrate", "--gpu", "h100-sxm", "--dry-run", "-o", "{dir}/fit.yaml"], "--output has no effect with --dry-run"),
     (["calibrate", "--gpu", "h100-sxm", "--moe", "--as", "mine"], "--as has no effect with --moe"),
