@@ -173,12 +173,13 @@ def all_runs(runs: Sequence[Path] | None = None) -> list[PreparedRow]:
 
 
 def validate_training(runs: Sequence[Path] | None = None, cross: bool = True,
-                      progress: Callable[[], None] | None = None) -> pd.DataFrame:
+                      progress: Callable[[], None] | None = None,
+                      rows: list[PreparedRow] | None = None) -> pd.DataFrame:
     """One row per published run, dense and MoE (``kind``): the in-sample prediction and, with
     ``cross``, the leave-one-model-out one (``heldout_predicted``, ``heldout_error_pct``) and, for
     the MLPerf rows, the leave-one-system-out one (``system``, ``heldout_system_error_pct``; empty
-    for the other rows)."""
-    rows = all_runs(runs)
+    for the other rows). ``rows``: ``all_runs(runs)`` read already."""
+    rows = all_runs(runs) if rows is None else rows
     report = pd.DataFrame([predict_row(p) for p in rows])
     if cross:
         held = cross_validate(rows, progress)
@@ -220,9 +221,48 @@ def _pct(value: float, sign: str = "") -> str:
     return "" if pd.isna(value) else f"{value:{sign}.1f}"
 
 
+# The per-row table takes this many columns (its ids run to 89 characters, its variants to 230); a narrower
+# terminal gets each run as two lines, its id and then its figures (``_print_rows_narrow``).
+WIDE_REPORT = 200
+SHORT_METRIC = {"tokens_per_s_per_gpu": "tok/s/GPU", "iteration_time": "step s", "hw_tflops": "hw TFLOP/s",
+                "model_tflops": "TFLOP/s"}
+
+
+NARROW_HEADS = {"rows": "rows", "in-sample mean": "in\nmean", "in-sample max": "in\nmax", "held-out mean": "held\nmean",
+                "held-out max": "held\nmax", "by-system mean": "sys\nmean", "by-system max": "sys\nmax",
+                "all fit": "all\nfit"}
+
+
+def _print_rows_narrow(report: pd.DataFrame, console: Console, held: bool, by_system: bool) -> None:
+    """The per-row table for a terminal narrower than ``WIDE_REPORT``: each run's id on a line of its
+    own (folded, never cut), then its figures under fixed-width headers; the variant is left to
+    ``--json`` (a terminal table cannot hold it)."""
+    heads = [("metric", 10), ("measured", 9), ("predicted", 9), ("error %", 7)]
+    heads += [("held-out %", 10)] if held else []
+    heads += [("by system %", 11)] if by_system else []
+    heads += [("fits", 4), ("mem GiB", 7)]
+    console.print("predicted vs published: each run's id, then its figures (the knobs each was priced with: "
+                  "--json)", markup=False, highlight=False)
+    console.print("  " + " ".join(f"{h:<{w}}" if h == "metric" else f"{h:>{w}}" for h, w in heads),
+                  style="bold", markup=False, highlight=False)
+    for _, r in report.iterrows():
+        console.print(str(r["id"]), overflow="fold", markup=False, highlight=False)
+        cells = [SHORT_METRIC.get(r["metric"], r["metric"]), f"{r['measured']:.4g}", f"{r['predicted']:.4g}",
+                 f"{r['error_pct']:+.1f}"]
+        cells += [f"{r['heldout_error_pct']:+.1f}"] if held else []
+        cells += [_pct(r["heldout_system_error_pct"], "+")] if by_system else []
+        cells += ["yes" if r["fits"] else "NO", f"{r['peak_memory_gib']:.1f}"]
+        console.print("  " + " ".join(f"{c:<{w}}" if h == "metric" else f"{c:>{w}}"
+                                      for c, (h, w) in zip(cells, heads)), markup=False, highlight=False)
+
+
 def print_report(report: pd.DataFrame, console: Console) -> None:
     held = "heldout_error_pct" in report
     by_system = "heldout_system_error_pct" in report
+    if console.width < WIDE_REPORT:
+        _print_rows_narrow(report, console, held, by_system)
+        _print_summary(report, console, held, by_system)
+        return
     t = Table(title="predicted vs published", header_style="bold")
     columns = ["id", "metric", "measured", "predicted", "error %"] + (["held-out %"] if held else [])
     columns += ["by system %"] if by_system else []
@@ -235,12 +275,27 @@ def print_report(report: pd.DataFrame, console: Console) -> None:
         t.add_row(*cells, "yes" if r["fits"] else "[red]NO[/red]", f"{r['peak_memory_gib']:.1f}",
                   escape(r["variant"]))
     console.print(t)
-    s = Table(title="mean / max |error| %: in-sample" + (" and leave-one-model-out" if held else "")
-              + (" (MLPerf rows: and leave-one-system-out)" if by_system else ""), header_style="bold")
-    for c in ["by", "group", "rows", "in-sample mean", "in-sample max"] + (
-            ["held-out mean", "held-out max"] if held else []) + (
-            ["by-system mean", "by-system max"] if by_system else []) + ["all fit"]:
-        s.add_column(c, justify="left" if c in ("by", "group") else "right")
+    _print_summary(report, console, held, by_system)
+
+
+def _print_summary(report: pd.DataFrame, console: Console, held: bool, by_system: bool) -> None:
+    """Mean and max |error| per group; under ``WIDE_REPORT`` columns the headers go on two lines
+    ('in-sample' over 'mean') and the table has no side borders, so that it reads at 80."""
+    from rich import box
+    narrow = console.width < WIDE_REPORT
+    heads = ["by", "group", "rows", "in-sample mean", "in-sample max"] + (
+        ["held-out mean", "held-out max"] if held else []) + (
+        ["by-system mean", "by-system max"] if by_system else []) + ["all fit"]
+    title = ("mean / max |error| %: in-sample" + (" and leave-one-model-out" if held else "")
+             + (" (MLPerf rows: and leave-one-system-out)" if by_system else ""))
+    s = (Table(title=title, header_style="bold", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+               collapse_padding=True) if narrow else Table(title=title, header_style="bold"))
+    if narrow:
+        s.caption = "in: in-sample" + (", held: leave-one-model-out" if held else "") + (
+            ", sys: leave-one-system-out" if by_system else "")
+    for c in heads:
+        s.add_column(NARROW_HEADS.get(c, c) if narrow else c, no_wrap=narrow,
+                     justify="left" if c in ("by", "group") else "right")
     for _, r in summary(report).iterrows():
         cells = [r["by"], r["group"], str(r["rows"]), f"{r['mean_abs_error_pct']:.1f}", f"{r['max_abs_error_pct']:.1f}"]
         if held:

@@ -302,6 +302,8 @@ BAD_INPUTS = [
     (["search", "--model", "175b", "--gpus", "1024", "--tp", "16"],
      "with tp pinned to 16: tp=16 crosses the 8-GPU NVLink domain"),
     (["search", "--model", "175b", "--gpus", "1024", "--pp", "7"], "with pp pinned to 7: tp*pp*cp=7 does not divide"),
+    (["search", "--model", "llama3-8b", "--gpus", "8", "--tp", "3"],
+     "with tp pinned to 3: tp*pp*cp=3 does not divide 8 GPUs; tp*pp*cp can be 1, 2, 4, 8"),
     (["search", "--model", "llama2-7b", "--gpus", "8", "--ep", "2"], "with ep pinned to 2: ep>1 or etp>1 needs a MoE model"),
     (["search", "--model", "mixtral-8x7b", "--gpus", "64", "--profile", "layer", "--no-save"],
      "--profile layer times dense layers only; mixtral-8x7b is a mixture of experts: use --profile job"),
@@ -479,6 +481,9 @@ BAD_INPUTS = [
     (["infer", "--model", "llama3-8b", "--gpus", "8", "--space", "{infer_space_negative_yaml}"], "key 'max_batch'[0]: expected an integer in 0..2147483647, got -4"),
     (["infer", "--model", "llama3-8b", "--gpus", "8", "--max-ttft-ms", "inf"], "--max-ttft-ms: expected a positive finite number, got inf"),
     (["infer", "--model", "llama3-8b", "--gpus", "8", "--request-rate", "0"], "--request-rate: expected a positive finite number, got 0"),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--tp", "3"], "--tp 3 does not divide --gpus 8: --tp can be 1, 2, 4, 8"),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--tp", "4", "--pp", "4"],
+     "--tp 4 x --pp 4 = 16 GPUs a replica does not divide --gpus 8"),
     # --- runs import
     (["runs"], "the following arguments are required: ACTION"),
     (["runs", "import", "{runs_junk_csv}", "--gpu", "h1000"], "unknown hardware 'h1000'"),
@@ -554,6 +559,8 @@ BAD_INPUTS = [
     (["search", "--resume", "{optuna}", "--seq-length", "4096"], "--seq-length has no effect with --resume"),
     (["search", "--resume", "{optuna}", "--tp", "2"], "--tp has no effect with --resume"),
     (["estimate", "--from-log", "{runs_junk_csv}", "--tp", "2"], "--tp has no effect with --from-log"),
+    (["estimate", "--from-log", "{runs_junk_csv}", "--gpu", "h100-sxm"],
+     "--from-log {runs_junk_csv}: no printed configuration"),
     (["estimate", "--from-log", "{runs_junk_csv}", "--model", "175b"], "--model has no effect with --from-log"),
     (["calibrate", "--gpu", "h100-sxm", "--dry-run", "-o", "{dir}/fit.yaml"], "--output has no effect with --dry-run"),
     (["calibrate", "--gpu", "h100-sxm", "--moe", "--as", "mine"], "--as has no effect with --moe"),
@@ -625,6 +632,10 @@ BAD_INPUTS = [
     (["export", "{grid}", "-o", "{dir}/newdir/"], "--output {dir}/newdir/ ends in a path separator, so it names a folder"),
     (["calibrate", "--gpu", "h100-sxm", "-o", "{dir}/newdir/"], "--output {dir}/newdir/ ends in a path separator"),
     (["runs", "import", "{runs_junk_csv}", "--gpu", "h100-sxm", "--runs", "{dir}/newdir/"], "--runs {dir}/newdir/ ends in a path separator"),
+    # a --runs you name is written where you say, as export -o is: a missing folder is refused (only the
+    # default results/runs.csv makes results/), where it once made /nonexistent at the root
+    (["runs", "import", "{runs_junk_csv}", "--gpu", "h100-sxm", "--runs", "{dir}/newdir/deeper/runs.csv"],
+     "--runs {dir}/newdir/deeper/runs.csv: the folder {dir}/newdir/deeper does not exist"),
     (["@home={results_file}", "calibrate", "--gpu", "h100-sxm"],
      "your preset folder {results_file}/hardware (AUTOPARALLEL_HOME={results_file}) is under {results_file}, which is a file"),
     (["@home={results_file}", "calibrate", "--from", "{grid}"], "which is a file, not a folder"),

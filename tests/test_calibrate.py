@@ -50,3 +50,35 @@ def test_a_constant_at_its_upper_bound_is_nudged_down_not_past_it():
     result = calibrate._least_squares(["x"], [(0.1, 0.95)], [0.95], errors, 1)
     assert result.values["x"] == pytest.approx(0.5, abs=1e-3)
     assert max(seen) <= 0.95
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_reading_the_runs_is_under_the_progress_bar(moe, monkeypatch):
+    """Preparing the published rows takes seconds (12 s on a loaded 2-core machine) before the fit's
+    bar started: calibrate showed a blank terminal. The rows are now read under the bar."""
+    import io as stdio
+
+    from rich.console import Console
+
+    from autoparallel.errors import UserError
+
+    class Watched(Console):
+        live = 0
+
+        def set_live(self, live):
+            self.live += 1
+            return super().set_live(live)
+
+        def clear_live(self):
+            self.live -= 1
+            return super().clear_live()
+
+    console, seen = Watched(file=stdio.StringIO(), force_terminal=True), []
+
+    def load_runs(paths, moe=False):
+        seen.append(console.live)
+        return []
+    monkeypatch.setattr(calibrate, "load_runs", load_runs)
+    with pytest.raises(UserError):
+        (calibrate.main_moe if moe else calibrate.main)("h100-sxm", None, write=False, console=console)
+    assert seen == [1] and console.live == 0

@@ -153,3 +153,63 @@ def test_estimate_pins_are_respected():
 def test_models_and_hardware_list_presets():
     assert "llama3.1-405b" in run_cli("models").stdout
     assert "gb200" in run_cli("hardware").stdout
+
+
+@pytest.mark.parametrize("kind", ["models", "hardware"])
+def test_preset_lists_read_whole_at_80_columns(kind, monkeypatch):
+    """At 80 columns every preset's name and alias is printed whole (a user types them; "deepseek…" and
+    "llama3-7…" were what rich cut them to) and no line is wider than the terminal."""
+    import io as stdio
+
+    from rich.console import Console
+
+    from autoparallel import io
+    from autoparallel.cli import presets
+    buffer = stdio.StringIO()
+    monkeypatch.setattr(presets, "console", Console(file=buffer, width=80))
+    presets.list_presets(kind)
+    text = buffer.getvalue()
+    load = io.load_model if kind == "models" else io.load_hardware
+    words = {w for line in text.splitlines() for w in line.replace("│", " ").replace(",", " ").split()}
+    for name in io.preset_files(kind):
+        assert name in words and set(load(name).aliases) <= words, name
+    assert "…" not in text and max(map(len, text.splitlines())) <= 80
+
+
+HELP_COMMANDS = ["", "search", "estimate", "export", "infer", "report", "validate", "runs", "runs import", "calibrate",
+                 "fp8-check", "models", "hardware", "profile"]
+
+
+@pytest.mark.parametrize("command", HELP_COMMANDS)
+def test_help_reads_at_80_columns(command, monkeypatch, capsys):
+    """No --help line is wider than an 80-column terminal: argparse cannot wrap one word, and a choice
+    list ('{bf16,fp16,...,nvfp4}') or a '--x | --no-x' pair is one, so search's usage ran to 112 columns."""
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main([*command.split(), "--help"])
+    text = capsys.readouterr().out
+    assert text.startswith("usage: autoparallel") and max(map(len, text.splitlines())) <= 80, \
+        [line for line in text.splitlines() if len(line) > 80]
+
+
+def test_a_small_model_lists_its_parameters_in_millions(monkeypatch):
+    """cpu-small (4.5M parameters) was listed as '0.0B'."""
+    import io as stdio
+
+    from rich.console import Console
+
+    from autoparallel.cli import presets
+    buffer = stdio.StringIO()
+    monkeypatch.setattr(presets, "console", Console(file=buffer, width=80))
+    presets.list_presets("models")
+    line = next(x for x in buffer.getvalue().splitlines() if x.startswith("cpu-small"))
+    assert "4.5M" in line.split() and "0.0B" not in line
+
+
+def test_report_prints_the_ranked_table_again(run_dir, capsys):
+    """The README: `report results/<run>  # tables again, report.html with plots`. It wrote ranked.md and
+    report.html and printed only their path; it now prints the run's ranked table as the search did."""
+    capsys.readouterr()
+    assert main(["report", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "tok/s/GPU" in out and "llama3-70b on 64 x h100-sxm, gbs 128" in out and "report.html" in out

@@ -209,3 +209,25 @@ def test_a_dense_model_without_a_recipe_starts_from_the_llama_recipe_of_its_widt
     assert nemo_python.recipe_name(io.load_model("llama2-70b")) == "llama3_70b"
     assert nemo_python.recipe_name(io.load_model("llama2-13b")) == "llama3_8b"
     assert all(r in KNOWN["recipes"] and r in KNOWN["finetune_recipes"] for r in nemo_python.GATED_MLP_RECIPES)
+
+
+@pytest.mark.parametrize("precision, transposed, expected", [
+    ("fp8-delayed", True, True), ("fp8-delayed", False, None), ("bf16", True, None)])
+def test_the_per_micro_batch_fp8_transpose_is_written_as_megatron_core_names_it(precision, transposed, expected,
+                                                                               nemo_stubs):
+    """--fp8-transpose-per-microbatch (MLPerf's LoRA runs: the frozen FP8 base's transpose made in every
+    micro-batch, not cached) is Megatron-Core's TransformerConfig.disable_parameter_transpose_cache
+    (Megatron-LM d98e8a64dd transformer_config.py; TE then gets no is_first_microbatch,
+    extensions/transformer_engine.py), which NeMo 2's GPTConfig inherits and Megatron-Bridge's recipes
+    set as cfg.model.disable_parameter_transpose_cache: written on the model config under an FP8
+    recipe, nowhere else (a BF16 weight has no FP8 transpose to cache)."""
+    import dataclasses
+    log, calls, _ = nemo_stubs
+    model = _finetuned("llama2-70b", lora_rank=16, lora_targets=("linear_qkv", "linear_proj"),
+                       fp8_transpose_per_microbatch=transposed)
+    plan = dataclasses.replace(LORA_PLAN, precision=precision)
+    assert nemo2_recipe(model, plan, 8)["model"]["config"].get("disable_parameter_transpose_cache") is expected
+    exec(compile(nemo_python.nemo2_python(model, plan, 8), "recipe.py", "exec"), {"__name__": "__main__"})
+    assert log.get("model.config.disable_parameter_transpose_cache") is expected
+    written = nemo_python.written_fields(model, plan, 8)
+    assert all(key in KNOWN["fields"][section] for section, keys in written.items() for key in keys)

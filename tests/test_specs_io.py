@@ -38,6 +38,14 @@ def test_gb200_is_one_72_gpu_nvlink_domain():
     assert io.load_hardware("gb200").nvlink_domain == 72
 
 
+def test_memory_is_what_the_driver_reports():
+    """memory_gib is the total nvidia-smi reports (what a process can allocate), as h100-sxm's 81,559 MiB:
+    GB200 189,471 MiB and GB300 284,208 MiB (NVIDIA/k8s-test-infra's qx-gb200.xml / qx-gb300.xml), B200
+    183,359 MiB; not the marketing GB read as 10^9 bytes (174 and 268 GiB before)."""
+    for name, mib in (("gb200", 189471), ("gb300", 284208), ("b200", 183359), ("h100-sxm", 81559)):
+        assert abs(io.load_hardware(name).memory_gib - mib / 1024) < 0.1, name
+
+
 def test_blackwell_ultra_presets_follow_their_datasheets():
     """HGX B300: 8 GPUs of 288 GB per node, dense FP4 3x FP8 (Blackwell: 2x); GB300 trays hold 4 GPUs."""
     b300, gb300, b200 = (io.load_hardware(n) for n in ("b300", "gb300", "b200"))

@@ -400,7 +400,7 @@ NEWER = "training_runs_newer.csv"
 NEWER_SOURCES = {"bridge 26.02", "bridge 26.02.01", "bridge 26.04", "bridge 26.04.01", "bridge 26.06",
                  "bridge 26.06.01", "bridge 26.08", "megatron"}
 # The 107 newer MoE rows all fit as their recipes ran them (2026-11-27, recipe_settings.yaml): the fullest
-# is DeepSeek-V3 on GB300 at mbs 2 (PP2 VP8 EP32, recompute mla_up_proj), 223.8 GiB of 268.
+# is DeepSeek-V3 on GB300 at mbs 2 (PP2 VP8 EP32, recompute mla_up_proj), 223.8 GiB of 277.55 (268 before 2026-11-27).
 KNOWN_NEWER_NOT_FITTING = {i for i in NOT_FITTING_AS_RUN if i.startswith("bridge-")}
 # Reached 2026-11-26 (in sample, held out): dense 8.15 / 14.16 %, MoE 23.10 / 24.72 % (dense held out
 # 9.61 % before the dense rows were priced as run: the refits without a model now land elsewhere);
@@ -638,3 +638,53 @@ def test_newer_sft_rows_meet_the_target(newer_finetune_report):
     """Issue 27: met 2026-11-27 once merged (8.8 % in sample, 8.2 % held out; 12.8 % before)."""
     sft = newer_finetune_report[newer_finetune_report.kind == "sft-newer"]
     assert sft.error_pct.abs().mean() <= 10.0 and sft.heldout_error_pct.abs().mean() <= 10.0
+
+
+@pytest.mark.parametrize("cross", [True, False])
+def test_the_cli_reads_the_runs_once_under_a_live_display(cross):
+    """`validate` read and priced the 343 published rows twice (all_runs for the bar's fold count, then
+    again in validate_training: 50 s each on a loaded 2-core machine), both times with a blank terminal:
+    now once, under the progress display, and handed to validate_training."""
+    import types
+
+    from autoparallel.cli import validate as cli_validate
+    from autoparallel.cli.common import console
+    reads = []
+
+    def all_runs(runs=None):
+        reads.append(bool(console._live_stack))
+        return ["row"]
+
+    def validate_training(runs=None, cross=True, progress=None, rows=None):
+        rows = all_runs(runs) if rows is None else rows
+        return rows
+    fake = types.SimpleNamespace(all_runs=all_runs, validate_training=validate_training,
+                                 cross_validation_folds=lambda rows: 3)
+    assert cli_validate._training_report(fake, None, cross=cross, quiet=False) == ["row"]
+    assert reads == [True]
+
+
+def test_the_report_reads_at_80_columns():
+    """At 80 columns the per-row table cut every id to 'bridge…' and stacked each variant 9 lines high
+    (1,900 lines for 343 runs): now each run is its id, whole, and a line of figures."""
+    import io as stdio
+
+    import pandas as pd
+    from rich.console import Console
+    long_id = "bridge-26.04.01-qwen3-235b-a22b-h100-sxm-256gpu-fp8-current-tp2pp8cp1vp4ep32-mbs1-gbs8192"
+    common = {"fits": True, "variant": "mbs=1[row] recompute=none[recipe] " * 6, "model": "m", "mbs": 1}
+    report = pd.DataFrame([
+        {**common, "id": long_id, "kind": "moe-newer", "source": "bridge 26.04.01", "gpu": "h100-sxm",
+         "metric": "tokens_per_s_per_gpu", "measured": 1712.0, "predicted": 1692.23, "error_pct": -1.15,
+         "peak_memory_gib": 53.1, "heldout_error_pct": 7.23, "system": None, "heldout_system_error_pct": None},
+        {**common, "id": "mlperf-v3.0-NVIDIA-dgxh100_n64_nemo", "kind": "mlperf", "source": "mlperf",
+         "gpu": "h100-sxm", "metric": "iteration_time", "measured": 12.0887, "predicted": 11.62,
+         "error_pct": -3.84, "peak_memory_gib": 55.3, "heldout_error_pct": -2.76, "system": "h100-sxm 9-64 nodes",
+         "heldout_system_error_pct": -4.16}])
+    buffer = stdio.StringIO()
+    validate.print_report(report, Console(file=buffer, width=80))
+    lines = buffer.getvalue().splitlines()
+    assert max(map(len, lines)) <= 80 and "…" not in buffer.getvalue()
+    assert long_id in "".join(lines) and "mlperf-v3.0-NVIDIA-dgxh100_n64_nemo" in lines
+    assert any(line.split()[:5] == ["step", "s", "12.09", "11.62", "-3.8"] for line in lines)
+    assert len(lines) < 60

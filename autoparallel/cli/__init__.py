@@ -24,6 +24,27 @@ from autoparallel.errors import UserError
 PROG = "autoparallel"
 
 
+class Formatter(argparse.HelpFormatter):
+    """Help that reads at the terminal's width. argparse cannot wrap one word, and a choice list
+    (``{bf16,fp16,...}``) or a ``--x | --no-x`` pair is one: a usage with such a line too wide
+    becomes the command's positionals and required options and ``[options]`` (all of them are
+    listed below it), and a ``--x, --no-x`` pair too wide for one line puts ``--no-x`` on the next."""
+
+    def _format_usage(self, usage, actions, groups, prefix) -> str:
+        text = super()._format_usage(usage, actions, groups, prefix)
+        if usage is not None or max(map(len, text.splitlines())) <= self._width:
+            return text
+        needed = [a for a in actions if a.required or not a.option_strings]
+        words = self._format_actions_usage(needed, []).split()
+        return super()._format_usage(" ".join([self._prog, *words, "[options]"]), actions, groups, prefix)
+
+    def _format_action_invocation(self, action) -> str:
+        text = super()._format_action_invocation(action)
+        if self._current_indent + len(text) <= self._width or ", " not in text:
+            return text
+        return (",\n" + " " * self._current_indent).join(text.split(", "))
+
+
 class Parser(argparse.ArgumentParser):
     """argparse that reports a bad argument in one line (exit 2) instead of the usage text.
 
@@ -32,6 +53,7 @@ class Parser(argparse.ArgumentParser):
     only ``-5`` and ``-.5`` for numbers and calls the rest a missing argument."""
 
     def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", Formatter)
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"^-(\d|\.\d|inf$|nan$|infinity$)", re.IGNORECASE)
 

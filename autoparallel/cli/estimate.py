@@ -44,7 +44,13 @@ def run(args: argparse.Namespace) -> None:
             raise no_effect(flag(given[0]), "--from-log", "the log states the model and the layout; drop it")
 
         from autoparallel.runlogs import compare
-        compare.main(Path(args.from_log), args.gpu, args.json, console)
+        from autoparallel.runlogs.runrow import UnreadableLog
+        try:
+            compare.main(Path(args.from_log), args.gpu, args.json, console)
+        except UnreadableLog as exc:  # say which file: "no printed configuration" alone names none
+            if args.from_log in str(exc):
+                raise
+            raise UserError(f"--from-log {args.from_log}: {exc}") from None
         return
     if args.model is None or args.gpus is None:
         raise UserError("estimate needs --model and --gpus (or --from-log LOG)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -56,7 +57,7 @@ def add_parser(sub) -> None:
                    help="percentile --max-ttft-ms / --max-tpot-ms bound in the simulation (default 99)")
     t.add_argument("--requests", type=positive, default=5000, help="simulated requests per layout (default 5000)")
     t.add_argument("--seed", type=seed, default=0, help="seed of the lengths and arrivals (default 0)")
-    g = i.add_argument_group("layout knobs (any given knob is pinned; tp, pp and max batch all pinned = one estimate)")
+    g = i.add_argument_group("layout knobs (a given one is pinned; tp, pp and max batch pinned: one estimate)")
     g.add_argument("--tp", type=positive, help="pin tensor parallel size")
     g.add_argument("--pp", type=positive, help="pin pipeline parallel size")
     g.add_argument("--expert-parallel", action=argparse.BooleanOptionalAction,
@@ -113,12 +114,30 @@ def request_of(args: argparse.Namespace):
                                      max_model_len=args.max_model_len)
 
 
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+def _check_replica(gpus: int, tp: int | None, pp: int | None) -> None:
+    """A replica takes tp*pp GPUs, so a pinned --tp, --pp or both must divide --gpus: said here, with
+    the values that would, rather than as every candidate's rejection."""
+    for flag, value in (("--tp", tp), ("--pp", pp)):
+        if value is not None and gpus % value:
+            shown = _divisors(gpus)
+            listed = ", ".join(map(str, shown[:12])) + (", ..." if len(shown) > 12 else "")
+            raise UserError(f"{flag} {value} does not divide --gpus {gpus}: {flag} can be {listed}")
+    if tp is not None and pp is not None and gpus % (tp * pp):
+        raise UserError(f"--tp {tp} x --pp {pp} = {tp * pp} GPUs a replica does not divide --gpus {gpus}")
+
+
 def run(args: argparse.Namespace) -> None:
     from autoparallel.report import run_folder
     from autoparallel.serve import search as serve
     from autoparallel.serve.assumptions import load_engine, with_capacity_policy
     from autoparallel.serve.report import print_ranked
     from autoparallel.serve.space import context_warning, load_space, parse_precision
+    _check_replica(args.gpus, args.tp, args.pp)
     model = io.load_model(args.model)
     hw = io.load_hardware(args.gpu)
     if not args.no_save:

@@ -13,36 +13,57 @@ def add_parser(sub) -> None:
 
 def list_presets(kind: str) -> None:
     """The presets of one kind; a file that does not load is skipped with its reason below the
-    table (naming it in a command reports the same error)."""
+    table (naming it in a command reports the same error). Each name is printed whole, its aliases
+    on the lines below it, so that the table reads at 80 columns; the hardware constants' source is
+    named short in the table (their own fit, or the preset they are inherited from) and in full below."""
+    from rich import box
     from rich.table import Table
 
     from autoparallel.errors import UserError
-    t = Table(title=f"{kind} presets ({resources.SEARCH_SPACES / kind}; yours: {resources.user_dir() / kind})")
-    skipped = []
-    if kind == "models":
-        for c in ("name", "aliases", "layers", "hidden", "heads/kv", "params", "seq", "gbs"):
-            t.add_column(c)
-    else:
-        for c in ("name", "aliases", "bf16 TF", "fp8 TF", "mem GiB", "HBM TB/s", "NVLink domain", "calibrated on"):
-            t.add_column(c)
+    console.print(f"{kind} presets: {resources.SEARCH_SPACES / kind}; yours: {resources.user_dir() / kind}",
+                  markup=False, highlight=False)
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    t.add_column("name (aliases)", no_wrap=True)
+    heads = (("layers", "hidden", "heads/kv", "params", "seq", "gbs") if kind == "models" else
+             ("bf16 TF", "fp8 TF", "mem GiB", "HBM TB/s", "NVLink", "fitted on"))
+    for c in heads:
+        t.add_column(c, no_wrap=True, justify="left" if c == "fitted on" else "right")
+    skipped, sources = [], {}
     for name, path in io.preset_files(kind).items():
         try:
-            t.add_row(*(_model_row(name) if kind == "models" else _hardware_row(name)))
+            row = _model_row(name) if kind == "models" else _hardware_row(name, sources)
         except UserError as exc:
             skipped.append(f"skipped {path.name}: {exc}")
+            continue
+        t.add_row(*row)
     console.print(t)
+    for donor, text in sources.items():
+        console.print(f"{donor}: {text}", markup=False, highlight=False)
     for line in skipped:
         console.print(line, style="dim", markup=False)
 
 
+def _names(name: str, aliases) -> str:
+    return "\n".join([name, *(f"  {a}" for a in aliases)])
+
+
 def _model_row(name: str) -> list[str]:
     m = io.load_model(name)
-    return [name, ", ".join(m.aliases), str(m.num_layers), str(m.hidden_size),
-            f"{m.num_attention_heads}/{m.query_groups}", f"{m.num_parameters / 1e9:.1f}B",
+    return [_names(name, m.aliases), str(m.num_layers), str(m.hidden_size),
+            f"{m.num_attention_heads}/{m.query_groups}", _count(m.num_parameters),
             str(m.seq_length), str(m.global_batch_size or "-")]
 
 
-def _hardware_row(name: str) -> list[str]:
+def _count(n: int) -> str:
+    """Parameters in billions, or millions below one billion ('4.5M', not '0.0B')."""
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+def _hardware_row(name: str, sources: dict) -> list[str]:
+    """One preset's row; ``sources`` collects the full text of each fit the rows name."""
     h = io.load_hardware(name)
-    return [name, ", ".join(h.aliases), f"{h.bf16_tflops:.0f}", f"{h.fp8_tflops or 0:.0f}",
-            f"{h.memory_gib:.0f}", f"{h.hbm_tbps}", str(h.nvlink_domain), h.calibrated_on or "-"]
+    donor = h.efficiency_from or (name if h.calibrated_on else "")
+    if donor:
+        sources.setdefault(donor, h.calibrated_on.removeprefix(f"inherited from {donor}: "))
+    return [_names(name, h.aliases), f"{h.bf16_tflops:.0f}", f"{h.fp8_tflops or 0:.0f}",
+            f"{h.memory_gib:.0f}", f"{h.hbm_tbps:.3g}", str(h.nvlink_domain), donor or "-"]

@@ -27,7 +27,9 @@ def add_parser(sub) -> None:
 def run_import(args: argparse.Namespace) -> None:
     from autoparallel.runlogs.runsfile import DEFAULT_RUNS, import_logs
     runs_file = args.runs or str(DEFAULT_RUNS)
-    if Path(runs_file).parent.is_dir() or runs_file.endswith("/"):  # a missing folder is made when written
+    # A --runs you name is written where you say (a missing folder is refused, as export -o refuses it);
+    # the default's folder, results/, is made when written, as a search makes it.
+    if args.runs is not None or Path(runs_file).parent.is_dir():
         check_output_file(runs_file, "--runs")
     results = import_logs([Path(p) for p in args.logs], args.gpu, Path(runs_file), args.warmup)
     for r in results:

@@ -71,9 +71,14 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _training_report(validate, runs, cross: bool, quiet: bool):
-    """The report, with a progress bar over the leave-one-model-out refits."""
-    if not cross or quiet:
+    """The report: the runs read and priced once (a minute on a busy machine) under a spinner, then
+    a progress bar over the leave-one-model-out refits (nothing on the terminal with --json)."""
+    if quiet:
         return validate.validate_training(runs, cross=cross)
-    folds = validate.cross_validation_folds(validate.all_runs(runs))
-    with progress_bar("leave-one-model-out refits", folds) as (bar, task):
-        return validate.validate_training(runs, cross=True, progress=lambda: bar.advance(task))
+    with progress_bar("reading the measured runs", None):
+        rows = validate.all_runs(runs)
+    if not cross:
+        with progress_bar(f"predicting {len(rows)} runs", None):
+            return validate.validate_training(runs, cross=False, rows=rows)
+    with progress_bar("leave-one-model-out refits", validate.cross_validation_folds(rows)) as (bar, task):
+        return validate.validate_training(runs, cross=True, progress=lambda: bar.advance(task), rows=rows)

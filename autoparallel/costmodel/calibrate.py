@@ -300,15 +300,16 @@ def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Pat
     def measured_on_gpu(paths):
         return [p for p in load_runs(paths) if p.hardware.name == hw.name or p.hardware.efficiency_from == hw.name]
 
-    own = measured_on_gpu([runs]) if runs else []
-    published = measured_on_gpu(list(default_runs())) if with_published or not runs else []
-    rows = own + published
-    runs_paths = ([runs] if runs else []) + (list(default_runs()) if published else [])
-    if not rows:
-        names = ", ".join(p.name for p in ([runs] if runs else list(default_runs())))
-        raise UserError(f"no dense rows of {names} were measured on {hw.name}; nothing to fit")
-    with Progress(console=console, transient=True) as bar:
-        task = bar.add_task(f"fitting {hw.name} on {len(rows)} runs", total=None)
+    with Progress(console=console, transient=True) as bar:  # reading the rows takes seconds too
+        task = bar.add_task(f"reading the runs measured on {hw.name}", total=None)
+        own = measured_on_gpu([runs]) if runs else []
+        published = measured_on_gpu(list(default_runs())) if with_published or not runs else []
+        rows = own + published
+        runs_paths = ([runs] if runs else []) + (list(default_runs()) if published else [])
+        if not rows:
+            names = ", ".join(p.name for p in ([runs] if runs else list(default_runs())))
+            raise UserError(f"no dense rows of {names} were measured on {hw.name}; nothing to fit")
+        bar.update(task, description=f"fitting {hw.name} on {len(rows)} runs")
         result = fit(rows, hw.efficiency, progress=lambda: bar.advance(task), donor=speed_donor(hw, gpu_speed))
     for name, value in result.values.items():
         if name == "release_speed":
@@ -384,17 +385,18 @@ def main_moe(gpu: str, runs: Path | None, write: bool, console: Console, output:
 
     hw = io.load_hardware(gpu)
     runs_paths = [runs] if runs else list(default_runs())
-    rows = load_runs(runs_paths, moe=True)
-    if not rows:
-        names = ", ".join(p.name for p in runs_paths)
-        raise UserError(f"{names} has no mixture-of-experts rows; nothing to fit")
-    pairs = load_balance_pairs()
-    # The published MoE rows are mostly force-balanced and the pairs see the other MoE constants a
-    # little: the imbalance from uncalibrated constants, the MoE constants with it, the imbalance
-    # again with those (independent of what the presets held before).
-    imbalance = fit_load_imbalance(pairs).values.get("moe_load_imbalance", hw.efficiency.moe_load_imbalance)
-    with Progress(console=console, transient=True) as bar:
-        task = bar.add_task(f"fitting the MoE constants on {len(rows)} runs", total=None)
+    with Progress(console=console, transient=True) as bar:  # reading the rows takes seconds too
+        task = bar.add_task("reading the mixture-of-experts runs", total=None)
+        rows = load_runs(runs_paths, moe=True)
+        if not rows:
+            names = ", ".join(p.name for p in runs_paths)
+            raise UserError(f"{names} has no mixture-of-experts rows; nothing to fit")
+        pairs = load_balance_pairs()
+        # The published MoE rows are mostly force-balanced and the pairs see the other MoE constants a
+        # little: the imbalance from uncalibrated constants, the MoE constants with it, the imbalance
+        # again with those (independent of what the presets held before).
+        imbalance = fit_load_imbalance(pairs).values.get("moe_load_imbalance", hw.efficiency.moe_load_imbalance)
+        bar.update(task, description=f"fitting the MoE constants on {len(rows)} runs")
         moe_fit = fit_moe(rows, progress=lambda: bar.advance(task), fixed={"moe_load_imbalance": imbalance})
     fitted, before, after = dict(moe_fit.values), moe_fit.before, moe_fit.after
     ratio = fit_load_imbalance(pairs, fitted)

@@ -48,8 +48,15 @@ def check_and_save(model: ModelSpec, settings: Fp8CheckSettings, results: Path |
             from None
     if model.is_moe and console is not None:
         console.print(f"note: {model.name} is MoE; its proxy is dense (one expert's FFN)")
-    say = (lambda msg: console.print(f"[dim]fp8-check: {msg}[/dim]")) if console else None
-    result = run_check(model, settings, progress=say)
+    if console is None:
+        result = run_check(model, settings, progress=None)
+    else:  # each run trains for a minute or more between two lines: a spinner with the elapsed time
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                      transient=True) as bar:
+            bar.add_task(f"fp8-check: training the proxy ({settings.run.steps} steps a run)", total=None)
+            result = run_check(model, settings,
+                               progress=lambda msg: console.print(f"[dim]fp8-check: {msg}[/dim]"))
     run_dir = None
     if results is not None:
         from autoparallel.fp8check.report import write_check_folder

@@ -73,24 +73,38 @@ def verdict_table(result) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+# The verdict table with its worst-layer columns takes this many columns (each names a layer, a tensor
+# and a figure); a narrower terminal gets those as lines under the table.
+WIDE_CHECK = 180
+WORST = (("worst_underflow", "worst underflow"), ("worst_overflow", "worst overflow"), ("worst_mse", "worst MSE"))
+
+
 def print_check(result, console) -> None:
+    from rich import box
+    from rich.markup import escape
     from rich.table import Table
-    t = Table(title=f"fp8-check of {result.model.name} on its proxy ({result.proxy.num_layers} "
-                    f"layers, hidden {result.proxy.hidden_size}, {result.settings.run.steps} steps, "
-                    f"{result.seconds:.0f} s)", header_style="bold")
-    for c in ("recipe", "final loss", "gap vs BF16", "worst underflow", "worst overflow",
-              "worst MSE", "verdict"):
-        t.add_column(c)
+    narrow = console.width < WIDE_CHECK
+    title = (f"fp8-check of {result.model.name} on its proxy ({result.proxy.num_layers} layers, hidden "
+             f"{result.proxy.hidden_size}, {result.settings.run.steps} steps, {result.seconds:.0f} s)")
+    t = (Table(title=title, header_style="bold", box=box.SIMPLE_HEAD) if narrow
+         else Table(title=title, header_style="bold"))
+    for c in ("recipe", "final loss", "gap vs BF16") + (() if narrow else tuple(h for _, h in WORST)) + ("verdict",):
+        t.add_column(c, no_wrap=narrow and c != "verdict")
     window = result.settings.run.final_window
-    t.add_row("bf16", f"{result.bf16.final_loss(window):.4f}", "-", "-", "-", "-", "baseline")
-    for r in verdict_rows(result):
+    t.add_row("bf16", f"{result.bf16.final_loss(window):.4f}", "-", *(() if narrow else ("-",) * 3), "baseline")
+    rows = verdict_rows(result)
+    for r in rows:
         gap = r["loss_gap_pct"] if isinstance(r["loss_gap_pct"], str) else f"{r['loss_gap_pct']:+.2f} %"
         style = "green" if r["verdict"] == "ok" else "red" if r["verdict"].startswith("reject") \
             else "yellow"
         short = "reject (below)" if style == "red" else r["verdict"]
-        t.add_row(r["recipe"], f"{r['final_loss']:.4f}", gap, r["worst_underflow"],
-                  r["worst_overflow"], r["worst_mse"], f"[{style}]{short}[/{style}]")
+        worst = () if narrow else tuple(r[k] for k, _ in WORST)
+        t.add_row(r["recipe"], f"{r['final_loss']:.4f}", gap, *worst, f"[{style}]{short}[/{style}]")
     console.print(t)
+    for r in rows if narrow else ():  # the worst layers, whole, one per line
+        console.print(f"{escape(r['recipe'])}:")
+        for key, head in WORST:
+            console.print(f"  {head}: {escape(r[key])}", overflow="fold", highlight=False)
     for label, verdict in result.verdicts.items():
         if verdict.status == V.REJECT:
             console.print(f"[red]{label}[/red]: {verdict.text}")

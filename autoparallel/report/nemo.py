@@ -199,6 +199,13 @@ def nemo2_recipe(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
             config[name] = True
     if plan.cross_entropy_loss_fusion:
         config.update(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
+    ft = model.finetune
+    if plan.is_fp8 and ft is not None and ft.lora and ft.fp8_transpose_per_microbatch:
+        # The frozen FP8 base's transpose made in every micro-batch (MLPerf's LoRA runs): Megatron-Core's
+        # TransformerConfig.disable_parameter_transpose_cache, under which TE gets no is_first_microbatch
+        # (Megatron-LM d98e8a64dd transformer_config.py, extensions/transformer_engine.py); NeMo 2's GPTConfig
+        # inherits it, Megatron-Bridge sets it as cfg.model.disable_parameter_transpose_cache.
+        config["disable_parameter_transpose_cache"] = True
     config.update(moe_export.config_keys(model, plan))
     trainer = _trainer(plan, gpus_per_node, plugins.pop("precision"))
     return {

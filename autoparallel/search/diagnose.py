@@ -17,6 +17,7 @@ the most common reasons are listed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pandas as pd
@@ -33,8 +34,9 @@ class Rule:
 
 
 GBS_RULE = Rule(r"^gbs \d+ not divisible by mbs\*dp", ("mbs",))  # explained in numbers (``_gbs_message``)
+DIVIDE_RULE = Rule(r"does not divide \d+ GPUs", ("tp", "pp", "cp"))  # the values that would are listed
 STRUCTURE_RULES = (
-    Rule(r"does not divide \d+ GPUs", ("tp", "pp", "cp")),
+    DIVIDE_RULE,
     Rule(r"attention heads not divisible by tp", ("tp",)),
     Rule(r"query groups not divisible by tp", ("tp",)),
     Rule(r"crosses the \d+-GPU NVLink domain", ("tp",)),
@@ -143,7 +145,8 @@ def _group_message(frame: pd.DataFrame, rules: tuple[Rule, ...], fixed: dict, gp
             continue
         if rule is GBS_RULE:
             return _gbs_message(frame[hit], gpus, gbs, fixed)
-        return _pinned_lead(rule.knobs, fixed) + reasons[hit].iloc[0]
+        message = _pinned_lead(rule.knobs, fixed) + reasons[hit].iloc[0]
+        return message + (f"; tp*pp*cp can be {_divisors(gpus)}" if rule is DIVIDE_RULE else "")
     counts = reasons[reasons != ""].value_counts()  # reasons no pattern knows: the most common
     return "; ".join(f"{n} x {reason}" for reason, n in counts.head(3).items())
 
@@ -163,6 +166,12 @@ def _gbs_message(rows: pd.DataFrame, gpus: int, gbs: int, fixed: dict) -> str:
                 f"(the smallest mbs*dp is {product}); lower --mbs or make --gbs a multiple of {product}")
     return (f"gbs {gbs} is not divisible by mbs*dp in any layout of {gpus} GPUs (the smallest mbs*dp "
             f"is {product}): choose a --gbs divisible by {product} or another GPU count")
+
+
+def _divisors(n: int, shown: int = 12) -> str:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    every = sorted({*small, *(n // d for d in small)})
+    return ", ".join(map(str, every[:shown])) + (", ..." if len(every) > shown else "")
 
 
 def _fixed(space: SearchSpace) -> dict:

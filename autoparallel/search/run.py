@@ -434,9 +434,10 @@ def _merge_profiled(result: SearchResult, run_dir: Path) -> None:
     result.ranked = measured.merge(result.ranked, saved)
 
 
-def report(run_dir: Path) -> Path:
+def report(run_dir: Path, shown: dict | None = None) -> Path:
     """Re-render a run's tables (from the study storage for sampler runs, from candidates.csv for
-    grid runs, whose CSV is the record itself) and write report.html."""
+    grid runs, whose CSV is the record itself) and write report.html; ``shown`` (a dict) gets the
+    run's result under "result", for the terminal table."""
     from autoparallel.report import html
     run_dir = Path(run_dir)
     inputs, model, hw, space = load_inputs(run_dir)
@@ -457,4 +458,6 @@ def report(run_dir: Path) -> Path:
                        result.feasible_total)
     path = run_dir / "report.html"
     run_folder.write_atomic(path, page)
+    if shown is not None:
+        shown["result"] = result
     return path

@@ -40,3 +40,50 @@ def test_search_with_fp8_check(tiny_yaml, tmp_path, capsys):
     best = yaml.safe_load((search_dir / "best.yaml").read_text())
     assert best["plan"]["precision"] == "fp8-current" and best["fp8_check"]["verdict"] == "ok"
     assert "FP8 check" in (search_dir / "ranked.md").read_text()
+
+
+def test_the_verdict_table_reads_at_80_columns(monkeypatch):
+    """At 80 columns rich cut the recipes to 'fp8-del…' and the worst layers to 'layers.0…': now the
+    recipes, losses, gaps and verdicts are a table and each recipe's worst layers are lines below it."""
+    import io as stdio
+    import types
+
+    from rich.console import Console
+
+    from autoparallel.fp8check import report
+    worst = {"worst_underflow": "layers.0.self_attention.linear_qkv grad_output 0.061 %",
+             "worst_overflow": "layers.3.mlp.linear_fc2 input 0.008 %",
+             "worst_mse": "layers.2.mlp.linear_fc1 input 6.95e-04"}
+    rows = [{"recipe": name, "final_loss": 3.79, "loss_gap_pct": -0.01, "verdict": "ok", **worst}
+            for name in ("fp8-delayed", "fp8-blockwise")]
+    monkeypatch.setattr(report, "verdict_rows", lambda result: rows)
+    result = types.SimpleNamespace(
+        model=types.SimpleNamespace(name="cpu-small"), proxy=types.SimpleNamespace(num_layers=4, hidden_size=128),
+        settings=types.SimpleNamespace(run=types.SimpleNamespace(steps=20, final_window=5)), seconds=32.0,
+        bf16=types.SimpleNamespace(final_loss=lambda window: 3.79), verdicts={})
+    buffer = stdio.StringIO()
+    report.print_check(result, Console(file=buffer, width=80))
+    text = buffer.getvalue()
+    assert "…" not in text and max(map(len, text.splitlines())) <= 80
+    assert "fp8-delayed" in text and "fp8-blockwise" in text and all(w in text for w in worst.values())
+
+
+def test_the_training_runs_under_a_progress_display(monkeypatch):
+    """Each proxy run trains for a minute or more (200 steps) between two progress lines: a spinner with
+    the elapsed time now runs the whole check, and the lines still print above it."""
+    import io as stdio
+
+    from rich.console import Console
+
+    from autoparallel import io
+    from autoparallel.fp8check import check, command
+    console, seen = Console(file=stdio.StringIO(), force_terminal=True), []
+
+    def run_check(model, settings, progress=None):
+        seen.append(bool(console._live_stack))
+        progress("fp8-delayed: ok")
+        return "result"
+    monkeypatch.setattr(check, "run_check", run_check)
+    result, run_dir = command.check_and_save(io.load_model("cpu-small"), command.load_settings(), None, [], console)
+    assert (result, run_dir, seen) == ("result", None, [True]) and not console._live_stack
+    assert "fp8-check: fp8-delayed: ok" in console.file.getvalue()

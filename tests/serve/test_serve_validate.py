@@ -134,3 +134,36 @@ def test_held_out_refits_start_from_the_uncalibrated_constants(monkeypatch):
     for (seen, start, tol), held in zip(calls, measured.predicted_rows["model"].unique()):
         assert held not in seen and seen == set(fit_rows(measured)["model"]) - {held}
         assert start == InferenceEfficiency() and tol == 1e-4
+
+
+def test_the_mlperf_simulation_runs_under_a_progress_display(monkeypatch):
+    """`validate --inference` simulated the MLPerf runs for about half a minute with nothing on the
+    terminal after the refits' bar had gone: the simulation now runs under a bar of its own."""
+    import pandas as pd
+
+    from autoparallel.serve import validate as serve_validate
+    live, seen = [], []
+
+    class Recording:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            live.append(1)
+            return self
+
+        def __exit__(self, *exc):
+            live.pop()
+
+        def add_task(self, *args, **kwargs):
+            return 0
+
+        def advance(self, *args, **kwargs):
+            pass
+    monkeypatch.setattr(serve_validate, "Progress", Recording)
+    for name in ("fastertransformer_report", "held_out_report", "not_predicted_serving_rows", "print_report",
+                 "print_mlperf"):
+        monkeypatch.setattr(serve_validate, name, lambda *a, **k: pd.DataFrame())
+    monkeypatch.setattr(serve_validate, "mlperf_report",
+                        lambda cross: seen.append(bool(live)) or (pd.DataFrame(), pd.Series(dtype=object)))
+    assert serve_validate.run(None, False, None) == 0 and seen == [True] and not live
