@@ -661,12 +661,14 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
 
     valid_structures = structures[structures.reason == ""].drop(columns="reason")
     valid_features = features[features.reason == ""].drop(columns="reason")
-    crossed = _expanded(valid_structures, _cross_dispatchers(valid_structures, valid_features, model, hw, space),
-                        model, space, recompute_num_layers)
-    crossed["moe_flex_dispatcher_backend"] = flex_backend(crossed.ep * crossed.etp, hw)
-    crossed["reason"] = np.where(crossed.reason.to_numpy() == "", _layout_rules(crossed, model), crossed.reason)
+    crossed = _cross_dispatchers(valid_structures, valid_features, model, hw, space)
+    valid_structures["moe_flex_dispatcher_backend"] = flex_backend(valid_structures.ep * valid_structures.etp, hw)
     rejected = [_fill_rejected(part[part.reason != ""], space, gpus) for part in (structures, features)]
-    out = pd.concat([crossed, *rejected], ignore_index=True)
+    out = _expanded(valid_structures, crossed, rejected, model, space, recompute_num_layers)
+    n = len(out) - sum(map(len, rejected))  # the crossed rows come first
+    reason = out["reason"].to_numpy()
+    out["reason"] = np.concatenate([np.where(reason[:n] == "", _layout_rules(out.iloc[:n], model), reason[:n]),
+                                    reason[n:]])
     out["gbs"] = gbs
     return out[list(Plan.field_names()) + ["reason"]]
 
@@ -675,27 +677,38 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
 EXPANSION_COLUMNS = ["pp", "vp", *SPLIT_COLUMNS, "recompute", "overlap_moe_expert_parallel_comm", "reason"]
 
 
-def _expanded(structures: pd.DataFrame, crossed: _Crossed, model: ModelSpec, space: SearchSpace,
-              pinned: int | None) -> pd.DataFrame:
+def _expanded(structures: pd.DataFrame, crossed: _Crossed, rejected: list[pd.DataFrame], model: ModelSpec,
+              space: SearchSpace, pinned: int | None) -> pd.DataFrame:
     """The crossed rows through _expand_recompute_layers, _expand_recompute_modules and
-    _expand_offloading, as a frame. The expansions run on the columns they read or set plus each
-    row's structure and combination, and every other column is taken once at the end from the
-    structures and the combinations (each expansion's take copied every column of millions of
-    rows, and so did building the crossed frame)."""
-    def taken(names: list[str], structure: np.ndarray, variant: np.ndarray) -> dict:
-        """The columns ``names`` of rows made of these structures and combinations."""
+    _expand_offloading, then the ``rejected`` rows (every column their own), as one frame. The
+    expansions run on the columns they read or set plus each row's structure and combination,
+    and every other column is taken once at the end from the structures and the combinations,
+    the rejected rows appended to those (each expansion's take copied every column of millions of
+    rows, and so did building the crossed frame and concatenating the rejected rows to it)."""
+    def taken(names: list[str], structures: pd.DataFrame, variants: pd.DataFrame, structure: np.ndarray,
+              variant: np.ndarray) -> dict:
+        """The columns ``names`` of the rows made of these structures and combinations."""
         return {name: structures[name].array.take(structure) if name in structures
-                else crossed.variants[name].array.take(variant) for name in names}
+                else variants[name].array.take(variant) for name in names}
 
-    narrow = pd.DataFrame(taken(EXPANSION_COLUMNS[:-1], crossed.structure, crossed.variant))
+    narrow = pd.DataFrame(taken(EXPANSION_COLUMNS[:-1], structures, crossed.variants, crossed.structure,
+                                crossed.variant))
     narrow["reason"] = ""
     narrow["structure"], narrow["variant"] = crossed.structure, crossed.variant
     narrow = _expand_recompute_layers(narrow, model, space, pinned)
     narrow = _expand_recompute_modules(narrow, model, space)
     narrow = _expand_offloading(narrow, model, space)
     structure, variant = narrow.pop("structure").to_numpy(), narrow.pop("variant").to_numpy()
+
+    def appended(frame: pd.DataFrame) -> pd.DataFrame:
+        return pd.concat([frame, *(part[frame.columns] for part in rejected)], ignore_index=True)
+
+    extra = np.arange(sum(map(len, rejected)))
+    structure = np.concatenate([structure, len(structures) + extra])
+    variant = np.concatenate([variant, len(crossed.variants) + extra])
     rest = [name for name in [*structures, *crossed.variants] if name not in narrow]
-    return pd.DataFrame({**taken(rest, structure, variant), **narrow}, copy=False)
+    return pd.DataFrame({**taken(rest, appended(structures), appended(crossed.variants), structure, variant),
+                         **appended(narrow)}, copy=False)
 
 
 def _expand_recompute_layers(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,
