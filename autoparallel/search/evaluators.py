@@ -71,8 +71,8 @@ class CostModelEvaluator:
         return out
 
     def _estimate(self, cols: dict[str, np.ndarray], rows: np.ndarray, n: int) -> dict[str, np.ndarray]:
-        """Metric columns of ``n`` rows, ``estimate_columns`` of ``cols`` at ``rows`` written at
-        ``rows`` (the rest NaN or False). Priced in cache-sized chunks (the cost model's
+        """Metric columns of ``n`` rows: ``estimate_columns`` of the rows ``rows`` of ``cols``,
+        written at those rows (the rest NaN or False). Priced in cache-sized chunks (the cost model's
         intermediates then stay in the CPU cache: twice as fast as one call on millions of rows),
         on a thread per core (NumPy releases the GIL inside each operation)."""
         def price(start: int) -> tuple[int, dict[str, np.ndarray]]:
