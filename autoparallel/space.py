@@ -493,7 +493,7 @@ def _expand_recompute_modules(df: pd.DataFrame, model: ModelSpec, space: SearchS
         sets = [m for m in sets if m != "core_attn"] or sets
     if not sets:
         sets = list(space.recompute_modules)
-    selective = (df.recompute == "selective").to_numpy()
+    selective = df.recompute.to_numpy() == "selective"  # on the values: a str column compares 3x slower
     parts = [(np.flatnonzero(~selective), "core_attn")] + [(np.flatnonzero(selective), m) for m in sets]
     out = _stacked(df, "recompute_modules", parts)
     part = np.repeat(np.arange(len(parts)), [len(rows) for rows, _ in parts])
@@ -505,7 +505,7 @@ def _expand_recompute_modules(df: pd.DataFrame, model: ModelSpec, space: SearchS
     reasons = {m: modules_apply(m, model) for m in sets}
     part_reasons = np.array([reasons.get(m, "") for _, m in parts], dtype=object)
     if part_reasons.any():  # a set pinned for a model it does not apply to
-        out["reason"] = np.where(out.reason == "", part_reasons[part], out.reason)
+        out["reason"] = np.where(out.reason.to_numpy() == "", part_reasons[part], out.reason)
     return out
 
 
@@ -562,7 +562,7 @@ def _recomputes_any(df: pd.DataFrame, rows: np.ndarray, modules: tuple[str, ...]
     """Of the ``rows`` asked about, those whose selective recompute covers any of ``modules``
     (--recompute-modules is a list); each distinct module set is read once (a space has a
     handful, a search millions of rows)."""
-    rows = rows & (df.recompute == "selective").to_numpy()
+    rows = rows & (df.recompute.to_numpy() == "selective")
     out = np.zeros(len(df), dtype=bool)
     if rows.any():
         codes, sets = pd.factorize(df.recompute_modules.to_numpy()[rows])
@@ -575,14 +575,28 @@ def _covers_any(recompute_modules: str, modules: tuple[str, ...]) -> bool:
     return bool(set(recompute_modules.split()) & set(modules))
 
 
-def _cross(structures: pd.DataFrame, features: pd.DataFrame, shared_overlap: bool = False) -> pd.DataFrame:
+@dataclass
+class _Crossed:
+    """Structures x feature combinations as positions, not yet as a frame: row i is structure
+    ``structure[i]`` (a position in the structures crossed) with ``variants`` row ``variant[i]``
+    (the feature combinations, with the knobs that mean nothing for that structure turned off).
+    The frame is built once, after the expansions (``_expanded``): each copy of it is millions of
+    rows of 40 columns."""
+
+    structure: np.ndarray
+    variant: np.ndarray
+    variants: pd.DataFrame
+
+
+def _cross(structures: pd.DataFrame, features: pd.DataFrame, shared_overlap: bool = False) -> _Crossed:
     """Valid structures x valid features. Sequence parallel (and the TP overlap that needs it)
     means nothing at tp=1 (Megatron turns it off), FSDP nothing without a data-parallel group, the
     expert all-to-all overlap nothing without expert parallel and is refused for a pipeline
     without virtual stages, the token dispatcher nothing on one GPU: such structures get each
     feature combination with those knobs off (alltoall), once. Where the all-to-all overlap is
     off, the shared-expert overlap (which Megatron refuses beside it) takes its place when
-    ``shared_overlap`` (never slower: it only hides the all-to-alls behind the shared experts)."""
+    ``shared_overlap`` (never slower: it only hides the all-to-alls behind the shared experts).
+    Rows go structure by structure, each with every combination in order (a cross merge's order)."""
     no_a2a_overlap = (structures.ep == 1) | ((structures.pp > 1) & (structures.vp == 1))
     useless = {"sp": (structures.tp == 1, {"sp": False, "tp_comm_overlap": False}),
                "fsdp": (structures.dp * structures.cp == 1, {"fsdp": False}),
@@ -590,26 +604,29 @@ def _cross(structures: pd.DataFrame, features: pd.DataFrame, shared_overlap: boo
                                         **({"moe_shared_expert_overlap": True} if shared_overlap else {})}),
                "dispatch": (structures.ep * structures.etp == 1, {"moe_token_dispatcher_type": "alltoall",
                                                                   "moe_shared_expert_overlap": False})}
-    parts = []
+    structure, variant, variants = [], [], []
+    offset = 0
     for flags in itertools.product((False, True), repeat=len(useless)):
-        rows = structures
+        rows = np.ones(len(structures), dtype=bool)
         off: dict = {}
         for flag, (mask, knobs) in zip(flags, useless.values()):
-            rows = rows[mask.loc[rows.index] == flag]
+            rows &= mask.to_numpy() == flag
             off |= knobs if flag else {}
         chosen = features.assign(**off)
         if off.get("moe_shared_expert_overlap"):  # alltoall / flex only (TransformerConfig)
             chosen.loc[chosen.moe_token_dispatcher_type == "allgather", "moe_shared_expert_overlap"] = False
         if off:
             chosen = chosen.drop_duplicates()
-        parts.append(rows.merge(chosen, how="cross"))
-    out = pd.concat(parts, ignore_index=True)
-    out["reason"] = ""
-    return out
+        rows = np.flatnonzero(rows)
+        structure.append(np.repeat(rows, len(chosen)))
+        variant.append(np.tile(np.arange(offset, offset + len(chosen)), len(rows)))
+        variants.append(chosen)
+        offset += len(chosen)
+    return _Crossed(np.concatenate(structure), np.concatenate(variant), pd.concat(variants, ignore_index=True))
 
 
 def _cross_dispatchers(structures: pd.DataFrame, features: pd.DataFrame, model: ModelSpec, hw: HardwareSpec,
-                       space: SearchSpace) -> pd.DataFrame:
+                       space: SearchSpace) -> _Crossed:
     """``_cross``, with ``dispatcher_by_ep_span``: alltoall only for EP groups inside one node,
     flex only for those across nodes."""
     offered = set(space.moe_token_dispatcher_type)
@@ -618,8 +635,11 @@ def _cross_dispatchers(structures: pd.DataFrame, features: pd.DataFrame, model: 
         return _cross(structures, features, shared)
     across = (structures.ep * structures.etp > hw.gpus_per_node).to_numpy()
     dispatcher = features.moe_token_dispatcher_type
-    return pd.concat([_cross(structures[~across], features[dispatcher != "flex"], shared),
-                      _cross(structures[across], features[dispatcher != "alltoall"], shared)], ignore_index=True)
+    inside = _cross(structures[~across], features[dispatcher != "flex"], shared)
+    spanning = _cross(structures[across], features[dispatcher != "alltoall"], shared)
+    return _Crossed(np.concatenate([np.flatnonzero(~across)[inside.structure], np.flatnonzero(across)[spanning.structure]]),
+                    np.concatenate([inside.variant, len(inside.variants) + spanning.variant]),
+                    pd.concat([inside.variants, spanning.variants], ignore_index=True))
 
 
 def _fill_rejected(rejected: pd.DataFrame, space: SearchSpace, gpus: int) -> pd.DataFrame:
@@ -692,22 +712,61 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     valid_structures = structures[structures.reason == ""].drop(columns="reason")
     valid_features = features[features.reason == ""].drop(columns="reason")
     crossed = _cross_dispatchers(valid_structures, valid_features, model, hw, space)
-    crossed = _expand_recompute_layers(crossed, model, space, recompute_num_layers)
-    crossed = _expand_recompute_modules(crossed, model, space)
-    crossed = _expand_offloading(crossed, model, space)
-    crossed["moe_flex_dispatcher_backend"] = flex_backend(crossed.ep * crossed.etp, hw)
-    crossed["reason"] = np.where(crossed.reason == "", _layout_rules(crossed, model, space), crossed.reason)
+    valid_structures["moe_flex_dispatcher_backend"] = flex_backend(valid_structures.ep * valid_structures.etp, hw)
     rejected = [_fill_rejected(part[part.reason != ""], space, gpus) for part in (structures, features)]
-    out = pd.concat([crossed, *rejected], ignore_index=True)
+    out = _expanded(valid_structures, crossed, rejected, model, space, recompute_num_layers)
+    n = len(out) - sum(map(len, rejected))  # the crossed rows come first
+    reason = out["reason"].to_numpy()
+    out["reason"] = np.concatenate([np.where(reason[:n] == "", _layout_rules(out.iloc[:n], model, space),
+                                             reason[:n]),
+                                    reason[n:]])
     out["gbs"] = gbs
     return out[list(Plan.field_names()) + ["reason"]]
+
+
+# What the expansions below read or set, besides the columns they add.
+EXPANSION_COLUMNS = ["pp", "vp", *SPLIT_COLUMNS, "recompute", "overlap_moe_expert_parallel_comm", "reason"]
+
+
+def _expanded(structures: pd.DataFrame, crossed: _Crossed, rejected: list[pd.DataFrame], model: ModelSpec,
+              space: SearchSpace, pinned: int | None) -> pd.DataFrame:
+    """The crossed rows through _expand_recompute_layers, _expand_recompute_modules and
+    _expand_offloading, then the ``rejected`` rows (every column their own), as one frame. The
+    expansions run on the columns they read or set plus each row's structure and combination,
+    and every other column is taken once at the end from the structures and the combinations,
+    the rejected rows appended to those (each expansion's take copied every column of millions of
+    rows, and so did building the crossed frame and concatenating the rejected rows to it)."""
+    def taken(names: list[str], structures: pd.DataFrame, variants: pd.DataFrame, structure: np.ndarray,
+              variant: np.ndarray) -> dict:
+        """The columns ``names`` of the rows made of these structures and combinations."""
+        return {name: structures[name].array.take(structure) if name in structures
+                else variants[name].array.take(variant) for name in names}
+
+    narrow = pd.DataFrame(taken(EXPANSION_COLUMNS[:-1], structures, crossed.variants, crossed.structure,
+                                crossed.variant))
+    narrow["reason"] = ""
+    narrow["structure"], narrow["variant"] = crossed.structure, crossed.variant
+    narrow = _expand_recompute_layers(narrow, model, space, pinned)
+    narrow = _expand_recompute_modules(narrow, model, space)
+    narrow = _expand_offloading(narrow, model, space)
+    structure, variant = narrow.pop("structure").to_numpy(), narrow.pop("variant").to_numpy()
+
+    def appended(frame: pd.DataFrame) -> pd.DataFrame:
+        return pd.concat([frame, *(part[frame.columns] for part in rejected)], ignore_index=True)
+
+    extra = np.arange(sum(map(len, rejected)))
+    structure = np.concatenate([structure, len(structures) + extra])
+    variant = np.concatenate([variant, len(crossed.variants) + extra])
+    rest = [name for name in [*structures, *crossed.variants] if name not in narrow]
+    return pd.DataFrame({**taken(rest, appended(structures), appended(crossed.variants), structure, variant),
+                         **appended(narrow)}, copy=False)
 
 
 def _expand_recompute_layers(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,
                              pinned: int | None) -> pd.DataFrame:
     """Give full-recompute rows one row per layer count (fractions of the pipeline chunk; 0 for
     all of it), each count once per row."""
-    full = (df.recompute == "full").to_numpy()
+    full = df.recompute.to_numpy() == "full"
     rows = df[full]
     at = np.flatnonzero(full)
     stages = pipeline.stage_layers(model.num_layers, rows.pp, rows.vp, *(rows[c].to_numpy() for c in SPLIT_COLUMNS))
@@ -729,7 +788,7 @@ def _expand_recompute_layers(df: pd.DataFrame, model: ModelSpec, space: SearchSp
 def _expand_offloading(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
     """Give rows that may offload (pp = 1, no recompute) one row per offloaded layer count; a
     pinned count that Megatron-LM refuses for a row is kept with the reason."""
-    able = (df.pp == 1) & (df.recompute == "none")
+    able = (df.pp == 1) & (df.recompute.to_numpy() == "none")
     pinned = space.cpu_offloading_num_layers
     if pinned is not None:
         out = df.assign(cpu_offloading_num_layers=pinned)

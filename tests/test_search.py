@@ -1,3 +1,4 @@
+import pandas as pd
 import pytest
 
 from autoparallel.errors import UserError
@@ -67,3 +68,31 @@ def test_a_pinned_knob_that_rules_out_every_layout_is_named(pins, why):
     with pytest.raises(UserError, match=why):
         run.search(load_model("qwen3-30b-a3b"), load_hardware("b200"), 32, 512, load_space().pinned(**pins),
                    pinned=pins)
+
+
+def test_feasible_is_the_fitting_rows_whether_or_not_they_come_first(search_512):
+    """``SearchResult.feasible`` slices a ranked frame's first rows (its fitting rows come first) and
+    filters any other frame: both are exactly ``ranked[ranked.fits]``, index and columns included."""
+    ranked = search_512.ranked
+    assert search_512.feasible.equals(ranked[ranked["fits"]])
+    assert not ranked["fits"].all()  # rejected rows follow, so the slice stops before them
+    shuffled = run.SearchResult(search_512.model, search_512.hardware, 512, 2048, search_512.space,
+                                ranked.sample(frac=1.0, random_state=0))
+    assert shuffled.feasible.equals(shuffled.ranked[shuffled.ranked["fits"]])
+
+
+def test_rank_gathers_every_column_as_the_frame_would(search_512):
+    """``grid.rank`` takes each column in the order on its own (thread pool): the same frame as
+    sorting the whole frame, for every dtype a candidates table holds (str, bool, int, float, Int64)."""
+    import numpy as np
+
+    from autoparallel.search.grid import rank
+    frame = search_512.ranked.drop(columns="rank").sample(frac=1.0, random_state=1).reset_index(drop=True)
+    frame["measured"] = pd.array(np.where(np.arange(len(frame)) % 3, np.arange(len(frame)), -1), dtype="Int64")
+    frame.loc[frame["measured"] < 0, "measured"] = pd.NA
+    ranked = rank(frame)
+    order = np.lexsort((-np.nan_to_num(frame["tokens_per_s_per_gpu"].to_numpy(float), nan=-1.0),
+                        ~frame["fits"].to_numpy(bool)))
+    expected = frame.iloc[order].reset_index(drop=True)
+    assert ranked.drop(columns="rank").equals(expected)
+    assert list(ranked.dtypes.drop("rank")) == list(frame.dtypes)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 from rich.console import Console
 
@@ -145,7 +146,9 @@ def grouped(ranked: pd.DataFrame, candidates: int, hw: HardwareSpec | None = Non
             error: PredictionError | None = None) -> pd.DataFrame:
     """The best ``candidates`` feasible rows as one row per layout (the best variant), with the
     columns the tables add: variants, differs_in, other_knobs, fp8_utilisation, tie."""
-    window = ranked[ranked["fits"]].head(candidates).copy()
+    # The first ``candidates`` fitting rows by position: a filter of the whole frame copied every
+    # row of every column (millions on MoE searches) to keep a few dozen.
+    window = ranked.iloc[np.flatnonzero(ranked["fits"].to_numpy(dtype=bool))[:candidates]].copy()
     if window.empty:
         return window
     keys = [k for k in LAYOUT_KEYS if k in window]
@@ -296,7 +299,8 @@ def rejection_examples(ranked: pd.DataFrame) -> pd.DataFrame:
     (a summarised run folder's rejections.csv)."""
     rules = _rules(ranked)
     counts = rules.value_counts()
-    first = ranked.loc[rules.index].groupby(rules.to_numpy(), sort=False).head(1)
+    # Each rule's first row, found on the rules alone (not on every column of the rejected rows).
+    first = ranked.loc[rules.groupby(rules.to_numpy(), sort=False).head(1).index]
     first = first.assign(rule=rules.loc[first.index].to_numpy())
     first.insert(0, "count", first["rule"].map(counts).to_numpy())
     first = first[["rule", *[c for c in first.columns if c != "rule"]]]

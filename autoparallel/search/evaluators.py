@@ -53,8 +53,8 @@ class CostModelEvaluator:
         reason = candidates["reason"].to_numpy(dtype=object)
         valid = reason == ""
         if valid.any():
-            cols = {name: candidates[name].to_numpy()[valid] for name in Plan.field_names()}
-            cols.update(self.settings)
+            # Every row's values: each chunk takes its valid rows on its own thread (``_estimate``).
+            cols = {name: candidates[name].to_numpy() for name in Plan.field_names()}
             out = self._estimate(cols, np.flatnonzero(valid), len(candidates))
         else:
             n = len(candidates)
@@ -73,12 +73,13 @@ class CostModelEvaluator:
         return out
 
     def _estimate(self, cols: dict[str, np.ndarray], rows: np.ndarray, n: int) -> dict[str, np.ndarray]:
-        """Metric columns of ``n`` rows, ``estimate_columns`` of ``cols`` written at ``rows`` (the
-        rest NaN or False). Priced in cache-sized chunks (the cost model's intermediates then stay
-        in the CPU cache: twice as fast as one call on millions of rows), on a thread per core
-        (NumPy releases the GIL inside each operation)."""
+        """Metric columns of ``n`` rows: ``estimate_columns`` of the rows ``rows`` of ``cols``,
+        written at those rows (the rest NaN or False). Priced in cache-sized chunks (the cost model's
+        intermediates then stay in the CPU cache: twice as fast as one call on millions of rows),
+        on a thread per core (NumPy releases the GIL inside each operation)."""
         def price(start: int) -> tuple[int, dict[str, np.ndarray]]:
-            chunk = {k: v[start:start + CHUNK_ROWS] if k not in self.settings else v for k, v in cols.items()}
+            chunk = {k: v[rows[start:start + CHUNK_ROWS]] for k, v in cols.items()}
+            chunk.update(self.settings)
             return start, estimate_columns(self.model, self.hardware, chunk, self.memory_fraction)
 
         starts = range(0, len(rows), CHUNK_ROWS)

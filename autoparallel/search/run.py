@@ -52,7 +52,12 @@ class SearchResult:
         """The fitting rows, best first; filtered once per ``ranked`` frame (millions of rows on
         MoE spaces, read by every table and export of the run)."""
         if self._feasible is None or self._feasible[0] is not self.ranked:
-            self._feasible = (self.ranked, self.ranked[self.ranked["fits"]])
+            fits = self.ranked["fits"].to_numpy(dtype=bool)
+            n = int(fits.sum())
+            # A ranked frame (grid.rank) holds its fitting rows first: then they are its first n
+            # rows, a slice that shares the columns (a filter copied 1.7 M rows of 70 columns).
+            prefix = fits[:n].all()
+            self._feasible = (self.ranked, self.ranked.iloc[:n] if prefix else self.ranked[fits])
         return self._feasible[1]
 
     def plan(self, rank: int) -> Plan:
