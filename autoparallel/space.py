@@ -528,6 +528,7 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -> np.
     per_stage = model.num_layers // df.pp.to_numpy()
     edge = df["fp8_bf16_edge_layers"].to_numpy()
     local_tokens = df.mbs.to_numpy() * model.seq_length // (df.tp.to_numpy() * df.cp.to_numpy())
+    graphed = df.cuda_graph.to_numpy() != "none"
     rules = [
         # MoELayer.forward: "performance may degrade if MoE and tensor parallelism are enabled
         # without also enabling sequence parallelism" (a ValueError in training).
@@ -548,8 +549,15 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -> np.
         ((not space.fp8_attention_with_cp) & df.fp8_attention.to_numpy() & (df.cp.to_numpy() > 1),
          FP8_CP_ATTENTION_REASON),
         # TransformerConfig.__post_init__ (0.15; later releases allow the full-iteration graph).
-        ((df.cuda_graph.to_numpy() != "none") & (df.cpu_offloading_num_layers.to_numpy() > 0),
+        (graphed & (df.cpu_offloading_num_layers.to_numpy() > 0),
          "CUDA graphs not supported with CPU offloading (Megatron-Core)"),
+        # TransformerConfig.__post_init__ (Megatron-Core 0.16+, 2b343d739f "Refactor cuda_graph_scope"):
+        # a graphed recompute draws no random numbers, and the whole-layer and full-iteration graphs
+        # cover every module, so a recomputed dropout is refused.
+        (_recomputes_any(df, graphed & (model.attention_dropout != 0.0), ("core_attn",)),
+         "attention dropout is not supported with graphed attention recomputation (Megatron-Core)"),
+        (_recomputes_any(df, graphed & (model.hidden_dropout != 0.0), ("moe",)),
+         "hidden dropout is not supported with graphed MLP/MoE recomputation (Megatron-Core)"),
         # TransformerConfig.__post_init__; after the cross, because the 1F1B overlap is turned off
         # where it cannot apply (``_cross``), and there the shared-expert overlap can take its place.
         (df.moe_shared_expert_overlap.to_numpy() & df.overlap_moe_expert_parallel_comm.to_numpy(),

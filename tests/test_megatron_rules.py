@@ -85,6 +85,11 @@ RULES = [
     (CONFIG, "CUDA graphs not supported with CPU offloading.",
      "llama3-8b", 8, 128, dict(tp=1, pp=1, cuda_graph="layer", cpu_offloading_num_layers=4),
      dict(cuda_graph="none"), "CUDA graphs not supported with CPU offloading"),
+    # Megatron-Core 0.16+ (2b343d739f): a graphed recompute draws no random numbers. GPT-3 keeps GPT-2's
+    # dropouts (0.1); Llama 3 trains without, so there the same graphed recompute is accepted.
+    (CONFIG, "attention dropout is not supported with graphed attention recomputation.",
+     "gpt3-20b", 8, 128, dict(tp=8, pp=1, cuda_graph="layer", recompute="selective", recompute_modules="core_attn"),
+     dict(cuda_graph="none"), "attention dropout is not supported with graphed attention recomputation"),
     (TE_CP, "context-parallel attention takes no FP8 (fused attention under CP: F16 backend only)",
      "llama3-8b", 8, 128, dict(tp=1, pp=1, cp=2, precision="fp8-delayed", fp8_attention=True,
                                transformer_engine_version="1.6"),
@@ -233,3 +238,22 @@ def test_an_older_transformer_engine_refuses_fp8_attention_only_under_context_pa
 def test_a_transformer_engine_version_is_a_release_number(version):
     with pytest.raises(ValueError, match="transformer_engine_version must be a release such as 1.6"):
         SearchSpace(transformer_engine_version=version)
+
+
+def test_graphed_recompute_is_accepted_for_a_model_without_dropout():
+    """The dropout rules fire on the model's dropout, not on the graph and recompute alone."""
+    pins = dict(tp=8, pp=1, cuda_graph="layer", recompute="selective", recompute_modules="core_attn")
+    assert _reason("llama3-8b", 8, 128, pins) == ""
+
+
+def test_a_graphed_moe_recompute_is_refused_with_hidden_dropout():
+    """TransformerConfig.__post_init__ (Megatron-Core 0.16+): "hidden dropout is not supported with
+    graphed MLP/MoE recomputation" (no shipped MoE preset has dropout: Mixtral given some here)."""
+    mixtral = io.load_model("mixtral-8x7b")
+    pins = dict(tp=1, pp=1, ep=8, cuda_graph="full_iteration", recompute="selective", recompute_modules="moe")
+    space = SearchSpace().pinned(**{**BASE, **pins})
+    hw = io.load_hardware("b200")
+    for dropout, refused in ((0.1, True), (0.0, False)):
+        model = dataclasses.replace(mixtral, hidden_dropout=dropout)
+        reason = generate(model, hw, 8, 128, space).reason.iloc[0]
+        assert ("hidden dropout is not supported with graphed MLP/MoE recomputation" in reason) == refused, reason

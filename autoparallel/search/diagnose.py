@@ -94,6 +94,7 @@ LAYOUT_RULES = (
     Rule(r"Delayed scaling does not support moe_act and layernorm recompute", ("precision", "recompute")),
     Rule(r"^fp8-check:", ("precision", "fp8_bf16_edge_layers")),
     Rule(r"CUDA graphs not supported with CPU offloading", ("cuda_graph", "cpu_offloading_num_layers")),
+    Rule(r"dropout is not supported with graphed", ("cuda_graph", "recompute", "recompute_modules")),
     Rule(r"FP8 attention under context parallelism needs TransformerEngine", ("fp8_attention", "cp",
                                                                                "transformer_engine_version")),
 )
