@@ -43,7 +43,7 @@ def test_pinned_point_that_does_not_fit(capsys):
     (["--weight-precision", "int4"], "--weight-precision 'int4' is not one of bf16, fp16, fp8"),
     (["--kv-precision", "fp4"], "--kv-precision 'fp4' is not one of bf16, fp16, fp8"),
     (["--latency-metric", "p99", "--max-latency-ms", "50"], "--latency-metric 'p99' is not one of ttft, tpot, e2e"),
-    (["--tp", "3", "--pp", "1", "--max-batch", "1"], "tp*pp=3 does not divide 8 GPUs"),
+    (["--tp", "3", "--pp", "1", "--max-batch", "1"], "--tp 3 does not divide --gpus 8: --tp can be 1, 2, 4, 8"),
     (["--engine", "tgi"], "unknown serving engine 'tgi'; valid: tensorrt-llm"),
     (["--max-latency-ms", "50", "--max-tpot-ms", "40"], "contradicts --max-tpot-ms 40"),
     (["--input-len", "2048", "--max-model-len", "2000"], "--max-model-len 2000 is shorter than --input-len 2048"),
