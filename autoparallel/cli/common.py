@@ -57,9 +57,9 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fp8-attention", action=argparse.BooleanOptionalAction,
                    help="FP8 dot-product attention (--fp8-dot-product-attention; fp8-delayed / fp8-current)")
     g.add_argument("--transformer-engine-version", metavar="X.Y", type=release,
-                   help="the TransformerEngine release the run uses (default: a current one); what an older "
-                        "one cannot run is refused: FP8 attention under context parallelism needs 1.10 (MLPerf "
-                        "v4.0's TE 1.6 runs it in BF16)")
+                   help="the TransformerEngine release the run uses (default: a current one); before 1.10 "
+                        "(MLPerf v4.0's 1.6) FP8 attention under context parallelism is refused (it runs in "
+                        "BF16) and activation offloading is priced one layer at a time")
     g.add_argument("--tp-only-amax-red", action=argparse.BooleanOptionalAction,
                    help="reduce the fp8-delayed recipe's amaxes over TP only, not TP x DP (--tp-only-amax-red)")
     g.add_argument("--activation-func-fp8-input-store", action=argparse.BooleanOptionalAction,
