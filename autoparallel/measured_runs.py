@@ -26,6 +26,7 @@ import pandas as pd
 
 from autoparallel import io, mlperf_corrections, ranges, resources, safefile
 from autoparallel.costmodel import flops
+from autoparallel.costmodel.candidates import Candidates, candidates
 from autoparallel.costmodel.estimate import estimate_columns
 from autoparallel.errors import UserError
 from autoparallel.space import SPLIT_COLUMNS, SearchSpace, generate
@@ -429,14 +430,25 @@ def best_candidate(out: dict) -> int:
     return int(np.argmin(out["peak_memory_gib"]))
 
 
+def priced(prepared: PreparedRow, hw: HardwareSpec | None = None) -> tuple[dict, int]:
+    """``estimate_columns`` of a row's candidates on ``hw`` (default: the row's GPU) and the index
+    of the one ``best_candidate`` takes: the candidate ``predict_row`` reports."""
+    out = estimate_columns(prepared.model, hw or prepared.hardware, prepared.cols, prepared.memory_fraction)
+    return out, best_candidate(out)
+
+
+def chosen(prepared: PreparedRow, i: int) -> Candidates:
+    """The cost model's inputs of a row's candidate ``i`` alone (for scripts that read its terms)."""
+    return candidates(prepared.model, prepared.hardware, {k: v[i:i + 1] for k, v in prepared.cols.items()})
+
+
 def predict_row(prepared: PreparedRow, efficiency: Efficiency | None = None) -> dict:
     """The best predicted layout consistent with the row, and the metric its source reports;
     ``efficiency`` replaces the constants of the row's GPU (calibration tries many)."""
     row, model = prepared.row, prepared.model
     hw = prepared.hardware if efficiency is None else dataclasses.replace(prepared.hardware, efficiency=efficiency)
-    out = estimate_columns(model, hw, prepared.cols, prepared.memory_fraction)
+    out, i = priced(prepared, hw)
     fits = out["fits"]
-    i = best_candidate(out)
     best = prepared.candidates.iloc[i]
     # The constants describe the newest release they were fitted on; an older one runs slower.
     speed = hw.efficiency.release_speed.get(prepared.software, 1.0)

@@ -39,9 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from autoparallel.costmodel import layer_time as lt
-from autoparallel.costmodel.candidates import candidates
-from autoparallel.costmodel.estimate import estimate_columns
-from autoparallel.measured_runs import best_candidate, load_runs, predict_row, validation_runs
+from autoparallel.measured_runs import chosen, load_runs, predict_row, priced, validation_runs
 
 # Megatron-Bridge docs/releases/software-versions.md (v0.3.0-v0.6.0): NeMo container -> (TE, cuDNN).
 RELEASES = {"25.11": ("2.9", (9, 13, 1)), "26.02": ("2.12", (9, 18, 0)), "26.04": ("2.14", (9, 20, 0)),
@@ -116,18 +114,17 @@ def part2() -> None:
         if "gpt-oss" not in p.id or gpu not in ("b200", "b300", "gb200", "gb300"):
             continue
         r = predict_row(p)
-        out = estimate_columns(p.model, p.hardware, p.cols, p.memory_fraction)
-        i = best_candidate(out)
-        x = candidates(p.model, p.hardware, {k: v[i:i + 1] for k, v in p.cols.items()})
+        out, i = priced(p)
+        x = chosen(p, i)
         n = float(x.m[0]) * p.model.num_layers / float(x.p[0])
-        priced = 3.0 * float(lt.attention_time(x)[0]) * n
+        attention_s = 3.0 * float(lt.attention_time(x)[0]) * n
         step = float(out["step_time_s"][i])
         measured = step * r["predicted"] / r["measured"]
         low, high = published_attention_s(gpu, p.hardware, int(x.b[0]), p.model.seq_length,
                                           p.model.num_attention_heads, p.model.num_layers / float(x.p[0]),
                                           float(x.m[0]))
-        at_mid = (measured / (step - priced + (low + high) / 2.0) - 1.0) * 100.0
-        print(f"| {p.id} | {r['error_pct']:+.1f} | {step:.2f} | {priced:.2f} | {low:.2f}-{high:.2f} | {at_mid:+.1f} |")
+        at_mid = (measured / (step - attention_s + (low + high) / 2.0) - 1.0) * 100.0
+        print(f"| {p.id} | {r['error_pct']:+.1f} | {step:.2f} | {attention_s:.2f} | {low:.2f}-{high:.2f} | {at_mid:+.1f} |")
 
 
 def part3() -> None:
@@ -139,9 +136,8 @@ def part3() -> None:
         if "gpt-oss" not in p.id or "mxfp8" not in p.id or "26.06.01" not in p.id:
             continue
         r = predict_row(p)
-        out = estimate_columns(p.model, p.hardware, p.cols, p.memory_fraction)
-        i = best_candidate(out)
-        x = candidates(p.model, p.hardware, {k: v[i:i + 1] for k, v in p.cols.items()})
+        out, i = priced(p)
+        x = chosen(p, i)
         if not bool(x.flag("cutedsl_fused_grouped_mlp")[0]):
             continue
         n = float(x.m[0]) * p.model.num_layers / float(x.p[0])

@@ -25,8 +25,7 @@ import contextlib
 import numpy as np
 
 from autoparallel.costmodel import dispatch, flops, gemm
-from autoparallel.costmodel.estimate import estimate_columns
-from autoparallel.measured_runs import best_candidate, load_runs, predict_row, validation_runs
+from autoparallel.measured_runs import load_runs, predict_row, priced, validation_runs
 
 BLACKWELL = ("b200", "b300", "gb200", "gb300")
 
@@ -92,8 +91,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for p in rows:
         r = predict_row(p)
-        out = estimate_columns(p.model, p.hardware, p.cols, p.memory_fraction)
-        i = best_candidate(out)
+        out, i = priced(p)
         step = float(out["step_time_s"][i])
         measured = step * r["predicted"] / r["measured"]
         terms = {k: float(out[k][i]) for k in ("compute_s", "ep_comm_s", "dp_comm_s")}

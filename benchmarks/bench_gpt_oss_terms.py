@@ -16,9 +16,7 @@ import sys
 
 from autoparallel.costmodel import gemm, moe
 from autoparallel.costmodel import layer_time as lt
-from autoparallel.costmodel.candidates import candidates
-from autoparallel.costmodel.estimate import estimate_columns
-from autoparallel.measured_runs import best_candidate, load_runs, predict_row, validation_runs
+from autoparallel.measured_runs import chosen, load_runs, predict_row, priced, validation_runs
 
 
 def main(patterns: list[str]) -> None:
@@ -28,9 +26,8 @@ def main(patterns: list[str]) -> None:
         if not any(s in p.id for s in patterns):
             continue
         r = predict_row(p)
-        out = estimate_columns(p.model, p.hardware, p.cols, p.memory_fraction)
-        i = best_candidate(out)
-        x = candidates(p.model, p.hardware, {k: v[i:i + 1] for k, v in p.cols.items()})
+        out, i = priced(p)
+        x = chosen(p, i)
         # layer-micro-batches on the stage priced: the model's layers over PP (these rows split evenly)
         n = float(x.m[0]) * p.model.num_layers / float(x.p[0])
         bias, clamp = lt.expert_bias_time(x), lt.glu_clamp_time(x, True)
