@@ -293,3 +293,44 @@ def test_pipelined_prompts_reach_their_first_token_sooner_with_a_budget_per_step
     ref = simulate_reference(cost, sched, arr, inp, out)
     np.testing.assert_allclose(per_step.first_token, ref.first_token, rtol=1e-12)
     np.testing.assert_allclose(per_step.finish, ref.finish, rtol=1e-12)
+
+
+def _mlperf_llama2(hardware: str, tp: int, pp: int, max_batch: int, max_num_tokens: int):
+    from autoparallel.serve import mlperf
+    s = mlperf.settings()
+    wl = load_workload(s["workloads"]["llama2-70b"])
+    cost, sched = replica(io.load_model(s["models"]["llama2-70b"]), io.load_hardware(hardware),
+                          efficiency_for("tensorrt-llm"), mlperf.harness_engine(), tp, pp, max_batch, max_num_tokens,
+                          "fp8", "fp8", 1, wl.max_input + wl.max_output, wl.max_output)
+    return wl, cost, sched
+
+
+def test_why_the_search_leaves_the_submitted_l40s_and_h100_layouts():
+    """RESULTS.md, session 37 (s37h9): the model's preference for PP over the submitted TP is the
+    all-reduce it prices on TP, not the KV pool. At 1,024 tokens L40S TP4's all-reduce (PCIe) is over
+    half its step and H100 TP2's (NVLink) over a fifth; TP1 PP4 / PP2 have none, and each pair's
+    KV pools are within 5 %."""
+    for hardware, tp_layout, pp_layout, share in (("l40s", (4, 1), (1, 4), 0.5), ("h100-sxm", (2, 1), (1, 2), 0.2)):
+        parts = {}
+        for tp, pp in (tp_layout, pp_layout):
+            _, _, sched = _mlperf_llama2(hardware, tp, pp, 1024, 4096)
+            lay = layout(io.load_model("llama2-70b"), io.load_hardware(hardware), efficiency_for("tensorrt-llm"),
+                         float(tp), float(pp), "fp8", "fp8", 1.0)
+            n = np.array([1024.0])
+            sp = stage_pass(lay, n, n, 0.0 * n, 0.0 * n)
+            parts[(tp, pp)] = (float(sp["tp_comm"][0] / sp["time"][0]), sched.kv_blocks)
+        assert parts[tp_layout][0] > share and parts[pp_layout][0] == 0.0
+        assert parts[tp_layout][1] == pytest.approx(parts[pp_layout][1], rel=0.05)
+
+
+def test_the_gh200_96gb_pool_preempts_about_once_a_request():
+    """RESULTS.md, session 37 (s37h9): on the 96 GB GH200 the submitted TP1 b806 t4096 leaves a KV pool
+    of < 2,500 blocks of 64 (< 160 k tokens) and, under MAX_UTILIZATION, an all-at-once run preempts
+    more than one request in two; the max batch is moot there (b512 and b806 within 1 %)."""
+    wl, cost, sched = _mlperf_llama2("gh200", 1, 1, 806, 4096)
+    assert sched.kv_blocks < 2500 and not sched.reserve_full
+    r = run_workload(cost, sched, wl, None, requests=1500)
+    assert r.preemptions > 0.5 * 1500
+    _, cost512, sched512 = _mlperf_llama2("gh200", 1, 1, 512, 4096)
+    r512 = run_workload(cost512, sched512, wl, None, requests=1500)
+    assert r512.output_tokens_per_s == pytest.approx(r.output_tokens_per_s, rel=0.01)
