@@ -19,7 +19,8 @@ The scheduler (``Scheduler``; one replica, its requests FIFO):
   time a decoding request fills its last one (vLLM, SGLang, TensorRT-LLM's MAX_UTILIZATION).
   A head that does not fit blocks the queue (first come, first served).
 - **iteration**: one token of every decoding request, then prompt chunks in admission order
-  under the token budget (chunked prefill; without it a prompt runs whole or waits). Under
+  under the token budget (chunked prefill; without it a prompt runs whole or waits). With PP an
+  iteration is ``pp`` micro-batch steps, each with its own budget (``Scheduler.fill``). Under
   ``prefill_priority`` (SGLang's default scheduler) an iteration with prompts to prefill runs
   only prompts, and decoding waits.
 - **preemption** (allocate-as-you-go engines): when decoding requests need more blocks than are
@@ -70,13 +71,14 @@ class Scheduler:
     chunked: bool = True
     prefill_priority: bool = False
     max_new_tokens: int = 0  # the output a full reservation holds (0: each request's own)
+    steps: int = 1  # micro-batch steps per iteration (pp), each with its own ``budget``
 
     @staticmethod
     def of(engine: ServingEngine, max_batch: int, max_num_tokens: int, pp: int, kv_blocks: int,
            max_new_tokens: int = 0) -> Scheduler:
         return Scheduler(int(max_batch * pp), int(max_num_tokens), int(kv_blocks), engine.kv_block_tokens,
                          engine.kv_reservation == "full", engine.chunked_prefill, engine.prefill_priority,
-                         int(max_new_tokens))
+                         int(max_new_tokens), int(pp))
 
     def blocks(self, tokens: int) -> int:
         return -(-int(tokens) // self.block)
@@ -84,6 +86,37 @@ class Scheduler:
     def reserved(self, inp: int, out: int) -> int:
         """Tokens a full reservation holds for a request of ``inp`` prompt and ``out`` output tokens."""
         return int(inp) + max(int(out), self.max_new_tokens)
+
+    def fill(self, decodes: int, remaining) -> list[tuple[int, int]]:
+        """Prompt chunks of one pipelined iteration: (tokens, micro-batch step) per prompt, in
+        admission order, over ``remaining`` (each prompt's tokens still to prefill), beside
+        ``decodes`` decode tokens spread evenly over the ``steps`` steps.
+
+        With PP, TensorRT-LLM runs one micro-batch scheduler call per micro-batch step, each
+        with the whole ``max_num_tokens`` (and ``max_batch_size``): trtGptModelInflightBatching.cpp
+        ``forwardAsync`` calls ``(*mMicroBatchScheduler)(fittingRequests, mInflightReqIds,
+        mMaxBatchSizeRuntime, mMaxNumTokensRuntime)`` once per micro-batch, skipping the requests
+        in flight in the other steps (NVIDIA/TensorRT-LLM, cpp/tensorrt_llm/batch_manager). A
+        step takes the contexts waiting when it is scheduled, first come first served, so the
+        steps fill in turn; a chunk runs whole in one step. An iteration of ``steps`` steps may
+        thus prefill up to ``steps`` x the budget, less its decode tokens."""
+        out, s = [], 0
+        base, extra = divmod(int(decodes), self.steps)
+        room = [self.budget - base - (1 if i < extra else 0) for i in range(self.steps)]
+        used = [i < decodes for i in range(self.steps)]
+        for rem in remaining:
+            while s < self.steps:
+                left = room[s]
+                c = min(rem, left) if self.chunked else (rem if rem <= left or not used[s] else 0)
+                if c > 0:
+                    break
+                s += 1
+            if s >= self.steps:
+                break
+            room[s] -= c
+            used[s] = True
+            out.append((c, s))
+        return out
 
 
 class IterationCost:
@@ -125,7 +158,8 @@ class IterationCost:
         With PP the round is ``m`` micro-batch steps; TensorRT-LLM's micro-batch scheduler fills
         each step with the requests not in flight and the contexts waiting at that moment, a chunk
         whole in one step (trtGptModelInflightBatching.cpp ``forwardAsync``), so the decode tokens
-        are spread evenly while the chunks go to the steps in turn. A micro-batch's next step waits
+        are spread evenly while the chunks go to the steps in turn (to the step ``Scheduler.fill``
+        placed them in, when a chunk's shape names it; else chunk j to step j mod m). A micro-batch's next step waits
         for its previous one to leave the last stage, so the round takes ``pp`` times the slowest
         step's stage time (a pipeline of balanced steps: ``pp`` times the mean)."""
         m = min(self.pp, max(seqs, 1))
@@ -137,8 +171,9 @@ class IterationCost:
 
     def _unbalanced(self, tokens, sampled, flops, nbytes, m: int, chunks) -> float:
         steps = [[0.0, 0.0, 0.0, 0.0] for _ in range(m)]  # tokens, sampled, attention FLOPs, bytes
-        for j, (c, ends, f, b) in enumerate(chunks):
-            step = steps[j % m]
+        for j, shape in enumerate(chunks):  # (tokens, ends its prompt, FLOPs, bytes[, its step])
+            c, ends, f, b = shape[:4]
+            step = steps[(shape[4] if len(shape) > 4 else j) % m]
             step[0] += c
             step[1] += ends
             step[2] += f
@@ -311,18 +346,25 @@ def simulate_reference(cost: IterationCost, sched: Scheduler, arrival, inp, out)
         flops = sum(r["pos"] for r in decoders) * cost.ctx_flops
         nbytes = sum(r["pos"] for r in decoders) * cost.ctx_bytes
         chunks, shapes = [], []
-        for r in prefilling:
-            left = sched.budget - tokens
-            rem = r["target"] - r["done"]
-            c = min(rem, left) if sched.chunked else (rem if rem <= left or tokens == 0 else 0)
-            if c <= 0:
+        placed = sched.fill(tokens, [r["target"] - r["done"] for r in prefilling]) if sched.steps > 1 else None
+        for j, r in enumerate(prefilling):
+            step = 0
+            if placed is None:
+                left = sched.budget - tokens
+                rem = r["target"] - r["done"]
+                c = min(rem, left) if sched.chunked else (rem if rem <= left or tokens == 0 else 0)
+                if c <= 0:
+                    break
+            elif j < len(placed):
+                c, step = placed[j]
+            else:
                 break
             f, b = cost.chunk_flops * c * (r["done"] + c / 2.0), cost.ctx_bytes * r["done"]
             flops += f
             nbytes += b
             tokens += c
             chunks.append((r, c))
-            shapes.append((c, float(r["done"] + c == r["target"]), f, b))
+            shapes.append((c, float(r["done"] + c == r["target"]), f, b, step))
         completing = sum(1 for r, c in chunks if r["done"] + c == r["target"])
         t += cost.time(tokens, len(decoders) + completing, flops, nbytes, len(decoders) + len(chunks), shapes)
         iterations += 1
@@ -362,6 +404,7 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
     n_dec, ctx_sum, D = 0, 0, 0
     free, t, nxt, iterations, preemptions, running = sched.kv_blocks, 0.0, 0, 0, 0, 0
     pipelined = cost.pp > 1
+    steps = sched.steps
 
     def positions(r):
         return p0[r] + (D - d0[r])
@@ -422,11 +465,18 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
         flops = (ctx_sum * cost.ctx_flops) if decodes else 0.0
         nbytes = (ctx_sum * cost.ctx_bytes) if decodes else 0.0
         chunks, shapes = [], []
-        for r in prefilling:
-            left = sched.budget - tokens
-            rem = target[r] - done[r]
-            c = min(rem, left) if sched.chunked else (rem if rem <= left or tokens == 0 else 0)
-            if c <= 0:
+        placed = sched.fill(tokens, (target[r] - done[r] for r in prefilling)) if steps > 1 else None
+        for j, r in enumerate(prefilling):
+            step = 0
+            if placed is None:
+                left = sched.budget - tokens
+                rem = target[r] - done[r]
+                c = min(rem, left) if sched.chunked else (rem if rem <= left or tokens == 0 else 0)
+                if c <= 0:
+                    break
+            elif j < len(placed):
+                c, step = placed[j]
+            else:
                 break
             f, b = cost.chunk_flops * c * (done[r] + c / 2.0), cost.ctx_bytes * done[r]
             flops += f
@@ -434,7 +484,7 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
             tokens += c
             chunks.append((r, c))
             if pipelined:
-                shapes.append((c, float(done[r] + c == target[r]), f, b))
+                shapes.append((c, float(done[r] + c == target[r]), f, b, step))
         completing = sum(1 for r, c in chunks if done[r] + c == target[r])
         t += cost.time(tokens, decodes + completing, flops, nbytes, decodes + len(chunks), shapes)
         iterations += 1
@@ -452,7 +502,10 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
             done[r] += c
             if done[r] < target[r]:
                 continue
-            prefilling.popleft()  # chunks run in admission order: a finished prompt is the first
+            if prefilling[0] == r:  # chunks run in admission order: a finished prompt is the first,
+                prefilling.popleft()
+            else:  # except where a later micro-batch step finished a later prompt (PP)
+                prefilling.remove(r)
             gen[r] += 1
             if math.isnan(first[r]):
                 first[r] = t

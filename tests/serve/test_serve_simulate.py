@@ -254,3 +254,83 @@ def test_pipelined_round_waits_for_the_step_that_holds_the_prompt():
     assert two == pytest.approx(cost.time(d + 2 * c, d + 2, 2 * f, 0.0, d + 2), rel=1e-9)
     flat = IterationCost(model, hw, eff, 2, 1, "fp8", "fp8", 1, 4096, 512)  # no PP: one step, the chunks are moot
     assert flat.time(d + c, d + 1, f, 0.0, d + 1, [(c, 1.0, f, 0.0)]) == flat.time(d + c, d + 1, f, 0.0, d + 1)
+
+
+def test_pipelined_micro_batch_steps_each_have_the_token_budget():
+    """TensorRT-LLM calls its micro-batch scheduler once per micro-batch step with the whole
+    max_num_tokens (trtGptModelInflightBatching.cpp forwardAsync), skipping requests in flight in
+    the other steps: with PP 2 an iteration prefills up to 2 x the budget less its decode tokens,
+    one chunk per prompt, the steps filled in turn. Budget 512, 100 decode tokens (50 a step):
+    prompts of 400, 600 and 1,000 tokens get 400 and 62 in step 0 (462 left there) and 462 in
+    step 1; one step (no PP) gives 400 and 12 of the 412 left."""
+    e = load_engine("tensorrt-llm")
+    two = Scheduler.of(e, 8, 512, 2, 1000)
+    assert two.steps == 2 and two.max_running == 16
+    assert two.fill(100, [400, 600, 1000]) == [(400, 0), (62, 0), (462, 1)]
+    assert two.fill(0, iter([300, 300, 300, 300])) == [(300, 0), (212, 0), (300, 1), (212, 1)]
+    one = Scheduler.of(e, 8, 512, 1, 1000)
+    assert one.fill(100, [400, 600, 1000]) == [(400, 0), (12, 0)]
+    # without chunking a prompt runs whole in a step it fits, or alone in an empty one; else it waits
+    whole = dataclasses.replace(two, chunked=False)
+    assert whole.fill(0, [400, 600, 300]) == [(400, 0), (600, 1)]
+    assert whole.fill(100, [400, 600, 300]) == [(400, 0)]
+
+
+def test_pipelined_prompts_reach_their_first_token_sooner_with_a_budget_per_step():
+    """The per-step budget on a real cost (Llama-2-70B, H100 TP1 PP2, max batch 64, 512 tokens):
+    an all-at-once run of long prompts gets its median first token earlier than with one budget
+    per iteration, and both implementations agree."""
+    model, hw = io.load_model("llama2-70b"), io.load_hardware("h100-sxm")
+    e = load_engine("tensorrt-llm")
+    sched = Scheduler.of(e, 64, 512, 2, 20000)
+    cost = IterationCost(model, hw, efficiency_for("tensorrt-llm"), 1, 2, "fp8", "fp8", 1, 4096, sched.max_running)
+    rng = np.random.default_rng(3)
+    inp, out = rng.integers(800, 1500, 200), rng.integers(50, 200, 200)
+    arr = arrivals(200, None)
+    per_step, per_round = simulate(cost, sched, arr, inp, out), simulate(cost, dataclasses.replace(sched, steps=1),
+                                                                         arr, inp, out)
+    assert np.median(per_step.ttft) < 0.9 * np.median(per_round.ttft)
+    ref = simulate_reference(cost, sched, arr, inp, out)
+    np.testing.assert_allclose(per_step.first_token, ref.first_token, rtol=1e-12)
+    np.testing.assert_allclose(per_step.finish, ref.finish, rtol=1e-12)
+
+
+def _mlperf_llama2(hardware: str, tp: int, pp: int, max_batch: int, max_num_tokens: int):
+    from autoparallel.serve import mlperf
+    s = mlperf.settings()
+    wl = load_workload(s["workloads"]["llama2-70b"])
+    cost, sched = replica(io.load_model(s["models"]["llama2-70b"]), io.load_hardware(hardware),
+                          efficiency_for("tensorrt-llm"), mlperf.harness_engine(), tp, pp, max_batch, max_num_tokens,
+                          "fp8", "fp8", 1, wl.max_input + wl.max_output, wl.max_output)
+    return wl, cost, sched
+
+
+def test_why_the_search_leaves_the_submitted_l40s_and_h100_layouts():
+    """RESULTS.md, session 37 (s37h9): the model's preference for PP over the submitted TP is the
+    all-reduce it prices on TP, not the KV pool. At 1,024 tokens L40S TP4's all-reduce (PCIe) is over
+    half its step and H100 TP2's (NVLink) over a fifth; TP1 PP4 / PP2 have none, and each pair's
+    KV pools are within 5 %."""
+    for hardware, tp_layout, pp_layout, share in (("l40s", (4, 1), (1, 4), 0.5), ("h100-sxm", (2, 1), (1, 2), 0.2)):
+        parts = {}
+        for tp, pp in (tp_layout, pp_layout):
+            _, _, sched = _mlperf_llama2(hardware, tp, pp, 1024, 4096)
+            lay = layout(io.load_model("llama2-70b"), io.load_hardware(hardware), efficiency_for("tensorrt-llm"),
+                         float(tp), float(pp), "fp8", "fp8", 1.0)
+            n = np.array([1024.0])
+            sp = stage_pass(lay, n, n, 0.0 * n, 0.0 * n)
+            parts[(tp, pp)] = (float(sp["tp_comm"][0] / sp["time"][0]), sched.kv_blocks)
+        assert parts[tp_layout][0] > share and parts[pp_layout][0] == 0.0
+        assert parts[tp_layout][1] == pytest.approx(parts[pp_layout][1], rel=0.05)
+
+
+def test_the_gh200_96gb_pool_preempts_about_once_a_request():
+    """RESULTS.md, session 37 (s37h9): on the 96 GB GH200 the submitted TP1 b806 t4096 leaves a KV pool
+    of < 2,500 blocks of 64 (< 160 k tokens) and, under MAX_UTILIZATION, an all-at-once run preempts
+    more than one request in two; the max batch is moot there (b512 and b806 within 1 %)."""
+    wl, cost, sched = _mlperf_llama2("gh200", 1, 1, 806, 4096)
+    assert sched.kv_blocks < 2500 and not sched.reserve_full
+    r = run_workload(cost, sched, wl, None, requests=1500)
+    assert r.preemptions > 0.5 * 1500
+    _, cost512, sched512 = _mlperf_llama2("gh200", 1, 1, 512, 4096)
+    r512 = run_workload(cost512, sched512, wl, None, requests=1500)
+    assert r512.output_tokens_per_s == pytest.approx(r.output_tokens_per_s, rel=0.01)
