@@ -254,12 +254,13 @@ def moe_expert_calls(x: Candidates):
     (BF16 and NVFP4: 2 forward, 4 backward per expert; FP8 / MXFP8: 4 and 6), and each costs the host
     the same time (``expert_call_count``). In the plain 1F1B schedules the GPU waits for the
     forward's calls only: the dropless dispatcher syncs the host with the GPU before every forward
-    all-to-all (``combined_host_stall``), so the host issues the forward's experts with the GPU's
-    queue empty, while the backward has no sync (its all-to-alls reuse the forward's splits) and the
-    host issues its calls ahead of the GPU's work; under the 1F1B all-to-all overlap both passes'
-    calls bound the layer instead (``combined_host_stall``). Priced under CUDA graphs as well: a graph replays the same per-expert kernels (their host
-    share goes, their GPU share stays, and the split is not known), and the newer recipes'
-    full-iteration graphs also pad every expert to a capacity, which the cost model does not price;
+    all-to-all, so the host issues the forward's experts with the GPU's queue empty, while the
+    backward has no sync (its all-to-alls reuse the forward's splits) and the host issues its calls
+    ahead of the GPU's work; under the 1F1B all-to-all overlap both passes' calls bound the layer
+    instead (``combined_host_stall``). Priced under CUDA graphs as well: a graph replays the same
+    per-expert kernels (their host share goes, their GPU share stays, and the split is not known),
+    and the newer recipes' full-iteration graphs also pad every expert to a capacity, which the
+    cost model does not price;
     dropping the cost under a graph moved the newer MoE rows 17.0 -> 16.8 % and their worst row
     90 -> 116 % (benchmarks/RESULTS.md, issue 22 helper h6-experts). A plan that runs TE's fused
     CuTe-DSL grouped MLP (``cutedsl_fused_grouped_mlp``) has no such loop: ``fused_grouped_mlp_calls``
@@ -335,14 +336,15 @@ def fused_grouped_mlp_calls(x: Candidates, t_experts):
     """(forward, backward) seconds the fused CuTe-DSL grouped MLP adds to the routed experts' GEMMs
     (``t_experts``, the forward) in place of ``moe_expert_calls``: its forward's ``FUSED_MLP_KERNELS``
     launches, each at the fitted cost of one call (``moe_expert_call_s``) whatever the number of
-    local experts (the backward's, like the looped backward's calls, are not waited for), and the rows each local expert is padded by to ``FUSED_MLP_ALIGN_TOKENS`` (half an
-    alignment on average) at the routed experts' GEMM speed, twice over in the backward (dgrad and
-    wgrad). The GLU, the probability scale and the MXFP8 quantizes run in the GEMMs' epilogues: their
-    bytes stay priced as the unfused kernels' (``activation_bytes``)."""
-    kernels = (x.hw.efficiency.moe_expert_call_s * FUSED_MLP_KERNELS[0], 0.0)
+    local experts (the backward's, like the looped backward's calls, are not waited for), and the
+    rows each local expert is padded by to ``FUSED_MLP_ALIGN_TOKENS`` (half an alignment on average)
+    at the routed experts' GEMM speed, twice over in the backward (dgrad and wgrad). The GLU, the
+    probability scale and the MXFP8 quantizes run in the GEMMs' epilogues: their bytes stay priced
+    as the unfused kernels' (``activation_bytes``)."""
+    forward_launches = x.hw.efficiency.moe_expert_call_s * FUSED_MLP_KERNELS[0]
     routed = moe.tokens_per_expert(x.model, x.tokens / x.t, x.e, x.et) * x.imbalance
     padding = t_experts * (FUSED_MLP_ALIGN_TOKENS / 2.0) / routed  # every local expert's share alike
-    return kernels[0] + padding, kernels[1] + 2.0 * padding
+    return forward_launches + padding, 2.0 * padding
 
 
 # Megatron-Core's paged stashing (``moe_paged_stash``, Megatron-LM d98e8a64dd
