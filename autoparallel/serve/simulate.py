@@ -153,15 +153,16 @@ class IterationCost:
     def time(self, tokens: int, sampled: int, flops: float, nbytes: float, seqs: int, chunks=()) -> float:
         """One iteration: ``tokens`` processed, ``sampled`` sequences sampled, attention ``flops`` /
         ``nbytes`` (one layer, one GPU), ``seqs`` sequences in the batch; ``chunks``: the prompt
-        chunks among them, (tokens, attention FLOPs, bytes, 1 if it ends its prompt) each.
+        chunks among them, (tokens, 1 if it ends its prompt, attention FLOPs, bytes[, its step]) each.
 
         With PP the round is ``m`` micro-batch steps; TensorRT-LLM's micro-batch scheduler fills
         each step with the requests not in flight and the contexts waiting at that moment, a chunk
         whole in one step (trtGptModelInflightBatching.cpp ``forwardAsync``), so the decode tokens
         are spread evenly while the chunks go to the steps in turn (to the step ``Scheduler.fill``
-        placed them in, when a chunk's shape names it; else chunk j to step j mod m). A micro-batch's next step waits
-        for its previous one to leave the last stage, so the round takes ``pp`` times the slowest
-        step's stage time (a pipeline of balanced steps: ``pp`` times the mean)."""
+        placed them in, when a chunk's shape names it; else chunk j to step j mod m). A
+        micro-batch's next step waits for its previous one to leave the last stage, so the round
+        takes ``pp`` times the slowest step's stage time (a pipeline of balanced steps: ``pp`` times
+        the mean)."""
         m = min(self.pp, max(seqs, 1))
         if m > 1 and chunks:
             return self._unbalanced(tokens, sampled, flops, nbytes, m, chunks)
