@@ -87,6 +87,23 @@ class Scheduler:
         """Tokens a full reservation holds for a request of ``inp`` prompt and ``out`` output tokens."""
         return int(inp) + max(int(out), self.max_new_tokens)
 
+    def chunks(self, decodes: int, remaining) -> list[tuple[int, int]]:
+        """Prompt chunks of one iteration: (tokens, micro-batch step) of the first prompts in
+        admission order, over ``remaining`` (each prompt's tokens still to prefill), beside
+        ``decodes`` decode tokens, under the token budget (chunked prefill; without it a prompt runs
+        whole or waits, but alone it always runs); with PP, ``fill``."""
+        if self.steps > 1:
+            return self.fill(decodes, remaining)
+        out, tokens = [], int(decodes)
+        for rem in remaining:
+            left = self.budget - tokens
+            c = min(rem, left) if self.chunked else (rem if rem <= left or tokens == 0 else 0)
+            if c <= 0:
+                break
+            tokens += c
+            out.append((c, 0))
+        return out
+
     def fill(self, decodes: int, remaining) -> list[tuple[int, int]]:
         """Prompt chunks of one pipelined iteration: (tokens, micro-batch step) per prompt, in
         admission order, over ``remaining`` (each prompt's tokens still to prefill), beside
@@ -347,19 +364,8 @@ def simulate_reference(cost: IterationCost, sched: Scheduler, arrival, inp, out)
         flops = sum(r["pos"] for r in decoders) * cost.ctx_flops
         nbytes = sum(r["pos"] for r in decoders) * cost.ctx_bytes
         chunks, shapes = [], []
-        placed = sched.fill(tokens, [r["target"] - r["done"] for r in prefilling]) if sched.steps > 1 else None
-        for j, r in enumerate(prefilling):
-            step = 0
-            if placed is None:
-                left = sched.budget - tokens
-                rem = r["target"] - r["done"]
-                c = min(rem, left) if sched.chunked else (rem if rem <= left or tokens == 0 else 0)
-                if c <= 0:
-                    break
-            elif j < len(placed):
-                c, step = placed[j]
-            else:
-                break
+        placed = sched.chunks(tokens, [r["target"] - r["done"] for r in prefilling])
+        for r, (c, step) in zip(prefilling, placed):
             f, b = cost.chunk_flops * c * (r["done"] + c / 2.0), cost.ctx_bytes * r["done"]
             flops += f
             nbytes += b
@@ -405,7 +411,6 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
     n_dec, ctx_sum, D = 0, 0, 0
     free, t, nxt, iterations, preemptions, running = sched.kv_blocks, 0.0, 0, 0, 0, 0
     pipelined = cost.pp > 1
-    steps = sched.steps
 
     def positions(r):
         return p0[r] + (D - d0[r])
@@ -466,19 +471,8 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
         flops = (ctx_sum * cost.ctx_flops) if decodes else 0.0
         nbytes = (ctx_sum * cost.ctx_bytes) if decodes else 0.0
         chunks, shapes = [], []
-        placed = sched.fill(tokens, (target[r] - done[r] for r in prefilling)) if steps > 1 else None
-        for j, r in enumerate(prefilling):
-            step = 0
-            if placed is None:
-                left = sched.budget - tokens
-                rem = target[r] - done[r]
-                c = min(rem, left) if sched.chunked else (rem if rem <= left or tokens == 0 else 0)
-                if c <= 0:
-                    break
-            elif j < len(placed):
-                c, step = placed[j]
-            else:
-                break
+        placed = sched.chunks(tokens, [target[r] - done[r] for r in prefilling])
+        for r, (c, step) in zip(prefilling, placed):
             f, b = cost.chunk_flops * c * (done[r] + c / 2.0), cost.ctx_bytes * done[r]
             flops += f
             nbytes += b
