@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -114,19 +113,13 @@ def request_of(args: argparse.Namespace):
                                      max_model_len=args.max_model_len)
 
 
-def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted({*small, *(n // d for d in small)})
-
-
 def _check_replica(gpus: int, tp: int | None, pp: int | None) -> None:
     """A replica takes tp*pp GPUs, so a pinned --tp, --pp or both must divide --gpus: said here, with
     the values that would, rather than as every candidate's rejection."""
+    from autoparallel.search.diagnose import divisors_listed
     for flag, value in (("--tp", tp), ("--pp", pp)):
         if value is not None and gpus % value:
-            shown = _divisors(gpus)
-            listed = ", ".join(map(str, shown[:12])) + (", ..." if len(shown) > 12 else "")
-            raise UserError(f"{flag} {value} does not divide --gpus {gpus}: {flag} can be {listed}")
+            raise UserError(f"{flag} {value} does not divide --gpus {gpus}: {flag} can be {divisors_listed(gpus)}")
     if tp is not None and pp is not None and gpus % (tp * pp):
         raise UserError(f"--tp {tp} x --pp {pp} = {tp * pp} GPUs a replica does not divide --gpus {gpus}")
 

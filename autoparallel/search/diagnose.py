@@ -147,7 +147,7 @@ def _group_message(frame: pd.DataFrame, rules: tuple[Rule, ...], fixed: dict, gp
         if rule is GBS_RULE:
             return _gbs_message(frame[hit], gpus, gbs, fixed)
         message = _pinned_lead(rule.knobs, fixed) + reasons[hit].iloc[0]
-        return message + (f"; tp*pp*cp can be {_divisors(gpus)}" if rule is DIVIDE_RULE else "")
+        return message + (f"; tp*pp*cp can be {divisors_listed(gpus)}" if rule is DIVIDE_RULE else "")
     counts = reasons[reasons != ""].value_counts()  # reasons no pattern knows: the most common
     return "; ".join(f"{n} x {reason}" for reason, n in counts.head(3).items())
 
@@ -169,7 +169,9 @@ def _gbs_message(rows: pd.DataFrame, gpus: int, gbs: int, fixed: dict) -> str:
             f"is {product}): choose a --gbs divisible by {product} or another GPU count")
 
 
-def _divisors(n: int, shown: int = 12) -> str:
+def divisors_listed(n: int, shown: int = 12) -> str:
+    """The divisors of ``n`` in order, the first ``shown`` of them, for an error naming the values
+    a GPU count allows ("1, 2, 4, 8")."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     every = sorted({*small, *(n // d for d in small)})
     return ", ".join(map(str, every[:shown])) + (", ..." if len(every) > shown else "")
