@@ -116,7 +116,6 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _show(result, args: argparse.Namespace, how: str, run_dir: Path | None) -> None:
-    from autoparallel.report.tables import print_ranked
     train = result.train = time_to_train.from_args(args, result.gpus)
     if args.json:
         records = result.records(args.top)
@@ -124,15 +123,21 @@ def _show(result, args: argparse.Namespace, how: str, run_dir: Path | None) -> N
             r["time_to_train"] = train.record(r["tokens_per_s_per_gpu"])
         print(json.dumps(records, indent=1))
         return
-    title = (f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}, "
-             f"seq {result.model.seq_length}: top "
-             f"{min(args.top, len(result.feasible))} of {len(result.feasible):,} feasible ({how})")
     where = "" if args.no_save else "; all in the run folder's ranked.md"
-    print_ranked(result.ranked, title, args.top, console, result.hardware, result.space.memory_fraction,
-                 args.wide, args.explain, where, train, moe=result.model.is_moe,
-                 lora=is_lora(result.model))
+    print_table(result, args.top, where, f" ({how})", args.wide, args.explain)
     if run_dir:
         _next_steps(result, run_dir)
+
+
+def print_table(result, top: int, where: str, how: str = "", wide: bool = False, explain: bool = False) -> None:
+    """A search's ranked table on the terminal, its title counting the feasible layouts (``how``: how
+    they were found, appended to it), as ``search`` and ``report`` print it."""
+    from autoparallel.report.tables import print_ranked
+    feasible = len(result.feasible)
+    title = (f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}, "
+             f"seq {result.model.seq_length}: top {min(top, feasible)} of {feasible:,} feasible{how}")
+    print_ranked(result.ranked, title, top, console, result.hardware, result.space.memory_fraction, wide, explain,
+                 where, result.train, moe=result.model.is_moe, lora=is_lora(result.model))
 
 
 def _next_steps(result, run_dir: Path) -> None:

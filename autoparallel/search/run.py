@@ -439,10 +439,10 @@ def _merge_profiled(result: SearchResult, run_dir: Path) -> None:
     result.ranked = measured.merge(result.ranked, saved)
 
 
-def report(run_dir: Path, shown: dict | None = None) -> Path:
+def report(run_dir: Path) -> tuple[Path, SearchResult]:
     """Re-render a run's tables (from the study storage for sampler runs, from candidates.csv for
-    grid runs, whose CSV is the record itself) and write report.html; ``shown`` (a dict) gets the
-    run's result under "result", for the terminal table."""
+    grid runs, whose CSV is the record itself) and write report.html: its path, and the run's
+    result for the terminal table."""
     from autoparallel.report import html
     run_dir = Path(run_dir)
     inputs, model, hw, space = load_inputs(run_dir)
@@ -463,6 +463,4 @@ def report(run_dir: Path, shown: dict | None = None) -> Path:
                        result.feasible_total)
     path = run_dir / "report.html"
     run_folder.write_atomic(path, page)
-    if shown is not None:
-        shown["result"] = result
-    return path
+    return path, result
