@@ -27,11 +27,11 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from autoparallel.costmodel import pipeline
-from autoparallel.costmodel.finetune import is_lora as lora
 from autoparallel.argtypes import RELEASE_PATTERN
+from autoparallel.costmodel import pipeline
 from autoparallel.costmodel.candidates import RECOMPUTE_MODULES  # the modules the cost model prices
-from autoparallel.costmodel.candidates import release_at_least
+from autoparallel.costmodel.candidates import TE_VERSION_COLUMN, release_at_least
+from autoparallel.costmodel.finetune import is_lora as lora
 from autoparallel.errors import UserError
 from autoparallel.io import from_dict, read_yaml, resolve_preset
 from autoparallel.specs.hardware import HardwareSpec
@@ -147,24 +147,20 @@ class SearchSpace:
             raise ValueError(f"full_recompute_fractions must be in (0, 1], got {list(self.full_recompute_fractions)}")
         if not self.cpu_offload_fractions or any(not 0 <= f < 1 for f in self.cpu_offload_fractions):
             raise ValueError(f"cpu_offload_fractions must be in [0, 1), got {list(self.cpu_offload_fractions)}")
-        if self.transformer_engine_version and not re.fullmatch(RELEASE_PATTERN, self.transformer_engine_version):
+        release = self.transformer_engine_version
+        if release and not re.fullmatch(RELEASE_PATTERN, release):
             raise ValueError("transformer_engine_version must be a release such as 1.6 or 2.9 (or empty for a "
                              f"current one), got {self.transformer_engine_version!r}")
 
-    def transformer_engine_at_least(self, major: int, minor: int) -> bool:
-        """Whether the run's TransformerEngine (``transformer_engine_version``; empty: a current
-        one) is release ``major.minor`` or later."""
-        return release_at_least(self.transformer_engine_version, major, minor)
-
     def cost_settings(self) -> dict[str, str]:
         """The run-level facts the cost model prices (columns every candidate shares): the TE
-        release where one is given (``costmodel.candidates.TE_VERSION_COLUMN``)."""
-        return {"transformer_engine_version": self.transformer_engine_version} if self.transformer_engine_version else {}
+        release where one is given."""
+        return {TE_VERSION_COLUMN: self.transformer_engine_version} if self.transformer_engine_version else {}
 
     @property
     def fp8_attention_with_cp(self) -> bool:
         """Whether the run's TE runs FP8 attention under context parallelism (1.10 and later)."""
-        return self.transformer_engine_at_least(1, 10)
+        return release_at_least(self.transformer_engine_version, 1, 10)
 
     def pinned(self, **pins: Any) -> SearchSpace:
         """This space with each given knob fixed to one value (None leaves it searched)."""
@@ -180,8 +176,9 @@ class SearchSpace:
 
 PINNED_SPLIT = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
-SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "transformer_engine_version", "uneven_pipeline_split", "cpu_offloading_num_layers",
-            "pipeline_layout_max_vp", "pipeline_layout", "dispatcher_by_ep_span", *PINNED_SPLIT)
+SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "transformer_engine_version", "uneven_pipeline_split",
+            "cpu_offloading_num_layers", "pipeline_layout_max_vp", "pipeline_layout", "dispatcher_by_ep_span",
+            *PINNED_SPLIT)
 
 
 def load_space(name_or_path: str = "training") -> SearchSpace:
@@ -645,7 +642,8 @@ def _cross_dispatchers(structures: pd.DataFrame, features: pd.DataFrame, model: 
     dispatcher = features.moe_token_dispatcher_type
     inside = _cross(structures[~across], features[dispatcher != "flex"], shared)
     spanning = _cross(structures[across], features[dispatcher != "alltoall"], shared)
-    return _Crossed(np.concatenate([np.flatnonzero(~across)[inside.structure], np.flatnonzero(across)[spanning.structure]]),
+    return _Crossed(np.concatenate([np.flatnonzero(~across)[inside.structure],
+                                    np.flatnonzero(across)[spanning.structure]]),
                     np.concatenate([inside.variant, len(inside.variants) + spanning.variant]),
                     pd.concat([inside.variants, spanning.variants], ignore_index=True))
 

@@ -1,7 +1,6 @@
 """The fine-tuning flags of ``search`` and ``estimate``: which weights train (``--finetune full|lora``,
-``--lora-rank``, ``--lora-targets``, ``--lora-dropout``, ``--lora-a2a``, ``--fp8-transpose-per-microbatch``) and
-packed sequences (``--packed-sequence``,
-``--document-tokens``). They make the model a fine-tuning run (``specs.finetune.Finetune``),
+``--lora-rank``, ``--lora-targets``, ``--lora-dropout``, ``--lora-a2a``, ``--fp8-transpose-per-microbatch``)
+and packed sequences (``--packed-sequence``, ``--document-tokens``). They make the model a fine-tuning run (``specs.finetune.Finetune``),
 which the cost model prices and the exports carry; without ``--finetune`` a run is pre-training.
 """
 

@@ -80,15 +80,14 @@ def offload_time(x: Candidates, layers: Layers):
             x.fsdp, comm.internode_bytes(mean("params") * per_param, x.dp_group, x.dp_per_node)
             + comm.internode_bytes(mean("expert_params") * per_param, x.edp_group, x.edp_per_node), 0.0)
         host_link = np.maximum(host_link - fsdp_network / mean("compute"), 0.1 * host_link)
-    transfer = x.offloaded * mean("stored") / host_link
-    first_forward = x.first_layers * mean("forward")
-    windowed = (np.maximum(transfer - first_forward, 0.0)
-                + np.maximum(transfer - (x.first_layers * mean("compute") - first_forward), 0.0))
+    def exposed(transfer, forward, compute):  # each way's transfer beyond the pass that hides it
+        return np.maximum(transfer - forward, 0.0) + np.maximum(transfer - (compute - forward), 0.0)
+
+    windowed = exposed(x.offloaded * mean("stored") / host_link, x.first_layers * mean("forward"),
+                       x.first_layers * mean("compute"))
     # Before TE 1.10: per offloaded layer, its transfer against one layer's forward and backward, and
     # the copy into the double buffer (read and write on the GPU).
-    layer_transfer, forward = mean("stored") / host_link, mean("forward")
-    per_layer = x.offloaded * (np.maximum(layer_transfer - forward, 0.0)
-                               + np.maximum(layer_transfer - (mean("compute") - forward), 0.0)
+    per_layer = x.offloaded * (exposed(mean("stored") / host_link, mean("forward"), mean("compute"))
                                + 2.0 * mean("stored") / x.hbm)
     return np.where(x.windowed_offload, windowed, per_layer)
 
