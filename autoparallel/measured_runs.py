@@ -26,7 +26,7 @@ import pandas as pd
 
 from autoparallel import io, mlperf_corrections, ranges, resources, safefile
 from autoparallel.costmodel import flops
-from autoparallel.costmodel.candidates import Candidates, candidates
+from autoparallel.costmodel.candidates import Candidates, candidates, fp8_cp_attention
 from autoparallel.costmodel.estimate import estimate_columns
 from autoparallel.errors import UserError
 from autoparallel.space import SPLIT_COLUMNS, SearchSpace, generate
@@ -510,14 +510,13 @@ MLPERF_MODEL = {"gpt3-175b": dict(num_layers=96, hidden_size=12288, num_attentio
 # (its 5 "bf16" rows: two state FP8_DPA=1, which TE runs only under FP8, and NVIDIA's H200 TP1 row
 # could not hold the 70B base in BF16 on one 141 GB GPU).
 LORA_PRECISION = "fp8-delayed"
-# MLPerf rounds whose images built a TransformerEngine that runs context-parallel attention in BF16
-# whatever fp8_dot_product_attention (FP8_DPA) asks: every v4.0 LoRA implementation's Dockerfile pins
-# TE 1.6 (TE_REVISION v1.6rc2, release_v1.6, or 090e724, tagged v1.6rc2; training_results_v4.0), whose
-# AttnFuncWithCP takes no FP8 and whose backend filter keeps fused attention under CP to the F16
-# backend (transformer_engine/pytorch/attention.py v1.6); FP8 joined CP attention in TE 1.10
-# (TransformerEngine 311b6b6, "Add FP8 support to CP implementation with KV P2P (#1114)"). The FP8
-# attention of a row in such a round at CP > 1 is priced off.
-BF16_CP_ATTENTION_ROUNDS = ("v4.0",)
+# The TransformerEngine release of the MLPerf rounds whose LoRA images built an older one than the cost
+# model's current TE: every v4.0 implementation's Dockerfile pins TE 1.6 (TE_REVISION v1.6rc2,
+# release_v1.6, or 090e724, tagged v1.6rc2; training_results_v4.0), whose AttnFuncWithCP takes no FP8
+# and whose backend filter keeps fused attention under CP to the F16 backend
+# (transformer_engine/pytorch/attention.py v1.6). The FP8 attention (FP8_DPA) of a row whose round's TE
+# runs none under CP (``candidates.fp8_cp_attention``) is priced off at CP > 1.
+MLPERF_TE_RELEASE = {"v4.0": "1.6"}
 MLPERF_ID_PREFIX = {"gpt3-175b": "mlperf-", "llama2-70b-lora": "mlperflora-"}
 MLPERF_COLUMNS = ("round", "submitter", "system", "step_time_s", "other_knobs")
 
@@ -574,7 +573,7 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
         "grad_reduce_in_fp32": 0, "flash_attention": 1, "overlap_grad_reduce": 1,
         "cuda_graph": ["layer" if _knob_set(k, "LAYER_CUDA_GRAPH") else "none" for k in frame["other_knobs"]],
         "fp8_param_gather": [int(_knob_set(k, "FP8_PARAMS")) for k in frame["other_knobs"]],
-        "fp8_attention": [int(_knob_set(k, "FP8_DPA") and not (cp > 1 and r in BF16_CP_ATTENTION_ROUNDS))
+        "fp8_attention": [int(_knob_set(k, "FP8_DPA") and (cp == 1 or fp8_cp_attention(MLPERF_TE_RELEASE.get(r, ""))))
                           for k, cp, r in zip(frame["other_knobs"], frame["cp"], frame["round"].astype(str))],
         # NeMo's activation_func_fp8_input_store (the LoRA configs' FP8_ACTIVATION).
         "activation_func_fp8_input_store": [int(_knob_set(k, "FP8_ACTIVATION")) for k in frame["other_knobs"]],

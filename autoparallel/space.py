@@ -30,7 +30,7 @@ import pandas as pd
 from autoparallel.argtypes import RELEASE_PATTERN
 from autoparallel.costmodel import pipeline
 from autoparallel.costmodel.candidates import RECOMPUTE_MODULES  # the modules the cost model prices
-from autoparallel.costmodel.candidates import TE_VERSION_COLUMN, release_at_least
+from autoparallel.costmodel.candidates import TE_VERSION_COLUMN, fp8_cp_attention
 from autoparallel.costmodel.finetune import is_lora as lora
 from autoparallel.errors import UserError
 from autoparallel.io import from_dict, read_yaml, resolve_preset
@@ -102,13 +102,12 @@ class SearchSpace:
     tp_within_nvlink_domain: bool = True
     # The TransformerEngine release the run uses ("1.6", "1.10", "2.9"; "" for a current one), for
     # what an older TE cannot run: FP8 dot-product attention under context parallelism needs 1.10
-    # (TransformerEngine 311b6b6, "Add FP8 support to CP implementation with KV P2P (#1114)", first
-    # tagged v1.10). TE 1.6, which MLPerf v4.0's LoRA images pin (training_results_v4.0: every
-    # llama2_70b_lora Dockerfile, v1.6rc2 / release_v1.6 / 090e724), takes its FusedAttention's CP path
+    # (``candidates.fp8_cp_attention``). TE 1.6, which MLPerf v4.0's LoRA images pin
+    # (``measured_runs.MLPERF_TE_RELEASE``), takes its FusedAttention's CP path
     # (attn_forward_func_with_cp, no FP8) before the FP8 one and admits only the F16 backend under CP
     # (transformer_engine/pytorch/attention.py v1.6): fp8_dot_product_attention at CP > 1 runs BF16
     # attention, which the candidate without FP8 attention already prices, so the FP8 one is refused
-    # (measured_runs.BF16_CP_ATTENTION_ROUNDS prices such MLPerf rows the same way).
+    # (the MLPerf rows of such a round are priced the same way: ``measured_runs.from_mlperf``).
     transformer_engine_version: str = ""
     # Where num_layers is not divisible by pp*vp, also try Megatron's uneven splits.
     uneven_pipeline_split: bool = True
@@ -160,7 +159,7 @@ class SearchSpace:
     @property
     def fp8_attention_with_cp(self) -> bool:
         """Whether the run's TE runs FP8 attention under context parallelism (1.10 and later)."""
-        return release_at_least(self.transformer_engine_version, 1, 10)
+        return fp8_cp_attention(self.transformer_engine_version)
 
     def pinned(self, **pins: Any) -> SearchSpace:
         """This space with each given knob fixed to one value (None leaves it searched)."""

@@ -138,7 +138,7 @@ def test_the_h100_submissions_layout_fits_and_ranks_in_the_top_5_percent(h100_se
 
 def test_on_v40s_te_1_6_the_h100_submissions_layout_ranks_in_the_top_5_percent():
     """MLPerf v4.0's LoRA images pin TransformerEngine 1.6, which runs no FP8 attention under context
-    parallelism (FP8_DPA=1 there runs BF16 attention: measured_runs.BF16_CP_ATTENTION_ROUNDS) and
+    parallelism (FP8_DPA=1 there runs BF16 attention: measured_runs.MLPERF_TE_RELEASE) and
     offloads activations one layer at a time (``stages.offload_time``): with --transformer-engine-version
     1.6 the CP layouts lose the FP8 attention and the offloaded ones the whole-pass overlap that put
     them above TP4. TP4 ranks 62 of 1,851 (3.35 %) with the attention rule alone, 45 (2.43 %) with the

@@ -79,7 +79,7 @@ MLPERF_MAX_REACHED = 10.1
 # TransformerEngine 1.x runs made it (session 36, s36h4).
 # 5.85, 6.34, 34.2 with the FP8 attention and adapter all-to-all that NVIDIA's v4.0 / v4.1 configs
 # set through their config_common.sh (mlperf_corrections.yaml) and v4.0's TE 1.6 running CP attention
-# in BF16 (measured_runs.BF16_CP_ATTENTION_ROUNDS) (session 36, s36h7).
+# in BF16 (measured_runs.MLPERF_TE_RELEASE) (session 36, s36h7).
 LORA_MEAN, LORA_HELDOUT_MEAN, LORA_MAX = 5.9, 6.4, 34.3
 # Held out by system (GPU and node-count family): 9.4 % with the dense rows in their best variant,
 # 11.8 % as run (2026-11-26); 8.5 % on 2026-11-27 (adapters priced by their bytes and collectives),

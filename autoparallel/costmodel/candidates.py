@@ -74,6 +74,13 @@ def release_at_least(release: str, major: int, minor: int) -> bool:
     return tuple(int(p) for p in release.split(".")[:2]) >= (major, minor)
 
 
+def fp8_cp_attention(release: str) -> bool:
+    """Whether a TE release (empty: a current one) runs FP8 dot-product attention under context
+    parallelism: from 1.10 (TransformerEngine 311b6b6, "Add FP8 support to CP implementation with KV
+    P2P (#1114)"); an older one runs it in BF16 whatever fp8_dot_product_attention asks."""
+    return release_at_least(release, 1, 10)
+
+
 def te_at_least(values, major: int, minor: int) -> np.ndarray:
     """``release_at_least`` of each TE release in ``values``."""
     values = np.asarray(values, dtype=object)
