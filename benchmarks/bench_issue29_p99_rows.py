@@ -4,6 +4,7 @@
     PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py --csv OUT  # the rows as CSV as well
     PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py --fixed-costs  # what-if refits (~8 min)
     PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py --shape  # mean / p50 / p90 / p99 (~10 s)
+    PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py --concurrency  # at the measured N (~3 min)
 
 For each Server run that ``validate --inference`` compares (in sample; TensorRT-LLM v4.1 closed):
 the engine, GPU, benchmark, round, layout and rate per replica; the measured and simulated p99
@@ -33,6 +34,15 @@ TTFT and TPOT, mean latency; ``SUMMARIES``), measured against simulated at the s
 the TTFT in units of the mean TPOT (~ the mean decode iteration): whether a p99 miss is the
 tail's shape, the queueing (TTFT in iterations) or the service (the iteration itself), and the
 requests in flight by Little's law (rate x mean latency).
+
+``--concurrency``: for the runs of ``SUMMARIES``, the simulated replica at **matched concurrency**:
+the Poisson rate (bisection) at which its requests in flight (rate x mean latency, Little's law)
+equal the measured ones (LoadGen's rate x mean latency), and its TTFT / TPOT distribution there
+against LoadGen's; the requests in flight the simulated KV pool holds (its tokens over the
+time-averaged tokens an in-flight request holds: prompt + half its answer, in whole blocks,
+weighted by the answer's length); and the same system's Offline run (the engine at its max batch)
+as tokens/s per replica and per request in flight, measured and simulated: whether the measured
+Server iteration at N is the Offline engine's at N (the simulated curve) or slower.
 
 ``matched``: the p99s at the submitted load relative to capacity instead of the submitted rate
 (the rate scaled by the simulated / measured Offline output tokens/s per replica of the same
@@ -188,6 +198,69 @@ def at_concurrency(r, eff, n: float, requests: int = 20_000) -> float:
     return run_workload(cost, sched, wl, None, requests).steady_requests_per_s * wl.mean_output
 
 
+def rate_at_concurrency(cost, sched, wl, rate: float, n: float, steps: int = 10, requests: int = 20_000):
+    """The Poisson rate (within [0.8, 1.3] x ``rate``) at which the simulated replica holds ``n``
+    requests in flight (rate x mean latency), and the run there (the largest rate below ``n``
+    that it keeps up with)."""
+    lo, hi = 0.8 * rate, 1.3 * rate
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        sim = run_workload(cost, sched, wl, mid, requests)
+        if sim.keeps_up and mid * float(np.mean(sim.finish - sim.arrival)) < n:
+            lo = mid
+        else:
+            hi = mid
+    return lo, run_workload(cost, sched, wl, lo, 2 * requests)
+
+
+def pool_requests(sched, wl, samples: int = 200_000) -> float:
+    """Requests in flight the simulated KV pool holds on average: its tokens over the tokens an
+    in-flight request holds, time-averaged (prompt + half its answer in whole blocks, each request
+    weighted by its answer's length: the time it stays)."""
+    inp, out = wl.sample(samples, 0)
+    held = float(np.mean(np.ceil((inp + out / 2) / sched.block) * sched.block * out) / np.mean(out))
+    return sched.kv_blocks * sched.block / held
+
+
+def concurrency() -> pd.DataFrame:
+    """``SUMMARIES`` at matched concurrency (see the module docstring)."""
+    rows, _ = mlperf.load_rows()
+    eff = efficiency_for("tensorrt-llm")
+    ms = lambda x, p: 1e3 * mlperf.loadgen_percentile(x, p)  # noqa: E731
+    out = []
+    for submitter, system, benchmark, qps, ttft, tpot, latency_s in SUMMARIES:
+        same = (rows["submitter"] == submitter) & (rows["system"] == system) & (
+            rows["benchmark"].str.startswith(benchmark.split("-99")[0]))
+        r = rows[same & (rows["scenario"] == "Server") & ((rows["target_qps"] - qps).abs() < 0.5)].iloc[0]
+        rate = qps / float(r["replicas"])
+        n_meas = rate * latency_s
+        cost, sched, wl = _replica(r, eff)
+        matched, sim = rate_at_concurrency(cost, sched, wl, rate, n_meas)
+        n_sim = matched * float(np.mean(sim.finish - sim.arrival))
+        line = {"submitter": submitter, "GPU": r["hardware"], "benchmark": r["model"], "req/s/rep": rate,
+                "matched req/s": matched, "N meas / sim": f"{n_meas:,.0f} / {n_sim:,.0f}",
+                "pool holds N": pool_requests(sched, wl),
+                "TTFT mean/p50/p99 meas": "/".join(f"{v:,.0f}" for v in (ttft[0], ttft[1], ttft[3])),
+                "TTFT sim": "/".join(f"{v:,.0f}" for v in (1e3 * np.mean(sim.ttft), ms(sim.ttft, 50), ms(sim.ttft, 99))),
+                "TPOT mean/p50/p99 meas": "/".join(f"{v:,.0f}" for v in (tpot[0], tpot[1], tpot[3])),
+                "TPOT sim": "/".join(f"{v:,.0f}" for v in (1e3 * np.mean(sim.tpot), ms(sim.tpot, 50), ms(sim.tpot, 99)))}
+        off = rows[same & (rows["scenario"] == "Offline")]
+        if not off.empty:
+            o = off.iloc[0]
+            o_cost, o_sched, o_wl = _replica(o, eff)
+            o_sim = run_workload(o_cost, o_sched, o_wl, None, 20_000)
+            n_off = min(float(o["max_batch"]), pool_requests(o_sched, o_wl))
+            meas_off = float(o["tokens_per_s"]) / float(o["replicas"])
+            line["Offline tok/s/rep meas / sim"] = f"{meas_off:,.0f} / {o_sim.steady_requests_per_s * o_wl.mean_output:,.0f}"
+            # the measured Server engine's tokens/s at its N over the Offline engine's at its N,
+            # against the same ratio of the simulated curve (an all-at-once run capped at each N)
+            srv_meas = rate * float(r["out_tokens_per_sample_perf"])
+            srv_curve = at_concurrency(r, eff, n_meas) / at_concurrency(o, eff, n_off)
+            line["Server/Offline tok/s meas / sim curve"] = f"{srv_meas / meas_off:.3f} / {srv_curve:.3f}"
+        out.append(line)
+    return pd.DataFrame(out)
+
+
 def summary(frame: pd.DataFrame) -> pd.DataFrame:
     err = lambda a, b: (100 * (frame[a] - frame[b]) / frame[b]).abs()  # noqa: E731
     return pd.DataFrame([{
@@ -243,7 +316,11 @@ def main() -> None:
     p.add_argument("--csv", help="also write the rows here")
     p.add_argument("--fixed-costs", action="store_true", help="only the what-if refits (diagnostic)")
     p.add_argument("--shape", action="store_true", help="only the distributions LoadGen's summaries publish")
+    p.add_argument("--concurrency", action="store_true", help="only the summaries' runs at matched concurrency")
     args = p.parse_args()
+    if args.concurrency:
+        print(markdown(concurrency()))
+        return
     if args.shape:
         print(markdown(shape()))
         return

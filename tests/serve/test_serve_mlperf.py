@@ -351,3 +351,58 @@ def test_at_the_measured_concurrency_the_throughput_is_within_6_percent(rows, su
         cost, sched = sim(int(run["max_batch"]))
         poisson = run_workload(cost, sched, wl, rate, math.ceil(rate * run["min_duration_ms"] / 1e3))
         assert rate * float(np.mean(poisson.finish - poisson.arrival)) < 0.6 * in_flight
+
+
+def _rate_at_concurrency(cost, sched, wl, rate, n, steps=10, requests=20_000):
+    """The Poisson rate in [0.8, 1.3] x ``rate`` at which the simulated replica holds ``n`` requests
+    in flight (rate x mean latency), and a run there (benchmarks/bench_issue29_p99_rows.py --concurrency)."""
+    import numpy as np
+    lo, hi = 0.8 * rate, 1.3 * rate
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        sim = run_workload(cost, sched, wl, mid, requests)
+        if sim.keeps_up and mid * float(np.mean(sim.finish - sim.arrival)) < n:
+            lo = mid
+        else:
+            hi = mid
+    return lo, run_workload(cost, sched, wl, lo, 2 * requests)
+
+
+def test_at_the_measured_concurrency_the_tpot_distribution_is_loadgens(rows):
+    """The p99 TPOT miss at the submitted QPS is where the simulated replica operates, not what its
+    iteration costs there. NVIDIA's DGX-H100 llama2-70b Server run (75 QPS over 4 TP2 replicas;
+    LoadGen's summary: mean latency 44.95 s, so 843 requests in flight per replica; TPOT p50 156.4,
+    p99 175.4 ms): at the submitted rate the simulated replica holds ~500 and its p99 TPOT is 107 ms
+    (-39 %). Driven to hold the measured 843 (a rate ~10 % above the submitted one: its capacity at
+    mid batch is that much above the engine's) its TPOT p50 and p99 are within 10 % of LoadGen's
+    (2026-11-27: 151 / 170 ms): the per-iteration cost at the measured batch is right, so a
+    per-iteration cost growing with the batch (host work, attention) would put it off."""
+    import numpy as np
+    kept, _ = rows
+    run, cost, sched, wl = _nvidia_replica(kept, "DGX-H100_H100-SXM-80GBx8_TRT", "llama2-70b", "Server")
+    rate = run["target_qps"] / run["replicas"]
+    matched, sim = _rate_at_concurrency(cost, sched, wl, rate, rate * 44.95)
+    assert matched > 1.05 * rate
+    p = lambda q: 1e3 * mlperf.loadgen_percentile(sim.tpot, q)  # noqa: E731
+    assert p(50) == pytest.approx(156.4, rel=0.10)
+    assert p(99) == pytest.approx(175.4, rel=0.10)
+    assert 1e3 * float(np.mean(sim.tpot)) == pytest.approx(155.0, rel=0.10)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the simulated H100 Mixtral KV pool holds ~530 requests of the workload (mean input 667, fitted on the "
+    "Offline runs) but LoadGen's mean latency puts 653 in flight on NVIDIA's run (692 on Supermicro's): "
+    "the fitted input is too long for the published latency, or the pool too small (RESULTS 2026-11-27, s38h2)"))
+def test_the_simulated_pool_holds_the_requests_loadgen_measured_in_flight(rows):
+    """Little's law on LoadGen's summary (NVIDIA DGX-H100 mixtral-8x7b Server: 348 QPS over 8 TP1
+    replicas, mean latency 15.02 s) gives 653 requests in flight per replica; under MAX_UTILIZATION
+    an engine holds at most what its KV pool fits. The simulated pool over the time-averaged KV of an
+    in-flight request (prompt + half its answer, whole blocks, weighted by the answer's length)
+    must hold them."""
+    import numpy as np
+    kept, _ = rows
+    run, cost, sched, wl = _nvidia_replica(kept, "DGX-H100_H100-SXM-80GBx8_TRT", "mixtral-8x7b", "Server")
+    in_flight = run["target_qps"] / run["replicas"] * 15.02
+    inp, out = wl.sample(200_000, 0)
+    held = float(np.mean(np.ceil((inp + out / 2) / sched.block) * sched.block * out) / np.mean(out))
+    assert sched.kv_blocks * sched.block / held >= 0.97 * in_flight
