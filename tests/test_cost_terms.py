@@ -1228,6 +1228,38 @@ def test_expert_biases_cost_hbm_passes_over_the_routed_copies_and_nothing_withou
     assert all(t[0] == 0.0 for t in lt.expert_bias_time(z))
 
 
+def test_flex_dispatchers_hand_the_eager_expert_bias_fp32_probabilities(hw):
+    """GPT-OSS-120B routes in BF16, but every flex backend (HybridEP, DeepEP, NCCL-EP) casts the
+    probabilities to FP32 before dispatching them (Megatron-LM token_dispatcher.py), so under flex the
+    eager bias step moves 28 B forward and 36 B backward per element (4096 tokens x top-4 x imbalance x
+    hidden 2880, ep 8, mbs 1) where alltoall's BF16 probabilities move 12 and 12: 2.67x. Under the
+    fused grouped MLP the bias is the FC2 epilogue's, priced at the BF16 step's 12 + 12 B whatever
+    the dispatcher."""
+    model = io.load_model("gpt-oss-120b")
+    assert not model.moe_router_fp32
+    knobs = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+    alltoall = _cands(model, hw, moe_token_dispatcher_type="alltoall", **knobs)
+    flex = _cands(model, hw, moe_token_dispatcher_type="flex", **knobs)
+    fused = _cands(model, hw, moe_token_dispatcher_type="flex", cutedsl_fused_grouped_mlp=True, **knobs)
+    assert list(lt.fp32_expert_probs(alltoall)) == [False]
+    assert list(lt.fp32_expert_probs(flex)) == [True]
+    assert list(lt.fp32_expert_probs(fused)) == [False]
+    assert flex.imbalance[0] == alltoall.imbalance[0]
+    elements = 4096 * 4 * flex.imbalance[0] * 2880
+    assert [t[0] for t in lt.expert_bias_time(flex)] == pytest.approx(
+        [28 * elements / _hbm(hw), 36 * elements / _hbm(hw)], rel=REL)
+    assert [t[0] for t in lt.expert_bias_time(alltoall)] == pytest.approx(
+        [12 * elements / _hbm(hw), 12 * elements / _hbm(hw)], rel=REL)
+    assert [t[0] for t in lt.expert_bias_time(fused)] == pytest.approx(
+        [12 * elements / _hbm(hw), 12 * elements / _hbm(hw)], rel=REL)
+    # the layer's compute holds the FP32 step: 3 x its forward plus each own-backward kernel's excess
+    layer = lt.moe_layer(flex)
+    kernels = (lt.router_time(flex), lt.permutation_time(flex), lt.moe_expert_calls(flex),
+               lt.expert_bias_time(flex), lt.glu_clamp_time(flex, True))
+    own = sum(b[0] - 2 * f[0] for f, b in kernels)
+    assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
+
+
 def test_a_quick_geglus_clamp_is_eager_hbm_passes_over_the_glu_inputs(hw):
     """GPT-OSS-120B (quick-GEGLU clamped at 7), ep 8, mbs 1: 4096 tokens x top-4 x imbalance x
     2 x 2880 GLU input elements, 8 B forward (two clamps, a cat), 10 B backward (masked gradients,

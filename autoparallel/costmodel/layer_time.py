@@ -161,18 +161,39 @@ def expert_bias_bytes(probs_bytes: float, act_bytes: float = EXPERT_OUTPUT_BYTES
     return forward, backward
 
 
+def fp32_expert_probs(x: Candidates) -> np.ndarray:
+    """Whether the routing probabilities the experts' eager bias step multiplies are FP32: when the
+    model routes in FP32 (``ModelSpec.moe_router_fp32``), and under the flex dispatcher whatever the
+    router's dtype, since every flex backend hands the experts FP32 probabilities (Megatron-LM
+    ``megatron/core/transformer/moe/token_dispatcher.py``: ``_HybridEPManager.dispatch`` "HybridEP
+    only supports float32 probs" and ``_DeepepManager`` "DeepEP only supports float32 probs" cast
+    ``token_probs.float()`` before dispatching them, ``_NCCLEPManager`` passes ``token_probs.float()``;
+    HybridEP's since it entered Megatron-Core, 3df200905e, 2025-11-18, core_v0.16.0, the core of
+    every Megatron-Bridge 26.02+ container). The alltoall and allgather dispatchers permute the
+    router's own probabilities. Under TransformerEngine's fused grouped MLP
+    (``cutedsl_fused_grouped_mlp``) the bias is added in the FC2 GEMM's epilogue, not by the eager
+    step (Megatron-Core 0.18.0, the 26.06 container's, ``TEGroupedMLP.forward`` returns the fused
+    ops' output before ``_apply_bias``): nothing there is promoted to FP32 in memory, and the
+    epilogue's work stays priced at the BF16 step's bytes, as the fused MLP's other epilogue work
+    (``fused_grouped_mlp_calls``)."""
+    flex = np.asarray(x.knobs["moe_token_dispatcher_type"]) == "flex"
+    return (flex & ~x.flag("cutedsl_fused_grouped_mlp")) | x.model.moe_router_fp32
+
+
 def expert_bias_time(x: Candidates):
     """(forward, backward) seconds of adding a MoE layer's routed-expert biases (``add_bias_linear``)
     as Megatron-Core does it, eagerly (``expert_bias_bytes``), over the routed copies the busiest
     EP rank computes (``imbalance`` times the even share, gathered over ETP) and the full hidden
-    size, HBM-bound; the probabilities are FP32 when the model routes in FP32
-    (``ModelSpec.moe_router_fp32``), else BF16. Zero without expert biases."""
+    size, HBM-bound; with FP32 probabilities where the experts receive them
+    (``fp32_expert_probs``: an FP32 router, or the flex dispatcher's backends), else BF16. Zero
+    without expert biases."""
     model = x.model
     if not (model.is_moe and model.add_bias_linear):
         return np.zeros_like(x.t, dtype=float), np.zeros_like(x.t, dtype=float)
     elements = received_copies(x) * model.hidden_size
-    forward, backward = expert_bias_bytes(ROUTER_FP32_BYTES if model.moe_router_fp32 else ROUTER_BF16_BYTES)
-    return forward * elements / x.hbm, backward * elements / x.hbm
+    wide = fp32_expert_probs(x)
+    return tuple(np.where(wide, fp32, bf16) * elements / x.hbm
+                 for fp32, bf16 in zip(expert_bias_bytes(ROUTER_FP32_BYTES), expert_bias_bytes(ROUTER_BF16_BYTES)))
 
 
 # HBM bytes per element of a GLU's input (gate and up halves, BF16) that Megatron-Core's eager
