@@ -351,3 +351,42 @@ def test_at_the_measured_concurrency_the_throughput_is_within_6_percent(rows, su
         cost, sched = sim(int(run["max_batch"]))
         poisson = run_workload(cost, sched, wl, rate, math.ceil(rate * run["min_duration_ms"] / 1e3))
         assert rate * float(np.mean(poisson.finish - poisson.arrival)) < 0.6 * in_flight
+
+
+def test_pipeline_parallel_speedup_is_nvidias_published_one_point_two():
+    """NVIDIA's own TensorRT-LLM PP measurement on this benchmark (mlperf.PP_SPEEDUP: "pipeline
+    parallelism enabled a 1.2x speedup ... on HGX H100 compared to our results published in August"):
+    the layout its next round configures (TP1 PP2 b1024 t1024, KV 0.95) over the August one (TP2
+    b896 t4096, KV 0.90) is simulated within 1.2 as rounded to one decimal, Offline and Server
+    (RESULTS.md, session 38 s38h3: 1.22 / 1.23). Pricing the TP all-reduce cheaper, or PP dearer,
+    until the submitted TP2 tied with the search's PP2 (issue 29's band) would take it below 1.15."""
+    r = mlperf.pp_speedup()
+    assert r["published"] == 1.2
+    for scenario in ("offline", "server"):
+        assert 1.15 <= r[f"{scenario}_speedup"] < 1.25, (scenario, r)
+    # the August layout itself is priced as measured (v4.1 H100 TP2 Offline, 30 runs, median 3,017 tok/s/GPU)
+    assert r["before_offline"] == pytest.approx(3017, rel=0.05)
+
+
+def test_pp_beats_the_submitted_tp_only_with_a_budget_that_keeps_the_pool_from_pausing():
+    """RESULTS.md, session 38 (s38h3): what the search's TP1 PP2 b512 t512 gains over the submitted
+    H100 TP2 b896 t4096 is two terms together. PP drops the TP all-reduce, but TensorRT-LLM admits up
+    to max batch x micro-batches requests (trtGptModelInflightBatching.cpp: CapacityScheduler(
+    getMaxBatchSize() * mNumMicroBatches, ...)) into one shared KV pool, and under MAX_UTILIZATION
+    the overflow is paused and recomputed: at the submitted b896 t4096, PP2 pauses most requests and
+    is slower than TP2; with b512 t512 (NVIDIA's next round: b1024 t1024) it pauses none and is faster.
+    TP2 itself prefers the large budget (its all-reduce floor is paid per iteration)."""
+    wl = load_workload(mlperf.settings()["workloads"]["llama2-70b"])
+    spec, hw, eff = io.load_model("llama2-70b"), io.load_hardware("h100-sxm"), efficiency_for("tensorrt-llm")
+    n = 6144
+    runs = {}
+    for tp, pp, b, t in ((2, 1, 896, 4096), (1, 2, 896, 4096), (1, 2, 512, 512), (2, 1, 896, 512)):
+        cost, sched = replica(spec, hw, eff, mlperf.harness_engine(), tp, pp, b, t, "fp8", "fp8", 1,
+                              wl.max_input + wl.max_output, wl.max_output)
+        r = run_workload(cost, sched, wl, None, n)
+        runs[(tp, pp, b, t)] = (r.output_tokens_per_s / (tp * pp), r.preemptions)
+    submitted = runs[(2, 1, 896, 4096)]
+    assert submitted[1] == 0
+    assert runs[(1, 2, 896, 4096)][0] < submitted[0] and runs[(1, 2, 896, 4096)][1] > 0.5 * n
+    assert runs[(1, 2, 512, 512)][0] > 1.1 * submitted[0] and runs[(1, 2, 512, 512)][1] == 0
+    assert runs[(2, 1, 896, 512)][0] < submitted[0]
