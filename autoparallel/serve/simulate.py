@@ -133,12 +133,13 @@ class Scheduler:
         base, extra = divmod(int(decodes), self.steps)
         room = [self.budget - base - (1 if i < extra else 0) for i in range(self.steps)]
         used = [i < decodes for i in range(self.steps)]
+        steps = range(self.steps)
         for rem in remaining:
-            for s in sorted(range(self.steps), key=lambda i: -room[i]):  # stable: the first step on ties
-                c = min(rem, room[s]) if self.chunked else (rem if rem <= room[s] or not used[s] else 0)
-                if c > 0:
-                    break
-            else:
+            # the most room, the first such step on ties: an unused step (a whole budget) if any is left,
+            # so an unchunked prompt too large for every step still runs alone there
+            s = max(steps, key=room.__getitem__)
+            c = min(rem, room[s]) if self.chunked else (rem if rem <= room[s] or not used[s] else 0)
+            if c <= 0:
                 break
             room[s] -= c
             used[s] = True
