@@ -20,7 +20,8 @@ The scheduler (``Scheduler``; one replica, its requests FIFO):
   A head that does not fit blocks the queue (first come, first served).
 - **iteration**: one token of every decoding request, then prompt chunks in admission order
   under the token budget (chunked prefill; without it a prompt runs whole or waits). With PP an
-  iteration is ``pp`` micro-batch steps, each with its own budget (``Scheduler.fill``). Under
+  iteration is ``pp`` micro-batch steps, each with its own budget, its prompts spread over the
+  steps as the engine's per-step admission spreads them (``Scheduler.fill``). Under
   ``prefill_priority`` (SGLang's default scheduler) an iteration with prompts to prefill runs
   only prompts, and decoding waits.
 - **preemption** (allocate-as-you-go engines): when decoding requests need more blocks than are
@@ -114,21 +115,31 @@ class Scheduler:
         ``forwardAsync`` calls ``(*mMicroBatchScheduler)(fittingRequests, mInflightReqIds,
         mMaxBatchSizeRuntime, mMaxNumTokensRuntime)`` once per micro-batch, skipping the requests
         in flight in the other steps (NVIDIA/TensorRT-LLM, cpp/tensorrt_llm/batch_manager). A
-        step takes the contexts waiting when it is scheduled, first come first served, so the
-        steps fill in turn; a chunk runs whole in one step. An iteration of ``steps`` steps may
-        thus prefill up to ``steps`` x the budget, less its decode tokens."""
-        out, s = [], 0
+        chunk runs whole in one step. An iteration of ``steps`` steps may thus prefill up to
+        ``steps`` x the budget, less its decode tokens.
+
+        Which step a prompt goes to: the engine runs its capacity scheduler in every
+        ``forwardAsync`` too (once per micro-batch, over one shared KV pool), and a micro-batch's
+        finished requests free their blocks in its own ``forwardSync`` just before it is scheduled
+        again, so each step takes the contexts its own finishers made room for, about 1/steps of
+        an iteration's, first come first served, plus any backlog. This simulation admits once per
+        iteration; each prompt in admission order therefore goes to the step with the most room
+        left (the first such step on ties), which spreads an iteration's new prompts over its steps
+        as the engine's per-step admission does, and fills every step to the budget when a backlog
+        waits. (Until session 38 the steps were filled in turn, step 0 first: an iteration's few new
+        prompts all landed in step 0 and the round, ``pp`` x its slowest step, priced a bubble the
+        engine does not have: RESULTS.md, s38h3.)"""
+        out = []
         base, extra = divmod(int(decodes), self.steps)
         room = [self.budget - base - (1 if i < extra else 0) for i in range(self.steps)]
         used = [i < decodes for i in range(self.steps)]
+        steps = range(self.steps)
         for rem in remaining:
-            while s < self.steps:
-                left = room[s]
-                c = min(rem, left) if self.chunked else (rem if rem <= left or not used[s] else 0)
-                if c > 0:
-                    break
-                s += 1
-            if s >= self.steps:
+            # the most room, the first such step on ties: an unused step (a whole budget) if any is left,
+            # so an unchunked prompt too large for every step still runs alone there
+            s = max(steps, key=room.__getitem__)
+            c = min(rem, room[s]) if self.chunked else (rem if rem <= room[s] or not used[s] else 0)
+            if c <= 0:
                 break
             room[s] -= c
             used[s] = True
@@ -175,8 +186,8 @@ class IterationCost:
         With PP the round is ``m`` micro-batch steps; TensorRT-LLM's micro-batch scheduler fills
         each step with the requests not in flight and the contexts waiting at that moment, a chunk
         whole in one step (trtGptModelInflightBatching.cpp ``forwardAsync``), so the decode tokens
-        are spread evenly while the chunks go to the steps in turn (to the step ``Scheduler.fill``
-        placed them in, when a chunk's shape names it; else chunk j to step j mod m). A
+        are spread evenly while each chunk goes to its step (the one ``Scheduler.fill`` placed it
+        in, when a chunk's shape names it; else chunk j to step j mod m). A
         micro-batch's next step waits for its previous one to leave the last stage, so the round
         takes ``pp`` times the slowest step's stage time (a pipeline of balanced steps: ``pp`` times
         the mean)."""

@@ -260,14 +260,17 @@ def test_pipelined_micro_batch_steps_each_have_the_token_budget():
     """TensorRT-LLM calls its micro-batch scheduler once per micro-batch step with the whole
     max_num_tokens (trtGptModelInflightBatching.cpp forwardAsync), skipping requests in flight in
     the other steps: with PP 2 an iteration prefills up to 2 x the budget less its decode tokens,
-    one chunk per prompt, the steps filled in turn. Budget 512, 100 decode tokens (50 a step):
-    prompts of 400, 600 and 1,000 tokens get 400 and 62 in step 0 (462 left there) and 462 in
-    step 1; one step (no PP) gives 400 and 12 of the 412 left."""
+    one chunk per prompt, each prompt in the step with the most room left (the engine admits per
+    step, so an iteration's new prompts spread over its steps: session 38, s38h3). Budget 512, 100
+    decode tokens (50 a step): prompts of 400, 600 and 1,000 tokens get 400 in step 0, 462 in step
+    1 and the 62 left in step 0; two prompts of 300 go one to each step (filling step 0 first
+    would put both in it); one step (no PP) gives 400 and 12 of the 412 left."""
     e = load_engine("tensorrt-llm")
     two = Scheduler.of(e, 8, 512, 2, 1000)
     assert two.steps == 2 and two.max_running == 16
-    assert two.fill(100, [400, 600, 1000]) == [(400, 0), (62, 0), (462, 1)]
-    assert two.fill(0, iter([300, 300, 300, 300])) == [(300, 0), (212, 0), (300, 1), (212, 1)]
+    assert two.fill(100, [400, 600, 1000]) == [(400, 0), (462, 1), (62, 0)]
+    assert two.fill(0, iter([300, 300, 300, 300])) == [(300, 0), (300, 1), (212, 0), (212, 1)]
+    assert two.fill(0, [300, 100]) == [(300, 0), (100, 1)]
     one = Scheduler.of(e, 8, 512, 1, 1000)
     assert one.fill(100, [400, 600, 1000]) == [(400, 0), (12, 0)]
     # without chunking a prompt runs whole in a step it fits, or alone in an empty one; else it waits
@@ -309,7 +312,9 @@ def test_why_the_search_leaves_the_submitted_l40s_and_h100_layouts():
     """RESULTS.md, session 37 (s37h9): the model's preference for PP over the submitted TP is the
     all-reduce it prices on TP, not the KV pool. At 1,024 tokens L40S TP4's all-reduce (PCIe) is over
     half its step and H100 TP2's (NVLink) over a fifth; TP1 PP4 / PP2 have none, and each pair's
-    KV pools are within 5 %."""
+    KV pools are within 5 %. (Session 38, s38h3: PP2 at the submitted b896 pauses most requests;
+    b512 t512 pauses none: test_serve_mlperf.py,
+    ``test_pp_beats_the_submitted_tp_and_more_with_a_pool_that_does_not_pause``.)"""
     for hardware, tp_layout, pp_layout, share in (("l40s", (4, 1), (1, 4), 0.5), ("h100-sxm", (2, 1), (1, 2), 0.2)):
         parts = {}
         for tp, pp in (tp_layout, pp_layout):
