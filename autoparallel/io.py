@@ -31,7 +31,7 @@ import yaml
 from autoparallel import resources, safefile
 from autoparallel.argtypes import MAX_COUNT
 from autoparallel.errors import SpecError, UserError
-from autoparallel.specs.hardware import HardwareSpec
+from autoparallel.specs.hardware import HardwareSpec, clock_limited_speed
 from autoparallel.specs.model import ModelSpec
 
 T = TypeVar("T")
@@ -282,11 +282,14 @@ def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareS
         raise SpecError(f"{_chain[-1]}: efficiency_from makes a cycle ({names}); name a preset with "
                         "its own efficiency block")
     data = _drop_retired(read_yaml(path), path)
+    if "clock_speed" in data:
+        raise SpecError(f"{path}: clock_speed is derived from max_sm_clock_mhz, sm_count and the efficiency_from "
+                        "donor's; state max_sm_clock_mhz (MHz) instead")
     hw = from_dict(HardwareSpec, data, str(path))
     if hw.efficiency_from:
         if "efficiency" in data:
             raise SpecError(f"{path}: give either efficiency or efficiency_from, not both")
         donor = load_hardware(_beside(path, hw.efficiency_from), (*_chain, real))
-        hw = dataclasses.replace(hw, efficiency=donor.efficiency,
+        hw = dataclasses.replace(hw, efficiency=donor.efficiency, clock_speed=clock_limited_speed(hw, donor),
                                  calibrated_on=f"inherited from {donor.name}: {donor.calibrated_on}")
     return hw

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from autoparallel import io
+from autoparallel.costmodel import gemm
 from autoparallel.costmodel import layer_time as lt
 from autoparallel.costmodel import pipeline
 from autoparallel.costmodel import peak_memory as pm
@@ -1138,7 +1139,7 @@ def test_mxfp8_attention_runs_both_gemms_at_the_fp8_peak_on_blackwell_and_is_sea
     attn_flops = 0.5 * 2 * 8192 * 8192 * 64 * 256 / 4  # causal half; QK^T and P.V, 2 FLOPs each
     exponentials = 8192 * 8192 * 64 / 2 / 4
     plain, fp8 = (_llama_cands(llama, gb300, precision="mxfp8", fp8_attention=f) for f in (False, True))
-    speed = 5000e12 * gb300.efficiency.gpu_speed.get("gb300", 1.0)  # the preset's sustained-speed factor, if any
+    speed = 5000e12 * gemm.tensor_speed(gb300)  # its SMs x max clock over B200's (or a fitted factor)
     expected = max(attn_flops / speed, exponentials / 10.7e12) / gb300.efficiency.attention
     assert gb300.fp8_tflops == 5000 and gb300.exp_tera_per_s == 10.7
     assert lt.attention_time(fp8)[0] == pytest.approx(expected, rel=REL)

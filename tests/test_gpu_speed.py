@@ -3,6 +3,7 @@ peaks of the GPU it is keyed by (GEMMs, the attention's GEMMs), nothing else; fi
 calibrate only where the rows pin it."""
 
 import dataclasses
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -141,3 +142,34 @@ def test_calibrate_fits_the_family_gpus_speeds_only_when_asked(capsys):
     assert all(low * 1.01 < v < high / 1.01 for v in speeds.values())
     assert not any(h["name"].startswith("gpu ") for h in result["at_bounds"])
     assert result["after_mean_abs_error_pct"] < result["before_mean_abs_error_pct"]
+
+
+def test_blackwell_ultra_runs_its_sms_at_their_max_clock_not_its_datasheet_peak():
+    """GB200 and GB300 state the same 2.5 PF BF16, but GB300 has 160 SMs to 148 at a max SM clock
+    of 2,070 MHz to 2,062 (nvidia-smi captures): each priced at B200's FLOP/s per SM per clock."""
+    b200, gb200, gb300 = (io.load_hardware(g) for g in ("b200", "gb200", "gb300"))
+    assert b200.clock_speed == 1.0 and gemm.tensor_speed(b200) == 1.0  # the donor itself
+    per_sm_clock = 2250e12 / (148 * 1965e6)
+    assert gemm.bf16_peak(gb200) == pytest.approx(per_sm_clock * 148 * 2062e6, rel=REL)
+    assert gemm.bf16_peak(gb300) == pytest.approx(per_sm_clock * 160 * 2070e6, rel=REL)
+    assert gemm.bf16_peak(gb300) / gemm.bf16_peak(gb200) == pytest.approx(160 * 2070 / (148 * 2062), rel=REL)
+    assert 1.08 < gemm.bf16_peak(gb300) / gemm.bf16_peak(gb200) < 1.09
+    assert gemm.bf16_peak(gb200) < 2500e12 < gemm.bf16_peak(gb300)
+    # Every tensor peak moves by the same factor: NVFP4's 1.5x per SM stays in the FP4 peaks.
+    assert gemm.peak(gb300, 1.0, fp4=True) / gemm.peak(gb200, 1.0, fp4=True) == pytest.approx(
+        1.5 * 160 * 2070 / (148 * 2062), rel=REL)
+    # No clock stated (B300, the Hopper family): the datasheet peaks.
+    assert io.load_hardware("b300").clock_speed == 1.0 and io.load_hardware("h200").clock_speed == 1.0
+    # A fitted factor wins over the clock rule.
+    fitted = dataclasses.replace(gb300, efficiency=dataclasses.replace(gb300.efficiency, gpu_speed={"gb300": 1.2}))
+    assert gemm.tensor_speed(fitted) == 1.2
+
+
+def test_clock_speed_is_derived_never_stated(tmp_path):
+    text = Path(io.resolve_preset("hardware", "gb300")).read_text()
+    bad = tmp_path / "gb300x.yaml"
+    bad.write_text(text.replace("name: gb300", "name: gb300x") + "clock_speed: 1.5\n")
+    with pytest.raises(io.SpecError, match="clock_speed is derived"):
+        io.load_hardware(str(bad))
+    with pytest.raises(ValueError, match="max_sm_clock_mhz"):
+        dataclasses.replace(io.load_hardware("gb300"), max_sm_clock_mhz=0)

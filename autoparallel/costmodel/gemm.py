@@ -13,9 +13,11 @@ from autoparallel.specs.hardware import HardwareSpec
 
 
 def tensor_speed(hw: HardwareSpec) -> float:
-    """The sustained tensor-core speed of ``hw`` relative to the GPU whose constants it takes
-    (``Efficiency.gpu_speed``; 1 for that GPU itself and for a GPU without a fitted factor)."""
-    return hw.efficiency.gpu_speed.get(hw.name, 1.0)
+    """The sustained tensor-core speed of ``hw`` relative to its datasheet peaks, against the GPU
+    whose constants it takes: a fitted factor where the constants hold one (``Efficiency.gpu_speed``),
+    else its SMs x max SM clock against the donor's (``HardwareSpec.clock_speed``, from
+    ``specs.hardware.clock_limited_speed``; 1 for that GPU itself and where a clock is not stated)."""
+    return hw.efficiency.gpu_speed.get(hw.name, hw.clock_speed)
 
 
 def bf16_peak(hw: HardwareSpec) -> float:

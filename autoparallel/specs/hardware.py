@@ -96,6 +96,15 @@ class HardwareSpec:
     # domain: a GB200 NVL72 rack is one domain of 18 trays with 4 GPUs each.
     gpus_per_node: int = 8
     fp4_tflops: float | None = None
+    # The highest SM clock the board runs (MHz; nvidia-smi -q's max_clocks sm_clock). Where a GPU
+    # that takes another's constants (``efficiency_from``) and its donor both state it, the GPU's
+    # tensor cores run at the donor's FLOP/s per SM per clock (``clock_limited_speed``): SMs x that
+    # clock set the tensor peak, not a datasheet figure quoted at whatever clock each product's
+    # sheet chose (B200 2.25 PF BF16 is 148 SMs x 8,192 FLOP/clk at 1.86 GHz, GB200 2.5 PF the same
+    # SMs at 2.06 GHz, GB300 2.5 PF 160 SMs at 1.91 GHz; their max clocks 1,965 / 2,062 / 2,070 MHz).
+    max_sm_clock_mhz: float | None = None
+    # ``clock_limited_speed`` against the donor, set by ``io.load_hardware`` (never a YAML key).
+    clock_speed: float = 1.0
     # Exponentials per second of the special function units (MUFU.EX2), in units of 10^12: the
     # softmax of flash attention waits on them between its two GEMMs. SMs x 16 per clock x boost
     # clock, or NVIDIA's figure (Blackwell 5, Blackwell Ultra 10.7).
@@ -125,9 +134,11 @@ class HardwareSpec:
                     "internode_gbps", "gpus_per_node"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
-        for key in ("fp8_tflops", "fp4_tflops"):
+        for key in ("fp8_tflops", "fp4_tflops", "max_sm_clock_mhz"):
             if getattr(self, key) is not None and getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive (or left out), got {getattr(self, key)}")
+        if self.clock_speed <= 0:
+            raise ValueError(f"clock_speed must be positive, got {self.clock_speed}")
         if self.reserve_gib >= self.memory_gib:
             raise ValueError(f"reserve_gib={self.reserve_gib} must be below memory_gib={self.memory_gib}")
 
@@ -138,3 +149,19 @@ class HardwareSpec:
     @property
     def nvlink_unidirectional_gbps(self) -> float:
         return self.nvlink_gbps / 2
+
+
+def clock_limited_speed(hw: HardwareSpec, donor: HardwareSpec) -> float:
+    """The factor on ``hw``'s datasheet tensor peaks that gives it ``donor``'s tensor FLOP/s per SM
+    per clock at its own SM count and max SM clock: (SMs x clock / donor's) / (bf16 peak / donor's).
+    GPUs of one architecture (Blackwell and Blackwell Ultra: the same SM and 5th-generation tensor
+    core, 8,192 dense BF16 FLOP per SM per clock, NVFP4 aside, whose 1.5x per SM the FP4 peaks
+    carry) differ in SM count and clocks; their datasheets quote the same 2.5 PF BF16 for GB200
+    (148 SMs) and GB300 (160 SMs) at different clocks, so two GPUs priced at their datasheet
+    peaks run at different shares of the SMs x clock they have. GB300 over GB200: 160 x 2,070 /
+    (148 x 2,062) = 1.085 at equal datasheet peaks; GB200 over B200: 2,062 / 1,965 = 1.049 where
+    the datasheets say 1.11. 1 where either clock is not stated."""
+    if not hw.max_sm_clock_mhz or not donor.max_sm_clock_mhz:
+        return 1.0
+    return ((hw.sm_count * hw.max_sm_clock_mhz) / (donor.sm_count * donor.max_sm_clock_mhz)
+            / (hw.bf16_tflops / donor.bf16_tflops))
