@@ -1128,30 +1128,47 @@ def test_fp8_attention_runs_both_gemms_at_the_fp8_peak(llama, hw):
     assert hw.fp8_tflops == 1979 and lt.attention_time(x)[0] == pytest.approx(expected, rel=REL)
 
 
-def test_mxfp8_attention_runs_both_gemms_at_the_fp8_peak_on_blackwell_and_is_searchable(llama):
+def test_mxfp8_attention_takes_the_bf16_kernels_time_at_head_dim_128_per_score_and_is_searchable(llama):
     """Megatron-Bridge's newer MoE recipes set fp8_dot_product_attention under the MXFP8 recipe
-    (v0.6.0 perf_recipes/qwen/common.py); TransformerEngine runs it as MXFP8 fused attention on
-    sm100+. GB300 (FP8 5,000 TFLOPS, 10.7 Tera-exponentials/s), Llama 2 70B at tp 4, mbs 1, 8,192
-    tokens, causal: QK^T and P.V at the FP8 peak, the exponentials (one per score) on the SFUs,
-    the slower of the two at the fitted attention efficiency; BF16 attention takes 2x for the GEMMs."""
+    (v0.6.0 perf_recipes/qwen/common.py); TransformerEngine runs it as cuDNN's MXFP8 fused attention
+    on sm100+ (TE 2.16, cuDNN >= 9.21). cuDNN's own benchmark (NVIDIA/cudnn-frontend 3929da2
+    benchmark/sdpa_benchmark_training/results, GB300 / GB200) measures it at a fixed time per score
+    element whatever the head dimension, the BF16 kernel's at head dimension 128 (1.345 / 1.348 ns
+    per causal score forward + backward at d 128 / 192 on GB300, BF16 1.326 at d 128, 1.859 at 192).
+    GB300 (BF16 2,500 TFLOPS, 10.7 Tera-exponentials/s), Llama 2 70B (d 128) at tp 4, mbs 1, 8,192
+    tokens, causal: MXFP8 attention takes what BF16 attention takes (QK^T and P.V at the BF16 peak,
+    the exponentials on the SFUs, the slower at the fitted efficiency), not half; per-tensor FP8
+    (fp8-current: cuDNN's FP8 kernel) keeps its GEMMs at the FP8 peak; DeepSeek-V3 (QK 192, V 128)
+    under MXFP8 takes 256 / 320 of its BF16 time."""
     from autoparallel.space import generate, load_space
     gb300 = io.load_hardware("gb300")
     attn_flops = 0.5 * 2 * 8192 * 8192 * 64 * 256 / 4  # causal half; QK^T and P.V, 2 FLOPs each
-    exponentials = 8192 * 8192 * 64 / 2 / 4
-    plain, fp8 = (_llama_cands(llama, gb300, precision="mxfp8", fp8_attention=f) for f in (False, True))
-    speed = 5000e12 * gemm.tensor_speed(gb300)  # its SMs x max clock over B200's (or a fitted factor)
-    expected = max(attn_flops / speed, exponentials / 10.7e12) / gb300.efficiency.attention
-    assert gb300.fp8_tflops == 5000 and gb300.exp_tera_per_s == 10.7
-    assert lt.attention_time(fp8)[0] == pytest.approx(expected, rel=REL)
-    assert lt.attention_time(plain)[0] == pytest.approx(max(2 * attn_flops / speed, exponentials / 10.7e12)
-                                                        / gb300.efficiency.attention, rel=REL)
-    # The search no longer refuses it under MXFP8 (it still does under BF16).
+    exponentials = 8192 * 8192 * 64 / 2 / 4  # one per score element
+    plain, mxfp8_attn = (_llama_cands(llama, gb300, precision="mxfp8", fp8_attention=f) for f in (False, True))
+    speed = 2500e12 * gemm.tensor_speed(gb300)  # its SMs x max clock over B200's (or a fitted factor)
+    bf16 = max(attn_flops / speed, exponentials / 10.7e12) / gb300.efficiency.attention
+    assert gb300.bf16_tflops == 2500 and gb300.fp8_tflops == 5000 and gb300.exp_tera_per_s == 10.7
+    assert attn_flops / speed > exponentials / 10.7e12  # the GEMMs bound BF16 attention on GB300
+    assert lt.attention_time(plain)[0] == pytest.approx(bf16, rel=REL)
+    assert lt.attention_time(mxfp8_attn)[0] == pytest.approx(bf16, rel=REL)
+    assert lt.MXFP8_ATTENTION_HEAD_DIM == 128
+    # Per-tensor FP8 attention (not MXFP8) keeps both GEMMs at the FP8 peak.
+    current = _llama_cands(llama, gb300, precision="fp8-current", fp8_attention=True)
+    assert lt.attention_time(current)[0] == pytest.approx(bf16 / 2.0, rel=REL)
+    # DeepSeek-V3's 192-wide QK and 128-wide V: 2 x (192 + 128) FLOPs per score in BF16, the MXFP8
+    # kernel's time is that of 2 x (128 + 128), still above its FP8 GEMMs and its exponentials.
+    ds = io.load_model("deepseek-v3")
+    assert (ds.qk_dim, ds.v_dim) == (192, 128)
+    knobs = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, precision="mxfp8")
+    ds_plain, ds_mx = (_cands(ds, gb300, fp8_attention=f, **knobs) for f in (False, True))
+    assert lt.attention_time(ds_mx)[0] == pytest.approx(lt.attention_time(ds_plain)[0] * 256.0 / 320.0, rel=REL)
+    # The search does not refuse it under MXFP8 (it still does under BF16).
     space = dataclasses.replace(load_space().pinned(tp=4, pp=1, vp=1, cp=1, mbs=1, recompute="none",
                                                     fp8_attention=True), precision=("bf16", "mxfp8"))
     out = generate(llama, gb300, 8, 8, space)
-    mxfp8, bf16 = out[out.precision == "mxfp8"], out[out.precision == "bf16"]
+    mxfp8, bf16_plans = out[out.precision == "mxfp8"], out[out.precision == "bf16"]
     assert (mxfp8.reason == "").any()
-    assert bf16.reason.str.contains("needs the fp8-delayed, fp8-current or mxfp8 recipe").all()
+    assert bf16_plans.reason.str.contains("needs the fp8-delayed, fp8-current or mxfp8 recipe").all()
 
 
 def test_an_fp8_kept_swiglu_input_halves_its_bytes_and_costs_its_casts(mixtral, hw):

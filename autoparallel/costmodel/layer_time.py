@@ -47,6 +47,19 @@ def linear_time(x: Candidates, params, whole=0.0, chunks=1.0):
     return lin_flops / (x.gemm_peak * gemm.efficiency(x.hw, lin_flops / GEMMS_PER_LAYER / chunks))
 
 
+# cuDNN's MXFP8 fused attention (TransformerEngine's FusedAttention under the MXFP8 recipe with
+# fp8_dot_product_attention: TE >= 2.16 with cuDNN >= 9.21, Blackwell only; TE v2.16.1
+# ``transformer_engine/pytorch/attention/dot_product_attention/utils.py`` get_attention_backend) takes a
+# fixed time per score element whatever the head dimension, the time its BF16 kernel takes at head
+# dimension 128: NVIDIA/cudnn-frontend 3929da2 ``benchmark/sdpa_benchmark_training/results`` (cuDNN 9.22,
+# causal, 4,096 tokens, forward + backward per score): GB300 MXFP8 1.345 / 1.348 / 1.354 ns at d 128
+# (llama3.1) / 192-128 (dsv3) / 192-128 (kimiK26), BF16 1.326 at d 128 and 1.859 at 192-128; GB200
+# MXFP8 1.519 / 1.553 / 1.577, BF16 1.480 at d 128 (the 26.06 container runs cuDNN 9.21.1.3, per
+# Megatron-Bridge/docs/releases/software-versions.md). Its block-scaled quantizations of P and dS in
+# both layouts (a scale per 32 elements) are work per score element that the FP8 GEMMs do not shorten.
+MXFP8_ATTENTION_HEAD_DIM = 128
+
+
 def attention_time(x: Candidates):
     """Attention core forward: QK^T, the softmax's exponentials on the SFUs and P·V, at one
     fitted efficiency. A flash kernel keeps the tensor cores and the SFUs busy at once: while one
@@ -55,14 +68,21 @@ def attention_time(x: Candidates):
     Blackwell pipelines them alike), so the slower of the two sets the time. A flash kernel on
     packed sequences computes each document's causal block only (``finetune.attention_share``).
     FP8 attention runs both GEMMs at the FP8 peak, at the same fitted efficiency (no published run
-    to fit its own); the exponentials stay on the SFUs."""
+    to fit its own); the exponentials stay on the SFUs. Under the MXFP8 recipe (cuDNN's MXFP8
+    kernel, ``MXFP8_ATTENTION_HEAD_DIM``) no faster than the BF16 kernel at head dimension 128 per
+    score element."""
     model, hw = x.model, x.hw
+    fp8 = x.flag("fp8_attention")
     attn_flops = flops.attention_core_flops(model, x.b, model.seq_length, causal=x.flash) / (x.t * x.c)
     attn_flops = attn_flops * np.where(x.flash, finetune.attention_share(model), 1.0)
-    exponentials = np.where(x.flash, attn_flops / (2.0 * (model.qk_dim + model.v_dim)), 0.0)
-    peak = (np.where(x.flag("fp8_attention"), hw.fp8_tflops or hw.bf16_tflops, hw.bf16_tflops) * 1e12
-            * gemm.tensor_speed(hw))
-    return np.maximum(attn_flops / peak, exponentials / (hw.exp_tera_per_s * 1e12)) / hw.efficiency.attention
+    scores = attn_flops / (2.0 * (model.qk_dim + model.v_dim))
+    exponentials = np.where(x.flash, scores, 0.0)
+    bf16 = hw.bf16_tflops * 1e12 * gemm.tensor_speed(hw)
+    peak = np.where(fp8, (hw.fp8_tflops or hw.bf16_tflops) * 1e12 * gemm.tensor_speed(hw), bf16)
+    gemms = attn_flops / peak
+    mxfp8 = fp8 & (np.asarray(x.knobs["precision"]) == "mxfp8")
+    gemms = np.where(mxfp8, np.maximum(gemms, scores * 2.0 * 2.0 * MXFP8_ATTENTION_HEAD_DIM / bf16), gemms)
+    return np.maximum(gemms, exponentials / (hw.exp_tera_per_s * 1e12)) / hw.efficiency.attention
 
 
 def softmax_time(x: Candidates):
