@@ -22,11 +22,13 @@ from autoparallel.specs.plan import FP4_PRECISIONS, FP8_PRECISIONS
 # An NVFP4 element as TransformerEngine stores it: an E2M1 value and its share of the E4M3 scale of
 # its 1x16 block (the per-tensor FP32 scale is one number).
 NVFP4_ELEMENT_BYTES = 0.5 + 1.0 / 16
-# HBM bytes per element of a quantizing cast (read BF16, write both layouts), by recipe. NVFP4: one
-# pass for the per-tensor amax, one for the amax of the random-Hadamard-transformed (RHT, 16-point)
-# column-wise copy the weight-gradient GEMM reads, then the cast itself (read BF16, write the row-
-# and column-wise NVFP4 copies); the gradients' stochastic rounding and the RHT's few MACs run
-# inside the cast kernel, hidden under its memory traffic. The weights' 16x16 2D scaling makes one
+# HBM bytes per element of a quantizing cast (read BF16, write both layouts), by recipe. NVFP4: three
+# reads of the BF16 tensor (TransformerEngine's NVFP4Quantizer::quantize_impl, pytorch/csrc/quantizer.cpp:
+# one nvte_hadamard_transform_amax pass giving both the per-tensor amax and that of the random-Hadamard-
+# transformed (RHT, 16-point) column-wise copy the weight-gradient GEMM reads; the row-wise cast,
+# nvte_quantize_v2; the column-wise cast fused with the RHT, nvte_hadamard_transform_cast_fusion_columnwise),
+# writing the row- and column-wise NVFP4 copies; the gradients' stochastic rounding and the RHT's few MACs
+# run inside the cast kernels, hidden under their memory traffic. The weights' 16x16 2D scaling makes one
 # copy serve both layouts; they are cast with the same passes (once per step, small).
 CAST_BYTES = {"fp8-delayed": 4.0, "fp8-current": 6.0, "fp8-blockwise": 4.5, "mxfp8": 4.0,
               "nvfp4": 2.0 + 2.0 + 2.0 + 2 * NVFP4_ELEMENT_BYTES}
