@@ -19,8 +19,6 @@ pool of NVIDIA's H100 Server engine holds at that input against LoadGen's 653 in
 
 import dataclasses
 
-import numpy as np
-
 from autoparallel.costmodel import inference
 from autoparallel.serve import mlperf
 from autoparallel.serve.assumptions import efficiency_for
@@ -66,9 +64,7 @@ def pool_holds(mean_input: float) -> tuple[float, float]:
                        mlperf.harness_engine(run["kv_fraction"]), 1, 1, int(run["max_batch"]),
                        int(run["max_num_tokens"]), run["weight_precision"], run["kv_precision"], 1,
                        wl.max_input + wl.max_output, wl.max_output)
-    inp, out = wl.sample(200_000, 0)
-    held = float(np.mean(np.ceil((inp + out / 2) / sched.block) * sched.block * out) / np.mean(out))
-    return sched.kv_blocks * sched.block / held, run["target_qps"] / run["replicas"] * 15.02
+    return sched.kv_blocks * sched.block / mlperf.tokens_held_per_request(wl, sched.block), run["target_qps"] / run["replicas"] * 15.02
 
 
 def main() -> None:

@@ -198,28 +198,11 @@ def at_concurrency(r, eff, n: float, requests: int = 20_000) -> float:
     return run_workload(cost, sched, wl, None, requests).steady_requests_per_s * wl.mean_output
 
 
-def rate_at_concurrency(cost, sched, wl, rate: float, n: float, steps: int = 10, requests: int = 20_000):
-    """The Poisson rate (within [0.8, 1.3] x ``rate``) at which the simulated replica holds ``n``
-    requests in flight (rate x mean latency), and the run there (the largest rate below ``n``
-    that it keeps up with)."""
-    lo, hi = 0.8 * rate, 1.3 * rate
-    for _ in range(steps):
-        mid = 0.5 * (lo + hi)
-        sim = run_workload(cost, sched, wl, mid, requests)
-        if sim.keeps_up and mid * float(np.mean(sim.finish - sim.arrival)) < n:
-            lo = mid
-        else:
-            hi = mid
-    return lo, run_workload(cost, sched, wl, lo, 2 * requests)
-
-
 def pool_requests(sched, wl, samples: int = 200_000) -> float:
     """Requests in flight the simulated KV pool holds on average: its tokens over the tokens an
     in-flight request holds, time-averaged (prompt + half its answer in whole blocks, each request
     weighted by its answer's length: the time it stays)."""
-    inp, out = wl.sample(samples, 0)
-    held = float(np.mean(np.ceil((inp + out / 2) / sched.block) * sched.block * out) / np.mean(out))
-    return sched.kv_blocks * sched.block / held
+    return sched.kv_blocks * sched.block / mlperf.tokens_held_per_request(wl, sched.block, samples)
 
 
 def concurrency() -> pd.DataFrame:
@@ -235,7 +218,7 @@ def concurrency() -> pd.DataFrame:
         rate = qps / float(r["replicas"])
         n_meas = rate * latency_s
         cost, sched, wl = _replica(r, eff)
-        matched, sim = rate_at_concurrency(cost, sched, wl, rate, n_meas)
+        matched, sim = mlperf.rate_at_concurrency(cost, sched, wl, rate, n_meas)
         n_sim = matched * float(np.mean(sim.finish - sim.arrival))
         line = {"submitter": submitter, "GPU": r["hardware"], "benchmark": r["model"], "req/s/rep": rate,
                 "matched req/s": matched, "N meas / sim": f"{n_meas:,.0f} / {n_sim:,.0f}",

@@ -177,6 +177,29 @@ def _p99s(cost, sched, workload, rate: float, requests: int, duration_s: float) 
             1e3 * loadgen_percentile(sim.finish - sim.arrival, 99.0))
 
 
+def tokens_held_per_request(workload, block: int, samples: int = 200_000) -> float:
+    """KV tokens an in-flight request of ``workload`` holds, time-averaged: its prompt and half its
+    answer in whole blocks of ``block`` tokens, each request weighted by its answer's length (the
+    time it stays). A pool of P tokens holds about P / this many requests (Little's law checks)."""
+    inp, out = workload.sample(samples, 0)
+    return float(np.mean(np.ceil((inp + out / 2) / block) * block * out) / np.mean(out))
+
+
+def rate_at_concurrency(cost, sched, workload, rate: float, n: float, steps: int = 10, requests: int = 20_000):
+    """The Poisson rate (within [0.8, 1.3] x ``rate``) at which the simulated replica holds ``n``
+    requests in flight (rate x mean latency: Little's law), by bisection, and the run there (the
+    largest rate below ``n`` that the replica keeps up with)."""
+    lo, hi = 0.8 * rate, 1.3 * rate
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        sim = run_workload(cost, sched, workload, mid, requests)
+        if sim.keeps_up and mid * float(np.mean(sim.finish - sim.arrival)) < n:
+            lo = mid
+        else:
+            hi = mid
+    return lo, run_workload(cost, sched, workload, lo, 2 * requests)
+
+
 def loadgen_percentile(values, p: float) -> float:
     """The ``p``-th percentile as LoadGen reports it: the sorted samples' element at index
     ``floor(count x p / 100)`` (mlcommons/inference loadgen/results.cc ``ProcessLatencies`` /

@@ -353,21 +353,6 @@ def test_at_the_measured_concurrency_the_throughput_is_within_6_percent(rows, su
         assert rate * float(np.mean(poisson.finish - poisson.arrival)) < 0.6 * in_flight
 
 
-def _rate_at_concurrency(cost, sched, wl, rate, n, steps=10, requests=20_000):
-    """The Poisson rate in [0.8, 1.3] x ``rate`` at which the simulated replica holds ``n`` requests
-    in flight (rate x mean latency), and a run there (benchmarks/bench_issue29_p99_rows.py --concurrency)."""
-    import numpy as np
-    lo, hi = 0.8 * rate, 1.3 * rate
-    for _ in range(steps):
-        mid = 0.5 * (lo + hi)
-        sim = run_workload(cost, sched, wl, mid, requests)
-        if sim.keeps_up and mid * float(np.mean(sim.finish - sim.arrival)) < n:
-            lo = mid
-        else:
-            hi = mid
-    return lo, run_workload(cost, sched, wl, lo, 2 * requests)
-
-
 def test_at_the_measured_concurrency_the_tpot_distribution_is_loadgens(rows):
     """The p99 TPOT miss at the submitted QPS is where the simulated replica operates, not what its
     iteration costs there. NVIDIA's DGX-H100 llama2-70b Server run (75 QPS over 4 TP2 replicas;
@@ -381,7 +366,7 @@ def test_at_the_measured_concurrency_the_tpot_distribution_is_loadgens(rows):
     kept, _ = rows
     run, cost, sched, wl = _nvidia_replica(kept, "DGX-H100_H100-SXM-80GBx8_TRT", "llama2-70b", "Server")
     rate = run["target_qps"] / run["replicas"]
-    matched, sim = _rate_at_concurrency(cost, sched, wl, rate, rate * 44.95)
+    matched, sim = mlperf.rate_at_concurrency(cost, sched, wl, rate, rate * 44.95)
     assert matched > 1.05 * rate
     p = lambda q: 1e3 * mlperf.loadgen_percentile(sim.tpot, q)  # noqa: E731
     assert p(50) == pytest.approx(156.4, rel=0.10)
@@ -417,9 +402,7 @@ def test_no_pool_at_the_fitted_mixtral_input_holds_loadgens_requests(rows):
 
     def holds(pool_bytes, mean_input):
         w = dataclasses.replace(wl, input=dataclasses.replace(wl.input, mean=float(mean_input)))
-        inp, out = w.sample(200_000, 0)
-        held = float(np.mean(np.ceil((inp + out / 2) / sched.block) * sched.block * out) / np.mean(out))
-        return pool_bytes / kv_token / held
+        return pool_bytes / kv_token / mlperf.tokens_held_per_request(w, sched.block)
 
     largest = run["kv_fraction"] * (hw.memory_gib * gib - weights)
     assert run["kv_fraction"] == pytest.approx(0.9)
@@ -443,13 +426,10 @@ def test_the_simulated_pool_holds_the_requests_loadgen_measured_in_flight(rows):
     an engine holds at most what its KV pool fits. The simulated pool over the time-averaged KV of an
     in-flight request (prompt + half its answer, whole blocks, weighted by the answer's length)
     must hold them."""
-    import numpy as np
     kept, _ = rows
     run, cost, sched, wl = _nvidia_replica(kept, "DGX-H100_H100-SXM-80GBx8_TRT", "mixtral-8x7b", "Server")
     in_flight = run["target_qps"] / run["replicas"] * 15.02
-    inp, out = wl.sample(200_000, 0)
-    held = float(np.mean(np.ceil((inp + out / 2) / sched.block) * sched.block * out) / np.mean(out))
-    assert sched.kv_blocks * sched.block / held >= 0.97 * in_flight
+    assert sched.kv_blocks * sched.block / mlperf.tokens_held_per_request(wl, sched.block) >= 0.97 * in_flight
 
 
 def test_pipeline_parallel_speedup_is_nvidias_published_one_point_two():
