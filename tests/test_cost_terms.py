@@ -208,15 +208,46 @@ def test_tp_comm_is_five_collectives_per_block_as_transformer_engine_runs_them(g
     plain = 2 * (3 * one + 2 * hide(one, half))
     assert tensor_parallel.tp_comm_time(_cands(gpt, hw), 2.0, linear, chunked)[0] == pytest.approx(plain, rel=REL)
     # Userbuffers: the three waited ones ring-exchange (copy engines) beside their chunked GEMMs,
-    # which run slower; only what outlasts a chunked GEMM is exposed.
-    ring = 2 * (3 * max(one - half_chunked, 0.0) + 2 * hide(one, half) + 3 * (half_chunked - half))
-    assert one > half_chunked  # some exposed: the term is seen
+    # which run slower; each of the 3 steps' transfers outlasting one chunk's GEMM is exposed.
+    step = 2 * 1024 * 12288 / 4 / _nvlink(hw) + hw.nvlink_latency_us * 1e-6
+    ring = 2 * (3 * 3 * max(step - half_chunked / 4, 0.0) + 2 * hide(one, half) + 3 * (half_chunked - half))
+    assert step > half_chunked / 4  # some exposed: the term is seen
     overlapped = _cands(gpt, hw, tp_comm_overlap=True)
     assert tensor_parallel.tp_comm_time(overlapped, 2.0, linear, chunked)[0] == pytest.approx(ring, rel=REL)
     # Without SP: the forward all-reduce waited on, the dgrad all-reduce beside the wgrad.
     no_sp = 2 * (2 * one + hide(2 * one, half))
     assert tensor_parallel.tp_comm_time(_cands(gpt, hw, sp=False), 2.0, linear, chunked)[0] == pytest.approx(no_sp, rel=REL)
     assert tensor_parallel.tp_comm_time(_cands(gpt, hw, tp=1, dp=16), 2.0, linear, chunked)[0] == 0.0
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_ring_exchange_hides_each_step_behind_one_chunk_not_the_whole_gemm(gpt, hw, tp):
+    """TE's split_overlap_ag / split_overlap_rs: tp GEMM chunks, tp-1 transfers of one chunk, each
+    beside one chunk's GEMM (the AG's last chunk and the RS's first have none): the window is
+    (tp-1)/tp of the chunked GEMM, not all of it."""
+    x = _cands(gpt, hw, tp=tp, dp=32 // tp, tp_comm_overlap=True)
+    nbytes = 2 * 1024 * 12288  # the gathered activation, BF16: 1024 tokens x hidden
+    latency = hw.nvlink_latency_us * 1e-6
+    one = (tp - 1) / tp * nbytes / _nvlink(hw) + latency  # the whole AG / RS
+    step = nbytes / tp / _nvlink(hw) + latency  # one chunk, its own latency
+    chunked = one  # a chunked GEMM as long as the collective: the old window hid it all
+    exposed = (tp - 1) * max(step - chunked / tp, 0.0)
+    got = tensor_parallel.ring_exchange_exposed(x, one, chunked, float(tp))[0]
+    assert got == pytest.approx(exposed, rel=REL)
+    assert got > 0.0  # ... which (tp-1)/tp of it does not
+    # Only the bandwidth part with one latency per step: TP2 exposes one step's latency less half
+    # the GEMM's share of it; each step's GEMM covers chunked/tp.
+    bandwidth = (tp - 1) / tp * nbytes / _nvlink(hw)
+    assert got == pytest.approx((tp - 1) * (bandwidth / (tp - 1) + latency) - (tp - 1) / tp * chunked, rel=1e-9)
+    # A chunked GEMM tp/(tp-1) times the per-step transfer x (tp-1) hides every step.
+    assert tensor_parallel.ring_exchange_exposed(x, one, tp * step, float(tp))[0] == 0.0
+    # Through tp_comm_time: forward AG + RS and the output-gradient AG, per block, ring-exchanged.
+    linear, whole = 1.0e-4, 4 * one  # two blocks' forward GEMMs: whole, chunked (half each per Linear)
+    plain = tensor_parallel.tp_comm_time(_cands(gpt, hw, tp=tp, dp=32 // tp), 2.0, linear, whole)[0]
+    hide = lambda c, window: max((1 - hw.efficiency.tp_overlap) * c, c - window)  # noqa: E731
+    assert plain == pytest.approx(2 * (3 * one + 2 * hide(one, linear / 4)), rel=REL)
+    ring = 2 * (3 * exposed + 2 * hide(one, linear / 4) + 3 * (one - linear / 4))
+    assert tensor_parallel.tp_comm_time(x, 2.0, linear, whole)[0] == pytest.approx(ring, rel=REL)
 
 
 def test_ring_exchange_chunks_each_gemm_into_tp_row_blocks(gpt, hw):

@@ -18,8 +18,9 @@ Without SP the block all-reduces the row output forward (exposed) and the column
 With userbuffers (NeMo's ``tp_overlap_configs/userbuffers.py``: ``*_fprop`` and
 ``proj_dgrad`` / ``fc2_dgrad`` are ``RingExchangeOverlapCfg`` in every FP8 config) the three
 collectives that TE otherwise waits on are ring exchanges: the GEMM is split into tp chunks of
-tokens/tp rows, each computed while the next chunk travels, so the GEMM runs at the efficiency of
-a chunk (``gemm``: smaller GEMMs reach less of peak) and hides the transfer behind it. TE moves
+tokens/tp rows, each computed while a chunk travels, so the GEMM runs at the efficiency of
+a chunk (``gemm``: smaller GEMMs reach less of peak) and each of the tp-1 transfers hides behind
+one chunk's GEMM (``ring_exchange_exposed``). TE moves
 a ring exchange's chunks with the copy engines (``initialize_ub``'s default: ``use_ce`` True,
 ``num_sm`` 1), so only what outlasts its chunked GEMM is exposed. The other two stay bulk
 overlaps beside the dgrad / wgrad GEMMs, on SMs: a collective hidden that way keeps
@@ -39,6 +40,30 @@ def _hidden(x: Candidates, collective, window):
     return comm.exposed_behind(collective, window, x.hw.efficiency.tp_overlap)
 
 
+def ring_exchange_exposed(x: Candidates, one, chunked, per_domain):
+    """What stays exposed of one userbuffers ring exchange (``one``: the whole all-gather or
+    reduce-scatter, ``comm.reduce_scatter_time``) run beside its GEMM split into tp chunks
+    (``chunked``: the whole chunked GEMM's time).
+
+    TransformerEngine's ``split_overlap_ag`` / ``split_overlap_rs`` (TE 1.10
+    ``transformer_engine/pytorch/csrc/comm_gemm_overlap.h`` ``UbufP2PCommOverlap``, the version the
+    fitted rows ran; TE 2.x ``common/comm_gemm_overlap/comm_gemm_overlap.cpp``
+    ``CommOverlapP2PBase``, unchanged in structure; ``aggregate`` False in every NeMo /
+    Megatron-Bridge config) run tp GEMM chunks and tp-1 transfers of one chunk (tokens/tp rows)
+    each: the all-gather computes chunk i while it sends chunk i on to the next rank and the
+    next GEMM waits for the receive (``_stop_recv``), so its last chunk has no transfer beside
+    it; the reduce-scatter sends chunk i-1's output while it computes chunk i (``_start_comm``
+    after GEMM i-1), so its first chunk has none. Each of the tp-1 steps hides its transfer
+    (1/(tp-1) of the collective's bytes, plus the latency each ``userbuffers_send`` pays on its
+    own) behind one chunk's GEMM (``chunked`` / tp); what outlasts it is exposed, step by step:
+    a window of (tp-1)/tp of the chunked GEMM (1/2 at TP2, 3/4 at TP4, 7/8 at TP8)."""
+    t = np.asarray(x.t, dtype=float)
+    steps = np.maximum(t - 1.0, 1.0)
+    latency = comm.group(x.hw, t, per_domain).latency_s
+    step = (one - latency) / steps + latency  # one chunk's transfer
+    return np.where(t > 1, steps * np.maximum(step - chunked / np.maximum(t, 1.0), 0.0), 0.0)
+
+
 def tp_comm_time(x: Candidates, blocks, t_linear, t_chunked):
     """Exposed TP communication of one layer and micro-batch, plus (userbuffers) the time its
     GEMMs lose to ring-exchange chunking. ``t_linear`` / ``t_chunked``: forward time of the
@@ -55,7 +80,7 @@ def tp_comm_time(x: Candidates, blocks, t_linear, t_chunked):
     plain = waited * one + behind_gemm
     # Ring exchange (copy engines): each waited collective beside its own chunked GEMM.
     chunking = waited * (half_chunked - half)  # the chunked GEMMs: forward, row dgrad (a frozen base's col dgrad)
-    overlapped = waited * np.maximum(one - half_chunked, 0.0) + behind_gemm + chunking
+    overlapped = waited * ring_exchange_exposed(x, one, half_chunked, per_domain) + behind_gemm + chunking
     no_sp = 2.0 * one * (1.0 + x.recomputed_fraction) + np.where(wgrad > 0, _hidden(x, 2.0 * one, half), 2.0 * one)
     per_block = np.where(x.sp, np.where(x.flag("tp_comm_overlap"), overlapped, plain), no_sp)
     return np.where(x.t > 1, blocks * per_block, 0.0)
