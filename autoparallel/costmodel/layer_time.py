@@ -77,7 +77,7 @@ def attention_time(x: Candidates):
     attn_flops = attn_flops * np.where(x.flash, finetune.attention_share(model), 1.0)
     scores = attn_flops / (2.0 * (model.qk_dim + model.v_dim))
     exponentials = np.where(x.flash, scores, 0.0)
-    bf16 = hw.bf16_tflops * 1e12 * gemm.tensor_speed(hw)
+    bf16 = gemm.bf16_peak(hw)
     peak = np.where(fp8, (hw.fp8_tflops or hw.bf16_tflops) * 1e12 * gemm.tensor_speed(hw), bf16)
     gemms = attn_flops / peak
     mxfp8 = fp8 & (np.asarray(x.knobs["precision"]) == "mxfp8")
@@ -652,10 +652,13 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
         "lora_adapters": lora_adapters_time(x) if not is_moe else np.zeros_like(x.t),
         "amax_reduction": amax_reduction_time(x),
     }
+    time = sum(terms[k] for k in LAYER_TIME_TERMS)
     if is_moe:  # the GPU idles while the host issues the layer (the 1F1B all-to-all overlap)
-        terms["compute"] = terms["compute"] + combined_host_stall(x, sum(terms[k] for k in LAYER_TIME_TERMS))
+        stall = combined_host_stall(x, time)
+        terms["compute"] = terms["compute"] + stall
+        time = time + stall
     stored = stored_activation_bytes(x, is_moe)
-    return dict(terms, time=sum(terms[k] for k in LAYER_TIME_TERMS), forward=forward,
+    return dict(terms, time=time, forward=forward,
                 recompute=terms["selective_recompute"] + terms["full_recompute"],
                 stored=stored, stored_imbalance=stored - stored_activation_bytes(x.evenly_loaded(), is_moe) if is_moe
                 else np.zeros_like(stored), working=activation_bytes(x, is_moe, x.keep_scores),

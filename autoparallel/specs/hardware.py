@@ -51,8 +51,9 @@ class Efficiency:
     # per local expert (``layer_time.moe_expert_calls``: TransformerEngine's GroupedLinear runs one
     # cuBLAS GEMM per expert, and under a quantized recipe one quantize per expert, each from
     # Python), which the GPU waits for in the forward of a plain schedule and in both passes under
-    # the 1F1B all-to-all overlap (``layer_time.combined_host_stall``), on top of ``layer_overhead_s``. The experts' GEMMs themselves run at the dense
-    # GEMM efficiency (``gemm_max`` / ``gemm_half_gflop``) of one expert's GEMM.
+    # the 1F1B all-to-all overlap (``layer_time.combined_host_stall``), on top of
+    # ``layer_overhead_s``. The experts' GEMMs themselves run at the dense GEMM efficiency
+    # (``gemm_max`` / ``gemm_half_gflop``) of one expert's GEMM.
     alltoall: float = 0.6
     ep_overlap: float = 0.8
     moe_load_imbalance: float = 0.1
