@@ -1,6 +1,7 @@
-"""Achieved memory bandwidth of each FP8 kernel against the GPU's HBM bandwidth.
+"""Achieved memory bandwidth of each FP8 kernel (and the fused SwiGLU) against the GPU's HBM
+bandwidth.
 
-The casts are memory-bound, so the figure of merit is bytes moved / time vs the datasheet peak
+The casts and the activation are memory-bound, so the figure of merit is bytes moved / time vs the datasheet peak
 (a good elementwise kernel reaches 80-90 %). The PyTorch reference of each kernel is timed too,
 on the same GPU, to show what fusing saves.
 
@@ -61,6 +62,7 @@ def kernel_cases(ops, x: torch.Tensor, tensors: int = 512, history: int = 1024) 
     sc, sc_inv = torch.ones(tensors, device="cuda"), torch.ones(tensors, device="cuda")
     maxes = torch.full((tensors,), 448.0, device="cuda")
     tiles = n // 128 * 4  # fp32 scales of 1x128 tiles
+    dy = x[:, : x.shape[1] // 2].contiguous()  # the SwiGLU output's gradient (x is [gate | up])
     return [
         ("amax", "abs + max reduction", lambda: ops.amax(x), lambda: R.amax(x), n * e),
         ("cast_amax (delayed)", "scale mul + saturating cast + amax, one read",
@@ -87,6 +89,10 @@ def kernel_cases(ops, x: torch.Tensor, tensors: int = 512, history: int = 1024) 
          lambda: ops.delayed_scaling_update(hist, sc, sc_inv, maxes, 0, "max"),
          lambda: R.delayed_scaling_update(hist, sc, sc_inv, maxes, 0, "max"),
          2 * hist.numel() * 4 + 4 * tensors * 4),
+        ("swiglu", "silu(gate) * up of [gate | up], one read",
+         lambda: ops.swiglu(x), lambda: R.swiglu(x), n * e * 3 // 2),
+        ("swiglu backward", "FP32 d(gate), d(up) into one [dgate | dup], one read",
+         lambda: ops.swiglu_backward(x, dy), lambda: R.swiglu_backward(x, dy), n * e * 5 // 2),
     ]
 
 

@@ -1,5 +1,5 @@
-// torch binding of the FP8 kernels: allocates outputs, checks arguments, passes the current
-// CUDA stream. Built only on CUDA machines by autoparallel/model/kernels.py (it needs the
+// torch binding of the FP8 and SwiGLU kernels: allocates outputs, checks arguments, passes the
+// current CUDA stream. Built only on CUDA machines by autoparallel/model/kernels.py (it needs the
 // c10/cuda headers that CPU-only torch wheels lack); the kernels themselves are plain CUDA.
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/extension.h>
@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "fp8_kernels.h"
+#include "swiglu.h"
 
 namespace {
 
@@ -111,6 +112,36 @@ std::vector<at::Tensor> current_scale_cast_transpose(const at::Tensor& x, int64_
   return {out, out_t, scale_inv, a};
 }
 
+// h = [gate | up] along the last dim (2F wide) -> silu(gate) * up, F wide.
+at::Tensor swiglu_forward(const at::Tensor& h) {
+  check_input(h, -1);
+  const int64_t f = h.size(-1) / 2;
+  TORCH_CHECK(h.size(-1) == 2 * f, "swiglu needs an even last dim, got ", h.size(-1));
+  std::vector<int64_t> shape = h.sizes().vec();
+  shape.back() = f;
+  at::Tensor y = at::empty(shape, h.options());
+  check(ap_swiglu_forward(h.data_ptr(), in_dtype_code(h), f ? h.numel() / (2 * f) : 0, f,
+                          y.data_ptr(), at::cuda::getCurrentCUDAStream()),
+        "ap_swiglu_forward");
+  return y;
+}
+
+// d(h) = [d(gate) | d(up)] from h and the output's gradient dy.
+at::Tensor swiglu_backward(const at::Tensor& h, const at::Tensor& dy) {
+  check_input(h, -1);
+  check_input(dy, h.dim());
+  const int64_t f = h.size(-1) / 2;
+  TORCH_CHECK(dy.scalar_type() == h.scalar_type() && dy.numel() * 2 == h.numel() &&
+                  dy.size(-1) == f,
+              "swiglu_backward: dy must be h's dtype and shape with half its last dim");
+  at::Tensor dh = at::empty_like(h);
+  check(ap_swiglu_backward(h.data_ptr(), dy.data_ptr(), in_dtype_code(h),
+                           f ? h.numel() / (2 * f) : 0, f, dh.data_ptr(),
+                           at::cuda::getCurrentCUDAStream()),
+        "ap_swiglu_backward");
+  return dh;
+}
+
 // [rows, tiles] scales stored outer-dim-major: allocated [tiles, rows] and returned transposed.
 at::Tensor tile_scales(const at::Tensor& like, int64_t rows, int64_t cols) {
   return at::empty({(cols + 127) / 128, rows}, like.options().dtype(at::kFloat)).t();
@@ -188,4 +219,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("blockwise_cast_transpose_1d", &blockwise_cast_transpose_1d);
   m.def("blockwise_cast_2d", &blockwise_cast_2d);
   m.def("delayed_scaling_update", &delayed_scaling_update);
+  m.def("swiglu_forward", &swiglu_forward);
+  m.def("swiglu_backward", &swiglu_backward);
 }

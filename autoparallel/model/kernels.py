@@ -21,10 +21,12 @@ from autoparallel import resources
 from autoparallel.model import reference
 
 KERNEL_DIR = resources.KERNELS
-CU_SOURCES = ("fp8_cast.cu", "fp8_blockwise.cu", "fp8_cast_transpose.cu", "fp8_delayed_update.cu")
+CU_SOURCES = ("fp8_cast.cu", "fp8_blockwise.cu", "fp8_cast_transpose.cu", "fp8_delayed_update.cu",
+              "swiglu.cu")
 BINDING = "fp8_binding.cpp"
 DISABLE_ENV = "AUTOPARALLEL_DISABLE_KERNELS"
 FP8_CODES = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 1}
+SWIGLU_DTYPES = (torch.float32, torch.bfloat16)  # the SwiGLU kernels' (others: the reference)
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,16 @@ class CudaOps:
                                        fp8_maxes.float().contiguous(), int(margin),
                                        algo == "most_recent")
 
+    def swiglu(self, h):
+        if h.dtype not in SWIGLU_DTYPES:
+            return reference.swiglu(h)
+        return self._m.swiglu_forward(h.contiguous())
+
+    def swiglu_backward(self, h, grad):
+        if h.dtype not in SWIGLU_DTYPES or grad.dtype != h.dtype:
+            return reference.swiglu_backward(h, grad)
+        return self._m.swiglu_backward(h.contiguous(), grad.contiguous())
+
 
 def _scalar(scale, like: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(scale, dtype=torch.float32, device=like.device).reshape(())
@@ -137,5 +149,5 @@ def ops_for(device: torch.device | str):
 
 @functools.lru_cache(maxsize=None)
 def _warn_once(reason: str) -> None:
-    warnings.warn(f"autoparallel FP8 kernels unavailable ({reason}); using PyTorch references",
+    warnings.warn(f"autoparallel CUDA kernels unavailable ({reason}); using PyTorch references",
                   RuntimeWarning, stacklevel=3)

@@ -1,4 +1,5 @@
-"""The FP8 casts as torch operators (``torch.ops.autoparallel.*``): one operator per fused cast.
+"""The fused kernels as torch operators (``torch.ops.autoparallel.*``): one operator per fused
+FP8 cast, and the SwiGLU activation's forward and backward.
 
 Why operators and not plain functions: each cast the FP8 Linear issues is then one dispatch on
 every device, and one kernel launch on a GPU (current scaling: two, amax then cast, inside one
@@ -136,6 +137,28 @@ _define("fp8_delayed_update(Tensor(a!) history, Tensor(b!) scale, Tensor(c!) sca
         "Tensor fp8_max, int margin, bool most_recent) -> ()", _delayed_update,
         _delayed_update_fake)
 
+def _swiglu(h):
+    return kernels.ops_for(h.device).swiglu(h)
+
+
+def _swiglu_fake(h):
+    return h.new_empty((*h.shape[:-1], h.shape[-1] // 2))
+
+
+_define("swiglu(Tensor h) -> Tensor", _swiglu, _swiglu_fake)
+
+
+def _swiglu_backward(h, grad):
+    return kernels.ops_for(h.device).swiglu_backward(h, grad)
+
+
+def _swiglu_backward_fake(h, grad):
+    return torch.empty_like(h)
+
+
+_define("swiglu_backward(Tensor h, Tensor grad) -> Tensor", _swiglu_backward,
+        _swiglu_backward_fake)
+
 _ops = torch.ops.autoparallel
 fp8_cast = _ops.fp8_cast.default
 """(x, dtype, scale, amax, transpose) -> (fp8, fp8 of x.T or empty): delayed scaling's cast
@@ -150,5 +173,10 @@ fp8_cast_blocks2d = _ops.fp8_cast_blocks2d.default
 fp8_delayed_update = _ops.fp8_delayed_update.default
 """(history [L, n], scale, scale_inv, fp8_max, margin, most_recent): every tensor at once."""
 
+swiglu = _ops.swiglu.default
+"""(h = [gate | up]) -> silu(gate) * up: one kernel on a GPU (kernels/swiglu.cu)."""
+swiglu_backward = _ops.swiglu_backward.default
+"""(h, grad) -> d(h) = [d(gate) | d(up)], FP32 arithmetic (``reference.swiglu_backward``)."""
+
 OPERATORS = ("fp8_cast", "fp8_cast_current", "fp8_cast_blockwise", "fp8_cast_blocks2d",
-             "fp8_delayed_update")
+             "fp8_delayed_update", "swiglu", "swiglu_backward")

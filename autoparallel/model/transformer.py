@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from autoparallel.model import ops
 from autoparallel.model.fp8 import Fp8Linear
 from autoparallel.model.mx_linear import MxLinear
 from autoparallel.model.moe import MoeMlp
@@ -139,24 +140,20 @@ def _norm(spec: ModelSpec) -> Norm:
 
 
 class _SwiGLU(torch.autograd.Function):
-    """silu(gate) * up, saving only gate and up (the SiLU is recomputed in backward). The
-    backward keeps this exact FP32 chain: rewritten with ``silu_backward`` (same formula, other
-    rounding order) the NVFP4 stochastic-rounding ablation of tests/fp8check lost its margin
-    (seed 0: +2.2 -> +0.2 points), so that test pins it."""
+    """silu(gate) * up of h = [gate | up] (the first Linear's output), saving only h (the SiLU is
+    recomputed in backward). One kernel each way on a GPU (kernels/swiglu.cu), where eager
+    PyTorch spent two forward and about a dozen backward kernels; the FP32 reference
+    (``reference.swiglu_backward``) is the CPU path and the kernel's oracle."""
 
     @staticmethod
-    def forward(ctx, gate, up):
-        ctx.save_for_backward(gate, up)
-        return F.silu(gate) * up
+    def forward(ctx, h):
+        ctx.save_for_backward(h)
+        return ops.swiglu(h)
 
     @staticmethod
     def backward(ctx, grad):
-        gate, up = ctx.saved_tensors
-        dtype = torch.promote_types(gate.dtype, torch.float32)
-        g, gate_f, up_f = grad.to(dtype), gate.to(dtype), up.to(dtype)
-        sig = torch.sigmoid(gate_f)
-        dgate = g * up_f * sig * (1 + gate_f * (1 - sig))
-        return dgate.to(gate.dtype), (g * gate_f * sig).to(up.dtype)
+        h, = ctx.saved_tensors
+        return ops.swiglu_backward(h, grad)
 
 
 def to_activation_dtype(h: torch.Tensor) -> torch.Tensor:
@@ -286,7 +283,7 @@ class Mlp(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.w1(x)
         if self.activation == "swiglu":
-            h = _SwiGLU.apply(*h.chunk(2, dim=-1))
+            h = _SwiGLU.apply(h)
         elif self.activation == "squared_relu":
             h = F.relu(h).square()
         else:

@@ -130,8 +130,28 @@ def profile_layer(shape: dict, steps: int = 10, warmup: int = 3, device: str = "
         if i >= warmup:
             times.append(time.perf_counter() - start)
         saved = max(saved, tracker.peak)
-    return {"fwd_bwd_s": statistics.median(times), "saved_bytes": saved,
-            "device": device_name(device)}
+    out = {"fwd_bwd_s": statistics.median(times), "saved_bytes": saved,
+           "device": device_name(device)}
+    if cuda:
+        out["steady_s"] = _back_to_back_s(lambda: torch.autograd.backward(run(x, cos, sin), dy),
+                                          steps)
+    return out
+
+
+def _back_to_back_s(step, steps: int) -> float:
+    """Seconds per step of ``steps`` steps issued back to back, timed with CUDA events: the
+    layer as it runs inside a training step, where the host launches ahead of the GPU and only
+    the step's first layer waits for launches. ``fwd_bwd_s`` times each step alone (synchronised
+    before and after), so it adds the host's launch latency at its start to every layer."""
+    import torch
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(steps):
+        step()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / steps
 
 
 def predicted_layer_s(model: ModelSpec, plan: Plan, row) -> tuple[float, float, float]:

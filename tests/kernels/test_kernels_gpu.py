@@ -136,3 +136,50 @@ def test_delayed_scaling_update(ops, algo, length):
     R.delayed_scaling_update(h2, s2, s_inv2, maxes, 2, algo)
     assert torch.equal(h, h2) and torch.isfinite(h).all()  # non-finite amaxes recorded as 0
     assert torch.equal(s, s2) and torch.equal(s_inv, s_inv2)
+
+
+def poisoned_alloc(shape, dtype):
+    """Leave NaN in the caching allocator's next block of this size, so an output element the
+    kernel never writes shows up as NaN (the binding allocates with at::empty)."""
+    torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+    torch.cuda.synchronize()
+
+
+# (1000, 2 x 257): odd F, the per-element path; (512, 2 x 1024) and 3-D (2, 64, 2 x 3584): vectors.
+SWIGLU_SHAPES = [(1000, 514), (512, 2048), (2, 64, 7168)]
+
+
+def swiglu_input(shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(*shape, generator=g) * 4  # past |x| = 10 too, where exp(-x) is large
+    h.view(-1)[:4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])
+    return h.to(dtype).cuda()
+
+
+@pytest.mark.parametrize("shape", SWIGLU_SHAPES)
+@pytest.mark.parametrize("dtype", INPUTS)
+def test_swiglu_forward_and_backward_match_the_reference(ops, shape, dtype):
+    h = swiglu_input(shape, dtype, seed=3)
+    dy = swiglu_input((*shape[:-1], shape[-1] // 2), dtype, seed=4)
+    poisoned_alloc(dy.shape, dtype)
+    y = ops.swiglu(h)
+    poisoned_alloc(h.shape, dtype)
+    dh = ops.swiglu_backward(h, dy)
+    assert y.shape == dy.shape and dh.shape == h.shape
+    assert not y.isnan().any() and not dh.isnan().any()  # every element written
+    y_ref, dh_ref = R.swiglu(h), R.swiglu_backward(h, dy)
+    # The kernel repeats the reference's operations one by one; only expf could differ.
+    tol = {"rtol": 2 ** -7, "atol": 1e-30} if dtype == torch.bfloat16 else {"rtol": 1e-6,
+                                                                            "atol": 1e-30}
+    torch.testing.assert_close(y, y_ref, **tol)
+    torch.testing.assert_close(dh, dh_ref, **tol)
+    assert (y == y_ref).float().mean() > 0.999 and (dh == dh_ref).float().mean() > 0.999
+
+
+def test_the_mlp_runs_the_swiglu_kernels_under_autograd(ops):
+    from autoparallel.model.transformer import _SwiGLU
+    h = swiglu_input((4, 96, 512), torch.bfloat16, seed=5).requires_grad_()
+    dy = swiglu_input((4, 96, 256), torch.bfloat16, seed=6)
+    _SwiGLU.apply(h).backward(dy)
+    torch.testing.assert_close(h.grad, R.swiglu_backward(h.detach(), dy), rtol=2 ** -7,
+                               atol=1e-30)

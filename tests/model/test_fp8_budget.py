@@ -146,3 +146,17 @@ def test_an_fp8_layer_saves_fewer_bytes_than_the_bf16_layer(name):
     keeps the 2-byte input itself; measured 13 % less for this SwiGLU layer."""
     bf16, fp8 = saved_bytes(None), saved_bytes(ALL[name])
     assert fp8 < 0.9 * bf16, (fp8, bf16)
+
+
+def test_swiglu_is_one_operator_each_way():
+    """The MLP's activation is one fused kernel forward and one backward on a GPU
+    (kernels/swiglu.cu): counted here as one ``autoparallel::swiglu`` operator each way."""
+    from autoparallel.model.transformer import _SwiGLU
+    h = torch.randn(2, 8, 32, dtype=torch.bfloat16, requires_grad=True)
+    with Ops() as ops:
+        _SwiGLU.apply(h).backward(torch.ones(2, 8, 16, dtype=torch.bfloat16))
+    names = [n for n in ops.names() if not n.startswith("aten::ones")]
+    assert names.count("autoparallel::swiglu") == 1
+    assert names.count("autoparallel::swiglu_backward") == 1
+    assert not any(n.startswith(("aten::silu", "aten::sigmoid", "aten::mul", "aten::cat"))
+                   for n in names), names
