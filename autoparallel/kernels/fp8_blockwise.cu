@@ -91,6 +91,26 @@ __device__ __forceinline__ unsigned word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// cast16, two values per conversion instruction. __nv_cvt_float_to_fp8 (what cast16 calls) issues
+// cvt.rn.satfinite.{e4m3,e5m2}x2.f32 with 0.0f as the second operand on sm_89+, and
+// __nv_cvt_float2_to_fp8x2 the same instruction with both (per-element fallbacks below sm_89 in
+// both; cuda_fp8.hpp of CUDA 13.0), so every byte equals cast16's, with half the F2FP
+// instructions: the transposing cast converts each element twice, one F2FP each in cast16.
+template <int FMT>
+__device__ __forceinline__ uint4 cast16_pairs(const float (&v)[kChunk], float s) {
+  constexpr __nv_fp8_interpretation_t kFmt = FMT == kE4M3 ? __NV_E4M3 : __NV_E5M2;
+  unsigned w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const unsigned lo = __nv_cvt_float2_to_fp8x2(make_float2(v[4 * k] * s, v[4 * k + 1] * s),
+                                                 __NV_SATFINITE, kFmt);
+    const unsigned hi = __nv_cvt_float2_to_fp8x2(make_float2(v[4 * k + 2] * s, v[4 * k + 3] * s),
+                                                 __NV_SATFINITE, kFmt);
+    w[k] = lo | hi << 16;
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // max |x| of a chunk's 16 elements as fp32 bits (= max_abs16 of its to_float).
 template <typename T>
 __device__ __forceinline__ unsigned chunk_amax(const Chunk16<T>& c) {
@@ -144,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<T>)
       if (row < rows && col < cols) {
         float v[kChunk];
         to_float(c[p], v);
-        *reinterpret_cast<uint4*>(out + row * cols + col) = cast16<FMT>(v, s);
+        *reinterpret_cast<uint4*>(out + row * cols + col) = cast16_pairs<FMT>(v, s);
       }
     }
     if (threadIdx.x == 0) scale_inv[b] = 1.0f / s;
@@ -217,7 +237,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<T>)
         if (row < rows && col < cols) {
           float v[kChunk];
           to_float(c[b], v);
-          *reinterpret_cast<uint4*>(out + row * cols + col) = cast16<FMT>(v, s);
+          *reinterpret_cast<uint4*>(out + row * cols + col) = cast16_pairs<FMT>(v, s);
           if (k == 0) scale_inv[(col0 / kBlock) * rows + row] = 1.0f / s;
         }
 #pragma unroll
@@ -253,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<T>)
           float v[kChunk];
 #pragma unroll
           for (int i = 0; i < kChunk; ++i) v[i] = P::value(hi ? w[i].y : w[i].x, half);
-          *reinterpret_cast<uint4*>(out_t + (trow0 + e) * rows + tcol) = cast16<FMT>(v, s);
+          *reinterpret_cast<uint4*>(out_t + (trow0 + e) * rows + tcol) = cast16_pairs<FMT>(v, s);
           if (j == 0) scale_inv_t[(row0 / kBlock) * cols + trow0 + e] = 1.0f / s;
         }
       }
