@@ -132,7 +132,7 @@ __device__ __forceinline__ unsigned chunk_amax(const Chunk16<T>& c) {
 // not 64 as fp32), takes the block amax, then casts from registers: one read. Holding fp32
 // values took 108 registers, two blocks (16 warps) per SM, and measured 64 % of HBM peak on an
 // H100: a block's loads then sit idle behind its reduction and stores. With the raw words and
-// __launch_bounds__(256, 4) four blocks fit (one 128 KiB of loads in flight per SM at most).
+// __launch_bounds__(256, 4) four blocks fit: up to 128 KiB of loads in flight per SM.
 template <typename T, int FMT>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<T>)
     cast_128x128_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
@@ -173,10 +173,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<T>)
 
 // 1x128 tiles along rows AND along columns from one read of a 128x128 tile.
 //
-// Row pass: thread (r, k) of a 128 x 8 grid loads 16 elements of row r (chunk k), all four of
-// its chunks before any is used; the 8 lanes of a row reduce its amax by shuffles, and the
-// thread casts its chunk from registers and writes X's row-major output with one 16-byte store,
-// as the 1x128 cast does; it also stages the raw chunk in shared memory (input type).
+// Row pass: thread (r, k) of a 128 x 8 grid loads 16 elements of row r (chunk k), issuing 128
+// bytes of loads (4 bf16 / 2 fp32 chunks) before using any; the 8 lanes of a row reduce its amax
+// by shuffles, and the thread casts its chunk from registers and writes X's row-major output with
+// one 16-byte store, as the 1x128 cast does; it also stages the raw chunk in shared memory.
 // Column pass: thread (g, j), j = lane % 8, reads kCols = 8 / sizeof(T) columns (8 bytes) of
 // rows [16j, 16j + 16) with 16 8-byte loads, takes each column's max over its 16 rows, then over
 // the 8 lanes of the same g by shuffles (all 128 rows: the column's 1x128 tile amax), and writes
@@ -188,13 +188,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<T>)
 // (transformer_engine/common/transpose/quantize_transpose_vector_blockwise.cu at 03e35e35:
 // 8 consecutive threads per output row, column amax by shuffles among them).
 //
-// Shared layout: row r holds kUnits 16-byte units; logical unit u is stored at u ^ ((r / 16) % 8).
+// Shared layout: row r holds kUnits 16-byte units (input type), logical unit u at swizzle(r, u).
 // Unswizzled, a row is 256 B (bf16) or 512 B (fp32), a multiple of the 128 bytes the 32 banks
-// span, so the column pass's 8 lanes of one g (rows 16 apart) would all hit one bank. With the
-// XOR, a half-warp's 8-byte reads (2 g's x 8 j's) fill 16 distinct 8-byte slots of the banks. The
-// row pass stores 16-byte units (served 8 lanes at a time, the 8 chunks of one row): each lane
-// visits its kV units in an order rotated by k / (8 / kV), so the 8 lanes touch 8 distinct
-// 16-byte bank groups; the XOR, the same for all 8 lanes, only permutes them.
+// span, so the column pass's 8 lanes of one g (rows 16 apart) would all hit one bank (8-way), and
+// the row pass's 16-byte stores (served 8 lanes at a time: the 8 chunks of one row, unit
+// k * kV + i at step i) 2-way (bf16) or 4-way (fp32). Swizzled, both are conflict-free: a
+// half-warp's 8-byte reads (2 g's x 8 j's) fill 16 distinct 8-byte slots of the banks, and the 8
+// stores of a phase 8 distinct 16-byte bank groups (benchmarks/check_blockwise_smem.py replays
+// every access of a tile). The old kernel rotated each lane's store order instead, a runtime
+// index into its registers that nvcc put in local memory.
 template <typename T, int FMT>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<T>)
     cast_transpose_1x128_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
