@@ -4,6 +4,8 @@ Runs only where torch sees a GPU (and nvcc can build the extension):
     python -m pytest tests/kernels/test_kernels_gpu.py -m gpu -v
 """
 
+import ctypes
+
 import pytest
 import torch
 
@@ -119,6 +121,118 @@ def test_blockwise(ops, shape, dtype):
         for g, r in zip(got[1::2], ref[1::2]):
             assert torch.equal(g, r), fn  # values; the 1x128 scales are outer-dim-major
     assert ops.blockwise_cast_1d(x, torch.float8_e4m3fn)[1].stride(0) == 1
+
+
+class Poisoned:
+    """An output buffer the test owns, for the C launchers (the torch binding allocates its own,
+    which may hold a previous call's correct bytes): ``nbytes`` between two guards, all 0xff --
+    NaN as FP8 in either format and as fp32 -- so an element the kernel never wrote stays NaN
+    (the references below have none) and a write past either end shows in a guard."""
+
+    GUARD = 256  # keeps the body 16-byte aligned
+
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
+        self.raw = torch.full((nbytes + 2 * self.GUARD,), 0xFF, dtype=torch.uint8, device="cuda")
+
+    @property
+    def ptr(self):
+        return self.raw.data_ptr() + self.GUARD
+
+    def view(self, dtype, *shape):
+        return self.raw[self.GUARD:self.GUARD + self.nbytes].view(dtype).view(*shape)
+
+    def untouched(self, body=False):
+        parts = [self.raw] if body else [self.raw[:self.GUARD], self.raw[self.GUARD + self.nbytes:]]
+        return all(bool((p == 0xFF).all()) for p in parts)
+
+
+@pytest.fixture(scope="module")
+def launchers():
+    """The extern "C" launchers of the built extension (fp8_kernels.h), through ctypes."""
+    module, status = kernels.load()
+    if module is None:
+        pytest.fail(f"kernels did not build on a CUDA machine: {status.reason}")
+    lib = ctypes.CDLL(module.__file__)
+    head = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+    outs = {"ap_blockwise_cast_1x128": 2, "ap_blockwise_cast_128x128": 2,
+            "ap_blockwise_cast_transpose_1x128": 4}
+    for name, n in outs.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = head + [ctypes.c_void_p] * (n + 1), ctypes.c_int
+    return lib
+
+
+def call(launcher, x, fmt, *buffers):
+    """Launch on torch's current stream, wait, and return the cudaError_t."""
+    code = 0 if x.dtype == torch.float32 else 1
+    err = launcher(x.data_ptr(), code, x.shape[0], x.shape[1], kernels.FP8_CODES[fmt],
+                   *(b.ptr for b in buffers), torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    return err
+
+
+def check_blockwise_poisoned(launchers, x, fmt, transposing=True):
+    """Every output element and scale of the three blockwise launchers written, bit-identical to
+    the reference, nothing written outside the outputs (the transposing cast, which takes only
+    dims that are multiples of 16, must refuse other shapes and write nothing)."""
+    rows, cols = x.shape
+    tr, tc = -(-rows // 128), -(-cols // 128)
+    q = Poisoned(rows * cols)
+    s = Poisoned(4 * rows * tc)
+    assert call(launchers.ap_blockwise_cast_1x128, x, fmt, q, s) == 0
+    ref_q, ref_s = R.blockwise_cast_1d(x, fmt)
+    same_bits(q.view(fmt, rows, cols), ref_q)
+    assert torch.equal(s.view(torch.float32, tc, rows).t(), ref_s)
+    assert q.untouched() and s.untouched()
+
+    q, s = Poisoned(rows * cols), Poisoned(4 * tr * tc)
+    assert call(launchers.ap_blockwise_cast_128x128, x, fmt, q, s) == 0
+    ref_q, ref_s = R.blockwise_cast_2d(x, fmt)
+    same_bits(q.view(fmt, rows, cols), ref_q)
+    assert torch.equal(s.view(torch.float32, tr, tc), ref_s)
+    assert q.untouched() and s.untouched()
+
+    if not transposing:
+        return
+    q, s = Poisoned(rows * cols), Poisoned(4 * rows * tc)
+    qt, st = Poisoned(rows * cols), Poisoned(4 * cols * tr)
+    err = call(launchers.ap_blockwise_cast_transpose_1x128, x, fmt, q, s, qt, st)
+    if rows % 16 or cols % 16:
+        assert err != 0 and all(b.untouched(body=True) for b in (q, s, qt, st))
+        return
+    assert err == 0
+    ref = R.blockwise_cast_transpose_1d(x, fmt)
+    same_bits(q.view(fmt, rows, cols), ref[0])
+    assert torch.equal(s.view(torch.float32, tc, rows).t(), ref[1])
+    same_bits(qt.view(fmt, cols, rows), ref[2])
+    assert torch.equal(st.view(torch.float32, tr, cols).t(), ref[3])
+    assert all(b.untouched() for b in (q, s, qt, st))
+
+
+# Multiples of 128; multiples of 16 with ragged 128-tiles (the vector paths' partial tiles and
+# the transposing cast's zero-filled staging); neither (the per-element 1x128 / 128x128 kernels;
+# the transposing cast refuses them).
+POISON_SHAPES = [(128, 128), (256, 384), (640, 256), (208, 336), (16, 16), (48, 400), (400, 48),
+                 (37, 300), (130, 129)]
+
+
+@pytest.mark.parametrize("shape", POISON_SHAPES)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", INPUTS)
+def test_blockwise_writes_every_output_element(launchers, shape, fmt, dtype):
+    x = nasty(shape, dtype, seed=3)
+    x[~torch.isfinite(x)] = -5.0  # finite input: the references hold no NaN, the poison does
+    x[:16, :128] = 0.0  # all-zero 1x128 tiles along rows ...
+    x[:, 16:18] = 0.0  # ... and along columns: scale 1 both ways
+    check_blockwise_poisoned(launchers, x, fmt)
+
+
+def test_blockwise_grid_stride(launchers):
+    """More 128x128 tiles (129 x 128) than the 16,384 blocks the launchers start: the second
+    pass of the blocks' loop (and its reuse of the staging tile) writes the rest."""
+    x = torch.randn(129 * 128, 128 * 128, device="cuda").to(torch.bfloat16)
+    check_blockwise_poisoned(launchers, x, torch.float8_e4m3fn)
 
 
 @pytest.mark.parametrize("length", [1, 1024])
