@@ -494,14 +494,19 @@ class _Fp8LinearFunction(torch.autograd.Function):
                 layer: Fp8Linear, out_dtype: torch.dtype) -> torch.Tensor:
         native = layer.native(x.device)
         blockwise = isinstance(layer.recipe, BlockwiseScaling)
+        # A frozen weight (LoRA's base) has no wgrad, so neither its input copy nor dY's other
+        # layout is made: TransformerEngine's Linear skips both (backward_needs_input).
+        wgrad = ctx.needs_input_grad[1]
         # wgrad reads X in the other layout (native tensorwise) or tiled along the tokens
         # (blockwise): that copy is the only one backward keeps, one byte per element.
-        xq, x_col = layer.quantize(x, "input", transpose=native or blockwise)
+        xq, x_col = layer.quantize(x, "input", transpose=(native or blockwise) and wgrad)
         wq = layer.weight_fp8(weight)
         y = fp8_gemm(xq, wq.t(), out_dtype, layer.gemm_backend)
         if bias is not None:
             y = y + bias.to(out_dtype)
-        if blockwise:
+        if not wgrad:
+            kept = Fp8Tensor(x.new_empty(0), x.new_empty(0))
+        elif blockwise:
             kept = x_col
         elif native:
             kept = Fp8Tensor(xq.data_other.t(), xq.scale_inv)  # X^T, row-major
@@ -511,7 +516,7 @@ class _Fp8LinearFunction(torch.autograd.Function):
         # measure activation memory see it. The FP8 weight is model state (cached on the layer
         # for the whole step), so it is held by reference, not saved.
         ctx.save_for_backward(kept.data, kept.scale_inv)
-        ctx.layer, ctx.wq, ctx.kept_block = layer, wq, kept.block
+        ctx.layer, ctx.wq, ctx.kept_block, ctx.wgrad = layer, wq, kept.block, wgrad
         ctx.blockwise, ctx.native, ctx.has_bias = blockwise, native, bias is not None
         ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
         return y
@@ -522,19 +527,22 @@ class _Fp8LinearFunction(torch.autograd.Function):
         backend = layer.gemm_backend
         kept_data, kept_scale = ctx.saved_tensors
         dy = dy.contiguous()
-        if ctx.blockwise:
-            dyq, dy_col = layer.quantize(dy, "grad_output", transpose=True)
-            x_for_wgrad = Fp8Tensor(kept_data, kept_scale, ctx.kept_block).t()  # X, (128, 1)
-            dy_for_wgrad = dy_col                                              # dY^T, (1, 128)
-        else:
-            dyq, _ = layer.quantize(dy, "grad_output", transpose=ctx.native)
-            x_for_wgrad = Fp8Tensor(kept_data, kept_scale)
-            if ctx.native:
-                x_for_wgrad = x_for_wgrad.t()  # kept X^T row-major -> X column-major
-            dy_for_wgrad = dyq.t()
+        wgrad = ctx.wgrad
+        dyq, dy_col = layer.quantize(dy, "grad_output",
+                                     transpose=(ctx.blockwise or ctx.native) and wgrad)
         dx = fp8_gemm(dyq, wq, ctx.x_dtype, backend)
-        dw = fp8_gemm(dy_for_wgrad, x_for_wgrad, ctx.w_dtype, backend)
-        db = dy.float().sum(0).to(ctx.w_dtype) if ctx.has_bias else None
+        dw = None
+        if wgrad:
+            x_for_wgrad = Fp8Tensor(kept_data, kept_scale, ctx.kept_block)
+            if ctx.blockwise:  # X with (128, 1) tiles times dY^T with (1, 128) tiles
+                x_for_wgrad, dy_for_wgrad = x_for_wgrad.t(), dy_col
+            else:  # native: the kept X^T row-major read as X column-major
+                x_for_wgrad = x_for_wgrad.t() if ctx.native else x_for_wgrad
+                dy_for_wgrad = dyq.t()
+            dw = fp8_gemm(dy_for_wgrad, x_for_wgrad, ctx.w_dtype, backend)
+        db = None
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy.float().sum(0).to(ctx.w_dtype)
         return dx, dw, db, None, None
 
 

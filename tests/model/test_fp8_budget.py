@@ -160,3 +160,35 @@ def test_swiglu_is_one_operator_each_way():
     assert names.count("autoparallel::swiglu_backward") == 1
     assert not any(n.startswith(("aten::silu", "aten::sigmoid", "aten::mul", "aten::cat"))
                    for n in names), names
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_a_frozen_fp8_weight_runs_no_wgrad_and_keeps_no_input(name):
+    """LoRA's frozen base, as TransformerEngine runs it: no wgrad GEMM, no transposed copy of
+    the input or of dY, nothing saved for backward; dX is the trainable layer's, bit for bit.
+    (Blockwise GEMMs are emulated on CPU, so there only the casts are counted.)"""
+    blockwise = name == "blockwise"
+    torch.manual_seed(0)
+    x = torch.randn(128, 256, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(128, 128, dtype=torch.bfloat16)
+    runs = {}
+    for frozen in (False, True):
+        torch.manual_seed(1)
+        layer = Fp8Linear(256, 128, ALL[name], gemm_backend="emulate" if blockwise
+                          else "scaled_mm").to(torch.bfloat16)
+        layer.weight.requires_grad_(not frozen)
+        layer(x).backward(dy)  # first step: scales from the tensors
+        update_fp8_scales(layer)
+        x.grad = layer.weight.grad = None
+        with Ops() as ops, SavedTensors() as saved:
+            layer(x).backward(dy)
+        runs[frozen] = (ops.names(), saved.peak, x.grad.clone(), layer.weight.grad)
+    (live, live_saved, live_dx, live_dw), (cold, cold_saved, cold_dx, cold_dw) = runs.values()
+    assert live_dw is not None and cold_dw is None
+    assert torch.equal(live_dx, cold_dx)
+    assert cold_saved == 0 < live_saved
+    if blockwise:  # X and dY each cast once, in one tiling instead of both
+        assert live.count("autoparallel::fp8_cast_blockwise") == 2
+        assert cold.count("autoparallel::fp8_cast_blockwise") == 2
+    else:
+        assert live.count("aten::_scaled_mm") == 3 and cold.count("aten::_scaled_mm") == 2
