@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from autoparallel.model import kernels, reference as R  # noqa: E402
+from autoparallel.profiling.layer import back_to_back_s  # noqa: E402
 
 # Dense datasheet HBM bandwidth (DESIGN.md §4), used when the device does not report its memory.
 DATASHEET_TBS = {"H100": 3.35, "H200": 4.8, "A100": 2.04, "B200": 8.0, "L40S": 0.864,
@@ -42,14 +43,7 @@ def hbm_bandwidth(props) -> tuple[float, str]:
 def time_ms(fn, iters: int) -> float:
     for _ in range(3):
         fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+    return back_to_back_s(fn, iters) * 1e3
 
 
 def kernel_cases(ops, x: torch.Tensor, tensors: int = 512, history: int = 1024) -> list[tuple]:

@@ -133,12 +133,12 @@ def profile_layer(shape: dict, steps: int = 10, warmup: int = 3, device: str = "
     out = {"fwd_bwd_s": statistics.median(times), "saved_bytes": saved,
            "device": device_name(device)}
     if cuda:
-        out["steady_s"] = _back_to_back_s(lambda: torch.autograd.backward(run(x, cos, sin), dy),
+        out["steady_s"] = back_to_back_s(lambda: torch.autograd.backward(run(x, cos, sin), dy),
                                           steps)
     return out
 
 
-def _back_to_back_s(step, steps: int) -> float:
+def back_to_back_s(step, steps: int) -> float:
     """Seconds per step of ``steps`` steps issued back to back, timed with CUDA events: the
     layer as it runs inside a training step, where the host launches ahead of the GPU and only
     the step's first layer waits for launches. ``fwd_bwd_s`` times each step alone (synchronised
