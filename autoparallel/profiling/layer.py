@@ -167,6 +167,12 @@ def predicted_layer_s(model: ModelSpec, plan: Plan, row) -> tuple[float, float, 
     return layers / (m * lps), layers, share
 
 
+def layer_seconds(entry: dict) -> float:
+    """A profile's layer time as it runs inside a step: back to back on a GPU (``steady_s``),
+    else (CPU, or a store written before ``steady_s`` existed) each step alone."""
+    return entry.get("steady_s", entry["fwd_bwd_s"])
+
+
 class LayerProfileEvaluator:
     """The cost model with measured layer compute (profiles cached in ``store``)."""
 
@@ -191,7 +197,7 @@ class LayerProfileEvaluator:
         return entry
 
     def measured_layer_s(self, plan: Plan) -> float:
-        return self.measure(plan)["fwd_bwd_s"]
+        return layer_seconds(self.measure(plan))
 
     def evaluate(self, candidates: pd.DataFrame) -> pd.DataFrame:
         out = CostModelEvaluator(self.model, self.hw, self.memory_fraction).evaluate(candidates)
@@ -211,7 +217,7 @@ class LayerProfileEvaluator:
                     out["measurement_error"] = ""
                 out.at[i, "measurement_error"] = f"{type(exc).__name__}: {exc}"[:300]
                 continue
-            measured = entry["fwd_bwd_s"]
+            measured = layer_seconds(entry)
             out.at[i, "measured_device"] = entry.get("device", self.device_name)
             predicted_one, predicted_layers, share = predicted_layer_s(self.model, plan, row)
             ratio = measured / predicted_one
