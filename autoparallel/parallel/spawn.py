@@ -33,7 +33,15 @@ class SpawnResult:
     reason: str = ""
 
 
+# When this process's rank function was entered (time.time()): by then the interpreter has
+# started, imported torch and the parent's __main__, and unpickled the function and its
+# arguments. A job reports it (``profiling.job``) to split its start-up; None outside ``run``.
+ENTERED_AT: float | None = None
+
+
 def _entry(rank, world, port, backend, fn, args, results, collective_timeout_s, threads, parent):
+    global ENTERED_AT
+    ENTERED_AT = time.time()
     from autoparallel.children import die_with_parent
     die_with_parent(parent)  # a rank never outlives a killed launcher
     import torch
