@@ -6,8 +6,9 @@
 
 Runs ``--runs`` times the job ``launcher.run_local`` runs for a search (one rank, warm-up 1,
 ``--steps`` timed steps) of llama3-8b cut to ``--layers`` layers and ``--seq`` tokens (and, on
-the CPU, a ``--vocab`` of 16384 so that the states fit; 0 keeps the model's), and prints each
-run's split and the median of each column:
+the CPU, a ``--vocab`` of 16384 so that the states fit; 0 keeps the model's; ``--hidden 256``
+shrinks it to show the fixed costs alone), and prints each run's split and the median of each
+column:
 
   spawn   launcher start -> the rank's function entered (interpreter, imports: torch, the
           parent's __main__ re-imported by the spawn start method, unpickling)
@@ -48,6 +49,11 @@ def job_spec(args: argparse.Namespace):
     spec = io.load_model("llama3-8b")
     spec = dataclasses.replace(spec, num_layers=args.layers, seq_length=args.seq,
                                vocab_size=args.vocab or spec.vocab_size)
+    if args.hidden:  # the same shape scaled down (head dim 128, FFN 3.5x, 4 heads a group)
+        heads = max(1, args.hidden // 128)
+        spec = dataclasses.replace(spec, hidden_size=args.hidden, num_attention_heads=heads,
+                                   ffn_hidden_size=7 * args.hidden // 2,
+                                   num_query_groups=max(1, heads // 4))
     plan = Plan(tp=1, pp=1, dp=1, gbs=args.gbs, mbs=1, precision="bf16")
     return JobSpec(spec, plan, steps=args.steps, warmup=1, timeout_s=560, device=args.device)
 
@@ -67,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--vocab", type=int, default=16384, help="0: the model's own")
+    parser.add_argument("--hidden", type=int, default=0,
+                        help="a hidden size to scale the model down to, for the fixed costs "
+                        "alone (0: the model's 4096)")
     parser.add_argument("--gbs", type=int, default=1)
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--runs", type=int, default=3)
@@ -76,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     job = job_spec(args)
     rows = []
     names = (*COLUMNS, "step_s", "wall_s", "before_s")
-    print("run " + " ".join(f"{n[:-2]:>7}" for n in names), flush=True)
+    print("run " + " ".join(f"{n.split('_')[0]:>7}" for n in names), flush=True)
     for run in range(args.runs):
         m = run_local(job)
         if not m.ok:

@@ -41,7 +41,8 @@ class SpawnResult:
 
 # When this process's rank function was entered (time.time()): by then the interpreter has
 # started, imported torch (and the parent's __main__ where ``needs_main``), and unpickled the
-# function and its arguments. A job reports it (``profiling.job``) to split its start-up; None outside ``run``.
+# function and its arguments. A job reports it (``profiling.job``) to split its start-up; None
+# outside ``run``.
 ENTERED_AT: float | None = None
 
 

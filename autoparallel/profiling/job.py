@@ -115,7 +115,6 @@ def run_rank(rank: int, world: int, job: JobSpec) -> dict:
     if cuda:
         torch.cuda.synchronize()
     build_s = time.perf_counter() - start
-    built = time.time()
     states = pm.model_state_bytes()
     cap = None if job.memory_cap_gib is None else int(job.memory_cap_gib * GIB)
     gen = torch.Generator().manual_seed(job.seed + 1)
@@ -145,8 +144,7 @@ def run_rank(rank: int, world: int, job: JobSpec) -> dict:
     return {"rank": rank, "times": times, "loss": losses[-1], "saved_bytes": tracker.peak,
             "state_bytes": states, "peak_bytes": peak, "device": device_name(str(device)),
             "build_s": build_s, "first_step_s": first_step_s,
-            "stamps": {"entered": spawn.ENTERED_AT, "ready": ready, "built": built,
-                       "done": time.time()}}
+            "stamps": {"entered": spawn.ENTERED_AT, "ready": ready, "done": time.time()}}
 
 
 def startup_split(ranks: list[dict], started_at: float | None, ended_at: float | None) -> dict:
