@@ -27,9 +27,44 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.optim.adamw import adamw
 
 from autoparallel.parallel import comm
 from autoparallel.parallel.buffers import ParamBuffers
+
+
+class AdamW:
+    """``torch.optim.AdamW`` on one FP32 tensor, through its functional form
+    (``torch.optim.adamw.adamw``) with the state and the choices the class makes in torch 2.13
+    (torch/optim/adam.py ``Adam._init_group`` and ``adam``): both moments zeroed at the first
+    step, the step count a 0-d tensor (FP32 on the device when fused, else on the CPU in the
+    default float dtype), fused on a GPU and torch's default elsewhere. So the same update,
+    bit for bit (tests/parallel/test_optimizer_functional.py).
+
+    Why not the class: every ``torch.optim.Optimizer`` imports ``torch._dynamo`` when it is
+    built (``add_param_group`` is wrapped in ``torch._disable_dynamo``) and when it steps, an
+    import of 1.5-3 s on this CPU inside every profiling job's model build (benchmarks/
+    RESULTS.md, session 39), for a job that never compiles.
+    """
+
+    def __init__(self, param: torch.Tensor, lr: float, betas: tuple[float, float],
+                 weight_decay: float, eps: float = 1e-8) -> None:
+        self.param, self.lr, self.betas = param, lr, betas
+        self.weight_decay, self.eps = weight_decay, eps
+        self.fused = True if param.is_cuda else None
+        self.moments: tuple[torch.Tensor, torch.Tensor] | None = None
+        wide = torch.get_default_dtype() == torch.float64
+        self.steps = (torch.zeros((), dtype=torch.float32, device=param.device) if self.fused
+                      else torch.tensor(0.0, dtype=torch.float64 if wide else torch.float32))
+
+    def step(self, grad: torch.Tensor) -> None:
+        if self.moments is None:  # as the class: the moments come with the first step
+            self.moments = tuple(torch.zeros_like(self.param, memory_format=torch.preserve_format)
+                                 for _ in range(2))
+        with torch.no_grad():
+            adamw([self.param], [grad], [self.moments[0]], [self.moments[1]], [], [self.steps],
+                  fused=self.fused, amsgrad=False, beta1=self.betas[0], beta2=self.betas[1],
+                  lr=self.lr, weight_decay=self.weight_decay, eps=self.eps, maximize=False)
 
 
 class DistributedOptimizer:
@@ -63,9 +98,7 @@ class DistributedOptimizer:
             if lo < hi:
                 self.norm_views.append(self.grad[lo - self.start:hi - self.start])
         # fused on a GPU: one kernel, no full-size temporaries (foreach would allocate one)
-        self.adam = torch.optim.AdamW([self.master], lr=lr, betas=betas,
-                                      weight_decay=weight_decay,
-                                      fused=True if self.master.is_cuda else None)
+        self.adam = AdamW(self.master, lr=lr, betas=betas, weight_decay=weight_decay)
 
     def _squared_norm(self) -> torch.Tensor:
         if not self.norm_views:
@@ -97,10 +130,9 @@ class DistributedOptimizer:
         weights (all-gathered when sharded) into the weight buffer."""
         if self.clip is not None:
             self.grad.mul_(torch.clamp(self.clip / (norm + 1e-6), max=1.0))
-        self.master.grad = self.grad
         if lr is not None:
-            self.adam.param_groups[0]["lr"] = lr
-        self.adam.step()
+            self.adam.lr = lr
+        self.adam.step(self.grad)
         with torch.no_grad():
             if self.sharded:
                 comm.all_gather_flat(self.buffers.params,

@@ -2,7 +2,9 @@
 
 Used by the equivalence tests and by the local launcher: torch.multiprocessing ``spawn`` start
 method, a free TCP port on 127.0.0.1 only, and each rank's return value (or error) sent back
-through a queue. ``run`` never waits forever: after ``timeout`` seconds, or as soon as one rank
+through a queue (the parent's ``__main__`` is not re-run in them unless the function or its
+arguments live there: ``main_left_out``), and each rank ends at once after reporting
+(``exit_now``). ``run`` never waits forever: after ``timeout`` seconds, or as soon as one rank
 fails, every process still alive is terminated and the result says why.
 """
 
@@ -11,10 +13,14 @@ from __future__ import annotations
 import datetime
 import io
 import os
+import pickle
 import queue as queue_mod
 import socket
+import sys
 import time
 import traceback
+import types
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch.multiprocessing as mp
@@ -33,7 +39,16 @@ class SpawnResult:
     reason: str = ""
 
 
+# When this process's rank function was entered (time.time()): by then the interpreter has
+# started, imported torch (and the parent's __main__ where ``needs_main``), and unpickled the
+# function and its arguments. A job reports it (``profiling.job``) to split its start-up; None
+# outside ``run``.
+ENTERED_AT: float | None = None
+
+
 def _entry(rank, world, port, backend, fn, args, results, collective_timeout_s, threads, parent):
+    global ENTERED_AT
+    ENTERED_AT = time.time()
     from autoparallel.children import die_with_parent
     die_with_parent(parent)  # a rank never outlives a killed launcher
     import torch
@@ -56,6 +71,48 @@ def _entry(rank, world, port, backend, fn, args, results, collective_timeout_s, 
                      + "\n" + traceback.format_exc(limit=3)[-800:]))
     finally:
         destroy_group()
+    exit_now(results)
+
+
+def exit_now(results) -> None:
+    """End the rank at once, its report sent: Python's interpreter shutdown with torch loaded
+    (module teardown, C++ static destructors; with CUDA, the context's) took 1.3-2.3 s on this
+    CPU after every job (benchmarks/RESULTS.md, session 39), which the launcher waited for,
+    and the OS frees the memory (and the driver the GPU's) as well as it would. The queue's
+    feeder thread is joined first, so the report is in the pipe, then stdout and stderr are
+    flushed; the exit code stays 0 (a failure is reported through the queue)."""
+    results.close()
+    results.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def needs_main(fn, args: tuple) -> bool:
+    """Whether a rank must re-run the parent's ``__main__`` to unpickle ``fn`` and ``args``:
+    something in them pickled by reference to it (or they do not pickle plainly: then keep
+    the spawn start method's default)."""
+    try:
+        return b"__main__" in pickle.dumps((fn, args))
+    except Exception:  # noqa: BLE001 - e.g. a queue, which only a process start may pickle
+        return True
+
+
+@contextmanager
+def main_left_out():
+    """Start processes that do not re-run the parent's ``__main__``: the spawn start method
+    makes each child import the parent's main script or module again (multiprocessing's
+    ``spawn.get_preparation_data`` reads ``sys.modules["__main__"]``), so a rank of a job
+    started from the ``autoparallel`` console script imported the whole CLI (the cost model,
+    pandas) and one started from bench_issue15_gpu.py that script's imports, 0.7-1 s on this
+    CPU (benchmarks/RESULTS.md, session 39), for nothing it runs. For as long as the
+    processes start, ``__main__`` is a bare module."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
 
 def destroy_group() -> None:
@@ -83,12 +140,14 @@ def run(fn, world: int, args: tuple = (), timeout: float = 120.0, backend: str =
     done: set[int] = set()
     reason = ""
     deadline = time.monotonic() + timeout  # starting the processes counts against the timeout
+    starting = nullcontext if needs_main(fn, args) else main_left_out
     try:
         for p in procs:
             if time.monotonic() > deadline:
                 reason = f"timed out after {timeout:.0f} s while starting {world} processes"
                 break
-            p.start()
+            with starting():
+                p.start()
         while len(done) < world and not reason:
             try:
                 rank, status, value = results.get(timeout=0.2)

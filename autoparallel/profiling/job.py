@@ -4,7 +4,8 @@
 run ``warmup`` untimed and ``steps`` timed steps on generated tokens (a barrier before each, so a
 step's time is the slowest rank's), and report per-step seconds, the loss, saved-tensor bytes,
 model states and the seconds it took to build the rank's share of the model (``build_s``: the
-meta-device build and the materialisation of the shard). ``device`` "auto" runs on GPUs (NCCL,
+meta-device build and the materialisation of the shard), with wall-clock stamps that split the
+job's time before its first step (``startup_split``). ``device`` "auto" runs on GPUs (NCCL,
 one per rank) when torch sees them, else on the CPU (gloo). ``summarize`` turns the ranks'
 reports into one ``Measurement``: the median step time, tokens/s per GPU, the peak memory of the
 fullest rank. Faults can be injected (a rank that dies, one that hangs) so that the failure path
@@ -62,6 +63,13 @@ class Measurement:
     world_size: int = 0
     device: str = ""  # the name of the device that measured (device.device_name)
     build_s: float = float("nan")  # slowest rank's model build (meta build + its shard)
+    # the rest of the time before the first step (local launcher; NaN where unknown): starting
+    # the processes (interpreter, imports, unpickling), joining the process group, the first
+    # (warm-up) step, and after the last step until the launcher returns (results, exit)
+    spawn_s: float = float("nan")
+    group_s: float = float("nan")
+    first_step_s: float = float("nan")
+    exit_s: float = float("nan")
     model_tflops_per_gpu: float = float("nan")  # as the trainer logs it (Megatron-LM --log-throughput)
     wall_s: float = 0.0
     per_rank: list = field(default_factory=list)
@@ -88,9 +96,11 @@ def _inject(job: JobSpec, rank: int, step: int) -> None:
 
 
 def run_rank(rank: int, world: int, job: JobSpec) -> dict:
+    ready = time.time()
     import torch
     import torch.distributed as dist
 
+    from autoparallel.parallel import spawn
     from autoparallel.parallel.parallelize import ParallelModel, StepConfig
     from autoparallel.profiling.device import device_name
     from autoparallel.profiling.memory import SavedTensors
@@ -124,6 +134,8 @@ def run_rank(rank: int, world: int, job: JobSpec) -> dict:
         if cuda:
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
+        if step == 0:
+            first_step_s = elapsed
         if step >= job.warmup:
             times.append(elapsed)
             losses.append(loss)
@@ -131,10 +143,29 @@ def run_rank(rank: int, world: int, job: JobSpec) -> dict:
     peak = (torch.cuda.max_memory_allocated(device) if cuda else tracker.peak + states)
     return {"rank": rank, "times": times, "loss": losses[-1], "saved_bytes": tracker.peak,
             "state_bytes": states, "peak_bytes": peak, "device": device_name(str(device)),
-            "build_s": build_s}
+            "build_s": build_s, "first_step_s": first_step_s,
+            "stamps": {"entered": spawn.ENTERED_AT, "ready": ready, "done": time.time()}}
 
 
-def summarize(job: JobSpec, ranks: list[dict], wall_s: float) -> Measurement:
+def startup_split(ranks: list[dict], started_at: float | None, ended_at: float | None) -> dict:
+    """Where a job's time outside its timed steps went, from the ranks' wall-clock stamps and
+    the launcher's (``time.time()`` at its start and end; None: unknown, as on Ray, whose ranks
+    run on other machines' clocks and join their group before ``run_rank``): each phase's
+    slowest rank, since the job waits for it. NaN where a stamp is missing."""
+    nan = float("nan")
+    entered = [r["stamps"]["entered"] for r in ranks]
+    spawned = None not in entered
+    return {"spawn_s": max(entered) - started_at if spawned and started_at else nan,
+            "group_s": max(r["stamps"]["ready"] - r["stamps"]["entered"] for r in ranks)
+            if spawned else nan,
+            "first_step_s": max(r["first_step_s"] for r in ranks),
+            "exit_s": ended_at - max(r["stamps"]["done"] for r in ranks) if ended_at else nan}
+
+
+def summarize(job: JobSpec, ranks: list[dict], wall_s: float, started_at: float | None = None,
+              ended_at: float | None = None) -> Measurement:
+    """One Measurement from the ranks' reports; ``started_at`` / ``ended_at``: the launcher's
+    ``time.time()`` around the job, to split its start-up (``startup_split``)."""
     world = len(ranks)
     per_step = [max(r["times"][i] for r in ranks) for i in range(len(ranks[0]["times"]))]
     step = statistics.median(per_step)
@@ -145,5 +176,6 @@ def summarize(job: JobSpec, ranks: list[dict], wall_s: float) -> Measurement:
         activation_bytes=float(max(r["saved_bytes"] for r in ranks)),
         loss=float(ranks[0]["loss"]), world_size=world, device=ranks[0]["device"],
         build_s=max(r["build_s"] for r in ranks), wall_s=wall_s,
+        **startup_split(ranks, started_at, ended_at),
         per_rank=[{k: r[k] for k in ("rank", "saved_bytes", "state_bytes", "peak_bytes")}
                   for r in ranks])

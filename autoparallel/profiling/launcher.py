@@ -56,7 +56,7 @@ def run_local(job: JobSpec) -> Measurement:
     """The job on ``plan.num_gpus`` processes of this machine."""
     from autoparallel.parallel import spawn
     world = job.plan.num_gpus
-    start = time.perf_counter()
+    start, started_at = time.perf_counter(), time.time()
     try:
         from autoparallel.parallel.parallelize import check_plan
         check_plan(job.model, job.plan, world)
@@ -74,7 +74,7 @@ def run_local(job: JobSpec) -> Measurement:
     wall = time.perf_counter() - start
     if not result.ok:
         return Measurement(ok=False, reason=result.reason, world_size=world, wall_s=wall)
-    return summarize(job, result.values, wall)
+    return summarize(job, result.values, wall, started_at, time.time())
 
 
 class LocalLauncher:

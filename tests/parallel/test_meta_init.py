@@ -83,3 +83,16 @@ def test_shards_hold_the_single_process_values(built, k):
     assert set(merged) == set(ref)
     for name, value in merged.items():
         assert torch.equal(value, ref[name].detach().to(torch.bfloat16).float()), name
+
+
+def test_seeded_initial_values_are_pinned():
+    """The values themselves, not only their agreement across layouts: a 2 x 4 region across a
+    tile boundary of a residual output projection (std 0.02/sqrt(2L)), seed 3, written in BF16 as
+    a job writes its flat buffer. A faster build must not change them."""
+    from autoparallel.model.transformer import write_init
+    dest = torch.empty(2, 4, dtype=torch.bfloat16)
+    write_init(dest, "layers.1.w2.weight", (2048, 2048), SPEC, 3, rows=(range(1022, 1024),),
+               cols=range(1022, 1026))
+    assert dest.float().flatten().tolist() == [
+        0.00848388671875, -0.01470947265625, -0.00848388671875, 0.005828857421875,
+        0.005615234375, 0.0031280517578125, -0.001678466796875, -1.0788440704345703e-05]

@@ -25,12 +25,29 @@ def test_job_measures_time_memory_and_loss():
     assert m.world_size == 2 and m.device.startswith("cpu")  # the measuring device, named
     assert 0 < m.build_s < m.wall_s
     assert 0 < m.step_time_s < 60
+    # the time outside the timed steps, split (bench_job_startup.py prints it)
+    split = (m.spawn_s, m.group_s, m.build_s, m.first_step_s, m.exit_s)
+    assert all(0 <= s < m.wall_s for s in split), split
+    assert sum(split) + 3 * m.step_time_s == pytest.approx(m.wall_s, rel=0.25), (split, m.wall_s)
     assert m.tokens_per_s_per_gpu == pytest.approx(8 * 32 / (m.step_time_s * 2))
     assert m.activation_bytes > 0
     for r in m.per_rank:  # CPU peak = saved activations + model states
         assert r["peak_bytes"] == r["saved_bytes"] + r["state_bytes"]
     assert m.peak_memory_gib * 2**30 == max(r["peak_bytes"] for r in m.per_rank)
     assert math.isfinite(m.loss) and 3.0 < m.loss < 6.0  # ln(128) = 4.85 at initialisation
+
+
+def test_startup_split_takes_each_phase_slowest_rank():
+    from autoparallel.profiling.job import startup_split
+    ranks = [{"first_step_s": 0.5, "stamps": {"entered": 10.0, "ready": 10.5, "done": 20.0}},
+             {"first_step_s": 0.7, "stamps": {"entered": 11.0, "ready": 11.2, "done": 21.0}}]
+    assert startup_split(ranks, 8.0, 21.5) == pytest.approx(
+        {"spawn_s": 3.0, "group_s": 0.5, "first_step_s": 0.7, "exit_s": 0.5})
+    for r in ranks:  # Ray: no spawn stamp, and the launcher's clock is not the ranks'
+        r["stamps"]["entered"] = None
+    split = startup_split(ranks, None, None)
+    assert split["first_step_s"] == 0.7
+    assert all(math.isnan(split[k]) for k in ("spawn_s", "group_s", "exit_s"))
 
 
 @pytest.mark.parametrize("plan", [Plan(tp=1, pp=1, dp=1, cp=2, gbs=8, mbs=4),
