@@ -37,36 +37,14 @@ LAYER_TIME_TERMS = ("compute", "fp8_cast", "selective_recompute", "full_recomput
                     "fsdp", "ep_comm", "lora_adapters", "amax_reduction")
 
 
-def linear_flops(x: Candidates, params, whole=0.0):
-    """Forward FLOPs of Linear GEMMs on ``params`` split by TP, of which ``whole`` (MLA's down
-    projections) run whole on every TP rank, on its sequence-parallel share of the tokens."""
-    whole_tokens = np.where(x.sp, x.tokens / x.t, x.tokens)
-    return 2.0 * (x.tokens * (params - whole) / x.t + whole_tokens * whole)
-
-
 def linear_time(x: Candidates, params, whole=0.0, chunks=1.0):
-    """Forward time of Linear GEMMs on ``params`` (``linear_flops``); ``chunks``: each GEMM split
-    into that many row chunks (userbuffers' ring exchange), each at the efficiency of its own
-    size."""
-    lin_flops = linear_flops(x, params, whole)
+    """Forward time of Linear GEMMs on ``params`` split by TP, of which ``whole`` (MLA's down
+    projections) run whole on every TP rank, on its sequence-parallel share of the tokens;
+    ``chunks``: each GEMM split into that many row chunks (userbuffers' ring exchange), each at
+    the efficiency of its own size."""
+    whole_tokens = np.where(x.sp, x.tokens / x.t, x.tokens)
+    lin_flops = 2.0 * (x.tokens * (params - whole) / x.t + whole_tokens * whole)
     return lin_flops / (x.gemm_peak * gemm.efficiency(x.hw, lin_flops / GEMMS_PER_LAYER / chunks))
-
-
-def tp_linear_shares(x: Candidates, is_moe: bool):
-    """Each TP block's (column, row) Linear as a share of the forward FLOPs of the layer's TP-split
-    GEMMs (``tensor_parallel.tp_comm_time`` hides each Linear's collectives behind that Linear's
-    own GEMM): attention (QKV with MLA's projections; the output projection) and the MLP (FC1,
-    gate and up fused; FC2), or a MoE layer's shared experts where it has them."""
-    model = x.model
-    proj = model.num_attention_heads * model.v_dim * model.hidden_size
-    qkv = linear_flops(x, model.attention_params - proj, model.mla_down_params)
-    blocks = [(qkv, linear_flops(x, proj))]
-    ffn = model.shared_expert_ffn_hidden_size if is_moe else model.ffn_hidden_size
-    if ffn:
-        fc2 = ffn * model.hidden_size
-        blocks.append((linear_flops(x, model.mlp_params(ffn) - fc2), linear_flops(x, fc2)))
-    total = sum(col + row for col, row in blocks)
-    return [(col / total, row / total) for col, row in blocks]
 
 
 # cuDNN's MXFP8 fused attention (TransformerEngine's FusedAttention under the MXFP8 recipe with
@@ -648,7 +626,7 @@ def stored_activation_bytes(x: Candidates, is_moe: bool):
             + (1 - x.recomputed_fraction) * (activation_bytes(x, is_moe, x.keep_scores) - spared))
 
 
-def layer_cost(x: Candidates, params, expert_params, t_linear, is_moe: bool, moe_block=0.0,
+def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe: bool, moe_block=0.0,
                kernels=(), tp_linear=(0.0, 0.0)) -> dict:
     """Every term of one layer (``LAYER_TIME_TERMS``), their sum ``time`` and what the other
     steps read: ``forward``, the bytes ``stored`` per micro-batch in flight and ``working`` while
@@ -667,7 +645,7 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, is_moe: bool, moe
         "fp8_cast": fp8_cast_time(x, is_moe) + frozen_transpose_time(x, params + expert_params),
         "selective_recompute": selective_recompute_time(x, attention, softmax, is_moe, moe_block),
         "full_recompute": full_recompute,
-        "tp_comm": tensor_parallel.tp_comm_time(x, tp_linear_shares(x, is_moe), *tp_linear),
+        "tp_comm": tensor_parallel.tp_comm_time(x, tp_blocks, *tp_linear),
         "cp_comm": cp_comm_time(x, attention),
         "fsdp": fsdp_time(x, params, expert_params, forward, full_recompute, is_moe),
         "ep_comm": ep_comm_time(x, compute, is_moe),
@@ -695,7 +673,7 @@ def dense_layer(x: Candidates) -> dict:
     params = (model.dense_layer_params - model.mla_down_params) / x.t + model.mla_down_params
     t_linear = linear_time(x, model.dense_layer_params, model.mla_down_params)
     chunked = linear_time(x, model.dense_layer_params, model.mla_down_params, chunks=x.t)
-    return layer_cost(x, params, 0.0, t_linear, False, kernels=(glu_clamp_time(x, False),),
+    return layer_cost(x, params, 0.0, t_linear, 2.0, False, kernels=(glu_clamp_time(x, False),),
                       tp_linear=(t_linear, chunked))
 
 
@@ -750,12 +728,13 @@ def moe_layer(x: Candidates) -> dict:
     t_experts = routed_experts_time(x)
     router, permutation, calls = router_time(x), permutation_time(x), expert_calls(x, t_experts)
     bias, clamp = expert_bias_time(x), glu_clamp_time(x, True)
+    tp_blocks = 1.0 + (model.shared_expert_ffn_hidden_size > 0)
     block = (linear_time(x, model.shared_expert_params) + t_experts + router[0] + permutation[0] + calls[0]
              + bias[0] + clamp[0])
     t_nonexpert = linear_time(x, nonexpert, model.mla_down_params)
     chunked = linear_time(x, nonexpert, model.mla_down_params, chunks=x.t)
     return layer_cost(x, moe.nonexpert_moe_params_gpu(model, x.t), moe.expert_params_gpu(model, x.e, x.et),
-                      t_nonexpert + t_experts, True, block, (router, permutation, calls, bias, clamp),
+                      t_nonexpert + t_experts, tp_blocks, True, block, (router, permutation, calls, bias, clamp),
                       tp_linear=(t_nonexpert, chunked))
 
 

@@ -64,70 +64,23 @@ def ring_exchange_exposed(x: Candidates, one, chunked, per_domain):
     return np.where(t > 1, steps * np.maximum(step - chunked / np.maximum(t, 1.0), 0.0), 0.0)
 
 
-def ring_reduce_time(x: Candidates):
-    """The userbuffers reduce-scatter's last kernel: its ring leaves the tp partial outputs of this
-    rank's tokens/tp rows side by side, and a separate kernel on the main stream, after every chunk
-    and transfer, sums them (TE 1.10 ``comm_gemm_overlap.h``
-    ``UbufP2PCommOverlap::split_overlap_rs``
-    ``torch::sum_out(rs_output, reduce_buf, 0)``, TransformerEngine 08a85d3b; TE 2.x
-    ``CommOverlapP2PBase::split_overlap_rs`` ``reduce_bf16``, d0067d0d): nothing runs beside it.
-    Memory-bound: tp BF16 chunks read, one written (the reduce-scatter's buffers stay BF16: only
-    the all-gathers' are FP8, ``all_gather_bytes``)."""
-    chunk = 2.0 * x.tokens / x.t * x.model.hidden_size
-    return (x.t + 1.0) * chunk / x.hbm
-
-
-def all_gather_bytes(x: Candidates):
-    """Bytes per element of a userbuffers all-gather: TE allocates the all-gather overlaps' buffers
-    (``qkv_fprop``, ``fc1_fprop``, ``proj_dgrad``, ``fc2_dgrad`` and the bulk ``qkv_dgrad`` /
-    ``fc1_dgrad``) in uint8 under FP8 (``initialize_ub``: ``fp8_buf = name in
-    layers_all_gather_overlap``, buffer ``torch.uint8 if (use_fp8 and fp8_buf)``; TE 1.6 c81733f1,
-    1.10 08a85d3b, 2.x d0067d0d ``module/base.py``), and the LayerNorm writes its FP8 output, the
-    row Linear's backward its FP8 output gradient, straight into them (TE 1.10
-    ``layernorm_linear.py`` ``get_ubuf_output(0)``; ``base.py`` ``grad_output_preprocess``
-    ``cast_to_fp8(..., out=grad_output_c)``): 1 B an element under an FP8 recipe, else BF16's 2."""
-    return np.where(x.is_fp8, 1.0, 2.0)
-
-
-def block_comm_time(x: Candidates, one, gathered, linear, chunked, per_domain):
-    """Exposed TP communication of one block (``linear`` / ``chunked``: its column and its row
-    Linear's forward GEMM time, whole and in tp chunks), each collective beside its own Linear's
-    GEMM, as TE runs them: the column Linear's input AG (forward) and its dgrad RS, the row
-    Linear's output RS (forward) and output-gradient AG (before its dgrad), each Linear's dgrad
-    and wgrad GEMMs as long as its forward one. ``one``: a BF16 AG or RS of the block's
-    activation; ``gathered``: the userbuffers AG of it (``all_gather_bytes``)."""
-    (col, row), (col_chunked, row_chunked) = linear, chunked
-    wgrad = finetune.linear_passes(x.model) - 2.0  # 1, or 0 for a frozen base
-    forwards = 1.0 + x.recomputed_fraction  # a recomputed forward gathers and scatters again
-    frozen = 1.0 - wgrad  # a frozen base's dgrad RS has no wgrad GEMM to hide behind
-    behind_gemm = wgrad * (_hidden(x, one, col) + _hidden(x, one, col))  # beside its dgrad, wgrad
-    plain = (2.0 * forwards + 1.0 + frozen) * one + behind_gemm
-    # Userbuffers: the waited collectives ring-exchange beside their own chunked GEMM (copy
-    # engines), each RS then summed (``ring_reduce_time``); the wgrad's input AG and dgrad RS
-    # stay bulk overlaps.
-    ring = lambda nbytes, window: ring_exchange_exposed(x, nbytes, window, per_domain)  # noqa: E731
-    reduce = ring_reduce_time(x)
-    overlapped = (forwards * (ring(gathered, col_chunked) + ring(one, row_chunked) + reduce)
-                  + ring(gathered, row_chunked) + frozen * (ring(one, col_chunked) + reduce)
-                  + wgrad * (_hidden(x, gathered, col) + _hidden(x, one, col))
-                  + forwards * (col_chunked - col + row_chunked - row) + (row_chunked - row)
-                  + frozen * (col_chunked - col))
-    no_sp = 2.0 * one * forwards + np.where(wgrad > 0, _hidden(x, 2.0 * one, col), 2.0 * one)
-    return np.where(x.sp, np.where(x.flag("tp_comm_overlap"), overlapped, plain), no_sp)
-
-
 def tp_comm_time(x: Candidates, blocks, t_linear, t_chunked):
     """Exposed TP communication of one layer and micro-batch, plus (userbuffers) the time its
     GEMMs lose to ring-exchange chunking. ``t_linear`` / ``t_chunked``: forward time of the
-    TP-split GEMMs, whole and split into tp chunks; ``blocks``: each TP block's (column, row)
-    Linear as a share of them (``layer_time.tp_linear_shares``), so that each collective hides
-    behind its own Linear's GEMM (TE's userbuffers chunk each Linear's GEMM on its own:
-    ``split_overlap_ag`` / ``split_overlap_rs`` per Linear) rather than behind an average one."""
+    TP-split GEMMs, whole and split into tp chunks; each block's column and row Linear are taken
+    as half of its share."""
     per_domain = comm.ranks_per_domain(x.hw, x.t, 1)
-    activation = x.tokens * x.model.hidden_size
-    one = comm.reduce_scatter_time(x.hw, 2.0 * activation, x.t, per_domain)
-    gathered = comm.reduce_scatter_time(x.hw, all_gather_bytes(x) * activation, x.t, per_domain)
-    total = sum(block_comm_time(x, one, gathered, (col * t_linear, row * t_linear),
-                                (col * t_chunked, row * t_chunked), per_domain)
-                for col, row in blocks)
-    return np.where(x.t > 1, total, 0.0)
+    one = comm.reduce_scatter_time(x.hw, 2.0 * x.tokens * x.model.hidden_size, x.t, per_domain)
+    half = t_linear / blocks / 2.0  # one Linear of a block, forward (its dgrad and wgrad alike)
+    half_chunked = t_chunked / blocks / 2.0
+    wgrad = finetune.linear_passes(x.model) - 2.0  # 1, or 0 for a frozen base
+    forward = 2.0 + 2.0 * x.recomputed_fraction  # AG and RS per forward, recomputed ones too
+    waited = forward + 1.0 + (1.0 - wgrad)  # ... the output-gradient AG, a frozen base's RS
+    behind_gemm = wgrad * 2.0 * _hidden(x, one, half)  # AG beside dgrad, RS beside wgrad
+    plain = waited * one + behind_gemm
+    # Ring exchange (copy engines): each waited collective beside its own chunked GEMM.
+    chunking = waited * (half_chunked - half)  # the chunked GEMMs: forward, row dgrad (a frozen base's col dgrad)
+    overlapped = waited * ring_exchange_exposed(x, one, half_chunked, per_domain) + behind_gemm + chunking
+    no_sp = 2.0 * one * (1.0 + x.recomputed_fraction) + np.where(wgrad > 0, _hidden(x, 2.0 * one, half), 2.0 * one)
+    per_block = np.where(x.sp, np.where(x.flag("tp_comm_overlap"), overlapped, plain), no_sp)
+    return np.where(x.t > 1, blocks * per_block, 0.0)
