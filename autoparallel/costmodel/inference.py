@@ -30,9 +30,9 @@ pipeline stage over ``tokens`` tokens costs, per layer and GPU (``stage_pass``):
   N transposed since we are using the #tokens as the N dimension", NVIDIA/TensorRT-LLM 05316d33
   ``moe_kernels.cu``) and profiles N tiles of 16 to 256 (``get_candidate_tiles_sm90``,
   GROUPED_GEMM, 0b53e947 ``cutlass_heuristic.cpp``), so at most 15 rows per expert are padded.
-  The kernels around the GEMMs (permute, activation, top-k sum) are ``moe_plugin_bytes``. Under
-  EP the busiest GPU takes ``moe.load_imbalance`` times the even share (the spread fitted to the
-  training runs).
+  The kernels around the GEMMs that a dense layer lacks (permute, top-k sum) are
+  ``moe_plugin_bytes``. Under EP the busiest GPU takes ``moe.load_imbalance`` times the even
+  share (the spread fitted to the training runs).
   Only the experts some token picks are read: with uniform routing a share
   1 - (1 - top-k / num_experts)^T of them, so a small decode batch reads a few experts and a
   large one reads them all. The expert outputs are summed by the TP all-reduce the layer has
@@ -304,35 +304,32 @@ MOE_GEMM_OUTPUT_BYTES = 2.0
 
 
 def moe_plugin_bytes(lay: Layout, tokens) -> np.ndarray:
-    """HBM bytes of the kernels a MoE layer runs around its two grouped GEMMs, on one GPU for a
-    pass over ``tokens`` tokens (zeros for a dense model). Memory-bound kernels of their own,
-    launched between the GEMMs, so their time adds to the layer's.
+    """HBM bytes of the kernels a MoE layer runs that a dense layer does not: the permutation of
+    the tokens to their experts and the weighted sum of their k outputs, on one GPU for a pass
+    over ``tokens`` tokens (zeros for a dense model). Memory-bound kernels of their own, launched
+    before and after the grouped GEMMs, so their time adds to the layer's.
 
     TensorRT-LLM's MoE plugin (NVIDIA/TensorRT-LLM 05316d33,
     ``cpp/tensorrt_llm/kernels/mixtureOfExperts/moe_kernels.cu``, ``CutlassMoeFCRunner::runMoe``,
     Hopper path): ``expandInputRowsKernel`` copies each token once per routed expert (reads T
-    rows, writes T*k in the plugin's activation type: FP8 under FP8); the FC1 grouped GEMM writes
-    its 2 x inter outputs in 16 bit; ``doActivation`` reads them and writes the gated activation
-    (FP8-quantized for FC2 under FP8); the FC2 grouped GEMM writes T*k rows of hidden in 16 bit;
-    ``finalizeMoeRoutingKernel`` reads the k rows of every token and writes their weighted sum.
-    A dense layer runs none of these (its gated MLP's activation sits in a GEMM epilogue), so a
-    MoE token costs these bytes more than a dense one of the same active parameters. The GEMMs'
-    own inputs and outputs are priced as for every GEMM (by FLOPs and weight reads), not here.
-    vLLM's fused_moe runs the same activation and top-k sum as kernels of their own
-    (``silu_and_mul``, ``moe_sum``; the gather happens inside its GEMM)."""
+    rows, writes T*k in the plugin's activation type: FP8 under FP8); the FC2 grouped GEMM writes
+    T*k rows of hidden in 16 bit (``HopperGroupedGemmInput::OutputTypeAdaptor_t``: FP8 ->
+    nv_bfloat16) and ``finalizeMoeRoutingKernel`` reads the k rows of every token and writes their
+    weighted sum. The gated activation between FC1 and FC2 (``doActivation``) is not counted here:
+    a dense gated MLP runs the same pass in these releases (the FP8 ``gemm_swiglu`` fusion comes
+    with the v5.0 harness, ``serve.mlperf``) and the constants fitted on dense rows price it.
+    vLLM's fused_moe sums the k outputs in a kernel of its own too (``moe_sum``; it gathers the
+    tokens inside its GEMM)."""
     model, t, ep = lay.model, lay.tp, lay.ep
     if not model.is_moe:
         return np.zeros_like(t)
     tokens = np.asarray(tokens, dtype=float)
     h, act = model.hidden_size, lay.weight_bytes  # FP8 weights run FP8 activations
-    gated = 2.0 if model.gated_mlp else 1.0
-    # Token copies this GPU's experts take (EP splits the experts, TP splits each one's FFN).
+    # Token copies this GPU's experts take (EP splits the experts; TP does not split hidden).
     copies = tokens * model.moe_router_topk / ep * moe.load_imbalance(lay.hw, model, ep)
-    inter = model.expert_ffn_hidden_size * ep / t
     expand = tokens * h * act + copies * h * act
-    activation = copies * inter * (gated * MOE_GEMM_OUTPUT_BYTES + act)
     finalize = copies * h * MOE_GEMM_OUTPUT_BYTES + tokens * h * ACT_BYTES
-    return expand + activation + finalize
+    return expand + finalize
 
 
 def stage_pass(lay: Layout, tokens, sampled, attn_flops, attn_bytes) -> dict[str, np.ndarray]:
