@@ -23,8 +23,16 @@ pipeline stage over ``tokens`` tokens costs, per layer and GPU (``stage_pass``):
   experts, num_experts / ep of them. A pass over T tokens sends T·top-k token copies through the
   experts, two grouped GEMMs (FC1 with the gate, FC2), each one kernel over every local expert
   (TensorRT-LLM's MoE plugin, vLLM's and SGLang's fused_moe), priced at the GEMM efficiency of
-  its size (tile padding of experts with few rows is not modelled); under EP the busiest GPU
-  takes ``moe.load_imbalance`` times the even share (the spread fitted to the training runs).
+  its whole size: the training model's grouped-GEMM structure (``layer_time.routed_experts_time``:
+  the curve read at the GEMMs in flight together) with every local expert in flight, since one
+  persistent kernel schedules all experts' tiles. Tile padding is not priced: TensorRT-LLM's
+  Hopper grouped GEMM puts the tokens on the tile's N side (``computeStridesHopperKernel``, "M and
+  N transposed since we are using the #tokens as the N dimension", NVIDIA/TensorRT-LLM 05316d33
+  ``moe_kernels.cu``) and profiles N tiles of 16 to 256 (``get_candidate_tiles_sm90``,
+  GROUPED_GEMM, 0b53e947 ``cutlass_heuristic.cpp``), so at most 15 rows per expert are padded.
+  The kernels around the GEMMs that a dense layer lacks (permute, top-k sum) are
+  ``moe_plugin_bytes``. Under EP the busiest GPU takes ``moe.load_imbalance`` times the even
+  share (the spread fitted to the training runs).
   Only the experts some token picks are read: with uniform routing a share
   1 - (1 - top-k / num_experts)^T of them, so a small decode batch reads a few experts and a
   large one reads them all. The expert outputs are summed by the TP all-reduce the layer has
@@ -290,6 +298,40 @@ def routed_experts(lay: Layout, tokens, gemm_peak, hbm) -> tuple[np.ndarray, np.
     return _gemm_time(lay, flops, flops / 2.0, gemm_peak), read
 
 
+#: Bytes per element the MoE plugin's grouped GEMMs write: 16 bit, also under FP8 (TensorRT-LLM's
+#: ``HopperGroupedGemmInput::OutputTypeAdaptor_t``: FP8 -> nv_bfloat16).
+MOE_GEMM_OUTPUT_BYTES = 2.0
+
+
+def moe_plugin_bytes(lay: Layout, tokens) -> np.ndarray:
+    """HBM bytes of the kernels a MoE layer runs that a dense layer does not: the permutation of
+    the tokens to their experts and the weighted sum of their k outputs, on one GPU for a pass
+    over ``tokens`` tokens (zeros for a dense model). Memory-bound kernels of their own, launched
+    before and after the grouped GEMMs, so their time adds to the layer's.
+
+    TensorRT-LLM's MoE plugin (NVIDIA/TensorRT-LLM 05316d33,
+    ``cpp/tensorrt_llm/kernels/mixtureOfExperts/moe_kernels.cu``, ``CutlassMoeFCRunner::runMoe``,
+    Hopper path): ``expandInputRowsKernel`` copies each token once per routed expert (reads T
+    rows, writes T*k in the plugin's activation type: FP8 under FP8); the FC2 grouped GEMM writes
+    T*k rows of hidden in 16 bit (``HopperGroupedGemmInput::OutputTypeAdaptor_t``: FP8 ->
+    nv_bfloat16) and ``finalizeMoeRoutingKernel`` reads the k rows of every token and writes their
+    weighted sum. The gated activation between FC1 and FC2 (``doActivation``) is not counted here:
+    a dense gated MLP runs the same pass in these releases (the FP8 ``gemm_swiglu`` fusion comes
+    with the v5.0 harness, ``serve.mlperf``) and the constants fitted on dense rows price it.
+    vLLM's fused_moe sums the k outputs in a kernel of its own too (``moe_sum``; it gathers the
+    tokens inside its GEMM)."""
+    model, t, ep = lay.model, lay.tp, lay.ep
+    if not model.is_moe:
+        return np.zeros_like(t)
+    tokens = np.asarray(tokens, dtype=float)
+    h, act = model.hidden_size, lay.weight_bytes  # FP8 weights run FP8 activations
+    # Token copies this GPU's experts take (EP splits the experts; TP does not split hidden).
+    copies = tokens * model.moe_router_topk / ep * moe.load_imbalance(lay.hw, model, ep)
+    expand = tokens * h * act + copies * h * act
+    finalize = copies * h * MOE_GEMM_OUTPUT_BYTES + tokens * h * ACT_BYTES
+    return expand + finalize
+
+
 def stage_pass(lay: Layout, tokens, sampled, attn_flops, attn_bytes) -> dict[str, np.ndarray]:
     """One micro-batch of ``tokens`` tokens through one pipeline stage.
 
@@ -320,7 +362,8 @@ def stage_pass(lay: Layout, tokens, sampled, attn_flops, attn_bytes) -> dict[str
     t_attn = attn_flops / (attn_peak * eff.attention)
     weight_read = (model.layer_params - moe_share * routed) / t * lay.weight_bytes / hbm
     attn_read = attn_bytes / hbm
-    elementwise = eff.elementwise_bytes_per_token_hidden * tokens * h / hbm
+    elementwise = (eff.elementwise_bytes_per_token_hidden * tokens * h
+                   + moe_share * moe_plugin_bytes(lay, tokens)) / hbm
     mem = weight_read + moe_share * expert_read + attn_read + elementwise
     compute = t_lin + moe_share * t_experts + t_attn
     ar_floor = np.where(t > 1, np.where(t > hw.nvlink_domain, eff.internode_allreduce_latency_us,

@@ -18,9 +18,10 @@ from autoparallel.serve.measured import (SERVING_RUNS, load_serving_runs, not_pr
 from autoparallel.serve.validate import by_engine, fastertransformer_report, ft_summary
 
 TARGET = ("h100-sxm", "h200")
-# Today's figures (mean |error| %, H100 and H200 rows, 2026-11-26): the expected failures' reasons
-# and the regression guards' bounds; update them here when the serving model moves.
-FIGURES = {"trtllm-0.10": {"in_sample": 25.1, "held_out": 31.6}}
+# Today's figures (mean |error| %, H100 and H200 rows, 2026-11-27): the expected failures' reasons
+# and the regression guards' bounds; update them here when the serving model moves (24.95 / 31.41
+# before the MoE plugin's bytes were priced, session 39).
+FIGURES = {"trtllm-0.10": {"in_sample": 24.9, "held_out": 31.3}}
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ _TRT010 = FIGURES["trtllm-0.10"]
 
 
 @pytest.mark.xfail(strict=True, reason=f"issue 16 target: TensorRT-LLM 0.10 rows within 15 % in sample and 25 % "
-                                       f"held out; {_TRT010['in_sample']} / {_TRT010['held_out']} % on 2026-11-26")
+                                       f"held out; {_TRT010['in_sample']} / {_TRT010['held_out']} % on 2026-11-27")
 def test_trtllm_010_rows_target(report):
     """gptManagerBenchmark's rows, 142 with Mixtral-8x7B's; held out from a cold start (issue 28).
     Dominated by Falcon-180B's and Llama-3-8B's long outputs, which its 0.12 release serves 2-3x
