@@ -10,6 +10,11 @@ columns compare across variants). MXFP8 is the reference row.
 
     PYTHONPATH=. python benchmarks/bench_nvfp4_ablation.py --steps 60 --seeds 0,1,2
     PYTHONPATH=. python benchmarks/bench_nvfp4_ablation.py --steps 200 --seeds 0 --variants nvfp4,no-rht,no-sr
+    PYTHONPATH=. python benchmarks/bench_nvfp4_ablation.py --rounding-bias --steps 20 --seeds 0,1,2
+
+``--rounding-bias`` measures the mechanism instead of the loss (the slow test's statistic): on
+the dY^T every wgrad GEMM of the full recipe's run casts at its last step, the error of the mean
+of 32 stochastic casts against round-to-nearest's (``microscaling.rounding_bias``).
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ import torch
 from autoparallel import io
 from autoparallel.fp8check import verdict as V
 from autoparallel.fp8check.proxy import proxy_spec
-from autoparallel.fp8check.runner import run_policy
+from autoparallel.fp8check.runner import last_step_casts, run_policy
 from autoparallel.fp8check.settings import load_settings
+from autoparallel.model.microscaling import rounding_bias
 from autoparallel.model.recipes import Mxfp8BlockScaling, Nvfp4BlockScaling
 
 VARIANTS = {
@@ -64,6 +70,25 @@ def ablation(model: str, steps: int, seeds: list[int], variants: dict) -> list[d
     return out
 
 
+def bias_table(model: str, steps: int, seeds: list[int], draws: int = 32) -> str:
+    """Per seed, over the 16 wgrad dY casts: stochastic rounding's mean-of-``draws`` error,
+    round-to-nearest's error (both relative to |dY|, against the clamped dY) and their ratio."""
+    settings = load_settings()
+    spec = proxy_spec(io.load_model(model), settings.proxy)
+    lines = ["| seed | casts | SR mean-of-32 error | RTN error | ratio min / max |",
+             "|---|---|---|---|---|"]
+    for seed in seeds:
+        run = dataclasses.replace(settings.run, steps=steps, seed=seed)
+        grads = last_step_casts(spec, Nvfp4BlockScaling(), run)
+        torch.manual_seed(seed)
+        pairs = [rounding_bias(g, draws) for g in grads.values()]
+        ratios = [sr / rtn for sr, rtn in pairs]
+        lines.append(f"| {seed} | {len(pairs)} | {sum(p[0] for p in pairs) / len(pairs):.4f} | "
+                     f"{sum(p[1] for p in pairs) / len(pairs):.4f} | "
+                     f"{min(ratios):.3f} / {max(ratios):.3f} |")
+    return "\n".join(lines)
+
+
 def markdown(rows: list[dict], seeds: list[int]) -> str:
     head = (["variant"] + [f"gap seed {s} (%)" for s in seeds]
             + ["mean gap (%)", "wgrad X MSE", "wgrad dY MSE"])
@@ -83,6 +108,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--rounding-bias", action="store_true",
+                        help="the stochastic-rounding mechanism instead of the loss ablation")
     args = parser.parse_args()
     chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in chosen if v not in VARIANTS]
@@ -92,6 +119,11 @@ def main() -> None:
     torch.set_num_threads(1)
     seeds = [int(s) for s in args.seeds.split(",")]
     start = time.perf_counter()
+    if args.rounding_bias:
+        table = bias_table(args.model, args.steps, seeds)
+        print(f"NVFP4 rounding bias, proxy of {args.model}, step {args.steps}, seeds {seeds} "
+              f"({time.perf_counter() - start:.0f} s)\n\n{table}")
+        return
     rows = ablation(args.model, args.steps, seeds, {v: VARIANTS[v] for v in chosen})
     print(f"NVFP4 ablation, proxy of {args.model}, {args.steps} steps, seeds {seeds} "
           f"({time.perf_counter() - start:.0f} s)\n")

@@ -17,10 +17,11 @@ import re
 from dataclasses import dataclass, field
 
 import pandas as pd
+import torch
 from torch import nn
 
 from autoparallel.fp8check.settings import CheckRun
-from autoparallel.model.fp8 import Fp8Linear
+from autoparallel.model.fp8 import Fp8Linear, attach_observer
 from autoparallel.model.mx_linear import MxLinear
 from autoparallel.model.numerics import NumericsRecorder
 from autoparallel.model.recipes import Fp8Policy, Recipe
@@ -105,3 +106,23 @@ def run_policy(spec: ModelSpec, recipe: Recipe | None, run: CheckRun,
         stats.insert(2, "layer_index", stats["layer"].map(layer_index))
     name = "bf16" if recipe is None else recipe.name
     return RunRecord(name, tuple(sorted(bf16_layers)), result.losses, stats, result.seconds)
+
+
+def last_step_casts(spec: ModelSpec, recipe: Recipe, run: CheckRun,
+                    role: str = "grad_output_t") -> dict[str, torch.Tensor]:
+    """Train the proxy under ``recipe`` for ``run.steps`` steps and return, per Linear, the
+    high-precision tensor its last step cast in ``role`` (after the RHT where the recipe applies
+    one): the gradients a recipe's rounding acts on, from its own trajectory."""
+    policy = policy_for(recipe, ())
+    model = build_model(policy, spec, run.seed)
+    seen: dict[str, torch.Tensor] = {}
+
+    def observe(name: str, tensor_role: str, high_precision: torch.Tensor, *_) -> None:
+        if tensor_role == role:
+            seen[name] = high_precision.detach()
+
+    attach_observer(model, observe)
+    config = TrainConfig(steps=run.steps, batch_size=run.batch_size, seq_length=run.seq_length,
+                         seed=run.seed)
+    train(policy, config, spec, model=model)
+    return seen

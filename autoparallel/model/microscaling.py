@@ -133,6 +133,23 @@ def nvfp4_cast(x: torch.Tensor, block: tuple[int, int] = (1, NVFP4_BLOCK),
     return BlockScaled(values, stored, block, s_enc.reciprocal(), "E2M1")
 
 
+def rounding_bias(g: torch.Tensor, draws: int = 32) -> tuple[float, float]:
+    """(stochastic, nearest): how far from E[cast] the NVFP4 cast of g lands, relative to |g|.
+
+    The reference is g clamped to +-6 per element on its block scales, not g: a block's largest
+    value can exceed 6 after its E4M3 scale is rounded to nearest and then saturates, an error
+    both roundings share. The stochastic figure is the mean of ``draws`` casts (unbiased: it
+    shrinks as 1/sqrt(draws)); the nearest figure is round-to-nearest's deterministic error,
+    which no number of casts averages away. Draws from torch's global generator."""
+    nearest = nvfp4_cast(g)
+    scale = nearest.element_scale()
+    clamped = (g.float() / scale).clamp(-E2M1_MAX, E2M1_MAX) * scale
+    mean = sum(nvfp4_cast(g, stochastic=True).dequantize() for _ in range(draws)) / draws
+    norm = g.float().norm()
+    return (((mean - clamped).norm() / norm).item(),
+            ((nearest.dequantize() - clamped).norm() / norm).item())
+
+
 def mxfp8_cast(x: torch.Tensor, block: int = MXFP8_BLOCK) -> BlockScaled:
     """MXFP8 of a 2-D tensor: E4M3 values, a power-of-two scale per 1 x ``block`` run."""
     blocks = _blocks(x, 1, block)
@@ -174,4 +191,4 @@ def rht(x: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = ["BlockScaled", "e2m1_round", "hadamard", "mxfp8_cast", "nvfp4_cast", "random_signs",
-           "rht"]
+           "rht", "rounding_bias"]

@@ -75,22 +75,32 @@ def test_ablation_rht_lowers_the_wgrad_operands_error_on_the_proxy():
 
 
 @pytest.mark.slow
-def test_ablation_no_stochastic_rounding_ends_worse_at_200_steps():
-    """The loss-level ablation where it is robust: without stochastic rounding the llama3.1-8b
-    proxy ends further from BF16 than with it, at 200 steps (seeds 0 / 1 / 2: +2.35 / +1.41 /
-    +1.58 points; benchmarks/RESULTS.md). Seed 0, the largest margin. ~2 min on one core; the
-    numerics are not recorded (they do not change the losses). Removing the RHT is not asserted:
-    at this scale it is worse on seeds 0 and 1 only."""
+def test_stochastic_rounding_is_unbiased_on_the_proxys_gradients():
+    """The mechanism behind the report's stochastic-rounding ablation, on the llama3.1-8b
+    proxy's own gradients: dY^T of all 16 Linears at step 20 of an NVFP4 run, as the wgrad GEMM
+    casts it (after the RHT). With stochastic rounding the cast's expected error is the E2M1
+    clamp's alone (a block's largest value can exceed 6 because its E4M3 scale is rounded to
+    nearest, as in TransformerEngine): the mean of 32 casts comes within 0.024 (~0.14 / sqrt(32))
+    of the clamped dY, while round-to-nearest's error (0.096) stays whatever the draws (seeds
+    0-2: ratio 0.25-0.27 on every cast). The loss-level claim (no SR ends worse than SR at 200
+    steps) is not asserted: on one machine no-SR ended +2.35 / +1.41 / +1.58 points worse on
+    seeds 0 / 1 / 2, on a Xeon without avx512_bf16 -2.95 / -1.24 / -0.13 (better): the sign
+    follows the CPU's BF16 kernels (benchmarks/RESULTS.md, session 39)."""
     import dataclasses
 
+    import torch
+
     from autoparallel.fp8check.proxy import proxy_spec
-    from autoparallel.fp8check.runner import run_policy
+    from autoparallel.fp8check.runner import last_step_casts
     from autoparallel.fp8check.settings import load_settings
+    from autoparallel.model.microscaling import rounding_bias
     from autoparallel.model.recipes import Nvfp4BlockScaling
     settings = load_settings()
-    run = dataclasses.replace(settings.run, seed=0, stats_every=settings.run.steps + 1)
+    run = dataclasses.replace(settings.run, steps=20, seed=0)
     spec = proxy_spec(io.load_model("llama3.1-8b"), settings.proxy)
-    base = run_policy(spec, None, run).final_loss(run.final_window)
-    gap = {sr: V.loss_gap_pct(run_policy(spec, Nvfp4BlockScaling(stochastic_rounding=sr), run)
-                              .final_loss(run.final_window), base) for sr in (True, False)}
-    assert gap[False] > gap[True] + 1.0
+    grads = last_step_casts(spec, Nvfp4BlockScaling(), run)
+    assert len(grads) == 16
+    torch.manual_seed(0)
+    for name, g in grads.items():
+        stochastic, nearest = rounding_bias(g, draws=32)
+        assert stochastic < 0.5 * nearest, (name, stochastic, nearest)
