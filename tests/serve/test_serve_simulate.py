@@ -202,13 +202,16 @@ def test_tail_grows_with_load(llama70b_tp4):
         assert s["ttft_p50_ms"] <= s["ttft_p90_ms"] <= s["ttft_p99_ms"]
 
 
-def test_5000_requests_in_well_under_a_second(llama70b_tp4):
-    """Issue 29: one layout over 5,000 requests < 0.5 s on one core (measured about 0.1 s; the
-    bound here leaves room for a shared machine)."""
+def test_5000_requests_in_seconds_of_cpu(llama70b_tp4):
+    """A guard against an order-of-magnitude slowdown (a quadratic queue, say), not issue 29's
+    figure: that one (< 0.5 s on one core, at 90 % of a layout's offline rate) is measured by
+    ``benchmarks/bench_issue29_serving.py --speed`` (0.08-0.29 s, RESULTS.md). This case runs past
+    the layout's capacity, where the queue grows: 0.1 s on one machine, 0.55-0.9 s of CPU on
+    session 39's (Xeon @ 2.5 GHz), so a bound of 0.5 s failed by the CPU model alone."""
     w = load_workload("mlperf-llama2-70b")
     start = time.process_time()
     run_workload(*llama70b_tp4, w, 8.0, 5000)
-    assert time.process_time() - start < 0.5
+    assert time.process_time() - start < 3.0
 
 
 def test_a_queue_that_grows_is_not_kept_up_with():
