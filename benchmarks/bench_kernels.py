@@ -1,9 +1,9 @@
 """Achieved memory bandwidth of each FP8 kernel (and the fused SwiGLU) against the GPU's HBM
 bandwidth.
 
-The casts and the activation are memory-bound, so the figure of merit is bytes moved / time vs the datasheet peak
-(a good elementwise kernel reaches 80-90 %). The PyTorch reference of each kernel is timed too,
-on the same GPU, to show what fusing saves.
+The casts and the activation are memory-bound, so the figure of merit is bytes moved / time vs
+the datasheet peak (a good elementwise kernel reaches 80-90 %). The PyTorch reference of each
+kernel is timed too, on the same GPU, to show what fusing saves.
 
     python benchmarks/bench_kernels.py [--rows 8192 --cols 8192 --dtype bf16 --iters 50]
 

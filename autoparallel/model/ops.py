@@ -137,6 +137,7 @@ _define("fp8_delayed_update(Tensor(a!) history, Tensor(b!) scale, Tensor(c!) sca
         "Tensor fp8_max, int margin, bool most_recent) -> ()", _delayed_update,
         _delayed_update_fake)
 
+
 def _swiglu(h):
     return kernels.ops_for(h.device).swiglu(h)
 
