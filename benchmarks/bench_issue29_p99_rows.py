@@ -5,7 +5,7 @@
     PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py --fixed-costs  # what-if refits (~8 min)
     PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py --shape  # mean / p50 / p90 / p99 (~10 s)
     PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py --concurrency  # at the measured N (~3 min)
-    PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py --level  # level matched, dispatch (~4 min)
+    PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py --level  # level matched, dispatch (~10 min)
 
 For each Server run that ``validate --inference`` compares (in sample; TensorRT-LLM v4.1 closed):
 the engine, GPU, benchmark, round, layout and rate per replica; the measured and simulated p99
@@ -52,8 +52,10 @@ simulated mean TPOT at the submitted QPS equals LoadGen's (bisection), and the T
 p99 there, with each replica fed an independent Poisson share (as ``serve.mlperf`` does) and with
 the deployment's Poisson stream dealt out in turn (every ``replicas``-th arrival: a round-robin
 stand-in for the harness's load balancing, ``traffic_distribution_policy`` 2, which sends each
-sample to the replica with the fewest in flight, harness_llm/llm_server.cc ``getLeastBusyIdx``):
-whether, once the level is right, the simulated spread is LoadGen's.
+sample to the replica with the fewest in flight, harness_llm/llm_server.cc ``getLeastBusyIdx``),
+and with that policy itself (``least_in_flight``: the replicas simulated apart, each arrival sent to
+the one with the fewest in flight by the previous pass's latencies, three passes): whether, once
+the level is right, the simulated spread is LoadGen's.
 
 ``matched``: the p99s at the submitted load relative to capacity instead of the submitted rate
 (the rate scaled by the simulated / measured Offline output tokens/s per replica of the same
@@ -274,6 +276,40 @@ def dealt_arrivals(n: int, rate: float, replicas: int, seed: int = 0) -> np.ndar
     return np.cumsum(gaps) - gaps[0]
 
 
+def least_in_flight(cost, sched, wl, rate: float, replicas: int, n: int, passes: int = 3, seed: int = 0):
+    """One replica's requests when the deployment's Poisson stream (``replicas`` x ``rate``, ``n``
+    per replica) goes to the replica with the fewest requests in flight at each arrival (the first
+    such replica on ties: NVIDIA's harness, ``getLeastBusyIdx``), the replicas simulated apart: the
+    requests' latencies of the previous pass decide who is in flight (first pass: dealt out in
+    turn), ``passes`` times. Returns the replicas' runs (``SimResult`` each)."""
+    import heapq
+
+    from autoparallel.serve.simulate import arrivals, simulate
+    total = n * replicas
+    arr = arrivals(total, rate * replicas, seed)
+    inp, outp = wl.sample(total, seed)
+    who = np.arange(total) % replicas
+    runs = []
+    for step in range(passes + 1):
+        runs, latency = [], np.empty(total)
+        for j in range(replicas):
+            idx = np.flatnonzero(who == j)
+            sim = simulate(cost, sched, arr[idx] - arr[idx][0], inp[idx], outp[idx])
+            runs.append(sim)
+            latency[idx] = sim.finish - sim.arrival
+        if step == passes:
+            break
+        heaps = [[] for _ in range(replicas)]
+        for i in range(total):  # the fewest in flight at each arrival, by the last pass's latencies
+            for h in heaps:
+                while h and h[0] <= arr[i]:
+                    heapq.heappop(h)
+            j = min(range(replicas), key=lambda k: len(heaps[k]))
+            heapq.heappush(heaps[j], arr[i] + latency[i])
+            who[i] = j
+    return runs
+
+
 def level(steps: int = 7, top_us: float = 40.0) -> pd.DataFrame:
     """``SUMMARIES`` with the per-streamed-token host cost that matches LoadGen's mean TPOT at the
     submitted QPS, under the Poisson split and the dealt-out stream (see the module docstring)."""
@@ -303,7 +339,10 @@ def level(steps: int = 7, top_us: float = 40.0) -> pd.DataFrame:
                 "us per streamed token": lo,
                 "TPOT mean/p50/p99 meas": "/".join(f"{v:,.0f}" for v in (tpot[0], tpot[1], tpot[3])),
                 "TTFT p50/p99 meas": f"{ttft[1]:,.0f}/{ttft[3]:,.0f}"}
-        for name, sim in (("split", split), ("dealt", dealt)):
+        joint = least_in_flight(priced, sched, wl, rate, replicas, n)
+        fewest = type("Runs", (), {"tpot": np.concatenate([x.tpot for x in joint]),
+                                   "ttft": np.concatenate([x.ttft for x in joint])})
+        for name, sim in (("split", split), ("dealt", dealt), ("fewest in flight", fewest)):
             line[f"TPOT {name}"] = "/".join(f"{v:,.0f}" for v in (1e3 * np.mean(sim.tpot), ms(sim.tpot, 50),
                                                                    ms(sim.tpot, 99)))
             line[f"TTFT {name}"] = f"{ms(sim.ttft, 50):,.0f}/{ms(sim.ttft, 99):,.0f}"
