@@ -5,6 +5,7 @@
     PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py --fixed-costs  # what-if refits (~8 min)
     PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py --shape  # mean / p50 / p90 / p99 (~10 s)
     PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py --concurrency  # at the measured N (~3 min)
+    PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py --level  # level matched, dispatch (~10 min)
 
 For each Server run that ``validate --inference`` compares (in sample; TensorRT-LLM v4.1 closed):
 the engine, GPU, benchmark, round, layout and rate per replica; the measured and simulated p99
@@ -43,6 +44,18 @@ time-averaged tokens an in-flight request holds: prompt + half its answer, in wh
 weighted by the answer's length); and the same system's Offline run (the engine at its max batch)
 as tokens/s per replica and per request in flight, measured and simulated: whether the measured
 Server iteration at N is the Offline engine's at N (the simulated curve) or slower.
+
+``--level`` (a diagnostic, nothing shipped; session 40): for the runs of ``SUMMARIES``, the
+host cost per streamed token (us per request producing a token, added to every iteration: NVIDIA's
+harness streams every token in Server and none in Offline, harness_llm/main_llm.cc) at which the
+simulated mean TPOT at the submitted QPS equals LoadGen's (bisection), and the TTFT / TPOT p50 /
+p99 there, with each replica fed an independent Poisson share (as ``serve.mlperf`` does) and with
+the deployment's Poisson stream dealt out in turn (every ``replicas``-th arrival: a round-robin
+stand-in for the harness's load balancing, ``traffic_distribution_policy`` 2, which sends each
+sample to the replica with the fewest in flight, harness_llm/llm_server.cc ``getLeastBusyIdx``),
+and with that policy itself (``least_in_flight``: the replicas simulated apart, each arrival sent to
+the one with the fewest in flight by the previous pass's latencies, three passes): whether, once
+the level is right, the simulated spread is LoadGen's.
 
 ``matched``: the p99s at the submitted load relative to capacity instead of the submitted rate
 (the rate scaled by the simulated / measured Offline output tokens/s per replica of the same
@@ -244,6 +257,100 @@ def concurrency() -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def with_host_cost(cost, us: float):
+    """A copy of the iteration cost ``cost`` whose every iteration also pays ``us`` microseconds per
+    sequence that produces a token in it (pipeline-free layouts: every ``SUMMARIES`` run is PP1)."""
+    import copy
+    out, time, decode = copy.copy(cost), cost.time, cost.decode_times
+    out.time = lambda tokens, sampled, flops, nbytes, seqs, chunks=(): (
+        time(tokens, sampled, flops, nbytes, seqs, chunks) + us * 1e-6 * sampled)
+    out.decode_times = lambda n, ctx_sums: decode(n, ctx_sums) + us * 1e-6 * n
+    return out
+
+
+def dealt_arrivals(n: int, rate: float, replicas: int, seed: int = 0) -> np.ndarray:
+    """Arrival times at one replica when a Poisson stream of ``replicas`` x ``rate`` requests/s is
+    dealt out in turn: every ``replicas``-th arrival, i.e. gaps of ``replicas`` exponential gaps of
+    the whole stream (a gamma renewal process, mean gap 1 / ``rate``, squared CV 1 / ``replicas``)."""
+    gaps = np.random.default_rng([seed, 1]).gamma(replicas, 1.0 / (rate * replicas), n)
+    return np.cumsum(gaps) - gaps[0]
+
+
+def least_in_flight(cost, sched, wl, rate: float, replicas: int, n: int, passes: int = 3, seed: int = 0):
+    """One replica's requests when the deployment's Poisson stream (``replicas`` x ``rate``, ``n``
+    per replica) goes to the replica with the fewest requests in flight at each arrival (the first
+    such replica on ties: NVIDIA's harness, ``getLeastBusyIdx``), the replicas simulated apart: the
+    requests' latencies of the previous pass decide who is in flight (first pass: dealt out in
+    turn), ``passes`` times. Returns the replicas' runs (``SimResult`` each)."""
+    import heapq
+
+    from autoparallel.serve.simulate import arrivals, simulate
+    total = n * replicas
+    arr = arrivals(total, rate * replicas, seed)
+    inp, outp = wl.sample(total, seed)
+    who = np.arange(total) % replicas
+    runs = []
+    for step in range(passes + 1):
+        runs, latency = [], np.empty(total)
+        for j in range(replicas):
+            idx = np.flatnonzero(who == j)
+            sim = simulate(cost, sched, arr[idx] - arr[idx][0], inp[idx], outp[idx])
+            runs.append(sim)
+            latency[idx] = sim.finish - sim.arrival
+        if step == passes:
+            break
+        heaps = [[] for _ in range(replicas)]
+        for i in range(total):  # the fewest in flight at each arrival, by the last pass's latencies
+            for h in heaps:
+                while h and h[0] <= arr[i]:
+                    heapq.heappop(h)
+            j = min(range(replicas), key=lambda k: len(heaps[k]))
+            heapq.heappush(heaps[j], arr[i] + latency[i])
+            who[i] = j
+    return runs
+
+
+def level(steps: int = 7, top_us: float = 40.0) -> pd.DataFrame:
+    """``SUMMARIES`` with the per-streamed-token host cost that matches LoadGen's mean TPOT at the
+    submitted QPS, under the Poisson split and the dealt-out stream (see the module docstring)."""
+    from autoparallel.serve.simulate import simulate
+    rows, _ = mlperf.load_rows()
+    eff = efficiency_for("tensorrt-llm")
+    ms = lambda x, p: 1e3 * mlperf.loadgen_percentile(x, p)  # noqa: E731
+    out = []
+    for submitter, system, benchmark, qps, ttft, tpot, latency_s in SUMMARIES:
+        r = rows[(rows["submitter"] == submitter) & (rows["system"] == system) & (rows["scenario"] == "Server")
+                 & (rows["benchmark"].str.startswith(benchmark.split("-99")[0]))
+                 & ((rows["target_qps"] - qps).abs() < 0.5)].iloc[0]
+        replicas = int(r["replicas"])
+        rate = qps / replicas
+        cost, sched, wl = _replica(r, eff)
+        n = max(mlperf.REQUESTS, math.ceil(rate * float(r["min_duration_ms"]) / 1e3))
+        lo, hi = 0.0, top_us
+        for _ in range(steps):  # the mean TPOT grows with the host cost: bisect on it
+            mid = 0.5 * (lo + hi)
+            sim = run_workload(with_host_cost(cost, mid), sched, wl, rate, n)
+            lo, hi = (mid, hi) if sim.keeps_up and 1e3 * float(np.mean(sim.tpot)) < tpot[0] else (lo, mid)
+        priced = with_host_cost(cost, lo)
+        split = run_workload(priced, sched, wl, rate, n)
+        inp, outp = wl.sample(n, 0)
+        dealt = simulate(priced, sched, dealt_arrivals(n, rate, replicas), inp, outp)
+        line = {"submitter": submitter, "GPU": r["hardware"], "benchmark": r["model"], "replicas": replicas,
+                "us per streamed token": lo,
+                "TPOT mean/p50/p99 meas": "/".join(f"{v:,.0f}" for v in (tpot[0], tpot[1], tpot[3])),
+                "TTFT p50/p99 meas": f"{ttft[1]:,.0f}/{ttft[3]:,.0f}"}
+        joint = least_in_flight(priced, sched, wl, rate, replicas, n)
+        fewest = type("Runs", (), {"tpot": np.concatenate([x.tpot for x in joint]),
+                                   "ttft": np.concatenate([x.ttft for x in joint])})
+        for name, sim in (("split", split), ("dealt", dealt), ("fewest in flight", fewest)):
+            line[f"TPOT {name}"] = "/".join(f"{v:,.0f}" for v in (1e3 * np.mean(sim.tpot), ms(sim.tpot, 50),
+                                                                   ms(sim.tpot, 99)))
+            line[f"TTFT {name}"] = f"{ms(sim.ttft, 50):,.0f}/{ms(sim.ttft, 99):,.0f}"
+        line["N meas / split"] = f"{rate * latency_s:,.0f} / {rate * float(np.mean(split.finish - split.arrival)):,.0f}"
+        out.append(line)
+    return pd.DataFrame(out)
+
+
 def summary(frame: pd.DataFrame) -> pd.DataFrame:
     err = lambda a, b: (100 * (frame[a] - frame[b]) / frame[b]).abs()  # noqa: E731
     return pd.DataFrame([{
@@ -300,7 +407,12 @@ def main() -> None:
     p.add_argument("--fixed-costs", action="store_true", help="only the what-if refits (diagnostic)")
     p.add_argument("--shape", action="store_true", help="only the distributions LoadGen's summaries publish")
     p.add_argument("--concurrency", action="store_true", help="only the summaries' runs at matched concurrency")
+    p.add_argument("--level", action="store_true",
+                   help="only the summaries' runs with a per-streamed-token host cost matching the mean TPOT")
     args = p.parse_args()
+    if args.level:
+        print(markdown(level()))
+        return
     if args.concurrency:
         print(markdown(concurrency()))
         return

@@ -37,6 +37,22 @@ engine run as NVIDIA's harness runs it (``harness_engine``: MAX_UTILIZATION, the
   capacity error; at the own rate it does not, but it carries the bisection's 1/64 step of the
   Offline rate and, where a bound binds, sits at that bound.
 
+What NVIDIA's v4.1 harness does that the simulation leaves out (mlcommons/inference_results_v4.1
+closed/NVIDIA/code/harness/harness_llm; RESULTS.md, session 40, s40h4): it streams every token in
+Server and none in Offline (main_llm.cc: ``mIsStreaming = streaming && scenario != Offline``), a
+host cost per streamed token that no published figure sizes (matching LoadGen's mean TPOT takes
+1.6 us on HPE's H100 run and 14-17 us on NVIDIA's); it sends each Server sample to the replica with
+the fewest in flight (llm_server.cc, ``traffic_distribution_policy`` 2), not an independent Poisson
+share per replica (balanced dispatch narrows the simulated spread, and lowers today's p99s, which
+are already low); it runs TensorRT-LLM's GptManager without chunked context (the harness never
+sets ``enableChunkedContext``, off by default before TensorRT-LLM 0.16; with ``max_num_tokens``
+4,096 or more the budget seldom binds: inert here); and the EOS step it runs is not a token LoadGen
+counts (sampling kernels leave EOS out of the sequence length; ``n_tokens`` is the streamed tokens),
+so a request of n counted tokens spans n, not n - 1, decode iterations after its first token.
+LoadGen's definitions are the simulation's: TPOT = (latency - TTFT) / (n_tokens - 1) per request,
+its p99 the element ``floor(0.99 x samples)`` of the sorted per-request values (loadgen v4.1
+logging.cc ``RecordSampleCompletion``, results.cc ``ProcessTokenLatencies``).
+
 ``lomo``: the same with the constants refitted without the row's model's rows of
 ``serving_runs.csv`` (Llama-2-70B, Mixtral-8x7B), from the uncalibrated constants, as
 ``validate --inference`` does for its rows.
