@@ -1044,6 +1044,16 @@ def test_a_frozen_bases_fp8_casts_write_no_column_wise_copy(llama, hw):
     assert finetune.frozen_column_copy_elements(full.model, 10.0, 3.0) == 0.0
 
 
+def test_the_row_parallel_outputs_are_the_projections_and_fc2s(mixtral, hw):
+    """The output gradients whose column-wise copy a frozen ``Linear`` skips: the projection's (h)
+    and FC2's, once per routed copy (top-k) and shared expert in a MoE layer."""
+    x = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+    assert lt.row_parallel_output_elements(x, True) == 4096 + 2 * 4096
+    assert lt.row_parallel_output_elements(x, False) == 2 * 4096
+    y = _cands(io.load_model("deepseek-v3"), hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+    assert lt.row_parallel_output_elements(y, True) == 7168 + 8 * 7168 + 7168
+
+
 def test_a_frozen_fp8_base_is_transposed_for_its_dgrad_once_per_micro_batch_on_hopper(llama, hw):
     """MLPerf's frozen base is kept in FP8 only, without TE's transpose cache: TE 1.x's backward
     transposes each FP8 weight for its dgrad GEMM once per micro-batch (1 B read, 1 B written per
