@@ -177,13 +177,32 @@ def frozen_transpose_bytes(model: ModelSpec, quantized_weight_bytes, non_tn_fp8_
     return np.where(np.asarray(quantized_weight_bytes) > FROZEN_FP8_WEIGHT_BYTES, FP8_TRANSPOSE_BYTES, 0.0)
 
 
-def cast_bytes(model: ModelSpec, bytes_per_element, column_copy_bytes):
-    """HBM bytes per element of a quantizing cast of a Linear's input or output gradient: a frozen
-    base's casts write no column-wise copy (the layout only the weight-gradient GEMM reads):
-    TransformerEngine asks for it only when the weight requires a gradient (``linear.py``
-    ``backward_needs_input = is_grad_enabled and weight.requires_grad``; the output gradient's
-    ``set_usage(columnwise=False)`` without wgrad, TransformerEngine d0067d0)."""
-    return bytes_per_element - column_copy_bytes if is_lora(model) else bytes_per_element
+def frozen_column_copy_elements(model: ModelSpec, input_elements, row_parallel_output_elements):
+    """Elements per token (at a TP rank's widths times its TP size, as ``fp8_cast_time`` counts the
+    casts) whose column-wise (transposed) FP8 copy a frozen base's casts do not write, one
+    ``quantized_input_bytes`` each (0 unless LoRA): the column-wise copies exist for the
+    weight-gradient GEMM only, but TransformerEngine drops them per module, not per tensor.
+
+    - Every Linear's input (``input_elements``): TE 2.x asks for the input's column-wise copy
+      only when the weight learns (``linear.py`` ``backward_needs_input = is_grad_enabled and
+      weight.requires_grad``; ``layernorm_linear.py`` alike; TransformerEngine d0067d0).
+    - The output gradient of a row-parallel ``Linear`` only (the projection's and FC2's,
+      ``row_parallel_output_elements``): ``linear.py``'s backward drops its column-wise usage when
+      the weight needs no gradient and has no bias (``grad_output_quantizer.set_usage(columnwise=False)``),
+      while ``layernorm_linear.py`` (Megatron-Core's QKV and FC1, ``TELayerNormColumnParallelLinear``)
+      sets ``grad_output_quantizer.set_usage(rowwise=True, columnwise=True)`` whatever the weight
+      (d0067d0): the frozen QKV and FC1 still cast their output gradients in both layouts.
+
+    TransformerEngine 1.x (v1.10, ``module/base.py`` ``grad_output_preprocess``) casts every output
+    gradient with ``fp8_cast_transpose_fused`` whatever the weight, and for a learning weight
+    transposes the LayerNormLinear's saved FP8 norm output in the backward (``tex.fp8_transpose``:
+    1 B read and 1 B written per element) and writes the Linear's column-wise input in the forward
+    cast (``fp8_cast_transpose_fused``, 1 B): per token 2 x 2h + (attention output + FFN) bytes,
+    the same as TE 2.x's (h + attention output + h + FFN) + 2h, since QKV's and FC1's inputs and
+    the projection's and FC2's outputs are all h wide: one count serves both releases."""
+    if not is_lora(model):
+        return 0.0
+    return input_elements + row_parallel_output_elements
 
 
 def attention_share(model: ModelSpec) -> float:

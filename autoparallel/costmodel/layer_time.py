@@ -484,17 +484,30 @@ def activation_input_elements(x: Candidates, is_moe: bool):
     return 2.0 * (routed + tokens * (model.shared_expert_ffn_hidden_size or 0))
 
 
+def row_parallel_output_elements(x: Candidates, is_moe: bool) -> float:
+    """Elements per token leaving a layer's row-parallel Linears (the attention projection and
+    FC2: h each; a MoE layer's FC2 once per routed copy and shared expert)."""
+    model = x.model
+    h = model.hidden_size
+    if not is_moe:
+        return 2.0 * h
+    return h + model.moe_router_topk * h + (h if model.shared_expert_ffn_hidden_size else 0)
+
+
 def fp8_cast_time(x: Candidates, is_moe: bool):
     """Casting the GEMM inputs (forward) and output gradients (backward) to FP8 or NVFP4: HBM
-    traffic (``candidates.CAST_BYTES``; a frozen LoRA base: ``finetune.cast_bytes``); and where
-    the SwiGLU's input is kept in FP8 (``activation_func_fp8_input_store``), its cast to E4M3 after
+    traffic (``candidates.CAST_BYTES``), less, for a frozen LoRA base, the column-wise copies
+    TransformerEngine does not write (``finetune.frozen_column_copy_elements``); and where the
+    SwiGLU's input is kept in FP8 (``activation_func_fp8_input_store``), its cast to E4M3 after
     the forward (2 B read, 1 B written) and back to BF16 before the backward (1 B read, 2 B
     written)."""
-    cast_elements = 2.0 * x.tokens * gemm_input_elements(x, is_moe) / x.t
-    per_element = finetune.cast_bytes(x.model, x.cast_bytes, x.quantized_input_bytes)
+    inputs = gemm_input_elements(x, is_moe)
+    cast_elements = 2.0 * x.tokens * inputs / x.t
+    frozen = finetune.frozen_column_copy_elements(x.model, inputs, row_parallel_output_elements(x, is_moe))
+    cast_bytes = x.cast_bytes * cast_elements - x.quantized_input_bytes * x.tokens * frozen / x.t
     stored = x.act_input_bytes < memory.ACT_INPUT_BYTES
     store = np.where(stored, 2.0 * (memory.ACT_INPUT_BYTES + memory.FP8_ACT_INPUT_BYTES), 0.0)
-    return (x.quantized_fraction * cast_elements * per_element + store * activation_input_elements(x, is_moe)) / x.hbm
+    return (x.quantized_fraction * cast_bytes + store * activation_input_elements(x, is_moe)) / x.hbm
 
 
 def frozen_transpose_time(x: Candidates, params):
