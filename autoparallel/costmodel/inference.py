@@ -31,7 +31,8 @@ pipeline stage over ``tokens`` tokens costs, per layer and GPU (``stage_pass``):
   ``moe_kernels.cu``) and profiles N tiles of 16 to 256 (``get_candidate_tiles_sm90``,
   GROUPED_GEMM, 0b53e947 ``cutlass_heuristic.cpp``), so at most 15 rows per expert are padded.
   The kernels around the GEMMs that a dense layer lacks (permute, top-k sum) are
-  ``moe_plugin_bytes``. Under EP the busiest GPU takes ``moe.load_imbalance`` times the even
+  ``moe_plugin_bytes``; the gated activation between FC1 and FC2, which dense layers run too,
+  is ``gated_activation_bytes``. Under EP the busiest GPU takes ``moe.load_imbalance`` times the even
   share (the spread fitted to the training runs).
   Only the experts some token picks are read: with uniform routing a share
   1 - (1 - top-k / num_experts)^T of them, so a small decode batch reads a few experts and a
@@ -47,7 +48,9 @@ pipeline stage over ``tokens`` tokens costs, per layer and GPU (``stage_pass``):
 - **TP**: two all-reduces of the layer output per layer, priced by ``comm.all_reduce_time`` plus
   a fitted per-call latency floor (small inference messages never reach bus bandwidth), higher
   when the group leaves the NVLink domain;
-- memory-bound element-wise traffic per token (norms, bias, activation, residual), a fixed
+- the gated MLP's activation (SwiGLU) as a pass of its own (``gated_activation_bytes``: read
+  FC1's 16-bit 2 x inter outputs, write FC2's input), dense and MoE layers alike;
+- memory-bound element-wise traffic per token (norms, bias, residual, a non-gated activation), a fixed
   per-layer cost (kernel launches), and on the last stage the output layer and the sampler's
   cost per logit (top-p sorts the vocabulary).
 
@@ -122,7 +125,7 @@ class InferenceEfficiency:
     internode_allreduce_latency_us: float = 65.8  # per all-reduce that leaves the domain
     p2p_latency_us: float = 30.0  # per pipeline hand-off inside an NVLink domain (not fitted: no data)
     internode_p2p_latency_us: float = 2106.0  # per hand-off between nodes (FT's PP3 rows)
-    # Per-layer memory-bound traffic (norms, bias, activation, residual; replicated over TP) in
+    # Per-layer memory-bound traffic (norms, bias, residual, a non-gated activation; replicated over TP) in
     # bytes per token and hidden unit; and the sampler's cost per logit (top-p sorts the vocab).
     elementwise_bytes_per_token_hidden: float = 12.6
     sampling_ns_per_logit: float = 1.09
@@ -298,8 +301,9 @@ def routed_experts(lay: Layout, tokens, gemm_peak, hbm) -> tuple[np.ndarray, np.
     return _gemm_time(lay, flops, flops / 2.0, gemm_peak), read
 
 
-#: Bytes per element the MoE plugin's grouped GEMMs write: 16 bit, also under FP8 (TensorRT-LLM's
-#: ``HopperGroupedGemmInput::OutputTypeAdaptor_t``: FP8 -> nv_bfloat16).
+#: Bytes per element the MLP's GEMMs write: 16 bit, also under FP8 (TensorRT-LLM's MoE plugin:
+#: ``HopperGroupedGemmInput::OutputTypeAdaptor_t``: FP8 -> nv_bfloat16; its dense FP8 GEMMs write
+#: the model's 16-bit dtype too).
 MOE_GEMM_OUTPUT_BYTES = 2.0
 
 
@@ -316,8 +320,7 @@ def moe_plugin_bytes(lay: Layout, tokens) -> np.ndarray:
     T*k rows of hidden in 16 bit (``HopperGroupedGemmInput::OutputTypeAdaptor_t``: FP8 ->
     nv_bfloat16) and ``finalizeMoeRoutingKernel`` reads the k rows of every token and writes their
     weighted sum. The gated activation between FC1 and FC2 (``doActivation``) is not counted here:
-    a dense gated MLP runs the same pass in these releases (the FP8 ``gemm_swiglu`` fusion comes
-    with the v5.0 harness, ``serve.mlperf``) and the constants fitted on dense rows price it.
+    a dense gated MLP runs the same pass, and both are ``gated_activation_bytes``.
     vLLM's fused_moe sums the k outputs in a kernel of its own too (``moe_sum``; it gathers the
     tokens inside its GEMM)."""
     model, t, ep = lay.model, lay.tp, lay.ep
@@ -330,6 +333,40 @@ def moe_plugin_bytes(lay: Layout, tokens) -> np.ndarray:
     expand = tokens * h * act + copies * h * act
     finalize = copies * h * MOE_GEMM_OUTPUT_BYTES + tokens * h * ACT_BYTES
     return expand + finalize
+
+
+def gated_activation_bytes(lay: Layout, tokens) -> np.ndarray:
+    """HBM bytes of the gated MLP's activation pass, one layer (averaged over the layers) on one
+    GPU for a pass over ``tokens`` tokens: a memory-bound kernel of its own between FC1 and FC2
+    that reads FC1's gate and up outputs (2 x inter, 16 bit: the GEMMs write 16 bit also under
+    FP8) and writes SiLU(gate) x up as FC2's input (inter, FP8-quantized under FP8 weights).
+    Zeros for a non-gated MLP (its activation is left to the fitted element-wise bytes).
+
+    Dense and MoE layers alike, as the engines run it in the releases the data holds:
+    TensorRT-LLM's dense ``FusedGatedMLP.fc_gate`` (NVIDIA/TensorRT-LLM 04a2cacb
+    ``tensorrt_llm/layers/mlp.py``) runs the fused FC1 GEMM, then ``ACT2FN['swiglu']`` on its
+    output as graph ops (the FP8 input quantization of ``FP8RowLinear`` after it); the
+    GEMM + SwiGLU plugin (``gemm_swiglu_plugin fp8``, ``fc_gate_plugin``) is off by default and
+    enabled first by NVIDIA's MLPerf v5.0 llama2-70b configs (mlcommons/inference_results_v5.0
+    6069beb ``closed/NVIDIA/configs/llama2-70b/Offline/__init__.py``; absent from v4.1's, a2f5d66,
+    the round of every MLPerf row here). The MoE plugin's ``doActivation`` reads FC1's 16-bit
+    T*k x 2 x inter rows and writes the quantized activation (05316d33
+    ``cpp/tensorrt_llm/kernels/mixtureOfExperts/moe_kernels.cu``, ``CutlassMoeFCRunner::runMoe``).
+    vLLM runs ``SiluAndMul`` (``silu_and_mul``) as a kernel of its own for dense and fused_moe
+    layers alike. A MoE layer's shared experts run the dense pass; its routed experts run it on
+    the token copies this GPU's experts take (``moe.load_imbalance`` under EP)."""
+    model, t, ep = lay.model, lay.tp, lay.ep
+    if not model.gated_mlp:
+        return np.zeros_like(t)
+    tokens = np.asarray(tokens, dtype=float)
+    per_inter = 2.0 * MOE_GEMM_OUTPUT_BYTES + lay.weight_bytes  # read gate + up, write FC2's input
+    moe_share = model.num_moe_layers / model.num_layers
+    dense = (1.0 - moe_share) * tokens * model.ffn_hidden_size / t
+    if model.is_moe:
+        copies = tokens * model.moe_router_topk / ep * moe.load_imbalance(lay.hw, model, ep)
+        routed = copies * model.expert_ffn_hidden_size * ep / t
+        dense = dense + moe_share * (tokens * model.shared_expert_ffn_hidden_size / t + routed)
+    return dense * per_inter
 
 
 def stage_pass(lay: Layout, tokens, sampled, attn_flops, attn_bytes) -> dict[str, np.ndarray]:
@@ -362,7 +399,7 @@ def stage_pass(lay: Layout, tokens, sampled, attn_flops, attn_bytes) -> dict[str
     t_attn = attn_flops / (attn_peak * eff.attention)
     weight_read = (model.layer_params - moe_share * routed) / t * lay.weight_bytes / hbm
     attn_read = attn_bytes / hbm
-    elementwise = (eff.elementwise_bytes_per_token_hidden * tokens * h
+    elementwise = (eff.elementwise_bytes_per_token_hidden * tokens * h + gated_activation_bytes(lay, tokens)
                    + moe_share * moe_plugin_bytes(lay, tokens)) / hbm
     mem = weight_read + moe_share * expert_read + attn_read + elementwise
     compute = t_lin + moe_share * t_experts + t_attn

@@ -92,3 +92,37 @@ def test_output_keys_documented(llama2, h100):
 def test_efficiency_rejects_out_of_range():
     with pytest.raises(ValueError, match="hbm must be in"):
         InferenceEfficiency(hbm=1.5)
+
+
+def test_the_gated_activation_pass_costs_its_bytes_by_hand(llama2, h100):
+    """SwiGLU between FC1 and FC2 (TensorRT-LLM's ``FusedGatedMLP.fc_gate``, the MoE plugin's
+    ``doActivation``, vLLM's ``silu_and_mul``): read FC1's 16-bit gate and up outputs (2 x inter /
+    tp), write FC2's input (inter / tp: 1 byte under FP8, 2 in 16 bit). Llama-2-70B at TP2:
+    inter / tp = 28672 / 2 = 14336, so 14336 x (2 x 2 + 1) = 71,680 bytes per token in FP8 and
+    14336 x 6 = 86,016 in BF16; Mixtral at TP2 (no EP) runs it on 2 copies of each token through
+    experts of 14336 / 2: the same 71,680. A non-gated MLP (GPT) pays nothing here."""
+    from autoparallel import io
+    from autoparallel.costmodel import inference
+    eff = InferenceEfficiency()
+    lay = inference.layout(llama2, h100, eff, [2, 2], [1, 1], ["fp8", "bf16"], ["fp8", "bf16"])
+    assert inference.gated_activation_bytes(lay, 1000.0) / 1000.0 == pytest.approx([71680.0, 86016.0])
+    mixtral = inference.layout(io.load_model("mixtral-8x7b"), h100, eff, [2], [1], ["fp8"], ["fp8"])
+    assert inference.gated_activation_bytes(mixtral, 1000.0) / 1000.0 == pytest.approx([71680.0])
+    gpt = inference.layout(io.load_model("gpt3-175b"), h100, eff, [8], [1], ["fp8"], ["fp8"])
+    assert inference.gated_activation_bytes(gpt, 1000.0) == pytest.approx([0.0])
+
+
+def test_the_gated_activation_pass_is_priced_once_at_hbm(llama2, h100, monkeypatch):
+    """``stage_pass`` adds the pass's bytes once, at the achieved HBM bandwidth, to the layer's
+    time and memory: fails if the term is deleted (difference 0) or counted twice (2x)."""
+    from autoparallel.costmodel import inference
+    eff = InferenceEfficiency()
+    lay = inference.layout(llama2, h100, eff, [2], [1], ["fp8"], ["fp8"])
+    tokens = np.array([4096.0])
+    args = (tokens, np.zeros(1), np.zeros(1), np.zeros(1))
+    priced = inference.stage_pass(lay, *args)
+    monkeypatch.setattr(inference, "gated_activation_bytes", lambda lay, t: np.zeros_like(lay.tp))
+    without = inference.stage_pass(lay, *args)
+    extra = lay.stage_layers * 71680.0 * tokens / (h100.hbm_tbps * 1e12 * eff.hbm)
+    assert priced["time"] - without["time"] == pytest.approx(extra)
+    assert priced["memory"] - without["memory"] == pytest.approx(extra)
