@@ -304,7 +304,15 @@ def routed_experts(lay: Layout, tokens, gemm_peak, hbm) -> tuple[np.ndarray, np.
 #: Bytes per element the MLP's GEMMs write: 16 bit, also under FP8 (TensorRT-LLM's MoE plugin:
 #: ``HopperGroupedGemmInput::OutputTypeAdaptor_t``: FP8 -> nv_bfloat16; its dense FP8 GEMMs write
 #: the model's 16-bit dtype too).
-MOE_GEMM_OUTPUT_BYTES = 2.0
+MLP_GEMM_OUTPUT_BYTES = 2.0
+
+
+def routed_copies(lay: Layout, tokens) -> np.ndarray:
+    """Token copies the busiest GPU's experts take in one MoE layer for a pass over ``tokens``
+    tokens: top-k copies of each, EP splitting the experts (TP does not split hidden),
+    ``moe.load_imbalance`` times the even share."""
+    model, ep = lay.model, lay.ep
+    return tokens * model.moe_router_topk / ep * moe.load_imbalance(lay.hw, model, ep)
 
 
 def moe_plugin_bytes(lay: Layout, tokens) -> np.ndarray:
@@ -323,15 +331,14 @@ def moe_plugin_bytes(lay: Layout, tokens) -> np.ndarray:
     a dense gated MLP runs the same pass, and both are ``gated_activation_bytes``.
     vLLM's fused_moe sums the k outputs in a kernel of its own too (``moe_sum``; it gathers the
     tokens inside its GEMM)."""
-    model, t, ep = lay.model, lay.tp, lay.ep
+    model = lay.model
     if not model.is_moe:
-        return np.zeros_like(t)
+        return np.zeros_like(lay.tp)
     tokens = np.asarray(tokens, dtype=float)
     h, act = model.hidden_size, lay.weight_bytes  # FP8 weights run FP8 activations
-    # Token copies this GPU's experts take (EP splits the experts; TP does not split hidden).
-    copies = tokens * model.moe_router_topk / ep * moe.load_imbalance(lay.hw, model, ep)
+    copies = routed_copies(lay, tokens)
     expand = tokens * h * act + copies * h * act
-    finalize = copies * h * MOE_GEMM_OUTPUT_BYTES + tokens * h * ACT_BYTES
+    finalize = copies * h * MLP_GEMM_OUTPUT_BYTES + tokens * h * ACT_BYTES
     return expand + finalize
 
 
@@ -359,14 +366,13 @@ def gated_activation_bytes(lay: Layout, tokens) -> np.ndarray:
     if not model.gated_mlp:
         return np.zeros_like(t)
     tokens = np.asarray(tokens, dtype=float)
-    per_inter = 2.0 * MOE_GEMM_OUTPUT_BYTES + lay.weight_bytes  # read gate + up, write FC2's input
+    per_inter = 2.0 * MLP_GEMM_OUTPUT_BYTES + lay.weight_bytes  # read gate + up, write FC2's input
     moe_share = model.num_moe_layers / model.num_layers
-    dense = (1.0 - moe_share) * tokens * model.ffn_hidden_size / t
+    inter = (1.0 - moe_share) * tokens * model.ffn_hidden_size / t  # per GPU, averaged over layers
     if model.is_moe:
-        copies = tokens * model.moe_router_topk / ep * moe.load_imbalance(lay.hw, model, ep)
-        routed = copies * model.expert_ffn_hidden_size * ep / t
-        dense = dense + moe_share * (tokens * model.shared_expert_ffn_hidden_size / t + routed)
-    return dense * per_inter
+        routed = routed_copies(lay, tokens) * model.expert_ffn_hidden_size * ep / t
+        inter = inter + moe_share * (tokens * model.shared_expert_ffn_hidden_size / t + routed)
+    return inter * per_inter
 
 
 def stage_pass(lay: Layout, tokens, sampled, attn_flops, attn_bytes) -> dict[str, np.ndarray]:

@@ -504,10 +504,10 @@ def fp8_cast_time(x: Candidates, is_moe: bool):
     inputs = gemm_input_elements(x, is_moe)
     cast_elements = 2.0 * x.tokens * inputs / x.t
     frozen = finetune.frozen_column_copy_elements(x.model, inputs, row_parallel_output_elements(x, is_moe))
-    cast_bytes = x.cast_bytes * cast_elements - x.quantized_input_bytes * x.tokens * frozen / x.t
+    cast_traffic = x.cast_bytes * cast_elements - x.quantized_input_bytes * x.tokens * frozen / x.t
     stored = x.act_input_bytes < memory.ACT_INPUT_BYTES
     store = np.where(stored, 2.0 * (memory.ACT_INPUT_BYTES + memory.FP8_ACT_INPUT_BYTES), 0.0)
-    return (x.quantized_fraction * cast_bytes + store * activation_input_elements(x, is_moe)) / x.hbm
+    return (x.quantized_fraction * cast_traffic + store * activation_input_elements(x, is_moe)) / x.hbm
 
 
 def frozen_transpose_time(x: Candidates, params):
