@@ -34,6 +34,12 @@ def small_yaml(tmp_path):
     return path
 
 
+def run_folder(results):
+    """The one run folder a search wrote under `results` (beside it may lie the model's YAML, slurm/, megatron/)."""
+    (folder,) = [p for p in results.iterdir() if p.is_dir() and p.name not in ("slurm", "megatron")]
+    return folder
+
+
 # --- a real Slurm cluster (issue 26) ---------------------------------------------------------
 
 import os  # noqa: E402

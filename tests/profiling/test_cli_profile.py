@@ -9,6 +9,8 @@ import yaml
 
 from autoparallel.cli import main
 
+from conftest import run_folder
+
 
 def test_profile_a_plan_file(tmp_path, small_yaml, capsys):
     plan = tmp_path / "plan.yaml"
@@ -42,7 +44,7 @@ def test_search_profiles_top_k_and_calibrates_from_the_run(tmp_path, small_yaml,
             "--space", "cpu-profiling", "--sp", "--recompute", "none", "--results", str(tmp_path),
             "--profile", "job", "--top-k", "2", "--profile-steps", "2", "--profile-warmup", "1"]
     assert main(args) == 0
-    run_dir = next(tmp_path.iterdir())
+    run_dir = run_folder(tmp_path)
     frame = pd.read_csv(run_dir / "candidates.csv")
     measured = frame[frame["measured_step_time_s"].notna()]
     assert len(measured) == 2

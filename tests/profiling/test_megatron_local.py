@@ -11,6 +11,8 @@ import pytest
 
 from autoparallel.cli import main
 
+from conftest import run_folder
+
 
 def test_megatron_short_runs_through_torchrun_here_rerank(stand_in_megatron, tmp_path, small_yaml, capsys,
                                                          monkeypatch):
@@ -20,7 +22,7 @@ def test_megatron_short_runs_through_torchrun_here_rerank(stand_in_megatron, tmp
                  "--recompute", "none", "--mbs", "2", "--no-sp", "--results", str(results), "--profile", "job",
                  "--top-k", "3", "--profile-steps", "3", "--profile-warmup", "1", "--trainer", "megatron",
                  "--megatron-lm", str(stand_in_megatron)]) == 0
-    run_dir = next(p for p in results.iterdir() if p.name != "megatron")
+    run_dir = run_folder(results)
     frame = pd.read_csv(run_dir / "candidates.csv")
     measured = frame[frame["measured_step_time_s"].notna()].reset_index(drop=True)
     assert len(measured) == 2  # the third is the OOM

@@ -25,7 +25,7 @@ from autoparallel.profiling.slurm import Resources, SlurmClient, SlurmSettings, 
 from autoparallel.profiling.slurm_launcher import SlurmLauncher
 from autoparallel.specs.plan import Plan
 
-from conftest import SMALL
+from conftest import SMALL, run_folder
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ def test_search_profiles_the_top_k_as_one_job_array_and_reranks(cluster, tmp_pat
     assert main(args + ["--yes"]) == 0
     out = capsys.readouterr().out
     assert "GPU-hours predicted (3 iterations" in out and "submitted 2 Slurm job(s)" in out
-    run_dir = next(p for p in tmp_path.iterdir() if p.name != "slurm")
+    run_dir = run_folder(tmp_path)
     frame = pd.read_csv(run_dir / "candidates.csv")
     measured = frame[frame["measured_step_time_s"].notna()]
     assert len(measured) == 2 and (measured["measured_tokens_per_s_per_gpu"] > 0).all()
@@ -240,7 +240,7 @@ def test_an_interrupted_search_is_resumed_from_its_run_folder(cluster, tmp_path,
     monkeypatch.setattr(slurm_args, "queue_progress", lambda total: nullcontext(_interrupt))  # Ctrl-C once submitted
     assert main(_search_args(tmp_path, small_yaml)) == 130
     err = capsys.readouterr().err
-    run_dir = next(p for p in tmp_path.iterdir() if p.name != "slurm")
+    run_dir = run_folder(tmp_path)
     assert "cancelled 2 Slurm job(s) (scancel)" in err  # the two tasks of one array
     assert f"continue with `autoparallel search --resume {run_dir}`" in err
     assert "finished: false" in (run_dir / "profiling.yaml").read_text()
@@ -277,7 +277,7 @@ def test_resume_after_the_search_was_killed_picks_up_what_finished_meanwhile(clu
     subprocess.run(["scancel", lost], timeout=10, check=True)  # say, an administrator cancelled it
     _wait_until(lambda: not {kept, lost} & set(_queued().split()), 90)  # the other one finishes meanwhile
     assert _scontrol(kept) == "COMPLETED" and _scontrol(lost) == "CANCELLED"
-    run_dir = next(p for p in tmp_path.iterdir() if p.name != "slurm")
+    run_dir = run_folder(tmp_path)
     assert main(["search", "--resume", str(run_dir), "--yes"]) == 0
     out = capsys.readouterr().out
     assert "resuming: 1 finished job(s) picked up, 0 still queued or running, 1 to submit" in out
@@ -314,7 +314,7 @@ def test_the_gpu_hours_are_asked_about_on_a_terminal(monkeypatch, capsys, answer
 def test_a_damaged_profiling_record_is_named_on_resume(tmp_path, small_yaml, capsys, text):
     assert main(["search", "--model", str(small_yaml), "--gpus", "2", "--gpu", "cpu-local", "--space", "cpu-profiling",
                  "--results", str(tmp_path)]) == 0
-    run_dir = next(tmp_path.iterdir())
+    run_dir = run_folder(tmp_path)
     (run_dir / "profiling.yaml").write_text(text)
     capsys.readouterr()
     assert main(["search", "--resume", str(run_dir)]) == 2

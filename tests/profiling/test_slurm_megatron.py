@@ -11,6 +11,8 @@ import pytest
 
 from autoparallel.cli import main
 
+from conftest import run_folder
+
 pytestmark = pytest.mark.slurm
 
 
@@ -30,7 +32,7 @@ def test_megatron_short_runs_through_slurm_rerank_and_calibrate(megatron_lm, tmp
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "submitted 3 Slurm job(s)" in out
-    run_dir = next(p for p in results.iterdir() if p.name != "slurm")
+    run_dir = run_folder(results)
     frame = pd.read_csv(run_dir / "candidates.csv")
     measured = frame[frame["measured_step_time_s"].notna()].reset_index(drop=True)
     # the stand-in's iteration time (warm-up iteration dropped), its logged TFLOP/s and max allocated
