@@ -30,7 +30,8 @@ import pandas as pd
 from autoparallel.argtypes import RELEASE_PATTERN
 from autoparallel.costmodel import pipeline
 from autoparallel.costmodel.candidates import RECOMPUTE_MODULES  # the modules the cost model prices
-from autoparallel.costmodel.candidates import TE_VERSION_COLUMN, fp8_cp_attention
+from autoparallel.costmodel.candidates import (RECIPE_FIRST_RELEASE, TE_VERSION_COLUMN, fp8_cp_attention,
+                                                 recipe_in_release)
 from autoparallel.costmodel.finetune import is_lora as lora
 from autoparallel.errors import UserError
 from autoparallel.io import from_dict, read_yaml, resolve_preset
@@ -108,6 +109,8 @@ class SearchSpace:
     # (transformer_engine/pytorch/attention.py v1.6): fp8_dot_product_attention at CP > 1 runs BF16
     # attention, which the candidate without FP8 attention already prices, so the FP8 one is refused
     # (the MLPerf rows of such a round are priced the same way: ``measured_runs.from_mlperf``).
+    # A precision whose recipe the release lacks is refused (``candidates.RECIPE_FIRST_RELEASE``:
+    # TE 1.x has delayed scaling only, as MLPerf v4.1's NeMo 24.09 with TE 1.10 ran).
     transformer_engine_version: str = ""
     # Where num_layers is not divisible by pp*vp, also try Megatron's uneven splits.
     uneven_pipeline_split: bool = True
@@ -544,6 +547,12 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -> np.
         # SearchSpace.transformer_engine_version: TE < 1.10 runs no FP8 attention under CP.
         ((not space.fp8_attention_with_cp) & df.fp8_attention.to_numpy() & (df.cp.to_numpy() > 1),
          FP8_CP_ATTENTION_REASON),
+        # SearchSpace.transformer_engine_version: a TE release without the precision's recipe
+        # (``candidates.RECIPE_FIRST_RELEASE``: TE 1.x has delayed scaling only).
+        (~_recipe_available(df.precision.to_numpy(), space.transformer_engine_version),
+         lambda d: [f"{p} needs TransformerEngine >= {'.'.join(map(str, RECIPE_FIRST_RELEASE[p]))}, the "
+                    f"first release with its recipe (transformer_engine_version "
+                    f"{space.transformer_engine_version})" for p in d.precision]),
         # TransformerConfig.__post_init__ (0.15; later releases allow the full-iteration graph).
         (graphed & (df.cpu_offloading_num_layers.to_numpy() > 0),
          "CUDA graphs not supported with CPU offloading (Megatron-Core)"),
@@ -560,6 +569,12 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -> np.
          "disable moe_shared_expert_overlap when enabling overlap_moe_expert_parallel_comm (Megatron-LM)"),
     ]
     return _first_reason(df, rules)
+
+
+def _recipe_available(precision: np.ndarray, release: str) -> np.ndarray:
+    """Whether the TE ``release`` has each candidate's precision recipe."""
+    missing = [p for p in RECIPE_FIRST_RELEASE if not recipe_in_release(p, release)]
+    return ~np.isin(precision, missing)
 
 
 def _recomputes_any(df: pd.DataFrame, rows: np.ndarray, modules: tuple[str, ...]) -> np.ndarray:

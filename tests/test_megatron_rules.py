@@ -21,6 +21,8 @@ TE_UB = "transformer_engine/pytorch/module/base.py fill_userbuffers_buffer_for_a
 OPTIM = "megatron/core/optimizer/__init__.py get_megatron_optimizer"
 TE_CP = ("transformer_engine/pytorch/attention.py v1.6 AttnFuncWithCP / get_attention_backend "
          "(no FP8 under CP before TransformerEngine 311b6b6, #1114, v1.10)")
+TE_RECIPE = ("transformer_engine/common/recipe/__init__.py at each tag: v1.10 DelayedScaling only; "
+             "MXFP8BlockScaling v2.0, Float8CurrentScaling v2.2, Float8BlockScaling v2.3, NVFP4BlockScaling v2.8")
 
 # (source, message it mirrors, model, gpus, gbs, broken layout, passing change, our reason)
 RULES = [
@@ -94,6 +96,9 @@ RULES = [
      "llama3-8b", 8, 128, dict(tp=1, pp=1, cp=2, precision="fp8-delayed", fp8_attention=True,
                                transformer_engine_version="1.6"),
      dict(transformer_engine_version="1.10"), "FP8 attention under context parallelism needs TransformerEngine >= 1.10"),
+    (TE_RECIPE, "no Float8CurrentScaling recipe in TE 1.x (MLPerf v4.1's NeMo 24.09: TE 1.10)",
+     "llama3-8b", 8, 128, dict(tp=1, pp=1, precision="fp8-current", transformer_engine_version="1.10"),
+     dict(transformer_engine_version="2.2"), "fp8-current needs TransformerEngine >= 2.2"),
 ]
 
 BASE = dict(vp=1, cp=1, ep=1, mbs=1, sp=True, recompute="none", precision="bf16", fp8_bf16_edge_layers=0,
@@ -232,6 +237,24 @@ def test_an_older_transformer_engine_refuses_fp8_attention_only_under_context_pa
     assert _reason("llama3-8b", 8, 128, {**older, "transformer_engine_version": "1.9"}) != ""
     for current in ("", "2.9", "1.10.0"):
         assert _reason("llama3-8b", 8, 128, {**older, "transformer_engine_version": current}) == ""
+
+
+@pytest.mark.parametrize("precision, first", [("fp8-delayed", None), ("mxfp8", "2.0"), ("fp8-current", "2.2"),
+                                              ("fp8-blockwise", "2.3"), ("nvfp4", "2.8")])
+def test_a_transformer_engine_version_offers_only_the_recipes_it_has(precision, first):
+    """Each recipe from the first TE release that defines it (delayed scaling in every one); a current TE
+    (no version given) has them all."""
+    pins = dict(tp=1, pp=1, precision=precision)
+    for release in ("", "2.9"):
+        assert _reason("llama3-8b", 8, 128, {**pins, "transformer_engine_version": release}) == ""
+    if first is None:
+        assert _reason("llama3-8b", 8, 128, {**pins, "transformer_engine_version": "1.6"}) == ""
+        return
+    major, minor = (int(p) for p in first.split("."))
+    older = f"{major}.{minor - 1}" if minor else "1.13"
+    assert _reason("llama3-8b", 8, 128, {**pins, "transformer_engine_version": first}) == ""
+    assert f"needs TransformerEngine >= {first}" in _reason("llama3-8b", 8, 128,
+                                                            {**pins, "transformer_engine_version": older})
 
 
 @pytest.mark.parametrize("version", ["1", "v1.6", "1.6rc2", "latest"])

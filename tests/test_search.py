@@ -59,6 +59,9 @@ def test_gpu_count_no_layout_can_use(gpt175b, h100):
     ({"fp8_attention": True, "precision": "fp8-delayed", "cp": 2, "transformer_engine_version": "1.6"},
      r"with fp8_attention pinned to true and cp pinned to 2 and transformer_engine_version pinned to 1.6: FP8 "
      r"attention under context parallelism needs TransformerEngine >= 1\.10"),
+    ({"precision": "fp8-current", "transformer_engine_version": "1.10"},
+     r"with precision pinned to fp8-current and transformer_engine_version pinned to 1.10: fp8-current needs "
+     r"TransformerEngine >= 2\.2, the first release with its recipe"),
 ])
 def test_a_pinned_knob_that_rules_out_every_layout_is_named(pins, why):
     """The MoE structure rules and the feature rules each knob pinned on brings name the knob and the

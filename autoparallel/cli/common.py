@@ -59,7 +59,9 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
     g.add_argument("--transformer-engine-version", metavar="X.Y", type=release,
                    help="the TransformerEngine release the run uses (default: a current one); before 1.10 "
                         "(MLPerf v4.0's 1.6) FP8 attention under context parallelism is refused (it runs in "
-                        "BF16) and activation offloading is priced one layer at a time")
+                        "BF16) and activation offloading is priced one layer at a time; a recipe the "
+                        "release lacks is not offered (TE 1.x: delayed scaling only; mxfp8 from 2.0, "
+                        "fp8-current 2.2, fp8-blockwise 2.3, nvfp4 2.8)")
     g.add_argument("--tp-only-amax-red", action=argparse.BooleanOptionalAction,
                    help="reduce the fp8-delayed recipe's amaxes over TP only, not TP x DP (--tp-only-amax-red)")
     g.add_argument("--activation-func-fp8-input-store", action=argparse.BooleanOptionalAction,

@@ -83,6 +83,21 @@ def fp8_cp_attention(release: str) -> bool:
     return release_at_least(release, 1, 10)
 
 
+# The first TransformerEngine release that has each scaling recipe beyond delayed scaling (every TE
+# has DelayedScaling), from transformer_engine/common/recipe/__init__.py at each tag (TE mirror):
+# v1.10 defines DelayedScaling only; v2.0 adds MXFP8BlockScaling, v2.2 Float8CurrentScaling
+# (77fa1e596, "Enabling Per-Tensor Current Scaling Recipe (#1471)"), v2.3 Float8BlockScaling
+# (a8f0fe03b, "Blockwise scaling linear quantization recipe (#1559)"), v2.8 NVFP4BlockScaling
+# (3f5b47549, "NVFP4 recipe (#2177)"). Megatron-Core builds each precision's recipe from these classes.
+RECIPE_FIRST_RELEASE = {"mxfp8": (2, 0), "fp8-current": (2, 2), "fp8-blockwise": (2, 3), "nvfp4": (2, 8)}
+
+
+def recipe_in_release(precision: str, release: str) -> bool:
+    """Whether a TE release (empty: a current one) has ``precision``'s scaling recipe."""
+    first = RECIPE_FIRST_RELEASE.get(precision)
+    return first is None or release_at_least(release, *first)
+
+
 def te_at_least(values, major: int, minor: int) -> np.ndarray:
     """``release_at_least`` of each TE release in ``values``."""
     values = np.asarray(values, dtype=object)

@@ -97,6 +97,8 @@ LAYOUT_RULES = (
     Rule(r"dropout is not supported with graphed", ("cuda_graph", "recompute", "recompute_modules")),
     Rule(r"FP8 attention under context parallelism needs TransformerEngine", ("fp8_attention", "cp",
                                                                                "transformer_engine_version")),
+    Rule(r"needs TransformerEngine >= \S+, the first release with its recipe", ("precision",
+                                                                               "transformer_engine_version")),
 )
 # Knobs that set the memory of a layout, for a search where valid layouts exist but none fits, and
 # the value that needs the least memory (None: no such value): a knob pinned there is not the cause.
