@@ -227,6 +227,20 @@ def _preset_aliases(kind: str) -> dict[str, str]:
     return names
 
 
+def check_space_kind(data, name_or_path: str, cls: type, command: str, other_cls: type, other_command: str,
+                     valid: str) -> None:
+    """A search space of the other command's kind (``infer --space training``) is named as such,
+    rather than by the first of its keys this command does not know."""
+    if not isinstance(data, dict):
+        return  # from_dict says what is wrong with it
+    own = {f.name for f in dataclasses.fields(cls)}
+    other = {f.name for f in dataclasses.fields(other_cls)}
+    unknown = set(data) - own
+    if unknown and unknown <= other:
+        raise UserError(f"--space {name_or_path} is a search space of `{other_command}`, not of `{command}` "
+                        f"(it sets {sorted(unknown)[0]}); {command}'s spaces: {valid}, or a YAML of their keys")
+
+
 def resolve_preset(kind: str, name_or_path: str) -> Path:
     """The YAML file for a preset name, alias or path; a UserError listing valid names if none."""
     candidate = Path(name_or_path)

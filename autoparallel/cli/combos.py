@@ -56,6 +56,13 @@ def check_knobs(args: argparse.Namespace, model) -> None:
                      if args.pp else f"{model.name}")
             raise UserError(f"--recompute-num-layers {layers} is above the {chunk} layers of {where}; "
                             f"give at most {chunk}")
+    first = getattr(args, "num_layers_in_first_pipeline_stage", None)
+    last = getattr(args, "num_layers_in_last_pipeline_stage", None)
+    if (first or 0) + (last or 0) > model.num_layers:
+        given = " + ".join(f"{name} {n}" for name, n in (("--decoder-first-pipeline-num-layers", first),
+                                                           ("--decoder-last-pipeline-num-layers", last)) if n)
+        raise UserError(f"{given} is more than the {model.num_layers} layers of {model.name}; "
+                        f"give at most {model.num_layers} in all")
     split = [d for d in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                          "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
              if getattr(args, d, None) is not None]
