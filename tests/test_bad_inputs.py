@@ -687,6 +687,9 @@ BAD_INPUTS = [
      "--decoder-last-pipeline-num-layers 50 is more than the 96 layers of gpt3-175b"),
     (["infer", "--model", "llama3-8b", "--gpus", "8", "--space", "training"],
      "--space training is a search space of `search`, not of `infer`"),
+    (["export", "{grid}", "--format", "launch", "-o", "{grid}/manifest.yaml"],
+     "--output {grid}/manifest.yaml is the run folder's own manifest.yaml, which export and report read"),
+    (["export", "{grid}", "-o", "{grid}/candidates.csv"], "is the run folder's own candidates.csv"),
     (["search", "--model", "175b", "--gpus", "64", "--space", "inference"],
      "--space inference is a search space of `infer`, not of `search` (it sets add_max_batch); "
      "search's spaces: training, cpu-profiling"),
