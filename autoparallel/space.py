@@ -182,10 +182,9 @@ SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "transformer_engine_ve
 
 def load_space(name_or_path: str = "training") -> SearchSpace:
     from autoparallel.io import check_space_kind
-    from autoparallel.serve.space import InferenceSpace
     path = resolve_preset("spaces", name_or_path)
     data = read_yaml(path)
-    check_space_kind(data, name_or_path, SearchSpace, "search", InferenceSpace, "infer", "training, cpu-profiling")
+    check_space_kind(data, name_or_path, SearchSpace, "search")
     return from_dict(SearchSpace, data, str(path))
 
 

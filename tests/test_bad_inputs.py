@@ -178,6 +178,8 @@ def files(tmp_path_factory):
     put("name_long.yaml", _model(name="x" * 300))
     put("workload_huge.csv", "input_len,output_len\n1000000000000,10\n")
     put("workload_field.csv", 'input_len,output_len\n"' + "1" * 200_000 + '",5\n')
+    put("hw_h100.yaml", (resources.SEARCH_SPACES / "hardware" / "h100-sxm.yaml").read_text())
+    put("model_llama.yaml", (resources.SEARCH_SPACES / "models" / "llama3-8b.yaml").read_text())
     put("workload_extra.csv", "input_len,output_len\n100,20\n1,000,20\n")  # a thousands separator, unquoted
     put("workload_bool.jsonl", '{"input_len": 100, "output_len": 20}\n{"input_len": true, "output_len": 20}\n')
     put("moe_freq_huge.yaml", _model(num_experts=8, moe_router_topk=2, moe_layer_freq="[1]*1000000000000"))
@@ -686,13 +688,17 @@ BAD_INPUTS = [
       "50", "--decoder-last-pipeline-num-layers", "50"], "--decoder-first-pipeline-num-layers 50 + "
      "--decoder-last-pipeline-num-layers 50 is more than the 96 layers of gpt3-175b"),
     (["infer", "--model", "llama3-8b", "--gpus", "8", "--space", "training"],
-     "--space training is a search space of `search`, not of `infer`"),
+     "--space training is a search space of `search` (it sets activation_func_fp8_input_store); infer's spaces: inference"),
     (["export", "{grid}", "--format", "launch", "-o", "{grid}/manifest.yaml"],
      "--output {grid}/manifest.yaml is the run folder's own manifest.yaml, which export and report read"),
     (["export", "{grid}", "-o", "{grid}/candidates.csv"], "is the run folder's own candidates.csv"),
     (["search", "--model", "175b", "--gpus", "64", "--space", "inference"],
-     "--space inference is a search space of `infer`, not of `search` (it sets add_max_batch); "
-     "search's spaces: training, cpu-profiling"),
+     "--space inference is a search space of `infer` (it sets add_max_batch); search's spaces: training, cpu-profiling"),
+    (["search", "--model", "{hw_h100_yaml}", "--gpus", "8"], "--model {hw_h100_yaml} is a hardware preset (it sets "),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--gpu", "{model_llama_yaml}"],
+     "--gpu {model_llama_yaml} is a model preset (it sets activation); give a hardware preset (`autoparallel hardware`)"),
+    (["search", "--model", "175b", "--gpus", "64", "--space", "{model_llama_yaml}"],
+     "--space {model_llama_yaml} is a model preset (it sets activation); search's spaces: training, cpu-profiling"),
 ]
 
 

@@ -72,10 +72,9 @@ class InferenceSpace:
 
 def load_space(name_or_path: str = "inference") -> InferenceSpace:
     from autoparallel.io import check_space_kind
-    from autoparallel.space import SearchSpace
     path = resolve_preset("spaces", name_or_path)
     data = read_yaml(path)
-    check_space_kind(data, name_or_path, InferenceSpace, "infer", SearchSpace, "search", "inference")
+    check_space_kind(data, name_or_path, InferenceSpace, "infer")
     return from_dict(InferenceSpace, data, str(path))
 
 
