@@ -694,6 +694,9 @@ BAD_INPUTS = [
     (["export", "{grid}", "-o", "{grid}/candidates.csv"], "is the run folder's own candidates.csv"),
     (["runs", "import", "{dir}/no_such.log", "--gpu", "h100-sxm", "--runs", "{dir}/out.csv"],
      "none of the 1 log(s) could be read ({dir}/no_such.log: cannot read {dir}/no_such.log: No such file or directory)"),
+    (["calibrate", "--gpu", "h100-sxm", "--as", "h200"], "--as h200 names the shipped preset h200: the fit of h100-sxm "
+     "would take its place for every --gpu h200; give a new name for your cluster"),
+    (["calibrate", "--gpu", "h100-sxm", "--as", "H100"], "--as H100 names the shipped preset h100-sxm"),
     (["search", "--resume", "{optuna}", "--gpu", "h200"], "--gpu has no effect with --resume: a resumed search keeps its own"),
     (["search", "--resume", "{optuna}", "--tokens", "1T"], "--tokens has no effect with --resume"),
     (["search", "--resume", "{optuna}", "--strategy", "grid"], "--strategy has no effect with --resume"),
