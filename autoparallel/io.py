@@ -227,6 +227,35 @@ def _preset_aliases(kind: str) -> dict[str, str]:
     return names
 
 
+def check_kind(data, where: str, cls: type, others: dict[str, type], expected: str) -> None:
+    """A preset file of another kind (``--model`` naming a hardware YAML, ``infer --space training``)
+    is named as such, rather than by the first of its keys ``cls`` does not know."""
+    if not isinstance(data, dict):
+        return  # from_dict says what is wrong with it
+    unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+    for label, other in others.items() if unknown else ():
+        if unknown <= {f.name for f in dataclasses.fields(other)}:
+            raise UserError(f"{where} is {label} (it sets {sorted(unknown)[0]}); {expected}")
+
+
+def _other_kinds(*labels: str) -> dict[str, type]:
+    from autoparallel.serve.space import InferenceSpace
+    from autoparallel.space import SearchSpace
+    kinds = {"a model preset": ModelSpec, "a hardware preset": HardwareSpec,
+             "a search space of `search`": SearchSpace, "a search space of `infer`": InferenceSpace}
+    return {label: kinds[label] for label in labels}
+
+
+SPACE_KINDS = {"search": ("a search space of `infer`", "training, cpu-profiling"),
+               "infer": ("a search space of `search`", "inference")}
+
+
+def check_space_kind(data, name_or_path: str, cls: type, command: str) -> None:
+    other, valid = SPACE_KINDS[command]
+    check_kind(data, f"--space {name_or_path}", cls, _other_kinds(other, "a model preset", "a hardware preset"),
+               f"{command}'s spaces: {valid}, or a YAML of their keys")
+
+
 def resolve_preset(kind: str, name_or_path: str) -> Path:
     """The YAML file for a preset name, alias or path; a UserError listing valid names if none."""
     candidate = Path(name_or_path)
@@ -255,7 +284,11 @@ def _beside(path: Path, name_or_path: str) -> str:
 
 def load_model(name_or_path: str) -> ModelSpec:
     path = resolve_preset("models", name_or_path)
-    return from_dict(ModelSpec, read_yaml(path), str(path))
+    data = read_yaml(path)
+    check_kind(data, f"--model {name_or_path}", ModelSpec,
+               _other_kinds("a hardware preset", "a search space of `search`", "a search space of `infer`"),
+               "give a model preset (`autoparallel models`) or a model YAML")
+    return from_dict(ModelSpec, data, str(path))
 
 
 # Efficiency constants an older `autoparallel calibrate --moe` wrote that the cost model no longer
@@ -282,6 +315,10 @@ def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareS
         raise SpecError(f"{_chain[-1]}: efficiency_from makes a cycle ({names}); name a preset with "
                         "its own efficiency block")
     data = _drop_retired(read_yaml(path), path)
+    if not _chain:
+        check_kind(data, f"--gpu {name_or_path}", HardwareSpec,
+                   _other_kinds("a model preset", "a search space of `search`", "a search space of `infer`"),
+                   "give a hardware preset (`autoparallel hardware`) or a hardware YAML")
     if "clock_speed" in data:
         raise SpecError(f"{path}: clock_speed is derived from max_sm_clock_mhz, sm_count and the efficiency_from "
                         "donor's; state max_sm_clock_mhz (MHz) instead")

@@ -184,8 +184,11 @@ SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "transformer_engine_ve
 
 
 def load_space(name_or_path: str = "training") -> SearchSpace:
+    from autoparallel.io import check_space_kind
     path = resolve_preset("spaces", name_or_path)
-    return from_dict(SearchSpace, read_yaml(path), str(path))
+    data = read_yaml(path)
+    check_space_kind(data, name_or_path, SearchSpace, "search")
+    return from_dict(SearchSpace, data, str(path))
 
 
 def _product(names: tuple[str, ...], space: SearchSpace) -> pd.DataFrame:

@@ -178,6 +178,10 @@ def files(tmp_path_factory):
     put("name_long.yaml", _model(name="x" * 300))
     put("workload_huge.csv", "input_len,output_len\n1000000000000,10\n")
     put("workload_field.csv", 'input_len,output_len\n"' + "1" * 200_000 + '",5\n')
+    put("hw_h100.yaml", (resources.SEARCH_SPACES / "hardware" / "h100-sxm.yaml").read_text())
+    put("model_llama.yaml", (resources.SEARCH_SPACES / "models" / "llama3-8b.yaml").read_text())
+    put("workload_extra.csv", "input_len,output_len\n100,20\n1,000,20\n")  # a thousands separator, unquoted
+    put("workload_bool.jsonl", '{"input_len": 100, "output_len": 20}\n{"input_len": true, "output_len": 20}\n')
     put("moe_freq_huge.yaml", _model(num_experts=8, moe_router_topk=2, moe_layer_freq="[1]*1000000000000"))
 
     # Special files and links (issue 25): nothing may read them endlessly or replace them.
@@ -666,6 +670,46 @@ BAD_INPUTS = [
     (["search", "--resume", "{optuna}", "--profile-steps", "3"], "--profile-steps has no effect with no --profile"),
     (["search", "--model", "cpu-small", "--gpus", "4", "--gpu", "cpu-local", "--trainer", "builtin"],
      "--trainer builtin has no effect with --executor local"),
+    # --- s41h3's audit of the installed wheel (2026-11-28): each ran (exit 0) or misled before its fix
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--workload", "{workload_extra_csv}"],
+     "--workload {workload_extra_csv} row 2: 3 fields, the header names 2"),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--workload", "{workload_bool_jsonl}"],
+     "--workload {workload_bool_jsonl} row 2: input_len true is not a whole number of tokens"),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--requests", "50"],
+     "--requests has no effect with no --workload, --scenario or --latency-percentile"),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--seed", "3"],
+     "--seed has no effect with no --workload, --scenario or --latency-percentile"),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--no-save", "--results", "{dir}/out"],
+     "--results has no effect with --no-save"),
+    (["fp8-check", "--model", "cpu-small", "--no-save", "--results", "{dir}/out"], "--results has no effect with --no-save"),
+    (["search", "--model", "175b", "--gpus", "1024", "--pp", "8", "--decoder-first-pipeline-num-layers", "200"],
+     "--decoder-first-pipeline-num-layers 200 is more than the 96 layers of gpt3-175b; give at most 96 in all"),
+    (["estimate", "--model", "175b", "--gpus", "512", "--tp", "4", "--pp", "8", "--decoder-first-pipeline-num-layers",
+      "50", "--decoder-last-pipeline-num-layers", "50"], "--decoder-first-pipeline-num-layers 50 + "
+     "--decoder-last-pipeline-num-layers 50 is more than the 96 layers of gpt3-175b"),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--space", "training"],
+     "--space training is a search space of `search` (it sets activation_func_fp8_input_store); infer's spaces: inference"),
+    (["export", "{grid}", "--format", "launch", "-o", "{grid}/manifest.yaml"],
+     "--output {grid}/manifest.yaml is the run folder's own manifest.yaml, which export and report read"),
+    (["export", "{grid}", "-o", "{grid}/candidates.csv"], "is the run folder's own candidates.csv"),
+    (["runs", "import", "{dir}/no_such.log", "--gpu", "h100-sxm", "--runs", "{dir}/out.csv"],
+     "none of the 1 log(s) could be read ({dir}/no_such.log: cannot read {dir}/no_such.log: No such file or directory)"),
+    (["calibrate", "--gpu", "h100-sxm", "--as", "h200"], "--as h200 names the shipped preset h200: the fit of h100-sxm "
+     "would take its place for every --gpu h200; give a new name for your cluster"),
+    (["calibrate", "--gpu", "h100-sxm", "--as", "H100"], "--as H100 names the shipped preset h100-sxm"),
+    (["search", "--resume", "{optuna}", "--gpu", "h200"], "--gpu has no effect with --resume: a resumed search keeps its own"),
+    (["search", "--resume", "{optuna}", "--tokens", "1T"], "--tokens has no effect with --resume"),
+    (["search", "--resume", "{optuna}", "--strategy", "grid"], "--strategy has no effect with --resume"),
+    (["search", "--resume", "{optuna}", "--results", "{dir}/out"], "--results has no effect with --resume: the search goes on in"),
+    (["search", "--model", "175b", "--gpus", "64", "--fp8-check-settings", "{dir}/x.yaml"],
+     "--fp8-check-settings has no effect with no --fp8-check"),
+    (["search", "--model", "175b", "--gpus", "64", "--space", "inference"],
+     "--space inference is a search space of `infer` (it sets add_max_batch); search's spaces: training, cpu-profiling"),
+    (["search", "--model", "{hw_h100_yaml}", "--gpus", "8"], "--model {hw_h100_yaml} is a hardware preset (it sets "),
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--gpu", "{model_llama_yaml}"],
+     "--gpu {model_llama_yaml} is a model preset (it sets activation); give a hardware preset (`autoparallel hardware`)"),
+    (["search", "--model", "175b", "--gpus", "64", "--space", "{model_llama_yaml}"],
+     "--space {model_llama_yaml} is a model preset (it sets activation); search's spaces: training, cpu-profiling"),
 ]
 
 

@@ -193,3 +193,14 @@ def test_the_picture_of_the_table_is_the_headline_commands_output(tmp_path, monk
         return [re.sub(r"in \d+\.\d+ s\)", "in _ s)", re.sub(r"\d{4}-\d\d-\d\d_", "DATE_", s)).rstrip()
                 for s in lines]
     assert varying(capsys.readouterr().out.splitlines()) == varying(picture)
+
+
+
+def test_the_size_limits_table_is_safefiles():
+    """docs/run-folders.md's table of read limits holds each kind of autoparallel/safefile.py, at
+    its limit (it once said 4 GiB for a run table, read at most 1 GiB, and left out workload files)."""
+    from autoparallel.safefile import LIMITS
+    rows = re.findall(r"^\| ([^|`]+?) (?:\([^)]*\) )?\| (\d+ [MG]iB) \|$",
+                      (ROOT / "docs" / "run-folders.md").read_text(), re.M)
+    shown = {"YAML file" if kind == "YAML" else kind: size for kind, size in rows}
+    assert shown == {kind: f"{n // 2**30} GiB" if n % 2**30 == 0 else f"{n // 2**20} MiB" for kind, n in LIMITS.items()}

@@ -199,7 +199,8 @@ def test_a_log_that_is_a_fifo_is_skipped_with_its_reason(tmp_path):
     os.mkfifo(tmp_path / "job.log")
     code, out, err = _run(["runs", "import", str(tmp_path / "job.log"), "--gpu", "h100-sxm", "--runs",
                            str(tmp_path / "runs.csv")], timeout=20)
-    _one_line_error(code, err, "none of the 1 log(s) could be read; nothing written")
+    _one_line_error(code, err, "none of the 1 log(s) could be read (")
+    assert "is a FIFO (named pipe), not a regular file); nothing written" in err
     assert f"training log {tmp_path / 'job.log'} is a FIFO (named pipe), not a regular file" in out
     assert not (tmp_path / "runs.csv").exists()
 

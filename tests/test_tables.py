@@ -174,7 +174,7 @@ def test_candidates_csv_is_what_pandas_writes(tmp_path, monkeypatch):
         "pipeline_model_parallel_layout": ["Et*3|(tt|)*29m", "", "", "", ""],
     })
     run_folder.write_csv(tmp_path / "c.csv", frame)
-    expected = run_folder._with_integers(frame.round(run_folder.FLOAT_DIGITS)).to_csv(index=False, lineterminator="\n")
+    expected = run_folder._with_integers(run_folder.rounded(frame)).to_csv(index=False, lineterminator="\n")
     assert (tmp_path / "c.csv").read_text() == expected
     run_folder.write_csv(tmp_path / "empty.csv", frame.iloc[:0])
     assert (tmp_path / "empty.csv").read_text() == frame.iloc[:0].to_csv(index=False, lineterminator="\n")
@@ -192,3 +192,19 @@ def test_search_reports_pricing_progress_up_to_every_valid_row(h100):
 def test_piped_search_prints_no_progress_residue(capsys):
     assert main(["search", "--model", "llama3-8b", "--gpus", "16", "--no-save", "--top", "3"]) == 0
     assert capsys.readouterr().out.startswith("llama3-8b on 16 x h100-sxm")
+
+
+def test_report_prints_the_searchs_table_digit_for_digit(tmp_path, monkeypatch, capsys):
+    """`report` re-renders the table `search` printed from the stored candidates.csv: the same rows,
+    to the last digit (MFU was stored to 4 decimals, so the search's 74.3% came back as 74.4%)."""
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["search", "--model", "llama3-8b", "--gpus", "16", "--top", "20", "--wide",
+                 "--results", str(tmp_path)]) == 0
+    searched = capsys.readouterr().out.splitlines()
+    (run_dir,) = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
+    assert main(["report", str(run_dir)]) == 0
+    reported = capsys.readouterr().out.splitlines()
+
+    def rows(lines):  # rank to tie (the variant count is of the rows each table shows)
+        return [s.split()[:18] for s in lines if re.match(r"^\s*\d+\s+\d+\s+\d+\s", s)]
+    assert rows(searched) and rows(reported)[:len(rows(searched))] == rows(searched)

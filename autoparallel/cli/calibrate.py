@@ -55,6 +55,7 @@ def _fit(args: argparse.Namespace, output: Path | None, console: Console) -> dic
         if name_problem(args.as_name):
             raise UserError(f"--as {args.as_name!r} {name_problem(args.as_name)}: it names a preset file; use "
                             "letters, digits, '-', '_', '.' and '+'")
+        _check_new_name(args.as_name, args.gpu)
     if not args.dry_run:  # checked before the fit, which takes minutes
         from autoparallel import resources, safefile
         if output is not None:
@@ -74,6 +75,20 @@ def _fit(args: argparse.Namespace, output: Path | None, console: Console) -> dic
     return calibrate.main(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run, console=console,
                           output=output, as_name=args.as_name, with_published=args.with_published,
                           gpu_speed=args.gpu_speed)
+
+
+def _check_new_name(name: str, gpu: str | None) -> None:
+    """--as names a new preset: a shipped preset's name or alias would be replaced by this fit
+    (``calibrate --gpu h100-sxm --as h200`` made every later --gpu h200 an H100 of 80 GiB)."""
+    from autoparallel import io
+    shipped = {}
+    for path in sorted((io.SEARCH_SPACES / "hardware").glob("*.yaml")):
+        shipped[path.stem.lower()] = path.stem
+        shipped.update({str(a).lower(): path.stem for a in io.read_yaml(path).get("aliases") or []})
+    if name.lower() in shipped:
+        raise UserError(f"--as {name} names the shipped preset {shipped[name.lower()]}: the fit of {gpu or 'the run'} "
+                        f"would take its place for every --gpu {name}; give a new name for your cluster "
+                        f"(e.g. my-cluster), or drop --as to refit {gpu or 'the GPU'} itself")
 
 
 def _check_combinations(args: argparse.Namespace) -> None:

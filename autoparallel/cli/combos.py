@@ -20,6 +20,11 @@ OPTUNA_DEFAULTS = {"sampler": "tpe", "trials": 200, "workers": 1, "objectives": 
                    "grid_seeds": 5, "storage": None}
 RESULTS_DEFAULT = "results"
 # search: the flags only --profile job|layer reads, with their defaults.
+# search: run inputs a resumed search takes from its run folder (given with --resume: refused),
+# defaulting to None in search's parser so that "given" can be told from "left at its default".
+RUN_DEFAULTS = {"gpu": "h100-sxm", "space": "training", "strategy": "grid"}
+RESUME_KEEPS = ("gpu", "space", "strategy", "tokens", "train_days", "gpu_hour_cost", "fp8_check_steps",
+                "fp8_check_settings")
 PROFILE_DEFAULTS = {"top_k": 5, "profile_steps": 20, "profile_warmup": 5, "profile_timeout": 600.0,
                     "executor": "local", "ray_address": None, "memory_cap_gib": None, "device": "auto"}
 
@@ -56,6 +61,13 @@ def check_knobs(args: argparse.Namespace, model) -> None:
                      if args.pp else f"{model.name}")
             raise UserError(f"--recompute-num-layers {layers} is above the {chunk} layers of {where}; "
                             f"give at most {chunk}")
+    first = getattr(args, "num_layers_in_first_pipeline_stage", None)
+    last = getattr(args, "num_layers_in_last_pipeline_stage", None)
+    if (first or 0) + (last or 0) > model.num_layers:
+        given = " + ".join(f"{name} {n}" for name, n in (("--decoder-first-pipeline-num-layers", first),
+                                                           ("--decoder-last-pipeline-num-layers", last)) if n)
+        raise UserError(f"{given} is more than the {model.num_layers} layers of {model.name}; "
+                        f"give at most {model.num_layers} in all")
     split = [d for d in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                          "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
              if getattr(args, d, None) is not None]
@@ -92,12 +104,13 @@ def check_search(args: argparse.Namespace, knobs: dict) -> None:
     if args.resume:
         from autoparallel.cli.finetune import FINETUNE_DESTS
         pinned = [d for d, v in knobs.items() if v is not None] + _given(
-            args, ("gbs", "seq_length", "recompute_num_layers", *FINETUNE_DESTS))
+            args, ("gbs", "seq_length", "recompute_num_layers", *FINETUNE_DESTS, *RESUME_KEEPS))
+        pinned += [d for d in ("all_candidates", "fp8_check") if getattr(args, d, False)]
         for dest in [*optuna_given, *pinned]:
             raise no_effect(flag(dest), "--resume", "a resumed search keeps its own inputs and settings")
         if args.no_save:
             raise no_effect("--no-save", "--resume", "the resumed run folder is always written")
-    elif args.strategy == "grid" and optuna_given:
+    elif args.strategy in (None, "grid") and optuna_given:
         raise no_effect(flag(optuna_given[0]), "--strategy grid",
                         "only a sampler search reads it; add --strategy optuna or drop it")
     profile_given = _given(args, PROFILE_DEFAULTS)
@@ -106,6 +119,11 @@ def check_search(args: argparse.Namespace, knobs: dict) -> None:
                         "(or layer) or drop it")
     if args.no_save and args.results is not None and getattr(args, "profile", "none") != "layer":
         raise no_effect("--results", "--no-save", "nothing is written; drop one of them")
+    if args.resume and args.results is not None and args.profile == "none":
+        raise no_effect("--results", "--resume", f"the search goes on in {args.resume}; drop --results")
+    if not args.fp8_check:
+        for dest in _given(args, ("fp8_check_steps", "fp8_check_settings")):
+            raise no_effect(flag(dest), "no --fp8-check", "only the FP8 check reads it; add --fp8-check or drop it")
 
 
 def check_resumed_target(args: argparse.Namespace, inputs: dict, model) -> None:

@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> None:
     from autoparallel.search import run as runs
     if args.output:
         safefile.check_output_file(args.output, "--output")
+        _check_not_the_runs_own(Path(args.output), Path(args.run_dir))
     result = runs.load(Path(args.run_dir))
     text = export_text(result, args.rank, args.format)
     if args.format == "megatron":
@@ -75,6 +76,23 @@ def run(args: argparse.Namespace) -> None:
         safefile.write_atomic(Path(args.output), text, "--output")
     else:
         sys.stdout.write(text)
+
+
+def _check_not_the_runs_own(output: Path, run_dir: Path) -> None:
+    """-o naming a file the run folder is read from (its manifest, tables, study) would leave the
+    folder unreadable: refused (best.yaml and train.sh, which nothing reads back, may be replaced)."""
+    import os
+
+    from autoparallel.report.run_folder import CANDIDATES, MANIFEST
+    from autoparallel.search.run import REJECTIONS
+    for name in (MANIFEST, CANDIDATES, REJECTIONS, "candidates.parquet", "study.db", "study.journal"):
+        try:
+            same = os.path.samefile(output, run_dir / name)
+        except OSError:  # either is missing (or unreadable): nothing of the run's is replaced
+            continue
+        if same:
+            raise UserError(f"--output {output} is the run folder's own {name}, which export and report read; "
+                            f"give another file name")
 
 
 def _note_environment(plan) -> None:

@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
                    "mxfp8,nvfp4 (or delayed,current,blockwise); default: the three FP8 ones")
     f.add_argument("--seed", type=seed, help="seed of data order and initialisation (default: the YAML's)")
     f.add_argument("--settings", help="thresholds / proxy YAML (default: the shipped fp8_check.yaml)")
-    f.add_argument("--results", default="results", help="folder for run folders (default results/)")
+    f.add_argument("--results", help="folder for run folders (default results/)")
     f.add_argument("--no-save", action="store_true", help="do not write a run folder")
     f.add_argument("--no-plots", action="store_true", help="write the tables but not the PNG plots")
     f.add_argument("--json", action="store_true", help="print the verdicts as JSON")
@@ -31,6 +31,10 @@ def run(args: argparse.Namespace) -> None:
     from autoparallel.fp8check.command import check_and_save, settings_from_flags
     from autoparallel.fp8check.report import verdict_rows
     from autoparallel.report.run_folder import check_root
+    from autoparallel.cli import combos
+    if args.no_save and args.results is not None:
+        raise combos.no_effect("--results", "--no-save", "nothing is written; drop one of them")
+    combos.fill_defaults(args, {"results": combos.RESULTS_DEFAULT})
     model = io.load_model(args.model)
     settings = settings_from_flags(args.settings, args.steps, args.recipes, args.seed)
     if not args.no_save:

@@ -54,8 +54,8 @@ def add_parser(sub) -> None:
                         "interactive: server with MLPerf's tighter bounds (450 / 40 ms)")
     t.add_argument("--latency-percentile", type=percentile,
                    help="percentile --max-ttft-ms / --max-tpot-ms bound in the simulation (default 99)")
-    t.add_argument("--requests", type=positive, default=5000, help="simulated requests per layout (default 5000)")
-    t.add_argument("--seed", type=seed, default=0, help="seed of the lengths and arrivals (default 0)")
+    t.add_argument("--requests", type=positive, help="simulated requests per layout (default 5000)")
+    t.add_argument("--seed", type=seed, help="seed of the lengths and arrivals (default 0)")
     g = i.add_argument_group("layout knobs (a given one is pinned; tp, pp and max batch pinned: one estimate)")
     g.add_argument("--tp", type=positive, help="pin tensor parallel size")
     g.add_argument("--pp", type=positive, help="pin pipeline parallel size")
@@ -71,9 +71,25 @@ def add_parser(sub) -> None:
     i.add_argument("--top", type=positive, default=10, help="entries to print (default 10)")
     i.add_argument("--json", action="store_true", help="print JSON (one object when tp, pp and max batch are pinned)")
     add_table_flags(i, explain=False)
-    i.add_argument("--results", default="results", help="folder for run folders (default results/)")
+    i.add_argument("--results", help="folder for run folders (default results/)")
     i.add_argument("--no-save", action="store_true", help="do not write a run folder")
     i.set_defaults(func=run)
+
+
+SIMULATION_DEFAULTS = {"requests": 5000, "seed": 0}
+
+
+def check_combos(args: argparse.Namespace) -> None:
+    """Flags with no effect in the combination given (``cli.combos``), then their defaults."""
+    from autoparallel.cli import combos
+    if not simulated(args):
+        for dest in combos._given(args, SIMULATION_DEFAULTS):
+            raise combos.no_effect(combos.flag(dest), "no --workload, --scenario or --latency-percentile",
+                                   "only the traffic simulation reads it; add one of them or drop it")
+    combos.fill_defaults(args, SIMULATION_DEFAULTS)
+    if args.no_save and args.results is not None:
+        raise combos.no_effect("--results", "--no-save", "nothing is written; drop one of them")
+    combos.fill_defaults(args, {"results": combos.RESULTS_DEFAULT})
 
 
 def simulated(args: argparse.Namespace) -> bool:
@@ -130,6 +146,7 @@ def run(args: argparse.Namespace) -> None:
     from autoparallel.serve.assumptions import load_engine, with_capacity_policy
     from autoparallel.serve.report import print_ranked
     from autoparallel.serve.space import context_warning, load_space, parse_precision
+    check_combos(args)
     _check_replica(args.gpus, args.tp, args.pp)
     model = io.load_model(args.model)
     hw = io.load_hardware(args.gpu)

@@ -46,7 +46,8 @@ def run_import(args: argparse.Namespace) -> None:
                       f"per iteration{memory}", highlight=False)
     read = [r for r in results if r.row is not None]
     if not read:
-        raise UserError(f"none of the {len(results)} log(s) could be read; nothing written")
+        why = f" ({results[0].path}: {results[0].reason})" if len(results) == 1 else " (the reasons above)"
+        raise UserError(f"none of the {len(results)} log(s) could be read{why}; nothing written")
     added = sum(r.added for r in read)
     console.print(f"{added} new row(s) in {runs_file} ({len(read) - added} already there, "
                   f"{len(results) - len(read)} log(s) skipped)", highlight=False)

@@ -54,7 +54,7 @@ def add_parser(sub) -> None:
     s.add_argument("--fp8-check-steps", type=positive, help="training steps of the FP8 check (default: its YAML)")
     s.add_argument("--fp8-check-settings", help="FP8 check settings YAML (default: the shipped fp8_check.yaml)")
     profiling_commands.add_search_args(s)
-    s.set_defaults(func=run)
+    s.set_defaults(func=run, **dict.fromkeys(combos.RUN_DEFAULTS))  # given or not: combos.check_search
 
 
 def run(args: argparse.Namespace) -> None:
@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> None:
     from autoparallel.report import run_folder
     from autoparallel.search import run as runs
     combos.check_search(args, pins(args))  # flags with no effect together: before any work
-    combos.fill_defaults(args, {**combos.OPTUNA_DEFAULTS, **combos.PROFILE_DEFAULTS, "results": combos.RESULTS_DEFAULT})
+    combos.fill_defaults(args, {**combos.OPTUNA_DEFAULTS, **combos.PROFILE_DEFAULTS, **combos.RUN_DEFAULTS,
+                                "results": combos.RESULTS_DEFAULT})
     shown = None if args.json else console
     if args.profile == "layer" or not (args.no_save or args.resume):
         run_folder.check_root(Path(args.results))  # run folders and layer_profiles.json go there

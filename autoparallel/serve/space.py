@@ -71,8 +71,11 @@ class InferenceSpace:
 
 
 def load_space(name_or_path: str = "inference") -> InferenceSpace:
+    from autoparallel.io import check_space_kind
     path = resolve_preset("spaces", name_or_path)
-    return from_dict(InferenceSpace, read_yaml(path), str(path))
+    data = read_yaml(path)
+    check_space_kind(data, name_or_path, InferenceSpace, "infer")
+    return from_dict(InferenceSpace, data, str(path))
 
 
 def _first_reason(n: int, rules: list[tuple[np.ndarray, Any]], frame: pd.DataFrame) -> np.ndarray:

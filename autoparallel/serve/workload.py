@@ -126,6 +126,8 @@ def _named(name: str, spec: dict) -> Workload:
 def _pick(row: dict, keys: tuple[str, ...], where: str) -> int:
     for key in keys:
         if key in row and row[key] not in (None, ""):
+            if isinstance(row[key], bool):  # JSON true/false: float() would read them as 1 and 0
+                raise UserError(f"{where}: {key} {json.dumps(row[key])} is not a whole number of tokens in 1..{MAX_COUNT}")
             try:
                 value = float(row[key])
             except (TypeError, ValueError):
@@ -159,6 +161,11 @@ def _from_file(path: Path) -> Workload:
             rows = list(csv.DictReader(text.splitlines()))
         except csv.Error as e:  # e.g. a field past csv's limit of 128 KiB
             raise UserError(f"--workload {path}: not a CSV of {INPUT_KEYS[0]},{OUTPUT_KEYS[0]} pairs ({e})") from None
+        for i, row in enumerate(rows, 1):
+            if None in row:  # csv.DictReader keeps the fields past the header's under the key None
+                fields = len(row) - 1 + len(row[None])
+                raise UserError(f"--workload {path} row {i}: {fields} fields, the header names {len(row) - 1}: "
+                                f"quote a field that holds a comma, or fix the row")
     if not rows:
         raise UserError(f"--workload {path}: no requests (expected {INPUT_KEYS[0]},{OUTPUT_KEYS[0]} pairs)")
     inp = np.array([_pick(r, INPUT_KEYS, f"--workload {path} row {i}") for i, r in enumerate(rows, 1)])
