@@ -354,7 +354,8 @@ BAD_INPUTS = [
     (["search", "--resume", "{study_missing}"], "study_missing has no study.db or study.journal"),
     (["search", "--resume", "{study_corrupt}"], "cannot open the study in"),
     (["search", "--resume", "{dir}/no_such_run"], "no_such_run is not a run folder (no such folder)"),
-    (["search", "--resume", "{infer}"], "is a run folder of `inference`, not of a training search"),
+    (["search", "--resume", "{infer}"],
+     "is a run folder of `inference`, not of a training search; its ranked.md and candidates.csv are its report"),
     # --- search: profiling
     (["search", "--model", "cpu-small", "--gpus", "4", "--profile", "layer", "--results", "{dir}/profiles"],
      "layer_profiles.json is not a layer-profile store"),

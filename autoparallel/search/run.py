@@ -194,6 +194,12 @@ def launch_script(model: ModelSpec, hw: HardwareSpec, row: pd.Series, title: str
 MANIFEST_INPUTS = ("model", "hardware", "gpus", "gbs", "space")
 
 
+# Where the report of a run folder that `report` / `export` do not read already is.
+OTHER_KINDS_REPORT = {
+    "inference": "its ranked.md and candidates.csv are its report (`autoparallel infer` printed them)",
+    "fp8-check": "its verdict tables and plots are its report (`autoparallel fp8-check` wrote them)"}
+
+
 def load_inputs(run_dir: Path) -> tuple[dict, ModelSpec, HardwareSpec, SearchSpace]:
     """The manifest's inputs of a training run folder, as specs."""
     run_dir = Path(run_dir)
@@ -204,7 +210,9 @@ def load_inputs(run_dir: Path) -> tuple[dict, ModelSpec, HardwareSpec, SearchSpa
         raise UserError(f"{run_dir} is not a run folder (no {run_folder.MANIFEST})")
     inputs = io.read_yaml(manifest_path).get("inputs")
     if isinstance(inputs, dict) and inputs.get("kind", "training") != "training":
-        raise UserError(f"{run_dir} is a run folder of `{inputs['kind']}`, not of a training search")
+        kind = inputs["kind"]
+        raise UserError(f"{run_dir} is a run folder of `{kind}`, not of a training search; "
+                        f"{OTHER_KINDS_REPORT.get(kind, 'its own files are its report')}")
     missing = [k for k in MANIFEST_INPUTS if not isinstance(inputs, dict) or k not in inputs]
     if missing:
         raise UserError(f"{manifest_path}: not a search's manifest (no inputs {', '.join(missing)})")
