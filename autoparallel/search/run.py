@@ -197,7 +197,7 @@ MANIFEST_INPUTS = ("model", "hardware", "gpus", "gbs", "space")
 # Where the report of a run folder that `report` / `export` do not read already is.
 OTHER_KINDS_REPORT = {
     "inference": "its ranked.md and candidates.csv are its report (`autoparallel infer` printed them)",
-    "fp8-check": "its verdict tables and plots are its report (`autoparallel fp8-check` wrote them)"}
+    "fp8-check": "its verdicts.md, stats.csv and plots are its report (`autoparallel fp8-check` wrote them)"}
 
 
 def load_inputs(run_dir: Path) -> tuple[dict, ModelSpec, HardwareSpec, SearchSpace]:
