@@ -198,7 +198,8 @@ def _pins(row: pd.Series) -> dict:
     pins["fsdp"] = _given(row, "fsdp") and int(row["fsdp"]) >= 1
     for knob in ("distributed_optimizer", "tp_comm_overlap", "grad_reduce_in_fp32", "flash_attention",
                  "fp8_param_gather", "precision_aware_optimizer", "fp8_attention", "tp_only_amax_red",
-                 "param_remainders", "cross_entropy_loss_fusion", "activation_func_fp8_input_store"):
+                 "param_remainders", "cross_entropy_loss_fusion", "activation_func_fp8_input_store",
+                 "tp_overlap_rs_pipeline"):
         if _given(row, knob):
             pins[knob] = bool(int(row[knob]))
     if _given(row, "overlap_grad_reduce"):
@@ -517,6 +518,16 @@ LORA_PRECISION = "fp8-delayed"
 # (transformer_engine/pytorch/attention.py v1.6). The FP8 attention (FP8_DPA) of a row whose round's TE
 # runs none under CP (``candidates.fp8_cp_attention``) is priced off at CP > 1.
 MLPERF_TE_RELEASE = {"v4.0": "1.6"}
+# The rounds whose NVIDIA NeMo LoRA configs (every submitter's base) run the forward reduce-scatters
+# of TP >= 4 with TE's pipeline method (``tp_overlap_rs_pipeline``): conf/tp_overlap/h100tp4mbs1.yaml
+# (v4.0: mlcommons/training_results_v4.0@62f111b7 smc-dc-power/benchmarks/llama2-70b_lora/implementations/
+# nemo/conf/tp_overlap/h100tp4mbs1.yaml; v4.1: swsok/training_results_v4.1@8821c70 NVIDIA/benchmarks/
+# llama2_70b_lora/implementations/b200_preview_nemo/conf/tp_overlap/h100tp4mbs1.yaml and
+# h100tp4cp2mbs1.yaml, ASUSTeK's and Oracle's copies alike): proj_fprop / fc2_fprop method: pipeline,
+# num_splits 4, num_sm 32 / 16, set_sm_margin 1, atomic_gemm 1. Their TP2 files differ by round (v4.0's
+# pipeline with 2 splits, v4.1's ring exchange) and are left as ring exchanges; v5.0 / v5.1's files
+# are not indexed here.
+MLPERF_LORA_RS_PIPELINE_ROUNDS = ("v4.0", "v4.1")
 MLPERF_ID_PREFIX = {"gpt3-175b": "mlperf-", "llama2-70b-lora": "mlperflora-"}
 MLPERF_COLUMNS = ("round", "submitter", "system", "step_time_s", "other_knobs")
 
@@ -578,6 +589,9 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
         # NeMo's activation_func_fp8_input_store (the LoRA configs' FP8_ACTIVATION).
         "activation_func_fp8_input_store": [int(_knob_set(k, "FP8_ACTIVATION")) for k in frame["other_knobs"]],
         "tp_only_amax_red": [int(_tp_only_amax(k)) for k in frame["other_knobs"]],
+        "tp_overlap_rs_pipeline": ((frame["model"] == "llama2-70b-lora") & (frame["tp"] >= 4)
+                                   & frame["round"].astype(str).isin(MLPERF_LORA_RS_PIPELINE_ROUNDS)
+                                   & (bool_int("tp_comm_overlap") == 1)).astype(int),
         "measured_iteration_time_s": frame["step_time_s"], "source": frame["source"],
         "lora_rank": [_lora_rank(k) for k in frame["other_knobs"]],
         # NeMo's a2a_experimental (the LoRA configs' LORA_A2A): 0 where the row does not state it.

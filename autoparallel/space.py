@@ -57,7 +57,7 @@ FEATURE_KNOBS = ("sp", "recompute", "distributed_optimizer", "overlap_dp_comm", 
                  "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type", "fp8_param_gather",
                  "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap", "fp8_attention",
                  "tp_only_amax_red", "activation_func_fp8_input_store", "param_remainders",
-                 "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp")
+                 "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp", "tp_overlap_rs_pipeline")
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,7 @@ class SearchSpace:
     flash_attention: tuple[bool, ...] = (True,)
     fp8_attention: tuple[bool, ...] = (False,)
     tp_only_amax_red: tuple[bool, ...] = (False,)
+    tp_overlap_rs_pipeline: tuple[bool, ...] = (False,)
     activation_func_fp8_input_store: tuple[bool, ...] = (False,)
     cutedsl_fused_grouped_mlp: tuple[bool, ...] = (False,)
     fsdp: tuple[bool, ...] = (False,)
@@ -376,6 +377,8 @@ def _without_inapplicable(features: pd.DataFrame, space: SearchSpace, model: Mod
         inapplicable |= features.tp_comm_overlap & ~features.sp
     if False in space.fp8_attention:
         inapplicable |= features.fp8_attention & ~features.precision.isin(FP8_ATTENTION_RECIPES)
+    if False in space.tp_overlap_rs_pipeline:
+        inapplicable |= features.tp_overlap_rs_pipeline & ~features.tp_comm_overlap
     if False in space.tp_only_amax_red:
         inapplicable |= features.tp_only_amax_red & (features.precision != "fp8-delayed")
     if False in space.activation_func_fp8_input_store and not _swiglu(model):
@@ -417,6 +420,8 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
         (df.fsdp.to_numpy() & lora(model), "LoRA's frozen base is priced unsharded: FSDP is not offered with it"),
         (df.fp8_attention.to_numpy() & ~np.isin(precision, FP8_ATTENTION_RECIPES),
          "FP8 attention (--fp8-dot-product-attention) needs the fp8-delayed, fp8-current or mxfp8 recipe"),
+        (df.tp_overlap_rs_pipeline.to_numpy() & ~df.tp_comm_overlap.to_numpy(),
+         "the pipelined forward reduce-scatter (--tp-overlap-rs-pipeline) is a userbuffers method: it needs --tp-comm-overlap"),
         (df.tp_only_amax_red.to_numpy() & (precision != "fp8-delayed"),
          "TP-only amax reduction (--tp-only-amax-red) applies to the fp8-delayed recipe's amax history"),
         # TransformerConfig.__post_init__: "Storing activation input in FP8 is supported only for SwiGLU."

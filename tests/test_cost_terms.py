@@ -250,6 +250,37 @@ def test_ring_exchange_hides_each_step_behind_one_chunk_not_the_whole_gemm(gpt, 
     assert tensor_parallel.tp_comm_time(x, 2.0, linear, whole)[0] == pytest.approx(ring, rel=REL)
 
 
+def test_pipelined_forward_rs_as_mlperf_lora_configs_run_it(gpt, hw):
+    """TE's pipeline method (NVIDIA's MLPerf LoRA TP4 conf/tp_overlap/h100tp4mbs1.yaml: num_splits 4,
+    num_sm 32 / 16, set_sm_margin, atomic GEMM): the whole GEMM on the SMs the collective leaves,
+    its output reduce-scattered in 4 pieces, each beside the next piece's GEMM, the last exposed."""
+    assert hw.sm_count == 132
+    x = _cands(gpt, hw, tp_comm_overlap=True, tp_overlap_rs_pipeline=True)
+    latency = hw.nvlink_latency_us * 1e-6
+    one = 3 / 4 * 2 * 1024 * 12288 / _nvlink(hw) + latency  # the whole RS over tp 4
+    piece = 3 / 4 * 2 * 1024 * 12288 / 4 / _nvlink(hw) + latency  # a quarter of it, its own latency
+    loss = (32 / 100 + 16 / 116) / 2  # the GEMM runs on 100 (proj) / 116 (fc2) of 132 SMs
+    gemm = 1.0e-6  # a GEMM far shorter than a piece: every piece is exposed but the GEMM's share
+    assert tensor_parallel.pipelined_rs_exposed(x, one, gemm, 4.0)[0] == pytest.approx(
+        gemm * loss + 3 * (piece - gemm * (1 + loss) / 4) + piece, rel=REL)
+    gemm = 1.0  # a GEMM far longer: the last piece and the SMs' loss only
+    assert tensor_parallel.pipelined_rs_exposed(x, one, gemm, 4.0)[0] == pytest.approx(gemm * loss + piece, rel=REL)
+    # Through tp_comm_time: the forward RS (one per block) leaves the ring exchange for the pipeline;
+    # the forward AG and the output-gradient AG stay ring exchanges.
+    linear, chunked = 1.0e-4, 1.6e-4
+    half, half_chunked = linear / 4, chunked / 4
+    hide = lambda c, window: max((1 - hw.efficiency.tp_overlap) * c, c - window)  # noqa: E731
+    step = 2 * 1024 * 12288 / 4 / _nvlink(hw) + latency
+    ring_one = 3 * max(step - half_chunked / 4, 0.0) + (half_chunked - half)
+    pipelined = half * loss + 3 * max(piece - half * (1 + loss) / 4, 0.0) + piece
+    expected = 2 * (2 * ring_one + pipelined + 2 * hide(one, half))
+    assert tensor_parallel.tp_comm_time(x, 2.0, linear, chunked)[0] == pytest.approx(expected, rel=REL)
+    # Without userbuffers the knob prices nothing (the search refuses it there).
+    plain = _cands(gpt, hw, tp_overlap_rs_pipeline=True)
+    assert tensor_parallel.tp_comm_time(plain, 2.0, linear, chunked)[0] == pytest.approx(
+        tensor_parallel.tp_comm_time(_cands(gpt, hw), 2.0, linear, chunked)[0], rel=REL)
+
+
 def test_ring_exchange_chunks_each_gemm_into_tp_row_blocks(gpt, hw):
     x = _cands(gpt, hw)
     params = gpt.dense_layer_params

@@ -265,6 +265,27 @@ def test_settings_megatron_lm_cannot_state_are_named_not_flagged():
     assert megatron_lm_unflagged(megatron_kept) == {}
 
 
+def test_a_pipelined_forward_rs_is_written_as_nemo_1_takes_it_and_named_for_megatron_lm():
+    """NeMo 1's ub_tp_comm_overlap_cfg (TE initialize_ub's ub_cfgs) as NVIDIA's MLPerf LoRA TP4
+    conf/tp_overlap/h100tp4mbs1.yaml writes proj_fprop / fc2_fprop; Megatron-LM takes it only as a
+    --tp-comm-overlap-cfg YAML file, NeMo 2 as a callback dataclass: both named, not flagged."""
+    from autoparallel.report.export import export_document, megatron_lm_unflagged
+    model = io.load_model("llama2-70b")
+    ub = Plan(tp=4, pp=1, dp=2, gbs=8, sp=True, precision="fp8-delayed", tp_comm_overlap=True)
+    plan = dataclasses.replace(ub, tp_overlap_rs_pipeline=True)
+    cfg = nemo1_config(model, plan)["model"]["ub_tp_comm_overlap_cfg"]
+    assert cfg == {"proj_fprop": {"method": "pipeline", "num_sm": 32, "cga_size": 2, "num_splits": 4,
+                                  "set_sm_margin": 1, "atomic_gemm": 1},
+                   "fc2_fprop": {"method": "pipeline", "num_sm": 16, "cga_size": 2, "num_splits": 4,
+                                 "set_sm_margin": 1, "atomic_gemm": 1}}
+    assert set(megatron_lm_unflagged(plan)) == {"tp_overlap_rs_pipeline"}
+    assert "tp-comm-overlap-cfg" in export_document(model, plan, {})["megatron_lm_unflagged"]["tp_overlap_rs_pipeline"]
+    assert "--tp-comm-overlap" in megatron_args(model, plan)
+    # The default (ring exchange) states nothing more.
+    assert "ub_tp_comm_overlap_cfg" not in nemo1_config(model, ub)["model"]
+    assert megatron_lm_unflagged(ub) == {}
+
+
 def test_the_fused_grouped_mlp_exports_the_op_fuser_its_glu_interleave_and_tes_environment_switch():
     """Megatron-Bridge's cutedsl_fused_grouped_mlp (v0.5.0 scripts/performance/utils/overrides.py,
     perf_plugins.py): use_transformer_engine_op_fuser, moe_mlp_glu_interleave_size 32 and

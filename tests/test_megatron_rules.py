@@ -43,6 +43,11 @@ RULES = [
     (ARGS, "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is enabled",
      "llama3-8b", 8, 128, dict(tp=8, pp=1, sp=False, tp_comm_overlap=True), dict(sp=True),
      "TP comm overlap needs sequence parallel"),
+    # TE initialize_ub: a Linear's ub method (here proj_fprop / fc2_fprop "pipeline") only with userbuffers.
+    ("transformer_engine/pytorch/module/base.py initialize_ub (ub_cfgs per Linear)",
+     "userbuffers methods apply only under ub_tp_comm_overlap",
+     "llama3-8b", 8, 128, dict(tp=4, pp=1, sp=True, tp_overlap_rs_pipeline=True), dict(tp_comm_overlap=True),
+     "pipelined forward reduce-scatter"),
     (ARGS, "--overlap-param-gather only supported with distributed optimizer or megatron fsdp",
      "llama3-8b", 8, 128, dict(tp=8, pp=1, distributed_optimizer=False), dict(overlap_dp_comm=False),
      "param-gather overlap needs the distributed optimizer"),

@@ -56,6 +56,9 @@ def test_gpu_count_no_layout_can_use(gpt175b, h100):
     ({"fp8_attention": True, "precision": "bf16"},
      r"with fp8_attention pinned to true and precision pinned to bf16: FP8 attention \(--fp8-dot-product-attention\)"),
     ({"ep": 64}, r"with ep pinned to 64: ep\*etp=64 does not divide the 32 GPUs of a pipeline stage"),
+    ({"tp_overlap_rs_pipeline": True, "tp_comm_overlap": False},
+     r"with tp_overlap_rs_pipeline pinned to true and tp_comm_overlap pinned to false: the pipelined forward "
+     r"reduce-scatter \(--tp-overlap-rs-pipeline\) is a userbuffers method"),
     ({"fp8_attention": True, "precision": "fp8-delayed", "cp": 2, "transformer_engine_version": "1.6"},
      r"with fp8_attention pinned to true and cp pinned to 2 and transformer_engine_version pinned to 1.6: FP8 "
      r"attention under context parallelism needs TransformerEngine >= 1\.10"),

@@ -17,7 +17,7 @@ FEATURE_FLAGS = ("sp", "recompute", "precision", "fp8_bf16_edge_layers", "tp_com
                  "cpu_offloading_num_layers", "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type",
                  "fp8_param_gather", "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap",
                  "fp8_attention", "tp_only_amax_red", "activation_func_fp8_input_store", "param_remainders",
-                 "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp")
+                 "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp", "tp_overlap_rs_pipeline")
 SETTING_FLAGS = ("pipeline_layout", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                  "transformer_engine_version")
@@ -62,6 +62,10 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
                         "BF16) and activation offloading is priced one layer at a time; a recipe the "
                         "release lacks is not offered (TE 1.x: delayed scaling only; mxfp8 from 2.0, "
                         "fp8-current 2.2, fp8-blockwise 2.3, nvfp4 2.8)")
+    g.add_argument("--tp-overlap-rs-pipeline", action=argparse.BooleanOptionalAction,
+                   help="with --tp-comm-overlap, run the forward reduce-scatters (proj_fprop, fc2_fprop) with "
+                        "TransformerEngine's pipeline method (4 splits, atomic GEMM, 32 / 16 SMs for the "
+                        "collective: NVIDIA's MLPerf LoRA TP4 configs) instead of the ring exchange (default)")
     g.add_argument("--tp-only-amax-red", action=argparse.BooleanOptionalAction,
                    help="reduce the fp8-delayed recipe's amaxes over TP only, not TP x DP (--tp-only-amax-red)")
     g.add_argument("--activation-func-fp8-input-store", action=argparse.BooleanOptionalAction,

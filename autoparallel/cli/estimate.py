@@ -18,7 +18,8 @@ DEFAULTS = {"vp": 1, "cp": 1, "ep": 1, "etp": 1, "mbs": 1, "recompute": "none", 
             "moe_token_dispatcher_type": "alltoall", "fp8_param_gather": False, "precision_aware_optimizer": False,
             "fp8_attention": False, "cuda_graph": "none", "moe_shared_expert_overlap": False,
             "tp_only_amax_red": False, "activation_func_fp8_input_store": False, "param_remainders": False,
-            "cross_entropy_loss_fusion": False, "cutedsl_fused_grouped_mlp": False}
+            "cross_entropy_loss_fusion": False, "cutedsl_fused_grouped_mlp": False,
+            "tp_overlap_rs_pipeline": False}
 
 
 def add_parser(sub) -> None:

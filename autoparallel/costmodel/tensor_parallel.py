@@ -25,6 +25,10 @@ a ring exchange's chunks with the copy engines (``initialize_ub``'s default: ``u
 ``num_sm`` 1), so only what outlasts its chunked GEMM is exposed. The other two stay bulk
 overlaps beside the dgrad / wgrad GEMMs, on SMs: a collective hidden that way keeps
 ``1 - tp_overlap`` of it exposed (kernels contend for SMs and memory), as ``dataparallel`` does.
+
+A plan may run the forward reduce-scatters (``proj_fprop``, ``fc2_fprop``) with TE's ``pipeline``
+method instead (``tp_overlap_rs_pipeline``; ``pipelined_rs_exposed``), as NVIDIA's MLPerf
+Llama-2-70B LoRA configs do at TP4 (``conf/tp_overlap/h100tp4mbs1.yaml``, ``h100tp4cp2mbs1.yaml``).
 """
 
 from __future__ import annotations
@@ -64,6 +68,33 @@ def ring_exchange_exposed(x: Candidates, one, chunked, per_domain):
     return np.where(t > 1, steps * np.maximum(step - chunked / np.maximum(t, 1.0), 0.0), 0.0)
 
 
+# TE ``pipeline`` settings of NVIDIA's MLPerf LoRA TP4 configs (v4.0 smc-dc-power and v4.1
+# ``conf/tp_overlap/h100tp4mbs1.yaml`` / ``h100tp4cp2mbs1.yaml``): ``num_splits: 4``, ``num_sm`` 32
+# (proj_fprop) and 16 (fc2_fprop), ``set_sm_margin: 1``, ``atomic_gemm: 1``.
+PIPELINE_RS_SPLITS = 4
+PIPELINE_RS_COMM_SMS = (32, 16)
+
+
+def pipelined_rs_exposed(x: Candidates, one, gemm, per_domain):
+    """What a forward reduce-scatter run with TE's ``pipeline`` method costs beyond its GEMM:
+    exposed communication plus the time the GEMM loses to the SMs it leaves to the collective.
+
+    TE 1.x ``UbufCommOverlap::atomic_gemm_overlap_rs`` / ``split_overlap_rs``
+    (``transformer_engine/pytorch/csrc/comm_gemm_overlap.h``; TE 2.x ``CommOverlapBase``): the GEMM
+    (``gemm``: its whole, unchunked time; an atomic GEMM is one kernel) runs on ``sm_count - num_sm``
+    SMs (``set_sm_margin``), so it takes ``num_sm / (sm_count - num_sm)`` longer (the mean over
+    proj_fprop's 32 and fc2_fprop's 16 SMs); its output is reduce-scattered in ``num_splits``
+    pieces, each (1/num_splits of ``one``'s bytes plus a collective's latency) beside the next
+    piece's GEMM; the last piece has no GEMM left beside it and is exposed whole."""
+    splits = float(PIPELINE_RS_SPLITS)
+    sms = float(x.hw.sm_count)
+    loss = float(np.mean([n / (sms - n) for n in PIPELINE_RS_COMM_SMS]))
+    slowed = gemm * (1.0 + loss)
+    latency = comm.group(x.hw, x.t, per_domain).latency_s
+    piece = (one - latency) / splits + latency
+    return gemm * loss + (splits - 1.0) * np.maximum(piece - slowed / splits, 0.0) + piece
+
+
 def tp_comm_time(x: Candidates, blocks, t_linear, t_chunked):
     """Exposed TP communication of one layer and micro-batch, plus (userbuffers) the time its
     GEMMs lose to ring-exchange chunking. ``t_linear`` / ``t_chunked``: forward time of the
@@ -79,8 +110,14 @@ def tp_comm_time(x: Candidates, blocks, t_linear, t_chunked):
     behind_gemm = wgrad * 2.0 * _hidden(x, one, half)  # AG beside dgrad, RS beside wgrad
     plain = waited * one + behind_gemm
     # Ring exchange (copy engines): each waited collective beside its own chunked GEMM.
+    exposed = ring_exchange_exposed(x, one, half_chunked, per_domain)
     chunking = waited * (half_chunked - half)  # the chunked GEMMs: forward, row dgrad (a frozen base's col dgrad)
-    overlapped = waited * ring_exchange_exposed(x, one, half_chunked, per_domain) + behind_gemm + chunking
+    overlapped = waited * exposed + behind_gemm + chunking
+    ring = exposed + (half_chunked - half)  # one ring exchange: exposed, and its GEMM's chunking
+    # TE's pipeline method for the forward reduce-scatters (one per forward, recomputed ones too).
+    forward_rs = 1.0 + x.recomputed_fraction
+    pipelined = overlapped + forward_rs * (pipelined_rs_exposed(x, one, half, per_domain) - ring)
+    overlapped = np.where(x.flag("tp_overlap_rs_pipeline"), pipelined, overlapped)
     no_sp = 2.0 * one * (1.0 + x.recomputed_fraction) + np.where(wgrad > 0, _hidden(x, 2.0 * one, half), 2.0 * one)
     per_block = np.where(x.sp, np.where(x.flag("tp_comm_overlap"), overlapped, plain), no_sp)
     return np.where(x.t > 1, blocks * per_block, 0.0)

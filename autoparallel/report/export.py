@@ -232,7 +232,16 @@ MEGATRON_LM_UNFLAGGED = {
     "cross_entropy_loss_fusion": "TransformerEngine's fused cross-entropy: Megatron-LM refuses "
                                  "--cross-entropy-loss-fusion --cross-entropy-fusion-impl te since "
                                  "168cb15d70; Megatron-Bridge and NeMo 2 set "
-                                 "cross_entropy_fusion_impl='te' on the model config"}
+                                 "cross_entropy_fusion_impl='te' on the model config",
+    # Megatron-LM's --tp-comm-overlap-cfg takes a YAML file's path (TE initialize_ub's ub_cfgs);
+    # NeMo 2's MegatronCommOverlapCallback a TransformerLayerTPOverlapCfg whose proj_fprop / fc2_fprop
+    # would be PipelineOverlapCfg (nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py).
+    "tp_overlap_rs_pipeline": "the pipelined forward reduce-scatters are a userbuffers config, not a flag: "
+                              "give Megatron-LM --tp-comm-overlap-cfg a YAML file holding nemo.model."
+                              "ub_tp_comm_overlap_cfg (NeMo 1 sets it as is); the nemo2 recipe does not "
+                              "state it (MegatronCommOverlapCallback's tp_comm_overlap_cfg would take "
+                              "PipelineOverlapCfg for proj_fprop and fc2_fprop)"}
+
 
 
 def megatron_lm_unflagged(plan: Plan) -> dict:
@@ -240,7 +249,8 @@ def megatron_lm_unflagged(plan: Plan) -> dict:
     unflagged = {**{name: getattr(plan, name) for name in UNFLAGGED_FIELDS},
                  "param_remainders": plan.param_remainders and not (plan.precision_aware_optimizer
                                                                     and not plan.fp8_param_gather),
-                 "cross_entropy_loss_fusion": plan.cross_entropy_loss_fusion}
+                 "cross_entropy_loss_fusion": plan.cross_entropy_loss_fusion,
+                 "tp_overlap_rs_pipeline": plan.tp_overlap_rs_pipeline and plan.tp_comm_overlap}
     return {k: MEGATRON_LM_UNFLAGGED[k] for k, on in unflagged.items() if on}
 
 

@@ -11,6 +11,7 @@ either: FP8 weights kept without a BF16 copy, gathered at 1 B per parameter).
 
 from __future__ import annotations
 
+from autoparallel.costmodel import tensor_parallel
 from autoparallel.report import moe_export
 from autoparallel.report.shared import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, CUDA_GRAPHS, FP8_RECIPES,
                                         MAKE_VOCAB_SIZE_DIVISIBLE_BY, NORMALIZATION, cp_comm_type, node_layout,
@@ -70,6 +71,15 @@ def _trainer(plan: Plan, gpus_per_node: int, precision: str) -> dict:
     return {"devices": per_node, "num_nodes": nodes, "precision": precision}
 
 
+def ub_rs_pipeline_cfg() -> dict:
+    """The userbuffers settings (TE initialize_ub's ub_cfgs; NeMo 1's ub_tp_comm_overlap_cfg) of
+    the pipelined forward reduce-scatters, as NVIDIA's MLPerf LoRA TP4 configs write them
+    (``conf/tp_overlap/h100tp4mbs1.yaml``); the other Linears keep TE's / NeMo's defaults."""
+    return {name: {"method": "pipeline", "num_sm": sms, "cga_size": 2,
+                   "num_splits": tensor_parallel.PIPELINE_RS_SPLITS, "set_sm_margin": 1, "atomic_gemm": 1}
+            for name, sms in zip(("proj_fprop", "fc2_fprop"), tensor_parallel.PIPELINE_RS_COMM_SMS)}
+
+
 def nemo1_config(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
     """NeMo 1.x trainer/model block (the keys of megatron_gpt_config.yaml)."""
     granularity, method, layers = _recompute(model, plan)
@@ -106,6 +116,8 @@ def nemo1_config(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
         "activations_checkpoint_method": method,
         "activations_checkpoint_num_layers": layers,
         "ub_tp_comm_overlap": plan.tp_comm_overlap,
+        **({"ub_tp_comm_overlap_cfg": ub_rs_pipeline_cfg()}
+           if plan.tp_comm_overlap and plan.tp_overlap_rs_pipeline else {}),
         **_p2p(plan),
         "use_flash_attention": plan.flash_attention,
         "megatron_amp_O2": True,

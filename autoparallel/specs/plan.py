@@ -105,6 +105,11 @@ class Plan:
     # only; by default (Megatron, TransformerEngine) over TP x DP x CP, a blocking all-reduce at
     # every model chunk's forward and backward (``layer_time.amax_reduction_time``).
     tp_only_amax_red: bool = False
+    # --tp-overlap-rs-pipeline: with userbuffers, the forward reduce-scatters (proj_fprop, fc2_fprop)
+    # run TransformerEngine's ``pipeline`` method (4 splits, an atomic GEMM on the SMs the
+    # collective leaves: NVIDIA's MLPerf LoRA TP4 configs) instead of the ring exchange (the default,
+    # NeMo's / Megatron-Bridge's FP8 userbuffers configs).
+    tp_overlap_rs_pipeline: bool = False
     # TransformerConfig.activation_func_fp8_input_store: the SwiGLU's input (gate and up, of the
     # MLP and of every expert) is kept for the backward pass as an FP8 (E4M3) copy, 1 B per
     # element instead of 2 (Megatron's fused bias_swiglu / weighted_bias_swiglu; no Megatron-LM flag).
