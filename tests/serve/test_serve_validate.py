@@ -21,8 +21,10 @@ TARGET = ("h100-sxm", "h200")
 # Today's figures (mean |error| %, H100 and H200 rows, 2026-11-27): the expected failures' reasons
 # and the regression guards' bounds; update them here when the serving model moves (24.95 / 31.41
 # before the MoE plugin's bytes were priced, session 39; 24.9 / 31.3 before the gated activation's
-# pass was priced for dense and MoE layers alike and every engine refitted, session 40).
-FIGURES = {"trtllm-0.10": {"in_sample": 25.0, "held_out": 31.7}}
+# pass was priced for dense and MoE layers alike and every engine refitted, session 40; held out
+# 31.7 before the fit tried fixed starts besides its own and kept the lowest training cost, session
+# 41: the cold Llama-2-70B / Falcon-180B / GPT-J refits had stopped in higher-loss minima).
+FIGURES = {"trtllm-0.10": {"in_sample": 25.0, "held_out": 31.8}}
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +58,7 @@ _TRT010 = FIGURES["trtllm-0.10"]
 
 
 @pytest.mark.xfail(strict=True, reason=f"issue 16 target: TensorRT-LLM 0.10 rows within 15 % in sample and 25 % "
-                                       f"held out; {_TRT010['in_sample']} / {_TRT010['held_out']} % on 2026-11-27")
+                                       f"held out; {_TRT010['in_sample']} / {_TRT010['held_out']} % on 2026-11-28")
 def test_trtllm_010_rows_target(report):
     """gptManagerBenchmark's rows, 142 with Mixtral-8x7B's; held out from a cold start (issue 28).
     Dominated by Falcon-180B's and Llama-3-8B's long outputs, which its 0.12 release serves 2-3x
