@@ -61,6 +61,20 @@ INFLIGHT_COLUMNS = ("tp", "pp", "max_batch", "max_num_tokens", "input_len", "out
 INFLIGHT_KEYS = ("concurrency", "kv_capacity_requests", "decode_batch", "prefill_tokens_per_iteration",
                  "capacity_requests_per_s", "overloaded")
 _FIXED_POINT_STEPS = 8
+#: What the engines' pool sizing leaves out besides their own tensors, from TensorRT-LLM's
+#: documented H100 log (NVIDIA/TensorRT-LLM@7ff53023 docs/source/reference/memory.md, FAQ 1):
+#: cudaMemGetInfo's total is 79.10 GiB and 70.48 GiB are free once the engine (6,678 MiB of
+#: weights), its execution-context (activation) memory (1,134.01 MiB), runtime buffers (43.29 MB)
+#: and decoder (180.30 MB) exist. ``DRIVER_HELD_GIB``: the presets' ``memory_gib`` (nvidia-smi's
+#: 81,559 MiB = 79.65 GiB on h100-sxm) less cudaMemGetInfo's total. ``CONTEXT_GIB``: the CUDA
+#: context and the libraries' handles and workspaces (cuBLAS / cuBLASLt): 79.10 - 70.48 - 7.85.
+#: They replace the training ``hw.reserve_gib`` (4 GiB, a guess that also covers NCCL's buffers
+#: and the allocator's fragmentation) in the pool's sizing of a one-GPU engine. An engine over
+#: several GPUs also holds NCCL's communicators (TensorRT-LLM's all-reduce plugin makes them when
+#: the engine is deserialized, before the pool is sized): no measurement of what they take under
+#: TensorRT-LLM was found, so such an engine keeps ``hw.reserve_gib`` as the whole of it.
+DRIVER_HELD_GIB = 0.55
+CONTEXT_GIB = 0.77
 _BISECTION_STEPS = 40
 
 
@@ -70,10 +84,21 @@ def kv_pool(lay, engine: ServingEngine, max_batch, max_num_tokens) -> dict[str, 
     weights = lay.weights()
     activations = (max_num_tokens * lay.activations_per_token()
                    + lay.logits(np.minimum(max_batch, max_num_tokens)))
-    reserve = lay.hw.reserve_gib * GIB
-    fixed = weights + activations + reserve
+    # TensorRT-LLM (``free``): the fraction of what cudaMemGetInfo reports free after the engine,
+    # its buffers, the CUDA context and NCCL's communicators exist. vLLM (``total``): the fraction
+    # of cudaMemGetInfo's total less the peak measured from the free memory once the context was
+    # made (vllm/worker/worker.py determine_num_available_blocks: init_gpu_memory - free), which
+    # counts the weights, the profiled activations and NCCL (set up after that first reading).
+    r = lay.hw.reserve_gib
+    held, context = min(DRIVER_HELD_GIB, r) * GIB, min(CONTEXT_GIB, r) * GIB
+    nccl = np.where(lay.tp * lay.pp * lay.ep > 1, max(r - DRIVER_HELD_GIB - CONTEXT_GIB, 0.0) * GIB, 0.0)
     f = engine.kv_memory_fraction
-    pool = f * (memory - fixed) if engine.kv_memory == "free" else f * memory - fixed
+    if engine.kv_memory == "free":
+        pool = f * (memory - held - context - nccl - weights - activations)
+    else:
+        pool = f * (memory - held) - weights - activations - nccl
+    reserve = held + context + nccl
+    fixed = weights + activations + reserve
     return {"weights": weights, "activations": activations, "reserve": reserve,
             "pool": np.maximum(pool, 0.0), "fixed_fits": fixed < memory}
 
@@ -187,7 +212,7 @@ def estimate_inflight_columns(model: ModelSpec, hw: HardwareSpec, eff: Inference
         "weights_gib": weights / GIB,
         "kv_cache_gib": pool / GIB,
         "activations_gib": activations / GIB,
-        "reserve_gib": np.full(n, hw.reserve_gib),
+        "reserve_gib": mem["reserve"] / GIB * np.ones(n),
         "concurrency": np.where(below, m * lam * (n_pre + decode_steps), concurrency),
         "kv_capacity_requests": kv_requests,
         "decode_batch": m * lam * decode_steps,

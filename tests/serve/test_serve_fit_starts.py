@@ -22,13 +22,15 @@ def test_extra_starts_are_fixed_points_inside_the_bounds():
 
 @pytest.mark.slow
 def test_fit_does_not_depend_on_its_start():
-    """TensorRT-LLM 0.12 without Falcon-180B's rows (a LOMO refit): from the uncalibrated constants
-    one least-squares run stops at a training cost ~25 % above the one from the shipped constants;
-    the multi-start fit reaches the same cost from either start."""
-    m = next(m for m in load_serving_runs() if m.engine.name == "tensorrt-llm")
+    """TensorRT-LLM 0.10 without Falcon-180B's rows (a LOMO refit): from the uncalibrated constants
+    one least-squares run stops at a training cost ~19 % above the one from the shipped constants
+    (0.855 vs 0.718; 0.12's Falcon-180B refit, the case first pinned here, stopped ~25 % apart until
+    the one-GPU KV pool of session 41 moved its minima together); the multi-start fit reaches the
+    same cost from either start."""
+    m = next(m for m in load_serving_runs() if m.engine.name == "tensorrt-llm-0.10")
     train = F.fit_rows(m)
     rows = train[train["model"] != "Falcon-180B"]
-    starts = (InferenceEfficiency(), efficiency_for("tensorrt-llm"))
+    starts = (InferenceEfficiency(), efficiency_for("tensorrt-llm-0.10"))
     single = [F.training_cost(m, rows, F.fit(m, rows, s, extra=0)) for s in starts]
     assert abs(single[0] - single[1]) > 0.1 * min(single)  # the problem this guards: one start, two minima
     multi = [F.training_cost(m, rows, F.fit(m, rows, s)) for s in starts]

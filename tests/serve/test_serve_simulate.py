@@ -333,12 +333,14 @@ def test_why_the_search_leaves_the_submitted_l40s_and_h100_layouts():
 
 def test_the_gh200_96gb_pool_preempts_about_once_a_request():
     """RESULTS.md, session 37 (s37h9): on the 96 GB GH200 the submitted TP1 b806 t4096 leaves a KV pool
-    of < 2,500 blocks of 64 (< 160 k tokens) and, under MAX_UTILIZATION, an all-at-once run preempts
-    more than one request in two; the max batch is moot there (b512 and b806 within 1 %)."""
+    of < 2,500 blocks of 64 (< 160 k tokens; 2,588 since session 40 s40h5 left a one-GPU engine 1.32 GiB
+    beside its tensors instead of the 4 GiB reserve) and, under MAX_UTILIZATION, an all-at-once run
+    preempts more than one request in two; the max batch is moot there (b512 and b806 within 1 %; 1.5 %
+    with the larger pool)."""
     wl, cost, sched = _mlperf_llama2("gh200", 1, 1, 806, 4096)
-    assert sched.kv_blocks < 2500 and not sched.reserve_full
+    assert sched.kv_blocks < 2700 and not sched.reserve_full
     r = run_workload(cost, sched, wl, None, requests=1500)
     assert r.preemptions > 0.5 * 1500
     _, cost512, sched512 = _mlperf_llama2("gh200", 1, 1, 512, 4096)
     r512 = run_workload(cost512, sched512, wl, None, requests=1500)
-    assert r512.output_tokens_per_s == pytest.approx(r.output_tokens_per_s, rel=0.01)
+    assert r512.output_tokens_per_s == pytest.approx(r.output_tokens_per_s, rel=0.02)

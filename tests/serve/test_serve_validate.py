@@ -23,8 +23,10 @@ TARGET = ("h100-sxm", "h200")
 # before the MoE plugin's bytes were priced, session 39; 24.9 / 31.3 before the gated activation's
 # pass was priced for dense and MoE layers alike and every engine refitted, session 40; held out
 # 31.7 before the fit tried fixed starts besides its own and kept the lowest training cost, session
-# 41: the cold Llama-2-70B / Falcon-180B / GPT-J refits had stopped in higher-loss minima).
-FIGURES = {"trtllm-0.10": {"in_sample": 25.0, "held_out": 31.8}}
+# 41: the cold Llama-2-70B / Falcon-180B / GPT-J refits had stopped in higher-loss minima; 25.0 / 31.8
+# before a one-GPU engine's KV pool left 1.32 GiB beside its tensors instead of the 4 GiB reserve and
+# every engine was refitted, session 41: loosened).
+FIGURES = {"trtllm-0.10": {"in_sample": 25.4, "held_out": 32.1}}
 
 
 @pytest.fixture(scope="module")
