@@ -200,23 +200,24 @@ def to_dict(obj: Any) -> dict:
 
 # --- presets ---------------------------------------------------------------------------------
 
-def preset_files(kind: str) -> dict[str, Path]:
+def preset_files(kind: str, shipped_only: bool = False) -> dict[str, Path]:
     """``{preset name: file}`` for one folder of search_spaces/ (models, hardware, spaces).
 
     The user's own presets (``resources.user_dir()``, written by ``calibrate --as``) come after
-    the shipped ones, so a user preset of the same name takes its place.
+    the shipped ones, so a user preset of the same name takes its place (``shipped_only``: the
+    package's own files alone).
     """
     files = {}
-    for folder in (SEARCH_SPACES / kind, resources.user_dir() / kind):
+    for folder in (SEARCH_SPACES / kind, *(() if shipped_only else (resources.user_dir() / kind,))):
         files.update({p.stem: p for p in sorted(folder.glob("*.yaml"))})
     return files
 
 
-def _preset_aliases(kind: str) -> dict[str, str]:
+def preset_aliases(kind: str, shipped_only: bool = False) -> dict[str, str]:
     """Lower-cased names and aliases -> preset name. A preset file that cannot be read adds only
     its own name: one broken file must not break every other preset (it is reported when named)."""
     names = {}
-    for name, path in preset_files(kind).items():
+    for name, path in preset_files(kind, shipped_only).items():
         names[name.lower()] = name
         try:
             aliases = read_yaml(path).get("aliases") or []
@@ -263,7 +264,7 @@ def resolve_preset(kind: str, name_or_path: str) -> Path:
         if not os.path.lexists(candidate):  # a link loop exists, and says so when read
             raise UserError(f"{kind} file {name_or_path!r} does not exist")
         return candidate
-    names = _preset_aliases(kind)
+    names = preset_aliases(kind)
     key = name_or_path.lower()
     if key in names:
         return preset_files(kind)[names[key]]

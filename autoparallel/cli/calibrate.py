@@ -81,10 +81,7 @@ def _check_new_name(name: str, gpu: str | None) -> None:
     """--as names a new preset: a shipped preset's name or alias would be replaced by this fit
     (``calibrate --gpu h100-sxm --as h200`` made every later --gpu h200 an H100 of 80 GiB)."""
     from autoparallel import io
-    shipped = {}
-    for path in sorted((io.SEARCH_SPACES / "hardware").glob("*.yaml")):
-        shipped[path.stem.lower()] = path.stem
-        shipped.update({str(a).lower(): path.stem for a in io.read_yaml(path).get("aliases") or []})
+    shipped = io.preset_aliases("hardware", shipped_only=True)
     if name.lower() in shipped:
         raise UserError(f"--as {name} names the shipped preset {shipped[name.lower()]}: the fit of {gpu or 'the run'} "
                         f"would take its place for every --gpu {name}; give a new name for your cluster "

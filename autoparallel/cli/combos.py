@@ -33,7 +33,7 @@ def flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def _given(args: argparse.Namespace, dests) -> list[str]:
+def given(args: argparse.Namespace, dests) -> list[str]:
     return [d for d in dests if getattr(args, d, None) is not None]
 
 
@@ -45,6 +45,13 @@ def fill_defaults(args: argparse.Namespace, defaults: dict) -> None:
     for dest, value in defaults.items():
         if getattr(args, dest, None) is None:
             setattr(args, dest, value)
+
+
+def check_results(args: argparse.Namespace) -> None:
+    """--results with --no-save is refused (nothing is written); else its default is filled in."""
+    if args.no_save and args.results is not None:
+        raise no_effect("--results", "--no-save", "nothing is written; drop one of them")
+    fill_defaults(args, {"results": RESULTS_DEFAULT})
 
 
 def check_knobs(args: argparse.Namespace, model) -> None:
@@ -100,10 +107,10 @@ def check_knobs(args: argparse.Namespace, model) -> None:
 def check_search(args: argparse.Namespace, knobs: dict) -> None:
     """search: optuna-only flags on a grid search, run inputs with --resume, --results with
     --no-save. ``knobs``: the layout flags given (``common.pins``)."""
-    optuna_given = _given(args, OPTUNA_DEFAULTS)
+    optuna_given = given(args, OPTUNA_DEFAULTS)
     if args.resume:
         from autoparallel.cli.finetune import FINETUNE_DESTS
-        pinned = [d for d, v in knobs.items() if v is not None] + _given(
+        pinned = [d for d, v in knobs.items() if v is not None] + given(
             args, ("gbs", "seq_length", "recompute_num_layers", *FINETUNE_DESTS, *RESUME_KEEPS))
         pinned += [d for d in ("all_candidates", "fp8_check") if getattr(args, d, False)]
         for dest in [*optuna_given, *pinned]:
@@ -113,7 +120,7 @@ def check_search(args: argparse.Namespace, knobs: dict) -> None:
     elif args.strategy in (None, "grid") and optuna_given:
         raise no_effect(flag(optuna_given[0]), "--strategy grid",
                         "only a sampler search reads it; add --strategy optuna or drop it")
-    profile_given = _given(args, PROFILE_DEFAULTS)
+    profile_given = given(args, PROFILE_DEFAULTS)
     if args.profile == "none" and profile_given:
         raise no_effect(flag(profile_given[0]), "no --profile", "only a profiled search reads it; add --profile job "
                         "(or layer) or drop it")
@@ -122,7 +129,7 @@ def check_search(args: argparse.Namespace, knobs: dict) -> None:
     if args.resume and args.results is not None and args.profile == "none":
         raise no_effect("--results", "--resume", f"the search goes on in {args.resume}; drop --results")
     if not args.fp8_check:
-        for dest in _given(args, ("fp8_check_steps", "fp8_check_settings")):
+        for dest in given(args, ("fp8_check_steps", "fp8_check_settings")):
             raise no_effect(flag(dest), "no --fp8-check", "only the FP8 check reads it; add --fp8-check or drop it")
 
 

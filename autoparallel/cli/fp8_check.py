@@ -32,9 +32,7 @@ def run(args: argparse.Namespace) -> None:
     from autoparallel.fp8check.report import verdict_rows
     from autoparallel.report.run_folder import check_root
     from autoparallel.cli import combos
-    if args.no_save and args.results is not None:
-        raise combos.no_effect("--results", "--no-save", "nothing is written; drop one of them")
-    combos.fill_defaults(args, {"results": combos.RESULTS_DEFAULT})
+    combos.check_results(args)
     model = io.load_model(args.model)
     settings = settings_from_flags(args.settings, args.steps, args.recipes, args.seed)
     if not args.no_save:

@@ -83,13 +83,11 @@ def check_combos(args: argparse.Namespace) -> None:
     """Flags with no effect in the combination given (``cli.combos``), then their defaults."""
     from autoparallel.cli import combos
     if not simulated(args):
-        for dest in combos._given(args, SIMULATION_DEFAULTS):
+        for dest in combos.given(args, SIMULATION_DEFAULTS):
             raise combos.no_effect(combos.flag(dest), "no --workload, --scenario or --latency-percentile",
                                    "only the traffic simulation reads it; add one of them or drop it")
     combos.fill_defaults(args, SIMULATION_DEFAULTS)
-    if args.no_save and args.results is not None:
-        raise combos.no_effect("--results", "--no-save", "nothing is written; drop one of them")
-    combos.fill_defaults(args, {"results": combos.RESULTS_DEFAULT})
+    combos.check_results(args)
 
 
 def simulated(args: argparse.Namespace) -> bool:

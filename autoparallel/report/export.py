@@ -243,7 +243,6 @@ MEGATRON_LM_UNFLAGGED = {
                               "PipelineOverlapCfg for proj_fprop and fc2_fprop)"}
 
 
-
 def megatron_lm_unflagged(plan: Plan) -> dict:
     """The plan's settings the Megatron-LM flags cannot state, each with what does state it."""
     unflagged = {**{name: getattr(plan, name) for name in UNFLAGGED_FIELDS},
