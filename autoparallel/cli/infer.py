@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
     i.add_argument("--output-len", type=positive, help="generated tokens per request (default 256)")
     i.add_argument("--workload",
                    help="request lengths from a distribution instead of one fixed pair: mlperf-llama2-70b, "
-                        "mlperf-mixtral-8x7b, mlperf-llama3.1-405b, mlperf-llama3.1-8b, sharegpt, or a CSV / JSONL "
+                        "mlperf-mixtral-8x7b, mlperf-llama3.1-405b, mlperf-llama3.1-8b, sharegpt, or a CSV, JSONL or JSON-array "
                         "file of input_len,output_len pairs (the search prices the mean lengths)")
     i.add_argument("--max-model-len", type=positive,
                    help="longest sequence the engine must accept (default input + output; past the model's "

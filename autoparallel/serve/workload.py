@@ -4,8 +4,8 @@ A serving layout's throughput and tail latency depend on the spread of request l
 their means (a few long prompts stall the chunked-prefill budget; a few long answers hold KV
 blocks). ``--workload`` names one of the distributions in ``search_spaces/workloads.yaml`` (the
 MLPerf Inference LLM benchmarks and a ShareGPT chat mix, each with its source and which of its
-numbers are published, the rest stated assumptions) or a user's CSV / JSONL file of pairs. Fixed
-``--input-len/--output-len`` is the degenerate workload (every request the same).
+numbers are published, the rest stated assumptions) or a user's CSV / JSONL / JSON-array file of
+pairs. Fixed ``--input-len/--output-len`` is the degenerate workload (every request the same).
 
 ``Workload.sample(n, seed)`` draws ``n`` requests deterministically: named distributions as a
 clipped log-normal per side whose sample mean is rescaled to the stated mean; files by drawing
@@ -138,13 +138,28 @@ def _pick(row: dict, keys: tuple[str, ...], where: str) -> int:
     raise UserError(f"{where}: no {' / '.join(keys)} value")
 
 
+def _json_array(path: Path, text: str) -> list[dict]:
+    """The objects of a JSON file that holds one array of them (the whole file one document)."""
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"--workload {path}: not a JSON array of objects ({e.msg} at line {e.lineno})") from None
+    for i, obj in enumerate(rows, 1):
+        if not isinstance(obj, dict):
+            raise UserError(f"--workload {path}: element {i} of the array is not a JSON object")
+    return rows
+
+
 def _from_file(path: Path) -> Workload:
-    """Pairs from a CSV (header with input_len,output_len) or JSONL (one object a line)."""
+    """Pairs from a CSV (header with input_len,output_len), JSONL (one object a line) or a JSON
+    file holding one array of such objects."""
     try:
         text = safefile.read_text(path, "workload file")
     except UnicodeDecodeError as e:
         raise UserError(f"--workload {path}: not a text file ({e.reason} at byte {e.start})") from None
-    if path.suffix.lower() in (".jsonl", ".json"):
+    if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
+        rows = _json_array(path, text)
+    elif path.suffix.lower() in (".jsonl", ".json"):
         rows = []
         for i, line in enumerate(text.splitlines(), 1):
             if not line.strip():
@@ -184,4 +199,4 @@ def load_workload(name_or_path: str) -> Workload:
             raise UserError(f"--workload {name_or_path}: no such file")
         return _from_file(path)  # only a regular file under its size limit is read (safefile)
     raise UserError(f"--workload {name_or_path!r} is neither a file nor a known workload; valid: "
-                    f"{', '.join(specs)}, or a CSV / JSONL of input_len,output_len pairs")
+                    f"{', '.join(specs)}, or a CSV, JSONL or JSON-array file of input_len,output_len pairs")

@@ -109,6 +109,9 @@ def test_user_csv_and_jsonl(tmp_path):
     jsonl = tmp_path / "pairs.jsonl"
     jsonl.write_text('{"prompt_tokens": 5, "completion_tokens": 7}\n\n{"input_len": 9, "output_len": 1}\n')
     assert load_workload(str(jsonl)).sample(2)[0].tolist() == [5, 9]
+    array = tmp_path / "pairs.json"  # one JSON document holding an array of the same objects
+    array.write_text('[\n {"input_len": 4, "output_len": 2},\n {"input_tokens": 6, "output_tokens": 3}\n]\n')
+    assert [x.tolist() for x in load_workload(str(array)).sample(2)] == [[4, 6], [2, 3]]
 
 
 @pytest.mark.parametrize("content, suffix, message", [
@@ -117,6 +120,9 @@ def test_user_csv_and_jsonl(tmp_path):
     ("input_len\n100\n", ".csv", "no output_len / output_tokens"),
     ("input_len,output_len\n", ".csv", "no requests"),
     ("[1, 2]\n", ".jsonl", "line 1 is not a JSON object"),
+    ("[1, 2]\n", ".json", "element 1 of the array is not a JSON object"),
+    ('[{"input_len": 1, "output_len": 1},]', ".json", "not a JSON array of objects"),
+    ("[]", ".json", "no requests"),
 ])
 def test_bad_user_files(tmp_path, content, suffix, message):
     path = tmp_path / f"w{suffix}"
