@@ -519,15 +519,20 @@ LORA_PRECISION = "fp8-delayed"
 # runs none under CP (``candidates.fp8_cp_attention``) is priced off at CP > 1.
 MLPERF_TE_RELEASE = {"v4.0": "1.6"}
 # The rounds whose NVIDIA NeMo LoRA configs (every submitter's base) run the forward reduce-scatters
-# of TP >= 4 with TE's pipeline method (``tp_overlap_rs_pipeline``): conf/tp_overlap/h100tp4mbs1.yaml
-# (v4.0: mlcommons/training_results_v4.0@62f111b7 smc-dc-power/benchmarks/llama2-70b_lora/implementations/
-# nemo/conf/tp_overlap/h100tp4mbs1.yaml; v4.1: swsok/training_results_v4.1@8821c70 NVIDIA/benchmarks/
-# llama2_70b_lora/implementations/b200_preview_nemo/conf/tp_overlap/h100tp4mbs1.yaml and
-# h100tp4cp2mbs1.yaml, ASUSTeK's and Oracle's copies alike): proj_fprop / fc2_fprop method: pipeline,
-# num_splits 4, num_sm 32 / 16, set_sm_margin 1, atomic_gemm 1. Their TP2 files differ by round (v4.0's
-# pipeline with 2 splits, v4.1's ring exchange) and are left as ring exchanges; v5.0 / v5.1's files
-# are not indexed here.
-MLPERF_LORA_RS_PIPELINE_ROUNDS = ("v4.0", "v4.1")
+# of TP >= 4 with TE's pipeline method (``tp_overlap_rs_pipeline``): the config picks
+# conf/tp_overlap/${GPU_ARCH,h}100tp${TP}[cp${CP}]mbs${MBS}.yaml (conf/megatron_gpt_peft_tuning_config.yaml
+# ``optional tp_overlap@model.ub_tp_comm_overlap_cfg``), and every h100tp4mbs1.yaml / h100tp4cp2mbs1.yaml
+# of these rounds sets proj_fprop / fc2_fprop method: pipeline, num_splits 4, num_sm 32 / 16,
+# set_sm_margin 1, atomic_gemm 1 (v4.0: mlcommons/training_results_v4.0@6fe95437 NVIDIA/benchmarks/
+# llama2_70b_lora/implementations/nemo/conf/tp_overlap/h100tp4mbs1.yaml L21-35; v4.1: @b87b9e39
+# NVIDIA/.../eos_ngc24.09_nemo/conf/tp_overlap/h100tp4mbs1.yaml; v5.0: training_results_v5.0@0fdc28f0, each
+# TP4 row's own submission: HPE .../nemo/conf/tp_overlap/h100tp4mbs1.yaml L35-51, Lenovo conf/tp_overlap/
+# h100tp4mbs1.yaml L21-37 with GPU_ARCH=h, Oracle 1x/64xBM.GPU.H200.8, SCITIX scitix_n8_ngc24.09_nemo;
+# v5.1: training_results_v5.1@441d65f4, Cisco .../nemo and Krai .../Cray-XD670-H200-SXM5-141GB_nX_v5.0).
+# Every TP2 file the rows ran is a ring exchange (v4.0 NVIDIA's own h100tp2mbs1.yaml L33-46, the one
+# TP2 row of v4.0; v4.1-v5.1 every copy); only v4.0's GigaComputing and Oracle copies, which no TP2 row
+# ran, say pipeline with 2 splits.
+MLPERF_LORA_RS_PIPELINE_ROUNDS = ("v4.0", "v4.1", "v5.0", "v5.1")
 MLPERF_ID_PREFIX = {"gpt3-175b": "mlperf-", "llama2-70b-lora": "mlperflora-"}
 MLPERF_COLUMNS = ("round", "submitter", "system", "step_time_s", "other_knobs")
 

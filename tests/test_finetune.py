@@ -180,20 +180,25 @@ def test_on_h200_the_model_prices_tp4_tp1_cp2_and_tp2_alike_as_they_measured():
 
 
 def test_the_mlperf_lora_rows_run_the_pipelined_forward_rs_where_their_configs_say_so():
-    """v4.0's and v4.1's NVIDIA NeMo conf/tp_overlap/h100tp4mbs1.yaml and h100tp4cp2mbs1.yaml run
-    proj_fprop / fc2_fprop as TE's pipeline method; TP2, other rounds (files not indexed) and rows
-    without userbuffers keep the ring exchange (or none)."""
+    """Every round's (v4.0-v5.1) NeMo conf/tp_overlap/h100tp4mbs1.yaml and h100tp4cp2mbs1.yaml run
+    proj_fprop / fc2_fprop as TE's pipeline method (4 splits; the v5.0 / v5.1 rows' own submissions,
+    and the logs that print the config); TP2 (every h100tp2mbs1.yaml the rows ran, v4.0 NVIDIA's
+    included) and rows without userbuffers keep the ring exchange (or none)."""
     from autoparallel.measured_runs import load_runs
 
     on = {}
     for run in load_runs([resources.data_file("mlperf_training_lora_hopper.csv")]):
         row = run.row
         on[run.id] = bool(row.tp_overlap_rs_pipeline)
-        sourced = row.id.split("-")[1] in ("v4.0", "v4.1") and int(row.tp) >= 4 and bool(row.tp_comm_overlap)
-        assert on[run.id] == sourced, run.id
+        assert on[run.id] == (int(row.tp) >= 4 and bool(row.tp_comm_overlap)), run.id
     assert on["mlperflora-v4.1-NVIDIA-eos_ngc24.09_nemo"] and on["mlperflora-v4.0-NVIDIA-eos_n8_ngc24.04_nemo"]
+    assert on["mlperflora-v5.0-SCITIX-scitix_n8_ngc24.09_nemo"] and on["mlperflora-v5.1-Cisco-hpf_n16"]
+    assert on["mlperflora-v5.1-Krai-Cray-XD670-H200-SXM5-141GB_n8_v5.0"]
     assert not on["mlperflora-v4.1-NVIDIA-h200_ngc24.09_nemo"]  # TP1 CP2
-    assert sum(on.values()) == 29
+    assert not on["mlperflora-v4.0-NVIDIA-h200_ngc24.04_nemo"]  # TP2: its h100tp2mbs1.yaml is a ring exchange
+    assert not on["mlperflora-v5.0-Oracle-1xBM.GPU.H200.8"]  # ran TP1 CP2 (mlperf_corrections.yaml)
+    assert not on["mlperflora-v4.0-Red_Hat-AS-8125GS-TNHR-RHEL9.4"]  # ran without userbuffers (its logs)
+    assert sum(on.values()) == 37
 
 
 def _submitted_8gpu_layouts(gpu: str) -> set[tuple[int, int]]:

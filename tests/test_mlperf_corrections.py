@@ -23,6 +23,14 @@ def test_oracles_h200_row_is_priced_as_its_log_ran_it():
     assert (dell.tp, dell.cp, dell.sp, dell.tp_comm_overlap, dell.fp8_attention) == (2, 1, 1, 0, 1)
 
 
+
+def test_red_hats_v40_row_ran_without_userbuffers_as_its_logs_print():
+    """Its ten result logs print ub_tp_comm_overlap: false; the CSV had read True from a borrowed
+    same-layout config. Without userbuffers there is no pipelined forward reduce-scatter either."""
+    rows = read_runs_table(resources.data_file(LORA)).set_index("id")
+    red_hat = rows.loc["mlperflora-v4.0-Red_Hat-AS-8125GS-TNHR-RHEL9.4"]
+    assert (red_hat.tp, red_hat.cp, red_hat.tp_comm_overlap, red_hat.tp_overlap_rs_pipeline) == (4, 1, 0, 0)
+
 def _frame():
     return pd.DataFrame({"round": ["v5.0"], "submitter": ["X"], "system": ["S"], "tp": [4], "sp": [True],
                          "other_knobs": ["LORA_FINETUNE(rank=16); FP8_DPA=1"]})

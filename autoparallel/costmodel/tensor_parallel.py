@@ -68,9 +68,11 @@ def ring_exchange_exposed(x: Candidates, one, chunked, per_domain):
     return np.where(t > 1, steps * np.maximum(step - chunked / np.maximum(t, 1.0), 0.0), 0.0)
 
 
-# TE ``pipeline`` settings of NVIDIA's MLPerf LoRA TP4 configs (v4.0 smc-dc-power and v4.1
-# ``conf/tp_overlap/h100tp4mbs1.yaml`` / ``h100tp4cp2mbs1.yaml``): ``num_splits: 4``, ``num_sm`` 32
-# (proj_fprop) and 16 (fc2_fprop), ``set_sm_margin: 1``, ``atomic_gemm: 1``.
+# TE ``pipeline`` settings of NVIDIA's MLPerf LoRA TP4 configs (every round v4.0-v5.1, each submitter's
+# ``conf/tp_overlap/h100tp4mbs1.yaml`` / ``h100tp4cp2mbs1.yaml``; ``measured_runs.MLPERF_LORA_RS_PIPELINE_ROUNDS``):
+# ``num_splits: 4``, ``num_sm`` 32 (proj_fprop) and 16 (fc2_fprop), ``set_sm_margin: 1``, ``atomic_gemm: 1``.
+# Their TP2 files run the ring exchange (v4.0 NVIDIA's own h100tp2mbs1.yaml too), so the split count
+# is one constant, not a per-row setting.
 PIPELINE_RS_SPLITS = 4
 PIPELINE_RS_COMM_SMS = (32, 16)
 
