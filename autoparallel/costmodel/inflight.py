@@ -92,12 +92,12 @@ def kv_pool(lay, engine: ServingEngine, max_batch, max_num_tokens) -> dict[str, 
     r = lay.hw.reserve_gib
     held, context = min(DRIVER_HELD_GIB, r) * GIB, min(CONTEXT_GIB, r) * GIB
     nccl = np.where(lay.tp * lay.pp * lay.ep > 1, max(r - DRIVER_HELD_GIB - CONTEXT_GIB, 0.0) * GIB, 0.0)
+    reserve = held + context + nccl
     f = engine.kv_memory_fraction
     if engine.kv_memory == "free":
-        pool = f * (memory - held - context - nccl - weights - activations)
+        pool = f * (memory - reserve - weights - activations)
     else:
         pool = f * (memory - held) - weights - activations - nccl
-    reserve = held + context + nccl
     fixed = weights + activations + reserve
     return {"weights": weights, "activations": activations, "reserve": reserve,
             "pool": np.maximum(pool, 0.0), "fixed_fits": fixed < memory}

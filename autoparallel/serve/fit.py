@@ -79,13 +79,22 @@ EXTRA_STARTS = 3
 START_SEED = 0
 
 
+def magnitude_floor(keys: tuple[str, ...]) -> np.ndarray:
+    """Each constant's smallest magnitude of interest: its lower bound, or its upper bound's three
+    decades below it where the lower bound is 0 (the range ``extra_starts`` draws from). Least
+    squares scales each constant by max(|start|, this): a constant starting at 0 (the default
+    ``pass_overhead_us``) moved in steps of 1e-3 us out of a 20 ms range under the former floor of
+    1e-3, and the cold refit without Llama-2-70B stopped in a higher minimum (session 42)."""
+    return np.array([BOUNDS[k][0] if BOUNDS[k][0] > 0 else BOUNDS[k][1] * 1e-3 for k in keys])
+
+
 def extra_starts(keys: tuple[str, ...], n: int = EXTRA_STARTS, seed: int = START_SEED) -> np.ndarray:
     """``n`` deterministic points inside ``BOUNDS`` for ``keys`` (rows), from no data."""
     from scipy.stats import qmc
     if n <= 0:
         return np.empty((0, len(keys)))
     u = qmc.Halton(d=len(keys), scramble=True, seed=seed).random(n)  # nested: n + 1 starts begin with the n
-    lo = np.array([BOUNDS[k][0] if BOUNDS[k][0] > 0 else BOUNDS[k][1] * 1e-3 for k in keys])
+    lo = magnitude_floor(keys)
     hi = np.array([BOUNDS[k][1] for k in keys])
     return np.exp(np.log(lo) + u * (np.log(hi) - np.log(lo)))
 
@@ -110,6 +119,7 @@ def fit(measured: Measured, rows: pd.DataFrame, start: InferenceEfficiency, tol:
     hi = np.array([BOUNDS[k][1] for k in keys])
     measured_values = rows["measured"].to_numpy(dtype=float)
     parts = groups(measured, rows)
+    floor = magnitude_floor(keys)
 
     def make(x):
         return dataclasses.replace(start, **{k: float(v) for k, v in zip(keys, x)})
@@ -120,7 +130,7 @@ def fit(measured: Measured, rows: pd.DataFrame, start: InferenceEfficiency, tol:
     best = None
     for x in [np.array([getattr(start, k) for k in keys], dtype=float), *extra_starts(keys, extra)]:
         x0 = np.clip(x, lo + 1e-9, hi - 1e-9)
-        result = least_squares(residuals, x0, bounds=(lo, hi), x_scale=np.maximum(np.abs(x0), 1e-3),
+        result = least_squares(residuals, x0, bounds=(lo, hi), x_scale=np.maximum(np.abs(x0), floor),
                                loss="soft_l1", f_scale=F_SCALE, ftol=tol, xtol=tol)
         if costs is not None:
             costs.append(float(result.cost))
