@@ -275,6 +275,10 @@ class Candidates:
         """Adam states sharded over the data-parallel group (FSDP shards them too)."""
         return self.flag("distributed_optimizer") | self.fsdp
 
+    @property
+    def cuda_graph(self) -> np.ndarray:
+        return np.asarray(self.knobs["cuda_graph"])
+
     @cached_property
     def tp_ranks(self) -> comm.Group:
         """The TP group (consecutive ranks) on the two tiers, for every term that prices its collectives."""
