@@ -232,7 +232,7 @@ def test_ring_exchange_hides_each_step_behind_one_chunk_not_the_whole_gemm(gpt, 
     step = nbytes / tp / _nvlink(hw) + latency  # one chunk, its own latency
     chunked = one  # a chunked GEMM as long as the collective: the old window hid it all
     exposed = (tp - 1) * max(step - chunked / tp, 0.0)
-    got = tensor_parallel.ring_exchange_exposed(x, one, chunked, float(tp))[0]
+    got = tensor_parallel.ring_exchange_exposed(x, one, chunked)[0]
     assert got == pytest.approx(exposed, rel=REL)
     assert got > 0.0  # ... which (tp-1)/tp of it does not
     # Only the bandwidth part with one latency per step: TP2 exposes one step's latency less half
@@ -240,7 +240,7 @@ def test_ring_exchange_hides_each_step_behind_one_chunk_not_the_whole_gemm(gpt, 
     bandwidth = (tp - 1) / tp * nbytes / _nvlink(hw)
     assert got == pytest.approx((tp - 1) * (bandwidth / (tp - 1) + latency) - (tp - 1) / tp * chunked, rel=1e-9)
     # A chunked GEMM tp/(tp-1) times the per-step transfer x (tp-1) hides every step.
-    assert tensor_parallel.ring_exchange_exposed(x, one, tp * step, float(tp))[0] == 0.0
+    assert tensor_parallel.ring_exchange_exposed(x, one, tp * step)[0] == 0.0
     # Through tp_comm_time: forward AG + RS and the output-gradient AG, per block, ring-exchanged.
     linear, whole = 1.0e-4, 4 * one  # two blocks' forward GEMMs: whole, chunked (half each per Linear)
     plain = tensor_parallel.tp_comm_time(_cands(gpt, hw, tp=tp, dp=32 // tp), 2.0, linear, whole)[0]
@@ -261,10 +261,10 @@ def test_pipelined_forward_rs_as_mlperf_lora_configs_run_it(gpt, hw):
     piece = 3 / 4 * 2 * 1024 * 12288 / 4 / _nvlink(hw) + latency  # a quarter of it, its own latency
     loss = (32 / 100 + 16 / 116) / 2  # the GEMM runs on 100 (proj) / 116 (fc2) of 132 SMs
     gemm = 1.0e-6  # a GEMM far shorter than a piece: every piece is exposed but the GEMM's share
-    assert tensor_parallel.pipelined_rs_exposed(x, one, gemm, 4.0)[0] == pytest.approx(
+    assert tensor_parallel.pipelined_rs_exposed(x, one, gemm)[0] == pytest.approx(
         gemm * loss + 3 * (piece - gemm * (1 + loss) / 4) + piece, rel=REL)
     gemm = 1.0  # a GEMM far longer: the last piece and the SMs' loss only
-    assert tensor_parallel.pipelined_rs_exposed(x, one, gemm, 4.0)[0] == pytest.approx(gemm * loss + piece, rel=REL)
+    assert tensor_parallel.pipelined_rs_exposed(x, one, gemm)[0] == pytest.approx(gemm * loss + piece, rel=REL)
     # Through tp_comm_time: the forward RS (one per block) leaves the ring exchange for the pipeline;
     # the forward AG and the output-gradient AG stay ring exchanges.
     linear, chunked = 1.0e-4, 1.6e-4

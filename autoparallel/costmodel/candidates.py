@@ -10,7 +10,8 @@ formula.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -192,9 +193,29 @@ class Candidates:
     windowed_offload: np.ndarray  # TE >= 1.10's load-balanced offload windows (else one layer's, ``stages.offload_time``)
     hbm: float  # achievable HBM bytes/s
     gemm_peak: np.ndarray  # FLOP/s of the Linear GEMMs at full efficiency (quantized and BF16 layers mixed)
+    # String knobs as (codes, distinct values), factorized once each (``knob_is``).
+    labels: dict = field(default_factory=dict, repr=False, compare=False)
+    # Terms computed once for these candidates (``once``); not carried over by ``replace``.
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def flag(self, name: str) -> np.ndarray:
         return np.asarray(self.knobs[name], dtype=bool)
+
+    def once(self, term):
+        """``term(self)``, computed on the first call only: for what several callers price alike
+        (the dense and the MoE layer share their attention terms, ``layer_time.shared_terms``)."""
+        if term not in self.memo:
+            self.memo[term] = term(self)
+        return self.memo[term]
+
+    def knob_is(self, name: str, *values: str) -> np.ndarray:
+        """Whether each plan's string knob ``name`` is one of ``values``: its distinct strings are
+        compared, not its rows (a column of Python strings compares at ~40x the cost of a float
+        operation, and the terms ask about precision, dispatcher and CUDA graph a dozen times)."""
+        if name not in self.labels:
+            self.labels[name] = pipeline.factorize(self.knobs[name])
+        codes, names = self.labels[name]
+        return np.array([n in values for n in names], dtype=bool)[codes].reshape(np.shape(self.knobs[name]))
 
     def number(self, name: str) -> np.ndarray:
         return np.asarray(self.knobs[name], dtype=float)
@@ -218,25 +239,25 @@ class Candidates:
     def has_middle(self) -> np.ndarray:
         return self.p > 2
 
-    @property
+    @cached_property
     def keep_scores(self) -> np.ndarray:
         """The s x s attention probabilities are saved for backward (no flash, no core_attn
         recompute)."""
         return ~self.flash & ~self.modules["core_attn"]
 
-    @property
+    @cached_property
     def attention_output_fused(self) -> np.ndarray:
         """A fused attention kernel saves its BF16 output for its backward: flash attention, core
         attention not recomputed, not FP8 attention (whose FP8 output is the projection's input)."""
         return self.flash & ~self.modules["core_attn"] & ~self.flag("fp8_attention")
 
-    @property
+    @cached_property
     def attention_output_bytes(self) -> np.ndarray:
         """Bytes kept per element of the attention output (``memory.attention_output_bytes``):
         the fused kernel's BF16 output; the projection's own quantized copy beside it under
         delayed scaling; FP8 attention's one FP8 output, shared with the projection; a published
         row's own cache where it states one (``ATTENTION_OUTPUT_CACHE_COLUMN``: one copy, shared)."""
-        delayed = np.asarray(self.knobs["precision"]) == "fp8-delayed"
+        delayed = self.knob_is("precision", "fp8-delayed")
         fp8_attention = self.flag("fp8_attention") & (self.quantized_fraction > 0)
         kept = np.where(fp8_attention, memory.gemm_input_bytes(self.quantized_fraction, self.quantized_input_bytes),
                         memory.attention_output_bytes(self.quantized_fraction, self.quantized_input_bytes,
@@ -258,6 +279,21 @@ class Candidates:
     def cuda_graph(self) -> np.ndarray:
         return np.asarray(self.knobs["cuda_graph"])
 
+    @cached_property
+    def tp_ranks(self) -> comm.Group:
+        """The TP group (consecutive ranks) on the two tiers, for every term that prices its collectives."""
+        return comm.group(self.hw, self.t, comm.ranks_per_domain(self.hw, self.t, 1))
+
+    @cached_property
+    def dp_ranks(self) -> comm.Group:
+        """The data-parallel group of the dense parameters (``dp_group``) on the two tiers."""
+        return comm.group(self.hw, self.dp_group, self.dp_per_node)
+
+    @cached_property
+    def edp_ranks(self) -> comm.Group:
+        """The experts' data-parallel group (``edp_group``) on the two tiers."""
+        return comm.group(self.hw, self.edp_group, self.edp_per_node)
+
     def optimizer_shards(self) -> tuple[np.ndarray, np.ndarray]:
         """GPUs the Adam states of dense parameters and of experts are sharded over."""
         dist_opt = self.distributed_optimizer
@@ -274,8 +310,12 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
     precision = np.asarray(cols["precision"])
     full = recompute == "full"
     selective = recompute == "selective"
-    is_fp8 = np.isin(precision, FP8_PRECISIONS)
-    is_fp4 = np.isin(precision, FP4_PRECISIONS)
+    labels = {"precision": pipeline.factorize(precision)}
+    precision_codes, precisions = labels["precision"]
+    precision_in = lambda names: (np.array([p in names for p in precisions], dtype=bool)  # noqa: E731
+                                  [precision_codes].reshape(precision.shape))
+    is_fp8 = precision_in(FP8_PRECISIONS)
+    is_fp4 = precision_in(FP4_PRECISIONS)
 
     L = model.num_layers
     s_local = model.seq_length / c
@@ -309,11 +349,13 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
         model=model, hw=hw, knobs=cols, t=t, p=p, v=v, c=c, dp=dp, e=e, et=et, b=b, gbs=gbs,
         m=gbs / (b * dp), s_local=s_local, tokens=b * s_local,
         sp=flag("sp"), flash=flag("flash_attention"), fsdp=flag("fsdp"), full=full, selective=selective,
-        is_fp8=is_fp8, is_fp4=is_fp4, cast_bytes=_looked_up(precision, CAST_BYTES, 0.0),
+        is_fp8=is_fp8, is_fp4=is_fp4,
+        cast_bytes=np.array([CAST_BYTES.get(p, 0.0) for p in precisions], dtype=float)[precision_codes].reshape(
+            precision.shape),
         quantized_fraction=quantized_fraction,
         quantized_input_bytes=np.where(is_fp4, QUANTIZED_INPUT_BYTES["fp4"], QUANTIZED_INPUT_BYTES["fp8"]),
         quantized_weight_bytes=np.select(
-            [is_fp4, np.isin(precision, PER_TENSOR_FP8) & hw.mxfp8],  # hw.mxfp8: a Blackwell (sm_100) GPU
+            [is_fp4, precision_in(PER_TENSOR_FP8) & hw.mxfp8],  # hw.mxfp8: a Blackwell (sm_100) GPU
             [QUANTIZED_WEIGHT_BYTES["fp4"], memory.FP8_WEIGHT_BYTES], QUANTIZED_WEIGHT_BYTES["fp8"]),
         act_input_bytes=act_input_bytes,
         routed_act_input_bytes=routed_act_input_bytes(cols, modules["moe_act"], act_input_bytes),
@@ -336,5 +378,5 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
                                 dispatch.FP8_DISPATCH_MEAN_BYTES, dispatch.DISPATCH_BYTES),
         windowed_offload=te_at_least(cols.get(TE_VERSION_COLUMN, ""), 1, 10),
         hbm=hw.hbm_tbps * 1e12 * hw.efficiency.hbm,
-        gemm_peak=gemm.peak(hw, quantized_fraction, is_fp4),
+        gemm_peak=gemm.peak(hw, quantized_fraction, is_fp4), labels=labels,
     )

@@ -32,15 +32,15 @@ def _hidden(hw: HardwareSpec, comm_time, window):
     return comm.exposed_behind(comm_time, window, hw.efficiency.dp_overlap)
 
 
-def distributed_optimizer_exposed(hw: HardwareSpec, params_gpu, grad_bytes, group, per_node, dist_opt,
+def distributed_optimizer_exposed(hw: HardwareSpec, params_gpu, grad_bytes, ranks: comm.Group, dist_opt,
                                   vp, pp, stage_compute, overlap_grads, overlap_params, gather_bytes=WEIGHT_BYTES):
-    """Exposed seconds per step of the gradient reduce and parameter gather of one stage.
+    """Exposed seconds per step of the gradient reduce and parameter gather of one stage over the
+    data-parallel group ``ranks`` (``comm.group``).
 
     ``stage_compute``: forward + backward of one micro-batch through the stage (all chunks);
     ``gather_bytes``: per parameter gathered (BF16; 1 for weights kept in FP8).
     """
     chunk_params = params_gpu / vp
-    ranks = comm.group(hw, group, per_node)
     grads = chunk_params * grad_bytes
     reduce = np.where(dist_opt, ranks.reduce_scatter_time(grads), ranks.all_reduce_time(grads))
     gather = np.where(dist_opt, ranks.reduce_scatter_time(chunk_params * gather_bytes), 0.0)
@@ -53,10 +53,10 @@ def distributed_optimizer_exposed(hw: HardwareSpec, params_gpu, grad_bytes, grou
             + np.where(overlap_params, gather_exposed, vp * gather))
 
 
-def fsdp_exposed(hw: HardwareSpec, layer_params_gpu, grad_bytes, group, per_node, layer_forward, layer_backward,
+def fsdp_exposed(hw: HardwareSpec, layer_params_gpu, grad_bytes, ranks: comm.Group, layer_forward, layer_backward,
                  gather_bytes=WEIGHT_BYTES):
-    """Exposed seconds per layer and micro-batch of FSDP's gathers and reduce-scatter."""
-    ranks = comm.group(hw, group, per_node)
+    """Exposed seconds per layer and micro-batch of FSDP's gathers and reduce-scatter over the
+    data-parallel group ``ranks`` (``comm.group``)."""
     gather = ranks.reduce_scatter_time(layer_params_gpu * gather_bytes)
     reduce = ranks.reduce_scatter_time(layer_params_gpu * grad_bytes)
     return _hidden(hw, gather, layer_forward) + _hidden(hw, gather + reduce, layer_backward)

@@ -143,12 +143,12 @@ def dispatch_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance
     nbytes = tokens * model.moe_router_topk * model.hidden_size * value_bytes * imbalance
     expert_tp = comm.reduce_scatter_time(hw, nbytes * etp, etp, comm.ranks_per_domain(hw, etp, 1))
     out = np.zeros(np.shape(ep))
-    if (dispatcher == "alltoall").any():
-        out = np.where(dispatcher == "alltoall", alltoall_time(hw, nbytes, ep, etp) + expert_tp, out)
-    if (dispatcher == "flex").any():
-        out = np.where(dispatcher == "flex", flex_time(hw, model, tokens, ep, etp, imbalance, value_bytes) + expert_tp, out)
-    if (dispatcher == "allgather").any():
-        out = np.where(dispatcher == "allgather", allgather_time(hw, model, tokens, ep, etp), out)
+    if (alltoall := dispatcher == "alltoall").any():
+        out = np.where(alltoall, alltoall_time(hw, nbytes, ep, etp) + expert_tp, out)
+    if (flex := dispatcher == "flex").any():
+        out = np.where(flex, flex_time(hw, model, tokens, ep, etp, imbalance, value_bytes) + expert_tp, out)
+    if (allgather := dispatcher == "allgather").any():
+        out = np.where(allgather, allgather_time(hw, model, tokens, ep, etp), out)
     return out
 
 

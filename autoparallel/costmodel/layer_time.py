@@ -80,7 +80,7 @@ def attention_time(x: Candidates):
     bf16 = gemm.bf16_peak(hw)
     peak = np.where(fp8, (hw.fp8_tflops or hw.bf16_tflops) * 1e12 * gemm.tensor_speed(hw), bf16)
     gemms = attn_flops / peak
-    mxfp8 = fp8 & (np.asarray(x.knobs["precision"]) == "mxfp8")
+    mxfp8 = fp8 & x.knob_is("precision", "mxfp8")
     gemms = np.where(mxfp8, np.maximum(gemms, scores * 2.0 * 2.0 * MXFP8_ATTENTION_HEAD_DIM / bf16), gemms)
     return np.maximum(gemms, exponentials / (hw.exp_tera_per_s * 1e12)) / hw.efficiency.attention
 
@@ -143,7 +143,7 @@ def permutation_time(x: Candidates):
     model = x.model
     tokens, k = x.tokens / x.t, model.moe_router_topk
     received = received_copies(x)
-    sorts = (np.asarray(x.knobs["moe_token_dispatcher_type"]) == "alltoall") & (moe.local_experts(model, x.e) > 1)
+    sorts = x.knob_is("moe_token_dispatcher_type", "alltoall") & (moe.local_experts(model, x.e) > 1)
     passes = 2.0 * tokens * (1.0 + k) + np.where(sorts, 2.0 * 2.0 * received, 0.0)
     forward = passes * dispatch.DISPATCH_BYTES * model.hidden_size / x.hbm
     return forward, forward
@@ -196,7 +196,7 @@ def fp32_expert_probs(x: Candidates) -> np.ndarray:
     ops' output before ``_apply_bias``): nothing there is promoted to FP32 in memory, and the
     epilogue's work stays priced at the BF16 step's bytes, as the fused MLP's other epilogue work
     (``fused_grouped_mlp_calls``)."""
-    flex = np.asarray(x.knobs["moe_token_dispatcher_type"]) == "flex"
+    flex = x.knob_is("moe_token_dispatcher_type", "flex")
     return (flex & ~x.flag("cutedsl_fused_grouped_mlp")) | x.model.moe_router_fp32
 
 
@@ -255,7 +255,7 @@ def forward_time(x: Candidates, t_linear, attention, softmax, is_moe: bool):
     (``moe_expert_calls``)."""
     eff = x.hw.efficiency
     t_elementwise = eff.elementwise_bytes_per_token_hidden / 34.0 * activation_bytes(x, is_moe, False) / x.hbm
-    launches = np.where(x.cuda_graph == "none", eff.layer_overhead_s, 0.0)
+    launches = np.where(x.knob_is("cuda_graph", "none"), eff.layer_overhead_s, 0.0)
     return t_linear + attention + t_elementwise + softmax + launches
 
 
@@ -349,7 +349,7 @@ def combined_host_stall(x: Candidates, layer_time):
     micro-batches (plain forwards and backwards) are priced alike."""
     if not x.model.is_moe:
         return np.zeros_like(x.t, dtype=float)
-    combined = x.flag("overlap_moe_expert_parallel_comm") & (x.cuda_graph != "full_iteration") & ~x.dualpipe
+    combined = x.flag("overlap_moe_expert_parallel_comm") & ~x.knob_is("cuda_graph", "full_iteration") & ~x.dualpipe
     forward, backward = expert_call_count(x)
     host = (forward + backward) * x.hw.efficiency.moe_expert_call_s
     return np.where(combined, np.maximum(host - layer_time, 0.0), 0.0)
@@ -430,7 +430,7 @@ def expert_calls(x: Candidates, t_experts):
     fused = x.flag("cutedsl_fused_grouped_mlp")
     if not fused.any():
         return looped
-    stashed = fused & (x.cuda_graph == "full_iteration")
+    stashed = fused & x.knob_is("cuda_graph", "full_iteration")
     stash = paged_stash_time(x)
     return tuple(np.where(fused, f + np.where(stashed, s, 0.0), l)
                  for f, s, l in zip(fused_grouped_mlp_calls(x, t_experts), stash, looped))
@@ -452,7 +452,7 @@ def lora_adapters_time(x: Candidates):
     flops_time = 3.0 * 2.0 * x.tokens * finetune.adapter_params_gpu(x.model, x.t) / (
         gemm.bf16_peak(x.hw) * x.hw.efficiency.gemm_max)
     stream_time = x.tokens * finetune.adapter_stream_elements(x.model, x.t, x.sp) * finetune.ADAPTER_BYTES / x.hbm
-    tp_group = comm.group(x.hw, x.t, comm.ranks_per_domain(x.hw, x.t, 1))
+    tp_group = x.tp_ranks
     collectives = sum(count * tp_group.reduce_scatter_time(finetune.ADAPTER_BYTES * x.tokens * width)
                       for width, count in finetune.adapter_collectives(x.model, x.t, x.sp,
                                                                              x.flag("tp_comm_overlap")))
@@ -577,11 +577,10 @@ def fsdp_time(x: Candidates, params, expert_params, forward, full_recompute, is_
     reduce-scattered after its backward, every micro-batch, prefetched behind the layer before
     (experts over their own data-parallel group)."""
     backward = 2.0 * forward + full_recompute
-    exposed = dataparallel.fsdp_exposed(x.hw, params, x.grad_bytes, x.dp_group, x.dp_per_node, forward, backward,
-                                        x.gather_bytes)
+    exposed = dataparallel.fsdp_exposed(x.hw, params, x.grad_bytes, x.dp_ranks, forward, backward, x.gather_bytes)
     if is_moe:
         exposed = exposed + dataparallel.fsdp_exposed(
-            x.hw, expert_params, x.grad_bytes, x.edp_group, x.edp_per_node, forward, backward, x.gather_bytes)
+            x.hw, expert_params, x.grad_bytes, x.edp_ranks, forward, backward, x.gather_bytes)
     return np.where(x.fsdp, exposed, 0.0)
 
 
@@ -618,14 +617,16 @@ def amax_reduction_time(x: Candidates):
     tp_only = x.flag("tp_only_amax_red")
     group = np.where(tp_only, x.t * x.c, x.t * x.c * x.dp)
     per_node = comm.ranks_per_domain(x.hw, group, 1)
-    delayed = np.asarray(x.knobs["precision"]) == "fp8-delayed"
+    delayed = x.knob_is("precision", "fp8-delayed")
     reduce = comm.tree_all_reduce_latency(x.hw, group, per_node)
     return np.where(delayed, 2.0 * reduce / np.maximum(layers_per_chunk, 1.0), 0.0)
 
 
-def stored_activation_bytes(x: Candidates, is_moe: bool):
+def stored_activation_bytes(x: Candidates, is_moe: bool, saved=None):
     """What the layer keeps per micro-batch in flight: its input where full recompute covers it,
-    else its activations less what selective recompute spares."""
+    else its activations (``saved``: ``activation_bytes`` with the plan's ``keep_scores``, where
+    the caller has them) less what selective recompute spares."""
+    saved = activation_bytes(x, is_moe, x.keep_scores) if saved is None else saved
     clamp = glu_clamp_saved_bytes(x.model)
     spared = memory.recomputed_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction, is_moe, x.et,
                                      x.imbalance, x.modules["mla_up_proj"], x.modules["moe_act"], x.modules["moe"],
@@ -636,7 +637,14 @@ def stored_activation_bytes(x: Candidates, is_moe: bool):
         extra = copies * 2.0 * x.model.expert_ffn_hidden_size * clamp
         spared = spared + np.where(x.modules["moe"], 0.0, np.where(x.modules["moe_act"], extra, 0.0))
     return (x.recomputed_fraction * memory.layer_input_bytes(x.model, x.b, x.s_local, x.t, x.sp)
-            + (1 - x.recomputed_fraction) * (activation_bytes(x, is_moe, x.keep_scores) - spared))
+            + (1 - x.recomputed_fraction) * (saved - spared))
+
+
+def shared_terms(x: Candidates):
+    """(attention core, unfused softmax, CP exchange, amax reduction): the same in a dense and a
+    MoE layer, priced once per candidates (``Candidates.once``)."""
+    attention = attention_time(x)
+    return attention, softmax_time(x), cp_comm_time(x, attention), amax_reduction_time(x)
 
 
 def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe: bool, moe_block=0.0,
@@ -648,7 +656,7 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
     backward) pairs of a MoE layer priced with their own backward (``router_time``,
     ``permutation_time``, ``expert_bias_time``, ``glu_clamp_time``); ``tp_linear``: forward time of the TP-split
     GEMMs, whole and in ring-exchange chunks (``tensor_parallel``)."""
-    attention, softmax = attention_time(x), softmax_time(x)
+    attention, softmax, cp_comm, amax_reduction = x.once(shared_terms)
     forward = forward_time(x, t_linear, attention, softmax, is_moe) + sum(f for f, _ in kernels)
     # compute_time prices a backward of twice the forward; these kernels' backward is their own.
     compute = compute_time(x, forward, t_linear) + sum(b - 2.0 * f for f, b in kernels)
@@ -659,22 +667,23 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
         "selective_recompute": selective_recompute_time(x, attention, softmax, is_moe, moe_block),
         "full_recompute": full_recompute,
         "tp_comm": tensor_parallel.tp_comm_time(x, tp_blocks, *tp_linear),
-        "cp_comm": cp_comm_time(x, attention),
+        "cp_comm": cp_comm,
         "fsdp": fsdp_time(x, params, expert_params, forward, full_recompute, is_moe),
         "ep_comm": ep_comm_time(x, compute, is_moe),
         "lora_adapters": lora_adapters_time(x) if not is_moe else np.zeros_like(x.t),
-        "amax_reduction": amax_reduction_time(x),
+        "amax_reduction": amax_reduction,
     }
     time = sum(terms[k] for k in LAYER_TIME_TERMS)
     if is_moe:  # the GPU idles while the host issues the layer (the 1F1B all-to-all overlap)
         stall = combined_host_stall(x, time)
         terms["compute"] = terms["compute"] + stall
         time = time + stall
-    stored = stored_activation_bytes(x, is_moe)
+    working = activation_bytes(x, is_moe, x.keep_scores)
+    stored = stored_activation_bytes(x, is_moe, working)
     return dict(terms, time=time, forward=forward,
                 recompute=terms["selective_recompute"] + terms["full_recompute"],
                 stored=stored, stored_imbalance=stored - stored_activation_bytes(x.evenly_loaded(), is_moe) if is_moe
-                else np.zeros_like(stored), working=activation_bytes(x, is_moe, x.keep_scores),
+                else np.zeros_like(stored), working=working,
                 params=params, expert_params=expert_params,
                 adapter_params=finetune.adapter_params_gpu(x.model, x.t) + np.zeros_like(x.t))
 

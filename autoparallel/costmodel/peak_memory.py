@@ -131,13 +131,13 @@ def cuda_graph_bytes(x: Candidates, held, stage_layers):
 
 def graph_data_bytes(x: Candidates):
     """A full-iteration graph's static token ids, labels and loss masks (``cuda_graph_bytes``)."""
-    return np.where(x.cuda_graph == "full_iteration", x.m * x.tokens * memory.GRAPH_DATA_BYTES_PER_TOKEN, 0.0)
+    return np.where(x.knob_is("cuda_graph", "full_iteration"), x.m * x.tokens * memory.GRAPH_DATA_BYTES_PER_TOKEN, 0.0)
 
 
 def graph_layer_input_bytes(x: Candidates):
     """Per-layer CUDA graphs' static input buffer, per layer and micro-batch in flight
     (``cuda_graph_bytes``)."""
-    return np.where(x.cuda_graph == "layer", memory.layer_input_bytes(x.model, x.b, x.s_local, x.t, x.sp), 0.0)
+    return np.where(x.knob_is("cuda_graph", "layer"), memory.layer_input_bytes(x.model, x.b, x.s_local, x.t, x.sp), 0.0)
 
 
 def logits_bytes(x: Candidates):
@@ -253,7 +253,7 @@ def peak_memory(x: Candidates, layers: Layers, params: list, memory_fraction: fl
     acts, logits = activation_bytes(x, layers)
     peaks = [sum(st) + a for st, a in zip(states, acts)]
     fullest = np.argmax(np.stack([np.where(ok, pk, -np.inf) for ok, pk in zip(present(x), peaks)]), axis=0)
-    choose = lambda values: np.choose(fullest, [np.broadcast_to(v, x.t.shape) for v in values])  # noqa: E731
+    choose = lambda values: np.choose(fullest, values)  # noqa: E731  (it broadcasts; broadcast views made it 2x slower)
     weights, grads, optimizer, fp8_weights = (choose([st[i] for st in states]) for i in range(4))
     logits_shown = choose(logits)
     peak = choose(peaks) + x.hw.reserve_gib * GIB

@@ -73,22 +73,21 @@ def offload_time(x: Candidates, layers: Layers):
     (``num_prefetch_group=1``): each layer's transfer hides behind one layer's pass only
     (``Candidates.windowed_offload`` off)."""
     mean = lambda key: layers.on(key, x.first_layers, x.first_moe) / np.maximum(x.first_layers, 1.0)  # noqa: E731
+    stored, forward, compute = mean("stored"), mean("forward"), mean("compute")
     host_link = x.hw.host_link_gbps * 1e9
     if x.hw.network_shares_host_link:
         per_param = 2.0 * x.gather_bytes + x.grad_bytes
         fsdp_network = np.where(
             x.fsdp, comm.internode_bytes(mean("params") * per_param, x.dp_group, x.dp_per_node)
             + comm.internode_bytes(mean("expert_params") * per_param, x.edp_group, x.edp_per_node), 0.0)
-        host_link = np.maximum(host_link - fsdp_network / mean("compute"), 0.1 * host_link)
+        host_link = np.maximum(host_link - fsdp_network / compute, 0.1 * host_link)
     def exposed(transfer, forward, compute):  # each way's transfer beyond the pass that hides it
         return np.maximum(transfer - forward, 0.0) + np.maximum(transfer - (compute - forward), 0.0)
 
-    windowed = exposed(x.offloaded * mean("stored") / host_link, x.first_layers * mean("forward"),
-                       x.first_layers * mean("compute"))
+    windowed = exposed(x.offloaded * stored / host_link, x.first_layers * forward, x.first_layers * compute)
     # Before TE 1.10: per offloaded layer, its transfer against one layer's forward and backward, and
     # the copy into the double buffer (read and write on the GPU).
-    per_layer = x.offloaded * (exposed(mean("stored") / host_link, mean("forward"), mean("compute"))
-                               + 2.0 * mean("stored") / x.hbm)
+    per_layer = x.offloaded * (exposed(stored / host_link, forward, compute) + 2.0 * stored / x.hbm)
     return np.where(x.windowed_offload, windowed, per_layer)
 
 

@@ -63,20 +63,20 @@ def heaviest_stage_params(x: Candidates, params: list) -> tuple[np.ndarray, np.n
     to reduce and its optimizer the slowest to step."""
     totals = [np.where(ok, dense + experts, -np.inf) for ok, (dense, experts) in zip(present(x), params)]
     heaviest = np.argmax(np.stack(totals), axis=0)
-    return tuple(np.choose(heaviest, [np.broadcast_to(stage[i], x.t.shape) for stage in params]) for i in range(2))
+    return tuple(np.choose(heaviest, [stage[i] for stage in params]) for i in range(2))
 
 
 def dp_comm_time(x: Candidates, params_gpu, experts_gpu, stage_compute):
     """Gradient reduce-scatter (all-reduce) and parameter all-gather over the data-parallel group
     (experts over theirs), what overlap with the last/first micro-batches leaves exposed; FSDP
     prices its traffic per layer instead (``layer_time.fsdp_time``)."""
-    def exposed(params, group, per_node):
+    def exposed(params, ranks):
         return np.where(x.fsdp, 0.0, dataparallel.distributed_optimizer_exposed(
-            x.hw, params, x.grad_bytes, group, per_node, x.distributed_optimizer, x.v, x.p, stage_compute,
+            x.hw, params, x.grad_bytes, ranks, x.distributed_optimizer, x.v, x.p, stage_compute,
             x.flag("overlap_grad_reduce"), x.flag("overlap_param_gather"), x.gather_bytes))
-    total = exposed(params_gpu, x.dp_group, x.dp_per_node)
+    total = exposed(params_gpu, x.dp_ranks)
     if x.model.is_moe:
-        total = total + exposed(experts_gpu, x.edp_group, x.edp_per_node)
+        total = total + exposed(experts_gpu, x.edp_ranks)
     return total
 
 

@@ -44,7 +44,7 @@ def _hidden(x: Candidates, collective, window):
     return comm.exposed_behind(collective, window, x.hw.efficiency.tp_overlap)
 
 
-def ring_exchange_exposed(x: Candidates, one, chunked, per_domain):
+def ring_exchange_exposed(x: Candidates, one, chunked):
     """What stays exposed of one userbuffers ring exchange (``one``: the whole all-gather or
     reduce-scatter, ``comm.reduce_scatter_time``) run beside its GEMM split into tp chunks
     (``chunked``: the whole chunked GEMM's time).
@@ -63,7 +63,7 @@ def ring_exchange_exposed(x: Candidates, one, chunked, per_domain):
     a window of (tp-1)/tp of the chunked GEMM (1/2 at TP2, 3/4 at TP4, 7/8 at TP8)."""
     t = np.asarray(x.t, dtype=float)
     steps = np.maximum(t - 1.0, 1.0)
-    latency = comm.group(x.hw, t, per_domain).latency_s
+    latency = x.tp_ranks.latency_s
     step = (one - latency) / steps + latency  # one chunk's transfer
     return np.where(t > 1, steps * np.maximum(step - chunked / np.maximum(t, 1.0), 0.0), 0.0)
 
@@ -77,7 +77,7 @@ PIPELINE_RS_SPLITS = 4
 PIPELINE_RS_COMM_SMS = (32, 16)
 
 
-def pipelined_rs_exposed(x: Candidates, one, gemm, per_domain):
+def pipelined_rs_exposed(x: Candidates, one, gemm):
     """What a forward reduce-scatter run with TE's ``pipeline`` method costs beyond its GEMM:
     exposed communication plus the time the GEMM loses to the SMs it leaves to the collective.
 
@@ -92,7 +92,7 @@ def pipelined_rs_exposed(x: Candidates, one, gemm, per_domain):
     sms = float(x.hw.sm_count)
     loss = float(np.mean([n / (sms - n) for n in PIPELINE_RS_COMM_SMS]))
     slowed = gemm * (1.0 + loss)
-    latency = comm.group(x.hw, x.t, per_domain).latency_s
+    latency = x.tp_ranks.latency_s
     piece = (one - latency) / splits + latency
     return gemm * loss + (splits - 1.0) * np.maximum(piece - slowed / splits, 0.0) + piece
 
@@ -102,8 +102,7 @@ def tp_comm_time(x: Candidates, blocks, t_linear, t_chunked):
     GEMMs lose to ring-exchange chunking. ``t_linear`` / ``t_chunked``: forward time of the
     TP-split GEMMs, whole and split into tp chunks; each block's column and row Linear are taken
     as half of its share."""
-    per_domain = comm.ranks_per_domain(x.hw, x.t, 1)
-    one = comm.reduce_scatter_time(x.hw, 2.0 * x.tokens * x.model.hidden_size, x.t, per_domain)
+    one = x.tp_ranks.reduce_scatter_time(2.0 * x.tokens * x.model.hidden_size)
     half = t_linear / blocks / 2.0  # one Linear of a block, forward (its dgrad and wgrad alike)
     half_chunked = t_chunked / blocks / 2.0
     wgrad = finetune.linear_passes(x.model) - 2.0  # 1, or 0 for a frozen base
@@ -112,13 +111,13 @@ def tp_comm_time(x: Candidates, blocks, t_linear, t_chunked):
     behind_gemm = wgrad * 2.0 * _hidden(x, one, half)  # AG beside dgrad, RS beside wgrad
     plain = waited * one + behind_gemm
     # Ring exchange (copy engines): each waited collective beside its own chunked GEMM.
-    exposed = ring_exchange_exposed(x, one, half_chunked, per_domain)
+    exposed = ring_exchange_exposed(x, one, half_chunked)
     chunking = waited * (half_chunked - half)  # the chunked GEMMs: forward, row dgrad (a frozen base's col dgrad)
     overlapped = waited * exposed + behind_gemm + chunking
     ring = exposed + (half_chunked - half)  # one ring exchange: exposed, and its GEMM's chunking
     # TE's pipeline method for the forward reduce-scatters (one per forward, recomputed ones too).
     forward_rs = 1.0 + x.recomputed_fraction
-    pipelined = overlapped + forward_rs * (pipelined_rs_exposed(x, one, half, per_domain) - ring)
+    pipelined = overlapped + forward_rs * (pipelined_rs_exposed(x, one, half) - ring)
     overlapped = np.where(x.flag("tp_overlap_rs_pipeline"), pipelined, overlapped)
     no_sp = 2.0 * one * (1.0 + x.recomputed_fraction) + np.where(wgrad > 0, _hidden(x, 2.0 * one, half), 2.0 * one)
     per_block = np.where(x.sp, np.where(x.flag("tp_comm_overlap"), overlapped, plain), no_sp)

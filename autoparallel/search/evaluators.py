@@ -69,7 +69,7 @@ class CostModelEvaluator:
         reason = reason.copy()
         reason[oom] = texts[which.reshape(-1)]
         out["reason"] = reason
-        out["fits"] = reason == ""
+        out["fits"] = valid & ~oom  # reason == "" (every reason is a non-empty string), not compared row by row
         return out
 
     def _estimate(self, cols: dict[str, np.ndarray], rows: np.ndarray, n: int) -> dict[str, np.ndarray]:
