@@ -123,11 +123,17 @@ def routed_act_input_bytes(cols: Mapping[str, np.ndarray], moe_act, act_input_by
     return np.where(moe_act, recomputed, act_input_bytes)
 
 
+def _per_value(factorized: tuple[np.ndarray, list], shape, value_of, dtype) -> np.ndarray:
+    """``value_of(v)`` for each row's string ``v``, computed once per distinct string (a column of
+    Python strings compares at ~40x the cost of a float operation); ``factorized``:
+    ``pipeline.factorize`` of the column, ``shape`` its shape."""
+    codes, names = factorized
+    return np.array([value_of(name) for name in names], dtype=dtype)[codes].reshape(shape)
+
+
 def _looked_up(values, table: Mapping[str, float], default: float) -> np.ndarray:
-    """``table``'s number for each string of ``values`` (``default`` where it has none), looked up
-    once per distinct value."""
-    codes, names = pipeline.factorize(values)
-    return np.array([table.get(name, default) for name in names], dtype=float)[codes].reshape(np.shape(values))
+    """``table``'s number for each string of ``values`` (``default`` where it has none)."""
+    return _per_value(pipeline.factorize(values), np.shape(values), lambda name: table.get(name, default), float)
 
 
 @dataclass
@@ -214,8 +220,7 @@ class Candidates:
         operation, and the terms ask about precision, dispatcher and CUDA graph a dozen times)."""
         if name not in self.labels:
             self.labels[name] = pipeline.factorize(self.knobs[name])
-        codes, names = self.labels[name]
-        return np.array([n in values for n in names], dtype=bool)[codes].reshape(np.shape(self.knobs[name]))
+        return _per_value(self.labels[name], np.shape(self.knobs[name]), lambda knob: knob in values, bool)
 
     def number(self, name: str) -> np.ndarray:
         return np.asarray(self.knobs[name], dtype=float)
@@ -311,9 +316,8 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
     full = recompute == "full"
     selective = recompute == "selective"
     labels = {"precision": pipeline.factorize(precision)}
-    precision_codes, precisions = labels["precision"]
-    precision_in = lambda names: (np.array([p in names for p in precisions], dtype=bool)  # noqa: E731
-                                  [precision_codes].reshape(precision.shape))
+    def precision_in(names):
+        return _per_value(labels["precision"], precision.shape, lambda p: p in names, bool)
     is_fp8 = precision_in(FP8_PRECISIONS)
     is_fp4 = precision_in(FP4_PRECISIONS)
 
@@ -350,8 +354,7 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
         m=gbs / (b * dp), s_local=s_local, tokens=b * s_local,
         sp=flag("sp"), flash=flag("flash_attention"), fsdp=flag("fsdp"), full=full, selective=selective,
         is_fp8=is_fp8, is_fp4=is_fp4,
-        cast_bytes=np.array([CAST_BYTES.get(p, 0.0) for p in precisions], dtype=float)[precision_codes].reshape(
-            precision.shape),
+        cast_bytes=_per_value(labels["precision"], precision.shape, lambda p: CAST_BYTES.get(p, 0.0), float),
         quantized_fraction=quantized_fraction,
         quantized_input_bytes=np.where(is_fp4, QUANTIZED_INPUT_BYTES["fp4"], QUANTIZED_INPUT_BYTES["fp8"]),
         quantized_weight_bytes=np.select(
