@@ -114,11 +114,13 @@ def tp_comm_time(x: Candidates, blocks, t_linear, t_chunked):
     exposed = ring_exchange_exposed(x, one, half_chunked)
     chunking = waited * (half_chunked - half)  # the chunked GEMMs: forward, row dgrad (a frozen base's col dgrad)
     overlapped = waited * exposed + behind_gemm + chunking
-    ring = exposed + (half_chunked - half)  # one ring exchange: exposed, and its GEMM's chunking
     # TE's pipeline method for the forward reduce-scatters (one per forward, recomputed ones too).
-    forward_rs = 1.0 + x.recomputed_fraction
-    pipelined = overlapped + forward_rs * (pipelined_rs_exposed(x, one, half) - ring)
-    overlapped = np.where(x.flag("tp_overlap_rs_pipeline"), pipelined, overlapped)
+    pipeline = x.flag("tp_overlap_rs_pipeline")
+    if pipeline.any():  # pinned only (the default space keeps the ring exchange): priced where asked
+        ring = exposed + (half_chunked - half)  # one ring exchange: exposed, and its GEMM's chunking
+        forward_rs = 1.0 + x.recomputed_fraction
+        pipelined = overlapped + forward_rs * (pipelined_rs_exposed(x, one, half) - ring)
+        overlapped = np.where(pipeline, pipelined, overlapped)
     no_sp = 2.0 * one * (1.0 + x.recomputed_fraction) + np.where(wgrad > 0, _hidden(x, 2.0 * one, half), 2.0 * one)
     per_block = np.where(x.sp, np.where(x.flag("tp_comm_overlap"), overlapped, plain), no_sp)
     return np.where(x.t > 1, blocks * per_block, 0.0)
