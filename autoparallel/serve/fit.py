@@ -79,13 +79,19 @@ EXTRA_STARTS = 3
 START_SEED = 0
 
 
+def bounds(keys: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """``BOUNDS`` of ``keys`` as (lower, upper) arrays."""
+    return np.array([BOUNDS[k][0] for k in keys]), np.array([BOUNDS[k][1] for k in keys])
+
+
 def magnitude_floor(keys: tuple[str, ...]) -> np.ndarray:
     """Each constant's smallest magnitude of interest: its lower bound, or its upper bound's three
     decades below it where the lower bound is 0 (the range ``extra_starts`` draws from). Least
     squares scales each constant by max(|start|, this): a constant starting at 0 (the default
     ``pass_overhead_us``) moved in steps of 1e-3 us out of a 20 ms range under the former floor of
     1e-3, and the cold refit without Llama-2-70B stopped in a higher minimum (session 42)."""
-    return np.array([BOUNDS[k][0] if BOUNDS[k][0] > 0 else BOUNDS[k][1] * 1e-3 for k in keys])
+    lo, hi = bounds(keys)
+    return np.where(lo > 0, lo, hi * 1e-3)
 
 
 def extra_starts(keys: tuple[str, ...], n: int = EXTRA_STARTS, seed: int = START_SEED) -> np.ndarray:
@@ -94,17 +100,22 @@ def extra_starts(keys: tuple[str, ...], n: int = EXTRA_STARTS, seed: int = START
     if n <= 0:
         return np.empty((0, len(keys)))
     u = qmc.Halton(d=len(keys), scramble=True, seed=seed).random(n)  # nested: n + 1 starts begin with the n
-    lo = magnitude_floor(keys)
-    hi = np.array([BOUNDS[k][1] for k in keys])
+    lo, hi = magnitude_floor(keys), bounds(keys)[1]
     return np.exp(np.log(lo) + u * (np.log(hi) - np.log(lo)))
 
 
 F_SCALE = 0.05  # soft-L1's knee: a log error of 5 %
 
 
+def log_errors(measured: Measured, rows: pd.DataFrame, eff: InferenceEfficiency, parts=None) -> np.ndarray:
+    """log(predicted / measured) of ``rows`` at ``eff``: the fit's residuals (``parts``: ``groups``, when reused)."""
+    parts = groups(measured, rows) if parts is None else parts
+    return np.log(predicted_values(measured, eff, parts, len(rows)) / rows["measured"].to_numpy(dtype=float))
+
+
 def training_cost(measured: Measured, rows: pd.DataFrame, eff: InferenceEfficiency) -> float:
     """``fit``'s objective at ``eff`` on ``rows`` (scipy's ``cost``: half the soft-L1 sum of the log errors)."""
-    r = np.log(predicted_values(measured, eff, groups(measured, rows), len(rows)) / rows["measured"].to_numpy(float))
+    r = log_errors(measured, rows, eff)
     return float(0.5 * F_SCALE ** 2 * np.sum(2 * (np.sqrt(1 + (r / F_SCALE) ** 2) - 1)))
 
 
@@ -115,9 +126,7 @@ def fit(measured: Measured, rows: pd.DataFrame, start: InferenceEfficiency, tol:
     when given a list, gets each start's final cost (the given start's first)."""
     from scipy.optimize import least_squares
     keys = FIT_KEYS[measured.engine.batching]
-    lo = np.array([BOUNDS[k][0] for k in keys])
-    hi = np.array([BOUNDS[k][1] for k in keys])
-    measured_values = rows["measured"].to_numpy(dtype=float)
+    lo, hi = bounds(keys)
     parts = groups(measured, rows)
     floor = magnitude_floor(keys)
 
@@ -125,7 +134,7 @@ def fit(measured: Measured, rows: pd.DataFrame, start: InferenceEfficiency, tol:
         return dataclasses.replace(start, **{k: float(v) for k, v in zip(keys, x)})
 
     def residuals(x):
-        return np.log(predicted_values(measured, make(x), parts, len(rows)) / measured_values)
+        return log_errors(measured, rows, make(x), parts)
 
     best = None
     for x in [np.array([getattr(start, k) for k in keys], dtype=float), *extra_starts(keys, extra)]:
