@@ -252,7 +252,7 @@ def test_ring_exchange_hides_each_step_behind_one_chunk_not_the_whole_gemm(gpt, 
 
 def test_pipelined_forward_rs_as_mlperf_lora_configs_run_it(gpt, hw):
     """TE's pipeline method (NVIDIA's MLPerf LoRA TP4 conf/tp_overlap/h100tp4mbs1.yaml: num_splits 4,
-    num_sm 32 / 16, set_sm_margin, atomic GEMM): the whole GEMM on the SMs the collective leaves,
+    num_sm 32 / 16, set_sm_margin, atomic GEMM, fp8_buf on proj_fprop only): the whole GEMM on the SMs the collective leaves,
     its output reduce-scattered in 4 pieces, each beside the next piece's GEMM, the last exposed."""
     assert hw.sm_count == 132
     x = _cands(gpt, hw, tp_comm_overlap=True, tp_overlap_rs_pipeline=True)
@@ -272,9 +272,16 @@ def test_pipelined_forward_rs_as_mlperf_lora_configs_run_it(gpt, hw):
     hide = lambda c, window: max((1 - hw.efficiency.tp_overlap) * c, c - window)  # noqa: E731
     step = 2 * 1024 * 12288 / 4 / _nvlink(hw) + latency
     ring_one = 3 * max(step - half_chunked / 4, 0.0) + (half_chunked - half)
-    pipelined = half * loss + 3 * max(piece - half * (1 + loss) / 4, 0.0) + piece
+    pipelined = sum(half * lost + 3 * max(piece - half * (1 + lost) / 4, 0.0) + piece
+                    for lost in (32 / 100, 16 / 116)) / 2
     expected = 2 * (2 * ring_one + pipelined + 2 * hide(one, half))
     assert tensor_parallel.tp_comm_time(x, 2.0, linear, chunked)[0] == pytest.approx(expected, rel=REL)
+    # An FP8 recipe: proj_fprop's fp8_buf moves its pieces in FP8 (half the bytes); fc2_fprop stays BF16.
+    fp8 = _cands(gpt, hw, tp_comm_overlap=True, tp_overlap_rs_pipeline=True, precision="fp8-delayed")
+    fp8_piece = 3 / 4 * 1024 * 12288 / 4 / _nvlink(hw) + latency
+    gemm = 1.0
+    assert tensor_parallel.pipelined_rs_exposed(fp8, one, gemm)[0] == pytest.approx(
+        gemm * loss + (fp8_piece + piece) / 2, rel=REL)
     # Without userbuffers the knob prices nothing (the search refuses it there).
     plain = _cands(gpt, hw, tp_overlap_rs_pipeline=True)
     assert tensor_parallel.tp_comm_time(plain, 2.0, linear, chunked)[0] == pytest.approx(

@@ -275,9 +275,9 @@ def test_a_pipelined_forward_rs_is_written_as_nemo_1_takes_it_and_named_for_mega
     plan = dataclasses.replace(ub, tp_overlap_rs_pipeline=True)
     cfg = nemo1_config(model, plan)["model"]["ub_tp_comm_overlap_cfg"]
     assert cfg == {"proj_fprop": {"method": "pipeline", "num_sm": 32, "cga_size": 2, "num_splits": 4,
-                                  "set_sm_margin": 1, "atomic_gemm": 1},
+                                  "set_sm_margin": 1, "atomic_gemm": 1, "fp8_buf": 1},
                    "fc2_fprop": {"method": "pipeline", "num_sm": 16, "cga_size": 2, "num_splits": 4,
-                                 "set_sm_margin": 1, "atomic_gemm": 1}}
+                                 "set_sm_margin": 1, "atomic_gemm": 1, "fp8_buf": 0}}
     assert set(megatron_lm_unflagged(plan)) == {"tp_overlap_rs_pipeline"}
     assert "tp-comm-overlap-cfg" in export_document(model, plan, {})["megatron_lm_unflagged"]["tp_overlap_rs_pipeline"]
     assert "--tp-comm-overlap" in megatron_args(model, plan)

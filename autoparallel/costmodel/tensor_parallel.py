@@ -69,32 +69,40 @@ def ring_exchange_exposed(x: Candidates, one, chunked):
 
 
 # TE ``pipeline`` settings of NVIDIA's MLPerf LoRA TP4 configs (every round v4.0-v5.1, each submitter's
-# ``conf/tp_overlap/h100tp4mbs1.yaml`` / ``h100tp4cp2mbs1.yaml``; ``measured_runs.MLPERF_LORA_RS_PIPELINE_ROUNDS``):
-# ``num_splits: 4``, ``num_sm`` 32 (proj_fprop) and 16 (fc2_fprop), ``set_sm_margin: 1``, ``atomic_gemm: 1``.
-# Their TP2 files run the ring exchange (v4.0 NVIDIA's own h100tp2mbs1.yaml too), so the split count
-# is one constant, not a per-row setting.
+# ``conf/tp_overlap/h100tp4mbs1.yaml`` / ``h100tp4cp2mbs1.yaml``; ``measured_runs.MLPERF_LORA_RS_PIPELINE_ROUNDS``;
+# e.g. training_results_v4.1 b87b9e39 Azure/.../conf/tp_overlap/h100tp4mbs1.yaml): ``num_splits: 4``,
+# ``set_sm_margin: 1``, ``atomic_gemm: 1``, and per Linear its ``num_sm`` and ``fp8_buf`` (proj_fprop 32 and 1,
+# fc2_fprop 16 and 0, "FP8 does not improve perf"). Their TP2 files run the ring exchange (v4.0 NVIDIA's own
+# h100tp2mbs1.yaml too), so these are constants, not per-row settings.
 PIPELINE_RS_SPLITS = 4
-PIPELINE_RS_COMM_SMS = (32, 16)
+PIPELINE_RS_LINEARS = {"proj_fprop": {"num_sm": 32, "fp8_buf": 1}, "fc2_fprop": {"num_sm": 16, "fp8_buf": 0}}
 
 
 def pipelined_rs_exposed(x: Candidates, one, gemm):
     """What a forward reduce-scatter run with TE's ``pipeline`` method costs beyond its GEMM:
-    exposed communication plus the time the GEMM loses to the SMs it leaves to the collective.
+    exposed communication plus the time the GEMM loses to the SMs it leaves to the collective;
+    the mean of a block's two (``PIPELINE_RS_LINEARS``).
 
     TE 1.x ``UbufCommOverlap::atomic_gemm_overlap_rs`` / ``split_overlap_rs``
     (``transformer_engine/pytorch/csrc/comm_gemm_overlap.h``; TE 2.x ``CommOverlapBase``): the GEMM
     (``gemm``: its whole, unchunked time; an atomic GEMM is one kernel) runs on ``sm_count - num_sm``
-    SMs (``set_sm_margin``), so it takes ``num_sm / (sm_count - num_sm)`` longer (the mean over
-    proj_fprop's 32 and fc2_fprop's 16 SMs); its output is reduce-scattered in ``num_splits``
-    pieces, each (1/num_splits of ``one``'s bytes plus a collective's latency) beside the next
-    piece's GEMM; the last piece has no GEMM left beside it and is exposed whole."""
+    SMs (``set_sm_margin``), so it takes ``num_sm / (sm_count - num_sm)`` longer; its output is
+    reduce-scattered in ``num_splits`` pieces, each (1/num_splits of ``one``'s bytes plus a
+    collective's latency) beside the next piece's GEMM; the last piece has no GEMM left beside it
+    and is exposed whole. With ``fp8_buf`` and an FP8 recipe the GEMM writes FP8 into the buffer and
+    the pieces move one byte per value (TE 1.10 ``initialize_ub``: a ``torch.uint8`` buffer when
+    ``use_fp8 and fp8_buf``; ``comm_gemm_overlap.h`` ``reducescatter2_userbuff_*_fp8`` where
+    ``_ubuf.element_size() == 1``): half of ``one``'s BF16 bytes."""
     splits = float(PIPELINE_RS_SPLITS)
     sms = float(x.hw.sm_count)
-    loss = float(np.mean([n / (sms - n) for n in PIPELINE_RS_COMM_SMS]))
-    slowed = gemm * (1.0 + loss)
     latency = x.tp_ranks.latency_s
-    piece = (one - latency) / splits + latency
-    return gemm * loss + (splits - 1.0) * np.maximum(piece - slowed / splits, 0.0) + piece
+    moved = one - latency  # the bytes' share of the whole reduce-scatter, BF16
+    cost = 0.0
+    for linear in PIPELINE_RS_LINEARS.values():
+        loss = linear["num_sm"] / (sms - linear["num_sm"])
+        piece = moved * np.where(x.is_fp8 & bool(linear["fp8_buf"]), 0.5, 1.0) / splits + latency
+        cost = cost + gemm * loss + (splits - 1.0) * np.maximum(piece - gemm * (1.0 + loss) / splits, 0.0) + piece
+    return cost / len(PIPELINE_RS_LINEARS)
 
 
 def tp_comm_time(x: Candidates, blocks, t_linear, t_chunked):

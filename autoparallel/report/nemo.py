@@ -75,9 +75,10 @@ def ub_rs_pipeline_cfg() -> dict:
     """The userbuffers settings (TE initialize_ub's ub_cfgs; NeMo 1's ub_tp_comm_overlap_cfg) of
     the pipelined forward reduce-scatters, as NVIDIA's MLPerf LoRA TP4 configs write them
     (``conf/tp_overlap/h100tp4mbs1.yaml``); the other Linears keep TE's / NeMo's defaults."""
-    return {name: {"method": "pipeline", "num_sm": sms, "cga_size": 2,
-                   "num_splits": tensor_parallel.PIPELINE_RS_SPLITS, "set_sm_margin": 1, "atomic_gemm": 1}
-            for name, sms in zip(("proj_fprop", "fc2_fprop"), tensor_parallel.PIPELINE_RS_COMM_SMS)}
+    return {name: {"method": "pipeline", "num_sm": linear["num_sm"], "cga_size": 2,
+                   "num_splits": tensor_parallel.PIPELINE_RS_SPLITS, "set_sm_margin": 1, "atomic_gemm": 1,
+                   "fp8_buf": linear["fp8_buf"]}
+            for name, linear in tensor_parallel.PIPELINE_RS_LINEARS.items()}
 
 
 def nemo1_config(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
