@@ -35,7 +35,7 @@ Pricing (``IterationCost``): an iteration of T tokens, s sampled sequences and a
 B bytes costs ``A[T] + S[s] + roofline(F, B)`` per pipeline stage, exactly ``stage_pass``'s sum
 (tables of A and S are computed once per layout: the per-batch-shape cache); with ``pp`` stages
 the running batch is split into ``min(pp, sequences)`` micro-batches and a token takes ``pp``
-stage times, as in ``costmodel.inflight``.
+stage times, as in ``costmodel.inflight``; the host's pass overhead comes once per micro-batch step.
 
 Two implementations of the same scheduler: ``simulate_reference`` (plain Python, one request
 object at a time, small enough to check by hand) and ``simulate`` (aggregated state: decoding
