@@ -3,6 +3,7 @@
     PYTHONPATH=$PWD python benchmarks/bench_issue29_serving.py            # everything (~10 min, 2 shared cores)
     PYTHONPATH=$PWD python benchmarks/bench_issue29_serving.py --layouts  # part 1 only (~3 min)
     PYTHONPATH=$PWD python benchmarks/bench_issue29_serving.py --pp-speedup  # part 5 only (seconds)
+    PYTHONPATH=$PWD python benchmarks/bench_issue29_serving.py --pp-gap   # part 6 only (~2 min)
     PYTHONPATH=$PWD python benchmarks/bench_issue29_serving.py --speed    # the two timings only
     PYTHONPATH=$PWD python benchmarks/bench_issue29_serving.py --fixed-cost-probe  # the diagnostic of RESULTS.md
     PYTHONPATH=$PWD python benchmarks/bench_issue29_serving.py --p99-floor  # what no load-monotone model beats
@@ -33,6 +34,11 @@
    and Server per GPU, beside the 1.2x NVIDIA published for that move (``mlperf.PP_SPEEDUP`` cites
    both). Part 1's eight H100 lines are out of the band by this gap: the search's best is the
    layout NVIDIA moved to, not a pricing error the band should absorb.
+6. **The gap by term** (``mlperf.pp_gap``): the L40S and H100 llama2-70b Offline lines furthest from
+   the search's best, each submitted TP layout and the best TP1 PPn simulated as the MLPerf rows are,
+   then with the TP all-reduce free and with the pipeline hand-offs free; and what a host overhead
+   paid once per micro-batch step (the cost model's structure since session 43; fitted to 0 on the
+   PP1 rows) would have to be to close the H100 gap, beside the v4.1 -> v5.0 ratio it leaves.
 """
 
 from __future__ import annotations
@@ -291,6 +297,41 @@ def pp_speedup() -> pd.DataFrame:
                          for scenario in ("offline", "server")])
 
 
+def pp_gap() -> pd.DataFrame:
+    """Part 6a: each ``mlperf.PP_GAP`` line, its all-reduce and its hand-offs made free."""
+    show = lambda k: f"TP{k[0]} PP{k[1]} b{k[2]} t{k[3]}"  # noqa: E731
+    return pd.DataFrame([{"GPU": r["hardware"], "submitted": show(r["submitted"]), "best": show(r["best"]),
+                          "submitted tok/s/GPU": r["submitted_tps"], "best tok/s/GPU": r["best_tps"],
+                          "share %": 100 * r["share"],
+                          "submitted, all-reduce free": r["submitted_free_allreduce_tps"],
+                          "best, hand-offs free": r["best_free_p2p_tps"],
+                          "share % without the all-reduce": 100 * r["share_free_allreduce"]}
+                         for r in mlperf.pp_gap()])
+
+
+def pass_overhead_probe(values=(0.0, 1000.0, 2000.0, 5000.0, 8000.0)) -> pd.DataFrame:
+    """Part 6b: a host overhead of ``values`` us per micro-batch step (fitted: 0): the two lines' shares
+    and NVIDIA's v4.1 -> v5.0 H100 Offline ratio (``mlperf.PP_SPEEDUP``, published 1.2)."""
+    import dataclasses
+    from autoparallel.serve.mlperf import PP_SPEEDUP, harness_engine, offline_run
+    s = mlperf.settings()
+    spec, wl = io.load_model(s["models"]["llama2-70b"]), load_workload(s["workloads"]["llama2-70b"])
+    hw, n = io.load_hardware(PP_SPEEDUP["hardware"]), int(s["offline_requests"]["llama2-70b"])
+    out = []
+    for us in values:
+        eff = dataclasses.replace(efficiency_for("tensorrt-llm"), pass_overhead_us=us)
+        tps = {}
+        for key in ("before", "after"):
+            k = PP_SPEEDUP[key]
+            cost, sched = replica(spec, hw, eff, harness_engine(k["kv_fraction"]), k["tp"], k["pp"], k["max_batch"],
+                                  k["max_num_tokens"], "fp8", "fp8", 1, wl.max_input + wl.max_output, wl.max_output)
+            tps[key] = offline_run(cost, sched, wl, n).output_tokens_per_s / (k["tp"] * k["pp"])
+        rows = {r["hardware"]: 100 * r["share"] for r in mlperf.pp_gap(pass_overhead_us=us)}
+        out.append({"host overhead per step (us)": int(us), "H100 share %": rows["h100-sxm"], "L40S share %": rows["l40s"],
+                    "H100 v5.0 / v4.1 Offline (published 1.2)": tps["after"] / tps["before"]})
+    return pd.DataFrame(out)
+
+
 def markdown(frame: pd.DataFrame, fmt: str) -> str:
     """``frame`` as a markdown table, floats as ``fmt``."""
     show = lambda v: fmt.format(v) if isinstance(v, float) else str(v)  # noqa: E731
@@ -304,6 +345,8 @@ def main() -> None:
     p.add_argument("--layouts", action="store_true", help="part 1 only: the submitted layouts against the search")
     p.add_argument("--pp-speedup", action="store_true",
                    help="part 5 only: NVIDIA's v4.1 -> v5.0 H100 layout, simulated against its published 1.2x")
+    p.add_argument("--pp-gap", action="store_true",
+                   help="part 6 only: the L40S / H100 gaps to the PP best by term, and a per-step host overhead probe")
     p.add_argument("--fixed-cost-probe", action="store_true",
                    help="only the diagnostic per-iteration fixed cost probe (not shipped; RESULTS.md)")
     p.add_argument("--server-factor-probe", action="store_true",
@@ -327,6 +370,12 @@ def main() -> None:
     if args.fixed_cost_probe:
         print("### Diagnostic: a per-iteration fixed cost with the mean input refitted (llama2-70b, H100 / H200)\n")
         print(markdown(fixed_cost_probe(), "{:,.1f}"))
+        return
+    if args.pp_gap:
+        print("### The gap to the PP best by term (llama2-70b Offline, tok/s/GPU)\n")
+        print(markdown(pp_gap(), "{:,.1f}"))
+        print("\n### A host overhead once per micro-batch step (fitted: 0 on the PP1 rows)\n")
+        print(markdown(pass_overhead_probe(), "{:,.3f}"))
         return
     if args.pp_speedup:
         print("### NVIDIA's H100 llama2-70b layout, v4.1 (TP2) -> v5.0 (TP1 PP2): simulated vs published\n")

@@ -120,7 +120,8 @@ class InferenceEfficiency:
     attention: float = 0.4  # prefill attention core as a share of the BF16 peak
     roofline_sharpness: float = 20.0  # k in (compute^k + memory^k)^(1/k)
     layer_overhead_us: float = 107.0  # per layer and forward pass
-    pass_overhead_us: float = 0.0  # per forward pass / engine iteration (scheduling, host work)
+    pass_overhead_us: float = 0.0  # per forward pass / engine iteration (scheduling, host work);
+    #   in-flight PP pays it per micro-batch step (costmodel.inflight, serve.simulate)
     allreduce_latency_us: float = 21.2  # per all-reduce inside an NVLink domain, on top of comm
     internode_allreduce_latency_us: float = 65.8  # per all-reduce that leaves the domain
     p2p_latency_us: float = 30.0  # per pipeline hand-off inside an NVLink domain (not fitted: no data)

@@ -149,10 +149,15 @@ def estimate_inflight_columns(model: ModelSpec, hw: HardwareSpec, eff: Inference
     ctx = s_in + 0.5 * s_out
     kv_token_layer = lay.kv_bytes_per_token() / lay.stage_layers
     slots = np.maximum(m, pp)
-    pass_s = eff.pass_overhead_us * 1e-6
+    # The host's pass overhead comes once per micro-batch step, not once per round: TensorRT-LLM's
+    # last pipeline rank blocks in ``decoderSync`` on each micro-batch's forward and decoder before
+    # it schedules and prepares the next one (trtGptModelInflightBatching.cpp ``forwardAsync``), so
+    # its GPU idles through the host work of every step; without PP (m = 1) it is once a pass.
+    pass_s = m * eff.pass_overhead_us * 1e-6
 
     def iteration(lam, n_pre, prompts=None):
-        """One micro-batch's pass over every stage; a request's token takes ``slots`` stage times.
+        """One micro-batch's pass over every stage; a request's token takes ``slots`` stage times
+        (and the ``m`` micro-batch steps' host overhead).
 
         ``lam`` requests finish per iteration: ``lam * (output - 1)`` decode tokens. ``prompts``
         (default ``lam``): prompts' worth of prefill tokens in this iteration.

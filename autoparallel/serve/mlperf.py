@@ -356,6 +356,46 @@ def pp_speedup(requests: int = REQUESTS) -> dict[str, float]:
     return out
 
 
+#: The two submitted layouts furthest from the search's best (``bench_issue29_serving.py --layouts``)
+#: beside that best: what separates them, term by term (``pp_gap``; RESULTS.md, session 43, s43h2).
+PP_GAP = {"model": "llama2-70b",
+          "lines": (("l40s", (4, 1, 1024, 4096), (1, 4, 512, 512)),
+                    ("h100-sxm", (2, 1, 896, 4096), (1, 2, 512, 512)))}
+
+
+def pp_gap(requests: int | None = None, pass_overhead_us: float | None = None) -> list[dict]:
+    """Per ``PP_GAP`` line, Offline tokens/s per GPU of the submitted TP layout and of the search's
+    best TP1 PPn, each as simulated for the MLPerf rows, and again with the TP all-reduce free
+    (bandwidth unbounded, no latency: what TP pays that PP does not) and with the pipeline's
+    hand-offs free; ``pass_overhead_us`` replaces the fitted host overhead (a probe of what an
+    unpriced per-step cost would do). ``requests``: the dataset's sample count if None."""
+    s = settings()
+    spec, workload = io.load_model(s["models"][PP_GAP["model"]]), load_workload(s["workloads"][PP_GAP["model"]])
+    n = int(s["offline_requests"][PP_GAP["model"]]) if requests is None else int(requests)
+    eff = efficiency_for("tensorrt-llm")
+    if pass_overhead_us is not None:
+        eff = dataclasses.replace(eff, pass_overhead_us=float(pass_overhead_us))
+    free_eff = dataclasses.replace(eff, allreduce_latency_us=0.0, p2p_latency_us=0.0)
+
+    def run(hw, e, tp, pp, b, t):
+        cost, sched = replica(spec, hw, e, harness_engine(), tp, pp, b, t, "fp8", "fp8", 1,
+                              workload.max_input + workload.max_output, workload.max_output)
+        return run_workload(cost, sched, workload, None, n).output_tokens_per_s / (tp * pp)
+
+    out = []
+    for name, submitted, best in PP_GAP["lines"]:
+        hw = io.load_hardware(name)
+        free_hw = dataclasses.replace(hw, nvlink_gbps=1e9, nvlink_latency_us=0.0)
+        row = {"hardware": name, "submitted": submitted, "best": best,
+               "submitted_tps": run(hw, eff, *submitted),
+               "submitted_free_allreduce_tps": run(free_hw, free_eff, *submitted),
+               "best_tps": run(hw, eff, *best), "best_free_p2p_tps": run(free_hw, free_eff, *best)}
+        row["share"] = row["submitted_tps"] / row["best_tps"]
+        row["share_free_allreduce"] = row["submitted_free_allreduce_tps"] / row["best_free_p2p_tps"]
+        out.append(row)
+    return out
+
+
 #: The columns of one run in ``validate --inference --json`` (``rows``).
 ROW_COLUMNS = ("round", "submitter", "system", "hardware", "gpus", "model", "scenario", *LAYOUT, "target_qps",
                "tokens_per_s", "ttft_p99_ms", "tpot_p99_ms", "latency_p99_ms")

@@ -35,7 +35,7 @@ Pricing (``IterationCost``): an iteration of T tokens, s sampled sequences and a
 B bytes costs ``A[T] + S[s] + roofline(F, B)`` per pipeline stage, exactly ``stage_pass``'s sum
 (tables of A and S are computed once per layout: the per-batch-shape cache); with ``pp`` stages
 the running batch is split into ``min(pp, sequences)`` micro-batches and a token takes ``pp``
-stage times, as in ``costmodel.inflight``.
+stage times, as in ``costmodel.inflight``; the host's pass overhead comes once per micro-batch step.
 
 Two implementations of the same scheduler: ``simulate_reference`` (plain Python, one request
 object at a time, small enough to check by hand) and ``simulate`` (aggregated state: decoding
@@ -190,13 +190,15 @@ class IterationCost:
         in, when a chunk's shape names it; else chunk j to step j mod m). A
         micro-batch's next step waits for its previous one to leave the last stage, so the round
         takes ``pp`` times the slowest step's stage time (a pipeline of balanced steps: ``pp`` times
-        the mean)."""
+        the mean), plus the host's pass overhead once per step: the last rank blocks in
+        ``decoderSync`` on each micro-batch before it schedules the next (``forwardAsync``), its GPU
+        idle meanwhile."""
         m = min(self.pp, max(seqs, 1))
         if m > 1 and chunks:
             return self._unbalanced(tokens, sampled, flops, nbytes, m, chunks)
         t_mb, s_mb = min(round(tokens / m), self.max_tokens), min(round(sampled / m), self.max_seqs)
         stage = self.per_tokens[t_mb] + self.per_sampled[s_mb] + self.attention(flops / m, nbytes / m)
-        return self.pp * (stage + self.hop[t_mb]) + self.pass_s
+        return self.pp * (stage + self.hop[t_mb]) + m * self.pass_s
 
     def _unbalanced(self, tokens, sampled, flops, nbytes, m: int, chunks) -> float:
         steps = [[0.0, 0.0, 0.0, 0.0] for _ in range(m)]  # tokens, sampled, attention FLOPs, bytes
@@ -215,7 +217,7 @@ class IterationCost:
             t_mb, s_mb = min(round(t + rest[0]), self.max_tokens), min(round(s + rest[1]), self.max_seqs)
             slowest = max(slowest, self.per_tokens[t_mb] + self.per_sampled[s_mb]
                           + self.attention(f + rest[2], b + rest[3]) + self.hop[t_mb])
-        return self.pp * float(slowest) + self.pass_s
+        return self.pp * float(slowest) + m * self.pass_s
 
     def decode_times(self, n: int, ctx_sums: np.ndarray) -> np.ndarray:
         """Decode-only iterations of ``n`` sequences whose contexts sum to each of ``ctx_sums``."""
@@ -226,7 +228,7 @@ class IterationCost:
         b = ctx_sums * (self.ctx_bytes / m * self.per_byte)
         hi = np.maximum(np.maximum(a, b), 1e-300)  # the roofline of ``attention``, over the array
         att = hi * ((a / hi) ** self.k + (b / hi) ** self.k) ** (1.0 / self.k)
-        return self.pp * (fixed + att) + self.pass_s
+        return self.pp * (fixed + att) + m * self.pass_s
 
 
 @dataclass

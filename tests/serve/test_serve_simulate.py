@@ -251,7 +251,7 @@ def test_pipelined_round_waits_for_the_step_that_holds_the_prompt():
                 + cost.hop[tokens])
 
     one = cost.time(d + c, d + 1, f, 0.0, d + 1, [(c, 1.0, f, 0.0)])
-    assert one == pytest.approx(2 * stage(d // 2 + c, d // 2 + 1, f, 0.0) + cost.pass_s, rel=1e-12)
+    assert one == pytest.approx(2 * stage(d // 2 + c, d // 2 + 1, f, 0.0) + 2 * cost.pass_s, rel=1e-12)
     assert one > cost.time(d + c, d + 1, f, 0.0, d + 1) * 1.2  # the even split the cost model used to assume
     two = cost.time(d + 2 * c, d + 2, 2 * f, 0.0, d + 2, [(c, 1.0, f, 0.0)] * 2)
     assert two == pytest.approx(cost.time(d + 2 * c, d + 2, 2 * f, 0.0, d + 2), rel=1e-9)
@@ -344,3 +344,37 @@ def test_the_gh200_96gb_pool_preempts_about_once_a_request():
     _, cost512, sched512 = _mlperf_llama2("gh200", 1, 1, 512, 4096)
     r512 = run_workload(cost512, sched512, wl, None, requests=1500)
     assert r512.output_tokens_per_s == pytest.approx(r.output_tokens_per_s, rel=0.02)
+
+
+def test_the_pass_overhead_comes_once_per_micro_batch_step():
+    """TensorRT-LLM's last pipeline rank blocks in ``decoderSync`` on each micro-batch's forward and
+    decoder before it schedules and prepares the next one (trtGptModelInflightBatching.cpp
+    ``forwardAsync``), so the host's pass overhead is paid once per micro-batch step: a PP round of
+    m steps pays m of them, one step (no PP, or one sequence) one; the steady-state model agrees."""
+    import dataclasses
+
+    from autoparallel.costmodel.inflight import estimate_inflight_columns
+    from autoparallel.serve.assumptions import load_engine
+    model, hw = io.load_model("llama2-70b"), io.load_hardware("h100-sxm")
+    base = efficiency_for("tensorrt-llm")
+    over = dataclasses.replace(base, pass_overhead_us=2000.0)
+    n, ctx, c = 256, 1000, 512
+    for pp in (1, 2, 4):
+        a = IterationCost(model, hw, base, 1 if pp > 1 else 2, pp, "fp8", "fp8", 1, 4096, 512)
+        b = IterationCost(model, hw, over, 1 if pp > 1 else 2, pp, "fp8", "fp8", 1, 4096, 512)
+        f, nb = n * ctx * a.ctx_flops, n * ctx * a.ctx_bytes
+        cf = a.chunk_flops * c * c / 2
+        assert b.time(n, n, f, nb, n) - a.time(n, n, f, nb, n) == pytest.approx(pp * 2e-3, rel=1e-9)
+        assert b.time(1, 1, 0.0, 0.0, 1) - a.time(1, 1, 0.0, 0.0, 1) == pytest.approx(2e-3, rel=1e-9)
+        assert (b.decode_times(n, np.array([n * ctx]))[0] - a.decode_times(n, np.array([n * ctx]))[0]
+                == pytest.approx(pp * 2e-3, rel=1e-9))
+        chunks = [(c, 1.0, cf, 0.0)]
+        assert (b.time(n + c, n + 1, f + cf, nb, n + 1, chunks) - a.time(n + c, n + 1, f + cf, nb, n + 1, chunks)
+                == pytest.approx(pp * 2e-3, rel=1e-9))
+    cols = {"tp": np.array([2.0, 1.0]), "pp": np.array([1.0, 2.0]), "max_batch": np.array([256.0, 256.0]),
+            "max_num_tokens": np.array([2048.0, 2048.0]), "input_len": np.array([1000.0, 1000.0]),
+            "output_len": np.array([200.0, 200.0]), "weight_precision": np.array(["fp8", "fp8"]),
+            "kv_precision": np.array(["fp8", "fp8"])}
+    engine = load_engine("tensorrt-llm")
+    slow, fast = (estimate_inflight_columns(model, hw, e, engine, cols)["tpot_s"] for e in (over, base))
+    assert slow - fast == pytest.approx([2e-3, 2 * 2e-3], rel=1e-6)
