@@ -75,7 +75,7 @@ import pandas as pd
 from autoparallel import io
 from autoparallel.serve import mlperf
 from autoparallel.serve.assumptions import efficiency_for
-from autoparallel.serve.simulate import replica, run_workload
+from autoparallel.serve.simulate import run_workload
 from autoparallel.serve.workload import load_workload
 
 STEP = 0.02
@@ -103,10 +103,9 @@ SUMMARIES = (
 def _replica(r, eff):
     s = mlperf.settings()
     wl = load_workload(s["workloads"][r["model"]])
-    cost, sched = replica(io.load_model(s["models"][r["model"]]), io.load_hardware(r["hardware"]), eff,
-                          mlperf.harness_engine(float(r["kv_fraction"])), int(r["tp"]), int(r["pp"]),
-                          int(r["max_batch"]), int(r["max_num_tokens"]), r["weight_precision"], r["kv_precision"],
-                          1, wl.max_input + wl.max_output, wl.max_output)
+    cost, sched = mlperf.harness_replica(io.load_model(s["models"][r["model"]]), io.load_hardware(r["hardware"]), eff,
+                                         wl, int(r["tp"]), int(r["pp"]), int(r["max_batch"]), int(r["max_num_tokens"]),
+                                         r["weight_precision"], r["kv_precision"], float(r["kv_fraction"]))
     return cost, sched, wl
 
 
@@ -204,10 +203,9 @@ def at_concurrency(r, eff, n: float, requests: int = 20_000) -> float:
     point; the measured Server run's is its rate x the mean output at its Little's-law ``n``)."""
     s = mlperf.settings()
     wl = load_workload(s["workloads"][r["model"]])
-    cost, sched = replica(io.load_model(s["models"][r["model"]]), io.load_hardware(r["hardware"]), eff,
-                          mlperf.harness_engine(float(r["kv_fraction"])), int(r["tp"]), int(r["pp"]),
-                          max(1, round(n)), int(r["max_num_tokens"]), r["weight_precision"], r["kv_precision"],
-                          1, wl.max_input + wl.max_output, wl.max_output)
+    cost, sched = mlperf.harness_replica(io.load_model(s["models"][r["model"]]), io.load_hardware(r["hardware"]), eff,
+                                         wl, int(r["tp"]), int(r["pp"]), max(1, round(n)), int(r["max_num_tokens"]),
+                                         r["weight_precision"], r["kv_precision"], float(r["kv_fraction"]))
     return run_workload(cost, sched, wl, None, requests).steady_requests_per_s * wl.mean_output
 
 

@@ -143,6 +143,14 @@ def harness_engine(kv_fraction: float | None = None):
                                else kv_fraction)
 
 
+def harness_replica(spec, hw, eff, workload, tp: int, pp: int, max_batch: int, max_tokens: int,
+                    weight_precision: str = "fp8", kv_precision: str = "fp8", kv_fraction: float | None = None):
+    """(cost, scheduler) of one TensorRT-LLM replica as NVIDIA's MLPerf harness runs it
+    (``harness_engine``), its engine built for ``workload``'s longest request and answer."""
+    return replica(spec, hw, eff, harness_engine(kv_fraction), tp, pp, max_batch, max_tokens, weight_precision,
+                   kv_precision, 1, workload.max_input + workload.max_output, workload.max_output)
+
+
 @lru_cache(maxsize=None)
 def _predict(model: str, hardware: str, scenario: str, layout: tuple, kv_fraction: float, ttft_ms: float,
              tpot_ms: float, target_qps: float, eff_key: str, requests: int,
@@ -165,11 +173,9 @@ def _predict(model: str, hardware: str, scenario: str, layout: tuple, kv_fractio
     spec = io.load_model(s["models"][model])
     hw = io.load_hardware(hardware)
     eff = _efficiency(eff_key)
-    engine = harness_engine(kv_fraction)
     workload = load_workload(s["workloads"][model])
     tp, pp, replicas, max_batch, max_tokens, wp, kp = layout
-    cost, sched = replica(spec, hw, eff, engine, tp, pp, max_batch, max_tokens, wp, kp, 1,
-                          workload.max_input + workload.max_output, workload.max_output)
+    cost, sched = harness_replica(spec, hw, eff, workload, tp, pp, max_batch, max_tokens, wp, kp, kv_fraction)
     if scenario == "Offline":  # LoadGen's one query of ``offline_requests`` samples, this replica's share
         share = math.ceil((offline_requests or int(s["offline_requests"][model])) / replicas)
         offline = offline_run(cost, sched, workload, share, duration_s)
@@ -343,9 +349,8 @@ def pp_speedup(requests: int = REQUESTS) -> dict[str, float]:
     out = {"published": float(c["published"])}
     for key in ("before", "after"):
         k = c[key]
-        cost, sched = replica(spec, hw, eff, harness_engine(k["kv_fraction"]), k["tp"], k["pp"], k["max_batch"],
-                              k["max_num_tokens"], "fp8", "fp8", 1, workload.max_input + workload.max_output,
-                              workload.max_output)
+        cost, sched = harness_replica(spec, hw, eff, workload, k["tp"], k["pp"], k["max_batch"], k["max_num_tokens"],
+                                      kv_fraction=k["kv_fraction"])
         gpus = k["tp"] * k["pp"]
         offline = offline_run(cost, sched, workload, int(s["offline_requests"][c["model"]]))
         out[f"{key}_offline"] = offline.output_tokens_per_s / gpus
@@ -378,8 +383,7 @@ def pp_gap(requests: int | None = None, pass_overhead_us: float | None = None) -
     free_eff = dataclasses.replace(eff, allreduce_latency_us=0.0, p2p_latency_us=0.0)
 
     def run(hw, e, tp, pp, b, t):
-        cost, sched = replica(spec, hw, e, harness_engine(), tp, pp, b, t, "fp8", "fp8", 1,
-                              workload.max_input + workload.max_output, workload.max_output)
+        cost, sched = harness_replica(spec, hw, e, workload, tp, pp, b, t)
         return run_workload(cost, sched, workload, None, n).output_tokens_per_s / (tp * pp)
 
     out = []
