@@ -54,16 +54,15 @@ def gap(cell=(2048, 128)) -> float:
 def pool_holds(mean_input: float) -> tuple[float, float]:
     """(requests the simulated pool of NVIDIA's H100 Mixtral Server engine holds, LoadGen's in flight)."""
     from autoparallel import io
-    from autoparallel.serve.simulate import replica
     rows, _ = mlperf.load_rows()
     run = rows[(rows["submitter"] == "NVIDIA") & (rows["system"] == "DGX-H100_H100-SXM-80GBx8_TRT")
                & (rows["model"] == "mixtral-8x7b") & (rows["scenario"] == "Server")].iloc[0]
     wl = mlperf.load_workload(mlperf.settings()["workloads"]["mixtral-8x7b"])
     wl = dataclasses.replace(wl, input=dataclasses.replace(wl.input, mean=float(mean_input)))
-    _, sched = replica(io.load_model("mixtral-8x7b"), io.load_hardware(run["hardware"]), efficiency_for("tensorrt-llm"),
-                       mlperf.harness_engine(run["kv_fraction"]), 1, 1, int(run["max_batch"]),
-                       int(run["max_num_tokens"]), run["weight_precision"], run["kv_precision"], 1,
-                       wl.max_input + wl.max_output, wl.max_output)
+    _, sched = mlperf.harness_replica(io.load_model("mixtral-8x7b"), io.load_hardware(run["hardware"]),
+                                      efficiency_for("tensorrt-llm"), wl, 1, 1, int(run["max_batch"]),
+                                      int(run["max_num_tokens"]), run["weight_precision"], run["kv_precision"],
+                                      run["kv_fraction"])
     return sched.kv_blocks * sched.block / mlperf.tokens_held_per_request(wl, sched.block), run["target_qps"] / run["replicas"] * 15.02
 
 

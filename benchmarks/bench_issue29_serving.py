@@ -313,7 +313,7 @@ def pass_overhead_probe(values=(0.0, 1000.0, 2000.0, 5000.0, 8000.0)) -> pd.Data
     """Part 6b: a host overhead of ``values`` us per micro-batch step (fitted: 0): the two lines' shares
     and NVIDIA's v4.1 -> v5.0 H100 Offline ratio (``mlperf.PP_SPEEDUP``, published 1.2)."""
     import dataclasses
-    from autoparallel.serve.mlperf import PP_SPEEDUP, harness_engine, offline_run
+    from autoparallel.serve.mlperf import PP_SPEEDUP, offline_run
     s = mlperf.settings()
     spec, wl = io.load_model(s["models"]["llama2-70b"]), load_workload(s["workloads"]["llama2-70b"])
     hw, n = io.load_hardware(PP_SPEEDUP["hardware"]), int(s["offline_requests"]["llama2-70b"])
@@ -323,8 +323,8 @@ def pass_overhead_probe(values=(0.0, 1000.0, 2000.0, 5000.0, 8000.0)) -> pd.Data
         tps = {}
         for key in ("before", "after"):
             k = PP_SPEEDUP[key]
-            cost, sched = replica(spec, hw, eff, harness_engine(k["kv_fraction"]), k["tp"], k["pp"], k["max_batch"],
-                                  k["max_num_tokens"], "fp8", "fp8", 1, wl.max_input + wl.max_output, wl.max_output)
+            cost, sched = mlperf.harness_replica(spec, hw, eff, wl, k["tp"], k["pp"], k["max_batch"],
+                                                 k["max_num_tokens"], kv_fraction=k["kv_fraction"])
             tps[key] = offline_run(cost, sched, wl, n).output_tokens_per_s / (k["tp"] * k["pp"])
         rows = {r["hardware"]: 100 * r["share"] for r in mlperf.pp_gap(pass_overhead_us=us)}
         out.append({"host overhead per step (us)": int(us), "H100 share %": rows["h100-sxm"], "L40S share %": rows["l40s"],

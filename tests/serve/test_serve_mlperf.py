@@ -13,7 +13,7 @@ import pytest
 from autoparallel import cli, io, resources
 from autoparallel.serve import mlperf
 from autoparallel.serve.assumptions import efficiency_for
-from autoparallel.serve.simulate import replica, run_workload
+from autoparallel.serve.simulate import run_workload
 from autoparallel.serve.workload import load_workload
 
 # Today's figures (in-sample mean |error| %, 2026-11-27): the expected failure's reason and the
@@ -106,8 +106,8 @@ def test_a_config_qps_too_low_for_min_duration_is_raised(rows):
     row = kept[(kept["scenario"] == "Offline") & (kept["system"] == "DGX-H100_H100-SXM-80GBx16_TRT")].iloc[0]
     assert int(row["offline_requests"]) == 50_160 and row["min_duration_ms"] == 600_000
     wl = load_workload("mlperf-llama2-70b")
-    cost, sched = replica(io.load_model("llama2-70b"), io.load_hardware("h100-sxm"), efficiency_for("tensorrt-llm"),
-                          mlperf.harness_engine(0.9), 2, 1, 896, 4096, "fp8", "fp8", 1, 2048, 1024)
+    cost, sched = mlperf.harness_replica(io.load_model("llama2-70b"), io.load_hardware("h100-sxm"),
+                                         efficiency_for("tensorrt-llm"), wl, 2, 1, 896, 4096, kv_fraction=0.9)
     share = 50_160 // int(row["replicas"])
     short = run_workload(cost, sched, wl, None, share)
     assert short.duration < 600  # what the published config alone would simulate
@@ -222,9 +222,9 @@ def test_p99_at_the_submitted_rate_is_ill_conditioned(rows):
                & (kept["scenario"] == "Server") & (kept["replicas"] == 8) & (kept["max_batch"] == 896)
                & (kept["target_qps"] == 101.0)].iloc[0]
     wl = load_workload("mlperf-llama2-70b")
-    cost, sched = replica(io.load_model("llama2-70b"), io.load_hardware("h200"), efficiency_for("tensorrt-llm"),
-                          mlperf.harness_engine(run["kv_fraction"]), 1, 1, 896, 4096, "fp8", "fp8", 1,
-                          wl.max_input + wl.max_output, wl.max_output)
+    cost, sched = mlperf.harness_replica(io.load_model("llama2-70b"), io.load_hardware("h200"),
+                                         efficiency_for("tensorrt-llm"), wl, 1, 1, 896, 4096,
+                                         kv_fraction=run["kv_fraction"])
     rate = run["target_qps"] / run["replicas"]
     tpot = [mlperf.loadgen_percentile(run_workload(cost, sched, wl, r, 20000).tpot, 99.0) for r in (rate, 1.02 * rate)]
     assert tpot[1] > 1.10 * tpot[0]
@@ -288,10 +288,10 @@ def _nvidia_replica(kept, system, model, scenario):
                & (kept["scenario"] == scenario)].iloc[0]
     hardware = run["hardware"]
     wl = load_workload(mlperf.settings()["workloads"][model])
-    cost, sched = replica(io.load_model(model), io.load_hardware(hardware), efficiency_for("tensorrt-llm"),
-                          mlperf.harness_engine(run["kv_fraction"]), int(run["tp"]), int(run["pp"]),
-                          int(run["max_batch"]), int(run["max_num_tokens"]), run["weight_precision"],
-                          run["kv_precision"], 1, wl.max_input + wl.max_output, wl.max_output)
+    cost, sched = mlperf.harness_replica(io.load_model(model), io.load_hardware(hardware),
+                                         efficiency_for("tensorrt-llm"), wl, int(run["tp"]), int(run["pp"]),
+                                         int(run["max_batch"]), int(run["max_num_tokens"]),
+                                         run["weight_precision"], run["kv_precision"], run["kv_fraction"])
     return run, cost, sched, wl
 
 
@@ -354,10 +354,10 @@ def test_at_the_measured_concurrency_the_throughput_is_within_6_percent(rows, su
     wl = load_workload(mlperf.settings()["workloads"][run["model"]])
 
     def sim(max_batch):
-        return replica(io.load_model(run["model"]), io.load_hardware(run["hardware"]), efficiency_for("tensorrt-llm"),
-                       mlperf.harness_engine(run["kv_fraction"]), int(run["tp"]), int(run["pp"]), max_batch,
-                       int(run["max_num_tokens"]), run["weight_precision"], run["kv_precision"], 1,
-                       wl.max_input + wl.max_output, wl.max_output)
+        return mlperf.harness_replica(io.load_model(run["model"]), io.load_hardware(run["hardware"]),
+                                      efficiency_for("tensorrt-llm"), wl, int(run["tp"]), int(run["pp"]), max_batch,
+                                      int(run["max_num_tokens"]), run["weight_precision"], run["kv_precision"],
+                                      run["kv_fraction"])
     cost, sched = sim(round(in_flight))
     at_n = run_workload(cost, sched, wl, None, 20_000).steady_requests_per_s * wl.mean_output
     assert at_n == pytest.approx(rate * wl.mean_output, rel=0.06)
@@ -481,8 +481,7 @@ def test_pp_beats_the_submitted_tp_and_more_with_a_pool_that_does_not_pause():
     n = 6144
     runs = {}
     for tp, pp, b, t in ((2, 1, 896, 4096), (1, 2, 896, 4096), (1, 2, 512, 512), (2, 1, 896, 512)):
-        cost, sched = replica(spec, hw, eff, mlperf.harness_engine(), tp, pp, b, t, "fp8", "fp8", 1,
-                              wl.max_input + wl.max_output, wl.max_output)
+        cost, sched = mlperf.harness_replica(spec, hw, eff, wl, tp, pp, b, t)
         r = run_workload(cost, sched, wl, None, n)
         runs[(tp, pp, b, t)] = (r.output_tokens_per_s / (tp * pp), r.preemptions)
     submitted, pp_same, pp_small = runs[(2, 1, 896, 4096)], runs[(1, 2, 896, 4096)], runs[(1, 2, 512, 512)]

@@ -305,9 +305,8 @@ def _mlperf_llama2(hardware: str, tp: int, pp: int, max_batch: int, max_num_toke
     from autoparallel.serve import mlperf
     s = mlperf.settings()
     wl = load_workload(s["workloads"]["llama2-70b"])
-    cost, sched = replica(io.load_model(s["models"]["llama2-70b"]), io.load_hardware(hardware),
-                          efficiency_for("tensorrt-llm"), mlperf.harness_engine(), tp, pp, max_batch, max_num_tokens,
-                          "fp8", "fp8", 1, wl.max_input + wl.max_output, wl.max_output)
+    cost, sched = mlperf.harness_replica(io.load_model(s["models"]["llama2-70b"]), io.load_hardware(hardware),
+                                         efficiency_for("tensorrt-llm"), wl, tp, pp, max_batch, max_num_tokens)
     return wl, cost, sched
 
 
