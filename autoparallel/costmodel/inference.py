@@ -175,6 +175,14 @@ class ServingEngine:
     prefill_priority: bool = False  # iterations with prompts to prefill run no decode tokens (SGLang)
     microbatching: Literal["even", "fastertransformer"] = "even"
     flash_attention: bool = True
+    # The decode (generation-phase) attention kernel: TensorRT-LLM runs its XQA kernel (one CTA
+    # per KV head: the head's K/V are read once for all its query heads) only where the
+    # dispatcher accepts the layer's shape, else the masked-MHA kernel (one CTA per query head,
+    # each reading its KV head's K/V: ``decode_kv_reads``). ``xqa_group_sizes`` / ``xqa_head_sizes``:
+    # the query heads per KV head (per TP rank) and head sizes XQA serves; None: every shape
+    # (the cost model's default, one read per KV head).
+    xqa_group_sizes: tuple[int, ...] | None = None
+    xqa_head_sizes: tuple[int, ...] | None = None
     cli: str = ""  # the command that starts it (for exports and reports)
     source: str = ""
 
@@ -251,6 +259,7 @@ class Layout:
     weight_bytes: np.ndarray  # per weight element
     kv_bytes: np.ndarray  # per KV element
     ep: np.ndarray  # expert parallel size inside the TP group (1: every GPU holds a share of every expert)
+    decode_kv_reads: np.ndarray | float = 1.0  # times the decode kernel reads each KV head's cache (decode_kv_reads)
 
     @property
     def stage_layers(self) -> np.ndarray:
@@ -286,11 +295,38 @@ def tp_allreduces_per_layer(model: ModelSpec) -> float:
     return 1.0 if model.parallel_attention else 2.0
 
 
+def decode_kv_reads(engine: ServingEngine | None, model: ModelSpec, tp) -> np.ndarray:
+    """Times the engine's decode attention reads each KV head's cached K/V per step: 1 where its
+    XQA kernel serves the layer (one CTA per KV head and sequence), else the query heads per KV
+    head on one TP rank: the masked-MHA fallback runs one CTA per query head (grid = heads x
+    batch [x KV tiles]), each streaming its KV head's K and V (NVIDIA/TensorRT-LLM 06c0e9b1,
+    decoderMaskedMultiheadAttention/decoderMaskedMultiheadAttentionTemplate.h: ``hi = blockIdx.x``,
+    ``hi_kv = hi / qhead_per_kv``; decoderMaskedMultiheadAttentionLaunch.h: ``dim3 grid{num_heads,
+    batch_size, 1}``). MLA and engines without an XQA list: 1."""
+    tp = np.asarray(tp, dtype=float)
+    ones = np.ones_like(tp)
+    if engine is None or model.multi_latent_attention or (engine.xqa_group_sizes is None
+                                                          and engine.xqa_head_sizes is None):
+        return ones
+    q_local = model.num_attention_heads / tp
+    kv_local = np.maximum(model.query_groups / tp, 1.0)
+    group = q_local / kv_local
+    served = np.ones(tp.shape, dtype=bool)
+    if engine.xqa_group_sizes is not None:
+        served &= np.isin(np.round(group), np.asarray(engine.xqa_group_sizes, dtype=float))
+    if engine.xqa_head_sizes is not None:
+        served &= model.head_dim in engine.xqa_head_sizes
+    return np.where(served, ones, np.maximum(group, 1.0))
+
+
 def layout(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency, tp, pp,
-           weight_precision, kv_precision, ep=1) -> Layout:
+           weight_precision, kv_precision, ep=1, engine: ServingEngine | None = None) -> Layout:
+    """The arrays of one layout; ``engine`` (optional) picks the decode attention kernel
+    (``decode_kv_reads``)."""
     tp = np.asarray(tp, dtype=float)
     return Layout(model, hw, eff, tp, np.asarray(pp, dtype=float), precision_bytes(weight_precision),
-                  precision_bytes(kv_precision), np.broadcast_to(np.asarray(ep, dtype=float), tp.shape))
+                  precision_bytes(kv_precision), np.broadcast_to(np.asarray(ep, dtype=float), tp.shape),
+                  decode_kv_reads(engine, model, tp))
 
 
 def _gemm_time(lay: Layout, flops, gemm_flops, peak):
@@ -463,7 +499,7 @@ def decode_attention(lay: Layout, sequences, context):
     per_head = (2.0 * (2 * m.kv_lora_rank + m.qk_pos_emb_head_dim) if m.multi_latent_attention
                 else 2.0 * (m.qk_dim + m.v_dim))
     flops = sequences * context * m.num_attention_heads * per_head / lay.tp
-    return flops, sequences * context * kv_bytes_per_token(m, 1, lay.tp, lay.kv_bytes)
+    return flops, sequences * context * kv_bytes_per_token(m, 1, lay.tp, lay.kv_bytes) * lay.decode_kv_reads
 
 
 def estimate_static_columns(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency,

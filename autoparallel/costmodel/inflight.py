@@ -118,7 +118,7 @@ def estimate_inflight_columns(model: ModelSpec, hw: HardwareSpec, eff: Inference
     model_len = f64("max_model_len") if "max_model_len" in cols else s_in + s_out
     rate = f64("request_rate") if "request_rate" in cols else np.full(n, np.nan)
     lay = layout(model, hw, eff, cols["tp"], cols["pp"], cols["weight_precision"], cols["kv_precision"],
-                 cols["ep"] if "ep" in cols else 1)
+                 cols["ep"] if "ep" in cols else 1, engine)
     pp = lay.pp
 
     # --- KV pool and requests in flight ----------------------------------------------------

@@ -152,8 +152,8 @@ class IterationCost:
 
     def __init__(self, model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency, tp: int, pp: int,
                  weight_precision: str, kv_precision: str, ep: int = 1, max_tokens: int = 8192,
-                 max_seqs: int = 2048):
-        lay = layout(model, hw, eff, float(tp), float(pp), weight_precision, kv_precision, float(ep))
+                 max_seqs: int = 2048, engine: ServingEngine | None = None):
+        lay = layout(model, hw, eff, float(tp), float(pp), weight_precision, kv_precision, float(ep), engine)
         zero = np.zeros(1)
         base = float(stage_pass(lay, zero, zero, zero, zero)["time"][0])
         tokens = np.arange(max_tokens + 1, dtype=float)
@@ -579,7 +579,7 @@ def replica(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency, engine
     blocks = int(pool // (engine.kv_block_tokens * float(np.ravel(lay.kv_bytes_per_token())[0])))
     sched = Scheduler.of(engine, max_batch, max_num_tokens, pp, blocks, max_new_tokens)
     cost = IterationCost(model, hw, eff, tp, pp, weight_precision, kv_precision, ep,
-                         max(max_num_tokens, longest), sched.max_running)
+                         max(max_num_tokens, longest), sched.max_running, engine)
     return cost, sched
 
 
