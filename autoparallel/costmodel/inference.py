@@ -10,7 +10,9 @@ pipeline stage over ``tokens`` tokens costs, per layer and GPU (``stage_pass``):
 - **memory**: every weight of the layer shard is read once per pass, and every cached K/V a
   decoding sequence attends to (KV cache = 2·layers·kv_heads·head_dim·bytes per token, KV heads
   sharded by ``tp`` and replicated where ``tp`` exceeds them) at an achieved fraction of HBM
-  bandwidth;
+  bandwidth: once per KV head (TensorRT-LLM's XQA kernel), or once per query head where the
+  engine's decode kernel is the masked-MHA fallback (``decode_kv_reads``: TensorRT-LLM 0.10
+  outside XQA's group-8, head-128/256 shapes);
 - each kernel is bound by its own FLOPs or bytes, combined by a smooth roofline
   ``(c^k + m^k)^(1/k)`` (``k`` fitted; ``k -> inf`` is the hard max), and the kernels run one
   after another: the GEMMs (weights read vs. FLOPs: bandwidth-bound at small batch,
@@ -45,15 +47,9 @@ pipeline stage over ``tokens`` tokens costs, per layer and GPU (``stage_pass``):
   every TP rank, and decode with the up projections absorbed into the query and output (each
   head attends over the latent: 2·(2·kv_lora_rank + rope dims) FLOPs per cached token);
   prefill attends per head at qk_head_dim + rope dims and v_head_dim.
-- **TP**: two all-reduces of the layer output per layer (after the attention projection and
-  after FC2), priced by ``comm.all_reduce_time`` plus a fitted per-call latency floor (small
-  inference messages never reach bus bandwidth), higher when the group leaves the NVLink domain;
-  one for a model with ``parallel_attention`` (GPT-J, Falcon), whose attention and MLP outputs
-  are summed before a single all-reduce (TensorRT-LLM's FalconDecoderLayer / GPTJDecoderLayer
-  build both with ``tp_group=None`` and call ``allreduce`` once on the sum, from v0.7.0:
-  NVIDIA/TensorRT-LLM 59f41c0 ``tensorrt_llm/models/falcon/model.py``; vLLM's Falcon likewise
-  skips the row-parallel reductions, ``reduce_row_parallel_results``,
-  vllm/model_executor/models/falcon.py);
+- **TP**: two all-reduces of the layer output per layer, priced by ``comm.all_reduce_time`` plus
+  a fitted per-call latency floor (small inference messages never reach bus bandwidth), higher
+  when the group leaves the NVLink domain;
 - the gated MLP's activation (SwiGLU) as a pass of its own (``gated_activation_bytes``: read
   FC1's 16-bit 2 x inter outputs, write FC2's input), dense and MoE layers alike;
 - memory-bound element-wise traffic per token (norms, bias, residual, a non-gated activation), a fixed
@@ -289,12 +285,6 @@ class Layout:
         return sequences * self.model.vocab_size / self.tp * LOGIT_BYTES
 
 
-def tp_allreduces_per_layer(model: ModelSpec) -> float:
-    """TP all-reduces of the layer output per layer: after attention and after the MLP, or one of
-    their sum where the two run in parallel (``ModelSpec.parallel_attention``)."""
-    return 1.0 if model.parallel_attention else 2.0
-
-
 def decode_kv_reads(engine: ServingEngine | None, model: ModelSpec, tp) -> np.ndarray:
     """Times the engine's decode attention reads each KV head's cached K/V per step: 1 where its
     XQA kernel serves the layer (one CTA per KV head and sequence), else the query heads per KV
@@ -461,7 +451,7 @@ def stage_pass(lay: Layout, tokens, sampled, attn_flops, attn_bytes) -> dict[str
     ar_floor = np.where(t > 1, np.where(t > hw.nvlink_domain, eff.internode_allreduce_latency_us,
                                         eff.allreduce_latency_us), 0.0) * 1e-6
     per_node = comm.ranks_per_domain(hw, t, 1)
-    ar = tp_allreduces_per_layer(model) * (comm.all_reduce_time(hw, ACT_BYTES * tokens * h, t, per_node) + ar_floor)
+    ar = 2.0 * (comm.all_reduce_time(hw, ACT_BYTES * tokens * h, t, per_node) + ar_floor)
     overhead = eff.layer_overhead_us * 1e-6
     # Each kernel is bound by its own FLOPs or bytes; the kernels run one after another.
     layer = (_soft_max(t_lin, weight_read, k) + moe_share * _soft_max(t_experts, expert_read, k)

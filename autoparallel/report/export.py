@@ -28,9 +28,6 @@ from autoparallel.specs.plan import Plan
 
 def model_flags(model: ModelSpec) -> list[str]:
     """The architecture: every flag whose Megatron-LM default differs from the preset."""
-    if model.parallel_attention:
-        raise UserError(f"{model.name}: Megatron-LM's GPT layer runs attention, then the MLP; it has no flag "
-                        "for a parallel attention + MLP layer (parallel_attention is a serving-only key)")
     a = [f"--num-layers {model.num_layers}", f"--hidden-size {model.hidden_size}",
          f"--ffn-hidden-size {model.ffn_hidden_size}", f"--num-attention-heads {model.num_attention_heads}"]
     if model.query_groups != model.num_attention_heads:

@@ -109,13 +109,6 @@ class ModelSpec:
     window_size: tuple[int, ...] | None = None
     window_attn_skip_freq: int | None = None
     softmax_type: SoftmaxType = "vanilla"
-    # Attention and MLP read the same (normed) input and their outputs are summed into the residual
-    # (GPT-J; Falcon's parallel_attn / new_decoder_architecture). Serving only: TensorRT-LLM builds
-    # such a layer with the attention and MLP unreduced and ONE all-reduce of their sum
-    # (tensorrt_llm/models/falcon/model.py and gptj/model.py from v0.7.0, NVIDIA/TensorRT-LLM
-    # 59f41c0; two all-reduces up to v0.6.1), so the serving cost model prices one TP all-reduce per
-    # layer instead of two. Megatron-LM's GPT layer has no such form: the training exports refuse it.
-    parallel_attention: bool = False
     # Multi-latent attention (DeepSeek-V2/V3; --multi-latent-attention and its ranks, with
     # Megatron-LM's defaults): queries through a rank-q_lora_rank bottleneck (None: a full-rank
     # query projection), keys and values through one of kv_lora_rank; each head's query/key has

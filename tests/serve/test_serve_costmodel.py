@@ -3,8 +3,11 @@
 import numpy as np
 import pytest
 
-from autoparallel.costmodel.inference import (OUTPUT_KEYS, InferenceEfficiency, estimate_static_columns,
-                                              kv_bytes_per_token, microbatch_size)
+import dataclasses
+
+from autoparallel.costmodel.inference import (OUTPUT_KEYS, InferenceEfficiency, ServingEngine, decode_attention,
+                                              decode_kv_reads, estimate_static_columns, kv_bytes_per_token, layout,
+                                              microbatch_size)
 
 
 def _point(model, hw, eff=None, **kw):
@@ -21,6 +24,26 @@ def test_kv_cache_formula(llama2):
     assert kv_bytes_per_token(llama2, 80, 8, 1.0) == 2 * 80 * 1 * 128 * 1
     # tp above the KV heads replicates them: still one head per GPU
     assert kv_bytes_per_token(llama2, 80, 16, 2.0) == kv_bytes_per_token(llama2, 80, 8, 2.0)
+
+
+def test_decode_kv_reads_follow_the_engines_xqa_shapes(llama2, h100):
+    """XQA (one read per KV head) where the engine's dispatcher takes the layer's per-rank shape,
+    else the masked-MHA kernel: one CTA, and one read of the KV head's cache, per query head."""
+    plain = ServingEngine("any")
+    old = ServingEngine("trt-0.10", xqa_group_sizes=(8,), xqa_head_sizes=(128, 256))
+    tp = np.array([1.0, 8.0, 16.0])
+    assert np.all(decode_kv_reads(plain, llama2, tp) == 1.0)
+    # Llama-2-70B: 64 query heads over 8 KV heads, group 8 on every rank up to TP8; TP16 keeps one
+    # (replicated) KV head per rank with 4 query heads: masked MHA
+    assert decode_kv_reads(old, llama2, tp).tolist() == [1.0, 1.0, 4.0]
+    gqa4 = dataclasses.replace(llama2, num_attention_heads=32, num_query_groups=8, kv_channels=128)
+    assert decode_kv_reads(old, gqa4, 1.0) == 4.0
+    head64 = dataclasses.replace(llama2, kv_channels=64)
+    assert decode_kv_reads(old, head64, 8.0) == 8.0  # group 8, but no XQA kernel at head size 64
+    lay = layout(gqa4, h100, InferenceEfficiency(), 1.0, 1.0, "fp8", "fp8", engine=old)
+    base = layout(gqa4, h100, InferenceEfficiency(), 1.0, 1.0, "fp8", "fp8")
+    assert decode_attention(lay, 64, 2048)[1] == pytest.approx(4.0 * decode_attention(base, 64, 2048)[1])
+    assert decode_attention(lay, 64, 2048)[0] == pytest.approx(decode_attention(base, 64, 2048)[0])
 
 
 def test_decode_is_bandwidth_bound_at_batch_one(llama2, h100):
