@@ -47,8 +47,10 @@ def rank(frame: pd.DataFrame, columns: dict[str, np.ndarray] | None = None,
         if name in replaced or name not in frame.columns:
             return columns[name].take(order)
         if name in sources:
-            return sources[name].values.take(sources[name].codes.take(order))
-        return frame[name].array.take(order)
+            values, codes = sources[name]
+            return values.take(codes if len(values) == 1 else codes.take(order))
+        values = frame[name].array
+        return values.copy() if _one_value(values) else values.take(order)
 
     with ThreadPoolExecutor(cores()) as pool:  # NumPy's and pandas' takes release the GIL
         out = dict(zip(names, pool.map(gathered, names)))
@@ -57,6 +59,16 @@ def rank(frame: pd.DataFrame, columns: dict[str, np.ndarray] | None = None,
     ranks = pd.array(np.arange(1, len(order) + 1), dtype="Int64")
     ranks[~np.asarray(out["fits"], dtype=bool)] = pd.NA
     return pd.DataFrame({"rank": ranks, **out}, copy=False)
+
+
+def _one_value(values) -> bool:
+    """Whether a NumPy-backed column holds one value in every row, bit for bit (then it reads the
+    same in any order: a search's frame has a dozen such knobs, each a random gather saved)."""
+    if not isinstance(values, pd.arrays.NumpyExtensionArray) or values.dtype.kind not in "biuf" or not len(values):
+        return False
+    bits = values.to_numpy()
+    bits = bits.view(f"u{bits.itemsize}")
+    return bool((bits == bits[0]).all())
 
 
 def evaluate(model: ModelSpec, hw: HardwareSpec, candidates: pd.DataFrame, memory_fraction: float,
