@@ -31,7 +31,7 @@ from autoparallel.argtypes import RELEASE_PATTERN
 from autoparallel.costmodel import pipeline
 from autoparallel.costmodel.candidates import RECOMPUTE_MODULES  # the modules the cost model prices
 from autoparallel.costmodel.candidates import (RECIPE_FIRST_RELEASE, TE_VERSION_COLUMN, fp8_cp_attention,
-                                                 recipe_in_release)
+                                                 knob_in, recipe_in_release)
 from autoparallel.costmodel.finetune import is_lora as lora
 from autoparallel.errors import UserError
 from autoparallel.io import from_dict, read_yaml, resolve_preset
@@ -497,10 +497,11 @@ def modules_apply(modules: str, model: ModelSpec) -> str:
     return ""
 
 
-def _expand_recompute_modules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
+def _expand_recompute_modules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -> tuple[pd.DataFrame, list]:
     """Give selective-recompute rows one row per module set of the space that applies to the
     model (a set pinned for a model it does not apply to stays, with the reason); a set that
-    recomputes the whole MoE layer ("moe") runs without the 1F1B all-to-all overlap."""
+    recomputes the whole MoE layer ("moe") runs without the 1F1B all-to-all overlap. The rows'
+    ``recompute_modules`` are positions in the module sets returned (``Source``'s codes)."""
     sets = [m for m in space.recompute_modules if not modules_apply(m, model)]
     if model.is_moe and len(sets) > 1:
         # core_attn alone saves nothing under flash attention and costs the attention again; a
@@ -510,8 +511,8 @@ def _expand_recompute_modules(df: pd.DataFrame, model: ModelSpec, space: SearchS
         sets = list(space.recompute_modules)
     selective = df.recompute.to_numpy() == "selective"  # on the values: a str column compares 3x slower
     parts = [(np.flatnonzero(~selective), "core_attn")] + [(np.flatnonzero(selective), m) for m in sets]
-    out = _stacked(df, "recompute_modules", parts)
-    part = np.repeat(np.arange(len(parts)), [len(rows) for rows, _ in parts])
+    out = _stacked(df, "recompute_modules", [(rows, i) for i, (rows, _) in enumerate(parts)])
+    part = out.recompute_modules.to_numpy()
     # TransformerConfig.__post_init__ (Megatron-LM d98e8a6): "disable moe in recompute_modules when
     # enabling overlap_moe_expert_parallel_comm"; the 1F1B overlap is off there, as under full recompute.
     recomputes_moe = np.array([False] + [_covers_any(m, ("moe",)) for m in sets])[part]
@@ -521,7 +522,7 @@ def _expand_recompute_modules(df: pd.DataFrame, model: ModelSpec, space: SearchS
     part_reasons = np.array([reasons.get(m, "") for _, m in parts], dtype=object)
     if part_reasons.any():  # a set pinned for a model it does not apply to
         out["reason"] = np.where(out.reason.to_numpy() == "", part_reasons[part], out.reason)
-    return out
+    return out, [m for _, m in parts]
 
 
 def _stacked(df: pd.DataFrame, column: str, parts: list[tuple[np.ndarray, Any]]) -> pd.DataFrame:
@@ -538,34 +539,40 @@ def _stacked(df: pd.DataFrame, column: str, parts: list[tuple[np.ndarray, Any]])
     return out
 
 
-def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -> np.ndarray:
-    """Rules on a structure and its features together (Megatron-LM and TE refusals)."""
+def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,
+                  sources: dict[str, Source] | None = None) -> np.ndarray:
+    """Rules on a structure and its features together (Megatron-LM and TE refusals); ``sources``:
+    string columns of which ``df`` holds the first rows, read by their codes."""
+    labels = {name: (source.codes[:len(df)], list(source.values)) for name, source in (sources or {}).items()}
+    def one_of(name: str, *values: str) -> np.ndarray:
+        return knob_in(df, labels, name, values)
     per_stage = model.num_layers // df.pp.to_numpy()
     edge = df["fp8_bf16_edge_layers"].to_numpy()
     local_tokens = df.mbs.to_numpy() * model.seq_length // (df.tp.to_numpy() * df.cp.to_numpy())
-    graphed = df.cuda_graph.to_numpy() != "none"
+    graphed = ~one_of("cuda_graph", "none")
     rules = [
         # MoELayer.forward: "performance may degrade if MoE and tensor parallelism are enabled
         # without also enabling sequence parallelism" (a ValueError in training).
         (model.is_moe & (df.tp.to_numpy() > 1) & ~df.sp.to_numpy(),
          "MoE with tensor parallel needs sequence parallel (Megatron-LM MoELayer)"),
         # TransformerConfig.__post_init__: BF16 edge layers are counted per pipeline stage (FP8 only).
-        ((edge > per_stage) & (df.precision.to_numpy() != "nvfp4"),
+        ((edge > per_stage) & ~one_of("precision", "nvfp4"),
          lambda d: [f"num_layers_at_start_in_bf16 ({e}) must be between 0 and number of layers per pipeline "
                     f"stage ({model.num_layers // p})" for e, p in zip(d.fp8_bf16_edge_layers, d.pp)]),
         # TE fill_userbuffers_buffer_for_all_gather: MXFP8 scales come in blocks of 128 rows.
-        (df.tp_comm_overlap.to_numpy() & (df.precision.to_numpy() == "mxfp8") & (local_tokens % 128 != 0),
+        (df.tp_comm_overlap.to_numpy() & one_of("precision", "mxfp8") & (local_tokens % 128 != 0),
          lambda d: [f"Userbuffers requires MXFP8 tensor dims that are divisible by 128 (mbs*seq/(tp*cp) = "
                     f"{m * model.seq_length // (t * c)})" for m, t, c in zip(d.mbs, d.tp, d.cp)]),
         # TransformerConfig.__post_init__ (selective recompute under FP8).
-        (_recomputes_any(df, df.precision.to_numpy() == "fp8-delayed", ("moe_act", "layernorm")),
+        (_recomputes_any(df, one_of("precision", "fp8-delayed"), ("moe_act", "layernorm")),
          "Delayed scaling does not support moe_act and layernorm recompute for fp8 (Megatron-Core)"),
         # SearchSpace.transformer_engine_version: TE < 1.10 runs no FP8 attention under CP.
         ((not space.fp8_attention_with_cp) & df.fp8_attention.to_numpy() & (df.cp.to_numpy() > 1),
          FP8_CP_ATTENTION_REASON),
         # SearchSpace.transformer_engine_version: a TE release without the precision's recipe
         # (``candidates.RECIPE_FIRST_RELEASE``: TE 1.x has delayed scaling only).
-        (~_recipe_available(df.precision.to_numpy(), space.transformer_engine_version),
+        (one_of("precision", *(p for p in RECIPE_FIRST_RELEASE
+                               if not recipe_in_release(p, space.transformer_engine_version))),
          lambda d: [f"{p} needs TransformerEngine >= {'.'.join(map(str, RECIPE_FIRST_RELEASE[p]))}, the "
                     f"first release with its recipe (transformer_engine_version "
                     f"{space.transformer_engine_version})" for p in d.precision]),
@@ -585,12 +592,6 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -> np.
          "disable moe_shared_expert_overlap when enabling overlap_moe_expert_parallel_comm (Megatron-LM)"),
     ]
     return _first_reason(df, rules)
-
-
-def _recipe_available(precision: np.ndarray, release: str) -> np.ndarray:
-    """Whether the TE ``release`` has each candidate's precision recipe."""
-    missing = [p for p in RECIPE_FIRST_RELEASE if not recipe_in_release(p, release)]
-    return ~np.isin(precision, missing)
 
 
 def _recomputes_any(df: pd.DataFrame, rows: np.ndarray, modules: tuple[str, ...]) -> np.ndarray:
@@ -733,6 +734,14 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     A structure or a feature combination that breaks a rule on its own appears once, with the
     space's first value of each other knob (see _fill_rejected); everything else is a full layout.
     """
+    return generate_with_sources(model, hw, gpus, gbs, space, recompute_num_layers)[0]
+
+
+def generate_with_sources(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
+                          recompute_num_layers: int | None = None) -> tuple[pd.DataFrame, dict[str, Source]]:
+    """``generate``'s frame, and the ``Source`` of each of its string columns taken from the
+    structures and the feature combinations (``grid.rank`` gathers those by their codes, and the
+    cost model reads their codes instead of factorizing the strings)."""
     if gpus < 1:
         raise UserError(f"--gpus must be a positive integer, got {gpus}")
     if gbs < 1:
@@ -751,42 +760,71 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
     crossed = _cross_dispatchers(valid_structures, valid_features, model, hw, space)
     valid_structures["moe_flex_dispatcher_backend"] = flex_backend(valid_structures.ep * valid_structures.etp, hw)
     rejected = [_fill_rejected(part[part.reason != ""], space, gpus) for part in (structures, features)]
-    out = _expanded(valid_structures, crossed, rejected, model, space, recompute_num_layers)
+    out, sources = _expanded(valid_structures, crossed, rejected, model, space, recompute_num_layers)
     n = len(out) - sum(map(len, rejected))  # the crossed rows come first
     reason = out["reason"].to_numpy()
-    out["reason"] = np.concatenate([np.where(reason[:n] == "", _layout_rules(out.iloc[:n], model, space),
+    out["reason"] = np.concatenate([np.where(reason[:n] == "", _layout_rules(out.iloc[:n], model, space, sources),
                                              reason[:n]),
                                     reason[n:]])
     out["gbs"] = gbs
-    return out[list(Plan.field_names()) + ["reason"]]
+    return out[list(Plan.field_names()) + ["reason"]], sources
 
 
-# What the expansions below read or set, besides the columns they add.
-EXPANSION_COLUMNS = ["pp", "vp", *SPLIT_COLUMNS, "recompute", "overlap_moe_expert_parallel_comm", "reason"]
+# What the expansions below read and never set (they set overlap_moe_expert_parallel_comm and reason).
+EXPANSION_READS = ["pp", "vp", *SPLIT_COLUMNS, "recompute"]
+
+
+class Source(typing.NamedTuple):
+    """A string column as codes into its distinct values, as ``pd.factorize`` gives them: the
+    column is ``values.take(codes)``. Built from the few rows of the structures and the feature
+    combinations, it spares factorizing (or gathering) millions of Python strings under the GIL."""
+
+    values: Any  # the distinct strings, a pandas array of the column's dtype
+    codes: np.ndarray
+
+    @classmethod
+    def of(cls, short: pd.Series, rows: np.ndarray) -> Source:
+        """The column ``short.array.take(rows)``, ``short`` a column of few rows (factorized, not
+        the millions of rows of the result)."""
+        codes, values = pd.factorize(short.array, use_na_sentinel=False)
+        return cls(values, codes.take(rows))
+
+    def column(self):
+        return self.values.take(self.codes)
 
 
 def _expanded(structures: pd.DataFrame, crossed: _Crossed, rejected: list[pd.DataFrame], model: ModelSpec,
-              space: SearchSpace, pinned: int | None) -> pd.DataFrame:
+              space: SearchSpace, pinned: int | None) -> tuple[pd.DataFrame, dict[str, Source]]:
     """The crossed rows through _expand_recompute_layers, _expand_recompute_modules and
-    _expand_offloading, then the ``rejected`` rows (every column their own), as one frame. The
-    expansions run on the columns they read or set plus each row's structure and combination,
-    and every other column is taken once at the end from the structures and the combinations,
-    the rejected rows appended to those (each expansion's take copied every column of millions of
-    rows, and so did building the crossed frame and concatenating the rejected rows to it)."""
+    _expand_offloading, then the ``rejected`` rows (every column their own), as one frame, and the
+    ``Source`` of each of its string columns that the expansions neither add nor set. The expansions run
+    on the columns they read or set plus each row's structure and combination, and every other
+    column is taken once at the end from the structures and the combinations, the rejected rows
+    appended to those (each expansion's take copied every column of millions of rows, and so did
+    building the crossed frame and concatenating the rejected rows to it)."""
     def taken(names: list[str], structures: pd.DataFrame, variants: pd.DataFrame, structure: np.ndarray,
               variant: np.ndarray) -> dict:
-        """The columns ``names`` of the rows made of these structures and combinations."""
-        return {name: structures[name].array.take(structure) if name in structures
-                else variants[name].array.take(variant) for name in names}
+        """The columns ``names`` of the rows made of these structures and combinations: a ``Source``
+        for each string column, the values of the others."""
+        def column(short: pd.Series, rows: np.ndarray):
+            return Source.of(short, rows) if short.dtype.kind == "O" else short.array.take(rows)
+        return {name: column(structures[name], structure) if name in structures else column(variants[name], variant)
+                for name in names}
 
-    narrow = pd.DataFrame(taken(EXPANSION_COLUMNS[:-1], structures, crossed.variants, crossed.structure,
-                                crossed.variant))
+    def values(columns: dict) -> dict:
+        return {name: c.column() if isinstance(c, Source) else c for name, c in columns.items()}
+
+    narrow = pd.DataFrame(values(taken(EXPANSION_READS + ["overlap_moe_expert_parallel_comm"], structures,
+                                       crossed.variants, crossed.structure, crossed.variant)))
     narrow["reason"] = ""
     narrow["structure"], narrow["variant"] = crossed.structure, crossed.variant
-    narrow = _expand_recompute_layers(narrow, model, space, pinned)
-    narrow = _expand_recompute_modules(narrow, model, space)
+    # The layer counts alone read vp and the split: the later expansions need not copy them.
+    narrow = _expand_recompute_layers(narrow, model, space, pinned).drop(columns=["vp", *SPLIT_COLUMNS])
+    narrow, module_sets = _expand_recompute_modules(narrow, model, space)
     narrow = _expand_offloading(narrow, model, space)
-    structure, variant = narrow.pop("structure").to_numpy(), narrow.pop("variant").to_numpy()
+    structure, variant, modules = (narrow.pop(name).to_numpy()
+                                   for name in ("structure", "variant", "recompute_modules"))
+    narrow = narrow.drop(columns=["pp", "recompute"])  # the rest of EXPANSION_READS: taken below with the others
 
     def appended(frame: pd.DataFrame) -> pd.DataFrame:
         return pd.concat([frame, *(part[frame.columns] for part in rejected)], ignore_index=True)
@@ -794,9 +832,12 @@ def _expanded(structures: pd.DataFrame, crossed: _Crossed, rejected: list[pd.Dat
     extra = np.arange(sum(map(len, rejected)))
     structure = np.concatenate([structure, len(structures) + extra])
     variant = np.concatenate([variant, len(crossed.variants) + extra])
-    rest = [name for name in [*structures, *crossed.variants] if name not in narrow]
-    return pd.DataFrame({**taken(rest, appended(structures), appended(crossed.variants), structure, variant),
-                         **appended(narrow)}, copy=False)
+    rest = taken([name for name in [*structures, *crossed.variants] if name not in narrow],
+                 appended(structures), appended(crossed.variants), structure, variant)
+    rest["recompute_modules"] = Source.of(appended(pd.DataFrame({"recompute_modules": module_sets})).recompute_modules,
+                                          np.concatenate([modules, len(module_sets) + extra]))
+    frame = pd.DataFrame({**values(rest), **appended(narrow)}, copy=False)
+    return frame, {name: c for name, c in rest.items() if isinstance(c, Source)}
 
 
 def _expand_recompute_layers(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,

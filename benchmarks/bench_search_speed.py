@@ -1,7 +1,8 @@
 """In-process time of the searches issue 22 and issue 11 hold to a target, and of ``validate``.
 
 Each search runs ``repeats`` times in this process after one warm-up (imports, preset reads):
-generation (``space.generate``), pricing + ranking (``grid.evaluate``), and ``run.search`` as a
+generation (``space.generate_with_sources``), pricing + ranking (``grid.evaluate`` with the string
+columns' codes, as ``run.search`` runs it), and ``run.search`` as a
 whole, in wall seconds and CPU seconds (the cost model prices chunks on a thread per core, so CPU
 can exceed wall; on a machine shared with other jobs the CPU time is what a quiet one would take).
 The table gives the best and the median of the runs. Issue 22's target: ``search --model
@@ -26,7 +27,7 @@ import time
 
 from autoparallel import io
 from autoparallel.search import grid, run
-from autoparallel.space import generate, load_space
+from autoparallel.space import generate_with_sources, load_space
 
 CASES = [("deepseek-v3", "h100-sxm", 1024), ("gpt3-175b", "h100-sxm", 1024)]
 
@@ -52,8 +53,9 @@ def searches(repeats: int) -> None:
         gen, price, wall, cpu = [], [], [], []
         for _ in range(repeats):
             box = {}
-            gen.append(_timed(lambda: box.update(c=generate(model, hw, gpus, gbs, space)))[0])
-            price.append(_timed(lambda: grid.evaluate(model, hw, box["c"], space.memory_fraction))[0])
+            gen.append(_timed(lambda: box.update(c=generate_with_sources(model, hw, gpus, gbs, space)))[0])
+            price.append(_timed(lambda: grid.evaluate(model, hw, box["c"][0], space.memory_fraction,
+                                                      sources=box["c"][1]))[0])
             w, c = _timed(lambda: box.update(r=run.search(model, hw, gpus, gbs, space)))
             wall.append(w)
             cpu.append(c)

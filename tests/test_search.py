@@ -102,3 +102,35 @@ def test_rank_gathers_every_column_as_the_frame_would(search_512):
     expected = frame.iloc[order].reset_index(drop=True)
     assert ranked.drop(columns="rank").equals(expected)
     assert list(ranked.dtypes.drop("rank")) == list(frame.dtypes)
+
+
+def test_rank_copies_only_columns_of_one_value_bit_for_bit():
+    """``grid.rank`` copies a column whose rows are one value instead of gathering it: 0.0 and -0.0
+    compare equal but are two values, and a column of them is gathered."""
+    import numpy as np
+
+    from autoparallel.search.grid import rank
+    frame = pd.DataFrame({"fits": [True, True, False], "tokens_per_s_per_gpu": [1.0, 3.0, np.nan],
+                          "zeros": [0.0, -0.0, 0.0], "nans": [np.nan] * 3, "one": [7, 7, 7]})
+    ranked = rank(frame)
+    assert list(np.signbit(ranked["zeros"])) == [True, False, False]
+    assert ranked.drop(columns="rank").equals(frame.iloc[[1, 0, 2]].reset_index(drop=True))
+
+def test_string_columns_from_their_codes_rank_and_price_alike():
+    """``space.generate_with_sources``: each string column it hands over is ``values.take(codes)``
+    of the frame's own column (same dtype); ``grid.evaluate`` with them (the cost model reading the
+    codes, ``rank`` gathering them) gives the frame it gives without, dtypes included."""
+    from autoparallel.io import load_hardware
+    from autoparallel.search.grid import evaluate
+    from autoparallel.space import generate_with_sources
+
+    model, hw, space = load_model("mixtral-8x7b"), load_hardware("h100-sxm"), load_space()
+    frame, sources = generate_with_sources(model, hw, 64, model.global_batch_size, space)
+    assert {"precision", "recompute", "recompute_modules", "moe_token_dispatcher_type",
+            "pipeline_model_parallel_layout"} <= set(sources)
+    for name, source in sources.items():
+        assert source.column().equals(frame[name].array) and source.column().dtype == frame[name].dtype, name
+    with_codes = evaluate(model, hw, frame, space.memory_fraction, sources=sources)
+    without = evaluate(model, hw, frame, space.memory_fraction)
+    assert with_codes.equals(without)
+    assert list(with_codes.dtypes) == list(without.dtypes)

@@ -131,6 +131,14 @@ def _per_value(factorized: tuple[np.ndarray, list], shape, value_of, dtype) -> n
     return np.array([value_of(name) for name in names], dtype=dtype)[codes].reshape(shape)
 
 
+def knob_in(knobs: Mapping[str, np.ndarray], labels: dict, name: str, values) -> np.ndarray:
+    """Whether each row's string knob ``name`` is one of ``values``, from ``labels[name]``
+    (``pipeline.factorize`` of the knob, done here where ``labels`` lacks it)."""
+    if name not in labels:
+        labels[name] = pipeline.factorize(knobs[name])
+    return _per_value(labels[name], np.shape(knobs[name]), lambda knob: knob in values, bool)
+
+
 def _looked_up(values, table: Mapping[str, float], default: float) -> np.ndarray:
     """``table``'s number for each string of ``values`` (``default`` where it has none)."""
     return _per_value(pipeline.factorize(values), np.shape(values), lambda name: table.get(name, default), float)
@@ -218,9 +226,7 @@ class Candidates:
         """Whether each plan's string knob ``name`` is one of ``values``: its distinct strings are
         compared, not its rows (a column of Python strings compares at ~40x the cost of a float
         operation, and the terms ask about precision, dispatcher and CUDA graph a dozen times)."""
-        if name not in self.labels:
-            self.labels[name] = pipeline.factorize(self.knobs[name])
-        return _per_value(self.labels[name], np.shape(self.knobs[name]), lambda knob: knob in values, bool)
+        return knob_in(self.knobs, self.labels, name, values)
 
     def number(self, name: str) -> np.ndarray:
         return np.asarray(self.knobs[name], dtype=float)
@@ -305,28 +311,27 @@ class Candidates:
         return np.where(dist_opt, self.dp_group, 1.0), np.where(dist_opt, self.edp_group, 1.0)
 
 
-def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray]) -> Candidates:
-    """``cols`` (Plan field name -> array) as ``Candidates``."""
+def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray],
+               labels: Mapping[str, tuple[np.ndarray, list]] | None = None) -> Candidates:
+    """``cols`` (Plan field name -> array) as ``Candidates``; ``labels``: string columns of
+    ``cols`` already factorized (``Candidates.labels``), the others factorized here as asked."""
     f64 = lambda k: np.asarray(cols[k], dtype=float)  # noqa: E731
     flag = lambda k: np.asarray(cols[k], dtype=bool)  # noqa: E731
     t, p, v, c, dp, e, et = (f64(k) for k in ("tp", "pp", "vp", "cp", "dp", "ep", "etp"))
     b, gbs = f64("mbs"), f64("gbs")
-    recompute = np.asarray(cols["recompute"])
     precision = np.asarray(cols["precision"])
-    full = recompute == "full"
-    selective = recompute == "selective"
-    labels = {"precision": pipeline.factorize(precision)}
-    def precision_in(names):
-        return _per_value(labels["precision"], precision.shape, lambda p: p in names, bool)
-    is_fp8 = precision_in(FP8_PRECISIONS)
-    is_fp4 = precision_in(FP4_PRECISIONS)
+    labels = dict(labels or {})
+    full = knob_in(cols, labels, "recompute", ("full",))
+    selective = knob_in(cols, labels, "recompute", ("selective",))
+    is_fp8 = knob_in(cols, labels, "precision", FP8_PRECISIONS)
+    is_fp4 = knob_in(cols, labels, "precision", FP4_PRECISIONS)
 
     L = model.num_layers
     s_local = model.seq_length / c
     split = (f64("num_layers_in_first_pipeline_stage"), f64("num_layers_in_last_pipeline_stage"),
              f64("account_for_embedding_in_pipeline_split"), f64("account_for_loss_in_pipeline_split"),
              np.asarray(cols["pipeline_model_parallel_layout"], dtype=object))
-    groups = pipeline.structure(p, v, *split)
+    groups = pipeline.structure(p, v, *split, labels.get("pipeline_model_parallel_layout"))
     first_layers, middle_layers, last_layers = pipeline.stage_layers(L, p, v, *split, groups=groups)
     if model.is_moe:
         first_moe, middle_moe, last_moe = pipeline.stage_pattern_counts(model.moe_layer_pattern, p, v, *split,
@@ -340,7 +345,7 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
                             np.minimum(f64("recompute_num_layers"), layers_per_chunk), layers_per_chunk)
     bf16_layer_fraction = np.minimum(2.0 * f64("fp8_bf16_edge_layers") / L, 1.0)
 
-    module_codes, module_sets = pipeline.factorize(cols["recompute_modules"])
+    module_codes, module_sets = labels.get("recompute_modules") or pipeline.factorize(cols["recompute_modules"])
     modules = {name: selective & np.array([name in m.split() for m in module_sets], dtype=bool)[module_codes]
                for name in RECOMPUTE_MODULES}
     quantized_fraction = np.where(is_fp8 | is_fp4, 1.0 - bf16_layer_fraction, 0.0)
@@ -358,7 +363,8 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
         quantized_fraction=quantized_fraction,
         quantized_input_bytes=np.where(is_fp4, QUANTIZED_INPUT_BYTES["fp4"], QUANTIZED_INPUT_BYTES["fp8"]),
         quantized_weight_bytes=np.select(
-            [is_fp4, precision_in(PER_TENSOR_FP8) & hw.mxfp8],  # hw.mxfp8: a Blackwell (sm_100) GPU
+            # hw.mxfp8: a Blackwell (sm_100) GPU
+            [is_fp4, knob_in(cols, labels, "precision", PER_TENSOR_FP8) & hw.mxfp8],
             [QUANTIZED_WEIGHT_BYTES["fp4"], memory.FP8_WEIGHT_BYTES], QUANTIZED_WEIGHT_BYTES["fp8"]),
         act_input_bytes=act_input_bytes,
         routed_act_input_bytes=routed_act_input_bytes(cols, modules["moe_act"], act_input_bytes),

@@ -35,13 +35,14 @@ __all__ = ["BREAKDOWN_KEYS", "MEMORY_KEYS", "estimate_columns", "estimate_plan",
 
 
 def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray],
-                     memory_fraction: float = 1.0) -> dict[str, np.ndarray]:
+                     memory_fraction: float = 1.0, labels: Mapping[str, tuple] | None = None) -> dict[str, np.ndarray]:
     """Predict every plan in ``cols`` (Plan field name -> array). Returns metric columns.
 
     ``memory_fraction``: a plan fits when its peak (the fixed reserve included) is at most this
-    share of GPU memory.
+    share of GPU memory. ``labels``: string columns of ``cols`` already factorized, as
+    ``pipeline.factorize`` gives them (``Candidates.labels``).
     """
-    x = candidates(model, hw, cols)
+    x = candidates(model, hw, cols, labels)
     layers = layer_costs(x)
     params = stage_params(x, layers)
     time = step_breakdown(x, layers, stage_times(x, layers), trainable_params(x, layers, params))

@@ -309,14 +309,15 @@ def _per_rank(sizes: list[int], pp: int) -> tuple[float, float, float]:
     return ranks[0], max(ranks[1:-1]) if pp > 2 else ranks[0], ranks[-1]
 
 
-def structure(pp, vp, first, last, embedding, loss, layout) -> tuple[list[np.ndarray], list, np.ndarray, np.ndarray]:
+def structure(pp, vp, first, last, embedding, loss, layout, factorized: tuple[np.ndarray, list] | None = None
+              ) -> tuple[list[np.ndarray], list, np.ndarray, np.ndarray]:
     """The pipeline-structure columns as flat int64 arrays (the layout as codes into ``names``, the
     last column), each row's structure group and one row of each group: a search's rows have few
     structures (32 in DeepSeek-V3's 1.7 M), so what depends on the structure alone is priced per
     group; computed once per search and handed to ``stage_layers``, ``stage_pattern_counts`` and
-    ``held_at_peak``."""
+    ``held_at_peak``. ``factorized``: ``factorize(layout)`` where the caller has it."""
     layout = np.asarray(layout, dtype=object)
-    codes, names = factorize(layout)
+    codes, names = factorized or factorize(layout)
     columns = [np.broadcast_to(np.asarray(a, dtype=np.int64), layout.shape).reshape(-1)
                for a in (pp, vp, first, last, embedding, loss)] + [codes]
     inverse, rows = _groups(*columns)

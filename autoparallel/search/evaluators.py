@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from autoparallel.costmodel.estimate import estimate_columns
+from autoparallel.space import Source
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
@@ -46,16 +47,18 @@ class CostModelEvaluator:
             out[key] = column
         return out
 
-    def columns(self, candidates: pd.DataFrame) -> dict[str, np.ndarray]:
+    def columns(self, candidates: pd.DataFrame, sources: Mapping[str, Source] | None = None) -> dict[str, np.ndarray]:
         """The metric columns of ``candidates``, ``fits`` first, then ``reason`` with the
         out-of-memory rows' reasons filled in: what ``evaluate`` adds or replaces, as arrays (the
-        grid ranks them before building one frame; millions of rows are copied once, not thrice)."""
+        grid ranks them before building one frame; millions of rows are copied once, not thrice).
+        ``sources``: string columns of ``candidates`` as codes (``space.generate_with_sources``),
+        handed to the cost model as its labels (``estimate_columns``)."""
         reason = candidates["reason"].to_numpy(dtype=object)
         valid = reason == ""
         if valid.any():
             # Every row's values: each chunk takes its valid rows on its own thread (``_estimate``).
             cols = {name: candidates[name].to_numpy() for name in Plan.field_names()}
-            out = self._estimate(cols, np.flatnonzero(valid), len(candidates))
+            out = self._estimate(cols, np.flatnonzero(valid), len(candidates), sources or {})
         else:
             n = len(candidates)
             out = {"fits": np.zeros(n, dtype=bool), "peak_memory_gib": np.full(n, np.nan),
@@ -72,15 +75,20 @@ class CostModelEvaluator:
         out["fits"] = valid & ~oom  # reason == "" (every reason is a non-empty string), not compared row by row
         return out
 
-    def _estimate(self, cols: dict[str, np.ndarray], rows: np.ndarray, n: int) -> dict[str, np.ndarray]:
+    def _estimate(self, cols: dict[str, np.ndarray], rows: np.ndarray, n: int,
+                  sources: Mapping[str, Source]) -> dict[str, np.ndarray]:
         """Metric columns of ``n`` rows: ``estimate_columns`` of the rows ``rows`` of ``cols``,
         written at those rows (the rest NaN or False). Priced in cache-sized chunks (the cost model's
         intermediates then stay in the CPU cache: twice as fast as one call on millions of rows),
         on a thread per core (NumPy releases the GIL inside each operation)."""
+        distinct = {name: list(source.values) for name, source in sources.items()}
+
         def price(start: int) -> tuple[int, dict[str, np.ndarray]]:
-            chunk = {k: v[rows[start:start + CHUNK_ROWS]] for k, v in cols.items()}
+            at = rows[start:start + CHUNK_ROWS]
+            chunk = {k: v[at] for k, v in cols.items()}
             chunk.update(self.settings)
-            return start, estimate_columns(self.model, self.hardware, chunk, self.memory_fraction)
+            labels = {name: (source.codes[at], distinct[name]) for name, source in sources.items()}
+            return start, estimate_columns(self.model, self.hardware, chunk, self.memory_fraction, labels)
 
         starts = range(0, len(rows), CHUNK_ROWS)
         workers = min(len(starts), cores())

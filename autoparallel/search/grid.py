@@ -13,17 +13,25 @@ import numpy as np
 import pandas as pd
 
 from autoparallel.search.evaluators import CostModelEvaluator, cores
+from autoparallel.space import Source
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 
 RANK_METRIC = "tokens_per_s_per_gpu"
 
 
-def rank(frame: pd.DataFrame, columns: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
+def rank(frame: pd.DataFrame, columns: dict[str, np.ndarray] | None = None,
+         sources: dict[str, Source] | None = None) -> pd.DataFrame:
     """Sort best first; ``rank`` is 1.. for feasible plans and NA for the rejected. ``columns``:
     arrays to set on ``frame`` (new ones appended, existing ones replaced in place), set after
-    sorting so that each row is copied once."""
+    sorting so that each row is copied once. ``sources``: string columns of ``frame`` as codes
+    (``space.generate_with_sources``), gathered by their codes: a gather of millions of Python
+    strings holds the GIL row by row (0.1-0.2 s a column), one of integers does not, and the
+    strings are then taken from the few distinct ones, which stay in the CPU cache."""
     columns = columns or {}
+    sources = sources or {}
+    if any(len(source.codes) != len(frame) for source in sources.values()):
+        raise ValueError("sources of another frame: not as many codes as rows")
     fits = columns["fits"] if "fits" in columns else frame["fits"].to_numpy(dtype=bool)
     metric = columns[RANK_METRIC] if RANK_METRIC in columns else frame[RANK_METRIC].to_numpy(dtype=float)
     feasible = np.asarray(fits, dtype=bool)
@@ -33,11 +41,19 @@ def rank(frame: pd.DataFrame, columns: dict[str, np.ndarray] | None = None) -> p
     # frame's 40 columns on one thread before the pool started). One frame from the columns, not
     # column by column: setting a column copies it (a DataFrame owns what it is given).
     replaced = {name: values for name, values in columns.items() if name in frame.columns}
-    sources = [replaced.get(name, frame[name].array) for name in frame.columns]
-    sources += [values for name, values in columns.items() if name not in replaced]
     names = list(frame.columns) + [name for name in columns if name not in replaced]
+
+    def gathered(name: str):
+        if name in replaced or name not in frame.columns:
+            return columns[name].take(order)
+        if name in sources:
+            values, codes = sources[name]
+            return values.take(codes if len(values) == 1 else codes.take(order))
+        values = frame[name].array
+        return values.copy() if _one_value(values) else values.take(order)
+
     with ThreadPoolExecutor(cores()) as pool:  # NumPy's and pandas' takes release the GIL
-        out = dict(zip(names, pool.map(lambda values: values.take(order), sources)))
+        out = dict(zip(names, pool.map(gathered, names)))
     if "rank" in out:
         raise ValueError("cannot insert rank, already exists")  # as DataFrame.insert: a frame ranked twice
     ranks = pd.array(np.arange(1, len(order) + 1), dtype="Int64")
@@ -45,8 +61,20 @@ def rank(frame: pd.DataFrame, columns: dict[str, np.ndarray] | None = None) -> p
     return pd.DataFrame({"rank": ranks, **out}, copy=False)
 
 
+def _one_value(values) -> bool:
+    """Whether a NumPy-backed column holds one value in every row, bit for bit (then it reads the
+    same in any order: a search's frame has a dozen such knobs, each a random gather saved)."""
+    if not isinstance(values, pd.arrays.NumpyExtensionArray) or values.dtype.kind not in "biuf" or not len(values):
+        return False
+    bits = values.to_numpy()
+    bits = bits.view(f"u{bits.itemsize}")
+    return bool((bits == bits[0]).all())
+
+
 def evaluate(model: ModelSpec, hw: HardwareSpec, candidates: pd.DataFrame, memory_fraction: float,
-             progress: Callable[[int, int], None] | None = None, settings: dict | None = None) -> pd.DataFrame:
+             progress: Callable[[int, int], None] | None = None, settings: dict | None = None,
+             sources: dict[str, Source] | None = None) -> pd.DataFrame:
     """Every candidate priced by the cost model and ranked; ``progress(done, total)`` as it goes;
-    ``settings``: the space's run-level facts (``SearchSpace.cost_settings``)."""
-    return rank(candidates, CostModelEvaluator(model, hw, memory_fraction, progress, settings).columns(candidates))
+    ``settings``: the space's run-level facts (``SearchSpace.cost_settings``); ``sources``: see ``rank``."""
+    evaluator = CostModelEvaluator(model, hw, memory_fraction, progress, settings)
+    return rank(candidates, evaluator.columns(candidates, sources), sources)

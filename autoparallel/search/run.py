@@ -17,7 +17,7 @@ from autoparallel.report import moe_export, run_folder, tables
 from autoparallel.report.export import export_document
 from autoparallel.report.time_to_train import TimeToTrain
 from autoparallel.search.grid import evaluate
-from autoparallel.space import SearchSpace, generate, row_to_plan
+from autoparallel.space import SearchSpace, generate_with_sources, row_to_plan
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
@@ -96,11 +96,11 @@ def search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Searc
     """Every candidate priced and ranked; a UserError naming what rules them all out if none
     fits (``pinned``: the knobs the user pinned, named first in that message; ``progress(done,
     total)``: rows priced so far)."""
-    candidates = generate(model, hw, gpus, gbs, space, recompute_num_layers)
+    candidates, sources = generate_with_sources(model, hw, gpus, gbs, space, recompute_num_layers)
     if fp8_decisions:  # verdicts of `fp8-check` (autoparallel.fp8check.search_filter)
         from autoparallel.fp8check.search_filter import apply_to_candidates
-        candidates = apply_to_candidates(candidates, fp8_decisions)
-    ranked = evaluate(model, hw, candidates, space.memory_fraction, progress, space.cost_settings())
+        candidates, sources = apply_to_candidates(candidates, fp8_decisions), None  # generate's frame only
+    ranked = evaluate(model, hw, candidates, space.memory_fraction, progress, space.cost_settings(), sources)
     result = SearchResult(model, hw, gpus, gbs, space, ranked)
     if result.feasible.empty:
         from autoparallel.search.diagnose import explain
