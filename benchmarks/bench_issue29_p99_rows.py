@@ -100,11 +100,13 @@ SUMMARIES = (
 )
 
 
-def _replica(r, eff):
+def _replica(r, eff, max_batch: int | None = None):
+    """(cost, scheduler, workload) of run ``r``'s replica; ``max_batch``: in place of the run's own."""
     s = mlperf.settings()
     wl = load_workload(s["workloads"][r["model"]])
+    batch = int(r["max_batch"]) if max_batch is None else max_batch
     cost, sched = mlperf.harness_replica(io.load_model(s["models"][r["model"]]), io.load_hardware(r["hardware"]), eff,
-                                         wl, int(r["tp"]), int(r["pp"]), int(r["max_batch"]), int(r["max_num_tokens"]),
+                                         wl, int(r["tp"]), int(r["pp"]), batch, int(r["max_num_tokens"]),
                                          r["weight_precision"], r["kv_precision"], float(r["kv_fraction"]))
     return cost, sched, wl
 
@@ -201,11 +203,7 @@ def at_concurrency(r, eff, n: float, requests: int = 20_000) -> float:
     """Output tokens/s of the simulated replica holding ``n`` requests in flight: an all-at-once
     run with the batch capped at ``n``, its steady rate (the engine's throughput curve at that
     point; the measured Server run's is its rate x the mean output at its Little's-law ``n``)."""
-    s = mlperf.settings()
-    wl = load_workload(s["workloads"][r["model"]])
-    cost, sched = mlperf.harness_replica(io.load_model(s["models"][r["model"]]), io.load_hardware(r["hardware"]), eff,
-                                         wl, int(r["tp"]), int(r["pp"]), max(1, round(n)), int(r["max_num_tokens"]),
-                                         r["weight_precision"], r["kv_precision"], float(r["kv_fraction"]))
+    cost, sched, wl = _replica(r, eff, max(1, round(n)))
     return run_workload(cost, sched, wl, None, requests).steady_requests_per_s * wl.mean_output
 
 
