@@ -6,6 +6,7 @@
     PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py --shape  # mean / p50 / p90 / p99 (~10 s)
     PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py --concurrency  # at the measured N (~3 min)
     PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py --level  # level matched, dispatch (~10 min)
+    PYTHONPATH=$PWD python benchmarks/bench_issue29_p99_rows.py --compose  # llama2-70b p99 TPOT's parts (~10 min)
 
 For each Server run that ``validate --inference`` compares (in sample; TensorRT-LLM v4.1 closed):
 the engine, GPU, benchmark, round, layout and rate per replica; the measured and simulated p99
@@ -56,6 +57,18 @@ sample to the replica with the fewest in flight, harness_llm/llm_server.cc ``get
 and with that policy itself (``least_in_flight``: the replicas simulated apart, each arrival sent to
 the one with the fewest in flight by the previous pass's latencies, three passes): whether, once
 the level is right, the simulated spread is LoadGen's.
+
+``--compose`` (a diagnostic, nothing shipped; session 45): for every llama2-70b Server run, what the
+simulated p99 TPOT at the submitted QPS is made of (in sample): the requests decoding (Little's law),
+the mean iteration and the prompt tokens it carries, the decode-only iteration of that batch and the
+share of the mean iteration the prompts take, the p99/p50 spread and the median answer of the
+requests at or above the p99; then **k**, every iteration k x longer (exactly: the rate k x higher
+and every time k x longer), bisected so the simulated p99 TPOT is LoadGen's (the largest k tried
+whose p99 TPOT is still under it, over the run's minimum duration), the p99 TPOT and TTFT there
+(whether the TTFT miss has the same cause), and **r**,
+what is left of k once the same system's Offline shortfall is taken out: (1 + k) x measured /
+simulated Offline tokens/s per replica - 1 (a system whose Offline run is x % slower than simulated
+has every iteration ~x % longer in both scenarios).
 
 ``matched``: the p99s at the submitted load relative to capacity instead of the submitted rate
 (the rate scaled by the simulated / measured Offline output tokens/s per replica of the same
@@ -361,6 +374,56 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
         "mean iter ratio meas/sim": (frame["iter meas ms"] / frame["iter sim ms"]).mean()}])
 
 
+def compose(model: str = "llama2-70b", steps: int = 7, top: float = 1.35) -> pd.DataFrame:
+    """``--compose``: see the module docstring."""
+    rows, _ = mlperf.load_rows()
+    report = mlperf.predict_rows(rows[rows["model"] == model], cross=False)
+    server = report[report["scenario"] == "Server"].reset_index(drop=True)
+    scale = offline_scale(server, report)
+    eff = efficiency_for("tensorrt-llm")
+    out = []
+    for i, r in server.iterrows():
+        cost, sched, wl = _replica(r, eff)
+        rate = float(r["target_qps"]) / float(r["replicas"])
+        sim = run_workload(cost, sched, wl, rate,
+                           max(mlperf.REQUESTS, math.ceil(rate * float(r["min_duration_ms"]) / 1e3)))
+        line = {"submitter": r["submitter"], "GPU": r["hardware"], "TPxPP": f"{int(r['tp'])}x{int(r['pp'])}",
+                "replicas": int(r["replicas"]), "rate/rep": rate, "TPOT meas": r["tpot_p99_ms"]}
+        if not sim.keeps_up:
+            out.append({**line, "TPOT sim": np.nan})
+            continue
+        tpot = sim.tpot
+        p99 = 1e3 * mlperf.loadgen_percentile(tpot, 99.0)
+        iteration = sim.duration / sim.iterations
+        decoding = rate * float(np.nanmean(sim.finish - sim.first_token))
+        context = float(np.mean(sim.input_len + sim.output_len / 2.0))  # prompt + half the answer
+        decode_only = float(cost.decode_times(max(1, round(decoding)), np.array([decoding * context]))[0])
+        many = sim.output_len > 1
+        tail = np.sort(tpot)[int(0.99 * len(tpot))]
+        lo, hi, at_lo = 1.0, top, sim
+        for _ in range(steps):
+            k = 0.5 * (lo + hi)
+            run = run_workload(cost, sched, wl, rate * k,
+                               max(mlperf.REQUESTS, math.ceil(rate * k * float(r["min_duration_ms"]) / 1e3)))
+            v = k * 1e3 * mlperf.loadgen_percentile(run.tpot, 99.0) if run.keeps_up else math.inf
+            lo, hi, at_lo = (k, hi, run) if v < r["tpot_p99_ms"] else (lo, k, at_lo)
+        k = lo  # the largest scale tried whose p99 TPOT is still under LoadGen's
+        s = float(scale.iloc[i])
+        line.update({"TPOT sim": p99, "TPOT %": 100 * (p99 / r["tpot_p99_ms"] - 1),
+                     "TPOT mean sim": 1e3 * float(tpot.mean()), "p99/p50 sim": p99 / (1e3 * float(np.median(tpot))),
+                     "N decoding": decoding, "iter ms": 1e3 * iteration,
+                     "prompt tok/iter": float(sim.input_len.sum()) / sim.iterations,
+                     "decode-only ms": 1e3 * decode_only, "prompt share": 1 - decode_only / iteration,
+                     "p99 answers (median)": float(np.median(sim.output_len[many][tpot >= tail])),
+                     "k %": 100 * (k - 1),
+                     "TPOT at k": k * 1e3 * mlperf.loadgen_percentile(at_lo.tpot, 99.0),
+                     "TTFT meas": r["ttft_p99_ms"], "TTFT sim": 1e3 * mlperf.loadgen_percentile(sim.ttft, 99.0),
+                     "TTFT at k": k * 1e3 * mlperf.loadgen_percentile(at_lo.ttft, 99.0), "Offline sim/meas": s,
+                     "r %": 100 * (k / s - 1) if np.isfinite(s) else np.nan})
+        out.append(line)
+    return pd.DataFrame(out)
+
+
 #: The what-if variants of ``--fixed-costs``: the constants held fixed in the serving refit.
 VARIANTS = ({}, {"pass_overhead_us": 10000.0}, {"layer_overhead_us": 100.0},
             {"layer_overhead_us": 100.0, "allreduce_latency_us": 79.0},
@@ -405,7 +468,12 @@ def main() -> None:
     p.add_argument("--concurrency", action="store_true", help="only the summaries' runs at matched concurrency")
     p.add_argument("--level", action="store_true",
                    help="only the summaries' runs with a per-streamed-token host cost matching the mean TPOT")
+    p.add_argument("--compose", action="store_true",
+                   help="only the llama2-70b runs: the simulated p99 TPOT's parts and the iteration scale it misses by")
     args = p.parse_args()
+    if args.compose:
+        print(markdown(compose()))
+        return
     if args.level:
         print(markdown(level()))
         return
