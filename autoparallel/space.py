@@ -31,7 +31,7 @@ from autoparallel.argtypes import RELEASE_PATTERN
 from autoparallel.costmodel import pipeline
 from autoparallel.costmodel.candidates import RECOMPUTE_MODULES  # the modules the cost model prices
 from autoparallel.costmodel.candidates import (RECIPE_FIRST_RELEASE, TE_VERSION_COLUMN, fp8_cp_attention,
-                                                 knob_in, recipe_in_release)
+                                                 knob_in, knob_test, recipe_in_release)
 from autoparallel.costmodel.finetune import is_lora as lora
 from autoparallel.errors import UserError
 from autoparallel.io import from_dict, read_yaml, resolve_preset
@@ -564,7 +564,7 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,
          lambda d: [f"Userbuffers requires MXFP8 tensor dims that are divisible by 128 (mbs*seq/(tp*cp) = "
                     f"{m * model.seq_length // (t * c)})" for m, t, c in zip(d.mbs, d.tp, d.cp)]),
         # TransformerConfig.__post_init__ (selective recompute under FP8).
-        (_recomputes_any(df, one_of("precision", "fp8-delayed"), ("moe_act", "layernorm")),
+        (_recomputes_any(df, one_of("precision", "fp8-delayed"), ("moe_act", "layernorm"), labels),
          "Delayed scaling does not support moe_act and layernorm recompute for fp8 (Megatron-Core)"),
         # SearchSpace.transformer_engine_version: TE < 1.10 runs no FP8 attention under CP.
         ((not space.fp8_attention_with_cp) & df.fp8_attention.to_numpy() & (df.cp.to_numpy() > 1),
@@ -582,9 +582,9 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,
         # TransformerConfig.__post_init__ (Megatron-Core 0.16+, 2b343d739f "Refactor cuda_graph_scope"):
         # a graphed recompute draws no random numbers, and the whole-layer and full-iteration graphs
         # cover every module, so a recomputed dropout is refused.
-        (_recomputes_any(df, graphed & (model.attention_dropout != 0.0), ("core_attn",)),
+        (_recomputes_any(df, graphed & (model.attention_dropout != 0.0), ("core_attn",), labels),
          "attention dropout is not supported with graphed attention recomputation (Megatron-Core)"),
-        (_recomputes_any(df, graphed & (model.hidden_dropout != 0.0), ("moe",)),
+        (_recomputes_any(df, graphed & (model.hidden_dropout != 0.0), ("moe",), labels),
          "hidden dropout is not supported with graphed MLP/MoE recomputation (Megatron-Core)"),
         # TransformerConfig.__post_init__; after the cross, because the 1F1B overlap is turned off
         # where it cannot apply (``_cross``), and there the shared-expert overlap can take its place.
@@ -594,22 +594,20 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,
     return _first_reason(df, rules)
 
 
-def _recomputes_any(df: pd.DataFrame, rows: np.ndarray, modules: tuple[str, ...]) -> np.ndarray:
+def _recomputes_any(df: pd.DataFrame, rows: np.ndarray, modules: tuple[str, ...], labels: dict) -> np.ndarray:
     """Of the ``rows`` asked about, those whose selective recompute covers any of ``modules``
-    (--recompute-modules is a list); each distinct module set is read once (a space has a
-    handful, a search millions of rows)."""
-    out = np.zeros(len(df), dtype=bool)
-    at = np.flatnonzero(rows)
-    at = at[df.recompute.to_numpy()[at] == "selective"]  # the strings of the rows asked about only
-    if len(at):
-        codes, sets = pd.factorize(df.recompute_modules.to_numpy()[at])
-        out[at] = np.array([_covers_any(s, modules) for s in sets], dtype=bool)[codes]
-    return out
+    (--recompute-modules is a list); each distinct recompute and module set is read once (a space
+    has a handful, a search millions of rows), from ``labels`` (``knob_test``)."""
+    rows = np.asarray(rows, dtype=bool)
+    if not rows.any():
+        return np.zeros(len(df), dtype=bool)
+    return (rows & knob_in(df, labels, "recompute", ("selective",))
+            & knob_test(df, labels, "recompute_modules", lambda names: _covers_any(names, modules)))
 
 
-def _covers_any(recompute_modules: str, modules: tuple[str, ...]) -> bool:
-    """Whether a --recompute-modules list (space-separated) names any of ``modules``."""
-    return bool(set(recompute_modules.split()) & set(modules))
+def _covers_any(recompute_modules, modules: tuple[str, ...]) -> bool:
+    """Whether a --recompute-modules list (space-separated; not a string: none) names any of ``modules``."""
+    return isinstance(recompute_modules, str) and bool(set(recompute_modules.split()) & set(modules))
 
 
 @dataclass
