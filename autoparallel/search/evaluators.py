@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from autoparallel.costmodel.estimate import estimate_columns
-from autoparallel.space import Source
+from autoparallel.space import Source, source_labels
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
@@ -116,13 +116,13 @@ class CostModelEvaluator:
         row of ``rows``. Priced in cache-sized chunks (the cost model's intermediates then stay in the
         CPU cache: twice as fast as one call on millions of rows), on a thread per core (NumPy
         releases the GIL inside each operation)."""
-        distinct = {name: list(source.values) for name, source in sources.items()}
+        source_labels(sources, slice(0))  # the codes made once, before the threads ask for them
 
         def price(start: int) -> tuple[int, dict[str, np.ndarray]]:
             at = rows[start:start + CHUNK_ROWS]
             chunk = {k: v[at] for k, v in cols.items()}
             chunk.update(self.settings)
-            labels = {name: (source.codes[at], distinct[name]) for name, source in sources.items()}
+            labels = source_labels(sources, at)
             return start, estimate_columns(self.model, self.hardware, chunk, self.memory_fraction, labels)
 
         starts = range(0, len(rows), CHUNK_ROWS)

@@ -24,14 +24,14 @@ def rank(frame: pd.DataFrame, columns: dict[str, np.ndarray | AtRows] | None = N
          sources: dict[str, Source] | None = None) -> pd.DataFrame:
     """Sort best first; ``rank`` is 1.. for feasible plans and NA for the rejected. ``columns``:
     arrays (or ``AtRows``) to set on ``frame`` (new ones appended, existing ones replaced in place), set
-    after sorting so that each row is copied once. ``sources``: string columns of ``frame`` as codes
-    (``space.generate_with_sources``), gathered by their codes: a gather of millions of Python
-    strings holds the GIL row by row (0.1-0.2 s a column), one of integers does not, and the
-    strings are then taken from the few distinct ones, which stay in the CPU cache."""
+    after sorting so that each row is copied once. ``sources``: columns of ``frame`` as short columns
+    and positions (``space.generate_with_sources``): the positions are gathered once per short
+    frame, each column from its short one, which stays in the CPU cache (a random gather of
+    millions of rows per column otherwise, and of Python strings, holding the GIL row by row)."""
     columns = columns or {}
     sources = sources or {}
-    if any(len(source.codes) != len(frame) for source in sources.values()):
-        raise ValueError("sources of another frame: not as many codes as rows")
+    if any(len(source.rows) != len(frame) for source in sources.values()):
+        raise ValueError("sources of another frame: not as many positions as rows")
     fits = _full(columns["fits"]) if "fits" in columns else frame["fits"].to_numpy(dtype=bool)
     metric = _full(columns[RANK_METRIC]) if RANK_METRIC in columns else frame[RANK_METRIC].to_numpy(dtype=float)
     feasible = np.asarray(fits, dtype=bool)
@@ -51,13 +51,17 @@ def rank(frame: pd.DataFrame, columns: dict[str, np.ndarray | AtRows] | None = N
         if name in replaced or name not in frame.columns:
             column = columns[name]
             return column.taken(slots[id(column.rows)]) if isinstance(column, AtRows) else column.take(order)
-        if name in sources:
-            values, codes = sources[name]
-            return values.take(codes if len(values) == 1 else codes.take(order))
         values = frame[name].array
-        return values.copy() if _one_value(values) else values.take(order)
+        if _one_value(values):
+            return values.copy()
+        if name in sources:
+            return sources[name].short.take(ordered[id(sources[name].rows)])
+        return values.take(order)
 
     with ThreadPoolExecutor(cores()) as pool:  # NumPy's and pandas' takes release the GIL
+        # Each short frame's positions in ``order`` (the structures', the combinations'), gathered once.
+        positions = {id(source.rows): source.rows for source in sources.values()}
+        ordered = dict(zip(positions, pool.map(lambda rows: rows.take(order), positions.values())))
         out = dict(zip(names, pool.map(gathered, names)))
     if "rank" in out:
         raise ValueError("cannot insert rank, already exists")  # as DataFrame.insert: a frame ranked twice
