@@ -22,6 +22,7 @@ import itertools
 import re
 import typing
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
@@ -31,7 +32,7 @@ from autoparallel.argtypes import RELEASE_PATTERN
 from autoparallel.costmodel import pipeline
 from autoparallel.costmodel.candidates import RECOMPUTE_MODULES  # the modules the cost model prices
 from autoparallel.costmodel.candidates import (RECIPE_FIRST_RELEASE, TE_VERSION_COLUMN, fp8_cp_attention,
-                                                 knob_in, recipe_in_release)
+                                                 knob_in, knob_test, recipe_in_release)
 from autoparallel.costmodel.finetune import is_lora as lora
 from autoparallel.errors import UserError
 from autoparallel.io import from_dict, read_yaml, resolve_preset
@@ -543,7 +544,7 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,
                   sources: dict[str, Source] | None = None) -> np.ndarray:
     """Rules on a structure and its features together (Megatron-LM and TE refusals); ``sources``:
     string columns of which ``df`` holds the first rows, read by their codes."""
-    labels = {name: (source.codes[:len(df)], list(source.values)) for name, source in (sources or {}).items()}
+    labels = source_labels(sources or {}, slice(len(df)))
     def one_of(name: str, *values: str) -> np.ndarray:
         return knob_in(df, labels, name, values)
     per_stage = model.num_layers // df.pp.to_numpy()
@@ -564,7 +565,7 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,
          lambda d: [f"Userbuffers requires MXFP8 tensor dims that are divisible by 128 (mbs*seq/(tp*cp) = "
                     f"{m * model.seq_length // (t * c)})" for m, t, c in zip(d.mbs, d.tp, d.cp)]),
         # TransformerConfig.__post_init__ (selective recompute under FP8).
-        (_recomputes_any(df, one_of("precision", "fp8-delayed"), ("moe_act", "layernorm")),
+        (_recomputes_any(df, one_of("precision", "fp8-delayed"), ("moe_act", "layernorm"), labels),
          "Delayed scaling does not support moe_act and layernorm recompute for fp8 (Megatron-Core)"),
         # SearchSpace.transformer_engine_version: TE < 1.10 runs no FP8 attention under CP.
         ((not space.fp8_attention_with_cp) & df.fp8_attention.to_numpy() & (df.cp.to_numpy() > 1),
@@ -582,9 +583,9 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,
         # TransformerConfig.__post_init__ (Megatron-Core 0.16+, 2b343d739f "Refactor cuda_graph_scope"):
         # a graphed recompute draws no random numbers, and the whole-layer and full-iteration graphs
         # cover every module, so a recomputed dropout is refused.
-        (_recomputes_any(df, graphed & (model.attention_dropout != 0.0), ("core_attn",)),
+        (_recomputes_any(df, graphed & (model.attention_dropout != 0.0), ("core_attn",), labels),
          "attention dropout is not supported with graphed attention recomputation (Megatron-Core)"),
-        (_recomputes_any(df, graphed & (model.hidden_dropout != 0.0), ("moe",)),
+        (_recomputes_any(df, graphed & (model.hidden_dropout != 0.0), ("moe",), labels),
          "hidden dropout is not supported with graphed MLP/MoE recomputation (Megatron-Core)"),
         # TransformerConfig.__post_init__; after the cross, because the 1F1B overlap is turned off
         # where it cannot apply (``_cross``), and there the shared-expert overlap can take its place.
@@ -594,22 +595,20 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,
     return _first_reason(df, rules)
 
 
-def _recomputes_any(df: pd.DataFrame, rows: np.ndarray, modules: tuple[str, ...]) -> np.ndarray:
+def _recomputes_any(df: pd.DataFrame, rows: np.ndarray, modules: tuple[str, ...], labels: dict) -> np.ndarray:
     """Of the ``rows`` asked about, those whose selective recompute covers any of ``modules``
-    (--recompute-modules is a list); each distinct module set is read once (a space has a
-    handful, a search millions of rows)."""
-    out = np.zeros(len(df), dtype=bool)
-    at = np.flatnonzero(rows)
-    at = at[df.recompute.to_numpy()[at] == "selective"]  # the strings of the rows asked about only
-    if len(at):
-        codes, sets = pd.factorize(df.recompute_modules.to_numpy()[at])
-        out[at] = np.array([_covers_any(s, modules) for s in sets], dtype=bool)[codes]
-    return out
+    (--recompute-modules is a list); each distinct recompute and module set is read once (a space
+    has a handful, a search millions of rows), from ``labels`` (``knob_test``)."""
+    rows = np.asarray(rows, dtype=bool)
+    if not rows.any():
+        return np.zeros(len(df), dtype=bool)
+    return (rows & knob_in(df, labels, "recompute", ("selective",))
+            & knob_test(df, labels, "recompute_modules", lambda names: _covers_any(names, modules)))
 
 
-def _covers_any(recompute_modules: str, modules: tuple[str, ...]) -> bool:
-    """Whether a --recompute-modules list (space-separated) names any of ``modules``."""
-    return bool(set(recompute_modules.split()) & set(modules))
+def _covers_any(recompute_modules, modules: tuple[str, ...]) -> bool:
+    """Whether a --recompute-modules list (space-separated; not a string: none) names any of ``modules``."""
+    return isinstance(recompute_modules, str) and bool(set(recompute_modules.split()) & set(modules))
 
 
 @dataclass
@@ -739,9 +738,9 @@ def generate(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Sea
 
 def generate_with_sources(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
                           recompute_num_layers: int | None = None) -> tuple[pd.DataFrame, dict[str, Source]]:
-    """``generate``'s frame, and the ``Source`` of each of its string columns taken from the
-    structures and the feature combinations (``grid.rank`` gathers those by their codes, and the
-    cost model reads their codes instead of factorizing the strings)."""
+    """``generate``'s frame, and the ``Source`` of each of its columns taken from the structures,
+    the feature combinations or the module sets (``grid.rank`` gathers those from their short
+    columns, and the cost model reads the string ones' codes instead of factorizing the strings)."""
     if gpus < 1:
         raise UserError(f"--gpus must be a positive integer, got {gpus}")
     if gbs < 1:
@@ -774,45 +773,64 @@ def generate_with_sources(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: in
 EXPANSION_READS = ["pp", "vp", *SPLIT_COLUMNS, "recompute"]
 
 
-class Source(typing.NamedTuple):
-    """A string column as codes into its distinct values, as ``pd.factorize`` gives them: the
-    column is ``values.take(codes)``. Built from the few rows of the structures and the feature
-    combinations, it spares factorizing (or gathering) millions of Python strings under the GIL."""
+@dataclass(frozen=True)
+class Source:
+    """A column of millions of rows as the short column it is taken from (the structures', the
+    feature combinations' or the module sets') and each row's position there, ``rows`` (one array
+    for every column of one short frame): the column is ``short.take(rows)``. ``grid.rank`` gathers
+    ``rows`` once per short frame and each column from its short one (a random gather of millions of
+    rows per column otherwise, holding the GIL for strings); the cost model reads a string
+    column's ``codes`` into its distinct ``values`` instead of factorizing millions of Python strings."""
 
-    values: Any  # the distinct strings, a pandas array of the column's dtype
-    codes: np.ndarray
+    short: Any  # a pandas array of few rows
+    rows: np.ndarray
 
-    @classmethod
-    def of(cls, short: pd.Series, rows: np.ndarray) -> Source:
-        """The column ``short.array.take(rows)``, ``short`` a column of few rows (factorized, not
-        the millions of rows of the result)."""
-        codes, values = pd.factorize(short.array, use_na_sentinel=False)
-        return cls(values, codes.take(rows))
+    @property
+    def is_string(self) -> bool:
+        return self.short.dtype.kind == "O"
+
+    @cached_property
+    def _factorized(self) -> tuple[Any, np.ndarray]:
+        codes, values = pd.factorize(self.short, use_na_sentinel=False)
+        return values, codes.take(self.rows)
+
+    @property
+    def values(self):
+        """The distinct values, a pandas array of the column's dtype."""
+        return self._factorized[0]
+
+    @property
+    def codes(self) -> np.ndarray:
+        """Each row's position in ``values``."""
+        return self._factorized[1]
 
     def column(self):
-        return self.values.take(self.codes)
+        return self.short.take(self.rows)
+
+
+def source_labels(sources: typing.Mapping[str, Source], at) -> dict[str, tuple[np.ndarray, list]]:
+    """The string columns of ``sources`` at the rows ``at`` (an index or a slice) as the cost
+    model's labels (``Candidates.labels``: codes, distinct values)."""
+    return {name: (source.codes[at], list(source.values)) for name, source in sources.items() if source.is_string}
 
 
 def _expanded(structures: pd.DataFrame, crossed: _Crossed, rejected: list[pd.DataFrame], model: ModelSpec,
               space: SearchSpace, pinned: int | None) -> tuple[pd.DataFrame, dict[str, Source]]:
     """The crossed rows through _expand_recompute_layers, _expand_recompute_modules and
     _expand_offloading, then the ``rejected`` rows (every column their own), as one frame, and the
-    ``Source`` of each of its string columns that the expansions neither add nor set. The expansions run
+    ``Source`` of each of its columns that the expansions neither add nor set. The expansions run
     on the columns they read or set plus each row's structure and combination, and every other
     column is taken once at the end from the structures and the combinations, the rejected rows
     appended to those (each expansion's take copied every column of millions of rows, and so did
     building the crossed frame and concatenating the rejected rows to it)."""
     def taken(names: list[str], structures: pd.DataFrame, variants: pd.DataFrame, structure: np.ndarray,
-              variant: np.ndarray) -> dict:
-        """The columns ``names`` of the rows made of these structures and combinations: a ``Source``
-        for each string column, the values of the others."""
-        def column(short: pd.Series, rows: np.ndarray):
-            return Source.of(short, rows) if short.dtype.kind == "O" else short.array.take(rows)
-        return {name: column(structures[name], structure) if name in structures else column(variants[name], variant)
-                for name in names}
+              variant: np.ndarray) -> dict[str, Source]:
+        """The columns ``names`` of the rows made of these structures and combinations."""
+        return {name: Source(structures[name].array, structure) if name in structures
+                else Source(variants[name].array, variant) for name in names}
 
-    def values(columns: dict) -> dict:
-        return {name: c.column() if isinstance(c, Source) else c for name, c in columns.items()}
+    def values(columns: dict[str, Source]) -> dict:
+        return {name: c.column() for name, c in columns.items()}
 
     narrow = pd.DataFrame(values(taken(EXPANSION_READS + ["overlap_moe_expert_parallel_comm"], structures,
                                        crossed.variants, crossed.structure, crossed.variant)))
@@ -834,10 +852,10 @@ def _expanded(structures: pd.DataFrame, crossed: _Crossed, rejected: list[pd.Dat
     variant = np.concatenate([variant, len(crossed.variants) + extra])
     rest = taken([name for name in [*structures, *crossed.variants] if name not in narrow],
                  appended(structures), appended(crossed.variants), structure, variant)
-    rest["recompute_modules"] = Source.of(appended(pd.DataFrame({"recompute_modules": module_sets})).recompute_modules,
-                                          np.concatenate([modules, len(module_sets) + extra]))
+    rest["recompute_modules"] = Source(appended(pd.DataFrame({"recompute_modules": module_sets})).recompute_modules.array,
+                                       np.concatenate([modules, len(module_sets) + extra]))
     frame = pd.DataFrame({**values(rest), **appended(narrow)}, copy=False)
-    return frame, {name: c for name, c in rest.items() if isinstance(c, Source)}
+    return frame, rest
 
 
 def _expand_recompute_layers(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,

@@ -210,3 +210,19 @@ def test_shared_expert_overlap_is_exported_as_megatron_spells_it():
     assert moe_export.config_keys(model, plan)["moe_shared_expert_overlap"] is True
     assert "--moe-shared-expert-overlap" not in moe_export.parallel_flags(model, dataclasses.replace(
         plan, moe_shared_expert_overlap=False))
+
+
+def test_a_dispatcher_mask_function_prices_as_the_names(dsv3, h100):
+    """``dispatch.is_named``: the cost model hands its dispatcher and backend as mask functions
+    (``Candidates.knob_is``, codes compared); the times are those of the names, bit for bit."""
+    names = np.array(["alltoall", "flex", "allgather", "flex"], dtype=object)
+    backends = np.array(["deepep", "hybridep", "deepep", "deepep"], dtype=object)
+    ep = np.array([8.0, 64.0, 8.0, 16.0])
+    by_names = lambda column: (lambda name: column == name)  # noqa: E731
+    for fn in (dispatch.dispatch_time, dispatch.probs_time):
+        np.testing.assert_array_equal(fn(h100, dsv3, 4096, ep, 1, 1.0, by_names(names)),
+                                      fn(h100, dsv3, 4096, ep, 1, 1.0, names))
+    total, overlap, window = np.ones(4), np.array([True, True, False, True]), np.full(4, 10.0)
+    np.testing.assert_array_equal(
+        dispatch.exposed_dispatch(h100, total, overlap, window, by_names(names), backend=by_names(backends)),
+        dispatch.exposed_dispatch(h100, total, overlap, window, names, backend=backends))

@@ -129,8 +129,32 @@ def test_string_columns_from_their_codes_rank_and_price_alike():
     assert {"precision", "recompute", "recompute_modules", "moe_token_dispatcher_type",
             "pipeline_model_parallel_layout"} <= set(sources)
     for name, source in sources.items():
-        assert source.column().equals(frame[name].array) and source.column().dtype == frame[name].dtype, name
+        assert source.column().equals(frame[name].array) and source.column().dtype == frame[name].array.dtype, name
+        if source.is_string:  # the codes the cost model reads
+            assert source.values.take(source.codes).equals(frame[name].array), name
     with_codes = evaluate(model, hw, frame, space.memory_fraction, sources=sources)
     without = evaluate(model, hw, frame, space.memory_fraction)
     assert with_codes.equals(without)
     assert list(with_codes.dtypes) == list(without.dtypes)
+
+
+@pytest.mark.parametrize("dtype", [float, bool])
+def test_at_rows_gathers_as_its_full_column(dtype):
+    """``evaluators.AtRows`` (metrics priced at the valid rows only): ``taken(slots(order))`` is its
+    full column (NaN, or False, where not priced) gathered in ``order``, dtype kept; no rows too."""
+    import numpy as np
+
+    from autoparallel.search.evaluators import AtRows
+    rng = np.random.default_rng(0)
+    n = 50
+    order = rng.permutation(n)
+    for rows in (np.flatnonzero(rng.random(n) < 0.6), np.array([], dtype=np.int64)):
+        column = AtRows((rng.random(len(rows)) < 0.5).astype(dtype), rows, n)
+        full = column.full()
+        missing = np.setdiff1d(np.arange(n), rows)
+        assert full.dtype == dtype
+        assert np.isnan(full[missing]).all() if dtype is float else not full[missing].any()
+        np.testing.assert_array_equal(full[rows], column.values)
+        got = column.taken(column.slots(order))
+        assert got.dtype == full.dtype
+        np.testing.assert_array_equal(got, full.take(order))

@@ -131,12 +131,17 @@ def _per_value(factorized: tuple[np.ndarray, list], shape, value_of, dtype) -> n
     return np.array([value_of(name) for name in names], dtype=dtype)[codes].reshape(shape)
 
 
-def knob_in(knobs: Mapping[str, np.ndarray], labels: dict, name: str, values) -> np.ndarray:
-    """Whether each row's string knob ``name`` is one of ``values``, from ``labels[name]``
-    (``pipeline.factorize`` of the knob, done here where ``labels`` lacks it)."""
+def knob_test(knobs: Mapping[str, np.ndarray], labels: dict, name: str, test) -> np.ndarray:
+    """``test(v)`` (a bool) of each row's string knob ``name``, asked once per distinct string, from
+    ``labels[name]`` (``pipeline.factorize`` of the knob, done here where ``labels`` lacks it)."""
     if name not in labels:
         labels[name] = pipeline.factorize(knobs[name])
-    return _per_value(labels[name], np.shape(knobs[name]), lambda knob: knob in values, bool)
+    return _per_value(labels[name], np.shape(knobs[name]), test, bool)
+
+
+def knob_in(knobs: Mapping[str, np.ndarray], labels: dict, name: str, values) -> np.ndarray:
+    """Whether each row's string knob ``name`` is one of ``values`` (``knob_test``)."""
+    return knob_test(knobs, labels, name, lambda knob: knob in values)
 
 
 def _looked_up(values, table: Mapping[str, float], default: float) -> np.ndarray:

@@ -133,21 +133,28 @@ def allgather_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp):
     return comm.reduce_scatter_time(hw, nbytes, group, comm.ranks_per_domain(hw, group, 1))
 
 
+def is_named(names, name: str, shape=None) -> np.ndarray:
+    """Whether each row's dispatcher (or flex backend) is ``name``. ``names``: the rows' names, or a
+    function of a name that gives that mask (``Candidates.knob_is`` on the knob: the cost model's
+    chunks compare each distinct name once, not their 65,536 strings); broadcast to ``shape``."""
+    rows = names(name) if callable(names) else np.asarray(names) == name
+    return rows if shape is None else np.broadcast_to(rows, shape)
+
+
 def dispatch_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance, dispatcher,
                   value_bytes=DISPATCH_BYTES):
-    """One dispatch (or combine) with each candidate's ``dispatcher``, ``value_bytes`` per token
-    value (BF16, or ``FP8_DISPATCH_MEAN_BYTES`` averaged over a dispatch and a combine); alltoall
-    and flex add the ETP all-gather (or the reduce-scatter before a combine). Only the dispatchers
-    present are priced."""
-    dispatcher = np.broadcast_to(np.asarray(dispatcher), np.shape(ep))
+    """One dispatch (or combine) with each candidate's ``dispatcher`` (names, or a mask function:
+    ``is_named``), ``value_bytes`` per token value (BF16, or ``FP8_DISPATCH_MEAN_BYTES`` averaged over
+    a dispatch and a combine); alltoall and flex add the ETP all-gather (or the reduce-scatter before
+    a combine). Only the dispatchers present are priced."""
     nbytes = tokens * model.moe_router_topk * model.hidden_size * value_bytes * imbalance
     expert_tp = comm.reduce_scatter_time(hw, nbytes * etp, etp, comm.ranks_per_domain(hw, etp, 1))
     out = np.zeros(np.shape(ep))
-    if (alltoall := dispatcher == "alltoall").any():
+    if (alltoall := is_named(dispatcher, "alltoall", np.shape(ep))).any():
         out = np.where(alltoall, alltoall_time(hw, nbytes, ep, etp) + expert_tp, out)
-    if (flex := dispatcher == "flex").any():
+    if (flex := is_named(dispatcher, "flex", np.shape(ep))).any():
         out = np.where(flex, flex_time(hw, model, tokens, ep, etp, imbalance, value_bytes) + expert_tp, out)
-    if (allgather := dispatcher == "allgather").any():
+    if (allgather := is_named(dispatcher, "allgather", np.shape(ep))).any():
         out = np.where(allgather, allgather_time(hw, model, tokens, ep, etp), out)
     return out
 
@@ -160,9 +167,9 @@ def probs_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance, d
     probability, which Megatron-Core multiplies in the experts' activation (``dispatch_all_to_all``
     sends ``permuted_probs`` after the tokens, Megatron-LM d98e8a6 token_dispatcher.py); few bytes,
     so mostly its per-peer latency. flex's kernels carry the probabilities with the tokens; the
-    combine sends none."""
+    combine sends none. ``dispatcher``: as ``dispatch_time``'s."""
     nbytes = tokens * model.moe_router_topk * PROBS_BYTES * imbalance
-    alltoall = np.broadcast_to(np.asarray(dispatcher), np.shape(ep)) == "alltoall"
+    alltoall = is_named(dispatcher, "alltoall", np.shape(ep))
     if not alltoall.any():
         return np.zeros(np.shape(ep))
     return np.where(alltoall, alltoall_time(hw, nbytes, ep, etp), 0.0)
@@ -170,21 +177,23 @@ def probs_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance, d
 
 def dispatcher_sms(backend=None):
     """SMs the flex dispatcher's kernels hold: ``HYBRIDEP_SMS`` under HybridEP, else DeepEP's
-    ``FLEX_DISPATCHER_SMS`` (also where the backend is not known)."""
+    ``FLEX_DISPATCHER_SMS`` (also where the backend is not known). ``backend``: names, or a mask
+    function (``is_named``)."""
     if backend is None:
         return FLEX_DISPATCHER_SMS
-    return np.where(np.asarray(backend) == "hybridep", HYBRIDEP_SMS, FLEX_DISPATCHER_SMS)
+    return np.where(is_named(backend, "hybridep"), HYBRIDEP_SMS, FLEX_DISPATCHER_SMS)
 
 
 def exposed_dispatch(hw: HardwareSpec, total, overlap, window, dispatcher=None, hidden_share=None, backend=None):
     """What the step waits for of ``total`` seconds of dispatches: all of it, or with the 1F1B
     overlap what ``window`` (another micro-batch's computation) cannot hide, at most
     ``hidden_share`` of it (the fitted ``ep_overlap`` unless given); a flex dispatcher's kernels
-    also slow the computation they hide behind by the share of SMs they hold."""
+    also slow the computation they hide behind by the share of SMs they hold. ``dispatcher`` and
+    ``backend``: names, or mask functions (``is_named``)."""
     share = hw.efficiency.ep_overlap if hidden_share is None else hidden_share
     overlapped = comm.exposed_behind(total, window, share)
     exposed = np.where(overlap, overlapped, total)
     if dispatcher is None:
         return exposed
-    sm_share = np.where(np.asarray(dispatcher) == "flex", dispatcher_sms(backend) / hw.sm_count, 0.0)
+    sm_share = np.where(is_named(dispatcher, "flex"), dispatcher_sms(backend) / hw.sm_count, 0.0)
     return exposed + (total - exposed) * sm_share

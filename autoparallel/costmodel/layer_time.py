@@ -22,6 +22,7 @@ and has expert-parallel traffic. A new term is one function here and one name in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -593,7 +594,7 @@ def ep_comm_time(x: Candidates, compute, is_moe: bool):
     row's DualPipe hides all that the compute beside can (``pipeline.DUALPIPE_HIDDEN_SHARE``)."""
     if not is_moe:
         return np.zeros_like(x.t)
-    dispatcher = x.knobs["moe_token_dispatcher_type"]
+    dispatcher = partial(x.knob_is, "moe_token_dispatcher_type")  # codes compared, not strings
     recomputed = x.recomputed_fraction + np.where(x.modules["moe"], 1.0, 0.0)
     one = dispatch.dispatch_time(x.hw, x.model, x.tokens / x.t, x.e, x.et, x.imbalance, dispatcher, x.dispatch_bytes)
     probs = dispatch.probs_time(x.hw, x.model, x.tokens / x.t, x.e, x.et, x.imbalance, dispatcher)
@@ -603,7 +604,8 @@ def ep_comm_time(x: Candidates, compute, is_moe: bool):
     total = (4.0 + 2.0 * recomputed) * one + (2.0 + recomputed) * probs  # each dispatch sends its probabilities
     return dispatch.exposed_dispatch(x.hw, total, a2a_overlap | shared_overlap,
                                      np.where(shared_overlap, shared, compute), dispatcher, hidden_share,
-                                     x.knobs.get("moe_flex_dispatcher_backend"))
+                                     partial(x.knob_is, "moe_flex_dispatcher_backend")
+                                     if "moe_flex_dispatcher_backend" in x.knobs else None)
 
 
 def amax_reduction_time(x: Candidates):

@@ -11,18 +11,51 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import pandas as pd
 
 from autoparallel.costmodel.estimate import estimate_columns
-from autoparallel.space import Source
+from autoparallel.space import Source, source_labels
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
 
 CHUNK_ROWS = 65_536
+
+
+@dataclass(frozen=True)
+class AtRows:
+    """A column of ``n`` rows known at ``rows`` only (``values[i]`` is row ``rows[i]``'s; NaN, or False,
+    elsewhere): the cost model prices the valid rows alone. ``grid.rank`` gathers it from ``values``
+    (``taken``): written out at full length first (``full``), each metric cost a fill and a scatter
+    over millions of rows before rank gathered it again."""
+
+    values: np.ndarray
+    rows: np.ndarray
+    n: int
+
+    @property
+    def fill(self):
+        return False if self.values.dtype == bool else np.nan
+
+    def full(self) -> np.ndarray:
+        out = np.full(self.n, self.fill, dtype=self.values.dtype)
+        out[self.rows] = self.values
+        return out
+
+    def slots(self, order: np.ndarray) -> np.ndarray:
+        """Where each row of ``order`` is in ``values`` (``len(values)``: not there), for ``taken``;
+        the same for every column known at the same ``rows``."""
+        where = np.full(self.n, len(self.rows))
+        where[self.rows] = np.arange(len(self.rows))
+        return where.take(order)
+
+    def taken(self, slots: np.ndarray) -> np.ndarray:
+        """``full().take(order)``, ``slots`` being ``slots(order)``."""
+        return np.append(self.values, np.array(self.fill, dtype=self.values.dtype)).take(slots)
 
 
 class Evaluator(Protocol):
@@ -44,50 +77,52 @@ class CostModelEvaluator:
     def evaluate(self, candidates: pd.DataFrame) -> pd.DataFrame:
         out = candidates.copy()
         for key, column in self.columns(candidates).items():
-            out[key] = column
+            out[key] = column.full() if isinstance(column, AtRows) else column
         return out
 
-    def columns(self, candidates: pd.DataFrame, sources: Mapping[str, Source] | None = None) -> dict[str, np.ndarray]:
-        """The metric columns of ``candidates``, ``fits`` first, then ``reason`` with the
-        out-of-memory rows' reasons filled in: what ``evaluate`` adds or replaces, as arrays (the
-        grid ranks them before building one frame; millions of rows are copied once, not thrice).
-        ``sources``: string columns of ``candidates`` as codes (``space.generate_with_sources``),
-        handed to the cost model as its labels (``estimate_columns``)."""
+    def columns(self, candidates: pd.DataFrame,
+                sources: Mapping[str, Source] | None = None) -> dict[str, np.ndarray | AtRows]:
+        """The metric columns of ``candidates`` (``AtRows``: priced at the valid rows), ``fits``
+        first, then ``reason`` with the out-of-memory rows' reasons filled in: what ``evaluate`` adds
+        or replaces (the grid ranks them before building one frame; millions of rows are copied
+        once, not thrice). ``sources``: string columns of ``candidates`` as codes
+        (``space.generate_with_sources``), handed to the cost model as its labels (``estimate_columns``)."""
         reason = candidates["reason"].to_numpy(dtype=object)
         valid = reason == ""
-        if valid.any():
+        rows = np.flatnonzero(valid)
+        if len(rows):
             # Every row's values: each chunk takes its valid rows on its own thread (``_estimate``).
             cols = {name: candidates[name].to_numpy() for name in Plan.field_names()}
-            out = self._estimate(cols, np.flatnonzero(valid), len(candidates), sources or {})
+            out = {key: AtRows(values, rows, len(candidates))
+                   for key, values in self._estimate(cols, rows, sources or {}).items()}
         else:
-            n = len(candidates)
-            out = {"fits": np.zeros(n, dtype=bool), "peak_memory_gib": np.full(n, np.nan),
-                   "tokens_per_s_per_gpu": np.full(n, np.nan)}
+            out = {key: AtRows(np.zeros(0, dtype=dtype), rows, len(candidates))
+                   for key, dtype in (("fits", bool), ("peak_memory_gib", float), ("tokens_per_s_per_gpu", float))}
         limit = self.memory_fraction * self.hardware.memory_gib
-        oom = valid & ~out["fits"]
+        oom = ~out["fits"].values  # of the valid rows
         # one string per distinct need (to 0.1 GiB), not per row: millions of rows on MoE spaces
-        needs, which = np.unique(np.round(out["peak_memory_gib"][oom], 1), return_inverse=True)
+        needs, which = np.unique(np.round(out["peak_memory_gib"].values[oom], 1), return_inverse=True)
         texts = np.array([f"out of memory: needs {need:.1f} GiB, limit {limit:.1f} GiB" for need in needs],
                          dtype=object)
         reason = reason.copy()
-        reason[oom] = texts[which.reshape(-1)]
+        reason[rows[oom]] = texts[which.reshape(-1)]
         out["reason"] = reason
-        out["fits"] = valid & ~oom  # reason == "" (every reason is a non-empty string), not compared row by row
+        out["fits"] = out["fits"].full()  # reason == "" (every reason is a non-empty string), not compared row by row
         return out
 
-    def _estimate(self, cols: dict[str, np.ndarray], rows: np.ndarray, n: int,
+    def _estimate(self, cols: dict[str, np.ndarray], rows: np.ndarray,
                   sources: Mapping[str, Source]) -> dict[str, np.ndarray]:
-        """Metric columns of ``n`` rows: ``estimate_columns`` of the rows ``rows`` of ``cols``,
-        written at those rows (the rest NaN or False). Priced in cache-sized chunks (the cost model's
-        intermediates then stay in the CPU cache: twice as fast as one call on millions of rows),
-        on a thread per core (NumPy releases the GIL inside each operation)."""
-        distinct = {name: list(source.values) for name, source in sources.items()}
+        """Metric columns of the rows ``rows`` of ``cols`` (``estimate_columns``), one value per
+        row of ``rows``. Priced in cache-sized chunks (the cost model's intermediates then stay in the
+        CPU cache: twice as fast as one call on millions of rows), on a thread per core (NumPy
+        releases the GIL inside each operation)."""
+        source_labels(sources, slice(0))  # the codes made once, before the threads ask for them
 
         def price(start: int) -> tuple[int, dict[str, np.ndarray]]:
             at = rows[start:start + CHUNK_ROWS]
             chunk = {k: v[at] for k, v in cols.items()}
             chunk.update(self.settings)
-            labels = {name: (source.codes[at], distinct[name]) for name, source in sources.items()}
+            labels = source_labels(sources, at)
             return start, estimate_columns(self.model, self.hardware, chunk, self.memory_fraction, labels)
 
         starts = range(0, len(rows), CHUNK_ROWS)
@@ -97,8 +132,8 @@ class CostModelEvaluator:
             for start, metrics in (pool.map if workers > 1 else map)(price, starts):
                 for key, values in metrics.items():
                     if key not in out:
-                        out[key] = np.full(n, False if values.dtype == bool else np.nan, dtype=values.dtype)
-                    out[key][rows[start:start + CHUNK_ROWS]] = values
+                        out[key] = np.empty(len(rows), dtype=values.dtype)
+                    out[key][start:start + CHUNK_ROWS] = values
                 if self.progress:
                     self.progress(min(start + CHUNK_ROWS, len(rows)), len(rows))
         return out
