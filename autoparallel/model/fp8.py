@@ -50,7 +50,7 @@ from torch import nn
 from autoparallel.model import kernels, ops
 from autoparallel.model.recipes import (ROLES, BlockwiseScaling, CurrentScaling, DelayedScaling,
                                         Recipe, TensorRole, role_dtype)
-from autoparallel.model.reference import compute_scale, fp8_to_float
+from autoparallel.model.reference import compute_scale, fp8_to_float, fp8_to_float_scaled
 
 # Recipes and the policy are defined in recipes.py; re-exported so ``fp8`` is the one import.
 from autoparallel.model.recipes import Fp8Policy, recipe_from_name  # noqa: F401  (re-export)
@@ -108,6 +108,9 @@ class Fp8Tensor:
 
     def dequantize(self) -> torch.Tensor:
         """fp32 values: data * scale_inv, each scale broadcast over the region it covers."""
+        if self.block is None and not self.data.is_cuda and self.scale_inv.numel() == 1 \
+                and self.scale_inv.dtype == torch.float32 and self.scale_inv.dim() <= self.data.dim():
+            return fp8_to_float_scaled(self.data, self.scale_inv)  # the same products
         values = self.data.float() if self.data.is_cuda else fp8_to_float(self.data)
         if self.block is None:
             return values * self.scale_inv
