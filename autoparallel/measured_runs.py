@@ -26,8 +26,8 @@ import pandas as pd
 
 from autoparallel import io, mlperf_corrections, ranges, resources, safefile
 from autoparallel.costmodel import flops
-from autoparallel.costmodel.candidates import Candidates, candidates, fp8_cp_attention
-from autoparallel.costmodel.estimate import estimate_columns
+from autoparallel.costmodel.candidates import Candidates, candidates, fp8_cp_attention, on_hardware
+from autoparallel.costmodel.estimate import estimate_candidates, estimate_columns
 from autoparallel.errors import UserError
 from autoparallel.space import SPLIT_COLUMNS, SearchSpace, generate
 from autoparallel.specs.finetune import DEFAULT_LORA_RANK, LORA_TARGETS, Finetune
@@ -344,6 +344,9 @@ class PreparedRow:
     candidates: pd.DataFrame
     cols: dict  # the candidates as the columns estimate_columns takes
     origins: dict = dataclasses.field(default_factory=dict)  # variant knob -> row/recipe/default/searched
+    # The candidates as ``candidates`` makes them, built on the first pricing (``priced``); a calibration
+    # reprices them on each trial's constants (``on_hardware``). Not carried over by ``replace``.
+    _shapes: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def id(self) -> str:
@@ -434,7 +437,10 @@ def best_candidate(out: dict) -> int:
 def priced(prepared: PreparedRow, hw: HardwareSpec | None = None) -> tuple[dict, int]:
     """``estimate_columns`` of a row's candidates on ``hw`` (default: the row's GPU) and the index
     of the one ``best_candidate`` takes: the candidate ``predict_row`` reports."""
-    out = estimate_columns(prepared.model, hw or prepared.hardware, prepared.cols, prepared.memory_fraction)
+    hw = hw or prepared.hardware
+    if "x" not in prepared._shapes:
+        prepared._shapes["x"] = candidates(prepared.model, hw, prepared.cols)
+    out = estimate_candidates(on_hardware(prepared._shapes["x"], hw), prepared.memory_fraction)
     return out, best_candidate(out)
 
 
@@ -443,14 +449,12 @@ def chosen(prepared: PreparedRow, i: int) -> Candidates:
     return candidates(prepared.model, prepared.hardware, {k: v[i:i + 1] for k, v in prepared.cols.items()})
 
 
-def predict_row(prepared: PreparedRow, efficiency: Efficiency | None = None) -> dict:
-    """The best predicted layout consistent with the row, and the metric its source reports;
-    ``efficiency`` replaces the constants of the row's GPU (calibration tries many)."""
+def _predicted(prepared: PreparedRow, efficiency: Efficiency | None) -> tuple[dict, int, float]:
+    """``priced`` on the row's GPU with ``efficiency`` (None: its own constants), and the predicted
+    figure of the metric the row's source reports."""
     row, model = prepared.row, prepared.model
     hw = prepared.hardware if efficiency is None else dataclasses.replace(prepared.hardware, efficiency=efficiency)
     out, i = priced(prepared, hw)
-    fits = out["fits"]
-    best = prepared.candidates.iloc[i]
     # The constants describe the newest release they were fitted on; an older one runs slower.
     speed = hw.efficiency.release_speed.get(prepared.software, 1.0)
     gpus, gbs, step = int(row["num_gpus"]), int(row["gbs"]), float(out["step_time_s"][i]) / speed
@@ -460,12 +464,27 @@ def predict_row(prepared: PreparedRow, efficiency: Efficiency | None = None) -> 
         # refuses MTP rows: Megatron counts their FLOPs, model_flops_per_token does not).
         predicted = float(out["tokens_per_s_per_gpu"][i]) * speed * flops.model_flops_per_token(model) / 1e12
     elif prepared.metric == "hw_tflops":
-        full = best["recompute"] == "full"
+        full = prepared.cols["recompute"][i] == "full"  # the column of prepared.candidates, as an array
         predicted = flops.narayanan_flops_per_step(model, gbs, full) / (step * gpus) / 1e12
     elif prepared.metric == "iteration_time":
         predicted = step
     else:
         predicted = float(out["tokens_per_s_per_gpu"][i]) * speed
+    return out, i, float(predicted)
+
+
+def log_error(prepared: PreparedRow, efficiency: Efficiency | None = None) -> float:
+    """log(predicted / measured) of ``predict_row`` (a fit's residual), without the rest of its record."""
+    return float(np.log(_predicted(prepared, efficiency)[2] / float(prepared.row[MEASURED[prepared.metric]])))
+
+
+def predict_row(prepared: PreparedRow, efficiency: Efficiency | None = None) -> dict:
+    """The best predicted layout consistent with the row, and the metric its source reports;
+    ``efficiency`` replaces the constants of the row's GPU (calibration tries many)."""
+    row, model = prepared.row, prepared.model
+    out, i, predicted = _predicted(prepared, efficiency)
+    fits = out["fits"]
+    best = prepared.candidates.iloc[i]
     measured = float(row[MEASURED[prepared.metric]])
     return {
         "id": prepared.id, "kind": prepared.kind, "source": prepared.source,

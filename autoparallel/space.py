@@ -18,6 +18,7 @@ the NVLink domain. Memory is checked later, by the cost model.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import re
 import typing
@@ -652,13 +653,35 @@ def _cross(structures: pd.DataFrame, features: pd.DataFrame, shared_overlap: boo
         if off.get("moe_shared_expert_overlap"):  # alltoall / flex only (TransformerConfig)
             chosen.loc[chosen.moe_token_dispatcher_type == "allgather", "moe_shared_expert_overlap"] = False
         if off:
-            chosen = chosen.drop_duplicates()
+            chosen = _drop_duplicates(chosen)
         rows = np.flatnonzero(rows)
         structure.append(np.repeat(rows, len(chosen)))
         variant.append(np.tile(np.arange(offset, offset + len(chosen)), len(rows)))
         variants.append(chosen)
         offset += len(chosen)
     return _Crossed(np.concatenate(structure), np.concatenate(variant), pd.concat(variants, ignore_index=True))
+
+
+# Below this many rows ``_drop_duplicates`` compares the rows as tuples: pandas' own takes ~2 ms on a frame
+# of a few rows (a factorization per column), and ``_cross`` asks it 16 times per validation row.
+FEW_ROWS = 1000
+
+
+def _drop_duplicates(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame.drop_duplicates()`` (the first of equal rows kept, with its index label): for a frame of
+    ``FEW_ROWS`` or fewer without NaN by comparing its rows as tuples of Python values, else pandas'."""
+    if len(frame) > FEW_ROWS:
+        return frame.drop_duplicates()
+    columns = [frame[name].tolist() for name in frame.columns]
+    if any(v != v for column in columns for v in column if isinstance(v, float)):  # NaN: pandas says equal
+        return frame.drop_duplicates()
+    seen: set = set()
+    keep = np.zeros(len(frame), dtype=bool)
+    for i, key in enumerate(zip(*columns)):
+        if key not in seen:
+            seen.add(key)
+            keep[i] = True
+    return frame[keep]
 
 
 def _cross_dispatchers(structures: pd.DataFrame, features: pd.DataFrame, model: ModelSpec, hw: HardwareSpec,
@@ -679,6 +702,12 @@ def _cross_dispatchers(structures: pd.DataFrame, features: pd.DataFrame, model: 
                     pd.concat([inside.variants, spanning.variants], ignore_index=True))
 
 
+@functools.cache
+def _plan_hints() -> dict:
+    """``typing.get_type_hints(Plan)``, resolved once (read, never changed)."""
+    return typing.get_type_hints(Plan)
+
+
 def _fill_rejected(rejected: pd.DataFrame, space: SearchSpace, gpus: int) -> pd.DataFrame:
     """A row rejected on its structure (or features) alone stands for every combination of the
     other knobs; it shows the space's first value of each so that every knob column holds a
@@ -693,7 +722,7 @@ def _fill_rejected(rejected: pd.DataFrame, space: SearchSpace, gpus: int) -> pd.
     if "dp" not in rejected:
         model_parallel = out.tp * out.pp * out.cp
         out["dp"] = np.where(gpus % model_parallel == 0, gpus // model_parallel, 0)
-    hints = typing.get_type_hints(Plan)
+    hints = _plan_hints()
     return out.astype({k: hints[k] for k in out.columns if k in hints and hints[k] in (int, bool)})
 
 
@@ -903,7 +932,7 @@ def _expand_offloading(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -
 def row_to_plan(row: Any) -> Plan:
     """One candidates row (a Series or dict, from a DataFrame or a CSV) as a Plan; a knob the
     row lacks (a run folder written before the knob existed) takes the Plan's default."""
-    hints = typing.get_type_hints(Plan)
+    hints = _plan_hints()
     values = {}
     for f in dataclasses.fields(Plan):
         if f.name not in row and f.default is not dataclasses.MISSING:

@@ -32,6 +32,14 @@ def a100():
     return io.load_hardware("a100-sxm-80g")
 
 
+@pytest.fixture(scope="session")
+def mlperf_lora_runs():
+    """The MLPerf LoRA rows prepared (``measured_runs.load_runs`` of mlperf_training_lora_hopper.csv,
+    ~10 s): once for the tests that read them (none changes them)."""
+    from autoparallel.measured_runs import load_runs
+    return load_runs([resources.data_file("mlperf_training_lora_hopper.csv")])
+
+
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
     """One intra-op thread per torch test: the tensors in these tests are small, and a second

@@ -156,7 +156,7 @@ def test_on_v40s_te_1_6_the_h100_submissions_layout_ranks_in_the_top_5_percent()
     assert (feasible[feasible.cpu_offloading_num_layers > 0].step_time_s > tp4).all()
 
 
-def test_on_h200_the_model_prices_tp4_tp1_cp2_and_tp2_alike_as_they_measured():
+def test_on_h200_the_model_prices_tp4_tp1_cp2_and_tp2_alike_as_they_measured(mlperf_lora_runs):
     """Issue 27's account of the H100 rank (RESULTS, s37h8): no H100 row runs TP < 4, CP > 2 or PP > 1,
     so whether the model prices TP4 against the layouts above it as the hardware runs them is read off
     the one GPU whose MLPerf LoRA rows run TP4 CP1, TP1 CP2 and TP2 CP1 side by side: H200. Without
@@ -166,10 +166,10 @@ def test_on_h200_the_model_prices_tp4_tp1_cp2_and_tp2_alike_as_they_measured():
     prices too fast; 8.5 % slower, it would move TP4 168 -> 119 of 1,851, s37h8.)"""
     from collections import defaultdict
 
-    from autoparallel.measured_runs import load_runs, predict_row
+    from autoparallel.measured_runs import predict_row
 
     errors = defaultdict(list)
-    for run in load_runs([resources.data_file("mlperf_training_lora_hopper.csv")]):
+    for run in mlperf_lora_runs:
         row = run.row
         if row.gpu != "h200" or (int(row.tp) == 2 and bool(row.tp_comm_overlap)):
             continue
@@ -179,15 +179,13 @@ def test_on_h200_the_model_prices_tp4_tp1_cp2_and_tp2_alike_as_they_measured():
     assert max(means.values()) - min(means.values()) < 2.0, means
 
 
-def test_the_mlperf_lora_rows_run_the_pipelined_forward_rs_where_their_configs_say_so():
+def test_the_mlperf_lora_rows_run_the_pipelined_forward_rs_where_their_configs_say_so(mlperf_lora_runs):
     """Every round's (v4.0-v5.1) NeMo conf/tp_overlap/h100tp4mbs1.yaml and h100tp4cp2mbs1.yaml run
     proj_fprop / fc2_fprop as TE's pipeline method (4 splits; the v5.0 / v5.1 rows' own submissions,
     and the logs that print the config); TP2 (every h100tp2mbs1.yaml the rows ran, v4.0 NVIDIA's
     included) and rows without userbuffers keep the ring exchange (or none)."""
-    from autoparallel.measured_runs import load_runs
-
     on = {}
-    for run in load_runs([resources.data_file("mlperf_training_lora_hopper.csv")]):
+    for run in mlperf_lora_runs:
         row = run.row
         on[run.id] = bool(row.tp_overlap_rs_pipeline)
         assert on[run.id] == (int(row.tp) >= 4 and bool(row.tp_comm_overlap)), run.id

@@ -41,8 +41,18 @@ def test_calibrate_json_carries_the_constants_at_a_bound(capsys):
     assert "warning: attention" in captured.err
 
 
-def test_serve_fit_warns_and_json_carries_the_bounds(capsys, monkeypatch):
-    fits = serve_fit.fit_all()
+@pytest.fixture(scope="module")
+def serve_fits():
+    """``serve_fit.fit_all`` printing to a recording console (~20 s: once for both tests below):
+    the fits and what it printed."""
+    from rich.console import Console
+    console = Console(record=True, width=200)
+    fits = serve_fit.fit_all(console)
+    return fits, console.export_text()
+
+
+def test_serve_fit_warns_and_json_carries_the_bounds(capsys, monkeypatch, serve_fits):
+    fits, _ = serve_fits
     monkeypatch.setattr(serve_fit, "fit_all", lambda console=None: fits)
     assert serve_fit.main(["--dry-run", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -55,9 +65,6 @@ def test_serve_fit_warns_and_json_carries_the_bounds(capsys, monkeypatch):
     assert {"attention", "layer_overhead_us", "pass_overhead_us", "elementwise_bytes_per_token_hidden"} <= names
 
 
-def test_serve_fit_prints_a_warning_per_constant_at_a_bound():
-    from rich.console import Console
-    console = Console(record=True, width=200)
-    fits = serve_fit.fit_all(console)
-    text = console.export_text()
+def test_serve_fit_prints_a_warning_per_constant_at_a_bound(serve_fits):
+    fits, text = serve_fits
     assert text.count("warning:") == sum(len(hits) for _, _, hits in fits.values()) > 0

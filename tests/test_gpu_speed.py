@@ -105,7 +105,9 @@ def test_the_fit_recovers_each_pinned_gpus_speed_and_leaves_the_others_out(monke
     def predict(p, eff):
         g = p.hardware.name
         return {"predicted": 1000 * eff.gemm_max * eff.gpu_speed.get(g, 1.0), "measured": 600 * true_speed[g]}
-    monkeypatch.setattr(calibrate, "predict_row", predict)
+    # The fit reads each row's log error (``measured_runs.log_error``: log of predict_row's predicted / measured).
+    monkeypatch.setattr(calibrate, "log_error", lambda p, eff: np.log(predict(p, eff)["predicted"]
+                                                                      / predict(p, eff)["measured"]))
     rows = _rows({"b200": 6, "gb200": 3, "gb300": 2})
     result = calibrate.fit(rows, Efficiency(gpu_speed={"gb300": 1.2}), donor="b200")
     assert result.values["gemm_max"] == pytest.approx(0.6, rel=1e-4)

@@ -5,7 +5,7 @@ import pytest
 
 from autoparallel import mlperf_corrections, resources
 from autoparallel.errors import UserError
-from autoparallel.measured_runs import load_runs, predict_row, read_runs_table
+from autoparallel.measured_runs import predict_row, read_runs_table
 
 LORA = "mlperf_training_lora_hopper.csv"
 
@@ -64,7 +64,7 @@ def test_the_gpt3_rows_carry_what_their_configs_state():
     assert not rows.loc["mlperf-v3.1-NVIDIA-eos_n64_ngc23.09_nemo"].fp8_param_gather
 
 
-def test_the_lora_rows_carry_fp8_attention_and_the_adapter_all_to_all_their_configs_set():
+def test_the_lora_rows_carry_fp8_attention_and_the_adapter_all_to_all_their_configs_set(mlperf_lora_runs):
     """Issue 27: NVIDIA's v4.0 / v4.1 system configs source a config_common.sh (FP8_DPA=1, LORA_A2A=1)
     that the CSV did not read; the corrections reach the priced rows and the variant they are priced in."""
     rows = read_runs_table(resources.data_file(LORA)).set_index("id")
@@ -75,7 +75,7 @@ def test_the_lora_rows_carry_fp8_attention_and_the_adapter_all_to_all_their_conf
     # v4.1's own configs turn FP8 attention off at CP 2 (FP8_DPA=0 after config_common.sh).
     assert rows.loc["mlperflora-v4.1-NVIDIA-eos_n8_ngc24.09_nemo"].fp8_attention == 0
     assert (rows.lora_a2a == 1).all(), list(rows.index[rows.lora_a2a != 1])
-    runs = {r.id: r for r in load_runs([resources.data_file(LORA)])}
+    runs = {r.id: r for r in mlperf_lora_runs}
     assert all(r.model.finetune.lora_a2a for r in runs.values())
     assert "fp8_attention=on[row]" in predict_row(runs["mlperflora-v4.0-NVIDIA-eos_ngc24.04_nemo"])["variant"]
 

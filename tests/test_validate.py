@@ -106,8 +106,15 @@ NEMOFT_LORA_MEAN = 12.9
 
 
 @pytest.fixture(scope="module")
-def full_report():
-    return validate.validate_training()
+def all_rows():
+    """``validate.all_runs()``: every row validate prices, read and prepared once for this module
+    (~40 s); the tests read them, none changes them."""
+    return validate.all_runs()
+
+
+@pytest.fixture(scope="module")
+def full_report(all_rows):
+    return validate.validate_training(rows=all_rows)  # what `validate` does: all_runs() handed over
 
 
 @pytest.fixture(scope="module")
@@ -192,17 +199,17 @@ def test_every_row_names_the_variant_it_was_priced_in(full_report):
             assert "searched" not in origins, (r.id, r.variant)
 
 
-def test_a_recipe_setting_is_the_variant_priced():
+def test_a_recipe_setting_is_the_variant_priced(all_rows):
     """recipe_settings.yaml names published rows only, each with its source, and what it sets is
     what the row is priced in."""
-    from autoparallel.measured_runs import load_runs, predict_row, read_runs, recipe_settings, validation_runs
+    from autoparallel.measured_runs import predict_row, read_runs, recipe_settings, validation_runs
     recipes = recipe_settings()
     rows, releases = recipes["rows"], recipes["releases"]
     assert set(rows) <= set(read_runs(validation_runs()).id)
     assert all(r.get("source") for r in [*rows.values(), *releases.values()])
     row_id = "nemo-llama3-8b-h100-sxm-8gpu-fp8-current-tp1pp1cp1vp1ep1-mbs1-gbs128-fsdp8"
     assert rows[row_id]["recompute_num_layers"] == 5
-    row = next(p for p in load_runs() if p.id == row_id)
+    row = next(p for p in all_rows if p.id == row_id)
     assert set(row.candidates.recompute) == {"full"} and set(row.candidates.recompute_num_layers) == {5}
     variant = predict_row(row)["variant"]
     assert "recompute=full[recipe] recompute_layers=5[recipe]" in variant
@@ -540,8 +547,8 @@ def test_mlperf_rows_are_held_out_by_system_too(full_report):
     assert {"heldout_system_mean_abs_error_pct", "heldout_system_max_abs_error_pct"} <= set(s.columns)
 
 
-def test_a_system_fold_leaves_out_only_its_gpu_at_its_scale():
-    rows = validate.all_runs()
+def test_a_system_fold_leaves_out_only_its_gpu_at_its_scale(all_rows):
+    rows = all_rows
     by_id = {p.id: p for p in rows}
     for family, left_out, predicted in validate._system_folds(rows):
         groups = {validate.system_group(by_id[i]) for i in predicted}

@@ -24,8 +24,8 @@ from rich.console import Console
 from autoparallel import io, resources
 from autoparallel.costmodel.bounds import AtBound, at_bounds, warn_at_bounds
 from autoparallel.errors import UserError
-from autoparallel.measured_runs import (default_runs, load_balance_pairs, load_runs, predict_balance_ratio, predict_row,
-                                       software_date)
+from autoparallel.measured_runs import (default_runs, load_balance_pairs, load_runs, log_error, predict_balance_ratio,
+                                       predict_row, software_date)
 from autoparallel.report.run_folder import write_atomic
 from autoparallel.specs.hardware import Efficiency, HardwareSpec
 
@@ -176,7 +176,7 @@ def fit(rows, efficiency: Efficiency, progress=None, donor: str | None = None) -
         if progress:
             progress()
         eff = trial(values)
-        return np.array([np.log(r["predicted"] / r["measured"]) for r in (predict_row(p, eff) for p in rows)])
+        return np.array([log_error(p, eff) for p in rows])
 
     result = _least_squares(names, bounds, start, errors, len(rows))
     fitted_eff = trial(result.values)
@@ -214,8 +214,7 @@ def fit_moe(rows, start: Efficiency | None = None, progress=None, fixed: dict | 
     def errors(values: dict) -> np.ndarray:
         if progress:
             progress()
-        return np.array([np.log(r["predicted"] / r["measured"]) for r in
-                         (predict_row(p, dataclasses.replace(p.hardware.efficiency, **fixed, **values)) for p in rows)])
+        return np.array([log_error(p, dataclasses.replace(p.hardware.efficiency, **fixed, **values)) for p in rows])
 
     names = list(MOE_FITTED)
     return _least_squares(names, [MOE_FITTED[n] for n in names], [getattr(start, n) for n in names], errors,

@@ -367,10 +367,6 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
         cast_bytes=_per_value(labels["precision"], precision.shape, lambda p: CAST_BYTES.get(p, 0.0), float),
         quantized_fraction=quantized_fraction,
         quantized_input_bytes=np.where(is_fp4, QUANTIZED_INPUT_BYTES["fp4"], QUANTIZED_INPUT_BYTES["fp8"]),
-        quantized_weight_bytes=np.select(
-            # hw.mxfp8: a Blackwell (sm_100) GPU
-            [is_fp4, knob_in(cols, labels, "precision", PER_TENSOR_FP8) & hw.mxfp8],
-            [QUANTIZED_WEIGHT_BYTES["fp4"], memory.FP8_WEIGHT_BYTES], QUANTIZED_WEIGHT_BYTES["fp8"]),
         act_input_bytes=act_input_bytes,
         routed_act_input_bytes=routed_act_input_bytes(cols, modules["moe_act"], act_input_bytes),
         first_layers=first_layers, middle_layers=middle_layers, last_layers=last_layers,
@@ -384,13 +380,38 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
         # store_param_remainders applies only without FP8 parameters (use_precision_aware_optimizer_no_fp8_or_ds_fp8)
         master_bytes=np.where((flag("precision_aware_optimizer") & ~flag("fp8_param_gather")) | flag("param_remainders"),
                               memory.MASTER_REMAINDER_BYTES, memory.MASTER_WEIGHT_BYTES),
-        dp_group=dp_group, dp_per_node=comm.ranks_per_domain(hw, dp_group, t),
-        edp_group=edp_group, edp_per_node=comm.ranks_per_domain(hw, edp_group, e * et),
-        imbalance=moe.load_imbalance(hw, model, e) if model.is_moe else np.ones_like(t),
+        dp_group=dp_group, edp_group=edp_group,
         dualpipe=np.asarray(cols.get("pipeline_schedule", ""), dtype=object) == pipeline.DUALPIPE,
         dispatch_bytes=np.where(np.asarray(cols.get("moe_dispatch_precision", ""), dtype=object) == "fp8",
                                 dispatch.FP8_DISPATCH_MEAN_BYTES, dispatch.DISPATCH_BYTES),
         windowed_offload=te_at_least(cols.get(TE_VERSION_COLUMN, ""), 1, 10),
-        hbm=hw.hbm_tbps * 1e12 * hw.efficiency.hbm,
-        gemm_peak=gemm.peak(hw, quantized_fraction, is_fp4), labels=labels,
+        labels=labels, **_hardware_fields(model, hw, cols, labels, t, e, et, dp_group, edp_group, is_fp4,
+                                          quantized_fraction),
     )
+
+
+def _hardware_fields(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray], labels: dict, t, e, et,
+                     dp_group, edp_group, is_fp4, quantized_fraction) -> dict:
+    """The ``Candidates`` fields that read ``hw`` (its topology, its GPU's kind, its constants):
+    the rest depends on the model and the plans only (``on_hardware`` reprices those on another
+    ``hw``)."""
+    return dict(
+        quantized_weight_bytes=np.select(
+            # hw.mxfp8: a Blackwell (sm_100) GPU
+            [is_fp4, knob_in(cols, labels, "precision", PER_TENSOR_FP8) & hw.mxfp8],
+            [QUANTIZED_WEIGHT_BYTES["fp4"], memory.FP8_WEIGHT_BYTES], QUANTIZED_WEIGHT_BYTES["fp8"]),
+        dp_per_node=comm.ranks_per_domain(hw, dp_group, t),
+        edp_per_node=comm.ranks_per_domain(hw, edp_group, e * et),
+        imbalance=moe.load_imbalance(hw, model, e) if model.is_moe else np.ones_like(t),
+        hbm=hw.hbm_tbps * 1e12 * hw.efficiency.hbm,
+        gemm_peak=gemm.peak(hw, quantized_fraction, is_fp4),
+    )
+
+
+def on_hardware(x: Candidates, hw: HardwareSpec) -> Candidates:
+    """``x`` (as ``candidates`` made it) priced on ``hw``: the same candidates and model, every field
+    that reads the hardware (``_hardware_fields``) computed anew and nothing computed once carried
+    over (``replace``: the cached properties and ``memo`` start empty). A calibration reprices a
+    row's candidates with many constants: this spares building the plan-only fields each time."""
+    return replace(x, hw=hw, **_hardware_fields(x.model, hw, x.knobs, x.labels, x.t, x.e, x.et, x.dp_group,
+                                                x.edp_group, x.is_fp4, x.quantized_fraction))

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from autoparallel.costmodel import flops
-from autoparallel.costmodel.candidates import candidates
+from autoparallel.costmodel.candidates import Candidates, candidates
 from autoparallel.costmodel.layer_time import layers as layer_costs
 from autoparallel.costmodel.peak_memory import MEMORY_KEYS, peak_memory
 from autoparallel.costmodel.stages import stage_params, stage_times, trainable_params
@@ -31,7 +31,8 @@ from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
 
-__all__ = ["BREAKDOWN_KEYS", "MEMORY_KEYS", "estimate_columns", "estimate_plan", "plan_columns", "record"]
+__all__ = ["BREAKDOWN_KEYS", "MEMORY_KEYS", "estimate_candidates", "estimate_columns", "estimate_plan", "plan_columns",
+           "record"]
 
 
 def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray],
@@ -42,7 +43,12 @@ def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.n
     share of GPU memory. ``labels``: string columns of ``cols`` already factorized, as
     ``pipeline.factorize`` gives them (``Candidates.labels``).
     """
-    x = candidates(model, hw, cols, labels)
+    return estimate_candidates(candidates(model, hw, cols, labels), memory_fraction)
+
+
+def estimate_candidates(x: Candidates, memory_fraction: float = 1.0) -> dict[str, np.ndarray]:
+    """``estimate_columns`` of candidates already made (``candidates``, ``candidates.on_hardware``)."""
+    model, hw = x.model, x.hw
     layers = layer_costs(x)
     params = stage_params(x, layers)
     time = step_breakdown(x, layers, stage_times(x, layers), trainable_params(x, layers, params))

@@ -20,8 +20,11 @@ stands in for a cost the model lacks rather than measuring what its name says.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import datetime as dt
+import multiprocessing
+import os
 import sys
 
 import numpy as np
@@ -165,26 +168,58 @@ def refit_without(measured: Measured, model: str, start: InferenceEfficiency | N
     return fit(measured, train[train["model"] != model], start or InferenceEfficiency(), tol)
 
 
+def _held_out_errors(measured: Measured, name: str, start: InferenceEfficiency | None, tol: float) -> pd.Series:
+    """One LOMO fold: ``name``'s rows' ``error_pct`` with the constants ``refit_without`` them."""
+    rows = measured.predicted_rows
+    return predict(measured, refit_without(measured, name, start, tol), rows[rows["model"] == name])["error_pct"]
+
+
+def in_processes(task, args: list[tuple], workers: int | None = 1, progress=None) -> list:
+    """``[task(*a) for a in args]``, in ``workers`` processes (None: one per CPU) where the platform
+    forks (a child inherits what the parent set, monkeypatches included), else one after another;
+    ``progress()`` after each. The folds are independent and deterministic: the same results in any
+    number of processes."""
+    workers = min(workers or os.cpu_count() or 1, len(args))
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        out = []
+        for a in args:
+            out.append(task(*a))
+            if progress is not None:
+                progress()
+        return out
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = [pool.submit(task, *a) for a in args]
+        for _ in concurrent.futures.as_completed(futures):
+            if progress is not None:
+                progress()
+        return [f.result() for f in futures]
+
+
 def leave_one_model_out(measured: Measured, progress=None, start: InferenceEfficiency | None = None,
-                        tol: float = 1e-4) -> pd.Series:
+                        tol: float = 1e-4, workers: int | None = 1) -> pd.Series:
     """Every predicted row, predicted by a fit that saw none of its model's rows (column ``lomo_pct``);
-    each refit is ``refit_without`` from ``start`` (default: cold, the uncalibrated constants)."""
+    each refit is ``refit_without`` from ``start`` (default: cold, the uncalibrated constants), the
+    refits in ``workers`` processes (``in_processes``; default one: here)."""
     rows = measured.predicted_rows
     train = fit_rows(measured)
     out = pd.Series(np.nan, index=rows.index)
-    for name in rows["model"].unique():
-        held = rows[rows["model"] == name]
-        if (train["model"] != name).any():
-            out[held.index] = predict(measured, refit_without(measured, name, start, tol), held)["error_pct"]
+    names = list(rows["model"].unique())
+    refitted = [name for name in names if (train["model"] != name).any()]
+    for _ in range(len(names) - len(refitted)):  # a model whose rows are all the fit has: nothing to refit
         if progress is not None:
             progress()
+    for name, errors in zip(refitted, in_processes(_held_out_errors, [(measured, name, start, tol) for name in refitted],
+                                                   workers, progress)):
+        out[rows[rows["model"] == name].index] = errors
     return out.rename("lomo_pct")
 
 
-def in_sample_and_lomo(measured: Measured, eff: InferenceEfficiency, progress=None, cross: bool = True) -> pd.DataFrame:
-    """The predicted rows with ``error_pct`` and (``cross``; NaN otherwise) ``lomo_pct``."""
+def in_sample_and_lomo(measured: Measured, eff: InferenceEfficiency, progress=None, cross: bool = True,
+                       workers: int | None = 1) -> pd.DataFrame:
+    """The predicted rows with ``error_pct`` and (``cross``; NaN otherwise) ``lomo_pct`` (its refits in
+    ``workers`` processes)."""
     report = predict(measured, eff)
-    report["lomo_pct"] = leave_one_model_out(measured, progress) if cross else float("nan")
+    report["lomo_pct"] = leave_one_model_out(measured, progress, workers=workers) if cross else float("nan")
     report["engine"] = measured.engine.name
     report["fitted_on"] = report.index.isin(fit_rows(measured).index)
     return report

@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -151,8 +150,30 @@ def harness_replica(spec, hw, eff, workload, tp: int, pp: int, max_batch: int, m
                    kv_precision, 1, workload.max_input + workload.max_output, workload.max_output)
 
 
-@lru_cache(maxsize=None)
-def _predict(model: str, hardware: str, scenario: str, layout: tuple, kv_fraction: float, ttft_ms: float,
+_SIMULATED: dict = {}
+
+
+def _predict(*key) -> tuple[float, ...]:
+    """``_simulate(*key)``, once per key and process (``_simulated`` brings back what other
+    processes simulated)."""
+    if key not in _SIMULATED:
+        _SIMULATED[key] = _simulate(*key)
+    return _SIMULATED[key]
+
+
+_predict.cache_clear = _SIMULATED.clear  # as the lru_cache it replaces (the benchmarks clear it)
+
+
+def _simulated(keys: list[tuple], workers: int | None) -> list[tuple[float, ...]]:
+    """``_predict`` of each key, the keys not simulated yet in ``workers`` processes (None: one per
+    CPU; ``fit.in_processes``: each run's simulation is seeded, the same in any process)."""
+    from autoparallel.serve.fit import in_processes
+    missing = [k for k in dict.fromkeys(keys) if k not in _SIMULATED]
+    _SIMULATED.update(zip(missing, in_processes(_predict, missing, workers)))
+    return [_SIMULATED[k] for k in keys]
+
+
+def _simulate(model: str, hardware: str, scenario: str, layout: tuple, kv_fraction: float, ttft_ms: float,
              tpot_ms: float, target_qps: float, eff_key: str, requests: int,
              duration_s: float = 0.0, offline_requests: int = 0) -> tuple[float, ...]:
     """(tokens/s of the deployment, p99 TTFT, TPOT and end-to-end latency in ms at the target QPS,
@@ -245,8 +266,10 @@ def lomo_efficiency(model_name: str):
     return refit_without(next(m for m in load_serving_runs() if m.engine.name == "tensorrt-llm"), model_name)
 
 
-def predict_rows(rows: pd.DataFrame, cross: bool = True, requests: int = REQUESTS) -> pd.DataFrame:
-    """Each run's predicted tokens/s per GPU and p99s, with the in-sample and (``cross``) LOMO errors."""
+def predict_rows(rows: pd.DataFrame, cross: bool = True, requests: int = REQUESTS,
+                 workers: int | None = None) -> pd.DataFrame:
+    """Each run's predicted tokens/s per GPU and p99s, with the in-sample and (``cross``) LOMO errors;
+    the runs are simulated in ``workers`` processes (default: one per CPU)."""
     s = settings()
     _EFFICIENCIES["fit"] = efficiency_for("tensorrt-llm")
     keys = {"in_sample": "fit"}
@@ -256,14 +279,14 @@ def predict_rows(rows: pd.DataFrame, cross: bool = True, requests: int = REQUEST
         keys["lomo"] = "lomo:{model}"
     out = rows.copy()
     for label, key in keys.items():
-        preds = [_predict(r["model"], r["hardware"], r["scenario"],
-                          tuple(int(r[k]) if k not in ("weight_precision", "kv_precision") else r[k] for k in LAYOUT),
-                          float(r["kv_fraction"]), float(r["ttft_bound_ms"]), float(r["tpot_bound_ms"]),
-                          float(r["target_qps"]) if r["scenario"] == "Server" else 0.0,
-                          key.format(model=r["model"]), requests,
-                          float(r["min_duration_ms"]) / 1e3 if r["min_duration_ms"] > 0 else 0.0,
-                          int(r["offline_requests"]) if r["scenario"] == "Offline" else 0)
-                 for _, r in rows.iterrows()]
+        preds = _simulated([(r["model"], r["hardware"], r["scenario"],
+                             tuple(int(r[k]) if k not in ("weight_precision", "kv_precision") else r[k] for k in LAYOUT),
+                             float(r["kv_fraction"]), float(r["ttft_bound_ms"]), float(r["tpot_bound_ms"]),
+                             float(r["target_qps"]) if r["scenario"] == "Server" else 0.0,
+                             key.format(model=r["model"]), requests,
+                             float(r["min_duration_ms"]) / 1e3 if r["min_duration_ms"] > 0 else 0.0,
+                             int(r["offline_requests"]) if r["scenario"] == "Offline" else 0)
+                            for _, r in rows.iterrows()], workers)
         tokens, ttft, tpot, e2e, over, ttft_own, tpot_own = ((np.array(x, dtype=float) for x in zip(*preds))
                                                             if preds else ([],) * 7)
         out[f"{label}_tokens_per_s_per_gpu"] = tokens / out["gpus"].to_numpy()

@@ -64,8 +64,10 @@ def ft_summary(report: pd.DataFrame) -> dict:
             "by_model": by_model}
 
 
-def held_out_report(runs: Path | None = None, console: Console | None = None, cross: bool = True) -> pd.DataFrame:
-    """Every predicted row of every engine with its in-sample and (``cross``) leave-one-model-out error."""
+def held_out_report(runs: Path | None = None, console: Console | None = None, cross: bool = True,
+                    workers: int | None = None) -> pd.DataFrame:
+    """Every predicted row of every engine with its in-sample and (``cross``) leave-one-model-out error,
+    the refits in ``workers`` processes (default: one per CPU; ``fit.in_processes``)."""
     sets = [load_fastertransformer(runs), *load_serving_runs()]
     total = sum(m.predicted_rows["model"].nunique() for m in sets) if cross else 0
     parts = []
@@ -73,7 +75,7 @@ def held_out_report(runs: Path | None = None, console: Console | None = None, cr
         task = progress.add_task("leave-one-model-out refits", total=total)
         for measured in sets:
             report = in_sample_and_lomo(measured, efficiency_for(measured.engine.name),
-                                        lambda: progress.advance(task), cross)
+                                        lambda: progress.advance(task), cross, workers)
             parts.append(report[["engine", "hardware", "model", "weight_precision", "tp", "input_len",
                                  "output_len", "measured", "predicted", "error_pct", "lomo_pct", "fitted_on"]])
     return pd.concat(parts, ignore_index=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 from autoparallel.specs.finetune import Finetune
@@ -265,7 +266,9 @@ class ModelSpec:
     def shared_expert_ffn_hidden_size(self) -> int:
         return self.moe_shared_expert_intermediate_size or 0
 
-    @property
+    # The layer pattern and parameter counts below are cached_property: a frozen spec's, computed on
+    # first use (a serving fit reads them ~10^6 times); ``dataclasses.replace`` makes a spec anew.
+    @cached_property
     def moe_layer_pattern(self) -> tuple[int, ...]:
         """1 for each MoE layer, 0 for each dense one (Megatron-LM's ``moe_layer_pattern``);
         all 0 for a dense model."""
@@ -273,7 +276,7 @@ class ModelSpec:
             return (0,) * self.num_layers
         return moe_layer_pattern(self.moe_layer_freq, self.num_layers)
 
-    @property
+    @cached_property
     def num_moe_layers(self) -> int:
         return sum(self.moe_layer_pattern)
 
@@ -293,7 +296,7 @@ class ModelSpec:
     # Parameter counts: Megatron-LM's theoretical_memory_usage.py accounting, less norms and
     # biases (< 0.1 %, left out as in Narayanan et al.), plus the router (h x experts per MoE
     # layer), which that accounting leaves out; tests/test_moe_specs.py checks the identity.
-    @property
+    @cached_property
     def attention_params(self) -> int:
         h, heads = self.hidden_size, self.num_attention_heads
         if self.multi_latent_attention:
@@ -360,13 +363,13 @@ class ModelSpec:
         return (self.attention_params + self.moe_router_topk * self.expert_params
                 + self.shared_expert_params + self.router_params)
 
-    @property
+    @cached_property
     def layer_params(self) -> int:
         """All parameters of one layer, averaged over the layers (every expert for MoE)."""
         return (self.num_dense_layers * self.dense_layer_params
                 + self.num_moe_layers * self.moe_layer_params) // self.num_layers
 
-    @property
+    @cached_property
     def active_layer_params(self) -> int:
         """Parameters one token passes through in one layer, averaged over the layers."""
         return (self.num_dense_layers * self.dense_layer_params
