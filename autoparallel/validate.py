@@ -35,11 +35,8 @@ that system. (Held out by model, the LoRA rows' refit leaves out the 70B NeMo ro
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import math
-import multiprocessing
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -52,6 +49,7 @@ from autoparallel import io
 from autoparallel.costmodel import calibrate
 from autoparallel.measured_runs import (NEWER_SOURCES, PreparedRow, assumptions_key, load_runs, predict_row,
                                        validation_runs)
+from autoparallel.processes import call, in_processes
 
 
 def _refitted(family: str, rows: list[PreparedRow]):
@@ -143,20 +141,9 @@ def cross_validate_by_system(rows: list[PreparedRow], progress: Callable[[], Non
 def _run(rows: list[PreparedRow], folds: list[tuple[Callable, tuple]], progress: Callable[[], None] | None,
          workers: int | None) -> dict[str, dict]:
     """Every fold ``refit(rows, *args)``, in ``workers`` processes (default: one per CPU)."""
-    workers = min(workers or os.cpu_count() or 1, len(folds))
     held_out: dict[str, dict] = {}
-    if workers <= 1:
-        for refit, args in folds:
-            held_out.update(refit(rows, *args))
-            if progress:
-                progress()
-        return held_out
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        for done in concurrent.futures.as_completed([pool.submit(refit, rows, *args) for refit, args in folds]):
-            held_out.update(done.result())
-            if progress:
-                progress()
+    for predictions in in_processes(call, [(refit, rows, *args) for refit, args in folds], workers, progress):
+        held_out.update(predictions)
     return held_out
 
 

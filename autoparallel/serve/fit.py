@@ -20,11 +20,8 @@ stands in for a cost the model lacks rather than measuring what its name says.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import dataclasses
 import datetime as dt
-import multiprocessing
-import os
 import sys
 
 import numpy as np
@@ -34,6 +31,7 @@ from rich.console import Console
 from autoparallel.costmodel.bounds import AtBound, at_bounds, warn_at_bounds
 from autoparallel.costmodel.inference import InferenceEfficiency
 from autoparallel.errors import UserError
+from autoparallel.processes import in_processes
 from autoparallel.report.run_folder import write_atomic
 from autoparallel.serve.assumptions import ASSUMPTIONS, FIT_MARKER, load_assumptions
 from autoparallel.serve.measured import (Measured, groups, load_fastertransformer, load_serving_runs, predict,
@@ -172,27 +170,6 @@ def _held_out_errors(measured: Measured, name: str, start: InferenceEfficiency |
     """One LOMO fold: ``name``'s rows' ``error_pct`` with the constants ``refit_without`` them."""
     rows = measured.predicted_rows
     return predict(measured, refit_without(measured, name, start, tol), rows[rows["model"] == name])["error_pct"]
-
-
-def in_processes(task, args: list[tuple], workers: int | None = 1, progress=None) -> list:
-    """``[task(*a) for a in args]``, in ``workers`` processes (None: one per CPU) where the platform
-    forks (a child inherits what the parent set, monkeypatches included), else one after another;
-    ``progress()`` after each. The folds are independent and deterministic: the same results in any
-    number of processes."""
-    workers = min(workers or os.cpu_count() or 1, len(args))
-    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        out = []
-        for a in args:
-            out.append(task(*a))
-            if progress is not None:
-                progress()
-        return out
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = [pool.submit(task, *a) for a in args]
-        for _ in concurrent.futures.as_completed(futures):
-            if progress is not None:
-                progress()
-        return [f.result() for f in futures]
 
 
 def leave_one_model_out(measured: Measured, progress=None, start: InferenceEfficiency | None = None,

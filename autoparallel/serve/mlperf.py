@@ -67,6 +67,7 @@ import numpy as np
 import pandas as pd
 
 from autoparallel import io, resources
+from autoparallel.processes import in_processes
 from autoparallel.serve.assumptions import efficiency_for, load_assumptions, load_engine, with_capacity_policy
 from autoparallel.serve.search import Request
 from autoparallel.serve.simulate import replica, run_workload
@@ -166,8 +167,7 @@ _predict.cache_clear = _SIMULATED.clear  # as the lru_cache it replaces (the ben
 
 def _simulated(keys: list[tuple], workers: int | None) -> list[tuple[float, ...]]:
     """``_predict`` of each key, the keys not simulated yet in ``workers`` processes (None: one per
-    CPU; ``fit.in_processes``: each run's simulation is seeded, the same in any process)."""
-    from autoparallel.serve.fit import in_processes
+    CPU; ``processes.in_processes``: each run's simulation is seeded, the same in any process)."""
     missing = [k for k in dict.fromkeys(keys) if k not in _SIMULATED]
     _SIMULATED.update(zip(missing, in_processes(_predict, missing, workers)))
     return [_SIMULATED[k] for k in keys]

@@ -67,7 +67,7 @@ def ft_summary(report: pd.DataFrame) -> dict:
 def held_out_report(runs: Path | None = None, console: Console | None = None, cross: bool = True,
                     workers: int | None = None) -> pd.DataFrame:
     """Every predicted row of every engine with its in-sample and (``cross``) leave-one-model-out error,
-    the refits in ``workers`` processes (default: one per CPU; ``fit.in_processes``)."""
+    the refits in ``workers`` processes (default: one per CPU; ``processes.in_processes``)."""
     sets = [load_fastertransformer(runs), *load_serving_runs()]
     total = sum(m.predicted_rows["model"].nunique() for m in sets) if cross else 0
     parts = []
