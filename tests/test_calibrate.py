@@ -82,3 +82,17 @@ def test_reading_the_runs_is_under_the_progress_bar(moe, monkeypatch):
     with pytest.raises(UserError):
         (calibrate.main_moe if moe else calibrate.main)("h100-sxm", None, write=False, console=console)
     assert seen == [1] and console.live == 0
+
+
+def test_a_fits_residual_is_the_log_of_predict_rows_ratio(mlperf_lora_runs):
+    # The fits read ``log_error`` (no record built per trial); it must stay predict_row's figure,
+    # with the row's own constants and with a trial's (the candidates then repriced, not rebuilt).
+    import dataclasses
+
+    from autoparallel.measured_runs import log_error, predict_row
+    for p in mlperf_lora_runs[:4]:
+        trial = dataclasses.replace(p.hardware.efficiency, gemm_max=0.5 * p.hardware.efficiency.gemm_max)
+        for eff in (None, trial):
+            record = predict_row(p, eff)
+            assert log_error(p, eff) == np.log(record["predicted"] / record["measured"])
+        assert predict_row(p, trial)["predicted"] != predict_row(p)["predicted"]  # the trial's constants used

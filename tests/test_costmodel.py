@@ -97,3 +97,21 @@ def test_costmodel_imports_no_heavy_frameworks():
             "print(sorted(m for m in ('torch', 'optuna', 'ray') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("model_name, gpus", [("gpt3-175b", 512), ("deepseek-v3", 256)])
+def test_candidates_moved_to_another_gpu_price_as_if_built_there(model_name, gpus):
+    # A calibration builds a row's candidates once and reprices them per trial (``on_hardware``):
+    # every field that reads the GPU must follow it, here across GPU kinds (NVLink domain, MXFP8).
+    from autoparallel import io
+    from autoparallel.costmodel.candidates import candidates, on_hardware
+    from autoparallel.costmodel.estimate import estimate_candidates
+    model, h100, gb200 = io.load_model(model_name), io.load_hardware("h100-sxm"), io.load_hardware("gb200")
+    frame = generate(model, gb200, gpus, model.global_batch_size, load_space())
+    valid = frame[frame["reason"] == ""].sample(300, random_state=0)
+    cols = {k: valid[k].to_numpy() for k in Plan.field_names()}
+    moved = estimate_candidates(on_hardware(candidates(model, h100, cols), gb200))
+    built = estimate_columns(model, gb200, cols)
+    assert built["step_time_s"].min() != estimate_columns(model, h100, cols)["step_time_s"].min()
+    for key, values in built.items():
+        np.testing.assert_array_equal(moved[key], values, err_msg=key)
