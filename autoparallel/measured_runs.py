@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -344,9 +345,12 @@ class PreparedRow:
     candidates: pd.DataFrame
     cols: dict  # the candidates as the columns estimate_columns takes
     origins: dict = dataclasses.field(default_factory=dict)  # variant knob -> row/recipe/default/searched
-    # The candidates as ``candidates`` makes them, built on the first pricing (``priced``); a calibration
-    # reprices them on each trial's constants (``on_hardware``). Not carried over by ``replace``.
-    _shapes: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @functools.cached_property
+    def built(self) -> Candidates:
+        """The candidates as ``candidates`` makes them, built once: ``priced`` reprices them on each
+        trial's constants (``on_hardware``) instead of building them anew (``replace`` builds again)."""
+        return candidates(self.model, self.hardware, self.cols)
 
     @property
     def id(self) -> str:
@@ -437,10 +441,7 @@ def best_candidate(out: dict) -> int:
 def priced(prepared: PreparedRow, hw: HardwareSpec | None = None) -> tuple[dict, int]:
     """``estimate_columns`` of a row's candidates on ``hw`` (default: the row's GPU) and the index
     of the one ``best_candidate`` takes: the candidate ``predict_row`` reports."""
-    hw = hw or prepared.hardware
-    if "x" not in prepared._shapes:
-        prepared._shapes["x"] = candidates(prepared.model, hw, prepared.cols)
-    out = estimate_candidates(on_hardware(prepared._shapes["x"], hw), prepared.memory_fraction)
+    out = estimate_candidates(on_hardware(prepared.built, hw or prepared.hardware), prepared.memory_fraction)
     return out, best_candidate(out)
 
 

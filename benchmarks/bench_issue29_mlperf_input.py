@@ -25,12 +25,12 @@ def median_error(rows, model: str, mean_input: float) -> float:
         return dataclasses.replace(w, input=dataclasses.replace(w.input, mean=mean_input))
 
     mlperf.load_workload = load
-    mlperf._predict.cache_clear()
+    mlperf.clear_simulations()
     try:
         return float(np.median(mlperf.predict_rows(rows[rows["model"] == model], cross=False)["in_sample_pct"]))
     finally:
         mlperf.load_workload = original
-        mlperf._predict.cache_clear()
+        mlperf.clear_simulations()
 
 
 def main() -> None:

@@ -125,7 +125,7 @@ def _replica(r, eff, max_batch: int | None = None):
 
 
 def at_rate(r, eff, rate: float) -> dict:
-    """The simulated replica at ``rate`` requests/s over the run's minimum duration (as mlperf._predict)."""
+    """The simulated replica at ``rate`` requests/s over the run's minimum duration (as mlperf._simulate)."""
     cost, sched, wl = _replica(r, eff)
     n = max(mlperf.REQUESTS, math.ceil(rate * float(r["min_duration_ms"]) / 1e3))
     sim = run_workload(cost, sched, wl, rate, n)
@@ -446,7 +446,7 @@ def fixed_costs() -> pd.DataFrame:
             eff = fit.fit(measured, fit_rows, dataclasses.replace(base, **held)) if held else base
             tables = predict(measured, eff, fit_rows)["error_pct"].abs()
             mlperf.efficiency_for = lambda name, e=eff: e
-            mlperf._predict.cache_clear()
+            mlperf.clear_simulations()
             m = mlperf.scenario_means(mlperf.predict_rows(rows, cross=False))
             out.append({"held": ", ".join(f"{k} {v:g}" for k, v in held.items()) or "today's fit",
                         "allreduce us": eff.allreduce_latency_us, "tables %": tables.mean(),
@@ -456,7 +456,7 @@ def fixed_costs() -> pd.DataFrame:
     finally:
         fit.FIT_KEYS["inflight"] = keys
         mlperf.efficiency_for = original
-        mlperf._predict.cache_clear()
+        mlperf.clear_simulations()
     return pd.DataFrame(out)
 
 

@@ -193,7 +193,7 @@ def fixed_cost_probe() -> pd.DataFrame:
             mlperf.load_workload = lambda name, m=mean_input: (
                 dataclasses.replace(original_workload(name), input=dataclasses.replace(
                     original_workload(name).input, mean=m)) if name == "mlperf-llama2-70b" else original_workload(name))
-            mlperf._predict.cache_clear()
+            mlperf.clear_simulations()
             report = mlperf.predict_rows(rows, cross=False)
             for (scenario, hw), g in report.groupby(["scenario", "hardware"]):
                 server = scenario == "Server"
@@ -203,7 +203,7 @@ def fixed_cost_probe() -> pd.DataFrame:
                             "mean p99 TPOT error %": float(g["in_sample_tpot_pct"].mean()) if server else "-"})
     finally:
         mlperf.efficiency_for, mlperf.load_workload = original_eff, original_workload
-        mlperf._predict.cache_clear()
+        mlperf.clear_simulations()
     return pd.DataFrame(out)
 
 
@@ -220,7 +220,7 @@ def server_factor_probe(factors=(1.0, 1.05, 1.10)) -> pd.DataFrame:
         for k in factors:
             IterationCost.time = lambda self, *a, k=k: k * time_of(self, *a)
             IterationCost.decode_times = lambda self, *a, k=k: k * decode_of(self, *a)
-            mlperf._predict.cache_clear()
+            mlperf.clear_simulations()
             report = mlperf.predict_rows(rows, cross=False)
             for (hw, model), g in report.groupby(["hardware", "model"]):
                 kept = g[~g["in_sample_overloaded"]]
@@ -231,7 +231,7 @@ def server_factor_probe(factors=(1.0, 1.05, 1.10)) -> pd.DataFrame:
                             "p99 TPOT error %": float(kept["in_sample_tpot_pct"].mean())})
     finally:
         IterationCost.time, IterationCost.decode_times = time_of, decode_of
-        mlperf._predict.cache_clear()
+        mlperf.clear_simulations()
     return pd.DataFrame(out)
 
 

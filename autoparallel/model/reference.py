@@ -45,15 +45,18 @@ def fp8_to_float(q: torch.Tensor) -> torch.Tensor:
     Same values as ``q.float()``, about twice as fast on CPU, where torch converts FP8 element
     by element; the emulated GEMMs dequantize every operand, so this is their hot spot.
     """
-    codes = q.contiguous().view(torch.uint8).flatten().int()
-    return _fp8_table(q.dtype, q.device).index_select(0, codes).view(q.shape)
+    return _looked_up(_fp8_table(q.dtype, q.device), q)
 
 
 def fp8_to_float_scaled(q: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
     """``fp8_to_float(q) * scale_inv`` for one scalar ``scale_inv``, bit for bit, with the
     multiply done on the 256-entry table instead of on every element (each element is still
     the fp32 product table[code] * scale_inv)."""
-    table = _fp8_table(q.dtype, q.device) * scale_inv.reshape(())
+    return _looked_up(_fp8_table(q.dtype, q.device) * scale_inv.reshape(()), q)
+
+
+def _looked_up(table: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``table[code]`` of each FP8 code of ``q``, in ``q``'s shape."""
     codes = q.contiguous().view(torch.uint8).flatten().int()
     return table.index_select(0, codes).view(q.shape)
 

@@ -151,25 +151,20 @@ def harness_replica(spec, hw, eff, workload, tp: int, pp: int, max_batch: int, m
                    kv_precision, 1, workload.max_input + workload.max_output, workload.max_output)
 
 
-_SIMULATED: dict = {}
+_SIMULATED: dict = {}  # ``_simulate``'s results by its arguments, in this process
 
 
-def _predict(*key) -> tuple[float, ...]:
-    """``_simulate(*key)``, once per key and process (``_simulated`` brings back what other
-    processes simulated)."""
-    if key not in _SIMULATED:
-        _SIMULATED[key] = _simulate(*key)
-    return _SIMULATED[key]
-
-
-_predict.cache_clear = _SIMULATED.clear  # as the lru_cache it replaces (the benchmarks clear it)
+def clear_simulations() -> None:
+    """Forget every run simulated so far (the benchmarks that change a setting between reports)."""
+    _SIMULATED.clear()
 
 
 def _simulated(keys: list[tuple], workers: int | None) -> list[tuple[float, ...]]:
-    """``_predict`` of each key, the keys not simulated yet in ``workers`` processes (None: one per
-    CPU; ``processes.in_processes``: each run's simulation is seeded, the same in any process)."""
+    """``_simulate(*key)`` of each key, once per key and process: the keys not simulated yet in
+    ``workers`` processes (None: one per CPU; ``processes.in_processes``: each run's simulation is
+    seeded, the same in any process)."""
     missing = [k for k in dict.fromkeys(keys) if k not in _SIMULATED]
-    _SIMULATED.update(zip(missing, in_processes(_predict, missing, workers)))
+    _SIMULATED.update(zip(missing, in_processes(_simulate, missing, workers)))
     return [_SIMULATED[k] for k in keys]
 
 
