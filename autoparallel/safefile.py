@@ -132,13 +132,18 @@ def read_text(path: Path | str, kind: str, errors: str = "strict") -> str:
 
 # --- writing ---------------------------------------------------------------------------------
 
+def _example_name(flag: str) -> str:
+    """A file name to suggest for ``flag``'s output: runs import's --runs is a CSV, not a YAML."""
+    return "runs.csv" if flag == "--runs" else "out.yaml"
+
+
 def output_target(path: Path | str, flag: str = "") -> Path:
     """The file a write to ``path`` replaces: ``path``, or the file a symbolic link finally
     points at. A UserError (naming ``flag`` and the path) if that is not a regular file, its
     folder does not exist, or it cannot be written."""
     if isinstance(path, str) and path.endswith(("/", os.sep)):  # Path() would drop the separator
         raise UserError(f"{flag + ' ' if flag else ''}{path} ends in a path separator, so it names a folder; "
-                        f"give a file name, e.g. {Path(path) / 'out.yaml'}")
+                        f"give a file name, e.g. {Path(path) / _example_name(flag)}")
     path = Path(path)
     name = f"{flag} {path}" if flag else str(path)
     target = path
@@ -159,7 +164,7 @@ def output_target(path: Path | str, flag: str = "") -> Path:
     except OSError as exc:
         raise UserError(f"{name}: {_strerror(exc)}") from None
     if mode is not None and stat.S_ISDIR(mode):
-        raise UserError(f"{name} is a folder; give a file name, e.g. {path / 'out.yaml'}")
+        raise UserError(f"{name} is a folder; give a file name, e.g. {path / _example_name(flag)}")
     if mode is not None and not stat.S_ISREG(mode):
         raise UserError(f"{name} is {_kind(mode)}, not a regular file; refusing to replace it")
     if not target.parent.is_dir():

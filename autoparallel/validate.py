@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -220,6 +221,17 @@ NARROW_HEADS = {"rows": "rows", "in-sample mean": "in\nmean", "in-sample max": "
                 "all fit": "all\nfit"}
 
 
+def fold_at_hyphens(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width``, broken after a '-' (a run id's fields stay whole:
+    folding at the width cut 'gbs8192' into 'gbs819' / '2'); a field wider than a line is folded."""
+    lines = [""]
+    for field in re.split(r"(?<=-)", text):
+        if lines[-1] and len(lines[-1]) + len(field) > width:
+            lines.append("")
+        lines[-1] += field
+    return lines
+
+
 def _print_rows_narrow(report: pd.DataFrame, console: Console, held: bool, by_system: bool) -> None:
     """The per-row table for a terminal narrower than ``WIDE_REPORT``: each run's id on a line of its
     own (folded, never cut), then its figures under fixed-width headers; the variant is left to
@@ -233,7 +245,8 @@ def _print_rows_narrow(report: pd.DataFrame, console: Console, held: bool, by_sy
     console.print("  " + " ".join(f"{h:<{w}}" if h == "metric" else f"{h:>{w}}" for h, w in heads),
                   style="bold", markup=False, highlight=False)
     for _, r in report.iterrows():
-        console.print(str(r["id"]), overflow="fold", markup=False, highlight=False)
+        for line in fold_at_hyphens(str(r["id"]), console.width):
+            console.print(line, overflow="fold", markup=False, highlight=False)
         cells = [SHORT_METRIC.get(r["metric"], r["metric"]), f"{r['measured']:.4g}", f"{r['predicted']:.4g}",
                  f"{r['error_pct']:+.1f}"]
         cells += [f"{r['heldout_error_pct']:+.1f}"] if held else []

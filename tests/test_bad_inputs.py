@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import os
+from pathlib import Path
 import shutil
 import sqlite3
 import sys
@@ -182,6 +183,8 @@ def files(tmp_path_factory):
     put("model_llama.yaml", (resources.SEARCH_SPACES / "models" / "llama3-8b.yaml").read_text())
     put("workload_extra.csv", "input_len,output_len\n100,20\n1,000,20\n")  # a thousands separator, unquoted
     put("workload_bool.jsonl", '{"input_len": 100, "output_len": 20}\n{"input_len": true, "output_len": 20}\n')
+    put("runs_id_only.csv", "id,model\nx,y\n")  # an id column, not the runs columns (session 46)
+    put("good.log", (Path(__file__).parent / "fixtures" / "runlogs" / "megatron_tp2_pp2_vp4_sp_selective_fp8.log").read_text())
     put("moe_freq_huge.yaml", _model(num_experts=8, moe_router_topk=2, moe_layer_freq="[1]*1000000000000"))
 
     # Special files and links (issue 25): nothing may read them endlessly or replace them.
@@ -598,7 +601,7 @@ BAD_INPUTS = [
     (["calibrate", "--gpu", "h100-sxm", "-o", "{fifo}"], "--output {fifo} is a FIFO (named pipe), not a regular file"),
     (["calibrate", "--gpu", "h100-sxm", "-o", "/dev/null"], "--output /dev/null is a character device, not a regular file"),
     (["runs", "import", "{runs_junk_csv}", "--gpu", "h100-sxm", "--runs", "{fifo}"], "--runs {fifo} is a FIFO (named pipe)"),
-    (["runs", "import", "{runs_junk_csv}", "--gpu", "h100-sxm", "--runs", "{a_folder}"], "--runs {a_folder} is a folder"),
+    (["runs", "import", "{runs_junk_csv}", "--gpu", "h100-sxm", "--runs", "{a_folder}"], "--runs {a_folder} is a folder; give a file name, e.g. {a_folder}/runs.csv"),
     (["runs", "import", "{runs_junk_csv}", "--gpu", "h100-sxm", "--runs", "{link_loop}"], "--runs {link_loop} is a symbolic link that cannot"),
     # --- inputs are regular files of a bounded size, read with a cap
     (["search", "--model", "/dev/zero", "--gpus", "8"], "YAML file /dev/zero is a character device, not a regular file"),
@@ -636,7 +639,7 @@ BAD_INPUTS = [
     (["calibrate", "--gpu", "h100-sxm", "--as", "mine\u202e"], "contains a control character (U+202E)"),
     (["export", "{grid}", "-o", "{dir}/newdir/"], "--output {dir}/newdir/ ends in a path separator, so it names a folder"),
     (["calibrate", "--gpu", "h100-sxm", "-o", "{dir}/newdir/"], "--output {dir}/newdir/ ends in a path separator"),
-    (["runs", "import", "{runs_junk_csv}", "--gpu", "h100-sxm", "--runs", "{dir}/newdir/"], "--runs {dir}/newdir/ ends in a path separator"),
+    (["runs", "import", "{runs_junk_csv}", "--gpu", "h100-sxm", "--runs", "{dir}/newdir/"], "--runs {dir}/newdir/ ends in a path separator, so it names a folder; give a file name, e.g. {dir}/newdir/runs.csv"),
     # a --runs you name is written where you say, as export -o is: a missing folder is refused (only the
     # default results/runs.csv makes results/), where it once made /nonexistent at the root
     (["runs", "import", "{runs_junk_csv}", "--gpu", "h100-sxm", "--runs", "{dir}/newdir/deeper/runs.csv"],
@@ -711,6 +714,17 @@ BAD_INPUTS = [
      "--gpu {model_llama_yaml} is a model preset (it sets activation); give a hardware preset (`autoparallel hardware`)"),
     (["search", "--model", "175b", "--gpus", "64", "--space", "{model_llama_yaml}"],
      "--space {model_llama_yaml} is a model preset (it sets activation); search's spaces: training, cpu-profiling"),
+    # --- session 46's audit: each was exit 0 (or a misleading message) before
+    (["infer", "--model", "llama3-8b", "--gpus", "8", "--scenario", "offline", "--request-rate", "5"],
+     "--scenario offline sends every request at once; drop --request-rate 5, or drop --scenario to simulate 5 requests/s"),
+    (["search", "--model", "llama3-8b", "--gpus", "8", "--overlap-moe-expert-parallel-comm"],
+     "--overlap-moe-expert-parallel-comm overlaps the MoE all-to-alls; llama3-8b is dense (no experts): drop it"),
+    (["estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "1", "--pp", "1", "--overlap-moe-expert-parallel-comm"],
+     "--overlap-moe-expert-parallel-comm overlaps the MoE all-to-alls; llama3-8b is dense"),
+    (["runs", "import", "{good_log}", "--gpu", "h100-sxm", "--runs", "{runs_id_only_csv}"],
+     "{runs_id_only_csv} is not a runs CSV: it lacks column(s) num_layers, hidden_size"),
+    (["runs", "import", "{good_log}", "--gpu", "h100-sxm", "--runs", "{dir}/out.csv", "--warmup", "100000"],
+     "no logged interval after --warmup 100000 (the last ends at iteration 100): give a lower --warmup"),
 ]
 
 

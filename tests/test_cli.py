@@ -1,6 +1,7 @@
 """The command line end to end: outputs other tools read, run folders, and user errors."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -190,7 +191,29 @@ def test_help_reads_at_80_columns(command, monkeypatch, capsys):
     text = capsys.readouterr().out
     assert text.startswith("usage: autoparallel") and max(map(len, text.splitlines())) <= 80, \
         [line for line in text.splitlines() if len(line) > 80]
+    # A line broken at a word's hyphen cut flags in two: '(--fp8-dot-product-' / 'attention', "'--" / "exclusive'".
+    assert not [line for line in text.splitlines() if re.search(r"[\w'-]-$", line)], text
 
+
+
+def test_every_positional_and_json_flag_says_what_it_is():
+    """`export --help` listed 'run_dir' and '--rank' with no word, validate / estimate / profile a bare
+    '--json' (session 46)."""
+    import argparse
+
+    from autoparallel.cli import build_parser
+
+    bare = []
+
+    def walk(parser, name):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, p in action.choices.items():
+                    walk(p, f"{name} {sub}")
+            elif not action.help and (not action.option_strings or action.dest in ("json", "rank")):
+                bare.append(f"{name} {action.option_strings or action.dest}")
+    walk(build_parser(), "autoparallel")
+    assert bare == []
 
 def test_a_small_model_lists_its_parameters_in_millions(monkeypatch):
     """cpu-small (4.5M parameters) was listed as '0.0B'."""

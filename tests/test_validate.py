@@ -715,5 +715,8 @@ def test_the_report_reads_at_80_columns():
     lines = buffer.getvalue().splitlines()
     assert max(map(len, lines)) <= 80 and "…" not in buffer.getvalue()
     assert long_id in "".join(lines) and "mlperf-v3.0-NVIDIA-dgxh100_n64_nemo" in lines
+    # Folded after a '-', not at the 80th character ('...-tp2pp8cp1vp4ep32-mbs1-g' / 'bs8192' before session 46).
+    assert "bridge-26.04.01-qwen3-235b-a22b-h100-sxm-256gpu-fp8-current-tp2pp8cp1vp4ep32-" in lines
+    assert "mbs1-gbs8192" in lines
     assert any(line.split()[:5] == ["step", "s", "12.09", "11.62", "-3.8"] for line in lines)
     assert len(lines) < 60

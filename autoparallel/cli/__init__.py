@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import sys
+import textwrap
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +29,17 @@ class Formatter(argparse.HelpFormatter):
     """Help that reads at the terminal's width. argparse cannot wrap one word, and a choice list
     (``{bf16,fp16,...}``) or a ``--x | --no-x`` pair is one: a usage with such a line too wide
     becomes the command's positionals and required options and ``[options]`` (all of them are
-    listed below it), and a ``--x, --no-x`` pair too wide for one line puts ``--no-x`` on the next."""
+    listed below it), and a ``--x, --no-x`` pair too wide for one line puts ``--no-x`` on the next.
+    Lines break between words only, never at a word's hyphen: argparse's textwrap broke
+    ``--fp8-dot-product-attention`` into ``--fp8-dot-product-`` / ``attention``, ``tensorrt-llm``
+    into ``tensorrt-`` / ``llm``: a flag no longer copied whole from the help."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(self._whitespace_matcher.sub(" ", text).strip(), width, initial_indent=indent,
+                             subsequent_indent=indent, break_on_hyphens=False)
 
     def _format_usage(self, usage, actions, groups, prefix) -> str:
         text = super()._format_usage(usage, actions, groups, prefix)

@@ -88,6 +88,9 @@ def check_knobs(args: argparse.Namespace, model) -> None:
     if getattr(args, "fp8_param_gather", None) and precision is not None and not precision.startswith(("fp8", "mxfp8")):
         raise UserError(f"--fp8-param-gather keeps FP8 weights: it needs an FP8 --precision "
                         f"(fp8-delayed, fp8-current, fp8-blockwise, mxfp8), got --precision {precision}")
+    if getattr(args, "overlap_moe_expert_parallel_comm", None) and not model.is_moe:  # was silently priced as off
+        raise UserError(f"--overlap-moe-expert-parallel-comm overlaps the MoE all-to-alls; {model.name} is dense "
+                        f"(no experts): drop it")
     if getattr(args, "moe_shared_expert_overlap", None):
         if model.shared_expert_ffn_hidden_size == 0:
             raise UserError(f"--moe-shared-expert-overlap runs the shared experts beside the all-to-alls; "

@@ -200,6 +200,21 @@ def pricing_progress(quiet: bool):
     return bar()
 
 
+def simulation_progress(quiet: bool):
+    """infer's traffic simulation: a pulse while the steady-state search runs, then a bar over the
+    layouts simulated (seconds each under a server scenario); nothing with --json or in pipes."""
+    if quiet or not console.is_terminal:
+        return nullcontext(None)
+
+    @contextmanager
+    def bar():
+        with progress_bar("searching serving layouts", None) as (p, task):
+            def update(done: int, total: int) -> None:
+                p.update(task, completed=done, total=total, description="simulating traffic per layout")
+            yield update
+    return bar()
+
+
 def shell_command(words: list[str], width: int = 80, indent: str = "  ") -> str:
     """A command to copy into a shell, indented and broken with `` \\`` continuations so that no
     line passes ``width`` columns (a word longer than the line stays whole)."""

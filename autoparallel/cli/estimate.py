@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
     finetune_flags.add_flags(e)
     e.add_argument("--from-log", metavar="LOG", help="predict the run a Megatron-LM / Megatron-Bridge training "
                    "log describes and show it beside what the log measured (with --gpu)")
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--json", action="store_true", help="print the estimate as JSON")
     time_to_train.add_flags(e)
     e.set_defaults(func=run)
 

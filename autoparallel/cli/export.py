@@ -19,8 +19,8 @@ FORMATS = ("megatron", "launch", "nemo", "nemo2", "nemo2-yaml", "yaml")
 
 def add_parser(sub) -> None:
     x = sub.add_parser("export", help="write a ranked entry of a run as Megatron-LM args, train.sh, NeMo or YAML")
-    x.add_argument("run_dir")
-    x.add_argument("--rank", type=positive, default=1)
+    x.add_argument("run_dir", help="a run folder, e.g. results/<date>_<model>_<gpus>x<gpu>")
+    x.add_argument("--rank", type=positive, default=1, help="the ranked entry to export (default 1, the best)")
     x.add_argument("--format", choices=FORMATS, default="yaml",
                    help="megatron: flags only, one per line (the environment they need is noted on stderr); "
                         "launch: train.sh (torchrun, or sbatch/srun across nodes); nemo: NeMo 1.x YAML; nemo2: a "

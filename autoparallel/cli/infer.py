@@ -10,7 +10,7 @@ from pathlib import Path
 
 from autoparallel import io
 from autoparallel.argtypes import percentile, positive, positive_number, seed
-from autoparallel.cli.common import add_table_flags, add_target, console
+from autoparallel.cli.common import add_table_flags, add_target, console, simulation_progress
 from autoparallel.errors import UserError
 
 DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN = 2048, 256
@@ -115,6 +115,9 @@ def request_of(args: argparse.Namespace):
         Traffic(None, args.scenario, 99.0 if args.latency_percentile is None else args.latency_percentile)  # checks
         if args.scenario in ("server", "interactive") and args.request_rate is not None:
             raise UserError(f"--scenario {args.scenario} finds each layout's request rate; drop --request-rate")
+        if args.scenario == "offline" and args.request_rate is not None:  # was simulated at the rate, titled offline
+            raise UserError(f"--scenario offline sends every request at once; drop --request-rate "
+                            f"{args.request_rate:g}, or drop --scenario to simulate {args.request_rate:g} requests/s")
         for field, value in scenario_bounds(args.scenario).items():
             bounds[field] = value if bounds[field] is None else bounds[field]
     if args.workload is None:
@@ -208,8 +211,9 @@ def run_simulated(args: argparse.Namespace, model, hw, request, space, engine) -
     percentile = 99.0 if args.latency_percentile is None else args.latency_percentile
     plan = traffic.Traffic(workload, args.scenario, percentile, args.requests, args.seed)
     start = time.perf_counter()
-    result = serve.search(model, hw, args.gpus, request, space, engine, require_feasible=False)
-    frame = traffic.simulate_ranked(result, plan)
+    with simulation_progress(args.json) as progress:
+        result = serve.search(model, hw, args.gpus, request, space, engine, require_feasible=False)
+        frame = traffic.simulate_ranked(result, plan, progress)
     elapsed = time.perf_counter() - start
     if frame.empty:
         raise UserError(serve.no_feasible_message(result))

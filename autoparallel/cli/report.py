@@ -10,7 +10,7 @@ from autoparallel.cli.common import console
 
 def add_parser(sub) -> None:
     r = sub.add_parser("report", help="re-render a run's tables and write report.html with plots")
-    r.add_argument("run_dir")
+    r.add_argument("run_dir", help="a run folder, e.g. results/<date>_<model>_<gpus>x<gpu>")
     r.set_defaults(func=run)
 
 

@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
                         "tie band of the ranked tables) to FILE")
     v.add_argument("--no-mlperf", action="store_true",
                    help="with --inference: skip the MLPerf Inference runs (simulated traffic, about half a minute)")
-    v.add_argument("--json", action="store_true")
+    v.add_argument("--json", action="store_true", help="print every row and the summary as JSON")
     v.set_defaults(func=run)
 
 

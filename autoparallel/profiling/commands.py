@@ -58,7 +58,7 @@ def add_profile_parser(sub) -> None:
     _job_args(p)
     _device_arg(p)
     p.add_argument("--fault", default="", help=argparse.SUPPRESS)  # kill:RANK | hang:RANK (tests)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the measurement as JSON")
     p.set_defaults(func=cmd_profile)
 
 

@@ -174,6 +174,9 @@ def steady_intervals(log: TrainingLog, warmup: int | None = None) -> list[Interv
     if not m.intervals:
         raise UnreadableLog('no "elapsed time per iteration (ms)" line: the job logged no training interval')
     steady = [i for i in m.steady(warmup) if i.global_batch_size in (None, gbs)]
+    if not steady and warmup is not None:  # "(or give --warmup)" was said to a --warmup too high
+        raise UnreadableLog(f"no logged interval after --warmup {warmup} (the last ends at iteration "
+                            f"{max(i.iteration for i in m.intervals)}): give a lower --warmup")
     if not steady:
         raise UnreadableLog(f"all {len(m.intervals)} logged interval(s) are warm-up: log more iterations "
                             "(or give --warmup)")

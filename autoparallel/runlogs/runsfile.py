@@ -59,6 +59,13 @@ def read_runs_file(path: Path) -> pd.DataFrame:
         raise UserError(f"cannot read runs CSV {path}: {exc}") from None
     if "id" not in frame.columns:
         raise UserError(f"{path} is not a runs CSV: it has no id column")
+    # A CSV with an id column but not the runs columns (another table) was rewritten with them appended,
+    # its own rows padded with blanks: refused, as calibrate and validate refuse it.
+    from autoparallel.measured_runs import RUN_COLUMNS
+    missing = [c for c in RUN_COLUMNS if c not in frame.columns]
+    if missing:
+        raise UserError(f"{path} is not a runs CSV: it lacks column(s) {', '.join(missing)}; give --runs a new "
+                        f"file or one `runs import` wrote")
     return frame
 
 

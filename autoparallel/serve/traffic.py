@@ -17,6 +17,7 @@ rate is ``--request-rate`` (offline when none). The bounds' defaults per scenari
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,14 +102,19 @@ def candidates(ranked: pd.DataFrame, structures: int) -> pd.DataFrame:
     return pool.drop_duplicates(subset=list(KEY)).head(structures)
 
 
-def simulate_ranked(result, traffic: Traffic) -> pd.DataFrame:
+def simulate_ranked(result, traffic: Traffic, progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
     """Simulate the best candidates of a steady-state ``serve.search`` result; rank them by the
-    simulated output tokens/s per GPU among those meeting the bounds at the percentile."""
+    simulated output tokens/s per GPU among those meeting the bounds at the percentile.
+    ``progress(done, total)`` after each layout (a server scenario's bisection takes seconds each)."""
     if result.engine.batching != "inflight":
         raise UserError(f"the traffic simulation needs an in-flight batching engine; {result.engine.name} "
                         f"batches statically (drop --workload / --scenario / --latency-percentile)")
-    frame = pd.DataFrame([simulate_layout(result, traffic, row)
-                          for _, row in candidates(result.ranked, traffic.structures).iterrows()])
+    rows, simulated = candidates(result.ranked, traffic.structures), []
+    for _, row in rows.iterrows():
+        simulated.append(simulate_layout(result, traffic, row))
+        if progress is not None:
+            progress(len(simulated), len(rows))
+    frame = pd.DataFrame(simulated)
     if frame.empty:
         return frame
     frame["feasible"] = frame["reason"] == ""

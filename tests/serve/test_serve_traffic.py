@@ -144,3 +144,35 @@ def test_the_rate_search_is_bounded_by_the_steady_offline_rate_not_the_drain():
     assert len(short.arrival) / short.duration < 0.97 * long_rate
     assert short.steady_requests_per_s == pytest.approx(long_rate, rel=0.03)
     assert long.steady_requests_per_s == pytest.approx(long_rate, rel=0.03)
+
+
+def test_the_simulation_reports_each_layout_done():
+    """`infer --scenario server` ran 13 s with nothing on the terminal (session 46): simulate_ranked
+    reports (done, total) after each layout, which the command's progress bar shows."""
+    from autoparallel.serve import search as serve
+    from autoparallel.serve import traffic
+    from autoparallel.serve.space import load_space
+    wl = load_workload("sharegpt")
+    result = serve.search(io.load_model("llama3-8b"), io.load_hardware("h100-sxm"), 2,
+                          serve.Request.of_workload(wl), load_space(), load_engine("tensorrt-llm"))
+    calls = []
+    ranked = traffic.simulate_ranked(result, traffic.Traffic(wl, "offline", 99.0, requests=100, structures=3),
+                                     lambda done, total: calls.append((done, total)))
+    assert calls == [(k, len(ranked)) for k in range(1, len(ranked) + 1)] and len(ranked) == 3
+
+
+def test_a_terminal_sees_the_simulation_progress(capsys, monkeypatch):
+    import io as stdio
+
+    from rich.console import Console
+
+    from autoparallel.cli import common, infer
+    buffer = stdio.StringIO()
+    terminal = Console(file=buffer, force_terminal=True, width=80)
+    monkeypatch.setattr(common, "console", terminal)
+    monkeypatch.setattr(infer, "console", terminal)
+    argv = [a for a in BASE if a not in ("--json", "400")]
+    argv[argv.index("--requests") + 1:argv.index("--requests") + 1] = ["100"]
+    assert cli.main([*argv, "--scenario", "offline", "--top", "2"]) == 0
+    out = buffer.getvalue()
+    assert "searching serving layouts" in out and "tok/s/GPU" in out
