@@ -229,7 +229,8 @@ def cmd_profile(args: argparse.Namespace) -> None:
     if args.executor == "slurm":
         slurm_args.confirm(args, [plan.num_gpus], None, args.warmup + args.steps, args.timeout,
                            None if args.json else _console())
-    m = launcher.run(job)
+    with _waiting(args, f"profiling {model.name} {_layout(plan)}: {args.warmup} warm-up + {args.steps} timed steps"):
+        m = launcher.run(job)  # 20 s on a CPU and more with torch's start on a GPU: a spinner, not a still screen
     record = {"plan": plan.as_dict(), **{k: v for k, v in m.as_dict().items()}}
     if args.json:
         print(json.dumps(record, indent=1, default=str))
@@ -301,6 +302,15 @@ def profile_search(result, args: argparse.Namespace, console=None, run_dir: Path
         run.write_tables(result, run_dir, summarise=summarise)
         record.finish(run_dir)
     return result
+
+
+def _waiting(args: argparse.Namespace, text: str):
+    """A spinner while one local or Ray job runs (nothing with --json or in pipes; Slurm prints its own)."""
+    from contextlib import nullcontext
+    console = _console()
+    if args.json or args.executor == "slurm" or not console.is_terminal:
+        return nullcontext()
+    return console.status(text, spinner="dots")
 
 
 def _console():

@@ -22,6 +22,22 @@ def test_profile_a_plan_file(tmp_path, small_yaml, capsys):
     assert out["step_time_s"] > 0 and out["activation_bytes"] > 0
 
 
+
+def test_a_terminal_sees_a_spinner_while_the_job_runs(tmp_path, small_yaml, capsys, monkeypatch):
+    """`profile` held a still screen for the ~20 s of a CPU job (session 46): a spinner names the job."""
+    import io
+
+    from rich.console import Console
+
+    from autoparallel.cli import common
+    buffer = io.StringIO()
+    monkeypatch.setattr(common, "console", Console(file=buffer, force_terminal=True, width=80))
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"plan": {"tp": 1, "pp": 1, "dp": 1, "gbs": 4, "mbs": 2}}))
+    assert main(["profile", "--model", str(small_yaml), "--plan", str(plan), "--steps", "1", "--warmup", "0"]) == 0
+    assert "profiling " in buffer.getvalue() and "0 warm-up + 1 timed steps" in buffer.getvalue()
+    assert "step" in capsys.readouterr().out
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="--device cuda is valid on a GPU machine")
 def test_profile_device_must_exist(tmp_path, small_yaml, capsys):
     plan = tmp_path / "plan.yaml"
