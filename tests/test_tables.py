@@ -112,6 +112,23 @@ def test_fit_drops_whole_columns_lowest_priority_first_and_never_the_kept_ones()
     assert fit.dropped_note(cols, [0, 4], "") == "--wide adds B, C, D"
 
 
+
+def test_serving_tables_drop_a_column_every_row_shares_first_and_name_its_value():
+    """At 80 columns `infer --scenario server` dropped 'max tokens' (drop 2) and kept 'weights' and 'KV'
+    (drop 1), fp8 in every row: rows 3 and 4 looked identical (session 46). With constant_first a column
+    with one value in every row goes first, and the note under the table gives that value."""
+    cols = [fit.Column("a", "A"), fit.Column("tokens", "max tokens", drop=2), fit.Column("w", "weights", drop=1)]
+    rows = [["1", "2048", "fp8"], ["2", "8192", "fp8"]]
+    assert fit.fit(cols, rows, 16) == [0, 2]  # by priority alone: the column that tells the rows apart goes
+    assert fit.fit(cols, rows, 16, constant_first=True) == [0, 1]
+    assert fit.dropped_note(cols, [0, 1], "", rows) == "every row: weights fp8"
+    assert fit.dropped_note(cols, [0], "; x", rows) == "every row: weights fp8; --wide adds max tokens; x"
+    assert fit.dropped_note(cols, [0, 1], "") == "--wide adds weights"  # without rows: as before
+    out = stdio.StringIO()
+    fit.print_table(Console(file=out, width=16, force_terminal=True, color_system=None), None, cols, rows,
+                    constant_first=True)
+    assert "8192" in out.getvalue() and "every row: weights fp8" in " ".join(out.getvalue().split())
+
 def test_kept_columns_wider_than_the_screen_run_on_whole():
     cols = [fit.Column("a", "A"), fit.Column("b", "B")]
     out = stdio.StringIO()

@@ -53,15 +53,23 @@ def table_width(widths: Sequence[int]) -> int:
     return sum(widths) + GAP * max(len(widths) - 1, 0)
 
 
-def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | None) -> list[int]:
+def constant(rows: Sequence[Sequence[str]], i: int) -> bool:
+    """Whether column ``i`` holds one value in every row (of two or more)."""
+    return len(rows) > 1 and len({r[i] for r in rows}) == 1
+
+
+def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | None,
+        constant_first: bool = False) -> list[int]:
     """Indices of the columns to show within ``width`` (None: all of them): droppable columns
     go whole, highest ``drop`` first and the rightmost of equals first; kept columns always stay,
-    even when they alone are wider than ``width``."""
+    even when they alone are wider than ``width``. ``constant_first``: a droppable column with
+    one value in every row goes before the others (its value is in the note under the table)."""
     widths = _natural_widths(columns, rows)
     shown = list(range(len(columns)))
     if width is None:
         return shown
-    order = sorted((i for i, c in enumerate(columns) if c.drop), key=lambda i: (-columns[i].drop, -i))
+    order = sorted((i for i, c in enumerate(columns) if c.drop),
+                   key=lambda i: (not (constant_first and constant(rows, i)), -columns[i].drop, -i))
     for i in order:
         if table_width([widths[j] for j in shown]) <= width:
             break
@@ -69,21 +77,29 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | N
     return shown
 
 
-def dropped_note(columns: Sequence[Column], shown: Sequence[int], where: str) -> str | None:
-    """The one line under a narrowed table: which columns are not shown and how to see them."""
-    gone = [c.header for i, c in enumerate(columns) if i not in shown]
+def dropped_note(columns: Sequence[Column], shown: Sequence[int], where: str,
+                 rows: Sequence[Sequence[str]] | None = None) -> str | None:
+    """The one line under a narrowed table: which columns are not shown and how to see them;
+    with ``rows``, a dropped column with one value in every row is named with its value."""
+    gone = [i for i in range(len(columns)) if i not in shown]
     if not gone:
         return None
-    return f"--wide adds {', '.join(gone)}{where}"
+    same = [i for i in gone if rows is not None and constant(rows, i)]
+    varying = [columns[i].header for i in gone if i not in same]
+    parts = [f"every row: {', '.join(f'{columns[i].header} {rows[0][i]}' for i in same)}"] if same else []
+    parts += [f"--wide adds {', '.join(varying)}"] if varying else []
+    return "; ".join(parts) + where
 
 
 def print_table(console: Console, title: str | None, columns: Sequence[Column], rows: Sequence[Sequence[str]],
-                legend: Sequence[str] = (), wide: bool = False, where: str = "") -> list[int]:
+                legend: Sequence[str] = (), wide: bool = False, where: str = "",
+                constant_first: bool = False) -> list[int]:
     """Print ``rows`` under ``title`` with the columns that fit (all of them with ``wide``), the
     dropped-columns line and ``legend``; returns the indices of the columns shown. ``where``
-    completes the hint (e.g. "; all in the run folder's ranked.md")."""
+    completes the hint (e.g. "; all in the run folder's ranked.md"). ``constant_first``: see
+    ``fit`` (the serving tables: a column every row shares goes before one that tells rows apart)."""
     width = output_width(console)
-    shown = fit(columns, rows, None if wide else width)
+    shown = fit(columns, rows, None if wide else width, constant_first)
     widths = _natural_widths([columns[i] for i in shown], [[r[i] for i in shown] for r in rows])
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True,
                   header_style="bold")
@@ -99,7 +115,7 @@ def print_table(console: Console, title: str | None, columns: Sequence[Column], 
     if title:
         console.print(Text(title), width=width)
     out.print(table)
-    note = dropped_note(columns, shown, where)
+    note = dropped_note(columns, shown, where, rows if constant_first else None)
     for line in ([note] if note else []) + list(legend):  # prose wraps at the width, as a terminal would
         console.print(Text(line), width=width)
     return shown

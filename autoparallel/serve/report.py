@@ -48,7 +48,8 @@ def print_ranked(frame: pd.DataFrame, title: str, top: int, console: Console, wi
     """``frame``'s first ``top`` rows in the columns that fit (all with ``wide``); ``where``: see
     ``report.fit.print_table``."""
     columns = _columns(frame)
-    print_table(console, title, columns, rows(frame, top, columns), LEGEND if legend else (), wide, where)
+    print_table(console, title, columns, rows(frame, top, columns), LEGEND if legend else (), wide, where,
+                constant_first=True)
 
 
 def markdown_table(frame: pd.DataFrame, top: int = 50, feasible_only: bool = True) -> str:

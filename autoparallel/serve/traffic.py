@@ -218,7 +218,7 @@ LEGEND = ("req/s: requests/s of the whole deployment (server: the largest whose 
 def print_simulated(frame: pd.DataFrame, title_line: str, percentile: float, top: int, console, wide: bool) -> None:
     from autoparallel.report.fit import print_table
     columns, rows = table_rows(frame, percentile, top)
-    print_table(console, title_line, columns, rows, LEGEND, wide)
+    print_table(console, title_line, columns, rows, LEGEND, wide, constant_first=True)
     for _, r in frame[~frame["feasible"]].head(top).iterrows():
         console.print(f"not ranked: TP{int(r['tp'])} PP{int(r['pp'])} batch {int(r['max_batch'])}: {r['reason']}",
                       markup=False)
