@@ -276,6 +276,7 @@ def _pinned_layout(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
     if error:
         raise UserError(error)
     stages = len(pipeline.layout_stages(layout))
+    sizes = pipeline.layout_stage_sizes(layout)
     rows = []
     for pp in space.pp:
         vp = stages // pp
@@ -285,6 +286,9 @@ def _pinned_layout(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
             why = f"pipeline layout has {stages} virtual stages: vp={vp} on pp={pp}, not in vp {list(space.vp)}"
         elif pp == 1 and vp > 1:
             why = "interleaving (vp>1) needs pp>=2"
+        elif not sum(sizes[0::pp]):  # Megatron accepts it; priced, every row was NaN and still "feasible"
+            why = (f"pipeline layout puts no decoder layer (t) on pipeline rank 0 at pp={pp}: a rank the cost "
+                   f"model cannot price yet; give its stages at least one t")
         else:
             why = ""
         rows.append((pp, max(vp, 1), 0, 0, False, False, layout, why))

@@ -725,6 +725,8 @@ BAD_INPUTS = [
      "{runs_id_only_csv} is not a runs CSV: it lacks column(s) num_layers, hidden_size"),
     (["runs", "import", "{good_log}", "--gpu", "h100-sxm", "--runs", "{dir}/out.csv", "--warmup", "100000"],
      "no logged interval after --warmup 100000 (the last ends at iteration 100): give a lower --warmup"),
+    (["search", "--model", "llama3-8b", "--gpus", "8", "--pipeline-layout", "E|t*32L"],  # was NaN rows, "feasible"
+     "pipeline layout puts no decoder layer (t) on pipeline rank 0 at pp=2"),
 ]
 
 
