@@ -96,3 +96,22 @@ def test_a_fits_residual_is_the_log_of_predict_rows_ratio(mlperf_lora_runs):
             record = predict_row(p, eff)
             assert log_error(p, eff) == np.log(record["predicted"] / record["measured"])
         assert predict_row(p, trial)["predicted"] != predict_row(p)["predicted"]  # the trial's constants used
+
+
+def test_a_dry_run_says_it_wrote_nothing(tmp_path, monkeypatch, capsys):
+    """`calibrate --dry-run` printed the fitted constants and errors as a calibration does and no word
+    that nothing was written (session 46)."""
+    from pathlib import Path
+
+    from autoparallel import resources
+    from autoparallel.cli import main
+    monkeypatch.setenv(resources.HOME_ENV, str(tmp_path / "home"))
+    logs = Path(__file__).parent / "fixtures" / "runlogs"
+    runs = tmp_path / "runs.csv"
+    assert main(["runs", "import", str(logs / "megatron_tp2_pp2_vp4_sp_selective_fp8.log"),
+                 str(logs / "bridge_fsdp8_fp8_tensorwise.log"), "--gpu", "h100-sxm", "--runs", str(runs)]) == 0
+    capsys.readouterr()
+    assert main(["calibrate", "--runs", str(runs), "--gpu", "h100-sxm", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "mean |error|" in out and "dry run: nothing written" in out
+    assert not (tmp_path / "home").exists()

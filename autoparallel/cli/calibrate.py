@@ -42,6 +42,9 @@ def run(args: argparse.Namespace) -> None:
     output = Path(args.output) if args.output else None
     _check_combinations(args)
     result = _fit(args, output, Console(stderr=True) if args.json else console)
+    if args.dry_run:  # the fit's lines read like a calibration done; say that nothing changed
+        (Console(stderr=True) if args.json else console).print("dry run: nothing written (drop --dry-run to write "
+                                                               "the preset)", highlight=False)
     if args.json:
         import json
         print(json.dumps(result, indent=1))
