@@ -22,7 +22,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from autoparallel.costmodel import flops
-from autoparallel.costmodel.candidates import Candidates, candidates
+from autoparallel.costmodel.candidates import Candidates, Structures, candidates
 from autoparallel.costmodel.layer_time import layers as layer_costs
 from autoparallel.costmodel.peak_memory import MEMORY_KEYS, peak_memory
 from autoparallel.costmodel.stages import stage_params, stage_times, trainable_params
@@ -36,14 +36,16 @@ __all__ = ["BREAKDOWN_KEYS", "MEMORY_KEYS", "estimate_candidates", "estimate_col
 
 
 def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray],
-                     memory_fraction: float = 1.0, labels: Mapping[str, tuple] | None = None) -> dict[str, np.ndarray]:
+                     memory_fraction: float = 1.0, labels: Mapping[str, tuple] | None = None,
+                     structures: Structures | None = None) -> dict[str, np.ndarray]:
     """Predict every plan in ``cols`` (Plan field name -> array). Returns metric columns.
 
     ``memory_fraction``: a plan fits when its peak (the fixed reserve included) is at most this
     share of GPU memory. ``labels``: string columns of ``cols`` already factorized, as
-    ``pipeline.factorize`` gives them (``Candidates.labels``).
+    ``pipeline.factorize`` gives them (``Candidates.labels``); ``structures``: the plans'
+    structures where the caller knows them (``candidates.structures``: the same figures, sooner).
     """
-    return estimate_candidates(candidates(model, hw, cols, labels), memory_fraction)
+    return estimate_candidates(candidates(model, hw, cols, labels, structures), memory_fraction)
 
 
 def estimate_candidates(x: Candidates, memory_fraction: float = 1.0) -> dict[str, np.ndarray]:
