@@ -210,7 +210,7 @@ class Structures:
     """Candidates as (structure) x (knob combination): ``each`` the ``Structure`` of each distinct
     structure, ``rows`` each candidate's position in it. A search's 1.8 M DeepSeek-V3 candidates have
     18,064 structures (a 65,536-row chunk 3,000-odd), so what depends on the structure alone is
-    computed per structure and gathered (one take a row) instead of computed on every row (the
+    computed per structure and gathered (one index a row) instead of computed on every row (the
     stage layer counts and schedule peaks take dozens of operations, a group's shape on the two
     network tiers twenty). Bit-identical: every such quantity is computed element by element, and
     the schedule's peaks are laid out from the structures' groups as from the rows' (``Peaks``)."""
@@ -381,7 +381,7 @@ class Candidates:
         """``term(s, *values)`` for an ``s`` holding the ``Structure`` fields (these candidates, or
         the ``Structure`` of their distinct structures): computed once per structure and gathered
         at each row where the structures are known (``Structures``), on every row otherwise. For a
-        quantity of the structure alone that costs more than the one take a row its gathering does
+        quantity of the structure alone that costs more than the one index a row its gathering does
         (a group's shape on the network tiers, a dispatch's time); ``term`` reads ``Structure``
         fields and ``values`` only, each of which is run-level (one value) or holds one per row
         (a published row's own: then ``term`` is computed on every row)."""

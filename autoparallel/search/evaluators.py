@@ -148,6 +148,8 @@ class CostModelEvaluator:
 
         def price(start: int) -> tuple[int, dict[str, np.ndarray]]:
             at = rows[start:start + CHUNK_ROWS]
+            if at[-1] - at[0] + 1 == len(at):  # a run of rows (most chunks: the rejected are few, bunched)
+                at = slice(at[0], at[-1] + 1)  # read in place, not copied
             chunk = {k: v[at] for k, v in cols.items()}
             chunk.update(self.settings)
             labels = source_labels(sources, at)
