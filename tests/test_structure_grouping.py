@@ -106,6 +106,11 @@ def test_pricing_per_structure_is_bit_identical_to_row_by_row(name, gpus):
     for group in ("tp_ranks", "dp_ranks", "edp_ranks"):
         a, b = getattr(rows, group), getattr(gathered, group)
         assert all(_same(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__), group
+    from autoparallel.costmodel.layer_time import layer_params, layers
+    priced, alone = layers(rows), layer_params(rows)  # the parameters priced per structure are the layers'
+    for kind in ("dense", "moe"):
+        for key, values in getattr(alone, kind).items():
+            assert _same(getattr(priced, kind)[key], values), (kind, key)
     even = rows.evenly_loaded(), gathered.evenly_loaded()
     assert _same(even[0].by_structure(lambda s: s.imbalance), even[1].by_structure(lambda s: s.imbalance))
     other = io.load_hardware("gb200")

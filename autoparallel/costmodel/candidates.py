@@ -156,8 +156,27 @@ STRUCTURE_COLUMNS = ("tp", "pp", "vp", "cp", "dp", "ep", "etp", "mbs", "gbs", "n
                      "account_for_loss_in_pipeline_split", "pipeline_model_parallel_layout")
 
 
+class _Stages:
+    """The priced stages' shape, read the same from a ``Structure`` and from ``Candidates``."""
+
+    @property
+    def single(self) -> np.ndarray:
+        """No pipeline: the first stage is also the last."""
+        return self.p == 1
+
+    @property
+    def stage_layer_counts(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(decoder layers, of which MoE) of the first, middle and last stage."""
+        return [(self.first_layers, self.first_moe), (self.middle_layers, self.middle_moe),
+                (self.last_layers, self.last_moe)]
+
+    @property
+    def has_middle(self) -> np.ndarray:
+        return self.p > 2
+
+
 @dataclass(frozen=True)
-class Structure:
+class Structure(_Stages):
     """What a plan's structure (``STRUCTURE_COLUMNS``) decides on its own, with the model and the
     hardware: the parallel sizes, the micro-batches, the stage layer counts, the schedule's peaks,
     the data-parallel groups. ``Candidates`` holds each of these fields under the same name, so
@@ -294,7 +313,7 @@ def _structure_hardware(model: ModelSpec, hw: HardwareSpec, t, e, et, dp_group, 
 
 
 @dataclass
-class Candidates:
+class Candidates(_Stages):
     """Plan knobs as arrays (one element per candidate) and what the terms derive from them.
 
     Pipeline stages are priced at three positions, which cover the fullest and the slowest
@@ -402,21 +421,6 @@ class Candidates:
         """The same candidates with every EP rank at the even share of routed tokens."""
         even = self.structures and self.structures.replaced(imbalance=np.ones_like(self.structures.each.imbalance))
         return replace(self, imbalance=np.ones_like(self.imbalance), structures=even)
-
-    @property
-    def single(self) -> np.ndarray:
-        """No pipeline: the first stage is also the last."""
-        return self.p == 1
-
-    @property
-    def stage_layer_counts(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(decoder layers, of which MoE) of the first, middle and last stage."""
-        return [(self.first_layers, self.first_moe), (self.middle_layers, self.middle_moe),
-                (self.last_layers, self.last_moe)]
-
-    @property
-    def has_middle(self) -> np.ndarray:
-        return self.p > 2
 
     @cached_property
     def keep_scores(self) -> np.ndarray:

@@ -699,11 +699,18 @@ def dense_layer(x: Candidates) -> dict:
     """A dense layer: attention and MLP split by TP (MLA's down projections whole), a quick-GEGLU's
     eager clamp (``glu_clamp_time``)."""
     model = x.model
-    params = (model.dense_layer_params - model.mla_down_params) / x.t + model.mla_down_params
+    params = dense_params(x)
     t_linear = linear_time(x, model.dense_layer_params, model.mla_down_params)
     chunked = linear_time(x, model.dense_layer_params, model.mla_down_params, chunks=x.t)
     return layer_cost(x, params, 0.0, t_linear, 2.0, False, kernels=(glu_clamp_time(x, False),),
                       tp_linear=(t_linear, chunked))
+
+
+def dense_params(x: Candidates):
+    """A dense layer's parameters on one GPU: attention and MLP split by TP, MLA's down projections
+    whole."""
+    model = x.model
+    return (model.dense_layer_params - model.mla_down_params) / x.t + model.mla_down_params
 
 
 def router_time(x: Candidates):
@@ -777,6 +784,19 @@ class Layers:
     def on(self, key: str, layers, moe_layers):
         """``key`` summed over ``layers`` layers of which ``moe_layers`` are MoE."""
         return (layers - moe_layers) * self.dense[key] + moe_layers * self.moe[key]
+
+
+def layer_params(s) -> Layers:
+    """The layers' parameters on one GPU as ``layers`` gives them (``params``, ``expert_params``,
+    ``adapter_params``): the structure's alone (``s``: a ``candidates.Structure`` or ``Candidates``),
+    so priced once per structure where the candidates' structures are known
+    (``Candidates.by_structure``)."""
+    adapters = finetune.adapter_params_gpu(s.model, s.t) + np.zeros_like(s.t)
+    dense = {"params": dense_params(s), "expert_params": 0.0, "adapter_params": adapters}
+    if not s.model.is_moe:
+        return Layers(dense, {k: np.zeros_like(s.t) for k in dense})
+    return Layers(dense, {"params": moe.nonexpert_moe_params_gpu(s.model, s.t),
+                          "expert_params": moe.expert_params_gpu(s.model, s.e, s.et), "adapter_params": adapters})
 
 
 def layers(x: Candidates) -> Layers:
