@@ -94,9 +94,9 @@ class CostModelEvaluator:
         if len(rows):
             # Every row's values: each chunk takes its valid rows on its own thread (``_estimate``).
             cols = {name: candidates[name].to_numpy() for name in Plan.field_names()}
-            shapes = self._structure_columns(cols, sources or {})
+            structure_cols = self._structure_columns(cols, sources or {})
             out = {key: AtRows(values, rows, len(candidates))
-                   for key, values in self._estimate(cols, rows, sources or {}, shapes).items()}
+                   for key, values in self._estimate(cols, rows, sources or {}, structure_cols).items()}
         else:
             out = {key: AtRows(np.zeros(0, dtype=dtype), rows, len(candidates))
                    for key, dtype in (("fits", bool), ("peak_memory_gib", float), ("tokens_per_s_per_gpu", float))}
@@ -130,17 +130,17 @@ class CostModelEvaluator:
         return short, rows
 
     def _estimate(self, cols: dict[str, np.ndarray], rows: np.ndarray, sources: Mapping[str, Source],
-                  shapes: tuple[dict[str, np.ndarray], np.ndarray] | None = None) -> dict[str, np.ndarray]:
+                  structure_cols: tuple[dict[str, np.ndarray], np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Metric columns of the rows ``rows`` of ``cols`` (``estimate_columns``), one value per
         row of ``rows``. Priced in cache-sized chunks (the cost model's intermediates then stay in the
         CPU cache: twice as fast as one call on millions of rows), on a thread per core (NumPy
-        releases the GIL inside each operation). ``shapes``: the structures' columns and each row's
+        releases the GIL inside each operation). ``structure_cols``: the structures' columns and each row's
         structure (``_structure_columns``): each chunk's structures are priced once each
         (``candidates.structures``)."""
         source_labels(sources, slice(0))  # the codes made once, before the threads ask for them
         every = None
-        if shapes:  # the structures of the rows priced (the short frame has the rejected ones too), once
-            short, of_row = shapes
+        if structure_cols:  # the structures of the rows priced (the short frame has the rejected ones too), once
+            short, of_row = structure_cols
             used = np.zeros(len(short["tp"]), dtype=bool)
             used[of_row[rows]] = True
             every = structure(self.model, self.hardware, {name: values[used] for name, values in short.items()})
