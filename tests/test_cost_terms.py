@@ -791,7 +791,7 @@ def test_step_is_the_schedule_plus_the_once_per_step_terms(gpt, hw):
     layers = _fake_layers(x, compute=0.6, fp8_cast=0.1, recompute=0.1, tp_comm=0.1, cp_comm=0.05, fsdp=0.05)
     stages = _stages(1.0, 1.2, 1.1)
     params = st.stage_params(x, layers)
-    out = stp.step_breakdown(x, layers, stages, params)
+    out = stp.step_breakdown(x, layers, stages, stp.heaviest_stage_params(x, params))
     sched = stp.schedule(x, stages)
     dense, experts = stp.heaviest_stage_params(x, params)
     expected = (sched.time + stp.dp_comm_time(x, dense, experts, 12.0) + stp.optimizer_time(x, dense, experts)

@@ -54,3 +54,65 @@ def test_a_group_prices_each_collective_as_reduce_scatter_time_alone():
                 (g - 1) / g * nbytes[i] / nvlink + (nodes - 1) / nodes * nbytes[i] / g / network + latency)
             assert got[i] == pytest.approx(want, rel=1e-12)
         assert np.array_equal(got, comm.reduce_scatter_time(hw, nbytes, size, per_node))
+
+
+def _search_rows(name: str, gpus: int, n: int = 6000):
+    """A sample of a search's valid rows as the cost model's columns, their labels, and their
+    ``Structures`` as the grid's evaluator makes them (from ``space.generate_with_sources``)."""
+    from autoparallel.costmodel.candidates import structure, structures
+    from autoparallel.search.evaluators import CostModelEvaluator
+    from autoparallel.space import generate_with_sources, load_space, source_labels
+    from autoparallel.specs.plan import Plan
+
+    model, hw, space = io.load_model(name), io.load_hardware("h100-sxm"), load_space()
+    frame, sources = generate_with_sources(model, hw, gpus, model.global_batch_size, space)
+    cols = {k: frame[k].to_numpy() for k in Plan.field_names()}
+    valid = np.flatnonzero(frame["reason"].to_numpy(dtype=object) == "")
+    at = np.concatenate([valid[len(valid) // 2:][:n], valid[::97]])  # a chunk's run of rows, and rows spread over all
+    short, of_row = CostModelEvaluator(model, hw, 1.0)._structure_columns(cols, sources)
+    every = structure(model, hw, short | {"dp": np.maximum(short["dp"], 1)})  # rejected structures: dp 0
+    return model, hw, {k: v[at] for k, v in cols.items()}, source_labels(sources, at), structures(every, of_row[at])
+
+
+def _same(a, b) -> bool:
+    """Bit for bit (NaN where NaN), shapes broadcast alike."""
+    a, b = np.broadcast_arrays(np.asarray(a), np.asarray(b))
+    return a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+
+
+@pytest.mark.parametrize("name,gpus", [("gpt3-175b", 128), ("deepseek-v3", 256)])
+def test_pricing_per_structure_is_bit_identical_to_row_by_row(name, gpus):
+    """``candidates.Structures``: the structure's fields computed once per structure and gathered
+    (``by_structure``, the schedule's peaks laid out from the structures' groups) price every row
+    as the row-by-row computation does, every metric bit for bit, on another GPU too
+    (``on_hardware``), and so do the evenly loaded candidates."""
+    from autoparallel.costmodel.candidates import Structure, candidates, on_hardware
+    from autoparallel.costmodel.estimate import estimate_candidates, estimate_columns
+
+    model, hw, cols, labels, known = _search_rows(name, gpus)
+    assert len(known.each.t) < len(cols["tp"]) / 2  # structures of several rows each
+    plain = estimate_columns(model, hw, cols, 1.0, labels)
+    shortcut = estimate_columns(model, hw, cols, 1.0, labels, known)
+    assert plain.keys() == shortcut.keys()
+    for key in plain:
+        assert _same(plain[key], shortcut[key]), key
+    rows, gathered = candidates(model, hw, cols, labels), candidates(model, hw, cols, labels, known)
+    for field in [f for f in Structure.__dataclass_fields__ if f != "peaks"] + ["held"]:
+        a, b = getattr(rows, field), getattr(gathered, field)
+        if field == "held":
+            assert all(_same(p, q) for position, other in zip(a, b) for p, q in zip(position, other)), field
+        elif isinstance(a, np.ndarray):
+            assert _same(a, b), field
+    for group in ("tp_ranks", "dp_ranks", "edp_ranks"):
+        a, b = getattr(rows, group), getattr(gathered, group)
+        assert all(_same(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__), group
+    from autoparallel.costmodel.layer_time import layer_params, layers
+    priced, alone = layers(rows), layer_params(rows)  # the parameters priced per structure are the layers'
+    for kind in ("dense", "moe"):
+        for key, values in getattr(alone, kind).items():
+            assert _same(getattr(priced, kind)[key], values), (kind, key)
+    even = rows.evenly_loaded(), gathered.evenly_loaded()
+    assert _same(even[0].by_structure(lambda s: s.imbalance), even[1].by_structure(lambda s: s.imbalance))
+    other = io.load_hardware("gb200")
+    a, b = estimate_candidates(on_hardware(rows, other)), estimate_candidates(on_hardware(gathered, other))
+    assert all(_same(a[key], b[key]) for key in a)

@@ -10,7 +10,7 @@ formula.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 
 import numpy as np
@@ -149,13 +149,179 @@ def _looked_up(values, table: Mapping[str, float], default: float) -> np.ndarray
     return _per_value(pipeline.factorize(values), np.shape(values), lambda name: table.get(name, default), float)
 
 
+# The plan columns a candidate's structure is made of (``space.STRUCTURE_KNOBS``, the data-parallel
+# size and the pipeline split) and the global batch: all that ``structure`` reads.
+STRUCTURE_COLUMNS = ("tp", "pp", "vp", "cp", "dp", "ep", "etp", "mbs", "gbs", "num_layers_in_first_pipeline_stage",
+                     "num_layers_in_last_pipeline_stage", "account_for_embedding_in_pipeline_split",
+                     "account_for_loss_in_pipeline_split", "pipeline_model_parallel_layout")
+
+
+class _Stages:
+    """The priced stages' shape, read the same from a ``Structure`` and from ``Candidates``."""
+
+    @property
+    def single(self) -> np.ndarray:
+        """No pipeline: the first stage is also the last."""
+        return self.p == 1
+
+    @property
+    def stage_layer_counts(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(decoder layers, of which MoE) of the first, middle and last stage."""
+        return [(self.first_layers, self.first_moe), (self.middle_layers, self.middle_moe),
+                (self.last_layers, self.last_moe)]
+
+    @property
+    def has_middle(self) -> np.ndarray:
+        return self.p > 2
+
+
+@dataclass(frozen=True)
+class Structure(_Stages):
+    """What a plan's structure (``STRUCTURE_COLUMNS``) decides on its own, with the model and the
+    hardware: the parallel sizes, the micro-batches, the stage layer counts, the schedule's peaks,
+    the data-parallel groups. ``Candidates`` holds each of these fields under the same name, so
+    that a term written for one (``Candidates.by_structure``) reads either."""
+
+    model: ModelSpec
+    hw: HardwareSpec
+    t: np.ndarray
+    p: np.ndarray
+    v: np.ndarray
+    c: np.ndarray
+    dp: np.ndarray
+    e: np.ndarray
+    et: np.ndarray
+    b: np.ndarray
+    gbs: np.ndarray
+    m: np.ndarray
+    s_local: np.ndarray
+    tokens: np.ndarray
+    first_layers: np.ndarray
+    middle_layers: np.ndarray
+    last_layers: np.ndarray
+    first_moe: np.ndarray
+    middle_moe: np.ndarray
+    last_moe: np.ndarray
+    peaks: pipeline.Peaks  # what the stages may hold at their peaks, laid out as ``Candidates.held``
+    layers_per_chunk: np.ndarray
+    dp_group: np.ndarray
+    edp_group: np.ndarray
+    dp_per_node: np.ndarray
+    edp_per_node: np.ndarray
+    imbalance: np.ndarray
+
+    def at(self, rows: np.ndarray) -> Structure:
+        """The structures ``rows`` (a 1-D index) alone."""
+        return replace(self, peaks=self.peaks.at(rows), **{
+            f.name: getattr(self, f.name)[rows] for f in fields(self) if isinstance(getattr(self, f.name), np.ndarray)})
+
+    def row_fields(self) -> dict:
+        """The ``Candidates`` fields of these structures' plans: each field, ``held`` for ``peaks``."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "peaks"}, "held": self.peaks.held()}
+
+
+# The ``Structure`` fields that read the hardware (``_structure_hardware``).
+STRUCTURE_HARDWARE_FIELDS = ("dp_per_node", "edp_per_node", "imbalance")
+
+
+@dataclass(frozen=True)
+class Structures:
+    """Candidates as (structure) x (knob combination): ``each`` the ``Structure`` of each distinct
+    structure, ``rows`` each candidate's position in it. A search's 1.8 M DeepSeek-V3 candidates have
+    18,064 structures (a 65,536-row chunk 3,000-odd), so what depends on the structure alone is
+    computed per structure and gathered (one index a row) instead of computed on every row (the
+    stage layer counts and schedule peaks take dozens of operations, a group's shape on the two
+    network tiers twenty). Bit-identical: every such quantity is computed element by element, and
+    the schedule's peaks are laid out from the structures' groups as from the rows' (``Peaks``)."""
+
+    each: Structure
+    rows: np.ndarray
+
+    def gathered(self, value):
+        """``value`` (an array over ``each``'s structures, or a tuple, list or ``comm.Group`` of
+        them) at each candidate's row; an array's last axis is the structures' (``held``'s
+        (K, 1) columns, one count for every structure, are kept as they are)."""
+        if isinstance(value, np.ndarray):
+            n = len(self.each.t)
+            if value.ndim == 1:
+                return value[self.rows]  # indexing, not take: twice as fast from a short table
+            return value.take(self.rows, axis=-1) if value.shape[-1] == n and n > 1 else value
+        if isinstance(value, (tuple, list)):
+            return type(value)(self.gathered(v) for v in value)
+        if isinstance(value, comm.Group):
+            return replace(value, **{f.name: self.gathered(getattr(value, f.name)) for f in fields(value)})
+        return value
+
+    def fields(self, names=None) -> dict:
+        """The ``Candidates`` fields of ``each`` (``Structure.row_fields``; ``names``: those alone)
+        at each candidate's row."""
+        if names is not None:
+            return {name: self.gathered(getattr(self.each, name)) for name in names}
+        return {name: self.gathered(value) for name, value in self.each.row_fields().items()}
+
+    def replaced(self, **changes) -> Structures:
+        return Structures(replace(self.each, **changes), self.rows)
+
+
+def structures(every: Structure, rows: np.ndarray) -> Structures:
+    """The ``Structures`` of candidates whose row i has the structure ``rows[i]`` of ``every`` (the
+    ``Structure`` of a search's structures, computed once): the structures ``rows`` uses alone (a
+    chunk of a search's rows uses a few of them), in ``every``'s order."""
+    used = np.zeros(len(every.t), dtype=bool)
+    used[rows] = True
+    if used.all():
+        return Structures(every, rows)
+    return Structures(every.at(np.flatnonzero(used)), (np.cumsum(used) - 1)[rows])
+
+
+def structure(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray],
+              labels: Mapping[str, tuple[np.ndarray, list]] | None = None) -> Structure:
+    """The ``Structure`` of each row of ``cols`` (which may hold other columns too); ``labels``:
+    the layout column factorized (``Candidates.labels``) where the caller has it."""
+    f64 = lambda k: np.asarray(cols[k], dtype=float)  # noqa: E731
+    t, p, v, c, dp, e, et = (f64(k) for k in ("tp", "pp", "vp", "cp", "dp", "ep", "etp"))
+    b, gbs = f64("mbs"), f64("gbs")
+    L = model.num_layers
+    s_local = model.seq_length / c
+    split = (f64("num_layers_in_first_pipeline_stage"), f64("num_layers_in_last_pipeline_stage"),
+             f64("account_for_embedding_in_pipeline_split"), f64("account_for_loss_in_pipeline_split"),
+             np.asarray(cols["pipeline_model_parallel_layout"], dtype=object))
+    groups = pipeline.structure(p, v, *split, (labels or {}).get("pipeline_model_parallel_layout"))
+    first_layers, middle_layers, last_layers = pipeline.stage_layers(L, p, v, *split, groups=groups)
+    if model.is_moe:
+        first_moe, middle_moe, last_moe = pipeline.stage_pattern_counts(model.moe_layer_pattern, p, v, *split,
+                                                                        groups=groups)
+    else:
+        first_moe = middle_moe = last_moe = np.zeros_like(t)
+    pattern = model.moe_layer_pattern if model.is_moe else (0,) * L
+    peaks = pipeline.peaks(pattern, p, v, gbs / (b * dp), *split, groups=groups)
+    dp_group = dp * c
+    edp_group = dp_group * t / (e * et)
+    return Structure(
+        model=model, hw=hw, t=t, p=p, v=v, c=c, dp=dp, e=e, et=et, b=b, gbs=gbs, m=gbs / (b * dp), s_local=s_local,
+        tokens=b * s_local, first_layers=first_layers, middle_layers=middle_layers, last_layers=last_layers,
+        first_moe=first_moe, middle_moe=middle_moe, last_moe=last_moe, peaks=peaks,
+        layers_per_chunk=np.maximum(np.maximum(first_layers, middle_layers), last_layers) / v,
+        dp_group=dp_group, edp_group=edp_group, **_structure_hardware(model, hw, t, e, et, dp_group, edp_group))
+
+
+def _structure_hardware(model: ModelSpec, hw: HardwareSpec, t, e, et, dp_group, edp_group) -> dict:
+    """The ``Structure`` fields that read ``hw`` (``STRUCTURE_HARDWARE_FIELDS``)."""
+    return dict(dp_per_node=comm.ranks_per_domain(hw, dp_group, t),
+                edp_per_node=comm.ranks_per_domain(hw, edp_group, e * et),
+                imbalance=moe.load_imbalance(hw, model, e) if model.is_moe else np.ones_like(t))
+
+
 @dataclass
-class Candidates:
+class Candidates(_Stages):
     """Plan knobs as arrays (one element per candidate) and what the terms derive from them.
 
     Pipeline stages are priced at three positions, which cover the fullest and the slowest
     stage of every split Megatron makes (``pipeline``): the first, the first middle one and the
     last; ``*_layers`` and ``*_moe`` are their layer and MoE-layer counts.
+
+    The fields a ``Structure`` has too are the plans' structure's (``structure``); where the
+    candidates' structures are known (``structures``), they were computed once per structure.
     """
 
     model: ModelSpec
@@ -195,6 +361,7 @@ class Candidates:
     # What the first, middle and last stage may hold at their peaks (``pipeline.held_at_peak``):
     # per position (dense layer-, MoE layer-, edge chunk) micro-batches, each a (K, plans) array.
     held: list
+    layers_per_chunk: np.ndarray  # decoder layers of the fullest stage's model chunk
     recomputed_fraction: np.ndarray  # share of a chunk's layers that full recompute covers
     modules: dict  # --recompute-modules name -> mask (selective recompute only)
     grad_bytes: np.ndarray  # bytes per gradient element in the data-parallel reduction
@@ -214,6 +381,8 @@ class Candidates:
     gemm_peak: np.ndarray  # FLOP/s of the Linear GEMMs at full efficiency (quantized and BF16 layers mixed)
     # String knobs as (codes, distinct values), factorized once each (``knob_is``).
     labels: dict = field(default_factory=dict, repr=False, compare=False)
+    # Each candidate's structure and what it decides (``by_structure``), where the caller knows them.
+    structures: Structures | None = field(default=None, repr=False, compare=False)
     # Terms computed once for these candidates (``once``); not carried over by ``replace``.
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -227,6 +396,18 @@ class Candidates:
             self.memo[term] = term(self)
         return self.memo[term]
 
+    def by_structure(self, term, *values):
+        """``term(s, *values)`` for an ``s`` holding the ``Structure`` fields (these candidates, or
+        the ``Structure`` of their distinct structures): computed once per structure and gathered
+        at each row where the structures are known (``Structures``), on every row otherwise. For a
+        quantity of the structure alone that costs more than the one index a row its gathering does
+        (a group's shape on the network tiers, a dispatch's time); ``term`` reads ``Structure``
+        fields and ``values`` only, each of which is run-level (one value) or holds one per row
+        (a published row's own: then ``term`` is computed on every row)."""
+        if self.structures is None or any(np.ndim(value) for value in values):
+            return term(self, *values)
+        return self.structures.gathered(term(self.structures.each, *values))
+
     def knob_is(self, name: str, *values: str) -> np.ndarray:
         """Whether each plan's string knob ``name`` is one of ``values``: its distinct strings are
         compared, not its rows (a column of Python strings compares at ~40x the cost of a float
@@ -238,22 +419,8 @@ class Candidates:
 
     def evenly_loaded(self) -> Candidates:
         """The same candidates with every EP rank at the even share of routed tokens."""
-        return replace(self, imbalance=np.ones_like(self.imbalance))
-
-    @property
-    def single(self) -> np.ndarray:
-        """No pipeline: the first stage is also the last."""
-        return self.p == 1
-
-    @property
-    def stage_layer_counts(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(decoder layers, of which MoE) of the first, middle and last stage."""
-        return [(self.first_layers, self.first_moe), (self.middle_layers, self.middle_moe),
-                (self.last_layers, self.last_moe)]
-
-    @property
-    def has_middle(self) -> np.ndarray:
-        return self.p > 2
+        even = self.structures and self.structures.replaced(imbalance=np.ones_like(self.structures.each.imbalance))
+        return replace(self, imbalance=np.ones_like(self.imbalance), structures=even)
 
     @cached_property
     def keep_scores(self) -> np.ndarray:
@@ -298,17 +465,17 @@ class Candidates:
     @cached_property
     def tp_ranks(self) -> comm.Group:
         """The TP group (consecutive ranks) on the two tiers, for every term that prices its collectives."""
-        return comm.group(self.hw, self.t, comm.ranks_per_domain(self.hw, self.t, 1))
+        return self.by_structure(lambda s: comm.group(s.hw, s.t, comm.ranks_per_domain(s.hw, s.t, 1)))
 
     @cached_property
     def dp_ranks(self) -> comm.Group:
         """The data-parallel group of the dense parameters (``dp_group``) on the two tiers."""
-        return comm.group(self.hw, self.dp_group, self.dp_per_node)
+        return self.by_structure(lambda s: comm.group(s.hw, s.dp_group, s.dp_per_node))
 
     @cached_property
     def edp_ranks(self) -> comm.Group:
         """The experts' data-parallel group (``edp_group``) on the two tiers."""
-        return comm.group(self.hw, self.edp_group, self.edp_per_node)
+        return self.by_structure(lambda s: comm.group(s.hw, s.edp_group, s.edp_per_node))
 
     def optimizer_shards(self) -> tuple[np.ndarray, np.ndarray]:
         """GPUs the Adam states of dense parameters and of experts are sharded over."""
@@ -317,13 +484,14 @@ class Candidates:
 
 
 def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray],
-               labels: Mapping[str, tuple[np.ndarray, list]] | None = None) -> Candidates:
+               labels: Mapping[str, tuple[np.ndarray, list]] | None = None,
+               structures: Structures | None = None) -> Candidates:
     """``cols`` (Plan field name -> array) as ``Candidates``; ``labels``: string columns of
-    ``cols`` already factorized (``Candidates.labels``), the others factorized here as asked."""
+    ``cols`` already factorized, the others factorized here as asked; ``structures``: the rows'
+    structures (``structures``; they must be those of ``cols``), whose fields are gathered
+    instead of computed on every row (``structure``)."""
     f64 = lambda k: np.asarray(cols[k], dtype=float)  # noqa: E731
     flag = lambda k: np.asarray(cols[k], dtype=bool)  # noqa: E731
-    t, p, v, c, dp, e, et = (f64(k) for k in ("tp", "pp", "vp", "cp", "dp", "ep", "etp"))
-    b, gbs = f64("mbs"), f64("gbs")
     precision = np.asarray(cols["precision"])
     labels = dict(labels or {})
     full = knob_in(cols, labels, "recompute", ("full",))
@@ -331,37 +499,21 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
     is_fp8 = knob_in(cols, labels, "precision", FP8_PRECISIONS)
     is_fp4 = knob_in(cols, labels, "precision", FP4_PRECISIONS)
 
-    L = model.num_layers
-    s_local = model.seq_length / c
-    split = (f64("num_layers_in_first_pipeline_stage"), f64("num_layers_in_last_pipeline_stage"),
-             f64("account_for_embedding_in_pipeline_split"), f64("account_for_loss_in_pipeline_split"),
-             np.asarray(cols["pipeline_model_parallel_layout"], dtype=object))
-    groups = pipeline.structure(p, v, *split, labels.get("pipeline_model_parallel_layout"))
-    first_layers, middle_layers, last_layers = pipeline.stage_layers(L, p, v, *split, groups=groups)
-    if model.is_moe:
-        first_moe, middle_moe, last_moe = pipeline.stage_pattern_counts(model.moe_layer_pattern, p, v, *split,
-                                                                        groups=groups)
-    else:
-        first_moe = middle_moe = last_moe = np.zeros_like(t)
-    pattern = model.moe_layer_pattern if model.is_moe else (0,) * L
-    held = pipeline.held_at_peak(pattern, p, v, gbs / (b * dp), *split, groups=groups)
-    layers_per_chunk = np.maximum(np.maximum(first_layers, middle_layers), last_layers) / v
+    structural = structure(model, hw, cols, labels).row_fields() if structures is None else structures.fields()
+    layers_per_chunk = structural["layers_per_chunk"]
     n_recomputed = np.where(f64("recompute_num_layers") > 0,
                             np.minimum(f64("recompute_num_layers"), layers_per_chunk), layers_per_chunk)
-    bf16_layer_fraction = np.minimum(2.0 * f64("fp8_bf16_edge_layers") / L, 1.0)
+    bf16_layer_fraction = np.minimum(2.0 * f64("fp8_bf16_edge_layers") / model.num_layers, 1.0)
 
     module_codes, module_sets = labels.get("recompute_modules") or pipeline.factorize(cols["recompute_modules"])
     modules = {name: selective & np.array([name in m.split() for m in module_sets], dtype=bool)[module_codes]
                for name in RECOMPUTE_MODULES}
     quantized_fraction = np.where(is_fp8 | is_fp4, 1.0 - bf16_layer_fraction, 0.0)
     fp8_param_share = np.where(flag("fp8_param_gather"), quantized_fraction, 0.0)
-    dp_group = dp * c
-    edp_group = dp_group * t / (e * et)
     act_input_bytes = np.where(flag("activation_func_fp8_input_store"), memory.FP8_ACT_INPUT_BYTES,
                                memory.ACT_INPUT_BYTES)
     return Candidates(
-        model=model, hw=hw, knobs=cols, t=t, p=p, v=v, c=c, dp=dp, e=e, et=et, b=b, gbs=gbs,
-        m=gbs / (b * dp), s_local=s_local, tokens=b * s_local,
+        knobs=cols, **structural,
         sp=flag("sp"), flash=flag("flash_attention"), fsdp=flag("fsdp"), full=full, selective=selective,
         is_fp8=is_fp8, is_fp4=is_fp4,
         cast_bytes=_per_value(labels["precision"], precision.shape, lambda p: CAST_BYTES.get(p, 0.0), float),
@@ -369,8 +521,6 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
         quantized_input_bytes=np.where(is_fp4, QUANTIZED_INPUT_BYTES["fp4"], QUANTIZED_INPUT_BYTES["fp8"]),
         act_input_bytes=act_input_bytes,
         routed_act_input_bytes=routed_act_input_bytes(cols, modules["moe_act"], act_input_bytes),
-        first_layers=first_layers, middle_layers=middle_layers, last_layers=last_layers,
-        first_moe=first_moe, middle_moe=middle_moe, last_moe=last_moe, held=held,
         recomputed_fraction=np.where(full, n_recomputed / layers_per_chunk, 0.0),
         modules=modules,
         grad_bytes=np.where(flag("grad_reduce_in_fp32"), 4.0, 2.0),
@@ -380,29 +530,24 @@ def candidates(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray
         # store_param_remainders applies only without FP8 parameters (use_precision_aware_optimizer_no_fp8_or_ds_fp8)
         master_bytes=np.where((flag("precision_aware_optimizer") & ~flag("fp8_param_gather")) | flag("param_remainders"),
                               memory.MASTER_REMAINDER_BYTES, memory.MASTER_WEIGHT_BYTES),
-        dp_group=dp_group, edp_group=edp_group,
         dualpipe=np.asarray(cols.get("pipeline_schedule", ""), dtype=object) == pipeline.DUALPIPE,
         dispatch_bytes=np.where(np.asarray(cols.get("moe_dispatch_precision", ""), dtype=object) == "fp8",
                                 dispatch.FP8_DISPATCH_MEAN_BYTES, dispatch.DISPATCH_BYTES),
         windowed_offload=te_at_least(cols.get(TE_VERSION_COLUMN, ""), 1, 10),
-        labels=labels, **_hardware_fields(model, hw, cols, labels, t, e, et, dp_group, edp_group, is_fp4,
-                                          quantized_fraction),
+        labels=labels, structures=structures, **_hardware_fields(hw, cols, labels, is_fp4, quantized_fraction),
     )
 
 
-def _hardware_fields(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray], labels: dict, t, e, et,
-                     dp_group, edp_group, is_fp4, quantized_fraction) -> dict:
-    """The ``Candidates`` fields that read ``hw`` (its topology, its GPU's kind, its constants):
-    the rest depends on the model and the plans only (``on_hardware`` reprices those on another
-    ``hw``)."""
+def _hardware_fields(hw: HardwareSpec, cols: Mapping[str, np.ndarray], labels: dict, is_fp4,
+                     quantized_fraction) -> dict:
+    """The ``Candidates`` fields that read ``hw`` (its GPU's kind, its constants) beyond the
+    structure's (``_structure_hardware``): the rest depends on the model and the plans only
+    (``on_hardware`` reprices those on another ``hw``)."""
     return dict(
         quantized_weight_bytes=np.select(
             # hw.mxfp8: a Blackwell (sm_100) GPU
             [is_fp4, knob_in(cols, labels, "precision", PER_TENSOR_FP8) & hw.mxfp8],
             [QUANTIZED_WEIGHT_BYTES["fp4"], memory.FP8_WEIGHT_BYTES], QUANTIZED_WEIGHT_BYTES["fp8"]),
-        dp_per_node=comm.ranks_per_domain(hw, dp_group, t),
-        edp_per_node=comm.ranks_per_domain(hw, edp_group, e * et),
-        imbalance=moe.load_imbalance(hw, model, e) if model.is_moe else np.ones_like(t),
         hbm=hw.hbm_tbps * 1e12 * hw.efficiency.hbm,
         gemm_peak=gemm.peak(hw, quantized_fraction, is_fp4),
     )
@@ -410,8 +555,16 @@ def _hardware_fields(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.n
 
 def on_hardware(x: Candidates, hw: HardwareSpec) -> Candidates:
     """``x`` (as ``candidates`` made it) priced on ``hw``: the same candidates and model, every field
-    that reads the hardware (``_hardware_fields``) computed anew and nothing computed once carried
-    over (``replace``: the cached properties and ``memo`` start empty). A calibration reprices a
-    row's candidates with many constants: this spares building the plan-only fields each time."""
-    return replace(x, hw=hw, **_hardware_fields(x.model, hw, x.knobs, x.labels, x.t, x.e, x.et, x.dp_group,
-                                                x.edp_group, x.is_fp4, x.quantized_fraction))
+    that reads the hardware (``_hardware_fields``, ``_structure_hardware``) computed anew and nothing
+    computed once carried over (``replace``: the cached properties and ``memo`` start empty). A
+    calibration reprices a row's candidates with many constants: this spares building the plan-only
+    fields each time."""
+    if x.structures is None:
+        structures, structural = None, _structure_hardware(x.model, hw, x.t, x.e, x.et, x.dp_group, x.edp_group)
+    else:
+        s = x.structures.each
+        structures = x.structures.replaced(hw=hw, **_structure_hardware(x.model, hw, s.t, s.e, s.et, s.dp_group,
+                                                                        s.edp_group))
+        structural = structures.fields(STRUCTURE_HARDWARE_FIELDS)
+    return replace(x, hw=hw, structures=structures, **structural,
+                   **_hardware_fields(hw, x.knobs, x.labels, x.is_fp4, x.quantized_fraction))

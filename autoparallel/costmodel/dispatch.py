@@ -141,38 +141,60 @@ def is_named(names, name: str, shape=None) -> np.ndarray:
     return rows if shape is None else np.broadcast_to(rows, shape)
 
 
-def dispatch_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance, dispatcher,
-                  value_bytes=DISPATCH_BYTES):
-    """One dispatch (or combine) with each candidate's ``dispatcher`` (names, or a mask function:
-    ``is_named``), ``value_bytes`` per token value (BF16, or ``FP8_DISPATCH_MEAN_BYTES`` averaged over
-    a dispatch and a combine); alltoall and flex add the ETP all-gather (or the reduce-scatter before
-    a combine). Only the dispatchers present are priced."""
+DISPATCHERS = ("alltoall", "flex", "allgather")
+
+
+def dispatcher_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance, name: str,
+                    value_bytes=DISPATCH_BYTES):
+    """One dispatch (or combine) with the dispatcher ``name`` (``DISPATCHERS``), ``value_bytes`` per
+    token value (BF16, or ``FP8_DISPATCH_MEAN_BYTES`` averaged over a dispatch and a combine);
+    alltoall and flex add the ETP all-gather (or the reduce-scatter before a combine)."""
+    if name == "allgather":
+        return allgather_time(hw, model, tokens, ep, etp)
     nbytes = tokens * model.moe_router_topk * model.hidden_size * value_bytes * imbalance
     expert_tp = comm.reduce_scatter_time(hw, nbytes * etp, etp, comm.ranks_per_domain(hw, etp, 1))
-    out = np.zeros(np.shape(ep))
-    if (alltoall := is_named(dispatcher, "alltoall", np.shape(ep))).any():
-        out = np.where(alltoall, alltoall_time(hw, nbytes, ep, etp) + expert_tp, out)
-    if (flex := is_named(dispatcher, "flex", np.shape(ep))).any():
-        out = np.where(flex, flex_time(hw, model, tokens, ep, etp, imbalance, value_bytes) + expert_tp, out)
-    if (allgather := is_named(dispatcher, "allgather", np.shape(ep))).any():
-        out = np.where(allgather, allgather_time(hw, model, tokens, ep, etp), out)
+    if name == "alltoall":
+        return alltoall_time(hw, nbytes, ep, etp) + expert_tp
+    return flex_time(hw, model, tokens, ep, etp, imbalance, value_bytes) + expert_tp
+
+
+def by_dispatcher(dispatcher, shape, time_of) -> np.ndarray:
+    """Each candidate's ``time_of(name)`` for its ``dispatcher`` (names, or a mask function:
+    ``is_named``), 0 for a dispatcher ``time_of`` has no time for: only the dispatchers present
+    are priced."""
+    out = np.zeros(shape)
+    for name in DISPATCHERS:
+        if (rows := is_named(dispatcher, name, shape)).any() and (time := time_of(name)) is not None:
+            out = np.where(rows, time, out)
     return out
+
+
+def dispatch_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance, dispatcher,
+                  value_bytes=DISPATCH_BYTES):
+    """One dispatch (or combine) with each candidate's ``dispatcher`` (``dispatcher_time``,
+    ``by_dispatcher``)."""
+    return by_dispatcher(dispatcher, np.shape(ep),
+                         lambda name: dispatcher_time(hw, model, tokens, ep, etp, imbalance, name, value_bytes))
 
 
 PROBS_BYTES = 4.0  # the routing probabilities, FP32, one per token copy
 
 
-def probs_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance, dispatcher):
+def probs_alltoall_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance):
     """The alltoall dispatcher's second all-to-all of a dispatch: each token copy's routing
     probability, which Megatron-Core multiplies in the experts' activation (``dispatch_all_to_all``
     sends ``permuted_probs`` after the tokens, Megatron-LM d98e8a6 token_dispatcher.py); few bytes,
     so mostly its per-peer latency. flex's kernels carry the probabilities with the tokens; the
-    combine sends none. ``dispatcher``: as ``dispatch_time``'s."""
-    nbytes = tokens * model.moe_router_topk * PROBS_BYTES * imbalance
-    alltoall = is_named(dispatcher, "alltoall", np.shape(ep))
-    if not alltoall.any():
-        return np.zeros(np.shape(ep))
-    return np.where(alltoall, alltoall_time(hw, nbytes, ep, etp), 0.0)
+    combine sends none (``probs_time``)."""
+    return alltoall_time(hw, tokens * model.moe_router_topk * PROBS_BYTES * imbalance, ep, etp)
+
+
+def probs_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance, dispatcher):
+    """``probs_alltoall_time`` where the dispatcher is alltoall, else 0. ``dispatcher``: as
+    ``dispatch_time``'s."""
+    return by_dispatcher(dispatcher, np.shape(ep), lambda name: probs_alltoall_time(hw, model, tokens, ep, etp,
+                                                                                    imbalance)
+                         if name == "alltoall" else None)
 
 
 def dispatcher_sms(backend=None):

@@ -22,11 +22,12 @@ from collections.abc import Mapping
 import numpy as np
 
 from autoparallel.costmodel import flops
-from autoparallel.costmodel.candidates import Candidates, candidates
+from autoparallel.costmodel.candidates import Candidates, Structures, candidates
+from autoparallel.costmodel.layer_time import layer_params
 from autoparallel.costmodel.layer_time import layers as layer_costs
 from autoparallel.costmodel.peak_memory import MEMORY_KEYS, peak_memory
 from autoparallel.costmodel.stages import stage_params, stage_times, trainable_params
-from autoparallel.costmodel.step_time import BREAKDOWN_KEYS, step_breakdown
+from autoparallel.costmodel.step_time import BREAKDOWN_KEYS, heaviest_stage_params, step_breakdown
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
@@ -36,22 +37,24 @@ __all__ = ["BREAKDOWN_KEYS", "MEMORY_KEYS", "estimate_candidates", "estimate_col
 
 
 def estimate_columns(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray],
-                     memory_fraction: float = 1.0, labels: Mapping[str, tuple] | None = None) -> dict[str, np.ndarray]:
+                     memory_fraction: float = 1.0, labels: Mapping[str, tuple] | None = None,
+                     structures: Structures | None = None) -> dict[str, np.ndarray]:
     """Predict every plan in ``cols`` (Plan field name -> array). Returns metric columns.
 
     ``memory_fraction``: a plan fits when its peak (the fixed reserve included) is at most this
     share of GPU memory. ``labels``: string columns of ``cols`` already factorized, as
-    ``pipeline.factorize`` gives them (``Candidates.labels``).
+    ``pipeline.factorize`` gives them (``Candidates.labels``); ``structures``: the plans'
+    structures where the caller knows them (``candidates.structures``: the same figures, sooner).
     """
-    return estimate_candidates(candidates(model, hw, cols, labels), memory_fraction)
+    return estimate_candidates(candidates(model, hw, cols, labels, structures), memory_fraction)
 
 
 def estimate_candidates(x: Candidates, memory_fraction: float = 1.0) -> dict[str, np.ndarray]:
     """``estimate_columns`` of candidates already made (``candidates``, ``candidates.on_hardware``)."""
     model, hw = x.model, x.hw
     layers = layer_costs(x)
-    params = stage_params(x, layers)
-    time = step_breakdown(x, layers, stage_times(x, layers), trainable_params(x, layers, params))
+    params, heaviest = x.by_structure(structure_params)
+    time = step_breakdown(x, layers, stage_times(x, layers), heaviest)
     mem = peak_memory(x, layers, params, memory_fraction)
 
     step = time.pop("step_time_s")
@@ -76,6 +79,15 @@ def estimate_candidates(x: Candidates, memory_fraction: float = 1.0) -> dict[str
         # Memory by kind (GiB on the fullest GPU).
         **{k: mem[k] for k in MEMORY_KEYS},
     }
+
+
+def structure_params(s) -> tuple[list, tuple]:
+    """Each priced stage's parameters on one GPU (``stage_params``) and the trainable ones of the
+    stage holding the most (``heaviest_stage_params``): the structure's alone (``layer_params``),
+    for ``Candidates.by_structure``."""
+    layers = layer_params(s)
+    params = stage_params(s, layers)
+    return params, heaviest_stage_params(s, trainable_params(s, layers, params))
 
 
 def plan_columns(plans: list[Plan]) -> dict[str, np.ndarray]:

@@ -596,8 +596,13 @@ def ep_comm_time(x: Candidates, compute, is_moe: bool):
         return np.zeros_like(x.t)
     dispatcher = partial(x.knob_is, "moe_token_dispatcher_type")  # codes compared, not strings
     recomputed = x.recomputed_fraction + np.where(x.modules["moe"], 1.0, 0.0)
-    one = dispatch.dispatch_time(x.hw, x.model, x.tokens / x.t, x.e, x.et, x.imbalance, dispatcher, x.dispatch_bytes)
-    probs = dispatch.probs_time(x.hw, x.model, x.tokens / x.t, x.e, x.et, x.imbalance, dispatcher)
+    # Each dispatcher's times depend on the structure alone (and a run's dispatch bytes): per structure.
+    one = dispatch.by_dispatcher(dispatcher, np.shape(x.e), lambda name: x.by_structure(
+        lambda s, value_bytes: dispatch.dispatcher_time(s.hw, s.model, s.tokens / s.t, s.e, s.et, s.imbalance, name,
+                                                        value_bytes), x.dispatch_bytes))
+    probs = dispatch.by_dispatcher(dispatcher, np.shape(x.e), lambda name: x.by_structure(
+        lambda s: dispatch.probs_alltoall_time(s.hw, s.model, s.tokens / s.t, s.e, s.et, s.imbalance))
+        if name == "alltoall" else None)
     a2a_overlap, shared_overlap = x.flag("overlap_moe_expert_parallel_comm"), x.flag("moe_shared_expert_overlap")
     shared = (3.0 + recomputed) * linear_time(x, x.model.shared_expert_params)  # forward, backward, recomputed
     hidden_share = np.where(x.dualpipe, pipeline.DUALPIPE_HIDDEN_SHARE, x.hw.efficiency.ep_overlap)
@@ -615,7 +620,7 @@ def amax_reduction_time(x: Candidates):
     NVTE_ASYNC_AMAX_REDUCTION unset): TP x DP x CP ranks (Megatron's ``get_amax_reduction_group``),
     TP x CP with --tp-only-amax-red. A few bytes: latency only (a tree), twice per chunk and
     micro-batch, spread here over the chunk's layers. Other recipes keep no amax history."""
-    layers_per_chunk = np.maximum(np.maximum(x.first_layers, x.middle_layers), x.last_layers) / x.v
+    layers_per_chunk = x.layers_per_chunk
     tp_only = x.flag("tp_only_amax_red")
     group = np.where(tp_only, x.t * x.c, x.t * x.c * x.dp)
     per_node = comm.ranks_per_domain(x.hw, group, 1)
@@ -694,11 +699,18 @@ def dense_layer(x: Candidates) -> dict:
     """A dense layer: attention and MLP split by TP (MLA's down projections whole), a quick-GEGLU's
     eager clamp (``glu_clamp_time``)."""
     model = x.model
-    params = (model.dense_layer_params - model.mla_down_params) / x.t + model.mla_down_params
+    params = dense_params(x)
     t_linear = linear_time(x, model.dense_layer_params, model.mla_down_params)
     chunked = linear_time(x, model.dense_layer_params, model.mla_down_params, chunks=x.t)
     return layer_cost(x, params, 0.0, t_linear, 2.0, False, kernels=(glu_clamp_time(x, False),),
                       tp_linear=(t_linear, chunked))
+
+
+def dense_params(x: Candidates):
+    """A dense layer's parameters on one GPU: attention and MLP split by TP, MLA's down projections
+    whole."""
+    model = x.model
+    return (model.dense_layer_params - model.mla_down_params) / x.t + model.mla_down_params
 
 
 def router_time(x: Candidates):
@@ -772,6 +784,19 @@ class Layers:
     def on(self, key: str, layers, moe_layers):
         """``key`` summed over ``layers`` layers of which ``moe_layers`` are MoE."""
         return (layers - moe_layers) * self.dense[key] + moe_layers * self.moe[key]
+
+
+def layer_params(s) -> Layers:
+    """The layers' parameters on one GPU as ``layers`` gives them (``params``, ``expert_params``,
+    ``adapter_params``): the structure's alone (``s``: a ``candidates.Structure`` or ``Candidates``),
+    so priced once per structure where the candidates' structures are known
+    (``Candidates.by_structure``)."""
+    adapters = finetune.adapter_params_gpu(s.model, s.t) + np.zeros_like(s.t)
+    dense = {"params": dense_params(s), "expert_params": 0.0, "adapter_params": adapters}
+    if not s.model.is_moe:
+        return Layers(dense, {k: np.zeros_like(s.t) for k in dense})
+    return Layers(dense, {"params": moe.nonexpert_moe_params_gpu(s.model, s.t),
+                          "expert_params": moe.expert_params_gpu(s.model, s.e, s.et), "adapter_params": adapters})
 
 
 def layers(x: Candidates) -> Layers:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -485,7 +486,61 @@ def held_at_peak(pattern: tuple[int, ...], pp, vp, m, first, last, embedding, lo
     layer-micro-batches, not 138.25; rank 15 98, not 85.75). The middle takes the states of every
     middle rank: priced with the middle rank's model states (the most layers, ``stage_layers``),
     every rank is covered. ``groups``: ``structure(pp, vp, first, last, embedding, loss, layout)``
-    where the caller has it."""
+    where the caller has it (``peaks``, laid out: ``Peaks.held``)."""
+    return peaks(pattern, pp, vp, m, first, last, embedding, loss, layout, groups).held()
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """``held_at_peak``'s states per group of plans with one pipeline structure and micro-batch
+    count, before they are laid out per plan (``held``): ``tables`` for the first, the middle and the
+    last rank, each (groups, K, 3) int32 (a group's states, then its first repeated up to K),
+    ``lengths`` (groups, 3) each group's own count of states, ``groups`` each plan's (of the plans'
+    ``shape``). ``at`` keeps some plans: a search works its groups' states out once and lays them
+    out chunk by chunk, each as ``held_at_peak`` on the chunk would (K and the counts the same in
+    every group read from the chunk's groups alone)."""
+
+    tables: tuple[np.ndarray, np.ndarray, np.ndarray]
+    lengths: np.ndarray
+    groups: np.ndarray
+    shape: tuple
+
+    def at(self, rows: np.ndarray) -> Peaks:
+        """The plans ``rows`` (a 1-D index) alone."""
+        return Peaks(self.tables, self.lengths, self.groups.reshape(-1)[rows], (len(rows),))
+
+    def held(self) -> list:
+        """``held_at_peak``: per position (dense layer-, MoE layer-, edge chunk) micro-batches, (K,
+        plans) arrays, K the most states of the plans' groups."""
+        present = np.zeros(len(self.lengths), dtype=bool)
+        present[self.groups] = True
+        tables, varying = [], []
+        for position in range(3):
+            table = self.tables[position][:, :int(self.lengths[present, position].max())]
+            tables.append(table)
+            # a count the same in every group is one (K, 1) column (a dense model's MoE layers, a
+            # middle rank's edge chunk); the others are gathered per plan, all in one pass
+            varying += [table[:, :, j] for j in range(3) if _varies(table[present, :, j])]
+        gathered = np.take(np.concatenate(varying, axis=1), self.groups.reshape(-1), axis=0) if varying else None
+        out, column, first = [], 0, np.flatnonzero(present)[0]
+        for table in tables:
+            k, parts = table.shape[1], []
+            for j in range(3):
+                if _varies(table[present, :, j]):
+                    parts.append(gathered[:, column:column + k].T.reshape(k, *self.shape))
+                    column += k
+                else:
+                    parts.append(table[first, :, j].reshape(k, *(1,) * len(self.shape)))
+            out.append(tuple(parts))
+        return out
+
+
+def _varies(counts: np.ndarray) -> bool:
+    return bool((counts != counts[:1]).any())
+
+
+def peaks(pattern: tuple[int, ...], pp, vp, m, first, last, embedding, loss, layout, groups=None) -> Peaks:
+    """``held_at_peak``'s states of each group of the plans (``Peaks``); the arguments as there."""
     layout = np.asarray(layout, dtype=object)
     shape = np.broadcast(layout, np.asarray(pp), np.asarray(m)).shape
     m = np.broadcast_to(np.rint(np.asarray(m, dtype=float)), shape).astype(np.int64).reshape(-1)
@@ -497,27 +552,13 @@ def held_at_peak(pattern: tuple[int, ...], pp, vp, m, first, last, embedding, lo
     for i in rows:
         p_, v_, f_, l_, e_, o_, code, m_ = (int(c[i]) for c in columns)
         per_group.append(_held_at_peak(pattern, p_, v_, m_, f_, l_, bool(e_), bool(o_), names[code] or ""))
-    tables, varying = [], []
+    tables = []
     for position in range(3):
         k = max(len(g[position]) for g in per_group)
-        table = np.stack([np.concatenate([g[position], np.repeat(g[position][:1], k - len(g[position]), axis=0)])
-                          for g in per_group]).astype(np.int32)  # (groups, K, 3)
-        tables.append(table)
-        # a count the same in every group is one (K, 1) column (a dense model's MoE layers, a middle
-        # rank's edge chunk); the others are gathered per plan, all in one pass
-        varying += [table[:, :, j] for j in range(3) if (table[:, :, j] != table[:1, :, j]).any()]
-    gathered = np.take(np.concatenate(varying, axis=1), inverse, axis=0) if varying else None
-    out, column = [], 0
-    for table in tables:
-        k, parts = table.shape[1], []
-        for j in range(3):
-            if (table[:, :, j] != table[:1, :, j]).any():
-                parts.append(gathered[:, column:column + k].T.reshape(k, *shape))
-                column += k
-            else:
-                parts.append(table[0, :, j].reshape(k, *(1,) * len(shape)))
-        out.append(tuple(parts))
-    return out
+        tables.append(np.stack([np.concatenate([g[position], np.repeat(g[position][:1], k - len(g[position]), axis=0)])
+                                for g in per_group]).astype(np.int32))  # (groups, K, 3)
+    lengths = np.array([[len(g[position]) for position in range(3)] for g in per_group], dtype=np.int64)
+    return Peaks(tuple(tables), lengths, inverse.reshape(shape), shape)
 
 
 # Pipeline schedules Megatron does not run, which only a published row states (the row's

@@ -98,12 +98,13 @@ def weight_cast_time(x: Candidates, layers: Layers, bottleneck: Schedule):
     return layer_params * x.quantized_fraction * x.cast_bytes / x.hbm
 
 
-def step_breakdown(x: Candidates, layers: Layers, stages: StageTimes, params: list) -> dict:
+def step_breakdown(x: Candidates, layers: Layers, stages: StageTimes, heaviest: tuple) -> dict:
     """The step time and its breakdown on the bottleneck stage (``BREAKDOWN_KEYS``, which add up
-    to ``step_time_s``)."""
+    to ``step_time_s``). ``heaviest``: the (dense, expert) trainable parameters of the stage that
+    holds the most (``heaviest_stage_params`` of ``stages.trainable_params``)."""
     bottleneck = schedule(x, stages)
     per_microbatch = lambda key: x.m * layers.on(key, bottleneck.layers, bottleneck.moe)  # noqa: E731
-    params_gpu, experts_gpu = heaviest_stage_params(x, params)
+    params_gpu, experts_gpu = heaviest
     dp_exposed = dp_comm_time(x, params_gpu, experts_gpu, layers.on("time", bottleneck.layers, bottleneck.moe))
     t_optimizer = optimizer_time(x, params_gpu, experts_gpu)
     weight_cast = weight_cast_time(x, layers, bottleneck)

@@ -17,6 +17,7 @@ from typing import Protocol
 import numpy as np
 import pandas as pd
 
+from autoparallel.costmodel.candidates import STRUCTURE_COLUMNS, structure, structures
 from autoparallel.costmodel.estimate import estimate_columns
 from autoparallel.space import Source, source_labels
 from autoparallel.specs.hardware import HardwareSpec
@@ -93,8 +94,9 @@ class CostModelEvaluator:
         if len(rows):
             # Every row's values: each chunk takes its valid rows on its own thread (``_estimate``).
             cols = {name: candidates[name].to_numpy() for name in Plan.field_names()}
+            structure_cols = self._structure_columns(cols, sources or {})
             out = {key: AtRows(values, rows, len(candidates))
-                   for key, values in self._estimate(cols, rows, sources or {}).items()}
+                   for key, values in self._estimate(cols, rows, sources or {}, structure_cols).items()}
         else:
             out = {key: AtRows(np.zeros(0, dtype=dtype), rows, len(candidates))
                    for key, dtype in (("fits", bool), ("peak_memory_gib", float), ("tokens_per_s_per_gpu", float))}
@@ -110,20 +112,49 @@ class CostModelEvaluator:
         out["fits"] = out["fits"].full()  # reason == "" (every reason is a non-empty string), not compared row by row
         return out
 
-    def _estimate(self, cols: dict[str, np.ndarray], rows: np.ndarray,
-                  sources: Mapping[str, Source]) -> dict[str, np.ndarray]:
+    def _structure_columns(self, cols: dict[str, np.ndarray], sources: Mapping[str, Source]
+                           ) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
+        """The candidates' structures as the cost model's ``STRUCTURE_COLUMNS`` of each (a short
+        frame) and each row's position there: the columns ``sources`` takes from one short frame
+        (the structures'), and a column holding one value in every row (the global batch) as that
+        value; None where the columns are not all such (a frame without sources)."""
+        if "tp" not in sources or set(self.settings) & set(STRUCTURE_COLUMNS):
+            return None
+        rows = sources["tp"].rows
+        short = {name: source.short.to_numpy() for name, source in sources.items() if source.rows is rows}
+        for name in set(STRUCTURE_COLUMNS) - set(short):
+            values = cols[name]
+            if not len(values) or (values != values[0]).any():
+                return None
+            short[name] = np.full(len(short["tp"]), values[0])
+        return short, rows
+
+    def _estimate(self, cols: dict[str, np.ndarray], rows: np.ndarray, sources: Mapping[str, Source],
+                  structure_cols: tuple[dict[str, np.ndarray], np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Metric columns of the rows ``rows`` of ``cols`` (``estimate_columns``), one value per
         row of ``rows``. Priced in cache-sized chunks (the cost model's intermediates then stay in the
         CPU cache: twice as fast as one call on millions of rows), on a thread per core (NumPy
-        releases the GIL inside each operation)."""
+        releases the GIL inside each operation). ``structure_cols``: the structures' columns and each row's
+        structure (``_structure_columns``): each chunk's structures are priced once each
+        (``candidates.structures``)."""
         source_labels(sources, slice(0))  # the codes made once, before the threads ask for them
+        every = None
+        if structure_cols:  # the structures of the rows priced (the short frame has the rejected ones too), once
+            short, of_row = structure_cols
+            used = np.zeros(len(short["tp"]), dtype=bool)
+            used[of_row[rows]] = True
+            every = structure(self.model, self.hardware, {name: values[used] for name, values in short.items()})
+            renumbered = np.cumsum(used) - 1  # a structure's position among those
 
         def price(start: int) -> tuple[int, dict[str, np.ndarray]]:
             at = rows[start:start + CHUNK_ROWS]
+            if at[-1] - at[0] + 1 == len(at):  # a run of rows (most chunks: the rejected are few, bunched)
+                at = slice(at[0], at[-1] + 1)  # read in place, not copied
             chunk = {k: v[at] for k, v in cols.items()}
             chunk.update(self.settings)
             labels = source_labels(sources, at)
-            return start, estimate_columns(self.model, self.hardware, chunk, self.memory_fraction, labels)
+            known = structures(every, renumbered[of_row[at]]) if every is not None else None
+            return start, estimate_columns(self.model, self.hardware, chunk, self.memory_fraction, labels, known)
 
         starts = range(0, len(rows), CHUNK_ROWS)
         workers = min(len(starts), cores())
