@@ -249,7 +249,7 @@ class Layout:
 
     model: ModelSpec
     hw: HardwareSpec
-    eff: InferenceEfficiency
+    eff: InferenceEfficiency | None  # None: not priced yet (``inflight.InflightBatch`` builds one before the constants)
     tp: np.ndarray
     pp: np.ndarray
     weight_bytes: np.ndarray  # per weight element
@@ -309,7 +309,7 @@ def decode_kv_reads(engine: ServingEngine | None, model: ModelSpec, tp) -> np.nd
     return np.where(served, ones, np.maximum(group, 1.0))
 
 
-def layout(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency, tp, pp,
+def layout(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency | None, tp, pp,
            weight_precision, kv_precision, ep=1, engine: ServingEngine | None = None) -> Layout:
     """The arrays of one layout; ``engine`` (optional) picks the decode attention kernel
     (``decode_kv_reads``)."""

@@ -28,7 +28,7 @@ import pandas as pd
 from autoparallel import io, ranges, resources
 from autoparallel.costmodel.inference import (InferenceEfficiency, ServingEngine,
                                               estimate_static_columns)
-from autoparallel.costmodel.inflight import estimate_inflight_columns
+from autoparallel.costmodel.inflight import InflightBatch
 from autoparallel.errors import SpecError, UserError
 from autoparallel.serve.assumptions import ASSUMPTIONS, load_assumptions, load_engine, validation_model
 
@@ -189,10 +189,12 @@ class _Group:
     hw: object
     cols: dict
     decode_steps: np.ndarray
+    batch: InflightBatch | None = None  # in-flight rows: their steady state up to the constants, built once
 
 
 def groups(measured: Measured, rows: pd.DataFrame) -> list[_Group]:
-    """Split ``rows`` by (model, GPU) once, so a fit can price them many times."""
+    """Split ``rows`` by (model, GPU) once, so a fit can price them many times (in-flight rows:
+    what their pricing does not owe to the constants built here, ``InflightBatch``)."""
     out = []
     keys = list(zip(rows["model"], rows["hardware"]))
     for key in dict.fromkeys(keys):
@@ -200,8 +202,9 @@ def groups(measured: Measured, rows: pd.DataFrame) -> list[_Group]:
         group = rows.iloc[pos]
         out_len = group["output_len"].to_numpy(dtype=float)
         steps = out_len if measured.decode_steps_is_output_len else out_len - 1
-        out.append(_Group(pos, measured.models[key[0]], _hardware(key[1]),
-                          {k: group[k].to_numpy() for k in COST_COLUMNS}, steps))
+        model, hw, cols = measured.models[key[0]], _hardware(key[1]), {k: group[k].to_numpy() for k in COST_COLUMNS}
+        batch = InflightBatch(model, hw, measured.engine, cols) if measured.engine.batching == "inflight" else None
+        out.append(_Group(pos, model, hw, cols, steps, batch))
     return out
 
 
@@ -213,7 +216,7 @@ def _estimate(measured: Measured, eff: InferenceEfficiency, g: _Group) -> tuple[
                                       decode_steps=g.decode_steps, microbatching=engine.microbatching,
                                       flash_attention=engine.flash_attention)
         return est["latency_s"] * 1e3, est
-    est = estimate_inflight_columns(g.model, g.hw, eff, engine, g.cols)
+    est = g.batch.estimate(eff)
     return est["output_tokens_per_s_per_replica"], est
 
 
