@@ -42,14 +42,13 @@ outside it waits for a free slot, which offline benchmarks never stop adding). A
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 
 import numpy as np
 
-from autoparallel.costmodel.inference import (PASS_KEYS, InferenceEfficiency, Layout, ServingEngine,
-                                              decode_attention, layout, pipeline_hop,
-                                              prefill_attention, stage_pass)
+from autoparallel.costmodel.inference import (PASS_KEYS, InferenceEfficiency, PassWork, ServingEngine,
+                                              decode_attention, layout, pass_work, prefill_attention,
+                                              price_hop, price_pass)
 from autoparallel.costmodel.memory import GIB
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
@@ -178,10 +177,10 @@ class InflightBatch:
                  else s_in)
         return np.maximum(chunk / s_in, lam)
 
-    def work(self, lam, n_pre, prompts=None) -> tuple:
-        """(tokens, sampled sequences, attention FLOPs, attention bytes) of one micro-batch's pass:
-        ``lam`` requests finish per iteration (``lam * (output - 1)`` decode tokens); ``prompts``
-        (default ``lam``): prompts' worth of prefill tokens in this iteration."""
+    def work(self, lam, n_pre, prompts=None) -> PassWork:
+        """One micro-batch's pass over one stage (``inference.pass_work``): ``lam`` requests finish
+        per iteration (``lam * (output - 1)`` decode tokens); ``prompts`` (default ``lam``):
+        prompts' worth of prefill tokens in this iteration."""
         lay, s_in = self.lay, self.s_in
         prompts = lam if prompts is None else prompts
         d = lam * self.decode_steps
@@ -189,19 +188,19 @@ class InflightBatch:
         pre_flops, _ = prefill_attention(lay, prompts, s_in)
         reread = prompts * s_in * (n_pre - 1.0) / 2.0 * self.kv_token_layer  # chunks read earlier chunks
         dec_flops, dec_bytes = decode_attention(lay, d, self.ctx)
-        return tokens, d + prompts, pre_flops + dec_flops, reread + dec_bytes
+        return pass_work(lay, tokens, d + prompts, pre_flops + dec_flops, reread + dec_bytes)
 
-    def iteration(self, lay: Layout, pass_s, work: tuple):
-        """One micro-batch's pass of ``work`` over every stage, priced by ``lay``'s constants; a
+    def iteration(self, eff: InferenceEfficiency, pass_s, work: PassWork):
+        """One micro-batch's pass of ``work`` over every stage under the constants ``eff``; a
         request's token takes ``slots`` stage times (and the ``m`` micro-batch steps' host
         overhead ``pass_s``). Returns (time, the stage's parts, the pipeline hop)."""
-        stage = stage_pass(lay, *work)
-        hop = pipeline_hop(lay, work[0])
+        stage = price_pass(eff, work)
+        hop = price_hop(eff, work.hop)
         return self.slots * (stage["time"] + hop) + pass_s, stage, hop
 
     def estimate(self, eff: InferenceEfficiency) -> dict[str, np.ndarray]:
         """``estimate_inflight_columns``' outputs under the constants ``eff``."""
-        lay, n, m, s_in, s_out = dataclasses.replace(self.lay, eff=eff), self.n, self.m, self.s_in, self.s_out
+        n, m, s_in, s_out = self.n, self.m, self.s_in, self.s_out
         decode_steps, rate, slots = self.decode_steps, self.rate, self.slots
         # The host's pass overhead comes once per micro-batch step, not once per round: TensorRT-LLM's
         # last pipeline rank blocks in ``decoderSync`` on each micro-batch's forward and decoder before
@@ -210,9 +209,9 @@ class InflightBatch:
         pass_s = m * eff.pass_overhead_us * 1e-6
 
         def iteration(lam, n_pre, prompts=None):
-            return self.iteration(lay, pass_s, self.work(lam, n_pre, prompts))
+            return self.iteration(eff, pass_s, self.work(lam, n_pre, prompts))
 
-        tau_sat, stage, hop = self.iteration(lay, pass_s, self.saturated)
+        tau_sat, stage, hop = self.iteration(eff, pass_s, self.saturated)
         capacity = m * self.lam_sat / tau_sat  # requests per second per replica
         lam, tau, n_pre = self.lam_sat, tau_sat, self.n_pre_sat
 
@@ -239,7 +238,7 @@ class InflightBatch:
             first_work = self.work(lam, n_pre, self.first_prompts(lam))
 
         # TTFT: the prompt's ``n_pre`` prefill iterations, each as heavy as the budget allows.
-        ttft = n_pre * self.iteration(lay, pass_s, first_work)[0] + np.where(below, 0.5 * tau, 0.0)
+        ttft = n_pre * self.iteration(eff, pass_s, first_work)[0] + np.where(below, 0.5 * tau, 0.0)
         tpot = tau
         throughput = np.where(overloaded, capacity, m * lam / tau) * s_out
         mem = self.mem
