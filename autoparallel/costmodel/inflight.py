@@ -43,6 +43,7 @@ outside it waits for a free slot, which offline benchmarks never stop adding). A
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -101,6 +102,23 @@ def kv_pool(lay, engine: ServingEngine, max_batch, max_num_tokens) -> dict[str, 
     fixed = weights + activations + reserve
     return {"weights": weights, "activations": activations, "reserve": reserve,
             "pool": np.maximum(pool, 0.0), "fixed_fits": fixed < memory}
+
+
+class Steady(NamedTuple):
+    """``InflightBatch.steady``: one iteration of the running batch (time ``tau``, its stage parts
+    and pipeline hop) with ``lam`` requests finishing per iteration, their prompts' ``n_pre``
+    prefill iterations, the capacity (requests/s per replica) and which rows are overloaded or
+    below it at their request rate; ``pass_s``: the host's overhead per iteration."""
+
+    pass_s: np.ndarray
+    lam: np.ndarray
+    tau: np.ndarray
+    n_pre: np.ndarray
+    stage: dict
+    hop: np.ndarray
+    capacity: np.ndarray
+    overloaded: np.ndarray
+    below: np.ndarray
 
 
 def estimate_inflight_columns(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency,
@@ -198,10 +216,10 @@ class InflightBatch:
         hop = price_hop(eff, work.hop)
         return self.slots * (stage["time"] + hop) + pass_s, stage, hop
 
-    def estimate(self, eff: InferenceEfficiency) -> dict[str, np.ndarray]:
-        """``estimate_inflight_columns``' outputs under the constants ``eff``."""
-        n, m, s_in, s_out = self.n, self.m, self.s_in, self.s_out
-        decode_steps, rate, slots = self.decode_steps, self.rate, self.slots
+    def steady(self, eff: InferenceEfficiency) -> Steady:
+        """The running batch's steady state under the constants ``eff``: saturated, or, where a
+        request rate below the capacity is given, at the iteration time that rate solves."""
+        n, m, rate = self.n, self.m, self.rate
         # The host's pass overhead comes once per micro-batch step, not once per round: TensorRT-LLM's
         # last pipeline rank blocks in ``decoderSync`` on each micro-batch's forward and decoder before
         # it schedules and prepares the next one (trtGptModelInflightBatching.cpp ``forwardAsync``), so
@@ -218,7 +236,6 @@ class InflightBatch:
         loaded = np.isfinite(rate)
         overloaded = loaded & (rate >= capacity)
         below = loaded & ~overloaded
-        first_work = self.saturated_first
         if below.any():  # solve tau = time(rate * tau / m) on [time(0), tau_sat]
             lo = np.where(below, iteration(np.zeros(n), np.ones(n))[0], tau_sat)
             hi = tau_sat.copy()
@@ -235,12 +252,27 @@ class InflightBatch:
             lam, tau, n_pre = pick(lam_r, lam), pick(tau_r, tau), pick(n_pre_r, n_pre)
             stage = {k: pick(stage_r[k], stage[k]) for k in stage}
             hop = pick(hop_r, hop)
-            first_work = self.work(lam, n_pre, self.first_prompts(lam))
+        return Steady(pass_s, lam, tau, n_pre, stage, hop, capacity, overloaded, below)
 
+    def throughput(self, eff: InferenceEfficiency) -> np.ndarray:
+        """``estimate``'s output tokens/s per replica alone (what a fit reads: no TTFT pass priced)."""
+        return self._throughput(self.steady(eff))
+
+    def _throughput(self, st: Steady) -> np.ndarray:
+        """Output tokens/s per replica: an overloaded row serves its capacity."""
+        return np.where(st.overloaded, st.capacity, self.m * st.lam / st.tau) * self.s_out
+
+    def estimate(self, eff: InferenceEfficiency) -> dict[str, np.ndarray]:
+        """``estimate_inflight_columns``' outputs under the constants ``eff``."""
+        n, m, s_in, s_out = self.n, self.m, self.s_in, self.s_out
+        decode_steps, slots = self.decode_steps, self.slots
+        st = self.steady(eff)
+        pass_s, lam, tau, n_pre, stage, hop, capacity, overloaded, below = st
         # TTFT: the prompt's ``n_pre`` prefill iterations, each as heavy as the budget allows.
+        first_work = self.work(lam, n_pre, self.first_prompts(lam)) if below.any() else self.saturated_first
         ttft = n_pre * self.iteration(eff, pass_s, first_work)[0] + np.where(below, 0.5 * tau, 0.0)
         tpot = tau
-        throughput = np.where(overloaded, capacity, m * lam / tau) * s_out
+        throughput = self._throughput(st)
         mem = self.mem
         weights, activations, pool = mem["weights"], mem["activations"], mem["pool"]
         total = weights + activations + mem["reserve"] + pool

@@ -221,10 +221,11 @@ def _estimate(measured: Measured, eff: InferenceEfficiency, g: _Group) -> tuple[
 
 
 def predicted_values(measured: Measured, eff: InferenceEfficiency, parts: list[_Group], n: int) -> np.ndarray:
-    """The published metric's prediction for ``n`` rows split into ``parts`` (the fit's fast path)."""
+    """The published metric's prediction for ``n`` rows split into ``parts`` (the fit's fast path:
+    in-flight rows' throughput alone, ``InflightBatch.throughput``)."""
     out = np.empty(n)
     for g in parts:
-        out[g.positions] = _estimate(measured, eff, g)[0]
+        out[g.positions] = g.batch.throughput(eff) if g.batch is not None else _estimate(measured, eff, g)[0]
     return out
 
 
