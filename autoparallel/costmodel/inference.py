@@ -596,56 +596,83 @@ def estimate_static_columns(model: ModelSpec, hw: HardwareSpec, eff: InferenceEf
     ``prefill_chunk_tokens`` bounds the prefill tokens whose activations are live at once
     (memory only; compute is the same). ``microbatching``: see ``microbatch_size``.
     """
-    f64 = lambda k: np.asarray(cols[k], dtype=float)  # noqa: E731
-    b, s_in, s_out = f64("batch"), f64("input_len"), f64("output_len")
-    lay = layout(model, hw, eff, cols["tp"], cols["pp"], cols["weight_precision"], cols["kv_precision"],
-                 cols["ep"] if "ep" in cols else 1)
-    p = lay.pp
-    steps = np.maximum(s_out - 1.0, 0.0) if decode_steps is None else np.asarray(decode_steps, float)
-    pass_us = eff.pass_overhead_us * 1e-6
+    return StaticBatch(model, hw, cols, memory_fraction, prefill_chunk_tokens, decode_steps, microbatching,
+                       flash_attention).estimate(eff)
 
-    # Prefill: the whole batch's prompts, micro-batched over the pipeline.
-    mb_prefill = microbatch_size(b, s_in, p, microbatching)
-    m = b / mb_prefill
-    flops, scores = prefill_attention(lay, mb_prefill, s_in, flash_attention)
-    pre = stage_pass(lay, mb_prefill * s_in, mb_prefill, flops, scores)
-    ttft = (m + p - 1.0) * (pre["time"] + pipeline_hop(lay, mb_prefill * s_in)) + pass_us
 
-    # Decode: one token per sequence at the mean context length.
-    ctx = s_in + 0.5 * (s_out + 1.0)
-    mb = microbatch_size(b, 1, p, microbatching)
-    m = b / mb
-    flops, kv_read = decode_attention(lay, mb, ctx)
-    dec = stage_pass(lay, mb, mb, flops, kv_read)
-    # FT flushes the pipeline every step: (m + pp - 1) stage times. Engines that keep pp
-    # micro-batches in flight across steps (vLLM virtual engines, TensorRT-LLM) reach a steady
-    # state where each micro-batch's token takes pp stage times and all stages stay busy.
-    slots = m + p - 1.0 if microbatching == "fastertransformer" else np.maximum(m, p)
-    hop = pipeline_hop(lay, mb)
-    tpot = slots * (dec["time"] + hop) + pass_us
-    latency = ttft + steps * tpot
-    throughput = b * s_out / latency  # generated tokens per second of one replica
+class StaticBatch:
+    """Static-batching layouts up to the fitted constants (``estimate`` prices them).
 
-    weights = lay.weights()
-    kv = b * (s_in + s_out) * lay.kv_bytes_per_token()
-    chunk = np.minimum(mb_prefill * s_in, prefill_chunk_tokens)
-    activations = chunk * lay.activations_per_token() + lay.logits(b)
-    reserve = hw.reserve_gib * GIB
-    total = weights + kv + activations + reserve
-    return {
-        "ttft_s": ttft,
-        "tpot_s": tpot,
-        "latency_s": latency,
-        "output_tokens_per_s_per_replica": throughput,
-        "fits": total <= memory_fraction * hw.memory_gib * GIB,
-        "memory_per_gpu_gib": total / GIB,
-        "weights_gib": weights / GIB,
-        "kv_cache_gib": kv / GIB,
-        "activations_gib": activations / GIB,
-        "reserve_gib": np.full_like(total, hw.reserve_gib),
-        "decode_compute_s": slots * dec["compute"],
-        "decode_memory_s": slots * dec["memory"],
-        "decode_tp_comm_s": slots * dec["tp_comm"],
-        "decode_overhead_s": slots * dec["overhead"] + pass_us,
-        "decode_pp_s": slots * hop,
-    }
+    Why apart: the micro-batches, the work of the prefill and decode passes (``PassWork``) and the
+    memory depend on the model, the GPU and the columns alone; a fit prices the same rows under
+    thousands of trial constants, so it builds this once per group of rows (as
+    ``inflight.InflightBatch``). Its layout holds no constants (``lay.eff`` is None).
+    """
+
+    def __init__(self, model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray],
+                 memory_fraction: float = 0.9, prefill_chunk_tokens: float | np.ndarray = np.inf,
+                 decode_steps=None, microbatching: str = "even", flash_attention: bool = True):
+        f64 = lambda k: np.asarray(cols[k], dtype=float)  # noqa: E731
+        b, s_in, s_out = f64("batch"), f64("input_len"), f64("output_len")
+        self.batch, self.s_out = b, s_out
+        lay = layout(model, hw, None, cols["tp"], cols["pp"], cols["weight_precision"], cols["kv_precision"],
+                     cols["ep"] if "ep" in cols else 1)
+        p = self.pp = lay.pp
+        self.steps = np.maximum(s_out - 1.0, 0.0) if decode_steps is None else np.asarray(decode_steps, float)
+
+        # Prefill: the whole batch's prompts, micro-batched over the pipeline.
+        mb_prefill = microbatch_size(b, s_in, p, microbatching)
+        self.prefill_mbs = b / mb_prefill
+        flops, scores = prefill_attention(lay, mb_prefill, s_in, flash_attention)
+        self.prefill = pass_work(lay, mb_prefill * s_in, mb_prefill, flops, scores)
+
+        # Decode: one token per sequence at the mean context length.
+        ctx = s_in + 0.5 * (s_out + 1.0)
+        mb = microbatch_size(b, 1, p, microbatching)
+        m = b / mb
+        flops, kv_read = decode_attention(lay, mb, ctx)
+        self.decode = pass_work(lay, mb, mb, flops, kv_read)
+        # FT flushes the pipeline every step: (m + pp - 1) stage times. Engines that keep pp
+        # micro-batches in flight across steps (vLLM virtual engines, TensorRT-LLM) reach a steady
+        # state where each micro-batch's token takes pp stage times and all stages stay busy.
+        self.slots = m + p - 1.0 if microbatching == "fastertransformer" else np.maximum(m, p)
+
+        self.weights = lay.weights()
+        self.kv = b * (s_in + s_out) * lay.kv_bytes_per_token()
+        chunk = np.minimum(mb_prefill * s_in, prefill_chunk_tokens)
+        self.activations = chunk * lay.activations_per_token() + lay.logits(b)
+        self.reserve_gib = hw.reserve_gib
+        self.memory_limit = memory_fraction * hw.memory_gib * GIB
+
+    def estimate(self, eff: InferenceEfficiency) -> dict[str, np.ndarray]:
+        """``estimate_static_columns``' outputs under the constants ``eff``."""
+        p, slots = self.pp, self.slots
+        pass_us = eff.pass_overhead_us * 1e-6
+        pre = price_pass(eff, self.prefill)
+        ttft = (self.prefill_mbs + p - 1.0) * (pre["time"] + price_hop(eff, self.prefill.hop)) + pass_us
+        dec = price_pass(eff, self.decode)
+        hop = price_hop(eff, self.decode.hop)
+        tpot = slots * (dec["time"] + hop) + pass_us
+        latency = ttft + self.steps * tpot
+        throughput = self.batch * self.s_out / latency  # generated tokens per second of one replica
+
+        weights, kv, activations = self.weights, self.kv, self.activations
+        reserve = self.reserve_gib * GIB
+        total = weights + kv + activations + reserve
+        return {
+            "ttft_s": ttft,
+            "tpot_s": tpot,
+            "latency_s": latency,
+            "output_tokens_per_s_per_replica": throughput,
+            "fits": total <= self.memory_limit,
+            "memory_per_gpu_gib": total / GIB,
+            "weights_gib": weights / GIB,
+            "kv_cache_gib": kv / GIB,
+            "activations_gib": activations / GIB,
+            "reserve_gib": np.full_like(total, self.reserve_gib),
+            "decode_compute_s": slots * dec["compute"],
+            "decode_memory_s": slots * dec["memory"],
+            "decode_tp_comm_s": slots * dec["tp_comm"],
+            "decode_overhead_s": slots * dec["overhead"] + pass_us,
+            "decode_pp_s": slots * hop,
+        }

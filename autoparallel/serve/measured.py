@@ -26,8 +26,7 @@ import numpy as np
 import pandas as pd
 
 from autoparallel import io, ranges, resources
-from autoparallel.costmodel.inference import (InferenceEfficiency, ServingEngine,
-                                              estimate_static_columns)
+from autoparallel.costmodel.inference import InferenceEfficiency, ServingEngine, StaticBatch
 from autoparallel.costmodel.inflight import InflightBatch
 from autoparallel.errors import SpecError, UserError
 from autoparallel.serve.assumptions import ASSUMPTIONS, load_assumptions, load_engine, validation_model
@@ -189,13 +188,14 @@ class _Group:
     hw: object
     cols: dict
     decode_steps: np.ndarray
-    batch: InflightBatch | None = None  # in-flight rows: their steady state up to the constants, built once
+    batch: InflightBatch | StaticBatch  # the rows up to the constants: built once, priced per constants
 
 
 def groups(measured: Measured, rows: pd.DataFrame) -> list[_Group]:
-    """Split ``rows`` by (model, GPU) once, so a fit can price them many times (in-flight rows:
-    what their pricing does not owe to the constants built here, ``InflightBatch``)."""
+    """Split ``rows`` by (model, GPU) once, and build what their pricing does not owe to the
+    constants (``InflightBatch`` / ``StaticBatch``), so a fit can price them many times."""
     out = []
+    engine = measured.engine
     keys = list(zip(rows["model"], rows["hardware"]))
     for key in dict.fromkeys(keys):
         pos = np.array([i for i, k in enumerate(keys) if k == key])
@@ -203,20 +203,20 @@ def groups(measured: Measured, rows: pd.DataFrame) -> list[_Group]:
         out_len = group["output_len"].to_numpy(dtype=float)
         steps = out_len if measured.decode_steps_is_output_len else out_len - 1
         model, hw, cols = measured.models[key[0]], _hardware(key[1]), {k: group[k].to_numpy() for k in COST_COLUMNS}
-        batch = InflightBatch(model, hw, measured.engine, cols) if measured.engine.batching == "inflight" else None
+        if engine.batching == "static":
+            batch = StaticBatch(model, hw, cols, measured.memory_fraction, decode_steps=steps,
+                                microbatching=engine.microbatching, flash_attention=engine.flash_attention)
+        else:
+            batch = InflightBatch(model, hw, engine, cols)
         out.append(_Group(pos, model, hw, cols, steps, batch))
     return out
 
 
 def _estimate(measured: Measured, eff: InferenceEfficiency, g: _Group) -> tuple[np.ndarray, dict]:
     """(the published metric's prediction, the cost model's columns) of one group."""
-    engine = measured.engine
-    if engine.batching == "static":
-        est = estimate_static_columns(g.model, g.hw, eff, g.cols, measured.memory_fraction,
-                                      decode_steps=g.decode_steps, microbatching=engine.microbatching,
-                                      flash_attention=engine.flash_attention)
-        return est["latency_s"] * 1e3, est
     est = g.batch.estimate(eff)
+    if measured.engine.batching == "static":
+        return est["latency_s"] * 1e3, est
     return est["output_tokens_per_s_per_replica"], est
 
 
@@ -225,7 +225,7 @@ def predicted_values(measured: Measured, eff: InferenceEfficiency, parts: list[_
     in-flight rows' throughput alone, ``InflightBatch.throughput``)."""
     out = np.empty(n)
     for g in parts:
-        out[g.positions] = g.batch.throughput(eff) if g.batch is not None else _estimate(measured, eff, g)[0]
+        out[g.positions] = g.batch.throughput(eff) if isinstance(g.batch, InflightBatch) else _estimate(measured, eff, g)[0]
     return out
 
 
