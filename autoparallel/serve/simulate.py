@@ -324,8 +324,10 @@ def arrivals(n: int, rate: float | None, seed: int = 0) -> np.ndarray:
 
 
 def _check(sched: Scheduler, inp, out) -> None:
-    need = max(sched.blocks(sched.reserved(i, o) if sched.reserve_full else int(i) + int(o))
-               for i, o in zip(inp, out))
+    """Every request fits the pool alone (``Scheduler.reserved`` / ``blocks``, over the arrays at once)."""
+    inp, out = np.asarray(inp).astype(np.int64), np.asarray(out).astype(np.int64)
+    tokens = inp + (np.maximum(out, sched.max_new_tokens) if sched.reserve_full else out)
+    need = int(np.max(-(-tokens // sched.block)))
     if need > sched.kv_blocks:
         raise ValueError(f"a request of {need} KV blocks never fits the pool of {sched.kv_blocks}")
 
@@ -483,17 +485,18 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
         tokens = decodes
         flops = (ctx_sum * cost.ctx_flops) if decodes else 0.0
         nbytes = (ctx_sum * cost.ctx_bytes) if decodes else 0.0
-        chunks, shapes = [], []
-        placed = sched.chunks(tokens, [target[r] - done[r] for r in prefilling])
+        chunks, shapes, completing = [], [], 0
+        placed = sched.chunks(tokens, (target[r] - done[r] for r in prefilling))  # read up to the budget
         for r, (c, step) in zip(prefilling, placed):
             f, b = cost.chunk_flops * c * (done[r] + c / 2.0), cost.ctx_bytes * done[r]
             flops += f
             nbytes += b
             tokens += c
             chunks.append((r, c))
+            ends = done[r] + c == target[r]
+            completing += ends
             if pipelined:
-                shapes.append((c, float(done[r] + c == target[r]), f, b, step))
-        completing = sum(1 for r, c in chunks if done[r] + c == target[r])
+                shapes.append((c, float(ends), f, b, step))
         t += cost.time(tokens, decodes + completing, flops, nbytes, decodes + len(chunks), shapes)
         iterations += 1
         if decodes:
