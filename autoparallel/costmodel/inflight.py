@@ -264,7 +264,7 @@ class InflightBatch:
 
     def estimate(self, eff: InferenceEfficiency) -> dict[str, np.ndarray]:
         """``estimate_inflight_columns``' outputs under the constants ``eff``."""
-        n, m, s_in, s_out = self.n, self.m, self.s_in, self.s_out
+        n, m, s_in = self.n, self.m, self.s_in
         decode_steps, slots = self.decode_steps, self.slots
         st = self.steady(eff)
         pass_s, lam, tau, n_pre, stage, hop, capacity, overloaded, below = st

@@ -225,7 +225,8 @@ def predicted_values(measured: Measured, eff: InferenceEfficiency, parts: list[_
     in-flight rows' throughput alone, ``InflightBatch.throughput``)."""
     out = np.empty(n)
     for g in parts:
-        out[g.positions] = g.batch.throughput(eff) if isinstance(g.batch, InflightBatch) else _estimate(measured, eff, g)[0]
+        inflight = isinstance(g.batch, InflightBatch)
+        out[g.positions] = g.batch.throughput(eff) if inflight else _estimate(measured, eff, g)[0]
     return out
 
 

@@ -53,7 +53,8 @@ def test_prebuilt_groups_price_every_trial_as_a_fresh_computation(engine):
             fresh[g.positions] = _fresh(measured, eff, g)
         prebuilt = predicted_values(measured, eff, parts, len(rows))
         assert prebuilt.tobytes() == fresh.tobytes()
-        moved = {k for k in F.FIT_KEYS[measured.engine.batching] if getattr(eff, k) != getattr(efficiency_for(engine), k)}
+        fitted = F.FIT_KEYS[measured.engine.batching]
+        moved = {k for k in fitted if getattr(eff, k) != getattr(efficiency_for(engine), k)}
         assert len(moved) != 1 or not np.array_equal(prebuilt, shipped), moved
     # ``predict`` (the reports' path: every column, not the fit's throughput alone) at the last trial
     assert predict(measured, eff)["predicted"].to_numpy().tobytes() == fresh.tobytes()
