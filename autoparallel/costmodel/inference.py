@@ -250,7 +250,7 @@ class Layout:
 
     model: ModelSpec
     hw: HardwareSpec
-    eff: InferenceEfficiency | None  # None: not priced yet (``inflight.InflightBatch`` builds one before the constants)
+    eff: InferenceEfficiency | None  # None: before the constants (``StaticBatch``, ``inflight.InflightBatch``)
     tp: np.ndarray
     pp: np.ndarray
     weight_bytes: np.ndarray  # per weight element
@@ -472,7 +472,7 @@ class PassWork:
     out_flops: np.ndarray  # the output layer's FLOPs, bytes and logits sampled
     out_bytes: np.ndarray
     logits: np.ndarray
-    peak16: float  # FLOP/s: 16-bit, 8-bit, HBM bytes/s
+    peak16: float  # the GPU's peaks before the fitted shares: 16-bit and 8-bit FLOP/s, HBM bytes/s
     peak8: float
     hbm: float
     hop: tuple  # ``_hop_work``
