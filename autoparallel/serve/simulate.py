@@ -156,11 +156,13 @@ class IterationCost:
         lay = layout(model, hw, eff, float(tp), float(pp), weight_precision, kv_precision, float(ep), engine)
         zero = np.zeros(1)
         base = float(stage_pass(lay, zero, zero, zero, zero)["time"][0])
+        # The tables as lists of Python floats: the simulation reads one element at a time, where a
+        # numpy scalar's arithmetic costs several times a float's (the same IEEE doubles).
         tokens = np.arange(max_tokens + 1, dtype=float)
-        self.per_tokens = stage_pass(lay, tokens, 0.0 * tokens, 0.0 * tokens, 0.0 * tokens)["time"]
-        self.hop = np.broadcast_to(pipeline_hop(lay, tokens), tokens.shape).astype(float)
+        self.per_tokens = stage_pass(lay, tokens, 0.0 * tokens, 0.0 * tokens, 0.0 * tokens)["time"].tolist()
+        self.hop = np.broadcast_to(pipeline_hop(lay, tokens), tokens.shape).astype(float).tolist()
         seqs = np.arange(max_seqs + 1, dtype=float)
-        self.per_sampled = stage_pass(lay, 0.0 * seqs, seqs, 0.0 * seqs, 0.0 * seqs)["time"] - base
+        self.per_sampled = (stage_pass(lay, 0.0 * seqs, seqs, 0.0 * seqs, 0.0 * seqs)["time"] - base).tolist()
         unit = 1e12  # the attention term is linear in FLOPs alone and in bytes alone
         self.per_flop = (float(stage_pass(lay, zero, zero, zero + unit, zero)["time"][0]) - base) / unit
         self.per_byte = (float(stage_pass(lay, zero, zero, zero, zero + unit)["time"][0]) - base) / unit
