@@ -9,7 +9,7 @@ Mixtral token against a dense one, the release's own speed cancelling.
 
 This prints (1) those errors; (2) the share ``r`` of their GEMM efficiency the routed experts'
 GEMMs would need for the prefill-heavy cells (2,048 in, 128 out) to match the dense ones
-(bisection; a what-if: ``routed_experts``' GEMM time divided by ``r`` for this script only);
+(bisection; a what-if: ``price_routed_experts``' GEMM time divided by ``r`` for this script only);
 (3) at that ``r``, the mlperf-mixtral-8x7b mean input the H100 Offline runs then fit
 (benchmarks/bench_issue29_mlperf_input.py's procedure) and (4) how many requests the simulated
 pool of NVIDIA's H100 Server engine holds at that input against LoadGen's 653 in flight.
@@ -26,15 +26,15 @@ from autoparallel.serve.fit import predict
 from autoparallel.serve.measured import load_serving_runs
 
 DENSE = ("Llama-2-70B", "Llama-3-70B")
-_ROUTED = inference.routed_experts
+_ROUTED = inference.price_routed_experts
 
 
 def routed_share(r: float) -> None:
     """What-if: the routed experts' GEMMs at ``r`` x the GEMM efficiency (1.0: the shipped model)."""
-    def scaled(lay, tokens, gemm_peak, hbm):
-        gemm, read = _ROUTED(lay, tokens, gemm_peak, hbm)
+    def scaled(eff, work, gemm_peak, hbm):
+        gemm, read = _ROUTED(eff, work, gemm_peak, hbm)
         return gemm / r, read
-    inference.routed_experts = _ROUTED if r == 1.0 else scaled
+    inference.price_routed_experts = _ROUTED if r == 1.0 else scaled
 
 
 def table_errors() -> "tuple":

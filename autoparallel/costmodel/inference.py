@@ -215,8 +215,9 @@ def kv_bytes_per_token(model: ModelSpec, layers, tp, kv_bytes):
 def _soft_max(a, b, k):
     """Smooth roofline: (a^k + b^k)^(1/k), computed stably."""
     hi = np.maximum(a, b)
-    safe = np.where(hi > 0, hi, 1.0)
-    return np.where(hi > 0, safe * ((a / safe) ** k + (b / safe) ** k) ** (1.0 / k), 0.0)
+    positive = hi > 0
+    safe = np.where(positive, hi, 1.0)
+    return np.where(positive, safe * ((a / safe) ** k + (b / safe) ** k) ** (1.0 / k), 0.0)
 
 
 def microbatch_size(batch, tokens_per_seq, pp, policy: str = "even"):
@@ -249,7 +250,7 @@ class Layout:
 
     model: ModelSpec
     hw: HardwareSpec
-    eff: InferenceEfficiency
+    eff: InferenceEfficiency | None  # None: before the constants (``StaticBatch``, ``inflight.InflightBatch``)
     tp: np.ndarray
     pp: np.ndarray
     weight_bytes: np.ndarray  # per weight element
@@ -309,7 +310,7 @@ def decode_kv_reads(engine: ServingEngine | None, model: ModelSpec, tp) -> np.nd
     return np.where(served, ones, np.maximum(group, 1.0))
 
 
-def layout(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency, tp, pp,
+def layout(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency | None, tp, pp,
            weight_precision, kv_precision, ep=1, engine: ServingEngine | None = None) -> Layout:
     """The arrays of one layout; ``engine`` (optional) picks the decode attention kernel
     (``decode_kv_reads``)."""
@@ -319,25 +320,42 @@ def layout(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency, tp, pp,
                   decode_kv_reads(engine, model, tp))
 
 
-def _gemm_time(lay: Layout, flops, gemm_flops, peak):
-    """``flops`` of GEMMs each of ``gemm_flops``, at the size-dependent share of ``peak``."""
-    eff = lay.eff
-    gemm_gflop = np.maximum(gemm_flops / 1e9, 1e-12)
+def _gemm_gflop(gemm_flops):
+    """The GEMM size ``_gemm_time`` reads its efficiency at (GFLOP, floored above 0)."""
+    return np.maximum(gemm_flops / 1e9, 1e-12)
+
+
+def _gemm_time(eff: InferenceEfficiency, flops, gemm_gflop, peak):
+    """``flops`` of GEMMs each of ``gemm_gflop`` (``_gemm_gflop``), at the size-dependent share of ``peak``."""
     return flops / (peak * eff.gemm_max / (1.0 + eff.gemm_half_gflop / gemm_gflop))
+
+
+def routed_expert_work(lay: Layout, tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(GEMM FLOPs, their GEMMs' size ``_gemm_gflop``, weight bytes read) of the routed experts of
+    one MoE layer on one GPU for a pass over ``tokens`` tokens (None for a dense model)."""
+    model, t, ep = lay.model, lay.tp, lay.ep
+    if not model.is_moe:
+        return None
+    experts, k = float(model.num_experts), float(model.moe_router_topk)
+    tokens = np.asarray(tokens, dtype=float)
+    flops = 2.0 * tokens * k * model.expert_params / t * moe.load_imbalance(lay.hw, model, ep)
+    picked = 1.0 - (1.0 - k / experts) ** tokens  # share of the experts some token routes to
+    return flops, _gemm_gflop(flops / 2.0), picked * experts * model.expert_params / t * lay.weight_bytes
+
+
+def price_routed_experts(eff: InferenceEfficiency, work: tuple, gemm_peak, hbm) -> tuple[np.ndarray, np.ndarray]:
+    """(GEMM time, weight-read time) of ``routed_expert_work``'s ``work`` under the constants ``eff``."""
+    flops, gemm_gflop, nbytes = work
+    return _gemm_time(eff, flops, gemm_gflop, gemm_peak), nbytes / hbm
 
 
 def routed_experts(lay: Layout, tokens, gemm_peak, hbm) -> tuple[np.ndarray, np.ndarray]:
     """(GEMM time, weight-read time) of the routed experts of one MoE layer on one GPU for a pass
     over ``tokens`` tokens (zeros for a dense model)."""
-    model, t, ep = lay.model, lay.tp, lay.ep
-    if not model.is_moe:
-        return np.zeros_like(t), np.zeros_like(t)
-    experts, k = float(model.num_experts), float(model.moe_router_topk)
-    tokens = np.asarray(tokens, dtype=float)
-    flops = 2.0 * tokens * k * model.expert_params / t * moe.load_imbalance(lay.hw, model, ep)
-    picked = 1.0 - (1.0 - k / experts) ** tokens  # share of the experts some token routes to
-    read = picked * experts * model.expert_params / t * lay.weight_bytes / hbm
-    return _gemm_time(lay, flops, flops / 2.0, gemm_peak), read
+    work = routed_expert_work(lay, tokens)
+    if work is None:
+        return np.zeros_like(lay.tp), np.zeros_like(lay.tp)
+    return price_routed_experts(lay.eff, work, gemm_peak, hbm)
 
 
 #: Bytes per element the MLP's GEMMs write: 16 bit, also under FP8 (TensorRT-LLM's MoE plugin:
@@ -420,58 +438,130 @@ def stage_pass(lay: Layout, tokens, sampled, attn_flops, attn_bytes) -> dict[str
     ``sampled``: sequences whose next token is sampled (the output layer runs on their last
     position only). ``attn_flops`` / ``attn_bytes``: attention-core FLOPs and HBM bytes of one
     layer on one GPU (KV reads of decoding sequences; unfused prefill scores). Returns the stage
-    time and its parts (compute and memory overlap in the roofline, so they do not add up).
+    time and its parts (compute and memory overlap in the roofline, so they do not add up):
+    ``pass_work`` priced by ``lay``'s constants (``price_pass``).
     """
-    model, hw, eff, t = lay.model, lay.hw, lay.eff, lay.tp
+    return price_pass(lay.eff, pass_work(lay, tokens, sampled, attn_flops, attn_bytes))
+
+
+@dataclass(frozen=True)
+class PassWork:
+    """What one micro-batch's pass through one pipeline stage does, per layer and GPU, before the
+    fitted constants price it: GEMM FLOPs and sizes, the bytes each kernel moves, the all-reduces'
+    and the pipeline hand-off's transfer times, the peaks the GPU offers. Apart from ``price_pass``
+    because a fit prices the same passes under thousands of trial constants
+    (``inflight.InflightBatch``); nothing here may read ``lay.eff``."""
+
+    layers: np.ndarray  # layers of the fullest stage
+    tokens: np.ndarray
+    hidden: int
+    moe_share: float  # share of the layers that are MoE layers
+    lin_flops: np.ndarray  # the GEMMs other than the routed experts ...
+    lin_gflop: np.ndarray  # ... each of this size
+    fp8_gemms: np.ndarray  # FP8 weights run FP8 GEMMs
+    experts: tuple | None  # ``routed_expert_work``; None: dense
+    attn_flops: np.ndarray
+    attn_peak: np.ndarray
+    attn_bytes: np.ndarray
+    weight_bytes: np.ndarray  # weights read, the routed experts apart
+    gated_bytes: np.ndarray  # the gated activation's pass (``gated_activation_bytes``)
+    moe_bytes: np.ndarray | None  # moe_share x ``moe_plugin_bytes``; None: dense
+    tp_multi: np.ndarray  # the TP group has more than one GPU ...
+    tp_internode: np.ndarray  # ... and leaves the NVLink domain
+    all_reduce: np.ndarray  # one all-reduce's transfer time (``comm.all_reduce_time``)
+    out_flops: np.ndarray  # the output layer's FLOPs, bytes and logits sampled
+    out_bytes: np.ndarray
+    logits: np.ndarray
+    peak16: float  # the GPU's peaks before the fitted shares: 16-bit and 8-bit FLOP/s, HBM bytes/s
+    peak8: float
+    hbm: float
+    hop: tuple  # ``_hop_work``
+
+
+def pass_work(lay: Layout, tokens, sampled, attn_flops, attn_bytes) -> PassWork:
+    """``stage_pass``'s work (``PassWork``) of a pass over ``tokens`` tokens."""
+    model, hw, t = lay.model, lay.hw, lay.tp
     h, V = model.hidden_size, model.vocab_size
     peak16 = hw.bf16_tflops * 1e12
-    peak8 = (hw.fp8_tflops or hw.bf16_tflops) * 1e12 * eff.fp8_gemm_relative
-    gemm_peak = np.where(lay.weight_bytes == 1.0, peak8, peak16)  # FP8 weights run FP8 GEMMs
-    hbm = hw.hbm_tbps * 1e12 * eff.hbm
-    k = eff.roofline_sharpness
-
     # Per layer, averaged over the layers: the routed experts apart (a share ``moe_share`` of the
     # layers are MoE layers), everything else as one set of GEMMs.
     moe_share = model.num_moe_layers / model.num_layers
     routed = model.num_experts * model.expert_params if model.is_moe else 0
     active_routed = model.moe_router_topk * model.expert_params if model.is_moe else 0
     lin_flops = 2.0 * (model.active_layer_params - moe_share * active_routed) / t * tokens
-    t_lin = _gemm_time(lay, lin_flops, lin_flops / GEMMS_PER_LAYER, gemm_peak)
-    t_experts, expert_read = routed_experts(lay, tokens, gemm_peak, hbm)
     # Attention runs on the KV cache's precision: an FP8 cache is read by FP8 attention kernels
     # (TensorRT-LLM's FP8 context FMHA and XQA), at the FP8 peak.
     attn_peak = np.where(lay.kv_bytes == 1.0, (hw.fp8_tflops or hw.bf16_tflops) * 1e12, peak16)
-    t_attn = attn_flops / (attn_peak * eff.attention)
-    weight_read = (model.layer_params - moe_share * routed) / t * lay.weight_bytes / hbm
-    attn_read = attn_bytes / hbm
-    elementwise = (eff.elementwise_bytes_per_token_hidden * tokens * h + gated_activation_bytes(lay, tokens)
-                   + moe_share * moe_plugin_bytes(lay, tokens)) / hbm
-    mem = weight_read + moe_share * expert_read + attn_read + elementwise
-    compute = t_lin + moe_share * t_experts + t_attn
-    ar_floor = np.where(t > 1, np.where(t > hw.nvlink_domain, eff.internode_allreduce_latency_us,
-                                        eff.allreduce_latency_us), 0.0) * 1e-6
     per_node = comm.ranks_per_domain(hw, t, 1)
-    ar = 2.0 * (comm.all_reduce_time(hw, ACT_BYTES * tokens * h, t, per_node) + ar_floor)
+    return PassWork(
+        layers=lay.stage_layers, tokens=tokens, hidden=h, moe_share=moe_share,
+        lin_flops=lin_flops, lin_gflop=_gemm_gflop(lin_flops / GEMMS_PER_LAYER), fp8_gemms=lay.weight_bytes == 1.0,
+        experts=routed_expert_work(lay, tokens), attn_flops=attn_flops, attn_peak=attn_peak, attn_bytes=attn_bytes,
+        weight_bytes=(model.layer_params - moe_share * routed) / t * lay.weight_bytes,
+        gated_bytes=gated_activation_bytes(lay, tokens),
+        moe_bytes=moe_share * moe_plugin_bytes(lay, tokens) if model.is_moe else None,
+        tp_multi=t > 1, tp_internode=t > hw.nvlink_domain,
+        all_reduce=comm.all_reduce_time(hw, ACT_BYTES * tokens * h, t, per_node),
+        out_flops=2.0 * sampled * h * V / t, out_bytes=h * V / t * ACT_BYTES, logits=sampled * V,
+        peak16=peak16, peak8=(hw.fp8_tflops or hw.bf16_tflops) * 1e12, hbm=hw.hbm_tbps * 1e12,
+        hop=_hop_work(lay, tokens))
+
+
+def price_pass(eff: InferenceEfficiency, w: PassWork) -> dict[str, np.ndarray]:
+    """``stage_pass``'s time and parts of the work ``w`` under the constants ``eff``."""
+    gemm_peak = np.where(w.fp8_gemms, w.peak8 * eff.fp8_gemm_relative, w.peak16)
+    hbm = w.hbm * eff.hbm
+    k = eff.roofline_sharpness
+    t_lin = _gemm_time(eff, w.lin_flops, w.lin_gflop, gemm_peak)
+    t_attn = w.attn_flops / (w.attn_peak * eff.attention)
+    weight_read = w.weight_bytes / hbm
+    attn_read = w.attn_bytes / hbm
+    elementwise_bytes = eff.elementwise_bytes_per_token_hidden * w.tokens * w.hidden + w.gated_bytes
+    if w.moe_bytes is not None:
+        elementwise_bytes = elementwise_bytes + w.moe_bytes
+    elementwise = elementwise_bytes / hbm
+    ar_floor = np.where(w.tp_multi, np.where(w.tp_internode, eff.internode_allreduce_latency_us,
+                                             eff.allreduce_latency_us), 0.0) * 1e-6
+    ar = 2.0 * (w.all_reduce + ar_floor)
     overhead = eff.layer_overhead_us * 1e-6
-    # Each kernel is bound by its own FLOPs or bytes; the kernels run one after another.
-    layer = (_soft_max(t_lin, weight_read, k) + moe_share * _soft_max(t_experts, expert_read, k)
-             + _soft_max(t_attn, attn_read, k) + elementwise + ar + overhead)
+    # Each kernel is bound by its own FLOPs or bytes; the kernels run one after another (a dense
+    # model's routed-expert terms are zeros, left out).
+    if w.experts is None:
+        mem = weight_read + attn_read + elementwise
+        compute = t_lin + t_attn
+        layer = _soft_max(t_lin, weight_read, k) + _soft_max(t_attn, attn_read, k) + elementwise + ar + overhead
+    else:
+        t_experts, expert_read = price_routed_experts(eff, w.experts, gemm_peak, hbm)
+        mem = weight_read + w.moe_share * expert_read + attn_read + elementwise
+        compute = t_lin + w.moe_share * t_experts + t_attn
+        layer = (_soft_max(t_lin, weight_read, k) + w.moe_share * _soft_max(t_experts, expert_read, k)
+                 + _soft_max(t_attn, attn_read, k) + elementwise + ar + overhead)
     # Output layer on the last stage: logits of the sampled positions.
-    out_compute = 2.0 * sampled * h * V / t / (peak16 * eff.gemm_max)
-    out_mem = (h * V / t * ACT_BYTES) / hbm
-    t_out = _soft_max(out_compute, out_mem, k) + sampled * V * eff.sampling_ns_per_logit * 1e-9
-    layers = lay.stage_layers
+    out_compute = w.out_flops / (w.peak16 * eff.gemm_max)
+    out_mem = w.out_bytes / hbm
+    t_out = _soft_max(out_compute, out_mem, k) + w.logits * eff.sampling_ns_per_logit * 1e-9
+    layers = w.layers
     return {"time": layers * layer + t_out, "compute": layers * compute + out_compute,
             "memory": layers * mem + out_mem, "tp_comm": layers * ar, "overhead": layers * overhead}
 
 
+def _hop_work(lay: Layout, tokens) -> tuple:
+    """(pipelined, crosses nodes, transfer time) of ``pipeline_hop``, before the constants."""
+    cross = lay.tp * lay.pp > lay.hw.nvlink_domain
+    nbytes = ACT_BYTES * tokens * lay.model.hidden_size
+    return lay.pp > 1, cross, comm.p2p_time(lay.hw, nbytes, ~cross)
+
+
+def price_hop(eff: InferenceEfficiency, hop: tuple) -> np.ndarray:
+    """``pipeline_hop`` of the work ``hop`` (``_hop_work``) under the constants ``eff``."""
+    pipelined, cross, transfer = hop
+    floor = np.where(cross, eff.internode_p2p_latency_us, eff.p2p_latency_us) * 1e-6
+    return np.where(pipelined, transfer + floor, 0.0)
+
+
 def pipeline_hop(lay: Layout, tokens) -> np.ndarray:
     """Hand-off of ``tokens`` activations to the next pipeline stage (0 without PP)."""
-    eff, hw = lay.eff, lay.hw
-    cross = lay.tp * lay.pp > hw.nvlink_domain
-    floor = np.where(cross, eff.internode_p2p_latency_us, eff.p2p_latency_us) * 1e-6
-    nbytes = ACT_BYTES * tokens * lay.model.hidden_size
-    return np.where(lay.pp > 1, comm.p2p_time(hw, nbytes, ~cross) + floor, 0.0)
+    return price_hop(lay.eff, _hop_work(lay, tokens))
 
 
 def prefill_attention(lay: Layout, sequences, prompt, flash: bool = True):
@@ -506,56 +596,83 @@ def estimate_static_columns(model: ModelSpec, hw: HardwareSpec, eff: InferenceEf
     ``prefill_chunk_tokens`` bounds the prefill tokens whose activations are live at once
     (memory only; compute is the same). ``microbatching``: see ``microbatch_size``.
     """
-    f64 = lambda k: np.asarray(cols[k], dtype=float)  # noqa: E731
-    b, s_in, s_out = f64("batch"), f64("input_len"), f64("output_len")
-    lay = layout(model, hw, eff, cols["tp"], cols["pp"], cols["weight_precision"], cols["kv_precision"],
-                 cols["ep"] if "ep" in cols else 1)
-    p = lay.pp
-    steps = np.maximum(s_out - 1.0, 0.0) if decode_steps is None else np.asarray(decode_steps, float)
-    pass_us = eff.pass_overhead_us * 1e-6
+    return StaticBatch(model, hw, cols, memory_fraction, prefill_chunk_tokens, decode_steps, microbatching,
+                       flash_attention).estimate(eff)
 
-    # Prefill: the whole batch's prompts, micro-batched over the pipeline.
-    mb_prefill = microbatch_size(b, s_in, p, microbatching)
-    m = b / mb_prefill
-    flops, scores = prefill_attention(lay, mb_prefill, s_in, flash_attention)
-    pre = stage_pass(lay, mb_prefill * s_in, mb_prefill, flops, scores)
-    ttft = (m + p - 1.0) * (pre["time"] + pipeline_hop(lay, mb_prefill * s_in)) + pass_us
 
-    # Decode: one token per sequence at the mean context length.
-    ctx = s_in + 0.5 * (s_out + 1.0)
-    mb = microbatch_size(b, 1, p, microbatching)
-    m = b / mb
-    flops, kv_read = decode_attention(lay, mb, ctx)
-    dec = stage_pass(lay, mb, mb, flops, kv_read)
-    # FT flushes the pipeline every step: (m + pp - 1) stage times. Engines that keep pp
-    # micro-batches in flight across steps (vLLM virtual engines, TensorRT-LLM) reach a steady
-    # state where each micro-batch's token takes pp stage times and all stages stay busy.
-    slots = m + p - 1.0 if microbatching == "fastertransformer" else np.maximum(m, p)
-    hop = pipeline_hop(lay, mb)
-    tpot = slots * (dec["time"] + hop) + pass_us
-    latency = ttft + steps * tpot
-    throughput = b * s_out / latency  # generated tokens per second of one replica
+class StaticBatch:
+    """Static-batching layouts up to the fitted constants (``estimate`` prices them).
 
-    weights = lay.weights()
-    kv = b * (s_in + s_out) * lay.kv_bytes_per_token()
-    chunk = np.minimum(mb_prefill * s_in, prefill_chunk_tokens)
-    activations = chunk * lay.activations_per_token() + lay.logits(b)
-    reserve = hw.reserve_gib * GIB
-    total = weights + kv + activations + reserve
-    return {
-        "ttft_s": ttft,
-        "tpot_s": tpot,
-        "latency_s": latency,
-        "output_tokens_per_s_per_replica": throughput,
-        "fits": total <= memory_fraction * hw.memory_gib * GIB,
-        "memory_per_gpu_gib": total / GIB,
-        "weights_gib": weights / GIB,
-        "kv_cache_gib": kv / GIB,
-        "activations_gib": activations / GIB,
-        "reserve_gib": np.full_like(total, hw.reserve_gib),
-        "decode_compute_s": slots * dec["compute"],
-        "decode_memory_s": slots * dec["memory"],
-        "decode_tp_comm_s": slots * dec["tp_comm"],
-        "decode_overhead_s": slots * dec["overhead"] + pass_us,
-        "decode_pp_s": slots * hop,
-    }
+    Why apart: the micro-batches, the work of the prefill and decode passes (``PassWork``) and the
+    memory depend on the model, the GPU and the columns alone; a fit prices the same rows under
+    thousands of trial constants, so it builds this once per group of rows (as
+    ``inflight.InflightBatch``). Its layout holds no constants (``lay.eff`` is None).
+    """
+
+    def __init__(self, model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray],
+                 memory_fraction: float = 0.9, prefill_chunk_tokens: float | np.ndarray = np.inf,
+                 decode_steps=None, microbatching: str = "even", flash_attention: bool = True):
+        f64 = lambda k: np.asarray(cols[k], dtype=float)  # noqa: E731
+        b, s_in, s_out = f64("batch"), f64("input_len"), f64("output_len")
+        self.batch, self.s_out = b, s_out
+        lay = layout(model, hw, None, cols["tp"], cols["pp"], cols["weight_precision"], cols["kv_precision"],
+                     cols["ep"] if "ep" in cols else 1)
+        p = self.pp = lay.pp
+        self.steps = np.maximum(s_out - 1.0, 0.0) if decode_steps is None else np.asarray(decode_steps, float)
+
+        # Prefill: the whole batch's prompts, micro-batched over the pipeline.
+        mb_prefill = microbatch_size(b, s_in, p, microbatching)
+        self.prefill_mbs = b / mb_prefill
+        flops, scores = prefill_attention(lay, mb_prefill, s_in, flash_attention)
+        self.prefill = pass_work(lay, mb_prefill * s_in, mb_prefill, flops, scores)
+
+        # Decode: one token per sequence at the mean context length.
+        ctx = s_in + 0.5 * (s_out + 1.0)
+        mb = microbatch_size(b, 1, p, microbatching)
+        m = b / mb
+        flops, kv_read = decode_attention(lay, mb, ctx)
+        self.decode = pass_work(lay, mb, mb, flops, kv_read)
+        # FT flushes the pipeline every step: (m + pp - 1) stage times. Engines that keep pp
+        # micro-batches in flight across steps (vLLM virtual engines, TensorRT-LLM) reach a steady
+        # state where each micro-batch's token takes pp stage times and all stages stay busy.
+        self.slots = m + p - 1.0 if microbatching == "fastertransformer" else np.maximum(m, p)
+
+        self.weights = lay.weights()
+        self.kv = b * (s_in + s_out) * lay.kv_bytes_per_token()
+        chunk = np.minimum(mb_prefill * s_in, prefill_chunk_tokens)
+        self.activations = chunk * lay.activations_per_token() + lay.logits(b)
+        self.reserve_gib = hw.reserve_gib
+        self.memory_limit = memory_fraction * hw.memory_gib * GIB
+
+    def estimate(self, eff: InferenceEfficiency) -> dict[str, np.ndarray]:
+        """``estimate_static_columns``' outputs under the constants ``eff``."""
+        p, slots = self.pp, self.slots
+        pass_us = eff.pass_overhead_us * 1e-6
+        pre = price_pass(eff, self.prefill)
+        ttft = (self.prefill_mbs + p - 1.0) * (pre["time"] + price_hop(eff, self.prefill.hop)) + pass_us
+        dec = price_pass(eff, self.decode)
+        hop = price_hop(eff, self.decode.hop)
+        tpot = slots * (dec["time"] + hop) + pass_us
+        latency = ttft + self.steps * tpot
+        throughput = self.batch * self.s_out / latency  # generated tokens per second of one replica
+
+        weights, kv, activations = self.weights, self.kv, self.activations
+        reserve = self.reserve_gib * GIB
+        total = weights + kv + activations + reserve
+        return {
+            "ttft_s": ttft,
+            "tpot_s": tpot,
+            "latency_s": latency,
+            "output_tokens_per_s_per_replica": throughput,
+            "fits": total <= self.memory_limit,
+            "memory_per_gpu_gib": total / GIB,
+            "weights_gib": weights / GIB,
+            "kv_cache_gib": kv / GIB,
+            "activations_gib": activations / GIB,
+            "reserve_gib": np.full_like(total, self.reserve_gib),
+            "decode_compute_s": slots * dec["compute"],
+            "decode_memory_s": slots * dec["memory"],
+            "decode_tp_comm_s": slots * dec["tp_comm"],
+            "decode_overhead_s": slots * dec["overhead"] + pass_us,
+            "decode_pp_s": slots * hop,
+        }

@@ -43,12 +43,13 @@ outside it waits for a free slot, which offline benchmarks never stop adding). A
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 
-from autoparallel.costmodel.inference import (PASS_KEYS, InferenceEfficiency, ServingEngine,
-                                              decode_attention, layout, pipeline_hop,
-                                              prefill_attention, stage_pass)
+from autoparallel.costmodel.inference import (PASS_KEYS, InferenceEfficiency, PassWork, ServingEngine,
+                                              decode_attention, layout, pass_work, prefill_attention,
+                                              price_hop, price_pass)
 from autoparallel.costmodel.memory import GIB
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
@@ -103,6 +104,23 @@ def kv_pool(lay, engine: ServingEngine, max_batch, max_num_tokens) -> dict[str, 
             "pool": np.maximum(pool, 0.0), "fixed_fits": fixed < memory}
 
 
+class Steady(NamedTuple):
+    """``InflightBatch.steady``: one iteration of the running batch (time ``tau``, its stage parts
+    and pipeline hop) with ``lam`` requests finishing per iteration, their prompts' ``n_pre``
+    prefill iterations, the capacity (requests/s per replica) and which rows are overloaded or
+    below it at their request rate; ``pass_s``: the host's overhead per iteration."""
+
+    pass_s: np.ndarray
+    lam: np.ndarray
+    tau: np.ndarray
+    n_pre: np.ndarray
+    stage: dict
+    hop: np.ndarray
+    capacity: np.ndarray
+    overloaded: np.ndarray
+    below: np.ndarray
+
+
 def estimate_inflight_columns(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency,
                               engine: ServingEngine, cols: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Predict in-flight batching layouts (``INFLIGHT_COLUMNS`` -> arrays).
@@ -111,122 +129,173 @@ def estimate_inflight_columns(model: ModelSpec, hw: HardwareSpec, eff: Inference
     parts) plus ``INFLIGHT_KEYS``. ``kv_cache_gib`` is the pool the engine allocates, so
     ``memory_per_gpu_gib`` is its whole footprint.
     """
-    f64 = lambda k: np.asarray(cols[k], dtype=float)  # noqa: E731
-    s_in, s_out = f64("input_len"), f64("output_len")
-    max_batch, budget = f64("max_batch"), f64("max_num_tokens")
-    n = np.broadcast_shapes(s_in.shape, max_batch.shape, np.shape(cols["tp"]))
-    model_len = f64("max_model_len") if "max_model_len" in cols else s_in + s_out
-    rate = f64("request_rate") if "request_rate" in cols else np.full(n, np.nan)
-    lay = layout(model, hw, eff, cols["tp"], cols["pp"], cols["weight_precision"], cols["kv_precision"],
-                 cols["ep"] if "ep" in cols else 1, engine)
-    pp = lay.pp
+    return InflightBatch(model, hw, engine, cols).estimate(eff)
 
-    # --- KV pool and requests in flight ----------------------------------------------------
-    mem = kv_pool(lay, engine, max_batch, budget)
-    block = engine.kv_block_tokens
-    blocks = np.floor(mem["pool"] / (block * lay.kv_bytes_per_token()))
-    held = s_in + s_out if engine.kv_reservation == "full" else s_in + 0.5 * s_out
-    kv_requests = np.floor(blocks / np.ceil(held / block))
-    fits = mem["fixed_fits"] & (blocks >= np.ceil(model_len / block))
-    concurrency = np.maximum(np.minimum(pp * max_batch, kv_requests), 1.0)
-    m = np.minimum(pp, concurrency)  # micro-batches in flight
-    per_mb = concurrency / m
 
-    # --- composition of one iteration at saturation ----------------------------------------
-    tokens_cap = budget if engine.chunked_prefill else np.maximum(budget, s_in)
-    decode_steps = np.maximum(s_out - 1.0, 0.0)
+class InflightBatch:
+    """The steady state of in-flight layouts up to the fitted constants (``estimate`` prices it).
 
-    def prefill_iterations(lam):
-        if not engine.chunked_prefill:
+    Why apart: the KV pool, the requests in flight, the saturated composition of an iteration
+    (``lam``, the prefill iterations) and the work of its passes depend on the model, the GPU, the
+    engine and the columns alone. A serving fit prices the same rows under thousands of trial
+    constants, so it builds this once per group of rows and calls ``estimate`` per trial (as
+    training reprices ``candidates.on_hardware``). Its layout holds no constants (``lay.eff`` is
+    None), so nothing built here can depend on them.
+    """
+
+    def __init__(self, model: ModelSpec, hw: HardwareSpec, engine: ServingEngine, cols: Mapping[str, np.ndarray]):
+        f64 = lambda k: np.asarray(cols[k], dtype=float)  # noqa: E731
+        self.engine = engine
+        s_in, s_out = self.s_in, self.s_out = f64("input_len"), f64("output_len")
+        max_batch, budget = f64("max_batch"), f64("max_num_tokens")
+        n = self.n = np.broadcast_shapes(s_in.shape, max_batch.shape, np.shape(cols["tp"]))
+        model_len = f64("max_model_len") if "max_model_len" in cols else s_in + s_out
+        self.rate = f64("request_rate") if "request_rate" in cols else np.full(n, np.nan)
+        lay = self.lay = layout(model, hw, None, cols["tp"], cols["pp"], cols["weight_precision"],
+                                cols["kv_precision"], cols["ep"] if "ep" in cols else 1, engine)
+        pp = lay.pp
+
+        # --- KV pool and requests in flight ------------------------------------------------
+        mem = self.mem = kv_pool(lay, engine, max_batch, budget)
+        block = engine.kv_block_tokens
+        blocks = np.floor(mem["pool"] / (block * lay.kv_bytes_per_token()))
+        held = s_in + s_out if engine.kv_reservation == "full" else s_in + 0.5 * s_out
+        self.kv_requests = np.floor(blocks / np.ceil(held / block))
+        self.fits = mem["fixed_fits"] & (blocks >= np.ceil(model_len / block))
+        self.concurrency = np.maximum(np.minimum(pp * max_batch, self.kv_requests), 1.0)
+        m = self.m = np.minimum(pp, self.concurrency)  # micro-batches in flight
+        per_mb = self.concurrency / m
+
+        # --- composition of one iteration at saturation ------------------------------------
+        self.tokens_cap = budget if engine.chunked_prefill else np.maximum(budget, s_in)
+        self.decode_steps = np.maximum(s_out - 1.0, 0.0)
+        n_pre = self.prefill_iterations(np.zeros(n))
+        for _ in range(_FIXED_POINT_STEPS):
+            lam_sat = np.minimum(self.tokens_cap / (s_in + self.decode_steps), per_mb / (n_pre + self.decode_steps))
+            n_pre = self.prefill_iterations(lam_sat)
+        self.lam_sat, self.n_pre_sat = lam_sat, n_pre
+
+        self.ctx = s_in + 0.5 * s_out
+        self.kv_token_layer = lay.kv_bytes_per_token() / lay.stage_layers
+        self.slots = np.maximum(m, pp)
+        self.saturated = self.work(lam_sat, n_pre)
+        self.saturated_first = self.work(lam_sat, n_pre, self.first_prompts(lam_sat))
+
+    def prefill_iterations(self, lam):
+        """Iterations a prompt's prefill spans beside ``lam * (output - 1)`` decode tokens."""
+        if not self.engine.chunked_prefill:
             return np.ones_like(lam)
-        return np.maximum(1.0, s_in / np.maximum(tokens_cap - lam * decode_steps, 1.0))
+        return np.maximum(1.0, self.s_in / np.maximum(self.tokens_cap - lam * self.decode_steps, 1.0))
 
-    n_pre = prefill_iterations(np.zeros(n))
-    for _ in range(_FIXED_POINT_STEPS):
-        lam_sat = np.minimum(tokens_cap / (s_in + decode_steps), per_mb / (n_pre + decode_steps))
-        n_pre = prefill_iterations(lam_sat)
+    def first_prompts(self, lam):
+        """Prompts' worth of prefill tokens in an iteration of a prompt's prefill: its chunk as heavy
+        as the budget leaves after the decode tokens (iterations with a prompt are the heavy ones)."""
+        s_in = self.s_in
+        chunk = (np.minimum(s_in, self.tokens_cap - lam * self.decode_steps) if self.engine.chunked_prefill
+                 else s_in)
+        return np.maximum(chunk / s_in, lam)
 
-    ctx = s_in + 0.5 * s_out
-    kv_token_layer = lay.kv_bytes_per_token() / lay.stage_layers
-    slots = np.maximum(m, pp)
-    # The host's pass overhead comes once per micro-batch step, not once per round: TensorRT-LLM's
-    # last pipeline rank blocks in ``decoderSync`` on each micro-batch's forward and decoder before
-    # it schedules and prepares the next one (trtGptModelInflightBatching.cpp ``forwardAsync``), so
-    # its GPU idles through the host work of every step; without PP (m = 1) it is once a pass.
-    pass_s = m * eff.pass_overhead_us * 1e-6
-
-    def iteration(lam, n_pre, prompts=None):
-        """One micro-batch's pass over every stage; a request's token takes ``slots`` stage times
-        (and the ``m`` micro-batch steps' host overhead).
-
-        ``lam`` requests finish per iteration: ``lam * (output - 1)`` decode tokens. ``prompts``
-        (default ``lam``): prompts' worth of prefill tokens in this iteration.
-        """
+    def work(self, lam, n_pre, prompts=None) -> PassWork:
+        """One micro-batch's pass over one stage (``inference.pass_work``): ``lam`` requests finish
+        per iteration (``lam * (output - 1)`` decode tokens); ``prompts`` (default ``lam``):
+        prompts' worth of prefill tokens in this iteration."""
+        lay, s_in = self.lay, self.s_in
         prompts = lam if prompts is None else prompts
-        d = lam * decode_steps
+        d = lam * self.decode_steps
         tokens = prompts * s_in + d
         pre_flops, _ = prefill_attention(lay, prompts, s_in)
-        reread = prompts * s_in * (n_pre - 1.0) / 2.0 * kv_token_layer  # chunks read earlier chunks
-        dec_flops, dec_bytes = decode_attention(lay, d, ctx)
-        stage = stage_pass(lay, tokens, d + prompts, pre_flops + dec_flops, reread + dec_bytes)
-        hop = pipeline_hop(lay, tokens)
-        return slots * (stage["time"] + hop) + pass_s, stage, hop
+        reread = prompts * s_in * (n_pre - 1.0) / 2.0 * self.kv_token_layer  # chunks read earlier chunks
+        dec_flops, dec_bytes = decode_attention(lay, d, self.ctx)
+        return pass_work(lay, tokens, d + prompts, pre_flops + dec_flops, reread + dec_bytes)
 
-    def first_token(lam, n_pre):
-        """A prompt's prefill: ``n_pre`` iterations, each carrying as many of its tokens as the
-        budget leaves after the decode tokens (iterations with a prompt are the heavy ones)."""
-        chunk = np.minimum(s_in, tokens_cap - lam * decode_steps) if engine.chunked_prefill else s_in
-        return n_pre * iteration(lam, n_pre, np.maximum(chunk / s_in, lam))[0]
+    def iteration(self, eff: InferenceEfficiency, pass_s, work: PassWork):
+        """One micro-batch's pass of ``work`` over every stage under the constants ``eff``; a
+        request's token takes ``slots`` stage times (and the ``m`` micro-batch steps' host
+        overhead ``pass_s``). Returns (time, the stage's parts, the pipeline hop)."""
+        stage = price_pass(eff, work)
+        hop = price_hop(eff, work.hop)
+        return self.slots * (stage["time"] + hop) + pass_s, stage, hop
 
-    tau_sat, stage, hop = iteration(lam_sat, n_pre)
-    capacity = m * lam_sat / tau_sat  # requests per second per replica
-    lam, tau = lam_sat, tau_sat
+    def steady(self, eff: InferenceEfficiency) -> Steady:
+        """The running batch's steady state under the constants ``eff``: saturated, or, where a
+        request rate below the capacity is given, at the iteration time that rate solves."""
+        n, m, rate = self.n, self.m, self.rate
+        # The host's pass overhead comes once per micro-batch step, not once per round: TensorRT-LLM's
+        # last pipeline rank blocks in ``decoderSync`` on each micro-batch's forward and decoder before
+        # it schedules and prepares the next one (trtGptModelInflightBatching.cpp ``forwardAsync``), so
+        # its GPU idles through the host work of every step; without PP (m = 1) it is once a pass.
+        pass_s = m * eff.pass_overhead_us * 1e-6
 
-    loaded = np.isfinite(rate)
-    overloaded = loaded & (rate >= capacity)
-    below = loaded & ~overloaded
-    if below.any():  # solve tau = time(rate * tau / m) on [time(0), tau_sat]
-        lo = np.where(below, iteration(np.zeros(n), np.ones(n))[0], tau_sat)
-        hi = tau_sat.copy()
-        r = np.where(below, rate, 0.0)
-        for _ in range(_BISECTION_STEPS):
-            mid = 0.5 * (lo + hi)
-            lam_mid = r * mid / m
-            too_slow = iteration(lam_mid, prefill_iterations(lam_mid))[0] > mid
-            lo, hi = np.where(too_slow, mid, lo), np.where(too_slow, hi, mid)
-        lam_r = r * hi / m
-        n_pre_r = prefill_iterations(lam_r)
-        tau_r, stage_r, hop_r = iteration(lam_r, n_pre_r)
-        pick = lambda a, b: np.where(below, a, b)  # noqa: E731
-        lam, tau, n_pre = pick(lam_r, lam), pick(tau_r, tau), pick(n_pre_r, n_pre)
-        stage = {k: pick(stage_r[k], stage[k]) for k in stage}
-        hop = pick(hop_r, hop)
+        def iteration(lam, n_pre, prompts=None):
+            return self.iteration(eff, pass_s, self.work(lam, n_pre, prompts))
 
-    ttft = first_token(lam, n_pre) + np.where(below, 0.5 * tau, 0.0)
-    tpot = tau
-    throughput = np.where(overloaded, capacity, m * lam / tau) * s_out
-    weights, activations, pool = mem["weights"], mem["activations"], mem["pool"]
-    total = weights + activations + mem["reserve"] + pool
-    out = {
-        "ttft_s": ttft,
-        "tpot_s": tpot,
-        "latency_s": ttft + decode_steps * tpot,
-        "output_tokens_per_s_per_replica": throughput,
-        "fits": fits,
-        "memory_per_gpu_gib": total / GIB,
-        "weights_gib": weights / GIB,
-        "kv_cache_gib": pool / GIB,
-        "activations_gib": activations / GIB,
-        "reserve_gib": mem["reserve"] / GIB * np.ones(n),
-        "concurrency": np.where(below, m * lam * (n_pre + decode_steps), concurrency),
-        "kv_capacity_requests": kv_requests,
-        "decode_batch": m * lam * decode_steps,
-        "prefill_tokens_per_iteration": m * lam * s_in,
-        "capacity_requests_per_s": capacity,
-        "overloaded": overloaded,
-    }
-    parts = ("compute", "memory", "tp_comm", "overhead")
-    out.update({key: slots * stage[part] for key, part in zip(PASS_KEYS, parts)})
-    out["decode_overhead_s"] = out["decode_overhead_s"] + pass_s
-    out["decode_pp_s"] = slots * hop
-    return out
+        tau_sat, stage, hop = self.iteration(eff, pass_s, self.saturated)
+        capacity = m * self.lam_sat / tau_sat  # requests per second per replica
+        lam, tau, n_pre = self.lam_sat, tau_sat, self.n_pre_sat
+
+        loaded = np.isfinite(rate)
+        overloaded = loaded & (rate >= capacity)
+        below = loaded & ~overloaded
+        if below.any():  # solve tau = time(rate * tau / m) on [time(0), tau_sat]
+            lo = np.where(below, iteration(np.zeros(n), np.ones(n))[0], tau_sat)
+            hi = tau_sat.copy()
+            r = np.where(below, rate, 0.0)
+            for _ in range(_BISECTION_STEPS):
+                mid = 0.5 * (lo + hi)
+                lam_mid = r * mid / m
+                too_slow = iteration(lam_mid, self.prefill_iterations(lam_mid))[0] > mid
+                lo, hi = np.where(too_slow, mid, lo), np.where(too_slow, hi, mid)
+            lam_r = r * hi / m
+            n_pre_r = self.prefill_iterations(lam_r)
+            tau_r, stage_r, hop_r = iteration(lam_r, n_pre_r)
+            pick = lambda a, b: np.where(below, a, b)  # noqa: E731
+            lam, tau, n_pre = pick(lam_r, lam), pick(tau_r, tau), pick(n_pre_r, n_pre)
+            stage = {k: pick(stage_r[k], stage[k]) for k in stage}
+            hop = pick(hop_r, hop)
+        return Steady(pass_s, lam, tau, n_pre, stage, hop, capacity, overloaded, below)
+
+    def throughput(self, eff: InferenceEfficiency) -> np.ndarray:
+        """``estimate``'s output tokens/s per replica alone (what a fit reads: no TTFT pass priced)."""
+        return self._throughput(self.steady(eff))
+
+    def _throughput(self, st: Steady) -> np.ndarray:
+        """Output tokens/s per replica: an overloaded row serves its capacity."""
+        return np.where(st.overloaded, st.capacity, self.m * st.lam / st.tau) * self.s_out
+
+    def estimate(self, eff: InferenceEfficiency) -> dict[str, np.ndarray]:
+        """``estimate_inflight_columns``' outputs under the constants ``eff``."""
+        n, m, s_in = self.n, self.m, self.s_in
+        decode_steps, slots = self.decode_steps, self.slots
+        st = self.steady(eff)
+        pass_s, lam, tau, n_pre, stage, hop, capacity, overloaded, below = st
+        # TTFT: the prompt's ``n_pre`` prefill iterations, each as heavy as the budget allows.
+        first_work = self.work(lam, n_pre, self.first_prompts(lam)) if below.any() else self.saturated_first
+        ttft = n_pre * self.iteration(eff, pass_s, first_work)[0] + np.where(below, 0.5 * tau, 0.0)
+        tpot = tau
+        throughput = self._throughput(st)
+        mem = self.mem
+        weights, activations, pool = mem["weights"], mem["activations"], mem["pool"]
+        total = weights + activations + mem["reserve"] + pool
+        out = {
+            "ttft_s": ttft,
+            "tpot_s": tpot,
+            "latency_s": ttft + decode_steps * tpot,
+            "output_tokens_per_s_per_replica": throughput,
+            "fits": self.fits.copy(),  # the caller's own: this batch is priced again
+            "memory_per_gpu_gib": total / GIB,
+            "weights_gib": weights / GIB,
+            "kv_cache_gib": pool / GIB,
+            "activations_gib": activations / GIB,
+            "reserve_gib": mem["reserve"] / GIB * np.ones(n),
+            "concurrency": np.where(below, m * lam * (n_pre + decode_steps), self.concurrency),
+            "kv_capacity_requests": self.kv_requests.copy(),
+            "decode_batch": m * lam * decode_steps,
+            "prefill_tokens_per_iteration": m * lam * s_in,
+            "capacity_requests_per_s": capacity,
+            "overloaded": overloaded,
+        }
+        parts = ("compute", "memory", "tp_comm", "overhead")
+        out.update({key: slots * stage[part] for key, part in zip(PASS_KEYS, parts)})
+        out["decode_overhead_s"] = out["decode_overhead_s"] + pass_s
+        out["decode_pp_s"] = slots * hop
+        return out

@@ -20,6 +20,7 @@ stands in for a cost the model lacks rather than measuring what its name says.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as dt
 import sys
@@ -34,8 +35,8 @@ from autoparallel.errors import UserError
 from autoparallel.processes import in_processes
 from autoparallel.report.run_folder import write_atomic
 from autoparallel.serve.assumptions import ASSUMPTIONS, FIT_MARKER, load_assumptions
-from autoparallel.serve.measured import (Measured, groups, load_fastertransformer, load_serving_runs, predict,
-                                         predicted_values)
+from autoparallel.serve.measured import (COST_COLUMNS, Measured, groups, load_fastertransformer, load_serving_runs,
+                                         predict, predicted_values)
 
 # Not fitted for FT: attention (prompts <= 512 tokens cannot pin it), fp8_gemm_relative (no FP8
 # rows), p2p_latency_us (every PP row crosses nodes). In-flight rows are single-node TP groups
@@ -161,15 +162,68 @@ def refit_without(measured: Measured, model: str, start: InferenceEfficiency | N
     The default start is the uncalibrated ``InferenceEfficiency()``, where the shipped fit starts
     too: a start at the fit that saw every row would carry what ``model``'s rows taught it into
     the refit (the held-out error would read low, as training's refits from ``uncalibrated`` avoid).
+    Inside ``shared_refits`` each refit is fitted once.
     """
+    if _REFITS is None:
+        return _refit(measured, model, start, tol)
+    key = _refit_key(measured, model, start, tol)
+    if key not in _REFITS:
+        _REFITS[key] = _refit(measured, model, start, tol)
+    return _REFITS[key]
+
+
+def _refit(measured: Measured, model: str, start: InferenceEfficiency | None, tol: float) -> InferenceEfficiency:
     train = fit_rows(measured)
     return fit(measured, train[train["model"] != model], start or InferenceEfficiency(), tol)
 
 
-def _held_out_errors(measured: Measured, name: str, start: InferenceEfficiency | None, tol: float) -> pd.Series:
-    """One LOMO fold: ``name``'s rows' ``error_pct`` with the constants ``refit_without`` them."""
+#: ``refit_without``'s fits by ``_refit_key`` while ``shared_refits`` is open (None: closed).
+_REFITS: dict | None = None
+
+
+@contextlib.contextmanager
+def shared_refits():
+    """Within: each ``refit_without`` fit is made once and reused (``validate --inference`` refits
+    TensorRT-LLM without Llama-2-70B for its LOMO table and again for MLPerf's LOMO rows).
+
+    Why scoped, not for the process's life: the key holds every input the fit reads except the
+    cost model's code, which a caller may patch between two reports (the what-if benchmarks do);
+    one ``validate`` run prices every fit with one cost model."""
+    global _REFITS
+    outer, _REFITS = _REFITS, ({} if _REFITS is None else _REFITS)
+    try:
+        yield
+    finally:
+        _REFITS = outer
+
+
+def _refit_key(measured: Measured, model: str, start: InferenceEfficiency | None, tol: float) -> tuple:
+    """Everything ``refit_without`` reads but the cost model's code: the engine and how its rows
+    are read, the fit rows' content without ``model``'s (the columns ``groups`` and ``log_errors``
+    read; the GPUs by preset name), their model shapes, the start, ``tol`` and the fit's own settings."""
+    train = fit_rows(measured)
+    rows = train[train["model"] != model]
+    columns = ["model", "hardware", *COST_COLUMNS, "measured"]
+    return (measured.engine, measured.metric, measured.memory_fraction, measured.decode_steps_is_output_len,
+            rows[columns].to_csv(index=False), tuple(repr(measured.models[m]) for m in rows["model"].unique()),
+            start or InferenceEfficiency(), tol, EXTRA_STARTS, START_SEED, F_SCALE,
+            FIT_KEYS[measured.engine.batching], tuple(sorted(BOUNDS.items())))
+
+
+def _remember(measured: Measured, model: str, start: InferenceEfficiency | None, tol: float,
+              eff: InferenceEfficiency) -> None:
+    """Keep ``refit_without``'s ``eff`` (made in another process) while ``shared_refits`` is open."""
+    if _REFITS is not None:
+        _REFITS[_refit_key(measured, model, start, tol)] = eff
+
+
+def _held_out_errors(measured: Measured, name: str, start: InferenceEfficiency | None,
+                     tol: float) -> tuple[pd.Series, InferenceEfficiency]:
+    """One LOMO fold: ``name``'s rows' ``error_pct`` with the constants ``refit_without`` them, and
+    those constants."""
     rows = measured.predicted_rows
-    return predict(measured, refit_without(measured, name, start, tol), rows[rows["model"] == name])["error_pct"]
+    eff = refit_without(measured, name, start, tol)
+    return predict(measured, eff, rows[rows["model"] == name])["error_pct"], eff
 
 
 def leave_one_model_out(measured: Measured, progress=None, start: InferenceEfficiency | None = None,
@@ -185,9 +239,10 @@ def leave_one_model_out(measured: Measured, progress=None, start: InferenceEffic
     for _ in range(len(names) - len(refitted)):  # a model whose rows are all the fit has: nothing to refit
         if progress is not None:
             progress()
-    for name, errors in zip(refitted, in_processes(_held_out_errors, [(measured, name, start, tol) for name in refitted],
-                                                   workers, progress)):
+    for name, (errors, eff) in zip(refitted, in_processes(_held_out_errors, [(measured, name, start, tol)
+                                                                            for name in refitted], workers, progress)):
         out[rows[rows["model"] == name].index] = errors
+        _remember(measured, name, start, tol, eff)
     return out.rename("lomo_pct")
 
 

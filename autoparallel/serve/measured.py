@@ -26,9 +26,8 @@ import numpy as np
 import pandas as pd
 
 from autoparallel import io, ranges, resources
-from autoparallel.costmodel.inference import (InferenceEfficiency, ServingEngine,
-                                              estimate_static_columns)
-from autoparallel.costmodel.inflight import estimate_inflight_columns
+from autoparallel.costmodel.inference import InferenceEfficiency, ServingEngine, StaticBatch
+from autoparallel.costmodel.inflight import InflightBatch
 from autoparallel.errors import SpecError, UserError
 from autoparallel.serve.assumptions import ASSUMPTIONS, load_assumptions, load_engine, validation_model
 
@@ -189,39 +188,45 @@ class _Group:
     hw: object
     cols: dict
     decode_steps: np.ndarray
+    batch: InflightBatch | StaticBatch  # the rows up to the constants: built once, priced per constants
 
 
 def groups(measured: Measured, rows: pd.DataFrame) -> list[_Group]:
-    """Split ``rows`` by (model, GPU) once, so a fit can price them many times."""
+    """Split ``rows`` by (model, GPU) once, and build what their pricing does not owe to the
+    constants (``InflightBatch`` / ``StaticBatch``), so a fit can price them many times."""
     out = []
+    engine = measured.engine
     keys = list(zip(rows["model"], rows["hardware"]))
     for key in dict.fromkeys(keys):
         pos = np.array([i for i, k in enumerate(keys) if k == key])
         group = rows.iloc[pos]
         out_len = group["output_len"].to_numpy(dtype=float)
         steps = out_len if measured.decode_steps_is_output_len else out_len - 1
-        out.append(_Group(pos, measured.models[key[0]], _hardware(key[1]),
-                          {k: group[k].to_numpy() for k in COST_COLUMNS}, steps))
+        model, hw, cols = measured.models[key[0]], _hardware(key[1]), {k: group[k].to_numpy() for k in COST_COLUMNS}
+        if engine.batching == "static":
+            batch = StaticBatch(model, hw, cols, measured.memory_fraction, decode_steps=steps,
+                                microbatching=engine.microbatching, flash_attention=engine.flash_attention)
+        else:
+            batch = InflightBatch(model, hw, engine, cols)
+        out.append(_Group(pos, model, hw, cols, steps, batch))
     return out
 
 
 def _estimate(measured: Measured, eff: InferenceEfficiency, g: _Group) -> tuple[np.ndarray, dict]:
     """(the published metric's prediction, the cost model's columns) of one group."""
-    engine = measured.engine
-    if engine.batching == "static":
-        est = estimate_static_columns(g.model, g.hw, eff, g.cols, measured.memory_fraction,
-                                      decode_steps=g.decode_steps, microbatching=engine.microbatching,
-                                      flash_attention=engine.flash_attention)
+    est = g.batch.estimate(eff)
+    if measured.engine.batching == "static":
         return est["latency_s"] * 1e3, est
-    est = estimate_inflight_columns(g.model, g.hw, eff, engine, g.cols)
     return est["output_tokens_per_s_per_replica"], est
 
 
 def predicted_values(measured: Measured, eff: InferenceEfficiency, parts: list[_Group], n: int) -> np.ndarray:
-    """The published metric's prediction for ``n`` rows split into ``parts`` (the fit's fast path)."""
+    """The published metric's prediction for ``n`` rows split into ``parts`` (the fit's fast path:
+    in-flight rows' throughput alone, ``InflightBatch.throughput``)."""
     out = np.empty(n)
     for g in parts:
-        out[g.positions] = _estimate(measured, eff, g)[0]
+        inflight = isinstance(g.batch, InflightBatch)
+        out[g.positions] = g.batch.throughput(eff) if inflight else _estimate(measured, eff, g)[0]
     return out
 
 

@@ -156,11 +156,13 @@ class IterationCost:
         lay = layout(model, hw, eff, float(tp), float(pp), weight_precision, kv_precision, float(ep), engine)
         zero = np.zeros(1)
         base = float(stage_pass(lay, zero, zero, zero, zero)["time"][0])
+        # The tables as lists of Python floats: the simulation reads one element at a time, where a
+        # numpy scalar's arithmetic costs several times a float's (the same IEEE doubles).
         tokens = np.arange(max_tokens + 1, dtype=float)
-        self.per_tokens = stage_pass(lay, tokens, 0.0 * tokens, 0.0 * tokens, 0.0 * tokens)["time"]
-        self.hop = np.broadcast_to(pipeline_hop(lay, tokens), tokens.shape).astype(float)
+        self.per_tokens = stage_pass(lay, tokens, 0.0 * tokens, 0.0 * tokens, 0.0 * tokens)["time"].tolist()
+        self.hop = np.broadcast_to(pipeline_hop(lay, tokens), tokens.shape).astype(float).tolist()
         seqs = np.arange(max_seqs + 1, dtype=float)
-        self.per_sampled = stage_pass(lay, 0.0 * seqs, seqs, 0.0 * seqs, 0.0 * seqs)["time"] - base
+        self.per_sampled = (stage_pass(lay, 0.0 * seqs, seqs, 0.0 * seqs, 0.0 * seqs)["time"] - base).tolist()
         unit = 1e12  # the attention term is linear in FLOPs alone and in bytes alone
         self.per_flop = (float(stage_pass(lay, zero, zero, zero + unit, zero)["time"][0]) - base) / unit
         self.per_byte = (float(stage_pass(lay, zero, zero, zero, zero + unit)["time"][0]) - base) / unit
@@ -324,8 +326,10 @@ def arrivals(n: int, rate: float | None, seed: int = 0) -> np.ndarray:
 
 
 def _check(sched: Scheduler, inp, out) -> None:
-    need = max(sched.blocks(sched.reserved(i, o) if sched.reserve_full else int(i) + int(o))
-               for i, o in zip(inp, out))
+    """Every request fits the pool alone (``Scheduler.reserved`` / ``blocks``, over the arrays at once)."""
+    inp, out = np.asarray(inp).astype(np.int64), np.asarray(out).astype(np.int64)
+    tokens = inp + (np.maximum(out, sched.max_new_tokens) if sched.reserve_full else out)
+    need = int(np.max(-(-tokens // sched.block)))
     if need > sched.kv_blocks:
         raise ValueError(f"a request of {need} KV blocks never fits the pool of {sched.kv_blocks}")
 
@@ -483,17 +487,18 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
         tokens = decodes
         flops = (ctx_sum * cost.ctx_flops) if decodes else 0.0
         nbytes = (ctx_sum * cost.ctx_bytes) if decodes else 0.0
-        chunks, shapes = [], []
-        placed = sched.chunks(tokens, [target[r] - done[r] for r in prefilling])
+        chunks, shapes, completing = [], [], 0
+        placed = sched.chunks(tokens, (target[r] - done[r] for r in prefilling))  # read up to the budget
         for r, (c, step) in zip(prefilling, placed):
             f, b = cost.chunk_flops * c * (done[r] + c / 2.0), cost.ctx_bytes * done[r]
             flops += f
             nbytes += b
             tokens += c
             chunks.append((r, c))
+            ends = done[r] + c == target[r]
+            completing += ends
             if pipelined:
-                shapes.append((c, float(done[r] + c == target[r]), f, b, step))
-        completing = sum(1 for r, c in chunks if done[r] + c == target[r])
+                shapes.append((c, float(ends), f, b, step))
         t += cost.time(tokens, decodes + completing, flops, nbytes, decodes + len(chunks), shapes)
         iterations += 1
         if decodes:
