@@ -185,34 +185,31 @@ def trial_progress(total: int | None, quiet: bool):
     return bar()
 
 
-def pricing_progress(quiet: bool):
-    """A progress bar while the grid prices its candidates (a pulse while they are generated);
-    nothing with --json or in pipes, and transient: it never stays above the table."""
+def _two_phase_progress(quiet: bool, waiting: str, counting: str):
+    """A transient bar: a pulse described ``waiting`` until the first ``update(done, total)``, then a
+    count described ``counting``; nothing with --json or in pipes (``quiet``, not a terminal)."""
     if quiet or not console.is_terminal:
         return nullcontext(None)
 
     @contextmanager
     def bar():
-        with progress_bar("generating candidate layouts", None) as (p, task):
+        with progress_bar(waiting, None) as (p, task):
             def update(done: int, total: int) -> None:
-                p.update(task, completed=done, total=total, description="pricing candidate layouts")
+                p.update(task, completed=done, total=total, description=counting)
             yield update
     return bar()
+
+
+def pricing_progress(quiet: bool):
+    """A progress bar while the grid prices its candidates (a pulse while they are generated);
+    nothing with --json or in pipes, and transient: it never stays above the table."""
+    return _two_phase_progress(quiet, "generating candidate layouts", "pricing candidate layouts")
 
 
 def simulation_progress(quiet: bool):
     """infer's traffic simulation: a pulse while the steady-state search runs, then a bar over the
     layouts simulated (seconds each under a server scenario); nothing with --json or in pipes."""
-    if quiet or not console.is_terminal:
-        return nullcontext(None)
-
-    @contextmanager
-    def bar():
-        with progress_bar("searching serving layouts", None) as (p, task):
-            def update(done: int, total: int) -> None:
-                p.update(task, completed=done, total=total, description="simulating traffic per layout")
-            yield update
-    return bar()
+    return _two_phase_progress(quiet, "searching serving layouts", "simulating traffic per layout")
 
 
 def shell_command(words: list[str], width: int = 80, indent: str = "  ") -> str:
