@@ -167,6 +167,7 @@ def test_search_prints_how_to_export_and_launch_rank_1(tmp_path, capsys):
     assert f"sbatch {run_dir / 'train.sh'}" in commands and "DATA_PATH=..." in commands
     hints = out[out.index("rank 1 as Megatron-LM flags"):].splitlines()
     assert all(len(line) <= 80 for line in hints if str(run_dir) not in line), hints
+    assert "launch rank 1 on 2 nodes x 8 GPUs:" in hints
     assert (run_dir / "train.sh").read_text().startswith("#!/bin/bash\n#SBATCH --nodes=2")
 
 

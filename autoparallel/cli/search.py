@@ -144,7 +144,7 @@ def print_table(result, top: int, where: str, how: str = "", wide: bool = False,
 def _next_steps(result, run_dir: Path) -> None:
     """Where the run was written and how to export and launch its rank-1 plan, as commands that
     copy into a shell and read in 80 columns."""
-    from autoparallel.report.shared import TOKENIZER_FILES, megatron_unsupported, node_layout
+    from autoparallel.report.shared import TOKENIZER_FILES, megatron_unsupported, node_layout, node_layout_text
     from autoparallel.report.run_folder import TRAIN_SCRIPT
     export = ["autoparallel", "export", str(run_dir), "--rank", "1", "--format"]
     if is_lora(result.model):
@@ -157,13 +157,13 @@ def _next_steps(result, run_dir: Path) -> None:
                       "rank 1 as a NeMo 2 recipe (or --format nemo, nemo2-yaml, yaml; Megatron-LM has no "
                       "flag for its FP8 attention):\n" + shell_command([*export, "nemo2"]), soft_wrap=True)
         return
-    nodes, per_node = node_layout(result.gpus, result.hardware.gpus_per_node)
+    nodes = node_layout(result.gpus, result.hardware.gpus_per_node)[0]
     names = ["MEGATRON_LM", "DATA_PATH", "CHECKPOINT_DIR", *TOKENIZER_FILES.get(result.model.tokenizer_type, {}).values()]
     launch = ["sbatch" if nodes > 1 else "bash", str(run_dir / TRAIN_SCRIPT)]
     console.print(f"run folder: {run_dir}\n"
                   "rank 1 as Megatron-LM flags (or --format launch, nemo, nemo2, nemo2-yaml, yaml):\n"
                   + shell_command([*export, "megatron"]) + "\n"
-                  f"launch rank 1 on {nodes} node(s) x {per_node} GPUs:\n"
+                  f"launch rank 1 on {node_layout_text(result.gpus, result.hardware.gpus_per_node)}:\n"
                   + shell_command([*(f"{n}=..." for n in names), *launch]), soft_wrap=True)
 
 

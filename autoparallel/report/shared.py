@@ -105,3 +105,10 @@ def node_layout(gpus: int, gpus_per_node: int) -> tuple[int, int]:
     share that does (12 GPUs on 8-GPU nodes run as 2 x 6, never as 1 x 8 with a silent DP change)."""
     per_node = max(d for d in range(1, min(gpus, gpus_per_node) + 1) if gpus % d == 0)
     return gpus // per_node, per_node
+
+
+def node_layout_text(gpus: int, gpus_per_node: int) -> str:
+    """``node_layout`` in words, singular where it is one: "1 node x 8 GPUs", "2 nodes x 4 GPUs",
+    "1 node x 1 GPU"; the launch script's comment and ``search``'s launch line both say it."""
+    nodes, per_node = node_layout(gpus, gpus_per_node)
+    return f"{nodes} node{'s' * (nodes != 1)} x {per_node} GPU{'s' * (per_node != 1)}"
