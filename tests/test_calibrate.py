@@ -82,6 +82,8 @@ def test_reading_the_runs_is_under_the_progress_bar(moe, monkeypatch):
     with pytest.raises(UserError):
         (calibrate.main_moe if moe else calibrate.main)("h100-sxm", None, write=False, console=console)
     assert seen == [1] and console.live == 0
+    shown = console.file.getvalue()  # a pulse and the time so far; rich's default columns said "-:--:--"
+    assert "reading the" in shown and "0:00:0" in shown and "-:--:--" not in shown
 
 
 def test_a_fits_residual_is_the_log_of_predict_rows_ratio(mlperf_lora_runs):

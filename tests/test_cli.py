@@ -236,3 +236,22 @@ def test_report_prints_the_ranked_table_again(run_dir, capsys):
     assert main(["report", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert "tok/s/GPU" in out and "llama3-70b on 64 x h100-sxm, gbs 128" in out and "report.html" in out
+
+
+@pytest.mark.parametrize("phases", [[], [(3, 10)]])
+def test_a_bar_without_a_total_shows_no_count(phases, monkeypatch):
+    """A pulse (generating layouts, reading runs) showed a made-up count, "0/?"; it now shows the
+    elapsed time only, and the count once the total is known."""
+    import io as stdio
+
+    from rich.console import Console
+
+    from autoparallel.cli import common
+    buffer = stdio.StringIO()
+    monkeypatch.setattr(common, "console", Console(file=buffer, force_terminal=True, color_system=None, width=80))
+    with common.pricing_progress(False) as update:
+        for done, total in phases:
+            update(done, total)
+    shown = buffer.getvalue()
+    assert "generating candidate layouts" in shown and "0:00:0" in shown and "/?" not in shown
+    assert ("pricing candidate layouts" in shown and " 3/10 " in shown) == bool(phases)

@@ -163,10 +163,12 @@ def status(text: str, quiet: bool):
 
 @contextmanager
 def progress_bar(description: str, total: int | None):
-    """A transient rich progress bar on the console: (progress, task)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as p:
+    """A transient rich progress bar on the console: (progress, task); ``total`` None: a pulse and
+    the elapsed time, no count."""
+    from rich.progress import Progress
+
+    from autoparallel.progress import progress_columns
+    with Progress(*progress_columns(), console=console, transient=True) as p:
         yield p, p.add_task(description, total=total)
 
 
@@ -179,8 +181,8 @@ def trial_progress(total: int | None, quiet: bool):
     def bar():
         with progress_bar("trials", total) as (p, task):
             def update(done: int, best: float | None) -> None:
-                text = f"trials (best {best:,.0f} tok/s/GPU)" if best else "trials"
-                p.update(task, completed=done, description=text)
+                text = "trials" if total else f"trials: {done:,}"  # no total: the bar shows no count
+                p.update(task, completed=done, description=f"{text} (best {best:,.0f} tok/s/GPU)" if best else text)
             yield update
     return bar()
 

@@ -292,6 +292,8 @@ def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Pat
     Returns ``summary`` of the fit."""
     from rich.progress import Progress
 
+    from autoparallel.progress import progress_columns
+
     if as_name is not None and not PRESET_NAME.match(as_name):
         raise UserError(f"--as {as_name!r}: a preset name is letters, digits, '.', '_' and '-'")
     hw = io.load_hardware(gpu)
@@ -299,7 +301,8 @@ def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Pat
     def measured_on_gpu(paths):
         return [p for p in load_runs(paths) if p.hardware.name == hw.name or p.hardware.efficiency_from == hw.name]
 
-    with Progress(console=console, transient=True) as bar:  # reading the rows takes seconds too
+    # reading the rows takes seconds too
+    with Progress(*progress_columns(), console=console, transient=True) as bar:
         task = bar.add_task(f"reading the runs measured on {hw.name}", total=None)
         own = measured_on_gpu([runs]) if runs else []
         published = measured_on_gpu(list(default_runs())) if with_published or not runs else []
@@ -382,9 +385,12 @@ def main_moe(gpu: str, runs: Path | None, write: bool, console: Console, output:
     imbalance's bound counted too)."""
     from rich.progress import Progress
 
+    from autoparallel.progress import progress_columns
+
     hw = io.load_hardware(gpu)
     runs_paths = [runs] if runs else list(default_runs())
-    with Progress(console=console, transient=True) as bar:  # reading the rows takes seconds too
+    # reading the rows takes seconds too
+    with Progress(*progress_columns(), console=console, transient=True) as bar:
         task = bar.add_task("reading the mixture-of-experts runs", total=None)
         rows = load_runs(runs_paths, moe=True)
         if not rows:

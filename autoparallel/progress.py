@@ -1,0 +1,27 @@
+"""The columns of every progress bar: what it does, a bar, how far along it is, time elapsed.
+
+Rich's stock columns lie on a bar whose total is unknown (a phase that reads files, or a fit
+that runs until it converges): ``MofNCompleteColumn`` prints "0/?" and ``TimeRemainingColumn``
+"-:--:--". Here such a bar pulses and shows only the elapsed time; the count appears once the
+total is known.
+"""
+
+from __future__ import annotations
+
+from rich.progress import BarColumn, ProgressColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+
+class CountColumn(ProgressColumn):
+    """"done/total" when the total is known; nothing while it is not (no "0/?")."""
+
+    def render(self, task) -> Text:
+        if task.total is None:
+            return Text("")
+        total = int(task.total)
+        return Text(f"{int(task.completed):{len(str(total))}d}/{total}", style="progress.download")
+
+
+def progress_columns() -> tuple[ProgressColumn, ...]:
+    """Description, bar (a pulse while the total is unknown), count, elapsed time."""
+    return TextColumn("{task.description}"), BarColumn(), CountColumn(), TimeElapsedColumn()
