@@ -1,14 +1,16 @@
-"""The columns of every progress bar: what it does, a bar, how far along it is, time elapsed.
+"""The progress bars of every command: what it does, a bar, how far along it is, time elapsed.
 
 Rich's stock columns lie on a bar whose total is unknown (a phase that reads files, or a fit
 that runs until it converges): ``MofNCompleteColumn`` prints "0/?" and ``TimeRemainingColumn``
 "-:--:--". Here such a bar pulses and shows only the elapsed time; the count appears once the
-total is known.
+total is known. Off a terminal nothing is drawn: rich's bar, even a transient one, leaves an
+empty line in a pipe or a file when it stops.
 """
 
 from __future__ import annotations
 
-from rich.progress import BarColumn, ProgressColumn, TextColumn, TimeElapsedColumn
+from rich.console import Console
+from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 
@@ -22,6 +24,8 @@ class CountColumn(ProgressColumn):
         return Text(f"{int(task.completed):{len(str(total))}d}/{total}", style="progress.download")
 
 
-def progress_columns() -> tuple[ProgressColumn, ...]:
-    """Description, bar (a pulse while the total is unknown), count, elapsed time."""
-    return TextColumn("{task.description}"), BarColumn(), CountColumn(), TimeElapsedColumn()
+def transient_progress(console: Console) -> Progress:
+    """A bar that goes when it is done: description, bar (a pulse while the total is unknown),
+    count, elapsed time; nothing at all when ``console`` is not a terminal."""
+    return Progress(TextColumn("{task.description}"), BarColumn(), CountColumn(), TimeElapsedColumn(),
+                    console=console, transient=True, disable=not console.is_terminal)

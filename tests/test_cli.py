@@ -255,3 +255,18 @@ def test_a_bar_without_a_total_shows_no_count(phases, monkeypatch):
     shown = buffer.getvalue()
     assert "generating candidate layouts" in shown and "0:00:0" in shown and "/?" not in shown
     assert ("pricing candidate layouts" in shown and " 3/10 " in shown) == bool(phases)
+
+
+def test_a_bar_off_a_terminal_writes_nothing(monkeypatch):
+    """Rich's transient bar left an empty line when it stopped in a pipe: `validate > file` began
+    with two blank lines, `calibrate | head` with one."""
+    import io as stdio
+
+    from rich.console import Console
+
+    from autoparallel.cli import common
+    buffer = stdio.StringIO()
+    monkeypatch.setattr(common, "console", Console(file=buffer, width=80))
+    with common.progress_bar("reading the measured runs", None) as (bar, task):
+        bar.advance(task)
+    assert buffer.getvalue() == ""

@@ -164,11 +164,9 @@ def status(text: str, quiet: bool):
 @contextmanager
 def progress_bar(description: str, total: int | None):
     """A transient rich progress bar on the console: (progress, task); ``total`` None: a pulse and
-    the elapsed time, no count."""
-    from rich.progress import Progress
-
-    from autoparallel.progress import progress_columns
-    with Progress(*progress_columns(), console=console, transient=True) as p:
+    the elapsed time, no count (``progress.transient_progress``)."""
+    from autoparallel.progress import transient_progress
+    with transient_progress(console) as p:
         yield p, p.add_task(description, total=total)
 
 

@@ -290,9 +290,7 @@ def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Pat
     speeds relative to it (``fit``'s ``donor``) if ``gpu_speed`` or the preset holds some already;
     write the preset to ``output`` (default: the user's preset folder, as ``as_name`` if given).
     Returns ``summary`` of the fit."""
-    from rich.progress import Progress
-
-    from autoparallel.progress import progress_columns
+    from autoparallel.progress import transient_progress
 
     if as_name is not None and not PRESET_NAME.match(as_name):
         raise UserError(f"--as {as_name!r}: a preset name is letters, digits, '.', '_' and '-'")
@@ -301,8 +299,7 @@ def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Pat
     def measured_on_gpu(paths):
         return [p for p in load_runs(paths) if p.hardware.name == hw.name or p.hardware.efficiency_from == hw.name]
 
-    # reading the rows takes seconds too
-    with Progress(*progress_columns(), console=console, transient=True) as bar:
+    with transient_progress(console) as bar:  # reading the rows takes seconds too
         task = bar.add_task(f"reading the runs measured on {hw.name}", total=None)
         own = measured_on_gpu([runs]) if runs else []
         published = measured_on_gpu(list(default_runs())) if with_published or not runs else []
@@ -383,14 +380,11 @@ def main_moe(gpu: str, runs: Path | None, write: bool, console: Console, output:
     ``MOE_FITTED`` to the MoE rows of every GPU; write them into ``gpu``'s preset (its dense
     constants and their provenance unchanged). Returns ``summary`` of the fit (the load
     imbalance's bound counted too)."""
-    from rich.progress import Progress
-
-    from autoparallel.progress import progress_columns
+    from autoparallel.progress import transient_progress
 
     hw = io.load_hardware(gpu)
     runs_paths = [runs] if runs else list(default_runs())
-    # reading the rows takes seconds too
-    with Progress(*progress_columns(), console=console, transient=True) as bar:
+    with transient_progress(console) as bar:  # reading the rows takes seconds too
         task = bar.add_task("reading the mixture-of-experts runs", total=None)
         rows = load_runs(runs_paths, moe=True)
         if not rows:

@@ -22,11 +22,10 @@ from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from autoparallel.errors import UserError
-from autoparallel.progress import progress_columns
+from autoparallel.progress import transient_progress
 from autoparallel.serve.assumptions import efficiency_for
 from autoparallel.serve.fit import in_sample_and_lomo, shared_refits
 from autoparallel.serve.measured import (load_fastertransformer, load_serving_runs,
@@ -72,7 +71,7 @@ def held_out_report(runs: Path | None = None, console: Console | None = None, cr
     sets = [load_fastertransformer(runs), *load_serving_runs()]
     total = sum(m.predicted_rows["model"].nunique() for m in sets) if cross else None
     parts = []
-    with Progress(*progress_columns(), console=console or Console(stderr=True), transient=True) as progress:
+    with transient_progress(console or Console(stderr=True)) as progress:
         task = progress.add_task("leave-one-model-out refits" if cross else "pricing the serving runs", total=total)
         for measured in sets:
             report = in_sample_and_lomo(measured, efficiency_for(measured.engine.name),
@@ -204,7 +203,7 @@ def run(runs: Path | None, as_json: bool, console: Console, cross: bool = True, 
         not_predicted = not_predicted_serving_rows()
         ml = None
         if with_mlperf:  # about half a minute of simulated traffic
-            with Progress(*progress_columns(), console=Console(stderr=True), transient=True) as bar:
+            with transient_progress(Console(stderr=True)) as bar:
                 bar.add_task("simulating the MLPerf Inference runs", total=None)
                 ml = mlperf_report(cross)
     if as_json:

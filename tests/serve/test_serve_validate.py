@@ -167,7 +167,7 @@ def test_the_mlperf_simulation_runs_under_a_progress_display(monkeypatch):
 
         def advance(self, *args, **kwargs):
             pass
-    monkeypatch.setattr(serve_validate, "Progress", Recording)
+    monkeypatch.setattr(serve_validate, "transient_progress", Recording)
     for name in ("fastertransformer_report", "held_out_report", "not_predicted_serving_rows", "print_report",
                  "print_mlperf"):
         monkeypatch.setattr(serve_validate, name, lambda *a, **k: pd.DataFrame())
