@@ -116,4 +116,14 @@ def test_a_dry_run_says_it_wrote_nothing(tmp_path, monkeypatch, capsys):
     assert main(["calibrate", "--runs", str(runs), "--gpu", "h100-sxm", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "mean |error|" in out and "dry run: nothing written" in out
+    # the fitted constants under a line that says what they are, as the other commands' tables
+    assert out.startswith("h100-sxm's efficiency constants, fitted to 2 measured runs (before -> after):\n  ")
     assert not (tmp_path / "home").exists()
+
+
+def test_the_moe_fit_says_what_its_lines_are(capsys):
+    from autoparallel.cli import main
+    assert main(["calibrate", "--gpu", "h100-sxm", "--moe", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("h100-sxm's MoE constants, fitted to ") and lines[0].endswith(" MoE runs (before -> after):")
+    assert lines[1].startswith("  alltoall: ")

@@ -283,6 +283,12 @@ def summary(fit_result: Fit, rows: int) -> dict:
             "after_mean_abs_error_pct": fit_result.after, "at_bounds": [h.as_dict() for h in fit_result.at_bounds]}
 
 
+def fit_heading(constants: str, rows: str) -> str:
+    """The line above a fit's "name: before -> after" lines, saying what they are (each calibrate
+    path prints one): "h100-sxm's efficiency constants, fitted to 16 measured runs (before -> after):"."""
+    return f"{constants}, fitted to {rows} (before -> after):"
+
+
 def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Path | None = None,
          as_name: str | None = None, with_published: bool = False, gpu_speed: bool = False) -> dict:
     """Fit ``gpu`` to the rows of ``runs`` (default: the published runs; ``with_published``: both)
@@ -310,6 +316,7 @@ def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Pat
             raise UserError(f"no dense rows of {names} were measured on {hw.name}; nothing to fit")
         bar.update(task, description=f"fitting {hw.name} on {len(rows)} runs")
         result = fit(rows, hw.efficiency, progress=lambda: bar.advance(task), donor=speed_donor(hw, gpu_speed))
+    console.print(fit_heading(f"{hw.name}'s efficiency constants", f"{len(rows)} measured runs"), highlight=False)
     for name, value in result.values.items():
         if name == "release_speed":
             console.print("  release_speed (relative to the newest release): "
@@ -401,6 +408,7 @@ def main_moe(gpu: str, runs: Path | None, write: bool, console: Console, output:
     ratio = fit_load_imbalance(pairs, fitted)
     ratio_before, ratio_after = ratio.before, ratio.after
     fitted["moe_load_imbalance"] = ratio.values.get("moe_load_imbalance", imbalance)
+    console.print(fit_heading(f"{hw.name}'s MoE constants", f"{len(rows)} MoE runs"), highlight=False)
     for name, value in fitted.items():
         console.print(f"  {name}: {getattr(hw.efficiency, name):.4g} -> {value:.4g}")
     hits = moe_fit.at_bounds + ratio.at_bounds

@@ -364,6 +364,8 @@ def calibrate_from(run_dir: Path, write: bool, console, output: Path | None = No
         raise UserError(f"{run_dir} has {len(rows)} measured layout(s); calibration needs >= 2")
     fitted, before, after = calibrate.fit_measured(result.model, result.hardware,
                                                    rows, rows["measured_step_time_s"])
+    console.print(calibrate.fit_heading(f"{result.hardware.name}'s efficiency constants",
+                                        f"the {len(rows)} layouts profiled in {Path(run_dir).name}"), highlight=False)
     for name, value in fitted.items():
         console.print(f"  {name}: {getattr(result.hardware.efficiency, name):.4g} -> {value:.4g}")
     hits = at_bounds(fitted, calibrate.MEASURED_FITTED, log=True)

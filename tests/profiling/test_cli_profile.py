@@ -74,7 +74,8 @@ def test_search_profiles_top_k_and_calibrates_from_the_run(tmp_path, small_yaml,
     assert "meas. step s" in (run_dir / "ranked.md").read_text()
     capsys.readouterr()
     assert main(["calibrate", "--from", str(run_dir), "--dry-run"]) == 0
-    assert "measured layouts" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "measured layouts" in out and f"fitted to the 2 layouts profiled in {run_dir.name}" in out.splitlines()[0]
     assert main(["calibrate", "--from", str(run_dir), "--dry-run", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)  # the human lines went to stderr
     assert out["rows"] == 2 and set(out["fitted"]) == {"gemm_max", "gemm_half_gflop", "attention",
