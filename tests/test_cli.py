@@ -196,6 +196,18 @@ def test_help_reads_at_80_columns(command, monkeypatch, capsys):
 
 
 
+def test_the_rs_pipeline_knob_says_what_it_is_and_what_the_default_does(monkeypatch, capsys):
+    """--tp-overlap-rs-pipeline's help listed TE internals and ended 'instead of the ring exchange
+    (default)': which overlap, of which collective, and what runs without the flag."""
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["search", "--help"])
+    text = capsys.readouterr().out
+    entry = " ".join(text.split("--no-tp-overlap-rs-pipeline\n", 1)[1].split("\n  --", 1)[0].split())
+    assert entry.startswith("with --tp-comm-overlap, overlap the forward TP reduce-scatters")
+    assert "userbuffers' pipeline method" in entry and "Default: the ring exchange" in entry
+
+
 def test_every_positional_and_json_flag_says_what_it_is():
     """`export --help` listed 'run_dir' and '--rank' with no word, validate / estimate / profile a bare
     '--json' (session 46)."""

@@ -63,9 +63,10 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
                         "release lacks is not offered (TE 1.x: delayed scaling only; mxfp8 from 2.0, "
                         "fp8-current 2.2, fp8-blockwise 2.3, nvfp4 2.8)")
     g.add_argument("--tp-overlap-rs-pipeline", action=argparse.BooleanOptionalAction,
-                   help="with --tp-comm-overlap, run the forward reduce-scatters (proj_fprop, fc2_fprop) with "
-                        "TransformerEngine's pipeline method (4 splits, atomic GEMM, 32 / 16 SMs for the "
-                        "collective: NVIDIA's MLPerf LoRA TP4 configs) instead of the ring exchange (default)")
+                   help="with --tp-comm-overlap, overlap the forward TP reduce-scatters (proj_fprop, fc2_fprop) "
+                        "by TransformerEngine userbuffers' pipeline method: one atomic GEMM whose output is "
+                        "reduce-scattered in 4 pieces on 32 / 16 SMs, as NVIDIA's MLPerf LoRA TP4 configs do. "
+                        "Default: the ring exchange (the GEMM in TP chunks, each sent as the next is computed)")
     g.add_argument("--tp-only-amax-red", action=argparse.BooleanOptionalAction,
                    help="reduce the fp8-delayed recipe's amaxes over TP only, not TP x DP (--tp-only-amax-red)")
     g.add_argument("--activation-func-fp8-input-store", action=argparse.BooleanOptionalAction,
