@@ -129,6 +129,25 @@ def test_serving_tables_drop_a_column_every_row_shares_first_and_name_its_value(
                     constant_first=True)
     assert "8192" in out.getvalue() and "every row: weights fp8" in " ".join(out.getvalue().split())
 
+def test_a_column_that_tells_rows_apart_goes_last_and_is_named_if_it_goes():
+    """`infer` at 80 columns dropped 'max tokens' (and weights, KV) but kept the end-to-end latency:
+    Pareto rows 1475 and 1472 read TP8 PP1 1 replica batch 1 both, with different TTFTs (session 47).
+    A knob column that tells shown rows apart now goes after every other droppable one; if the table
+    is still too wide, the note says which hidden column the rows that look alike differ in."""
+    cols = [fit.Column("a", "A", knob=True), fit.Column("tokens", "max tokens", drop=3, knob=True),
+            fit.Column("w", "weights", drop=2, knob=True), fit.Column("e2e", "e2e", drop=1)]
+    rows = [["1", "512", "fp8", "5151"], ["1", "2048", "fp8", "5093"], ["2", "512", "bf16", "5222"]]
+    # natural widths 1, 10, 7, 4 with gaps of 2: 28 in all
+    assert fit.fit(cols, rows, 23) == [0, 1, 3]  # by priority max tokens went first; it tells rows 1, 2 apart
+    assert fit.fit(cols, rows, 16) == [0, 1]  # the weights (row 3 is told apart by A) and e2e go before it
+    assert fit.dropped_note(cols, [0, 1], "", rows, constants=False) == "--wide adds weights, e2e"
+    assert fit.fit(cols, rows, 10) == [0]
+    assert fit.dropped_note(cols, [0], "", rows, constants=False) == \
+        "rows alike here differ in max tokens; --wide adds max tokens, weights, e2e"
+    plain = [fit.Column(c.key, c.header, c.fmt, c.drop) for c in cols]  # not knobs: priority alone, as before
+    assert fit.fit(plain, rows, 23) == [0, 2, 3]
+
+
 def test_kept_columns_wider_than_the_screen_run_on_whole():
     cols = [fit.Column("a", "A"), fit.Column("b", "B")]
     out = stdio.StringIO()

@@ -125,3 +125,24 @@ def test_infer_table_in_a_terminal(width):
     assert "…" not in text
     for row in serve_report.rows(result.feasible, TOP, columns):
         _row_line(text, [row[i] for i in kept])
+
+
+KNOB_HEADERS = ("TP", "PP", "EP", "replicas", "batch", "max tokens", "weights", "KV")
+
+
+def test_no_two_pareto_rows_look_alike_at_80_columns():
+    """`infer` at 80 columns showed Pareto rows that read the same (TP8 PP1, 1 replica, batch 1, twice,
+    with different TTFTs): 'max tokens', which told them apart, went before the end-to-end latency."""
+    text = screen(["infer", "--model", "llama3.1-70b", "--gpus", "8", "--no-save"], 80)
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("Pareto front")) + 1
+    knobs = [h for h in KNOB_HEADERS if f" {h} " in f" {lines[head]} "]
+    assert "max tokens" in knobs, lines[head]
+    rows = []
+    for line in lines[head + 2:]:
+        if not line.split() or not line.split()[0].isdigit():
+            break
+        cells = line.split()
+        rows.append(tuple(cells[1:1 + len(knobs)]))  # the knob columns come right after the rank
+    assert len(rows) > 5 and len(set(rows)) == len(rows), rows
+    assert "rows alike here differ" not in text and "Traceback" not in text

@@ -5,8 +5,10 @@ to a table wider than the screen is to squeeze every column, so the layout value
 became zero-width and the measures "…", while free-text columns kept their room. Here each
 column says whether it may go: the kept ones (layout, measures, tie mark) are never shrunk,
 wrapped or cut; the others are dropped whole, lowest priority first, until the table fits, and
-one line under the table names what went and how to see it. Piped output gets a sane width
-(``COLUMNS`` or ``PIPE_WIDTH``), not one line as long as the widest table.
+one line under the table names what went and how to see it. A droppable column that tells two
+shown rows apart (two serving layouts alike but for their token budget) goes only after every
+other droppable one, and if it must go, the line says that rows alike differ in it. Piped output
+gets a sane width (``COLUMNS`` or ``PIPE_WIDTH``), not one line as long as the widest table.
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ GAP = 2  # spaces between two columns (padding (0, 1), collapsed)
 class Column:
     """One table column: the frame column it shows, its header and value format (a format string
     or a function), and when it goes: ``drop`` 0 = never; otherwise the higher, the sooner it is
-    dropped to fit."""
+    dropped to fit. ``knob``: the column says what the row is (a layout value or setting), not
+    how it does; rows that differ in their knob columns must not look alike (``fit``)."""
 
     key: str
     header: str
     fmt: str | Callable[[object], str] = "{}"
     drop: int = 0
+    knob: bool = False
 
 
 def output_width(console: Console) -> int:
@@ -58,19 +62,39 @@ def constant(rows: Sequence[Sequence[str]], i: int) -> bool:
     return len(rows) > 1 and len({r[i] for r in rows}) == 1
 
 
+def _kinds(rows: Sequence[Sequence[str]], indices: Sequence[int]) -> int:
+    """How many different rows there are in the columns ``indices``."""
+    return len({tuple(r[i] for i in indices) for r in rows})
+
+
+def _tells_apart(columns: Sequence[Column], rows: Sequence[Sequence[str]], shown: Sequence[int], i: int) -> bool:
+    """Whether hiding column ``i`` would make two rows look alike in the knob columns ``shown``."""
+    knobs = [j for j in shown if columns[j].knob]
+    return i in knobs and _kinds(rows, [j for j in knobs if j != i]) < _kinds(rows, knobs)
+
+
 def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | None,
         constant_first: bool = False) -> list[int]:
     """Indices of the columns to show within ``width`` (None: all of them): droppable columns
-    go whole, highest ``drop`` first and the rightmost of equals first; kept columns always stay,
-    even when they alone are wider than ``width``. ``constant_first``: a droppable column with
-    one value in every row goes before the others (its value is in the note under the table)."""
+    go whole, highest ``drop`` first and the rightmost of equals first, but a knob column that
+    tells shown rows apart only after all the others; kept columns always stay, even when they
+    alone are wider than ``width``. ``constant_first``: a droppable column with one value in
+    every row goes before the others (its value is in the note under the table)."""
     widths = _natural_widths(columns, rows)
     shown = list(range(len(columns)))
     if width is None:
         return shown
     order = sorted((i for i, c in enumerate(columns) if c.drop),
                    key=lambda i: (not (constant_first and constant(rows, i)), -columns[i].drop, -i))
+    deferred = []
     for i in order:
+        if table_width([widths[j] for j in shown]) <= width:
+            return shown
+        if _tells_apart(columns, rows, shown, i):
+            deferred.append(i)
+        else:
+            shown.remove(i)
+    for i in deferred:  # too wide still: these go too, and the note says what they told apart
         if table_width([widths[j] for j in shown]) <= width:
             break
         shown.remove(i)
@@ -78,15 +102,20 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | N
 
 
 def dropped_note(columns: Sequence[Column], shown: Sequence[int], where: str,
-                 rows: Sequence[Sequence[str]] | None = None) -> str | None:
+                 rows: Sequence[Sequence[str]] | None = None, constants: bool = True) -> str | None:
     """The one line under a narrowed table: which columns are not shown and how to see them;
-    with ``rows``, a dropped column with one value in every row is named with its value."""
+    with ``rows``, the hidden knob columns in which rows that look alike differ and (``constants``)
+    a dropped column with one value in every row, named with its value."""
     gone = [i for i in range(len(columns)) if i not in shown]
     if not gone:
         return None
-    same = [i for i in gone if rows is not None and constant(rows, i)]
+    same = [i for i in gone if constants and rows is not None and constant(rows, i)]
     varying = [columns[i].header for i in gone if i not in same]
     parts = [f"every row: {', '.join(f'{columns[i].header} {rows[0][i]}' for i in same)}"] if same else []
+    if rows is not None:
+        knobs = [j for j in shown if columns[j].knob]
+        apart = [columns[i].header for i in gone if columns[i].knob and _kinds(rows, [*knobs, i]) > _kinds(rows, knobs)]
+        parts += [f"rows alike here differ in {', '.join(apart)}"] if apart else []
     parts += [f"--wide adds {', '.join(varying)}"] if varying else []
     return "; ".join(parts) + where
 
@@ -115,7 +144,7 @@ def print_table(console: Console, title: str | None, columns: Sequence[Column], 
     if title:
         console.print(Text(title), width=width)
     out.print(table)
-    note = dropped_note(columns, shown, where, rows if constant_first else None)
+    note = dropped_note(columns, shown, where, rows, constants=constant_first)
     for line in ([note] if note else []) + list(legend):  # prose wraps at the width, as a terminal would
         console.print(Text(line), width=width)
     return shown

@@ -31,11 +31,12 @@ LAYOUT_KEYS = ("tp", "pp", "cp", "dp", "ep")
 # legend and ``--explain`` say what each means.
 RANKED_COLUMNS = (
     Column("rank", "#", "{:.0f}"),
-    Column("tp", "TP", "{:.0f}"), Column("pp", "PP", "{:.0f}"), Column("vp", "VP", "{:.0f}"),
-    Column("cp", "CP", "{:.0f}"), Column("ep", "EP", "{:.0f}"), Column("dp", "DP", "{:.0f}"),
-    Column("mbs", "MBS", "{:.0f}"), Column("sp", "SP"),
-    Column("precision", "precision", drop=1), Column("recompute", "recompute", drop=2),
-    Column("tp_comm_overlap", "TP ovl", drop=4),
+    Column("tp", "TP", "{:.0f}", knob=True), Column("pp", "PP", "{:.0f}", knob=True),
+    Column("vp", "VP", "{:.0f}", knob=True), Column("cp", "CP", "{:.0f}", knob=True),
+    Column("ep", "EP", "{:.0f}", knob=True), Column("dp", "DP", "{:.0f}", knob=True),
+    Column("mbs", "MBS", "{:.0f}", knob=True), Column("sp", "SP", knob=True),
+    Column("precision", "precision", drop=1, knob=True), Column("recompute", "recompute", drop=2, knob=True),
+    Column("tp_comm_overlap", "TP ovl", drop=4, knob=True),
     Column("peak_memory_gib", "mem GiB", "{:.1f}"),
     Column("step_time_s", "step s", "{:.2f}"),
     Column("tokens_per_s_per_gpu", "tok/s/GPU", "{:,.0f}"),
@@ -45,7 +46,7 @@ RANKED_COLUMNS = (
     Column("tie", "tie"),
     Column("variants", "var", drop=3),
     Column("differs_in", "differs", drop=5),
-    Column("other_knobs", "other", drop=7),
+    Column("other_knobs", "other", drop=7, knob=True),
 )
 # Shown only when the frame has them: the verdict of `search --fp8-check` for the row's recipe,
 # `search --profile job` (issue 4): measured beside predicted, and the time to train (issue 24).

@@ -1,8 +1,10 @@
 """Serving tables for the terminal (rich) and for files (markdown): ranked layouts, the Pareto front.
 
 The terminal gets the columns that fit (``report.fit``): the layout a deployment needs (TP, PP,
-EP for MoE models, replicas, max batch) and the measures (TTFT, TPOT, e2e, tokens/s, memory) are
-never dropped; the token budget, the precisions and the concurrency go whole when it is narrow.
+EP for MoE models, replicas, max batch) and the measures (TTFT, TPOT, tokens/s, memory) are never
+dropped; the concurrency, the token budget and the precisions go whole when it is narrow, and
+last the end-to-end latency (TTFT + TPOT per further token: the title gives the output length).
+A token budget or precision that tells two shown layouts apart goes after the latency.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from autoparallel.report.fit import Column, cell, print_table
 
 INTEGERS = ("rank", "tp", "pp", "ep", "replicas", "max_batch", "max_num_tokens", "concurrency")
 COLUMNS = (
-    Column("rank", "#"), Column("tp", "TP"), Column("pp", "PP"), Column("ep", "EP"),
-    Column("replicas", "replicas"), Column("max_batch", "batch"), Column("max_num_tokens", "max tokens", drop=2),
-    Column("weight_precision", "weights", drop=1), Column("kv_precision", "KV", drop=1),
-    Column("concurrency", "in flight", "{:,}", drop=3),
+    Column("rank", "#"), Column("tp", "TP", knob=True), Column("pp", "PP", knob=True), Column("ep", "EP", knob=True),
+    Column("replicas", "replicas", knob=True), Column("max_batch", "batch", knob=True),
+    Column("max_num_tokens", "max tokens", drop=3, knob=True),
+    Column("weight_precision", "weights", drop=2, knob=True), Column("kv_precision", "KV", drop=2, knob=True),
+    Column("concurrency", "in flight", "{:,}", drop=4),
     Column("ttft_ms", "TTFT ms", "{:,.0f}"), Column("tpot_ms", "TPOT ms", "{:.1f}"),
-    Column("latency_ms", "e2e ms", "{:,.0f}"),
+    Column("latency_ms", "e2e ms", "{:,.0f}", drop=1),
     Column("output_tokens_per_s_per_gpu", "tok/s/GPU", "{:,.0f}"), Column("memory_per_gpu_gib", "mem GiB", "{:.1f}"),
 )
 LEGEND = ("batch: requests per micro-batch; tok/s/GPU: output tokens per second per GPU",)

@@ -194,10 +194,12 @@ def title(result, traffic: Traffic) -> str:
 def _columns(percentile: float):
     from autoparallel.report.fit import Column
     p = f"p{percentile:g}"
-    return (Column("rank", "#", lambda v: str(int(v)) if v else "-"), Column("tp", "TP"), Column("pp", "PP"),
-            Column("ep", "EP", drop=3), Column("replicas", "replicas"), Column("max_batch", "batch"),
-            Column("max_num_tokens", "max tokens", drop=2), Column("weight_precision", "weights", drop=1),
-            Column("kv_precision", "KV", drop=1), Column("request_rate", "req/s", "{:,.2f}"),
+    return (Column("rank", "#", lambda v: str(int(v)) if v else "-"), Column("tp", "TP", knob=True),
+            Column("pp", "PP", knob=True), Column("ep", "EP", drop=3, knob=True),
+            Column("replicas", "replicas", knob=True), Column("max_batch", "batch", knob=True),
+            Column("max_num_tokens", "max tokens", drop=2, knob=True),
+            Column("weight_precision", "weights", drop=1, knob=True),
+            Column("kv_precision", "KV", drop=1, knob=True), Column("request_rate", "req/s", "{:,.2f}"),
             Column("ttft_p50_ms", "TTFT p50", "{:,.0f}", drop=4), Column(f"ttft_{p}_ms", f"TTFT {p}", "{:,.0f}"),
             Column("tpot_p50_ms", "TPOT p50", "{:.1f}", drop=4), Column(f"tpot_{p}_ms", f"TPOT {p}", "{:.1f}"),
             Column("output_tokens_per_s_per_gpu", "tok/s/GPU", "{:,.0f}"))
