@@ -15,13 +15,14 @@ from rich.text import Text
 
 
 class CountColumn(ProgressColumn):
-    """"done/total" when the total is known; nothing while it is not (no "0/?")."""
+    """"done/total" when the total is known, with thousands separators ("131,072/1,529,808");
+    nothing while it is not (no "0/?")."""
 
     def render(self, task) -> Text:
         if task.total is None:
             return Text("")
-        total = int(task.total)
-        return Text(f"{int(task.completed):{len(str(total))}d}/{total}", style="progress.download")
+        total = f"{int(task.total):,}"
+        return Text(f"{int(task.completed):>{len(total)},}/{total}", style="progress.download")
 
 
 def transient_progress(console: Console) -> Progress:
