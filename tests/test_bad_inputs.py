@@ -282,10 +282,13 @@ def _snapshot(folder) -> dict:
 # (arguments, part of the one-line message: it names the bad value). {name}: a file of `files`.
 BAD_INPUTS = [
     # --- the command line itself
-    ([], "the following arguments are required: COMMAND"),
-    (["serch"], "invalid choice: 'serch'"),
-    (["models", "--all"], "unrecognized arguments: --all"),
-    (["hardware", "h100"], "unrecognized arguments: h100"),
+    # (the top level said "error: usage: ..."; a word no command took was sent to `autoparallel --help`)
+    ([], "autoparallel: error: the following arguments are required: COMMAND"),
+    (["serch"], "autoparallel: error: argument COMMAND: invalid choice: 'serch'"),
+    (["models", "--all"], "models: unrecognized arguments: --all (see `autoparallel models --help`)"),
+    (["hardware", "h100"], "hardware: unrecognized arguments: h100 (see `autoparallel hardware --help`)"),
+    (["runs", "import", "x.log", "--gpu", "h100-sxm", "--bogus"],
+     "runs import: unrecognized arguments: --bogus (see `autoparallel runs import --help`)"),
     # --- search: flags
     (["search", "--model", "175b", "--gpus", "1000000000000000000000"],
      "expected an integer in 1..2147483647, got 1000000000000000000000"),

@@ -69,9 +69,27 @@ class Parser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"^-(\d|\.\d|inf$|nan$|infinity$)", re.IGNORECASE)
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"{PROG}: error: {self.prog.removeprefix(PROG).strip() or 'usage'}: {message} "
-                         f"(see `{self.prog} --help`)\n")
+        command = self.prog.removeprefix(PROG).strip()
+        sys.stderr.write(f"{PROG}: error: {command + ': ' if command else ''}{message} (see `{self.prog} --help`)\n")
         sys.exit(2)
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """As argparse, but a word no parser took is reported by the command it was given to
+        (`models --all`: see `autoparallel models --help`), not by the top-level parser."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self._command_parser(parsed).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+    def _command_parser(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        """The innermost (sub)command parser that ``parsed`` went through."""
+        parser: argparse.ArgumentParser = self
+        while True:
+            sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+            name = getattr(parsed, sub.dest, None) if sub else None
+            if name not in (sub.choices if sub else {}):
+                return parser
+            parser = sub.choices[name]
 
 
 def build_parser() -> argparse.ArgumentParser:
