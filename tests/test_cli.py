@@ -210,7 +210,9 @@ def test_the_rs_pipeline_knob_says_what_it_is_and_what_the_default_does(monkeypa
 
 def test_every_positional_and_json_flag_says_what_it_is():
     """`export --help` listed 'run_dir' and '--rank' with no word, validate / estimate / profile a bare
-    '--json' (session 46)."""
+    '--json' (session 46); search and estimate --recompute, --precision, --tp-comm-overlap,
+    --distributed-optimizer, --grad-reduce-in-fp32 and --flash-attention (session 47). Every flag
+    says what it is."""
     import argparse
 
     from autoparallel.cli import build_parser
@@ -222,10 +224,36 @@ def test_every_positional_and_json_flag_says_what_it_is():
             if isinstance(action, argparse._SubParsersAction):
                 for sub, p in action.choices.items():
                     walk(p, f"{name} {sub}")
-            elif not action.help and (not action.option_strings or action.dest in ("json", "rank")):
+            elif not action.help:
                 bare.append(f"{name} {action.option_strings or action.dest}")
     walk(build_parser(), "autoparallel")
     assert bare == []
+
+
+def test_estimate_says_what_a_knob_not_given_becomes(monkeypatch, capsys):
+    """estimate's knob group said "the rest is searched" (search's words); estimate searches nothing."""
+    from autoparallel.cli.estimate import DEFAULTS
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["estimate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "the rest is searched" not in text and "--tp and --pp needed" in text
+    assert DEFAULTS["precision"] == "bf16" and DEFAULTS["recompute"] == "none" and "no recompute; bf16" in text
+    assert DEFAULTS["distributed_optimizer"] and DEFAULTS["flash_attention"] and DEFAULTS["grad_reduce_in_fp32"]
+
+
+def test_the_command_list_says_calibrate_fits_any_measured_runs(capsys):
+    """The command list said calibrate fits "to published runs"; it fits your own (--runs) and a
+    profiled search's (--from) too."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    entry = " ".join(capsys.readouterr().out.split("calibrate", 1)[1].split("fp8-check")[0].split())
+    assert entry == "fit a GPU's efficiency constants to measured runs (published, yours, profiled)"
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--help"])
+    out = capsys.readouterr().out
+    assert "--runs RUNS" in out and "--from RUN_DIR" in out
+
 
 def test_a_small_model_lists_its_parameters_in_millions(monkeypatch):
     """cpu-small (4.5M parameters) was listed as '0.0B'."""

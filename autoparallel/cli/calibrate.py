@@ -14,7 +14,8 @@ from autoparallel.errors import UserError
 
 def add_parser(sub) -> None:
     from autoparallel.profiling import commands as profiling_commands  # no torch import here
-    c = sub.add_parser("calibrate", help="fit the hardware efficiency constants to published runs")
+    c = sub.add_parser("calibrate",
+                       help="fit a GPU's efficiency constants to measured runs (published, yours, profiled)")
     c.add_argument("--gpu", help="hardware preset to fit (its rows in the runs CSV)")
     c.add_argument("--runs", help="CSV of measured runs, e.g. your own from `runs import` (default: the published "
                                   "runs shipped in autoparallel/data/)")

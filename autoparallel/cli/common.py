@@ -32,9 +32,11 @@ def add_target(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--gpu", default="h100-sxm", help="hardware preset or YAML path (default h100-sxm)")
 
 
-def add_knobs(p: argparse.ArgumentParser) -> None:
+def add_knobs(p: argparse.ArgumentParser, title: str = "layout knobs (any given knob is pinned; the rest is searched)",
+              description: str | None = None) -> None:
+    """The layout and feature flags; ``title`` / ``description``: what a knob not given becomes."""
     from autoparallel.specs.plan import CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES, PRECISION_CHOICES, RECOMPUTE_CHOICES
-    g = p.add_argument_group("layout knobs (any given knob is pinned; the rest is searched)")
+    g = p.add_argument_group(title, description)
     for name in KNOB_FLAGS:
         g.add_argument(f"--{name}", type=positive, help=f"pin {name}" + (" (expert tensor parallel, MoE)" if name == "etp" else ""))
     g.add_argument("--gbs", "--global-batch-size", type=positive, dest="gbs",
@@ -44,16 +46,27 @@ def add_knobs(p: argparse.ArgumentParser) -> None:
                    help="training sequence length (default: the model preset's); memory, FLOPs and the CP "
                         "choices follow it, the global batch stays in sequences")
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, help="sequence parallel")
-    g.add_argument("--recompute", choices=RECOMPUTE_CHOICES)
+    g.add_argument("--recompute", choices=RECOMPUTE_CHOICES,
+                   help="activation recompute: selective (modules of a layer: the attention core, and for "
+                        "MoE / MLA models the space's --recompute-modules sets) or full (whole layers, "
+                        "--recompute-num-layers of each chunk)")
     g.add_argument("--recompute-num-layers", type=positive, help="layers per pipeline chunk that full recompute covers")
-    g.add_argument("--precision", choices=PRECISION_CHOICES)
+    g.add_argument("--precision", choices=PRECISION_CHOICES,
+                   help="bf16, fp16, or an FP8 / FP4 recipe (mxfp8 and nvfp4 need Blackwell)")
     g.add_argument("--fp8-bf16-edge-layers", type=non_negative, help="first/last layers kept in BF16 under FP8 or NVFP4")
-    g.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction)
-    g.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction)
+    g.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction,
+                   help="hide the TP all-gathers and reduce-scatters behind the GEMMs (TransformerEngine "
+                        "userbuffers; Megatron's --tp-comm-overlap)")
+    g.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction,
+                   help="shard the optimizer state over the data-parallel ranks (--use-distributed-optimizer)")
     g.add_argument("--overlap-dp-comm", action=argparse.BooleanOptionalAction,
                    help="--overlap-grad-reduce and --overlap-param-gather")
-    g.add_argument("--grad-reduce-in-fp32", action=argparse.BooleanOptionalAction)
-    g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction)
+    g.add_argument("--grad-reduce-in-fp32", action=argparse.BooleanOptionalAction,
+                   help="reduce the gradients in FP32 (--accumulate-allreduce-grads-in-fp32); off: in BF16 "
+                        "(--grad-reduce-in-bf16)")
+    g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction,
+                   help="fused (flash) attention (--attention-backend auto); off: unfused, the attention scores "
+                        "kept in memory")
     g.add_argument("--fp8-attention", action=argparse.BooleanOptionalAction,
                    help="FP8 dot-product attention (--fp8-dot-product-attention; fp8-delayed / fp8-current)")
     g.add_argument("--transformer-engine-version", metavar="X.Y", type=release,

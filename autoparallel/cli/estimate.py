@@ -25,7 +25,10 @@ DEFAULTS = {"vp": 1, "cp": 1, "ep": 1, "etp": 1, "mbs": 1, "recompute": "none", 
 def add_parser(sub) -> None:
     e = sub.add_parser("estimate", help="predict one fully pinned layout")
     add_target(e, required=False)
-    add_knobs(e)
+    add_knobs(e, "layout knobs (--tp and --pp needed; the rest takes estimate's default)",
+              "Not given: vp, cp, ep, etp and mbs 1; sp when tp > 1; no recompute; bf16; the distributed "
+              "optimizer with overlapped DP communication; gradients reduced in FP32; flash attention; every "
+              "other feature off.")
     finetune_flags.add_flags(e)
     e.add_argument("--from-log", metavar="LOG", help="predict the run a Megatron-LM / Megatron-Bridge training "
                    "log describes and show it beside what the log measured (with --gpu)")

@@ -47,7 +47,7 @@ def add_parser(sub) -> None:
     b.add_argument("--latency-metric", help="ttft | tpot | e2e: what --max-latency-ms bounds (default tpot)")
     i.add_argument("--request-rate", type=positive_number,
                    help="requests/s the whole deployment must serve (default: offline, unbounded arrival)")
-    t = i.add_argument_group("traffic simulation (issue 29; on with any of these or --workload)")
+    t = i.add_argument_group("traffic simulation (on with any of these or --workload)")
     t.add_argument("--scenario",
                    help="offline: all requests at once; server: each layout's largest Poisson request rate whose "
                         "percentile bounds hold (default bounds: MLPerf Server's p99 TTFT 2000 / TPOT 200 ms); "
