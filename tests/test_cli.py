@@ -177,6 +177,22 @@ def test_preset_lists_read_whole_at_80_columns(kind, monkeypatch):
     assert "…" not in text and max(map(len, text.splitlines())) <= 80
 
 
+def test_a_gpu_without_fp8_lists_no_fp8_speed(monkeypatch):
+    """`autoparallel hardware` listed the A100's FP8 tensor speed as 0 TFLOP/s; it has none: "-"."""
+    import io as stdio
+
+    from rich.console import Console
+
+    from autoparallel import io
+    from autoparallel.cli import presets
+    buffer = stdio.StringIO()
+    monkeypatch.setattr(presets, "console", Console(file=buffer, width=80))
+    presets.list_presets("hardware")
+    rows = {line.split()[0]: line.split()[1:] for line in buffer.getvalue().splitlines() if line[:1].isalnum()}
+    assert not io.load_hardware("a100-sxm-80g").fp8_tflops and rows["a100-sxm-80g"][:2] == ["312", "-"]
+    assert rows["h100-sxm"][:2] == ["989", "1979"]
+
+
 HELP_COMMANDS = ["", "search", "estimate", "export", "infer", "report", "validate", "runs", "runs import", "calibrate",
                  "fp8-check", "models", "hardware", "profile"]
 

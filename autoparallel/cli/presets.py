@@ -65,5 +65,5 @@ def _hardware_row(name: str, sources: dict) -> list[str]:
     donor = h.efficiency_from or (name if h.calibrated_on else "")
     if donor:
         sources.setdefault(donor, h.calibrated_on.removeprefix(f"inherited from {donor}: "))
-    return [_names(name, h.aliases), f"{h.bf16_tflops:.0f}", f"{h.fp8_tflops or 0:.0f}",
+    return [_names(name, h.aliases), f"{h.bf16_tflops:.0f}", f"{h.fp8_tflops:.0f}" if h.fp8_tflops else "-",
             f"{h.memory_gib:.0f}", f"{h.hbm_tbps:.3g}", str(h.nvlink_domain), donor or "-"]
