@@ -175,6 +175,7 @@ def test_preset_lists_read_whole_at_80_columns(kind, monkeypatch):
     for name in io.preset_files(kind):
         assert name in words and set(load(name).aliases) <= words, name
     assert "…" not in text and max(map(len, text.splitlines())) <= 80
+    assert text.startswith("model presets: " if kind == "models" else "hardware presets: ")  # was "models presets"
 
 
 def test_a_gpu_without_fp8_lists_no_fp8_speed(monkeypatch):

@@ -20,7 +20,8 @@ def list_presets(kind: str) -> None:
     from rich.table import Table
 
     from autoparallel.errors import UserError
-    console.print(f"{kind} presets: {resources.SEARCH_SPACES / kind}; yours: {resources.user_dir() / kind}",
+    shipped, yours = resources.SEARCH_SPACES / kind, resources.user_dir() / kind
+    console.print(f"{kind.removesuffix('s')} presets: {shipped}; yours: {yours}",
                   markup=False, highlight=False)
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
     t.add_column("name (aliases)", no_wrap=True)
