@@ -542,8 +542,8 @@ BAD_INPUTS = [
     (["report", "{candidates_nan}"], "candidates.csv is damaged: rank 1: step_time_s is empty"),
     (["report", "{study_no_trials}"], "study.db is damaged: it has no table trials"),
     (["search", "--resume", "{study_no_trials}"], "study.db is damaged: it has no table trials"),
-    (["report", "{study_no_values}"], "completed trial(s) have no values"),
-    (["search", "--resume", "{study_no_values}"], "completed trial(s) have no values"),
+    (["report", "{study_no_values}"], "completed trials have no values"),
+    (["search", "--resume", "{study_no_values}"], "completed trials have no values"),
     # --- flags with no effect in the combination: an error naming both
     (["search", "--model", "175b", "--gpus", "64", "--recompute", "none", "--recompute-num-layers", "2"],
      "--recompute-num-layers has no effect with --recompute none"),
@@ -700,7 +700,7 @@ BAD_INPUTS = [
      "--output {grid}/manifest.yaml is the run folder's own manifest.yaml, which export and report read"),
     (["export", "{grid}", "-o", "{grid}/candidates.csv"], "is the run folder's own candidates.csv"),
     (["runs", "import", "{dir}/no_such.log", "--gpu", "h100-sxm", "--runs", "{dir}/out.csv"],
-     "none of the 1 log(s) could be read ({dir}/no_such.log: cannot read {dir}/no_such.log: No such file or directory)"),
+     "the log could not be read ({dir}/no_such.log: cannot read {dir}/no_such.log: No such file or directory)"),
     (["calibrate", "--gpu", "h100-sxm", "--as", "h200"], "--as h200 names the shipped preset h200: the fit of h100-sxm "
      "would take its place for every --gpu h200; give a new name for your cluster"),
     (["calibrate", "--gpu", "h100-sxm", "--as", "H100"], "--as H100 names the shipped preset h100-sxm"),
@@ -825,5 +825,5 @@ def test_a_log_with_a_bad_measurement_is_skipped_with_its_reason(pattern, change
     (tmp_path / "job.log").write_text(text)
     code = main(["runs", "import", str(tmp_path / "job.log"), "--gpu", "h100-sxm", "--runs", str(tmp_path / "runs.csv")])
     out, err = capsys.readouterr()
-    assert code == 2 and "none of the 1 log(s) could be read" in err and len(err.splitlines()) == 1
+    assert code == 2 and "the log could not be read" in err and len(err.splitlines()) == 1
     assert reason in out and not (tmp_path / "runs.csv").exists()

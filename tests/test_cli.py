@@ -329,3 +329,13 @@ def test_a_bar_off_a_terminal_writes_nothing(monkeypatch):
     with common.progress_bar("reading the measured runs", None) as (bar, task):
         bar.advance(task)
     assert buffer.getvalue() == ""
+
+
+def test_counts_read_as_english():
+    """Printed counts said "1 new row(s)", "2 Slurm job(s)", "1 node(s) x 1 GPUs" (session 47)."""
+    from autoparallel.profiling.budget import summary
+    from autoparallel.words import plural
+    assert [plural(n, "Slurm job") for n in (0, 1, 2, 1024)] == ["0 Slurm jobs", "1 Slurm job", "2 Slurm jobs",
+                                                                 "1,024 Slurm jobs"]
+    assert summary([8], None, 10, 3600).startswith("1 Slurm job, 8 GPUs in all")
+    assert summary([1, 1], None, 10, 3600).startswith("2 Slurm jobs, 2 GPUs in all")

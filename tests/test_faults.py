@@ -199,7 +199,7 @@ def test_a_log_that_is_a_fifo_is_skipped_with_its_reason(tmp_path):
     os.mkfifo(tmp_path / "job.log")
     code, out, err = _run(["runs", "import", str(tmp_path / "job.log"), "--gpu", "h100-sxm", "--runs",
                            str(tmp_path / "runs.csv")], timeout=20)
-    _one_line_error(code, err, "none of the 1 log(s) could be read (")
+    _one_line_error(code, err, "the log could not be read (")
     assert "is a FIFO (named pipe), not a regular file); nothing written" in err
     assert f"training log {tmp_path / 'job.log'} is a FIFO (named pipe), not a regular file" in out
     assert not (tmp_path / "runs.csv").exists()
@@ -213,7 +213,7 @@ SAMPLER = ["search", "--model", "llama2-7b", "--gpus", "8", "--strategy", "optun
 def test_workers_are_capped_at_the_trials_left(tmp_path):
     code, out, err = _run([*SAMPLER, "--trials", "2", "--workers", "5000", "--results", str(tmp_path)], cwd=tmp_path)
     assert code == 0, err
-    assert "autoparallel: warning: --workers 5000 capped at 2 (the 2 trial(s) left)" in err
+    assert "autoparallel: warning: --workers 5000 capped at 2 (2 trials left)" in err
     (run,) = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
     assert run.is_dir() and (run / "candidates.csv").is_file()
 

@@ -91,7 +91,7 @@ def test_megatron_bridge_log_reads_yaml_config_gb_memory_and_world_from_microbat
 
 
 @pytest.mark.parametrize("name, reason", [
-    ("megatron_warmup_only.log", "all 1 logged interval(s) are warm-up"),
+    ("megatron_warmup_only.log", "the one logged interval is warm-up"),
     ("nemo_lightning_progress.log", 'neither Megatron-LM\'s "arguments" block'),
 ])
 def test_unreadable_logs_say_why(name, reason):
@@ -171,11 +171,11 @@ def test_runs_import_cli_exit_codes(tmp_path, capsys):
     assert main(["runs", "import", str(FIXTURES / "nemo_lightning_progress.log"), "--gpu", "h100-sxm",
                  "--runs", str(runs)]) == 2
     assert not runs.exists()
-    assert "none of the 1 log(s) could be read" in capsys.readouterr().err
+    assert "the log could not be read" in capsys.readouterr().err
     assert main(["runs", "import", str(BRIDGE_FSDP), str(FIXTURES / "megatron_warmup_only.log"),
                  "--gpu", "h100-sxm", "--runs", str(runs)]) == 0
     out = capsys.readouterr().out
-    assert "skipped" in out and "warm-up" in out and "1 new row(s)" in out
+    assert "skipped" in out and "warm-up" in out and "1 new row in" in out
 
 
 def test_estimate_from_log_puts_prediction_beside_measurement(capsys):
@@ -217,7 +217,7 @@ def test_calibrate_as_new_preset_from_own_logs(tmp_path, capsys, monkeypatch):
     import_logs(GOOD, "h100-sxm", runs)
     assert main(["calibrate", "--runs", str(runs), "--gpu", "h100-sxm", "--as", "my-cluster"]) == 0
     out = capsys.readouterr().out
-    assert "kept, 3 row(s) fit at most 3 constant(s)" in out
+    assert "kept, 3 rows fit at most 3 constants" in out
     path = io.resolve_preset("hardware", "my-cluster")
     assert path == tmp_path / "home" / "hardware" / "my-cluster.yaml"
     text = path.read_text()

@@ -9,6 +9,7 @@ from autoparallel.argtypes import non_negative
 from autoparallel.cli.common import console
 from autoparallel.errors import UserError
 from autoparallel.safefile import check_output_file
+from autoparallel.words import plural
 
 
 def add_parser(sub) -> None:
@@ -47,7 +48,8 @@ def run_import(args: argparse.Namespace) -> None:
     read = [r for r in results if r.row is not None]
     if not read:
         why = f" ({results[0].path}: {results[0].reason})" if len(results) == 1 else " (the reasons above)"
-        raise UserError(f"none of the {len(results)} log(s) could be read{why}; nothing written")
+        which = "the log" if len(results) == 1 else f"none of the {len(results)} logs"
+        raise UserError(f"{which} could {'not ' * (len(results) == 1)}be read{why}; nothing written")
     added = sum(r.added for r in read)
-    console.print(f"{added} new row(s) in {runs_file} ({len(read) - added} already there, "
-                  f"{len(results) - len(read)} log(s) skipped)", highlight=False)
+    console.print(f"{plural(added, 'new row')} in {runs_file} ({len(read) - added} already there, "
+                  f"{plural(len(results) - len(read), 'log')} skipped)", highlight=False)

@@ -363,11 +363,13 @@ def mean_abs_error_pct(rows, efficiency: Efficiency) -> float:
 
 def _kept(result: Fit, n_rows: int) -> list[str]:
     """What the fit left at its value, and why."""
+    from autoparallel.words import plural
     lines = []
     if result.unseen:
         lines.append(f"kept, no row depends on them: {', '.join(result.unseen)}")
     if result.capped:
-        lines.append(f"kept, {n_rows} row(s) fit at most {n_rows} constant(s): {', '.join(result.capped)}")
+        lines.append(f"kept, {plural(n_rows, 'row')} fit at most {plural(n_rows, 'constant')}: "
+                     f"{', '.join(result.capped)}")
     return lines
 
 

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from autoparallel.errors import UserError
+from autoparallel.words import plural
 
 # Per job: queue start to the first timed iteration of a Megatron-LM job on a large cluster
 # (imports, NCCL communicators, model build, the first iteration's compilation and allocation).
@@ -29,7 +30,7 @@ def gpu_hours(gpus: Sequence[int], step_times_s: Sequence[float], iterations: in
 def summary(gpus: Sequence[int], step_times_s: Sequence[float] | None, iterations: int, limit_s: float) -> str:
     jobs, total = len(gpus), sum(gpus)
     most = total * limit_s / 3600.0
-    text = f"{jobs} Slurm job(s), {total:,} GPUs in all"
+    text = f"{plural(jobs, 'Slurm job')}, {plural(total, 'GPU')} in all"
     if step_times_s is not None:
         text += (f": about {gpu_hours(gpus, step_times_s, iterations):,.1f} GPU-hours predicted ({iterations} "
                  f"iterations at the predicted step time + {STARTUP_S:.0f} s start-up each)")

@@ -264,7 +264,8 @@ def confirm_cost(result, args: argparse.Namespace, console=None) -> None:
     kept = evaluator.launcher.batch.finished_earlier(tasks)  # a resumed profiling reads these back
     if all(kept):
         if console is not None:
-            console.print(f"nothing to submit: the {len(rows)} job(s) finished earlier")
+            console.print(f"nothing to submit: {'the job' if len(rows) == 1 else f'the {len(rows)} jobs'} "
+                          "finished earlier")
         return
     rows = rows[[not k for k in kept]]
     slurm_args.confirm(args, [result.gpus] * len(rows), list(rows["step_time_s"]),
@@ -361,7 +362,8 @@ def calibrate_from(run_dir: Path, write: bool, console, output: Path | None = No
         raise UserError(f"{run_dir} has no measurements: run `autoparallel search ... --profile job`")
     rows = result.ranked[result.ranked["measured_step_time_s"].notna()]
     if len(rows) < 2:
-        raise UserError(f"{run_dir} has {len(rows)} measured layout(s); calibration needs >= 2")
+        from autoparallel.words import plural
+        raise UserError(f"{run_dir} has {plural(len(rows), 'measured layout')}; calibration needs >= 2")
     fitted, before, after = calibrate.fit_measured(result.model, result.hardware,
                                                    rows, rows["measured_step_time_s"])
     console.print(calibrate.fit_heading(f"{result.hardware.name}'s efficiency constants",

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from autoparallel.errors import UserError
 from autoparallel.profiling.job import out_of_memory_line
+from autoparallel.words import plural
 
 STATE_FILE = "slurm.json"
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
@@ -275,7 +276,8 @@ class SlurmBatch:
                 fresh.append(i)
         fresh += self._settle(tasks, waiting, results)
         if earlier:
-            self.echo(f"resuming: {len(results)} finished job(s) picked up, {len(waiting)} still queued or running, "
+            self.echo(f"resuming: {plural(len(results), 'finished job')} picked up, "
+                      f"{len(waiting)} still queued or running, "
                       f"{len(fresh)} to submit (in {self.settings.root})")
         for i, r in results.items():
             if on_result:
@@ -289,7 +291,8 @@ class SlurmBatch:
             self.client.cancel(left)
             for i, job in waiting.items():  # submitted again on resume
                 _write_state(tasks[i].folder, {"job_id": job, "final": "CANCELLED", "reason": "interrupted (scancel)"})
-            raise KeyboardInterrupt(f"cancelled {len(left)} Slurm job(s) (scancel); {len(results)} finished result(s) "
+            raise KeyboardInterrupt(f"cancelled {plural(len(left), 'Slurm job')} (scancel); "
+                                    f"{plural(len(results), 'finished result')} "
                                     f"kept in {self.settings.root}: {self.settings.again} to pick them up "
                                     "and resubmit the rest") from None
         return [results[i] for i in range(len(tasks))]
@@ -357,7 +360,8 @@ class SlurmBatch:
                 submitted[i] = f"{job}_{n}" if array else job
                 _write_state(tasks[i].folder, {"job_id": submitted[i], "submitted": time.time()})
         if submitted:
-            self.echo(f"submitted {len(submitted)} Slurm job(s): {', '.join(sorted(set(j.split('_')[0] for j in submitted.values())))}")
+            ids = sorted(set(j.split('_')[0] for j in submitted.values()))
+            self.echo(f"submitted {plural(len(submitted), 'Slurm job')}: {', '.join(ids)}")
         return submitted
 
     def _wait(self, tasks, waiting: dict[int, str], results: dict, on_result, update) -> None:

@@ -110,5 +110,6 @@ def node_layout(gpus: int, gpus_per_node: int) -> tuple[int, int]:
 def node_layout_text(gpus: int, gpus_per_node: int) -> str:
     """``node_layout`` in words, singular where it is one: "1 node x 8 GPUs", "2 nodes x 4 GPUs",
     "1 node x 1 GPU"; the launch script's comment and ``search``'s launch line both say it."""
+    from autoparallel.words import plural
     nodes, per_node = node_layout(gpus, gpus_per_node)
-    return f"{nodes} node{'s' * (nodes != 1)} x {per_node} GPU{'s' * (per_node != 1)}"
+    return f"{plural(nodes, 'node')} x {plural(per_node, 'GPU')}"

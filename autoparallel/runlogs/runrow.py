@@ -178,8 +178,9 @@ def steady_intervals(log: TrainingLog, warmup: int | None = None) -> list[Interv
         raise UnreadableLog(f"no logged interval after --warmup {warmup} (the last ends at iteration "
                             f"{max(i.iteration for i in m.intervals)}): give a lower --warmup")
     if not steady:
-        raise UnreadableLog(f"all {len(m.intervals)} logged interval(s) are warm-up: log more iterations "
-                            "(or give --warmup)")
+        n = len(m.intervals)
+        which = "the one logged interval is" if n == 1 else f"all {n} logged intervals are"
+        raise UnreadableLog(f"{which} warm-up: log more iterations (or give --warmup)")
     return steady
 
 

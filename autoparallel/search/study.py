@@ -150,7 +150,9 @@ def _check_tables(path: Path) -> None:
     if missing:
         raise UserError(f"{path} is damaged: it has no table {', '.join(missing)} (start the search again)")
     if lost:
-        raise UserError(f"{path} is damaged: {lost} completed trial(s) have no values (start the search again)")
+        from autoparallel.words import plural
+        raise UserError(f"{path} is damaged: {plural(lost, 'completed trial')} {'has' if lost == 1 else 'have'} "
+                        "no values (start the search again)")
 
 
 def close(study) -> None:
@@ -367,8 +369,9 @@ def worker_count(asked: int, trials_left: int) -> int:
     count = max(1, min(asked, trials_left, WORKERS_PER_CORE * cores))
     if count < asked:
         from autoparallel.ranges import warn
-        why = (f"the {trials_left} trial(s) left" if count == max(1, trials_left)
-               else f"{WORKERS_PER_CORE} per core on {cores} core(s)")
+        from autoparallel.words import plural
+        why = (f"{plural(trials_left, 'trial')} left" if count == max(1, trials_left)
+               else f"{WORKERS_PER_CORE} per core on {plural(cores, 'core')}")
         warn(f"--workers {asked} capped at {count} ({why})")
     return count
 

@@ -72,7 +72,7 @@ def test_failed_job_is_recorded_and_resume_with_profile_replaces_it(search, caps
     assert frame["measured_step_time_s"].isna().all()
     capsys.readouterr()
     assert main(["calibrate", "--from", str(run_dir), "--dry-run"]) == 2
-    assert "0 measured layout(s)" in capsys.readouterr().err
+    assert "0 measured layouts" in capsys.readouterr().err
     # profiling again on resume replaces the earlier measurements (layer profiles: cheap)
     assert main(["search", "--resume", str(run_dir), "--profile", "layer", "--top-k", "2",
                  "--json"]) == 0

@@ -71,11 +71,11 @@ def test_search_profiles_the_top_k_as_one_job_array_and_reranks(cluster, tmp_pat
             "--profile-steps", "2", "--profile-warmup", "1", "--executor", "slurm"]
     assert main(args) == 2  # no terminal to ask on: nothing is submitted without --yes
     err = capsys.readouterr().err
-    assert "about to submit 2 Slurm job(s), 4 GPUs in all: about" in err and "add --yes" in err
+    assert "about to submit 2 Slurm jobs, 4 GPUs in all: about" in err and "add --yes" in err
     assert not (tmp_path / "slurm").exists()
     assert main(args + ["--yes"]) == 0
     out = capsys.readouterr().out
-    assert "GPU-hours predicted (3 iterations" in out and "submitted 2 Slurm job(s)" in out
+    assert "GPU-hours predicted (3 iterations" in out and "submitted 2 Slurm jobs" in out
     run_dir = run_folder(tmp_path)
     frame = pd.read_csv(run_dir / "candidates.csv")
     measured = frame[frame["measured_step_time_s"].notna()]
@@ -126,7 +126,7 @@ def test_resume_picks_up_finished_jobs_and_resubmits_cancelled_ones(cluster, tmp
     messages = []
     resumed = SlurmLauncher(SlurmSettings(root=tmp_path, poll_s=0.3), echo=messages.append).run_all([first, second])
     assert all(m.ok for m in resumed)
-    assert "1 finished job(s) picked up" in messages[0]
+    assert "1 finished job picked up" in messages[0]
     after = {p.parent: json.loads(p.read_text())["job_id"] for p in tmp_path.glob("*/slurm.json")}
     assert done_id in after.values() and cancelled not in after.values()
 
@@ -164,7 +164,7 @@ def test_ctrl_c_or_sigterm_cancels_the_submitted_job(cluster, tmp_path, small_ya
             for state in root.glob("*/slurm.json"):
                 subprocess.run(["scancel", json.loads(state.read_text())["job_id"]], timeout=10)
     assert proc.returncode == 128 + signum
-    assert "cancelled 1 Slurm job(s) (scancel)" in err and str(root) in err
+    assert "cancelled 1 Slurm job (scancel)" in err and str(root) in err
     _wait_until(lambda: _scontrol(job_id) == "CANCELLED", 20)
     assert job_id not in _queued().split()
 
@@ -241,7 +241,7 @@ def test_an_interrupted_search_is_resumed_from_its_run_folder(cluster, tmp_path,
     assert main(_search_args(tmp_path, small_yaml)) == 130
     err = capsys.readouterr().err
     run_dir = run_folder(tmp_path)
-    assert "cancelled 2 Slurm job(s) (scancel)" in err  # the two tasks of one array
+    assert "cancelled 2 Slurm jobs (scancel)" in err  # the two tasks of one array
     assert f"continue with `autoparallel search --resume {run_dir}`" in err
     assert "finished: false" in (run_dir / "profiling.yaml").read_text()
     assert "measured_step_time_s" not in pd.read_csv(run_dir / "candidates.csv")  # the predictions, kept
@@ -251,9 +251,9 @@ def test_an_interrupted_search_is_resumed_from_its_run_folder(cluster, tmp_path,
     monkeypatch.setattr(slurm_args, "queue_progress", shown)
     assert main(["search", "--resume", str(run_dir), "--yes"]) == 0
     out = capsys.readouterr().out
-    assert "about to submit 2 Slurm job(s), 4 GPUs in all" in out  # both were cancelled: both cost again
-    assert "resuming: 0 finished job(s) picked up, 0 still queued or running, 2 to submit" in out
-    assert "submitted 2 Slurm job(s)" in out
+    assert "about to submit 2 Slurm jobs, 4 GPUs in all" in out  # both were cancelled: both cost again
+    assert "resuming: 0 finished jobs picked up, 0 still queued or running, 2 to submit" in out
+    assert "submitted 2 Slurm jobs" in out
     assert len(_measured(run_dir)) == 2 and len(pd.read_csv(run_dir / "profiled.csv")) == 2
     assert "finished: true" in (run_dir / "profiling.yaml").read_text()
     again = {json.loads(p.read_text())["job_id"] for p in (tmp_path / "slurm").glob("*/slurm.json")}
@@ -280,10 +280,10 @@ def test_resume_after_the_search_was_killed_picks_up_what_finished_meanwhile(clu
     run_dir = run_folder(tmp_path)
     assert main(["search", "--resume", str(run_dir), "--yes"]) == 0
     out = capsys.readouterr().out
-    assert "resuming: 1 finished job(s) picked up, 0 still queued or running, 1 to submit" in out
+    assert "resuming: 1 finished job picked up, 0 still queued or running, 1 to submit" in out
     # the cost printed first counts only what is submitted again
-    assert "about to submit 1 Slurm job(s), 2 GPUs in all" in out and "; 1 finished earlier, read back" in out
-    assert "submitted 1 Slurm job(s)" in out
+    assert "about to submit 1 Slurm job, 2 GPUs in all" in out and "; 1 finished earlier, read back" in out
+    assert "submitted 1 Slurm job" in out
     after = {json.loads(p.read_text())["job_id"] for p in (tmp_path / "slurm").glob("*/slurm.json")}
     assert kept in after and lost not in after
     assert len(_measured(run_dir)) == 2
@@ -296,7 +296,7 @@ def test_the_gpu_hours_are_asked_about_on_a_terminal(monkeypatch, capsys, answer
     asked = []
     monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or answer)
     text = budget.summary([1024] * 5, [5.2] * 5, 25, 660)
-    assert text.startswith("5 Slurm job(s), 5,120 GPUs in all: about 611.6 GPU-hours predicted")  # 5 x 1,024 x (25 x 5.2 s + 300 s)
+    assert text.startswith("5 Slurm jobs, 5,120 GPUs in all: about 611.6 GPU-hours predicted")  # 5 x 1,024 x (25 x 5.2 s + 300 s)
     assert text.endswith("at most 938.7 GPU-hours (the time limit of 11 min each)")  # 5,120 GPUs x 660 s
     if submits:
         budget.confirm(text, yes=False)

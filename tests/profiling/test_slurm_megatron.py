@@ -31,7 +31,7 @@ def test_megatron_short_runs_through_slurm_rerank_and_calibrate(megatron_lm, tmp
             "--megatron-lm", str(megatron_lm), "--yes"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "submitted 3 Slurm job(s)" in out
+    assert "submitted 3 Slurm jobs" in out
     run_dir = run_folder(results)
     frame = pd.read_csv(run_dir / "candidates.csv")
     measured = frame[frame["measured_step_time_s"].notna()].reset_index(drop=True)
