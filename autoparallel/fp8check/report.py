@@ -86,7 +86,9 @@ def print_check(result, console) -> None:
     narrow = console.width < WIDE_CHECK
     title = (f"fp8-check of {result.model.name} on its proxy ({result.proxy.num_layers} layers, hidden "
              f"{result.proxy.hidden_size}, {result.settings.run.steps} steps, {result.seconds:.0f} s)")
-    t = (Table(title=title, header_style="bold", box=box.SIMPLE_HEAD) if narrow
+    # Narrow: the title is a line of its own above the table (rich wrapped it to the table's width,
+    # centred over two lines), as search's and infer's tables have theirs.
+    t = (Table(header_style="bold", box=box.SIMPLE_HEAD) if narrow
          else Table(title=title, header_style="bold"))
     for c in ("recipe", "final loss", "gap vs BF16") + (() if narrow else tuple(h for _, h in WORST)) + ("verdict",):
         t.add_column(c, no_wrap=narrow and c != "verdict")
@@ -100,6 +102,8 @@ def print_check(result, console) -> None:
         short = "reject (below)" if style == "red" else r["verdict"]
         worst = () if narrow else tuple(r[k] for k, _ in WORST)
         t.add_row(r["recipe"], f"{r['final_loss']:.4f}", gap, *worst, f"[{style}]{short}[/{style}]")
+    if narrow:
+        console.print(title, highlight=False)
     console.print(t)
     for r in rows if narrow else ():  # the worst layers, whole, one per line
         console.print(f"{escape(r['recipe'])}:")

@@ -66,6 +66,8 @@ def test_the_verdict_table_reads_at_80_columns(monkeypatch):
     text = buffer.getvalue()
     assert "…" not in text and max(map(len, text.splitlines())) <= 80
     assert "fp8-delayed" in text and "fp8-blockwise" in text and all(w in text for w in worst.values())
+    # the title is one line above the table, not centred over two at the table's width
+    assert text.startswith("fp8-check of cpu-small on its proxy (4 layers, hidden 128, 20 steps, 32 s)\n")
 
 
 def test_the_training_runs_under_a_progress_display(monkeypatch):
