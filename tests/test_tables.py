@@ -197,6 +197,20 @@ def test_estimate_compares_with_the_usable_limit(capsys):
     assert "GiB of 79.7 usable, 4 GiB reserve included" in out and "MFU (BF16 peak)" in out
 
 
+def test_estimate_title_is_a_line_above_its_table(monkeypatch):
+    """At 80 columns the estimate's title was a rich table title: wrapped at the table's width and
+    centred, "recompute=none" alone in the middle of the second line."""
+    from rich.console import Console
+
+    from autoparallel.cli import estimate
+    buffer = stdio.StringIO()
+    monkeypatch.setattr(estimate, "console", Console(file=buffer, width=80))
+    assert main(["estimate", "--model", "llama3-70b", "--gpus", "64", "--tp", "4", "--pp", "4"]) == 0
+    lines = buffer.getvalue().splitlines()
+    assert lines[0].startswith("llama3-70b on 64 x h100-sxm: TP4 PP4 VP1 CP1 DP4 MBS1 GBS128")
+    assert lines[1].lstrip().startswith("recompute=none") and not lines[1].startswith("  ")
+
+
 def test_candidates_csv_is_what_pandas_writes(tmp_path, monkeypatch):
     """The fast writer formats each column's distinct values once; its file must stay byte for
     byte pandas' own (rounded floats, missing counts, quoted reasons), across piece boundaries."""

@@ -96,7 +96,8 @@ def _print_estimate(model, hw, result: dict, memory_fraction: float, train=None)
              f"VP{c['vp']} CP{c['cp']} DP{c['dp']}" + (f" EP{c['ep']} ETP{c['etp']}" if model.is_moe else "")
              + f" MBS{c['mbs']} GBS{c['gbs']} seq {model.seq_length} {c['precision']} "
              f"recompute={c['recompute']}")
-    t = Table(title=title, show_header=False)
+    console.print(title, highlight=False)  # a line of its own: as a table title rich centred it over two
+    t = Table(show_header=False)
     t.add_row("fits", "yes" if result["fits"] else "[red]NO[/red]")
     limit = memory_fraction * hw.memory_gib
     share = f", {memory_fraction:.0%} of {hw.memory_gib:g} GiB" if memory_fraction < 1 else ""
