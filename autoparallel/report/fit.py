@@ -102,10 +102,12 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | N
 
 
 def dropped_note(columns: Sequence[Column], shown: Sequence[int], where: str,
-                 rows: Sequence[Sequence[str]] | None = None, constants: bool = True) -> str | None:
-    """The one line under a narrowed table: which columns are not shown and how to see them;
-    with ``rows``, the hidden knob columns in which rows that look alike differ and (``constants``)
-    a dropped column with one value in every row, named with its value."""
+                 rows: Sequence[Sequence[str]] | None = None, constants: bool = True,
+                 adds: str = "--wide adds") -> str | None:
+    """The one line under a narrowed table: which columns are not shown and how to see them
+    (``adds``: the command's way, "--wide adds" where it has that flag); with ``rows``, the hidden
+    knob columns in which rows that look alike differ and (``constants``) a dropped column with
+    one value in every row, named with its value."""
     gone = [i for i in range(len(columns)) if i not in shown]
     if not gone:
         return None
@@ -116,17 +118,18 @@ def dropped_note(columns: Sequence[Column], shown: Sequence[int], where: str,
         knobs = [j for j in shown if columns[j].knob]
         apart = [columns[i].header for i in gone if columns[i].knob and _kinds(rows, [*knobs, i]) > _kinds(rows, knobs)]
         parts += [f"rows alike here differ in {', '.join(apart)}"] if apart else []
-    parts += [f"--wide adds {', '.join(varying)}"] if varying else []
+    parts += [f"{adds} {', '.join(varying)}"] if varying else []
     return "; ".join(parts) + where
 
 
 def print_table(console: Console, title: str | None, columns: Sequence[Column], rows: Sequence[Sequence[str]],
                 legend: Sequence[str] = (), wide: bool = False, where: str = "",
-                constant_first: bool = False) -> list[int]:
+                constant_first: bool = False, adds: str = "--wide adds") -> list[int]:
     """Print ``rows`` under ``title`` with the columns that fit (all of them with ``wide``), the
     dropped-columns line and ``legend``; returns the indices of the columns shown. ``where``
     completes the hint (e.g. "; all in the run folder's ranked.md"). ``constant_first``: see
-    ``fit`` (the serving tables: a column every row shares goes before one that tells rows apart)."""
+    ``fit`` (the serving tables: a column every row shares goes before one that tells rows apart).
+    ``adds``: how the note says where the dropped columns are (a command without --wide says its own)."""
     width = output_width(console)
     shown = fit(columns, rows, None if wide else width, constant_first)
     widths = _natural_widths([columns[i] for i in shown], [[r[i] for i in shown] for r in rows])
@@ -144,7 +147,7 @@ def print_table(console: Console, title: str | None, columns: Sequence[Column], 
     if title:
         console.print(Text(title), width=width)
     out.print(table)
-    note = dropped_note(columns, shown, where, rows, constants=constant_first)
+    note = dropped_note(columns, shown, where, rows, constants=constant_first, adds=adds)
     for line in ([note] if note else []) + list(legend):  # prose wraps at the width, as a terminal would
         console.print(Text(line), width=width)
     return shown

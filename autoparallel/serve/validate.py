@@ -32,6 +32,8 @@ from autoparallel.serve.measured import (load_fastertransformer, load_serving_ru
                                          not_predicted_serving_rows, predict)
 
 GROUP = ["engine", "hardware", "model"]
+# validate has no --wide: a column a narrow terminal drops is in the JSON
+NOT_SHOWN = "not shown here (see --json):"
 
 
 def fastertransformer_report(runs: Path | None = None) -> pd.DataFrame:
@@ -101,21 +103,39 @@ def by_engine(report: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def print_report(report: pd.DataFrame, ft: pd.DataFrame, not_predicted: pd.DataFrame, console: Console) -> None:
-    t = Table(title="serving cost model vs published measurements: mean |error| % in sample and "
-                    "leave-one-model-out (LOMO)", header_style="bold")
-    for c in ("engine", "GPU", "model", "rows", "in-sample %", "LOMO %", "max in-sample %"):
-        t.add_column(c, justify="left" if c in ("engine", "GPU", "model") else "right")
-    for _, r in by_engine_gpu_model(report).iterrows():
-        t.add_row(r["engine"], r["hardware"], r["model"].split(" (")[0], str(r["rows"]), f"{r['in_sample_pct']:.1f}",
-                  f"{r['lomo_pct']:.1f}", f"{r['max_in_sample_pct']:.1f}")
+def _by_model_table(report: pd.DataFrame, console: Console) -> None:
+    """Mean |error| per engine, GPU and model: a boxed table where it fits whole; in a narrower
+    terminal the columns that fit (``report.fit``), so that rich never cuts an engine, GPU or model
+    to "tensorrt-…", "Llama-2-7…" (which read the same for 7B and 70B)."""
+    from autoparallel.report.fit import Column, cell, print_table, table_width
+    title = "serving cost model vs published measurements: mean |error| % in sample and leave-one-model-out (LOMO)"
+    columns = (Column("engine", "engine", knob=True), Column("hardware", "GPU", knob=True),
+               Column("model", "model", knob=True), Column("rows", "rows"),
+               Column("in_sample_pct", "in-sample %", "{:.1f}"), Column("lomo_pct", "LOMO %", "{:.1f}"),
+               Column("max_in_sample_pct", "max in-sample %", "{:.1f}", drop=1))
+    frame = by_engine_gpu_model(report).assign(model=lambda f: f["model"].str.split(" (", regex=False).str[0])
+    rows = [[cell(r[c.key], c.fmt) for c in columns] for _, r in frame.iterrows()]
+    widths = [max(len(c.header), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+    if table_width(widths) + len(widths) + 3 > console.width:  # the box's borders and padding: rich would cut
+        print_table(console, title, columns, rows, adds=NOT_SHOWN)
+        return
+    t = Table(title=title, header_style="bold")
+    for c in columns:
+        t.add_column(c.header, justify="left" if c.knob else "right")
+    for r in rows:
+        t.add_row(*r)
     console.print(t)
+
+
+def print_report(report: pd.DataFrame, ft: pd.DataFrame, not_predicted: pd.DataFrame, console: Console) -> None:
+    _by_model_table(report, console)
+    from autoparallel.report.fit import cell
     s = Table(title="per engine (the rows each fit used, then the other GPUs' rows)", header_style="bold")
     for c in ("engine", "rows used by the fit", "rows", "in-sample %", "LOMO %"):
         s.add_column(c, justify="left" if c == "engine" else "right")
     for _, r in by_engine(report).iterrows():
         s.add_row(r["engine"], "yes" if r["rows_used_by_fit"] else "no (other GPUs)", str(int(r["rows"])),
-                  f"{r['in_sample_pct']:.1f}", f"{r['lomo_pct']:.1f}")
+                  *(cell(r[k], "{:.1f}") for k in ("in_sample_pct", "lomo_pct")))
     console.print(s)
     f = ft_summary(ft)
     console.print(f"FasterTransformer memory: {f['measured_rows_predicted_to_fit']} of {f['rows']} measured rows "
@@ -160,7 +180,8 @@ def print_mlperf(report: pd.DataFrame, left_out: pd.Series, console: Console) ->
                          "and of Server p99 TTFT / TPOT / end-to-end latency at the target QPS",
                 columns, [[cell(r[c.key], c.fmt) for c in columns] for _, r in table.iterrows()],
                 ("LOMO: constants refitted without the benchmark's model; e2e: p99 end-to-end latency "
-                 "(in sample), whose p99 request is a ~1,000-token answer: it checks the mean iteration time",))
+                 "(in sample), whose p99 request is a ~1,000-token answer: it checks the mean iteration time",),
+                adds=NOT_SHOWN)
     m = mlperf.scenario_means(report)
     parts = [f"{name} {m[f'{key}_tokens_pct']:.1f} %" + (f" (LOMO {m[f'{key}_tokens_lomo_pct']:.1f} %)"
                                                         if f"{key}_tokens_lomo_pct" in m else "")

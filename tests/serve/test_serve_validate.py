@@ -174,3 +174,25 @@ def test_the_mlperf_simulation_runs_under_a_progress_display(monkeypatch):
     monkeypatch.setattr(serve_validate, "mlperf_report",
                         lambda cross: seen.append(bool(live)) or (pd.DataFrame(), pd.Series(dtype=object)))
     assert serve_validate.run(None, False, None) == 0 and seen == [True] and not live
+
+
+def test_the_per_model_table_never_cuts_a_name_at_80_columns():
+    """At 80 columns `validate --inference` printed "tensorrt-…", "a100-sxm…", "Llama-2-7…" (7B and
+    70B alike), "nan" for LOMO without cross-validation, and a narrowed table pointed at a --wide
+    that validate does not have (session 47)."""
+    import io as stdio
+
+    from rich.console import Console
+
+    from autoparallel.serve import validate as serve_validate
+    report = pd.DataFrame({"engine": ["tensorrt-llm-0.10"] * 2 + ["fastertransformer"],
+                           "hardware": ["a100-sxm-80g"] * 3, "model": ["Llama-2-70B", "Llama-2-7B", "GPT-3-175B"],
+                           "error_pct": [5.0, -7.0, 3.0], "lomo_pct": [float("nan")] * 3})
+    for width in (80, 200):
+        out = stdio.StringIO()
+        serve_validate._by_model_table(report, Console(file=out, width=width, force_terminal=True, color_system=None))
+        text = out.getvalue()
+        assert "…" not in text and "nan" not in text and "--wide" not in text
+        assert all(w in text for w in ("tensorrt-llm-0.10", "a100-sxm-80g", "Llama-2-70B", "Llama-2-7B"))
+        assert max(map(len, text.splitlines())) <= width
+        assert ("not shown here (see --json): max in-sample %" in text) == (width == 80)
