@@ -250,3 +250,19 @@ def test_rename_drops_block_style_aliases(tmp_path):
     data = yaml.safe_load(target.read_text())
     assert data["name"] == "new" and "aliases" not in data and data["bf16_tflops"] == 100
     assert "# line one\n# line two" in target.read_text()
+
+
+def test_estimate_from_log_reads_at_80_columns():
+    """`estimate --from-log` centred its title over three lines as a table title at 80 columns and
+    printed tokens/s as 1.016e+04 (session 47)."""
+    import io as stdio
+
+    from rich.console import Console
+
+    from autoparallel.runlogs import compare
+    out = stdio.StringIO()
+    compare.main(FP8_TP2, "h100-sxm", False, Console(file=out, width=80))
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith(f"{FP8_TP2.name} (megatron-lm): 16 x h100-sxm, TP2 PP2")
+    assert lines[1].startswith("VP4 CP1 DP4") and "e+0" not in out.getvalue()  # wrapped, not centred
+    assert any(line.split("│")[1].strip() == "tokens/s/GPU" and "10,157" in line for line in lines if "│" in line)

@@ -61,6 +61,11 @@ def compare(path: Path, gpu: str, warmup: int | None = None) -> dict[str, Any]:
             "num_gpus": row["num_gpus"], "terms": terms, "prediction": prediction}
 
 
+def _figure(value: float) -> str:
+    """Four significant figures, thousands grouped: 10,160 tokens/s, not 1.016e+04."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
 def main(path: Path, gpu: str, as_json: bool, console: Console, warmup: int | None = None) -> None:
     result = compare(path, gpu, warmup)
     if as_json:
@@ -70,18 +75,19 @@ def main(path: Path, gpu: str, as_json: bool, console: Console, warmup: int | No
     title = (f"{Path(result['log']).name} ({result['framework']}): {result['num_gpus']} x {result['gpu']}, "
              f"TP{c['tp']} PP{c['pp']} VP{c['vp']} CP{c['cp']} DP{c['dp']} MBS{c['mbs']} GBS{c['gbs']} "
              f"{c['precision']} recompute={c['recompute']}" + (" FSDP" if c["fsdp"] else ""))
-    t = Table(title=title, header_style="bold")
+    console.print(title, highlight=False)  # a line of its own: as the table's title rich centred it over three
+    t = Table(header_style="bold")
     for name in ("term", "measured", "predicted", "error %"):
         t.add_column(name, justify="left" if name == "term" else "right")
     for term in result["terms"]:
-        measured = "not logged" if term["measured"] is None else f"{term['measured']:.4g}"
+        measured = "not logged" if term["measured"] is None else _figure(term["measured"])
         error = "" if term["error_pct"] is None else f"{term['error_pct']:+.1f}"
-        t.add_row(term["term"], measured, f"{term['predicted']:.4g}", error)
+        t.add_row(term["term"], measured, _figure(term["predicted"]), error)
     breakdown = result["prediction"]["breakdown"]
     for key, value in breakdown["time_s"].items():
-        t.add_row(f"  predicted: {key[:-2]} (s)", "", f"{value:.4g}", "")
+        t.add_row(f"  predicted: {key[:-2]} (s)", "", _figure(value), "")
     for key, value in breakdown["memory_gib"].items():
-        t.add_row(f"  predicted: {key[:-4]} (GiB)", "", f"{value:.4g}", "")
+        t.add_row(f"  predicted: {key[:-4]} (GiB)", "", _figure(value), "")
     console.print(t)
     console.print("Allocated memory is compared with the predicted peak less the preset's runtime reserve "
                   "(CUDA context, NCCL buffers, fragmentation), which PyTorch does not count as allocated.")
