@@ -293,6 +293,11 @@ def test_report_prints_the_ranked_table_again(run_dir, capsys):
     assert main(["report", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert "tok/s/GPU" in out and "llama3-70b on 64 x h100-sxm, gbs 128" in out and "report.html" in out
+    # the note under the table and the legend name --wide and --explain: report takes them too
+    assert "--wide adds" in out and "--explain" in out
+    assert main(["report", str(run_dir), "--wide", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "--wide adds" not in out and " other" in out.splitlines()[1] and "other: " in out
 
 
 @pytest.mark.parametrize("phases, count", [([], None), ([(3, 10)], " 3/10 "),

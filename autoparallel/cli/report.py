@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from autoparallel.cli.common import console
+from autoparallel.cli.common import add_table_flags, console
 
 
 def add_parser(sub) -> None:
     r = sub.add_parser("report", help="re-render a run's tables and write report.html with plots")
     r.add_argument("run_dir", help="a run folder, e.g. results/<date>_<model>_<gpus>x<gpu>")
+    add_table_flags(r)  # the table's note and legend name --wide and --explain, as search's do
     r.set_defaults(func=run)
 
 
@@ -24,5 +25,5 @@ def run(args: argparse.Namespace) -> None:
     from autoparallel.search import run as runs
     with console.status("rendering report...", spinner="dots"):
         path, result = runs.report(Path(args.run_dir))
-    print_table(result, TOP, "; all in the run folder's ranked.md")
+    print_table(result, TOP, "; all in the run folder's ranked.md", wide=args.wide, explain=args.explain)
     console.print(f"wrote {path}")
