@@ -156,8 +156,44 @@ STRUCTURE_COLUMNS = ("tp", "pp", "vp", "cp", "dp", "ep", "etp", "mbs", "gbs", "n
                      "account_for_loss_in_pipeline_split", "pipeline_model_parallel_layout")
 
 
-class _Stages:
-    """The priced stages' shape, read the same from a ``Structure`` and from ``Candidates``."""
+@dataclass(frozen=True)
+class StructureFields:
+    """The fields a plan's structure (``STRUCTURE_COLUMNS``) decides on its own, with the model and
+    the hardware: the parallel sizes, the micro-batches, the stage layer counts, the data-parallel
+    groups. Declared once here for ``Structure`` (one element per distinct structure) and
+    ``Candidates`` (one per candidate), so that a term reading these fields alone
+    (``Candidates.by_structure``) reads either.
+
+    Pipeline stages are priced at three positions, which cover the fullest and the slowest stage of
+    every split Megatron makes (``pipeline``): the first, the first middle one and the last;
+    ``*_layers`` and ``*_moe`` are their layer and MoE-layer counts."""
+
+    model: ModelSpec
+    hw: HardwareSpec
+    t: np.ndarray  # tensor parallel
+    p: np.ndarray  # pipeline parallel
+    v: np.ndarray  # virtual stages per pipeline rank
+    c: np.ndarray  # context parallel
+    dp: np.ndarray
+    e: np.ndarray  # expert parallel
+    et: np.ndarray  # expert tensor parallel
+    b: np.ndarray  # micro-batch size
+    gbs: np.ndarray
+    m: np.ndarray  # micro-batches per step on one pipeline
+    s_local: np.ndarray  # sequence length on one CP rank
+    tokens: np.ndarray  # tokens one GPU processes per micro-batch (before TP)
+    first_layers: np.ndarray
+    middle_layers: np.ndarray
+    last_layers: np.ndarray
+    first_moe: np.ndarray
+    middle_moe: np.ndarray
+    last_moe: np.ndarray
+    layers_per_chunk: np.ndarray  # decoder layers of the fullest stage's model chunk
+    dp_group: np.ndarray  # dense parameters are replicated over dp*cp GPUs
+    dp_per_node: np.ndarray
+    edp_group: np.ndarray  # experts over dp*cp*tp / (ep*etp): Megatron's parallel folding
+    edp_per_node: np.ndarray
+    imbalance: np.ndarray  # the busiest EP rank's tokens over the even share
 
     @property
     def single(self) -> np.ndarray:
@@ -176,39 +212,11 @@ class _Stages:
 
 
 @dataclass(frozen=True)
-class Structure(_Stages):
-    """What a plan's structure (``STRUCTURE_COLUMNS``) decides on its own, with the model and the
-    hardware: the parallel sizes, the micro-batches, the stage layer counts, the schedule's peaks,
-    the data-parallel groups. ``Candidates`` holds each of these fields under the same name, so
-    that a term written for one (``Candidates.by_structure``) reads either."""
+class Structure(StructureFields):
+    """The ``StructureFields`` of one or many structures and the schedule's peaks (``Candidates``
+    holds the peaks of each candidate's stages as ``held``)."""
 
-    model: ModelSpec
-    hw: HardwareSpec
-    t: np.ndarray
-    p: np.ndarray
-    v: np.ndarray
-    c: np.ndarray
-    dp: np.ndarray
-    e: np.ndarray
-    et: np.ndarray
-    b: np.ndarray
-    gbs: np.ndarray
-    m: np.ndarray
-    s_local: np.ndarray
-    tokens: np.ndarray
-    first_layers: np.ndarray
-    middle_layers: np.ndarray
-    last_layers: np.ndarray
-    first_moe: np.ndarray
-    middle_moe: np.ndarray
-    last_moe: np.ndarray
     peaks: pipeline.Peaks  # what the stages may hold at their peaks, laid out as ``Candidates.held``
-    layers_per_chunk: np.ndarray
-    dp_group: np.ndarray
-    edp_group: np.ndarray
-    dp_per_node: np.ndarray
-    edp_per_node: np.ndarray
-    imbalance: np.ndarray
 
     def at(self, rows: np.ndarray) -> Structure:
         """The structures ``rows`` (a 1-D index) alone."""
@@ -216,11 +224,12 @@ class Structure(_Stages):
             f.name: getattr(self, f.name)[rows] for f in fields(self) if isinstance(getattr(self, f.name), np.ndarray)})
 
     def row_fields(self) -> dict:
-        """The ``Candidates`` fields of these structures' plans: each field, ``held`` for ``peaks``."""
-        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "peaks"}, "held": self.peaks.held()}
+        """The ``Candidates`` fields these structures decide: the ``StructureFields``, and ``held``
+        laid out from ``peaks``."""
+        return {f.name: getattr(self, f.name) for f in fields(StructureFields)} | {"held": self.peaks.held()}
 
 
-# The ``Structure`` fields that read the hardware (``_structure_hardware``).
+# The ``StructureFields`` that read the hardware (``_structure_hardware``).
 STRUCTURE_HARDWARE_FIELDS = ("dp_per_node", "edp_per_node", "imbalance")
 
 
@@ -253,8 +262,8 @@ class Structures:
         return value
 
     def fields(self, names=None) -> dict:
-        """The ``Candidates`` fields of ``each`` (``Structure.row_fields``; ``names``: those alone)
-        at each candidate's row."""
+        """``each``'s ``Candidates`` fields (``Structure.row_fields``; ``names``: those
+        ``StructureFields`` alone) at each candidate's row."""
         if names is not None:
             return {name: self.gathered(getattr(self.each, name)) for name in names}
         return {name: self.gathered(value) for name, value in self.each.row_fields().items()}
@@ -306,39 +315,23 @@ def structure(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray]
 
 
 def _structure_hardware(model: ModelSpec, hw: HardwareSpec, t, e, et, dp_group, edp_group) -> dict:
-    """The ``Structure`` fields that read ``hw`` (``STRUCTURE_HARDWARE_FIELDS``)."""
+    """The ``StructureFields`` that read ``hw`` (``STRUCTURE_HARDWARE_FIELDS``)."""
     return dict(dp_per_node=comm.ranks_per_domain(hw, dp_group, t),
                 edp_per_node=comm.ranks_per_domain(hw, edp_group, e * et),
                 imbalance=moe.load_imbalance(hw, model, e) if model.is_moe else np.ones_like(t))
 
 
-@dataclass
-class Candidates(_Stages):
+@dataclass(frozen=True)
+class Candidates(StructureFields):
     """Plan knobs as arrays (one element per candidate) and what the terms derive from them.
 
-    Pipeline stages are priced at three positions, which cover the fullest and the slowest
-    stage of every split Megatron makes (``pipeline``): the first, the first middle one and the
-    last; ``*_layers`` and ``*_moe`` are their layer and MoE-layer counts.
-
-    The fields a ``Structure`` has too are the plans' structure's (``structure``); where the
-    candidates' structures are known (``structures``), they were computed once per structure.
+    The ``StructureFields`` are the plans' structure's (``structure``); where the candidates'
+    structures are known (``structures``), they were computed once per structure. Frozen, as
+    ``Structure`` (a dataclass base and its subclasses are frozen alike): a changed copy is made
+    with ``replace``; ``memo``, ``labels`` and the cached properties fill in place.
     """
 
-    model: ModelSpec
-    hw: HardwareSpec
     knobs: Mapping[str, np.ndarray]
-    t: np.ndarray  # tensor parallel
-    p: np.ndarray  # pipeline parallel
-    v: np.ndarray  # virtual stages per pipeline rank
-    c: np.ndarray  # context parallel
-    dp: np.ndarray
-    e: np.ndarray  # expert parallel
-    et: np.ndarray  # expert tensor parallel
-    b: np.ndarray  # micro-batch size
-    gbs: np.ndarray
-    m: np.ndarray  # micro-batches per step on one pipeline
-    s_local: np.ndarray  # sequence length on one CP rank
-    tokens: np.ndarray  # tokens one GPU processes per micro-batch (before TP)
     sp: np.ndarray
     flash: np.ndarray
     fsdp: np.ndarray
@@ -352,16 +345,9 @@ class Candidates(_Stages):
     quantized_weight_bytes: np.ndarray  # bytes per weight of its quantized copies (both layouts)
     act_input_bytes: np.ndarray  # bytes per element kept of the activation's input (FP8 copy or BF16)
     routed_act_input_bytes: np.ndarray  # the same for the routed experts (``routed_act_input_bytes``)
-    first_layers: np.ndarray
-    middle_layers: np.ndarray
-    last_layers: np.ndarray
-    first_moe: np.ndarray
-    middle_moe: np.ndarray
-    last_moe: np.ndarray
     # What the first, middle and last stage may hold at their peaks (``pipeline.held_at_peak``):
     # per position (dense layer-, MoE layer-, edge chunk) micro-batches, each a (K, plans) array.
     held: list
-    layers_per_chunk: np.ndarray  # decoder layers of the fullest stage's model chunk
     recomputed_fraction: np.ndarray  # share of a chunk's layers that full recompute covers
     modules: dict  # --recompute-modules name -> mask (selective recompute only)
     grad_bytes: np.ndarray  # bytes per gradient element in the data-parallel reduction
@@ -369,11 +355,6 @@ class Candidates(_Stages):
     gather_bytes: np.ndarray  # bytes per parameter of the parameter all-gather (BF16, FP8 share at 1)
     moment_bytes: np.ndarray  # bytes of each Adam moment (FP32, BF16 with the precision-aware optimizer)
     master_bytes: np.ndarray  # bytes of each master weight (FP32; 16 bits when precision-aware or param_remainders)
-    dp_group: np.ndarray  # dense parameters are replicated over dp*cp GPUs
-    dp_per_node: np.ndarray
-    edp_group: np.ndarray  # experts over dp*cp*tp / (ep*etp): Megatron's parallel folding
-    edp_per_node: np.ndarray
-    imbalance: np.ndarray  # the busiest EP rank's tokens over the even share
     dualpipe: np.ndarray  # a published row's DualPipe schedule (``pipeline.DUALPIPE``), never searched
     dispatch_bytes: np.ndarray  # bytes per token value of an MoE dispatch/combine (a published row's FP8 dispatch)
     windowed_offload: np.ndarray  # TE >= 1.10's load-balanced offload windows (else one layer's, ``stages.offload_time``)
@@ -397,13 +378,13 @@ class Candidates(_Stages):
         return self.memo[term]
 
     def by_structure(self, term, *values):
-        """``term(s, *values)`` for an ``s`` holding the ``Structure`` fields (these candidates, or
+        """``term(s, *values)`` for an ``s`` holding the ``StructureFields`` (these candidates, or
         the ``Structure`` of their distinct structures): computed once per structure and gathered
         at each row where the structures are known (``Structures``), on every row otherwise. For a
         quantity of the structure alone that costs more than the one index a row its gathering does
-        (a group's shape on the network tiers, a dispatch's time); ``term`` reads ``Structure``
-        fields and ``values`` only, each of which is run-level (one value) or holds one per row
-        (a published row's own: then ``term`` is computed on every row)."""
+        (a group's shape on the network tiers, a dispatch's time); ``term`` reads
+        ``StructureFields`` and ``values`` only, each of which is run-level (one value) or holds one
+        per row (a published row's own: then ``term`` is computed on every row)."""
         if self.structures is None or any(np.ndim(value) for value in values):
             return term(self, *values)
         return self.structures.gathered(term(self.structures.each, *values))

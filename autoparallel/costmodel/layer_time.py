@@ -788,9 +788,9 @@ class Layers:
 
 def layer_params(s) -> Layers:
     """The layers' parameters on one GPU as ``layers`` gives them (``params``, ``expert_params``,
-    ``adapter_params``): the structure's alone (``s``: a ``candidates.Structure`` or ``Candidates``),
-    so priced once per structure where the candidates' structures are known
-    (``Candidates.by_structure``)."""
+    ``adapter_params``): the structure's alone (``s``: ``candidates.StructureFields``, a
+    ``Structure`` or ``Candidates``), so priced once per structure where the candidates' structures
+    are known (``Candidates.by_structure``)."""
     adapters = finetune.adapter_params_gpu(s.model, s.t) + np.zeros_like(s.t)
     dense = {"params": dense_params(s), "expert_params": 0.0, "adapter_params": adapters}
     if not s.model.is_moe:
