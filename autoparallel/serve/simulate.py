@@ -45,7 +45,9 @@ iterations priced at once with numpy), which the tests hold to the reference.
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -203,34 +205,59 @@ class IterationCost:
         return self.pp * (stage + self.hop[t_mb]) + m * self.pass_s
 
     def _unbalanced(self, tokens, sampled, flops, nbytes, m: int, chunks) -> float:
-        steps = [[0.0, 0.0, 0.0, 0.0] for _ in range(m)]  # tokens, sampled, attention FLOPs, bytes
+        # per step: tokens, sampled, attention FLOPs, bytes of its chunks
+        st, ss, sf, sb = [0.0] * m, [0.0] * m, [0.0] * m, [0.0] * m
         for j, shape in enumerate(chunks):  # (tokens, ends its prompt, FLOPs, bytes[, its step])
             c, ends, f, b = shape[:4]
-            step = steps[(shape[4] if len(shape) > 4 else j) % m]
-            step[0] += c
-            step[1] += ends
-            step[2] += f
-            step[3] += b
+            i = (shape[4] if len(shape) > 4 else j) % m
+            st[i] += c
+            ss[i] += ends
+            sf[i] += f
+            sb[i] += b
         # the decode requests spread evenly over the steps
-        totals = (tokens, sampled, flops, nbytes)
-        rest = [(total - sum(step[i] for step in steps)) / m for i, total in enumerate(totals)]
+        rt, rs, rf, rb = ((tokens - sum(st)) / m, (sampled - sum(ss)) / m, (flops - sum(sf)) / m,
+                          (nbytes - sum(sb)) / m)
+        per_tokens, per_sampled, hop, max_t, max_s = (self.per_tokens, self.per_sampled, self.hop, self.max_tokens,
+                                                      self.max_seqs)
         slowest = 0.0
-        for t, s, f, b in steps:
-            t_mb, s_mb = min(round(t + rest[0]), self.max_tokens), min(round(s + rest[1]), self.max_seqs)
-            slowest = max(slowest, self.per_tokens[t_mb] + self.per_sampled[s_mb]
-                          + self.attention(f + rest[2], b + rest[3]) + self.hop[t_mb])
+        for i in range(m):
+            t_mb, s_mb = min(round(st[i] + rt), max_t), min(round(ss[i] + rs), max_s)
+            slowest = max(slowest, per_tokens[t_mb] + per_sampled[s_mb] + self.attention(sf[i] + rf, sb[i] + rb)
+                          + hop[t_mb])
         return self.pp * float(slowest) + m * self.pass_s
 
     def decode_times(self, n: int, ctx_sums: np.ndarray) -> np.ndarray:
-        """Decode-only iterations of ``n`` sequences whose contexts sum to each of ``ctx_sums``."""
+        """Decode-only iterations of ``n`` sequences whose contexts sum to each of ``ctx_sums``
+        (numpy's elementwise operations, in place: one array allocated besides ``a`` and ``b``)."""
         m = min(self.pp, max(n, 1))
         t_mb = min(round(n / m), self.max_tokens)
         fixed = self.per_tokens[t_mb] + self.per_sampled[min(t_mb, self.max_seqs)] + self.hop[t_mb]
         a = ctx_sums * (self.ctx_flops / m * self.per_flop)
         b = ctx_sums * (self.ctx_bytes / m * self.per_byte)
-        hi = np.maximum(np.maximum(a, b), 1e-300)  # the roofline of ``attention``, over the array
-        att = hi * ((a / hi) ** self.k + (b / hi) ** self.k) ** (1.0 / self.k)
-        return self.pp * (fixed + att) + m * self.pass_s
+        hi = np.maximum(a, b)
+        np.maximum(hi, 1e-300, out=hi)  # the roofline of ``attention``, over the array
+        a /= hi
+        b /= hi
+        a **= self.k  # (``**``, as ``attention`` writes it: numpy's own paths for some exponents)
+        b **= self.k
+        a += b
+        a **= 1.0 / self.k
+        a *= hi  # the attention term
+        a += fixed
+        if self.pp != 1:  # (x * 1 is x)
+            a *= self.pp
+        a += m * self.pass_s
+        return a
+
+    def decode_floor(self, n: int, ctx_sum: int) -> float:
+        """At most ``decode_times(n, [ctx_sum])[0]``: the same sum in Python floats (whose ``**``
+        may differ from numpy's in the last bits), less one part in 10^9. ``simulate`` bounds with
+        it how many decode iterations can start before the next arrival (a bound only)."""
+        m = min(self.pp, max(n, 1))
+        t_mb = min(round(n / m), self.max_tokens)
+        fixed = self.per_tokens[t_mb] + self.per_sampled[min(t_mb, self.max_seqs)] + self.hop[t_mb]
+        att = self.attention(ctx_sum * self.ctx_flops / m, ctx_sum * self.ctx_bytes / m)
+        return (self.pp * (fixed + att) + m * self.pass_s) * (1.0 - 1e-9)
 
 
 @dataclass
@@ -412,22 +439,46 @@ def simulate_reference(cost: IterationCost, sched: Scheduler, arrival, inp, out)
 
 def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimResult:
     """``simulate_reference``'s scheduler with aggregated decode state and decode-only stretches
-    priced at once (the search runs this one)."""
+    priced at once (the search runs this one).
+
+    Written for speed (``validate --inference`` runs it ~600 times over ~20,000 requests each) with
+    the float operations of the plain version, in the same order, so its times are the same to the
+    last bit: without PP (one micro-batch step, an ``IterationCost``) an iteration's prompt chunks
+    and its price are computed in the loop (``Scheduler.chunks`` and ``IterationCost.time`` written
+    out; a PP layout or another cost calls them); the finishing decodes are a heap of integer keys
+    ``finish counter x n + id`` (an entry is stale unless its request still decodes towards that
+    counter); a stretch's bound from the next arrival takes its first iteration from
+    ``IterationCost.decode_floor`` (a bound only: the stretch ends where the arrival is, computed
+    as before)."""
     _check(sched, inp, out)
     n = len(arrival)
-    arrival_l = [float(a) for a in arrival]
-    inp_l, out_l = [int(i) for i in inp], [int(o) for o in out]
+    arrival_l = np.asarray(arrival, float).tolist()
+    inp_a, out_a = np.asarray(inp).astype(np.int64), np.asarray(out).astype(np.int64)
+    inp_l, out_l = inp_a.tolist(), out_a.tolist()
     first, finish = [math.nan] * n, [math.nan] * n
-    B, full = sched.block, sched.reserve_full
+    B, full, budget, chunked = sched.block, sched.reserve_full, sched.budget, sched.chunked
+    max_running, prefill_priority = sched.max_running, sched.prefill_priority
+    # blocks a full reservation holds per request (``Scheduler.reserved`` / ``blocks``, over the arrays)
+    need_full = (-(-(inp_a + np.maximum(out_a, sched.max_new_tokens)) // B)).tolist() if full else None
     gen, target, done, held = [0] * n, [0] * n, [0] * n, [0] * n
-    d0, p0, epoch = [0] * n, [0] * n, [0] * n  # decode entry: counter, cached positions; epoch voids stale heap entries
+    d0, p0, fin = [0] * n, [0] * n, [0] * n  # decode entry: counter, cached positions; the counter it finishes at
+    residue = [0] * n  # the ``cnt`` slot of a decoding request
     phase = [0] * n  # 0 waiting / gone, 1 prefilling, 2 decoding
     waiting, prefilling, order = deque(), deque(), []
-    heap: list[tuple[int, int, int]] = []  # (decode counter at which it finishes, id, epoch)
+    heap: list[int] = []  # fin[r] * n + r of each decode entry (stale ones included, skipped when popped)
     cnt = [0] * B  # decoding requests needing a new block at decode iteration D where D % B == residue
     n_dec, ctx_sum, D = 0, 0, 0
     free, t, nxt, iterations, preemptions, running = sched.kv_blocks, 0.0, 0, 0, 0, 0
     pipelined = cost.pp > 1
+    ctx_flops, ctx_bytes, chunk_flops = cost.ctx_flops, cost.ctx_bytes, cost.chunk_flops
+    inline = type(cost) is IterationCost and cost.pp == 1 and sched.steps == 1
+    if inline:  # IterationCost.time's constants, for its pp = 1 sum written out below
+        per_tokens, per_sampled, hop, pass_s = cost.per_tokens, cost.per_sampled, cost.hop, cost.pass_s
+        max_t, max_s, per_flop, per_byte, kk, inv_k = (cost.max_tokens, cost.max_seqs, cost.per_flop,
+                                                       cost.per_byte, cost.k, 1.0 / cost.k)
+    decode_floor = cost.decode_floor if isinstance(cost, IterationCost) else None
+    counters = np.arange(0, dtype=float)  # 0, 1, ... (grown as needed): a stretch's iterations
+    heappush, heappop, inf = heapq.heappush, heapq.heappop, math.inf
 
     def positions(r):
         return p0[r] + (D - d0[r])
@@ -437,8 +488,7 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
         gen[r] += D - d0[r]
         n_dec -= 1
         ctx_sum -= positions(r)
-        cnt[(d0[r] + 1 - p0[r]) % B] -= 1
-        epoch[r] += 1
+        cnt[residue[r]] -= 1
 
     def release(r):
         nonlocal free, running
@@ -451,9 +501,9 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
             waiting.append(nxt)
             target[nxt] = inp_l[nxt]
             nxt += 1
-        while waiting and running < sched.max_running:
+        while waiting and running < max_running:
             r = waiting[0]
-            need = -(-sched.reserved(inp_l[r], out_l[r]) // B) if full else -(-target[r] // B)
+            need = need_full[r] if full else -(-target[r] // B)
             if need > free:
                 break
             waiting.popleft()
@@ -465,7 +515,7 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
         if not running:
             t = max(t, arrival_l[nxt])
             continue
-        decode = not (sched.prefill_priority and prefilling)
+        decode = not (prefill_priority and prefilling)
         while decode and not full:
             need = cnt[(D + 1) % B]
             if need <= free:
@@ -482,87 +532,139 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
             preemptions += 1
             target[victim] = inp_l[victim] + gen[victim]
             waiting.appendleft(victim)
-            decode = not (sched.prefill_priority and prefilling)
+            decode = not (prefill_priority and prefilling)
         decodes = n_dec if decode else 0
         tokens = decodes
-        flops = (ctx_sum * cost.ctx_flops) if decodes else 0.0
-        nbytes = (ctx_sum * cost.ctx_bytes) if decodes else 0.0
-        chunks, shapes, completing = [], [], 0
-        placed = sched.chunks(tokens, (target[r] - done[r] for r in prefilling))  # read up to the budget
-        for r, (c, step) in zip(prefilling, placed):
-            f, b = cost.chunk_flops * c * (done[r] + c / 2.0), cost.ctx_bytes * done[r]
-            flops += f
-            nbytes += b
-            tokens += c
-            chunks.append((r, c))
-            ends = done[r] + c == target[r]
-            completing += ends
-            if pipelined:
-                shapes.append((c, float(ends), f, b, step))
-        t += cost.time(tokens, decodes + completing, flops, nbytes, decodes + len(chunks), shapes)
+        flops = (ctx_sum * ctx_flops) if decodes else 0.0
+        nbytes = (ctx_sum * ctx_bytes) if decodes else 0.0
+        completing, ended = 0, []  # ended: the prompts this iteration completes
+        if inline:
+            # Scheduler.chunks without PP: the first prompts, each whole but the last (which may stop at
+            # the budget), so the chunked ones are the first ``chunked_n`` of ``prefilling``
+            chunked_n, last = 0, 0
+            for r in prefilling:
+                dr = done[r]
+                rem = target[r] - dr
+                left = budget - tokens
+                c = (rem if rem <= left else left) if chunked else (rem if rem <= left or tokens == 0 else 0)
+                if c <= 0:
+                    break
+                flops += chunk_flops * c * (dr + c / 2.0)
+                nbytes += ctx_bytes * dr
+                tokens += c
+                chunked_n += 1
+                last = c
+                if c == rem:
+                    ended.append(r)
+            completing = len(ended)
+            # IterationCost.time at pp = 1 (one micro-batch: its divisions by 1 and products by 1 are exact)
+            tm = tokens if tokens < max_t else max_t
+            sm = decodes + completing
+            if sm > max_s:
+                sm = max_s
+            a, b = flops * per_flop, nbytes * per_byte
+            if a > b:  # IterationCost.attention: (hi / hi) ** k is 1.0 exactly
+                att = a * (1.0 + (b / a) ** kk) ** inv_k if a > 0 else 0.0
+            else:
+                att = b * ((a / b) ** kk + 1.0) ** inv_k if b > 0 else 0.0
+            t += per_tokens[tm] + per_sampled[sm] + att + hop[tm] + pass_s
+        else:
+            chunks, shapes = [], []
+            placed = sched.chunks(tokens, (target[r] - done[r] for r in prefilling))  # read up to the budget
+            for r, (c, step) in zip(prefilling, placed):
+                f, b = chunk_flops * c * (done[r] + c / 2.0), ctx_bytes * done[r]
+                flops += f
+                nbytes += b
+                tokens += c
+                chunks.append((r, c))
+                ends = done[r] + c == target[r]
+                completing += ends
+                if pipelined:
+                    shapes.append((c, float(ends), f, b, step))
+            t += cost.time(tokens, decodes + completing, flops, nbytes, decodes + len(chunks), shapes)
         iterations += 1
         if decodes:
             D += 1
             ctx_sum += n_dec
-            while heap and heap[0][0] <= D:
-                _, r, e = heapq.heappop(heap)
-                if e != epoch[r]:
+            below = (D + 1) * n  # the keys of entries finishing at D or before
+            while heap and heap[0] < below:
+                f, r = divmod(heappop(heap), n)
+                if phase[r] != 2 or fin[r] != f:  # stale: left decoding since (preempted)
                     continue
                 finish[r] = t
-                leave_decoding(r)
-                release(r)
-        for r, c in chunks:
-            done[r] += c
-            if done[r] < target[r]:
-                continue
-            if prefilling[0] == r:  # chunks run in admission order: a finished prompt is the first,
+                pos = p0[r] + (D - d0[r])  # leave_decoding and release, written out
+                n_dec -= 1
+                ctx_sum -= pos
+                cnt[residue[r]] -= 1
+                free += held[r] if full else -(-pos // B)
+                phase[r] = 0
+                running -= 1
+        if inline:
+            if chunked_n > completing:  # the last chunk, short of its prompt's end
+                done[prefilling[completing]] += last
+        else:
+            for r, c in chunks:
+                done[r] += c
+                if done[r] < target[r]:
+                    continue
+                if prefilling[0] == r:  # chunks run in admission order: a finished prompt is the first,
+                    prefilling.popleft()
+                else:  # except where a later micro-batch step finished a later prompt (PP)
+                    prefilling.remove(r)
+                ended.append(r)
+        for r in ended:
+            if inline:  # the first prompts (else removed above)
                 prefilling.popleft()
-            else:  # except where a later micro-batch step finished a later prompt (PP)
-                prefilling.remove(r)
             gen[r] += 1
-            if math.isnan(first[r]):
+            if first[r] != first[r]:  # NaN: its first token
                 first[r] = t
             if gen[r] >= out_l[r]:
                 finish[r] = t
-                release(r)
+                free += held[r]  # release of a prefilling request
+                phase[r] = 0
+                running -= 1
                 continue
             phase[r], d0[r], p0[r] = 2, D, target[r]
-            cnt[(D + 1 - target[r]) % B] += 1
+            residue[r] = (D + 1 - target[r]) % B
+            cnt[residue[r]] += 1
             n_dec += 1
             ctx_sum += target[r]
-            heapq.heappush(heap, (D + out_l[r] - gen[r], r, epoch[r]))
+            fin[r] = D + out_l[r] - gen[r]
+            heappush(heap, fin[r] * n + r)
         # Decode-only stretch: no prompt to prefill and nothing the next iterations could admit.
         if prefilling or not n_dec or not heap:
             continue
         if waiting:
             head = waiting[0]
-            need = -(-sched.reserved(inp_l[head], out_l[head]) // B) if full else -(-target[head] // B)
-            if running < sched.max_running and need <= free:
+            need = need_full[head] if full else -(-target[head] // B)
+            if running < max_running and need <= free:
                 continue
-            horizon = math.inf
+            horizon = inf
         else:
-            horizon = arrival_l[nxt] if nxt < n else math.inf
+            horizon = arrival_l[nxt] if nxt < n else inf
             if horizon <= t:
                 continue
-        k = heap[0][0] - D - 1  # stop one iteration before the first finish
+        k = heap[0] // n - D - 1  # stop one iteration before the first finish
         if k <= 0:
             continue
-        if horizon < math.inf:  # iterations only get longer: at most this many start before the arrival
-            first_step = cost.decode_times(n_dec, np.array([float(ctx_sum)]))[0]
+        if horizon < inf:  # iterations only get longer: at most this many start before the arrival
+            first_step = (decode_floor(n_dec, ctx_sum) if decode_floor is not None
+                          else cost.decode_times(n_dec, np.array([float(ctx_sum)]))[0])
             k = min(k, int((horizon - t) / first_step) + 2)
-        if not full:
-            needs = np.cumsum(np.array(cnt)[(D + 1 + np.arange(k)) % B])
-            k = int(np.searchsorted(needs, free, side="right"))
+        if not full:  # as many as the free blocks last: cnt repeats every B iterations, n_dec blocks a round
+            s = (D + 1) % B
+            ring = list(itertools.accumulate(cnt[s:] + cnt[:s]))
+            rounds, rest = divmod(free, n_dec)
+            k = min(k, rounds * B + bisect.bisect_right(ring, rest))
             if k <= 0:
                 continue
-        times = cost.decode_times(n_dec, ctx_sum + n_dec * np.arange(k, dtype=float))
-        if horizon < math.inf:
-            starts = t + np.concatenate(([0.0], np.cumsum(times[:-1])))
-            k = int(np.searchsorted(starts, horizon, side="left"))
-            if k <= 0:
-                continue
+        if k > len(counters):
+            counters = np.arange(max(k, 2 * len(counters)), dtype=float)
+        times = cost.decode_times(n_dec, ctx_sum + n_dec * counters[:k])
+        if horizon < inf:  # the iterations that start before the arrival (the first starts at t < horizon)
+            k = 1 + int(np.searchsorted(t + np.cumsum(times[:k - 1]), horizon, side="left"))
         if not full:
-            free -= int(needs[k - 1])
+            free -= (k - 1) // B * n_dec + ring[(k - 1) % B]
         t += float(np.sum(times[:k]))
         iterations += k
         D += k

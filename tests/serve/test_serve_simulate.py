@@ -139,6 +139,66 @@ def test_fast_equals_reference_on_a_real_cost(engine, pp, chunked, rate, blocks)
     assert fast.iterations > 0 and not np.isnan(fast.finish).any()
 
 
+class _Priced(IterationCost):
+    """An ``IterationCost`` that ``simulate`` prices through ``time`` and ``Scheduler.chunks`` (a
+    cost of another type), not through its own pp = 1 loop: the two must agree to the last bit."""
+
+
+def _mlperf_like(pp: int, policy: str, blocks: int | None):
+    """A TensorRT-LLM Llama-2-70B replica on H100 (TP1) as the MLPerf check runs it, with the capacity
+    policy ``policy`` and (``blocks``) a KV pool small enough to pause requests."""
+    from autoparallel.serve.assumptions import with_capacity_policy
+    wl = load_workload("mlperf-llama2-70b")
+    engine = with_capacity_policy(load_engine("tensorrt-llm"), policy)
+    cost, sched = replica(io.load_model("llama2-70b"), io.load_hardware("h100-sxm"), efficiency_for("tensorrt-llm"),
+                          engine, 1, pp, 96, 1024, "fp8", "fp8", 1, wl.max_input + wl.max_output, wl.max_output)
+    assert sched.reserve_full == (policy == "guaranteed_no_evict")
+    return wl, cost, (sched if blocks is None else dataclasses.replace(sched, kv_blocks=blocks))
+
+
+@pytest.mark.parametrize("pp, policy, blocks, chunked", [(1, "max_utilization", None, True),
+                                                         (1, "max_utilization", 300, True),
+                                                         (1, "max_utilization", 300, False),
+                                                         (1, "guaranteed_no_evict", None, True),
+                                                         (1, "guaranteed_no_evict", 700, False),
+                                                         (2, "max_utilization", 300, True),
+                                                         (4, "guaranteed_no_evict", None, True)])
+def test_fast_equals_reference_as_the_mlperf_check_runs_it(pp, policy, blocks, chunked):
+    """``simulate`` against ``simulate_reference`` on MLPerf's workload and the harness's scheduler
+    (pipelined or not, chunked or not, paused requests, full reservation), Poisson and all at once;
+    and, without PP, its written-out iteration (chunks and price) equals ``Scheduler.chunks`` and
+    ``IterationCost.time`` exactly."""
+    wl, cost, sched = _mlperf_like(pp, policy, blocks)
+    sched = dataclasses.replace(sched, chunked=chunked)
+    inp, out = wl.sample(160, 2)
+    paused = 0
+    for rate in (None, 4.0):
+        arr = arrivals(160, rate, 2)
+        fast, ref = simulate(cost, sched, arr, inp, out), simulate_reference(cost, sched, arr, inp, out)
+        np.testing.assert_allclose(fast.first_token, ref.first_token, rtol=1e-12)
+        np.testing.assert_allclose(fast.finish, ref.finish, rtol=1e-12)
+        assert (fast.iterations, fast.preemptions) == (ref.iterations, ref.preemptions)
+        priced = _Priced.__new__(_Priced)
+        priced.__dict__.update(cost.__dict__)
+        other = simulate(priced, sched, arr, inp, out)
+        np.testing.assert_array_equal(fast.first_token, other.first_token)
+        np.testing.assert_array_equal(fast.finish, other.finish)
+        assert (fast.iterations, fast.preemptions) == (other.iterations, other.preemptions)
+        paused += fast.preemptions
+    if blocks is not None and policy == "max_utilization":
+        assert paused > 0  # the small pool pauses requests: the preemption path is covered
+
+
+def test_decode_floor_bounds_the_first_decode_iteration():
+    """``IterationCost.decode_floor`` (the bound on a decode stretch before an arrival) is at most the
+    vectorised price and within a part in 10^8 of it."""
+    for pp in (1, 2, 4):
+        _, cost, _ = _mlperf_like(pp, "max_utilization", None)
+        for n, ctx in ((1, 10), (3, 2000), (96, 40_000), (96 * pp, 150_000)):
+            exact = float(cost.decode_times(n, np.array([float(ctx)]))[0])
+            assert exact * (1 - 1e-8) <= cost.decode_floor(n, ctx) <= exact
+
+
 def test_iteration_cost_is_the_stage_pass_sum():
     """A decode iteration and a mixed one priced through the tables equal stage_pass on the same
     batch (plus the per-iteration overhead), and the vectorised decode prices agree."""
