@@ -670,7 +670,7 @@ def test_newer_sft_rows_meet_the_target(newer_finetune_report):
 
 
 @pytest.mark.parametrize("cross", [True, False])
-def test_the_cli_reads_the_runs_once_under_a_live_display(cross):
+def test_the_cli_reads_the_runs_once_under_a_live_display(cross, monkeypatch):
     """`validate` read and priced the 343 published rows twice (all_runs for the bar's fold count, then
     again in validate_training: 50 s each on a loaded 2-core machine), both times with a blank terminal:
     now once, under the progress display, and handed to validate_training."""
@@ -678,6 +678,7 @@ def test_the_cli_reads_the_runs_once_under_a_live_display(cross):
 
     from autoparallel.cli import validate as cli_validate
     from autoparallel.cli.common import console
+    monkeypatch.setattr(console, "_force_terminal", True)  # off a terminal no bar (and no live display) is drawn
     reads = []
 
     def all_runs(runs=None):

@@ -117,7 +117,7 @@ def test_resume_picks_up_finished_jobs_and_resubmits_cancelled_ones(cluster, tmp
     # Interrupted as soon as the second job is submitted: it is cancelled, the first is kept.
     launcher = _launcher(tmp_path)
     launcher.batch.progress = lambda total: nullcontext(_interrupt)
-    with pytest.raises(KeyboardInterrupt, match=r"cancelled 1 Slurm job\(s\) \(scancel\); 1 finished"):
+    with pytest.raises(KeyboardInterrupt, match=r"cancelled 1 Slurm job \(scancel\); 1 finished result kept"):
         launcher.run_all([first, second])
     states = {p.parent: json.loads(p.read_text()) for p in tmp_path.glob("*/slurm.json")}
     cancelled = next(s["job_id"] for s in states.values() if s["job_id"] != done_id)
