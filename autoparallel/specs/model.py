@@ -15,6 +15,9 @@ from typing import Literal
 from autoparallel.specs.finetune import Finetune
 from autoparallel.specs.names import check_name
 
+# Megatron-LM's --hybrid-layer-pattern symbols that the cost model prices, one block per layer.
+HYBRID_LAYER_KINDS = {"M": "Mamba-2", "*": "attention", "-": "MLP", "E": "MoE"}
+
 # Megatron warns below FP32 routing from 32 experts on ("Consider enabling moe_router_dtype"); the
 # exports then pass --moe-router-dtype fp32 and the cost model prices the router that way.
 FP32_ROUTER_FROM_EXPERTS = 32
@@ -130,6 +133,22 @@ class ModelSpec:
     original_max_position_embeddings: int = 4096
     beta_fast: float = 32.0
     beta_slow: float = 1.0
+    # A hybrid Mamba-Transformer model (Megatron-LM --hybrid-layer-pattern, Nemotron-H / Nemotron 3):
+    # one symbol per layer, each layer one block: M a Mamba-2 mixer, * self-attention, - an MLP of
+    # ffn_hidden_size, E a MoE block (no attention beside it). None: every layer is attention plus an
+    # MLP or MoE block (moe_layer_freq). The pattern's length is num_layers.
+    hybrid_layer_pattern: str | None = None
+    # The Mamba-2 mixer (Megatron-Core MambaMixer's fields and defaults): heads of mamba_head_dim
+    # channels (None: 2 x hidden_size / mamba_head_dim, Mamba-2's expand of 2), the SSM state size,
+    # the B/C groups and the causal convolution's width.
+    mamba_num_heads: int | None = None
+    mamba_head_dim: int = 64
+    mamba_state_dim: int = 128
+    mamba_num_groups: int = 8
+    mamba_conv_kernel: int = 4
+    # LatentMoE (--moe-latent-size; Nemotron 3 Super / Ultra): the routed experts work in a
+    # moe_latent_size-wide space, entered and left through a projection from and to the hidden size.
+    moe_latent_size: int | None = None
     # The global batch size the model was published with; the search keeps it fixed by default.
     global_batch_size: int | None = None
     # Positions the model serves (Megatron-LM's --max-position-embeddings; HF's
@@ -148,7 +167,8 @@ class ModelSpec:
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
         for key in ("num_query_groups", "kv_channels", "num_experts", "moe_ffn_hidden_size",
-                    "moe_shared_expert_intermediate_size", "global_batch_size", "max_position_embeddings"):
+                    "moe_shared_expert_intermediate_size", "global_batch_size", "max_position_embeddings",
+                    "mamba_num_heads", "moe_latent_size"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ValueError(f"{key} must be a positive integer (or left out), got {getattr(self, key)}")
         if self.is_moe and not 1 <= self.moe_router_topk <= self.num_experts:
@@ -189,10 +209,34 @@ class ModelSpec:
                                  f"moe_router_group_topk={group_topk} be in 1..{groups}")
         if self.mtp_num_layers < 0:
             raise ValueError(f"mtp_num_layers must be 0 or more, got {self.mtp_num_layers}")
+        self._check_hybrid()
         if self.finetune and (self.finetune.document_tokens or 0) > self.seq_length:
             raise ValueError(f"finetune.document_tokens {self.finetune.document_tokens} is longer than the packed "
                              f"sequence (seq_length {self.seq_length})")
         self._check_export_fields()
+
+    def _check_hybrid(self) -> None:
+        for key in ("mamba_head_dim", "mamba_state_dim", "mamba_num_groups", "mamba_conv_kernel"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be a positive integer, got {getattr(self, key)}")
+        if self.moe_latent_size is not None and not self.is_moe:
+            raise ValueError("moe_latent_size is the routed experts' width: it needs num_experts")
+        pattern = self.hybrid_layer_pattern
+        if pattern is None:
+            return
+        unknown = sorted(set(pattern) - set(HYBRID_LAYER_KINDS))
+        if unknown:
+            raise ValueError(f"hybrid_layer_pattern {pattern!r} has {', '.join(map(repr, unknown))}: the priced "
+                             "layers are M (Mamba-2), * (attention), - (MLP) and E (MoE); pipeline stage "
+                             "marks | and MTP patterns / are not taken (set mtp_num_layers)")
+        if len(pattern) != self.num_layers:
+            raise ValueError(f"hybrid_layer_pattern has {len(pattern)} layers but num_layers is {self.num_layers}")
+        if ("E" in pattern) != self.is_moe:
+            raise ValueError("hybrid_layer_pattern has MoE layers (E) but no num_experts" if "E" in pattern else
+                             "num_experts is set but hybrid_layer_pattern has no MoE layer (E)")
+        if "M" in pattern and self.mamba_heads % self.mamba_num_groups:
+            raise ValueError(f"mamba_num_heads={self.mamba_heads} is not a multiple of "
+                             f"mamba_num_groups={self.mamba_num_groups} (Megatron-Core MambaMixer)")
 
     def _check_export_fields(self) -> None:
         """The export-only fields, refused where Megatron-LM would refuse the model (its
@@ -272,6 +316,8 @@ class ModelSpec:
     def moe_layer_pattern(self) -> tuple[int, ...]:
         """1 for each MoE layer, 0 for each dense one (Megatron-LM's ``moe_layer_pattern``);
         all 0 for a dense model."""
+        if self.is_hybrid:
+            return tuple(int(kind == "E") for kind in self.hybrid_layer_pattern)
         if not self.is_moe:
             return (0,) * self.num_layers
         return moe_layer_pattern(self.moe_layer_freq, self.num_layers)
@@ -283,6 +329,38 @@ class ModelSpec:
     @property
     def num_dense_layers(self) -> int:
         return self.num_layers - self.num_moe_layers
+
+    @property
+    def is_hybrid(self) -> bool:
+        """A hybrid Mamba-Transformer: each layer is one block, as ``hybrid_layer_pattern`` says."""
+        return self.hybrid_layer_pattern is not None
+
+    @cached_property
+    def layer_kind_counts(self) -> dict[str, int]:
+        """How many layers of each kind: for a hybrid model its pattern's symbols (M, *, -, E);
+        otherwise "dense" (attention + MLP) and "moe" (attention + MoE) layers."""
+        if self.is_hybrid:
+            return {kind: self.hybrid_layer_pattern.count(kind) for kind in HYBRID_LAYER_KINDS}
+        return {"dense": self.num_dense_layers, "moe": self.num_moe_layers}
+
+    # The Mamba-2 mixer's shapes (Megatron-Core MambaMixer): d_inner channels in heads of
+    # mamba_head_dim; in_proj makes z and x (d_inner each), B and C (groups x state each) and dt
+    # (one per head); the causal conv1d runs over x, B and C.
+    @property
+    def mamba_heads(self) -> int:
+        return self.mamba_num_heads or 2 * self.hidden_size // self.mamba_head_dim
+
+    @property
+    def mamba_inner(self) -> int:
+        return self.mamba_heads * self.mamba_head_dim
+
+    @property
+    def mamba_in_proj_width(self) -> int:
+        return 2 * self.mamba_inner + 2 * self.mamba_num_groups * self.mamba_state_dim + self.mamba_heads
+
+    @property
+    def mamba_conv_channels(self) -> int:
+        return self.mamba_inner + 2 * self.mamba_num_groups * self.mamba_state_dim
 
     # Attention shapes: per-head dims of queries/keys and of values (MLA gives them apart).
     @property
@@ -322,13 +400,26 @@ class ModelSpec:
         return (q_in * heads * (self.qk_head_dim + self.qk_pos_emb_head_dim)
                 + self.kv_lora_rank * heads * (self.qk_head_dim + self.v_head_dim))
 
-    def mlp_params(self, ffn: int) -> int:
-        return (3 if self.gated_mlp else 2) * self.hidden_size * ffn
+    def mlp_params(self, ffn: int, width: int | None = None) -> int:
+        """An MLP of ``ffn`` hidden units on ``width`` (default hidden_size) inputs and outputs."""
+        return (3 if self.gated_mlp else 2) * (width or self.hidden_size) * ffn
 
     @property
     def expert_params(self) -> int:
-        """One routed expert's MLP."""
-        return self.mlp_params(self.expert_ffn_hidden_size)
+        """One routed expert's MLP (on the latent width under LatentMoE)."""
+        return self.mlp_params(self.expert_ffn_hidden_size, self.moe_latent_size)
+
+    @property
+    def latent_projection_params(self) -> int:
+        """LatentMoE's projections from the hidden size to the experts' latent width and back."""
+        return 2 * self.hidden_size * (self.moe_latent_size or 0)
+
+    @property
+    def mamba_params(self) -> int:
+        """A Mamba-2 mixer: in_proj, the conv1d's kernel and out_proj (its per-head A, D and dt
+        bias and the gated norm left out, as norms and biases are)."""
+        return (self.hidden_size * self.mamba_in_proj_width + self.mamba_conv_kernel * self.mamba_conv_channels
+                + self.mamba_inner * self.hidden_size)
 
     @property
     def shared_expert_params(self) -> int:
@@ -351,29 +442,44 @@ class ModelSpec:
         """A dense layer: attention and an MLP of ffn_hidden_size."""
         return self.attention_params + self.mlp_params(self.ffn_hidden_size)
 
+    def moe_block_params(self, experts: int) -> int:
+        """A MoE block with ``experts`` routed experts, the shared experts, the router and the
+        latent projections."""
+        return (experts * self.expert_params + self.shared_expert_params + self.router_params
+                + self.latent_projection_params)
+
     @property
     def moe_layer_params(self) -> int:
         """A MoE layer: attention, every routed expert, the shared experts and the router."""
-        return (self.attention_params + (self.num_experts or 0) * self.expert_params
-                + self.shared_expert_params + self.router_params)
+        return self.attention_params + self.moe_block_params(self.num_experts or 0)
 
     @property
     def active_moe_layer_params(self) -> int:
         """The weights one token passes through in a MoE layer: its top-k experts."""
-        return (self.attention_params + self.moe_router_topk * self.expert_params
-                + self.shared_expert_params + self.router_params)
+        return self.attention_params + self.moe_block_params(self.moe_router_topk)
+
+    def kind_params(self, active: bool = False) -> dict[str, int]:
+        """One layer's parameters by kind (``layer_kind_counts``' keys); ``active``: only the
+        weights a token passes through (its top-k experts)."""
+        experts = self.moe_router_topk if active else (self.num_experts or 0)
+        if self.is_hybrid:
+            return {"M": self.mamba_params, "*": self.attention_params,
+                    "-": self.mlp_params(self.ffn_hidden_size), "E": self.moe_block_params(experts)}
+        return {"dense": self.dense_layer_params, "moe": self.attention_params + self.moe_block_params(experts)}
+
+    def _all_layer_params(self, active: bool) -> int:
+        params = self.kind_params(active)
+        return sum(count * params[kind] for kind, count in self.layer_kind_counts.items())
 
     @cached_property
     def layer_params(self) -> int:
         """All parameters of one layer, averaged over the layers (every expert for MoE)."""
-        return (self.num_dense_layers * self.dense_layer_params
-                + self.num_moe_layers * self.moe_layer_params) // self.num_layers
+        return self._all_layer_params(active=False) // self.num_layers
 
     @cached_property
     def active_layer_params(self) -> int:
         """Parameters one token passes through in one layer, averaged over the layers."""
-        return (self.num_dense_layers * self.dense_layer_params
-                + self.num_moe_layers * self.active_moe_layer_params) // self.num_layers
+        return self._all_layer_params(active=True) // self.num_layers
 
     @property
     def embedding_params(self) -> int:
@@ -382,15 +488,12 @@ class ModelSpec:
     @property
     def num_parameters(self) -> int:
         output = 0 if self.tie_embeddings else self.embedding_params
-        layers = self.num_dense_layers * self.dense_layer_params + self.num_moe_layers * self.moe_layer_params
-        return layers + self.embedding_params + output
+        return self._all_layer_params(active=False) + self.embedding_params + output
 
     @property
     def num_active_parameters(self) -> int:
         output = 0 if self.tie_embeddings else self.embedding_params
-        layers = (self.num_dense_layers * self.dense_layer_params
-                  + self.num_moe_layers * self.active_moe_layer_params)
-        return layers + self.embedding_params + output
+        return self._all_layer_params(active=True) + self.embedding_params + output
 
 
 def moe_layer_pattern(freq: int | str, num_layers: int) -> tuple[int, ...]:
