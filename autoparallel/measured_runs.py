@@ -42,9 +42,10 @@ TRAINING_RUNS = ("training_runs.csv", "training_runs_more.csv", "training_runs_p
 # NVIDIA's runs newer than the fit (Megatron-Bridge's 26.02-26.08 summaries, Megatron-LM's
 # DeepSeek-V3 GB200 guide) are the runs the fit did not see; NeMo's fine-tuning table
 # (nemo_finetune_runs.csv) and Megatron-Bridge's newer SFT / LoRA tables (finetune_runs_newer.csv) are
-# predicted only too: no fit has fine-tuning rows.
+# predicted only too: no fit has fine-tuning rows. The Nemotron 3 hybrid Mamba-Transformer runs of the
+# same summaries (training_runs_hybrid.csv) are a held-out group of their own (kind hybrid-newer).
 VALIDATION_ONLY_RUNS = ("mlperf_training_gpt3.csv", "mlperf_training_lora_hopper.csv", "training_runs_newer.csv",
-                        "nemo_finetune_runs.csv", "finetune_runs_newer.csv")
+                        "nemo_finetune_runs.csv", "finetune_runs_newer.csv", "training_runs_hybrid.csv")
 VALIDATION_ONLY_SOURCES = ("mlperf", "mlperflora", "bridge", "megatron", "nemoft")
 NEWER_SOURCES = ("bridge", "megatron")
 LOAD_BALANCE_RUNS = "moe_load_balance.csv"
@@ -156,6 +157,8 @@ def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
     stated.update({k: float(row[k]) for k in ("hidden_dropout", "attention_dropout") if _given(row, k)})
     if _given(row, "mtp_num_layers"):  # MTP models use rotary positions (Megatron refuses others)
         stated.update(mtp_num_layers=int(row["mtp_num_layers"]), position_embedding_type="rope")
+    if _given(row, "hybrid_layer_pattern"):
+        stated.update(_hybrid_fields(row))
     if _given(row, "tie_embeddings"):
         stated["tie_embeddings"] = bool(int(row["tie_embeddings"]))
     if _given(row, "finetune"):
@@ -168,12 +171,28 @@ def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
                                       bool(int(row["fp8_transpose_per_microbatch"]))
                                       if _given(row, "fp8_transpose_per_microbatch") else False)
     groups = None if stated.get("multi_latent_attention") else opt_int("num_query_groups")
+    stated.setdefault("normalization", "rmsnorm" if row["activation"] == "swiglu" else "layernorm")
     return ModelSpec(
         name=str(row["model"]), num_layers=int(row["num_layers"]), hidden_size=int(row["hidden_size"]),
         ffn_hidden_size=int(row["ffn_hidden_size"]), num_attention_heads=int(row["num_attention_heads"]),
         num_query_groups=groups, kv_channels=opt_int("kv_channels"),
         vocab_size=int(row["vocab_size"]), seq_length=int(row["seq_length"]), activation=str(row["activation"]),
-        normalization="rmsnorm" if row["activation"] == "swiglu" else "layernorm", **stated)
+        **stated)
+
+
+# A hybrid Mamba-Transformer row's columns beyond a transformer's (training_runs_hybrid.csv): its
+# layer pattern, Mamba-2 mixer, LatentMoE width, routing groups, and the norm and position
+# embedding, which the activation does not imply there (squared ReLU with RMSNorm, no positions).
+HYBRID_INT_COLUMNS = ("mamba_num_heads", "mamba_head_dim", "mamba_state_dim", "mamba_num_groups",
+                      "mamba_conv_kernel", "moe_latent_size", "moe_router_num_groups", "moe_router_group_topk")
+
+
+def _hybrid_fields(row: pd.Series) -> dict:
+    """The ModelSpec fields a hybrid row states (a column left empty keeps ModelSpec's default)."""
+    out = {"hybrid_layer_pattern": str(row["hybrid_layer_pattern"])}
+    out.update({k: int(row[k]) for k in HYBRID_INT_COLUMNS if _given(row, k)})
+    out.update({k: str(row[k]) for k in ("normalization", "position_embedding_type") if _given(row, k)})
+    return out
 
 
 def _preset(name: str) -> ModelSpec | None:
@@ -377,8 +396,11 @@ class PreparedRow:
     def kind(self) -> str:
         """dense, moe, mlperf (the validation-only MLPerf GPT-3 rows), lora or sft (fine-tuning
         rows: MLPerf's LoRA, NeMo's table), dense-newer, moe-newer, sft-newer and lora-newer
-        (NVIDIA's runs newer than the fit), each reported apart."""
+        (NVIDIA's runs newer than the fit), hybrid-newer (the Nemotron 3 hybrid Mamba-Transformer
+        runs of training_runs_hybrid.csv), each reported apart."""
         newer = assumptions_key(self.id) in NEWER_SOURCES
+        if self.model.is_hybrid:  # before MoE: every Nemotron 3 model is both
+            return "hybrid-newer" if newer else "hybrid"
         if self.model.is_moe:
             return "moe-newer" if newer else "moe"
         if self.model.finetune is not None:

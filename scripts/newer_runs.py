@@ -5,8 +5,12 @@ and whose model autoparallel has a preset for, layout columns exactly as publish
 architecture columns as the 25.11 rows of training_runs_more.csv state them (Kimi-K2, which has
 no 25.11 row, from its preset). These rows are validation-only: calibration never fits them, so
 they are the runs the fit did not see. One more row: Megatron-LM's own DeepSeek-V3 GB200 guide
-(970 model TFLOP/s/GPU), every knob from its reproduce guide's launch script. Re-run after a new
-summary appears:
+(970 model TFLOP/s/GPU), every knob from its reproduce guide's launch script.
+
+The Nemotron 3 rows (hybrid Mamba-Transformer MoE: Nano, 3.5 Lightning, Super, Ultra) go to
+autoparallel/data/training_runs_hybrid.csv instead, their architecture columns (the hybrid ones
+too) as the model's preset states them: they are the held-out "hybrid-newer" group, priced only
+once the cost model prices Mamba-2 and LatentMoE layers. Re-run after a new summary appears:
 
     python scripts/newer_runs.py [--git-dir /work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo]
 """
@@ -22,12 +26,26 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "autoparallel" / "data" / "training_runs_newer.csv"
+HYBRID_OUT = ROOT / "autoparallel" / "data" / "training_runs_hybrid.csv"
 MORE = ROOT / "autoparallel" / "data" / "training_runs_more.csv"
 SUMMARIES = ("docs/performance-summary.md", "docs/performance-summary-archive.md")
 FIRST_UNSEEN = (26, 2)  # releases after 25.11, the last one training_runs_more.csv holds
 MODELS = {"DeepSeekV3": "deepseek-v3", "GPT OSS 120B": "gpt-oss-120b", "Qwen3_30B_a3B": "qwen3-30b-a3b",
           "Qwen3_235B_a22B": "qwen3-235b-a22b", "Kimi_K2": "kimi-k2", "LLAMA3_70B": "llama3-70b",
           "LLAMA3.1_405B": "llama3.1-405b"}
+# The hybrid Mamba-Transformer models (written to HYBRID_OUT, architecture from the preset).
+HYBRID = {"Nemotron_3_Nano": "nemotron-3-nano", "Nemotron_3_5_Lightning": "nemotron-3.5-lightning",
+          "Nemotron_3_Super": "nemotron-3-super", "Nemotron_3_Ultra": "nemotron-3-ultra"}
+# Beyond ARCH: the hybrid layer pattern and Mamba-2 mixer, LatentMoE, routing groups, MTP, and the
+# norm and position embedding model_from_row cannot infer from the activation (squared ReLU with RMSNorm).
+HYBRID_ARCH = ("hybrid_layer_pattern", "mamba_num_heads", "mamba_head_dim", "mamba_state_dim", "mamba_num_groups",
+               "mamba_conv_kernel", "moe_latent_size", "moe_router_num_groups", "moe_router_group_topk",
+               "mtp_num_layers", "normalization", "position_embedding_type", "tie_embeddings")
+# Nemotron 3 Ultra's recipe (Megatron-Bridge v0.6.0 51885cf1 perf_recipes/nemotronh/common.py
+# _apply_nemotron_3_ultra_fsdp_hsdp) runs Megatron-FSDP sharded within a 64-GPU NVLink domain
+# (_GB300_NVLINK_DOMAIN_GPUS; HSDP, 256 / 64 = 4 optimizer instances, on GB300 and GB200 alike); the 26.08
+# table has no FSDP column, so the recipe's shard size is stated.
+RECIPE_FSDP = {"nemotron-3-ultra": 64}
 GPUS = {"DGX-GB300": "gb300", "DGX-GB200": "gb200", "DGX-B300": "b300", "DGX-B200": "b200", "DGX-H100": "h100-sxm"}
 # Bridge's "FP8" is current scaling (scripts/performance/utils/precision.py: fp8_cs), as in 25.11.
 PRECISIONS = {"BF16": "bf16", "FP8": "fp8-current", "MXFP8": "mxfp8", "NVFP4": "nvfp4"}
@@ -118,40 +136,60 @@ def layout_of(cell: dict) -> dict:
     return {k.lower(): one(k) for k in ("TP", "PP", "CP", "VP", "EP")}
 
 
-def rows(git_dir: str) -> tuple[list[dict], set[str]]:
+def preset_arch(name: str) -> dict:
+    """A hybrid model's architecture columns (ARCH and HYBRID_ARCH) as its preset states them."""
+    from autoparallel import io
+    model = io.load_model(name)
+    mla = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+    out = {k: getattr(model, k) for k in (*ARCH, *HYBRID_ARCH)
+           if k != "moe_layer_freq" and (model.multi_latent_attention or k not in mla)}
+    out["tie_embeddings"] = int(model.tie_embeddings)
+    return out
+
+
+def rows(git_dir: str) -> tuple[list[dict], list[dict], set[str]]:
+    """(the newer rows of preset models, the hybrid rows, the tables' models without a preset)."""
     commit, texts = summaries(git_dir)
     more = pd.read_csv(MORE)
-    out, skipped = [], set()
+    out, hybrid, skipped = [], [], set()
     for path, text in texts:
         for release, title, header, cells in tables(text):
             if release_key(release)[:2] < FIRST_UNSEEN:
                 continue
-            if title not in MODELS:
+            if title not in MODELS and title not in HYBRID:
                 skipped.add(title)
                 continue
             cell = dict(zip(header, cells))
-            model = MODELS[title]
-            known = more[more.model == model]
-            arch = KIMI_K2 if model == "kimi-k2" else known.iloc[0][list(ARCH)].to_dict()
+            model = MODELS.get(title) or HYBRID[title]
+            if title in HYBRID:
+                arch = preset_arch(model)
+            else:
+                known = more[more.model == model]
+                arch = KIMI_K2 if model == "kimi-k2" else known.iloc[0][list(ARCH)].to_dict()
             layout = layout_of(cell)
             gpu, gpus, prec = GPUS[cell["System"]], int(cell["#-GPUs"]), PRECISIONS[cell["Precision"]]
             mbs, gbs, seq = int(cell["MBS"]), int(cell["GBS"]), int(cell["Sequence Length"])
-            fsdp = int(cell.get("FSDP", "0") or 0)
+            fsdp = int(cell.get("FSDP", "0") or 0) or RECIPE_FSDP.get(model, 0)
             rid = (f"bridge-{release}-{model}-{gpu}-{gpus}gpu-{prec}-tp{layout['tp']}pp{layout['pp']}cp{layout['cp']}"
                    f"vp{layout['vp']}ep{layout['ep']}-mbs{mbs}-gbs{gbs}" + (f"-fsdp{fsdp}" if fsdp else ""))
             note = NOTES.get(model, "") + NOTES.get(f"{model}@{release}", "")
-            out.append({
+            if model in RECIPE_FSDP and "FSDP" not in cell:
+                note += f"FSDP {fsdp} from the recipe (HSDP within a 64-GPU NVLink domain; the table has no FSDP column); "
+            (hybrid if title in HYBRID else out).append({
                 "id": rid, "model": model, **arch, "seq_length": seq, "gpu": gpu, "num_gpus": gpus, **layout,
                 "mbs": mbs, "gbs": gbs, "precision": prec,
                 "measured_tokens_per_s_per_gpu": number(cell["Tokens / sec / GPU"]),
                 "measured_model_tflops_per_gpu": number(cell["Model TFLOP / sec / GPU"]),
                 "source": f"NVIDIA-NeMo/Megatron-Bridge@{commit}:{path} "
                           f"[{release} NeMo Container / Pre-Training Performance]",
-                "notes": note + "one published figure; recompute, overlap and dispatcher not stated (searched)",
+                "notes": note + ("one published figure; recompute, dispatcher and overlap as the recipe ran them "
+                                 "(recipe_settings.yaml)" if title in HYBRID else
+                                 "one published figure; recompute, overlap and dispatcher not stated (searched)"),
                 "fsdp": fsdp or "", "release": release, "mtp_num_layers": MTP.get(model, ""), **SPLIT.get(model, {}),
+                **({k: arch[k] for k in HYBRID_ARCH} if title in HYBRID else {}),
             })
     deepseek = more[more.model == "deepseek-v3"].iloc[0][list(ARCH)].to_dict()
-    return out + [{**deepseek, **MEGATRON_GUIDE}], skipped
+    return out + [{**deepseek, **MEGATRON_GUIDE}], hybrid, skipped
 
 
 def whole_numbers(frame: pd.DataFrame) -> pd.DataFrame:
@@ -167,16 +205,19 @@ def whole_numbers(frame: pd.DataFrame) -> pd.DataFrame:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--git-dir", default="/work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo")
-    found, skipped = rows(parser.parse_args().git_dir)
+    found, hybrid, skipped = rows(parser.parse_args().git_dir)
     columns = list(pd.read_csv(MORE, nrows=0).columns) + [
         "mtp_num_layers", "etp", "distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather",
         "fp8_param_gather", "precision_aware_optimizer", "grad_reduce_in_fp32", "cuda_graph",
         "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
         "account_for_loss_in_pipeline_split"]
-    frame = whole_numbers(pd.DataFrame(found).reindex(columns=columns))
-    assert frame["id"].is_unique, frame["id"][frame["id"].duplicated()].tolist()
-    frame.to_csv(OUT, index=False)
-    print(f"{len(frame)} rows -> {OUT.relative_to(ROOT)}; skipped (no preset): {', '.join(sorted(skipped))}")
+    for rows_, path, cols in ((found, OUT, columns),
+                              (hybrid, HYBRID_OUT, columns + [c for c in HYBRID_ARCH if c not in columns])):
+        frame = whole_numbers(pd.DataFrame(rows_).reindex(columns=cols))
+        assert frame["id"].is_unique, frame["id"][frame["id"].duplicated()].tolist()
+        frame.to_csv(path, index=False)
+        print(f"{len(frame)} rows -> {path.relative_to(ROOT)}")
+    print(f"skipped (no preset): {', '.join(sorted(skipped))}")
 
 
 if __name__ == "__main__":

@@ -162,7 +162,8 @@ def test_leave_one_model_out_error(report):
 
 
 def test_every_other_published_layout_fits_as_run(full_report):
-    fits = full_report.set_index("id").fits
+    """The hybrid rows' fit is tests/test_hybrid_presets.py's (it needs the hybrid cost model)."""
+    fits = full_report[~validate.held_apart(full_report)].set_index("id").fits
     assert set(NOT_FITTING_AS_RUN) <= set(fits.index)
     others = fits.drop(list(NOT_FITTING_AS_RUN))
     assert others.all(), list(others.index[~others])
@@ -300,9 +301,9 @@ def test_mlperf_rows_are_never_fitted(full_report, report):
 
 def test_summary_reports_sources_and_gpus_with_held_out_errors(full_report):
     s = validate.summary(full_report)
-    assert list(s.by.unique()) == ["kind", "source", "gpu", "system"]
+    assert list(s.by.unique()) == ["kind", "source", "gpu", "system", "hybrid gpu"]
     assert set(s[s.by == "kind"].group) == {"dense", "moe", "mlperf", "lora", "sft", "dense-newer", "moe-newer",
-                                            "sft-newer", "lora-newer"}
+                                            "sft-newer", "lora-newer", "hybrid-newer"}
     assert {"heldout_mean_abs_error_pct", "heldout_max_abs_error_pct"} <= set(s.columns)
     assert (s.heldout_mean_abs_error_pct >= 0).all()
 
@@ -610,6 +611,10 @@ def newer_finetune_report(full_report):
 NEWER_TABLES = {
     NEWER: ({"moe-newer": 108, "dense-newer": 61}, NEWER_SOURCES, {"gb300", "gb200", "b300", "b200", "h100-sxm"}),
     NEWER_FINETUNE: ({"sft-newer": 5, "lora-newer": 5}, {"bridge 26.06"}, {"gb300", "gb200", "h100-sxm"}),
+    # The Nemotron 3 hybrid Mamba-Transformer runs (session 48): held out, summarized apart.
+    "training_runs_hybrid.csv": ({"hybrid-newer": 53}, {f"bridge {r}" for r in ("26.02.01", "26.04", "26.04.01",
+                                                                              "26.06", "26.06.01", "26.08")},
+                                 {"gb300", "gb200", "b300", "b200", "h100-sxm"}),
 }
 
 

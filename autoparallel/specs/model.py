@@ -24,7 +24,8 @@ FP32_ROUTER_FROM_EXPERTS = 32
 
 Activation = Literal["gelu", "swiglu", "squared_relu"]
 Normalization = Literal["layernorm", "rmsnorm"]
-PositionEmbedding = Literal["learned_absolute", "rope"]
+# "none": no position embedding at all (Megatron-LM --position-embedding-type none; hybrid Mamba models).
+PositionEmbedding = Literal["learned_absolute", "rope", "none"]
 RouterScore = Literal["softmax", "sigmoid"]  # --moe-router-score-function
 RouterDtype = Literal["fp32", "bf16"]  # --moe-router-dtype (bf16: Megatron-Core's default, the params' dtype)
 SoftmaxType = Literal["vanilla", "off-by-one", "learnable"]  # --softmax-type (learnable: attention sinks)
@@ -241,7 +242,7 @@ class ModelSpec:
     def _check_export_fields(self) -> None:
         """The export-only fields, refused where Megatron-LM would refuse the model (its
         validate_args and TransformerConfig.__post_init__ messages quoted)."""
-        if self.mtp_num_layers and self.position_embedding_type != "rope":
+        if self.mtp_num_layers and self.position_embedding_type not in ("rope", "none"):
             raise ValueError("Multi-Token Prediction (MTP) is not supported with "
                              f"{self.position_embedding_type} position embedding type (Megatron-LM: rope or none)")
         if self.moe_router_enable_expert_bias and self.moe_router_score_function != "sigmoid":
