@@ -76,5 +76,5 @@ def nonexpert_moe_params_gpu(model: ModelSpec, tp):
     """Everything else of a MoE layer on one GPU: attention and shared experts split by TP, MLA's
     down projections and the router whole on every TP rank."""
     tp = np.asarray(tp, dtype=float)
-    split = model.attention_params - model.mla_down_params + model.shared_expert_params
+    split = model.attention_params - model.mla_down_params + model.shared_expert_params + model.latent_projection_params
     return split / tp + model.mla_down_params + model.router_params
