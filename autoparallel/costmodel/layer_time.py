@@ -944,7 +944,8 @@ def hybrid_layers(costs: dict, model) -> Layers:
     """A hybrid model's ``Layers``: ``moe`` its E layer, ``dense`` the mean of its other layers
     (M, *, -) in the pattern's proportions, ``kinds`` each kind's costs. A stage's E layers are
     counted exactly (``ModelSpec.moe_layer_pattern``); its other layers are priced at the
-    pattern's mix, exact for one stage (pp = 1) and for stages whose mix is the pattern's.
+    pattern's mix, exact for one stage (pp = 1) and for stages whose mix is the pattern's; the
+    bytes ``working`` while a layer computes are the largest kind's.
     Megatron-LM splits a hybrid pattern without '|' marks into pp contiguous equal parts (no
     virtual stages; d98e8a64dd ``megatron/core/models/hybrid/hybrid_layer_allocation.py``
     ``select_pipeline_segment``)."""
@@ -952,7 +953,11 @@ def hybrid_layers(costs: dict, model) -> Layers:
     some = next(iter(costs.values()))
     zeros = {key: np.zeros_like(np.asarray(value, dtype=float)) for key, value in some.items()}
     dense = mean_of_kinds(costs, counts) if counts else zeros
-    return Layers(dense, costs["E"] if model.is_moe else zeros, costs)
+    moe_layer = dict(costs["E"]) if model.is_moe else zeros
+    if counts and "working" in dense:  # the layer computing: the largest of the stage's kinds
+        dense["working"] = np.maximum.reduce([np.asarray(costs[k]["working"], dtype=float) for k in counts])
+        moe_layer["working"] = np.maximum(moe_layer["working"], dense["working"])
+    return Layers(dense, moe_layer, costs)
 
 
 @dataclass
