@@ -200,3 +200,12 @@ def test_serving_refuses_a_hybrid_model(hw):
     with pytest.raises(UnpricedModelError, match="hybrid") as exc:
         layout(nano(), hw, None, np.array([1.0]), np.array([1.0]), ["bf16"], ["bf16"])
     assert isinstance(exc.value, ValueError) and isinstance(exc.value, UserError)
+
+
+def test_latent_moe_dispatches_and_permutes_the_latent_width(hw):
+    """LatentMoE's dispatcher sees latent-dim tensors only: the permutations' bytes and the
+    routed experts' FC1 input scale by latent / hidden."""
+    plain, latent = _cands(nano(), hw), _cands(nano(moe_latent_size=1024), hw)
+    assert lt.permutation_time(latent)[0][0] == pytest.approx(lt.permutation_time(plain)[0][0] * 1024 / 2688, rel=REL)
+    assert lt.gemm_input_elements(latent, lt.HYBRID["E"]) - lt.gemm_input_elements(plain, lt.HYBRID["E"]) == (
+        6 * (1024 - 2688) + 2688 + 1024)

@@ -157,7 +157,7 @@ def permutation_time(x: Candidates):
     received = received_copies(x)
     sorts = x.knob_is("moe_token_dispatcher_type", "alltoall") & (moe.local_experts(model, x.e) > 1)
     passes = 2.0 * tokens * (1.0 + k) + np.where(sorts, 2.0 * 2.0 * received, 0.0)
-    forward = passes * dispatch.DISPATCH_BYTES * model.hidden_size / x.hbm
+    forward = passes * dispatch.DISPATCH_BYTES * moe.routed_width(model) / x.hbm
     return forward, forward
 
 
@@ -222,7 +222,7 @@ def expert_bias_time(x: Candidates):
     model = x.model
     if not (model.is_moe and model.add_bias_linear):
         return np.zeros_like(x.t, dtype=float), np.zeros_like(x.t, dtype=float)
-    elements = received_copies(x) * model.hidden_size
+    elements = received_copies(x) * moe.routed_width(model)
     wide = fp32_expert_probs(x)
     return tuple(np.where(wide, fp32, bf16) * elements / x.hbm
                  for fp32, bf16 in zip(expert_bias_bytes(ROUTER_FP32_BYTES), expert_bias_bytes(ROUTER_BF16_BYTES)))
@@ -424,7 +424,7 @@ STASH_PROB_BYTES = 4.0
 
 def paged_stash_bytes_per_copy(model) -> float:
     """HBM bytes one routed token copy's stashed tensors hold (``paged_stash_time``)."""
-    h, f = model.hidden_size, model.expert_ffn_hidden_size
+    h, f = moe.routed_width(model), model.expert_ffn_hidden_size
     fc1_out = (2.0 if model.gated_mlp else 1.0) * f
     scaled = 1.0 + 1.0 / MXFP8_BLOCK
     return h * scaled + 2.0 * fc1_out + STASH_PROB_BYTES + f * scaled

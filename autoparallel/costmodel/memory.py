@@ -164,7 +164,7 @@ def routed_expert_bytes(model: ModelSpec, tokens, etp, imbalance, fp8_fraction=0
     FC1 input gathered over ETP, the FFN tensors (split by ETP over etp times the tokens) and the
     FP32 probability (the weighted activation's second input)."""
     gemm_in = gemm_input_bytes(fp8_fraction, quantized_bytes)
-    h, ffn = model.hidden_size, model.expert_ffn_hidden_size
+    h, ffn = model.moe_latent_size or model.hidden_size, model.expert_ffn_hidden_size
     per_copy = etp * gemm_in * h + _per_ffn_unit(model, gemm_in, act_in) * ffn + 4.0
     return tokens * model.moe_router_topk * imbalance * per_copy
 
