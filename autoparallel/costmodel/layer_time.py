@@ -883,7 +883,7 @@ def moe_block_layer(x: Candidates) -> dict:
     """A hybrid model's E layer: the pre-norm and a MoE block alone, priced as ``moe_layer``
     without its attention (router, permutations, routed experts and their calls, biases, clamp,
     the expert-parallel dispatch and combine); TP all-reduces after the shared experts (if any)
-    and LatentMoE's projections split by TP beside them."""
+    and LatentMoE's projections split by TP beside them (each a GEMM of its own on the GEMM curve)."""
     model = x.model
     kind = HYBRID["E"]
     nonexpert = model.shared_expert_params + model.latent_projection_params
@@ -891,9 +891,10 @@ def moe_block_layer(x: Candidates) -> dict:
     router, permutation, calls = router_time(x), permutation_time(x), expert_calls(x, t_experts)
     bias, clamp = expert_bias_time(x), glu_clamp_time(x, kind)
     tp_blocks = float(model.shared_expert_ffn_hidden_size > 0)
-    t_nonexpert = linear_time(x, nonexpert, gemms=2)
+    gemms = 2.0 * (model.shared_expert_ffn_hidden_size > 0) + 2.0 * (model.moe_latent_size is not None)
+    t_nonexpert = linear_time(x, nonexpert, gemms=max(gemms, 1.0))
     block = t_nonexpert + t_experts + router[0] + permutation[0] + calls[0] + bias[0] + clamp[0]
-    chunked = linear_time(x, nonexpert, chunks=x.t, gemms=2)
+    chunked = linear_time(x, nonexpert, chunks=x.t, gemms=max(gemms, 1.0))
     return layer_cost(x, moe_block_params_gpu(x), moe.expert_params_gpu(model, x.e, x.et), t_nonexpert + t_experts,
                       tp_blocks, kind, block, (router, permutation, calls, bias, clamp), tp_linear=(t_nonexpert, chunked))
 
