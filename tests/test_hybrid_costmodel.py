@@ -209,3 +209,10 @@ def test_latent_moe_dispatches_and_permutes_the_latent_width(hw):
     assert lt.permutation_time(latent)[0][0] == pytest.approx(lt.permutation_time(plain)[0][0] * 1024 / 2688, rel=REL)
     assert lt.gemm_input_elements(latent, lt.HYBRID["E"]) - lt.gemm_input_elements(plain, lt.HYBRID["E"]) == (
         6 * (1024 - 2688) + 2688 + 1024)
+
+
+def test_pipeline_stages_count_their_own_moe_layers(hw):
+    """Megatron-LM splits a pattern without '|' into pp contiguous equal parts: Nano at pp 2 has
+    11 E layers on the first stage (of 26) and 12 on the last."""
+    x = _cands(nano(), hw, pp=2, dp=2, ep=4, gbs=16)
+    assert (x.first_layers[0], x.first_moe[0], x.last_layers[0], x.last_moe[0]) == (26, 11, 26, 12)
