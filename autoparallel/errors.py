@@ -11,3 +11,8 @@ class UserError(Exception):
 
 class SpecError(UserError):
     """A YAML spec with an unknown key, a missing key or a value of the wrong type."""
+
+
+class UnpricedModelError(UserError, ValueError):
+    """A model the asked-for cost model does not price (a hybrid Mamba-Transformer in serving):
+    refused rather than priced wrongly; a ValueError to the library's callers."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoparallel.costmodel import comm
+from autoparallel.costmodel import comm, moe
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 
@@ -114,7 +114,7 @@ def flex_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance, va
     ep = np.asarray(ep, dtype=float)
     eff = hw.efficiency
     inside, nodes = _ep_domains(hw, ep, etp)
-    per_copy = model.hidden_size * value_bytes * imbalance
+    per_copy = moe.routed_width(model) * value_bytes * imbalance
     remote_nodes = nodes_per_token(model, nodes) * (nodes - 1) / nodes
     gpus = distinct_share(model.moe_router_topk, ep)
     # Token-GPU pairs crossing NVLink: to the other GPUs of the own node, and from the relay GPU to
@@ -129,7 +129,7 @@ def flex_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance, va
 def allgather_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp):
     """One all-gather of the EP x ETP group's tokens (every GPU receives all of them)."""
     group = np.asarray(ep, dtype=float) * etp
-    nbytes = tokens * model.hidden_size * DISPATCH_BYTES * group
+    nbytes = tokens * moe.routed_width(model) * DISPATCH_BYTES * group
     return comm.reduce_scatter_time(hw, nbytes, group, comm.ranks_per_domain(hw, group, 1))
 
 
@@ -151,7 +151,7 @@ def dispatcher_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalan
     alltoall and flex add the ETP all-gather (or the reduce-scatter before a combine)."""
     if name == "allgather":
         return allgather_time(hw, model, tokens, ep, etp)
-    nbytes = tokens * model.moe_router_topk * model.hidden_size * value_bytes * imbalance
+    nbytes = tokens * model.moe_router_topk * moe.routed_width(model) * value_bytes * imbalance
     expert_tp = comm.reduce_scatter_time(hw, nbytes * etp, etp, comm.ranks_per_domain(hw, etp, 1))
     if name == "alltoall":
         return alltoall_time(hw, nbytes, ep, etp) + expert_tp

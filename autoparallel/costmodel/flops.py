@@ -55,7 +55,9 @@ def model_flops_per_token(model: ModelSpec, tp=1):
     3·s·heads·(qk + v head dims) per layer for causal attention, 6·h·V for the output layer
     (V padded for ``tp``), no input embedding and no multi-token prediction. Fine-tuning: packed
     documents' attention (``finetune.attention_share``); under LoRA the frozen weights count 4
-    (no wgrad) and the adapters 6 per parameter."""
+    (no wgrad) and the adapters 6 per parameter. A hybrid model: ``hybrid_flops_per_token``."""
+    if model.is_hybrid:
+        return hybrid_flops_per_token(model, tp)
     layers = (model.num_dense_layers * model.dense_layer_params
               + model.num_moe_layers * (model.active_moe_layer_params - model.router_params))
     attention = (3.0 * model.num_layers * model.seq_length * model.num_attention_heads
@@ -64,6 +66,41 @@ def model_flops_per_token(model: ModelSpec, tp=1):
     logits = per_weight * model.hidden_size * padded_vocab_size(model, tp)
     adapters = 6.0 * model.num_layers * finetune.adapter_params_gpu(model, 1)
     return per_weight * layers + attention + logits + adapters
+
+
+def megatron_mamba_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs per token of one Mamba layer as Megatron-LM counts them (d98e8a64dd
+    ``megatron/training/training.py`` ``mamba_layer_flops``): in_proj on d_in = 2 x hidden_size
+    (not the mixer's mamba_num_heads x mamba_head_dim: Nemotron 3 Nano's 5,376 for 4,096, so the
+    count exceeds the executed GEMMs), 7·d_in·state for the scan, out_proj; the conv1d left out."""
+    h, d_in = model.hidden_size, 2 * model.hidden_size
+    in_proj = 2.0 * h * (2 * d_in + 2 * model.mamba_num_groups * model.mamba_state_dim + model.mamba_heads)
+    return in_proj + 7.0 * d_in * model.mamba_state_dim + 2.0 * d_in * h
+
+
+def megatron_moe_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs per token of one MoE block as Megatron-LM counts them (``moe_layer_flops``):
+    the top-k routed experts (on moe_latent_size under LatentMoE, plus its two h x latent
+    projections) and the shared experts; no router."""
+    experts = model.moe_router_topk * model.expert_params
+    return 2.0 * (experts + model.shared_expert_params + model.latent_projection_params)
+
+
+def hybrid_flops_per_token(model: ModelSpec, tp=1):
+    """Training FLOPs per token of a hybrid model as Megatron-LM's ``hybrid_flops`` counts them
+    (d98e8a64dd ``megatron/training/training.py``): three times the forward of each kind's layers
+    (attention: QKV and projection plus causal s·heads·(qk + v) per token; MLP; Mamba
+    ``megatron_mamba_flops_per_token``; MoE ``megatron_moe_flops_per_token``) and of the output
+    layer over the padded vocabulary once per prediction (1 + mtp_num_layers): the MTP modules'
+    own layers are not counted."""
+    counts = model.layer_kind_counts
+    attention = (2.0 * model.attention_params + model.seq_length * model.num_attention_heads
+                 * (model.qk_dim + model.v_dim) * finetune.attention_share(model))
+    forward = (counts["*"] * attention + counts["-"] * 2.0 * model.mlp_params(model.ffn_hidden_size)
+               + counts["M"] * megatron_mamba_flops_per_token(model)
+               + (counts["E"] * megatron_moe_flops_per_token(model) if counts["E"] else 0.0)
+               + 2.0 * model.hidden_size * padded_vocab_size(model, tp) * (1 + model.mtp_num_layers))
+    return 3.0 * forward
 
 
 def narayanan_flops_per_step(model: ModelSpec, gbs: float, full_recompute: bool) -> float:

@@ -87,6 +87,7 @@ import numpy as np
 
 from autoparallel.costmodel import comm, moe
 from autoparallel.costmodel.memory import GIB
+from autoparallel.errors import UnpricedModelError
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 
@@ -310,10 +311,21 @@ def decode_kv_reads(engine: ServingEngine | None, model: ModelSpec, tp) -> np.nd
     return np.where(served, ones, np.maximum(group, 1.0))
 
 
+def refuse_unpriced(model: ModelSpec) -> None:
+    """Serving prices attention layers with a KV cache only: a hybrid Mamba-Transformer's Mamba
+    layers (a fixed SSM state, no KV cache) and one-block layers are not priced here, so refuse
+    the model rather than price it as a transformer."""
+    if model.is_hybrid:
+        raise UnpricedModelError(f"{model.name} is a hybrid Mamba-Transformer (hybrid_layer_pattern): the serving "
+                                 "cost model prices transformer layers with a KV cache only; its Mamba layers' "
+                                 "state and one-block layers are not priced")
+
+
 def layout(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency | None, tp, pp,
            weight_precision, kv_precision, ep=1, engine: ServingEngine | None = None) -> Layout:
     """The arrays of one layout; ``engine`` (optional) picks the decode attention kernel
-    (``decode_kv_reads``)."""
+    (``decode_kv_reads``). A hybrid model is refused (``refuse_unpriced``)."""
+    refuse_unpriced(model)
     tp = np.asarray(tp, dtype=float)
     return Layout(model, hw, eff, tp, np.asarray(pp, dtype=float), precision_bytes(weight_precision),
                   precision_bytes(kv_precision), np.broadcast_to(np.asarray(ep, dtype=float), tp.shape),

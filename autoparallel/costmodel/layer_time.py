@@ -26,8 +26,10 @@ from functools import partial
 
 import numpy as np
 
-from autoparallel.costmodel import comm, dataparallel, dispatch, finetune, flops, gemm, memory, moe, pipeline, tensor_parallel
+from autoparallel.costmodel import (comm, dataparallel, dispatch, finetune, flops, gemm, mamba, memory, moe, pipeline,
+                                    tensor_parallel)
 from autoparallel.costmodel.candidates import Candidates
+from autoparallel.costmodel.layer_kinds import HYBRID, LayerKind, as_kind
 
 GEMMS_PER_LAYER = 4  # QKV, projection, FC1 (gate and up fused), FC2
 # TF32 tensor cores run at half the BF16 rate (dense, datasheets: H100 SXM 494.7 of 989 TFLOPS,
@@ -38,14 +40,15 @@ LAYER_TIME_TERMS = ("compute", "fp8_cast", "selective_recompute", "full_recomput
                     "fsdp", "ep_comm", "lora_adapters", "amax_reduction")
 
 
-def linear_time(x: Candidates, params, whole=0.0, chunks=1.0):
+def linear_time(x: Candidates, params, whole=0.0, chunks=1.0, gemms=GEMMS_PER_LAYER):
     """Forward time of Linear GEMMs on ``params`` split by TP, of which ``whole`` (MLA's down
     projections) run whole on every TP rank, on its sequence-parallel share of the tokens;
     ``chunks``: each GEMM split into that many row chunks (userbuffers' ring exchange), each at
-    the efficiency of its own size."""
+    the efficiency of its own size; ``gemms``: how many GEMMs share the FLOPs (a hybrid layer's
+    one block has two)."""
     whole_tokens = np.where(x.sp, x.tokens / x.t, x.tokens)
     lin_flops = 2.0 * (x.tokens * (params - whole) / x.t + whole_tokens * whole)
-    return lin_flops / (x.gemm_peak * gemm.efficiency(x.hw, lin_flops / GEMMS_PER_LAYER / chunks))
+    return lin_flops / (x.gemm_peak * gemm.efficiency(x.hw, lin_flops / gemms / chunks))
 
 
 # cuDNN's MXFP8 fused attention (TransformerEngine's FusedAttention under the MXFP8 recipe with
@@ -107,10 +110,17 @@ def glu_clamp_saved_bytes(model) -> float:
     return memory.ACT_INPUT_BYTES if clamps_glu(model) else 0.0
 
 
-def activation_bytes(x: Candidates, is_moe: bool, keep_scores):
+def activation_bytes(x: Candidates, is_moe: LayerKind | bool, keep_scores):
     """Bytes one layer saves for backward (a LoRA layer: what its frozen Linears and adapters
     keep); with ``keep_scores`` False counted in BF16 throughout (the tensors the elementwise
-    kernels touch)."""
+    kernels touch; a Mamba layer's: its norm's input, its mixer's kernels priced apart).
+    ``is_moe``: the layer's kind (``layer_kinds``)."""
+    kind = as_kind(is_moe)
+    is_moe = kind.is_moe
+    if kind.mamba:
+        return mamba.activation_bytes(x.model, x.b, x.s_local, x.t, x.sp,
+                                      x.quantized_fraction if keep_scores is not False else 0.0,
+                                      x.quantized_input_bytes, keep=keep_scores is not False)
     fraction = x.quantized_fraction if keep_scores is not False else 0.0
     clamp = glu_clamp_saved_bytes(x.model)
     act_in = x.act_input_bytes + clamp if keep_scores is not False else memory.ACT_INPUT_BYTES
@@ -118,8 +128,9 @@ def activation_bytes(x: Candidates, is_moe: bool, keep_scores):
     output = x.attention_output_bytes if keep_scores is not False else None
     saved = memory.layer_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, keep_scores, fraction, moe=is_moe,
                                           etp=x.et, imbalance=x.imbalance, quantized_bytes=x.quantized_input_bytes,
-                                          act_in=act_in, attention_output=output, routed_act_in=routed_act_in)
-    if keep_scores is False:
+                                          act_in=act_in, attention_output=output, routed_act_in=routed_act_in,
+                                          attention=kind.attention, ffn=kind.ffn is not None)
+    if keep_scores is False or not kind.standard:
         return saved
     return saved + finetune.frozen_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction,
                                                     x.quantized_input_bytes, output, x.attention_output_fused)
@@ -146,7 +157,7 @@ def permutation_time(x: Candidates):
     received = received_copies(x)
     sorts = x.knob_is("moe_token_dispatcher_type", "alltoall") & (moe.local_experts(model, x.e) > 1)
     passes = 2.0 * tokens * (1.0 + k) + np.where(sorts, 2.0 * 2.0 * received, 0.0)
-    forward = passes * dispatch.DISPATCH_BYTES * model.hidden_size / x.hbm
+    forward = passes * dispatch.DISPATCH_BYTES * moe.routed_width(model) / x.hbm
     return forward, forward
 
 
@@ -211,7 +222,7 @@ def expert_bias_time(x: Candidates):
     model = x.model
     if not (model.is_moe and model.add_bias_linear):
         return np.zeros_like(x.t, dtype=float), np.zeros_like(x.t, dtype=float)
-    elements = received_copies(x) * model.hidden_size
+    elements = received_copies(x) * moe.routed_width(model)
     wide = fp32_expert_probs(x)
     return tuple(np.where(wide, fp32, bf16) * elements / x.hbm
                  for fp32, bf16 in zip(expert_bias_bytes(ROUTER_FP32_BYTES), expert_bias_bytes(ROUTER_BF16_BYTES)))
@@ -225,7 +236,7 @@ def expert_bias_time(x: Candidates):
 GLU_CLAMP_BYTES = (4.0 + 4.0, 6.0 + 4.0)
 
 
-def glu_clamp_time(x: Candidates, is_moe: bool):
+def glu_clamp_time(x: Candidates, is_moe: LayerKind | bool):
     """(forward, backward) seconds of clamping a quick-GEGLU's input (``activation_func_clamp_value``
     with ``quick_geglu``; GPT-OSS). Megatron-Core's ``weighted_bias_quick_geglu_impl`` (NVIDIA/
     Megatron-LM 2e29a5e "Add quick geglu activation for gpt-oss", megatron/core/fusions/
@@ -239,8 +250,10 @@ def glu_clamp_time(x: Candidates, is_moe: bool):
     copies' and shared experts' of a MoE layer), where SwiGLU's clamp sits inside its fused kernel
     (fused_bias_swiglu.py ``clamped_swiglu``): nothing then. Under --recompute-modules moe_act the
     checkpointed activation (clamp included) runs its forward again in the backward pass."""
-    if not clamps_glu(x.model):
+    kind = as_kind(is_moe)
+    if not clamps_glu(x.model) or kind.ffn is None:
         return np.zeros_like(x.t, dtype=float), np.zeros_like(x.t, dtype=float)
+    is_moe = kind.is_moe
     elements = activation_input_elements(x, is_moe)
     forward, backward = (b * elements / x.hbm for b in GLU_CLAMP_BYTES)
     if is_moe:
@@ -248,15 +261,18 @@ def glu_clamp_time(x: Candidates, is_moe: bool):
     return forward, backward
 
 
-def forward_time(x: Candidates, t_linear, attention, softmax, is_moe: bool):
+def forward_time(x: Candidates, t_linear, attention, softmax, is_moe: LayerKind | bool):
     """One layer's forward: GEMMs, attention core, elementwise kernels (norms, activation,
     residuals: bytes in proportion to what the layer saves), unfused softmax, fixed overhead:
     the kernel launches a CUDA graph replays in one
     (``layer_overhead_s``). A MoE layer's calls per local expert are priced on their own
-    (``moe_expert_calls``)."""
+    (``moe_expert_calls``). A hybrid layer without attention has no attention core or softmax."""
+    kind = as_kind(is_moe)
     eff = x.hw.efficiency
-    t_elementwise = eff.elementwise_bytes_per_token_hidden / 34.0 * activation_bytes(x, is_moe, False) / x.hbm
+    t_elementwise = eff.elementwise_bytes_per_token_hidden / 34.0 * activation_bytes(x, kind, False) / x.hbm
     launches = np.where(x.knob_is("cuda_graph", "none"), eff.layer_overhead_s, 0.0)
+    if not kind.attention:
+        return t_linear + t_elementwise + launches
     return t_linear + attention + t_elementwise + softmax + launches
 
 
@@ -408,7 +424,7 @@ STASH_PROB_BYTES = 4.0
 
 def paged_stash_bytes_per_copy(model) -> float:
     """HBM bytes one routed token copy's stashed tensors hold (``paged_stash_time``)."""
-    h, f = model.hidden_size, model.expert_ffn_hidden_size
+    h, f = moe.routed_width(model), model.expert_ffn_hidden_size
     fc1_out = (2.0 if model.gated_mlp else 1.0) * f
     scaled = 1.0 + 1.0 / MXFP8_BLOCK
     return h * scaled + 2.0 * fc1_out + STASH_PROB_BYTES + f * scaled
@@ -460,10 +476,36 @@ def lora_adapters_time(x: Candidates):
     return np.maximum(flops_time, stream_time) + collectives
 
 
-def gemm_input_elements(x: Candidates, is_moe: bool) -> float:
+def moe_block_input_elements(model) -> float:
+    """Elements per token entering a MoE block's GEMMs: its top-k experts' FC1 (on the latent
+    width under LatentMoE, which adds its two projections' inputs) and FC2, and the shared experts'."""
+    h = model.hidden_size
+    shared = h + model.shared_expert_ffn_hidden_size if model.shared_expert_ffn_hidden_size else 0
+    latent = h + model.moe_latent_size if model.moe_latent_size else 0
+    width = model.moe_latent_size or h
+    return model.moe_router_topk * (width + model.expert_ffn_hidden_size) + shared + latent
+
+
+def block_gemm_input_elements(model, kind: LayerKind) -> float:
+    """Elements per token entering the GEMMs of a hybrid layer's one block (``gemm_input_elements``)."""
+    h = model.hidden_size
+    if kind.mamba:
+        return h + model.mamba_inner
+    if kind.attention:
+        return h + model.num_attention_heads * model.head_dim
+    if kind.is_moe:
+        return moe_block_input_elements(model)
+    return h + model.ffn_hidden_size
+
+
+def gemm_input_elements(x: Candidates, is_moe: LayerKind | bool) -> float:
     """Elements per token entering a layer's Linear GEMMs (each cast to FP8 under a recipe): the
     attention's inputs, then FC1's and FC2's (a MoE layer: its top-k and shared experts')."""
     model = x.model
+    kind = as_kind(is_moe)
+    if not kind.standard:
+        return block_gemm_input_elements(model, kind)
+    is_moe = kind.is_moe
     h = model.hidden_size
     if model.multi_latent_attention:
         attention = h + (model.q_lora_rank or 0) + model.kv_lora_rank + model.num_attention_heads * model.v_dim
@@ -475,27 +517,38 @@ def gemm_input_elements(x: Candidates, is_moe: bool) -> float:
     return attention + model.moe_router_topk * (h + model.expert_ffn_hidden_size) + shared
 
 
-def activation_input_elements(x: Candidates, is_moe: bool):
+def activation_input_elements(x: Candidates, is_moe: LayerKind | bool):
     """Elements per GPU of the activation's input (gate and up) in one layer: the MLP's, or a MoE
-    layer's routed copies (``imbalance`` times the even share, ETP-split FFN) and shared experts'."""
+    layer's routed copies (``imbalance`` times the even share, ETP-split FFN) and shared experts';
+    none in a hybrid layer without an FFN."""
     model, tokens = x.model, x.tokens / x.t
-    if not is_moe:
+    kind = as_kind(is_moe)
+    if kind.ffn is None:
+        return 0.0
+    if not kind.is_moe:
         return 2.0 * tokens * model.ffn_hidden_size
     routed = tokens * model.moe_router_topk * x.imbalance * model.expert_ffn_hidden_size
     return 2.0 * (routed + tokens * (model.shared_expert_ffn_hidden_size or 0))
 
 
-def row_parallel_output_elements(x: Candidates, is_moe: bool) -> float:
+def row_parallel_output_elements(x: Candidates, is_moe: LayerKind | bool) -> float:
     """Elements per token leaving a layer's row-parallel Linears (the attention projection and
-    FC2: h each; a MoE layer's FC2 once per routed copy and shared expert)."""
+    FC2: h each; a MoE layer's FC2 once per routed copy and shared expert; a hybrid layer's one
+    block: its own)."""
     model = x.model
     h = model.hidden_size
+    kind = as_kind(is_moe)
+    if not kind.standard:
+        if not kind.is_moe:
+            return h
+        return model.moe_router_topk * (model.moe_latent_size or h) + (h if model.shared_expert_ffn_hidden_size else 0)
+    is_moe = kind.is_moe
     if not is_moe:
         return 2.0 * h
     return h + model.moe_router_topk * h + (h if model.shared_expert_ffn_hidden_size else 0)
 
 
-def fp8_cast_time(x: Candidates, is_moe: bool):
+def fp8_cast_time(x: Candidates, is_moe: LayerKind | bool):
     """Casting the GEMM inputs (forward) and output gradients (backward) to FP8 or NVFP4: HBM
     traffic (``candidates.CAST_BYTES``), less, for a frozen LoRA base, the column-wise copies
     TransformerEngine does not write (``finetune.frozen_column_copy_elements``); and where the
@@ -524,10 +577,16 @@ def norm_recompute_time(x: Candidates):
     return 2 * 2 * memory.layer_input_bytes(x.model, x.b, x.s_local, x.t, x.sp) / x.hbm
 
 
-def selective_recompute_time(x: Candidates, attention, softmax, is_moe: bool, moe_block=0.0):
+def selective_recompute_time(x: Candidates, attention, softmax, is_moe: LayerKind | bool, moe_block=0.0):
     """Megatron's --recompute-modules: core_attn (attention core and unfused softmax),
     mla_up_proj (MLA's up projections), moe (the whole MoE block, ``moe_block`` forward),
-    layernorm (the two norms, ``norm_recompute_time``)."""
+    layernorm (the two norms, ``norm_recompute_time``; a hybrid layer's one)."""
+    kind = as_kind(is_moe)
+    is_moe = kind.is_moe
+    if not kind.standard:
+        extra = np.where(x.modules["core_attn"], attention + softmax, 0.0) if kind.attention else 0.0
+        extra = extra + np.where(x.modules["layernorm"], norm_recompute_time(x) / 2.0, 0.0)
+        return extra + (np.where(x.modules["moe"], moe_block, 0.0) if is_moe else 0.0)
     extra = np.where(x.modules["core_attn"], attention + softmax, 0.0)
     extra = extra + np.where(x.modules["layernorm"], norm_recompute_time(x), 0.0)
     if x.model.multi_latent_attention:
@@ -573,26 +632,26 @@ def cp_comm_time(x: Candidates, attention):
     return np.maximum(ring * (1 - x.hw.efficiency.cp_overlap), ring - 3.0 * attention)
 
 
-def fsdp_time(x: Candidates, params, expert_params, forward, full_recompute, is_moe: bool):
+def fsdp_time(x: Candidates, params, expert_params, forward, full_recompute, is_moe: LayerKind | bool):
     """FSDP: each layer's weights all-gathered before its forward and its backward, its gradients
     reduce-scattered after its backward, every micro-batch, prefetched behind the layer before
     (experts over their own data-parallel group)."""
     backward = 2.0 * forward + full_recompute
     exposed = dataparallel.fsdp_exposed(x.hw, params, x.grad_bytes, x.dp_ranks, forward, backward, x.gather_bytes)
-    if is_moe:
+    if as_kind(is_moe).is_moe:
         exposed = exposed + dataparallel.fsdp_exposed(
             x.hw, expert_params, x.grad_bytes, x.edp_ranks, forward, backward, x.gather_bytes)
     return np.where(x.fsdp, exposed, 0.0)
 
 
-def ep_comm_time(x: Candidates, compute, is_moe: bool):
+def ep_comm_time(x: Candidates, compute, is_moe: LayerKind | bool):
     """Dispatch and combine each way, again in a recomputed forward (of the layer or the MoE
     block), with the plan's token dispatcher (alltoall: each dispatch a second all-to-all of the
     routing probabilities, ``dispatch.probs_time``); the 1F1B overlap hides them behind another
     micro-batch's compute, the shared-expert overlap behind the shared experts' own GEMMs
     (forward, backward and a recomputed forward: Megatron runs them on a side stream); a published
     row's DualPipe hides all that the compute beside can (``pipeline.DUALPIPE_HIDDEN_SHARE``)."""
-    if not is_moe:
+    if not as_kind(is_moe).is_moe:
         return np.zeros_like(x.t)
     dispatcher = partial(x.knob_is, "moe_token_dispatcher_type")  # codes compared, not strings
     recomputed = x.recomputed_fraction + np.where(x.modules["moe"], 1.0, 0.0)
@@ -629,16 +688,33 @@ def amax_reduction_time(x: Candidates):
     return np.where(delayed, 2.0 * reduce / np.maximum(layers_per_chunk, 1.0), 0.0)
 
 
-def stored_activation_bytes(x: Candidates, is_moe: bool, saved=None):
+def one_block_norm_output_bytes(x: Candidates, kind: LayerKind):
+    """What ``--recompute-modules layernorm`` spares a hybrid layer of one block: its norm's
+    output, i.e. its first Linear's quantized input copy (``memory.norm_output_bytes``), or a MoE
+    block's router input (its shared experts' input is the MoE module's to spare)."""
+    gemm_in = memory.gemm_input_bytes(x.quantized_fraction, x.quantized_input_bytes)
+    first = memory.ROUTER_INPUT_BYTES if kind.is_moe else gemm_in
+    return first * x.b * x.s_local * x.model.hidden_size / np.where(x.sp, x.t, 1)
+
+
+def stored_activation_bytes(x: Candidates, is_moe: LayerKind | bool, saved=None):
     """What the layer keeps per micro-batch in flight: its input where full recompute covers it,
     else its activations (``saved``: ``activation_bytes`` with the plan's ``keep_scores``, where
     the caller has them) less what selective recompute spares."""
-    saved = activation_bytes(x, is_moe, x.keep_scores) if saved is None else saved
+    kind = as_kind(is_moe)
+    is_moe = kind.is_moe
+    saved = activation_bytes(x, kind, x.keep_scores) if saved is None else saved
     clamp = glu_clamp_saved_bytes(x.model)
+    if kind.standard:
+        layernorm, mla_up_proj = x.modules["layernorm"], x.modules["mla_up_proj"]
+    else:
+        layernorm, mla_up_proj = False, np.zeros_like(x.modules["mla_up_proj"])
     spared = memory.recomputed_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction, is_moe, x.et,
-                                     x.imbalance, x.modules["mla_up_proj"], x.modules["moe_act"], x.modules["moe"],
-                                     x.quantized_input_bytes, x.modules["layernorm"], x.act_input_bytes + clamp,
+                                     x.imbalance, mla_up_proj, x.modules["moe_act"], x.modules["moe"],
+                                     x.quantized_input_bytes, layernorm, x.act_input_bytes + clamp,
                                      x.routed_act_input_bytes + clamp)
+    if not kind.standard:
+        spared = spared + np.where(x.modules["layernorm"], one_block_norm_output_bytes(x, kind), 0.0)
     if is_moe and clamp:  # moe_act's checkpoint drops the routed clamp's extra copy (moe drops it anyway)
         copies = x.b * x.s_local / x.t * x.model.moe_router_topk * x.imbalance
         extra = copies * 2.0 * x.model.expert_ffn_hidden_size * clamp
@@ -654,30 +730,38 @@ def shared_terms(x: Candidates):
     return attention, softmax_time(x), cp_comm_time(x, attention), amax_reduction_time(x)
 
 
-def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe: bool, moe_block=0.0,
-               kernels=(), tp_linear=(0.0, 0.0)) -> dict:
+def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe: LayerKind | bool, moe_block=0.0,
+               kernels=(), tp_linear=(0.0, 0.0), cp_comm=None) -> dict:
     """Every term of one layer (``LAYER_TIME_TERMS``), their sum ``time`` and what the other
     steps read: ``forward``, the bytes ``stored`` per micro-batch in flight and ``working`` while
     it computes (``stored_imbalance`` of it: what the busiest EP rank keeps beyond the even share),
     its ``params`` and ``expert_params`` on the GPU. ``kernels``: (forward,
     backward) pairs of a MoE layer priced with their own backward (``router_time``,
     ``permutation_time``, ``expert_bias_time``, ``glu_clamp_time``); ``tp_linear``: forward time of the TP-split
-    GEMMs, whole and in ring-exchange chunks (``tensor_parallel``)."""
-    attention, softmax, cp_comm, amax_reduction = x.once(shared_terms)
-    forward = forward_time(x, t_linear, attention, softmax, is_moe) + sum(f for f, _ in kernels)
+    GEMMs, whole and in ring-exchange chunks (``tensor_parallel``). ``is_moe``: the layer's kind
+    (``layer_kinds``); ``cp_comm``: a layer without attention's own CP traffic (else none)."""
+    kind = as_kind(is_moe)
+    is_moe = kind.is_moe
+    attention, softmax, attention_cp, amax_reduction = x.once(shared_terms)
+    if kind.attention:
+        cp_comm = attention_cp
+    elif cp_comm is None:
+        cp_comm = np.zeros_like(x.t, dtype=float)
+    forward = forward_time(x, t_linear, attention, softmax, kind) + sum(f for f, _ in kernels)
     # compute_time prices a backward of twice the forward; these kernels' backward is their own.
     compute = compute_time(x, forward, t_linear) + sum(b - 2.0 * f for f, b in kernels)
     full_recompute = full_recompute_time(x, forward)
     terms = {
         "compute": compute,
-        "fp8_cast": fp8_cast_time(x, is_moe) + frozen_transpose_time(x, params + expert_params),
-        "selective_recompute": selective_recompute_time(x, attention, softmax, is_moe, moe_block),
+        "fp8_cast": fp8_cast_time(x, kind) + frozen_transpose_time(x, params + expert_params),
+        "selective_recompute": selective_recompute_time(x, attention, softmax, kind, moe_block),
         "full_recompute": full_recompute,
-        "tp_comm": tensor_parallel.tp_comm_time(x, tp_blocks, *tp_linear),
+        "tp_comm": (tensor_parallel.tp_comm_time(x, tp_blocks, *tp_linear) if tp_blocks
+                    else np.zeros_like(x.t, dtype=float)),
         "cp_comm": cp_comm,
         "fsdp": fsdp_time(x, params, expert_params, forward, full_recompute, is_moe),
         "ep_comm": ep_comm_time(x, compute, is_moe),
-        "lora_adapters": lora_adapters_time(x) if not is_moe else np.zeros_like(x.t),
+        "lora_adapters": lora_adapters_time(x) if kind.standard and not is_moe else np.zeros_like(x.t),
         "amax_reduction": amax_reduction,
     }
     time = sum(terms[k] for k in LAYER_TIME_TERMS)
@@ -685,11 +769,11 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
         stall = combined_host_stall(x, time)
         terms["compute"] = terms["compute"] + stall
         time = time + stall
-    working = activation_bytes(x, is_moe, x.keep_scores)
-    stored = stored_activation_bytes(x, is_moe, working)
+    working = activation_bytes(x, kind, x.keep_scores)
+    stored = stored_activation_bytes(x, kind, working)
     return dict(terms, time=time, forward=forward,
                 recompute=terms["selective_recompute"] + terms["full_recompute"],
-                stored=stored, stored_imbalance=stored - stored_activation_bytes(x.evenly_loaded(), is_moe) if is_moe
+                stored=stored, stored_imbalance=stored - stored_activation_bytes(x.evenly_loaded(), kind) if is_moe
                 else np.zeros_like(stored), working=working,
                 params=params, expert_params=expert_params,
                 adapter_params=finetune.adapter_params_gpu(x.model, x.t) + np.zeros_like(x.t))
@@ -774,16 +858,130 @@ def moe_layer(x: Candidates) -> dict:
                       tp_linear=(t_nonexpert, chunked))
 
 
+def attention_block_layer(x: Candidates) -> dict:
+    """A hybrid model's * layer: the pre-norm and self-attention alone (its QKV and projection
+    GEMMs split by TP, one TP block), no MLP."""
+    model = x.model
+    params = model.attention_params
+    t_linear = linear_time(x, params, model.mla_down_params, gemms=2)
+    chunked = linear_time(x, params, model.mla_down_params, chunks=x.t, gemms=2)
+    gpu = (params - model.mla_down_params) / x.t + model.mla_down_params
+    return layer_cost(x, gpu, 0.0, t_linear, 1.0, HYBRID["*"], tp_linear=(t_linear, chunked))
+
+
+def mlp_block_layer(x: Candidates) -> dict:
+    """A hybrid model's - layer: the pre-norm and an MLP of ffn_hidden_size (FC1 and FC2 split by
+    TP, one TP block), no attention."""
+    params = x.model.mlp_params(x.model.ffn_hidden_size)
+    t_linear = linear_time(x, params, gemms=2)
+    chunked = linear_time(x, params, chunks=x.t, gemms=2)
+    return layer_cost(x, params / x.t, 0.0, t_linear, 1.0, HYBRID["-"], kernels=(glu_clamp_time(x, HYBRID["-"]),),
+                      tp_linear=(t_linear, chunked))
+
+
+def moe_block_layer(x: Candidates) -> dict:
+    """A hybrid model's E layer: the pre-norm and a MoE block alone, priced as ``moe_layer``
+    without its attention (router, permutations, routed experts and their calls, biases, clamp,
+    the expert-parallel dispatch and combine); TP all-reduces after the shared experts (if any)
+    and LatentMoE's projections split by TP beside them (each a GEMM of its own on the GEMM curve)."""
+    model = x.model
+    kind = HYBRID["E"]
+    nonexpert = model.shared_expert_params + model.latent_projection_params
+    t_experts = routed_experts_time(x)
+    router, permutation, calls = router_time(x), permutation_time(x), expert_calls(x, t_experts)
+    bias, clamp = expert_bias_time(x), glu_clamp_time(x, kind)
+    tp_blocks = float(model.shared_expert_ffn_hidden_size > 0)
+    gemms = 2.0 * (model.shared_expert_ffn_hidden_size > 0) + 2.0 * (model.moe_latent_size is not None)
+    t_nonexpert = linear_time(x, nonexpert, gemms=max(gemms, 1.0))
+    block = t_nonexpert + t_experts + router[0] + permutation[0] + calls[0] + bias[0] + clamp[0]
+    chunked = linear_time(x, nonexpert, chunks=x.t, gemms=max(gemms, 1.0))
+    return layer_cost(x, moe_block_params_gpu(x), moe.expert_params_gpu(model, x.e, x.et), t_nonexpert + t_experts,
+                      tp_blocks, kind, block, (router, permutation, calls, bias, clamp), tp_linear=(t_nonexpert, chunked))
+
+
+def moe_block_params_gpu(s):
+    """An E layer's non-expert parameters on one GPU: shared experts and LatentMoE's projections
+    split by TP, the router whole."""
+    model = s.model
+    return (model.shared_expert_params + model.latent_projection_params) / s.t + model.router_params
+
+
+def mamba_layer(x: Candidates) -> dict:
+    """A hybrid model's M layer: the pre-norm and the Mamba-2 mixer (``mamba``): in_proj and
+    out_proj split by TP over heads and groups (one TP block: all-gather before in_proj,
+    reduce-scatter after out_proj under SP, as attention's), the conv1d, the SSD scan and the
+    grouped RMSNorm with their own backward, the CP all-to-alls."""
+    params = mamba.linear_params(x.model)
+    t_linear = linear_time(x, params, gemms=2)
+    chunked = linear_time(x, params, chunks=x.t, gemms=2)
+    kernels = (mamba.ssd_time(x), mamba.conv_time(x), mamba.norm_time(x))
+    return layer_cost(x, x.model.mamba_params / x.t, 0.0, t_linear, 1.0, HYBRID["M"], kernels=kernels,
+                      tp_linear=(t_linear, chunked), cp_comm=mamba.cp_time(x))
+
+
+HYBRID_LAYERS = {"M": mamba_layer, "*": attention_block_layer, "-": mlp_block_layer, "E": moe_block_layer}
+
+
+def hybrid_kind_params(s) -> dict:
+    """Each hybrid kind's parameters on one GPU (``params``, ``expert_params``, ``adapter_params``)."""
+    model, zero = s.model, np.zeros_like(s.t, dtype=float)
+    attention = (model.attention_params - model.mla_down_params) / s.t + model.mla_down_params
+    params = {"M": model.mamba_params / s.t, "*": attention, "-": model.mlp_params(model.ffn_hidden_size) / s.t,
+              "E": moe_block_params_gpu(s) if model.is_moe else zero}
+    experts = moe.expert_params_gpu(model, s.e, s.et) if model.is_moe else zero
+    return {kind: {"params": params[kind] + zero, "expert_params": experts if kind == "E" else zero,
+                   "adapter_params": zero} for kind in params}
+
+
+def mean_of_kinds(kinds: dict, counts: dict) -> dict:
+    """The per-layer mean of ``kinds``' costs (every key) weighted by ``counts`` (a hybrid model's
+    non-MoE layers, ``Layers``)."""
+    total = sum(counts.values())
+    keys = next(iter(kinds.values())).keys()
+    return {key: sum(counts[k] * kinds[k][key] for k in counts) / total for key in keys}
+
+
+def hybrid_layers(costs: dict, model) -> Layers:
+    """A hybrid model's ``Layers``: ``moe`` its E layer, ``dense`` the mean of its other layers
+    (M, *, -) in the pattern's proportions, ``kinds`` each kind's costs. A stage's E layers are
+    counted exactly (``ModelSpec.moe_layer_pattern``); its other layers are priced at the
+    pattern's mix, exact for one stage (pp = 1) and for stages whose mix is the pattern's; the
+    bytes ``working`` while a layer computes are the largest kind's.
+    Megatron-LM splits a hybrid pattern without '|' marks into pp contiguous equal parts (no
+    virtual stages; d98e8a64dd ``megatron/core/models/hybrid/hybrid_layer_allocation.py``
+    ``select_pipeline_segment``)."""
+    counts = {k: n for k, n in model.layer_kind_counts.items() if k != "E" and n}
+    some = next(iter(costs.values()))
+    zeros = {key: np.zeros_like(np.asarray(value, dtype=float)) for key, value in some.items()}
+    dense = mean_of_kinds(costs, counts) if counts else zeros
+    moe_layer = dict(costs["E"]) if model.is_moe else zeros
+    if counts and "working" in dense:  # the layer computing: the largest of the stage's kinds
+        dense["working"] = np.maximum.reduce([np.asarray(costs[k]["working"], dtype=float) for k in counts])
+        moe_layer["working"] = np.maximum(moe_layer["working"], dense["working"])
+    return Layers(dense, moe_layer, costs)
+
+
 @dataclass
 class Layers:
-    """The dense and the MoE layer's costs, summed over the layers of a pipeline stage."""
+    """The dense and the MoE layer's costs, summed over the layers of a pipeline stage; a hybrid
+    model's ``kinds`` (``hybrid_layers``)."""
 
     dense: dict
     moe: dict
+    kinds: dict | None = None
 
     def on(self, key: str, layers, moe_layers):
         """``key`` summed over ``layers`` layers of which ``moe_layers`` are MoE."""
         return (layers - moe_layers) * self.dense[key] + moe_layers * self.moe[key]
+
+    def mtp(self, model) -> dict:
+        """The transformer layer of a multi-token-prediction module: the decoder's (MoE) layer;
+        a hybrid model's MTP layer is attention and a MoE block (Nemotron 3's MTP pattern "*E"),
+        or attention and an MLP for a dense one."""
+        if self.kinds is None:
+            return self.moe if model.is_moe else self.dense
+        ffn = self.kinds["E"] if model.is_moe else self.kinds["-"]
+        return {key: self.kinds["*"][key] + ffn[key] for key in self.kinds["*"]}
 
 
 def layer_params(s) -> Layers:
@@ -791,6 +989,8 @@ def layer_params(s) -> Layers:
     ``adapter_params``): the structure's alone (``s``: ``candidates.StructureFields``, a
     ``Structure`` or ``Candidates``), so priced once per structure where the candidates' structures
     are known (``Candidates.by_structure``)."""
+    if s.model.is_hybrid:
+        return hybrid_layers(hybrid_kind_params(s), s.model)
     adapters = finetune.adapter_params_gpu(s.model, s.t) + np.zeros_like(s.t)
     dense = {"params": dense_params(s), "expert_params": 0.0, "adapter_params": adapters}
     if not s.model.is_moe:
@@ -800,6 +1000,17 @@ def layer_params(s) -> Layers:
 
 
 def layers(x: Candidates) -> Layers:
-    """Both layers' costs (the MoE one all zeros for a dense model)."""
+    """Both layers' costs (the MoE one all zeros for a dense model); a hybrid model's each kind's
+    (``hybrid_layers``)."""
+    if x.model.is_hybrid:
+        return hybrid_layers({kind: HYBRID_LAYERS[kind](x) for kind, n in x.model.layer_kind_counts.items()
+                              if n or kind in ("*", "-", "E") and needs_kind(x.model, kind)}, x.model)
     dense = dense_layer(x)
     return Layers(dense, moe_layer(x) if x.model.is_moe else {k: np.zeros_like(x.t) for k in dense})
+
+
+def needs_kind(model, kind: str) -> bool:
+    """Kinds the model prices beyond its pattern's: the MTP layer's attention and FFN."""
+    if not model.mtp_num_layers:
+        return False
+    return kind == "*" or kind == ("E" if model.is_moe else "-")

@@ -86,11 +86,14 @@ def gemm_input_bytes(fp8_fraction, quantized_bytes=FP8_GEMM_INPUT_BYTES):
 
 
 def replicated_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0, moe: bool = False,
-                                      quantized_bytes=FP8_GEMM_INPUT_BYTES):
+                                      quantized_bytes=FP8_GEMM_INPUT_BYTES, attention: bool = True,
+                                      ffn: bool = True):
     """Activation bytes per token and hidden unit that only sequence parallel shards (10 for GPT):
     the norms' inputs, the QKV and FC1 inputs, the hidden dropout masks. A MoE layer keeps the
     router's BF16 input instead of FC1's (and the shared experts' FC1 input); multi-latent
-    attention also keeps its latents (each norm's input and its up projection's input)."""
+    attention also keeps its latents (each norm's input and its up projection's input).
+    ``attention`` / ``ffn`` False: a hybrid model's layer of one block (``hybrid``), which keeps
+    one norm's input, that block's first GEMM input and one dropout mask."""
     gemm_in = gemm_input_bytes(fp8_fraction, quantized_bytes)
     if moe:
         mlp_input = ROUTER_INPUT_BYTES + (gemm_in if model.shared_expert_ffn_hidden_size else 0.0)
@@ -100,8 +103,11 @@ def replicated_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0, moe: b
     if model.multi_latent_attention:
         latents = ((2.0 + gemm_in) * ((model.q_lora_rank or 0) + model.kv_lora_rank)
                    + 2.0 * model.qk_pos_emb_head_dim) / model.hidden_size
-    return (NORM_INPUT_BYTES + gemm_in + mlp_input + latents
-            + (HIDDEN_DROPOUT_MASK_BYTES if model.hidden_dropout else 0.0))
+    mask = HIDDEN_DROPOUT_MASK_BYTES if model.hidden_dropout else 0.0
+    if not (attention and ffn):  # one block: one norm, one mask
+        return ((NORM_INPUT_BYTES + mask) / 2.0 + (gemm_in + latents if attention else 0.0)
+                + (mlp_input if ffn else 0.0))
+    return (NORM_INPUT_BYTES + gemm_in + mlp_input + latents + mask)
 
 
 def bytes_per_attention_score(model: ModelSpec) -> float:
@@ -130,7 +136,7 @@ def attention_output_bytes(fp8_fraction, quantized_bytes, fused_saves_output, pr
 
 def sharded_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0, moe: bool = False,
                                    quantized_bytes=FP8_GEMM_INPUT_BYTES, act_in=ACT_INPUT_BYTES,
-                                   attention_output=None):
+                                   attention_output=None, attention_kept: bool = True, ffn: bool = True):
     """Activation bytes per token and hidden unit that tensor parallel shards (24 for GPT):
     Q, K and V, the attention output (the projection's input; ``attention_output`` bytes per
     element, see ``attention_output_bytes``, else the projection's GEMM input), the activation's
@@ -144,8 +150,11 @@ def sharded_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0, moe: bool
     else:
         kv = model.query_groups / heads
         attention = (2.0 + 4.0 * kv + out) * heads * model.head_dim / h
-    ffn = model.shared_expert_ffn_hidden_size if moe else model.ffn_hidden_size
-    return attention + _per_ffn_unit(model, gemm_in, act_in) * ffn / h
+    width = model.shared_expert_ffn_hidden_size if moe else model.ffn_hidden_size
+    if not (attention_kept and ffn):  # a hybrid model's layer of one block
+        return ((attention if attention_kept else 0.0)
+                + (_per_ffn_unit(model, gemm_in, act_in) * width / h if ffn else 0.0))
+    return attention + _per_ffn_unit(model, gemm_in, act_in) * width / h
 
 
 def routed_expert_bytes(model: ModelSpec, tokens, etp, imbalance, fp8_fraction=0.0,
@@ -155,7 +164,7 @@ def routed_expert_bytes(model: ModelSpec, tokens, etp, imbalance, fp8_fraction=0
     FC1 input gathered over ETP, the FFN tensors (split by ETP over etp times the tokens) and the
     FP32 probability (the weighted activation's second input)."""
     gemm_in = gemm_input_bytes(fp8_fraction, quantized_bytes)
-    h, ffn = model.hidden_size, model.expert_ffn_hidden_size
+    h, ffn = model.moe_latent_size or model.hidden_size, model.expert_ffn_hidden_size
     per_copy = etp * gemm_in * h + _per_ffn_unit(model, gemm_in, act_in) * ffn + 4.0
     return tokens * model.moe_router_topk * imbalance * per_copy
 
@@ -212,7 +221,8 @@ def recomputed_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, etp
 
 def layer_activation_bytes(model: ModelSpec, b, s, t, sp, keep_scores, fp8_fraction=0.0,
                            moe: bool = False, etp=1, imbalance=1.0, quantized_bytes=FP8_GEMM_INPUT_BYTES,
-                           act_in=ACT_INPUT_BYTES, attention_output=None, routed_act_in=None):
+                           act_in=ACT_INPUT_BYTES, attention_output=None, routed_act_in=None,
+                           attention: bool = True, ffn: bool = True):
     """Bytes one layer saves for backward for one micro-batch of ``b`` sequences of ``s`` tokens.
 
     ``keep_scores``: the s×s attention probabilities are stored (no flash attention and no
@@ -220,18 +230,19 @@ def layer_activation_bytes(model: ModelSpec, b, s, t, sp, keep_scores, fp8_fract
     ``moe``: a MoE layer (its routed experts over ``etp``, the busiest GPU's ``imbalance``).
     ``act_in``: bytes kept per element of the activation's input (``FP8_ACT_INPUT_BYTES`` when
     Megatron keeps it in FP8); ``routed_act_in``: the routed experts' own, where it differs
-    (``--recompute-modules moe_act`` keeps their BF16 FC1 output, ``candidates``).
+    (``--recompute-modules moe_act`` keeps their BF16 FC1 output, ``candidates``). ``attention`` /
+    ``ffn`` False: a hybrid model's attention-only or FFN-only layer (``hybrid``).
     """
     sbh = b * s * model.hidden_size
-    replicated_bytes = replicated_bytes_per_token_hidden(model, fp8_fraction, moe, quantized_bytes)
+    replicated_bytes = replicated_bytes_per_token_hidden(model, fp8_fraction, moe, quantized_bytes, attention, ffn)
     replicated = np.where(sp, replicated_bytes / t, replicated_bytes)
     per_token = replicated + sharded_bytes_per_token_hidden(model, fp8_fraction, moe, quantized_bytes, act_in,
-                                                            attention_output) / t
+                                                            attention_output, attention, ffn) / t
     scores = bytes_per_attention_score(model) * model.num_attention_heads * s * s * b / t
     routed_act_in = act_in if routed_act_in is None else routed_act_in
     routed = (routed_expert_bytes(model, b * s / t, etp, imbalance, fp8_fraction, quantized_bytes, routed_act_in)
-              if moe else 0.0)
-    return sbh * per_token + np.where(keep_scores, scores, 0.0) + routed
+              if moe and ffn else 0.0)
+    return sbh * per_token + (np.where(keep_scores, scores, 0.0) if attention else 0.0) + routed
 
 
 def layer_input_bytes(model: ModelSpec, b, s, t, sp):

@@ -36,6 +36,14 @@ from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 
 
+def routed_width(model: ModelSpec) -> int:
+    """Width of the tokens the routed experts take, dispatch and combine: the hidden size, or the
+    latent width under LatentMoE, whose dispatcher "only sees latent-dim tensors" (Megatron-LM
+    d98e8a64dd ``megatron/core/transformer/moe/moe_layer.py``: fc1_latent_proj before the
+    dispatch, fc2_latent_proj after the combine)."""
+    return model.moe_latent_size or model.hidden_size
+
+
 def local_experts(model: ModelSpec, ep):
     return (model.num_experts or 1) / np.asarray(ep, dtype=float)
 
@@ -73,8 +81,8 @@ def expert_params_gpu(model: ModelSpec, ep, etp):
 
 
 def nonexpert_moe_params_gpu(model: ModelSpec, tp):
-    """Everything else of a MoE layer on one GPU: attention and shared experts split by TP, MLA's
-    down projections and the router whole on every TP rank."""
+    """Everything else of a MoE layer on one GPU: attention, shared experts and LatentMoE's
+    projections split by TP, MLA's down projections and the router whole on every TP rank."""
     tp = np.asarray(tp, dtype=float)
-    split = model.attention_params - model.mla_down_params + model.shared_expert_params
+    split = model.attention_params - model.mla_down_params + model.shared_expert_params + model.latent_projection_params
     return split / tp + model.mla_down_params + model.router_params

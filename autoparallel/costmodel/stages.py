@@ -31,8 +31,9 @@ def logits_time(x: Candidates):
 
 
 def mtp_layer(layers: Layers, model) -> dict:
-    """The transformer layer of a multi-token-prediction module: the decoder's (MoE) layer."""
-    return layers.moe if model.is_moe else layers.dense
+    """The transformer layer of a multi-token-prediction module: the decoder's (MoE) layer, a
+    hybrid model's attention and MoE block (``Layers.mtp``)."""
+    return layers.mtp(model)
 
 
 def mtp_projection_params(model) -> float:

@@ -115,7 +115,9 @@ def step_breakdown(x: Candidates, layers: Layers, stages: StageTimes, heaviest: 
         "fp8_cast_s": per_microbatch("fp8_cast") + per_microbatch("amax_reduction") + weight_cast,
         "recompute_s": per_microbatch("recompute"),
         "tp_comm_s": per_microbatch("tp_comm"),
-        "cp_comm_s": x.m * bottleneck.layers * layers.dense["cp_comm"],
+        # Every standard layer has the same CP exchange; a hybrid model's kinds each their own.
+        "cp_comm_s": (per_microbatch("cp_comm") if layers.kinds is not None
+                      else x.m * bottleneck.layers * layers.dense["cp_comm"]),
         "ep_comm_s": per_microbatch("ep_comm"),
         "pp_comm_s": x.m * stages.pp_comm,
         "bubble_s": bottleneck.time - x.m * bottleneck.slowest,
