@@ -189,14 +189,10 @@ def test_every_row_runs_its_recipes_settings(prepared):
     assert ultra and all((p.candidates.recompute_modules.map(str) != "").all() for p in ultra)
 
 
-# The hybrid rows predicted not to fit as run, priced (2026-11-29) by the cost model before it prices
-# Mamba-2 and LatentMoE layers (s48h1's work): Ultra on 256 GB300 at TP 1 under HSDP, whose recipe also
-# offloads the expert MLP's activations (not priced). Re-read once the hybrid pricing lands.
-KNOWN_HYBRID_NOT_FITTING = {"bridge-26.08-nemotron-3-ultra-gb300-256gpu-mxfp8-tp1pp1cp1vp1ep64-mbs1-gbs256-fsdp64"}
-
-
-def test_the_hybrid_layouts_that_fit_as_run(prepared):
-    assert {p.id for p in prepared if not measured_runs.predict_row(p)["fits"]} == KNOWN_HYBRID_NOT_FITTING
+def test_the_hybrid_layouts_fit_as_run(prepared):
+    """Every published hybrid layout is predicted to fit the GPU it ran on, priced with Mamba-2 and
+    LatentMoE layers (s48h1); Ultra on 256 GB300 at TP 1 needs its HSDP (fsdp 64) to fit."""
+    assert [p.id for p in prepared if not measured_runs.predict_row(p)["fits"]] == []
 
 
 def test_no_fit_sees_a_hybrid_row(prepared, monkeypatch):

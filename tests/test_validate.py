@@ -162,8 +162,8 @@ def test_leave_one_model_out_error(report):
 
 
 def test_every_other_published_layout_fits_as_run(full_report):
-    """The hybrid rows' fit is tests/test_hybrid_presets.py's (it needs the hybrid cost model)."""
-    fits = full_report[~validate.held_apart(full_report)].set_index("id").fits
+    """Every published layout but NOT_FITTING_AS_RUN's, the held-out hybrid rows included."""
+    fits = full_report.set_index("id").fits
     assert set(NOT_FITTING_AS_RUN) <= set(fits.index)
     others = fits.drop(list(NOT_FITTING_AS_RUN))
     assert others.all(), list(others.index[~others])
