@@ -389,7 +389,7 @@ def nemotron_3_nano():
 def hybrid_exports(short_run: int | None = None):
     """Nemotron 3 Nano's exports under the layouts a hybrid model's flags change: pipeline stages
     as | marks (even, explicit first/last, embedding and loss counted, interleaved), TP and CP
-    over the Mamba heads and groups, FP8, LatentMoE."""
+    over the Mamba heads and groups, FP8, MTP (Nemotron 3 Super's two '*E' depths), LatentMoE."""
     import dataclasses
     nano, hw = nemotron_3_nano(), io.load_hardware("h100-sxm")
     plans = {
@@ -405,6 +405,9 @@ def hybrid_exports(short_run: int | None = None):
     }
     for label, plan in plans.items():
         yield f"{nano.name} {label}", nano, plan, hw, train_script(nano, plan, hw, "", short_run=short_run)
+    mtp = dataclasses.replace(nano, name="nano + MTP 2 x '*E' (bench)", mtp_num_layers=2, mtp_layer_pattern="*E")
+    plan = plans["TP2 SP PP4 EP8 first/last 12"]
+    yield f"{mtp.name} TP2 PP4 first/last 12", mtp, plan, hw, train_script(mtp, plan, hw, "", short_run=short_run)
     latent = dataclasses.replace(nano, name="nano + LatentMoE 1024 (bench)", moe_latent_size=1024)
     plan = plans["TP1 EP8"]
     yield f"{latent.name} TP1 EP8", latent, plan, hw, train_script(latent, plan, hw, "", short_run=short_run)

@@ -100,12 +100,26 @@ def test_the_launch_script_runs_pretrain_hybrid_with_the_pattern_unglobbed(tmp_p
     assert out[at + 1] == hybrid_export.layer_pattern(model, plan) and "|" in out[at + 1]
 
 
-def test_a_hybrid_model_with_mtp_is_refused_not_written_without_its_mtp_layers():
+def test_mtp_depths_follow_the_pattern_after_slashes():
+    """Megatron-LM's Nemotron 3 Super release run: '<pattern>/*E/*E' with --mtp-num-layers 2."""
+    model, plan = nano(mtp_num_layers=2, mtp_layer_pattern="*E"), Plan(tp=1, pp=2, dp=4, ep=8, gbs=1024)
+    args = megatron_args(model, plan)
+    pattern = flag_value(args, "--hybrid-layer-pattern").strip("'")
+    assert pattern.endswith("/*E/*E") and pattern.split("/")[0].replace("|", "") == NANO_PATTERN
+    assert flag_value(args, "--mtp-num-layers") == "2"
+    assert export_document(model, plan, {})["megatron_bridge_model"]["fields"]["hybrid_layer_pattern"] == pattern
+
+
+def test_a_hybrid_model_with_mtp_but_no_mtp_pattern_is_refused_not_written_without_its_mtp_layers():
     model, plan = nano(mtp_num_layers=1), Plan(tp=1, pp=1, dp=8, ep=8, gbs=1024)
-    with pytest.raises(UserError, match="MTP layers: a hybrid model's MTP layers take their own pattern"):
+    with pytest.raises(UserError, match="no mtp_layer_pattern: a hybrid model's MTP layers take their own pattern"):
         megatron_args(model, plan)
     doc = export_document(model, plan, {})
     assert "MTP" in doc["megatron_args"]["unsupported"] and "unsupported" in doc["megatron_bridge_model"]
+    with pytest.raises(ValueError, match="mtp_layer_pattern"):
+        nano(mtp_layer_pattern="*E")  # without mtp_num_layers
+    with pytest.raises(ValueError, match="mtp_layer_pattern"):
+        nano(mtp_num_layers=1, mtp_layer_pattern="*X")
 
 
 def test_a_convolution_megatron_cannot_size_is_refused():

@@ -20,9 +20,10 @@ stage v = chunk * pp + rank, Megatron's ``segment_index = vp_stage * pp + pp_ran
 of those flags (nor ``--decoder-first/last-pipeline-num-layers``, refused with ``|``).
 
 **Multi-token prediction** takes its own layer pattern after ``/`` (``M*M*/MM/MM``: one copy per
-depth); ``ModelSpec`` holds no MTP pattern, so an MTP hybrid model is refused by the exports
-rather than written without its MTP layers (Megatron-LM only warns: "Hybrid model with
---mtp-num-layers but no MTP pattern").
+depth, ``ModelSpec.mtp_layer_pattern``; Megatron-LM's Nemotron 3 Super release run writes
+``.../*E/*E`` with ``--mtp-num-layers 2``); an MTP hybrid model without that pattern is refused
+by the exports rather than written without its MTP layers (Megatron-LM only warns: "Hybrid model
+with --mtp-num-layers but no MTP pattern").
 """
 
 from __future__ import annotations
@@ -51,10 +52,12 @@ def entry_script(model: ModelSpec) -> str:
 
 def layer_pattern(model: ModelSpec, plan: Plan | None = None) -> str:
     """--hybrid-layer-pattern: the model's pattern, with a | after each virtual pipeline stage
-    when ``plan`` has pp > 1 (the stages' layer counts as priced)."""
+    when ``plan`` has pp > 1 (the stages' layer counts as priced), then each MTP depth's after a /."""
     pattern = model.hybrid_layer_pattern
+    mtp = "".join(MTP_SEPARATOR + model.mtp_layer_pattern for _ in range(model.mtp_num_layers)
+                  ) if model.mtp_layer_pattern else ""
     if plan is None or plan.pp == 1:
-        return pattern
+        return pattern + mtp
     if plan.pipeline_model_parallel_layout:
         raise ValueError("a hybrid model's pipeline stages are | marks in its pattern, not a "
                          "--pipeline-model-parallel-layout (Megatron-LM validate_args)")
@@ -64,7 +67,7 @@ def layer_pattern(model: ModelSpec, plan: Plan | None = None) -> str:
                                          plan.account_for_embedding_in_pipeline_split,
                                          plan.account_for_loss_in_pipeline_split)
     ends = [sum(sizes[:i + 1]) for i in range(len(sizes))]
-    return PIPE.join(pattern[end - size:end] for end, size in zip(ends, sizes))
+    return PIPE.join(pattern[end - size:end] for end, size in zip(ends, sizes)) + mtp
 
 
 def model_flags(model: ModelSpec, plan: Plan | None = None) -> list[str]:

@@ -70,9 +70,9 @@ def hybrid_unsupported(model: ModelSpec) -> str:
     ``model``, or '' (``report.hybrid_export``)."""
     if not model.is_hybrid:
         return ""
-    if model.mtp_num_layers:
-        return (f"{model.name} has {model.mtp_num_layers} MTP layers: a hybrid model's MTP layers take their own "
-                "pattern after '/' in --hybrid-layer-pattern (e.g. 'M*M*/*E'), which ModelSpec does not hold")
+    if model.mtp_num_layers and not model.mtp_layer_pattern:
+        return (f"{model.name} has {model.mtp_num_layers} MTP layers but no mtp_layer_pattern: a hybrid model's MTP "
+                "layers take their own pattern after '/' in --hybrid-layer-pattern (Nemotron 3 Super's '.../*E/*E')")
     if model.mamba_conv_kernel != MAMBA_CONV_KERNEL:
         return (f"mamba_conv_kernel={model.mamba_conv_kernel}: Megatron-Core's MambaMixer convolution is "
                 f"{MAMBA_CONV_KERNEL} wide (d_conv), with no TransformerConfig field or flag to change it")
