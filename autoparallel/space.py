@@ -222,6 +222,14 @@ def _first_reason(df: pd.DataFrame, rules: list[tuple[np.ndarray, Any]]) -> np.n
     return reason
 
 
+# A hybrid model's pipeline stages are | marks in its --hybrid-layer-pattern (report.hybrid_export
+# writes every even, explicit or accounted split that way); Megatron-LM's validate_args refuses the
+# flexible layout beside it.
+HYBRID_LAYOUT_REFUSED = ("a hybrid model takes no pipeline layout: \"--pipeline-model-parallel-layout should not "
+                         "be used with --hybrid-layer-pattern. Pipeline stage layout is defined by | separators "
+                         "in the pattern.\" (Megatron-LM)")
+
+
 def _pipeline_layouts(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
     """Every (pp, vp, split) of the space: one row per split Megatron accepts, or one row with
     the reason no split exists for a vp the space lists."""
@@ -237,7 +245,8 @@ def _pipeline_layouts(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
         listed = space.vp != "auto"
         for vp in (space.vp if listed else range(1, model.num_layers // pp + 1)):
             options = pipeline.splits(model.num_layers, pp, vp, space.uneven_pipeline_split,
-                                      layouts=model.is_moe and vp <= space.pipeline_layout_max_vp,
+                                      layouts=(model.is_moe and not model.is_hybrid
+                                               and vp <= space.pipeline_layout_max_vp),
                                       mtp=model.mtp_num_layers)
             options = [(first, last, embedding, loss, layout) for first, last, embedding, loss, layout in options
                        if not (no_embedding and embedding) and not (no_loss and loss)]
@@ -286,6 +295,8 @@ def _pinned_layout(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
             why = f"pipeline layout has {stages} virtual stages: vp={vp} on pp={pp}, not in vp {list(space.vp)}"
         elif pp == 1 and vp > 1:
             why = "interleaving (vp>1) needs pp>=2"
+        elif model.is_hybrid:  # Megatron-LM validate_args
+            why = HYBRID_LAYOUT_REFUSED
         elif not sum(sizes[0::pp]):  # Megatron accepts it; priced, every row was NaN and still "feasible"
             why = (f"pipeline layout puts no decoder layer (t) on pipeline rank 0 at pp={pp}: a rank the cost "
                    f"model cannot price yet; give its stages at least one t")
@@ -321,6 +332,7 @@ def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus:
          lambda d: [f"{model.num_attention_heads} attention heads not divisible by tp={a}" for a in d.tp]),
         (model.query_groups % tp != 0,
          lambda d: [f"{model.query_groups} query groups not divisible by tp={a}" for a in d.tp]),
+        *_mamba_rules(model, tp, cp),
         (space.tp_within_nvlink_domain & (tp > hw.nvlink_domain),
          lambda d: [f"tp={a} crosses the {hw.nvlink_domain}-GPU NVLink domain" for a in d.tp]),
         (df["layout_reason"].to_numpy() != "", lambda d: list(d.layout_reason)),
@@ -365,6 +377,10 @@ def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus:
 
 def _packed(model: ModelSpec) -> bool:
     return model.finetune is not None and model.finetune.packed_sequence
+
+
+def _mamba_in_proj_unaligned(model: ModelSpec) -> bool:
+    return model.is_hybrid and "M" in model.hybrid_layer_pattern and model.mamba_in_proj_width % 16 != 0
 
 
 def _swiglu(model: ModelSpec) -> bool:
@@ -416,6 +432,33 @@ def unsupported_precisions(hw: HardwareSpec) -> dict[str, str]:
     return out
 
 
+def _mamba_rules(model: ModelSpec, tp: np.ndarray, cp: np.ndarray) -> list:
+    """Megatron-Core's refusals of a hybrid model's Mamba-2 mixers (Megatron-LM d98e8a64dd,
+    megatron/core/ssm/mamba_mixer.py MambaMixer.__init__ and mamba_context_parallel.py
+    MambaContextParallel.__init__, asserted when the layers are built): TP splits the heads and
+    the B/C groups; CP (an all-to-all from sequence to heads around the convolution and the scan)
+    splits a TP rank's heads, and its groups, or repeats each group over cp / groups ranks."""
+    if not model.is_hybrid or "M" not in model.hybrid_layer_pattern:
+        return []
+    heads, groups = model.mamba_heads, model.mamba_num_groups
+    local = np.maximum(groups // tp, 1)
+    return [
+        (heads % tp != 0, lambda d: [f"{heads} Mamba heads not divisible by tp={a} (MambaMixer: \"nheads must be "
+                                     "evenly divisble by tp_size\")" for a in d.tp]),
+        (groups % tp != 0, lambda d: [f"{groups} Mamba groups not divisible by tp={a} (MambaMixer: \"ngroups must "
+                                      "be evenly divisible by tp_size\")" for a in d.tp]),
+        ((cp > 1) & ((heads // tp) % cp != 0),
+         lambda d: [f"cp={c}: the {heads // t} Mamba heads of a TP rank not divisible by cp (MambaContextParallel: "
+                    "\"nheads must be evenly divisible by tp_size * cp_size\")" for t, c in zip(d.tp, d.cp)]),
+        ((cp > 1) & (local < cp) & (cp % local != 0),
+         lambda d: [f"cp={c} not a multiple of the {groups // t} Mamba groups of a TP rank (MambaContextParallel: "
+                    "\"cp_size must be evenly divisible by ngroups/tp_size\")" for t, c in zip(d.tp, d.cp)]),
+        ((cp > 1) & (local >= cp) & (local % cp != 0),
+         lambda d: [f"cp={c}: the {groups // t} Mamba groups of a TP rank not divisible by cp (MambaContextParallel: "
+                    "\"ngroups must be evenly divisible by tp_size * cp_size\")" for t, c in zip(d.tp, d.cp)]),
+    ]
+
+
 def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.ndarray:
     """Rules on the feature knobs alone (no structure needed)."""
     precision = df["precision"].to_numpy()
@@ -459,6 +502,12 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
          lambda d: [f"TP comm overlap (Userbuffers) cannot carry {p} tensors (TE: Unsupported quantizer "
                     "for Userbuffers)" for p in d.precision]),
         (model.is_moe & (precision == "fp16"), "expert parallel models train in BF16, not FP16 (Megatron-LM)"),
+        # MambaMixer.__init__ under config.fp8: "For FP8, the innermost dimension of the Mamba layer
+        # input projection output tensor must be a multiple of 16." (z, x, B, C and dt together).
+        (fp8 & _mamba_in_proj_unaligned(model),
+         f"FP8 needs the Mamba in_proj width ({model.mamba_in_proj_width}) to be a multiple of 16 (MambaMixer: "
+         "\"For FP8, the innermost dimension of the Mamba layer input projection output tensor must be a "
+         "multiple of 16\")"),
         (df.overlap_moe_expert_parallel_comm.to_numpy() & (df.moe_token_dispatcher_type.to_numpy() == "allgather"),
          "overlap_moe_expert_parallel_comm is supported with alltoall/flex token dispatcher (Megatron-LM)"),
         ((not model.is_moe) & (df.moe_token_dispatcher_type.to_numpy() != "alltoall"),

@@ -238,6 +238,60 @@ def expected(model, plan, graph_modules: bool = False) -> dict:
     }
 
 
+def expected_hybrid(model, plan) -> dict:
+    """A hybrid model's fields (``report.hybrid_export``): the pattern with its | marks, the Mamba-2
+    mixer, and the stages the marks state instead of the split flags (vp from the marks)."""
+    from autoparallel.report.hybrid_export import layer_pattern
+    if not model.is_hybrid:
+        return {}
+    return {"args.hybrid_layer_pattern": layer_pattern(model, plan), "config.is_hybrid_model": True,
+            "config.mamba_num_heads": model.mamba_heads, "config.mamba_head_dim": model.mamba_head_dim,
+            "config.mamba_state_dim": model.mamba_state_dim, "config.mamba_num_groups": model.mamba_num_groups,
+            "config.moe_latent_size": model.moe_latent_size,
+            "config.num_layers_in_first_pipeline_stage": None, "config.num_layers_in_last_pipeline_stage": None,
+            "config.account_for_embedding_in_pipeline_split": False,
+            "config.account_for_loss_in_pipeline_split": False}
+
+
+def hybrid_model_config(arguments, args, model) -> str:
+    """'' if pretrain_hybrid.py's model config (argument_utils.hybrid_config_from_args) builds
+    from the parsed arguments with the model's pattern, else the problem."""
+    from megatron.training.argument_utils import hybrid_config_from_args
+    args.vocab_size = args.vocab_size or model.vocab_size
+    cfg = hybrid_config_from_args(args)
+    return "" if cfg.hybrid_layer_pattern == args.hybrid_layer_pattern else (
+        f"HybridModelConfig.hybrid_layer_pattern={cfg.hybrid_layer_pattern!r}")
+
+
+def hybrid_stages(model, plan, pattern: str) -> str:
+    """'' if Megatron-Core's select_pipeline_segment gives each (pp rank, vp stage) of ``plan`` the
+    layers the cost model priced there (``pipeline.virtual_stage_sizes``, in model order), else
+    the first difference. torch.distributed's rank queries answer for the rank asked about."""
+    import torch.distributed as dist
+    from megatron.core.models.hybrid import hybrid_layer_allocation as allocation
+
+    from autoparallel.costmodel import pipeline
+    sizes = pipeline.virtual_stage_sizes(model.num_layers, plan.pp, plan.vp, plan.num_layers_in_first_pipeline_stage,
+                                         plan.num_layers_in_last_pipeline_stage,
+                                         plan.account_for_embedding_in_pipeline_split,
+                                         plan.account_for_loss_in_pipeline_split)
+    saved = dist.get_rank, dist.get_world_size, dist.is_initialized
+    try:
+        for stage, size in enumerate(sizes):
+            rank, chunk = stage % plan.pp, stage // plan.pp
+            dist.get_rank, dist.get_world_size = (lambda group=None: rank), (lambda group=None: plan.pp)
+            dist.is_initialized = lambda: True
+            layers, offset = allocation.select_pipeline_segment(pattern.split("/")[0], object() if plan.pp > 1 else None,
+                                                                chunk if plan.vp > 1 else None)
+            start = sum(sizes[:stage])
+            if offset != start or "".join(layers) != model.hybrid_layer_pattern[start:start + size]:
+                return (f"rank {rank} vp stage {chunk}: Megatron builds {''.join(layers)!r} at {offset}, priced "
+                        f"{model.hybrid_layer_pattern[start:start + size]!r} at {start}")
+    finally:
+        dist.get_rank, dist.get_world_size, dist.is_initialized = saved
+    return ""
+
+
 def check(arguments, microbatches, model, plan, argv: list[str], env: dict) -> tuple[str, str]:
     """(stage reached, problem) for one export: '' when Megatron accepts it as the same model and layout."""
     os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
@@ -253,6 +307,13 @@ def check(arguments, microbatches, model, plan, argv: list[str], env: dict) -> t
             args = arguments.validate_args(args)
             stage = "TransformerConfig"
             config = arguments.core_transformer_config_from_args(args)
+            if model.is_hybrid and args.hybrid_layer_pattern:  # (without it, the fields below differ)
+                stage = "HybridModelConfig"
+                if problem := hybrid_model_config(arguments, args, model):
+                    return stage, problem
+                stage = "select_pipeline_segment"
+                if problem := hybrid_stages(model, plan, args.hybrid_layer_pattern):
+                    return stage, problem
             stage = "microbatches"
             microbatches.destroy_num_microbatches_calculator()
             microbatches.init_num_microbatches_calculator(0, None, args.global_batch_size, args.micro_batch_size,
@@ -262,7 +323,8 @@ def check(arguments, microbatches, model, plan, argv: list[str], env: dict) -> t
         return stage, f"{type(e).__name__}: {text}"[:200]
     got = {"num_microbatches": microbatches.get_num_microbatches()}
     wrong = []
-    for key, want in expected(model, plan, hasattr(config, "cuda_graph_modules")).items():
+    want_all = {**expected(model, plan, hasattr(config, "cuda_graph_modules")), **expected_hybrid(model, plan)}
+    for key, want in want_all.items():
         if key != "num_microbatches":
             scope, name = key.split(".")
             value = getattr(config if scope == "config" else args, name)
@@ -307,6 +369,50 @@ def exports(top: int, short_run: int | None = None):
         train_script(model, offload, gb200, "", short_run=short_run)
 
 
+# Nemotron 3 Nano (30B-A3B) as Megatron-Bridge 067f987df builds it (src/megatron/bridge/recipes/
+# nemotronh/h100/nemotron_3_nano.py); built here, not a preset (benchmarks check the exports).
+NANO_PATTERN = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
+
+
+def nemotron_3_nano():
+    from autoparallel.specs.model import ModelSpec
+    return ModelSpec(name="nemotron-3-nano (bench)", num_layers=52, hidden_size=2688, ffn_hidden_size=1856,
+                     num_attention_heads=32, num_query_groups=2, kv_channels=128, vocab_size=131072, seq_length=8192,
+                     activation="squared_relu", normalization="rmsnorm", position_embedding_type="rope",
+                     add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0, hybrid_layer_pattern=NANO_PATTERN,
+                     mamba_num_heads=64, mamba_head_dim=64, mamba_state_dim=128, mamba_num_groups=8,
+                     num_experts=128, moe_router_topk=6, moe_ffn_hidden_size=1856,
+                     moe_shared_expert_intermediate_size=3712, moe_router_score_function="sigmoid",
+                     moe_router_enable_expert_bias=True, moe_router_topk_scaling_factor=2.5)
+
+
+def hybrid_exports(short_run: int | None = None):
+    """Nemotron 3 Nano's exports under the layouts a hybrid model's flags change: pipeline stages
+    as | marks (even, explicit first/last, embedding and loss counted, interleaved), TP and CP
+    over the Mamba heads and groups, FP8, MTP (Nemotron 3 Super's two '*E' depths), LatentMoE."""
+    import dataclasses
+    nano, hw = nemotron_3_nano(), io.load_hardware("h100-sxm")
+    plans = {
+        "TP1 EP8": Plan(tp=1, pp=1, dp=8, ep=8, gbs=1024),
+        "TP2 SP PP4 EP8 first/last 12": Plan(tp=2, pp=4, dp=8, ep=8, gbs=1024, sp=True,
+                                             num_layers_in_first_pipeline_stage=12,
+                                             num_layers_in_last_pipeline_stage=12),
+        "PP2 VP2 EP8": Plan(tp=1, pp=2, vp=2, dp=32, ep=8, gbs=1024),
+        "PP3 embedding+loss counted": Plan(tp=1, pp=3, dp=8, ep=8, gbs=1024,
+                                           account_for_embedding_in_pipeline_split=True,
+                                           account_for_loss_in_pipeline_split=True),
+        "TP2 CP2 SP fp8-current": Plan(tp=2, pp=1, cp=2, dp=4, ep=8, gbs=1024, sp=True, precision="fp8-current"),
+    }
+    for label, plan in plans.items():
+        yield f"{nano.name} {label}", nano, plan, hw, train_script(nano, plan, hw, "", short_run=short_run)
+    mtp = dataclasses.replace(nano, name="nano + MTP 2 x '*E' (bench)", mtp_num_layers=2, mtp_layer_pattern="*E")
+    plan = plans["TP2 SP PP4 EP8 first/last 12"]
+    yield f"{mtp.name} TP2 PP4 first/last 12", mtp, plan, hw, train_script(mtp, plan, hw, "", short_run=short_run)
+    latent = dataclasses.replace(nano, name="nano + LatentMoE 1024 (bench)", moe_latent_size=1024)
+    plan = plans["TP1 EP8"]
+    yield f"{latent.name} TP1 EP8", latent, plan, hw, train_script(latent, plan, hw, "", short_run=short_run)
+
+
 def controls():
     """Broken exports the check must refuse (so that 'ok' above means something): the issue's
     findings, each as (label, model, plan, hw, change to argv and environment)."""
@@ -348,6 +454,25 @@ def controls():
            lambda argv, env: ([*argv, "--fp8-dot-product-attention"], env))
 
 
+def hybrid_controls():
+    """A hybrid model's exports as they would be without this session's changes (s48h3)."""
+    import dataclasses
+    nano, hw = nemotron_3_nano(), io.load_hardware("h100-sxm")
+    interleaved = Plan(tp=1, pp=2, vp=2, dp=32, ep=8, gbs=1024)
+    yield ("Nano PP2 VP2 with --num-virtual-stages-per-pipeline-rank beside the pipe marks", nano, interleaved, hw,
+           lambda argv, env: ([*argv, "--num-virtual-stages-per-pipeline-rank", "2"], env))
+    yield ("Nano without --hybrid-layer-pattern (the GPT export)", nano, Plan(tp=1, pp=1, dp=8, ep=8, gbs=1024), hw,
+           lambda argv, env: (_without(argv, ("--hybrid-layer-pattern",)), env))
+    biased = dataclasses.replace(nano, add_bias_linear=True)
+    yield ("Nano with biases (squared ReLU) without --no-bias-gelu-fusion", biased,
+           Plan(tp=1, pp=1, dp=8, ep=8, gbs=1024), hw,
+           lambda argv, env: ([a for a in argv if a != "--no-bias-gelu-fusion"], env))
+    uneven = Plan(tp=1, pp=4, dp=2, ep=8, gbs=1024, num_layers_in_first_pipeline_stage=12,
+                  num_layers_in_last_pipeline_stage=12)
+    yield ("Nano PP4 first/last 12 as the GPT flags beside the pipe marks", nano, uneven, hw,
+           lambda argv, env: ([*argv, "--decoder-first-pipeline-num-layers", "12"], env))
+
+
 def _without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
     """argv less each of ``flags`` and the value that follows it."""
     drop = {i for i, a in enumerate(argv) if a in flags}
@@ -359,6 +484,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--megatron", required=True, help="Megatron-LM checkout (or snapshot) root")
     parser.add_argument("--top", type=int, default=3, help="plans exported per search")
+    parser.add_argument("--only-hybrid", action="store_true", help="check only the hybrid Mamba-Transformer exports")
     parser.add_argument("--short-run", type=int, help="check the short profiling runs of --trainer megatron "
                                                       "(this many iterations) instead of the exports")
     cli = parser.parse_args()
@@ -368,7 +494,10 @@ def main() -> None:
     print("Stubbed:\n" + "".join(f"- {s}\n" for s in STUBS))
     print("| export | layout | env | reached | problem |\n|---|---|---|---|---|")
     passed = total = refused = 0
-    for label, model, plan, hw, script in exports(cli.top, cli.short_run):
+    import itertools
+    every = hybrid_exports(cli.short_run) if cli.only_hybrid else itertools.chain(
+        exports(cli.top, cli.short_run), hybrid_exports(cli.short_run))
+    for label, model, plan, hw, script in every:
         _ARCH["value"] = ARCH[hw.name]
         if script is None:
             refused += 1
@@ -389,7 +518,8 @@ def main() -> None:
           f"with the preset's model and the priced layout; {refused} plans refused by the export (no Megatron-LM "
           "flag for them)")
     print("\nControls (must be refused):\n\n| broken export | reached | problem found |\n|---|---|---|")
-    for label, model, plan, hw, change in controls():
+    for label, model, plan, hw, change in (hybrid_controls() if cli.only_hybrid
+                                           else itertools.chain(controls(), hybrid_controls())):
         _ARCH["value"] = ARCH[hw.name]
         argv, env = change(*script_argv_env(train_script(model, plan, hw, "")))
         stage, problem = check(arguments, microbatches, model, plan, argv, env)

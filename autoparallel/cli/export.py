@@ -50,8 +50,9 @@ def export_text(result, rank: int, fmt: str) -> str:
         return " \\\n".join(megatron_args(result.model, plan)) + "\n"
     if fmt == "launch":
         return runs.launch_script(result.model, result.hardware, result.entry(rank), title)
-    if fmt in ("nemo", "nemo2", "nemo2-yaml") and (why := nemo_unsupported(plan)):
-        raise UserError(f"--format {fmt}: rank {rank} is {plan.precision}; {why}")
+    if fmt in ("nemo", "nemo2", "nemo2-yaml") and (why := nemo_unsupported(plan, result.model)):
+        raise UserError(f"--format {fmt}: rank {rank} is {plan.precision}; {why}" if not result.model.is_hybrid
+                        else f"--format {fmt}: {result.model.name}: {why}")
     if fmt == "nemo2":
         return nemo2_python(result.model, plan, per_node, title)
     if fmt == "nemo":

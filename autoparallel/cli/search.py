@@ -144,13 +144,18 @@ def print_table(result, top: int, where: str, how: str = "", wide: bool = False,
 def _next_steps(result, run_dir: Path) -> None:
     """Where the run was written and how to export and launch its rank-1 plan, as commands that
     copy into a shell and read in 80 columns."""
-    from autoparallel.report.shared import TOKENIZER_FILES, megatron_unsupported, node_layout, node_layout_text
+    from autoparallel.report.shared import (TOKENIZER_FILES, hybrid_unsupported, megatron_unsupported, node_layout,
+                                            node_layout_text)
     from autoparallel.report.run_folder import TRAIN_SCRIPT
     export = ["autoparallel", "export", str(run_dir), "--rank", "1", "--format"]
     if is_lora(result.model):
         console.print(f"run folder: {run_dir}\n"
                       "rank 1 as a NeMo 2 LoRA fine-tuning recipe (or --format nemo2-yaml, yaml):\n"
                       + shell_command([*export, "nemo2"]), soft_wrap=True)
+        return
+    if why := hybrid_unsupported(result.model):
+        console.print(f"run folder: {run_dir}\nrank 1's plan and predictions (no Megatron-LM flags or train.sh: "
+                      f"{why}):\n" + shell_command([*export, "yaml"]), soft_wrap=True)
         return
     if megatron_unsupported(result.plan(1)):
         console.print(f"run folder: {run_dir}\n"
@@ -161,7 +166,9 @@ def _next_steps(result, run_dir: Path) -> None:
     names = ["MEGATRON_LM", "DATA_PATH", "CHECKPOINT_DIR", *TOKENIZER_FILES.get(result.model.tokenizer_type, {}).values()]
     launch = ["sbatch" if nodes > 1 else "bash", str(run_dir / TRAIN_SCRIPT)]
     console.print(f"run folder: {run_dir}\n"
-                  "rank 1 as Megatron-LM flags (or --format launch, nemo, nemo2, nemo2-yaml, yaml):\n"
+                  "rank 1 as Megatron-LM flags (or --format launch, "
+                  + ("yaml; best.yaml holds its Megatron-Bridge provider" if result.model.is_hybrid
+                     else "nemo, nemo2, nemo2-yaml, yaml") + "):\n"
                   + shell_command([*export, "megatron"]) + "\n"
                   f"launch rank 1 on {node_layout_text(result.gpus, result.hardware.gpus_per_node)}:\n"
                   + shell_command([*(f"{n}=..." for n in names), *launch]), soft_wrap=True)

@@ -41,6 +41,10 @@ def settings_from_flags(path: str | None, steps: int | None, recipes: str | None
 def check_and_save(model: ModelSpec, settings: Fp8CheckSettings, results: Path | None,
                    command: list[str], console=None, plots: bool = True):
     """Run the check (torch imported here), print progress; returns (result, run_dir or None)."""
+    if model.is_hybrid:  # proxy_spec would silently make it a dense transformer
+        raise UserError(f"fp8-check cannot judge {model.name}: it is a hybrid Mamba-Transformer "
+                        "(hybrid_layer_pattern), and the proxy model it trains is the built-in transformer, "
+                        "which has no Mamba-2 layers")
     try:
         from autoparallel.fp8check.check import run_check
     except ImportError as exc:  # torch missing: an optional dependency fails when used

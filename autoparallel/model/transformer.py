@@ -374,6 +374,11 @@ def reset_buffers(module: nn.Module) -> None:
 
 def check_spec(spec: ModelSpec) -> None:
     """Refuse a model this implementation cannot build, with the reason."""
+    if spec.is_hybrid:
+        raise NotImplementedError(
+            f"model {spec.name!r} is a hybrid Mamba-Transformer (hybrid_layer_pattern); the built-in "
+            "transformer has no Mamba-2 layers: profile it with --trainer megatron (Megatron-LM's "
+            "pretrain_hybrid.py)")
     if spec.multi_latent_attention:
         raise NotImplementedError(f"model {spec.name!r} uses multi-latent attention, which the "
                                   "built-in transformer does not implement")

@@ -327,9 +327,18 @@ def _rank_hardware(args: argparse.Namespace):
     return run.load_inputs(Path(args.rank[1]))[2]
 
 
+def hybrid_refusal(model, what: str) -> str:
+    """Why ``what`` cannot measure a hybrid Mamba-Transformer model."""
+    return (f"{what} cannot measure {model.name}: it is a hybrid Mamba-Transformer (hybrid_layer_pattern), "
+            "and the built-in transformer and its layer profiles have no Mamba-2 layers; profile jobs with "
+            "--trainer megatron (Megatron-LM's pretrain_hybrid.py)")
+
+
 def _evaluator(result, args: argparse.Namespace, console, again: str | None = None):
     """The evaluator ``--profile`` names, for the layouts ``profile_top`` hands it."""
     slurm = getattr(args, "executor", "local") == "slurm"
+    if result.model.is_hybrid and (args.profile == "layer" or getattr(args, "trainer", None) != "megatron"):
+        raise UserError(hybrid_refusal(result.model, f"--profile {args.profile}"))
     device = getattr(args, "device", "auto") if slurm else _checked_device(getattr(args, "device", "auto"))
     if args.profile == "layer":
         from autoparallel.profiling.layer import LayerProfileEvaluator

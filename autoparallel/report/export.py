@@ -15,19 +15,20 @@ from __future__ import annotations
 
 from autoparallel.costmodel import pipeline
 from autoparallel.errors import UserError
-from autoparallel.report import moe_export
+from autoparallel.report import hybrid_export, moe_export
 from autoparallel.report.nemo import nemo1_config, nemo2_recipe
 from autoparallel.report.shared import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, BRIDGE_PRECISION_RECIPES,
                                         CUDA_GRAPHS, FP4_FORMAT, FP4_RECIPE, FP4_TE_CLASS, FP8_RECIPES,
                                         megatron_unsupported, nemo_unsupported,
                                         MAKE_VOCAB_SIZE_DIVISIBLE_BY, NORMALIZATION, TOKENIZER_FILES,
-                                        cp_comm_type, recompute_layers)
+                                        cp_comm_type, hybrid_unsupported, recompute_layers)
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
 
 
-def model_flags(model: ModelSpec) -> list[str]:
-    """The architecture: every flag whose Megatron-LM default differs from the preset."""
+def model_flags(model: ModelSpec, plan: Plan | None = None) -> list[str]:
+    """The architecture: every flag whose Megatron-LM default differs from the preset (a hybrid
+    model's pattern with the ``plan``'s pipeline stages marked, ``report.hybrid_export``)."""
     a = [f"--num-layers {model.num_layers}", f"--hidden-size {model.hidden_size}",
          f"--ffn-hidden-size {model.ffn_hidden_size}", f"--num-attention-heads {model.num_attention_heads}"]
     if model.query_groups != model.num_attention_heads:
@@ -51,10 +52,12 @@ def model_flags(model: ModelSpec) -> list[str]:
         a.append("--swiglu")
     elif model.activation == "squared_relu":
         a.append("--squared-relu")
+        if model.add_bias_linear:  # TransformerConfig: "When bias_activation_fusion is True, activation
+            a.append("--no-bias-gelu-fusion")  # function should be either gelu, swiglu, or quick_geglu"
     if not model.tie_embeddings:
         a.append("--untie-embeddings-and-output-weights")
     a += [f"--hidden-dropout {model.hidden_dropout}", f"--attention-dropout {model.attention_dropout}"]
-    return a + moe_export.model_flags(model)
+    return a + moe_export.model_flags(model) + hybrid_export.model_flags(model, plan)
 
 
 def tokenizer_flags(model: ModelSpec) -> list[str]:
@@ -92,6 +95,8 @@ def parallel_flags(model: ModelSpec, plan: Plan) -> list[str]:
     a += moe_export.parallel_flags(model, plan)
     if plan.sp and plan.tp > 1:
         a.append("--sequence-parallel")
+    if model.is_hybrid:  # the | marks of --hybrid-layer-pattern state the stages
+        a = hybrid_export.without_pipe_stated(a)
     a += [f"--micro-batch-size {plan.mbs}", f"--global-batch-size {plan.gbs}"]
     if plan.recompute == "selective":
         a.append("--recompute-granularity selective")
@@ -160,9 +165,9 @@ def precision_flags(plan: Plan) -> list[str]:
 def megatron_arg_groups(model: ModelSpec, plan: Plan) -> dict[str, list[str]]:
     """The flags in the groups train.sh writes them in, one flag (with its value) per entry; a
     UserError when Megatron-LM has no flag for part of the plan (``shared.megatron_unsupported``)."""
-    if why := megatron_unsupported(plan):
+    if why := megatron_unsupported(plan) or hybrid_unsupported(model):
         raise UserError(f"Megatron-LM cannot run this plan as priced: {why}")
-    return {"MODEL_ARGS": model_flags(model), "TOKENIZER_ARGS": tokenizer_flags(model),
+    return {"MODEL_ARGS": model_flags(model, plan), "TOKENIZER_ARGS": tokenizer_flags(model),
             "PARALLEL_ARGS": parallel_flags(model, plan), "PRECISION_ARGS": precision_flags(plan)}
 
 
@@ -255,13 +260,17 @@ def megatron_lm_unflagged(plan: Plan) -> dict:
 
 def export_document(model: ModelSpec, plan: Plan, metrics: dict, gpus_per_node: int = 8) -> dict:
     """Everything best.yaml holds for one ranked plan."""
+    unflagged = hybrid_unsupported(model)
     return {
         "model": model.name,
         "plan": plan.as_dict(),
         "predicted": metrics,
         "environment": megatron_env(plan),
-        "megatron_args": megatron_args(model, plan),
-        "nemo": {"unsupported": why} if (why := nemo_unsupported(plan)) else nemo1_config(model, plan, gpus_per_node),
+        "megatron_args": {"unsupported": unflagged} if unflagged else megatron_args(model, plan),
+        **({"megatron_entry_script": hybrid_export.entry_script(model),
+            "megatron_bridge_model": hybrid_export.bridge_provider(model, plan)} if model.is_hybrid else {}),
+        "nemo": ({"unsupported": why} if (why := nemo_unsupported(plan, model))
+                 else nemo1_config(model, plan, gpus_per_node)),
         "nemo2": {"unsupported": why} if why else nemo2_recipe(model, plan, gpus_per_node),
         "megatron_bridge_mixed_precision": bridge_precision(plan),
         "transformer_engine_recipe": te_recipe(plan),

@@ -1,4 +1,5 @@
-"""train.sh for one plan: Megatron-LM's pretrain_gpt.py with the exported flags, launched with
+"""train.sh for one plan: Megatron-LM's pretrain_gpt.py (pretrain_hybrid.py for a hybrid
+Mamba-Transformer model) with the exported flags, launched with
 torchrun on one node or from an sbatch/srun skeleton across many.
 
 The script defines everything but the paths only the user knows (Megatron-LM checkout, data,
@@ -8,6 +9,7 @@ checkpoints, tokenizer files); it stops with a message naming the variable when 
 from __future__ import annotations
 
 from autoparallel.report.export import megatron_arg_groups, megatron_env
+from autoparallel.report.hybrid_export import entry_script
 from autoparallel.report.shared import TOKENIZER_FILES, node_layout, node_layout_text
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
@@ -73,14 +75,15 @@ def train_script(model: ModelSpec, plan: Plan, hw: HardwareSpec, title: str, sho
     else:
         text += _array("DATA_ARGS", DATA_ARGS) + _array("CHECKPOINT_ARGS", CHECKPOINT_ARGS)
         text += "# Training recipe (yours to choose; not part of the layout):\n" + _array("TRAINING_ARGS", TRAINING_ARGS)
+    script = entry_script(model)  # pretrain_hybrid.py for a hybrid Mamba-Transformer model
     arrays = " ".join(f'"${{{name}[@]}}"' for name in (*groups, "DATA_ARGS", "CHECKPOINT_ARGS", "TRAINING_ARGS"))
     if nodes == 1:
-        text += (f'\ntorchrun --nnodes 1 --nproc-per-node {per_node} "$MEGATRON_LM/pretrain_gpt.py" \\\n'
+        text += (f'\ntorchrun --nnodes 1 --nproc-per-node {per_node} "$MEGATRON_LM/{script}" \\\n'
                  f"  {arrays}\n")
     else:
         text += ('\nMASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
                  f'srun torchrun --nnodes "$SLURM_NNODES" --nproc-per-node {per_node} \\\n'
                  '  --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d '
                  f'--rdzv-endpoint "$MASTER_ADDR:{RENDEZVOUS_PORT}" \\\n'
-                 f'  "$MEGATRON_LM/pretrain_gpt.py" {arrays}\n')
+                 f'  "$MEGATRON_LM/{script}" {arrays}\n')
     return text

@@ -45,11 +45,37 @@ BRIDGE_PRECISION_RECIPES = {"bf16": "bf16_mixed", "fp16": "fp16_mixed",
                             "mxfp8": "bf16_with_mxfp8_mixed", "nvfp4": "bf16_with_nvfp4_mixed"}
 
 
-def nemo_unsupported(plan: Plan) -> str:
+def nemo_unsupported(plan: Plan, model: ModelSpec | None = None) -> str:
     """Why NeMo (1.x YAML, 2.x recipe) cannot run the plan as priced, or ''."""
+    if model is not None and model.is_hybrid:
+        # NeMo 2's hybrid models are nemo/collections/llm/gpt/model/ssm.py SSMConfig (MambaModel,
+        # hybrid_override_pattern, the nemotronh recipes), not the GPTConfig fields this export writes;
+        # NeMo 1.x's megatron_gpt_config has no Mamba layers.
+        return ("a hybrid Mamba-Transformer model has no NeMo 1.x GPT config and NeMo 2's are SSMConfig recipes "
+                "(nemotronh), not the GPT recipe written here: use the Megatron-LM flags (pretrain_hybrid.py) or "
+                "best.yaml's megatron_bridge_model (Megatron-Bridge's HybridModelProvider)")
     if plan.is_fp4:
         return ("NVFP4 has no NeMo 1.x / NeMo 2 form (MegatronMixedPrecision has no FP4): use the Megatron-LM "
                 "flags or Megatron-Bridge's bf16_with_nvfp4_mixed")
+    return ""
+
+
+# Megatron-Core MambaMixer(d_conv=4): the causal convolution's width is a constructor argument
+# the hybrid layer specs leave at its default, with no TransformerConfig field and no flag.
+MAMBA_CONV_KERNEL = 4
+
+
+def hybrid_unsupported(model: ModelSpec) -> str:
+    """Why Megatron-LM's flags (and Megatron-Bridge's provider) cannot state the hybrid
+    ``model``, or '' (``report.hybrid_export``)."""
+    if not model.is_hybrid:
+        return ""
+    if model.mtp_num_layers and not model.mtp_layer_pattern:
+        return (f"{model.name} has {model.mtp_num_layers} MTP layers but no mtp_layer_pattern: a hybrid model's MTP "
+                "layers take their own pattern after '/' in --hybrid-layer-pattern (Nemotron 3 Super's '.../*E/*E')")
+    if model.mamba_conv_kernel != MAMBA_CONV_KERNEL:
+        return (f"mamba_conv_kernel={model.mamba_conv_kernel}: Megatron-Core's MambaMixer convolution is "
+                f"{MAMBA_CONV_KERNEL} wide (d_conv), with no TransformerConfig field or flag to change it")
     return ""
 
 

@@ -175,8 +175,8 @@ def write_best(run_dir: Path, model: ModelSpec, hw: HardwareSpec, row: pd.Series
     their recipe)."""
     run_folder.write_yaml(run_dir / run_folder.BEST, plan_document(model, hw, row))
     from autoparallel.costmodel.finetune import is_lora
-    from autoparallel.report.shared import megatron_unsupported
-    if is_lora(model) or megatron_unsupported(row_to_plan(row)):
+    from autoparallel.report.shared import hybrid_unsupported, megatron_unsupported
+    if is_lora(model) or megatron_unsupported(row_to_plan(row)) or hybrid_unsupported(model):
         return
     run_folder.write_atomic(run_dir / run_folder.TRAIN_SCRIPT, launch_script(model, hw, row, title))
 

@@ -150,6 +150,10 @@ class ModelSpec:
     # LatentMoE (--moe-latent-size; Nemotron 3 Super / Ultra): the routed experts work in a
     # moe_latent_size-wide space, entered and left through a projection from and to the hidden size.
     moe_latent_size: int | None = None
+    # A hybrid model's multi-token-prediction block: the layer pattern of one MTP depth (Megatron-LM's
+    # pattern after "/" in --hybrid-layer-pattern, repeated mtp_num_layers times; Megatron-Bridge's
+    # mtp_hybrid_override_pattern; Nemotron 3 Super / Ultra: "*E"). Needed with mtp_num_layers.
+    mtp_layer_pattern: str | None = None
     # The global batch size the model was published with; the search keeps it fixed by default.
     global_batch_size: int | None = None
     # Positions the model serves (Megatron-LM's --max-position-embeddings; HF's
@@ -223,13 +227,20 @@ class ModelSpec:
         if self.moe_latent_size is not None and not self.is_moe:
             raise ValueError("moe_latent_size is the routed experts' width: it needs num_experts")
         pattern = self.hybrid_layer_pattern
+        if self.mtp_layer_pattern is not None:
+            if pattern is None or not self.mtp_num_layers:
+                raise ValueError("mtp_layer_pattern is a hybrid model's MTP block: it needs hybrid_layer_pattern "
+                                 "and mtp_num_layers")
+            if not self.mtp_layer_pattern or set(self.mtp_layer_pattern) - set(HYBRID_LAYER_KINDS):
+                raise ValueError(f"mtp_layer_pattern {self.mtp_layer_pattern!r} must be layers of "
+                                 f"{', '.join(HYBRID_LAYER_KINDS)}")
         if pattern is None:
             return
         unknown = sorted(set(pattern) - set(HYBRID_LAYER_KINDS))
         if unknown:
             raise ValueError(f"hybrid_layer_pattern {pattern!r} has {', '.join(map(repr, unknown))}: the priced "
                              "layers are M (Mamba-2), * (attention), - (MLP) and E (MoE); pipeline stage "
-                             "marks | and MTP patterns / are not taken (set mtp_num_layers)")
+                             "marks | and MTP patterns / are not taken (set mtp_num_layers and mtp_layer_pattern)")
         if len(pattern) != self.num_layers:
             raise ValueError(f"hybrid_layer_pattern has {len(pattern)} layers but num_layers is {self.num_layers}")
         if ("E" in pattern) != self.is_moe:
