@@ -57,10 +57,10 @@ def test_gpt3_export_is_gpt3_in_every_block():
 @pytest.mark.parametrize("name", sorted(io.preset_files("models")))
 def test_every_preset_exports_its_architecture(name):
     model = io.load_model(name)
-    if why := hybrid_unsupported(model):  # a hybrid MTP model without its MTP pattern is refused, not half-written
+    if hybrid_unsupported(model):  # a hybrid MTP model without its MTP pattern is refused, not half-written
         with pytest.raises(UserError, match="mtp_layer_pattern"):
             megatron_args(model, Plan(tp=1, pp=1, dp=8, gbs=64))
-        pytest.skip(why)
+        return
     args = megatron_args(model, Plan(tp=1, pp=1, dp=8, gbs=64))
     assert f"--position-embedding-type {model.position_embedding_type}" in args
     assert ("--disable-bias-linear" in args) == (not model.add_bias_linear)
