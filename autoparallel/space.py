@@ -630,16 +630,18 @@ class _Crossed:
 
 
 def _cross(structures: pd.DataFrame, features: pd.DataFrame, shared_overlap: bool = False) -> _Crossed:
-    """Valid structures x valid features. Sequence parallel (and the TP overlap that needs it)
-    means nothing at tp=1 (Megatron turns it off), FSDP nothing without a data-parallel group, the
-    expert all-to-all overlap nothing without expert parallel and is refused for a pipeline
-    without virtual stages, the token dispatcher nothing on one GPU: such structures get each
-    feature combination with those knobs off (alltoall), once. Where the all-to-all overlap is
-    off, the shared-expert overlap (which Megatron refuses beside it) takes its place when
-    ``shared_overlap`` (never slower: it only hides the all-to-alls behind the shared experts).
-    Rows go structure by structure, each with every combination in order (a cross merge's order)."""
+    """Valid structures x valid features. Sequence parallel (and the TP overlap that needs it, with
+    its pipelined reduce-scatter) means nothing at tp=1 (Megatron turns it off), FSDP nothing
+    without a data-parallel group, the expert all-to-all overlap nothing without expert parallel
+    and is refused for a pipeline without virtual stages, the token dispatcher nothing on one GPU:
+    such structures get each feature combination with those knobs off (alltoall), once. Where the
+    all-to-all overlap is off, the shared-expert overlap (which Megatron refuses beside it) takes
+    its place when ``shared_overlap`` (never slower: it only hides the all-to-alls behind the
+    shared experts). Rows go structure by structure, each with every combination in order (a
+    cross merge's order)."""
     no_a2a_overlap = (structures.ep == 1) | ((structures.pp > 1) & (structures.vp == 1))
-    useless = {"sp": (structures.tp == 1, {"sp": False, "tp_comm_overlap": False}),
+    useless = {"sp": (structures.tp == 1,
+                      {"sp": False, "tp_comm_overlap": False, "tp_overlap_rs_pipeline": False}),
                "fsdp": (structures.dp * structures.cp == 1, {"fsdp": False}),
                "a2a": (no_a2a_overlap, {"overlap_moe_expert_parallel_comm": False,
                                         **({"moe_shared_expert_overlap": True} if shared_overlap else {})}),

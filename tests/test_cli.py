@@ -225,6 +225,34 @@ def test_the_rs_pipeline_knob_says_what_it_is_and_what_the_default_does(monkeypa
     assert "userbuffers' pipeline method" in entry and "Default: the ring exchange" in entry
 
 
+@pytest.mark.parametrize("command", [["search", "--no-save"], ["estimate", "--tp", "1", "--pp", "1"]])
+@pytest.mark.parametrize("overlap", [[], ["--no-tp-comm-overlap"]])
+def test_the_rs_pipeline_without_tp_comm_overlap_is_refused_by_search_and_estimate(command, overlap, capsys):
+    """Megatron-LM reads the userbuffers config only under --tp-comm-overlap: search ranked TP1 rows
+    with rspipe set (and searched the overlap elsewhere) while estimate refused the same pin (session 48).
+    Both now refuse it before any work, naming the flag that is missing."""
+    code = main([command[0], "--model", "llama3-8b", "--gpus", "8", *command[1:], "--tp-overlap-rs-pipeline",
+                 *overlap])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert f"--tp-overlap-rs-pipeline has no effect with {overlap[0] if overlap else 'no --tp-comm-overlap'}" in err
+    assert "add --tp-comm-overlap or drop it" in err
+
+
+def test_the_rs_pipeline_goes_off_at_tp1_in_search_and_estimate_alike(capsys):
+    """At TP1 sequence parallel and the TP overlap mean nothing and go off; the pipelined reduce-scatter
+    stayed on in search's and estimate's TP1 rows, a row estimate's own rule refuses (session 48)."""
+    flags = ["--model", "llama3-8b", "--gpus", "8", "--sp", "--tp-comm-overlap", "--tp-overlap-rs-pipeline",
+             "--precision", "fp8-current", "--json"]
+    assert main(["search", *flags, "--no-save", "--top", "1000"]) == 0
+    rows = [r["config"] for r in json.loads(capsys.readouterr().out)]
+    assert {r["tp"] for r in rows} >= {1, 2}
+    assert all(r["tp_overlap_rs_pipeline"] == r["tp_comm_overlap"] == r["sp"] == (r["tp"] > 1) for r in rows)
+    assert main(["estimate", *flags, "--tp", "1", "--pp", "1"]) == 0
+    config = json.loads(capsys.readouterr().out)["config"]
+    assert (config["sp"], config["tp_comm_overlap"], config["tp_overlap_rs_pipeline"]) == (False, False, False)
+
+
 def test_every_positional_and_json_flag_says_what_it_is():
     """`export --help` listed 'run_dir' and '--rank' with no word, validate / estimate / profile a bare
     '--json' (session 46); search and estimate --recompute, --precision, --tp-comm-overlap,
