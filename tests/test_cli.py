@@ -194,6 +194,40 @@ def test_a_gpu_without_fp8_lists_no_fp8_speed(monkeypatch):
     assert rows["h100-sxm"][:2] == ["989", "1979"]
 
 
+def test_the_hardware_list_names_the_link_of_each_gpu_domain(monkeypatch, tmp_path):
+    """`autoparallel hardware` said "NVLink 8" for the L40S, a PCIe card without NVLink (its 8 GPUs are
+    priced as one PCIe domain): the column now names the link its YAML states (scale_up_link), and the
+    cost model's figures do not read it."""
+    import dataclasses
+    import io as stdio
+
+    from rich.console import Console
+
+    from autoparallel import io
+    from autoparallel.cli import presets
+    from autoparallel.errors import UserError
+    buffer = stdio.StringIO()
+    monkeypatch.setattr(presets, "console", Console(file=buffer, width=80))
+    presets.list_presets("hardware")
+    lines = buffer.getvalue().splitlines()
+    rows = {line.split()[0]: " ".join(line.split()[5:7]) for line in lines if line[:1].isalnum()}
+    assert (rows["l40s"], rows["h100-sxm"], rows["gb200"], rows["cpu-local"]) == (
+        "PCIe 8", "NVLink 8", "NVLink 72", "host 4")
+    assert re.search(r"HBM TB/s +GPU link +fitted on", buffer.getvalue()) and max(map(len, lines)) <= 80
+    l40s = io.load_hardware("l40s")
+    assert l40s.scale_up_link == "pcie" and l40s.nvlink_domain == 8 and l40s.nvlink_gbps == 64
+    yaml_text = (io.resolve_preset("hardware", "l40s")).read_text().replace("scale_up_link: pcie", "scale_up_link: pci")
+    (tmp_path / "bad.yaml").write_text(yaml_text.replace("efficiency_from: h100-sxm", "efficiency_from: "
+                                                         + str(io.resolve_preset("hardware", "h100-sxm"))))
+    with pytest.raises(UserError, match=r"scale_up_link must be one of nvlink, pcie, host, got 'pci'"):
+        io.load_hardware(str(tmp_path / "bad.yaml"))
+    from autoparallel.costmodel.estimate import estimate_plan
+    from autoparallel.specs.plan import Plan
+    model, plan = io.load_model("llama3-8b"), Plan(tp=4, pp=1, dp=2, mbs=1, gbs=64, sp=True)
+    assert estimate_plan(model, l40s, plan) == estimate_plan(model, dataclasses.replace(l40s, scale_up_link="nvlink"),
+                                                             plan)
+
+
 HELP_COMMANDS = ["", "search", "estimate", "export", "infer", "report", "validate", "runs", "runs import", "calibrate",
                  "fp8-check", "models", "hardware", "profile"]
 
