@@ -287,6 +287,17 @@ def test_the_rs_pipeline_goes_off_at_tp1_in_search_and_estimate_alike(capsys):
     assert (config["sp"], config["tp_comm_overlap"], config["tp_overlap_rs_pipeline"]) == (False, False, False)
 
 
+def test_every_command_s_help_starts_beside_its_name(monkeypatch, capsys):
+    """argparse measures subcommand names one indent short: at 80 columns `autoparallel --help` put
+    'calibrate' and 'fp8-check' on lines of their own above their help (session 48)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for name in ("search", "calibrate", "fp8-check", "profile"):
+        assert re.search(rf"^    {name} +\w", text, re.M), name
+
+
 def test_every_positional_and_json_flag_says_what_it_is():
     """`export --help` listed 'run_dir' and '--rank' with no word, validate / estimate / profile a bare
     '--json' (session 46); search and estimate --recompute, --precision, --tp-comm-overlap,

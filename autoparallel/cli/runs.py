@@ -13,7 +13,7 @@ from autoparallel.words import plural
 
 
 def add_parser(sub) -> None:
-    r = sub.add_parser("runs", help="the runs measured on your own cluster (training logs -> runs CSV)")
+    r = sub.add_parser("runs", help="the runs measured on your cluster (training logs -> runs CSV)")
     actions = r.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
     i = actions.add_parser("import", help="read Megatron-LM / Megatron-Bridge training logs into a runs CSV")
     i.add_argument("logs", nargs="+", metavar="LOG", help="training log files (stdout of the job)")
