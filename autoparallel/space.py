@@ -322,7 +322,7 @@ def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus:
         (model.query_groups % tp != 0,
          lambda d: [f"{model.query_groups} query groups not divisible by tp={a}" for a in d.tp]),
         (space.tp_within_nvlink_domain & (tp > hw.nvlink_domain),
-         lambda d: [f"tp={a} crosses the {hw.nvlink_domain}-GPU NVLink domain" for a in d.tp]),
+         lambda d: [f"tp={a} crosses the {hw.scale_up_domain}" for a in d.tp]),
         (df["layout_reason"].to_numpy() != "", lambda d: list(d.layout_reason)),
         ((cp > 1) & (model.seq_length % (2 * cp) != 0),
          lambda d: [f"seq_length {model.seq_length} not divisible by 2*cp={2 * a}" for a in d.cp]),
@@ -345,7 +345,7 @@ def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus:
         (model.expert_ffn_hidden_size % etp != 0,
          lambda d: [f"moe_ffn_hidden_size={model.expert_ffn_hidden_size} not divisible by etp={a}" for a in d.etp]),
         (space.tp_within_nvlink_domain & (etp > hw.nvlink_domain),
-         lambda d: [f"etp={a} crosses the {hw.nvlink_domain}-GPU NVLink domain" for a in d.etp]),
+         lambda d: [f"etp={a} crosses the {hw.scale_up_domain}" for a in d.etp]),
         # TransformerConfig.__post_init__: "Bias in Moe is only supported when ETP==1".
         (model.is_moe & model.add_bias_linear & (etp > 1),
          lambda d: [f"etp={a}: Bias in Moe is only supported when ETP==1 (Megatron-Core)" for a in d.etp]),

@@ -287,6 +287,14 @@ def test_the_rs_pipeline_goes_off_at_tp1_in_search_and_estimate_alike(capsys):
     assert (config["sp"], config["tp_comm_overlap"], config["tp_overlap_rs_pipeline"]) == (False, False, False)
 
 
+def test_a_tp_wider_than_the_domain_names_its_link(capsys):
+    """The reason a TP group leaves a server said "NVLink domain" on the L40S too (session 48)."""
+    assert main(["search", "--model", "175b", "--gpus", "64", "--gpu", "l40s", "--tp", "16", "--no-save"]) == 2
+    assert "tp=16 crosses the 8-GPU PCIe domain" in capsys.readouterr().err
+    assert main(["search", "--model", "175b", "--gpus", "64", "--tp", "16", "--no-save"]) == 2
+    assert "tp=16 crosses the 8-GPU NVLink domain" in capsys.readouterr().err
+
+
 def test_every_command_s_help_starts_beside_its_name(monkeypatch, capsys):
     """argparse measures subcommand names one indent short: at 80 columns `autoparallel --help` put
     'calibrate' and 'fp8-check' on lines of their own above their help (session 48)."""

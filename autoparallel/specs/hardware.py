@@ -158,6 +158,12 @@ class HardwareSpec:
         return self.fp8_tflops is not None
 
     @property
+    def scale_up_domain(self) -> str:
+        """The GPUs of one ``nvlink_domain`` named by their link, as reasons say it: "8-GPU NVLink
+        domain", "8-GPU PCIe domain" (L40S)."""
+        return f"{self.nvlink_domain}-GPU {SCALE_UP_LINKS[self.scale_up_link]} domain"
+
+    @property
     def nvlink_unidirectional_gbps(self) -> float:
         return self.nvlink_gbps / 2
 
