@@ -334,7 +334,7 @@ def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus:
          lambda d: [f"{model.query_groups} query groups not divisible by tp={a}" for a in d.tp]),
         *_mamba_rules(model, tp, cp),
         (space.tp_within_nvlink_domain & (tp > hw.nvlink_domain),
-         lambda d: [f"tp={a} crosses the {hw.nvlink_domain}-GPU NVLink domain" for a in d.tp]),
+         lambda d: [f"tp={a} crosses the {hw.scale_up_domain}" for a in d.tp]),
         (df["layout_reason"].to_numpy() != "", lambda d: list(d.layout_reason)),
         ((cp > 1) & (model.seq_length % (2 * cp) != 0),
          lambda d: [f"seq_length {model.seq_length} not divisible by 2*cp={2 * a}" for a in d.cp]),
@@ -357,7 +357,7 @@ def _structure_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus:
         (model.expert_ffn_hidden_size % etp != 0,
          lambda d: [f"moe_ffn_hidden_size={model.expert_ffn_hidden_size} not divisible by etp={a}" for a in d.etp]),
         (space.tp_within_nvlink_domain & (etp > hw.nvlink_domain),
-         lambda d: [f"etp={a} crosses the {hw.nvlink_domain}-GPU NVLink domain" for a in d.etp]),
+         lambda d: [f"etp={a} crosses the {hw.scale_up_domain}" for a in d.etp]),
         # TransformerConfig.__post_init__: "Bias in Moe is only supported when ETP==1".
         (model.is_moe & model.add_bias_linear & (etp > 1),
          lambda d: [f"etp={a}: Bias in Moe is only supported when ETP==1 (Megatron-Core)" for a in d.etp]),
@@ -679,16 +679,18 @@ class _Crossed:
 
 
 def _cross(structures: pd.DataFrame, features: pd.DataFrame, shared_overlap: bool = False) -> _Crossed:
-    """Valid structures x valid features. Sequence parallel (and the TP overlap that needs it)
-    means nothing at tp=1 (Megatron turns it off), FSDP nothing without a data-parallel group, the
-    expert all-to-all overlap nothing without expert parallel and is refused for a pipeline
-    without virtual stages, the token dispatcher nothing on one GPU: such structures get each
-    feature combination with those knobs off (alltoall), once. Where the all-to-all overlap is
-    off, the shared-expert overlap (which Megatron refuses beside it) takes its place when
-    ``shared_overlap`` (never slower: it only hides the all-to-alls behind the shared experts).
-    Rows go structure by structure, each with every combination in order (a cross merge's order)."""
+    """Valid structures x valid features. Sequence parallel (and the TP overlap that needs it, with
+    its pipelined reduce-scatter) means nothing at tp=1 (Megatron turns it off), FSDP nothing
+    without a data-parallel group, the expert all-to-all overlap nothing without expert parallel
+    and is refused for a pipeline without virtual stages, the token dispatcher nothing on one GPU:
+    such structures get each feature combination with those knobs off (alltoall), once. Where the
+    all-to-all overlap is off, the shared-expert overlap (which Megatron refuses beside it) takes
+    its place when ``shared_overlap`` (never slower: it only hides the all-to-alls behind the
+    shared experts). Rows go structure by structure, each with every combination in order (a
+    cross merge's order)."""
     no_a2a_overlap = (structures.ep == 1) | ((structures.pp > 1) & (structures.vp == 1))
-    useless = {"sp": (structures.tp == 1, {"sp": False, "tp_comm_overlap": False}),
+    useless = {"sp": (structures.tp == 1,
+                      {"sp": False, "tp_comm_overlap": False, "tp_overlap_rs_pipeline": False}),
                "fsdp": (structures.dp * structures.cp == 1, {"fsdp": False}),
                "a2a": (no_a2a_overlap, {"overlap_moe_expert_parallel_comm": False,
                                         **({"moe_shared_expert_overlap": True} if shared_overlap else {})}),

@@ -194,6 +194,40 @@ def test_a_gpu_without_fp8_lists_no_fp8_speed(monkeypatch):
     assert rows["h100-sxm"][:2] == ["989", "1979"]
 
 
+def test_the_hardware_list_names_the_link_of_each_gpu_domain(monkeypatch, tmp_path):
+    """`autoparallel hardware` said "NVLink 8" for the L40S, a PCIe card without NVLink (its 8 GPUs are
+    priced as one PCIe domain): the column now names the link its YAML states (scale_up_link), and the
+    cost model's figures do not read it."""
+    import dataclasses
+    import io as stdio
+
+    from rich.console import Console
+
+    from autoparallel import io
+    from autoparallel.cli import presets
+    from autoparallel.errors import UserError
+    buffer = stdio.StringIO()
+    monkeypatch.setattr(presets, "console", Console(file=buffer, width=80))
+    presets.list_presets("hardware")
+    lines = buffer.getvalue().splitlines()
+    rows = {line.split()[0]: " ".join(line.split()[5:7]) for line in lines if line[:1].isalnum()}
+    assert (rows["l40s"], rows["h100-sxm"], rows["gb200"], rows["cpu-local"]) == (
+        "PCIe 8", "NVLink 8", "NVLink 72", "host 4")
+    assert re.search(r"HBM TB/s +GPU link +fitted on", buffer.getvalue()) and max(map(len, lines)) <= 80
+    l40s = io.load_hardware("l40s")
+    assert l40s.scale_up_link == "pcie" and l40s.nvlink_domain == 8 and l40s.nvlink_gbps == 64
+    yaml_text = (io.resolve_preset("hardware", "l40s")).read_text().replace("scale_up_link: pcie", "scale_up_link: pci")
+    (tmp_path / "bad.yaml").write_text(yaml_text.replace("efficiency_from: h100-sxm", "efficiency_from: "
+                                                         + str(io.resolve_preset("hardware", "h100-sxm"))))
+    with pytest.raises(UserError, match=r"scale_up_link must be one of nvlink, pcie, host, got 'pci'"):
+        io.load_hardware(str(tmp_path / "bad.yaml"))
+    from autoparallel.costmodel.estimate import estimate_plan
+    from autoparallel.specs.plan import Plan
+    model, plan = io.load_model("llama3-8b"), Plan(tp=4, pp=1, dp=2, mbs=1, gbs=64, sp=True)
+    assert estimate_plan(model, l40s, plan) == estimate_plan(model, dataclasses.replace(l40s, scale_up_link="nvlink"),
+                                                             plan)
+
+
 HELP_COMMANDS = ["", "search", "estimate", "export", "infer", "report", "validate", "runs", "runs import", "calibrate",
                  "fp8-check", "models", "hardware", "profile"]
 
@@ -223,6 +257,53 @@ def test_the_rs_pipeline_knob_says_what_it_is_and_what_the_default_does(monkeypa
     entry = " ".join(text.split("--no-tp-overlap-rs-pipeline\n", 1)[1].split("\n  --", 1)[0].split())
     assert entry.startswith("with --tp-comm-overlap, overlap the forward TP reduce-scatters")
     assert "userbuffers' pipeline method" in entry and "Default: the ring exchange" in entry
+
+
+@pytest.mark.parametrize("command", [["search", "--no-save"], ["estimate", "--tp", "1", "--pp", "1"]])
+@pytest.mark.parametrize("overlap", [[], ["--no-tp-comm-overlap"]])
+def test_the_rs_pipeline_without_tp_comm_overlap_is_refused_by_search_and_estimate(command, overlap, capsys):
+    """Megatron-LM reads the userbuffers config only under --tp-comm-overlap: search ranked TP1 rows
+    with rspipe set (and searched the overlap elsewhere) while estimate refused the same pin (session 48).
+    Both now refuse it before any work, naming the flag that is missing."""
+    code = main([command[0], "--model", "llama3-8b", "--gpus", "8", *command[1:], "--tp-overlap-rs-pipeline",
+                 *overlap])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert f"--tp-overlap-rs-pipeline has no effect with {overlap[0] if overlap else 'no --tp-comm-overlap'}" in err
+    assert "add --tp-comm-overlap or drop it" in err
+
+
+def test_the_rs_pipeline_goes_off_at_tp1_in_search_and_estimate_alike(capsys):
+    """At TP1 sequence parallel and the TP overlap mean nothing and go off; the pipelined reduce-scatter
+    stayed on in search's and estimate's TP1 rows, a row estimate's own rule refuses (session 48)."""
+    flags = ["--model", "llama3-8b", "--gpus", "8", "--sp", "--tp-comm-overlap", "--tp-overlap-rs-pipeline",
+             "--precision", "fp8-current", "--json"]
+    assert main(["search", *flags, "--no-save", "--top", "1000"]) == 0
+    rows = [r["config"] for r in json.loads(capsys.readouterr().out)]
+    assert {r["tp"] for r in rows} >= {1, 2}
+    assert all(r["tp_overlap_rs_pipeline"] == r["tp_comm_overlap"] == r["sp"] == (r["tp"] > 1) for r in rows)
+    assert main(["estimate", *flags, "--tp", "1", "--pp", "1"]) == 0
+    config = json.loads(capsys.readouterr().out)["config"]
+    assert (config["sp"], config["tp_comm_overlap"], config["tp_overlap_rs_pipeline"]) == (False, False, False)
+
+
+def test_a_tp_wider_than_the_domain_names_its_link(capsys):
+    """The reason a TP group leaves a server said "NVLink domain" on the L40S too (session 48)."""
+    assert main(["search", "--model", "175b", "--gpus", "64", "--gpu", "l40s", "--tp", "16", "--no-save"]) == 2
+    assert "tp=16 crosses the 8-GPU PCIe domain" in capsys.readouterr().err
+    assert main(["search", "--model", "175b", "--gpus", "64", "--tp", "16", "--no-save"]) == 2
+    assert "tp=16 crosses the 8-GPU NVLink domain" in capsys.readouterr().err
+
+
+def test_every_command_s_help_starts_beside_its_name(monkeypatch, capsys):
+    """argparse measures subcommand names one indent short: at 80 columns `autoparallel --help` put
+    'calibrate' and 'fp8-check' on lines of their own above their help (session 48)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for name in ("search", "calibrate", "fp8-check", "profile"):
+        assert re.search(rf"^    {name} +\w", text, re.M), name
 
 
 def test_every_positional_and_json_flag_says_what_it_is():

@@ -178,6 +178,25 @@ def test_runs_import_cli_exit_codes(tmp_path, capsys):
     assert "skipped" in out and "warm-up" in out and "1 new row in" in out
 
 
+def test_runs_import_counts_read_as_english(tmp_path, capsys):
+    """The refusal was built with `'not ' * (n == 1)` (session 48 wrote it out); every count printed
+    reads right for 0, 1 and 2: rows added, rows already there, logs skipped, logs unread."""
+    runs, unread = tmp_path / "runs.csv", str(FIXTURES / "nemo_lightning_progress.log")
+    warmup_only = str(FIXTURES / "megatron_warmup_only.log")
+    assert main(["runs", "import", unread, "--gpu", "h100-sxm", "--runs", str(runs)]) == 2
+    assert capsys.readouterr().err.startswith("autoparallel: error: the log could not be read (")
+    assert main(["runs", "import", unread, warmup_only, "--gpu", "h100-sxm", "--runs", str(runs)]) == 2
+    assert "none of the 2 logs could be read (the reasons above); nothing written" in capsys.readouterr().err
+    assert main(["runs", "import", str(FP8_TP2), str(BRIDGE_FSDP), "--gpu", "h100-sxm", "--runs", str(runs)]) == 0
+    assert f"2 new rows in {runs} (0 already there, 0 logs skipped)" in capsys.readouterr().out
+    assert main(["runs", "import", str(FP8_TP2), str(CP2_UNEVEN), unread, "--gpu", "h100-sxm",
+                 "--runs", str(runs)]) == 0
+    assert f"1 new row in {runs} (1 already there, 1 log skipped)" in capsys.readouterr().out
+    assert main(["runs", "import", str(FP8_TP2), unread, warmup_only, "--gpu", "h100-sxm",
+                 "--runs", str(runs)]) == 0
+    assert f"0 new rows in {runs} (1 already there, 2 logs skipped)" in capsys.readouterr().out
+
+
 def test_estimate_from_log_puts_prediction_beside_measurement(capsys):
     assert main(["estimate", "--from-log", str(FP8_TP2), "--gpu", "h100-sxm", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)

@@ -156,6 +156,41 @@ def test_kept_columns_wider_than_the_screen_run_on_whole():
     assert "x" * 8 + "  " + "y" * 8 in out.getvalue()
 
 
+def test_text_columns_align_left_and_numbers_right():
+    """Every column of the ranked tables was right-aligned: precisions, recomputes, engines and model
+    names read ragged on their left (session 48). Text now starts at its column's left edge, numbers
+    (counts, %, SI, $, +N) end at the right one; a column without values goes by its format."""
+    cols = [fit.Column("rank", "#"), fit.Column("precision", "precision"), fit.Column("sp", "SP"),
+            fit.Column("tok", "tok/s/GPU", "{:,.0f}"), fit.Column("mfu", "MFU"), fit.Column("cost", "cost"),
+            fit.Column("var", "var"), fit.Column("lomo", "LOMO %", "{:.1f}")]
+    rows = [["1", "fp8-delayed", "yes", "1,946", "88.4%", "$5.35M", "+2", "-"],
+            ["12", "bf16", "-", "792", "5.1%", "$12K", "-", "-"]]
+    assert [fit.justify(c, rows, i) for i, c in enumerate(cols)] == [
+        "right", "left", "left", "right", "right", "right", "right", "right"]
+    out = stdio.StringIO()
+    fit.print_table(Console(file=out, width=80, color_system=None), None, cols, rows)
+    header, _, first, second = out.getvalue().splitlines()
+    for word in ("precision", "SP"):  # text: header and cells start together
+        assert header.index(word) == first.index({"precision": "fp8-delayed", "SP": "yes"}[word]) == \
+            second.index({"precision": "bf16", "SP": "-  "}[word])
+    for head, a, b in (("tok/s/GPU", "1,946", "792"), ("MFU", "88.4%", "5.1%"), ("cost", "$5.35M", "$12K")):
+        end = header.index(head) + len(head)  # numbers: header and cells end together
+        assert first.index(a) + len(a) == end == second.index(b) + len(b)
+
+
+def test_a_long_title_keeps_its_count_and_time_together():
+    """At 80 columns `infer` ended its title "(1,751 candidates in 0.25" / "s)", at 100 `search` did the
+    same (session 48): a title too wide for the terminal puts its parenthetical on a line of its own."""
+    title = "llama3-70b on 64 x h100-sxm, gbs 128, seq 8192: top 8 of 42,629 feasible (83,369 candidates in 0.29 s)"
+    assert fit.title_lines(title, 120) == [title]
+    assert fit.title_lines(title, 100) == [title[:title.index(" (")], "(83,369 candidates in 0.29 s)"]
+    assert fit.title_lines("a (b) c", 3) == ["a (b) c"]  # no closing parenthetical: rich wraps it
+    out = stdio.StringIO()
+    fit.print_table(Console(file=out, width=100, force_terminal=True, color_system=None), title, [fit.Column("a", "A")],
+                    [["1"]])
+    assert out.getvalue().splitlines()[1] == "(83,369 candidates in 0.29 s)"
+
+
 def test_candidates_csv_counts_are_integers_and_parquet_sits_beside(result_175b, tmp_path, monkeypatch):
     run_folder.write_csv(tmp_path / "c.csv", result_175b.ranked)
     lines = (tmp_path / "c.csv").read_text().splitlines()

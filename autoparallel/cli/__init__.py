@@ -49,6 +49,16 @@ class Formatter(argparse.HelpFormatter):
         words = self._format_actions_usage(needed, []).split()
         return super()._format_usage(" ".join([self._prog, *words, "[options]"]), actions, groups, prefix)
 
+    def add_argument(self, action) -> None:
+        """As argparse, but a subcommand's name is measured at the indent it is printed at: argparse
+        measures it one indent short, so the longest names (calibrate, fp8-check) went on a line of
+        their own above their help."""
+        super().add_argument(action)
+        if action.help is not argparse.SUPPRESS and isinstance(action, argparse._SubParsersAction):
+            names = [self._format_action_invocation(a) for a in action._get_subactions()]
+            self._action_max_length = max(self._action_max_length, max(map(len, names), default=0)
+                                          + self._current_indent + self._indent_increment)
+
     def _format_action_invocation(self, action) -> str:
         text = super()._format_action_invocation(action)
         if self._current_indent + len(text) <= self._width or ", " not in text:

@@ -102,6 +102,15 @@ def check_knobs(args: argparse.Namespace, model) -> None:
             raise UserError("--moe-shared-expert-overlap cannot go with --overlap-moe-expert-parallel-comm "
                             "(Megatron-LM refuses both together); drop one")
         args.overlap_moe_expert_parallel_comm = False  # pinned off with it: Megatron runs one or the other
+    # Megatron-LM reads the userbuffers config that picks the pipelined reduce-scatter only under
+    # --tp-comm-overlap (megatron/training/initialize.py: _initialize_tp_communicators): without it the
+    # pin does nothing. Refused here, so that search (which would otherwise search --tp-comm-overlap)
+    # and estimate (which takes it as off) give the same answer.
+    if getattr(args, "tp_overlap_rs_pipeline", None) and not getattr(args, "tp_comm_overlap", None):
+        raise no_effect("--tp-overlap-rs-pipeline",
+                        "--no-tp-comm-overlap" if args.tp_comm_overlap is False else "no --tp-comm-overlap",
+                        "it picks how userbuffers overlap the forward reduce-scatters, which only "
+                        "--tp-comm-overlap turns on; add --tp-comm-overlap or drop it")
     if args.fsdp and args.distributed_optimizer is False:
         raise UserError("--fsdp needs the distributed optimizer (Megatron-FSDP shards the optimizer state "
                         "itself); drop --no-distributed-optimizer")

@@ -50,10 +50,12 @@ def add_knobs(p: argparse.ArgumentParser, title: str = "layout knobs (any given 
                    help="activation recompute: selective (modules of a layer: the attention core, and for "
                         "MoE / MLA models the space's --recompute-modules sets) or full (whole layers, "
                         "--recompute-num-layers of each chunk)")
-    g.add_argument("--recompute-num-layers", type=positive, help="layers per pipeline chunk that full recompute covers")
+    g.add_argument("--recompute-num-layers", metavar="N", type=positive,
+                   help="layers per pipeline chunk that full recompute covers")
     g.add_argument("--precision", choices=PRECISION_CHOICES,
                    help="bf16, fp16, or an FP8 / FP4 recipe (mxfp8 and nvfp4 need Blackwell)")
-    g.add_argument("--fp8-bf16-edge-layers", type=non_negative, help="first/last layers kept in BF16 under FP8 or NVFP4")
+    g.add_argument("--fp8-bf16-edge-layers", metavar="N", type=non_negative,
+                   help="first/last layers kept in BF16 under FP8 or NVFP4")
     g.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction,
                    help="hide the TP all-gathers and reduce-scatters behind the GEMMs (TransformerEngine "
                         "userbuffers; Megatron's --tp-comm-overlap)")
@@ -90,7 +92,7 @@ def add_knobs(p: argparse.ArgumentParser, title: str = "layout knobs (any given 
                         "cutedsl_fused_grouped_mlp: use_transformer_engine_op_fuser, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1)")
     g.add_argument("--fsdp", action=argparse.BooleanOptionalAction,
                    help="fully sharded data parallel (Megatron-FSDP optim_grads_params) over dp*cp")
-    g.add_argument("--cpu-offloading-num-layers", type=non_negative,
+    g.add_argument("--cpu-offloading-num-layers", metavar="N", type=non_negative,
                    help="layers whose activations are offloaded to host memory (pp=1, no recompute)")
     g.add_argument("--overlap-moe-expert-parallel-comm", action=argparse.BooleanOptionalAction,
                    help="1F1B overlap of the MoE all-to-alls (with --delay-wgrad-compute)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from autoparallel import io, resources
 from autoparallel.cli.common import console
+from autoparallel.specs.hardware import SCALE_UP_LINKS
 
 
 def add_parser(sub) -> None:
@@ -26,9 +27,9 @@ def list_presets(kind: str) -> None:
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
     t.add_column("name (aliases)", no_wrap=True)
     heads = (("layers", "hidden", "heads/kv", "params", "seq", "gbs") if kind == "models" else
-             ("bf16 TF", "fp8 TF", "mem GiB", "HBM TB/s", "NVLink", "fitted on"))
+             ("bf16 TF", "fp8 TF", "mem GiB", "HBM TB/s", "GPU link", "fitted on"))
     for c in heads:
-        t.add_column(c, no_wrap=True, justify="left" if c == "fitted on" else "right")
+        t.add_column(c, no_wrap=True, justify="left" if c in ("GPU link", "fitted on") else "right")
     skipped, sources = [], {}
     for name, path in io.preset_files(kind).items():
         try:
@@ -67,4 +68,5 @@ def _hardware_row(name: str, sources: dict) -> list[str]:
     if donor:
         sources.setdefault(donor, h.calibrated_on.removeprefix(f"inherited from {donor}: "))
     return [_names(name, h.aliases), f"{h.bf16_tflops:.0f}", f"{h.fp8_tflops:.0f}" if h.fp8_tflops else "-",
-            f"{h.memory_gib:.0f}", f"{h.hbm_tbps:.3g}", str(h.nvlink_domain), donor or "-"]
+            f"{h.memory_gib:.0f}", f"{h.hbm_tbps:.3g}", f"{SCALE_UP_LINKS[h.scale_up_link]} {h.nvlink_domain}",
+            donor or "-"]

@@ -13,7 +13,7 @@ from autoparallel.words import plural
 
 
 def add_parser(sub) -> None:
-    r = sub.add_parser("runs", help="the runs measured on your own cluster (training logs -> runs CSV)")
+    r = sub.add_parser("runs", help="the runs measured on your cluster (training logs -> runs CSV)")
     actions = r.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
     i = actions.add_parser("import", help="read Megatron-LM / Megatron-Bridge training logs into a runs CSV")
     i.add_argument("logs", nargs="+", metavar="LOG", help="training log files (stdout of the job)")
@@ -47,9 +47,11 @@ def run_import(args: argparse.Namespace) -> None:
                       f"per iteration{memory}", highlight=False)
     read = [r for r in results if r.row is not None]
     if not read:
-        why = f" ({results[0].path}: {results[0].reason})" if len(results) == 1 else " (the reasons above)"
-        which = "the log" if len(results) == 1 else f"none of the {len(results)} logs"
-        raise UserError(f"{which} could {'not ' * (len(results) == 1)}be read{why}; nothing written")
+        if len(results) == 1:
+            unread = f"the log could not be read ({results[0].path}: {results[0].reason})"
+        else:
+            unread = f"none of the {len(results)} logs could be read (the reasons above)"
+        raise UserError(f"{unread}; nothing written")
     added = sum(r.added for r in read)
     console.print(f"{plural(added, 'new row')} in {runs_file} ({len(read) - added} already there, "
                   f"{plural(len(results) - len(read), 'log')} skipped)", highlight=False)

@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
     s.add_argument("--storage", help="Optuna storage URL (default: SQLite in the run folder; 'journal' for a "
                                      "journal file, used automatically with --workers > 1)")
     s.add_argument("--workers", type=positive, help="parallel local trial workers (default 1)")
-    s.add_argument("--grid-seeds", type=non_negative,
+    s.add_argument("--grid-seeds", metavar="N", type=non_negative,
                    help="best grid layouts enqueued as the first trials (default 5; 0: none)")
     s.add_argument("--resume", metavar="RUN_DIR",
                    help="continue the interrupted optuna search of RUN_DIR, or its interrupted --profile (with "
@@ -51,8 +51,10 @@ def add_parser(sub) -> None:
                         "rejections counted per rule with one example each in rejections.csv)")
     s.add_argument("--fp8-check", action="store_true",
                    help="run `fp8-check` first: drop rejected FP8 recipes, apply their BF16 layers")
-    s.add_argument("--fp8-check-steps", type=positive, help="training steps of the FP8 check (default: its YAML)")
-    s.add_argument("--fp8-check-settings", help="FP8 check settings YAML (default: the shipped fp8_check.yaml)")
+    s.add_argument("--fp8-check-steps", metavar="STEPS", type=positive,
+                   help="training steps of the FP8 check (default: its YAML)")
+    s.add_argument("--fp8-check-settings", metavar="YAML",
+                   help="FP8 check settings YAML (default: the shipped fp8_check.yaml)")
     profiling_commands.add_search_args(s)
     s.set_defaults(func=run, **dict.fromkeys(combos.RUN_DEFAULTS))  # given or not: combos.check_search
 

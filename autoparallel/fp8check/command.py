@@ -11,6 +11,7 @@ from pathlib import Path
 
 from autoparallel.errors import UserError
 from autoparallel.fp8check.settings import Fp8CheckSettings, load_settings
+from autoparallel.progress import transient_progress
 from autoparallel.specs.model import ModelSpec
 
 CHECKABLE = ("fp8-delayed", "fp8-current", "fp8-blockwise", "mxfp8", "nvfp4")
@@ -54,10 +55,8 @@ def check_and_save(model: ModelSpec, settings: Fp8CheckSettings, results: Path |
         console.print(f"note: {model.name} is MoE; its proxy is dense (one expert's FFN)")
     if console is None:
         result = run_check(model, settings, progress=None)
-    else:  # each run trains for a minute or more between two lines: a spinner with the elapsed time
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
-                      transient=True) as bar:
+    else:  # each run trains for a minute or more between two lines: a pulse with the elapsed time
+        with transient_progress(console) as bar:
             bar.add_task(f"fp8-check: training the proxy ({settings.run.steps} steps a run)", total=None)
             result = run_check(model, settings,
                                progress=lambda msg: console.print(f"[dim]fp8-check: {msg}[/dim]"))

@@ -39,11 +39,11 @@ def _job_args(p: argparse.ArgumentParser, prefix: str = "") -> None:
     p.add_argument(f"--{prefix}warmup", type=non_negative, default=5, help="untimed warm-up steps (default 5)")
     p.add_argument(f"--{prefix}timeout", type=positive_seconds, default=600.0,
                    help="seconds before a job counts as hung (default 600)")
-    p.add_argument("--memory-cap-gib", type=positive_number,
+    p.add_argument("--memory-cap-gib", metavar="GIB", type=positive_number,
                    help="CPU only: fail like an out-of-memory above this many GiB per rank")
     p.add_argument("--executor", choices=EXECUTORS, default="local",
                    help="where jobs run: processes here (default), a Ray cluster, or Slurm (sbatch)")
-    p.add_argument("--ray-address", help="Ray cluster address (default: start or join a local one)")
+    p.add_argument("--ray-address", metavar="ADDRESS", help="Ray cluster address (default: start or join a local one)")
     slurm_args.add_args(p)
 
 
@@ -76,14 +76,14 @@ def add_search_args(s: argparse.ArgumentParser) -> None:
     g.add_argument("--profile", choices=("none", "job", "layer"), default="none",
                    help="job: run the --top-k best predicted layouts and re-rank by measurement; "
                         "layer: replace the compute estimate with measured layer profiles")
-    g.add_argument("--top-k", type=positive, help="layouts to profile (default 5)")
-    g.add_argument("--profile-steps", type=positive, help="timed steps per job (default 20)")
-    g.add_argument("--profile-warmup", type=non_negative, help="warm-up steps per job (default 5)")
-    g.add_argument("--profile-timeout", type=positive_seconds, help="seconds per job (default 600)")
-    g.add_argument("--memory-cap-gib", type=positive_number, help="CPU only: forced per-rank memory cap")
+    g.add_argument("--top-k", metavar="K", type=positive, help="layouts to profile (default 5)")
+    g.add_argument("--profile-steps", metavar="STEPS", type=positive, help="timed steps per job (default 20)")
+    g.add_argument("--profile-warmup", metavar="STEPS", type=non_negative, help="warm-up steps per job (default 5)")
+    g.add_argument("--profile-timeout", metavar="SECONDS", type=positive_seconds, help="seconds per job (default 600)")
+    g.add_argument("--memory-cap-gib", metavar="GIB", type=positive_number, help="CPU only: forced per-rank memory cap")
     g.add_argument("--executor", choices=EXECUTORS,
                    help="where jobs run: processes here (default), a Ray cluster, or Slurm (sbatch)")
-    g.add_argument("--ray-address", help="Ray cluster address")
+    g.add_argument("--ray-address", metavar="ADDRESS", help="Ray cluster address")
     _device_arg(g, default=None)  # search: None tells "given" from the default (cli.combos)
     slurm_args.add_args(s)
 

@@ -33,17 +33,21 @@ def add_args(p: argparse.ArgumentParser) -> None:
                              "One sbatch job per layout, or one job array for layouts that ask for the same "
                              "nodes; Ctrl-C cancels them (scancel); the same command again picks up the "
                              "finished ones (kept under --slurm-dir) and resubmits the rest.")
-    g.add_argument("--slurm-partition", help="sbatch --partition (default: the cluster's default partition)")
-    g.add_argument("--slurm-account", help="sbatch --account")
-    g.add_argument("--slurm-time", help="sbatch --time per job (default: the job timeout in minutes, plus one)")
-    g.add_argument("--slurm-qos", help="sbatch --qos")
-    g.add_argument("--sbatch-args", help="more sbatch arguments, as one quoted string (e.g. '--exclusive')")
-    g.add_argument("--container-image", help="run the job in this container image (pyxis: srun --container-image)")
-    g.add_argument("--slurm-gpus-per-node", type=positive,
+    g.add_argument("--slurm-partition", metavar="NAME",
+                   help="sbatch --partition (default: the cluster's default partition)")
+    g.add_argument("--slurm-account", metavar="NAME", help="sbatch --account")
+    g.add_argument("--slurm-time", metavar="TIME",
+                   help="sbatch --time per job (default: the job timeout in minutes, plus one)")
+    g.add_argument("--slurm-qos", metavar="QOS", help="sbatch --qos")
+    g.add_argument("--sbatch-args", metavar="ARGS",
+                   help="more sbatch arguments, as one quoted string (e.g. '--exclusive')")
+    g.add_argument("--container-image", metavar="IMAGE",
+                   help="run the job in this container image (pyxis: srun --container-image)")
+    g.add_argument("--slurm-gpus-per-node", metavar="N", type=positive,
                    help="GPUs per node (default: the hardware preset's gpus_per_node)")
     g.add_argument("--no-slurm-array", dest="slurm_array", action="store_false", default=None,
                    help="one job per layout even where a job array would do")
-    g.add_argument("--slurm-dir", help="job folders, kept for resuming (default: <results>/slurm)")
+    g.add_argument("--slurm-dir", metavar="DIR", help="job folders, kept for resuming (default: <results>/slurm)")
     g.add_argument("--yes", action="store_true", default=None,
                    help="submit without asking (the jobs and GPU-hours are printed first either way)")
     t = p.add_argument_group("trainer (--executor slurm or local)")

@@ -14,6 +14,7 @@ gets a sane width (``COLUMNS`` or ``PIPE_WIDTH``), not one line as long as the w
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +40,22 @@ class Column:
     fmt: str | Callable[[object], str] = "{}"
     drop: int = 0
     knob: bool = False
+
+
+# A cell that reads as a number, right-aligned so that its digits line up: "1,905", "85.1%",
+# "+2", "-7.0", "6.95e-04", "1.23M", "$4.5K", "2.3x". Anything else is text, left-aligned.
+NUMBER = re.compile(r"\$?[+-]?\d[\d,]*(\.\d+)?(e[+-]?\d+)?[%xKMBT]?")
+MISSING = ("", "-")
+
+
+def justify(column: Column, rows: Sequence[Sequence[str]], i: int) -> str:
+    """"right" for a column of numbers, "left" for one of text (names, precisions, yes/- marks),
+    read from the cells that hold a value; a column without any goes by its format (a number
+    format: right)."""
+    values = [r[i] for r in rows if r[i] not in MISSING]
+    if not values:
+        return "left" if column.fmt == "{}" else "right"
+    return "right" if all(NUMBER.fullmatch(v) for v in values) else "left"
 
 
 def output_width(console: Console) -> int:
@@ -136,7 +153,7 @@ def print_table(console: Console, title: str | None, columns: Sequence[Column], 
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True,
                   header_style="bold")
     for i in shown:
-        table.add_column(columns[i].header, justify="right", no_wrap=True)
+        table.add_column(columns[i].header, justify=justify(columns[i], rows, i), no_wrap=True)
     for r in rows:
         table.add_row(*(Text(r[i]) for i in shown))
     needed = table_width(widths)
@@ -144,13 +161,22 @@ def print_table(console: Console, title: str | None, columns: Sequence[Column], 
     if needed > console.width:  # kept columns wider than the screen: lines run on, values stay whole
         out = Console(file=console.file, width=needed, force_terminal=console.is_terminal,
                       color_system=console.color_system)
-    if title:
-        console.print(Text(title), width=width)
+    for line in title_lines(title, width) if title else ():
+        console.print(Text(line), width=width)
     out.print(table)
     note = dropped_note(columns, shown, where, rows, constants=constant_first, adds=adds)
     for line in ([note] if note else []) + list(legend):  # prose wraps at the width, as a terminal would
         console.print(Text(line), width=width)
     return shown
+
+
+def title_lines(title: str, width: int) -> list[str]:
+    """``title``, its closing parenthetical ("(147,021 candidates in 0.59 s)") on a line of its own
+    when the whole does not fit in ``width``: rich would break it anywhere, "in 0.25" / "s)"."""
+    head, sep, tail = title.rpartition(" (")
+    if cell_len(title) <= width or not sep or not title.endswith(")"):
+        return [title]
+    return [head, f"({tail}"]
 
 
 def cell(value, fmt: str | Callable[[object], str]) -> str:

@@ -130,5 +130,6 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     length = g.add_mutually_exclusive_group()
     length.add_argument("--tokens", type=tokens, help="tokens to train (15T, 300B, 2.5e12): prints days and "
                                                       "GPU-hours per layout")
-    length.add_argument("--train-days", type=days, help="days of training: prints the tokens trained per layout")
+    length.add_argument("--train-days", metavar="DAYS", type=days,
+                        help="days of training: prints the tokens trained per layout")
     g.add_argument("--gpu-hour-cost", type=usd, metavar="USD", help="price of one GPU-hour: prints the run's cost")

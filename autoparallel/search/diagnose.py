@@ -39,7 +39,7 @@ STRUCTURE_RULES = (
     DIVIDE_RULE,
     Rule(r"attention heads not divisible by tp", ("tp",)),
     Rule(r"query groups not divisible by tp", ("tp",)),
-    Rule(r"crosses the \d+-GPU NVLink domain", ("tp",)),
+    Rule(r"crosses the \d+-GPU \S+ domain", ("tp",)),
     Rule(r"interleaving \(vp>1\) needs pp>=2", ("vp", "pp")),
     Rule(r"not divisible by pp\*vp", ("pp", "vp")),
     Rule(r"an uneven pipeline split needs pp > 1", ("pp",)),

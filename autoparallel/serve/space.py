@@ -109,7 +109,7 @@ def structures(model: ModelSpec, hw: HardwareSpec, gpus: int, space: InferenceSp
         ((kv % tp != 0) & (tp % kv != 0),
          lambda d: [f"{kv} KV heads neither divisible by tp={a} nor dividing it" for a in d.tp]),
         (space.tp_within_nvlink_domain & (tp > hw.nvlink_domain),
-         lambda d: [f"tp={a} crosses the {hw.nvlink_domain}-GPU NVLink domain" for a in d.tp]),
+         lambda d: [f"tp={a} crosses the {hw.scale_up_domain}" for a in d.tp]),
         (pp > model.num_layers, lambda d: [f"pp={a} exceeds the {model.num_layers} layers" for a in d.pp]),
         ((model.num_experts or 1) % ep != 0,
          lambda d: [f"{model.num_experts} experts not divisible by ep={a}" for a in d.ep]),

@@ -83,6 +83,10 @@ class Efficiency:
                     raise ValueError(f"efficiency.{key}[{name!r}] must be positive, got {value}")
 
 
+# The links a hardware preset's ``scale_up_link`` can name, as `autoparallel hardware` prints them.
+SCALE_UP_LINKS = {"nvlink": "NVLink", "pcie": "PCIe", "host": "host"}
+
+
 @dataclass(frozen=True)
 class HardwareSpec:
     name: str
@@ -121,6 +125,10 @@ class HardwareSpec:
     sm_count: int = 132
     nvlink_latency_us: float = 5.0
     internode_latency_us: float = 10.0
+    # What joins the GPUs of one ``nvlink_domain`` (a key of ``SCALE_UP_LINKS``): NVLink / NVSwitch,
+    # or PCIe on a card without NVLink (L40S: the domain is one server's PCIe switch, priced at its
+    # ``nvlink_gbps`` all the same). Only what `autoparallel hardware` shows: no price reads it.
+    scale_up_link: str = "nvlink"
     reserve_gib: float = 4.0  # CUDA context, NCCL buffers, allocator fragmentation
     efficiency: Efficiency = field(default_factory=Efficiency)
     # A GPU without published runs of its own takes the fitted constants of a similar one.
@@ -138,6 +146,8 @@ class HardwareSpec:
         for key in ("fp8_tflops", "fp4_tflops", "max_sm_clock_mhz"):
             if getattr(self, key) is not None and getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive (or left out), got {getattr(self, key)}")
+        if self.scale_up_link not in SCALE_UP_LINKS:
+            raise ValueError(f"scale_up_link must be one of {', '.join(SCALE_UP_LINKS)}, got {self.scale_up_link!r}")
         if self.clock_speed <= 0:
             raise ValueError(f"clock_speed must be positive, got {self.clock_speed}")
         if self.reserve_gib >= self.memory_gib:
@@ -146,6 +156,12 @@ class HardwareSpec:
     @property
     def supports_fp8(self) -> bool:
         return self.fp8_tflops is not None
+
+    @property
+    def scale_up_domain(self) -> str:
+        """The GPUs of one ``nvlink_domain`` named by their link, as reasons say it: "8-GPU NVLink
+        domain", "8-GPU PCIe domain" (L40S)."""
+        return f"{self.nvlink_domain}-GPU {SCALE_UP_LINKS[self.scale_up_link]} domain"
 
     @property
     def nvlink_unidirectional_gbps(self) -> float:

@@ -72,7 +72,8 @@ def test_the_verdict_table_reads_at_80_columns(monkeypatch):
 
 def test_the_training_runs_under_a_progress_display(monkeypatch):
     """Each proxy run trains for a minute or more (200 steps) between two progress lines: a spinner with
-    the elapsed time now runs the whole check, and the lines still print above it."""
+    the elapsed time now runs the whole check (a pulsing bar since session 48), and the lines still print
+    above it."""
     import io as stdio
 
     from rich.console import Console
@@ -89,3 +90,24 @@ def test_the_training_runs_under_a_progress_display(monkeypatch):
     result, run_dir = command.check_and_save(io.load_model("cpu-small"), command.load_settings(), None, [], console)
     assert (result, run_dir, seen) == ("result", None, [True]) and not console._live_stack
     assert "fp8-check: fp8-delayed: ok" in console.file.getvalue()
+
+
+def test_the_training_in_a_pipe_prints_its_lines_and_no_bar(monkeypatch):
+    """fp8-check built its own spinner outside autoparallel/progress.py, drawn even off a terminal:
+    `fp8-check | cat` began with the bar's empty line (session 48). Now only the lines come out."""
+    import io as stdio
+
+    from rich.console import Console
+
+    from autoparallel import io
+    from autoparallel.fp8check import check, command
+    console, seen = Console(file=stdio.StringIO(), width=80), []
+
+    def run_check(model, settings, progress=None):
+        seen.append(bool(console._live_stack))
+        progress("fp8-delayed: ok")
+        return "result"
+    monkeypatch.setattr(check, "run_check", run_check)
+    assert not console.is_terminal
+    command.check_and_save(io.load_model("cpu-small"), command.load_settings(), None, [], console)
+    assert seen == [False] and console.file.getvalue() == "fp8-check: fp8-delayed: ok\n"
