@@ -326,17 +326,19 @@ def tie_bands(report: pd.DataFrame) -> dict:
     """The held-out mean |error| (a fraction) pooled per kind and per GPU family (the preset whose
     fitted constants a GPU uses) and kind, with row counts: the share of predicted throughput
     within which a search cannot tell layouts apart on that hardware. The ``HELD_APART_KINDS`` rows
-    give no band (no fitted constant describes their Mamba-2 layers yet)."""
-    report = report[~held_apart(report)]
+    (never fitted) give the hybrid models' band, pooled and per family, apart from the others."""
     family = {gpu: io.load_hardware(gpu).efficiency_from or gpu for gpu in report["gpu"].unique()}
     errors = report.assign(family=report["gpu"].map(family), error=report["heldout_error_pct"].abs() / 100)
-    pooled = errors.groupby("kind")["error"].mean()
+    held = held_apart(errors)
+    pooled = errors[~held].groupby("kind")["error"].mean()
     by_family: dict[str, dict] = {}
     for (fam, kind), group in errors.groupby(["family", "kind"]):
         by_family.setdefault(fam, {}).update({kind: round(float(group["error"].mean()), 3), f"{kind}_rows": len(group)})
-    return {"step_time_relative_error": round(float(pooled["dense"]), 3),
-            "moe_step_time_relative_error": round(float(pooled["moe"]), 3) if "moe" in pooled else None,
-            "by_family": dict(sorted(by_family.items()))}
+    bands = {"step_time_relative_error": round(float(pooled["dense"]), 3),
+             "moe_step_time_relative_error": round(float(pooled["moe"]), 3) if "moe" in pooled else None}
+    if held.any():
+        bands["hybrid_step_time_relative_error"] = round(float(errors.loc[held, "error"].mean()), 3)
+    return {**bands, "by_family": dict(sorted(by_family.items()))}
 
 
 def tie_bands_yaml(report: pd.DataFrame, date: str) -> str:

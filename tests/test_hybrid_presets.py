@@ -240,10 +240,24 @@ def test_the_hybrid_rows_are_summarized_apart():
     pd.testing.assert_frame_equal(kept, without, check_like=True)
 
 
-def test_the_tie_bands_leave_the_hybrid_rows_out():
+def test_the_hybrid_rows_give_the_hybrid_tie_band_only():
+    """The held-out hybrid rows leave the dense and MoE bands as they were and give the hybrid
+    models' own: pooled and per family, which a hybrid model's search reads."""
+    from autoparallel.report.tables import PredictionError
     report = _report([("dense", "h100-sxm", "nemo 25.11"), ("moe", "h100-sxm", "nemo 25.11"),
-                      ("hybrid-newer", "h100-sxm", "bridge 26.06")])
-    assert validate.tie_bands(report) == validate.tie_bands(report[report.kind != "hybrid-newer"])
+                      ("hybrid-newer", "h100-sxm", "bridge 26.06"), ("hybrid-newer", "b200", "bridge 26.06")])
+    bands = validate.tie_bands(report)
+    without = validate.tie_bands(report[report.kind != "hybrid-newer"])
+    assert bands["step_time_relative_error"] == without["step_time_relative_error"] == 0.01
+    assert bands["moe_step_time_relative_error"] == without["moe_step_time_relative_error"] == 0.02
+    assert bands["hybrid_step_time_relative_error"] == 0.035  # rows of 3 % and 4 %
+    assert bands["by_family"]["h100-sxm"]["hybrid-newer"] == 0.03 and "hybrid-newer" not in without["by_family"]["h100-sxm"]
+    error = PredictionError(source="test", **bands)
+    h100, b300 = io.load_hardware("h100-sxm"), io.load_hardware("b300")
+    assert error.for_hardware(h100, moe=True, hybrid=True).step_time_relative_error == 0.03
+    assert error.for_hardware(h100, moe=True).step_time_relative_error == 0.02
+    b300_band = error.for_hardware(b300, moe=True, hybrid=True).step_time_relative_error
+    assert b300_band == (0.04 if (b300.efficiency_from or "b300") == "b200" else 0.035)
 
 
 def test_published_layouts_yaml_lists_every_hybrid_layout(hybrid_frame):
