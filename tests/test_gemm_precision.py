@@ -113,3 +113,15 @@ def test_without_the_settings_nothing_changes(hw, small):
     assert not gemm_precision.applies(x) and not gemm_precision.applies(y)
     for kind in ("M", "*", "E"):
         assert lt.layers(x).kinds[kind]["time"][0] == lt.layers(y).kinds[kind]["time"][0]
+
+
+def test_only_the_super_nvfp4_rows_carry_the_recipe():
+    """recipe_settings.yaml: te_quant.cfg and the 14 BF16 end layers on the 15 Super NVFP4 rows."""
+    from autoparallel import measured_runs, resources
+    frame = measured_runs.read_runs([resources.data_file("training_runs_hybrid.csv")])
+    recipes = measured_runs.recipe_settings()
+    carried = {str(row["id"]) for _, row in frame.iterrows()
+               if measured_runs.recipe_for(row, recipes).get("quant_recipe") == "nemotronh-te-quant"
+               and measured_runs.recipe_for(row, recipes).get("num_layers_at_end_in_bf16") == 14}
+    nvfp4 = {str(i) for i in frame["id"] if "nemotron-3-super" in str(i) and "-nvfp4-" in str(i)}
+    assert len(nvfp4) == 15 and carried == nvfp4
