@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from autoparallel import io, mlperf_corrections, ranges, resources, safefile
-from autoparallel.costmodel import flops, gemm_precision
+from autoparallel.costmodel import flops
 from autoparallel.costmodel.candidates import Candidates, candidates, fp8_cp_attention, on_hardware
 from autoparallel.costmodel.estimate import estimate_candidates, estimate_columns
 from autoparallel.errors import UserError
@@ -433,8 +433,7 @@ def prepare_row(row: pd.Series, assumptions: dict, recipes: dict | None = None) 
     space = io.from_dict(SearchSpace, settings, str(ASSUMPTIONS))
     origins = {**_origins(row, recipe, space), **{k: "recipe" for k in corrected if k in VARIANT_KNOBS}}
     pins = _pins(row)
-    pins.update({k: v for k, v in recipe.items()
-                 if pins.get(k) is None and k != "recompute_num_layers" and k not in gemm_precision.COLUMNS})
+    pins.update({k: v for k, v in recipe.items() if pins.get(k) is None and k != "recompute_num_layers"})
     if not pins["sp"]:  # the recipes overlap TP communication only with TP > 1 (which brings SP)
         pins.setdefault("tp_comm_overlap", False)
     layers = _optional_int(row, "recompute_num_layers") or recipe.get("recompute_num_layers")
@@ -448,9 +447,8 @@ def prepare_row(row: pd.Series, assumptions: dict, recipes: dict | None = None) 
     for name in ROW_ONLY_COLUMNS:  # what the published system ran that Megatron does not
         if _given(row, name):
             cols[name] = np.full(len(candidates), str(row[name]), dtype=object)
-    for name in gemm_precision.COLUMNS:  # a recipe's per-module quantization (a hybrid row's)
-        if name in recipe:
-            cols[name] = np.full(len(candidates), recipe[name], dtype=object)
+    for name, value in space.quantization_settings().items():  # a recipe's per-module quantization
+        cols[name] = np.full(len(candidates), value, dtype=object)
     return PreparedRow(row, model, hw, source["metric"], space.memory_fraction, candidates, cols, origins)
 
 

@@ -125,3 +125,22 @@ def test_only_the_super_nvfp4_rows_carry_the_recipe():
                and measured_runs.recipe_for(row, recipes).get("num_layers_at_end_in_bf16") == 14}
     nvfp4 = {str(i) for i in frame["id"] if "nemotron-3-super" in str(i) and "-nvfp4-" in str(i)}
     assert len(nvfp4) == 15 and carried == nvfp4
+
+
+def test_search_space_carries_the_recipe_to_estimate(hw, small):
+    """The run-level settings (``SearchSpace.cost_settings``) price an estimate as the row's columns
+    do; unset, they add no column; an unknown recipe is refused."""
+    from autoparallel.costmodel.estimate import estimate_plan
+    from autoparallel.space import SearchSpace
+    space = SearchSpace(quant_recipe="nemotronh-te-quant", num_layers_at_end_in_bf16=14)
+    assert space.cost_settings() == {"quant_recipe": "nemotronh-te-quant", "num_layers_at_end_in_bf16": 14}
+    assert SearchSpace().cost_settings() == {}
+    with pytest.raises(ValueError):
+        SearchSpace(quant_recipe="no-such-recipe")
+    plan = Plan(tp=1, pp=1, dp=64, ep=64, mbs=1, gbs=512, sp=False, precision="nvfp4")
+    with_recipe = estimate_plan(small, hw, plan, settings=space.cost_settings())
+    plain = estimate_plan(small, hw, plan)
+    x = _cands(small, hw, "nemotronh-te-quant", 14)
+    from autoparallel.costmodel.estimate import estimate_candidates
+    assert with_recipe["step_time_s"] == pytest.approx(float(estimate_candidates(x)["step_time_s"][0]), rel=REL)
+    assert with_recipe["step_time_s"] > plain["step_time_s"]  # BF16 attention, latents, end layers: slower

@@ -16,9 +16,10 @@ Megatron-LM d98e8a64dd ``megatron/core/models/hybrid/hybrid_block.py`` wraps eac
 one's (``extensions/transformer_engine.py`` ``TEQuantizationRecipe``: override_quantized_autocast True,
 override_nonquantized_autocast False): in the BF16 end layers out_proj stays BF16.
 
-The settings are a published row's (``data/recipe_settings.yaml`` ``quant_recipe``,
-``num_layers_at_start_in_bf16``, ``num_layers_at_end_in_bf16``; ``measured_runs.ROW_ONLY_COLUMNS``):
-absent, every term prices as before.
+The settings are run-level (``SearchSpace`` ``quant_recipe``, ``num_layers_at_start_in_bf16``,
+``num_layers_at_end_in_bf16``, passed as ``SearchSpace.cost_settings`` columns to search and
+estimate), a published row's from its recipe (``data/recipe_settings.yaml``): absent, every term
+prices as before.
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ COLUMNS = (RECIPE_COLUMN, *END_COLUMNS)
 def _setting(x, column):
     """The row's one value of ``column`` (constant over a row's candidates), or None."""
     values = x.knobs.get(column)
-    if values is None or len(values) == 0:
+    if values is None:
+        return None
+    values = np.atleast_1d(values)  # a run-level setting may be one value (``SearchSpace.cost_settings``)
+    if len(values) == 0:
         return None
     value = values[0]
     return None if value is None or value == "" or (isinstance(value, float) and np.isnan(value)) else value
