@@ -447,6 +447,8 @@ def prepare_row(row: pd.Series, assumptions: dict, recipes: dict | None = None) 
     for name in ROW_ONLY_COLUMNS:  # what the published system ran that Megatron does not
         if _given(row, name):
             cols[name] = np.full(len(candidates), str(row[name]), dtype=object)
+    for name, value in space.quantization_settings().items():  # a recipe's per-module quantization
+        cols[name] = np.full(len(candidates), value, dtype=object)
     return PreparedRow(row, model, hw, source["metric"], space.memory_fraction, candidates, cols, origins)
 
 

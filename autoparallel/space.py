@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from autoparallel.argtypes import RELEASE_PATTERN
-from autoparallel.costmodel import pipeline
+from autoparallel.costmodel import gemm_precision, pipeline
 from autoparallel.costmodel.candidates import RECOMPUTE_MODULES  # the modules the cost model prices
 from autoparallel.costmodel.candidates import (RECIPE_FIRST_RELEASE, TE_VERSION_COLUMN, fp8_cp_attention,
                                                  knob_in, knob_test, recipe_in_release)
@@ -115,6 +115,13 @@ class SearchSpace:
     # A precision whose recipe the release lacks is refused (``candidates.RECIPE_FIRST_RELEASE``:
     # TE 1.x has delayed scaling only, as MLPerf v4.1's NeMo 24.09 with TE 1.10 ran).
     transformer_engine_version: str = ""
+    # A hybrid model's per-module quantization as its recipe runs it (``costmodel/gemm_precision.py``):
+    # a recipe of ``QUANT_RECIPES`` (Megatron-Bridge's Nemotron-H te_quant.cfg, "nemotronh-te-quant"),
+    # and the pattern's first / last layers kept in BF16 (Megatron's num_layers_at_start_in_bf16 /
+    # num_layers_at_end_in_bf16, each side on its own; fp8_bf16_edge_layers is both sides alike).
+    quant_recipe: str = ""
+    num_layers_at_start_in_bf16: int = 0
+    num_layers_at_end_in_bf16: int = 0
     # Where num_layers is not divisible by pp*vp, also try Megatron's uneven splits.
     uneven_pipeline_split: bool = True
     # MoE models where no other split fits: Megatron's flexible --pipeline-model-parallel-layout,
@@ -152,15 +159,26 @@ class SearchSpace:
             raise ValueError(f"full_recompute_fractions must be in (0, 1], got {list(self.full_recompute_fractions)}")
         if not self.cpu_offload_fractions or any(not 0 <= f < 1 for f in self.cpu_offload_fractions):
             raise ValueError(f"cpu_offload_fractions must be in [0, 1), got {list(self.cpu_offload_fractions)}")
+        if self.quant_recipe and self.quant_recipe not in gemm_precision.QUANT_RECIPES:
+            raise ValueError(f"quant_recipe {self.quant_recipe!r} is not one of {', '.join(gemm_precision.QUANT_RECIPES)}")
+        if min(self.num_layers_at_start_in_bf16, self.num_layers_at_end_in_bf16) < 0:
+            raise ValueError("num_layers_at_start_in_bf16 and num_layers_at_end_in_bf16 must be >= 0")
         release = self.transformer_engine_version
         if release and not re.fullmatch(RELEASE_PATTERN, release):
             raise ValueError("transformer_engine_version must be a release such as 1.6 or 2.9 (or empty for a "
                              f"current one), got {self.transformer_engine_version!r}")
 
-    def cost_settings(self) -> dict[str, str]:
+    def cost_settings(self) -> dict:
         """The run-level facts the cost model prices (columns every candidate shares): the TE
-        release where one is given."""
-        return {TE_VERSION_COLUMN: self.transformer_engine_version} if self.transformer_engine_version else {}
+        release where one is given; a hybrid model's per-module quantization where one is set
+        (``quantization_settings``)."""
+        out = {TE_VERSION_COLUMN: self.transformer_engine_version} if self.transformer_engine_version else {}
+        return {**out, **self.quantization_settings()}
+
+    def quantization_settings(self) -> dict:
+        """``gemm_precision.COLUMNS`` the space sets (none at their defaults)."""
+        values = (self.quant_recipe, self.num_layers_at_start_in_bf16, self.num_layers_at_end_in_bf16)
+        return {name: value for name, value in zip(gemm_precision.COLUMNS, values) if value}
 
     @property
     def fp8_attention_with_cp(self) -> bool:
@@ -181,7 +199,8 @@ class SearchSpace:
 
 PINNED_SPLIT = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
-SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "transformer_engine_version", "uneven_pipeline_split",
+SETTINGS = ("memory_fraction", "tp_within_nvlink_domain", "transformer_engine_version", "quant_recipe",
+            "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16", "uneven_pipeline_split",
             "cpu_offloading_num_layers", "pipeline_layout_max_vp", "pipeline_layout", "dispatcher_by_ep_span",
             *PINNED_SPLIT)
 

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from autoparallel import io
 from autoparallel.argtypes import non_negative, positive, release
+from autoparallel.costmodel.gemm_precision import QUANT_RECIPES
 
 KNOB_FLAGS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
 FEATURE_FLAGS = ("sp", "recompute", "precision", "fp8_bf16_edge_layers", "tp_comm_overlap",
@@ -20,7 +21,8 @@ FEATURE_FLAGS = ("sp", "recompute", "precision", "fp8_bf16_edge_layers", "tp_com
                  "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp", "tp_overlap_rs_pipeline")
 SETTING_FLAGS = ("pipeline_layout", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
-                 "transformer_engine_version")
+                 "transformer_engine_version", "quant_recipe", "num_layers_at_start_in_bf16",
+                 "num_layers_at_end_in_bf16")
 # Never truncate in logs and pipes: a value cut to "fp8-de…" is worse than a wide line.
 console = Console(width=None if sys.stdout.isatty() else 400)
 
@@ -77,6 +79,14 @@ def add_knobs(p: argparse.ArgumentParser, title: str = "layout knobs (any given 
                         "BF16) and activation offloading is priced one layer at a time; a recipe the "
                         "release lacks is not offered (TE 1.x: delayed scaling only; mxfp8 from 2.0, "
                         "fp8-current 2.2, fp8-blockwise 2.3, nvfp4 2.8)")
+    g.add_argument("--quant-recipe", choices=sorted(QUANT_RECIPES),
+                   help="a hybrid model's per-module quantization (Megatron's --kitchen-config-file / "
+                        "Megatron-Bridge's quant_recipe): nemotronh-te-quant is the Nemotron-H te_quant.cfg "
+                        "(attention and LatentMoE projections BF16, Mamba out_proj MXFP8, the rest the precision)")
+    g.add_argument("--num-layers-at-start-in-bf16", type=non_negative,
+                   help="a hybrid model's first layers of the pattern kept in BF16 under an FP8 / FP4 recipe")
+    g.add_argument("--num-layers-at-end-in-bf16", type=non_negative,
+                   help="a hybrid model's last layers of the pattern kept in BF16 (Nemotron 3 Super NVFP4: 14)")
     g.add_argument("--tp-overlap-rs-pipeline", action=argparse.BooleanOptionalAction,
                    help="with --tp-comm-overlap, overlap the forward TP reduce-scatters (proj_fprop, fc2_fprop) "
                         "by TransformerEngine userbuffers' pipeline method: one atomic GEMM whose output is "

@@ -21,12 +21,12 @@ and has expert-parallel traffic. A new term is one function here and one name in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
 
-from autoparallel.costmodel import (comm, dataparallel, dispatch, finetune, flops, gemm, mamba, memory, moe, pipeline,
+from autoparallel.costmodel import (comm, dataparallel, dispatch, finetune, flops, gemm, gemm_precision, mamba, memory, moe, pipeline,
                                     tensor_parallel)
 from autoparallel.costmodel.candidates import Candidates
 from autoparallel.costmodel.layer_kinds import HYBRID, LayerKind, as_kind
@@ -40,15 +40,17 @@ LAYER_TIME_TERMS = ("compute", "fp8_cast", "selective_recompute", "full_recomput
                     "fsdp", "ep_comm", "lora_adapters", "amax_reduction")
 
 
-def linear_time(x: Candidates, params, whole=0.0, chunks=1.0, gemms=GEMMS_PER_LAYER):
+def linear_time(x: Candidates, params, whole=0.0, chunks=1.0, gemms=GEMMS_PER_LAYER, peak=None):
     """Forward time of Linear GEMMs on ``params`` split by TP, of which ``whole`` (MLA's down
     projections) run whole on every TP rank, on its sequence-parallel share of the tokens;
     ``chunks``: each GEMM split into that many row chunks (userbuffers' ring exchange), each at
     the efficiency of its own size; ``gemms``: how many GEMMs share the FLOPs (a hybrid layer's
-    one block has two)."""
+    one block has two); ``peak``: their FLOP/s at full efficiency (default ``x.gemm_peak``; a GEMM
+    class a quantization recipe runs in a precision of its own, ``gemm_precision.class_peak``)."""
     whole_tokens = np.where(x.sp, x.tokens / x.t, x.tokens)
     lin_flops = 2.0 * (x.tokens * (params - whole) / x.t + whole_tokens * whole)
-    return lin_flops / (x.gemm_peak * gemm.efficiency(x.hw, lin_flops / gemms / chunks))
+    peak = x.gemm_peak if peak is None else peak
+    return lin_flops / (peak * gemm.efficiency(x.hw, lin_flops / gemms / chunks))
 
 
 # cuDNN's MXFP8 fused attention (TransformerEngine's FusedAttention under the MXFP8 recipe with
@@ -892,9 +894,19 @@ def moe_block_layer(x: Candidates) -> dict:
     bias, clamp = expert_bias_time(x), glu_clamp_time(x, kind)
     tp_blocks = float(model.shared_expert_ffn_hidden_size > 0)
     gemms = 2.0 * (model.shared_expert_ffn_hidden_size > 0) + 2.0 * (model.moe_latent_size is not None)
-    t_nonexpert = linear_time(x, nonexpert, gemms=max(gemms, 1.0))
+    if "latent_projection" in gemm_precision.recipe(x) and model.moe_latent_size is not None:
+        # the latent projections at their own precision, each pair of GEMMs at its own size
+        shared, latent = model.shared_expert_params, model.latent_projection_params
+        shared_gemms = max(2.0 * (model.shared_expert_ffn_hidden_size > 0), 1.0)
+        latent_peak = gemm_precision.class_peak(x, "latent_projection")
+        t_nonexpert = (linear_time(x, shared, gemms=shared_gemms)
+                       + linear_time(x, latent, gemms=2.0, peak=latent_peak))
+        chunked = (linear_time(x, shared, chunks=x.t, gemms=shared_gemms)
+                   + linear_time(x, latent, chunks=x.t, gemms=2.0, peak=latent_peak))
+    else:
+        t_nonexpert = linear_time(x, nonexpert, gemms=max(gemms, 1.0))
+        chunked = linear_time(x, nonexpert, chunks=x.t, gemms=max(gemms, 1.0))
     block = t_nonexpert + t_experts + router[0] + permutation[0] + calls[0] + bias[0] + clamp[0]
-    chunked = linear_time(x, nonexpert, chunks=x.t, gemms=max(gemms, 1.0))
     return layer_cost(x, moe_block_params_gpu(x), moe.expert_params_gpu(model, x.e, x.et), t_nonexpert + t_experts,
                       tp_blocks, kind, block, (router, permutation, calls, bias, clamp), tp_linear=(t_nonexpert, chunked))
 
@@ -912,8 +924,15 @@ def mamba_layer(x: Candidates) -> dict:
     reduce-scatter after out_proj under SP, as attention's), the conv1d, the SSD scan and the
     grouped RMSNorm with their own backward, the CP all-to-alls."""
     params = mamba.linear_params(x.model)
-    t_linear = linear_time(x, params, gemms=2)
-    chunked = linear_time(x, params, chunks=x.t, gemms=2)
+    if "mamba_out_proj" in gemm_precision.recipe(x):  # out_proj at its own precision, each GEMM at its size
+        out = mamba.out_proj_params(x.model)
+        out_peak = gemm_precision.class_peak(x, "mamba_out_proj")
+        t_linear = linear_time(x, params - out, gemms=1) + linear_time(x, out, gemms=1, peak=out_peak)
+        chunked = (linear_time(x, params - out, chunks=x.t, gemms=1)
+                   + linear_time(x, out, chunks=x.t, gemms=1, peak=out_peak))
+    else:
+        t_linear = linear_time(x, params, gemms=2)
+        chunked = linear_time(x, params, chunks=x.t, gemms=2)
     kernels = (mamba.ssd_time(x), mamba.conv_time(x), mamba.norm_time(x))
     return layer_cost(x, x.model.mamba_params / x.t, 0.0, t_linear, 1.0, HYBRID["M"], kernels=kernels,
                       tp_linear=(t_linear, chunked), cp_comm=mamba.cp_time(x))
@@ -941,7 +960,7 @@ def mean_of_kinds(kinds: dict, counts: dict) -> dict:
     return {key: sum(counts[k] * kinds[k][key] for k in counts) / total for key in keys}
 
 
-def hybrid_layers(costs: dict, model) -> Layers:
+def hybrid_layers(costs: dict, model, mtp_costs: dict | None = None) -> Layers:
     """A hybrid model's ``Layers``: ``moe`` its E layer, ``dense`` the mean of its other layers
     (M, *, -) in the pattern's proportions, ``kinds`` each kind's costs. A stage's E layers are
     counted exactly (``ModelSpec.moe_layer_pattern``); its other layers are priced at the
@@ -958,7 +977,7 @@ def hybrid_layers(costs: dict, model) -> Layers:
     if counts and "working" in dense:  # the layer computing: the largest of the stage's kinds
         dense["working"] = np.maximum.reduce([np.asarray(costs[k]["working"], dtype=float) for k in counts])
         moe_layer["working"] = np.maximum(moe_layer["working"], dense["working"])
-    return Layers(dense, moe_layer, costs)
+    return Layers(dense, moe_layer, costs, mtp_costs)
 
 
 @dataclass
@@ -969,6 +988,7 @@ class Layers:
     dense: dict
     moe: dict
     kinds: dict | None = None
+    mtp_kinds: dict | None = None  # the MTP layer's kinds where a recipe runs them apart (BF16)
 
     def on(self, key: str, layers, moe_layers):
         """``key`` summed over ``layers`` layers of which ``moe_layers`` are MoE."""
@@ -980,8 +1000,9 @@ class Layers:
         or attention and an MLP for a dense one."""
         if self.kinds is None:
             return self.moe if model.is_moe else self.dense
-        ffn = self.kinds["E"] if model.is_moe else self.kinds["-"]
-        return {key: self.kinds["*"][key] + ffn[key] for key in self.kinds["*"]}
+        kinds = self.mtp_kinds or self.kinds
+        ffn = kinds["E"] if model.is_moe else kinds["-"]
+        return {key: kinds["*"][key] + ffn[key] for key in kinds["*"]}
 
 
 def layer_params(s) -> Layers:
@@ -1003,10 +1024,30 @@ def layers(x: Candidates) -> Layers:
     """Both layers' costs (the MoE one all zeros for a dense model); a hybrid model's each kind's
     (``hybrid_layers``)."""
     if x.model.is_hybrid:
-        return hybrid_layers({kind: HYBRID_LAYERS[kind](x) for kind, n in x.model.layer_kind_counts.items()
-                              if n or kind in ("*", "-", "E") and needs_kind(x.model, kind)}, x.model)
+        kinds = [kind for kind, n in x.model.layer_kind_counts.items()
+                 if n or kind in ("*", "-", "E") and needs_kind(x.model, kind)]
+        if gemm_precision.applies(x):
+            return recipe_hybrid_layers(x, kinds)
+        return hybrid_layers({kind: HYBRID_LAYERS[kind](x) for kind in kinds}, x.model)
     dense = dense_layer(x)
     return Layers(dense, moe_layer(x) if x.model.is_moe else {k: np.zeros_like(x.t) for k in dense})
+
+
+def kind_candidates(x: Candidates, fraction) -> Candidates:
+    """``x`` with ``fraction`` of its layers quantized: its GEMM peak, casts and kept inputs so."""
+    return replace(x, quantized_fraction=fraction, gemm_peak=gemm.peak(x.hw, fraction, x.is_fp4))
+
+
+def recipe_hybrid_layers(x: Candidates, kinds) -> Layers:
+    """A hybrid model's ``Layers`` under a row's per-module quantization (``gemm_precision``): each
+    kind priced on its own quantized share (the BF16 end layers of its kind; attention's GEMMs
+    all BF16 where the recipe says so), the MTP layer's kinds in BF16 where the recipe keeps MTP so."""
+    costs = {kind: HYBRID_LAYERS[kind](kind_candidates(x, gemm_precision.kind_fraction(x, kind))) for kind in kinds}
+    mtp_costs = None
+    if x.model.mtp_num_layers and gemm_precision.recipe(x).get("mtp") == "bf16":
+        bf16 = kind_candidates(x, np.zeros_like(x.quantized_fraction))
+        mtp_costs = {kind: HYBRID_LAYERS[kind](bf16) for kind in kinds if needs_kind(x.model, kind)}
+    return hybrid_layers(costs, x.model, mtp_costs)
 
 
 def needs_kind(model, kind: str) -> bool:

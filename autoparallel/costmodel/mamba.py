@@ -45,7 +45,12 @@ FP32 = 4.0
 
 def linear_params(model) -> float:
     """in_proj and out_proj: the mixer's GEMM weights."""
-    return model.hidden_size * model.mamba_in_proj_width + model.mamba_inner * model.hidden_size
+    return model.hidden_size * model.mamba_in_proj_width + out_proj_params(model)
+
+
+def out_proj_params(model) -> float:
+    """out_proj: the mixer's inner channels back to the hidden size."""
+    return model.mamba_inner * model.hidden_size
 
 
 def ssd_flops_per_token(model) -> tuple[float, float]:
