@@ -350,7 +350,9 @@ def tie_bands_yaml(report: pd.DataFrame, date: str) -> str:
               "# seen. Ranked tables mark layouts whose predicted throughput is within this share of the best as\n"
               "# a tie: the cost model cannot tell them apart; measure them (search --profile job) to decide.\n"
               "# Written by `autoparallel validate --tie-bands FILE`; tests/test_validate.py checks it.\n")
+    hybrid = int(report["kind"].isin(HELD_APART_KINDS).sum())
     bands["source"] = (f"`autoparallel validate`, leave-one-model-out mean |error| over {counts.get('dense', 0)} "
-                       f"dense and {counts.get('moe', 0)} MoE published rows, {date}")
+                       f"dense and {counts.get('moe', 0)} MoE published rows"
+                       + (f" ({hybrid} held-out hybrid rows for hybrid models)" if hybrid else "") + f", {date}")
     return header + yaml.safe_dump(bands, sort_keys=False, width=100)
 
