@@ -466,7 +466,8 @@ def report(run_dir: Path) -> tuple[Path, SearchResult]:
         result = load(run_dir)
         title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"
         run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(
-            result.ranked, 50, hw, space.memory_fraction, result.feasible_total, result.train, model.is_moe))
+            result.ranked, 50, hw, space.memory_fraction, result.feasible_total, result.train, model.is_moe,
+            finetune.is_lora(model), model.is_hybrid))
     title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"
     page = html.render(result.ranked, title, space.memory_fraction * hw.memory_gib, hw, result.rejections,
                        result.feasible_total)
