@@ -22,8 +22,8 @@ def hw():
 
 
 @pytest.fixture(scope="module")
-def small():
-    """Super's widths (hidden 4096, latent 1024, Mamba 128 heads of 64) on a short pattern."""
+def super_model():
+    """Nemotron 3 Super: hidden 4096, LatentMoE 1024, Mamba 128 heads of 64, 88 layers."""
     return io.load_model("nemotron-3-super")
 
 
@@ -48,8 +48,8 @@ def test_quantized_share_counts_each_kind_in_the_bf16_end_layers():
     assert gemm_precision.quantized_share(SUPER_PATTERN, "M", 0, 14) == pytest.approx(34 / 40)
 
 
-def test_class_peaks_bf16_and_mxfp8_under_nvfp4(hw, small):
-    x = _cands(small, hw, "nemotronh-te-quant", 14)
+def test_class_peaks_bf16_and_mxfp8_under_nvfp4(hw, super_model):
+    x = _cands(super_model, hw, "nemotronh-te-quant", 14)
     speed = gemm.tensor_speed(hw)
     bf16 = hw.bf16_tflops * 1e12 * speed
     fp8 = hw.fp8_tflops * 1e12 * hw.efficiency.fp8_gemm_relative * speed
@@ -61,17 +61,17 @@ def test_class_peaks_bf16_and_mxfp8_under_nvfp4(hw, small):
     assert gemm_precision.kind_fraction(x, "*")[0] == 0.0  # linear_qkv / linear_proj BF16
 
 
-def test_mamba_in_and_out_proj_each_at_its_precision(hw, small):
+def test_mamba_in_and_out_proj_each_at_its_precision(hw, super_model):
     """in_proj (4096 -> 2·8192 + 2·8·128 + 128) at the NVFP4 peak, out_proj (8192 -> 4096) at the
     MXFP8 peak, each on the GEMM curve at its own size; the rest of the forward unchanged."""
-    plain, quant = _cands(small, hw), _cands(small, hw, "nemotronh-te-quant")
+    plain, quant = _cands(super_model, hw), _cands(super_model, hw, "nemotronh-te-quant")
     speed = gemm.tensor_speed(hw)
     fp4 = hw.fp4_tflops * 1e12 * hw.efficiency.fp8_gemm_relative * speed
     fp8 = hw.fp8_tflops * 1e12 * hw.efficiency.fp8_gemm_relative * speed
     tokens = 8192
     p_in = 4096 * (2 * 8192 + 2 * 8 * 128 + 128)
     p_out = 8192 * 4096
-    assert p_in + p_out == mamba.linear_params(small)
+    assert p_in + p_out == mamba.linear_params(super_model)
     eff = lambda f: hw.efficiency.gemm_max / (1 + hw.efficiency.gemm_half_gflop / (f / 1e9))  # noqa: E731
     f_in, f_out = 2 * tokens * p_in, 2 * tokens * p_out
     split = f_in / (fp4 * eff(f_in)) + f_out / (fp8 * eff(f_out))
@@ -80,10 +80,10 @@ def test_mamba_in_and_out_proj_each_at_its_precision(hw, small):
     assert got == pytest.approx(split - joint, rel=1e-9)
 
 
-def test_latent_projections_bf16_shared_experts_nvfp4(hw, small):
+def test_latent_projections_bf16_shared_experts_nvfp4(hw, super_model):
     """An E layer's latent projections (4096 <-> 1024, two GEMMs) at the BF16 peak, the shared
     experts (4096 -> 5376 -> 4096, squared ReLU) at the NVFP4 peak."""
-    plain, quant = _cands(small, hw), _cands(small, hw, "nemotronh-te-quant")
+    plain, quant = _cands(super_model, hw), _cands(super_model, hw, "nemotronh-te-quant")
     speed = gemm.tensor_speed(hw)
     fp4 = hw.fp4_tflops * 1e12 * hw.efficiency.fp8_gemm_relative * speed
     bf16 = hw.bf16_tflops * 1e12 * speed
@@ -96,20 +96,20 @@ def test_latent_projections_bf16_shared_experts_nvfp4(hw, small):
     assert got == pytest.approx(split - joint, rel=1e-9)
 
 
-def test_attention_and_mtp_layers_all_bf16(hw, small):
+def test_attention_and_mtp_layers_all_bf16(hw, super_model):
     """Under te_quant.cfg an attention layer and the MTP layer cast nothing and take the BF16
     peak: the same as the layers of a BF16 plan's kinds at quantized fraction 0."""
-    x = _cands(small, hw, "nemotronh-te-quant", 14)
+    x = _cands(super_model, hw, "nemotronh-te-quant", 14)
     layers = lt.layers(x)
     assert layers.kinds["*"]["fp8_cast"][0] == 0.0
     bf16 = lt.kind_candidates(x, np.zeros(1))
     want = lt.attention_block_layer(bf16)["time"][0] + lt.moe_block_layer(bf16)["time"][0]
-    assert layers.mtp(small)["time"][0] == pytest.approx(want, rel=REL)
-    assert layers.mtp(small)["time"][0] != pytest.approx(layers.kinds["*"]["time"][0] + layers.kinds["E"]["time"][0])
+    assert layers.mtp(super_model)["time"][0] == pytest.approx(want, rel=REL)
+    assert layers.mtp(super_model)["time"][0] != pytest.approx(layers.kinds["*"]["time"][0] + layers.kinds["E"]["time"][0])
 
 
-def test_without_the_settings_nothing_changes(hw, small):
-    x, y = _cands(small, hw), _cands(small, hw, "", None)
+def test_without_the_settings_nothing_changes(hw, super_model):
+    x, y = _cands(super_model, hw), _cands(super_model, hw, "", None)
     assert not gemm_precision.applies(x) and not gemm_precision.applies(y)
     for kind in ("M", "*", "E"):
         assert lt.layers(x).kinds[kind]["time"][0] == lt.layers(y).kinds[kind]["time"][0]
@@ -127,7 +127,7 @@ def test_only_the_super_nvfp4_rows_carry_the_recipe():
     assert len(nvfp4) == 15 and carried == nvfp4
 
 
-def test_search_space_carries_the_recipe_to_estimate(hw, small):
+def test_search_space_carries_the_recipe_to_estimate(hw, super_model):
     """The run-level settings (``SearchSpace.cost_settings``) price an estimate as the row's columns
     do; unset, they add no column; an unknown recipe is refused."""
     from autoparallel.costmodel.estimate import estimate_plan
@@ -138,9 +138,9 @@ def test_search_space_carries_the_recipe_to_estimate(hw, small):
     with pytest.raises(ValueError):
         SearchSpace(quant_recipe="no-such-recipe")
     plan = Plan(tp=1, pp=1, dp=64, ep=64, mbs=1, gbs=512, sp=False, precision="nvfp4")
-    with_recipe = estimate_plan(small, hw, plan, settings=space.cost_settings())
-    plain = estimate_plan(small, hw, plan)
-    x = _cands(small, hw, "nemotronh-te-quant", 14)
+    with_recipe = estimate_plan(super_model, hw, plan, settings=space.cost_settings())
+    plain = estimate_plan(super_model, hw, plan)
+    x = _cands(super_model, hw, "nemotronh-te-quant", 14)
     from autoparallel.costmodel.estimate import estimate_candidates
     assert with_recipe["step_time_s"] == pytest.approx(float(estimate_candidates(x)["step_time_s"][0]), rel=REL)
     assert with_recipe["step_time_s"] > plain["step_time_s"]  # BF16 attention, latents, end layers: slower
