@@ -112,12 +112,12 @@ def glu_clamp_saved_bytes(model) -> float:
     return memory.ACT_INPUT_BYTES if clamps_glu(model) else 0.0
 
 
-def activation_bytes(x: Candidates, is_moe: LayerKind | bool, keep_scores):
+def activation_bytes(x: Candidates, kind: LayerKind | bool, keep_scores):
     """Bytes one layer saves for backward (a LoRA layer: what its frozen Linears and adapters
     keep); with ``keep_scores`` False counted in BF16 throughout (the tensors the elementwise
     kernels touch; a Mamba layer's: its norm's input, its mixer's kernels priced apart).
-    ``is_moe``: the layer's kind (``layer_kinds``)."""
-    kind = as_kind(is_moe)
+    ``kind``: the layer's kind (``layer_kinds``)."""
+    kind = as_kind(kind)
     is_moe = kind.is_moe
     if kind.mamba:
         return mamba.activation_bytes(x.model, x.b, x.s_local, x.t, x.sp,
@@ -238,7 +238,7 @@ def expert_bias_time(x: Candidates):
 GLU_CLAMP_BYTES = (4.0 + 4.0, 6.0 + 4.0)
 
 
-def glu_clamp_time(x: Candidates, is_moe: LayerKind | bool):
+def glu_clamp_time(x: Candidates, kind: LayerKind | bool):
     """(forward, backward) seconds of clamping a quick-GEGLU's input (``activation_func_clamp_value``
     with ``quick_geglu``; GPT-OSS). Megatron-Core's ``weighted_bias_quick_geglu_impl`` (NVIDIA/
     Megatron-LM 2e29a5e "Add quick geglu activation for gpt-oss", megatron/core/fusions/
@@ -252,7 +252,7 @@ def glu_clamp_time(x: Candidates, is_moe: LayerKind | bool):
     copies' and shared experts' of a MoE layer), where SwiGLU's clamp sits inside its fused kernel
     (fused_bias_swiglu.py ``clamped_swiglu``): nothing then. Under --recompute-modules moe_act the
     checkpointed activation (clamp included) runs its forward again in the backward pass."""
-    kind = as_kind(is_moe)
+    kind = as_kind(kind)
     if not clamps_glu(x.model) or kind.ffn is None:
         return np.zeros_like(x.t, dtype=float), np.zeros_like(x.t, dtype=float)
     is_moe = kind.is_moe
@@ -263,13 +263,13 @@ def glu_clamp_time(x: Candidates, is_moe: LayerKind | bool):
     return forward, backward
 
 
-def forward_time(x: Candidates, t_linear, attention, softmax, is_moe: LayerKind | bool):
+def forward_time(x: Candidates, t_linear, attention, softmax, kind: LayerKind | bool):
     """One layer's forward: GEMMs, attention core, elementwise kernels (norms, activation,
     residuals: bytes in proportion to what the layer saves), unfused softmax, fixed overhead:
     the kernel launches a CUDA graph replays in one
     (``layer_overhead_s``). A MoE layer's calls per local expert are priced on their own
     (``moe_expert_calls``). A hybrid layer without attention has no attention core or softmax."""
-    kind = as_kind(is_moe)
+    kind = as_kind(kind)
     eff = x.hw.efficiency
     t_elementwise = eff.elementwise_bytes_per_token_hidden / 34.0 * activation_bytes(x, kind, False) / x.hbm
     launches = np.where(x.knob_is("cuda_graph", "none"), eff.layer_overhead_s, 0.0)
@@ -500,11 +500,11 @@ def block_gemm_input_elements(model, kind: LayerKind) -> float:
     return h + model.ffn_hidden_size
 
 
-def gemm_input_elements(x: Candidates, is_moe: LayerKind | bool) -> float:
+def gemm_input_elements(x: Candidates, kind: LayerKind | bool) -> float:
     """Elements per token entering a layer's Linear GEMMs (each cast to FP8 under a recipe): the
     attention's inputs, then FC1's and FC2's (a MoE layer: its top-k and shared experts')."""
     model = x.model
-    kind = as_kind(is_moe)
+    kind = as_kind(kind)
     if not kind.standard:
         return block_gemm_input_elements(model, kind)
     is_moe = kind.is_moe
@@ -519,12 +519,12 @@ def gemm_input_elements(x: Candidates, is_moe: LayerKind | bool) -> float:
     return attention + model.moe_router_topk * (h + model.expert_ffn_hidden_size) + shared
 
 
-def activation_input_elements(x: Candidates, is_moe: LayerKind | bool):
+def activation_input_elements(x: Candidates, kind: LayerKind | bool):
     """Elements per GPU of the activation's input (gate and up) in one layer: the MLP's, or a MoE
     layer's routed copies (``imbalance`` times the even share, ETP-split FFN) and shared experts';
     none in a hybrid layer without an FFN."""
     model, tokens = x.model, x.tokens / x.t
-    kind = as_kind(is_moe)
+    kind = as_kind(kind)
     if kind.ffn is None:
         return 0.0
     if not kind.is_moe:
@@ -533,13 +533,13 @@ def activation_input_elements(x: Candidates, is_moe: LayerKind | bool):
     return 2.0 * (routed + tokens * (model.shared_expert_ffn_hidden_size or 0))
 
 
-def row_parallel_output_elements(x: Candidates, is_moe: LayerKind | bool) -> float:
+def row_parallel_output_elements(x: Candidates, kind: LayerKind | bool) -> float:
     """Elements per token leaving a layer's row-parallel Linears (the attention projection and
     FC2: h each; a MoE layer's FC2 once per routed copy and shared expert; a hybrid layer's one
     block: its own)."""
     model = x.model
     h = model.hidden_size
-    kind = as_kind(is_moe)
+    kind = as_kind(kind)
     if not kind.standard:
         if not kind.is_moe:
             return h
@@ -550,20 +550,20 @@ def row_parallel_output_elements(x: Candidates, is_moe: LayerKind | bool) -> flo
     return h + model.moe_router_topk * h + (h if model.shared_expert_ffn_hidden_size else 0)
 
 
-def fp8_cast_time(x: Candidates, is_moe: LayerKind | bool):
+def fp8_cast_time(x: Candidates, kind: LayerKind | bool):
     """Casting the GEMM inputs (forward) and output gradients (backward) to FP8 or NVFP4: HBM
     traffic (``candidates.CAST_BYTES``), less, for a frozen LoRA base, the column-wise copies
     TransformerEngine does not write (``finetune.frozen_column_copy_elements``); and where the
     SwiGLU's input is kept in FP8 (``activation_func_fp8_input_store``), its cast to E4M3 after
     the forward (2 B read, 1 B written) and back to BF16 before the backward (1 B read, 2 B
     written)."""
-    inputs = gemm_input_elements(x, is_moe)
+    inputs = gemm_input_elements(x, kind)
     cast_elements = 2.0 * x.tokens * inputs / x.t
-    frozen = finetune.frozen_column_copy_elements(x.model, inputs, row_parallel_output_elements(x, is_moe))
+    frozen = finetune.frozen_column_copy_elements(x.model, inputs, row_parallel_output_elements(x, kind))
     cast_traffic = x.cast_bytes * cast_elements - x.quantized_input_bytes * x.tokens * frozen / x.t
     stored = x.act_input_bytes < memory.ACT_INPUT_BYTES
     store = np.where(stored, 2.0 * (memory.ACT_INPUT_BYTES + memory.FP8_ACT_INPUT_BYTES), 0.0)
-    return (x.quantized_fraction * cast_traffic + store * activation_input_elements(x, is_moe)) / x.hbm
+    return (x.quantized_fraction * cast_traffic + store * activation_input_elements(x, kind)) / x.hbm
 
 
 def frozen_transpose_time(x: Candidates, params):
@@ -579,11 +579,11 @@ def norm_recompute_time(x: Candidates):
     return 2 * 2 * memory.layer_input_bytes(x.model, x.b, x.s_local, x.t, x.sp) / x.hbm
 
 
-def selective_recompute_time(x: Candidates, attention, softmax, is_moe: LayerKind | bool, moe_block=0.0):
+def selective_recompute_time(x: Candidates, attention, softmax, kind: LayerKind | bool, moe_block=0.0):
     """Megatron's --recompute-modules: core_attn (attention core and unfused softmax),
     mla_up_proj (MLA's up projections), moe (the whole MoE block, ``moe_block`` forward),
     layernorm (the two norms, ``norm_recompute_time``; a hybrid layer's one)."""
-    kind = as_kind(is_moe)
+    kind = as_kind(kind)
     is_moe = kind.is_moe
     if not kind.standard:
         extra = np.where(x.modules["core_attn"], attention + softmax, 0.0) if kind.attention else 0.0
@@ -634,26 +634,26 @@ def cp_comm_time(x: Candidates, attention):
     return np.maximum(ring * (1 - x.hw.efficiency.cp_overlap), ring - 3.0 * attention)
 
 
-def fsdp_time(x: Candidates, params, expert_params, forward, full_recompute, is_moe: LayerKind | bool):
+def fsdp_time(x: Candidates, params, expert_params, forward, full_recompute, kind: LayerKind | bool):
     """FSDP: each layer's weights all-gathered before its forward and its backward, its gradients
     reduce-scattered after its backward, every micro-batch, prefetched behind the layer before
     (experts over their own data-parallel group)."""
     backward = 2.0 * forward + full_recompute
     exposed = dataparallel.fsdp_exposed(x.hw, params, x.grad_bytes, x.dp_ranks, forward, backward, x.gather_bytes)
-    if as_kind(is_moe).is_moe:
+    if as_kind(kind).is_moe:
         exposed = exposed + dataparallel.fsdp_exposed(
             x.hw, expert_params, x.grad_bytes, x.edp_ranks, forward, backward, x.gather_bytes)
     return np.where(x.fsdp, exposed, 0.0)
 
 
-def ep_comm_time(x: Candidates, compute, is_moe: LayerKind | bool):
+def ep_comm_time(x: Candidates, compute, kind: LayerKind | bool):
     """Dispatch and combine each way, again in a recomputed forward (of the layer or the MoE
     block), with the plan's token dispatcher (alltoall: each dispatch a second all-to-all of the
     routing probabilities, ``dispatch.probs_time``); the 1F1B overlap hides them behind another
     micro-batch's compute, the shared-expert overlap behind the shared experts' own GEMMs
     (forward, backward and a recomputed forward: Megatron runs them on a side stream); a published
     row's DualPipe hides all that the compute beside can (``pipeline.DUALPIPE_HIDDEN_SHARE``)."""
-    if not as_kind(is_moe).is_moe:
+    if not as_kind(kind).is_moe:
         return np.zeros_like(x.t)
     dispatcher = partial(x.knob_is, "moe_token_dispatcher_type")  # codes compared, not strings
     recomputed = x.recomputed_fraction + np.where(x.modules["moe"], 1.0, 0.0)
@@ -699,11 +699,11 @@ def one_block_norm_output_bytes(x: Candidates, kind: LayerKind):
     return first * x.b * x.s_local * x.model.hidden_size / np.where(x.sp, x.t, 1)
 
 
-def stored_activation_bytes(x: Candidates, is_moe: LayerKind | bool, saved=None):
+def stored_activation_bytes(x: Candidates, kind: LayerKind | bool, saved=None):
     """What the layer keeps per micro-batch in flight: its input where full recompute covers it,
     else its activations (``saved``: ``activation_bytes`` with the plan's ``keep_scores``, where
     the caller has them) less what selective recompute spares."""
-    kind = as_kind(is_moe)
+    kind = as_kind(kind)
     is_moe = kind.is_moe
     saved = activation_bytes(x, kind, x.keep_scores) if saved is None else saved
     clamp = glu_clamp_saved_bytes(x.model)
@@ -732,7 +732,7 @@ def shared_terms(x: Candidates):
     return attention, softmax_time(x), cp_comm_time(x, attention), amax_reduction_time(x)
 
 
-def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe: LayerKind | bool, moe_block=0.0,
+def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, kind: LayerKind | bool, moe_block=0.0,
                kernels=(), tp_linear=(0.0, 0.0), cp_comm=None) -> dict:
     """Every term of one layer (``LAYER_TIME_TERMS``), their sum ``time`` and what the other
     steps read: ``forward``, the bytes ``stored`` per micro-batch in flight and ``working`` while
@@ -740,9 +740,9 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, is_moe
     its ``params`` and ``expert_params`` on the GPU. ``kernels``: (forward,
     backward) pairs of a MoE layer priced with their own backward (``router_time``,
     ``permutation_time``, ``expert_bias_time``, ``glu_clamp_time``); ``tp_linear``: forward time of the TP-split
-    GEMMs, whole and in ring-exchange chunks (``tensor_parallel``). ``is_moe``: the layer's kind
+    GEMMs, whole and in ring-exchange chunks (``tensor_parallel``). ``kind``: the layer's kind
     (``layer_kinds``); ``cp_comm``: a layer without attention's own CP traffic (else none)."""
-    kind = as_kind(is_moe)
+    kind = as_kind(kind)
     is_moe = kind.is_moe
     attention, softmax, attention_cp, amax_reduction = x.once(shared_terms)
     if kind.attention:
