@@ -172,11 +172,28 @@ def print_table(console: Console, title: str | None, columns: Sequence[Column], 
 
 def title_lines(title: str, width: int) -> list[str]:
     """``title``, its closing parenthetical ("(147,021 candidates in 0.59 s)") on a line of its own
-    when the whole does not fit in ``width``: rich would break it anywhere, "in 0.25" / "s)"."""
-    head, sep, tail = title.rpartition(" (")
-    if cell_len(title) <= width or not sep or not title.endswith(")"):
+    when the whole does not fit in ``width``, and the rest broken after its commas where still too
+    wide: rich would break it anywhere, "in 0.25" / "s)" or "p99 TTFT <=" / "2000 ms"."""
+    if cell_len(title) <= width:
         return [title]
-    return [head, f"({tail}"]
+    head, sep, tail = title.rpartition(" (")
+    if not (sep and title.endswith(")")):
+        return _after_commas(title, width)
+    return _after_commas(head, width) + [f"({tail}"]
+
+
+def _after_commas(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` broken only after a comma; a part wider than
+    ``width`` has a line of its own (rich wraps it)."""
+    lines: list[str] = []
+    for part in text.split(", "):
+        if lines and cell_len(f"{lines[-1]}, {part}") <= width:
+            lines[-1] = f"{lines[-1]}, {part}"
+        else:
+            if lines:
+                lines[-1] += ","
+            lines.append(part)
+    return lines
 
 
 def cell(value, fmt: str | Callable[[object], str]) -> str:
