@@ -860,23 +860,34 @@ def moe_layer(x: Candidates) -> dict:
                       tp_linear=(t_nonexpert, chunked))
 
 
+def block_linear_times(x: Candidates, *gemm_sets: dict):
+    """(whole, in TP ring-exchange chunks) seconds of a hybrid block's GEMMs: each set the
+    ``linear_time`` arguments of GEMMs priced together (a class at its own precision apart)."""
+    whole = sum(linear_time(x, **g) for g in gemm_sets)
+    chunked = sum(linear_time(x, chunks=x.t, **g) for g in gemm_sets)
+    return whole, chunked
+
+
+def attention_params_gpu(s):
+    """A * layer's parameters on one GPU: attention split by TP, MLA's down projections whole."""
+    model = s.model
+    return (model.attention_params - model.mla_down_params) / s.t + model.mla_down_params
+
+
 def attention_block_layer(x: Candidates) -> dict:
     """A hybrid model's * layer: the pre-norm and self-attention alone (its QKV and projection
     GEMMs split by TP, one TP block), no MLP."""
     model = x.model
-    params = model.attention_params
-    t_linear = linear_time(x, params, model.mla_down_params, gemms=2)
-    chunked = linear_time(x, params, model.mla_down_params, chunks=x.t, gemms=2)
-    gpu = (params - model.mla_down_params) / x.t + model.mla_down_params
-    return layer_cost(x, gpu, 0.0, t_linear, 1.0, HYBRID["*"], tp_linear=(t_linear, chunked))
+    t_linear, chunked = block_linear_times(x, dict(params=model.attention_params, whole=model.mla_down_params,
+                                                   gemms=2))
+    return layer_cost(x, attention_params_gpu(x), 0.0, t_linear, 1.0, HYBRID["*"], tp_linear=(t_linear, chunked))
 
 
 def mlp_block_layer(x: Candidates) -> dict:
     """A hybrid model's - layer: the pre-norm and an MLP of ffn_hidden_size (FC1 and FC2 split by
     TP, one TP block), no attention."""
     params = x.model.mlp_params(x.model.ffn_hidden_size)
-    t_linear = linear_time(x, params, gemms=2)
-    chunked = linear_time(x, params, chunks=x.t, gemms=2)
+    t_linear, chunked = block_linear_times(x, dict(params=params, gemms=2))
     return layer_cost(x, params / x.t, 0.0, t_linear, 1.0, HYBRID["-"], kernels=(glu_clamp_time(x, HYBRID["-"]),),
                       tp_linear=(t_linear, chunked))
 
@@ -896,16 +907,13 @@ def moe_block_layer(x: Candidates) -> dict:
     gemms = 2.0 * (model.shared_expert_ffn_hidden_size > 0) + 2.0 * (model.moe_latent_size is not None)
     if "latent_projection" in gemm_precision.recipe(x) and model.moe_latent_size is not None:
         # the latent projections at their own precision, each pair of GEMMs at its own size
-        shared, latent = model.shared_expert_params, model.latent_projection_params
         shared_gemms = max(2.0 * (model.shared_expert_ffn_hidden_size > 0), 1.0)
-        latent_peak = gemm_precision.class_peak(x, "latent_projection")
-        t_nonexpert = (linear_time(x, shared, gemms=shared_gemms)
-                       + linear_time(x, latent, gemms=2.0, peak=latent_peak))
-        chunked = (linear_time(x, shared, chunks=x.t, gemms=shared_gemms)
-                   + linear_time(x, latent, chunks=x.t, gemms=2.0, peak=latent_peak))
+        t_nonexpert, chunked = block_linear_times(
+            x, dict(params=model.shared_expert_params, gemms=shared_gemms),
+            dict(params=model.latent_projection_params, gemms=2.0,
+                 peak=gemm_precision.class_peak(x, "latent_projection")))
     else:
-        t_nonexpert = linear_time(x, nonexpert, gemms=max(gemms, 1.0))
-        chunked = linear_time(x, nonexpert, chunks=x.t, gemms=max(gemms, 1.0))
+        t_nonexpert, chunked = block_linear_times(x, dict(params=nonexpert, gemms=max(gemms, 1.0)))
     block = t_nonexpert + t_experts + router[0] + permutation[0] + calls[0] + bias[0] + clamp[0]
     return layer_cost(x, moe_block_params_gpu(x), moe.expert_params_gpu(model, x.e, x.et), t_nonexpert + t_experts,
                       tp_blocks, kind, block, (router, permutation, calls, bias, clamp), tp_linear=(t_nonexpert, chunked))
@@ -926,13 +934,11 @@ def mamba_layer(x: Candidates) -> dict:
     params = mamba.linear_params(x.model)
     if "mamba_out_proj" in gemm_precision.recipe(x):  # out_proj at its own precision, each GEMM at its size
         out = mamba.out_proj_params(x.model)
-        out_peak = gemm_precision.class_peak(x, "mamba_out_proj")
-        t_linear = linear_time(x, params - out, gemms=1) + linear_time(x, out, gemms=1, peak=out_peak)
-        chunked = (linear_time(x, params - out, chunks=x.t, gemms=1)
-                   + linear_time(x, out, chunks=x.t, gemms=1, peak=out_peak))
+        t_linear, chunked = block_linear_times(
+            x, dict(params=params - out, gemms=1),
+            dict(params=out, gemms=1, peak=gemm_precision.class_peak(x, "mamba_out_proj")))
     else:
-        t_linear = linear_time(x, params, gemms=2)
-        chunked = linear_time(x, params, chunks=x.t, gemms=2)
+        t_linear, chunked = block_linear_times(x, dict(params=params, gemms=2))
     kernels = (mamba.ssd_time(x), mamba.conv_time(x), mamba.norm_time(x))
     return layer_cost(x, x.model.mamba_params / x.t, 0.0, t_linear, 1.0, HYBRID["M"], kernels=kernels,
                       tp_linear=(t_linear, chunked), cp_comm=mamba.cp_time(x))
@@ -944,8 +950,7 @@ HYBRID_LAYERS = {"M": mamba_layer, "*": attention_block_layer, "-": mlp_block_la
 def hybrid_kind_params(s) -> dict:
     """Each hybrid kind's parameters on one GPU (``params``, ``expert_params``, ``adapter_params``)."""
     model, zero = s.model, np.zeros_like(s.t, dtype=float)
-    attention = (model.attention_params - model.mla_down_params) / s.t + model.mla_down_params
-    params = {"M": model.mamba_params / s.t, "*": attention, "-": model.mlp_params(model.ffn_hidden_size) / s.t,
+    params = {"M": model.mamba_params / s.t, "*": attention_params_gpu(s), "-": model.mlp_params(model.ffn_hidden_size) / s.t,
               "E": moe_block_params_gpu(s) if model.is_moe else zero}
     experts = moe.expert_params_gpu(model, s.e, s.et) if model.is_moe else zero
     return {kind: {"params": params[kind] + zero, "expert_params": experts if kind == "E" else zero,
