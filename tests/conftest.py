@@ -1,11 +1,15 @@
 """Shared fixtures: presets are loaded once per session (they are frozen)."""
 
+import os
 import sqlite3
 from contextlib import closing
 
 import pytest
 
 from autoparallel import io, resources
+
+# The CLI's console takes its width from COLUMNS at import; tests that want a width set it themselves.
+os.environ.pop("COLUMNS", None)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -726,3 +726,21 @@ def test_the_report_reads_at_80_columns():
     assert "mbs1-gbs8192" in lines
     assert any(line.split()[:5] == ["step", "s", "12.09", "11.62", "-3.8"] for line in lines)
     assert len(lines) < 60
+
+
+@pytest.mark.parametrize("columns, widest", [("80", 80), (None, 200)])
+def test_validate_in_a_pipe_takes_the_width_columns_asks_for(tmp_path, columns, widest):
+    """Piped, the report is one line per run (never cut) unless ``COLUMNS`` asks for a width: then it
+    reads at that width (each run's id on its own line)."""
+    import os
+    import subprocess
+    import sys
+    from autoparallel import resources
+    lines = resources.data_file("training_runs.csv").read_text().splitlines()
+    runs = tmp_path / "two_runs.csv"
+    runs.write_text("\n".join(lines[:3]) + "\n")
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | ({"COLUMNS": columns} if columns else {})
+    out = subprocess.run([sys.executable, "-m", "autoparallel", "validate", "--runs", str(runs),
+                          "--no-cross-validation"], env=env, capture_output=True, text=True, check=True).stdout
+    width = max(len(line) for line in out.splitlines())
+    assert width <= widest if columns else width > widest

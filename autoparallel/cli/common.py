@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from contextlib import contextmanager, nullcontext
 
@@ -23,8 +24,9 @@ SETTING_FLAGS = ("pipeline_layout", "num_layers_in_first_pipeline_stage", "num_l
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                  "transformer_engine_version", "quant_recipe", "num_layers_at_start_in_bf16",
                  "num_layers_at_end_in_bf16")
-# Never truncate in logs and pipes: a value cut to "fp8-de…" is worse than a wide line.
-console = Console(width=None if sys.stdout.isatty() else 400)
+# Never truncate in logs and pipes: a value cut to "fp8-de…" is worse than a wide line. A pipe
+# still gets the width ``COLUMNS`` asks for (Rich reads it when ``width`` is None).
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 400)
 
 
 def add_target(p: argparse.ArgumentParser, required: bool = True) -> None:

@@ -17,6 +17,7 @@ The constants come from ``python -m autoparallel.serve.fit`` (stored in the assu
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-cross-validation", action="store_true", help="in-sample errors only (no refits)")
     p.add_argument("--no-mlperf", action="store_true", help="skip the MLPerf Inference runs (simulated: ~30 s)")
     args = p.parse_args(argv)
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
     try:
         return run(Path(args.runs) if args.runs else None, args.json, console, cross=not args.no_cross_validation,
                    with_mlperf=not args.no_mlperf)
