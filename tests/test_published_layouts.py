@@ -1,7 +1,8 @@
 """Every published layout is a candidate of the default search space and predicted to fit.
 
 The rows are the runs of both published files, dense and MoE, (what the source states pinned, what it leaves
-open searched) and the entries of search_spaces/published_layouts.yaml. The 2021-2022 A100 rows
+open searched), the entries of search_spaces/published_layouts.yaml, and those of recipe_layouts.yaml (the layouts
+of Megatron-Bridge's VR200 recipes, which no published run measures yet). The 2021-2022 A100 rows
 trained in FP16, which the default space leaves out: their layout is checked in BF16 (the same
 bytes and tensor-core rate).
 """
@@ -20,8 +21,8 @@ def _published_rows():
     return [row for _, row in frame.iterrows()]
 
 
-def _yaml_entries():
-    data = io.read_yaml(io.SEARCH_SPACES / "published_layouts.yaml")
+def _yaml_entries(name: str = "published_layouts.yaml"):
+    data = io.read_yaml(io.SEARCH_SPACES / name)
     return [(model, entry) for model, entries in data.items() for entry in entries]
 
 
@@ -59,3 +60,32 @@ def test_every_newer_finetuning_run_is_a_fitting_candidate(row):
 @pytest.mark.parametrize("name, entry", _yaml_entries(), ids=lambda v: str(v))
 def test_every_layout_in_published_layouts_yaml_is_a_fitting_candidate(name, entry):
     _check(io.load_model(name), entry["gpu"], entry["gpus"], entry)
+
+
+@pytest.mark.parametrize("name, entry", _yaml_entries("recipe_layouts.yaml"), ids=lambda v: str(v))
+def test_every_layout_in_recipe_layouts_yaml_is_a_fitting_candidate(name, entry):
+    """Megatron-Bridge@067f987df0's VR200 recipes (perf_recipes/*/vr200/*.py) on the vr200 preset."""
+    _check(io.load_model(name), entry["gpu"], entry["gpus"], entry)
+
+
+def test_recipe_layouts_cover_every_vr200_recipe_with_a_preset_and_seed_a_sampler_search():
+    """The ten preset models Bridge has VR200 pre-training recipes for are all there (30 layouts), and a sampler
+    search on vr200 enqueues them as it does the measured layouts of published_layouts.yaml."""
+    from autoparallel.search import sampler
+    entries = _yaml_entries("recipe_layouts.yaml")
+    assert {m for m, _ in entries} == {"llama3-8b", "llama3-70b", "llama3.1-405b", "qwen3-30b-a3b", "qwen3-235b-a22b",
+                                       "deepseek-v3", "gpt-oss-120b", "kimi-k2", "nemotron-3-nano", "nemotron-3-super"}
+    assert len(entries) == 30 and {e["gpu"] for _, e in entries} == {"vr200"}
+    seeds = sampler.published_layouts(io.load_model("deepseek-v3"), 256, "vr200")
+    assert {(s["pp"], s["vp"], s["ep"], s["mbs"], s["precision"]) for s in seeds} == {
+        (4, 4, 64, 1, "bf16"), (2, 8, 32, 2, "fp8-current"), (2, 8, 32, 1, "mxfp8"), (2, 8, 32, 2, "nvfp4")}
+
+
+def test_the_128_gpu_deepseek_v3_vr200_recipe_is_refused_as_megatron_refuses_it():
+    """deepseek_v3_pretrain_128gpu_vr200_*_config sets TP1 PP4 VP4 EP64 on 128 GPUs: Megatron-LM d98e8a64dd
+    megatron/core/parallel_state.py raises "world_size (128) is not divisible by expert_tensor_model_pipeline_parallel
+    size (256)" (ETP x EP x PP); the space refuses it with the same rule, so recipe_layouts.yaml leaves it out."""
+    knobs = dict(tp=1, pp=4, vp=4, cp=1, ep=64, mbs=1, precision="bf16")
+    candidates = generate(io.load_model("deepseek-v3"), io.load_hardware("vr200"), 128, 2048, load_space().pinned(**knobs))
+    assert (candidates.reason != "").all()
+    assert "ep*etp=64 does not divide the 32 GPUs of a pipeline stage" in candidates.reason.iloc[0]

@@ -10,7 +10,7 @@ from autoparallel.specs.model import ModelSpec
 
 REQUIRED_MODELS = ["gpt3-5b", "gpt3-20b", "gpt3-175b", "llama2-7b", "llama2-13b", "llama2-70b",
                    "llama3-8b", "llama3-70b", "llama3.1-405b", "nemotron-15b", "nemotron-340b"]
-REQUIRED_HARDWARE = ["a100-sxm-80g", "h100-sxm", "h200", "h200-nvl", "b200", "b300", "gb200", "gb300"]
+REQUIRED_HARDWARE = ["a100-sxm-80g", "h100-sxm", "h200", "h200-nvl", "b200", "b300", "gb200", "gb300", "vr200"]
 
 
 @pytest.mark.parametrize("name", REQUIRED_MODELS)
@@ -40,9 +40,9 @@ def test_gb200_is_one_72_gpu_nvlink_domain():
 
 def test_memory_is_what_the_driver_reports():
     """memory_gib is the total nvidia-smi reports (what a process can allocate), as h100-sxm's 81,559 MiB:
-    GB200 189,471 MiB and GB300 284,208 MiB (NVIDIA/k8s-test-infra's qx-gb200.xml / qx-gb300.xml), B200
-    183,359 MiB; not the marketing GB read as 10^9 bytes (174 and 268 GiB before)."""
-    for name, mib in (("gb200", 189471), ("gb300", 284208), ("b200", 183359), ("h100-sxm", 81559)):
+    GB200 189,471 MiB, GB300 284,208 MiB and VR200 286,524 MiB (NVIDIA/k8s-test-infra's qx-gb200.xml / qx-gb300.xml /
+    qx-vrnvl72.xml), B200 183,359 MiB; not the marketing GB read as 10^9 bytes (174 and 268 GiB before)."""
+    for name, mib in (("gb200", 189471), ("gb300", 284208), ("vr200", 286524), ("b200", 183359), ("h100-sxm", 81559)):
         assert abs(io.load_hardware(name).memory_gib - mib / 1024) < 0.1, name
 
 
@@ -53,6 +53,21 @@ def test_blackwell_ultra_presets_follow_their_datasheets():
     assert b300.fp4_tflops == 3 * b300.fp8_tflops and b200.fp4_tflops == 2 * b200.fp8_tflops
     assert (gb300.gpus_per_node, gb300.nvlink_domain) == (4, 72)
     assert b300.efficiency == gb300.efficiency == b200.efficiency
+
+
+def test_vr200_is_a_72_gpu_rubin_rack_priced_with_blackwell_constants():
+    """Vera Rubin NVL72 (Megatron-Bridge's vr200): trays of 4 GPUs (Bridge's NUM_GPUS_PER_NODE_MAP), one 72-GPU NVLink
+    domain at 3.6 TB/s per GPU, NVIDIA's dense NVFP4 *training* peak (35 PF, not the 50 PF inference figure) and FP8
+    1.2 EF / 72, BF16 half of FP8 (an assumption: NVIDIA states none); Blackwell's fitted constants borrowed, and no
+    max SM clock, so its peaks are not rescaled by Blackwell's FLOP per SM per clock."""
+    vr, b200, gb300 = (io.load_hardware(n) for n in ("vr200", "b200", "gb300"))
+    assert (vr.gpus_per_node, vr.nvlink_domain, vr.nvlink_gbps, vr.internode_gbps) == (4, 72, 3600, 200)
+    assert (vr.fp4_tflops, vr.fp8_tflops, vr.bf16_tflops) == (35000, 16667, 8333) and vr.mxfp8
+    assert vr.fp8_tflops == pytest.approx(1.2e6 / 72, abs=1) and vr.bf16_tflops == pytest.approx(vr.fp8_tflops / 2, abs=1)
+    assert vr.hbm_tbps == 22.0 and vr.memory_gib > gb300.memory_gib
+    assert vr.efficiency_from == "b200" and vr.efficiency == b200.efficiency
+    assert vr.max_sm_clock_mhz is None and vr.clock_speed == 1.0
+    assert io.load_hardware("vera-rubin-nvl72").name == io.load_hardware("vr200-nvl72").name == "vr200"
 
 
 def test_h200_nvl_is_a_slower_h200_in_4_gpu_bridges():

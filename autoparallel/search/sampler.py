@@ -291,10 +291,18 @@ def make_objective(tree: LayoutTree, hw, evaluator: Evaluator, objectives: tuple
     return objective
 
 
+# Where NVIDIA's layouts are kept: the measured ones (performance summaries), then the recipes' for a GPU
+# with no published run yet (Megatron-Bridge's VR200 recipes).
+LAYOUT_FILES = ("published_layouts.yaml", "recipe_layouts.yaml")
+
+
 def published_layouts(model: ModelSpec, gpus: int, gpu: str) -> list[dict]:
-    """The layouts NVIDIA published for this model on this many GPUs of this type (their knobs)."""
-    path = io.SEARCH_SPACES / "published_layouts.yaml"
-    entries = io.read_yaml(path).get(model.name, []) if path.exists() else []
+    """The layouts NVIDIA published for this model on this many GPUs of this type (their knobs), measured
+    or set by a performance recipe (``LAYOUT_FILES``)."""
+    entries = []
+    for name in LAYOUT_FILES:
+        path = io.SEARCH_SPACES / name
+        entries += io.read_yaml(path).get(model.name, []) if path.exists() else []
     return [{k: v for k, v in e.items() if k not in ("gpus", "gpu", "gbs")} for e in entries
             if e.get("gpus") == gpus and e.get("gpu", gpu) == gpu]
 
