@@ -181,7 +181,7 @@ class InflightBatch:
         self.lam_sat, self.n_pre_sat = lam_sat, n_pre
 
         self.ctx = s_in + 0.5 * s_out
-        self.kv_token_layer = lay.kv_bytes_per_token() / lay.attention_layers
+        self.kv_token_layer = lay.kv_bytes_per_token() / np.maximum(lay.attention_layers, 1.0)  # (a hybrid may have none)
         self.slots = np.maximum(m, pp)
         self.saturated = self.work(lam_sat, n_pre)
         self.saturated_first = self.work(lam_sat, n_pre, self.first_prompts(lam_sat))

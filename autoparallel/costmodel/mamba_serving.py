@@ -129,7 +129,7 @@ def admission(lay, engine, pool, held, model_len) -> tuple[np.ndarray, np.ndarra
     n_attention, n_mamba = np.ceil(counts["*"]), np.ceil(counts["M"])
     kv_token = lay.kv_bytes_per_token() / np.maximum(lay.attention_layers, 1e-300)  # one attention layer
     state = state_bytes(lay.model, lay.tp)
-    if engine.name in UNIFIED_PAGE_ENGINES:
+    if engine.name in UNIFIED_PAGE_ENGINES and lay.model.layer_kind_counts["*"]:  # (without attention: states alone)
         block = np.maximum(engine.kv_block_tokens,
                            BLOCK_ALIGNMENT * np.ceil(state / (BLOCK_ALIGNMENT * kv_token)))
         size, attention_groups, mamba_groups = _groups(n_attention, n_mamba)
