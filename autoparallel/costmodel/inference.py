@@ -47,6 +47,11 @@ pipeline stage over ``tokens`` tokens costs, per layer and GPU (``stage_pass``):
   every TP rank, and decode with the up projections absorbed into the query and output (each
   head attends over the latent: 2·(2·kv_lora_rank + rope dims) FLOPs per cached token);
   prefill attends per head at qk_head_dim + rope dims and v_head_dim.
+- **Hybrid Mamba-Transformer models** (Nemotron-H, Nemotron 3: ``hybrid_layer_pattern``): a
+  stage of one-block layers is priced as half as many standard layers, each holding the pattern's
+  shares of Mamba, attention, MLP and MoE blocks (``hybrid_pass_work``); only the attention
+  layers keep a KV cache, the Mamba layers a fixed state per sequence and their own kernels
+  (``costmodel.mamba_serving``).
 - **TP**: two all-reduces of the layer output per layer, priced by ``comm.all_reduce_time`` plus
   a fitted per-call latency floor (small inference messages never reach bus bandwidth), higher
   when the group leaves the NVLink domain;
