@@ -196,9 +196,12 @@ def test_mtp_on_a_hybrid_model_is_an_attention_and_moe_layer(hw):
     assert mtp["time"][0] == pytest.approx(layers.kinds["*"]["time"][0] + layers.kinds["E"]["time"][0], rel=REL)
 
 
-def test_serving_refuses_a_hybrid_model(hw):
+def test_serving_refuses_a_hybrid_model_on_an_engine_without_mamba(hw):
+    """Serving prices hybrids (tests/test_hybrid_serving.py) on the engines whose sources serve them."""
+    from autoparallel.serve.assumptions import load_engine
     with pytest.raises(UnpricedModelError, match="hybrid") as exc:
-        layout(nano(), hw, None, np.array([1.0]), np.array([1.0]), ["bf16"], ["bf16"])
+        layout(nano(), hw, None, np.array([1.0]), np.array([1.0]), ["bf16"], ["bf16"],
+               engine=load_engine("fastertransformer"))
     assert isinstance(exc.value, ValueError) and isinstance(exc.value, UserError)
 
 

@@ -47,6 +47,11 @@ pipeline stage over ``tokens`` tokens costs, per layer and GPU (``stage_pass``):
   every TP rank, and decode with the up projections absorbed into the query and output (each
   head attends over the latent: 2·(2·kv_lora_rank + rope dims) FLOPs per cached token);
   prefill attends per head at qk_head_dim + rope dims and v_head_dim.
+- **Hybrid Mamba-Transformer models** (Nemotron-H, Nemotron 3: ``hybrid_layer_pattern``): a
+  stage of one-block layers is priced as half as many standard layers, each holding the pattern's
+  shares of Mamba, attention, MLP and MoE blocks (``hybrid_pass_work``); only the attention
+  layers keep a KV cache, the Mamba layers a fixed state per sequence and their own kernels
+  (``costmodel.mamba_serving``).
 - **TP**: two all-reduces of the layer output per layer, priced by ``comm.all_reduce_time`` plus
   a fitted per-call latency floor (small inference messages never reach bus bandwidth), higher
   when the group leaves the NVLink domain;
@@ -85,7 +90,7 @@ from typing import Literal
 
 import numpy as np
 
-from autoparallel.costmodel import comm, moe
+from autoparallel.costmodel import comm, mamba, mamba_serving, moe
 from autoparallel.costmodel.memory import GIB
 from autoparallel.errors import UnpricedModelError
 from autoparallel.specs.hardware import HardwareSpec
@@ -263,9 +268,17 @@ class Layout:
     def stage_layers(self) -> np.ndarray:
         return np.ceil(self.model.num_layers / self.pp)
 
+    @property
+    def attention_layers(self) -> np.ndarray:
+        """The fullest stage's layers with a KV cache: all of them, or a hybrid's * layers
+        (``mamba_serving.stage_counts``)."""
+        if self.model.is_hybrid:
+            return mamba_serving.stage_counts(self)["*"]
+        return self.stage_layers
+
     def kv_bytes_per_token(self) -> np.ndarray:
         """KV cache of one token on one GPU of the fullest stage."""
-        return kv_bytes_per_token(self.model, self.stage_layers, self.tp, self.kv_bytes)
+        return kv_bytes_per_token(self.model, self.attention_layers, self.tp, self.kv_bytes)
 
     def weights(self) -> np.ndarray:
         """Weight bytes on one GPU of the fullest stage (embedding and output layer in 16 bit)."""
@@ -311,21 +324,21 @@ def decode_kv_reads(engine: ServingEngine | None, model: ModelSpec, tp) -> np.nd
     return np.where(served, ones, np.maximum(group, 1.0))
 
 
-def refuse_unpriced(model: ModelSpec) -> None:
-    """Serving prices attention layers with a KV cache only: a hybrid Mamba-Transformer's Mamba
-    layers (a fixed SSM state, no KV cache) and one-block layers are not priced here, so refuse
-    the model rather than price it as a transformer."""
-    if model.is_hybrid:
-        raise UnpricedModelError(f"{model.name} is a hybrid Mamba-Transformer (hybrid_layer_pattern): the serving "
-                                 "cost model prices transformer layers with a KV cache only; its Mamba layers' "
-                                 "state and one-block layers are not priced")
+def refuse_unpriced(model: ModelSpec, engine: ServingEngine | None = None) -> None:
+    """A hybrid Mamba-Transformer served by an engine without Mamba layers in its sources
+    (``mamba_serving.HYBRID_ENGINES``) is refused rather than priced as a transformer."""
+    if model.is_hybrid and engine is not None and engine.name not in mamba_serving.HYBRID_ENGINES:
+        raise UnpricedModelError(f"--engine {engine.name}: {model.name} is a hybrid Mamba-Transformer "
+                                 "(hybrid_layer_pattern), which that engine does not serve; valid engines for it: "
+                                 f"{', '.join(mamba_serving.HYBRID_ENGINES)}")
 
 
 def layout(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency | None, tp, pp,
            weight_precision, kv_precision, ep=1, engine: ServingEngine | None = None) -> Layout:
     """The arrays of one layout; ``engine`` (optional) picks the decode attention kernel
-    (``decode_kv_reads``). A hybrid model is refused (``refuse_unpriced``)."""
-    refuse_unpriced(model)
+    (``decode_kv_reads``). A hybrid model with an engine that does not serve it is refused
+    (``refuse_unpriced``)."""
+    refuse_unpriced(model, engine)
     tp = np.asarray(tp, dtype=float)
     return Layout(model, hw, eff, tp, np.asarray(pp, dtype=float), precision_bytes(weight_precision),
                   precision_bytes(kv_precision), np.broadcast_to(np.asarray(ep, dtype=float), tp.shape),
@@ -436,12 +449,32 @@ def gated_activation_bytes(lay: Layout, tokens) -> np.ndarray:
         return np.zeros_like(t)
     tokens = np.asarray(tokens, dtype=float)
     per_inter = 2.0 * MLP_GEMM_OUTPUT_BYTES + lay.weight_bytes  # read gate + up, write FC2's input
-    moe_share = model.num_moe_layers / model.num_layers
-    inter = (1.0 - moe_share) * tokens * model.ffn_hidden_size / t  # per GPU, averaged over layers
+    dense_share, moe_share = ffn_shares(model)
+    inter = dense_share * tokens * model.ffn_hidden_size / t  # per GPU, averaged over layers
     if model.is_moe:
         routed = routed_copies(lay, tokens) * model.expert_ffn_hidden_size * ep / t
         inter = inter + moe_share * (tokens * model.shared_expert_ffn_hidden_size / t + routed)
     return inter * per_inter
+
+
+def ffn_shares(model: ModelSpec) -> tuple[float, float]:
+    """(dense MLPs, MoE blocks) per layer of ``pass_work``: a standard model's share of dense and
+    MoE layers; a hybrid's per pair of blocks (``hybrid_shares``)."""
+    if model.is_hybrid:
+        shares = hybrid_shares(model)
+        return shares["-"], shares["E"]
+    moe_share = model.num_moe_layers / model.num_layers
+    return 1.0 - moe_share, moe_share
+
+
+def hybrid_shares(model: ModelSpec) -> dict[str, float]:
+    """Layers of each pattern symbol per pair of a hybrid's layers. A hybrid layer is one block
+    and a standard layer two (a mixer and an FFN, each with its pre-norm, residual and TP
+    all-reduce), so ``pass_work`` prices a hybrid stage as stage layers / 2 standard layers, each
+    holding these shares of blocks: the fitted per-layer constants (element-wise bytes, launch
+    overhead, two all-reduces) then count per block as for a standard layer's two, and a pattern
+    of ``*-`` or ``*E`` pairs prices as the standard model it spells."""
+    return {kind: 2.0 * count / model.num_layers for kind, count in model.layer_kind_counts.items()}
 
 
 def stage_pass(lay: Layout, tokens, sampled, attn_flops, attn_bytes) -> dict[str, np.ndarray]:
@@ -484,14 +517,21 @@ class PassWork:
     out_flops: np.ndarray  # the output layer's FLOPs, bytes and logits sampled
     out_bytes: np.ndarray
     logits: np.ndarray
+    mamba: tuple | None  # a hybrid's M layers' (FLOPs, bytes) per layer (``mamba_serving.pass_work``); else None
     peak16: float  # the GPU's peaks before the fitted shares: 16-bit and 8-bit FLOP/s, HBM bytes/s
     peak8: float
     hbm: float
     hop: tuple  # ``_hop_work``
 
 
-def pass_work(lay: Layout, tokens, sampled, attn_flops, attn_bytes) -> PassWork:
-    """``stage_pass``'s work (``PassWork``) of a pass over ``tokens`` tokens."""
+def pass_work(lay: Layout, tokens, sampled, attn_flops, attn_bytes, mamba_work=None) -> PassWork:
+    """``stage_pass``'s work (``PassWork``) of a pass over ``tokens`` tokens. A hybrid model's
+    (``hybrid_pass_work``) ``mamba_work``: one M layer's (FLOPs, bytes) on one GPU
+    (``mamba_serving.pass_work``); None: every token priced as a prompt token and every sampled
+    sequence as a decoding one (what the traffic simulation's per-token and per-sequence tables
+    hold, each its own roofline)."""
+    if lay.model.is_hybrid:
+        return hybrid_pass_work(lay, tokens, sampled, attn_flops, attn_bytes, mamba_work)
     model, hw, t = lay.model, lay.hw, lay.tp
     h, V = model.hidden_size, model.vocab_size
     peak16 = hw.bf16_tflops * 1e12
@@ -514,7 +554,45 @@ def pass_work(lay: Layout, tokens, sampled, attn_flops, attn_bytes) -> PassWork:
         moe_bytes=moe_share * moe_plugin_bytes(lay, tokens) if model.is_moe else None,
         tp_multi=t > 1, tp_internode=t > hw.nvlink_domain,
         all_reduce=comm.all_reduce_time(hw, ACT_BYTES * tokens * h, t, per_node),
+        out_flops=2.0 * sampled * h * V / t, out_bytes=h * V / t * ACT_BYTES, logits=sampled * V, mamba=None,
+        peak16=peak16, peak8=(hw.fp8_tflops or hw.bf16_tflops) * 1e12, hbm=hw.hbm_tbps * 1e12,
+        hop=_hop_work(lay, tokens))
+
+
+def hybrid_pass_work(lay: Layout, tokens, sampled, attn_flops, attn_bytes, mamba_work=None) -> PassWork:
+    """``pass_work`` of a hybrid model: its stage as stage layers / 2 standard layers, each with
+    ``hybrid_shares`` of M, *, - and E blocks. The GEMMs of every block (attention's QKV and
+    projection, the MLP's, the MoE block's shared experts, router and latent projections, the
+    Mamba in / out projections) are one set of two per block; the routed experts, the attention
+    core (of the * layers' share) and the Mamba kernels (``mamba_serving.pass_work``, of the M
+    layers' share) are their own terms."""
+    model, hw, t = lay.model, lay.hw, lay.tp
+    h, V = model.hidden_size, model.vocab_size
+    shares = hybrid_shares(model)
+    tokens = np.asarray(tokens, dtype=float)
+    lin = {"M": mamba.linear_params(model), "*": model.attention_params, "-": model.mlp_params(model.ffn_hidden_size),
+           "E": model.moe_block_params(0)}
+    stored = {**lin, "M": model.mamba_params}
+    lin_params = sum(shares[k] * lin[k] for k in lin)
+    lin_flops = 2.0 * lin_params / t * tokens
+    peak16 = hw.bf16_tflops * 1e12
+    attn_peak = np.where(lay.kv_bytes == 1.0, (hw.fp8_tflops or hw.bf16_tflops) * 1e12, peak16)
+    if mamba_work is None:
+        mamba_work = mamba_serving.pass_work(lay, tokens, 0.0, sampled)
+    per_node = comm.ranks_per_domain(hw, t, 1)
+    moe_share = shares["E"]
+    return PassWork(
+        layers=lay.stage_layers / 2.0, tokens=tokens, hidden=h, moe_share=moe_share,
+        lin_flops=lin_flops, lin_gflop=_gemm_gflop(lin_flops / GEMMS_PER_LAYER), fp8_gemms=lay.weight_bytes == 1.0,
+        experts=routed_expert_work(lay, tokens), attn_flops=shares["*"] * attn_flops, attn_peak=attn_peak,
+        attn_bytes=shares["*"] * attn_bytes,
+        weight_bytes=sum(shares[k] * stored[k] for k in stored) / t * lay.weight_bytes,
+        gated_bytes=gated_activation_bytes(lay, tokens),
+        moe_bytes=moe_share * moe_plugin_bytes(lay, tokens) if model.is_moe else None,
+        tp_multi=t > 1, tp_internode=t > hw.nvlink_domain,
+        all_reduce=comm.all_reduce_time(hw, ACT_BYTES * tokens * h, t, per_node),
         out_flops=2.0 * sampled * h * V / t, out_bytes=h * V / t * ACT_BYTES, logits=sampled * V,
+        mamba=(shares["M"] * mamba_work[0], shares["M"] * mamba_work[1]) if shares["M"] else None,
         peak16=peak16, peak8=(hw.fp8_tflops or hw.bf16_tflops) * 1e12, hbm=hw.hbm_tbps * 1e12,
         hop=_hop_work(lay, tokens))
 
@@ -548,6 +626,10 @@ def price_pass(eff: InferenceEfficiency, w: PassWork) -> dict[str, np.ndarray]:
         compute = t_lin + w.moe_share * t_experts + t_attn
         layer = (_soft_max(t_lin, weight_read, k) + w.moe_share * _soft_max(t_experts, expert_read, k)
                  + _soft_max(t_attn, attn_read, k) + elementwise + ar + overhead)
+    if w.mamba is not None:  # a hybrid's Mamba kernels: the SSD scan at the attention core's share of the peak
+        t_mamba, mamba_read = w.mamba[0] / (w.peak16 * eff.attention), w.mamba[1] / hbm
+        mem, compute = mem + mamba_read, compute + t_mamba
+        layer = layer + _soft_max(t_mamba, mamba_read, k)
     # Output layer on the last stage: logits of the sampled positions.
     out_compute = w.out_flops / (w.peak16 * eff.gemm_max)
     out_mem = w.out_bytes / hbm
@@ -636,14 +718,16 @@ class StaticBatch:
         mb_prefill = microbatch_size(b, s_in, p, microbatching)
         self.prefill_mbs = b / mb_prefill
         flops, scores = prefill_attention(lay, mb_prefill, s_in, flash_attention)
-        self.prefill = pass_work(lay, mb_prefill * s_in, mb_prefill, flops, scores)
+        hybrid = model.is_hybrid
+        mamba_prefill = mamba_serving.pass_work(lay, mb_prefill * s_in, mb_prefill, 0.0) if hybrid else None
+        self.prefill = pass_work(lay, mb_prefill * s_in, mb_prefill, flops, scores, mamba_prefill)
 
         # Decode: one token per sequence at the mean context length.
         ctx = s_in + 0.5 * (s_out + 1.0)
         mb = microbatch_size(b, 1, p, microbatching)
         m = b / mb
         flops, kv_read = decode_attention(lay, mb, ctx)
-        self.decode = pass_work(lay, mb, mb, flops, kv_read)
+        self.decode = pass_work(lay, mb, mb, flops, kv_read, mamba_serving.pass_work(lay, 0.0, 0.0, mb) if hybrid else None)
         # FT flushes the pipeline every step: (m + pp - 1) stage times. Engines that keep pp
         # micro-batches in flight across steps (vLLM virtual engines, TensorRT-LLM) reach a steady
         # state where each micro-batch's token takes pp stage times and all stages stay busy.
@@ -651,6 +735,8 @@ class StaticBatch:
 
         self.weights = lay.weights()
         self.kv = b * (s_in + s_out) * lay.kv_bytes_per_token()
+        if hybrid:  # each sequence's Mamba states
+            self.kv = self.kv + b * mamba_serving.stage_counts(lay)["M"] * mamba_serving.state_bytes(model, lay.tp)
         chunk = np.minimum(mb_prefill * s_in, prefill_chunk_tokens)
         self.activations = chunk * lay.activations_per_token() + lay.logits(b)
         self.reserve_gib = hw.reserve_gib

@@ -47,6 +47,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from autoparallel.costmodel import mamba_serving
 from autoparallel.costmodel.inference import (PASS_KEYS, InferenceEfficiency, PassWork, ServingEngine,
                                               decode_attention, layout, pass_work, prefill_attention,
                                               price_hop, price_pass)
@@ -158,10 +159,14 @@ class InflightBatch:
         # --- KV pool and requests in flight ------------------------------------------------
         mem = self.mem = kv_pool(lay, engine, max_batch, budget)
         block = engine.kv_block_tokens
-        blocks = np.floor(mem["pool"] / (block * lay.kv_bytes_per_token()))
         held = s_in + s_out if engine.kv_reservation == "full" else s_in + 0.5 * s_out
-        self.kv_requests = np.floor(blocks / np.ceil(held / block))
-        self.fits = mem["fixed_fits"] & (blocks >= np.ceil(model_len / block))
+        if model.is_hybrid:  # KV blocks and each request's Mamba states from one pool
+            self.kv_requests, fits = mamba_serving.admission(lay, engine, mem["pool"], held, model_len)
+            self.fits = mem["fixed_fits"] & fits
+        else:
+            blocks = np.floor(mem["pool"] / (block * lay.kv_bytes_per_token()))
+            self.kv_requests = np.floor(blocks / np.ceil(held / block))
+            self.fits = mem["fixed_fits"] & (blocks >= np.ceil(model_len / block))
         self.concurrency = np.maximum(np.minimum(pp * max_batch, self.kv_requests), 1.0)
         m = self.m = np.minimum(pp, self.concurrency)  # micro-batches in flight
         per_mb = self.concurrency / m
@@ -176,7 +181,7 @@ class InflightBatch:
         self.lam_sat, self.n_pre_sat = lam_sat, n_pre
 
         self.ctx = s_in + 0.5 * s_out
-        self.kv_token_layer = lay.kv_bytes_per_token() / lay.stage_layers
+        self.kv_token_layer = lay.kv_bytes_per_token() / np.maximum(lay.attention_layers, 1.0)  # (a hybrid may have none)
         self.slots = np.maximum(m, pp)
         self.saturated = self.work(lam_sat, n_pre)
         self.saturated_first = self.work(lam_sat, n_pre, self.first_prompts(lam_sat))
@@ -206,7 +211,8 @@ class InflightBatch:
         pre_flops, _ = prefill_attention(lay, prompts, s_in)
         reread = prompts * s_in * (n_pre - 1.0) / 2.0 * self.kv_token_layer  # chunks read earlier chunks
         dec_flops, dec_bytes = decode_attention(lay, d, self.ctx)
-        return pass_work(lay, tokens, d + prompts, pre_flops + dec_flops, reread + dec_bytes)
+        mamba_work = mamba_serving.pass_work(lay, prompts * s_in, prompts * n_pre, d) if lay.model.is_hybrid else None
+        return pass_work(lay, tokens, d + prompts, pre_flops + dec_flops, reread + dec_bytes, mamba_work)
 
     def iteration(self, eff: InferenceEfficiency, pass_s, work: PassWork):
         """One micro-batch's pass of ``work`` over every stage under the constants ``eff``; a

@@ -26,7 +26,7 @@ import pandas as pd
 
 from autoparallel import io
 from autoparallel.costmodel.inference import (InferenceEfficiency, ServingEngine,
-                                              estimate_static_columns)
+                                              estimate_static_columns, refuse_unpriced)
 from autoparallel.costmodel.inflight import estimate_inflight_columns
 from autoparallel.errors import UserError
 from autoparallel.report import run_folder
@@ -144,6 +144,7 @@ def record(row) -> dict:
 
 
 def _estimate(model, hw, eff, engine: ServingEngine, request: Request, frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    refuse_unpriced(model, engine)  # the static path's layout has no engine to refuse
     n = len(frame)
     cols = {k: frame[k].to_numpy() for k in ("tp", "pp", "ep", "max_batch", "max_num_tokens", "weight_precision",
                                              "kv_precision")}

@@ -46,6 +46,7 @@ iterations priced at once with numpy), which the tests hold to the reference.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 import itertools
 import math
@@ -54,6 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoparallel.costmodel import mamba_serving
 from autoparallel.costmodel.inference import (InferenceEfficiency, ServingEngine, decode_attention, layout,
                                               pipeline_hop, prefill_attention, stage_pass)
 from autoparallel.specs.hardware import HardwareSpec
@@ -683,8 +685,13 @@ def replica(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency, engine
     from autoparallel.costmodel.inflight import kv_pool
     lay = layout(model, hw, eff, float(tp), float(pp), weight_precision, kv_precision, float(ep))
     pool = float(np.ravel(kv_pool(lay, engine, float(max_batch), float(max_num_tokens))["pool"])[0])
+    running = None
+    if model.is_hybrid:  # the running requests' Mamba states set apart, the rest paged K/V
+        running, pool = mamba_serving.reserve_states(lay, engine, pool, max_batch * pp, longest)
     blocks = int(pool // (engine.kv_block_tokens * float(np.ravel(lay.kv_bytes_per_token())[0])))
     sched = Scheduler.of(engine, max_batch, max_num_tokens, pp, blocks, max_new_tokens)
+    if running is not None:
+        sched = dataclasses.replace(sched, max_running=running)
     cost = IterationCost(model, hw, eff, tp, pp, weight_precision, kv_precision, ep,
                          max(max_num_tokens, longest), sched.max_running, engine)
     return cost, sched

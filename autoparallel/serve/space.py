@@ -2,7 +2,9 @@
 
 Rules (vLLM's and TensorRT-LLM's own): ``tp * pp`` divides the GPUs (the rest are replicas);
 attention heads divisible by ``tp``; KV heads divisible by ``tp`` or, when ``tp`` exceeds them,
-dividing it (each KV head is then replicated); ``pp`` at most the layer count (uneven splits
+dividing it (each KV head is then replicated); a hybrid model's Mamba heads divisible by ``tp``
+(vLLM's ``MambaStateShapeCalculator`` divides them; B/C groups that ``tp`` does not divide are
+replicated: ``mamba_serving.local_groups``); ``pp`` at most the layer count (uneven splits
 are allowed, the fullest stage is priced); FP8 weights need FP8 tensor cores (an FP8 KV cache
 is storage only and runs anywhere); without chunked prefill a whole prompt must fit in one
 iteration (``max_num_tokens >= input_len``); heuristic: TP stays inside the NVLink domain.
@@ -111,6 +113,8 @@ def structures(model: ModelSpec, hw: HardwareSpec, gpus: int, space: InferenceSp
         (space.tp_within_nvlink_domain & (tp > hw.nvlink_domain),
          lambda d: [f"tp={a} crosses the {hw.scale_up_domain}" for a in d.tp]),
         (pp > model.num_layers, lambda d: [f"pp={a} exceeds the {model.num_layers} layers" for a in d.pp]),
+        (model.is_hybrid and "M" in model.hybrid_layer_pattern and (model.mamba_heads % tp != 0),
+         lambda d: [f"{model.mamba_heads} Mamba heads not divisible by tp={a}" for a in d.tp]),
         ((model.num_experts or 1) % ep != 0,
          lambda d: [f"{model.num_experts} experts not divisible by ep={a}" for a in d.ep]),
         ((df["weight_precision"].to_numpy() == "fp8") & (not hw.supports_fp8),
