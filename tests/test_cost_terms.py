@@ -406,13 +406,40 @@ def test_the_calls_per_local_expert_are_transformer_engines_gemms_and_quantizes(
     assert [c[0] for c in lt.expert_call_count(fp8)] == [4, 6]
     two = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=2, sp=False, gbs=64, precision="fp8-delayed")
     assert lt.moe_expert_calls(two)[0][0] == pytest.approx(4 * 4 * call, rel=REL)
-    # NVFP4 (a Blackwell recipe) quantizes every expert's split in one fused call: the BF16 count.
+    # NVFP4 (a Blackwell recipe) fuses its splits' quantize kernels into one launch, but TE's
+    # split_quantize still builds a Python tensor object per split: the FP8 count, as MXFP8's.
     b200 = io.load_hardware("b200")
-    nvfp4 = _cands(mixtral, b200, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, precision="nvfp4")
-    forward, backward = lt.moe_expert_calls(nvfp4)
     call = b200.efficiency.moe_expert_call_s
-    assert forward[0] == pytest.approx(2 * call, rel=REL) and backward[0] == 0.0
-    assert [c[0] for c in lt.expert_call_count(nvfp4)] == [2, 4]
+    for precision in ("nvfp4", "mxfp8"):
+        x = _cands(mixtral, b200, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, precision=precision)
+        forward, backward = lt.moe_expert_calls(x)
+        assert forward[0] == pytest.approx(4 * call, rel=REL) and backward[0] == 0.0
+        assert [c[0] for c in lt.expert_call_count(x)] == [4, 6]
+
+
+def test_each_local_experts_rows_are_padded_to_the_quantization_alignment(mixtral):
+    """Megatron-Core pads each local expert's segment to the recipe's alignment under a quantized
+    recipe (HybridEP in its dispatch, else TEGroupedMLP's Fp8Padding): half an alignment on average,
+    at the routed experts' GEMM speed, twice in the backward. Mixtral on B200 at ep 2 (4 local
+    experts): 4096 tokens x 2 copies x ep 2 / 8 experts = 2048 rows per expert (times the busiest
+    rank's imbalance); MXFP8 pads 16 rows on average, NVFP4 64, per-tensor FP8 8; BF16 none."""
+    b200 = io.load_hardware("b200")
+    knobs = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=2, sp=False, gbs=64)
+    imbalance = 1.0 + b200.efficiency.moe_load_imbalance * math.sqrt(2.0 * math.log(2.0))
+    for precision, half in (("mxfp8", 16.0), ("nvfp4", 64.0), ("fp8-current", 8.0), ("bf16", 0.0)):
+        x = _cands(mixtral, b200, precision=precision, **knobs)
+        t_experts = lt.routed_experts_time(x)
+        padding = t_experts[0] * half / (2048.0 * imbalance)
+        forward, backward = lt.quantization_padding_time(x, t_experts)
+        assert forward[0] == pytest.approx(padding, rel=1e-9), precision
+        assert backward[0] == pytest.approx(2 * padding, rel=1e-9), precision
+        calls = lt.moe_expert_calls(x)
+        assert [c[0] for c in lt.expert_calls(x, t_experts)] == pytest.approx(
+            [calls[0][0] + padding, calls[1][0] + 2 * padding], rel=1e-9)
+    # The fused grouped MLP pads to its own 256 rows instead: no second padding.
+    fused = _cands(mixtral, b200, precision="mxfp8", cutedsl_fused_grouped_mlp=True, **knobs)
+    t_experts = lt.routed_experts_time(fused)
+    assert lt.expert_calls(fused, t_experts)[0][0] == pytest.approx(lt.fused_grouped_mlp_calls(fused, t_experts)[0][0])
 
 
 def test_the_fused_grouped_mlp_pays_its_kernels_once_per_pass_and_half_a_256_row_tile_per_expert(mixtral):
@@ -422,7 +449,7 @@ def test_the_fused_grouped_mlp_pays_its_kernels_once_per_pass_and_half_a_256_row
     each at one call's cost, plus each expert's rows padded to 256: 4096 tokens x 2 copies x ep 2 /
     8 experts = 2048 rows per expert (times the busiest rank's imbalance), 128 pad rows on average,
     at the routed experts' GEMM speed (twice in the backward). Off, the per-expert loop's 4 forward
-    calls per local expert. The backward's kernels / calls are issued ahead of the GPU (no host sync
+    calls per local expert and MXFP8's padding to 32 rows. The backward's kernels / calls are issued ahead of the GPU (no host sync
     in the backward of a plain schedule): not waited for."""
     b200 = io.load_hardware("b200")
     call = b200.efficiency.moe_expert_call_s
@@ -436,7 +463,9 @@ def test_the_fused_grouped_mlp_pays_its_kernels_once_per_pass_and_half_a_256_row
     assert forward[0] == pytest.approx(3 * call + padding, rel=1e-9)
     assert backward[0] == pytest.approx(2 * padding, rel=1e-9)
     off_forward, off_backward = lt.expert_calls(looped, lt.routed_experts_time(looped))
-    assert off_forward[0] == pytest.approx(4 * 4 * call, rel=REL) and off_backward[0] == 0.0
+    mxfp8_padding = lt.routed_experts_time(looped)[0] * 16.0 / (2048.0 * imbalance)
+    assert off_forward[0] == pytest.approx(4 * 4 * call + mxfp8_padding, rel=REL)
+    assert off_backward[0] == pytest.approx(2 * mxfp8_padding, rel=REL)
     assert forward[0] < off_forward[0]
     # The MoE layer takes the fused calls in its compute.
     layer = lt.moe_layer(fused)
@@ -467,8 +496,9 @@ def test_paged_stashing_copies_the_fused_mlps_saved_tensors_out_and_back_under_t
     assert with_stash[0][0] - without[0][0] == pytest.approx(one_pass, rel=1e-9)
     assert with_stash[1][0] - without[1][0] == pytest.approx(one_pass, rel=1e-9)
     looped = _cands(mixtral, b200, cuda_graph="full_iteration", **knobs)
-    assert lt.expert_calls(looped, lt.routed_experts_time(looped))[0][0] == pytest.approx(
-        lt.moe_expert_calls(looped)[0][0], rel=1e-9)
+    t_looped = lt.routed_experts_time(looped)
+    assert lt.expert_calls(looped, t_looped)[0][0] == pytest.approx(
+        lt.moe_expert_calls(looped)[0][0] + lt.quantization_padding_time(looped, t_looped)[0][0], rel=1e-9)
 
 
 def test_the_token_permutations_are_one_pass_each_way_and_a_sort_per_local_expert_group(mixtral, hw):

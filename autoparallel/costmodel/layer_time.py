@@ -279,10 +279,15 @@ def forward_time(x: Candidates, t_linear, attention, softmax, kind: LayerKind | 
 
 
 # TransformerEngine's GroupedLinear calls per local expert and pass: one cuBLAS GEMM per expert for
-# the forward, two (dgrad, wgrad) for the backward, and under an FP8 recipe (per-tensor, blockwise,
-# MXFP8) one quantize call per expert of the GEMM input (forward) or output gradient (backward);
-# NVFP4 quantizes all splits in one fused call (``split_quantize_nvfp4_impl``). A MoE layer's experts
-# run two GroupedLinears (FC1, FC2).
+# the forward, two (dgrad, wgrad) for the backward, and under a quantized recipe one quantize per
+# expert of the GEMM input (forward) or output gradient (backward). The quantize's host work per split
+# is more than its kernel launch: ``tex.split_quantize`` (TransformerEngine d0067d0da
+# ``pytorch/csrc/extensions/cast.cpp``) converts each split's Python quantizer to C++
+# (``convert_quantizer``) and builds one Python tensor object per split (``bulk_allocate_mxfp8_tensors``
+# / ``_nvfp4_`` / ``_fp8_blockwise_``: ``MXFP8TensorStoragePythonClass(...)`` etc. in a loop, four
+# ``py::cast`` tensors each; per-tensor FP8 ``create_tensor`` per split). NVFP4's fused kernel
+# (``FUSED_NVFP4``, ``split_quantize_nvfp4_impl``) fuses the launches only, so NVFP4 counts one per
+# split as the others do. A MoE layer's experts run two GroupedLinears (FC1, FC2).
 EXPERT_GEMMS = (1.0, 2.0)
 EXPERT_QUANTIZES = (1.0, 1.0)
 GROUPED_LINEARS = 2.0
@@ -311,7 +316,7 @@ def moe_expert_calls(x: Candidates):
     splits (``use_grouped_tensor``, one cuBLASLt grouped GEMM) only from Megatron-LM 883533e049
     (2026-08-14, ``moe_use_grouped_tensor``, default off) - later than every row. So the count of
     per-expert calls per pass is ``EXPERT_GEMMS`` plus, under a quantized recipe, ``EXPERT_QUANTIZES``
-    (BF16 and NVFP4: 2 forward, 4 backward per expert; FP8 / MXFP8: 4 and 6), and each costs the host
+    (BF16: 2 forward, 4 backward per expert; FP8 / MXFP8 / NVFP4: 4 and 6), and each costs the host
     the same time (``expert_call_count``). In the plain 1F1B schedules the GPU waits for the
     forward's calls only: the dropless dispatcher syncs the host with the GPU before every forward
     all-to-all, so the host issues the forward's experts with the GPU's queue empty, while the
@@ -334,7 +339,7 @@ def expert_call_count(x: Candidates):
     experts' ``EXPERT_GEMMS`` and, under a quantized recipe, ``EXPERT_QUANTIZES`` for each of the
     ``GROUPED_LINEARS``, each costing the host ``moe_expert_call_s``."""
     per_pass = moe.local_experts(x.model, x.e) * GROUPED_LINEARS
-    q = np.where(x.is_fp4, 0.0, x.quantized_fraction)
+    q = x.quantized_fraction
     return tuple(per_pass * (gemms + quantizes * q) for gemms, quantizes in zip(EXPERT_GEMMS, EXPERT_QUANTIZES))
 
 
@@ -360,7 +365,7 @@ def combined_host_stall(x: Candidates, layer_time):
     so that host time grows with the local experts and not with the tokens. In the plain 1F1B
     schedules the backward has no sync (its all-to-alls reuse the forward's splits) and the host
     issues it ahead of the GPU: only the forward's calls are waited for (``moe_expert_calls``).
-    One constant prices both: fitted with this floor, ``moe_expert_call_s`` is 86 us, and the rows
+    One constant prices both: fitted with this floor, ``moe_expert_call_s`` is 85 us, and the rows
     that run the overlap with 16 local experts and no graph (Qwen3-235B B200 / B300 PP8 EP8, Qwen3-30B
     H100 PP2 EP8) measure 13-17 ms per layer and micro-batch, 160 calls at 82-104 us each
     (benchmarks/RESULTS.md, session 37 s37h3). A full-iteration
@@ -402,9 +407,37 @@ def fused_grouped_mlp_calls(x: Candidates, t_experts):
     probability scale and the MXFP8 quantizes run in the GEMMs' epilogues: their bytes stay priced
     as the unfused kernels' (``activation_bytes``)."""
     forward_launches = x.hw.efficiency.moe_expert_call_s * FUSED_MLP_KERNELS[0]
-    routed = moe.tokens_per_expert(x.model, x.tokens / x.t, x.e, x.et) * x.imbalance
-    padding = t_experts * (FUSED_MLP_ALIGN_TOKENS / 2.0) / routed  # every local expert's share alike
+    padding = padded_rows_time(x, t_experts, FUSED_MLP_ALIGN_TOKENS)
     return forward_launches + padding, 2.0 * padding
+
+
+def padded_rows_time(x: Candidates, t_experts, align):
+    """Forward seconds of the rows each local expert's segment is padded by to a multiple of
+    ``align`` (half an alignment on average) at the routed experts' GEMM speed: ``t_experts`` over
+    the busiest rank's rows per local expert (the T*k copies of all ep*etp GPUs that feed it), every
+    local expert's share alike."""
+    routed = moe.tokens_per_expert(x.model, x.tokens / x.t, x.e, x.et) * x.imbalance
+    return t_experts * (np.asarray(align, dtype=float) / 2.0) / routed
+
+
+# The rows Megatron-Core pads each local expert's segment to under a quantized recipe (Megatron-LM
+# d98e8a64dd ``moe/moe_utils.py`` ``get_align_size_for_quantization``: ``fp8_utils.get_fp8_align_size``
+# MXFP8 32, other FP8 16; ``fp4_utils.get_fp4_align_size`` 128; TransformerEngine d0067d0da
+# ``quantization.get_align_size_for_quantization``, ``Fp8Padding``'s default, the same): HybridEP and
+# NCCL-EP pad in their fused dispatch, the router under ``moe_router_padding_for_quantization``, and
+# otherwise ``TEGroupedMLP`` pads with ``Fp8Padding`` (``moe/experts.py``, ``skip_routed_expert_padding``
+# picks which): every quantized MoE run pays it, whatever its dispatcher.
+QUANTIZATION_ALIGN_TOKENS = {"fp8-delayed": 16, "fp8-current": 16, "fp8-blockwise": 16, "mxfp8": 32, "nvfp4": 128}
+
+
+def quantization_padding_time(x: Candidates, t_experts):
+    """(forward, backward) seconds of the per-expert loop's padded rows under a quantized recipe
+    (``QUANTIZATION_ALIGN_TOKENS``, ``padded_rows_time``), twice over in the backward (dgrad and
+    wgrad); none in BF16. Small beside the routed rows (a local expert gets the copies of every EP
+    rank): Nemotron 3 Super at EP 64, MBS 1, 22,528 rows per local expert, 16 padded under MXFP8."""
+    align = sum(np.where(x.knob_is("precision", p), a, 0.0) for p, a in QUANTIZATION_ALIGN_TOKENS.items())
+    padding = padded_rows_time(x, t_experts, align)
+    return padding, 2.0 * padding
 
 
 # Megatron-Core's paged stashing (``moe_paged_stash``, Megatron-LM d98e8a64dd
@@ -444,8 +477,9 @@ def paged_stash_time(x: Candidates):
 def expert_calls(x: Candidates, t_experts):
     """The routed experts' calls: the fused grouped MLP's where the plan runs it
     (``cutedsl_fused_grouped_mlp``), plus paged stashing's copies under the full-iteration CUDA
-    graph (``paged_stash_time``), else TransformerEngine's per-expert loop (``moe_expert_calls``)."""
-    looped = moe_expert_calls(x)
+    graph (``paged_stash_time``), else TransformerEngine's per-expert loop (``moe_expert_calls``) and its
+    segments' padding to the quantization alignment (``quantization_padding_time``)."""
+    looped = tuple(c + p for c, p in zip(moe_expert_calls(x), quantization_padding_time(x, t_experts)))
     fused = x.flag("cutedsl_fused_grouped_mlp")
     if not fused.any():
         return looped
