@@ -64,3 +64,45 @@ def test_standard_models_refuse_dsv4_only_fields():
         dataclasses.replace(io.load_model("deepseek-v3"), o_groups=8)
     with pytest.raises(ValueError, match="one of 0, 4, 128"):
         dataclasses.replace(io.load_model("deepseek-v4-flash"), csa_compress_ratios=(0,) * 43)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    from autoparallel import measured_runs, resources
+    return measured_runs.load_runs([resources.data_file("training_runs_dsv4.csv")], moe=True)
+
+
+def test_the_published_rows_build_the_preset_and_are_held_out(rows, flash):
+    from autoparallel import measured_runs
+    from autoparallel.validate import HELD_APART_KINDS
+    assert len(rows) == 2 and {r.kind for r in rows} == {"dsv4-newer"} <= set(HELD_APART_KINDS)
+    for r in rows:
+        assert r.validation_only and "training_runs_dsv4.csv" in measured_runs.VALIDATION_ONLY_RUNS
+        assert r.model.csa_compress_ratios == flash.csa_compress_ratios and r.model.hc_mult == 4
+        assert r.model.num_parameters == flash.num_parameters
+    assert "training_runs_dsv4.csv" not in measured_runs.TRAINING_RUNS
+
+
+def test_the_published_layouts_are_candidates_and_fit(rows):
+    """Each row's layout (TP1 PP1 EP64, MBS 1, its recipe's knobs) is a candidate the row's space
+    generates and the cost model predicts it to fit."""
+    from autoparallel import measured_runs
+    for r in rows:
+        out = measured_runs.predict_row(r)
+        assert out["fits"], r.id
+        assert out["predicted"] > 0
+
+
+@pytest.mark.parametrize("gpu", ["gb300", "gb200"])
+def test_the_default_space_offers_the_published_layout(flash, gpu):
+    """The default search space on 128 GPUs offers TP1 PP1 CP1 EP64 MBS1 at GBS 2048 in MXFP8 and
+    predicts it to fit."""
+    from autoparallel.search.grid import evaluate
+    from autoparallel.space import generate, load_space
+    hw = io.load_hardware(gpu)
+    space = load_space()
+    pins = dict(tp=1, pp=1, cp=1, vp=1, ep=64, mbs=1, precision="mxfp8")
+    candidates = generate(flash, hw, 128, 2048, space.pinned(**pins))
+    valid = candidates[candidates.reason == ""]
+    assert not valid.empty, candidates.reason.iloc[0]
+    assert evaluate(flash, hw, valid, space.memory_fraction).fits.any()
