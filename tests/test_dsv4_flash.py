@@ -106,3 +106,40 @@ def test_the_default_space_offers_the_published_layout(flash, gpu):
     valid = candidates[candidates.reason == ""]
     assert not valid.empty, candidates.reason.iloc[0]
     assert evaluate(flash, hw, valid, space.memory_fraction).fits.any()
+
+
+def test_exports_refuse_deepseek_v4(flash):
+    """Megatron-LM d98e8a64dd has no dsv4_hybrid attention: the flags, NeMo and best.yaml refuse it."""
+    from autoparallel.errors import UserError
+    from autoparallel.report.export import export_document, megatron_args
+    from autoparallel.specs.plan import Plan
+    plan = Plan(tp=1, pp=1, dp=128, ep=64, gbs=2048, precision="mxfp8")
+    with pytest.raises(UserError, match="not in Megatron-LM d98e8a64dd"):
+        megatron_args(flash, plan)
+    doc = export_document(flash, plan, {})
+    assert "dsv4_hybrid" in doc["megatron_args"]["unsupported"]
+    assert "dsv4_hybrid" in doc["nemo"]["unsupported"] and "dsv4_hybrid" in doc["nemo2"]["unsupported"]
+
+
+def test_the_built_in_transformer_and_fp8_check_refuse_deepseek_v4(flash):
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+    from autoparallel.model.transformer import check_spec
+    with pytest.raises(NotImplementedError, match="DeepSeek-V4"):
+        check_spec(flash)
+    out = subprocess.run([sys.executable, "-m", "autoparallel.cli", "fp8-check", "--model", "deepseek-v4-flash",
+                          "--no-save"], capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "DeepSeek-V4" in out.stderr, out.stderr
+
+
+def test_estimate_prices_deepseek_v4_with_its_parts(flash):
+    """The sparse attention core is far below dense MLA's; mHC adds time and memory; a hash-routed
+    layer runs no router GEMM."""
+    from autoparallel.costmodel import layer_time
+    dense_mla = flops.attention_core_flops(dataclasses.replace(
+        flash, csa_compress_ratios=None, o_groups=None, o_lora_rank=None, dsa_indexer_n_heads=None,
+        dsa_indexer_head_dim=None, dsa_indexer_topk=None), 1, 4096, causal=True)
+    assert flops.attention_core_flops(flash, 1, 4096, causal=True) < 0.25 * dense_mla
+    assert layer_time.hyper_connection_elements(4) == 22.0
+    assert layer_time.hyper_connection_elements(1) == 7.0

@@ -28,10 +28,29 @@ def attention_core_flops(model: ModelSpec, b, s, causal: bool | np.ndarray = Fal
     (multi-latent attention: queries and keys of qk_head_dim + qk_pos_emb_head_dim, values of
     v_head_dim per head).
 
-    Narayanan counts the full s×s matrix; a causal flash kernel skips the upper half.
+    Narayanan counts the full s×s matrix; a causal flash kernel skips the upper half. DeepSeek-V4:
+    ``dsv4_attention_core_flops``.
     """
+    if model.is_dsv4:
+        return dsv4_attention_core_flops(model, b, s)
     full = 2.0 * b * s * s * model.num_attention_heads * (model.qk_dim + model.v_dim)
     return np.where(causal, 0.5 * full, full)
+
+
+def dsv4_attention_core_flops(model: ModelSpec, b, s):
+    """Forward FLOPs of DeepSeek-V4's attention cores for ``b`` sequences of ``s``, averaged over the
+    decoder layers: each query's QK^T and P·V over the keys it attends to (``dsv4_sparse_context``:
+    the window, the indexer's top-k compressed keys on ratio-4 layers, the causal half of the
+    compressed keys on ratio-128 ones; already causal), and on ratio-4 layers the DSA indexer's
+    scores of every query against the causal half of the s/4 compressed keys (index_n_heads x
+    index_head_dim each; Megatron-LM d98e8a64dd ``experimental_attention_variant/dsa.py``)."""
+    ratios = model.dsv4_decoder_ratios
+    per_token = 0.0
+    for ratio in ratios:
+        per_token += 2.0 * model.num_attention_heads * dsv4_sparse_context(model, ratio, s) * (model.qk_dim + model.v_dim)
+        if ratio == 4:
+            per_token += 2.0 * model.dsa_indexer_n_heads * model.dsa_indexer_head_dim * s / 4 / 2
+    return b * s * per_token / len(ratios)
 
 
 def logits_flops(model: ModelSpec, b, s):
