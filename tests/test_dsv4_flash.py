@@ -143,3 +143,36 @@ def test_estimate_prices_deepseek_v4_with_its_parts(flash):
     assert flops.attention_core_flops(flash, 1, 4096, causal=True) < 0.25 * dense_mla
     assert layer_time.hyper_connection_elements(4) == 22.0
     assert layer_time.hyper_connection_elements(1) == 7.0
+
+
+def _row_candidates(gpu="gb300"):
+    from autoparallel import measured_runs, resources
+    rows = measured_runs.load_runs([resources.data_file("training_runs_dsv4.csv")], moe=True)
+    return next(r for r in rows if f"-{gpu}-" in r.id).built
+
+
+def test_mhc_is_one_kernel_pair_of_the_moe_layer(monkeypatch):
+    """The MoE layer's compute holds mHC's forward and backward HBM passes exactly once; its stored
+    activations the streams each block keeps."""
+    import numpy as np
+    from autoparallel.costmodel import layer_time
+    x = _row_candidates()
+    with_mhc = layer_time.moe_layer(x)
+    forward, backward = layer_time.hyper_connection_time(x)
+    assert np.all(forward > 0) and np.allclose(backward, 2 * forward)
+    monkeypatch.setattr(layer_time, "hyper_connection_time", lambda x: (0.0 * forward, 0.0 * forward))
+    monkeypatch.setattr(layer_time, "hyper_connection_saved_bytes", lambda x: 0.0)
+    without = layer_time.moe_layer(x)
+    assert np.allclose(with_mhc["compute"] - without["compute"], forward + backward, rtol=1e-9)
+    stored = 2.0 * 4 * x.tokens / x.t * 4096 * 2.0
+    assert np.allclose(with_mhc["working"] - without["working"], stored, rtol=1e-9)
+
+
+def test_hash_routed_layers_run_no_router():
+    """3 of the 43 MoE layers route by table: the mean layer's router is 40/43 of a scored one's."""
+    import numpy as np
+    from autoparallel.costmodel import layer_time
+    x = _row_candidates()
+    scored, hashed = layer_time.router_time(x), layer_time.hash_routed_router_time(x)
+    for s, h in zip(scored, hashed):
+        assert np.allclose(h, s * 40 / 43, rtol=1e-12) and np.all(s > 0)
