@@ -176,3 +176,10 @@ def test_hash_routed_layers_run_no_router():
     scored, hashed = layer_time.router_time(x), layer_time.hash_routed_router_time(x)
     for s, h in zip(scored, hashed):
         assert np.allclose(h, s * 40 / 43, rtol=1e-12) and np.all(s > 0)
+
+
+def test_serving_refuses_deepseek_v4(flash):
+    from autoparallel.costmodel import inference
+    from autoparallel.errors import UnpricedModelError
+    with pytest.raises(UnpricedModelError, match="DeepSeek-V4"):
+        inference.refuse_unpriced(flash)

@@ -319,6 +319,10 @@ def refuse_unpriced(model: ModelSpec) -> None:
         raise UnpricedModelError(f"{model.name} is a hybrid Mamba-Transformer (hybrid_layer_pattern): the serving "
                                  "cost model prices transformer layers with a KV cache only; its Mamba layers' "
                                  "state and one-block layers are not priced")
+    if model.is_dsv4:
+        raise UnpricedModelError(f"{model.name} is DeepSeek-V4 (csa_compress_ratios): the serving cost model prices "
+                                 "a full KV cache per layer; its compressed KV, sliding window, DSA indexer cache and "
+                                 "Hyper-Connections are not priced")
 
 
 def layout(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency | None, tp, pp,
