@@ -183,3 +183,16 @@ def test_serving_refuses_deepseek_v4(flash):
     from autoparallel.errors import UnpricedModelError
     with pytest.raises(UnpricedModelError, match="DeepSeek-V4"):
         inference.refuse_unpriced(flash)
+
+
+def test_activations_hold_deepseek_v4s_tensors(flash):
+    """Per token and layer (TP 1, BF16 tensors): the queries of 64 heads x 512, one K and one V head
+    of 512, the attention output and the o_groups projection's input; mla_up_proj recompute spares
+    the queries and wq_b's input copy, never K and V (wkv makes them directly)."""
+    from autoparallel.costmodel import memory
+    per_h = memory.sharded_bytes_per_token_hidden(flash, 0.0, moe=True, attention_output=2.0)
+    attention = (2.0 * (64 * 512 + 2 * 512) + 2.0 * 64 * 512 + 2.0 * 8 * 1024) / 4096
+    shared = memory._per_ffn_unit(flash, 2.0) * 2048 / 4096
+    assert per_h == pytest.approx(attention + shared)
+    spared = memory.recomputed_bytes(flash, 1, 4096, 1, False, 0.0, False, 1, 1.0, True, False, False)
+    assert spared == pytest.approx(4096 * (2.0 * 64 * 512 + 2.0 * 1024))
