@@ -333,7 +333,7 @@ def tie_bands(report: pd.DataFrame) -> dict:
     """The held-out mean |error| (a fraction) pooled per kind and per GPU family (the preset whose
     fitted constants a GPU uses) and kind, with row counts: the share of predicted throughput
     within which a search cannot tell layouts apart on that hardware. The ``HELD_APART_KINDS`` rows
-    (never fitted) give the hybrid models' band, pooled and per family, apart from the others."""
+    (never fitted) give the hybrid models' band and DeepSeek-V4's, pooled and per family, apart from the others."""
     family = {gpu: io.load_hardware(gpu).efficiency_from or gpu for gpu in report["gpu"].unique()}
     errors = report.assign(family=report["gpu"].map(family), error=report["heldout_error_pct"].abs() / 100)
     held = held_apart(errors)
@@ -343,9 +343,11 @@ def tie_bands(report: pd.DataFrame) -> dict:
         by_family.setdefault(fam, {}).update({kind: round(float(group["error"].mean()), 3), f"{kind}_rows": len(group)})
     bands = {"step_time_relative_error": round(float(pooled["dense"]), 3),
              "moe_step_time_relative_error": round(float(pooled["moe"]), 3) if "moe" in pooled else None}
-    hybrid = errors["kind"].isin(HYBRID_KINDS)
+    hybrid, dsv4 = errors["kind"].isin(HYBRID_KINDS), errors["kind"].isin(DSV4_KINDS)
     if hybrid.any():
         bands["hybrid_step_time_relative_error"] = round(float(errors.loc[hybrid, "error"].mean()), 3)
+    if dsv4.any():
+        bands["dsv4_step_time_relative_error"] = round(float(errors.loc[dsv4, "error"].mean()), 3)
     return {**bands, "by_family": dict(sorted(by_family.items()))}
 
 
@@ -359,8 +361,10 @@ def tie_bands_yaml(report: pd.DataFrame, date: str) -> str:
               "# a tie: the cost model cannot tell them apart; measure them (search --profile job) to decide.\n"
               "# Written by `autoparallel validate --tie-bands FILE`; tests/test_validate.py checks it.\n")
     hybrid = int(report["kind"].isin(HYBRID_KINDS).sum())
+    dsv4 = int(report["kind"].isin(DSV4_KINDS).sum())
     bands["source"] = (f"`autoparallel validate`, leave-one-model-out mean |error| over {counts.get('dense', 0)} "
                        f"dense and {counts.get('moe', 0)} MoE published rows"
-                       + (f" ({hybrid} held-out hybrid rows for hybrid models)" if hybrid else "") + f", {date}")
+                       + (f" ({hybrid} held-out hybrid rows for hybrid models)" if hybrid else "")
+                       + (f" ({dsv4} held-out DeepSeek-V4 rows for DeepSeek-V4)" if dsv4 else "") + f", {date}")
     return header + yaml.safe_dump(bands, sort_keys=False, width=100)
 

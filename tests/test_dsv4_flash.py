@@ -196,3 +196,15 @@ def test_activations_hold_deepseek_v4s_tensors(flash):
     assert per_h == pytest.approx(attention + shared)
     spared = memory.recomputed_bytes(flash, 1, 4096, 1, False, 0.0, False, 1, 1.0, True, False, False)
     assert spared == pytest.approx(4096 * (2.0 * 64 * 512 + 2.0 * 1024))
+
+
+def test_deepseek_v4_takes_its_own_tie_band():
+    """The shipped prediction_error.yaml holds DeepSeek-V4's held-out band, and a DeepSeek-V4 search reads
+    it rather than the MoE band (the other kinds' bands unchanged)."""
+    from autoparallel.report.tables import prediction_error
+    bands = prediction_error()
+    assert bands.dsv4_step_time_relative_error and bands.dsv4_step_time_relative_error > bands.moe_step_time_relative_error
+    gb300 = io.load_hardware("gb300")
+    assert bands.for_hardware(gb300, moe=True, dsv4=True).step_time_relative_error == bands.by_family["b200"]["dsv4-newer"]
+    assert bands.for_hardware(gb300, moe=True).step_time_relative_error == bands.by_family["b200"]["moe"]
+    assert bands.for_hardware(None, moe=True, dsv4=True).step_time_relative_error == bands.dsv4_step_time_relative_error
