@@ -303,7 +303,7 @@ def test_summary_reports_sources_and_gpus_with_held_out_errors(full_report):
     s = validate.summary(full_report)
     assert list(s.by.unique()) == ["kind", "source", "gpu", "system", "hybrid gpu", "dsv4 gpu"]
     assert set(s[s.by == "kind"].group) == {"dense", "moe", "mlperf", "lora", "sft", "dense-newer", "moe-newer",
-                                            "sft-newer", "lora-newer", "hybrid-newer"}
+                                            "sft-newer", "lora-newer", "hybrid-newer", "dsv4-newer"}
     assert {"heldout_mean_abs_error_pct", "heldout_max_abs_error_pct"} <= set(s.columns)
     assert (s.heldout_mean_abs_error_pct >= 0).all()
 
