@@ -208,3 +208,22 @@ def test_deepseek_v4_takes_its_own_tie_band():
     assert bands.for_hardware(gb300, moe=True, dsv4=True).step_time_relative_error == bands.by_family["b200"]["dsv4-newer"]
     assert bands.for_hardware(gb300, moe=True).step_time_relative_error == bands.by_family["b200"]["moe"]
     assert bands.for_hardware(None, moe=True, dsv4=True).step_time_relative_error == bands.dsv4_step_time_relative_error
+
+
+def test_export_of_a_deepseek_v4_search_exits_2_with_the_reason(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "autoparallel", *args], capture_output=True, text=True,
+                              cwd=tmp_path, env=env)
+    out = cli("search", "--model", "deepseek-v4-flash", "--gpus", "128", "--gpu", "gb200", "--precision", "mxfp8",
+              "--tp", "1", "--pp", "1", "--ep", "64", "--mbs", "1")
+    assert out.returncode == 0, out.stderr
+    run_dir = next((tmp_path / "results").iterdir())
+    for fmt in ("megatron", "nemo2"):
+        out = cli("export", str(run_dir), "--rank", "1", "--format", fmt)
+        assert out.returncode == 2 and "Traceback" not in out.stderr and "dsv4_hybrid" in out.stderr, out.stderr
+        assert "mxfp8;" not in out.stderr
