@@ -43,9 +43,11 @@ TRAINING_RUNS = ("training_runs.csv", "training_runs_more.csv", "training_runs_p
 # DeepSeek-V3 GB200 guide) are the runs the fit did not see; NeMo's fine-tuning table
 # (nemo_finetune_runs.csv) and Megatron-Bridge's newer SFT / LoRA tables (finetune_runs_newer.csv) are
 # predicted only too: no fit has fine-tuning rows. The Nemotron 3 hybrid Mamba-Transformer runs of the
-# same summaries (training_runs_hybrid.csv) are a held-out group of their own (kind hybrid-newer).
+# same summaries (training_runs_hybrid.csv) are a held-out group of their own (kind hybrid-newer), and so are
+# the DeepSeek-V4 runs of the 26.08 summary (training_runs_dsv4.csv, kind dsv4-newer).
 VALIDATION_ONLY_RUNS = ("mlperf_training_gpt3.csv", "mlperf_training_lora_hopper.csv", "training_runs_newer.csv",
-                        "nemo_finetune_runs.csv", "finetune_runs_newer.csv", "training_runs_hybrid.csv")
+                        "nemo_finetune_runs.csv", "finetune_runs_newer.csv", "training_runs_hybrid.csv",
+                        "training_runs_dsv4.csv")
 VALIDATION_ONLY_SOURCES = ("mlperf", "mlperflora", "bridge", "megatron", "nemoft")
 NEWER_SOURCES = ("bridge", "megatron")
 LOAD_BALANCE_RUNS = "moe_load_balance.csv"
@@ -159,6 +161,8 @@ def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
         stated.update(mtp_num_layers=int(row["mtp_num_layers"]), position_embedding_type="rope")
     if _given(row, "hybrid_layer_pattern"):
         stated.update(_hybrid_fields(row))
+    if is_moe_row(row) and (preset := _preset(str(row["model"]))) is not None and preset.is_dsv4:
+        stated.update(_dsv4_fields(preset))
     if _given(row, "tie_embeddings"):
         stated["tie_embeddings"] = bool(int(row["tie_embeddings"]))
     if _given(row, "finetune"):
@@ -193,6 +197,20 @@ def _hybrid_fields(row: pd.Series) -> dict:
     out.update({k: int(row[k]) for k in HYBRID_INT_COLUMNS if _given(row, k)})
     out.update({k: str(row[k]) for k in ("normalization", "position_embedding_type") if _given(row, k)})
     return out
+
+
+# DeepSeek-V4's structure beyond the CSV's columns (training_runs_dsv4.csv): taken from the row's preset
+# (search_spaces/models/deepseek-v4-flash.yaml, each field with its source), as the published table names the
+# model and states no architecture.
+DSV4_FIELDS = ("csa_compress_ratios", "csa_window_size", "dsa_indexer_n_heads", "dsa_indexer_head_dim",
+               "dsa_indexer_topk", "o_groups", "o_lora_rank", "hc_mult", "mhc_sinkhorn_iterations",
+               "moe_n_hash_layers", "moe_router_score_function", "moe_router_enable_expert_bias",
+               "moe_router_topk_scaling_factor", "qk_layernorm", "normalization", "norm_epsilon")
+
+
+def _dsv4_fields(preset: ModelSpec) -> dict:
+    """The DeepSeek-V4 fields of the row's preset (``DSV4_FIELDS``)."""
+    return {k: getattr(preset, k) for k in DSV4_FIELDS}
 
 
 def _preset(name: str) -> ModelSpec | None:
@@ -397,8 +415,10 @@ class PreparedRow:
         """dense, moe, mlperf (the validation-only MLPerf GPT-3 rows), lora or sft (fine-tuning
         rows: MLPerf's LoRA, NeMo's table), dense-newer, moe-newer, sft-newer and lora-newer
         (NVIDIA's runs newer than the fit), hybrid-newer (the Nemotron 3 hybrid Mamba-Transformer
-        runs of training_runs_hybrid.csv), each reported apart."""
+        runs of training_runs_hybrid.csv), dsv4-newer (DeepSeek-V4, training_runs_dsv4.csv), each reported apart."""
         newer = assumptions_key(self.id) in NEWER_SOURCES
+        if self.model.is_dsv4:  # DeepSeek-V4 (training_runs_dsv4.csv), before MoE
+            return "dsv4-newer" if newer else "dsv4"
         if self.model.is_hybrid:  # before MoE: every Nemotron 3 model is both
             return "hybrid-newer" if newer else "hybrid"
         if self.model.is_moe:

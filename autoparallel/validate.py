@@ -8,7 +8,8 @@ NVIDIA's runs newer than the fit (``training_runs_newer.csv``: Megatron-Bridge's
 25.11 and Megatron-LM's DeepSeek-V3 GB200 guide, kinds ``dense-newer`` / ``moe-newer``;
 ``finetune_runs_newer.csv``: those summaries' SFT and LoRA tables, kinds ``sft-newer`` /
 ``lora-newer``; ``training_runs_hybrid.csv``: their Nemotron 3 hybrid Mamba-Transformer runs, kind
-``hybrid-newer``, summarized apart (``HELD_APART_KINDS``); never fitted either). Each row pins the layout it states; what the source leaves unstated (recompute, CPU
+``hybrid-newer``, and ``training_runs_dsv4.csv``: their DeepSeek-V4 runs, kind ``dsv4-newer``, each
+summarized apart (``HELD_APART_KINDS``); never fitted either). Each row pins the layout it states; what the source leaves unstated (recompute, CPU
 offload and overlap for NeMo) is taken from what the source documents: the recipe the row ran
 (``data/recipe_settings.yaml``), else the source's defaults (``search_spaces/validation.yaml``);
 only what nothing documents (Narayanan's micro-batch size, the newer releases' recipes not read
@@ -187,7 +188,11 @@ def validate_training(runs: Sequence[Path] | None = None, cross: bool = True,
 # groups and of the tie bands: the Nemotron 3 hybrid Mamba-Transformer runs (training_runs_hybrid.csv),
 # the first rows with Mamba-2 and LatentMoE layers, held out from every fit. Mixed into "bridge 26.08" or
 # "gb300" their errors would move figures that describe the transformer rows.
-HELD_APART_KINDS = ("hybrid", "hybrid-newer")
+HYBRID_KINDS = ("hybrid", "hybrid-newer")
+# DeepSeek-V4's runs (training_runs_dsv4.csv): the first rows with its hybrid sparse attention, mHC and hash
+# routing, held out the same way, in groups of their own ("dsv4 gpu").
+DSV4_KINDS = ("dsv4", "dsv4-newer")
+HELD_APART_KINDS = HYBRID_KINDS + DSV4_KINDS
 
 
 def held_apart(report: pd.DataFrame) -> pd.Series:
@@ -205,7 +210,9 @@ def summary(report: pd.DataFrame) -> pd.DataFrame:
     groups += [("gpu", name, g) for name, g in rest.groupby("gpu")]
     if "system" in report:
         groups += [("system", name, g) for name, g in rest.groupby("system")]
-    groups += [("hybrid gpu", name, g) for name, g in hybrid.groupby("gpu")]
+    dsv4 = hybrid["kind"].isin(DSV4_KINDS)
+    groups += [("hybrid gpu", name, g) for name, g in hybrid[~dsv4].groupby("gpu")]
+    groups += [("dsv4 gpu", name, g) for name, g in hybrid[dsv4].groupby("gpu")]
     out = []
     for by, name, g in groups:
         entry = {"by": by, "group": name, "rows": len(g), "mean_abs_error_pct": g["error_pct"].abs().mean(),
@@ -326,7 +333,7 @@ def tie_bands(report: pd.DataFrame) -> dict:
     """The held-out mean |error| (a fraction) pooled per kind and per GPU family (the preset whose
     fitted constants a GPU uses) and kind, with row counts: the share of predicted throughput
     within which a search cannot tell layouts apart on that hardware. The ``HELD_APART_KINDS`` rows
-    (never fitted) give the hybrid models' band, pooled and per family, apart from the others."""
+    (never fitted) give the hybrid models' band and DeepSeek-V4's, pooled and per family, apart from the others."""
     family = {gpu: io.load_hardware(gpu).efficiency_from or gpu for gpu in report["gpu"].unique()}
     errors = report.assign(family=report["gpu"].map(family), error=report["heldout_error_pct"].abs() / 100)
     held = held_apart(errors)
@@ -336,8 +343,11 @@ def tie_bands(report: pd.DataFrame) -> dict:
         by_family.setdefault(fam, {}).update({kind: round(float(group["error"].mean()), 3), f"{kind}_rows": len(group)})
     bands = {"step_time_relative_error": round(float(pooled["dense"]), 3),
              "moe_step_time_relative_error": round(float(pooled["moe"]), 3) if "moe" in pooled else None}
-    if held.any():
-        bands["hybrid_step_time_relative_error"] = round(float(errors.loc[held, "error"].mean()), 3)
+    hybrid, dsv4 = errors["kind"].isin(HYBRID_KINDS), errors["kind"].isin(DSV4_KINDS)
+    if hybrid.any():
+        bands["hybrid_step_time_relative_error"] = round(float(errors.loc[hybrid, "error"].mean()), 3)
+    if dsv4.any():
+        bands["dsv4_step_time_relative_error"] = round(float(errors.loc[dsv4, "error"].mean()), 3)
     return {**bands, "by_family": dict(sorted(by_family.items()))}
 
 
@@ -350,9 +360,11 @@ def tie_bands_yaml(report: pd.DataFrame, date: str) -> str:
               "# seen. Ranked tables mark layouts whose predicted throughput is within this share of the best as\n"
               "# a tie: the cost model cannot tell them apart; measure them (search --profile job) to decide.\n"
               "# Written by `autoparallel validate --tie-bands FILE`; tests/test_validate.py checks it.\n")
-    hybrid = int(report["kind"].isin(HELD_APART_KINDS).sum())
+    hybrid = int(report["kind"].isin(HYBRID_KINDS).sum())
+    dsv4 = int(report["kind"].isin(DSV4_KINDS).sum())
     bands["source"] = (f"`autoparallel validate`, leave-one-model-out mean |error| over {counts.get('dense', 0)} "
                        f"dense and {counts.get('moe', 0)} MoE published rows"
-                       + (f" ({hybrid} held-out hybrid rows for hybrid models)" if hybrid else "") + f", {date}")
+                       + (f" ({hybrid} held-out hybrid rows for hybrid models)" if hybrid else "")
+                       + (f" ({dsv4} held-out DeepSeek-V4 rows for DeepSeek-V4)" if dsv4 else "") + f", {date}")
     return header + yaml.safe_dump(bands, sort_keys=False, width=100)
 

@@ -301,9 +301,9 @@ def test_mlperf_rows_are_never_fitted(full_report, report):
 
 def test_summary_reports_sources_and_gpus_with_held_out_errors(full_report):
     s = validate.summary(full_report)
-    assert list(s.by.unique()) == ["kind", "source", "gpu", "system", "hybrid gpu"]
+    assert list(s.by.unique()) == ["kind", "source", "gpu", "system", "hybrid gpu", "dsv4 gpu"]
     assert set(s[s.by == "kind"].group) == {"dense", "moe", "mlperf", "lora", "sft", "dense-newer", "moe-newer",
-                                            "sft-newer", "lora-newer", "hybrid-newer"}
+                                            "sft-newer", "lora-newer", "hybrid-newer", "dsv4-newer"}
     assert {"heldout_mean_abs_error_pct", "heldout_max_abs_error_pct"} <= set(s.columns)
     assert (s.heldout_mean_abs_error_pct >= 0).all()
 
@@ -615,6 +615,8 @@ NEWER_TABLES = {
     "training_runs_hybrid.csv": ({"hybrid-newer": 53}, {f"bridge {r}" for r in ("26.02.01", "26.04", "26.04.01",
                                                                               "26.06", "26.06.01", "26.08")},
                                  {"gb300", "gb200", "b300", "b200", "h100-sxm"}),
+    # DeepSeek-V4 Flash's two 26.08 runs (session 49): held out, summarized apart.
+    "training_runs_dsv4.csv": ({"dsv4-newer": 2}, {"bridge 26.08"}, {"gb300", "gb200"}),
 }
 
 

@@ -141,7 +141,7 @@ def print_table(result, top: int, where: str, how: str = "", wide: bool = False,
              f"seq {result.model.seq_length}: top {min(top, feasible)} of {feasible:,} feasible{how}")
     print_ranked(result.ranked, title, top, console, result.hardware, result.space.memory_fraction, wide, explain,
                  where, result.train, moe=result.model.is_moe, lora=is_lora(result.model),
-                 hybrid=result.model.is_hybrid)
+                 hybrid=result.model.is_hybrid, dsv4=result.model.is_dsv4)
 
 
 def _next_steps(result, run_dir: Path) -> None:

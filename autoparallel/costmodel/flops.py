@@ -28,10 +28,29 @@ def attention_core_flops(model: ModelSpec, b, s, causal: bool | np.ndarray = Fal
     (multi-latent attention: queries and keys of qk_head_dim + qk_pos_emb_head_dim, values of
     v_head_dim per head).
 
-    Narayanan counts the full s×s matrix; a causal flash kernel skips the upper half.
+    Narayanan counts the full s×s matrix; a causal flash kernel skips the upper half. DeepSeek-V4:
+    ``dsv4_attention_core_flops``.
     """
+    if model.is_dsv4:
+        return dsv4_attention_core_flops(model, b, s)
     full = 2.0 * b * s * s * model.num_attention_heads * (model.qk_dim + model.v_dim)
     return np.where(causal, 0.5 * full, full)
+
+
+def dsv4_attention_core_flops(model: ModelSpec, b, s):
+    """Forward FLOPs of DeepSeek-V4's attention cores for ``b`` sequences of ``s``, averaged over the
+    decoder layers: each query's QK^T and P·V over the keys it attends to (``dsv4_sparse_context``:
+    the window, the indexer's top-k compressed keys on ratio-4 layers, the causal half of the
+    compressed keys on ratio-128 ones; already causal), and on ratio-4 layers the DSA indexer's
+    scores of every query against the causal half of the s/4 compressed keys (index_n_heads x
+    index_head_dim each; Megatron-LM d98e8a64dd ``experimental_attention_variant/dsa.py``)."""
+    ratios = model.dsv4_decoder_ratios
+    per_token = 0.0
+    for ratio in ratios:
+        per_token += 2.0 * model.num_attention_heads * dsv4_sparse_context(model, ratio, s) * (model.qk_dim + model.v_dim)
+        if ratio == 4:
+            per_token += 2.0 * model.dsa_indexer_n_heads * model.dsa_indexer_head_dim * s / 4 / 2
+    return b * s * per_token / len(ratios)
 
 
 def logits_flops(model: ModelSpec, b, s):
@@ -58,6 +77,8 @@ def model_flops_per_token(model: ModelSpec, tp=1):
     (no wgrad) and the adapters 6 per parameter. A hybrid model: ``hybrid_flops_per_token``."""
     if model.is_hybrid:
         return hybrid_flops_per_token(model, tp)
+    if model.is_dsv4:
+        return dsv4_flops_per_token(model, tp)
     layers = (model.num_dense_layers * model.dense_layer_params
               + model.num_moe_layers * (model.active_moe_layer_params - model.router_params))
     attention = (3.0 * model.num_layers * model.seq_length * model.num_attention_heads
@@ -101,6 +122,44 @@ def hybrid_flops_per_token(model: ModelSpec, tp=1):
                + (counts["E"] * megatron_moe_flops_per_token(model) if counts["E"] else 0.0)
                + 2.0 * model.hidden_size * padded_vocab_size(model, tp) * (1 + model.mtp_num_layers))
     return 3.0 * forward
+
+
+def dsv4_sparse_context(model: ModelSpec, ratio: int, s) -> float:
+    """Keys one query attends to on average in a DeepSeek-V4 layer of compression ``ratio`` over a
+    causal sequence of ``s``, as Megatron-Bridge 067f987df0 ``flop_utils.py`` (dsv4_hybrid) counts
+    them: the csa_window_size window everywhere; ratio 4 adds the indexer's top-k of the s/4
+    compressed keys (MCore's nominal estimate k (1 - 4k / 2s), k = min(topk, s/4)); ratio 128 the
+    causal half of the s/128 compressed keys."""
+    window = model.csa_window_size
+    if ratio == 4:
+        k = np.minimum(model.dsa_indexer_topk, s // 4)
+        return window + k * (1 - k * 4 / (2 * s))
+    return window + (s / 128 / 2 if ratio == 128 else 0.0)
+
+
+def dsv4_flops_per_token(model: ModelSpec, tp=1):
+    """Training FLOPs per token of DeepSeek-V4 as Megatron-Bridge counts its TFLOP/s (067f987df0
+    ``src/megatron/bridge/training/utils/flop_utils.py``, the ``dsv4_hybrid`` branch), 3 x 2 x per
+    layer and MTP layer: the projections (q_lora_rank x (h + heads x 512 + 1), h x d + d for wkv and
+    its norm, the grouped low-rank output), sparse attention 2 x heads x context x d (QK and PV)
+    (``dsv4_sparse_context``), the compressors' and indexer's weights (``ModelSpec.csa_extra_params``),
+    the indexer's scores heads x dim x s/4 (no causal half), the top-k routed and shared experts on
+    every layer and the MTP layer, the MTP's e/h projections and norms, and the output layer once per
+    prediction. Leaves out what runs but Bridge does not count: mHC, the router, compressor pooling."""
+    h, heads, d, s = model.hidden_size, model.num_attention_heads, model.v_head_dim, model.seq_length
+    q_term = model.q_lora_rank * (h + heads * (model.qk_head_dim + model.qk_pos_emb_head_dim) + 1)
+    out_term = heads * d * model.o_lora_rank + model.o_groups * model.o_lora_rank * h
+    projections = q_term + h * d + d + out_term
+    forward = 0.0
+    for ratio in model.csa_compress_ratios:
+        forward += projections + 2 * heads * dsv4_sparse_context(model, ratio, s) * d + model.csa_extra_params(ratio)
+        if ratio == 4:
+            forward += model.dsa_indexer_n_heads * model.dsa_indexer_head_dim * s / 4
+    layers = len(model.csa_compress_ratios)
+    forward += layers * (model.moe_router_topk * model.expert_params + model.shared_expert_params)
+    forward += model.mtp_num_layers * (3 * h + 2 * h * h)
+    forward += h * padded_vocab_size(model, tp) * (1 + model.mtp_num_layers)
+    return 6.0 * forward
 
 
 def narayanan_flops_per_step(model: ModelSpec, gbs: float, full_recompute: bool) -> float:

@@ -132,10 +132,18 @@ def activation_bytes(x: Candidates, kind: LayerKind | bool, keep_scores):
                                           etp=x.et, imbalance=x.imbalance, quantized_bytes=x.quantized_input_bytes,
                                           act_in=act_in, attention_output=output, routed_act_in=routed_act_in,
                                           attention=kind.attention, ffn=kind.ffn is not None)
+    if keep_scores is not False and x.model.hc_mult > 1:
+        saved = saved + hyper_connection_saved_bytes(x)
     if keep_scores is False or not kind.standard:
         return saved
     return saved + finetune.frozen_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction,
                                                     x.quantized_input_bytes, output, x.attention_output_fused)
+
+
+def hyper_connection_saved_bytes(x: Candidates):
+    """What a DeepSeek-V4 layer's two mHC blocks keep for backward beyond a plain residual: each
+    block's n-stream input (for the mappings' projection and norm, H_pre and H_res), BF16."""
+    return 2.0 * x.model.hc_mult * x.tokens / x.t * x.model.hidden_size * memory.ACT_INPUT_BYTES
 
 
 def received_copies(x: Candidates):
@@ -261,6 +269,34 @@ def glu_clamp_time(x: Candidates, kind: LayerKind | bool):
     if is_moe:
         backward = backward + np.where(x.modules["moe_act"], forward, 0.0)
     return forward, backward
+
+
+# DeepSeek-V4's Hyper-Connections (Megatron-LM d98e8a64dd ``megatron/core/transformer/hyper_connection.py``
+# HyperConnectionModule, the unfused path), per block and token, in hidden-size elements of the n = hc_mult
+# streams: ``compute_mappings`` reads the n streams twice (the RMS norm and the projection to the mixing
+# weights), ``aggregate`` reads n and writes 1 (H_pre), ``fused_h_res_h_post_bda`` reads the n-stream residual
+# and the block's output and writes n streams (H_res x + H_post^T out): 2n + (n + 1) + (2n + 1). Two blocks per
+# layer (attention, MoE). The backward moves each pass's gradient: twice the forward's bytes.
+def hyper_connection_elements(n: int) -> float:
+    """Hidden-size elements one mHC block moves per token forward (see above)."""
+    return 2.0 * n + (n + 1.0) + (2.0 * n + 1.0)
+
+
+def hyper_connection_time(x: Candidates):
+    """(forward, backward) seconds of a DeepSeek-V4 layer's two mHC blocks over HBM, BF16, on the
+    GPU's tokens (``hyper_connection_elements``); the 4 x 4 Sinkhorn iterations and the tiny
+    projection GEMM's FLOPs are left out (per token ~1 % of the bytes)."""
+    n = x.model.hc_mult
+    forward = 2.0 * hyper_connection_elements(n) * x.tokens / x.t * x.model.hidden_size * memory.ACT_INPUT_BYTES / x.hbm
+    return forward, 2.0 * forward
+
+
+def hash_routed_router_time(x: Candidates):
+    """The router's (forward, backward) seconds averaged over the MoE layers: DeepSeek-V4's first
+    ``moe_n_hash_layers`` route by a vocabulary table (Megatron-Bridge ``moe_n_hash_layers``, the
+    checkpoint's ``tid2eid``), running no router GEMM or scoring; the others as ``router_time``."""
+    share = 1.0 - x.model.moe_n_hash_layers / x.model.num_moe_layers
+    return tuple(share * t for t in router_time(x))
 
 
 def forward_time(x: Candidates, t_linear, attention, softmax, kind: LayerKind | bool):
@@ -882,15 +918,17 @@ def moe_layer(x: Candidates) -> dict:
     model = x.model
     nonexpert = model.moe_layer_params - model.num_experts * model.expert_params - model.router_params
     t_experts = routed_experts_time(x)
-    router, permutation, calls = router_time(x), permutation_time(x), expert_calls(x, t_experts)
+    router = hash_routed_router_time(x) if model.moe_n_hash_layers else router_time(x)
+    permutation, calls = permutation_time(x), expert_calls(x, t_experts)
     bias, clamp = expert_bias_time(x), glu_clamp_time(x, True)
+    kernels = (router, permutation, calls, bias, clamp) + ((hyper_connection_time(x),) if model.hc_mult > 1 else ())
     tp_blocks = 1.0 + (model.shared_expert_ffn_hidden_size > 0)
     block = (linear_time(x, model.shared_expert_params) + t_experts + router[0] + permutation[0] + calls[0]
              + bias[0] + clamp[0])
     t_nonexpert = linear_time(x, nonexpert, model.mla_down_params)
     chunked = linear_time(x, nonexpert, model.mla_down_params, chunks=x.t)
     return layer_cost(x, moe.nonexpert_moe_params_gpu(model, x.t), moe.expert_params_gpu(model, x.e, x.et),
-                      t_nonexpert + t_experts, tp_blocks, True, block, (router, permutation, calls, bias, clamp),
+                      t_nonexpert + t_experts, tp_blocks, True, block, kernels,
                       tp_linear=(t_nonexpert, chunked))
 
 

@@ -100,7 +100,9 @@ def replicated_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0, moe: b
     else:
         mlp_input = gemm_in
     latents = 0.0
-    if model.multi_latent_attention:
+    if model.is_dsv4:  # DeepSeek-V4: the query latent only (wkv makes the one KV head directly)
+        latents = (2.0 + gemm_in) * model.q_lora_rank / model.hidden_size
+    elif model.multi_latent_attention:
         latents = ((2.0 + gemm_in) * ((model.q_lora_rank or 0) + model.kv_lora_rank)
                    + 2.0 * model.qk_pos_emb_head_dim) / model.hidden_size
     mask = HIDDEN_DROPOUT_MASK_BYTES if model.hidden_dropout else 0.0
@@ -145,7 +147,10 @@ def sharded_bytes_per_token_hidden(model: ModelSpec, fp8_fraction=0.0, moe: bool
     h, heads = model.hidden_size, model.num_attention_heads
     gemm_in = gemm_input_bytes(fp8_fraction, quantized_bytes)
     out = gemm_in if attention_output is None else attention_output
-    if model.multi_latent_attention:
+    if model.is_dsv4:  # heads' queries, one K and one V head, the output and the o_groups projection's input
+        attention = (2.0 * (heads * model.qk_dim + 2 * model.v_dim) + out * heads * model.v_dim
+                     + gemm_in * model.o_groups * model.o_lora_rank) / h
+    elif model.multi_latent_attention:
         attention = (2.0 * heads * (2 * model.qk_dim + model.v_dim) + out * heads * model.v_dim) / h
     else:
         kv = model.query_groups / heads
@@ -204,7 +209,11 @@ def recomputed_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction, moe: bool, etp
     gemm_in = gemm_input_bytes(fp8_fraction, quantized_bytes)
     out = np.where(layernorm, norm_output_bytes(model, b, s, t, sp, fp8_fraction, moe, moe_layer,
                                                 quantized_bytes), 0.0)
-    if model.multi_latent_attention:
+    if model.is_dsv4:  # DeepSeek-V4's mla_up_proj: the queries (wq_b and RoPE) and wq_b's input copy
+        latent_copies = gemm_in * model.q_lora_rank * b * s / np.where(sp, t, 1)
+        queries = tokens * 2.0 * model.num_attention_heads * model.qk_dim
+        out = out + np.where(mla_up_proj, queries + latent_copies, 0.0)
+    elif model.multi_latent_attention:
         heads = model.num_attention_heads
         latent_copies = gemm_in * ((model.q_lora_rank or 0) + model.kv_lora_rank) * b * s / np.where(sp, t, 1)
         out = out + np.where(mla_up_proj, tokens * 2.0 * heads * (2 * model.qk_dim + model.v_dim) + latent_copies, 0.0)

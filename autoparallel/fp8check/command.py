@@ -46,6 +46,10 @@ def check_and_save(model: ModelSpec, settings: Fp8CheckSettings, results: Path |
         raise UserError(f"fp8-check cannot judge {model.name}: it is a hybrid Mamba-Transformer "
                         "(hybrid_layer_pattern), and the proxy model it trains is the built-in transformer, "
                         "which has no Mamba-2 layers")
+    if model.is_dsv4:  # the same: its proxy would be a dense transformer without DeepSeek-V4's attention
+        raise UserError(f"fp8-check cannot judge {model.name}: it is DeepSeek-V4 (csa_compress_ratios), and the "
+                        "proxy model it trains is the built-in transformer, which has no compressed sparse attention, "
+                        "DSA indexer or Hyper-Connections")
     try:
         from autoparallel.fp8check.check import run_check
     except ImportError as exc:  # torch missing: an optional dependency fails when used

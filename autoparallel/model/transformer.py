@@ -379,6 +379,10 @@ def check_spec(spec: ModelSpec) -> None:
             f"model {spec.name!r} is a hybrid Mamba-Transformer (hybrid_layer_pattern); the built-in "
             "transformer has no Mamba-2 layers: profile it with --trainer megatron (Megatron-LM's "
             "pretrain_hybrid.py)")
+    if spec.is_dsv4:
+        raise NotImplementedError(
+            f"model {spec.name!r} is DeepSeek-V4 (csa_compress_ratios): the built-in transformer has no "
+            "compressed sparse attention, DSA indexer, Hyper-Connections or hash routing")
     if spec.multi_latent_attention:
         raise NotImplementedError(f"model {spec.name!r} uses multi-latent attention, which the "
                                   "built-in transformer does not implement")

@@ -339,6 +339,9 @@ def _evaluator(result, args: argparse.Namespace, console, again: str | None = No
     slurm = getattr(args, "executor", "local") == "slurm"
     if result.model.is_hybrid and (args.profile == "layer" or getattr(args, "trainer", None) != "megatron"):
         raise UserError(hybrid_refusal(result.model, f"--profile {args.profile}"))
+    if result.model.is_dsv4:  # neither the built-in transformer nor Megatron-LM's flags build it
+        from autoparallel.report.shared import dsv4_unsupported
+        raise UserError(f"--profile {args.profile} cannot measure {dsv4_unsupported(result.model)}")
     device = getattr(args, "device", "auto") if slurm else _checked_device(getattr(args, "device", "auto"))
     if args.profile == "layer":
         from autoparallel.profiling.layer import LayerProfileEvaluator

@@ -54,6 +54,8 @@ def nemo_unsupported(plan: Plan, model: ModelSpec | None = None) -> str:
         return ("a hybrid Mamba-Transformer model has no NeMo 1.x GPT config and NeMo 2's are SSMConfig recipes "
                 "(nemotronh), not the GPT recipe written here: use the Megatron-LM flags (pretrain_hybrid.py) or "
                 "best.yaml's megatron_bridge_model (Megatron-Bridge's HybridModelProvider)")
+    if model is not None and model.is_dsv4:
+        return dsv4_unsupported(model)
     if plan.is_fp4:
         return ("NVFP4 has no NeMo 1.x / NeMo 2 form (MegatronMixedPrecision has no FP4): use the Megatron-LM "
                 "flags or Megatron-Bridge's bf16_with_nvfp4_mixed")
@@ -65,9 +67,26 @@ def nemo_unsupported(plan: Plan, model: ModelSpec | None = None) -> str:
 MAMBA_CONV_KERNEL = 4
 
 
+# DeepSeek-V4 (``ModelSpec.csa_compress_ratios``): Megatron-LM d98e8a64dd's TransformerConfig has no
+# ``dsv4_hybrid`` attention variant (experimental_attention_variant: gdn, gdn2, dsa, gated_delta_net), no
+# o_groups / o_lora_rank, no CSA compressor or hash routing; its README: "Megatron Core's dev branch includes
+# the initial DeepSeek-V4 implementation" (Megatron-Bridge's recipes need a dev-branch Megatron-Core).
+DSV4_UNSUPPORTED = ("DeepSeek-V4's hybrid attention (dsv4_hybrid: CSA with a DSA indexer, o_groups output), Hyper-"
+                    "Connections and hash routing are not in Megatron-LM d98e8a64dd (main): only its dev branch has "
+                    "them, with no flags this export could write; run Megatron-Bridge's DeepSeek-V4 recipes "
+                    "(recipes/deepseek/*/deepseek_v4.py) on a dev-branch Megatron-Core")
+
+
+def dsv4_unsupported(model: ModelSpec) -> str:
+    """Why no export can state a DeepSeek-V4 ``model`` (``DSV4_UNSUPPORTED``), or ''."""
+    return f"{model.name}: {DSV4_UNSUPPORTED}" if model.is_dsv4 else ""
+
+
 def hybrid_unsupported(model: ModelSpec) -> str:
     """Why Megatron-LM's flags (and Megatron-Bridge's provider) cannot state the hybrid
-    ``model``, or '' (``report.hybrid_export``)."""
+    ``model`` (or DeepSeek-V4's, ``dsv4_unsupported``), or '' (``report.hybrid_export``)."""
+    if model.is_dsv4:
+        return dsv4_unsupported(model)
     if not model.is_hybrid:
         return ""
     if model.mtp_num_layers and not model.mtp_layer_pattern:

@@ -108,17 +108,22 @@ class PredictionError:
     moe_step_time_relative_error: float | None = None
     # The held-out hybrid Mamba-Transformer rows' error (validate's "hybrid-newer" kind), pooled.
     hybrid_step_time_relative_error: float | None = None
+    # The held-out DeepSeek-V4 rows' error (validate's "dsv4-newer" kind), pooled.
+    dsv4_step_time_relative_error: float | None = None
     # family -> {"dense": error, "dense_rows": n, "moe": error, "moe_rows": n} (kinds it has rows of)
     by_family: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def for_hardware(self, hw: HardwareSpec | None, moe: bool = False, lora: bool = False,
-                     hybrid: bool = False) -> PredictionError:
-        """The band of ``hw``'s family and the model's kind (dense, moe, a LoRA fine-tune, or a
-        hybrid Mamba-Transformer); the pooled one (dense for LoRA) where the family has no held-out
-        rows of that kind."""
-        kind = "hybrid-newer" if hybrid else "moe" if moe else "lora" if lora else "dense"
+                     hybrid: bool = False, dsv4: bool = False) -> PredictionError:
+        """The band of ``hw``'s family and the model's kind (dense, moe, a LoRA fine-tune, a
+        hybrid Mamba-Transformer or DeepSeek-V4); the pooled one (dense for LoRA) where the family has
+        no held-out rows of that kind."""
+        kind = ("dsv4-newer" if dsv4 else "hybrid-newer" if hybrid else "moe" if moe else "lora" if lora
+                else "dense")
         pooled = self.step_time_relative_error
-        if hybrid and self.hybrid_step_time_relative_error:
+        if dsv4 and self.dsv4_step_time_relative_error:
+            pooled = self.dsv4_step_time_relative_error
+        elif hybrid and self.hybrid_step_time_relative_error:
             pooled = self.hybrid_step_time_relative_error
         elif moe and self.moe_step_time_relative_error:
             pooled = self.moe_step_time_relative_error
@@ -259,13 +264,13 @@ def short_legend(hw: HardwareSpec | None, memory_fraction: float | None = None,
 def print_ranked(ranked: pd.DataFrame, title: str, top: int = 10, console: Console | None = None,
                  hw: HardwareSpec | None = None, memory_fraction: float | None = None, wide: bool = False,
                  explain: bool = False, where: str = "", train: TimeToTrain | None = None,
-                 moe: bool = False, lora: bool = False, hybrid: bool = False) -> None:
+                 moe: bool = False, lora: bool = False, hybrid: bool = False, dsv4: bool = False) -> None:
     """The ranked table as wide as the terminal allows (all columns with ``wide``), the short
     legend, or the full one with ``explain``; with ``train``, the time to train of each layout
     and a line on the winner's; ``moe`` / ``lora`` / ``hybrid``: the tie band of MoE models /
-    LoRA runs / hybrid Mamba-Transformer models."""
+    LoRA runs / hybrid Mamba-Transformer models; ``dsv4``: DeepSeek-V4's."""
     console = console or Console()
-    error = prediction_error().for_hardware(hw, moe, lora, hybrid)
+    error = prediction_error().for_hardware(hw, moe, lora, hybrid, dsv4)
     text = legend(hw, memory_fraction, error) if explain else short_legend(hw, memory_fraction, error)
     if train is not None and ranked["fits"].any():
         text = [train.summary(float(ranked.loc[ranked["fits"], "tokens_per_s_per_gpu"].iloc[0])), *text]
@@ -276,11 +281,11 @@ def print_ranked(ranked: pd.DataFrame, title: str, top: int = 10, console: Conso
 def markdown_table(ranked: pd.DataFrame, top: int = 50, hw: HardwareSpec | None = None,
                    memory_fraction: float | None = None, feasible: int | None = None,
                    train: TimeToTrain | None = None, moe: bool = False, lora: bool = False,
-                   hybrid: bool = False) -> str:
+                   hybrid: bool = False, dsv4: bool = False) -> str:
     """ranked.md's table; ``feasible``: the run's count when ``ranked`` keeps only the best;
     ``train``: the time to train beside each layout; ``moe`` / ``lora`` / ``hybrid``: the tie band
-    of MoE models / LoRA runs / hybrid models."""
-    error = prediction_error().for_hardware(hw, moe, lora, hybrid)
+    of MoE models / LoRA runs / hybrid models / DeepSeek-V4."""
+    error = prediction_error().for_hardware(hw, moe, lora, hybrid, dsv4)
     columns, rows = _table(ranked, top, hw, train, error)
     headers = [c.header for c in columns]
     feasible = feasible or int(ranked["fits"].sum())

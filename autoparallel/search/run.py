@@ -142,7 +142,7 @@ def write_tables(result: SearchResult, run_dir: Path, top_md: int = 50, summaris
     run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(
         result.ranked, top_md, result.hardware, result.space.memory_fraction, result.feasible_total,
         train=result.train, moe=result.model.is_moe, lora=finetune.is_lora(result.model),
-        hybrid=result.model.is_hybrid))
+        hybrid=result.model.is_hybrid, dsv4=result.model.is_dsv4))
     if not result.feasible.empty:
         write_best(run_dir, result.model, result.hardware, result.entry(1), title)
     rows = result.ranked

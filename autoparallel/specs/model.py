@@ -154,6 +154,28 @@ class ModelSpec:
     # pattern after "/" in --hybrid-layer-pattern, repeated mtp_num_layers times; Megatron-Bridge's
     # mtp_hybrid_override_pattern; Nemotron 3 Super / Ultra: "*E"). Needed with mtp_num_layers.
     mtp_layer_pattern: str | None = None
+    # DeepSeek-V4's hybrid attention (Megatron-Core's experimental ``dsv4_hybrid`` variant, Megatron-Bridge
+    # ``DeepSeekV4Bridge.provider_bridge``): one compression ratio per decoder layer and MTP layer
+    # (``csa_compress_ratios``; 0: a sliding window of csa_window_size keys only, 4: Compressed Sparse
+    # Attention, the window plus the dsa_indexer_topk compressed keys a DSA indexer of
+    # dsa_indexer_n_heads x dsa_indexer_head_dim picks, 128: the window plus every 128-token compressed
+    # key), one KV head of v_head_dim (its keys' last qk_pos_emb_head_dim dims rotary), queries through
+    # q_lora_rank, the output through o_groups low-rank groups of o_lora_rank. None: not DeepSeek-V4.
+    csa_compress_ratios: tuple[int, ...] | None = None
+    csa_window_size: int = 128
+    dsa_indexer_n_heads: int | None = None
+    dsa_indexer_head_dim: int | None = None
+    dsa_indexer_topk: int | None = None
+    o_groups: int | None = None
+    o_lora_rank: int | None = None
+    # Hyper-Connections (mHC, Megatron-Core ``num_residual_streams``): the residual stream is hc_mult
+    # streams of hidden_size, mixed before and after each block (1: a plain residual). Its Sinkhorn
+    # iterations (``mhc_sinkhorn_iterations``) are export-only.
+    hc_mult: int = 1
+    mhc_sinkhorn_iterations: int = 20
+    # Hash-routed MoE (Megatron-Bridge ``moe_n_hash_layers``): the first this-many layers route each token
+    # by a fixed vocabulary -> experts table, not by the router's scores.
+    moe_n_hash_layers: int = 0
     # The global batch size the model was published with; the search keeps it fixed by default.
     global_batch_size: int | None = None
     # Positions the model serves (Megatron-LM's --max-position-embeddings; HF's
@@ -215,6 +237,7 @@ class ModelSpec:
         if self.mtp_num_layers < 0:
             raise ValueError(f"mtp_num_layers must be 0 or more, got {self.mtp_num_layers}")
         self._check_hybrid()
+        self._check_dsv4()
         if self.finetune and (self.finetune.document_tokens or 0) > self.seq_length:
             raise ValueError(f"finetune.document_tokens {self.finetune.document_tokens} is longer than the packed "
                              f"sequence (seq_length {self.seq_length})")
@@ -249,6 +272,32 @@ class ModelSpec:
         if "M" in pattern and self.mamba_heads % self.mamba_num_groups:
             raise ValueError(f"mamba_num_heads={self.mamba_heads} is not a multiple of "
                              f"mamba_num_groups={self.mamba_num_groups} (Megatron-Core MambaMixer)")
+
+    def _check_dsv4(self) -> None:
+        """DeepSeek-V4's fields: the ratios Megatron-Bridge's FLOP count accepts (0, 4, 128), one per
+        decoder and MTP layer, the indexer wherever a ratio-4 layer is, MLA around it."""
+        if self.hc_mult < 1 or self.moe_n_hash_layers < 0:
+            raise ValueError(f"hc_mult must be 1 or more and moe_n_hash_layers 0 or more, got {self.hc_mult}, "
+                             f"{self.moe_n_hash_layers}")
+        ratios = self.csa_compress_ratios
+        if ratios is None:
+            if self.o_groups or self.dsa_indexer_n_heads:
+                raise ValueError("o_groups and dsa_indexer_* are DeepSeek-V4 attention: they need csa_compress_ratios")
+            return
+        if not self.multi_latent_attention or self.q_lora_rank is None or not (self.o_groups and self.o_lora_rank):
+            raise ValueError("csa_compress_ratios (DeepSeek-V4 attention) needs multi_latent_attention, q_lora_rank, "
+                             "o_groups and o_lora_rank")
+        if self.is_hybrid:
+            raise ValueError("csa_compress_ratios and hybrid_layer_pattern do not go together")
+        if len(ratios) != self.num_layers + self.mtp_num_layers or set(ratios) - {0, 4, 128}:
+            raise ValueError(f"csa_compress_ratios must hold one of 0, 4, 128 per decoder and MTP layer "
+                             f"({self.num_layers} + {self.mtp_num_layers}), got {len(ratios)}: {list(ratios)}")
+        if 4 in ratios and not (self.dsa_indexer_n_heads and self.dsa_indexer_head_dim and self.dsa_indexer_topk):
+            raise ValueError("ratio-4 (Compressed Sparse Attention) layers need dsa_indexer_n_heads, "
+                             "dsa_indexer_head_dim and dsa_indexer_topk")
+        if self.num_attention_heads * self.v_head_dim % self.o_groups:
+            raise ValueError(f"o_groups={self.o_groups} must divide the heads' output "
+                             f"{self.num_attention_heads} x {self.v_head_dim}")
 
     def _check_export_fields(self) -> None:
         """The export-only fields, refused where Megatron-LM would refuse the model (its
@@ -386,9 +435,46 @@ class ModelSpec:
     # Parameter counts: Megatron-LM's theoretical_memory_usage.py accounting, less norms and
     # biases (< 0.1 %, left out as in Narayanan et al.), plus the router (h x experts per MoE
     # layer), which that accounting leaves out; tests/test_moe_specs.py checks the identity.
+    @property
+    def is_dsv4(self) -> bool:
+        """DeepSeek-V4's hybrid attention, Hyper-Connections and hash routing (``csa_compress_ratios``)."""
+        return self.csa_compress_ratios is not None
+
+    @cached_property
+    def dsv4_decoder_ratios(self) -> tuple[int, ...]:
+        """The decoder layers' compression ratios (the MTP layers' left out)."""
+        return tuple(self.csa_compress_ratios[:self.num_layers])
+
+    def csa_extra_params(self, ratio: int) -> int:
+        """One DeepSeek-V4 layer's compressor and indexer weights beside its projections (the
+        checkpoint's ``attn.compressor.{wkv,wgate}`` of h x 2d on ratio-4 layers, where windows overlap,
+        h x d on ratio-128 ones; the ratio-4 layers' ``attn.indexer``: its own compressor of h x 2
+        index_head_dim twice, ``wq_b`` q_lora_rank -> heads x head_dim and ``weights_proj`` h -> heads),
+        as Megatron-Bridge 067f987df0 ``flop_utils.py`` counts them (main_compressor_term, indexer_term)."""
+        h, d = self.hidden_size, self.v_head_dim
+        if ratio == 4:
+            heads, dim = self.dsa_indexer_n_heads, self.dsa_indexer_head_dim
+            return 2 * h * 2 * d + 2 * h * 2 * dim + self.q_lora_rank * heads * dim + h * heads
+        return 2 * h * d if ratio == 128 else 0
+
+    @property
+    def hyper_connection_params(self) -> int:
+        """One layer's mHC weights: for each of its two blocks a map from the hc_mult streams to the
+        pre, post and residual mixing weights (hc_mult^2 + 2 hc_mult outputs; ``hc_attn_fn`` /
+        ``hc_ffn_fn`` [24, 4 x hidden] at hc_mult 4). Zero without mHC."""
+        m = self.hc_mult
+        return 0 if m == 1 else 2 * (m * m + 2 * m) * m * self.hidden_size
+
     @cached_property
     def attention_params(self) -> int:
         h, heads = self.hidden_size, self.num_attention_heads
+        if self.is_dsv4:
+            # wq_a, wkv (mla_down_params), wq_b (mla_up_params), the grouped low-rank output (wo_a: each
+            # group's heads x d / o_groups -> o_lora_rank; wo_b: o_groups x o_lora_rank -> h), the layers'
+            # mean compressor / indexer weights (csa_extra_params) and mHC's.
+            extra = sum(self.csa_extra_params(r) for r in self.dsv4_decoder_ratios) // self.num_layers
+            output = heads * self.v_head_dim * self.o_lora_rank + self.o_groups * self.o_lora_rank * h
+            return self.mla_down_params + self.mla_up_params + output + extra + self.hyper_connection_params
         if self.multi_latent_attention:
             return self.mla_down_params + self.mla_up_params + heads * self.v_head_dim * h
         q_out = heads * self.head_dim
@@ -401,6 +487,8 @@ class ModelSpec:
         keeps them whole on every TP rank (TE parallel_mode "duplicated")."""
         if not self.multi_latent_attention:
             return 0
+        if self.is_dsv4:  # wq_a and wkv, DeepSeek-V4's one KV head of v_head_dim (keys and values)
+            return self.hidden_size * (self.q_lora_rank + self.v_head_dim)
         return self.hidden_size * ((self.q_lora_rank or 0) + self.kv_lora_rank + self.qk_pos_emb_head_dim)
 
     @property
@@ -409,6 +497,8 @@ class ModelSpec:
         model without a query latent projects queries from the hidden state at full rank."""
         heads = self.num_attention_heads
         q_in = self.q_lora_rank or self.hidden_size
+        if self.is_dsv4:  # wq_b only: keys and values come whole from wkv
+            return q_in * heads * (self.qk_head_dim + self.qk_pos_emb_head_dim)
         return (q_in * heads * (self.qk_head_dim + self.qk_pos_emb_head_dim)
                 + self.kv_lora_rank * heads * (self.qk_head_dim + self.v_head_dim))
 
