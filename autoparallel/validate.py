@@ -364,7 +364,7 @@ def tie_bands_yaml(report: pd.DataFrame, date: str) -> str:
     dsv4 = int(report["kind"].isin(DSV4_KINDS).sum())
     bands["source"] = (f"`autoparallel validate`, leave-one-model-out mean |error| over {counts.get('dense', 0)} "
                        f"dense and {counts.get('moe', 0)} MoE published rows"
-                       + (f" ({hybrid} held-out hybrid rows for hybrid models)" if hybrid else "")
-                       + (f" ({dsv4} held-out DeepSeek-V4 rows for DeepSeek-V4)" if dsv4 else "") + f", {date}")
+                       + (f"; {hybrid} held-out hybrid rows for hybrid models" if hybrid else "")
+                       + (f"; {dsv4} held-out DeepSeek-V4 rows for DeepSeek-V4" if dsv4 else "") + f", {date}")
     return header + yaml.safe_dump(bands, sort_keys=False, width=100)
 
