@@ -152,20 +152,79 @@ def _row_candidates(gpu="gb300"):
 
 
 def test_mhc_is_one_kernel_pair_of_the_moe_layer(monkeypatch):
-    """The MoE layer's compute holds mHC's forward and backward HBM passes exactly once; its stored
-    activations the streams each block keeps."""
+    """The MoE layer's compute holds mHC's forward and backward HBM passes exactly once (on GB300 the fused
+    cuTile kernels' 18 and 55 elements per token and block); its stored activations the streams each
+    block keeps."""
     import numpy as np
     from autoparallel.costmodel import layer_time
     x = _row_candidates()
     with_mhc = layer_time.moe_layer(x)
     forward, backward = layer_time.hyper_connection_time(x)
-    assert np.all(forward > 0) and np.allclose(backward, 2 * forward)
+    assert np.all(forward > 0) and np.allclose(backward, forward * 55.0 / 18.0)
+    assert layer_time.fused_hyper_connection_elements(4) == (18.0, 55.0)
     monkeypatch.setattr(layer_time, "hyper_connection_time", lambda x: (0.0 * forward, 0.0 * forward))
     monkeypatch.setattr(layer_time, "hyper_connection_saved_bytes", lambda x: 0.0)
     without = layer_time.moe_layer(x)
     assert np.allclose(with_mhc["compute"] - without["compute"], forward + backward, rtol=1e-9)
     stored = 2.0 * 4 * x.tokens / x.t * 4096 * 2.0
     assert np.allclose(with_mhc["working"] - without["working"], stored, rtol=1e-9)
+
+
+def test_mhc_off_blackwell_is_the_unfused_module():
+    """Without the cuTile kernels (no Blackwell) the unfused module's 22 elements forward, twice backward."""
+    import dataclasses as dc
+    import numpy as np
+    from autoparallel.costmodel import layer_time
+    x = _row_candidates()
+    hopper = dc.replace(x, hw=dc.replace(x.hw, mxfp8=False))
+    forward, backward = layer_time.hyper_connection_time(hopper)
+    fused_forward, _ = layer_time.hyper_connection_time(x)
+    assert np.allclose(backward, 2 * forward) and np.allclose(forward / fused_forward, 22.0 / 18.0)
+
+
+def test_dsv4_attention_kernels_are_in_the_moe_layer_once(monkeypatch):
+    """The indexer's top-k and sparse loss, the BF16 grouped output and the compressors' pooling each add
+    time, and the MoE layer's compute holds their forward and backward exactly once."""
+    import numpy as np
+    from autoparallel.costmodel import layer_time
+    x = _row_candidates()
+    kernels = layer_time.dsv4_attention_kernels(x)
+    assert len(kernels) == 4 and all(np.all(f > 0) for f, _ in kernels)
+    total = sum(f + b for f, b in kernels)
+    with_kernels = layer_time.moe_layer(x)
+    monkeypatch.setattr(layer_time, "dsv4_attention_kernels", lambda x: ())
+    without = layer_time.moe_layer(x)
+    assert np.allclose(with_kernels["compute"] - without["compute"], total, rtol=1e-9)
+
+
+def test_indexer_loss_flops_count_the_selected_keys(flash):
+    """Per ratio-4 token: 64 heads x 512 QK^T over k (1 - 4k / 2s) = 384 keys, and three indexer GEMMs of
+    64 x 128 over them; 21 of the 43 decoder layers."""
+    target, indexer, exponentials = flops.dsa_indexer_loss_flops(flash, 1, 4096)
+    assert target == pytest.approx(4096 * 384 * 2 * 64 * 512 * 21 / 43)
+    assert indexer == pytest.approx(4096 * 384 * 3 * 2 * 64 * 128 * 21 / 43)
+    assert exponentials == pytest.approx(4096 * 384 * 64 * 21 / 43)
+
+
+def test_compressor_bytes_follow_its_passes():
+    """Ratio 4 (overlapping, coff 2) at head_dim 512: bias 6 x 1024, overlap 36 x 512, softmax, product and
+    sum 22 x 1024 bytes; ratio 128 (coff 1): 6 x 512 + 22 x 512."""
+    from autoparallel.costmodel import layer_time
+    assert layer_time.compressor_bytes_per_token(4, 512) == 6 * 1024 + 36 * 512 + 22 * 1024
+    assert layer_time.compressor_bytes_per_token(128, 512) == 28 * 512
+    assert layer_time.compressor_bytes_per_token(4, 128) == layer_time.compressor_bytes_per_token(4, 512) / 4
+
+
+def test_grouped_output_is_priced_at_the_bf16_peak():
+    """wo_a runs as a torch.einsum: under MXFP8 its extra time is its BF16 time less its FP8 time."""
+    import numpy as np
+    from autoparallel.costmodel import gemm, layer_time
+    x = _row_candidates()
+    params = 64 * 512 * 1024
+    forward, backward = layer_time.dsv4_output_groups_bf16_time(x)
+    bf16 = layer_time.linear_time(x, params, gemms=1.0, peak=gemm.bf16_peak(x.hw))
+    assert np.allclose(forward, bf16 - layer_time.linear_time(x, params, gemms=1.0))
+    assert np.all(forward > 0) and np.allclose(backward, 2 * forward)
 
 
 def test_hash_routed_layers_run_no_router():

@@ -53,6 +53,25 @@ def dsv4_attention_core_flops(model: ModelSpec, b, s):
     return b * s * per_token / len(ratios)
 
 
+def dsa_indexer_loss_flops(model: ModelSpec, b, s):
+    """(target GEMM FLOPs, indexer GEMM FLOPs, exponentials) of DeepSeek-V4's sparse DSA indexer loss for ``b`` sequences of ``s``,
+    averaged over the decoder layers (ratio-4 layers only), as Megatron-LM d98e8a64dd's fused cuDNN
+    path runs it (``experimental_attention_variant/dsa_cudnn_kernels.py`` ``FusedIndexerSparseAttnFunc``,
+    ``dsa_indexer_use_sparse_loss``): in the forward, ``sparse_attn_score_recompute_wrapper`` recomputes
+    every head's QK^T over each query's selected compressed keys (heads x keys x qk_dim, and the
+    softmax's exponentials) for the head-summed target, and ``indexer_backward_wrapper`` computes the
+    indexer's gradients over the same keys (its scores again, d q_indexer, d k_indexer: three GEMMs of
+    index_n_heads x keys x index_head_dim); the backward only scales those gradients. Keys per query:
+    the compressed part of ``dsv4_sparse_context`` (MCore's nominal k (1 - 4k / 2s))."""
+    ratios = model.dsv4_decoder_ratios
+    k = np.minimum(model.dsa_indexer_topk, s // 4)
+    keys = k * (1 - k * 4 / (2 * s))
+    share = b * s * keys * ratios.count(4) / len(ratios)
+    target = 2.0 * model.num_attention_heads * model.qk_dim
+    indexer = 3 * 2.0 * model.dsa_indexer_n_heads * model.dsa_indexer_head_dim
+    return share * target, share * indexer, share * model.num_attention_heads
+
+
 def logits_flops(model: ModelSpec, b, s):
     """Forward FLOPs of the output layer (on the last pipeline stage)."""
     return 2.0 * b * s * model.hidden_size * model.vocab_size

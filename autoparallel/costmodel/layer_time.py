@@ -282,13 +282,110 @@ def hyper_connection_elements(n: int) -> float:
     return 2.0 * n + (n + 1.0) + (2.0 * n + 1.0)
 
 
+def fused_hyper_connection_elements(n: int) -> tuple[float, float]:
+    """(forward, backward) hidden-size elements one mHC block moves per token under ``use_fused_mhc``
+    (NVIDIA/Megatron-LM@296a8922a2 ``megatron/core/fusions/fused_mhc_kernels.py``, cuTile, compute capability
+    10+; Megatron-Bridge 067f987df0 turns it on on Blackwell, ``deepseek_v4_supports_blackwell_fused_kernels``).
+    Forward: ``proj_rms`` reads the n streams once (projection and RMS norm together), ``h_aggregate`` reads n
+    and writes 1, ``h_post_bda`` reads n and the block's output and writes n: 4n + 2. Backward: ``proj_rms``
+    reads n and writes their gradient (2n), ``h_aggregate`` reads the gradient, n streams, writes n (2n + 1),
+    ``h_post_bda`` reads n gradients, n streams and the output, writes n and 1 (3n + 2), and autograd sums the
+    three n-stream gradients of the block's input (two adds, each reading 2n and writing n): 13n + 3. The
+    Sinkhorn iterations run inside one kernel on the n x n matrices (no HBM pass of hidden size)."""
+    return 4.0 * n + 2.0, 13.0 * n + 3.0
+
+
 def hyper_connection_time(x: Candidates):
     """(forward, backward) seconds of a DeepSeek-V4 layer's two mHC blocks over HBM, BF16, on the
-    GPU's tokens (``hyper_connection_elements``); the 4 x 4 Sinkhorn iterations and the tiny
-    projection GEMM's FLOPs are left out (per token ~1 % of the bytes)."""
+    GPU's tokens: on Blackwell the fused cuTile kernels the recipes run (``fused_hyper_connection_elements``),
+    elsewhere the unfused module (``hyper_connection_elements``, backward twice the forward); the
+    tiny projection GEMM's FLOPs are left out (per token ~1 % of the bytes)."""
     n = x.model.hc_mult
-    forward = 2.0 * hyper_connection_elements(n) * x.tokens / x.t * x.model.hidden_size * memory.ACT_INPUT_BYTES / x.hbm
+    fused_forward, fused_backward = fused_hyper_connection_elements(n)
+    per_element = 2.0 * x.tokens / x.t * x.model.hidden_size * memory.ACT_INPUT_BYTES / x.hbm
+    forward = np.where(x.hw.mxfp8, fused_forward, hyper_connection_elements(n)) * per_element
+    backward = np.where(x.hw.mxfp8, fused_backward, 2.0 * hyper_connection_elements(n)) * per_element
+    return forward, backward
+
+
+def dsa_indexer_loss_time(x: Candidates):
+    """(forward, backward) seconds of DeepSeek-V4's sparse DSA indexer loss (the perf recipes'
+    ``dsa_indexer_loss_coeff`` 0.01 with ``dsa_indexer_use_sparse_loss``; Megatron-Bridge 067f987df0
+    ``perf_recipes/deepseek/gb200/deepseek_v4.py``), averaged over the layers: the fused path's
+    attention-target recompute and indexer gradients (``flops.dsa_indexer_loss_flops``), all in the
+    forward, BF16 kernels of the attention core's kind at its efficiency (``attention_time``'s GEMMs
+    or exponentials, whichever is slower); the target over the TP rank's heads, the indexer (built
+    "duplicated") whole; the backward only scales the gradients (none here)."""
+    model, hw = x.model, x.hw
+    target, indexer, exponentials = flops.dsa_indexer_loss_flops(model, x.b, model.seq_length)
+    gemms = (target / x.t + indexer) / gemm.bf16_peak(hw)  # the heads split by TP, the indexer whole
+    forward = np.maximum(gemms, exponentials / x.t / (hw.exp_tera_per_s * 1e12)) / x.c / hw.efficiency.attention
+    return forward, 0.0 * forward
+
+
+def dsa_indexer_topk_time(x: Candidates):
+    """(forward, backward) seconds of the DSA indexer's top-k selection on DeepSeek-V4's ratio-4 layers,
+    averaged over the layers: Megatron-LM d98e8a64dd's fused path (``dsa_cudnn_kernels.py``
+    ``_indexer_topk_bshd``) has ``indexer_forward_wrapper`` write each query's FP32 scores over the s/4
+    compressed keys and ``indexer_top_k_wrapper`` read them back (4 + 4 bytes per score); no backward."""
+    model = x.model
+    ratios = model.dsv4_decoder_ratios
+    scores = x.tokens * model.seq_length / 4 * ratios.count(4) / len(ratios)  # duplicated over TP
+    forward = 8.0 * scores / x.hbm
+    return forward, 0.0 * forward
+
+
+def dsv4_output_groups_bf16_time(x: Candidates):
+    """(forward, backward) seconds DeepSeek-V4's grouped output projection (wo_a: heads x v_head_dim x
+    o_lora_rank weights in o_groups groups) takes beyond what the layer's Linear GEMMs price for it:
+    Megatron-LM's DSv4HybridAttention (NVIDIA/Megatron-LM@caeff8c80d
+    ``experimental_attention_variant/deepseek_v4_hybrid_attention.py``) runs it as
+    ``torch.einsum("...gd,grd->...gr")`` on a plain Parameter, not a TransformerEngine module, so no FP8
+    recipe quantizes it: one batched GEMM at the BF16 peak instead of the recipe's. Zero in BF16; the
+    backward (dgrad, wgrad) twice the forward."""
+    model = x.model
+    params = model.num_attention_heads * model.v_head_dim * model.o_lora_rank
+    bf16 = linear_time(x, params, gemms=1.0, peak=gemm.bf16_peak(x.hw))
+    forward = np.maximum(bf16 - linear_time(x, params, gemms=1.0), 0.0)
     return forward, 2.0 * forward
+
+
+def compressor_bytes_per_token(ratio: int, head_dim: int) -> float:
+    """HBM bytes per token one DeepSeek-V4 Compressor's gated pooling moves forward (NVIDIA/Megatron-LM@caeff8c80d
+    ``experimental_attention_variant/csa.py`` ``Compressor.forward``, eager PyTorch), on its wkv and wgate
+    outputs of coff x head_dim (coff 2 on ratio-4 layers, which overlap windows): the FP32 positional bias
+    added to the BF16 gate (read 2, write 4 bytes per element); on ratio-4 layers ``_overlap_transform``
+    of both (a filled 2 x head_dim buffer and the two half copies: 12 bytes per head_dim element for the
+    BF16 values, 24 for the FP32 gate); the softmax over the window (FP32 read and write, 8 per pooled
+    element), the BF16 x FP32 product (2 + 4 read, 4 written) and the sum (4 read). The norm and RoPE run
+    on the 1/ratio compressed rows (left out)."""
+    coff = 2 if ratio == 4 else 1
+    pooled = coff * head_dim
+    overlap = 36.0 * head_dim if ratio == 4 else 0.0
+    return 6.0 * coff * head_dim + overlap + (8.0 + 10.0 + 4.0) * pooled
+
+
+def dsv4_compressor_time(x: Candidates):
+    """(forward, backward) seconds of DeepSeek-V4's compressors' gated pooling, averaged over the decoder
+    layers: ratio-4 layers run the attention's compressor (v_head_dim) and the indexer's (index_head_dim),
+    ratio-128 layers the attention's only (``compressor_bytes_per_token``); built "duplicated" over TP,
+    so on every GPU's whole micro-batch. The backward moves each pass's gradient: twice the forward's
+    bytes (as ``hyper_connection_time``)."""
+    model = x.model
+    ratios = model.dsv4_decoder_ratios
+    per_token = sum(compressor_bytes_per_token(r, model.v_head_dim)
+                    + (compressor_bytes_per_token(r, model.dsa_indexer_head_dim) if r == 4 else 0.0)
+                    for r in ratios if r > 1) / len(ratios)
+    forward = per_token * x.tokens / x.hbm
+    return forward, 2.0 * forward
+
+
+def dsv4_attention_kernels(x: Candidates) -> tuple:
+    """DeepSeek-V4's attention work beyond the sparse attention core, (forward, backward) pairs of the MoE
+    layer's kernels: the DSA indexer's top-k and its sparse loss, the grouped output projection in BF16,
+    the compressors' gated pooling."""
+    return (dsa_indexer_topk_time(x), dsa_indexer_loss_time(x), dsv4_output_groups_bf16_time(x),
+            dsv4_compressor_time(x))
 
 
 def hash_routed_router_time(x: Candidates):
@@ -922,6 +1019,7 @@ def moe_layer(x: Candidates) -> dict:
     permutation, calls = permutation_time(x), expert_calls(x, t_experts)
     bias, clamp = expert_bias_time(x), glu_clamp_time(x, True)
     kernels = (router, permutation, calls, bias, clamp) + ((hyper_connection_time(x),) if model.hc_mult > 1 else ())
+    kernels += dsv4_attention_kernels(x) if model.is_dsv4 else ()
     tp_blocks = 1.0 + (model.shared_expert_ffn_hidden_size > 0)
     block = (linear_time(x, model.shared_expert_params) + t_experts + router[0] + permutation[0] + calls[0]
              + bias[0] + clamp[0])
