@@ -112,3 +112,12 @@ def test_export_writes_megatrons_dsa_variant(glm):
     config = nemo2_recipe(glm, plan)["model"]["config"]
     assert config["experimental_attention_variant"] == "dsa" and config["apply_rope_fusion"] is False
     assert "--experimental-attention-variant dsa" not in megatron_args(io.load_model("deepseek-v3"), plan)
+
+
+def test_serving_refuses_glm5(glm):
+    """The serving model prices dense MLA over the whole KV cache: GLM-5's sparse reads are not priced."""
+    from autoparallel.costmodel import inference
+    from autoparallel.errors import UnpricedModelError
+    with pytest.raises(UnpricedModelError, match="DeepSeek Sparse Attention"):
+        inference.refuse_unpriced(glm)
+    inference.refuse_unpriced(io.load_model("deepseek-v3"))
