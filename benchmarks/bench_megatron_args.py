@@ -69,6 +69,8 @@ SEARCHES = [
     ("deepseek-v3", 256, "b200", {"precision": "mxfp8"}),
     ("deepseek-v3", 1024, "h100-sxm", {"pp": 8, "vp": 4}),  # 61 layers on 32 chunks: a flexible layout
     ("gpt-oss-120b", 64, "h100-sxm", {}),
+    ("gpt-oss-20b", 8, "b200", {"ep": 8}),  # session 49: gpt-oss-120b's layer, 32 experts
+    ("glm-5", 256, "gb200", {"pp": 4}),  # session 49: MLA + DSA on every layer (--experimental-attention-variant dsa)
     ("kimi-k2", 512, "b200", {"precision": "mxfp8"}),
     ("mixtral-8x7b", 64, "h100-sxm", {"precision": "fp8-delayed"}),  # no moe_act recompute (item 6)
     # Issue 23: the memory knobs of NVIDIA's recipes (MLPerf GPT-3's layer CUDA graphs).
@@ -93,6 +95,9 @@ STUBS = (
     "(the fused RoPE kernel comes from TE)",
     "torch.cuda.get_device_capability (validate_args asks it for --moe-grouped-gemm): the hardware "
     "preset's compute capability",
+    "triton, when not installed (a CPU machine; Megatron-Core's Triton kernels import it at module level): "
+    "every triton module a stand-in package whose attributes are no-op decorators, installed after torch's "
+    "compiler has found triton absent; no argument check calls a kernel",
     "typing.override on Python < 3.12 (newer Megatron-LM imports it): typing_extensions.override",
     "megatron.core.transformer.moe.moe_utils fused permutation kernels (fused_permute, "
     "fused_permute_with_probs, fused_sort_chunks_by_index(_with_probs), fused_unpermute): placeholders "
@@ -106,9 +111,53 @@ PLACEHOLDERS = {"MEGATRON_LM": "/megatron", "DATA_PATH": "/data/corpus_text_docu
 _ARCH = {"value": 9}
 
 
+class _Stand_in(types.ModuleType):
+    """A module whose every attribute is a no-op decorator (``_no_op``)."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _no_op
+
+
+def _no_op(*args, **kwargs):
+    return args[0] if len(args) == 1 and callable(args[0]) and not kwargs else _no_op
+
+
+def stand_in_triton() -> None:
+    """Megatron-Core d98e8a64dd imports triton at module level (paged stash, the SSM and GDN kernels); on a
+    machine without it every ``triton`` module becomes a stand-in package. torch's compiler modules are
+    imported first, so torch still finds triton absent."""
+    import importlib
+    import importlib.abc
+    import importlib.machinery
+    import importlib.util
+    if importlib.util.find_spec("triton") is not None:
+        return
+    for name in ("functorch.compile", "torch._dynamo", "torch._inductor.compile_fx"):
+        importlib.import_module(name)  # torch decides, before the stand-in, that triton is absent
+
+    class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path=None, target=None):
+            if name == "triton" or name.startswith("triton."):
+                return importlib.machinery.ModuleSpec(name, self, is_package=True)
+            return None
+
+        def create_module(self, spec):
+            module = _Stand_in(spec.name)
+            module.__path__, module.__version__ = [], "3.4.0"
+            return module
+
+        def exec_module(self, module):
+            pass
+
+    sys.meta_path.insert(0, Finder())
+
+
 def load_megatron(root: Path):
     """Megatron-LM's argument module and micro-batch calculator, with the GPU-only pieces stubbed."""
     sys.path.insert(0, str(root))
+    stand_in_triton()
     import typing
     if not hasattr(typing, "override"):
         import typing_extensions

@@ -108,8 +108,10 @@ MIXTRAL = [
     ("qk_layernorm", False, None, None),
     ("window_size", None, None, None),
 ]
+# gpt-oss-20b: the same layer (Megatron-LM d98e8a64dd gpt-oss-20b.sh) with 32 experts.
+GPT_OSS_20B = [f for f in GPT_OSS if f[0] != "num_experts"] + [("num_experts", 32, "--num-experts 32", "num_moe_experts")]
 PRESETS = {"deepseek-v3": DEEPSEEK_V3, "kimi-k2": KIMI_K2, "qwen3-30b-a3b": QWEN3, "qwen3-235b-a22b": QWEN3,
-           "gpt-oss-120b": GPT_OSS, "mixtral-8x7b": MIXTRAL, "mixtral-8x22b": MIXTRAL}
+           "gpt-oss-120b": GPT_OSS, "gpt-oss-20b": GPT_OSS_20B, "mixtral-8x7b": MIXTRAL, "mixtral-8x22b": MIXTRAL}
 CASES = [(name, *field) for name, fields in PRESETS.items() for field in fields]
 PLAN = Plan(tp=1, pp=1, dp=8, gbs=64, ep=8)
 
@@ -131,7 +133,7 @@ def test_preset_states_the_config_json_field_and_exports_it(name, field, value, 
         assert nemo1_config(model, PLAN)["model"].get(key, value) == _yaml(value)
 
 
-@pytest.mark.parametrize("name", ["mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "gpt-oss-120b"])
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "gpt-oss-120b", "gpt-oss-20b"])
 def test_softmax_routers_write_no_router_flag_megatron_would_not_default_to(name):
     args = " ".join(megatron_args(io.load_model(name), PLAN))
     for flag in ("--moe-router-score-function", "--moe-router-enable-expert-bias",

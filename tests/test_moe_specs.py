@@ -8,7 +8,7 @@ from autoparallel.errors import SpecError
 from autoparallel.specs.model import ModelSpec, moe_layer_pattern
 
 MOE_PRESETS = ["mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3",
-               "gpt-oss-120b", "kimi-k2"]
+               "gpt-oss-120b", "gpt-oss-20b", "kimi-k2"]
 
 
 def megatron_weight_count(m: ModelSpec) -> float:
@@ -62,6 +62,15 @@ def test_gpt_oss_counts_match_its_card_which_leaves_out_the_input_embedding():
     m = io.load_model("gpt-oss-120b")
     assert m.num_parameters / 1e9 == pytest.approx(116.83, rel=0.01)
     assert (m.num_active_parameters - m.embedding_params) / 1e9 == pytest.approx(5.13, rel=0.01)
+
+
+def test_gpt_oss_20b_counts_match_its_card_21b_total_3_6b_active():
+    """OpenAI's gpt-oss-20b card: 21B parameters, 3.6B active (the active count, as for 120B, leaves out the
+    input embedding). 24 of 120B's layers with 32 experts instead of 128."""
+    m, big = io.load_model("gpt-oss-20b"), io.load_model("gpt-oss-120b")
+    assert m.num_parameters / 1e9 == pytest.approx(21, rel=0.01)
+    assert (m.num_active_parameters - m.embedding_params) / 1e9 == pytest.approx(3.6, rel=0.01)
+    assert m.attention_params == big.attention_params and m.num_moe_layers == 24
 
 
 def test_deepseek_v3_has_three_dense_layers_and_latent_attention():

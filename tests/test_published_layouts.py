@@ -7,6 +7,8 @@ trained in FP16, which the default space leaves out: their layout is checked in 
 bytes and tensor-core rate).
 """
 
+import dataclasses
+
 import pytest
 
 from autoparallel import io, measured_runs
@@ -64,18 +66,31 @@ def test_every_layout_in_published_layouts_yaml_is_a_fitting_candidate(name, ent
 
 @pytest.mark.parametrize("name, entry", _yaml_entries("recipe_layouts.yaml"), ids=lambda v: str(v))
 def test_every_layout_in_recipe_layouts_yaml_is_a_fitting_candidate(name, entry):
-    """Megatron-Bridge@067f987df0's VR200 recipes (perf_recipes/*/vr200/*.py) on the vr200 preset."""
-    _check(io.load_model(name), entry["gpu"], entry["gpus"], entry)
+    """Megatron-Bridge@067f987df0's VR200 recipes (perf_recipes/*/vr200/*.py) on the vr200 preset, and the
+    recipes of the models with no published run (gpt-oss-20b, DeepSeek-V4-Pro, GLM-5) on every GPU they name,
+    at the entry's sequence length where it states one (GLM-5's 128k fine-tuning)."""
+    model = io.load_model(name)
+    if "seq_length" in entry:
+        model = dataclasses.replace(model, seq_length=entry["seq_length"])
+    _check(model, entry["gpu"], entry["gpus"], entry)
 
 
 def test_recipe_layouts_cover_every_vr200_recipe_with_a_preset_and_seed_a_sampler_search():
-    """The ten preset models Bridge has VR200 pre-training recipes for are all there (30 layouts), and a sampler
-    search on vr200 enqueues them as it does the measured layouts of published_layouts.yaml."""
+    """The ten preset models Bridge has VR200 pre-training recipes for are all there (30 layouts), the three
+    models with recipes and no published run on every GPU (gpt-oss-20b 13, DeepSeek-V4-Pro 1, GLM-5 6), and a
+    sampler search on vr200 enqueues them as it does the measured layouts of published_layouts.yaml; an entry
+    stating its sequence length (GLM-5's 128k fine-tuning) seeds only a search at that length."""
     from autoparallel.search import sampler
     entries = _yaml_entries("recipe_layouts.yaml")
-    assert {m for m, _ in entries} == {"llama3-8b", "llama3-70b", "llama3.1-405b", "qwen3-30b-a3b", "qwen3-235b-a22b",
-                                       "deepseek-v3", "gpt-oss-120b", "kimi-k2", "nemotron-3-nano", "nemotron-3-super"}
-    assert len(entries) == 30 and {e["gpu"] for _, e in entries} == {"vr200"}
+    vr200 = {"llama3-8b", "llama3-70b", "llama3.1-405b", "qwen3-30b-a3b", "qwen3-235b-a22b",
+             "deepseek-v3", "gpt-oss-120b", "kimi-k2", "nemotron-3-nano", "nemotron-3-super"}
+    new = {"gpt-oss-20b": 13, "deepseek-v4-pro": 1, "glm-5": 6}
+    assert {m for m, _ in entries} == vr200 | set(new)
+    assert len([e for m, e in entries if m in vr200]) == 30 and {e["gpu"] for m, e in entries if m in vr200} == {"vr200"}
+    assert {m: len([e for n, e in entries if n == m]) for m in new} == new
+    glm = io.load_model("glm-5")
+    assert len(sampler.published_layouts(glm, 192, "gb200")) == 1  # the 4k pre-training one, not the 128k SFT
+    assert len(sampler.published_layouts(dataclasses.replace(glm, seq_length=131072), 192, "gb200")) == 3
     seeds = sampler.published_layouts(io.load_model("deepseek-v3"), 256, "vr200")
     assert {(s["pp"], s["vp"], s["ep"], s["mbs"], s["precision"]) for s in seeds} == {
         (4, 4, 64, 1, "bf16"), (2, 8, 32, 2, "fp8-current"), (2, 8, 32, 1, "mxfp8"), (2, 8, 32, 2, "nvfp4")}

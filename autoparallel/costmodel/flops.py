@@ -33,6 +33,8 @@ def attention_core_flops(model: ModelSpec, b, s, causal: bool | np.ndarray = Fal
     """
     if model.is_dsv4:
         return dsv4_attention_core_flops(model, b, s)
+    if model.is_dsa:
+        return dsa_attention_core_flops(model, b, s)
     full = 2.0 * b * s * s * model.num_attention_heads * (model.qk_dim + model.v_dim)
     return np.where(causal, 0.5 * full, full)
 
@@ -70,6 +72,53 @@ def dsa_indexer_loss_flops(model: ModelSpec, b, s):
     target = 2.0 * model.num_attention_heads * model.qk_dim
     indexer = 3 * 2.0 * model.dsa_indexer_n_heads * model.dsa_indexer_head_dim
     return share * target, share * indexer, share * model.num_attention_heads
+def dsa_contexts(model: ModelSpec, s):
+    """Keys per query of DeepSeek Sparse Attention on every layer (GLM-5), as Megatron-Bridge 067f987df0
+    ``flop_utils.py`` (the ``dsa`` branch) counts them over a causal sequence of ``s``: the dense causal
+    context (s + 1) / 2 the indexer scores, and the sparse one the attention reads, the indexer's top-k
+    (k - k (k - 1) / 2s once s passes k)."""
+    dense = (s + 1) / 2
+    k = model.dsa_indexer_topk
+    return dense, np.where(s <= k, dense, k - k * (k - 1) / (2 * np.maximum(s, 1)))
+
+
+def dsa_attention_core_flops(model: ModelSpec, b, s):
+    """Forward FLOPs of GLM-5's attention cores for ``b`` sequences of ``s``: the absorbed MLA kernel
+    (Megatron-Core's dsa variant: QK over kv_lora_rank + rotary dims, P·V over kv_lora_rank) on each
+    query's top-k keys, and the lightning indexer's scores (heads x (head_dim + 1)) on every causal key."""
+    dense, sparse = dsa_contexts(model, s)
+    absorbed = 2 * model.kv_lora_rank + model.qk_pos_emb_head_dim
+    per_token = (2.0 * model.num_attention_heads * sparse * absorbed
+                 + 2.0 * model.dsa_indexer_n_heads * (model.dsa_indexer_head_dim + 1) * dense)
+    return b * s * per_token
+
+
+def dsa_flops_per_token(model: ModelSpec, tp=1):
+    """Training FLOPs per token of an MLA model with DeepSeek Sparse Attention on every layer (GLM-5) as
+    Megatron-Bridge 067f987df0 ``training/utils/flop_utils.py`` counts them (the ``dsa`` branch, the
+    indexer trained by the sparse KL loss GLM5Bridge turns on: dsa_indexer_loss_coeff 0.001,
+    dsa_indexer_use_sparse_loss): per decoder and MTP layer 6 x the MLA projections and the absorbed
+    core on the top-k keys; 4 x the indexer's projections (its inputs are detached: forward and wgrad);
+    its scores 2 x on every causal key and 4 x on the selected ones; the loss's teacher QK on the selected
+    keys; then the dense layers' MLPs, the routed and shared experts (the MTP layer's too), MTP's e/h
+    projection and norms, and the output layer once per prediction."""
+    h, heads, s = model.hidden_size, model.num_attention_heads, model.seq_length
+    layers = model.num_layers + model.mtp_num_layers
+    dense, sparse = dsa_contexts(model, s)
+    q_term = model.q_lora_rank * (h + heads * (model.qk_head_dim + model.qk_pos_emb_head_dim) + 1)
+    kv_term = (model.kv_lora_rank * (h + heads * (model.qk_head_dim + model.v_head_dim) + 1)
+               + h * model.qk_pos_emb_head_dim)
+    absorbed_qk = model.kv_lora_rank + model.qk_pos_emb_head_dim
+    attention = 6.0 * layers * (q_term + kv_term + heads * model.v_head_dim * h
+                                + sparse * heads * (absorbed_qk + model.kv_lora_rank))
+    score = model.dsa_indexer_n_heads * (model.dsa_indexer_head_dim + 1)
+    indexer = layers * (4.0 * model.dsa_indexer_params + 2.0 * dense * score + 4.0 * sparse * score
+                        + 2.0 * sparse * heads * absorbed_qk)
+    moe_layers = model.num_moe_layers + model.mtp_num_layers * model.moe_layer_pattern[-1]
+    mlp = 6.0 * ((layers - moe_layers) * model.mlp_params(model.ffn_hidden_size)
+                 + moe_layers * (model.moe_router_topk * model.expert_params + model.shared_expert_params))
+    mtp = 6.0 * model.mtp_num_layers * (3 * h + 2 * h * h)
+    return attention + indexer + mlp + mtp + 6.0 * h * padded_vocab_size(model, tp) * (1 + model.mtp_num_layers)
 
 
 def logits_flops(model: ModelSpec, b, s):
@@ -98,6 +147,8 @@ def model_flops_per_token(model: ModelSpec, tp=1):
         return hybrid_flops_per_token(model, tp)
     if model.is_dsv4:
         return dsv4_flops_per_token(model, tp)
+    if model.is_dsa:
+        return dsa_flops_per_token(model, tp)
     layers = (model.num_dense_layers * model.dense_layer_params
               + model.num_moe_layers * (model.active_moe_layer_params - model.router_params))
     attention = (3.0 * model.num_layers * model.seq_length * model.num_attention_heads

@@ -326,8 +326,9 @@ def decode_kv_reads(engine: ServingEngine | None, model: ModelSpec, tp) -> np.nd
 
 def refuse_unpriced(model: ModelSpec, engine: ServingEngine | None = None) -> None:
     """A hybrid Mamba-Transformer served by an engine without Mamba layers in its sources
-    (``mamba_serving.HYBRID_ENGINES``) is refused rather than priced as a transformer, and so is
-    DeepSeek-V4 (its compressed KV, DSA indexer cache and Hyper-Connections are not priced)."""
+    (``mamba_serving.HYBRID_ENGINES``) is refused rather than priced as a transformer, and so are
+    DeepSeek-V4 (its compressed KV, DSA indexer cache and Hyper-Connections are not priced) and a model with
+    DeepSeek Sparse Attention on every layer (GLM-5: its indexer and top-k reads are not priced)."""
     if model.is_hybrid and engine is not None and engine.name not in mamba_serving.HYBRID_ENGINES:
         raise UnpricedModelError(f"--engine {engine.name}: {model.name} is a hybrid Mamba-Transformer "
                                  "(hybrid_layer_pattern), which that engine does not serve; valid engines for it: "
@@ -336,6 +337,10 @@ def refuse_unpriced(model: ModelSpec, engine: ServingEngine | None = None) -> No
         raise UnpricedModelError(f"{model.name} is DeepSeek-V4 (csa_compress_ratios): the serving cost model prices "
                                  "a full KV cache per layer; its compressed KV, sliding window, DSA indexer cache and "
                                  "Hyper-Connections are not priced")
+    if model.is_dsa:
+        raise UnpricedModelError(f"{model.name} has DeepSeek Sparse Attention (dsa_indexer_*): the serving cost model "
+                                 "prices dense MLA over the whole KV cache; the indexer's top-k reads and its key "
+                                 "cache are not priced")
 
 
 def layout(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency | None, tp, pp,

@@ -68,6 +68,7 @@ def model_flags(model: ModelSpec) -> list[str]:
               f"--qk-pos-emb-head-dim {model.qk_pos_emb_head_dim}", f"--v-head-dim {model.v_head_dim}",
               f"--rotary-scaling-factor {model.rotary_scaling_factor}", f"--mscale {model.mscale}",
               f"--mscale-all-dim {model.mscale_all_dim}"]
+        a += dsa_flags(model)
     if not model.is_moe:
         return a
     a += [f"--num-experts {model.num_experts}", f"--moe-router-topk {model.moe_router_topk}",
@@ -83,6 +84,24 @@ def model_flags(model: ModelSpec) -> list[str]:
     if model.moe_router_fp32:
         a.append("--moe-router-dtype fp32")
     return a + router_flags(model)
+
+
+# The indexer's KL loss as Megatron-Bridge 067f987df0 GLM5Bridge sets it (and its FLOP count assumes):
+# Megatron-LM's default (None) would leave the indexer untrained.
+DSA_INDEXER_LOSS = {"dsa_indexer_loss_coeff": 0.001, "dsa_indexer_use_sparse_loss": True}
+
+
+def dsa_flags(model: ModelSpec) -> list[str]:
+    """DeepSeek Sparse Attention on every layer (GLM-5): Megatron-LM d98e8a64dd's ``dsa`` attention variant,
+    its flags generated from TransformerConfig (experimental_attention_variant, dsa_indexer_*), and no RoPE
+    fusion (TransformerConfig asserts "RoPE fusion is not supported for DSAttention"; Megatron-Bridge's GLM-5
+    performance recipes set apply_rope_fusion False)."""
+    if not model.is_dsa:
+        return []
+    return ["--experimental-attention-variant dsa", f"--dsa-indexer-n-heads {model.dsa_indexer_n_heads}",
+            f"--dsa-indexer-head-dim {model.dsa_indexer_head_dim}", f"--dsa-indexer-topk {model.dsa_indexer_topk}",
+            f"--dsa-indexer-loss-coeff {DSA_INDEXER_LOSS['dsa_indexer_loss_coeff']}", "--dsa-indexer-use-sparse-loss",
+            "--no-rope-fusion"]
 
 
 def parallel_flags(model: ModelSpec, plan: Plan) -> list[str]:
@@ -146,6 +165,10 @@ def config_keys(model: ModelSpec, plan: Plan) -> dict:
                     mscale=model.mscale, mscale_all_dim=model.mscale_all_dim,
                     original_max_position_embeddings=model.original_max_position_embeddings,
                     beta_fast=model.beta_fast, beta_slow=model.beta_slow)
+        if model.is_dsa:
+            keys.update(experimental_attention_variant="dsa", dsa_indexer_n_heads=model.dsa_indexer_n_heads,
+                        dsa_indexer_head_dim=model.dsa_indexer_head_dim, dsa_indexer_topk=model.dsa_indexer_topk,
+                        apply_rope_fusion=False, **DSA_INDEXER_LOSS)
     if plan.recompute == "selective" and plan.recompute_modules != "core_attn":
         keys["recompute_modules"] = plan.recompute_modules.split()
     if not model.is_moe:

@@ -298,13 +298,16 @@ LAYOUT_FILES = ("published_layouts.yaml", "recipe_layouts.yaml")
 
 def published_layouts(model: ModelSpec, gpus: int, gpu: str) -> list[dict]:
     """The layouts NVIDIA published for this model on this many GPUs of this type (their knobs), measured
-    or set by a performance recipe (``LAYOUT_FILES``)."""
+    or set by a performance recipe (``LAYOUT_FILES``); an entry stating its ``seq_length`` only at that
+    sequence length."""
     entries = []
     for name in LAYOUT_FILES:
         path = io.SEARCH_SPACES / name
         entries += io.read_yaml(path).get(model.name, []) if path.exists() else []
-    return [{k: v for k, v in e.items() if k not in ("gpus", "gpu", "gbs")} for e in entries
-            if e.get("gpus") == gpus and e.get("gpu", gpu) == gpu]
+    # An entry stating a seq_length (a long-context fine-tuning recipe) seeds only a search at that length.
+    return [{k: v for k, v in e.items() if k not in ("gpus", "gpu", "gbs", "seq_length")} for e in entries
+            if e.get("gpus") == gpus and e.get("gpu", gpu) == gpu
+            and e.get("seq_length", model.seq_length) == model.seq_length]
 
 
 def trials_frame(study) -> pd.DataFrame:

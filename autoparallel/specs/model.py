@@ -163,6 +163,9 @@ class ModelSpec:
     # q_lora_rank, the output through o_groups low-rank groups of o_lora_rank. None: not DeepSeek-V4.
     csa_compress_ratios: tuple[int, ...] | None = None
     csa_window_size: int = 128
+    # The same dsa_indexer_* without csa_compress_ratios: DeepSeek Sparse Attention uncompressed on every
+    # layer of a standard MLA model (Megatron-Core's ``dsa`` variant; GLM-5, DeepSeek-V3.2): each query
+    # attends the indexer's dsa_indexer_topk keys of its causal context (``is_dsa``).
     dsa_indexer_n_heads: int | None = None
     dsa_indexer_head_dim: int | None = None
     dsa_indexer_topk: int | None = None
@@ -281,8 +284,13 @@ class ModelSpec:
                              f"{self.moe_n_hash_layers}")
         ratios = self.csa_compress_ratios
         if ratios is None:
-            if self.o_groups or self.dsa_indexer_n_heads:
-                raise ValueError("o_groups and dsa_indexer_* are DeepSeek-V4 attention: they need csa_compress_ratios")
+            if self.o_groups:
+                raise ValueError("o_groups is DeepSeek-V4 attention: it needs csa_compress_ratios")
+            indexer = (self.dsa_indexer_n_heads, self.dsa_indexer_head_dim, self.dsa_indexer_topk)
+            if any(indexer) and not (all(indexer) and self.multi_latent_attention):
+                raise ValueError("dsa_indexer_* without csa_compress_ratios is DeepSeek Sparse Attention on every "
+                                 "layer (GLM-5): it needs multi_latent_attention and all three of n_heads, "
+                                 "head_dim and topk")
             return
         if not self.multi_latent_attention or self.q_lora_rank is None or not (self.o_groups and self.o_lora_rank):
             raise ValueError("csa_compress_ratios (DeepSeek-V4 attention) needs multi_latent_attention, q_lora_rank, "
@@ -440,6 +448,22 @@ class ModelSpec:
         """DeepSeek-V4's hybrid attention, Hyper-Connections and hash routing (``csa_compress_ratios``)."""
         return self.csa_compress_ratios is not None
 
+    @property
+    def is_dsa(self) -> bool:
+        """DeepSeek Sparse Attention on every layer of a standard MLA model (dsa_indexer_* without
+        csa_compress_ratios: GLM-5)."""
+        return self.dsa_indexer_topk is not None and not self.is_dsv4
+
+    @property
+    def dsa_indexer_params(self) -> int:
+        """One DSA layer's lightning indexer (Megatron-Core ``dsa`` variant, as Megatron-Bridge 067f987df0
+        ``flop_utils.py`` counts indexer_projection_size): queries from the q latent to heads x head_dim,
+        one key of head_dim from the hidden state, the per-head weights from the hidden state."""
+        if not self.is_dsa:
+            return 0
+        heads, dim = self.dsa_indexer_n_heads, self.dsa_indexer_head_dim
+        return (self.q_lora_rank or self.hidden_size) * heads * dim + self.hidden_size * (dim + heads)
+
     @cached_property
     def dsv4_decoder_ratios(self) -> tuple[int, ...]:
         """The decoder layers' compression ratios (the MTP layers' left out)."""
@@ -476,7 +500,7 @@ class ModelSpec:
             output = heads * self.v_head_dim * self.o_lora_rank + self.o_groups * self.o_lora_rank * h
             return self.mla_down_params + self.mla_up_params + output + extra + self.hyper_connection_params
         if self.multi_latent_attention:
-            return self.mla_down_params + self.mla_up_params + heads * self.v_head_dim * h
+            return self.mla_down_params + self.mla_up_params + heads * self.v_head_dim * h + self.dsa_indexer_params
         q_out = heads * self.head_dim
         kv_out = 2 * self.query_groups * self.head_dim
         return h * (q_out + kv_out) + q_out * h
