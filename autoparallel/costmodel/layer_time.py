@@ -29,7 +29,7 @@ import numpy as np
 from autoparallel.costmodel import (comm, dataparallel, dispatch, finetune, flops, gemm, gemm_precision, mamba, memory, moe, pipeline,
                                     tensor_parallel)
 from autoparallel.costmodel.candidates import Candidates
-from autoparallel.costmodel.layer_kinds import HYBRID, LayerKind, as_kind
+from autoparallel.costmodel.layer_kinds import HYBRID, STAGE_KINDS, LayerKind, as_kind
 
 GEMMS_PER_LAYER = 4  # QKV, projection, FC1 (gate and up fused), FC2
 # TF32 tensor cores run at half the BF16 rate (dense, datasheets: H100 SXM 494.7 of 989 TFLOPS,
@@ -1040,9 +1040,10 @@ def mean_of_kinds(kinds: dict, counts: dict) -> dict:
 def hybrid_layers(costs: dict, model, mtp_costs: dict | None = None) -> Layers:
     """A hybrid model's ``Layers``: ``moe`` its E layer, ``dense`` the mean of its other layers
     (M, *, -) in the pattern's proportions, ``kinds`` each kind's costs. A stage's E layers are
-    counted exactly (``ModelSpec.moe_layer_pattern``); its other layers are priced at the
-    pattern's mix, exact for one stage (pp = 1) and for stages whose mix is the pattern's; the
-    bytes ``working`` while a layer computes are the largest kind's.
+    counted exactly (``ModelSpec.moe_layer_pattern``); a stage's time and parameters sum its own
+    kinds (``Layers.on`` with ``Candidates.stage_kinds``), its activations price its other layers
+    at the pattern's mix (``dense``); the bytes ``working`` while a layer computes are the
+    largest kind's.
     Megatron-LM splits a hybrid pattern without '|' marks into pp contiguous equal parts (no
     virtual stages; d98e8a64dd ``megatron/core/models/hybrid/hybrid_layer_allocation.py``
     ``select_pipeline_segment``)."""
@@ -1067,9 +1068,13 @@ class Layers:
     kinds: dict | None = None
     mtp_kinds: dict | None = None  # the MTP layer's kinds where a recipe runs them apart (BF16)
 
-    def on(self, key: str, layers, moe_layers):
-        """``key`` summed over ``layers`` layers of which ``moe_layers`` are MoE."""
-        return (layers - moe_layers) * self.dense[key] + moe_layers * self.moe[key]
+    def on(self, key: str, layers, moe_layers, kinds=None):
+        """``key`` summed over ``layers`` layers of which ``moe_layers`` are MoE; a hybrid stage's
+        over its own kinds where ``kinds`` gives them (``Candidates.stage_kinds``: each of
+        ``STAGE_KINDS``' count on the stage), not the pattern's mix."""
+        if kinds is None or self.kinds is None:
+            return (layers - moe_layers) * self.dense[key] + moe_layers * self.moe[key]
+        return sum(kinds[i] * self.kinds[kind][key] for i, kind in enumerate(STAGE_KINDS) if kind in self.kinds)
 
     def mtp(self, model) -> dict:
         """The transformer layer of a multi-token-prediction module: the decoder's (MoE) layer;
