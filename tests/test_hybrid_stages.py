@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from autoparallel import io
-from autoparallel.costmodel import pipeline, stages
+from autoparallel.costmodel import gemm_precision, pipeline, stages
 from autoparallel.costmodel import layer_time as lt
 from autoparallel.costmodel.candidates import candidates
 from autoparallel.costmodel.estimate import estimate_plan, plan_columns
@@ -148,3 +148,49 @@ def test_search_structures_gather_the_counts(hw):
     np.testing.assert_array_equal(x.stage_kinds[..., 0], x.stage_kinds[..., 2])
     assert dataclasses.asdict(plans[0]) == dataclasses.asdict(plans[2])
     assert x.stage_kinds[0, STAGE_KINDS.index("*"), 3] == 6  # pp 1: every attention layer
+
+
+def _super(hw, pp, end=14):
+    cols = plan_columns([Plan(tp=1, pp=pp, dp=64 // pp, ep=8, mbs=1, gbs=512, sp=False, precision="nvfp4")])
+    cols["quant_recipe"] = np.array(["nemotronh-te-quant"], dtype=object)
+    cols["num_layers_at_end_in_bf16"] = np.array([end], dtype=object)
+    return candidates(io.load_model("nemotron-3-super"), hw, cols)
+
+
+def test_bf16_end_layers_sit_on_the_last_stage():
+    """Super's 88 layers on 4 stages of 22: the last 14 (EMEMEM*EMEMEMEME: 7 E, 6 M, one *,
+    counted by hand in tests/test_gemm_precision.py) are BF16 and all on the last stage; the
+    first and middle stages hold none."""
+    hw = io.load_hardware("gb300")
+    model = io.load_model("nemotron-3-super")
+    x = _super(hw, 4)
+    counts = {kind: x.stage_kinds[:, k, 0].tolist() for k, kind in enumerate(STAGE_KINDS) if x.stage_kinds[:, k, 0].any()}
+    assert counts["E bf16"] == [0, 0, 7] and counts["M bf16"] == [0, 0, 6] and counts["* bf16"] == [0, 0, 1]
+    last = model.hybrid_layer_pattern[66:]
+    assert counts["E"][2] == last.count("E") - 7 and counts["M"][2] == last.count("M") - 6
+    layers = lt.layers(x)
+    times = stages.stage_times(x, layers)
+    # The last stage's layers: its quantized kinds, and its BF16 ones at BF16 (each kind priced with
+    # no quantized share).
+    bf16 = lt.kind_candidates(x, np.zeros_like(x.quantized_fraction))
+    expected = sum(counts[kind][2] * (lt.HYBRID_LAYERS[kind[0]](bf16) if kind.endswith(" bf16") else layers.kinds[kind])["time"]
+                   for kind in counts)
+    assert times.last[0] - times.pp_comm[0] - times.logits[0] == pytest.approx(expected[0], rel=REL)
+    # The first stage holds no BF16 layer: its quantized kinds alone.
+    first = sum(counts[kind][0] * layers.kinds[kind]["time"] for kind in counts if not kind.endswith(" bf16"))
+    assert times.first[0] - times.pp_comm[0] - times.offload[0] == pytest.approx(first[0], rel=REL)
+    assert layers.kinds["E bf16"]["time"][0] != layers.kinds["E"]["time"][0]
+
+
+def test_bf16_end_layers_on_one_stage_price_as_the_mixed_share():
+    """PP 1: the BF16 end layers priced apart give the figures of the kinds priced at their mixed
+    quantized share (each term linear in the share: to 1e-9)."""
+    hw = io.load_hardware("gb300")
+    x = _super(hw, 1)
+    layers = lt.layers(x)
+    n, n_moe, kinds = x.stage_layer_counts[0]
+    for kind in "ME":
+        mixed = lt.HYBRID_LAYERS[kind](lt.kind_candidates(x, gemm_precision.kind_fraction(x, kind)))
+        k, e = STAGE_KINDS.index(kind), STAGE_KINDS.index(kind + " bf16")
+        apart = (kinds[k] * layers.kinds[kind]["time"] + kinds[e] * layers.kinds[kind + " bf16"]["time"])
+        assert apart[0] == pytest.approx((kinds[k] + kinds[e])[0] * mixed["time"][0], rel=1e-9)

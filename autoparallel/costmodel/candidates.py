@@ -15,8 +15,8 @@ from functools import cached_property
 
 import numpy as np
 
-from autoparallel.costmodel import comm, dispatch, gemm, memory, moe, pipeline
-from autoparallel.costmodel.layer_kinds import STAGE_KINDS
+from autoparallel.costmodel import comm, dispatch, gemm, gemm_precision, memory, moe, pipeline
+from autoparallel.costmodel.layer_kinds import EDGE, STAGE_KINDS
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import FP4_PRECISIONS, FP8_PRECISIONS
@@ -308,8 +308,10 @@ def structure(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray]
     first_layers, middle_layers, last_layers = pipeline.stage_layers(L, p, v, *split, groups=groups)
     stage_kinds = None
     if model.is_hybrid:  # each kind counted on the layers a stage holds; its MoE layers are its E ones
-        stage_kinds = pipeline.stage_kind_counts(model.hybrid_layer_pattern, STAGE_KINDS, p, v, *split, groups=groups)
-        first_moe, middle_moe, last_moe = (stage_kinds[i, STAGE_KINDS.index("E")] for i in range(3))
+        labels_ = gemm_precision.layer_labels(model.hybrid_layer_pattern, *gemm_precision.end_layers_of(cols))
+        stage_kinds = pipeline.stage_kind_counts(labels_, STAGE_KINDS, p, v, *split, groups=groups)
+        moe_rows = [STAGE_KINDS.index("E"), STAGE_KINDS.index("E" + EDGE)]
+        first_moe, middle_moe, last_moe = (stage_kinds[i, moe_rows].sum(axis=0) for i in range(3))
     elif model.is_moe:
         first_moe, middle_moe, last_moe = pipeline.stage_pattern_counts(model.moe_layer_pattern, p, v, *split,
                                                                         groups=groups)

@@ -654,9 +654,9 @@ def stage_pattern_counts(pattern: tuple[int, ...], pp, vp, first, last, embeddin
     return tuple(out[:, k].reshape(layout.shape) for k in range(3))
 
 
-def stage_kind_counts(pattern: str, kinds: str, pp, vp, first, last, embedding, loss, layout, groups=None):
-    """Each layer kind's count (``kinds``: the symbols of ``pattern``, Megatron-LM's
-    ``--hybrid-layer-pattern``, in order of precedence) on the first, one middle and the last
+def stage_kind_counts(pattern, kinds, pp, vp, first, last, embedding, loss, layout, groups=None):
+    """Each layer kind's count (``kinds``: the labels of ``pattern``'s layers, Megatron-LM's
+    ``--hybrid-layer-pattern`` symbols, in order of precedence) on the first, one middle and the last
     pipeline rank: a (3, len(kinds), plans) array. A rank holds the contiguous slices of its
     virtual stages (``virtual_stage_sizes``: v = chunk * pp + rank, as ``transformer_block`` and
     ``hybrid_layer_allocation.select_pipeline_segment`` assign them), so its kinds are counted
