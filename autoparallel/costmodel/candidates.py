@@ -196,7 +196,7 @@ class StructureFields:
     edp_group: np.ndarray  # experts over dp*cp*tp / (ep*etp): Megatron's parallel folding
     edp_per_node: np.ndarray
     imbalance: np.ndarray  # the busiest EP rank's tokens over the even share
-    stage_kinds: np.ndarray | None  # (first, middle, last) x ``STAGE_KINDS`` layer counts of a hybrid model
+    stage_kinds: np.ndarray | None  # (first, middle, last) x ``STAGE_KINDS`` (the edge kinds where set) of a hybrid model
 
     @property
     def single(self) -> np.ndarray:
@@ -308,9 +308,11 @@ def structure(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray]
     first_layers, middle_layers, last_layers = pipeline.stage_layers(L, p, v, *split, groups=groups)
     stage_kinds = None
     if model.is_hybrid:  # each kind counted on the layers a stage holds; its MoE layers are its E ones
-        labels_ = gemm_precision.layer_labels(model.hybrid_layer_pattern, *gemm_precision.end_layers_of(cols))
-        stage_kinds = pipeline.stage_kind_counts(labels_, STAGE_KINDS, p, v, *split, groups=groups)
-        moe_rows = [STAGE_KINDS.index("E"), STAGE_KINDS.index("E" + EDGE)]
+        ends = gemm_precision.end_layers_of(cols)
+        kinds = STAGE_KINDS if any(ends) else tuple(k for k in STAGE_KINDS if EDGE not in k)  # edge kinds where set
+        stage_kinds = pipeline.stage_kind_counts(gemm_precision.layer_labels(model.hybrid_layer_pattern, *ends), kinds,
+                                                 p, v, *split, groups=groups)
+        moe_rows = [kinds.index(k) for k in ("E", "E" + EDGE) if k in kinds]
         first_moe, middle_moe, last_moe = (stage_kinds[i, moe_rows].sum(axis=0) for i in range(3))
     elif model.is_moe:
         first_moe, middle_moe, last_moe = pipeline.stage_pattern_counts(model.moe_layer_pattern, p, v, *split,

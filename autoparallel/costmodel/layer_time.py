@@ -1081,8 +1081,14 @@ class Layers:
         else its symbol's (the parameters)."""
         if kinds is None or self.kinds is None:
             return (layers - moe_layers) * self.dense[key] + moe_layers * self.moe[key]
-        return sum(kinds[i] * self.kinds.get(kind, self.kinds.get(kind[0]))[key]  # a BF16 edge kind priced apart or not
-                   for i, kind in enumerate(STAGE_KINDS) if kind in self.kinds or kind[0] in self.kinds)
+        # ``kinds`` holds the BF16 edge kinds only where a recipe keeps end layers in BF16; one takes
+        # its symbol's costs where not priced apart (the parameters).
+        terms = [kinds[i] * self.kinds.get(kind, self.kinds.get(kind[0]))[key]
+                 for i, kind in enumerate(STAGE_KINDS[:len(kinds)]) if kind in self.kinds or kind[0] in self.kinds]
+        total = terms[0]
+        for term in terms[1:]:
+            total = total + term
+        return total
 
     def mtp(self, model) -> dict:
         """The transformer layer of a multi-token-prediction module: the decoder's (MoE) layer;
