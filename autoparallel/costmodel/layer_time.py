@@ -1040,14 +1040,12 @@ def mean_of_kinds(kinds: dict, counts: dict) -> dict:
 
 def hybrid_layers(costs: dict, model, mtp_costs: dict | None = None, counts: dict | None = None) -> Layers:
     """A hybrid model's ``Layers``: ``moe`` its E layer, ``dense`` the mean of its other layers
-    (M, *, -) in the pattern's proportions, ``kinds`` each kind's costs. A stage's E layers are
-    counted exactly (``ModelSpec.moe_layer_pattern``); a stage's time and parameters sum its own
-    kinds (``Layers.on`` with ``Candidates.stage_kinds``), its activations price its other layers
-    at the pattern's mix (``dense``); the bytes ``working`` while a layer computes are the
-    largest kind's.
-    Megatron-LM splits a hybrid pattern without '|' marks into pp contiguous equal parts (no
-    virtual stages; d98e8a64dd ``megatron/core/models/hybrid/hybrid_layer_allocation.py``
-    ``select_pipeline_segment``). ``counts``: each kind's layers where ``costs`` holds BF16 edge
+    (M, *, -) in the pattern's proportions, ``kinds`` each kind's costs. A stage's kinds are
+    counted on the layers it holds (``Candidates.stage_kinds``: Megatron-LM d98e8a64dd
+    ``megatron/core/models/hybrid/hybrid_layer_allocation.py`` ``select_pipeline_segment`` gives
+    each rank contiguous slices); its time and parameters sum them (``Layers.on``), its
+    activations price its non-E layers at the pattern's mix (``dense``); the bytes ``working``
+    while a layer computes are the largest kind's. ``counts``: each kind's layers where ``costs`` holds BF16 edge
     kinds too (``layer_kinds.EDGE``); the pattern's symbols' otherwise."""
     counts = counts or model.layer_kind_counts
     moe_counts = {k: n for k, n in counts.items() if k[0] == "E" and n}
