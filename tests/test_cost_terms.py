@@ -961,7 +961,7 @@ def test_a_dualpipe_row_holds_its_two_stages_and_pp_plus_one_micro_batches(gpt, 
     assert middle[0] == pytest.approx(9 * 12 * 1e9 + 2e9, rel=REL)
     plain = candidates(gpt, hw, cols)
     params = st.stage_params(plain, layers)
-    once = [pm.model_states(plain, layers, p, n, n_moe) for p, (n, n_moe) in zip(params, plain.stage_layer_counts)]
+    once = [pm.model_states(plain, layers, p, n, n_moe, kinds) for p, (n, n_moe, kinds) in zip(params, plain.stage_layer_counts)]
     dual_peak = pm.peak_memory(dual, layers, params, 0.95)
     for i, key in enumerate(("weights_gib", "grads_gib", "optimizer_gib")):  # the end rank is the fullest
         assert dual_peak[key][0] == pytest.approx((once[0][i][0] + once[2][i][0]) / GIB, rel=REL)

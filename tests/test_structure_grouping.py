@@ -80,7 +80,7 @@ def _same(a, b) -> bool:
     return a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
 
 
-@pytest.mark.parametrize("name,gpus", [("gpt3-175b", 128), ("deepseek-v3", 256)])
+@pytest.mark.parametrize("name,gpus", [("gpt3-175b", 128), ("deepseek-v3", 256), ("nemotron-3-nano", 64)])
 def test_pricing_per_structure_is_bit_identical_to_row_by_row(name, gpus):
     """``candidates.Structures``: the structure's fields computed once per structure and gathered
     (``by_structure``, the schedule's peaks laid out from the structures' groups) price every row

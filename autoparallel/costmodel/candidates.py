@@ -15,7 +15,8 @@ from functools import cached_property
 
 import numpy as np
 
-from autoparallel.costmodel import comm, dispatch, gemm, memory, moe, pipeline
+from autoparallel.costmodel import comm, dispatch, gemm, gemm_precision, memory, moe, pipeline
+from autoparallel.costmodel.layer_kinds import EDGE, STAGE_KINDS
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import FP4_PRECISIONS, FP8_PRECISIONS
@@ -166,7 +167,8 @@ class StructureFields:
 
     Pipeline stages are priced at three positions, which cover the fullest and the slowest stage of
     every split Megatron makes (``pipeline``): the first, the first middle one and the last;
-    ``*_layers`` and ``*_moe`` are their layer and MoE-layer counts."""
+    ``*_layers`` and ``*_moe`` are their layer and MoE-layer counts; a hybrid model's
+    ``stage_kinds`` each kind's count on them (``pipeline.stage_kind_counts``; None otherwise)."""
 
     model: ModelSpec
     hw: HardwareSpec
@@ -194,6 +196,7 @@ class StructureFields:
     edp_group: np.ndarray  # experts over dp*cp*tp / (ep*etp): Megatron's parallel folding
     edp_per_node: np.ndarray
     imbalance: np.ndarray  # the busiest EP rank's tokens over the even share
+    stage_kinds: np.ndarray | None  # (first, middle, last) x ``STAGE_KINDS`` (the edge kinds where set) of a hybrid model
 
     @property
     def single(self) -> np.ndarray:
@@ -201,10 +204,16 @@ class StructureFields:
         return self.p == 1
 
     @property
-    def stage_layer_counts(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(decoder layers, of which MoE) of the first, middle and last stage."""
-        return [(self.first_layers, self.first_moe), (self.middle_layers, self.middle_moe),
-                (self.last_layers, self.last_moe)]
+    def stage_layer_counts(self) -> list[tuple]:
+        """(decoder layers, of which MoE, each kind's count or None) of the first, middle and last
+        stage."""
+        return list(zip((self.first_layers, self.middle_layers, self.last_layers),
+                        (self.first_moe, self.middle_moe, self.last_moe), self.kinds_on_stages))
+
+    @property
+    def kinds_on_stages(self) -> list:
+        """``stage_kinds`` of the first, middle and last stage (each None but for a hybrid model)."""
+        return [None] * 3 if self.stage_kinds is None else list(self.stage_kinds)
 
     @property
     def has_middle(self) -> np.ndarray:
@@ -221,7 +230,7 @@ class Structure(StructureFields):
     def at(self, rows: np.ndarray) -> Structure:
         """The structures ``rows`` (a 1-D index) alone."""
         return replace(self, peaks=self.peaks.at(rows), **{
-            f.name: getattr(self, f.name)[rows] for f in fields(self) if isinstance(getattr(self, f.name), np.ndarray)})
+            f.name: getattr(self, f.name)[..., rows] for f in fields(self) if isinstance(getattr(self, f.name), np.ndarray)})
 
     def row_fields(self) -> dict:
         """The ``Candidates`` fields these structures decide: the ``StructureFields``, and ``held``
@@ -297,7 +306,15 @@ def structure(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray]
              np.asarray(cols["pipeline_model_parallel_layout"], dtype=object))
     groups = pipeline.structure(p, v, *split, (labels or {}).get("pipeline_model_parallel_layout"))
     first_layers, middle_layers, last_layers = pipeline.stage_layers(L, p, v, *split, groups=groups)
-    if model.is_moe:
+    stage_kinds = None
+    if model.is_hybrid:  # each kind counted on the layers a stage holds; its MoE layers are its E ones
+        ends = gemm_precision.end_layers_of(cols)
+        kinds = STAGE_KINDS if any(ends) else tuple(k for k in STAGE_KINDS if EDGE not in k)  # edge kinds where set
+        stage_kinds = pipeline.stage_kind_counts(gemm_precision.layer_labels(model.hybrid_layer_pattern, *ends), kinds,
+                                                 p, v, *split, groups=groups)
+        moe_rows = [kinds.index(k) for k in ("E", "E" + EDGE) if k in kinds]
+        first_moe, middle_moe, last_moe = (stage_kinds[i, moe_rows].sum(axis=0) for i in range(3))
+    elif model.is_moe:
         first_moe, middle_moe, last_moe = pipeline.stage_pattern_counts(model.moe_layer_pattern, p, v, *split,
                                                                         groups=groups)
     else:
@@ -311,7 +328,7 @@ def structure(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray]
         tokens=b * s_local, first_layers=first_layers, middle_layers=middle_layers, last_layers=last_layers,
         first_moe=first_moe, middle_moe=middle_moe, last_moe=last_moe, peaks=peaks,
         layers_per_chunk=np.maximum(np.maximum(first_layers, middle_layers), last_layers) / v,
-        dp_group=dp_group, edp_group=edp_group, **_structure_hardware(model, hw, t, e, et, dp_group, edp_group))
+        dp_group=dp_group, edp_group=edp_group, stage_kinds=stage_kinds, **_structure_hardware(model, hw, t, e, et, dp_group, edp_group))
 
 
 def _structure_hardware(model: ModelSpec, hw: HardwareSpec, t, e, et, dp_group, edp_group) -> dict:

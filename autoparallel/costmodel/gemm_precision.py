@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from autoparallel.costmodel import gemm
+from autoparallel.costmodel.layer_kinds import EDGE
 
 # The recipe's matchers: GEMM class -> the precision it runs in a quantized layer (else the plan's).
 QUANT_RECIPES = {
@@ -40,7 +41,12 @@ COLUMNS = (RECIPE_COLUMN, *END_COLUMNS)
 
 def _setting(x, column):
     """The row's one value of ``column`` (constant over a row's candidates), or None."""
-    values = x.knobs.get(column)
+    return _setting_of(x.knobs, column)
+
+
+def _setting_of(cols, column):
+    """``_setting`` of the columns ``cols``."""
+    values = cols.get(column)
     if values is None:
         return None
     values = np.atleast_1d(values)  # a run-level setting may be one value (``SearchSpace.cost_settings``)
@@ -58,7 +64,19 @@ def recipe(x) -> dict:
 
 def end_layers(x) -> tuple[int, int]:
     """(first, last) layers of the pattern kept in BF16 by the row's recipe."""
-    return tuple(int(_setting(x, c) or 0) for c in END_COLUMNS)
+    return end_layers_of(x.knobs)
+
+
+def end_layers_of(cols) -> tuple[int, int]:
+    """``end_layers`` of the columns ``cols``."""
+    return tuple(int(_setting_of(cols, c) or 0) for c in END_COLUMNS)
+
+
+def layer_labels(pattern: str, start: int, end: int) -> list[str]:
+    """Each layer's kind as a pipeline stage counts it (``layer_kinds.STAGE_KINDS``): its symbol, and
+    ``EDGE`` after it in the first ``start`` and last ``end`` layers, which ``fp4_utils`` keeps in
+    BF16, so that the stage holding them prices them (Megatron-LM's first / last stage)."""
+    return [symbol + EDGE if i < start or i >= len(pattern) - end else symbol for i, symbol in enumerate(pattern)]
 
 
 def applies(x) -> bool:
@@ -75,12 +93,14 @@ def quantized_share(pattern: str, kind: str, start: int, end: int) -> float:
     return 1.0 - kept / total
 
 
-def kind_fraction(x, kind: str):
-    """The plan's quantized share times the share of ``kind``'s layers the end layers leave
-    quantized; 0 for a kind whose GEMMs the recipe keeps all in BF16 (attention's)."""
+def kind_fraction(x, kind: str, start: int | None = None, end: int | None = None):
+    """The plan's quantized share times the share of ``kind``'s layers the end layers (the row's,
+    or ``start`` and ``end``) leave quantized; 0 for a kind whose GEMMs the recipe keeps all in
+    BF16 (attention's)."""
     if kind == "*" and recipe(x).get("attention") == "bf16":
         return np.zeros_like(x.quantized_fraction)
-    start, end = end_layers(x)
+    if start is None:
+        start, end = end_layers(x)
     return x.quantized_fraction * quantized_share(x.model.hybrid_layer_pattern, kind, start, end)
 
 

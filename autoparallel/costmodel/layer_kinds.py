@@ -53,6 +53,14 @@ MOE = LayerKind("attention", "moe")
 HYBRID = {"M": LayerKind("mamba", None), "*": LayerKind("attention", None), "-": LayerKind(None, "mlp"),
           "E": LayerKind(None, "moe")}
 
+# The hybrid kinds a pipeline stage counts (``pipeline.stage_kind_counts``), in the order that picks
+# the middle stage priced: most E, then *, then M layers (their cost per layer on Nemotron 3 Nano,
+# GB300 MBS 4: 18.6, 10.0 and 5.7 ms; benchmarks/RESULTS.md session 48 s48h1).
+# A kind's layers among the BF16 first / last layers of a quantization recipe (``gemm_precision``)
+# are counted apart, as the kind's symbol and ``EDGE``.
+EDGE = " bf16"
+STAGE_KINDS = ("E", "*", "M", "-") + tuple(kind + EDGE for kind in "E*M-")
+
 
 def as_kind(kind: LayerKind | bool) -> LayerKind:
     """``kind`` itself, or the standard MoE (True) or dense (False) layer."""

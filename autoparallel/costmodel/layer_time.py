@@ -21,6 +21,7 @@ and has expert-parallel traffic. A new term is one function here and one name in
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -29,7 +30,7 @@ import numpy as np
 from autoparallel.costmodel import (comm, dataparallel, dispatch, finetune, flops, gemm, gemm_precision, mamba, memory, moe, pipeline,
                                     tensor_parallel)
 from autoparallel.costmodel.candidates import Candidates
-from autoparallel.costmodel.layer_kinds import HYBRID, LayerKind, as_kind
+from autoparallel.costmodel.layer_kinds import EDGE, HYBRID, STAGE_KINDS, LayerKind, as_kind
 
 GEMMS_PER_LAYER = 4  # QKV, projection, FC1 (gate and up fused), FC2
 # TF32 tensor cores run at half the BF16 rate (dense, datasheets: H100 SXM 494.7 of 989 TFLOPS,
@@ -1135,20 +1136,23 @@ def mean_of_kinds(kinds: dict, counts: dict) -> dict:
     return {key: sum(counts[k] * kinds[k][key] for k in counts) / total for key in keys}
 
 
-def hybrid_layers(costs: dict, model, mtp_costs: dict | None = None) -> Layers:
+def hybrid_layers(costs: dict, model, mtp_costs: dict | None = None, counts: dict | None = None) -> Layers:
     """A hybrid model's ``Layers``: ``moe`` its E layer, ``dense`` the mean of its other layers
-    (M, *, -) in the pattern's proportions, ``kinds`` each kind's costs. A stage's E layers are
-    counted exactly (``ModelSpec.moe_layer_pattern``); its other layers are priced at the
-    pattern's mix, exact for one stage (pp = 1) and for stages whose mix is the pattern's; the
-    bytes ``working`` while a layer computes are the largest kind's.
-    Megatron-LM splits a hybrid pattern without '|' marks into pp contiguous equal parts (no
-    virtual stages; d98e8a64dd ``megatron/core/models/hybrid/hybrid_layer_allocation.py``
-    ``select_pipeline_segment``)."""
-    counts = {k: n for k, n in model.layer_kind_counts.items() if k != "E" and n}
+    (M, *, -) in the pattern's proportions, ``kinds`` each kind's costs. A stage's kinds are
+    counted on the layers it holds (``Candidates.stage_kinds``: Megatron-LM d98e8a64dd
+    ``megatron/core/models/hybrid/hybrid_layer_allocation.py`` ``select_pipeline_segment`` gives
+    each rank contiguous slices); its time and parameters sum them (``Layers.on``), its
+    activations price its non-E layers at the pattern's mix (``dense``); the bytes ``working``
+    while a layer computes are the largest kind's. ``counts``: each kind's layers where ``costs`` holds BF16 edge
+    kinds too (``layer_kinds.EDGE``); the pattern's symbols' otherwise."""
+    counts = counts or model.layer_kind_counts
+    moe_counts = {k: n for k, n in counts.items() if k[0] == "E" and n}
+    counts = {k: n for k, n in counts.items() if k[0] != "E" and n}
     some = next(iter(costs.values()))
     zeros = {key: np.zeros_like(np.asarray(value, dtype=float)) for key, value in some.items()}
     dense = mean_of_kinds(costs, counts) if counts else zeros
-    moe_layer = dict(costs["E"]) if model.is_moe else zeros
+    moe_layer = zeros if not model.is_moe else dict(costs["E"]) if len(moe_counts) == 1 else mean_of_kinds(
+        costs, moe_counts)
     if counts and "working" in dense:  # the layer computing: the largest of the stage's kinds
         dense["working"] = np.maximum.reduce([np.asarray(costs[k]["working"], dtype=float) for k in counts])
         moe_layer["working"] = np.maximum(moe_layer["working"], dense["working"])
@@ -1165,9 +1169,22 @@ class Layers:
     kinds: dict | None = None
     mtp_kinds: dict | None = None  # the MTP layer's kinds where a recipe runs them apart (BF16)
 
-    def on(self, key: str, layers, moe_layers):
-        """``key`` summed over ``layers`` layers of which ``moe_layers`` are MoE."""
-        return (layers - moe_layers) * self.dense[key] + moe_layers * self.moe[key]
+    def on(self, key: str, layers, moe_layers, kinds=None):
+        """``key`` summed over ``layers`` layers of which ``moe_layers`` are MoE; a hybrid stage's
+        over its own kinds where ``kinds`` gives them (``Candidates.stage_kinds``: each of
+        ``STAGE_KINDS``' count on the stage), not the pattern's mix. A BF16 edge kind
+        (``layer_kinds.EDGE``) takes its own costs where they are priced (``recipe_hybrid_layers``),
+        else its symbol's (the parameters)."""
+        if kinds is None or self.kinds is None:
+            return (layers - moe_layers) * self.dense[key] + moe_layers * self.moe[key]
+        # ``kinds`` holds the BF16 edge kinds only where a recipe keeps end layers in BF16; one takes
+        # its symbol's costs where not priced apart (the parameters).
+        terms = [kinds[i] * self.kinds.get(kind, self.kinds.get(kind[0]))[key]
+                 for i, kind in enumerate(STAGE_KINDS[:len(kinds)]) if kind in self.kinds or kind[0] in self.kinds]
+        total = terms[0]
+        for term in terms[1:]:
+            total = total + term
+        return total
 
     def mtp(self, model) -> dict:
         """The transformer layer of a multi-token-prediction module: the decoder's (MoE) layer;
@@ -1215,14 +1232,21 @@ def kind_candidates(x: Candidates, fraction) -> Candidates:
 
 def recipe_hybrid_layers(x: Candidates, kinds) -> Layers:
     """A hybrid model's ``Layers`` under a row's per-module quantization (``gemm_precision``): each
-    kind priced on its own quantized share (the BF16 end layers of its kind; attention's GEMMs
-    all BF16 where the recipe says so), the MTP layer's kinds in BF16 where the recipe keeps MTP so."""
-    costs = {kind: HYBRID_LAYERS[kind](kind_candidates(x, gemm_precision.kind_fraction(x, kind))) for kind in kinds}
+    kind priced quantized (attention's GEMMs all BF16 where the recipe says so) and, where the
+    recipe keeps first / last layers in BF16, that kind in BF16 apart (``layer_kinds.EDGE``: the
+    stages holding them count them, ``Candidates.stage_kinds``); the MTP layer's kinds in BF16
+    where the recipe keeps MTP so."""
+    start, end = gemm_precision.end_layers(x)
+    costs = {kind: HYBRID_LAYERS[kind](kind_candidates(x, gemm_precision.kind_fraction(x, kind, 0, 0)))
+             for kind in kinds}
+    counts = Counter(gemm_precision.layer_labels(x.model.hybrid_layer_pattern, start, end))
+    bf16 = kind_candidates(x, np.zeros_like(x.quantized_fraction))
+    costs.update({label: HYBRID_LAYERS[label[0]](bf16) for label in counts if label[1:] == EDGE})
     mtp_costs = None
     if x.model.mtp_num_layers and gemm_precision.recipe(x).get("mtp") == "bf16":
-        bf16 = kind_candidates(x, np.zeros_like(x.quantized_fraction))
         mtp_costs = {kind: HYBRID_LAYERS[kind](bf16) for kind in kinds if needs_kind(x.model, kind)}
-    return hybrid_layers(costs, x.model, mtp_costs)
+    return hybrid_layers(costs, x.model, mtp_costs, {kind: n for kind, n in counts.items()} | {
+        kind: 0 for kind in kinds if kind not in counts})
 
 
 def needs_kind(model, kind: str) -> bool:

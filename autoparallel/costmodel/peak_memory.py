@@ -22,14 +22,14 @@ MEMORY_KEYS = ("weights_gib", "grads_gib", "optimizer_gib", "fp8_weights_gib",
                "activations_gib", "logits_gib", "reserve_gib")
 
 
-def model_states(x: Candidates, layers: Layers, params, stage_layers, stage_moe):
+def model_states(x: Candidates, layers: Layers, params, stage_layers, stage_moe, kinds=None):
     """(weights, gradients with FSDP's buffers, Adam states, FP8 weight copies) in bytes on one
     GPU of a stage holding ``params`` = (replicated, experts) and these layers."""
     replicated, experts = params
     weight_shards = np.where(x.fsdp, x.dp_group, 1.0)
     expert_weight_shards = np.where(x.fsdp, x.edp_group, 1.0)
     optimizer_shards, expert_optimizer_shards = x.optimizer_shards()
-    layer_weights = layers.on("params", stage_layers, stage_moe) / weight_shards + experts / expert_weight_shards
+    layer_weights = layers.on("params", stage_layers, stage_moe, kinds) / weight_shards + experts / expert_weight_shards
     bf16_replaced = memory.WEIGHT_BYTES * layer_weights * x.fp8_param_share  # --fp8-param-gather keeps no BF16 copy
     weights = memory.WEIGHT_BYTES * (replicated / weight_shards + experts / expert_weight_shards) - bf16_replaced
     grads = x.grad_bytes * (replicated / weight_shards + experts / expert_weight_shards)
@@ -43,14 +43,14 @@ def model_states(x: Candidates, layers: Layers, params, stage_layers, stage_moe)
     return weights, grads + buffers, optimizer, fp8_weights
 
 
-def lora_model_states(x: Candidates, layers: Layers, params, stage_layers, stage_moe):
+def lora_model_states(x: Candidates, layers: Layers, params, stage_layers, stage_moe, kinds=None):
     """``model_states`` under LoRA: the frozen base's layer weights in BF16 or their quantized
     copies (``finetune.base_weight_bytes``), its embedding and output layer in BF16, and only the
     adapters with gradients and Adam states (no FSDP buffers: the space keeps LoRA off FSDP)."""
     replicated, _ = params
     optimizer_shards, _ = x.optimizer_shards()
-    layer_weights = layers.on("params", stage_layers, stage_moe)
-    adapters = layers.on("adapter_params", stage_layers, stage_moe)
+    layer_weights = layers.on("params", stage_layers, stage_moe, kinds)
+    adapters = layers.on("adapter_params", stage_layers, stage_moe, kinds)
     weights = (finetune.base_weight_bytes(x.model, x.quantized_fraction > 0, x.quantized_weight_bytes) * layer_weights
                + memory.WEIGHT_BYTES * (replicated - layer_weights) + finetune.ADAPTER_BYTES * adapters)
     grads = x.grad_bytes * adapters
@@ -239,7 +239,7 @@ def peak_memory(x: Candidates, layers: Layers, params: list, memory_fraction: fl
     (the embedding, the output head and the MTP module once: ``pipeline.DUALPIPE``)."""
     stage_layers = x.stage_layer_counts
     priced = lora_model_states if finetune.is_lora(x.model) else model_states
-    first, middle, last = (priced(x, layers, p, n, n_moe) for p, (n, n_moe) in zip(params, stage_layers))
+    first, middle, last = (priced(x, layers, p, n, n_moe, kinds) for p, (n, n_moe, kinds) in zip(params, stage_layers))
     copies = np.where(x.dualpipe, pipeline.DUALPIPE_PARAMETER_COPIES, 1.0)
     dual_first, dual_last = first, last
     if x.dualpipe.any():  # the end rank's two stages, contiguous (dualpipe_stage_moe)

@@ -652,3 +652,33 @@ def stage_pattern_counts(pattern: tuple[int, ...], pp, vp, first, last, embeddin
         counts[i] = _per_rank(list(cumulative[ends] - cumulative[ends - np.asarray(sizes)]), p_)
     out = counts[inverse]
     return tuple(out[:, k].reshape(layout.shape) for k in range(3))
+
+
+def stage_kind_counts(pattern, kinds, pp, vp, first, last, embedding, loss, layout, groups=None):
+    """Each layer kind's count (``kinds``: the labels of ``pattern``'s layers, Megatron-LM's
+    ``--hybrid-layer-pattern`` symbols, in order of precedence) on the first, one middle and the last
+    pipeline rank: a (3, len(kinds), plans) array. A rank holds the contiguous slices of its
+    virtual stages (``virtual_stage_sizes``: v = chunk * pp + rank, as ``transformer_block`` and
+    ``hybrid_layer_allocation.select_pipeline_segment`` assign them), so its kinds are counted
+    from the layers it holds, not the pattern's mix. The middle rank priced is the fullest, then
+    the one with most of ``kinds[0]``, then of ``kinds[1]``... (the slowest one as far as the
+    kinds' order ranks their cost; ``stage_layers``' and ``stage_pattern_counts``' middle when
+    ``kinds[0]`` is the MoE symbol). Counted once per structure group, like them."""
+    layout = np.asarray(layout, dtype=object)
+    columns, names, inverse, rows = groups or structure(pp, vp, first, last, embedding, loss, layout)
+    flags = np.array([[symbol == kind for symbol in pattern] for kind in kinds], dtype=np.int64)
+    cumulative = np.concatenate([np.zeros((len(kinds), 1), dtype=np.int64), np.cumsum(flags, axis=1)], axis=1)
+    counts = np.zeros((len(rows), 3, len(kinds)))
+    for i, row in enumerate(rows):
+        p_, v_, f_, l_, e_, o_, code = (int(c[row]) for c in columns)
+        sizes = np.asarray(virtual_stage_sizes(len(pattern), p_, v_, f_, l_, bool(e_), bool(o_), names[code]))
+        ends = np.cumsum(sizes)
+        per_stage = cumulative[:, ends] - cumulative[:, ends - sizes]  # (kinds, virtual stages)
+        ranks = np.stack([per_stage[:, r::p_].sum(axis=1) for r in range(p_)])  # (pp, kinds)
+        middle = ranks[0]
+        if p_ > 2:
+            order = np.column_stack([ranks.sum(axis=1), ranks])[1:-1]
+            middle = ranks[1 + np.lexsort(order.T[::-1])[-1]]
+        counts[i] = (ranks[0], middle, ranks[-1])
+    out = counts[inverse]  # (plans, 3, kinds)
+    return np.moveaxis(out, 0, -1).reshape((3, len(kinds)) + layout.shape)

@@ -73,7 +73,8 @@ def offload_time(x: Candidates, layers: Layers):
     ``torch.cuda.synchronize()`` at that layer's end; the backward prefetches one group ahead
     (``num_prefetch_group=1``): each layer's transfer hides behind one layer's pass only
     (``Candidates.windowed_offload`` off)."""
-    mean = lambda key: layers.on(key, x.first_layers, x.first_moe) / np.maximum(x.first_layers, 1.0)  # noqa: E731
+    first = x.kinds_on_stages[0]
+    mean = lambda key: layers.on(key, x.first_layers, x.first_moe, first) / np.maximum(x.first_layers, 1.0)  # noqa: E731
     stored, forward, compute = mean("stored"), mean("forward"), mean("compute")
     host_link = x.hw.host_link_gbps * 1e9
     if x.hw.network_shares_host_link:
@@ -111,9 +112,12 @@ def stage_times(x: Candidates, layers: Layers) -> StageTimes:
     t_logits, stage_pp, t_offload = logits_time(x), pp_comm_time(x), offload_time(x, layers)
     if x.model.mtp_num_layers:
         t_logits = t_logits + mtp_time(x, layers, t_logits)
-    first = layers.on("time", x.first_layers, x.first_moe) + stage_pp + np.where(x.single, t_logits, 0.0) + t_offload
-    middle = layers.on("time", x.middle_layers, x.middle_moe) + stage_pp
-    last = layers.on("time", x.last_layers, x.last_moe) + stage_pp + t_logits
+    (n_first, moe_first, kinds_first), (n_middle, moe_middle, kinds_middle), (n_last, moe_last, kinds_last) = (
+        x.stage_layer_counts)
+    first = (layers.on("time", n_first, moe_first, kinds_first) + stage_pp + np.where(x.single, t_logits, 0.0)
+             + t_offload)
+    middle = layers.on("time", n_middle, moe_middle, kinds_middle) + stage_pp
+    last = layers.on("time", n_last, moe_last, kinds_last) + stage_pp + t_logits
     return StageTimes(first, middle, last, t_logits, stage_pp, t_offload)
 
 
@@ -124,12 +128,13 @@ def stage_params(x: Candidates, layers: Layers, moe=None) -> list[tuple[np.ndarr
     priced ranks' (DualPipe's contiguous stages, ``peak_memory.dualpipe_stage_moe``)."""
     model = x.model
     first_moe, last_moe = (x.first_moe, x.last_moe) if moe is None else moe
+    kinds = x.kinds_on_stages if moe is None else [None] * 3  # a hybrid stage's own kinds
     embedding_gpu = model.embedding_params / x.t
     output_gpu = 0.0 if model.tie_embeddings else model.embedding_params / x.t
     experts = layers.moe["expert_params"]
-    first = (layers.on("params", x.first_layers, first_moe) + embedding_gpu + np.where(x.single, output_gpu, 0.0),
+    first = (layers.on("params", x.first_layers, first_moe, kinds[0]) + embedding_gpu + np.where(x.single, output_gpu, 0.0),
              first_moe * experts)
-    last = (layers.on("params", x.last_layers, last_moe) + embedding_gpu,  # the output layer (a copy if tied)
+    last = (layers.on("params", x.last_layers, last_moe, kinds[2]) + embedding_gpu,  # the output layer (a copy if tied)
             last_moe * experts)
     if model.mtp_num_layers:  # on the last stage (the only one when pp = 1)
         n = model.mtp_num_layers
@@ -137,7 +142,7 @@ def stage_params(x: Candidates, layers: Layers, moe=None) -> list[tuple[np.ndarr
         head = (n * (mtp["params"] + mtp_projection_params(model) / x.t), n * mtp["expert_params"])
         last = (last[0] + head[0], last[1] + head[1])
         first = (first[0] + np.where(x.single, head[0], 0.0), first[1] + np.where(x.single, head[1], 0.0))
-    return [first, (layers.on("params", x.middle_layers, x.middle_moe), x.middle_moe * experts), last]
+    return [first, (layers.on("params", x.middle_layers, x.middle_moe, kinds[1]), x.middle_moe * experts), last]
 
 
 def trainable_params(x: Candidates, layers: Layers, params: list) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -145,7 +150,7 @@ def trainable_params(x: Candidates, layers: Layers, params: list) -> list[tuple[
     or under LoRA (a frozen base, embedding and output layer included) the stage's adapters."""
     if not finetune.is_lora(x.model):
         return params
-    return [(layers.on("adapter_params", n, n_moe), np.zeros_like(x.t)) for n, n_moe in x.stage_layer_counts]
+    return [(layers.on("adapter_params", n, n_moe, kinds), np.zeros_like(x.t)) for n, n_moe, kinds in x.stage_layer_counts]
 
 
 def present(x: Candidates) -> list[np.ndarray]:

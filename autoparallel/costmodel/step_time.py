@@ -38,6 +38,7 @@ class Schedule:
     slowest: np.ndarray  # the bottleneck stage's time per micro-batch
     layers: np.ndarray  # the bottleneck stage's layers, of which ``moe`` MoE layers
     moe: np.ndarray
+    kinds: np.ndarray | None  # a hybrid model's: each kind's layers on it (``Candidates.stage_kinds``)
     logits: np.ndarray  # its output layer and loss time (0 unless it is the last stage)
     offload: np.ndarray  # its offloading time (0 unless it is the first stage)
 
@@ -53,6 +54,9 @@ def schedule(x: Candidates, stages: StageTimes) -> Schedule:
         slowest=slowest,
         layers=_pick([(last_is_slowest, x.last_layers), (first_is_slowest, x.first_layers)], x.middle_layers),
         moe=_pick([(last_is_slowest, x.last_moe), (first_is_slowest, x.first_moe)], x.middle_moe),
+        kinds=None if x.stage_kinds is None else np.stack([
+            _pick([(last_is_slowest, last), (first_is_slowest, first)], middle) if first.any() or middle.any()
+            or last.any() else np.zeros_like(slowest) for first, middle, last in zip(*x.stage_kinds)]),
         logits=np.where(last_is_slowest | x.single, stages.logits, 0.0),
         offload=np.where(first_is_slowest, stages.offload, 0.0),
     )
@@ -94,7 +98,7 @@ def weight_cast_time(x: Candidates, layers: Layers, bottleneck: Schedule):
     is kept in FP8: never cast)."""
     if finetune.is_lora(x.model):
         return np.zeros_like(x.t)
-    layer_params = layers.on("params", bottleneck.layers, bottleneck.moe) + bottleneck.moe * layers.moe["expert_params"]
+    layer_params = layers.on("params", bottleneck.layers, bottleneck.moe, bottleneck.kinds) + bottleneck.moe * layers.moe["expert_params"]
     return layer_params * x.quantized_fraction * x.cast_bytes / x.hbm
 
 
@@ -103,15 +107,15 @@ def step_breakdown(x: Candidates, layers: Layers, stages: StageTimes, heaviest: 
     to ``step_time_s``). ``heaviest``: the (dense, expert) trainable parameters of the stage that
     holds the most (``heaviest_stage_params`` of ``stages.trainable_params``)."""
     bottleneck = schedule(x, stages)
-    per_microbatch = lambda key: x.m * layers.on(key, bottleneck.layers, bottleneck.moe)  # noqa: E731
+    on_bottleneck = lambda key: layers.on(key, bottleneck.layers, bottleneck.moe, bottleneck.kinds)  # noqa: E731
+    per_microbatch = lambda key: x.m * on_bottleneck(key)  # noqa: E731
     params_gpu, experts_gpu = heaviest
-    dp_exposed = dp_comm_time(x, params_gpu, experts_gpu, layers.on("time", bottleneck.layers, bottleneck.moe))
+    dp_exposed = dp_comm_time(x, params_gpu, experts_gpu, on_bottleneck("time"))
     t_optimizer = optimizer_time(x, params_gpu, experts_gpu)
     weight_cast = weight_cast_time(x, layers, bottleneck)
     return {
         "step_time_s": bottleneck.time + dp_exposed + t_optimizer + weight_cast,
-        "compute_s": x.m * (layers.on("compute", bottleneck.layers, bottleneck.moe) + bottleneck.logits
-                            + layers.on("lora_adapters", bottleneck.layers, bottleneck.moe)),
+        "compute_s": x.m * (on_bottleneck("compute") + bottleneck.logits + on_bottleneck("lora_adapters")),
         "fp8_cast_s": per_microbatch("fp8_cast") + per_microbatch("amax_reduction") + weight_cast,
         "recompute_s": per_microbatch("recompute"),
         "tp_comm_s": per_microbatch("tp_comm"),

@@ -143,7 +143,8 @@ class CostModelEvaluator:
             short, of_row = structure_cols
             used = np.zeros(len(short["tp"]), dtype=bool)
             used[of_row[rows]] = True
-            every = structure(self.model, self.hardware, {name: values[used] for name, values in short.items()})
+            every = structure(self.model, self.hardware, {name: values[used] for name, values in short.items()}
+                              | self.settings)  # a recipe's BF16 end layers are counted on their stages
             renumbered = np.cumsum(used) - 1  # a structure's position among those
 
         def price(start: int) -> tuple[int, dict[str, np.ndarray]]:
