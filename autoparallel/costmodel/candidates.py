@@ -197,6 +197,7 @@ class StructureFields:
     edp_per_node: np.ndarray
     imbalance: np.ndarray  # the busiest EP rank's tokens over the even share
     stage_kinds: np.ndarray | None  # (first, middle, last) x ``STAGE_KINDS`` (the edge kinds where set) of a hybrid model
+    stage_ratios: np.ndarray | None  # (first, middle, last) x ``ModelSpec.dsv4_ratio_classes`` of a DeepSeek-V4 model
 
     @property
     def single(self) -> np.ndarray:
@@ -212,7 +213,10 @@ class StructureFields:
 
     @property
     def kinds_on_stages(self) -> list:
-        """``stage_kinds`` of the first, middle and last stage (each None but for a hybrid model)."""
+        """``stage_kinds`` of the first, middle and last stage (each None but for a hybrid model); a
+        DeepSeek-V4 stage's compress-ratio classes (``stage_ratios``, read by ``Layers.on``)."""
+        if self.stage_ratios is not None:
+            return list(self.stage_ratios)
         return [None] * 3 if self.stage_kinds is None else list(self.stage_kinds)
 
     @property
@@ -319,6 +323,10 @@ def structure(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray]
                                                                         groups=groups)
     else:
         first_moe = middle_moe = last_moe = np.zeros_like(t)
+    stage_ratios = None
+    if model.is_dsv4:  # each stage's own layers' compress ratios (Megatron's contiguous slices), not the mean mix
+        stage_ratios = pipeline.stage_kind_counts(model.dsv4_decoder_ratios, model.dsv4_ratio_classes, p, v, *split,
+                                                  groups=groups)
     pattern = model.moe_layer_pattern if model.is_moe else (0,) * L
     peaks = pipeline.peaks(pattern, p, v, gbs / (b * dp), *split, groups=groups)
     dp_group = dp * c
@@ -328,7 +336,8 @@ def structure(model: ModelSpec, hw: HardwareSpec, cols: Mapping[str, np.ndarray]
         tokens=b * s_local, first_layers=first_layers, middle_layers=middle_layers, last_layers=last_layers,
         first_moe=first_moe, middle_moe=middle_moe, last_moe=last_moe, peaks=peaks,
         layers_per_chunk=np.maximum(np.maximum(first_layers, middle_layers), last_layers) / v,
-        dp_group=dp_group, edp_group=edp_group, stage_kinds=stage_kinds, **_structure_hardware(model, hw, t, e, et, dp_group, edp_group))
+        dp_group=dp_group, edp_group=edp_group, stage_kinds=stage_kinds, stage_ratios=stage_ratios,
+        **_structure_hardware(model, hw, t, e, et, dp_group, edp_group))
 
 
 def _structure_hardware(model: ModelSpec, hw: HardwareSpec, t, e, et, dp_group, edp_group) -> dict:

@@ -1168,6 +1168,8 @@ class Layers:
     moe: dict
     kinds: dict | None = None
     mtp_kinds: dict | None = None  # the MTP layer's kinds where a recipe runs them apart (BF16)
+    ratios: dict | None = None  # DeepSeek-V4: each compress-ratio class's MoE layer (``dsv4_ratio_layers``)
+    ratio_counts: tuple | None = None  # DeepSeek-V4: the model's decoder layers of each class
 
     def on(self, key: str, layers, moe_layers, kinds=None):
         """``key`` summed over ``layers`` layers of which ``moe_layers`` are MoE; a hybrid stage's
@@ -1175,6 +1177,8 @@ class Layers:
         ``STAGE_KINDS``' count on the stage), not the pattern's mix. A BF16 edge kind
         (``layer_kinds.EDGE``) takes its own costs where they are priced (``recipe_hybrid_layers``),
         else its symbol's (the parameters)."""
+        if kinds is not None and self.ratios is not None:
+            return self.moe_by_ratio(key, layers, moe_layers, kinds)
         if kinds is None or self.kinds is None:
             return (layers - moe_layers) * self.dense[key] + moe_layers * self.moe[key]
         # ``kinds`` holds the BF16 edge kinds only where a recipe keeps end layers in BF16; one takes
@@ -1184,6 +1188,18 @@ class Layers:
         total = terms[0]
         for term in terms[1:]:
             total = total + term
+        return total
+
+    def moe_by_ratio(self, key: str, layers, moe_layers, counts):
+        """A DeepSeek-V4 stage's ``key`` over its own layers' compress ratios (``counts``: each of
+        ``ModelSpec.dsv4_ratio_classes``' layers on it): the mean layer's sum plus, per class, its
+        layers beyond the mean mix's share times that class's layer. Written as a difference of
+        integers (stage count x model layers - stage layers x model count) so a stage holding the
+        model's mix (pp 1) adds exactly zero."""
+        total = (layers - moe_layers) * self.dense[key] + moe_layers * self.moe[key]
+        n_layers = sum(self.ratio_counts)
+        for count, n, costs in zip(counts, self.ratio_counts, self.ratios.values()):
+            total = total + (count * n_layers - moe_layers * n) / n_layers * (costs[key] - self.moe[key])
         return total
 
     def mtp(self, model) -> dict:
@@ -1204,6 +1220,8 @@ def layer_params(s) -> Layers:
     are known (``Candidates.by_structure``)."""
     if s.model.is_hybrid:
         return hybrid_layers(hybrid_kind_params(s), s.model)
+    if s.model.is_dsv4 and s.stage_ratios is not None:
+        return dsv4_ratio_layers(s, layer_params(replace(s, stage_ratios=None)), layer_params)
     adapters = finetune.adapter_params_gpu(s.model, s.t) + np.zeros_like(s.t)
     dense = {"params": dense_params(s), "expert_params": 0.0, "adapter_params": adapters}
     if not s.model.is_moe:
@@ -1221,8 +1239,25 @@ def layers(x: Candidates) -> Layers:
         if gemm_precision.applies(x):
             return recipe_hybrid_layers(x, kinds)
         return hybrid_layers({kind: HYBRID_LAYERS[kind](x) for kind in kinds}, x.model)
+    if x.model.is_dsv4 and x.stage_ratios is not None:
+        return dsv4_ratio_layers(x, layers(replace(x, stage_ratios=None)), layers)
     dense = dense_layer(x)
     return Layers(dense, moe_layer(x) if x.model.is_moe else {k: np.zeros_like(x.t) for k in dense})
+
+
+def dsv4_ratio_layers(x, mean: Layers, price) -> Layers:
+    """DeepSeek-V4's ``Layers`` (``mean``: priced at the model's mean compress-ratio mix, as the
+    attention terms average it) with each ratio class's MoE layer priced apart (``price`` on ``x``
+    with every decoder layer at that ratio, ``ModelSpec.dsv4_uniform``), so that a pipeline stage
+    is priced from the ratios of the layers it holds (``Candidates.stage_ratios``;
+    ``Layers.moe_by_ratio``). Only where some plan has pp > 1: at pp 1 every stage holds the mix."""
+    model = x.model
+    if not (x.p > 1).any():
+        return mean
+    ratios = {r: price(replace(x, model=model.dsv4_uniform(r), stage_ratios=None)).moe
+              for r in model.dsv4_ratio_classes}
+    counts = tuple(model.dsv4_decoder_ratios.count(r) for r in model.dsv4_ratio_classes)
+    return replace(mean, ratios=ratios, ratio_counts=counts)
 
 
 def kind_candidates(x: Candidates, fraction) -> Candidates:

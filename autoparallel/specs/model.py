@@ -7,6 +7,7 @@ transformer (``autoparallel.model``), so the two can never disagree about what a
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -468,6 +469,18 @@ class ModelSpec:
     def dsv4_decoder_ratios(self) -> tuple[int, ...]:
         """The decoder layers' compression ratios (the MTP layers' left out)."""
         return tuple(self.csa_compress_ratios[:self.num_layers])
+
+    @cached_property
+    def dsv4_ratio_classes(self) -> tuple[int, ...]:
+        """The decoder layers' distinct compression ratios, the costliest first (4: CSA and its indexer,
+        128, 0: the window alone): the kinds a pipeline stage counts (``pipeline.stage_kind_counts``)."""
+        return tuple(r for r in (4, 128, 0) if r in self.dsv4_decoder_ratios)
+
+    def dsv4_uniform(self, ratio: int) -> ModelSpec:
+        """This model with every decoder layer at ``ratio`` (the MTP layers' kept): one ratio class's
+        layer, priced apart for the stages that hold it (``layer_time.Layers.on``)."""
+        mtp = tuple(self.csa_compress_ratios[self.num_layers:])
+        return dataclasses.replace(self, csa_compress_ratios=(ratio,) * self.num_layers + mtp)
 
     def csa_extra_params(self, ratio: int) -> int:
         """One DeepSeek-V4 layer's compressor and indexer weights beside its projections (the
