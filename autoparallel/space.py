@@ -568,6 +568,8 @@ def modules_apply(modules: str, model: ModelSpec) -> str:
         return "mla_up_proj in recompute_modules is only supported with multi_latent_attention"
     if {"moe", "moe_act"} & set(names) and not model.is_moe:
         return f"recompute_modules {modules!r} needs a MoE model"
+    if "mhc" in names and model.hc_mult == 1:  # TransformerConfig: "'mhc' ... requires enable_hyper_connections"
+        return "mhc in recompute_modules needs Hyper-Connections (hc_mult > 1: DeepSeek-V4)"
     return ""
 
 

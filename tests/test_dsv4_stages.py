@@ -6,7 +6,6 @@ v = chunk * pp + rank the next contiguous slice; the layout's E and L hold no de
 
 import dataclasses
 
-import numpy as np
 import pytest
 
 from autoparallel import io

@@ -45,8 +45,9 @@ QUANTIZED_WEIGHT_BYTES = {"fp8": 2.0, "fp4": 2 * (0.5 + 1.0 / 256)}  # NVFP4 wei
 # TransformerEngine d0067d0d / v2.9). Block-scaled copies differ by layout (their scales run along
 # rows or columns) and keep both.
 PER_TENSOR_FP8 = ("fp8-delayed", "fp8-current")
-# Megatron's --recompute-modules that the cost model prices (core_attn alone for dense models).
-RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "moe", "layernorm")
+# Megatron's --recompute-modules that the cost model prices (core_attn alone for dense models; mhc
+# for Hyper-Connections, DeepSeek-V4).
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "moe_act", "moe", "layernorm", "mhc")
 
 
 # A published system's own cache of the recomputed routed experts' activation input, which

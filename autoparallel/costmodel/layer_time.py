@@ -309,6 +309,17 @@ def hyper_connection_time(x: Candidates):
     return forward, backward
 
 
+def mhc_recompute_time(x: Candidates):
+    """Seconds the ``mhc`` recompute module adds to a layer's backward: Megatron-LM (NVIDIA/Megatron-LM@caeff8c80d
+    ``transformer/hyper_connection.py`` ``_forward_with_checkpoint``, ``fused_h_res_h_post_bda`` with a
+    ``CheckpointManager``; ``transformer_layer.py`` ``HyperConnectionTransformerLayer``) wraps each block's
+    aggregation and its H_res / H_post residual merge in output-discarding checkpoints that one manager
+    recomputes before the backward: both blocks' mHC forward again (``hyper_connection_time``'s forward,
+    which also counts the mappings' projection the checkpoint does not rerun: an upper bound by their
+    share)."""
+    return hyper_connection_time(x)[0]
+
+
 def dsa_indexer_loss_time(x: Candidates):
     """(forward, backward) seconds of DeepSeek-V4's sparse DSA indexer loss (the perf recipes'
     ``dsa_indexer_loss_coeff`` 0.01 with ``dsa_indexer_use_sparse_loss``; Megatron-Bridge 067f987df0
@@ -761,6 +772,8 @@ def selective_recompute_time(x: Candidates, attention, softmax, kind: LayerKind 
     extra = extra + np.where(x.modules["layernorm"], norm_recompute_time(x), 0.0)
     if x.model.multi_latent_attention:
         extra = extra + np.where(x.modules["mla_up_proj"], linear_time(x, x.model.mla_up_params), 0.0)
+    if x.model.hc_mult > 1:  # mhc: both blocks' Hyper-Connection forward again (mhc_recompute_time)
+        extra = extra + np.where(x.modules["mhc"], mhc_recompute_time(x), 0.0)
     return extra + (np.where(x.modules["moe"], moe_block, 0.0) if is_moe else 0.0)
 
 
@@ -885,6 +898,8 @@ def stored_activation_bytes(x: Candidates, kind: LayerKind | bool, saved=None):
                                      x.routed_act_input_bytes + clamp)
     if not kind.standard:
         spared = spared + np.where(x.modules["layernorm"], one_block_norm_output_bytes(x, kind), 0.0)
+    if x.model.hc_mult > 1 and x.keep_scores is not False:  # mhc: the n-stream tensors ``saved`` holds
+        spared = spared + np.where(x.modules["mhc"], hyper_connection_saved_bytes(x), 0.0)
     if is_moe and clamp:  # moe_act's checkpoint drops the routed clamp's extra copy (moe drops it anyway)
         copies = x.b * x.s_local / x.t * x.model.moe_router_topk * x.imbalance
         extra = copies * 2.0 * x.model.expert_ffn_hidden_size * clamp
