@@ -15,25 +15,27 @@ from __future__ import annotations
 import numpy as np
 
 from autoparallel import io, resources
-from autoparallel.costmodel import gemm, memory
+from autoparallel.costmodel import dsv4, gemm, memory
 from autoparallel.costmodel import layer_time as lt
 from autoparallel.measured_runs import chosen, load_runs, predict_row, priced
 
 TERMS = ("dsa_indexer_topk_time", "dsa_indexer_loss_time", "dsv4_output_groups_bf16_time",
          "dsv4_compressor_time", "hyper_connection_time")
+# The module each term lives in (DeepSeek-V4's kernels in ``dsv4``, its GEMM term in ``layer_time``).
+HOME = {name: dsv4 if hasattr(dsv4, name) else lt for name in TERMS}
 FLASHMLA_SPARSE_FWD_B200 = 1450e12  # deepseek-ai/FlashMLA@9241ae3 README.md, "Test & benchmark MLA prefill (Sparse)"
 
 
 def unfused_mhc(x):
     """The unfused module's mHC passes (the count before the fused kernels')."""
-    forward = (2.0 * lt.hyper_connection_elements(x.model.hc_mult) * x.tokens / x.t * x.model.hidden_size
+    forward = (2.0 * dsv4.hyper_connection_elements(x.model.hc_mult) * x.tokens / x.t * x.model.hidden_size
                * memory.ACT_INPUT_BYTES / x.hbm)
     return forward, 2.0 * forward
 
 
 def main() -> None:
     rows = load_runs([resources.data_file("training_runs_dsv4.csv")], moe=True)
-    real = {name: getattr(lt, name) for name in TERMS}
+    real = {name: getattr(HOME[name], name) for name in TERMS}
     before = {name: (lambda x: (0.0 * x.t, 0.0 * x.t)) for name in TERMS}
     before["hyper_connection_time"] = unfused_mhc
     print("| term added | " + " | ".join(f"{r.hardware.name} tok/s/GPU (error %, step s)" for r in rows) + " |")
@@ -41,7 +43,7 @@ def main() -> None:
     try:
         for k in range(len(TERMS) + 1):
             for i, name in enumerate(TERMS):
-                setattr(lt, name, real[name] if i < k else before[name])
+                setattr(HOME[name], name, real[name] if i < k else before[name])
             cells = []
             for r in rows:
                 out, j = priced(r)
@@ -61,7 +63,7 @@ def main() -> None:
         lt.attention_time = attention
     finally:
         for name in TERMS:
-            setattr(lt, name, real[name])
+            setattr(HOME[name], name, real[name])
 
 
 if __name__ == "__main__":

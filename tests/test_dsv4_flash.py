@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from autoparallel import io
-from autoparallel.costmodel import flops
+from autoparallel.costmodel import dsv4, flops
 
 
 @pytest.fixture(scope="module")
@@ -136,13 +136,12 @@ def test_the_built_in_transformer_and_fp8_check_refuse_deepseek_v4(flash):
 def test_estimate_prices_deepseek_v4_with_its_parts(flash):
     """The sparse attention core is far below dense MLA's; mHC adds time and memory; a hash-routed
     layer runs no router GEMM."""
-    from autoparallel.costmodel import layer_time
     dense_mla = flops.attention_core_flops(dataclasses.replace(
         flash, csa_compress_ratios=None, o_groups=None, o_lora_rank=None, dsa_indexer_n_heads=None,
         dsa_indexer_head_dim=None, dsa_indexer_topk=None), 1, 4096, causal=True)
     assert flops.attention_core_flops(flash, 1, 4096, causal=True) < 0.25 * dense_mla
-    assert layer_time.hyper_connection_elements(4) == 22.0
-    assert layer_time.hyper_connection_elements(1) == 7.0
+    assert dsv4.hyper_connection_elements(4) == 22.0
+    assert dsv4.hyper_connection_elements(1) == 7.0
 
 
 def _row_candidates(gpu="gb300"):
@@ -159,11 +158,11 @@ def test_mhc_is_one_kernel_pair_of_the_moe_layer(monkeypatch):
     from autoparallel.costmodel import layer_time
     x = _row_candidates()
     with_mhc = layer_time.moe_layer(x)
-    forward, backward = layer_time.hyper_connection_time(x)
+    forward, backward = dsv4.hyper_connection_time(x)
     assert np.all(forward > 0) and np.allclose(backward, forward * 55.0 / 18.0)
-    assert layer_time.fused_hyper_connection_elements(4) == (18.0, 55.0)
-    monkeypatch.setattr(layer_time, "hyper_connection_time", lambda x: (0.0 * forward, 0.0 * forward))
-    monkeypatch.setattr(layer_time, "hyper_connection_saved_bytes", lambda x: 0.0)
+    assert dsv4.fused_hyper_connection_elements(4) == (18.0, 55.0)
+    monkeypatch.setattr(dsv4, "hyper_connection_time", lambda x: (0.0 * forward, 0.0 * forward))
+    monkeypatch.setattr(dsv4, "hyper_connection_saved_bytes", lambda x: 0.0)
     without = layer_time.moe_layer(x)
     assert np.allclose(with_mhc["compute"] - without["compute"], forward + backward, rtol=1e-9)
     stored = 2.0 * 4 * x.tokens / x.t * 4096 * 2.0
@@ -174,11 +173,10 @@ def test_mhc_off_blackwell_is_the_unfused_module():
     """Without the cuTile kernels (no Blackwell) the unfused module's 22 elements forward, twice backward."""
     import dataclasses as dc
     import numpy as np
-    from autoparallel.costmodel import layer_time
     x = _row_candidates()
     hopper = dc.replace(x, hw=dc.replace(x.hw, mxfp8=False))
-    forward, backward = layer_time.hyper_connection_time(hopper)
-    fused_forward, _ = layer_time.hyper_connection_time(x)
+    forward, backward = dsv4.hyper_connection_time(hopper)
+    fused_forward, _ = dsv4.hyper_connection_time(x)
     assert np.allclose(backward, 2 * forward) and np.allclose(forward / fused_forward, 22.0 / 18.0)
 
 
@@ -209,10 +207,9 @@ def test_indexer_loss_flops_count_the_selected_keys(flash):
 def test_compressor_bytes_follow_its_passes():
     """Ratio 4 (overlapping, coff 2) at head_dim 512: bias 6 x 1024, overlap 36 x 512, softmax, product and
     sum 22 x 1024 bytes; ratio 128 (coff 1): 6 x 512 + 22 x 512."""
-    from autoparallel.costmodel import layer_time
-    assert layer_time.compressor_bytes_per_token(4, 512) == 6 * 1024 + 36 * 512 + 22 * 1024
-    assert layer_time.compressor_bytes_per_token(128, 512) == 28 * 512
-    assert layer_time.compressor_bytes_per_token(4, 128) == layer_time.compressor_bytes_per_token(4, 512) / 4
+    assert dsv4.compressor_bytes_per_token(4, 512) == 6 * 1024 + 36 * 512 + 22 * 1024
+    assert dsv4.compressor_bytes_per_token(128, 512) == 28 * 512
+    assert dsv4.compressor_bytes_per_token(4, 128) == dsv4.compressor_bytes_per_token(4, 512) / 4
 
 
 def test_grouped_output_is_priced_at_the_bf16_peak():

@@ -27,8 +27,8 @@ from functools import partial
 
 import numpy as np
 
-from autoparallel.costmodel import (comm, dataparallel, dispatch, finetune, flops, gemm, gemm_precision, mamba, memory, moe, pipeline,
-                                    tensor_parallel)
+from autoparallel.costmodel import (comm, dataparallel, dispatch, dsv4, finetune, flops, gemm, gemm_precision, mamba, memory,
+                                    moe, pipeline, tensor_parallel)
 from autoparallel.costmodel.candidates import Candidates
 from autoparallel.costmodel.layer_kinds import EDGE, HYBRID, STAGE_KINDS, LayerKind, as_kind
 
@@ -134,17 +134,11 @@ def activation_bytes(x: Candidates, kind: LayerKind | bool, keep_scores):
                                           act_in=act_in, attention_output=output, routed_act_in=routed_act_in,
                                           attention=kind.attention, ffn=kind.ffn is not None)
     if keep_scores is not False and x.model.hc_mult > 1:
-        saved = saved + hyper_connection_saved_bytes(x)
+        saved = saved + dsv4.hyper_connection_saved_bytes(x)
     if keep_scores is False or not kind.standard:
         return saved
     return saved + finetune.frozen_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction,
                                                     x.quantized_input_bytes, output, x.attention_output_fused)
-
-
-def hyper_connection_saved_bytes(x: Candidates):
-    """What a DeepSeek-V4 layer's two mHC blocks keep for backward beyond a plain residual: each
-    block's n-stream input (for the mappings' projection and norm, H_pre and H_res), BF16."""
-    return 2.0 * x.model.hc_mult * x.tokens / x.t * x.model.hidden_size * memory.ACT_INPUT_BYTES
 
 
 def received_copies(x: Candidates):
@@ -272,81 +266,6 @@ def glu_clamp_time(x: Candidates, kind: LayerKind | bool):
     return forward, backward
 
 
-# DeepSeek-V4's Hyper-Connections (Megatron-LM d98e8a64dd ``megatron/core/transformer/hyper_connection.py``
-# HyperConnectionModule, the unfused path), per block and token, in hidden-size elements of the n = hc_mult
-# streams: ``compute_mappings`` reads the n streams twice (the RMS norm and the projection to the mixing
-# weights), ``aggregate`` reads n and writes 1 (H_pre), ``fused_h_res_h_post_bda`` reads the n-stream residual
-# and the block's output and writes n streams (H_res x + H_post^T out): 2n + (n + 1) + (2n + 1). Two blocks per
-# layer (attention, MoE). The backward moves each pass's gradient: twice the forward's bytes.
-def hyper_connection_elements(n: int) -> float:
-    """Hidden-size elements one mHC block moves per token forward (see above)."""
-    return 2.0 * n + (n + 1.0) + (2.0 * n + 1.0)
-
-
-def fused_hyper_connection_elements(n: int) -> tuple[float, float]:
-    """(forward, backward) hidden-size elements one mHC block moves per token under ``use_fused_mhc``
-    (NVIDIA/Megatron-LM@296a8922a2 ``megatron/core/fusions/fused_mhc_kernels.py``, cuTile, compute capability
-    10+; Megatron-Bridge 067f987df0 turns it on on Blackwell, ``deepseek_v4_supports_blackwell_fused_kernels``).
-    Forward: ``proj_rms`` reads the n streams once (projection and RMS norm together), ``h_aggregate`` reads n
-    and writes 1, ``h_post_bda`` reads n and the block's output and writes n: 4n + 2. Backward: ``proj_rms``
-    reads n and writes their gradient (2n), ``h_aggregate`` reads the gradient, n streams, writes n (2n + 1),
-    ``h_post_bda`` reads n gradients, n streams and the output, writes n and 1 (3n + 2), and autograd sums the
-    three n-stream gradients of the block's input (two adds, each reading 2n and writing n): 13n + 3. The
-    Sinkhorn iterations run inside one kernel on the n x n matrices (no HBM pass of hidden size)."""
-    return 4.0 * n + 2.0, 13.0 * n + 3.0
-
-
-def hyper_connection_time(x: Candidates):
-    """(forward, backward) seconds of a DeepSeek-V4 layer's two mHC blocks over HBM, BF16, on the
-    GPU's tokens: on Blackwell the fused cuTile kernels the recipes run (``fused_hyper_connection_elements``),
-    elsewhere the unfused module (``hyper_connection_elements``, backward twice the forward); the
-    tiny projection GEMM's FLOPs are left out (per token ~1 % of the bytes)."""
-    n = x.model.hc_mult
-    fused_forward, fused_backward = fused_hyper_connection_elements(n)
-    per_element = 2.0 * x.tokens / x.t * x.model.hidden_size * memory.ACT_INPUT_BYTES / x.hbm
-    forward = np.where(x.hw.mxfp8, fused_forward, hyper_connection_elements(n)) * per_element
-    backward = np.where(x.hw.mxfp8, fused_backward, 2.0 * hyper_connection_elements(n)) * per_element
-    return forward, backward
-
-
-def mhc_recompute_time(x: Candidates):
-    """Seconds the ``mhc`` recompute module adds to a layer's backward: Megatron-LM (NVIDIA/Megatron-LM@caeff8c80d
-    ``transformer/hyper_connection.py`` ``_forward_with_checkpoint``, ``fused_h_res_h_post_bda`` with a
-    ``CheckpointManager``; ``transformer_layer.py`` ``HyperConnectionTransformerLayer``) wraps each block's
-    aggregation and its H_res / H_post residual merge in output-discarding checkpoints that one manager
-    recomputes before the backward: both blocks' mHC forward again (``hyper_connection_time``'s forward,
-    which also counts the mappings' projection the checkpoint does not rerun: an upper bound by their
-    share)."""
-    return hyper_connection_time(x)[0]
-
-
-def dsa_indexer_loss_time(x: Candidates):
-    """(forward, backward) seconds of DeepSeek-V4's sparse DSA indexer loss (the perf recipes'
-    ``dsa_indexer_loss_coeff`` 0.01 with ``dsa_indexer_use_sparse_loss``; Megatron-Bridge 067f987df0
-    ``perf_recipes/deepseek/gb200/deepseek_v4.py``), averaged over the layers: the fused path's
-    attention-target recompute and indexer gradients (``flops.dsa_indexer_loss_flops``), all in the
-    forward, BF16 kernels of the attention core's kind at its efficiency (``attention_time``'s GEMMs
-    or exponentials, whichever is slower); the target over the TP rank's heads, the indexer (built
-    "duplicated") whole; the backward only scales the gradients (none here)."""
-    model, hw = x.model, x.hw
-    target, indexer, exponentials = flops.dsa_indexer_loss_flops(model, x.b, model.seq_length)
-    gemms = (target / x.t + indexer) / gemm.bf16_peak(hw)  # the heads split by TP, the indexer whole
-    forward = np.maximum(gemms, exponentials / x.t / (hw.exp_tera_per_s * 1e12)) / x.c / hw.efficiency.attention
-    return forward, 0.0 * forward
-
-
-def dsa_indexer_topk_time(x: Candidates):
-    """(forward, backward) seconds of the DSA indexer's top-k selection on DeepSeek-V4's ratio-4 layers,
-    averaged over the layers: Megatron-LM d98e8a64dd's fused path (``dsa_cudnn_kernels.py``
-    ``_indexer_topk_bshd``) has ``indexer_forward_wrapper`` write each query's FP32 scores over the s/4
-    compressed keys and ``indexer_top_k_wrapper`` read them back (4 + 4 bytes per score); no backward."""
-    model = x.model
-    ratios = model.dsv4_decoder_ratios
-    scores = x.tokens * model.seq_length / 4 * ratios.count(4) / len(ratios)  # duplicated over TP
-    forward = 8.0 * scores / x.hbm
-    return forward, 0.0 * forward
-
-
 def dsv4_output_groups_bf16_time(x: Candidates):
     """(forward, backward) seconds DeepSeek-V4's grouped output projection (wo_a: heads x v_head_dim x
     o_lora_rank weights in o_groups groups) takes beyond what the layer's Linear GEMMs price for it:
@@ -362,42 +281,12 @@ def dsv4_output_groups_bf16_time(x: Candidates):
     return forward, 2.0 * forward
 
 
-def compressor_bytes_per_token(ratio: int, head_dim: int) -> float:
-    """HBM bytes per token one DeepSeek-V4 Compressor's gated pooling moves forward (NVIDIA/Megatron-LM@caeff8c80d
-    ``experimental_attention_variant/csa.py`` ``Compressor.forward``, eager PyTorch), on its wkv and wgate
-    outputs of coff x head_dim (coff 2 on ratio-4 layers, which overlap windows): the FP32 positional bias
-    added to the BF16 gate (read 2, write 4 bytes per element); on ratio-4 layers ``_overlap_transform``
-    of both (a filled 2 x head_dim buffer and the two half copies: 12 bytes per head_dim element for the
-    BF16 values, 24 for the FP32 gate); the softmax over the window (FP32 read and write, 8 per pooled
-    element), the BF16 x FP32 product (2 + 4 read, 4 written) and the sum (4 read). The norm and RoPE run
-    on the 1/ratio compressed rows (left out)."""
-    coff = 2 if ratio == 4 else 1
-    pooled = coff * head_dim
-    overlap = 36.0 * head_dim if ratio == 4 else 0.0
-    return 6.0 * coff * head_dim + overlap + (8.0 + 10.0 + 4.0) * pooled
-
-
-def dsv4_compressor_time(x: Candidates):
-    """(forward, backward) seconds of DeepSeek-V4's compressors' gated pooling, averaged over the decoder
-    layers: ratio-4 layers run the attention's compressor (v_head_dim) and the indexer's (index_head_dim),
-    ratio-128 layers the attention's only (``compressor_bytes_per_token``); built "duplicated" over TP,
-    so on every GPU's whole micro-batch. The backward moves each pass's gradient: twice the forward's
-    bytes (as ``hyper_connection_time``)."""
-    model = x.model
-    ratios = model.dsv4_decoder_ratios
-    per_token = sum(compressor_bytes_per_token(r, model.v_head_dim)
-                    + (compressor_bytes_per_token(r, model.dsa_indexer_head_dim) if r == 4 else 0.0)
-                    for r in ratios if r > 1) / len(ratios)
-    forward = per_token * x.tokens / x.hbm
-    return forward, 2.0 * forward
-
-
 def dsv4_attention_kernels(x: Candidates) -> tuple:
     """DeepSeek-V4's attention work beyond the sparse attention core, (forward, backward) pairs of the MoE
     layer's kernels: the DSA indexer's top-k and its sparse loss, the grouped output projection in BF16,
     the compressors' gated pooling."""
-    return (dsa_indexer_topk_time(x), dsa_indexer_loss_time(x), dsv4_output_groups_bf16_time(x),
-            dsv4_compressor_time(x))
+    return (dsv4.dsa_indexer_topk_time(x), dsv4.dsa_indexer_loss_time(x), dsv4_output_groups_bf16_time(x),
+            dsv4.dsv4_compressor_time(x))
 
 
 def hash_routed_router_time(x: Candidates):
@@ -773,7 +662,7 @@ def selective_recompute_time(x: Candidates, attention, softmax, kind: LayerKind 
     if x.model.multi_latent_attention:
         extra = extra + np.where(x.modules["mla_up_proj"], linear_time(x, x.model.mla_up_params), 0.0)
     if x.model.hc_mult > 1:  # mhc: both blocks' Hyper-Connection forward again (mhc_recompute_time)
-        extra = extra + np.where(x.modules["mhc"], mhc_recompute_time(x), 0.0)
+        extra = extra + np.where(x.modules["mhc"], dsv4.mhc_recompute_time(x), 0.0)
     return extra + (np.where(x.modules["moe"], moe_block, 0.0) if is_moe else 0.0)
 
 
@@ -899,7 +788,7 @@ def stored_activation_bytes(x: Candidates, kind: LayerKind | bool, saved=None):
     if not kind.standard:
         spared = spared + np.where(x.modules["layernorm"], one_block_norm_output_bytes(x, kind), 0.0)
     if x.model.hc_mult > 1 and x.keep_scores is not False:  # mhc: the n-stream tensors ``saved`` holds
-        spared = spared + np.where(x.modules["mhc"], hyper_connection_saved_bytes(x), 0.0)
+        spared = spared + np.where(x.modules["mhc"], dsv4.hyper_connection_saved_bytes(x), 0.0)
     if is_moe and clamp:  # moe_act's checkpoint drops the routed clamp's extra copy (moe drops it anyway)
         copies = x.b * x.s_local / x.t * x.model.moe_router_topk * x.imbalance
         extra = copies * 2.0 * x.model.expert_ffn_hidden_size * clamp
@@ -1034,7 +923,7 @@ def moe_layer(x: Candidates) -> dict:
     router = hash_routed_router_time(x) if model.moe_n_hash_layers else router_time(x)
     permutation, calls = permutation_time(x), expert_calls(x, t_experts)
     bias, clamp = expert_bias_time(x), glu_clamp_time(x, True)
-    kernels = (router, permutation, calls, bias, clamp) + ((hyper_connection_time(x),) if model.hc_mult > 1 else ())
+    kernels = (router, permutation, calls, bias, clamp) + ((dsv4.hyper_connection_time(x),) if model.hc_mult > 1 else ())
     kernels += dsv4_attention_kernels(x) if model.is_dsv4 else ()
     tp_blocks = 1.0 + (model.shared_expert_ffn_hidden_size > 0)
     block = (linear_time(x, model.shared_expert_params) + t_experts + router[0] + permutation[0] + calls[0]
