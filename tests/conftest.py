@@ -37,6 +37,16 @@ def a100():
 
 
 @pytest.fixture(scope="session")
+def gb300():
+    return io.load_hardware("gb300")
+
+
+@pytest.fixture(scope="session")
+def dsv4_pro():
+    return io.load_model("deepseek-v4-pro")
+
+
+@pytest.fixture(scope="session")
 def mlperf_lora_runs():
     """The MLPerf LoRA rows prepared (``measured_runs.load_runs`` of mlperf_training_lora_hopper.csv,
     ~10 s): once for the tests that read them (none changes them)."""
