@@ -1,5 +1,5 @@
 """Hybrid Mamba-Transformer models (``hybrid_layer_pattern``) in the serving cost model
-(``costmodel.mamba_serving``, ``inference.hybrid_pass_work``).
+(``costmodel.mamba_serving``, ``inference.hybrid_layer_work``).
 
 The Mamba state of a sequence and an M layer's decode time are written out by hand from the
 kernels' shapes (vLLM's ``MambaStateShapeCalculator``); a pattern of attention and MLP (or MoE)

@@ -49,7 +49,7 @@ pipeline stage over ``tokens`` tokens costs, per layer and GPU (``stage_pass``):
   prefill attends per head at qk_head_dim + rope dims and v_head_dim.
 - **Hybrid Mamba-Transformer models** (Nemotron-H, Nemotron 3: ``hybrid_layer_pattern``): a
   stage of one-block layers is priced as half as many standard layers, each holding the pattern's
-  shares of Mamba, attention, MLP and MoE blocks (``hybrid_pass_work``); only the attention
+  shares of Mamba, attention, MLP and MoE blocks (``hybrid_layer_work``); only the attention
   layers keep a KV cache, the Mamba layers a fixed state per sequence and their own kernels
   (``costmodel.mamba_serving``).
 - **TP**: two all-reduces of the layer output per layer, priced by ``comm.all_reduce_time`` plus
@@ -536,75 +536,64 @@ class PassWork:
 
 def pass_work(lay: Layout, tokens, sampled, attn_flops, attn_bytes, mamba_work=None) -> PassWork:
     """``stage_pass``'s work (``PassWork``) of a pass over ``tokens`` tokens. A hybrid model's
-    (``hybrid_pass_work``) ``mamba_work``: one M layer's (FLOPs, bytes) on one GPU
-    (``mamba_serving.pass_work``); None: every token priced as a prompt token and every sampled
-    sequence as a decoding one (what the traffic simulation's per-token and per-sequence tables
-    hold, each its own roofline)."""
-    if lay.model.is_hybrid:
-        return hybrid_pass_work(lay, tokens, sampled, attn_flops, attn_bytes, mamba_work)
+    layers are counted and shared out by ``hybrid_layer_work``, with ``mamba_work``: one M layer's
+    (FLOPs, bytes) on one GPU (``mamba_serving.pass_work``); None: every token priced as a prompt
+    token and every sampled sequence as a decoding one (what the traffic simulation's per-token and
+    per-sequence tables hold, each its own roofline)."""
     model, hw, t = lay.model, lay.hw, lay.tp
     h, V = model.hidden_size, model.vocab_size
     peak16 = hw.bf16_tflops * 1e12
-    # Per layer, averaged over the layers: the routed experts apart (a share ``moe_share`` of the
-    # layers are MoE layers), everything else as one set of GEMMs.
-    moe_share = model.num_moe_layers / model.num_layers
-    routed = model.num_experts * model.expert_params if model.is_moe else 0
-    active_routed = model.moe_router_topk * model.expert_params if model.is_moe else 0
-    lin_flops = 2.0 * (model.active_layer_params - moe_share * active_routed) / t * tokens
+    if model.is_hybrid:
+        tokens = np.asarray(tokens, dtype=float)
+        layers, moe_share, lin_params, stored_params, attention_share, mamba_pass = hybrid_layer_work(
+            lay, tokens, sampled, mamba_work)
+    else:
+        # Per layer, averaged over the layers: the routed experts apart (a share ``moe_share`` of the
+        # layers are MoE layers), everything else as one set of GEMMs.
+        moe_share = model.num_moe_layers / model.num_layers
+        routed = model.num_experts * model.expert_params if model.is_moe else 0
+        active_routed = model.moe_router_topk * model.expert_params if model.is_moe else 0
+        layers, lin_params = lay.stage_layers, model.active_layer_params - moe_share * active_routed
+        stored_params, attention_share, mamba_pass = model.layer_params - moe_share * routed, None, None
+    lin_flops = 2.0 * lin_params / t * tokens
+    if attention_share is not None:
+        attn_flops, attn_bytes = attention_share * attn_flops, attention_share * attn_bytes
     # Attention runs on the KV cache's precision: an FP8 cache is read by FP8 attention kernels
     # (TensorRT-LLM's FP8 context FMHA and XQA), at the FP8 peak.
     attn_peak = np.where(lay.kv_bytes == 1.0, (hw.fp8_tflops or hw.bf16_tflops) * 1e12, peak16)
     per_node = comm.ranks_per_domain(hw, t, 1)
     return PassWork(
-        layers=lay.stage_layers, tokens=tokens, hidden=h, moe_share=moe_share,
+        layers=layers, tokens=tokens, hidden=h, moe_share=moe_share,
         lin_flops=lin_flops, lin_gflop=_gemm_gflop(lin_flops / GEMMS_PER_LAYER), fp8_gemms=lay.weight_bytes == 1.0,
         experts=routed_expert_work(lay, tokens), attn_flops=attn_flops, attn_peak=attn_peak, attn_bytes=attn_bytes,
-        weight_bytes=(model.layer_params - moe_share * routed) / t * lay.weight_bytes,
+        weight_bytes=stored_params / t * lay.weight_bytes,
         gated_bytes=gated_activation_bytes(lay, tokens),
         moe_bytes=moe_share * moe_plugin_bytes(lay, tokens) if model.is_moe else None,
         tp_multi=t > 1, tp_internode=t > hw.nvlink_domain,
         all_reduce=comm.all_reduce_time(hw, ACT_BYTES * tokens * h, t, per_node),
-        out_flops=2.0 * sampled * h * V / t, out_bytes=h * V / t * ACT_BYTES, logits=sampled * V, mamba=None,
+        out_flops=2.0 * sampled * h * V / t, out_bytes=h * V / t * ACT_BYTES, logits=sampled * V, mamba=mamba_pass,
         peak16=peak16, peak8=(hw.fp8_tflops or hw.bf16_tflops) * 1e12, hbm=hw.hbm_tbps * 1e12,
         hop=_hop_work(lay, tokens))
 
 
-def hybrid_pass_work(lay: Layout, tokens, sampled, attn_flops, attn_bytes, mamba_work=None) -> PassWork:
-    """``pass_work`` of a hybrid model: its stage as stage layers / 2 standard layers, each with
-    ``hybrid_shares`` of M, *, - and E blocks. The GEMMs of every block (attention's QKV and
-    projection, the MLP's, the MoE block's shared experts, router and latent projections, the
-    Mamba in / out projections) are one set of two per block; the routed experts, the attention
-    core (of the * layers' share) and the Mamba kernels (``mamba_serving.pass_work``, of the M
-    layers' share) are their own terms."""
-    model, hw, t = lay.model, lay.hw, lay.tp
-    h, V = model.hidden_size, model.vocab_size
+def hybrid_layer_work(lay: Layout, tokens, sampled, mamba_work=None) -> tuple:
+    """A hybrid model's stage in ``pass_work``'s terms: (layers, MoE share, GEMM parameters, stored
+    parameters per layer, the attention core's share, the Mamba kernels' (FLOPs, bytes) or None).
+    Its stage is stage layers / 2 standard layers, each with ``hybrid_shares`` of M, *, - and E
+    blocks: the GEMMs of every block (attention's QKV and projection, the MLP's, the MoE block's
+    shared experts, router and latent projections, the Mamba in / out projections) one set of two
+    per block; the routed experts, the attention core (of the * layers' share) and the Mamba
+    kernels (``mamba_serving.pass_work``, of the M layers' share) their own terms."""
+    model = lay.model
     shares = hybrid_shares(model)
-    tokens = np.asarray(tokens, dtype=float)
     lin = {"M": mamba.linear_params(model), "*": model.attention_params, "-": model.mlp_params(model.ffn_hidden_size),
            "E": model.moe_block_params(0)}
     stored = {**lin, "M": model.mamba_params}
-    lin_params = sum(shares[k] * lin[k] for k in lin)
-    lin_flops = 2.0 * lin_params / t * tokens
-    peak16 = hw.bf16_tflops * 1e12
-    attn_peak = np.where(lay.kv_bytes == 1.0, (hw.fp8_tflops or hw.bf16_tflops) * 1e12, peak16)
     if mamba_work is None:
         mamba_work = mamba_serving.pass_work(lay, tokens, 0.0, sampled)
-    per_node = comm.ranks_per_domain(hw, t, 1)
-    moe_share = shares["E"]
-    return PassWork(
-        layers=lay.stage_layers / 2.0, tokens=tokens, hidden=h, moe_share=moe_share,
-        lin_flops=lin_flops, lin_gflop=_gemm_gflop(lin_flops / GEMMS_PER_LAYER), fp8_gemms=lay.weight_bytes == 1.0,
-        experts=routed_expert_work(lay, tokens), attn_flops=shares["*"] * attn_flops, attn_peak=attn_peak,
-        attn_bytes=shares["*"] * attn_bytes,
-        weight_bytes=sum(shares[k] * stored[k] for k in stored) / t * lay.weight_bytes,
-        gated_bytes=gated_activation_bytes(lay, tokens),
-        moe_bytes=moe_share * moe_plugin_bytes(lay, tokens) if model.is_moe else None,
-        tp_multi=t > 1, tp_internode=t > hw.nvlink_domain,
-        all_reduce=comm.all_reduce_time(hw, ACT_BYTES * tokens * h, t, per_node),
-        out_flops=2.0 * sampled * h * V / t, out_bytes=h * V / t * ACT_BYTES, logits=sampled * V,
-        mamba=(shares["M"] * mamba_work[0], shares["M"] * mamba_work[1]) if shares["M"] else None,
-        peak16=peak16, peak8=(hw.fp8_tflops or hw.bf16_tflops) * 1e12, hbm=hw.hbm_tbps * 1e12,
-        hop=_hop_work(lay, tokens))
+    mamba_pass = (shares["M"] * mamba_work[0], shares["M"] * mamba_work[1]) if shares["M"] else None
+    return (lay.stage_layers / 2.0, shares["E"], sum(shares[k] * lin[k] for k in lin),
+            sum(shares[k] * stored[k] for k in stored), shares["*"], mamba_pass)
 
 
 def price_pass(eff: InferenceEfficiency, w: PassWork) -> dict[str, np.ndarray]:

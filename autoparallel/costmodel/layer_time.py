@@ -920,7 +920,7 @@ def moe_layer(x: Candidates) -> dict:
     model = x.model
     nonexpert = model.moe_layer_params - model.num_experts * model.expert_params - model.router_params
     t_experts = routed_experts_time(x)
-    router = hash_routed_router_time(x) if model.moe_n_hash_layers else router_time(x)
+    router = hash_routed_router_time(x)
     permutation, calls = permutation_time(x), expert_calls(x, t_experts)
     bias, clamp = expert_bias_time(x), glu_clamp_time(x, True)
     kernels = (router, permutation, calls, bias, clamp) + ((dsv4.hyper_connection_time(x),) if model.hc_mult > 1 else ())
@@ -1089,10 +1089,7 @@ class Layers:
         # its symbol's costs where not priced apart (the parameters).
         terms = [kinds[i] * self.kinds.get(kind, self.kinds.get(kind[0]))[key]
                  for i, kind in enumerate(STAGE_KINDS[:len(kinds)]) if kind in self.kinds or kind[0] in self.kinds]
-        total = terms[0]
-        for term in terms[1:]:
-            total = total + term
-        return total
+        return sum(terms[1:], terms[0])
 
     def moe_by_ratio(self, key: str, layers, moe_layers, counts):
         """A DeepSeek-V4 stage's ``key`` over its own layers' compress ratios (``counts``: each of
@@ -1184,8 +1181,7 @@ def recipe_hybrid_layers(x: Candidates, kinds) -> Layers:
     mtp_costs = None
     if x.model.mtp_num_layers and gemm_precision.recipe(x).get("mtp") == "bf16":
         mtp_costs = {kind: HYBRID_LAYERS[kind](bf16) for kind in kinds if needs_kind(x.model, kind)}
-    return hybrid_layers(costs, x.model, mtp_costs, {kind: n for kind, n in counts.items()} | {
-        kind: 0 for kind in kinds if kind not in counts})
+    return hybrid_layers(costs, x.model, mtp_costs, dict(counts) | {kind: 0 for kind in kinds if kind not in counts})
 
 
 def needs_kind(model, kind: str) -> bool:

@@ -55,8 +55,7 @@ def schedule(x: Candidates, stages: StageTimes) -> Schedule:
         layers=_pick([(last_is_slowest, x.last_layers), (first_is_slowest, x.first_layers)], x.middle_layers),
         moe=_pick([(last_is_slowest, x.last_moe), (first_is_slowest, x.first_moe)], x.middle_moe),
         kinds=None if x.stage_kinds is None else np.stack([
-            _pick([(last_is_slowest, last), (first_is_slowest, first)], middle) if first.any() or middle.any()
-            or last.any() else np.zeros_like(slowest) for first, middle, last in zip(*x.stage_kinds)]),
+            _pick([(last_is_slowest, last), (first_is_slowest, first)], middle) for first, middle, last in zip(*x.stage_kinds)]),
         logits=np.where(last_is_slowest | x.single, stages.logits, 0.0),
         offload=np.where(first_is_slowest, stages.offload, 0.0),
     )
