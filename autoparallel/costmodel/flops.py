@@ -66,12 +66,12 @@ def dsa_indexer_loss_flops(model: ModelSpec, b, s):
     index_n_heads x keys x index_head_dim); the backward only scales those gradients. Keys per query:
     the compressed part of ``dsv4_sparse_context`` (MCore's nominal k (1 - 4k / 2s))."""
     ratios = model.dsv4_decoder_ratios
-    k = np.minimum(model.dsa_indexer_topk, s // 4)
-    keys = k * (1 - k * 4 / (2 * s))
-    share = b * s * keys * ratios.count(4) / len(ratios)
+    share = b * s * dsv4_selected_keys(model, s) * ratios.count(4) / len(ratios)
     target = 2.0 * model.num_attention_heads * model.qk_dim
     indexer = 3 * 2.0 * model.dsa_indexer_n_heads * model.dsa_indexer_head_dim
     return share * target, share * indexer, share * model.num_attention_heads
+
+
 def dsa_contexts(model: ModelSpec, s):
     """Keys per query of DeepSeek Sparse Attention on every layer (GLM-5), as Megatron-Bridge 067f987df0
     ``flop_utils.py`` (the ``dsa`` branch) counts them over a causal sequence of ``s``: the dense causal
@@ -202,9 +202,15 @@ def dsv4_sparse_context(model: ModelSpec, ratio: int, s) -> float:
     causal half of the s/128 compressed keys."""
     window = model.csa_window_size
     if ratio == 4:
-        k = np.minimum(model.dsa_indexer_topk, s // 4)
-        return window + k * (1 - k * 4 / (2 * s))
+        return window + dsv4_selected_keys(model, s)
     return window + (s / 128 / 2 if ratio == 128 else 0.0)
+
+
+def dsv4_selected_keys(model: ModelSpec, s):
+    """Compressed keys the DSA indexer selects per query on a ratio-4 layer over a causal sequence of
+    ``s``: MCore's nominal k (1 - 4k / 2s), k = min(topk, s/4)."""
+    k = np.minimum(model.dsa_indexer_topk, s // 4)
+    return k * (1 - k * 4 / (2 * s))
 
 
 def dsv4_flops_per_token(model: ModelSpec, tp=1):
