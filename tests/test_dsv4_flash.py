@@ -266,6 +266,18 @@ def test_deepseek_v4_takes_its_own_tie_band():
     assert bands.for_hardware(None, moe=True, dsv4=True).step_time_relative_error == bands.dsv4_step_time_relative_error
 
 
+def test_every_ranked_table_takes_the_band_from_the_model():
+    """The ranked tables read the band from the model itself (``for_model``): the ranked.md that
+    search --profile / --resume rewrites had been given MoE / LoRA / hybrid flags and no DeepSeek-V4 one."""
+    from autoparallel.report.tables import prediction_error
+    bands, gb300 = prediction_error(), io.load_hardware("gb300")
+    flash, nano = io.load_model("deepseek-v4-flash"), io.load_model("nemotron-3-nano")
+    assert bands.for_model(gb300, flash) == bands.for_hardware(gb300, moe=True, dsv4=True)
+    assert bands.for_model(gb300, nano) == bands.for_hardware(gb300, moe=True, hybrid=True)
+    assert bands.for_model(gb300, io.load_model("175b")) == bands.for_hardware(gb300)
+    assert bands.for_model(gb300) == bands.for_hardware(gb300)
+
+
 def test_export_of_a_deepseek_v4_search_exits_2_with_the_reason(tmp_path):
     import os
     import subprocess

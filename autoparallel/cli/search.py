@@ -140,8 +140,7 @@ def print_table(result, top: int, where: str, how: str = "", wide: bool = False,
     title = (f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}, "
              f"seq {result.model.seq_length}: top {min(top, feasible)} of {feasible:,} feasible{how}")
     print_ranked(result.ranked, title, top, console, result.hardware, result.space.memory_fraction, wide, explain,
-                 where, result.train, moe=result.model.is_moe, lora=is_lora(result.model),
-                 hybrid=result.model.is_hybrid, dsv4=result.model.is_dsv4)
+                 where, result.train, model=result.model)
 
 
 def _next_steps(result, run_dir: Path) -> None:

@@ -19,10 +19,12 @@ import pandas as pd
 from rich.console import Console
 
 from autoparallel import io
+from autoparallel.costmodel.finetune import is_lora
 from autoparallel.report.fit import Column, cell, print_table
 from autoparallel.report.time_to_train import TimeToTrain, dollars, si
 from autoparallel.resources import SEARCH_SPACES
 from autoparallel.specs.hardware import HardwareSpec
+from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import FP8_PRECISIONS, Plan
 
 LAYOUT_KEYS = ("tp", "pp", "cp", "dp", "ep")
@@ -112,6 +114,13 @@ class PredictionError:
     dsv4_step_time_relative_error: float | None = None
     # family -> {"dense": error, "dense_rows": n, "moe": error, "moe_rows": n} (kinds it has rows of)
     by_family: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def for_model(self, hw: HardwareSpec | None, model: ModelSpec | None = None) -> PredictionError:
+        """The band of ``hw``'s family for ``model``'s kind (``for_hardware``: MoE, a LoRA fine-tune,
+        a hybrid Mamba-Transformer, DeepSeek-V4), dense without a model."""
+        if model is None:
+            return self.for_hardware(hw)
+        return self.for_hardware(hw, model.is_moe, is_lora(model), model.is_hybrid, model.is_dsv4)
 
     def for_hardware(self, hw: HardwareSpec | None, moe: bool = False, lora: bool = False,
                      hybrid: bool = False, dsv4: bool = False) -> PredictionError:
@@ -264,13 +273,12 @@ def short_legend(hw: HardwareSpec | None, memory_fraction: float | None = None,
 def print_ranked(ranked: pd.DataFrame, title: str, top: int = 10, console: Console | None = None,
                  hw: HardwareSpec | None = None, memory_fraction: float | None = None, wide: bool = False,
                  explain: bool = False, where: str = "", train: TimeToTrain | None = None,
-                 moe: bool = False, lora: bool = False, hybrid: bool = False, dsv4: bool = False) -> None:
+                 model: ModelSpec | None = None) -> None:
     """The ranked table as wide as the terminal allows (all columns with ``wide``), the short
     legend, or the full one with ``explain``; with ``train``, the time to train of each layout
-    and a line on the winner's; ``moe`` / ``lora`` / ``hybrid``: the tie band of MoE models /
-    LoRA runs / hybrid Mamba-Transformer models; ``dsv4``: DeepSeek-V4's."""
+    and a line on the winner's; ``model``: whose kind's tie band (``PredictionError.for_model``)."""
     console = console or Console()
-    error = prediction_error().for_hardware(hw, moe, lora, hybrid, dsv4)
+    error = prediction_error().for_model(hw, model)
     text = legend(hw, memory_fraction, error) if explain else short_legend(hw, memory_fraction, error)
     if train is not None and ranked["fits"].any():
         text = [train.summary(float(ranked.loc[ranked["fits"], "tokens_per_s_per_gpu"].iloc[0])), *text]
@@ -280,12 +288,11 @@ def print_ranked(ranked: pd.DataFrame, title: str, top: int = 10, console: Conso
 
 def markdown_table(ranked: pd.DataFrame, top: int = 50, hw: HardwareSpec | None = None,
                    memory_fraction: float | None = None, feasible: int | None = None,
-                   train: TimeToTrain | None = None, moe: bool = False, lora: bool = False,
-                   hybrid: bool = False, dsv4: bool = False) -> str:
+                   train: TimeToTrain | None = None, model: ModelSpec | None = None) -> str:
     """ranked.md's table; ``feasible``: the run's count when ``ranked`` keeps only the best;
-    ``train``: the time to train beside each layout; ``moe`` / ``lora`` / ``hybrid``: the tie band
-    of MoE models / LoRA runs / hybrid models / DeepSeek-V4."""
-    error = prediction_error().for_hardware(hw, moe, lora, hybrid, dsv4)
+    ``train``: the time to train beside each layout; ``model``: whose kind's tie band
+    (``PredictionError.for_model``)."""
+    error = prediction_error().for_model(hw, model)
     columns, rows = _table(ranked, top, hw, train, error)
     headers = [c.header for c in columns]
     feasible = feasible or int(ranked["fits"].sum())

@@ -10,7 +10,6 @@ from pathlib import Path
 import pandas as pd
 
 from autoparallel import io, ranges, safefile
-from autoparallel.costmodel import finetune
 from autoparallel.costmodel.estimate import BREAKDOWN_KEYS, MEMORY_KEYS, record
 from autoparallel.errors import UserError
 from autoparallel.report import moe_export, run_folder, tables
@@ -141,8 +140,7 @@ def write_tables(result: SearchResult, run_dir: Path, top_md: int = 50, summaris
     title = f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}"
     run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(
         result.ranked, top_md, result.hardware, result.space.memory_fraction, result.feasible_total,
-        train=result.train, moe=result.model.is_moe, lora=finetune.is_lora(result.model),
-        hybrid=result.model.is_hybrid, dsv4=result.model.is_dsv4))
+        train=result.train, model=result.model))
     if not result.feasible.empty:
         write_best(run_dir, result.model, result.hardware, result.entry(1), title)
     rows = result.ranked
@@ -466,8 +464,7 @@ def report(run_dir: Path) -> tuple[Path, SearchResult]:
         result = load(run_dir)
         title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"
         run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(
-            result.ranked, 50, hw, space.memory_fraction, result.feasible_total, result.train, model.is_moe,
-            finetune.is_lora(model), model.is_hybrid))
+            result.ranked, 50, hw, space.memory_fraction, result.feasible_total, result.train, model))
     title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"
     page = html.render(result.ranked, title, space.memory_fraction * hw.memory_gib, hw, result.rejections,
                        result.feasible_total)
