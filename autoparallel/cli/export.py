@@ -51,10 +51,11 @@ def export_text(result, rank: int, fmt: str) -> str:
     if fmt == "launch":
         return runs.launch_script(result.model, result.hardware, result.entry(rank), title)
     if fmt in ("nemo", "nemo2", "nemo2-yaml") and (why := nemo_unsupported(plan, result.model)):
-        by_model = result.model.is_hybrid or result.model.is_dsv4  # the model's refusal, not the plan's precision
-        raise UserError(f"--format {fmt}: rank {rank} is {plan.precision}; {why}" if not by_model
-                        else f"--format {fmt}: {why}" if result.model.is_dsv4
-                        else f"--format {fmt}: {result.model.name}: {why}")
+        if result.model.is_dsv4:  # the model's refusal (it names the model), not the plan's precision
+            raise UserError(f"--format {fmt}: {why}")
+        if result.model.is_hybrid:
+            raise UserError(f"--format {fmt}: {result.model.name}: {why}")
+        raise UserError(f"--format {fmt}: rank {rank} is {plan.precision}; {why}")
     if fmt == "nemo2":
         return nemo2_python(result.model, plan, per_node, title)
     if fmt == "nemo":
