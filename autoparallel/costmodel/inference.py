@@ -735,7 +735,7 @@ class StaticBatch:
         self.weights = lay.weights()
         self.kv = b * (s_in + s_out) * lay.kv_bytes_per_token()
         if hybrid:  # each sequence's Mamba states
-            self.kv = self.kv + b * mamba_serving.stage_counts(lay)["M"] * mamba_serving.state_bytes(model, lay.tp)
+            self.kv = self.kv + b * mamba_serving.sequence_state_bytes(lay)
         chunk = np.minimum(mb_prefill * s_in, prefill_chunk_tokens)
         self.activations = chunk * lay.activations_per_token() + lay.logits(b)
         self.reserve_gib = hw.reserve_gib

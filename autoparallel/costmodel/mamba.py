@@ -87,20 +87,34 @@ def ssd_time(x):
     return tuple(times)
 
 
-def conv_time(x):
-    """(forward, backward) seconds of the causal depthwise conv1d over x, B and C (kernel width
-    4: memory-bound): forward reads its input and writes its output; the backward runs the forward
-    again (the fused function keeps the conv's input only) and reads dout and the input, writing
-    dx: five passes."""
-    one = x.tokens / x.t * BF16 * x.model.mamba_conv_channels / x.hbm
+def conv_bytes_per_token(model) -> tuple[float, float]:
+    """(forward, backward) HBM bytes per token of the causal depthwise conv1d over x, B and C
+    (kernel width 4: memory-bound): forward reads its input and writes its output; the backward
+    runs the forward again (the fused function keeps the conv's input only) and reads dout and the
+    input, writing dx: five passes."""
+    one = BF16 * model.mamba_conv_channels
     return 2.0 * one, 5.0 * one
 
 
-def norm_time(x):
-    """(forward, backward) seconds of the grouped RMSNorm on the scan's output: read and write
-    (forward); read dout and the input, write dx (backward)."""
-    one = x.tokens / x.t * BF16 * x.model.mamba_inner / x.hbm
+def conv_time(x):
+    """(forward, backward) seconds of the conv1d (``conv_bytes_per_token``) on the GPU's tokens."""
+    forward, backward = conv_bytes_per_token(x.model)
+    per_byte = x.tokens / x.t / x.hbm
+    return forward * per_byte, backward * per_byte
+
+
+def norm_bytes_per_token(model) -> tuple[float, float]:
+    """(forward, backward) HBM bytes per token of the grouped RMSNorm on the scan's output: read
+    and write (forward); read dout and the input, write dx (backward)."""
+    one = BF16 * model.mamba_inner
     return 2.0 * one, 3.0 * one
+
+
+def norm_time(x):
+    """(forward, backward) seconds of the grouped RMSNorm (``norm_bytes_per_token``)."""
+    forward, backward = norm_bytes_per_token(x.model)
+    per_byte = x.tokens / x.t / x.hbm
+    return forward * per_byte, backward * per_byte
 
 
 def cp_time(x):

@@ -38,7 +38,6 @@ norm's pass. The in / out projections are GEMMs of the pass (``inference.pass_wo
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -84,12 +83,6 @@ def stage_counts(lay) -> dict[str, np.ndarray]:
     return {kind: count * lay.stage_layers / model.num_layers for kind, count in model.layer_kind_counts.items()}
 
 
-def _forward_bytes_per_token(fn, model) -> float:
-    """The training model's memory-bound Mamba kernels (``mamba.conv_time`` / ``norm_time``) as
-    forward bytes per token: their time for one token on one GPU at 1 byte/s."""
-    return float(fn(SimpleNamespace(tokens=1.0, t=1.0, hbm=1.0, model=model))[0])
-
-
 def decode_io_bytes(model, tp) -> np.ndarray:
     """A decoding token's activations through the Mamba kernels on one GPU (16 bit): the conv
     update reads x, B, C and writes them convolved; the state update reads them, dt and z and
@@ -99,14 +92,18 @@ def decode_io_bytes(model, tp) -> np.ndarray:
     return mamba.BF16 * (2.0 * channels + (channels + model.mamba_heads + d) + d + 2.0 * d) / np.asarray(tp, float)
 
 
+def sequence_state_bytes(lay) -> np.ndarray:
+    """One sequence's Mamba states (every M layer's) on a GPU of the fullest pipeline stage."""
+    return stage_counts(lay)["M"] * state_bytes(lay.model, lay.tp)
+
+
 def pass_work(lay, prefill_tokens, prefilling, decoding) -> tuple[np.ndarray, np.ndarray]:
     """(FLOPs, HBM bytes) of one M layer on one GPU in a pass over ``prefill_tokens`` prompt tokens
     of ``prefilling`` sequences and one token each of ``decoding`` sequences (module docstring)."""
     model, t = lay.model, np.asarray(lay.tp, dtype=float)
     prefill_tokens, prefilling, decoding = (np.asarray(a, dtype=float) for a in (prefill_tokens, prefilling, decoding))
     ssd_flops, ssd_bytes = mamba.ssd_flops_per_token(model)[0], mamba.ssd_bytes_per_token(model)[0]
-    per_token = ssd_bytes + _forward_bytes_per_token(mamba.conv_time, model) + _forward_bytes_per_token(
-        mamba.norm_time, model)
+    per_token = ssd_bytes + mamba.conv_bytes_per_token(model)[0] + mamba.norm_bytes_per_token(model)[0]
     state = state_bytes(model, t)
     ssm_elements = model.mamba_heads / t * model.mamba_head_dim * model.mamba_state_dim
     flops = prefill_tokens * ssd_flops / t + decoding * STATE_UPDATE_FLOPS * ssm_elements
@@ -152,5 +149,5 @@ def reserve_states(lay, engine, pool: float, max_running: int, longest: float) -
     attention layers' K/V alone in the rest."""
     requests, _ = admission(lay, engine, np.asarray(pool, dtype=float), float(longest), float(longest))
     running = int(max(1.0, min(float(max_running), float(np.ravel(requests)[0]))))
-    states = running * float(np.ravel(stage_counts(lay)["M"] * state_bytes(lay.model, lay.tp))[0])
+    states = running * float(np.ravel(sequence_state_bytes(lay))[0])
     return running, max(pool - states, 0.0)
