@@ -11,6 +11,7 @@ import pytest
 
 from autoparallel import io
 from autoparallel.costmodel import flops
+from autoparallel.specs.finetune import Finetune
 from autoparallel.specs.model import ModelSpec
 
 
@@ -121,3 +122,95 @@ def test_serving_refuses_glm5(glm):
     with pytest.raises(UnpricedModelError, match="DeepSeek Sparse Attention"):
         inference.refuse_unpriced(glm)
     inference.refuse_unpriced(io.load_model("deepseek-v3"))
+
+
+def _glm_candidates(glm, gpu="h100-sxm", seq=4096, **plan):
+    """One GLM-5 plan as the cost model's candidates (TP1, no recompute unless stated)."""
+    from autoparallel.costmodel.estimate import candidates, plan_columns
+    from autoparallel.specs.plan import Plan
+    model = dataclasses.replace(glm, seq_length=seq)
+    kw = dict(tp=1, pp=1, cp=1, ep=64, dp=64, mbs=1, gbs=1024, precision="bf16", recompute="none") | plan
+    return candidates(model, io.load_hardware(gpu), plan_columns([Plan(**kw)]))
+
+
+def test_indexer_loss_flops_by_hand(glm):
+    """GLM-5's sparse KL loss on every layer (GLM5Bridge: dsa_indexer_loss_coeff 0.001, sparse), as Megatron-LM
+    d98e8a64dd's cuDNN path runs it: at 4k each query's top-2048 holds 2048 - 2048 x 2047 / 8192 = 1536.25 causal
+    keys; the target recomputes 64 heads' QK^T over the absorbed 512 + 64 channels (2 x 64 x 576 = 73,728 a key)
+    with 64 exponentials; the indexer backward's three GEMMs run 32 heads padded to cuDNN's 64 (3 x 2 x 64 x 128
+    = 49,152 a key)."""
+    keys = 4096 * 1536.25
+    assert flops.dsa_indexer_loss_flops(glm, 1, 4096) == (keys * 73_728, keys * 49_152, keys * 64)
+
+
+def test_indexer_loss_and_topk_times_by_hand(glm):
+    """H100, TP1, 4k: the loss's GEMMs (7.73e11 FLOPs, above its 4.0e8 exponentials at the SFUs' rate) at the BF16
+    peak and the attention efficiency, none in the backward; the cuDNN scorer writes and the top-k reads each
+    query's whole FP32 row of 4,096 scores (8 bytes a score) at the achievable HBM rate. At 128k under CP 32 packed
+    sequences keep the cuDNN scorer on each zigzag half's causal key prefix (65 x 131,072 / 128 = 66,560 keys a
+    query, 4,096 queries a rank); unpacked ones, and packed ones without CP, score eagerly: 32 bytes a head and 30
+    more a score over every key."""
+    import numpy as np
+    from autoparallel.costmodel import dsv4, gemm
+    x = _glm_candidates(glm)
+    hw = x.hw
+    keys = 4096 * 1536.25
+    forward, backward = dsv4.dsa_indexer_loss_time(x)
+    expected = keys * (73_728 + 49_152) / gemm.bf16_peak(hw) / hw.efficiency.attention
+    assert keys * 64 / (hw.exp_tera_per_s * 1e12) < keys * (73_728 + 49_152) / gemm.bf16_peak(hw)
+    assert np.allclose(forward, expected, rtol=1e-12) and np.all(backward == 0)
+    hbm = 3.35e12 * hw.efficiency.hbm
+    assert np.allclose(dsv4.dsa_indexer_topk_time(x)[0], 4096 * 4096 * 8 / hbm, rtol=1e-12)
+    long = _glm_candidates(glm, seq=131072, cp=32, dp=2, ep=64)
+    assert np.allclose(dsv4.dsa_indexer_topk_time(long)[0], 4096 * 131_072 * (30 + 32 * 32) / hbm, rtol=1e-12)
+    packed = dataclasses.replace(glm, finetune=Finetune(packed_sequence=True))
+    assert np.allclose(dsv4.dsa_indexer_topk_time(_glm_candidates(packed, seq=131072, cp=32, dp=2, ep=64))[0],
+                       4096 * 66_560 * 8 / hbm, rtol=1e-12)
+    assert np.allclose(dsv4.dsa_indexer_topk_time(_glm_candidates(packed))[0], 4096 * 4096 * (30 + 32 * 32) / hbm,
+                       rtol=1e-12)
+    assert np.allclose(dsv4.dsa_indexer_loss_time(long)[0] * 32,
+                       4096 * 32 * 2048 * (1 - 2047 / 262_144) * 122_880 / gemm.bf16_peak(hw)
+                       / hw.efficiency.attention, rtol=1e-12)
+
+
+@pytest.mark.parametrize("layer", ["dense_layer", "moe_layer"])
+def test_dsa_kernels_are_in_every_layers_sum_once(glm, layer, monkeypatch):
+    """The dense and the MoE layer each hold the top-k's and the loss's forward exactly once (their backward is
+    nothing), twice where full recompute reruns the layer's forward."""
+    import numpy as np
+    from autoparallel.costmodel import dsv4, layer_time
+    for recompute, share in (("none", 1.0), ("full", 2.0)):
+        x = _glm_candidates(glm, recompute=recompute)
+        added = dsv4.dsa_indexer_topk_time(x)[0] + dsv4.dsa_indexer_loss_time(x)[0]
+        with_kernels = getattr(layer_time, layer)(x)["time"]
+        with monkeypatch.context() as m:
+            m.setattr(layer_time, "dsa_attention_kernels", lambda x: ())
+            without = getattr(layer_time, layer)(x)["time"]
+        assert np.all(added > 0) and np.allclose(with_kernels - without, share * added, rtol=1e-9)
+
+
+def test_cp_is_priced_as_megatrons_allgather_and_exported_so(glm):
+    """Megatron-LM d98e8a64dd's TransformerConfig lets DSAttention run CP only as cp_comm_type allgather: each
+    layer all-gathers the absorbed latent key (512 + 64) and the indexer key (128) of the whole 128k sequence, BF16
+    (2 x 131,072 x 704 = 184.5 MB), and reduce-scatters their gradients; full recompute gathers again. On H100 at
+    CP 32: 8 ranks a node, 7/8 of it over NVLink, 3/4 of each rank's eighth over the network, a hop on each. The
+    exports write --cp-comm-type allgather (p2p, which Megatron refuses for DSA, stays DeepSeek-V3's)."""
+    import numpy as np
+    from autoparallel.costmodel import layer_time
+    from autoparallel.report.export import megatron_args
+    from autoparallel.report.nemo import nemo2_recipe
+    from autoparallel.specs.plan import Plan
+    x = _glm_candidates(glm, seq=131072, cp=32, dp=2, recompute="full")
+    hw, nbytes = x.hw, 2 * 131_072 * 704
+    eff = hw.efficiency
+    one = (7 / 8 * nbytes / (hw.nvlink_unidirectional_gbps * 1e9 * eff.nvlink)
+           + 3 / 4 * nbytes / 8 / (hw.internode_gbps * 1e9 * eff.internode)
+           + (hw.nvlink_latency_us + hw.internode_latency_us) * 1e-6)
+    assert np.allclose(layer_time.cp_comm_time(x, layer_time.attention_time(x)), 3 * one, rtol=1e-12)
+    assert np.allclose(layer_time.moe_layer(x)["cp_comm"], 3 * one, rtol=1e-12)
+    assert np.allclose(layer_time.cp_comm_time(_glm_candidates(glm, seq=131072, cp=32, dp=2), 0.0), 2 * one)
+    plan = Plan(tp=1, pp=13, vp=2, cp=32, dp=1, ep=32, gbs=520)
+    assert "--cp-comm-type allgather" in megatron_args(dataclasses.replace(glm, seq_length=131072), plan)
+    assert nemo2_recipe(dataclasses.replace(glm, seq_length=131072), plan)["model"]["config"]["cp_comm_type"] == "allgather"
+    assert "--cp-comm-type p2p" in megatron_args(dataclasses.replace(io.load_model("deepseek-v3"), seq_length=131072),
+                                                 Plan(tp=1, pp=1, cp=32, dp=13, ep=32, gbs=520))

@@ -55,20 +55,36 @@ def dsv4_attention_core_flops(model: ModelSpec, b, s):
     return b * s * per_token / len(ratios)
 
 
+# cuDNN's sparse indexer backward runs at least 64 indexer heads: fewer are zero-padded to 64 (Megatron-LM
+# d98e8a64dd ``experimental_attention_variant/dsa_cudnn_kernels.py`` ``_pad_indexer_heads_for_backward``,
+# "cuDNN backward kernels that require at least 64 heads"): GLM-5's 32 run as 64, DeepSeek-V4's 64 as they are.
+CUDNN_INDEXER_BACKWARD_MIN_HEADS = 64
+
+
 def dsa_indexer_loss_flops(model: ModelSpec, b, s):
-    """(target GEMM FLOPs, indexer GEMM FLOPs, exponentials) of DeepSeek-V4's sparse DSA indexer loss for ``b`` sequences of ``s``,
-    averaged over the decoder layers (ratio-4 layers only), as Megatron-LM d98e8a64dd's fused cuDNN
-    path runs it (``experimental_attention_variant/dsa_cudnn_kernels.py`` ``FusedIndexerSparseAttnFunc``,
-    ``dsa_indexer_use_sparse_loss``): in the forward, ``sparse_attn_score_recompute_wrapper`` recomputes
-    every head's QK^T over each query's selected compressed keys (heads x keys x qk_dim, and the
-    softmax's exponentials) for the head-summed target, and ``indexer_backward_wrapper`` computes the
-    indexer's gradients over the same keys (its scores again, d q_indexer, d k_indexer: three GEMMs of
-    index_n_heads x keys x index_head_dim); the backward only scales those gradients. Keys per query:
-    the compressed part of ``dsv4_sparse_context`` (MCore's nominal k (1 - 4k / 2s))."""
-    ratios = model.dsv4_decoder_ratios
-    share = b * s * dsv4_selected_keys(model, s) * ratios.count(4) / len(ratios)
-    target = 2.0 * model.num_attention_heads * model.qk_dim
-    indexer = 3 * 2.0 * model.dsa_indexer_n_heads * model.dsa_indexer_head_dim
+    """(target GEMM FLOPs, indexer GEMM FLOPs, exponentials) of the sparse DSA indexer loss for ``b`` sequences
+    of ``s``, averaged over the decoder layers, as Megatron-LM d98e8a64dd's fused cuDNN path runs it
+    (``experimental_attention_variant/dsa_cudnn_kernels.py`` ``FusedIndexerSparseAttnFunc``,
+    ``_compute_sparse_indexer_loss_and_grads``, ``dsa_indexer_use_sparse_loss``): in the forward,
+    ``sparse_attn_score_recompute_wrapper`` recomputes every head's QK^T over each query's selected keys
+    (heads x keys x the kernel's query channels, and the softmax's exponentials) for the head-summed target,
+    and ``indexer_backward_wrapper`` computes the indexer's gradients over the same keys (its scores again,
+    d q_indexer, d k_indexer: three GEMMs of index heads, at least ``CUDNN_INDEXER_BACKWARD_MIN_HEADS``, x
+    keys x index_head_dim); the backward only scales those gradients. DeepSeek-V4: its ratio-4 layers only,
+    keys per query the compressed part of ``dsv4_sparse_context`` (MCore's nominal k (1 - 4k / 2s)), channels
+    its qk head dim. DSA on every layer (GLM-5): every layer, the top-k keys as ``dsa_contexts`` counts them,
+    channels the absorbed MLA query's and latent key's kv_lora_rank + rotary dims (``DSAttention`` runs
+    absorbed: ``AbsorbedMLASelfAttention``)."""
+    if model.is_dsv4:
+        ratios = model.dsv4_decoder_ratios
+        share = b * s * dsv4_selected_keys(model, s) * ratios.count(4) / len(ratios)
+        channels = model.qk_dim
+    else:
+        share = b * s * dsa_contexts(model, s)[1]
+        channels = model.kv_lora_rank + model.qk_pos_emb_head_dim
+    target = 2.0 * model.num_attention_heads * channels
+    heads = max(model.dsa_indexer_n_heads, CUDNN_INDEXER_BACKWARD_MIN_HEADS)
+    indexer = 3 * 2.0 * heads * model.dsa_indexer_head_dim
     return share * target, share * indexer, share * model.num_attention_heads
 
 

@@ -289,6 +289,14 @@ def dsv4_attention_kernels(x: Candidates) -> tuple:
             dsv4.dsv4_compressor_time(x))
 
 
+def dsa_attention_kernels(x: Candidates) -> tuple:
+    """DeepSeek Sparse Attention's work beyond its attention core on every layer of a DSA model (GLM-5), dense
+    and MoE alike, as (forward, backward) pairs: the indexer's top-k over its FP32 scores and its sparse KL
+    loss, the two kernels DeepSeek-V4 runs on its ratio-4 layers (``dsv4.dsa_indexer_topk_time``,
+    ``dsv4.dsa_indexer_loss_time``)."""
+    return (dsv4.dsa_indexer_topk_time(x), dsv4.dsa_indexer_loss_time(x))
+
+
 def hash_routed_router_time(x: Candidates):
     """The router's (forward, backward) seconds averaged over the MoE layers: DeepSeek-V4's first
     ``moe_n_hash_layers`` route by a vocabulary table (Megatron-Bridge ``moe_n_hash_layers``, the
@@ -690,13 +698,32 @@ def cp_a2a_time(x: Candidates):
     return 2.0 * one_way  # forward Q, K, V in and O out; backward dO in and dQ, dK, dV out
 
 
+def cp_allgather_time(x: Candidates):
+    """DeepSeek Sparse Attention's context parallelism (GLM-5), the only kind Megatron-LM runs for it
+    (d98e8a64dd ``transformer_config.py``: "DSAttention context parallelism currently supports
+    cp_comm_type=allgather only"; GLM5Bridge sets ``cp_comm_type`` "allgather"): ``DSAttention.forward``
+    (``experimental_attention_variant/dsa.py``) all-gathers over the CP group, with
+    ``gather_from_sequence_parallel_region``, the absorbed MLA's one latent key head (kv_lora_rank + rotary
+    dims) and the indexer's key (index_head_dim) of every rank's s/cp tokens, BF16, whole on each TP rank
+    (after the sequence-parallel gather); their gradients come back by reduce-scatter in the backward, and
+    full recompute all-gathers again. Blocking collectives before the attention: exposed. CP ranks tp apart."""
+    model, hw = x.model, x.hw
+    gathered = 2.0 * x.b * model.seq_length * (model.kv_lora_rank + model.qk_pos_emb_head_dim
+                                               + model.dsa_indexer_head_dim)
+    gather = comm.reduce_scatter_time(hw, gathered, x.c, comm.ranks_per_domain(hw, x.c, x.t))
+    return (2.0 + x.recomputed_fraction) * gather
+
+
 def cp_comm_time(x: Candidates, attention):
     """Ring exchange of the local K/V chunk: (cp-1) hops forward, K/V and dK/dV backward, partly
     hidden behind the attention computed meanwhile (TE's p2p CP, the exports' ``--cp-comm-type``).
-    A model with softmax sinks (``ModelSpec.softmax_sinks``) runs the all-to-all CP instead (``cp_a2a_time``)."""
+    A model with softmax sinks (``ModelSpec.softmax_sinks``) runs the all-to-all CP instead (``cp_a2a_time``),
+    DeepSeek Sparse Attention the all-gather CP (``cp_allgather_time``)."""
     model = x.model
     if model.softmax_sinks:
         return cp_a2a_time(x)
+    if model.is_dsa:
+        return cp_allgather_time(x)
     kv_heads_local = np.maximum(model.query_groups / x.t, 1.0)
     kv_bytes = 2.0 * x.b * x.s_local * (model.qk_dim + model.v_dim) * kv_heads_local
     same_domain = x.t * x.c <= x.hw.nvlink_domain
@@ -855,13 +882,13 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, kind: 
 
 def dense_layer(x: Candidates) -> dict:
     """A dense layer: attention and MLP split by TP (MLA's down projections whole), a quick-GEGLU's
-    eager clamp (``glu_clamp_time``)."""
+    eager clamp (``glu_clamp_time``), DeepSeek Sparse Attention's indexer kernels (``dsa_attention_kernels``)."""
     model = x.model
     params = dense_params(x)
     t_linear = linear_time(x, model.dense_layer_params, model.mla_down_params)
     chunked = linear_time(x, model.dense_layer_params, model.mla_down_params, chunks=x.t)
-    return layer_cost(x, params, 0.0, t_linear, 2.0, False, kernels=(glu_clamp_time(x, False),),
-                      tp_linear=(t_linear, chunked))
+    kernels = (glu_clamp_time(x, False),) + (dsa_attention_kernels(x) if model.is_dsa else ())
+    return layer_cost(x, params, 0.0, t_linear, 2.0, False, kernels=kernels, tp_linear=(t_linear, chunked))
 
 
 def dense_params(x: Candidates):
@@ -924,7 +951,7 @@ def moe_layer(x: Candidates) -> dict:
     permutation, calls = permutation_time(x), expert_calls(x, t_experts)
     bias, clamp = expert_bias_time(x), glu_clamp_time(x, True)
     kernels = (router, permutation, calls, bias, clamp) + ((dsv4.hyper_connection_time(x),) if model.hc_mult > 1 else ())
-    kernels += dsv4_attention_kernels(x) if model.is_dsv4 else ()
+    kernels += dsv4_attention_kernels(x) if model.is_dsv4 else dsa_attention_kernels(x) if model.is_dsa else ()
     tp_blocks = 1.0 + (model.shared_expert_ffn_hidden_size > 0)
     block = (linear_time(x, model.shared_expert_params) + t_experts + router[0] + permutation[0] + calls[0]
              + bias[0] + clamp[0])

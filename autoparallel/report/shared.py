@@ -116,14 +116,18 @@ AMAX_HISTORY_LEN = 1024
 AMAX_COMPUTE_ALGO = "max"
 # The cost model prices context parallelism as a ring exchange of K/V chunks (costmodel.estimate),
 # or, for a model with softmax sinks, as TransformerEngine's all-to-all CP: the only one TE runs with
-# them (ModelSpec.softmax_sinks, layer_time.cp_a2a_time).
+# them (ModelSpec.softmax_sinks, layer_time.cp_a2a_time); DeepSeek Sparse Attention (GLM-5) as the
+# all-gather CP, the only one Megatron-LM's TransformerConfig lets DSAttention run (layer_time.cp_allgather_time).
 CP_COMM_TYPE = "p2p"
 CP_COMM_TYPE_SINKS = "a2a"
+CP_COMM_TYPE_DSA = "allgather"
 
 
 def cp_comm_type(model) -> str:
     """``--cp-comm-type`` of a plan with cp > 1 of ``model``, as the cost model prices it."""
-    return CP_COMM_TYPE_SINKS if model.softmax_sinks else CP_COMM_TYPE
+    if model.softmax_sinks:
+        return CP_COMM_TYPE_SINKS
+    return CP_COMM_TYPE_DSA if model.is_dsa else CP_COMM_TYPE
 
 
 # Plan.cuda_graph as Megatron-Core's TransformerConfig (cuda_graph_impl, cuda_graph_scope): whole-layer
