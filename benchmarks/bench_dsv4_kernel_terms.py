@@ -15,14 +15,15 @@ from __future__ import annotations
 import numpy as np
 
 from autoparallel import io, resources
-from autoparallel.costmodel import dsv4, gemm, memory
+from autoparallel.costmodel import dsa, dsv4, gemm, memory
 from autoparallel.costmodel import layer_time as lt
 from autoparallel.measured_runs import chosen, load_runs, predict_row, priced
 
 TERMS = ("dsa_indexer_topk_time", "dsa_indexer_loss_time", "dsv4_output_groups_bf16_time",
          "dsv4_compressor_time", "hyper_connection_time")
-# The module each term lives in (DeepSeek-V4's kernels in ``dsv4``, its GEMM term in ``layer_time``).
-HOME = {name: dsv4 if hasattr(dsv4, name) else lt for name in TERMS}
+# The module each term lives in (the DSA indexer's in ``dsa``, DeepSeek-V4's kernels in ``dsv4``, its GEMM
+# term in ``layer_time``).
+HOME = {name: next(m for m in (dsa, dsv4, lt) if hasattr(m, name)) for name in TERMS}
 FLASHMLA_SPARSE_FWD_B200 = 1450e12  # deepseek-ai/FlashMLA@9241ae3 README.md, "Test & benchmark MLA prefill (Sparse)"
 
 

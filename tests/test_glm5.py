@@ -151,24 +151,24 @@ def test_indexer_loss_and_topk_times_by_hand(glm):
     query, 4,096 queries a rank); unpacked ones, and packed ones without CP, score eagerly: 32 bytes a head and 30
     more a score over every key."""
     import numpy as np
-    from autoparallel.costmodel import dsv4, gemm
+    from autoparallel.costmodel import dsa, gemm
     x = _glm_candidates(glm)
     hw = x.hw
     keys = 4096 * 1536.25
-    forward, backward = dsv4.dsa_indexer_loss_time(x)
+    forward, backward = dsa.dsa_indexer_loss_time(x)
     expected = keys * (73_728 + 49_152) / gemm.bf16_peak(hw) / hw.efficiency.attention
     assert keys * 64 / (hw.exp_tera_per_s * 1e12) < keys * (73_728 + 49_152) / gemm.bf16_peak(hw)
     assert np.allclose(forward, expected, rtol=1e-12) and np.all(backward == 0)
     hbm = 3.35e12 * hw.efficiency.hbm
-    assert np.allclose(dsv4.dsa_indexer_topk_time(x)[0], 4096 * 4096 * 8 / hbm, rtol=1e-12)
+    assert np.allclose(dsa.dsa_indexer_topk_time(x)[0], 4096 * 4096 * 8 / hbm, rtol=1e-12)
     long = _glm_candidates(glm, seq=131072, cp=32, dp=2, ep=64)
-    assert np.allclose(dsv4.dsa_indexer_topk_time(long)[0], 4096 * 131_072 * (30 + 32 * 32) / hbm, rtol=1e-12)
+    assert np.allclose(dsa.dsa_indexer_topk_time(long)[0], 4096 * 131_072 * (30 + 32 * 32) / hbm, rtol=1e-12)
     packed = dataclasses.replace(glm, finetune=Finetune(packed_sequence=True))
-    assert np.allclose(dsv4.dsa_indexer_topk_time(_glm_candidates(packed, seq=131072, cp=32, dp=2, ep=64))[0],
+    assert np.allclose(dsa.dsa_indexer_topk_time(_glm_candidates(packed, seq=131072, cp=32, dp=2, ep=64))[0],
                        4096 * 66_560 * 8 / hbm, rtol=1e-12)
-    assert np.allclose(dsv4.dsa_indexer_topk_time(_glm_candidates(packed))[0], 4096 * 4096 * (30 + 32 * 32) / hbm,
+    assert np.allclose(dsa.dsa_indexer_topk_time(_glm_candidates(packed))[0], 4096 * 4096 * (30 + 32 * 32) / hbm,
                        rtol=1e-12)
-    assert np.allclose(dsv4.dsa_indexer_loss_time(long)[0] * 32,
+    assert np.allclose(dsa.dsa_indexer_loss_time(long)[0] * 32,
                        4096 * 32 * 2048 * (1 - 2047 / 262_144) * 122_880 / gemm.bf16_peak(hw)
                        / hw.efficiency.attention, rtol=1e-12)
 
@@ -178,10 +178,10 @@ def test_dsa_kernels_are_in_every_layers_sum_once(glm, layer, monkeypatch):
     """The dense and the MoE layer each hold the top-k's and the loss's forward exactly once (their backward is
     nothing), twice where full recompute reruns the layer's forward."""
     import numpy as np
-    from autoparallel.costmodel import dsv4, layer_time
+    from autoparallel.costmodel import dsa, layer_time
     for recompute, share in (("none", 1.0), ("full", 2.0)):
         x = _glm_candidates(glm, recompute=recompute)
-        added = dsv4.dsa_indexer_topk_time(x)[0] + dsv4.dsa_indexer_loss_time(x)[0]
+        added = dsa.dsa_indexer_topk_time(x)[0] + dsa.dsa_indexer_loss_time(x)[0]
         with_kernels = getattr(layer_time, layer)(x)["time"]
         with monkeypatch.context() as m:
             m.setattr(layer_time, "dsa_attention_kernels", lambda x: ())

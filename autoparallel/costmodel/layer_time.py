@@ -27,7 +27,7 @@ from functools import partial
 
 import numpy as np
 
-from autoparallel.costmodel import (comm, dataparallel, dispatch, dsv4, finetune, flops, gemm, gemm_precision, mamba, memory,
+from autoparallel.costmodel import (comm, dataparallel, dispatch, dsa, dsv4, finetune, flops, gemm, gemm_precision, mamba, memory,
                                     moe, pipeline, tensor_parallel)
 from autoparallel.costmodel.candidates import Candidates
 from autoparallel.costmodel.layer_kinds import EDGE, HYBRID, STAGE_KINDS, LayerKind, as_kind
@@ -285,16 +285,16 @@ def dsv4_attention_kernels(x: Candidates) -> tuple:
     """DeepSeek-V4's attention work beyond the sparse attention core, (forward, backward) pairs of the MoE
     layer's kernels: the DSA indexer's top-k and its sparse loss, the grouped output projection in BF16,
     the compressors' gated pooling."""
-    return (dsv4.dsa_indexer_topk_time(x), dsv4.dsa_indexer_loss_time(x), dsv4_output_groups_bf16_time(x),
+    return (dsa.dsa_indexer_topk_time(x), dsa.dsa_indexer_loss_time(x), dsv4_output_groups_bf16_time(x),
             dsv4.dsv4_compressor_time(x))
 
 
 def dsa_attention_kernels(x: Candidates) -> tuple:
     """DeepSeek Sparse Attention's work beyond its attention core on every layer of a DSA model (GLM-5), dense
     and MoE alike, as (forward, backward) pairs: the indexer's top-k over its FP32 scores and its sparse KL
-    loss, the two kernels DeepSeek-V4 runs on its ratio-4 layers (``dsv4.dsa_indexer_topk_time``,
-    ``dsv4.dsa_indexer_loss_time``)."""
-    return (dsv4.dsa_indexer_topk_time(x), dsv4.dsa_indexer_loss_time(x))
+    loss, the two kernels DeepSeek-V4 runs on its ratio-4 layers (``dsa.dsa_indexer_topk_time``,
+    ``dsa.dsa_indexer_loss_time``)."""
+    return (dsa.dsa_indexer_topk_time(x), dsa.dsa_indexer_loss_time(x))
 
 
 def hash_routed_router_time(x: Candidates):
