@@ -441,9 +441,6 @@ class ModelSpec:
     def v_dim(self) -> int:
         return self.v_head_dim if self.multi_latent_attention else self.head_dim
 
-    # Parameter counts: Megatron-LM's theoretical_memory_usage.py accounting, less norms and
-    # biases (< 0.1 %, left out as in Narayanan et al.), plus the router (h x experts per MoE
-    # layer), which that accounting leaves out; tests/test_moe_specs.py checks the identity.
     @property
     def is_dsv4(self) -> bool:
         """DeepSeek-V4's hybrid attention, Hyper-Connections and hash routing (``csa_compress_ratios``)."""
@@ -454,16 +451,6 @@ class ModelSpec:
         """DeepSeek Sparse Attention on every layer of a standard MLA model (dsa_indexer_* without
         csa_compress_ratios: GLM-5)."""
         return self.dsa_indexer_topk is not None and not self.is_dsv4
-
-    @property
-    def dsa_indexer_params(self) -> int:
-        """One DSA layer's lightning indexer (Megatron-Core ``dsa`` variant, as Megatron-Bridge 067f987df0
-        ``flop_utils.py`` counts indexer_projection_size): queries from the q latent to heads x head_dim,
-        one key of head_dim from the hidden state, the per-head weights from the hidden state."""
-        if not self.is_dsa:
-            return 0
-        heads, dim = self.dsa_indexer_n_heads, self.dsa_indexer_head_dim
-        return (self.q_lora_rank or self.hidden_size) * heads * dim + self.hidden_size * (dim + heads)
 
     @cached_property
     def dsv4_decoder_ratios(self) -> tuple[int, ...]:
@@ -481,6 +468,19 @@ class ModelSpec:
         layer, priced apart for the stages that hold it (``layer_time.Layers.on``)."""
         mtp = tuple(self.csa_compress_ratios[self.num_layers:])
         return dataclasses.replace(self, csa_compress_ratios=(ratio,) * self.num_layers + mtp)
+
+    # Parameter counts: Megatron-LM's theoretical_memory_usage.py accounting, less norms and
+    # biases (< 0.1 %, left out as in Narayanan et al.), plus the router (h x experts per MoE
+    # layer), which that accounting leaves out; tests/test_moe_specs.py checks the identity.
+    @property
+    def dsa_indexer_params(self) -> int:
+        """One DSA layer's lightning indexer (Megatron-Core ``dsa`` variant, as Megatron-Bridge 067f987df0
+        ``flop_utils.py`` counts indexer_projection_size): queries from the q latent to heads x head_dim,
+        one key of head_dim from the hidden state, the per-head weights from the hidden state."""
+        if not self.is_dsa:
+            return 0
+        heads, dim = self.dsa_indexer_n_heads, self.dsa_indexer_head_dim
+        return (self.q_lora_rank or self.hidden_size) * heads * dim + self.hidden_size * (dim + heads)
 
     def csa_extra_params(self, ratio: int) -> int:
         """One DeepSeek-V4 layer's compressor and indexer weights beside its projections (the
