@@ -451,7 +451,10 @@ BAD_INPUTS = [
      "a repeat is (stages)*N or t*N with N a positive integer"),
     (["validate", "--tie-bands", "{runs_empty_csv}/x.yaml"], "runs_empty.csv is a file, not a folder"),
     (["search", "--model", "175b", "--gpus", "64", "--moe-token-dispatcher-type", "flex"],
-     "with moe_token_dispatcher_type pinned to flex: a token dispatcher applies to MoE models; gpt3-175b is dense"),
+     "--moe-token-dispatcher-type flex picks how MoE tokens reach their experts; gpt3-175b is dense"),
+    # the default dispatcher on a dense model was accepted and did nothing (session 50)
+    (["estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "1", "--pp", "1", "--moe-token-dispatcher-type",
+      "alltoall"], "--moe-token-dispatcher-type alltoall picks how MoE tokens reach their experts; llama3-8b is dense"),
     (["search", "--model", "175b", "--gpus", "64", "--moe-token-dispatcher-type", "carrier"],
      "invalid choice: 'carrier'"),
     (["search", "--model", "mixtral-8x7b", "--gpus", "64", "--moe-shared-expert-overlap"],

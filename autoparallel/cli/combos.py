@@ -91,6 +91,11 @@ def check_knobs(args: argparse.Namespace, model) -> None:
     if getattr(args, "overlap_moe_expert_parallel_comm", None) and not model.is_moe:  # was silently priced as off
         raise UserError(f"--overlap-moe-expert-parallel-comm overlaps the MoE all-to-alls; {model.name} is dense "
                         f"(no experts): drop it")
+    # alltoall (the default) on a dense model was accepted and did nothing; the others were refused
+    # only after pricing, as "no valid layout".
+    if (dispatcher := getattr(args, "moe_token_dispatcher_type", None)) and not model.is_moe:
+        raise UserError(f"--moe-token-dispatcher-type {dispatcher} picks how MoE tokens reach their experts; "
+                        f"{model.name} is dense (no experts): drop it")
     if getattr(args, "moe_shared_expert_overlap", None):
         if model.shared_expert_ffn_hidden_size == 0:
             raise UserError(f"--moe-shared-expert-overlap runs the shared experts beside the all-to-alls; "
