@@ -455,6 +455,10 @@ BAD_INPUTS = [
     # the default dispatcher on a dense model was accepted and did nothing (session 50)
     (["estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "1", "--pp", "1", "--moe-token-dispatcher-type",
       "alltoall"], "--moe-token-dispatcher-type alltoall picks how MoE tokens reach their experts; llama3-8b is dense"),
+    # a hybrid's pipeline layout was refused per candidate, as counts of reasons (session 50)
+    (["search", "--model", "nemotron-3-nano", "--gpus", "8", "--pipeline-layout", "Et*26|t*26L"],
+     "--pipeline-layout Et*26|t*26L: nemotron-3-nano is a hybrid Mamba-Transformer, whose pipeline stages are '|' "
+     "marks in its --hybrid-layer-pattern"),
     (["search", "--model", "175b", "--gpus", "64", "--moe-token-dispatcher-type", "carrier"],
      "invalid choice: 'carrier'"),
     (["search", "--model", "mixtral-8x7b", "--gpus", "64", "--moe-shared-expert-overlap"],

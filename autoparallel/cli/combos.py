@@ -96,6 +96,13 @@ def check_knobs(args: argparse.Namespace, model) -> None:
     if (dispatcher := getattr(args, "moe_token_dispatcher_type", None)) and not model.is_moe:
         raise UserError(f"--moe-token-dispatcher-type {dispatcher} picks how MoE tokens reach their experts; "
                         f"{model.name} is dense (no experts): drop it")
+    # Megatron-LM's validate_args refuses the flexible layout beside --hybrid-layer-pattern; the search
+    # refused it per candidate, as counts of reasons under "no valid layout".
+    if getattr(args, "pipeline_layout", None) and model.is_hybrid:
+        raise UserError(f"--pipeline-layout {args.pipeline_layout}: {model.name} is a hybrid Mamba-Transformer, "
+                        "whose pipeline stages are '|' marks in its --hybrid-layer-pattern (Megatron-LM: "
+                        "\"--pipeline-model-parallel-layout should not be used with --hybrid-layer-pattern\"); drop it "
+                        "and pin --pp, --vp or --decoder-first/last-pipeline-num-layers instead")
     if getattr(args, "moe_shared_expert_overlap", None):
         if model.shared_expert_ffn_hidden_size == 0:
             raise UserError(f"--moe-shared-expert-overlap runs the shared experts beside the all-to-alls; "
