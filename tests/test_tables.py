@@ -231,6 +231,35 @@ def test_search_prints_how_to_export_and_launch_rank_1(tmp_path, capsys):
     assert (run_dir / "train.sh").read_text().startswith("#!/bin/bash\n#SBATCH --nodes=2")
 
 
+def _hint(out: str, run_dir) -> tuple[list[str], list[str]]:
+    """The closing hint's lines after the run folder's, and the --format values it offers."""
+    hints = out[out.index(f"run folder: {run_dir}"):].splitlines()[1:]
+    offered = re.findall(r"--format ([a-z0-9-]+(?:, [a-z0-9-]+)*)", re.sub(r" \\\n +", " ", "\n".join(hints)))
+    return hints, [f for group in offered for f in group.split(", ")]
+
+
+@pytest.mark.parametrize("args", [
+    # DeepSeek-V4: the reason no flags are written was one 420-column line
+    ["--model", "deepseek-v4-flash", "--gpus", "128", "--gpu", "gb300", "--tp", "1", "--pp", "1", "--ep", "64",
+     "--precision", "mxfp8"],
+    # NVFP4 rank 1: the hint offered nemo, nemo2 and nemo2-yaml, which export refuses for it
+    ["--model", "llama3-8b", "--gpus", "8", "--gpu", "b200", "--tp", "1", "--pp", "1", "--precision", "nvfp4"],
+    # FP8 attention: best.yaml's megatron_args raised, so the saved search failed (exit 2) after pricing
+    ["--model", "llama3-8b", "--gpus", "8", "--tp", "1", "--pp", "1", "--precision", "fp8-delayed",
+     "--fp8-attention"],
+], ids=["dsv4", "nvfp4", "fp8-attention"])
+def test_every_format_the_closing_hint_offers_exports_and_its_lines_fit_80_columns(args, tmp_path, capsys):
+    assert main(["search", *args, "--results", str(tmp_path), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    (run_dir,) = tmp_path.iterdir()
+    hints, offered = _hint(out, run_dir)
+    long = [line for line in hints if len(line) > 80 and str(run_dir) not in line]  # a long path stays whole
+    assert not long and offered, long
+    for fmt in offered:
+        assert main(["export", str(run_dir), "--format", fmt, "-o", str(tmp_path / f"rank1.{fmt}")]) == 0, fmt
+    capsys.readouterr()
+
+
 def test_estimate_compares_with_the_usable_limit(capsys):
     assert main(["estimate", "--model", "llama3-70b", "--gpus", "64", "--tp", "4", "--pp", "4", "--vp", "5",
                  "--cp", "2", "--precision", "fp8-delayed"]) == 0
