@@ -450,6 +450,10 @@ BAD_INPUTS = [
     (["search", "--model", "deepseek-v3", "--gpus", "256", "--pipeline-layout", "Et|(tt|)*0L"],
      "a repeat is (stages)*N or t*N with N a positive integer"),
     (["validate", "--tie-bands", "{runs_empty_csv}/x.yaml"], "runs_empty.csv is a file, not a folder"),
+    # a preset of the other kind: --model vr200 drew "Did you mean 'gpt3-20b'?" (session 50)
+    (["search", "--model", "vr200", "--gpus", "8"], "unknown model 'vr200'. It is a hardware preset: --gpu vr200."),
+    (["infer", "--model", "gpt-oss-20b", "--gpus", "8", "--gpu", "GLM-5"],
+     "unknown hardware 'GLM-5'. It is a model preset: --model GLM-5."),
     (["search", "--model", "175b", "--gpus", "64", "--moe-token-dispatcher-type", "flex"],
      "--moe-token-dispatcher-type flex picks how MoE tokens reach their experts; gpt3-175b is dense"),
     # the default dispatcher on a dense model was accepted and did nothing (session 50)
