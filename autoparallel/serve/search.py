@@ -327,7 +327,12 @@ def no_feasible_message(result: InferenceResult) -> str:
                 f"{top} (lower the rate or add GPUs)")
     lowest = "; ".join(f"the lowest {name} predicted is {usable[column].min():.1f} ms"
                        for name, _, column in result.request.bounds)
-    return f"no serving layout of {where} meets {result.request.describe()}: {top}; {lowest}"
+    # Only the bound is the cause here: the other reasons (the space's tp*pp that do not divide the
+    # GPUs, ...) counted beside it read as if they were.
+    keep_up = " and keep up" if result.request.request_rate else ""
+    them = "it" if len(result.request.bounds) == 1 else "them"
+    return (f"no serving layout of {where} meets {result.request.describe()}: all {len(usable):,} that fit"
+            f"{keep_up} are over {them}; {lowest}")
 
 
 def save(result: InferenceResult, root: Path, command: list[str], top_md: int = 50,
