@@ -391,6 +391,7 @@ def estimate_point(model: ModelSpec, hw: HardwareSpec, gpus: int, request: Reque
 def point_title(model: ModelSpec, hw: HardwareSpec, gpus: int, request: Request, row: pd.Series) -> str:
     state = "fits" if row["fits"] else "DOES NOT FIT"
     ep = f" EP{int(row['ep'])}" if int(row["ep"]) > 1 else ""
-    return (f"{model.name} on {gpus} x {hw.name}: TP{int(row['tp'])} PP{int(row['pp'])}{ep} x {int(row['replicas'])} "
-            f"replicas, max batch {int(row['max_batch'])}, max tokens {int(row['max_num_tokens'])}, weights "
+    replicas = int(row["replicas"])
+    return (f"{model.name} on {gpus} x {hw.name}: TP{int(row['tp'])} PP{int(row['pp'])}{ep} x {replicas} "
+            f"replica{'s' if replicas != 1 else ''}, max batch {int(row['max_batch'])}, max tokens {int(row['max_num_tokens'])}, weights "
             f"{row['weight_precision']}, KV {row['kv_precision']}, {lengths_of(request)}: {state}")

@@ -129,3 +129,11 @@ def test_static_engine_still_searches(h100):
     best = r.entry(1)
     assert best["latency_ms"] <= 2000 and best["weight_precision"] == "bf16"  # A100 has no FP8 tensor cores
     assert (r.ranked["reason"] == "fp8 weights need FP8 tensor cores; a100-sxm-80g has none").any()
+
+
+@pytest.mark.parametrize("replicas, words", [(1, "x 1 replica, max batch"), (4, "x 4 replicas, max batch")])
+def test_the_pinned_layout_title_counts_replicas_in_words(llama70, h100, replicas, words):
+    import pandas as pd
+    row = pd.Series({"tp": 2, "pp": 1, "ep": 1, "replicas": replicas, "max_batch": 64, "max_num_tokens": 8192,
+                     "weight_precision": "bf16", "kv_precision": "bf16", "fits": True})
+    assert words in serve.point_title(llama70, h100, 2 * replicas, serve.Request(2048, 256), row)
