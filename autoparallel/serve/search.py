@@ -314,6 +314,11 @@ def no_feasible_message(result: InferenceResult) -> str:
     reasons = reasons.where(~reasons.str.startswith("out of memory"), "out of memory")
     reasons = reasons.where(~reasons.str.contains(" > bound "), "over a latency bound")
     reasons = reasons.where(~reasons.str.startswith("request rate"), "request rate over capacity")
+    # The space's tp*pp that do not divide the GPUs are no candidates at all: named only when nothing
+    # else is (--tp 16 on 16 GPUs of 8-GPU nodes read "tp=16 crosses ...; tp*pp=32 does not divide 16 GPUs; ...").
+    undivided = reasons.str.contains(" does not divide ")
+    if not undivided.all():
+        reasons = reasons[~undivided]
     top = "; ".join(f"{n} x {reason}" for reason, n in reasons.value_counts().head(3).items())
     where = f"{result.model.name} on {result.gpus} x {result.hardware.name}"
     if "tpot_ms" not in r or r["tpot_ms"].isna().all():

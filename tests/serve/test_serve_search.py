@@ -116,6 +116,12 @@ def test_no_feasible_layout_names_the_lowest_latency(llama2, h100):
     assert "does not divide" not in str(caught.value)  # the space's tp*pp > 1 GPU: not why, and was listed
 
 
+def test_the_reason_no_layout_is_valid_leaves_out_the_sizes_that_do_not_divide_the_gpus(llama70, h100):
+    with pytest.raises(UserError, match="no valid serving layout .*: [0-9]+ x tp=16 crosses the 8-GPU NVLink "
+                                        "domain$"):
+        serve.search(llama70, h100, 16, serve.Request(2048, 256), load_space().pinned(tp=16))
+
+
 def test_no_valid_structure_is_a_user_error(h100):
     with pytest.raises(UserError, match="no valid serving layout .* tp\\*pp=16 does not divide 8 GPUs"):
         serve.search(io.load_model("llama3-70b"), h100, 8, serve.Request(2048, 256), load_space().pinned(tp=8, pp=2))
