@@ -450,6 +450,15 @@ BAD_INPUTS = [
     (["search", "--model", "deepseek-v3", "--gpus", "256", "--pipeline-layout", "Et|(tt|)*0L"],
      "a repeat is (stages)*N or t*N with N a positive integer"),
     (["validate", "--tie-bands", "{runs_empty_csv}/x.yaml"], "runs_empty.csv is a file, not a folder"),
+    # --recompute-modules (session 50): a set that does not apply, or beside a recompute that does not read it
+    (["estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "1", "--pp", "1", "--recompute", "selective",
+      "--recompute-modules", "mhc"], "--recompute-modules 'mhc': mhc in recompute_modules needs Hyper-Connections"),
+    (["search", "--model", "llama3-8b", "--gpus", "8", "--recompute-modules", "attn"],
+     "--recompute-modules 'attn': recompute_modules 'attn': choose from core_attn, mla_up_proj, moe_act"),
+    (["search", "--model", "llama3-8b", "--gpus", "8", "--recompute", "full", "--recompute-modules", "core_attn"],
+     "--recompute-modules has no effect with --recompute full"),
+    (["estimate", "--model", "deepseek-v3", "--gpus", "256", "--tp", "1", "--pp", "8", "--ep", "32",
+      "--recompute-modules", "moe_act"], "--recompute-modules has no effect with estimate's default --recompute none"),
     # a preset of the other kind: --model vr200 drew "Did you mean 'gpt3-20b'?" (session 50)
     (["search", "--model", "vr200", "--gpus", "8"], "unknown model 'vr200'. It is a hardware preset: --gpu vr200."),
     (["infer", "--model", "gpt-oss-20b", "--gpus", "8", "--gpu", "GLM-5"],

@@ -281,6 +281,23 @@ def test_estimate_title_is_a_line_above_its_table(monkeypatch):
     assert lines[1].lstrip().startswith("recompute=none") and not lines[1].startswith("  ")
 
 
+def test_estimate_prices_the_recompute_modules_pinned_and_names_them(capsys):
+    """Selective recompute's module set was the first of the space that applies (moe_act for
+    DeepSeek-V4-Pro), could not be pinned and was not shown: Bridge's recipe runs 'mla_up_proj mhc'."""
+    import json
+    base = ["estimate", "--model", "deepseek-v4-pro", "--gpus", "256", "--gpu", "gb300", "--tp", "1", "--pp", "4",
+            "--vp", "4", "--ep", "64", "--precision", "mxfp8", "--recompute", "selective"]
+    peaks = {}
+    for modules in ("moe_act", "mla_up_proj mhc"):
+        assert main([*base, "--recompute-modules", modules, "--json"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["config"]["recompute_modules"] == modules
+        peaks[modules] = result["peak_memory_gib"]
+    assert peaks["mla_up_proj mhc"] < peaks["moe_act"]  # mhc spares the n-stream tensors
+    assert main([*base, "--recompute-modules", "mla_up_proj,mhc"]) == 0
+    assert "recompute=selective (mla_up_proj mhc)" in " ".join(capsys.readouterr().out.split())
+
+
 def test_candidates_csv_is_what_pandas_writes(tmp_path, monkeypatch):
     """The fast writer formats each column's distinct values once; its file must stay byte for
     byte pandas' own (rounded floats, missing counts, quoted reasons), across piece boundaries."""

@@ -68,6 +68,8 @@ def check_knobs(args: argparse.Namespace, model) -> None:
                      if args.pp else f"{model.name}")
             raise UserError(f"--recompute-num-layers {layers} is above the {chunk} layers of {where}; "
                             f"give at most {chunk}")
+    if (modules := getattr(args, "recompute_modules", None)) is not None:
+        _check_recompute_modules(args, modules, model)
     first = getattr(args, "num_layers_in_first_pipeline_stage", None)
     last = getattr(args, "num_layers_in_last_pipeline_stage", None)
     if (first or 0) + (last or 0) > model.num_layers:
@@ -126,6 +128,18 @@ def check_knobs(args: argparse.Namespace, model) -> None:
     if args.fsdp and args.distributed_optimizer is False:
         raise UserError("--fsdp needs the distributed optimizer (Megatron-FSDP shards the optimizer state "
                         "itself); drop --no-distributed-optimizer")
+
+
+def _check_recompute_modules(args: argparse.Namespace, modules: str, model) -> None:
+    """--recompute-modules: one set that applies to the model, beside a recompute that reads it;
+    normalised to the space's spelling (names joined by one space)."""
+    from autoparallel.space import modules_apply
+    if args.recompute in ("none", "full"):
+        raise no_effect("--recompute-modules", f"--recompute {args.recompute}",
+                        "it picks what selective recompute reruns; use --recompute selective or drop it")
+    args.recompute_modules = " ".join(modules.replace(",", " ").split())
+    if why := modules_apply(args.recompute_modules, model):
+        raise UserError(f"--recompute-modules {modules!r}: {why}")
 
 
 def check_search(args: argparse.Namespace, knobs: dict) -> None:
