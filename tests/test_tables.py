@@ -247,7 +247,10 @@ def _hint(out: str, run_dir) -> tuple[list[str], list[str]]:
     # FP8 attention: best.yaml's megatron_args raised, so the saved search failed (exit 2) after pricing
     ["--model", "llama3-8b", "--gpus", "8", "--tp", "1", "--pp", "1", "--precision", "fp8-delayed",
      "--fp8-attention"],
-], ids=["dsv4", "nvfp4", "fp8-attention"])
+    # a hybrid: "rank 1 as Megatron-LM flags (or --format launch, yaml; best.yaml holds its Megatron-Bridge provider):"
+    ["--model", "nemotron-3-nano", "--gpus", "8", "--gpu", "b200", "--tp", "1", "--pp", "1", "--ep", "8",
+     "--precision", "bf16"],
+], ids=["dsv4", "nvfp4", "fp8-attention", "hybrid"])
 def test_every_format_the_closing_hint_offers_exports_and_its_lines_fit_80_columns(args, tmp_path, capsys):
     assert main(["search", *args, "--results", str(tmp_path), "--top", "3"]) == 0
     out = capsys.readouterr().out

@@ -169,7 +169,7 @@ def _next_steps(result, run_dir: Path) -> None:
     names = ["MEGATRON_LM", "DATA_PATH", "CHECKPOINT_DIR", *TOKENIZER_FILES.get(result.model.tokenizer_type, {}).values()]
     launch = ["sbatch" if nodes > 1 else "bash", str(run_dir / TRAIN_SCRIPT)]
     console.print(f"run folder: {run_dir}\n"
-                  "rank 1 as Megatron-LM flags (or --format launch, " + _other_formats(result) + "):\n"
+                  + _prose("rank 1 as Megatron-LM flags (or --format launch, " + _other_formats(result) + "):") + "\n"
                   + shell_command([*export, "megatron"]) + "\n"
                   f"launch rank 1 on {node_layout_text(result.gpus, result.hardware.gpus_per_node)}:\n"
                   + shell_command([*(f"{n}=..." for n in names), *launch]), soft_wrap=True)
