@@ -270,6 +270,10 @@ def resolve_preset(kind: str, name_or_path: str) -> Path:
         return preset_files(kind)[names[key]]
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
     hint = f" Did you mean {names[close[0]]!r}?" if close else ""
+    # A GPU given as the model (or a model as the GPU) drew a look-alike: --model vr200, "Did you mean gpt3-20b?"
+    other = {"models": ("hardware", "a hardware preset: --gpu"), "hardware": ("models", "a model preset: --model")}
+    if kind in other and key in preset_aliases(other[kind][0]):
+        hint = f" It is {other[kind][1]} {name_or_path}."
     singular = {"models": "model", "hardware": "hardware", "spaces": "search space"}[kind]
     raise UserError(f"unknown {singular} {name_or_path!r}.{hint} "
                     f"Valid: {', '.join(preset_files(kind))} (or a path to a YAML file)")

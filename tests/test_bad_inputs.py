@@ -450,8 +450,28 @@ BAD_INPUTS = [
     (["search", "--model", "deepseek-v3", "--gpus", "256", "--pipeline-layout", "Et|(tt|)*0L"],
      "a repeat is (stages)*N or t*N with N a positive integer"),
     (["validate", "--tie-bands", "{runs_empty_csv}/x.yaml"], "runs_empty.csv is a file, not a folder"),
+    # --recompute-modules (session 50): a set that does not apply, or beside a recompute that does not read it
+    (["estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "1", "--pp", "1", "--recompute", "selective",
+      "--recompute-modules", "mhc"], "--recompute-modules 'mhc': mhc in recompute_modules needs Hyper-Connections"),
+    (["search", "--model", "llama3-8b", "--gpus", "8", "--recompute-modules", "attn"],
+     "--recompute-modules 'attn': recompute_modules 'attn': choose from core_attn, mla_up_proj, moe_act"),
+    (["search", "--model", "llama3-8b", "--gpus", "8", "--recompute", "full", "--recompute-modules", "core_attn"],
+     "--recompute-modules has no effect with --recompute full"),
+    (["estimate", "--model", "deepseek-v3", "--gpus", "256", "--tp", "1", "--pp", "8", "--ep", "32",
+      "--recompute-modules", "moe_act"], "--recompute-modules has no effect with estimate's default --recompute none"),
+    # a preset of the other kind: --model vr200 drew "Did you mean 'gpt3-20b'?" (session 50)
+    (["search", "--model", "vr200", "--gpus", "8"], "unknown model 'vr200'. It is a hardware preset: --gpu vr200."),
+    (["infer", "--model", "gpt-oss-20b", "--gpus", "8", "--gpu", "GLM-5"],
+     "unknown hardware 'GLM-5'. It is a model preset: --model GLM-5."),
     (["search", "--model", "175b", "--gpus", "64", "--moe-token-dispatcher-type", "flex"],
-     "with moe_token_dispatcher_type pinned to flex: a token dispatcher applies to MoE models; gpt3-175b is dense"),
+     "--moe-token-dispatcher-type flex picks how MoE tokens reach their experts; gpt3-175b is dense"),
+    # the default dispatcher on a dense model was accepted and did nothing (session 50)
+    (["estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "1", "--pp", "1", "--moe-token-dispatcher-type",
+      "alltoall"], "--moe-token-dispatcher-type alltoall picks how MoE tokens reach their experts; llama3-8b is dense"),
+    # a hybrid's pipeline layout was refused per candidate, as counts of reasons (session 50)
+    (["search", "--model", "nemotron-3-nano", "--gpus", "8", "--pipeline-layout", "Et*26|t*26L"],
+     "--pipeline-layout Et*26|t*26L: nemotron-3-nano is a hybrid Mamba-Transformer, whose pipeline stages are '|' "
+     "marks in its --hybrid-layer-pattern"),
     (["search", "--model", "175b", "--gpus", "64", "--moe-token-dispatcher-type", "carrier"],
      "invalid choice: 'carrier'"),
     (["search", "--model", "mixtral-8x7b", "--gpus", "64", "--moe-shared-expert-overlap"],

@@ -204,6 +204,15 @@ def test_every_preset_recipe_that_a_finetune_starts_from_has_a_finetune_recipe()
         assert nemo_python.recipe_name(_finetuned(name, "full")) in KNOWN["finetune_recipes"], name
 
 
+def test_a_preset_whose_nemo_recipe_exists_starts_from_it():
+    """A preset named as a NeMo recipe module is (gpt-oss-20b started from mixtral_8x7b's, its export
+    saying "NeMo has no recipe for gpt-oss-20b", though NeMo has gpt_oss_20b)."""
+    for name in io.preset_files("models", shipped_only=True):
+        module = name.replace("-", "_").replace(".", "")
+        if module in KNOWN["recipes"]:
+            assert nemo_python.recipe_name(io.load_model(name)) == module, name
+
+
 def test_a_dense_model_without_a_recipe_starts_from_the_llama_recipe_of_its_width():
     """Llama 2 70B has no NeMo 2 recipe; llama3_70b's defaults are sized for it, llama3_8b's are not."""
     assert nemo_python.recipe_name(io.load_model("llama2-70b")) == "llama3_70b"

@@ -231,6 +231,38 @@ def test_search_prints_how_to_export_and_launch_rank_1(tmp_path, capsys):
     assert (run_dir / "train.sh").read_text().startswith("#!/bin/bash\n#SBATCH --nodes=2")
 
 
+def _hint(out: str, run_dir) -> tuple[list[str], list[str]]:
+    """The closing hint's lines after the run folder's, and the --format values it offers."""
+    hints = out[out.index(f"run folder: {run_dir}"):].splitlines()[1:]
+    offered = re.findall(r"--format ([a-z0-9-]+(?:, [a-z0-9-]+)*)", re.sub(r" \\\n +", " ", "\n".join(hints)))
+    return hints, [f for group in offered for f in group.split(", ")]
+
+
+@pytest.mark.parametrize("args", [
+    # DeepSeek-V4: the reason no flags are written was one 420-column line
+    ["--model", "deepseek-v4-flash", "--gpus", "128", "--gpu", "gb300", "--tp", "1", "--pp", "1", "--ep", "64",
+     "--precision", "mxfp8"],
+    # NVFP4 rank 1: the hint offered nemo, nemo2 and nemo2-yaml, which export refuses for it
+    ["--model", "llama3-8b", "--gpus", "8", "--gpu", "b200", "--tp", "1", "--pp", "1", "--precision", "nvfp4"],
+    # FP8 attention: best.yaml's megatron_args raised, so the saved search failed (exit 2) after pricing
+    ["--model", "llama3-8b", "--gpus", "8", "--tp", "1", "--pp", "1", "--precision", "fp8-delayed",
+     "--fp8-attention"],
+    # a hybrid: "rank 1 as Megatron-LM flags (or --format launch, yaml; best.yaml holds its Megatron-Bridge provider):"
+    ["--model", "nemotron-3-nano", "--gpus", "8", "--gpu", "b200", "--tp", "1", "--pp", "1", "--ep", "8",
+     "--precision", "bf16"],
+], ids=["dsv4", "nvfp4", "fp8-attention", "hybrid"])
+def test_every_format_the_closing_hint_offers_exports_and_its_lines_fit_80_columns(args, tmp_path, capsys):
+    assert main(["search", *args, "--results", str(tmp_path), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    (run_dir,) = tmp_path.iterdir()
+    hints, offered = _hint(out, run_dir)
+    long = [line for line in hints if len(line) > 80 and str(run_dir) not in line]  # a long path stays whole
+    assert not long and offered, long
+    for fmt in offered:
+        assert main(["export", str(run_dir), "--format", fmt, "-o", str(tmp_path / f"rank1.{fmt}")]) == 0, fmt
+    capsys.readouterr()
+
+
 def test_estimate_compares_with_the_usable_limit(capsys):
     assert main(["estimate", "--model", "llama3-70b", "--gpus", "64", "--tp", "4", "--pp", "4", "--vp", "5",
                  "--cp", "2", "--precision", "fp8-delayed"]) == 0
@@ -250,6 +282,23 @@ def test_estimate_title_is_a_line_above_its_table(monkeypatch):
     lines = buffer.getvalue().splitlines()
     assert lines[0].startswith("llama3-70b on 64 x h100-sxm: TP4 PP4 VP1 CP1 DP4 MBS1 GBS128")
     assert lines[1].lstrip().startswith("recompute=none") and not lines[1].startswith("  ")
+
+
+def test_estimate_prices_the_recompute_modules_pinned_and_names_them(capsys):
+    """Selective recompute's module set was the first of the space that applies (moe_act for
+    DeepSeek-V4-Pro), could not be pinned and was not shown: Bridge's recipe runs 'mla_up_proj mhc'."""
+    import json
+    base = ["estimate", "--model", "deepseek-v4-pro", "--gpus", "256", "--gpu", "gb300", "--tp", "1", "--pp", "4",
+            "--vp", "4", "--ep", "64", "--precision", "mxfp8", "--recompute", "selective"]
+    peaks = {}
+    for modules in ("moe_act", "mla_up_proj mhc"):
+        assert main([*base, "--recompute-modules", modules, "--json"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["config"]["recompute_modules"] == modules
+        peaks[modules] = result["peak_memory_gib"]
+    assert peaks["mla_up_proj mhc"] < peaks["moe_act"]  # mhc spares the n-stream tensors
+    assert main([*base, "--recompute-modules", "mla_up_proj,mhc"]) == 0
+    assert "recompute=selective (mla_up_proj mhc)" in " ".join(capsys.readouterr().out.split())
 
 
 def test_candidates_csv_is_what_pandas_writes(tmp_path, monkeypatch):

@@ -68,6 +68,8 @@ def check_knobs(args: argparse.Namespace, model) -> None:
                      if args.pp else f"{model.name}")
             raise UserError(f"--recompute-num-layers {layers} is above the {chunk} layers of {where}; "
                             f"give at most {chunk}")
+    if (modules := getattr(args, "recompute_modules", None)) is not None:
+        _check_recompute_modules(args, modules, model)
     first = getattr(args, "num_layers_in_first_pipeline_stage", None)
     last = getattr(args, "num_layers_in_last_pipeline_stage", None)
     if (first or 0) + (last or 0) > model.num_layers:
@@ -91,6 +93,18 @@ def check_knobs(args: argparse.Namespace, model) -> None:
     if getattr(args, "overlap_moe_expert_parallel_comm", None) and not model.is_moe:  # was silently priced as off
         raise UserError(f"--overlap-moe-expert-parallel-comm overlaps the MoE all-to-alls; {model.name} is dense "
                         f"(no experts): drop it")
+    # alltoall (the default) on a dense model was accepted and did nothing; the others were refused
+    # only after pricing, as "no valid layout".
+    if (dispatcher := getattr(args, "moe_token_dispatcher_type", None)) and not model.is_moe:
+        raise UserError(f"--moe-token-dispatcher-type {dispatcher} picks how MoE tokens reach their experts; "
+                        f"{model.name} is dense (no experts): drop it")
+    # Megatron-LM's validate_args refuses the flexible layout beside --hybrid-layer-pattern; the search
+    # refused it per candidate, as counts of reasons under "no valid layout".
+    if getattr(args, "pipeline_layout", None) and model.is_hybrid:
+        raise UserError(f"--pipeline-layout {args.pipeline_layout}: {model.name} is a hybrid Mamba-Transformer, "
+                        "whose pipeline stages are '|' marks in its --hybrid-layer-pattern (Megatron-LM: "
+                        "\"--pipeline-model-parallel-layout should not be used with --hybrid-layer-pattern\"); drop it "
+                        "and pin --pp, --vp or --decoder-first/last-pipeline-num-layers instead")
     if getattr(args, "moe_shared_expert_overlap", None):
         if model.shared_expert_ffn_hidden_size == 0:
             raise UserError(f"--moe-shared-expert-overlap runs the shared experts beside the all-to-alls; "
@@ -114,6 +128,18 @@ def check_knobs(args: argparse.Namespace, model) -> None:
     if args.fsdp and args.distributed_optimizer is False:
         raise UserError("--fsdp needs the distributed optimizer (Megatron-FSDP shards the optimizer state "
                         "itself); drop --no-distributed-optimizer")
+
+
+def _check_recompute_modules(args: argparse.Namespace, modules: str, model) -> None:
+    """--recompute-modules: one set that applies to the model, beside a recompute that reads it;
+    normalised to the space's spelling (names joined by one space)."""
+    from autoparallel.space import modules_apply
+    if args.recompute in ("none", "full"):
+        raise no_effect("--recompute-modules", f"--recompute {args.recompute}",
+                        "it picks what selective recompute reruns; use --recompute selective or drop it")
+    args.recompute_modules = " ".join(modules.replace(",", " ").split())
+    if why := modules_apply(args.recompute_modules, model):
+        raise UserError(f"--recompute-modules {modules!r}: {why}")
 
 
 def check_search(args: argparse.Namespace, knobs: dict) -> None:

@@ -23,7 +23,7 @@ FEATURE_FLAGS = ("sp", "recompute", "precision", "fp8_bf16_edge_layers", "tp_com
 SETTING_FLAGS = ("pipeline_layout", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                  "transformer_engine_version", "quant_recipe", "num_layers_at_start_in_bf16",
-                 "num_layers_at_end_in_bf16")
+                 "num_layers_at_end_in_bf16", "recompute_modules")
 # Never truncate in logs and pipes: a value cut to "fp8-de…" is worse than a wide line. A pipe
 # still gets the width ``COLUMNS`` asks for (Rich reads it when ``width`` is None).
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 400)
@@ -52,8 +52,12 @@ def add_knobs(p: argparse.ArgumentParser, title: str = "layout knobs (any given 
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, help="sequence parallel")
     g.add_argument("--recompute", choices=RECOMPUTE_CHOICES,
                    help="activation recompute: selective (modules of a layer: the attention core, and for "
-                        "MoE / MLA models the space's --recompute-modules sets) or full (whole layers, "
+                        "MoE / MLA models the space's recompute_modules sets) or full (whole layers, "
                         "--recompute-num-layers of each chunk)")
+    g.add_argument("--recompute-modules", metavar="MODULES",
+                   help="pin what selective recompute reruns: one set of Megatron-LM's --recompute-modules, "
+                        "quoted, e.g. 'mla_up_proj mhc' (core_attn, mla_up_proj, moe_act, moe, layernorm, mhc); "
+                        "needs --recompute selective with estimate")
     g.add_argument("--recompute-num-layers", metavar="N", type=positive,
                    help="layers per pipeline chunk that full recompute covers")
     g.add_argument("--precision", choices=PRECISION_CHOICES,

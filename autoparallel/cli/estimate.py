@@ -65,6 +65,10 @@ def run(args: argparse.Namespace) -> None:
     if args.tp is None or args.pp is None:
         raise UserError("estimate needs at least --tp and --pp (other knobs default to vp=cp=ep=etp=mbs=1, "
                         "sp when tp>1, no recompute, bf16)")
+    if args.recompute_modules and args.recompute is None:  # estimate's default: no recompute
+        from autoparallel.cli.combos import no_effect
+        raise no_effect("--recompute-modules", "estimate's default --recompute none",
+                        "it picks what selective recompute reruns; add --recompute selective")
     defaults = {**DEFAULTS, "sp": args.tp > 1}
     if args.pipeline_layout:  # its virtual stages set vp
         del defaults["vp"]
@@ -95,7 +99,8 @@ def _print_estimate(model, hw, result: dict, memory_fraction: float, train=None)
     title = (f"{model.name} on {c['tp'] * c['pp'] * c['cp'] * c['dp']} x {hw.name}: TP{c['tp']} PP{c['pp']} "
              f"VP{c['vp']} CP{c['cp']} DP{c['dp']}" + (f" EP{c['ep']} ETP{c['etp']}" if model.is_moe else "")
              + f" MBS{c['mbs']} GBS{c['gbs']} seq {model.seq_length} {c['precision']} "
-             f"recompute={c['recompute']}")
+             f"recompute={c['recompute']}"
+             + (f" ({c['recompute_modules']})" if c["recompute"] == "selective" else ""))
     console.print(title, highlight=False)  # a line of its own: as a table title rich centred it over two
     t = Table(show_header=False)
     t.add_row("fits", "yes" if result["fits"] else "[red]NO[/red]")

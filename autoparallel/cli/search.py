@@ -156,24 +156,40 @@ def _next_steps(result, run_dir: Path) -> None:
                       + shell_command([*export, "nemo2"]), soft_wrap=True)
         return
     if why := hybrid_unsupported(result.model):
-        console.print(f"run folder: {run_dir}\nrank 1's plan and predictions (no Megatron-LM flags or train.sh: "
-                      f"{why}):\n" + shell_command([*export, "yaml"]), soft_wrap=True)
+        console.print(f"run folder: {run_dir}\n" + _prose(f"rank 1's plan and predictions (no Megatron-LM flags or "
+                                                           f"train.sh: {why}):") + "\n"
+                      + shell_command([*export, "yaml"]), soft_wrap=True)
         return
     if megatron_unsupported(result.plan(1)):
         console.print(f"run folder: {run_dir}\n"
-                      "rank 1 as a NeMo 2 recipe (or --format nemo, nemo2-yaml, yaml; Megatron-LM has no "
-                      "flag for its FP8 attention):\n" + shell_command([*export, "nemo2"]), soft_wrap=True)
+                      + _prose("rank 1 as a NeMo 2 recipe (or --format nemo, nemo2-yaml, yaml; Megatron-LM has no "
+                               "flag for its FP8 attention):") + "\n" + shell_command([*export, "nemo2"]), soft_wrap=True)
         return
     nodes = node_layout(result.gpus, result.hardware.gpus_per_node)[0]
     names = ["MEGATRON_LM", "DATA_PATH", "CHECKPOINT_DIR", *TOKENIZER_FILES.get(result.model.tokenizer_type, {}).values()]
     launch = ["sbatch" if nodes > 1 else "bash", str(run_dir / TRAIN_SCRIPT)]
     console.print(f"run folder: {run_dir}\n"
-                  "rank 1 as Megatron-LM flags (or --format launch, "
-                  + ("yaml; best.yaml holds its Megatron-Bridge provider" if result.model.is_hybrid
-                     else "nemo, nemo2, nemo2-yaml, yaml") + "):\n"
+                  + _prose("rank 1 as Megatron-LM flags (or --format launch, " + _other_formats(result) + "):") + "\n"
                   + shell_command([*export, "megatron"]) + "\n"
                   f"launch rank 1 on {node_layout_text(result.gpus, result.hardware.gpus_per_node)}:\n"
                   + shell_command([*(f"{n}=..." for n in names), *launch]), soft_wrap=True)
+
+
+def _other_formats(result) -> str:
+    """The export formats besides megatron that rank 1 takes: NeMo's only where they can state it."""
+    from autoparallel.report.shared import nemo_unsupported
+    if result.model.is_hybrid:
+        return "yaml; best.yaml holds its Megatron-Bridge provider"
+    if nemo_unsupported(result.plan(1), result.model):  # NVFP4: export would refuse --format nemo*
+        return "yaml; NeMo cannot state NVFP4"
+    return "nemo, nemo2, nemo2-yaml, yaml"
+
+
+def _prose(text: str, width: int = 80) -> str:
+    """``text`` broken at spaces into lines of at most ``width`` columns, as ``shell_command``
+    breaks the commands under it (a reason can run to 400 columns)."""
+    import textwrap
+    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
 
 
 def _fp8_check_first(args: argparse.Namespace, model, hw, space) -> dict:

@@ -259,8 +259,10 @@ def megatron_lm_unflagged(plan: Plan) -> dict:
 
 
 def export_document(model: ModelSpec, plan: Plan, metrics: dict, gpus_per_node: int = 8) -> dict:
-    """Everything best.yaml holds for one ranked plan."""
-    unflagged = hybrid_unsupported(model)
+    """Everything best.yaml holds for one ranked plan; where Megatron-LM's flags cannot state the
+    model or the plan (FP8 attention), why, in place of the flags (best.yaml was not written: a
+    saved search whose rank 1 ran FP8 attention failed after pricing)."""
+    unflagged = hybrid_unsupported(model) or megatron_unsupported(plan)
     return {
         "model": model.name,
         "plan": plan.as_dict(),

@@ -22,7 +22,8 @@ from autoparallel.specs.plan import Plan
 RECIPES = {"gpt3-175b": "gpt3_175b", "llama2-7b": "llama2_7b", "llama3-8b": "llama3_8b", "llama3-70b": "llama3_70b",
            "llama3.1-8b": "llama31_8b", "llama3.1-70b": "llama31_70b", "llama3.1-405b": "llama31_405b",
            "mixtral-8x7b": "mixtral_8x7b", "mixtral-8x22b": "mixtral_8x22b", "deepseek-v3": "deepseek_v3",
-           "gpt-oss-120b": "gpt_oss_120b", "qwen3-30b-a3b": "qwen3_30b_a3b", "qwen3-235b-a22b": "qwen3_235b_a22b",
+           "gpt-oss-120b": "gpt_oss_120b", "gpt-oss-20b": "gpt_oss_20b",
+           "qwen3-30b-a3b": "qwen3_30b_a3b", "qwen3-235b-a22b": "qwen3_235b_a22b",
            "nemotron-15b": "nemotron4_15b", "nemotron-340b": "nemotron4_340b"}
 # Without one, the recipe of the nearest architecture; every architecture field is set anyway.
 FALLBACK = (("multi_latent_attention", "deepseek_v3"), ("is_moe", "mixtral_8x7b"))

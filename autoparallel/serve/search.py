@@ -314,6 +314,11 @@ def no_feasible_message(result: InferenceResult) -> str:
     reasons = reasons.where(~reasons.str.startswith("out of memory"), "out of memory")
     reasons = reasons.where(~reasons.str.contains(" > bound "), "over a latency bound")
     reasons = reasons.where(~reasons.str.startswith("request rate"), "request rate over capacity")
+    # The space's tp*pp that do not divide the GPUs are no candidates at all: named only when nothing
+    # else is (--tp 16 on 16 GPUs of 8-GPU nodes read "tp=16 crosses ...; tp*pp=32 does not divide 16 GPUs; ...").
+    undivided = reasons.str.contains(" does not divide ")
+    if not undivided.all():
+        reasons = reasons[~undivided]
     top = "; ".join(f"{n} x {reason}" for reason, n in reasons.value_counts().head(3).items())
     where = f"{result.model.name} on {result.gpus} x {result.hardware.name}"
     if "tpot_ms" not in r or r["tpot_ms"].isna().all():
@@ -327,7 +332,12 @@ def no_feasible_message(result: InferenceResult) -> str:
                 f"{top} (lower the rate or add GPUs)")
     lowest = "; ".join(f"the lowest {name} predicted is {usable[column].min():.1f} ms"
                        for name, _, column in result.request.bounds)
-    return f"no serving layout of {where} meets {result.request.describe()}: {top}; {lowest}"
+    # Only the bound is the cause here: the other reasons (the space's tp*pp that do not divide the
+    # GPUs, ...) counted beside it read as if they were.
+    keep_up = " and keep up" if result.request.request_rate else ""
+    them = "it" if len(result.request.bounds) == 1 else "them"
+    return (f"no serving layout of {where} meets {result.request.describe()}: all {len(usable):,} that fit"
+            f"{keep_up} are over {them}; {lowest}")
 
 
 def save(result: InferenceResult, root: Path, command: list[str], top_md: int = 50,
@@ -386,6 +396,7 @@ def estimate_point(model: ModelSpec, hw: HardwareSpec, gpus: int, request: Reque
 def point_title(model: ModelSpec, hw: HardwareSpec, gpus: int, request: Request, row: pd.Series) -> str:
     state = "fits" if row["fits"] else "DOES NOT FIT"
     ep = f" EP{int(row['ep'])}" if int(row["ep"]) > 1 else ""
-    return (f"{model.name} on {gpus} x {hw.name}: TP{int(row['tp'])} PP{int(row['pp'])}{ep} x {int(row['replicas'])} "
-            f"replicas, max batch {int(row['max_batch'])}, max tokens {int(row['max_num_tokens'])}, weights "
+    replicas = int(row["replicas"])
+    return (f"{model.name} on {gpus} x {hw.name}: TP{int(row['tp'])} PP{int(row['pp'])}{ep} x {replicas} "
+            f"replica{'s' if replicas != 1 else ''}, max batch {int(row['max_batch'])}, max tokens {int(row['max_num_tokens'])}, weights "
             f"{row['weight_precision']}, KV {row['kv_precision']}, {lengths_of(request)}: {state}")

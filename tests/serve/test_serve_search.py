@@ -110,8 +110,16 @@ def test_legacy_bound_maps_to_the_new_fields():
 
 
 def test_no_feasible_layout_names_the_lowest_latency(llama2, h100):
-    with pytest.raises(UserError, match="meets tpot <= 1 ms: .*the lowest tpot predicted is"):
-        serve.search(llama2, h100, 8, serve.Request(2048, 256, max_tpot_ms=1.0), load_space())
+    with pytest.raises(UserError, match="meets tpot <= 1 ms: all [0-9,]+ that fit are over it; the lowest tpot "
+                                        "predicted is") as caught:
+        serve.search(llama2, h100, 1, serve.Request(2048, 256, max_tpot_ms=1.0), load_space())
+    assert "does not divide" not in str(caught.value)  # the space's tp*pp > 1 GPU: not why, and was listed
+
+
+def test_the_reason_no_layout_is_valid_leaves_out_the_sizes_that_do_not_divide_the_gpus(llama70, h100):
+    with pytest.raises(UserError, match="no valid serving layout .*: [0-9]+ x tp=16 crosses the 8-GPU NVLink "
+                                        "domain$"):
+        serve.search(llama70, h100, 16, serve.Request(2048, 256), load_space().pinned(tp=16))
 
 
 def test_no_valid_structure_is_a_user_error(h100):
@@ -127,3 +135,11 @@ def test_static_engine_still_searches(h100):
     best = r.entry(1)
     assert best["latency_ms"] <= 2000 and best["weight_precision"] == "bf16"  # A100 has no FP8 tensor cores
     assert (r.ranked["reason"] == "fp8 weights need FP8 tensor cores; a100-sxm-80g has none").any()
+
+
+@pytest.mark.parametrize("replicas, words", [(1, "x 1 replica, max batch"), (4, "x 4 replicas, max batch")])
+def test_the_pinned_layout_title_counts_replicas_in_words(llama70, h100, replicas, words):
+    import pandas as pd
+    row = pd.Series({"tp": 2, "pp": 1, "ep": 1, "replicas": replicas, "max_batch": 64, "max_num_tokens": 8192,
+                     "weight_precision": "bf16", "kv_precision": "bf16", "fits": True})
+    assert words in serve.point_title(llama70, h100, 2 * replicas, serve.Request(2048, 256), row)
