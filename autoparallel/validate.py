@@ -192,7 +192,10 @@ HYBRID_KINDS = ("hybrid", "hybrid-newer")
 # DeepSeek-V4's runs (training_runs_dsv4.csv): the first rows with its hybrid sparse attention, mHC and hash
 # routing, held out the same way, in groups of their own ("dsv4 gpu").
 DSV4_KINDS = ("dsv4", "dsv4-newer")
-HELD_APART_KINDS = HYBRID_KINDS + DSV4_KINDS
+# MLPerf's LoRA submissions on Blackwell (mlperf_training_lora_blackwell.csv), held out the same way
+# ("lora-blackwell gpu"): the Hopper LoRA rows' figures and the fitted rows' per-GPU groups stay theirs.
+BLACKWELL_LORA_KINDS = ("lora-blackwell",)
+HELD_APART_KINDS = HYBRID_KINDS + DSV4_KINDS + BLACKWELL_LORA_KINDS
 
 
 def held_apart(report: pd.DataFrame) -> pd.Series:
@@ -210,9 +213,10 @@ def summary(report: pd.DataFrame) -> pd.DataFrame:
     groups += [("gpu", name, g) for name, g in rest.groupby("gpu")]
     if "system" in report:
         groups += [("system", name, g) for name, g in rest.groupby("system")]
-    dsv4 = hybrid["kind"].isin(DSV4_KINDS)
-    groups += [("hybrid gpu", name, g) for name, g in hybrid[~dsv4].groupby("gpu")]
+    dsv4, lora = hybrid["kind"].isin(DSV4_KINDS), hybrid["kind"].isin(BLACKWELL_LORA_KINDS)
+    groups += [("hybrid gpu", name, g) for name, g in hybrid[~dsv4 & ~lora].groupby("gpu")]
     groups += [("dsv4 gpu", name, g) for name, g in hybrid[dsv4].groupby("gpu")]
+    groups += [("lora-blackwell gpu", name, g) for name, g in hybrid[lora].groupby("gpu")]
     out = []
     for by, name, g in groups:
         entry = {"by": by, "group": name, "rows": len(g), "mean_abs_error_pct": g["error_pct"].abs().mean(),
