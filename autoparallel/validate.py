@@ -8,8 +8,10 @@ NVIDIA's runs newer than the fit (``training_runs_newer.csv``: Megatron-Bridge's
 25.11 and Megatron-LM's DeepSeek-V3 GB200 guide, kinds ``dense-newer`` / ``moe-newer``;
 ``finetune_runs_newer.csv``: those summaries' SFT and LoRA tables, kinds ``sft-newer`` /
 ``lora-newer``; ``training_runs_hybrid.csv``: their Nemotron 3 hybrid Mamba-Transformer runs, kind
-``hybrid-newer``, and ``training_runs_dsv4.csv``: their DeepSeek-V4 runs, kind ``dsv4-newer``, each
-summarized apart (``HELD_APART_KINDS``); never fitted either). Each row pins the layout it states; what the source leaves unstated (recompute, CPU
+``hybrid-newer``, and ``training_runs_dsv4.csv``: their DeepSeek-V4 runs, kind ``dsv4-newer``, and MLPerf
+Training's Llama-2-70B LoRA submissions on Blackwell, ``mlperf_training_lora_blackwell.csv``, kind
+``lora-blackwell``, each summarized apart (``HELD_APART_KINDS``); never fitted either). Each row pins the
+layout it states; what the source leaves unstated (recompute, CPU
 offload and overlap for NeMo) is taken from what the source documents: the recipe the row ran
 (``data/recipe_settings.yaml``), else the source's defaults (``search_spaces/validation.yaml``);
 only what nothing documents (Narayanan's micro-batch size, the newer releases' recipes not read

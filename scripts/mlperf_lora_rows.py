@@ -143,7 +143,8 @@ def layout(env: dict) -> dict:
     tp, pp, cp, mbs, minibs = (int(get(k)) for k in ("TP", "PP", "CP", "MBS", "MINIBS"))
     nodes, per_node = int(env.get("DGXNNODES", 0) or 0), int(env.get("DGXNGPU", 8) or 8)
     gpus = nodes * per_node
-    return dict(notes=tuple(env.get("_NOTES", ())), gpus=gpus, nodes=nodes, tp=tp, pp=pp, cp=cp, mbs=mbs, gbs=minibs * (gpus // (tp * pp)) // cp,
+    return dict(notes=tuple(env.get("_NOTES", ())), gpus=gpus, nodes=nodes, tp=tp, pp=pp, cp=cp, mbs=mbs,
+                gbs=minibs * (gpus // (tp * pp)) // cp,
                 ga=minibs // mbs, sp=_truthy(get("SP")), fp4=_truthy(get("FP4")), fp8=_truthy(get("FP8")),
                 fp8_dpa=_truthy(get("FP8_DPA")), fp8_act=_truthy(get("FP8_ACT")),
                 amax_history=get("FP8_AMAX_HISTORY"), layer_cg=_truthy(get("LAYER_CUDA_GRAPH")),
@@ -285,7 +286,7 @@ def choose_config(repo: Repo, submitter: str, system: str, gpus: int, gpu: str,
 
 def same_layout_config(repo: Repo, submitter: str, gpus: int, gpu: str, token: str, gbs: int, ga: int,
                        notes: list[str]) -> tuple[str, dict, list[str]]:
-    """A system whose submission holds no config of its size (Dell's v5.0 GB200 rows): every
+    """A system whose submission holds no config of its size (Dell's v5.0 GB200 rows, Supermicro's v5.0 N2): every
     Blackwell config of the round is TP1 PP1 MBS1, so the log's GBS and GA fix the layout
     (DP = GBS / GA, CP = GPUs / DP); its other knobs from the submitter's own config of that GPU, else
     NVIDIA's, of the same CP if one has it, with DGXNNODES, CP and MINIBS set to match (the hopper
@@ -297,7 +298,8 @@ def same_layout_config(repo: Repo, submitter: str, gpus: int, gpu: str, token: s
         pool = [f for who in (submitter, "NVIDIA") for f in lora_configs(repo, who) if "B200" in f]
     envs = {f: layout(shell_env(repo, f)) for f in pool}
     if any((lay["tp"], lay["pp"], lay["mbs"]) != (1, 1, 1) for lay in envs.values()):
-        raise SystemExit(f"{submitter}: no config of {gpus} GPUs and the round's {token} configs are not all TP1 PP1 MBS1")
+        raise SystemExit(f"{submitter}: no config of {gpus} GPUs, and the round's {token} configs "
+                         "are not all TP1 PP1 MBS1")
     ref = next((f for f in pool if envs[f]["cp"] == cp), None) or max(pool, key=lambda f: envs[f]["cp"])
     lay = dict(envs[ref], gpus=gpus, nodes=gpus // (envs[ref]["gpus"] // envs[ref]["nodes"]), cp=cp, gbs=gbs, ga=ga)
     notes.append(f"no config with this exact size/GBS; used same-layout config {ref.rsplit('/', 1)[-1]} "

@@ -167,3 +167,17 @@ def test_the_summary_reports_them_per_gpu_of_their_own():
     assert s.loc[("kind", "lora-blackwell"), "rows"] == 2
     assert s.loc[("lora-blackwell gpu", "gb200"), "mean_abs_error_pct"] == 10.0
     assert s.loc[("source", "mlperflora"), "rows"] == 1 and ("gpu", "gb200") not in s.index
+
+
+def test_a_lora_search_on_blackwell_takes_the_blackwell_lora_band():
+    """Once prediction_error.yaml holds the b200 family's lora-blackwell band (validate --tie-bands),
+    a LoRA search on any Blackwell GPU ranks with it; Hopper keeps its lora band, dense runs theirs."""
+    from autoparallel.report.tables import PredictionError
+    error = PredictionError(0.05, "test", by_family={"b200": {"dense": 0.04, "dense_rows": 9, "lora-blackwell": 0.078,
+                                                              "lora-blackwell_rows": 58},
+                                                     "h100-sxm": {"lora": 0.06, "lora_rows": 40}})
+    gb300, h100 = io.load_hardware("gb300"), io.load_hardware("h100-sxm")
+    assert error.for_hardware(gb300, lora=True).step_time_relative_error == 0.078
+    assert "58 lora-blackwell rows of the b200 family" in error.for_hardware(gb300, lora=True).source
+    assert error.for_hardware(gb300).step_time_relative_error == 0.04
+    assert error.for_hardware(h100, lora=True).step_time_relative_error == 0.06
