@@ -682,7 +682,14 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
         **{k: bool_int(k) for k in ("sp", "tp_comm_overlap", "distributed_optimizer", "fsdp")},
         # NeMo ignores TP overlap without TP (Megatron refuses it without SP): off at TP 1.
         "tp_comm_overlap": bool_int("tp_comm_overlap").where(frame["tp"] > 1, 0),
-        "grad_reduce_in_fp32": 0, "flash_attention": 1, "overlap_grad_reduce": 1,
+        # DP overlap as the configs run it: on (NeMo 1's distributed Adam, overlap_grad_sync) unless a row
+        # states it off (the v5.x Blackwell implementations' conf: ddp overlap_grad_reduce and
+        # overlap_param_gather ${DDP_OVERLAP_...,False}, which no config sets).
+        "grad_reduce_in_fp32": 0, "flash_attention": 1,
+        "overlap_grad_reduce": [0 if _knob_value(k, "DDP_OVERLAP_GRAD_REDUCE") == "0" else 1
+                                for k in frame["other_knobs"]],
+        "overlap_param_gather": [0 if _knob_value(k, "DDP_OVERLAP_PARAM_GATHER") == "0" else math.nan
+                                 for k in frame["other_knobs"]],
         "cuda_graph": [_cuda_graph(k) for k in frame["other_knobs"]],
         "fp8_param_gather": [int(_knob_set(k, "FP8_PARAMS")) for k in frame["other_knobs"]],
         "fp8_attention": [int(_knob_set(k, "FP8_DPA") and (cp == 1 or fp8_cp_attention(MLPERF_TE_RELEASE.get(r, ""))))

@@ -57,7 +57,8 @@ DEFAULTS = {"TP": "1", "PP": "1", "CP": "1", "MBS": "1", "MINIBS": "1", "SP": "0
             "MCORE_CUDA_GRAPH": "False", "CUDA_GRAPH_SCOPE": "full_iteration", "TP_COMM_OVERLAP": "False",
             "USE_DISTRIBUTED_OPTIMIZER": "True", "HEALING_ITER": "0", "FP4_RECIPE": "nvfp4",
             "HEALING_PRECISION": "FP8_DS", "LORA_A2A": "0", "FP8_PARAM_GATHER": "False", "CP_COMM_TYPE": "a2a",
-            "RECOMPUTE_GRANULARITY": "null", "FSDP": "null"}
+            "RECOMPUTE_GRANULARITY": "null", "FSDP": "null", "DDP_OVERLAP_GRAD_REDUCE": "False",
+            "DDP_OVERLAP_PARAM_GATHER": "False"}
 # NeMo's resolved config as some logs print it (key: value under model:/optim:), against the config's
 # variable it comes from.
 PRINTED = {"tensor_model_parallel_size": "TP", "pipeline_model_parallel_size": "PP",
@@ -154,6 +155,8 @@ def layout(env: dict) -> dict:
                 healing_precision=get("HEALING_PRECISION"), lora_a2a=_truthy(get("LORA_A2A")),
                 fp8_param_gather=_truthy(get("FP8_PARAM_GATHER")), cp_comm_type=get("CP_COMM_TYPE"),
                 recompute=get("RECOMPUTE_GRANULARITY"), fsdp=get("FSDP"),
+                overlap_grad=_truthy(get("DDP_OVERLAP_GRAD_REDUCE")),
+                overlap_param=_truthy(get("DDP_OVERLAP_PARAM_GATHER")),
                 rht_off=_truthy(env.get("NVTE_NVFP4_DISABLE_RHT", "0")),
                 q2d_off=_truthy(env.get("NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "0")))
 
@@ -161,8 +164,8 @@ def layout(env: dict) -> dict:
 def peft_conf(repo: Repo, config: str) -> tuple[str, str | None]:
     """The implementation's conf/megatron_gpt_peft_tuning_config.yaml and, where the config's folders
     hold none (Oracle's, Supermicro's, Lambda's and the University of Florida's folders ship configs
-    only), the path read instead: the submitter's nearest one, else NVIDIA's of the round (every
-    partner's base). v5.1's passes MCore a ``cuda_graph_scope`` (default full_iteration:
+    only), the path read instead: the submitter's own Blackwell (NeMo 2) one, else NVIDIA's of the
+    round (every partner's base). v5.1's passes MCore a ``cuda_graph_scope`` (default full_iteration:
     MCORE_CUDA_GRAPH graphs the whole forward-backward), v5.0's does not (MCore's per-layer graphs) and
     sets ``fp8_params: ${FP8}`` (FP8 primary weights), which v5.1's no longer has."""
     name = "conf/megatron_gpt_peft_tuning_config.yaml"
@@ -174,6 +177,9 @@ def peft_conf(repo: Repo, config: str) -> tuple[str, str | None]:
     for who in (config.split("/", 1)[0], "NVIDIA"):
         found = sorted(f for f in repo.files if f.startswith(f"{who}/") and "/llama2_70b_lora/" in f
                        and f.endswith("/" + name) and not re.search(r"MI3\d\d|/src/", f))
+        # The Blackwell implementations' (NeMo 2, train.py) conf reads cp_comm_type; a Hopper
+        # submission's NeMo 1 conf (Oracle's H200 folders) does not, and is not the code these ran.
+        found = [f for f in found if "cp_comm_type" in (repo.text(f) or "")]
         if found:
             return repo.text(found[0]) or "", found[0]
     return "", None
@@ -351,6 +357,11 @@ def other_knobs(lay: dict, conf: str) -> str:
     if lay["lora_a2a"]:
         parts.append("LORA_A2A=1")
     parts.append(f"CP_COMM_TYPE={lay['cp_comm_type']}")
+    if "DDP_OVERLAP_GRAD_REDUCE" in conf:
+        # The conf's ddp block (overlap_grad_reduce / overlap_param_gather: ${DDP_OVERLAP_...,False}),
+        # which train.py hands both Megatron's DDP config and NeMo's MegatronCommOverlapCallback.
+        parts.append(f"DDP_OVERLAP_GRAD_REDUCE={int(lay['overlap_grad'])}; "
+                     f"DDP_OVERLAP_PARAM_GATHER={int(lay['overlap_param'])}")
     return "; ".join(parts)
 
 

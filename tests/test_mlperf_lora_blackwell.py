@@ -127,6 +127,11 @@ def test_validate_reads_them_as_run_held_apart_and_never_fitted(rows, prepared):
     v50 = rows.loc["mlperflora-v5.0-NVIDIA-tyche_ngpu72_ngc25.04_nemo"]
     assert (v50.precision, v50.cuda_graph, v50.cp, v50.fp8_param_gather) == ("fp8-delayed", "layer", 8, 1)
     assert (rows.precision == "nvfp4").sum() == 7
+    # Their conf runs no DP overlap (ddp overlap_grad_reduce / overlap_param_gather False, set by no
+    # config); the Hopper rows' NeMo 1 distributed Adam overlaps, as before.
+    assert (rows.overlap_grad_reduce == 0).all() and (rows.overlap_param_gather == 0).all()
+    hopper = read_runs_table(resources.data_file("mlperf_training_lora_hopper.csv"))
+    assert (hopper.overlap_grad_reduce == 1).all() and hopper.overlap_param_gather.isna().all()
 
 
 def test_every_row_is_predicted_to_fit(prepared):
