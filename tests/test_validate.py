@@ -412,10 +412,11 @@ def test_mlperf_lora_error_is_no_worse_than_reached(lora_report):
 
 
 # MLPerf's LoRA submissions on Blackwell (mlperf_training_lora_blackwell.csv, kind lora-blackwell, never
-# fitted, held apart): 58 rows, mean |error| 11.7 % in sample with CP priced as the p2p ring, 8.0 % in
-# sample, 7.8 % held out (leave-one-model-out), 8.0 % by system, max 30.1 % (Nebius's v5.1 B200 CP4 NVFP4
-# row) with TE's all-to-all CP their train.py runs (session 50, s50h1). Reached figures, a regression guard.
-BLACKWELL_LORA_MEAN, BLACKWELL_LORA_HELDOUT_MEAN, BLACKWELL_LORA_BY_SYSTEM_MEAN, BLACKWELL_LORA_MAX = 8.1, 7.9, 8.1, 30.2
+# fitted, held apart): 58 rows, mean |error| 11.7 % in sample with CP priced as the p2p ring; 7.98 % in
+# sample, 7.81 % held out (leave-one-model-out), 7.95 % by system, max 29.9 % (Nebius's v5.1 B200 CP4 NVFP4
+# row) with TE's all-to-all CP their train.py runs and their DP overlap off (session 50, s50h1). Reached
+# figures, a regression guard.
+BLACKWELL_LORA_MEAN, BLACKWELL_LORA_HELDOUT_MEAN, BLACKWELL_LORA_BY_SYSTEM_MEAN, BLACKWELL_LORA_MAX = 8.0, 7.9, 8.0, 30.0
 
 
 def test_every_mlperf_lora_blackwell_submission_fits_and_errs_no_more_than_reached(full_report):
