@@ -27,7 +27,8 @@ import pandas as pd
 
 from autoparallel import io, mlperf_corrections, ranges, resources, safefile
 from autoparallel.costmodel import flops
-from autoparallel.costmodel.candidates import Candidates, candidates, fp8_cp_attention, on_hardware
+from autoparallel.costmodel.candidates import (CP_COMM_TYPE_COLUMN, Candidates, candidates, fp8_cp_attention,
+                                               on_hardware)
 from autoparallel.costmodel.estimate import estimate_candidates, estimate_columns
 from autoparallel.errors import UserError
 from autoparallel.space import SPLIT_COLUMNS, SearchSpace, generate
@@ -47,7 +48,7 @@ TRAINING_RUNS = ("training_runs.csv", "training_runs_more.csv", "training_runs_p
 # the DeepSeek-V4 runs of the 26.08 summary (training_runs_dsv4.csv, kind dsv4-newer).
 VALIDATION_ONLY_RUNS = ("mlperf_training_gpt3.csv", "mlperf_training_lora_hopper.csv", "training_runs_newer.csv",
                         "nemo_finetune_runs.csv", "finetune_runs_newer.csv", "training_runs_hybrid.csv",
-                        "training_runs_dsv4.csv")
+                        "training_runs_dsv4.csv", "mlperf_training_lora_blackwell.csv")
 VALIDATION_ONLY_SOURCES = ("mlperf", "mlperflora", "bridge", "megatron", "nemoft")
 NEWER_SOURCES = ("bridge", "megatron")
 LOAD_BALANCE_RUNS = "moe_load_balance.csv"
@@ -253,12 +254,14 @@ def _pins(row: pd.Series) -> dict:
 
 # Plan fields a row may state that the search space has no knob for: set on the candidates.
 EXACT_COLUMNS = ("overlap_grad_reduce", "overlap_param_gather", *SPLIT_COLUMNS)
-# A published system's own way of running, which no search offers: DeepSeek's DualPipe schedule
+# A published system's own way of running, which no search offers (the search prices CP as the p2p
+# ring, ``layer_time.cp_comm_time``; MLPerf's Blackwell LoRA rows state TE's all-to-all CP, their
+# CP_COMM_TYPE): DeepSeek's DualPipe schedule
 # (``pipeline.DUALPIPE``), its FP8 token dispatch (``dispatch.FP8_DISPATCH_BYTES``), its FP8 cache
 # of the recomputed SwiGLU's inputs (``candidates.routed_act_input_bytes``) and its E5M6 cache of
 # the attention output (``candidates.ATTENTION_OUTPUT_CACHE_COLUMN``).
 ROW_ONLY_COLUMNS = ("pipeline_schedule", "moe_dispatch_precision", "moe_act_cache_precision",
-                    "attention_output_cache_precision")
+                    "attention_output_cache_precision", CP_COMM_TYPE_COLUMN)
 
 
 def _exact(row: pd.Series) -> dict:
@@ -415,7 +418,8 @@ class PreparedRow:
         """dense, moe, mlperf (the validation-only MLPerf GPT-3 rows), lora or sft (fine-tuning
         rows: MLPerf's LoRA, NeMo's table), dense-newer, moe-newer, sft-newer and lora-newer
         (NVIDIA's runs newer than the fit), hybrid-newer (the Nemotron 3 hybrid Mamba-Transformer
-        runs of training_runs_hybrid.csv), dsv4-newer (DeepSeek-V4, training_runs_dsv4.csv), each reported apart."""
+        runs of training_runs_hybrid.csv), dsv4-newer (DeepSeek-V4, training_runs_dsv4.csv), lora-blackwell
+        (MLPerf's LoRA rows on B200 / B300 / GB200 / GB300, mlperf_training_lora_blackwell.csv), each reported apart."""
         newer = assumptions_key(self.id) in NEWER_SOURCES
         if self.model.is_dsv4:  # DeepSeek-V4 (training_runs_dsv4.csv), before MoE
             return "dsv4-newer" if newer else "dsv4"
@@ -424,6 +428,8 @@ class PreparedRow:
         if self.model.is_moe:
             return "moe-newer" if newer else "moe"
         if self.model.finetune is not None:
+            if assumptions_key(self.id) == "mlperflora" and self.family == BLACKWELL_FAMILY:
+                return "lora-blackwell"
             return ("lora" if self.model.finetune.lora else "sft") + ("-newer" if newer else "")
         if newer:
             return "dense-newer"
@@ -597,6 +603,12 @@ MLPERF_TE_RELEASE = {"v4.0": "1.6"}
 # TP2 row of v4.0; v4.1-v5.1 every copy); only v4.0's GigaComputing and Oracle copies, which no TP2 row
 # ran, say pipeline with 2 splits.
 MLPERF_LORA_RS_PIPELINE_ROUNDS = ("v4.0", "v4.1", "v5.0", "v5.1")
+# MLPerf's LoRA submissions on Blackwell (mlperf_training_lora_blackwell.csv, written by
+# scripts/mlperf_lora_rows.py from MLPerf Training v5.0 / v5.1) share the hopper rows' source
+# ("mlperflora", validation.yaml's block) and are told apart by the GPU family whose constants they use:
+# kind lora-blackwell, a held-out group of its own (validate.HELD_APART_KINDS), so that their errors
+# neither move the H100 / H200 LoRA figures nor the per-GPU groups of the fitted rows.
+BLACKWELL_FAMILY = "b200"
 MLPERF_ID_PREFIX = {"gpt3-175b": "mlperf-", "llama2-70b-lora": "mlperflora-"}
 MLPERF_COLUMNS = ("round", "submitter", "system", "step_time_s", "other_knobs")
 
@@ -618,6 +630,23 @@ def _tp_only_amax(other_knobs: str) -> bool:
     default, over TP x DP (the v3.0 configs set neither)."""
     stated = [part.strip() for part in str(other_knobs).split(";")]
     return "NVTE_DP_AMAX_REDUCE_INTERVAL=0" in stated or _knob_set(other_knobs, "TP_ONLY_AMAX_RED")
+
+
+def _knob_value(other_knobs: str, name: str) -> str | float:
+    """The value ``other_knobs`` gives ``name`` ("CP_COMM_TYPE=a2a" -> "a2a"); NaN where it gives none."""
+    match = re.search(rf"(?:^|;)\s*{name}=([^;\s]+)", str(other_knobs))
+    return match.group(1) if match else math.nan
+
+
+def _cuda_graph(other_knobs: str) -> str:
+    """The CUDA graphs a row's config captures: NVIDIA's own per-layer graphs (LAYER_CUDA_GRAPH,
+    NeMo's external_cuda_graph) or Megatron's (MCORE_CUDA_GRAPH, enable_cuda_graph): per layer unless
+    the implementation passes a cuda_graph_scope (MLPerf v5.1's conf/megatron_gpt_peft_tuning_config.yaml,
+    default full_iteration: the whole forward-backward one graph), as other_knobs states it."""
+    if _knob_set(other_knobs, "MCORE_CUDA_GRAPH"):
+        scope = re.search(r"CUDA_GRAPH_SCOPE=(\w+)", str(other_knobs))
+        return "full_iteration" if scope and scope.group(1) == "full_iteration" else "layer"
+    return "layer" if _knob_set(other_knobs, "LAYER_CUDA_GRAPH") else "none"
 
 
 def _lora_rank(other_knobs: str) -> float:
@@ -646,12 +675,22 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
         "model": frame["model"], "seq_length": frame["seq_length"], "gpu": frame["gpu"],
         "num_gpus": frame["gpus"], "gbs": frame["global_batch_size"], "mbs": frame["micro_batch_size"],
         **{k: frame[k] for k in ("tp", "pp", "vp", "cp", "ep", "recompute")},
-        "precision": frame["precision"].where(frame["model"] != "llama2-70b-lora", LORA_PRECISION),
+        # A LoRA row's "bf16" is FP8 (LORA_PRECISION, above); its other precisions are as stated
+        # (the Blackwell rows' nvfp4: config_common_fp4.sh).
+        "precision": frame["precision"].where((frame["model"] != "llama2-70b-lora") | (frame["precision"] != "bf16"),
+                                              LORA_PRECISION),
         **{k: bool_int(k) for k in ("sp", "tp_comm_overlap", "distributed_optimizer", "fsdp")},
         # NeMo ignores TP overlap without TP (Megatron refuses it without SP): off at TP 1.
         "tp_comm_overlap": bool_int("tp_comm_overlap").where(frame["tp"] > 1, 0),
-        "grad_reduce_in_fp32": 0, "flash_attention": 1, "overlap_grad_reduce": 1,
-        "cuda_graph": ["layer" if _knob_set(k, "LAYER_CUDA_GRAPH") else "none" for k in frame["other_knobs"]],
+        # DP overlap as the configs run it: on (NeMo 1's distributed Adam, overlap_grad_sync) unless a row
+        # states it off (the v5.x Blackwell implementations' conf: ddp overlap_grad_reduce and
+        # overlap_param_gather ${DDP_OVERLAP_...,False}, which no config sets).
+        "grad_reduce_in_fp32": 0, "flash_attention": 1,
+        "overlap_grad_reduce": [0 if _knob_value(k, "DDP_OVERLAP_GRAD_REDUCE") == "0" else 1
+                                for k in frame["other_knobs"]],
+        "overlap_param_gather": [0 if _knob_value(k, "DDP_OVERLAP_PARAM_GATHER") == "0" else math.nan
+                                 for k in frame["other_knobs"]],
+        "cuda_graph": [_cuda_graph(k) for k in frame["other_knobs"]],
         "fp8_param_gather": [int(_knob_set(k, "FP8_PARAMS")) for k in frame["other_knobs"]],
         "fp8_attention": [int(_knob_set(k, "FP8_DPA") and (cp == 1 or fp8_cp_attention(MLPERF_TE_RELEASE.get(r, ""))))
                           for k, cp, r in zip(frame["other_knobs"], frame["cp"], frame["round"].astype(str))],
@@ -665,6 +704,9 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
         "lora_rank": [_lora_rank(k) for k in frame["other_knobs"]],
         # NeMo's a2a_experimental (the LoRA configs' LORA_A2A): 0 where the row does not state it.
         "lora_a2a": [int(_knob_set(k, "LORA_A2A")) for k in frame["other_knobs"]],
+        # TE's CP communication (Megatron's cp_comm_type) where the row states it (CP_COMM_TYPE=a2a: the
+        # v5.0 / v5.1 implementations' train.py passes cp_comm_type=${CP_COMM_TYPE:-a2a}); else unstated.
+        CP_COMM_TYPE_COLUMN: [_knob_value(k, "CP_COMM_TYPE") for k in frame["other_knobs"]],
     })
     return pd.concat([out, arch], axis=1)
 

@@ -46,8 +46,11 @@ from autoparallel.specs.plan import (CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES, FP8
 # Megatron-Bridge's fp8_dot_product_attention): per-tensor delayed or current scaling, and MXFP8 on
 # Blackwell (TransformerEngine d0067d0d transformer_engine/pytorch/attention/dot_product_attention/
 # dot_product_attention.py: an MXFP8 autocast runs MXFP8 attention; utils.py keeps FusedAttention for
-# MXFP8 on sm100 and later with cuDNN 9.21+, which the mxfp8 precision's Blackwell requirement covers).
-FP8_ATTENTION_RECIPES = ("fp8-delayed", "fp8-current", "mxfp8")
+# MXFP8 on sm100 and later with cuDNN 9.21+, which the mxfp8 precision's Blackwell requirement covers),
+# and under NVFP4 GEMMs the delayed-scaling FP8 attention that the same file's recipe table configures
+# ("NVFP4 | FP8DS | Pass NVFP4 to autocast(); ... export NVTE_DPA_FP8_RECIPE="DelayedScaling""), as
+# MLPerf Training v5.1's LoRA FP4 runs set it (config_common_fp4.sh with FP8_DPA=1).
+FP8_ATTENTION_RECIPES = ("fp8-delayed", "fp8-current", "mxfp8", "nvfp4")
 FP8_CP_ATTENTION_REASON = ("FP8 attention under context parallelism needs TransformerEngine >= 1.10 "
                            "(an older TE runs it in BF16)")
 STRUCTURE_KNOBS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
@@ -495,7 +498,7 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
         (df.fsdp.to_numpy() & ~df.distributed_optimizer.to_numpy(), "FSDP needs the distributed optimizer"),
         (df.fsdp.to_numpy() & lora(model), "LoRA's frozen base is priced unsharded: FSDP is not offered with it"),
         (df.fp8_attention.to_numpy() & ~np.isin(precision, FP8_ATTENTION_RECIPES),
-         "FP8 attention (--fp8-dot-product-attention) needs the fp8-delayed, fp8-current or mxfp8 recipe"),
+         "FP8 attention (--fp8-dot-product-attention) needs the fp8-delayed, fp8-current, mxfp8 or nvfp4 recipe"),
         (df.tp_overlap_rs_pipeline.to_numpy() & ~df.tp_comm_overlap.to_numpy(),
          "the pipelined forward reduce-scatter (--tp-overlap-rs-pipeline) is a userbuffers method: it needs --tp-comm-overlap"),
         (df.tp_only_amax_red.to_numpy() & (precision != "fp8-delayed"),

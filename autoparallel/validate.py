@@ -8,8 +8,10 @@ NVIDIA's runs newer than the fit (``training_runs_newer.csv``: Megatron-Bridge's
 25.11 and Megatron-LM's DeepSeek-V3 GB200 guide, kinds ``dense-newer`` / ``moe-newer``;
 ``finetune_runs_newer.csv``: those summaries' SFT and LoRA tables, kinds ``sft-newer`` /
 ``lora-newer``; ``training_runs_hybrid.csv``: their Nemotron 3 hybrid Mamba-Transformer runs, kind
-``hybrid-newer``, and ``training_runs_dsv4.csv``: their DeepSeek-V4 runs, kind ``dsv4-newer``, each
-summarized apart (``HELD_APART_KINDS``); never fitted either). Each row pins the layout it states; what the source leaves unstated (recompute, CPU
+``hybrid-newer``, and ``training_runs_dsv4.csv``: their DeepSeek-V4 runs, kind ``dsv4-newer``, and MLPerf
+Training's Llama-2-70B LoRA submissions on Blackwell, ``mlperf_training_lora_blackwell.csv``, kind
+``lora-blackwell``, each summarized apart (``HELD_APART_KINDS``); never fitted either). Each row pins the
+layout it states; what the source leaves unstated (recompute, CPU
 offload and overlap for NeMo) is taken from what the source documents: the recipe the row ran
 (``data/recipe_settings.yaml``), else the source's defaults (``search_spaces/validation.yaml``);
 only what nothing documents (Narayanan's micro-batch size, the newer releases' recipes not read
@@ -192,7 +194,10 @@ HYBRID_KINDS = ("hybrid", "hybrid-newer")
 # DeepSeek-V4's runs (training_runs_dsv4.csv): the first rows with its hybrid sparse attention, mHC and hash
 # routing, held out the same way, in groups of their own ("dsv4 gpu").
 DSV4_KINDS = ("dsv4", "dsv4-newer")
-HELD_APART_KINDS = HYBRID_KINDS + DSV4_KINDS
+# MLPerf's LoRA submissions on Blackwell (mlperf_training_lora_blackwell.csv), held out the same way
+# ("lora-blackwell gpu"): the Hopper LoRA rows' figures and the fitted rows' per-GPU groups stay theirs.
+BLACKWELL_LORA_KINDS = ("lora-blackwell",)
+HELD_APART_KINDS = HYBRID_KINDS + DSV4_KINDS + BLACKWELL_LORA_KINDS
 
 
 def held_apart(report: pd.DataFrame) -> pd.Series:
@@ -210,9 +215,10 @@ def summary(report: pd.DataFrame) -> pd.DataFrame:
     groups += [("gpu", name, g) for name, g in rest.groupby("gpu")]
     if "system" in report:
         groups += [("system", name, g) for name, g in rest.groupby("system")]
-    dsv4 = hybrid["kind"].isin(DSV4_KINDS)
-    groups += [("hybrid gpu", name, g) for name, g in hybrid[~dsv4].groupby("gpu")]
+    dsv4, lora = hybrid["kind"].isin(DSV4_KINDS), hybrid["kind"].isin(BLACKWELL_LORA_KINDS)
+    groups += [("hybrid gpu", name, g) for name, g in hybrid[~dsv4 & ~lora].groupby("gpu")]
     groups += [("dsv4 gpu", name, g) for name, g in hybrid[dsv4].groupby("gpu")]
+    groups += [("lora-blackwell gpu", name, g) for name, g in hybrid[lora].groupby("gpu")]
     out = []
     for by, name, g in groups:
         entry = {"by": by, "group": name, "rows": len(g), "mean_abs_error_pct": g["error_pct"].abs().mean(),

@@ -63,6 +63,9 @@ MOE_ACT_CACHE_COLUMN = "moe_act_cache_precision"
 # smaller than BF16 and less precise, so the format's only purpose is the 1.5 B. Its 1x128 tiles'
 # scales are left out, as for FP8 copies (``QUANTIZED_INPUT_BYTES``).
 ATTENTION_OUTPUT_CACHE_COLUMN = "attention_output_cache_precision"
+# A published row's CP communication where it states one ("a2a": TransformerEngine's all-to-all CP,
+# ``layer_time.cp_comm_time``); the search prices the p2p ring.
+CP_COMM_TYPE_COLUMN = "cp_comm_type"
 ATTENTION_OUTPUT_CACHE_BYTES = {"e5m6": 1.5}
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from autoparallel.costmodel import (comm, dataparallel, dispatch, dsa, dsv4, finetune, flops, gemm, gemm_precision, mamba, memory,
                                     moe, pipeline, tensor_parallel)
-from autoparallel.costmodel.candidates import Candidates
+from autoparallel.costmodel.candidates import CP_COMM_TYPE_COLUMN, Candidates
 from autoparallel.costmodel.layer_kinds import EDGE, HYBRID, STAGE_KINDS, LayerKind, as_kind
 
 GEMMS_PER_LAYER = 4  # QKV, projection, FC1 (gate and up fused), FC2
@@ -718,17 +718,21 @@ def cp_comm_time(x: Candidates, attention):
     """Ring exchange of the local K/V chunk: (cp-1) hops forward, K/V and dK/dV backward, partly
     hidden behind the attention computed meanwhile (TE's p2p CP, the exports' ``--cp-comm-type``).
     A model with softmax sinks (``ModelSpec.softmax_sinks``) runs the all-to-all CP instead (``cp_a2a_time``),
-    DeepSeek Sparse Attention the all-gather CP (``cp_allgather_time``)."""
+    DeepSeek Sparse Attention the all-gather CP (``cp_allgather_time``), and a published row that states
+    the all-to-all runs it (``candidates.CP_COMM_TYPE_COLUMN``: MLPerf's Blackwell LoRA runs, whose
+    train.py passes cp_comm_type a2a)."""
     model = x.model
     if model.softmax_sinks:
         return cp_a2a_time(x)
     if model.is_dsa:
         return cp_allgather_time(x)
+    a2a = np.asarray(x.knobs.get(CP_COMM_TYPE_COLUMN, "")) == "a2a"
     kv_heads_local = np.maximum(model.query_groups / x.t, 1.0)
     kv_bytes = 2.0 * x.b * x.s_local * (model.qk_dim + model.v_dim) * kv_heads_local
     same_domain = x.t * x.c <= x.hw.nvlink_domain
     ring = 3.0 * (x.c - 1) * comm.p2p_time(x.hw, kv_bytes, same_domain)
-    return np.maximum(ring * (1 - x.hw.efficiency.cp_overlap), ring - 3.0 * attention)
+    ring = np.maximum(ring * (1 - x.hw.efficiency.cp_overlap), ring - 3.0 * attention)
+    return np.where(a2a, cp_a2a_time(x), ring) if a2a.any() else ring
 
 
 def fsdp_time(x: Candidates, params, expert_params, forward, full_recompute, kind: LayerKind | bool):

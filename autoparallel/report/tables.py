@@ -126,7 +126,8 @@ class PredictionError:
                      hybrid: bool = False, dsv4: bool = False) -> PredictionError:
         """The band of ``hw``'s family and the model's kind (dense, moe, a LoRA fine-tune, a
         hybrid Mamba-Transformer or DeepSeek-V4); the pooled one (dense for LoRA) where the family has
-        no held-out rows of that kind."""
+        no held-out rows of that kind. A LoRA fine-tune on Blackwell takes the family's
+        ``lora-blackwell`` band (MLPerf's Blackwell LoRA rows) where it has no ``lora`` one."""
         kind = ("dsv4-newer" if dsv4 else "hybrid-newer" if hybrid else "moe" if moe else "lora" if lora
                 else "dense")
         pooled = self.step_time_relative_error
@@ -138,6 +139,8 @@ class PredictionError:
             pooled = self.moe_step_time_relative_error
         family = (hw.efficiency_from or hw.name) if hw is not None else ""
         band = self.by_family.get(family, {})
+        if lora and kind not in band and "lora-blackwell" in band:  # MLPerf's LoRA rows of that family
+            kind = "lora-blackwell"
         if kind not in band:
             return PredictionError(pooled, f"{kind} rows of every GPU; {self.source}")
         rows = int(band[f"{kind}_rows"])
