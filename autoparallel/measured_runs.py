@@ -47,8 +47,8 @@ TRAINING_RUNS = ("training_runs.csv", "training_runs_more.csv", "training_runs_p
 # the DeepSeek-V4 runs of the 26.08 summary (training_runs_dsv4.csv, kind dsv4-newer).
 VALIDATION_ONLY_RUNS = ("mlperf_training_gpt3.csv", "mlperf_training_lora_hopper.csv", "training_runs_newer.csv",
                         "nemo_finetune_runs.csv", "finetune_runs_newer.csv", "training_runs_hybrid.csv",
-                        "training_runs_dsv4.csv")
-VALIDATION_ONLY_SOURCES = ("mlperf", "mlperflora", "bridge", "megatron", "nemoft")
+                        "training_runs_dsv4.csv", "mlperf_training_llama31.csv")
+VALIDATION_ONLY_SOURCES = ("mlperf", "mlperflora", "bridge", "megatron", "nemoft", "mlperfllama")
 NEWER_SOURCES = ("bridge", "megatron")
 LOAD_BALANCE_RUNS = "moe_load_balance.csv"
 RECIPES = "recipe_settings.yaml"
@@ -412,11 +412,14 @@ class PreparedRow:
 
     @property
     def kind(self) -> str:
-        """dense, moe, mlperf (the validation-only MLPerf GPT-3 rows), lora or sft (fine-tuning
+        """dense, moe, mlperf (the validation-only MLPerf GPT-3 rows), mlperf-llama3.1-405b and
+        mlperf-llama3.1-8b (MLPerf's Llama 3.1 pre-training rows), lora or sft (fine-tuning
         rows: MLPerf's LoRA, NeMo's table), dense-newer, moe-newer, sft-newer and lora-newer
         (NVIDIA's runs newer than the fit), hybrid-newer (the Nemotron 3 hybrid Mamba-Transformer
         runs of training_runs_hybrid.csv), dsv4-newer (DeepSeek-V4, training_runs_dsv4.csv), each reported apart."""
         newer = assumptions_key(self.id) in NEWER_SOURCES
+        if assumptions_key(self.id) == MLPERF_LLAMA_SOURCE:  # MLPerf's Llama 3.1 pre-training, per model
+            return f"mlperf-{self.row['model']}"
         if self.model.is_dsv4:  # DeepSeek-V4 (training_runs_dsv4.csv), before MoE
             return "dsv4-newer" if newer else "dsv4"
         if self.model.is_hybrid:  # before MoE: every Nemotron 3 model is both
@@ -597,7 +600,32 @@ MLPERF_TE_RELEASE = {"v4.0": "1.6"}
 # TP2 row of v4.0; v4.1-v5.1 every copy); only v4.0's GigaComputing and Oracle copies, which no TP2 row
 # ran, say pipeline with 2 splits.
 MLPERF_LORA_RS_PIPELINE_ROUNDS = ("v4.0", "v4.1", "v5.0", "v5.1")
-MLPERF_ID_PREFIX = {"gpt3-175b": "mlperf-", "llama2-70b-lora": "mlperflora-"}
+# MLPerf Training's Llama 3.1 pre-training (mlperf_training_llama31.csv, v5.0-v5.1) runs NeMo's Llama31Config405B /
+# Llama31Config8B (the submissions' pretrain.py get_model_with_precision; 126 / 32 layers: conf/custom.yaml
+# OVERWRITTEN_NUM_LAYERS default 126, config_common_8b.sh 32), untied embeddings and no dropout as the
+# llama3.1-405b / llama3.1-8b presets state (Llama 3.1 config.json tie_word_embeddings false; NeMo's Llama
+# configs set no dropout), at 8,192 tokens (the logs' max_sequence_length). The vocabularies are the
+# benchmarks' own tokenizers, not Llama 3.1's for the 405B: "the Mixtral 8x22B tokenizer", vocab size 32,000
+# (mlcommons/training@002b43ed large_language_model_pretraining/nemo/README.md, "Model details"; a multiple of
+# NeMo's 128, so unpadded), and the Llama 3.1 8B tokenizer for the 8B (training_results_v5.1@441d65f4
+# NVIDIA/benchmarks/llama31_8b/implementations/nemo/README.md: "llama-3-1-8b-tokenizer"), 128,256 as its preset.
+MLPERF_LLAMA31 = {"llama3.1-405b": dict(num_layers=126, hidden_size=16384, num_attention_heads=128,
+                                        ffn_hidden_size=53248, num_query_groups=8, vocab_size=32000,
+                                        activation="swiglu", tie_embeddings=0, hidden_dropout=0.0,
+                                        attention_dropout=0.0),
+                  "llama3.1-8b": dict(num_layers=32, hidden_size=4096, num_attention_heads=32, ffn_hidden_size=14336,
+                                      num_query_groups=8, vocab_size=128256, activation="swiglu", tie_embeddings=0,
+                                      hidden_dropout=0.0, attention_dropout=0.0)}
+MLPERF_MODEL.update(MLPERF_LLAMA31)
+MLPERF_LLAMA_SOURCE = "mlperfllama"
+MLPERF_ID_PREFIX = {"gpt3-175b": "mlperf-", "llama2-70b-lora": "mlperflora-",
+                    **{m: f"{MLPERF_LLAMA_SOURCE}-" for m in MLPERF_LLAMA31}}
+# What scripts/mlperf_pretrain_rows.py writes into other_knobs for a result whose config it could not
+# settle (several configs fit its system and log but differ, or none does): such a row is kept in the
+# CSV and skipped by validate with this reason.
+MLPERF_UNSETTLED = {"AMBIGUOUS_CONFIG": "several of the submission's configs fit its system and log and differ in "
+                                        "layout or precision", "NO_CONFIG": "no config of the submission fits its "
+                                        "system and log (GBS, MINIBS / MBS, LR, warm-up)"}
 MLPERF_COLUMNS = ("round", "submitter", "system", "step_time_s", "other_knobs")
 
 
@@ -609,6 +637,16 @@ def _knob_set(other_knobs: str, name: str) -> bool:
     """Whether ``other_knobs`` ("LAYER_CUDA_GRAPH=1; FP8_PARAMS=True; ...") sets ``name`` on (1 or
     True, as the config's shell variable reads)."""
     return any(part.strip() in (f"{name}=1", f"{name}=True") for part in str(other_knobs).split(";"))
+
+
+def _cuda_graph(other_knobs: str) -> str:
+    """The CUDA graphs a config captures: the whole forward-backward (NeMo's full_cuda_graph, or Megatron's
+    cuda_graph_scope full_iteration: the Llama 3.1 configs' FULL_CUDA_GRAPH, conf/custom.yaml), else per
+    layer (MCORE_CUDA_GRAPH without it: enable_cuda_graph, scope 'full' of each layer; LAYER_CUDA_GRAPH:
+    TransformerEngine's graphed callables), else none."""
+    if _knob_set(other_knobs, "FULL_CUDA_GRAPH"):
+        return "full_iteration"
+    return "layer" if _knob_set(other_knobs, "LAYER_CUDA_GRAPH") or _knob_set(other_knobs, "MCORE_CUDA_GRAPH") else "none"
 
 
 def _tp_only_amax(other_knobs: str) -> bool:
@@ -651,13 +689,28 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
         # NeMo ignores TP overlap without TP (Megatron refuses it without SP): off at TP 1.
         "tp_comm_overlap": bool_int("tp_comm_overlap").where(frame["tp"] > 1, 0),
         "grad_reduce_in_fp32": 0, "flash_attention": 1, "overlap_grad_reduce": 1,
-        "cuda_graph": ["layer" if _knob_set(k, "LAYER_CUDA_GRAPH") else "none" for k in frame["other_knobs"]],
-        "fp8_param_gather": [int(_knob_set(k, "FP8_PARAMS")) for k in frame["other_knobs"]],
-        "fp8_attention": [int(_knob_set(k, "FP8_DPA") and (cp == 1 or fp8_cp_attention(MLPERF_TE_RELEASE.get(r, ""))))
+        "cuda_graph": [_cuda_graph(k) for k in frame["other_knobs"]],
+        # FP8_PARAMS (GPT-3's configs) or FP8_PARAM_GATHER (the Llama 3.1 configs' name for it).
+        "fp8_param_gather": [int(_knob_set(k, "FP8_PARAMS") or _knob_set(k, "FP8_PARAM_GATHER"))
+                             for k in frame["other_knobs"]],
+        # NeMo's account_for_embedding / loss_in_pipeline_split (the Llama 3.1 configs' ASYM_PP_EMBED / _LOSS).
+        # Unstated: left to the search space (the GPT-3 and LoRA rows state neither).
+        "account_for_embedding_in_pipeline_split": [1 if _knob_set(k, "ASYM_PP_EMBED") else math.nan
+                                                    for k in frame["other_knobs"]],
+        "account_for_loss_in_pipeline_split": [1 if _knob_set(k, "ASYM_PP_LOSS") else math.nan
+                                               for k in frame["other_knobs"]],
+        "skip_reason": [next((why for mark, why in MLPERF_UNSETTLED.items() if mark in str(k)), "")
+                        for k in frame["other_knobs"]],
+        # NVTE_DPA_FP8_RECIPE=F16 keeps attention in BF16 whatever FP8_DPA says (TransformerEngine's recipe table).
+        "fp8_attention": [int(_knob_set(k, "FP8_DPA") and "NVTE_DPA_FP8_RECIPE=F16" not in str(k)
+                              and (cp == 1 or fp8_cp_attention(MLPERF_TE_RELEASE.get(r, ""))))
                           for k, cp, r in zip(frame["other_knobs"], frame["cp"], frame["round"].astype(str))],
         # NeMo's activation_func_fp8_input_store (the LoRA configs' FP8_ACTIVATION).
         "activation_func_fp8_input_store": [int(_knob_set(k, "FP8_ACTIVATION")) for k in frame["other_knobs"]],
-        "tp_only_amax_red": [int(_tp_only_amax(k)) for k in frame["other_knobs"]],
+        # Only delayed scaling keeps amaxes to reduce (NeMo's tp_only_amax_red default True is moot otherwise).
+        "tp_only_amax_red": [int(_tp_only_amax(k) and p in ("fp8-delayed", "llama2-70b-lora"))
+                             for k, p in zip(frame["other_knobs"], frame["precision"].where(
+                                 frame["model"] != "llama2-70b-lora", "llama2-70b-lora"))],
         "tp_overlap_rs_pipeline": ((frame["model"] == "llama2-70b-lora") & (frame["tp"] >= 4)
                                    & frame["round"].astype(str).isin(MLPERF_LORA_RS_PIPELINE_ROUNDS)
                                    & (bool_int("tp_comm_overlap") == 1)).astype(int),
@@ -732,6 +785,9 @@ def load_runs(runs: Sequence[Path] | None = None, moe: bool = False) -> list[Pre
                 continue
             if measured[i]:
                 skipped.append((row["id"], measured[i]))
+                continue
+            if _given(row, "skip_reason"):  # an MLPerf row whose config could not be settled
+                skipped.append((row["id"], str(row["skip_reason"])))
                 continue
             ready = prepare_row(row, assumptions, recipes)
             metric = MEASURED[ready.metric]  # the number the row is compared on: it must be there

@@ -47,7 +47,11 @@ from autoparallel.specs.plan import (CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES, FP8
 # Blackwell (TransformerEngine d0067d0d transformer_engine/pytorch/attention/dot_product_attention/
 # dot_product_attention.py: an MXFP8 autocast runs MXFP8 attention; utils.py keeps FusedAttention for
 # MXFP8 on sm100 and later with cuDNN 9.21+, which the mxfp8 precision's Blackwell requirement covers).
-FP8_ATTENTION_RECIPES = ("fp8-delayed", "fp8-current", "mxfp8")
+# NVFP4 Linear layers with FP8 attention: TransformerEngine runs the attention on an FP8 current-scaling
+# recipe of its own (NVTE_DPA_FP8_RECIPE="Float8CurrentScaling": "Attention creates a new FP8CS recipe for
+# QKV, O, dO, dQKV", dot_product_attention.py's recipe table at d0067d0d), as MLPerf v5.1's Llama 3.1 8B FP4
+# configs run it (config_common_fp4.sh with config_common_fp8attn.sh's FP8_DPA=True).
+FP8_ATTENTION_RECIPES = ("fp8-delayed", "fp8-current", "mxfp8", "nvfp4")
 FP8_CP_ATTENTION_REASON = ("FP8 attention under context parallelism needs TransformerEngine >= 1.10 "
                            "(an older TE runs it in BF16)")
 STRUCTURE_KNOBS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
@@ -495,7 +499,7 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
         (df.fsdp.to_numpy() & ~df.distributed_optimizer.to_numpy(), "FSDP needs the distributed optimizer"),
         (df.fsdp.to_numpy() & lora(model), "LoRA's frozen base is priced unsharded: FSDP is not offered with it"),
         (df.fp8_attention.to_numpy() & ~np.isin(precision, FP8_ATTENTION_RECIPES),
-         "FP8 attention (--fp8-dot-product-attention) needs the fp8-delayed, fp8-current or mxfp8 recipe"),
+         "FP8 attention (--fp8-dot-product-attention) needs the fp8-delayed, fp8-current, mxfp8 or nvfp4 recipe"),
         (df.tp_overlap_rs_pipeline.to_numpy() & ~df.tp_comm_overlap.to_numpy(),
          "the pipelined forward reduce-scatter (--tp-overlap-rs-pipeline) is a userbuffers method: it needs --tp-comm-overlap"),
         (df.tp_only_amax_red.to_numpy() & (precision != "fp8-delayed"),

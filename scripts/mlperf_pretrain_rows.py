@@ -45,10 +45,11 @@ BENCHMARKS = {"llama31_405b": ("llama3.1-405b", "405b"), "llama31_8b": ("llama3.
 SEQ_LENGTH = 8192
 RESULT = re.compile(r"^([^/]+)/results/([^/]+)/(llama31_405b|llama31_8b)/result_(\d+)\.txt$")
 # The config variables other_knobs keeps (effective value, config or custom.yaml default): CUDA graphs,
-# the FP8 / FP4 recipe and its TransformerEngine switches, FP8 attention, FP8 parameter gather, the
+# the FP8 / FP4 recipe and its TransformerEngine switches, FP8 attention, FP8 parameter gather (FP8_PARAMS in the
+# NeMo 25.01 configs, FP8_PARAM_GATHER later), the
 # pipeline split, overlap and fusion switches the tool may price.
 KNOBS = ("FULL_CUDA_GRAPH", "MCORE_CUDA_GRAPH", "LAYER_CUDA_GRAPH", "CUDA_GRAPH_SCOPE", "FP8_RECIPE", "FP8_HYBRID",
-         "FP8_AMAX_HISTORY", "TP_ONLY_AMAX_RED", "FP8_PARAM_GATHER", "FP8_DPA", "NVTE_DPA_FP8_RECIPE", "FP4_RECIPE",
+         "FP8_AMAX_HISTORY", "TP_ONLY_AMAX_RED", "FP8_PARAM_GATHER", "FP8_PARAMS", "FP8_DPA", "NVTE_DPA_FP8_RECIPE", "FP4_RECIPE",
          "NVTE_NVFP4_DISABLE_RHT", "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING", "NVTE_NVFP4_DISABLE_2D_QUANTIZATION",
          "FIRST_LAST_LAYERS_BF16", "NUM_LAYERS_AT_START_IN_BF16", "NUM_LAYERS_AT_END_IN_BF16", "ASYM_PP_EMBED",
          "ASYM_PP_LOSS", "OVERLAP_GRAD_REDUCE", "OVERLAP_PARAM_GATHER", "OVERLAP_PARAM_GATHER_WITH_OPTIM_STEP",
