@@ -618,8 +618,9 @@ MLPERF_LLAMA31 = {"llama3.1-405b": dict(num_layers=126, hidden_size=16384, num_a
                                       hidden_dropout=0.0, attention_dropout=0.0)}
 MLPERF_MODEL.update(MLPERF_LLAMA31)
 MLPERF_LLAMA_SOURCE = "mlperfllama"
+# The Llama 3.1 ids name the model size too: NVIDIA's v5.1 systems submitted both (mlperfllama-405b-v5.1-NVIDIA-...).
 MLPERF_ID_PREFIX = {"gpt3-175b": "mlperf-", "llama2-70b-lora": "mlperflora-",
-                    **{m: f"{MLPERF_LLAMA_SOURCE}-" for m in MLPERF_LLAMA31}}
+                    **{m: f"{MLPERF_LLAMA_SOURCE}-{m.removeprefix('llama3.1-')}-" for m in MLPERF_LLAMA31}}
 # What scripts/mlperf_pretrain_rows.py writes into other_knobs for a result whose config it could not
 # settle (several configs fit its system and log but differ, or none does): such a row is kept in the
 # CSV and skipped by validate with this reason.
