@@ -1289,7 +1289,7 @@ def test_mxfp8_attention_takes_the_bf16_kernels_time_at_head_dim_128_per_score_a
     out = generate(llama, gb300, 8, 8, space)
     mxfp8, bf16_plans = out[out.precision == "mxfp8"], out[out.precision == "bf16"]
     assert (mxfp8.reason == "").any()
-    assert bf16_plans.reason.str.contains("needs the fp8-delayed, fp8-current or mxfp8 recipe").all()
+    assert bf16_plans.reason.str.contains("needs the fp8-delayed, fp8-current, mxfp8 or nvfp4 recipe").all()
 
 
 def test_an_fp8_kept_swiglu_input_halves_its_bytes_and_costs_its_casts(mixtral, hw):

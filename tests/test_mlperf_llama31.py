@@ -151,3 +151,19 @@ def test_the_extractor_rewrites_the_shipped_csv(tmp_path):
                           capture_output=True, text=True, check=True)
     assert out.read_bytes() == resources.data_file(CSV).read_bytes()
     assert "6 AMD results skipped" in done.stdout
+
+
+def test_nvfp4_rows_run_fp8_attention_at_the_fp8_rate_with_an_fp8_output(prepared):
+    """The 8B FP4 configs' FP8_DPA beside NVFP4 Linear layers (TransformerEngine's own FP8 current-scaling
+    attention recipe): attention at the FP8 rate, its output kept in FP8 (1 B), not at NVFP4's 0.5625 B."""
+    import numpy as np
+    from autoparallel.costmodel import layer_time, memory
+    from autoparallel.costmodel.candidates import NVFP4_ELEMENT_BYTES, candidates
+    p = next(p for p in prepared if p.candidates.iloc[0]["precision"] == "nvfp4" and p.candidates.iloc[0]["fp8_attention"])
+    cols = {k: v[:1] for k, v in p.cols.items()}
+    on = candidates(p.model, p.hardware, cols)
+    off = candidates(p.model, p.hardware, {**cols, "fp8_attention": np.array([False])})
+    assert layer_time.attention_time(on)[0] < layer_time.attention_time(off)[0]
+    fraction = on.quantized_fraction
+    assert on.attention_output_bytes[0] == pytest.approx(memory.gemm_input_bytes(fraction, 1.0)[0])
+    assert on.attention_output_bytes[0] != pytest.approx(memory.gemm_input_bytes(fraction, NVFP4_ELEMENT_BYTES)[0])
