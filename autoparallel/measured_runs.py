@@ -678,6 +678,7 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
     if unknown:
         raise UserError(f"MLPerf rows of model(s) {unknown}: only {sorted(MLPERF_MODEL)} are known")
     arch = pd.DataFrame([MLPERF_MODEL[m] for m in frame["model"].astype(str)], index=frame.index)
+    precision = frame["precision"].where(frame["model"] != "llama2-70b-lora", LORA_PRECISION)
     out = pd.DataFrame({
         "id": frame["model"].astype(str).map(MLPERF_ID_PREFIX) + frame["round"].astype(str) + "-"
               + frame["submitter"].astype(str) + "-"
@@ -685,7 +686,7 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
         "model": frame["model"], "seq_length": frame["seq_length"], "gpu": frame["gpu"],
         "num_gpus": frame["gpus"], "gbs": frame["global_batch_size"], "mbs": frame["micro_batch_size"],
         **{k: frame[k] for k in ("tp", "pp", "vp", "cp", "ep", "recompute")},
-        "precision": frame["precision"].where(frame["model"] != "llama2-70b-lora", LORA_PRECISION),
+        "precision": precision,
         **{k: bool_int(k) for k in ("sp", "tp_comm_overlap", "distributed_optimizer", "fsdp")},
         # NeMo ignores TP overlap without TP (Megatron refuses it without SP): off at TP 1.
         "tp_comm_overlap": bool_int("tp_comm_overlap").where(frame["tp"] > 1, 0),
@@ -709,9 +710,7 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
         # NeMo's activation_func_fp8_input_store (the LoRA configs' FP8_ACTIVATION).
         "activation_func_fp8_input_store": [int(_knob_set(k, "FP8_ACTIVATION")) for k in frame["other_knobs"]],
         # Only delayed scaling keeps amaxes to reduce (NeMo's tp_only_amax_red default True is moot otherwise).
-        "tp_only_amax_red": [int(_tp_only_amax(k) and p in ("fp8-delayed", "llama2-70b-lora"))
-                             for k, p in zip(frame["other_knobs"], frame["precision"].where(
-                                 frame["model"] != "llama2-70b-lora", "llama2-70b-lora"))],
+        "tp_only_amax_red": [int(_tp_only_amax(k) and p == "fp8-delayed") for k, p in zip(frame["other_knobs"], precision)],
         "tp_overlap_rs_pipeline": ((frame["model"] == "llama2-70b-lora") & (frame["tp"] >= 4)
                                    & frame["round"].astype(str).isin(MLPERF_LORA_RS_PIPELINE_ROUNDS)
                                    & (bool_int("tp_comm_overlap") == 1)).astype(int),

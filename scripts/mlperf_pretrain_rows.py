@@ -10,8 +10,11 @@ Per row:
   submitter's tree whose node count, GPUs per node and global batch (MINIBS x DP, as NeMo's
   conf/custom.yaml computes it) match the system and the log, narrowed by the learning rate and
   warm-up the log prints (opt_base_learning_rate, opt_learning_rate_warmup_steps) and by a config
-  named after the system; ``source``d config_common*.sh files are followed, and what a config leaves
-  unset takes the default its own conf/custom.yaml gives (``${oc.env:NAME,default}``). A result whose
+  named after the system or kept in its folder; configs named for another GPU (config_GB200_... on a
+  B200 system) are not candidates. ``source``d config_common*.sh files are followed (one missing beside
+  the config is taken from the submitter's benchmark tree, else NVIDIA's copy: ``BORROWED_SOURCED`` in
+  other_knobs; none: ``MISSING_SOURCED``), and what a config leaves unset takes the default its own
+  conf/custom.yaml gives (``${oc.env:NAME,default}``). A result whose
   candidates still differ in layout or precision is written with its precision empty and
   ``AMBIGUOUS_CONFIG(...)`` in other_knobs; one with no config at all with ``NO_CONFIG``;
 - the layout cross-checked against the log (global_batch_size, gradient_accumulation_steps = MINIBS /
@@ -22,7 +25,7 @@ Per row:
   max(2, 10 %) logged points as warm-up, as the GPT-3 rows (the lowest-numbered result_*.txt); every other
   result_*.txt of the system is read too and the spread of their means goes into how_measured.
 
-    python scripts/mlperf_pretrain_rows.py [--v50 DIR] [--v51 DIR]
+    python scripts/mlperf_pretrain_rows.py [--v50 DIR] [--v51 DIR] [--out CSV]
 """
 
 from __future__ import annotations
