@@ -48,8 +48,8 @@ TRAINING_RUNS = ("training_runs.csv", "training_runs_more.csv", "training_runs_p
 # the DeepSeek-V4 runs of the 26.08 summary (training_runs_dsv4.csv, kind dsv4-newer).
 VALIDATION_ONLY_RUNS = ("mlperf_training_gpt3.csv", "mlperf_training_lora_hopper.csv", "training_runs_newer.csv",
                         "nemo_finetune_runs.csv", "finetune_runs_newer.csv", "training_runs_hybrid.csv",
-                        "training_runs_dsv4.csv", "mlperf_training_lora_blackwell.csv")
-VALIDATION_ONLY_SOURCES = ("mlperf", "mlperflora", "bridge", "megatron", "nemoft")
+                        "training_runs_dsv4.csv", "mlperf_training_lora_blackwell.csv", "mlperf_training_llama31.csv")
+VALIDATION_ONLY_SOURCES = ("mlperf", "mlperflora", "bridge", "megatron", "nemoft", "mlperfllama")
 NEWER_SOURCES = ("bridge", "megatron")
 LOAD_BALANCE_RUNS = "moe_load_balance.csv"
 RECIPES = "recipe_settings.yaml"
@@ -415,12 +415,15 @@ class PreparedRow:
 
     @property
     def kind(self) -> str:
-        """dense, moe, mlperf (the validation-only MLPerf GPT-3 rows), lora or sft (fine-tuning
+        """dense, moe, mlperf (the validation-only MLPerf GPT-3 rows), mlperf-llama3.1-405b and
+        mlperf-llama3.1-8b (MLPerf's Llama 3.1 pre-training rows), lora or sft (fine-tuning
         rows: MLPerf's LoRA, NeMo's table), dense-newer, moe-newer, sft-newer and lora-newer
         (NVIDIA's runs newer than the fit), hybrid-newer (the Nemotron 3 hybrid Mamba-Transformer
         runs of training_runs_hybrid.csv), dsv4-newer (DeepSeek-V4, training_runs_dsv4.csv), lora-blackwell
         (MLPerf's LoRA rows on B200 / B300 / GB200 / GB300, mlperf_training_lora_blackwell.csv), each reported apart."""
         newer = assumptions_key(self.id) in NEWER_SOURCES
+        if assumptions_key(self.id) == MLPERF_LLAMA_SOURCE:  # MLPerf's Llama 3.1 pre-training, per model
+            return f"mlperf-{self.row['model']}"
         if self.model.is_dsv4:  # DeepSeek-V4 (training_runs_dsv4.csv), before MoE
             return "dsv4-newer" if newer else "dsv4"
         if self.model.is_hybrid:  # before MoE: every Nemotron 3 model is both
@@ -609,7 +612,33 @@ MLPERF_LORA_RS_PIPELINE_ROUNDS = ("v4.0", "v4.1", "v5.0", "v5.1")
 # kind lora-blackwell, a held-out group of its own (validate.HELD_APART_KINDS), so that their errors
 # neither move the H100 / H200 LoRA figures nor the per-GPU groups of the fitted rows.
 BLACKWELL_FAMILY = "b200"
-MLPERF_ID_PREFIX = {"gpt3-175b": "mlperf-", "llama2-70b-lora": "mlperflora-"}
+# MLPerf Training's Llama 3.1 pre-training (mlperf_training_llama31.csv, v5.0-v5.1) runs NeMo's Llama31Config405B /
+# Llama31Config8B (the submissions' pretrain.py get_model_with_precision; 126 / 32 layers: conf/custom.yaml
+# OVERWRITTEN_NUM_LAYERS default 126, config_common_8b.sh 32), untied embeddings and no dropout as the
+# llama3.1-405b / llama3.1-8b presets state (Llama 3.1 config.json tie_word_embeddings false; NeMo's Llama
+# configs set no dropout), at 8,192 tokens (the logs' max_sequence_length). The vocabularies are the
+# benchmarks' own tokenizers, not Llama 3.1's for the 405B: "the Mixtral 8x22B tokenizer", vocab size 32,000
+# (mlcommons/training@002b43ed large_language_model_pretraining/nemo/README.md, "Model details"; a multiple of
+# NeMo's 128, so unpadded), and the Llama 3.1 8B tokenizer for the 8B (training_results_v5.1@441d65f4
+# NVIDIA/benchmarks/llama31_8b/implementations/nemo/README.md: "llama-3-1-8b-tokenizer"), 128,256 as its preset.
+MLPERF_LLAMA31 = {"llama3.1-405b": dict(num_layers=126, hidden_size=16384, num_attention_heads=128,
+                                        ffn_hidden_size=53248, num_query_groups=8, vocab_size=32000,
+                                        activation="swiglu", tie_embeddings=0, hidden_dropout=0.0,
+                                        attention_dropout=0.0),
+                  "llama3.1-8b": dict(num_layers=32, hidden_size=4096, num_attention_heads=32, ffn_hidden_size=14336,
+                                      num_query_groups=8, vocab_size=128256, activation="swiglu", tie_embeddings=0,
+                                      hidden_dropout=0.0, attention_dropout=0.0)}
+MLPERF_MODEL.update(MLPERF_LLAMA31)
+MLPERF_LLAMA_SOURCE = "mlperfllama"
+# The Llama 3.1 ids name the model size too: NVIDIA's v5.1 systems submitted both (mlperfllama-405b-v5.1-NVIDIA-...).
+MLPERF_ID_PREFIX = {"gpt3-175b": "mlperf-", "llama2-70b-lora": "mlperflora-",
+                    **{m: f"{MLPERF_LLAMA_SOURCE}-{m.removeprefix('llama3.1-')}-" for m in MLPERF_LLAMA31}}
+# What scripts/mlperf_pretrain_rows.py writes into other_knobs for a result whose config it could not
+# settle (several configs fit its system and log but differ, or none does): such a row is kept in the
+# CSV and skipped by validate with this reason.
+MLPERF_UNSETTLED = {"AMBIGUOUS_CONFIG": "several of the submission's configs fit its system and log and differ in "
+                                        "layout or precision", "NO_CONFIG": "no config of the submission fits its "
+                                        "system and log (GBS, MINIBS / MBS, LR, warm-up)"}
 MLPERF_COLUMNS = ("round", "submitter", "system", "step_time_s", "other_knobs")
 
 
@@ -639,14 +668,16 @@ def _knob_value(other_knobs: str, name: str) -> str | float:
 
 
 def _cuda_graph(other_knobs: str) -> str:
-    """The CUDA graphs a row's config captures: NVIDIA's own per-layer graphs (LAYER_CUDA_GRAPH,
-    NeMo's external_cuda_graph) or Megatron's (MCORE_CUDA_GRAPH, enable_cuda_graph): per layer unless
-    the implementation passes a cuda_graph_scope (MLPerf v5.1's conf/megatron_gpt_peft_tuning_config.yaml,
-    default full_iteration: the whole forward-backward one graph), as other_knobs states it."""
-    if _knob_set(other_knobs, "MCORE_CUDA_GRAPH"):
-        scope = re.search(r"CUDA_GRAPH_SCOPE=(\w+)", str(other_knobs))
-        return "full_iteration" if scope and scope.group(1) == "full_iteration" else "layer"
-    return "layer" if _knob_set(other_knobs, "LAYER_CUDA_GRAPH") else "none"
+    """The CUDA graphs a row's config captures: the whole forward-backward (NeMo's full_cuda_graph: the
+    Llama 3.1 configs' FULL_CUDA_GRAPH, conf/custom.yaml; or Megatron's MCORE_CUDA_GRAPH with the
+    cuda_graph_scope full_iteration that MLPerf v5.1's LoRA conf/megatron_gpt_peft_tuning_config.yaml
+    defaults to, as other_knobs states it), else per layer (MCORE_CUDA_GRAPH: enable_cuda_graph, scope
+    'full' of each layer; LAYER_CUDA_GRAPH: NVIDIA's graphed callables, NeMo's external_cuda_graph), else none."""
+    scope = re.search(r"CUDA_GRAPH_SCOPE=(\w+)", str(other_knobs))
+    if _knob_set(other_knobs, "FULL_CUDA_GRAPH") or (
+            _knob_set(other_knobs, "MCORE_CUDA_GRAPH") and scope and scope.group(1) == "full_iteration"):
+        return "full_iteration"
+    return "layer" if _knob_set(other_knobs, "LAYER_CUDA_GRAPH") or _knob_set(other_knobs, "MCORE_CUDA_GRAPH") else "none"
 
 
 def _lora_rank(other_knobs: str) -> float:
@@ -668,6 +699,10 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
     if unknown:
         raise UserError(f"MLPerf rows of model(s) {unknown}: only {sorted(MLPERF_MODEL)} are known")
     arch = pd.DataFrame([MLPERF_MODEL[m] for m in frame["model"].astype(str)], index=frame.index)
+    # A LoRA row's "bf16" is FP8 (LORA_PRECISION, above); its other precisions are as stated
+    # (the Blackwell rows' nvfp4: config_common_fp4.sh).
+    precision = frame["precision"].where((frame["model"] != "llama2-70b-lora") | (frame["precision"] != "bf16"),
+                                         LORA_PRECISION)
     out = pd.DataFrame({
         "id": frame["model"].astype(str).map(MLPERF_ID_PREFIX) + frame["round"].astype(str) + "-"
               + frame["submitter"].astype(str) + "-"
@@ -675,15 +710,12 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
         "model": frame["model"], "seq_length": frame["seq_length"], "gpu": frame["gpu"],
         "num_gpus": frame["gpus"], "gbs": frame["global_batch_size"], "mbs": frame["micro_batch_size"],
         **{k: frame[k] for k in ("tp", "pp", "vp", "cp", "ep", "recompute")},
-        # A LoRA row's "bf16" is FP8 (LORA_PRECISION, above); its other precisions are as stated
-        # (the Blackwell rows' nvfp4: config_common_fp4.sh).
-        "precision": frame["precision"].where((frame["model"] != "llama2-70b-lora") | (frame["precision"] != "bf16"),
-                                              LORA_PRECISION),
+        "precision": precision,
         **{k: bool_int(k) for k in ("sp", "tp_comm_overlap", "distributed_optimizer", "fsdp")},
         # NeMo ignores TP overlap without TP (Megatron refuses it without SP): off at TP 1.
         "tp_comm_overlap": bool_int("tp_comm_overlap").where(frame["tp"] > 1, 0),
         # DP overlap as the configs run it: on (NeMo 1's distributed Adam, overlap_grad_sync) unless a row
-        # states it off (the v5.x Blackwell implementations' conf: ddp overlap_grad_reduce and
+        # states it off (the v5.x Blackwell LoRA implementations' conf: ddp overlap_grad_reduce and
         # overlap_param_gather ${DDP_OVERLAP_...,False}, which no config sets).
         "grad_reduce_in_fp32": 0, "flash_attention": 1,
         "overlap_grad_reduce": [0 if _knob_value(k, "DDP_OVERLAP_GRAD_REDUCE") == "0" else 1
@@ -691,12 +723,25 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
         "overlap_param_gather": [0 if _knob_value(k, "DDP_OVERLAP_PARAM_GATHER") == "0" else math.nan
                                  for k in frame["other_knobs"]],
         "cuda_graph": [_cuda_graph(k) for k in frame["other_knobs"]],
-        "fp8_param_gather": [int(_knob_set(k, "FP8_PARAMS")) for k in frame["other_knobs"]],
-        "fp8_attention": [int(_knob_set(k, "FP8_DPA") and (cp == 1 or fp8_cp_attention(MLPERF_TE_RELEASE.get(r, ""))))
+        # FP8_PARAMS (GPT-3's configs) or FP8_PARAM_GATHER (the Llama 3.1 configs' name for it).
+        "fp8_param_gather": [int(_knob_set(k, "FP8_PARAMS") or _knob_set(k, "FP8_PARAM_GATHER"))
+                             for k in frame["other_knobs"]],
+        # NeMo's account_for_embedding / loss_in_pipeline_split (the Llama 3.1 configs' ASYM_PP_EMBED / _LOSS).
+        # Unstated: left to the search space (the GPT-3 and LoRA rows state neither).
+        "account_for_embedding_in_pipeline_split": [1 if _knob_set(k, "ASYM_PP_EMBED") else math.nan
+                                                    for k in frame["other_knobs"]],
+        "account_for_loss_in_pipeline_split": [1 if _knob_set(k, "ASYM_PP_LOSS") else math.nan
+                                               for k in frame["other_knobs"]],
+        "skip_reason": [next((why for mark, why in MLPERF_UNSETTLED.items() if mark in str(k)), "")
+                        for k in frame["other_knobs"]],
+        # NVTE_DPA_FP8_RECIPE=F16 keeps attention in BF16 whatever FP8_DPA says (TransformerEngine's recipe table).
+        "fp8_attention": [int(_knob_set(k, "FP8_DPA") and "NVTE_DPA_FP8_RECIPE=F16" not in str(k)
+                              and (cp == 1 or fp8_cp_attention(MLPERF_TE_RELEASE.get(r, ""))))
                           for k, cp, r in zip(frame["other_knobs"], frame["cp"], frame["round"].astype(str))],
         # NeMo's activation_func_fp8_input_store (the LoRA configs' FP8_ACTIVATION).
         "activation_func_fp8_input_store": [int(_knob_set(k, "FP8_ACTIVATION")) for k in frame["other_knobs"]],
-        "tp_only_amax_red": [int(_tp_only_amax(k)) for k in frame["other_knobs"]],
+        # Only delayed scaling keeps amaxes to reduce (NeMo's tp_only_amax_red default True is moot otherwise).
+        "tp_only_amax_red": [int(_tp_only_amax(k) and p == "fp8-delayed") for k, p in zip(frame["other_knobs"], precision)],
         "tp_overlap_rs_pipeline": ((frame["model"] == "llama2-70b-lora") & (frame["tp"] >= 4)
                                    & frame["round"].astype(str).isin(MLPERF_LORA_RS_PIPELINE_ROUNDS)
                                    & (bool_int("tp_comm_overlap") == 1)).astype(int),
@@ -774,6 +819,9 @@ def load_runs(runs: Sequence[Path] | None = None, moe: bool = False) -> list[Pre
                 continue
             if measured[i]:
                 skipped.append((row["id"], measured[i]))
+                continue
+            if _given(row, "skip_reason"):  # an MLPerf row whose config could not be settled
+                skipped.append((row["id"], str(row["skip_reason"])))
                 continue
             ready = prepare_row(row, assumptions, recipes)
             metric = MEASURED[ready.metric]  # the number the row is compared on: it must be there

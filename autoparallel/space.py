@@ -47,9 +47,10 @@ from autoparallel.specs.plan import (CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES, FP8
 # Blackwell (TransformerEngine d0067d0d transformer_engine/pytorch/attention/dot_product_attention/
 # dot_product_attention.py: an MXFP8 autocast runs MXFP8 attention; utils.py keeps FusedAttention for
 # MXFP8 on sm100 and later with cuDNN 9.21+, which the mxfp8 precision's Blackwell requirement covers),
-# and under NVFP4 GEMMs the delayed-scaling FP8 attention that the same file's recipe table configures
-# ("NVFP4 | FP8DS | Pass NVFP4 to autocast(); ... export NVTE_DPA_FP8_RECIPE="DelayedScaling""), as
-# MLPerf Training v5.1's LoRA FP4 runs set it (config_common_fp4.sh with FP8_DPA=1).
+# and under NVFP4 GEMMs the FP8 attention the same file's recipe table configures for it: delayed scaling
+# (NVTE_DPA_FP8_RECIPE="DelayedScaling", as MLPerf Training v5.1's LoRA FP4 runs set it: config_common_fp4.sh
+# with FP8_DPA=1) or current scaling for QKV, O, dO, dQKV ("Float8CurrentScaling", as its Llama 3.1 8B FP4
+# configs run it: config_common_fp4.sh with config_common_fp8attn.sh's FP8_DPA=True); priced alike.
 FP8_ATTENTION_RECIPES = ("fp8-delayed", "fp8-current", "mxfp8", "nvfp4")
 FP8_CP_ATTENTION_REASON = ("FP8 attention under context parallelism needs TransformerEngine >= 1.10 "
                            "(an older TE runs it in BF16)")

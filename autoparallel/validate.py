@@ -8,10 +8,11 @@ NVIDIA's runs newer than the fit (``training_runs_newer.csv``: Megatron-Bridge's
 25.11 and Megatron-LM's DeepSeek-V3 GB200 guide, kinds ``dense-newer`` / ``moe-newer``;
 ``finetune_runs_newer.csv``: those summaries' SFT and LoRA tables, kinds ``sft-newer`` /
 ``lora-newer``; ``training_runs_hybrid.csv``: their Nemotron 3 hybrid Mamba-Transformer runs, kind
-``hybrid-newer``, and ``training_runs_dsv4.csv``: their DeepSeek-V4 runs, kind ``dsv4-newer``, and MLPerf
+``hybrid-newer``, and ``training_runs_dsv4.csv``: their DeepSeek-V4 runs, kind ``dsv4-newer``; MLPerf
 Training's Llama-2-70B LoRA submissions on Blackwell, ``mlperf_training_lora_blackwell.csv``, kind
-``lora-blackwell``, each summarized apart (``HELD_APART_KINDS``); never fitted either). Each row pins the
-layout it states; what the source leaves unstated (recompute, CPU
+``lora-blackwell``; and its Llama 3.1 405B / 8B pre-training submissions (``mlperf_training_llama31.csv``,
+kinds ``mlperf-llama3.1-405b`` / ``mlperf-llama3.1-8b``, per model and GPU), each summarized apart
+(``HELD_APART_KINDS``); never fitted either). Each row pins the layout it states; what the source leaves unstated (recompute, CPU
 offload and overlap for NeMo) is taken from what the source documents: the recipe the row ran
 (``data/recipe_settings.yaml``), else the source's defaults (``search_spaces/validation.yaml``);
 only what nothing documents (Narayanan's micro-batch size, the newer releases' recipes not read
@@ -197,7 +198,11 @@ DSV4_KINDS = ("dsv4", "dsv4-newer")
 # MLPerf's LoRA submissions on Blackwell (mlperf_training_lora_blackwell.csv), held out the same way
 # ("lora-blackwell gpu"): the Hopper LoRA rows' figures and the fitted rows' per-GPU groups stay theirs.
 BLACKWELL_LORA_KINDS = ("lora-blackwell",)
-HELD_APART_KINDS = HYBRID_KINDS + DSV4_KINDS + BLACKWELL_LORA_KINDS
+# MLPerf Training's Llama 3.1 pre-training submissions (mlperf_training_llama31.csv, v5.0-v5.1): record runs on
+# B200 to GB300 in FP8 and NVFP4, never fitted; reported per model and GPU ("mlperf-llama gpu") and kept out of
+# the per-source, per-GPU and per-system groups and of the tie bands, whose figures describe the other rows.
+MLPERF_LLAMA_KINDS = ("mlperf-llama3.1-405b", "mlperf-llama3.1-8b")
+HELD_APART_KINDS = HYBRID_KINDS + DSV4_KINDS + BLACKWELL_LORA_KINDS + MLPERF_LLAMA_KINDS
 
 
 def held_apart(report: pd.DataFrame) -> pd.Series:
@@ -216,9 +221,12 @@ def summary(report: pd.DataFrame) -> pd.DataFrame:
     if "system" in report:
         groups += [("system", name, g) for name, g in rest.groupby("system")]
     dsv4, lora = hybrid["kind"].isin(DSV4_KINDS), hybrid["kind"].isin(BLACKWELL_LORA_KINDS)
-    groups += [("hybrid gpu", name, g) for name, g in hybrid[~dsv4 & ~lora].groupby("gpu")]
+    llama = hybrid["kind"].isin(MLPERF_LLAMA_KINDS)
+    groups += [("hybrid gpu", name, g) for name, g in hybrid[~dsv4 & ~lora & ~llama].groupby("gpu")]
     groups += [("dsv4 gpu", name, g) for name, g in hybrid[dsv4].groupby("gpu")]
     groups += [("lora-blackwell gpu", name, g) for name, g in hybrid[lora].groupby("gpu")]
+    groups += [("mlperf-llama gpu", f"{kind.removeprefix('mlperf-llama3.1-')} {gpu}", g)
+               for (kind, gpu), g in hybrid[llama].groupby(["kind", "gpu"])]
     out = []
     for by, name, g in groups:
         entry = {"by": by, "group": name, "rows": len(g), "mean_abs_error_pct": g["error_pct"].abs().mean(),
@@ -339,7 +347,9 @@ def tie_bands(report: pd.DataFrame) -> dict:
     """The held-out mean |error| (a fraction) pooled per kind and per GPU family (the preset whose
     fitted constants a GPU uses) and kind, with row counts: the share of predicted throughput
     within which a search cannot tell layouts apart on that hardware. The ``HELD_APART_KINDS`` rows
-    (never fitted) give the hybrid models' band and DeepSeek-V4's, pooled and per family, apart from the others."""
+    (never fitted) give the hybrid models' band and DeepSeek-V4's, pooled and per family, apart from the others;
+    the MLPerf Llama 3.1 rows (``MLPERF_LLAMA_KINDS``: record submissions, not recipes a search ranks) give none."""
+    report = report[~report["kind"].isin(MLPERF_LLAMA_KINDS)]
     family = {gpu: io.load_hardware(gpu).efficiency_from or gpu for gpu in report["gpu"].unique()}
     errors = report.assign(family=report["gpu"].map(family), error=report["heldout_error_pct"].abs() / 100)
     held = held_apart(errors)

@@ -301,9 +301,11 @@ def test_mlperf_rows_are_never_fitted(full_report, report):
 
 def test_summary_reports_sources_and_gpus_with_held_out_errors(full_report):
     s = validate.summary(full_report)
-    assert list(s.by.unique()) == ["kind", "source", "gpu", "system", "hybrid gpu", "dsv4 gpu", "lora-blackwell gpu"]
+    assert list(s.by.unique()) == ["kind", "source", "gpu", "system", "hybrid gpu", "dsv4 gpu", "lora-blackwell gpu",
+                                   "mlperf-llama gpu"]
     assert set(s[s.by == "kind"].group) == {"dense", "moe", "mlperf", "lora", "sft", "dense-newer", "moe-newer",
-                                            "sft-newer", "lora-newer", "hybrid-newer", "dsv4-newer", "lora-blackwell"}
+                                            "sft-newer", "lora-newer", "hybrid-newer", "dsv4-newer", "lora-blackwell",
+                                            "mlperf-llama3.1-405b", "mlperf-llama3.1-8b"}
     assert {"heldout_mean_abs_error_pct", "heldout_max_abs_error_pct"} <= set(s.columns)
     assert (s.heldout_mean_abs_error_pct >= 0).all()
 
@@ -561,10 +563,10 @@ def test_no_newer_moe_row_worse_than_35_percent(newer_report):
 
 
 def test_mlperf_rows_are_held_out_by_system_too(full_report):
-    """Issue 27: every validation-only row (MLPerf GPT-3 and LoRA, NeMo's fine-tuning table) is also
+    """Issue 27: every validation-only row (MLPerf GPT-3, LoRA and Llama 3.1, NeMo's fine-tuning table) is also
     predicted with its GPU family refitted without the published rows of its GPU at its node-count
     family; the other rows have no system."""
-    mlperf = full_report.source.isin(["mlperf", "mlperflora", "nemoft"])
+    mlperf = full_report.source.isin(["mlperf", "mlperflora", "nemoft", "mlperfllama"])
     assert full_report.heldout_system_error_pct[mlperf].notna().all()
     assert full_report.heldout_system_error_pct[~mlperf].isna().all() and full_report.system[~mlperf].isna().all()
     hopper = (full_report.source == "mlperflora") & (full_report.kind == "lora")

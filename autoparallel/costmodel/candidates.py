@@ -453,7 +453,9 @@ class Candidates(StructureFields):
         row's own cache where it states one (``ATTENTION_OUTPUT_CACHE_COLUMN``: one copy, shared)."""
         delayed = self.knob_is("precision", "fp8-delayed")
         fp8_attention = self.flag("fp8_attention") & (self.quantized_fraction > 0)
-        kept = np.where(fp8_attention, memory.gemm_input_bytes(self.quantized_fraction, self.quantized_input_bytes),
+        # Under NVFP4 the FP8 attention's output is FP8 (its own current-scaling recipe), not NVFP4.
+        attention_bytes = np.where(self.is_fp4, QUANTIZED_INPUT_BYTES["fp8"], self.quantized_input_bytes)
+        kept = np.where(fp8_attention, memory.gemm_input_bytes(self.quantized_fraction, attention_bytes),
                         memory.attention_output_bytes(self.quantized_fraction, self.quantized_input_bytes,
                                                       self.attention_output_fused, delayed))
         row_cache = _looked_up(self.knobs.get(ATTENTION_OUTPUT_CACHE_COLUMN, ""), ATTENTION_OUTPUT_CACHE_BYTES, np.nan)
