@@ -44,10 +44,12 @@ TRAINING_RUNS = ("training_runs.csv", "training_runs_more.csv", "training_runs_p
 # (nemo_finetune_runs.csv) and Megatron-Bridge's newer SFT / LoRA tables (finetune_runs_newer.csv) are
 # predicted only too: no fit has fine-tuning rows. The Nemotron 3 hybrid Mamba-Transformer runs of the
 # same summaries (training_runs_hybrid.csv) are a held-out group of their own (kind hybrid-newer), and so are
-# the DeepSeek-V4 runs of the 26.08 summary (training_runs_dsv4.csv, kind dsv4-newer).
+# the DeepSeek-V4 runs of the 26.08 summary (training_runs_dsv4.csv, kind dsv4-newer). MLPerf's LoRA rows on
+# AMD Instinct GPUs (mlperf_training_lora_amd.csv), priced with an NVIDIA family's constants, are a group of
+# their own too (kind lora-amd: ``PreparedRow.kind``).
 VALIDATION_ONLY_RUNS = ("mlperf_training_gpt3.csv", "mlperf_training_lora_hopper.csv", "training_runs_newer.csv",
                         "nemo_finetune_runs.csv", "finetune_runs_newer.csv", "training_runs_hybrid.csv",
-                        "training_runs_dsv4.csv")
+                        "training_runs_dsv4.csv", "mlperf_training_lora_amd.csv")
 VALIDATION_ONLY_SOURCES = ("mlperf", "mlperflora", "bridge", "megatron", "nemoft")
 NEWER_SOURCES = ("bridge", "megatron")
 LOAD_BALANCE_RUNS = "moe_load_balance.csv"
@@ -415,7 +417,9 @@ class PreparedRow:
         """dense, moe, mlperf (the validation-only MLPerf GPT-3 rows), lora or sft (fine-tuning
         rows: MLPerf's LoRA, NeMo's table), dense-newer, moe-newer, sft-newer and lora-newer
         (NVIDIA's runs newer than the fit), hybrid-newer (the Nemotron 3 hybrid Mamba-Transformer
-        runs of training_runs_hybrid.csv), dsv4-newer (DeepSeek-V4, training_runs_dsv4.csv), each reported apart."""
+        runs of training_runs_hybrid.csv), dsv4-newer (DeepSeek-V4, training_runs_dsv4.csv), each reported apart;
+        a fine-tuning row on a GPU not made by NVIDIA takes its vendor as a suffix (lora-amd: MLPerf's
+        LoRA rows on AMD Instinct, mlperf_training_lora_amd.csv), its constants borrowed across vendors."""
         newer = assumptions_key(self.id) in NEWER_SOURCES
         if self.model.is_dsv4:  # DeepSeek-V4 (training_runs_dsv4.csv), before MoE
             return "dsv4-newer" if newer else "dsv4"
@@ -424,7 +428,8 @@ class PreparedRow:
         if self.model.is_moe:
             return "moe-newer" if newer else "moe"
         if self.model.finetune is not None:
-            return ("lora" if self.model.finetune.lora else "sft") + ("-newer" if newer else "")
+            kind = ("lora" if self.model.finetune.lora else "sft") + ("-newer" if newer else "")
+            return kind if self.hardware.vendor == "nvidia" else f"{kind}-{self.hardware.vendor}"
         if newer:
             return "dense-newer"
         return "mlperf" if self.validation_only else "dense"
@@ -620,6 +625,16 @@ def _tp_only_amax(other_knobs: str) -> bool:
     return "NVTE_DP_AMAX_REDUCE_INTERVAL=0" in stated or _knob_set(other_knobs, "TP_ONLY_AMAX_RED")
 
 
+def _block_recompute_layers(other_knobs: str) -> float:
+    """The layers NeMo's full recompute covers where ``other_knobs`` states them by the block method
+    (the AMD LoRA configs' ``ACG=full; ACM=block; ACL=21``: activations_checkpoint_granularity /
+    _method / _num_layers); NaN if not."""
+    stated = dict(part.strip().split("=", 1) for part in str(other_knobs).split(";") if "=" in part)
+    if stated.get("ACG") != "full" or stated.get("ACM") != "block" or not stated.get("ACL", "").isdigit():
+        return math.nan
+    return float(stated["ACL"])
+
+
 def _lora_rank(other_knobs: str) -> float:
     """The rank ``LORA_FINETUNE(rank=16)`` in ``other_knobs`` states (NaN if none)."""
     match = re.search(r"LORA_FINETUNE\(rank=(\d+)\)", str(other_knobs))
@@ -665,6 +680,7 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
         "lora_rank": [_lora_rank(k) for k in frame["other_knobs"]],
         # NeMo's a2a_experimental (the LoRA configs' LORA_A2A): 0 where the row does not state it.
         "lora_a2a": [int(_knob_set(k, "LORA_A2A")) for k in frame["other_knobs"]],
+        "recompute_num_layers": [_block_recompute_layers(k) for k in frame["other_knobs"]],
     })
     return pd.concat([out, arch], axis=1)
 

@@ -9,7 +9,8 @@ NVIDIA's runs newer than the fit (``training_runs_newer.csv``: Megatron-Bridge's
 ``finetune_runs_newer.csv``: those summaries' SFT and LoRA tables, kinds ``sft-newer`` /
 ``lora-newer``; ``training_runs_hybrid.csv``: their Nemotron 3 hybrid Mamba-Transformer runs, kind
 ``hybrid-newer``, and ``training_runs_dsv4.csv``: their DeepSeek-V4 runs, kind ``dsv4-newer``, each
-summarized apart (``HELD_APART_KINDS``); never fitted either). Each row pins the layout it states; what the source leaves unstated (recompute, CPU
+summarized apart (``HELD_APART_KINDS``), as is ``mlperf_training_lora_amd.csv``: MLPerf's LoRA rows on AMD
+Instinct GPUs, kind ``lora-amd``; never fitted either). Each row pins the layout it states; what the source leaves unstated (recompute, CPU
 offload and overlap for NeMo) is taken from what the source documents: the recipe the row ran
 (``data/recipe_settings.yaml``), else the source's defaults (``search_spaces/validation.yaml``);
 only what nothing documents (Narayanan's micro-batch size, the newer releases' recipes not read
@@ -192,7 +193,10 @@ HYBRID_KINDS = ("hybrid", "hybrid-newer")
 # DeepSeek-V4's runs (training_runs_dsv4.csv): the first rows with its hybrid sparse attention, mHC and hash
 # routing, held out the same way, in groups of their own ("dsv4 gpu").
 DSV4_KINDS = ("dsv4", "dsv4-newer")
-HELD_APART_KINDS = HYBRID_KINDS + DSV4_KINDS
+# MLPerf's LoRA rows on AMD Instinct GPUs (mlperf_training_lora_amd.csv): no constant is fitted on an AMD GPU,
+# each prices with an NVIDIA family's (efficiency_from); held out the same way, in groups of their own ("amd gpu").
+AMD_KINDS = ("lora-amd",)
+HELD_APART_KINDS = HYBRID_KINDS + DSV4_KINDS + AMD_KINDS
 
 
 def held_apart(report: pd.DataFrame) -> pd.Series:
@@ -202,7 +206,8 @@ def held_apart(report: pd.DataFrame) -> pd.Series:
 
 def summary(report: pd.DataFrame) -> pd.DataFrame:
     """Mean and max |error| for dense and MoE rows apart, then per source and per GPU (held-out
-    beside in-sample); the ``HELD_APART_KINDS`` rows per kind and per GPU of their own ("hybrid gpu")."""
+    beside in-sample); the ``HELD_APART_KINDS`` rows per kind and per GPU of their own ("hybrid gpu",
+    "dsv4 gpu", "amd gpu")."""
     apart = held_apart(report)
     rest, hybrid = report[~apart], report[apart]
     groups = [("kind", name, g) for name, g in report.groupby("kind")]
@@ -210,9 +215,10 @@ def summary(report: pd.DataFrame) -> pd.DataFrame:
     groups += [("gpu", name, g) for name, g in rest.groupby("gpu")]
     if "system" in report:
         groups += [("system", name, g) for name, g in rest.groupby("system")]
-    dsv4 = hybrid["kind"].isin(DSV4_KINDS)
-    groups += [("hybrid gpu", name, g) for name, g in hybrid[~dsv4].groupby("gpu")]
+    dsv4, amd = hybrid["kind"].isin(DSV4_KINDS), hybrid["kind"].isin(AMD_KINDS)
+    groups += [("hybrid gpu", name, g) for name, g in hybrid[~dsv4 & ~amd].groupby("gpu")]
     groups += [("dsv4 gpu", name, g) for name, g in hybrid[dsv4].groupby("gpu")]
+    groups += [("amd gpu", name, g) for name, g in hybrid[amd].groupby("gpu")]
     out = []
     for by, name, g in groups:
         entry = {"by": by, "group": name, "rows": len(g), "mean_abs_error_pct": g["error_pct"].abs().mean(),
