@@ -170,3 +170,13 @@ def test_mesh_presets_need_two_gpus():
     mi = io.load_hardware("mi300x")
     with pytest.raises(ValueError, match="mesh joins at least 2 GPUs"):
         dataclasses.replace(mi, nvlink_domain=1)
+
+
+def test_the_amd_rows_leave_every_nvidia_familys_tie_band_alone():
+    """The AMD rows price with h100-sxm's constants; their errors are not that family's band."""
+    from autoparallel import validate
+    report = pd.DataFrame({"gpu": ["h100-sxm", "h100-sxm", "mi300x"], "kind": ["dense", "lora", "lora-amd"],
+                           "heldout_error_pct": [5.0, 6.0, -35.0]})
+    bands = validate.tie_bands(report)
+    assert bands["by_family"] == {"h100-sxm": {"dense": 0.05, "dense_rows": 1, "lora": 0.06, "lora_rows": 1}}
+    assert bands["step_time_relative_error"] == 0.05

@@ -301,9 +301,11 @@ def test_mlperf_rows_are_never_fitted(full_report, report):
 
 def test_summary_reports_sources_and_gpus_with_held_out_errors(full_report):
     s = validate.summary(full_report)
-    assert list(s.by.unique()) == ["kind", "source", "gpu", "system", "hybrid gpu", "dsv4 gpu"]
+    assert list(s.by.unique()) == ["kind", "source", "gpu", "system", "hybrid gpu", "dsv4 gpu", "amd gpu"]
     assert set(s[s.by == "kind"].group) == {"dense", "moe", "mlperf", "lora", "sft", "dense-newer", "moe-newer",
-                                            "sft-newer", "lora-newer", "hybrid-newer", "dsv4-newer"}
+                                            "sft-newer", "lora-newer", "hybrid-newer", "dsv4-newer", "lora-amd"}
+    assert set(s[s.by == "amd gpu"].group) == {"mi300x", "mi325x", "mi350x", "mi355x"}
+    assert not {"mi300x", "mi325x", "mi350x", "mi355x"} & set(s[s.by == "gpu"].group)  # held apart
     assert {"heldout_mean_abs_error_pct", "heldout_max_abs_error_pct"} <= set(s.columns)
     assert (s.heldout_mean_abs_error_pct >= 0).all()
 
