@@ -541,10 +541,13 @@ def test_mlperf_rows_are_held_out_by_system_too(full_report):
     mlperf = full_report.source.isin(["mlperf", "mlperflora", "nemoft"])
     assert full_report.heldout_system_error_pct[mlperf].notna().all()
     assert full_report.heldout_system_error_pct[~mlperf].isna().all() and full_report.system[~mlperf].isna().all()
-    assert set(full_report.system[full_report.source == "mlperflora"]) == {
+    hopper = (full_report.source == "mlperflora") & (full_report.kind == "lora")
+    assert set(full_report.system[hopper]) == {
         "h100-sxm 1 node", "h100-sxm 2-8 nodes", "h100-sxm 9-64 nodes", "h100-sxm >64 nodes",
         "h200 1 node", "h200 2-8 nodes", "h200 9-64 nodes"}
-    lora = full_report[full_report.source == "mlperflora"]
+    assert set(full_report.system[full_report.kind == "lora-amd"]) == {  # mlperf_training_lora_amd.csv
+        "mi300x 1 node", "mi300x 2-8 nodes", "mi325x 1 node", "mi325x 2-8 nodes", "mi350x 1 node", "mi355x 1 node"}
+    lora = full_report[hopper]
     assert lora.heldout_system_error_pct.abs().mean() <= LORA_BY_SYSTEM_MEAN
     s = validate.summary(full_report)
     assert {"heldout_system_mean_abs_error_pct", "heldout_system_max_abs_error_pct"} <= set(s.columns)
