@@ -45,10 +45,13 @@ TRAINING_RUNS = ("training_runs.csv", "training_runs_more.csv", "training_runs_p
 # (nemo_finetune_runs.csv) and Megatron-Bridge's newer SFT / LoRA tables (finetune_runs_newer.csv) are
 # predicted only too: no fit has fine-tuning rows. The Nemotron 3 hybrid Mamba-Transformer runs of the
 # same summaries (training_runs_hybrid.csv) are a held-out group of their own (kind hybrid-newer), and so are
-# the DeepSeek-V4 runs of the 26.08 summary (training_runs_dsv4.csv, kind dsv4-newer).
+# the DeepSeek-V4 runs of the 26.08 summary (training_runs_dsv4.csv, kind dsv4-newer). MLPerf's LoRA rows on
+# AMD Instinct GPUs (mlperf_training_lora_amd.csv), priced with an NVIDIA family's constants, are a group of
+# their own too (kind lora-amd: ``PreparedRow.kind``).
 VALIDATION_ONLY_RUNS = ("mlperf_training_gpt3.csv", "mlperf_training_lora_hopper.csv", "training_runs_newer.csv",
                         "nemo_finetune_runs.csv", "finetune_runs_newer.csv", "training_runs_hybrid.csv",
-                        "training_runs_dsv4.csv", "mlperf_training_lora_blackwell.csv", "mlperf_training_llama31.csv")
+                        "training_runs_dsv4.csv", "mlperf_training_lora_blackwell.csv", "mlperf_training_llama31.csv",
+                        "mlperf_training_lora_amd.csv")
 VALIDATION_ONLY_SOURCES = ("mlperf", "mlperflora", "bridge", "megatron", "nemoft", "mlperfllama")
 NEWER_SOURCES = ("bridge", "megatron")
 LOAD_BALANCE_RUNS = "moe_load_balance.csv"
@@ -420,7 +423,9 @@ class PreparedRow:
         rows: MLPerf's LoRA, NeMo's table), dense-newer, moe-newer, sft-newer and lora-newer
         (NVIDIA's runs newer than the fit), hybrid-newer (the Nemotron 3 hybrid Mamba-Transformer
         runs of training_runs_hybrid.csv), dsv4-newer (DeepSeek-V4, training_runs_dsv4.csv), lora-blackwell
-        (MLPerf's LoRA rows on B200 / B300 / GB200 / GB300, mlperf_training_lora_blackwell.csv), each reported apart."""
+        (MLPerf's LoRA rows on B200 / B300 / GB200 / GB300, mlperf_training_lora_blackwell.csv), each reported
+        apart; a fine-tuning row on a GPU not made by NVIDIA takes its vendor as a suffix (lora-amd: MLPerf's
+        LoRA rows on AMD Instinct, mlperf_training_lora_amd.csv), its constants borrowed across vendors."""
         newer = assumptions_key(self.id) in NEWER_SOURCES
         if assumptions_key(self.id) == MLPERF_LLAMA_SOURCE:  # MLPerf's Llama 3.1 pre-training, per model
             return f"mlperf-{self.row['model']}"
@@ -431,9 +436,12 @@ class PreparedRow:
         if self.model.is_moe:
             return "moe-newer" if newer else "moe"
         if self.model.finetune is not None:
+            kind = ("lora" if self.model.finetune.lora else "sft") + ("-newer" if newer else "")
+            if self.hardware.vendor != "nvidia":
+                return f"{kind}-{self.hardware.vendor}"
             if assumptions_key(self.id) == "mlperflora" and self.family == BLACKWELL_FAMILY:
                 return "lora-blackwell"
-            return ("lora" if self.model.finetune.lora else "sft") + ("-newer" if newer else "")
+            return kind
         if newer:
             return "dense-newer"
         return "mlperf" if self.validation_only else "dense"
@@ -680,6 +688,16 @@ def _cuda_graph(other_knobs: str) -> str:
     return "layer" if _knob_set(other_knobs, "LAYER_CUDA_GRAPH") or _knob_set(other_knobs, "MCORE_CUDA_GRAPH") else "none"
 
 
+def _block_recompute_layers(other_knobs: str) -> float:
+    """The layers NeMo's full recompute covers where ``other_knobs`` states them by the block method
+    (the AMD LoRA configs' ``ACG=full; ACM=block; ACL=21``: activations_checkpoint_granularity /
+    _method / _num_layers); NaN if not."""
+    layers = str(_knob_value(other_knobs, "ACL"))
+    if _knob_value(other_knobs, "ACG") != "full" or _knob_value(other_knobs, "ACM") != "block" or not layers.isdigit():
+        return math.nan
+    return float(layers)
+
+
 def _lora_rank(other_knobs: str) -> float:
     """The rank ``LORA_FINETUNE(rank=16)`` in ``other_knobs`` states (NaN if none)."""
     match = re.search(r"LORA_FINETUNE\(rank=(\d+)\)", str(other_knobs))
@@ -752,6 +770,7 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
         # TE's CP communication (Megatron's cp_comm_type) where the row states it (CP_COMM_TYPE=a2a: the
         # v5.0 / v5.1 implementations' train.py passes cp_comm_type=${CP_COMM_TYPE:-a2a}); else unstated.
         CP_COMM_TYPE_COLUMN: [_knob_value(k, "CP_COMM_TYPE") for k in frame["other_knobs"]],
+        "recompute_num_layers": [_block_recompute_layers(k) for k in frame["other_knobs"]],
     })
     return pd.concat([out, arch], axis=1)
 

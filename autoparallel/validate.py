@@ -10,9 +10,10 @@ NVIDIA's runs newer than the fit (``training_runs_newer.csv``: Megatron-Bridge's
 ``lora-newer``; ``training_runs_hybrid.csv``: their Nemotron 3 hybrid Mamba-Transformer runs, kind
 ``hybrid-newer``, and ``training_runs_dsv4.csv``: their DeepSeek-V4 runs, kind ``dsv4-newer``; MLPerf
 Training's Llama-2-70B LoRA submissions on Blackwell, ``mlperf_training_lora_blackwell.csv``, kind
-``lora-blackwell``; and its Llama 3.1 405B / 8B pre-training submissions (``mlperf_training_llama31.csv``,
-kinds ``mlperf-llama3.1-405b`` / ``mlperf-llama3.1-8b``, per model and GPU), each summarized apart
-(``HELD_APART_KINDS``); never fitted either). Each row pins the layout it states; what the source leaves unstated (recompute, CPU
+``lora-blackwell``, and on AMD Instinct GPUs, ``mlperf_training_lora_amd.csv``, kind ``lora-amd``; and its
+Llama 3.1 405B / 8B pre-training submissions (``mlperf_training_llama31.csv``, kinds ``mlperf-llama3.1-405b``
+/ ``mlperf-llama3.1-8b``, per model and GPU), each summarized apart (``HELD_APART_KINDS``); never fitted
+either). Each row pins the layout it states; what the source leaves unstated (recompute, CPU
 offload and overlap for NeMo) is taken from what the source documents: the recipe the row ran
 (``data/recipe_settings.yaml``), else the source's defaults (``search_spaces/validation.yaml``);
 only what nothing documents (Narayanan's micro-batch size, the newer releases' recipes not read
@@ -202,7 +203,10 @@ BLACKWELL_LORA_KINDS = ("lora-blackwell",)
 # B200 to GB300 in FP8 and NVFP4, never fitted; reported per model and GPU ("mlperf-llama gpu") and kept out of
 # the per-source, per-GPU and per-system groups and of the tie bands, whose figures describe the other rows.
 MLPERF_LLAMA_KINDS = ("mlperf-llama3.1-405b", "mlperf-llama3.1-8b")
-HELD_APART_KINDS = HYBRID_KINDS + DSV4_KINDS + BLACKWELL_LORA_KINDS + MLPERF_LLAMA_KINDS
+# MLPerf's LoRA rows on AMD Instinct GPUs (mlperf_training_lora_amd.csv): no constant is fitted on an AMD GPU,
+# each prices with an NVIDIA family's (efficiency_from); held out the same way, in groups of their own ("amd gpu").
+AMD_KINDS = ("lora-amd",)
+HELD_APART_KINDS = HYBRID_KINDS + DSV4_KINDS + BLACKWELL_LORA_KINDS + MLPERF_LLAMA_KINDS + AMD_KINDS
 
 
 def held_apart(report: pd.DataFrame) -> pd.Series:
@@ -212,7 +216,8 @@ def held_apart(report: pd.DataFrame) -> pd.Series:
 
 def summary(report: pd.DataFrame) -> pd.DataFrame:
     """Mean and max |error| for dense and MoE rows apart, then per source and per GPU (held-out
-    beside in-sample); the ``HELD_APART_KINDS`` rows per kind and per GPU of their own ("hybrid gpu")."""
+    beside in-sample); the ``HELD_APART_KINDS`` rows per kind and per GPU of their own ("hybrid gpu",
+    "dsv4 gpu", "amd gpu")."""
     apart = held_apart(report)
     rest, hybrid = report[~apart], report[apart]
     groups = [("kind", name, g) for name, g in report.groupby("kind")]
@@ -221,12 +226,13 @@ def summary(report: pd.DataFrame) -> pd.DataFrame:
     if "system" in report:
         groups += [("system", name, g) for name, g in rest.groupby("system")]
     dsv4, lora = hybrid["kind"].isin(DSV4_KINDS), hybrid["kind"].isin(BLACKWELL_LORA_KINDS)
-    llama = hybrid["kind"].isin(MLPERF_LLAMA_KINDS)
-    groups += [("hybrid gpu", name, g) for name, g in hybrid[~dsv4 & ~lora & ~llama].groupby("gpu")]
+    llama, amd = hybrid["kind"].isin(MLPERF_LLAMA_KINDS), hybrid["kind"].isin(AMD_KINDS)
+    groups += [("hybrid gpu", name, g) for name, g in hybrid[~dsv4 & ~lora & ~llama & ~amd].groupby("gpu")]
     groups += [("dsv4 gpu", name, g) for name, g in hybrid[dsv4].groupby("gpu")]
     groups += [("lora-blackwell gpu", name, g) for name, g in hybrid[lora].groupby("gpu")]
     groups += [("mlperf-llama gpu", f"{kind.removeprefix('mlperf-llama3.1-')} {gpu}", g)
                for (kind, gpu), g in hybrid[llama].groupby(["kind", "gpu"])]
+    groups += [("amd gpu", name, g) for name, g in hybrid[amd].groupby("gpu")]
     out = []
     for by, name, g in groups:
         entry = {"by": by, "group": name, "rows": len(g), "mean_abs_error_pct": g["error_pct"].abs().mean(),
@@ -355,7 +361,8 @@ def tie_bands(report: pd.DataFrame) -> dict:
     held = held_apart(errors)
     pooled = errors[~held].groupby("kind")["error"].mean()
     by_family: dict[str, dict] = {}
-    for (fam, kind), group in errors.groupby(["family", "kind"]):
+    # Not the AMD rows: their constants are an NVIDIA family's, borrowed; their errors are not that family's.
+    for (fam, kind), group in errors[~errors["kind"].isin(AMD_KINDS)].groupby(["family", "kind"]):
         by_family.setdefault(fam, {}).update({kind: round(float(group["error"].mean()), 3), f"{kind}_rows": len(group)})
     bands = {"step_time_relative_error": round(float(pooled["dense"]), 3),
              "moe_step_time_relative_error": round(float(pooled["moe"]), 3) if "moe" in pooled else None}

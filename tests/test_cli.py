@@ -211,15 +211,15 @@ def test_the_hardware_list_names_the_link_of_each_gpu_domain(monkeypatch, tmp_pa
     presets.list_presets("hardware")
     lines = buffer.getvalue().splitlines()
     rows = {line.split()[0]: " ".join(line.split()[5:7]) for line in lines if line[:1].isalnum()}
-    assert (rows["l40s"], rows["h100-sxm"], rows["gb200"], rows["cpu-local"]) == (
-        "PCIe 8", "NVLink 8", "NVLink 72", "host 4")
+    assert (rows["l40s"], rows["h100-sxm"], rows["gb200"], rows["cpu-local"], rows["mi355x"]) == (
+        "PCIe 8", "NVLink 8", "NVLink 72", "host 4", "xGMI 8")
     assert re.search(r"HBM TB/s +GPU link +fitted on", buffer.getvalue()) and max(map(len, lines)) <= 80
     l40s = io.load_hardware("l40s")
     assert l40s.scale_up_link == "pcie" and l40s.nvlink_domain == 8 and l40s.nvlink_gbps == 64
     yaml_text = (io.resolve_preset("hardware", "l40s")).read_text().replace("scale_up_link: pcie", "scale_up_link: pci")
     (tmp_path / "bad.yaml").write_text(yaml_text.replace("efficiency_from: h100-sxm", "efficiency_from: "
                                                          + str(io.resolve_preset("hardware", "h100-sxm"))))
-    with pytest.raises(UserError, match=r"scale_up_link must be one of nvlink, pcie, host, got 'pci'"):
+    with pytest.raises(UserError, match=r"scale_up_link must be one of nvlink, pcie, host, xgmi, got 'pci'"):
         io.load_hardware(str(tmp_path / "bad.yaml"))
     from autoparallel.costmodel.estimate import estimate_plan
     from autoparallel.specs.plan import Plan

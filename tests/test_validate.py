@@ -302,10 +302,12 @@ def test_mlperf_rows_are_never_fitted(full_report, report):
 def test_summary_reports_sources_and_gpus_with_held_out_errors(full_report):
     s = validate.summary(full_report)
     assert list(s.by.unique()) == ["kind", "source", "gpu", "system", "hybrid gpu", "dsv4 gpu", "lora-blackwell gpu",
-                                   "mlperf-llama gpu"]
+                                   "mlperf-llama gpu", "amd gpu"]
     assert set(s[s.by == "kind"].group) == {"dense", "moe", "mlperf", "lora", "sft", "dense-newer", "moe-newer",
                                             "sft-newer", "lora-newer", "hybrid-newer", "dsv4-newer", "lora-blackwell",
-                                            "mlperf-llama3.1-405b", "mlperf-llama3.1-8b"}
+                                            "mlperf-llama3.1-405b", "mlperf-llama3.1-8b", "lora-amd"}
+    assert set(s[s.by == "amd gpu"].group) == {"mi300x", "mi325x", "mi350x", "mi355x"}
+    assert not {"mi300x", "mi325x", "mi350x", "mi355x"} & set(s[s.by == "gpu"].group)  # held apart
     assert {"heldout_mean_abs_error_pct", "heldout_max_abs_error_pct"} <= set(s.columns)
     assert (s.heldout_mean_abs_error_pct >= 0).all()
 
@@ -574,6 +576,8 @@ def test_mlperf_rows_are_held_out_by_system_too(full_report):
         "h100-sxm 1 node", "h100-sxm 2-8 nodes", "h100-sxm 9-64 nodes", "h100-sxm >64 nodes",
         "h200 1 node", "h200 2-8 nodes", "h200 9-64 nodes"}
     assert set(full_report.system[full_report.kind == "lora-blackwell"]) >= {"b200 1 node", "gb200 9-64 nodes"}
+    assert set(full_report.system[full_report.kind == "lora-amd"]) == {  # mlperf_training_lora_amd.csv
+        "mi300x 1 node", "mi300x 2-8 nodes", "mi325x 1 node", "mi325x 2-8 nodes", "mi350x 1 node", "mi355x 1 node"}
     lora = full_report[hopper]
     assert lora.heldout_system_error_pct.abs().mean() <= LORA_BY_SYSTEM_MEAN
     s = validate.summary(full_report)

@@ -28,8 +28,21 @@ def ranks_per_domain(hw: HardwareSpec, group_size, stride):
     return np.minimum(np.maximum(hw.nvlink_domain // np.maximum(stride, 1), 1), group_size)  # np.clip, 4x faster
 
 
-def _bandwidths(hw: HardwareSpec):
-    nvlink = hw.nvlink_unidirectional_gbps * 1e9 * hw.efficiency.nvlink
+def scale_up_bandwidth(hw: HardwareSpec, ranks=None):
+    """Bytes/s one GPU sends (and receives) at once to the other ``ranks - 1`` members of its group
+    inside its domain, before efficiency. Through a switch (NVSwitch) the GPU's whole link whatever
+    the group; on a direct full mesh (``HardwareSpec.scale_up_mesh``: Infinity Fabric, each GPU one
+    link to each peer) only the links to the group's members, ``ranks - 1`` of the
+    ``nvlink_domain - 1`` that ``nvlink_gbps`` adds up (a pipeline send, ``ranks`` None, one link)."""
+    whole = hw.nvlink_unidirectional_gbps * 1e9
+    if not hw.scale_up_mesh:
+        return whole
+    peers = 1.0 if ranks is None else np.maximum(np.asarray(ranks, dtype=float) - 1, 1.0)
+    return whole * peers / (hw.nvlink_domain - 1)
+
+
+def _bandwidths(hw: HardwareSpec, ranks=None):
+    nvlink = scale_up_bandwidth(hw, ranks) * hw.efficiency.nvlink
     network = hw.internode_gbps * 1e9 * hw.efficiency.internode
     return nvlink, network
 
@@ -53,7 +66,7 @@ class Group:
     intra_share: np.ndarray  # (g-1)/g of the buffer crosses NVLink
     inter_share: np.ndarray  # (nodes-1)/nodes of each rank's S/g crosses the network
     latency_s: np.ndarray  # a hop on each tier the group spans
-    nvlink: float  # achievable bytes/s
+    nvlink: float | np.ndarray  # achievable bytes/s (per group size on a mesh: ``scale_up_bandwidth``)
     network: float
 
     def reduce_scatter_time(self, nbytes):
@@ -72,7 +85,7 @@ def group(hw: HardwareSpec, group_size, per_node) -> Group:
     n = np.asarray(group_size, dtype=float)
     g = np.minimum(per_node, n)
     nodes = n / g
-    nvlink, network = _bandwidths(hw)
+    nvlink, network = _bandwidths(hw, g)
     latency = np.where(g > 1, hw.nvlink_latency_us, 0.0) + np.where(nodes > 1, hw.internode_latency_us, 0.0)
     return Group(n, g, (g - 1) / g, (nodes - 1) / np.maximum(nodes, 1), latency * 1e-6, nvlink, network)
 

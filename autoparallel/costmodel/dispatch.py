@@ -73,7 +73,7 @@ def alltoall_time(hw: HardwareSpec, nbytes, ep, etp):
     ep = np.asarray(ep, dtype=float)
     eff = hw.efficiency
     inside, _ = _ep_domains(hw, ep, etp)
-    nvlink = hw.nvlink_unidirectional_gbps * 1e9 * eff.alltoall
+    nvlink = comm.scale_up_bandwidth(hw, inside) * eff.alltoall
     network = hw.internode_gbps * 1e9 * eff.alltoall
     intra = nbytes * (inside - 1) / ep / nvlink
     inter = nbytes * (ep - inside) / ep / network
@@ -121,7 +121,7 @@ def flex_time(hw: HardwareSpec, model: ModelSpec, tokens, ep, etp, imbalance, va
     # the others of a remote node.
     nvlink_pairs = gpus * ((inside - 1) / ep + (ep - inside) / ep * (inside - 1) / inside)
     rdma = tokens * remote_nodes * per_copy / (hw.internode_gbps * 1e9 * eff.internode)
-    nvlink = tokens * nvlink_pairs * per_copy / (hw.nvlink_unidirectional_gbps * 1e9 * eff.nvlink)
+    nvlink = tokens * nvlink_pairs * per_copy / (comm.scale_up_bandwidth(hw, inside) * eff.nvlink)
     latency = np.where(nodes > 1, hw.internode_latency_us, hw.nvlink_latency_us) * 1e-6
     return np.where(ep > 1, np.maximum(rdma, nvlink) + latency, 0.0)
 

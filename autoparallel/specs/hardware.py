@@ -84,7 +84,10 @@ class Efficiency:
 
 
 # The links a hardware preset's ``scale_up_link`` can name, as `autoparallel hardware` prints them.
-SCALE_UP_LINKS = {"nvlink": "NVLink", "pcie": "PCIe", "host": "host"}
+SCALE_UP_LINKS = {"nvlink": "NVLink", "pcie": "PCIe", "host": "host", "xgmi": "xGMI"}
+# The links that join a domain as a direct full mesh, no switch: AMD Instinct's Infinity Fabric
+# (xGMI), one link from each GPU to each of the other ``nvlink_domain - 1`` (``comm.scale_up_bandwidth``).
+MESH_LINKS = ("xgmi",)
 
 
 @dataclass(frozen=True)
@@ -127,8 +130,14 @@ class HardwareSpec:
     internode_latency_us: float = 10.0
     # What joins the GPUs of one ``nvlink_domain`` (a key of ``SCALE_UP_LINKS``): NVLink / NVSwitch,
     # or PCIe on a card without NVLink (L40S: the domain is one server's PCIe switch, priced at its
-    # ``nvlink_gbps`` all the same). Only what `autoparallel hardware` shows: no price reads it.
+    # ``nvlink_gbps`` all the same), or Infinity Fabric (AMD Instinct), a direct full mesh
+    # (``MESH_LINKS``) whose ``nvlink_gbps`` is the GPU's links to all its peers together: a
+    # collective over fewer GPUs of the domain gets only the links to its members
+    # (``comm.scale_up_bandwidth``). The mesh aside, only what `autoparallel hardware` shows.
     scale_up_link: str = "nvlink"
+    # Who makes the GPU: validate reports the rows of a GPU not made by NVIDIA, whose constants are
+    # borrowed from an NVIDIA family (``efficiency_from``), as kinds of their own ("lora-amd").
+    vendor: str = "nvidia"
     reserve_gib: float = 4.0  # CUDA context, NCCL buffers, allocator fragmentation
     efficiency: Efficiency = field(default_factory=Efficiency)
     # A GPU without published runs of its own takes the fitted constants of a similar one.
@@ -148,6 +157,8 @@ class HardwareSpec:
                 raise ValueError(f"{key} must be positive (or left out), got {getattr(self, key)}")
         if self.scale_up_link not in SCALE_UP_LINKS:
             raise ValueError(f"scale_up_link must be one of {', '.join(SCALE_UP_LINKS)}, got {self.scale_up_link!r}")
+        if self.scale_up_mesh and self.nvlink_domain < 2:
+            raise ValueError(f"a {self.scale_up_link} mesh joins at least 2 GPUs, got nvlink_domain={self.nvlink_domain}")
         if self.clock_speed <= 0:
             raise ValueError(f"clock_speed must be positive, got {self.clock_speed}")
         if self.reserve_gib >= self.memory_gib:
@@ -166,6 +177,11 @@ class HardwareSpec:
     @property
     def nvlink_unidirectional_gbps(self) -> float:
         return self.nvlink_gbps / 2
+
+    @property
+    def scale_up_mesh(self) -> bool:
+        """The domain is a direct full mesh (``MESH_LINKS``), not a switch."""
+        return self.scale_up_link in MESH_LINKS
 
 
 def clock_limited_speed(hw: HardwareSpec, donor: HardwareSpec) -> float:
