@@ -19,15 +19,15 @@ import argparse
 import csv
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mlperf_results import MIRRORS, Mirror, mllog  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "autoparallel" / "data" / "mlperf_training_lora_amd.csv"
 COLUMNS_FROM = ROOT / "autoparallel" / "data" / "mlperf_training_lora_hopper.csv"
-ROUNDS = {"v5.0": "/work/.mirror/mlcommons+training_results_v5.0/repo",
-          "v5.1": "/work/.mirror/mlcommons+training_results_v5.1/repo"}
 # accelerator_model_name of the system JSON -> hardware preset
 GPU = re.compile(r"AMD Instinct (MI3[0-9]{2}X)")
 SEQ_LENGTH = 8192  # the benchmark's packed GovReport sequences
@@ -37,10 +37,6 @@ SEQ_LENGTH = 8192  # the benchmark's packed GovReport sequences
 # configs recompute 21 layers in full (block), the others set none.
 KNOBS = ("FP8_DPA", "FP8_AMAX_HISTORY", "LORA_A2A", "FP8_ACTIVATION", "ACG", "ACM", "ACL")
 LAYOUT = ("TP", "PP", "CP", "SP", "MBS", "TP_COMM_OVERLAP") + KNOBS
-
-
-def git(repo: str, *args: str) -> str:
-    return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True, check=True).stdout
 
 
 def exports(text: str) -> dict[str, str]:
@@ -57,19 +53,15 @@ def exports(text: str) -> dict[str, str]:
     return out
 
 
-def mllog(text: str) -> list[dict]:
-    return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in text.splitlines() if ":::MLLOG " in line]
-
-
-def configs(repo: str, files: list[str], submitter: str, system: str, gpu: str, nodes: int) -> list[tuple[str, dict]]:
+def configs(mirror: Mirror, submitter: str, system: str, gpu: str, nodes: int) -> list[tuple[str, dict]]:
     """The submitter's LoRA configs for ``gpu`` or ``system`` (named by MLPERF_SUBMISSION_PLATFORM or
     the file name) on ``nodes`` nodes (DGXNNODES), as (path, exports)."""
     out = []
-    for path in files:
+    for path in mirror.files:
         if not (re.match(rf"{re.escape(submitter)}/benchmarks?/llama2_70b_lora/", path)
                 and re.search(r"/config_[^/]*\.sh$", path) and "common" not in path.rsplit("/", 1)[1]):
             continue
-        env = exports(git(repo, "show", f"HEAD:{path}"))
+        env = exports(mirror.show(path))
         named = (env.get("MLPERF_SUBMISSION_PLATFORM", "") + " " + path.rsplit("/", 1)[1]).upper()
         if (gpu.upper() in named or system.upper() in named) and env.get("DGXNNODES", "") == str(nodes) and "TP" in env:
             out.append((path, env))
@@ -89,12 +81,12 @@ def pick_config(found: list[tuple[str, dict]], system: str) -> tuple[str, dict, 
 
 
 def rows_of(round_: str, repo: str) -> list[dict]:
-    commit = git(repo, "rev-parse", "HEAD").strip()
-    files = git(repo, "ls-tree", "-r", "--name-only", "HEAD").split("\n")
+    mirror = Mirror(repo)
+    commit, files = mirror.commit, mirror.files
     rows = []
     for sys_path in sorted(f for f in files if re.fullmatch(r"[^/]+/systems/[^/]+\.json", f)):
         submitter, system = sys_path.split("/")[0], sys_path.rsplit("/", 1)[1][:-5]
-        desc = json.loads(git(repo, "show", f"HEAD:{sys_path}"))
+        desc = json.loads(mirror.show(sys_path))
         m = GPU.search(desc.get("accelerator_model_name", ""))
         results = sorted(f for f in files if f.startswith(f"{submitter}/results/{system}/llama2_70b_lora/result_"))
         if not m or not results:
@@ -102,12 +94,12 @@ def rows_of(round_: str, repo: str) -> list[dict]:
         gpu = m.group(1).lower()
         nodes = int(desc["number_of_nodes"])
         gpus = nodes * int(desc["accelerators_per_node"])
-        found = configs(repo, files, submitter, system, m.group(1), nodes)
+        found = configs(mirror, submitter, system, m.group(1), nodes)
         if not found:
             print(f"skipped {round_} {submitter}/{system}: no {m.group(1)} config for {nodes} node(s)", file=sys.stderr)
             continue
         config, env, note = pick_config(found, system)
-        log = mllog(git(repo, "show", f"HEAD:{results[0]}"))
+        log = mllog(mirror.show(results[0]))
         value = {e["key"]: e["value"] for e in log if e["event_type"] == "POINT_IN_TIME"}
         throughput = [e["value"]["throughput"] for e in log if e["key"] == "tracked_stats"]
         gbs = int(value["global_batch_size"])
@@ -134,13 +126,13 @@ def rows_of(round_: str, repo: str) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    for round_, repo in ROUNDS.items():
+    for round_, repo in MIRRORS.items():
         parser.add_argument(f"--{round_}", default=repo, help=f"git dir of mlcommons/training_results_{round_}")
     parser.add_argument("--out", type=Path, default=OUT, help="CSV to write (default: the shipped one)")
     args = vars(parser.parse_args())
     with COLUMNS_FROM.open() as f:
         columns = next(csv.reader(f))
-    rows = [r for round_ in ROUNDS for r in rows_of(round_, args[round_])]
+    rows = [r for round_ in MIRRORS for r in rows_of(round_, args[round_])]
     with args["out"].open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n")
         writer.writeheader()

@@ -36,17 +36,17 @@ import argparse
 import json
 import re
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mlperf_results import MIRRORS, Mirror, truthy  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "autoparallel" / "data" / "mlperf_training_lora_blackwell.csv"
 HOPPER = ROOT / "autoparallel" / "data" / "mlperf_training_lora_hopper.csv"
-MIRRORS = {"v5.0": "/work/.mirror/mlcommons+training_results_v5.0/repo",
-           "v5.1": "/work/.mirror/mlcommons+training_results_v5.1/repo"}
 SEQ = 8192
 # accelerator_model_name (systems/*.json) -> hardware preset.
 GPUS = (("GB300", "gb300"), ("GB200", "gb200"), ("B300", "b300"), ("B200", "b200"))
@@ -69,35 +69,12 @@ PRINTED = {"tensor_model_parallel_size": "TP", "pipeline_model_parallel_size": "
            "ub_tp_comm_overlap": "TP_COMM_OVERLAP"}
 
 
-class Repo:
-    """One results repository (a git directory): its commit, its file list, file text by path."""
-
-    def __init__(self, git_dir: str):
-        self.dir = git_dir
-        self.commit = self._git("rev-parse", "HEAD").strip()
-        self.files = self._git("ls-tree", "-r", "--name-only", "HEAD").splitlines()
-        self.file_set = set(self.files)
-
-    def _git(self, *args) -> str:
-        return subprocess.run(["git", "-C", self.dir, *args], capture_output=True, text=True,
-                              errors="replace", check=True).stdout
-
-    def text(self, path: str) -> str | None:
-        done = subprocess.run(["git", "-C", self.dir, "show", f"HEAD:{path}"], capture_output=True,
-                              text=True, errors="replace")
-        return done.stdout if done.returncode == 0 else None
-
-
-def _truthy(value: str) -> bool:
-    return str(value).strip().lower() in ("1", "true", "t", "yes")
-
-
-def shell_env(repo: Repo, path: str, env: dict | None = None) -> dict:
+def shell_env(repo: Mirror, path: str, env: dict | None = None) -> dict:
     """The variables a config_*.sh exports, its ``source``d files read first where it sources them
     (``source $(dirname ${BASH_SOURCE[0]})/config_common.sh``): ``export NAME=value`` lines, with
     ``${VAR}`` / ``${VAR:-default}`` substituted and ``$(( ... ))`` evaluated where it is arithmetic."""
     env = {} if env is None else env
-    text = repo.text(path) or ""
+    text = repo.show(path) or ""
     folder = path.rsplit("/", 1)[0]
     for raw in text.splitlines():
         line = raw.split(" #", 1)[0].strip().rstrip(";")
@@ -146,22 +123,22 @@ def layout(env: dict) -> dict:
     gpus = nodes * per_node
     return dict(notes=tuple(env.get("_NOTES", ())), gpus=gpus, nodes=nodes, tp=tp, pp=pp, cp=cp, mbs=mbs,
                 gbs=minibs * (gpus // (tp * pp)) // cp,
-                ga=minibs // mbs, sp=_truthy(get("SP")), fp4=_truthy(get("FP4")), fp8=_truthy(get("FP8")),
-                fp8_dpa=_truthy(get("FP8_DPA")), fp8_act=_truthy(get("FP8_ACT")),
-                amax_history=get("FP8_AMAX_HISTORY"), layer_cg=_truthy(get("LAYER_CUDA_GRAPH")),
-                mcore_cg=_truthy(get("MCORE_CUDA_GRAPH")), cg_scope=get("CUDA_GRAPH_SCOPE"),
-                tp_overlap=_truthy(get("TP_COMM_OVERLAP")), dist_opt=_truthy(get("USE_DISTRIBUTED_OPTIMIZER")),
+                ga=minibs // mbs, sp=truthy(get("SP")), fp4=truthy(get("FP4")), fp8=truthy(get("FP8")),
+                fp8_dpa=truthy(get("FP8_DPA")), fp8_act=truthy(get("FP8_ACT")),
+                amax_history=get("FP8_AMAX_HISTORY"), layer_cg=truthy(get("LAYER_CUDA_GRAPH")),
+                mcore_cg=truthy(get("MCORE_CUDA_GRAPH")), cg_scope=get("CUDA_GRAPH_SCOPE"),
+                tp_overlap=truthy(get("TP_COMM_OVERLAP")), dist_opt=truthy(get("USE_DISTRIBUTED_OPTIMIZER")),
                 healing_iter=int(get("HEALING_ITER") or 0), fp4_recipe=get("FP4_RECIPE"),
-                healing_precision=get("HEALING_PRECISION"), lora_a2a=_truthy(get("LORA_A2A")),
-                fp8_param_gather=_truthy(get("FP8_PARAM_GATHER")), cp_comm_type=get("CP_COMM_TYPE"),
+                healing_precision=get("HEALING_PRECISION"), lora_a2a=truthy(get("LORA_A2A")),
+                fp8_param_gather=truthy(get("FP8_PARAM_GATHER")), cp_comm_type=get("CP_COMM_TYPE"),
                 recompute=get("RECOMPUTE_GRANULARITY"), fsdp=get("FSDP"),
-                overlap_grad=_truthy(get("DDP_OVERLAP_GRAD_REDUCE")),
-                overlap_param=_truthy(get("DDP_OVERLAP_PARAM_GATHER")),
-                rht_off=_truthy(env.get("NVTE_NVFP4_DISABLE_RHT", "0")),
-                q2d_off=_truthy(env.get("NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "0")))
+                overlap_grad=truthy(get("DDP_OVERLAP_GRAD_REDUCE")),
+                overlap_param=truthy(get("DDP_OVERLAP_PARAM_GATHER")),
+                rht_off=truthy(env.get("NVTE_NVFP4_DISABLE_RHT", "0")),
+                q2d_off=truthy(env.get("NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "0")))
 
 
-def peft_conf(repo: Repo, config: str) -> tuple[str, str | None]:
+def peft_conf(repo: Mirror, config: str) -> tuple[str, str | None]:
     """The implementation's conf/megatron_gpt_peft_tuning_config.yaml and, where the config's folders
     hold none (Oracle's, Supermicro's, Lambda's and the University of Florida's folders ship configs
     only), the path read instead: the submitter's own Blackwell (NeMo 2) one, else NVIDIA's of the
@@ -172,20 +149,20 @@ def peft_conf(repo: Repo, config: str) -> tuple[str, str | None]:
     folder = config.rsplit("/", 1)[0]
     while "/llama2_70b_lora" in folder:
         if f"{folder}/{name}" in repo.file_set:
-            return repo.text(f"{folder}/{name}") or "", None
+            return repo.show(f"{folder}/{name}") or "", None
         folder = folder.rsplit("/", 1)[0]
     for who in (config.split("/", 1)[0], "NVIDIA"):
         found = sorted(f for f in repo.files if f.startswith(f"{who}/") and "/llama2_70b_lora/" in f
                        and f.endswith("/" + name) and not re.search(r"MI3\d\d|/src/", f))
         # The Blackwell implementations' (NeMo 2, train.py) conf reads cp_comm_type; a Hopper
         # submission's NeMo 1 conf (Oracle's H200 folders) does not, and is not the code these ran.
-        found = [f for f in found if "cp_comm_type" in (repo.text(f) or "")]
+        found = [f for f in found if "cp_comm_type" in (repo.show(f) or "")]
         if found:
-            return repo.text(found[0]) or "", found[0]
+            return repo.show(found[0]) or "", found[0]
     return "", None
 
 
-def lora_configs(repo: Repo, submitter: str) -> list[str]:
+def lora_configs(repo: Mirror, submitter: str) -> list[str]:
     """The submitter's llama2_70b_lora config_*.sh files (not config_common*, config_mounts, nor the
     vendored Megatron-LM / NeMo trees)."""
     out = []
@@ -246,7 +223,7 @@ def gpu_of(system: dict) -> str | None:
     return next((preset for token, preset in GPUS if token in name), None)
 
 
-def choose_config(repo: Repo, submitter: str, system: str, gpus: int, gpu: str,
+def choose_config(repo: Mirror, submitter: str, system: str, gpus: int, gpu: str,
                   logs: list[dict]) -> tuple[str, dict, list[str]]:
     """The config a system ran (see the module docstring), its layout, and notes. Among several
     candidates: those that agree with what the logs print, then those in a folder or of a name that
@@ -290,7 +267,7 @@ def choose_config(repo: Repo, submitter: str, system: str, gpus: int, gpu: str,
     return preferred[0], envs[preferred[0]], notes
 
 
-def same_layout_config(repo: Repo, submitter: str, gpus: int, gpu: str, token: str, gbs: int, ga: int,
+def same_layout_config(repo: Mirror, submitter: str, gpus: int, gpu: str, token: str, gbs: int, ga: int,
                        notes: list[str]) -> tuple[str, dict, list[str]]:
     """A system whose submission holds no config of its size (Dell's v5.0 GB200 rows, Supermicro's v5.0 N2): every
     Blackwell config of the round is TP1 PP1 MBS1, so the log's GBS and GA fix the layout
@@ -324,7 +301,7 @@ def cross_check(lay: dict, logs: list[dict]) -> list[str]:
                    "FP8_ACT": "fp8_act", "CUDA_GRAPH_SCOPE": "cg_scope", "TP_COMM_OVERLAP": "tp_overlap"}
         for key, value in log["printed"].items():
             want = lay[mapping[PRINTED[key]]]
-            got = (_truthy(value) if isinstance(want, bool) else int(value) if isinstance(want, int) else value)
+            got = (truthy(value) if isinstance(want, bool) else int(value) if isinstance(want, int) else value)
             if got != want:
                 bad.append(f"log prints {key}: {value}, config gives {want}")
     return sorted(set(bad))
@@ -365,7 +342,7 @@ def other_knobs(lay: dict, conf: str) -> str:
     return "; ".join(parts)
 
 
-def rows(repos: dict[str, Repo], lenient: bool = False) -> tuple[list[dict], list[str], list[str]]:
+def rows(repos: dict[str, Mirror], lenient: bool = False) -> tuple[list[dict], list[str], list[str]]:
     out, amd, problems = [], [], []
     for rnd, repo in repos.items():
         systems: dict[tuple[str, str], list[str]] = {}
@@ -375,7 +352,7 @@ def rows(repos: dict[str, Repo], lenient: bool = False) -> tuple[list[dict], lis
                 systems.setdefault((m.group(1), m.group(2)), []).append(f)
         for (submitter, name), paths in sorted(systems.items()):
             sys_path = f"{submitter}/systems/{name}.json"
-            system = json.loads(repo.text(sys_path) or "{}")
+            system = json.loads(repo.show(sys_path) or "{}")
             if AMD.search(str(system.get("accelerator_model_name", ""))):
                 amd.append(f"{rnd} {submitter} {name} (AMD)")
                 continue
@@ -383,7 +360,7 @@ def rows(repos: dict[str, Repo], lenient: bool = False) -> tuple[list[dict], lis
             if gpu is None:
                 continue  # Hopper (mlperf_training_lora_hopper.csv)
             gpus = int(system["number_of_nodes"]) * int(system["accelerators_per_node"])
-            texts = [(p, repo.text(p)) for p in sorted(paths, key=lambda p: int(re.search(r"(\d+)\.txt", p).group(1)))]
+            texts = [(p, repo.show(p)) for p in sorted(paths, key=lambda p: int(re.search(r"(\d+)\.txt", p).group(1)))]
             logs = [dict(log_facts(t), path=p) for p, t in texts if t]
             logs = [log for log in logs if log["gbs"]]
             if not logs:  # Dell's v5.1 2xXE9685L: the mirror lacks every log's blob
@@ -439,7 +416,7 @@ def main(argv=None) -> None:
     parser.add_argument("--lenient", action="store_true", help="list cross-check failures instead of failing")
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args(argv)
-    found, skipped, problems = rows({"v5.0": Repo(args.v50), "v5.1": Repo(args.v51)}, args.lenient)
+    found, skipped, problems = rows({"v5.0": Mirror(args.v50), "v5.1": Mirror(args.v51)}, args.lenient)
     columns = list(pd.read_csv(HOPPER, nrows=0).columns)
     pd.DataFrame(found, columns=columns).to_csv(args.out, index=False)
     print(f"wrote {len(found)} rows to {args.out}; skipped {len(skipped)}:")

@@ -34,16 +34,17 @@ import argparse
 import json
 import math
 import re
-import subprocess
+import sys
 from pathlib import Path, PurePosixPath
 
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mlperf_results import MIRRORS, Mirror, mllog, truthy  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "autoparallel" / "data" / "mlperf_training_llama31.csv"
 GPT3 = ROOT / "autoparallel" / "data" / "mlperf_training_gpt3.csv"
-MIRRORS = {"v5.0": "/work/.mirror/mlcommons+training_results_v5.0/repo",
-           "v5.1": "/work/.mirror/mlcommons+training_results_v5.1/repo"}
 BENCHMARKS = {"llama31_405b": ("llama3.1-405b", "405b"), "llama31_8b": ("llama3.1-8b", "8b")}
 SEQ_LENGTH = 8192
 RESULT = re.compile(r"^([^/]+)/results/([^/]+)/(llama31_405b|llama31_8b)/result_(\d+)\.txt$")
@@ -75,32 +76,6 @@ def gpu_of(accelerator: str) -> str | None:
         if key in name:
             return gpu
     raise SystemExit(f"unknown accelerator {accelerator!r}")
-
-
-class Mirror:
-    """One results repository (a git directory without a work tree) at its HEAD."""
-
-    def __init__(self, git_dir: str):
-        self.dir = git_dir
-        self.commit = self.git("rev-parse", "HEAD").strip()
-        self.files = self.git("ls-tree", "-r", "--name-only", "HEAD").splitlines()
-        self._cache: dict[str, str | None] = {}
-
-    def git(self, *args: str) -> str:
-        return subprocess.run(["git", "-C", self.dir, *args], check=True, capture_output=True,
-                              text=True, errors="replace").stdout
-
-    def show(self, path: str) -> str | None:
-        if path not in self._cache:
-            try:
-                self._cache[path] = self.git("show", f"HEAD:{path}")
-            except subprocess.CalledProcessError:
-                self._cache[path] = None
-        return self._cache[path]
-
-
-def _truthy(value) -> bool:
-    return str(value).strip().strip("'\"").lower() in ("true", "1")
 
 
 def yaml_defaults(text: str) -> dict[str, str]:
@@ -212,13 +187,7 @@ def custom_yaml(mirror: Mirror, config: str) -> tuple[str | None, dict]:
 def read_log(text: str) -> dict:
     """The hyper-parameters a result log prints and its per-step train_step_time values."""
     out = {"steps": []}
-    for line in text.splitlines():
-        if ":::MLLOG" not in line:
-            continue
-        try:
-            rec = json.loads(line.split(":::MLLOG", 1)[1])
-        except json.JSONDecodeError:
-            continue
+    for rec in mllog(text):
         key, value = rec.get("key"), rec.get("value")
         if key == "tracked_stats" and isinstance(value, dict) and "train_step_time" in value:
             out["steps"].append(float(value["train_step_time"]))
@@ -246,9 +215,9 @@ def layout(env: dict, defaults: dict, gpus: int) -> dict:
     vp = 1 if vp in (None, "0") or pp == 1 else int(vp)
     mbs = int(get("MICRO_BATCH_SIZE", 1))
     dp = gpus // (tp * pp * cp)
-    if _truthy(get("FP4", "False")):
+    if truthy(get("FP4", "False")):
         precision = "nvfp4" if get("FP4_RECIPE", "nvfp4") == "nvfp4" else f"fp4-{get('FP4_RECIPE')}"
-    elif _truthy(get("FP8", "False")):
+    elif truthy(get("FP8", "False")):
         precision = FP8_RECIPES.get(str(get("FP8_RECIPE", "delayed")), f"fp8-{get('FP8_RECIPE')}")
     else:
         precision = "bf16"
@@ -262,11 +231,11 @@ def layout(env: dict, defaults: dict, gpus: int) -> dict:
         value = {"true": "1", "false": "0"}.get(value.lower(), value)
         knobs.append(f"{name}={value}")
     return {"tp": tp, "pp": pp, "vp": vp, "cp": cp, "ep": int(get("EXPERT_PARALLEL", 1)),
-            "sp": _truthy(get("SEQ_PARALLEL", "True")) and tp > 1, "micro_batch_size": mbs,
+            "sp": truthy(get("SEQ_PARALLEL", "True")) and tp > 1, "micro_batch_size": mbs,
             "global_batch_size": int(get("MINIBS", 0)) * dp, "minibs": int(get("MINIBS", 0)),
             "precision": precision, "recompute": recompute,
-            "tp_comm_overlap": _truthy(get("TP_COMM_OVERLAP", "False")) and tp > 1,
-            "distributed_optimizer": _truthy(get("USE_DIST_OPTIMIZER", "True")), "fsdp": False,
+            "tp_comm_overlap": truthy(get("TP_COMM_OVERLAP", "False")) and tp > 1,
+            "distributed_optimizer": truthy(get("USE_DIST_OPTIMIZER", "True")), "fsdp": False,
             "other_knobs": "; ".join(knobs), "nodes": int(get("DGXNNODES", 0)), "per_node": int(get("DGXNGPU", 0)),
             "model_size": get("MODEL_SIZE", "405b"), "lr": get("LR"), "warmup": get("WARMUP_STEPS")}
 
