@@ -98,7 +98,7 @@ def test_the_config_reader_follows_sources_and_nemos_defaults():
                             "export CP=${CP_OVERRIDE:-2}\nexport DGXNNODES=2\nexport DGXNGPU=4\n"
                             "export WALLTIME=$((5 + 10))\n")}
 
-        def text(self, path):
+        def show(self, path):
             return self.texts.get(path)
     env = module.shell_env(Files(), Files.files[1])
     assert (env["FP8_DPA"], env["CP"], env["WALLTIME"]) == ("1", "2", "15")
