@@ -66,7 +66,7 @@ def test_mamba_in_and_out_proj_each_at_its_precision(hw, super_model):
     MXFP8 peak, each on the GEMM curve at its own size; the rest of the forward unchanged."""
     plain, quant = _cands(super_model, hw), _cands(super_model, hw, "nemotronh-te-quant")
     speed = gemm.tensor_speed(hw)
-    fp4 = hw.fp4_tflops * 1e12 * hw.efficiency.fp8_gemm_relative * speed
+    fp4 = gemm.fp4_tflops(hw) * 1e12 * hw.efficiency.fp8_gemm_relative * speed
     fp8 = hw.fp8_tflops * 1e12 * hw.efficiency.fp8_gemm_relative * speed
     tokens = 8192
     p_in = 4096 * (2 * 8192 + 2 * 8 * 128 + 128)
@@ -85,7 +85,7 @@ def test_latent_projections_bf16_shared_experts_nvfp4(hw, super_model):
     experts (4096 -> 5376 -> 4096, squared ReLU) at the NVFP4 peak."""
     plain, quant = _cands(super_model, hw), _cands(super_model, hw, "nemotronh-te-quant")
     speed = gemm.tensor_speed(hw)
-    fp4 = hw.fp4_tflops * 1e12 * hw.efficiency.fp8_gemm_relative * speed
+    fp4 = gemm.fp4_tflops(hw) * 1e12 * hw.efficiency.fp8_gemm_relative * speed
     bf16 = hw.bf16_tflops * 1e12 * speed
     tokens = 8192
     f_latent, f_shared = 2 * tokens * 2 * 4096 * 1024, 2 * tokens * 2 * 4096 * 5376

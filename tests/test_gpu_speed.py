@@ -157,9 +157,10 @@ def test_blackwell_ultra_runs_its_sms_at_their_max_clock_not_its_datasheet_peak(
     assert gemm.bf16_peak(gb300) / gemm.bf16_peak(gb200) == pytest.approx(160 * 2070 / (148 * 2062), rel=REL)
     assert 1.08 < gemm.bf16_peak(gb300) / gemm.bf16_peak(gb200) < 1.09
     assert gemm.bf16_peak(gb200) < 2500e12 < gemm.bf16_peak(gb300)
-    # Every tensor peak moves by the same factor: NVFP4's 1.5x per SM stays in the FP4 peaks.
+    # Every tensor peak moves by the same factor; the FP4 peaks, both held to the measured 1.81x FP8
+    # (gemm.fp4_tflops), keep no datasheet 1.5x of Blackwell Ultra's.
     assert gemm.peak(gb300, 1.0, fp4=True) / gemm.peak(gb200, 1.0, fp4=True) == pytest.approx(
-        1.5 * 160 * 2070 / (148 * 2062), rel=REL)
+        160 * 2070 / (148 * 2062), rel=REL)
     # No clock stated (B300, the Hopper family): the datasheet peaks.
     assert io.load_hardware("b300").clock_speed == 1.0 and io.load_hardware("h200").clock_speed == 1.0
     # A fitted factor wins over the clock rule.
@@ -175,3 +176,20 @@ def test_clock_speed_is_derived_never_stated(tmp_path):
         io.load_hardware(str(bad))
     with pytest.raises(ValueError, match="max_sm_clock_mhz"):
         dataclasses.replace(io.load_hardware("gb300"), max_sm_clock_mhz=0)
+
+
+def test_the_nvfp4_gemm_is_priced_at_the_measured_fp4_over_fp8_ratio_not_the_datasheet_one():
+    """TransformerEngine's B300 GEMM table (pre-quantized, one 5B-model layer): FP8 current
+    scaling 6.812 ms, NVFP4 3.764 ms, 1.81x. The datasheet FP4 peak is capped at that ratio
+    times the FP8 one: B300 3x (13.5 PF) -> 8.14 PF; B200 2x (9 PF) -> 8.14 PF; a GPU whose
+    datasheet ratio is under 1.81 keeps its figure; one with no FP4 figure takes its FP8 one."""
+    b200, b300, gb300 = (io.load_hardware(g) for g in ("b200", "b300", "gb300"))
+    assert gemm.NVFP4_OVER_FP8_GEMM == pytest.approx(1.8098, abs=1e-4)
+    assert gemm.fp4_tflops(b300) == pytest.approx(4500 * 6.812 / 3.764, rel=REL)  # 8144, not 13500
+    assert gemm.fp4_tflops(b200) == pytest.approx(4500 * 6.812 / 3.764, rel=REL)
+    assert gemm.fp4_tflops(gb300) == pytest.approx(5000 * 6.812 / 3.764, rel=REL)
+    low = dataclasses.replace(b200, fp4_tflops=1.5 * 4500)
+    assert gemm.fp4_tflops(low) == 1.5 * 4500
+    assert gemm.fp4_tflops(dataclasses.replace(b200, fp4_tflops=None)) == 4500
+    # The NVFP4 peak on B300 is now 1.81x its FP8 peak (B300 states no clock: speed 1).
+    assert gemm.peak(b300, 1.0, fp4=True) / gemm.peak(b300, 1.0) == pytest.approx(6.812 / 3.764, rel=REL)

@@ -500,7 +500,11 @@ KNOWN_NEWER_NOT_FITTING = {i for i in NOT_FITTING_AS_RUN if i.startswith("bridge
 # 2026-11-27 (session 38, s38h7): cuDNN's MXFP8 attention at the BF16 kernel's time per score at head
 # dimension 128 (layer_time.MXFP8_ATTENTION_HEAD_DIM): 9.82 / 10.02 % (Qwen3-30B fused GB300 / B300
 # +15.9..+21.4 -> +0.8..+4.6; DeepSeek-V3 and Qwen3-235B GB300 fused -1..-5 -> -8..-11).
-NEWER_REACHED = {"dense-newer": (8.0, 8.1), "moe-newer": (9.9, 10.1)}
+# 2026-11-29 (session 50, s50h6): the NVFP4 GEMMs held to the measured 1.81x FP8 (gemm.fp4_tflops, from
+# TransformerEngine's B300 GEMM table): dense-newer 7.97 / 8.05 -> 9.00 / 9.30 %, its 9 GB300 NVFP4 rows
+# +8.3 -> -15.5 % too fast (their FP8 / MXFP8 siblings -10 %: the gap NVFP4 - FP8 +18 -> -6 points);
+# all 54 NVFP4 rows 18.7 / 17.0 -> 16.7 / 15.5 %; no other row moved.
+NEWER_REACHED = {"dense-newer": (9.0, 9.4), "moe-newer": (9.9, 10.1)}
 
 
 @pytest.fixture(scope="module")
