@@ -371,7 +371,10 @@ def tie_bands(report: pd.DataFrame) -> dict:
         bands["hybrid_step_time_relative_error"] = round(float(errors.loc[hybrid, "error"].mean()), 3)
     if dsv4.any():
         bands["dsv4_step_time_relative_error"] = round(float(errors.loc[dsv4, "error"].mean()), 3)
-    return {**bands, "by_family": dict(sorted(by_family.items()))}
+    # A GPU not made by NVIDIA prices with a borrowed family's constants: its band is its vendor's rows' error.
+    amd = errors[errors["kind"].isin(AMD_KINDS)]
+    by_vendor = {"amd": {"error": round(float(amd["error"].mean()), 3), "rows": len(amd)}} if len(amd) else {}
+    return {**bands, "by_family": dict(sorted(by_family.items())), **({"by_vendor": by_vendor} if by_vendor else {})}
 
 
 def tie_bands_yaml(report: pd.DataFrame, date: str) -> str:

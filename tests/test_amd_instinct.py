@@ -180,3 +180,17 @@ def test_the_amd_rows_leave_every_nvidia_familys_tie_band_alone():
     bands = validate.tie_bands(report)
     assert bands["by_family"] == {"h100-sxm": {"dense": 0.05, "dense_rows": 1, "lora": 0.06, "lora_rows": 1}}
     assert bands["step_time_relative_error"] == 0.05
+    assert bands["by_vendor"] == {"amd": {"error": 0.35, "rows": 1}}  # the AMD rows' own band
+
+
+def test_a_search_on_an_amd_gpu_takes_the_amd_rows_band_not_hoppers():
+    """An AMD GPU prices with h100-sxm's constants, but its tie band is the held-out error of the AMD rows
+    (prediction_error.yaml's by_vendor), for any model; an NVIDIA GPU of that family keeps its own."""
+    from autoparallel.report.tables import prediction_error
+    shipped = prediction_error()
+    amd = shipped.by_vendor["amd"]
+    for name in AMD:
+        band = shipped.for_model(io.load_hardware(name), io.load_model("llama3-8b"))
+        assert band.step_time_relative_error == amd["error"] and "amd" in band.source
+    h100 = shipped.for_model(io.load_hardware("h100-sxm"), io.load_model("llama3-8b"))
+    assert h100.step_time_relative_error == shipped.by_family["h100-sxm"]["dense"] != amd["error"]

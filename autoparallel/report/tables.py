@@ -114,6 +114,9 @@ class PredictionError:
     dsv4_step_time_relative_error: float | None = None
     # family -> {"dense": error, "dense_rows": n, "moe": error, "moe_rows": n} (kinds it has rows of)
     by_family: dict[str, dict[str, float]] = field(default_factory=dict)
+    # vendor -> {"error": e, "rows": n}: the held-out error of the rows on a vendor's GPUs other than NVIDIA's,
+    # which price with a borrowed NVIDIA family's constants (validate's "lora-amd" kind).
+    by_vendor: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def for_model(self, hw: HardwareSpec | None, model: ModelSpec | None = None) -> PredictionError:
         """The band of ``hw``'s family for ``model``'s kind (``for_hardware``: MoE, a LoRA fine-tune,
@@ -138,6 +141,10 @@ class PredictionError:
         elif moe and self.moe_step_time_relative_error:
             pooled = self.moe_step_time_relative_error
         family = (hw.efficiency_from or hw.name) if hw is not None else ""
+        vendor = self.by_vendor.get(hw.vendor) if hw is not None else None
+        if vendor:  # its constants are borrowed: the borrowed family's band is not its error
+            return PredictionError(vendor["error"], f"{int(vendor['rows'])} held-out rows on {hw.vendor} GPUs; "
+                                   f"{self.source}")
         band = self.by_family.get(family, {})
         if lora and kind not in band and "lora-blackwell" in band:  # MLPerf's LoRA rows of that family
             kind = "lora-blackwell"
