@@ -681,9 +681,8 @@ def _cuda_graph(other_knobs: str) -> str:
     cuda_graph_scope full_iteration that MLPerf v5.1's LoRA conf/megatron_gpt_peft_tuning_config.yaml
     defaults to, as other_knobs states it), else per layer (MCORE_CUDA_GRAPH: enable_cuda_graph, scope
     'full' of each layer; LAYER_CUDA_GRAPH: NVIDIA's graphed callables, NeMo's external_cuda_graph), else none."""
-    scope = re.search(r"CUDA_GRAPH_SCOPE=(\w+)", str(other_knobs))
     if _knob_set(other_knobs, "FULL_CUDA_GRAPH") or (
-            _knob_set(other_knobs, "MCORE_CUDA_GRAPH") and scope and scope.group(1) == "full_iteration"):
+            _knob_set(other_knobs, "MCORE_CUDA_GRAPH") and _knob_value(other_knobs, "CUDA_GRAPH_SCOPE") == "full_iteration"):
         return "full_iteration"
     return "layer" if _knob_set(other_knobs, "LAYER_CUDA_GRAPH") or _knob_set(other_knobs, "MCORE_CUDA_GRAPH") else "none"
 

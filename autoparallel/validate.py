@@ -356,13 +356,16 @@ def tie_bands(report: pd.DataFrame) -> dict:
     (never fitted) give the hybrid models' band and DeepSeek-V4's, pooled and per family, apart from the others;
     the MLPerf Llama 3.1 rows (``MLPERF_LLAMA_KINDS``: record submissions, not recipes a search ranks) give none."""
     report = report[~report["kind"].isin(MLPERF_LLAMA_KINDS)]
-    family = {gpu: io.load_hardware(gpu).efficiency_from or gpu for gpu in report["gpu"].unique()}
-    errors = report.assign(family=report["gpu"].map(family), error=report["heldout_error_pct"].abs() / 100)
+    presets = {gpu: io.load_hardware(gpu) for gpu in report["gpu"].unique()}
+    errors = report.assign(family=report["gpu"].map({g: hw.efficiency_from or g for g, hw in presets.items()}),
+                           vendor=report["gpu"].map({g: hw.vendor for g, hw in presets.items()}),
+                           error=report["heldout_error_pct"].abs() / 100)
     held = held_apart(errors)
     pooled = errors[~held].groupby("kind")["error"].mean()
+    nvidia = errors["vendor"] == "nvidia"
     by_family: dict[str, dict] = {}
-    # Not the AMD rows: their constants are an NVIDIA family's, borrowed; their errors are not that family's.
-    for (fam, kind), group in errors[~errors["kind"].isin(AMD_KINDS)].groupby(["family", "kind"]):
+    # Not another vendor's rows: their constants are an NVIDIA family's, borrowed; their errors are not that family's.
+    for (fam, kind), group in errors[nvidia].groupby(["family", "kind"]):
         by_family.setdefault(fam, {}).update({kind: round(float(group["error"].mean()), 3), f"{kind}_rows": len(group)})
     bands = {"step_time_relative_error": round(float(pooled["dense"]), 3),
              "moe_step_time_relative_error": round(float(pooled["moe"]), 3) if "moe" in pooled else None}
@@ -372,8 +375,8 @@ def tie_bands(report: pd.DataFrame) -> dict:
     if dsv4.any():
         bands["dsv4_step_time_relative_error"] = round(float(errors.loc[dsv4, "error"].mean()), 3)
     # A GPU not made by NVIDIA prices with a borrowed family's constants: its band is its vendor's rows' error.
-    amd = errors[errors["kind"].isin(AMD_KINDS)]
-    by_vendor = {"amd": {"error": round(float(amd["error"].mean()), 3), "rows": len(amd)}} if len(amd) else {}
+    by_vendor = {vendor: {"error": round(float(group["error"].mean()), 3), "rows": len(group)}
+                 for vendor, group in errors[~nvidia].groupby("vendor")}
     return {**bands, "by_family": dict(sorted(by_family.items())), **({"by_vendor": by_vendor} if by_vendor else {})}
 
 
