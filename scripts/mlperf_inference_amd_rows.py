@@ -7,7 +7,7 @@ rows; autoparallel/data/README.md). The measured figures come from the run's ``m
 (output tokens/s, samples/s, p99 TTFT / TPOT / latency, the target QPS, the latency bounds and the minimum
 duration LoadGen ran under); the layout from the harness config the run used: the measurements README of
 the result names it (``main.py --config-path .../harness_llm/models/<model>/ --config-name <name>``), read
-from the submitter's own ``code/`` copy of AMD's vLLM harness (its ``vllm_engine_config``:
+from the submitter's own ``code/`` copy of AMD's vLLM harness (its ``vllm_engine_config`` over the harness's base config.yaml:
 tensor_parallel_size, max_num_seqs as max_batch, max_num_batched_tokens as max_num_tokens, quantization,
 kv_cache_dtype, block_size, gpu_memory_utilization, enable_chunked_prefill, num_scheduler_steps, in the
 notes). The harness runs one engine per GPU group: replicas = GPUs / (TP x PP), ``harness_config.device_count``
@@ -46,7 +46,8 @@ MEAN_OUTPUT = {"llama2-70b": 294.45, "mixtral-8x7b": 144.84}
 # The open division's other MI3xx rows (Krai's llama3.1-70b, AMD's pruned / fine-tuned 405B) change the model.
 OPEN_SUBMITTERS = ("AMD",)
 # vLLM's kv_cache_dtype "auto" stores K/V in the model's dtype; the AMD llama2-70b checkpoint is exported as
-# float16 (closed/AMD/setup/dataset_and_model/quantize_llama2_70b.sh: --data_type float16).
+# float16 (closed/AMD/setup/dataset_and_model/quantize_llama2_70b.sh: --data_type float16). AMD's base
+# config sets fp8, so no v5.1 row is "auto".
 AUTO_KV = "fp16"
 # vllm_engine_config keys written to notes (what the simulation reads besides the layout columns)
 ENGINE_KEYS = ("block_size", "gpu_memory_utilization", "enable_chunked_prefill", "num_scheduler_steps",
@@ -85,7 +86,20 @@ def harness_config(mirror: Mirror, division: str, submitter: str, system: str, b
     path = (mine or sorted(found) or [None])[0]
     if path is None:
         return None, f"layout not published: no {name}.yaml for {model} in {submitter}'s code"
-    return path, yaml.safe_load(mirror.show(path))
+    return path, merged(mirror, path)
+
+
+def merged(mirror: Mirror, path: str) -> dict:
+    """The model config over the harness's base config, section by section, as the harness merges them
+    (harness_llm/common/config_parser.py: ``OmegaConf.merge(base_config, model_cfg)``, the base
+    ``harness_llm/common/config.yaml`` beside the model config: e.g. kv_cache_dtype fp8, dtype float16,
+    VLLM_USE_V1 0 where the model config sets none)."""
+    cfg = yaml.safe_load(mirror.show(path)) or {}
+    base = yaml.safe_load(mirror.show(path.split("/harness_llm/")[0] + "/harness_llm/common/config.yaml") or "") or {}
+    out = dict(base)
+    for key, value in cfg.items():
+        out[key] = {**(base.get(key) or {}), **value} if isinstance(value, dict) else value
+    return out
 
 
 def row_of(mirror: Mirror, path: str) -> dict | None:
