@@ -10,7 +10,8 @@ the result names it (``main.py --config-path .../harness_llm/models/<model>/ --c
 from the submitter's own ``code/`` copy of AMD's vLLM harness (its ``vllm_engine_config`` over the harness's base config.yaml:
 tensor_parallel_size, max_num_seqs as max_batch, max_num_batched_tokens as max_num_tokens, quantization,
 kv_cache_dtype, block_size, gpu_memory_utilization, enable_chunked_prefill, num_scheduler_steps, in the
-notes). The harness runs one engine per GPU group: replicas = GPUs / (TP x PP), ``harness_config.device_count``
+notes), and the GFX clock the harness's ``scripts/power_settings.sh`` holds for the model, scenario and GPU
+(``rocm-smi --setperfdeterminism``, in the notes). The harness runs one engine per GPU group: replicas = GPUs / (TP x PP), ``harness_config.device_count``
 GPUs in all. A result whose config cannot be found (MangoBoost's LLMBoost publishes none) keeps its
 measured figures with a blank layout and the reason in ``notes``; a MXFP4 model (MI355X) is written as run
 (``weight_precision`` mxfp4) with the reason the validation skips it. Re-run after a new round is mirrored:
@@ -102,6 +103,29 @@ def merged(mirror: Mirror, path: str) -> dict:
     return out
 
 
+def gfx_clock_mhz(mirror: Mirror, config: str, model: str, scenario: str, gpu: str) -> tuple[int, str] | None:
+    """(MHz, path) of the GFX clock cap AMD's harness sets for the run: ``run_harness.sh`` sources
+    ``scripts/power_settings.sh <model> <gpu> <scenario>`` beside ``main.py``, which runs ``rocm-smi
+    --setperfdeterminism <MHz>`` (performance determinism: the GFX clock held at that MHz) per model,
+    scenario and GPU; None where the submitter's code has no such script or it sets none."""
+    code = config.split("/harness_llm/")[0]
+    path = f"{code}/scripts/power_settings.sh"
+    text = mirror.show(path)
+    if not text:
+        return None
+    name = f"{model}_{scenario.lower()}" if model == "llama2-70b" else model
+    body = re.search(rf"^{re.escape(name)}\(\)\s*\{{(.*?)^\}}", text, re.S | re.M)
+    if not body:
+        return None
+    branches = re.split(r'GPU_NAME"\s*==\s*"', body.group(1))
+    for branch in branches[1:] if len(branches) > 1 else branches:
+        if len(branches) > 1 and not branch.startswith(f'{gpu}"'):
+            continue
+        mhz = re.search(r"--setperfdeterminism\s+([0-9]+)", branch.split("elif")[0])
+        return (int(mhz.group(1)), path) if mhz else None
+    return None
+
+
 def row_of(mirror: Mirror, path: str) -> dict | None:
     division, submitter, system, bench, scenario = RESULT.fullmatch(path).groups()
     model = MODELS.get(bench)
@@ -164,6 +188,9 @@ def row_of(mirror: Mirror, path: str) -> dict | None:
             notes.append("env " + "; ".join(env_set))
         if kv == "auto":
             notes.append(f"kv: kv_cache_dtype not set (vLLM 'auto': the model's dtype, {AUTO_KV})")
+        clock = gfx_clock_mhz(mirror, config, model, scenario, GPU.search(accel).group(1).lower())
+        if clock:
+            notes.append(f"perfdeterminism_mhz={clock[0]} ({clock[1]}, sourced by run_harness.sh)")
     if nodes > 1:
         notes.insert(0, f"multi-node ({nodes} nodes)" + (", mixed GPUs" if "(" in accel else ""))
     row["source"] = f"github.com/mlcommons/inference_results_v5.1@{mirror.commit[:12]}: " + "; ".join(sources)

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -122,15 +123,11 @@ def load_rows(data: str = DATA, engine: str = "tensorrt-llm",
     if engine == "tensorrt-llm":
         kv = notes.str.extract(r"kvcache_free_gpu_mem_frac=([0-9.]+)")[0].astype(float)
         rows["kv_fraction"] = kv.fillna(load_engine("tensorrt-llm").kv_memory_fraction)
-    else:  # vLLM's gpu_memory_utilization, KV block size and chunked prefill as each row's config sets them
+    else:  # vLLM's gpu_memory_utilization, KV block size and scheduler as each row's config sets them
         own = load_engine(engine)
         rows["kv_fraction"] = notes.str.extract(r"gpu_memory_utilization=([0-9.]+)")[0].astype(float).fillna(
             own.kv_memory_fraction)
-        rows["engine_settings"] = [
-            (engine, int(b) if isinstance(b, str) else own.kv_block_tokens,
-             (c == "True") if isinstance(c, str) else own.chunked_prefill)
-            for b, c in zip(notes.str.extract(r"block_size=([0-9]+)")[0],
-                            notes.str.extract(r"enable_chunked_prefill=(True|False)")[0])]
+        rows["engine_settings"] = [vllm_settings(own, n) for n in notes]
     expected = rows["notes"].fillna("").str.extract(r"offline_expected_qps=([0-9.]+)")[0].astype(float)
     rows["offline_requests"] = [offline_sample_count(m, q, d) for m, q, d in
                                 zip(rows["model"], expected, rows["min_duration_ms"])]
@@ -165,13 +162,54 @@ def harness_engine(kv_fraction: float | None = None):
                                else kv_fraction)
 
 
+def vllm_settings(engine, notes: str) -> tuple:
+    """``(name, KV block tokens, chunked prefill, prefill first, admission cap)`` of a vLLM row's
+    harness config (its notes: scripts/mlperf_inference_amd_rows.py), the engine's defaults where unset.
+
+    AMD's v5.1 configs run vLLM's V0 engine (``VLLM_USE_V1: 0`` in the harness's base config.yaml)
+    without chunked prefill, except the MI325X Interactive ones (V1, chunked). V0's scheduler then
+    runs prefill first and mixes nothing: "Don't schedule decodes if prefills are scheduled"
+    (``Scheduler._schedule_default``; AMD's vLLM 0.9.0.2.dev108+g71faa1880 as Dell_MangoBoost publishes
+    it, mlcommons/inference_results_v5.1@965182b0 closed/Dell_MangoBoost/code/llama2-70b-99.9/amd/setup/
+    vllm/vllm/core/scheduler.py), so ``prefill_priority``. With ``VLLM_LLAMA2_MLPERF_SCHED`` AMD's V0
+    scheduler admits prompts only while fewer than ``VLLM_LLAMA2_MLPERF_MAX_TARGET_DECODE_BATCH``
+    requests run (``do_prefill = len(self.running) < ...MAX_TARGET_DECODE_BATCH``, same file): that
+    target caps the running batch below ``max_num_seqs`` (0: no cap). The V1 scheduler reads none of
+    these (vllm/v1/core/scheduler.py there). The partners' vLLM 0.6.5.dev964+mlperf50 (AMD's v5.0
+    build) is not published; that it schedules as the v5.1 build does is an assumption. Last, the
+    GFX clock (MHz) the harness holds the GPU at (``perfdeterminism_mhz``: ``gfx_clock``), 0 if none."""
+    grab = lambda pattern: re.search(pattern, notes)  # noqa: E731
+    block, chunked = grab(r"block_size=([0-9]+)"), grab(r"enable_chunked_prefill=(True|False)")
+    chunked = (chunked.group(1) == "True") if chunked else engine.chunked_prefill
+    v0 = bool(grab(r"VLLM_USE_V1=0"))
+    target = grab(r"VLLM_LLAMA2_MLPERF_MAX_TARGET_DECODE_BATCH=([0-9]+)")
+    cap = int(target.group(1)) if v0 and target and grab(r"VLLM_LLAMA2_MLPERF_SCHED=1") else 0
+    clock = grab(r"perfdeterminism_mhz=([0-9]+)")
+    return (engine.name, int(block.group(1)) if block else engine.kv_block_tokens, chunked,
+            v0 and not chunked, cap, int(clock.group(1)) if clock else 0)
+
+
+def gfx_clock(hw, mhz: float):
+    """``hw`` with its compute peaks (matrix BF16 / FP8, the exponential units) at a GFX clock of
+    ``mhz`` instead of the one they are quoted at (``validation.mlperf.peak_clock_mhz``); memory and
+    links as they are. AMD's MLPerf harness holds the clock with ``rocm-smi --setperfdeterminism``
+    (scripts/power_settings.sh, sourced by run_harness.sh before main.py): 1,300-2,000 MHz by GPU, model
+    and scenario, against the 2,100 MHz the MI300X / MI325X peaks are quoted at (presets' comments:
+    304 CUs x FLOP per CU per clock x 2.1 GHz). 0: the preset as it is."""
+    peak = settings().get("peak_clock_mhz", {}).get(hw.name)
+    if not mhz or not peak:
+        return hw
+    f = min(1.0, float(mhz) / float(peak))
+    return dataclasses.replace(hw, bf16_tflops=hw.bf16_tflops * f, exp_tera_per_s=hw.exp_tera_per_s * f,
+                               fp8_tflops=None if hw.fp8_tflops is None else hw.fp8_tflops * f)
+
+
 def engine_as_run(engine_settings: tuple, kv_fraction: float):
-    """A serving engine as a held-out row's harness runs it: ``(name, KV block tokens, chunked
-    prefill)`` and the KV memory fraction (vLLM's block_size, enable_chunked_prefill and
-    gpu_memory_utilization, which AMD's MLPerf configs set per GPU and scenario)."""
-    name, block, chunked = engine_settings
+    """A serving engine as a held-out row's harness runs it (``vllm_settings``: KV block tokens,
+    chunked prefill, prefill first) and its KV memory fraction (vLLM's gpu_memory_utilization)."""
+    name, block, chunked, prefill_first = engine_settings[:4]
     return dataclasses.replace(load_engine(name), kv_block_tokens=int(block), chunked_prefill=bool(chunked),
-                               kv_memory_fraction=float(kv_fraction))
+                               prefill_priority=bool(prefill_first), kv_memory_fraction=float(kv_fraction))
 
 
 def harness_replica(spec, hw, eff, workload, tp: int, pp: int, max_batch: int, max_tokens: int,
@@ -181,6 +219,8 @@ def harness_replica(spec, hw, eff, workload, tp: int, pp: int, max_batch: int, m
     (``harness_engine``), or of the engine ``engine_settings`` names as a held-out row ran it
     (``engine_as_run``), its engine built for ``workload``'s longest request and answer."""
     engine = engine_as_run(engine_settings, kv_fraction) if engine_settings else harness_engine(kv_fraction)
+    if engine_settings and engine_settings[4]:  # the admission cap of AMD's V0 scheduler (vllm_settings)
+        max_batch = min(max_batch, int(engine_settings[4]))
     return replica(spec, hw, eff, engine, tp, pp, max_batch, max_tokens, weight_precision,
                    kv_precision, 1, workload.max_input + workload.max_output, workload.max_output)
 
@@ -224,6 +264,8 @@ def _simulate(model: str, hardware: str, scenario: str, layout: tuple, kv_fracti
     s = settings()
     spec = io.load_model(s["models"][model])
     hw = io.load_hardware(hardware)
+    if engine_settings:  # a held-out row's GPU at the clock its harness holds (gfx_clock)
+        hw = gfx_clock(hw, engine_settings[5])
     eff = _efficiency(eff_key)
     workload = load_workload(s["workloads"][model])
     tp, pp, replicas, max_batch, max_tokens, wp, kp = layout

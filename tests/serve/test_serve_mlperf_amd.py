@@ -129,3 +129,25 @@ def test_the_group_is_predicted_and_reported_apart(report, rows, entry, monkeypa
     amd = ml["held_out"]["amd"]
     assert amd["csv"] == CSV and amd["engine"] == "vllm" and len(amd["rows"]) == len(report)
     assert amd["not_predicted"]["layout not published"] == 32
+
+
+def test_each_row_runs_as_amds_harness_sets_it(rows):
+    """vllm_settings reads a row's config as AMD's harness runs it: vLLM V0 without chunked prefill
+    runs prefills first and mixes no decode into them (vllm/core/scheduler.py ``_schedule_default``),
+    AMD's VLLM_LLAMA2_MLPERF_SCHED admits prompts only below its target decode batch, and
+    scripts/power_settings.sh holds the GFX clock (rocm-smi --setperfdeterminism); the MI325X
+    Interactive runs use V1 with chunked prefill, which reads none of the MLPerf scheduler's knobs."""
+    kept, _ = rows
+    one = lambda hw, model, scenario, submitter="AMD": kept[(kept.hardware == hw) & (kept.model == model) & (  # noqa: E731
+        kept.scenario == scenario) & (kept.submitter == submitter)]["engine_settings"].iloc[0]
+    assert one("mi300x", "llama2-70b", "Offline") == ("vllm", 32, False, True, 1536, 1400)
+    assert one("mi325x", "llama2-70b", "Server") == ("vllm", 32, False, True, 832, 1600)
+    assert one("mi325x", "mixtral-8x7b", "Offline") == ("vllm", 16, False, True, 0, 1500)
+    assert one("mi325x", "llama2-70b", "Interactive") == ("vllm", 16, True, False, 0, 1700)
+    assert one("mi325x", "llama2-70b", "Interactive", "Vultr")[5] == 1600  # Vultr's own power_settings.sh
+    engine = mlperf.engine_as_run(one("mi300x", "llama2-70b", "Offline"), 0.98)
+    assert engine.prefill_priority and not engine.chunked_prefill and engine.kv_memory_fraction == 0.98
+    hw = io.load_hardware("mi300x")
+    slow = mlperf.gfx_clock(hw, 1400)
+    assert slow.fp8_tflops == pytest.approx(hw.fp8_tflops * 1400 / 2100) and slow.hbm_tbps == hw.hbm_tbps
+    assert mlperf.gfx_clock(hw, 0) is hw and mlperf.gfx_clock(io.load_hardware("h100-sxm"), 1400).fp8_tflops == 1979
