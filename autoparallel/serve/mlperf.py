@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -84,14 +85,25 @@ def settings() -> dict:
     return load_assumptions()["validation"]["mlperf"]
 
 
-def load_rows() -> tuple[pd.DataFrame, pd.Series]:
-    """The rows predicted (one per run) and the reason each other row is not."""
-    frame = pd.read_csv(resources.data_file(DATA))
+def held_out_sets() -> list[dict]:
+    """The further MLPerf Inference CSVs predicted beside ``DATA`` and never fitted
+    (``validation.mlperf.held_out``: csv, engine, engine_column, group)."""
+    return list(settings().get("held_out") or [])
+
+
+def load_rows(data: str = DATA, engine: str = "tensorrt-llm",
+              engine_column: str = "TensorRT-LLM") -> tuple[pd.DataFrame, pd.Series]:
+    """The rows predicted (one per run) and the reason each other row is not; ``data`` a CSV of
+    ``mlperf_inference_runs.csv``'s columns whose rows ``engine`` runs (``engine_column``: its name
+    in the CSV's ``engine`` column)."""
+    frame = pd.read_csv(resources.data_file(data))
     s = settings()
     reason = pd.Series("", index=frame.index, dtype=object)
     checks = [
+        # MXFP4 (AMD's MI355X rows): OCP MX block-scaled FP4, which the cost model does not price
+        (frame["weight_precision"] == "mxfp4", "MXFP4 weights (the serving cost model prices bf16, fp16 and fp8)"),
         (frame["division"] != "closed", "open division (its own model changes)"),
-        (frame["engine"] != "TensorRT-LLM", "not TensorRT-LLM"),
+        (frame["engine"] != engine_column, f"not {engine_column}"),
         (frame[["tp", "pp", "max_batch", "max_num_tokens"]].isna().any(axis=1), "layout not published"),
         (~frame["gpu"].isin(s["gpus"]), "GPU without a preset"),
         (~frame["model"].isin(s["models"]), "model without a preset"),
@@ -107,8 +119,15 @@ def load_rows() -> tuple[pd.DataFrame, pd.Series]:
     reason[dup[dup].index] = "same run submitted as -99 and -99.9"
     rows = frame[reason == ""].copy()
     rows["hardware"] = rows["gpu"].map(s["gpus"])
-    kv = rows["notes"].fillna("").str.extract(r"kvcache_free_gpu_mem_frac=([0-9.]+)")[0].astype(float)
-    rows["kv_fraction"] = kv.fillna(load_engine("tensorrt-llm").kv_memory_fraction)
+    notes = rows["notes"].fillna("")
+    if engine == "tensorrt-llm":
+        kv = notes.str.extract(r"kvcache_free_gpu_mem_frac=([0-9.]+)")[0].astype(float)
+        rows["kv_fraction"] = kv.fillna(load_engine("tensorrt-llm").kv_memory_fraction)
+    else:  # vLLM's gpu_memory_utilization, KV block size and scheduler as each row's config sets them
+        own = load_engine(engine)
+        rows["kv_fraction"] = notes.str.extract(r"gpu_memory_utilization=([0-9.]+)")[0].astype(float).fillna(
+            own.kv_memory_fraction)
+        rows["engine_settings"] = [vllm_settings(own, n) for n in notes]
     expected = rows["notes"].fillna("").str.extract(r"offline_expected_qps=([0-9.]+)")[0].astype(float)
     rows["offline_requests"] = [offline_sample_count(m, q, d) for m, q, d in
                                 zip(rows["model"], expected, rows["min_duration_ms"])]
@@ -143,11 +162,66 @@ def harness_engine(kv_fraction: float | None = None):
                                else kv_fraction)
 
 
+def vllm_settings(engine, notes: str) -> tuple:
+    """``(name, KV block tokens, chunked prefill, prefill first, admission cap)`` of a vLLM row's
+    harness config (its notes: scripts/mlperf_inference_amd_rows.py), the engine's defaults where unset.
+
+    AMD's v5.1 configs run vLLM's V0 engine (``VLLM_USE_V1: 0`` in the harness's base config.yaml)
+    without chunked prefill, except the MI325X Interactive ones (V1, chunked). V0's scheduler then
+    runs prefill first and mixes nothing: "Don't schedule decodes if prefills are scheduled"
+    (``Scheduler._schedule_default``; AMD's vLLM 0.9.0.2.dev108+g71faa1880 as Dell_MangoBoost publishes
+    it, mlcommons/inference_results_v5.1@965182b0 closed/Dell_MangoBoost/code/llama2-70b-99.9/amd/setup/
+    vllm/vllm/core/scheduler.py), so ``prefill_priority``. With ``VLLM_LLAMA2_MLPERF_SCHED`` AMD's V0
+    scheduler admits prompts only while fewer than ``VLLM_LLAMA2_MLPERF_MAX_TARGET_DECODE_BATCH``
+    requests run (``do_prefill = len(self.running) < ...MAX_TARGET_DECODE_BATCH``, same file): that
+    target caps the running batch below ``max_num_seqs`` (0: no cap). The V1 scheduler reads none of
+    these (vllm/v1/core/scheduler.py there). The partners' vLLM 0.6.5.dev964+mlperf50 (AMD's v5.0
+    build) is not published; that it schedules as the v5.1 build does is an assumption. Last, the
+    GFX clock (MHz) the harness holds the GPU at (``perfdeterminism_mhz``: ``gfx_clock``), 0 if none."""
+    grab = lambda pattern: re.search(pattern, notes)  # noqa: E731
+    block, chunked = grab(r"block_size=([0-9]+)"), grab(r"enable_chunked_prefill=(True|False)")
+    chunked = (chunked.group(1) == "True") if chunked else engine.chunked_prefill
+    v0 = bool(grab(r"VLLM_USE_V1=0"))
+    target = grab(r"VLLM_LLAMA2_MLPERF_MAX_TARGET_DECODE_BATCH=([0-9]+)")
+    cap = int(target.group(1)) if v0 and target and grab(r"VLLM_LLAMA2_MLPERF_SCHED=1") else 0
+    clock = grab(r"perfdeterminism_mhz=([0-9]+)")
+    return (engine.name, int(block.group(1)) if block else engine.kv_block_tokens, chunked,
+            v0 and not chunked, cap, int(clock.group(1)) if clock else 0)
+
+
+def gfx_clock(hw, mhz: float):
+    """``hw`` with its compute peaks (matrix BF16 / FP8, the exponential units) at a GFX clock of
+    ``mhz`` instead of the one they are quoted at (``validation.mlperf.peak_clock_mhz``); memory and
+    links as they are. AMD's MLPerf harness holds the clock with ``rocm-smi --setperfdeterminism``
+    (scripts/power_settings.sh, sourced by run_harness.sh before main.py): 1,300-2,000 MHz by GPU, model
+    and scenario, against the 2,100 MHz the MI300X / MI325X peaks are quoted at (presets' comments:
+    304 CUs x FLOP per CU per clock x 2.1 GHz). 0: the preset as it is."""
+    peak = settings().get("peak_clock_mhz", {}).get(hw.name)
+    if not mhz or not peak:
+        return hw
+    f = min(1.0, float(mhz) / float(peak))
+    return dataclasses.replace(hw, bf16_tflops=hw.bf16_tflops * f, exp_tera_per_s=hw.exp_tera_per_s * f,
+                               fp8_tflops=None if hw.fp8_tflops is None else hw.fp8_tflops * f)
+
+
+def engine_as_run(engine_settings: tuple, kv_fraction: float):
+    """A serving engine as a held-out row's harness runs it (``vllm_settings``: KV block tokens,
+    chunked prefill, prefill first) and its KV memory fraction (vLLM's gpu_memory_utilization)."""
+    name, block, chunked, prefill_first = engine_settings[:4]
+    return dataclasses.replace(load_engine(name), kv_block_tokens=int(block), chunked_prefill=bool(chunked),
+                               prefill_priority=bool(prefill_first), kv_memory_fraction=float(kv_fraction))
+
+
 def harness_replica(spec, hw, eff, workload, tp: int, pp: int, max_batch: int, max_tokens: int,
-                    weight_precision: str = "fp8", kv_precision: str = "fp8", kv_fraction: float | None = None):
+                    weight_precision: str = "fp8", kv_precision: str = "fp8", kv_fraction: float | None = None,
+                    engine_settings: tuple = ()):
     """(cost, scheduler) of one TensorRT-LLM replica as NVIDIA's MLPerf harness runs it
-    (``harness_engine``), its engine built for ``workload``'s longest request and answer."""
-    return replica(spec, hw, eff, harness_engine(kv_fraction), tp, pp, max_batch, max_tokens, weight_precision,
+    (``harness_engine``), or of the engine ``engine_settings`` names as a held-out row ran it
+    (``engine_as_run``), its engine built for ``workload``'s longest request and answer."""
+    engine = engine_as_run(engine_settings, kv_fraction) if engine_settings else harness_engine(kv_fraction)
+    if engine_settings and engine_settings[4]:  # the admission cap of AMD's V0 scheduler (vllm_settings)
+        max_batch = min(max_batch, int(engine_settings[4]))
+    return replica(spec, hw, eff, engine, tp, pp, max_batch, max_tokens, weight_precision,
                    kv_precision, 1, workload.max_input + workload.max_output, workload.max_output)
 
 
@@ -170,7 +244,7 @@ def _simulated(keys: list[tuple], workers: int | None) -> list[tuple[float, ...]
 
 def _simulate(model: str, hardware: str, scenario: str, layout: tuple, kv_fraction: float, ttft_ms: float,
              tpot_ms: float, target_qps: float, eff_key: str, requests: int,
-             duration_s: float = 0.0, offline_requests: int = 0) -> tuple[float, ...]:
+             duration_s: float = 0.0, offline_requests: int = 0, engine_settings: tuple = ()) -> tuple[float, ...]:
     """(tokens/s of the deployment, p99 TTFT, TPOT and end-to-end latency in ms at the target QPS,
     1.0 where the simulated replica does not keep up with the target QPS else 0.0, p99 TTFT and
     TPOT in ms at the simulated replica's own Server rate: the largest rate within the bounds, the
@@ -184,14 +258,19 @@ def _simulate(model: str, hardware: str, scenario: str, layout: tuple, kv_fracti
     keep up with the target QPS (its modelled capacity is below what the submission sustained:
     a tokens/s error, counted there), its queue grows for the whole run and the p99s have no
     value to compare: NaN, and the run is flagged. Offline: ``offline_requests`` (LoadGen's sample
-    count, ``offline_sample_count``) over the replicas, at least as many as last ``duration_s``."""
+    count, ``offline_sample_count``) over the replicas, at least as many as last ``duration_s``.
+    ``engine_settings``: a held-out row's engine as run (``engine_as_run``); empty: NVIDIA's harness.
+    Interactive (MLPerf v5.0 on) is a Server run under tighter bounds: any scenario not Offline is one."""
     s = settings()
     spec = io.load_model(s["models"][model])
     hw = io.load_hardware(hardware)
+    if engine_settings:  # a held-out row's GPU at the clock its harness holds (gfx_clock)
+        hw = gfx_clock(hw, engine_settings[5])
     eff = _efficiency(eff_key)
     workload = load_workload(s["workloads"][model])
     tp, pp, replicas, max_batch, max_tokens, wp, kp = layout
-    cost, sched = harness_replica(spec, hw, eff, workload, tp, pp, max_batch, max_tokens, wp, kp, kv_fraction)
+    cost, sched = harness_replica(spec, hw, eff, workload, tp, pp, max_batch, max_tokens, wp, kp, kv_fraction,
+                                  engine_settings)
     if scenario == "Offline":  # LoadGen's one query of ``offline_requests`` samples, this replica's share
         share = math.ceil((offline_requests or int(s["offline_requests"][model])) / replicas)
         offline = offline_run(cost, sched, workload, share, duration_s)
@@ -262,12 +341,16 @@ def lomo_efficiency(model_name: str):
 
 
 def predict_rows(rows: pd.DataFrame, cross: bool = True, requests: int = REQUESTS,
-                 workers: int | None = None) -> pd.DataFrame:
+                 workers: int | None = None, engine: str = "tensorrt-llm") -> pd.DataFrame:
     """Each run's predicted tokens/s per GPU and p99s, with the in-sample and (``cross``) LOMO errors;
-    the runs are simulated in ``workers`` processes (default: one per CPU)."""
+    the runs are simulated in ``workers`` processes (default: one per CPU). ``engine``: the engine's
+    fitted constants (an engine without its own fit borrows one: ``efficiency_from``; vLLM's are
+    TensorRT-LLM's, so its LOMO refits are TensorRT-LLM's too); a held-out set's rows carry their
+    engine's settings as run (``load_rows``'s ``engine_settings``)."""
     s = settings()
-    _EFFICIENCIES["fit"] = efficiency_for("tensorrt-llm")
-    keys = {"in_sample": "fit"}
+    fit = "fit" if engine == "tensorrt-llm" else f"fit:{engine}"
+    _EFFICIENCIES[fit] = efficiency_for(engine)
+    keys = {"in_sample": fit}
     if cross:
         for model in rows["model"].unique():
             _EFFICIENCIES[f"lomo:{model}"] = lomo_efficiency(s["serving_model"][model])
@@ -277,10 +360,11 @@ def predict_rows(rows: pd.DataFrame, cross: bool = True, requests: int = REQUEST
         preds = _simulated([(r["model"], r["hardware"], r["scenario"],
                              tuple(int(r[k]) if k not in ("weight_precision", "kv_precision") else r[k] for k in LAYOUT),
                              float(r["kv_fraction"]), float(r["ttft_bound_ms"]), float(r["tpot_bound_ms"]),
-                             float(r["target_qps"]) if r["scenario"] == "Server" else 0.0,
+                             float(r["target_qps"]) if r["scenario"] != "Offline" else 0.0,
                              key.format(model=r["model"]), requests,
                              float(r["min_duration_ms"]) / 1e3 if r["min_duration_ms"] > 0 else 0.0,
-                             int(r["offline_requests"]) if r["scenario"] == "Offline" else 0)
+                             int(r["offline_requests"]) if r["scenario"] == "Offline" else 0,
+                             *((tuple(r["engine_settings"]),) if "engine_settings" in r else ()))
                             for _, r in rows.iterrows()], workers)
         tokens, ttft, tpot, e2e, over, ttft_own, tpot_own = ((np.array(x, dtype=float) for x in zip(*preds))
                                                             if preds else ([],) * 7)
@@ -310,7 +394,7 @@ def summary(report: pd.DataFrame) -> pd.DataFrame:
     """Mean |error| % per round, GPU, benchmark and scenario: tokens/s and the Server p99s, in
     sample and LOMO (NaN where not predicted or not measured)."""
     def agg(g: pd.DataFrame) -> pd.Series:
-        server = g["scenario"] == "Server"
+        server = g["scenario"] != "Offline"  # Server and Interactive (a Server run under tighter bounds)
         return pd.Series({"runs": len(g), **{name: g.loc[server if "p99" in name else g.index, col].abs().mean()
                                              if col in g else np.nan for name, col in ERRORS}})
     return (report.groupby(["round", "hardware", "model", "scenario"], sort=True)[list(report.columns)]

@@ -166,16 +166,53 @@ def mlperf_report(cross: bool = True) -> tuple[pd.DataFrame, pd.Series]:
     return mlperf.predict_rows(rows, cross=cross), left_out
 
 
-def print_mlperf(report: pd.DataFrame, left_out: pd.Series, console: Console) -> None:
-    from autoparallel.report.fit import Column, cell, print_table
+def held_out_mlperf_reports(cross: bool = True) -> list[tuple[dict, pd.DataFrame, pd.Series]]:
+    """Each further MLPerf Inference CSV (``mlperf.held_out_sets``: AMD's v5.1 vLLM rows) predicted
+    with its engine, never fitted: (its settings, the predicted runs, the rows left out by reason)."""
     from autoparallel.serve import mlperf
+    out = []
+    for entry in mlperf.held_out_sets():
+        rows, left_out = mlperf.load_rows(entry["csv"], entry["engine"], entry["engine_column"])
+        out.append((entry, mlperf.predict_rows(rows, cross=cross, engine=entry["engine"]), left_out))
+    return out
+
+
+def _mlperf_columns():
+    from autoparallel.report.fit import Column
     pct = "{:.1f}"
-    columns = (Column("round", "round"), Column("hardware", "GPU"), Column("model", "benchmark"),
-               Column("scenario", "scenario"), Column("runs", "runs", "{:.0f}"),
-               Column("tokens_pct", "tok/s %", pct), Column("lomo_pct", "LOMO %", pct),
-               Column("ttft_p99_pct", "TTFT %", pct), Column("ttft_p99_lomo_pct", "LOMO", pct, drop=2),
-               Column("tpot_p99_pct", "TPOT %", pct), Column("tpot_p99_lomo_pct", "LOMO", pct, drop=2),
-               Column("latency_p99_pct", "e2e %", pct, drop=1))
+    return (Column("round", "round"), Column("hardware", "GPU"), Column("model", "benchmark"),
+            Column("scenario", "scenario"), Column("runs", "runs", "{:.0f}"),
+            Column("tokens_pct", "tok/s %", pct), Column("lomo_pct", "LOMO %", pct),
+            Column("ttft_p99_pct", "TTFT %", pct), Column("ttft_p99_lomo_pct", "LOMO", pct, drop=2),
+            Column("tpot_p99_pct", "TPOT %", pct), Column("tpot_p99_lomo_pct", "LOMO", pct, drop=2),
+            Column("latency_p99_pct", "e2e %", pct, drop=1))
+
+
+def print_held_out_mlperf(entry: dict, report: pd.DataFrame, left_out: pd.Series, console: Console) -> None:
+    """One held-out MLPerf group: the table per round, GPU, benchmark and scenario (Interactive's p99s
+    beside Server's) and the mean |error| of tokens/s per GPU by GPU and scenario."""
+    from autoparallel.report.fit import cell, print_table
+    from autoparallel.serve import mlperf
+    columns = _mlperf_columns()
+    table = mlperf.summary(report)
+    print_table(console, f"MLPerf Inference held out ({entry['group']}: {entry['csv']}, never fitted, run with "
+                         f"the {entry['engine']} engine's constants): mean |error| % of output tokens/s and of "
+                         "the p99s at the target QPS",
+                columns, [[cell(r[c.key], c.fmt) for c in columns] for _, r in table.iterrows()], adds=NOT_SHOWN)
+    parts = []
+    for (gpu, scenario), g in report.groupby(["hardware", "scenario"], sort=True):
+        lomo = f" (LOMO {g['lomo_pct'].abs().mean():.1f} %)" if "lomo_pct" in g else ""
+        parts.append(f"{gpu} {scenario} {g['in_sample_pct'].abs().mean():.1f} %{lomo} over {len(g)}")
+    over = int(report["in_sample_overloaded"][report["scenario"] != "Offline"].sum())
+    console.print(f"MLPerf {entry['group']} mean |error| of tokens/s per GPU: " + "; ".join(parts)
+                  + f"; {over} Server / Interactive runs overloaded at the submitted QPS in sample; rows not "
+                  "predicted: " + "; ".join(f"{n} {why}" for why, n in left_out.value_counts().items()))
+
+
+def print_mlperf(report: pd.DataFrame, left_out: pd.Series, console: Console) -> None:
+    from autoparallel.report.fit import cell, print_table
+    from autoparallel.serve import mlperf
+    columns = _mlperf_columns()
     table = mlperf.summary(report)
     print_table(console, "MLPerf Inference, simulated: mean |error| % of output tokens/s (in sample, LOMO) "
                          "and of Server p99 TTFT / TPOT / end-to-end latency at the target QPS",
@@ -223,21 +260,26 @@ def run(runs: Path | None, as_json: bool, console: Console, cross: bool = True, 
     with shared_refits():  # MLPerf's LOMO refit of TensorRT-LLM without Llama-2-70B is one of the table's
         report = held_out_report(runs, cross=cross)
         not_predicted = not_predicted_serving_rows()
-        ml = None
-        if with_mlperf:  # about half a minute of simulated traffic
+        ml, held = None, []
+        if with_mlperf:  # about half a minute of simulated traffic, and as much for the held-out groups
             with transient_progress(Console(stderr=True)) as bar:
                 bar.add_task("simulating the MLPerf Inference runs", total=None)
                 ml = mlperf_report(cross)
+                held = held_out_mlperf_reports(cross)
     if as_json:
         import json
         out = json_report(report, ft, not_predicted)
         if ml is not None:
             out["mlperf"] = mlperf_json(*ml)
+            out["mlperf"]["held_out"] = {entry["group"]: {"csv": entry["csv"], "engine": entry["engine"],
+                                                          **mlperf_json(r, left)} for entry, r, left in held}
         print(json.dumps(out, indent=1))
     else:
         print_report(report, ft, not_predicted, console)
         if ml is not None:
             print_mlperf(*ml, console)
+        for entry, r, left in held:
+            print_held_out_mlperf(entry, r, left, console)
     return 0
 
 
