@@ -75,19 +75,32 @@ from autoparallel.serve.traffic import Traffic, _largest_rate, scenario_bounds
 from autoparallel.serve.workload import load_workload
 
 DATA = "mlperf_inference_runs.csv"
+#: MLPerf Inference v5.1 (scripts/mlperf_inference_rows.py): a group held out of every fit, predicted as the
+#: v4.1 rows are, its GPUs / models / workloads from ``validation.mlperf_v51`` (``HELD_OUT_BLOCK``).
+HELD_OUT = "mlperf_inference_v51.csv"
+HELD_OUT_BLOCK = "mlperf_v51"
 LAYOUT = ("tp", "pp", "replicas", "max_batch", "max_num_tokens", "weight_precision", "kv_precision")
 SAME_RUN = ("round", "submitter", "system", "gpu", "gpus", "model", "scenario", *LAYOUT, "tokens_per_s")
 REQUESTS = 3000  # simulated requests per run of the bisection on the sustained rate
 
 
-def settings() -> dict:
-    return load_assumptions()["validation"]["mlperf"]
+def settings(block: str = "mlperf") -> dict:
+    """``validation.<block>`` of the inference assumptions: the v4.1 rows' (``mlperf``) or the held-out
+    v5.1 rows' (``HELD_OUT_BLOCK``), which start from the v4.1 block and add their own entries."""
+    validation = load_assumptions()["validation"]
+    if block == "mlperf":
+        return validation["mlperf"]
+    base, own = validation["mlperf"], validation[block]
+    return {**base, **{k: ({**base[k], **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v)
+                       for k, v in own.items()}}
 
 
-def load_rows() -> tuple[pd.DataFrame, pd.Series]:
-    """The rows predicted (one per run) and the reason each other row is not."""
-    frame = pd.read_csv(resources.data_file(DATA))
-    s = settings()
+def load_rows(data: str = DATA, block: str = "mlperf") -> tuple[pd.DataFrame, pd.Series]:
+    """The rows predicted (one per run) and the reason each other row is not (``data``'s rows under
+    ``settings(block)``)."""
+    from autoparallel.costmodel.inference import PRECISIONS
+    frame = pd.read_csv(resources.data_file(data))
+    s = settings(block)
     reason = pd.Series("", index=frame.index, dtype=object)
     checks = [
         (frame["division"] != "closed", "open division (its own model changes)"),
@@ -99,6 +112,8 @@ def load_rows() -> tuple[pd.DataFrame, pd.Series]:
         # presets' peaks are the GPUs' at full power, as the MaxP runs use them.
         (frame["notes"].fillna("").str.contains("PowerSetting.MaxQ", regex=False),
          "power-capped run (MaxQ): the preset is the GPU at full power"),
+        (frame["kv_precision"].isna(), "KV cache precision not stated in the config"),
+        (~frame["weight_precision"].isin(PRECISIONS), "weight precision not priced by the serving cost model"),
     ]
     for broken, why in checks:
         reason[broken & (reason == "")] = why
@@ -106,20 +121,21 @@ def load_rows() -> tuple[pd.DataFrame, pd.Series]:
     dup = kept.duplicated(subset=list(SAME_RUN))
     reason[dup[dup].index] = "same run submitted as -99 and -99.9"
     rows = frame[reason == ""].copy()
+    rows["block"] = block
     rows["hardware"] = rows["gpu"].map(s["gpus"])
     kv = rows["notes"].fillna("").str.extract(r"kvcache_free_gpu_mem_frac=([0-9.]+)")[0].astype(float)
     rows["kv_fraction"] = kv.fillna(load_engine("tensorrt-llm").kv_memory_fraction)
     expected = rows["notes"].fillna("").str.extract(r"offline_expected_qps=([0-9.]+)")[0].astype(float)
-    rows["offline_requests"] = [offline_sample_count(m, q, d) for m, q, d in
+    rows["offline_requests"] = [offline_sample_count(m, q, d, block) for m, q, d in
                                 zip(rows["model"], expected, rows["min_duration_ms"])]
     return rows, reason[reason != ""]
 
 
-def offline_sample_count(model: str, expected_qps: float, min_duration_ms: float) -> int:
+def offline_sample_count(model: str, expected_qps: float, min_duration_ms: float, block: str = "mlperf") -> int:
     """Samples in LoadGen's Offline query: ``max(min_query_count, 1.1 * min_duration * offline_expected_qps)``
     (loadgen/test_settings_internal.cc), the dataset size standing for the minimum count; the
     dataset size alone where the config's expected QPS is not published."""
-    dataset = int(settings()["offline_requests"][model])
+    dataset = int(settings(block)["offline_requests"][model])
     if not (math.isfinite(expected_qps) and math.isfinite(min_duration_ms)):
         return dataset
     return max(dataset, int(1.1 * min_duration_ms / 1e3 * expected_qps))
@@ -170,7 +186,7 @@ def _simulated(keys: list[tuple], workers: int | None) -> list[tuple[float, ...]
 
 def _simulate(model: str, hardware: str, scenario: str, layout: tuple, kv_fraction: float, ttft_ms: float,
              tpot_ms: float, target_qps: float, eff_key: str, requests: int,
-             duration_s: float = 0.0, offline_requests: int = 0) -> tuple[float, ...]:
+             duration_s: float = 0.0, offline_requests: int = 0, block: str = "mlperf") -> tuple[float, ...]:
     """(tokens/s of the deployment, p99 TTFT, TPOT and end-to-end latency in ms at the target QPS,
     1.0 where the simulated replica does not keep up with the target QPS else 0.0, p99 TTFT and
     TPOT in ms at the simulated replica's own Server rate: the largest rate within the bounds, the
@@ -184,8 +200,10 @@ def _simulate(model: str, hardware: str, scenario: str, layout: tuple, kv_fracti
     keep up with the target QPS (its modelled capacity is below what the submission sustained:
     a tokens/s error, counted there), its queue grows for the whole run and the p99s have no
     value to compare: NaN, and the run is flagged. Offline: ``offline_requests`` (LoadGen's sample
-    count, ``offline_sample_count``) over the replicas, at least as many as last ``duration_s``."""
-    s = settings()
+    count, ``offline_sample_count``) over the replicas, at least as many as last ``duration_s``.
+    Server and Interactive (MLPerf's Server with tighter bounds) alike: ``ttft_ms`` / ``tpot_ms``
+    are the row's. ``block``: the settings the row's model, GPU and workload come from."""
+    s = settings(block)
     spec = io.load_model(s["models"][model])
     hw = io.load_hardware(hardware)
     eff = _efficiency(eff_key)
@@ -277,10 +295,11 @@ def predict_rows(rows: pd.DataFrame, cross: bool = True, requests: int = REQUEST
         preds = _simulated([(r["model"], r["hardware"], r["scenario"],
                              tuple(int(r[k]) if k not in ("weight_precision", "kv_precision") else r[k] for k in LAYOUT),
                              float(r["kv_fraction"]), float(r["ttft_bound_ms"]), float(r["tpot_bound_ms"]),
-                             float(r["target_qps"]) if r["scenario"] == "Server" else 0.0,
+                             float(r["target_qps"]) if r["scenario"] != "Offline" else 0.0,
                              key.format(model=r["model"]), requests,
                              float(r["min_duration_ms"]) / 1e3 if r["min_duration_ms"] > 0 else 0.0,
-                             int(r["offline_requests"]) if r["scenario"] == "Offline" else 0)
+                             int(r["offline_requests"]) if r["scenario"] == "Offline" else 0,
+                             r.get("block", "mlperf"))
                             for _, r in rows.iterrows()], workers)
         tokens, ttft, tpot, e2e, over, ttft_own, tpot_own = ((np.array(x, dtype=float) for x in zip(*preds))
                                                             if preds else ([],) * 7)
@@ -310,7 +329,7 @@ def summary(report: pd.DataFrame) -> pd.DataFrame:
     """Mean |error| % per round, GPU, benchmark and scenario: tokens/s and the Server p99s, in
     sample and LOMO (NaN where not predicted or not measured)."""
     def agg(g: pd.DataFrame) -> pd.Series:
-        server = g["scenario"] == "Server"
+        server = g["scenario"] != "Offline"  # Server and Interactive: the p99s are measured
         return pd.Series({"runs": len(g), **{name: g.loc[server if "p99" in name else g.index, col].abs().mean()
                                              if col in g else np.nan for name, col in ERRORS}})
     return (report.groupby(["round", "hardware", "model", "scenario"], sort=True)[list(report.columns)]
@@ -333,6 +352,32 @@ def scenario_means(report: pd.DataFrame) -> dict[str, float]:
     for label in ("in_sample", "lomo"):
         if f"{label}_overloaded" in server:
             out[f"server_overloaded_{label}_runs"] = int(server[f"{label}_overloaded"].sum())
+    return out
+
+
+def held_out_rows() -> tuple[pd.DataFrame, pd.Series]:
+    """The v5.1 rows (``HELD_OUT``) predicted and the reasons of the others: never fitted, not even
+    in a LOMO refit (the constants are serving_runs.csv's, as for the v4.1 rows in sample)."""
+    return load_rows(HELD_OUT, HELD_OUT_BLOCK)
+
+
+def held_out_means(report: pd.DataFrame, by: tuple[str, ...] = ("scenario",)) -> list[dict]:
+    """Mean |error| % per ``by`` group of the held-out rows: tokens/s (every run), p99 TTFT / TPOT at
+    the submitted QPS (Server and Interactive, over the runs the simulated replica keeps up with) and
+    at its own rate, and how many runs it does not keep up with at the submitted QPS."""
+    out = []
+    for key, g in report.groupby(list(by), sort=True):
+        served = g[g["scenario"] != "Offline"]
+        row = {**dict(zip(by, key if isinstance(key, tuple) else (key,))), "runs": len(g),
+               "tokens_pct": float(g["in_sample_pct"].abs().mean()),
+               "tokens_signed_pct": float(g["in_sample_pct"].mean())}
+        if len(served):
+            for name, col in (("ttft_p99_pct", "in_sample_ttft_pct"), ("tpot_p99_pct", "in_sample_tpot_pct"),
+                              ("ttft_p99_own_pct", "in_sample_ttft_own_pct"),
+                              ("tpot_p99_own_pct", "in_sample_tpot_own_pct")):
+                row[name] = float(served[col].abs().mean())
+            row["overloaded_runs"] = int(served["in_sample_overloaded"].sum())
+        out.append(row)
     return out
 
 

@@ -7,7 +7,8 @@ predicted; ``--no-cross-validation`` skips these refits), for FasterTransformer'
 TensorRT-LLM's in-flight batching throughput tables (``serving_runs.csv``), then the MLPerf
 Inference Offline / Server runs through the traffic simulation (``serve/mlperf.py``: tokens/s and
 the Server p99 TTFT / TPOT in sample and LOMO, the p99 end-to-end latency, per round, GPU, benchmark
-and scenario; ``--json`` adds every run; ``--no-mlperf`` skips them). The FT rows whose
+and scenario; then MLPerf Inference v5.1's runs, a group no constant saw (``mlperf.HELD_OUT``: in sample
+only, Interactive apart); ``--json`` adds every run; ``--no-mlperf`` skips them). The FT rows whose
 ``notes`` start with ``OOM`` have no latency: the memory model must say they do not fit
 (reported apart). Rows of ``serving_runs.csv`` that are not predicted are counted by reason.
 
@@ -198,6 +199,40 @@ def print_mlperf(report: pd.DataFrame, left_out: pd.Series, console: Console) ->
                   + "; ".join(f"{n} {why}" for why, n in left_out.value_counts().items()))
 
 
+def mlperf_held_out_report() -> tuple[pd.DataFrame, pd.Series]:
+    """MLPerf Inference v5.1's runs (serve/mlperf.py ``HELD_OUT``), predicted in sample only: no
+    constant saw them, so a LOMO refit would hold nothing more out."""
+    from autoparallel.serve import mlperf
+    rows, left_out = mlperf.held_out_rows()
+    return mlperf.predict_rows(rows, cross=False), left_out
+
+
+def print_mlperf_held_out(report: pd.DataFrame, left_out: pd.Series, console: Console) -> None:
+    from autoparallel.report.fit import Column, cell, print_table
+    from autoparallel.serve import mlperf
+    pct = "{:.1f}"
+    columns = (Column("round", "round"), Column("hardware", "GPU"), Column("model", "benchmark"),
+               Column("scenario", "scenario"), Column("runs", "runs", "{:.0f}"),
+               Column("tokens_pct", "tok/s %", pct), Column("ttft_p99_pct", "TTFT %", pct),
+               Column("tpot_p99_pct", "TPOT %", pct), Column("ttft_p99_own_pct", "own TTFT", pct, drop=2),
+               Column("tpot_p99_own_pct", "own TPOT", pct, drop=2), Column("latency_p99_pct", "e2e %", pct, drop=1))
+    table = mlperf.summary(report)
+    print_table(console, "MLPerf Inference v5.1, held out (never fitted), simulated: mean |error| % of output "
+                         "tokens/s and of the Server / Interactive p99 TTFT / TPOT at the target QPS",
+                columns, [[cell(r[c.key], c.fmt) for c in columns] for _, r in table.iterrows()],
+                ("own: the p99s at the simulated replica's own largest rate within the bounds; "
+                 "Interactive: Server with the round's tighter bounds",), adds=NOT_SHOWN)
+    parts = []
+    for m in mlperf.held_out_means(report):
+        text = f"{m['scenario']} {m['tokens_pct']:.1f} % ({m['runs']} runs, mean {m['tokens_signed_pct']:+.1f} %)"
+        if "ttft_p99_pct" in m:
+            text += (f", p99 TTFT {m['ttft_p99_pct']:.1f} %, TPOT {m['tpot_p99_pct']:.1f} %"
+                     + (f" ({m['overloaded_runs']} overloaded at the submitted QPS)" if m["overloaded_runs"] else ""))
+        parts.append(text)
+    console.print("MLPerf v5.1 held out, mean |error| of tokens/s per GPU: " + "; ".join(parts)
+                  + "; rows not predicted: " + "; ".join(f"{n} {why}" for why, n in left_out.value_counts().items()))
+
+
 def _overloaded(means: dict, server_runs: int) -> str:
     """The Server runs the simulation cannot keep up with at the submitted QPS (no p99 to compare)."""
     n, lomo = means.get("server_overloaded_in_sample_runs", 0), means.get("server_overloaded_lomo_runs")
@@ -218,26 +253,43 @@ def mlperf_json(report: pd.DataFrame, left_out: pd.Series) -> dict:
             "not_predicted": {str(k): int(v) for k, v in left_out.value_counts().items()}}
 
 
+def mlperf_held_out_json(report: pd.DataFrame, left_out: pd.Series) -> dict:
+    """The v5.1 part of ``--json``: means per scenario and per GPU and scenario, the table per round,
+    GPU, benchmark and scenario, every predicted run, the rows left out by reason."""
+    import json
+    from autoparallel.serve import mlperf
+    return {"by_scenario": mlperf.held_out_means(report),
+            "by_gpu_scenario": mlperf.held_out_means(report, ("hardware", "scenario")),
+            "by_round_gpu_benchmark_scenario": json.loads(mlperf.summary(report).to_json(orient="records")),
+            "rows": mlperf.records(report),
+            "not_predicted": {str(k): int(v) for k, v in left_out.value_counts().items()}}
+
+
 def run(runs: Path | None, as_json: bool, console: Console, cross: bool = True, with_mlperf: bool = True) -> int:
     ft = fastertransformer_report(runs)
     with shared_refits():  # MLPerf's LOMO refit of TensorRT-LLM without Llama-2-70B is one of the table's
         report = held_out_report(runs, cross=cross)
         not_predicted = not_predicted_serving_rows()
-        ml = None
+        ml = v51 = None
         if with_mlperf:  # about half a minute of simulated traffic
             with transient_progress(Console(stderr=True)) as bar:
                 bar.add_task("simulating the MLPerf Inference runs", total=None)
                 ml = mlperf_report(cross)
+                v51 = mlperf_held_out_report()
     if as_json:
         import json
         out = json_report(report, ft, not_predicted)
         if ml is not None:
             out["mlperf"] = mlperf_json(*ml)
+        if v51 is not None:
+            out["mlperf_v51"] = mlperf_held_out_json(*v51)
         print(json.dumps(out, indent=1))
     else:
         print_report(report, ft, not_predicted, console)
         if ml is not None:
             print_mlperf(*ml, console)
+        if v51 is not None:
+            print_mlperf_held_out(*v51, console)
     return 0
 
 
