@@ -253,6 +253,10 @@ def test_validate_inference_prints_mlperf_in_80_columns(capsys, monkeypatch, hel
     from autoparallel.serve import validate
     monkeypatch.setattr(validate, "held_out_report", lambda runs=None, cross=True: held_out)
     monkeypatch.setattr(validate, "mlperf_report", lambda cross=True: (report, rows[1]))
+    # the v5.1 group: test_serve_mlperf_v51.py
+    monkeypatch.setattr(validate, "mlperf_held_out_report", lambda: (None, None))
+    monkeypatch.setattr(validate, "print_mlperf_held_out", lambda *a: None)
+    monkeypatch.setattr(validate, "mlperf_held_out_json", lambda *a: {})
     monkeypatch.setenv("COLUMNS", "80")
     assert cli.main(["validate", "--inference"]) == 0
     out = capsys.readouterr().out

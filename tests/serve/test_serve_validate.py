@@ -169,8 +169,9 @@ def test_the_mlperf_simulation_runs_under_a_progress_display(monkeypatch):
             pass
     monkeypatch.setattr(serve_validate, "transient_progress", Recording)
     for name in ("fastertransformer_report", "held_out_report", "not_predicted_serving_rows", "print_report",
-                 "print_mlperf"):
+                 "print_mlperf", "print_mlperf_held_out"):
         monkeypatch.setattr(serve_validate, name, lambda *a, **k: pd.DataFrame())
+    monkeypatch.setattr(serve_validate, "mlperf_held_out_report", lambda: (pd.DataFrame(), pd.Series(dtype=object)))
     monkeypatch.setattr(serve_validate, "mlperf_report",
                         lambda cross: seen.append(bool(live)) or (pd.DataFrame(), pd.Series(dtype=object)))
     assert serve_validate.run(None, False, None) == 0 and seen == [True] and not live
