@@ -56,3 +56,45 @@ def mllog(text: str) -> list[dict]:
 def truthy(value) -> bool:
     """A config's shell value read as on: 1 / True / t / yes, quotes and case aside."""
     return str(value).strip().strip("'\"").lower() in ("1", "true", "t", "yes")
+
+
+# --- MLPerf Inference (scripts/mlperf_inference_rows.py; the AMD rows' extractor reads the same) ---
+
+INFERENCE_MIRRORS = {"v5.1": "/work/.mirror/mlcommons+inference_results_v5.1/repo"}
+SUMMARY = "performance/run_1/mlperf_log_summary.txt"
+
+
+def inference_results(mirror: Mirror, benchmarks: tuple[str, ...], division: str = "closed") -> list[tuple]:
+    """(submitter, system, benchmark, scenario) of every performance run of ``benchmarks`` in the
+    division, in the repository's order: ``<division>/<submitter>/results/<system>/<benchmark>/
+    <scenario>/performance/run_1/mlperf_log_summary.txt``."""
+    out = []
+    for path in mirror.files:
+        parts = path.split("/")
+        if (len(parts) == 9 and parts[0] == division and parts[2] == "results" and parts[4] in benchmarks
+                and "/".join(parts[6:]) == SUMMARY):
+            out.append((parts[1], parts[3], parts[4], parts[5]))
+    return out
+
+
+def loadgen_summary(text: str) -> dict[str, str]:
+    """The ``name : value`` lines of a LoadGen ``mlperf_log_summary.txt`` (results, additional stats,
+    test parameters), names as printed (``Tokens per second``, ``ttft_latency (ns)``, ...); the
+    first occurrence of a name wins."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if ":" not in line or line.startswith(("=", " *")):
+            continue
+        name, value = (s.strip() for s in line.split(":", 1))
+        if name and value:
+            out.setdefault(name, value)
+    return out
+
+
+def loadgen_detail(text: str) -> dict[str, object]:
+    """The ``:::MLLOG`` records of a LoadGen ``mlperf_log_detail.txt`` by key (its value; the first
+    record of a key wins), e.g. ``requested_offline_expected_qps``, ``effective_samples_per_query``."""
+    out: dict[str, object] = {}
+    for record in mllog(text):
+        out.setdefault(record.get("key"), record.get("value"))
+    return out

@@ -65,7 +65,7 @@ def add_parser(sub) -> None:
     g.add_argument("--max-batch", "--batch", dest="max_batch", type=positive,
                    help="pin requests in flight per micro-batch (vLLM --max-num-seqs, TensorRT-LLM max_batch_size)")
     g.add_argument("--max-num-tokens", type=positive, help="pin the tokens one iteration may process")
-    g.add_argument("--weight-precision", help="pin weights: bf16 | fp16 | fp8")
+    g.add_argument("--weight-precision", help="pin weights: bf16 | fp16 | fp8 | nvfp4 (Blackwell's FP4 tensor cores)")
     g.add_argument("--kv-precision", help="pin KV cache: bf16 | fp16 | fp8")
     i.add_argument("--space", default="inference", help="search space preset or YAML path (default inference)")
     i.add_argument("--top", type=positive, default=10, help="entries to print (default 10)")
@@ -142,6 +142,7 @@ def _check_replica(gpus: int, tp: int | None, pp: int | None) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from autoparallel.costmodel.inference import KV_PRECISIONS
     from autoparallel.report import run_folder
     from autoparallel.serve import search as serve
     from autoparallel.serve.assumptions import load_engine, with_capacity_policy
@@ -160,7 +161,7 @@ def run(args: argparse.Namespace) -> None:
         print(f"autoparallel: warning: {warning}", file=sys.stderr)
     point = args.tp is not None and args.pp is not None and args.max_batch is not None
     wp = parse_precision(args.weight_precision, "--weight-precision")
-    kp = parse_precision(args.kv_precision, "--kv-precision")
+    kp = parse_precision(args.kv_precision, "--kv-precision", KV_PRECISIONS)
     if point:  # one layout: 16-bit weights and KV cache and the engine's token budget unless pinned
         wp, kp = wp or "bf16", kp or "bf16"
         args.expert_parallel = bool(args.expert_parallel)

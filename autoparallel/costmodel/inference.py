@@ -90,15 +90,22 @@ from typing import Literal
 
 import numpy as np
 
-from autoparallel.costmodel import comm, mamba, mamba_serving, moe
+from autoparallel.costmodel import comm, gemm, mamba, mamba_serving, moe
 from autoparallel.costmodel.memory import GIB
 from autoparallel.errors import UnpricedModelError
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 
-#: Bytes per element of weights / KV cache by precision name.
-PRECISION_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+#: Bytes per element of weights / KV cache by precision name. NVFP4 (weights only: TensorRT-LLM's
+#: ``nvfp4`` quantization, which NVIDIA's MLPerf Inference v5.1 harness builds for ``precision: 'fp4'``,
+#: mlcommons/inference_results_v5.1@965182b0 closed/NVIDIA/code/llmlib/builder.py "Assume that all TRTLLM
+#: build.py flags assume fp4 means nvfp4"): 4-bit E2M1 values and one E4M3 scale per 16 elements
+#: (NVIDIA/TransformerEngine@d0067d0da docs/features/low_precision_training/nvfp4/nvfp4.rst), 4.5 bits;
+#: the per-tensor FP32 scale is left out. Its GEMMs run on the FP4 tensor cores (``pass_work``).
+PRECISION_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nvfp4": 0.5625}
 PRECISIONS = tuple(PRECISION_BYTES)
+#: The KV cache's: NVFP4 is a weight format here (attention is priced at the FP8 or 16-bit peak).
+KV_PRECISIONS = tuple(p for p in PRECISIONS if p != "nvfp4")
 ACT_BYTES = 2.0  # activations stay 16 bit
 LOGIT_BYTES = 4.0  # FP32 logits of the sampled position
 SCORE_TRIPS = 4.0  # unfused attention: write QK^T, read it for softmax, write P, read P for P·V
@@ -513,7 +520,7 @@ class PassWork:
     moe_share: float  # share of the layers that are MoE layers
     lin_flops: np.ndarray  # the GEMMs other than the routed experts ...
     lin_gflop: np.ndarray  # ... each of this size
-    fp8_gemms: np.ndarray  # FP8 weights run FP8 GEMMs
+    fp8_gemms: np.ndarray  # FP8 / NVFP4 weights run FP8 / FP4 GEMMs (at ``peak8``)
     experts: tuple | None  # ``routed_expert_work``; None: dense
     attn_flops: np.ndarray
     attn_peak: np.ndarray
@@ -528,8 +535,8 @@ class PassWork:
     out_bytes: np.ndarray
     logits: np.ndarray
     mamba: tuple | None  # a hybrid's M layers' (FLOPs, bytes) per layer (``mamba_serving.pass_work``); else None
-    peak16: float  # the GPU's peaks before the fitted shares: 16-bit and 8-bit FLOP/s, HBM bytes/s
-    peak8: float
+    peak16: float  # the GPU's peaks before the fitted shares: 16-bit and 8-bit (4-bit under NVFP4) FLOP/s, HBM bytes/s
+    peak8: np.ndarray
     hbm: float
     hop: tuple  # ``_hop_work``
 
@@ -564,7 +571,7 @@ def pass_work(lay: Layout, tokens, sampled, attn_flops, attn_bytes, mamba_work=N
     per_node = comm.ranks_per_domain(hw, t, 1)
     return PassWork(
         layers=layers, tokens=tokens, hidden=h, moe_share=moe_share,
-        lin_flops=lin_flops, lin_gflop=_gemm_gflop(lin_flops / GEMMS_PER_LAYER), fp8_gemms=lay.weight_bytes == 1.0,
+        lin_flops=lin_flops, lin_gflop=_gemm_gflop(lin_flops / GEMMS_PER_LAYER), fp8_gemms=lay.weight_bytes < 2.0,
         experts=routed_expert_work(lay, tokens), attn_flops=attn_flops, attn_peak=attn_peak, attn_bytes=attn_bytes,
         weight_bytes=stored_params / t * lay.weight_bytes,
         gated_bytes=gated_activation_bytes(lay, tokens),
@@ -572,8 +579,17 @@ def pass_work(lay: Layout, tokens, sampled, attn_flops, attn_bytes, mamba_work=N
         tp_multi=t > 1, tp_internode=t > hw.nvlink_domain,
         all_reduce=comm.all_reduce_time(hw, ACT_BYTES * tokens * h, t, per_node),
         out_flops=2.0 * sampled * h * V / t, out_bytes=h * V / t * ACT_BYTES, logits=sampled * V, mamba=mamba_pass,
-        peak16=peak16, peak8=(hw.fp8_tflops or hw.bf16_tflops) * 1e12, hbm=hw.hbm_tbps * 1e12,
+        peak16=peak16, peak8=quantized_gemm_peak(hw, lay.weight_bytes), hbm=hw.hbm_tbps * 1e12,
         hop=_hop_work(lay, tokens))
+
+
+def quantized_gemm_peak(hw: HardwareSpec, weight_bytes) -> np.ndarray:
+    """FLOP/s of the GEMMs of quantized weights before the fitted FP8 share: the FP8 peak, and under
+    NVFP4 (under one byte) the FP4 one as training prices it (``gemm.fp4_tflops``: the datasheet
+    figure capped at the measured NVFP4 / FP8 kernel ratio). TensorRT-LLM's NVFP4 Linear quantizes
+    its input to NVFP4 too (W4A4), so the GEMM is an FP4 one."""
+    fp8 = (hw.fp8_tflops or hw.bf16_tflops) * 1e12
+    return np.where(np.asarray(weight_bytes) < 1.0, gemm.fp4_tflops(hw) * 1e12, fp8)
 
 
 def hybrid_layer_work(lay: Layout, tokens, sampled, mamba_work=None) -> tuple:

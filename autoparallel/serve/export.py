@@ -86,7 +86,11 @@ class Command:
 
 
 def _checkpoint(model_name: str, weight_precision: str) -> str:
-    return f"<{model_name} FP8 checkpoint>" if weight_precision == "fp8" else f"<{model_name} checkpoint>"
+    """The checkpoint a command loads: a pre-quantized one for FP8 and NVFP4 weights (the engines read
+    the quantization from its config)."""
+    quantized = {"fp8": "FP8", "nvfp4": "NVFP4"}
+    return (f"<{model_name} {quantized[weight_precision]} checkpoint>" if weight_precision in quantized
+            else f"<{model_name} checkpoint>")
 
 
 def _ep(row) -> int:

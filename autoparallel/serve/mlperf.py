@@ -96,12 +96,13 @@ def load_rows(data: str = DATA, engine: str = "tensorrt-llm",
     """The rows predicted (one per run) and the reason each other row is not; ``data`` a CSV of
     ``mlperf_inference_runs.csv``'s columns whose rows ``engine`` runs (``engine_column``: its name
     in the CSV's ``engine`` column)."""
+    from autoparallel.costmodel.inference import PRECISIONS
     frame = pd.read_csv(resources.data_file(data))
     s = settings()
     reason = pd.Series("", index=frame.index, dtype=object)
     checks = [
         # MXFP4 (AMD's MI355X rows): OCP MX block-scaled FP4, which the cost model does not price
-        (frame["weight_precision"] == "mxfp4", "MXFP4 weights (the serving cost model prices bf16, fp16 and fp8)"),
+        (frame["weight_precision"] == "mxfp4", "MXFP4 weights (the serving cost model prices NVIDIA's NVFP4, not MX)"),
         (frame["division"] != "closed", "open division (its own model changes)"),
         (frame["engine"] != engine_column, f"not {engine_column}"),
         (frame[["tp", "pp", "max_batch", "max_num_tokens"]].isna().any(axis=1), "layout not published"),
@@ -111,6 +112,8 @@ def load_rows(data: str = DATA, engine: str = "tensorrt-llm",
         # presets' peaks are the GPUs' at full power, as the MaxP runs use them.
         (frame["notes"].fillna("").str.contains("PowerSetting.MaxQ", regex=False),
          "power-capped run (MaxQ): the preset is the GPU at full power"),
+        (frame["kv_precision"].isna(), "KV cache precision not stated in the config"),
+        (~frame["weight_precision"].isin(PRECISIONS), "weight precision not priced by the serving cost model"),
     ]
     for broken, why in checks:
         reason[broken & (reason == "")] = why
@@ -417,6 +420,26 @@ def scenario_means(report: pd.DataFrame) -> dict[str, float]:
     for label in ("in_sample", "lomo"):
         if f"{label}_overloaded" in server:
             out[f"server_overloaded_{label}_runs"] = int(server[f"{label}_overloaded"].sum())
+    return out
+
+
+def held_out_means(report: pd.DataFrame, by: tuple[str, ...] = ("scenario",)) -> list[dict]:
+    """Mean |error| % per ``by`` group of the held-out rows: tokens/s (every run), p99 TTFT / TPOT at
+    the submitted QPS (Server and Interactive, over the runs the simulated replica keeps up with) and
+    at its own rate, and how many runs it does not keep up with at the submitted QPS."""
+    out = []
+    for key, g in report.groupby(list(by), sort=True):
+        served = g[g["scenario"] != "Offline"]
+        row = {**dict(zip(by, key if isinstance(key, tuple) else (key,))), "runs": len(g),
+               "tokens_pct": float(g["in_sample_pct"].abs().mean()),
+               "tokens_signed_pct": float(g["in_sample_pct"].mean())}
+        if len(served):
+            for name, col in (("ttft_p99_pct", "in_sample_ttft_pct"), ("tpot_p99_pct", "in_sample_tpot_pct"),
+                              ("ttft_p99_own_pct", "in_sample_ttft_own_pct"),
+                              ("tpot_p99_own_pct", "in_sample_tpot_own_pct")):
+                row[name] = float(served[col].abs().mean())
+            row["overloaded_runs"] = int(served["in_sample_overloaded"].sum())
+        out.append(row)
     return out
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from autoparallel.costmodel.inference import PRECISIONS, ServingEngine
+from autoparallel.costmodel.inference import KV_PRECISIONS, PRECISIONS, ServingEngine
 from autoparallel.errors import UserError
 from autoparallel.io import from_dict, read_yaml, resolve_preset
 from autoparallel.specs.hardware import HardwareSpec
@@ -53,10 +53,10 @@ class InferenceSpace:
             values = getattr(self, name)
             if not values or any(v < 1 for v in values):
                 raise ValueError(f"{name} must be a non-empty list of positive integers, got {list(values)}")
-        for name in ("weight_precision", "kv_precision"):
-            bad = sorted(set(getattr(self, name)) - set(PRECISIONS))
+        for name, valid in (("weight_precision", PRECISIONS), ("kv_precision", KV_PRECISIONS)):
+            bad = sorted(set(getattr(self, name)) - set(valid))
             if bad or not getattr(self, name):
-                raise ValueError(f"{name} {bad or '[]'} is not a non-empty list of {', '.join(PRECISIONS)}")
+                raise ValueError(f"{name} {bad or '[]'} is not a non-empty list of {', '.join(valid)}")
         if not self.expert_parallel or any(not isinstance(v, bool) for v in self.expert_parallel):
             raise ValueError(f"expert_parallel must be a non-empty list of true / false, got {list(self.expert_parallel)}")
 
@@ -119,6 +119,8 @@ def structures(model: ModelSpec, hw: HardwareSpec, gpus: int, space: InferenceSp
          lambda d: [f"{model.num_experts} experts not divisible by ep={a}" for a in d.ep]),
         ((df["weight_precision"].to_numpy() == "fp8") & (not hw.supports_fp8),
          f"fp8 weights need FP8 tensor cores; {hw.name} has none"),
+        ((df["weight_precision"].to_numpy() == "nvfp4") & (hw.fp4_tflops is None),
+         f"nvfp4 weights need FP4 tensor cores; {hw.name} has none"),
         ((not engine.chunked_prefill) & (df["max_num_tokens"].to_numpy() < input_len),
          lambda d: [f"max_num_tokens={a} < input {input_len} without chunked prefill ({engine.name})"
                     for a in d.max_num_tokens]),
@@ -155,10 +157,10 @@ def context_warning(model: ModelSpec, input_len: int, output_len: int, max_model
             f" and {LONG_CONTEXT_ENV['sglang']}), and output quality past the context is the model's business")
 
 
-def parse_precision(value: str | None, flag: str) -> str | None:
-    """A precision flag's value, or a UserError naming it and the valid choices."""
+def parse_precision(value: str | None, flag: str, valid: tuple[str, ...] = PRECISIONS) -> str | None:
+    """A precision flag's value, or a UserError naming it and the ``valid`` choices."""
     if value is None:
         return None
-    if value not in PRECISIONS:
-        raise UserError(f"{flag} {value!r} is not one of {', '.join(PRECISIONS)}")
+    if value not in valid:
+        raise UserError(f"{flag} {value!r} is not one of {', '.join(valid)}")
     return value

@@ -7,7 +7,9 @@ predicted; ``--no-cross-validation`` skips these refits), for FasterTransformer'
 TensorRT-LLM's in-flight batching throughput tables (``serving_runs.csv``), then the MLPerf
 Inference Offline / Server runs through the traffic simulation (``serve/mlperf.py``: tokens/s and
 the Server p99 TTFT / TPOT in sample and LOMO, the p99 end-to-end latency, per round, GPU, benchmark
-and scenario; ``--json`` adds every run; ``--no-mlperf`` skips them). The FT rows whose
+and scenario; then the held-out MLPerf groups no constant saw, NVIDIA's and AMD's v5.1 runs
+(``mlperf.held_out_sets``: in sample only, Interactive apart); ``--json`` adds every run;
+``--no-mlperf`` skips them). The FT rows whose
 ``notes`` start with ``OOM`` have no latency: the memory model must say they do not fit
 (reported apart). Rows of ``serving_runs.csv`` that are not predicted are counted by reason.
 
@@ -166,14 +168,15 @@ def mlperf_report(cross: bool = True) -> tuple[pd.DataFrame, pd.Series]:
     return mlperf.predict_rows(rows, cross=cross), left_out
 
 
-def held_out_mlperf_reports(cross: bool = True) -> list[tuple[dict, pd.DataFrame, pd.Series]]:
-    """Each further MLPerf Inference CSV (``mlperf.held_out_sets``: AMD's v5.1 vLLM rows) predicted
-    with its engine, never fitted: (its settings, the predicted runs, the rows left out by reason)."""
+def held_out_mlperf_reports() -> list[tuple[dict, pd.DataFrame, pd.Series]]:
+    """Each further MLPerf Inference CSV (``mlperf.held_out_sets``: NVIDIA's and AMD's v5.1 rows)
+    predicted with its engine, in sample only (no constant saw them, so a LOMO refit would hold
+    nothing more out): (its settings, the predicted runs, the rows left out by reason)."""
     from autoparallel.serve import mlperf
     out = []
     for entry in mlperf.held_out_sets():
         rows, left_out = mlperf.load_rows(entry["csv"], entry["engine"], entry["engine_column"])
-        out.append((entry, mlperf.predict_rows(rows, cross=cross, engine=entry["engine"]), left_out))
+        out.append((entry, mlperf.predict_rows(rows, cross=False, engine=entry["engine"]), left_out))
     return out
 
 
@@ -190,23 +193,31 @@ def _mlperf_columns():
 
 def print_held_out_mlperf(entry: dict, report: pd.DataFrame, left_out: pd.Series, console: Console) -> None:
     """One held-out MLPerf group: the table per round, GPU, benchmark and scenario (Interactive's p99s
-    beside Server's) and the mean |error| of tokens/s per GPU by GPU and scenario."""
-    from autoparallel.report.fit import cell, print_table
+    beside Server's, and at the simulated replica's own rate) and the means per scenario."""
+    from autoparallel.report.fit import Column, cell, print_table
     from autoparallel.serve import mlperf
-    columns = _mlperf_columns()
+    pct = "{:.1f}"
+    columns = (Column("round", "round"), Column("hardware", "GPU"), Column("model", "benchmark"),
+               Column("scenario", "scenario"), Column("runs", "runs", "{:.0f}"),
+               Column("tokens_pct", "tok/s %", pct), Column("ttft_p99_pct", "TTFT %", pct),
+               Column("tpot_p99_pct", "TPOT %", pct), Column("ttft_p99_own_pct", "own TTFT", pct, drop=2),
+               Column("tpot_p99_own_pct", "own TPOT", pct, drop=2), Column("latency_p99_pct", "e2e %", pct, drop=1))
     table = mlperf.summary(report)
-    print_table(console, f"MLPerf Inference held out ({entry['group']}: {entry['csv']}, never fitted, run with "
-                         f"the {entry['engine']} engine's constants): mean |error| % of output tokens/s and of "
-                         "the p99s at the target QPS",
-                columns, [[cell(r[c.key], c.fmt) for c in columns] for _, r in table.iterrows()], adds=NOT_SHOWN)
+    print_table(console, f"MLPerf Inference held out ({entry['group']}: {entry['csv']}, never fitted, the "
+                         f"{entry['engine']} engine): mean |error| % of output tokens/s and of the Server / "
+                         "Interactive p99 TTFT / TPOT at the target QPS",
+                columns, [[cell(r[c.key], c.fmt) for c in columns] for _, r in table.iterrows()],
+                ("own: the p99s at the simulated replica's own largest rate within the bounds; "
+                 "Interactive: Server with the round's tighter bounds",), adds=NOT_SHOWN)
     parts = []
-    for (gpu, scenario), g in report.groupby(["hardware", "scenario"], sort=True):
-        lomo = f" (LOMO {g['lomo_pct'].abs().mean():.1f} %)" if "lomo_pct" in g else ""
-        parts.append(f"{gpu} {scenario} {g['in_sample_pct'].abs().mean():.1f} %{lomo} over {len(g)}")
-    over = int(report["in_sample_overloaded"][report["scenario"] != "Offline"].sum())
-    console.print(f"MLPerf {entry['group']} mean |error| of tokens/s per GPU: " + "; ".join(parts)
-                  + f"; {over} Server / Interactive runs overloaded at the submitted QPS in sample; rows not "
-                  "predicted: " + "; ".join(f"{n} {why}" for why, n in left_out.value_counts().items()))
+    for m in mlperf.held_out_means(report):
+        text = f"{m['scenario']} {m['tokens_pct']:.1f} % ({m['runs']} runs, mean {m['tokens_signed_pct']:+.1f} %)"
+        if "ttft_p99_pct" in m:
+            text += (f", p99 TTFT {m['ttft_p99_pct']:.1f} %, TPOT {m['tpot_p99_pct']:.1f} %"
+                     + (f" ({m['overloaded_runs']} overloaded at the submitted QPS)" if m["overloaded_runs"] else ""))
+        parts.append(text)
+    console.print(f"MLPerf {entry['group']} held out, mean |error| of tokens/s per GPU: " + "; ".join(parts)
+                  + "; rows not predicted: " + "; ".join(f"{n} {why}" for why, n in left_out.value_counts().items()))
 
 
 def print_mlperf(report: pd.DataFrame, left_out: pd.Series, console: Console) -> None:
@@ -255,6 +266,19 @@ def mlperf_json(report: pd.DataFrame, left_out: pd.Series) -> dict:
             "not_predicted": {str(k): int(v) for k, v in left_out.value_counts().items()}}
 
 
+def held_out_mlperf_json(entry: dict, report: pd.DataFrame, left_out: pd.Series) -> dict:
+    """One held-out group's part of ``--json``: means per scenario and per GPU and scenario, the table
+    per round, GPU, benchmark and scenario, every predicted run, the rows left out by reason."""
+    import json
+    from autoparallel.serve import mlperf
+    return {"csv": entry["csv"], "engine": entry["engine"],
+            "by_scenario": mlperf.held_out_means(report),
+            "by_gpu_scenario": mlperf.held_out_means(report, ("hardware", "scenario")),
+            "by_round_gpu_benchmark_scenario": json.loads(mlperf.summary(report).to_json(orient="records")),
+            "rows": mlperf.records(report),
+            "not_predicted": {str(k): int(v) for k, v in left_out.value_counts().items()}}
+
+
 def run(runs: Path | None, as_json: bool, console: Console, cross: bool = True, with_mlperf: bool = True) -> int:
     ft = fastertransformer_report(runs)
     with shared_refits():  # MLPerf's LOMO refit of TensorRT-LLM without Llama-2-70B is one of the table's
@@ -265,14 +289,14 @@ def run(runs: Path | None, as_json: bool, console: Console, cross: bool = True, 
             with transient_progress(Console(stderr=True)) as bar:
                 bar.add_task("simulating the MLPerf Inference runs", total=None)
                 ml = mlperf_report(cross)
-                held = held_out_mlperf_reports(cross)
+                held = held_out_mlperf_reports()
     if as_json:
         import json
         out = json_report(report, ft, not_predicted)
         if ml is not None:
             out["mlperf"] = mlperf_json(*ml)
-            out["mlperf"]["held_out"] = {entry["group"]: {"csv": entry["csv"], "engine": entry["engine"],
-                                                          **mlperf_json(r, left)} for entry, r, left in held}
+            out["mlperf"]["held_out"] = {entry["group"]: held_out_mlperf_json(entry, r, left)
+                                         for entry, r, left in held}
         print(json.dumps(out, indent=1))
     else:
         print_report(report, ft, not_predicted, console)

@@ -40,7 +40,7 @@ def test_pinned_point_that_does_not_fit(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--weight-precision", "int4"], "--weight-precision 'int4' is not one of bf16, fp16, fp8"),
+    (["--weight-precision", "int4"], "--weight-precision 'int4' is not one of bf16, fp16, fp8, nvfp4"),
     (["--kv-precision", "fp4"], "--kv-precision 'fp4' is not one of bf16, fp16, fp8"),
     (["--latency-metric", "p99", "--max-latency-ms", "50"], "--latency-metric 'p99' is not one of ttft, tpot, e2e"),
     (["--tp", "3", "--pp", "1", "--max-batch", "1"], "--tp 3 does not divide --gpus 8: --tp can be 1, 2, 4, 8"),

@@ -253,7 +253,7 @@ def test_validate_inference_prints_mlperf_in_80_columns(capsys, monkeypatch, hel
     from autoparallel.serve import validate
     monkeypatch.setattr(validate, "held_out_report", lambda runs=None, cross=True: held_out)
     monkeypatch.setattr(validate, "mlperf_report", lambda cross=True: (report, rows[1]))
-    monkeypatch.setattr(validate, "held_out_mlperf_reports", lambda cross=True: [])  # test_serve_mlperf_amd.py
+    monkeypatch.setattr(validate, "held_out_mlperf_reports", lambda: [])  # test_serve_mlperf_v51.py, _amd.py
     monkeypatch.setenv("COLUMNS", "80")
     assert cli.main(["validate", "--inference"]) == 0
     out = capsys.readouterr().out
@@ -279,7 +279,7 @@ def test_no_mlperf_skips_it(capsys, monkeypatch, held_out):
     from autoparallel.serve import validate
     monkeypatch.setattr(validate, "held_out_report", lambda runs=None, cross=True: held_out)
     monkeypatch.setattr(validate, "mlperf_report", lambda cross=True: pytest.fail("simulated anyway"))
-    monkeypatch.setattr(validate, "held_out_mlperf_reports", lambda cross=True: pytest.fail("simulated anyway"))
+    monkeypatch.setattr(validate, "held_out_mlperf_reports", lambda: pytest.fail("simulated anyway"))
     assert cli.main(["validate", "--inference", "--no-mlperf", "--json"]) == 0
     assert "mlperf" not in json.loads(capsys.readouterr().out)
 

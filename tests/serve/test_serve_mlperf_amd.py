@@ -39,7 +39,7 @@ def rows(entry):
 
 @pytest.fixture(scope="module")
 def report(rows, entry):
-    """Every kept run predicted in sample (the LOMO refits are the CLI's business)."""
+    """Every kept run predicted in sample (as validate --inference predicts held-out groups)."""
     return mlperf.predict_rows(rows[0], cross=False, engine=entry["engine"])
 
 
@@ -123,7 +123,7 @@ def test_the_group_is_predicted_and_reported_apart(report, rows, entry, monkeypa
         monkeypatch.setattr(validate, name, lambda *a, **k: pd.DataFrame())
     monkeypatch.setattr(validate, "json_report", lambda *a: {})
     monkeypatch.setattr(validate, "mlperf_report", lambda cross: (report, rows[1]))
-    monkeypatch.setattr(validate, "held_out_mlperf_reports", lambda cross: [(entry, report, rows[1])])
+    monkeypatch.setattr(validate, "held_out_mlperf_reports", lambda: [(entry, report, rows[1])])
     assert validate.run(None, True, console) == 0
     ml = json.loads(capsys.readouterr().out)["mlperf"]
     amd = ml["held_out"]["amd"]

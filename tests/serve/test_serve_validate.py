@@ -173,7 +173,7 @@ def test_the_mlperf_simulation_runs_under_a_progress_display(monkeypatch):
         monkeypatch.setattr(serve_validate, name, lambda *a, **k: pd.DataFrame())
     monkeypatch.setattr(serve_validate, "mlperf_report",
                         lambda cross: seen.append(bool(live)) or (pd.DataFrame(), pd.Series(dtype=object)))
-    monkeypatch.setattr(serve_validate, "held_out_mlperf_reports", lambda cross: seen.append(bool(live)) or [])
+    monkeypatch.setattr(serve_validate, "held_out_mlperf_reports", lambda: seen.append(bool(live)) or [])
     assert serve_validate.run(None, False, None) == 0 and seen == [True, True] and not live
 
 
