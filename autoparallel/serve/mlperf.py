@@ -63,6 +63,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -165,8 +166,18 @@ def harness_engine(kv_fraction: float | None = None):
                                else kv_fraction)
 
 
-def vllm_settings(engine, notes: str) -> tuple:
-    """``(name, KV block tokens, chunked prefill, prefill first, admission cap)`` of a vLLM row's
+class HarnessSettings(NamedTuple):
+    """A held-out vLLM row's engine as its harness config ran it (``vllm_settings``)."""
+    engine: str               # the serving engine's name (serve/engines)
+    kv_block_tokens: int
+    chunked_prefill: bool
+    prefill_first: bool       # vLLM V0 without chunked prefill: prefills first, no decode mixed in
+    admission_cap: int        # AMD's V0 target decode batch (0: none)
+    gfx_clock_mhz: int        # the clock the harness holds the GPU at (0: the preset's)
+
+
+def vllm_settings(engine, notes: str) -> HarnessSettings:
+    """The engine, KV block tokens, chunked prefill, prefill first and admission cap of a vLLM row's
     harness config (its notes: scripts/mlperf_inference_amd_rows.py), the engine's defaults where unset.
 
     AMD's v5.1 configs run vLLM's V0 engine (``VLLM_USE_V1: 0`` in the harness's base config.yaml)
@@ -188,8 +199,8 @@ def vllm_settings(engine, notes: str) -> tuple:
     target = grab(r"VLLM_LLAMA2_MLPERF_MAX_TARGET_DECODE_BATCH=([0-9]+)")
     cap = int(target.group(1)) if v0 and target and grab(r"VLLM_LLAMA2_MLPERF_SCHED=1") else 0
     clock = grab(r"perfdeterminism_mhz=([0-9]+)")
-    return (engine.name, int(block.group(1)) if block else engine.kv_block_tokens, chunked,
-            v0 and not chunked, cap, int(clock.group(1)) if clock else 0)
+    return HarnessSettings(engine.name, int(block.group(1)) if block else engine.kv_block_tokens, chunked,
+                           v0 and not chunked, cap, int(clock.group(1)) if clock else 0)
 
 
 def gfx_clock(hw, mhz: float):
@@ -207,23 +218,23 @@ def gfx_clock(hw, mhz: float):
                                fp8_tflops=None if hw.fp8_tflops is None else hw.fp8_tflops * f)
 
 
-def engine_as_run(engine_settings: tuple, kv_fraction: float):
+def engine_as_run(run: HarnessSettings, kv_fraction: float):
     """A serving engine as a held-out row's harness runs it (``vllm_settings``: KV block tokens,
     chunked prefill, prefill first) and its KV memory fraction (vLLM's gpu_memory_utilization)."""
-    name, block, chunked, prefill_first = engine_settings[:4]
-    return dataclasses.replace(load_engine(name), kv_block_tokens=int(block), chunked_prefill=bool(chunked),
-                               prefill_priority=bool(prefill_first), kv_memory_fraction=float(kv_fraction))
+    return dataclasses.replace(load_engine(run.engine), kv_block_tokens=int(run.kv_block_tokens),
+                               chunked_prefill=bool(run.chunked_prefill), prefill_priority=bool(run.prefill_first),
+                               kv_memory_fraction=float(kv_fraction))
 
 
 def harness_replica(spec, hw, eff, workload, tp: int, pp: int, max_batch: int, max_tokens: int,
                     weight_precision: str = "fp8", kv_precision: str = "fp8", kv_fraction: float | None = None,
-                    engine_settings: tuple = ()):
+                    engine_settings: HarnessSettings | None = None):
     """(cost, scheduler) of one TensorRT-LLM replica as NVIDIA's MLPerf harness runs it
     (``harness_engine``), or of the engine ``engine_settings`` names as a held-out row ran it
     (``engine_as_run``), its engine built for ``workload``'s longest request and answer."""
     engine = engine_as_run(engine_settings, kv_fraction) if engine_settings else harness_engine(kv_fraction)
-    if engine_settings and engine_settings[4]:  # the admission cap of AMD's V0 scheduler (vllm_settings)
-        max_batch = min(max_batch, int(engine_settings[4]))
+    if engine_settings and engine_settings.admission_cap:  # AMD's V0 scheduler (vllm_settings)
+        max_batch = min(max_batch, int(engine_settings.admission_cap))
     return replica(spec, hw, eff, engine, tp, pp, max_batch, max_tokens, weight_precision,
                    kv_precision, 1, workload.max_input + workload.max_output, workload.max_output)
 
@@ -247,7 +258,7 @@ def _simulated(keys: list[tuple], workers: int | None) -> list[tuple[float, ...]
 
 def _simulate(model: str, hardware: str, scenario: str, layout: tuple, kv_fraction: float, ttft_ms: float,
              tpot_ms: float, target_qps: float, eff_key: str, requests: int,
-             duration_s: float = 0.0, offline_requests: int = 0, engine_settings: tuple = ()) -> tuple[float, ...]:
+             duration_s: float = 0.0, offline_requests: int = 0, engine_settings: HarnessSettings | None = None) -> tuple[float, ...]:
     """(tokens/s of the deployment, p99 TTFT, TPOT and end-to-end latency in ms at the target QPS,
     1.0 where the simulated replica does not keep up with the target QPS else 0.0, p99 TTFT and
     TPOT in ms at the simulated replica's own Server rate: the largest rate within the bounds, the
@@ -262,13 +273,13 @@ def _simulate(model: str, hardware: str, scenario: str, layout: tuple, kv_fracti
     a tokens/s error, counted there), its queue grows for the whole run and the p99s have no
     value to compare: NaN, and the run is flagged. Offline: ``offline_requests`` (LoadGen's sample
     count, ``offline_sample_count``) over the replicas, at least as many as last ``duration_s``.
-    ``engine_settings``: a held-out row's engine as run (``engine_as_run``); empty: NVIDIA's harness.
+    ``engine_settings``: a held-out row's engine as run (``engine_as_run``); None: NVIDIA's harness.
     Interactive (MLPerf v5.0 on) is a Server run under tighter bounds: any scenario not Offline is one."""
     s = settings()
     spec = io.load_model(s["models"][model])
     hw = io.load_hardware(hardware)
     if engine_settings:  # a held-out row's GPU at the clock its harness holds (gfx_clock)
-        hw = gfx_clock(hw, engine_settings[5])
+        hw = gfx_clock(hw, engine_settings.gfx_clock_mhz)
     eff = _efficiency(eff_key)
     workload = load_workload(s["workloads"][model])
     tp, pp, replicas, max_batch, max_tokens, wp, kp = layout
@@ -367,7 +378,7 @@ def predict_rows(rows: pd.DataFrame, cross: bool = True, requests: int = REQUEST
                              key.format(model=r["model"]), requests,
                              float(r["min_duration_ms"]) / 1e3 if r["min_duration_ms"] > 0 else 0.0,
                              int(r["offline_requests"]) if r["scenario"] == "Offline" else 0,
-                             *((tuple(r["engine_settings"]),) if "engine_settings" in r else ()))
+                             r["engine_settings"] if "engine_settings" in r else None)
                             for _, r in rows.iterrows()], workers)
         tokens, ttft, tpot, e2e, over, ttft_own, tpot_own = ((np.array(x, dtype=float) for x in zip(*preds))
                                                             if preds else ([],) * 7)

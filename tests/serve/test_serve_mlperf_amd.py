@@ -74,11 +74,11 @@ def test_rows_kept_and_left_out(rows):
     assert reasons["layout not published"] == 32  # MangoBoost's LLMBoost (Dell, Supermicro, its own)
     assert reasons[next(r for r in reasons.index if r.startswith("MXFP4"))] == 2  # open MI355X
     # each kept row runs the vllm engine as its config sets it: AMD's block size and memory fraction
-    assert {s[0] for s in kept["engine_settings"]} == {"vllm"}
-    assert {s[1] for s in kept["engine_settings"]} == {16, 32} and kept["kv_fraction"].between(0.9, 1.0).all()
+    assert {s.engine for s in kept["engine_settings"]} == {"vllm"}
+    assert {s.kv_block_tokens for s in kept["engine_settings"]} == {16, 32} and kept["kv_fraction"].between(0.9, 1.0).all()
     inter = kept[kept["scenario"] == "Interactive"]
-    assert inter.loc[inter["hardware"] == "mi325x", "engine_settings"].map(lambda s: s[2]).all()  # chunked
-    assert not kept.loc[kept["scenario"] != "Interactive", "engine_settings"].map(lambda s: s[2]).any()
+    assert inter.loc[inter["hardware"] == "mi325x", "engine_settings"].map(lambda s: s.chunked_prefill).all()  # chunked
+    assert not kept.loc[kept["scenario"] != "Interactive", "engine_settings"].map(lambda s: s.chunked_prefill).any()
 
 
 def test_every_kept_layout_is_a_fitting_candidate_of_the_inference_space(rows, entry):
@@ -144,7 +144,7 @@ def test_each_row_runs_as_amds_harness_sets_it(rows):
     assert one("mi325x", "llama2-70b", "Server") == ("vllm", 32, False, True, 832, 1600)
     assert one("mi325x", "mixtral-8x7b", "Offline") == ("vllm", 16, False, True, 0, 1500)
     assert one("mi325x", "llama2-70b", "Interactive") == ("vllm", 16, True, False, 0, 1700)
-    assert one("mi325x", "llama2-70b", "Interactive", "Vultr")[5] == 1600  # Vultr's own power_settings.sh
+    assert one("mi325x", "llama2-70b", "Interactive", "Vultr").gfx_clock_mhz == 1600  # Vultr's own power_settings.sh
     engine = mlperf.engine_as_run(one("mi300x", "llama2-70b", "Offline"), 0.98)
     assert engine.prefill_priority and not engine.chunked_prefill and engine.kv_memory_fraction == 0.98
     hw = io.load_hardware("mi300x")
