@@ -37,14 +37,15 @@ pytestmark = pytest.mark.skipif(shutil.which("tmux") is None,
                                 reason="tmux is not installed (.ci/run installs it with apt-get)")
 
 
-def screen(argv: list[str], width: int, height: int = 80) -> str:
-    """What a ``width``-column terminal shows after running ``autoparallel argv`` in it."""
+def screen(argv: list[str], width: int, height: int = 80, python: list[str] | None = None) -> str:
+    """What a ``width``-column terminal shows after running ``autoparallel argv`` in it (or, given
+    ``python``, ``python *python``: a script that prints what a test already holds)."""
     folder = Path(tempfile.mkdtemp(prefix="ap-tmux-"))  # the server's socket, removed with it
     socket, done = folder / "socket", f"done-{uuid.uuid4().hex[:8]}"
     tmux = ["tmux", "-S", str(socket), "-f", os.devnull]
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TMUX")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    command = shlex.join([sys.executable, "-m", "autoparallel", *argv])
+    command = shlex.join([sys.executable, *(python or ["-m", "autoparallel", *argv])])
     # The pane stays open after the command (sleep) so that it can be captured, then goes with the server.
     shell = f"cd {shlex.quote(str(ROOT))} && {command}; tmux -S {shlex.quote(str(socket))} wait-for -S {done}; sleep 60"
     try:
@@ -146,3 +147,4 @@ def test_no_two_pareto_rows_look_alike_at_80_columns():
         rows.append(tuple(cells[1:1 + len(knobs)]))  # the knob columns come right after the rank
     assert len(rows) > 5 and len(set(rows)) == len(rows), rows
     assert "rows alike here differ" not in text and "Traceback" not in text
+
