@@ -148,3 +148,26 @@ def test_no_two_pareto_rows_look_alike_at_80_columns():
     assert len(rows) > 5 and len(set(rows)) == len(rows), rows
     assert "rows alike here differ" not in text and "Traceback" not in text
 
+
+ESTIMATES = {  # (argv, the title's phrases, each of which must stay on one line)
+    "qwen3-235b-b200": (["estimate", "--model", "qwen3-235b", "--gpus", "256", "--gpu", "b200", "--tp", "2", "--pp", "8",
+                         "--ep", "32", "--vp", "4", "--precision", "mxfp8"],
+                        ["qwen3-235b-a22b on 256 x b200:", "TP2 PP8 VP4 CP1 DP16 EP32 ETP1", "MBS1 GBS8192", "seq 4096",
+                         "mxfp8", "recompute=none"]),
+    "dsv4-pro-modules": (["estimate", "--model", "dsv4-pro", "--gpus", "1024", "--gpu", "gb300", "--tp", "1", "--pp", "8",
+                          "--ep", "64", "--recompute", "selective", "--recompute-modules", "mla_up_proj mhc"],
+                         ["deepseek-v4-pro on 1024 x gb300:", "TP1 PP8 VP1 CP1 DP128 EP64 ETP1", "MBS1 GBS4096",
+                          "seq 4096", "bf16", "recompute=selective (mla_up_proj mhc)"]),
+}
+
+
+@pytest.mark.parametrize("case", ESTIMATES)
+def test_the_estimate_title_breaks_between_phrases_at_80_columns(case):
+    """`estimate`'s title (81-90 characters) was left to the terminal's word wrap, which broke it
+    mid-phrase ('... GBS8192 seq' / '4096 mxfp8 ...'): now it breaks between phrases only."""
+    argv, phrases = ESTIMATES[case]
+    lines = screen(argv, 80).splitlines()
+    title = [line.strip() for line in lines[:lines.index(next(line for line in lines if line.startswith("┌")))]]
+    assert " ".join(title) == " ".join(phrases), title
+    for phrase in phrases:
+        assert any(phrase in line for line in title), f"{phrase!r} broken over two lines: {title}"

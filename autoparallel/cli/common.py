@@ -254,3 +254,16 @@ def shell_command(words: list[str], width: int = 80, indent: str = "  ") -> str:
             line = indent * 2
         line += ("" if line.isspace() else " ") + word
     return "\n".join([*lines, line])
+
+
+def phrase_lines(phrases: list[str], width: int) -> list[str]:
+    """``phrases`` joined by spaces in lines of at most ``width`` columns, broken only between
+    phrases ("seq 4096" stays on one line: a terminal's word wrap left "seq" / "4096"); a phrase
+    wider than a line gets one of its own."""
+    lines: list[str] = []
+    for phrase in phrases:
+        if lines and len(lines[-1]) + 1 + len(phrase) <= width:
+            lines[-1] += " " + phrase
+        else:
+            lines.append(phrase)
+    return lines
