@@ -201,3 +201,32 @@ def test_a_killed_trial_is_requeued_only_where_the_sampler_would_not_propose_it_
     killed.suggest_int("tp", 1, 8)
     killed.set_user_attr(study.OWNER_ATTR, f"{socket.gethostname()}:{dead.pid}")
     assert study._requeue_stale(shared, shared=True) == 1
+
+
+def test_the_bar_says_the_grid_is_priced_before_it_counts_trials(monkeypatch):
+    """A sampler search's bar read 'trials 0/8' while it first priced the whole grid for its seed
+    layouts (a minute for a large model): until the trials start it says what runs, with no count."""
+    from contextlib import contextmanager
+
+    from autoparallel.cli import common
+    shown = []  # (description, total) of the bar, each time it changes
+
+    class Bar:
+        def update(self, task, completed=None, total=None, description=None):
+            shown.append((description, total))
+
+    @contextmanager
+    def progress_bar(description, total):
+        shown.append((description, total))
+        yield Bar(), 0
+    grid = run.search
+    during_grid = []
+    monkeypatch.setattr(common, "progress_bar", progress_bar)
+    monkeypatch.setattr(run, "search", lambda *a, **k: during_grid.append(shown[-1]) or grid(*a, **k))
+    argv = ["search", "--model", "llama2-7b", "--gpus", "8", "--strategy", "optuna", "--trials", "4", "--no-save"]
+    assert main([*argv, "--grid-seeds", "2"]) == 0
+    assert during_grid == [("pricing the grid for the 2 best layouts (the first trials)", None)]
+    assert shown[1] == ("trials", 4) and shown[-1][1] == 4
+    shown.clear()
+    assert main([*argv, "--grid-seeds", "0"]) == 0
+    assert shown[0] == ("starting the study", None) and shown[1] == ("trials", 4)
