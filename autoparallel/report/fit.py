@@ -172,27 +172,43 @@ def print_table(console: Console, title: str | None, columns: Sequence[Column], 
 
 def title_lines(title: str, width: int) -> list[str]:
     """``title``, its closing parenthetical ("(147,021 candidates in 0.59 s)") on a line of its own
-    when the whole does not fit in ``width``, and the rest broken after its commas where still too
-    wide: rich would break it anywhere, "in 0.25" / "s)" or "p99 TTFT <=" / "2000 ms"."""
+    when the whole does not fit in ``width`` (on the last line where that still has room), and the
+    rest broken between phrases where still too wide: rich would break it anywhere, "in 0.25" / "s)"
+    or "p99 TTFT <=" / "2000 ms"."""
     if cell_len(title) <= width:
         return [title]
     head, sep, tail = title.rpartition(" (")
     if not (sep and title.endswith(")")):
-        return _after_commas(title, width)
-    return _after_commas(head, width) + [f"({tail}"]
+        return phrase_lines(title, width)
+    lines = phrase_lines(head, width)
+    if len(lines) > 1 and cell_len(f"{lines[-1]} ({tail}") <= width:  # "(LOMO)" alone on a line read as lost
+        return lines[:-1] + [f"{lines[-1]} ({tail}"]
+    return lines + [f"({tail}"]
 
 
-def _after_commas(text: str, width: int) -> list[str]:
-    """``text`` in lines of at most ``width`` broken only after a comma; a part wider than
-    ``width`` has a line of its own (rich wraps it)."""
+def phrase_lines(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` broken only after a comma, semicolon or colon outside
+    parentheses ("tok/s (in sample, LOMO)" stays whole); a phrase wider than ``width`` starts a line
+    and breaks between its words, never before a "%" ("49.7" / "%" read as two figures)."""
+    phrases, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch in ",;:" and depth == 0 and text[i + 1:i + 2] == " ":
+            phrases.append(text[start:i + 1])
+            start = i + 2
+    phrases.append(text[start:])
     lines: list[str] = []
-    for part in text.split(", "):
-        if lines and cell_len(f"{lines[-1]}, {part}") <= width:
-            lines[-1] = f"{lines[-1]}, {part}"
+    for phrase in phrases:
+        if lines and cell_len(f"{lines[-1]} {phrase}") <= width:
+            lines[-1] = f"{lines[-1]} {phrase}"
+        elif cell_len(phrase) <= width:
+            lines.append(phrase)
         else:
-            if lines:
-                lines[-1] += ","
-            lines.append(part)
+            lines.append("")
+            for word in re.split(r" (?!%)", phrase):
+                if lines[-1] and cell_len(f"{lines[-1]} {word}") > width:
+                    lines.append("")
+                lines[-1] = f"{lines[-1]} {word}".lstrip(" ")
     return lines
 
 
