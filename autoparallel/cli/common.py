@@ -259,7 +259,7 @@ def shell_command(words: list[str], width: int = 80, indent: str = "  ") -> str:
     return "\n".join([*lines, line])
 
 
-def phrase_lines(phrases: list[str], width: int) -> list[str]:
+def pack_phrases(phrases: list[str], width: int) -> list[str]:
     """``phrases`` joined by spaces in lines of at most ``width`` columns, broken only between
     phrases ("seq 4096" stays on one line: a terminal's word wrap left "seq" / "4096"); a phrase
     wider than a line gets one of its own."""

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from autoparallel.cli import finetune as finetune_flags
-from autoparallel.cli.common import add_knobs, add_target, console, inputs, phrase_lines, pins
+from autoparallel.cli.common import add_knobs, add_target, console, inputs, pack_phrases, pins
 from autoparallel.errors import UserError
 from autoparallel.report import time_to_train
 
@@ -102,7 +102,7 @@ def _print_estimate(model, hw, result: dict, memory_fraction: float, train=None)
     title = [f"{model.name} on {c['tp'] * c['pp'] * c['cp'] * c['dp']} x {hw.name}:", layout,
              f"MBS{c['mbs']} GBS{c['gbs']}", f"seq {model.seq_length}", c["precision"], recompute]
     # Lines of their own (as a table title rich centred it over two), broken between phrases only.
-    for line in phrase_lines(title, console.width):
+    for line in pack_phrases(title, console.width):
         console.print(line, highlight=False, markup=False)
     t = Table(show_header=False)
     t.add_row("fits", "yes" if result["fits"] else "[red]NO[/red]")
