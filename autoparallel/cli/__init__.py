@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             combos.check_json(args)
             args.func(args)
         except UserError as exc:
-            print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line, always
+            from autoparallel.report.fit import for_stderr
+            print(for_stderr(f"{PROG}: error: {' '.join(str(exc).split())}"), file=sys.stderr)  # one line in a pipe
             return 2
         except KeyboardInterrupt as exc:  # what the run kept, if anything, is in the message
             print(f"{PROG}: interrupted" + (f": {exc}" if str(exc) else ""), file=sys.stderr)

@@ -212,6 +212,17 @@ def phrase_lines(text: str, width: int) -> list[str]:
     return lines
 
 
+def for_stderr(message: str) -> str:
+    """``message`` (one line) as stderr shows it: on a terminal, broken between its phrases at the
+    terminal's width, where the terminal itself cut it at its last column ("layouts fit on 6" /
+    "4 GPUs"); to a pipe or a log, one line, so that grep finds it whole."""
+    import shutil
+    import sys
+    if not sys.stderr.isatty():
+        return message
+    return "\n".join(phrase_lines(message, shutil.get_terminal_size().columns))
+
+
 def cell(value, fmt: str | Callable[[object], str]) -> str:
     """A value as its column formats it; missing (None, NaN) as '-', booleans as yes/-."""
     if value is None or (isinstance(value, float) and value != value):
