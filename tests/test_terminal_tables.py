@@ -173,15 +173,18 @@ def test_the_estimate_title_breaks_between_phrases_at_80_columns(case):
         assert any(phrase in line for line in title), f"{phrase!r} broken over two lines: {title}"
 
 
-def test_an_error_breaks_between_words_on_a_terminal_and_stays_one_line_in_a_pipe():
-    """A terminal cut the one-line error at its 80th column, "layouts fit on 6" / "4 GPUs": on a
-    terminal it breaks between phrases (words where a phrase is wider), in a pipe it stays one line."""
-    argv = ["search", "--model", "175b", "--gpus", "8", "--no-save"]
+@pytest.mark.parametrize("argv, start", [
+    (["search", "--model", "175b", "--gpus", "8", "--no-save"], "autoparallel: error: no layout of gpt3-175b fits"),
+    (["runs", "results/2026-11-29_gpt3-175b_1024xh100-sxm"], "autoparallel: error: runs: argument ACTION")])
+def test_an_error_breaks_between_words_on_a_terminal_and_stays_one_line_in_a_pipe(argv, start):
+    """A terminal cut the one-line error at its 80th column, "layouts fit on 6" / "4 GPUs", "(ch" /
+    "oose from 'import')": on a terminal it breaks between phrases (words where a phrase is wider),
+    in a pipe it stays one line. The second is argparse's (a bad argument), the first the command's."""
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     piped = subprocess.run([sys.executable, "-m", "autoparallel", *argv], env=env, capture_output=True, text=True)
     (message,) = piped.stderr.splitlines()
-    assert piped.returncode == 2 and message.startswith("autoparallel: error: no layout of gpt3-175b fits")
+    assert piped.returncode == 2 and message.startswith(start) and len(message) > 80
     lines = [line.rstrip() for line in screen(argv, 80).splitlines() if line.strip()]
     start = next(i for i, line in enumerate(lines) if line.startswith("autoparallel: error:"))
     shown = lines[start:]

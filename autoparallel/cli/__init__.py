@@ -80,7 +80,9 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         command = self.prog.removeprefix(PROG).strip()
-        sys.stderr.write(f"{PROG}: error: {command + ': ' if command else ''}{message} (see `{self.prog} --help`)\n")
+        from autoparallel.report.fit import for_stderr
+        sys.stderr.write(for_stderr(f"{PROG}: error: {command + ': ' if command else ''}{message} "
+                                    f"(see `{self.prog} --help`)") + "\n")
         sys.exit(2)
 
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]
