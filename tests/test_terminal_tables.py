@@ -175,7 +175,8 @@ def test_the_estimate_title_breaks_between_phrases_at_80_columns(case):
 
 @pytest.mark.parametrize("argv, start", [
     (["search", "--model", "175b", "--gpus", "8", "--no-save"], "autoparallel: error: no layout of gpt3-175b fits"),
-    (["runs", "results/2026-11-29_gpt3-175b_1024xh100-sxm"], "autoparallel: error: runs: argument ACTION")])
+    (["runs", "results/2026-11-29_gpt3-175b_1024xh100-sxm"], "autoparallel: error: runs: argument ACTION"),
+    (["estimate", "--model", "175b", "--gpus", "8"], "autoparallel: error: estimate needs at least")])
 def test_an_error_breaks_between_words_on_a_terminal_and_stays_one_line_in_a_pipe(argv, start):
     """A terminal cut the one-line error at its 80th column, "layouts fit on 6" / "4 GPUs", "(ch" /
     "oose from 'import')": on a terminal it breaks between phrases (words where a phrase is wider),
@@ -186,6 +187,7 @@ def test_an_error_breaks_between_words_on_a_terminal_and_stays_one_line_in_a_pip
     (message,) = piped.stderr.splitlines()
     assert piped.returncode == 2 and message.startswith(start) and len(message) > 80
     lines = [line.rstrip() for line in screen(argv, 80).splitlines() if line.strip()]
-    start = next(i for i, line in enumerate(lines) if line.startswith("autoparallel: error:"))
-    shown = lines[start:]
+    first = next(i for i, line in enumerate(lines) if line.startswith("autoparallel: error:"))
+    shown = lines[first:]
     assert len(shown) > 1 and " ".join(shown) == message  # every break at a space: no word or figure cut
+    assert shown[0].startswith(start)  # "autoparallel: error:" never alone on its line

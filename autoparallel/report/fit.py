@@ -186,10 +186,12 @@ def title_lines(title: str, width: int) -> list[str]:
     return lines + [f"({tail}"]
 
 
-def phrase_lines(text: str, width: int) -> list[str]:
+def phrase_lines(text: str, width: int, lead: str = "") -> list[str]:
     """``text`` in lines of at most ``width`` broken only after a comma, semicolon or colon outside
     parentheses ("tok/s (in sample, LOMO)" stays whole); a phrase wider than ``width`` starts a line
-    and breaks between its words, never before a "%" ("49.7" / "%" read as two figures)."""
+    and breaks between its words, never before a "%" ("49.7" / "%" read as two figures). ``lead``
+    ("autoparallel: error:") starts the first line and the first phrase goes on after it, at its words
+    where it does not fit there, so that the lead never stands alone."""
     phrases, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         depth += {"(": 1, ")": -1}.get(ch, 0)
@@ -197,14 +199,16 @@ def phrase_lines(text: str, width: int) -> list[str]:
             phrases.append(text[start:i + 1])
             start = i + 2
     phrases.append(text[start:])
-    lines: list[str] = []
-    for phrase in phrases:
+    lines: list[str] = [lead] if lead else []
+    for k, phrase in enumerate(phrases):
+        after_lead = bool(lead) and k == 0
         if lines and cell_len(f"{lines[-1]} {phrase}") <= width:
             lines[-1] = f"{lines[-1]} {phrase}"
-        elif cell_len(phrase) <= width:
+        elif cell_len(phrase) <= width and not after_lead:
             lines.append(phrase)
         else:
-            lines.append("")
+            if not after_lead:
+                lines.append("")
             for word in re.split(r" (?!%)", phrase):
                 if lines[-1] and cell_len(f"{lines[-1]} {word}") > width:
                     lines.append("")
@@ -220,7 +224,10 @@ def for_stderr(message: str) -> str:
     import sys
     if not sys.stderr.isatty():
         return message
-    return "\n".join(phrase_lines(message, shutil.get_terminal_size().columns))
+    lead, sep, rest = message.partition(": error: ") if ": error: " in message else message.partition(": warning: ")
+    if not sep:
+        return "\n".join(phrase_lines(message, shutil.get_terminal_size().columns))
+    return "\n".join(phrase_lines(rest, shutil.get_terminal_size().columns, lead=f"{lead}{sep.rstrip()}"))
 
 
 def cell(value, fmt: str | Callable[[object], str]) -> str:
