@@ -230,3 +230,18 @@ def test_the_bar_says_the_grid_is_priced_before_it_counts_trials(monkeypatch):
     shown.clear()
     assert main([*argv, "--grid-seeds", "0"]) == 0
     assert shown[0] == ("starting the study", None) and shown[1] == ("trials", 4)
+
+
+@pytest.mark.parametrize("save", [True, False])
+def test_a_study_with_no_feasible_layout_names_no_folder_to_resume(tmp_path, save):
+    """A study whose trials all ran out of memory said "run more trials with `autoparallel search
+    --resume <dir>`": the dir was the staging folder (removed right after) or --no-save's temporary
+    one, and a study that ran all its trials takes no more (--trials has no effect with --resume)."""
+    from autoparallel.errors import UserError
+    model, hw = io.load_model("gpt3-175b"), io.load_hardware("h100-sxm")
+    settings = sampler.StudySettings(trials=3, seeds_from_grid=0, seed=0)
+    with pytest.raises(UserError, match=r"none of the 3 layouts the study tried is feasible \(3 x out of memory\); "
+                                        r"search again with more --trials or with --strategy grid") as caught:
+        run.optuna_search(model, hw, 8, 2048, load_space(), settings, tmp_path if save else None, ["test"])
+    assert "--resume" not in str(caught.value) and str(tmp_path) not in str(caught.value)
+    assert not list(tmp_path.iterdir())  # no folder left behind that the message could have meant

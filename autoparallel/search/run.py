@@ -473,8 +473,10 @@ def finish_study(s, model, hw, gpus, gbs, space, run_dir: Path, objectives: tupl
     write_tables(result, run_dir)
     if result.feasible.empty:
         top = "; ".join(f"{n} x {r}" for r, n in tables.rejection_summary(result.ranked).head(3).items())
-        raise UserError(f"none of the {len(frame)} layouts the study tried is feasible ({top}); run more "
-                        f"trials with `autoparallel search --resume {run_dir}` or use --strategy grid")
+        # Not `--resume` (it named a staging folder removed right after, or the temporary one of --no-save,
+        # and a study that ran all its trials takes no more: --trials has no effect with --resume).
+        raise UserError(f"none of the {len(frame)} layouts the study tried is feasible ({top}); search again "
+                        "with more --trials or with --strategy grid (every layout priced)")
     return result
 
 
