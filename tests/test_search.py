@@ -72,6 +72,20 @@ def test_nothing_fits_names_the_fewest_gpus_that_fit(gpt175b, h100):
     assert f"{out_of_memory(ranked)['peak_memory_gib'].min():.1f}" == found[5]
 
 
+def test_nothing_fits_for_long_sequences_says_the_activations_are_the_need(gpt175b, h100):
+    """At 4M-token sequences the least need is mostly activations, which more GPUs do not shard here:
+    the message said "more GPUs shard that state further" (the state was 41.5 of 209 GiB)."""
+    import dataclasses
+    import re
+    with pytest.raises(UserError) as caught:
+        run.search(dataclasses.replace(gpt175b, seq_length=4_000_000), h100, 64, 2048, load_space())
+    message = str(caught.value)
+    state, activations = map(float, re.search(r"([\d.]+) GiB of weights, gradients and optimizer state, ([\d.]+) of "
+                                              r"activations\); the activations of 4,000,000-token sequences are most "
+                                              r"of it: a shorter --seq-length$", message).groups())
+    assert activations > state and "more GPUs" not in message
+
+
 def test_gpu_count_no_layout_can_use(gpt175b, h100):
     with pytest.raises(UserError, match="no valid layout of gpt3-175b for 7 GPUs"):
         run.search(gpt175b, h100, 7, 2048, load_space())

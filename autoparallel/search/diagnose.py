@@ -160,11 +160,13 @@ def _memory_message(memory: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gp
     causes = tuple(k for k, value in MEMORY_KNOBS.items() if k in fixed and fixed[k] != value)
     state = sum(float(least.get(k, 0.0)) for k in ("weights_gib", "grads_gib", "optimizer_gib", "fp8_weights_gib"))
     layout = f"TP{least['tp']} PP{least['pp']} CP{least['cp']} DP{least['dp']}"
+    activations = float(least.get("activations_gib", 0.0))
     text = (f"no layout of {model.name} fits on {gpus} x {hw.name}: {_pinned_lead(causes, fixed)}the smallest "
             f"memory need is {least['peak_memory_gib']:.1f} GiB against a limit of {limit:.1f} GiB ({layout}: "
-            f"{state:.1f} GiB of weights, gradients and optimizer state, "
-            f"{float(least.get('activations_gib', 0.0)):.1f} of activations)")
+            f"{state:.1f} GiB of weights, gradients and optimizer state, {activations:.1f} of activations)")
     unpin = f", or unpin {', '.join(f'--{k.replace(chr(95), chr(45))}' for k in causes)}" if causes else ""
+    if more is None and activations > state:  # more GPUs shard the state; a sequence's activations stay
+        return text + f"; the activations of {model.seq_length:,}-token sequences are most of it: a shorter --seq-length{unpin}"
     if more is None:
         return text + f"; more GPUs shard that state further: try a multiple of {gpus}{unpin}"
     half = ("" if more.half_need_gib is None else
