@@ -130,8 +130,9 @@ def row_problems(frame: pd.DataFrame, positive: Iterable[str], non_negative: Ite
 
 
 def warn(message: str) -> None:
-    """One line on stderr for something skipped; the command goes on."""
-    print(f"autoparallel: warning: {' '.join(message.split())}", file=sys.stderr)
+    """One line on stderr for something skipped (broken between phrases on a terminal); the command goes on."""
+    from autoparallel.report.fit import for_stderr
+    print(for_stderr(f"autoparallel: warning: {' '.join(message.split())}"), file=sys.stderr)
 
 
 def skip_bad_rows(frame: pd.DataFrame, what: str, ids: pd.Series, positive: Iterable[str],

@@ -178,6 +178,30 @@ def test_preset_lists_read_whole_at_80_columns(kind, monkeypatch):
     assert text.startswith("model presets: " if kind == "models" else "hardware presets: ")  # was "models presets"
 
 
+def test_the_models_list_says_what_attention_caches(monkeypatch):
+    """`autoparallel models` showed DeepSeek-V4 as 64/64 heads/kv: its wkv projects one key-value head
+    that every query head reads (config num_key_value_heads 1). MLA models (DeepSeek-V3, Kimi K2,
+    GLM-5) cache one latent per token: "MLA", not a KV head count; the line under the table says so."""
+    import io as stdio
+
+    from rich.console import Console
+
+    from autoparallel import io
+    from autoparallel.cli import presets
+    buffer = stdio.StringIO()
+    monkeypatch.setattr(presets, "console", Console(file=buffer, width=80))
+    presets.list_presets("models")
+    text = buffer.getvalue()
+    rows = {line.split()[0]: line.split()[1:] for line in text.splitlines() if line[:1].isalnum()}
+    for name in io.preset_files("models"):
+        m = io.load_model(name)
+        kv = "1" if m.csa_compress_ratios else "MLA" if m.multi_latent_attention else str(m.query_groups)
+        assert rows[name][2] == f"{m.num_attention_heads}/{kv}", name
+    assert rows["deepseek-v4-flash"][2] == "64/1" and rows["deepseek-v4-pro"][2] == "128/1"
+    assert rows["deepseek-v3"][2] == "128/MLA" and rows["llama3-70b"][2] == "64/8"
+    assert presets.MLA_NOTE in text and max(map(len, text.splitlines())) <= 80
+
+
 def test_a_gpu_without_fp8_lists_no_fp8_speed(monkeypatch):
     """`autoparallel hardware` listed the A100's FP8 tensor speed as 0 TFLOP/s; it has none: "-"."""
     import io as stdio

@@ -33,7 +33,7 @@ COMMON = [("activation", "squared_relu"), ("normalization", "rmsnorm"), ("positi
           ("tie_embeddings", False), ("moe_router_score_function", "sigmoid"),
           ("moe_router_enable_expert_bias", True), ("moe_router_dtype", "fp32"), ("mamba_head_dim", 64),
           ("mamba_state_dim", 128), ("mamba_num_groups", 8), ("mamba_conv_kernel", 4), ("kv_channels", 128),
-          ("num_query_groups", 2), ("vocab_size", 131072), ("seq_length", 8192), ("max_position_embeddings", None),
+          ("num_query_groups", 2), ("vocab_size", 131072), ("seq_length", 8192),
           ("tokenizer_type", "HuggingFaceTokenizer")]
 # Megatron-Bridge recipes/nemotronh/h100/nemotron_3_nano.py HybridModelProvider(...) and Megatron-LM's
 # NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.sh.
@@ -43,25 +43,29 @@ NANO = COMMON + [
     ("moe_ffn_hidden_size", 1856), ("moe_shared_expert_intermediate_size", 3712),
     ("moe_router_topk_scaling_factor", 2.5), ("moe_router_num_groups", 1), ("moe_router_group_topk", 1),
     ("moe_latent_size", None), ("mtp_num_layers", 0), ("global_batch_size", 512),
-    ("tokenizer_model", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")]
+    ("tokenizer_model", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"),
+    ("max_position_embeddings", 262144)]  # its HF config.json (kingkong's transcription, the preset's source)
 # Nano's provider plus mtp_num_layers 2 (mtp_hybrid_override_pattern "*E", repeated layer):
 # nemotron_3_5_lightning_pretrain_config.
-LIGHTNING = [(f, v) for f, v in NANO if f not in ("mtp_num_layers", "tokenizer_model")] + [
-    ("mtp_num_layers", 2), ("tokenizer_model", "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16")]
+LIGHTNING = [(f, v) for f, v in NANO if f not in ("mtp_num_layers", "tokenizer_model", "max_position_embeddings")] + [
+    ("mtp_num_layers", 2), ("tokenizer_model", "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16"),
+    ("max_position_embeddings", None)]
 # Megatron-LM's NVIDIA-Nemotron-3-Super-120B-A12B-BF16.sh and nemotron3_super_release_gb200/model_config.yaml.
 SUPER = COMMON + [
     ("hybrid_layer_pattern", SUPER_PATTERN), ("num_layers", 88), ("hidden_size", 4096), ("num_attention_heads", 32),
     ("ffn_hidden_size", 2688), ("mamba_num_heads", 128), ("num_experts", 512), ("moe_router_topk", 22),
     ("moe_ffn_hidden_size", 2688), ("moe_latent_size", 1024), ("moe_shared_expert_intermediate_size", 5376),
     ("moe_router_topk_scaling_factor", 5.0), ("moe_router_num_groups", None), ("mtp_num_layers", 2),
-    ("global_batch_size", 512), ("tokenizer_model", "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16")]
+    ("global_batch_size", 512), ("tokenizer_model", "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16"),
+    ("max_position_embeddings", 262144)]  # its NVFP4 checkpoint's config.json, as the preset's source cites
 # Megatron-LM's NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16.sh; MTP 2 from Bridge's Ultra recipes.
 ULTRA = COMMON + [
     ("hybrid_layer_pattern", ULTRA_PATTERN), ("num_layers", 108), ("hidden_size", 8192), ("num_attention_heads", 64),
     ("ffn_hidden_size", 5120), ("mamba_num_heads", 256), ("num_experts", 512), ("moe_router_topk", 22),
     ("moe_ffn_hidden_size", 5120), ("moe_latent_size", 2048), ("moe_shared_expert_intermediate_size", 10240),
     ("moe_router_topk_scaling_factor", 5.0), ("moe_router_num_groups", None), ("mtp_num_layers", 2),
-    ("global_batch_size", 256), ("tokenizer_model", "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16")]
+    ("global_batch_size", 256), ("tokenizer_model", "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16"),
+    ("max_position_embeddings", None)]  # no source read states Ultra's
 PRESETS = {"nemotron-3-nano": NANO, "nemotron-3.5-lightning": LIGHTNING, "nemotron-3-super": SUPER,
            "nemotron-3-ultra": ULTRA}
 CASES = [(name, field, value) for name, fields in PRESETS.items() for field, value in fields]
@@ -70,6 +74,19 @@ CASES = [(name, field, value) for name, fields in PRESETS.items() for field, val
 @pytest.mark.parametrize("name, field, value", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_preset_states_its_source_field(name, field, value):
     assert getattr(io.load_model(name), field) == value
+
+
+@pytest.mark.parametrize("name, warns", [("nemotron-3-nano", False), ("nemotron-3-super", False),
+                                         ("nemotron-3-ultra", True)])
+def test_infer_warns_past_the_published_context_only(name, warns):
+    """The hybrid presets stated no context, so `infer` warned past their 8,192 training tokens: Nano's and
+    Super's configs serve 262,144 positions (their YAML's source cites it); Ultra's is not read, so it still warns."""
+    from autoparallel.serve.space import context_warning
+    model = io.load_model(name)
+    assert (context_warning(model, 16384, 512) is not None) is warns
+    assert context_warning(model, 262144 - 512, 512) is None or warns
+    if not warns:
+        assert "max_position_embeddings 262144" in model.source and context_warning(model, 262144, 512)
 
 
 @pytest.mark.parametrize("name, counts", [

@@ -201,3 +201,47 @@ def test_a_killed_trial_is_requeued_only_where_the_sampler_would_not_propose_it_
     killed.suggest_int("tp", 1, 8)
     killed.set_user_attr(study.OWNER_ATTR, f"{socket.gethostname()}:{dead.pid}")
     assert study._requeue_stale(shared, shared=True) == 1
+
+
+def test_the_bar_says_the_grid_is_priced_before_it_counts_trials(monkeypatch):
+    """A sampler search's bar read 'trials 0/8' while it first priced the whole grid for its seed
+    layouts (a minute for a large model): until the trials start it says what runs, with no count."""
+    from contextlib import contextmanager
+
+    from autoparallel.cli import common
+    shown = []  # (description, total) of the bar, each time it changes
+
+    class Bar:
+        def update(self, task, completed=None, total=None, description=None):
+            shown.append((description, total))
+
+    @contextmanager
+    def progress_bar(description, total):
+        shown.append((description, total))
+        yield Bar(), 0
+    grid = run.search
+    during_grid = []
+    monkeypatch.setattr(common, "progress_bar", progress_bar)
+    monkeypatch.setattr(run, "search", lambda *a, **k: during_grid.append(shown[-1]) or grid(*a, **k))
+    argv = ["search", "--model", "llama2-7b", "--gpus", "8", "--strategy", "optuna", "--trials", "4", "--no-save"]
+    assert main([*argv, "--grid-seeds", "2"]) == 0
+    assert during_grid == [("pricing the grid for the 2 best layouts (the first trials)", None)]
+    assert shown[1] == ("trials", 4) and shown[-1][1] == 4
+    shown.clear()
+    assert main([*argv, "--grid-seeds", "0"]) == 0
+    assert shown[0] == ("starting the study", None) and shown[1] == ("trials", 4)
+
+
+@pytest.mark.parametrize("save", [True, False])
+def test_a_study_with_no_feasible_layout_names_no_folder_to_resume(tmp_path, save):
+    """A study whose trials all ran out of memory said "run more trials with `autoparallel search
+    --resume <dir>`": the dir was the staging folder (removed right after) or --no-save's temporary
+    one, and a study that ran all its trials takes no more (--trials has no effect with --resume)."""
+    from autoparallel.errors import UserError
+    model, hw = io.load_model("gpt3-175b"), io.load_hardware("h100-sxm")
+    settings = sampler.StudySettings(trials=3, seeds_from_grid=0, seed=0)
+    with pytest.raises(UserError, match=r"none of the 3 layouts the study tried is feasible \(3 x out of memory\); "
+                                        r"search again with more --trials or with --strategy grid") as caught:
+        run.optuna_search(model, hw, 8, 2048, load_space(), settings, tmp_path if save else None, ["test"])
+    assert "--resume" not in str(caught.value) and str(tmp_path) not in str(caught.value)
+    assert not list(tmp_path.iterdir())  # no folder left behind that the message could have meant

@@ -45,6 +45,47 @@ def test_nothing_fits_says_why_and_smallest_need(h100):
         run.search(model, h100, 4, 252, space)
 
 
+def test_nothing_fits_names_the_fewest_gpus_that_fit(gpt175b, h100):
+    """GPT-3 175B on 8 GPUs said "try more GPUs" and no number: it names the count (of 16, 32, 64...)
+    at which the same search fits a layout and half of it still does not, with that half's need,
+    and what the least-memory layout of the count asked spends its memory on."""
+    import re
+
+    from autoparallel.search.diagnose import out_of_memory
+    from autoparallel.search.grid import evaluate
+    from autoparallel.space import generate_with_sources
+    space = load_space()
+    with pytest.raises(UserError) as caught:
+        run.search(gpt175b, h100, 8, 2048, space)
+    message = str(caught.value)
+    found = re.search(r"the smallest memory need is ([\d.]+) GiB against a limit of 79.7 GiB \(TP\d+ PP\d+ CP\d+ DP\d+: "
+                      r"([\d.]+) GiB of weights, gradients and optimizer state, [\d.]+ of activations\); layouts fit "
+                      r"on (\d+) GPUs \((\d+) still need ([\d.]+) GiB\): search --gpus \3$", message)
+    assert found, message
+    assert float(found[2]) > 79.7 and "try more GPUs" not in message  # the state alone is over the limit
+    fewest, half = int(found[3]), int(found[4])
+    assert half == fewest // 2 and fewest > 8
+    assert not run.search(gpt175b, h100, fewest, 2048, space).feasible.empty
+    ranked = evaluate(gpt175b, h100, generate_with_sources(gpt175b, h100, half, 2048, space)[0], space.memory_fraction,
+                      settings=space.cost_settings())
+    assert not ranked["fits"].any()
+    assert f"{out_of_memory(ranked)['peak_memory_gib'].min():.1f}" == found[5]
+
+
+def test_nothing_fits_for_long_sequences_says_the_activations_are_the_need(gpt175b, h100):
+    """At 4M-token sequences the least need is mostly activations, which more GPUs do not shard here:
+    the message said "more GPUs shard that state further" (the state was 41.5 of 209 GiB)."""
+    import dataclasses
+    import re
+    with pytest.raises(UserError) as caught:
+        run.search(dataclasses.replace(gpt175b, seq_length=4_000_000), h100, 64, 2048, load_space())
+    message = str(caught.value)
+    state, activations = map(float, re.search(r"([\d.]+) GiB of weights, gradients and optimizer state, ([\d.]+) of "
+                                              r"activations\); the activations of 4,000,000-token sequences are most "
+                                              r"of it: a shorter --seq-length$", message).groups())
+    assert activations > state and "more GPUs" not in message
+
+
 def test_gpu_count_no_layout_can_use(gpt175b, h100):
     with pytest.raises(UserError, match="no valid layout of gpt3-175b for 7 GPUs"):
         run.search(gpt175b, h100, 7, 2048, load_space())

@@ -184,7 +184,7 @@ def test_a_long_title_keeps_its_count_and_time_together():
     title = "llama3-70b on 64 x h100-sxm, gbs 128, seq 8192: top 8 of 42,629 feasible (83,369 candidates in 0.29 s)"
     assert fit.title_lines(title, 120) == [title]
     assert fit.title_lines(title, 100) == [title[:title.index(" (")], "(83,369 candidates in 0.29 s)"]
-    assert fit.title_lines("a (b) c", 3) == ["a (b) c"]  # no closing parenthetical, no comma: rich wraps it
+    assert fit.title_lines("a (b) c", 3) == ["a", "(b)", "c"]  # no closing parenthetical, no comma: at its words
     served = ("llama3.1-70b on 8 x h100-sxm (tensorrt-llm), mlperf-llama2-70b, server, p99 TTFT <= 2000 ms, "
               "p99 TPOT <= 200 ms: 5,000 simulated requests per layout (8 layouts in 7.2 s)")
     assert fit.title_lines(served, 80) == [  # infer's server title broke "p99 TTFT <=" / "2000 ms"

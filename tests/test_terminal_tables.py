@@ -37,14 +37,15 @@ pytestmark = pytest.mark.skipif(shutil.which("tmux") is None,
                                 reason="tmux is not installed (.ci/run installs it with apt-get)")
 
 
-def screen(argv: list[str], width: int, height: int = 80) -> str:
-    """What a ``width``-column terminal shows after running ``autoparallel argv`` in it."""
+def screen(argv: list[str], width: int, height: int = 80, python: list[str] | None = None) -> str:
+    """What a ``width``-column terminal shows after running ``autoparallel argv`` in it (or, given
+    ``python``, ``python *python``: a script that prints what a test already holds)."""
     folder = Path(tempfile.mkdtemp(prefix="ap-tmux-"))  # the server's socket, removed with it
     socket, done = folder / "socket", f"done-{uuid.uuid4().hex[:8]}"
     tmux = ["tmux", "-S", str(socket), "-f", os.devnull]
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TMUX")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    command = shlex.join([sys.executable, "-m", "autoparallel", *argv])
+    command = shlex.join([sys.executable, *(python or ["-m", "autoparallel", *argv])])
     # The pane stays open after the command (sleep) so that it can be captured, then goes with the server.
     shell = f"cd {shlex.quote(str(ROOT))} && {command}; tmux -S {shlex.quote(str(socket))} wait-for -S {done}; sleep 60"
     try:
@@ -146,3 +147,47 @@ def test_no_two_pareto_rows_look_alike_at_80_columns():
         rows.append(tuple(cells[1:1 + len(knobs)]))  # the knob columns come right after the rank
     assert len(rows) > 5 and len(set(rows)) == len(rows), rows
     assert "rows alike here differ" not in text and "Traceback" not in text
+
+
+ESTIMATES = {  # (argv, the title's phrases, each of which must stay on one line)
+    "qwen3-235b-b200": (["estimate", "--model", "qwen3-235b", "--gpus", "256", "--gpu", "b200", "--tp", "2", "--pp", "8",
+                         "--ep", "32", "--vp", "4", "--precision", "mxfp8"],
+                        ["qwen3-235b-a22b on 256 x b200:", "TP2 PP8 VP4 CP1 DP16 EP32 ETP1", "MBS1 GBS8192", "seq 4096",
+                         "mxfp8", "recompute=none"]),
+    "dsv4-pro-modules": (["estimate", "--model", "dsv4-pro", "--gpus", "1024", "--gpu", "gb300", "--tp", "1", "--pp", "8",
+                          "--ep", "64", "--recompute", "selective", "--recompute-modules", "mla_up_proj mhc"],
+                         ["deepseek-v4-pro on 1024 x gb300:", "TP1 PP8 VP1 CP1 DP128 EP64 ETP1", "MBS1 GBS4096",
+                          "seq 4096", "bf16", "recompute=selective (mla_up_proj mhc)"]),
+}
+
+
+@pytest.mark.parametrize("case", ESTIMATES)
+def test_the_estimate_title_breaks_between_phrases_at_80_columns(case):
+    """`estimate`'s title (81-90 characters) was left to the terminal's word wrap, which broke it
+    mid-phrase ('... GBS8192 seq' / '4096 mxfp8 ...'): now it breaks between phrases only."""
+    argv, phrases = ESTIMATES[case]
+    lines = screen(argv, 80).splitlines()
+    title = [line.strip() for line in lines[:lines.index(next(line for line in lines if line.startswith("┌")))]]
+    assert " ".join(title) == " ".join(phrases), title
+    for phrase in phrases:
+        assert any(phrase in line for line in title), f"{phrase!r} broken over two lines: {title}"
+
+
+@pytest.mark.parametrize("argv, start", [
+    (["search", "--model", "175b", "--gpus", "8", "--no-save"], "autoparallel: error: no layout of gpt3-175b fits"),
+    (["runs", "results/2026-11-29_gpt3-175b_1024xh100-sxm"], "autoparallel: error: runs: argument ACTION"),
+    (["estimate", "--model", "175b", "--gpus", "8"], "autoparallel: error: estimate needs at least")])
+def test_an_error_breaks_between_words_on_a_terminal_and_stays_one_line_in_a_pipe(argv, start):
+    """A terminal cut the one-line error at its 80th column, "layouts fit on 6" / "4 GPUs", "(ch" /
+    "oose from 'import')": on a terminal it breaks between phrases (words where a phrase is wider),
+    in a pipe it stays one line. The second is argparse's (a bad argument), the first the command's."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    piped = subprocess.run([sys.executable, "-m", "autoparallel", *argv], env=env, capture_output=True, text=True)
+    (message,) = piped.stderr.splitlines()
+    assert piped.returncode == 2 and message.startswith(start) and len(message) > 80
+    lines = [line.rstrip() for line in screen(argv, 80).splitlines() if line.strip()]
+    first = next(i for i, line in enumerate(lines) if line.startswith("autoparallel: error:"))
+    shown = lines[first:]
+    assert len(shown) > 1 and " ".join(shown) == message  # every break at a space: no word or figure cut
+    assert shown[0].startswith(start)  # "autoparallel: error:" never alone on its line

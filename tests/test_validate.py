@@ -786,3 +786,27 @@ def test_validate_in_a_pipe_takes_the_width_columns_asks_for(tmp_path, columns, 
                           "--no-cross-validation"], env=env, capture_output=True, text=True, check=True).stdout
     width = max(len(line) for line in out.splitlines())
     assert width <= widest if columns else width > widest
+
+
+SUMMARY_SCRIPT = ("import sys, pandas; from autoparallel import validate; from autoparallel.cli.common import console; "
+                  "validate._print_summary(pandas.read_pickle(sys.argv[1]), console, True, True)")
+
+
+@pytest.mark.skipif(__import__("shutil").which("tmux") is None, reason="tmux is not installed")
+def test_the_summary_keeps_every_figure_whole_in_an_80_column_terminal(full_report, tmp_path):
+    """At 80 columns the summary's "by" column (18 wide) left each figure 3 characters: 27.0 printed
+    '27…', 'mlperf-llama3.1-405b' was cut and 'all fit' read 'y…'. Each group's line must show its
+    name and every figure whole (the report rendered by the CLI's console in a real terminal, tmux)."""
+    from test_terminal_tables import screen
+    full_report.to_pickle(tmp_path / "report.pkl")
+    text = screen([], 80, height=120, python=["-c", SUMMARY_SCRIPT, str(tmp_path / "report.pkl")])
+    lines = text.splitlines()
+    assert "…" not in text and "Traceback" not in text and max(map(len, lines)) <= 80
+    shown = [line.split() for line in lines]
+    for _, r in validate.summary(full_report).iterrows():
+        figures = [r[k] for k in ("mean_abs_error_pct", "max_abs_error_pct", "heldout_mean_abs_error_pct",
+                                  "heldout_max_abs_error_pct", "heldout_system_mean_abs_error_pct",
+                                  "heldout_system_max_abs_error_pct")]
+        cells = [*str(r["group"]).split(), str(r["rows"]), *(f"{f:.1f}" for f in figures if f == f),
+                 "yes" if r["all_fit"] else "no"]
+        assert cells in shown, f"{r['by']} {r['group']}: {cells} not shown whole on:\n{text}"

@@ -80,7 +80,9 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         command = self.prog.removeprefix(PROG).strip()
-        sys.stderr.write(f"{PROG}: error: {command + ': ' if command else ''}{message} (see `{self.prog} --help`)\n")
+        from autoparallel.report.fit import for_stderr
+        sys.stderr.write(for_stderr(f"{PROG}: error: {command + ': ' if command else ''}{message} "
+                                    f"(see `{self.prog} --help`)") + "\n")
         sys.exit(2)
 
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]
@@ -122,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             combos.check_json(args)
             args.func(args)
         except UserError as exc:
-            print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line, always
+            from autoparallel.report.fit import for_stderr
+            print(for_stderr(f"{PROG}: error: {' '.join(str(exc).split())}"), file=sys.stderr)  # one line in a pipe
             return 2
         except KeyboardInterrupt as exc:  # what the run kept, if anything, is in the message
             print(f"{PROG}: interrupted" + (f": {exc}" if str(exc) else ""), file=sys.stderr)

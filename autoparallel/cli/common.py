@@ -202,17 +202,20 @@ def progress_bar(description: str, total: int | None):
         yield p, p.add_task(description, total=total)
 
 
-def trial_progress(total: int | None, quiet: bool):
-    """A progress bar for sampler trials showing the best feasible throughput so far."""
+def trial_progress(total: int | None, quiet: bool, first: str = "starting the study"):
+    """A progress bar for sampler trials showing the best feasible throughput so far; until the
+    study reports its first count, a pulse described ``first`` (what runs before the trials: the grid
+    priced for the seed layouts took a minute under 'trials 0/200')."""
     if quiet:
         return nullcontext()
 
     @contextmanager
     def bar():
-        with progress_bar("trials", total) as (p, task):
+        with progress_bar(first, None) as (p, task):
             def update(done: int, best: float | None) -> None:
                 text = "trials" if total else f"trials: {done:,}"  # no total: the bar shows no count
-                p.update(task, completed=done, description=f"{text} (best {best:,.0f} tok/s/GPU)" if best else text)
+                p.update(task, completed=done, total=total,
+                         description=f"{text} (best {best:,.0f} tok/s/GPU)" if best else text)
             yield update
     return bar()
 
@@ -254,3 +257,16 @@ def shell_command(words: list[str], width: int = 80, indent: str = "  ") -> str:
             line = indent * 2
         line += ("" if line.isspace() else " ") + word
     return "\n".join([*lines, line])
+
+
+def pack_phrases(phrases: list[str], width: int) -> list[str]:
+    """``phrases`` joined by spaces in lines of at most ``width`` columns, broken only between
+    phrases ("seq 4096" stays on one line: a terminal's word wrap left "seq" / "4096"); a phrase
+    wider than a line gets one of its own."""
+    lines: list[str] = []
+    for phrase in phrases:
+        if lines and len(lines[-1]) + 1 + len(phrase) <= width:
+            lines[-1] += " " + phrase
+        else:
+            lines.append(phrase)
+    return lines

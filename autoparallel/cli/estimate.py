@@ -6,7 +6,7 @@ import argparse
 import json
 
 from autoparallel.cli import finetune as finetune_flags
-from autoparallel.cli.common import add_knobs, add_target, console, inputs, pins
+from autoparallel.cli.common import add_knobs, add_target, console, inputs, pack_phrases, pins
 from autoparallel.errors import UserError
 from autoparallel.report import time_to_train
 
@@ -96,12 +96,14 @@ def _print_estimate(model, hw, result: dict, memory_fraction: float, train=None)
     from autoparallel.specs.plan import FP4_PRECISIONS, FP8_PRECISIONS
     from rich.table import Table
     c = result["config"]
-    title = (f"{model.name} on {c['tp'] * c['pp'] * c['cp'] * c['dp']} x {hw.name}: TP{c['tp']} PP{c['pp']} "
-             f"VP{c['vp']} CP{c['cp']} DP{c['dp']}" + (f" EP{c['ep']} ETP{c['etp']}" if model.is_moe else "")
-             + f" MBS{c['mbs']} GBS{c['gbs']} seq {model.seq_length} {c['precision']} "
-             f"recompute={c['recompute']}"
-             + (f" ({c['recompute_modules']})" if c["recompute"] == "selective" else ""))
-    console.print(title, highlight=False)  # a line of its own: as a table title rich centred it over two
+    layout = (f"TP{c['tp']} PP{c['pp']} VP{c['vp']} CP{c['cp']} DP{c['dp']}"
+              + (f" EP{c['ep']} ETP{c['etp']}" if model.is_moe else ""))
+    recompute = f"recompute={c['recompute']}" + (f" ({c['recompute_modules']})" if c["recompute"] == "selective" else "")
+    title = [f"{model.name} on {c['tp'] * c['pp'] * c['cp'] * c['dp']} x {hw.name}:", layout,
+             f"MBS{c['mbs']} GBS{c['gbs']}", f"seq {model.seq_length}", c["precision"], recompute]
+    # Lines of their own (as a table title rich centred it over two), broken between phrases only.
+    for line in pack_phrases(title, console.width):
+        console.print(line, highlight=False, markup=False)
     t = Table(show_header=False)
     t.add_row("fits", "yes" if result["fits"] else "[red]NO[/red]")
     limit = memory_fraction * hw.memory_gib

@@ -158,7 +158,8 @@ def run(args: argparse.Namespace) -> None:
     request = request_of(args)
     warning = context_warning(model, request.input_len, request.output_len, request.max_model_len)
     if warning:
-        print(f"autoparallel: warning: {warning}", file=sys.stderr)
+        from autoparallel.report.fit import for_stderr
+        print(for_stderr(f"autoparallel: warning: {warning}"), file=sys.stderr)
     point = args.tp is not None and args.pp is not None and args.max_batch is not None
     wp = parse_precision(args.weight_precision, "--weight-precision")
     kp = parse_precision(args.kv_precision, "--kv-precision", KV_PRECISIONS)

@@ -39,6 +39,8 @@ def list_presets(kind: str) -> None:
             continue
         t.add_row(*row)
     console.print(t)
+    if kind == "models" and any(cell.endswith("/MLA") for cell in t.columns[3].cells):
+        console.print(MLA_NOTE, markup=False, highlight=False)
     for donor, text in sources.items():
         console.print(f"{donor}: {text}", markup=False, highlight=False)
     for line in skipped:
@@ -52,8 +54,22 @@ def _names(name: str, aliases) -> str:
 def _model_row(name: str) -> list[str]:
     m = io.load_model(name)
     return [_names(name, m.aliases), str(m.num_layers), str(m.hidden_size),
-            f"{m.num_attention_heads}/{m.query_groups}", _count(m.num_parameters),
+            f"{m.num_attention_heads}/{_kv_heads(m)}", _count(m.num_parameters),
             str(m.seq_length), str(m.global_batch_size or "-")]
+
+
+# Under the models table where a preset has multi-latent attention: what its "kv" says.
+MLA_NOTE = "kv: key-value heads; MLA: multi-latent attention (one latent per token cached)"
+
+
+def _kv_heads(m) -> str:
+    """The "kv" of "heads/kv": DeepSeek-V4's one key-value head (its wkv projects the hidden state to
+    one head of v_head_dim that every query head reads: config num_key_value_heads 1; it showed 64/64),
+    "MLA" for multi-latent attention (a cached latent, up-projected to as many K and V heads as query
+    heads: no number of KV heads says what it caches), else the query groups."""
+    if m.is_dsv4:
+        return "1"
+    return "MLA" if m.multi_latent_attention else str(m.query_groups)
 
 
 def _count(n: int) -> str:

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> None:
         combos.check_resumed_target(args, inputs_of_run, model_of_run)
         record.restore(args, Path(args.resume))  # an interrupted --profile goes on as it was asked
         check_profiling(args, int(inputs_of_run["gpus"]), model_of_run)
-        with trial_progress(None, args.json) as progress:
+        with trial_progress(None, args.json, "reopening the study") as progress:
             result, run_dir = runs.resume(Path(args.resume), progress, keep_profiled=args.profile == "none")
         confirm_cost(result, args, shown)
         result = profile_search(result, args, shown, run_dir)
@@ -96,7 +96,9 @@ def run(args: argparse.Namespace) -> None:
         settings = StudySettings(sampler=args.sampler, trials=args.trials, objectives=tuple(args.objectives.split(",")),
                                  seed=args.seed, storage=args.storage or "", workers=args.workers,
                                  seeds_from_grid=args.grid_seeds)
-        with trial_progress(args.trials, args.json) as progress:
+        first = (f"pricing the grid for the {args.grid_seeds} best layouts (the first trials)" if args.grid_seeds
+                 else "starting the study")
+        with trial_progress(args.trials, args.json, first) as progress:
             result, run_dir = runs.optuna_search(model, hw, args.gpus, gbs, space, settings,
                                                  None if args.no_save else Path(args.results), sys.argv, progress)
         elapsed = time.perf_counter() - start

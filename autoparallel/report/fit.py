@@ -172,28 +172,62 @@ def print_table(console: Console, title: str | None, columns: Sequence[Column], 
 
 def title_lines(title: str, width: int) -> list[str]:
     """``title``, its closing parenthetical ("(147,021 candidates in 0.59 s)") on a line of its own
-    when the whole does not fit in ``width``, and the rest broken after its commas where still too
-    wide: rich would break it anywhere, "in 0.25" / "s)" or "p99 TTFT <=" / "2000 ms"."""
+    when the whole does not fit in ``width`` (on the last line where that still has room), and the
+    rest broken between phrases where still too wide: rich would break it anywhere, "in 0.25" / "s)"
+    or "p99 TTFT <=" / "2000 ms"."""
     if cell_len(title) <= width:
         return [title]
     head, sep, tail = title.rpartition(" (")
     if not (sep and title.endswith(")")):
-        return _after_commas(title, width)
-    return _after_commas(head, width) + [f"({tail}"]
+        return phrase_lines(title, width)
+    lines = phrase_lines(head, width)
+    if len(lines) > 1 and cell_len(f"{lines[-1]} ({tail}") <= width:  # "(LOMO)" alone on a line read as lost
+        return lines[:-1] + [f"{lines[-1]} ({tail}"]
+    return lines + [f"({tail}"]
 
 
-def _after_commas(text: str, width: int) -> list[str]:
-    """``text`` in lines of at most ``width`` broken only after a comma; a part wider than
-    ``width`` has a line of its own (rich wraps it)."""
-    lines: list[str] = []
-    for part in text.split(", "):
-        if lines and cell_len(f"{lines[-1]}, {part}") <= width:
-            lines[-1] = f"{lines[-1]}, {part}"
+def phrase_lines(text: str, width: int, lead: str = "") -> list[str]:
+    """``text`` in lines of at most ``width`` broken only after a comma, semicolon or colon outside
+    parentheses ("tok/s (in sample, LOMO)" stays whole); a phrase wider than ``width`` starts a line
+    and breaks between its words, never before a "%" ("49.7" / "%" read as two figures). ``lead``
+    ("autoparallel: error:") starts the first line and the first phrase goes on after it, at its words
+    where it does not fit there, so that the lead never stands alone."""
+    phrases, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch in ",;:" and depth == 0 and text[i + 1:i + 2] == " ":
+            phrases.append(text[start:i + 1])
+            start = i + 2
+    phrases.append(text[start:])
+    lines: list[str] = [lead] if lead else []
+    for k, phrase in enumerate(phrases):
+        after_lead = bool(lead) and k == 0
+        if lines and cell_len(f"{lines[-1]} {phrase}") <= width:
+            lines[-1] = f"{lines[-1]} {phrase}"
+        elif cell_len(phrase) <= width and not after_lead:
+            lines.append(phrase)
         else:
-            if lines:
-                lines[-1] += ","
-            lines.append(part)
+            if not after_lead:
+                lines.append("")
+            for word in re.split(r" (?!%)", phrase):
+                if lines[-1] and cell_len(f"{lines[-1]} {word}") > width:
+                    lines.append("")
+                lines[-1] = f"{lines[-1]} {word}".lstrip(" ")
     return lines
+
+
+def for_stderr(message: str) -> str:
+    """``message`` (one line) as stderr shows it: on a terminal, broken between its phrases at the
+    terminal's width, where the terminal itself cut it at its last column ("layouts fit on 6" /
+    "4 GPUs"); to a pipe or a log, one line, so that grep finds it whole."""
+    import shutil
+    import sys
+    if not sys.stderr.isatty():
+        return message
+    lead, sep, rest = message.partition(": error: ") if ": error: " in message else message.partition(": warning: ")
+    if not sep:
+        return "\n".join(phrase_lines(message, shutil.get_terminal_size().columns))
+    return "\n".join(phrase_lines(rest, shutil.get_terminal_size().columns, lead=f"{lead}{sep.rstrip()}"))
 
 
 def cell(value, fmt: str | Callable[[object], str]) -> str:

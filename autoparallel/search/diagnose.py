@@ -107,26 +107,40 @@ MEMORY_KNOBS = {"tp": None, "pp": None, "cp": None, "vp": None, "mbs": 1, "recom
                 "precision": None, "sp": True, "distributed_optimizer": True, "fsdp": True}
 
 
+@dataclass(frozen=True)
+class MoreGpus:
+    """The fewest GPUs, doubling from the count asked, at which the same search finds a layout that
+    fits (``run.fewest_gpus_that_fit``), and the least memory need at half of them (None: that count
+    has no valid layout)."""
+    gpus: int
+    half_need_gib: float | None
+
+
+def out_of_memory(frame: pd.DataFrame) -> pd.DataFrame:
+    """The candidates ``explain`` blames on memory: valid layouts whose only fault is that they do
+    not fit (empty where a rule rejects every layout first)."""
+    reasons = frame["reason"].astype(str)
+    crossed = frame[~_matches(reasons, STRUCTURE_RULES) & ~_matches(reasons, FEATURE_RULES)]
+    return crossed[crossed["reason"].astype(str).str.startswith("out of memory")]
+
+
 def explain(frame: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int,
-            space: SearchSpace, pinned: dict | None = None) -> str:
+            space: SearchSpace, pinned: dict | None = None, more: MoreGpus | None = None) -> str:
     """One line: why none of ``frame``'s candidates is a valid layout that fits.
 
     ``pinned``: the knobs the user pinned (the command line's); by default every knob with a
-    single value in the space counts as pinned.
+    single value in the space counts as pinned. ``more``: where none fits in memory, the GPU count
+    at which one does (it said "try more GPUs" without a number); without it, what the least-memory
+    layout spends its memory on.
     """
     fixed = _fixed(space) if pinned is None else {k: v for k, v in pinned.items() if v is not None}
     head = f"no valid layout of {model.name} for {gpus} GPUs and gbs {gbs}: "
     reasons = frame["reason"].astype(str)
     structure, feature = _matches(reasons, STRUCTURE_RULES), _matches(reasons, FEATURE_RULES)
     crossed = frame[~structure & ~feature]
-    memory = crossed[crossed["reason"].astype(str).str.startswith("out of memory")]
+    memory = out_of_memory(frame)
     if not memory.empty:
-        need = memory["peak_memory_gib"].min()
-        limit = space.memory_fraction * hw.memory_gib
-        causes = tuple(k for k, least in MEMORY_KNOBS.items() if k in fixed and fixed[k] != least)
-        return (f"no layout of {model.name} fits on {gpus} x {hw.name}: {_pinned_lead(causes, fixed)}the "
-                f"smallest memory need is {need:.1f} GiB against a limit of {limit:.1f} GiB (try more GPUs, "
-                "recompute, a smaller --mbs, or fewer pinned knobs)")
+        return _memory_message(memory, model, hw, gpus, space, fixed, more)
     if not crossed.empty:  # valid structures met valid features; a rule on the pair refused them
         return head + _group_message(crossed, LAYOUT_RULES, fixed, gpus, gbs)
     if feature.sum() >= len(feature_combinations(model, space)):
@@ -135,6 +149,29 @@ def explain(frame: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus: int, 
         return head + _group_message(frame[structure], STRUCTURE_RULES, fixed, gpus, gbs)
     return head + (f"{_pinned_lead(('pp',), fixed)}{model.num_layers} layers cannot be split into pp "
                    f"{' or '.join(map(str, space.pp))} pipeline stages")
+
+
+def _memory_message(memory: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gpus: int, space: SearchSpace,
+                    fixed: dict, more: MoreGpus | None) -> str:
+    """None fits: the least need against the limit, what that layout spends it on, and the GPU
+    count at which a layout fits (``more``) or, unknown, that more GPUs must shard the state."""
+    least = memory.loc[memory["peak_memory_gib"].idxmin()]
+    limit = space.memory_fraction * hw.memory_gib
+    causes = tuple(k for k, value in MEMORY_KNOBS.items() if k in fixed and fixed[k] != value)
+    state = sum(float(least.get(k, 0.0)) for k in ("weights_gib", "grads_gib", "optimizer_gib", "fp8_weights_gib"))
+    layout = f"TP{least['tp']} PP{least['pp']} CP{least['cp']} DP{least['dp']}"
+    activations = float(least.get("activations_gib", 0.0))
+    text = (f"no layout of {model.name} fits on {gpus} x {hw.name}: {_pinned_lead(causes, fixed)}the smallest "
+            f"memory need is {least['peak_memory_gib']:.1f} GiB against a limit of {limit:.1f} GiB ({layout}: "
+            f"{state:.1f} GiB of weights, gradients and optimizer state, {activations:.1f} of activations)")
+    unpin = f", or unpin {', '.join(f'--{k.replace(chr(95), chr(45))}' for k in causes)}" if causes else ""
+    if more is None and activations > state:  # more GPUs shard the state; a sequence's activations stay
+        return text + f"; the activations of {model.seq_length:,}-token sequences are most of it: a shorter --seq-length{unpin}"
+    if more is None:
+        return text + f"; more GPUs shard that state further: try a multiple of {gpus}{unpin}"
+    half = ("" if more.half_need_gib is None else
+            f" ({more.gpus // 2} still need {more.half_need_gib:.1f} GiB)")
+    return text + f"; layouts fit on {more.gpus} GPUs{half}: search --gpus {more.gpus}{unpin}"
 
 
 def _matches(reasons: pd.Series, rules: tuple[Rule, ...]) -> pd.Series:

@@ -102,9 +102,57 @@ def search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: Searc
     ranked = evaluate(model, hw, candidates, space.memory_fraction, progress, space.cost_settings(), sources)
     result = SearchResult(model, hw, gpus, gbs, space, ranked)
     if result.feasible.empty:
-        from autoparallel.search.diagnose import explain
-        raise UserError(explain(ranked, model, hw, gpus, gbs, space, pinned))
+        from autoparallel.search.diagnose import explain, out_of_memory
+        memory = out_of_memory(ranked)
+        more = None
+        if not memory.empty and not fp8_decisions:  # the same search on more GPUs (fp8-check's verdicts are per count)
+            more = fewest_gpus_that_fit(model, hw, gpus, gbs, space, recompute_num_layers,
+                                        float(memory["peak_memory_gib"].min()), progress)
+        raise UserError(explain(ranked, model, hw, gpus, gbs, space, pinned, more))
     return result
+
+
+FEWEST_GPU_SEARCHES = 4  # at most this many extra searches to name a GPU count (each as long as the first)
+
+
+def fewest_gpus_that_fit(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
+                         recompute_num_layers: int | None, need_gib: float, progress=None):
+    """A count of ``gpus`` x 2, x 4, ... at which the same search finds a layout that fits, the
+    fewest such where the searches reach half of it (``diagnose.MoreGpus``); None where no count is
+    reached in ``FEWEST_GPU_SEARCHES`` searches or one has no valid layout (the global batch cannot
+    be split that far, a pinned knob...).
+
+    ``need_gib``: the least need at ``gpus``. Model state sharded over the GPUs is most of a need
+    that large, so the first count tried is ``gpus`` times the power of two that covers the need
+    over the limit; the count half as large is then searched too, so that the one named is the fewest."""
+    import math
+
+    from autoparallel.search.diagnose import MoreGpus, out_of_memory
+    needs = {gpus: need_gib}  # GiB, the least need of a count (0: a layout fits; None: none is valid)
+
+    def need(count: int) -> float | None:
+        if count not in needs:
+            candidates, sources = generate_with_sources(model, hw, count, gbs, space, recompute_num_layers)
+            ranked = evaluate(model, hw, candidates, space.memory_fraction, progress, space.cost_settings(), sources)
+            memory = out_of_memory(ranked)
+            needs[count] = (0.0 if ranked["fits"].astype(bool).any() else
+                            None if memory.empty else float(memory["peak_memory_gib"].min()))
+        return needs[count]
+
+    count = gpus * 2 ** max(1, math.ceil(math.log2(need_gib / (space.memory_fraction * hw.memory_gib))))
+    while len(needs) <= FEWEST_GPU_SEARCHES:
+        if need(count) is None:
+            return None
+        if need(count) > 0:
+            count *= 2
+            continue
+        if count // 2 not in needs and len(needs) > FEWEST_GPU_SEARCHES:
+            return MoreGpus(count, None)  # layouts fit there; whether on half as many is not searched
+        if need(count // 2) == 0:
+            count //= 2
+            continue
+        return MoreGpus(count, need(count // 2))
+    return None
 
 
 def save(result: SearchResult, root: Path, command: list[str], top_md: int = 50,
@@ -425,8 +473,10 @@ def finish_study(s, model, hw, gpus, gbs, space, run_dir: Path, objectives: tupl
     write_tables(result, run_dir)
     if result.feasible.empty:
         top = "; ".join(f"{n} x {r}" for r, n in tables.rejection_summary(result.ranked).head(3).items())
-        raise UserError(f"none of the {len(frame)} layouts the study tried is feasible ({top}); run more "
-                        f"trials with `autoparallel search --resume {run_dir}` or use --strategy grid")
+        # Not `--resume` (it named a staging folder removed right after, or the temporary one of --no-save,
+        # and a study that ran all its trials takes no more: --trials has no effect with --resume).
+        raise UserError(f"none of the {len(frame)} layouts the study tried is feasible ({top}); search again "
+                        "with more --trials or with --strategy grid (every layout priced)")
     return result
 
 

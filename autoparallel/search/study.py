@@ -311,6 +311,8 @@ def _complete(study, model, hw, gpus, gbs, space, settings, evaluator, run_dir, 
     limit = optuna.study.MaxTrialsCallback(settings.trials, states=(optuna.trial.TrialState.COMPLETE,))
     if completed(study) >= settings.trials:
         return
+    if progress:  # the trials start: the bar counts them from here
+        progress(completed(study), best_throughput(study))
 
     if settings.workers == 1:
         best = [best_throughput(study)]

@@ -23,6 +23,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
@@ -141,12 +142,12 @@ def print_report(report: pd.DataFrame, ft: pd.DataFrame, not_predicted: pd.DataF
                   *(cell(r[k], "{:.1f}") for k in ("in_sample_pct", "lomo_pct")))
     console.print(s)
     f = ft_summary(ft)
-    console.print(f"FasterTransformer memory: {f['measured_rows_predicted_to_fit']} of {f['rows']} measured rows "
+    _prose(console, f"FasterTransformer memory: {f['measured_rows_predicted_to_fit']} of {f['rows']} measured rows "
                   f"predicted to fit; {f['oom_rows_predicted_not_to_fit']} of {f['oom_rows']} rows FT reports as "
                   f"OOM predicted not to fit; memory per GPU vs FT's noted use ({f['memory_rows']} rows): mean "
                   f"|error| {f['memory_mean_abs_error_pct']:.1f} % (mean {f['memory_mean_error_pct']:+.1f} %)")
     counts = not_predicted["reason"].value_counts()
-    console.print("serving_runs.csv rows not predicted: "
+    _prose(console, "serving_runs.csv rows not predicted: "
                   + "; ".join(f"{n} {reason}" for reason, n in counts.items()))
 
 
@@ -186,8 +187,8 @@ def _mlperf_columns():
     return (Column("round", "round"), Column("hardware", "GPU"), Column("model", "benchmark"),
             Column("scenario", "scenario"), Column("runs", "runs", "{:.0f}"),
             Column("tokens_pct", "tok/s %", pct), Column("lomo_pct", "LOMO %", pct),
-            Column("ttft_p99_pct", "TTFT %", pct), Column("ttft_p99_lomo_pct", "LOMO", pct, drop=2),
-            Column("tpot_p99_pct", "TPOT %", pct), Column("tpot_p99_lomo_pct", "LOMO", pct, drop=2),
+            Column("ttft_p99_pct", "TTFT %", pct), Column("ttft_p99_lomo_pct", "TTFT LOMO", pct, drop=2),
+            Column("tpot_p99_pct", "TPOT %", pct), Column("tpot_p99_lomo_pct", "TPOT LOMO", pct, drop=2),
             Column("latency_p99_pct", "e2e %", pct, drop=1))
 
 
@@ -203,8 +204,8 @@ def print_held_out_mlperf(entry: dict, report: pd.DataFrame, left_out: pd.Series
                Column("tpot_p99_pct", "TPOT %", pct), Column("ttft_p99_own_pct", "own TTFT", pct, drop=2),
                Column("tpot_p99_own_pct", "own TPOT", pct, drop=2), Column("latency_p99_pct", "e2e %", pct, drop=1))
     table = mlperf.summary(report)
-    print_table(console, f"MLPerf Inference held out ({entry['group']}: {entry['csv']}, never fitted, the "
-                         f"{entry['engine']} engine): mean |error| % of output tokens/s and of the Server / "
+    print_table(console, f"MLPerf Inference held out (never fitted): {entry['group']}, {entry['csv']}, the "
+                         f"{entry['engine']} engine; mean |error| % of output tokens/s and of the Server / "
                          "Interactive p99 TTFT / TPOT at the target QPS",
                 columns, [[cell(r[c.key], c.fmt) for c in columns] for _, r in table.iterrows()],
                 ("own: the p99s at the simulated replica's own largest rate within the bounds; "
@@ -212,12 +213,13 @@ def print_held_out_mlperf(entry: dict, report: pd.DataFrame, left_out: pd.Series
     parts = []
     for m in mlperf.held_out_means(report):
         text = f"{m['scenario']} {m['tokens_pct']:.1f} % ({m['runs']} runs, mean {m['tokens_signed_pct']:+.1f} %)"
-        if "ttft_p99_pct" in m:
-            text += (f", p99 TTFT {m['ttft_p99_pct']:.1f} %, TPOT {m['tpot_p99_pct']:.1f} %"
-                     + (f" ({m['overloaded_runs']} overloaded at the submitted QPS)" if m["overloaded_runs"] else ""))
+        if "ttft_p99_pct" in m and np.isfinite(m["ttft_p99_pct"]):
+            text += f", p99 TTFT {m['ttft_p99_pct']:.1f} %, TPOT {m['tpot_p99_pct']:.1f} %"
+        if m.get("overloaded_runs"):
+            text += f" ({m['overloaded_runs']} overloaded at the submitted QPS: p99s not compared)"
         parts.append(text)
-    console.print(f"MLPerf {entry['group']} held out, mean |error| of tokens/s per GPU: " + "; ".join(parts)
-                  + "; rows not predicted: " + "; ".join(f"{n} {why}" for why, n in left_out.value_counts().items()))
+    _prose(console, f"MLPerf {entry['group']} held out, mean |error| of tokens/s per GPU: " + "; ".join(parts)
+           + "; rows not predicted: " + "; ".join(f"{n} {why}" for why, n in left_out.value_counts().items()))
 
 
 def print_mlperf(report: pd.DataFrame, left_out: pd.Series, console: Console) -> None:
@@ -225,7 +227,7 @@ def print_mlperf(report: pd.DataFrame, left_out: pd.Series, console: Console) ->
     from autoparallel.serve import mlperf
     columns = _mlperf_columns()
     table = mlperf.summary(report)
-    print_table(console, "MLPerf Inference, simulated: mean |error| % of output tokens/s (in sample, LOMO) "
+    print_table(console, "MLPerf Inference, simulated: mean |error| % of output tokens/s (in sample, LOMO), "
                          "and of Server p99 TTFT / TPOT / end-to-end latency at the target QPS",
                 columns, [[cell(r[c.key], c.fmt) for c in columns] for _, r in table.iterrows()],
                 ("LOMO: constants refitted without the benchmark's model; e2e: p99 end-to-end latency "
@@ -236,7 +238,7 @@ def print_mlperf(report: pd.DataFrame, left_out: pd.Series, console: Console) ->
                                                         if f"{key}_tokens_lomo_pct" in m else "")
              for name, key in (("Offline", "offline"), ("Server", "server")) if f"{key}_tokens_pct" in m]
     lomo = lambda key: f" (LOMO {m[key]:.1f} %)" if key in m else ""  # noqa: E731
-    console.print(f"MLPerf mean |error| of tokens/s per GPU: {', '.join(parts)}; Server p99 TTFT "
+    _prose(console, f"MLPerf mean |error| of tokens/s per GPU: {', '.join(parts)}; Server p99 TTFT "
                   f"{m['ttft_p99_pct']:.1f} %{lomo('ttft_p99_lomo_pct')}, p99 TPOT {m['tpot_p99_pct']:.1f} %"
                   f"{lomo('tpot_p99_lomo_pct')}, p99 end-to-end {m['latency_p99_pct']:.1f} %"
                   f"{_overloaded(m, int((report['scenario'] == 'Server').sum()))}; at the simulated "
@@ -244,6 +246,16 @@ def print_mlperf(report: pd.DataFrame, left_out: pd.Series, console: Console) ->
                   f"{lomo('ttft_p99_own_lomo_pct')}, TPOT {m['tpot_p99_own_pct']:.1f} %"
                   f"{lomo('tpot_p99_own_lomo_pct')}; rows not predicted: "
                   + "; ".join(f"{n} {why}" for why, n in left_out.value_counts().items()))
+
+
+def _prose(console: Console, text: str) -> None:
+    """A paragraph broken between its phrases (``report.fit.phrase_lines``): the terminal's word wrap
+    left "Server 6.5" / "% (LOMO 7.7 %)", a figure on one line and its unit on the next."""
+    from rich.text import Text
+
+    from autoparallel.report.fit import phrase_lines
+    for line in phrase_lines(text, console.width):
+        console.print(Text(line))
 
 
 def _overloaded(means: dict, server_runs: int) -> str:

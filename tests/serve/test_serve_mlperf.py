@@ -275,6 +275,30 @@ def test_validate_inference_prints_mlperf_in_80_columns(capsys, monkeypatch, hel
     assert ml["not_predicted"]["GPU without a preset"] > 0
 
 
+def test_validate_inference_breaks_its_prose_between_phrases_at_80_columns(capsys, monkeypatch, held_out, report,
+                                                                            rows):
+    """At 80 columns `validate --inference` left "(LOMO)" alone under its title, split "(in sample," /
+    "LOMO)", printed "Server 6.5" / "% (LOMO 7.7 %)" (a figure and its unit on two lines) and named two
+    dropped columns "LOMO, LOMO": titles and paragraphs now break between phrases only."""
+    import re
+
+    from autoparallel.serve import validate
+    monkeypatch.setattr(validate, "held_out_report", lambda runs=None, cross=True: held_out)
+    monkeypatch.setattr(validate, "mlperf_report", lambda cross=True: (report, rows[1]))
+    monkeypatch.setattr(validate, "held_out_mlperf_reports", lambda: [])  # test_serve_mlperf_v51.py, _amd.py
+    from autoparallel.cli.common import console
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(console, "width", 80)  # the CLI's console, as an 80-column terminal sizes it
+    assert cli.main(["validate", "--inference"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= 80 and "(LOMO)" not in [line.strip() for line in lines]
+    for line, after in zip(lines, lines[1:]):
+        assert not (re.search(r"\d$", line.rstrip()) and after.lstrip().startswith("%")), (line, after)
+        assert line.count("(") == line.count(")") or not line.startswith(("MLPerf Inference", "serving cost")), line
+    assert "LOMO, LOMO" not in "\n".join(lines)
+    assert "mean |error| % in sample and leave-one-model-out (LOMO)" in lines
+
+
 def test_no_mlperf_skips_it(capsys, monkeypatch, held_out):
     from autoparallel.serve import validate
     monkeypatch.setattr(validate, "held_out_report", lambda runs=None, cross=True: held_out)
