@@ -32,7 +32,7 @@ from pathlib import Path
 from autoparallel import io
 from autoparallel.report import moe_export
 from autoparallel.report.launch import train_script
-from autoparallel.report.shared import megatron_unsupported
+from autoparallel.report.shared import cp_comm_type, hierarchical_cp_sizes, megatron_unsupported
 from autoparallel.search import run as runs
 from autoparallel.space import load_space
 from autoparallel.specs.plan import Plan
@@ -82,6 +82,10 @@ SEARCHES = [
     # Issue 27: FP8 dot-product attention (--fp8-attention), under both FP8 recipes that allow it.
     ("llama3-70b", 64, "h100-sxm", {"precision": "fp8-delayed", "fp8_attention": True}),
     ("llama3-8b", 8, "h100-sxm", {"precision": "fp8-current", "fp8_attention": True}),
+    # Session 51: context parallelism's kinds (--cp-comm-type; a2a+p2p with --hierarchical-context-parallel-sizes).
+    ("llama3-70b", 64, "h100-sxm", {"cp": 2, "tp": 4, "cp_comm_type": "a2a"}),
+    ("llama3-8b", 8, "h100-sxm", {"cp": 2, "cp_comm_type": "allgather"}),
+    ("llama3-70b", 64, "h100-sxm", {"cp": 4, "tp": 1, "cp_comm_type": "a2a+p2p"}),
 ]
 ARCH = {"a100-sxm-80g": 8, "h100-sxm": 9, "h200": 9, "b200": 10, "gb200": 10, "gb300": 10}  # CUDA compute capability
 TE_VERSION = "2.9.0"  # the TransformerEngine megatron-core 0.15 is built against (its [dev] extra)
@@ -274,7 +278,8 @@ def expected(model, plan, graph_modules: bool = False) -> dict:
         **({"config.fp8_recipe": fp8.megatron_recipe} if fp8 else {}),
         "config.first_last_layers_bf16": bool(plan.fp8_bf16_edge_layers) and plan.is_quantized,
         **({"config.num_layers_at_start_in_bf16": plan.fp8_bf16_edge_layers} if plan.fp8_bf16_edge_layers else {}),
-        **({"config.cp_comm_type": "p2p"} if plan.cp > 1 else {}),
+        **({"config.cp_comm_type": cp_comm_type(model, plan)} if plan.cp > 1 else {}),
+        "config.hierarchical_context_parallel_sizes": hierarchical_cp_sizes(model, plan),
         "config.num_layers_in_first_pipeline_stage": plan.num_layers_in_first_pipeline_stage or None,
         "config.num_layers_in_last_pipeline_stage": plan.num_layers_in_last_pipeline_stage or None,
         "config.account_for_embedding_in_pipeline_split": plan.account_for_embedding_in_pipeline_split,
