@@ -506,6 +506,10 @@ def controls():
     fp8 = Plan(tp=1, pp=1, dp=8, gbs=128, precision="fp8-current")
     yield ("FP8 attention as --fp8-dot-product-attention (the export now refuses the plan)", llama8, fp8, hw,
            lambda argv, env: ([*argv, "--fp8-dot-product-attention"], env))
+    # session 51: the hierarchical CP kind needs its group sizes (validate_args), which the export writes
+    hierarchical = Plan(tp=1, pp=4, cp=4, dp=16, gbs=128, cp_comm_type="a2a+p2p")
+    yield ("--cp-comm-type a2a+p2p without --hierarchical-context-parallel-sizes", llama70, hierarchical, hw,
+           lambda argv, env: (_without_all_values(argv, "--hierarchical-context-parallel-sizes"), env))
 
 
 def hybrid_controls():
@@ -525,6 +529,16 @@ def hybrid_controls():
                   num_layers_in_last_pipeline_stage=12)
     yield ("Nano PP4 first/last 12 as the GPT flags beside the pipe marks", nano, uneven, hw,
            lambda argv, env: ([*argv, "--decoder-first-pipeline-num-layers", "12"], env))
+
+
+def _without_all_values(argv: list[str], flag: str) -> list[str]:
+    """argv less ``flag`` and every value that follows it (an nargs='+' flag)."""
+    out, skipping = [], False
+    for a in argv:
+        skipping = a == flag or (skipping and not a.startswith("--"))
+        if not skipping:
+            out.append(a)
+    return out
 
 
 def _without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
@@ -565,7 +579,8 @@ def main() -> None:
         layout = (f"TP{plan.tp} PP{plan.pp} VP{plan.vp} CP{plan.cp} DP{plan.dp} MBS{plan.mbs} {plan.precision}"
                   f"{' ' + plan.recompute if plan.recompute != 'none' else ''}"
                   f"{' edge' + str(plan.fp8_bf16_edge_layers) if plan.fp8_bf16_edge_layers else ''}"
-                  f"{' tp-ovl' if plan.tp_comm_overlap else ''}")
+                  f"{' tp-ovl' if plan.tp_comm_overlap else ''}"
+                  f"{' cp-' + plan.cp_comm_type if plan.cp > 1 and plan.cp_comm_type != 'p2p' else ''}")
         env_text = ",".join(f"{k}={v}" for k, v in env.items()) or "-"
         print(f"| {label} | {layout} | {env_text} | {stage} | {problem or 'ok'} |", flush=True)
     print(f"\n{passed} of {total} exports pass parse_args + validate_args + TransformerConfig + micro-batches "
