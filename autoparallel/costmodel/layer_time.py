@@ -729,9 +729,18 @@ def cp_ring_time(x: Candidates, attention, ranks=None):
     """TE's p2p CP (``AttnFuncWithCPAndKVP2P``, Megatron's default): the local K/V chunk goes round a
     ring of ``ranks`` (cp; the a2a+p2p kind's outer ring, whose chunks are as large), (ranks-1) hops
     forward, K/V and dK/dV backward, partly hidden behind the attention computed meanwhile."""
+    return _ring_hidden(x, _ring_exchange(x, ranks), attention)
+
+
+def _ring_exchange(x, ranks=None):
+    """``cp_ring_time``'s exchange before any of it is hidden (``x``: the structure's fields suffice)."""
     ranks = x.c if ranks is None else ranks
     same_domain = x.t * x.c <= x.hw.nvlink_domain
-    ring = 3.0 * (ranks - 1) * comm.p2p_time(x.hw, cp_kv_bytes(x), same_domain)
+    return 3.0 * (ranks - 1) * comm.p2p_time(x.hw, cp_kv_bytes(x), same_domain)
+
+
+def _ring_hidden(x, ring, attention):
+    """What of the ring exchange ``ring`` the attention leaves exposed."""
     return np.maximum(ring * (1 - x.hw.efficiency.cp_overlap), ring - 3.0 * attention)
 
 
@@ -750,8 +759,14 @@ def cp_hierarchical_time(x: Candidates, attention):
     (``cp_kinds.a2a_group``; every rank then holds A x s/cp tokens of heads/A of its heads), then the p2p
     ring of ``cp_ring_time`` over the cp/A groups (chunks of A x s/cp tokens and kv/A heads: the bytes of
     one rank's own K/V), hidden behind the attention as the plain ring is."""
+    a2a, ring = _hierarchical_exchanges(x)
+    return a2a + _ring_hidden(x, ring, attention)
+
+
+def _hierarchical_exchanges(x):
+    """The a2a+p2p kind's all-to-alls and its outer ring before any of it is hidden."""
     inner = np.maximum(cp_kinds.a2a_group(x.model, x.t, x.c, "a2a+p2p"), 1)
-    return cp_a2a_time(x, inner) + cp_ring_time(x, attention, x.c / inner)
+    return cp_a2a_time(x, inner), _ring_exchange(x, x.c / inner)
 
 
 def attention_time_least(x, fp8_attention: bool):
@@ -776,21 +791,19 @@ def cp_kind_bounds(x, kinds, attention_least=0.0) -> dict:
     out = {}
     overlap = 1 - x.hw.efficiency.cp_overlap
 
-    def ring_bounds(ranks=None):
-        ring = cp_ring_time(x, 0.0, ranks)
+    def ring_bounds(ring):
         return overlap * ring, np.maximum(overlap * ring, ring - 3.0 * attention_least)
 
     for kind in kinds:
         if kind == "p2p":
-            out[kind] = ring_bounds()
+            out[kind] = ring_bounds(_ring_exchange(x))
         elif kind == "a2a":
             out[kind] = (cp_a2a_time(x),) * 2
         elif kind == "allgather":
             out[kind] = (cp_kv_allgather_time(x),) * 2
         else:
-            inner = np.maximum(cp_kinds.a2a_group(x.model, x.t, x.c, "a2a+p2p"), 1)
-            a2a = cp_a2a_time(x, inner)
-            least, most = ring_bounds(x.c / inner)
+            a2a, ring = _hierarchical_exchanges(x)
+            least, most = ring_bounds(ring)
             out[kind] = (a2a + least, a2a + most)
     return out
 
@@ -808,16 +821,22 @@ def cp_comm_time(x: Candidates, attention):
         return cp_a2a_time(x)
     if model.is_dsa:
         return cp_allgather_time(x)
-    ring = cp_ring_time(x, attention)
+    # Each exchange depends on the structure alone (computed once per structure, ``by_structure``);
+    # only how much of a ring the attention hides is the row's.
+    ring = _ring_hidden(x, x.by_structure(_ring_exchange), attention)
     if CP_COMM_TYPE_COLUMN not in x.knobs:
         return ring
-    kinds = {"a2a": lambda: cp_a2a_time(x), "allgather": lambda: cp_kv_allgather_time(x),
-             "a2a+p2p": lambda: cp_hierarchical_time(x, attention)}
     out = ring
-    for kind, time in kinds.items():
+    for kind in ("a2a", "allgather", "a2a+p2p"):
         rows = x.knob_is(CP_COMM_TYPE_COLUMN, kind)
-        if rows.any():
-            out = np.where(rows, time(), out)
+        if not rows.any():
+            continue
+        if kind == "a2a+p2p":
+            a2a, outer = x.by_structure(_hierarchical_exchanges)
+            time = a2a + _ring_hidden(x, outer, attention)
+        else:
+            time = x.by_structure(cp_a2a_time if kind == "a2a" else cp_kv_allgather_time)
+        out = np.where(rows, time, out)
     return out
 
 
