@@ -656,9 +656,10 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,
     heads_forbid = np.zeros(len(df), dtype=bool)
     for kind in cp_kinds.A2A_KINDS:
         rows = np.flatnonzero(one_of("cp_comm_type", kind) & (cp > 1))
-        if len(rows):  # asked once per (tp, cp) pair, not per row
-            pairs, which = np.unique(tp[rows] * 65536 + cp[rows], return_inverse=True)
-            heads_forbid[rows] = (cp_kinds.a2a_group(model, pairs // 65536, pairs % 65536, kind) == 0)[which.reshape(-1)]
+        if len(rows):  # asked once per (tp, cp) of a small table, then looked up per row
+            sizes, ranks = np.meshgrid(np.arange(tp.max() + 1), np.arange(cp.max() + 1), indexing="ij")
+            forbids = cp_kinds.a2a_group(model, np.maximum(sizes, 1), np.maximum(ranks, 1), kind) == 0
+            heads_forbid[rows] = forbids[tp[rows], cp[rows]]
     fp8_allgather = cp_kinds.fp8_attention_refusal("allgather", space.transformer_engine_version)
     rules = [
         # MoELayer.forward: "performance may degrade if MoE and tensor parallelism are enabled
