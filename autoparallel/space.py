@@ -39,8 +39,8 @@ from autoparallel.errors import UserError
 from autoparallel.io import from_dict, read_yaml, resolve_preset
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
-from autoparallel.specs.plan import (CP_COMM_TYPE_CHOICES, CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES, FP8_PRECISIONS, PRECISION_CHOICES,
-                                     QUANTIZED_PRECISIONS, RECOMPUTE_CHOICES, Plan)
+from autoparallel.specs.plan import (CP_COMM_TYPE_CHOICES, CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES, FP8_PRECISIONS,
+                                     PRECISION_CHOICES, QUANTIZED_PRECISIONS, RECOMPUTE_CHOICES, Plan)
 
 # The recipes under which TransformerEngine's fused attention runs in FP8 (MLPerf's FP8_DPA;
 # Megatron-Bridge's fp8_dot_product_attention): per-tensor delayed or current scaling, and MXFP8 on
@@ -501,7 +501,8 @@ def _mamba_rules(model: ModelSpec, tp: np.ndarray, cp: np.ndarray) -> list:
     ]
 
 
-def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, space: SearchSpace | None = None) -> np.ndarray:
+def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec,
+                   space: SearchSpace | None = None) -> np.ndarray:
     """Rules on the feature knobs alone (no structure needed)."""
     precision = df["precision"].to_numpy()
     kinds = df["cp_comm_type"].to_numpy() if "cp_comm_type" in df else np.full(len(df), "p2p", dtype=object)
@@ -557,7 +558,8 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, space: 
         ((not model.is_moe) & (df.moe_token_dispatcher_type.to_numpy() != "alltoall"),
          f"a token dispatcher applies to MoE models; {model.name} is dense"),
         *_memory_knob_rules(df, fp8, model),
-        (np.array([bool(cp_refused[k]) for k in kinds], dtype=bool), lambda d: [cp_refused[k] for k in d.cp_comm_type]),
+        (np.array([bool(cp_refused[k]) for k in kinds], dtype=bool),
+         lambda d: [cp_refused[k] for k in d.cp_comm_type]),
     ]
     return _first_reason(df, rules)
 
@@ -702,7 +704,8 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,
         (df.moe_shared_expert_overlap.to_numpy() & df.overlap_moe_expert_parallel_comm.to_numpy(),
          "disable moe_shared_expert_overlap when enabling overlap_moe_expert_parallel_comm (Megatron-LM)"),
         # cp_kinds: TE's all-to-all kinds split a TP rank's heads over the a2a group.
-        (heads_forbid, lambda d: [cp_kinds.heads_refusal(model, t, c, k) for t, c, k in zip(d.tp, d.cp, d.cp_comm_type)]),
+        (heads_forbid, lambda d: [cp_kinds.heads_refusal(model, t, c, k)
+                                  for t, c, k in zip(d.tp, d.cp, d.cp_comm_type)]),
         (bool(fp8_allgather) & (cp > 1) & df.fp8_attention.to_numpy() & one_of("cp_comm_type", "allgather"),
          fp8_allgather),
     ]

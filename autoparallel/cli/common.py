@@ -39,8 +39,8 @@ def add_target(p: argparse.ArgumentParser, required: bool = True) -> None:
 def add_knobs(p: argparse.ArgumentParser, title: str = "layout knobs (any given knob is pinned; the rest is searched)",
               description: str | None = None) -> None:
     """The layout and feature flags; ``title`` / ``description``: what a knob not given becomes."""
-    from autoparallel.specs.plan import (CP_COMM_TYPE_CHOICES, CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES, PRECISION_CHOICES,
-                                         RECOMPUTE_CHOICES)
+    from autoparallel.specs.plan import (CP_COMM_TYPE_CHOICES, CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES,
+                                         PRECISION_CHOICES, RECOMPUTE_CHOICES)
     g = p.add_argument_group(title, description)
     for name in KNOB_FLAGS:
         g.add_argument(f"--{name}", type=positive, help=f"pin {name}" + (" (expert tensor parallel, MoE)" if name == "etp" else ""))

@@ -27,9 +27,8 @@ from functools import partial
 
 import numpy as np
 
-from autoparallel.costmodel import (comm, cp_kinds, dataparallel, dispatch, dsa, dsv4, finetune, flops, gemm, gemm_precision,
-                                    mamba, memory,
-                                    moe, pipeline, tensor_parallel)
+from autoparallel.costmodel import (comm, cp_kinds, dataparallel, dispatch, dsa, dsv4, finetune, flops, gemm,
+                                    gemm_precision, mamba, memory, moe, pipeline, tensor_parallel)
 from autoparallel.costmodel.candidates import CP_COMM_TYPE_COLUMN, Candidates
 from autoparallel.costmodel.layer_kinds import EDGE, HYBRID, STAGE_KINDS, LayerKind, as_kind
 
