@@ -257,9 +257,9 @@ def _pins(row: pd.Series) -> dict:
 
 # Plan fields a row may state that the search space has no knob for: set on the candidates.
 EXACT_COLUMNS = ("overlap_grad_reduce", "overlap_param_gather", *SPLIT_COLUMNS)
-# A published system's own way of running, which no search offers (the search prices CP as the p2p
-# ring, ``layer_time.cp_comm_time``; MLPerf's Blackwell LoRA rows state TE's all-to-all CP, their
-# CP_COMM_TYPE): DeepSeek's DualPipe schedule
+# A published system's own way of running, which no search offers, or a knob the row states that
+# replaces its candidates' (Plan.cp_comm_type: MLPerf's Blackwell LoRA rows state TE's all-to-all CP,
+# their CP_COMM_TYPE; a row that states none keeps the validation space's p2p): DeepSeek's DualPipe schedule
 # (``pipeline.DUALPIPE``), its FP8 token dispatch (``dispatch.FP8_DISPATCH_BYTES``), its FP8 cache
 # of the recomputed SwiGLU's inputs (``candidates.routed_act_input_bytes``) and its E5M6 cache of
 # the attention output (``candidates.ATTENTION_OUTPUT_CACHE_COLUMN``).

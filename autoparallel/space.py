@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from autoparallel.argtypes import RELEASE_PATTERN
-from autoparallel.costmodel import gemm_precision, pipeline
+from autoparallel.costmodel import cp_kinds, gemm_precision, pipeline
 from autoparallel.costmodel.candidates import RECOMPUTE_MODULES  # the modules the cost model prices
 from autoparallel.costmodel.candidates import (RECIPE_FIRST_RELEASE, TE_VERSION_COLUMN, fp8_cp_attention,
                                                  knob_in, knob_test, recipe_in_release)
@@ -39,8 +39,8 @@ from autoparallel.errors import UserError
 from autoparallel.io import from_dict, read_yaml, resolve_preset
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
-from autoparallel.specs.plan import (CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES, FP8_PRECISIONS, PRECISION_CHOICES,
-                                     QUANTIZED_PRECISIONS, RECOMPUTE_CHOICES, Plan)
+from autoparallel.specs.plan import (CP_COMM_TYPE_CHOICES, CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES, FP8_PRECISIONS,
+                                     PRECISION_CHOICES, QUANTIZED_PRECISIONS, RECOMPUTE_CHOICES, Plan)
 
 # The recipes under which TransformerEngine's fused attention runs in FP8 (MLPerf's FP8_DPA;
 # Megatron-Bridge's fp8_dot_product_attention): per-tensor delayed or current scaling, and MXFP8 on
@@ -63,7 +63,7 @@ FEATURE_KNOBS = ("sp", "recompute", "distributed_optimizer", "overlap_dp_comm", 
                  "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type", "fp8_param_gather",
                  "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap", "fp8_attention",
                  "tp_only_amax_red", "activation_func_fp8_input_store", "param_remainders",
-                 "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp", "tp_overlap_rs_pipeline")
+                 "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp", "tp_overlap_rs_pipeline", "cp_comm_type")
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,9 @@ class SearchSpace:
     pp: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     vp: tuple[int, ...] | Literal["auto"] = "auto"  # auto: every vp the layers can be split into
     cp: tuple[int, ...] = (1,)
+    # Context parallelism's kinds (Plan.cp_comm_type), searched where cp > 1; empty: the model's own
+    # (``cp_kinds.default_kind``: p2p, a2a with softmax sinks, allgather with DSA), as before the knob.
+    cp_comm_type: tuple[str, ...] = ()
     ep: tuple[int, ...] = (1,)
     etp: tuple[int, ...] = (1,)
     mbs: tuple[int, ...] = (1, 2, 4)
@@ -153,7 +156,8 @@ class SearchSpace:
             if not values or any(v < 1 for v in values):
                 raise ValueError(f"{name} must be a non-empty list of positive integers, got {list(values)}")
         for name, choices in (("recompute", RECOMPUTE_CHOICES), ("moe_token_dispatcher_type", DISPATCHER_CHOICES),
-                              ("cuda_graph", CUDA_GRAPH_CHOICES), ("precision", PRECISION_CHOICES)):
+                              ("cuda_graph", CUDA_GRAPH_CHOICES), ("precision", PRECISION_CHOICES),
+                              ("cp_comm_type", CP_COMM_TYPE_CHOICES)):
             bad = set(getattr(self, name)) - set(choices)
             if bad:
                 raise ValueError(f"{name} {sorted(bad)} is not one of {', '.join(choices)}")
@@ -215,6 +219,18 @@ def load_space(name_or_path: str = "training") -> SearchSpace:
     data = read_yaml(path)
     check_space_kind(data, name_or_path, SearchSpace, "search")
     return from_dict(SearchSpace, data, str(path))
+
+
+def with_cp_kinds(space: SearchSpace, model: ModelSpec) -> SearchSpace:
+    """``space`` with its CP kinds stated: the model's own where it lists none (``SearchSpace.cp_comm_type``)."""
+    if space.cp_comm_type:
+        return space
+    return dataclasses.replace(space, cp_comm_type=(cp_kinds.default_kind(model),))
+
+
+def _cp_refusal(model: ModelSpec, space: SearchSpace, kind: str) -> str:
+    """Why ``model`` cannot run the CP ``kind`` under the space's TE release ('' if it can)."""
+    return cp_kinds.model_refusal(model, kind, space.transformer_engine_version, _packed(model))
 
 
 def _product(names: tuple[str, ...], space: SearchSpace) -> pd.DataFrame:
@@ -440,6 +456,9 @@ def _without_inapplicable(features: pd.DataFrame, space: SearchSpace, model: Mod
         inapplicable |= features.cutedsl_fused_grouped_mlp & ((features.precision != "mxfp8") | (not _fused_mlp(model)))
     if False in space.fsdp and lora(model):
         inapplicable |= features.fsdp
+    refused = {k for k in space.cp_comm_type if _cp_refusal(model, space, k)}
+    if refused and set(space.cp_comm_type) - refused:  # a kind the model runs is offered: the others go
+        inapplicable |= features.cp_comm_type.isin(refused)
     return features[~inapplicable].reset_index(drop=True)
 
 
@@ -482,9 +501,12 @@ def _mamba_rules(model: ModelSpec, tp: np.ndarray, cp: np.ndarray) -> list:
     ]
 
 
-def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.ndarray:
+def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec,
+                   space: SearchSpace | None = None) -> np.ndarray:
     """Rules on the feature knobs alone (no structure needed)."""
     precision = df["precision"].to_numpy()
+    kinds = df["cp_comm_type"].to_numpy() if "cp_comm_type" in df else np.full(len(df), "p2p", dtype=object)
+    cp_refused = {k: _cp_refusal(model, space or SearchSpace(), k) for k in set(kinds)}
     fp8 = np.isin(precision, FP8_PRECISIONS)
     quantized = np.isin(precision, QUANTIZED_PRECISIONS)
     edge = df["fp8_bf16_edge_layers"].to_numpy()
@@ -536,6 +558,8 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec) -> np.n
         ((not model.is_moe) & (df.moe_token_dispatcher_type.to_numpy() != "alltoall"),
          f"a token dispatcher applies to MoE models; {model.name} is dense"),
         *_memory_knob_rules(df, fp8, model),
+        (np.array([bool(cp_refused[k]) for k in kinds], dtype=bool),
+         lambda d: [cp_refused[k] for k in d.cp_comm_type]),
     ]
     return _first_reason(df, rules)
 
@@ -630,6 +654,15 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,
     edge = df["fp8_bf16_edge_layers"].to_numpy()
     local_tokens = df.mbs.to_numpy() * model.seq_length // (df.tp.to_numpy() * df.cp.to_numpy())
     graphed = ~one_of("cuda_graph", "none")
+    tp, cp = df.tp.to_numpy(), df.cp.to_numpy()
+    heads_forbid = np.zeros(len(df), dtype=bool)
+    for kind in cp_kinds.A2A_KINDS:
+        rows = np.flatnonzero(one_of("cp_comm_type", kind) & (cp > 1))
+        if len(rows):  # asked once per (tp, cp) of a small table, then looked up per row
+            sizes, ranks = np.meshgrid(np.arange(tp.max() + 1), np.arange(cp.max() + 1), indexing="ij")
+            forbids = cp_kinds.a2a_group(model, np.maximum(sizes, 1), np.maximum(ranks, 1), kind) == 0
+            heads_forbid[rows] = forbids[tp[rows], cp[rows]]
+    fp8_allgather = cp_kinds.fp8_attention_refusal("allgather", space.transformer_engine_version)
     rules = [
         # MoELayer.forward: "performance may degrade if MoE and tensor parallelism are enabled
         # without also enabling sequence parallelism" (a ValueError in training).
@@ -670,6 +703,11 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,
         # where it cannot apply (``_cross``), and there the shared-expert overlap can take its place.
         (df.moe_shared_expert_overlap.to_numpy() & df.overlap_moe_expert_parallel_comm.to_numpy(),
          "disable moe_shared_expert_overlap when enabling overlap_moe_expert_parallel_comm (Megatron-LM)"),
+        # cp_kinds: TE's all-to-all kinds split a TP rank's heads over the a2a group.
+        (heads_forbid, lambda d: [cp_kinds.heads_refusal(model, t, c, k)
+                                  for t, c, k in zip(d.tp, d.cp, d.cp_comm_type)]),
+        (bool(fp8_allgather) & (cp > 1) & df.fp8_attention.to_numpy() & one_of("cp_comm_type", "allgather"),
+         fp8_allgather),
     ]
     return _first_reason(df, rules)
 
@@ -711,8 +749,8 @@ def _cross(structures: pd.DataFrame, features: pd.DataFrame, shared_overlap: boo
     such structures get each feature combination with those knobs off (alltoall), once. Where the
     all-to-all overlap is off, the shared-expert overlap (which Megatron refuses beside it) takes
     its place when ``shared_overlap`` (never slower: it only hides the all-to-alls behind the
-    shared experts). Rows go structure by structure, each with every combination in order (a
-    cross merge's order)."""
+    shared experts). The CP kind means nothing at cp = 1 (p2p there). Rows go structure by structure, each
+    with every combination in order (a cross merge's order)."""
     no_a2a_overlap = (structures.ep == 1) | ((structures.pp > 1) & (structures.vp == 1))
     useless = {"sp": (structures.tp == 1,
                       {"sp": False, "tp_comm_overlap": False, "tp_overlap_rs_pipeline": False}),
@@ -721,6 +759,7 @@ def _cross(structures: pd.DataFrame, features: pd.DataFrame, shared_overlap: boo
                                         **({"moe_shared_expert_overlap": True} if shared_overlap else {})}),
                "dispatch": (structures.ep * structures.etp == 1, {"moe_token_dispatcher_type": "alltoall",
                                                                   "moe_shared_expert_overlap": False})}
+    useless["cp"] = (structures.cp == 1, {"cp_comm_type": "p2p"})
     structure, variant, variants = [], [], []
     offset = 0
     for flags in itertools.product((False, True), repeat=len(useless)):
@@ -729,6 +768,8 @@ def _cross(structures: pd.DataFrame, features: pd.DataFrame, shared_overlap: boo
         for flag, (mask, knobs) in zip(flags, useless.values()):
             rows &= mask.to_numpy() == flag
             off |= knobs if flag else {}
+        if not rows.any():  # no structure takes these knobs off together: nothing to offer
+            continue
         chosen = features.assign(**off)
         if off.get("moe_shared_expert_overlap"):  # alltoall / flex only (TransformerConfig)
             chosen.loc[chosen.moe_token_dispatcher_type == "allgather", "moe_shared_expert_overlap"] = False
@@ -739,6 +780,8 @@ def _cross(structures: pd.DataFrame, features: pd.DataFrame, shared_overlap: boo
         variant.append(np.tile(np.arange(offset, offset + len(chosen)), len(rows)))
         variants.append(chosen)
         offset += len(chosen)
+    if not variants:
+        return _Crossed(np.zeros(0, dtype=int), np.zeros(0, dtype=int), features.iloc[:0].reset_index(drop=True))
     return _Crossed(np.concatenate(structure), np.concatenate(variant), pd.concat(variants, ignore_index=True))
 
 
@@ -766,20 +809,63 @@ def _drop_duplicates(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _cross_dispatchers(structures: pd.DataFrame, features: pd.DataFrame, model: ModelSpec, hw: HardwareSpec,
                        space: SearchSpace) -> _Crossed:
-    """``_cross``, with ``dispatcher_by_ep_span``: alltoall only for EP groups inside one node,
-    flex only for those across nodes."""
+    """``_cross`` of each group of structures with the CP kinds it is offered (``_cp_kinds_offered``),
+    with ``dispatcher_by_ep_span``: alltoall only for EP groups inside one node, flex only for those
+    across nodes."""
     offered = set(space.moe_token_dispatcher_type)
     shared = model.shared_expert_ffn_hidden_size > 0 and True in space.moe_shared_expert_overlap
-    if not (model.is_moe and space.dispatcher_by_ep_span and {"alltoall", "flex"} <= offered):
-        return _cross(structures, features, shared)
-    across = (structures.ep * structures.etp > hw.gpus_per_node).to_numpy()
-    dispatcher = features.moe_token_dispatcher_type
-    inside = _cross(structures[~across], features[dispatcher != "flex"], shared)
-    spanning = _cross(structures[across], features[dispatcher != "alltoall"], shared)
-    return _Crossed(np.concatenate([np.flatnonzero(~across)[inside.structure],
-                                    np.flatnonzero(across)[spanning.structure]]),
-                    np.concatenate([inside.variant, len(inside.variants) + spanning.variant]),
-                    pd.concat([inside.variants, spanning.variants], ignore_index=True))
+    parts = []
+    for kinds, rows in _cp_kinds_offered(structures, features, model, hw):
+        chosen = features[features.cp_comm_type.isin(kinds)] if kinds is not None else features
+        if not (model.is_moe and space.dispatcher_by_ep_span and {"alltoall", "flex"} <= offered):
+            parts.append((rows, _cross(structures.iloc[rows], chosen, shared)))
+            continue
+        across = (structures.ep * structures.etp > hw.gpus_per_node).to_numpy()[rows]
+        dispatcher = chosen.moe_token_dispatcher_type
+        parts.append((rows[~across], _cross(structures.iloc[rows[~across]], chosen[dispatcher != "flex"], shared)))
+        parts.append((rows[across], _cross(structures.iloc[rows[across]], chosen[dispatcher != "alltoall"], shared)))
+    if len(parts) == 1 and len(parts[0][0]) == len(structures):
+        return parts[0][1]
+    offsets = np.cumsum([0] + [len(part.variants) for _, part in parts])
+    return _Crossed(np.concatenate([rows[part.structure] for rows, part in parts]),
+                    np.concatenate([offset + part.variant for (_, part), offset in zip(parts, offsets)]),
+                    pd.concat([part.variants for _, part in parts], ignore_index=True))
+
+
+def _cp_kinds_offered(structures: pd.DataFrame, features: pd.DataFrame, model: ModelSpec,
+                      hw: HardwareSpec) -> list[tuple[tuple[str, ...] | None, np.ndarray]]:
+    """The structures (positions) grouped by the CP kinds each is offered (None: every kind of
+    ``features``, which a structure at cp = 1 or a space of one kind takes as it is). At cp > 1, of
+    the kinds the features hold (the model's, ``_without_inapplicable``): those a TP rank's heads let
+    run (``cp_kinds.a2a_group``; a2a+p2p only where plain a2a cannot, as Megatron-Bridge's
+    hierarchical-context-parallel guide advises: "Prefer pure a2a when you can adjust TP so that
+    CP <= num_kv_heads / TP"), less any whose least exposed exchange is above another's most
+    (``layer_time.cp_kind_bounds``: the kind changes that term alone, so it could not be the faster
+    there). A structure whose heads allow none keeps them all, to be refused with the reason."""
+    kinds = tuple(dict.fromkeys(features.cp_comm_type)) if len(features) else ()
+    everything = [(None, np.arange(len(structures)))]
+    if len(kinds) < 2 or not (structures.cp > 1).any():
+        return everything
+    from types import SimpleNamespace
+
+    from autoparallel.costmodel.layer_time import attention_time_least, cp_kind_bounds
+    tp, cp = structures.tp.to_numpy(), structures.cp.to_numpy()
+    x = SimpleNamespace(model=model, hw=hw, t=tp.astype(float), c=cp.astype(float), b=structures.mbs.to_numpy(float),
+                        s_local=model.seq_length / cp)
+    fp8_attention = bool(features.fp8_attention.any()) and not model.is_dsv4  # DeepSeek-V4 prices its own kernels
+    bounds = cp_kind_bounds(x, kinds, attention_time_least(x, fp8_attention))
+    runs = {k: (cp_kinds.a2a_group(model, tp, cp, k) > 0) if k in cp_kinds.A2A_KINDS else np.ones(len(tp), bool)
+            for k in kinds}
+    if "a2a" in kinds and "a2a+p2p" in kinds:
+        runs["a2a+p2p"] = runs["a2a+p2p"] & ~runs["a2a"]
+    most = np.min([np.where(runs[k], bounds[k][1], np.inf) for k in kinds], axis=0)
+    keep = np.array([runs[k] & (bounds[k][0] <= most) for k in kinds])  # (kinds, structures)
+    keep[:, ~keep.any(axis=0)] = True  # none runs: each is refused with its reason
+    keep[:, cp == 1] = True
+    groups: dict[tuple, list[int]] = {}
+    for i, column in enumerate(keep.T):
+        groups.setdefault(tuple(k for k, kept in zip(kinds, column) if kept), []).append(i)
+    return [(None if len(offered) == len(kinds) else offered, np.array(rows)) for offered, rows in groups.items()]
 
 
 @functools.cache
@@ -817,6 +903,7 @@ def flex_backend(ep_group, hw: HardwareSpec) -> np.ndarray:
 
 def feature_combinations(model: ModelSpec, space: SearchSpace) -> pd.DataFrame:
     """The feature knobs' combinations a search offers this model, before the rules."""
+    space = with_cp_kinds(space, model)
     features = _without_inapplicable(_product(FEATURE_KNOBS, space), space, model)
     # FP8 param gather keeps FP8 weights: off where the precision is not FP8 (as SP at tp 1; a
     # pinned --fp8-param-gather with another precision is refused by the CLI, cli.combos).
@@ -854,6 +941,7 @@ def generate_with_sources(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: in
         raise UserError(f"--gpus must be a positive integer, got {gpus}")
     if gbs < 1:
         raise UserError(f"--gbs must be a positive integer, got {gbs}")
+    space = with_cp_kinds(space, model)
     structures = _structures(model, space)
     structures["reason"] = _structure_rules(structures, model, hw, gpus, gbs, space)
     structures = structures.drop(columns="layout_reason")
@@ -861,7 +949,7 @@ def generate_with_sources(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: in
     features = feature_combinations(model, space)
     features["overlap_grad_reduce"] = features.pop("overlap_dp_comm")
     features["overlap_param_gather"] = features["overlap_grad_reduce"]
-    features["reason"] = _feature_rules(features, model, hw)
+    features["reason"] = _feature_rules(features, model, hw, space)
 
     valid_structures = structures[structures.reason == ""].drop(columns="reason")
     valid_features = features[features.reason == ""].drop(columns="reason")

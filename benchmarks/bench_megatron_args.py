@@ -32,7 +32,7 @@ from pathlib import Path
 from autoparallel import io
 from autoparallel.report import moe_export
 from autoparallel.report.launch import train_script
-from autoparallel.report.shared import megatron_unsupported
+from autoparallel.report.shared import cp_comm_type, hierarchical_cp_sizes, megatron_unsupported
 from autoparallel.search import run as runs
 from autoparallel.space import load_space
 from autoparallel.specs.plan import Plan
@@ -82,6 +82,10 @@ SEARCHES = [
     # Issue 27: FP8 dot-product attention (--fp8-attention), under both FP8 recipes that allow it.
     ("llama3-70b", 64, "h100-sxm", {"precision": "fp8-delayed", "fp8_attention": True}),
     ("llama3-8b", 8, "h100-sxm", {"precision": "fp8-current", "fp8_attention": True}),
+    # Session 51: context parallelism's kinds (--cp-comm-type; a2a+p2p with --hierarchical-context-parallel-sizes).
+    ("llama3-70b", 64, "h100-sxm", {"cp": 2, "tp": 4, "cp_comm_type": "a2a"}),
+    ("llama3-8b", 8, "h100-sxm", {"cp": 2, "cp_comm_type": "allgather"}),
+    ("llama3-70b", 64, "h100-sxm", {"cp": 4, "tp": 1, "cp_comm_type": "a2a+p2p"}),
 ]
 ARCH = {"a100-sxm-80g": 8, "h100-sxm": 9, "h200": 9, "b200": 10, "gb200": 10, "gb300": 10}  # CUDA compute capability
 TE_VERSION = "2.9.0"  # the TransformerEngine megatron-core 0.15 is built against (its [dev] extra)
@@ -274,7 +278,8 @@ def expected(model, plan, graph_modules: bool = False) -> dict:
         **({"config.fp8_recipe": fp8.megatron_recipe} if fp8 else {}),
         "config.first_last_layers_bf16": bool(plan.fp8_bf16_edge_layers) and plan.is_quantized,
         **({"config.num_layers_at_start_in_bf16": plan.fp8_bf16_edge_layers} if plan.fp8_bf16_edge_layers else {}),
-        **({"config.cp_comm_type": "p2p"} if plan.cp > 1 else {}),
+        **({"config.cp_comm_type": cp_comm_type(model, plan)} if plan.cp > 1 else {}),
+        "config.hierarchical_context_parallel_sizes": hierarchical_cp_sizes(model, plan),
         "config.num_layers_in_first_pipeline_stage": plan.num_layers_in_first_pipeline_stage or None,
         "config.num_layers_in_last_pipeline_stage": plan.num_layers_in_last_pipeline_stage or None,
         "config.account_for_embedding_in_pipeline_split": plan.account_for_embedding_in_pipeline_split,
@@ -501,6 +506,10 @@ def controls():
     fp8 = Plan(tp=1, pp=1, dp=8, gbs=128, precision="fp8-current")
     yield ("FP8 attention as --fp8-dot-product-attention (the export now refuses the plan)", llama8, fp8, hw,
            lambda argv, env: ([*argv, "--fp8-dot-product-attention"], env))
+    # session 51: the hierarchical CP kind needs its group sizes (validate_args), which the export writes
+    hierarchical = Plan(tp=1, pp=4, cp=4, dp=16, gbs=128, cp_comm_type="a2a+p2p")
+    yield ("--cp-comm-type a2a+p2p without --hierarchical-context-parallel-sizes", llama70, hierarchical, hw,
+           lambda argv, env: (_without_all_values(argv, "--hierarchical-context-parallel-sizes"), env))
 
 
 def hybrid_controls():
@@ -520,6 +529,16 @@ def hybrid_controls():
                   num_layers_in_last_pipeline_stage=12)
     yield ("Nano PP4 first/last 12 as the GPT flags beside the pipe marks", nano, uneven, hw,
            lambda argv, env: ([*argv, "--decoder-first-pipeline-num-layers", "12"], env))
+
+
+def _without_all_values(argv: list[str], flag: str) -> list[str]:
+    """argv less ``flag`` and every value that follows it (an nargs='+' flag)."""
+    out, skipping = [], False
+    for a in argv:
+        skipping = a == flag or (skipping and not a.startswith("--"))
+        if not skipping:
+            out.append(a)
+    return out
 
 
 def _without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
@@ -560,7 +579,8 @@ def main() -> None:
         layout = (f"TP{plan.tp} PP{plan.pp} VP{plan.vp} CP{plan.cp} DP{plan.dp} MBS{plan.mbs} {plan.precision}"
                   f"{' ' + plan.recompute if plan.recompute != 'none' else ''}"
                   f"{' edge' + str(plan.fp8_bf16_edge_layers) if plan.fp8_bf16_edge_layers else ''}"
-                  f"{' tp-ovl' if plan.tp_comm_overlap else ''}")
+                  f"{' tp-ovl' if plan.tp_comm_overlap else ''}"
+                  f"{' cp-' + plan.cp_comm_type if plan.cp > 1 and plan.cp_comm_type != 'p2p' else ''}")
         env_text = ",".join(f"{k}={v}" for k, v in env.items()) or "-"
         print(f"| {label} | {layout} | {env_text} | {stage} | {problem or 'ok'} |", flush=True)
     print(f"\n{passed} of {total} exports pass parse_args + validate_args + TransformerConfig + micro-batches "

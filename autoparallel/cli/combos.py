@@ -70,6 +70,8 @@ def check_knobs(args: argparse.Namespace, model) -> None:
                             f"give at most {chunk}")
     if (modules := getattr(args, "recompute_modules", None)) is not None:
         _check_recompute_modules(args, modules, model)
+    if (kind := getattr(args, "cp_comm_type", None)) is not None:
+        _check_cp_comm_type(args, kind, model)
     first = getattr(args, "num_layers_in_first_pipeline_stage", None)
     last = getattr(args, "num_layers_in_last_pipeline_stage", None)
     if (first or 0) + (last or 0) > model.num_layers:
@@ -128,6 +130,22 @@ def check_knobs(args: argparse.Namespace, model) -> None:
     if args.fsdp and args.distributed_optimizer is False:
         raise UserError("--fsdp needs the distributed optimizer (Megatron-FSDP shards the optimizer state "
                         "itself); drop --no-distributed-optimizer")
+
+
+def _check_cp_comm_type(args: argparse.Namespace, kind: str, model) -> None:
+    """A pinned --cp-comm-type the model, its heads, its TE release or --cp 1 cannot run (``cp_kinds``)."""
+    from autoparallel.costmodel import cp_kinds
+    release = getattr(args, "transformer_engine_version", None) or ""
+    packed = model.finetune is not None and model.finetune.packed_sequence
+    if why := cp_kinds.model_refusal(model, kind, release, packed):
+        raise UserError(why)
+    if args.cp == 1:
+        raise no_effect("--cp-comm-type", "--cp 1", "it picks how CP ranks exchange the attention's inputs; "
+                        "give --cp 2 or more, or drop it")
+    if args.cp and args.tp and (why := cp_kinds.heads_refusal(model, args.tp, args.cp, kind)):
+        raise UserError(why)
+    if getattr(args, "fp8_attention", None) and (why := cp_kinds.fp8_attention_refusal(kind, release)):
+        raise UserError(why)
 
 
 def _check_recompute_modules(args: argparse.Namespace, modules: str, model) -> None:

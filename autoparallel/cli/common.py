@@ -19,7 +19,7 @@ FEATURE_FLAGS = ("sp", "recompute", "precision", "fp8_bf16_edge_layers", "tp_com
                  "cpu_offloading_num_layers", "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type",
                  "fp8_param_gather", "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap",
                  "fp8_attention", "tp_only_amax_red", "activation_func_fp8_input_store", "param_remainders",
-                 "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp", "tp_overlap_rs_pipeline")
+                 "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp", "tp_overlap_rs_pipeline", "cp_comm_type")
 SETTING_FLAGS = ("pipeline_layout", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                  "transformer_engine_version", "quant_recipe", "num_layers_at_start_in_bf16",
@@ -39,7 +39,8 @@ def add_target(p: argparse.ArgumentParser, required: bool = True) -> None:
 def add_knobs(p: argparse.ArgumentParser, title: str = "layout knobs (any given knob is pinned; the rest is searched)",
               description: str | None = None) -> None:
     """The layout and feature flags; ``title`` / ``description``: what a knob not given becomes."""
-    from autoparallel.specs.plan import CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES, PRECISION_CHOICES, RECOMPUTE_CHOICES
+    from autoparallel.specs.plan import (CP_COMM_TYPE_CHOICES, CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES,
+                                         PRECISION_CHOICES, RECOMPUTE_CHOICES)
     g = p.add_argument_group(title, description)
     for name in KNOB_FLAGS:
         g.add_argument(f"--{name}", type=positive, help=f"pin {name}" + (" (expert tensor parallel, MoE)" if name == "etp" else ""))
@@ -143,6 +144,11 @@ def add_knobs(p: argparse.ArgumentParser, title: str = "layout knobs (any given 
                         "forward-backward (full_iteration); priced for their static buffers")
     g.add_argument("--moe-token-dispatcher-type", choices=DISPATCHER_CHOICES,
                    help="MoE token dispatcher: NCCL all-to-all, all-gather, or flex (DeepEP / HybridEP)")
+    g.add_argument("--cp-comm-type", choices=CP_COMM_TYPE_CHOICES,
+                   help="context parallelism's exchange (cp > 1): TE's p2p ring of K/V chunks behind the attention, "
+                        "a2a (Ulysses all-to-alls; a TP rank's heads divisible by cp), allgather (K/V gathered, "
+                        "exposed) or a2a+p2p (a2a inside groups of --hierarchical-context-parallel-sizes, p2p "
+                        "across); default: searched where cp > 1 (estimate: the model's own, p2p for most)")
     p.add_argument("--space", default="training", help="search space preset or YAML path (default training)")
 
 

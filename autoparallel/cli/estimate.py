@@ -69,7 +69,8 @@ def run(args: argparse.Namespace) -> None:
         from autoparallel.cli.combos import no_effect
         raise no_effect("--recompute-modules", "estimate's default --recompute none",
                         "it picks what selective recompute reruns; add --recompute selective")
-    defaults = {**DEFAULTS, "sp": args.tp > 1}
+    from autoparallel.costmodel.cp_kinds import default_kind
+    defaults = {**DEFAULTS, "sp": args.tp > 1, "cp_comm_type": default_kind(model)}
     if args.pipeline_layout:  # its virtual stages set vp
         del defaults["vp"]
     pinned = {k: (v if v is not None else defaults.get(k)) for k, v in pins(args).items()}

@@ -27,8 +27,8 @@ from functools import partial
 
 import numpy as np
 
-from autoparallel.costmodel import (comm, dataparallel, dispatch, dsa, dsv4, finetune, flops, gemm, gemm_precision, mamba, memory,
-                                    moe, pipeline, tensor_parallel)
+from autoparallel.costmodel import (comm, cp_kinds, dataparallel, dispatch, dsa, dsv4, finetune, flops, gemm,
+                                    gemm_precision, mamba, memory, moe, pipeline, tensor_parallel)
 from autoparallel.costmodel.candidates import CP_COMM_TYPE_COLUMN, Candidates
 from autoparallel.costmodel.layer_kinds import EDGE, HYBRID, STAGE_KINDS, LayerKind, as_kind
 
@@ -679,7 +679,7 @@ def full_recompute_time(x: Candidates, forward):
     return x.recomputed_fraction * forward
 
 
-def cp_a2a_time(x: Candidates):
+def cp_a2a_time(x: Candidates, ranks=None):
     """TransformerEngine's all-to-all context parallelism (``AttnFuncWithCPAndQKVOA2A``, TE
     ``attention/dot_product_attention/context_parallel.py``, DeepSpeed-Ulysses style): before the
     attention each of Q, K and V goes through one all-to-all over the CP group ("gather s and split
@@ -687,14 +687,17 @@ def cp_a2a_time(x: Candidates):
     back the same way ("split s and gather h"); the backward moves dO in and dQ, dK, dV out. Eight
     all-to-alls of the local tensors per layer and micro-batch, CP ranks tp apart (Megatron's rank
     order), priced as the expert dispatch's all-to-all (``dispatch.alltoall_time``) and exposed: the
-    attention waits for its inputs and the next layer for the output."""
+    attention waits for its inputs and the next layer for the output. ``ranks``: the all-to-all group
+    (cp; the a2a+p2p kind's inner group, ``cp_hierarchical_time``): each rank sends its local tensors
+    whatever the group's size."""
     model = x.model
     heads = model.num_attention_heads / x.t
     kv_heads = np.maximum(model.query_groups / x.t, 1.0)
     per_head = 2.0 * x.b * x.s_local  # BF16 bytes per head dimension of one local tensor
     q, o = per_head * heads * model.qk_dim, per_head * heads * model.v_dim
     k, v = per_head * kv_heads * model.qk_dim, per_head * kv_heads * model.v_dim
-    one_way = sum(dispatch.alltoall_time(x.hw, nbytes, x.c, x.t) for nbytes in (q, k, v, o))
+    ranks = x.c if ranks is None else ranks
+    one_way = sum(dispatch.alltoall_time(x.hw, nbytes, ranks, x.t) for nbytes in (q, k, v, o))
     return 2.0 * one_way  # forward Q, K, V in and O out; backward dO in and dQ, dK, dV out
 
 
@@ -714,25 +717,126 @@ def cp_allgather_time(x: Candidates):
     return (2.0 + x.recomputed_fraction) * gather
 
 
+def cp_kv_bytes(x: Candidates):
+    """BF16 bytes of one CP rank's K and V chunk: b x s/cp tokens, a TP rank's query groups (at least
+    one) of qk_dim + v_dim each. What a p2p hop carries, and each rank's share of the all-gather."""
+    kv_heads_local = np.maximum(x.model.query_groups / x.t, 1.0)
+    return 2.0 * x.b * x.s_local * (x.model.qk_dim + x.model.v_dim) * kv_heads_local
+
+
+def cp_ring_time(x: Candidates, attention, ranks=None):
+    """TE's p2p CP (``AttnFuncWithCPAndKVP2P``, Megatron's default): the local K/V chunk goes round a
+    ring of ``ranks`` (cp; the a2a+p2p kind's outer ring, whose chunks are as large), (ranks-1) hops
+    forward, K/V and dK/dV backward, partly hidden behind the attention computed meanwhile."""
+    return _ring_hidden(x, _ring_exchange(x, ranks), attention)
+
+
+def _ring_exchange(x, ranks=None):
+    """``cp_ring_time``'s exchange before any of it is hidden (``x``: the structure's fields suffice)."""
+    ranks = x.c if ranks is None else ranks
+    same_domain = x.t * x.c <= x.hw.nvlink_domain
+    return 3.0 * (ranks - 1) * comm.p2p_time(x.hw, cp_kv_bytes(x), same_domain)
+
+
+def _ring_hidden(x, ring, attention):
+    """What of the ring exchange ``ring`` the attention leaves exposed."""
+    return np.maximum(ring * (1 - x.hw.efficiency.cp_overlap), ring - 3.0 * attention)
+
+
+def cp_kv_allgather_time(x: Candidates):
+    """TE's all-gather CP (``AttnFuncWithCPAndKVAllGather``, Megatron's ``all_gather``): the forward
+    all-gathers K and V over the CP group (cp x ``cp_kv_bytes``), the backward gathers them again and
+    reduce-scatters dK and dV; blocking collectives before and after the attention ("KV all-gather
+    between CP ranks is exposed"): three, exposed, CP ranks tp apart. The recomputed forward's gather
+    is left out, as the p2p and a2a kinds leave out their exchange in it."""
+    gathered = x.c * cp_kv_bytes(x)
+    return 3.0 * comm.reduce_scatter_time(x.hw, gathered, x.c, comm.ranks_per_domain(x.hw, x.c, x.t))
+
+
+def cp_hierarchical_time(x: Candidates, attention):
+    """TE's a2a+p2p CP: the all-to-alls of ``cp_a2a_time`` inside groups of A consecutive CP ranks
+    (``cp_kinds.a2a_group``; every rank then holds A x s/cp tokens of heads/A of its heads), then the p2p
+    ring of ``cp_ring_time`` over the cp/A groups (chunks of A x s/cp tokens and kv/A heads: the bytes of
+    one rank's own K/V), hidden behind the attention as the plain ring is."""
+    a2a, ring = _hierarchical_exchanges(x)
+    return a2a + _ring_hidden(x, ring, attention)
+
+
+def _hierarchical_exchanges(x):
+    """The a2a+p2p kind's all-to-alls and its outer ring before any of it is hidden."""
+    inner = np.maximum(cp_kinds.a2a_group(x.model, x.t, x.c, "a2a+p2p"), 1)
+    return cp_a2a_time(x, inner), _ring_exchange(x, x.c / inner)
+
+
+def attention_time_least(x, fp8_attention: bool):
+    """A lower bound of ``attention_time`` over the feature knobs (``x``: model, hw, b, t, c): the
+    causal flash kernel's GEMMs alone (a kernel without flash computes the whole s x s, and the
+    exponentials only add), at the FP8 peak where FP8 attention may run, else at the BF16 one."""
+    model, hw = x.model, x.hw
+    attn_flops = flops.attention_core_flops(model, x.b, model.seq_length, causal=True) / (x.t * x.c)
+    peak = gemm.bf16_peak(hw)
+    if fp8_attention:
+        peak = max(peak, (hw.fp8_tflops or hw.bf16_tflops) * 1e12 * gemm.tensor_speed(hw))
+    return attn_flops * finetune.attention_share(model) / peak / hw.efficiency.attention
+
+
+def cp_kind_bounds(x, kinds, attention_least=0.0) -> dict:
+    """Each CP kind's exposed exchange per layer and micro-batch as (least, most) over every
+    attention time of at least ``attention_least`` (``attention_time_least``; ``x``: anything with the
+    fields these terms read: model, hw, t, c, b, s_local): the p2p ring hides behind the attention up
+    to its overlap; the others are exposed whole (a2a+p2p's ring hides as the p2p one). The search
+    drops a kind whose least is above another's most (``space``): the kind changes this term alone,
+    so it could not be the faster there."""
+    out = {}
+    overlap = 1 - x.hw.efficiency.cp_overlap
+
+    def ring_bounds(ring):
+        return overlap * ring, np.maximum(overlap * ring, ring - 3.0 * attention_least)
+
+    for kind in kinds:
+        if kind == "p2p":
+            out[kind] = ring_bounds(_ring_exchange(x))
+        elif kind == "a2a":
+            out[kind] = (cp_a2a_time(x),) * 2
+        elif kind == "allgather":
+            out[kind] = (cp_kv_allgather_time(x),) * 2
+        else:
+            a2a, ring = _hierarchical_exchanges(x)
+            least, most = ring_bounds(ring)
+            out[kind] = (a2a + least, a2a + most)
+    return out
+
+
 def cp_comm_time(x: Candidates, attention):
-    """Ring exchange of the local K/V chunk: (cp-1) hops forward, K/V and dK/dV backward, partly
-    hidden behind the attention computed meanwhile (TE's p2p CP, the exports' ``--cp-comm-type``).
-    A model with softmax sinks (``ModelSpec.softmax_sinks``) runs the all-to-all CP instead (``cp_a2a_time``),
-    DeepSeek Sparse Attention the all-gather CP (``cp_allgather_time``), and a published row that states
-    the all-to-all runs it (``candidates.CP_COMM_TYPE_COLUMN``: MLPerf's Blackwell LoRA runs, whose
-    train.py passes cp_comm_type a2a)."""
+    """The plan's CP exchange (``Plan.cp_comm_type``): the p2p ring (``cp_ring_time``), the all-to-all
+    (``cp_a2a_time``), the all-gather (``cp_kv_allgather_time``) or both hierarchically
+    (``cp_hierarchical_time``). A model with softmax sinks (``ModelSpec.softmax_sinks``) runs the
+    all-to-all whatever the plan says and DeepSeek Sparse Attention its own all-gather
+    (``cp_allgather_time``), the only kinds TE and Megatron run for them; a published row's stated kind
+    is its plan's (MLPerf's Blackwell LoRA runs, whose train.py passes cp_comm_type a2a); a row that
+    states none runs the p2p ring."""
     model = x.model
     if model.softmax_sinks:
         return cp_a2a_time(x)
     if model.is_dsa:
         return cp_allgather_time(x)
-    a2a = np.asarray(x.knobs.get(CP_COMM_TYPE_COLUMN, "")) == "a2a"
-    kv_heads_local = np.maximum(model.query_groups / x.t, 1.0)
-    kv_bytes = 2.0 * x.b * x.s_local * (model.qk_dim + model.v_dim) * kv_heads_local
-    same_domain = x.t * x.c <= x.hw.nvlink_domain
-    ring = 3.0 * (x.c - 1) * comm.p2p_time(x.hw, kv_bytes, same_domain)
-    ring = np.maximum(ring * (1 - x.hw.efficiency.cp_overlap), ring - 3.0 * attention)
-    return np.where(a2a, cp_a2a_time(x), ring) if a2a.any() else ring
+    # Each exchange depends on the structure alone (computed once per structure, ``by_structure``);
+    # only how much of a ring the attention hides is the row's.
+    ring = _ring_hidden(x, x.by_structure(_ring_exchange), attention)
+    if CP_COMM_TYPE_COLUMN not in x.knobs:
+        return ring
+    out = ring
+    for kind in ("a2a", "allgather", "a2a+p2p"):
+        rows = x.knob_is(CP_COMM_TYPE_COLUMN, kind)
+        if not rows.any():
+            continue
+        if kind == "a2a+p2p":
+            a2a, outer = x.by_structure(_hierarchical_exchanges)
+            time = a2a + _ring_hidden(x, outer, attention)
+        else:
+            time = x.by_structure(cp_a2a_time if kind == "a2a" else cp_kv_allgather_time)
+        out = np.where(rows, time, out)
+    return out
 
 
 def fsdp_time(x: Candidates, params, expert_params, forward, full_recompute, kind: LayerKind | bool):

@@ -21,7 +21,8 @@ from autoparallel.report.shared import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, BRI
                                         CUDA_GRAPHS, FP4_FORMAT, FP4_RECIPE, FP4_TE_CLASS, FP8_RECIPES,
                                         megatron_unsupported, nemo_unsupported,
                                         MAKE_VOCAB_SIZE_DIVISIBLE_BY, NORMALIZATION, TOKENIZER_FILES,
-                                        cp_comm_type, hybrid_unsupported, recompute_layers)
+                                        cp_comm_type, hierarchical_cp_sizes, hybrid_unsupported,
+                                        recompute_layers)
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
 
@@ -91,7 +92,9 @@ def parallel_flags(model: ModelSpec, plan: Plan) -> list[str]:
     if plan.account_for_loss_in_pipeline_split:
         a.append("--account-for-loss-in-pipeline-split")
     if plan.cp > 1:
-        a.append(f"--cp-comm-type {cp_comm_type(model)}")
+        a.append(f"--cp-comm-type {cp_comm_type(model, plan)}")
+        if sizes := hierarchical_cp_sizes(model, plan):
+            a.append(f"--hierarchical-context-parallel-sizes {' '.join(map(str, sizes))}")
     a += moe_export.parallel_flags(model, plan)
     if plan.sp and plan.tp > 1:
         a.append("--sequence-parallel")

@@ -119,7 +119,7 @@ def bridge_provider(model: ModelSpec, plan: Plan) -> dict:
     if why := bridge_unsupported(model, plan):
         return {"unsupported": why}
     from autoparallel.report.nemo import NEMO2_ACTIVATION
-    from autoparallel.report.shared import NORMALIZATION
+    from autoparallel.report.shared import NORMALIZATION, cp_comm_type, hierarchical_cp_sizes
     fields = {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
               "ffn_hidden_size": model.ffn_hidden_size, "num_attention_heads": model.num_attention_heads,
               "num_query_groups": model.query_groups, "kv_channels": model.kv_channels,
@@ -132,6 +132,10 @@ def bridge_provider(model: ModelSpec, plan: Plan) -> dict:
               "tensor_model_parallel_size": plan.tp, "pipeline_model_parallel_size": plan.pp,
               "context_parallel_size": plan.cp, "sequence_parallel": plan.sp and plan.tp > 1,
               "expert_model_parallel_size": plan.ep, "expert_tensor_parallel_size": plan.etp}
+    if plan.cp > 1:  # the attention layers' CP kind, as priced (Bridge's default None runs p2p)
+        fields["cp_comm_type"] = cp_comm_type(model, plan)
+        if sizes := hierarchical_cp_sizes(model, plan):
+            fields["hierarchical_context_parallel_sizes"] = sizes
     # The MoE blocks (E), router and expert layout as the other exports write them; a hybrid
     # pattern places the MoE layers itself (HybridModel reads no moe_layer_freq).
     fields.update({k: v for k, v in moe_export.config_keys(model, plan).items() if k != "moe_layer_freq"})

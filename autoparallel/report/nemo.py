@@ -14,8 +14,8 @@ from __future__ import annotations
 from autoparallel.costmodel import tensor_parallel
 from autoparallel.report import moe_export
 from autoparallel.report.shared import (AMAX_COMPUTE_ALGO, AMAX_HISTORY_LEN, CUDA_GRAPHS, FP8_RECIPES,
-                                        MAKE_VOCAB_SIZE_DIVISIBLE_BY, NORMALIZATION, cp_comm_type, node_layout,
-                                        recompute_layers)
+                                        MAKE_VOCAB_SIZE_DIVISIBLE_BY, NORMALIZATION, cp_comm_type,
+                                        hierarchical_cp_sizes, node_layout, recompute_layers)
 from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import Plan
 
@@ -196,7 +196,7 @@ def nemo2_recipe(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
         "recompute_granularity": granularity,
         "recompute_method": method,
         "recompute_num_layers": layers,
-        "cp_comm_type": cp_comm_type(model) if plan.cp > 1 else None,
+        "cp_comm_type": cp_comm_type(model, plan) if plan.cp > 1 else None,
         "cpu_offloading": plan.cpu_offloading_num_layers > 0,
         "cpu_offloading_num_layers": plan.cpu_offloading_num_layers,
         "cpu_offloading_activations": True,
@@ -205,6 +205,8 @@ def nemo2_recipe(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
     }
     if plan.pipeline_model_parallel_layout:
         config["pipeline_model_parallel_layout"] = plan.pipeline_model_parallel_layout
+    if sizes := hierarchical_cp_sizes(model, plan):  # a2a+p2p: Megatron's groups (ModelParallelConfig)
+        config["hierarchical_context_parallel_sizes"] = sizes
     if plan.fp8_attention:
         config["fp8_dot_product_attention"] = True
     for name in ("tp_only_amax_red", "activation_func_fp8_input_store"):

@@ -114,20 +114,32 @@ def megatron_unsupported(plan: Plan) -> str:
 # Delayed scaling as priced and as NeMo's FP8 recipes set it (DESIGN.md §6).
 AMAX_HISTORY_LEN = 1024
 AMAX_COMPUTE_ALGO = "max"
-# The cost model prices context parallelism as a ring exchange of K/V chunks (costmodel.estimate),
-# or, for a model with softmax sinks, as TransformerEngine's all-to-all CP: the only one TE runs with
-# them (ModelSpec.softmax_sinks, layer_time.cp_a2a_time); DeepSeek Sparse Attention (GLM-5) as the
-# all-gather CP, the only one Megatron-LM's TransformerConfig lets DSAttention run (layer_time.cp_allgather_time).
-CP_COMM_TYPE = "p2p"
-CP_COMM_TYPE_SINKS = "a2a"
-CP_COMM_TYPE_DSA = "allgather"
+# TransformerEngine's spelling of the all-gather CP (attn_forward_func_with_cp takes "all_gather" and
+# raises "Unsupported communication type" for anything else; Megatron-LM passes --cp-comm-type through
+# as given, though its help says "allgather"); DSAttention normalizes either (dsa_layout.py
+# normalize_cp_comm_type) and GLM5Bridge writes "allgather", which DSA plans keep.
+TE_CP_COMM_TYPE = {"allgather": "all_gather"}
 
 
-def cp_comm_type(model) -> str:
-    """``--cp-comm-type`` of a plan with cp > 1 of ``model``, as the cost model prices it."""
-    if model.softmax_sinks:
-        return CP_COMM_TYPE_SINKS
-    return CP_COMM_TYPE_DSA if model.is_dsa else CP_COMM_TYPE
+def cp_comm_type(model, plan) -> str:
+    """``--cp-comm-type`` / ``cp_comm_type`` of a plan with cp > 1 of ``model``, as the cost model
+    prices it (``layer_time.cp_comm_time``): the model's only kind where it has one (softmax sinks:
+    a2a; DSA: allgather), else the plan's, in TransformerEngine's spelling."""
+    from autoparallel.costmodel import cp_kinds
+    forced = cp_kinds.default_kind(model)
+    if forced != "p2p":
+        return forced
+    return TE_CP_COMM_TYPE.get(plan.cp_comm_type, plan.cp_comm_type)
+
+
+def hierarchical_cp_sizes(model, plan) -> list[int] | None:
+    """Megatron's --hierarchical-context-parallel-sizes of an a2a+p2p plan (the a2a group, then the p2p
+    ring: ``cp_kinds.a2a_group``, as priced); None for the other kinds."""
+    from autoparallel.costmodel import cp_kinds
+    if plan.cp <= 1 or cp_comm_type(model, plan) != "a2a+p2p":
+        return None
+    inner = int(cp_kinds.a2a_group(model, plan.tp, plan.cp, "a2a+p2p"))
+    return [inner, plan.cp // inner] if inner else None
 
 
 # Plan.cuda_graph as Megatron-Core's TransformerConfig (cuda_graph_impl, cuda_graph_scope): whole-layer

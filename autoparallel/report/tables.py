@@ -86,14 +86,16 @@ KNOB_CODES = {"vp": ("vp", "virtual pipeline stages"), "mbs": ("mbs", "micro-bat
               "activation_func_fp8_input_store": ("fp8act", "SwiGLU inputs kept in FP8 for backward"),
               "param_remainders": ("prem", "16 bits per master weight (Apex store_param_remainders)"),
               "cross_entropy_loss_fusion": ("cefuse", "TransformerEngine's fused cross-entropy"),
-              "cutedsl_fused_grouped_mlp": ("fgmlp", "MoE experts as TE's fused CuTe-DSL grouped MLP")}
+              "cutedsl_fused_grouped_mlp": ("fgmlp", "MoE experts as TE's fused CuTe-DSL grouped MLP"),
+              "cp_comm_type": ("cpx", "CP exchange other than the p2p ring (cpxa2a, cpxallgather, cpxa2a+p2p)")}
 # Knobs without a column of their own: "other" writes each one away from its default.
 HIDDEN_KNOBS = ("fp8_bf16_edge_layers", "grad_reduce_in_fp32", "distributed_optimizer", "overlap_grad_reduce",
                 "flash_attention", "fsdp", "num_layers_in_first_pipeline_stage",
                 "num_layers_in_last_pipeline_stage", "account_for_embedding_in_pipeline_split",
                 "account_for_loss_in_pipeline_split", "fp8_param_gather", "precision_aware_optimizer", "cuda_graph",
                 "moe_shared_expert_overlap", "fp8_attention", "tp_only_amax_red", "activation_func_fp8_input_store",
-                "param_remainders", "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp", "tp_overlap_rs_pipeline")
+                "param_remainders", "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp", "tp_overlap_rs_pipeline",
+                "cp_comm_type")
 VARIANT_KNOBS = ("vp", "mbs", "sp", "recompute", "recompute_num_layers", "precision", "tp_comm_overlap",
                  *HIDDEN_KNOBS)
 PLAN_DEFAULTS = {f: getattr(Plan(tp=1, pp=1, dp=1, gbs=1), f) for f in HIDDEN_KNOBS}

@@ -85,6 +85,7 @@ FEATURE_RULES = (
     Rule(r"activation_func_fp8_input_store\) only for SwiGLU", ("activation_func_fp8_input_store",)),
     Rule(r"CuTe-DSL fused grouped MLP", ("cutedsl_fused_grouped_mlp", "precision")),
     Rule(r"expert parallel models train in BF16, not FP16", ("precision",)),
+    Rule(r"^--cp-comm-type \S+: ", ("cp_comm_type", "transformer_engine_version")),  # cp_kinds.model_refusal
 )
 LAYOUT_RULES = (
     Rule(r"disable moe_shared_expert_overlap when enabling", ("moe_shared_expert_overlap",
@@ -100,6 +101,9 @@ LAYOUT_RULES = (
                                                                                "transformer_engine_version")),
     Rule(r"needs TransformerEngine >= \S+, the first release with its recipe", ("precision",
                                                                                "transformer_engine_version")),
+    Rule(r"^--cp-comm-type \S+ at cp=", ("cp_comm_type", "tp", "cp")),  # cp_kinds.heads_refusal
+    Rule(r"FP8 attention through --cp-comm-type allgather", ("fp8_attention", "cp_comm_type",
+                                                              "transformer_engine_version")),
 )
 # Knobs that set the memory of a layout, for a search where valid layouts exist but none fits, and
 # the value that needs the least memory (None: no such value): a knob pinned there is not the cause.

@@ -167,7 +167,7 @@ def _reseeded(name: str, seed: int):
 # turned with the grad reduce overlap, the flex backend), so that no two layouts share a path.
 TREE_KNOBS = ("tp", "pp", "vp", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
               "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
-              "pipeline_model_parallel_layout", "cp", "ep", "etp",
+              "pipeline_model_parallel_layout", "cp", "cp_comm_type", "ep", "etp",
               "mbs", "sp", "tp_comm_overlap", "overlap_moe_expert_parallel_comm",
               "moe_token_dispatcher_type", "recompute", "recompute_num_layers", "recompute_modules", "cpu_offloading_num_layers", "fsdp",
               "precision", "fp8_bf16_edge_layers", "distributed_optimizer", "overlap_grad_reduce",

@@ -26,6 +26,14 @@ QUANTIZED_PRECISIONS: tuple[str, ...] = FP8_PRECISIONS + FP4_PRECISIONS
 DISPATCHER_CHOICES: tuple[str, ...] = ("alltoall", "allgather", "flex")
 CudaGraph = Literal["none", "layer", "full_iteration"]
 CUDA_GRAPH_CHOICES: tuple[str, ...] = ("none", "layer", "full_iteration")
+CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
+# TransformerEngine's context-parallel attention kinds (Megatron-LM --cp-comm-type; TE
+# attention/dot_product_attention/context_parallel.py): p2p, a ring of K/V chunks behind the attention
+# (AttnFuncWithCPAndKVP2P); a2a, DeepSpeed-Ulysses all-to-alls of Q, K, V and O (AttnFuncWithCPAndQKVOA2A);
+# allgather, K/V all-gathered before the attention, exposed (AttnFuncWithCPAndKVAllGather; TE spells it
+# "all_gather", ``report.shared.cp_comm_type``); a2a+p2p, all-to-alls inside groups of
+# ``--hierarchical-context-parallel-sizes``' first size and a p2p ring across them.
+CP_COMM_TYPE_CHOICES: tuple[str, ...] = ("p2p", "a2a", "allgather", "a2a+p2p")
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,8 @@ class Plan:
     mbs: int = 1
     vp: int = 1
     cp: int = 1
+    # How the CP ranks exchange the attention's inputs (CP_COMM_TYPE_CHOICES; cp > 1 only).
+    cp_comm_type: CpCommType = "p2p"
     ep: int = 1
     # Expert tensor parallel (Megatron-LM's MoE parallel folding, --expert-tensor-parallel-size):
     # the expert layers fold the same tp*cp*dp GPUs of a stage into etp x ep x expert-data-parallel

@@ -1,0 +1,273 @@
+"""Context parallelism's kind (Plan.cp_comm_type, --cp-comm-type) as a searched knob: each kind's term
+pinned to a hand computation on a small case, the refusals Megatron-LM / TransformerEngine make, the
+candidates the search offers, and the exports (costmodel/cp_kinds.py, layer_time.cp_comm_time)."""
+
+import dataclasses
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from autoparallel import io
+from autoparallel.costmodel import cp_kinds
+from autoparallel.costmodel import layer_time as lt
+from autoparallel.costmodel.candidates import candidates
+from autoparallel.costmodel.estimate import plan_columns
+from autoparallel.report.export import megatron_args
+from autoparallel.report.nemo import nemo2_recipe
+from autoparallel.space import SearchSpace, generate
+from autoparallel.specs.plan import Plan
+
+REL = 1e-12
+
+
+@pytest.fixture(scope="module")
+def hw():
+    return io.load_hardware("h100-sxm")
+
+
+@pytest.fixture(scope="module")
+def gqa(gpt175b):
+    """GPT-3 175B with 16 query groups (96 heads of 128, hidden 12288): a GQA model of known shape."""
+    return dataclasses.replace(gpt175b, num_query_groups=16)
+
+
+def _cands(model, hw, **knobs):
+    """One plan: tp 4, pp 8, vp 2, cp 4, dp 2 (256 GPUs), mbs 1, gbs 64, SP, BF16."""
+    base = dict(tp=4, pp=8, vp=2, cp=4, dp=2, mbs=1, gbs=64, sp=True, precision="bf16", recompute="none",
+                grad_reduce_in_fp32=False)
+    return candidates(model, hw, plan_columns([Plan(**{**base, **knobs})]))
+
+
+def _nvlink(hw):
+    return hw.nvlink_gbps / 2 * 1e9 * hw.efficiency.nvlink
+
+
+def _network(hw):
+    return hw.internode_gbps * 1e9 * hw.efficiency.internode
+
+
+# The small case: seq 2048 over cp 4 = 512 local tokens; 16 query groups / tp 4 = 4 local KV heads of 128.
+KV = 2 * 1 * 512 * (128 + 128) * 4  # BF16 bytes of one rank's K and V chunk: 1,048,576
+
+
+def test_p2p_is_the_ring_as_before(gqa, hw):
+    """tp 4 x cp 4 = 16 GPUs: two H100 domains, so the ring's hops go over the network."""
+    x = _cands(gqa, hw, cp_comm_type="p2p")
+    ring = 3 * (4 - 1) * (KV / _network(hw) + hw.internode_latency_us * 1e-6)
+    assert lt.cp_comm_time(x, 0.0)[0] == pytest.approx(ring, rel=REL)
+    assert lt.cp_comm_time(x, 1.0)[0] == pytest.approx((1 - hw.efficiency.cp_overlap) * ring, rel=REL)
+
+
+def test_a2a_is_eight_all_to_alls_of_the_local_q_k_v_o(gqa, hw):
+    x = _cands(gqa, hw, cp_comm_type="a2a")
+    q = 2 * 1 * 512 * (96 / 4) * 128
+    kv = 2 * 1 * 512 * (16 / 4) * 128
+    inside = 8 // 4  # CP ranks 4 apart: 2 in a domain
+    nvlink = hw.nvlink_gbps / 2 * 1e9 * hw.efficiency.alltoall
+    network = hw.internode_gbps * 1e9 * hw.efficiency.alltoall
+    latency = (hw.nvlink_latency_us + hw.internode_latency_us) * 1e-6
+
+    def a2a(nbytes):
+        return max(nbytes * (inside - 1) / 4 / nvlink, nbytes * (4 - inside) / 4 / network) + latency
+
+    hand = 2 * (2 * a2a(q) + 2 * a2a(kv))
+    assert lt.cp_comm_time(x, 0.0)[0] == pytest.approx(hand, rel=REL)
+    assert lt.cp_comm_time(x, 1e3)[0] == pytest.approx(hand, rel=REL)  # exposed
+
+
+def test_allgather_gathers_kv_twice_and_reduce_scatters_dkv_once_exposed(gqa, hw):
+    """The all-gather of cp x KV over 4 ranks, 2 per domain: (2-1)/2 of the buffer on NVLink, then
+    (2-1)/2 of each rank's half over the network; three such collectives, none hidden."""
+    x = _cands(gqa, hw, cp_comm_type="allgather")
+    gathered = 4 * KV
+    one = (0.5 * gathered / _nvlink(hw) + 0.5 * (gathered / 2) / _network(hw)
+           + (hw.nvlink_latency_us + hw.internode_latency_us) * 1e-6)
+    assert lt.cp_comm_time(x, 0.0)[0] == pytest.approx(3 * one, rel=REL)
+    assert lt.cp_comm_time(x, 1e3)[0] == pytest.approx(3 * one, rel=REL)
+
+
+def test_a2a_p2p_is_an_a2a_inside_pairs_and_a_ring_across_them(gqa, hw):
+    """cp 4 at tp 4 (24 heads, 4 KV heads a rank): a2a groups of 2 (the largest divisor of 4 below it
+    dividing the heads), a p2p ring over 2 of them carrying one rank's K/V chunk's bytes."""
+    x = _cands(gqa, hw, cp_comm_type="a2a+p2p")
+    assert int(cp_kinds.a2a_group(gqa, 4, 4, "a2a+p2p")) == 2
+    q = 2 * 1 * 512 * (96 / 4) * 128
+    kv = 2 * 1 * 512 * (16 / 4) * 128
+    inside = 2  # both members of an a2a pair share a domain (4 apart, 8 per domain)
+    nvlink = hw.nvlink_gbps / 2 * 1e9 * hw.efficiency.alltoall
+
+    def a2a(nbytes):
+        return nbytes * (inside - 1) / 2 / nvlink + hw.nvlink_latency_us * 1e-6
+
+    ring = 3 * (2 - 1) * (KV / _network(hw) + hw.internode_latency_us * 1e-6)  # the whole group spans 2 domains
+    hand = 2 * (2 * a2a(q) + 2 * a2a(kv)) + ring
+    assert lt.cp_comm_time(x, 0.0)[0] == pytest.approx(hand, rel=REL)
+    hidden = 2 * (2 * a2a(q) + 2 * a2a(kv)) + (1 - hw.efficiency.cp_overlap) * ring
+    assert lt.cp_comm_time(x, 1e3)[0] == pytest.approx(hidden, rel=REL)
+
+
+def test_every_kind_is_free_at_cp_1(gqa, hw):
+    for kind in ("p2p", "a2a", "allgather", "a2a+p2p"):
+        assert lt.cp_comm_time(_cands(gqa, hw, cp=1, dp=8, cp_comm_type=kind), 0.0)[0] == 0.0
+
+
+def test_a_model_that_runs_one_kind_is_priced_as_it_whatever_the_plan_says(gqa, hw):
+    sinks = dataclasses.replace(gqa, softmax_type="learnable")
+    forced = lt.cp_comm_time(_cands(sinks, hw, cp_comm_type="p2p"), 0.0)[0]
+    assert forced == pytest.approx(lt.cp_comm_time(_cands(gqa, hw, cp_comm_type="a2a"), 0.0)[0], rel=REL)
+
+
+# Refusals
+
+
+def test_a2a_needs_a_tp_ranks_heads_divisible_by_cp(gqa):
+    assert cp_kinds.heads_refusal(gqa, 4, 4, "a2a") == ""  # 24 heads, 4 query groups a rank
+    assert cp_kinds.heads_refusal(gqa, 8, 4, "a2a")        # 2 query groups a rank
+    llama = io.load_model("llama3.1-70b")  # 64 heads, 8 query groups
+    why = cp_kinds.heads_refusal(llama, 8, 2, "a2a")
+    assert "a2a" in why and "1 query groups" in why and "p2p and allgather" in why
+    assert cp_kinds.heads_refusal(llama, 4, 2, "a2a") == ""
+    assert cp_kinds.heads_refusal(llama, 1, 16, "a2a")  # 8 groups over 16
+    assert cp_kinds.heads_refusal(llama, 1, 16, "a2a+p2p") == ""  # a2a in 8s, p2p over 2
+    assert list(map(int, [cp_kinds.a2a_group(llama, 1, 16, "a2a+p2p")])) == [8]
+    assert cp_kinds.heads_refusal(llama, 8, 2, "p2p") == cp_kinds.heads_refusal(llama, 8, 2, "allgather") == ""
+
+
+def test_model_refusals_name_the_value_and_what_is_valid():
+    oss = io.load_model("gpt-oss-20b")  # softmax sinks and a sliding window
+    why = cp_kinds.model_refusal(oss, "p2p")
+    assert why.startswith("--cp-comm-type p2p") and "valid for gpt-oss-20b: a2a" in why
+    glm = io.load_model("glm-5")
+    assert "valid for glm-5: allgather" in cp_kinds.model_refusal(glm, "a2a")
+    llama = io.load_model("llama3.1-70b")
+    assert cp_kinds.model_kinds(llama) == ("p2p", "a2a", "allgather", "a2a+p2p")
+    assert cp_kinds.model_kinds(llama, "1.6") == ("p2p",)
+    assert cp_kinds.model_kinds(llama, "1.11") == ("p2p", "a2a", "allgather")
+    windowed = dataclasses.replace(llama, window_size=(127, 0))
+    assert cp_kinds.model_kinds(windowed) == ("a2a", "allgather")
+    dsv3 = io.load_model("deepseek-v3")  # MLA: K and V head sizes differ
+    assert cp_kinds.model_kinds(dsv3, "2.14") == ("p2p", "a2a+p2p")
+    assert cp_kinds.model_kinds(dsv3, "2.15") == ("p2p", "a2a", "allgather", "a2a+p2p")
+    assert cp_kinds.fp8_attention_refusal("allgather", "2.14") and not cp_kinds.fp8_attention_refusal("allgather", "")
+    assert not cp_kinds.fp8_attention_refusal("a2a", "2.14")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "autoparallel", *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--tp", "8", "--cp", "2", "--cp-comm-type", "a2a"), "1 query groups of a TP rank (tp=8) are not divisible by cp"),
+    (("--tp", "4", "--cp", "1", "--cp-comm-type", "a2a"), "--cp 1"),
+])
+def test_estimate_refuses_with_exit_2(args, words):
+    out = _cli("estimate", "--model", "llama3.1-70b", "--gpus", "64", "--pp", "4", *args)
+    assert out.returncode == 2, out.stderr
+    assert words in out.stderr
+
+
+def test_estimate_refuses_a_kind_the_model_cannot_run():
+    out = _cli("estimate", "--model", "gpt-oss-20b", "--gpus", "8", "--tp", "1", "--pp", "1", "--cp", "2",
+               "--cp-comm-type", "allgather")
+    assert out.returncode == 2 and "valid for gpt-oss-20b: a2a" in out.stderr
+
+
+# The search's candidates
+
+
+def _kinds(model, hw, gpus, space):
+    frame = generate(model, hw, gpus, 64, space)
+    valid = frame[frame.reason == ""]
+    return {(t, c): set(valid[(valid.tp == t) & (valid.cp == c)].cp_comm_type) for t, c in
+            valid[["tp", "cp"]].drop_duplicates().itertuples(index=False)}
+
+
+ALL = ("p2p", "a2a", "allgather", "a2a+p2p")
+
+
+def test_the_search_offers_only_kinds_the_heads_allow_and_p2p_alone_at_cp_1(hw):
+    llama = dataclasses.replace(io.load_model("llama3.1-70b"), seq_length=4096)  # 64 heads, 8 query groups
+    space = SearchSpace(tp=(1, 4, 8), pp=(4,), cp=(1, 2, 16), mbs=(1,), recompute=("full",), cp_comm_type=ALL)
+    kinds = _kinds(llama, hw, 128, space)
+    assert kinds[(4, 1)] == {"p2p"}
+    assert kinds[(8, 2)] <= {"p2p", "allgather"}              # 1 KV head a rank: no all-to-all kind
+    assert "a2a" not in kinds[(1, 16)]                        # 8 KV heads over 16 ranks
+    assert "a2a+p2p" not in kinds[(4, 2)]                     # a2a runs there: a2a+p2p not beside it
+    assert set().union(*kinds.values()) - {"p2p"}             # the short sequence leaves the others a chance
+
+
+def test_the_kinds_left_out_are_never_the_faster(hw):
+    """The search drops a kind where its least exposed exchange is above another's most
+    (``layer_time.cp_kind_bounds``): each layout's best step time over the space equals its best over
+    the four spaces that pin one kind each (which drop nothing)."""
+    from autoparallel.search import run
+    llama = dataclasses.replace(io.load_model("llama3.1-70b"), seq_length=16384)
+    space = SearchSpace(tp=(1, 2, 4, 8), pp=(4,), cp=(2, 4, 8), mbs=(1,), recompute=("full",), sp=(True,),
+                        precision=("bf16", "fp8-delayed"), fp8_attention=(False, True), cp_comm_type=ALL)
+    layout = ["tp", "pp", "vp", "cp", "dp", "precision", "fp8_attention"]
+
+    def best(frame):
+        return frame[frame.reason == ""].groupby(layout).step_time_s.min()
+
+    searched = run.search(llama, hw, 64, 64, space).ranked
+    pinned = pd.concat([best(run.search(llama, hw, 64, 64, space.pinned(cp_comm_type=k)).ranked)
+                        for k in ALL if not _all_refused(llama, hw, space.pinned(cp_comm_type=k))])
+    pinned = pinned.groupby(level=list(range(len(layout)))).min()
+    mine = best(searched)
+    assert len(mine) == len(pinned)
+    assert np.allclose(mine.sort_index().to_numpy(), pinned.sort_index().to_numpy(), rtol=1e-12)
+    assert len(searched) < sum(len(generate(llama, hw, 64, 64, space.pinned(cp_comm_type=k))) for k in ALL)
+
+
+def _all_refused(model, hw, space) -> bool:
+    frame = generate(model, hw, 64, 64, space)
+    return (frame.reason != "").all()
+
+
+def test_a_pinned_kind_the_heads_forbid_is_rejected_with_its_reason(hw):
+    llama = io.load_model("llama3.1-70b")
+    frame = generate(llama, hw, 64, 64, SearchSpace(tp=(8,), pp=(4,), cp=(2,), mbs=(1,), cp_comm_type=("a2a",)))
+    assert (frame.reason != "").all()
+    assert frame.reason.str.contains("--cp-comm-type a2a at cp=2").any()
+
+
+def test_a_space_without_kinds_runs_the_models_own_as_before(hw):
+    oss = io.load_model("gpt-oss-20b")
+    frame = generate(oss, hw, 8, 64, SearchSpace(tp=(1,), pp=(1,), cp=(1, 2), mbs=(1,)))
+    valid = frame[frame.reason == ""]
+    assert set(valid[valid.cp == 2].cp_comm_type) == {"a2a"} and set(valid[valid.cp == 1].cp_comm_type) == {"p2p"}
+
+
+# Exports
+
+
+def test_megatron_args_write_te_spelling_and_the_hierarchical_sizes():
+    llama = io.load_model("llama3.1-70b")
+    plan = Plan(tp=1, pp=4, cp=16, dp=1, gbs=64, cp_comm_type="a2a+p2p")
+    args = " ".join(megatron_args(llama, plan))
+    assert "--cp-comm-type a2a+p2p" in args and "--hierarchical-context-parallel-sizes 8 2" in args
+    args = " ".join(megatron_args(llama, dataclasses.replace(plan, cp_comm_type="allgather")))
+    assert "--cp-comm-type all_gather" in args and "hierarchical" not in args
+    config = nemo2_recipe(llama, plan)["model"]["config"]
+    assert config["cp_comm_type"] == "a2a+p2p" and config["hierarchical_context_parallel_sizes"] == [8, 2]
+    assert nemo2_recipe(llama, dataclasses.replace(plan, cp_comm_type="allgather"))["model"]["config"][
+        "cp_comm_type"] == "all_gather"
+    assert "--cp-comm-type" not in " ".join(megatron_args(llama, dataclasses.replace(plan, cp=1, dp=16)))
+
+
+def test_the_export_parses_with_megatrons_own_argument(tmp_path):
+    """--cp-comm-type nargs='+' and --hierarchical-context-parallel-sizes nargs='+' type=int, as
+    Megatron-LM d98e8a64dd's arguments.py declares them, read back what the export writes."""
+    import argparse
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cp-comm-type", nargs="+", type=str, default=["p2p"])
+    parser.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=int, default=None)
+    llama = io.load_model("llama3.1-70b")
+    plan = Plan(tp=1, pp=4, cp=16, dp=1, gbs=64, cp_comm_type="a2a+p2p")
+    flags = [f for f in megatron_args(llama, plan) if f.startswith(("--cp-comm-type", "--hierarchical"))]
+    parsed, _ = parser.parse_known_args(" ".join(flags).split())
+    assert parsed.cp_comm_type == ["a2a+p2p"] and parsed.hierarchical_context_parallel_sizes == [8, 2]
+    assert np.prod(parsed.hierarchical_context_parallel_sizes) == plan.cp  # Megatron asserts it
