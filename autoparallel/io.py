@@ -31,7 +31,7 @@ import yaml
 from autoparallel import resources, safefile
 from autoparallel.argtypes import MAX_COUNT
 from autoparallel.errors import SpecError, UserError
-from autoparallel.specs.hardware import HardwareSpec, clock_limited_speed
+from autoparallel.specs.hardware import HardwareSpec, clock_limited_speed, measured_speed
 from autoparallel.specs.model import ModelSpec
 
 T = TypeVar("T")
@@ -334,4 +334,13 @@ def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareS
         donor = load_hardware(_beside(path, hw.efficiency_from), (*_chain, real))
         hw = dataclasses.replace(hw, efficiency=donor.efficiency, clock_speed=clock_limited_speed(hw, donor),
                                  calibrated_on=f"inherited from {donor.name}: {donor.calibrated_on}")
+    if hw.measured_against:
+        reference = load_hardware(_beside(path, hw.measured_against), (*_chain, real))
+        if reference.efficiency_from != hw.efficiency_from or not hw.efficiency_from:
+            raise SpecError(f"{path}: measured_against {reference.name} must take its constants from the same "
+                            f"efficiency_from donor ({hw.efficiency_from or 'none stated'})")
+        try:
+            hw = dataclasses.replace(hw, clock_speed=measured_speed(hw, reference))
+        except ValueError as e:
+            raise SpecError(f"{path}: {e}") from None
     return hw

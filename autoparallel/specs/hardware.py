@@ -111,7 +111,14 @@ class HardwareSpec:
     # sheet chose (B200 2.25 PF BF16 is 148 SMs x 8,192 FLOP/clk at 1.86 GHz, GB200 2.5 PF the same
     # SMs at 2.06 GHz, GB300 2.5 PF 160 SMs at 1.91 GHz; their max clocks 1,965 / 2,062 / 2,070 MHz).
     max_sm_clock_mhz: float | None = None
-    # ``clock_limited_speed`` against the donor, set by ``io.load_hardware`` (never a YAML key).
+    # Sustained FP8 GEMM throughput a published benchmark measured (TFLOP/s; cuBLASLt on a large square
+    # GEMM after a long warm-up, so at the clocks the power limit holds, not the boost clock), and the
+    # preset measured by the same benchmark that it is read against (``measured_speed``): where both are
+    # stated, the tensor speed is that measured ratio, not the SMs x max clock rule.
+    measured_fp8_gemm_tflops: float | None = None
+    measured_against: str = ""
+    # The tensor speed against the donor, set by ``io.load_hardware`` (never a YAML key):
+    # ``measured_speed`` where ``measured_against`` names a sibling, else ``clock_limited_speed``.
     clock_speed: float = 1.0
     # Exponentials per second of the special function units (MUFU.EX2), in units of 10^12: the
     # softmax of flash attention waits on them between its two GEMMs. SMs x 16 per clock x boost
@@ -152,7 +159,7 @@ class HardwareSpec:
                     "internode_gbps", "gpus_per_node"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
-        for key in ("fp8_tflops", "fp4_tflops", "max_sm_clock_mhz"):
+        for key in ("fp8_tflops", "fp4_tflops", "max_sm_clock_mhz", "measured_fp8_gemm_tflops"):
             if getattr(self, key) is not None and getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive (or left out), got {getattr(self, key)}")
         if self.scale_up_link not in SCALE_UP_LINKS:
@@ -198,3 +205,18 @@ def clock_limited_speed(hw: HardwareSpec, donor: HardwareSpec) -> float:
         return 1.0
     return ((hw.sm_count * hw.max_sm_clock_mhz) / (donor.sm_count * donor.max_sm_clock_mhz)
             / (hw.bf16_tflops / donor.bf16_tflops))
+
+
+def measured_speed(hw: HardwareSpec, reference: HardwareSpec) -> float:
+    """The factor on ``hw``'s datasheet tensor peaks from a benchmark that measured both ``hw`` and
+    ``reference`` (``measured_fp8_gemm_tflops``): ``reference``'s own speed against the donor they share
+    (``clock_speed``) times the measured sustained FP8 GEMM ratio over the datasheet FP8 ratio. Two
+    Blackwell GPUs can quote the same datasheet peak (GB200 and GB300 both 5 PF FP8) yet sustain
+    different rates under a long GEMM load, where each runs at the clock its power limit holds
+    (GB200 1,200 W, GB300 1,400 W), which neither the datasheet nor the max SM clock states: Azure's
+    cuBLASLt FP8 8192^3 GEMM, 10,000 warm-up iterations, sustains 3,286 TFLOP/s on GB300 and 2,782 on
+    GB200 (1.18x), where ``clock_limited_speed`` gives 1.085x."""
+    if not hw.measured_fp8_gemm_tflops or not reference.measured_fp8_gemm_tflops:
+        raise ValueError(f"{hw.name} is measured against {reference.name}: both must state measured_fp8_gemm_tflops")
+    datasheet = (hw.fp8_tflops or hw.bf16_tflops) / (reference.fp8_tflops or reference.bf16_tflops)
+    return reference.clock_speed * hw.measured_fp8_gemm_tflops / reference.measured_fp8_gemm_tflops / datasheet
