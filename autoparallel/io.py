@@ -336,9 +336,12 @@ def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareS
                                  calibrated_on=f"inherited from {donor.name}: {donor.calibrated_on}")
     if hw.measured_against:
         reference = load_hardware(_beside(path, hw.measured_against), (*_chain, real))
-        if reference.efficiency_from != hw.efficiency_from or not hw.efficiency_from:
-            raise SpecError(f"{path}: measured_against {reference.name} must take its constants from the same "
-                            f"efficiency_from donor ({hw.efficiency_from or 'none stated'})")
+        # A sibling on the same donor's constants, or the donor itself (its speed 1: the constants
+        # fitted on it hold its own sustained rate), as the MI300X is read against the H100.
+        if not hw.efficiency_from or (reference.efficiency_from != hw.efficiency_from
+                                      and reference.name != donor.name):
+            raise SpecError(f"{path}: measured_against {reference.name} must be the efficiency_from donor "
+                            f"({hw.efficiency_from or 'none stated'}) or take its constants from it")
         try:
             hw = dataclasses.replace(hw, clock_speed=measured_speed(hw, reference))
         except ValueError as e:

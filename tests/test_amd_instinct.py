@@ -49,7 +49,9 @@ def test_each_preset_is_an_amd_mesh_priced_with_hoppers_constants(name):
     assert hw.efficiency_from == "h100-sxm" and hw.efficiency == io.load_hardware("h100-sxm").efficiency
     assert hw.fp8_tflops == pytest.approx(2 * hw.bf16_tflops, rel=1e-3)  # dense, FP8 twice BF16
     assert hw.fp4_tflops is None and not hw.mxfp8  # no NVFP4 / TE MX recipe on ROCm
-    assert hw.clock_speed == 1.0  # no max clock stated: the datasheet peaks as they stand
+    # CDNA 3 at the sustained FP8 GEMM rate measured against the H100 (tests/test_gpu_speed.py); CDNA 4,
+    # with no measurement read against a reference: the datasheet peaks as they stand
+    assert (hw.clock_speed < 0.9) if name in ("mi300x", "mi325x") else (hw.clock_speed == 1.0)
     assert "ASSUMPTION" in (resources.SEARCH_SPACES / "hardware" / f"{name}.yaml").read_text()
 
 

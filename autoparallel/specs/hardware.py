@@ -117,8 +117,13 @@ class HardwareSpec:
     # stated, the tensor speed is that measured ratio, not the SMs x max clock rule.
     measured_fp8_gemm_tflops: float | None = None
     measured_against: str = ""
+    # The reference's rate in the benchmark that measured this GPU, where that is not the benchmark
+    # the reference's own ``measured_fp8_gemm_tflops`` comes from: AMD's table measured the MI325X
+    # against the MI300X, Azure's the MI300X against the H100. None: the reference's own figure.
+    measured_reference_fp8_gemm_tflops: float | None = None
     # The tensor speed against the donor, set by ``io.load_hardware`` (never a YAML key):
-    # ``measured_speed`` where ``measured_against`` names a sibling, else ``clock_limited_speed``.
+    # ``measured_speed`` where ``measured_against`` names a sibling or the donor itself, else
+    # ``clock_limited_speed``.
     clock_speed: float = 1.0
     # Exponentials per second of the special function units (MUFU.EX2), in units of 10^12: the
     # softmax of flash attention waits on them between its two GEMMs. SMs x 16 per clock x boost
@@ -159,7 +164,8 @@ class HardwareSpec:
                     "internode_gbps", "gpus_per_node"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
-        for key in ("fp8_tflops", "fp4_tflops", "max_sm_clock_mhz", "measured_fp8_gemm_tflops"):
+        for key in ("fp8_tflops", "fp4_tflops", "max_sm_clock_mhz", "measured_fp8_gemm_tflops",
+                    "measured_reference_fp8_gemm_tflops"):
             if getattr(self, key) is not None and getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive (or left out), got {getattr(self, key)}")
         if self.scale_up_link not in SCALE_UP_LINKS:
@@ -209,14 +215,20 @@ def clock_limited_speed(hw: HardwareSpec, donor: HardwareSpec) -> float:
 
 def measured_speed(hw: HardwareSpec, reference: HardwareSpec) -> float:
     """The factor on ``hw``'s datasheet tensor peaks from a benchmark that measured both ``hw`` and
-    ``reference`` (``measured_fp8_gemm_tflops``): ``reference``'s own speed against the donor they share
-    (``clock_speed``) times the measured sustained FP8 GEMM ratio over the datasheet FP8 ratio. Two
-    Blackwell GPUs can quote the same datasheet peak (GB200 and GB300 both 5 PF FP8) yet sustain
-    different rates under a long GEMM load, where each runs at the clock its power limit holds
-    (GB200 1,200 W, GB300 1,400 W), which neither the datasheet nor the max SM clock states: Azure's
-    cuBLASLt FP8 8192^3 GEMM, 10,000 warm-up iterations, sustains 3,286 TFLOP/s on GB300 and 2,782 on
-    GB200 (1.18x), where ``clock_limited_speed`` gives 1.085x."""
-    if not hw.measured_fp8_gemm_tflops or not reference.measured_fp8_gemm_tflops:
-        raise ValueError(f"{hw.name} is measured against {reference.name}: both must state measured_fp8_gemm_tflops")
+    ``reference`` (``measured_fp8_gemm_tflops``, and the reference's figure in that benchmark:
+    ``measured_reference_fp8_gemm_tflops`` where hw states it, else the reference's own):
+    ``reference``'s own speed against the donor they share (``clock_speed``; 1 where ``reference`` is
+    that donor, whose fitted constants hold its own sustained rate) times the measured sustained FP8
+    GEMM ratio over the datasheet FP8 ratio. Two GPUs can quote the same datasheet peak (GB200 and
+    GB300 both 5 PF FP8; MI300X and MI325X both 2.6 PF) yet sustain different rates under a long GEMM
+    load, where each runs at the clock its power limit holds (GB200 1,200 W, GB300 1,400 W; MI300X
+    750 W, MI325X 1,000 W), which neither the datasheet nor the max SM clock states: Azure's cuBLASLt
+    FP8 8192^3 GEMM, 10,000 warm-up iterations, sustains 3,286 TFLOP/s on GB300 and 2,782 on GB200
+    (1.18x), where ``clock_limited_speed`` gives 1.085x; AMD's hipBLASLt FP8 GEMM 1,519 on MI325X at a
+    median 1,464 MHz and 1,273 on MI300X at 1,230 MHz (1.19x), both quoted at 2,100 MHz."""
+    against = hw.measured_reference_fp8_gemm_tflops or reference.measured_fp8_gemm_tflops
+    if not hw.measured_fp8_gemm_tflops or not against:
+        raise ValueError(f"{hw.name} is measured against {reference.name}: both must state measured_fp8_gemm_tflops"
+                         " (or hw the reference's figure, measured_reference_fp8_gemm_tflops)")
     datasheet = (hw.fp8_tflops or hw.bf16_tflops) / (reference.fp8_tflops or reference.bf16_tflops)
-    return reference.clock_speed * hw.measured_fp8_gemm_tflops / reference.measured_fp8_gemm_tflops / datasheet
+    return reference.clock_speed * hw.measured_fp8_gemm_tflops / against / datasheet
