@@ -170,7 +170,6 @@ def test_blackwell_ultra_runs_its_sms_at_their_max_clock_not_its_datasheet_peak(
     assert gemm.tensor_speed(fitted) == 1.2
 
 
-<<<<<<< HEAD
 def _gb300_measured(tmp_path, against="gb200", name="gb300m"):
     """GB300's preset with its measured speed switched on (``measured_against`` stated)."""
     text = Path(io.resolve_preset("hardware", "gb300")).read_text().replace("name: gb300", f"name: {name}")
@@ -199,10 +198,6 @@ def test_gb300_measured_against_gb200_runs_at_their_measured_sustained_gemm_rati
     assert gemm.tensor_speed(fitted) == 1.2
 
 
-def test_a_measured_speed_needs_both_figures_and_a_shared_donor(tmp_path):
-    with pytest.raises(io.SpecError, match="same efficiency_from donor"):  # B200 is the donor itself
-        io.load_hardware(str(_gb300_measured(tmp_path, against="b200")))
-=======
 def test_cdna3_runs_at_the_sustained_fp8_gemm_rate_measured_against_the_h100():
     """Azure's AI-benchmarking-guide, FP8 8192^3 GEMM after 10,000 warm-up iterations: hipBLASLt on
     ND MI300X v5 1,222.9 TFLOP/s, cuBLASLt on ND H100 v5 1,290.1. The MI300X's datasheet FP8 peak
@@ -240,16 +235,12 @@ def test_serving_prices_the_datasheet_peaks_at_the_harness_clock_not_the_measure
 
 
 def test_a_measured_speed_needs_both_figures_and_a_shared_donor(tmp_path):
-    text = Path(io.resolve_preset("hardware", "gb300")).read_text()
-    alone = tmp_path / "gb300x.yaml"  # measured against H100: neither the donor (B200) nor on its constants
-    alone.write_text(text.replace("name: gb300", "name: gb300x").replace("measured_against: gb200", "measured_against: h100-sxm"))
+    # measured against H100: neither the donor (B200) nor a GPU on its constants
     with pytest.raises(io.SpecError, match="must be the efficiency_from donor"):
-        io.load_hardware(str(alone))
-    donor = tmp_path / "gb300z.yaml"  # the donor itself may be the reference, but B200 states no measured rate
-    donor.write_text(text.replace("name: gb300", "name: gb300z").replace("measured_against: gb200", "measured_against: b200"))
+        io.load_hardware(str(_gb300_measured(tmp_path, against="h100-sxm", name="gb300x")))
+    # the donor itself may be the reference, but B200 states no measured rate
     with pytest.raises(io.SpecError, match="both must state measured_fp8_gemm_tflops"):
-        io.load_hardware(str(donor))
->>>>>>> s51h7
+        io.load_hardware(str(_gb300_measured(tmp_path, against="b200", name="gb300z")))
     gb200 = Path(io.resolve_preset("hardware", "gb200")).read_text()
     (tmp_path / "gb200.yaml").write_text("\n".join(line for line in gb200.splitlines()
                                                    if not line.startswith("measured_fp8_gemm_tflops")) + "\n")
