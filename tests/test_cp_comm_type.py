@@ -16,7 +16,7 @@ from autoparallel.costmodel import layer_time as lt
 from autoparallel.costmodel.candidates import candidates
 from autoparallel.costmodel.estimate import plan_columns
 from autoparallel.report.export import megatron_args
-from autoparallel.report.nemo import nemo2_recipe
+from autoparallel.report.nemo import nemo1_config, nemo2_recipe
 from autoparallel.space import SearchSpace, generate
 from autoparallel.specs.plan import Plan
 
@@ -256,6 +256,11 @@ def test_megatron_args_write_te_spelling_and_the_hierarchical_sizes():
     assert nemo2_recipe(llama, dataclasses.replace(plan, cp_comm_type="allgather"))["model"]["config"][
         "cp_comm_type"] == "all_gather"
     assert "--cp-comm-type" not in " ".join(megatron_args(llama, dataclasses.replace(plan, cp=1, dp=16)))
+    # NeMo 1's model block: TransformerConfig / ModelParallelConfig fields, read from it by name (a
+    # non-p2p plan exported without them ran the ring)
+    block = nemo1_config(llama, plan)["model"]
+    assert block["cp_comm_type"] == "a2a+p2p" and block["hierarchical_context_parallel_sizes"] == [8, 2]
+    assert "cp_comm_type" not in nemo1_config(llama, dataclasses.replace(plan, cp=1, dp=16))["model"]
 
 
 def test_the_export_parses_with_megatrons_own_argument(tmp_path):

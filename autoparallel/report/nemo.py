@@ -95,6 +95,10 @@ def nemo1_config(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
         "virtual_pipeline_model_parallel_size": plan.vp if plan.vp > 1 else None,
         "pipeline_model_parallel_layout": plan.pipeline_model_parallel_layout or None,
         "context_parallel_size": plan.cp,
+        # TransformerConfig fields, read from the model block as tp_only_amax_red is (below)
+        **({"cp_comm_type": cp_comm_type(model, plan)} if plan.cp > 1 else {}),
+        **({"hierarchical_context_parallel_sizes": hierarchical_cp_sizes(model, plan)}
+           if hierarchical_cp_sizes(model, plan) else {}),
         "expert_model_parallel_size": plan.ep,
         "sequence_parallel": plan.sp,
         "encoder_seq_length": model.seq_length,
