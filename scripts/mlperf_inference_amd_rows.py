@@ -22,7 +22,6 @@ measured figures with a blank layout and the reason in ``notes``; a MXFP4 model 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import re
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mlperf_results import Mirror  # noqa: E402
+from mlperf_results import Mirror, write_rows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "autoparallel" / "data" / "mlperf_inference_amd.csv"
@@ -208,13 +207,8 @@ def main() -> None:
     parser.add_argument("--mirror", default=MIRROR, help="git dir of mlcommons/inference_results_v5.1")
     parser.add_argument("--out", type=Path, default=OUT, help="CSV to write (default: the shipped one)")
     args = parser.parse_args()
-    with COLUMNS_FROM.open() as f:
-        columns = next(csv.reader(f))
     rows = rows_of(args.mirror)
-    with args.out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(args.out, COLUMNS_FROM, rows)
     print(f"wrote {len(rows)} rows to {args.out}")
 
 

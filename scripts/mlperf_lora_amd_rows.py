@@ -16,14 +16,13 @@ and never fits them (kind ``lora-amd``). Re-run after a new round is mirrored:
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mlperf_results import MIRRORS, Mirror, mllog  # noqa: E402
+from mlperf_results import MIRRORS, Mirror, mllog, write_rows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "autoparallel" / "data" / "mlperf_training_lora_amd.csv"
@@ -130,13 +129,8 @@ def main() -> None:
         parser.add_argument(f"--{round_}", default=repo, help=f"git dir of mlcommons/training_results_{round_}")
     parser.add_argument("--out", type=Path, default=OUT, help="CSV to write (default: the shipped one)")
     args = vars(parser.parse_args())
-    with COLUMNS_FROM.open() as f:
-        columns = next(csv.reader(f))
     rows = [r for round_ in MIRRORS for r in rows_of(round_, args[round_])]
-    with args["out"].open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(args["out"], COLUMNS_FROM, rows)
     print(f"wrote {len(rows)} rows to {args['out']}")
 
 

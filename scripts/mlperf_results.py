@@ -1,16 +1,19 @@
-"""The MLCommons Training results repositories as the MLPerf row extractors read them.
+"""The MLCommons results repositories (Training and Inference) as the MLPerf row extractors read them.
 
 ``mlperf_lora_rows.py`` (Llama-2-70B LoRA on Blackwell), ``mlperf_lora_amd_rows.py`` (the same on AMD
 Instinct) and ``mlperf_pretrain_rows.py`` (Llama 3.1 405B / 8B) each parse their benchmark's configs
 their own way; what they share is here: where the mirrors are, a mirror's files and their text at
 HEAD (git directories without a work tree, as the ``fetch`` tool leaves them), the ``:::MLLOG``
-records of a result log, and how a config's shell variable reads as on / off.
+records of a result log, how a config's shell variable reads as on / off, and the CSV written in the
+columns of the file it sits beside (``write_rows``).
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
+from pathlib import Path
 
 MIRRORS = {"v5.0": "/work/.mirror/mlcommons+training_results_v5.0/repo",
            "v5.1": "/work/.mirror/mlcommons+training_results_v5.1/repo"}
@@ -98,3 +101,14 @@ def loadgen_detail(text: str) -> dict[str, object]:
     for record in mllog(text):
         out.setdefault(record.get("key"), record.get("value"))
     return out
+
+
+def write_rows(out: Path, columns_from: Path, rows: list[dict]) -> None:
+    """``rows`` to ``out`` under the header of ``columns_from`` (the shipped CSV whose columns the new
+    file keeps), with "\\n" line ends, as the shipped files are written."""
+    with columns_from.open() as f:
+        columns = next(csv.reader(f))
+    with out.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
