@@ -840,20 +840,21 @@ def _cp_kinds_offered(structures: pd.DataFrame, features: pd.DataFrame, model: M
     run (``cp_kinds.a2a_group``; a2a+p2p only where plain a2a cannot, as Megatron-Bridge's
     hierarchical-context-parallel guide advises: "Prefer pure a2a when you can adjust TP so that
     CP <= num_kv_heads / TP"), less any whose least exposed exchange is above another's most
-    (``layer_time.cp_kind_bounds``: the kind changes that term alone, so it could not be the faster
-    there). A structure whose heads allow none keeps them all, to be refused with the reason."""
+    (``layer_time.cp_kind_bounds`` between the least and the most attention time the features allow:
+    the kind changes that term alone, so it could not be the faster there). A structure whose heads allow none keeps them all, to be refused with the reason."""
     kinds = tuple(dict.fromkeys(features.cp_comm_type)) if len(features) else ()
     everything = [(None, np.arange(len(structures)))]
     if len(kinds) < 2 or not (structures.cp > 1).any():
         return everything
     from types import SimpleNamespace
 
-    from autoparallel.costmodel.layer_time import attention_time_least, cp_kind_bounds
+    from autoparallel.costmodel.layer_time import attention_time_least, attention_time_most, cp_kind_bounds
     tp, cp = structures.tp.to_numpy(), structures.cp.to_numpy()
     x = SimpleNamespace(model=model, hw=hw, t=tp.astype(float), c=cp.astype(float), b=structures.mbs.to_numpy(float),
                         s_local=model.seq_length / cp)
     fp8_attention = bool(features.fp8_attention.any()) and not model.is_dsv4  # DeepSeek-V4 prices its own kernels
-    bounds = cp_kind_bounds(x, kinds, attention_time_least(x, fp8_attention))
+    bounds = cp_kind_bounds(x, kinds, attention_time_least(x, fp8_attention),
+                            attention_time_most(x, not bool(features.flash_attention.all())))
     runs = {k: (cp_kinds.a2a_group(model, tp, cp, k) > 0) if k in cp_kinds.A2A_KINDS else np.ones(len(tp), bool)
             for k in kinds}
     if "a2a" in kinds and "a2a+p2p" in kinds:

@@ -199,15 +199,18 @@ def test_the_search_offers_only_kinds_the_heads_allow_and_p2p_alone_at_cp_1(hw):
     assert set().union(*kinds.values()) - {"p2p"}             # the short sequence leaves the others a chance
 
 
-def test_the_kinds_left_out_are_never_the_faster(hw):
+@pytest.mark.parametrize("flash", [(True,), (False, True)])
+def test_the_kinds_left_out_are_never_the_faster(hw, flash):
     """The search drops a kind where its least exposed exchange is above another's most
-    (``layer_time.cp_kind_bounds``): each layout's best step time over the space equals its best over
-    the four spaces that pin one kind each (which drop nothing)."""
+    (``layer_time.cp_kind_bounds`` between the least and the most attention time the features allow):
+    each layout's best step time over the space equals its best over the four spaces that pin one kind
+    each (which drop nothing), with and without flash attention among the features."""
     from autoparallel.search import run
     llama = dataclasses.replace(io.load_model("llama3.1-70b"), seq_length=16384)
     space = SearchSpace(tp=(1, 2, 4, 8), pp=(4,), cp=(2, 4, 8), mbs=(1,), recompute=("full",), sp=(True,),
-                        precision=("bf16", "fp8-delayed"), fp8_attention=(False, True), cp_comm_type=ALL)
-    layout = ["tp", "pp", "vp", "cp", "dp", "precision", "fp8_attention"]
+                        precision=("bf16", "fp8-delayed"), fp8_attention=(False, True), cp_comm_type=ALL,
+                        flash_attention=flash)
+    layout = ["tp", "pp", "vp", "cp", "dp", "precision", "fp8_attention", "flash_attention"]
 
     def best(frame):
         return frame[frame.reason == ""].groupby(layout).step_time_s.min()
@@ -220,6 +223,24 @@ def test_the_kinds_left_out_are_never_the_faster(hw):
     assert len(mine) == len(pinned)
     assert np.allclose(mine.sort_index().to_numpy(), pinned.sort_index().to_numpy(), rtol=1e-12)
     assert len(searched) < sum(len(generate(llama, hw, 64, 64, space.pinned(cp_comm_type=k))) for k in ALL)
+
+
+@pytest.mark.parametrize("model", ["llama3.1-70b", "deepseek-v3"])
+def test_the_attention_bounds_hold_the_attention_of_every_feature(hw, model):
+    """``attention_time_least`` <= ``attention_time`` <= ``attention_time_most`` for flash and not,
+    BF16, FP8 and FP8 attention (the bounds the search's CP-kind pruning reads); the upper one is
+    reached by the BF16 flash kernel."""
+    spec = io.load_model(model)
+    plans = [dict(precision=p, fp8_attention=a, flash_attention=f) for p in ("bf16", "fp8-delayed")
+             for a in (False, True) for f in (False, True) if p != "bf16" or not a]
+    for knobs in plans:
+        x = _cands(spec, hw, **knobs)
+        attention = lt.attention_time(x)
+        least = lt.attention_time_least(x, fp8_attention=True)
+        most = lt.attention_time_most(x, non_flash=not knobs["flash_attention"])
+        assert np.all(least <= attention * (1 + 1e-12)) and np.all(attention <= most * (1 + 1e-12)), knobs
+    x = _cands(spec, hw)
+    assert lt.attention_time(x) == pytest.approx(lt.attention_time_most(x, non_flash=False), rel=1e-12)
 
 
 def _all_refused(model, hw, space) -> bool:

@@ -780,18 +780,38 @@ def attention_time_least(x, fp8_attention: bool):
     return attn_flops * finetune.attention_share(model) / peak / hw.efficiency.attention
 
 
-def cp_kind_bounds(x, kinds, attention_least=0.0) -> dict:
+def attention_time_most(x, non_flash: bool):
+    """An upper bound of ``attention_time`` over the feature knobs (``x``: model, hw, b, t, c): the
+    causal flash kernel at the BF16 peak or on its exponentials, whichever is slower, and no faster
+    than the MXFP8 kernel's floor; the whole s x s at the BF16 peak where ``non_flash`` (a row of the
+    space runs without flash attention)."""
+    model, hw = x.model, x.hw
+    causal = flops.attention_core_flops(model, x.b, model.seq_length, causal=True) / (x.t * x.c)
+    causal = causal * finetune.attention_share(model)
+    scores = causal / (2.0 * (model.qk_dim + model.v_dim))
+    bf16 = gemm.bf16_peak(hw)
+    most = np.maximum.reduce([causal / bf16, scores / (hw.exp_tera_per_s * 1e12),
+                              scores * 2.0 * 2.0 * MXFP8_ATTENTION_HEAD_DIM / bf16])
+    if non_flash:
+        whole = flops.attention_core_flops(model, x.b, model.seq_length, causal=False) / (x.t * x.c)
+        most = np.maximum.reduce([most, whole / bf16,
+                                  whole / (2.0 * (model.qk_dim + model.v_dim)) * 2.0 * 2.0 * MXFP8_ATTENTION_HEAD_DIM / bf16])
+    return most / hw.efficiency.attention
+
+
+def cp_kind_bounds(x, kinds, attention_least=0.0, attention_most=np.inf) -> dict:
     """Each CP kind's exposed exchange per layer and micro-batch as (least, most) over every
-    attention time of at least ``attention_least`` (``attention_time_least``; ``x``: anything with the
-    fields these terms read: model, hw, t, c, b, s_local): the p2p ring hides behind the attention up
-    to its overlap; the others are exposed whole (a2a+p2p's ring hides as the p2p one). The search
-    drops a kind whose least is above another's most (``space``): the kind changes this term alone,
-    so it could not be the faster there."""
+    attention time from ``attention_least`` to ``attention_most`` (``attention_time_least`` /
+    ``_most``; ``x``: anything with the fields these terms read: model, hw, t, c, b, s_local): the p2p
+    ring hides behind the attention up to its overlap; the others are exposed whole (a2a+p2p's ring
+    hides as the p2p one). The search drops a kind whose least is above another's most (``space``):
+    the kind changes this term alone, so it could not be the faster there."""
     out = {}
     overlap = 1 - x.hw.efficiency.cp_overlap
 
     def ring_bounds(ring):
-        return overlap * ring, np.maximum(overlap * ring, ring - 3.0 * attention_least)
+        return (np.maximum(overlap * ring, ring - 3.0 * attention_most),
+                np.maximum(overlap * ring, ring - 3.0 * attention_least))
 
     for kind in kinds:
         if kind == "p2p":
