@@ -1,0 +1,167 @@
+"""Why MLPerf Inference v5.1's B200 llama3.1-8b runs are predicted too fast: implied iterations (s51h8).
+
+Three tables, none of which changes a figure the package prints:
+
+1. Offline, per GPU and model: the simulated steady iteration (decoding sequences, prompt tokens, from
+   the simulated run), the mean iteration the measured tokens/s implies (the same iterations, so the
+   simulated mean times predicted / measured), and the cost model's terms of one pass at that shape
+   (GEMM, weight read, KV read, attention math, the gated activation's pass).
+2. Server / Interactive, per run: the decoding batch by Little's law from LoadGen's means
+   (completed samples/s x (mean latency - mean TTFT), per replica), the prompt tokens an iteration
+   carries (samples/s x mean input x mean TPOT), the measured mean TPOT as the iteration time, and the
+   cost model's iteration at that shape (``IterationCost.time``). The mean input is the assumed one of
+   search_spaces/workloads.yaml: no source in reach states it.
+3. Offline sensitivities: the 8B under other mean inputs (H200 FP8 and B200 NVFP4, and B200 priced as
+   FP8), and the B200 8B and 70B under other NVFP4 / FP8 GEMM ratios (the measured 1.81 of
+   ``gemm.NVFP4_OVER_FP8_GEMM``; 1.49 and 1.29, the same TransformerEngine table's Fprop ratios with
+   the input quantization included, against FP8 current and delayed scaling; 1.0).
+
+    PYTHONPATH=$PWD python benchmarks/bench_mlperf_v51_8b_iterations.py   # ~1 min; reads the v5.1 mirror
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+
+import numpy as np
+import pandas as pd
+
+from autoparallel import io
+from autoparallel.costmodel import gemm
+from autoparallel.costmodel import inference as I
+from autoparallel.serve import mlperf as M
+from autoparallel.serve.assumptions import efficiency_for
+from autoparallel.serve.workload import load_workload
+
+MIRROR = "/work/.mirror/mlcommons+inference_results_v5.1/repo"
+REQUESTS = 8000  # simulated Offline requests per replica (the steady shape, not the run's count)
+
+
+def replica_of(r, eff, workload=None):
+    s = M.settings()
+    spec, hw = io.load_model(s["models"][r.model]), io.load_hardware(r.hardware)
+    wl = workload or load_workload(s["workloads"][r.model])
+    cost, sched = M.harness_replica(spec, hw, eff, wl, int(r.tp), int(r.pp), int(r.max_batch), int(r.max_num_tokens),
+                                    r.weight_precision, r.kv_precision, float(r.kv_fraction))
+    return spec, hw, wl, cost, sched
+
+
+def offline_table(rows, eff) -> pd.DataFrame:
+    out = []
+    for (hw_, model), g in rows[rows.scenario == "Offline"].groupby(["hardware", "model"]):
+        if model not in ("llama3.1-8b", "llama2-70b") or hw_ not in ("b200", "h200"):
+            continue
+        r = g.iloc[0]
+        meas = float((g.tokens_per_s / g.gpus).mean()) * r.tp * r.pp
+        spec, hw, wl, cost, sched = replica_of(r, eff)
+        run = M.run_workload(cost, sched, wl, None, REQUESTS)
+        it = run.duration / run.iterations
+        n = float(np.sum(run.finish - run.first_token)) / run.duration
+        prompt = float(np.sum(run.input_len)) / run.iterations
+        mean_in, mean_out = float(np.mean(run.input_len)), float(np.mean(run.output_len))
+        lay = I.layout(spec, hw, eff, float(r.tp), float(r.pp), r.weight_precision, r.kv_precision)
+        df, db = I.decode_attention(lay, 1.0, 1.0)
+        pf, _ = I.prefill_attention(lay, 1.0, 1.0)
+        ctx = n * (mean_in + mean_out / 2)
+        af = float(np.ravel(df)[0]) * ctx + float(np.ravel(pf)[0]) * prompt * mean_in
+        w = I.pass_work(lay, np.array([n + prompt]), np.array([n]), np.array([af]), np.array([float(np.ravel(db)[0]) * ctx]))
+        peak = np.where(w.fp8_gemms, w.peak8 * eff.fp8_gemm_relative, w.peak16)
+        hbm = w.hbm * eff.hbm
+        ms = lambda x: round(1e3 * float(np.ravel(w.layers)[0]) * float(np.ravel(x)[0]), 1)  # noqa: E731
+        pred = run.output_tokens_per_s
+        out.append(dict(gpu=hw_, model=model, weights=r.weight_precision, runs=len(g), pred=round(pred), meas=round(meas),
+                        err_pct=round(100 * (pred - meas) / meas, 1), decoding=round(n), prompt_tok=round(prompt),
+                        iter_sim_ms=round(1e3 * it, 1), iter_implied_ms=round(1e3 * it * pred / meas, 1),
+                        gemm=ms(I._gemm_time(eff, w.lin_flops, w.lin_gflop, peak)), weight_read=ms(w.weight_bytes / hbm),
+                        kv_read=ms(w.attn_bytes / hbm), attn_math=ms(w.attn_flops / (w.attn_peak * eff.attention)),
+                        gated=ms(w.gated_bytes / hbm)))
+    return pd.DataFrame(out)
+
+
+def summary_field(text: str, name: str) -> float:
+    m = re.search(re.escape(name) + r"\s*:\s*([0-9.]+)", text)
+    return float(m.group(1)) if m else np.nan
+
+
+def server_table(rows, eff) -> pd.DataFrame:
+    out, cache = [], {}
+    keep = rows[(rows.scenario != "Offline") & rows.model.isin(["llama3.1-8b", "llama2-70b"])
+                & rows.hardware.isin(["b200", "h200", "gb200"])]
+    for _, r in keep.iterrows():
+        path = re.search(r"@[0-9a-f]+: (\S+mlperf_log_summary.txt)", r.source).group(1)
+        text = subprocess.run(["git", "-C", MIRROR, "show", "HEAD:" + path], capture_output=True, text=True).stdout
+        key = (r.model, r.hardware, r.tp, r.pp, r.max_batch, r.max_num_tokens, r.weight_precision, r.kv_fraction)
+        if key not in cache:
+            _, _, wl, cost, _ = replica_of(r, eff)
+            inp, outl = wl.sample(50_000, 0)
+            cache[key] = cost, float(np.mean(inp)), float(np.mean(outl))
+        cost, mean_in, mean_out = cache[key]
+        qps = summary_field(text, "Completed samples per second") / int(r.replicas)
+        lat, ttft, tpot = (summary_field(text, f) / 1e9 for f in
+                           ("Mean latency (ns)", "Mean First Token latency (ns)", "Mean Time to Output Token (ns)"))
+        n = qps * (lat - ttft)
+        prompt = qps * mean_in * tpot
+        ctx = n * (mean_in + mean_out / 2)
+        flops = cost.ctx_flops * ctx + qps * tpot * cost.chunk_flops * mean_in * mean_in / 2
+        t = cost.time(int(round(n + prompt)), int(round(n + qps * tpot)), flops, cost.ctx_bytes * ctx, int(round(n)))
+        out.append(dict(gpu=r.hardware, model=r.model, scenario=r.scenario, submitter=r.submitter,
+                        qps_per_replica=round(qps, 1), decoding=round(n), prompt_tok=round(prompt),
+                        iter_meas_ms=round(1e3 * tpot, 1), iter_model_ms=round(1e3 * t, 1),
+                        ratio=round(tpot / t, 2)))
+    return pd.DataFrame(out).sort_values(["model", "gpu", "scenario", "submitter"])
+
+
+def offline_pred(r, eff, workload=None, weights=None) -> float:
+    if weights:
+        r = r.copy()
+        r["weight_precision"] = weights
+    _, _, wl, cost, sched = replica_of(r, eff, workload)
+    return M.run_workload(cost, sched, wl, None, REQUESTS).output_tokens_per_s
+
+
+def sensitivities(rows, eff) -> list[str]:
+    lines = []
+    off = rows[rows.scenario == "Offline"]
+    base = load_workload(M.settings()["workloads"]["llama3.1-8b"])
+    for hw_, variants in (("h200", (None,)), ("b200", (None, "fp8"))):
+        g = off[(off.model == "llama3.1-8b") & (off.hardware == hw_)]
+        meas = float((g.tokens_per_s / g.gpus).mean())
+        for mean_in in (778, 900, 1000, 1100):
+            wl = dataclasses.replace(base, input=dataclasses.replace(base.input, mean=mean_in))
+            for weights in variants:
+                p = offline_pred(g.iloc[0], eff, wl, weights)
+                lines.append(f"{hw_} llama3.1-8b mean input {mean_in}, weights {weights or g.iloc[0].weight_precision}: "
+                             f"{p:.0f} vs {meas:.0f} tok/s/GPU ({100 * (p - meas) / meas:+.1f} %)")
+    saved = gemm.NVFP4_OVER_FP8_GEMM
+    try:
+        for ratio in (saved, 2.879 / 1.932, 2.486 / 1.932, 1.0):
+            gemm.NVFP4_OVER_FP8_GEMM = ratio
+            parts = []
+            for model in ("llama3.1-8b", "llama2-70b"):
+                g = off[(off.model == model) & (off.hardware == "b200")]
+                meas = float((g.tokens_per_s / g.gpus).mean())
+                p = offline_pred(g.iloc[0], eff)
+                parts.append(f"{model} {p:.0f} vs {meas:.0f} ({100 * (p - meas) / meas:+.1f} %)")
+            lines.append(f"b200 NVFP4/FP8 GEMM ratio {ratio:.2f}: " + "; ".join(parts))
+    finally:
+        gemm.NVFP4_OVER_FP8_GEMM = saved
+    return lines
+
+
+def main() -> None:
+    rows, _ = M.load_rows("mlperf_inference_v51.csv")
+    eff = efficiency_for("tensorrt-llm")
+    pd.set_option("display.width", 250)
+    pd.set_option("display.max_rows", 500)
+    print("Offline: steady iteration, simulated vs implied, and the cost model's terms there (ms)")
+    print(offline_table(rows, eff).to_string(index=False))
+    print("\nServer / Interactive: Little's-law iteration from LoadGen's means vs the cost model there")
+    print(server_table(rows, eff).to_string(index=False))
+    print("\nOffline sensitivities (tokens/s per GPU, predicted vs measured mean)")
+    print("\n".join(sensitivities(rows, eff)))
+
+
+if __name__ == "__main__":
+    main()
