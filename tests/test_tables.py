@@ -197,6 +197,20 @@ def test_a_long_title_keeps_its_count_and_time_together():
     assert out.getvalue().splitlines()[1] == "(83,369 candidates in 0.29 s)"
 
 
+def test_a_phrase_wider_than_the_line_keeps_layouts_and_figures_whole():
+    """The memory message's parenthesis is one phrase wider than 80 columns; broken at its words it
+    read "(TP8 PP1 CP1" / "DP1: 325.2 GiB" (and "325.2" / "GiB" at 90): a layout string and a figure
+    with its unit are one word to the break."""
+    text = ("the smallest memory need is 329.8 GiB against a limit of 79.7 GiB (TP8 PP1 CP1 DP1: 325.2 GiB of "
+            "weights, gradients and optimizer state, 0.7 of activations); search --gpus 64")
+    for width in range(30, 130):
+        lines = fit.phrase_lines(text, width, lead="autoparallel: error:")
+        assert " ".join(lines) == f"autoparallel: error: {text}"
+        assert any("(TP8 PP1 CP1 DP1:" in line for line in lines), (width, lines)
+        assert not any(line.endswith(("329.8", "79.7", "325.2")) for line in lines), (width, lines)
+        assert all(len(line) <= width for line in lines), (width, lines)
+
+
 def test_candidates_csv_counts_are_integers_and_parquet_sits_beside(result_175b, tmp_path, monkeypatch):
     run_folder.write_csv(tmp_path / "c.csv", result_175b.ranked)
     lines = (tmp_path / "c.csv").read_text().splitlines()

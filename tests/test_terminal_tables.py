@@ -8,6 +8,7 @@ tmux (and no way to install it) these tests skip, saying so; .ci/run installs it
 """
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -191,3 +192,5 @@ def test_an_error_breaks_between_words_on_a_terminal_and_stays_one_line_in_a_pip
     shown = lines[first:]
     assert len(shown) > 1 and " ".join(shown) == message  # every break at a space: no word or figure cut
     assert shown[0].startswith(start)  # "autoparallel: error:" never alone on its line
+    for layout in re.findall(r"TP\d+ PP\d+ CP\d+ DP\d+", message):  # "(TP8 PP1 CP1" / "DP1:" read as two
+        assert any(layout in line for line in shown), shown

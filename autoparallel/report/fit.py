@@ -189,7 +189,8 @@ def title_lines(title: str, width: int) -> list[str]:
 def phrase_lines(text: str, width: int, lead: str = "") -> list[str]:
     """``text`` in lines of at most ``width`` broken only after a comma, semicolon or colon outside
     parentheses ("tok/s (in sample, LOMO)" stays whole); a phrase wider than ``width`` starts a line
-    and breaks between its words, never before a "%" ("49.7" / "%" read as two figures). ``lead``
+    and breaks between its words, never before a "%" ("49.7" / "%" read as two figures) or inside a
+    layout string or a figure with its unit (``_words``). ``lead``
     ("autoparallel: error:") starts the first line and the first phrase goes on after it, at its words
     where it does not fit there, so that the lead never stands alone."""
     phrases, depth, start = [], 0, 0
@@ -209,11 +210,30 @@ def phrase_lines(text: str, width: int, lead: str = "") -> list[str]:
         else:
             if not after_lead:
                 lines.append("")
-            for word in re.split(r" (?!%)", phrase):
+            for word in _words(phrase):
                 if lines[-1] and cell_len(f"{lines[-1]} {word}") > width:
                     lines.append("")
                 lines[-1] = f"{lines[-1]} {word}".lstrip(" ")
     return lines
+
+
+# Where a phrase breaks at its words, a layout string ("TP8 PP16 CP1 DP1") and a figure with its unit
+# ("325.2 GiB", "49.7 %") stay one word: "(TP8 PP1 CP1" / "DP1: 325.2" read as two layouts.
+_LAYOUT_PART = re.compile(r"\(?[A-Z]{2,4}\d+")
+_UNIT = re.compile(r"(?:%|[KMGT]i?B|ms|s)[,;:)]*")
+
+
+def _words(phrase: str) -> list[str]:
+    """``phrase``'s words for a break, a layout string or a figure and its unit being one word."""
+    words: list[str] = []
+    for word in phrase.split(" "):
+        last = words[-1].rsplit(" ", 1)[-1] if words else ""
+        layout = _LAYOUT_PART.fullmatch(last) and _LAYOUT_PART.match(word) and not word.startswith("(")
+        if words and (layout or word.startswith("%") or (last[-1:].isdigit() and _UNIT.fullmatch(word))):
+            words[-1] = f"{words[-1]} {word}"
+        else:
+            words.append(word)
+    return words
 
 
 def for_stderr(message: str) -> str:
