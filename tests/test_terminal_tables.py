@@ -95,6 +95,9 @@ def test_search_table_in_a_terminal(width, expected_search):
     lines = text.splitlines()
     head = next(i for i, line in enumerate(lines) if line.split()[:3] == ["#", "TP", "PP"])
     end = next(i for i in range(head + 2, len(lines)) if not lines[i].split()[:1] or not lines[i].split()[0].isdigit())
+    # "top 20 of N feasible" over fewer rows read as a miscount: the title says how many layouts they are
+    counts = re.search(r"top 20 of [\d,]+ feasible candidates in (\d+) layouts", " ".join(lines[:head]))
+    assert counts and int(counts[1]) == end - head - 2 < 20, lines[:head]
     tail = [line for line in lines[end:] if line.strip()]
     note = [line for line in tail if line.startswith("--wide adds ")]
     legend = [line for line in tail if not line.startswith("--wide adds ")]

@@ -12,6 +12,7 @@ MFU is against the BF16 dense peak, as NeMo and Megatron-LM report it, FP8 utili
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -282,20 +283,21 @@ def short_legend(hw: HardwareSpec | None, memory_fraction: float | None = None,
     return lines
 
 
-def print_ranked(ranked: pd.DataFrame, title: str, top: int = 10, console: Console | None = None,
+def print_ranked(ranked: pd.DataFrame, title: str | Callable[[int], str], top: int = 10, console: Console | None = None,
                  hw: HardwareSpec | None = None, memory_fraction: float | None = None, wide: bool = False,
                  explain: bool = False, where: str = "", train: TimeToTrain | None = None,
                  model: ModelSpec | None = None) -> None:
     """The ranked table as wide as the terminal allows (all columns with ``wide``), the short
     legend, or the full one with ``explain``; with ``train``, the time to train of each layout
-    and a line on the winner's; ``model``: whose kind's tie band (``PredictionError.for_model``)."""
+    and a line on the winner's; ``model``: whose kind's tie band (``PredictionError.for_model``);
+    ``title``: the title, or the title of the number of layouts (rows) shown."""
     console = console or Console()
     error = prediction_error().for_model(hw, model)
     text = legend(hw, memory_fraction, error) if explain else short_legend(hw, memory_fraction, error)
     if train is not None and ranked["fits"].any():
         text = [train.summary(float(ranked.loc[ranked["fits"], "tokens_per_s_per_gpu"].iloc[0])), *text]
     columns, rows = _table(ranked, top, hw, train, error)
-    print_table(console, title, columns, rows, text, wide, where)
+    print_table(console, title(len(rows)) if callable(title) else title, columns, rows, text, wide, where)
 
 
 def markdown_table(ranked: pd.DataFrame, top: int = 50, hw: HardwareSpec | None = None,
