@@ -29,6 +29,8 @@ from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import FP8_PRECISIONS, Plan
 
 LAYOUT_KEYS = ("tp", "pp", "cp", "dp", "ep")
+# The precision where a narrow table has no room for its name (what tells FP8 from BF16 stays).
+PRECISION_CODES = (("fp8-delayed", "fp8d"), ("fp8-current", "fp8c"), ("fp8-blockwise", "fp8b"))
 # The layout, the measures and the tie mark are never dropped (drop=0); the others go whole when
 # the terminal is too narrow, the highest ``drop`` first (report.fit). Headers stay short: the
 # legend and ``--explain`` say what each means.
@@ -38,7 +40,7 @@ RANKED_COLUMNS = (
     Column("vp", "VP", "{:.0f}", knob=True), Column("cp", "CP", "{:.0f}", knob=True),
     Column("ep", "EP", "{:.0f}", knob=True), Column("dp", "DP", "{:.0f}", knob=True),
     Column("mbs", "MBS", "{:.0f}", knob=True), Column("sp", "SP", knob=True),
-    Column("precision", "precision", drop=1, knob=True), Column("recompute", "recompute", drop=2, knob=True),
+    Column("precision", "precision", drop=1, knob=True, short="prec", codes=PRECISION_CODES), Column("recompute", "recompute", drop=2, knob=True),
     Column("tp_comm_overlap", "TP ovl", drop=4, knob=True),
     Column("peak_memory_gib", "mem GiB", "{:.1f}"),
     Column("step_time_s", "step s", "{:.2f}"),
