@@ -178,6 +178,33 @@ def test_text_columns_align_left_and_numbers_right():
         assert first.index(a) + len(a) == end == second.index(b) + len(b)
 
 
+def test_a_coded_column_that_tells_rows_apart_stays_and_a_shared_column_goes_first():
+    """The 80-column search table dropped the precision (fp8-delayed or fp8-blockwise) while it showed
+    EP 1 in every row: a column with codes that rows differ in stays, coded where its name does not
+    fit, a column every row shares going first where even that is too wide, and goes as before where
+    nothing fits; the note says what went, what every row holds and what a code means."""
+    cols = [fit.Column("a", "A"), fit.Column("ep", "EP", knob=True), fit.Column("t", "tie"),
+            fit.Column("p", "precision", drop=1, knob=True, short="prec", codes=(("fp8-delayed", "fp8d"),)),
+            fit.Column("o", "other", drop=2)]
+    rows = [["1", "1", "yes", "fp8-delayed", "x"], ["2", "1", "yes", "bf16", "y"]]
+    assert fit.fit(cols, rows, 22) == [0, 1, 2]  # by priority alone the precision went
+    columns, cells, shown = fit.narrowed(cols, rows, 22)  # 1 + 2 + 3 + 4 (coded) + 3 gaps = 16
+    assert shown == [0, 1, 2, 3] and [r[3] for r in cells] == ["fp8d", "bf16"] and columns[3].header == "prec"
+    assert fit.dropped_note(columns, shown, "", cells, constants=False) == "prec: fp8d = fp8-delayed; --wide adds other"
+    columns, cells, shown = fit.narrowed(cols, rows, 13)  # EP, a knob every row shares, goes first
+    assert shown == [0, 2, 3] and fit.dropped_note(columns, shown, "", cells, constants=False) == \
+        "every row: EP 1; prec: fp8d = fp8-delayed; --wide adds other"
+    columns, cells, shown = fit.narrowed(cols, rows, 8)  # then the tie mark: A + prec = 7
+    assert shown == [0, 3] and fit.dropped_note(columns, shown, "", cells, constants=False).startswith(
+        "every row: EP 1, tie yes; prec:")
+    assert fit.narrowed(cols, rows, 5)[2] == fit.fit(cols, rows, 5) == [0, 1, 2]  # too narrow even so
+    same = [["1", "1", "yes", "bf16", "x"], ["2", "1", "yes", "bf16", "y"]]  # no row differs: it goes
+    columns, cells, shown = fit.narrowed(cols, same, 17)
+    assert shown == [0, 1, 2] and fit.dropped_note(columns, shown, "", cells, constants=False) == \
+        "every row: precision bf16; --wide adds other"
+    assert fit.narrowed(cols, rows, 40)[2] == [0, 1, 2, 3, 4]
+
+
 def test_a_long_title_keeps_its_count_and_time_together():
     """At 80 columns `infer` ended its title "(1,751 candidates in 0.25" / "s)", at 100 `search` did the
     same (session 48): a title too wide for the terminal puts its parenthetical on a line of its own."""
@@ -195,6 +222,20 @@ def test_a_long_title_keeps_its_count_and_time_together():
     fit.print_table(Console(file=out, width=100, force_terminal=True, color_system=None), title, [fit.Column("a", "A")],
                     [["1"]])
     assert out.getvalue().splitlines()[1] == "(83,369 candidates in 0.29 s)"
+
+
+def test_a_phrase_wider_than_the_line_keeps_layouts_and_figures_whole():
+    """The memory message's parenthesis is one phrase wider than 80 columns; broken at its words it
+    read "(TP8 PP1 CP1" / "DP1: 325.2 GiB" (and "325.2" / "GiB" at 90): a layout string and a figure
+    with its unit are one word to the break."""
+    text = ("the smallest memory need is 329.8 GiB against a limit of 79.7 GiB (TP8 PP1 CP1 DP1: 325.2 GiB of "
+            "weights, gradients and optimizer state, 0.7 of activations); search --gpus 64")
+    for width in range(30, 130):
+        lines = fit.phrase_lines(text, width, lead="autoparallel: error:")
+        assert " ".join(lines) == f"autoparallel: error: {text}"
+        assert any("(TP8 PP1 CP1 DP1:" in line for line in lines), (width, lines)
+        assert not any(line.endswith(("329.8", "79.7", "325.2")) for line in lines), (width, lines)
+        assert all(len(line) <= width for line in lines), (width, lines)
 
 
 def test_candidates_csv_counts_are_integers_and_parquet_sits_beside(result_175b, tmp_path, monkeypatch):

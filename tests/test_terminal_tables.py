@@ -8,6 +8,7 @@ tmux (and no way to install it) these tests skip, saying so; .ci/run installs it
 """
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -71,6 +72,15 @@ def _row_line(text: str, cells: list[str]) -> str:
     return lines[0]
 
 
+KEPT = ["#", "TP", "PP", "VP", "CP", "EP", "DP", "MBS", "SP", "mem GiB", "step s", "tok/s/GPU", "MFU", "tie"]
+
+
+def _every_row(text: str) -> dict[str, str]:
+    """The kept columns that went, each with the value every row holds: "every row: EP 1, SP yes"."""
+    found = re.search(r"every row: ([^;]*)", " ".join(line.strip() for line in text.splitlines()))
+    return dict(item.rsplit(" ", 1) for item in found[1].split(", ")) if found else {}
+
+
 @pytest.fixture(scope="module")
 def expected_search():
     model, hw = io.load_model("llama3-70b"), io.load_hardware("h100-sxm")
@@ -78,8 +88,7 @@ def expected_search():
     columns = tables._columns(result.ranked)
     rows = tables.ranked_rows(result.ranked, 20, hw)
     kept = [i for i, c in enumerate(columns) if not c.drop]
-    assert [columns[i].header for i in kept] == ["#", "TP", "PP", "VP", "CP", "EP", "DP", "MBS", "SP", "mem GiB",
-                                                 "step s", "tok/s/GPU", "MFU", "tie"]
+    assert [columns[i].header for i in kept] == KEPT
     return [[row[i] for i in kept] for row in rows[:TOP]], [c.header for c in columns]
 
 
@@ -89,18 +98,23 @@ def test_search_table_in_a_terminal(width, expected_search):
     text = screen(SEARCH, width)
     assert "…" not in text and "Traceback" not in text
     assert "candidate layouts" not in text  # the progress bar is gone once the table is there
+    # a kept column goes only where every row holds its value (the precision needs the room), named with it
+    shared = {h: v for h, v in _every_row(text).items() if h in KEPT}
+    assert all(row[KEPT.index(h)] == v for h, v in shared.items() for row in rows), shared
     for cells in rows:
-        _row_line(text, cells)
+        _row_line(text, [c for h, c in zip(KEPT, cells) if h not in shared])
     lines = text.splitlines()
     head = next(i for i, line in enumerate(lines) if line.split()[:3] == ["#", "TP", "PP"])
     end = next(i for i in range(head + 2, len(lines)) if not lines[i].split()[:1] or not lines[i].split()[0].isdigit())
+    # "top 20 of N feasible" over fewer rows read as a miscount: the title says how many layouts they are
+    counts = re.search(r"top 20 of [\d,]+ feasible candidates in (\d+) layouts", " ".join(lines[:head]))
+    assert counts and int(counts[1]) == end - head - 2 < 20, lines[:head]
     tail = [line for line in lines[end:] if line.strip()]
-    note = [line for line in tail if line.startswith("--wide adds ")]
-    legend = [line for line in tail if not line.startswith("--wide adds ")]
+    legend = [line for line in tail if line.startswith(("tie:", "MFU:", "one row per layout"))]
+    note = " ".join(line for line in tail if line not in legend)
     shown = lines[head].split()
-    if width < 200:  # narrower than the whole table: columns went, and the line under it says which
-        (note,) = note
-        gone = note.removeprefix("--wide adds ").split(", ")
+    if width < 200:  # narrower than the whole table: columns went, and the note under it says which
+        gone = note.partition("--wide adds ")[2].split(", ")
         assert gone and all(h in headers for h in gone) and "other" in gone
         assert not {"differs", "other", "FP8 util"} <= set(shown)
     else:
@@ -109,10 +123,14 @@ def test_search_table_in_a_terminal(width, expected_search):
 
 
 def test_narrower_terminals_drop_more_columns_never_a_kept_one(expected_search):
-    shown = {w: next(line for line in screen(SEARCH, w).splitlines() if line.split()[:2] == ["#", "TP"])
-             for w in (80, 120)}
+    """... but one that every row shares, named with its value under the table."""
+    texts = {w: screen(SEARCH, w) for w in (80, 120)}
+    shown = {w: next(line for line in text.splitlines() if line.split()[:2] == ["#", "TP"])
+             for w, text in texts.items()}
     assert len(shown[80]) < len(shown[120])
-    assert shown[80].split()[:9] == shown[120].split()[:9] == ["#", "TP", "PP", "VP", "CP", "EP", "DP", "MBS", "SP"]
+    layout = ["#", "TP", "PP", "VP", "CP", "EP", "DP", "MBS", "SP"]
+    assert shown[120].split()[:9] == layout and not _every_row(texts[120])
+    assert [h for h in shown[80].split() if h in layout] == [h for h in layout if h not in _every_row(texts[80])]
 
 
 @pytest.mark.parametrize("width", (80, 120))
@@ -126,6 +144,35 @@ def test_infer_table_in_a_terminal(width):
     assert "…" not in text
     for row in serve_report.rows(result.feasible, TOP, columns):
         _row_line(text, [row[i] for i in kept])
+
+
+def _precisions(text: str) -> tuple[dict[str, str], str]:
+    """Each row's precision cell by its rank, and the lines under the table, as a screen shows them."""
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:3] == ["#", "TP", "PP"])
+    column = next((lines[head].split().index(h) for h in ("precision", "prec") if h in lines[head].split()), None)
+    assert column is not None, f"no precision column:\n{text}"
+    cells, end = {}, head + 2
+    while lines[end].split()[:1] and lines[end].split()[0].isdigit():
+        cells[lines[end].split()[0]] = lines[end].split()[column]
+        end += 1
+    return cells, " ".join(lines[end:])
+
+
+@pytest.mark.parametrize("argv", [["--model", "175b", "--gpus", "1024"], ["--model", "deepseek-v3", "--gpus", "1024"],
+                                  ["--model", "llama3.1-70b", "--gpus", "64"]])
+def test_the_precision_stays_at_80_columns_where_rows_differ_in_it(argv):
+    """At 80 columns the precision went first of the layout's columns, so an FP8-delayed row read
+    like an FP8-blockwise one: where rows differ in it, it stays (a column every row shares goes
+    first, into the note), as a code where its name does not fit, the note saying what each means."""
+    wide, _ = _precisions(screen(["search", *argv, "--no-save"], 200))
+    assert len(set(wide.values())) > 1, wide  # the rows differ in it
+    narrow, under = _precisions(screen(["search", *argv, "--no-save"], 80))
+    names = {code: name for name, code in tables.PRECISION_CODES}
+    assert {rank: names.get(cell, cell) for rank, cell in narrow.items()} == wide
+    for code in set(narrow.values()) & set(names):
+        assert f"{code} = {names[code]}" in under, under
+    assert "--wide adds precision" not in under
 
 
 KNOB_HEADERS = ("TP", "PP", "EP", "replicas", "batch", "max tokens", "weights", "KV")
@@ -191,3 +238,5 @@ def test_an_error_breaks_between_words_on_a_terminal_and_stays_one_line_in_a_pip
     shown = lines[first:]
     assert len(shown) > 1 and " ".join(shown) == message  # every break at a space: no word or figure cut
     assert shown[0].startswith(start)  # "autoparallel: error:" never alone on its line
+    for layout in re.findall(r"TP\d+ PP\d+ CP\d+ DP\d+", message):  # "(TP8 PP1 CP1" / "DP1:" read as two
+        assert any(layout in line for line in shown), shown

@@ -135,12 +135,16 @@ def _show(result, args: argparse.Namespace, how: str, run_dir: Path | None) -> N
 
 
 def print_table(result, top: int, where: str, how: str = "", wide: bool = False, explain: bool = False) -> None:
-    """A search's ranked table on the terminal, its title counting the feasible layouts (``how``: how
-    they were found, appended to it), as ``search`` and ``report`` print it."""
+    """A search's ranked table on the terminal, its title counting the feasible candidates and the
+    layouts the top ones are, one row each ("top 5 of N feasible" over 3 rows read as a miscount;
+    ``how``: how they were found, appended to it), as ``search`` and ``report`` print it."""
     from autoparallel.report.tables import print_ranked
     feasible = len(result.feasible)
-    title = (f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}, "
-             f"seq {result.model.seq_length}: top {min(top, feasible)} of {feasible:,} feasible{how}")
+
+    def title(layouts: int) -> str:
+        return (f"{result.model.name} on {result.gpus} x {result.hardware.name}, gbs {result.gbs}, "
+                f"seq {result.model.seq_length}: top {min(top, feasible)} of {feasible:,} feasible candidates "
+                f"in {layouts} layout{'' if layouts == 1 else 's'}{how}")
     print_ranked(result.ranked, title, top, console, result.hardware, result.space.memory_fraction, wide, explain,
                  where, result.train, model=result.model)
 

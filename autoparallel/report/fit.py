@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rich import box
 from rich.cells import cell_len
@@ -38,8 +38,13 @@ class Column:
     key: str
     header: str
     fmt: str | Callable[[object], str] = "{}"
-    drop: int = 0
+    drop: float = 0
     knob: bool = False
+    # A knob column that must stay where rows differ in it (the precision: FP8 or BF16): its short
+    # header and codes for long values ((value, code) pairs), which it takes where the table is too
+    # narrow for it whole, a column that every row shares going first (``narrowed``).
+    short: str = ""
+    codes: tuple[tuple[str, str], ...] = ()
 
 
 # A cell that reads as a number, right-aligned so that its digits line up: "1,905", "85.1%",
@@ -118,19 +123,58 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | N
     return shown
 
 
+def narrowed(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | None,
+             constant_first: bool = False) -> tuple[list[Column], list[list[str]], list[int]]:
+    """``fit``, but a column with ``codes`` that rows differ in stays where it can: where its name
+    does not fit it takes its codes (short header), and if that is not enough, columns that every
+    row shares go first, kept ones too (their value is in the note: "every row: EP 1"), layout knobs
+    before the others. Returns the columns and rows (a coded column with its short header and
+    codes) and the indices shown."""
+    shown = fit(columns, rows, width, constant_first)
+    telling = [i for i, c in enumerate(columns) if c.codes and i not in shown and not constant(rows, i)]
+    if not telling:
+        return list(columns), [list(r) for r in rows], shown
+    spare = {i: 0.5 if c.knob else 0.25 for i, c in enumerate(columns)  # before a kept column, after the rest
+             if not c.drop and constant(rows, i)}
+    staying = [replace(c, drop=0, header=c.short or c.header) if i in telling else
+               replace(c, drop=spare[i]) if i in spare else c for i, c in enumerate(columns)]
+    codes = {i: dict(columns[i].codes) for i in telling}
+    coded = [[codes[i].get(v, v) if i in codes else v for i, v in enumerate(r)] for r in rows]
+    keep = fit(staying, coded, width, constant_first)
+    widths = _natural_widths(staying, coded)
+    if table_width([widths[j] for j in keep]) > width:
+        return list(columns), [list(r) for r in rows], shown  # too wide even so: it goes as before
+    return [replace(c, drop=columns[i].drop) for i, c in enumerate(staying)], coded, keep
+
+
+def code_key(columns: Sequence[Column], rows: Sequence[Sequence[str]], shown: Sequence[int]) -> str | None:
+    """What the codes a shown column took stand for: "prec: fp8d = fp8-delayed, fp8b = fp8-blockwise"."""
+    keys = []
+    for i in shown:
+        used = {r[i] for r in rows}
+        pairs = [f"{code} = {value}" for value, code in columns[i].codes if code in used and columns[i].short
+                 and columns[i].header == columns[i].short]
+        keys += [f"{columns[i].header}: {', '.join(pairs)}"] if pairs else []
+    return "; ".join(keys) or None
+
+
 def dropped_note(columns: Sequence[Column], shown: Sequence[int], where: str,
                  rows: Sequence[Sequence[str]] | None = None, constants: bool = True,
                  adds: str = "--wide adds") -> str | None:
     """The one line under a narrowed table: which columns are not shown and how to see them
     (``adds``: the command's way, "--wide adds" where it has that flag); with ``rows``, the hidden
     knob columns in which rows that look alike differ and (``constants``) a dropped column with
-    one value in every row, named with its value."""
+    one value in every row, named with its value, as a kept column or a coded one always is
+    ("every row: EP 1, precision bf16"); and what the codes of a coded column stand for."""
     gone = [i for i in range(len(columns)) if i not in shown]
+    key = code_key(columns, rows, shown) if rows is not None else None
     if not gone:
-        return None
-    same = [i for i in gone if constants and rows is not None and constant(rows, i)]
+        return f"{key}{where}" if key else None
+    same = [i for i in gone if rows is not None and constant(rows, i)
+            and (constants or not columns[i].drop or columns[i].codes)]
     varying = [columns[i].header for i in gone if i not in same]
     parts = [f"every row: {', '.join(f'{columns[i].header} {rows[0][i]}' for i in same)}"] if same else []
+    parts += [key] if key else []
     if rows is not None:
         knobs = [j for j in shown if columns[j].knob]
         apart = [columns[i].header for i in gone if columns[i].knob and _kinds(rows, [*knobs, i]) > _kinds(rows, knobs)]
@@ -148,7 +192,7 @@ def print_table(console: Console, title: str | None, columns: Sequence[Column], 
     ``fit`` (the serving tables: a column every row shares goes before one that tells rows apart).
     ``adds``: how the note says where the dropped columns are (a command without --wide says its own)."""
     width = output_width(console)
-    shown = fit(columns, rows, None if wide else width, constant_first)
+    columns, rows, shown = narrowed(columns, rows, None if wide else width, constant_first)
     widths = _natural_widths([columns[i] for i in shown], [[r[i] for i in shown] for r in rows])
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True,
                   header_style="bold")
@@ -165,7 +209,9 @@ def print_table(console: Console, title: str | None, columns: Sequence[Column], 
         console.print(Text(line), width=width)
     out.print(table)
     note = dropped_note(columns, shown, where, rows, constants=constant_first, adds=adds)
-    for line in ([note] if note else []) + list(legend):  # prose wraps at the width, as a terminal would
+    # The note breaks between its phrases ("fp8c =" / "fp8-current" read as two); the legend's prose
+    # wraps at the width, as a terminal would.
+    for line in (phrase_lines(note, width) if note else []) + list(legend):
         console.print(Text(line), width=width)
     return shown
 
@@ -189,7 +235,8 @@ def title_lines(title: str, width: int) -> list[str]:
 def phrase_lines(text: str, width: int, lead: str = "") -> list[str]:
     """``text`` in lines of at most ``width`` broken only after a comma, semicolon or colon outside
     parentheses ("tok/s (in sample, LOMO)" stays whole); a phrase wider than ``width`` starts a line
-    and breaks between its words, never before a "%" ("49.7" / "%" read as two figures). ``lead``
+    and breaks between its words, never before a "%" ("49.7" / "%" read as two figures) or inside a
+    layout string or a figure with its unit (``_words``). ``lead``
     ("autoparallel: error:") starts the first line and the first phrase goes on after it, at its words
     where it does not fit there, so that the lead never stands alone."""
     phrases, depth, start = [], 0, 0
@@ -209,11 +256,30 @@ def phrase_lines(text: str, width: int, lead: str = "") -> list[str]:
         else:
             if not after_lead:
                 lines.append("")
-            for word in re.split(r" (?!%)", phrase):
+            for word in _words(phrase):
                 if lines[-1] and cell_len(f"{lines[-1]} {word}") > width:
                     lines.append("")
                 lines[-1] = f"{lines[-1]} {word}".lstrip(" ")
     return lines
+
+
+# Where a phrase breaks at its words, a layout string ("TP8 PP16 CP1 DP1") and a figure with its unit
+# ("325.2 GiB", "49.7 %") stay one word: "(TP8 PP1 CP1" / "DP1: 325.2" read as two layouts.
+_LAYOUT_PART = re.compile(r"\(?[A-Z]{2,4}\d+")
+_UNIT = re.compile(r"(?:%|[KMGT]i?B|ms|s)[,;:)]*")
+
+
+def _words(phrase: str) -> list[str]:
+    """``phrase``'s words for a break, a layout string or a figure and its unit being one word."""
+    words: list[str] = []
+    for word in phrase.split(" "):
+        last = words[-1].rsplit(" ", 1)[-1] if words else ""
+        layout = _LAYOUT_PART.fullmatch(last) and _LAYOUT_PART.match(word) and not word.startswith("(")
+        if words and (layout or word.startswith("%") or (last[-1:].isdigit() and _UNIT.fullmatch(word))):
+            words[-1] = f"{words[-1]} {word}"
+        else:
+            words.append(word)
+    return words
 
 
 def for_stderr(message: str) -> str:

@@ -12,6 +12,7 @@ MFU is against the BF16 dense peak, as NeMo and Megatron-LM report it, FP8 utili
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +29,8 @@ from autoparallel.specs.model import ModelSpec
 from autoparallel.specs.plan import FP8_PRECISIONS, Plan
 
 LAYOUT_KEYS = ("tp", "pp", "cp", "dp", "ep")
+# The precision where a narrow table has no room for its name (what tells FP8 from BF16 stays).
+PRECISION_CODES = (("fp8-delayed", "fp8d"), ("fp8-current", "fp8c"), ("fp8-blockwise", "fp8b"))
 # The layout, the measures and the tie mark are never dropped (drop=0); the others go whole when
 # the terminal is too narrow, the highest ``drop`` first (report.fit). Headers stay short: the
 # legend and ``--explain`` say what each means.
@@ -37,7 +40,7 @@ RANKED_COLUMNS = (
     Column("vp", "VP", "{:.0f}", knob=True), Column("cp", "CP", "{:.0f}", knob=True),
     Column("ep", "EP", "{:.0f}", knob=True), Column("dp", "DP", "{:.0f}", knob=True),
     Column("mbs", "MBS", "{:.0f}", knob=True), Column("sp", "SP", knob=True),
-    Column("precision", "precision", drop=1, knob=True), Column("recompute", "recompute", drop=2, knob=True),
+    Column("precision", "precision", drop=1, knob=True, short="prec", codes=PRECISION_CODES), Column("recompute", "recompute", drop=2, knob=True),
     Column("tp_comm_overlap", "TP ovl", drop=4, knob=True),
     Column("peak_memory_gib", "mem GiB", "{:.1f}"),
     Column("step_time_s", "step s", "{:.2f}"),
@@ -282,20 +285,21 @@ def short_legend(hw: HardwareSpec | None, memory_fraction: float | None = None,
     return lines
 
 
-def print_ranked(ranked: pd.DataFrame, title: str, top: int = 10, console: Console | None = None,
+def print_ranked(ranked: pd.DataFrame, title: str | Callable[[int], str], top: int = 10, console: Console | None = None,
                  hw: HardwareSpec | None = None, memory_fraction: float | None = None, wide: bool = False,
                  explain: bool = False, where: str = "", train: TimeToTrain | None = None,
                  model: ModelSpec | None = None) -> None:
     """The ranked table as wide as the terminal allows (all columns with ``wide``), the short
     legend, or the full one with ``explain``; with ``train``, the time to train of each layout
-    and a line on the winner's; ``model``: whose kind's tie band (``PredictionError.for_model``)."""
+    and a line on the winner's; ``model``: whose kind's tie band (``PredictionError.for_model``);
+    ``title``: the title, or the title of the number of layouts (rows) shown."""
     console = console or Console()
     error = prediction_error().for_model(hw, model)
     text = legend(hw, memory_fraction, error) if explain else short_legend(hw, memory_fraction, error)
     if train is not None and ranked["fits"].any():
         text = [train.summary(float(ranked.loc[ranked["fits"], "tokens_per_s_per_gpu"].iloc[0])), *text]
     columns, rows = _table(ranked, top, hw, train, error)
-    print_table(console, title, columns, rows, text, wide, where)
+    print_table(console, title(len(rows)) if callable(title) else title, columns, rows, text, wide, where)
 
 
 def markdown_table(ranked: pd.DataFrame, top: int = 50, hw: HardwareSpec | None = None,
