@@ -54,6 +54,22 @@ def mlperf_lora_runs():
     return load_runs([resources.data_file("mlperf_training_lora_hopper.csv")])
 
 
+@pytest.fixture(scope="session")
+def script_module():
+    """Imports ``scripts/<name>.py`` as a module (the row extractors are scripts, not package
+    modules; their tests call their functions)."""
+    import importlib.util
+    from pathlib import Path
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, scripts / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    return load
+
+
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
     """One intra-op thread per torch test: the tensors in these tests are small, and a second

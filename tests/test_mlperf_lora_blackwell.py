@@ -8,9 +8,7 @@ there once)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -23,15 +21,6 @@ from autoparallel.search import run as runs
 from autoparallel.space import load_space
 
 BLACKWELL = "mlperf_training_lora_blackwell.csv"
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "mlperf_lora_rows.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("mlperf_lora_rows", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +74,10 @@ def test_rows_layouts_match_the_configs_they_ran(raw):
     assert (raw.tp == 1).all() and (raw.pp == 1).all() and (raw.micro_batch_size == 1).all() and not raw.sp.any()
 
 
-def test_the_config_reader_follows_sources_and_nemos_defaults():
+def test_the_config_reader_follows_sources_and_nemos_defaults(script_module):
     """scripts/mlperf_lora_rows.py's shell reader on a two-file folder: the config's ``source`` of
     config_common.sh read first, ``${VAR:-default}`` substituted, NeMo's GBS formula applied."""
-    module = _script()
+    module = script_module("mlperf_lora_rows")
 
     class Files:
         files = ["S/benchmarks/llama2_70b_lora/impl/config_common.sh", "S/benchmarks/llama2_70b_lora/impl/config_X.sh"]
@@ -109,9 +98,9 @@ def test_the_config_reader_follows_sources_and_nemos_defaults():
 @pytest.mark.skipif(not all(os.path.isdir(d) for d in (
     "/work/.mirror/mlcommons+training_results_v5.0/repo", "/work/.mirror/mlcommons+training_results_v5.1/repo")),
     reason="the MLCommons results mirrors are not on this machine")
-def test_the_script_rewrites_the_shipped_file_byte_for_byte(tmp_path):
+def test_the_script_rewrites_the_shipped_file_byte_for_byte(tmp_path, script_module):
     out = tmp_path / BLACKWELL
-    _script().main(["--out", str(out)])
+    script_module("mlperf_lora_rows").main(["--out", str(out)])
     assert out.read_bytes() == resources.data_file(BLACKWELL).read_bytes()
 
 

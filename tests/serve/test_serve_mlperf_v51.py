@@ -5,10 +5,8 @@ candidates the inference space accepts and predicts to fit, and ``validate --inf
 group apart from the v4.1 one.
 """
 
-import importlib.util
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -22,16 +20,8 @@ from autoparallel.serve.assumptions import efficiency_for
 from autoparallel.serve.space import InferenceSpace, structures
 from autoparallel.serve.workload import load_workload
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mlperf_inference_rows.py"
 MIRROR = "/work/.mirror/mlcommons+inference_results_v5.1/repo"
 CSV = "mlperf_inference_v51.csv"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("mlperf_inference_rows", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +31,13 @@ def rows():
 
 
 @pytest.mark.skipif(not os.path.isdir(MIRROR), reason="the MLCommons inference_results_v5.1 mirror is not on this machine")
-def test_the_script_rewrites_the_shipped_file_byte_for_byte(tmp_path):
+def test_the_script_rewrites_the_shipped_file_byte_for_byte(tmp_path, script_module):
     out = tmp_path / CSV
-    assert _script().main(["--out", str(out)]) == 0
+    assert script_module("mlperf_inference_rows").main(["--out", str(out)]) == 0
     assert out.read_bytes() == resources.data_file(CSV).read_bytes()
 
 
-def test_a_config_is_read_without_running_it():
+def test_a_config_is_read_without_running_it(script_module):
     """NVIDIA's v5.x configs: attribute keys by name, a ``base`` dict spread into EXPORTS, the
     setting of the result's accuracy target and power picked; a call the reader does not know
     stays text (nothing is executed)."""
@@ -57,7 +47,7 @@ def test_a_config_is_read_without_running_it():
             "EXPORTS = {C.WorkloadSetting(C.HarnessType.Custom, C.AccuracyTarget(0.99), C.PowerSetting.MaxP): base,\n"
             "           C.WorkloadSetting(C.HarnessType.Custom, C.AccuracyTarget(0.99), C.PowerSetting.MaxQ):\n"
             "               {**base, llm_fields.tensor_parallelism: 2, 'x': open('/etc/passwd')}}\n")
-    module = _script()
+    module = script_module("mlperf_inference_rows")
     exports = module.read_config(text)
     key, settings = module.pick_setting(exports, "0.99", maxq=False)
     assert "MaxP" in key and settings["tensor_parallelism"] == 4
