@@ -768,6 +768,20 @@ def _hierarchical_exchanges(x):
     return cp_a2a_time(x, inner), _ring_exchange(x, x.c / inner)
 
 
+def _kind_exchanges(x, kind: str):
+    """CP kind ``kind``'s (exchange exposed whole, ring exchange the attention may hide), before any
+    of it is hidden (``x``: the structure's fields suffice): the p2p ring, the a2a's and the
+    all-gather's blocking collectives, a2a+p2p's both. What ``cp_comm_time`` prices and
+    ``cp_kind_bounds`` bounds."""
+    if kind == "p2p":
+        return 0.0, _ring_exchange(x)
+    if kind == "a2a":
+        return cp_a2a_time(x), 0.0
+    if kind == "allgather":
+        return cp_kv_allgather_time(x), 0.0
+    return _hierarchical_exchanges(x)
+
+
 def attention_time_least(x, fp8_attention: bool):
     """A lower bound of ``attention_time`` over the feature knobs (``x``: model, hw, b, t, c): the
     causal flash kernel's GEMMs alone (a kernel without flash computes the whole s x s, and the
@@ -786,16 +800,18 @@ def attention_time_most(x, non_flash: bool):
     than the MXFP8 kernel's floor; the whole s x s at the BF16 peak where ``non_flash`` (a row of the
     space runs without flash attention)."""
     model, hw = x.model, x.hw
+    bf16 = gemm.bf16_peak(hw)
+
+    def gemms(attn_flops):  # at the BF16 peak, and no faster than the MXFP8 kernel's floor
+        scores = attn_flops / (2.0 * (model.qk_dim + model.v_dim))
+        return np.maximum(attn_flops / bf16, scores * 2.0 * 2.0 * MXFP8_ATTENTION_HEAD_DIM / bf16)
+
     causal = flops.attention_core_flops(model, x.b, model.seq_length, causal=True) / (x.t * x.c)
     causal = causal * finetune.attention_share(model)
-    scores = causal / (2.0 * (model.qk_dim + model.v_dim))
-    bf16 = gemm.bf16_peak(hw)
-    most = np.maximum.reduce([causal / bf16, scores / (hw.exp_tera_per_s * 1e12),
-                              scores * 2.0 * 2.0 * MXFP8_ATTENTION_HEAD_DIM / bf16])
+    most = np.maximum(gemms(causal), causal / (2.0 * (model.qk_dim + model.v_dim)) / (hw.exp_tera_per_s * 1e12))
     if non_flash:
-        whole = flops.attention_core_flops(model, x.b, model.seq_length, causal=False) / (x.t * x.c)
-        most = np.maximum.reduce([most, whole / bf16,
-                                  whole / (2.0 * (model.qk_dim + model.v_dim)) * 2.0 * 2.0 * MXFP8_ATTENTION_HEAD_DIM / bf16])
+        most = np.maximum(most, gemms(flops.attention_core_flops(model, x.b, model.seq_length, causal=False)
+                                      / (x.t * x.c)))
     return most / hw.efficiency.attention
 
 
@@ -809,21 +825,10 @@ def cp_kind_bounds(x, kinds, attention_least=0.0, attention_most=np.inf) -> dict
     out = {}
     overlap = 1 - x.hw.efficiency.cp_overlap
 
-    def ring_bounds(ring):
-        return (np.maximum(overlap * ring, ring - 3.0 * attention_most),
-                np.maximum(overlap * ring, ring - 3.0 * attention_least))
-
     for kind in kinds:
-        if kind == "p2p":
-            out[kind] = ring_bounds(_ring_exchange(x))
-        elif kind == "a2a":
-            out[kind] = (cp_a2a_time(x),) * 2
-        elif kind == "allgather":
-            out[kind] = (cp_kv_allgather_time(x),) * 2
-        else:
-            a2a, ring = _hierarchical_exchanges(x)
-            least, most = ring_bounds(ring)
-            out[kind] = (a2a + least, a2a + most)
+        whole, ring = _kind_exchanges(x, kind)
+        out[kind] = (whole + np.maximum(overlap * ring, ring - 3.0 * attention_most),
+                     whole + np.maximum(overlap * ring, ring - 3.0 * attention_least))
     return out
 
 
@@ -848,14 +853,9 @@ def cp_comm_time(x: Candidates, attention):
     out = ring
     for kind in ("a2a", "allgather", "a2a+p2p"):
         rows = x.knob_is(CP_COMM_TYPE_COLUMN, kind)
-        if not rows.any():
-            continue
-        if kind == "a2a+p2p":
-            a2a, outer = x.by_structure(_hierarchical_exchanges)
-            time = a2a + _ring_hidden(x, outer, attention)
-        else:
-            time = x.by_structure(cp_a2a_time if kind == "a2a" else cp_kv_allgather_time)
-        out = np.where(rows, time, out)
+        if rows.any():
+            whole, outer = x.by_structure(_kind_exchanges, kind)
+            out = np.where(rows, whole + _ring_hidden(x, outer, attention), out)
     return out
 
 
