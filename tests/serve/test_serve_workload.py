@@ -74,6 +74,42 @@ def test_mlperf_output_spread_is_the_one_loadgen_measured(name):
     assert np.max(np.abs(np.percentile(wide, [50, 90, 99]) / first - 1)) > 0.1  # the check can fail
     assert "output.sigma" in io.read_yaml(WORKLOADS)[name]["derived"]
 
+#: A full 13,368-sample Offline run of MLCommons' reference vLLM harness for llama3.1-8b on the
+#: MLCommons cnn_eval.json (ssaketh-ch/llama31b-benchmark@72703baa results/throughput/Combination
+#: results/exp_00_BASELINE/run.log): per batch (prompts sorted by input length, SUT_VLLM.py), the
+#: prompts and vLLM's final "est. speed input: X toks/s, output: Y toks/s" (one elapsed time for both,
+#: so X / Y = the batch's prompt / output tokens); every answer is 128 tokens (its LoadGen summary:
+#: 3,023.34 tokens/s / 23.6199 samples/s = 128.0).
+CNNDM_VLLM_BATCHES = [(1024, 18416.34, 7906.41), (1024, 20362.56, 6392.26), (1024, 20729.71, 5432.82),
+                      (1024, 20902.35, 4763.59), (1024, 21050.68, 4239.61), (1024, 21230.77, 3843.60),
+                      (1024, 19912.80, 3261.52), (1024, 19822.40, 2928.47), (1024, 19825.17, 2641.82),
+                      (1024, 20515.95, 2451.72), (1024, 20294.23, 2136.08), (1024, 20837.81, 1874.57),
+                      (1024, 21987.59, 1543.00), (56, 20648.86, 1146.33)]
+
+
+def test_llama31_8b_input_lengths_are_the_reference_runs():
+    """The 8B's mean input is the 13,368 prompts' tokens in the reference run's log (870.7; 778 as
+    first assumed, 10.6 % short), and sigma 0.50 gives its 13 sorted 1,024-prompt batches' mean
+    lengths within 5 % (the 56 longest, 0.4 %, within 11 %: the log-normal piles its tail on the max
+    2,540); the assumed 0.8 misses the shortest batch by over 40 %."""
+    measured = np.array([128 * x / y for _, x, y in CNNDM_VLLM_BATCHES])
+    sizes = [n for n, _, _ in CNNDM_VLLM_BATCHES]
+    assert sum(sizes) == 13_368
+    w = load_workload("mlperf-llama3.1-8b")
+    assert w.mean_input == pytest.approx(np.dot(sizes, measured) / sum(sizes), rel=1e-3)
+    assert w.max_input == 2540
+    assert {"input.mean", "input.sigma"} <= set(io.read_yaml(WORKLOADS)["mlperf-llama3.1-8b"]["derived"])
+
+    def batch_means(workload):
+        lengths = np.sort(workload.sample(sum(sizes), seed=1)[0])
+        return np.array([chunk.mean() for chunk in np.split(lengths, np.cumsum(sizes)[:-1])])
+
+    error = batch_means(w) / measured - 1
+    assert np.abs(error[:-1]).max() < 0.05 and abs(error[-1]) < 0.11, error
+    wide = dataclasses.replace(w, input=dataclasses.replace(w.input, sigma=0.8))
+    assert batch_means(wide)[0] / measured[0] - 1 < -0.4  # the check can fail
+
+
 def test_every_unpublished_number_is_marked_as_an_assumption():
     """Each workload lists what its source publishes; the YAML says 'Assumed' for the rest."""
     specs = io.read_yaml(WORKLOADS)
