@@ -1,6 +1,6 @@
 """Why MLPerf Inference v5.1's B200 llama3.1-8b runs are predicted too fast: implied iterations (s51h8).
 
-Three tables, none of which changes a figure the package prints:
+Four tables, none of which changes a figure the package prints:
 
 1. Offline, per GPU and model: the simulated steady iteration (decoding sequences, prompt tokens, from
    the simulated run), the mean iteration the measured tokens/s implies (the same iterations, so the
@@ -9,12 +9,14 @@ Three tables, none of which changes a figure the package prints:
 2. Server / Interactive, per run: the decoding batch by Little's law from LoadGen's means
    (completed samples/s x (mean latency - mean TTFT), per replica), the prompt tokens an iteration
    carries (samples/s x mean input x mean TPOT), the measured mean TPOT as the iteration time, and the
-   cost model's iteration at that shape (``IterationCost.time``). The mean input is the assumed one of
-   search_spaces/workloads.yaml: no source in reach states it.
+   cost model's iteration at that shape (``IterationCost.time``). The mean input is the one of
+   search_spaces/workloads.yaml (870.7 for the 8B since s52h5, from a reference-harness log; 778 assumed before).
 3. Offline sensitivities: the 8B under other mean inputs (H200 FP8 and B200 NVFP4, and B200 priced as
    FP8), and the B200 8B and 70B under other NVFP4 / FP8 GEMM ratios (the measured 1.81 of
    ``gemm.NVFP4_OVER_FP8_GEMM``; 1.49 and 1.29, the same TransformerEngine table's Fprop ratios with
    the input quantization included, against FP8 current and delayed scaling; 1.0).
+4. (s52h5) Each llama3.1-8b Offline row with the serving path its config runs (``serving_path``: trtllm-serve
+   on TensorRT-LLM's PyTorch backend, or a TRT engine on the C++ executor), predicted vs measured.
 
     PYTHONPATH=$PWD python benchmarks/bench_mlperf_v51_8b_iterations.py   # ~1 min; reads the v5.1 mirror
 """
@@ -150,6 +152,28 @@ def sensitivities(rows, eff) -> list[str]:
     return lines
 
 
+def serving_path(r) -> str:
+    """The path a row's config runs (s52h5): flags only TrtllmEndpointConfig reads (``workers_per_core``,
+    ``max_concurrency``; closed/NVIDIA/code/llmlib/config.py) mean trtllm-serve on the PyTorch backend
+    (NVIDIA's README: "Using TRTLLM serve (used for Deepseek-R1 and Llama3.1-8b)"); otherwise a TRT
+    engine on the C++ executor."""
+    path = re.search(r"(closed/\S+/configs/\S+\.py)", r.source)
+    text = subprocess.run(["git", "-C", MIRROR, "show", "HEAD:" + path.group(1)], capture_output=True,
+                          text=True).stdout if path else ""
+    return "pytorch (trtllm-serve)" if re.search(r"'(workers_per_core|max_concurrency)'", text) else "C++ executor"
+
+
+def offline_rows_8b(rows, eff) -> pd.DataFrame:
+    """Each llama3.1-8b Offline row: its serving path, budget, measured and predicted tokens/s per GPU."""
+    out = []
+    for _, r in rows[(rows.model == "llama3.1-8b") & (rows.scenario == "Offline")].iterrows():
+        meas, pred = r.tokens_per_s / r.gpus, offline_pred(r, eff) / (r.tp * r.pp)
+        out.append(dict(submitter=r.submitter, gpu=r.hardware, weights=r.weight_precision, path=serving_path(r),
+                        max_num_tokens=int(r.max_num_tokens), meas=round(meas), pred=round(pred),
+                        err_pct=round(100 * (pred - meas) / meas, 1)))
+    return pd.DataFrame(out).sort_values(["gpu", "path", "submitter"])
+
+
 def main() -> None:
     rows, _ = M.load_rows("mlperf_inference_v51.csv")
     eff = efficiency_for("tensorrt-llm")
@@ -159,6 +183,8 @@ def main() -> None:
     print(offline_table(rows, eff).to_string(index=False))
     print("\nServer / Interactive: Little's-law iteration from LoadGen's means vs the cost model there")
     print(server_table(rows, eff).to_string(index=False))
+    print("\nllama3.1-8b Offline per row: serving path (from the config's flags), predicted vs measured")
+    print(offline_rows_8b(rows, eff).to_string(index=False))
     print("\nOffline sensitivities (tokens/s per GPU, predicted vs measured mean)")
     print("\n".join(sensitivities(rows, eff)))
 
