@@ -1,6 +1,6 @@
 """Why MLPerf Inference v5.1's B200 llama3.1-8b runs are predicted too fast: implied iterations (s51h8).
 
-Four tables, none of which changes a figure the package prints:
+Five tables, none of which changes a figure the package prints:
 
 1. Offline, per GPU and model: the simulated steady iteration (decoding sequences, prompt tokens, from
    the simulated run), the mean iteration the measured tokens/s implies (the same iterations, so the
@@ -17,6 +17,8 @@ Four tables, none of which changes a figure the package prints:
    the input quantization included, against FP8 current and delayed scaling; 1.0).
 4. (s52h5) Each llama3.1-8b Offline row with the serving path its config runs (``serving_path``: trtllm-serve
    on TensorRT-LLM's PyTorch backend, or a TRT engine on the C++ executor), predicted vs measured.
+5. (s52h5) The PyTorch backend outside MLPerf: TensorRT-LLM's perf-overview 70B rows (``PERF_OVERVIEW_70B``)
+   against ``autoparallel infer``'s best layout at the same TP.
 
     PYTHONPATH=$PWD python benchmarks/bench_mlperf_v51_8b_iterations.py   # ~1 min; reads the v5.1 mirror
 """
@@ -174,6 +176,36 @@ def offline_rows_8b(rows, eff) -> pd.DataFrame:
     return pd.DataFrame(out).sort_values(["gpu", "path", "submitter"])
 
 
+#: TensorRT-LLM's perf-overview, trtllm-bench throughput on the PyTorch backend ("Testing was performed using
+#: the PyTorch backend"), output tokens/s per GPU, Llama 3.3 70B (NVIDIA/TensorRT-LLM@03e27c7d
+#: docs/source/developer-guide/perf-overview.md): (GPU preset, TP, weights, ISL, OSL, measured). Llama 3.3
+#: 70B has Llama 3.1 70B's shape (oumi-ai/oumi@bd18cd68 configs/recipes/llama3_3/README.md: vocab 128,256,
+#: hidden 8,192, MLP 28,672, 80 layers, 64 / 8 heads), so the llama3.1-70b preset prices it.
+PERF_OVERVIEW_70B = [("b200", 1, "nvfp4", 1000, 1000, 6920), ("b200", 1, "nvfp4", 1024, 1024, 6842),
+                     ("b200", 1, "nvfp4", 1024, 8192, 3242), ("b200", 1, "nvfp4", 8192, 1024, 1362),
+                     ("gb200", 1, "nvfp4", 1000, 1000, 7769), ("gb200", 1, "nvfp4", 8192, 1024, 1491),
+                     ("h200", 2, "fp8", 1000, 1000, 2587), ("h200", 2, "fp8", 1024, 8192, 2009),
+                     ("h200", 2, "fp8", 8192, 1024, 537), ("h100-sxm", 2, "fp8", 1000, 1000, 2209),
+                     ("h100-sxm", 2, "fp8", 8192, 1024, 398)]
+
+
+def perf_overview_table() -> pd.DataFrame:
+    """The PyTorch backend outside MLPerf (s52h5): the perf-overview's 70B rows against ``infer``'s best
+    layout at the row's TP (KV FP8; ~10 s a row)."""
+    import json
+    import sys
+    out = []
+    for gpu, tp, weights, isl, osl, meas in PERF_OVERVIEW_70B:
+        cmd = [sys.executable, "-m", "autoparallel", "infer", "--model", "llama3.1-70b", "--gpus", str(tp), "--gpu", gpu,
+               "--tp", str(tp), "--pp", "1", "--input-len", str(isl), "--output-len", str(osl), "--weight-precision",
+               weights, "--kv-precision", "fp8", "--no-save", "--json"]
+        best = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["ranked"][0]
+        pred = best["output_tokens_per_s_per_gpu"]
+        out.append(dict(gpu=gpu, tp=tp, weights=weights, isl=isl, osl=osl, meas=meas, pred=round(pred),
+                        err_pct=round(100 * (pred - meas) / meas, 1)))
+    return pd.DataFrame(out)
+
+
 def main() -> None:
     rows, _ = M.load_rows("mlperf_inference_v51.csv")
     eff = efficiency_for("tensorrt-llm")
@@ -187,6 +219,8 @@ def main() -> None:
     print(offline_rows_8b(rows, eff).to_string(index=False))
     print("\nOffline sensitivities (tokens/s per GPU, predicted vs measured mean)")
     print("\n".join(sensitivities(rows, eff)))
+    print("\nTensorRT-LLM perf-overview (PyTorch backend) Llama 3.3 70B, output tokens/s per GPU vs infer's best layout")
+    print(perf_overview_table().to_string(index=False))
 
 
 if __name__ == "__main__":
