@@ -235,6 +235,8 @@ def row(mirror: Mirror, submitter: str, system: str, benchmark: str, scenario: s
     notes = []
     if detail.get("requested_offline_expected_qps") is not None and offline:
         notes.append(f"run offline_expected_qps={detail['requested_offline_expected_qps']}")
+    if detail.get("requested_min_query_count") is not None and offline:  # LoadGen's floor on the query's samples
+        notes.append(f"run min_query_count={detail['requested_min_query_count']}")
     notes.append(f"performance_sample_count={s.get('performance_sample_count', '')}")
     path = config_path(mirror, submitter, system, scenario, stem)
     if engine != "TensorRT-LLM":

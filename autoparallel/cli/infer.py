@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
     i.add_argument("--output-len", type=positive, help="generated tokens per request (default 256)")
     i.add_argument("--workload",
                    help="request lengths from a distribution instead of one fixed pair: mlperf-llama2-70b, "
-                        "mlperf-mixtral-8x7b, mlperf-llama3.1-405b, mlperf-llama3.1-8b, sharegpt, or a CSV, JSONL or JSON-array "
+                        "mlperf-mixtral-8x7b, mlperf-llama3.1-405b, mlperf-llama3.1-8b, mlperf-deepseek-r1, sharegpt, or a CSV, JSONL or JSON-array "
                         "file of input_len,output_len pairs (the search prices the mean lengths)")
     i.add_argument("--max-model-len", type=positive,
                    help="longest sequence the engine must accept (default input + output; past the model's "
@@ -62,6 +62,11 @@ def add_parser(sub) -> None:
     g.add_argument("--expert-parallel", action=argparse.BooleanOptionalAction,
                    help="MoE models: pin whole experts spread over the TP group (ep = tp) or, with --no-expert-parallel, "
                         "a share of every expert on each GPU")
+    g.add_argument("--attention-dp", action="store_true",
+                   help="MoE models on tensorrt-llm, in the traffic simulation: each TP rank runs attention (and "
+                        "the dense MLPs, shared experts) whole on its own requests around an expert-parallel MoE "
+                        "(TensorRT-LLM's enable_attention_dp; pins --expert-parallel); max batch, max tokens and "
+                        "the KV pool are per rank")
     g.add_argument("--max-batch", "--batch", dest="max_batch", type=positive,
                    help="pin requests in flight per micro-batch (vLLM --max-num-seqs, TensorRT-LLM max_batch_size)")
     g.add_argument("--max-num-tokens", type=positive, help="pin the tokens one iteration may process")
@@ -130,6 +135,21 @@ def request_of(args: argparse.Namespace):
                                      max_model_len=args.max_model_len)
 
 
+def check_attention_dp(args: argparse.Namespace, model, engine) -> None:
+    """``--attention-dp`` where it is priced (``costmodel.inference.refuse_attention_dp``: a MoE model
+    on tensorrt-llm), in the traffic simulation (the steady-state model has no per-rank schedulers),
+    with expert parallelism over the TP group; else a one-line error naming what is valid."""
+    from autoparallel.costmodel.inference import refuse_attention_dp
+    if not simulated(args):
+        raise UserError("--attention-dp is priced by the traffic simulation only: add --workload or --scenario")
+    if args.expert_parallel is False:
+        raise UserError("--attention-dp spreads the experts over the TP ranks (expert parallel): drop "
+                        "--no-expert-parallel")
+    if args.tp is not None and args.tp < 2:
+        raise UserError(f"--attention-dp needs --tp 2 or more (the attention ranks), got --tp {args.tp}")
+    refuse_attention_dp(model, engine, 2, 2)  # the model and the engine; the layout's tp = ep is pinned here
+
+
 def _check_replica(gpus: int, tp: int | None, pp: int | None) -> None:
     """A replica takes tp*pp GPUs, so a pinned --tp, --pp or both must divide --gpus: said here, with
     the values that would, rather than as every candidate's rejection."""
@@ -161,6 +181,9 @@ def run(args: argparse.Namespace) -> None:
         from autoparallel.report.fit import for_stderr
         print(for_stderr(f"autoparallel: warning: {warning}"), file=sys.stderr)
     point = args.tp is not None and args.pp is not None and args.max_batch is not None
+    if args.attention_dp:
+        check_attention_dp(args, model, engine)
+        args.expert_parallel = True
     wp = parse_precision(args.weight_precision, "--weight-precision")
     kp = parse_precision(args.kv_precision, "--kv-precision", KV_PRECISIONS)
     if point:  # one layout: 16-bit weights and KV cache and the engine's token budget unless pinned
@@ -211,7 +234,8 @@ def run_simulated(args: argparse.Namespace, model, hw, request, space, engine) -
     from autoparallel.serve.workload import Workload, load_workload
     workload = load_workload(args.workload) if args.workload else Workload.fixed(request.input_len, request.output_len)
     percentile = 99.0 if args.latency_percentile is None else args.latency_percentile
-    plan = traffic.Traffic(workload, args.scenario, percentile, args.requests, args.seed)
+    plan = traffic.Traffic(workload, args.scenario, percentile, args.requests, args.seed,
+                           attention_dp=bool(args.attention_dp))
     start = time.perf_counter()
     with simulation_progress(args.json) as progress:
         result = serve.search(model, hw, args.gpus, request, space, engine, require_feasible=False)

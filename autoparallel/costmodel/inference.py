@@ -92,7 +92,7 @@ import numpy as np
 
 from autoparallel.costmodel import comm, gemm, mamba, mamba_serving, moe
 from autoparallel.costmodel.memory import GIB
-from autoparallel.errors import UnpricedModelError
+from autoparallel.errors import UnpricedModelError, UserError
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 
@@ -270,6 +270,10 @@ class Layout:
     kv_bytes: np.ndarray  # per KV element
     ep: np.ndarray  # expert parallel size inside the TP group (1: every GPU holds a share of every expert)
     decode_kv_reads: np.ndarray | float = 1.0  # times the decode kernel reads each KV head's cache (decode_kv_reads)
+    # Attention data parallelism (``attention_dp``): the ranks that each run attention, the dense MLPs and the
+    # shared experts whole on their own requests and share one expert-parallel MoE (1: a TP layout). ``tp`` is
+    # then 1 (no TP split of anything but the routed experts) and ``ep`` the ranks the experts spread over.
+    dp: np.ndarray | float = 1.0
 
     @property
     def stage_layers(self) -> np.ndarray:
@@ -293,7 +297,7 @@ class Layout:
         emb = m.embedding_params / t * ACT_BYTES
         out_w = 0.0 if m.tie_embeddings else emb
         ends = np.where(self.pp > 1, np.maximum(emb, out_w), emb + out_w)
-        return self.stage_layers * m.layer_params / t * self.weight_bytes + ends
+        return self.stage_layers * m.layer_params / t * self.weight_bytes + ends - unsplit_expert_bytes(self)
 
     def activations_per_token(self) -> np.ndarray:
         """Live activation bytes of one token in one layer's forward pass (16 bit)."""
@@ -350,16 +354,88 @@ def refuse_unpriced(model: ModelSpec, engine: ServingEngine | None = None) -> No
                                  "cache are not priced")
 
 
+#: Engines whose attention data parallelism is priced (``attention_dp``): TensorRT-LLM's PyTorch backend
+#: (``enable_attention_dp``), read in its source (see ``attention_dp_dispatch``).
+ATTENTION_DP_ENGINES = ("tensorrt-llm",)
+
+
+def refuse_attention_dp(model: ModelSpec, engine: ServingEngine | None, tp, ep) -> None:
+    """Attention data parallelism is priced only as TensorRT-LLM's PyTorch backend runs it for a MoE
+    model (``attention_dp_dispatch``): each of the ``tp`` ranks runs attention, the dense MLPs and the
+    shared experts whole, and the routed experts are spread over all of them (``ep`` = ``tp``).
+    Anything else is refused, naming what is valid."""
+    if not model.is_moe or model.is_hybrid:
+        raise UserError(f"attention data parallelism: {model.name} is not a (non-hybrid) MoE model; it is priced "
+                        "for MoE models only, whose expert-parallel MoE layers the attention ranks share "
+                        "(e.g. deepseek-v3, the DeepSeek-R1 architecture)")
+    if engine is not None and engine.name not in ATTENTION_DP_ENGINES:
+        raise UserError(f"attention data parallelism: --engine {engine.name} is not priced with it; valid engines: "
+                        f"{', '.join(ATTENTION_DP_ENGINES)} (TensorRT-LLM's enable_attention_dp)")
+    if np.any(np.asarray(ep, dtype=float) != np.asarray(tp, dtype=float)) or np.any(np.asarray(tp) < 2):
+        raise UserError("attention data parallelism spreads the experts over every rank: it needs tp >= 2 and "
+                        "ep = tp (expert parallel over the TP group)")
+
+
 def layout(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency | None, tp, pp,
-           weight_precision, kv_precision, ep=1, engine: ServingEngine | None = None) -> Layout:
+           weight_precision, kv_precision, ep=1, engine: ServingEngine | None = None,
+           attention_dp: bool = False) -> Layout:
     """The arrays of one layout; ``engine`` (optional) picks the decode attention kernel
     (``decode_kv_reads``). A hybrid model with an engine that does not serve it is refused
-    (``refuse_unpriced``)."""
+    (``refuse_unpriced``). ``attention_dp``: the ``tp`` ranks run attention data-parallel, each on
+    its own requests, around an expert-parallel MoE (``ep`` = ``tp``; ``refuse_attention_dp``): the
+    layout of one such rank, ``tp`` 1 and ``dp`` the ranks (``Layout.dp``)."""
     refuse_unpriced(model, engine)
     tp = np.asarray(tp, dtype=float)
+    dp = np.ones_like(tp)
+    if attention_dp:
+        refuse_attention_dp(model, engine, tp, ep)
+        tp, dp = np.ones_like(tp), tp
     return Layout(model, hw, eff, tp, np.asarray(pp, dtype=float), precision_bytes(weight_precision),
                   precision_bytes(kv_precision), np.broadcast_to(np.asarray(ep, dtype=float), tp.shape),
-                  decode_kv_reads(engine, model, tp))
+                  decode_kv_reads(engine, model, tp), dp)
+
+
+def unsplit_expert_bytes(lay: Layout) -> np.ndarray:
+    """Routed-expert weight bytes ``Layout.weights`` counts per GPU beyond what one GPU holds
+    under attention DP: ``layer_params / tp`` holds every expert whole at ``tp`` 1, while the
+    experts are spread over the ``dp`` ranks (num_experts / ep each). Zeros without attention DP."""
+    m = lay.model
+    if not m.is_moe:
+        return np.zeros_like(lay.tp)
+    routed = m.num_moe_layers / m.num_layers * m.num_experts * m.expert_params
+    return lay.stage_layers * routed * (1.0 / lay.tp - 1.0 / (lay.tp * lay.dp)) * lay.weight_bytes
+
+
+def _dispatch_bytes(lay: Layout) -> np.ndarray:
+    """Bytes per element of the hidden states gathered to the experts under attention DP: quantized
+    as the experts' GEMMs read them (NVFP4 with its scales, FP8), else 16 bit."""
+    return np.minimum(lay.weight_bytes, ACT_BYTES)
+
+
+def attention_dp_dispatch(lay: Layout, tokens) -> np.ndarray:
+    """Transfer time of one MoE layer's token exchange under attention DP, for a pass over
+    ``tokens`` tokens on each of the ``dp`` ranks (zeros without attention DP; the fitted per-call
+    latency is added in ``price_pass``, once per collective).
+
+    TensorRT-LLM's PyTorch backend with ``enable_attention_dp`` (NVIDIA/TensorRT-LLM@000561df
+    tensorrt_llm/_torch/models/modeling_deepseekv3.py: no attention all-reduce, the dense MLPs and
+    the shared experts at TP 1, the MoE with ``all_rank_num_tokens``) runs its CUTLASS MoE as
+    "dynamic quant + routing + fp4_allgather + scatter + gemm1 + swiglu + gemm2 + finalizeMoeRoute +
+    reducescatter" (NVIDIA/TensorRT-LLM@000a01de tensorrt_llm/_torch/modules/fused_moe/
+    fused_moe_cutlass.py ``forward_chunk``, ``reducescatter_or_allreduce``): every rank gathers all
+    ranks' tokens, quantized (NVFP4 values and scales, or FP8), runs its own experts on them and
+    reduce-scatters the 16-bit output back. Its WIDEEP backend does the same where no all-to-all
+    is available (NVIDIA/TensorRT-LLM@01303b38 .../fused_moe_wide_ep.py ``select_alltoall_method_type``:
+    MNNVL all-to-all only on multi-node NVLink systems, DeepEP only for BF16); on GB200 / GB300
+    NVL72 it dispatches by MNNVL all-to-all instead, which this prices as the same gather and
+    reduce-scatter (an assumption: the all-to-all sends a token only to the ranks of its experts)."""
+    if not lay.model.is_moe:
+        return np.zeros_like(lay.tp)
+    gathered = np.asarray(tokens, dtype=float) * lay.dp * lay.model.hidden_size
+    per_node = comm.ranks_per_domain(lay.hw, lay.dp, 1)
+    ranks = comm.group(lay.hw, lay.dp, per_node)
+    return np.where(lay.dp > 1, ranks.reduce_scatter_time(gathered * _dispatch_bytes(lay))
+                    + ranks.reduce_scatter_time(gathered * ACT_BYTES), 0.0)
 
 
 def _gemm_gflop(gemm_flops):
@@ -380,6 +456,9 @@ def routed_expert_work(lay: Layout, tokens) -> tuple[np.ndarray, np.ndarray, np.
         return None
     experts, k = float(model.num_experts), float(model.moe_router_topk)
     tokens = np.asarray(tokens, dtype=float)
+    # Under attention DP (``lay.dp``) every rank's experts take all ``dp`` ranks' tokens and the experts
+    # are spread over ``t * dp`` GPUs (``attention_dp_dispatch``); else dp is 1.
+    tokens, t = tokens * lay.dp, t * lay.dp
     flops = 2.0 * tokens * k * model.expert_params / t * moe.load_imbalance(lay.hw, model, ep)
     picked = 1.0 - (1.0 - k / experts) ** tokens  # share of the experts some token routes to
     return flops, _gemm_gflop(flops / 2.0), picked * experts * model.expert_params / t * lay.weight_bytes
@@ -411,7 +490,7 @@ def routed_copies(lay: Layout, tokens) -> np.ndarray:
     tokens: top-k copies of each, EP splitting the experts (TP does not split hidden),
     ``moe.load_imbalance`` times the even share."""
     model, ep = lay.model, lay.ep
-    return tokens * model.moe_router_topk / ep * moe.load_imbalance(lay.hw, model, ep)
+    return tokens * lay.dp * model.moe_router_topk / ep * moe.load_imbalance(lay.hw, model, ep)
 
 
 def moe_plugin_bytes(lay: Layout, tokens) -> np.ndarray:
@@ -436,6 +515,7 @@ def moe_plugin_bytes(lay: Layout, tokens) -> np.ndarray:
     tokens = np.asarray(tokens, dtype=float)
     h, act = model.hidden_size, lay.weight_bytes  # FP8 weights run FP8 activations
     copies = routed_copies(lay, tokens)
+    tokens = tokens * lay.dp  # under attention DP the kernels run on every rank's tokens (``attention_dp_dispatch``)
     expand = tokens * h * act + copies * h * act
     finalize = copies * h * MLP_GEMM_OUTPUT_BYTES + tokens * h * ACT_BYTES
     return expand + finalize
@@ -469,7 +549,7 @@ def gated_activation_bytes(lay: Layout, tokens) -> np.ndarray:
     dense_share, moe_share = ffn_shares(model)
     inter = dense_share * tokens * model.ffn_hidden_size / t  # per GPU, averaged over layers
     if model.is_moe:
-        routed = routed_copies(lay, tokens) * model.expert_ffn_hidden_size * ep / t
+        routed = routed_copies(lay, tokens) * model.expert_ffn_hidden_size * ep / (t * lay.dp)
         inter = inter + moe_share * (tokens * model.shared_expert_ffn_hidden_size / t + routed)
     return inter * per_inter
 
@@ -531,6 +611,9 @@ class PassWork:
     tp_multi: np.ndarray  # the TP group has more than one GPU ...
     tp_internode: np.ndarray  # ... and leaves the NVLink domain
     all_reduce: np.ndarray  # one all-reduce's transfer time (``comm.all_reduce_time``)
+    dispatch_multi: np.ndarray  # attention DP over more than one rank (``attention_dp_dispatch``) ...
+    dispatch_internode: np.ndarray  # ... leaving the NVLink domain
+    dispatch: np.ndarray  # one MoE layer's gather and reduce-scatter transfer time (``attention_dp_dispatch``)
     out_flops: np.ndarray  # the output layer's FLOPs, bytes and logits sampled
     out_bytes: np.ndarray
     logits: np.ndarray
@@ -578,6 +661,8 @@ def pass_work(lay: Layout, tokens, sampled, attn_flops, attn_bytes, mamba_work=N
         moe_bytes=moe_share * moe_plugin_bytes(lay, tokens) if model.is_moe else None,
         tp_multi=t > 1, tp_internode=t > hw.nvlink_domain,
         all_reduce=comm.all_reduce_time(hw, ACT_BYTES * tokens * h, t, per_node),
+        dispatch_multi=lay.dp > 1, dispatch_internode=lay.dp > hw.nvlink_domain,
+        dispatch=attention_dp_dispatch(lay, tokens),
         out_flops=2.0 * sampled * h * V / t, out_bytes=h * V / t * ACT_BYTES, logits=sampled * V, mamba=mamba_pass,
         peak16=peak16, peak8=quantized_gemm_peak(hw, lay.weight_bytes), hbm=hw.hbm_tbps * 1e12,
         hop=_hop_work(lay, tokens))
@@ -628,6 +713,7 @@ def price_pass(eff: InferenceEfficiency, w: PassWork) -> dict[str, np.ndarray]:
     ar_floor = np.where(w.tp_multi, np.where(w.tp_internode, eff.internode_allreduce_latency_us,
                                              eff.allreduce_latency_us), 0.0) * 1e-6
     ar = 2.0 * (w.all_reduce + ar_floor)
+    ar = ar + w.moe_share * moe_dispatch_time(eff, w)
     overhead = eff.layer_overhead_us * 1e-6
     # Each kernel is bound by its own FLOPs or bytes; the kernels run one after another (a dense
     # model's routed-expert terms are zeros, left out).
@@ -652,6 +738,15 @@ def price_pass(eff: InferenceEfficiency, w: PassWork) -> dict[str, np.ndarray]:
     layers = w.layers
     return {"time": layers * layer + t_out, "compute": layers * compute + out_compute,
             "memory": layers * mem + out_mem, "tp_comm": layers * ar, "overhead": layers * overhead}
+
+
+def moe_dispatch_time(eff: InferenceEfficiency, w: PassWork) -> np.ndarray:
+    """One MoE layer's token exchange under attention DP (``attention_dp_dispatch``): its transfer
+    time and the fitted per-call latency of an all-reduce (``allreduce_latency_us``, or the
+    inter-node one) for each of its two collectives, the gather and the reduce-scatter; zeros
+    without attention DP."""
+    floor = np.where(w.dispatch_internode, eff.internode_allreduce_latency_us, eff.allreduce_latency_us) * 1e-6
+    return np.where(w.dispatch_multi, w.dispatch + 2.0 * floor, 0.0)
 
 
 def _hop_work(lay: Layout, tokens) -> tuple:

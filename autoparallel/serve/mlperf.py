@@ -127,25 +127,33 @@ def load_rows(data: str = DATA, engine: str = "tensorrt-llm",
     if engine == "tensorrt-llm":
         kv = notes.str.extract(r"kvcache_free_gpu_mem_frac=([0-9.]+)")[0].astype(float)
         rows["kv_fraction"] = kv.fillna(load_engine("tensorrt-llm").kv_memory_fraction)
+        # NVIDIA's v5.1 DeepSeek-R1 configs run TensorRT-LLM's PyTorch backend with attention DP
+        # (``enable_attention_dp: True`` beside TP8 EP8): each TP rank a replica of its own (``_simulate``).
+        rows["attention_dp"] = notes.str.contains("enable_attention_dp=True", regex=False)
     else:  # vLLM's gpu_memory_utilization, KV block size and scheduler as each row's config sets them
         own = load_engine(engine)
         rows["kv_fraction"] = notes.str.extract(r"gpu_memory_utilization=([0-9.]+)")[0].astype(float).fillna(
             own.kv_memory_fraction)
         rows["engine_settings"] = [vllm_settings(own, n) for n in notes]
     expected = rows["notes"].fillna("").str.extract(r"offline_expected_qps=([0-9.]+)")[0].astype(float)
-    rows["offline_requests"] = [offline_sample_count(m, q, d) for m, q, d in
-                                zip(rows["model"], expected, rows["min_duration_ms"])]
+    least = rows["notes"].fillna("").str.extract(r"run min_query_count=([0-9]+)")[0].astype(float)
+    rows["offline_requests"] = [offline_sample_count(m, q, d, n) for m, q, d, n in
+                                zip(rows["model"], expected, rows["min_duration_ms"], least)]
     return rows, reason[reason != ""]
 
 
-def offline_sample_count(model: str, expected_qps: float, min_duration_ms: float) -> int:
+def offline_sample_count(model: str, expected_qps: float, min_duration_ms: float,
+                         min_query_count: float = math.nan) -> int:
     """Samples in LoadGen's Offline query: ``max(min_query_count, 1.1 * min_duration * offline_expected_qps)``
-    (loadgen/test_settings_internal.cc), the dataset size standing for the minimum count; the
-    dataset size alone where the config's expected QPS is not published."""
+    (loadgen/test_settings_internal.cc), the dataset size standing for the minimum count where the
+    run's log does not give it (``requested_min_query_count`` of its mlperf_log_detail.txt, in the
+    v5.1 rows' notes: 26,328 = 6 x the dataset for NVIDIA's DeepSeek-R1 configs, above what their
+    expected QPS asks); the dataset size alone where the config's expected QPS is not published."""
     dataset = int(settings()["offline_requests"][model])
+    least = max(dataset, int(min_query_count)) if math.isfinite(min_query_count) else dataset
     if not (math.isfinite(expected_qps) and math.isfinite(min_duration_ms)):
-        return dataset
-    return max(dataset, int(1.1 * min_duration_ms / 1e3 * expected_qps))
+        return least
+    return max(least, int(1.1 * min_duration_ms / 1e3 * expected_qps))
 
 
 def offline_run(cost, sched, workload, requests: int, min_duration_s: float = 0.0):
@@ -228,15 +236,21 @@ def engine_as_run(run: HarnessSettings, kv_fraction: float):
 
 def harness_replica(spec, hw, eff, workload, tp: int, pp: int, max_batch: int, max_tokens: int,
                     weight_precision: str = "fp8", kv_precision: str = "fp8", kv_fraction: float | None = None,
-                    engine_settings: HarnessSettings | None = None):
+                    engine_settings: HarnessSettings | None = None, attention_dp: bool = False):
     """(cost, scheduler) of one TensorRT-LLM replica as NVIDIA's MLPerf harness runs it
     (``harness_engine``), or of the engine ``engine_settings`` names as a held-out row ran it
-    (``engine_as_run``), its engine built for ``workload``'s longest request and answer."""
+    (``engine_as_run``), its engine built for ``workload``'s longest request and answer.
+    ``attention_dp``: one attention-DP rank of a TP ``tp`` EP ``tp`` layout (``simulate.replica``),
+    ``max_batch`` and ``max_tokens`` per rank as TensorRT-LLM's PyTorch backend applies them (each
+    rank schedules its own requests; its MoE takes ``max_num_tokens`` x the ranks: NVIDIA/
+    TensorRT-LLM@000a01de tensorrt_llm/_torch/modules/fused_moe/fused_moe_cutlass.py, "The maximum
+    number of tokens in MoE are multiplied by DP size when attention DP is enabled")."""
     engine = engine_as_run(engine_settings, kv_fraction) if engine_settings else harness_engine(kv_fraction)
     if engine_settings and engine_settings.admission_cap:  # AMD's V0 scheduler (vllm_settings)
         max_batch = min(max_batch, int(engine_settings.admission_cap))
     return replica(spec, hw, eff, engine, tp, pp, max_batch, max_tokens, weight_precision,
-                   kv_precision, 1, workload.max_input + workload.max_output, workload.max_output)
+                   kv_precision, tp if attention_dp else 1, workload.max_input + workload.max_output,
+                   workload.max_output, attention_dp)
 
 
 _SIMULATED: dict = {}  # ``_simulate``'s results by its arguments, in this process
@@ -258,7 +272,8 @@ def _simulated(keys: list[tuple], workers: int | None) -> list[tuple[float, ...]
 
 def _simulate(model: str, hardware: str, scenario: str, layout: tuple, kv_fraction: float, ttft_ms: float,
              tpot_ms: float, target_qps: float, eff_key: str, requests: int,
-             duration_s: float = 0.0, offline_requests: int = 0, engine_settings: HarnessSettings | None = None) -> tuple[float, ...]:
+             duration_s: float = 0.0, offline_requests: int = 0, engine_settings: HarnessSettings | None = None,
+             attention_dp: bool = False) -> tuple[float, ...]:
     """(tokens/s of the deployment, p99 TTFT, TPOT and end-to-end latency in ms at the target QPS,
     1.0 where the simulated replica does not keep up with the target QPS else 0.0, p99 TTFT and
     TPOT in ms at the simulated replica's own Server rate: the largest rate within the bounds, the
@@ -274,7 +289,9 @@ def _simulate(model: str, hardware: str, scenario: str, layout: tuple, kv_fracti
     value to compare: NaN, and the run is flagged. Offline: ``offline_requests`` (LoadGen's sample
     count, ``offline_sample_count``) over the replicas, at least as many as last ``duration_s``.
     ``engine_settings``: a held-out row's engine as run (``engine_as_run``); None: NVIDIA's harness.
-    Interactive (MLPerf v5.0 on) is a Server run under tighter bounds: any scenario not Offline is one."""
+    Interactive (MLPerf v5.0 on) is a Server run under tighter bounds: any scenario not Offline is one.
+    ``attention_dp``: the row's TP group runs attention data-parallel (``harness_replica``): each of its
+    ``tp`` ranks is simulated as a replica of its own, with 1 / (replicas x tp) of the requests or rate."""
     s = settings()
     spec = io.load_model(s["models"][model])
     hw = io.load_hardware(hardware)
@@ -284,7 +301,9 @@ def _simulate(model: str, hardware: str, scenario: str, layout: tuple, kv_fracti
     workload = load_workload(s["workloads"][model])
     tp, pp, replicas, max_batch, max_tokens, wp, kp = layout
     cost, sched = harness_replica(spec, hw, eff, workload, tp, pp, max_batch, max_tokens, wp, kp, kv_fraction,
-                                  engine_settings)
+                                  engine_settings, attention_dp)
+    if attention_dp:  # every rank of each replica schedules its own requests
+        replicas *= tp
     if scenario == "Offline":  # LoadGen's one query of ``offline_requests`` samples, this replica's share
         share = math.ceil((offline_requests or int(s["offline_requests"][model])) / replicas)
         offline = offline_run(cost, sched, workload, share, duration_s)
@@ -378,7 +397,8 @@ def predict_rows(rows: pd.DataFrame, cross: bool = True, requests: int = REQUEST
                              key.format(model=r["model"]), requests,
                              float(r["min_duration_ms"]) / 1e3 if r["min_duration_ms"] > 0 else 0.0,
                              int(r["offline_requests"]) if r["scenario"] == "Offline" else 0,
-                             r["engine_settings"] if "engine_settings" in r else None)
+                             r["engine_settings"] if "engine_settings" in r else None,
+                             bool(r["attention_dp"]) if "attention_dp" in r else False)
                             for _, r in rows.iterrows()], workers)
         tokens, ttft, tpot, e2e, over, ttft_own, tpot_own = ((np.array(x, dtype=float) for x in zip(*preds))
                                                             if preds else ([],) * 7)

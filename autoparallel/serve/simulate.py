@@ -156,8 +156,9 @@ class IterationCost:
 
     def __init__(self, model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency, tp: int, pp: int,
                  weight_precision: str, kv_precision: str, ep: int = 1, max_tokens: int = 8192,
-                 max_seqs: int = 2048, engine: ServingEngine | None = None):
-        lay = layout(model, hw, eff, float(tp), float(pp), weight_precision, kv_precision, float(ep), engine)
+                 max_seqs: int = 2048, engine: ServingEngine | None = None, attention_dp: bool = False):
+        lay = layout(model, hw, eff, float(tp), float(pp), weight_precision, kv_precision, float(ep), engine,
+                     attention_dp)
         zero = np.zeros(1)
         base = float(stage_pass(lay, zero, zero, zero, zero)["time"][0])
         # The tables as lists of Python floats: the simulation reads one element at a time, where a
@@ -677,13 +678,17 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
 
 def replica(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency, engine: ServingEngine, tp: int, pp: int,
             max_batch: int, max_num_tokens: int, weight_precision: str, kv_precision: str, ep: int = 1,
-            longest: int = 0, max_new_tokens: int = 0) -> tuple[IterationCost, Scheduler]:
+            longest: int = 0, max_new_tokens: int = 0, attention_dp: bool = False) -> tuple[IterationCost, Scheduler]:
     """The iteration cost and scheduler of one replica of a layout, its KV pool as
     ``costmodel.inflight.kv_pool`` allocates it; ``longest``: the longest request (tokens);
     ``max_new_tokens``: the requests' ``max_tokens`` (what a full reservation holds; 0: each
-    request's own output)."""
+    request's own output). ``attention_dp`` (``costmodel.inference.layout``): one of the ``tp``
+    attention-DP ranks, with its own scheduler, ``max_batch``, ``max_num_tokens`` and KV pool (the
+    engine's per-rank limits), its MoE layers priced on as many tokens from each other rank (the
+    ranks assumed balanced); the deployment's ``tp`` ranks are then ``tp`` such replicas."""
     from autoparallel.costmodel.inflight import kv_pool
-    lay = layout(model, hw, eff, float(tp), float(pp), weight_precision, kv_precision, float(ep))
+    lay = layout(model, hw, eff, float(tp), float(pp), weight_precision, kv_precision, float(ep),
+                 attention_dp=attention_dp)
     pool = float(np.ravel(kv_pool(lay, engine, float(max_batch), float(max_num_tokens))["pool"])[0])
     running = None
     if model.is_hybrid:  # the running requests' Mamba states set apart, the rest paged K/V
@@ -693,7 +698,7 @@ def replica(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency, engine
     if running is not None:
         sched = dataclasses.replace(sched, max_running=running)
     cost = IterationCost(model, hw, eff, tp, pp, weight_precision, kv_precision, ep,
-                         max(max_num_tokens, longest), sched.max_running, engine)
+                         max(max_num_tokens, longest), sched.max_running, engine, attention_dp)
     return cost, sched
 
 

@@ -42,6 +42,11 @@ class Traffic:
     requests: int = 5000
     seed: int = 0
     structures: int = 8
+    # Each layout's TP ranks run attention data-parallel around an expert-parallel MoE (``infer
+    # --attention-dp``; costmodel.inference.layout): every rank a replica of its own with max batch,
+    # token budget and KV pool (TensorRT-LLM's per-rank limits); the steady-state search still picks
+    # the layouts as TP ones.
+    attention_dp: bool = False
 
     def __post_init__(self) -> None:
         if self.scenario is not None and self.scenario not in SCENARIOS:
@@ -134,8 +139,8 @@ def simulate_layout(result, traffic: Traffic, row) -> dict:
     cost, sched = replica(result.model, result.hardware, result.efficiency, result.engine, int(row["tp"]),
                           int(row["pp"]), int(row["max_batch"]), int(row["max_num_tokens"]),
                           row["weight_precision"], row["kv_precision"], int(row["ep"]), longest,
-                          traffic.workload.max_output)
-    replicas = int(row["replicas"])
+                          traffic.workload.max_output, traffic.attention_dp)
+    replicas = int(row["replicas"]) * (int(row["tp"]) if traffic.attention_dp else 1)  # attention DP: per rank
     if traffic.scenario in ("server", "interactive"):
         rate, s = _largest_rate(cost, sched, traffic, request)
         reason = "" if s is not None else f"misses the p{traffic.percentile:g} bounds at every rate tried"
@@ -186,7 +191,8 @@ def title(result, traffic: Traffic) -> str:
     what = traffic.scenario or ("offline" if r.request_rate is None else f"{r.request_rate:g} requests/s")
     bounds = ", ".join(f"p{traffic.percentile:g} {n} <= {b:g} ms" for n, b in
                        (("TTFT", r.max_ttft_ms), ("TPOT", r.max_tpot_ms)) if b is not None)
-    return (f"{result.model.name} on {result.gpus} x {result.hardware.name} ({result.engine.name}), "
+    adp = ", attention DP" if traffic.attention_dp else ""
+    return (f"{result.model.name} on {result.gpus} x {result.hardware.name} ({result.engine.name}{adp}), "
             f"{traffic.workload.name}, {what}{', ' + bounds if bounds else ''}: {traffic.requests:,} simulated "
             f"requests per layout")
 

@@ -91,6 +91,9 @@ def test_offline_runs_as_many_samples_as_loadgen_sends(rows):
     assert mlperf.offline_sample_count("llama2-70b", 76.0, 2_400_000.0) == 200_640
     assert mlperf.offline_sample_count("llama2-70b", 1.0, 2_400_000.0) == 24_576  # the dataset at least
     assert mlperf.offline_sample_count("mixtral-8x7b", float("nan"), 2_400_000.0) == 15_000  # no published QPS
+    # the run's requested_min_query_count where its log gives one (NVIDIA's v5.1 DeepSeek-R1: 6 x the dataset)
+    assert mlperf.offline_sample_count("deepseek-r1", 10.0, 600_000.0, 26_328.0) == 26_328
+    assert mlperf.offline_sample_count("deepseek-r1", 10.0, 600_000.0) == 6_600
     kept, _ = rows
     offline = kept[kept["scenario"] == "Offline"]
     dgx = offline[(offline["system"] == "DGX-H100_H100-SXM-80GBx8_TRT") & (offline["model"] == "llama2-70b")]

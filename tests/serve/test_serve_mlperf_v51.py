@@ -67,13 +67,15 @@ def test_rows_kept_and_left_out(rows):
     assert not frame["gpu"].str.contains("MI3").any()  # AMD's rows are another extractor's
     assert set(kept["scenario"]) == {"Offline", "Server", "Interactive"}
     assert {"b200", "gb200", "gb300", "h200", "h200-nvl"} <= set(kept["hardware"])
-    assert {"llama2-70b", "llama3.1-8b", "llama3.1-405b", "mixtral-8x7b"} == set(kept["model"])
+    assert {"llama2-70b", "llama3.1-8b", "llama3.1-405b", "mixtral-8x7b", "deepseek-r1"} == set(kept["model"])
+    # DeepSeek-R1's rows, and only they, run attention DP (tests/serve/test_serve_attention_dp.py)
+    assert set(kept.loc[kept["attention_dp"], "model"]) == {"deepseek-r1"}
     assert (kept["weight_precision"] == "nvfp4").sum() > 50  # Blackwell's NVFP4 weights, priced
     # The Interactive rows carry the round's tighter bounds (LoadGen's test parameters).
     inter = kept[(kept["scenario"] == "Interactive") & (kept["model"] == "llama2-70b")]
     assert set(zip(inter["ttft_bound_ms"], inter["tpot_bound_ms"])) == {(450.0, 40.0)}
     reasons = set(left_out)
-    assert "model without a preset" in reasons  # DeepSeek-R1
+    assert "model without a preset" not in reasons  # DeepSeek-R1's was the one (deepseek-v3's preset)
     assert "GPU without a preset" in reasons  # RTX PRO 6000 Blackwell Server Edition
     assert "KV cache precision not stated in the config" in reasons
     why = frame.loc[left_out.index, "notes"]
@@ -96,8 +98,9 @@ def test_each_kept_layout_is_a_candidate_predicted_to_fit(rows):
         cand = structures(model, hw, int(r["gpus"]), space, engine, wl.max_input)
         assert len(cand) == 1 and cand["reason"].iloc[0] == "", (r["system"], cand["reason"].tolist())
         assert int(cand["replicas"].iloc[0]) == int(r["replicas"])
+        adp = bool(r["attention_dp"])  # DeepSeek-R1: one attention-DP rank's weights and KV pool
         lay = layout(model, hw, efficiency_for("tensorrt-llm"), float(r["tp"]), float(r["pp"]), r["weight_precision"],
-                     r["kv_precision"])
+                     r["kv_precision"], float(r["tp"]) if adp else 1.0, attention_dp=adp)
         mem = kv_pool(lay, mlperf.harness_engine(float(r["kv_fraction"])), float(r["max_batch"]),
                       float(r["max_num_tokens"]))
         longest = (wl.max_input + wl.max_output) * float(np.ravel(lay.kv_bytes_per_token())[0])
@@ -140,7 +143,7 @@ def test_validate_inference_shows_the_held_out_group(capsys, monkeypatch, rows):
     out = " ".join(raw.split())
     assert "MLPerf Inference held out (never fitted): nvidia v5.1, mlperf_inference_v51.csv" in out
     assert "MLPerf nvidia v5.1 held out, mean |error| of tokens/s per GPU: Interactive" in out
-    assert "model without a preset" in out
+    assert "GPU without a preset" in out
     monkeypatch.setattr(validate, "mlperf_json", lambda *a, **k: {})
     assert cli.main(["validate", "--inference", "--json"]) == 0
     v51 = json.loads(capsys.readouterr().out)["mlperf"]["held_out"]["nvidia v5.1"]

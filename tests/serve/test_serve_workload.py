@@ -12,7 +12,8 @@ from autoparallel.errors import UserError
 from autoparallel.serve.search import Request
 from autoparallel.serve.workload import WORKLOADS, Workload, load_workload, workload_names
 
-MLPERF = ("mlperf-llama2-70b", "mlperf-mixtral-8x7b", "mlperf-llama3.1-405b", "mlperf-llama3.1-8b")
+MLPERF = ("mlperf-llama2-70b", "mlperf-mixtral-8x7b", "mlperf-llama3.1-405b", "mlperf-llama3.1-8b",
+          "mlperf-deepseek-r1")
 
 
 def test_the_issue_names_are_shipped():
@@ -47,8 +48,12 @@ def test_published_mlperf_figures_are_the_data_readme_ones():
 #: 0.23 / 0.31 / 0.38 s, TPOT 127.0 ms; DGX-H100 mixtral-8x7b: 11.75 / 29.10 / 61.04 s, TTFT 0.15 /
 #: 0.29 / 0.63 s, TPOT 102.6 ms; H200-SXM-141GBx8 mixtral-8x7b: 15.82 / 39.22 / 82.26 s, TTFT 0.22 /
 #: 0.33 / 0.54 s, TPOT 138.4 ms; Supermicro SYS_821GE (H100) mixtral-8x7b: 12.50 / 30.86 / 64.75 s,
-#: TTFT 0.17 / 0.40 / 1.82 s, TPOT 108.5 ms.
+#: TTFT 0.17 / 0.40 / 1.82 s, TPOT 108.5 ms. MLPerf Inference v5.1, NVIDIA's B200-SXM-180GBx8_TRT
+#: deepseek-r1 (mlcommons/inference_results_v5.1@965182b0): 139.01 / 622.57 / 1,334.33 s, TTFT 0.69 /
+#: 1.10 / 1.70 s, TPOT 66.46 ms (its p99, 20,053 tokens, is the 20,000-token cap).
 LOADGEN_OUTPUT_PERCENTILES = {
+    "mlperf-deepseek-r1": [((139.01 - 0.69) / 0.06646 + 1, (622.57 - 1.10) / 0.06646 + 1,
+                            (1334.33 - 1.70) / 0.06646 + 1)],
     "mlperf-llama2-70b": [((39.05 - 0.27) / 0.1550 + 1, (81.39 - 0.37) / 0.1550 + 1, (144.81 - 0.46) / 0.1550 + 1),
                           ((31.11 - 0.18) / 0.1233 + 1, (65.05 - 0.31) / 0.1233 + 1, (118.86 - 0.45) / 0.1233 + 1),
                           ((32.01 - 0.23) / 0.1270 + 1, (66.66 - 0.31) / 0.1270 + 1, (122.16 - 0.38) / 0.1270 + 1)],
