@@ -270,7 +270,8 @@ def test_a_measured_bf16_speed_needs_a_reference_and_its_figure(tmp_path):
 def test_serving_prices_the_datasheet_peaks_at_the_harness_clock_not_the_measured_speed():
     """The serving cost model's peaks are the datasheet's (its fitted shares hold the sustained rate,
     for every GPU): AMD's held-out MLPerf Inference rows scale them by the GFX clock the harness locks
-    (serve/mlperf.py gfx_clock), never also by the training side's measured speed."""
+    (serve/mlperf.py gfx_clock), never also by the training side's measured speed; the measured speed
+    only caps a lock above it (serve/mlperf.py matrix_clock: tests/serve/test_serve_mlperf_amd.py)."""
     from autoparallel.costmodel import inference
     from autoparallel.serve import mlperf
     mi300x = io.load_hardware("mi300x")
