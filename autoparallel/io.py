@@ -31,7 +31,7 @@ import yaml
 from autoparallel import resources, safefile
 from autoparallel.argtypes import MAX_COUNT
 from autoparallel.errors import SpecError, UserError
-from autoparallel.specs.hardware import HardwareSpec, clock_limited_speed, measured_speed
+from autoparallel.specs.hardware import HardwareSpec, clock_limited_speed, measured_bf16_speed, measured_speed
 from autoparallel.specs.model import ModelSpec
 
 T = TypeVar("T")
@@ -327,6 +327,10 @@ def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareS
     if "clock_speed" in data:
         raise SpecError(f"{path}: clock_speed is derived from max_sm_clock_mhz, sm_count and the efficiency_from "
                         "donor's; state max_sm_clock_mhz (MHz) instead")
+    if "bf16_clock_speed" in data:
+        raise SpecError(f"{path}: bf16_clock_speed is derived; state measured_bf16_gemm_tflops and measured_against")
+    if data.get("measured_bf16_gemm_tflops") is not None and not data.get("measured_against"):
+        raise SpecError(f"{path}: measured_bf16_gemm_tflops needs measured_against (the preset measured beside it)")
     hw = from_dict(HardwareSpec, data, str(path))
     if hw.efficiency_from:
         if "efficiency" in data:
@@ -344,6 +348,8 @@ def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareS
                             f"({hw.efficiency_from or 'none stated'}) or take its constants from it")
         try:
             hw = dataclasses.replace(hw, clock_speed=measured_speed(hw, reference))
+            if hw.measured_bf16_gemm_tflops is not None:
+                hw = dataclasses.replace(hw, bf16_clock_speed=measured_bf16_speed(hw, reference))
         except ValueError as e:
             raise SpecError(f"{path}: {e}") from None
     return hw

@@ -20,9 +20,16 @@ def tensor_speed(hw: HardwareSpec) -> float:
     return hw.efficiency.gpu_speed.get(hw.name, hw.clock_speed)
 
 
+def bf16_speed(hw: HardwareSpec) -> float:
+    """``tensor_speed`` for the BF16 GEMMs: where a benchmark measured ``hw``'s BF16 GEMM rate beside its
+    reference's (``HardwareSpec.bf16_clock_speed``, ``specs.hardware.measured_bf16_speed``) that speed,
+    else the one every tensor peak takes. A fitted factor (``Efficiency.gpu_speed``) still wins."""
+    return hw.efficiency.gpu_speed.get(hw.name, hw.bf16_clock_speed or hw.clock_speed)
+
+
 def bf16_peak(hw: HardwareSpec) -> float:
-    """FLOP/s of the BF16 tensor cores: the datasheet peak at ``hw``'s sustained speed."""
-    return hw.bf16_tflops * 1e12 * tensor_speed(hw)
+    """FLOP/s of the BF16 tensor cores: the datasheet peak at ``hw``'s sustained BF16 speed."""
+    return hw.bf16_tflops * 1e12 * bf16_speed(hw)
 
 
 def efficiency(hw: HardwareSpec, gemm_flops):

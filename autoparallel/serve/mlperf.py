@@ -212,18 +212,36 @@ def vllm_settings(engine, notes: str) -> HarnessSettings:
 
 
 def gfx_clock(hw, mhz: float):
-    """``hw`` with its compute peaks (matrix BF16 / FP8, the exponential units) at a GFX clock of
-    ``mhz`` instead of the one they are quoted at (``validation.mlperf.peak_clock_mhz``); memory and
-    links as they are. AMD's MLPerf harness holds the clock with ``rocm-smi --setperfdeterminism``
-    (scripts/power_settings.sh, sourced by run_harness.sh before main.py): 1,300-2,000 MHz by GPU, model
-    and scenario, against the 2,100 MHz the MI300X / MI325X peaks are quoted at (presets' comments:
-    304 CUs x FLOP per CU per clock x 2.1 GHz). 0: the preset as it is."""
+    """``hw`` with its compute peaks at a GFX clock of ``mhz`` instead of the one they are quoted at
+    (``validation.mlperf.peak_clock_mhz``); memory and links as they are. AMD's MLPerf harness holds the
+    clock with ``rocm-smi --setperfdeterminism`` (scripts/power_settings.sh, sourced by run_harness.sh
+    before main.py): 1,300-2,000 MHz by GPU, model and scenario, against the 2,100 MHz the MI300X / MI325X
+    peaks are quoted at (presets' comments: 304 CUs x FLOP per CU per clock x 2.1 GHz). The exponential
+    units scale with the lock; each matrix peak by the lock but no faster than the GPU's sustained GEMM
+    rate measured against the H100 (``matrix_clock``). 0: the preset as it is."""
     peak = settings().get("peak_clock_mhz", {}).get(hw.name)
     if not mhz or not peak:
         return hw
     f = min(1.0, float(mhz) / float(peak))
-    return dataclasses.replace(hw, bf16_tflops=hw.bf16_tflops * f, exp_tera_per_s=hw.exp_tera_per_s * f,
-                               fp8_tflops=None if hw.fp8_tflops is None else hw.fp8_tflops * f)
+    return dataclasses.replace(hw, bf16_tflops=hw.bf16_tflops * matrix_clock(f, hw.bf16_clock_speed or hw.clock_speed),
+                               exp_tera_per_s=hw.exp_tera_per_s * f,
+                               fp8_tflops=None if hw.fp8_tflops is None else hw.fp8_tflops * matrix_clock(f, hw.clock_speed))
+
+
+def matrix_clock(lock: float, sustained: float) -> float:
+    """The factor on a datasheet matrix peak under a harness clock lock (``lock``: the lock over the
+    clock the peak is quoted at): the lock, but no more than the sustained GEMM speed measured against the
+    H100 (``sustained``: ``HardwareSpec.clock_speed`` for FP8, ``bf16_clock_speed`` for BF16, from
+    specs.hardware.measured_speed), since the serving constants' GEMM shares are the H100's fit. Under a
+    dense GEMM the power limit holds the GPU below any lock AMD sets (AMD's max-achievable FLOPs,
+    ROCm/rocm-blogs 8e011952 measuring-max-achievable-flops-part2: MI300X FP8 at a median 1,230 MHz,
+    MI325X 1,464), so a lock above the sustained speed (MI300X Interactive: 2,000 of 2,100 MHz, 0.952,
+    against 0.717 in FP8) does not make the prefill GEMMs faster. ASSUMPTION: the two combine as a min
+    of two bounds, not as the lock scaling the measured rate; the lower locks (1,300-1,700 MHz, under
+    the sustained speed in FP8) stay as they were, as the Offline / Server rows they predict within a few
+    per cent say (the rate at the power-limited clock alone, never the lock, puts llama2-70b Offline and
+    Server 5-15 % too fast)."""
+    return min(lock, sustained)
 
 
 def engine_as_run(run: HarnessSettings, kv_fraction: float):

@@ -121,10 +121,17 @@ class HardwareSpec:
     # the reference's own ``measured_fp8_gemm_tflops`` comes from: AMD's table measured the MI325X
     # against the MI300X, Azure's the MI300X against the H100. None: the reference's own figure.
     measured_reference_fp8_gemm_tflops: float | None = None
+    # The same for BF16 GEMMs, where a benchmark that measured both GPUs' BF16 rates says the BF16 tensor
+    # speed is not the FP8 one (``measured_bf16_speed``): stated with ``measured_against``.
+    measured_bf16_gemm_tflops: float | None = None
+    measured_reference_bf16_gemm_tflops: float | None = None
     # The tensor speed against the donor, set by ``io.load_hardware`` (never a YAML key):
     # ``measured_speed`` where ``measured_against`` names a sibling or the donor itself, else
     # ``clock_limited_speed``.
     clock_speed: float = 1.0
+    # The BF16 tensor speed against the donor where ``measured_bf16_gemm_tflops`` sets it
+    # (``measured_bf16_speed``, by ``io.load_hardware``, never a YAML key); None: ``clock_speed``.
+    bf16_clock_speed: float | None = None
     # Exponentials per second of the special function units (MUFU.EX2), in units of 10^12: the
     # softmax of flash attention waits on them between its two GEMMs. SMs x 16 per clock x boost
     # clock, or NVIDIA's figure (Blackwell 5, Blackwell Ultra 10.7).
@@ -165,7 +172,8 @@ class HardwareSpec:
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
         for key in ("fp8_tflops", "fp4_tflops", "max_sm_clock_mhz", "measured_fp8_gemm_tflops",
-                    "measured_reference_fp8_gemm_tflops"):
+                    "measured_reference_fp8_gemm_tflops", "measured_bf16_gemm_tflops",
+                    "measured_reference_bf16_gemm_tflops", "bf16_clock_speed"):
             if getattr(self, key) is not None and getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive (or left out), got {getattr(self, key)}")
         if self.scale_up_link not in SCALE_UP_LINKS:
@@ -232,3 +240,20 @@ def measured_speed(hw: HardwareSpec, reference: HardwareSpec) -> float:
                          " (or hw the reference's figure, measured_reference_fp8_gemm_tflops)")
     datasheet = (hw.fp8_tflops or hw.bf16_tflops) / (reference.fp8_tflops or reference.bf16_tflops)
     return reference.clock_speed * hw.measured_fp8_gemm_tflops / against / datasheet
+
+
+def measured_bf16_speed(hw: HardwareSpec, reference: HardwareSpec) -> float:
+    """The factor on ``hw``'s datasheet BF16 peak from a benchmark that measured the BF16 GEMM rate of
+    both ``hw`` and ``reference`` (``measured_bf16_gemm_tflops``; the reference's figure in that
+    benchmark: ``measured_reference_bf16_gemm_tflops`` where hw states it, else the reference's own):
+    the reference's BF16 speed (its ``bf16_clock_speed``, else ``clock_speed``) times the measured ratio
+    over the datasheet BF16 ratio, as ``measured_speed`` reads FP8. The FP8 ratio need not be the BF16
+    one: the same torch ``matmul`` BF16 sweep (stas00/ml-engineering, Maximum Achievable Matmul FLOPS)
+    has the MI300X at 668.4 TFLOP/s against the H100's 794.5 (0.84x), where Azure's FP8 GEMM has it
+    at 1,222.9 against 1,290.1 (0.95x) at a datasheet ratio of 1.32 in both precisions."""
+    against = hw.measured_reference_bf16_gemm_tflops or reference.measured_bf16_gemm_tflops
+    if not hw.measured_bf16_gemm_tflops or not against:
+        raise ValueError(f"{hw.name} is measured against {reference.name}: both must state measured_bf16_gemm_tflops"
+                         " (or hw the reference's figure, measured_reference_bf16_gemm_tflops)")
+    speed = reference.bf16_clock_speed or reference.clock_speed
+    return speed * hw.measured_bf16_gemm_tflops / against / (hw.bf16_tflops / reference.bf16_tflops)

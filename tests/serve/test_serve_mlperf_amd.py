@@ -151,3 +151,24 @@ def test_each_row_runs_as_amds_harness_sets_it(rows):
     slow = mlperf.gfx_clock(hw, 1400)
     assert slow.fp8_tflops == pytest.approx(hw.fp8_tflops * 1400 / 2100) and slow.hbm_tbps == hw.hbm_tbps
     assert mlperf.gfx_clock(hw, 0) is hw and mlperf.gfx_clock(io.load_hardware("h100-sxm"), 1400).fp8_tflops == 1979
+
+
+def test_a_harness_clock_above_the_sustained_gemm_rate_does_not_speed_the_matrix_peaks():
+    """gfx_clock scales each matrix peak by the lock, capped at the GPU's sustained GEMM speed measured
+    against the H100 (mlperf.matrix_clock): the MI300X Interactive lock of 2,000 MHz (0.952 of the
+    2,100 the peaks are quoted at) gives its FP8 peak 0.717 = (1,222.9 / 1,290.1) / (2,614.9 / 1,979)
+    (Azure's FP8 pair) and its BF16 peak 0.636 = (668.4 / 794.5) / (1,307.4 / 989) (the BF16 MAMF pair);
+    the exponential units take the lock. Locks under the sustained speed stand as before."""
+    mi300x, mi325x = io.load_hardware("mi300x"), io.load_hardware("mi325x")
+    fp8, bf16 = (1222.9 / 1290.1) / (2614.9 / 1979), (668.4 / 794.5) / (1307.4 / 989)
+    fast = mlperf.gfx_clock(mi300x, 2000)
+    assert fast.fp8_tflops == pytest.approx(2614.9 * fp8) == pytest.approx(1979 * 1222.9 / 1290.1)
+    assert fast.bf16_tflops == pytest.approx(1307.4 * bf16)
+    assert fast.exp_tera_per_s == pytest.approx(mi300x.exp_tera_per_s * 2000 / 2100)
+    offline = mlperf.gfx_clock(mi300x, 1400)  # FP8 under 0.717: the lock; BF16 over 0.636: the cap
+    assert offline.fp8_tflops == pytest.approx(2614.9 * 1400 / 2100) and offline.bf16_tflops == pytest.approx(1307.4 * bf16)
+    assert mlperf.gfx_clock(mi300x, 1300).bf16_tflops == pytest.approx(1307.4 * 1300 / 2100)
+    inter = mlperf.gfx_clock(mi325x, 1700)  # 0.810 under the MI325X's FP8 0.856, over its BF16 0.758
+    assert inter.fp8_tflops == pytest.approx(2614.9 * 1700 / 2100)
+    assert inter.bf16_tflops == pytest.approx(1307.4 * bf16 * 843 / 708)
+    assert mlperf.matrix_clock(0.9, 0.7) == 0.7 and mlperf.matrix_clock(0.6, 0.7) == 0.6
