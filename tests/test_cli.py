@@ -482,3 +482,16 @@ def test_an_estimate_whose_layout_fits_nowhere_names_search_s_count_for_its_flag
     assert note.startswith("does not fit on 8 x h100-sxm: ") and "layouts with these flags fit on " in note
     tail = note.split("layouts with these flags fit on ")[1]
     assert f"; layouts fit on {tail}" in searched.stderr, (note, searched.stderr)
+
+
+def test_an_estimate_that_does_not_fit_where_search_with_its_flags_does_says_so_first():
+    """Llama 3 70B at TP4 PP2 MBS2 on 32 GPUs does not fit with estimate's defaults (no recompute,
+    bf16), but search with the same flags finds layouts that fit on these 32 GPUs: the line says
+    that, before any larger count."""
+    flags = ["--model", "llama3-70b", "--gpus", "32", "--tp", "4", "--pp", "2", "--mbs", "2"]
+    out = run_cli("estimate", *flags)
+    assert out.returncode == 0, out.stderr
+    assert re.fullmatch(r"does not fit on 32 x h100-sxm: [\d.]+ GiB against a limit of 79\.7 GiB; layouts with "
+                        r"these flags fit on 32 GPUs: search --gpus 32", _after_the_table(out.stdout)), out.stdout
+    found = run_cli("search", *flags, "--no-save", "--json", "--top", "1")
+    assert found.returncode == 0 and json.loads(found.stdout)[0]["fits"], found.stderr
