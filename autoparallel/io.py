@@ -260,23 +260,24 @@ def check_space_kind(data, name_or_path: str, cls: type, command: str) -> None:
 def resolve_preset(kind: str, name_or_path: str) -> Path:
     """The YAML file for a preset name, alias or path; a UserError listing valid names if none."""
     candidate = Path(name_or_path)
-    if candidate.suffix in (".yaml", ".yml") or os.sep in name_or_path:
-        if not os.path.lexists(candidate):  # a link loop exists, and says so when read
-            raise UserError(f"{kind} file {name_or_path!r} does not exist")
+    singular = {"models": "model", "hardware": "hardware", "spaces": "search space"}[kind]
+    path = candidate.suffix in (".yaml", ".yml") or os.sep in name_or_path
+    if path and os.path.lexists(candidate):  # a link loop exists, and says so when read
         return candidate
     names = preset_aliases(kind)
-    key = name_or_path.lower()
-    if key in names:
-        return preset_files(kind)[names[key]]
+    if path:  # it said only "models file 'x.yaml' does not exist": now what would do, as for a name
+        wrong, key = f"{singular} file {name_or_path!r} does not exist", candidate.stem.lower()
+    else:
+        wrong, key = f"unknown {singular} {name_or_path!r}", name_or_path.lower()
+        if key in names:
+            return preset_files(kind)[names[key]]
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
     hint = f" Did you mean {names[close[0]]!r}?" if close else ""
     # A GPU given as the model (or a model as the GPU) drew a look-alike: --model vr200, "Did you mean gpt3-20b?"
     other = {"models": ("hardware", "a hardware preset: --gpu"), "hardware": ("models", "a model preset: --model")}
     if kind in other and key in preset_aliases(other[kind][0]):
         hint = f" It is {other[kind][1]} {name_or_path}."
-    singular = {"models": "model", "hardware": "hardware", "spaces": "search space"}[kind]
-    raise UserError(f"unknown {singular} {name_or_path!r}.{hint} "
-                    f"Valid: {', '.join(preset_files(kind))} (or a path to a YAML file)")
+    raise UserError(f"{wrong}.{hint} Valid: {', '.join(preset_files(kind))} (or a path to a YAML file)")
 
 
 def _beside(path: Path, name_or_path: str) -> str:

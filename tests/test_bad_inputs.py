@@ -287,6 +287,9 @@ BAD_INPUTS = [
     (["serch"], "autoparallel: error: argument COMMAND: invalid choice: 'serch'"),
     (["models", "--all"], "models: unrecognized arguments: --all (see `autoparallel models --help`)"),
     (["hardware", "h100"], "hardware: unrecognized arguments: h100 (see `autoparallel hardware --help`)"),
+    # a flag of another command named none of this one's (session 52: infer's precisions are two flags)
+    (["infer", "--model", "llama3.1-70b", "--gpus", "8", "--precision", "fp8"],
+     "infer: unrecognized arguments: --precision fp8; did you mean --kv-precision or --weight-precision?"),
     (["runs", "import", "x.log", "--gpu", "h100-sxm", "--bogus"],
      "runs import: unrecognized arguments: --bogus (see `autoparallel runs import --help`)"),
     # --- search: flags
@@ -300,7 +303,12 @@ BAD_INPUTS = [
     (["search", "--model", "gpt-175b", "--gpus", "1024"], "unknown model 'gpt-175b'. Did you mean 'gpt3-175b'?"),
     (["search", "--model", "175b", "--gpus", "1024", "--gpu", "h1000"], "unknown hardware 'h1000'"),
     (["search", "--model", "175b", "--gpus", "1024", "--space", "huge"], "unknown search space 'huge'"),
-    (["search", "--model", "{dir}/nope.yaml", "--gpus", "8"], "nope.yaml' does not exist"),
+    # a missing file said only "models file '...' does not exist": now what would do, as for a name (session 52)
+    (["search", "--model", "{dir}/nope.yaml", "--gpus", "8"], "model file '{dir}/nope.yaml' does not exist. Valid: "),
+    (["estimate", "--model", "llama3-70b.yaml", "--gpus", "8"],
+     "model file 'llama3-70b.yaml' does not exist. Did you mean 'llama3-70b'? Valid: cpu-small,"),
+    (["infer", "--model", "llama3-70b", "--gpus", "8", "--gpu", "h100.yaml"],
+     "hardware file 'h100.yaml' does not exist. Did you mean 'h100-sxm'? Valid: a100-sxm-80g,"),
     (["search", "--model", "junk", "--gpus", "8"], "junk.yaml: not a YAML text file (byte 0x80 at offset 128 is not UTF-8)"),
     # --- search: nothing valid or nothing fits, the pinned knob or the input named first
     (["search", "--model", "175b", "--gpus", "1024", "--mbs", "8", "--gbs", "4"],

@@ -449,3 +449,49 @@ def test_counts_read_as_english():
                                                                  "1,024 Slurm jobs"]
     assert summary([8], None, 10, 3600).startswith("1 Slurm job, 8 GPUs in all")
     assert summary([1, 1], None, 10, 3600).startswith("2 Slurm jobs, 2 GPUs in all")
+
+
+def _after_the_table(stdout: str) -> str:
+    return " ".join(stdout[stdout.rindex("┘") + 1:].split())
+
+
+def test_an_estimate_that_does_not_fit_names_the_gpu_count_at_which_it_does():
+    """`estimate` said "fits NO" and nothing more, where search names the GPU count at which layouts
+    fit (session 52): the line under the table names the count at which this layout fits (more
+    data-parallel replicas), as search's message words it, and the estimate there fits."""
+    out = run_cli("estimate", "--model", "175b", "--gpus", "32", "--tp", "4", "--pp", "8")
+    assert out.returncode == 0, out.stderr
+    found = re.fullmatch(r"does not fit on 32 x h100-sxm: ([\d.]+) GiB against a limit of 79\.7 GiB; this layout "
+                         r"fits on (\d+) GPUs \((\d+) still need ([\d.]+) GiB\): estimate --gpus \2",
+                         _after_the_table(out.stdout))
+    assert found, out.stdout
+    at = {n: json.loads(run_cli("estimate", "--model", "175b", "--gpus", n, "--tp", "4", "--pp", "8", "--json").stdout)
+          for n in (found[2], found[3])}
+    assert at[found[2]]["fits"] and not at[found[3]]["fits"]
+    assert f"{at[found[3]]['peak_memory_gib']:.1f}" == found[4]
+
+
+def test_an_estimate_whose_layout_fits_nowhere_names_search_s_count_for_its_flags():
+    """GPT-3 175B at TP8 PP1 does not fit on any count tried with estimate's defaults (no recompute,
+    bf16): the line names the count at which search with the same flags finds layouts, the count
+    and words search's own message has."""
+    out = run_cli("estimate", "--model", "175b", "--gpus", "8", "--tp", "8", "--pp", "1")
+    searched = run_cli("search", "--model", "175b", "--gpus", "8", "--tp", "8", "--pp", "1", "--no-save")
+    assert out.returncode == 0 and searched.returncode == 2, (out.stderr, searched.stderr)
+    note = _after_the_table(out.stdout)
+    assert note.startswith("does not fit on 8 x h100-sxm: ") and "layouts with these flags fit on " in note
+    tail = note.split("layouts with these flags fit on ")[1]
+    assert f"; layouts fit on {tail}" in searched.stderr, (note, searched.stderr)
+
+
+def test_an_estimate_that_does_not_fit_where_search_with_its_flags_does_says_so_first():
+    """Llama 3 70B at TP4 PP2 MBS2 on 32 GPUs does not fit with estimate's defaults (no recompute,
+    bf16), but search with the same flags finds layouts that fit on these 32 GPUs: the line says
+    that, before any larger count."""
+    flags = ["--model", "llama3-70b", "--gpus", "32", "--tp", "4", "--pp", "2", "--mbs", "2"]
+    out = run_cli("estimate", *flags)
+    assert out.returncode == 0, out.stderr
+    assert re.fullmatch(r"does not fit on 32 x h100-sxm: [\d.]+ GiB against a limit of 79\.7 GiB; layouts with "
+                        r"these flags fit on 32 GPUs: search --gpus 32", _after_the_table(out.stdout)), out.stdout
+    found = run_cli("search", *flags, "--no-save", "--json", "--top", "1")
+    assert found.returncode == 0 and json.loads(found.stdout)[0]["fits"], found.stderr

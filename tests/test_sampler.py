@@ -236,12 +236,14 @@ def test_the_bar_says_the_grid_is_priced_before_it_counts_trials(monkeypatch):
 def test_a_study_with_no_feasible_layout_names_no_folder_to_resume(tmp_path, save):
     """A study whose trials all ran out of memory said "run more trials with `autoparallel search
     --resume <dir>`": the dir was the staging folder (removed right after) or --no-save's temporary
-    one, and a study that ran all its trials takes no more (--trials has no effect with --resume)."""
+    one, and a study that ran all its trials takes no more (--trials has no effect with --resume).
+    Where no layout of the grid fits either, it names the GPU count at which layouts do (session 52)."""
     from autoparallel.errors import UserError
     model, hw = io.load_model("gpt3-175b"), io.load_hardware("h100-sxm")
     settings = sampler.StudySettings(trials=3, seeds_from_grid=0, seed=0)
-    with pytest.raises(UserError, match=r"none of the 3 layouts the study tried is feasible \(3 x out of memory\); "
-                                        r"search again with more --trials or with --strategy grid") as caught:
+    with pytest.raises(UserError, match=r"none of the 3 layouts the study tried is feasible \(3 x out of memory\), "
+                                        r"and no layout of the grid fits on 8 x h100-sxm; layouts fit on 64 GPUs "
+                                        r"\(32 still need [\d.]+ GiB\): search --gpus 64$") as caught:
         run.optuna_search(model, hw, 8, 2048, load_space(), settings, tmp_path if save else None, ["test"])
     assert "--resume" not in str(caught.value) and str(tmp_path) not in str(caught.value)
     assert not list(tmp_path.iterdir())  # no folder left behind that the message could have meant

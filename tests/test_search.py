@@ -1,3 +1,5 @@
+import re
+
 import pandas as pd
 import pytest
 
@@ -199,3 +201,39 @@ def test_at_rows_gathers_as_its_full_column(dtype):
         got = column.taken(column.slots(order))
         assert got.dtype == full.dtype
         np.testing.assert_array_equal(got, full.take(order))
+
+
+def _fits_on(message: str) -> str:
+    """The GPU count a memory message names and the command that goes there, as search says it."""
+    found = re.search(r"fits? on \d+ GPUs \(\d+ still need [\d.]+ GiB\): \w+ --gpus \d+$", message)
+    assert found, message
+    return found[0]
+
+
+def test_a_sampler_search_that_fits_nothing_names_the_gpu_count_as_grid_search_does(gpt175b, h100):
+    """`search --strategy optuna --grid-seeds 0` on 8 GPUs said "none of the 18 layouts the study tried
+    is feasible (18 x out of memory); search again with more --trials" where grid search names 64
+    GPUs (session 52): no trial fits in memory, none of the grid does either, and it names the count
+    grid search names, in the same words (``diagnose.fits_on``)."""
+    from autoparallel.search import sampler
+    settings = sampler.StudySettings(trials=6, seeds_from_grid=0, seed=0)
+    with pytest.raises(UserError) as caught:
+        run.optuna_search(gpt175b, h100, 8, 2048, load_space(), settings, None, ["test"])
+    message = str(caught.value)
+    assert message.startswith("none of the") and "and no layout of the grid fits on 8 x h100-sxm; " in message
+    with pytest.raises(UserError) as grid:
+        run.search(gpt175b, h100, 8, 2048, load_space())
+    assert _fits_on(message) == _fits_on(str(grid.value)) and _fits_on(message).endswith("search --gpus 64")
+
+
+def test_the_fewest_count_searched_from_scratch_is_the_count_asked_where_layouts_fit(gpt175b, h100):
+    """``fewest_gpus_that_fit`` without a known need (after a sampler search, or for estimate's flags)
+    searches the count asked first: where layouts fit there it is the count (the sampler then says
+    "more --trials", not a count), and otherwise the count grid search names."""
+    from autoparallel.search.diagnose import MoreGpus
+    space = load_space()
+    assert run.fewest_gpus_that_fit(gpt175b, h100, 512, 2048, space, None, None) == MoreGpus(512, None)
+    with pytest.raises(UserError) as grid:
+        run.search(gpt175b, h100, 8, 2048, space)
+    more = run.fewest_gpus_that_fit(gpt175b, h100, 8, 2048, space, None, None)
+    assert _fits_on(str(grid.value)).endswith(f"search --gpus {more.gpus}") and more.gpus > 8

@@ -183,7 +183,8 @@ def test_a_coded_column_that_tells_rows_apart_stays_and_a_shared_column_goes_fir
     EP 1 in every row: a column with codes that rows differ in stays, coded where its name does not
     fit, a column every row shares going first where even that is too wide, and goes as before where
     nothing fits; the note says what went, what every row holds and what a code means."""
-    cols = [fit.Column("a", "A"), fit.Column("ep", "EP", knob=True), fit.Column("t", "tie"),
+    cols = [fit.Column("a", "A"), fit.Column("ep", "EP", knob=True),
+            fit.Column("t", "tie", alike=(("yes", "every row is a tie"),)),
             fit.Column("p", "precision", drop=1, knob=True, short="prec", codes=(("fp8-delayed", "fp8d"),)),
             fit.Column("o", "other", drop=2)]
     rows = [["1", "1", "yes", "fp8-delayed", "x"], ["2", "1", "yes", "bf16", "y"]]
@@ -196,7 +197,7 @@ def test_a_coded_column_that_tells_rows_apart_stays_and_a_shared_column_goes_fir
         "every row: EP 1; prec: fp8d = fp8-delayed; --wide adds other"
     columns, cells, shown = fit.narrowed(cols, rows, 8)  # then the tie mark: A + prec = 7
     assert shown == [0, 3] and fit.dropped_note(columns, shown, "", cells, constants=False).startswith(
-        "every row: EP 1, tie yes; prec:")
+        "every row: EP 1; every row is a tie; prec:")
     assert fit.narrowed(cols, rows, 5)[2] == fit.fit(cols, rows, 5) == [0, 1, 2]  # too narrow even so
     same = [["1", "1", "yes", "bf16", "x"], ["2", "1", "yes", "bf16", "y"]]  # no row differs: it goes
     columns, cells, shown = fit.narrowed(cols, same, 17)
@@ -390,3 +391,21 @@ def test_report_prints_the_searchs_table_digit_for_digit(tmp_path, monkeypatch, 
     def rows(lines):  # rank to tie (the variant count is of the rows each table shows)
         return [s.split()[:18] for s in lines if re.match(r"^\s*\d+\s+\d+\s+\d+\s", s)]
     assert rows(searched) and rows(reported)[:len(rows(searched))] == rows(searched)
+
+
+def test_the_note_keeps_its_parts_whole_where_that_takes_no_more_lines():
+    """The 175B note at 80 columns ended "FP8 util, var," / "differs, other" and put "fp8b =
+    fp8-blockwise" a line below its "prec:" (session 52): each part of the note starts a line where
+    that takes no more lines than breaking it at any phrase; where it would, the note is as before."""
+    note = ("every row: SP yes; prec: fp8d = fp8-delayed, fp8c = fp8-current, fp8b = fp8-blockwise; "
+            "--wide adds recompute, TP ovl, TFLOP/s, FP8 util, var, differs, other")
+    assert fit.note_lines(note, 80) == [
+        "every row: SP yes;", "prec: fp8d = fp8-delayed, fp8c = fp8-current, fp8b = fp8-blockwise;",
+        "--wide adds recompute, TP ovl, TFLOP/s, FP8 util, var, differs, other"]
+    saved = note + "; all in the run folder's ranked.md"  # whole parts would take four lines
+    assert fit.note_lines(saved, 80) == fit.phrase_lines(saved, 80)
+    for text in (note, saved, "a; b, c", "every row is a tie; prec: fp8c = fp8-current"):
+        for width in range(20, 200):
+            lines = fit.note_lines(text, width)
+            assert " ".join(lines) == text and all(len(line) <= width for line in lines), (width, lines)
+            assert len(lines) <= len(fit.phrase_lines(text, width)), (width, lines)

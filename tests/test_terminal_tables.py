@@ -76,9 +76,12 @@ KEPT = ["#", "TP", "PP", "VP", "CP", "EP", "DP", "MBS", "SP", "mem GiB", "step s
 
 
 def _every_row(text: str) -> dict[str, str]:
-    """The kept columns that went, each with the value every row holds: "every row: EP 1, SP yes"."""
-    found = re.search(r"every row: ([^;]*)", " ".join(line.strip() for line in text.splitlines()))
-    return dict(item.rsplit(" ", 1) for item in found[1].split(", ")) if found else {}
+    """The kept columns that went, each with the value every row holds: "every row: EP 1, SP yes"
+    (and "every row is a tie": the tie mark, yes)."""
+    joined = " ".join(line.strip() for line in text.splitlines())
+    found = re.search(r"every row: ([^;]*)", joined)
+    shared = dict(item.rsplit(" ", 1) for item in found[1].split(", ")) if found else {}
+    return shared | ({"tie": "yes"} if "every row is a tie" in joined else {})
 
 
 @pytest.fixture(scope="module")
@@ -146,17 +149,26 @@ def test_infer_table_in_a_terminal(width):
         _row_line(text, [row[i] for i in kept])
 
 
-def _precisions(text: str) -> tuple[dict[str, str], str]:
-    """Each row's precision cell by its rank, and the lines under the table, as a screen shows them."""
+def _cells(text: str, headers: tuple[str, ...]) -> tuple[dict[str, str] | None, list[str]]:
+    """Each row's cell in the first of the text columns ``headers`` the screen shows, by its rank
+    (None where it shows none), and the lines under the table. A text cell starts where its header
+    does (headers hold spaces: "mem GiB")."""
     lines = text.splitlines()
     head = next(i for i, line in enumerate(lines) if line.split()[:3] == ["#", "TP", "PP"])
-    column = next((lines[head].split().index(h) for h in ("precision", "prec") if h in lines[head].split()), None)
-    assert column is not None, f"no precision column:\n{text}"
+    found = [m for h in headers if (m := re.search(rf"(?<!\S){re.escape(h)}(?!\S)", lines[head]))]
     cells, end = {}, head + 2
     while lines[end].split()[:1] and lines[end].split()[0].isdigit():
-        cells[lines[end].split()[0]] = lines[end].split()[column]
+        cells[lines[end].split()[0]] = lines[end][found[0].start():].split()[0] if found else ""
         end += 1
-    return cells, " ".join(lines[end:])
+    column = found[0] if found else None
+    return (cells if column is not None else None), [line.rstrip() for line in lines[end:] if line.strip()]
+
+
+def _precisions(text: str) -> tuple[dict[str, str], str]:
+    """Each row's precision cell by its rank, and the lines under the table, as a screen shows them."""
+    cells, under = _cells(text, ("precision", "prec"))
+    assert cells is not None, f"no precision column:\n{text}"
+    return cells, " ".join(under)
 
 
 @pytest.mark.parametrize("argv", [["--model", "175b", "--gpus", "1024"], ["--model", "deepseek-v3", "--gpus", "1024"],
@@ -164,15 +176,27 @@ def _precisions(text: str) -> tuple[dict[str, str], str]:
 def test_the_precision_stays_at_80_columns_where_rows_differ_in_it(argv):
     """At 80 columns the precision went first of the layout's columns, so an FP8-delayed row read
     like an FP8-blockwise one: where rows differ in it, it stays (a column every row shares goes
-    first, into the note), as a code where its name does not fit, the note saying what each means."""
-    wide, _ = _precisions(screen(["search", *argv, "--no-save"], 200))
+    first, into the note), as a code where its name does not fit, the note saying what each means.
+    The note keeps each of its parts on one line where it fits on one (the 175B note ended "var," /
+    "differs, other"), and a tie mark that went says "every row is a tie", not "tie yes" (session 52)."""
+    wide_text, narrow_text = (screen(["search", *argv, "--no-save"], w) for w in (200, 80))
+    wide, _ = _precisions(wide_text)
     assert len(set(wide.values())) > 1, wide  # the rows differ in it
-    narrow, under = _precisions(screen(["search", *argv, "--no-save"], 80))
+    narrow, under = _precisions(narrow_text)
     names = {code: name for name, code in tables.PRECISION_CODES}
     assert {rank: names.get(cell, cell) for rank, cell in narrow.items()} == wide
     for code in set(narrow.values()) & set(names):
         assert f"{code} = {names[code]}" in under, under
     assert "--wide adds precision" not in under
+    lines = _cells(narrow_text, ())[1]
+    note = [line for line in lines if not line.startswith(("tie:", "MFU:", "one row per layout"))]
+    assert note and all(len(line) <= 80 for line in note), note
+    for part in " ".join(note).split("; "):
+        assert len(part) > 80 or any(part.rstrip(";") in line for line in note), (part, note)
+    ties, _ = _cells(narrow_text, ("tie",))
+    assert "tie yes" not in under
+    if ties is None:  # it went: every row is a tie, and the note says so in words
+        assert set(_cells(wide_text, ("tie",))[0].values()) == {"yes"} and "every row is a tie" in under, under
 
 
 KNOB_HEADERS = ("TP", "PP", "EP", "replicas", "batch", "max tokens", "weights", "KV")

@@ -90,7 +90,8 @@ class Parser(argparse.ArgumentParser):
         (`models --all`: see `autoparallel models --help`), not by the top-level parser."""
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
-            self._command_parser(parsed).error(f"unrecognized arguments: {' '.join(extras)}")
+            parser = self._command_parser(parsed)
+            parser.error(f"unrecognized arguments: {' '.join(extras)}{_close_flags(parser, extras)}")
         return parsed
 
     def _command_parser(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
@@ -102,6 +103,16 @@ class Parser(argparse.ArgumentParser):
             if name not in (sub.choices if sub else {}):
                 return parser
             parser = sub.choices[name]
+
+
+def _close_flags(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """"; did you mean --kv-precision or --weight-precision?" for a flag the command does not take
+    but has one like (`infer --precision fp8` named no flag infer takes), else ""."""
+    import difflib
+    flags = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+    close = [m for e in extras if e.startswith("--")
+             for m in difflib.get_close_matches(e.split("=")[0], flags, n=2, cutoff=0.75)]
+    return f"; did you mean {' or '.join(dict.fromkeys(close))}?" if close else ""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -91,6 +91,33 @@ def run(args: argparse.Namespace) -> None:
         print(json.dumps(result, indent=1))
         return
     _print_estimate(model, hw, result, space.memory_fraction, train)
+    if not result["fits"]:
+        from autoparallel.report.fit import phrase_lines
+        for line in phrase_lines(_where_it_fits(args, model, hw, gbs, space, result["peak_memory_gib"]),
+                                 console.width):  # rich broke it anywhere: "layouts" / "with these flags fit"
+            console.print(line, highlight=False, markup=False)
+
+
+def _where_it_fits(args: argparse.Namespace, model, hw, gbs: int, space, need_gib: float) -> str:
+    """The line under an estimate that does not fit: that a search with the same flags finds layouts
+    that fit on these GPUs (other knobs than estimate's defaults), else the GPU count at which this
+    layout fits (more data-parallel replicas shard its state), else the one at which that search
+    does (``fewest_gpus_that_fit``, named as search's own message names it)."""
+    from autoparallel.cli.common import inputs
+    from autoparallel.search.diagnose import fits_on
+    from autoparallel.search.run import fewest_gpus_that_fit
+    head = (f"does not fit on {args.gpus} x {hw.name}: {need_gib:.1f} GiB against a limit of "
+            f"{space.memory_fraction * hw.memory_gib:.1f} GiB; ")
+    searched = inputs(args)[3]  # the knobs given pinned, the others searched
+    search = fewest_gpus_that_fit(model, hw, args.gpus, gbs, searched, args.recompute_num_layers, None)
+    if search is not None and search.gpus == args.gpus:
+        return head + fits_on(search, "layouts with these flags fit", "search")
+    more = fewest_gpus_that_fit(model, hw, args.gpus, gbs, space, args.recompute_num_layers, need_gib)
+    if more is not None:
+        return head + fits_on(more, "this layout fits", "estimate")
+    if search is not None:
+        return head + fits_on(search, "layouts with these flags fit", "search")
+    return head + "no larger GPU count tried fits this layout, nor a search with these flags"
 
 
 def _print_estimate(model, hw, result: dict, memory_fraction: float, train=None) -> None:

@@ -45,6 +45,9 @@ class Column:
     # narrow for it whole, a column that every row shares going first (``narrowed``).
     short: str = ""
     codes: tuple[tuple[str, str], ...] = ()
+    # What the note says where the column went and every row holds ``value``, as (value, words) pairs,
+    # where "every row: <header> <value>" would read as code: "tie yes" for "every row is a tie".
+    alike: tuple[tuple[str, str], ...] = ()
 
 
 # A cell that reads as a number, right-aligned so that its digits line up: "1,905", "85.1%",
@@ -173,7 +176,10 @@ def dropped_note(columns: Sequence[Column], shown: Sequence[int], where: str,
     same = [i for i in gone if rows is not None and constant(rows, i)
             and (constants or not columns[i].drop or columns[i].codes)]
     varying = [columns[i].header for i in gone if i not in same]
-    parts = [f"every row: {', '.join(f'{columns[i].header} {rows[0][i]}' for i in same)}"] if same else []
+    worded = {i: dict(columns[i].alike)[rows[0][i]] for i in same if rows[0][i] in dict(columns[i].alike)}
+    plain = [i for i in same if i not in worded]
+    parts = [f"every row: {', '.join(f'{columns[i].header} {rows[0][i]}' for i in plain)}"] if plain else []
+    parts += worded.values()
     parts += [key] if key else []
     if rows is not None:
         knobs = [j for j in shown if columns[j].knob]
@@ -211,7 +217,7 @@ def print_table(console: Console, title: str | None, columns: Sequence[Column], 
     note = dropped_note(columns, shown, where, rows, constants=constant_first, adds=adds)
     # The note breaks between its phrases ("fp8c =" / "fp8-current" read as two); the legend's prose
     # wraps at the width, as a terminal would.
-    for line in (phrase_lines(note, width) if note else []) + list(legend):
+    for line in (note_lines(note, width) if note else []) + list(legend):
         console.print(Text(line), width=width)
     return shown
 
@@ -232,6 +238,38 @@ def title_lines(title: str, width: int) -> list[str]:
     return lines + [f"({tail}"]
 
 
+def note_lines(note: str, width: int) -> list[str]:
+    """The note under a table in lines of at most ``width``, as few as breaking it between any of its
+    phrases takes (``phrase_lines``), and of those the layout that keeps the most of its parts
+    ("every row: SP yes", "prec: fp8d = fp8-delayed, ...", "--wide adds ...") whole on a line: broken
+    at any phrase, the 175B note ended "var," / "differs, other", one list read as two. Each part
+    either goes on after the line before, broken between its phrases, or starts a line."""
+    parts = _top_level_split(note, ";")
+    best: tuple[int, int, list[str]] | None = None
+    for mask in range(2 ** len(parts)):  # bit k: part k goes on after the line before where it does not fit
+        lines: list[str] = []
+        for k, part in enumerate(parts):
+            if lines and (cell_len(f"{lines[-1]} {part}") <= width or mask >> k & 1):
+                lines[-1:] = phrase_lines(f"{lines[-1]} {part}", width)
+            else:
+                lines += phrase_lines(part, width)
+        broken = sum(not any(part in line for line in lines) for part in parts)
+        if best is None or (len(lines), broken) < best[:2]:
+            best = (len(lines), broken, lines)
+    return best[2]
+
+
+def _top_level_split(text: str, marks: str) -> list[str]:
+    """``text`` split after each of ``marks`` that a space follows outside parentheses, the mark kept."""
+    phrases, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch in marks and depth == 0 and text[i + 1:i + 2] == " ":
+            phrases.append(text[start:i + 1])
+            start = i + 2
+    return phrases + [text[start:]]
+
+
 def phrase_lines(text: str, width: int, lead: str = "") -> list[str]:
     """``text`` in lines of at most ``width`` broken only after a comma, semicolon or colon outside
     parentheses ("tok/s (in sample, LOMO)" stays whole); a phrase wider than ``width`` starts a line
@@ -239,13 +277,7 @@ def phrase_lines(text: str, width: int, lead: str = "") -> list[str]:
     layout string or a figure with its unit (``_words``). ``lead``
     ("autoparallel: error:") starts the first line and the first phrase goes on after it, at its words
     where it does not fit there, so that the lead never stands alone."""
-    phrases, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if ch in ",;:" and depth == 0 and text[i + 1:i + 2] == " ":
-            phrases.append(text[start:i + 1])
-            start = i + 2
-    phrases.append(text[start:])
+    phrases = _top_level_split(text, ",;:")
     lines: list[str] = [lead] if lead else []
     for k, phrase in enumerate(phrases):
         after_lead = bool(lead) and k == 0

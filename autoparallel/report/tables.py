@@ -48,7 +48,7 @@ RANKED_COLUMNS = (
     Column("model_tflops_per_gpu", "TFLOP/s", "{:.0f}", drop=6),
     Column("mfu", "MFU", "{:.1%}"),
     Column("fp8_utilisation", "FP8 util", "{:.1%}", drop=6),
-    Column("tie", "tie"),
+    Column("tie", "tie", alike=(("yes", "every row is a tie"),)),
     Column("variants", "var", drop=3),
     Column("differs_in", "differs", drop=5),
     Column("other_knobs", "other", drop=7, knob=True),

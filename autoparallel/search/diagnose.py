@@ -173,9 +173,15 @@ def _memory_message(memory: pd.DataFrame, model: ModelSpec, hw: HardwareSpec, gp
         return text + f"; the activations of {model.seq_length:,}-token sequences are most of it: a shorter --seq-length{unpin}"
     if more is None:
         return text + f"; more GPUs shard that state further: try a multiple of {gpus}{unpin}"
-    half = ("" if more.half_need_gib is None else
-            f" ({more.gpus // 2} still need {more.half_need_gib:.1f} GiB)")
-    return text + f"; layouts fit on {more.gpus} GPUs{half}: search --gpus {more.gpus}{unpin}"
+    return text + f"; {fits_on(more, 'layouts fit', 'search')}{unpin}"
+
+
+def fits_on(more: MoreGpus, subject: str, command: str) -> str:
+    """Where ``subject`` ("layouts fit", "this layout fits") does and the command that goes there:
+    "layouts fit on 64 GPUs (32 still need 86.3 GiB): search --gpus 64", as search's, estimate's
+    and a sampler search's memory messages say it."""
+    half = "" if more.half_need_gib is None else f" ({more.gpus // 2} still need {more.half_need_gib:.1f} GiB)"
+    return f"{subject} on {more.gpus} GPUs{half}: {command} --gpus {more.gpus}"
 
 
 def _matches(reasons: pd.Series, rules: tuple[Rule, ...]) -> pd.Series:

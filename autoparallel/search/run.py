@@ -116,19 +116,22 @@ FEWEST_GPU_SEARCHES = 4  # at most this many extra searches to name a GPU count 
 
 
 def fewest_gpus_that_fit(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space: SearchSpace,
-                         recompute_num_layers: int | None, need_gib: float, progress=None):
+                         recompute_num_layers: int | None, need_gib: float | None, progress=None):
     """A count of ``gpus`` x 2, x 4, ... at which the same search finds a layout that fits, the
     fewest such where the searches reach half of it (``diagnose.MoreGpus``); None where no count is
     reached in ``FEWEST_GPU_SEARCHES`` searches or one has no valid layout (the global batch cannot
     be split that far, a pinned knob...).
 
-    ``need_gib``: the least need at ``gpus``. Model state sharded over the GPUs is most of a need
-    that large, so the first count tried is ``gpus`` times the power of two that covers the need
-    over the limit; the count half as large is then searched too, so that the one named is the fewest."""
+    ``need_gib``: the least need at ``gpus`` (None: unknown, as after a sampler search, so ``gpus``
+    is searched first: where a layout fits there, ``gpus`` is the count). Model state
+    sharded over the GPUs is most of a need that large, so the first count tried is ``gpus`` times the
+    power of two that covers the need over the limit; the count half as large is then searched too, so
+    that the one named is the fewest."""
     import math
 
     from autoparallel.search.diagnose import MoreGpus, out_of_memory
-    needs = {gpus: need_gib}  # GiB, the least need of a count (0: a layout fits; None: none is valid)
+    needs = {} if need_gib is None else {gpus: need_gib}  # GiB, the least need of a count (0: a layout
+    # fits; None: none is valid)
 
     def need(count: int) -> float | None:
         if count not in needs:
@@ -139,7 +142,11 @@ def fewest_gpus_that_fit(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int
                             None if memory.empty else float(memory["peak_memory_gib"].min()))
         return needs[count]
 
-    count = gpus * 2 ** max(1, math.ceil(math.log2(need_gib / (space.memory_fraction * hw.memory_gib))))
+    if need(gpus) is None:
+        return None
+    if need(gpus) == 0:  # searched here (need_gib None): layouts fit on the count asked
+        return MoreGpus(gpus, None)
+    count = gpus * 2 ** max(1, math.ceil(math.log2(need(gpus) / (space.memory_fraction * hw.memory_gib))))
     while len(needs) <= FEWEST_GPU_SEARCHES:
         if need(count) is None:
             return None
@@ -353,7 +360,7 @@ def optuna_search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space
 
     def run_in(run_dir: Path) -> SearchResult:
         s = study.run(model, hw, gpus, gbs, space, settings, evaluator, run_dir, seeds, progress, tree)
-        return _finish(s, model, hw, gpus, gbs, space, run_dir, settings.objectives)
+        return _finish(s, model, hw, gpus, gbs, space, run_dir, settings.objectives, more_gpus=True)
 
     if root is None:
         with tempfile.TemporaryDirectory(prefix="autoparallel-study-") as tmp:
@@ -376,11 +383,12 @@ def optuna_search(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int, space
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _finish(s, model, hw, gpus, gbs, space, run_dir: Path, objectives, keep_profiled: bool = True) -> SearchResult:
+def _finish(s, model, hw, gpus, gbs, space, run_dir: Path, objectives, keep_profiled: bool = True,
+            more_gpus: bool = False) -> SearchResult:
     """finish_study, then the storage closed (its folder may be renamed next)."""
     from autoparallel.search import study
     try:
-        return finish_study(s, model, hw, gpus, gbs, space, run_dir, objectives, keep_profiled)
+        return finish_study(s, model, hw, gpus, gbs, space, run_dir, objectives, keep_profiled, more_gpus)
     finally:
         study.close(s)
 
@@ -460,8 +468,10 @@ def _study_settings(inputs: dict, run_dir: Path):
 
 
 def finish_study(s, model, hw, gpus, gbs, space, run_dir: Path, objectives: tuple[str, ...],
-                 keep_profiled: bool = True) -> SearchResult:
-    """The study's tables, written to ``run_dir`` (with profiled.csv merged back if asked)."""
+                 keep_profiled: bool = True, more_gpus: bool = False) -> SearchResult:
+    """The study's tables, written to ``run_dir`` (with profiled.csv merged back if asked).
+    ``more_gpus``: where no trial fits in memory, the grid is priced to name the GPU count at which
+    layouts fit, as grid search's message does (``fewest_gpus_that_fit``)."""
     from autoparallel.search import sampler
     from autoparallel.search.grid import rank
     frame = sampler.trials_frame(s)
@@ -475,8 +485,14 @@ def finish_study(s, model, hw, gpus, gbs, space, run_dir: Path, objectives: tupl
         top = "; ".join(f"{n} x {r}" for r, n in tables.rejection_summary(result.ranked).head(3).items())
         # Not `--resume` (it named a staging folder removed right after, or the temporary one of --no-save,
         # and a study that ran all its trials takes no more: --trials has no effect with --resume).
-        raise UserError(f"none of the {len(frame)} layouts the study tried is feasible ({top}); search again "
-                        "with more --trials or with --strategy grid (every layout priced)")
+        tried = f"none of the {len(frame)} layouts the study tried is feasible ({top})"
+        from autoparallel.search.diagnose import fits_on, out_of_memory
+        more = (fewest_gpus_that_fit(model, hw, gpus, gbs, space, None, None)
+                if more_gpus and not out_of_memory(result.ranked).empty else None)
+        if more is not None and more.gpus > gpus:
+            raise UserError(f"{tried}, and no layout of the grid fits on {gpus} x {hw.name}; "
+                            + fits_on(more, "layouts fit", "search"))
+        raise UserError(f"{tried}; search again with more --trials or with --strategy grid (every layout priced)")
     return result
 
 
