@@ -12,7 +12,8 @@ p99 TTFT / TPOT / latency, target QPS, the round's TTFT / TPOT bounds and minimu
 printed them) and ``mlperf_log_detail.txt`` (the Offline expected QPS the run used), the system from
 ``systems/<system>.json``, the layout from the NVIDIA harness config the submitter published
 (``configs/<system>/<scenario>/<benchmark>.py``, NVIDIA's v5.x layout; the ``WorkloadSetting`` of the
-benchmark's accuracy target, MaxP unless the system is a MaxQ one). A result whose config is not
+benchmark's accuracy target, MaxP unless the system is a MaxQ one), and from the same setting the serving
+path (``serving_path``: trtllm-serve or the C++ executor). A result whose config is not
 published (or not in that layout) keeps its row with blank layout and the reason in ``notes``.
 
 Configs are Python modules; they are read with ``ast`` (never executed): module-level names bound to
@@ -43,7 +44,7 @@ COLUMNS = ("round,division,submitter,system,gpu,gpus,benchmark,model,scenario,en
            "replicas,max_batch,max_num_tokens,weight_precision,kv_precision,tokens_per_s,tokens_per_s_per_gpu,"
            "samples_per_s,target_qps,ttft_p99_ms,tpot_p99_ms,valid,mean_input_len,mean_output_len,source,notes,"
            "gpu_family,ttft_bound_ms,tpot_bound_ms,min_duration_ms,latency_p99_ms,out_tokens_per_sample_perf,"
-           "out_tokens_per_sample_acc,nodes,system_name,host_cpu,availability").split(",")
+           "out_tokens_per_sample_acc,nodes,system_name,host_cpu,availability,serving_path").split(",")
 #: results directory name -> (model, config file stem, accuracy target of its WorkloadSetting)
 BENCHMARKS = {
     "llama2-70b-99": ("llama2-70b", "llama2-70b", "0.99"), "llama2-70b-99.9": ("llama2-70b", "llama2-70b", "0.999"),
@@ -181,6 +182,21 @@ def layout(settings: dict, model: str, stem: str, gpus: int) -> dict:
             "kv_precision": str(ckpt.get("kv_cache_dtype", "")) or ""}
 
 
+#: runtime flags only NVIDIA's trtllm-serve path reads (``TrtllmEndpointConfig``, closed/NVIDIA/code/llmlib/config.py)
+ENDPOINT_FLAGS = ("workers_per_core", "max_concurrency")
+
+
+def serving_path(settings: dict) -> str:
+    """How the harness serves the row (s52h6): ``trtllm_endpoint`` (trtllm-serve, TensorRT-LLM's PyTorch
+    backend by default: ``TrtllmExtraYAMLConfig`` trtllm_backend 'pytorch') when the setting's runtime flags
+    carry one the endpoint alone reads, else ``trtllm_executor`` (a TRT engine on the C++ executor).
+    Why: NVIDIA's README runs Llama3.1-8b and DeepSeek-R1 with ``--core_type=trtllm_endpoint``, the
+    others on the executor, and the two paths schedule and batch differently. Read off the published
+    flags, so a run launched on the endpoint whose config sets neither flag would read as executor."""
+    runtime = settings.get("trtllm_runtime_flags") or {}
+    return "trtllm_endpoint" if any(k in runtime for k in ENDPOINT_FLAGS) else "trtllm_executor"
+
+
 NOTE_KEYS = ("kvcache_free_gpu_mem_frac", "batch_scheduler_policy", "enable_chunked_context", "enable_attention_dp",
              "moe_backend", "max_concurrency", "gemm_plugin", "gemm_allreduce_plugin", "use_fp8_context_fmha",
              "norm_quant_fusion")
@@ -251,6 +267,7 @@ def row(mirror: Mirror, submitter: str, system: str, benchmark: str, scenario: s
             key, settings = picked
             sources.append(path)
             r.update(layout(settings, model, stem, gpus))
+            r["serving_path"] = serving_path(settings)
             if not r["kv_precision"]:
                 notes.append("KV cache precision not stated (no trtllm_checkpoint_flags kv_cache_dtype)")
             notes.append(config_notes(key, settings))

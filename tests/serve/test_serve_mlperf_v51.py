@@ -59,6 +59,32 @@ def test_a_config_is_read_without_running_it(script_module):
     assert module.pick_setting(exports, "0.999", maxq=False) is None
 
 
+def test_serving_path_is_read_off_the_endpoint_only_flags(script_module):
+    """``serving_path`` (s52h6): a setting whose runtime flags carry one only trtllm-serve reads
+    (``workers_per_core``, ``max_concurrency``) is the endpoint path, any other the C++ executor."""
+    path = script_module("mlperf_inference_rows").serving_path
+    assert path({"trtllm_runtime_flags": {"max_num_tokens": 12000, "workers_per_core": 12}}) == "trtllm_endpoint"
+    assert path({"trtllm_runtime_flags": {"max_concurrency": -1}}) == "trtllm_endpoint"
+    assert path({"trtllm_runtime_flags": {"max_num_tokens": 2048}}) == "trtllm_executor"
+    assert path({}) == "trtllm_executor"
+
+
+def test_shipped_serving_paths_follow_nvidia_readme():
+    """NVIDIA's README (closed/NVIDIA/README.md: "Using TRTLLM serve (used for Deepseek-R1 and
+    Llama3.1-8b)"): every DeepSeek-R1 row and every Blackwell llama3.1-8b row whose config is published
+    runs trtllm-serve; every llama2-70b / llama3.1-405b / mixtral-8x7b row runs a TRT engine on the
+    executor; a row without a published config says neither."""
+    frame = pd.read_csv(resources.data_file(CSV), keep_default_na=False)
+    published = frame[frame["source"].str.contains("/configs/", regex=False)]
+    assert (frame.loc[~frame.index.isin(published.index), "serving_path"] == "").all()
+    assert set(published["serving_path"]) == {"trtllm_endpoint", "trtllm_executor"}
+    endpoint = published[published["serving_path"] == "trtllm_endpoint"]
+    assert set(endpoint["model"]) == {"deepseek-r1", "llama3.1-8b"}
+    assert (published.loc[published["model"] == "deepseek-r1", "serving_path"] == "trtllm_endpoint").all()
+    blackwell_8b = published[(published["model"] == "llama3.1-8b") & published["gpu_family"].isin(["B200", "GB200"])]
+    assert len(blackwell_8b) > 10 and (blackwell_8b["serving_path"] == "trtllm_endpoint").all()
+
+
 def test_rows_kept_and_left_out(rows):
     kept, left_out = rows
     frame = pd.read_csv(resources.data_file(CSV))

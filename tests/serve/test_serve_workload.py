@@ -115,17 +115,39 @@ def test_llama31_8b_input_lengths_are_the_reference_runs():
     assert batch_means(wide)[0] / measured[0] - 1 < -0.4  # the check can fail
 
 
+def _yaml_block(text: str, specs: dict, name: str) -> str:
+    """The lines of workloads.yaml from ``name:`` to the next workload."""
+    block = text.split(f"\n{name}:\n")[1]
+    return block[:min((block.find(f"\n{n}:\n") for n in specs if f"\n{n}:\n" in block), default=len(block))]
+
+
 def test_every_unpublished_number_is_marked_as_an_assumption():
     """Each workload lists what its source publishes; the YAML says 'Assumed' for the rest."""
     specs = io.read_yaml(WORKLOADS)
     text = WORKLOADS.read_text()
     for name, spec in specs.items():
         assert spec["source"]
-        block = text.split(f"\n{name}:\n")[1]
-        block = block[:min((block.find(f"\n{n}:\n") for n in specs if f"\n{n}:\n" in block), default=len(block))]
         if {"input.mean", "output.mean"} - set(spec["published"]):
-            assert "Assumed" in block, name
+            assert "Assumed" in _yaml_block(text, specs, name), name
     assert "input.mean" not in specs["mlperf-llama2-70b"]["published"]  # no source states it
+
+
+def test_unsourced_mlperf_input_means_say_what_was_searched():
+    """s52h6: the MLPerf workloads whose mean input no source states (llama2-70b, mixtral-8x7b,
+    llama3.1-405b) say so and name the repositories searched at their commits; none calls its figure
+    recalled (the 405B's 9,400 was "as recalled from the MLCommons blog"). The 405B's max input is the
+    rules' max_seq_len (mlcommons/inference_policies@ac93e89 inference_rules.adoc: 20,000)."""
+    specs = io.read_yaml(WORKLOADS)
+    text = WORKLOADS.read_text()
+    unsourced = [n for n in MLPERF if "input.mean" not in {*specs[n]["published"], *specs[n].get("derived", [])}]
+    assert unsourced == ["mlperf-llama2-70b", "mlperf-mixtral-8x7b", "mlperf-llama3.1-405b"]
+    for name in unsourced:
+        block = _yaml_block(text, specs, name)
+        assert "No source states the mean input length" in block, name
+        assert "mlcommons/inference@b66003e1" in block and "inference_policies@ac93e89" in block, name
+        assert "recalled" not in block, name
+    big = load_workload("mlperf-llama3.1-405b")
+    assert big.max_input == 20_000 and "input.max" in specs["mlperf-llama3.1-405b"]["published"]
 
 
 def test_sampling_is_seeded():
