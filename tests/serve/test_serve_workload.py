@@ -134,13 +134,13 @@ def test_every_unpublished_number_is_marked_as_an_assumption():
 
 def test_unsourced_mlperf_input_means_say_what_was_searched():
     """s52h6: the MLPerf workloads whose mean input no source states (llama2-70b, mixtral-8x7b,
-    llama3.1-405b) say so and name the repositories searched at their commits; none calls its figure
+    llama3.1-405b, deepseek-r1) say so and name the repositories searched at their commits; none calls its figure
     recalled (the 405B's 9,400 was "as recalled from the MLCommons blog"). The 405B's max input is the
     rules' max_seq_len (mlcommons/inference_policies@ac93e89 inference_rules.adoc: 20,000)."""
     specs = io.read_yaml(WORKLOADS)
     text = WORKLOADS.read_text()
     unsourced = [n for n in MLPERF if "input.mean" not in {*specs[n]["published"], *specs[n].get("derived", [])}]
-    assert unsourced == ["mlperf-llama2-70b", "mlperf-mixtral-8x7b", "mlperf-llama3.1-405b"]
+    assert unsourced == ["mlperf-llama2-70b", "mlperf-mixtral-8x7b", "mlperf-llama3.1-405b", "mlperf-deepseek-r1"]
     for name in unsourced:
         block = _yaml_block(text, specs, name)
         assert "No source states the mean input length" in block, name
