@@ -70,6 +70,32 @@ def test_ssd_time_is_the_slower_of_flops_and_bytes(hw):
     assert mamba.ssd_time(x)[0][0] == pytest.approx(max(fwd_flops / (peak * eff), fwd_bytes / hbm), rel=REL)
 
 
+def test_ssd_backward_bytes_counted_kernel_by_kernel():
+    """Nano (d 4096, G·N 1024, G·Q 1024, d·N/Q 4096 state elements per token), from
+    state-spaces/mamba e9594ce _mamba_chunk_scan_combined_bwd: the chunk states 34 B each
+    (FP32 recompute 4 + 8, FP32 dstates 4, _state_passing_bwd 8 in and 4 out, three BF16 reads
+    of 2); x / z / out_x / dout / their gradients 17 BF16 passes; B, C and their gradients 11 BF16
+    and 8 FP32 passes; C·Bᵀ and its gradient 8 FP32 passes. The forward is unchanged."""
+    d, gn, gq, states = 4096, 8 * 128, 8 * 128, 4096 * 128 / 128
+    backward = 34 * states + 17 * 2 * d + (11 * 2 + 8 * 4) * gn + 8 * 4 * gq
+    assert backward == 366_592
+    forward = 16 * states + 2 * (d + 2 * gn + 64 + d) + 2 * 2 * d
+    assert mamba.ssd_bytes_per_token(nano()) == pytest.approx((forward, backward), rel=REL)
+
+
+@pytest.mark.parametrize("mbs", [1, 2, 4])
+def test_layout_copies_only_when_a_micro_batch_holds_several_sequences(hw, mbs):
+    """MambaMixer._ssm_training's rearrange(...).contiguous() of zxBCdt (2·4096 + 2·8·128 + 64 =
+    10304 wide) and of y (4096), each read and written in BF16, and in the backward the zxBCdt
+    gradient once more; tp 2 halves the widths. One sequence per micro-batch: contiguous, no copy."""
+    x = _cands(nano(), hw, mbs=mbs, gbs=16)
+    hbm = hw.hbm_tbps * 1e12 * hw.efficiency.hbm
+    tokens = mbs * 8192
+    width, d = 2 * 4096 + 2 * 8 * 128 + 64, 4096
+    expected = (tokens * 4 * (width + d) / 2 / hbm, tokens * 4 * width / 2 / hbm) if mbs > 1 else (0.0, 0.0)
+    assert [v[0] for v in mamba.layout_copy_time(x)] == pytest.approx(expected, rel=REL)
+
+
 def test_conv_and_norm_are_bytes_over_bandwidth(hw):
     x = _cands(nano(), hw)
     hbm = hw.hbm_tbps * 1e12 * hw.efficiency.hbm
@@ -80,18 +106,19 @@ def test_conv_and_norm_are_bytes_over_bandwidth(hw):
     assert [v[0] for v in mamba.norm_time(x)] == pytest.approx([2 * norm, 3 * norm], rel=REL)
 
 
-def test_mamba_layer_sums_its_terms(hw):
+@pytest.mark.parametrize("mbs", [1, 2])
+def test_mamba_layer_sums_its_terms(hw, mbs):
     """The M layer's forward is its GEMMs, its generic elementwise share (the norm input), the
-    launches and the three mixer kernels; its compute the 1F2B of the GEMMs plus each kernel's
-    own backward. Doubling or deleting a Mamba term fails here."""
-    x = _cands(nano(), hw)
+    launches and the four mixer kernels (the layout copies zero at mbs 1); its compute the 1F2B of
+    the GEMMs plus each kernel's own backward. Doubling or deleting a Mamba term fails here."""
+    x = _cands(nano(), hw, mbs=mbs, gbs=4 * mbs)
     layer = lt.mamba_layer(x)
     h, width, d = 2688, 2 * 4096 + 2 * 8 * 128 + 64, 4096
-    lin_flops = 2.0 * 8192 * (h * width + d * h) / 2
+    lin_flops = 2.0 * mbs * 8192 * (h * width + d * h) / 2
     t_linear = lin_flops / (x.gemm_peak * gemm.efficiency(hw, lin_flops / 2))
     hbm = hw.hbm_tbps * 1e12 * hw.efficiency.hbm
-    elementwise = hw.efficiency.elementwise_bytes_per_token_hidden / 34.0 * 2.0 * 8192 * h / 2 / hbm
-    kernels = [mamba.ssd_time(x), mamba.conv_time(x), mamba.norm_time(x)]
+    elementwise = hw.efficiency.elementwise_bytes_per_token_hidden / 34.0 * 2.0 * mbs * 8192 * h / 2 / hbm
+    kernels = [mamba.ssd_time(x), mamba.conv_time(x), mamba.norm_time(x), mamba.layout_copy_time(x)]
     forward = t_linear + elementwise + hw.efficiency.layer_overhead_s + sum(f for f, _ in kernels)
     assert layer["forward"][0] == pytest.approx(forward[0], rel=1e-9)
     compute = 3 * forward + sum(b - 2 * f for f, b in kernels)

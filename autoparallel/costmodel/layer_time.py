@@ -1160,7 +1160,7 @@ def mamba_layer(x: Candidates) -> dict:
     """A hybrid model's M layer: the pre-norm and the Mamba-2 mixer (``mamba``): in_proj and
     out_proj split by TP over heads and groups (one TP block: all-gather before in_proj,
     reduce-scatter after out_proj under SP, as attention's), the conv1d, the SSD scan and the
-    grouped RMSNorm with their own backward, the CP all-to-alls."""
+    grouped RMSNorm with their own backward, MambaMixer's layout copies, the CP all-to-alls."""
     params = mamba.linear_params(x.model)
     if "mamba_out_proj" in gemm_precision.recipe(x):  # out_proj at its own precision, each GEMM at its size
         out = mamba.out_proj_params(x.model)
@@ -1169,7 +1169,7 @@ def mamba_layer(x: Candidates) -> dict:
             dict(params=out, gemms=1, peak=gemm_precision.class_peak(x, "mamba_out_proj")))
     else:
         t_linear, chunked = block_linear_times(x, dict(params=params, gemms=2))
-    kernels = (mamba.ssd_time(x), mamba.conv_time(x), mamba.norm_time(x))
+    kernels = (mamba.ssd_time(x), mamba.conv_time(x), mamba.norm_time(x), mamba.layout_copy_time(x))
     return layer_cost(x, x.model.mamba_params / x.t, 0.0, t_linear, 1.0, HYBRID["M"], kernels=kernels,
                       tp_linear=(t_linear, chunked), cp_comm=mamba.cp_time(x))
 

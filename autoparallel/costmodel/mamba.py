@@ -21,6 +21,10 @@ the chunk's final state Bᵀ·x per head (2·N·d), ``_state_passing_fwd`` (elem
 ``_mamba_chunk_scan_combined_bwd`` recomputes C·Bᵀ and the states (2·Q·N·G + 2·N·d), then dstates
 (Cᵀ·dout, 2·N·d), dx (B·dstates 2·N·d, causal (C·Bᵀ)ᵀ·dout Q·d), dC (dout·Sᵀ, 2·N·d), dB
 (x·dstatesᵀ, 2·N·d), dCB (dout·xᵀ, causal, Q·d) and dC, dB from dCB (2 x 2·Q·N·G).
+
+Megatron-Core's ``_ssm_training`` also moves the mixer's tensors between its sequence-first layout
+and the kernels' batch-first one (``layout_copy_time``): real copies when the micro-batch holds
+more than one sequence.
 """
 
 from __future__ import annotations
@@ -37,8 +41,27 @@ CHUNK_SIZE = 128
 SSD_KERNELS = (3.0, 7.0)
 # Bytes per state element per chunk that the SSD's chunk states move through HBM: forward FP32
 # written by ``_chunk_state_fwd`` (4), read and written by ``_state_passing_fwd`` (4 + 4), read by
-# ``_chunk_scan_fwd`` (4); the backward recomputes them (16) and moves dstates alike (16).
-STATE_BYTES = (16.0, 32.0)
+# ``_chunk_scan_fwd`` (4); the backward (``_mamba_chunk_scan_combined_bwd``, state-spaces/mamba
+# e9594ce ``ops/triton/ssd_combined.py``) recomputes them in FP32 (``_chunk_state_fwd`` 4,
+# ``_state_passing_fwd`` 4 + 4), writes dstates in FP32 (``_chunk_scan_bwd_dstates`` 4),
+# ``_state_passing_bwd`` reads both in FP32 (8) and writes both in BF16 (4), the dx and dB kernels
+# read the BF16 dstates (2 + 2) and the dC kernel the BF16 states (2): 34.
+STATE_BYTES = (16.0, 34.0)
+# The SSD backward's other HBM traffic per token, kernel by kernel (same source; the per-head FP32
+# scalars dt, dA_cumsum and their gradients, under 3 % of it, left out):
+# - BF16 tensors d wide (x, z, out_x, dout and their gradients), 17 reads and writes: x by the
+#   recomputed ``_chunk_state_fwd``; dout, out_x, z, x read and dz, the gated dout written by
+#   ``_chunk_scan_bwd_dz``; dout by ``_chunk_scan_bwd_dstates``; x, dout read and dx written by
+#   ``_chunk_scan_chunk_state_bwd_dx``; x by ``_chunk_state_bwd_db``; dout by ``_chunk_scan_bwd_dC``;
+#   x and dout by ``_chunk_scan_bwd_dcb`` and again by ``_chunk_scan_bwd_ddAcs_stable``;
+# - B and C (G·N wide): 11 BF16 passes (C, B by the recomputed ``_bmm_chunk_fwd``; B by
+#   ``_chunk_state_fwd``, the dx and dB kernels; C by the dstates and dC kernels; C, B read and dB,
+#   dC written by the two ``_bmm_chunk_bwd``) and 8 FP32 passes (dB and dC written in FP32 by their
+#   kernels, summed over the head splits (read, write), read as the residual of ``_bmm_chunk_bwd``);
+# - C·Bᵀ and its gradient (G·Q FP32 per token), 8 passes: CB written by the recomputed bmm, read by
+#   the dx and ddA kernels; dCB written by ``_chunk_scan_bwd_dcb``, summed over the head splits (read,
+#   write), read by the two ``_bmm_chunk_bwd``.
+BACKWARD_PASSES = {"inner_bf16": 17.0, "bc_bf16": 11.0, "bc_fp32": 8.0, "cb_fp32": 8.0}
 BF16 = 2.0
 FP32 = 4.0
 
@@ -64,13 +87,17 @@ def ssd_flops_per_token(model) -> tuple[float, float]:
 
 def ssd_bytes_per_token(model) -> tuple[float, float]:
     """(forward, backward) HBM bytes per token of the SSD kernels: the chunk states
-    (``STATE_BYTES`` per element, d·N/Q of them per token) and the BF16 tensors read and written
-    once (forward: x, B, C, dt, z in, the gated output and the ungated out_x out; backward: those
-    and dout read, dx, dB, dC, ddt, dz written)."""
-    d, bc, h = model.mamba_inner, 2 * model.mamba_num_groups * model.mamba_state_dim, model.mamba_heads
+    (``STATE_BYTES`` per element, d·N/Q of them per token) and the other tensors. Forward: x, B,
+    C, dt, z read once, the gated output and the ungated out_x written (the kernels' own count,
+    x read twice and C·Bᵀ written and read in FP32, is within -2..+4 % of it on Nemotron 3). Backward:
+    each kernel's reads and writes (``BACKWARD_PASSES``): the backward's eleven kernels read x and
+    dout again and again and keep the B / C gradients and C·Bᵀ in FP32."""
+    d, g, h = model.mamba_inner, model.mamba_num_groups * model.mamba_state_dim, model.mamba_heads
     states = d * model.mamba_state_dim / CHUNK_SIZE
-    io_forward = BF16 * (d + bc + h + d) + BF16 * 2 * d
-    io_backward = io_forward + BF16 * d + BF16 * (d + bc + h + d)
+    io_forward = BF16 * (d + 2 * g + h + d) + BF16 * 2 * d
+    passes = BACKWARD_PASSES
+    io_backward = (BF16 * passes["inner_bf16"] * d + (BF16 * passes["bc_bf16"] + FP32 * passes["bc_fp32"]) * g
+                   + FP32 * passes["cb_fp32"] * model.mamba_num_groups * CHUNK_SIZE)
     return STATE_BYTES[0] * states + io_forward, STATE_BYTES[1] * states + io_backward
 
 
@@ -115,6 +142,23 @@ def norm_time(x):
     forward, backward = norm_bytes_per_token(x.model)
     per_byte = x.tokens / x.t / x.hbm
     return forward * per_byte, backward * per_byte
+
+
+def layout_copy_time(x):
+    """(forward, backward) seconds of the layout copies around the fused scan in Megatron-Core's
+    ``MambaMixer._ssm_training`` (NVIDIA/Megatron-LM d98e8a64dd ``megatron/core/ssm/mamba_mixer.py``):
+    ``rearrange(zxBCdt, "l b d -> b l d").contiguous()`` copies in_proj's output to the kernels'
+    batch-first layout and ``rearrange(y, "b l d -> l b d").contiguous()`` the scan's output back
+    (forward: read and write each, BF16); in the backward the gradient of zxBCdt comes back as a
+    sequence-first view that in_proj's backward copies to contiguous rows (the gradient of y
+    enters the scan's backward as a view, which its kernels read by strides). A micro-batch of one
+    sequence is contiguous in both layouts: no copy."""
+    model = x.model
+    per_byte = 2.0 * BF16 * x.tokens / x.t / x.hbm  # one read and one write of each element
+    several = x.b > 1
+    forward = np.where(several, (model.mamba_in_proj_width + model.mamba_inner) * per_byte, 0.0)
+    backward = np.where(several, model.mamba_in_proj_width * per_byte, 0.0)
+    return forward, backward
 
 
 def cp_time(x):
