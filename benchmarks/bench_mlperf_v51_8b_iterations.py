@@ -25,6 +25,9 @@ Five tables, none of which changes a figure the package prints:
    rates (``NVFP4_RATIO_NOQUANT``, ``NVFP4_RATIO_QUANT``); per variant the mean signed error of the perf-overview
    rows, of the v5.1 Offline rows (the 8B by serving path, DeepSeek-R1, the 70B on the C++ executor) and the
    Server iteration ratio (table 2's) of the B200 8B and 70B.
+7. (s52h7) DeepSeek-R1 outside MLPerf: the perf-overview's DeepSeek-R1-0528 rows (``PERF_OVERVIEW_DSR1``, attention
+   DP on the PyTorch backend, Blackwell NVFP4 and Hopper FP8) against ``infer --attention-dp``'s Offline simulation,
+   at its best layout and with the max batch pinned to 512 a rank.
 
     PYTHONPATH=$PWD python benchmarks/bench_mlperf_v51_8b_iterations.py   # ~6 min; reads the v5.1 mirror
     # any autoparallel command under one of table 6's variants, e.g. the whole held-out report (~7 min):
@@ -290,6 +293,40 @@ def candidates_table(rows, eff) -> pd.DataFrame:
     return pd.DataFrame(out).round(2)
 
 
+#: The perf-overview's DeepSeek-R1-0528 table (NVIDIA/TensorRT-LLM@03e27c7d docs/source/developer-guide/
+#: perf-overview.md; trtllm-bench throughput on the PyTorch backend with ``enable_attention_dp``, the CUTLASS MoE,
+#: FP8 KV cache, CUDA graphs with padding): (GPU preset, ranks, weights, ISL, OSL, measured output tokens/s per
+#: GPU). B200 / GB200 "DEP4 (FP4)" (nvidia/DeepSeek-R1-0528-NVFP4-v2), H200 "DEP8 (FP8)" (deepseek-ai/
+#: DeepSeek-R1-0528: block-scaled FP8, priced as FP8 weights); the deepseek-v3 preset prices it (s52h1).
+PERF_OVERVIEW_DSR1 = [("b200", 4, "nvfp4", 1000, 1000, 6463), ("b200", 4, "nvfp4", 1024, 8192, 3862),
+                      ("b200", 4, "nvfp4", 8192, 1024, 1168), ("gb200", 4, "nvfp4", 1000, 1000, 6939),
+                      ("gb200", 4, "nvfp4", 1024, 8192, 4379), ("h200", 8, "fp8", 1000, 1000, 1627),
+                      ("h200", 8, "fp8", 1024, 8192, 1218)]
+
+
+def perf_overview_dsr1_table(requests: int = 3000) -> pd.DataFrame:
+    """Table 7: the perf-overview's DeepSeek-R1 rows against ``infer --attention-dp --scenario offline`` (its
+    best layout, and the max batch pinned to 512 a rank; ``requests`` simulated, 3,000 as the doc's 1K/1K runs)."""
+    import json
+    import sys
+    out = []
+    for gpu, ranks, weights, isl, osl, meas in PERF_OVERVIEW_DSR1:
+        row = dict(gpu=gpu, ranks=ranks, weights=weights, isl=isl, osl=osl, meas=meas)
+        for label, extra in (("best", []), ("batch 512", ["--max-batch", "512"])):
+            cmd = [sys.executable, "-m", "autoparallel", "infer", "--model", "deepseek-v3", "--gpus", str(ranks),
+                   "--gpu", gpu, "--tp", str(ranks), "--pp", "1", *extra, "--attention-dp", "--weight-precision",
+                   weights, "--kv-precision", "fp8", "--input-len", str(isl), "--output-len", str(osl), "--scenario",
+                   "offline", "--requests", str(requests), "--no-save", "--json"]
+            best = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["ranked"][0]
+            pred = best["output_tokens_per_s_per_gpu"]
+            row[f"pred_{label}"] = round(pred)
+            row[f"err_{label}_pct"] = round(100 * (pred - meas) / meas, 1)
+            if label == "best":
+                row["best_max_batch"] = best["config"]["max_batch"]
+        out.append(row)
+    return pd.DataFrame(out)
+
+
 def main() -> None:
     rows, _ = M.load_rows("mlperf_inference_v51.csv")
     eff = efficiency_for("tensorrt-llm")
@@ -307,6 +344,9 @@ def main() -> None:
     print(perf_overview_table().to_string(index=False))
     print("\nCandidate terms (s52h7): mean signed error % (Server: measured / model iteration) per variant")
     print(candidates_table(rows, eff).to_string())
+    print("\nTensorRT-LLM perf-overview DeepSeek-R1-0528 (attention DP, PyTorch backend), output tokens/s per GPU vs "
+          "infer --attention-dp --scenario offline")
+    print(perf_overview_dsr1_table().to_string(index=False))
 
 
 if __name__ == "__main__":
