@@ -19,12 +19,25 @@ Five tables, none of which changes a figure the package prints:
    on TensorRT-LLM's PyTorch backend, or a TRT engine on the C++ executor), predicted vs measured.
 5. (s52h5) The PyTorch backend outside MLPerf: TensorRT-LLM's perf-overview 70B rows (``PERF_OVERVIEW_70B``)
    against ``autoparallel infer``'s best layout at the same TP.
+6. (s52h7) Candidate terms for the Blackwell NVFP4 residual on the PyTorch backend, each applied as a temporary
+   patch (``patched``; nothing the package prints changes): the NVFP4 Linear's activation quantization as a
+   kernel of its own (``activation_quant_bytes``), and the NVFP4 / FP8 GEMM ratio at the measured B200 kernel
+   rates (``NVFP4_RATIO_NOQUANT``, ``NVFP4_RATIO_QUANT``); per variant the mean signed error of the perf-overview
+   rows, of the v5.1 Offline rows (the 8B by serving path, DeepSeek-R1, the 70B on the C++ executor) and the
+   Server iteration ratio (table 2's) of the B200 8B and 70B.
+7. (s52h7) DeepSeek-R1 outside MLPerf: the perf-overview's DeepSeek-R1-0528 rows (``PERF_OVERVIEW_DSR1``, attention
+   DP on the PyTorch backend, Blackwell NVFP4 and Hopper FP8) against ``infer --attention-dp``'s Offline simulation,
+   at its best layout and with the max batch pinned to 512 a rank.
 
-    PYTHONPATH=$PWD python benchmarks/bench_mlperf_v51_8b_iterations.py   # ~1 min; reads the v5.1 mirror
+    PYTHONPATH=$PWD python benchmarks/bench_mlperf_v51_8b_iterations.py   # ~6 min; reads the v5.1 mirror
+    # any autoparallel command under one of table 6's variants, e.g. the whole held-out report (~7 min):
+    COLUMNS=400 PYTHONPATH=$PWD python benchmarks/bench_mlperf_v51_8b_iterations.py --patched \
+        "ratio 1.53 + quant pass" validate --inference
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import subprocess
@@ -189,20 +202,128 @@ PERF_OVERVIEW_70B = [("b200", 1, "nvfp4", 1000, 1000, 6920), ("b200", 1, "nvfp4"
                      ("h100-sxm", 2, "fp8", 8192, 1024, 398)]
 
 
-def perf_overview_table() -> pd.DataFrame:
+def perf_overview_table(variant: str = "") -> pd.DataFrame:
     """The PyTorch backend outside MLPerf (s52h5): the perf-overview's 70B rows against ``infer``'s best
-    layout at the row's TP (KV FP8; ~10 s a row)."""
+    layout at the row's TP (KV FP8; ~10 s a row), under ``patched(variant)`` (s52h7)."""
     import json
     import sys
+    from pathlib import Path
+    here = str(Path(__file__).resolve().parent)
+    prelude = (f"import runpy, sys; sys.path.insert(0, {here!r}); import bench_mlperf_v51_8b_iterations as B; "
+               f"patch = B.patched({variant!r}); patch.__enter__(); sys.argv = ['autoparallel'] + sys.argv[1:]; "
+               "runpy.run_module('autoparallel', run_name='__main__')")
     out = []
     for gpu, tp, weights, isl, osl, meas in PERF_OVERVIEW_70B:
-        cmd = [sys.executable, "-m", "autoparallel", "infer", "--model", "llama3.1-70b", "--gpus", str(tp), "--gpu", gpu,
+        cmd = [sys.executable, "-c", prelude, "infer", "--model", "llama3.1-70b", "--gpus", str(tp), "--gpu", gpu,
                "--tp", str(tp), "--pp", "1", "--input-len", str(isl), "--output-len", str(osl), "--weight-precision",
                weights, "--kv-precision", "fp8", "--no-save", "--json"]
         best = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["ranked"][0]
         pred = best["output_tokens_per_s_per_gpu"]
         out.append(dict(gpu=gpu, tp=tp, weights=weights, isl=isl, osl=osl, meas=meas, pred=round(pred),
                         err_pct=round(100 * (pred - meas) / meas, 1)))
+    return pd.DataFrame(out)
+
+
+#: The NVFP4 / FP8 GEMM ratio measured on Blackwell (SM100 CUTLASS kernels, vLLM's kernel benchmark) at a
+#: Llama-3.1-8B shape, M=16384 N=6144 K=4096, TFLOP/s: NVFP4 3,904.3 without and 3,038.8 with its activation
+#: quantization (vllm-project/vllm PR #20646, "Before" table), FP8 per-tensor 2,544.7 without and 2,225.8 with
+#: (PR #19566, B200 per its series #18778). Against 1.81 (``gemm.NVFP4_OVER_FP8_GEMM``, TransformerEngine's
+#: Blackwell Ultra training kernels), which the serving model prices NVFP4 GEMMs at.
+NVFP4_RATIO_NOQUANT = 3904.329097 / 2544.683145
+NVFP4_RATIO_QUANT = 3038.844961 / 2225.828721
+#: Bytes per element of one NVFP4 activation quantization kernel: the 16-bit input read, 4-bit values and one
+#: E4M3 scale per 16 written.
+QUANT_PASS_BYTES = 2.0 + 0.5 + 1.0 / 16.0
+#: The variants of table 6: a name -> (NVFP4 / FP8 GEMM ratio or None for the shipped one, quantization pass).
+CANDIDATES = {"as shipped": (None, False), "quant pass": (None, True),
+              "ratio 1.53 + quant pass": (NVFP4_RATIO_NOQUANT, True), "ratio 1.37": (NVFP4_RATIO_QUANT, False)}
+
+
+def activation_quant_bytes(lay, tokens):
+    """HBM bytes per layer and GPU of the NVFP4 activation quantization TensorRT-LLM's PyTorch backend runs as a
+    kernel of its own before a Linear (``fp4_quantize`` unless the input already is an ``Fp4QuantizedTensor``:
+    NVIDIA/TensorRT-LLM tensorrt_llm/_torch/modules/linear.py, NVFP4 ``apply``; its Llama layer at TP1 fuses no
+    norm with it, modeling_llama.py @012cf909): the QKV, output-projection and FC1 inputs (FC2's is the gated
+    activation's write, priced there at the weights' bytes). Zeros for weights of a byte or more."""
+    m = lay.model
+    tokens = np.asarray(tokens, dtype=float)
+    per_token = 2.0 * m.hidden_size + m.num_attention_heads * m.head_dim / lay.tp
+    return np.where(lay.weight_bytes < 1.0, tokens * per_token * QUANT_PASS_BYTES, 0.0)
+
+
+@contextlib.contextmanager
+def patched(variant: str):
+    """``CANDIDATES[variant]`` applied to the cost model while the block runs (``""``: as shipped)."""
+    ratio, quant = CANDIDATES.get(variant or "as shipped")
+    saved = gemm.NVFP4_OVER_FP8_GEMM, I.gated_activation_bytes
+    try:
+        if ratio is not None:
+            gemm.NVFP4_OVER_FP8_GEMM = ratio
+        if quant:
+            I.gated_activation_bytes = lambda lay, tokens, _o=saved[1]: _o(lay, tokens) + activation_quant_bytes(lay, tokens)
+        yield
+    finally:
+        gemm.NVFP4_OVER_FP8_GEMM, I.gated_activation_bytes = saved
+
+
+def candidates_table(rows, eff) -> pd.DataFrame:
+    """Table 6: per candidate variant, the mean signed error % of output tokens/s per GPU by source and group,
+    and the B200 Server iteration ratio (measured / model, table 2's)."""
+    offline = rows[(rows.scenario == "Offline") & rows.model.isin(["llama3.1-8b", "llama2-70b", "deepseek-r1"])]
+    paths = {i: serving_path(r) for i, r in offline[offline.model == "llama3.1-8b"].iterrows()}
+    out = {}
+    for variant in CANDIDATES:
+        col = {}
+        po = perf_overview_table(variant)
+        for (gpu, weights, wide), g in po.groupby(["gpu", "weights", po.osl > po.isl]):
+            col[("perf-overview 70B", f"{gpu} {weights}" + (" decode-heavy" if wide else ""))] = g.err_pct.mean()
+        with patched(variant):
+            M.clear_simulations()
+            rep = M.predict_rows(offline, cross=False)
+            server = server_table(rows, eff)
+        M.clear_simulations()
+        for i, r in rep.iterrows():
+            key = ("v5.1 Offline", f"{r.hardware} {r.model} " + (paths[i].split()[0] if i in paths else
+                                                                  "pytorch ADP" if r.model == "deepseek-r1" else "C++"))
+            col.setdefault(key, []).append(r.in_sample_pct)
+        for (model, gpu), g in server[server.gpu.isin(["b200", "gb200"]) & (server.scenario == "Server")].groupby(
+                ["model", "gpu"]):
+            col[("v5.1 Server ratio", f"{gpu} {model}")] = g.ratio.mean()
+        out[variant] = {k: float(np.mean(v)) for k, v in col.items()}
+    return pd.DataFrame(out).round(2)
+
+
+#: The perf-overview's DeepSeek-R1-0528 table (NVIDIA/TensorRT-LLM@03e27c7d docs/source/developer-guide/
+#: perf-overview.md; trtllm-bench throughput on the PyTorch backend with ``enable_attention_dp``, the CUTLASS MoE,
+#: FP8 KV cache, CUDA graphs with padding): (GPU preset, ranks, weights, ISL, OSL, measured output tokens/s per
+#: GPU). B200 / GB200 "DEP4 (FP4)" (nvidia/DeepSeek-R1-0528-NVFP4-v2), H200 "DEP8 (FP8)" (deepseek-ai/
+#: DeepSeek-R1-0528: block-scaled FP8, priced as FP8 weights); the deepseek-v3 preset prices it (s52h1).
+PERF_OVERVIEW_DSR1 = [("b200", 4, "nvfp4", 1000, 1000, 6463), ("b200", 4, "nvfp4", 1024, 8192, 3862),
+                      ("b200", 4, "nvfp4", 8192, 1024, 1168), ("gb200", 4, "nvfp4", 1000, 1000, 6939),
+                      ("gb200", 4, "nvfp4", 1024, 8192, 4379), ("h200", 8, "fp8", 1000, 1000, 1627),
+                      ("h200", 8, "fp8", 1024, 8192, 1218)]
+
+
+def perf_overview_dsr1_table(requests: int = 3000) -> pd.DataFrame:
+    """Table 7: the perf-overview's DeepSeek-R1 rows against ``infer --attention-dp --scenario offline`` (its
+    best layout, and the max batch pinned to 512 a rank; ``requests`` simulated, 3,000 as the doc's 1K/1K runs)."""
+    import json
+    import sys
+    out = []
+    for gpu, ranks, weights, isl, osl, meas in PERF_OVERVIEW_DSR1:
+        row = dict(gpu=gpu, ranks=ranks, weights=weights, isl=isl, osl=osl, meas=meas)
+        for label, extra in (("best", []), ("batch 512", ["--max-batch", "512"])):
+            cmd = [sys.executable, "-m", "autoparallel", "infer", "--model", "deepseek-v3", "--gpus", str(ranks),
+                   "--gpu", gpu, "--tp", str(ranks), "--pp", "1", *extra, "--attention-dp", "--weight-precision",
+                   weights, "--kv-precision", "fp8", "--input-len", str(isl), "--output-len", str(osl), "--scenario",
+                   "offline", "--requests", str(requests), "--no-save", "--json"]
+            best = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["ranked"][0]
+            pred = best["output_tokens_per_s_per_gpu"]
+            row[f"pred_{label}"] = round(pred)
+            row[f"err_{label}_pct"] = round(100 * (pred - meas) / meas, 1)
+            if label == "best":
+                row["best_max_batch"] = best["config"]["max_batch"]
+        out.append(row)
     return pd.DataFrame(out)
 
 
@@ -221,7 +342,19 @@ def main() -> None:
     print("\n".join(sensitivities(rows, eff)))
     print("\nTensorRT-LLM perf-overview (PyTorch backend) Llama 3.3 70B, output tokens/s per GPU vs infer's best layout")
     print(perf_overview_table().to_string(index=False))
+    print("\nCandidate terms (s52h7): mean signed error % (Server: measured / model iteration) per variant")
+    print(candidates_table(rows, eff).to_string())
+    print("\nTensorRT-LLM perf-overview DeepSeek-R1-0528 (attention DP, PyTorch backend), output tokens/s per GPU vs "
+          "infer --attention-dp --scenario offline")
+    print(perf_overview_dsr1_table().to_string(index=False))
 
 
 if __name__ == "__main__":
-    main()
+    import runpy
+    import sys
+    if sys.argv[1:2] == ["--patched"]:  # an autoparallel command under ``patched(variant)``
+        with patched(sys.argv[2]):
+            sys.argv = ["autoparallel", *sys.argv[3:]]
+            runpy.run_module("autoparallel", run_name="__main__")
+    else:
+        main()
