@@ -31,7 +31,8 @@ import yaml
 from autoparallel import resources, safefile
 from autoparallel.argtypes import MAX_COUNT
 from autoparallel.errors import SpecError, UserError
-from autoparallel.specs.hardware import HardwareSpec, clock_limited_speed, measured_bf16_speed, measured_speed
+from autoparallel.specs.hardware import (HardwareSpec, clock_limited_speed, measured_bf16_speed, measured_hbm_speed,
+                                         measured_speed)
 from autoparallel.specs.model import ModelSpec
 
 T = TypeVar("T")
@@ -332,6 +333,10 @@ def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareS
         raise SpecError(f"{path}: bf16_clock_speed is derived; state measured_bf16_gemm_tflops and measured_against")
     if data.get("measured_bf16_gemm_tflops") is not None and not data.get("measured_against"):
         raise SpecError(f"{path}: measured_bf16_gemm_tflops needs measured_against (the preset measured beside it)")
+    if "hbm_speed" in data:
+        raise SpecError(f"{path}: hbm_speed is derived; state measured_hbm_tbps and measured_against")
+    if data.get("measured_hbm_tbps") is not None and not data.get("measured_against"):
+        raise SpecError(f"{path}: measured_hbm_tbps needs measured_against (the preset measured beside it)")
     hw = from_dict(HardwareSpec, data, str(path))
     if hw.efficiency_from:
         if "efficiency" in data:
@@ -351,6 +356,8 @@ def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareS
             hw = dataclasses.replace(hw, clock_speed=measured_speed(hw, reference))
             if hw.measured_bf16_gemm_tflops is not None:
                 hw = dataclasses.replace(hw, bf16_clock_speed=measured_bf16_speed(hw, reference))
+            if hw.measured_hbm_tbps is not None:
+                hw = dataclasses.replace(hw, hbm_speed=measured_hbm_speed(hw, reference))
         except ValueError as e:
             raise SpecError(f"{path}: {e}") from None
     return hw

@@ -267,6 +267,54 @@ def test_a_measured_bf16_speed_needs_a_reference_and_its_figure(tmp_path):
         dataclasses.replace(io.load_hardware("mi300x"), measured_bf16_gemm_tflops=0)
 
 
+def test_cdna3_hbm_runs_at_the_share_of_its_datasheet_a_stream_benchmark_measured_beside_the_h100():
+    """Azure's BabelStream Triad: ND MI300X v5 4.10 TB/s of a 5.3 TB/s datasheet, ND H100 v5 2.97 of 3.35.
+    The H100's fitted hbm efficiency (0.7) read at the MI300X's datasheet figure would give it 77 / 89 of
+    that share too much: its achievable bandwidth is the H100's x 4.10 / 2.97, i.e. 3.35 x 0.7 x 4.10 /
+    2.97 = 3.237 TB/s, not 5.3 x 0.7 = 3.71. No benchmark measured the MI325X's HBM beside a reference:
+    its datasheet 6 TB/s x 0.7, as every other preset."""
+    h100, mi300x, mi325x = (io.load_hardware(g) for g in ("h100-sxm", "mi300x", "mi325x"))
+    speed = (4.10 / 2.97) / (5.3 / 3.35)
+    assert 0.872 < speed < 0.873
+    assert mi300x.hbm_speed == pytest.approx(speed, rel=REL)
+    model = io.load_model("llama2-70b")
+    x_mi300x, x_h100, x_mi325x = (_cands(model, g, tp=1, pp=1, vp=1, cp=1, dp=8, sp=False, gbs=8)
+                                  for g in (mi300x, h100, mi325x))
+    assert x_mi300x.hbm == pytest.approx(3.35e12 * 0.7 * 4.10 / 2.97, rel=REL)
+    assert 3.237e12 < x_mi300x.hbm < 3.238e12
+    assert x_mi300x.hbm / x_h100.hbm == pytest.approx(4.10 / 2.97, rel=REL)
+    assert x_mi325x.hbm == pytest.approx(6.0e12 * 0.7, rel=REL) and mi325x.hbm_speed == 1.0
+    # An HBM-bound term follows it: the norm recompute's bytes over the bandwidth, 1 / 0.873 longer.
+    slow = lt.norm_recompute_time(x_mi300x)
+    fast = lt.norm_recompute_time(_cands(model, dataclasses.replace(mi300x, hbm_speed=1.0), tp=1, pp=1, vp=1,
+                                         cp=1, dp=8, sp=False, gbs=8))
+    assert float(slow[0] / fast[0]) == pytest.approx(1.0 / speed, rel=1e-9)
+    # The tensor speeds are not the HBM's.
+    assert gemm.tensor_speed(mi300x) == pytest.approx((1222.9 / 1290.1) / (2614.9 / 1979), rel=REL)
+    for name in ("h100-sxm", "h200", "b200", "gb200", "gb300", "mi350x", "mi355x"):
+        assert io.load_hardware(name).hbm_speed == 1.0
+
+
+def test_a_measured_hbm_speed_needs_a_reference_and_its_figure(tmp_path):
+    text = Path(io.resolve_preset("hardware", "mi300x")).read_text()
+    lines = lambda t, drop: "\n".join(ln for ln in t.splitlines() if not ln.startswith(drop)) + "\n"  # noqa: E731
+    alone = tmp_path / "mi300y.yaml"
+    alone.write_text(lines(lines(text.replace("name: mi300x", "name: mi300y"), "measured_against"),
+                           "measured_bf16_gemm_tflops"))
+    with pytest.raises(io.SpecError, match="measured_hbm_tbps needs measured_against"):
+        io.load_hardware(str(alone))
+    no_reference = tmp_path / "mi300z.yaml"  # the H100 states no HBM figure of its own
+    no_reference.write_text(lines(text.replace("name: mi300x", "name: mi300z"), "measured_reference_hbm_tbps"))
+    with pytest.raises(io.SpecError, match="both must state measured_hbm_tbps"):
+        io.load_hardware(str(no_reference))
+    stated = tmp_path / "mi300w.yaml"
+    stated.write_text(text.replace("name: mi300x", "name: mi300w") + "hbm_speed: 0.9\n")
+    with pytest.raises(io.SpecError, match="hbm_speed is derived"):
+        io.load_hardware(str(stated))
+    with pytest.raises(ValueError, match="measured_hbm_tbps"):
+        dataclasses.replace(io.load_hardware("mi300x"), measured_hbm_tbps=0)
+
+
 def test_serving_prices_the_datasheet_peaks_at_the_harness_clock_not_the_measured_speed():
     """The serving cost model's peaks are the datasheet's (its fitted shares hold the sustained rate,
     for every GPU): AMD's held-out MLPerf Inference rows scale them by the GFX clock the harness locks

@@ -125,6 +125,10 @@ class HardwareSpec:
     # speed is not the FP8 one (``measured_bf16_speed``): stated with ``measured_against``.
     measured_bf16_gemm_tflops: float | None = None
     measured_reference_bf16_gemm_tflops: float | None = None
+    # The same for HBM: a streaming benchmark's bandwidth on this GPU and on the reference, measured by
+    # one benchmark (TB/s; ``measured_hbm_speed``): stated with ``measured_against``.
+    measured_hbm_tbps: float | None = None
+    measured_reference_hbm_tbps: float | None = None
     # The tensor speed against the donor, set by ``io.load_hardware`` (never a YAML key):
     # ``measured_speed`` where ``measured_against`` names a sibling or the donor itself, else
     # ``clock_limited_speed``.
@@ -132,6 +136,10 @@ class HardwareSpec:
     # The BF16 tensor speed against the donor where ``measured_bf16_gemm_tflops`` sets it
     # (``measured_bf16_speed``, by ``io.load_hardware``, never a YAML key); None: ``clock_speed``.
     bf16_clock_speed: float | None = None
+    # The HBM bandwidth's factor on ``hbm_tbps`` against the donor where ``measured_hbm_tbps`` sets it
+    # (``measured_hbm_speed``, by ``io.load_hardware``, never a YAML key); the training cost model's
+    # achievable bandwidth is hbm_tbps x this x the donor's fitted ``Efficiency.hbm``.
+    hbm_speed: float = 1.0
     # Exponentials per second of the special function units (MUFU.EX2), in units of 10^12: the
     # softmax of flash attention waits on them between its two GEMMs. SMs x 16 per clock x boost
     # clock, or NVIDIA's figure (Blackwell 5, Blackwell Ultra 10.7).
@@ -173,7 +181,8 @@ class HardwareSpec:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
         for key in ("fp8_tflops", "fp4_tflops", "max_sm_clock_mhz", "measured_fp8_gemm_tflops",
                     "measured_reference_fp8_gemm_tflops", "measured_bf16_gemm_tflops",
-                    "measured_reference_bf16_gemm_tflops", "bf16_clock_speed"):
+                    "measured_reference_bf16_gemm_tflops", "bf16_clock_speed", "measured_hbm_tbps",
+                    "measured_reference_hbm_tbps"):
             if getattr(self, key) is not None and getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive (or left out), got {getattr(self, key)}")
         if self.scale_up_link not in SCALE_UP_LINKS:
@@ -182,6 +191,8 @@ class HardwareSpec:
             raise ValueError(f"a {self.scale_up_link} mesh joins at least 2 GPUs, got nvlink_domain={self.nvlink_domain}")
         if self.clock_speed <= 0:
             raise ValueError(f"clock_speed must be positive, got {self.clock_speed}")
+        if self.hbm_speed <= 0:
+            raise ValueError(f"hbm_speed must be positive, got {self.hbm_speed}")
         if self.reserve_gib >= self.memory_gib:
             raise ValueError(f"reserve_gib={self.reserve_gib} must be below memory_gib={self.memory_gib}")
 
@@ -257,3 +268,19 @@ def measured_bf16_speed(hw: HardwareSpec, reference: HardwareSpec) -> float:
                          " (or hw the reference's figure, measured_reference_bf16_gemm_tflops)")
     speed = reference.bf16_clock_speed or reference.clock_speed
     return speed * hw.measured_bf16_gemm_tflops / against / (hw.bf16_tflops / reference.bf16_tflops)
+
+
+def measured_hbm_speed(hw: HardwareSpec, reference: HardwareSpec) -> float:
+    """The factor on ``hw``'s datasheet HBM bandwidth from a streaming benchmark that measured both ``hw``
+    and ``reference`` (``measured_hbm_tbps``; the reference's figure in that benchmark:
+    ``measured_reference_hbm_tbps`` where hw states it, else the reference's own): the reference's own
+    factor (``hbm_speed``; 1 for the donor, whose fitted ``Efficiency.hbm`` holds its own achievable
+    share) times the measured ratio over the datasheet ratio, as ``measured_speed`` reads the GEMMs. Two
+    GPUs reach different shares of their datasheet bandwidth: Azure's BabelStream Triad (one build of
+    one fork, 5 runs each) reaches 4.10 TB/s of the MI300X's 5.3 (77 %) and 2.97 of the H100's 3.35
+    (89 %), so the H100's fitted share, read at the MI300X's datasheet figure, overstates it by 1.15x."""
+    against = hw.measured_reference_hbm_tbps or reference.measured_hbm_tbps
+    if not hw.measured_hbm_tbps or not against:
+        raise ValueError(f"{hw.name} is measured against {reference.name}: both must state measured_hbm_tbps"
+                         " (or hw the reference's figure, measured_reference_hbm_tbps)")
+    return reference.hbm_speed * hw.measured_hbm_tbps / against / (hw.hbm_tbps / reference.hbm_tbps)
