@@ -5,9 +5,12 @@ each layer kind's time per micro-batch and per step, the Mamba-2 mixer's parts (
 GEMMs, SSD scan, conv1d, grouped RMSNorm, MambaMixer's layout copies, casts), the E layer's parts
 (routed and shared GEMMs, router, permutations, per-expert calls, casts, EP dispatch) and the output
 layer. With ``--all`` (and no row named): every hybrid-newer row's measured and predicted step, the gap, and the factor
-the Mamba kernels, the M layers or the E layers alone would need to close it.
+the Mamba kernels, the M layers or the E layers alone would need to close it. With ``--tp-pairs``: each TP-2 row
+beside the TP-1 row of the same model, release and precision (GB200 beside GB300; B200 NVFP4 beside B200 MXFP8),
+each row's gap per micro-batch, the TP-2 row's excess (its measured step less its predicted one scaled by the TP-1
+row's measured / predicted), the TP collectives priced on it and the factor they would need to absorb the excess.
 
-Usage: ``PYTHONPATH=$PWD python benchmarks/bench_hybrid_terms.py [--all] [ID_PREFIX ...]`` (about a
+Usage: ``PYTHONPATH=$PWD python benchmarks/bench_hybrid_terms.py [--all | --tp-pairs] [ID_PREFIX ...]`` (about a
 minute on two cores: the rows are prepared as validate prepares them).
 """
 
@@ -105,16 +108,48 @@ def gaps(rows) -> None:
               f" {per['M']:6.2f} {per['E']:6.2f} {1 + gap / kern:6.2f} {1 + gap / per['M']:6.2f} {1 + gap / per['E']:6.2f}")
 
 
+def tp_partner(p, rows):
+    """The TP-1 row of ``p``'s model, release and precision on the GPU its TP-2 recipe pairs with:
+    GB300 for GB200 (the same recipe at TP 1); for B200, its MXFP8 TP-1 row (a different precision,
+    and the recipes differ in CUDA graphs and recompute too)."""
+    gpu, precision = p.row["gpu"], p.row["precision"]
+    gpu, precision = {"gb200": ("gb300", precision), "b200": ("b200", "mxfp8")}.get(gpu, (None, None))
+    for q in rows:
+        if (q.row["model"], q.row["release"], q.row["gpu"], q.row["precision"]) == (
+                p.row["model"], p.row["release"], gpu, precision) and int(q.row["tp"]) == 1:
+            return q
+    return None
+
+
+def tp_pairs(rows) -> None:
+    print(f"\n{'TP-2 row':44s} {'TP-1 row':44s} {'mb':>5s} {'gap/mb s':>11s} {'excess s':>8s} {'tp_comm s':>9s} {'x tp':>5s}")
+    for p in rows:
+        q = tp_partner(p, rows) if int(p.row["tp"]) == 2 else None
+        if q is None:
+            continue
+        x2, step2, m2, layers2 = priced(p)
+        _, step1, m1, _ = priced(q)
+        meas2, meas1 = measured_step(p), measured_step(q)
+        excess = meas2 - step2 * meas1 / step1
+        counts = Counter(p.model.hybrid_layer_pattern)
+        tp_comm = m2 * sum(counts.get(k, 0) * scalar(c["tp_comm"]) for k, c in layers2.kinds.items())
+        print(f"{p.id.removeprefix('bridge-')[:44]:44s} {q.id.removeprefix('bridge-')[:44]:44s} {m1:2.0f}/{m2:2.0f}"
+              f" {(meas1 - step1) / m1:5.3f}/{(meas2 - step2) / m2:5.3f} {excess:+8.2f} {tp_comm:9.3f} {1 + excess / tp_comm:5.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rows", nargs="*", help=f"row id prefixes (default without --all: {', '.join(DEFAULT_ROWS)})")
     parser.add_argument("--all", action="store_true", help="every hybrid-newer row's gap and the factors")
+    parser.add_argument("--tp-pairs", action="store_true", help="each TP-2 row beside its TP-1 row: gaps per micro-batch")
     args = parser.parse_args()
     rows = [p for p in all_runs() if p.kind == "hybrid-newer"]
-    for prefix in args.rows or ((), DEFAULT_ROWS)[not args.all]:
+    for prefix in args.rows or ((), DEFAULT_ROWS)[not (args.all or args.tp_pairs)]:
         terms(next(p for p in rows if p.id.startswith(prefix)))
     if args.all:
         gaps(rows)
+    if args.tp_pairs:
+        tp_pairs(rows)
 
 
 if __name__ == "__main__":
