@@ -32,6 +32,13 @@ def h100():
 
 
 @pytest.fixture(scope="session")
+def hw(h100):
+    """The GPU a cost-model test prices on where which GPU does not matter (a module that needs
+    another one overrides ``hw``, e.g. tests/test_gemm_precision.py's GB300)."""
+    return h100
+
+
+@pytest.fixture(scope="session")
 def a100():
     return io.load_hardware("a100-sxm-80g")
 

@@ -29,11 +29,6 @@ REL = 1e-12
 
 
 @pytest.fixture(scope="module")
-def hw():
-    return io.load_hardware("h100-sxm")
-
-
-@pytest.fixture(scope="module")
 def gpt(gpt175b):
     return gpt175b
 

@@ -24,11 +24,6 @@ REL = 1e-12
 
 
 @pytest.fixture(scope="module")
-def hw():
-    return io.load_hardware("h100-sxm")
-
-
-@pytest.fixture(scope="module")
 def gqa(gpt175b):
     """GPT-3 175B with 16 query groups (96 heads of 128, hidden 12288): a GQA model of known shape."""
     return dataclasses.replace(gpt175b, num_query_groups=16)

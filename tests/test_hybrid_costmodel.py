@@ -11,7 +11,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-from autoparallel import io
 from autoparallel.costmodel import flops, gemm, mamba
 from autoparallel.costmodel import layer_time as lt
 from autoparallel.costmodel.candidates import candidates
@@ -35,11 +34,6 @@ def nano(**changes) -> ModelSpec:
                 mamba_num_groups=8, num_experts=128, moe_router_topk=6, moe_ffn_hidden_size=1856,
                 moe_shared_expert_intermediate_size=3712)
     return ModelSpec(**{**base, **changes})
-
-
-@pytest.fixture(scope="module")
-def hw():
-    return io.load_hardware("h100-sxm")
 
 
 def _cands(model, hw, **knobs):

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autoparallel import io
 from autoparallel.costmodel import mamba_serving
 from autoparallel.costmodel.inference import (InferenceEfficiency, estimate_static_columns, layout, pass_work,
                                               price_pass)
@@ -27,11 +26,6 @@ from autoparallel.specs.model import ModelSpec
 from test_hybrid_costmodel import _dense_pair, _moe_pair, nano
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def hw():
-    return io.load_hardware("h100-sxm")
 
 
 def _inflight_cols(n_tp=(1, 2)):

@@ -24,11 +24,6 @@ from tests.test_hybrid_costmodel import NANO_PATTERN, _moe_pair, nano
 REL = 1e-12
 
 
-@pytest.fixture(scope="module")
-def hw():
-    return io.load_hardware("h100-sxm")
-
-
 def _counts(pattern, pp, vp, first=0, last=0):
     """(first, middle, last) stage's {kind: count} from ``stage_kind_counts``."""
     a = lambda v: np.array([v])  # noqa: E731
