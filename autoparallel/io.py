@@ -32,7 +32,7 @@ from autoparallel import resources, safefile
 from autoparallel.argtypes import MAX_COUNT
 from autoparallel.errors import SpecError, UserError
 from autoparallel.specs.hardware import (HardwareSpec, clock_limited_speed, measured_bf16_speed, measured_hbm_speed,
-                                         measured_speed)
+                                         measured_size_speed, measured_speed)
 from autoparallel.specs.model import ModelSpec
 
 T = TypeVar("T")
@@ -333,10 +333,14 @@ def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareS
         raise SpecError(f"{path}: bf16_clock_speed is derived; state measured_bf16_gemm_tflops and measured_against")
     if data.get("measured_bf16_gemm_tflops") is not None and not data.get("measured_against"):
         raise SpecError(f"{path}: measured_bf16_gemm_tflops needs measured_against (the preset measured beside it)")
+    if "fp8_gemm_size_speed" in data:
+        raise SpecError(f"{path}: fp8_gemm_size_speed is derived; state measured_fp8_gemm_shapes and measured_against")
     if "hbm_speed" in data:
         raise SpecError(f"{path}: hbm_speed is derived; state measured_hbm_tbps and measured_against")
     if data.get("measured_hbm_tbps") is not None and not data.get("measured_against"):
         raise SpecError(f"{path}: measured_hbm_tbps needs measured_against (the preset measured beside it)")
+    if data.get("measured_fp8_gemm_shapes") and not data.get("measured_against"):
+        raise SpecError(f"{path}: measured_fp8_gemm_shapes needs measured_against (the preset measured beside it)")
     hw = from_dict(HardwareSpec, data, str(path))
     if hw.efficiency_from:
         if "efficiency" in data:
@@ -353,7 +357,10 @@ def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareS
             raise SpecError(f"{path}: measured_against {reference.name} must be the efficiency_from donor "
                             f"({hw.efficiency_from or 'none stated'}) or take its constants from it")
         try:
-            hw = dataclasses.replace(hw, clock_speed=measured_speed(hw, reference))
+            hw = dataclasses.replace(hw, clock_speed=measured_speed(hw, reference),
+                                     fp8_gemm_size_speed=(measured_size_speed(hw, reference)
+                                                          if hw.measured_fp8_gemm_shapes
+                                                          else reference.fp8_gemm_size_speed))
             if hw.measured_bf16_gemm_tflops is not None:
                 hw = dataclasses.replace(hw, bf16_clock_speed=measured_bf16_speed(hw, reference))
             if hw.measured_hbm_tbps is not None:

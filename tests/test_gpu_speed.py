@@ -373,3 +373,77 @@ def test_the_nvfp4_gemm_is_priced_at_the_measured_fp4_over_fp8_ratio_not_the_dat
     assert gemm.fp4_tflops(dataclasses.replace(b200, fp4_tflops=None)) == 4500
     # The NVFP4 peak on B300 is now 1.81x its FP8 peak (B300 states no clock: speed 1).
     assert gemm.peak(b300, 1.0, fp4=True) / gemm.peak(b300, 1.0) == pytest.approx(6.812 / 3.764, rel=REL)
+
+
+AZURE_FP8_8192 = 1222.9 / 1290.1  # the shape measured_fp8_gemm_tflops is read at: m = n = k = 8192, 1.10 TFLOP
+
+
+def test_cdna3_fp8_gemms_run_at_the_ratio_measured_at_their_own_size(gpt175b):
+    """Azure's hipBLASLt / cuBLASLt FP8 GEMMs (ND MI300X v5 / ND H100 v5): 0.948x at 8192^3 (1.10 TFLOP),
+    0.850x at 6144 x 12288 x 12288 (1.86), 0.785x at 16384^3 (8.80), 0.827x at 32768^3 (70.4), 1.015x at
+    1024^3. An MI300X FP8 GEMM runs at the H100's rate at its size times the measured ratio there: exactly
+    at a measured shape, linear in log(FLOPs) between two, the end ratio beyond the last."""
+    h100, mi300x, mi325x = (io.load_hardware(g) for g in ("h100-sxm", "mi300x", "mi325x"))
+    f8192, f16384, f32768, f1024 = (2.0 * n ** 3 for n in (8192, 16384, 32768, 1024))
+    f6144 = 2.0 * 6144 * 12288 * 12288
+    assert gemm.size_speed(mi300x, f8192) == pytest.approx(1.0, rel=REL)
+    assert gemm.size_speed(mi300x, f16384) == pytest.approx((1081.4 / 1377.3) / AZURE_FP8_8192, rel=REL)
+    # Between 6144 x 12288^2 and 16384^3, at 3.5 TFLOP (the LoRA rows' mean Linear GEMM), by hand:
+    # t = ln(3.5e12 / 1.8554e12) / ln(8.7961e12 / 1.8554e12) = 0.4078; ratio 0.8500 - 0.4078 x 0.0648 = 0.8236.
+    t = np.log(3.5e12 / f6144) / np.log(f16384 / f6144)
+    assert 0.4078 < t < 0.4079
+    between = 1148.7 / 1351.4 + t * (1081.4 / 1377.3 - 1148.7 / 1351.4)
+    assert 0.823 < between < 0.824
+    assert gemm.size_speed(mi300x, 3.5e12) == pytest.approx(between / AZURE_FP8_8192, rel=1e-12)
+    # Held beyond the measured shapes, vectorised.
+    ends = gemm.size_speed(mi300x, np.array([1e6, 1e15]))
+    assert ends == pytest.approx([(278.2 / 274.1) / AZURE_FP8_8192, (1142.4 / 1382.2) / AZURE_FP8_8192], rel=REL)
+    # On top of the H100's own curve: the FP8 peaks at a size stand as the measured rates there.
+    for flops, ratio in ((f8192, AZURE_FP8_8192), (f16384, 1081.4 / 1377.3), (3.5e12, between),
+                         (f32768 * 10, 1142.4 / 1382.2), (f1024, 278.2 / 274.1)):
+        assert gemm.peak(mi300x, 1.0, gemm_flops=flops) / gemm.peak(h100, 1.0, gemm_flops=flops) == pytest.approx(
+            ratio, rel=REL)
+    # BF16 GEMMs keep their own measured speed at every size (no BF16 GEMM was measured on both).
+    assert gemm.peak(mi300x, 0.0, gemm_flops=f16384) == pytest.approx(gemm.bf16_peak(mi300x), rel=REL)
+    # The MI325X, measured against the MI300X at one figure, takes the MI300X's curve times 1,519 / 1,273.
+    assert mi325x.fp8_gemm_size_speed == mi300x.fp8_gemm_size_speed
+    assert gemm.peak(mi325x, 1.0, gemm_flops=3.5e12) / gemm.peak(mi300x, 1.0, gemm_flops=3.5e12) == pytest.approx(
+        1519 / 1273, rel=REL)
+    # A Linear's time reads the curve at its GEMMs' size (all layers FP8: the whole time / the factor).
+    flat = dataclasses.replace(mi300x, fp8_gemm_size_speed=())
+    x, y = (_cands(gpt175b, h, precision="fp8-delayed") for h in (mi300x, flat))
+    size = 2.0 * x.tokens[0] * 1e9 / x.t[0] / lt.GEMMS_PER_LAYER
+    assert lt.linear_time(x, 1e9)[0] == pytest.approx(lt.linear_time(y, 1e9)[0] / gemm.size_speed(mi300x, size),
+                                                      rel=1e-12)
+
+
+def test_presets_with_one_measured_figure_keep_one_speed_at_every_size(tmp_path, gpt175b):
+    """Every preset but the MI300X and the one measured against it (the MI325X) states one FP8 figure or none:
+    its GEMMs at one speed whatever their size, the GEMM peak the candidates hold, bit for bit; GB300's
+    measured speed switched on as well."""
+    sizes = np.array([1e9, 1.1e12, 3.5e12, 1e14])
+    names = sorted(io.preset_files("hardware", shipped_only=True))
+    gb300_on = io.load_hardware(str(_gb300_measured(tmp_path)))
+    for hw in [io.load_hardware(n) for n in names if n not in ("mi300x", "mi325x")] + [gb300_on]:
+        assert hw.fp8_gemm_size_speed == () and not hw.measured_fp8_gemm_shapes, hw.name
+        assert gemm.size_speed(hw, sizes) == 1.0
+        for q in (0.0, 0.5, 1.0):
+            assert np.all(gemm.peak(hw, q, gemm_flops=sizes) == gemm.peak(hw, q)), hw.name
+    x = _cands(gpt175b, io.load_hardware("h100-sxm"), precision="fp8-delayed")
+    assert lt.sized_peak(x, 3.5e12) is x.gemm_peak
+
+
+def test_a_measured_size_curve_is_stated_as_shapes_beside_a_reference(tmp_path):
+    text = Path(io.resolve_preset("hardware", "mi300x")).read_text().replace("name: mi300x", "name: mi300q")
+    derived = tmp_path / "mi300q.yaml"
+    derived.write_text(text + "fp8_gemm_size_speed: [[1e12, 1.0]]\n")
+    with pytest.raises(io.SpecError, match="fp8_gemm_size_speed is derived"):
+        io.load_hardware(str(derived))
+    alone = tmp_path / "mi300r.yaml"
+    drop = ("measured_against", "measured_bf16_gemm_tflops", "measured_hbm_tbps")
+    alone.write_text("\n".join(ln for ln in text.replace("name: mi300q", "name: mi300r").splitlines()
+                               if not ln.startswith(drop)) + "\n")
+    with pytest.raises(io.SpecError, match="measured_fp8_gemm_shapes needs measured_against"):
+        io.load_hardware(str(alone))
+    with pytest.raises(ValueError, match=r"\[m, n, k, TFLOP/s, reference TFLOP/s\]"):
+        dataclasses.replace(io.load_hardware("mi300x"), measured_fp8_gemm_shapes=((8192, 8192, 8192, 1222.9),))

@@ -20,6 +20,18 @@ def tensor_speed(hw: HardwareSpec) -> float:
     return hw.efficiency.gpu_speed.get(hw.name, hw.clock_speed)
 
 
+def size_speed(hw: HardwareSpec, gemm_flops):
+    """The factor on ``tensor_speed`` an FP8 GEMM of ``gemm_flops`` runs at: 1 on a GPU with one measured
+    speed; where a benchmark measured ``hw`` beside its reference at several shapes
+    (``HardwareSpec.fp8_gemm_size_speed``), the measured ratio at this size over the one ``tensor_speed``
+    holds, read linearly in log(FLOPs) between the measured shapes and held beyond the smallest and the
+    largest. On top of the donor's own curve (``efficiency``), which prices the reference GPU."""
+    if not hw.fp8_gemm_size_speed:
+        return 1.0
+    flops, speed = zip(*hw.fp8_gemm_size_speed)
+    return np.interp(np.log(np.maximum(gemm_flops, 1.0)), np.log(flops), speed)
+
+
 def bf16_speed(hw: HardwareSpec) -> float:
     """``tensor_speed`` for the BF16 GEMMs: where a benchmark measured ``hw``'s BF16 GEMM rate beside its
     reference's (``HardwareSpec.bf16_clock_speed``, ``specs.hardware.measured_bf16_speed``) that speed,
@@ -57,13 +69,14 @@ def fp4_tflops(hw: HardwareSpec) -> float:
     return min(hw.fp4_tflops or fp8, NVFP4_OVER_FP8_GEMM * fp8)
 
 
-def peak(hw: HardwareSpec, quantized_fraction, fp4=False):
+def peak(hw: HardwareSpec, quantized_fraction, fp4=False, gemm_flops=None):
     """Effective peak FLOP/s of the Linear GEMMs: the quantized share of the layers at the FP8
     peak, or at the FP4 peak under NVFP4 (all three GEMMs of a Linear run NVFP4: forward, data
-    and weight gradient), the rest BF16, each at ``hw``'s sustained speed (``tensor_speed``). The
+    and weight gradient), the rest BF16, each at ``hw``'s sustained speed (``tensor_speed``; given
+    ``gemm_flops``, the quantized GEMMs' at that size, ``size_speed``). The
     FP4 GEMMs take the FP8 ones' fitted efficiency (no published NVFP4 run to fit their own), at
     the FP4 peak the measured NVFP4/FP8 kernel ratio allows (``fp4_tflops``)."""
-    speed = tensor_speed(hw)
+    speed = tensor_speed(hw) * (1.0 if gemm_flops is None else size_speed(hw, gemm_flops))
     bf16 = bf16_peak(hw)
     fp8 = (hw.fp8_tflops or hw.bf16_tflops) * 1e12 * hw.efficiency.fp8_gemm_relative * speed
     fp4_peak = fp4_tflops(hw) * 1e12 * hw.efficiency.fp8_gemm_relative * speed

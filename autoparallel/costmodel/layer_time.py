@@ -50,8 +50,17 @@ def linear_time(x: Candidates, params, whole=0.0, chunks=1.0, gemms=GEMMS_PER_LA
     class a quantization recipe runs in a precision of its own, ``gemm_precision.class_peak``)."""
     whole_tokens = np.where(x.sp, x.tokens / x.t, x.tokens)
     lin_flops = 2.0 * (x.tokens * (params - whole) / x.t + whole_tokens * whole)
-    peak = x.gemm_peak if peak is None else peak
-    return lin_flops / (peak * gemm.efficiency(x.hw, lin_flops / gemms / chunks))
+    size = lin_flops / gemms / chunks
+    peak = sized_peak(x, size) if peak is None else peak
+    return lin_flops / (peak * gemm.efficiency(x.hw, size))
+
+
+def sized_peak(x: Candidates, gemm_flops):
+    """``x.gemm_peak`` with its quantized GEMMs at the speed ``x.hw`` sustains at ``gemm_flops`` a GEMM
+    (``gemm.size_speed``); ``x.gemm_peak`` itself on a GPU measured at one size."""
+    if not x.hw.fp8_gemm_size_speed:
+        return x.gemm_peak
+    return gemm.peak(x.hw, x.quantized_fraction, x.is_fp4, gemm_flops)
 
 
 # cuDNN's MXFP8 fused attention (TransformerEngine's FusedAttention under the MXFP8 recipe with
@@ -1063,7 +1072,7 @@ def routed_experts_time(x: Candidates):
     ``imbalance`` times the tokens."""
     expert_flops = moe.expert_flops(x.model, x.tokens / x.t) * x.imbalance
     group_flops = moe.expert_gemm_flops(x.model, x.tokens / x.t, x.e, x.et) * concurrent_experts(x.model, x.e)
-    return expert_flops / (x.gemm_peak * gemm.efficiency(x.hw, group_flops))
+    return expert_flops / (sized_peak(x, group_flops) * gemm.efficiency(x.hw, group_flops))
 
 
 def moe_layer(x: Candidates) -> dict:

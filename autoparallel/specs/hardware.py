@@ -117,6 +117,12 @@ class HardwareSpec:
     # stated, the tensor speed is that measured ratio, not the SMs x max clock rule.
     measured_fp8_gemm_tflops: float | None = None
     measured_against: str = ""
+    # The same benchmark's FP8 GEMM rates at every shape it ran on both GPUs, one row each:
+    # [m, n, k, this GPU's TFLOP/s, the reference's TFLOP/s] (``measured_size_speed``). Where stated,
+    # an FP8 GEMM runs at the measured ratio at its own size (``gemm.size_speed``), not at the one
+    # shape ``measured_fp8_gemm_tflops`` was read at: the MI300X's sustained rate falls past 8192^3
+    # where the H100's still climbs. Stated with ``measured_against``.
+    measured_fp8_gemm_shapes: tuple[tuple[float, ...], ...] = ()
     # The reference's rate in the benchmark that measured this GPU, where that is not the benchmark
     # the reference's own ``measured_fp8_gemm_tflops`` comes from: AMD's table measured the MI325X
     # against the MI300X, Azure's the MI300X against the H100. None: the reference's own figure.
@@ -133,6 +139,12 @@ class HardwareSpec:
     # ``measured_speed`` where ``measured_against`` names a sibling or the donor itself, else
     # ``clock_limited_speed``.
     clock_speed: float = 1.0
+    # The FP8 GEMMs' speed by size as a factor on ``clock_speed``: (GEMM FLOPs, factor) points, read
+    # between them in log(FLOPs) and held beyond them (``gemm.size_speed``). Set by ``io.load_hardware``
+    # from ``measured_fp8_gemm_shapes`` (``measured_size_speed``), or the reference's where this GPU is
+    # measured against one that has them at a single figure (the MI325X against the MI300X); never a
+    # YAML key. Empty: one speed at every size.
+    fp8_gemm_size_speed: tuple[tuple[float, float], ...] = ()
     # The BF16 tensor speed against the donor where ``measured_bf16_gemm_tflops`` sets it
     # (``measured_bf16_speed``, by ``io.load_hardware``, never a YAML key); None: ``clock_speed``.
     bf16_clock_speed: float | None = None
@@ -189,6 +201,10 @@ class HardwareSpec:
             raise ValueError(f"scale_up_link must be one of {', '.join(SCALE_UP_LINKS)}, got {self.scale_up_link!r}")
         if self.scale_up_mesh and self.nvlink_domain < 2:
             raise ValueError(f"a {self.scale_up_link} mesh joins at least 2 GPUs, got nvlink_domain={self.nvlink_domain}")
+        for row in self.measured_fp8_gemm_shapes:
+            if len(row) != 5 or min(row) <= 0:
+                raise ValueError("measured_fp8_gemm_shapes rows are [m, n, k, TFLOP/s, reference TFLOP/s], all"
+                                 f" positive, got {list(row)}")
         if self.clock_speed <= 0:
             raise ValueError(f"clock_speed must be positive, got {self.clock_speed}")
         if self.hbm_speed <= 0:
@@ -251,6 +267,20 @@ def measured_speed(hw: HardwareSpec, reference: HardwareSpec) -> float:
                          " (or hw the reference's figure, measured_reference_fp8_gemm_tflops)")
     datasheet = (hw.fp8_tflops or hw.bf16_tflops) / (reference.fp8_tflops or reference.bf16_tflops)
     return reference.clock_speed * hw.measured_fp8_gemm_tflops / against / datasheet
+
+
+def measured_size_speed(hw: HardwareSpec, reference: HardwareSpec) -> tuple[tuple[float, float], ...]:
+    """The FP8 GEMMs' speed by size as a factor on ``hw``'s ``clock_speed`` (``measured_speed``, the ratio at
+    ``measured_fp8_gemm_tflops``'s shape): at each shape of ``measured_fp8_gemm_shapes`` (GEMM FLOPs 2mnk),
+    the measured ratio there over that one. The donor's own size curve (``gemm.efficiency``: the H100's
+    rate rising with size) already prices the reference; this is the measured ratio to it at each size.
+    Azure's FP8 GEMMs have the MI300X at 0.948x the H100 at 8192^3 (1.10 TFLOP), 0.850x at 6144 x 12288^2
+    (1.86), 0.785x at 16384^3 (8.80): under a longer, denser GEMM the 750 W limit holds a lower clock."""
+    anchor = hw.measured_fp8_gemm_tflops / (hw.measured_reference_fp8_gemm_tflops or reference.measured_fp8_gemm_tflops)
+    points = sorted((2.0 * m * n * k, rate / against / anchor) for m, n, k, rate, against in hw.measured_fp8_gemm_shapes)
+    if len({f for f, _ in points}) < len(points):
+        raise ValueError(f"{hw.name}: measured_fp8_gemm_shapes names two shapes of the same FLOPs")
+    return tuple(points)
 
 
 def measured_bf16_speed(hw: HardwareSpec, reference: HardwareSpec) -> float:
