@@ -314,6 +314,14 @@ def _drop_retired(data: dict, path: Path) -> dict:
     return {**data, "efficiency": {k: v for k, v in efficiency.items() if k not in retired}}
 
 
+# A hardware preset's measured figures (read beside its ``measured_against`` preset's) and the field each
+# derives, which a YAML never states: ``specs.hardware.measured_bf16_speed``, ``measured_size_speed``,
+# ``measured_hbm_speed``.
+MEASURED_FIELDS = {"bf16_clock_speed": "measured_bf16_gemm_tflops",
+                   "hbm_speed": "measured_hbm_tbps",
+                   "fp8_gemm_size_speed": "measured_fp8_gemm_shapes"}
+
+
 def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareSpec:
     path = resolve_preset("hardware", name_or_path)
     real = Path(os.path.realpath(path))  # not Path.resolve(): a symlink loop is a RuntimeError there
@@ -329,18 +337,11 @@ def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareS
     if "clock_speed" in data:
         raise SpecError(f"{path}: clock_speed is derived from max_sm_clock_mhz, sm_count and the efficiency_from "
                         "donor's; state max_sm_clock_mhz (MHz) instead")
-    if "bf16_clock_speed" in data:
-        raise SpecError(f"{path}: bf16_clock_speed is derived; state measured_bf16_gemm_tflops and measured_against")
-    if data.get("measured_bf16_gemm_tflops") is not None and not data.get("measured_against"):
-        raise SpecError(f"{path}: measured_bf16_gemm_tflops needs measured_against (the preset measured beside it)")
-    if "fp8_gemm_size_speed" in data:
-        raise SpecError(f"{path}: fp8_gemm_size_speed is derived; state measured_fp8_gemm_shapes and measured_against")
-    if "hbm_speed" in data:
-        raise SpecError(f"{path}: hbm_speed is derived; state measured_hbm_tbps and measured_against")
-    if data.get("measured_hbm_tbps") is not None and not data.get("measured_against"):
-        raise SpecError(f"{path}: measured_hbm_tbps needs measured_against (the preset measured beside it)")
-    if data.get("measured_fp8_gemm_shapes") and not data.get("measured_against"):
-        raise SpecError(f"{path}: measured_fp8_gemm_shapes needs measured_against (the preset measured beside it)")
+    for derived, measured in MEASURED_FIELDS.items():
+        if derived in data:
+            raise SpecError(f"{path}: {derived} is derived; state {measured} and measured_against")
+        if data.get(measured) is not None and not data.get("measured_against"):
+            raise SpecError(f"{path}: {measured} needs measured_against (the preset measured beside it)")
     hw = from_dict(HardwareSpec, data, str(path))
     if hw.efficiency_from:
         if "efficiency" in data:

@@ -21,11 +21,6 @@ from autoparallel.specs.plan import Plan
 REL = 1e-12
 
 
-@pytest.fixture(scope="module")
-def hw():
-    return io.load_hardware("h100-sxm")
-
-
 def _faster(hw, speed, name=None):
     return dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, gpu_speed={name or hw.name: speed}))
 

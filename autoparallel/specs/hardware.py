@@ -261,12 +261,20 @@ def measured_speed(hw: HardwareSpec, reference: HardwareSpec) -> float:
     FP8 8192^3 GEMM, 10,000 warm-up iterations, sustains 3,286 TFLOP/s on GB300 and 2,782 on GB200
     (1.18x), where ``clock_limited_speed`` gives 1.085x; AMD's hipBLASLt FP8 GEMM 1,519 on MI325X at a
     median 1,464 MHz and 1,273 on MI300X at 1,230 MHz (1.19x), both quoted at 2,100 MHz."""
-    against = hw.measured_reference_fp8_gemm_tflops or reference.measured_fp8_gemm_tflops
-    if not hw.measured_fp8_gemm_tflops or not against:
-        raise ValueError(f"{hw.name} is measured against {reference.name}: both must state measured_fp8_gemm_tflops"
-                         " (or hw the reference's figure, measured_reference_fp8_gemm_tflops)")
     datasheet = (hw.fp8_tflops or hw.bf16_tflops) / (reference.fp8_tflops or reference.bf16_tflops)
-    return reference.clock_speed * hw.measured_fp8_gemm_tflops / against / datasheet
+    return reference.clock_speed * measured_ratio(hw, reference, "measured_fp8_gemm_tflops") / datasheet
+
+
+def measured_ratio(hw: HardwareSpec, reference: HardwareSpec, field: str) -> float:
+    """``hw``'s measured figure ``field`` over the reference's in the same benchmark: the
+    ``measured_reference_*`` figure where hw states it (the reference's own is another benchmark's),
+    else the reference's own ``field``; both must be stated."""
+    tail = field.removeprefix("measured_")
+    against = getattr(hw, f"measured_reference_{tail}") or getattr(reference, field)
+    if not getattr(hw, field) or not against:
+        raise ValueError(f"{hw.name} is measured against {reference.name}: both must state {field}"
+                         f" (or hw the reference's figure, measured_reference_{tail})")
+    return getattr(hw, field) / against
 
 
 def measured_size_speed(hw: HardwareSpec, reference: HardwareSpec) -> tuple[tuple[float, float], ...]:
@@ -276,7 +284,7 @@ def measured_size_speed(hw: HardwareSpec, reference: HardwareSpec) -> tuple[tupl
     rate rising with size) already prices the reference; this is the measured ratio to it at each size.
     Azure's FP8 GEMMs have the MI300X at 0.948x the H100 at 8192^3 (1.10 TFLOP), 0.850x at 6144 x 12288^2
     (1.86), 0.785x at 16384^3 (8.80): under a longer, denser GEMM the 750 W limit holds a lower clock."""
-    anchor = hw.measured_fp8_gemm_tflops / (hw.measured_reference_fp8_gemm_tflops or reference.measured_fp8_gemm_tflops)
+    anchor = measured_ratio(hw, reference, "measured_fp8_gemm_tflops")
     points = sorted((2.0 * m * n * k, rate / against / anchor) for m, n, k, rate, against in hw.measured_fp8_gemm_shapes)
     if len({f for f, _ in points}) < len(points):
         raise ValueError(f"{hw.name}: measured_fp8_gemm_shapes names two shapes of the same FLOPs")
@@ -292,12 +300,8 @@ def measured_bf16_speed(hw: HardwareSpec, reference: HardwareSpec) -> float:
     one: the same torch ``matmul`` BF16 sweep (stas00/ml-engineering, Maximum Achievable Matmul FLOPS)
     has the MI300X at 668.4 TFLOP/s against the H100's 794.5 (0.84x), where Azure's FP8 GEMM has it
     at 1,222.9 against 1,290.1 (0.95x) at a datasheet ratio of 1.32 in both precisions."""
-    against = hw.measured_reference_bf16_gemm_tflops or reference.measured_bf16_gemm_tflops
-    if not hw.measured_bf16_gemm_tflops or not against:
-        raise ValueError(f"{hw.name} is measured against {reference.name}: both must state measured_bf16_gemm_tflops"
-                         " (or hw the reference's figure, measured_reference_bf16_gemm_tflops)")
     speed = reference.bf16_clock_speed or reference.clock_speed
-    return speed * hw.measured_bf16_gemm_tflops / against / (hw.bf16_tflops / reference.bf16_tflops)
+    return speed * measured_ratio(hw, reference, "measured_bf16_gemm_tflops") / (hw.bf16_tflops / reference.bf16_tflops)
 
 
 def measured_hbm_speed(hw: HardwareSpec, reference: HardwareSpec) -> float:
@@ -309,8 +313,4 @@ def measured_hbm_speed(hw: HardwareSpec, reference: HardwareSpec) -> float:
     GPUs reach different shares of their datasheet bandwidth: Azure's BabelStream Triad (one build of
     one fork, 5 runs each) reaches 4.10 TB/s of the MI300X's 5.3 (77 %) and 2.97 of the H100's 3.35
     (89 %), so the H100's fitted share, read at the MI300X's datasheet figure, overstates it by 1.15x."""
-    against = hw.measured_reference_hbm_tbps or reference.measured_hbm_tbps
-    if not hw.measured_hbm_tbps or not against:
-        raise ValueError(f"{hw.name} is measured against {reference.name}: both must state measured_hbm_tbps"
-                         " (or hw the reference's figure, measured_reference_hbm_tbps)")
-    return reference.hbm_speed * hw.measured_hbm_tbps / against / (hw.hbm_tbps / reference.hbm_tbps)
+    return reference.hbm_speed * measured_ratio(hw, reference, "measured_hbm_tbps") / (hw.hbm_tbps / reference.hbm_tbps)
