@@ -830,7 +830,7 @@ def load_runs(runs: Sequence[Path] | None = None, moe: bool = False) -> list[Pre
         raise UserError(f"no assumptions for source(s) {unknown} in {ASSUMPTIONS}")
     measured = ranges.row_problems(frame, [c for c in frame if str(c).startswith("measured_")],
                                    counts=ranges.COUNT_COLUMNS)
-    prepared, skipped = [], []
+    prepared, skipped, left_out = [], [], []
     for i, row in frame.iterrows():
         try:
             if is_moe_row(row) != moe:
@@ -839,7 +839,7 @@ def load_runs(runs: Sequence[Path] | None = None, moe: bool = False) -> list[Pre
                 skipped.append((row["id"], measured[i]))
                 continue
             if _given(row, "skip_reason"):  # an MLPerf row whose config could not be settled
-                skipped.append((row["id"], str(row["skip_reason"])))
+                left_out.append((row["id"], str(row["skip_reason"])))
                 continue
             ready = prepare_row(row, assumptions, recipes)
             metric = MEASURED[ready.metric]  # the number the row is compared on: it must be there
@@ -849,10 +849,14 @@ def load_runs(runs: Sequence[Path] | None = None, moe: bool = False) -> list[Pre
             prepared.append(ready)
         except (ValueError, TypeError, KeyError) as exc:
             skipped.append((row["id"], " ".join(str(exc).split())[:200]))
-    if skipped and not prepared:  # a bad row is never used, and a command needs one good row
-        raise UserError(f"runs CSV row {skipped[0][0]}: {skipped[0][1]}; no usable row is left")
+    if (skipped or left_out) and not prepared:  # a bad row is never used, and a command needs one good row
+        run_id, reason = (skipped or left_out)[0]
+        raise UserError(f"runs CSV row {run_id}: {reason}; no usable row is left")
     for run_id, reason in skipped:
         ranges.warn(f"runs CSV row {run_id} skipped: {reason}")
+    if left_out:  # reasons the data states: one warning, by reason, not one a row
+        by_reason = {reason: [r for r, why in left_out if why == reason] for _, reason in left_out}
+        ranges.warn("runs CSV rows left out, " + "; ".join(f"{why}: {', '.join(ids)}" for why, ids in by_reason.items()))
     return prepared
 
 

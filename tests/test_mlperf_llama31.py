@@ -167,3 +167,17 @@ def test_nvfp4_rows_run_fp8_attention_at_the_fp8_rate_with_an_fp8_output(prepare
     fraction = on.quantized_fraction
     assert on.attention_output_bytes[0] == pytest.approx(memory.gemm_input_bytes(fraction, 1.0)[0])
     assert on.attention_output_bytes[0] != pytest.approx(memory.gemm_input_bytes(fraction, NVFP4_ELEMENT_BYTES)[0])
+
+
+def test_the_rows_left_out_for_their_stated_reason_are_one_warning_grouped_by_reason(capsys):
+    """The shipped MLPerf rows whose config could not be settled (``skip_reason``) are named in one
+    warning, grouped by reason, not one warning a row the user cannot act on; a bad measurement in
+    the user's own CSV still gets its own (tests/test_bad_inputs.py)."""
+    table = read_runs_table(resources.data_file(CSV), measured_runs.RUN_COLUMNS)
+    unsettled = table[table["skip_reason"] != ""]
+    assert len(unsettled) >= 2 and unsettled["skip_reason"].nunique() == 2
+    load_runs([resources.data_file(CSV)])
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("autoparallel: warning: runs CSV rows left out, ")
+    for reason, ids in unsettled.groupby("skip_reason", sort=False)["id"]:
+        assert f"{reason}: {', '.join(ids)}" in warnings[0]
