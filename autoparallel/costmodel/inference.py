@@ -86,10 +86,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 import numpy as np
 
+from autoparallel import io
 from autoparallel.costmodel import comm, gemm, mamba, mamba_serving, moe
 from autoparallel.costmodel.memory import GIB
 from autoparallel.errors import UnpricedModelError, UserError
@@ -106,6 +108,12 @@ PRECISION_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nvfp4": 0.5625}
 PRECISIONS = tuple(PRECISION_BYTES)
 #: The KV cache's: NVFP4 is a weight format here (attention is priced at the FP8 or 16-bit peak).
 KV_PRECISIONS = tuple(p for p in PRECISIONS if p != "nvfp4")
+#: The module groups an NVFP4 checkpoint may leave in 16 bit (``nvfp4_16bit_params``), each as its
+#: parameters in one layer averaged over the layers. The output layer is 16-bit under every precision.
+NVFP4_UNQUANTIZED_GROUPS = {
+    "mla_projections": lambda m: m.mla_down_params + m.mla_up_params,  # q_a + kv_a (fused_a), q_b, kv_b
+    "router": lambda m: m.num_moe_layers / m.num_layers * m.router_params,  # mlp.gate of the MoE layers
+}
 ACT_BYTES = 2.0  # activations stay 16 bit
 LOGIT_BYTES = 4.0  # FP32 logits of the sampled position
 SCORE_TRIPS = 4.0  # unfused attention: write QK^T, read it for softmax, write P, read P for P·V
@@ -292,12 +300,14 @@ class Layout:
         return kv_bytes_per_token(self.model, self.attention_layers, self.tp, self.kv_bytes)
 
     def weights(self) -> np.ndarray:
-        """Weight bytes on one GPU of the fullest stage (embedding and output layer in 16 bit)."""
+        """Weight bytes on one GPU of the fullest stage (embedding and output layer in 16 bit, and
+        the modules an NVFP4 checkpoint leaves unquantized: ``nvfp4_16bit_params``)."""
         m, t = self.model, self.tp
         emb = m.embedding_params / t * ACT_BYTES
         out_w = 0.0 if m.tie_embeddings else emb
         ends = np.where(self.pp > 1, np.maximum(emb, out_w), emb + out_w)
-        return self.stage_layers * m.layer_params / t * self.weight_bytes + ends - unsplit_expert_bytes(self)
+        layer = m.layer_params * self.weight_bytes + nvfp4_16bit_params(self) * (ACT_BYTES - self.weight_bytes)
+        return self.stage_layers * layer / t + ends - unsplit_expert_bytes(self)
 
     def activations_per_token(self) -> np.ndarray:
         """Live activation bytes of one token in one layer's forward pass (16 bit)."""
@@ -598,7 +608,8 @@ class PassWork:
     tokens: np.ndarray
     hidden: int
     moe_share: float  # share of the layers that are MoE layers
-    lin_flops: np.ndarray  # the GEMMs other than the routed experts ...
+    lin_flops: np.ndarray  # the GEMMs other than the routed experts (those of 16-bit weights apart) ...
+    lin16_flops: np.ndarray  # ... those an NVFP4 checkpoint leaves 16-bit (``nvfp4_16bit_params``), at ``peak16``
     lin_gflop: np.ndarray  # ... each of this size
     fp8_gemms: np.ndarray  # FP8 / NVFP4 weights run FP8 / FP4 GEMMs (at ``peak8``)
     experts: tuple | None  # ``routed_expert_work``; None: dense
@@ -646,6 +657,8 @@ def pass_work(lay: Layout, tokens, sampled, attn_flops, attn_bytes, mamba_work=N
         layers, lin_params = lay.stage_layers, model.active_layer_params - moe_share * active_routed
         stored_params, attention_share, mamba_pass = model.layer_params - moe_share * routed, None, None
     lin_flops = 2.0 * lin_params / t * tokens
+    kept16 = nvfp4_16bit_params(lay)  # split off: their bytes at 2 and their FLOPs at the 16-bit peak
+    lin16_flops = 2.0 * kept16 / t * tokens
     if attention_share is not None:
         attn_flops, attn_bytes = attention_share * attn_flops, attention_share * attn_bytes
     # Attention runs on the KV cache's precision: an FP8 cache is read by FP8 attention kernels
@@ -654,9 +667,10 @@ def pass_work(lay: Layout, tokens, sampled, attn_flops, attn_bytes, mamba_work=N
     per_node = comm.ranks_per_domain(hw, t, 1)
     return PassWork(
         layers=layers, tokens=tokens, hidden=h, moe_share=moe_share,
-        lin_flops=lin_flops, lin_gflop=_gemm_gflop(lin_flops / GEMMS_PER_LAYER), fp8_gemms=lay.weight_bytes < 2.0,
-        experts=routed_expert_work(lay, tokens), attn_flops=attn_flops, attn_peak=attn_peak, attn_bytes=attn_bytes,
-        weight_bytes=stored_params / t * lay.weight_bytes,
+        lin_flops=lin_flops - lin16_flops, lin16_flops=lin16_flops, lin_gflop=_gemm_gflop(lin_flops / GEMMS_PER_LAYER),
+        fp8_gemms=lay.weight_bytes < 2.0, experts=routed_expert_work(lay, tokens), attn_flops=attn_flops,
+        attn_peak=attn_peak, attn_bytes=attn_bytes,
+        weight_bytes=(stored_params * lay.weight_bytes + kept16 * (ACT_BYTES - lay.weight_bytes)) / t,
         gated_bytes=gated_activation_bytes(lay, tokens),
         moe_bytes=moe_share * moe_plugin_bytes(lay, tokens) if model.is_moe else None,
         tp_multi=t > 1, tp_internode=t > hw.nvlink_domain,
@@ -666,6 +680,22 @@ def pass_work(lay: Layout, tokens, sampled, attn_flops, attn_bytes, mamba_work=N
         out_flops=2.0 * sampled * h * V / t, out_bytes=h * V / t * ACT_BYTES, logits=sampled * V, mamba=mamba_pass,
         peak16=peak16, peak8=quantized_gemm_peak(hw, lay.weight_bytes), hbm=hw.hbm_tbps * 1e12,
         hop=_hop_work(lay, tokens))
+
+
+@lru_cache(maxsize=1)
+def _nvfp4_unquantized() -> dict:
+    return io.read_yaml(io.SEARCH_SPACES / "inference_assumptions.yaml").get("nvfp4_unquantized") or {}
+
+
+def nvfp4_16bit_params(lay: Layout) -> np.ndarray:
+    """Parameters of one layer (averaged over the layers) that the model's NVFP4 checkpoint keeps
+    in 16 bit, where ``lay`` runs NVFP4 weights (else 0): ``inference_assumptions.yaml``'s
+    ``nvfp4_unquantized`` groups (``NVFP4_UNQUANTIZED_GROUPS``) for the model. Why: NVIDIA's
+    DeepSeek-R1 NVFP4 checkpoint quantizes only the MLPs and experts; its attention projections and
+    router stay BF16 and run BF16 GEMMs."""
+    groups = _nvfp4_unquantized().get(lay.model.name, {}).get("groups", ())
+    params = float(sum(NVFP4_UNQUANTIZED_GROUPS[g](lay.model) for g in groups))
+    return np.where(np.asarray(lay.weight_bytes) < 1.0, params, 0.0)
 
 
 def quantized_gemm_peak(hw: HardwareSpec, weight_bytes) -> np.ndarray:
@@ -702,7 +732,7 @@ def price_pass(eff: InferenceEfficiency, w: PassWork) -> dict[str, np.ndarray]:
     gemm_peak = np.where(w.fp8_gemms, w.peak8 * eff.fp8_gemm_relative, w.peak16)
     hbm = w.hbm * eff.hbm
     k = eff.roofline_sharpness
-    t_lin = _gemm_time(eff, w.lin_flops, w.lin_gflop, gemm_peak)
+    t_lin = _gemm_time(eff, w.lin_flops, w.lin_gflop, gemm_peak) + _gemm_time(eff, w.lin16_flops, w.lin_gflop, w.peak16)
     t_attn = w.attn_flops / (w.attn_peak * eff.attention)
     weight_read = w.weight_bytes / hbm
     attn_read = w.attn_bytes / hbm

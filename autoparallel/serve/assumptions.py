@@ -3,8 +3,9 @@
 ``search_spaces/inference_assumptions.yaml`` holds ``engines`` (how each serving engine batches
 and allocates its KV cache: ``ServingEngine``), ``efficiency`` (fitted constants per engine,
 below the marker line that ``python -m autoparallel.serve.fit`` rewrites), ``efficiency_from``
-(engines without a fit of their own and whose constants they take) and ``validation`` (how the
-published rows are read). Unknown keys are errors naming the file and the key.
+(engines without a fit of their own and whose constants they take), ``nvfp4_unquantized`` (the
+modules each model's NVFP4 checkpoint keeps 16-bit: ``inference.nvfp4_16bit_params``) and
+``validation`` (how the published rows are read). Unknown keys are errors naming the file and the key.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from autoparallel.errors import SpecError, UserError
 
 ASSUMPTIONS = io.SEARCH_SPACES / "inference_assumptions.yaml"
 FIT_MARKER = "# --- fitted by `python -m autoparallel.serve.fit`"
-TOP_KEYS = ("engines", "scenarios", "efficiency_from", "validation", "efficiency")
+TOP_KEYS = ("engines", "scenarios", "efficiency_from", "nvfp4_unquantized", "validation", "efficiency")
 DEFAULT_ENGINE = "tensorrt-llm"
 #: TensorRT-LLM's capacity scheduler policies (``CapacitySchedulerPolicy``; trtllm-bench
 #: ``--scheduler_policy``) as the KV reservation the cost model and the simulation price:
