@@ -242,26 +242,6 @@ def test_cdna3_bf16_gemms_run_at_the_sustained_bf16_rate_measured_against_the_h1
     assert gemm.bf16_speed(fitted) == 0.8  # a fitted factor still wins
 
 
-def test_a_measured_bf16_speed_needs_a_reference_and_its_figure(tmp_path):
-    text = Path(io.resolve_preset("hardware", "mi300x")).read_text()
-    alone = tmp_path / "mi300y.yaml"
-    alone.write_text(text.replace("name: mi300x", "name: mi300y").replace("measured_against: h100-sxm", "")
-                     .replace("measured_fp8_gemm_tflops: 1222.9", ""))
-    with pytest.raises(io.SpecError, match="measured_bf16_gemm_tflops needs measured_against"):
-        io.load_hardware(str(alone))
-    no_reference = tmp_path / "mi300z.yaml"  # the H100 states no BF16 figure of its own
-    no_reference.write_text("\n".join(line for line in text.replace("name: mi300x", "name: mi300z").splitlines()
-                                      if not line.startswith("measured_reference_bf16_gemm_tflops")) + "\n")
-    with pytest.raises(io.SpecError, match="both must state measured_bf16_gemm_tflops"):
-        io.load_hardware(str(no_reference))
-    stated = tmp_path / "mi300w.yaml"
-    stated.write_text(text.replace("name: mi300x", "name: mi300w") + "bf16_clock_speed: 0.7\n")
-    with pytest.raises(io.SpecError, match="bf16_clock_speed is derived"):
-        io.load_hardware(str(stated))
-    with pytest.raises(ValueError, match="measured_bf16_gemm_tflops"):
-        dataclasses.replace(io.load_hardware("mi300x"), measured_bf16_gemm_tflops=0)
-
-
 def test_cdna3_hbm_runs_at_the_share_of_its_datasheet_a_stream_benchmark_measured_beside_the_h100():
     """Azure's BabelStream Triad: ND MI300X v5 4.10 TB/s of a 5.3 TB/s datasheet, ND H100 v5 2.97 of 3.35.
     The H100's fitted hbm efficiency (0.7) read at the MI300X's datasheet figure would give it 77 / 89 of
@@ -290,24 +270,30 @@ def test_cdna3_hbm_runs_at_the_share_of_its_datasheet_a_stream_benchmark_measure
         assert io.load_hardware(name).hbm_speed == 1.0
 
 
-def test_a_measured_hbm_speed_needs_a_reference_and_its_figure(tmp_path):
+@pytest.mark.parametrize("measured, derived", [("measured_bf16_gemm_tflops", "bf16_clock_speed"),
+                                               ("measured_hbm_tbps", "hbm_speed")])
+def test_a_measured_speed_needs_a_reference_and_its_figure(tmp_path, measured, derived):
+    """A measured figure with no preset beside it (``io.MEASURED_FIELDS``), or whose reference states no
+    figure of its own (``specs.hardware.measured_ratio``), is refused; the speed it derives is never stated."""
     text = Path(io.resolve_preset("hardware", "mi300x")).read_text()
-    lines = lambda t, drop: "\n".join(ln for ln in t.splitlines() if not ln.startswith(drop)) + "\n"  # noqa: E731
-    alone = tmp_path / "mi300y.yaml"
-    alone.write_text(lines(lines(text.replace("name: mi300x", "name: mi300y"), "measured_against"),
-                           "measured_bf16_gemm_tflops"))
-    with pytest.raises(io.SpecError, match="measured_hbm_tbps needs measured_against"):
-        io.load_hardware(str(alone))
-    no_reference = tmp_path / "mi300z.yaml"  # the H100 states no HBM figure of its own
-    no_reference.write_text(lines(text.replace("name: mi300x", "name: mi300z"), "measured_reference_hbm_tbps"))
-    with pytest.raises(io.SpecError, match="both must state measured_hbm_tbps"):
-        io.load_hardware(str(no_reference))
-    stated = tmp_path / "mi300w.yaml"
-    stated.write_text(text.replace("name: mi300x", "name: mi300w") + "hbm_speed: 0.9\n")
-    with pytest.raises(io.SpecError, match="hbm_speed is derived"):
-        io.load_hardware(str(stated))
-    with pytest.raises(ValueError, match="measured_hbm_tbps"):
-        dataclasses.replace(io.load_hardware("mi300x"), measured_hbm_tbps=0)
+
+    def preset(name, drop=(), add=""):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text("\n".join(line for line in text.replace("name: mi300x", f"name: {name}").splitlines()
+                                  if not line.startswith(drop)) + "\n" + add)
+        return str(path)
+
+    # The figures the loader checks before this one go too, so that this one is the first refused.
+    earlier = tuple(io.MEASURED_FIELDS.values())[:tuple(io.MEASURED_FIELDS.values()).index(measured)]
+    with pytest.raises(io.SpecError, match=f"{measured} needs measured_against"):
+        io.load_hardware(preset("mi300y", ("measured_against", "measured_fp8_gemm_tflops", *earlier)))
+    reference = "measured_reference_" + measured.removeprefix("measured_")  # the H100 states none of its own
+    with pytest.raises(io.SpecError, match=f"both must state {measured}"):
+        io.load_hardware(preset("mi300z", (reference,)))
+    with pytest.raises(io.SpecError, match=f"{derived} is derived"):
+        io.load_hardware(preset("mi300w", add=f"{derived}: 0.7\n"))
+    with pytest.raises(ValueError, match=measured):
+        dataclasses.replace(io.load_hardware("mi300x"), **{measured: 0})
 
 
 def test_serving_prices_the_datasheet_peaks_at_the_harness_clock_not_the_measured_speed():
