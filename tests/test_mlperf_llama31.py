@@ -61,14 +61,21 @@ def test_a_settled_row_states_its_config_and_layout_and_an_unsettled_one_why(raw
     assert ((s.global_batch_size % (dp * s.micro_batch_size)) == 0).all()
 
 
-def test_unsettled_rows_are_skipped_with_their_reason(raw, prepared, capsys):
+def test_unsettled_rows_are_skipped_with_their_reason(raw, runs, prepared, capsys):
+    """The rows whose config could not be settled (``skip_reason``) are left out and named in one
+    warning, grouped by reason, not one warning a row the user cannot act on; a bad measurement in
+    the user's own CSV still gets its own (tests/test_bad_inputs.py)."""
     ids = {p.id for p in prepared}
     unsettled = raw[raw.precision.isna()]
-    assert len(unsettled) >= 1 and len(ids) == len(raw) - len(unsettled)
+    assert len(unsettled) >= 2 and len(ids) == len(raw) - len(unsettled)
+    left_out = runs[runs["skip_reason"] != ""]
+    assert set(left_out["id"]) == {_id(r) for _, r in unsettled.iterrows()}
+    assert set(left_out["skip_reason"]) == set(measured_runs.MLPERF_UNSETTLED.values())
     load_runs([resources.data_file(CSV)])
-    err = capsys.readouterr().err
-    for _, r in unsettled.iterrows():
-        assert f"{_id(r)} skipped" in err
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("autoparallel: warning: runs CSV rows left out, ")
+    for reason, ids in left_out.groupby("skip_reason", sort=False)["id"]:
+        assert f"{reason}: {', '.join(ids)}" in warnings[0]
 
 
 def test_the_rows_are_validation_only_kinds_of_their_own(prepared):
@@ -167,17 +174,3 @@ def test_nvfp4_rows_run_fp8_attention_at_the_fp8_rate_with_an_fp8_output(prepare
     fraction = on.quantized_fraction
     assert on.attention_output_bytes[0] == pytest.approx(memory.gemm_input_bytes(fraction, 1.0)[0])
     assert on.attention_output_bytes[0] != pytest.approx(memory.gemm_input_bytes(fraction, NVFP4_ELEMENT_BYTES)[0])
-
-
-def test_the_rows_left_out_for_their_stated_reason_are_one_warning_grouped_by_reason(capsys):
-    """The shipped MLPerf rows whose config could not be settled (``skip_reason``) are named in one
-    warning, grouped by reason, not one warning a row the user cannot act on; a bad measurement in
-    the user's own CSV still gets its own (tests/test_bad_inputs.py)."""
-    table = read_runs_table(resources.data_file(CSV), measured_runs.RUN_COLUMNS)
-    unsettled = table[table["skip_reason"] != ""]
-    assert len(unsettled) >= 2 and unsettled["skip_reason"].nunique() == 2
-    load_runs([resources.data_file(CSV)])
-    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert len(warnings) == 1 and warnings[0].startswith("autoparallel: warning: runs CSV rows left out, ")
-    for reason, ids in unsettled.groupby("skip_reason", sort=False)["id"]:
-        assert f"{reason}: {', '.join(ids)}" in warnings[0]
