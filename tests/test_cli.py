@@ -142,6 +142,7 @@ def test_estimate_json_one_object():
     record = json.loads(out.stdout)
     assert RECORD_KEYS <= set(record)
     assert record["config"]["dp"] == 2 and record["config"]["precision"] == "fp8-delayed"
+    assert record["fits"] and not {"fits_on_gpus", "fits_on_command", "fits_on_half_need_gib"} & set(record)
 
 
 def test_estimate_pins_are_respected():
@@ -482,6 +483,27 @@ def test_an_estimate_whose_layout_fits_nowhere_names_search_s_count_for_its_flag
     assert note.startswith("does not fit on 8 x h100-sxm: ") and "layouts with these flags fit on " in note
     tail = note.split("layouts with these flags fit on ")[1]
     assert f"; layouts fit on {tail}" in searched.stderr, (note, searched.stderr)
+
+
+@pytest.mark.parametrize("flags", ["175b --gpus 32 --tp 4 --pp 8", "175b --gpus 8 --tp 8 --pp 1",
+                                   "llama3-70b --gpus 32 --tp 4 --pp 2 --mbs 2"])
+def test_an_estimate_s_json_that_does_not_fit_names_the_gpu_count_its_table_does(flags):
+    """`estimate --json` had no GPU-count hint where the layout does not fit, while the table's line
+    under it names one (session 52): the JSON's fits_on_* fields name the same count, command and
+    need at half the count, for each of the line's three kinds (this layout at more GPUs, search with
+    the same flags at more GPUs, and on the GPUs asked); a layout that fits has none of the fields
+    (``test_estimate_json_one_object``)."""
+    argv = ["estimate", "--model", *flags.split()]
+    table, record = run_cli(*argv), run_cli(*argv, "--json")
+    assert table.returncode == 0 and record.returncode == 0, (table.stderr, record.stderr)
+    found = re.search(r"fits? on (\d+) GPUs(?: \((\d+) still need ([\d.]+) GiB\))?: (estimate|search) --gpus \1$",
+                      _after_the_table(table.stdout))
+    assert found, table.stdout
+    record = json.loads(record.stdout)
+    assert not record["fits"]
+    assert (record["fits_on_gpus"], record["fits_on_command"]) == (int(found[1]), found[4])
+    half = record["fits_on_half_need_gib"]
+    assert (None if half is None else f"{half:.1f}") == found[3]
 
 
 def test_an_estimate_that_does_not_fit_where_search_with_its_flags_does_says_so_first():

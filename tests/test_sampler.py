@@ -1,5 +1,6 @@
 """Optuna search: constraints, storage, resume after a kill, parallel workers, reports."""
 
+import json
 import os
 import signal
 import socket
@@ -230,6 +231,24 @@ def test_the_bar_says_the_grid_is_priced_before_it_counts_trials(monkeypatch):
     shown.clear()
     assert main([*argv, "--grid-seeds", "0"]) == 0
     assert shown[0] == ("starting the study", None) and shown[1] == ("trials", 4)
+
+
+def test_a_study_that_fits_nothing_where_the_grid_does_advises_more_trials(capsys):
+    """The other side of naming a GPU count (session 52): where no trial of a sampler search fits in
+    memory but layouts of the grid fit on the GPUs asked, the CLI keeps the "more --trials" advice
+    and names no count. Llama 2 7B on 4 GPUs, 2 trials: the first seed whose study fits nothing."""
+    argv = ["search", "--model", "llama2-7b", "--gpus", "4", "--no-save", "--json", "--top", "1"]
+    for seed in range(8):
+        if main([*argv, "--strategy", "optuna", "--grid-seeds", "0", "--trials", "2", "--seed", str(seed)]) == 2:
+            break
+        capsys.readouterr()
+    else:
+        pytest.fail("every study of 2 trials, seeds 0-7, found a layout that fits")
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message == ("autoparallel: error: none of the 2 layouts the study tried is feasible (2 x out of memory); "
+                       "search again with more --trials or with --strategy grid (every layout priced)")
+    assert main(argv) == 0  # the grid has a layout that fits on these 4 GPUs
+    assert json.loads(capsys.readouterr().out)[0]["fits"]
 
 
 @pytest.mark.parametrize("save", [True, False])

@@ -87,37 +87,53 @@ def run(args: argparse.Namespace) -> None:
     result = estimate_plan(model, hw, plan, space.memory_fraction, space.cost_settings())
     if train is not None:
         result["time_to_train"] = train.record(result["tokens_per_s_per_gpu"])
+    where = None if result["fits"] else _where_it_fits(args, model, hw, gbs, space, result["peak_memory_gib"])
     if args.json:
+        if where is not None:  # the table's line under it, as fields
+            more, command = where
+            result.update(fits_on_gpus=None if more is None else more.gpus, fits_on_command=command,
+                          fits_on_half_need_gib=None if more is None else more.half_need_gib)
         print(json.dumps(result, indent=1))
         return
     _print_estimate(model, hw, result, space.memory_fraction, train)
-    if not result["fits"]:
+    if where is not None:
         from autoparallel.report.fit import phrase_lines
-        for line in phrase_lines(_where_it_fits(args, model, hw, gbs, space, result["peak_memory_gib"]),
+        for line in phrase_lines(_fits_line(args.gpus, hw, space, result["peak_memory_gib"], *where),
                                  console.width):  # rich broke it anywhere: "layouts" / "with these flags fit"
             console.print(line, highlight=False, markup=False)
 
 
-def _where_it_fits(args: argparse.Namespace, model, hw, gbs: int, space, need_gib: float) -> str:
-    """The line under an estimate that does not fit: that a search with the same flags finds layouts
-    that fit on these GPUs (other knobs than estimate's defaults), else the GPU count at which this
-    layout fits (more data-parallel replicas shard its state), else the one at which that search
-    does (``fewest_gpus_that_fit``, named as search's own message names it)."""
+# What each command named under an estimate that does not fit finds at its GPU count.
+FITS_SUBJECT = {"search": "layouts with these flags fit", "estimate": "this layout fits"}
+
+
+def _where_it_fits(args: argparse.Namespace, model, hw, gbs: int, space, need_gib: float):
+    """Where an estimate that does not fit would, and the command that goes there: ("search") a
+    search with the same flags finds layouts that fit on these GPUs (other knobs than estimate's
+    defaults), else ("estimate") the GPU count at which this layout fits (more data-parallel replicas
+    shard its state), else ("search") the one at which that search does (``fewest_gpus_that_fit``);
+    (None, None) where no count tried fits. One answer for the table's line and the JSON's fields."""
     from autoparallel.cli.common import inputs
-    from autoparallel.search.diagnose import fits_on
     from autoparallel.search.run import fewest_gpus_that_fit
-    head = (f"does not fit on {args.gpus} x {hw.name}: {need_gib:.1f} GiB against a limit of "
-            f"{space.memory_fraction * hw.memory_gib:.1f} GiB; ")
     searched = inputs(args)[3]  # the knobs given pinned, the others searched
     search = fewest_gpus_that_fit(model, hw, args.gpus, gbs, searched, args.recompute_num_layers, None)
     if search is not None and search.gpus == args.gpus:
-        return head + fits_on(search, "layouts with these flags fit", "search")
+        return search, "search"
     more = fewest_gpus_that_fit(model, hw, args.gpus, gbs, space, args.recompute_num_layers, need_gib)
     if more is not None:
-        return head + fits_on(more, "this layout fits", "estimate")
-    if search is not None:
-        return head + fits_on(search, "layouts with these flags fit", "search")
-    return head + "no larger GPU count tried fits this layout, nor a search with these flags"
+        return more, "estimate"
+    return search, None if search is None else "search"
+
+
+def _fits_line(gpus: int, hw, space, need_gib: float, more, command: str | None) -> str:
+    """The line under an estimate that does not fit (``_where_it_fits``'s answer), named as
+    search's own message names a GPU count (``diagnose.fits_on``)."""
+    from autoparallel.search.diagnose import fits_on
+    head = (f"does not fit on {gpus} x {hw.name}: {need_gib:.1f} GiB against a limit of "
+            f"{space.memory_fraction * hw.memory_gib:.1f} GiB; ")
+    if more is None:
+        return head + "no larger GPU count tried fits this layout, nor a search with these flags"
+    return head + fits_on(more, FITS_SUBJECT[command], command)
 
 
 def _print_estimate(model, hw, result: dict, memory_fraction: float, train=None) -> None:
