@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> None:
     train = time_to_train.from_args(args, args.gpus)
     from autoparallel.costmodel.estimate import estimate_plan
     from autoparallel.space import generate, row_to_plan
-    model, hw, gbs, space = inputs(args)
+    model, hw, gbs, searched = inputs(args)  # the knobs given pinned, the others searched
     if args.tp is None or args.pp is None:
         raise UserError("estimate needs at least --tp and --pp (other knobs default to vp=cp=ep=etp=mbs=1, "
                         "sp when tp>1, no recompute, bf16)")
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> None:
     pinned = {k: (v if v is not None else defaults.get(k)) for k, v in pins(args).items()}
     if args.fp8_param_gather and args.precision is None:
         raise UserError("--fp8-param-gather keeps FP8 weights: give an FP8 --precision (estimate's default is bf16)")
-    space = space.pinned(**pinned)
+    space = searched.pinned(**pinned)
     if args.recompute_num_layers is None:
         space = space.pinned(full_recompute_fractions=1.0)
     candidates = generate(model, hw, args.gpus, gbs, space, args.recompute_num_layers)
@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> None:
     result = estimate_plan(model, hw, plan, space.memory_fraction, space.cost_settings())
     if train is not None:
         result["time_to_train"] = train.record(result["tokens_per_s_per_gpu"])
-    where = None if result["fits"] else _where_it_fits(args, model, hw, gbs, space, result["peak_memory_gib"])
+    where = None if result["fits"] else _where_it_fits(args, model, hw, gbs, searched, space,
+                                                       result["peak_memory_gib"])
     if args.json:
         if where is not None:  # the table's line under it, as fields
             more, command = where
@@ -107,15 +108,14 @@ def run(args: argparse.Namespace) -> None:
 FITS_SUBJECT = {"search": "layouts with these flags fit", "estimate": "this layout fits"}
 
 
-def _where_it_fits(args: argparse.Namespace, model, hw, gbs: int, space, need_gib: float):
+def _where_it_fits(args: argparse.Namespace, model, hw, gbs: int, searched, space, need_gib: float):
     """Where an estimate that does not fit would, and the command that goes there: ("search") a
     search with the same flags finds layouts that fit on these GPUs (other knobs than estimate's
     defaults), else ("estimate") the GPU count at which this layout fits (more data-parallel replicas
     shard its state), else ("search") the one at which that search does (``fewest_gpus_that_fit``);
-    (None, None) where no count tried fits. One answer for the table's line and the JSON's fields."""
-    from autoparallel.cli.common import inputs
+    (None, None) where no count tried fits. One answer for the table's line and the JSON's fields.
+    ``searched``: the space with only the knobs given pinned; ``space``: estimate's, every knob pinned."""
     from autoparallel.search.run import fewest_gpus_that_fit
-    searched = inputs(args)[3]  # the knobs given pinned, the others searched
     search = fewest_gpus_that_fit(model, hw, args.gpus, gbs, searched, args.recompute_num_layers, None)
     if search is not None and search.gpus == args.gpus:
         return search, "search"

@@ -130,8 +130,8 @@ def fewest_gpus_that_fit(model: ModelSpec, hw: HardwareSpec, gpus: int, gbs: int
     import math
 
     from autoparallel.search.diagnose import MoreGpus, out_of_memory
-    needs = {} if need_gib is None else {gpus: need_gib}  # GiB, the least need of a count (0: a layout
-    # fits; None: none is valid)
+    # GiB, the least need of a count (0: a layout fits; None: none is valid)
+    needs = {} if need_gib is None else {gpus: need_gib}
 
     def need(count: int) -> float | None:
         if count not in needs:
