@@ -306,8 +306,7 @@ class Layout:
         emb = m.embedding_params / t * ACT_BYTES
         out_w = 0.0 if m.tie_embeddings else emb
         ends = np.where(self.pp > 1, np.maximum(emb, out_w), emb + out_w)
-        layer = m.layer_params * self.weight_bytes + nvfp4_16bit_params(self) * (ACT_BYTES - self.weight_bytes)
-        return self.stage_layers * layer / t + ends - unsplit_expert_bytes(self)
+        return self.stage_layers * stored_weight_bytes(self, m.layer_params) / t + ends - unsplit_expert_bytes(self)
 
     def activations_per_token(self) -> np.ndarray:
         """Live activation bytes of one token in one layer's forward pass (16 bit)."""
@@ -657,8 +656,7 @@ def pass_work(lay: Layout, tokens, sampled, attn_flops, attn_bytes, mamba_work=N
         layers, lin_params = lay.stage_layers, model.active_layer_params - moe_share * active_routed
         stored_params, attention_share, mamba_pass = model.layer_params - moe_share * routed, None, None
     lin_flops = 2.0 * lin_params / t * tokens
-    kept16 = nvfp4_16bit_params(lay)  # split off: their bytes at 2 and their FLOPs at the 16-bit peak
-    lin16_flops = 2.0 * kept16 / t * tokens
+    lin16_flops = 2.0 * nvfp4_16bit_params(lay) / t * tokens  # split off: their FLOPs at the 16-bit peak
     if attention_share is not None:
         attn_flops, attn_bytes = attention_share * attn_flops, attention_share * attn_bytes
     # Attention runs on the KV cache's precision: an FP8 cache is read by FP8 attention kernels
@@ -670,7 +668,7 @@ def pass_work(lay: Layout, tokens, sampled, attn_flops, attn_bytes, mamba_work=N
         lin_flops=lin_flops - lin16_flops, lin16_flops=lin16_flops, lin_gflop=_gemm_gflop(lin_flops / GEMMS_PER_LAYER),
         fp8_gemms=lay.weight_bytes < 2.0, experts=routed_expert_work(lay, tokens), attn_flops=attn_flops,
         attn_peak=attn_peak, attn_bytes=attn_bytes,
-        weight_bytes=(stored_params * lay.weight_bytes + kept16 * (ACT_BYTES - lay.weight_bytes)) / t,
+        weight_bytes=stored_weight_bytes(lay, stored_params) / t,
         gated_bytes=gated_activation_bytes(lay, tokens),
         moe_bytes=moe_share * moe_plugin_bytes(lay, tokens) if model.is_moe else None,
         tp_multi=t > 1, tp_internode=t > hw.nvlink_domain,
@@ -696,6 +694,12 @@ def nvfp4_16bit_params(lay: Layout) -> np.ndarray:
     groups = _nvfp4_unquantized().get(lay.model.name, {}).get("groups", ())
     params = float(sum(NVFP4_UNQUANTIZED_GROUPS[g](lay.model) for g in groups))
     return np.where(np.asarray(lay.weight_bytes) < 1.0, params, 0.0)
+
+
+def stored_weight_bytes(lay: Layout, params) -> np.ndarray:
+    """Bytes of ``params`` of one layer at the layout's weight precision, with the share its NVFP4
+    checkpoint keeps 16-bit (``nvfp4_16bit_params``) at 2 bytes."""
+    return params * lay.weight_bytes + nvfp4_16bit_params(lay) * (ACT_BYTES - lay.weight_bytes)
 
 
 def quantized_gemm_peak(hw: HardwareSpec, weight_bytes) -> np.ndarray:
