@@ -83,7 +83,7 @@ def test_with_te2s_kept_fp8_transposes_tp4_still_fits_and_the_h200_tp1_cp2_only_
     that held 35B weights a GPU drop out, and TP4 (74.8 GiB) still fits: rank 92 of 1,402 (6.6 %),
     below only TP2 CP2 PP2 (session 36; a regression guard); 6.3 % (92 of 1,468) with FP8 attention
     as the configs set it (s36h7); 5.6 % (77 of 1,386) with the LoRA dropout's masks priced (TP4's
-    fastest variant at 74.8 GiB no longer fits; s53h3)."""
+    fastest variant at 74.8 GiB no longer fits, an equally fast one at 69.1 GiB does; s53h3)."""
     h100 = _mlperf_lora("h100-sxm", transposed=False, transformer_engine_version="")
     assert _share_above(h100, 4, 1) <= 0.056
     h200 = _mlperf_lora("h200", transposed=False, transformer_engine_version="").feasible
