@@ -33,7 +33,7 @@ from autoparallel.argtypes import RELEASE_PATTERN
 from autoparallel.costmodel import cp_kinds, gemm_precision, pipeline
 from autoparallel.costmodel.candidates import RECOMPUTE_MODULES  # the modules the cost model prices
 from autoparallel.costmodel.candidates import (RECIPE_FIRST_RELEASE, TE_VERSION_COLUMN, fp8_cp_attention,
-                                                 knob_in, knob_test, recipe_in_release)
+                                                 knob_in, knob_test, lora_virtual_pipeline, recipe_in_release)
 from autoparallel.costmodel.finetune import is_lora as lora
 from autoparallel.errors import UserError
 from autoparallel.io import from_dict, read_yaml, resolve_preset
@@ -689,6 +689,13 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,
          lambda d: [f"{p} needs TransformerEngine >= {'.'.join(map(str, RECIPE_FIRST_RELEASE[p]))}, the "
                     f"first release with its recipe (transformer_engine_version "
                     f"{space.transformer_engine_version})" for p in d.precision]),
+        # SearchSpace.transformer_engine_version: LoRA on a virtual pipeline, which NeMo 24.09's stack
+        # trains on the first virtual chunk only (``candidates.LORA_VIRTUAL_PIPELINE_TE``).
+        (lora(model) & (df.vp.to_numpy() > 1) & (not lora_virtual_pipeline(space.transformer_engine_version)),
+         "LoRA on a virtual pipeline (vp > 1) needs NeMo >= 2.1.0, the first release that adds the adapters to "
+         "every virtual chunk (NeMo 2c42fc3961, #11128); transformer_engine_version "
+         f"{space.transformer_engine_version} is taken as NeMo 24.09's stack or older, which trains the first "
+         "chunk's only"),
         # TransformerConfig.__post_init__ (0.15; later releases allow the full-iteration graph).
         (graphed & (df.cpu_offloading_num_layers.to_numpy() > 0),
          "CUDA graphs not supported with CPU offloading (Megatron-Core)"),

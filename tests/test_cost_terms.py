@@ -682,16 +682,74 @@ def test_before_te_1_10_each_offloaded_layer_hides_behind_one_layers_pass_only(g
                                                       precision="bf16", cpu_offloading_num_layers=10)]),
                                  TE_VERSION_COLUMN: version})
         return st.offload_time(x, _fake_layers(x, **layer))[0]
-    layer_transfer = 1e9 / (hw.host_link_gbps * 1e9)  # 18 ms against a 0.5 ms forward, 1.0 ms backward
-    expected = 10 * ((layer_transfer - 0.5e-3) + (layer_transfer - 1.0e-3) + 2 * 1e9 / _hbm(hw))
+    # TE < 1.11's stack leaves a layer's GELU input (2 B x 49,152 / 4 a token) and its CP attention's
+    # Q, K, V and output (2 B x 4 x 96 x 128 / 4) on the GPU: 1,024 tokens a GPU (``offload_left_bytes``).
+    moved = 1e9 - 1024 * (2 * 49152 / 4 + 2 * 4 * 96 * 128 / 4)
+    layer_transfer = moved / (hw.host_link_gbps * 1e9)  # 17 ms against a 0.5 ms forward, 1.0 ms backward
+    expected = 10 * ((layer_transfer - 0.5e-3) + (layer_transfer - 1.0e-3) + 2 * moved / _hbm(hw))
     assert offload("1.6") == pytest.approx(expected, rel=REL)
     assert offload("1.9") == pytest.approx(expected, rel=REL)
+    layer_transfer = 1e9 / (hw.host_link_gbps * 1e9)  # from 1.11 (and 1.10's windows: below) all of it
     windowed = 2 * 10 * layer_transfer - 96 * 0.5e-3 - 96 * 1.0e-3
-    assert offload("1.10") == offload("") == pytest.approx(windowed, rel=REL)
+    assert offload("1.11") == offload("") == pytest.approx(windowed, rel=REL)
+    assert offload("1.10") == pytest.approx(2 * 10 * moved / (hw.host_link_gbps * 1e9) - 96 * 1.5e-3, rel=REL)
     # A layer whose passes outlast its transfer exposes only the copy.
     slow = dict(forward=0.1, compute=0.3)
-    assert offload("1.6", **slow) == pytest.approx(10 * 2 * 1e9 / _hbm(hw), rel=REL)
+    assert offload("1.6", **slow) == pytest.approx(10 * 2 * moved / _hbm(hw), rel=REL)
     assert offload("2.9", **slow) == 0.0
+
+
+def _mlperf_lora_layer(hw, release: str, **knobs):
+    """One MLPerf LoRA H100 candidate (Llama 2 70B, rank 16 on QKV and the projection, dropout 0.1,
+    8,192 tokens, FP8 delayed with FP8 attention), TP2 CP1 with 40 of 80 layers offloaded, on TE ``release``."""
+    from autoparallel.specs.finetune import Finetune
+
+    model = io.load_model("llama2-70b")
+    model = dataclasses.replace(model, seq_length=8192, finetune=Finetune(
+        "lora", 16, ("linear_qkv", "linear_proj"), True, lora_dropout=0.1))
+    plan = {**dict(tp=2, pp=1, vp=1, cp=1, dp=4, mbs=1, gbs=8, sp=True, precision="fp8-delayed", fp8_attention=True,
+                   recompute="none", cpu_offloading_num_layers=40), **knobs}
+    return candidates(model, hw, {**plan_columns([Plan(**plan)]), TE_VERSION_COLUMN: release})
+
+
+def test_te_1_10s_stack_leaves_the_tensors_it_does_not_mark_on_the_gpu():
+    """TE's offload handler moves only tensors marked ``activation_offloading`` (v1.x); on TE 1.10's stack
+    an offloaded LoRA layer keeps, per micro-batch: Megatron's SwiGLU input (2 B x 2 x 28,672 / 2 a
+    token), FP8 attention's Q, K, V and output (1 B x (2 x 64 + 2 x 8) x 128 / 2), the QKV adapter's
+    gathered input (2 B x 8,192 over the whole sequence), and the dropout's masks (1 B x 8,192 / 2 beside
+    QKV under SP, 1 B x 8,192 / 2 beside the projection) with the projection adapter's dropped copy (2 B
+    x 8,192 / 2). Nothing from TE 1.11 or without a release; no attention tensors under BF16 attention at cp 1."""
+    hw = io.load_hardware("h100-sxm")
+    tokens = 8192
+    per_token = 2 * 2 * 28672 / 2 + (2 * 64 + 2 * 8) * 128 / 2 + 2 * 8192 + 8192 / 2 + 8192 / 2 + 2 * 8192 / 2
+    assert st.offload_left_bytes(_mlperf_lora_layer(hw, "1.10"))[0] == pytest.approx(tokens * per_token, rel=REL)
+    bf16_attention = per_token - (2 * 64 + 2 * 8) * 128 / 2
+    assert (st.offload_left_bytes(_mlperf_lora_layer(hw, "1.10", fp8_attention=False))[0]
+            == pytest.approx(tokens * bf16_attention, rel=REL))
+    for release in ("1.11", ""):
+        assert np.all(st.offload_left_bytes(_mlperf_lora_layer(hw, release)) == 0.0)
+    # The first stage's activations hold it for each of the 40 layers offloaded.
+    (at_110, _, _), _ = pm.activation_bytes(old := _mlperf_lora_layer(hw, "1.10"), lt.layers(old))
+    (at_111, _, _), _ = pm.activation_bytes(new := _mlperf_lora_layer(hw, "1.11"), lt.layers(new))
+    assert (at_110 - at_111)[0] == pytest.approx(40 * tokens * per_token, rel=1e-9)
+
+
+def test_lora_dropout_keeps_its_masks_and_the_projection_adapters_dropped_copy():
+    """PyTorch's dropout keeps a one-byte mask per element; beside QKV (under SP its shard) and the
+    projection (TP-split), and the projection's adapter saves the dropped BF16 copy; nothing without
+    dropout or for a full fine-tune."""
+    from autoparallel.costmodel import finetune
+    from autoparallel.specs.finetune import Finetune
+
+    model = dataclasses.replace(io.load_model("llama2-70b"),
+                                finetune=Finetune("lora", 16, ("linear_qkv", "linear_proj"), lora_dropout=0.1))
+    b, s, t = 1, 8192, 4
+    expected = b * s * (8192 / t + 8192 / t + 2 * 8192 / t)
+    assert finetune.dropout_saved_bytes(model, b, s, t, True) == pytest.approx(expected, rel=REL)
+    assert finetune.dropout_saved_bytes(model, b, s, t, False) == pytest.approx(expected + b * s * 8192 * (1 - 1 / t),
+                                                                                rel=REL)
+    for other in (Finetune("lora", 16, ("linear_qkv", "linear_proj")), Finetune("full")):
+        assert np.all(finetune.dropout_saved_bytes(dataclasses.replace(model, finetune=other), b, s, t, True) == 0.0)
 
 
 def test_stage_times_add_what_only_each_stage_does(gpt, hw):

@@ -285,3 +285,29 @@ def test_a_graphed_moe_recompute_is_refused_with_hidden_dropout():
         model = dataclasses.replace(mixtral, hidden_dropout=dropout)
         reason = generate(model, hw, 8, 128, space).reason.iloc[0]
         assert ("hidden dropout is not supported with graphed MLP/MoE recomputation" in reason) == refused, reason
+
+
+def test_lora_on_a_virtual_pipeline_is_refused_on_nemo_24_09s_stack_only():
+    """NeMo 24.09's NLPAdapterModelMixin adds LoRA adapters to the first virtual chunk only (NeMo
+    4068955b nlp_adapter_mixins.py L96-101, L198; every chunk from 2.1.0, 2c42fc3961 #11128): with
+    TE 1.10 (that stack, ``candidates.LORA_VIRTUAL_PIPELINE_TE``) or 1.6, vp > 1 is refused for LoRA;
+    vp 1, a full fine-tune, TE 1.11 and a current TE (no version) pass."""
+    from autoparallel.specs.finetune import Finetune
+
+    lora = dataclasses.replace(io.load_model("llama2-70b"), finetune=Finetune("lora"))
+    full = dataclasses.replace(lora, finetune=Finetune("full"))
+
+    def reason(model, **pins):
+        space = SearchSpace().pinned(**{**BASE, "tp": 4, "pp": 2, "vp": 2, "transformer_engine_version": "1.10",
+                                        **pins})
+        frame = generate(model, io.load_hardware("h100-sxm"), 16, 64, space)
+        assert len(frame) == 1, frame
+        return frame.reason.iloc[0]
+
+    for release in ("1.10", "1.6"):
+        why = reason(lora, transformer_engine_version=release)
+        assert "LoRA on a virtual pipeline (vp > 1) needs NeMo >= 2.1.0" in why and release in why
+    assert reason(lora, vp=1) == ""
+    assert reason(full) == ""
+    for release in ("1.11", "2.9", ""):
+        assert reason(lora, transformer_engine_version=release) == ""

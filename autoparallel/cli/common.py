@@ -85,7 +85,10 @@ def add_knobs(p: argparse.ArgumentParser, title: str = "layout knobs (any given 
                         "(MLPerf v4.0's 1.6) FP8 attention under context parallelism is refused (it runs in "
                         "BF16) and activation offloading is priced one layer at a time; a recipe the "
                         "release lacks is not offered (TE 1.x: delayed scaling only; mxfp8 from 2.0, "
-                        "fp8-current 2.2, fp8-blockwise 2.3, nvfp4 2.8)")
+                        "fp8-current 2.2, fp8-blockwise 2.3, nvfp4 2.8); up to 1.10, taken as NeMo 24.09's "
+                        "stack, LoRA with vp > 1 is refused (NeMo adds adapters to every virtual chunk from "
+                        "2.1.0) and an offloaded layer keeps what that stack does not offload (the SwiGLU "
+                        "input, FP8 or CP attention tensors, LoRA adapters' inputs)")
     g.add_argument("--quant-recipe", choices=sorted(QUANT_RECIPES),
                    help="a hybrid model's per-module quantization (Megatron's --kitchen-config-file / "
                         "Megatron-Bridge's quant_recipe): nemotronh-te-quant is the Nemotron-H te_quant.cfg "

@@ -104,6 +104,28 @@ def recipe_in_release(precision: str, release: str) -> bool:
     return first is None or release_at_least(release, *first)
 
 
+# LoRA on a virtual pipeline (vp > 1). NeMo's NLPAdapterModelMixin (the NeMo 1 PEFT path MLPerf's LoRA
+# harness runs: ``MegatronGPTSFTModel.add_adapter``) adds the adapters to the layers of
+# ``_unwrap_model()``, which is ``self.model[0]``, the first virtual chunk, and gives the optimizer that
+# chunk's adapters only (NVIDIA/NeMo@4068955b, tag 24.09-alpha.rc0,
+# nemo/collections/nlp/parts/mixins/nlp_adapter_mixins.py L96-101, L198, L315-321; the model stays a
+# list of chunks under interleaving, megatron_gpt_model.py L371-372): the chunks after the first train
+# no adapters. NeMo 2.1.0 is the first release that adds them to every chunk (2c42fc3961, "Virtual
+# pipeline parallel support for LoRA in NLPAdapterModelMixin (#11128)", not in v2.0.0). The space
+# knows the run's TE release, not its NeMo: a release up to 1.10 is taken as NeMo 24.09's stack or an
+# older one (an assumption, from MLPerf v4.1's harness: mlcommons/training_results_v4.1@b87b9e3
+# NVIDIA/benchmarks/llama2_70b_lora/implementations/eos_ngc24.09_nemo/Dockerfile L15, L28, L38, L52
+# runs the pytorch 24.09 image's TE, 1.10 (session 38), with NeMo and Megatron-LM 24.09-alpha.rc0).
+# Later TE releases are paired with no NeMo release here, so they are let through.
+LORA_VIRTUAL_PIPELINE_TE = (1, 11)
+
+
+def lora_virtual_pipeline(release: str) -> bool:
+    """Whether the stack of a TE release (empty: a current one) trains LoRA adapters on every
+    virtual pipeline chunk (``LORA_VIRTUAL_PIPELINE_TE``)."""
+    return release_at_least(release, *LORA_VIRTUAL_PIPELINE_TE)
+
+
 def te_at_least(values, major: int, minor: int) -> np.ndarray:
     """``release_at_least`` of each TE release in ``values``."""
     values = np.asarray(values, dtype=object)

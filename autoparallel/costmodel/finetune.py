@@ -34,6 +34,12 @@ COLUMN_PARALLEL = ("linear_qkv", "linear_fc1")
 # PyTorch's dropout in BF16 elements: forward reads the input and writes the output and a one-byte
 # mask (2.5), backward reads the gradient and the mask and writes the input gradient (2.5).
 DROPOUT_PASSES = 5.0
+# The mask PyTorch's dropout keeps for its backward, one byte per element: ``_fused_dropout`` returns
+# (output, mask) and its derivative reads result1, the mask (pytorch/pytorch@0002cecdb2e6
+# tools/autograd/derivatives.yaml, ``_fused_dropout``; today's ``native_dropout`` entry reads result1
+# alike), which the CUDA kernel allocates as uint8 (pytorch/pytorch@b1765068ac33
+# aten/src/ATen/native/cuda/Dropout.cu ``fused_dropout_cuda``: ``dtype(kByte)``; a bool tensor since).
+DROPOUT_MASK_BYTES = 1.0
 
 
 def is_lora(model: ModelSpec) -> bool:
@@ -212,6 +218,37 @@ def attention_share(model: ModelSpec) -> float:
     if ft is None or not ft.packed_sequence or ft.document_tokens is None:
         return 1.0
     return ft.document_tokens / model.seq_length
+
+
+def dropout_saved_bytes(model: ModelSpec, b, s, t, sp):
+    """What LoRA's dropout makes its adapters keep for backward. ``ParallelLinearAdapter`` drops each
+    target's input before A (``dropout_position`` "pre", MLPerf's configs; NeMo 24.09-alpha.rc0
+    nemo/collections/nlp/modules/common/megatron/adapters/parallel_adapters.py L238, L290, L301), so
+    (1) the dropout keeps its mask, ``DROPOUT_MASK_BYTES`` per element of the input as the base
+    splits it: beside QKV and FC1 the SP shard of the norm output (a lower bound where the adapter
+    gets it gathered), beside the projection and FC2 their TP-split inputs; (2) beside the
+    projection A saves the dropped BF16 copy, no longer the attention output it shares without
+    dropout (``frozen_activation_bytes``; beside the other targets their own copy is counted
+    there). None without dropout."""
+    if not is_lora(model) or model.finetune.lora_dropout <= 0:
+        return 0.0
+    targets = model.finetune.lora_targets
+    proj = model.num_attention_heads * model.head_dim * ("linear_proj" in targets)
+    column = model.hidden_size * sum(name in targets for name in COLUMN_PARALLEL)
+    row = proj + model.ffn_hidden_size * ("linear_fc2" in targets)
+    mask = DROPOUT_MASK_BYTES * (np.where(sp, column / t, column) + row / t)
+    return b * s * (mask + memory.GEMM_INPUT_BYTES * proj / t)
+
+
+def adapter_input_bytes(model: ModelSpec, b, s, t):
+    """The BF16 inputs the adapters beside QKV, FC1 (the whole sequence) and FC2 (TP-split) save for
+    A's weight gradient, as ``frozen_activation_bytes`` counts them (the projection's adapter shares
+    the attention output, or keeps a dropped copy: ``dropout_saved_bytes``)."""
+    if not is_lora(model):
+        return 0.0
+    targets = model.finetune.lora_targets
+    column = model.hidden_size * sum(name in targets for name in COLUMN_PARALLEL)
+    return memory.GEMM_INPUT_BYTES * b * s * (column + model.ffn_hidden_size * ("linear_fc2" in targets) / t)
 
 
 def frozen_activation_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction=0.0,

@@ -146,8 +146,9 @@ def activation_bytes(x: Candidates, kind: LayerKind | bool, keep_scores):
         saved = saved + dsv4.hyper_connection_saved_bytes(x)
     if keep_scores is False or not kind.standard:
         return saved
-    return saved + finetune.frozen_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction,
-                                                    x.quantized_input_bytes, output, x.attention_output_fused)
+    return (saved + finetune.frozen_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction,
+                                                     x.quantized_input_bytes, output, x.attention_output_fused)
+            + finetune.dropout_saved_bytes(x.model, x.b, x.s_local, x.t, x.sp))
 
 
 def received_copies(x: Candidates):

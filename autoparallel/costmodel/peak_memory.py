@@ -16,7 +16,7 @@ from autoparallel.costmodel import finetune, memory, pipeline
 from autoparallel.costmodel.candidates import Candidates
 from autoparallel.costmodel.layer_time import Layers
 from autoparallel.costmodel.memory import GIB
-from autoparallel.costmodel.stages import mtp_layer, present, stage_params
+from autoparallel.costmodel.stages import mtp_layer, offload_left_bytes, present, stage_params
 
 MEMORY_KEYS = ("weights_gib", "grads_gib", "optimizer_gib", "fp8_weights_gib",
                "activations_gib", "logits_gib", "reserve_gib")
@@ -58,20 +58,22 @@ def lora_model_states(x: Candidates, layers: Layers, params, stage_layers, stage
     return weights, grads, optimizer, np.zeros_like(weights)
 
 
-def _in_flight(x: Candidates, layers: Layers, held, stage_layers, stage_moe, edge_bytes=0.0, kept=1.0, graphs=None):
+def _in_flight(x: Candidates, layers: Layers, held, stage_layers, stage_moe, edge_bytes=0.0, kept=1.0, graphs=None,
+               left=0.0):
     """Saved activations the schedule holds on a stage at its peak, the working set of the layer
     computing and the CUDA graphs' static buffers; and the edge chunk's micro-batches held then (None
     where ``edge_bytes`` is nothing and several states may be the peak).
     ``held``: (dense layer-, MoE layer-, edge chunk) micro-batches of each state that may be the
     peak (``pipeline.held_at_peak``), the fullest of which is priced, its edge chunk's micro-batches
     keeping ``edge_bytes`` each; ``kept``: the share of the layers' activations left on the GPU
-    (offloading); ``graphs``: (``graph_layer_input_bytes``, ``graph_data_bytes``), computed
+    (offloading), ``left`` what an offloaded layer leaves on it (``stages.offload_left_bytes``);
+    ``graphs``: (``graph_layer_input_bytes``, ``graph_data_bytes``), computed
     once for the three stages. A published row's DualPipe holds ``pipeline.dualpipe_inflight`` micro-batches of
     the stage's layers (its end ranks are ``dualpipe_end_rank``)."""
     dense, moe, edge = held
     graph_layer, graph_data = graphs or (graph_layer_input_bytes(x), graph_data_bytes(x))
     per_layer = kept * graph_layer
-    states = dense * (kept * stored_bytes(layers, 1.0, 0.0, stage_moe) + per_layer)
+    states = dense * (kept * stored_bytes(layers, 1.0, 0.0, stage_moe) + (1.0 - kept) * left + per_layer)
     if np.any(moe):
         states = states + moe * (kept * stored_bytes(layers, 1.0, 1.0, stage_moe) + per_layer)
     if np.any(edge_bytes):
@@ -163,7 +165,8 @@ def activation_bytes(x: Candidates, layers: Layers) -> tuple[list, list]:
     kept = np.where(offloaded > 0, kept_layers / x.first_layers, 1.0)
     graphs = graph_layer_input_bytes(x), graph_data_bytes(x)
     first, _ = _in_flight(x, layers, x.held[0], x.first_layers * kept, x.first_moe * kept,
-                          memory.embedding_activation_bytes(x.model, x.b, x.s_local), kept, graphs)
+                          memory.embedding_activation_bytes(x.model, x.b, x.s_local), kept, graphs,
+                          np.where(offloaded > 0, offload_left_bytes(x), 0.0))
     first_head = np.where(x.single, _beyond_working(logits, layers, x.first_moe), 0.0)
     first = first + first_head
     middle, _ = _in_flight(x, layers, x.held[1], x.middle_layers, x.middle_moe, graphs=graphs)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoparallel.costmodel import comm, finetune, flops, gemm, pipeline
-from autoparallel.costmodel.candidates import Candidates
+from autoparallel.costmodel.candidates import TE_VERSION_COLUMN, Candidates, te_at_least
 from autoparallel.costmodel.layer_time import Layers, linear_time
 
 LOSS_PASSES = 4  # softmax cross-entropy reads/writes the FP32 logits about four times
@@ -59,6 +59,43 @@ def pp_comm_time(x: Candidates):
     return np.where(x.p > 1, 2.0 * x.v * exposed_share * comm.p2p_time(x.hw, nbytes, same_domain), 0.0)
 
 
+# The last TransformerEngine release whose stack (NeMo and Megatron-LM 24.09-alpha.rc0 beside TE 1.10:
+# ``candidates.LORA_VIRTUAL_PIPELINE_TE``) leaves the tensors ``offload_left_bytes`` names on the GPU.
+OFFLOAD_MARKS_BEFORE = (1, 11)
+
+
+def offload_left_bytes(x: Candidates):
+    """What an offloaded dense layer leaves on the GPU per micro-batch on TE 1.10's stack or an older
+    one. TE's offload handler moves a saved tensor only where it carries ``activation_offloading``
+    (transformer_engine/pytorch/cpu_offload.py v1.10 L475-483, ``tensor_need_offloading_checker_*``;
+    every saved tensor only from 2.10's refactor, c52576053 #1762), and on that stack these carry none:
+
+    - the activation's input, saved by Megatron's fused SwiGLU (Megatron-LM 24.09-alpha.rc0
+      megatron/core/fusions/fused_bias_swiglu.py L45, L63; marked from 0bbcbb1157, 2025-06-13);
+    - the attention's saved Q, K, V and output where TE 1.10 marks only tensors it does not save:
+      under FP8 attention (``FusedAttnFunc`` marks the BF16 ones and saves the FP8 ones,
+      transformer_engine/pytorch/attention.py v1.10 L5460-5480; 454e38950 #1131, first in v1.11, marks
+      them) and under context parallelism (``AttnFuncWithCPAndKVP2P`` marks none, L2073-2086), one
+      byte each under FP8 attention, else two (the softmax statistics, 4 B a head and token, left out);
+    - a LoRA adapter's saved input and dropout state: NeMo 24.09's adapters run Megatron's non-TE
+      Linears (``LinearWithGradAccumulationAndAsyncCommunication`` saves the input, Megatron-LM
+      24.09-alpha.rc0 megatron/core/tensor_parallel/layers.py L391) and PyTorch's dropout.
+
+    Zero where the run's release is later or not given (a current TE offloads every saved tensor)."""
+    model = x.model
+    old = ~te_at_least(x.knobs.get(TE_VERSION_COLUMN, ""), *OFFLOAD_MARKS_BEFORE)
+    if not np.any(old):
+        return 0.0
+    tokens = x.b * x.s_local
+    act = (2.0 if model.gated_mlp else 1.0) * x.act_input_bytes * model.ffn_hidden_size / x.t
+    fp8_attention = x.flag("fp8_attention") & (x.quantized_fraction > 0)
+    qkvo = (2 * model.num_attention_heads + 2 * model.query_groups) * model.head_dim / x.t
+    attention = np.where(fp8_attention | (x.c > 1), np.where(fp8_attention, 1.0, 2.0) * qkvo, 0.0)
+    adapters = (finetune.adapter_input_bytes(model, x.b, x.s_local, x.t)
+                + finetune.dropout_saved_bytes(model, x.b, x.s_local, x.t, x.sp))
+    return np.where(old, tokens * (act + attention) + adapters, 0.0)
+
+
 def offload_time(x: Candidates, layers: Layers):
     """Activation offloading (pp = 1 only): the offloaded layers' saved activations go to the host
     behind the forward pass and come back behind the backward pass; what the passes cannot
@@ -75,7 +112,8 @@ def offload_time(x: Candidates, layers: Layers):
     (``Candidates.windowed_offload`` off)."""
     first = x.kinds_on_stages[0]
     mean = lambda key: layers.on(key, x.first_layers, x.first_moe, first) / np.maximum(x.first_layers, 1.0)  # noqa: E731
-    stored, forward, compute = mean("stored"), mean("forward"), mean("compute")
+    stored = np.maximum(mean("stored") - offload_left_bytes(x), 0.0)  # what the handler moves
+    forward, compute = mean("forward"), mean("compute")
     host_link = x.hw.host_link_gbps * 1e9
     if x.hw.network_shares_host_link:
         per_param = 2.0 * x.gather_bytes + x.grad_bytes

@@ -101,6 +101,7 @@ LAYOUT_RULES = (
                                                                                "transformer_engine_version")),
     Rule(r"needs TransformerEngine >= \S+, the first release with its recipe", ("precision",
                                                                                "transformer_engine_version")),
+    Rule(r"^LoRA on a virtual pipeline", ("vp", "transformer_engine_version")),
     Rule(r"^--cp-comm-type \S+ at cp=", ("cp_comm_type", "tp", "cp")),  # cp_kinds.heads_refusal
     Rule(r"FP8 attention through --cp-comm-type allgather", ("fp8_attention", "cp_comm_type",
                                                               "transformer_engine_version")),
