@@ -1,5 +1,5 @@
 """DeepSeek-V4 Flash's two held-out 26.08 rows as `validate` prices them, with session 49 h5's kernel terms
-added one at a time (a Markdown table), then each term's forward and backward milliseconds per layer and
+(and session 53 s53h1's two) added one at a time (a Markdown table), then each term's forward and backward milliseconds per layer and
 micro-batch on the priced candidate, and a what-if the cost model does not use: the attention core at
 FlashMLA's published sparse-prefill forward rate (README: up to 1450 TFLOP/s on B200, 128 heads, 2,048
 keys) instead of the calibrated attention efficiency.
@@ -20,7 +20,9 @@ from autoparallel.costmodel import layer_time as lt
 from autoparallel.measured_runs import chosen, load_runs, predict_row, priced
 
 TERMS = ("dsa_indexer_topk_time", "dsa_indexer_loss_time", "dsv4_output_groups_bf16_time",
-         "dsv4_compressor_time", "hyper_connection_time")
+         "dsv4_compressor_time", "hyper_connection_time",
+         # session 53 s53h1: the compressor / indexer GEMMs as run, FlashMLA's padded key slots
+         "dsv4_compressor_gemms_time", "dsv4_padded_key_slots_time")
 # The module each term lives in (the DSA indexer's in ``dsa``, DeepSeek-V4's kernels in ``dsv4``, its GEMM
 # term in ``layer_time``).
 HOME = {name: next(m for m in (dsa, dsv4, lt) if hasattr(m, name)) for name in TERMS}

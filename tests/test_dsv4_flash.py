@@ -181,13 +181,14 @@ def test_mhc_off_blackwell_is_the_unfused_module():
 
 
 def test_dsv4_attention_kernels_are_in_the_moe_layer_once(monkeypatch):
-    """The indexer's top-k and sparse loss, the BF16 grouped output and the compressors' pooling each add
-    time, and the MoE layer's compute holds their forward and backward exactly once."""
+    """The indexer's top-k and sparse loss, the BF16 grouped output, the compressors' pooling, the
+    compressor / indexer GEMMs as run and FlashMLA's padded key slots each add time, and the MoE layer's
+    compute holds their forward and backward exactly once."""
     import numpy as np
     from autoparallel.costmodel import layer_time
     x = _row_candidates()
     kernels = layer_time.dsv4_attention_kernels(x)
-    assert len(kernels) == 4 and all(np.all(f > 0) for f, _ in kernels)
+    assert len(kernels) == 6 and all(np.all(f > 0) for f, _ in kernels)
     total = sum(f + b for f, b in kernels)
     with_kernels = layer_time.moe_layer(x)
     monkeypatch.setattr(layer_time, "dsv4_attention_kernels", lambda x: ())

@@ -291,12 +291,89 @@ def dsv4_output_groups_bf16_time(x: Candidates):
     return forward, 2.0 * forward
 
 
+# DeepSeek-V4's compressor and indexer GEMMs as NVIDIA/Megatron-LM@d48bd6be0a (the dev branch: its
+# examples/moe_recipes/deepseek_v4_flash/gb200/mxfp8_SL4K_128GPU_TP1PP1EP64.yaml is these rows' layout)
+# ``experimental_attention_variant/csa.py`` builds and runs them: each Compressor's ``linear_wkv`` and
+# ``linear_wgate`` (hidden -> coff x head_dim) and the indexer's ``linear_weights_proj`` (hidden -> index
+# heads) under ``get_fp8_disabled_context`` (BF16 whatever the recipe); the indexer's ``linear_wq_b`` in
+# the recipe's precision. ``CompressedSparseAttention._forward_fused_indexer_training`` feeds the indexer
+# ``x.detach()`` and ``qr.detach()``: its three Linears and its compressor's two compute no input gradient,
+# only the weight gradient (two passes, not three). As (params, BF16, passes) per layer of each ratio.
+def dsv4_compressor_gemms(model, ratio: int) -> tuple:
+    """The (params, runs in BF16, passes) of one DeepSeek-V4 layer's compressor and indexer GEMMs."""
+    h, d = model.hidden_size, model.v_head_dim
+    if ratio == 128:
+        return ((2 * h * d, True, 3.0),)
+    if ratio != 4:
+        return ()
+    heads, dim = model.dsa_indexer_n_heads, model.dsa_indexer_head_dim
+    return ((2 * h * 2 * d, True, 3.0), (2 * h * 2 * dim, True, 2.0), (h * heads, True, 2.0),
+            (model.q_lora_rank * heads * dim, False, 2.0))
+
+
+def dsv4_compressor_gemms_time(x: Candidates):
+    """(forward, backward) seconds DeepSeek-V4's compressor and indexer GEMMs take beyond what the layer's
+    Linear GEMMs price for them (every weight at the recipe's peak, three passes), averaged over the decoder
+    layers: each GEMM at its own size, BF16 where Megatron-LM keeps it so, and the indexer's two passes
+    (``dsv4_compressor_gemms``)."""
+    ratios = x.model.dsv4_decoder_ratios
+    forward = backward = 0.0
+    for ratio in ratios:
+        for params, bf16, passes in dsv4_compressor_gemms(x.model, ratio):
+            priced = linear_time(x, params, gemms=1.0)
+            run = linear_time(x, params, gemms=1.0, peak=gemm.bf16_peak(x.hw)) if bf16 else priced
+            forward = forward + run - priced
+            backward = backward + (passes - 1.0) * run - 2.0 * priced
+    return forward / len(ratios), backward / len(ratios)
+
+
+# FlashMLA's SM100 sparse forward for 64 heads (deepseek-ai/FlashMLA@9241ae3
+# ``csrc/sm100/prefill/sparse/fwd/head64/config.h`` B_TOPK 64, ``phase1.cuh``: num_k_blocks =
+# ceil(topk_length / B_TOPK), topk_length = params.topk where none is given) runs every 64-key block it is
+# handed, valid or masked; Megatron-LM's ``_csa_fwd_flash_mla`` (d48bd6be0a
+# ``csa_utils/fused_sparse_attention.py``) pads the index list to that alignment.
+FLASH_MLA_SPARSE_BLOCK = 64
+
+
+def dsv4_forward_key_slots(model, ratio: int, s: int) -> float:
+    """Key slots FlashMLA's sparse forward computes per query on a DeepSeek-V4 layer of ``ratio``, mean
+    over a causal sequence of ``s``: ratio-4 layers (``_forward_fused_indexer_training``) compact each
+    query's valid keys (indexer top-k of its (p + 1) // 4 compressed keys, its window) into a prefix of
+    ``topk_length`` run in whole blocks; ratio-128 and window-only layers (``_forward_fused_no_indexer``,
+    ``build_flat_topk_idxs`` without ``compact``) pass no ``topk_length``: the window and all s // 128
+    compressed slots, padded to the block."""
+    block, window = FLASH_MLA_SPARSE_BLOCK, model.csa_window_size
+    if ratio == 4:
+        p = np.arange(1, s + 1)
+        valid = np.minimum(model.dsa_indexer_topk, p // 4) + np.minimum(window, p)
+        return float(np.mean(np.ceil(valid / block) * block))
+    return float(np.ceil((window + (s // 128 if ratio == 128 else 0)) / block) * block)
+
+
+def dsv4_padded_key_slots_time(x: Candidates):
+    """(forward, backward) seconds of the attention core's key slots FlashMLA's sparse forward computes
+    beyond the keys ``flops.dsv4_sparse_context`` prices (``dsv4_forward_key_slots``), averaged over the
+    decoder layers, at the attention core's priced rate; the backward (cuDNN's DSA kernel, no source) as
+    priced."""
+    model = x.model
+    s = model.seq_length
+    ratios = model.dsv4_decoder_ratios
+    extra = sum(dsv4_forward_key_slots(model, r, s) - flops.dsv4_sparse_context(model, r, s) for r in ratios)
+    extra_flops = x.b * s * 2.0 * model.num_attention_heads * (extra / len(ratios)) * (model.qk_dim + model.v_dim) / x.t
+    core = flops.attention_core_flops(model, x.b, s, causal=x.flash) / x.t
+    forward = attention_time(x) * extra_flops / core
+    return forward, np.zeros_like(forward)
+
+
 def dsv4_attention_kernels(x: Candidates) -> tuple:
     """DeepSeek-V4's attention work beyond the sparse attention core, (forward, backward) pairs of the MoE
     layer's kernels: the DSA indexer's top-k and its sparse loss, the grouped output projection in BF16,
-    the compressors' gated pooling."""
+    the compressors' gated pooling, the compressor and indexer GEMMs as they run (BF16, the indexer's two
+    passes), the key slots FlashMLA's sparse forward computes beyond the keys priced."""
     return (dsa.dsa_indexer_topk_time(x), dsa.dsa_indexer_loss_time(x), dsv4_output_groups_bf16_time(x),
-            dsv4.dsv4_compressor_time(x))
+            dsv4.dsv4_compressor_time(x),
+            dsv4_compressor_gemms_time(x),
+            dsv4_padded_key_slots_time(x))
 
 
 def dsa_attention_kernels(x: Candidates) -> tuple:
