@@ -292,6 +292,20 @@ BAD_INPUTS = [
      "infer: unrecognized arguments: --precision fp8; did you mean --kv-precision or --weight-precision?"),
     (["runs", "import", "x.log", "--gpu", "h100-sxm", "--bogus"],
      "runs import: unrecognized arguments: --bogus (see `autoparallel runs import --help`)"),
+    # a flag as Megatron-LM or an engine spells it, typed back from an export (session 53: --micro-batch-size
+    # was offered --global-batch-size, --tensor-model-parallel-size nothing)
+    (["search", "--model", "175b", "--gpus", "8", "--micro-batch-size", "2"],
+     "unrecognized arguments: --micro-batch-size 2; did you mean --mbs?"),
+    (["estimate", "--model", "175b", "--gpus", "8", "--pp", "1", "--tensor-model-parallel-size", "8"],
+     "unrecognized arguments: --tensor-model-parallel-size 8; did you mean --tp?"),
+    (["search", "--model", "175b", "--gpus", "8", "--sequence-parallel"],
+     "unrecognized arguments: --sequence-parallel; did you mean --sp?"),
+    (["infer", "--model", "llama3.1-70b", "--gpus", "8", "--tensor-parallel-size", "8"],
+     "unrecognized arguments: --tensor-parallel-size 8; did you mean --tp?"),
+    (["infer", "--model", "llama3.1-70b", "--gpus", "8", "--max-num-seqs=64"],
+     "unrecognized arguments: --max-num-seqs=64; did you mean --max-batch?"),
+    (["infer", "--model", "llama3.1-70b", "--gpus", "8", "--tp_size", "8"],
+     "unrecognized arguments: --tp_size 8; did you mean --tp?"),
     # --- search: flags
     (["search", "--model", "175b", "--gpus", "1000000000000000000000"],
      "expected an integer in 1..2147483647, got 1000000000000000000000"),
