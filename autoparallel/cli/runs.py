@@ -8,7 +8,7 @@ from pathlib import Path
 from autoparallel.argtypes import non_negative
 from autoparallel.cli.common import console
 from autoparallel.errors import UserError
-from autoparallel.safefile import check_output_file
+from autoparallel.safefile import check_folder, check_output_file
 from autoparallel.words import plural
 
 
@@ -29,9 +29,12 @@ def run_import(args: argparse.Namespace) -> None:
     from autoparallel.runlogs.runsfile import DEFAULT_RUNS, import_logs
     runs_file = args.runs or str(DEFAULT_RUNS)
     # A --runs you name is written where you say (a missing folder is refused, as export -o refuses it);
-    # the default's folder, results/, is made when written, as a search makes it.
+    # the default's folder, results/, is made when written, as a search makes it (checked first, as
+    # search checks it: in a folder it cannot write in, that was a traceback after reading the logs).
     if args.runs is not None or Path(runs_file).parent.is_dir():
         check_output_file(runs_file, "--runs")
+    else:
+        check_folder(Path(runs_file).parent, f"--runs {runs_file}")
     results = import_logs([Path(p) for p in args.logs], args.gpu, Path(runs_file), args.warmup)
     for r in results:
         if r.row is None:
