@@ -125,6 +125,16 @@ def test_export_rank_1_matches_best_yaml(run_dir, tmp_path):
     assert yaml.safe_load(out.read_text()) == yaml.safe_load((run_dir / "best.yaml").read_text())
 
 
+def test_export_says_what_it_wrote_and_what_it_replaced(run_dir, tmp_path, capsys):
+    """export -o over an existing file replaced it without a word (session 53); stdout stays empty."""
+    out = tmp_path / "rank1.sh"
+    for word in ("wrote", "replaced"):
+        capsys.readouterr()
+        assert main(["export", str(run_dir), "--format", "launch", "-o", str(out)]) == 0
+        printed = capsys.readouterr()
+        assert printed.out == "" and printed.err == f"{word} {out}\n"
+
+
 def test_search_json_entries_have_stable_keys():
     out = run_cli("search", "--model", "llama2-7b", "--gpus", "8", "--json", "--top", "3", "--no-save")
     assert out.returncode == 0, out.stderr
