@@ -135,6 +135,15 @@ def test_export_says_what_it_wrote_and_what_it_replaced(run_dir, tmp_path, capsy
         assert printed.out == "" and printed.err == f"{word} {out}\n"
 
 
+def test_a_rank_out_of_range_groups_the_count_s_digits(run_dir, capsys):
+    """"this run has 20715 feasible plans (1..20715)" (session 53): counts elsewhere read 20,715."""
+    from autoparallel.search import run as runs
+    n = len(runs.load(run_dir).feasible)
+    assert n >= 1000
+    assert main(["export", str(run_dir), "--rank", str(n + 1)]) == 2
+    assert f"this run has {n:,} feasible plans (1..{n:,})" in capsys.readouterr().err
+
+
 def test_search_json_entries_have_stable_keys():
     out = run_cli("search", "--model", "llama2-7b", "--gpus", "8", "--json", "--top", "3", "--no-save")
     assert out.returncode == 0, out.stderr

@@ -124,7 +124,7 @@ class InferenceResult:
     def entry(self, rank: int) -> pd.Series:
         n = len(self.feasible)
         if not 1 <= rank <= n:
-            raise UserError(f"rank {rank} is out of range: this run has {n} feasible layouts (1..{n})")
+            raise UserError(f"rank {rank} is out of range: this run has {n:,} feasible layouts (1..{n:,})")
         return self.feasible.iloc[rank - 1]
 
     def records(self, top: int) -> list[dict]:
