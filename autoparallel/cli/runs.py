@@ -26,6 +26,7 @@ def add_parser(sub) -> None:
 
 
 def run_import(args: argparse.Namespace) -> None:
+    from autoparallel.report.fit import phrase_lines
     from autoparallel.runlogs.runsfile import DEFAULT_RUNS, import_logs
     runs_file = args.runs or str(DEFAULT_RUNS)
     # A --runs you name is written where you say (a missing folder is refused, as export -o refuses it);
@@ -46,8 +47,10 @@ def run_import(args: argparse.Namespace) -> None:
         memory = ("" if row["measured_max_allocated_gib"] is None
                   else f", {row['measured_max_allocated_gib']:.1f} GiB max allocated")
         state = "read" if r.added else "already in the file"
-        console.print(f"{state} {r.path} -> {row['id']}: {layout}; {row['measured_iteration_time_s']:.3f} s "
-                      f"per iteration{memory}", highlight=False)
+        # broken between phrases at the console's width (a terminal broke "35.9" / "GiB"); one line in a pipe
+        line = (f"{state} {r.path} -> {row['id']}: {layout}; {row['measured_iteration_time_s']:.3f} s per "
+                f"iteration{memory}")
+        console.print("\n".join(phrase_lines(line, console.width)), highlight=False, markup=False)
     read = [r for r in results if r.row is not None]
     if not read:
         if len(results) == 1:
