@@ -291,6 +291,33 @@ def test_help_reads_at_80_columns(command, monkeypatch, capsys):
 
 
 
+def _commands(parser, prefix=()):
+    """(words, help) of every subcommand, nested ones (`runs import`) too."""
+    import argparse
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                words = (*prefix, choice.dest)
+                yield words, choice.help
+                yield from _commands(action.choices[choice.dest], words)
+
+
+def test_every_command_s_help_says_what_it_does(monkeypatch, capsys):
+    """`autoparallel calibrate --help` listed its options under the usage and never said what the
+    command does (session 53: no subcommand had a description); each now opens with its line of
+    the command list."""
+    from autoparallel.cli import build_parser
+    monkeypatch.setenv("COLUMNS", "80")
+    commands = list(_commands(build_parser()))
+    assert len(commands) >= 13
+    for words, summary in commands:
+        with pytest.raises(SystemExit):
+            main([*words, "--help"])
+        text = capsys.readouterr().out
+        intro = " ".join(text.split("\n\n")[1].split())
+        assert intro.lower().startswith(" ".join(summary.split()).lower()), (words, intro)
+
+
 def test_the_rs_pipeline_knob_says_what_it_is_and_what_the_default_does(monkeypatch, capsys):
     """--tp-overlap-rs-pipeline's help listed TE internals and ended 'instead of the ring exchange
     (default)': which overlap, of which collective, and what runs without the flag."""

@@ -145,7 +145,20 @@ def build_parser() -> argparse.ArgumentParser:
     for command in (search, estimate, export, infer, report, validate, runs, calibrate, fp8_check, presets):
         command.add_parser(sub)
     profiling_commands.add_profile_parser(sub)
+    _describe(p)
     return p
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """Each subcommand's --help opens with its line of the command list: argparse prints a
+    description only where one is given, and none was, so `calibrate --help` never said what it does."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                command = action.choices[choice.dest]
+                if command.description is None and choice.help:
+                    command.description = choice.help[:1].upper() + choice.help[1:] + "."
+                _describe(command)
 
 
 def main(argv: list[str] | None = None) -> int:
