@@ -124,6 +124,8 @@ def files(tmp_path_factory):
     put("plan_negative.yaml", _plan(tp=-1))
     put("plan_zero.yaml", _plan(tp=0))
     put("plan_tp3.yaml", _plan(tp=3, pp=1, gbs=3))
+    put("serving_best.yaml", yaml.safe_dump({"model": "llama3.1-8b", "engine": "vllm", "gpus": 1,
+                                             "layout": {"tp": 1, "pp": 1, "max_batch": 64}}))
     put("plan_pp8.yaml", _plan(tp=1, pp=8, gbs=8))
     put("plan_precision.yaml", _plan(precision="fp7"))
     put("plan_mxfp8.yaml", _plan(precision="mxfp8"))
@@ -547,6 +549,9 @@ BAD_INPUTS = [
     (["profile", "--model", "cpu-small", "--plan", "{plan_negative_yaml}"], "key 'tp': expected an integer in 0..2147483647, got -1"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_zero_yaml}"], "tp must be a positive integer, got 0"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_tp3_yaml}"], "8 attention heads not divisible by tp=3"),
+    # an `infer` run's best.yaml: "plan: unknown key 'engine'; valid keys: tp, pp, ... (43 of them)" (session 53)
+    (["profile", "--plan", "{serving_best_yaml}"],
+     "{serving_best_yaml} is an `infer` run's best.yaml (a serving layout): profile measures a training plan"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_pp8_yaml}"], "4 layers not divisible by pp*vp=8"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_precision_yaml}"], "key 'precision': expected one of"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_mxfp8_yaml}"], "precision 'mxfp8' is not supported by the built-in transformer"),

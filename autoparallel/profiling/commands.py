@@ -99,6 +99,9 @@ def load_plan(path: str):
     names (None for a bare plan)."""
     from autoparallel.specs.plan import Plan
     data = io.read_yaml(Path(path))
+    if "plan" not in data and {"engine", "layout"} <= set(data):  # a plan's 43 keys named was no help here
+        raise UserError(f"{path} is an `infer` run's best.yaml (a serving layout): profile measures a training "
+                        "plan, a `search` run's best.yaml or Plan fields (--rank N RUN_DIR for a search run)")
     model = data.get("model") if "plan" in data else None
     plan = data.get("plan", data)
     if not isinstance(plan, dict):
