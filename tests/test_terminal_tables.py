@@ -284,3 +284,16 @@ def test_runs_import_breaks_its_lines_between_phrases_at_80_columns(tmp_path):
     for phrase in ("16 x h100-sxm,", "TP2 PP2 VP4 CP1 MBS1 GBS128 fp8-delayed recompute=selective;",
                    "6.452 s per iteration,", "35.9 GiB max allocated"):
         assert any(phrase in x for x in shown), shown
+
+
+def test_the_simulated_table_s_legend_breaks_between_its_parts_at_80_columns():
+    """infer's traffic-simulation legend was one line left to the terminal: "(server: the largest
+    whose bounds" / "hold); TTFT / TPOT in" (session 53); each part is now whole on its line."""
+    argv = ["infer", "--model", "llama3.1-8b", "--gpus", "1", "--scenario", "offline", "--requests", "50", "--no-save"]
+    lines = [line.rstrip() for line in screen(argv, 80).splitlines() if line.strip()]
+    start = next(i for i, line in enumerate(lines) if line.startswith("req/s:"))
+    legend = " ".join(lines[start:start + 2])
+    for part in ("(server: the largest rate whose bounds hold)", "TTFT / TPOT in ms;",
+                 "tok/s/GPU: output tokens/s per GPU sustained"):
+        assert any(part in line for line in lines[start:start + 2]), lines[start:]
+    assert legend.startswith("req/s:")

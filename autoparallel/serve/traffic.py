@@ -236,8 +236,9 @@ def table_rows(frame: pd.DataFrame, percentile: float, top: int) -> tuple[tuple,
     return columns, [[cell(r[c.key], c.fmt) for c in columns] for _, r in frame.head(top).iterrows()]
 
 
-LEGEND = ("req/s: requests/s of the whole deployment (server: the largest whose bounds hold); TTFT / TPOT "
-          "in ms; tok/s/GPU: output tokens/s per GPU sustained",)
+# Two lines, each whole at 80 columns (one line wrapped by the terminal read "... whose bounds" / "hold);").
+LEGEND = ("req/s: of the whole deployment (server: the largest rate whose bounds hold)",
+          "TTFT / TPOT in ms; tok/s/GPU: output tokens/s per GPU sustained")
 
 
 def print_simulated(frame: pd.DataFrame, title_line: str, percentile: float, top: int, console, wide: bool) -> None:
