@@ -292,6 +292,11 @@ BAD_INPUTS = [
     # a flag of another command named none of this one's (session 52: infer's precisions are two flags)
     (["infer", "--model", "llama3.1-70b", "--gpus", "8", "--precision", "fp8"],
      "infer: unrecognized arguments: --precision fp8; did you mean --kv-precision or --weight-precision?"),
+    # a misspelt engine or workload named the valid ones but, unlike a model, GPU or space, no close one (session 53)
+    (["infer", "--model", "llama3.1-8b", "--gpus", "1", "--engine", "vlm"],
+     "unknown serving engine 'vlm'; did you mean 'vllm'? valid: tensorrt-llm"),
+    (["infer", "--model", "llama3.1-8b", "--gpus", "1", "--workload", "sharegtp"],
+     "--workload 'sharegtp' is neither a file nor a known workload; did you mean 'sharegpt'? valid: mlperf-llama2-70b"),
     (["runs", "import", "x.log", "--gpu", "h100-sxm", "--bogus"],
      "runs import: unrecognized arguments: --bogus (see `autoparallel runs import --help`)"),
     # a flag as Megatron-LM or an engine spells it, typed back from an export (session 53: --micro-batch-size
