@@ -258,6 +258,13 @@ def check_space_kind(data, name_or_path: str, cls: type, command: str) -> None:
                f"{command}'s spaces: {valid}, or a YAML of their keys")
 
 
+def did_you_mean(name: str, valid) -> str:
+    """" did you mean 'vllm'?" for a name close to one of ``valid`` (as a misspelt model is told), else "".
+    Closer than a preset's 0.5: among a few short names that drew 'sharegpt' for 'chat'."""
+    close = difflib.get_close_matches(name.lower(), list(valid), n=1, cutoff=0.75)
+    return f" did you mean {close[0]!r}?" if close else ""
+
+
 def resolve_preset(kind: str, name_or_path: str) -> Path:
     """The YAML file for a preset name, alias or path; a UserError listing valid names if none."""
     candidate = Path(name_or_path)

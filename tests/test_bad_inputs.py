@@ -124,6 +124,8 @@ def files(tmp_path_factory):
     put("plan_negative.yaml", _plan(tp=-1))
     put("plan_zero.yaml", _plan(tp=0))
     put("plan_tp3.yaml", _plan(tp=3, pp=1, gbs=3))
+    put("serving_best.yaml", yaml.safe_dump({"model": "llama3.1-8b", "engine": "vllm", "gpus": 1,
+                                             "layout": {"tp": 1, "pp": 1, "max_batch": 64}}))
     put("plan_pp8.yaml", _plan(tp=1, pp=8, gbs=8))
     put("plan_precision.yaml", _plan(precision="fp7"))
     put("plan_mxfp8.yaml", _plan(precision="mxfp8"))
@@ -290,8 +292,27 @@ BAD_INPUTS = [
     # a flag of another command named none of this one's (session 52: infer's precisions are two flags)
     (["infer", "--model", "llama3.1-70b", "--gpus", "8", "--precision", "fp8"],
      "infer: unrecognized arguments: --precision fp8; did you mean --kv-precision or --weight-precision?"),
+    # a misspelt engine or workload named the valid ones but, unlike a model, GPU or space, no close one (session 53)
+    (["infer", "--model", "llama3.1-8b", "--gpus", "1", "--engine", "vlm"],
+     "unknown serving engine 'vlm'; did you mean 'vllm'? valid: tensorrt-llm"),
+    (["infer", "--model", "llama3.1-8b", "--gpus", "1", "--workload", "sharegtp"],
+     "--workload 'sharegtp' is neither a file nor a known workload; did you mean 'sharegpt'? valid: mlperf-llama2-70b"),
     (["runs", "import", "x.log", "--gpu", "h100-sxm", "--bogus"],
      "runs import: unrecognized arguments: --bogus (see `autoparallel runs import --help`)"),
+    # a flag as Megatron-LM or an engine spells it, typed back from an export (session 53: --micro-batch-size
+    # was offered --global-batch-size, --tensor-model-parallel-size nothing)
+    (["search", "--model", "175b", "--gpus", "8", "--micro-batch-size", "2"],
+     "unrecognized arguments: --micro-batch-size 2; did you mean --mbs?"),
+    (["estimate", "--model", "175b", "--gpus", "8", "--pp", "1", "--tensor-model-parallel-size", "8"],
+     "unrecognized arguments: --tensor-model-parallel-size 8; did you mean --tp?"),
+    (["search", "--model", "175b", "--gpus", "8", "--sequence-parallel"],
+     "unrecognized arguments: --sequence-parallel; did you mean --sp?"),
+    (["infer", "--model", "llama3.1-70b", "--gpus", "8", "--tensor-parallel-size", "8"],
+     "unrecognized arguments: --tensor-parallel-size 8; did you mean --tp?"),
+    (["infer", "--model", "llama3.1-70b", "--gpus", "8", "--max-num-seqs=64"],
+     "unrecognized arguments: --max-num-seqs=64; did you mean --max-batch?"),
+    (["infer", "--model", "llama3.1-70b", "--gpus", "8", "--tp_size", "8"],
+     "unrecognized arguments: --tp_size 8; did you mean --tp?"),
     # --- search: flags
     (["search", "--model", "175b", "--gpus", "1000000000000000000000"],
      "expected an integer in 1..2147483647, got 1000000000000000000000"),
@@ -533,6 +554,9 @@ BAD_INPUTS = [
     (["profile", "--model", "cpu-small", "--plan", "{plan_negative_yaml}"], "key 'tp': expected an integer in 0..2147483647, got -1"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_zero_yaml}"], "tp must be a positive integer, got 0"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_tp3_yaml}"], "8 attention heads not divisible by tp=3"),
+    # an `infer` run's best.yaml: "plan: unknown key 'engine'; valid keys: tp, pp, ... (43 of them)" (session 53)
+    (["profile", "--plan", "{serving_best_yaml}"],
+     "{serving_best_yaml} is an `infer` run's best.yaml (a serving layout): profile measures a training plan"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_pp8_yaml}"], "4 layers not divisible by pp*vp=8"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_precision_yaml}"], "key 'precision': expected one of"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_mxfp8_yaml}"], "precision 'mxfp8' is not supported by the built-in transformer"),

@@ -121,6 +121,25 @@ def test_a_dry_run_says_it_wrote_nothing(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "home").exists()
 
 
+def test_a_calibration_over_an_existing_preset_says_it_replaced_it(tmp_path, monkeypatch, capsys):
+    """`calibrate --as my-cluster` a second time (another --runs) replaced the first fit and said
+    "wrote", as for a new file (session 53); it now says "replaced"."""
+    from pathlib import Path
+
+    from autoparallel import resources
+    from autoparallel.cli import main
+    monkeypatch.setenv(resources.HOME_ENV, str(tmp_path / "home"))
+    logs = Path(__file__).parent / "fixtures" / "runlogs"
+    runs = tmp_path / "runs.csv"
+    assert main(["runs", "import", str(logs / "megatron_tp2_pp2_vp4_sp_selective_fp8.log"),
+                 str(logs / "bridge_fsdp8_fp8_tensorwise.log"), "--gpu", "h100-sxm", "--runs", str(runs)]) == 0
+    target = tmp_path / "home" / "hardware" / "my-cluster.yaml"
+    for word in ("wrote", "replaced"):
+        capsys.readouterr()
+        assert main(["calibrate", "--runs", str(runs), "--gpu", "h100-sxm", "--as", "my-cluster"]) == 0
+        assert f"\n{word} {target} (use it with --gpu my-cluster)\n" in capsys.readouterr().out
+
+
 def test_the_moe_fit_says_what_its_lines_are(capsys):
     from autoparallel.cli import main
     assert main(["calibrate", "--gpu", "h100-sxm", "--moe", "--dry-run"]) == 0

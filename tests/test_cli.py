@@ -125,6 +125,25 @@ def test_export_rank_1_matches_best_yaml(run_dir, tmp_path):
     assert yaml.safe_load(out.read_text()) == yaml.safe_load((run_dir / "best.yaml").read_text())
 
 
+def test_export_says_what_it_wrote_and_what_it_replaced(run_dir, tmp_path, capsys):
+    """export -o over an existing file replaced it without a word (session 53); stdout stays empty."""
+    out = tmp_path / "rank1.sh"
+    for word in ("wrote", "replaced"):
+        capsys.readouterr()
+        assert main(["export", str(run_dir), "--format", "launch", "-o", str(out)]) == 0
+        printed = capsys.readouterr()
+        assert printed.out == "" and printed.err == f"{word} {out}\n"
+
+
+def test_a_rank_out_of_range_groups_the_count_s_digits(run_dir, capsys):
+    """"this run has 20715 feasible plans (1..20715)" (session 53): counts elsewhere read 20,715."""
+    from autoparallel.search import run as runs
+    n = len(runs.load(run_dir).feasible)
+    assert n >= 1000
+    assert main(["export", str(run_dir), "--rank", str(n + 1)]) == 2
+    assert f"this run has {n:,} feasible plans (1..{n:,})" in capsys.readouterr().err
+
+
 def test_search_json_entries_have_stable_keys():
     out = run_cli("search", "--model", "llama2-7b", "--gpus", "8", "--json", "--top", "3", "--no-save")
     assert out.returncode == 0, out.stderr
@@ -270,6 +289,33 @@ def test_help_reads_at_80_columns(command, monkeypatch, capsys):
     # A line broken at a word's hyphen cut flags in two: '(--fp8-dot-product-' / 'attention', "'--" / "exclusive'".
     assert not [line for line in text.splitlines() if re.search(r"[\w'-]-$", line)], text
 
+
+
+def _commands(parser, prefix=()):
+    """(words, help) of every subcommand, nested ones (`runs import`) too."""
+    import argparse
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                words = (*prefix, choice.dest)
+                yield words, choice.help
+                yield from _commands(action.choices[choice.dest], words)
+
+
+def test_every_command_s_help_says_what_it_does(monkeypatch, capsys):
+    """`autoparallel calibrate --help` listed its options under the usage and never said what the
+    command does (session 53: no subcommand had a description); each now opens with its line of
+    the command list."""
+    from autoparallel.cli import build_parser
+    monkeypatch.setenv("COLUMNS", "80")
+    commands = list(_commands(build_parser()))
+    assert len(commands) >= 13
+    for words, summary in commands:
+        with pytest.raises(SystemExit):
+            main([*words, "--help"])
+        text = capsys.readouterr().out
+        intro = " ".join(text.split("\n\n")[1].split())
+        assert intro.lower().startswith(" ".join(summary.split()).lower()), (words, intro)
 
 
 def test_the_rs_pipeline_knob_says_what_it_is_and_what_the_default_does(monkeypatch, capsys):

@@ -146,6 +146,16 @@ def test_calibrate_checks_an_unwritable_preset_folder_before_the_fit(shared, rea
 
 
 @needs_root
+def test_runs_import_into_its_default_file_under_an_unwritable_folder_is_one_line(read_only):
+    """`runs import` with no --runs makes results/ where it runs; in a folder it cannot write in,
+    that was an OSError traceback after reading the logs (session 53); now one line, as search says it."""
+    log = ROOT / "tests" / "fixtures" / "runlogs" / "megatron_tp2_pp2_vp4_sp_selective_fp8.log"
+    code, out, err = _run(["runs", "import", str(log), "--gpu", "h100-sxm"], unprivileged=True, cwd=read_only)
+    _one_line_error(code, err, "--runs results/runs.csv: cannot write in . (permission denied)")
+    assert out == "" and sorted(p.name for p in read_only.iterdir()) == ["out.yaml"]
+
+
+@needs_root
 def test_a_read_only_file_in_a_writable_folder_is_not_replaced(shared):
     d = shared["dir"] / "writable"
     d.mkdir(exist_ok=True)

@@ -197,6 +197,19 @@ def test_runs_import_counts_read_as_english(tmp_path, capsys):
     assert f"0 new rows in {runs} (1 already there, 2 logs skipped)" in capsys.readouterr().out
 
 
+def test_a_log_given_twice_in_one_import_is_one_new_row(tmp_path, capsys):
+    """The same run twice on one command line (the same file, or a copy) is written once; the count
+    said "2 new rows" and both lines "read" (session 53), where the file got one."""
+    runs, copy = tmp_path / "runs.csv", tmp_path / "copy.log"
+    copy.write_bytes(FP8_TP2.read_bytes())
+    assert main(["runs", "import", str(FP8_TP2), str(FP8_TP2), str(copy), "--gpu", "h100-sxm",
+                 "--runs", str(runs)]) == 0
+    out = capsys.readouterr().out
+    assert len(pd.read_csv(runs)) == 1
+    assert f"1 new row in {runs} (2 already there, 0 logs skipped)" in out
+    assert [line.split()[0] for line in out.splitlines()[:3]] == ["read", "already", "already"]
+
+
 def test_estimate_from_log_puts_prediction_beside_measurement(capsys):
     assert main(["estimate", "--from-log", str(FP8_TP2), "--gpu", "h100-sxm", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)

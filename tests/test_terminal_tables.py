@@ -264,3 +264,36 @@ def test_an_error_breaks_between_words_on_a_terminal_and_stays_one_line_in_a_pip
     assert shown[0].startswith(start)  # "autoparallel: error:" never alone on its line
     for layout in re.findall(r"TP\d+ PP\d+ CP\d+ DP\d+", message):  # "(TP8 PP1 CP1" / "DP1:" read as two
         assert any(layout in line for line in shown), shown
+
+
+def test_runs_import_breaks_its_lines_between_phrases_at_80_columns(tmp_path):
+    """Each log's line (~150 characters) was left to the terminal, which broke "35.9" / "GiB max
+    allocated" and the layout "TP2 PP2" / "VP4 CP1" (session 53): now between phrases; in a pipe,
+    one line still."""
+    log = ROOT / "tests" / "fixtures" / "runlogs" / "megatron_tp2_pp2_vp4_sp_selective_fp8.log"
+    argv = ["runs", "import", str(log), "--gpu", "h100-sxm", "--runs", str(tmp_path / "runs.csv")]
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    piped = subprocess.run([sys.executable, "-m", "autoparallel", *argv], env=env, capture_output=True, text=True)
+    line = piped.stdout.splitlines()[0]
+    assert piped.returncode == 0 and line.startswith("read ") and len(line) > 80
+    (tmp_path / "runs.csv").unlink()
+    lines = [x.rstrip() for x in screen(argv, 80).splitlines() if x.strip()]
+    shown = lines[:next(i for i, x in enumerate(lines) if x.startswith("1 new row"))]
+    assert " ".join(shown) == line and all(len(x) <= 80 for x in shown)
+    for phrase in ("16 x h100-sxm,", "TP2 PP2 VP4 CP1 MBS1 GBS128 fp8-delayed recompute=selective;",
+                   "6.452 s per iteration,", "35.9 GiB max allocated"):
+        assert any(phrase in x for x in shown), shown
+
+
+def test_the_simulated_table_s_legend_breaks_between_its_parts_at_80_columns():
+    """infer's traffic-simulation legend was one line left to the terminal: "(server: the largest
+    whose bounds" / "hold); TTFT / TPOT in" (session 53); each part is now whole on its line."""
+    argv = ["infer", "--model", "llama3.1-8b", "--gpus", "1", "--scenario", "offline", "--requests", "50", "--no-save"]
+    lines = [line.rstrip() for line in screen(argv, 80).splitlines() if line.strip()]
+    start = next(i for i, line in enumerate(lines) if line.startswith("req/s:"))
+    legend = " ".join(lines[start:start + 2])
+    for part in ("(server: the largest rate whose bounds hold)", "TTFT / TPOT in ms;",
+                 "tok/s/GPU: output tokens/s per GPU sustained"):
+        assert any(part in line for line in lines[start:start + 2]), lines[start:]
+    assert legend.startswith("req/s:")

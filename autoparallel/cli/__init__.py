@@ -105,13 +105,34 @@ class Parser(argparse.ArgumentParser):
             parser = sub.choices[name]
 
 
+# Flags as Megatron-LM (what `export --format megatron` writes) and the serving engines (best.yaml's
+# commands: vLLM, TensorRT-LLM, SGLang) spell them, typed back to the knob they set here:
+# `--micro-batch-size` looked most like `--global-batch-size` to difflib, `--tensor-model-parallel-size`
+# like nothing.
+OTHER_SPELLINGS = {
+    "--tensor-model-parallel-size": "--tp", "--pipeline-model-parallel-size": "--pp",
+    "--num-virtual-stages-per-pipeline-rank": "--vp", "--virtual-pipeline-model-parallel-size": "--vp",
+    "--context-parallel-size": "--cp", "--expert-model-parallel-size": "--ep",
+    "--expert-tensor-parallel-size": "--etp", "--micro-batch-size": "--mbs", "--sequence-parallel": "--sp",
+    "--use-distributed-optimizer": "--distributed-optimizer",
+    "--tensor-parallel-size": "--tp", "--pipeline-parallel-size": "--pp", "--tp_size": "--tp", "--pp_size": "--pp",
+    "--tp-size": "--tp", "--pp-size": "--pp", "--max-num-seqs": "--max-batch", "--max_batch_size": "--max-batch",
+    "--max-running-requests": "--max-batch", "--max-num-batched-tokens": "--max-num-tokens",
+    "--max_num_tokens": "--max-num-tokens", "--chunked-prefill-size": "--max-num-tokens",
+    "--kv-cache-dtype": "--kv-precision",
+}
+
+
 def _close_flags(parser: argparse.ArgumentParser, extras: list[str]) -> str:
     """"; did you mean --kv-precision or --weight-precision?" for a flag the command does not take
-    but has one like (`infer --precision fp8` named no flag infer takes), else ""."""
+    but has one like (`infer --precision fp8` named no flag infer takes), or sets under another name
+    (``OTHER_SPELLINGS``), else ""."""
     import difflib
     flags = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
-    close = [m for e in extras if e.startswith("--")
-             for m in difflib.get_close_matches(e.split("=")[0], flags, n=2, cutoff=0.75)]
+    close = []
+    for extra in (e.split("=")[0] for e in extras if e.startswith("--")):
+        ours = OTHER_SPELLINGS.get(extra)
+        close += [ours] if ours in flags else difflib.get_close_matches(extra, flags, n=2, cutoff=0.75)
     return f"; did you mean {' or '.join(dict.fromkeys(close))}?" if close else ""
 
 
@@ -124,7 +145,20 @@ def build_parser() -> argparse.ArgumentParser:
     for command in (search, estimate, export, infer, report, validate, runs, calibrate, fp8_check, presets):
         command.add_parser(sub)
     profiling_commands.add_profile_parser(sub)
+    _describe(p)
     return p
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """Each subcommand's --help opens with its line of the command list: argparse prints a
+    description only where one is given, and none was, so `calibrate --help` never said what it does."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                command = action.choices[choice.dest]
+                if command.description is None and choice.help:
+                    command.description = choice.help[:1].upper() + choice.help[1:] + "."
+                _describe(command)
 
 
 def main(argv: list[str] | None = None) -> int:

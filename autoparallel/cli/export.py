@@ -76,8 +76,10 @@ def run(args: argparse.Namespace) -> None:
     text = export_text(result, args.rank, args.format)
     if args.format == "megatron":
         _note_environment(result.plan(args.rank))
-    if args.output:
+    if args.output:  # on stderr, so that stdout stays empty; a file replaced is named as such
+        existed = Path(args.output).exists()
         safefile.write_atomic(Path(args.output), text, "--output")
+        print(f"{'replaced' if existed else 'wrote'} {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
 

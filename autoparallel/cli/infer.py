@@ -246,14 +246,16 @@ def run_simulated(args: argparse.Namespace, model, hw, request, space, engine) -
     title = traffic.title(result, plan)
     if args.json:
         print(json.dumps({"scenario": args.scenario or "rate", "workload": workload.name, "percentile": percentile,
-                          "ranked": [traffic.record(r, percentile) for _, r in frame.head(args.top).iterrows()]},
+                          "ranked": [traffic.record(r, percentile, plan.attention_dp)
+                                     for _, r in frame.head(args.top).iterrows()]},
                          indent=1))
     else:
         traffic.print_simulated(frame, f"{title} ({len(frame)} layouts in {elapsed:.1f} s)", percentile, args.top,
                                 console, args.wide)
     if not args.no_save:
         extra = {"simulated.md": traffic.markdown(frame, title, percentile)}
+        best = traffic.best_document(result, frame, plan)
         run_dir = run_folder.staged(Path(args.results),
-                                    lambda staging: serve.save(result, staging, sys.argv, extra=extra))
+                                    lambda staging: serve.save(result, staging, sys.argv, extra=extra, best=best))
         if not args.json:
             console.print(f"run folder: {run_dir}")

@@ -8,7 +8,7 @@ from pathlib import Path
 from autoparallel.argtypes import non_negative
 from autoparallel.cli.common import console
 from autoparallel.errors import UserError
-from autoparallel.safefile import check_output_file
+from autoparallel.safefile import check_folder, check_output_file
 from autoparallel.words import plural
 
 
@@ -26,12 +26,16 @@ def add_parser(sub) -> None:
 
 
 def run_import(args: argparse.Namespace) -> None:
+    from autoparallel.report.fit import phrase_lines
     from autoparallel.runlogs.runsfile import DEFAULT_RUNS, import_logs
     runs_file = args.runs or str(DEFAULT_RUNS)
     # A --runs you name is written where you say (a missing folder is refused, as export -o refuses it);
-    # the default's folder, results/, is made when written, as a search makes it.
+    # the default's folder, results/, is made when written, as a search makes it (checked first, as
+    # search checks it: in a folder it cannot write in, that was a traceback after reading the logs).
     if args.runs is not None or Path(runs_file).parent.is_dir():
         check_output_file(runs_file, "--runs")
+    else:
+        check_folder(Path(runs_file).parent, f"--runs {runs_file}")
     results = import_logs([Path(p) for p in args.logs], args.gpu, Path(runs_file), args.warmup)
     for r in results:
         if r.row is None:
@@ -43,8 +47,10 @@ def run_import(args: argparse.Namespace) -> None:
         memory = ("" if row["measured_max_allocated_gib"] is None
                   else f", {row['measured_max_allocated_gib']:.1f} GiB max allocated")
         state = "read" if r.added else "already in the file"
-        console.print(f"{state} {r.path} -> {row['id']}: {layout}; {row['measured_iteration_time_s']:.3f} s "
-                      f"per iteration{memory}", highlight=False)
+        # broken between phrases at the console's width (a terminal broke "35.9" / "GiB"); one line in a pipe
+        line = (f"{state} {r.path} -> {row['id']}: {layout}; {row['measured_iteration_time_s']:.3f} s per "
+                f"iteration{memory}")
+        console.print("\n".join(phrase_lines(line, console.width)), highlight=False, markup=False)
     read = [r for r in results if r.row is not None]
     if not read:
         if len(results) == 1:

@@ -349,10 +349,12 @@ def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Pat
                 *([f"calibrated copy of {hw.name}"] if as_name else []),
                 f"fitted: {', '.join(result.fitted) or 'nothing'}", *kept,
                 *_wrapped("runs: " + ", ".join(p.id for p in rows))]
+        existed = Path(path).exists()  # an earlier fit (or any file -o names) is replaced whole: say so
         write_block(path, result.values, hw.efficiency, "\n".join(note),
                     f"{names}: {len(rows)} rows on {', '.join(gpus)}",
                     source=io.resolve_preset("hardware", gpu), rename=as_name)
-        console.print(f"wrote {path}" + (f" (use it with --gpu {as_name})" if as_name else ""))
+        console.print(f"{'replaced' if existed else 'wrote'} {path}"
+                      + (f" (use it with --gpu {as_name})" if as_name else ""))
     return summary(result, len(rows))
 
 

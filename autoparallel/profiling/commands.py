@@ -99,6 +99,9 @@ def load_plan(path: str):
     names (None for a bare plan)."""
     from autoparallel.specs.plan import Plan
     data = io.read_yaml(Path(path))
+    if "plan" not in data and {"engine", "layout"} <= set(data):  # a plan's 43 keys named was no help here
+        raise UserError(f"{path} is an `infer` run's best.yaml (a serving layout): profile measures a training "
+                        "plan, a `search` run's best.yaml or Plan fields (--rank N RUN_DIR for a search run)")
     model = data.get("model") if "plan" in data else None
     plan = data.get("plan", data)
     if not isinstance(plan, dict):
@@ -234,15 +237,15 @@ def cmd_profile(args: argparse.Namespace) -> None:
     record = {"plan": plan.as_dict(), **{k: v for k, v in m.as_dict().items()}}
     if args.json:
         print(json.dumps(record, indent=1, default=str))
-    else:
-        from rich.console import Console
-        console = Console()
+    else:  # the commands' console (one line in a pipe: a console of its own broke it at 80 columns there),
+        from autoparallel.report.fit import phrase_lines  # broken between phrases on a terminal
+        console = _console()
         if m.ok:
-            console.print(f"{model.name} {_layout(plan)} GBS{plan.gbs} on {m.world_size} x {m.device}: step "
-                          f"{m.step_time_s * 1e3:.1f} ms (median of {args.steps}), "
-                          f"{m.tokens_per_s_per_gpu:,.0f} tokens/s/rank, peak "
-                          f"{m.peak_memory_gib:.3f} GiB, saved activations "
-                          f"{m.activation_bytes / 2**20:.1f} MiB, loss {m.loss:.3f}")
+            line = (f"{model.name} {_layout(plan)} GBS{plan.gbs} on {m.world_size} x {m.device}: step "
+                    f"{m.step_time_s * 1e3:.1f} ms (median of {args.steps}), {m.tokens_per_s_per_gpu:,.0f} "
+                    f"tokens/s/rank, peak {m.peak_memory_gib:.3f} GiB, saved activations "
+                    f"{m.activation_bytes / 2**20:.1f} MiB, loss {m.loss:.3f}")
+            console.print("\n".join(phrase_lines(line, console.width)), markup=False, highlight=False)
         else:
             console.print(f"[red]failed:[/red] {m.reason}")
     if not m.ok:

@@ -44,7 +44,12 @@ def import_logs(paths: Sequence[Path], gpu: str, runs_file: Path = DEFAULT_RUNS,
             results.append(Imported(Path(path), reason=str(exc)))
     rows = [r.row for r in results if r.row]
     added = append_rows(Path(runs_file), rows) if rows else set()
-    return [Imported(r.path, r.row, r.row is not None and r.row["id"] in added, r.reason) for r in results]
+    out = []
+    for r in results:  # a log given twice is added once: its first mention
+        new = r.row is not None and r.row["id"] in added
+        added -= {r.row["id"]} if new else set()
+        out.append(Imported(r.path, r.row, new, r.reason))
+    return out
 
 
 def _content_key(run_id: str) -> str | None:

@@ -70,7 +70,7 @@ class SearchResult:
             if self.feasible_total and self.feasible_total > n and rank <= self.feasible_total:
                 raise UserError(f"--rank {rank}: this run folder keeps the best {n:,} of {self.feasible_total:,} "
                                 "feasible plans; search again with --all-candidates to keep every one")
-            raise UserError(f"--rank {rank} is out of range: this run has {n} feasible plans (1..{n})")
+            raise UserError(f"--rank {rank} is out of range: this run has {n:,} feasible plans (1..{n:,})")
         return self.feasible.iloc[rank - 1]
 
     def records(self, top: int) -> list[dict]:

@@ -44,7 +44,7 @@ def load_engine(name: str) -> ServingEngine:
     """One engine by name, or a UserError listing the valid ones."""
     engines = load_assumptions().get("engines") or {}
     if name not in engines:
-        raise UserError(f"unknown serving engine {name!r}; valid: {', '.join(engines)}")
+        raise UserError(f"unknown serving engine {name!r};{io.did_you_mean(name, engines)} valid: {', '.join(engines)}")
     return io.from_dict(ServingEngine, {"name": name, **engines[name]}, f"{ASSUMPTIONS}: engines[{name!r}]")
 
 

@@ -260,12 +260,18 @@ def sglang(row, model_name: str, max_model_len: int, memory_fraction: float, gpu
     return out
 
 
+ATTENTION_DP_OPTIONS = "extra_llm_api_options.yaml"  # the file best.yaml's extra_llm_api_options go into
+
+
 def commands(row, model_name: str, max_model_len: int, gpus_per_node: int = 8,
              context: int | None = None,
-             capacity_policy: str = "guaranteed_no_evict") -> dict[str, Command | list[Command]]:
+             capacity_policy: str = "guaranteed_no_evict",
+             attention_dp: bool = False) -> dict[str, Command | list[Command]]:
     """Every engine's commands for one layout, with each engine's own KV memory share; past the
     model's ``context``, vLLM and SGLang get the variable that lets them serve it; trtllm-bench
-    runs TensorRT-LLM's ``capacity_policy`` (the one the prediction priced)."""
+    runs TensorRT-LLM's ``capacity_policy`` (the one the prediction priced). ``attention_dp``:
+    TensorRT-LLM's only (the one engine it is priced on), each reading ``enable_attention_dp: true``
+    from ``--extra_llm_api_options`` (trtllm-serve has no flag of its own for it)."""
     from autoparallel.serve.assumptions import load_engine
     from autoparallel.serve.space import LONG_CONTEXT_ENV
     share = {name: load_engine(name).kv_memory_fraction for name in ("vllm", "tensorrt-llm", "sglang")}
@@ -279,6 +285,10 @@ def commands(row, model_name: str, max_model_len: int, gpus_per_node: int = 8,
             env = tuple(LONG_CONTEXT_ENV[name].split("=", 1))
             add = lambda c: replace(c, env=(*c.env, env))  # noqa: E731
             out[name] = [add(c) for c in out[name]] if isinstance(out[name], list) else add(out[name])
+    if attention_dp:
+        option = ("--extra_llm_api_options", ATTENTION_DP_OPTIONS)
+        out = {"trtllm-serve": [replace(c, args=(*c.args, option)) for c in out["trtllm-serve"]],
+               "trtllm-bench": replace(out["trtllm-bench"], sub_args=(*out["trtllm-bench"].sub_args, option))}
     return out
 
 
@@ -302,13 +312,14 @@ def _capacity_policy(engine) -> str:
     return capacity_policy_of(engine) if engine.name.startswith("tensorrt-llm") else "guaranteed_no_evict"
 
 
-def best_document(result, row, rec: dict) -> dict:
+def best_document(result, row, rec: dict, attention_dp: bool = False) -> dict:
     """The winner as one YAML document: layout, predicted metrics (``rec``, the search's record of
-    ``row``), the engines' commands."""
+    ``row``), the engines' commands; ``attention_dp`` (a simulated ``infer --attention-dp``): the
+    layout says so and the commands are TensorRT-LLM's, with the options file they read."""
     r = result.request
     max_model_len = r.max_model_len or r.input_len + r.output_len
     text = lambda c: [x.text() for x in c] if isinstance(c, list) else c.text()  # noqa: E731
-    return {
+    doc = {
         "model": result.model.name,
         "hardware": result.hardware.name,
         "gpus": result.gpus,
@@ -323,9 +334,18 @@ def best_document(result, row, rec: dict) -> dict:
         "placement": placement_document(row, result.hardware.gpus_per_node),
         "commands": {name: text(c) for name, c in
                      commands(row, result.model.name, max_model_len, result.hardware.gpus_per_node,
-                              result.model.context_length, _capacity_policy(result.engine)).items()},
+                              result.model.context_length, _capacity_policy(result.engine), attention_dp).items()},
         "note": (f"predicted for {result.engine.name} by autoparallel's serving cost model (constants fitted to "
                  "published measurements, search_spaces/inference_assumptions.yaml); the other engines' commands "
                  "set the same layout and limits. Confirm with the trtllm-bench command (or vLLM's / SGLang's "
                  "own benchmark) before sizing a fleet."),
     }
+    if attention_dp:
+        doc["layout"] = {**doc["layout"], "attention_dp": True}
+        doc["extra_llm_api_options"] = {"enable_attention_dp": True}
+        doc["note"] = (f"each TP rank runs attention on its own requests (max batch, max tokens and KV pool per "
+                       f"rank): write extra_llm_api_options to {ATTENTION_DP_OPTIONS}, which the commands read. "
+                       "'predicted' is the steady-state model's, which does not price attention DP; 'simulated' "
+                       "is what the traffic simulation measured with it. Confirm with the trtllm-bench command "
+                       "before sizing a fleet.")
+    return doc

@@ -124,7 +124,7 @@ class InferenceResult:
     def entry(self, rank: int) -> pd.Series:
         n = len(self.feasible)
         if not 1 <= rank <= n:
-            raise UserError(f"rank {rank} is out of range: this run has {n} feasible layouts (1..{n})")
+            raise UserError(f"rank {rank} is out of range: this run has {n:,} feasible layouts (1..{n:,})")
         return self.feasible.iloc[rank - 1]
 
     def records(self, top: int) -> list[dict]:
@@ -341,8 +341,10 @@ def no_feasible_message(result: InferenceResult) -> str:
 
 
 def save(result: InferenceResult, root: Path, command: list[str], top_md: int = 50,
-         extra: dict[str, str] | None = None) -> Path:
-    """The run folder: manifest, ranked.md, best.yaml, candidates.csv and ``extra`` files (name -> text)."""
+         extra: dict[str, str] | None = None, best: dict | None = None) -> Path:
+    """The run folder: manifest, ranked.md, best.yaml, candidates.csv and ``extra`` files (name -> text).
+    ``best``: best.yaml's document where the winner is not the steady-state rank 1 (a simulated run's,
+    ``traffic.best_document``)."""
     from autoparallel.serve.report import markdown_table
     run_dir = run_folder.new_run_dir(root, f"{result.model.name}-infer", result.gpus, result.hardware.name)
     run_folder.write_yaml(run_dir / run_folder.MANIFEST, run_folder.manifest(command, {
@@ -361,7 +363,9 @@ def save(result: InferenceResult, root: Path, command: list[str], top_md: int = 
     run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + markdown_table(result.feasible, top_md)
                             + "\n## Pareto front: throughput per GPU vs TPOT\n\n"
                             + markdown_table(result.pareto, len(result.pareto), feasible_only=False))
-    run_folder.write_yaml(run_dir / run_folder.BEST, export.best_document(result, result.entry(1), record(result.entry(1))))
+    if best is None:
+        best = export.best_document(result, result.entry(1), record(result.entry(1)))
+    run_folder.write_yaml(run_dir / run_folder.BEST, best)
     run_folder.write_csv(run_dir / run_folder.CANDIDATES, result.ranked)
     for name, text in (extra or {}).items():
         run_folder.write_atomic(run_dir / name, text)

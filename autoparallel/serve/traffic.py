@@ -169,12 +169,14 @@ def _missed(s: dict, request, p: float) -> str:
     return ""
 
 
-def record(row: pd.Series, percentile: float) -> dict:
-    """One simulated layout as JSON: the layout, the rate, the percentiles, the throughput."""
+def record(row: pd.Series, percentile: float, attention_dp: bool = False) -> dict:
+    """One simulated layout as JSON: the layout (``attention_dp: true`` where it ran so), the rate,
+    the percentiles, the throughput."""
     from autoparallel.serve.search import LAYOUT
     pcts = sorted({*PERCENTILES, percentile})
+    config = {k: (str(row[k]) if "precision" in k else int(row[k])) for k in LAYOUT}
     return {
-        "config": {k: (str(row[k]) if "precision" in k else int(row[k])) for k in LAYOUT},
+        "config": {**config, "attention_dp": True} if attention_dp else config,
         "request_rate": float(row["request_rate"]),
         "output_tokens_per_s": float(row["output_tokens_per_s"]),
         "output_tokens_per_s_per_gpu": float(row["output_tokens_per_s_per_gpu"]),
@@ -184,6 +186,21 @@ def record(row: pd.Series, percentile: float) -> dict:
         "meets_bounds": bool(row["feasible"]),
         "reason": str(row["reason"]),
     }
+
+
+def best_document(result, frame: pd.DataFrame, traffic: Traffic) -> dict:
+    """best.yaml of a simulated run: the layout the simulated table ranks first (its steady-state
+    row gives the commands and the steady-state prediction) and what the simulation measured."""
+    from autoparallel.serve.export import best_document as document
+    from autoparallel.serve.search import LAYOUT, record as steady_record
+    top, ranked = frame.iloc[0], result.ranked
+    row = ranked[np.logical_and.reduce([ranked[k] == top[k] for k in LAYOUT])].iloc[0]
+    doc = document(result, row, steady_record(row), traffic.attention_dp)
+    simulated = record(top, traffic.percentile)
+    del simulated["config"]
+    doc["simulated"] = {"scenario": traffic.scenario or "rate", "workload": traffic.workload.name,
+                        "requests": traffic.requests, "percentile": traffic.percentile, **simulated}
+    return doc
 
 
 def title(result, traffic: Traffic) -> str:
@@ -219,8 +236,9 @@ def table_rows(frame: pd.DataFrame, percentile: float, top: int) -> tuple[tuple,
     return columns, [[cell(r[c.key], c.fmt) for c in columns] for _, r in frame.head(top).iterrows()]
 
 
-LEGEND = ("req/s: requests/s of the whole deployment (server: the largest whose bounds hold); TTFT / TPOT "
-          "in ms; tok/s/GPU: output tokens/s per GPU sustained",)
+# Two lines, each whole at 80 columns (one line wrapped by the terminal read "... whose bounds" / "hold);").
+LEGEND = ("req/s: of the whole deployment (server: the largest rate whose bounds hold)",
+          "TTFT / TPOT in ms; tok/s/GPU: output tokens/s per GPU sustained")
 
 
 def print_simulated(frame: pd.DataFrame, title_line: str, percentile: float, top: int, console, wide: bool) -> None:

@@ -198,5 +198,6 @@ def load_workload(name_or_path: str) -> Workload:
         if not os.path.lexists(path):
             raise UserError(f"--workload {name_or_path}: no such file")
         return _from_file(path)  # only a regular file under its size limit is read (safefile)
-    raise UserError(f"--workload {name_or_path!r} is neither a file nor a known workload; valid: "
+    raise UserError(f"--workload {name_or_path!r} is neither a file nor a known workload;"
+                    f"{io.did_you_mean(name_or_path, specs)} valid: "
                     f"{', '.join(specs)}, or a CSV, JSONL or JSON-array file of input_len,output_len pairs")

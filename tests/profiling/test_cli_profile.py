@@ -36,7 +36,22 @@ def test_a_terminal_sees_a_spinner_while_the_job_runs(tmp_path, small_yaml, caps
     plan.write_text(yaml.safe_dump({"plan": {"tp": 1, "pp": 1, "dp": 1, "gbs": 4, "mbs": 2}}))
     assert main(["profile", "--model", str(small_yaml), "--plan", str(plan), "--steps", "1", "--warmup", "0"]) == 0
     assert "profiling " in buffer.getvalue() and "0 warm-up + 1 timed steps" in buffer.getvalue()
-    assert "step" in capsys.readouterr().out
+    # the result on the same console, broken between phrases at its 80 columns ("(median" / "of 3)" was not)
+    text = buffer.getvalue()
+    result = text[text.rindex("\n", 0, text.index("GBS4 on")) + 1:].splitlines()
+    assert any("step" in line and "(median of 1)," in line for line in result), result
+    assert any(line.startswith("peak ") or " peak " in line for line in result)
+
+
+def test_profile_s_result_is_one_line_in_a_pipe(tmp_path, small_yaml, capsys, monkeypatch):
+    """The result line went to a console of its own, which broke it at 80 columns in a pipe too
+    ("step 912.5 ms (median " / "of 3)", session 53): a log or grep gets it whole."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"plan": {"tp": 1, "pp": 1, "dp": 1, "gbs": 4, "mbs": 2}}))
+    assert main(["profile", "--model", str(small_yaml), "--plan", str(plan), "--steps", "1", "--warmup", "0"]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.strip()]
+    assert len(line) > 80 and "(median of 1)," in line and " loss " in line
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="--device cuda is valid on a GPU machine")
 def test_profile_device_must_exist(tmp_path, small_yaml, capsys):

@@ -136,3 +136,33 @@ def test_the_deepseek_rows_are_predicted(deepseek):
         print(f"deepseek-r1 {m['hardware']} {m['scenario']}: {m['runs']} runs, tokens/s per GPU mean |error| "
               f"{m['tokens_pct']:.1f} % (signed {m['tokens_signed_pct']:+.1f} %)"
               + (f", p99 TTFT {m['ttft_p99_pct']:.1f} %, TPOT {m['tpot_p99_pct']:.1f} %" if "ttft_p99_pct" in m else ""))
+
+
+@pytest.mark.parametrize("attention_dp", [True, False])
+def test_a_simulated_run_folder_holds_the_layout_the_table_ranked_first(tmp_path, capsys, attention_dp):
+    """best.yaml of a simulated `infer` is the simulated rank 1, not the steady-state search's (it was:
+    TP2 PP4 under a table whose first row was TP8 attention DP), with what the simulation measured;
+    under attention DP it says so, and only TensorRT-LLM's commands are given, each told
+    enable_attention_dp through --extra_llm_api_options (TensorRT-LLM@4c05a748
+    tensorrt_llm/commands/serve.py loads that YAML over the LLM args; BaseLlmArgs.enable_attention_dp in
+    @fcd3f316 tensorrt_llm/llmapi/llm_args.py)."""
+    import json
+
+    import yaml
+    argv = ["infer", "--model", "deepseek-v3", "--gpu", "h200", "--gpus", "8", "--scenario", "offline",
+            "--requests", "200", "--json", "--results", str(tmp_path)] + (["--attention-dp"] if attention_dp else [])
+    assert cli.main(argv) == 0
+    first = json.loads(capsys.readouterr().out)["ranked"][0]
+    (run_dir,) = tmp_path.iterdir()
+    best = yaml.safe_load((run_dir / "best.yaml").read_text())
+    assert {k: best["layout"][k] for k in first["config"]} == first["config"]
+    assert best["simulated"]["output_tokens_per_s_per_gpu"] == pytest.approx(first["output_tokens_per_s_per_gpu"])
+    assert first["config"].get("attention_dp", False) is attention_dp
+    assert best["layout"].get("attention_dp", False) is attention_dp
+    if attention_dp:
+        assert set(best["commands"]) == {"trtllm-serve", "trtllm-bench"}
+        assert best["extra_llm_api_options"] == {"enable_attention_dp": True}
+        texts = [*best["commands"]["trtllm-serve"], best["commands"]["trtllm-bench"]]
+        assert all("--extra_llm_api_options extra_llm_api_options.yaml" in t for t in texts)
+    else:
+        assert {"vllm", "sglang"} <= set(best["commands"])
