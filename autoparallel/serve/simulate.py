@@ -447,12 +447,13 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
     Written for speed (``validate --inference`` runs it ~600 times over ~20,000 requests each) with
     the float operations of the plain version, in the same order, so its times are the same to the
     last bit: without PP (one micro-batch step, an ``IterationCost``) an iteration's prompt chunks
-    and its price are computed in the loop (``Scheduler.chunks`` and ``IterationCost.time`` written
-    out; a PP layout or another cost calls them); the finishing decodes are a heap of integer keys
+    and its price are computed by ``_pp1_iteration`` (``Scheduler.chunks`` and ``IterationCost.time``
+    written out; a PP layout or another cost calls them); the finishing decodes are a heap of integer keys
     ``finish counter x n + id`` (an entry is stale unless its request still decodes towards that
     counter); a stretch's bound from the next arrival takes its first iteration from
     ``IterationCost.decode_floor`` (a bound only: the stretch ends where the arrival is, computed
-    as before). The loop is ``_Replay.run``; its steps are commented there or ``_Replay``'s methods."""
+    as before). The loop is ``_Replay.run``; its steps are commented there, or functions of their
+    own where a call costs little (``_Replay``'s methods, ``_pp1_iteration``)."""
     _check(sched, inp, out)
     return _Replay(cost, sched, arrival, inp, out).run()
 
