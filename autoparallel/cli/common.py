@@ -38,10 +38,25 @@ def add_target(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 def add_knobs(p: argparse.ArgumentParser, title: str = "layout knobs (any given knob is pinned; the rest is searched)",
               description: str | None = None) -> None:
-    """The layout and feature flags; ``title`` / ``description``: what a knob not given becomes."""
-    from autoparallel.specs.plan import (CP_COMM_TYPE_CHOICES, CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES,
-                                         PRECISION_CHOICES, RECOMPUTE_CHOICES)
+    """The layout and feature flags; ``title`` / ``description``: what a knob not given becomes.
+
+    One helper per run of related flags, called in the order ``--help`` lists them (argparse
+    prints a group's flags in the order they are added, so a theme that ``--help`` lists in two
+    places, such as memory, has two helpers)."""
     g = p.add_argument_group(title, description)
+    _add_size_knobs(g)
+    _add_recompute_knobs(g)
+    _add_precision_and_overlap_knobs(g)
+    _add_transformer_engine_knobs(g)
+    _add_sharding_and_moe_overlap_knobs(g)
+    _add_pipeline_split_knobs(g)
+    _add_memory_and_kernel_knobs(g)
+    p.add_argument("--space", default="training", help="search space preset or YAML path (default training)")
+
+
+def _add_size_knobs(g) -> None:
+    """The parallel sizes, the global batch, the sequence length and SP: the layout's shape, what
+    every search varies."""
     for name in KNOB_FLAGS:
         g.add_argument(f"--{name}", type=positive, help=f"pin {name}" + (" (expert tensor parallel, MoE)" if name == "etp" else ""))
     g.add_argument("--gbs", "--global-batch-size", type=positive, dest="gbs",
@@ -51,6 +66,11 @@ def add_knobs(p: argparse.ArgumentParser, title: str = "layout knobs (any given 
                    help="training sequence length (default: the model preset's); memory, FLOPs and the CP "
                         "choices follow it, the global batch stays in sequences")
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, help="sequence parallel")
+
+
+def _add_recompute_knobs(g) -> None:
+    """Activation recompute: which kind, which modules, how many layers."""
+    from autoparallel.specs.plan import RECOMPUTE_CHOICES
     g.add_argument("--recompute", choices=RECOMPUTE_CHOICES,
                    help="activation recompute: selective (modules of a layer: the attention core, and for "
                         "MoE / MLA models the space's recompute_modules sets) or full (whole layers, "
@@ -61,6 +81,12 @@ def add_knobs(p: argparse.ArgumentParser, title: str = "layout knobs (any given 
                         "needs --recompute selective with estimate")
     g.add_argument("--recompute-num-layers", metavar="N", type=positive,
                    help="layers per pipeline chunk that full recompute covers")
+
+
+def _add_precision_and_overlap_knobs(g) -> None:
+    """The precision recipe and its BF16 edge layers, the TP / DP communication overlaps, the
+    optimizer's sharding and gradient reduce type, the attention kernels (flash, FP8)."""
+    from autoparallel.specs.plan import PRECISION_CHOICES
     g.add_argument("--precision", choices=PRECISION_CHOICES,
                    help="bf16, fp16, or an FP8 / FP4 recipe (mxfp8 and nvfp4 need Blackwell)")
     g.add_argument("--fp8-bf16-edge-layers", metavar="N", type=non_negative,
@@ -80,6 +106,12 @@ def add_knobs(p: argparse.ArgumentParser, title: str = "layout knobs (any given 
                         "kept in memory")
     g.add_argument("--fp8-attention", action=argparse.BooleanOptionalAction,
                    help="FP8 dot-product attention (--fp8-dot-product-attention; fp8-delayed / fp8-current)")
+
+
+def _add_transformer_engine_knobs(g) -> None:
+    """What the TransformerEngine release and its settings allow: the release, a hybrid model's
+    per-module quantization and BF16 layers, the userbuffers pipeline, amax reduction, FP8
+    activation store, the fused MoE MLP."""
     g.add_argument("--transformer-engine-version", metavar="X.Y", type=release,
                    help="the TransformerEngine release the run uses (default: a current one); before 1.10 "
                         "(MLPerf v4.0's 1.6) FP8 attention under context parallelism is refused (it runs in "
@@ -110,6 +142,10 @@ def add_knobs(p: argparse.ArgumentParser, title: str = "layout knobs (any given 
     g.add_argument("--cutedsl-fused-grouped-mlp", action=argparse.BooleanOptionalAction,
                    help="run MXFP8 MoE experts as TransformerEngine's fused CuTe-DSL grouped MLP (Megatron-Bridge "
                         "cutedsl_fused_grouped_mlp: use_transformer_engine_op_fuser, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1)")
+
+
+def _add_sharding_and_moe_overlap_knobs(g) -> None:
+    """FSDP and activation offloading (memory moved off the GPU), the MoE all-to-all overlaps."""
     g.add_argument("--fsdp", action=argparse.BooleanOptionalAction,
                    help="fully sharded data parallel (Megatron-FSDP optim_grads_params) over dp*cp")
     g.add_argument("--cpu-offloading-num-layers", metavar="N", type=non_negative,
@@ -119,6 +155,11 @@ def add_knobs(p: argparse.ArgumentParser, title: str = "layout knobs (any given 
     g.add_argument("--moe-shared-expert-overlap", action=argparse.BooleanOptionalAction,
                    help="run the shared experts beside the dispatch/combine all-to-alls (models with shared "
                         "experts; not with --overlap-moe-expert-parallel-comm)")
+
+
+def _add_pipeline_split_knobs(g) -> None:
+    """Megatron's uneven pipeline split: a layout string or the first / last stage's layers, and
+    whether the embedding and the loss count as layers."""
     g.add_argument("--pipeline-layout", metavar="LAYOUT",
                    help="pin Megatron's --pipeline-model-parallel-layout, e.g. 'Et|(tt|)*30mL' (E embedding, t decoder "
                         "layer, m MTP layer, L loss, | between virtual stages); pp*vp = its stages")
@@ -130,6 +171,12 @@ def add_knobs(p: argparse.ArgumentParser, title: str = "layout knobs (any given 
                    help="pin the split that counts the embedding as a layer of the first stage")
     g.add_argument("--account-for-loss-in-pipeline-split", action=argparse.BooleanOptionalAction,
                    help="pin the split that counts the loss as a layer of the last stage")
+
+
+def _add_memory_and_kernel_knobs(g) -> None:
+    """What keeps fewer bytes (FP8 weight gather, fused cross-entropy, parameter remainders, BF16
+    Adam moments), then CUDA graphs, the MoE dispatcher and the CP exchange."""
+    from autoparallel.specs.plan import CP_COMM_TYPE_CHOICES, CUDA_GRAPH_CHOICES, DISPATCHER_CHOICES
     g.add_argument("--fp8-param-gather", action=argparse.BooleanOptionalAction,
                    help="FP8 recipes: keep the weights in FP8 only and all-gather them in FP8 (Megatron's "
                         "--fp8-param-gather; distributed optimizer)")
@@ -152,7 +199,6 @@ def add_knobs(p: argparse.ArgumentParser, title: str = "layout knobs (any given 
                         "a2a (Ulysses all-to-alls; a TP rank's heads divisible by cp), allgather (K/V gathered, "
                         "exposed) or a2a+p2p (a2a inside groups of --hierarchical-context-parallel-sizes, p2p "
                         "across); default: searched where cp > 1 (estimate: the model's own, p2p for most)")
-    p.add_argument("--space", default="training", help="search space preset or YAML path (default training)")
 
 
 def add_table_flags(p: argparse.ArgumentParser, explain: bool = True) -> None:

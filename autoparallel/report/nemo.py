@@ -148,10 +148,29 @@ def nemo1_config(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
 def nemo2_recipe(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
     """NeMo 2.x ``llm`` recipe fields: set each dotted path on a pretrain recipe
     (``recipe.trainer.strategy.tensor_model_parallel_size = ...``) or pass it as a NeMo-Run
-    override on the command line."""
-    granularity, method, layers = _recompute(model, plan)
+    override on the command line. One helper per block of the recipe it fills (the strategy, the
+    precision plugin, the comm-overlap callback, the model config), in the recipe's key order."""
     dtype = "torch.float16" if plan.precision == "fp16" else "torch.bfloat16"
-    strategy = {
+    strategy = _nemo2_strategy(plan, dtype)
+    plugins = _nemo2_plugins(plan, dtype)
+    overlap = _nemo2_overlap(plan)
+    config = _nemo2_model_config(model, plan)
+    trainer = _trainer(plan, gpus_per_node, plugins.pop("precision"))
+    return {
+        "trainer": {"num_nodes": trainer["num_nodes"], "devices": trainer["devices"], "strategy": strategy,
+                    "plugins": {"precision": trainer["precision"], **plugins},
+                    "callbacks": {"MegatronCommOverlapCallback": overlap}},
+        "model": {"config": config},
+        "data": {"seq_length": model.seq_length, "micro_batch_size": plan.mbs, "global_batch_size": plan.gbs},
+        "optim": {"config": {"use_distributed_optimizer": plan.distributed_optimizer, **_optimizer_dtypes(plan)}},
+        **_finetune(model),
+    }
+
+
+def _nemo2_strategy(plan: Plan, dtype: str) -> dict:
+    """``recipe.trainer.strategy`` (MegatronStrategy): the parallel sizes, the uneven pipeline
+    split, FSDP and the DDP config, where NeMo 2 takes the layout itself."""
+    return {
         "tensor_model_parallel_size": plan.tp,
         "pipeline_model_parallel_size": plan.pp,
         "virtual_pipeline_model_parallel_size": plan.vp if plan.vp > 1 else None,
@@ -173,14 +192,50 @@ def nemo2_recipe(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
             "data_parallel_sharding_strategy": "optim_grads_params" if plan.fsdp else "no_shard",
         },
     }
-    plugins = {"precision": "16-mixed" if plan.precision == "fp16" else "bf16-mixed",
-               "params_dtype": dtype, "pipeline_dtype": dtype,
-               "grad_reduce_in_fp32": plan.grad_reduce_in_fp32, **_fp8(plan)}
-    overlap = {"tp_comm_overlap": plan.tp_comm_overlap,
-               **_p2p(plan),
-               "overlap_grad_reduce": plan.overlap_grad_reduce,
-               "overlap_param_gather": plan.overlap_param_gather}
+
+
+def _nemo2_plugins(plan: Plan, dtype: str) -> dict:
+    """``recipe.trainer.plugins`` (MegatronMixedPrecision): the 16-bit type and the FP8 recipe;
+    its ``precision`` key is popped by ``nemo2_recipe`` for ``_trainer``."""
+    return {"precision": "16-mixed" if plan.precision == "fp16" else "bf16-mixed",
+            "params_dtype": dtype, "pipeline_dtype": dtype,
+            "grad_reduce_in_fp32": plan.grad_reduce_in_fp32, **_fp8(plan)}
+
+
+def _nemo2_overlap(plan: Plan) -> dict:
+    """The MegatronCommOverlapCallback's arguments: NeMo 2 sets the TP, pipeline and DP overlaps
+    there rather than in the model config."""
+    return {"tp_comm_overlap": plan.tp_comm_overlap,
+            **_p2p(plan),
+            "overlap_grad_reduce": plan.overlap_grad_reduce,
+            "overlap_param_gather": plan.overlap_param_gather}
+
+
+def _nemo2_model_config(model: ModelSpec, plan: Plan) -> dict:
+    """``recipe.model.config`` (GPTConfig, a TransformerConfig): the architecture, then what the
+    plan runs (recompute, CP exchange, offloading, CUDA graphs), then the keys written only when
+    set, then the MoE keys, in that order (the exported text follows it)."""
+    granularity, method, layers = _recompute(model, plan)
     config = {
+        **_nemo2_architecture(model),
+        "recompute_granularity": granularity,
+        "recompute_method": method,
+        "recompute_num_layers": layers,
+        "cp_comm_type": cp_comm_type(model, plan) if plan.cp > 1 else None,
+        "cpu_offloading": plan.cpu_offloading_num_layers > 0,
+        "cpu_offloading_num_layers": plan.cpu_offloading_num_layers,
+        "cpu_offloading_activations": True,
+        "cpu_offloading_weights": False,
+        **CUDA_GRAPHS[plan.cuda_graph],
+    }
+    config.update(_nemo2_optional_keys(model, plan))
+    config.update(moe_export.config_keys(model, plan))
+    return config
+
+
+def _nemo2_architecture(model: ModelSpec) -> dict:
+    """The model's own fields of the config (what any layout of it writes the same)."""
+    return {
         "transformer_impl": "transformer_engine",
         **_shape(model),
         "seq_length": model.seq_length,
@@ -197,45 +252,32 @@ def nemo2_recipe(model: ModelSpec, plan: Plan, gpus_per_node: int = 8) -> dict:
         "attention_dropout": model.attention_dropout,
         "share_embeddings_and_output_weights": model.tie_embeddings,
         "make_vocab_size_divisible_by": MAKE_VOCAB_SIZE_DIVISIBLE_BY,
-        "recompute_granularity": granularity,
-        "recompute_method": method,
-        "recompute_num_layers": layers,
-        "cp_comm_type": cp_comm_type(model, plan) if plan.cp > 1 else None,
-        "cpu_offloading": plan.cpu_offloading_num_layers > 0,
-        "cpu_offloading_num_layers": plan.cpu_offloading_num_layers,
-        "cpu_offloading_activations": True,
-        "cpu_offloading_weights": False,
-        **CUDA_GRAPHS[plan.cuda_graph],
     }
+
+
+def _nemo2_optional_keys(model: ModelSpec, plan: Plan) -> dict:
+    """Config keys written only where the plan sets them (a plain run's export stays without them);
+    a dict of its own so ``_nemo2_model_config`` reads as the config's parts in order."""
+    out = {}
     if plan.pipeline_model_parallel_layout:
-        config["pipeline_model_parallel_layout"] = plan.pipeline_model_parallel_layout
+        out["pipeline_model_parallel_layout"] = plan.pipeline_model_parallel_layout
     if sizes := hierarchical_cp_sizes(model, plan):  # a2a+p2p: Megatron's groups (ModelParallelConfig)
-        config["hierarchical_context_parallel_sizes"] = sizes
+        out["hierarchical_context_parallel_sizes"] = sizes
     if plan.fp8_attention:
-        config["fp8_dot_product_attention"] = True
+        out["fp8_dot_product_attention"] = True
     for name in ("tp_only_amax_red", "activation_func_fp8_input_store"):
         if getattr(plan, name):
-            config[name] = True
+            out[name] = True
     if plan.cross_entropy_loss_fusion:
-        config.update(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
+        out.update(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
     ft = model.finetune
     if plan.is_fp8 and ft is not None and ft.lora and ft.fp8_transpose_per_microbatch:
         # The frozen FP8 base's transpose made in every micro-batch (MLPerf's LoRA runs): Megatron-Core's
         # TransformerConfig.disable_parameter_transpose_cache, under which TE gets no is_first_microbatch
         # (Megatron-LM d98e8a64dd transformer_config.py, extensions/transformer_engine.py); NeMo 2's GPTConfig
         # inherits it, Megatron-Bridge sets it as cfg.model.disable_parameter_transpose_cache.
-        config["disable_parameter_transpose_cache"] = True
-    config.update(moe_export.config_keys(model, plan))
-    trainer = _trainer(plan, gpus_per_node, plugins.pop("precision"))
-    return {
-        "trainer": {"num_nodes": trainer["num_nodes"], "devices": trainer["devices"], "strategy": strategy,
-                    "plugins": {"precision": trainer["precision"], **plugins},
-                    "callbacks": {"MegatronCommOverlapCallback": overlap}},
-        "model": {"config": config},
-        "data": {"seq_length": model.seq_length, "micro_batch_size": plan.mbs, "global_batch_size": plan.gbs},
-        "optim": {"config": {"use_distributed_optimizer": plan.distributed_optimizer, **_optimizer_dtypes(plan)}},
-        **_finetune(model),
-    }
+        out["disable_parameter_transpose_cache"] = True
+    return out
 
 
 def _finetune(model: ModelSpec) -> dict:

@@ -47,11 +47,11 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import heapq
 import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
+from heapq import heappop, heappush
 
 import numpy as np
 
@@ -447,233 +447,294 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
     Written for speed (``validate --inference`` runs it ~600 times over ~20,000 requests each) with
     the float operations of the plain version, in the same order, so its times are the same to the
     last bit: without PP (one micro-batch step, an ``IterationCost``) an iteration's prompt chunks
-    and its price are computed in the loop (``Scheduler.chunks`` and ``IterationCost.time`` written
-    out; a PP layout or another cost calls them); the finishing decodes are a heap of integer keys
+    and its price are computed by ``_pp1_iteration`` (``Scheduler.chunks`` and ``IterationCost.time``
+    written out; a PP layout or another cost calls them); the finishing decodes are a heap of integer keys
     ``finish counter x n + id`` (an entry is stale unless its request still decodes towards that
     counter); a stretch's bound from the next arrival takes its first iteration from
     ``IterationCost.decode_floor`` (a bound only: the stretch ends where the arrival is, computed
-    as before)."""
+    as before). The loop is ``_Replay.run``; its steps are commented there, or functions of their
+    own where a call costs little (``_Replay``'s methods, ``_pp1_iteration``)."""
     _check(sched, inp, out)
-    n = len(arrival)
-    arrival_l = np.asarray(arrival, float).tolist()
-    inp_a, out_a = np.asarray(inp).astype(np.int64), np.asarray(out).astype(np.int64)
-    inp_l, out_l = inp_a.tolist(), out_a.tolist()
-    first, finish = [math.nan] * n, [math.nan] * n
-    B, full, budget, chunked = sched.block, sched.reserve_full, sched.budget, sched.chunked
-    max_running, prefill_priority = sched.max_running, sched.prefill_priority
-    # blocks a full reservation holds per request (``Scheduler.reserved`` / ``blocks``, over the arrays)
-    need_full = (-(-(inp_a + np.maximum(out_a, sched.max_new_tokens)) // B)).tolist() if full else None
-    gen, target, done, held = [0] * n, [0] * n, [0] * n, [0] * n
-    d0, p0, fin = [0] * n, [0] * n, [0] * n  # decode entry: counter, cached positions; the counter it finishes at
-    residue = [0] * n  # the ``cnt`` slot of a decoding request
-    phase = [0] * n  # 0 waiting / gone, 1 prefilling, 2 decoding
-    waiting, prefilling, order = deque(), deque(), []
-    heap: list[int] = []  # fin[r] * n + r of each decode entry (stale ones included, skipped when popped)
-    cnt = [0] * B  # decoding requests needing a new block at decode iteration D where D % B == residue
-    n_dec, ctx_sum, D = 0, 0, 0
-    free, t, nxt, iterations, preemptions, running = sched.kv_blocks, 0.0, 0, 0, 0, 0
-    pipelined = cost.pp > 1
-    ctx_flops, ctx_bytes, chunk_flops = cost.ctx_flops, cost.ctx_bytes, cost.chunk_flops
-    inline = type(cost) is IterationCost and cost.pp == 1 and sched.steps == 1
-    if inline:  # IterationCost.time's constants, for its pp = 1 sum written out below
-        per_tokens, per_sampled, hop, pass_s = cost.per_tokens, cost.per_sampled, cost.hop, cost.pass_s
-        max_t, max_s, per_flop, per_byte, kk, inv_k = (cost.max_tokens, cost.max_seqs, cost.per_flop,
-                                                       cost.per_byte, cost.k, 1.0 / cost.k)
-    decode_floor = cost.decode_floor if isinstance(cost, IterationCost) else None
-    counters = np.arange(0, dtype=float)  # 0, 1, ... (grown as needed): a stretch's iterations
-    heappush, heappop, inf = heapq.heappush, heapq.heappop, math.inf
+    return _Replay(cost, sched, arrival, inp, out).run()
 
-    def positions(r):
-        return p0[r] + (D - d0[r])
 
-    def leave_decoding(r):
-        nonlocal n_dec, ctx_sum
-        gen[r] += D - d0[r]
-        n_dec -= 1
-        ctx_sum -= positions(r)
-        cnt[residue[r]] -= 1
+class _Replay:
+    """One ``simulate`` run: the requests' state as lists indexed by request id, the decoding
+    requests aggregated (a count, a context sum, the blocks they need by iteration residue, a heap
+    of finish counters). A class so that ``run``'s loop and the steps split out of it (an
+    iteration's chunks and price, a preemption, a decode-only stretch) share those lists."""
 
-    def release(r):
-        nonlocal free, running
-        free += held[r] if (full or phase[r] == 1) else -(-positions(r) // B)
-        phase[r] = 0
-        running -= 1
+    def __init__(self, cost: IterationCost, sched: Scheduler, arrival, inp, out):
+        n = self.n = len(arrival)
+        self.arrival_in, self.inp_in, self.out_in = arrival, inp, out
+        self.arrival = np.asarray(arrival, float).tolist()
+        inp_a, out_a = np.asarray(inp).astype(np.int64), np.asarray(out).astype(np.int64)
+        self.inp, self.out = inp_a.tolist(), out_a.tolist()
+        self.first, self.finish = [math.nan] * n, [math.nan] * n
+        B = self.B = sched.block
+        self.full = sched.reserve_full
+        # blocks a full reservation holds per request (``Scheduler.reserved`` / ``blocks``, over the arrays)
+        self.need_full = ((-(-(inp_a + np.maximum(out_a, sched.max_new_tokens)) // B)).tolist()
+                          if self.full else None)
+        self.gen, self.target, self.done, self.held = [0] * n, [0] * n, [0] * n, [0] * n
+        self.d0, self.p0 = [0] * n, [0] * n  # decode entry: counter, cached positions
+        self.fin = [0] * n  # the counter a decoding request finishes at
+        self.residue = [0] * n  # the ``cnt`` slot of a decoding request
+        self.phase = [0] * n  # 0 waiting / gone, 1 prefilling, 2 decoding
+        self.waiting, self.prefilling, self.order = deque(), deque(), []
+        self.heap: list[int] = []  # fin[r] * n + r of each decode entry (stale ones included, skipped when popped)
+        self.cnt = [0] * B  # decoding requests needing a new block at decode iteration D where D % B == residue
+        self.cost, self.sched, self.pipelined = cost, sched, cost.pp > 1
+        self.ctx_flops, self.ctx_bytes, self.chunk_flops = cost.ctx_flops, cost.ctx_bytes, cost.chunk_flops
+        self.inline = type(cost) is IterationCost and cost.pp == 1 and sched.steps == 1
+        self.decode_floor = cost.decode_floor if isinstance(cost, IterationCost) else None
+        self.counters = np.arange(0, dtype=float)  # 0, 1, ... (grown as needed): a stretch's iterations
 
-    while nxt < n or waiting or running:
-        while nxt < n and arrival_l[nxt] <= t:
-            waiting.append(nxt)
-            target[nxt] = inp_l[nxt]
-            nxt += 1
-        while waiting and running < max_running:
-            r = waiting[0]
-            need = need_full[r] if full else -(-target[r] // B)
-            if need > free:
-                break
-            waiting.popleft()
-            free -= need
-            held[r], phase[r], done[r] = need, 1, 0
-            prefilling.append(r)
-            order.append(r)
-            running += 1
-        if not running:
-            t = max(t, arrival_l[nxt])
-            continue
-        decode = not (prefill_priority and prefilling)
-        while decode and not full:
-            need = cnt[(D + 1) % B]
-            if need <= free:
-                free -= need
-                break
-            victim = order.pop()
-            while phase[victim] == 0:
-                victim = order.pop()
-            if phase[victim] == 2:
-                leave_decoding(victim)
-            else:
-                prefilling.remove(victim)
-            release(victim)
-            preemptions += 1
-            target[victim] = inp_l[victim] + gen[victim]
-            waiting.appendleft(victim)
-            decode = not (prefill_priority and prefilling)
-        decodes = n_dec if decode else 0
-        tokens = decodes
-        flops = (ctx_sum * ctx_flops) if decodes else 0.0
-        nbytes = (ctx_sum * ctx_bytes) if decodes else 0.0
-        completing, ended = 0, []  # ended: the prompts this iteration completes
-        if inline:
-            # Scheduler.chunks without PP: the first prompts, each whole but the last (which may stop at
-            # the budget), so the chunked ones are the first ``chunked_n`` of ``prefilling``
-            chunked_n, last = 0, 0
-            for r in prefilling:
-                dr = done[r]
-                rem = target[r] - dr
-                left = budget - tokens
-                c = (rem if rem <= left else left) if chunked else (rem if rem <= left or tokens == 0 else 0)
-                if c <= 0:
+    def run(self) -> SimResult:
+        """Iterations until every request has arrived and finished. The steps every iteration takes
+        (admission, the decode blocks, the decode step and its finishers, the completed prompts,
+        the stretch's checks) stay in this loop, its state in local variables: a method per step,
+        its state on ``self``, made the benchmark's runs ~25 % slower (session 53,
+        bench_issue29_serving.py's cases). The iteration's chunks and price (one call an
+        iteration, its constants bound in a closure), a preemption and a decode-only stretch (rare,
+        or numpy's) are functions of their own."""
+        n, B, full, sched = self.n, self.B, self.full, self.sched
+        max_running, prefill_priority = sched.max_running, sched.prefill_priority
+        arrival, inp, out, need_full, first, finish = self.arrival, self.inp, self.out, self.need_full, self.first, self.finish
+        gen, target, done, held, d0, p0, fin, residue, phase = (self.gen, self.target, self.done, self.held, self.d0,
+                                                                self.p0, self.fin, self.residue, self.phase)
+        waiting, prefilling, order, heap, cnt = self.waiting, self.prefilling, self.order, self.heap, self.cnt
+        iterate = (_pp1_iteration(self.cost, sched, prefilling, done, target) if self.inline
+                   else self._iterate_general)
+        inf = math.inf
+        n_dec, ctx_sum, D = 0, 0, 0
+        free, t, nxt, iterations, preemptions, running = sched.kv_blocks, 0.0, 0, 0, 0, 0
+        while nxt < n or waiting or running:
+            # Arrivals, then admission: the queue's head joins while a slot and its blocks are free.
+            while nxt < n and arrival[nxt] <= t:
+                waiting.append(nxt)
+                target[nxt] = inp[nxt]
+                nxt += 1
+            while waiting and running < max_running:
+                r = waiting[0]
+                need = need_full[r] if full else -(-target[r] // B)
+                if need > free:
                     break
-                flops += chunk_flops * c * (dr + c / 2.0)
-                nbytes += ctx_bytes * dr
-                tokens += c
-                chunked_n += 1
-                last = c
-                if c == rem:
-                    ended.append(r)
-            completing = len(ended)
-            # IterationCost.time at pp = 1 (one micro-batch: its divisions by 1 and products by 1 are exact)
-            tm = tokens if tokens < max_t else max_t
-            sm = decodes + completing
-            if sm > max_s:
-                sm = max_s
-            a, b = flops * per_flop, nbytes * per_byte
-            if a > b:  # IterationCost.attention: (hi / hi) ** k is 1.0 exactly
-                att = a * (1.0 + (b / a) ** kk) ** inv_k if a > 0 else 0.0
+                waiting.popleft()
+                free -= need
+                held[r], phase[r], done[r] = need, 1, 0
+                prefilling.append(r)
+                order.append(r)
+                running += 1
+            if not running:
+                t = max(t, arrival[nxt])
+                continue
+            # The decode tokens' new blocks (allocate-as-you-go), evicting while the pool is short.
+            decode = not (prefill_priority and prefilling)
+            while decode and not full:
+                need = cnt[(D + 1) % B]
+                if need <= free:
+                    free -= need
+                    break
+                free, running, n_dec, ctx_sum = self._evict(D, free, running, n_dec, ctx_sum)
+                preemptions += 1
+                decode = not (prefill_priority and prefilling)
+            decodes = n_dec if decode else 0
+            step, ended = iterate(decodes, ctx_sum)  # the prompt chunks, the price, the prompts completed
+            t += step
+            iterations += 1
+            if decodes:  # every decoding request one token on; those whose last token it was finish
+                D += 1
+                ctx_sum += n_dec
+                below = (D + 1) * n  # the keys of entries finishing at D or before
+                while heap and heap[0] < below:
+                    f, r = divmod(heappop(heap), n)
+                    if phase[r] != 2 or fin[r] != f:  # stale: left decoding since (preempted)
+                        continue
+                    finish[r] = t
+                    pos = p0[r] + (D - d0[r])  # out of the decode aggregate, its blocks freed (as in _evict)
+                    n_dec -= 1
+                    ctx_sum -= pos
+                    cnt[residue[r]] -= 1
+                    free += held[r] if full else -(-pos // B)
+                    phase[r] = 0
+                    running -= 1
+            for r in ended:  # their first token: a one-token answer finishes, the others start decoding
+                gen[r] += 1
+                if first[r] != first[r]:  # NaN: its first token
+                    first[r] = t
+                if gen[r] >= out[r]:
+                    finish[r] = t
+                    free += held[r]  # release of a prefilling request
+                    phase[r] = 0
+                    running -= 1
+                    continue
+                phase[r], d0[r], p0[r] = 2, D, target[r]
+                residue[r] = (D + 1 - target[r]) % B
+                cnt[residue[r]] += 1
+                n_dec += 1
+                ctx_sum += target[r]
+                fin[r] = D + out[r] - gen[r]
+                heappush(heap, fin[r] * n + r)
+            # Decode-only stretch: no prompt to prefill and nothing the next iterations could admit.
+            if prefilling or not n_dec or not heap:
+                continue
+            if waiting:
+                head = waiting[0]
+                need = need_full[head] if full else -(-target[head] // B)
+                if running < max_running and need <= free:
+                    continue
+                horizon = inf
             else:
-                att = b * ((a / b) ** kk + 1.0) ** inv_k if b > 0 else 0.0
-            t += per_tokens[tm] + per_sampled[sm] + att + hop[tm] + pass_s
-        else:
-            chunks, shapes = [], []
-            placed = sched.chunks(tokens, (target[r] - done[r] for r in prefilling))  # read up to the budget
-            for r, (c, step) in zip(prefilling, placed):
-                f, b = chunk_flops * c * (done[r] + c / 2.0), ctx_bytes * done[r]
-                flops += f
-                nbytes += b
-                tokens += c
-                chunks.append((r, c))
-                ends = done[r] + c == target[r]
-                completing += ends
-                if pipelined:
-                    shapes.append((c, float(ends), f, b, step))
-            t += cost.time(tokens, decodes + completing, flops, nbytes, decodes + len(chunks), shapes)
-        iterations += 1
-        if decodes:
-            D += 1
-            ctx_sum += n_dec
-            below = (D + 1) * n  # the keys of entries finishing at D or before
-            while heap and heap[0] < below:
-                f, r = divmod(heappop(heap), n)
-                if phase[r] != 2 or fin[r] != f:  # stale: left decoding since (preempted)
+                horizon = arrival[nxt] if nxt < n else inf
+                if horizon <= t:
                     continue
-                finish[r] = t
-                pos = p0[r] + (D - d0[r])  # leave_decoding and release, written out
-                n_dec -= 1
-                ctx_sum -= pos
-                cnt[residue[r]] -= 1
-                free += held[r] if full else -(-pos // B)
-                phase[r] = 0
-                running -= 1
-        if inline:
-            if chunked_n > completing:  # the last chunk, short of its prompt's end
-                done[prefilling[completing]] += last
+            k = heap[0] // n - D - 1  # stop one iteration before the first finish
+            if k > 0:
+                k, span, used = self._stretch(k, horizon, t, D, n_dec, ctx_sum, free)
+                t += span
+                iterations += k
+                D += k
+                ctx_sum += k * n_dec
+                free -= used
+        return SimResult(np.asarray(self.arrival_in, float), np.asarray(first), np.asarray(finish),
+                         np.asarray(self.inp_in), np.asarray(self.out_in), iterations, preemptions)
+
+    def _evict(self, D: int, free: int, running: int, n_dec: int, ctx_sum: int) -> tuple[int, int, int, int]:
+        """vLLM's recompute preemption: the latest admitted request still running gives its blocks
+        back and re-joins the front of the queue, to prefill its prompt and the tokens it has
+        generated again (``order`` keeps the admissions; requests gone since are skipped). Takes and
+        returns ``run``'s pool and decode aggregate: free blocks, running, decoding, context sum."""
+        order, phase = self.order, self.phase
+        victim = order.pop()
+        while phase[victim] == 0:
+            victim = order.pop()
+        positions = self.p0[victim] + (D - self.d0[victim])
+        if phase[victim] == 2:  # out of the decode aggregate, its tokens so far counted
+            self.gen[victim] += D - self.d0[victim]
+            n_dec -= 1
+            ctx_sum -= positions
+            self.cnt[self.residue[victim]] -= 1
         else:
-            for r, c in chunks:
-                done[r] += c
-                if done[r] < target[r]:
-                    continue
-                if prefilling[0] == r:  # chunks run in admission order: a finished prompt is the first,
-                    prefilling.popleft()
-                else:  # except where a later micro-batch step finished a later prompt (PP)
-                    prefilling.remove(r)
-                ended.append(r)
-        for r in ended:
-            if inline:  # the first prompts (else removed above)
+            self.prefilling.remove(victim)
+        free += self.held[victim] if (self.full or phase[victim] == 1) else -(-positions // self.B)
+        phase[victim] = 0
+        self.target[victim] = self.inp[victim] + self.gen[victim]
+        self.waiting.appendleft(victim)
+        return free, running - 1, n_dec, ctx_sum
+
+    def _iterate_general(self, decodes: int, ctx_sum: int) -> tuple[float, list[int]]:
+        """One iteration of a PP layout or of another cost: its seconds and the prompts it
+        completes (out of ``prefilling``). ``Scheduler.chunks`` places the chunks and ``cost.time``
+        prices them (with PP, each chunk's shape and micro-batch step)."""
+        prefilling, done, target = self.prefilling, self.done, self.target
+        chunk_flops, ctx_bytes, pipelined = self.chunk_flops, self.ctx_bytes, self.pipelined
+        tokens = decodes
+        flops = (ctx_sum * self.ctx_flops) if decodes else 0.0
+        nbytes = (ctx_sum * ctx_bytes) if decodes else 0.0
+        completing, chunks, shapes = 0, [], []
+        placed = self.sched.chunks(tokens, (target[r] - done[r] for r in prefilling))  # read up to the budget
+        for r, (c, step) in zip(prefilling, placed):
+            f, b = chunk_flops * c * (done[r] + c / 2.0), ctx_bytes * done[r]
+            flops += f
+            nbytes += b
+            tokens += c
+            chunks.append((r, c))
+            ends = done[r] + c == target[r]
+            completing += ends
+            if pipelined:
+                shapes.append((c, float(ends), f, b, step))
+        seconds = self.cost.time(tokens, decodes + completing, flops, nbytes, decodes + len(chunks), shapes)
+        ended = []
+        for r, c in chunks:
+            done[r] += c
+            if done[r] < target[r]:
+                continue
+            if prefilling[0] == r:  # chunks run in admission order: a finished prompt is the first,
                 prefilling.popleft()
-            gen[r] += 1
-            if first[r] != first[r]:  # NaN: its first token
-                first[r] = t
-            if gen[r] >= out_l[r]:
-                finish[r] = t
-                free += held[r]  # release of a prefilling request
-                phase[r] = 0
-                running -= 1
-                continue
-            phase[r], d0[r], p0[r] = 2, D, target[r]
-            residue[r] = (D + 1 - target[r]) % B
-            cnt[residue[r]] += 1
-            n_dec += 1
-            ctx_sum += target[r]
-            fin[r] = D + out_l[r] - gen[r]
-            heappush(heap, fin[r] * n + r)
-        # Decode-only stretch: no prompt to prefill and nothing the next iterations could admit.
-        if prefilling or not n_dec or not heap:
-            continue
-        if waiting:
-            head = waiting[0]
-            need = need_full[head] if full else -(-target[head] // B)
-            if running < max_running and need <= free:
-                continue
-            horizon = inf
-        else:
-            horizon = arrival_l[nxt] if nxt < n else inf
-            if horizon <= t:
-                continue
-        k = heap[0] // n - D - 1  # stop one iteration before the first finish
-        if k <= 0:
-            continue
-        if horizon < inf:  # iterations only get longer: at most this many start before the arrival
-            first_step = (decode_floor(n_dec, ctx_sum) if decode_floor is not None
+            else:  # except where a later micro-batch step finished a later prompt (PP)
+                prefilling.remove(r)
+            ended.append(r)
+        return seconds, ended
+
+    def _stretch(self, k: int, horizon: float, t: float, D: int, n_dec: int, ctx_sum: int,
+                 free: int) -> tuple[int, float, int]:
+        """Decode-only iterations priced at once (numpy, by ``IterationCost.decode_times``), where
+        nothing can change the batch: at most ``k`` (one before the first finish), fewer where the
+        next arrival (at ``horizon``) or the free blocks come first. Returns how many, their
+        seconds and the blocks they take (0, 0.0, 0: none)."""
+        cost, full, B = self.cost, self.full, self.B
+        if horizon < math.inf:  # iterations only get longer: at most this many start before the arrival
+            first_step = (self.decode_floor(n_dec, ctx_sum) if self.decode_floor is not None
                           else cost.decode_times(n_dec, np.array([float(ctx_sum)]))[0])
             k = min(k, int((horizon - t) / first_step) + 2)
         if not full:  # as many as the free blocks last: cnt repeats every B iterations, n_dec blocks a round
             s = (D + 1) % B
-            ring = list(itertools.accumulate(cnt[s:] + cnt[:s]))
+            ring = list(itertools.accumulate(self.cnt[s:] + self.cnt[:s]))
             rounds, rest = divmod(free, n_dec)
             k = min(k, rounds * B + bisect.bisect_right(ring, rest))
             if k <= 0:
-                continue
-        if k > len(counters):
-            counters = np.arange(max(k, 2 * len(counters)), dtype=float)
-        times = cost.decode_times(n_dec, ctx_sum + n_dec * counters[:k])
-        if horizon < inf:  # the iterations that start before the arrival (the first starts at t < horizon)
+                return 0, 0.0, 0
+        if k > len(self.counters):
+            self.counters = np.arange(max(k, 2 * len(self.counters)), dtype=float)
+        times = cost.decode_times(n_dec, ctx_sum + n_dec * self.counters[:k])
+        if horizon < math.inf:  # the iterations that start before the arrival (the first starts at t < horizon)
             k = 1 + int(np.searchsorted(t + np.cumsum(times[:k - 1]), horizon, side="left"))
-        if not full:
-            free -= (k - 1) // B * n_dec + ring[(k - 1) % B]
-        t += float(np.sum(times[:k]))
-        iterations += k
-        D += k
-        ctx_sum += k * n_dec
-    return SimResult(np.asarray(arrival, float), np.asarray(first), np.asarray(finish), np.asarray(inp),
-                     np.asarray(out), iterations, preemptions)
+        used = (k - 1) // B * n_dec + ring[(k - 1) % B] if not full else 0
+        return k, float(np.sum(times[:k])), used
+
+
+def _pp1_iteration(cost: IterationCost, sched: Scheduler, prefilling: deque, done: list, target: list):
+    """``simulate``'s iteration without PP (one micro-batch step, an ``IterationCost``): a function
+    of the decode count and context sum giving the iteration's seconds and the prompts it
+    completes. ``Scheduler.chunks`` and ``IterationCost.time`` at pp = 1 written out, their
+    constants bound here once: the hot path of every search, where a method reading them off
+    ``self`` at each call measured a few % slower than this closure."""
+    budget, chunked, chunk_flops, ctx_flops, ctx_bytes = (sched.budget, sched.chunked, cost.chunk_flops,
+                                                          cost.ctx_flops, cost.ctx_bytes)
+    per_tokens, per_sampled, hop, pass_s, max_t, max_s, per_flop, per_byte, kk, inv_k = (
+        cost.per_tokens, cost.per_sampled, cost.hop, cost.pass_s, cost.max_tokens, cost.max_seqs, cost.per_flop,
+        cost.per_byte, cost.k, 1.0 / cost.k)
+
+    def iterate(decodes: int, ctx_sum: int) -> tuple[float, list[int]]:
+        # the chunks: the first prompts, each whole but the last (which may stop at the budget), so
+        # the completed ones are the first ``completing`` of ``prefilling``, popped here
+        tokens = decodes
+        flops = (ctx_sum * ctx_flops) if decodes else 0.0
+        nbytes = (ctx_sum * ctx_bytes) if decodes else 0.0
+        ended, chunked_n, last = [], 0, 0
+        for r in prefilling:
+            dr = done[r]
+            rem = target[r] - dr
+            left = budget - tokens
+            c = (rem if rem <= left else left) if chunked else (rem if rem <= left or tokens == 0 else 0)
+            if c <= 0:
+                break
+            flops += chunk_flops * c * (dr + c / 2.0)
+            nbytes += ctx_bytes * dr
+            tokens += c
+            chunked_n += 1
+            last = c
+            if c == rem:
+                ended.append(r)
+        completing = len(ended)
+        if chunked_n > completing:  # the last chunk, short of its prompt's end
+            done[prefilling[completing]] += last
+        for _ in ended:
+            prefilling.popleft()
+        # IterationCost.time at pp = 1 (one micro-batch: its divisions by 1 and products by 1 are exact)
+        tm = tokens if tokens < max_t else max_t
+        sm = decodes + completing
+        if sm > max_s:
+            sm = max_s
+        a, b = flops * per_flop, nbytes * per_byte
+        if a > b:  # IterationCost.attention: (hi / hi) ** k is 1.0 exactly
+            att = a * (1.0 + (b / a) ** kk) ** inv_k if a > 0 else 0.0
+        else:
+            att = b * ((a / b) ** kk + 1.0) ** inv_k if b > 0 else 0.0
+        return per_tokens[tm] + per_sampled[sm] + att + hop[tm] + pass_s, ended
+
+    return iterate
 
 
 def replica(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency, engine: ServingEngine, tp: int, pp: int,
