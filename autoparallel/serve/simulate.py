@@ -24,6 +24,17 @@ The scheduler (``Scheduler``; one replica, its requests FIFO):
   steps as the engine's per-step admission spreads them (``Scheduler.fill``). Under
   ``prefill_priority`` (SGLang's default scheduler) an iteration with prompts to prefill runs
   only prompts, and decoding waits.
+- **multi-step scheduling** (``multi_step`` S > 1, vLLM V0's ``num_scheduler_steps``): the scheduler
+  runs once per S decode iterations. A decode-only iteration it schedules starts a run of S, whose
+  next S - 1 iterations admit nothing (a request arriving meanwhile waits for the run's end); an
+  iteration with prompts is a run of one. vLLM's ``LLMEngine.step``: "Skip the scheduler if there
+  are any remaining steps in the seq groups. This ensures that the scheduler is only called again
+  when the current batch has completed"; a prompt's seq group gets one step, a decode's
+  ``num_lookahead_slots + 1`` = S (``SequenceGroup.init_multi_step_from_lookahead_slots``; AMD's vLLM
+  0.9.0.2 as mlcommons/inference_results_v5.1@965182b0 closed/Dell_MangoBoost/code/llama2-70b-99.9/
+  amd/setup/vllm/vllm/engine/llm_engine.py, sequence.py). Simplifications: a request that finishes
+  inside a run leaves at its last token (vLLM computes its frozen batch to the run's end), and a run
+  whose batch empties ends.
 - **preemption** (allocate-as-you-go engines): when decoding requests need more blocks than are
   free, the most recently admitted request is evicted (vLLM's recompute: its blocks are freed and
   it re-joins the front of the queue to prefill its prompt and the tokens it generated again).
@@ -77,13 +88,14 @@ class Scheduler:
     prefill_priority: bool = False
     max_new_tokens: int = 0  # the output a full reservation holds (0: each request's own)
     steps: int = 1  # micro-batch steps per iteration (pp), each with its own ``budget``
+    multi_step: int = 1  # decode iterations per scheduler call (``ServingEngine.scheduler_steps``)
 
     @staticmethod
     def of(engine: ServingEngine, max_batch: int, max_num_tokens: int, pp: int, kv_blocks: int,
            max_new_tokens: int = 0) -> Scheduler:
         return Scheduler(int(max_batch * pp), int(max_num_tokens), int(kv_blocks), engine.kv_block_tokens,
                          engine.kv_reservation == "full", engine.chunked_prefill, engine.prefill_priority,
-                         int(max_new_tokens), int(pp))
+                         int(max_new_tokens), int(pp), int(engine.scheduler_steps))
 
     def blocks(self, tokens: int) -> int:
         return -(-int(tokens) // self.block)
@@ -371,12 +383,13 @@ def simulate_reference(cost: IterationCost, sched: Scheduler, arrival, inp, out)
     first, finish = np.full(n, np.nan), np.full(n, np.nan)
     waiting, running = deque(), []  # running: dicts in admission order
     free, t, nxt, iterations, preemptions = sched.kv_blocks, 0.0, 0, 0, 0
+    run_left = 0  # decode iterations left in the multi-step run before the scheduler runs again
     gen = [0] * n
     while nxt < n or waiting or running:
         while nxt < n and arrival[nxt] <= t:
             waiting.append({"id": nxt, "target": int(inp[nxt]), "done": 0})
             nxt += 1
-        while waiting and len(running) < sched.max_running:
+        while not run_left and waiting and len(running) < sched.max_running:
             r = waiting[0]
             held = sched.reserved(inp[r["id"]], out[r["id"]]) if sched.reserve_full else r["target"]
             need = sched.blocks(held)
@@ -387,6 +400,9 @@ def simulate_reference(cost: IterationCost, sched: Scheduler, arrival, inp, out)
             r.update(blocks=need, pos=0)
             running.append(r)
         if not running:
+            if run_left:  # the run's batch is gone: the scheduler runs
+                run_left = 0
+                continue
             t = max(t, float(arrival[nxt]))
             continue
         prefilling = [r for r in running if r["done"] < r["target"]]
@@ -422,6 +438,8 @@ def simulate_reference(cost: IterationCost, sched: Scheduler, arrival, inp, out)
         completing = sum(1 for r, c in chunks if r["done"] + c == r["target"])
         t += cost.time(tokens, len(decoders) + completing, flops, nbytes, len(decoders) + len(chunks), shapes)
         iterations += 1
+        if decoders and not chunks:  # a decode iteration: inside a run, or the first of one
+            run_left = run_left - 1 if run_left else sched.multi_step - 1
         for r in decoders:
             r["pos"] += 1
             gen[r["id"]] += 1
@@ -473,6 +491,7 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
     n_dec, ctx_sum, D = 0, 0, 0
     free, t, nxt, iterations, preemptions, running = sched.kv_blocks, 0.0, 0, 0, 0, 0
     pipelined = cost.pp > 1
+    multi_step, run_left = sched.multi_step, 0  # as ``simulate_reference``'s
     ctx_flops, ctx_bytes, chunk_flops = cost.ctx_flops, cost.ctx_bytes, cost.chunk_flops
     inline = type(cost) is IterationCost and cost.pp == 1 and sched.steps == 1
     if inline:  # IterationCost.time's constants, for its pp = 1 sum written out below
@@ -504,7 +523,7 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
             waiting.append(nxt)
             target[nxt] = inp_l[nxt]
             nxt += 1
-        while waiting and running < max_running:
+        while not run_left and waiting and running < max_running:
             r = waiting[0]
             need = need_full[r] if full else -(-target[r] // B)
             if need > free:
@@ -516,6 +535,9 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
             order.append(r)
             running += 1
         if not running:
+            if run_left:  # the run's batch is gone: the scheduler runs
+                run_left = 0
+                continue
             t = max(t, arrival_l[nxt])
             continue
         decode = not (prefill_priority and prefilling)
@@ -586,6 +608,8 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
                     shapes.append((c, float(ends), f, b, step))
             t += cost.time(tokens, decodes + completing, flops, nbytes, decodes + len(chunks), shapes)
         iterations += 1
+        if decodes and not (chunked_n if inline else chunks):  # a decode iteration: in a run or its first
+            run_left = run_left - 1 if run_left else multi_step - 1
         if decodes:
             D += 1
             ctx_sum += n_dec
@@ -637,7 +661,11 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
         # Decode-only stretch: no prompt to prefill and nothing the next iterations could admit.
         if prefilling or not n_dec or not heap:
             continue
-        if waiting:
+        if multi_step > 1:  # the rest of the run (admitting nothing); a run's first iteration comes above
+            horizon = inf
+            if not run_left:
+                continue
+        elif waiting:
             head = waiting[0]
             need = need_full[head] if full else -(-target[head] // B)
             if running < max_running and need <= free:
@@ -648,6 +676,8 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
             if horizon <= t:
                 continue
         k = heap[0] // n - D - 1  # stop one iteration before the first finish
+        if multi_step > 1:
+            k = min(k, run_left)
         if k <= 0:
             continue
         if horizon < inf:  # iterations only get longer: at most this many start before the arrival
@@ -672,6 +702,8 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
         iterations += k
         D += k
         ctx_sum += k * n_dec
+        if multi_step > 1:
+            run_left -= k
     return SimResult(np.asarray(arrival, float), np.asarray(first), np.asarray(finish), np.asarray(inp),
                      np.asarray(out), iterations, preemptions)
 
