@@ -17,6 +17,11 @@ prints, per Interactive run (and the same GPU's Server runs for contrast), at th
 
     python benchmarks/bench_amd_interactive_step.py               # needs the inference_results_v5.1 mirror
     python benchmarks/bench_amd_interactive_step.py --single-step # vLLM V0 multi-step off (session 52)
+    python benchmarks/bench_amd_interactive_step.py --what-if-ms 0 5 10  # the amd group under a host time
+
+``--what-if-ms``: the amd group's mean |error| of tokens/s (and signed mean) by scenario and GPU, in sample,
+with the ``vllm`` engine's ``pass_overhead_us`` (the host's time per iteration, added to each; 0 as fitted) set
+to each value: a probe of what a per-iteration host cost would do, not a shipped constant (no source sizes it).
 
 Measured on the 2-core container (RESULTS.md, session 53, s53h5): the gap is 9-15 ms per decode iteration
 on MI300X (V0, eager, multi-step 8) and on MI325X (V1, eager, chunked prefill) alike, at 22-80 requests
@@ -27,6 +32,7 @@ launches, V0 / V1 host work) on ROCm, so it is not priced.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import re
 import subprocess
@@ -86,10 +92,30 @@ def measured(row) -> dict | None:
             "inflight": sps * get("Mean latency (ns)") / 1e9 / float(row["gpus"])}
 
 
+def what_if(ms_values: list[float]) -> None:
+    """The amd group's tokens/s errors with a host time per iteration of each of ``ms_values`` ms."""
+    held = next(h for h in mlperf.held_out_sets() if h["engine"] == "vllm")
+    rows, _ = mlperf.load_rows(held["csv"], held["engine"], held["engine_column"])
+    fitted = efficiency_for(held["engine"])
+    for ms in ms_values:
+        eff = dataclasses.replace(fitted, pass_overhead_us=fitted.pass_overhead_us + 1e3 * ms)
+        mlperf.efficiency_for = lambda engine, eff=eff: eff  # read by predict_rows (forked workers inherit it)
+        mlperf.clear_simulations()
+        out = mlperf.predict_rows(rows, cross=False, engine=held["engine"])
+        parts = []
+        for (scenario, gpu), g in out.groupby(["scenario", "gpu_family"]):
+            parts.append(f"{gpu} {scenario} {g['in_sample_pct'].abs().mean():.1f} ({g['in_sample_pct'].mean():+.1f})")
+        print(f"host +{ms:g} ms / iteration: " + "; ".join(parts))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--single-step", action="store_true", help="simulate vLLM V0 without multi-step scheduling")
+    ap.add_argument("--what-if-ms", type=float, nargs="+", help="the amd group's errors under these host times")
     args = ap.parse_args()
+    if args.what_if_ms:
+        what_if(args.what_if_ms)
+        return
     s = mlperf.settings()
     held = next(h for h in mlperf.held_out_sets() if h["engine"] == "vllm")
     rows, _ = mlperf.load_rows(held["csv"], held["engine"], held["engine_column"])

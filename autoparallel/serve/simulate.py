@@ -35,6 +35,13 @@ The scheduler (``Scheduler``; one replica, its requests FIFO):
   amd/setup/vllm/vllm/engine/llm_engine.py, sequence.py). Simplifications: a request that finishes
   inside a run leaves at its last token (vLLM computes its frozen batch to the run's end), and a run
   whose batch empties ends.
+- **prefill gate** (``prefill_min_waiting`` q > 0, AMD's V0 MLPerf scheduler patch,
+  ``VLLM_LLAMA2_MLPERF_MIN_REQUIRE_PREFILL_QUERY``): a scheduler call admits prompts only while fewer
+  than ``max_running`` requests run and either q prompts wait or the previous call admitted none
+  (``do_prefill = do_prefill and (has_enough_query or self._do_prefill)``; ``self._do_prefill = not
+  do_prefill``: mlcommons/inference_results_v5.1@965182b0 closed/AMD/setup/vllm_patches/
+  add-MIN_REQUIRE_PREFILL_QUERY-condition.patch), so with fewer waiting a prefill runs at most every
+  other call.
 - **preemption** (allocate-as-you-go engines): when decoding requests need more blocks than are
   free, the most recently admitted request is evicted (vLLM's recompute: its blocks are freed and
   it re-joins the front of the queue to prefill its prompt and the tokens it generated again).
@@ -89,6 +96,7 @@ class Scheduler:
     max_new_tokens: int = 0  # the output a full reservation holds (0: each request's own)
     steps: int = 1  # micro-batch steps per iteration (pp), each with its own ``budget``
     multi_step: int = 1  # decode iterations per scheduler call (``ServingEngine.scheduler_steps``)
+    prefill_min_waiting: int = 0  # AMD's V0 prefill gate (``MIN_REQUIRE_PREFILL_QUERY``; 0: none)
 
     @staticmethod
     def of(engine: ServingEngine, max_batch: int, max_num_tokens: int, pp: int, kv_blocks: int,
@@ -384,12 +392,17 @@ def simulate_reference(cost: IterationCost, sched: Scheduler, arrival, inp, out)
     waiting, running = deque(), []  # running: dicts in admission order
     free, t, nxt, iterations, preemptions = sched.kv_blocks, 0.0, 0, 0, 0
     run_left = 0  # decode iterations left in the multi-step run before the scheduler runs again
+    idle_call = True  # the previous scheduler call admitted nothing (the prefill gate's alternation)
     gen = [0] * n
     while nxt < n or waiting or running:
         while nxt < n and arrival[nxt] <= t:
             waiting.append({"id": nxt, "target": int(inp[nxt]), "done": 0})
             nxt += 1
-        while not run_left and waiting and len(running) < sched.max_running:
+        admit = not run_left
+        if admit and sched.prefill_min_waiting:  # a scheduler call under the prefill gate
+            admit = len(running) < sched.max_running and (len(waiting) >= sched.prefill_min_waiting or idle_call)
+            idle_call = not admit
+        while admit and waiting and len(running) < sched.max_running:
             r = waiting[0]
             held = sched.reserved(inp[r["id"]], out[r["id"]]) if sched.reserve_full else r["target"]
             need = sched.blocks(held)
@@ -400,7 +413,7 @@ def simulate_reference(cost: IterationCost, sched: Scheduler, arrival, inp, out)
             r.update(blocks=need, pos=0)
             running.append(r)
         if not running:
-            if run_left:  # the run's batch is gone: the scheduler runs
+            if run_left or waiting:  # the run's batch is gone, or the gate held prompts: the scheduler runs
                 run_left = 0
                 continue
             t = max(t, float(arrival[nxt]))
@@ -492,6 +505,7 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
     free, t, nxt, iterations, preemptions, running = sched.kv_blocks, 0.0, 0, 0, 0, 0
     pipelined = cost.pp > 1
     multi_step, run_left = sched.multi_step, 0  # as ``simulate_reference``'s
+    gate, idle_call = sched.prefill_min_waiting, True
     ctx_flops, ctx_bytes, chunk_flops = cost.ctx_flops, cost.ctx_bytes, cost.chunk_flops
     inline = type(cost) is IterationCost and cost.pp == 1 and sched.steps == 1
     if inline:  # IterationCost.time's constants, for its pp = 1 sum written out below
@@ -523,7 +537,11 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
             waiting.append(nxt)
             target[nxt] = inp_l[nxt]
             nxt += 1
-        while not run_left and waiting and running < max_running:
+        admit = not run_left
+        if admit and gate:  # a scheduler call under the prefill gate
+            admit = running < max_running and (len(waiting) >= gate or idle_call)
+            idle_call = not admit
+        while admit and waiting and running < max_running:
             r = waiting[0]
             need = need_full[r] if full else -(-target[r] // B)
             if need > free:
@@ -535,7 +553,7 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
             order.append(r)
             running += 1
         if not running:
-            if run_left:  # the run's batch is gone: the scheduler runs
+            if run_left or waiting:  # the run's batch is gone, or the gate held prompts: the scheduler runs
                 run_left = 0
                 continue
             t = max(t, arrival_l[nxt])
@@ -665,6 +683,8 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
             horizon = inf
             if not run_left:
                 continue
+        elif gate:  # every iteration is a scheduler call that moves the gate's alternation
+            continue
         elif waiting:
             head = waiting[0]
             need = need_full[head] if full else -(-target[head] // B)
