@@ -23,10 +23,10 @@ prints, per Interactive run (and the same GPU's Server runs for contrast), at th
 with the ``vllm`` engine's ``pass_overhead_us`` (the host's time per iteration, added to each; 0 as fitted) set
 to each value: a probe of what a per-iteration host cost would do, not a shipped constant (no source sizes it).
 
-Measured on the 2-core container (RESULTS.md, session 53, s53h5): the gap is 9-15 ms per decode iteration
-on MI300X (V0, eager, multi-step 8) and on MI325X (V1, eager, chunked prefill) alike, at 22-80 requests
-per GPU, where the model prices 16-19 ms; no source found sizes such a per-iteration cost (eager HIP
-launches, V0 / V1 host work) on ROCm, so it is not priced.
+RESULTS.md (session 53, s53h5): the Interactive gap is 9.3-9.7 ms per decode iteration on MI300X (V0, eager,
+multi-step 8) and 6.7-9.6 ms on MI325X (V1, eager, chunked prefill), at 34-83 requests in flight per GPU, where
+the model prices 17-18.5 ms; Server's is 2-9 ms on 64-86 ms. No source found sizes such a per-iteration cost
+(eager HIP launches, V0 / V1 host work) on ROCm, so it is not priced.
 """
 
 from __future__ import annotations
