@@ -53,7 +53,7 @@ AUTO_KV = "fp16"
 ENGINE_KEYS = ("block_size", "gpu_memory_utilization", "enable_chunked_prefill", "num_scheduler_steps",
                "enforce_eager", "quantization", "kv_cache_dtype")
 ENV_KEYS = ("VLLM_LLAMA2_MLPERF_SCHED", "VLLM_LLAMA2_MLPERF_MAX_TARGET_DECODE_BATCH",
-            "VLLM_LLAMA2_MLPERF_MIN_TARGET_DECODE_BATCH", "VLLM_USE_V1")
+            "VLLM_LLAMA2_MLPERF_MIN_TARGET_DECODE_BATCH", "VLLM_LLAMA2_MLPERF_MIN_REQUIRE_PREFILL_QUERY", "VLLM_USE_V1")
 
 
 def summary_fields(text: str) -> dict[str, str]:

@@ -190,6 +190,10 @@ class ServingEngine:
     max_batch_size: int = 2048
     max_num_tokens: int = 8192
     prefill_priority: bool = False  # iterations with prompts to prefill run no decode tokens (SGLang)
+    # Decode iterations per scheduler call (vLLM V0's ``num_scheduler_steps``, multi-step scheduling):
+    # a decode batch runs this many iterations before the scheduler runs again, so a prompt that
+    # arrives meanwhile waits for the run to end (serve/simulate.py; the steady state ignores it).
+    scheduler_steps: int = 1
     microbatching: Literal["even", "fastertransformer"] = "even"
     flash_attention: bool = True
     # The decode (generation-phase) attention kernel: TensorRT-LLM runs its XQA kernel (one CTA
@@ -206,7 +210,7 @@ class ServingEngine:
     def __post_init__(self) -> None:
         if not 0 < self.kv_memory_fraction <= 1:
             raise ValueError(f"kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction}")
-        for key in ("kv_block_tokens", "max_batch_size", "max_num_tokens"):
+        for key in ("kv_block_tokens", "max_batch_size", "max_num_tokens", "scheduler_steps"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
 

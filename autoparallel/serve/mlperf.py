@@ -182,6 +182,8 @@ class HarnessSettings(NamedTuple):
     prefill_first: bool       # vLLM V0 without chunked prefill: prefills first, no decode mixed in
     admission_cap: int        # AMD's V0 target decode batch (0: none)
     gfx_clock_mhz: int        # the clock the harness holds the GPU at (0: the preset's)
+    scheduler_steps: int = 1  # vLLM V0's num_scheduler_steps (multi-step scheduling; V1: 1)
+    prefill_min_waiting: int = 0  # AMD's V0 MIN_REQUIRE_PREFILL_QUERY prefill gate (0: none)
 
 
 def vllm_settings(engine, notes: str) -> HarnessSettings:
@@ -199,7 +201,13 @@ def vllm_settings(engine, notes: str) -> HarnessSettings:
     target caps the running batch below ``max_num_seqs`` (0: no cap). The V1 scheduler reads none of
     these (vllm/v1/core/scheduler.py there). The partners' vLLM 0.6.5.dev964+mlperf50 (AMD's v5.0
     build) is not published; that it schedules as the v5.1 build does is an assumption. Last, the
-    GFX clock (MHz) the harness holds the GPU at (``perfdeterminism_mhz``: ``gfx_clock``), 0 if none."""
+    GFX clock (MHz) the harness holds the GPU at (``perfdeterminism_mhz``: ``gfx_clock``), 0 if none;
+    and V0's ``num_scheduler_steps`` (multi-step scheduling, ``simulate.Scheduler.multi_step``: 7 to 19
+    in every V0 config). V1 has no multi-step (AMD's V1 configs, MI325X Interactive, set 1): 1 there.
+    With ``VLLM_LLAMA2_MLPERF_SCHED`` the V0 scheduler also gates prefills on
+    ``VLLM_LLAMA2_MLPERF_MIN_REQUIRE_PREFILL_QUERY`` (``simulate.Scheduler.prefill_min_waiting``; the
+    patch's default 10 where the config leaves it unset: vllm/envs.py in
+    closed/AMD/setup/vllm_patches/add-MIN_REQUIRE_PREFILL_QUERY-condition.patch); 0 elsewhere."""
     grab = lambda pattern: re.search(pattern, notes)  # noqa: E731
     block, chunked = grab(r"block_size=([0-9]+)"), grab(r"enable_chunked_prefill=(True|False)")
     chunked = (chunked.group(1) == "True") if chunked else engine.chunked_prefill
@@ -207,8 +215,12 @@ def vllm_settings(engine, notes: str) -> HarnessSettings:
     target = grab(r"VLLM_LLAMA2_MLPERF_MAX_TARGET_DECODE_BATCH=([0-9]+)")
     cap = int(target.group(1)) if v0 and target and grab(r"VLLM_LLAMA2_MLPERF_SCHED=1") else 0
     clock = grab(r"perfdeterminism_mhz=([0-9]+)")
+    steps = grab(r"num_scheduler_steps=([0-9]+)")
+    query = grab(r"VLLM_LLAMA2_MLPERF_MIN_REQUIRE_PREFILL_QUERY=([0-9]+)")
+    gate = (int(query.group(1)) if query else 10) if v0 and grab(r"VLLM_LLAMA2_MLPERF_SCHED=1") else 0
     return HarnessSettings(engine.name, int(block.group(1)) if block else engine.kv_block_tokens, chunked,
-                           v0 and not chunked, cap, int(clock.group(1)) if clock else 0)
+                           v0 and not chunked, cap, int(clock.group(1)) if clock else 0,
+                           int(steps.group(1)) if v0 and steps else 1, gate)
 
 
 def gfx_clock(hw, mhz: float):
@@ -246,10 +258,10 @@ def matrix_clock(lock: float, sustained: float) -> float:
 
 def engine_as_run(run: HarnessSettings, kv_fraction: float):
     """A serving engine as a held-out row's harness runs it (``vllm_settings``: KV block tokens,
-    chunked prefill, prefill first) and its KV memory fraction (vLLM's gpu_memory_utilization)."""
+    chunked prefill, prefill first, multi-step scheduling) and its KV memory fraction (vLLM's gpu_memory_utilization)."""
     return dataclasses.replace(load_engine(run.engine), kv_block_tokens=int(run.kv_block_tokens),
                                chunked_prefill=bool(run.chunked_prefill), prefill_priority=bool(run.prefill_first),
-                               kv_memory_fraction=float(kv_fraction))
+                               kv_memory_fraction=float(kv_fraction), scheduler_steps=int(run.scheduler_steps))
 
 
 def harness_replica(spec, hw, eff, workload, tp: int, pp: int, max_batch: int, max_tokens: int,
@@ -266,9 +278,12 @@ def harness_replica(spec, hw, eff, workload, tp: int, pp: int, max_batch: int, m
     engine = engine_as_run(engine_settings, kv_fraction) if engine_settings else harness_engine(kv_fraction)
     if engine_settings and engine_settings.admission_cap:  # AMD's V0 scheduler (vllm_settings)
         max_batch = min(max_batch, int(engine_settings.admission_cap))
-    return replica(spec, hw, eff, engine, tp, pp, max_batch, max_tokens, weight_precision,
-                   kv_precision, tp if attention_dp else 1, workload.max_input + workload.max_output,
-                   workload.max_output, attention_dp)
+    cost, sched = replica(spec, hw, eff, engine, tp, pp, max_batch, max_tokens, weight_precision,
+                          kv_precision, tp if attention_dp else 1, workload.max_input + workload.max_output,
+                          workload.max_output, attention_dp)
+    if engine_settings and engine_settings.prefill_min_waiting:  # AMD's V0 prefill gate (vllm_settings)
+        sched = dataclasses.replace(sched, prefill_min_waiting=int(engine_settings.prefill_min_waiting))
+    return cost, sched
 
 
 _SIMULATED: dict = {}  # ``_simulate``'s results by its arguments, in this process

@@ -24,6 +24,24 @@ The scheduler (``Scheduler``; one replica, its requests FIFO):
   steps as the engine's per-step admission spreads them (``Scheduler.fill``). Under
   ``prefill_priority`` (SGLang's default scheduler) an iteration with prompts to prefill runs
   only prompts, and decoding waits.
+- **multi-step scheduling** (``multi_step`` S > 1, vLLM V0's ``num_scheduler_steps``): the scheduler
+  runs once per S decode iterations. A decode-only iteration it schedules starts a run of S, whose
+  next S - 1 iterations admit nothing (a request arriving meanwhile waits for the run's end); an
+  iteration with prompts is a run of one. vLLM's ``LLMEngine.step``: "Skip the scheduler if there
+  are any remaining steps in the seq groups. This ensures that the scheduler is only called again
+  when the current batch has completed"; a prompt's seq group gets one step, a decode's
+  ``num_lookahead_slots + 1`` = S (``SequenceGroup.init_multi_step_from_lookahead_slots``; AMD's vLLM
+  0.9.0.2 as mlcommons/inference_results_v5.1@965182b0 closed/Dell_MangoBoost/code/llama2-70b-99.9/
+  amd/setup/vllm/vllm/engine/llm_engine.py, sequence.py). Simplifications: a request that finishes
+  inside a run leaves at its last token (vLLM computes its frozen batch to the run's end), and a run
+  whose batch empties ends.
+- **prefill gate** (``prefill_min_waiting`` q > 0, AMD's V0 MLPerf scheduler patch,
+  ``VLLM_LLAMA2_MLPERF_MIN_REQUIRE_PREFILL_QUERY``): a scheduler call admits prompts only while fewer
+  than ``max_running`` requests run and either q prompts wait or the previous call admitted none
+  (``do_prefill = do_prefill and (has_enough_query or self._do_prefill)``; ``self._do_prefill = not
+  do_prefill``: mlcommons/inference_results_v5.1@965182b0 closed/AMD/setup/vllm_patches/
+  add-MIN_REQUIRE_PREFILL_QUERY-condition.patch), so with fewer waiting a prefill runs at most every
+  other call.
 - **preemption** (allocate-as-you-go engines): when decoding requests need more blocks than are
   free, the most recently admitted request is evicted (vLLM's recompute: its blocks are freed and
   it re-joins the front of the queue to prefill its prompt and the tokens it generated again).
@@ -77,13 +95,15 @@ class Scheduler:
     prefill_priority: bool = False
     max_new_tokens: int = 0  # the output a full reservation holds (0: each request's own)
     steps: int = 1  # micro-batch steps per iteration (pp), each with its own ``budget``
+    multi_step: int = 1  # decode iterations per scheduler call (``ServingEngine.scheduler_steps``)
+    prefill_min_waiting: int = 0  # AMD's V0 prefill gate (``MIN_REQUIRE_PREFILL_QUERY``; 0: none)
 
     @staticmethod
     def of(engine: ServingEngine, max_batch: int, max_num_tokens: int, pp: int, kv_blocks: int,
            max_new_tokens: int = 0) -> Scheduler:
         return Scheduler(int(max_batch * pp), int(max_num_tokens), int(kv_blocks), engine.kv_block_tokens,
                          engine.kv_reservation == "full", engine.chunked_prefill, engine.prefill_priority,
-                         int(max_new_tokens), int(pp))
+                         int(max_new_tokens), int(pp), int(engine.scheduler_steps))
 
     def blocks(self, tokens: int) -> int:
         return -(-int(tokens) // self.block)
@@ -371,12 +391,18 @@ def simulate_reference(cost: IterationCost, sched: Scheduler, arrival, inp, out)
     first, finish = np.full(n, np.nan), np.full(n, np.nan)
     waiting, running = deque(), []  # running: dicts in admission order
     free, t, nxt, iterations, preemptions = sched.kv_blocks, 0.0, 0, 0, 0
+    run_left = 0  # decode iterations left in the multi-step run before the scheduler runs again
+    idle_call = True  # the previous scheduler call admitted nothing (the prefill gate's alternation)
     gen = [0] * n
     while nxt < n or waiting or running:
         while nxt < n and arrival[nxt] <= t:
             waiting.append({"id": nxt, "target": int(inp[nxt]), "done": 0})
             nxt += 1
-        while waiting and len(running) < sched.max_running:
+        admit = not run_left
+        if admit and sched.prefill_min_waiting:  # a scheduler call under the prefill gate
+            admit = len(running) < sched.max_running and (len(waiting) >= sched.prefill_min_waiting or idle_call)
+            idle_call = not admit
+        while admit and waiting and len(running) < sched.max_running:
             r = waiting[0]
             held = sched.reserved(inp[r["id"]], out[r["id"]]) if sched.reserve_full else r["target"]
             need = sched.blocks(held)
@@ -387,6 +413,9 @@ def simulate_reference(cost: IterationCost, sched: Scheduler, arrival, inp, out)
             r.update(blocks=need, pos=0)
             running.append(r)
         if not running:
+            if run_left or waiting:  # the run's batch is gone, or the gate held prompts: the scheduler runs
+                run_left = 0
+                continue
             t = max(t, float(arrival[nxt]))
             continue
         prefilling = [r for r in running if r["done"] < r["target"]]
@@ -422,6 +451,8 @@ def simulate_reference(cost: IterationCost, sched: Scheduler, arrival, inp, out)
         completing = sum(1 for r, c in chunks if r["done"] + c == r["target"])
         t += cost.time(tokens, len(decoders) + completing, flops, nbytes, len(decoders) + len(chunks), shapes)
         iterations += 1
+        if decoders and not chunks:  # a decode iteration: inside a run, or the first of one
+            run_left = run_left - 1 if run_left else sched.multi_step - 1
         for r in decoders:
             r["pos"] += 1
             gen[r["id"]] += 1
@@ -509,13 +540,19 @@ class _Replay:
         inf = math.inf
         n_dec, ctx_sum, D = 0, 0, 0
         free, t, nxt, iterations, preemptions, running = sched.kv_blocks, 0.0, 0, 0, 0, 0
+        multi_step, run_left = sched.multi_step, 0  # as ``simulate_reference``'s
+        gate, idle_call = sched.prefill_min_waiting, True
         while nxt < n or waiting or running:
             # Arrivals, then admission: the queue's head joins while a slot and its blocks are free.
             while nxt < n and arrival[nxt] <= t:
                 waiting.append(nxt)
                 target[nxt] = inp[nxt]
                 nxt += 1
-            while waiting and running < max_running:
+            admit = not run_left
+            if admit and gate:  # a scheduler call under the prefill gate
+                admit = running < max_running and (len(waiting) >= gate or idle_call)
+                idle_call = not admit
+            while admit and waiting and running < max_running:
                 r = waiting[0]
                 need = need_full[r] if full else -(-target[r] // B)
                 if need > free:
@@ -527,6 +564,9 @@ class _Replay:
                 order.append(r)
                 running += 1
             if not running:
+                if run_left or waiting:  # the run's batch is gone, or the gate held prompts: the scheduler runs
+                    run_left = 0
+                    continue
                 t = max(t, arrival[nxt])
                 continue
             # The decode tokens' new blocks (allocate-as-you-go), evicting while the pool is short.
@@ -540,9 +580,11 @@ class _Replay:
                 preemptions += 1
                 decode = not (prefill_priority and prefilling)
             decodes = n_dec if decode else 0
-            step, ended = iterate(decodes, ctx_sum)  # the prompt chunks, the price, the prompts completed
+            step, ended, chunked = iterate(decodes, ctx_sum)  # the price, the prompts completed, the chunks
             t += step
             iterations += 1
+            if decodes and not chunked:  # a decode iteration: in a multi-step run or its first
+                run_left = run_left - 1 if run_left else multi_step - 1
             if decodes:  # every decoding request one token on; those whose last token it was finish
                 D += 1
                 ctx_sum += n_dec
@@ -579,7 +621,13 @@ class _Replay:
             # Decode-only stretch: no prompt to prefill and nothing the next iterations could admit.
             if prefilling or not n_dec or not heap:
                 continue
-            if waiting:
+            if multi_step > 1:  # the rest of the run (admitting nothing); a run's first iteration comes above
+                horizon = inf
+                if not run_left:
+                    continue
+            elif gate:  # every iteration is a scheduler call that moves the gate's alternation
+                continue
+            elif waiting:
                 head = waiting[0]
                 need = need_full[head] if full else -(-target[head] // B)
                 if running < max_running and need <= free:
@@ -590,6 +638,8 @@ class _Replay:
                 if horizon <= t:
                     continue
             k = heap[0] // n - D - 1  # stop one iteration before the first finish
+            if multi_step > 1:
+                k = min(k, run_left)
             if k > 0:
                 k, span, used = self._stretch(k, horizon, t, D, n_dec, ctx_sum, free)
                 t += span
@@ -597,6 +647,8 @@ class _Replay:
                 D += k
                 ctx_sum += k * n_dec
                 free -= used
+                if multi_step > 1:
+                    run_left -= k
         return SimResult(np.asarray(self.arrival_in, float), np.asarray(first), np.asarray(finish),
                          np.asarray(self.inp_in), np.asarray(self.out_in), iterations, preemptions)
 
@@ -623,9 +675,9 @@ class _Replay:
         self.waiting.appendleft(victim)
         return free, running - 1, n_dec, ctx_sum
 
-    def _iterate_general(self, decodes: int, ctx_sum: int) -> tuple[float, list[int]]:
-        """One iteration of a PP layout or of another cost: its seconds and the prompts it
-        completes (out of ``prefilling``). ``Scheduler.chunks`` places the chunks and ``cost.time``
+    def _iterate_general(self, decodes: int, ctx_sum: int) -> tuple[float, list[int], int]:
+        """One iteration of a PP layout or of another cost: its seconds, the prompts it
+        completes (out of ``prefilling``) and its prompt chunks. ``Scheduler.chunks`` places the chunks and ``cost.time``
         prices them (with PP, each chunk's shape and micro-batch step)."""
         prefilling, done, target = self.prefilling, self.done, self.target
         chunk_flops, ctx_bytes, pipelined = self.chunk_flops, self.ctx_bytes, self.pipelined
@@ -655,7 +707,7 @@ class _Replay:
             else:  # except where a later micro-batch step finished a later prompt (PP)
                 prefilling.remove(r)
             ended.append(r)
-        return seconds, ended
+        return seconds, ended, len(chunks)
 
     def _stretch(self, k: int, horizon: float, t: float, D: int, n_dec: int, ctx_sum: int,
                  free: int) -> tuple[int, float, int]:
@@ -686,8 +738,8 @@ class _Replay:
 
 def _pp1_iteration(cost: IterationCost, sched: Scheduler, prefilling: deque, done: list, target: list):
     """``simulate``'s iteration without PP (one micro-batch step, an ``IterationCost``): a function
-    of the decode count and context sum giving the iteration's seconds and the prompts it
-    completes. ``Scheduler.chunks`` and ``IterationCost.time`` at pp = 1 written out, their
+    of the decode count and context sum giving the iteration's seconds, the prompts it
+    completes and its prompt chunks. ``Scheduler.chunks`` and ``IterationCost.time`` at pp = 1 written out, their
     constants bound here once: the hot path of every search, where a method reading them off
     ``self`` at each call measured a few % slower than this closure."""
     budget, chunked, chunk_flops, ctx_flops, ctx_bytes = (sched.budget, sched.chunked, cost.chunk_flops,
@@ -696,7 +748,7 @@ def _pp1_iteration(cost: IterationCost, sched: Scheduler, prefilling: deque, don
         cost.per_tokens, cost.per_sampled, cost.hop, cost.pass_s, cost.max_tokens, cost.max_seqs, cost.per_flop,
         cost.per_byte, cost.k, 1.0 / cost.k)
 
-    def iterate(decodes: int, ctx_sum: int) -> tuple[float, list[int]]:
+    def iterate(decodes: int, ctx_sum: int) -> tuple[float, list[int], int]:
         # the chunks: the first prompts, each whole but the last (which may stop at the budget), so
         # the completed ones are the first ``completing`` of ``prefilling``, popped here
         tokens = decodes
@@ -732,7 +784,7 @@ def _pp1_iteration(cost: IterationCost, sched: Scheduler, prefilling: deque, don
             att = a * (1.0 + (b / a) ** kk) ** inv_k if a > 0 else 0.0
         else:
             att = b * ((a / b) ** kk + 1.0) ** inv_k if b > 0 else 0.0
-        return per_tokens[tm] + per_sampled[sm] + att + hop[tm] + pass_s, ended
+        return per_tokens[tm] + per_sampled[sm] + att + hop[tm] + pass_s, ended, chunked_n
 
     return iterate
 

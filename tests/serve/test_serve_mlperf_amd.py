@@ -135,18 +135,23 @@ def test_each_row_runs_as_amds_harness_sets_it(rows):
     """vllm_settings reads a row's config as AMD's harness runs it: vLLM V0 without chunked prefill
     runs prefills first and mixes no decode into them (vllm/core/scheduler.py ``_schedule_default``),
     AMD's VLLM_LLAMA2_MLPERF_SCHED admits prompts only below its target decode batch, and
-    scripts/power_settings.sh holds the GFX clock (rocm-smi --setperfdeterminism); the MI325X
-    Interactive runs use V1 with chunked prefill, which reads none of the MLPerf scheduler's knobs."""
+    scripts/power_settings.sh holds the GFX clock (rocm-smi --setperfdeterminism), and V0 runs
+    num_scheduler_steps decode iterations per scheduler call (multi-step) and, with AMD's MLPerf
+    scheduler, gates prefills on MIN_REQUIRE_PREFILL_QUERY (10 where unset); the MI325X Interactive runs
+    use V1 with chunked prefill, which reads none of the MLPerf scheduler's knobs and has no multi-step."""
     kept, _ = rows
     one = lambda hw, model, scenario, submitter="AMD": kept[(kept.hardware == hw) & (kept.model == model) & (  # noqa: E731
         kept.scenario == scenario) & (kept.submitter == submitter)]["engine_settings"].iloc[0]
-    assert one("mi300x", "llama2-70b", "Offline") == ("vllm", 32, False, True, 1536, 1400)
-    assert one("mi325x", "llama2-70b", "Server") == ("vllm", 32, False, True, 832, 1600)
-    assert one("mi325x", "mixtral-8x7b", "Offline") == ("vllm", 16, False, True, 0, 1500)
-    assert one("mi325x", "llama2-70b", "Interactive") == ("vllm", 16, True, False, 0, 1700)
+    assert one("mi300x", "llama2-70b", "Offline") == ("vllm", 32, False, True, 1536, 1400, 11, 10)
+    assert one("mi325x", "llama2-70b", "Server") == ("vllm", 32, False, True, 832, 1600, 9, 10)
+    assert one("mi325x", "mixtral-8x7b", "Offline") == ("vllm", 16, False, True, 0, 1500, 13, 0)
+    assert one("mi325x", "llama2-70b", "Interactive") == ("vllm", 16, True, False, 0, 1700, 1, 0)
+    assert one("mi300x", "llama2-70b", "Interactive").scheduler_steps == 8  # V0, num_scheduler_steps 8
+    assert one("mi300x", "llama2-70b", "Server").prefill_min_waiting == 8  # MIN_REQUIRE_PREFILL_QUERY 8
     assert one("mi325x", "llama2-70b", "Interactive", "Vultr").gfx_clock_mhz == 1600  # Vultr's own power_settings.sh
     engine = mlperf.engine_as_run(one("mi300x", "llama2-70b", "Offline"), 0.98)
     assert engine.prefill_priority and not engine.chunked_prefill and engine.kv_memory_fraction == 0.98
+    assert engine.scheduler_steps == 11 and mlperf.engine_as_run(one("mi325x", "llama2-70b", "Interactive"), 1.0).scheduler_steps == 1
     hw = io.load_hardware("mi300x")
     slow = mlperf.gfx_clock(hw, 1400)
     assert slow.fp8_tflops == pytest.approx(hw.fp8_tflops * 1400 / 2100) and slow.hbm_tbps == hw.hbm_tbps

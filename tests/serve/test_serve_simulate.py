@@ -77,6 +77,55 @@ def test_prefill_priority_stalls_decoding():
     assert (first.finish[0], first.first_token[1]) == (7.0, 4.0)
 
 
+def test_multi_step_scheduling_admits_only_between_runs():
+    """vLLM V0's num_scheduler_steps 4, prefill first, no chunking. Request 0 (prompt 4, 10 tokens)
+    prefills at t = 0 and starts a decode run of 4 at t = 1; request 1 (prompt 4, 3 tokens) arrives at
+    1.5 and waits for the run's end (t = 5), where it prefills (first token at 6, not 3 as with one
+    step); from t = 6 both decode in runs of 4. A run whose batch empties ends: request 0 of 2 tokens
+    finishes at t = 2, inside its run, and request 1 (arriving at 1.5) is admitted at once."""
+    sched = Scheduler(8, 100, 100, 4, chunked=False, prefill_priority=True, multi_step=4)
+    r = both(sched, [0, 1.5], [4, 4], [10, 3])
+    assert r.first_token.tolist() == [1.0, 6.0] and r.finish.tolist() == [11.0, 8.0]
+    one = both(dataclasses.replace(sched, multi_step=1), [0, 1.5], [4, 4], [10, 3])
+    assert one.first_token.tolist() == [1.0, 3.0] and one.finish.tolist() == [11.0, 5.0]
+    gone = both(sched, [0, 1.5], [4, 4], [2, 3])
+    assert gone.first_token.tolist() == [1.0, 3.0] and gone.finish.tolist() == [2.0, 5.0]
+
+
+def test_the_prefill_gate_admits_every_other_call_below_its_threshold():
+    """AMD's V0 MIN_REQUIRE_PREFILL_QUERY 2 with runs of 2: request 0 prefills at t = 0 (the first call
+    admits); request 1 arrives at 0.5, alone in the queue, so the call at t = 1 admits nothing (a decode
+    run of 2 follows) and the next, at t = 3, admits it (first token 4, against 2 without the gate)."""
+    sched = Scheduler(8, 100, 100, 4, chunked=False, prefill_priority=True, multi_step=2, prefill_min_waiting=2)
+    r = both(sched, [0, 0.5], [4, 4], [6, 2])
+    assert r.first_token.tolist() == [1.0, 4.0] and r.finish.tolist() == [7.0, 5.0]
+    free = both(dataclasses.replace(sched, prefill_min_waiting=0), [0, 0.5], [4, 4], [6, 2])
+    assert free.first_token.tolist() == [1.0, 2.0] and free.finish.tolist() == [7.0, 3.0]
+
+
+@pytest.mark.parametrize("pp, rate, blocks, steps, gate",
+                         [(*c, g) for c in itertools.product([1, 2], [None, 50.0], [40, 400], [1, 4, 9]) for g in (0, 8)
+                          if c[3] > 1 or g])
+def test_fast_equals_reference_under_multi_step_scheduling(pp, rate, blocks, steps, gate):
+    """``simulate`` against ``simulate_reference`` with vLLM V0's multi-step scheduling as AMD's MLPerf
+    configs run it (prefill first, no chunking, ``steps`` decode iterations per scheduler call), paused
+    requests (40 blocks) or not, Poisson and all at once, with AMD's prefill gate (``gate``) or without."""
+    model, hw = io.load_model("llama3-8b"), io.load_hardware("h100-sxm")
+    e = dataclasses.replace(load_engine("vllm"), chunked_prefill=False, prefill_priority=True, scheduler_steps=steps)
+    sched = dataclasses.replace(Scheduler.of(e, 8, 4096, pp, blocks * 64 // e.kv_block_tokens, 300),
+                                prefill_min_waiting=gate)
+    assert sched.multi_step == steps
+    cost = IterationCost(model, hw, efficiency_for("vllm"), 1, pp, "bf16", "bf16", 1, 4096, sched.max_running)
+    rng = np.random.default_rng(blocks + pp + steps)
+    inp, out = rng.integers(1, 600, 120), rng.integers(1, 300, 120)
+    arr = arrivals(120, rate, 1)
+    ref, fast = simulate_reference(cost, sched, arr, inp, out), simulate(cost, sched, arr, inp, out)
+    np.testing.assert_allclose(fast.first_token, ref.first_token, rtol=1e-12)
+    np.testing.assert_allclose(fast.finish, ref.finish, rtol=1e-12)
+    assert (fast.iterations, fast.preemptions) == (ref.iterations, ref.preemptions)
+    assert fast.iterations > 0 and not np.isnan(fast.finish).any()
+
+
 def test_full_reservation_admits_by_whole_requests():
     """GUARANTEED_NO_EVICT with 4 blocks of 4: each 4 + 4-token request holds 2 blocks, so 2 run."""
     r = both(Scheduler(8, 100, 4, 4, reserve_full=True), [0, 0, 0], [4, 4, 4], [4, 4, 4])
