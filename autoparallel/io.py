@@ -31,8 +31,8 @@ import yaml
 from autoparallel import resources, safefile
 from autoparallel.argtypes import MAX_COUNT
 from autoparallel.errors import SpecError, UserError
-from autoparallel.specs.hardware import (HardwareSpec, clock_limited_speed, measured_bf16_speed, measured_hbm_speed,
-                                         measured_size_speed, measured_speed)
+from autoparallel.specs.hardware import (HardwareSpec, clock_limited_speed, measured_attention_efficiency,
+                                         measured_bf16_speed, measured_hbm_speed, measured_size_speed, measured_speed)
 from autoparallel.specs.model import ModelSpec
 
 T = TypeVar("T")
@@ -341,6 +341,8 @@ def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareS
         check_kind(data, f"--gpu {name_or_path}", HardwareSpec,
                    _other_kinds("a model preset", "a search space of `search`", "a search space of `infer`"),
                    "give a hardware preset (`autoparallel hardware`) or a hardware YAML")
+    if "attention_efficiency" in data:
+        raise SpecError(f"{path}: attention_efficiency is derived; state measured_attention_ps_per_score")
     if "clock_speed" in data:
         raise SpecError(f"{path}: clock_speed is derived from max_sm_clock_mhz, sm_count and the efficiency_from "
                         "donor's; state max_sm_clock_mhz (MHz) instead")
@@ -355,6 +357,7 @@ def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareS
             raise SpecError(f"{path}: give either efficiency or efficiency_from, not both")
         donor = load_hardware(_beside(path, hw.efficiency_from), (*_chain, real))
         hw = dataclasses.replace(hw, efficiency=donor.efficiency, clock_speed=clock_limited_speed(hw, donor),
+                                 attention_efficiency=donor.attention_efficiency,
                                  calibrated_on=f"inherited from {donor.name}: {donor.calibrated_on}")
     if hw.measured_against:
         reference = load_hardware(_beside(path, hw.measured_against), (*_chain, real))
@@ -375,4 +378,6 @@ def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareS
                 hw = dataclasses.replace(hw, hbm_speed=measured_hbm_speed(hw, reference))
         except ValueError as e:
             raise SpecError(f"{path}: {e}") from None
+    if hw.measured_attention_ps_per_score is not None:  # this GPU's own measurement, not the donor's
+        hw = dataclasses.replace(hw, attention_efficiency=measured_attention_efficiency(hw))
     return hw

@@ -1321,7 +1321,7 @@ def test_mxfp8_attention_takes_the_bf16_kernels_time_at_head_dim_128_per_score_a
     exponentials = 8192 * 8192 * 64 / 2 / 4  # one per score element
     plain, mxfp8_attn = (_llama_cands(llama, gb300, precision="mxfp8", fp8_attention=f) for f in (False, True))
     speed = 2500e12 * gemm.tensor_speed(gb300)  # its SMs x max clock over B200's (or a fitted factor)
-    bf16 = max(attn_flops / speed, exponentials / 10.7e12) / gb300.efficiency.attention
+    bf16 = max(attn_flops / speed, exponentials / 10.7e12) / gb300.attention_peak_share
     assert gb300.bf16_tflops == 2500 and gb300.fp8_tflops == 5000 and gb300.exp_tera_per_s == 10.7
     assert attn_flops / speed > exponentials / 10.7e12  # the GEMMs bound BF16 attention on GB300
     assert lt.attention_time(plain)[0] == pytest.approx(bf16, rel=REL)

@@ -429,3 +429,38 @@ def test_a_measured_size_curve_is_stated_as_shapes_beside_a_reference(tmp_path):
         io.load_hardware(str(alone))
     with pytest.raises(ValueError, match=r"\[m, n, k, TFLOP/s, reference TFLOP/s\]"):
         dataclasses.replace(io.load_hardware("mi300x"), measured_fp8_gemm_shapes=((8192, 8192, 8192, 1222.9),))
+
+
+def test_blackwell_attention_takes_cudnns_measured_time_per_score_not_a_fitted_share():
+    """b200.yaml states cuDNN 9.10.2's fused attention on B200 (NVIDIA/cudnn-frontend f937055, BF16,
+    causal, 8,192 tokens, head dim 128): 1.816 + 5.815 ms over 128 x 8,192^2 / 2 scores = 1.777 ps per
+    score forward + backward. The attention core is priced at the share of peak that implies, on every
+    GPU that takes b200's constants; the fitted ``efficiency.attention`` no longer moves it (so the
+    dense fit does not see it), and stays in use where no measurement is stated (H100)."""
+    b200 = io.load_hardware("b200")
+    assert b200.measured_attention_ps_per_score == pytest.approx((1.816 + 5.815) * 1e-3 / (128 * 8192**2 / 2) * 1e12,
+                                                                 abs=5e-4)
+    share = 3 * max(2 * 2 * 128 / 2250e12, 1 / 5.0e12) / 1.777e-12
+    assert b200.attention_efficiency == pytest.approx(share, rel=REL) and 0.38 < share < 0.39
+    for name in ("gb200", "gb300", "b300"):
+        assert io.load_hardware(name).attention_peak_share == pytest.approx(share, rel=REL), name
+    h100 = io.load_hardware("h100-sxm")
+    assert h100.attention_efficiency is None and h100.attention_peak_share == h100.efficiency.attention
+    # B200, Llama 2 70B (head dim 128) at 8,192 tokens, TP1, mbs 1: forward + backward = 1.777 ps per causal score.
+    llama = dataclasses.replace(io.load_model("llama2-70b"), seq_length=8192)
+    x = _cands(llama, b200, tp=1, pp=1, vp=1, cp=1, dp=8, gbs=8)
+    scores = llama.num_attention_heads * llama.seq_length**2 / 2
+    assert 3 * lt.attention_time(x)[0] == pytest.approx(scores * 1.777e-12, rel=REL)
+    refitted = dataclasses.replace(b200, efficiency=dataclasses.replace(b200.efficiency, attention=0.9))
+    assert lt.attention_time(_cands(llama, refitted, tp=1, pp=1, vp=1, cp=1, dp=8, gbs=8))[0] == lt.attention_time(x)[0]
+
+
+def test_the_attention_share_is_derived_never_stated(tmp_path):
+    text = Path(io.resolve_preset("hardware", "b200")).read_text()
+    bad = tmp_path / "b200x.yaml"
+    bad.write_text(text.replace("name: b200", "name: b200x") + "attention_efficiency: 0.5\n")
+    with pytest.raises(io.SpecError, match="attention_efficiency is derived"):
+        io.load_hardware(str(bad))
+    with pytest.raises(ValueError, match="measured_attention_ps_per_score"):
+        dataclasses.replace(b200 := io.load_hardware("b200"), measured_attention_ps_per_score=0)
+    assert b200.attention_efficiency is not None

@@ -98,7 +98,7 @@ def attention_time(x: Candidates):
     gemms = attn_flops / peak
     mxfp8 = fp8 & x.knob_is("precision", "mxfp8")
     gemms = np.where(mxfp8, np.maximum(gemms, scores * 2.0 * 2.0 * MXFP8_ATTENTION_HEAD_DIM / bf16), gemms)
-    return np.maximum(gemms, exponentials / (hw.exp_tera_per_s * 1e12)) / hw.efficiency.attention
+    return np.maximum(gemms, exponentials / (hw.exp_tera_per_s * 1e12)) / hw.attention_peak_share
 
 
 def softmax_time(x: Candidates):
@@ -878,7 +878,7 @@ def attention_time_least(x, fp8_attention: bool):
     peak = gemm.bf16_peak(hw)
     if fp8_attention:
         peak = max(peak, (hw.fp8_tflops or hw.bf16_tflops) * 1e12 * gemm.tensor_speed(hw))
-    return attn_flops * finetune.attention_share(model) / peak / hw.efficiency.attention
+    return attn_flops * finetune.attention_share(model) / peak / hw.attention_peak_share
 
 
 def attention_time_most(x, non_flash: bool):
@@ -899,7 +899,7 @@ def attention_time_most(x, non_flash: bool):
     if non_flash:
         most = np.maximum(most, gemms(flops.attention_core_flops(model, x.b, model.seq_length, causal=False)
                                       / (x.t * x.c)))
-    return most / hw.efficiency.attention
+    return most / hw.attention_peak_share
 
 
 def cp_kind_bounds(x, kinds, attention_least=0.0, attention_most=np.inf) -> dict:

@@ -152,6 +152,15 @@ class HardwareSpec:
     # (``measured_hbm_speed``, by ``io.load_hardware``, never a YAML key); the training cost model's
     # achievable bandwidth is hbm_tbps x this x the donor's fitted ``Efficiency.hbm``.
     hbm_speed: float = 1.0
+    # cuDNN's fused attention, forward + backward, per causal score element (ps) at head dimension 128
+    # in BF16, as a published benchmark measured it on this GPU: where stated, the attention core is
+    # priced at the share of peak it implies (``measured_attention_efficiency``) instead of the fitted
+    # ``Efficiency.attention``, which the fit then no longer sees.
+    measured_attention_ps_per_score: float | None = None
+    # That share, set by ``io.load_hardware`` (never a YAML key): from this preset's own measurement or,
+    # for a GPU that takes another's constants (``efficiency_from``), the donor's, as the fitted one is
+    # shared; None: the fitted ``Efficiency.attention`` (``attention_peak_share``).
+    attention_efficiency: float | None = None
     # Exponentials per second of the special function units (MUFU.EX2), in units of 10^12: the
     # softmax of flash attention waits on them between its two GEMMs. SMs x 16 per clock x boost
     # clock, or NVIDIA's figure (Blackwell 5, Blackwell Ultra 10.7).
@@ -194,7 +203,7 @@ class HardwareSpec:
         for key in ("fp8_tflops", "fp4_tflops", "max_sm_clock_mhz", "measured_fp8_gemm_tflops",
                     "measured_reference_fp8_gemm_tflops", "measured_bf16_gemm_tflops",
                     "measured_reference_bf16_gemm_tflops", "bf16_clock_speed", "measured_hbm_tbps",
-                    "measured_reference_hbm_tbps"):
+                    "measured_reference_hbm_tbps", "measured_attention_ps_per_score"):
             if getattr(self, key) is not None and getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive (or left out), got {getattr(self, key)}")
         if self.scale_up_link not in SCALE_UP_LINKS:
@@ -209,12 +218,20 @@ class HardwareSpec:
             raise ValueError(f"clock_speed must be positive, got {self.clock_speed}")
         if self.hbm_speed <= 0:
             raise ValueError(f"hbm_speed must be positive, got {self.hbm_speed}")
+        if self.attention_efficiency is not None and not 0 < self.attention_efficiency <= 1:
+            raise ValueError(f"attention_efficiency must be in (0, 1], got {self.attention_efficiency}")
         if self.reserve_gib >= self.memory_gib:
             raise ValueError(f"reserve_gib={self.reserve_gib} must be below memory_gib={self.memory_gib}")
 
     @property
     def supports_fp8(self) -> bool:
         return self.fp8_tflops is not None
+
+    @property
+    def attention_peak_share(self) -> float:
+        """The share of peak the attention core reaches (``layer_time.attention_time``): measured where a
+        benchmark says (``attention_efficiency``), else the fitted ``efficiency.attention``."""
+        return self.attention_efficiency or self.efficiency.attention
 
     @property
     def scale_up_domain(self) -> str:
@@ -230,6 +247,24 @@ class HardwareSpec:
     def scale_up_mesh(self) -> bool:
         """The domain is a direct full mesh (``MESH_LINKS``), not a switch."""
         return self.scale_up_link in MESH_LINKS
+
+
+# Per causal score element, the attention core's forward as ``layer_time.attention_time`` prices it:
+# QK^T and P·V, 2 x 2 x head dim FLOPs at head dimension 128, and one exponential; its backward twice
+# the forward (``layer_time.compute_time``: three forwards in all).
+ATTENTION_HEAD_DIM = 128
+ATTENTION_PASSES = 3.0
+
+
+def measured_attention_efficiency(hw: HardwareSpec) -> float:
+    """The share of ``hw``'s peak at which the cost model's attention core takes the forward +
+    backward time per causal score element that a benchmark measured on ``hw``
+    (``measured_attention_ps_per_score``, BF16, head dimension 128): the model's time at full
+    efficiency, ``ATTENTION_PASSES`` x max(the two GEMMs at the BF16 peak, the exponential at the SFU
+    rate), over the measured time."""
+    gemms = 2.0 * 2.0 * ATTENTION_HEAD_DIM / (hw.bf16_tflops * 1e12 * (hw.bf16_clock_speed or hw.clock_speed))
+    bound = max(gemms, 1.0 / (hw.exp_tera_per_s * 1e12))
+    return ATTENTION_PASSES * bound / (hw.measured_attention_ps_per_score * 1e-12)
 
 
 def clock_limited_speed(hw: HardwareSpec, donor: HardwareSpec) -> float:
