@@ -313,6 +313,14 @@ BAD_INPUTS = [
      "unrecognized arguments: --max-num-seqs=64; did you mean --max-batch?"),
     (["infer", "--model", "llama3.1-70b", "--gpus", "8", "--tp_size", "8"],
      "unrecognized arguments: --tp_size 8; did you mean --tp?"),
+    # a flag shortened: argparse's prefix matching took it silently (session 53); a required one shortened
+    # was "the following arguments are required: --gpu" only
+    (["infer", "--model", "llama3.1-8b", "--gpus", "1", "--max-ttft", "100"],
+     "infer: unrecognized arguments: --max-ttft 100; did you mean --max-ttft-ms?"),
+    (["search", "--mod", "175b", "--gpus", "8"], "search: unrecognized arguments: --mod 175b; did you mean --model?"),
+    (["export", "{dir}", "--form", "yaml"], "export: unrecognized arguments: --form yaml; did you mean --format?"),
+    (["runs", "import", "x.log", "--gp", "h100-sxm"],
+     "the following arguments are required: --gpu; unrecognized arguments: --gp; did you mean --gpu?"),
     # --- search: flags
     (["search", "--model", "175b", "--gpus", "1000000000000000000000"],
      "expected an integer in 1..2147483647, got 1000000000000000000000"),

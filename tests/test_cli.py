@@ -302,6 +302,39 @@ def _commands(parser, prefix=()):
                 yield from _commands(action.choices[choice.dest], words)
 
 
+def test_no_parser_takes_a_shortened_flag(monkeypatch, capsys):
+    """argparse's prefix matching took `infer --max-ttft 100` as --max-ttft-ms without a word (session
+    53): every command and subcommand, and the `python -m autoparallel.serve.*` tools, take a flag only
+    spelled whole, and a prefix gets the did-you-mean hint."""
+    import argparse
+
+    from autoparallel.cli import build_parser
+    from autoparallel.serve import fit as serve_fit
+    from autoparallel.serve import validate as serve_validate
+
+    def parsers(parser):
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    yield from parsers(sub)
+    found = list(parsers(build_parser()))
+    assert len(found) >= 14 and not [p.prog for p in found if p.allow_abbrev]
+    with pytest.raises(SystemExit) as exit_:
+        main(["infer", "--model", "llama3.1-8b", "--gpus", "1", "--max-ttft", "100", "--no-save"])
+    assert exit_.value.code == 2
+    assert "unrecognized arguments: --max-ttft 100; did you mean --max-ttft-ms?" in capsys.readouterr().err
+
+    def ran(*args, **kwargs):
+        raise AssertionError("the tool ran: its shortened flag was taken")
+    monkeypatch.setattr(serve_validate, "run", ran)
+    monkeypatch.setattr(serve_fit, "fit_all", ran)
+    for tool, flag in ((serve_validate, "--no-cross"), (serve_fit, "--dry")):
+        with pytest.raises(SystemExit) as exit_:
+            tool.main([flag])
+        assert exit_.value.code == 2 and f"unrecognized arguments: {flag}" in capsys.readouterr().err
+
+
 def test_every_command_s_help_says_what_it_does(monkeypatch, capsys):
     """`autoparallel calibrate --help` listed its options under the usage and never said what the
     command does (session 53: no subcommand had a description); each now opens with its line of
