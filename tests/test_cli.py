@@ -1,15 +1,20 @@
 """The command line end to end: outputs other tools read, run folders, and user errors."""
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
 from autoparallel.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 RECORD_KEYS = {"config", "fits", "peak_memory_gib", "step_time_s", "tokens_per_s_per_gpu",
                "model_tflops_per_gpu", "mfu", "breakdown"}
@@ -483,6 +488,32 @@ def test_report_prints_the_ranked_table_again(run_dir, capsys):
     assert main(["report", str(run_dir), "--wide", "--explain"]) == 0
     out = capsys.readouterr().out
     assert "--wide adds" not in out and " other" in out.splitlines()[1] and "other: " in out
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="drops root's file capabilities with setpriv, which needs root")
+def test_report_of_a_run_folder_it_cannot_write_prints_the_table_and_says_why_in_one_line(run_dir, tmp_path):
+    """`report` of a read-only run folder (a teammate's, a read-only mount) printed one line and no
+    table (session 53), though the table needs no write: the table, then one line on why report.html
+    was not written, and nothing written."""
+    folder = tmp_path / "run"
+    shutil.copytree(run_dir, folder)
+    (folder / "report.html").unlink(missing_ok=True)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    os.chmod(folder, 0o555)
+    try:  # root without the capabilities that let it write anywhere: the folder's permission bits apply
+        p = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner",
+                            "--inh-caps=-dac_override,-dac_read_search,-fowner",
+                            sys.executable, "-m", "autoparallel", "report", str(folder)],
+                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    finally:
+        os.chmod(folder, 0o755)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and len(p.stderr.splitlines()) == 1, p.stderr
+    assert p.stderr.startswith("autoparallel: error: report.html not written: ")
+    assert f"cannot write in {folder} (permission denied)" in p.stderr
+    assert "llama3-70b on 64 x h100-sxm, gbs 128" in p.stdout and "tok/s/GPU" in p.stdout
+    assert re.search(r"^ *1 +\d", p.stdout, re.M), p.stdout  # rank 1's row
+    assert {q.name: q.read_bytes() for q in folder.iterdir()} == before
 
 
 @pytest.mark.parametrize("phases, count", [([], None), ([(3, 10)], " 3/10 "),
