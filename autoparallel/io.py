@@ -65,6 +65,18 @@ def read_yaml(path: Path) -> dict:
 _YAML_CACHE: dict[str, tuple[tuple[int, ...], dict]] = {}
 
 
+def read_flag_yaml(flag: str, path: str | Path) -> dict:
+    """``read_yaml`` of the file a flag names (``--plan``, ``--settings``), each of its errors led by
+    the flag: "cannot read x.yaml: No such file or directory" did not say which of the command's
+    files x.yaml was."""
+    try:
+        return read_yaml(Path(path))
+    except SpecError as exc:
+        raise SpecError(f"{flag}: {exc}") from None
+    except UserError as exc:
+        raise UserError(f"{flag}: {exc}") from None
+
+
 def _parse_yaml(path: Path) -> dict:
     raw = safefile.read_bytes(path, "YAML file")
     try:

@@ -793,20 +793,49 @@ def read_measured_csv(path: Path) -> pd.DataFrame:
     return frame
 
 
-def read_runs_table(path: Path, columns: tuple[str, ...] = ()) -> pd.DataFrame:
+# What a training runs CSV is, for a file given to --runs that is not one.
+RUNS_CSV = (f"a header of the runs columns ({', '.join(RUN_COLUMNS)}, ...) and a row per run, "
+            "as `autoparallel runs import` writes them from training logs")
+
+
+def unreadable_csv(path: Path, exc: Exception, expected: str = RUNS_CSV) -> UserError:
+    """Why a runs CSV could not be read, in words, and what was ``expected``: pandas' own ("Error
+    tokenizing data. C error: Expected 2 fields in line 10, saw 6", "'utf-8' codec can't decode
+    byte 0xd0") said neither what was wrong with the file for its reader nor what it should be."""
+    if isinstance(exc, pd.errors.EmptyDataError):
+        return UserError(f"runs CSV {path} is empty; expected {expected}")
+    if isinstance(exc, UnicodeDecodeError):  # pandas' offset is into its own buffer: the file's, found again
+        data = safefile.read_bytes(path, "runs CSV")
+        try:
+            data.decode("utf-8")
+            at = exc.start
+        except UnicodeDecodeError as whole:
+            at = whole.start
+        line = data.count(b"\n", 0, at) + 1
+        why = f"line {line} is not UTF-8 text (byte 0x{data[at:at + 1].hex() or '?'} at offset {at:,})"
+    elif isinstance(exc, pd.errors.ParserError):
+        fields = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", str(exc))
+        why = (f"line {fields[2]} has {fields[3]} comma-separated fields, its header {fields[1]}" if fields
+               else " ".join(str(exc).split())[:200])
+    else:
+        return UserError(f"cannot read runs CSV {path}: {' '.join(str(exc).split())[:200]}")
+    return UserError(f"runs CSV {path} is not a CSV table: {why}; expected {expected}")
+
+
+def read_runs_table(path: Path, columns: tuple[str, ...] = (), expected: str = RUNS_CSV) -> pd.DataFrame:
     """A CSV of measured runs with a header, the given columns and at least one row; anything
-    else is a UserError naming the file."""
+    else is a UserError naming the file (and, where it is no CSV table, what was ``expected``)."""
     if not os.path.lexists(path):
         raise UserError(f"runs CSV {path} does not exist")
     try:
         frame = read_measured_csv(path)
-    except pd.errors.EmptyDataError:
-        raise UserError(f"runs CSV {path} is empty (expected a header and one row per run)") from None
-    except (OSError, pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
-        raise UserError(f"cannot read runs CSV {path}: {' '.join(str(exc).split())[:200]}") from None
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
+        raise unreadable_csv(path, exc, expected) from None
     if is_mlperf_table(frame):
         frame = from_mlperf(mlperf_corrections.apply(frame))
     missing = [c for c in columns if c not in frame.columns]
+    if missing and len(missing) == len(columns):  # a training log given for the CSV it is imported into
+        raise UserError(f"runs CSV {path} has none of the runs columns; expected {expected}")
     if missing:
         raise UserError(f"runs CSV {path} lacks column(s) {', '.join(missing)}")
     if frame.empty:

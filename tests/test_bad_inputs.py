@@ -186,6 +186,8 @@ def files(tmp_path_factory):
     put("workload_extra.csv", "input_len,output_len\n100,20\n1,000,20\n")  # a thousands separator, unquoted
     put("workload_bool.jsonl", '{"input_len": 100, "output_len": 20}\n{"input_len": true, "output_len": 20}\n')
     put("runs_id_only.csv", "id,model\nx,y\n")  # an id column, not the runs columns (session 46)
+    put("runs_ragged.csv", "id,model\nx,y\nx,y,1,2,3,4\n")  # no CSV table: a row of more fields than the header
+    put("runs_binary.csv", b"id,model\n\xd0\xff\x00,y\n")
     put("good.log", (Path(__file__).parent / "fixtures" / "runlogs" / "megatron_tp2_pp2_vp4_sp_selective_fp8.log").read_text())
     put("moe_freq_huge.yaml", _model(num_experts=8, moe_router_topk=2, moe_layer_freq="[1]*1000000000000"))
 
@@ -313,6 +315,14 @@ BAD_INPUTS = [
      "unrecognized arguments: --max-num-seqs=64; did you mean --max-batch?"),
     (["infer", "--model", "llama3.1-70b", "--gpus", "8", "--tp_size", "8"],
      "unrecognized arguments: --tp_size 8; did you mean --tp?"),
+    # a flag shortened: argparse's prefix matching took it silently (session 53); a required one shortened
+    # was "the following arguments are required: --gpu" only
+    (["infer", "--model", "llama3.1-8b", "--gpus", "1", "--max-ttft", "100"],
+     "infer: unrecognized arguments: --max-ttft 100; did you mean --max-ttft-ms?"),
+    (["search", "--mod", "175b", "--gpus", "8"], "search: unrecognized arguments: --mod 175b; did you mean --model?"),
+    (["export", "{dir}", "--form", "yaml"], "export: unrecognized arguments: --form yaml; did you mean --format?"),
+    (["runs", "import", "x.log", "--gp", "h100-sxm"],
+     "the following arguments are required: --gpu; unrecognized arguments: --gp; did you mean --gpu?"),
     # --- search: flags
     (["search", "--model", "175b", "--gpus", "1000000000000000000000"],
      "expected an integer in 1..2147483647, got 1000000000000000000000"),
@@ -510,8 +520,22 @@ BAD_INPUTS = [
     (["search", "--model", "deepseek-v3", "--gpus", "256", "--moe-shared-expert-overlap",
       "--moe-token-dispatcher-type", "allgather"], "only works with the alltoall or flex token dispatcher"),
     (["validate", "--runs", "{runs_header_csv}"], "runs_header.csv has a header but no rows"),
-    (["validate", "--runs", "{runs_junk_csv}"], "cannot read runs CSV {runs_junk_csv}"),
-    (["validate", "--runs", "{runs_columns_csv}"], "lacks column(s) id, model"),
+    # a runs file that is no CSV table got pandas' words ("Error tokenizing data. C error: Expected 2 fields in
+    # line 3, saw 6"), a log "lacks column(s) id, model, ..." (session 53): what is wrong and what a runs CSV is
+    (["validate", "--runs", "{runs_junk_csv}"], "runs CSV {runs_junk_csv} is not a CSV table: line "),
+    (["validate", "--runs", "{runs_columns_csv}"],
+     "runs_columns.csv has none of the runs columns; expected a header of the runs columns (id, model, "),
+    (["calibrate", "--gpu", "h100-sxm", "--runs", "{runs_ragged_csv}"],
+     "runs CSV {runs_ragged_csv} is not a CSV table: line 3 has 6 comma-separated fields, its header 2; expected a "
+     "header of the runs columns (id, model, num_layers,"),
+    (["calibrate", "--gpu", "h100-sxm", "--runs", "{runs_binary_csv}"],
+     "runs CSV {runs_binary_csv} is not a CSV table: line 2 is not UTF-8 text (byte 0xd0 at offset 9); expected a header"),
+    (["runs", "import", "{good_log}", "--gpu", "h100-sxm", "--runs", "{runs_ragged_csv}"],
+     "is not a CSV table: line 3 has 6 comma-separated fields, its header 2; expected a header of the runs columns"),
+    (["validate", "--runs", "{good_log}"], "as `autoparallel runs import` writes them from training logs"),
+    (["validate", "--inference", "--runs", "{runs_ragged_csv}"],
+     "not a CSV table: line 3 has 6 comma-separated fields, its header 2; expected a header with the serving "
+     "columns (model, tp, pp,"),
     (["validate", "--runs", "{runs_values_csv}"], "row nemo-x: num_layers = 'many' is not a positive integer"),
     (["validate", "--runs", "{dir}/missing.csv"], "missing.csv does not exist"),
     (["validate", "--inference", "--runs", "{runs_empty_csv}"], "runs_empty.csv is empty"),
@@ -565,7 +589,14 @@ BAD_INPUTS = [
     (["profile", "--model", "cpu-small", "--plan", "{plan_nogbs_yaml}"], "missing required key 'gbs'"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_other_model_yaml}"], "is a plan for gpt3-175b"),
     (["profile", "--plan", "{plan_tp3_yaml}"], "profile --plan needs --model"),
-    (["profile", "--model", "cpu-small", "--plan", "{dir}/no_plan.yaml"], "cannot read {dir}/no_plan.yaml: No such file or directory"),
+    # a missing file said "cannot read X" without the flag that named it (session 53)
+    (["profile", "--model", "cpu-small", "--plan", "{dir}/no_plan.yaml"],
+     "--plan: cannot read {dir}/no_plan.yaml: No such file or directory"),
+    (["fp8-check", "--model", "llama3-8b", "--settings", "{dir}/no_settings.yaml"],
+     "--settings: cannot read {dir}/no_settings.yaml: No such file or directory"),
+    (["fp8-check", "--model", "llama3-8b", "--settings", "{dir}"], "--settings: YAML file {dir} is a folder, not a regular file"),
+    (["search", "--model", "175b", "--gpus", "64", "--fp8-check", "--fp8-check-settings", "{dir}/no_settings.yaml"],
+     "--fp8-check-settings: cannot read {dir}/no_settings.yaml: No such file or directory"),
     (["profile", "--model", "cpu-small", "--rank", "1", "{big}"], "--model cpu-small is not the model of"),
     (["profile", "--rank", "1", "{big}"], "a job of 1024 ranks is larger than"),
     (["profile", "--rank", "one", "{grid}"], "--rank expects N RUN_DIR, got 'one' for N"),

@@ -1,15 +1,20 @@
 """The command line end to end: outputs other tools read, run folders, and user errors."""
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
 from autoparallel.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 RECORD_KEYS = {"config", "fits", "peak_memory_gib", "step_time_s", "tokens_per_s_per_gpu",
                "model_tflops_per_gpu", "mfu", "breakdown"}
@@ -302,6 +307,39 @@ def _commands(parser, prefix=()):
                 yield from _commands(action.choices[choice.dest], words)
 
 
+def test_no_parser_takes_a_shortened_flag(monkeypatch, capsys):
+    """argparse's prefix matching took `infer --max-ttft 100` as --max-ttft-ms without a word (session
+    53): every command and subcommand, and the `python -m autoparallel.serve.*` tools, take a flag only
+    spelled whole, and a prefix gets the did-you-mean hint."""
+    import argparse
+
+    from autoparallel.cli import build_parser
+    from autoparallel.serve import fit as serve_fit
+    from autoparallel.serve import validate as serve_validate
+
+    def parsers(parser):
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    yield from parsers(sub)
+    found = list(parsers(build_parser()))
+    assert len(found) >= 14 and not [p.prog for p in found if p.allow_abbrev]
+    with pytest.raises(SystemExit) as exit_:
+        main(["infer", "--model", "llama3.1-8b", "--gpus", "1", "--max-ttft", "100", "--no-save"])
+    assert exit_.value.code == 2
+    assert "unrecognized arguments: --max-ttft 100; did you mean --max-ttft-ms?" in capsys.readouterr().err
+
+    def ran(*args, **kwargs):
+        raise AssertionError("the tool ran: its shortened flag was taken")
+    monkeypatch.setattr(serve_validate, "run", ran)
+    monkeypatch.setattr(serve_fit, "fit_all", ran)
+    for tool, flag in ((serve_validate, "--no-cross"), (serve_fit, "--dry")):
+        with pytest.raises(SystemExit) as exit_:
+            tool.main([flag])
+        assert exit_.value.code == 2 and f"unrecognized arguments: {flag}" in capsys.readouterr().err
+
+
 def test_every_command_s_help_says_what_it_does(monkeypatch, capsys):
     """`autoparallel calibrate --help` listed its options under the usage and never said what the
     command does (session 53: no subcommand had a description); each now opens with its line of
@@ -450,6 +488,32 @@ def test_report_prints_the_ranked_table_again(run_dir, capsys):
     assert main(["report", str(run_dir), "--wide", "--explain"]) == 0
     out = capsys.readouterr().out
     assert "--wide adds" not in out and " other" in out.splitlines()[1] and "other: " in out
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="drops root's file capabilities with setpriv, which needs root")
+def test_report_of_a_run_folder_it_cannot_write_prints_the_table_and_says_why_in_one_line(run_dir, tmp_path):
+    """`report` of a read-only run folder (a teammate's, a read-only mount) printed one line and no
+    table (session 53), though the table needs no write: the table, then one line on why report.html
+    was not written, and nothing written."""
+    folder = tmp_path / "run"
+    shutil.copytree(run_dir, folder)
+    (folder / "report.html").unlink(missing_ok=True)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    os.chmod(folder, 0o555)
+    try:  # root without the capabilities that let it write anywhere: the folder's permission bits apply
+        p = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner",
+                            "--inh-caps=-dac_override,-dac_read_search,-fowner",
+                            sys.executable, "-m", "autoparallel", "report", str(folder)],
+                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    finally:
+        os.chmod(folder, 0o755)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and len(p.stderr.splitlines()) == 1, p.stderr
+    assert p.stderr.startswith("autoparallel: error: report.html not written: ")
+    assert f"cannot write in {folder} (permission denied)" in p.stderr
+    assert "llama3-70b on 64 x h100-sxm, gbs 128" in p.stdout and "tok/s/GPU" in p.stdout
+    assert re.search(r"^ *1 +\d", p.stdout, re.M), p.stdout  # rank 1's row
+    assert {q.name: q.read_bytes() for q in folder.iterdir()} == before
 
 
 @pytest.mark.parametrize("phases, count", [([], None), ([(3, 10)], " 3/10 "),

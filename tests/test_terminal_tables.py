@@ -297,3 +297,45 @@ def test_the_simulated_table_s_legend_breaks_between_its_parts_at_80_columns():
                  "tok/s/GPU: output tokens/s per GPU sustained"):
         assert any(part in line for line in lines[start:start + 2]), lines[start:]
     assert legend.startswith("req/s:")
+
+
+def _piped(argv: list[str], **environ: str) -> subprocess.CompletedProcess:
+    """``autoparallel argv`` with its output to a pipe (COLUMNS unset unless given)."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | environ
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "autoparallel", *argv], env=env, capture_output=True, text=True)
+
+
+def test_the_time_to_train_line_breaks_between_phrases_at_80_columns():
+    """search's time-to-train line went to the legend's word wrap, which broke it "$5.35M at" /
+    "$2.5/GPU-h" (session 53): now between its phrases, each whole on a line."""
+    argv = ["search", "--model", "llama3-70b", "--gpus", "1024", "--tokens", "15T", "--gpu-hour-cost", "2.5",
+            "--no-save", "--top", "5"]
+    piped = _piped(argv, COLUMNS="400")
+    (summary,) = [line for line in piped.stdout.splitlines() if line.startswith("rank 1: ")]
+    assert piped.returncode == 0 and len(summary) > 80, summary
+    lines = [line.rstrip() for line in screen(argv, 80).splitlines() if line.strip()]
+    start = next(i for i, line in enumerate(lines) if line.startswith("rank 1: "))
+    shown = lines[start:next(i for i in range(start, len(lines)) if lines[i].startswith("tie:"))]
+    assert len(shown) > 1 and " ".join(shown) == summary and all(len(x) <= 80 for x in shown), shown
+    for phrase in re.split(r"(?<=[,:]) ", summary):  # "rank 1:", "... GPUs:", "2.9M GPU-hours,", "$7.25M at $2.5/GPU-h"
+        assert any(phrase in line for line in shown), f"{phrase!r} broken over two lines: {shown}"
+
+
+def test_a_parenthetical_of_an_error_stays_whole_on_its_line_at_80_columns(tmp_path):
+    """`profile` of a job larger than the machine broke "(2 cores x" / "4, 24 GiB at 0.5 GiB a rank);"
+    (session 53): a parenthetical that fits on a line is now one, the line before it broken at its
+    "(" (the CPU's or GPUs' count varies by machine; the parentheticals are whatever it says)."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("tp: 1\npp: 1\ndp: 4096\ngbs: 4096\nmbs: 1\n")
+    argv = ["profile", "--model", "cpu-small", "--plan", str(plan)]
+    piped = _piped(argv)
+    (message,) = piped.stderr.splitlines()
+    assert piped.returncode == 2 and "a job of 4096 ranks is larger than" in message, message
+    parentheticals = re.findall(r"\([^()]*\)", message)
+    assert parentheticals and all(len(p) <= 80 for p in parentheticals), parentheticals
+    lines = [line.rstrip() for line in screen(argv, 80).splitlines() if line.strip()]
+    shown = lines[next(i for i, line in enumerate(lines) if line.startswith("autoparallel: error:")):]
+    assert " ".join(shown) == message and all(len(x) <= 80 for x in shown), shown
+    for p in parentheticals:
+        assert any(p in line for line in shown), f"{p!r} broken over two lines: {shown}"

@@ -69,16 +69,34 @@ class Formatter(argparse.HelpFormatter):
 class Parser(argparse.ArgumentParser):
     """argparse that reports a bad argument in one line (exit 2) instead of the usage text.
 
+    A flag is taken only as spelled whole (``allow_abbrev`` off, for every subcommand too: argparse
+    makes each with this class): argparse's prefix matching took ``--max-ttft 100`` as
+    ``--max-ttft-ms`` without a word, and a prefix that stops matching one flag when another is
+    added breaks scripts; a prefix now gets the did-you-mean hint (``_close_flags``).
+
     A value that starts with '-' and a digit (``--tokens -5T``, ``--gpu-hour-cost -1e3``) or is
     ``-inf``/``-nan`` is a value, so that its type says what is wrong with it; argparse takes
     only ``-5`` and ``-.5`` for numbers and calls the rest a missing argument."""
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("formatter_class", Formatter)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"^-(\d|\.\d|inf$|nan$|infinity$)", re.IGNORECASE)
 
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self._given = list(sys.argv[1:] if args is None else args)  # for error()'s hint
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> None:  # type: ignore[override]
+        """``message`` in one line; where a required flag is missing because it was given shortened
+        (``runs import LOG --gp h100``: argparse stops at the missing ``--gpu`` before it reports
+        words it did not take), the words it did not take and the flag they look like too."""
+        if message.startswith("the following arguments are required"):
+            unknown = [a for a in getattr(self, "_given", []) if a.startswith("--")
+                       and a.split("=")[0] not in self._option_string_actions]
+            if unknown:
+                message += f"; unrecognized arguments: {' '.join(unknown)}{_close_flags(self, unknown)}"
         command = self.prog.removeprefix(PROG).strip()
         from autoparallel.report.fit import for_stderr
         sys.stderr.write(for_stderr(f"{PROG}: error: {command + ': ' if command else ''}{message} "

@@ -209,7 +209,8 @@ def _fp8_check_first(args: argparse.Namespace, model, hw, space) -> dict:
     recipes = ",".join(p for p in space.precision if p in CHECKABLE and p not in lacking)
     if not recipes:
         return {}
-    settings = settings_from_flags(args.fp8_check_settings, args.fp8_check_steps, recipes)
+    settings = settings_from_flags(args.fp8_check_settings, args.fp8_check_steps, recipes,
+                                   flag="--fp8-check-settings")
     result, check_dir = check_and_save(model, settings, None if args.no_save else Path(args.results),
                                        sys.argv, None if args.json else console)
     if not args.json:

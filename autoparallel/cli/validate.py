@@ -41,8 +41,9 @@ def run(args: argparse.Namespace) -> None:
     if args.inference:
         from autoparallel.measured_runs import read_runs_table
         from autoparallel.serve import validate as serve_validate
+        from autoparallel.serve.measured import FT_CSV
         for path in runs or []:
-            read_runs_table(path)  # serve/ checks its own columns; here a file that is no table at all
+            read_runs_table(path, expected=FT_CSV)  # serve/ checks its own columns; here a file that is no table at all
         try:
             serve_validate.run(runs[0] if runs else None, args.json, console, cross=not args.no_cross_validation,
                                with_mlperf=not args.no_mlperf)

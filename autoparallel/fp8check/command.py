@@ -20,8 +20,9 @@ ALIASES = {"delayed": "fp8-delayed", "current": "fp8-current", "blockwise": "fp8
 
 
 def settings_from_flags(path: str | None, steps: int | None, recipes: str | None,
-                        seed: int | None = None) -> Fp8CheckSettings:
-    settings = load_settings(path)
+                        seed: int | None = None, flag: str = "--settings") -> Fp8CheckSettings:
+    """The settings file ``path`` (named by ``flag``) with the command line's steps, seed and recipes."""
+    settings = load_settings(path, flag)
     run = settings.run
     if steps is not None:
         run = dataclasses.replace(run, steps=steps,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoparallel.fp8check.proxy import ProxyRule
-from autoparallel.io import SEARCH_SPACES, from_dict, read_yaml
+from autoparallel.io import SEARCH_SPACES, from_dict, read_flag_yaml, read_yaml
 
 DEFAULT_PATH = SEARCH_SPACES / "fp8_check.yaml"
 
@@ -75,6 +75,8 @@ def thresholds_for(settings: Fp8CheckSettings, recipe_name: str) -> Thresholds:
     return settings.fp4_thresholds if recipe_name == "nvfp4" else settings.thresholds
 
 
-def load_settings(path: str | Path | None = None) -> Fp8CheckSettings:
+def load_settings(path: str | Path | None = None, flag: str = "") -> Fp8CheckSettings:
+    """The settings of ``path`` (the shipped ones without it); ``flag``: the flag that named
+    ``path``, which a file that cannot be read is named with."""
     path = Path(path) if path else DEFAULT_PATH
-    return from_dict(Fp8CheckSettings, read_yaml(path), str(path))
+    return from_dict(Fp8CheckSettings, read_flag_yaml(flag, path) if flag else read_yaml(path), str(path))

@@ -98,7 +98,7 @@ def load_plan(path: str):
     """A plan YAML (Plan fields, or a best.yaml's ``plan``) strictly, and the model a best.yaml
     names (None for a bare plan)."""
     from autoparallel.specs.plan import Plan
-    data = io.read_yaml(Path(path))
+    data = io.read_flag_yaml("--plan", path)
     if "plan" not in data and {"engine", "layout"} <= set(data):  # a plan's 43 keys named was no help here
         raise UserError(f"{path} is an `infer` run's best.yaml (a serving layout): profile measures a training "
                         "plan, a `search` run's best.yaml or Plan fields (--rank N RUN_DIR for a search run)")

@@ -288,7 +288,7 @@ def phrase_lines(text: str, width: int, lead: str = "") -> list[str]:
         else:
             if not after_lead:
                 lines.append("")
-            for word in _words(phrase):
+            for word in _words(phrase, width):
                 if lines[-1] and cell_len(f"{lines[-1]} {word}") > width:
                     lines.append("")
                 lines[-1] = f"{lines[-1]} {word}".lstrip(" ")
@@ -301,8 +301,10 @@ _LAYOUT_PART = re.compile(r"\(?[A-Z]{2,4}\d+")
 _UNIT = re.compile(r"(?:%|[KMGT]i?B|ms|s)[,;:)]*")
 
 
-def _words(phrase: str) -> list[str]:
-    """``phrase``'s words for a break, a layout string or a figure and its unit being one word."""
+def _words(phrase: str, width: int | None = None) -> list[str]:
+    """``phrase``'s words for a break, a layout string or a figure and its unit being one word, and
+    a parenthetical that fits in ``width`` one word too: "(2 cores x" / "4, 24 GiB at ...)" read
+    as two figures, where the phrase before it could have broken at its "("."""
     words: list[str] = []
     for word in phrase.split(" "):
         last = words[-1].rsplit(" ", 1)[-1] if words else ""
@@ -311,7 +313,25 @@ def _words(phrase: str) -> list[str]:
             words[-1] = f"{words[-1]} {word}"
         else:
             words.append(word)
-    return words
+    return _parentheticals(words, width) if width else words
+
+
+def _parentheticals(words: list[str], width: int) -> list[str]:
+    """``words`` with each run from an opening "(" to its closing ")" made one word where it fits in
+    ``width`` (a longer one keeps its words, to break between)."""
+    out: list[str] = []
+    start = depth = 0
+    for word in words:
+        if depth == 0:
+            start = len(out)
+        out.append(word)
+        depth += word.count("(") - word.count(")")
+        if depth <= 0:
+            depth = 0
+            group = " ".join(out[start:])
+            if len(out) - start > 1 and group.startswith("(") and cell_len(group) <= width:
+                out[start:] = [group]
+    return out
 
 
 def for_stderr(message: str) -> str:

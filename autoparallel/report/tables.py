@@ -21,7 +21,7 @@ from rich.console import Console
 
 from autoparallel import io
 from autoparallel.costmodel.finetune import is_lora
-from autoparallel.report.fit import Column, cell, print_table
+from autoparallel.report.fit import Column, cell, output_width, phrase_lines, print_table
 from autoparallel.report.time_to_train import TimeToTrain, dollars, si
 from autoparallel.resources import SEARCH_SPACES
 from autoparallel.specs.hardware import HardwareSpec
@@ -296,8 +296,9 @@ def print_ranked(ranked: pd.DataFrame, title: str | Callable[[int], str], top: i
     console = console or Console()
     error = prediction_error().for_model(hw, model)
     text = legend(hw, memory_fraction, error) if explain else short_legend(hw, memory_fraction, error)
-    if train is not None and ranked["fits"].any():
-        text = [train.summary(float(ranked.loc[ranked["fits"], "tokens_per_s_per_gpu"].iloc[0])), *text]
+    if train is not None and ranked["fits"].any():  # broken between its phrases: "$5.35M at" / "$2.5/GPU-h" read as two
+        summary = train.summary(float(ranked.loc[ranked["fits"], "tokens_per_s_per_gpu"].iloc[0]))
+        text = [*phrase_lines(summary, output_width(console)), *text]
     columns, rows = _table(ranked, top, hw, train, error)
     print_table(console, title(len(rows)) if callable(title) else title, columns, rows, text, wide, where)
 

@@ -61,7 +61,8 @@ def read_runs_file(path: Path) -> pd.DataFrame:
         with safefile.open_capped(path, "runs CSV") as f:
             frame = pd.read_csv(f)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read runs CSV {path}: {exc}") from None
+        from autoparallel.measured_runs import unreadable_csv
+        raise unreadable_csv(path, exc) from None
     if "id" not in frame.columns:
         raise UserError(f"{path} is not a runs CSV: it has no id column")
     # A CSV with an id column but not the runs columns (another table) was rewritten with them appended,

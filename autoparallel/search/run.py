@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import typing
 from dataclasses import dataclass, field
@@ -512,28 +513,34 @@ def _merge_profiled(result: SearchResult, run_dir: Path) -> None:
     result.ranked = measured.merge(result.ranked, saved)
 
 
-def report(run_dir: Path) -> tuple[Path, SearchResult]:
-    """Re-render a run's tables (from the study storage for sampler runs, from candidates.csv for
-    grid runs, whose CSV is the record itself) and write report.html: its path, and the run's
-    result for the terminal table."""
+def report(run_dir: Path) -> tuple[SearchResult, typing.Callable[[], Path]]:
+    """The run's result for the terminal table (from the study storage for sampler runs, from
+    candidates.csv for grid runs, whose CSV is the record itself), and the function that re-renders
+    ranked.md and writes report.html (its path). The table needs no write: a run folder that
+    cannot be written (a teammate's, a read-only mount) still gets it printed, the refusal to
+    write after it; a sampler run's there is read from the tables its search wrote, since opening
+    its study writes to the study."""
     from autoparallel.report import html
     run_dir = Path(run_dir)
     inputs, model, hw, space = load_inputs(run_dir)
-    if inputs.get("strategy") == "optuna":
+    sampler = inputs.get("strategy") == "optuna" and os.access(run_dir, os.W_OK | os.X_OK)
+    if sampler:
         from autoparallel.search import study
         settings = _study_settings(inputs, run_dir)
         with run_folder.locked(run_dir, "report"):
             s = study.open_existing(settings, run_dir)
             result = _finish(s, model, hw, int(inputs["gpus"]), int(inputs["gbs"]), space, run_dir,
-                             settings.objectives)
+                             settings.objectives)  # its tables written too
     else:
         result = load(run_dir)
-        title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"
-        run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(
-            result.ranked, 50, hw, space.memory_fraction, result.feasible_total, result.train, model))
     title = f"{model.name} on {result.gpus} x {hw.name}, gbs {result.gbs}"
-    page = html.render(result.ranked, title, space.memory_fraction * hw.memory_gib, hw, result.rejections,
-                       result.feasible_total)
-    path = run_dir / "report.html"
-    run_folder.write_atomic(path, page)
-    return path, result
+
+    def write() -> Path:
+        path = run_dir / "report.html"
+        run_folder.write_atomic(path, html.render(result.ranked, title, space.memory_fraction * hw.memory_gib, hw,
+                                                  result.rejections, result.feasible_total))
+        if not sampler:
+            run_folder.write_atomic(run_dir / run_folder.RANKED, f"# {title}\n\n" + tables.markdown_table(
+                result.ranked, 50, hw, space.memory_fraction, result.feasible_total, result.train, model))
+        return path
+    return result, write

@@ -305,7 +305,8 @@ def fits_json(fits: dict[str, tuple[InferenceEfficiency, pd.DataFrame, list[AtBo
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m autoparallel.serve.fit", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)  # a flag only as spelled whole, as the CLI's
     p.add_argument("--dry-run", action="store_true", help="print the fits, do not write the YAML")
     p.add_argument("--json", action="store_true", help="print the fits as JSON (the rest goes to stderr)")
     args = p.parse_args(argv)

@@ -55,11 +55,12 @@ class Measured:
 
 
 def _read(path: Path, needed: set[str]) -> pd.DataFrame:
-    from autoparallel.measured_runs import read_measured_csv
+    from autoparallel.measured_runs import read_measured_csv, unreadable_csv
     try:
         frame = read_measured_csv(path)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read runs CSV {path}: {exc}") from None
+        raise unreadable_csv(path, exc, FT_CSV if needed == set(FT_COLUMNS) else
+                             f"a header with the columns {', '.join(sorted(needed))} and a row per measured run") from None
     missing = sorted(needed - set(frame.columns))
     if missing:
         raise UserError(f"{path}: missing column(s) {missing}")
@@ -73,10 +74,15 @@ MEASURED_COLUMNS = ("throughput_tokens_per_s", "ttft_ms", "tpot_ms", "latency_ms
 COUNT_COLUMNS = ("num_gpus", "tp", "pp")
 
 
+# The columns of a FasterTransformer runs CSV (the shipped inference_runs.csv, `validate --inference --runs`).
+FT_COLUMNS = ("model", "tp", "pp", "input_len", "output_len", "batch_or_concurrency", "latency_ms", "notes")
+FT_CSV = (f"a header with the serving columns ({', '.join(FT_COLUMNS)}) and a row per measured run, "
+          "as autoparallel/data/inference_runs.csv holds them")
+
+
 def load_fastertransformer(path: Path | None = None) -> Measured:
     path = Path(path) if path else FT_RUNS
-    frame = _read(path, {"model", "tp", "pp", "input_len", "output_len", "batch_or_concurrency",
-                         "latency_ms", "notes"})
+    frame = _read(path, set(FT_COLUMNS))
     a = load_assumptions()["validation"]["fastertransformer"]
     shapes = a["models"]
     unknown = sorted(set(frame["model"]) - set(shapes))

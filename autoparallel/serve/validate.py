@@ -321,7 +321,8 @@ def run(runs: Path | None, as_json: bool, console: Console, cross: bool = True, 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m autoparallel.serve.validate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)  # a flag only as spelled whole, as the CLI's
     p.add_argument("--runs", help="FasterTransformer runs CSV (default: the copy shipped in autoparallel/data/)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-cross-validation", action="store_true", help="in-sample errors only (no refits)")
