@@ -270,11 +270,14 @@ def test_runs_import_breaks_its_lines_between_phrases_at_80_columns(tmp_path):
     """Each log's line (~150 characters) was left to the terminal, which broke "35.9" / "GiB max
     allocated" and the layout "TP2 PP2" / "VP4 CP1" (session 53): now between phrases; in a pipe,
     one line still."""
-    log = ROOT / "tests" / "fixtures" / "runlogs" / "megatron_tp2_pp2_vp4_sp_selective_fp8.log"
-    argv = ["runs", "import", str(log), "--gpu", "h100-sxm", "--runs", str(tmp_path / "runs.csv")]
+    # relative to the checkout (both runs start there): an absolute path can be wider than the
+    # terminal by itself, where it is broken inside its name wherever the checkout lies
+    log = "tests/fixtures/runlogs/megatron_tp2_pp2_vp4_sp_selective_fp8.log"
+    argv = ["runs", "import", log, "--gpu", "h100-sxm", "--runs", str(tmp_path / "runs.csv")]
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    piped = subprocess.run([sys.executable, "-m", "autoparallel", *argv], env=env, capture_output=True, text=True)
+    piped = subprocess.run([sys.executable, "-m", "autoparallel", *argv], env=env, capture_output=True, text=True,
+                           cwd=ROOT)
     line = piped.stdout.splitlines()[0]
     assert piped.returncode == 0 and line.startswith("read ") and len(line) > 80
     (tmp_path / "runs.csv").unlink()
