@@ -20,7 +20,7 @@ then the error % as priced and under three what-ifs, none of them in the cost mo
 
 from __future__ import annotations
 
-import contextlib
+from unittest.mock import patch
 
 import numpy as np
 
@@ -28,16 +28,6 @@ from autoparallel.costmodel import dispatch, flops, gemm
 from autoparallel.measured_runs import load_runs, predict_row, priced, validation_runs
 
 BLACKWELL = ("b200", "b300", "gb200", "gb300")
-
-
-@contextlib.contextmanager
-def patched(module, name, value):
-    old = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, old)
 
 
 def bf16_slower(factor):
@@ -50,7 +40,7 @@ def bf16_slower(factor):
         fp4_peak = (hw.fp4_tflops or hw.fp8_tflops or hw.bf16_tflops) * 1e12 * hw.efficiency.fp8_gemm_relative * speed
         low = np.where(fp4, fp4_peak, fp8)
         return 1.0 / (quantized_fraction / low + (1.0 - quantized_fraction) / bf16)
-    return patched(gemm, "peak", peak)
+    return patch.object(gemm, "peak", peak)
 
 
 def flex_as_alltoall():
@@ -62,7 +52,7 @@ def flex_as_alltoall():
         probs = tokens * model.moe_router_topk * dispatch.PROBS_BYTES * imbalance
         a2a = dispatch.alltoall_time(hw, nbytes, ep, etp) + dispatch.alltoall_time(hw, probs, ep, etp) / 2
         return np.where(nodes <= 1, a2a, flex_time(hw, model, tokens, ep, etp, imbalance, value_bytes))
-    return patched(dispatch, "flex_time", flex)
+    return patch.object(dispatch, "flex_time", flex)
 
 
 def sliding_window():
@@ -80,7 +70,7 @@ def sliding_window():
         keys = min(window[0] + 1, s)
         share = np.where(causal, keys / (s / 2.0), keys / s)
         return full * ((1.0 - windowed) + windowed * np.minimum(share, 1.0))
-    return patched(flops, "attention_core_flops", attention)
+    return patch.object(flops, "attention_core_flops", attention)
 
 
 def main() -> None:
@@ -100,8 +90,8 @@ def main() -> None:
               f"{terms['dp_comm_s']:.2f} | {step - sum(terms.values()):.2f} | {measured - step:+.2f} | {r['error_pct']:+.1f} |")
     variants = {"bf16x0.8": bf16_slower(0.8), "flex=a2a": flex_as_alltoall(), "swa": sliding_window()}
     errors = {}
-    for name, patch in variants.items():
-        with patch:
+    for name, whatif in variants.items():
+        with whatif:
             errors[name] = {p.id: predict_row(p)["error_pct"] for p in rows}
     print()
     print("| row | as priced % | " + " | ".join(f"{n} %" for n in variants) + " |")

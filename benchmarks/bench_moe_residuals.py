@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
+from unittest.mock import patch
 
 import numpy as np
 
@@ -143,27 +144,17 @@ def family_table(rows: list[dict]) -> None:
               f" {r['disp ms']:7.2f} {span(gaps):>12s}")
 
 
-@contextlib.contextmanager
-def patched(module, name, value):
-    old = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, old)
-
-
 def one_grouped_kernel():
     """H1: every local expert's FC1 (FC2) in one grouped kernel, the GEMM curve read at the whole
     GroupedLinear's work instead of ``concurrent_experts`` groups' (what a single grouped GEMM would
     run; TransformerEngine 2.12-2.16 run it only on Hopper under NVTE_USE_CUTLASS_GROUPED_GEMM)."""
-    return patched(layer_time, "concurrent_experts", lambda model, ep: np.maximum(moe.local_experts(model, ep), 1.0))
+    return patch.object(layer_time, "concurrent_experts", lambda model, ep: np.maximum(moe.local_experts(model, ep), 1.0))
 
 
 def no_dedup():
     """H3: a flex dispatch sends every token copy on its own (k (token, expert) pairs, k * (nodes - 1) /
     nodes remote) instead of once per distinct GPU / node: DeepEP / HybridEP's de-duplication undone."""
-    return patched(dispatch, "distinct_share", lambda picks, places: np.full_like(
+    return patch.object(dispatch, "distinct_share", lambda picks, places: np.full_like(
         np.asarray(places, dtype=float), float(picks)))
 
 
@@ -175,7 +166,7 @@ def calls_behind_gemms():
     def overlapped(x, t_experts):
         forward, backward = expert_calls(x, t_experts)
         return np.maximum(forward - t_experts, 0.0), backward
-    return patched(layer_time, "expert_calls", overlapped)
+    return patch.object(layer_time, "expert_calls", overlapped)
 
 
 def elementwise_at(value):
@@ -215,7 +206,7 @@ def published_ep_bandwidth():
         per_pair = moe.routed_width(model) * value_bytes * imbalance
         published = tokens * pairs * per_pair / (gbps * 1e9) + hw.nvlink_latency_us * 1e-6
         return np.where((nodes <= 1) & (np.asarray(ep) > 1), published, priced)
-    return patched(dispatch, "flex_time", flex)
+    return patch.object(dispatch, "flex_time", flex)
 
 
 WHATIFS = {"grouped": one_grouped_kernel, "no-dedup": no_dedup, "published-ep": published_ep_bandwidth,
