@@ -329,12 +329,17 @@ def test_a_measured_speed_needs_both_figures_and_a_shared_donor(tmp_path):
         dataclasses.replace(io.load_hardware("mi325x"), measured_reference_fp8_gemm_tflops=-1)
 
 
+def _preset_stating(tmp_path, preset: str, line: str):
+    """A copy of a hardware preset (named ``<preset>x``) with ``line`` added: a derived key stated."""
+    text = Path(io.resolve_preset("hardware", preset)).read_text()
+    path = tmp_path / f"{preset}x.yaml"
+    path.write_text(text.replace(f"name: {preset}", f"name: {preset}x") + line + "\n")
+    return path
+
+
 def test_clock_speed_is_derived_never_stated(tmp_path):
-    text = Path(io.resolve_preset("hardware", "gb300")).read_text()
-    bad = tmp_path / "gb300x.yaml"
-    bad.write_text(text.replace("name: gb300", "name: gb300x") + "clock_speed: 1.5\n")
     with pytest.raises(io.SpecError, match="clock_speed is derived"):
-        io.load_hardware(str(bad))
+        io.load_hardware(str(_preset_stating(tmp_path, "gb300", "clock_speed: 1.5")))
     with pytest.raises(ValueError, match="max_sm_clock_mhz"):
         dataclasses.replace(io.load_hardware("gb300"), max_sm_clock_mhz=0)
 
@@ -456,11 +461,8 @@ def test_blackwell_attention_takes_cudnns_measured_time_per_score_not_a_fitted_s
 
 
 def test_the_attention_share_is_derived_never_stated(tmp_path):
-    text = Path(io.resolve_preset("hardware", "b200")).read_text()
-    bad = tmp_path / "b200x.yaml"
-    bad.write_text(text.replace("name: b200", "name: b200x") + "attention_efficiency: 0.5\n")
     with pytest.raises(io.SpecError, match="attention_efficiency is derived"):
-        io.load_hardware(str(bad))
+        io.load_hardware(str(_preset_stating(tmp_path, "b200", "attention_efficiency: 0.5")))
     with pytest.raises(ValueError, match="measured_attention_ps_per_score"):
         dataclasses.replace(b200 := io.load_hardware("b200"), measured_attention_ps_per_score=0)
     assert b200.attention_efficiency is not None

@@ -41,6 +41,19 @@ def both(sched, arrival, inp, out):
     return ref
 
 
+def _assert_fast_equals_reference(cost, sched, rate, seed: int) -> None:
+    """``simulate`` and ``simulate_reference`` on 120 requests of up to 600 + 300 tokens arriving at
+    ``rate`` (None: all at once): the same first tokens, finishes, iterations and preemptions."""
+    rng = np.random.default_rng(seed)
+    inp, out = rng.integers(1, 600, 120), rng.integers(1, 300, 120)
+    arr = arrivals(120, rate, 1)
+    ref, fast = simulate_reference(cost, sched, arr, inp, out), simulate(cost, sched, arr, inp, out)
+    np.testing.assert_allclose(fast.first_token, ref.first_token, rtol=1e-12)
+    np.testing.assert_allclose(fast.finish, ref.finish, rtol=1e-12)
+    assert (fast.iterations, fast.preemptions) == (ref.iterations, ref.preemptions)
+    assert fast.iterations > 0 and not np.isnan(fast.finish).any()
+
+
 def test_one_request_chunked_under_the_budget():
     """Prompt 10 under a budget of 4: chunks 4, 4, 2 (first token at t = 3), then 2 decode iterations."""
     r = both(Scheduler(max_running=8, budget=4, kv_blocks=100, block=4), [0], [10], [3])
@@ -116,14 +129,7 @@ def test_fast_equals_reference_under_multi_step_scheduling(pp, rate, blocks, ste
                                 prefill_min_waiting=gate)
     assert sched.multi_step == steps
     cost = IterationCost(model, hw, efficiency_for("vllm"), 1, pp, "bf16", "bf16", 1, 4096, sched.max_running)
-    rng = np.random.default_rng(blocks + pp + steps)
-    inp, out = rng.integers(1, 600, 120), rng.integers(1, 300, 120)
-    arr = arrivals(120, rate, 1)
-    ref, fast = simulate_reference(cost, sched, arr, inp, out), simulate(cost, sched, arr, inp, out)
-    np.testing.assert_allclose(fast.first_token, ref.first_token, rtol=1e-12)
-    np.testing.assert_allclose(fast.finish, ref.finish, rtol=1e-12)
-    assert (fast.iterations, fast.preemptions) == (ref.iterations, ref.preemptions)
-    assert fast.iterations > 0 and not np.isnan(fast.finish).any()
+    _assert_fast_equals_reference(cost, sched, rate, blocks + pp + steps)
 
 
 def test_full_reservation_admits_by_whole_requests():
@@ -178,14 +184,7 @@ def test_fast_equals_reference_on_a_real_cost(engine, pp, chunked, rate, blocks)
     # max new tokens 300 (the longest answer drawn): a full reservation holds it, not the answer
     sched = dataclasses.replace(Scheduler.of(e, 8, 512, pp, blocks * 64 // e.kv_block_tokens, 300), chunked=chunked)
     cost = IterationCost(model, hw, efficiency_for(engine), 1, pp, "bf16", "bf16", 1, 4096, sched.max_running)
-    rng = np.random.default_rng(blocks + pp)
-    inp, out = rng.integers(1, 600, 120), rng.integers(1, 300, 120)
-    arr = arrivals(120, rate, 1)
-    ref, fast = simulate_reference(cost, sched, arr, inp, out), simulate(cost, sched, arr, inp, out)
-    np.testing.assert_allclose(fast.first_token, ref.first_token, rtol=1e-12)
-    np.testing.assert_allclose(fast.finish, ref.finish, rtol=1e-12)
-    assert (fast.iterations, fast.preemptions) == (ref.iterations, ref.preemptions)
-    assert fast.iterations > 0 and not np.isnan(fast.finish).any()
+    _assert_fast_equals_reference(cost, sched, rate, blocks + pp)
 
 
 class _Priced(IterationCost):
