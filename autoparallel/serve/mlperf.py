@@ -213,11 +213,12 @@ def vllm_settings(engine, notes: str) -> HarnessSettings:
     chunked = (chunked.group(1) == "True") if chunked else engine.chunked_prefill
     v0 = bool(grab(r"VLLM_USE_V1=0"))
     target = grab(r"VLLM_LLAMA2_MLPERF_MAX_TARGET_DECODE_BATCH=([0-9]+)")
-    cap = int(target.group(1)) if v0 and target and grab(r"VLLM_LLAMA2_MLPERF_SCHED=1") else 0
+    amd_sched = v0 and grab(r"VLLM_LLAMA2_MLPERF_SCHED=1")  # AMD's V0 scheduler patches in force
+    cap = int(target.group(1)) if amd_sched and target else 0
     clock = grab(r"perfdeterminism_mhz=([0-9]+)")
     steps = grab(r"num_scheduler_steps=([0-9]+)")
     query = grab(r"VLLM_LLAMA2_MLPERF_MIN_REQUIRE_PREFILL_QUERY=([0-9]+)")
-    gate = (int(query.group(1)) if query else 10) if v0 and grab(r"VLLM_LLAMA2_MLPERF_SCHED=1") else 0
+    gate = (int(query.group(1)) if query else 10) if amd_sched else 0
     return HarnessSettings(engine.name, int(block.group(1)) if block else engine.kv_block_tokens, chunked,
                            v0 and not chunked, cap, int(clock.group(1)) if clock else 0,
                            int(steps.group(1)) if v0 and steps else 1, gate)
