@@ -242,7 +242,7 @@ def dropout_saved_bytes(model: ModelSpec, b, s, t, sp):
 
 def adapter_input_bytes(model: ModelSpec, b, s, t):
     """The BF16 inputs the adapters beside QKV, FC1 (the whole sequence) and FC2 (TP-split) save for
-    A's weight gradient, as ``frozen_activation_bytes`` counts them (the projection's adapter shares
+    A's weight gradient (``frozen_activation_bytes``' adapter share; the projection's adapter shares
     the attention output, or keeps a dropped copy: ``dropout_saved_bytes``)."""
     if not is_lora(model):
         return 0.0
@@ -269,11 +269,8 @@ def frozen_activation_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction=0.0,
         return 0.0
     gemm_in = memory.gemm_input_bytes(fp8_fraction, quantized_bytes)
     counted_output = gemm_in if attention_output is None else attention_output
-    targets = model.finetune.lora_targets
-    adapter = lambda name: np.where(name in targets, memory.GEMM_INPUT_BYTES, 0.0)  # noqa: E731
-    gathered = (adapter("linear_qkv") + adapter("linear_fc1")) * model.hidden_size
     replicated = -2.0 * gemm_in * model.hidden_size  # QKV's and FC1's own inputs, not kept
-    output = np.where(fused_saves_output | ("linear_proj" in targets), memory.GEMM_INPUT_BYTES, counted_output)
-    sharded = ((adapter("linear_fc2") - gemm_in) * model.ffn_hidden_size
-               + (output - counted_output) * model.num_attention_heads * model.head_dim)
-    return b * s * (gathered + np.where(sp, replicated / t, replicated) + sharded / t)
+    output = np.where(fused_saves_output | ("linear_proj" in model.finetune.lora_targets),
+                      memory.GEMM_INPUT_BYTES, counted_output)
+    sharded = -gemm_in * model.ffn_hidden_size + (output - counted_output) * model.num_attention_heads * model.head_dim
+    return adapter_input_bytes(model, b, s, t) + b * s * (np.where(sp, replicated / t, replicated) + sharded / t)
