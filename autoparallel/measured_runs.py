@@ -27,8 +27,8 @@ import pandas as pd
 
 from autoparallel import io, mlperf_corrections, ranges, resources, safefile
 from autoparallel.costmodel import flops
-from autoparallel.costmodel.candidates import (CP_COMM_TYPE_COLUMN, Candidates, candidates, fp8_cp_attention,
-                                               on_hardware)
+from autoparallel.costmodel.candidates import (CP_COMM_TYPE_COLUMN, DP_MAX_CTAS_COLUMN, Candidates, candidates,
+                                               fp8_cp_attention, on_hardware)
 from autoparallel.costmodel.estimate import estimate_candidates, estimate_columns
 from autoparallel.errors import UserError
 from autoparallel.space import SPLIT_COLUMNS, SearchSpace, generate
@@ -262,9 +262,10 @@ EXACT_COLUMNS = ("overlap_grad_reduce", "overlap_param_gather", *SPLIT_COLUMNS)
 # their CP_COMM_TYPE; a row that states none keeps the validation space's p2p): DeepSeek's DualPipe schedule
 # (``pipeline.DUALPIPE``), its FP8 token dispatch (``dispatch.FP8_DISPATCH_BYTES``), its FP8 cache
 # of the recomputed SwiGLU's inputs (``candidates.routed_act_input_bytes``) and its E5M6 cache of
-# the attention output (``candidates.ATTENTION_OUTPUT_CACHE_COLUMN``).
+# the attention output (``candidates.ATTENTION_OUTPUT_CACHE_COLUMN``); a config's cap on the DP communicators'
+# CTAs (``candidates.DP_MAX_CTAS_COLUMN``: MLPerf's Llama 3.1 rows, ``MLPERF_DP_MAX_CTAS``).
 ROW_ONLY_COLUMNS = ("pipeline_schedule", "moe_dispatch_precision", "moe_act_cache_precision",
-                    "attention_output_cache_precision", CP_COMM_TYPE_COLUMN)
+                    "attention_output_cache_precision", CP_COMM_TYPE_COLUMN, DP_MAX_CTAS_COLUMN)
 
 
 def _exact(row: pd.Series) -> dict:
@@ -637,6 +638,14 @@ MLPERF_LLAMA31 = {"llama3.1-405b": dict(num_layers=126, hidden_size=16384, num_a
                                       num_query_groups=8, vocab_size=128256, activation="swiglu", tie_embeddings=0,
                                       hidden_dropout=0.0, attention_dropout=0.0)}
 MLPERF_MODEL.update(MLPERF_LLAMA31)
+# The CTAs the Llama 3.1 implementations allow their data-parallel communicators (``dataparallel.cta_capped``):
+# every v5.0 / v5.1 submission's config_common.sh sets NCCL_CFG_PATH=/workspace/llm/conf/nccl/
+# custom_communicator_cta.yaml and every copy of that file sets dp and dp_cp max_ctas 8 (training_results_v5.1@441d65f4
+# NVIDIA/benchmarks/llama31_8b/implementations/nemo/conf/nccl/custom_communicator_cta.yaml and the 8B copies of
+# Cisco, Dell, HPE, Lambda, Lenovo, Nebius, Supermicro and University-of-Florida, Oracle's and Verda's
+# config_common.sh the same path in NVIDIA's image; the 405B implementations of v5.0@0fdc28f0 and v5.1 alike).
+# The LoRA and GPT-3 rows' configs give other caps or none: unstated, NCCL's default.
+MLPERF_DP_MAX_CTAS = {"llama3.1-405b": 8, "llama3.1-8b": 8}
 MLPERF_LLAMA_SOURCE = "mlperfllama"
 # The Llama 3.1 ids name the model size too: NVIDIA's v5.1 systems submitted both (mlperfllama-405b-v5.1-NVIDIA-...).
 MLPERF_ID_PREFIX = {"gpt3-175b": "mlperf-", "llama2-70b-lora": "mlperflora-",
@@ -770,6 +779,7 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
         # v5.0 / v5.1 implementations' train.py passes cp_comm_type=${CP_COMM_TYPE:-a2a}); else unstated.
         CP_COMM_TYPE_COLUMN: [_knob_value(k, "CP_COMM_TYPE") for k in frame["other_knobs"]],
         "recompute_num_layers": [_block_recompute_layers(k) for k in frame["other_knobs"]],
+        DP_MAX_CTAS_COLUMN: frame["model"].astype(str).map(MLPERF_DP_MAX_CTAS),
     })
     return pd.concat([out, arch], axis=1)
 

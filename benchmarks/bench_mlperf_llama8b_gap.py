@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from autoparallel import resources
-from autoparallel.costmodel import comm, step_time
+from autoparallel.costmodel import comm, dataparallel, step_time
 from autoparallel.costmodel.estimate import structure_params
 from autoparallel.costmodel.layer_time import layers as layer_costs
 from autoparallel.costmodel.stages import stage_times
@@ -56,8 +56,8 @@ def row_terms(p) -> dict:
     dense = {k: float(np.ravel(v)[0]) for k, v in layers.dense.items() if k in ("forward", "compute", "time")}
     n_layers = float(np.ravel(bottleneck.layers)[0])
     params = float(np.ravel(x.by_structure(structure_params)[1][0])[0])  # the heaviest stage's, as dp_comm_time
-    rs = float(np.ravel(x.dp_ranks.reduce_scatter_time(params * x.grad_bytes))[0])
-    ag = float(np.ravel(x.dp_ranks.reduce_scatter_time(params * x.gather_bytes))[0])
+    rs = float(np.ravel(dataparallel.cta_capped(x, x.dp_ranks).reduce_scatter_time(params * x.grad_bytes))[0])
+    ag = float(np.ravel(dataparallel.cta_capped(x, x.dp_ranks).reduce_scatter_time(params * x.gather_bytes))[0])
     overlap = x.hw.efficiency.dp_overlap
     logits = float(np.ravel(stages.logits)[0])
     return dict(

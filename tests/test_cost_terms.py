@@ -20,7 +20,7 @@ from autoparallel.costmodel import peak_memory as pm
 from autoparallel.costmodel import stages as st
 from autoparallel.costmodel import step_time as stp
 from autoparallel.costmodel import tensor_parallel
-from autoparallel.costmodel.candidates import TE_VERSION_COLUMN, candidates
+from autoparallel.costmodel.candidates import DP_MAX_CTAS_COLUMN, TE_VERSION_COLUMN, candidates
 from autoparallel.costmodel.estimate import estimate_columns, plan_columns
 from autoparallel.costmodel.memory import GIB
 from autoparallel.specs.plan import Plan
@@ -798,6 +798,27 @@ def test_dp_comm_reduces_gradients_and_gathers_parameters_per_chunk(gpt, hw):
     plain = _cands(gpt, hw, distributed_optimizer=False, overlap_grad_reduce=False, overlap_param_gather=False)
     assert stp.dp_comm_time(plain, params, 0.0, 1.0)[0] == pytest.approx(2 * 2 * chunk, rel=REL)  # all-reduce
     assert stp.dp_comm_time(_cands(gpt, hw, fsdp=True), params, 0.0, 1.0)[0] == 0.0
+
+
+def test_a_cap_on_the_dp_communicators_ctas_slows_their_nvlink_leg_only(gpt, hw):
+    """A config's ``max_ctas`` for the DP communicators (MLPerf's Llama 3.1 rows: 8) leaves the ring
+    8 of the 32 channels that run NVLink at full speed (``dataparallel.cta_capped``): the NVLink leg of
+    each reduce-scatter / all-gather takes 4x as long, the network leg as long as before; at 32 or
+    more CTAs, and without the column (a search), nothing changes."""
+    plan = plan_columns([Plan(tp=4, pp=8, vp=2, cp=2, dp=4, mbs=1, gbs=64, sp=True, precision="bf16",
+                              recompute="none", grad_reduce_in_fp32=False, distributed_optimizer=True,
+                              overlap_grad_reduce=False, overlap_param_gather=False)])
+    params = 4e8
+    nbytes = params / 2 * 2.0  # one of 2 chunks, BF16; the DP x CP group: 8 ranks, 2 to a node
+
+    def priced(ctas):
+        cols = plan if ctas is None else {**plan, DP_MAX_CTAS_COLUMN: np.array([str(ctas)], dtype=object)}
+        return stp.dp_comm_time(candidates(gpt, hw, cols), params, 0.0, 1.0)[0]
+    full = _reduce_scatter(hw, nbytes, 8, 2)
+    nvlink_leg = 1 / 2 * nbytes / _nvlink(hw)
+    assert priced(None) == pytest.approx(4 * full, rel=REL) == pytest.approx(priced(32), rel=REL)
+    assert priced(64) == pytest.approx(priced(None), rel=REL)
+    assert priced(8) == pytest.approx(4 * (full + 3 * nvlink_leg), rel=REL)
 
 
 def test_overlapped_dp_comm_hides_the_reduce_behind_later_backwards_and_each_gather_behind_one_forward(gpt, hw):

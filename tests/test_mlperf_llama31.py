@@ -2,6 +2,7 @@
 written by scripts/mlperf_pretrain_rows.py from the results mirrors, loaded validation-only, every settled
 layout a fitting candidate of the default search space."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,13 +11,14 @@ import pandas as pd
 import pytest
 
 from autoparallel import measured_runs, resources, validate
+from autoparallel.costmodel.candidates import DP_MAX_CTAS_COLUMN
 from autoparallel.measured_runs import load_runs, predict_row, read_runs_table
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV = "mlperf_training_llama31.csv"
 MIRRORS = ("/work/.mirror/mlcommons+training_results_v5.0/repo", "/work/.mirror/mlcommons+training_results_v5.1/repo")
 # In-sample mean |error| reached on 2026-11-29 (regression guards, not targets: no constant is fitted on these rows).
-MEAN_REACHED = {"mlperf-llama3.1-405b": 9.2, "mlperf-llama3.1-8b": 19.5}
+MEAN_REACHED = {"mlperf-llama3.1-405b": 9.2, "mlperf-llama3.1-8b": 9.0}  # 8B: 17.1 before the DP CTA cap (s54h5)
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +122,39 @@ def test_the_configs_knobs_reach_the_candidates(raw, prepared):
         seen |= {graph, c["precision"], ("fp8_attention", bool(c["fp8_attention"]))}
     assert {"full_iteration", "layer", "none", "fp8-delayed", "fp8-current", "nvfp4",
             ("fp8_attention", True)} <= seen
+
+
+def test_the_dp_communicators_run_on_the_configs_8_ctas(prepared):
+    """Every Llama 3.1 implementation caps the DP communicators at 8 CTAs (conf/nccl/custom_communicator_cta.yaml
+    through NCCL_CFG_PATH; ``measured_runs.MLPERF_DP_MAX_CTAS``): each row's candidates carry the cap."""
+    for p in prepared:
+        assert {float(v) for v in p.cols[DP_MAX_CTAS_COLUMN]} == {8.0}, p.id
+
+
+@pytest.mark.skipif(not all(Path(m).is_dir() for m in MIRRORS), reason="needs the MLCommons results mirrors")
+def test_every_llama31_submission_sets_the_cap_the_rows_carry(raw):
+    """The cap read from the sources: each settled row's config directory sets NCCL_CFG_PATH to the YAML
+    (its config_common.sh), and every copy of the YAML in those rounds' Llama 3.1 trees caps dp and dp_cp at 8."""
+    for mirror in MIRRORS:
+        files = subprocess.run(["git", "-C", mirror, "ls-tree", "-r", "--name-only", "HEAD"], capture_output=True,
+                               text=True, check=True).stdout.splitlines()
+        yamls = [f for f in files
+                 if f.endswith("nccl/custom_communicator_cta.yaml") and ("llama31_" in f or "llama3_8b" in f)]
+        assert yamls
+        for f in yamls:
+            text = subprocess.run(["git", "-C", mirror, "show", f"HEAD:{f}"], capture_output=True, text=True,
+                                  check=True).stdout
+            caps = re.findall(r"^(dp|dp_cp):\n(?:  .*\n)*?  max_ctas: (\d+)", text, flags=re.M)
+            assert sorted(caps) == [("dp", "8"), ("dp_cp", "8")], f
+    for _, r in raw[raw.precision.notna()].iterrows():
+        config = re.search(r" config:(\S+)", r["source"]).group(1)
+        mirror = MIRRORS[r["round"] == "v5.1"]
+        # A config in a system folder sources the implementation's common file (the row's BORROWED_SOURCED).
+        borrowed = re.search(r"BORROWED_SOURCED=config_common\.sh\(from (\S+?)\)", str(r["other_knobs"]))
+        common = borrowed.group(1) if borrowed else f"{config.rsplit('/', 1)[0]}/config_common.sh"
+        text = subprocess.run(["git", "-C", mirror, "show", f"HEAD:{common}"], capture_output=True, text=True,
+                              check=True).stdout
+        assert 'NCCL_CFG_PATH="/workspace/llm/conf/nccl/custom_communicator_cta.yaml"' in text, common
 
 
 @pytest.mark.parametrize("row", [r for _, r in read_runs_table(resources.data_file(CSV), measured_runs.RUN_COLUMNS)

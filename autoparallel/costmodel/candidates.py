@@ -66,6 +66,10 @@ ATTENTION_OUTPUT_CACHE_COLUMN = "attention_output_cache_precision"
 # A published row's CP communication where it states one ("a2a": TransformerEngine's all-to-all CP,
 # ``layer_time.cp_comm_time``); the search prices the p2p ring.
 CP_COMM_TYPE_COLUMN = "cp_comm_type"
+# A published row's cap on the CTAs of its data-parallel communicators where its config sets one
+# (Megatron's ``nccl_communicator_config_path``: ``dp`` / ``dp_cp`` ``max_ctas``;
+# ``dataparallel.cta_capped``); a search runs NCCL's default.
+DP_MAX_CTAS_COLUMN = "dp_max_ctas"
 ATTENTION_OUTPUT_CACHE_BYTES = {"e5m6": 1.5}
 
 

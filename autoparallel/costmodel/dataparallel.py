@@ -22,14 +22,41 @@ from __future__ import annotations
 
 import numpy as np
 
+import dataclasses
+
 from autoparallel.costmodel import comm
+from autoparallel.costmodel.candidates import DP_MAX_CTAS_COLUMN
 from autoparallel.costmodel.memory import WEIGHT_BYTES
 from autoparallel.specs.hardware import HardwareSpec
+
+# CTAs an NCCL ring reduce-scatter / all-gather needs to run at the NVLink bandwidth the model
+# prices: "we need to launch 2 CTAs per NVLink in order to saturate the BW for large messages"
+# (NCCL's maintainers, NVIDIA/nccl#1703), 18 NVLinks on H100 / H200 / B200 / GB200 / B300 / GB300;
+# 32 is what NVIDIA's MLPerf Training LoRA configs of the same rounds give these communicators
+# (mlcommons/training_results_v5.1@441d65f4 NVIDIA/benchmarks/llama2_70b_lora/implementations/nemo/
+# conf/nccl/custom_communicator_cta.yaml: dp and dp_cp max_ctas 32).
+FULL_SPEED_CTAS = 32.0
 
 
 def _hidden(hw: HardwareSpec, comm_time, window):
     """What stays exposed of ``comm_time`` overlapped with ``window`` of compute (``dp_overlap``)."""
     return comm.exposed_behind(comm_time, window, hw.efficiency.dp_overlap)
+
+
+def cta_capped(x, ranks: comm.Group) -> comm.Group:
+    """``ranks`` (the data-parallel group) as NCCL runs it when the config caps its communicators'
+    CTAs (``DP_MAX_CTAS_COLUMN``): one CTA is one ring channel, so the NVLink leg carries
+    ``max_ctas / FULL_SPEED_CTAS`` of its bandwidth (an assumption: proportional below saturation).
+    The network leg keeps its rate: a channel drives a NIC at line rate (NCCL's Blackwell and
+    Hopper inter-node search speeds reach 48 GB/s per channel, a 400 Gb/s NIC: src/graph/search.cc
+    sm100SpeedArrayInter / sm90SpeedArrayInter), and 8 channels cover a node's 8 NICs.
+    MLPerf Training's Llama 3.1 implementations cap both DP communicators at 8 CTAs
+    (conf/nccl/custom_communicator_cta.yaml dp / dp_cp max_ctas 8, read through NCCL_CFG_PATH in
+    config_common.sh; Megatron-LM parallel_state.get_nccl_options sets it on the process group)."""
+    if DP_MAX_CTAS_COLUMN not in x.knobs:
+        return ranks
+    share = np.minimum(np.asarray(x.knobs[DP_MAX_CTAS_COLUMN], dtype=float) / FULL_SPEED_CTAS, 1.0)
+    return dataclasses.replace(ranks, nvlink=ranks.nvlink * share)
 
 
 def distributed_optimizer_exposed(hw: HardwareSpec, params_gpu, grad_bytes, ranks: comm.Group, dist_opt,

@@ -77,7 +77,7 @@ def dp_comm_time(x: Candidates, params_gpu, experts_gpu, stage_compute):
         return np.where(x.fsdp, 0.0, dataparallel.distributed_optimizer_exposed(
             x.hw, params, x.grad_bytes, ranks, x.distributed_optimizer, x.v, x.p, stage_compute,
             x.flag("overlap_grad_reduce"), x.flag("overlap_param_gather"), x.gather_bytes))
-    total = exposed(params_gpu, x.dp_ranks)
+    total = exposed(params_gpu, dataparallel.cta_capped(x, x.dp_ranks))
     if x.model.is_moe:
         total = total + exposed(experts_gpu, x.edp_ranks)
     return total
