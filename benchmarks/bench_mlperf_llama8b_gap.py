@@ -3,7 +3,7 @@
 The multi-node 8B rows of ``autoparallel/data/mlperf_training_llama31.csv`` run slower than predicted by a
 near-constant time (session 50). This prints, per 8B row, measured minus predicted step time (ms) beside
 what the model prices (its breakdown, the data-parallel reduce-scatter / all-gather before and after
-overlap), the layout (GPUs, nodes, DP x CP group, micro-batches), the gradient bucket the config ran, and
+overlap, at the CTAs the row's config gives the DP communicators: ``dataparallel.cta_capped``), the layout (GPUs, nodes, DP x CP group, micro-batches), the gradient bucket the config ran, and
 the share of the model's unhidden reduce-scatter + all-gather that the residual plus the model's exposed
 part would make (``share``: what the miss would be if it were all data-parallel traffic), and a
 forward-only probe: the log's ``validation_step_time`` (the same DeltaTimingCallback as
