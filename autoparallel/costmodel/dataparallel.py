@@ -20,9 +20,9 @@ layer's all-gather is prefetched behind the current layer's compute.
 
 from __future__ import annotations
 
-import numpy as np
-
 import dataclasses
+
+import numpy as np
 
 from autoparallel.costmodel import comm
 from autoparallel.costmodel.candidates import DP_MAX_CTAS_COLUMN
