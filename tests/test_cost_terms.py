@@ -1432,7 +1432,7 @@ def test_expert_biases_cost_hbm_passes_over_the_routed_copies_and_nothing_withou
         [28 * elements / _hbm(hw), 36 * elements / _hbm(hw)], rel=REL)
     layer = lt.moe_layer(x)
     kernels = (lt.router_time(x), lt.permutation_time(x), lt.moe_expert_calls(x), (forward, backward),
-               lt.glu_clamp_time(x, True))
+               lt.glu_clamp_time(x, True), lt.unfused_rope_time(x))
     own = sum(b[0] - 2 * f[0] for f, b in kernels)
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
     no_bias = dataclasses.replace(model, add_bias_linear=False)
@@ -1469,9 +1469,30 @@ def test_flex_dispatchers_hand_the_eager_expert_bias_fp32_probabilities(hw):
     # the layer's compute holds the FP32 step: 3 x its forward plus each own-backward kernel's excess
     layer = lt.moe_layer(flex)
     kernels = (lt.router_time(flex), lt.permutation_time(flex), lt.moe_expert_calls(flex),
-               lt.expert_bias_time(flex), lt.glu_clamp_time(flex, True))
+               lt.expert_bias_time(flex), lt.glu_clamp_time(flex, True), lt.unfused_rope_time(flex))
     own = sum(b[0] - 2 * f[0] for f, b in kernels)
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
+
+
+def test_yarn_on_gqa_attention_runs_megatrons_unfused_rope(hw):
+    """GPT-OSS-120B's YaRN scales RoPE's cos and sin by 0.1 ln 32 + 1, which TE's fused RoPE cannot
+    take, so Megatron-Core runs its unfused RoPE: 20 B forward and 16 B backward beyond the fused
+    kernel per query / key element, 4096 tokens x (64 + 8) heads x 64 at mbs 1, HBM-bound, in the
+    layer's forward and compute; plain RoPE (Mixtral, the same model at scale 1) pays nothing."""
+    model = io.load_model("gpt-oss-120b")
+    assert model.rope_concentration == pytest.approx(0.1 * math.log(32) + 1, abs=1e-4)
+    knobs = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+    x = _cands(model, hw, **knobs)
+    elements = 4096 * (64 + 8) * 64
+    forward, backward = lt.unfused_rope_time(x)
+    assert [forward[0], backward[0]] == pytest.approx([20 * elements / _hbm(hw), 16 * elements / _hbm(hw)], rel=REL)
+    plain = _cands(dataclasses.replace(model, rope_concentration=1.0), hw, **knobs)
+    assert [t[0] for t in lt.unfused_rope_time(plain)] == [0.0, 0.0]
+    with_rope, without = lt.moe_layer(x), lt.moe_layer(plain)
+    assert with_rope["forward"][0] - without["forward"][0] == pytest.approx(forward[0], rel=REL)
+    assert with_rope["compute"][0] - without["compute"][0] == pytest.approx(forward[0] + backward[0], rel=REL)
+    with pytest.raises(ValueError, match="rope_concentration"):
+        dataclasses.replace(model, rope_concentration=0.0)
 
 
 def test_a_quick_geglus_clamp_is_eager_hbm_passes_over_the_glu_inputs(hw):
@@ -1487,7 +1508,7 @@ def test_a_quick_geglus_clamp_is_eager_hbm_passes_over_the_glu_inputs(hw):
     assert backward[0] == pytest.approx(10 * elements / _hbm(hw), rel=REL)
     layer = lt.moe_layer(x)
     kernels = (lt.router_time(x), lt.permutation_time(x), lt.expert_bias_time(x), lt.moe_expert_calls(x),
-               (forward, backward))
+               (forward, backward), lt.unfused_rope_time(x))
     own = sum(b[0] - 2 * f[0] for f, b in kernels)
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
     r = _cands(model, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, recompute="selective",

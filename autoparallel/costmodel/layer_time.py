@@ -276,6 +276,33 @@ def glu_clamp_time(x: Candidates, kind: LayerKind | bool):
     return forward, backward
 
 
+# HBM bytes per query or key element (BF16) that Megatron-Core's unfused RoPE moves beyond
+# TransformerEngine's fused kernel (one read and one write each way: 4 and 4), counted from
+# ``_apply_rotary_pos_emb_bshd`` and ``_rotate_half`` (NVIDIA/Megatron-LM core_v0.16.0 - core_v0.18.0
+# ``megatron/core/models/common/embeddings/rope_utils.py``, unchanged between them):
+# ``t * cos_ + _rotate_half(t) * sin_`` then ``torch.cat((t, t_pass))``. Forward: the negated half
+# (read and write half the elements: 2), ``_rotate_half``'s cat (4), the two products (4 + 4), their sum
+# (read 4, write 2: 6), the final cat (4): 24. Backward (autograd): the two products' gradients (4 + 4),
+# the negation's (2), the chunk's cat of its halves' gradients (4), the two paths summed (6): 20.
+UNFUSED_ROPE_BYTES = (24.0 - 4.0, 20.0 - 4.0)
+
+
+def unfused_rope_time(x: Candidates):
+    """(forward, backward) seconds a layer's RoPE takes beyond TransformerEngine's fused kernel where
+    Megatron-Core runs its unfused one: ``apply_rotary_pos_emb`` falls back to it whenever the cos / sin
+    scale (``ModelSpec.rope_concentration``, YaRN's concentration factor on GQA attention: GPT-OSS's
+    1.35) is not 1 ("mscale ... is not supported by TE's fused RoPE. Using unfused implementation",
+    NVIDIA/Megatron-LM core_v0.16.0 - core_v0.18.0 ``rope_utils.py``, the cores of Megatron-Bridge 26.02 -
+    26.06; ``attention.py`` passes ``_yarn_get_concentration_factor_from_config`` for both the query and
+    the key). ``UNFUSED_ROPE_BYTES`` per element of the TP rank's query and key heads, HBM-bound; a
+    CUDA graph replays the same kernels. Zero for plain RoPE."""
+    model = x.model
+    if model.rope_concentration == 1.0:
+        return np.zeros_like(x.t, dtype=float), np.zeros_like(x.t, dtype=float)
+    elements = x.tokens * (model.num_attention_heads + model.query_groups) * model.head_dim / x.t
+    return tuple(b * elements / x.hbm for b in UNFUSED_ROPE_BYTES)
+
+
 def dsv4_output_groups_bf16_time(x: Candidates):
     """(forward, backward) seconds DeepSeek-V4's grouped output projection (wo_a: heads x v_head_dim x
     o_lora_rank weights in o_groups groups) takes beyond what the layer's Linear GEMMs price for it:
@@ -1053,7 +1080,7 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, kind: 
     it computes (``stored_imbalance`` of it: what the busiest EP rank keeps beyond the even share),
     its ``params`` and ``expert_params`` on the GPU. ``kernels``: (forward,
     backward) pairs of a MoE layer priced with their own backward (``router_time``,
-    ``permutation_time``, ``expert_bias_time``, ``glu_clamp_time``); ``tp_linear``: forward time of the TP-split
+    ``permutation_time``, ``expert_bias_time``, ``glu_clamp_time``, ``unfused_rope_time``); ``tp_linear``: forward time of the TP-split
     GEMMs, whole and in ring-exchange chunks (``tensor_parallel``). ``kind``: the layer's kind
     (``layer_kinds``); ``cp_comm``: a layer without attention's own CP traffic (else none)."""
     kind = as_kind(kind)
@@ -1097,12 +1124,13 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, kind: 
 
 def dense_layer(x: Candidates) -> dict:
     """A dense layer: attention and MLP split by TP (MLA's down projections whole), a quick-GEGLU's
-    eager clamp (``glu_clamp_time``), DeepSeek Sparse Attention's indexer kernels (``dsa_attention_kernels``)."""
+    eager clamp (``glu_clamp_time``), an unfused RoPE (``unfused_rope_time``), DeepSeek Sparse Attention's indexer
+    kernels (``dsa_attention_kernels``)."""
     model = x.model
     params = dense_params(x)
     t_linear = linear_time(x, model.dense_layer_params, model.mla_down_params)
     chunked = linear_time(x, model.dense_layer_params, model.mla_down_params, chunks=x.t)
-    kernels = (glu_clamp_time(x, False),) + (dsa_attention_kernels(x) if model.is_dsa else ())
+    kernels = (glu_clamp_time(x, False), unfused_rope_time(x)) + (dsa_attention_kernels(x) if model.is_dsa else ())
     return layer_cost(x, params, 0.0, t_linear, 2.0, False, kernels=kernels, tp_linear=(t_linear, chunked))
 
 
@@ -1156,16 +1184,17 @@ def routed_experts_time(x: Candidates):
 def moe_layer(x: Candidates) -> dict:
     """A MoE layer: attention and shared experts split by TP, the router on each GPU's tokens
     (``router_time``), the token permutations (``permutation_time``), routed experts over EP x
-    ETP and their calls per local expert (``moe_expert_calls``), their biases (``expert_bias_time``)
-    and a quick-GEGLU's clamp (``glu_clamp_time``); TP all-reduces after attention and after the
-    shared experts (if any)."""
+    ETP and their calls per local expert (``moe_expert_calls``), their biases (``expert_bias_time``),
+    a quick-GEGLU's clamp (``glu_clamp_time``) and an unfused RoPE (``unfused_rope_time``); TP
+    all-reduces after attention and after the shared experts (if any)."""
     model = x.model
     nonexpert = model.moe_layer_params - model.num_experts * model.expert_params - model.router_params
     t_experts = routed_experts_time(x)
     router = hash_routed_router_time(x)
     permutation, calls = permutation_time(x), expert_calls(x, t_experts)
     bias, clamp = expert_bias_time(x), glu_clamp_time(x, True)
-    kernels = (router, permutation, calls, bias, clamp) + ((dsv4.hyper_connection_time(x),) if model.hc_mult > 1 else ())
+    kernels = (router, permutation, calls, bias, clamp, unfused_rope_time(x))
+    kernels += (dsv4.hyper_connection_time(x),) if model.hc_mult > 1 else ()
     kernels += dsv4_attention_kernels(x) if model.is_dsv4 else dsa_attention_kernels(x) if model.is_dsa else ()
     tp_blocks = 1.0 + (model.shared_expert_ffn_hidden_size > 0)
     block = (linear_time(x, model.shared_expert_params) + t_experts + router[0] + permutation[0] + calls[0]

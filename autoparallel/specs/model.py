@@ -133,6 +133,14 @@ class ModelSpec:
     mscale: float = 1.0
     mscale_all_dim: float = 0.0
     original_max_position_embeddings: int = 4096
+    # The factor Megatron-Core multiplies a GQA attention's RoPE cos and sin by: YaRN's concentration
+    # factor where Megatron-Bridge builds YaRN on GQA attention (GPT-OSS: position_embedding_type "yarn",
+    # yarn_mscale None, so 0.1 ln(yarn_rotary_scaling_factor) + 1; core_v0.16.0
+    # megatron/core/models/common/embeddings/yarn_rotary_pos_embedding.py _yarn_get_concentration_factor);
+    # 1 for plain RoPE. TransformerEngine's fused RoPE takes no such factor, so any other value runs
+    # Megatron-Core's unfused RoPE (priced: layer_time.unfused_rope_time). Not exported: Megatron-LM
+    # builds YaRN only with multi-latent attention.
+    rope_concentration: float = 1.0
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     # A hybrid Mamba-Transformer model (Megatron-LM --hybrid-layer-pattern, Nemotron-H / Nemotron 3):
@@ -337,6 +345,8 @@ class ModelSpec:
         if changed and not self.multi_latent_attention:
             raise ValueError(f"{', '.join(changed)}: Megatron-LM applies YaRN only to multi-latent attention "
                              "(\"Common attention only support rope_type='rope'\")")
+        if not (self.rope_concentration > 0 and math.isfinite(self.rope_concentration)):
+            raise ValueError(f"rope_concentration must be finite and greater than zero, got {self.rope_concentration}")
         if self.rotary_scaling_factor <= 0 or self.original_max_position_embeddings < 1:
             raise ValueError("rotary_scaling_factor and original_max_position_embeddings must be positive")
 
