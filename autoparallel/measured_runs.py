@@ -130,10 +130,8 @@ def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
     preset's where one is named (search_spaces/models: NVIDIA's Llama and Nemotron recipes train
     without dropout, GPT-3 with 0.1), else ModelSpec's defaults; the published MoE rows train
     without dropout as their models' presets do, with their presets' expert biases
-    (``add_bias_linear``), clamped quick-GEGLU, router precision, RoPE scale
-    (``rope_concentration``), sliding window (``window_size``, ``window_attn_skip_freq``) and softmax (sinks:
-    TransformerEngine runs a windowed model's CP only as a2a or allgather, sinks only as a2a).
-    ``force_balanced``: the source
+    (``add_bias_linear``), clamped quick-GEGLU, router precision and RoPE scale
+    (``rope_concentration``). ``force_balanced``: the source
     forced the router to balance."""
     def opt_int(key):
         return int(row[key]) if _given(row, key) else None
@@ -157,14 +155,11 @@ def model_from_row(row: pd.Series, force_balanced: bool = False) -> ModelSpec:
     if is_moe_row(row) and (preset := _preset(str(row["model"]))) is not None:
         # What the CSV's columns do not state and the cost model prices: the expert biases
         # (layer_time.expert_bias_time), a quick-GEGLU's clamp (layer_time.glu_clamp_time), the
-        # router's precision, YaRN's RoPE scale (layer_time.unfused_rope_time) and the sliding window
-        # (layer_time.window_attention_share) with its softmax (sinks: the CP kind it runs, cp_kinds); GPT-OSS
-        # has the first two, a BF16 router, the scale, the window and sinks, the other published MoE models none.
+        # router's precision and YaRN's RoPE scale (layer_time.unfused_rope_time); GPT-OSS has the first two,
+        # a BF16 router and the scale, the other published MoE models none of them.
         stated.update(add_bias_linear=preset.add_bias_linear, quick_geglu=preset.quick_geglu,
                       activation_func_clamp_value=preset.activation_func_clamp_value,
-                      moe_router_dtype=preset.moe_router_dtype, rope_concentration=preset.rope_concentration,
-                      window_size=preset.window_size, window_attn_skip_freq=preset.window_attn_skip_freq,
-                      softmax_type=preset.softmax_type)
+                      moe_router_dtype=preset.moe_router_dtype, rope_concentration=preset.rope_concentration)
     if not is_moe_row(row) and (preset := _preset(str(row["model"]))) is not None:
         stated.update(hidden_dropout=preset.hidden_dropout, attention_dropout=preset.attention_dropout)
     stated.update({k: float(row[k]) for k in ("hidden_dropout", "attention_dropout") if _given(row, k)})

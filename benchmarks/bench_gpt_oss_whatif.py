@@ -7,16 +7,16 @@ predicted tokens/s/GPU, the error, the step's missed seconds per layer and micro
 
 - ``net400``: the b300 preset's network were 400 Gb/s per GPU (50 GB/s, the b200 preset's) instead of
   the 800 Gb/s ConnectX-8 line rate it states (100 GB/s);
-- ``eager``: the fused CuTe-DSL grouped MLP rows (``cutedsl_fused_grouped_mlp``) charged the eager expert
-  bias / GLU clamp passes as the cost model did before session 54 (s54h7); since then it prices
-  Megatron-Core's fused path without them (``layer_time.routed_eager_passes``: FC2's bias scaled by the
-  probabilities inside TE's GroupedLinear op, ``scale_bias``, and the clamp inside ``ScaledClampedQGeGLU``;
+- ``fused``: the fused CuTe-DSL grouped MLP rows (``cutedsl_fused_grouped_mlp``) paid no eager expert
+  bias / GLU clamp passes (Megatron-Core's fused path: FC2's bias scaled by the probabilities inside
+  TE's GroupedLinear op, ``scale_bias``, and the clamp inside ``ScaledClampedQGeGLU``;
   Megatron-LM d98e8a64dd ``megatron/core/transformer/moe/experts.py`` ``_make_fused_ops``);
 - ``cudnn256``: the 26.06.01 rows' fused FC2-dgrad + dGeGLU + dbias kernel ran at the 8.76x its
   fix measured (NVIDIA/cudnn-frontend issue 256, PR 322: 1,362.8 us with dbias before, 155.6 us
   after, at the issue's shape): the FC2 dgrad the model prices (a third of the routed experts'
   forward GEMM time) taken 8.76x, on the 26.06.01 rows only;
-- ``eager+cudnn256``: both at once.
+- ``fused+cudnn256``: both at once, the pair that follows the source (the fused path runs no eager
+  passes, and the 26.06.01 container ran the regressed kernel).
 
 Then, for every pair of rows that differ only in the GPU (B200 / B300) and run EP across 8-GPU
 nodes: per layer and micro-batch on the priced stage, the measured time, the priced compute and
@@ -44,15 +44,22 @@ CUDNN_256_SLOWDOWN = 1362.768 / 155.632  # cudnn-frontend PR 322's dbias kernel,
 
 
 @contextmanager
-def fused_with_eager_passes():
-    """The fused grouped MLP's rows priced with the eager bias and clamp passes they do not run (the
-    cost model before s54h7)."""
-    old = lt.routed_eager_passes
-    lt.routed_eager_passes = lambda x: np.ones_like(x.flag("cutedsl_fused_grouped_mlp"), dtype=bool)
+def fused_without_eager_passes():
+    """The fused grouped MLP's rows priced without the eager bias and clamp passes."""
+    bias, clamp = lt.expert_bias_time, lt.glu_clamp_time
+
+    def drop(f):
+        def wrapped(x, *args):
+            out = f(x, *args)
+            fused = x.flag("cutedsl_fused_grouped_mlp")
+            return tuple(np.where(fused, 0.0, o) for o in out)
+        return wrapped
+
+    lt.expert_bias_time, lt.glu_clamp_time = drop(bias), drop(clamp)
     try:
         yield
     finally:
-        lt.routed_eager_passes = old
+        lt.expert_bias_time, lt.glu_clamp_time = bias, clamp
 
 
 def error(r: dict) -> float:
@@ -111,12 +118,12 @@ def main() -> None:
         if p.row["gpu"] == "b300":
             q = dataclasses.replace(p, hardware=dataclasses.replace(p.hardware, internode_gbps=B200_NETWORK_GBPS))
             net[p.id] = predict_row(q)
-    with fused_with_eager_passes():
-        eager = {p.id: predict_row(p) for p in rows if "gpt-oss" in p.id}
-        eager_steps = {p.id: float(priced(p)[0]["step_time_s"][priced(p)[1]]) for p in rows if "26.06.01" in p.id
+    with fused_without_eager_passes():
+        fused = {p.id: predict_row(p) for p in rows if "gpt-oss" in p.id}
+        fused_steps = {p.id: float(priced(p)[0]["step_time_s"][priced(p)[1]]) for p in rows if "26.06.01" in p.id
                        and "gpt-oss" in p.id}
-    print("| row | recipe | measured | predicted | error % | missed ms per layer-mb | net400 % | eager % | cudnn256 % "
-          "| eager+cudnn256 % |")
+    print("| row | recipe | measured | predicted | error % | missed ms per layer-mb | net400 % | fused % | cudnn256 % "
+          "| fused+cudnn256 % |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for p in rows:
         r = base[p.id]
@@ -126,17 +133,17 @@ def main() -> None:
         n = float(x.m[0]) * p.model.num_layers / float(x.p[0])  # layer-micro-batches on the priced stage
         missed = step * r["predicted"] / r["measured"] - step
         cudnn = both = ""
-        if p.id in eager_steps:
+        if p.id in fused_steps:
             cudnn = f"{cudnn256_error(p, r, step):+.1f}"
-            both = f"{cudnn256_error(p, eager[p.id], eager_steps[p.id]):+.1f}"
+            both = f"{cudnn256_error(p, fused[p.id], fused_steps[p.id]):+.1f}"
         print(f"| {p.id} | {recipe(x)} | {r['measured']:.0f} | {r['predicted']:.0f} | {error(r):+.1f} | "
               f"{1e3 * missed / n:+.2f} | {error(net[p.id]) if p.id in net else float('nan'):+.1f} | "
-              f"{error(eager[p.id]) if p.id in eager else float('nan'):+.1f} | {cudnn} | {both} |")
+              f"{error(fused[p.id]) if p.id in fused else float('nan'):+.1f} | {cudnn} | {both} |")
     gpt = [p.id for p in rows if "gpt-oss" in p.id and p.row["gpu"] != "h100-sxm"]
     b300 = [p.id for p in rows if p.row["gpu"] == "b300"]
     mean = lambda ids, d: float(np.mean([abs(error(d[k])) for k in ids]))  # noqa: E731
     print(f"\nBlackwell GPT-OSS rows ({len(gpt)}), mean |error| %: as priced {mean(gpt, base):.1f}, "
-          f"eager {mean(gpt, {**base, **eager}):.1f}, net400 {mean(gpt, {**base, **net}):.1f}")
+          f"fused {mean(gpt, {**base, **fused}):.1f}, net400 {mean(gpt, {**base, **net}):.1f}")
     print(f"B300 rows ({len(b300)}), mean |error| %: as priced {mean(b300, base):.1f}, net400 {mean(b300, net):.1f}")
     over = lambda d: sorted(k for k in d if abs(error(d[k])) > 35.0)  # noqa: E731
     print(f"rows over 35 %: as priced {len(over(base))}, net400 {len(over({**base, **net}))}")

@@ -96,16 +96,6 @@ def test_moe_rows_take_their_presets_expert_biases():
     assert gpt_oss.add_bias_linear and not qwen.add_bias_linear
 
 
-def test_moe_rows_take_their_presets_sliding_window_and_sinks():
-    """The CSV states no window: GPT-OSS's rows take the preset's (127, 0) on alternate layers and its
-    sinks (Megatron-Bridge gpt_oss_bridge.py), which the attention core prices
-    (layer_time.window_attention_share) and the CP kinds follow; Qwen3's rows none."""
-    gpt_oss = measured_runs.model_from_row(_row("nemo-gpt-oss-120b-h100-sxm-64gpu-bf16-tp1pp4cp1vp1ep8-mbs4-gbs512"))
-    qwen = measured_runs.model_from_row(_row("nemo-qwen3-30b-a3b-gb200-8gpu-mxfp8-tp1pp1cp1vp1ep8-mbs4-gbs512"))
-    assert (gpt_oss.window_size, gpt_oss.window_attn_skip_freq, gpt_oss.softmax_sinks) == ((127, 0), 2, True)
-    assert (qwen.window_size, qwen.window_attn_skip_freq, qwen.softmax_sinks) == (None, None, False)
-
-
 def test_a_release_sets_knobs_for_every_precision_and_per_precision():
     recipes = {"releases": {"nemo 25.11": {"precisions": ["fp8-current"], "fp8_param_gather": True,
                                            "every_precision": {"cross_entropy_loss_fusion": True},

@@ -75,34 +75,6 @@ def sized_peak(x: Candidates, gemm_flops):
 # both layouts (a scale per 32 elements) are work per score element that the FP8 GEMMs do not shorten.
 MXFP8_ATTENTION_HEAD_DIM = 128
 
-# What one unmasked score of cuDNN's BF16 sliding-window attention costs, in scores of its causal kernel
-# on the same GPU: NVIDIA/cudnn-frontend 3929da2 ``benchmark/sdpa_benchmark_training/results`` (cuDNN 9.22,
-# 4,096 tokens, forward + backward, not deterministic, scores counted as its ``flops`` counts them:
-# W(W + 1)/2 + (S - W)W under the window, S(S + 1)/2 causal): ``gpt_oss/gb200`` window 128, head dim 64,
-# 2 x 128 heads: 0.210 + 0.465 ms over 132.1 M scores = 5.11 ps; ``llama3.1/gb200`` causal, head dim 128,
-# 2 x 64 heads: 0.391 + 1.198 ms over 1,074 M = 1.480 ps; 3.45 (GB300: 4.87 / 1.326 = 3.67). A 128-key
-# band fills few of each score tile's rows and columns. Measured at GPT-OSS's window only; other windows
-# and GPUs take it (an assumption: cudnn-frontend's H200 figures are at window 1024).
-WINDOW_SCORE_COST = 3.45
-
-
-def window_attention_share(model, s) -> float:
-    """The attention core's time over a layer's mean as a share of full causal attention: the layers
-    with a sliding window (Megatron-Core ``is_layer_window_attention``: every layer but each
-    ``window_attn_skip_freq``-th, counting from 1; GPT-OSS, Megatron-Bridge 067f987df0
-    ``gpt_oss_bridge.py``: window (127, 0) on alternate layers) each cost ``WINDOW_SCORE_COST`` causal
-    scores per score their window keeps, the query itself and ``window_size[0]`` keys before it; never
-    more than the full layer. 1 without a window."""
-    if model.window_size is None:
-        return 1.0
-    w = model.window_size[0] + 1
-    windowed = s * (s + 1) / 2 if s <= w else w * (w + 1) / 2 + (s - w) * w
-    per_layer = min(1.0, WINDOW_SCORE_COST * windowed / (s * (s + 1) / 2))
-    layers = model.num_layers
-    skip = model.window_attn_skip_freq
-    n_windowed = layers - (layers // skip if skip else 0)
-    return (n_windowed * per_layer + (layers - n_windowed)) / layers
-
 
 def attention_time(x: Candidates):
     """Attention core forward: QK^T, the softmax's exponentials on the SFUs and P·V, at one
@@ -114,12 +86,11 @@ def attention_time(x: Candidates):
     FP8 attention runs both GEMMs at the FP8 peak, at the same fitted efficiency (no published run
     to fit its own); the exponentials stay on the SFUs. Under the MXFP8 recipe (cuDNN's MXFP8
     kernel, ``MXFP8_ATTENTION_HEAD_DIM``) no faster than the BF16 kernel at head dimension 128 per
-    score element. Sliding-window layers at cuDNN's windowed kernel's cost (``window_attention_share``)."""
+    score element."""
     model, hw = x.model, x.hw
     fp8 = x.flag("fp8_attention")
     attn_flops = flops.attention_core_flops(model, x.b, model.seq_length, causal=x.flash) / (x.t * x.c)
     attn_flops = attn_flops * np.where(x.flash, finetune.attention_share(model), 1.0)
-    attn_flops = attn_flops * np.where(x.flash, window_attention_share(model, model.seq_length), 1.0)
     scores = attn_flops / (2.0 * (model.qk_dim + model.v_dim))
     exponentials = np.where(x.flash, scores, 0.0)
     bf16 = gemm.bf16_peak(hw)
@@ -249,22 +220,11 @@ def fp32_expert_probs(x: Candidates) -> np.ndarray:
     router's own probabilities. Under TransformerEngine's fused grouped MLP
     (``cutedsl_fused_grouped_mlp``) the bias is added in the FC2 GEMM's epilogue, not by the eager
     step (Megatron-Core 0.18.0, the 26.06 container's, ``TEGroupedMLP.forward`` returns the fused
-    ops' output before ``_apply_bias``): nothing there is promoted to FP32 in memory, and no eager
-    step runs (``routed_eager_passes``)."""
+    ops' output before ``_apply_bias``): nothing there is promoted to FP32 in memory, and the
+    epilogue's work stays priced at the BF16 step's bytes, as the fused MLP's other epilogue work
+    (``fused_grouped_mlp_calls``)."""
     flex = x.knob_is("moe_token_dispatcher_type", "flex")
     return (flex & ~x.flag("cutedsl_fused_grouped_mlp")) | x.model.moe_router_fp32
-
-
-def routed_eager_passes(x: Candidates) -> np.ndarray:
-    """Whether Megatron-Core runs its eager routed-expert passes (``expert_bias_time``, the routed
-    copies' ``glu_clamp_time``): not under TransformerEngine's fused grouped MLP
-    (``cutedsl_fused_grouped_mlp``), where ``TEGroupedMLP.forward`` returns ``_fused_forward``'s output
-    with no bias before ``_apply_bias`` is reached, FC2's bias being added scaled by the probabilities
-    inside TE's GroupedLinear op (``scale_bias=True``) and the clamp inside TE's
-    ``ScaledClampedQGeGLU`` (``limit``) (NVIDIA/Megatron-LM d98e8a64dd
-    ``megatron/core/transformer/moe/experts.py`` ``forward``, ``_make_fused_ops``; s38h1 (c)). Their
-    work there runs in the fused kernels' epilogues (``fused_grouped_mlp_calls``)."""
-    return ~x.flag("cutedsl_fused_grouped_mlp")
 
 
 def expert_bias_time(x: Candidates):
@@ -273,11 +233,11 @@ def expert_bias_time(x: Candidates):
     EP rank computes (``imbalance`` times the even share, gathered over ETP) and the full hidden
     size, HBM-bound; with FP32 probabilities where the experts receive them
     (``fp32_expert_probs``: an FP32 router, or the flex dispatcher's backends), else BF16. Zero
-    without expert biases, and under the fused grouped MLP (``routed_eager_passes``)."""
+    without expert biases."""
     model = x.model
     if not (model.is_moe and model.add_bias_linear):
         return np.zeros_like(x.t, dtype=float), np.zeros_like(x.t, dtype=float)
-    elements = received_copies(x) * moe.routed_width(model) * routed_eager_passes(x)
+    elements = received_copies(x) * moe.routed_width(model)
     wide = fp32_expert_probs(x)
     return tuple(np.where(wide, fp32, bf16) * elements / x.hbm
                  for fp32, bf16 in zip(expert_bias_bytes(ROUTER_FP32_BYTES), expert_bias_bytes(ROUTER_BF16_BYTES)))
@@ -303,14 +263,13 @@ def glu_clamp_time(x: Candidates, kind: LayerKind | bool):
 
     in eager PyTorch (``GLU_CLAMP_BYTES`` over every GLU input element: the MLP's, or the routed
     copies' and shared experts' of a MoE layer), where SwiGLU's clamp sits inside its fused kernel
-    (fused_bias_swiglu.py ``clamped_swiglu``): nothing then; nor for the routed copies under the fused
-    grouped MLP (``routed_eager_passes``). Under --recompute-modules moe_act the checkpointed
-    activation (clamp included) runs its forward again in the backward pass."""
+    (fused_bias_swiglu.py ``clamped_swiglu``): nothing then. Under --recompute-modules moe_act the
+    checkpointed activation (clamp included) runs its forward again in the backward pass."""
     kind = as_kind(kind)
     if not clamps_glu(x.model) or kind.ffn is None:
         return np.zeros_like(x.t, dtype=float), np.zeros_like(x.t, dtype=float)
     is_moe = kind.is_moe
-    elements = activation_input_elements(x, is_moe, routed=routed_eager_passes(x) if is_moe else True)
+    elements = activation_input_elements(x, is_moe)
     forward, backward = (b * elements / x.hbm for b in GLU_CLAMP_BYTES)
     if is_moe:
         backward = backward + np.where(x.modules["moe_act"], forward, 0.0)
@@ -750,18 +709,18 @@ def gemm_input_elements(x: Candidates, kind: LayerKind | bool) -> float:
     return attention + model.moe_router_topk * (h + model.expert_ffn_hidden_size) + shared
 
 
-def activation_input_elements(x: Candidates, kind: LayerKind | bool, routed=True):
+def activation_input_elements(x: Candidates, kind: LayerKind | bool):
     """Elements per GPU of the activation's input (gate and up) in one layer: the MLP's, or a MoE
-    layer's routed copies (``imbalance`` times the even share, ETP-split FFN; where ``routed``) and
-    shared experts'; none in a hybrid layer without an FFN."""
+    layer's routed copies (``imbalance`` times the even share, ETP-split FFN) and shared experts';
+    none in a hybrid layer without an FFN."""
     model, tokens = x.model, x.tokens / x.t
     kind = as_kind(kind)
     if kind.ffn is None:
         return 0.0
     if not kind.is_moe:
         return 2.0 * tokens * model.ffn_hidden_size
-    copies = tokens * model.moe_router_topk * x.imbalance * model.expert_ffn_hidden_size * routed
-    return 2.0 * (copies + tokens * (model.shared_expert_ffn_hidden_size or 0))
+    routed = tokens * model.moe_router_topk * x.imbalance * model.expert_ffn_hidden_size
+    return 2.0 * (routed + tokens * (model.shared_expert_ffn_hidden_size or 0))
 
 
 def row_parallel_output_elements(x: Candidates, kind: LayerKind | bool) -> float:
@@ -946,8 +905,7 @@ def attention_time_least(x, fp8_attention: bool):
     peak = gemm.bf16_peak(hw)
     if fp8_attention:
         peak = max(peak, (hw.fp8_tflops or hw.bf16_tflops) * 1e12 * gemm.tensor_speed(hw))
-    window = window_attention_share(model, model.seq_length)
-    return attn_flops * finetune.attention_share(model) * window / peak / hw.attention_peak_share
+    return attn_flops * finetune.attention_share(model) / peak / hw.attention_peak_share
 
 
 def attention_time_most(x, non_flash: bool):

@@ -109,9 +109,8 @@ class ModelSpec:
     # Attention variants (Megatron-LM's defaults): a norm on the queries and keys (--qk-layernorm;
     # under MLA the norms of the query and KV latents), sliding-window attention (--window-size
     # LEFT,RIGHT as flash-attention counts it, on every layer or on all but every
-    # --window-attn-skip-freq-th one) and the softmax (--softmax-type). Exported; the window's layers'
-    # attention core is priced at cuDNN's windowed kernel (layer_time.window_attention_share), and a
-    # window or a softmax with sinks changes how context parallelism runs (cp_kinds, ``softmax_sinks``).
+    # --window-attn-skip-freq-th one) and the softmax (--softmax-type). Exported, not priced, except
+    # that a softmax with sinks changes how context parallelism runs (``softmax_sinks``).
     qk_layernorm: bool = False
     window_size: tuple[int, ...] | None = None
     window_attn_skip_freq: int | None = None
