@@ -465,8 +465,35 @@ def test_the_fused_grouped_mlp_pays_its_kernels_once_per_pass_and_half_a_256_row
     assert forward[0] < off_forward[0]
     # The MoE layer takes the fused calls in its compute.
     layer = lt.moe_layer(fused)
-    own = sum(b[0] - 2 * f[0] for f, b in (lt.router_time(fused), lt.permutation_time(fused), (forward, backward)))
+    own = sum(b[0] - 2 * f[0] for f, b in (lt.router_time(fused), lt.permutation_time(fused), (forward, backward),
+                                           lt.post_sync_host_calls(fused)))
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=1e-9)
+
+
+def test_the_host_calls_after_the_dropless_sync_are_counted_per_dispatcher(mixtral):
+    """After the dropless dispatcher's host sync the GPU waits for every call the host issues in
+    the MoE layer's forward, not only the per-expert ones. Mixtral (SwiGLU: one fused weighted
+    activation; no shared experts, no latent projection) on B200. alltoall, one local expert, BF16:
+    4 dispatcher calls (tokens', probabilities' and combine all-to-alls, unpermute) + 4 experts'
+    module calls + 1 activation + 1 residual add = 10; 4 local experts under FP8 add the two sorts by
+    local expert and the three Fp8Padding / Unpadding calls (15); DeepEP 19 dispatcher calls (its
+    unfused multihot), HybridEP 4 and no padding of its own. Each at ``moe_expert_call_s``, forward
+    only; none under a full-iteration CUDA graph (no sync)."""
+    b200 = io.load_hardware("b200")
+    call = b200.efficiency.moe_expert_call_s
+    knobs = dict(tp=1, pp=1, vp=1, cp=1, dp=8, sp=False, gbs=64)
+    cases = ((dict(ep=8, moe_token_dispatcher_type="alltoall"), 10),
+             (dict(ep=2, moe_token_dispatcher_type="alltoall", precision="fp8-current"), 15),
+             (dict(ep=8, moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="deepep", precision="mxfp8"), 28),
+             (dict(ep=8, moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep", precision="mxfp8"), 10))
+    for extra, count in cases:
+        x = _cands(mixtral, b200, **knobs, **extra)
+        assert lt.post_sync_call_count(x)[0] == pytest.approx(count), extra
+        forward, backward = lt.post_sync_host_calls(x)
+        assert forward[0] == pytest.approx(count * call, rel=1e-12) and backward[0] == 0.0
+    graphed = _cands(mixtral, b200, **knobs, ep=8, moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep",
+                     precision="mxfp8", cuda_graph="full_iteration")
+    assert lt.post_sync_host_calls(graphed)[0][0] == 0.0
 
 
 def test_paged_stashing_copies_the_fused_mlps_saved_tensors_out_and_back_under_the_full_iteration_graph(mixtral):
