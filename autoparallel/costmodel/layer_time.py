@@ -504,7 +504,7 @@ def combined_host_stall(x: Candidates, layer_time):
         return np.zeros_like(x.t, dtype=float)
     combined = x.flag("overlap_moe_expert_parallel_comm") & ~x.knob_is("cuda_graph", "full_iteration") & ~x.dualpipe
     forward, backward = expert_call_count(x)
-    host = (forward + backward) * x.hw.efficiency.moe_expert_call_s
+    host = (forward + backward + post_sync_call_count(x)) * x.hw.efficiency.moe_expert_call_s
     return np.where(combined, np.maximum(host - layer_time, 0.0), 0.0)
 
 
