@@ -476,8 +476,10 @@ def combined_host_stall(x: Candidates, layer_time):
     """Seconds per MoE layer and micro-batch the GPU waits for the host under the 1F1B all-to-all
     overlap (``overlap_moe_expert_parallel_comm``) without a CUDA graph over the experts: what one
     host thread needs to issue the layer's per-expert calls of both micro-batches
-    (``expert_call_count``, forward and backward, at ``moe_expert_call_s`` each) beyond the layer's
-    priced time ``layer_time`` (which holds the forward's calls already, ``moe_expert_calls``).
+    (``expert_call_count``, forward and backward) and the forward's other calls after its sync
+    (``post_sync_call_count``), at ``moe_expert_call_s`` each, beyond the layer's priced time
+    ``layer_time`` (which holds the forward's calls already, ``moe_expert_calls`` and
+    ``post_sync_host_calls``).
 
     Megatron-Core runs that overlap as a combined schedule (``megatron/core/models/common/
     model_chunk_schedule_plan.py`` ``TransformerLayerSchedulePlan.run``, core_v0.15.0): for every
@@ -494,10 +496,11 @@ def combined_host_stall(x: Candidates, layer_time):
     so that host time grows with the local experts and not with the tokens. In the plain 1F1B
     schedules the backward has no sync (its all-to-alls reuse the forward's splits) and the host
     issues it ahead of the GPU: only the forward's calls are waited for (``moe_expert_calls``).
-    One constant prices both: fitted with this floor, ``moe_expert_call_s`` is 85 us, and the rows
-    that run the overlap with 16 local experts and no graph (Qwen3-235B B200 / B300 PP8 EP8, Qwen3-30B
-    H100 PP2 EP8) measure 13-17 ms per layer and micro-batch, 160 calls at 82-104 us each
-    (benchmarks/RESULTS.md, session 37 s37h3). A full-iteration
+    One constant prices both: fitted with this floor and the post-sync calls, ``moe_expert_call_s``
+    is 71 us (85 us with the per-expert calls alone), and the rows that run the overlap with 16
+    local experts and no graph (Qwen3-235B B200 / B300 PP8 EP8, Qwen3-30B H100 PP2 EP8) measure
+    13-17 ms per layer and micro-batch, 160 per-expert calls at 82-104 us each (benchmarks/RESULTS.md,
+    session 37 s37h3; session 54 s54h1 for the post-sync calls). A full-iteration
     CUDA graph replays the whole step without the host: nothing then. The warm-up and cool-down
     micro-batches (plain forwards and backwards) are priced alike."""
     if not x.model.is_moe:
@@ -1228,7 +1231,8 @@ def routed_experts_time(x: Candidates):
 def moe_layer(x: Candidates) -> dict:
     """A MoE layer: attention and shared experts split by TP, the router on each GPU's tokens
     (``router_time``), the token permutations (``permutation_time``), routed experts over EP x
-    ETP and their calls per local expert (``moe_expert_calls``), their biases (``expert_bias_time``)
+    ETP and their calls per local expert (``moe_expert_calls``), the host's other calls after the
+    dispatcher's sync (``post_sync_host_calls``), the experts' biases (``expert_bias_time``)
     and a quick-GEGLU's clamp (``glu_clamp_time``); TP all-reduces after attention and after the
     shared experts (if any)."""
     model = x.model
@@ -1283,7 +1287,8 @@ def mlp_block_layer(x: Candidates) -> dict:
 
 def moe_block_layer(x: Candidates) -> dict:
     """A hybrid model's E layer: the pre-norm and a MoE block alone, priced as ``moe_layer``
-    without its attention (router, permutations, routed experts and their calls, biases, clamp,
+    without its attention (router, permutations, routed experts and their calls, the host's calls
+    after the dispatcher's sync, biases, clamp,
     the expert-parallel dispatch and combine); TP all-reduces after the shared experts (if any)
     and LatentMoE's projections split by TP beside them (each a GEMM of its own on the GEMM curve)."""
     model = x.model
