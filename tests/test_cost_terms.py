@@ -564,7 +564,7 @@ def test_the_router_is_a_bf16_gemm_of_its_own_size_and_tf32_backward_when_routed
 def test_a_moe_layers_compute_gives_the_router_and_the_permutations_their_own_backward(mixtral, hw):
     x = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
     layer = lt.moe_layer(x)
-    kernels = (lt.router_time(x), lt.permutation_time(x), lt.moe_expert_calls(x))
+    kernels = (lt.router_time(x), lt.permutation_time(x), lt.moe_expert_calls(x), lt.post_sync_host_calls(x))
     own = sum(b[0] - 2 * f[0] for f, b in kernels)
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
     assert own != 0.0
@@ -618,7 +618,8 @@ def test_layer_time_is_the_sum_of_its_named_terms(model_name, recompute, hw):
         idle = ({"selective_recompute" if recompute == "full" else "full_recompute", "lora_adapters"}
                 | (set() if is_moe else {"ep_comm"}))
         assert all((value > 0) != (name in idle) for name, value in named.items()), named
-        own = sum(b[0] - 2 * f[0] for f, b in (lt.router_time(x), lt.permutation_time(x), lt.moe_expert_calls(x))) if is_moe else 0.0
+        own = sum(b[0] - 2 * f[0] for f, b in (lt.router_time(x), lt.permutation_time(x), lt.moe_expert_calls(x),
+                                               lt.post_sync_host_calls(x))) if is_moe else 0.0
         assert named["compute"] == pytest.approx(3 * forward[0] + own, rel=REL)
         assert named["fp8_cast"] == pytest.approx(lt.fp8_cast_time(x, is_moe)[0], rel=REL)
         if recompute == "full":  # one layer of each chunk (pp 2, vp 1: a stage's layers)
@@ -1437,7 +1438,8 @@ def test_expert_biases_cost_hbm_passes_over_the_routed_copies_and_nothing_withou
     assert [t[0] for t in lt.expert_bias_time(fp32)] == pytest.approx(
         [28 * elements / _hbm(hw), 36 * elements / _hbm(hw)], rel=REL)
     layer = lt.moe_layer(x)
-    kernels = (lt.router_time(x), lt.permutation_time(x), lt.moe_expert_calls(x), (forward, backward),
+    kernels = (lt.router_time(x), lt.permutation_time(x), lt.moe_expert_calls(x), lt.post_sync_host_calls(x),
+               (forward, backward),
                lt.glu_clamp_time(x, True))
     own = sum(b[0] - 2 * f[0] for f, b in kernels)
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
@@ -1474,7 +1476,7 @@ def test_flex_dispatchers_hand_the_eager_expert_bias_fp32_probabilities(hw):
         [12 * elements / _hbm(hw), 12 * elements / _hbm(hw)], rel=REL)
     # the layer's compute holds the FP32 step: 3 x its forward plus each own-backward kernel's excess
     layer = lt.moe_layer(flex)
-    kernels = (lt.router_time(flex), lt.permutation_time(flex), lt.moe_expert_calls(flex),
+    kernels = (lt.router_time(flex), lt.permutation_time(flex), lt.moe_expert_calls(flex), lt.post_sync_host_calls(flex),
                lt.expert_bias_time(flex), lt.glu_clamp_time(flex, True))
     own = sum(b[0] - 2 * f[0] for f, b in kernels)
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
@@ -1493,6 +1495,7 @@ def test_a_quick_geglus_clamp_is_eager_hbm_passes_over_the_glu_inputs(hw):
     assert backward[0] == pytest.approx(10 * elements / _hbm(hw), rel=REL)
     layer = lt.moe_layer(x)
     kernels = (lt.router_time(x), lt.permutation_time(x), lt.expert_bias_time(x), lt.moe_expert_calls(x),
+               lt.post_sync_host_calls(x),
                (forward, backward))
     own = sum(b[0] - 2 * f[0] for f, b in kernels)
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
@@ -1742,13 +1745,17 @@ def test_dualpipe_stages_are_contiguous_slices_of_the_model(hw):
 def test_the_1f1b_all_to_all_overlap_waits_for_the_host_to_issue_both_passes_per_expert_calls():
     """Qwen3-30B-A3B (128 experts) on B200 under MXFP8 at ep 8: 16 local experts, two GroupedLinears,
     forward a quantize and a GEMM each (64 calls), backward a quantize, a dgrad and a wgrad (96):
-    160 host calls per layer and micro-batch. Under the 1F1B all-to-all overlap the layer takes at
-    least 160 x ``moe_expert_call_s``: the stall is what that exceeds the layer's other terms by. Not
+    160 per-expert host calls per layer and micro-batch, and 15 more in the forward after the
+    alltoall dispatcher's sync (``post_sync_call_count``: 4 dispatcher calls, 2 sorts by local expert,
+    4 experts' module calls, the fused weighted SwiGLU, 3 Fp8Padding calls, the residual add). Under
+    the 1F1B all-to-all overlap the layer takes at least 175 x ``moe_expert_call_s``: the stall is
+    what that exceeds the layer's other terms by. Not
     without the overlap, not under a full-iteration CUDA graph, and at ep 64 (2 local experts, 20
     calls) the GPU's own time covers it."""
     model, b200 = io.load_model("qwen3-30b-a3b"), io.load_hardware("b200")
     knobs = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, precision="mxfp8")
-    host = 160 * b200.efficiency.moe_expert_call_s
+    host = 175 * b200.efficiency.moe_expert_call_s
+    assert lt.post_sync_call_count(_cands(model, b200, **knobs))[0] == pytest.approx(15)
     plain = lt.moe_layer(_cands(model, b200, **knobs))
     overlapped = lt.moe_layer(_cands(model, b200, **knobs, overlap_moe_expert_parallel_comm=True))
     priced = sum(overlapped[k][0] for k in lt.LAYER_TIME_TERMS if k != "compute") + plain["compute"][0]
