@@ -83,7 +83,8 @@ def terms(p) -> None:
                  xe, model.shared_expert_params + model.latent_projection_params, gemms=shared_gemms)),
              "router": sum(map(scalar, lt.router_time(xe))),
              "permutations": sum(map(scalar, lt.permutation_time(xe))),
-             "per-expert calls": sum(map(scalar, lt.expert_calls(xe, routed)))}
+             "per-expert calls": sum(map(scalar, lt.expert_calls(xe, routed))),
+             "host calls after the sync": sum(map(scalar, lt.post_sync_host_calls(xe)))}
     e_layer = lt.moe_block_layer(xe)
     parts.update({"fp8 casts": scalar(e_layer["fp8_cast"]), "EP dispatch + combine": scalar(e_layer["ep_comm"])})
     for name, seconds in parts.items():

@@ -465,8 +465,35 @@ def test_the_fused_grouped_mlp_pays_its_kernels_once_per_pass_and_half_a_256_row
     assert forward[0] < off_forward[0]
     # The MoE layer takes the fused calls in its compute.
     layer = lt.moe_layer(fused)
-    own = sum(b[0] - 2 * f[0] for f, b in (lt.router_time(fused), lt.permutation_time(fused), (forward, backward)))
+    own = sum(b[0] - 2 * f[0] for f, b in (lt.router_time(fused), lt.permutation_time(fused), (forward, backward),
+                                           lt.post_sync_host_calls(fused)))
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=1e-9)
+
+
+def test_the_host_calls_after_the_dropless_sync_are_counted_per_dispatcher(mixtral):
+    """After the dropless dispatcher's host sync the GPU waits for every call the host issues in
+    the MoE layer's forward, not only the per-expert ones. Mixtral (SwiGLU: one fused weighted
+    activation; no shared experts, no latent projection) on B200. alltoall, one local expert, BF16:
+    4 dispatcher calls (tokens', probabilities' and combine all-to-alls, unpermute) + 4 experts'
+    module calls + 1 activation + 1 residual add = 10; 4 local experts under FP8 add the two sorts by
+    local expert and the three Fp8Padding / Unpadding calls (15); DeepEP 19 dispatcher calls (its
+    unfused multihot), HybridEP 4 and no padding of its own. Each at ``moe_expert_call_s``, forward
+    only; none under a full-iteration CUDA graph (no sync)."""
+    b200 = io.load_hardware("b200")
+    call = b200.efficiency.moe_expert_call_s
+    knobs = dict(tp=1, pp=1, vp=1, cp=1, dp=8, sp=False, gbs=64)
+    cases = ((dict(ep=8, moe_token_dispatcher_type="alltoall"), 10),
+             (dict(ep=2, moe_token_dispatcher_type="alltoall", precision="fp8-current"), 15),
+             (dict(ep=8, moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="deepep", precision="mxfp8"), 28),
+             (dict(ep=8, moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep", precision="mxfp8"), 10))
+    for extra, count in cases:
+        x = _cands(mixtral, b200, **knobs, **extra)
+        assert lt.post_sync_call_count(x)[0] == pytest.approx(count), extra
+        forward, backward = lt.post_sync_host_calls(x)
+        assert forward[0] == pytest.approx(count * call, rel=1e-12) and backward[0] == 0.0
+    graphed = _cands(mixtral, b200, **knobs, ep=8, moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep",
+                     precision="mxfp8", cuda_graph="full_iteration")
+    assert lt.post_sync_host_calls(graphed)[0][0] == 0.0
 
 
 def test_paged_stashing_copies_the_fused_mlps_saved_tensors_out_and_back_under_the_full_iteration_graph(mixtral):
@@ -537,7 +564,7 @@ def test_the_router_is_a_bf16_gemm_of_its_own_size_and_tf32_backward_when_routed
 def test_a_moe_layers_compute_gives_the_router_and_the_permutations_their_own_backward(mixtral, hw):
     x = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
     layer = lt.moe_layer(x)
-    kernels = (lt.router_time(x), lt.permutation_time(x), lt.moe_expert_calls(x))
+    kernels = (lt.router_time(x), lt.permutation_time(x), lt.moe_expert_calls(x), lt.post_sync_host_calls(x))
     own = sum(b[0] - 2 * f[0] for f, b in kernels)
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
     assert own != 0.0
@@ -591,7 +618,8 @@ def test_layer_time_is_the_sum_of_its_named_terms(model_name, recompute, hw):
         idle = ({"selective_recompute" if recompute == "full" else "full_recompute", "lora_adapters"}
                 | (set() if is_moe else {"ep_comm"}))
         assert all((value > 0) != (name in idle) for name, value in named.items()), named
-        own = sum(b[0] - 2 * f[0] for f, b in (lt.router_time(x), lt.permutation_time(x), lt.moe_expert_calls(x))) if is_moe else 0.0
+        own = sum(b[0] - 2 * f[0] for f, b in (lt.router_time(x), lt.permutation_time(x), lt.moe_expert_calls(x),
+                                               lt.post_sync_host_calls(x))) if is_moe else 0.0
         assert named["compute"] == pytest.approx(3 * forward[0] + own, rel=REL)
         assert named["fp8_cast"] == pytest.approx(lt.fp8_cast_time(x, is_moe)[0], rel=REL)
         if recompute == "full":  # one layer of each chunk (pp 2, vp 1: a stage's layers)
@@ -1431,8 +1459,8 @@ def test_expert_biases_cost_hbm_passes_over_the_routed_copies_and_nothing_withou
     assert [t[0] for t in lt.expert_bias_time(fp32)] == pytest.approx(
         [28 * elements / _hbm(hw), 36 * elements / _hbm(hw)], rel=REL)
     layer = lt.moe_layer(x)
-    kernels = (lt.router_time(x), lt.permutation_time(x), lt.moe_expert_calls(x), (forward, backward),
-               lt.glu_clamp_time(x, True), lt.unfused_rope_time(x))
+    kernels = (lt.router_time(x), lt.permutation_time(x), lt.moe_expert_calls(x), lt.post_sync_host_calls(x),
+               (forward, backward), lt.glu_clamp_time(x, True), lt.unfused_rope_time(x))
     own = sum(b[0] - 2 * f[0] for f, b in kernels)
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
     no_bias = dataclasses.replace(model, add_bias_linear=False)
@@ -1469,7 +1497,8 @@ def test_flex_dispatchers_hand_the_eager_expert_bias_fp32_probabilities(hw):
     # the layer's compute holds the FP32 step: 3 x its forward plus each own-backward kernel's excess
     layer = lt.moe_layer(flex)
     kernels = (lt.router_time(flex), lt.permutation_time(flex), lt.moe_expert_calls(flex),
-               lt.expert_bias_time(flex), lt.glu_clamp_time(flex, True), lt.unfused_rope_time(flex))
+               lt.post_sync_host_calls(flex), lt.expert_bias_time(flex), lt.glu_clamp_time(flex, True),
+               lt.unfused_rope_time(flex))
     own = sum(b[0] - 2 * f[0] for f, b in kernels)
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
 
@@ -1508,7 +1537,7 @@ def test_a_quick_geglus_clamp_is_eager_hbm_passes_over_the_glu_inputs(hw):
     assert backward[0] == pytest.approx(10 * elements / _hbm(hw), rel=REL)
     layer = lt.moe_layer(x)
     kernels = (lt.router_time(x), lt.permutation_time(x), lt.expert_bias_time(x), lt.moe_expert_calls(x),
-               (forward, backward), lt.unfused_rope_time(x))
+               lt.post_sync_host_calls(x), (forward, backward), lt.unfused_rope_time(x))
     own = sum(b[0] - 2 * f[0] for f, b in kernels)
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
     r = _cands(model, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, recompute="selective",
@@ -1757,13 +1786,17 @@ def test_dualpipe_stages_are_contiguous_slices_of_the_model(hw):
 def test_the_1f1b_all_to_all_overlap_waits_for_the_host_to_issue_both_passes_per_expert_calls():
     """Qwen3-30B-A3B (128 experts) on B200 under MXFP8 at ep 8: 16 local experts, two GroupedLinears,
     forward a quantize and a GEMM each (64 calls), backward a quantize, a dgrad and a wgrad (96):
-    160 host calls per layer and micro-batch. Under the 1F1B all-to-all overlap the layer takes at
-    least 160 x ``moe_expert_call_s``: the stall is what that exceeds the layer's other terms by. Not
+    160 per-expert host calls per layer and micro-batch, and 15 more in the forward after the
+    alltoall dispatcher's sync (``post_sync_call_count``: 4 dispatcher calls, 2 sorts by local expert,
+    4 experts' module calls, the fused weighted SwiGLU, 3 Fp8Padding calls, the residual add). Under
+    the 1F1B all-to-all overlap the layer takes at least 175 x ``moe_expert_call_s``: the stall is
+    what that exceeds the layer's other terms by. Not
     without the overlap, not under a full-iteration CUDA graph, and at ep 64 (2 local experts, 20
     calls) the GPU's own time covers it."""
     model, b200 = io.load_model("qwen3-30b-a3b"), io.load_hardware("b200")
     knobs = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, precision="mxfp8")
-    host = 160 * b200.efficiency.moe_expert_call_s
+    host = 175 * b200.efficiency.moe_expert_call_s
+    assert lt.post_sync_call_count(_cands(model, b200, **knobs))[0] == pytest.approx(15)
     plain = lt.moe_layer(_cands(model, b200, **knobs))
     overlapped = lt.moe_layer(_cands(model, b200, **knobs, overlap_moe_expert_parallel_comm=True))
     priced = sum(overlapped[k][0] for k in lt.LAYER_TIME_TERMS if k != "compute") + plain["compute"][0]

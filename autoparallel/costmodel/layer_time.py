@@ -503,8 +503,10 @@ def combined_host_stall(x: Candidates, layer_time):
     """Seconds per MoE layer and micro-batch the GPU waits for the host under the 1F1B all-to-all
     overlap (``overlap_moe_expert_parallel_comm``) without a CUDA graph over the experts: what one
     host thread needs to issue the layer's per-expert calls of both micro-batches
-    (``expert_call_count``, forward and backward, at ``moe_expert_call_s`` each) beyond the layer's
-    priced time ``layer_time`` (which holds the forward's calls already, ``moe_expert_calls``).
+    (``expert_call_count``, forward and backward) and the forward's other calls after its sync
+    (``post_sync_call_count``), at ``moe_expert_call_s`` each, beyond the layer's priced time
+    ``layer_time`` (which holds the forward's calls already, ``moe_expert_calls`` and
+    ``post_sync_host_calls``).
 
     Megatron-Core runs that overlap as a combined schedule (``megatron/core/models/common/
     model_chunk_schedule_plan.py`` ``TransformerLayerSchedulePlan.run``, core_v0.15.0): for every
@@ -521,18 +523,91 @@ def combined_host_stall(x: Candidates, layer_time):
     so that host time grows with the local experts and not with the tokens. In the plain 1F1B
     schedules the backward has no sync (its all-to-alls reuse the forward's splits) and the host
     issues it ahead of the GPU: only the forward's calls are waited for (``moe_expert_calls``).
-    One constant prices both: fitted with this floor, ``moe_expert_call_s`` is 85 us, and the rows
-    that run the overlap with 16 local experts and no graph (Qwen3-235B B200 / B300 PP8 EP8, Qwen3-30B
-    H100 PP2 EP8) measure 13-17 ms per layer and micro-batch, 160 calls at 82-104 us each
-    (benchmarks/RESULTS.md, session 37 s37h3). A full-iteration
+    One constant prices both: fitted with this floor and the post-sync calls, ``moe_expert_call_s``
+    is 71 us (85 us with the per-expert calls alone), and the rows that run the overlap with 16
+    local experts and no graph (Qwen3-235B B200 / B300 PP8 EP8, Qwen3-30B H100 PP2 EP8) measure
+    13-17 ms per layer and micro-batch, 160 per-expert calls at 82-104 us each (benchmarks/RESULTS.md,
+    session 37 s37h3; session 54 s54h1 for the post-sync calls). A full-iteration
     CUDA graph replays the whole step without the host: nothing then. The warm-up and cool-down
     micro-batches (plain forwards and backwards) are priced alike."""
     if not x.model.is_moe:
         return np.zeros_like(x.t, dtype=float)
     combined = x.flag("overlap_moe_expert_parallel_comm") & ~x.knob_is("cuda_graph", "full_iteration") & ~x.dualpipe
     forward, backward = expert_call_count(x)
-    host = (forward + backward) * x.hw.efficiency.moe_expert_call_s
+    host = (forward + backward + post_sync_call_count(x)) * x.hw.efficiency.moe_expert_call_s
     return np.where(combined, np.maximum(host - layer_time, 0.0), 0.0)
+
+
+# The host calls of a MoE layer's forward after the dropless dispatcher's host sync (token counts to the
+# CPU before the all-to-all), besides the per-expert loop (``moe_expert_calls``), counted from Megatron-LM
+# d98e8a64dd ``megatron/core/transformer/moe/`` (``moe_layer.py`` ``MoELayer.forward``: dispatch ->
+# routed_experts_compute -> combine -> postprocess; the shared experts and the router run before the sync).
+# alltoall (``token_dispatcher.py`` ``MoEAlltoAllTokenDispatcher``, sync ``before_ep_alltoall``, fused
+# permutation): the tokens' and the probabilities' all-to-all, the combine's all-to-all and the fused
+# unpermute; with several local experts the fused ``sort_chunks_by_idxs`` after the dispatch and before the
+# combine; with expert TP the tokens' and probabilities' all-gathers and the reduce-scatter.
+ALLTOALL_POST_SYNC_CALLS = 4.0
+ALLTOALL_SORT_CALLS = 2.0
+ALLTOALL_ETP_CALLS = 3.0
+# flex / DeepEP (``_DeepepManager``; ``fused_a2a.py`` ``FusedDispatch``: the host waits in
+# ``buffer.dispatch`` for the GPU's token counts): the dispatch kernel and its stream wait, the unfused
+# ``_indices_to_multihot`` (two zeros, the mask, its sum, arange, repeat_interleave, the index, two index_puts,
+# the probabilities' gather, the cast: 11), ``tokens_per_expert.sum().item()``, the fused permute, the fused
+# unpermute, the combine kernel and its stream wait.
+DEEPEP_POST_SYNC_CALLS = 2.0 + 11.0 + 2.0 + 1.0 + 1.0 + 2.0
+# flex / HybridEP (``_HybridEPManager``: ``dispatch_with_permute`` blocks in its metadata preprocessing
+# without a capacity, deepseek-ai/DeepEP@94a9f8f ``deep_ep/hybrid_ep_buffer.py``): the fused dispatch and
+# permute, ``tokens_per_expert.to(int64)`` and its ``sum``, the fused unpermute and combine.
+HYBRIDEP_POST_SYNC_CALLS = 4.0
+# ``TEGroupedMLP.forward`` (``experts.py``) besides each expert's quantize and GEMM: ``tokens_per_expert
+# .tolist()``, the probabilities' ``unsqueeze``, the two GroupedLinear module calls and the weighted
+# activation: one fused kernel for a GLU (``weighted_bias_swiglu_impl`` / ``_quick_geglu_``), else the
+# activation (squared ReLU: ``relu``, ``pow``), the product with the probabilities and the cast (4).
+EXPERT_MODULE_CALLS = 4.0
+GLU_ACTIVATION_CALLS, PLAIN_ACTIVATION_CALLS = 1.0, 4.0
+# Quantized, not HybridEP: ``Fp8Padding`` of the tokens and of the probabilities, ``Fp8Unpadding`` after FC2.
+QUANTIZATION_PADDING_CALLS = 3.0
+# After the combine: the shared experts' output added (``MoELayer.postprocess``), LatentMoE's
+# ``fc2_latent_proj`` (a Linear: its GEMM and, quantized, its input's quantize), the layer's residual add.
+RESIDUAL_CALLS = 1.0
+
+
+def post_sync_call_count(x: Candidates):
+    """Host calls of one MoE layer's forward that the dropless dispatcher's sync leaves the GPU
+    waiting for, beyond the per-expert loop (``expert_call_count``): the dispatcher's own after the
+    sync (``ALLTOALL_POST_SYNC_CALLS`` .., ``DEEPEP_POST_SYNC_CALLS``, ``HYBRIDEP_POST_SYNC_CALLS``),
+    the experts' module calls and weighted activation, the quantization padding, the shared
+    experts' add, LatentMoE's output projection and the residual add."""
+    model = x.model
+    dispatcher = partial(x.knob_is, "moe_token_dispatcher_type")
+    backend = (partial(x.knob_is, "moe_flex_dispatcher_backend") if "moe_flex_dispatcher_backend" in x.knobs
+               else lambda name: np.full(np.shape(x.e), name == "deepep"))
+    flex = dispatcher("flex")
+    hybridep = flex & backend("hybridep")
+    local = moe.local_experts(model, x.e)
+    alltoall = (ALLTOALL_POST_SYNC_CALLS + np.where(local > 1, ALLTOALL_SORT_CALLS, 0.0)
+                + np.where(x.et > 1, ALLTOALL_ETP_CALLS, 0.0))
+    dispatch_calls = np.where(hybridep, HYBRIDEP_POST_SYNC_CALLS, np.where(flex, DEEPEP_POST_SYNC_CALLS, alltoall))
+    activation = GLU_ACTIVATION_CALLS if model.gated_mlp else PLAIN_ACTIVATION_CALLS
+    q = x.quantized_fraction
+    padding = np.where(hybridep, 0.0, QUANTIZATION_PADDING_CALLS * q)
+    after = (RESIDUAL_CALLS + (model.shared_expert_ffn_hidden_size > 0)
+             + (model.moe_latent_size is not None) * (1.0 + q))
+    return dispatch_calls + EXPERT_MODULE_CALLS + activation + padding + after
+
+
+def post_sync_host_calls(x: Candidates):
+    """(forward, backward) seconds the GPU waits for the host in a MoE layer's forward after the
+    dropless dispatcher's sync, besides the per-expert loop: with the GPU's queue emptied by the
+    sync (``combined_host_stall`` names where each dispatcher waits), every call the host issues
+    until it is ahead again is waited for, the dispatch, permutations, experts' module calls,
+    combine and the adds alike (``post_sync_call_count``), each at the per-call constant
+    ``moe_expert_call_s``. None under a full-iteration CUDA graph (no sync: the recipes that run it
+    size the dispatch by a capacity) and none in the backward (no sync: its all-to-alls reuse the
+    forward's splits)."""
+    synced = ~x.knob_is("cuda_graph", "full_iteration")
+    forward = np.where(synced, post_sync_call_count(x) * x.hw.efficiency.moe_expert_call_s, 0.0)
+    return forward, np.zeros_like(forward)
 
 
 # TransformerEngine's fused MoE grouped MLP (Megatron-Bridge ``cutedsl_fused_grouped_mlp``: TE v2.16,
@@ -1184,20 +1259,21 @@ def routed_experts_time(x: Candidates):
 def moe_layer(x: Candidates) -> dict:
     """A MoE layer: attention and shared experts split by TP, the router on each GPU's tokens
     (``router_time``), the token permutations (``permutation_time``), routed experts over EP x
-    ETP and their calls per local expert (``moe_expert_calls``), their biases (``expert_bias_time``),
-    a quick-GEGLU's clamp (``glu_clamp_time``) and an unfused RoPE (``unfused_rope_time``); TP
+    ETP and their calls per local expert (``moe_expert_calls``), the host's other calls after the
+    dispatcher's sync (``post_sync_host_calls``), the experts' biases (``expert_bias_time``), a
+    quick-GEGLU's clamp (``glu_clamp_time``) and an unfused RoPE (``unfused_rope_time``); TP
     all-reduces after attention and after the shared experts (if any)."""
     model = x.model
     nonexpert = model.moe_layer_params - model.num_experts * model.expert_params - model.router_params
     t_experts = routed_experts_time(x)
     router = hash_routed_router_time(x)
-    permutation, calls = permutation_time(x), expert_calls(x, t_experts)
+    permutation, calls, host = permutation_time(x), expert_calls(x, t_experts), post_sync_host_calls(x)
     bias, clamp = expert_bias_time(x), glu_clamp_time(x, True)
-    kernels = (router, permutation, calls, bias, clamp, unfused_rope_time(x))
+    kernels = (router, permutation, calls, host, bias, clamp, unfused_rope_time(x))
     kernels += (dsv4.hyper_connection_time(x),) if model.hc_mult > 1 else ()
     kernels += dsv4_attention_kernels(x) if model.is_dsv4 else dsa_attention_kernels(x) if model.is_dsa else ()
     tp_blocks = 1.0 + (model.shared_expert_ffn_hidden_size > 0)
-    block = (linear_time(x, model.shared_expert_params) + t_experts + router[0] + permutation[0] + calls[0]
+    block = (linear_time(x, model.shared_expert_params) + t_experts + router[0] + permutation[0] + calls[0] + host[0]
              + bias[0] + clamp[0])
     t_nonexpert = linear_time(x, nonexpert, model.mla_down_params)
     chunked = linear_time(x, nonexpert, model.mla_down_params, chunks=x.t)
@@ -1240,7 +1316,8 @@ def mlp_block_layer(x: Candidates) -> dict:
 
 def moe_block_layer(x: Candidates) -> dict:
     """A hybrid model's E layer: the pre-norm and a MoE block alone, priced as ``moe_layer``
-    without its attention (router, permutations, routed experts and their calls, biases, clamp,
+    without its attention (router, permutations, routed experts and their calls, the host's calls
+    after the dispatcher's sync, biases, clamp,
     the expert-parallel dispatch and combine); TP all-reduces after the shared experts (if any)
     and LatentMoE's projections split by TP beside them (each a GEMM of its own on the GEMM curve)."""
     model = x.model
@@ -1248,7 +1325,7 @@ def moe_block_layer(x: Candidates) -> dict:
     nonexpert = model.shared_expert_params + model.latent_projection_params
     t_experts = routed_experts_time(x)
     router, permutation, calls = router_time(x), permutation_time(x), expert_calls(x, t_experts)
-    bias, clamp = expert_bias_time(x), glu_clamp_time(x, kind)
+    host, bias, clamp = post_sync_host_calls(x), expert_bias_time(x), glu_clamp_time(x, kind)
     tp_blocks = float(model.shared_expert_ffn_hidden_size > 0)
     gemms = 2.0 * (model.shared_expert_ffn_hidden_size > 0) + 2.0 * (model.moe_latent_size is not None)
     if "latent_projection" in gemm_precision.recipe(x) and model.moe_latent_size is not None:
@@ -1260,9 +1337,10 @@ def moe_block_layer(x: Candidates) -> dict:
                  peak=gemm_precision.class_peak(x, "latent_projection")))
     else:
         t_nonexpert, chunked = block_linear_times(x, dict(params=nonexpert, gemms=max(gemms, 1.0)))
-    block = t_nonexpert + t_experts + router[0] + permutation[0] + calls[0] + bias[0] + clamp[0]
+    block = t_nonexpert + t_experts + router[0] + permutation[0] + calls[0] + host[0] + bias[0] + clamp[0]
     return layer_cost(x, moe_block_params_gpu(x), moe.expert_params_gpu(model, x.e, x.et), t_nonexpert + t_experts,
-                      tp_blocks, kind, block, (router, permutation, calls, bias, clamp), tp_linear=(t_nonexpert, chunked))
+                      tp_blocks, kind, block, (router, permutation, calls, host, bias, clamp),
+                      tp_linear=(t_nonexpert, chunked))
 
 
 def moe_block_params_gpu(s):
