@@ -63,7 +63,8 @@ MLPERF_MEAN, MLPERF_MAX = 6.0, 12.0  # issue 23's targets
 # bucket ahead).
 # 10.0 (v4.1 Oracle 3072 H100) since the as-run refit of the dense constants with TP traffic as
 # TransformerEngine overlaps it.
-MLPERF_MAX_REACHED = 10.1
+# 10.2 (the same row, -9.99 -> -10.19 %) with H100's attention at cuDNN's measured H200 kernel times (s54h4).
+MLPERF_MAX_REACHED = 10.2
 # Issue 27, MLPerf's Llama-2-70B LoRA rows: reached in sample and held out (the target: mean <= 10 %).
 # Held out 5.5 % when the dense rows were priced in their best variant; 7.9 % since they are priced
 # as run (issue 28 item 4): the refits without the 70B models land on other H100 constants.
@@ -507,7 +508,10 @@ KNOWN_NEWER_NOT_FITTING = {i for i in NOT_FITTING_AS_RUN if i.startswith("bridge
 # 2026-11-29 (session 53, s53h7): the b200 family's attention core at cuDNN's measured B200 time per score
 # (b200.yaml measured_attention_ps_per_score), the b200 and MoE constants refitted: dense-newer 9.00 / 9.30 ->
 # 8.66 / 9.43 % (held out 0.13 worse; every fitted group's held-out figure better, all 534 rows 9.66 -> 9.43).
-NEWER_REACHED = {"dense-newer": (9.0, 9.45), "moe-newer": (9.9, 10.1)}
+# 2026-11-29 (session 54, s54h4): the attention core at cuDNN's measured time per score by sequence length (b200.yaml
+# B200 table less its host floor, h100-sxm.yaml H200 table), b200 / h100-sxm / MoE constants refitted: moe-newer
+# 9.77 / 9.94 -> 9.96 / 10.09 % (all 534 rows held out 9.42 -> 9.21; benchmarks/RESULTS.md).
+NEWER_REACHED = {"dense-newer": (9.0, 9.45), "moe-newer": (10.0, 10.1)}
 
 
 @pytest.fixture(scope="module")
