@@ -354,7 +354,7 @@ def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareS
                    _other_kinds("a model preset", "a search space of `search`", "a search space of `infer`"),
                    "give a hardware preset (`autoparallel hardware`) or a hardware YAML")
     if "attention_efficiency" in data:
-        raise SpecError(f"{path}: attention_efficiency is derived; state measured_attention_ps_per_score")
+        raise SpecError(f"{path}: attention_efficiency is derived; state measured_attention_ms")
     if "clock_speed" in data:
         raise SpecError(f"{path}: clock_speed is derived from max_sm_clock_mhz, sm_count and the efficiency_from "
                         "donor's; state max_sm_clock_mhz (MHz) instead")
@@ -390,6 +390,9 @@ def load_hardware(name_or_path: str, _chain: tuple[Path, ...] = ()) -> HardwareS
                 hw = dataclasses.replace(hw, hbm_speed=measured_hbm_speed(hw, reference))
         except ValueError as e:
             raise SpecError(f"{path}: {e}") from None
-    if hw.measured_attention_ps_per_score is not None:  # this GPU's own measurement, not the donor's
-        hw = dataclasses.replace(hw, attention_efficiency=measured_attention_efficiency(hw))
+    if hw.measured_attention_ms:  # this GPU's own measurement, not the donor's
+        try:
+            hw = dataclasses.replace(hw, attention_efficiency=measured_attention_efficiency(hw))
+        except ValueError as e:
+            raise SpecError(f"{path}: {e}") from None
     return hw

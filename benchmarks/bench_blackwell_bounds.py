@@ -10,13 +10,13 @@ row's step is made of, which rows push each fitted constant, and the attention /
 2. *Gradient*: the rows refitted as ``calibrate`` does (``calibrate.fit``), then per row
    residual x d residual / d log(constant): the sum is the fit's gradient, so the rows with the
    largest terms are what holds a constant on its bound (+: the loss rises with the constant).
-3. *Valley* (``--valley``): refits with the attention core's share of peak held at given values
-   (``HardwareSpec.attention_efficiency``): the elementwise constant the fit then takes, and the
-   error. With the attention fitted, the two trade nearly one for one across these rows; the cuDNN
-   measurement b200.yaml states (``measured_attention_ps_per_score``) pins the attention instead.
-4. *cuDNN's measured attention* on B200 (cuDNN 9.10.2, BF16, causal, 128 / 8 heads, head dim 128:
-   NVIDIA/cudnn-frontend f937055 ``sdpa_benchmark_results_NVIDIA_B200.csv``) per causal score by
-   sequence length, against the share of peak the model prices it at.
+3. *Valley* (``--valley``): refits with the attention core's share of peak held at given values at
+   every length (``HardwareSpec.attention_efficiency``): the elementwise constant the fit then takes,
+   and the error. With the attention fitted, the two trade nearly one for one across these rows; the
+   cuDNN measurements b200.yaml states (``measured_attention_ms``) pin the attention instead.
+4. *cuDNN's measured attention* (b200.yaml ``measured_attention_ms``; and cuDNN 9.19 on H200,
+   NVIDIA/cudnn-frontend 3929da2 ``h200_919_only_cudnn``, against what h100-sxm prices) per causal
+   score by sequence length, the share of peak it implies, and the fitted rows' kernel lengths.
 """
 
 from __future__ import annotations
@@ -31,9 +31,11 @@ from autoparallel.costmodel import calibrate
 from autoparallel.measured_runs import default_runs, load_runs, log_error, priced
 
 FAMILY = "b200"
-# cuDNN 9.10.2 on B200 (the CSV above): tokens -> (forward ms, backward ms), batch 1, 128 query heads.
-CUDNN_B200 = {2048: (0.262, 0.895), 4096: (0.613, 1.938), 8192: (1.816, 5.815), 16384: (6.475, 20.466),
-              32768: (24.518, 77.677)}
+# cuDNN 9.19 on H200 (NVIDIA/cudnn-frontend 3929da2 benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn/
+# llama3.1_20260227_034703.csv, BF16, top_left (causal), 64 query / 8 KV heads, head dim 128):
+# [batch, tokens, query heads, forward ms, backward ms], kernel times from the profiler.
+CUDNN_H200 = ((1, 2048, 64, 0.142, 0.464), (1, 4096, 64, 0.465, 1.450), (1, 8192, 64, 1.708, 5.083),
+              (1, 16384, 64, 6.531, 19.002), (1, 32768, 64, 25.566, 75.688))
 OTHER = ("cp_comm_s", "pp_comm_s", "bubble_s", "dp_comm_s", "offload_s", "optimizer_s", "recompute_s")
 
 
@@ -56,7 +58,7 @@ def decomposition(rows) -> None:
         out, i = _step(p, hw)
         total = out["step_time_s"][i]
         gemm = (total - _step(p, hw, gemm_max=hw.efficiency.gemm_max * 1.01)[0]["step_time_s"][i]) / (1 - 1 / 1.01)
-        slow = dataclasses.replace(hw, attention_efficiency=hw.attention_peak_share / 2)
+        slow = dataclasses.replace(hw, attention_efficiency=tuple((t, share / 2) for t, share in hw.attention_efficiency))
         attention = priced(p, slow)[0]["step_time_s"][i] - total
         elementwise = total - _step(p, hw, elementwise_bytes_per_token_hidden=1e-9)[0]["step_time_s"][i]
         rest = sum(out[k][i] for k in OTHER)
@@ -93,7 +95,8 @@ def valley(rows, shares=(0.3309, 0.3842, 0.42, 0.45)) -> None:
     print("| attention share | per score, ps (B200, d 128) | elementwise | gemm_max | mean abs error % | on a bound |")
     print("|---:|---:|---:|---:|---:|---|")
     for share in shares:
-        held = [dataclasses.replace(p, hardware=dataclasses.replace(p.hardware, attention_efficiency=share)) for p in rows]
+        held = [dataclasses.replace(p, hardware=dataclasses.replace(p.hardware, attention_efficiency=((8192, share),)))
+                for p in rows]
         hw = io.load_hardware(FAMILY)
         fit = calibrate.fit(held, hw.efficiency, donor=calibrate.speed_donor(hw))
         ps = 3 * 2 * 2 * 128 / 2250e12 / share * 1e12
@@ -101,15 +104,34 @@ def valley(rows, shares=(0.3309, 0.3842, 0.42, 0.45)) -> None:
               f"{fit.values['gemm_max']:.4f} | {fit.after:.2f} | {', '.join(h.name for h in fit.at_bounds)} |")
 
 
-def cudnn_table() -> None:
-    share = io.load_hardware(FAMILY).attention_peak_share
-    model = 3 * 2 * 2 * 128 / 2250e12 / share * 1e12
-    print(f"\n## 4. cuDNN 9.10.2 on B200 per causal score (forward + backward, ps); the model prices {model:.3f}\n")
-    print("| tokens | forward ms | backward ms | ps per score | model / measured |")
-    print("|---:|---:|---:|---:|---:|")
-    for tokens, (fwd, bwd) in CUDNN_B200.items():
-        ps = (fwd + bwd) * 1e-3 / (128 * tokens**2 / 2) * 1e12
-        print(f"| {tokens} | {fwd} | {bwd} | {ps:.3f} | {model / ps:.2f} |")
+def _ps_per_score(batch, tokens, heads, forward_ms, backward_ms) -> float:
+    return (forward_ms + backward_ms) * 1e-3 / (batch * heads * tokens**2 / 2) * 1e12
+
+
+def cudnn_table(rows) -> None:
+    hw = io.load_hardware(FAMILY)
+    bound = 3 * max(2 * 2 * 128 / (hw.bf16_tflops * 1e12), 1 / (hw.exp_tera_per_s * 1e12)) * 1e12
+    print("\n## 4. cuDNN's measured attention per causal score (forward + backward), the share of peak it prices\n")
+    print(f"b200.yaml measured_attention_ms, less measured_attention_host_ms {hw.measured_attention_host_ms} ms (the "
+          f"model's full-efficiency time on B200 {bound:.3f} ps):\n")
+    print("| tokens | forward ms | backward ms | ps per score as timed | less the host floor | share of peak |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for row in hw.measured_attention_ms:
+        kernel = (*row[:3], row[3] + row[4] - hw.measured_attention_host_ms, 0.0)
+        print(f"| {row[1]:.0f} | {row[3]} | {row[4]} | {_ps_per_score(*row):.3f} | {_ps_per_score(*kernel):.3f} | "
+              f"{hw.attention_peak_share(row[1]):.3f} |")
+    lengths = sorted({float(s) for p in rows for s in p.built.s_local})
+    print("\nThe fitted rows' kernel lengths (s / cp): " + ", ".join(
+        f"{t:.0f} ({bound / hw.attention_peak_share(t):.2f} ps)" for t in lengths))
+    h100 = io.load_hardware("h100-sxm")
+    h_bound = 3 * max(2 * 2 * 128 / (h100.bf16_tflops * 1e12), 1 / (h100.exp_tera_per_s * 1e12)) * 1e12
+    print(f"\nH200, cuDNN 9.19 kernel times (CUPTI; NVIDIA/cudnn-frontend 3929da2 h200_919_only_cudnn), against what "
+          f"h100-sxm prices (its fitted share, {h100.efficiency.attention:.4f}, where it states no measurement):\n")
+    print("| tokens | ps per score | share of peak | h100-sxm prices, ps |")
+    print("|---:|---:|---:|---:|")
+    for row in CUDNN_H200:
+        print(f"| {row[1]} | {_ps_per_score(*row):.3f} | {h_bound / _ps_per_score(*row):.3f} | "
+              f"{h_bound / h100.attention_peak_share(row[1]):.3f} |")
 
 
 def main(argv: list[str]) -> None:
@@ -118,7 +140,7 @@ def main(argv: list[str]) -> None:
     gradient(rows)
     if "--valley" in argv:
         valley(rows)
-    cudnn_table()
+    cudnn_table(rows)
 
 
 if __name__ == "__main__":

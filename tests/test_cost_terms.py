@@ -91,7 +91,7 @@ def test_attention_time_is_the_slower_of_causal_flops_and_exponentials(gpt, hw):
     attn_flops = 0.5 * 2 * 2048 * 2048 * 96 * 256 / 8  # causal half of QK^T and PV, over tp*cp
     exponentials = 2048 * 2048 * 96 / 2 / 8
     assert attn_flops / 989e12 > exponentials / 4.2e12  # BF16 on H100: the GEMMs bound it
-    expected = attn_flops / 989e12 / hw.efficiency.attention
+    expected = attn_flops / 989e12 / hw.attention_peak_share(x.s_local[0])
     assert lt.attention_time(x)[0] == pytest.approx(expected, rel=REL)
 
 
@@ -1276,11 +1276,13 @@ def test_tp_overlap_of_a_frozen_base_has_no_wgrad_to_hide_behind(llama, hw):
 
 
 def test_packed_documents_attend_to_themselves_only(llama, hw):
-    one = lt.attention_time(_llama_cands(_lora(llama, packed_sequence=True), hw))[0]
+    x = _llama_cands(_lora(llama, packed_sequence=True), hw)
+    one = lt.attention_time(x)[0]
     quarter = lt.attention_time(_llama_cands(_lora(llama, packed_sequence=True, document_tokens=2048), hw))[0]
     attn_flops = 0.5 * 2 * 8192 * 8192 * 64 * 256 / 4
     exponentials = 8192 * 8192 * 64 / 2 / 4
-    assert one == pytest.approx(max(attn_flops / 989e12, exponentials / 4.2e12) / hw.efficiency.attention, rel=REL)
+    assert one == pytest.approx(max(attn_flops / 989e12, exponentials / 4.2e12) / hw.attention_peak_share(x.s_local[0]),
+                                rel=REL)
     assert quarter == pytest.approx(one / 4, rel=REL)  # 4 documents of 2,048: (s/d)·d²/2 = s·d/2 scores
 
 
@@ -1348,7 +1350,7 @@ def test_fp8_attention_runs_both_gemms_at_the_fp8_peak(llama, hw):
     x = _llama_cands(llama, hw, fp8_attention=True)
     attn_flops = 0.5 * 2 * 8192 * 8192 * 64 * 256 / 4
     exponentials = 8192 * 8192 * 64 / 2 / 4  # the softmax stays on the SFUs
-    expected = max(attn_flops / (hw.fp8_tflops * 1e12), exponentials / 4.2e12) / hw.efficiency.attention
+    expected = max(attn_flops / (hw.fp8_tflops * 1e12), exponentials / 4.2e12) / hw.attention_peak_share(x.s_local[0])
     assert hw.fp8_tflops == 1979 and lt.attention_time(x)[0] == pytest.approx(expected, rel=REL)
 
 
@@ -1370,7 +1372,7 @@ def test_mxfp8_attention_takes_the_bf16_kernels_time_at_head_dim_128_per_score_a
     exponentials = 8192 * 8192 * 64 / 2 / 4  # one per score element
     plain, mxfp8_attn = (_llama_cands(llama, gb300, precision="mxfp8", fp8_attention=f) for f in (False, True))
     speed = 2500e12 * gemm.tensor_speed(gb300)  # its SMs x max clock over B200's (or a fitted factor)
-    bf16 = max(attn_flops / speed, exponentials / 10.7e12) / gb300.attention_peak_share
+    bf16 = max(attn_flops / speed, exponentials / 10.7e12) / gb300.attention_peak_share(8192)
     assert gb300.bf16_tflops == 2500 and gb300.fp8_tflops == 5000 and gb300.exp_tera_per_s == 10.7
     assert attn_flops / speed > exponentials / 10.7e12  # the GEMMs bound BF16 attention on GB300
     assert lt.attention_time(plain)[0] == pytest.approx(bf16, rel=REL)

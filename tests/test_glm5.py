@@ -156,7 +156,7 @@ def test_indexer_loss_and_topk_times_by_hand(glm):
     hw = x.hw
     keys = 4096 * 1536.25
     forward, backward = dsa.dsa_indexer_loss_time(x)
-    expected = keys * (73_728 + 49_152) / gemm.bf16_peak(hw) / hw.efficiency.attention
+    expected = keys * (73_728 + 49_152) / gemm.bf16_peak(hw) / hw.attention_peak_share(x.s_local[0])
     assert keys * 64 / (hw.exp_tera_per_s * 1e12) < keys * (73_728 + 49_152) / gemm.bf16_peak(hw)
     assert np.allclose(forward, expected, rtol=1e-12) and np.all(backward == 0)
     hbm = 3.35e12 * hw.efficiency.hbm
@@ -170,7 +170,7 @@ def test_indexer_loss_and_topk_times_by_hand(glm):
                        rtol=1e-12)
     assert np.allclose(dsa.dsa_indexer_loss_time(long)[0] * 32,
                        4096 * 32 * 2048 * (1 - 2047 / 262_144) * 122_880 / gemm.bf16_peak(hw)
-                       / hw.efficiency.attention, rtol=1e-12)
+                       / hw.attention_peak_share(long.s_local[0]), rtol=1e-12)
 
 
 @pytest.mark.parametrize("layer", ["dense_layer", "moe_layer"])

@@ -63,7 +63,7 @@ def test_the_softmax_exponentials_keep_their_speed(gpt175b, hw):
     # Ten times the tensor cores: the SFUs' exponentials bound the flash attention core instead.
     x = _cands(gpt175b, _faster(hw, 10.0))
     exponentials = 2048 * 2048 * 96 / 2 / 8
-    assert lt.attention_time(x)[0] == pytest.approx(exponentials / 4.2e12 / hw.efficiency.attention, rel=REL)
+    assert lt.attention_time(x)[0] == pytest.approx(exponentials / 4.2e12 / hw.attention_peak_share(x.s_local[0]), rel=REL)
 
 
 def test_the_router_and_experts_gemms_take_the_factor(hw):
@@ -436,26 +436,62 @@ def test_a_measured_size_curve_is_stated_as_shapes_beside_a_reference(tmp_path):
         dataclasses.replace(io.load_hardware("mi300x"), measured_fp8_gemm_shapes=((8192, 8192, 8192, 1222.9),))
 
 
-def test_blackwell_attention_takes_cudnns_measured_time_per_score_not_a_fitted_share():
-    """b200.yaml states cuDNN 9.10.2's fused attention on B200 (NVIDIA/cudnn-frontend f937055, BF16,
-    causal, 8,192 tokens, head dim 128): 1.816 + 5.815 ms over 128 x 8,192^2 / 2 scores = 1.777 ps per
-    score forward + backward. The attention core is priced at the share of peak that implies, on every
-    GPU that takes b200's constants; the fitted ``efficiency.attention`` no longer moves it (so the
-    dense fit does not see it), and stays in use where no measurement is stated (H100)."""
+# cuDNN's fused attention, BF16, causal, head dim 128: tokens -> forward + backward ms. B200 cuDNN 9.10.2,
+# batch 1 x 128 query heads (b200.yaml; NVIDIA/cudnn-frontend f937055 sdpa_benchmark_results_NVIDIA_B200.csv),
+# whose CUDA events take 0.130 + 0.494 ms at 512 tokens (PyTorch's host dispatch); H200 cuDNN 9.19 kernel
+# times, batch 1 x 64 (h100-sxm.yaml; 3929da2 h200_919_only_cudnn).
+CUDNN_B200_MS = {2048: 0.262 + 0.895, 4096: 0.613 + 1.938, 8192: 1.816 + 5.815, 16384: 6.475 + 20.466,
+                 32768: 24.518 + 77.677, 65536: 98.489 + 327.462, 131072: 417.410 + 1355.987}
+B200_HOST_MS = 0.130 + 0.494
+CUDNN_H200_MS = {2048: 0.142 + 0.464, 4096: 0.465 + 1.450, 8192: 1.708 + 5.083, 16384: 6.531 + 19.002,
+                 32768: 25.566 + 75.688}
+
+
+def _ps(table, heads, tokens, host_ms=0.0):
+    return (table[tokens] - host_ms) * 1e-3 / (heads * tokens**2 / 2) * 1e12
+
+
+def test_attention_takes_cudnns_measured_time_per_score_by_sequence_length():
+    """b200.yaml states cuDNN 9.10.2's fused attention on B200 at 2,048 to 131,072 tokens (BF16, causal, head
+    dim 128), less the 0.624 ms its 512-token row takes (the host dispatch its CUDA events enclose): 1.99 ps
+    per causal score forward + backward at 2,048, 1.63 at 8,192; h100-sxm.yaml cuDNN 9.19's kernel times on
+    H200 (H100's SMs): 4.52 and 3.16. The attention core is priced at the share of peak each implies, at the
+    sequence length a CP rank's kernel runs (s / cp), the time per score read between the measured lengths
+    in log(tokens) and held beyond them, on every GPU that takes those constants; the fitted
+    ``efficiency.attention`` no longer moves it (so the dense fit does not see it), and stays in use at every
+    length where no measurement is stated (A100)."""
+    for name, table, heads, host, peak, exps in (("b200", CUDNN_B200_MS, 128, B200_HOST_MS, 2250e12, 5.0e12),
+                                                 ("h100-sxm", CUDNN_H200_MS, 64, 0.0, 989e12, 4.2e12)):
+        hw = io.load_hardware(name)
+        assert hw.measured_attention_host_ms == pytest.approx(host, rel=REL), name
+        bound = 3 * max(2 * 2 * 128 / peak, 1 / exps)
+        assert [t for t, _ in hw.attention_efficiency] == sorted(table), name
+        for tokens, share in hw.attention_efficiency:
+            assert share == pytest.approx(bound / (_ps(table, heads, tokens, host) * 1e-12), rel=REL), (name, tokens)
+        # Between two rows the time per score is linear in log(tokens); outside them, the end row's.
+        mid = bound / ((_ps(table, heads, 2048, host) + _ps(table, heads, 4096, host)) / 2 * 1e-12)
+        assert hw.attention_peak_share(2048 * 2**0.5) == pytest.approx(mid, rel=1e-9), name
+        assert hw.attention_peak_share(1024) == hw.attention_peak_share(2048) < hw.attention_peak_share(4096), name
+        longest = max(table)
+        assert hw.attention_peak_share(4 * longest) == hw.attention_peak_share(longest), name
+    assert _ps(CUDNN_B200_MS, 128, 2048, B200_HOST_MS) == pytest.approx(1.986, abs=5e-4)
+    assert _ps(CUDNN_B200_MS, 128, 8192, B200_HOST_MS) == pytest.approx(1.631, abs=5e-4)
+    assert _ps(CUDNN_H200_MS, 64, 8192) == pytest.approx(3.162, abs=5e-4)
     b200 = io.load_hardware("b200")
-    assert b200.measured_attention_ps_per_score == pytest.approx((1.816 + 5.815) * 1e-3 / (128 * 8192**2 / 2) * 1e12,
-                                                                 abs=5e-4)
-    share = 3 * max(2 * 2 * 128 / 2250e12, 1 / 5.0e12) / 1.777e-12
-    assert b200.attention_efficiency == pytest.approx(share, rel=REL) and 0.38 < share < 0.39
     for name in ("gb200", "gb300", "b300"):
-        assert io.load_hardware(name).attention_peak_share == pytest.approx(share, rel=REL), name
-    h100 = io.load_hardware("h100-sxm")
-    assert h100.attention_efficiency is None and h100.attention_peak_share == h100.efficiency.attention
-    # B200, Llama 2 70B (head dim 128) at 8,192 tokens, TP1, mbs 1: forward + backward = 1.777 ps per causal score.
+        assert io.load_hardware(name).attention_efficiency == b200.attention_efficiency, name
+    assert io.load_hardware("h200").attention_efficiency == io.load_hardware("h100-sxm").attention_efficiency
+    a100 = io.load_hardware("a100-sxm-80g")
+    assert a100.attention_efficiency == () and a100.attention_peak_share(2048) == a100.efficiency.attention
+    # B200, Llama 2 70B (head dim 128), TP1, mbs 1: forward + backward = the measured time per causal score
+    # at the kernel's length, 8,192 tokens at cp 1 and 4,096 a rank at cp 2 of the same sequence.
     llama = dataclasses.replace(io.load_model("llama2-70b"), seq_length=8192)
     x = _cands(llama, b200, tp=1, pp=1, vp=1, cp=1, dp=8, gbs=8)
     scores = llama.num_attention_heads * llama.seq_length**2 / 2
-    assert 3 * lt.attention_time(x)[0] == pytest.approx(scores * 1.777e-12, rel=REL)
+    per_score = {t: _ps(CUDNN_B200_MS, 128, t, B200_HOST_MS) * 1e-12 for t in (4096, 8192)}
+    assert 3 * lt.attention_time(x)[0] == pytest.approx(scores * per_score[8192], rel=REL)
+    halves = _cands(llama, b200, tp=1, pp=1, vp=1, cp=2, dp=4, gbs=8)
+    assert 3 * lt.attention_time(halves)[0] == pytest.approx(scores / 2 * per_score[4096], rel=REL)
     refitted = dataclasses.replace(b200, efficiency=dataclasses.replace(b200.efficiency, attention=0.9))
     assert lt.attention_time(_cands(llama, refitted, tp=1, pp=1, vp=1, cp=1, dp=8, gbs=8))[0] == lt.attention_time(x)[0]
 
@@ -463,6 +499,11 @@ def test_blackwell_attention_takes_cudnns_measured_time_per_score_not_a_fitted_s
 def test_the_attention_share_is_derived_never_stated(tmp_path):
     with pytest.raises(io.SpecError, match="attention_efficiency is derived"):
         io.load_hardware(str(_preset_stating(tmp_path, "b200", "attention_efficiency: 0.5")))
-    with pytest.raises(ValueError, match="measured_attention_ps_per_score"):
-        dataclasses.replace(b200 := io.load_hardware("b200"), measured_attention_ps_per_score=0)
-    assert b200.attention_efficiency is not None
+    with pytest.raises(ValueError, match=r"\[batch, tokens, query heads, forward ms, backward ms\]"):
+        dataclasses.replace(b200 := io.load_hardware("b200"), measured_attention_ms=((1, 2048, 128, 0.262),))
+    with pytest.raises(io.SpecError, match="two rows of the same tokens"):
+        io.load_hardware(str(_preset_stating(tmp_path, "b200", "measured_attention_ms: [[1, 2048, 128, 0.262, 0.895],"
+                                                               " [2, 2048, 64, 0.262, 0.895]]")))
+    with pytest.raises(ValueError, match="measured_attention_host_ms must be >= 0 and below"):
+        dataclasses.replace(b200, measured_attention_host_ms=1.157)  # the 2,048-token row's whole time
+    assert b200.attention_efficiency

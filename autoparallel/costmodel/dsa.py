@@ -27,7 +27,8 @@ def dsa_indexer_loss_time(x: Candidates):
     model, hw = x.model, x.hw
     target, indexer, exponentials = flops.dsa_indexer_loss_flops(model, x.b, model.seq_length)
     gemms = (target / x.t + indexer) / gemm.bf16_peak(hw)  # the heads split by TP, the indexer whole
-    forward = np.maximum(gemms, exponentials / x.t / (hw.exp_tera_per_s * 1e12)) / x.c / hw.attention_peak_share
+    forward = (np.maximum(gemms, exponentials / x.t / (hw.exp_tera_per_s * 1e12)) / x.c
+               / hw.attention_peak_share(x.s_local))
     return forward, 0.0 * forward
 
 

@@ -98,7 +98,7 @@ def attention_time(x: Candidates):
     gemms = attn_flops / peak
     mxfp8 = fp8 & x.knob_is("precision", "mxfp8")
     gemms = np.where(mxfp8, np.maximum(gemms, scores * 2.0 * 2.0 * MXFP8_ATTENTION_HEAD_DIM / bf16), gemms)
-    return np.maximum(gemms, exponentials / (hw.exp_tera_per_s * 1e12)) / hw.attention_peak_share
+    return np.maximum(gemms, exponentials / (hw.exp_tera_per_s * 1e12)) / hw.attention_peak_share(x.s_local)
 
 
 def softmax_time(x: Candidates):
@@ -972,7 +972,7 @@ def _kind_exchanges(x, kind: str):
 
 
 def attention_time_least(x, fp8_attention: bool):
-    """A lower bound of ``attention_time`` over the feature knobs (``x``: model, hw, b, t, c): the
+    """A lower bound of ``attention_time`` over the feature knobs (``x``: model, hw, b, t, c, s_local): the
     causal flash kernel's GEMMs alone (a kernel without flash computes the whole s x s, and the
     exponentials only add), at the FP8 peak where FP8 attention may run, else at the BF16 one."""
     model, hw = x.model, x.hw
@@ -980,11 +980,11 @@ def attention_time_least(x, fp8_attention: bool):
     peak = gemm.bf16_peak(hw)
     if fp8_attention:
         peak = max(peak, (hw.fp8_tflops or hw.bf16_tflops) * 1e12 * gemm.tensor_speed(hw))
-    return attn_flops * finetune.attention_share(model) / peak / hw.attention_peak_share
+    return attn_flops * finetune.attention_share(model) / peak / hw.attention_peak_share(x.s_local)
 
 
 def attention_time_most(x, non_flash: bool):
-    """An upper bound of ``attention_time`` over the feature knobs (``x``: model, hw, b, t, c): the
+    """An upper bound of ``attention_time`` over the feature knobs (``x``: model, hw, b, t, c, s_local): the
     causal flash kernel at the BF16 peak or on its exponentials, whichever is slower, and no faster
     than the MXFP8 kernel's floor; the whole s x s at the BF16 peak where ``non_flash`` (a row of the
     space runs without flash attention)."""
@@ -1001,7 +1001,7 @@ def attention_time_most(x, non_flash: bool):
     if non_flash:
         most = np.maximum(most, gemms(flops.attention_core_flops(model, x.b, model.seq_length, causal=False)
                                       / (x.t * x.c)))
-    return most / hw.attention_peak_share
+    return most / hw.attention_peak_share(x.s_local)
 
 
 def cp_kind_bounds(x, kinds, attention_least=0.0, attention_most=np.inf) -> dict:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from autoparallel.specs.names import check_name
 
 
@@ -152,15 +154,22 @@ class HardwareSpec:
     # (``measured_hbm_speed``, by ``io.load_hardware``, never a YAML key); the training cost model's
     # achievable bandwidth is hbm_tbps x this x the donor's fitted ``Efficiency.hbm``.
     hbm_speed: float = 1.0
-    # cuDNN's fused attention, forward + backward, per causal score element (ps) at head dimension 128
-    # in BF16, as a published benchmark measured it on this GPU: where stated, the attention core is
-    # priced at the share of peak it implies (``measured_attention_efficiency``) instead of the fitted
-    # ``Efficiency.attention``, which the fit then no longer sees.
-    measured_attention_ps_per_score: float | None = None
-    # That share, set by ``io.load_hardware`` (never a YAML key): from this preset's own measurement or,
-    # for a GPU that takes another's constants (``efficiency_from``), the donor's, as the fitted one is
-    # shared; None: the fitted ``Efficiency.attention`` (``attention_peak_share``).
-    attention_efficiency: float | None = None
+    # cuDNN's fused attention, BF16, causal, head dimension 128, as a published benchmark measured it on
+    # this GPU or one of the same SMs (its YAML says which), one row per sequence length: [batch, tokens,
+    # query heads, forward ms, backward ms]. Where stated, the attention core is priced at the share of
+    # peak each row implies (``measured_attention_efficiency``) at the sequence length a CP rank's kernel
+    # runs (per-score time read between the rows in log(tokens), held beyond them), instead of the fitted
+    # ``Efficiency.attention``, which the fit then no longer sees: the kernel is slower per score at
+    # short sequences.
+    measured_attention_ms: tuple[tuple[float, ...], ...] = ()
+    # The part of every row's forward + backward ms that is the benchmark's host-side dispatch, not the
+    # kernel, where its timer encloses it (CUDA events around PyTorch's call): subtracted from each row.
+    measured_attention_host_ms: float = 0.0
+    # Those shares as (tokens, share) points, set by ``io.load_hardware`` (never a YAML key): from this
+    # preset's own measurement or, for a GPU that takes another's constants (``efficiency_from``), the
+    # donor's, as the fitted one is shared; empty: the fitted ``Efficiency.attention``
+    # (``attention_peak_share``).
+    attention_efficiency: tuple[tuple[float, float], ...] = ()
     # Exponentials per second of the special function units (MUFU.EX2), in units of 10^12: the
     # softmax of flash attention waits on them between its two GEMMs. SMs x 16 per clock x boost
     # clock, or NVIDIA's figure (Blackwell 5, Blackwell Ultra 10.7).
@@ -203,7 +212,7 @@ class HardwareSpec:
         for key in ("fp8_tflops", "fp4_tflops", "max_sm_clock_mhz", "measured_fp8_gemm_tflops",
                     "measured_reference_fp8_gemm_tflops", "measured_bf16_gemm_tflops",
                     "measured_reference_bf16_gemm_tflops", "bf16_clock_speed", "measured_hbm_tbps",
-                    "measured_reference_hbm_tbps", "measured_attention_ps_per_score"):
+                    "measured_reference_hbm_tbps"):
             if getattr(self, key) is not None and getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive (or left out), got {getattr(self, key)}")
         if self.scale_up_link not in SCALE_UP_LINKS:
@@ -218,8 +227,15 @@ class HardwareSpec:
             raise ValueError(f"clock_speed must be positive, got {self.clock_speed}")
         if self.hbm_speed <= 0:
             raise ValueError(f"hbm_speed must be positive, got {self.hbm_speed}")
-        if self.attention_efficiency is not None and not 0 < self.attention_efficiency <= 1:
-            raise ValueError(f"attention_efficiency must be in (0, 1], got {self.attention_efficiency}")
+        for row in self.measured_attention_ms:
+            if len(row) != 5 or min(row) <= 0:
+                raise ValueError("measured_attention_ms rows are [batch, tokens, query heads, forward ms, backward ms],"
+                                 f" all positive, got {list(row)}")
+            if not 0 <= self.measured_attention_host_ms < row[3] + row[4]:
+                raise ValueError(f"measured_attention_host_ms must be >= 0 and below each row's forward + backward ms,"
+                                 f" got {self.measured_attention_host_ms} against {list(row)}")
+        if any(not 0 < share <= 1 for _, share in self.attention_efficiency):
+            raise ValueError(f"attention_efficiency shares must be in (0, 1], got {self.attention_efficiency}")
         if self.reserve_gib >= self.memory_gib:
             raise ValueError(f"reserve_gib={self.reserve_gib} must be below memory_gib={self.memory_gib}")
 
@@ -227,11 +243,15 @@ class HardwareSpec:
     def supports_fp8(self) -> bool:
         return self.fp8_tflops is not None
 
-    @property
-    def attention_peak_share(self) -> float:
-        """The share of peak the attention core reaches (``layer_time.attention_time``): measured where a
-        benchmark says (``attention_efficiency``), else the fitted ``efficiency.attention``."""
-        return self.attention_efficiency or self.efficiency.attention
+    def attention_peak_share(self, tokens):
+        """The share of peak the attention core reaches at a kernel over ``tokens`` (scalar or array; a CP
+        rank's ``s_local``; ``layer_time.attention_time``): measured where a benchmark says
+        (``attention_efficiency``: its time per score read between the measured lengths in log(tokens),
+        held beyond them), else the fitted ``efficiency.attention`` at every length."""
+        if not self.attention_efficiency:
+            return self.efficiency.attention + 0.0 * np.asarray(tokens, dtype=float)
+        lengths, shares = zip(*self.attention_efficiency)
+        return 1.0 / np.interp(np.log(tokens), np.log(lengths), 1.0 / np.array(shares))
 
     @property
     def scale_up_domain(self) -> str:
@@ -256,15 +276,20 @@ ATTENTION_HEAD_DIM = 128
 ATTENTION_PASSES = 3.0
 
 
-def measured_attention_efficiency(hw: HardwareSpec) -> float:
-    """The share of ``hw``'s peak at which the cost model's attention core takes the forward +
-    backward time per causal score element that a benchmark measured on ``hw``
-    (``measured_attention_ps_per_score``, BF16, head dimension 128): the model's time at full
+def measured_attention_efficiency(hw: HardwareSpec) -> tuple[tuple[float, float], ...]:
+    """(tokens, share) at each row of ``measured_attention_ms`` (BF16, causal, head dimension 128): the
+    share of ``hw``'s peak at which the cost model's attention core takes the measured forward + backward
+    time per causal score element (less ``measured_attention_host_ms``), i.e. the model's time at full
     efficiency, ``ATTENTION_PASSES`` x max(the two GEMMs at the BF16 peak, the exponential at the SFU
     rate), over the measured time."""
     gemms = 2.0 * 2.0 * ATTENTION_HEAD_DIM / (hw.bf16_tflops * 1e12 * (hw.bf16_clock_speed or hw.clock_speed))
     bound = max(gemms, 1.0 / (hw.exp_tera_per_s * 1e12))
-    return ATTENTION_PASSES * bound / (hw.measured_attention_ps_per_score * 1e-12)
+    points = sorted((tokens, ATTENTION_PASSES * bound * batch * heads * tokens**2 / 2
+                     / ((forward + backward - hw.measured_attention_host_ms) * 1e-3))
+                    for batch, tokens, heads, forward, backward in hw.measured_attention_ms)
+    if len({t for t, _ in points}) < len(points):
+        raise ValueError(f"{hw.name}: measured_attention_ms names two rows of the same tokens")
+    return tuple(points)
 
 
 def clock_limited_speed(hw: HardwareSpec, donor: HardwareSpec) -> float:
