@@ -848,7 +848,7 @@ def _cp_kinds_offered(structures: pd.DataFrame, features: pd.DataFrame, model: M
     hierarchical-context-parallel guide advises: "Prefer pure a2a when you can adjust TP so that
     CP <= num_kv_heads / TP"), less any whose least exposed exchange is above another's most
     (``layer_time.cp_kind_bounds`` between the least and the most attention time the features allow:
-    the kind changes that term alone, so it could not be the faster there). A structure whose heads allow none keeps them all, to be refused with the reason."""
+    the kind changes that term and its ring's merges alone, so it could not be the faster there). A structure whose heads allow none keeps them all, to be refused with the reason."""
     kinds = tuple(dict.fromkeys(features.cp_comm_type)) if len(features) else ()
     everything = [(None, np.arange(len(structures)))]
     if len(kinds) < 2 or not (structures.cp > 1).any():
