@@ -257,3 +257,22 @@ def test_lora_runs_export_to_nemo2_not_to_megatron_lm(tmp_path):
     for fmt in ("megatron", "launch", "nemo"):
         with pytest.raises(UserError, match=f"--format {fmt}: the run fine-tunes with LoRA"):
             export_text(loaded, 1, fmt)
+
+
+@pytest.mark.parametrize("document_tokens, refused", [(512, True), (None, False), (8192, False)])
+def test_fp8_attention_on_packed_documents_is_refused_as_te_has_no_thd_fp8_backend(document_tokens, refused):
+    """Packed documents attending to themselves run TE's THD format, for which cuDNN's FP8 attention
+    has no backend (fused_attn.cpp: bshd / sbhd only, TE v1.10 to d0067d0da): FP8 attention is refused
+    there and BF16 attention offered. MLPerf's packed rows (one document each, no cu_seqlens: None) and
+    a document as long as the sequence run bshd / sbhd, as before."""
+    from autoparallel.space import FP8_THD_ATTENTION_REASON, SearchSpace, generate
+    model = io.load_model("llama2-70b")
+    model = dataclasses.replace(with_seq_length(model, 8192), finetune=Finetune(
+        "lora", 16, ("linear_qkv", "linear_proj"), True, document_tokens))
+    space = SearchSpace(tp=(4,), pp=(1,), cp=(1, 2), mbs=(1,), recompute=("none",), precision=("fp8-delayed",),
+                        fp8_attention=(False, True))
+    frame = generate(model, io.load_hardware("h100-sxm"), 8, 8, space)
+    fp8 = frame.fp8_attention.astype(bool)
+    assert (frame.reason[fp8] == FP8_THD_ATTENTION_REASON).all() == refused
+    assert not (frame.reason[~fp8] == FP8_THD_ATTENTION_REASON).any()
+    assert (frame.reason[fp8] == FP8_THD_ATTENTION_REASON).any() == refused
