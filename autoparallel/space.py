@@ -54,6 +54,14 @@ from autoparallel.specs.plan import (CP_COMM_TYPE_CHOICES, CUDA_GRAPH_CHOICES, D
 FP8_ATTENTION_RECIPES = ("fp8-delayed", "fp8-current", "mxfp8", "nvfp4")
 FP8_CP_ATTENTION_REASON = ("FP8 attention under context parallelism needs TransformerEngine >= 1.10 "
                            "(an older TE runs it in BF16)")
+# Packed documents (``Finetune.document_tokens`` below the sequence: per-document attention through
+# cu_seqlens, TE's THD format) run no FP8 attention in any TransformerEngine release read: cuDNN's FP8
+# fused-attention backend takes bshd / sbhd only (``nvte_get_fused_attn_backend``, TE v1.10-v2.14 and
+# d0067d0da common/fused_attn/fused_attn.cpp; v1.10's one T3HD case needs head dim 64 and sequences
+# <= 512), FP8 disables FlashAttention and the unfused kernel, and v1.10's DotProductAttention then
+# raises "No dot product attention support for the provided inputs!" (pytorch/attention.py L6985).
+FP8_THD_ATTENTION_REASON = ("FP8 attention with packed documents (THD, cu_seqlens) has no TransformerEngine "
+                            "backend: cuDNN's FP8 attention takes bshd / sbhd only")
 STRUCTURE_KNOBS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
 SPLIT_COLUMNS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
@@ -418,6 +426,13 @@ def _packed(model: ModelSpec) -> bool:
     return model.finetune is not None and model.finetune.packed_sequence
 
 
+def _thd(model: ModelSpec) -> bool:
+    """Packed sequences of several documents, each attending to itself (TE's THD format); packed rows
+    of one document each (MLPerf's LoRA data: no cu_seqlens) run bshd / sbhd."""
+    ft = model.finetune
+    return _packed(model) and ft.document_tokens is not None and ft.document_tokens < model.seq_length
+
+
 def _mamba_in_proj_unaligned(model: ModelSpec) -> bool:
     return model.is_hybrid and "M" in model.hybrid_layer_pattern and model.mamba_in_proj_width % 16 != 0
 
@@ -682,6 +697,7 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,
         # SearchSpace.transformer_engine_version: TE < 1.10 runs no FP8 attention under CP.
         ((not space.fp8_attention_with_cp) & df.fp8_attention.to_numpy() & (df.cp.to_numpy() > 1),
          FP8_CP_ATTENTION_REASON),
+        (_thd(model) & df.fp8_attention.to_numpy(), FP8_THD_ATTENTION_REASON),
         # SearchSpace.transformer_engine_version: a TE release without the precision's recipe
         # (``candidates.RECIPE_FIRST_RELEASE``: TE 1.x has delayed scaling only).
         (one_of("precision", *(p for p in RECIPE_FIRST_RELEASE
@@ -848,7 +864,7 @@ def _cp_kinds_offered(structures: pd.DataFrame, features: pd.DataFrame, model: M
     hierarchical-context-parallel guide advises: "Prefer pure a2a when you can adjust TP so that
     CP <= num_kv_heads / TP"), less any whose least exposed exchange is above another's most
     (``layer_time.cp_kind_bounds`` between the least and the most attention time the features allow:
-    the kind changes that term alone, so it could not be the faster there). A structure whose heads allow none keeps them all, to be refused with the reason."""
+    the kind changes that term and its ring's merges alone, so it could not be the faster there). A structure whose heads allow none keeps them all, to be refused with the reason."""
     kinds = tuple(dict.fromkeys(features.cp_comm_type)) if len(features) else ()
     everything = [(None, np.arange(len(structures)))]
     if len(kinds) < 2 or not (structures.cp > 1).any():

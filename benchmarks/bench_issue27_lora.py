@@ -59,8 +59,8 @@ SETTINGS = {"defaults": dict(lora_rank=None, lora_targets=None, packed_sequence=
 # (TE 1.x) stands for v4.1's 24.09 images, whose TE was not pinned (TE_REVISION=SKIP: the PyTorch
 # 24.09 container's), taken to be 1.10 or later as TE's release v1.10 (2024-09-11) precedes it.
 # NeMo Framework 24.09's component list names TE 1.10 (RESULTS, session 38 lead), so "MLPerf's" pins
-# 1.10: nothing in the cost model differs from a current TE there (FP8 attention under CP and
-# windowed offloading both open at 1.10), but TE 1.x has only the delayed-scaling recipe, so the
+# 1.10: FP8 attention under CP and windowed offloading both open at 1.10, but 1.10 runs no a2a CP
+# (``cp_kinds``: from 1.11) and TE 1.x has only the delayed-scaling recipe, so the
 # current-scaling and blockwise candidates (TE >= 2.2 / 2.3, ``candidates.RECIPE_FIRST_RELEASE``) are
 # not offered.
 SPACE_BY_SETTING = {"MLPerf's": dict(transformer_engine_version="1.10"),

@@ -614,7 +614,7 @@ def test_layer_time_is_the_sum_of_its_named_terms(model_name, recompute, hw):
     for layer, is_moe in ((layers.dense, False), (layers.moe, True)) if model.is_moe else ((layers.dense, False),):
         forward = layer["forward"]
         named = {k: layer[k][0] for k in ("compute", "fp8_cast", "selective_recompute", "full_recompute", "tp_comm",
-                                          "cp_comm", "fsdp", "ep_comm", "lora_adapters", "amax_reduction")}
+                                          "cp_comm", "cp_merge", "fsdp", "ep_comm", "lora_adapters", "amax_reduction")}
         idle = ({"selective_recompute" if recompute == "full" else "full_recompute", "lora_adapters"}
                 | (set() if is_moe else {"ep_comm"}))
         assert all((value > 0) != (name in idle) for name, value in named.items()), named
@@ -627,6 +627,7 @@ def test_layer_time_is_the_sum_of_its_named_terms(model_name, recompute, hw):
         elif not is_moe:  # core_attn: the attention core and the unfused softmax again
             assert named["selective_recompute"] == pytest.approx(attention[0] + softmax[0], rel=REL)
         assert named["cp_comm"] == pytest.approx(lt.cp_comm_time(x, attention)[0], rel=REL)
+        assert named["cp_merge"] == pytest.approx(lt.cp_merge_time(x)[0], rel=REL)
         assert layer["time"][0] == pytest.approx(sum(named.values()), rel=REL)
         assert layer["recompute"][0] == pytest.approx(named["selective_recompute"] + named["full_recompute"], rel=REL)
 
@@ -684,7 +685,7 @@ def test_pipeline_p2p_sends_each_chunks_activations_and_gradients(gpt, hw):
 
 def _fake_layers(x, **dense):
     base = dict(time=1.0, forward=0.5e-3, compute=1.5e-3, stored=1e9, working=2e9, params=1e8, expert_params=0.0,
-                fp8_cast=0.0, recompute=0.0, tp_comm=0.0, cp_comm=0.0, ep_comm=0.0, fsdp=0.0, lora_adapters=0.0,
+                fp8_cast=0.0, recompute=0.0, tp_comm=0.0, cp_comm=0.0, cp_merge=0.0, ep_comm=0.0, fsdp=0.0, lora_adapters=0.0,
                 amax_reduction=0.0, adapter_params=1e6, stored_imbalance=0.0)
     values = {k: np.full_like(x.t, v) for k, v in {**base, **dense}.items()}
     return lt.Layers(values, {k: np.zeros_like(x.t) for k in values})

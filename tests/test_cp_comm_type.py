@@ -104,6 +104,30 @@ def test_a2a_p2p_is_an_a2a_inside_pairs_and_a_ring_across_them(gqa, hw):
     assert lt.cp_comm_time(x, 1e3)[0] == pytest.approx(hidden, rel=REL)
 
 
+def test_the_p2p_ring_merges_each_steps_partial_results_through_hbm(gqa, hw):
+    """TE's p2p ring (v1.10 ``AttnFuncWithCPAndKVP2P``) merges each of its cp steps' partial outputs
+    and accumulates their dQ, dK and dV in HBM passes (``layer_time.CP_MERGE_BYTES``), per element of a
+    rank's local output O (512 tokens x 24 heads x 128) and K/V (512 x 4 KV heads x 256): BF16, 12 B per
+    step per O element, 10 per step + 8 once per K/V element; FP8 (dequantized to FP32, merged, cast
+    back; cp slots of FP8 gradients dequantized and summed): 28 per step + 17 once, 13 + 9. The a2a+p2p
+    kind's outer ring of 2 steps merges as much per step; the all-to-all and all-gather kinds none, nor
+    cp 1, nor a model that runs CP only as a2a."""
+    out, kv = 512 * 24 * 128, 512 * 4 * 256
+    x = _cands(gqa, hw, cp_comm_type="p2p")
+    assert lt.cp_merge_time(x)[0] == pytest.approx((out * 12 * 4 + kv * (10 * 4 + 8)) / x.hbm, rel=REL)
+    fp8 = _cands(gqa, hw, cp_comm_type="p2p", precision="fp8-delayed", fp8_attention=True)
+    assert lt.cp_merge_time(fp8)[0] == pytest.approx((out * (28 * 4 + 17) + kv * (13 * 4 + 9)) / x.hbm, rel=REL)
+    hierarchical = _cands(gqa, hw, cp_comm_type="a2a+p2p")  # a2a pairs, a ring of 2
+    assert lt.cp_merge_time(hierarchical)[0] == pytest.approx((out * 12 * 2 + kv * (10 * 2 + 8)) / x.hbm, rel=REL)
+    for kind in ("a2a", "allgather"):
+        assert lt.cp_merge_time(_cands(gqa, hw, cp_comm_type=kind))[0] == 0.0
+    assert lt.cp_merge_time(_cands(gqa, hw, cp=1, dp=8))[0] == 0.0
+    sinks = dataclasses.replace(gqa, softmax_type="learnable")
+    assert lt.cp_merge_time(_cands(sinks, hw, cp_comm_type="a2a"))[0] == 0.0
+    layer = lt.layers(x).dense
+    assert layer["cp_merge"][0] == pytest.approx(lt.cp_merge_time(x)[0], rel=REL)
+
+
 def test_every_kind_is_free_at_cp_1(gqa, hw):
     for kind in ("p2p", "a2a", "allgather", "a2a+p2p"):
         assert lt.cp_comm_time(_cands(gqa, hw, cp=1, dp=8, cp_comm_type=kind), 0.0)[0] == 0.0
@@ -141,6 +165,9 @@ def test_model_refusals_name_the_value_and_what_is_valid():
     assert cp_kinds.model_kinds(llama) == ("p2p", "a2a", "allgather", "a2a+p2p")
     assert cp_kinds.model_kinds(llama, "1.6") == ("p2p",)
     assert cp_kinds.model_kinds(llama, "1.11") == ("p2p", "a2a", "allgather")
+    # TE 1.10 runs p2p and all_gather only (a2a from 1.11: v1.10 raises "Unsupported communication type")
+    assert cp_kinds.model_kinds(llama, "1.10") == ("p2p", "allgather")
+    assert "TransformerEngine >= 1.11" in cp_kinds.model_refusal(llama, "a2a", "1.10")
     windowed = dataclasses.replace(llama, window_size=(127, 0))
     assert cp_kinds.model_kinds(windowed) == ("a2a", "allgather")
     dsv3 = io.load_model("deepseek-v3")  # MLA: K and V head sizes differ

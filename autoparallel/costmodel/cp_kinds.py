@@ -11,7 +11,9 @@ What each refusal cites (TransformerEngine d0067d0d, ``attention/dot_product_att
 - a2a: "cp_comm_type='a2a' requires num_heads % cp_size == 0 for Q, K, V" (the heads of one TP rank; the
   a2a+p2p kind's a2a group alike);
 - a TE release: the kind reaches TE from 1.10 (Megatron passes ``cp_comm_type`` only then; p2p before),
-  a2a+p2p from 1.12 (Megatron asserts it); MLA (K and V head sizes differ) only through p2p and a2a+p2p
+  but v1.10's ``attn_forward_func_with_cp`` runs all_gather and p2p only (anything else: "Unsupported
+  communication type", v1.10 ``pytorch/attention.py`` L3354-3405), so a2a from 1.11 (40dda924a, "Add a
+  context parallelism implementation with QKVO all-to-all (#1160)"), a2a+p2p from 1.12 (Megatron asserts it); MLA (K and V head sizes differ) only through p2p and a2a+p2p
   before 2.15 ("Context parallelism does not support MLA with cp_comm_type=..." in v2.14, gone in v2.15);
   FP8 attention through all_gather from 2.15 (v2.14's AttnFuncWithCPAndKVAllGather takes no fp8
   argument: it runs BF16); packed sequences (THD) through all_gather from 2.18 (701011849, "Add THD
@@ -70,6 +72,8 @@ def _why(model, kind: str, release: str, packed: bool) -> str:
         return "TransformerEngine runs sliding-window attention under CP only as a2a or allgather"
     if kind != "p2p" and older(1, 10):
         return f"TransformerEngine {release} takes no cp_comm_type (Megatron-LM passes it from 1.10): p2p only"
+    if kind == "a2a" and older(1, 11):
+        return f"a2a needs TransformerEngine >= 1.11 (v1.10 runs p2p and all_gather only), not {release}"
     if kind == "a2a+p2p" and older(1, 12):
         return f"a2a+p2p needs TransformerEngine >= 1.12 (Megatron-LM), not {release}"
     if model.multi_latent_attention and kind in ("a2a", "allgather") and older(2, 15):

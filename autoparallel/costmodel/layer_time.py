@@ -10,6 +10,8 @@ A layer's time is the sum of ``LAYER_TIME_TERMS``, each priced by one function b
 - ``selective_recompute`` / ``full_recompute``: the forward work recomputed in the backward pass;
 - ``tp_comm``, ``cp_comm``, ``fsdp``, ``ep_comm``: what communication leaves exposed (TP's as
   TransformerEngine overlaps it, ``tensor_parallel``);
+- ``cp_merge``: the HBM passes TransformerEngine's p2p context parallelism spends merging its ring's
+  per-step partial outputs and gradients (``cp_merge_time``);
 - ``amax_reduction``: the delayed-scaling recipe's blocking amax all-reduce per model chunk;
 - ``lora_adapters``: LoRA's adapters, forward and backward (``finetune``); a frozen base computes no
   weight gradients, so ``compute`` drops its wgrad GEMMs.
@@ -38,7 +40,7 @@ GEMMS_PER_LAYER = 4  # QKV, projection, FC1 (gate and up fused), FC2
 TF32_PER_BF16 = 0.5
 # Summed in this order into a layer's time (the breakdown reads each one).
 LAYER_TIME_TERMS = ("compute", "fp8_cast", "selective_recompute", "full_recompute", "tp_comm", "cp_comm",
-                    "fsdp", "ep_comm", "lora_adapters", "amax_reduction")
+                    "cp_merge", "fsdp", "ep_comm", "lora_adapters", "amax_reduction")
 
 
 def linear_time(x: Candidates, params, whole=0.0, chunks=1.0, gemms=GEMMS_PER_LAYER, peak=None):
@@ -971,6 +973,75 @@ def _kind_exchanges(x, kind: str):
     return _hierarchical_exchanges(x)
 
 
+# Bytes TransformerEngine's p2p context parallelism (``AttnFuncWithCPAndKVP2P``) moves through HBM to
+# merge its ring's per-step partial results, beyond what one attention kernel on the whole local
+# sequence writes: ((per ring step, once) per element of a rank's local attention output O, (per
+# step, once) per element of its local K and V together), BF16 attention (False) and FP8 (True).
+# Counted in TransformerEngine v1.10 transformer_engine/pytorch/attention.py (the release MLPerf
+# v4.1's NeMo 24.09 images run) for the sbhd / bshd formats, at the busiest rank (the last: every
+# step's partial output covers its whole local query):
+# - BF16, forward: the output zeroed once (2 B written; L1944) and each step's output merged into it
+#   by its softmax statistics (``flash_attn_fwd_out_correction``, torch.compile'd into one kernel:
+#   the step's output and the output read, the output written, 6; L1977-2011); K and V concatenated
+#   into the ring's first buffer once (4; L1458-1459). Backward: dQ accumulated per step (6; the first a
+#   copy, 4; L2606-2645), the K/V copied into the ring buffer once (4; L2229), each step's dK and dV
+#   concatenated (4; L2690) and accumulated (6; L2717-2745). TE 1.6 (MLPerf v4.0) runs the same
+#   passes (v1.6 attention.py L556, L702, L726-733, L781, L978-1030).
+# - FP8 (delayed scaling with NVTE_FP8_DPA_BWD=1, as MLPerf's FP8_DPA configs set): forward, each
+#   step's FP8 output dequantized to FP32 (1 read, 4 written; L1938-1944) and merged into the FP32
+#   output (12); once: the FP32 output zeroed (4), cast to BF16 (6) and to FP8 for the backward (3;
+#   L2038-2040), where the plain kernel's FP8 output is cast to BF16 once (3): +10; K and V (already
+#   FP8) concatenated once (2). Backward: each step's FP8 dQ copied into its slot of a cp x Q buffer
+#   (2; L2163, L2604-2620), each step's dK, dV concatenated (2) and copied into a cp x KV buffer (2;
+#   L2706-2716); once, each buffer dequantized to FP32 (cp x (1 + 4)), summed over its slots (cp x 4
+#   read, 4 written) and cast to BF16 (6; L2755-2771), where the plain kernel's FP8 gradients are
+#   cast to BF16 once (3). Every FP8 recipe is priced so (TE 1.x has delayed scaling only).
+# Later releases keep these passes (d0067d0da context_parallel.py: FP32 merge of the output, cp x
+# buffers under delayed scaling), not recounted here. The all-to-all kinds merge nothing; the
+# all-gather kind's two-step merge is not priced.
+CP_MERGE_BYTES = {False: ((12.0, 0.0), (10.0, 8.0)), True: ((28.0, 17.0), (13.0, 9.0))}
+
+
+def cp_merge_bytes(x, steps, fp8):
+    """HBM bytes of ``CP_MERGE_BYTES`` for ``steps`` ring steps (``x``: model, t, b, s_local), FP8
+    counts where ``fp8``: per micro-batch and layer on one rank."""
+    model = x.model
+    out = x.b * x.s_local * model.num_attention_heads / x.t * model.v_dim
+    kv = x.b * x.s_local * np.maximum(model.query_groups / x.t, 1.0) * (model.qk_dim + model.v_dim)
+
+    def bytes_at(f):
+        (o_step, o_once), (kv_step, kv_once) = CP_MERGE_BYTES[f]
+        return out * (o_step * steps + o_once) + kv * (kv_step * steps + kv_once)
+    return np.where(steps > 1, np.where(fp8, bytes_at(True), bytes_at(False)), 0.0)
+
+
+def _ring_steps(x, kind: str):
+    """The ring steps of CP kind ``kind`` (``x``: model, t, c): cp for p2p, cp / A for a2a+p2p's
+    outer ring (``cp_kinds.a2a_group``), none for the all-to-all and all-gather kinds."""
+    if kind == "p2p":
+        return np.asarray(x.c, dtype=float)
+    if kind == "a2a+p2p":
+        return x.c / np.maximum(cp_kinds.a2a_group(x.model, x.t, x.c, "a2a+p2p"), 1)
+    return np.zeros_like(np.asarray(x.c, dtype=float))
+
+
+def cp_merge_time(x: Candidates):
+    """TE's p2p CP ring merges each step's partial output into the layer's output by the softmax
+    statistics, and accumulates each step's dQ, dK and dV (``CP_MERGE_BYTES``): HBM-bound passes on
+    the attention's stream, priced unhidden at the achievable HBM bandwidth, once per micro-batch
+    (a recomputed forward's merges are left out). The kinds as ``cp_comm_time`` runs them: none for
+    softmax sinks (a2a) and DeepSeek Sparse Attention (all-gather); DeepSeek-V4 prices its own
+    attention kernels."""
+    model = x.model
+    if model.softmax_sinks or model.is_dsa or model.is_dsv4:
+        return np.zeros_like(x.t, dtype=float)
+    steps = _ring_steps(x, "p2p")
+    if CP_COMM_TYPE_COLUMN in x.knobs:
+        steps = np.where(x.knob_is(CP_COMM_TYPE_COLUMN, "p2p"), steps,
+                         np.where(x.knob_is(CP_COMM_TYPE_COLUMN, "a2a+p2p"), _ring_steps(x, "a2a+p2p"), 0.0))
+    return cp_merge_bytes(x, steps, x.flag("fp8_attention")) / x.hbm
+
+
 def attention_time_least(x, fp8_attention: bool):
     """A lower bound of ``attention_time`` over the feature knobs (``x``: model, hw, b, t, c, s_local): the
     causal flash kernel's GEMMs alone (a kernel without flash computes the whole s x s, and the
@@ -1009,15 +1080,19 @@ def cp_kind_bounds(x, kinds, attention_least=0.0, attention_most=np.inf) -> dict
     attention time from ``attention_least`` to ``attention_most`` (``attention_time_least`` /
     ``_most``; ``x``: anything with the fields these terms read: model, hw, t, c, b, s_local): the p2p
     ring hides behind the attention up to its overlap; the others are exposed whole (a2a+p2p's ring
-    hides as the p2p one). The search drops a kind whose least is above another's most (``space``):
-    the kind changes this term alone, so it could not be the faster there."""
+    hides as the p2p one); a ring's merges (``cp_merge_time``) add BF16's bytes to the least and FP8's
+    to the most. The search drops a kind whose least is above another's most (``space``): the kind
+    changes these terms alone, so it could not be the faster there."""
     out = {}
     overlap = 1 - x.hw.efficiency.cp_overlap
+    hbm = x.hw.hbm_tbps * 1e12 * x.hw.hbm_speed * x.hw.efficiency.hbm  # Candidates.hbm
 
     for kind in kinds:
         whole, ring = _kind_exchanges(x, kind)
-        out[kind] = (whole + np.maximum(overlap * ring, ring - 3.0 * attention_most),
-                     whole + np.maximum(overlap * ring, ring - 3.0 * attention_least))
+        steps = _ring_steps(x, kind)  # the ring's merges (``cp_merge_time``): BF16's at least, FP8's at most
+        least, most = (cp_merge_bytes(x, steps, fp8) / hbm for fp8 in (False, True))
+        out[kind] = (whole + np.maximum(overlap * ring, ring - 3.0 * attention_most) + least,
+                     whole + np.maximum(overlap * ring, ring - 3.0 * attention_least) + most)
     return out
 
 
@@ -1177,6 +1252,7 @@ def layer_cost(x: Candidates, params, expert_params, t_linear, tp_blocks, kind: 
         "tp_comm": (tensor_parallel.tp_comm_time(x, tp_blocks, *tp_linear) if tp_blocks
                     else np.zeros_like(x.t, dtype=float)),
         "cp_comm": cp_comm,
+        "cp_merge": x.once(cp_merge_time) if kind.attention else np.zeros_like(x.t, dtype=float),
         "fsdp": fsdp_time(x, params, expert_params, forward, full_recompute, is_moe),
         "ep_comm": ep_comm_time(x, compute, is_moe),
         "lora_adapters": lora_adapters_time(x) if kind.standard and not is_moe else np.zeros_like(x.t),

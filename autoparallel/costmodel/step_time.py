@@ -114,7 +114,8 @@ def step_breakdown(x: Candidates, layers: Layers, stages: StageTimes, heaviest: 
     weight_cast = weight_cast_time(x, layers, bottleneck)
     return {
         "step_time_s": bottleneck.time + dp_exposed + t_optimizer + weight_cast,
-        "compute_s": x.m * (on_bottleneck("compute") + bottleneck.logits + on_bottleneck("lora_adapters")),
+        "compute_s": x.m * (on_bottleneck("compute") + bottleneck.logits + on_bottleneck("lora_adapters")
+                            + on_bottleneck("cp_merge")),
         "fp8_cast_s": per_microbatch("fp8_cast") + per_microbatch("amax_reduction") + weight_cast,
         "recompute_s": per_microbatch("recompute"),
         "tp_comm_s": per_microbatch("tp_comm"),

@@ -80,6 +80,7 @@ FEATURE_RULES = (
     Rule(r"FP8 attention \(--fp8-dot-product-attention\) needs", ("fp8_attention", "precision")),
     Rule(r"FP8 attention runs in TransformerEngine's fused attention", ("fp8_attention", "flash_attention")),
     Rule(r"FP8 attention with softmax sinks has no TransformerEngine backend", ("fp8_attention",)),
+    Rule(r"FP8 attention with packed documents \(THD", ("fp8_attention",)),  # space.FP8_THD_ATTENTION_REASON
     Rule(r"pipelined forward reduce-scatter", ("tp_overlap_rs_pipeline", "tp_comm_overlap")),
     Rule(r"TP-only amax reduction", ("tp_only_amax_red", "precision")),
     Rule(r"activation_func_fp8_input_store\) only for SwiGLU", ("activation_func_fp8_input_store",)),
