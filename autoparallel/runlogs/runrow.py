@@ -216,7 +216,7 @@ def _model_columns(a: dict[str, Any], sizes: _Sizes) -> dict[str, Any]:
     """The architecture columns (num_layers .. activation)."""
     return {
         "num_layers": sizes.layers, "hidden_size": sizes.hidden, "num_attention_heads": sizes.heads,
-        "num_query_groups": int(a["num_query_groups"]) if a.get("group_query_attention") else sizes.heads,
+        "num_query_groups": _count(a, "num_query_groups") if a.get("group_query_attention") else sizes.heads,
         "ffn_hidden_size": int(_need(a, "ffn_hidden_size")), "vocab_size": int(sizes.vocab),
         "activation": "swiglu" if a.get("swiglu") else "squared_relu" if a.get("squared_relu") else "gelu",
     }
