@@ -91,8 +91,17 @@ def _parse_yaml(path: Path) -> dict:
     except RecursionError:
         raise SpecError(f"{path}: not valid YAML: nested too deeply") from None
     if not isinstance(data, dict):
-        raise SpecError(f"{path}: expected a mapping of keys to values, got {type(data).__name__}")
+        raise SpecError(f"{path}: expected a mapping of keys to values, got {_yaml_kind(data)}")
     return data
+
+
+def _yaml_kind(data) -> str:
+    """What a YAML document that is not a mapping holds, in a user's words ("NoneType" was said of
+    an empty file)."""
+    if data is None:
+        return "an empty file"
+    return {list: "a list", str: "a plain string", bool: "true / false", int: "a number",
+            float: "a number"}.get(type(data), f"a {type(data).__name__}")
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

@@ -371,7 +371,7 @@ BAD_INPUTS = [
     (["search", "--model", "{layers_huge_yaml}", "--gpus", "8"], "key 'num_layers': expected an integer in 0..2147483647, got 1000000000000000000000000000000"),
     (["search", "--model", "{hidden_nan_yaml}", "--gpus", "8"], "key 'hidden_size': expected int, got nan"),
     (["search", "--model", "{dropout_yaml}", "--gpus", "8"], "hidden_dropout must be in [0, 1), got 1.5"),
-    (["search", "--model", "{list_yaml}", "--gpus", "8"], "list.yaml: expected a mapping of keys to values, got list"),
+    (["search", "--model", "{list_yaml}", "--gpus", "8"], "list.yaml: expected a mapping of keys to values, got a list"),
     (["search", "--model", "{syntax_yaml}", "--gpus", "8"], "syntax.yaml: not valid YAML: line 2"),
     (["search", "--model", "{deep_yaml}", "--gpus", "8"], "deep.yaml: not valid YAML"),
     (["search", "--model", "175b", "--gpus", "64", "--gpu", "{hw_gemm_negative_yaml}"], "key 'gemm_max': expected a finite number >= 0, got -0.5"),
@@ -390,7 +390,11 @@ BAD_INPUTS = [
     # --- search: Optuna
     (["search", "--model", "175b", "--gpus", "64", "--strategy", "optuna", "--seed", "-5"], "--seed: expected a seed in 0..2147483647, got -5"),
     (["search", "--model", "175b", "--gpus", "64", "--strategy", "optuna", "--storage", "foo://bar"],
-     "cannot open --storage foo://bar: Can't load plugin: sqlalchemy.dialects:foo"),
+     "cannot open --storage foo://bar: Can't load plugin: sqlalchemy.dialects:foo; give a database URL "
+     "(sqlite:///study.db), journal:PATH or journal"),
+    (["search", "--model", "175b", "--gpus", "64", "--strategy", "optuna", "--storage", "{dir}/study.db"],  # a path, no URL
+     "cannot open --storage {dir}/study.db: Could not parse SQLAlchemy URL from given URL string; give a database URL "
+     "(sqlite:///study.db), journal:PATH or journal"),
     (["search", "--model", "175b", "--gpus", "64", "--strategy", "optuna", "--storage", "sqlite:////no/such/dir/s.db"],
      "cannot open --storage sqlite:////no/such/dir/s.db"),
     (["search", "--model", "175b", "--gpus", "64", "--strategy", "optuna", "--objectives", "speed"], "bad --objectives 'speed'"),
@@ -440,7 +444,7 @@ BAD_INPUTS = [
     (["export", "{results_file}"], "results_file is not a run folder (a file)"),
     (["export", "{grid}", "-o", "{a_folder}"], "--output {a_folder} is a folder; give a file name"),
     (["export", "{grid}", "-o", "{dir}/no/such/dir/out.yaml"], "the folder {dir}/no/such/dir does not exist"),
-    (["export", "{manifest_empty}"], "manifest.yaml: expected a mapping of keys to values, got NoneType"),
+    (["export", "{manifest_empty}"], "manifest.yaml: expected a mapping of keys to values, got an empty file"),
     (["export", "{manifest_junk}"], "manifest.yaml: not a YAML text file"),
     (["export", "{manifest_no_inputs}"], "not a search's manifest (no inputs model, hardware, gpus, gbs, space)"),
     (["export", "{candidates_empty}"], "candidates.csv is empty"),
@@ -783,7 +787,7 @@ BAD_INPUTS = [
      "--output {grid}/manifest.yaml is the run folder's own manifest.yaml, which export and report read"),
     (["export", "{grid}", "-o", "{grid}/candidates.csv"], "is the run folder's own candidates.csv"),
     (["runs", "import", "{dir}/no_such.log", "--gpu", "h100-sxm", "--runs", "{dir}/out.csv"],
-     "the log could not be read ({dir}/no_such.log: cannot read {dir}/no_such.log: No such file or directory)"),
+     "the log could not be read (cannot read {dir}/no_such.log: No such file or directory); nothing written"),
     (["calibrate", "--gpu", "h100-sxm", "--as", "h200"], "--as h200 names the shipped preset h200: the fit of h100-sxm "
      "would take its place for every --gpu h200; give a new name for your cluster"),
     (["calibrate", "--gpu", "h100-sxm", "--as", "H100"], "--as H100 names the shipped preset h100-sxm"),

@@ -99,6 +99,22 @@ def test_unreadable_logs_say_why(name, reason):
         row_of(FIXTURES / name)
 
 
+@pytest.mark.parametrize("edit, reason", [
+    (lambda line: "" if "num_query_groups" in line else line, "the configuration does not state num_query_groups"),
+    (lambda line: line.replace(" 8\n", " None\n") if "num_query_groups" in line else line,
+     "the configuration does not state num_query_groups"),
+    (lambda line: line.replace(" 8\n", " 0\n") if "num_query_groups" in line else line,
+     "the configuration's num_query_groups = 0 is not a positive integer"),
+], ids=["left out", "None", "zero"])
+def test_grouped_query_attention_without_a_group_count_says_why(edit, reason, tmp_path):
+    """group_query_attention with num_query_groups left out or None was a KeyError / TypeError
+    traceback from `runs import`; 0 was read into a row."""
+    log = tmp_path / "gqa.log"
+    log.write_text("".join(edit(line) for line in FP8_TP2.read_text().splitlines(keepends=True)))
+    with pytest.raises(UnreadableLog, match=reason):
+        row_of(log)
+
+
 def test_warmup_option_keeps_the_first_interval_when_asked():
     row = to_row(read_log(FIXTURES / "megatron_warmup_only.log"), "h100-sxm", warmup=0)
     assert row["measured_iteration_time_s"] == pytest.approx(41.8732)

@@ -55,23 +55,65 @@ def check_results(args: argparse.Namespace) -> None:
 
 
 def check_knobs(args: argparse.Namespace, model) -> None:
-    """Layout flags that contradict each other or the model (search and estimate)."""
+    """Layout flags that contradict each other or the model (search and estimate), checked in
+    ``KNOB_CHECKS``' order: where several are off, the first of them is the one said."""
+    for check in KNOB_CHECKS:
+        check(args, model)
+
+
+def _check_recompute_num_layers(args: argparse.Namespace, model) -> None:
+    """--recompute-num-layers counts the layers full recompute covers in each pipeline chunk: it
+    needs --recompute full (or a searched recompute) and at most a chunk's layers."""
     layers = getattr(args, "recompute_num_layers", None)
-    if layers is not None:
-        if args.recompute in ("none", "selective"):
-            raise no_effect("--recompute-num-layers", f"--recompute {args.recompute}",
-                            "it counts the layers full recompute covers; use --recompute full or drop it")
-        chunks = (args.pp or 1) * (args.vp or 1)
-        chunk = model.num_layers // chunks if args.pp else model.num_layers
-        if layers > chunk:
-            where = (f"a pipeline chunk of {model.name} with --pp {args.pp}" + (f" --vp {args.vp}" if args.vp else "")
-                     if args.pp else f"{model.name}")
-            raise UserError(f"--recompute-num-layers {layers} is above the {chunk} layers of {where}; "
-                            f"give at most {chunk}")
-    if (modules := getattr(args, "recompute_modules", None)) is not None:
-        _check_recompute_modules(args, modules, model)
-    if (kind := getattr(args, "cp_comm_type", None)) is not None:
-        _check_cp_comm_type(args, kind, model)
+    if layers is None:
+        return
+    if args.recompute in ("none", "selective"):
+        raise no_effect("--recompute-num-layers", f"--recompute {args.recompute}",
+                        "it counts the layers full recompute covers; use --recompute full or drop it")
+    chunks = (args.pp or 1) * (args.vp or 1)
+    chunk = model.num_layers // chunks if args.pp else model.num_layers
+    if layers > chunk:
+        where = (f"a pipeline chunk of {model.name} with --pp {args.pp}" + (f" --vp {args.vp}" if args.vp else "")
+                 if args.pp else f"{model.name}")
+        raise UserError(f"--recompute-num-layers {layers} is above the {chunk} layers of {where}; "
+                        f"give at most {chunk}")
+
+
+def _check_recompute_modules(args: argparse.Namespace, model) -> None:
+    """--recompute-modules: one set that applies to the model, beside a recompute that reads it;
+    normalised to the space's spelling (names joined by one space)."""
+    from autoparallel.space import modules_apply
+    if (modules := getattr(args, "recompute_modules", None)) is None:
+        return
+    if args.recompute in ("none", "full"):
+        raise no_effect("--recompute-modules", f"--recompute {args.recompute}",
+                        "it picks what selective recompute reruns; use --recompute selective or drop it")
+    args.recompute_modules = " ".join(modules.replace(",", " ").split())
+    if why := modules_apply(args.recompute_modules, model):
+        raise UserError(f"--recompute-modules {modules!r}: {why}")
+
+
+def _check_cp_comm_type(args: argparse.Namespace, model) -> None:
+    """A pinned --cp-comm-type the model, its heads, its TE release or --cp 1 cannot run (``cp_kinds``)."""
+    from autoparallel.costmodel import cp_kinds
+    if (kind := getattr(args, "cp_comm_type", None)) is None:
+        return
+    release = getattr(args, "transformer_engine_version", None) or ""
+    packed = model.finetune is not None and model.finetune.packed_sequence
+    if why := cp_kinds.model_refusal(model, kind, release, packed):
+        raise UserError(why)
+    if args.cp == 1:
+        raise no_effect("--cp-comm-type", "--cp 1", "it picks how CP ranks exchange the attention's inputs; "
+                        "give --cp 2 or more, or drop it")
+    if args.cp and args.tp and (why := cp_kinds.heads_refusal(model, args.tp, args.cp, kind)):
+        raise UserError(why)
+    if getattr(args, "fp8_attention", None) and (why := cp_kinds.fp8_attention_refusal(kind, release)):
+        raise UserError(why)
+
+
+def _check_pipeline_split(args: argparse.Namespace, model) -> None:
+    """An uneven split's first + last stage layers fit the model, and (as Megatron-LM's
+    validate_args) none of the split flags goes beside --pipeline-layout."""
     first = getattr(args, "num_layers_in_first_pipeline_stage", None)
     last = getattr(args, "num_layers_in_last_pipeline_stage", None)
     if (first or 0) + (last or 0) > model.num_layers:
@@ -88,76 +130,79 @@ def check_knobs(args: argparse.Namespace, model) -> None:
         raise no_effect(names.get(split[0], flag(split[0])), "--pipeline-layout",
                         "pipeline_model_parallel_layout cannot be set with other pipeline layout arguments "
                         "(Megatron-LM); drop one")
+
+
+def _check_fp8_param_gather(args: argparse.Namespace, model) -> None:
+    """--fp8-param-gather keeps the weights in FP8, which a BF16 or FP16 --precision has not."""
     precision = getattr(args, "precision", None)
     if getattr(args, "fp8_param_gather", None) and precision is not None and not precision.startswith(("fp8", "mxfp8")):
         raise UserError(f"--fp8-param-gather keeps FP8 weights: it needs an FP8 --precision "
                         f"(fp8-delayed, fp8-current, fp8-blockwise, mxfp8), got --precision {precision}")
-    if getattr(args, "overlap_moe_expert_parallel_comm", None) and not model.is_moe:  # was silently priced as off
+
+
+def _check_moe_flags_on_dense(args: argparse.Namespace, model) -> None:
+    """MoE-only flags on a dense model: the overlap was silently priced as off; the alltoall
+    dispatcher (the default) was accepted and did nothing, the others refused only after
+    pricing, as "no valid layout"."""
+    if getattr(args, "overlap_moe_expert_parallel_comm", None) and not model.is_moe:
         raise UserError(f"--overlap-moe-expert-parallel-comm overlaps the MoE all-to-alls; {model.name} is dense "
                         f"(no experts): drop it")
-    # alltoall (the default) on a dense model was accepted and did nothing; the others were refused
-    # only after pricing, as "no valid layout".
     if (dispatcher := getattr(args, "moe_token_dispatcher_type", None)) and not model.is_moe:
         raise UserError(f"--moe-token-dispatcher-type {dispatcher} picks how MoE tokens reach their experts; "
                         f"{model.name} is dense (no experts): drop it")
-    # Megatron-LM's validate_args refuses the flexible layout beside --hybrid-layer-pattern; the search
-    # refused it per candidate, as counts of reasons under "no valid layout".
+
+
+def _check_hybrid_pipeline_layout(args: argparse.Namespace, model) -> None:
+    """Megatron-LM's validate_args refuses the flexible layout beside --hybrid-layer-pattern; the
+    search refused it per candidate, as counts of reasons under "no valid layout"."""
     if getattr(args, "pipeline_layout", None) and model.is_hybrid:
         raise UserError(f"--pipeline-layout {args.pipeline_layout}: {model.name} is a hybrid Mamba-Transformer, "
                         "whose pipeline stages are '|' marks in its --hybrid-layer-pattern (Megatron-LM: "
                         "\"--pipeline-model-parallel-layout should not be used with --hybrid-layer-pattern\"); drop it "
                         "and pin --pp, --vp or --decoder-first/last-pipeline-num-layers instead")
-    if getattr(args, "moe_shared_expert_overlap", None):
-        if model.shared_expert_ffn_hidden_size == 0:
-            raise UserError(f"--moe-shared-expert-overlap runs the shared experts beside the all-to-alls; "
-                            f"{model.name} has no shared experts")
-        if getattr(args, "moe_token_dispatcher_type", None) == "allgather":
-            raise UserError("--moe-shared-expert-overlap only works with the alltoall or flex token dispatcher "
-                            "(Megatron-LM), got --moe-token-dispatcher-type allgather")
-        if args.overlap_moe_expert_parallel_comm:
-            raise UserError("--moe-shared-expert-overlap cannot go with --overlap-moe-expert-parallel-comm "
-                            "(Megatron-LM refuses both together); drop one")
-        args.overlap_moe_expert_parallel_comm = False  # pinned off with it: Megatron runs one or the other
-    # Megatron-LM reads the userbuffers config that picks the pipelined reduce-scatter only under
-    # --tp-comm-overlap (megatron/training/initialize.py: _initialize_tp_communicators): without it the
-    # pin does nothing. Refused here, so that search (which would otherwise search --tp-comm-overlap)
-    # and estimate (which takes it as off) give the same answer.
+
+
+def _check_shared_expert_overlap(args: argparse.Namespace, model) -> None:
+    """--moe-shared-expert-overlap needs shared experts and a dispatcher Megatron-LM runs it
+    with, and pins the 1F1B all-to-all overlap off: Megatron runs one or the other."""
+    if not getattr(args, "moe_shared_expert_overlap", None):
+        return
+    if model.shared_expert_ffn_hidden_size == 0:
+        raise UserError(f"--moe-shared-expert-overlap runs the shared experts beside the all-to-alls; "
+                        f"{model.name} has no shared experts")
+    if getattr(args, "moe_token_dispatcher_type", None) == "allgather":
+        raise UserError("--moe-shared-expert-overlap only works with the alltoall or flex token dispatcher "
+                        "(Megatron-LM), got --moe-token-dispatcher-type allgather")
+    if args.overlap_moe_expert_parallel_comm:
+        raise UserError("--moe-shared-expert-overlap cannot go with --overlap-moe-expert-parallel-comm "
+                        "(Megatron-LM refuses both together); drop one")
+    args.overlap_moe_expert_parallel_comm = False
+
+
+def _check_tp_overlap_rs_pipeline(args: argparse.Namespace, model) -> None:
+    """Megatron-LM reads the userbuffers config that picks the pipelined reduce-scatter only under
+    --tp-comm-overlap (megatron/training/initialize.py: _initialize_tp_communicators): without it
+    the pin does nothing. Refused here, so that search (which would otherwise search
+    --tp-comm-overlap) and estimate (which takes it as off) give the same answer."""
     if getattr(args, "tp_overlap_rs_pipeline", None) and not getattr(args, "tp_comm_overlap", None):
         raise no_effect("--tp-overlap-rs-pipeline",
                         "--no-tp-comm-overlap" if args.tp_comm_overlap is False else "no --tp-comm-overlap",
                         "it picks how userbuffers overlap the forward reduce-scatters, which only "
                         "--tp-comm-overlap turns on; add --tp-comm-overlap or drop it")
+
+
+def _check_fsdp(args: argparse.Namespace, model) -> None:
+    """Megatron-FSDP shards the optimizer state itself: --fsdp needs the distributed optimizer."""
     if args.fsdp and args.distributed_optimizer is False:
         raise UserError("--fsdp needs the distributed optimizer (Megatron-FSDP shards the optimizer state "
                         "itself); drop --no-distributed-optimizer")
 
 
-def _check_cp_comm_type(args: argparse.Namespace, kind: str, model) -> None:
-    """A pinned --cp-comm-type the model, its heads, its TE release or --cp 1 cannot run (``cp_kinds``)."""
-    from autoparallel.costmodel import cp_kinds
-    release = getattr(args, "transformer_engine_version", None) or ""
-    packed = model.finetune is not None and model.finetune.packed_sequence
-    if why := cp_kinds.model_refusal(model, kind, release, packed):
-        raise UserError(why)
-    if args.cp == 1:
-        raise no_effect("--cp-comm-type", "--cp 1", "it picks how CP ranks exchange the attention's inputs; "
-                        "give --cp 2 or more, or drop it")
-    if args.cp and args.tp and (why := cp_kinds.heads_refusal(model, args.tp, args.cp, kind)):
-        raise UserError(why)
-    if getattr(args, "fp8_attention", None) and (why := cp_kinds.fp8_attention_refusal(kind, release)):
-        raise UserError(why)
-
-
-def _check_recompute_modules(args: argparse.Namespace, modules: str, model) -> None:
-    """--recompute-modules: one set that applies to the model, beside a recompute that reads it;
-    normalised to the space's spelling (names joined by one space)."""
-    from autoparallel.space import modules_apply
-    if args.recompute in ("none", "full"):
-        raise no_effect("--recompute-modules", f"--recompute {args.recompute}",
-                        "it picks what selective recompute reruns; use --recompute selective or drop it")
-    args.recompute_modules = " ".join(modules.replace(",", " ").split())
-    if why := modules_apply(args.recompute_modules, model):
-        raise UserError(f"--recompute-modules {modules!r}: {why}")
+# check_knobs' checks, in the order their messages take precedence.
+KNOB_CHECKS = (_check_recompute_num_layers, _check_recompute_modules, _check_cp_comm_type,
+               _check_pipeline_split, _check_fp8_param_gather, _check_moe_flags_on_dense,
+               _check_hybrid_pipeline_layout, _check_shared_expert_overlap, _check_tp_overlap_rs_pipeline,
+               _check_fsdp)
 
 
 def check_search(args: argparse.Namespace, knobs: dict) -> None:

@@ -54,7 +54,8 @@ def run_import(args: argparse.Namespace) -> None:
     read = [r for r in results if r.row is not None]
     if not read:
         if len(results) == 1:
-            unread = f"the log could not be read ({results[0].path}: {results[0].reason})"
+            path, reason = results[0].path, results[0].reason  # a reason from reading the file names it already
+            unread = f"the log could not be read ({reason if str(path) in reason else f'{path}: {reason}'})"
         else:
             unread = f"none of the {len(results)} logs could be read (the reasons above)"
         raise UserError(f"{unread}; nothing written")

@@ -23,7 +23,7 @@ from torch import nn
 from autoparallel.fp8check.settings import CheckRun
 from autoparallel.model.fp8 import Fp8Linear, attach_observer
 from autoparallel.model.mx_linear import MxLinear
-from autoparallel.model.numerics import NumericsRecorder
+from autoparallel.model.numerics import train_recorded
 from autoparallel.model.recipes import Fp8Policy, Recipe
 from autoparallel.model.train import TrainConfig, build_model, train
 from autoparallel.model.transformer import low_precision_linear
@@ -84,23 +84,20 @@ def _override(model: nn.Module, module_recipes: dict[str, Recipe]) -> int:
     return swapped
 
 
+def _train_config(run: CheckRun) -> TrainConfig:
+    """The training loop's settings of a check run: the same for BF16 and every recipe."""
+    return TrainConfig(steps=run.steps, batch_size=run.batch_size, seq_length=run.seq_length, seed=run.seed)
+
+
 def run_policy(spec: ModelSpec, recipe: Recipe | None, run: CheckRun,
                bf16_layers: tuple[int, ...] = (),
                module_recipes: dict[str, Recipe] | None = None) -> RunRecord:
     """Train the proxy ``spec`` for ``run.steps`` steps; record numerics every ``stats_every``."""
     policy = policy_for(recipe, bf16_layers)
-    config = TrainConfig(steps=run.steps, batch_size=run.batch_size, seq_length=run.seq_length,
-                         seed=run.seed)
     model = build_model(policy, spec, run.seed)
     if module_recipes and recipe is not None:
         _override(model, module_recipes)
-    recorder = NumericsRecorder(every=run.stats_every)
-
-    def advance(step: int, _model: nn.Module) -> None:
-        recorder.step = step + 1
-
-    with recorder.attached(model):
-        result = train(policy, config, spec, model=model, on_step=advance)
+    recorder, result = train_recorded(policy, _train_config(run), spec, model, run.stats_every)
     stats = recorder.dataframe()
     if not stats.empty:
         stats.insert(2, "layer_index", stats["layer"].map(layer_index))
@@ -122,7 +119,5 @@ def last_step_casts(spec: ModelSpec, recipe: Recipe, run: CheckRun,
             seen[name] = high_precision.detach()
 
     attach_observer(model, observe)
-    config = TrainConfig(steps=run.steps, batch_size=run.batch_size, seq_length=run.seq_length,
-                         seed=run.seed)
-    train(policy, config, spec, model=model)
+    train(policy, _train_config(run), spec, model=model)
     return seen

@@ -155,13 +155,21 @@ class NumericsRecorder:
 def collect_numerics(recipe: Recipe, steps: int = 20, every: int = 1, config=None, spec=None
                      ) -> tuple[pd.DataFrame, list[float]]:
     """Train the tiny model with ``recipe`` in every layer; (per-layer summary, losses)."""
-    from autoparallel.model.train import TrainConfig, build_model, train
+    from autoparallel.model.train import TrainConfig, build_model
     from autoparallel.model.transformer import TINY
 
     spec = spec or TINY
     config = config or TrainConfig(steps=steps, batch_size=8)
     policy = Fp8Policy(recipe)
-    model = build_model(policy, spec, config.seed)
+    recorder, result = train_recorded(policy, config, spec, build_model(policy, spec, config.seed), every)
+    return recorder.summary(), result.losses
+
+
+def train_recorded(policy: Fp8Policy, config, spec, model: nn.Module, every: int):
+    """Train ``model`` with a ``NumericsRecorder`` attached that samples every ``every`` steps;
+    (the recorder, train's result). The recorder's step is advanced by train's callback, so each
+    sample is tagged with the step whose casts it saw (the tiny model's and the FP8 check's runs)."""
+    from autoparallel.model.train import train
     recorder = NumericsRecorder(every=every)
 
     def advance(step: int, _model: nn.Module) -> None:
@@ -169,7 +177,7 @@ def collect_numerics(recipe: Recipe, steps: int = 20, every: int = 1, config=Non
 
     with recorder.attached(model):
         result = train(policy, config, spec, model=model, on_step=advance)
-    return recorder.summary(), result.losses
+    return recorder, result
 
 
 def policy_from_numerics(summary: pd.DataFrame, recipe: Recipe, max_underflow_pct: float = 5.0,

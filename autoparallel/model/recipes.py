@@ -28,6 +28,12 @@ def _check_choice(name: str, value: object, valid: tuple[str, ...]) -> None:
         raise ValueError(f"{name}={value!r} is not valid; choose one of {', '.join(valid)}")
 
 
+def _check_margin(margin: object) -> None:
+    """A scale margin is a power-of-two exponent: a whole number (True is not one)."""
+    if isinstance(margin, bool) or not isinstance(margin, int):
+        raise ValueError(f"margin={margin!r} must be an integer power-of-two exponent")
+
+
 def role_dtype(fp8_format: str, role: TensorRole) -> torch.dtype:
     """E4M3 everywhere, except gradients under HYBRID, which need E5M2's range."""
     if role == "grad_output" and fp8_format == "HYBRID":
@@ -52,8 +58,7 @@ class DelayedScaling:
     def __post_init__(self) -> None:
         _check_choice("fp8_format", self.fp8_format, FORMATS)
         _check_choice("amax_compute_algo", self.amax_compute_algo, AMAX_ALGOS)
-        if isinstance(self.margin, bool) or not isinstance(self.margin, int):
-            raise ValueError(f"margin={self.margin!r} must be an integer power-of-two exponent")
+        _check_margin(self.margin)
         if isinstance(self.amax_history_len, bool) or not isinstance(self.amax_history_len, int) \
                 or self.amax_history_len < 1:
             raise ValueError(f"amax_history_len={self.amax_history_len!r} must be an integer >= 1")
@@ -72,8 +77,7 @@ class CurrentScaling:
 
     def __post_init__(self) -> None:
         _check_choice("fp8_format", self.fp8_format, FORMATS)
-        if isinstance(self.margin, bool) or not isinstance(self.margin, int):
-            raise ValueError(f"margin={self.margin!r} must be an integer power-of-two exponent")
+        _check_margin(self.margin)
 
     @property
     def name(self) -> str:

@@ -98,86 +98,121 @@ def check_plan(spec: ModelSpec, plan: Plan, world_size: int) -> None:
 class ParallelModel:
     def __init__(self, spec: ModelSpec, plan: Plan, config: StepConfig = StepConfig(),
                  device: torch.device | str = "cpu") -> None:
+        """This rank's share of ``plan``, built in the order of ``autoparallel.parallel``'s
+        docstring: the process groups, the whole model on the meta device with every technique
+        applied, this rank's pipeline chunks, and only then this rank's parameters materialised
+        (so a rank never holds the whole model), and the optimizer over them."""
         world = dist.get_world_size() if dist.is_initialized() else 1
         check_plan(spec, plan, world)
         self.spec, self.plan, self.config = spec, plan, config
         self.device = torch.device(device)
+        self._join_groups(world)
+        self.model, full_shapes, chunks = self._meta_model()
+        self.chunks = self._pipeline_chunks(chunks)
+        self._materialise_parameters(full_shapes)
+        self._materialise_buffers()
+        self.optimizer = self._optimizer()
+
+    def _join_groups(self, world: int) -> None:
+        """The TP / PP / DP / CP (and, for MoE, expert) groups and this rank's coordinates in
+        them; without torch.distributed every group is None and one process runs the plan."""
+        plan = self.plan
         self.dims = ParallelDims(plan.tp, plan.pp, plan.dp, plan.cp, plan.vp, world, plan.ep)
         if dist.is_initialized():
             self.dims.build_groups()
-            if spec.is_moe:
+            if self.spec.is_moe:
                 self.dims.build_expert_groups()
         else:
             self.dims.groups.update(tp=None, cp=None, dp=None, dp_cp=None, stage=None, ep=None,
                                     edp=None)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.coords = self.dims.coords(self.rank)
-        # 1. the single-device model, on the meta device: nothing allocated yet
+
+    def _meta_model(self) -> tuple[Transformer, dict[str, tuple[int, ...]], list[list[int]]]:
+        """The single-device model on the meta device (nothing allocated) with recompute, tensor
+        + sequence, expert and context parallel applied; with its unsharded parameter shapes
+        (each shard is initialised from its region of them) and this rank's chunks' layers."""
+        spec, plan = self.spec, self.plan
         mode = plan.recompute
         model = Transformer(spec, policy_for(plan), Recompute(mode), device="meta")
         full_shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-        # 2. recompute: full covers the first recompute_num_layers layers of each chunk (0: all)
+        # recompute: full covers the first recompute_num_layers layers of each chunk (0: all)
         chunks = pipeline.chunk_layers(spec.num_layers, plan.pp, plan.vp, self.coords["pp"])
         for layers in chunks:
             for k, i in enumerate(layers):
                 n = plan.recompute_num_layers or len(layers)
                 model.layers[i].full_recompute = mode == "full" and k < n
-        # 3. tensor + sequence parallel
         tp_group = self.dims.group("tp")
         tensor.apply_tensor_parallel(model, self.coords["tp"], plan.tp, tp_group, plan.sp)
         self.vocab_start = self.coords["tp"] * (spec.vocab_size // plan.tp)
-        # 3b. expert parallel: each EP rank keeps its experts, all-to-alls to the others
+        # expert parallel: each EP rank keeps its experts, all-to-alls to the others
         if plan.ep > 1:
             expert.apply_expert_parallel(model, self.dims.expert_coords(self.rank)["ep"],
                                          plan.ep, self.dims.group("ep"))
-        # 4. context parallel: ring attention over the CP group in every layer
+        # context parallel: ring attention over the CP group in every layer
         if plan.cp > 1:
             context.apply_context_parallel(model, context.Ring(
                 self.dims.group("cp"), self.dims.groups["cp_ranks"], self.coords["cp"]))
-        # 5. pipeline chunks (virtual stage v = chunk * pp + pp_rank)
-        stages = plan.pp * plan.vp
-        self.chunks = [pipeline.Chunk(model, layers, c * plan.pp + self.coords["pp"] == 0,
-                                      c * plan.pp + self.coords["pp"] == stages - 1)
-                       for c, layers in enumerate(chunks)]
-        self.model = model
+        return model, full_shapes, chunks
+
+    def _pipeline_chunks(self, chunks: list[list[int]]) -> list[pipeline.Chunk]:
+        """This rank's pipeline chunks (virtual stage v = chunk * pp + pp_rank), the first and
+        last virtual stages holding the embedding and the loss."""
+        plan, stages = self.plan, self.plan.pp * self.plan.vp
+        return [pipeline.Chunk(self.model, layers, c * plan.pp + self.coords["pp"] == 0,
+                               c * plan.pp + self.coords["pp"] == stages - 1)
+                for c, layers in enumerate(chunks)]
+
+    def _materialise_parameters(self, full_shapes: dict[str, tuple[int, ...]]) -> None:
+        """This rank's parameters, as views of one flat buffer in the training dtype (routed
+        experts in a second one, reduced over their expert-data-parallel group), each filled
+        with its region of the single-process model's values; padded to the shard count the
+        distributed optimizer splits them into."""
+        plan, config = self.plan, self.config
         owned = {id(p) for chunk in self.chunks for p in chunk.parameters()}
-        named = [(tensor.original_name(n), p) for n, p in model.named_parameters()
+        named = [(tensor.original_name(n), p) for n, p in self.model.named_parameters()
                  if id(p) in owned]
-        # 6. materialise this rank's share: its parameters, as views of one flat buffer in the
-        # training dtype (routed experts in a second one, reduced over their expert-data-parallel
-        # group), each filled with its region of the single-process model's values
-        edp = plan.expert_data_parallel
         dense = [(n, p) for n, p in named if not is_routed_expert(n)]
         experts = [(n, p) for n, p in named if is_routed_expert(n)]
         shards = plan.dp * plan.cp if plan.distributed_optimizer else 1
-        self.buffers = ParamBuffers(model, dense, config.dtype, self.device, pad_to=shards)
+        self.buffers = ParamBuffers(self.model, dense, config.dtype, self.device, pad_to=shards)
         self.expert_buffers = ParamBuffers(
-            model, experts, config.dtype, self.device,
-            pad_to=edp if plan.distributed_optimizer else 1) if experts else None
+            self.model, experts, config.dtype, self.device,
+            pad_to=plan.expert_data_parallel if plan.distributed_optimizer else 1) if experts else None
         self.named_params = self.buffers.named + (self.expert_buffers.named if experts else [])
         for name, p in self.named_params:
             rows, cols = tensor.shard_region(name, full_shapes[name], self.coords["tp"],
-                                             plan.tp, spec.gated_mlp)
-            write_init(p, name, full_shapes[name], spec, config.seed, rows, cols)
+                                             plan.tp, self.spec.gated_mlp)
+            write_init(p, name, full_shapes[name], self.spec, config.seed, rows, cols)
+
+    def _materialise_buffers(self) -> None:
+        """The chunks' module buffers still on the meta device (FP8 scales, amax histories),
+        reset on this device, and the rotary tables of the whole sequence."""
         for chunk in self.chunks:
             for m in chunk.modules():
                 for key, b in list(m._buffers.items()):
                     if b is not None and b.is_meta:
                         m._buffers[key] = torch.empty_like(b, device=self.device)
             reset_buffers(chunk)
-        cos, sin = rotary_tables(spec.seq_length, spec.head_dim)
+        cos, sin = rotary_tables(self.spec.seq_length, self.spec.head_dim)
         self.rope_cos, self.rope_sin = cos.to(self.device), sin.to(self.device)
-        self.sp_params = {id(p) for p in tensor.sequence_parallel_params(model)}
-        # 7. data (and context) parallel gradient reduction + (distributed) optimizer; routed
-        # experts over their expert-data-parallel group, with one global clipping norm
+
+    def _optimizer(self) -> DistributedOptimizer | Optimizers:
+        """Data (and context) parallel gradient reduction and the (distributed) optimizer; routed
+        experts over their expert-data-parallel group, with one global clipping norm."""
+        plan, config = self.plan, self.config
+        self.sp_params = {id(p) for p in tensor.sequence_parallel_params(self.model)}
+
         def optimizer(buffers, group=None):
             return DistributedOptimizer(buffers, self.sp_params, self.dims, self.coords,
                                         plan.distributed_optimizer, config.lr,
                                         config.weight_decay, config.clip, group=group)
-        self.optimizer = optimizer(self.buffers)
-        if self.expert_buffers is not None:
-            group = (self.dims.group("edp"), edp, self.dims.expert_coords(self.rank)["edp"])
-            self.optimizer = Optimizers([self.optimizer, optimizer(self.expert_buffers, group)])
+        dense = optimizer(self.buffers)
+        if self.expert_buffers is None:
+            return dense
+        group = (self.dims.group("edp"), plan.expert_data_parallel,
+                 self.dims.expert_coords(self.rank)["edp"])
+        return Optimizers([dense, optimizer(self.expert_buffers, group)])
 
     # -- one step --------------------------------------------------------------------------------
 

@@ -58,7 +58,11 @@ def _storage_errors(settings: sampler.StudySettings, run_dir: Path) -> Iterator[
         yield
     except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError, OSError) as exc:
         first = " ".join(str(exc).split("\n")[0].split())[:200]
-        raise UserError(f"cannot open {where}: {first}") from None
+        raise UserError(f"cannot open {where}: {first}{_STORAGE_FORMS if where.startswith('--') else ''}") from None
+
+
+# What --storage takes, said where one cannot be opened ("Could not parse SQLAlchemy URL" names none).
+_STORAGE_FORMS = f"; give a database URL (sqlite:///study.db), {sampler.JOURNAL_PREFIX}PATH or journal"
 
 
 def check_storage(settings: sampler.StudySettings) -> None:

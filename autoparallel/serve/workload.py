@@ -182,7 +182,8 @@ def _from_file(path: Path) -> Workload:
                 raise UserError(f"--workload {path} row {i}: {fields} fields, the header names {len(row) - 1}: "
                                 f"quote a field that holds a comma, or fix the row")
     if not rows:
-        raise UserError(f"--workload {path}: no requests (expected {INPUT_KEYS[0]},{OUTPUT_KEYS[0]} pairs)")
+        raise UserError(f"--workload {path}: no requests (expected {INPUT_KEYS[0]},{OUTPUT_KEYS[0]} pairs: a CSV with "
+                        "that header, JSON lines or a JSON array of such objects)")
     inp = np.array([_pick(r, INPUT_KEYS, f"--workload {path} row {i}") for i, r in enumerate(rows, 1)])
     out = np.array([_pick(r, OUTPUT_KEYS, f"--workload {path} row {i}") for i, r in enumerate(rows, 1)])
     return Workload(path.name, str(path), pairs=(inp, out))

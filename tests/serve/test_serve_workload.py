@@ -186,6 +186,8 @@ def test_user_csv_and_jsonl(tmp_path):
     ("[1, 2]\n", ".json", "element 1 of the array is not a JSON object"),
     ('[{"input_len": 1, "output_len": 1},]', ".json", "not a JSON array of objects"),
     ("[]", ".json", "no requests"),
+    # a YAML workload is no format the loader knows: read as a CSV, it says which formats are
+    ("a: [1, 2\n", ".yaml", "no requests .*a CSV with that header, JSON lines or a JSON array of such objects"),
 ])
 def test_bad_user_files(tmp_path, content, suffix, message):
     path = tmp_path / f"w{suffix}"
