@@ -526,7 +526,7 @@ def combined_host_stall(x: Candidates, layer_time):
     schedules the backward has no sync (its all-to-alls reuse the forward's splits) and the host
     issues it ahead of the GPU: only the forward's calls are waited for (``moe_expert_calls``).
     One constant prices both: fitted with this floor and the post-sync calls, ``moe_expert_call_s``
-    is 71 us (85 us with the per-expert calls alone), and the rows that run the overlap with 16
+    is 70 us (85 us with the per-expert calls alone), and the rows that run the overlap with 16
     local experts and no graph (Qwen3-235B B200 / B300 PP8 EP8, Qwen3-30B H100 PP2 EP8) measure
     13-17 ms per layer and micro-batch, 160 per-expert calls at 82-104 us each (benchmarks/RESULTS.md,
     session 37 s37h3; session 54 s54h1 for the post-sync calls). A full-iteration
