@@ -34,6 +34,7 @@ from autoparallel.costmodel import cp_kinds, gemm_precision, pipeline
 from autoparallel.costmodel.candidates import RECOMPUTE_MODULES  # the modules the cost model prices
 from autoparallel.costmodel.candidates import (RECIPE_FIRST_RELEASE, TE_VERSION_COLUMN, fp8_cp_attention,
                                                  knob_in, knob_test, lora_virtual_pipeline, recipe_in_release)
+from autoparallel.costmodel.finetune import attention_share
 from autoparallel.costmodel.finetune import is_lora as lora
 from autoparallel.errors import UserError
 from autoparallel.io import from_dict, read_yaml, resolve_preset
@@ -427,10 +428,10 @@ def _packed(model: ModelSpec) -> bool:
 
 
 def _thd(model: ModelSpec) -> bool:
-    """Packed sequences of several documents, each attending to itself (TE's THD format); packed rows
-    of one document each (MLPerf's LoRA data: no cu_seqlens) run bshd / sbhd."""
-    ft = model.finetune
-    return _packed(model) and ft.document_tokens is not None and ft.document_tokens < model.seq_length
+    """Packed sequences of several documents, each attending to itself (TE's THD format: per-document
+    masks, ``attention_share`` below 1); packed rows of one document each (MLPerf's LoRA data: no
+    cu_seqlens) run bshd / sbhd."""
+    return attention_share(model) < 1.0
 
 
 def _mamba_in_proj_unaligned(model: ModelSpec) -> bool:

@@ -56,8 +56,9 @@ def row_terms(p) -> dict:
     dense = {k: float(np.ravel(v)[0]) for k, v in layers.dense.items() if k in ("forward", "compute", "time")}
     n_layers = float(np.ravel(bottleneck.layers)[0])
     params = float(np.ravel(x.by_structure(structure_params)[1][0])[0])  # the heaviest stage's, as dp_comm_time
-    rs = float(np.ravel(dataparallel.cta_capped(x, x.dp_ranks).reduce_scatter_time(params * x.grad_bytes))[0])
-    ag = float(np.ravel(dataparallel.cta_capped(x, x.dp_ranks).reduce_scatter_time(params * x.gather_bytes))[0])
+    capped = dataparallel.cta_capped(x, x.dp_ranks)
+    rs = float(np.ravel(capped.reduce_scatter_time(params * x.grad_bytes))[0])
+    ag = float(np.ravel(capped.reduce_scatter_time(params * x.gather_bytes))[0])
     overlap = x.hw.efficiency.dp_overlap
     logits = float(np.ravel(stages.logits)[0])
     return dict(

@@ -587,7 +587,7 @@ def _hardware_fields(hw: HardwareSpec, cols: Mapping[str, np.ndarray], labels: d
             # hw.mxfp8: a Blackwell (sm_100) GPU
             [is_fp4, knob_in(cols, labels, "precision", PER_TENSOR_FP8) & hw.mxfp8],
             [QUANTIZED_WEIGHT_BYTES["fp4"], memory.FP8_WEIGHT_BYTES], QUANTIZED_WEIGHT_BYTES["fp8"]),
-        hbm=hw.hbm_tbps * 1e12 * hw.hbm_speed * hw.efficiency.hbm,  # measured_hbm_speed where a benchmark says
+        hbm=hw.achievable_hbm,  # measured_hbm_speed where a benchmark says
         gemm_peak=gemm.peak(hw, quantized_fraction, is_fp4),
     )
 

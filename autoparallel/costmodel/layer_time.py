@@ -574,6 +574,13 @@ QUANTIZATION_PADDING_CALLS = 3.0
 RESIDUAL_CALLS = 1.0
 
 
+def flex_backend(x: Candidates):
+    """The flex dispatcher's backend as a mask function (``dispatch.is_named``), or None where the
+    plans state none (read as DeepEP, as ``dispatch.dispatcher_sms`` does)."""
+    name = "moe_flex_dispatcher_backend"
+    return partial(x.knob_is, name) if name in x.knobs else None
+
+
 def post_sync_call_count(x: Candidates):
     """Host calls of one MoE layer's forward that the dropless dispatcher's sync leaves the GPU
     waiting for, beyond the per-expert loop (``expert_call_count``): the dispatcher's own after the
@@ -582,10 +589,9 @@ def post_sync_call_count(x: Candidates):
     experts' add, LatentMoE's output projection and the residual add."""
     model = x.model
     dispatcher = partial(x.knob_is, "moe_token_dispatcher_type")
-    backend = (partial(x.knob_is, "moe_flex_dispatcher_backend") if "moe_flex_dispatcher_backend" in x.knobs
-               else lambda name: np.full(np.shape(x.e), name == "deepep"))
+    backend = flex_backend(x)
     flex = dispatcher("flex")
-    hybridep = flex & backend("hybridep")
+    hybridep = flex & (backend("hybridep") if backend else False)
     local = moe.local_experts(model, x.e)
     alltoall = (ALLTOALL_POST_SYNC_CALLS + np.where(local > 1, ALLTOALL_SORT_CALLS, 0.0)
                 + np.where(x.et > 1, ALLTOALL_ETP_CALLS, 0.0))
@@ -1085,7 +1091,7 @@ def cp_kind_bounds(x, kinds, attention_least=0.0, attention_most=np.inf) -> dict
     changes these terms alone, so it could not be the faster there."""
     out = {}
     overlap = 1 - x.hw.efficiency.cp_overlap
-    hbm = x.hw.hbm_tbps * 1e12 * x.hw.hbm_speed * x.hw.efficiency.hbm  # Candidates.hbm
+    hbm = x.hw.achievable_hbm
 
     for kind in kinds:
         whole, ring = _kind_exchanges(x, kind)
@@ -1159,8 +1165,7 @@ def ep_comm_time(x: Candidates, compute, kind: LayerKind | bool):
     total = (4.0 + 2.0 * recomputed) * one + (2.0 + recomputed) * probs  # each dispatch sends its probabilities
     return dispatch.exposed_dispatch(x.hw, total, a2a_overlap | shared_overlap,
                                      np.where(shared_overlap, shared, compute), dispatcher, hidden_share,
-                                     partial(x.knob_is, "moe_flex_dispatcher_backend")
-                                     if "moe_flex_dispatcher_backend" in x.knobs else None)
+                                     flex_backend(x))
 
 
 def amax_reduction_time(x: Candidates):

@@ -243,6 +243,12 @@ class HardwareSpec:
     def supports_fp8(self) -> bool:
         return self.fp8_tflops is not None
 
+    @property
+    def achievable_hbm(self) -> float:
+        """Bytes per second the training cost model's HBM-bound terms move (``Candidates.hbm``): the
+        datasheet bandwidth x the measured speed (``hbm_speed``) x the fitted ``efficiency.hbm``."""
+        return self.hbm_tbps * 1e12 * self.hbm_speed * self.efficiency.hbm
+
     def attention_peak_share(self, tokens):
         """The share of peak the attention core reaches at a kernel over ``tokens`` (scalar or array; a CP
         rank's ``s_local``; ``layer_time.attention_time``): measured where a benchmark says
