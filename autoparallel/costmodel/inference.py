@@ -632,6 +632,7 @@ class PassWork:
     out_bytes: np.ndarray
     logits: np.ndarray
     mamba: tuple | None  # a hybrid's M layers' (FLOPs, bytes) per layer (``mamba_serving.pass_work``); else None
+    host: np.ndarray  # the executor's per-request seconds of the pass (``attention_dp_host_time``)
     peak16: float  # the GPU's peaks before the fitted shares: 16-bit and 8-bit (4-bit under NVFP4) FLOP/s, HBM bytes/s
     peak8: np.ndarray
     hbm: float
@@ -680,8 +681,24 @@ def pass_work(lay: Layout, tokens, sampled, attn_flops, attn_bytes, mamba_work=N
         dispatch_multi=lay.dp > 1, dispatch_internode=lay.dp > hw.nvlink_domain,
         dispatch=attention_dp_dispatch(lay, tokens),
         out_flops=2.0 * sampled * h * V / t, out_bytes=h * V / t * ACT_BYTES, logits=sampled * V, mamba=mamba_pass,
+        host=attention_dp_host_time(lay, sampled),
         peak16=peak16, peak8=quantized_gemm_peak(hw, lay.weight_bytes), hbm=hw.hbm_tbps * 1e12,
         hop=_hop_work(lay, tokens))
+
+
+@lru_cache(maxsize=1)
+def _attention_dp_host_us() -> float:
+    return float(io.read_yaml(io.SEARCH_SPACES / "inference_assumptions.yaml")["attention_dp_host"]["us_per_sequence"])
+
+
+def attention_dp_host_time(lay: Layout, sequences) -> np.ndarray:
+    """Seconds one attention-DP rank's iteration spends on its ``sequences`` requests outside the GPU's
+    pass (zeros without attention DP): TensorRT-LLM's PyTorch executor loops over every request of the rank
+    in Python each iteration (state updates, the sampler's token bookkeeping, responses, KV blocks) while
+    host collectives keep the ranks in lock-step. The rate per sequence is ``inference_assumptions.yaml``'s
+    ``attention_dp_host`` (derived from NVIDIA's two B200 trtllm-bench runs of one workload at 384 and 896
+    a rank: what their iteration grows per sequence beyond the cost model's pass)."""
+    return np.where(np.asarray(lay.dp) > 1, np.asarray(sequences, dtype=float) * _attention_dp_host_us() * 1e-6, 0.0)
 
 
 @lru_cache(maxsize=1)
@@ -772,7 +789,7 @@ def price_pass(eff: InferenceEfficiency, w: PassWork) -> dict[str, np.ndarray]:
     # Output layer on the last stage: logits of the sampled positions.
     out_compute = w.out_flops / (w.peak16 * eff.gemm_max)
     out_mem = w.out_bytes / hbm
-    t_out = _soft_max(out_compute, out_mem, k) + w.logits * eff.sampling_ns_per_logit * 1e-9
+    t_out = _soft_max(out_compute, out_mem, k) + w.logits * eff.sampling_ns_per_logit * 1e-9 + w.host
     layers = w.layers
     return {"time": layers * layer + t_out, "compute": layers * compute + out_compute,
             "memory": layers * mem + out_mem, "tp_comm": layers * ar, "overhead": layers * overhead}

@@ -4,7 +4,8 @@
 and allocates its KV cache: ``ServingEngine``), ``efficiency`` (fitted constants per engine,
 below the marker line that ``python -m autoparallel.serve.fit`` rewrites), ``efficiency_from``
 (engines without a fit of their own and whose constants they take), ``nvfp4_unquantized`` (the
-modules each model's NVFP4 checkpoint keeps 16-bit: ``inference.nvfp4_16bit_params``) and
+modules each model's NVFP4 checkpoint keeps 16-bit: ``inference.nvfp4_16bit_params``),
+``attention_dp_host`` (the executor's per-request time under attention DP: ``inference.attention_dp_host_time``) and
 ``validation`` (how the published rows are read). Unknown keys are errors naming the file and the key.
 """
 
@@ -19,7 +20,8 @@ from autoparallel.errors import SpecError, UserError
 
 ASSUMPTIONS = io.SEARCH_SPACES / "inference_assumptions.yaml"
 FIT_MARKER = "# --- fitted by `python -m autoparallel.serve.fit`"
-TOP_KEYS = ("engines", "scenarios", "efficiency_from", "nvfp4_unquantized", "validation", "efficiency")
+TOP_KEYS = ("engines", "scenarios", "efficiency_from", "nvfp4_unquantized", "attention_dp_host", "validation",
+            "efficiency")
 DEFAULT_ENGINE = "tensorrt-llm"
 #: TensorRT-LLM's capacity scheduler policies (``CapacitySchedulerPolicy``; trtllm-bench
 #: ``--scheduler_policy``) as the KV reservation the cost model and the simulation price:
