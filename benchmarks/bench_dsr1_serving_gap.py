@@ -17,7 +17,7 @@ attention-DP token gather and reduce-scatter), ``launch`` (the fitted per-layer 
 sampler), ``host`` (the executor's per-request time). ``before``: the same pass with ``host`` at 0 (main before
 session 55).
 
-``python benchmarks/bench_dsr1_serving_gap.py`` (~1-3 min: it simulates the 16 rows twice, with and without the
+First the rate's derivation (``derivation``). ``python benchmarks/bench_dsr1_serving_gap.py`` (~1-3 min: it simulates the 16 rows twice, with and without the
 per-request time)."""
 from __future__ import annotations
 
@@ -92,8 +92,33 @@ def predicted(rows: pd.DataFrame, host: bool) -> pd.DataFrame:
         return M.predict_rows(rows, cross=False)
 
 
+#: NVIDIA's two B200 trtllm-bench runs the per-request rate is derived from (NVIDIA/TensorRT-LLM@f0c873f5
+#: docs/source/blogs/Best_perf_practice_on_DeepSeek-R1_in_TensorRT-LLM.md; ISL 1024 / OSL 2048, every rank full):
+#: (sequences a rank, KV precision, output tokens/s per GPU)
+BEST_PERF_B200 = ((384, "bf16", 4548.0105), (896, "fp8", 5393.2755))
+
+
+def derivation(eff, spec) -> None:
+    """The rate's derivation: the two runs' iterations (batch / tokens-per-s-per-GPU) against one rank's pass at
+    their shape (the mean context 2,048, batch / 2 prompt tokens an iteration), with and without the term."""
+    hw = io.load_hardware("b200")
+    pts = []
+    for n, kv, tps in BEST_PERF_B200:
+        lay = I.layout(spec, hw, eff, 8.0, 1.0, "nvfp4", kv, 8.0, attention_dp=True)
+        df, db = I.decode_attention(lay, float(n), 2048.0)
+        w = I.pass_work(lay, np.array([1.5 * n]), np.array([float(n)]), np.ravel(df), np.ravel(db))
+        t = float(np.ravel(I.price_pass(eff, w)["time"])[0])
+        pts.append((n, n / tps, t - float(np.ravel(w.host)[0]), t))
+    (n0, *a), (n1, *b) = pts
+    for k, name in enumerate(("measured", "pass without the term", "pass with the term")):
+        slope = (b[k] - a[k]) / (n1 - n0)
+        print(f"B200 trtllm-bench {name:22s}: {1e3 * a[k]:6.1f} / {1e3 * b[k]:6.1f} ms at {n0} / {n1} a rank = "
+              f"{1e3 * (a[k] - slope * n0):5.1f} ms + {1e6 * slope:5.1f} us a sequence")
+
+
 def main() -> None:
     eff, spec = efficiency_for("tensorrt-llm"), io.load_model("deepseek-v3")
+    derivation(eff, spec)
     rows, _ = M.load_rows("mlperf_inference_v51.csv")
     rows = rows[rows.model == "deepseek-r1"].sort_values(["scenario", "hardware", "submitter"]).reset_index(drop=True)
     after, before = predicted(rows, True), predicted(rows, False)
