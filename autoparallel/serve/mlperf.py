@@ -41,10 +41,17 @@ What NVIDIA's v4.1 harness does that the simulation leaves out (mlcommons/infere
 closed/NVIDIA/code/harness/harness_llm; RESULTS.md, session 40, s40h4): it streams every token in
 Server and none in Offline (main_llm.cc: ``mIsStreaming = streaming && scenario != Offline``), a
 host cost per streamed token that no published figure sizes (matching LoadGen's mean TPOT takes
-1.6 us on HPE's H100 run and 14-17 us on NVIDIA's); it sends each Server sample to the replica with
-the fewest in flight (llm_server.cc, ``traffic_distribution_policy`` 2), not an independent Poisson
-share per replica (balanced dispatch narrows the simulated spread, and lowers today's p99s, which
-are already low); it runs TensorRT-LLM's GptManager without chunked context (the harness never
+1.6 us on HPE's H100 run and 14-17 us on NVIDIA's); it does not give each replica an independent
+Poisson share: with TP or PP > 1 (mpirun, one process per GPU and one for LoadGen) it sends each
+Server sample to the replica with the fewest in flight (llm_server.cc ``getLeastBusyIdx``,
+``traffic_distribution_policy`` 2), and with TP = PP = 1 (one process: code/common/harness.py
+``_construct_terminal_command`` runs mpirun only for TP or PP > 1; every v4.1 Mixtral and H200 /
+GH200 Llama-2 row) all the GPUs' engines share ONE request queue (``LLMServer``: ``RequestQueueVec(1)``),
+each GptManager loop taking every queued request up to its free slots at its own iteration boundary
+(``GptManager::fetchNewRequests``: ``getMaxNumSequences() - mActiveRequests.size()``;
+``LLMCore::getInferenceRequest``). Either narrows the simulated spread and lowers today's p99s,
+which are mostly low already (RESULTS.md s40h4; the shared queue: s55h7,
+benchmarks/bench_mixtral_server_ttft.py ``--shared-queue``); it runs TensorRT-LLM's GptManager without chunked context (the harness never
 sets ``enableChunkedContext``, off by default before TensorRT-LLM 0.16; with ``max_num_tokens``
 4,096 or more the budget seldom binds: inert here); and the EOS step it runs is not a token LoadGen
 counts (sampling kernels leave EOS out of the sequence length; ``n_tokens`` is the streamed tokens),
