@@ -164,8 +164,11 @@ def test_on_v40s_te_1_6_the_h100_submissions_layout_ranks_in_the_top_5_percent()
 @pytest.mark.xfail(strict=True, reason="since session 54 (TE's p2p CP ring's merge passes, s54h2, and the merged "
                                        "tree's refit) the model prices TP1 CP2 4.8 points slower against TP4 than "
                                        "the H200 rows measured (mean signed error TP1 CP2 -1.0 %, TP2 -4.8 %, TP4 "
-                                       "-5.8 %): the merges' bytes are counted from TE 1.10's source, what offsets "
-                                       "them on the hardware is not found; the H100 TP4 rank's margin rests on it")
+                                       "-5.8 %). Not resolvable from the sources (s55h4): every TP4 row ran on 2-8 "
+                                       "nodes, 13 of 14 TP1 CP2 rows on one (one-node TP1 CP2 -0.4 %, the one 2-node "
+                                       "row -9.9 %); no config or log setting differs that the model does not read; "
+                                       "H200's HBM bandwidth moves the three together. Settled by one 8-GPU H200 TP4 "
+                                       "run (bench_issue27_h200_layouts.py: 3.41 s if node count, 3.61 s if layout)")
 def test_on_h200_the_model_prices_tp4_tp1_cp2_and_tp2_alike_as_they_measured(mlperf_lora_runs):
     """Issue 27's account of the H100 rank (RESULTS, s37h8): no H100 row runs TP < 4, CP > 2 or PP > 1,
     so whether the model prices TP4 against the layouts above it as the hardware runs them is read off
