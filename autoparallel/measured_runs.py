@@ -27,8 +27,7 @@ import pandas as pd
 
 from autoparallel import io, mlperf_corrections, ranges, resources, safefile
 from autoparallel.costmodel import flops
-from autoparallel.costmodel.candidates import (CP_COMM_TYPE_COLUMN, DP_MAX_CTAS_COLUMN, QKV_OVERLAP_DISABLED_COLUMN,
-                                               Candidates, candidates,
+from autoparallel.costmodel.candidates import (CP_COMM_TYPE_COLUMN, DP_MAX_CTAS_COLUMN, Candidates, candidates,
                                                fp8_cp_attention, on_hardware)
 from autoparallel.costmodel.estimate import estimate_candidates, estimate_columns
 from autoparallel.errors import UserError
@@ -267,11 +266,8 @@ EXACT_COLUMNS = ("overlap_grad_reduce", "overlap_param_gather", *SPLIT_COLUMNS)
 # of the recomputed SwiGLU's inputs (``candidates.routed_act_input_bytes``) and its E5M6 cache of
 # the attention output (``candidates.ATTENTION_OUTPUT_CACHE_COLUMN``); a config's cap on the DP communicators'
 # CTAs (``candidates.DP_MAX_CTAS_COLUMN``: MLPerf's Llama 3.1 rows, ``MLPERF_DP_MAX_CTAS``).
-# And userbuffers kept off the QKV Linear (``candidates.QKV_OVERLAP_DISABLED_COLUMN``: MLPerf's LoRA
-# rows from v4.1, ``MLPERF_LORA_QKV_OVERLAP_DISABLED_ROUNDS``).
 ROW_ONLY_COLUMNS = ("pipeline_schedule", "moe_dispatch_precision", "moe_act_cache_precision",
-                    "attention_output_cache_precision", CP_COMM_TYPE_COLUMN, DP_MAX_CTAS_COLUMN,
-                    QKV_OVERLAP_DISABLED_COLUMN)
+                    "attention_output_cache_precision", CP_COMM_TYPE_COLUMN, DP_MAX_CTAS_COLUMN)
 
 
 def _exact(row: pd.Series) -> dict:
@@ -621,17 +617,6 @@ MLPERF_TE_RELEASE = {"v4.0": "1.6"}
 # TP2 row of v4.0; v4.1-v5.1 every copy); only v4.0's GigaComputing and Oracle copies, which no TP2 row
 # ran, say pipeline with 2 splits.
 MLPERF_LORA_RS_PIPELINE_ROUNDS = ("v4.0", "v4.1", "v5.0", "v5.1")
-# The rounds whose LoRA runs keep userbuffers off the QKV Linear (Megatron's tp_comm_overlap_disable_qkv,
-# ``tensor_parallel.qkv_overlap_disabled``): NeMo's conf/megatron_gpt_peft_tuning_config.yaml sets
-# ``tp_comm_overlap_disable_qkv: ${oc.decode:${oc.env:MC_TP_DISABLE_QKV,True}}`` and no config exports
-# MC_TP_DISABLE_QKV (training_results_v4.1@b87b9e3 NVIDIA/.../eos_ngc24.09_nemo/conf L116; v5.0@0fdc28f0
-# HPE/.../nemo/conf L116; Lenovo v5.0 train.py passes tp_comm_overlap_disable_qkv=True); every v4.1-v5.1
-# Hopper LoRA log that prints its config says ``tp_comm_overlap_disable_qkv: true``. Megatron gained the
-# option on 2024-07-25 (f0a3f08271), after v4.0's 24.04 images: v4.0's rows overlap QKV as the others,
-# and so do the v4.1 rows run on those images (Lambda's ``*_ngc24.04_nemo``: their logs print
-# ``tp_comm_disable_qkv: false``, NeMo's older key).
-MLPERF_LORA_QKV_OVERLAP_DISABLED_ROUNDS = ("v4.1", "v5.0", "v5.1")
-MLPERF_LORA_QKV_OVERLAPPED_IMAGE = "ngc24.04"
 # MLPerf's LoRA submissions on Blackwell (mlperf_training_lora_blackwell.csv, written by
 # scripts/mlperf_lora_rows.py from MLPerf Training v5.0 / v5.1) share the hopper rows' source
 # ("mlperflora", validation.yaml's block) and are told apart by the GPU family whose constants they use:
@@ -797,10 +782,6 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
         CP_COMM_TYPE_COLUMN: [_knob_value(k, "CP_COMM_TYPE") for k in frame["other_knobs"]],
         "recompute_num_layers": [_block_recompute_layers(k) for k in frame["other_knobs"]],
         DP_MAX_CTAS_COLUMN: frame["model"].astype(str).map(MLPERF_DP_MAX_CTAS),
-        QKV_OVERLAP_DISABLED_COLUMN: np.where((frame["model"] == "llama2-70b-lora")
-                                              & frame["round"].astype(str).isin(MLPERF_LORA_QKV_OVERLAP_DISABLED_ROUNDS)
-                                              & ~frame["system"].astype(str).str.contains(MLPERF_LORA_QKV_OVERLAPPED_IMAGE),
-                                              "1", None),
     })
     return pd.concat([out, arch], axis=1)
 

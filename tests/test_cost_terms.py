@@ -20,11 +20,9 @@ from autoparallel.costmodel import peak_memory as pm
 from autoparallel.costmodel import stages as st
 from autoparallel.costmodel import step_time as stp
 from autoparallel.costmodel import tensor_parallel
-from autoparallel.costmodel.candidates import (DP_MAX_CTAS_COLUMN, QKV_OVERLAP_DISABLED_COLUMN, TE_VERSION_COLUMN,
-                                               candidates)
+from autoparallel.costmodel.candidates import DP_MAX_CTAS_COLUMN, TE_VERSION_COLUMN, candidates
 from autoparallel.costmodel.estimate import estimate_columns, plan_columns
 from autoparallel.costmodel.memory import GIB
-from autoparallel.specs.finetune import Finetune
 from autoparallel.specs.plan import Plan
 
 REL = 1e-12
@@ -284,36 +282,6 @@ def test_pipelined_forward_rs_as_mlperf_lora_configs_run_it(gpt, hw):
     plain = _cands(gpt, hw, tp_overlap_rs_pipeline=True)
     assert tensor_parallel.tp_comm_time(plain, 2.0, linear, chunked)[0] == pytest.approx(
         tensor_parallel.tp_comm_time(_cands(gpt, hw), 2.0, linear, chunked)[0], rel=REL)
-
-
-@pytest.mark.parametrize("frozen", [False, True])
-def test_qkv_kept_off_userbuffers_runs_its_collectives_plainly(gpt, hw, frozen):
-    """MLPerf's LoRA configs (tp_comm_overlap_disable_qkv): TE's LayerNormLinear for QKV all-gathers
-    its input with NCCL, waited, and a frozen base also reduce-scatters its dgrad so (no wgrad to
-    hide it behind): each such collective costs the whole all-gather / reduce-scatter in place of
-    its ring exchange's residue and its GEMM's chunking; 1 collective a layer for a trainable
-    base, 2 for a frozen one; nothing without userbuffers, with the column "0" or absent."""
-    model = dataclasses.replace(gpt, finetune=Finetune("lora")) if frozen else gpt
-
-    def cands(disabled, **knobs):
-        base = dict(tp=4, pp=8, vp=2, cp=2, dp=4, mbs=1, gbs=64, sp=True, precision="bf16", recompute="none",
-                    fp8_bf16_edge_layers=0, grad_reduce_in_fp32=False, **knobs)
-        cols = plan_columns([Plan(**base)])
-        if disabled is not None:
-            cols[QKV_OVERLAP_DISABLED_COLUMN] = np.array([disabled], dtype=object)
-        return candidates(model, hw, cols)
-    latency = hw.nvlink_latency_us * 1e-6
-    one = 3 / 4 * 2 * 1024 * 12288 / _nvlink(hw) + latency  # the whole AG / RS over tp 4
-    step = 2 * 1024 * 12288 / 4 / _nvlink(hw) + latency  # one chunk's transfer
-    linear, chunked = 1.0e-4, 1.6e-4
-    half, half_chunked = linear / 4, chunked / 4
-    ring = 3 * max(step - half_chunked / 4, 0.0) + (half_chunked - half)  # residue + chunking
-    collectives = 2 if frozen else 1
-    tp = lambda x: tensor_parallel.tp_comm_time(x, 2.0, linear, chunked)[0]  # noqa: E731
-    overlapped = tp(cands(None, tp_comm_overlap=True))
-    assert tp(cands("1", tp_comm_overlap=True)) - overlapped == pytest.approx(collectives * (one - ring), rel=1e-9)
-    assert tp(cands("0", tp_comm_overlap=True)) == overlapped
-    assert tp(cands("1", tp_comm_overlap=False)) == tp(cands(None, tp_comm_overlap=False))
 
 
 def test_ring_exchange_chunks_each_gemm_into_tp_row_blocks(gpt, hw):

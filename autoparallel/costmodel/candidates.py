@@ -70,10 +70,6 @@ CP_COMM_TYPE_COLUMN = "cp_comm_type"
 # (Megatron's ``nccl_communicator_config_path``: ``dp`` / ``dp_cp`` ``max_ctas``;
 # ``dataparallel.cta_capped``); a search runs NCCL's default.
 DP_MAX_CTAS_COLUMN = "dp_max_ctas"
-# A published row whose config turns userbuffers off for the QKV Linear alone ("1": Megatron's
-# ``tp_comm_overlap_disable_qkv``, ``tensor_parallel.qkv_overlap_disabled``); a search overlaps it
-# with the other Linears.
-QKV_OVERLAP_DISABLED_COLUMN = "tp_comm_overlap_disable_qkv"
 ATTENTION_OUTPUT_CACHE_BYTES = {"e5m6": 1.5}
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from autoparallel.costmodel import comm, finetune
-from autoparallel.costmodel.candidates import QKV_OVERLAP_DISABLED_COLUMN, Candidates
+from autoparallel.costmodel.candidates import Candidates
 
 
 def _hidden(x: Candidates, collective, window):
@@ -131,26 +131,4 @@ def tp_comm_time(x: Candidates, blocks, t_linear, t_chunked):
         overlapped = np.where(pipeline, pipelined, overlapped)
     no_sp = 2.0 * one * (1.0 + x.recomputed_fraction) + np.where(wgrad > 0, _hidden(x, 2.0 * one, half), 2.0 * one)
     per_block = np.where(x.sp, np.where(x.flag("tp_comm_overlap"), overlapped, plain), no_sp)
-    qkv = qkv_overlap_disabled(x, one, half, half_chunked, forward / 2.0, wgrad)
-    return np.where(x.t > 1, blocks * per_block + qkv, 0.0)
-
-
-def qkv_overlap_disabled(x: Candidates, one, half, half_chunked, forward_ags, wgrad):
-    """What a layer adds where its run keeps userbuffers off the QKV Linear alone
-    (``candidates.QKV_OVERLAP_DISABLED_COLUMN``: Megatron's ``tp_comm_overlap_disable_qkv``, which
-    passes ``ub_overlap_ag=False`` and ``ub_overlap_rs_dgrad=False`` to TE for the ``qkv`` buffer,
-    Megatron-LM f0a3f08271 (2024-07-25; in 24.09's dd182053)
-    ``custom_layers/transformer_engine.py``): TE 1.10's ``LayerNormLinear`` then all-gathers the
-    norm output with NCCL before its GEMM (``gather_along_first_dim``, waited) and, a frozen base
-    having no wgrad GEMM for the bulk overlaps (``ub_bulk_dgrad`` / ``ub_bulk_wgrad`` switched off
-    when the weight takes no gradient), reduce-scatters its dgrad with NCCL, waited before the norm's
-    backward (``layernorm_linear.py`` forward and backward). Each such collective is exposed whole
-    (``one``) instead of a ring exchange's residue beside chunked GEMMs, and its GEMM runs unchunked:
-    per collective ``one - ring_exchange_exposed + half - half_chunked``; the forward all-gather once
-    per forward (``forward_ags``: 1 + the recomputed fraction), the dgrad reduce-scatter where the
-    base is frozen (``wgrad`` 0). Only under userbuffers and SP; 0 where the column is absent."""
-    if QKV_OVERLAP_DISABLED_COLUMN not in x.knobs:
-        return 0.0
-    disabled = x.knob_is(QKV_OVERLAP_DISABLED_COLUMN, "1") & x.flag("tp_comm_overlap") & np.asarray(x.sp, dtype=bool)
-    per_collective = one - ring_exchange_exposed(x, one, half_chunked) + half - half_chunked
-    return np.where(disabled, (forward_ags + (1.0 - wgrad)) * per_collective, 0.0)
+    return np.where(x.t > 1, blocks * per_block, 0.0)
