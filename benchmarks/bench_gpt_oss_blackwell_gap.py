@@ -23,6 +23,13 @@ priced since this session). Then, per candidate the brief names, what the source
 - what is left: the gap less ``bda`` and ``tiles``.
 
     PYTHONPATH=$PWD python benchmarks/bench_gpt_oss_blackwell_gap.py [ID_SUBSTRING ...]
+    PYTHONPATH=$PWD:$PWD/benchmarks python benchmarks/bench_gpt_oss_blackwell_gap.py --whatif
+
+``--whatif``: every GPT-OSS row's error with GPT-OSS's three eager PyTorch paths (expert bias, GLU clamp,
+unfused RoPE) at the time they took on an H200 (``EAGER_MEASURED``, this session, one micro-batch's shapes)
+over the time the model prices for the same shapes there, applied to every GPU (an assumption: the same
+PyTorch kernels, at the same share of each GPU's HBM rate), alone and with s54h7's ``nophantom`` (the fused
+MXFP8 MLP runs no eager bias or clamp).
 
 Every figure is the cost model's or the row's; nothing here changes a prediction.
 """
@@ -107,6 +114,86 @@ def row(p) -> dict:
     }
 
 
+# Measured on one H200 (torch 2.11, CUDA events, median of 20; benchmarks/RESULTS.md session 55 s55h2, the
+# scripts in that section) at GPT-OSS-120B's mbs-4 shapes, against the cost model's bytes at H200's achievable
+# 3.36 TB/s for the same shapes: (forward, backward) measured ms and priced ms. Clamp: 65,536 x 5,760 GLU
+# inputs; expert bias: 65,536 x 2,880 over 16 local experts (FP32 / BF16 probabilities); unfused RoPE: the
+# query (64 heads) and key (8) of 4 x 4,096 tokens x 64, less 4 B per element for TE's fused kernel.
+EAGER_MEASURED = {
+    "clamp": ((1.417, 3.074), (0.899, 1.123)),
+    "bias_fp32": ((2.226, 3.447), (1.573, 2.022)),
+    "bias_bf16": ((0.974, 2.045), (0.674, 0.674)),
+    "rope": ((0.976 + 0.244 - 0.090, 1.107 + 0.397 - 0.090), (0.449, 0.360)),
+}
+EAGER_RATIO = {k: tuple(m / p for m, p in zip(*v)) for k, v in EAGER_MEASURED.items()}
+
+
+def measured_eager():
+    """The three eager paths at ``EAGER_RATIO`` times their priced (forward, backward); the clamp's
+    moe_act rerun (a forward) at the forward's ratio."""
+    bias, clamp, rope = lt.expert_bias_time, lt.glu_clamp_time, lt.unfused_rope_time
+
+    def new_bias(x):
+        f, b = bias(x)
+        wide = lt.fp32_expert_probs(x)
+        (f32, b32), (f16, b16) = EAGER_RATIO["bias_fp32"], EAGER_RATIO["bias_bf16"]
+        return f * np.where(wide, f32, f16), b * np.where(wide, b32, b16)
+
+    def new_clamp(x, kind):
+        f, b = clamp(x, kind)
+        rerun = np.where(x.modules["moe_act"], f, 0.0) if lt.as_kind(kind).is_moe else 0.0
+        rf, rb = EAGER_RATIO["clamp"]
+        return f * rf, (b - rerun) * rb + rerun * rf
+
+    def new_rope(x):
+        f, b = rope(x)
+        rf, rb = EAGER_RATIO["rope"]
+        return f * rf, b * rb
+
+    lt.expert_bias_time, lt.glu_clamp_time, lt.unfused_rope_time = new_bias, new_clamp, new_rope
+    try:
+        yield
+    finally:
+        lt.expert_bias_time, lt.glu_clamp_time, lt.unfused_rope_time = bias, clamp, rope
+
+
+def whatif() -> None:
+    from contextlib import ExitStack, contextmanager
+
+    from bench_gpt_oss_whatif import fused_without_eager_passes
+
+    rows = [p for p in load_runs(validation_runs(), moe=True) if "gpt-oss" in p.id]
+    variants = {}
+    for name, ctxs in (("priced", ()), ("eager measured", (contextmanager(measured_eager),)),
+                       ("nophantom", (fused_without_eager_passes,)),
+                       ("eager measured + nophantom", (contextmanager(measured_eager), fused_without_eager_passes))):
+        with ExitStack() as stack:
+            for c in ctxs:
+                stack.enter_context(c())
+            variants[name] = [predict_row(p)["error_pct"] for p in rows]
+    print("ratios measured / priced (forward, backward): "
+          + ", ".join(f"{k} {f:.2f} / {b:.2f}" for k, (f, b) in EAGER_RATIO.items()))
+    names = list(variants)
+    print("| row | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    for i, p in enumerate(rows):
+        print(f"| {p.id} | " + " | ".join(f"{variants[n][i]:+.1f}" for n in names) + " |")
+    groups = {
+        "BF16 Blackwell (bridge)": lambda p: p.id.startswith("bridge") and "-bf16-" in p.id and "h100" not in p.id,
+        "MXFP8 (not 26.06.01)": lambda p: "-mxfp8-" in p.id and "26.06.01" not in p.id,
+        "H100": lambda p: "h100" in p.id,
+        "NeMo 25.11 (moe kind)": lambda p: p.id.startswith("nemo"),
+        "all GPT-OSS": lambda p: True,
+    }
+    print("\n| group | rows | " + " | ".join(f"{n} mean / mean abs" for n in names) + " |")
+    print("|---|---|" + "---|" * len(names))
+    for g, keep in groups.items():
+        idx = [i for i, p in enumerate(rows) if keep(p)]
+        cells = [f"{np.mean([variants[n][i] for i in idx]):+.1f} / {np.mean([abs(variants[n][i]) for i in idx]):.1f}"
+                 for n in names]
+        print(f"| {g} | {len(idx)} | " + " | ".join(cells) + " |")
+
+
 def main(patterns) -> None:
     rows = [row(p) for p in load_runs(validation_runs(), moe=True) if any(s in p.id for s in patterns)]
     cols = list(rows[0])
@@ -121,4 +208,7 @@ def main(patterns) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or DEFAULT_ROWS)
+    if sys.argv[1:2] == ["--whatif"]:
+        whatif()
+    else:
+        main(sys.argv[1:] or DEFAULT_ROWS)
