@@ -13,7 +13,12 @@ events, median of 20 after warm-up:
 - ``glu fwd``: the compiled weighted GLU forward, which ``--recompute-modules moe_act`` runs again in the
   backward (priced: ``moe_act_recompute_time``, ``MOE_ACT_BYTES`` 6 B per output element);
 - ``glu bwd``: the compiled backward helper (input and probability gradients; in the fitted elementwise term,
-  not priced on its own).
+  not priced on its own);
+- ``bias fwd`` / ``bias bwd``: ``TEGroupedMLP._apply_bias``'s per-expert ``t + b * p`` over 16 local experts
+  (FP32 and BF16 probabilities; priced: ``expert_bias_time``, ``expert_bias_bytes`` 28 / 36 and 12 / 12 B);
+- ``rope fwd`` / ``rope bwd``: ``_apply_rotary_pos_emb_bshd`` with YaRN's scale on the query (64 heads) and
+  key (8 heads) of 4 x 4,096 tokens x 64 (priced beyond TE's fused kernel: ``UNFUSED_ROPE_BYTES`` 20 / 16 B;
+  the fused kernel's 4 B per element are taken off the measured time).
 
 Each is printed with the bytes the model counts over the measured time (GB/s), and the time at the model's
 achievable HBM rate (``--hbm-tbps``, default H200's 4.8 x 0.7).
@@ -50,6 +55,23 @@ def weighted_quick_geglu_back(g, y, weights, linear_offset):
     input_grad = torch.cat((dy_1, dy_2), -1)
     weights_grad = torch.sum(quick_gelu(y_1) * (y_2 + linear_offset) * g.to(w_dtype), dim=-1, keepdim=True)
     return input_grad.to(input_dtype), weights_grad.to(w_dtype)
+
+
+def rotate_half(x):
+    x1, x2 = torch.chunk(x, 2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope(t, freqs, mscale=1.35):
+    cos_ = (torch.cos(freqs) * mscale).to(t.dtype)
+    sin_ = (torch.sin(freqs) * mscale).to(t.dtype)
+    t, t_pass = t[..., :64], t[..., 64:]
+    return torch.cat((t * cos_ + rotate_half(t) * sin_, t_pass), dim=-1)
+
+
+def apply_bias(out, biases, probs, splits):
+    return torch.cat([t + b * p for t, b, p in zip(torch.split(out, splits), biases, torch.split(probs, splits))]
+                     ).to(out.dtype)
 
 
 def clamp(x, c):
@@ -109,6 +131,34 @@ def main() -> None:
         priced = nbytes / (args.hbm_tbps * 1e12) * 1e3
         print(f"| {name} | {ms:.3f} | {nbytes / 1e9:.3f} | {nbytes / (ms * 1e-3) / 1e9:.0f} | {priced:.3f} | "
               f"{ms / priced:.2f} |")
+    hbm = args.hbm_tbps * 1e12
+    for dtype, (fb, bb) in ((torch.float32, (28.0, 36.0)), (torch.bfloat16, (12.0, 12.0))):
+        out = torch.randn(n, f, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        p = torch.rand(n, 1, device=dev, dtype=dtype, requires_grad=True)
+        biases = [torch.randn(f, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(16)]
+        splits = [n // 16] * 16
+        y = apply_bias(out, biases, p, splits)
+        g = torch.randn_like(y)
+        fwd = timed(lambda: apply_bias(out, biases, p, splits))
+        bwd = timed(lambda: torch.autograd.grad(y, [out, p] + biases, g, retain_graph=True))
+        for name, ms, b in ((f"bias fwd {dtype}", fwd, fb), (f"bias bwd {dtype}", bwd, bb)):
+            priced = b * n * f / hbm * 1e3
+            print(f"| {name} | {ms:.3f} | {b * n * f / 1e9:.3f} | {b * n * f / (ms * 1e-3) / 1e9:.0f} | {priced:.3f} | "
+                  f"{ms / priced:.2f} |")
+    freqs = torch.randn(4096, 1, 1, 64, device=dev)
+    fwd = bwd = elements = 0.0
+    for heads in (64, 8):
+        q = torch.randn(4096, 4, heads, 64, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        o = rope(q, freqs)
+        g = torch.randn_like(o)
+        fwd += timed(lambda: rope(q, freqs))
+        bwd += timed(lambda: torch.autograd.grad(o, q, g, retain_graph=True))
+        elements += q.numel()
+    fused = 4.0 * elements / hbm * 1e3
+    for name, ms, b in (("rope fwd (beyond fused)", fwd - fused, 20.0), ("rope bwd (beyond fused)", bwd - fused, 16.0)):
+        priced = b * elements / hbm * 1e3
+        print(f"| {name} | {ms:.3f} | {b * elements / 1e9:.3f} | {b * elements / (ms * 1e-3) / 1e9:.0f} | "
+              f"{priced:.3f} | {ms / priced:.2f} |")
     a, b = torch.empty(n, 2 * f, device=dev, dtype=torch.bfloat16), x
     ms = timed(lambda: a.copy_(b))
     print(f"| copy (read + write) | {ms:.3f} | {2 * x.numel() * 2 / 1e9:.3f} | {2 * x.numel() * 2 / (ms * 1e-3) / 1e9:.0f}"
