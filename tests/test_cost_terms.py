@@ -1554,6 +1554,32 @@ def test_a_quick_geglus_clamp_is_eager_hbm_passes_over_the_glu_inputs(hw):
                                                               rel=1e-9)
 
 
+def test_moe_act_recompute_reruns_the_routed_activation_kernel_in_the_backward(hw):
+    """--recompute-modules moe_act (Megatron-LM experts.py: ``bias_act_func`` under
+    CheckpointWithoutOutput) reruns the fused bias-activation kernel before FC2's backward. By hand
+    for GPT-OSS-120B, ep 8, mbs 1: 4096 tokens x top-4 x imbalance x 2880 output elements, 6 B each
+    (gate and up read, one written: BF16), backward only, and the layer's compute holds exactly that;
+    a plain (ungated) activation 4 B; nothing without moe_act, or where ``moe`` reruns the block."""
+    model = io.load_model("gpt-oss-120b")
+    knobs = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
+    plain = _cands(model, hw, **knobs)
+    r = _cands(model, hw, recompute="selective", recompute_modules="moe_act", **knobs)
+    out = 4096 * 4 * r.imbalance[0] * 2880
+    forward, backward = lt.moe_act_recompute_time(r)
+    assert forward[0] == 0.0
+    assert backward[0] == pytest.approx(6 * out / _hbm(hw), rel=REL)
+    assert [t[0] for t in lt.moe_act_recompute_time(plain)] == [0.0, 0.0]
+    clamp_rerun = lt.glu_clamp_time(r, True)[1][0] - lt.glu_clamp_time(plain, True)[1][0]
+    assert lt.moe_layer(r)["compute"][0] - lt.moe_layer(plain)["compute"][0] == pytest.approx(
+        clamp_rerun + backward[0], rel=REL)
+    assert lt.moe_layer(r)["forward"][0] == pytest.approx(lt.moe_layer(plain)["forward"][0], rel=1e-12)
+    ungated = _cands(dataclasses.replace(model, activation="gelu", quick_geglu=False, activation_func_clamp_value=None), hw, recompute="selective",
+                     recompute_modules="moe_act", **knobs)
+    assert lt.moe_act_recompute_time(ungated)[1][0] == pytest.approx(4 * out / _hbm(hw), rel=REL)
+    whole = _cands(model, hw, recompute="selective", recompute_modules="moe moe_act", **knobs)
+    assert lt.moe_act_recompute_time(whole)[1][0] == 0.0
+
+
 def test_a_dense_quick_geglu_mlp_pays_its_clamp_on_the_mlps_glu_input(hw):
     model = dataclasses.replace(io.load_model("llama3-8b"), quick_geglu=True, activation_func_clamp_value=7.0)
     x = _cands(model, hw, tp=1, pp=1, vp=1, cp=1, dp=8, sp=False, gbs=64)

@@ -37,8 +37,11 @@ FIGURES = {
     # 8.3 / 9.1 before the session-54 merge's refit (s54h1 + s54h3 RoPE + s54h4 attention + s54h2 CP merges,
     # dense and MoE refitted together): 8.75 / 9.56; the 182 MoE rows 12.49 / 12.58 (benchmarks/RESULTS.md,
     # session 54, lead).
-    "moe_in_mean": 8.8,
-    "moe_held_mean": 9.6,
+    # 8.8 / 9.6 before moe_act's rerun of the routed activation kernel (s55h2, no refit): 8.75 / 9.56 ->
+    # 8.90 / 9.74 (its rows with moe_act, H100 / GB200 GPT-OSS and DeepSeek-V3 GB300, were already slow);
+    # the 182 MoE rows 12.49 / 12.58 -> 12.47 / 12.56 (benchmarks/RESULTS.md, session 55, s55h2).
+    "moe_in_mean": 8.9,
+    "moe_held_mean": 9.75,
     # GiB, the peak with the reserve: 79.5 before the E5M6 attention output (77.5) and the DualPipe
     # end rank's contiguous first stage (73.9: the middle rank, 76.2, is then the fullest); 78.3 at
     # the load imbalance refitted once TE's four compute streams were priced (0.2112 -> 0.2716, s36h1);

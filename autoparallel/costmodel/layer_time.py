@@ -278,6 +278,29 @@ def glu_clamp_time(x: Candidates, kind: LayerKind | bool):
     return forward, backward
 
 
+# HBM bytes per output element of the routed experts' fused bias-activation kernel (BF16): a GLU reads its
+# gate and up halves (2 x 2) and writes one (2); a plain activation reads one and writes one.
+MOE_ACT_BYTES = {True: 6.0, False: 4.0}
+
+
+def moe_act_recompute_time(x: Candidates):
+    """(forward, backward) seconds of ``--recompute-modules moe_act`` rerunning the routed experts'
+    activation kernel in the backward pass. NVIDIA/Megatron-LM d98e8a64dd
+    ``megatron/core/transformer/moe/experts.py`` ``TEGroupedMLP.forward``: with ``moe_act`` the
+    ``bias_act_func`` (``weighted_bias_swiglu_impl`` / ``weighted_bias_quick_geglu_impl``, one fused
+    kernel over FC1's output) runs under ``CheckpointWithoutOutput``, whose output is discarded after
+    FC2 and recomputed when FC2's backward starts. The forward's own run is in the fitted elementwise
+    term; the rerun was priced for GPT-OSS's eager clamp only (``glu_clamp_time``). ``MOE_ACT_BYTES``
+    per output element of the busiest EP rank's routed copies, HBM-bound. Nothing where the whole MoE
+    block is recomputed (``moe``: its rerun holds it) or under TransformerEngine's fused grouped MLP
+    (its own op recomputes inside the fused kernel)."""
+    model = x.model
+    out = x.tokens / x.t * model.moe_router_topk * x.imbalance * model.expert_ffn_hidden_size
+    rerun = x.modules["moe_act"] & ~x.modules["moe"] & ~x.flag("cutedsl_fused_grouped_mlp")
+    backward = np.where(rerun, MOE_ACT_BYTES[bool(model.gated_mlp)] * out / x.hbm, 0.0)
+    return np.zeros_like(backward), backward
+
+
 # HBM bytes per query or key element (BF16) that Megatron-Core's unfused RoPE moves beyond
 # TransformerEngine's fused kernel (one read and one write each way: 4 and 4), counted from
 # ``_apply_rotary_pos_emb_bshd`` and ``_rotate_half`` (NVIDIA/Megatron-LM core_v0.16.0 - core_v0.18.0
@@ -1351,6 +1374,7 @@ def moe_layer(x: Candidates) -> dict:
     permutation, calls, host = permutation_time(x), expert_calls(x, t_experts), post_sync_host_calls(x)
     bias, clamp = expert_bias_time(x), glu_clamp_time(x, True)
     kernels = (router, permutation, calls, host, bias, clamp, unfused_rope_time(x))
+    kernels += (moe_act_recompute_time(x),)
     kernels += (dsv4.hyper_connection_time(x),) if model.hc_mult > 1 else ()
     kernels += dsv4_attention_kernels(x) if model.is_dsv4 else dsa_attention_kernels(x) if model.is_dsa else ()
     tp_blocks = 1.0 + (model.shared_expert_ffn_hidden_size > 0)
@@ -1420,7 +1444,7 @@ def moe_block_layer(x: Candidates) -> dict:
         t_nonexpert, chunked = block_linear_times(x, dict(params=nonexpert, gemms=max(gemms, 1.0)))
     block = t_nonexpert + t_experts + router[0] + permutation[0] + calls[0] + host[0] + bias[0] + clamp[0]
     return layer_cost(x, moe_block_params_gpu(x), moe.expert_params_gpu(model, x.e, x.et), t_nonexpert + t_experts,
-                      tp_blocks, kind, block, (router, permutation, calls, host, bias, clamp),
+                      tp_blocks, kind, block, (router, permutation, calls, host, bias, clamp, moe_act_recompute_time(x)),
                       tp_linear=(t_nonexpert, chunked))
 
 
