@@ -496,24 +496,6 @@ def test_the_host_calls_after_the_dropless_sync_are_counted_per_dispatcher(mixtr
     assert lt.post_sync_host_calls(graphed)[0][0] == 0.0
 
 
-def test_a_grace_host_prices_each_moe_call_at_its_relative_cost(mixtral):
-    """The MoE forward's host calls cost ``moe_expert_call_s`` each on an x86 host and that times
-    ``grace_call_relative`` on a Grace host (``HardwareSpec.host_cpu``), the GPU the same: Mixtral on
-    B200 (x86) and GB200 (Grace) with 80 us per call and a Grace ratio of 0.5, alltoall, BF16, EP 8
-    (one local expert): 10 post-sync calls (the test above) -> 800 us and 400 us; the per-expert loop,
-    one local expert's two GroupedLinears' forward GEMMs (2 calls) -> 160 us and 80 us."""
-    knobs = dict(tp=1, pp=1, vp=1, cp=1, dp=8, sp=False, gbs=64, ep=8, moe_token_dispatcher_type="alltoall")
-    for name, cpu, seconds in (("b200", "x86", 80e-6), ("gb200", "grace", 40e-6)):
-        hw = io.load_hardware(name)
-        assert hw.host_cpu == cpu
-        hw = dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, moe_expert_call_s=80e-6,
-                                                                     grace_call_relative=0.5))
-        x = _cands(mixtral, hw, **knobs)
-        assert lt.host_call_s(x) == pytest.approx(seconds, rel=1e-12)
-        assert lt.post_sync_host_calls(x)[0][0] == pytest.approx(10 * seconds, rel=1e-12)
-        assert lt.moe_expert_calls(x)[0][0] == pytest.approx(2 * seconds, rel=1e-12)
-
-
 def test_paged_stashing_copies_the_fused_mlps_saved_tensors_out_and_back_under_the_full_iteration_graph(mixtral):
     """Megatron-Core's paged stash (set with the 1.5 capacity on the Bridge recipes' MXFP8
     full-iteration graphs) copies the tensors TE's fused grouped MLP marks as grouped

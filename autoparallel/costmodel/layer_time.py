@@ -451,15 +451,6 @@ EXPERT_QUANTIZES = (1.0, 1.0)
 GROUPED_LINEARS = 2.0
 
 
-def host_call_s(x: Candidates) -> float:
-    """Seconds the host takes per MoE call (``moe_expert_calls``, ``combined_host_stall``,
-    ``post_sync_host_calls``, ``fused_grouped_mlp_calls``): the fitted ``moe_expert_call_s``, times
-    ``grace_call_relative`` where a Grace CPU hosts the GPU (``HardwareSpec.host_cpu``): the calls are
-    Python and launch work on one host core, whose speed is the CPU's, not the GPU's."""
-    eff = x.hw.efficiency
-    return eff.moe_expert_call_s * (eff.grace_call_relative if x.hw.host_cpu == "grace" else 1.0)
-
-
 def moe_expert_calls(x: Candidates):
     """(forward, backward) seconds of a MoE layer's fixed cost per call per local expert
     (``moe_expert_call_s``): what Megatron-Core and TransformerEngine run once for every local
@@ -498,7 +489,7 @@ def moe_expert_calls(x: Candidates):
     CuTe-DSL grouped MLP (``cutedsl_fused_grouped_mlp``) has no such loop: ``fused_grouped_mlp_calls``
     instead (``expert_calls`` picks). Returns (forward, 0): the backward's calls are not waited for."""
     forward, _ = expert_call_count(x)
-    return host_call_s(x) * forward, np.zeros_like(forward)
+    return x.hw.efficiency.moe_expert_call_s * forward, np.zeros_like(forward)
 
 
 def expert_call_count(x: Candidates):
@@ -545,7 +536,7 @@ def combined_host_stall(x: Candidates, layer_time):
         return np.zeros_like(x.t, dtype=float)
     combined = x.flag("overlap_moe_expert_parallel_comm") & ~x.knob_is("cuda_graph", "full_iteration") & ~x.dualpipe
     forward, backward = expert_call_count(x)
-    host = (forward + backward + post_sync_call_count(x)) * host_call_s(x)
+    host = (forward + backward + post_sync_call_count(x)) * x.hw.efficiency.moe_expert_call_s
     return np.where(combined, np.maximum(host - layer_time, 0.0), 0.0)
 
 
@@ -623,7 +614,7 @@ def post_sync_host_calls(x: Candidates):
     size the dispatch by a capacity) and none in the backward (no sync: its all-to-alls reuse the
     forward's splits)."""
     synced = ~x.knob_is("cuda_graph", "full_iteration")
-    forward = np.where(synced, post_sync_call_count(x) * host_call_s(x), 0.0)
+    forward = np.where(synced, post_sync_call_count(x) * x.hw.efficiency.moe_expert_call_s, 0.0)
     return forward, np.zeros_like(forward)
 
 
@@ -654,7 +645,7 @@ def fused_grouped_mlp_calls(x: Candidates, t_experts):
     at the routed experts' GEMM speed, twice over in the backward (dgrad and wgrad). The GLU, the
     probability scale and the MXFP8 quantizes run in the GEMMs' epilogues: their bytes stay priced
     as the unfused kernels' (``activation_bytes``)."""
-    forward_launches = host_call_s(x) * FUSED_MLP_KERNELS[0]
+    forward_launches = x.hw.efficiency.moe_expert_call_s * FUSED_MLP_KERNELS[0]
     padding = padded_rows_time(x, t_experts, FUSED_MLP_ALIGN_TOKENS)
     return forward_launches + padding, 2.0 * padding
 

@@ -60,9 +60,6 @@ class Efficiency:
     ep_overlap: float = 0.8
     moe_load_imbalance: float = 0.1
     moe_expert_call_s: float = 30e-6
-    # The host's time per MoE call on a Grace host (``HardwareSpec.host_cpu``) relative to
-    # ``moe_expert_call_s`` (fitted on every MoE row with it, ``calibrate.MOE_FITTED``).
-    grace_call_relative: float = 1.0
     # Speed of older software releases relative to the newest one the constants were fitted on
     # (NeMo container -> factor on throughput): the same layout runs faster release by release,
     # so the constants describe the newest release and the validation scales the older rows.
@@ -183,10 +180,6 @@ class HardwareSpec:
     # The network cards reach the GPU over that same PCIe link (x86 DGX/HGX: GPUDirect RDMA through
     # the shared PCIe switch), so offloading gets only what network traffic leaves of it.
     network_shares_host_link: bool = True
-    # The host CPU family that issues the GPU's kernels: "x86" (DGX / HGX boards: Intel Xeon) or
-    # "grace" (Grace superchips: Arm Neoverse V2). The MoE forward's host calls are priced per family
-    # (``layer_time.host_call_s``: ``Efficiency.grace_call_relative``).
-    host_cpu: str = "x86"
     mxfp8: bool = False  # Blackwell block-scaled FP8
     # Streaming multiprocessors: DeepEP / HybridEP kernels take some of them from compute.
     sm_count: int = 132
