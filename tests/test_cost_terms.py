@@ -413,33 +413,6 @@ def test_the_calls_per_local_expert_are_transformer_engines_gemms_and_quantizes(
         assert [c[0] for c in lt.expert_call_count(x)] == [4, 6]
 
 
-def _waited_calls(x):
-    """The per-expert loop's calls a MoE layer waits for beside its own experts' GEMMs."""
-    return lt.exposed_expert_calls(x, lt.routed_experts_time(x))
-
-
-def test_the_per_expert_loop_waits_only_for_the_calls_beyond_the_gpus_gemms(mixtral):
-    """The per-expert loop as a two-stage pipeline (``exposed_expert_calls``): the GPU runs the
-    experts' GEMMs already launched while the host issues the rest, so of the forward's issue time H
-    only H - G is waited for (G the routed experts' forward GEMMs), never less than the first stage
-    (FC1's quantize of every local expert, then its first GEMM). Mixtral on B200 at ep 2 (4 local
-    experts), by hand in calls c: MXFP8 H = 4 x 2 x (1 + 1) = 16c, first stage 4 + 1 = 5c; BF16
-    H = 8c, first stage 1c. The backward's calls stay unwaited (0)."""
-    b200 = io.load_hardware("b200")
-    c = b200.efficiency.moe_expert_call_s
-    knobs = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=2, sp=False, gbs=64)
-    mxfp8 = _cands(mixtral, b200, precision="mxfp8", **knobs)
-    bf16 = _cands(mixtral, b200, precision="bf16", **knobs)
-    for x, gemms, waited in ((mxfp8, 4.0, 12.0), (mxfp8, 14.0, 5.0), (mxfp8, 0.0, 16.0),
-                             (bf16, 3.0, 5.0), (bf16, 100.0, 1.0)):
-        forward, backward = lt.exposed_expert_calls(x, np.array([gemms * c]))
-        assert forward[0] == pytest.approx(waited * c, rel=1e-12) and backward[0] == 0.0
-    # moe_layer's loop: its own GEMMs' time beside the calls, plus the segments' padding
-    t_experts = lt.routed_experts_time(mxfp8)
-    expected = max(16.0 * c - t_experts[0], 5.0 * c) + lt.quantization_padding_time(mxfp8, t_experts)[0][0]
-    assert lt.expert_calls(mxfp8, t_experts)[0][0] == pytest.approx(expected, rel=1e-12)
-
-
 def test_each_local_experts_rows_are_padded_to_the_quantization_alignment(mixtral):
     """Megatron-Core pads each local expert's segment to the recipe's alignment under a quantized
     recipe (HybridEP in its dispatch, else TEGroupedMLP's Fp8Padding): half an alignment on average,
@@ -456,7 +429,7 @@ def test_each_local_experts_rows_are_padded_to_the_quantization_alignment(mixtra
         forward, backward = lt.quantization_padding_time(x, t_experts)
         assert forward[0] == pytest.approx(padding, rel=1e-9), precision
         assert backward[0] == pytest.approx(2 * padding, rel=1e-9), precision
-        calls = lt.exposed_expert_calls(x, t_experts)
+        calls = lt.moe_expert_calls(x)
         assert [c[0] for c in lt.expert_calls(x, t_experts)] == pytest.approx(
             [calls[0][0] + padding, calls[1][0] + 2 * padding], rel=1e-9)
     # The fused grouped MLP pads to its own 256 rows instead: no second padding.
@@ -487,8 +460,7 @@ def test_the_fused_grouped_mlp_pays_its_kernels_once_per_pass_and_half_a_256_row
     assert backward[0] == pytest.approx(2 * padding, rel=1e-9)
     off_forward, off_backward = lt.expert_calls(looped, lt.routed_experts_time(looped))
     mxfp8_padding = lt.routed_experts_time(looped)[0] * 16.0 / (2048.0 * imbalance)
-    waited = max(4 * 4 * call - lt.routed_experts_time(looped)[0], 5 * call)  # lt.exposed_expert_calls
-    assert off_forward[0] == pytest.approx(waited + mxfp8_padding, rel=REL)
+    assert off_forward[0] == pytest.approx(4 * 4 * call + mxfp8_padding, rel=REL)
     assert off_backward[0] == pytest.approx(2 * mxfp8_padding, rel=REL)
     assert forward[0] < off_forward[0]
     # The MoE layer takes the fused calls in its compute.
@@ -549,7 +521,7 @@ def test_paged_stashing_copies_the_fused_mlps_saved_tensors_out_and_back_under_t
     looped = _cands(mixtral, b200, cuda_graph="full_iteration", **knobs)
     t_looped = lt.routed_experts_time(looped)
     assert lt.expert_calls(looped, t_looped)[0][0] == pytest.approx(
-        lt.exposed_expert_calls(looped, t_looped)[0][0] + lt.quantization_padding_time(looped, t_looped)[0][0], rel=1e-9)
+        lt.moe_expert_calls(looped)[0][0] + lt.quantization_padding_time(looped, t_looped)[0][0], rel=1e-9)
 
 
 def test_the_token_permutations_are_one_pass_each_way_and_a_sort_per_local_expert_group(mixtral, hw):
@@ -592,7 +564,7 @@ def test_the_router_is_a_bf16_gemm_of_its_own_size_and_tf32_backward_when_routed
 def test_a_moe_layers_compute_gives_the_router_and_the_permutations_their_own_backward(mixtral, hw):
     x = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
     layer = lt.moe_layer(x)
-    kernels = (lt.router_time(x), lt.permutation_time(x), _waited_calls(x), lt.post_sync_host_calls(x))
+    kernels = (lt.router_time(x), lt.permutation_time(x), lt.moe_expert_calls(x), lt.post_sync_host_calls(x))
     own = sum(b[0] - 2 * f[0] for f, b in kernels)
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
     assert own != 0.0
@@ -646,7 +618,7 @@ def test_layer_time_is_the_sum_of_its_named_terms(model_name, recompute, hw):
         idle = ({"selective_recompute" if recompute == "full" else "full_recompute", "lora_adapters"}
                 | (set() if is_moe else {"ep_comm"}))
         assert all((value > 0) != (name in idle) for name, value in named.items()), named
-        own = sum(b[0] - 2 * f[0] for f, b in (lt.router_time(x), lt.permutation_time(x), _waited_calls(x),
+        own = sum(b[0] - 2 * f[0] for f, b in (lt.router_time(x), lt.permutation_time(x), lt.moe_expert_calls(x),
                                                lt.post_sync_host_calls(x))) if is_moe else 0.0
         assert named["compute"] == pytest.approx(3 * forward[0] + own, rel=REL)
         assert named["fp8_cast"] == pytest.approx(lt.fp8_cast_time(x, is_moe)[0], rel=REL)
@@ -1490,7 +1462,7 @@ def test_expert_biases_cost_hbm_passes_over_the_routed_copies_and_nothing_withou
     assert [t[0] for t in lt.expert_bias_time(fp32)] == pytest.approx(
         [28 * elements / _hbm(hw), 36 * elements / _hbm(hw)], rel=REL)
     layer = lt.moe_layer(x)
-    kernels = (lt.router_time(x), lt.permutation_time(x), _waited_calls(x), lt.post_sync_host_calls(x),
+    kernels = (lt.router_time(x), lt.permutation_time(x), lt.moe_expert_calls(x), lt.post_sync_host_calls(x),
                (forward, backward), lt.glu_clamp_time(x, True), lt.unfused_rope_time(x))
     own = sum(b[0] - 2 * f[0] for f, b in kernels)
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)
@@ -1527,7 +1499,7 @@ def test_flex_dispatchers_hand_the_eager_expert_bias_fp32_probabilities(hw):
         [12 * elements / _hbm(hw), 12 * elements / _hbm(hw)], rel=REL)
     # the layer's compute holds the FP32 step: 3 x its forward plus each own-backward kernel's excess
     layer = lt.moe_layer(flex)
-    kernels = (lt.router_time(flex), lt.permutation_time(flex), _waited_calls(flex),
+    kernels = (lt.router_time(flex), lt.permutation_time(flex), lt.moe_expert_calls(flex),
                lt.post_sync_host_calls(flex), lt.expert_bias_time(flex), lt.glu_clamp_time(flex, True),
                lt.unfused_rope_time(flex))
     own = sum(b[0] - 2 * f[0] for f, b in kernels)
@@ -1567,7 +1539,7 @@ def test_a_quick_geglus_clamp_is_eager_hbm_passes_over_the_glu_inputs(hw):
     assert forward[0] == pytest.approx(8 * elements / _hbm(hw), rel=REL)
     assert backward[0] == pytest.approx(10 * elements / _hbm(hw), rel=REL)
     layer = lt.moe_layer(x)
-    kernels = (lt.router_time(x), lt.permutation_time(x), lt.expert_bias_time(x), _waited_calls(x),
+    kernels = (lt.router_time(x), lt.permutation_time(x), lt.expert_bias_time(x), lt.moe_expert_calls(x),
                lt.post_sync_host_calls(x), (forward, backward), lt.unfused_rope_time(x))
     own = sum(b[0] - 2 * f[0] for f, b in kernels)
     assert layer["compute"][0] == pytest.approx(3 * layer["forward"][0] + own, rel=REL)

@@ -492,24 +492,6 @@ def moe_expert_calls(x: Candidates):
     return x.hw.efficiency.moe_expert_call_s * forward, np.zeros_like(forward)
 
 
-def exposed_expert_calls(x: Candidates, t_experts):
-    """(forward, backward) seconds of the per-expert loop's host calls (``moe_expert_calls``) the GPU
-    waits for, the loop read as a two-stage pipeline. TransformerEngine's GroupedLinear quantizes
-    every split first (``tex.split_quantize``), then its ``multi_stream_cublas_gemm`` launches each
-    expert's GEMM on its compute stream as the host's loop reaches it (TransformerEngine f031cf87bd
-    ``transformer_engine/common/gemm/cublaslt_gemm.cu``), so the GPU runs the GEMMs already queued
-    while the host issues the next expert's, the activation and FC2's quantizes and GEMMs. Of the
-    forward's issue time ``H`` only what exceeds the routed experts' forward GEMMs ``G``
-    (``t_experts``) beside it is waited for, and never less than the first stage, the calls before
-    the GPU has any GEMM of the loop: FC1's quantizes of every local expert and its first GEMM
-    (``EXPERT_QUANTIZES``, quantized recipes only): max(H - G, first). The backward's calls are not
-    waited for (``moe_expert_calls``)."""
-    forward, backward = moe_expert_calls(x)
-    first_calls = moe.local_experts(x.model, x.e) * EXPERT_QUANTIZES[0] * x.quantized_fraction + 1.0
-    first = first_calls * x.hw.efficiency.moe_expert_call_s
-    return np.maximum(forward - t_experts, first), backward
-
-
 def expert_call_count(x: Candidates):
     """(forward, backward) per-expert calls of one MoE layer and micro-batch on one GPU: the local
     experts' ``EXPERT_GEMMS`` and, under a quantized recipe, ``EXPERT_QUANTIZES`` for each of the
@@ -736,8 +718,7 @@ def expert_calls(x: Candidates, t_experts):
     (``cutedsl_fused_grouped_mlp``), plus paged stashing's copies under the full-iteration CUDA
     graph (``paged_stash_time``), else TransformerEngine's per-expert loop (``moe_expert_calls``) and its
     segments' padding to the quantization alignment (``quantization_padding_time``)."""
-    padding = quantization_padding_time(x, t_experts)
-    looped = tuple(c + p for c, p in zip(exposed_expert_calls(x, t_experts), padding))
+    looped = tuple(c + p for c, p in zip(moe_expert_calls(x), quantization_padding_time(x, t_experts)))
     fused = x.flag("cutedsl_fused_grouped_mlp")
     if not fused.any():
         return looped
