@@ -130,6 +130,7 @@ def files(tmp_path_factory):
     put("plan_precision.yaml", _plan(precision="fp7"))
     put("plan_mxfp8.yaml", _plan(precision="mxfp8"))
     put("plan_big.yaml", _plan(tp=1, pp=1, dp=4096, gbs=4096))
+    put("plan_dp2.yaml", _plan(tp=1, pp=1, dp=2, gbs=2))
     put("plan_key.yaml", _plan(tensor_parallel=2))
     put("plan_nogbs.yaml", yaml.safe_dump({"tp": 1, "pp": 1, "dp": 1}))
     put("plan_other_model.yaml", yaml.safe_dump({"model": "gpt3-175b", "plan": PLAN}))
@@ -420,6 +421,11 @@ BAD_INPUTS = [
     # --- estimate
     (["estimate", "--model", "175b", "--gpus", "512", "--tp", "3", "--pp", "8"], "with tp pinned to 3 and pp pinned to 8: tp*pp*cp=24 does not divide 512"),
     (["estimate", "--model", "175b", "--gpus", "512"], "estimate needs at least --tp and --pp"),
+    # estimate's one layout read "1 x pipeline layout has ..." (session 55)
+    (["estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "1", "--pp", "2", "--pipeline-layout", "E|t*32|L"],
+     "gbs 128: pipeline layout has 3 virtual stages, not divisible by pp=2"),
+    (["estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "1", "--pp", "2", "--pipeline-layout", "Et*16 | t*16L"],
+     "has unknown symbol(s) ' '; known:"),
     (["estimate", "--model", "deepseek-v3", "--gpus", "1024", "--tp", "1", "--pp", "8", "--pipeline-layout",
       "Et|(t*2|)*30mL", "--account-for-loss-in-pipeline-split"],
      "--account-for-loss-in-pipeline-split has no effect with --pipeline-layout"),
@@ -489,7 +495,7 @@ BAD_INPUTS = [
     (["validate", "--inference", "--tie-bands", "x.yaml"], "--tie-bands has no effect with --inference"),
     (["validate", "--no-cross-validation", "--tie-bands", "x.yaml"], "--tie-bands needs the held-out errors"),
     (["search", "--model", "deepseek-v3", "--gpus", "256", "--pipeline-layout", "Et|(tt|)*30x"],
-     "has unknown symbol(s) x"),
+     "has unknown symbol(s) 'x'"),
     (["search", "--model", "deepseek-v3", "--gpus", "256", "--pipeline-layout", "Et|(tt|)*0L"],
      "a repeat is (stages)*N or t*N with N a positive integer"),
     (["validate", "--tie-bands", "{runs_empty_csv}/x.yaml"], "runs_empty.csv is a file, not a folder"),
@@ -589,6 +595,9 @@ BAD_INPUTS = [
     (["profile", "--model", "cpu-small", "--plan", "{plan_precision_yaml}"], "key 'precision': expected one of"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_mxfp8_yaml}"], "precision 'mxfp8' is not supported by the built-in transformer"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_big_yaml}"], "a job of 4096 ranks is larger than"),
+    # two ranks of llama3.1-405b fit the rank count and died of memory a minute in (session 55)
+    (["profile", "--model", "llama3.1-405b", "--plan", "{plan_dp2_yaml}", "--device", "cpu"],
+     "its 2 CPU ranks need at least 4,536 GiB for llama3.1-405b's weights and gradients alone"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_key_yaml}"], "unknown key 'tensor_parallel'"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_nogbs_yaml}"], "missing required key 'gbs'"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_other_model_yaml}"], "is a plan for gpt3-175b"),

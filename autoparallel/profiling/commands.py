@@ -177,6 +177,16 @@ def _guard_world(launcher, world: int, what: str) -> None:
                         "(or use --executor ray with a cluster that has them)")
 
 
+def _guard_memory(launcher, device: str, model: ModelSpec, plan, label: str) -> None:
+    """Refuse a job on this machine's CPU whose weights and gradients alone outgrow its memory."""
+    from autoparallel.profiling.device import resolve_device
+    from autoparallel.profiling.launcher import LocalLauncher, too_large_for_memory
+    if type(launcher) is LocalLauncher and resolve_device(device) == "cpu" and (
+            why := too_large_for_memory(model, plan)):
+        raise UserError(f"cannot profile {label}: {why}; profile a smaller layout or model here "
+                        "(--model cpu-small) or use --executor ray with a cluster that has the memory")
+
+
 def check_profiling(args: argparse.Namespace, gpus: int, model: ModelSpec) -> None:
     """Refuse, before a search starts, ``--profile`` that cannot run: no torch, a corrupt layer
     profile store, layer profiles of a MoE ``model``, an unreachable Ray cluster, or jobs of
@@ -229,6 +239,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
         raise UserError(str(exc)) from None
     launcher = _launcher(args, None if args.json else _console(), _rank_hardware(args))
     _guard_world(launcher, plan.num_gpus, f"cannot profile {label}")
+    _guard_memory(launcher, args.device, model, plan, label)
     if args.executor == "slurm":
         slurm_args.confirm(args, [plan.num_gpus], None, args.warmup + args.steps, args.timeout,
                            None if args.json else _console())
