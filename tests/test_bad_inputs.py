@@ -247,6 +247,7 @@ def files(tmp_path_factory):
         (grid / "candidates.csv").read_text().splitlines()[0] + "\n"))
     damaged("candidates_junk", grid, lambda p: (p / "candidates.csv").write_bytes(JUNK))
     damaged("candidates_missing", grid, lambda p: (p / "candidates.csv").unlink())
+    damaged("profiled_run", grid, lambda p: (p / "profiled.csv").write_text("trial,step_time_s\n1,0.5\n"))
     damaged("candidates_fifo", grid, lambda p: ((p / "candidates.csv").unlink(), os.mkfifo(p / "candidates.csv")))
     def table(name: str, change) -> None:
         def write(p):
@@ -795,6 +796,8 @@ BAD_INPUTS = [
     (["export", "{grid}", "--format", "launch", "-o", "{grid}/manifest.yaml"],
      "--output {grid}/manifest.yaml is the run folder's own manifest.yaml, which export and report read"),
     (["export", "{grid}", "-o", "{grid}/candidates.csv"], "is the run folder's own candidates.csv"),
+    # what --profile measured was replaced by a YAML document (session 55)
+    (["export", "{profiled_run}", "-o", "{profiled_run}/profiled.csv"], "is the run folder's own profiled.csv"),
     (["runs", "import", "{dir}/no_such.log", "--gpu", "h100-sxm", "--runs", "{dir}/out.csv"],
      "the log could not be read (cannot read {dir}/no_such.log: No such file or directory); nothing written"),
     (["calibrate", "--gpu", "h100-sxm", "--as", "h200"], "--as h200 names the shipped preset h200: the fit of h100-sxm "
