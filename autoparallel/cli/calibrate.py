@@ -70,7 +70,8 @@ def _fit(args: argparse.Namespace, output: Path | None, console: Console) -> dic
             safefile.check_folder(folder, f"your preset folder {folder}{home}")
     if args.from_run:  # fit to profiled step times of a run
         from autoparallel.profiling.commands import calibrate_from
-        return calibrate_from(Path(args.from_run), write=not args.dry_run, console=console, output=output)
+        return calibrate_from(Path(args.from_run), write=not args.dry_run, console=console, output=output,
+                              as_name=args.as_name)
     if not args.gpu:
         raise UserError("calibrate needs --gpu (published runs) or --from RUN_DIR (profiled runs)")
     if args.moe:

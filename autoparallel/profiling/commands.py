@@ -375,9 +375,12 @@ def _evaluator(result, args: argparse.Namespace, console, again: str | None = No
                               on_result=show, device=device)
 
 
-def calibrate_from(run_dir: Path, write: bool, console, output: Path | None = None) -> dict:
-    """Fit the run's hardware constants to its measured step times (needs >= 2 measured rows);
-    returns ``calibrate.summary`` of the fit."""
+def calibrate_from(run_dir: Path, write: bool, console, output: Path | None = None,
+                   as_name: str | None = None) -> dict:
+    """Fit the run's hardware constants to its measured step times (needs >= 2 measured rows) and
+    write them as the run's hardware preset, or as a new one named ``as_name`` (``--as``: it was
+    ignored, so the fit took the place of the run's GPU in your preset folder); returns
+    ``calibrate.summary`` of the fit."""
     import pandas as pd
 
     from autoparallel.costmodel import calibrate
@@ -400,11 +403,14 @@ def calibrate_from(run_dir: Path, write: bool, console, output: Path | None = No
     warn_at_bounds(console, hits)
     console.print(f"mean |error| on {len(rows)} measured layouts: {before:.1f} % -> {after:.1f} %")
     if write:
-        path = output or calibrate.user_preset(result.hardware.name)
+        path = output or calibrate.user_preset(as_name or result.hardware.name)
         note = (f"{pd.Timestamp.now('UTC').date()}: {len(rows)} profiled layouts of "
-                f"{Path(run_dir).name}; mean |error| {before:.1f} % before, {after:.1f} % after")
+                f"{Path(run_dir).name}; mean |error| {before:.1f} % before, {after:.1f} % after"
+                + (f"\ncalibrated copy of {result.hardware.name}" if as_name else ""))
+        existed = Path(path).exists()
         calibrate.write_block(path, fitted, result.hardware.efficiency, note,
                               f"profiling jobs: {Path(run_dir).name}",
-                              source=io.resolve_preset("hardware", result.hardware.name))
-        console.print(f"wrote {path}")
+                              source=io.resolve_preset("hardware", result.hardware.name), rename=as_name)
+        console.print(f"{'replaced' if existed else 'wrote'} {path}"
+                      + (f" (use it with --gpu {as_name})" if as_name else ""))
     return calibrate.summary(calibrate.Fit(fitted, before, after, tuple(fitted), (), (), tuple(hits)), len(rows))
