@@ -184,7 +184,8 @@ def _guard_memory(launcher, device: str, model: ModelSpec, plan, label: str) -> 
     if type(launcher) is LocalLauncher and resolve_device(device) == "cpu" and (
             why := too_large_for_memory(model, plan)):
         raise UserError(f"cannot profile {label}: {why}; profile a smaller layout or model here "
-                        "(--model cpu-small) or use --executor ray with a cluster that has the memory")
+                        "(e.g. --model cpu-small --plan PLAN) or use --executor ray with a cluster that has "
+                        "the memory")
 
 
 def check_profiling(args: argparse.Namespace, gpus: int, model: ModelSpec) -> None:
