@@ -412,6 +412,6 @@ def calibrate_from(run_dir: Path, write: bool, console, output: Path | None = No
         calibrate.write_block(path, fitted, result.hardware.efficiency, note,
                               f"profiling jobs: {Path(run_dir).name}",
                               source=io.resolve_preset("hardware", result.hardware.name), rename=as_name)
-        console.print(f"{'replaced' if existed else 'wrote'} {path}"
-                      + (f" (use it with --gpu {as_name})" if as_name else ""))
+        calibrate.said(console, f"{'replaced' if existed else 'wrote'} {path}"
+                       + (f" (use it with --gpu {as_name})" if as_name else ""))
     return calibrate.summary(calibrate.Fit(fitted, before, after, tuple(fitted), (), (), tuple(hits)), len(rows))
