@@ -556,6 +556,10 @@ BAD_INPUTS = [
     (["calibrate", "--gpu", "h1000"], "unknown hardware 'h1000'"),
     (["calibrate", "--gpu", "h100-sxm", "--runs", "{runs_empty_csv}"], "runs_empty.csv is empty"),
     (["calibrate", "--gpu", "h100-sxm", "-o", "{a_folder}"], "--output {a_folder} is a folder"),
+    # a run's table was replaced by a preset without a word (session 55)
+    (["calibrate", "--gpu", "h100-sxm", "-o", "{grid}/candidates.csv"], "--output {grid}/candidates.csv exists and "
+     "is not a hardware preset (expected a mapping of keys to values, got a plain string); calibrate writes a whole "
+     "preset there: give a new file name, or a hardware YAML to replace"),
     (["calibrate", "--from", "{grid}"], "has no measurements"),
     (["calibrate", "--from", "{dir}/no_such_run"], "no_such_run is not a run folder"),
     # --- fp8-check (refused before the proxy trains)
