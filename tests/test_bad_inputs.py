@@ -131,6 +131,8 @@ def files(tmp_path_factory):
     put("plan_mxfp8.yaml", _plan(precision="mxfp8"))
     put("plan_big.yaml", _plan(tp=1, pp=1, dp=4096, gbs=4096))
     put("plan_dp2.yaml", _plan(tp=1, pp=1, dp=2, gbs=2))
+    put("plan_layout.yaml", _plan(pipeline_model_parallel_layout="Et*3|tL"))
+    put("plan_modules.yaml", _plan(recompute="selective", recompute_modules="core_attn layernorm"))
     put("plan_key.yaml", _plan(tensor_parallel=2))
     put("plan_nogbs.yaml", yaml.safe_dump({"tp": 1, "pp": 1, "dp": 1}))
     put("plan_other_model.yaml", yaml.safe_dump({"model": "gpt3-175b", "plan": PLAN}))
@@ -600,6 +602,11 @@ BAD_INPUTS = [
     (["profile", "--model", "cpu-small", "--plan", "{plan_precision_yaml}"], "key 'precision': expected one of"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_mxfp8_yaml}"], "precision 'mxfp8' is not supported by the built-in transformer"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_big_yaml}"], "a job of 4096 ranks is larger than"),
+    # plan fields the built-in transformer ignores were measured as another plan (session 55)
+    (["profile", "--model", "cpu-small", "--plan", "{plan_layout_yaml}"], "pipeline_model_parallel_layout='Et*3|tL': "
+     "the built-in transformer splits the layers evenly over pp*vp stages (use --trainer megatron for an uneven split)"),
+    (["profile", "--model", "cpu-small", "--plan", "{plan_modules_yaml}"], "selective recompute of 'core_attn "
+     "layernorm': the built-in transformer recomputes the attention core only (recompute_modules core_attn)"),
     # two ranks of llama3.1-405b fit the rank count and died of memory a minute in (session 55)
     (["profile", "--model", "llama3.1-405b", "--plan", "{plan_dp2_yaml}", "--device", "cpu"],
      "its 2 CPU ranks need at least 4,536 GiB for llama3.1-405b's weights and gradients alone"),
