@@ -612,7 +612,8 @@ BAD_INPUTS = [
      "its 2 CPU ranks need at least 4,536 GiB for llama3.1-405b's weights and gradients alone"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_key_yaml}"], "unknown key 'tensor_parallel'"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_nogbs_yaml}"], "missing required key 'gbs'"),
-    (["profile", "--model", "cpu-small", "--plan", "{plan_other_model_yaml}"], "is a plan for gpt3-175b"),
+    (["profile", "--model", "cpu-small", "--plan", "{plan_other_model_yaml}"],
+     "--model cpu-small, but {plan_other_model_yaml} is a plan for 'gpt3-175b' (its 'model' key)"),
     (["profile", "--plan", "{plan_tp3_yaml}"], "profile --plan needs --model"),
     # a missing file said "cannot read X" without the flag that named it (session 53)
     (["profile", "--model", "cpu-small", "--plan", "{dir}/no_plan.yaml"],

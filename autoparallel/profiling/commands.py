@@ -155,7 +155,9 @@ def _plan_and_model(args: argparse.Namespace):
             raise UserError("profile --plan needs --model (the model the plan lays out)")
         model = io.load_model(args.model)
         if named is not None and named != model.name:
-            raise UserError(f"--model {args.model} is {model.name}, but {args.plan} is a plan for {named}")
+            # "--model cpu-small is cpu-small" said nothing; an alias is resolved ("175b is gpt3-175b")
+            given = args.model if args.model == model.name else f"{args.model} is {model.name}"
+            raise UserError(f"--model {given}, but {args.plan} is a plan for {named!r} (its 'model' key)")
         return plan, args.plan, model
     from autoparallel.search import run
     try:
