@@ -132,6 +132,7 @@ def files(tmp_path_factory):
     put("plan_big.yaml", _plan(tp=1, pp=1, dp=4096, gbs=4096))
     put("plan_dp2.yaml", _plan(tp=1, pp=1, dp=2, gbs=2))
     put("plan_layout.yaml", _plan(pipeline_model_parallel_layout="Et*3|tL"))
+    put("plan_good.yaml", _plan())
     put("plan_modules.yaml", _plan(recompute="selective", recompute_modules="core_attn layernorm"))
     put("plan_key.yaml", _plan(tensor_parallel=2))
     put("plan_nogbs.yaml", yaml.safe_dump({"tp": 1, "pp": 1, "dp": 1}))
@@ -602,6 +603,9 @@ BAD_INPUTS = [
     (["profile", "--model", "cpu-small", "--plan", "{plan_precision_yaml}"], "key 'precision': expected one of"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_mxfp8_yaml}"], "precision 'mxfp8' is not supported by the built-in transformer"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_big_yaml}"], "a job of 4096 ranks is larger than"),
+    # "hang" without its rank passed, then each rank failed on "not enough values to unpack" (session 55)
+    (["profile", "--model", "cpu-small", "--plan", "{plan_good_yaml}", "--device", "cpu", "--fault", "hang"],
+     "fault='hang': use kill:RANK or hang:RANK"),
     # plan fields the built-in transformer ignores were measured as another plan (session 55)
     (["profile", "--model", "cpu-small", "--plan", "{plan_layout_yaml}"], "pipeline_model_parallel_layout='Et*3|tL': "
      "the built-in transformer splits the layers evenly over pp*vp stages (use --trainer megatron for an uneven split)"),
