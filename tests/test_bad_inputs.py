@@ -695,7 +695,10 @@ BAD_INPUTS = [
     (["search", "--model=", "--gpus", "8"], "--model: expected a value, got an empty string"),
     (["search", "--model", "175b", "--gpus", "64", "--gpu", " "], "--gpu: expected a value, got an empty string"),
     (["export", "{grid}", "-o", ""], "-o: expected a value, got an empty string"),
-    (["export", ""], "an argument: expected a value, got an empty string"),
+    # a positional was "an argument" (session 55): named as its usage shows it
+    (["export", ""], "RUN_DIR: expected a value, got an empty string"),
+    (["runs", "import", "", "--gpu", "h100-sxm"], "LOG: expected a value, got an empty string"),
+    (["profile", "--rank", "1", ""], "RUN_DIR of --rank: expected a value, got an empty string"),
     (["search", "--model", "175b", "--gpus", "64", "--gpu", "loop"], "loop.yaml: Too many levels of symbolic links"),
     (["search", "--model", "mloop", "--gpus", "64"], "mloop.yaml: Too many levels of symbolic links"),
     # --- names are names: a preset name never becomes a path

@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     with _sigterm_interrupts() as received:
         try:
-            combos.check_empty(sys.argv[1:] if argv is None else argv)
+            combos.check_empty(sys.argv[1:] if argv is None else argv, args)
             combos.check_json(args)
             args.func(args)
         except UserError as exc:
