@@ -481,7 +481,7 @@ def prepare_row(row: pd.Series, assumptions: dict, recipes: dict | None = None) 
     generated = generate(model, hw, int(row["num_gpus"]), int(row["gbs"]), space, layers)
     candidates = generated[generated["reason"] == ""].reset_index(drop=True)
     if candidates.empty:
-        raise UserError(f"{row['id']}: the published layout breaks a rule: {generated['reason'].iloc[0]}")
+        raise UserError(f"{row['id']}: the stated layout breaks a rule: {generated['reason'].iloc[0]}")
     candidates = candidates.assign(**_exact(row)).drop_duplicates(ignore_index=True)
     cols = {name: candidates[name].to_numpy() for name in Plan.field_names()}
     for name in ROW_ONLY_COLUMNS:  # what the published system ran that Megatron does not

@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable
 
 
@@ -25,12 +26,29 @@ def in_processes(task: Callable, args: list[tuple], workers: int | None = 1,
             if progress is not None:
                 progress()
         return out
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                                  initializer=_signals_to_the_parent)
+    try:
         futures = [pool.submit(task, *a) for a in args]
         for _ in concurrent.futures.as_completed(futures):
             if progress is not None:
                 progress()
         return [f.result() for f in futures]
+    except BaseException:  # Ctrl-C, SIGTERM (the CLI's KeyboardInterrupt): stop the workers, do not wait
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            process.terminate()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _signals_to_the_parent() -> None:
+    """A worker ignores Ctrl-C and dies of SIGTERM: the parent alone turns them into a clean stop.
+    Forked, a worker inherited the CLI's SIGTERM handler, and `timeout validate` (SIGTERM to the
+    whole group) raised KeyboardInterrupt inside the pool's queues: the command printed
+    "interrupted" and then waited on its workers for ever (session 55)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def call(task: Callable, *args):

@@ -130,6 +130,10 @@ def files(tmp_path_factory):
     put("plan_precision.yaml", _plan(precision="fp7"))
     put("plan_mxfp8.yaml", _plan(precision="mxfp8"))
     put("plan_big.yaml", _plan(tp=1, pp=1, dp=4096, gbs=4096))
+    put("plan_dp2.yaml", _plan(tp=1, pp=1, dp=2, gbs=2))
+    put("plan_layout.yaml", _plan(pipeline_model_parallel_layout="Et*3|tL"))
+    put("plan_good.yaml", _plan())
+    put("plan_modules.yaml", _plan(recompute="selective", recompute_modules="core_attn layernorm"))
     put("plan_key.yaml", _plan(tensor_parallel=2))
     put("plan_nogbs.yaml", yaml.safe_dump({"tp": 1, "pp": 1, "dp": 1}))
     put("plan_other_model.yaml", yaml.safe_dump({"model": "gpt3-175b", "plan": PLAN}))
@@ -246,6 +250,7 @@ def files(tmp_path_factory):
         (grid / "candidates.csv").read_text().splitlines()[0] + "\n"))
     damaged("candidates_junk", grid, lambda p: (p / "candidates.csv").write_bytes(JUNK))
     damaged("candidates_missing", grid, lambda p: (p / "candidates.csv").unlink())
+    damaged("profiled_run", grid, lambda p: (p / "profiled.csv").write_text("trial,step_time_s\n1,0.5\n"))
     damaged("candidates_fifo", grid, lambda p: ((p / "candidates.csv").unlink(), os.mkfifo(p / "candidates.csv")))
     def table(name: str, change) -> None:
         def write(p):
@@ -420,6 +425,11 @@ BAD_INPUTS = [
     # --- estimate
     (["estimate", "--model", "175b", "--gpus", "512", "--tp", "3", "--pp", "8"], "with tp pinned to 3 and pp pinned to 8: tp*pp*cp=24 does not divide 512"),
     (["estimate", "--model", "175b", "--gpus", "512"], "estimate needs at least --tp and --pp"),
+    # estimate's one layout read "1 x pipeline layout has ..." (session 55)
+    (["estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "1", "--pp", "2", "--pipeline-layout", "E|t*32|L"],
+     "gbs 128: pipeline layout has 3 virtual stages, not divisible by pp=2"),
+    (["estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "1", "--pp", "2", "--pipeline-layout", "Et*16 | t*16L"],
+     "has unknown symbol(s) ' '; known:"),
     (["estimate", "--model", "deepseek-v3", "--gpus", "1024", "--tp", "1", "--pp", "8", "--pipeline-layout",
       "Et|(t*2|)*30mL", "--account-for-loss-in-pipeline-split"],
      "--account-for-loss-in-pipeline-split has no effect with --pipeline-layout"),
@@ -489,7 +499,7 @@ BAD_INPUTS = [
     (["validate", "--inference", "--tie-bands", "x.yaml"], "--tie-bands has no effect with --inference"),
     (["validate", "--no-cross-validation", "--tie-bands", "x.yaml"], "--tie-bands needs the held-out errors"),
     (["search", "--model", "deepseek-v3", "--gpus", "256", "--pipeline-layout", "Et|(tt|)*30x"],
-     "has unknown symbol(s) x"),
+     "has unknown symbol(s) 'x'"),
     (["search", "--model", "deepseek-v3", "--gpus", "256", "--pipeline-layout", "Et|(tt|)*0L"],
      "a repeat is (stages)*N or t*N with N a positive integer"),
     (["validate", "--tie-bands", "{runs_empty_csv}/x.yaml"], "runs_empty.csv is a file, not a folder"),
@@ -549,6 +559,10 @@ BAD_INPUTS = [
     (["calibrate", "--gpu", "h1000"], "unknown hardware 'h1000'"),
     (["calibrate", "--gpu", "h100-sxm", "--runs", "{runs_empty_csv}"], "runs_empty.csv is empty"),
     (["calibrate", "--gpu", "h100-sxm", "-o", "{a_folder}"], "--output {a_folder} is a folder"),
+    # a run's table was replaced by a preset without a word (session 55)
+    (["calibrate", "--gpu", "h100-sxm", "-o", "{grid}/candidates.csv"], "--output {grid}/candidates.csv exists and "
+     "is not a hardware preset (expected a mapping of keys to values, got a plain string); calibrate writes a whole "
+     "preset there: give a new file name, or a hardware YAML to replace"),
     (["calibrate", "--from", "{grid}"], "has no measurements"),
     (["calibrate", "--from", "{dir}/no_such_run"], "no_such_run is not a run folder"),
     # --- fp8-check (refused before the proxy trains)
@@ -589,9 +603,21 @@ BAD_INPUTS = [
     (["profile", "--model", "cpu-small", "--plan", "{plan_precision_yaml}"], "key 'precision': expected one of"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_mxfp8_yaml}"], "precision 'mxfp8' is not supported by the built-in transformer"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_big_yaml}"], "a job of 4096 ranks is larger than"),
+    # "hang" without its rank passed, then each rank failed on "not enough values to unpack" (session 55)
+    (["profile", "--model", "cpu-small", "--plan", "{plan_good_yaml}", "--device", "cpu", "--fault", "hang"],
+     "fault='hang': use kill:RANK or hang:RANK"),
+    # plan fields the built-in transformer ignores were measured as another plan (session 55)
+    (["profile", "--model", "cpu-small", "--plan", "{plan_layout_yaml}"], "pipeline_model_parallel_layout='Et*3|tL': "
+     "the built-in transformer splits the layers evenly over pp*vp stages (use --trainer megatron for an uneven split)"),
+    (["profile", "--model", "cpu-small", "--plan", "{plan_modules_yaml}"], "selective recompute of 'core_attn "
+     "layernorm': the built-in transformer recomputes the attention core only (recompute_modules core_attn)"),
+    # two ranks of llama3.1-405b fit the rank count and died of memory a minute in (session 55)
+    (["profile", "--model", "llama3.1-405b", "--plan", "{plan_dp2_yaml}", "--device", "cpu"],
+     "its 2 CPU ranks need at least 4,536 GiB for llama3.1-405b's weights and gradients alone"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_key_yaml}"], "unknown key 'tensor_parallel'"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_nogbs_yaml}"], "missing required key 'gbs'"),
-    (["profile", "--model", "cpu-small", "--plan", "{plan_other_model_yaml}"], "is a plan for gpt3-175b"),
+    (["profile", "--model", "cpu-small", "--plan", "{plan_other_model_yaml}"],
+     "--model cpu-small, but {plan_other_model_yaml} is a plan for 'gpt3-175b' (its 'model' key)"),
     (["profile", "--plan", "{plan_tp3_yaml}"], "profile --plan needs --model"),
     # a missing file said "cannot read X" without the flag that named it (session 53)
     (["profile", "--model", "cpu-small", "--plan", "{dir}/no_plan.yaml"],
@@ -669,7 +695,10 @@ BAD_INPUTS = [
     (["search", "--model=", "--gpus", "8"], "--model: expected a value, got an empty string"),
     (["search", "--model", "175b", "--gpus", "64", "--gpu", " "], "--gpu: expected a value, got an empty string"),
     (["export", "{grid}", "-o", ""], "-o: expected a value, got an empty string"),
-    (["export", ""], "an argument: expected a value, got an empty string"),
+    # a positional was "an argument" (session 55): named as its usage shows it
+    (["export", ""], "RUN_DIR: expected a value, got an empty string"),
+    (["runs", "import", "", "--gpu", "h100-sxm"], "LOG: expected a value, got an empty string"),
+    (["profile", "--rank", "1", ""], "RUN_DIR of --rank: expected a value, got an empty string"),
     (["search", "--model", "175b", "--gpus", "64", "--gpu", "loop"], "loop.yaml: Too many levels of symbolic links"),
     (["search", "--model", "mloop", "--gpus", "64"], "mloop.yaml: Too many levels of symbolic links"),
     # --- names are names: a preset name never becomes a path
@@ -786,6 +815,8 @@ BAD_INPUTS = [
     (["export", "{grid}", "--format", "launch", "-o", "{grid}/manifest.yaml"],
      "--output {grid}/manifest.yaml is the run folder's own manifest.yaml, which export and report read"),
     (["export", "{grid}", "-o", "{grid}/candidates.csv"], "is the run folder's own candidates.csv"),
+    # what --profile measured was replaced by a YAML document (session 55)
+    (["export", "{profiled_run}", "-o", "{profiled_run}/profiled.csv"], "is the run folder's own profiled.csv"),
     (["runs", "import", "{dir}/no_such.log", "--gpu", "h100-sxm", "--runs", "{dir}/out.csv"],
      "the log could not be read (cannot read {dir}/no_such.log: No such file or directory); nothing written"),
     (["calibrate", "--gpu", "h100-sxm", "--as", "h200"], "--as h200 names the shipped preset h200: the fit of h100-sxm "

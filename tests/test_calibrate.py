@@ -138,6 +138,15 @@ def test_a_calibration_over_an_existing_preset_says_it_replaced_it(tmp_path, mon
         capsys.readouterr()
         assert main(["calibrate", "--runs", str(runs), "--gpu", "h100-sxm", "--as", "my-cluster"]) == 0
         assert f"\n{word} {target} (use it with --gpu my-cluster)\n" in capsys.readouterr().out
+    # -o may replace a fit (a hardware preset), not another file (session 55: a run's candidates.csv went)
+    output = tmp_path / "fit.yaml"
+    for word in ("wrote", "replaced"):
+        assert main(["calibrate", "--runs", str(runs), "--gpu", "h100-sxm", "-o", str(output)]) == 0
+        assert f"\n{word} {output}\n" in capsys.readouterr().out
+    output.write_text("id,model\nrun-1,llama3-8b\n")
+    assert main(["calibrate", "--runs", str(runs), "--gpu", "h100-sxm", "-o", str(output)]) == 2
+    assert "exists and is not a hardware preset" in capsys.readouterr().err
+    assert output.read_text() == "id,model\nrun-1,llama3-8b\n"
 
 
 def test_the_moe_fit_says_what_its_lines_are(capsys):

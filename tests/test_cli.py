@@ -311,6 +311,19 @@ def _commands(parser, prefix=()):
                 yield from _commands(action.choices[choice.dest], words)
 
 
+@pytest.mark.parametrize("command", [["profile", "--rank", "1", "RUN", "--executor", "slurm"],
+                                     ["search", "--model", "175b", "--gpus", "8", "--profile", "job",
+                                      "--executor", "slurm"]])
+def test_sbatch_args_take_flags_as_their_help_shows(command):
+    """`--sbatch-args '--exclusive'`, the help's own example, was "argument --sbatch-args: expected one
+    argument" (argparse took the value for an option; session 55): every value of it is sbatch flags."""
+    from autoparallel.cli import build_parser
+    for value in ("--exclusive", "--exclusive --gres=gpu:8", "-N 2"):
+        assert build_parser().parse_args([*command, "--sbatch-args", value]).sbatch_args == value
+    args = build_parser().parse_args([*command, "--sbatch-args", "--exclusive", "--slurm-qos", "high"])
+    assert (args.sbatch_args, args.slurm_qos) == ("--exclusive", "high")
+
+
 def test_no_parser_takes_a_shortened_flag(monkeypatch, capsys):
     """argparse's prefix matching took `infer --max-ttft 100` as --max-ttft-ms without a word (session
     53): every command and subcommand, and the `python -m autoparallel.serve.*` tools, take a flag only

@@ -118,6 +118,45 @@ def _locked_by_someone(run_dir: Path) -> bool:
         os.close(fd)
 
 
+POOL = textwrap.dedent("""
+    import time
+    from autoparallel.cli import _sigterm_interrupts
+    from autoparallel.processes import in_processes
+
+    def task(i):
+        time.sleep(3 if i else 0.1)
+        return i
+
+    with _sigterm_interrupts():  # as main() runs a command: SIGTERM raises KeyboardInterrupt
+        try:
+            print(in_processes(task, [(i,) for i in range(8)], workers=2), flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+""")
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_sigterm_to_the_group_stops_a_process_pool_at_once(tmp_path, attempt):
+    """`timeout 600 autoparallel validate` (SIGTERM to the whole group) printed "interrupted" and
+    then waited on its workers for ever, or for the jobs left (session 55: 3 of 5 runs hung, 2
+    took 10.7 s): forked workers had the CLI's SIGTERM handler and broke the pool's queues. Now
+    the workers die of it and the parent stops them without waiting."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", POOL], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(1.5)  # the first job done, the others asleep in the workers
+    start = time.monotonic()
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=8)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group, on a failure
+        except ProcessLookupError:
+            pass
+    assert out == "interrupted\n" and "Traceback" not in err and time.monotonic() - start < 5
+
+
 def test_a_second_resume_of_a_folder_is_refused(tmp_path, capsys, completed_trials):
     results = tmp_path / "results"
     first = _start([*OPTUNA, "--trials", "100000", "--results", str(results)])

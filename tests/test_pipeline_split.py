@@ -115,12 +115,14 @@ def test_balanced_layouts_place_mtp_before_the_loss():
     ("Et|(tt|)*30L", "has 0 MTP layers (m), the model 1"),
     ("Et|(tt|)*29mL", "has 59 decoder layers (t), the model 61"),
     ("tE|(tt|)*30mL", "must start with the embedding E and end with the loss L"),
-    ("Et|(tx|)*30mL", "unknown symbol(s) x"),
+    ("Et|(tx|)*30mL", "unknown symbol(s) 'x'; known:"),
     ("Emt|(tt|)*30L", "places decoder layers after an MTP layer"),
     ("E(t)*99999999L", "unrolls to more than"),
     ("(tt|", "unbalanced parentheses"),
     ("E(t|)*-3L", "a repeat is (stages)*N or t*N"),
-    ("Et*16|\x1bt*16L", "unknown symbol(s) \\x1b"),
+    ("Et*16|\x1bt*16L", "unknown symbol(s) '\\x1b'"),
+    ("Et*16 | t*16L", "unknown symbol(s) ' '; known:"),  # a space was shown as nothing (session 55)
+    ("EXt*16yL", "unknown symbol(s) 'X', 'y'; known:"),
 ])
 def test_a_pinned_layout_is_checked_as_megatron_checks_it(layout, error):
     got = pipeline.layout_error(layout, 61, 1)

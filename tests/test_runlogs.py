@@ -194,6 +194,21 @@ def test_runs_import_cli_exit_codes(tmp_path, capsys):
     assert "skipped" in out and "warm-up" in out and "1 new row in" in out
 
 
+def test_a_log_whose_layout_cannot_run_on_the_gpu_given_is_not_imported(tmp_path, capsys):
+    """An FP8 log imported with --gpu a100-sxm-80g (no FP8 tensor cores) went into the file, and every
+    later `calibrate --runs` of it failed, for any --gpu, on "the published layout breaks a rule"
+    (session 55): it is skipped with the reason now, the other logs go in, and calibrate reads the file."""
+    runs = tmp_path / "runs.csv"
+    assert main(["runs", "import", str(FP8_TP2), "--gpu", "a100-sxm-80g", "--runs", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert "its layout (TP2 PP2 fp8-delayed) cannot run on a100-sxm-80g: a100-sxm-80g has no FP8 tensor cores; " \
+           "is --gpu the GPU the run used?" in err and not runs.exists()
+    assert main(["runs", "import", str(FP8_TP2), str(CP2_UNEVEN), "--gpu", "a100-sxm-80g", "--runs", str(runs)]) == 0
+    assert f"1 new row in {runs} (0 already there, 1 log skipped)" in capsys.readouterr().out
+    assert list(pd.read_csv(runs)["precision"]) == ["bf16"]
+    assert main(["calibrate", "--runs", str(runs), "--gpu", "a100-sxm-80g", "--dry-run"]) == 0
+
+
 def test_runs_import_counts_read_as_english(tmp_path, capsys):
     """The refusal was built with `'not ' * (n == 1)` (session 48 wrote it out); every count printed
     reads right for 0, 1 and 2: rows added, rows already there, logs skipped, logs unread."""

@@ -289,6 +289,27 @@ def test_runs_import_breaks_its_lines_between_phrases_at_80_columns(tmp_path):
         assert any(phrase in x for x in shown), shown
 
 
+def test_calibrate_s_wrote_line_keeps_its_parenthetical_whole_at_80_columns(tmp_path, monkeypatch):
+    """`calibrate --as NAME` ended with "wrote PATH (use it with --gpu NAME)", left to the terminal's
+    word wrap: "(use it" / "with --gpu NAME)" (session 55); now broken before the "(", one line in a pipe."""
+    runs = tmp_path / "runs.csv"
+    assert subprocess.run([sys.executable, "-m", "autoparallel", "runs", "import",
+                           *sorted(str(p) for p in (ROOT / "tests/fixtures/runlogs").glob("megatron_*.log")),
+                           "--gpu", "h100-sxm", "--runs", str(runs)], cwd=ROOT, capture_output=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}).returncode == 0
+    name = "my-cluster-with-a-longer-name"  # "wrote <home>/hardware/NAME.yaml (use it with --gpu NAME)" > 80
+    # a short home: a path wider than the terminal by itself is broken inside its name
+    home = Path(tempfile.mkdtemp(prefix="ap-"))
+    monkeypatch.setenv("AUTOPARALLEL_HOME", str(home))  # screen() passes the environment on
+    argv = ["calibrate", "--runs", str(runs), "--gpu", "h100-sxm", "--as", name]
+    try:
+        lines = [x.rstrip() for x in screen(argv, 80).splitlines() if x.strip()]
+    finally:
+        shutil.rmtree(home)
+    said = lines[next(i for i, x in enumerate(lines) if x.startswith("wrote ")):]
+    assert said == [f"wrote {home / 'hardware' / name}.yaml", f"(use it with --gpu {name})"], said
+
+
 def test_the_simulated_table_s_legend_breaks_between_its_parts_at_80_columns():
     """infer's traffic-simulation legend was one line left to the terminal: "(server: the largest
     whose bounds" / "hold); TTFT / TPOT in" (session 53); each part is now whole on its line."""

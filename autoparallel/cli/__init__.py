@@ -85,8 +85,8 @@ class Parser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"^-(\d|\.\d|inf$|nan$|infinity$)", re.IGNORECASE)
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
-        self._given = list(sys.argv[1:] if args is None else args)  # for error()'s hint
-        return super().parse_known_args(args, namespace)
+        self._given = _flags_as_values(list(sys.argv[1:] if args is None else args))  # for error()'s hint
+        return super().parse_known_args(self._given, namespace)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         """``message`` in one line; where a required flag is missing because it was given shortened
@@ -121,6 +121,24 @@ class Parser(argparse.ArgumentParser):
             if name not in (sub.choices if sub else {}):
                 return parser
             parser = sub.choices[name]
+
+
+# Options whose value is itself flags: argparse took `--sbatch-args '--exclusive'` (the help's own
+# example) for two options and said "expected one argument"; only `--sbatch-args=--exclusive` worked.
+FLAG_VALUED = ("--sbatch-args",)
+
+
+def _flags_as_values(argv: list[str]) -> list[str]:
+    """``argv`` with each ``FLAG_VALUED`` option joined to the word after it (``--opt=value``)."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in FLAG_VALUED and i + 1 < len(argv):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
 
 
 # Flags as Megatron-LM (what `export --format megatron` writes) and the serving engines (best.yaml's
@@ -183,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     with _sigterm_interrupts() as received:
         try:
-            combos.check_empty(sys.argv[1:] if argv is None else argv)
+            combos.check_empty(sys.argv[1:] if argv is None else argv, args)
             combos.check_json(args)
             args.func(args)
         except UserError as exc:

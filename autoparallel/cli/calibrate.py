@@ -64,13 +64,15 @@ def _fit(args: argparse.Namespace, output: Path | None, console: Console) -> dic
         from autoparallel import resources, safefile
         if output is not None:
             safefile.check_output_file(args.output, "--output")
+            _check_replaces_a_preset(output)
         else:
             folder = resources.user_dir() / "hardware"
             home = f" ({resources.HOME_ENV}={resources.user_dir()})" if os.environ.get(resources.HOME_ENV) else ""
             safefile.check_folder(folder, f"your preset folder {folder}{home}")
     if args.from_run:  # fit to profiled step times of a run
         from autoparallel.profiling.commands import calibrate_from
-        return calibrate_from(Path(args.from_run), write=not args.dry_run, console=console, output=output)
+        return calibrate_from(Path(args.from_run), write=not args.dry_run, console=console, output=output,
+                              as_name=args.as_name)
     if not args.gpu:
         raise UserError("calibrate needs --gpu (published runs) or --from RUN_DIR (profiled runs)")
     if args.moe:
@@ -79,6 +81,21 @@ def _fit(args: argparse.Namespace, output: Path | None, console: Console) -> dic
     return calibrate.main(args.gpu, Path(args.runs) if args.runs else None, write=not args.dry_run, console=console,
                           output=output, as_name=args.as_name, with_published=args.with_published,
                           gpu_speed=args.gpu_speed)
+
+
+def _check_replaces_a_preset(output: Path) -> None:
+    """-o may replace a hardware preset (an earlier fit), nothing else: `-o RUN/candidates.csv`
+    replaced a run's table with a preset, without a word."""
+    from autoparallel import io
+    if not output.exists():
+        return
+    try:
+        io.load_hardware(str(output))
+    except UserError as exc:
+        why = " ".join(str(exc).split(";")[0].split()).removeprefix(f"{output}: ")
+        raise UserError(f"--output {output} exists and is not a hardware preset ({why}); "
+                        "calibrate writes a whole preset there: give a new file name, or a hardware YAML to "
+                        "replace") from None
 
 
 def _check_new_name(name: str, gpu: str | None) -> None:

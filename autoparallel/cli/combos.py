@@ -253,13 +253,22 @@ def check_json(args: argparse.Namespace) -> None:
                 raise no_effect(flag(dest), "--json", "JSON holds every column and no legend; drop one of them")
 
 
-def check_empty(argv: list[str]) -> None:
+def check_empty(argv: list[str], args: argparse.Namespace | None = None) -> None:
     """An empty (or blank) value is refused, not taken as the default: ``--model ""`` from an
-    unset shell variable must not search the default model."""
+    unset shell variable must not search the default model. A positional is named by what the
+    parse put it in (``export ""``: RUN_DIR; it said "an argument")."""
     for i, token in enumerate(argv):
         name, eq, value = token.partition("=") if token.startswith("--") else ("", "", token)
         if eq and not value.strip():
             raise UserError(f"{name}: expected a value, got an empty string")
         if not eq and not token.strip():
-            before = argv[i - 1] if i and argv[i - 1].startswith("-") else "an argument"
+            before = argv[i - 1] if i and argv[i - 1].startswith("-") else _holding(args, token)
             raise UserError(f"{before}: expected a value, got an empty string")
+
+
+def _holding(args: argparse.Namespace | None, token: str) -> str:
+    """The argument the parse put ``token`` in, as its usage shows it (RUN_DIR, LOG), or "an argument"."""
+    for dest, value in vars(args or argparse.Namespace()).items():
+        if value == token or (isinstance(value, list) and token in value):
+            return {"logs": "LOG", "rank": "RUN_DIR of --rank"}.get(dest, dest.upper())
+    return "an argument"

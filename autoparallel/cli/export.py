@@ -85,13 +85,14 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _check_not_the_runs_own(output: Path, run_dir: Path) -> None:
-    """-o naming a file the run folder is read from (its manifest, tables, study) would leave the
-    folder unreadable: refused (best.yaml and train.sh, which nothing reads back, may be replaced)."""
+    """-o naming a file the run folder is read from (its manifest, tables, measurements, study) would
+    leave the folder unreadable or lose what `--profile` measured: refused (best.yaml and train.sh,
+    which nothing reads back, may be replaced)."""
     import os
 
-    from autoparallel.report.run_folder import CANDIDATES, MANIFEST
+    from autoparallel.report.run_folder import CANDIDATES, MANIFEST, PROFILED
     from autoparallel.search.run import REJECTIONS
-    for name in (MANIFEST, CANDIDATES, REJECTIONS, "candidates.parquet", "study.db", "study.journal"):
+    for name in (MANIFEST, CANDIDATES, REJECTIONS, PROFILED, "candidates.parquet", "study.db", "study.journal"):
         try:
             same = os.path.samefile(output, run_dir / name)
         except OSError:  # either is missing (or unreadable): nothing of the run's is replaced

@@ -353,9 +353,16 @@ def main(gpu: str, runs: Path | None, write: bool, console: Console, output: Pat
         write_block(path, result.values, hw.efficiency, "\n".join(note),
                     f"{names}: {len(rows)} rows on {', '.join(gpus)}",
                     source=io.resolve_preset("hardware", gpu), rename=as_name)
-        console.print(f"{'replaced' if existed else 'wrote'} {path}"
-                      + (f" (use it with --gpu {as_name})" if as_name else ""))
+        said(console, f"{'replaced' if existed else 'wrote'} {path}"
+             + (f" (use it with --gpu {as_name})" if as_name else ""))
     return summary(result, len(rows))
+
+
+def said(console: Console, line: str) -> None:
+    """``line`` broken between phrases on a terminal (a long preset path left "(use it" / "with
+    --gpu NAME)" to the console's word wrap), one line in a pipe."""
+    from autoparallel.report.fit import phrase_lines
+    console.print("\n".join(phrase_lines(line, console.width)), markup=False, highlight=False)
 
 
 def mean_abs_error_pct(rows, efficiency: Efficiency) -> float:

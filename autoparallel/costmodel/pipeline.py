@@ -246,8 +246,8 @@ def layout_error(layout: str, num_layers: int, mtp: int) -> str:
         if set(flat) & set("()*0123456789-"):
             return f"pipeline layout {shown}: a repeat is (stages)*N or t*N with N a positive integer"
         known = ", ".join(f"{k} ({v})" for k, v in LAYOUT_SYMBOLS.items())
-        return (f"pipeline layout {shown} has unknown symbol(s) {ascii(''.join(bad))[1:-1]}; known: {known}, "
-                "| between stages")
+        return (f"pipeline layout {shown} has unknown symbol(s) {', '.join(map(ascii, bad))}; known: {known}, "
+                "| between stages, commas ignored")  # each quoted: a space was shown as nothing
     if not flat or flat[0] != "E" or flat[-1] != "L" or flat.count("E") != 1 or flat.count("L") != 1:
         return f"pipeline layout {shown} must start with the embedding E and end with the loss L, each once"
     if flat.count("t") != num_layers:

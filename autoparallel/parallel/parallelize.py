@@ -93,6 +93,24 @@ def check_plan(spec: ModelSpec, plan: Plan, world_size: int) -> None:
         raise ValueError(f"gbs={plan.gbs} is not divisible by mbs*dp={plan.mbs * plan.dp}")
     if plan.vp > 1 and plan.pp == 1:
         raise ValueError("vp > 1 needs pp > 1")
+    _check_even_split_and_core_attn(plan)
+
+
+def _check_even_split_and_core_attn(plan: Plan) -> None:
+    """The plan fields this implementation would ignore, refused: it splits the layers evenly
+    (``pipeline.chunk_layers``) and selective recompute reruns the attention core only, so a plan
+    with a layout string, uneven stages or other recompute modules was measured as another one."""
+    uneven = {"pipeline_model_parallel_layout": plan.pipeline_model_parallel_layout,
+              "num_layers_in_first_pipeline_stage": plan.num_layers_in_first_pipeline_stage,
+              "num_layers_in_last_pipeline_stage": plan.num_layers_in_last_pipeline_stage,
+              "account_for_embedding_in_pipeline_split": plan.account_for_embedding_in_pipeline_split,
+              "account_for_loss_in_pipeline_split": plan.account_for_loss_in_pipeline_split}
+    if given := [f"{name}={value!r}" for name, value in uneven.items() if value]:
+        raise NotImplementedError(f"{', '.join(given)}: the built-in transformer splits the layers evenly over "
+                                  "pp*vp stages (use --trainer megatron for an uneven split)")
+    if plan.recompute == "selective" and plan.recompute_modules != "core_attn":
+        raise NotImplementedError(f"selective recompute of {plan.recompute_modules!r}: the built-in transformer "
+                                  "recomputes the attention core only (recompute_modules core_attn)")
 
 
 class ParallelModel:

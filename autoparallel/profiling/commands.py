@@ -155,7 +155,9 @@ def _plan_and_model(args: argparse.Namespace):
             raise UserError("profile --plan needs --model (the model the plan lays out)")
         model = io.load_model(args.model)
         if named is not None and named != model.name:
-            raise UserError(f"--model {args.model} is {model.name}, but {args.plan} is a plan for {named}")
+            # "--model cpu-small is cpu-small" said nothing; an alias is resolved ("175b is gpt3-175b")
+            given = args.model if args.model == model.name else f"{args.model} is {model.name}"
+            raise UserError(f"--model {given}, but {args.plan} is a plan for {named!r} (its 'model' key)")
         return plan, args.plan, model
     from autoparallel.search import run
     try:
@@ -175,6 +177,17 @@ def _guard_world(launcher, world: int, what: str) -> None:
     if why := too_large(world, launcher.capacity()):
         raise UserError(f"{what}: {why}; profile a layout of at most {launcher.capacity()[0]} GPUs here "
                         "(or use --executor ray with a cluster that has them)")
+
+
+def _guard_memory(launcher, device: str, model: ModelSpec, plan, label: str) -> None:
+    """Refuse a job on this machine's CPU whose weights and gradients alone outgrow its memory."""
+    from autoparallel.profiling.device import resolve_device
+    from autoparallel.profiling.launcher import LocalLauncher, too_large_for_memory
+    if type(launcher) is LocalLauncher and resolve_device(device) == "cpu" and (
+            why := too_large_for_memory(model, plan)):
+        raise UserError(f"cannot profile {label}: {why}; profile a smaller layout or model here "
+                        "(e.g. --model cpu-small --plan PLAN) or use --executor ray with a cluster that has "
+                        "the memory")
 
 
 def check_profiling(args: argparse.Namespace, gpus: int, model: ModelSpec) -> None:
@@ -229,6 +242,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
         raise UserError(str(exc)) from None
     launcher = _launcher(args, None if args.json else _console(), _rank_hardware(args))
     _guard_world(launcher, plan.num_gpus, f"cannot profile {label}")
+    _guard_memory(launcher, args.device, model, plan, label)
     if args.executor == "slurm":
         slurm_args.confirm(args, [plan.num_gpus], None, args.warmup + args.steps, args.timeout,
                            None if args.json else _console())
@@ -364,9 +378,12 @@ def _evaluator(result, args: argparse.Namespace, console, again: str | None = No
                               on_result=show, device=device)
 
 
-def calibrate_from(run_dir: Path, write: bool, console, output: Path | None = None) -> dict:
-    """Fit the run's hardware constants to its measured step times (needs >= 2 measured rows);
-    returns ``calibrate.summary`` of the fit."""
+def calibrate_from(run_dir: Path, write: bool, console, output: Path | None = None,
+                   as_name: str | None = None) -> dict:
+    """Fit the run's hardware constants to its measured step times (needs >= 2 measured rows) and
+    write them as the run's hardware preset, or as a new one named ``as_name`` (``--as``: it was
+    ignored, so the fit took the place of the run's GPU in your preset folder); returns
+    ``calibrate.summary`` of the fit."""
     import pandas as pd
 
     from autoparallel.costmodel import calibrate
@@ -389,11 +406,14 @@ def calibrate_from(run_dir: Path, write: bool, console, output: Path | None = No
     warn_at_bounds(console, hits)
     console.print(f"mean |error| on {len(rows)} measured layouts: {before:.1f} % -> {after:.1f} %")
     if write:
-        path = output or calibrate.user_preset(result.hardware.name)
+        path = output or calibrate.user_preset(as_name or result.hardware.name)
         note = (f"{pd.Timestamp.now('UTC').date()}: {len(rows)} profiled layouts of "
-                f"{Path(run_dir).name}; mean |error| {before:.1f} % before, {after:.1f} % after")
+                f"{Path(run_dir).name}; mean |error| {before:.1f} % before, {after:.1f} % after"
+                + (f"\ncalibrated copy of {result.hardware.name}" if as_name else ""))
+        existed = Path(path).exists()
         calibrate.write_block(path, fitted, result.hardware.efficiency, note,
                               f"profiling jobs: {Path(run_dir).name}",
-                              source=io.resolve_preset("hardware", result.hardware.name))
-        console.print(f"wrote {path}")
+                              source=io.resolve_preset("hardware", result.hardware.name), rename=as_name)
+        calibrate.said(console, f"{'replaced' if existed else 'wrote'} {path}"
+                       + (f" (use it with --gpu {as_name})" if as_name else ""))
     return calibrate.summary(calibrate.Fit(fitted, before, after, tuple(fitted), (), (), tuple(hits)), len(rows))

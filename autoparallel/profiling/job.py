@@ -16,6 +16,7 @@ reason.
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -43,7 +44,7 @@ class JobSpec:
     def __post_init__(self) -> None:
         if self.steps < 1 or self.warmup < 0:
             raise ValueError(f"steps={self.steps} must be >= 1 and warmup={self.warmup} >= 0")
-        if self.fault and not self.fault.split(":")[0] in ("kill", "hang"):
+        if self.fault and not re.fullmatch(r"(kill|hang):\d+", self.fault):  # "hang" alone failed in the rank
             raise ValueError(f"fault={self.fault!r}: use kill:RANK or hang:RANK")
         from autoparallel.profiling.device import DEVICE_CHOICES
         if self.device not in DEVICE_CHOICES:

@@ -23,6 +23,11 @@ from autoparallel.profiling.job import JobSpec, Measurement, run_rank, summarize
 # large layout would fork the machine to death.
 CPU_RANKS_PER_CORE = 4
 CPU_RANK_GIB = 0.5
+# The built-in transformer keeps, for each parameter a rank holds, its BF16 weight and its FP32 main
+# gradient (the flat buffers of ``ParallelModel.model_state_bytes``): 6 B, before the optimizer's
+# states and the activations. A llama3-8b layout on 8 CPU ranks asked for 32 GB a rank and died
+# after a minute of start-up; this floor refuses it before any process starts.
+CPU_BYTES_PER_HELD_PARAM = 6
 
 
 def _backend(job: JobSpec) -> str:
@@ -52,6 +57,27 @@ def too_large(world: int, capacity: tuple[int, str]) -> str:
     return "" if world <= n else f"a job of {world} ranks is larger than {what}"
 
 
+def held_parameters(model, plan) -> int:
+    """The parameters all ranks of ``plan`` hold together, at least: each rank a 1/(tp*pp) share of
+    the dense weights and a 1/(tp*pp*ep) share of the routed experts'."""
+    experts = sum(count for kind, count in model.layer_kind_counts.items() if kind in ("moe", "E"))
+    experts *= (model.num_experts or 0) * model.expert_params
+    per_rank = (model.num_parameters - experts) / (plan.tp * plan.pp) + experts / (plan.tp * plan.pp * plan.ep)
+    return int(per_rank * plan.num_gpus)
+
+
+def too_large_for_memory(model, plan) -> str:
+    """'' if a CPU job of ``plan`` may fit this machine's memory, else why not (its weights and
+    gradients alone are more than the machine has)."""
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    need_gib = held_parameters(model, plan) * CPU_BYTES_PER_HELD_PARAM / 2**30
+    if need_gib <= memory_gib:
+        return ""
+    return (f"its {plan.num_gpus} CPU ranks need at least {need_gib:,.0f} GiB for {model.name}'s weights and "
+            f"gradients alone ({CPU_BYTES_PER_HELD_PARAM} B a parameter a rank holds), more than this "
+            f"machine's {memory_gib:,.0f} GiB")
+
+
 def run_local(job: JobSpec) -> Measurement:
     """The job on ``plan.num_gpus`` processes of this machine."""
     from autoparallel.parallel import spawn
@@ -67,6 +93,8 @@ def run_local(job: JobSpec) -> Measurement:
     except ValueError as exc:
         return Measurement(ok=False, reason=f"not runnable: {exc}", world_size=world)
     if why := too_large(world, local_capacity(gpus=backend == "nccl")):
+        return Measurement(ok=False, world_size=world, reason=why)
+    if backend == "gloo" and (why := too_large_for_memory(job.model, job.plan)):
         return Measurement(ok=False, world_size=world, reason=why)
     result = spawn.run(run_rank, world, (job,), timeout=job.timeout_s, backend=backend,
                        collective_timeout_s=min(job.timeout_s, 120.0),

@@ -39,7 +39,9 @@ def import_logs(paths: Sequence[Path], gpu: str, runs_file: Path = DEFAULT_RUNS,
     results = []
     for path in paths:
         try:
-            results.append(Imported(Path(path), to_row(read_log(Path(path)), hw.name, warmup)))
+            row = to_row(read_log(Path(path)), hw.name, warmup)
+            _check_runs_on(row, hw.name)
+            results.append(Imported(Path(path), row))
         except UnreadableLog as exc:
             results.append(Imported(Path(path), reason=str(exc)))
     rows = [r.row for r in results if r.row]
@@ -50,6 +52,19 @@ def import_logs(paths: Sequence[Path], gpu: str, runs_file: Path = DEFAULT_RUNS,
         added -= {r.row["id"]} if new else set()
         out.append(Imported(r.path, r.row, new, r.reason))
     return out
+
+
+def _check_runs_on(row: dict[str, Any], gpu: str) -> None:
+    """``UnreadableLog`` where the row's layout cannot run on ``gpu`` as `calibrate` and `validate`
+    price it (an FP8 log imported with ``--gpu a100-sxm-80g``): such a row, once in the file, made
+    every later `calibrate --runs` of that file fail, whatever its --gpu."""
+    from autoparallel.measured_runs import ASSUMPTIONS, prepare_row, recipe_settings
+    try:
+        prepare_row(pd.Series(row), io.read_yaml(ASSUMPTIONS), recipe_settings())
+    except (UserError, ValueError) as exc:
+        why = str(exc).removeprefix(f"{row['id']}: ").removeprefix("the stated layout breaks a rule: ")
+        raise UnreadableLog(f"its layout (TP{row['tp']} PP{row['pp']} {row['precision']}) cannot run on {gpu}: "
+                            f"{why}; is --gpu the GPU the run used?") from None
 
 
 def _content_key(run_id: str) -> str | None:

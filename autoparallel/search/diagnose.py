@@ -201,6 +201,8 @@ def _group_message(frame: pd.DataFrame, rules: tuple[Rule, ...], fixed: dict, gp
         message = _pinned_lead(rule.knobs, fixed) + reasons[hit].iloc[0]
         return message + (f"; tp*pp*cp can be {divisors_listed(gpus)}" if rule is DIVIDE_RULE else "")
     counts = reasons[reasons != ""].value_counts()  # reasons no pattern knows: the most common
+    if counts.sum() == 1:  # estimate's one layout: "1 x" read as a multiplier of the reason
+        return counts.index[0]
     return "; ".join(f"{n} x {reason}" for reason, n in counts.head(3).items())
 
 

@@ -70,7 +70,7 @@ def test_profile_rejects_unknown_plan_keys(tmp_path, small_yaml, capsys):
     assert "tensor_parallel" in capsys.readouterr().err
 
 
-def test_search_profiles_top_k_and_calibrates_from_the_run(tmp_path, small_yaml, capsys):
+def test_search_profiles_top_k_and_calibrates_from_the_run(tmp_path, small_yaml, capsys, monkeypatch):
     args = ["search", "--model", str(small_yaml), "--gpus", "2", "--gpu", "cpu-local",
             "--space", "cpu-profiling", "--sp", "--recompute", "none", "--results", str(tmp_path),
             "--profile", "job", "--top-k", "2", "--profile-steps", "2", "--profile-warmup", "1"]
@@ -96,3 +96,13 @@ def test_search_profiles_top_k_and_calibrates_from_the_run(tmp_path, small_yaml,
     assert out["rows"] == 2 and set(out["fitted"]) == {"gemm_max", "gemm_half_gflop", "attention",
                                                        "elementwise_bytes_per_token_hidden", "layer_overhead_s", "nvlink"}
     assert all(hit["name"] in out["fitted"] for hit in out["at_bounds"])
+    # --as names the new preset (session 55: it was ignored, and the fit became your cpu-local)
+    monkeypatch.setenv("AUTOPARALLEL_HOME", str(tmp_path / "home"))
+    assert main(["calibrate", "--from", str(run_dir), "--as", "my-cpu"]) == 0
+    written = tmp_path / "home" / "hardware" / "my-cpu.yaml"
+    assert f"wrote {written} (use it with --gpu my-cpu)" in " ".join(capsys.readouterr().out.split())
+    assert sorted(p.name for p in written.parent.iterdir()) == ["my-cpu.yaml"]
+    from autoparallel import io
+    mine = io.load_hardware("my-cpu")
+    assert mine.name == "my-cpu" and io.load_hardware("cpu-local").efficiency != mine.efficiency
+    assert "calibrated copy of cpu-local" in written.read_text()
