@@ -1,15 +1,17 @@
-"""Every validated row's collectives over several NVLink domains: the two legs in series against NCCL's ring.
+"""Every validated row's collectives over several NVLink domains: the model's two legs in series against NCCL's ring.
 
-Until session 55 ``comm.Group.reduce_scatter_time`` added a hierarchical collective's NVLink leg
-((g-1)/g of the buffer at the GPU's NVLink) and its network leg ((nodes-1)/nodes of S/g at one NIC)
-one after the other. NCCL runs a reduce-scatter / all-gather over several nodes as one ring whose
-chunks cross NVLink and the NICs at the same time: (n-1)/n of the buffer at the slower link
-(``comm.ring_bus_bandwidth``: min(NVLink, per_node x NIC), NVIDIA/nccl src/graph/tuning.cc). For
-each row of ``autoparallel validate`` (the candidate it reports) and each of its groups that spans
-more than one domain (the DP x CP group at the CTAs the row's config gives its communicators,
-``dataparallel.cta_capped``; the expert-data-parallel group; the TP group), this prints one
-reduce-scatter of the heaviest stage's gradients both ways, the ratio, and which link binds the
-ring; then per GPU and group the rows and the mean ratio.
+``comm.Group.reduce_scatter_time`` adds a hierarchical collective's NVLink leg ((g-1)/g of the
+buffer at the GPU's NVLink) and its network leg ((nodes-1)/nodes of S/g at one NIC) one after the
+other. NCCL runs a reduce-scatter / all-gather over several nodes as one ring whose chunks cross
+NVLink and the NICs at the same time: (n-1)/n of the buffer at the slower link, busBw =
+min(NVLink, per_node x NIC) (``ring_time``; NVIDIA/nccl@5067397c src/graph/tuning.cc
+ncclTopoTuneModel, src/graph/search.cc: a ring's bwIntra = bwInter). Session 55 (s55h5) shipped
+the ring in place of the series legs and took it back (benchmarks/RESULTS.md: held-out error
+worse); this prints, for each row of ``autoparallel validate`` (the candidate it reports) and each
+of its groups that spans more than one domain (the DP x CP group at the CTAs the row's config gives
+its communicators, ``dataparallel.cta_capped``; the expert-data-parallel group; the TP group), one
+reduce-scatter of the heaviest stage's gradients (TP: of one layer's activations) both ways, the
+ratio, and which link binds the ring; then per GPU and group the rows and the mean ratio.
 
     PYTHONPATH=$PWD python benchmarks/bench_collective_legs.py [ID_SUBSTRING ...]
 """
@@ -30,21 +32,22 @@ def scalar(value) -> float:
     return float(np.asarray(value).ravel()[0])
 
 
-def series_time(group: comm.Group, nbytes) -> float:
-    """The old structure: (g-1)/g of the buffer on NVLink, then (nodes-1)/nodes of S/g on one NIC."""
-    g, nodes = scalar(group.per_node), scalar(group.nodes)
-    intra = (g - 1) / g * nbytes / scalar(group.nvlink)
-    inter = (nodes - 1) / nodes * nbytes / g / scalar(group.network)
-    return intra + inter + scalar(group.latency_s)
+def ring_time(group: comm.Group, nbytes) -> float:
+    """NCCL's ring over ``group``: (n-1)/n of the buffer at min(NVLink, per_node x NIC), plus the
+    model's latency of the group (one hop on each tier)."""
+    n, g = scalar(group.size), scalar(group.per_node)
+    bus = min(scalar(group.nvlink), g * scalar(group.network))
+    return (n - 1) / n * nbytes / bus + scalar(group.latency_s)
 
 
 def legs(group: comm.Group, nbytes) -> dict | None:
-    """Series and ring time of one reduce-scatter of ``nbytes`` over ``group``; None inside one domain."""
-    if scalar(group.nodes) <= 1 or scalar(group.size) <= 1:
+    """Series (the model's) and ring time of one reduce-scatter of ``nbytes`` over ``group``; None
+    inside one domain, where both are (g-1)/g of the buffer on NVLink."""
+    if scalar(group.size) <= scalar(group.per_node):
         return None
     nvlink, nics = scalar(group.nvlink), scalar(group.per_node) * scalar(group.network)
     return dict(ranks=scalar(group.size), per_node=scalar(group.per_node), nvlink=nvlink, nics=nics,
-                series=series_time(group, nbytes), ring=scalar(group.reduce_scatter_time(nbytes)),
+                series=scalar(group.reduce_scatter_time(nbytes)), ring=ring_time(group, nbytes),
                 binds="NVLink" if nvlink < nics else "NICs")
 
 

@@ -1,9 +1,9 @@
 """Collective times under nccl-tests conventions, on the network tier a group actually spans.
 
 All-reduce moves 2(n−1)/n·S bytes per rank, reduce-scatter and all-gather (n−1)/n·S
-(S: the full buffer). A group of n ranks with ``per_node`` of them inside one NVLink domain runs
-as NCCL's ring (``ring_bus_bandwidth``): one rate through NVLink and the network at once, the
-slower link's, not the two legs one after the other. Vectorised over every argument.
+(S: the full buffer). A group of n ranks with ``per_node`` of them inside one NVLink domain is
+priced hierarchically (DESIGN.md §5): the intra-domain step on NVLink, the inter-domain step on
+the per-GPU network link carrying S / per_node. Vectorised over every argument.
 """
 
 from __future__ import annotations
@@ -47,21 +47,6 @@ def _bandwidths(hw: HardwareSpec, ranks=None):
     return nvlink, network
 
 
-def ring_bus_bandwidth(nvlink, network, per_node, nodes):
-    """Per-GPU bus bandwidth (nccl-tests' busBw) of NCCL's ring over ``nodes`` NVLink domains of
-    ``per_node`` ranks: the slower of the GPU's NVLink and the NICs of its domain's members, which
-    the ring's chunks cross at the same time (pipelined), not one leg after the other.
-
-    NCCL's tuning model (NVIDIA/nccl@5067397c src/graph/tuning.cc, ncclTopoTuneModel): the ring's
-    busBw = nChannels * bw, bw the one per-channel speed its topology search found room for on every
-    link a channel uses (src/graph/search.cc sets a ring's bwIntra = bwInter = speedArray[i]: each
-    channel reserves it on each GPU's NVLink path and on one NIC per node), and time = nBytes /
-    (busBw * nRanks / nsteps), nsteps = nRanks - 1 for a reduce-scatter or an all-gather. A channel
-    enters and leaves each domain once, so the domain's per_node NICs carry (n-1)/n of the buffer
-    between them while each GPU's NVLink carries as much: busBw = min(NVLink, per_node * NIC)."""
-    return np.where(nodes > 1, np.minimum(nvlink, per_node * network), nvlink)
-
-
 def internode_bytes(nbytes, group_size, per_node):
     """Bytes each rank sends over the network in a reduce-scatter (or all-gather) of ``nbytes``."""
     n = np.asarray(group_size, dtype=float)
@@ -78,17 +63,17 @@ class Group:
 
     size: np.ndarray  # ranks
     per_node: np.ndarray  # of them in one NVLink domain (at most ``size``)
-    nodes: np.ndarray  # NVLink domains the group spans
-    share: np.ndarray  # (n-1)/n of the buffer passes each rank's links
+    intra_share: np.ndarray  # (g-1)/g of the buffer crosses NVLink
+    inter_share: np.ndarray  # (nodes-1)/nodes of each rank's S/g crosses the network
     latency_s: np.ndarray  # a hop on each tier the group spans
     nvlink: float | np.ndarray  # achievable bytes/s (per group size on a mesh: ``scale_up_bandwidth``)
-    network: float  # achievable bytes/s of one GPU's NIC
+    network: float
 
     def reduce_scatter_time(self, nbytes):
-        """Reduce-scatter (or all-gather: the same traffic) of ``nbytes`` over the group, NCCL's
-        ring at ``ring_bus_bandwidth``."""
-        bus = ring_bus_bandwidth(self.nvlink, self.network, self.per_node, self.nodes)
-        return np.where(self.size > 1, self.share * nbytes / bus + self.latency_s, 0.0)
+        """Reduce-scatter (or all-gather: the same traffic) of ``nbytes`` over the group."""
+        intra = self.intra_share * nbytes / self.nvlink
+        inter = self.inter_share * (nbytes / self.per_node) / self.network
+        return np.where(self.size > 1, intra + inter + self.latency_s, 0.0)
 
     def all_reduce_time(self, nbytes):
         """All-reduce = reduce-scatter + all-gather of the same buffer."""
@@ -102,7 +87,7 @@ def group(hw: HardwareSpec, group_size, per_node) -> Group:
     nodes = n / g
     nvlink, network = _bandwidths(hw, g)
     latency = np.where(g > 1, hw.nvlink_latency_us, 0.0) + np.where(nodes > 1, hw.internode_latency_us, 0.0)
-    return Group(n, g, nodes, (n - 1) / np.maximum(n, 1), latency * 1e-6, nvlink, network)
+    return Group(n, g, (g - 1) / g, (nodes - 1) / np.maximum(nodes, 1), latency * 1e-6, nvlink, network)
 
 
 def reduce_scatter_time(hw: HardwareSpec, nbytes, group_size, per_node):
