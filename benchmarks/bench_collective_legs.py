@@ -1,17 +1,19 @@
-"""Every validated row's collectives over several NVLink domains: the model's two legs in series against NCCL's ring.
+"""Every validated row's collectives over several NVLink domains: the two legs in series against NCCL's ring.
 
-``comm.Group.reduce_scatter_time`` adds a hierarchical collective's NVLink leg ((g-1)/g of the
-buffer at the GPU's NVLink) and its network leg ((nodes-1)/nodes of S/g at one NIC) one after the
-other. NCCL runs a reduce-scatter / all-gather over several nodes as one ring whose chunks cross
-NVLink and the NICs at the same time: (n-1)/n of the buffer at the slower link, busBw =
-min(NVLink, per_node x NIC) (``ring_time``; NVIDIA/nccl@5067397c src/graph/tuning.cc
-ncclTopoTuneModel, src/graph/search.cc: a ring's bwIntra = bwInter). Session 55 (s55h5) shipped
-the ring in place of the series legs and took it back (benchmarks/RESULTS.md: held-out error
-worse); this prints, for each row of ``autoparallel validate`` (the candidate it reports) and each
-of its groups that spans more than one domain (the DP x CP group at the CTAs the row's config gives
-its communicators, ``dataparallel.cta_capped``; the expert-data-parallel group; the TP group), one
-reduce-scatter of the heaviest stage's gradients (TP: of one layer's activations) both ways, the
-ratio, and which link binds the ring; then per GPU and group the rows and the mean ratio.
+Before session 55 ``comm.Group.reduce_scatter_time`` added a hierarchical collective's NVLink leg
+((g-1)/g of the buffer at the GPU's NVLink) and its network leg ((nodes-1)/nodes of S/g at one NIC)
+one after the other (``series_time``, with the model's latency: one hop on each tier). NCCL runs a
+reduce-scatter / all-gather over several nodes as one ring whose chunks cross NVLink and the NICs
+at the same time: (n-1)/n of the buffer at the slower link, busBw = min(NVLink, per_node x NIC),
+plus its tuner's ring latency, which grows with the ranks (NVIDIA/nccl@5067397c
+src/graph/tuning.cc ncclTopoTuneModel, src/graph/search.cc: a ring's bwIntra = bwInter); that is
+what the model prices since session 55 (s55h5: ``comm.ring_bus_bandwidth``,
+``comm.nccl_ring_latency``; benchmarks/RESULTS.md). This prints, for each row of ``autoparallel
+validate`` (the candidate it reports) and each of its groups that spans more than one domain (the
+DP x CP group at the CTAs the row's config gives its communicators, ``dataparallel.cta_capped``;
+the expert-data-parallel group; the TP group), one reduce-scatter of the heaviest stage's gradients
+(TP: of one layer's activations) both ways, in one call, the ratio, and which link binds the ring;
+then per GPU and group the rows and the mean ratio.
 
     PYTHONPATH=$PWD python benchmarks/bench_collective_legs.py [ID_SUBSTRING ...]
 """
@@ -32,12 +34,13 @@ def scalar(value) -> float:
     return float(np.asarray(value).ravel()[0])
 
 
-def ring_time(group: comm.Group, nbytes) -> float:
-    """NCCL's ring over ``group``: (n-1)/n of the buffer at min(NVLink, per_node x NIC), plus the
-    model's latency of the group (one hop on each tier)."""
+def series_time(group: comm.Group, nbytes) -> float:
+    """The legs in series: (g-1)/g of the buffer at NVLink, then (nodes-1)/nodes of S/g at one NIC,
+    plus the model's latency of the group (one hop on each tier)."""
     n, g = scalar(group.size), scalar(group.per_node)
-    bus = min(scalar(group.nvlink), g * scalar(group.network))
-    return (n - 1) / n * nbytes / bus + scalar(group.latency_s)
+    nodes = n / g
+    return ((g - 1) / g * nbytes / scalar(group.nvlink) + (nodes - 1) / nodes * nbytes / g / scalar(group.network)
+            + scalar(group.latency_s))
 
 
 def legs(group: comm.Group, nbytes) -> dict | None:
@@ -47,7 +50,7 @@ def legs(group: comm.Group, nbytes) -> dict | None:
         return None
     nvlink, nics = scalar(group.nvlink), scalar(group.per_node) * scalar(group.network)
     return dict(ranks=scalar(group.size), per_node=scalar(group.per_node), nvlink=nvlink, nics=nics,
-                series=scalar(group.reduce_scatter_time(nbytes)), ring=ring_time(group, nbytes),
+                series=series_time(group, nbytes), ring=scalar(group.reduce_scatter_time(nbytes)),
                 binds="NVLink" if nvlink < nics else "NICs")
 
 
