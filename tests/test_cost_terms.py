@@ -63,17 +63,18 @@ def _nccl_ring_latency(n, nodes, protocol):
     """NCCL's tuner's latency of one ring reduce-scatter by hand (NVIDIA/nccl@5067397c src/graph/tuning.cc):
     baseLatencies Ring, hwLatencies NVLINK / NET Ring (NET Tree with one rank a node), getNetOverhead 1 us
     (x3 for Simple): base + (nsteps - nInterSteps) x max(NVLink step, overhead) + nInterSteps x net step."""
-    base, nvlink, net, overhead = {"simple": (8.4, 3.4, 14.0, 3.0), "ll128": (14.0, 1.9, 4.0, 1.0)}[protocol]
+    base, nvlink, net, overhead = {"simple": (8.4, 3.4, 14.0, 3.0), "ll128": (14.0, 1.9, 4.0, 1.0),
+                                   "ll": (6.6, 0.6, 2.7, 1.0)}[protocol]
     if n == nodes:
-        net = {"simple": 14.0, "ll128": 8.5}[protocol]
+        net = {"simple": 14.0, "ll128": 8.5, "ll": 5.0}[protocol]
     return (base + (n - 1 - (nodes - 1)) * max(nvlink, overhead) + (nodes - 1) * net) * 1e-6
 
 
 def _reduce_scatter(hw, nbytes, n, per_node, nvlink=None, calls=1):
     """nccl-tests' reduce-scatter as NCCL's ring in ``calls`` equal collectives: (n-1)/n of the buffer
     at the slower of the GPU's NVLink and its domain's per_node NICs (inside one domain, NVLink alone
-    plus the model's 5 us); across domains each call NCCL's latency at the cheaper of Simple and
-    LL128 (0.92 of the bandwidth)."""
+    plus the model's 5 us); across domains each call NCCL's latency at the cheapest of Simple, LL128
+    (0.92 of the bandwidth) and LL (0.5)."""
     nodes = n / per_node
     nvlink = _nvlink(hw) if nvlink is None else nvlink
     bus = min(nvlink, per_node * _network(hw)) if nodes > 1 else nvlink
@@ -81,7 +82,8 @@ def _reduce_scatter(hw, nbytes, n, per_node, nvlink=None, calls=1):
     if nodes == 1:
         return calls * (transfer + (hw.nvlink_latency_us if per_node > 1 else 0) * 1e-6)
     return calls * min(transfer + _nccl_ring_latency(n, nodes, "simple"),
-                       transfer / 0.92 + _nccl_ring_latency(n, nodes, "ll128"))
+                       transfer / 0.92 + _nccl_ring_latency(n, nodes, "ll128"),
+                       transfer / 0.5 + _nccl_ring_latency(n, nodes, "ll"))
 
 
 def test_a_collective_over_several_domains_runs_at_its_slowest_link_as_nccls_ring(hw):
@@ -91,13 +93,14 @@ def test_a_collective_over_several_domains_runs_at_its_slowest_link_as_nccls_rin
     reduce-scatter. H100 (900 GB/s NVLink both ways at 0.75, 50 GB/s NIC at 0.8), 1 GB over 32
     ranks, 8 to a node: busBw = min(337.5, 8 x 40) = 320 GB/s; Simple's latency 8.4 + 28 x 3.4 + 3 x
     14 = 145.6 us beats LL128's 79.2 us at 0.92 of the bandwidth; the series legs would take
-    7/8 GB / 337.5 GB/s + 3/4 x 1/8 GB / 40 GB/s = 4.94 ms. 1 MB: LL128 (82.5 us against 148.6)."""
+    7/8 GB / 337.5 GB/s + 3/4 x 1/8 GB / 40 GB/s = 4.94 ms. 1 MB: LL, 6.6 + 28 x max(0.6, 1.0) + 3 x 2.7 =
+    42.7 us at half the bandwidth (48.8 us against LL128's 82.5 and Simple's 148.6)."""
     assert (hw.nvlink_gbps, hw.efficiency.nvlink, hw.internode_gbps, hw.efficiency.internode) == (900, 0.75, 50, 0.8)
     assert hw.nvlink_latency_us == 5.0
     ring = 1e9 * 31 / 32 / 320e9 + 145.6e-6
     assert lt.comm.reduce_scatter_time(hw, 1e9, 32, 8) == pytest.approx(ring, rel=1e-9)
     assert ring < 7 / 8 * 1e9 / 337.5e9 + 3 / 4 / 8 * 1e9 / 40e9
-    assert lt.comm.reduce_scatter_time(hw, 1e6, 32, 8) == pytest.approx(1e6 * 31 / 32 / (0.92 * 320e9) + 79.2e-6,
+    assert lt.comm.reduce_scatter_time(hw, 1e6, 32, 8) == pytest.approx(1e6 * 31 / 32 / (0.5 * 320e9) + 42.7e-6,
                                                                        rel=1e-9)
     # 1 GB in 10 buckets of 100 MB: 10 calls, each LL128's (0.329 + 0.079 ms against Simple's 0.303 + 0.146).
     assert lt.comm.group(hw, 32, 8).reduce_scatter_time(1e9, 10) == pytest.approx(
@@ -120,6 +123,20 @@ def test_nccls_ring_latency_grows_with_the_ranks_as_its_tuner_prices_it():
     assert latency("simple", 8, 8) == pytest.approx(106.4e-6, rel=1e-12)
     assert latency("ll128", 256, 32) == pytest.approx(563.6e-6, rel=1e-12)
     assert latency("ll128", 8, 8) == pytest.approx((14 + 7 * 8.5) * 1e-6, rel=1e-12)
+    assert latency("ll", 16, 2) == pytest.approx((6.6 + 14 * 1.0 + 2.7) * 1e-6, rel=1e-12)  # LL: max(0.6, 1.0)
+
+
+def test_a_small_all_reduce_across_nodes_takes_nccls_tree(hw):
+    """tuning.cc's tree all-reduce: base + 2 x ((ppn - 1) x NVLink step + log2(nodes) x network step), LL:
+    6.8 + 2 x (7 x 0.6 + 1 x 5.0) = 25.2 us over 16 ranks in 2 nodes, against the ring's two reduce-scatters
+    (LL: 2 x (6.6 + 14 x 1.0 + 2.7) = 46.6 us). 1 kB: the tree, its bytes at 1/3.8 of half the ring's bus
+    bandwidth (min(337.5, 8 x 40) = 320 GB/s); 1 GB: the ring."""
+    assert lt.comm.nccl_tree_all_reduce_latency("ll", 16, 2) == pytest.approx(25.2e-6, rel=1e-12)
+    assert lt.comm.nccl_tree_all_reduce_latency("simple", 64, 8) == pytest.approx(
+        (8.4 + 2 * (7 * 4.0 + 3 * 14.0)) * 1e-6, rel=1e-12)
+    assert lt.comm.all_reduce_time(hw, 1e3, 16, 8) == pytest.approx(2 * 1e3 * 3.8 / 320e9 + 25.2e-6, rel=1e-9)
+    assert lt.comm.all_reduce_time(hw, 1e9, 16, 8) == pytest.approx(2 * _reduce_scatter(hw, 1e9, 16, 8), rel=1e-9)
+    assert lt.comm.all_reduce_time(hw, 1e3, 8, 8) == pytest.approx(2 * _reduce_scatter(hw, 1e3, 8, 8), rel=1e-9)
 
 
 # --- shapes ------------------------------------------------------------------------------------

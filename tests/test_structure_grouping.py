@@ -53,8 +53,9 @@ def test_a_group_prices_each_collective_as_reduce_scatter_time_alone():
             transfer = (n - 1) / n * nbytes[i] / (min(nvlink, g * network) if nodes > 1 else nvlink)
             simple = (8.4 + (n - nodes) * 3.4 + (nodes - 1) * 14.0) * 1e-6  # Simple: max(3.4, 3 x 1.0) a step
             ll128 = (14.0 + (n - nodes) * 1.9 + (nodes - 1) * 4.0) * 1e-6
+            ll = (6.6 + (n - nodes) * 1.0 + (nodes - 1) * 2.7) * 1e-6  # LL: max(0.6, 1.0) a step
             want = 0.0 if n <= 1 else (transfer + (hw.nvlink_latency_us if g > 1 else 0) * 1e-6 if nodes == 1
-                                       else min(transfer + simple, transfer / 0.92 + ll128))
+                                       else min(transfer + simple, transfer / 0.92 + ll128, transfer / 0.5 + ll))
             assert got[i] == pytest.approx(want, rel=1e-12)
         assert np.array_equal(got, comm.reduce_scatter_time(hw, nbytes, size, per_node))
 

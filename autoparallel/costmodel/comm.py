@@ -74,10 +74,27 @@ def ring_bus_bandwidth(nvlink, network, per_node, nodes):
 NCCL_RING_LATENCY_US = {  # protocol: (base, NVLink step, network step, network step with ppn 1, net overhead)
     "simple": (8.4, 3.4, 14.0, 14.0, 3.0),
     "ll128": (14.0, 1.9, 4.0, 8.5, 1.0),
+    "ll": (6.6, 0.6, 2.7, 5.0, 1.0),
 }
-# LL128's bandwidth against Simple's (tuning.cc: ring LL128 busBw * 0.92; its per-channel cap of
-# 36.7-40 GB/s, perChMaxRingLL128Bws, is not modelled).
+# LL128's and LL's bandwidth against Simple's (tuning.cc: ring LL128 busBw * 0.92, LL busBw * 0.5; their
+# caps, perChMaxRingLL128Bws (36.7-40 GB/s a channel) and llMaxBws, are not modelled).
 LL128_BANDWIDTH = 0.92
+LL_BANDWIDTH = 0.5
+# The tree all-reduce's latency per protocol, microseconds (tuning.cc: baseLatencies Tree, hwLatencies NVLINK
+# and NET Tree), and its bandwidth against the ring's bus bandwidth (algBw = busBw x 0.5 x 1/3.8 for LL,
+# x 120/128 for LL128 across nodes, x 0.92 for Simple; its per-channel caps are not modelled).
+NCCL_TREE_LATENCY_US = {"ll": (6.8, 0.6, 5.0), "ll128": (14.0, 1.25, 8.5), "simple": (8.4, 4.0, 14.0)}
+NCCL_TREE_BANDWIDTH = {"ll": 1 / 3.8, "ll128": 120 / 128, "simple": 0.92}
+
+
+def nccl_tree_all_reduce_latency(protocol: str, ranks, nodes):
+    """Seconds of latency NCCL's tuner prices one tree all-reduce over ``ranks`` in ``nodes`` domains:
+    base + 2 x ((ranks per node - 1) x NVLink step + log2(nodes) x network step) (tuning.cc
+    ncclTopoTuneModel, the tree branch; log2i rounds down). Small all-reduces across nodes take it."""
+    base, nvlink, net = NCCL_TREE_LATENCY_US[protocol]
+    ranks = np.asarray(ranks, dtype=float)
+    nodes = np.maximum(np.asarray(nodes, dtype=float), 1.0)
+    return (base + 2 * ((ranks / nodes - 1) * nvlink + np.floor(np.log2(nodes)) * net)) * 1e-6
 
 
 def nccl_ring_latency(protocol: str, ranks, nodes):
@@ -116,6 +133,8 @@ class Group:
     latency_s: np.ndarray  # a hop on each tier the group spans
     simple_latency_s: np.ndarray  # NCCL's ring latency across domains, Simple protocol (``nccl_ring_latency``)
     ll128_latency_s: np.ndarray  # the same, LL128
+    ll_latency_s: np.ndarray  # the same, LL
+    tree_latency_s: tuple  # NCCL's tree all-reduce latency per protocol (``NCCL_TREE_LATENCY_US``'s order)
     nvlink: float | np.ndarray  # achievable bytes/s (per group size on a mesh: ``scale_up_bandwidth``)
     network: float  # achievable bytes/s of one GPU's NIC
 
@@ -123,17 +142,24 @@ class Group:
         """Reduce-scatter (or all-gather: the same traffic) of ``nbytes`` over the group in ``calls``
         equal collectives (a DP step's gradient buckets), NCCL's ring at ``ring_bus_bandwidth``.
         Across domains each call pays NCCL's ring latency (``nccl_ring_latency``) at the protocol
-        its tuner would pick for that size (Simple, or LL128 at 0.92 of the bandwidth); inside one
+        its tuner would pick for that size (Simple; LL128 at 0.92 of the bandwidth; LL at 0.5); inside one
         domain the model's own latency per call."""
         bus = ring_bus_bandwidth(self.nvlink, self.network, self.per_node, self.nodes)
         transfer = self.share * nbytes / calls / bus
-        ring = np.minimum(transfer + self.simple_latency_s, transfer / LL128_BANDWIDTH + self.ll128_latency_s)
+        ring = np.minimum(np.minimum(transfer + self.simple_latency_s, transfer / LL128_BANDWIDTH + self.ll128_latency_s),
+                          transfer / LL_BANDWIDTH + self.ll_latency_s)
         per_call = np.where(self.nodes > 1, ring, transfer + self.latency_s)
         return np.where(self.size > 1, calls * per_call, 0.0)
 
     def all_reduce_time(self, nbytes, calls=1):
-        """All-reduce = reduce-scatter + all-gather of the same buffer."""
-        return 2.0 * self.reduce_scatter_time(nbytes, calls)
+        """All-reduce = reduce-scatter + all-gather of the same buffer (NCCL's ring: its latency taken
+        as two reduce-scatters'), or across domains NCCL's tree where its tuner prices that cheaper
+        (small buffers: latency in log2 of the domains), at the ring's bus bandwidth."""
+        ring = 2.0 * self.reduce_scatter_time(nbytes, calls)
+        bus = ring_bus_bandwidth(self.nvlink, self.network, self.per_node, self.nodes)
+        tree = calls * np.minimum.reduce([2.0 * nbytes / calls / (bus * NCCL_TREE_BANDWIDTH[p]) + self.tree_latency_s[i]
+                                          for i, p in enumerate(NCCL_TREE_LATENCY_US)])
+        return np.where((self.nodes > 1) & (self.size > 1), np.minimum(ring, tree), ring)
 
 
 def group(hw: HardwareSpec, group_size, per_node) -> Group:
@@ -144,7 +170,8 @@ def group(hw: HardwareSpec, group_size, per_node) -> Group:
     nvlink, network = _bandwidths(hw, g)
     latency = np.where(g > 1, hw.nvlink_latency_us, 0.0) + np.where(nodes > 1, hw.internode_latency_us, 0.0)
     return Group(n, g, nodes, (n - 1) / np.maximum(n, 1), latency * 1e-6, nccl_ring_latency("simple", n, nodes),
-                 nccl_ring_latency("ll128", n, nodes), nvlink, network)
+                 nccl_ring_latency("ll128", n, nodes), nccl_ring_latency("ll", n, nodes),
+                 tuple(nccl_tree_all_reduce_latency(p, n, nodes) for p in NCCL_TREE_LATENCY_US), nvlink, network)
 
 
 def reduce_scatter_time(hw: HardwareSpec, nbytes, group_size, per_node):
