@@ -27,8 +27,8 @@ import pandas as pd
 
 from autoparallel import io, mlperf_corrections, ranges, resources, safefile
 from autoparallel.costmodel import flops
-from autoparallel.costmodel.candidates import (CP_COMM_TYPE_COLUMN, DP_MAX_CTAS_COLUMN, Candidates, candidates,
-                                               fp8_cp_attention, on_hardware)
+from autoparallel.costmodel.candidates import (CP_COMM_TYPE_COLUMN, DP_BUCKET_SIZE_COLUMN, DP_MAX_CTAS_COLUMN,
+                                               Candidates, candidates, fp8_cp_attention, on_hardware)
 from autoparallel.costmodel.estimate import estimate_candidates, estimate_columns
 from autoparallel.errors import UserError
 from autoparallel.space import SPLIT_COLUMNS, SearchSpace, generate
@@ -267,7 +267,7 @@ EXACT_COLUMNS = ("overlap_grad_reduce", "overlap_param_gather", *SPLIT_COLUMNS)
 # the attention output (``candidates.ATTENTION_OUTPUT_CACHE_COLUMN``); a config's cap on the DP communicators'
 # CTAs (``candidates.DP_MAX_CTAS_COLUMN``: MLPerf's Llama 3.1 rows, ``MLPERF_DP_MAX_CTAS``).
 ROW_ONLY_COLUMNS = ("pipeline_schedule", "moe_dispatch_precision", "moe_act_cache_precision",
-                    "attention_output_cache_precision", CP_COMM_TYPE_COLUMN, DP_MAX_CTAS_COLUMN)
+                    "attention_output_cache_precision", CP_COMM_TYPE_COLUMN, DP_MAX_CTAS_COLUMN, DP_BUCKET_SIZE_COLUMN)
 
 
 def _exact(row: pd.Series) -> dict:
@@ -648,6 +648,13 @@ MLPERF_MODEL.update(MLPERF_LLAMA31)
 # config_common.sh the same path in NVIDIA's image; the 405B implementations of v5.0@0fdc28f0 and v5.1 alike).
 # The LoRA and GPT-3 rows' configs give other caps or none: unstated, NCCL's default.
 MLPERF_DP_MAX_CTAS = {"llama3.1-405b": 8, "llama3.1-8b": 8}
+# The 8B implementation's gradient bucket (``dataparallel.bucket_params``), parameters, by GPU: conf/custom.yaml
+# bucket_size ${oc.env:BUCKET_SIZE,134217728}, which the GB200 / GB300 configs override (config_GB200_* and
+# config_GB300_* source config_common_8b.sh: BUCKET_SIZE=768000000) (training_results_v5.1@441d65f4
+# NVIDIA/benchmarks/llama31_8b/implementations/nemo/; the other submitters' copies are assumed the same). The
+# 405B implementations' defaults differ between rounds: left to Megatron's default.
+MLPERF_DP_BUCKET_SIZE = {"llama3.1-8b": {"gb200": 768000000, "gb300": 768000000}}
+MLPERF_DP_BUCKET_SIZE_DEFAULT = {"llama3.1-8b": 134217728}
 MLPERF_LLAMA_SOURCE = "mlperfllama"
 # The Llama 3.1 ids name the model size too: NVIDIA's v5.1 systems submitted both (mlperfllama-405b-v5.1-NVIDIA-...).
 MLPERF_ID_PREFIX = {"gpt3-175b": "mlperf-", "llama2-70b-lora": "mlperflora-",
@@ -782,6 +789,8 @@ def from_mlperf(frame: pd.DataFrame) -> pd.DataFrame:
         CP_COMM_TYPE_COLUMN: [_knob_value(k, "CP_COMM_TYPE") for k in frame["other_knobs"]],
         "recompute_num_layers": [_block_recompute_layers(k) for k in frame["other_knobs"]],
         DP_MAX_CTAS_COLUMN: frame["model"].astype(str).map(MLPERF_DP_MAX_CTAS),
+        DP_BUCKET_SIZE_COLUMN: [MLPERF_DP_BUCKET_SIZE.get(m, {}).get(g, MLPERF_DP_BUCKET_SIZE_DEFAULT.get(m, math.nan))
+                                for m, g in zip(frame["model"].astype(str), frame["gpu"].astype(str))],
     })
     return pd.concat([out, arch], axis=1)
 

@@ -59,11 +59,84 @@ def _hbm(hw):
     return hw.hbm_tbps * 1e12 * hw.efficiency.hbm
 
 
-def _reduce_scatter(hw, nbytes, n, per_node):
-    """nccl-tests' reduce-scatter, hierarchical: (g-1)/g on NVLink, the rest over the network."""
+def _nccl_ring_latency(n, nodes, protocol):
+    """NCCL's tuner's latency of one ring reduce-scatter by hand (NVIDIA/nccl@5067397c src/graph/tuning.cc):
+    baseLatencies Ring, hwLatencies NVLINK / NET Ring (NET Tree with one rank a node), getNetOverhead 1 us
+    (x3 for Simple): base + (nsteps - nInterSteps) x max(NVLink step, overhead) + nInterSteps x net step."""
+    base, nvlink, net, overhead = {"simple": (8.4, 3.4, 14.0, 3.0), "ll128": (14.0, 1.9, 4.0, 1.0),
+                                   "ll": (6.6, 0.6, 2.7, 1.0)}[protocol]
+    if n == nodes:
+        net = {"simple": 14.0, "ll128": 8.5, "ll": 5.0}[protocol]
+    return (base + (n - 1 - (nodes - 1)) * max(nvlink, overhead) + (nodes - 1) * net) * 1e-6
+
+
+def _reduce_scatter(hw, nbytes, n, per_node, nvlink=None, calls=1):
+    """nccl-tests' reduce-scatter as NCCL's ring in ``calls`` equal collectives: (n-1)/n of the buffer
+    at the slower of the GPU's NVLink and its domain's per_node NICs (inside one domain, NVLink alone
+    plus the model's 5 us); across domains each call NCCL's latency at the cheapest of Simple, LL128
+    (0.92 of the bandwidth) and LL (0.5)."""
     nodes = n / per_node
-    return ((per_node - 1) / per_node * nbytes / _nvlink(hw) + (nodes - 1) / nodes * nbytes / per_node / _network(hw)
-            + (hw.nvlink_latency_us if per_node > 1 else 0) * 1e-6 + (hw.internode_latency_us if nodes > 1 else 0) * 1e-6)
+    nvlink = _nvlink(hw) if nvlink is None else nvlink
+    bus = min(nvlink, per_node * _network(hw)) if nodes > 1 else nvlink
+    transfer = (n - 1) / n * nbytes / calls / bus
+    if nodes == 1:
+        return calls * (transfer + (hw.nvlink_latency_us if per_node > 1 else 0) * 1e-6)
+    return calls * min(transfer + _nccl_ring_latency(n, nodes, "simple"),
+                       transfer / 0.92 + _nccl_ring_latency(n, nodes, "ll128"),
+                       transfer / 0.5 + _nccl_ring_latency(n, nodes, "ll"))
+
+
+def test_a_collective_over_several_domains_runs_at_its_slowest_link_as_nccls_ring(hw):
+    """NCCL's tuning model (NVIDIA/nccl@5067397c src/graph/tuning.cc, ncclTopoTuneModel) prices a
+    ring at busBw = nChannels * bw, one per-channel speed on every link a channel crosses (NVLink
+    and NIC at once), and time = lat + nBytes / (busBw * nRanks / nsteps), nsteps = nRanks - 1 for a
+    reduce-scatter. H100 (900 GB/s NVLink both ways at 0.75, 50 GB/s NIC at 0.8), 1 GB over 32
+    ranks, 8 to a node: busBw = min(337.5, 8 x 40) = 320 GB/s; Simple's latency 8.4 + 28 x 3.4 + 3 x
+    14 = 145.6 us beats LL128's 79.2 us at 0.92 of the bandwidth; the series legs would take
+    7/8 GB / 337.5 GB/s + 3/4 x 1/8 GB / 40 GB/s = 4.94 ms. 1 MB: LL, 6.6 + 28 x max(0.6, 1.0) + 3 x 2.7 =
+    42.7 us at half the bandwidth (48.8 us against LL128's 82.5 and Simple's 148.6)."""
+    assert (hw.nvlink_gbps, hw.efficiency.nvlink, hw.internode_gbps, hw.efficiency.internode) == (900, 0.75, 50, 0.8)
+    assert hw.nvlink_latency_us == 5.0
+    ring = 1e9 * 31 / 32 / 320e9 + 145.6e-6
+    assert lt.comm.reduce_scatter_time(hw, 1e9, 32, 8) == pytest.approx(ring, rel=1e-9)
+    assert ring < 7 / 8 * 1e9 / 337.5e9 + 3 / 4 / 8 * 1e9 / 40e9
+    assert lt.comm.reduce_scatter_time(hw, 1e6, 32, 8) == pytest.approx(1e6 * 31 / 32 / (0.5 * 320e9) + 42.7e-6,
+                                                                       rel=1e-9)
+    # 1 GB in 10 buckets of 100 MB: 10 calls, each LL128's (0.329 + 0.079 ms against Simple's 0.303 + 0.146).
+    assert lt.comm.group(hw, 32, 8).reduce_scatter_time(1e9, 10) == pytest.approx(
+        10 * (1e8 * 31 / 32 / (0.92 * 320e9) + 79.2e-6), rel=1e-9)
+    # 2 ranks to a node: their 2 NICs bind (80 GB/s); one domain: NVLink alone, (g-1)/g and 5 us as before.
+    assert lt.comm.reduce_scatter_time(hw, 1e9, 8, 2) == pytest.approx(
+        1e9 * 7 / 8 / 80e9 + (8.4 + 4 * 3.4 + 3 * 14) * 1e-6, rel=1e-9)
+    assert lt.comm.reduce_scatter_time(hw, 1e9, 8, 8) == pytest.approx(1e9 * 7 / 8 / 337.5e9 + 5e-6, rel=1e-9)
+    assert lt.comm.all_reduce_time(hw, 1e9, 32, 8) == pytest.approx(2 * ring, rel=1e-9)
+
+
+def test_nccls_ring_latency_grows_with_the_ranks_as_its_tuner_prices_it():
+    """tuning.cc's ring latency, Simple: 8.4 + (nsteps - nInterSteps) x max(3.4, 3 x 1.0) + nInterSteps
+    x 14 us: 64 ranks over 8 nodes 8.4 + 56 x 3.4 + 7 x 14 = 296.8 us; 256 over 32, 1,204.0 us; one
+    rank a node (NET Tree's 14 us, no NVLink step), 8 over 8: 8.4 + 7 x 14 = 106.4 us. LL128: 14 +
+    224 x 1.9 + 31 x 4 = 563.6 us at 256 over 32."""
+    latency = lt.comm.nccl_ring_latency
+    assert latency("simple", 64, 8) == pytest.approx(296.8e-6, rel=1e-12)
+    assert latency("simple", 256, 32) == pytest.approx(1204.0e-6, rel=1e-12)
+    assert latency("simple", 8, 8) == pytest.approx(106.4e-6, rel=1e-12)
+    assert latency("ll128", 256, 32) == pytest.approx(563.6e-6, rel=1e-12)
+    assert latency("ll128", 8, 8) == pytest.approx((14 + 7 * 8.5) * 1e-6, rel=1e-12)
+    assert latency("ll", 16, 2) == pytest.approx((6.6 + 14 * 1.0 + 2.7) * 1e-6, rel=1e-12)  # LL: max(0.6, 1.0)
+
+
+def test_a_small_all_reduce_across_nodes_takes_nccls_tree(hw):
+    """tuning.cc's tree all-reduce: base + 2 x ((ppn - 1) x NVLink step + log2(nodes) x network step), LL:
+    6.8 + 2 x (7 x 0.6 + 1 x 5.0) = 25.2 us over 16 ranks in 2 nodes, against the ring's two reduce-scatters
+    (LL: 2 x (6.6 + 14 x 1.0 + 2.7) = 46.6 us). 1 kB: the tree, its bytes at 1/3.8 of half the ring's bus
+    bandwidth (min(337.5, 8 x 40) = 320 GB/s); 1 GB: the ring."""
+    assert lt.comm.nccl_tree_all_reduce_latency("ll", 16, 2) == pytest.approx(25.2e-6, rel=1e-12)
+    assert lt.comm.nccl_tree_all_reduce_latency("simple", 64, 8) == pytest.approx(
+        (8.4 + 2 * (7 * 4.0 + 3 * 14.0)) * 1e-6, rel=1e-12)
+    assert lt.comm.all_reduce_time(hw, 1e3, 16, 8) == pytest.approx(2 * 1e3 * 3.8 / 320e9 + 25.2e-6, rel=1e-9)
+    assert lt.comm.all_reduce_time(hw, 1e9, 16, 8) == pytest.approx(2 * _reduce_scatter(hw, 1e9, 16, 8), rel=1e-9)
+    assert lt.comm.all_reduce_time(hw, 1e3, 8, 8) == pytest.approx(2 * _reduce_scatter(hw, 1e3, 8, 8), rel=1e-9)
 
 
 # --- shapes ------------------------------------------------------------------------------------
@@ -829,25 +902,29 @@ def test_dp_comm_reduces_gradients_and_gathers_parameters_per_chunk(gpt, hw):
     assert stp.dp_comm_time(_cands(gpt, hw, fsdp=True), params, 0.0, 1.0)[0] == 0.0
 
 
-def test_a_cap_on_the_dp_communicators_ctas_slows_their_nvlink_leg_only(gpt, hw):
+@pytest.mark.parametrize("tp, dp, per_node", [(4, 4, 2), (1, 16, 8)])
+def test_a_cap_on_the_dp_communicators_ctas_slows_their_nvlink_only(gpt, hw, tp, dp, per_node):
     """A config's ``max_ctas`` for the DP communicators (MLPerf's Llama 3.1 rows: 8) leaves the ring
-    8 of the 32 channels that run NVLink at full speed (``dataparallel.cta_capped``): the NVLink leg of
-    each reduce-scatter / all-gather takes 4x as long, the network leg as long as before; at 32 or
-    more CTAs, and without the column (a search), nothing changes."""
-    plan = plan_columns([Plan(tp=4, pp=8, vp=2, cp=2, dp=4, mbs=1, gbs=64, sp=True, precision="bf16",
+    8 of the 32 channels that run NVLink at full speed (``dataparallel.cta_capped``): NVLink runs at a
+    quarter of its rate, the NICs as before, and the ring at the slower of the two. With 2 of the DP x
+    CP group's ranks to a node their 2 NICs (80 GB/s) still bind; with 8, the capped NVLink (84 GB/s
+    of 337.5) does. At 32 or more CTAs, and without the column (a search), nothing changes."""
+    plan = plan_columns([Plan(tp=tp, pp=8, vp=2, cp=2, dp=dp, mbs=1, gbs=64, sp=True, precision="bf16",
                               recompute="none", grad_reduce_in_fp32=False, distributed_optimizer=True,
                               overlap_grad_reduce=False, overlap_param_gather=False)])
     params = 4e8
-    nbytes = params / 2 * 2.0  # one of 2 chunks, BF16; the DP x CP group: 8 ranks, 2 to a node
+    nbytes = params / 2 * 2.0  # one of 2 chunks, BF16
+    ranks = dp * 2  # the DP x CP group, per_node of them to a node
 
     def priced(ctas):
         cols = plan if ctas is None else {**plan, DP_MAX_CTAS_COLUMN: np.array([str(ctas)], dtype=object)}
         return stp.dp_comm_time(candidates(gpt, hw, cols), params, 0.0, 1.0)[0]
-    full = _reduce_scatter(hw, nbytes, 8, 2)
-    nvlink_leg = 1 / 2 * nbytes / _nvlink(hw)
+    full = _reduce_scatter(hw, nbytes, ranks, per_node)
+    capped = _reduce_scatter(hw, nbytes, ranks, per_node, nvlink=_nvlink(hw) / 4)
     assert priced(None) == pytest.approx(4 * full, rel=REL) == pytest.approx(priced(32), rel=REL)
     assert priced(64) == pytest.approx(priced(None), rel=REL)
-    assert priced(8) == pytest.approx(4 * (full + 3 * nvlink_leg), rel=REL)
+    assert priced(8) == pytest.approx(4 * capped, rel=REL)
+    assert (priced(8) > priced(None)) == (per_node == 8)
 
 
 def test_overlapped_dp_comm_hides_the_reduce_behind_later_backwards_and_each_gather_behind_one_forward(gpt, hw):
@@ -856,7 +933,9 @@ def test_overlapped_dp_comm_hides_the_reduce_behind_later_backwards_and_each_gat
     forward. Stage compute 6 ms: chunk forward 1 ms, chunk backward 2 ms."""
     x = _cands(gpt, hw, distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True)
     params, keep = 4e8, 1 - hw.efficiency.dp_overlap
-    chunk = _reduce_scatter(hw, params / 2 * 2.0, 8, 2)
+    # Megatron's default bucket max(40M, 1M x 8) parameters: 2e8 a chunk in 5 collectives.
+    chunk = _reduce_scatter(hw, params / 2 * 2.0, 8, 2, calls=5)
+    assert chunk > _reduce_scatter(hw, params / 2 * 2.0, 8, 2)
 
     def hidden(comm, window):
         return max(keep * comm, comm - window)

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from autoparallel import measured_runs, resources, validate
-from autoparallel.costmodel.candidates import DP_MAX_CTAS_COLUMN
+from autoparallel.costmodel.candidates import DP_BUCKET_SIZE_COLUMN, DP_MAX_CTAS_COLUMN
 from autoparallel.measured_runs import load_runs, predict_row, read_runs_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,6 +129,22 @@ def test_the_dp_communicators_run_on_the_configs_8_ctas(prepared):
     through NCCL_CFG_PATH; ``measured_runs.MLPERF_DP_MAX_CTAS``): each row's candidates carry the cap."""
     for p in prepared:
         assert {float(v) for v in p.cols[DP_MAX_CTAS_COLUMN]} == {8.0}, p.id
+
+
+def test_the_8b_rows_carry_their_configs_gradient_bucket(prepared):
+    """The 8B implementation's bucket_size (conf/custom.yaml: BUCKET_SIZE, default 134217728 parameters;
+    the GB200 / GB300 configs 768000000; ``measured_runs.MLPERF_DP_BUCKET_SIZE``) on each 8B row's
+    candidates; the 405B rows state none (Megatron's default, ``dataparallel.bucket_params``)."""
+    seen = set()
+    for p in prepared:
+        stated = {float(v) for v in p.cols.get(DP_BUCKET_SIZE_COLUMN, ["nan"])}
+        if "-8b-" not in p.id:
+            assert DP_BUCKET_SIZE_COLUMN not in p.cols, p.id
+            continue
+        want = 768000000.0 if str(p.row["gpu"]) in ("gb200", "gb300") else 134217728.0
+        assert stated == {want}, p.id
+        seen.add(want)
+    assert seen == {768000000.0, 134217728.0}
 
 
 @pytest.mark.skipif(not all(Path(m).is_dir() for m in MIRRORS), reason="needs the MLCommons results mirrors")

@@ -45,13 +45,17 @@ def test_a_group_prices_each_collective_as_reduce_scatter_time_alone():
     ranks = comm.group(hw, size, per_node)
     for nbytes in (np.full(5, 3.0e8), np.array([1.0, 2e6, 3e7, 4e8, 5e9])):
         got = ranks.reduce_scatter_time(nbytes)
-        for i in range(5):  # nccl-tests: (g-1)/g S on NVLink, (nodes-1)/nodes S/g on the network
-            g, nodes = min(per_node[i], size[i]), size[i] / min(per_node[i], size[i])
+        for i in range(5):  # NCCL's ring: (n-1)/n S at min(NVLink, g NICs); across domains tuning.cc's latency
+            n, g = size[i], min(per_node[i], size[i])
+            nodes = n / g
             nvlink = hw.nvlink_unidirectional_gbps * 1e9 * hw.efficiency.nvlink
             network = hw.internode_gbps * 1e9 * hw.efficiency.internode
-            latency = ((hw.nvlink_latency_us if g > 1 else 0) + (hw.internode_latency_us if nodes > 1 else 0)) * 1e-6
-            want = 0.0 if size[i] <= 1 else (
-                (g - 1) / g * nbytes[i] / nvlink + (nodes - 1) / nodes * nbytes[i] / g / network + latency)
+            transfer = (n - 1) / n * nbytes[i] / (min(nvlink, g * network) if nodes > 1 else nvlink)
+            simple = (8.4 + (n - nodes) * 3.4 + (nodes - 1) * 14.0) * 1e-6  # Simple: max(3.4, 3 x 1.0) a step
+            ll128 = (14.0 + (n - nodes) * 1.9 + (nodes - 1) * 4.0) * 1e-6
+            ll = (6.6 + (n - nodes) * 1.0 + (nodes - 1) * 2.7) * 1e-6  # LL: max(0.6, 1.0) a step
+            want = 0.0 if n <= 1 else (transfer + (hw.nvlink_latency_us if g > 1 else 0) * 1e-6 if nodes == 1
+                                       else min(transfer + simple, transfer / 0.92 + ll128, transfer / 0.5 + ll))
             assert got[i] == pytest.approx(want, rel=1e-12)
         assert np.array_equal(got, comm.reduce_scatter_time(hw, nbytes, size, per_node))
 

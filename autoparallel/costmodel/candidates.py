@@ -70,6 +70,9 @@ CP_COMM_TYPE_COLUMN = "cp_comm_type"
 # (Megatron's ``nccl_communicator_config_path``: ``dp`` / ``dp_cp`` ``max_ctas``;
 # ``dataparallel.cta_capped``); a search runs NCCL's default.
 DP_MAX_CTAS_COLUMN = "dp_max_ctas"
+# A published row's gradient bucket size in parameters where its config sets one (Megatron's
+# ``--ddp-bucket-size``; ``dataparallel.bucket_params``); a search takes Megatron's default.
+DP_BUCKET_SIZE_COLUMN = "ddp_bucket_size"
 ATTENTION_OUTPUT_CACHE_BYTES = {"e5m6": 1.5}
 
 

@@ -25,7 +25,7 @@ import dataclasses
 import numpy as np
 
 from autoparallel.costmodel import comm
-from autoparallel.costmodel.candidates import DP_MAX_CTAS_COLUMN
+from autoparallel.costmodel.candidates import DP_BUCKET_SIZE_COLUMN, DP_MAX_CTAS_COLUMN
 from autoparallel.costmodel.memory import WEIGHT_BYTES
 from autoparallel.specs.hardware import HardwareSpec
 
@@ -59,18 +59,40 @@ def cta_capped(x, ranks: comm.Group) -> comm.Group:
     return dataclasses.replace(ranks, nvlink=ranks.nvlink * share)
 
 
+def bucket_params(x) -> np.ndarray:
+    """Parameters per gradient bucket: the row's own (``DP_BUCKET_SIZE_COLUMN``) where it states one,
+    else Megatron-LM's default max(40M, 1M x the DP x CP group's ranks) (NVIDIA/Megatron-LM@d98e8a64dd
+    megatron/training/training.py resolve_ddp_bucket_size: larger groups get larger buckets so that
+    each stays bandwidth-bound, not latency-bound, in NCCL's ring)."""
+    default = np.maximum(40e6, 1e6 * x.dp_ranks.size)
+    if DP_BUCKET_SIZE_COLUMN not in x.knobs:
+        return default
+    stated = np.asarray(x.knobs[DP_BUCKET_SIZE_COLUMN], dtype=float)
+    return np.where(np.isfinite(stated) & (stated > 0), stated, default)
+
+
+def buckets_per_chunk(x, params_gpu) -> np.ndarray:
+    """Gradient buckets of each model chunk's ``params_gpu / vp`` parameters: one collective each
+    (reduce-scatter, and all-gather of the parameters), each paying its latency. Without
+    overlap_grad_reduce Megatron makes one bucket of the whole buffer (bucket_size None)."""
+    buckets = np.maximum(np.ceil(params_gpu / x.v / bucket_params(x)), 1.0)
+    return np.where(x.flag("overlap_grad_reduce"), buckets, 1.0)
+
+
 def distributed_optimizer_exposed(hw: HardwareSpec, params_gpu, grad_bytes, ranks: comm.Group, dist_opt,
-                                  vp, pp, stage_compute, overlap_grads, overlap_params, gather_bytes=WEIGHT_BYTES):
+                                  vp, pp, stage_compute, overlap_grads, overlap_params, gather_bytes=WEIGHT_BYTES,
+                                  buckets=1.0):
     """Exposed seconds per step of the gradient reduce and parameter gather of one stage over the
     data-parallel group ``ranks`` (``comm.group``).
 
     ``stage_compute``: forward + backward of one micro-batch through the stage (all chunks);
-    ``gather_bytes``: per parameter gathered (BF16; 1 for weights kept in FP8).
+    ``gather_bytes``: per parameter gathered (BF16; 1 for weights kept in FP8); ``buckets``: the
+    collectives each chunk's reduce and gather are split into (``buckets_per_chunk``).
     """
     chunk_params = params_gpu / vp
     grads = chunk_params * grad_bytes
-    reduce = np.where(dist_opt, ranks.reduce_scatter_time(grads), ranks.all_reduce_time(grads))
-    gather = np.where(dist_opt, ranks.reduce_scatter_time(chunk_params * gather_bytes), 0.0)
+    reduce = np.where(dist_opt, ranks.reduce_scatter_time(grads, buckets), ranks.all_reduce_time(grads, buckets))
+    gather = np.where(dist_opt, ranks.reduce_scatter_time(chunk_params * gather_bytes, buckets), 0.0)
     chunk_backward = (2.0 / 3.0) * stage_compute / vp
     chunk_forward = (1.0 / 3.0) * stage_compute / vp
     later_chunks = vp - 1

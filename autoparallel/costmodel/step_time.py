@@ -76,7 +76,8 @@ def dp_comm_time(x: Candidates, params_gpu, experts_gpu, stage_compute):
     def exposed(params, ranks):
         return np.where(x.fsdp, 0.0, dataparallel.distributed_optimizer_exposed(
             x.hw, params, x.grad_bytes, ranks, x.distributed_optimizer, x.v, x.p, stage_compute,
-            x.flag("overlap_grad_reduce"), x.flag("overlap_param_gather"), x.gather_bytes))
+            x.flag("overlap_grad_reduce"), x.flag("overlap_param_gather"), x.gather_bytes,
+            dataparallel.buckets_per_chunk(x, params)))
     total = exposed(params_gpu, dataparallel.cta_capped(x, x.dp_ranks))
     if x.model.is_moe:
         total = total + exposed(experts_gpu, x.edp_ranks)
