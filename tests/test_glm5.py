@@ -193,7 +193,9 @@ def test_cp_is_priced_as_megatrons_allgather_and_exported_so(glm):
     """Megatron-LM d98e8a64dd's TransformerConfig lets DSAttention run CP only as cp_comm_type allgather: each
     layer all-gathers the absorbed latent key (512 + 64) and the indexer key (128) of the whole 128k sequence, BF16
     (2 x 131,072 x 704 = 184.5 MB), and reduce-scatters their gradients; full recompute gathers again. On H100 at
-    CP 32: 8 ranks a node, 7/8 of it over NVLink, 3/4 of each rank's eighth over the network, a hop on each. The
+    CP 32 (8 ranks a node, 4 nodes) as NCCL's ring: 31/32 of it at the slower of NVLink and a node's 8 NICs, plus the
+    tuner's ring latency at its cheapest protocol (tuning.cc): Simple 8.4 + 28 x 3.4 + 3 x 14.0 = 145.6 us, LL128 (0.92
+    of the bandwidth) 14.0 + 28 x 1.9 + 3 x 4.0 = 79.2 us, LL (0.5) 6.6 + 28 x 1.0 + 3 x 2.7 = 42.7 us. The
     exports write --cp-comm-type allgather (p2p, which Megatron refuses for DSA, stays DeepSeek-V3's)."""
     import numpy as np
     from autoparallel.costmodel import layer_time
@@ -203,9 +205,9 @@ def test_cp_is_priced_as_megatrons_allgather_and_exported_so(glm):
     x = _glm_candidates(glm, seq=131072, cp=32, dp=2, recompute="full")
     hw, nbytes = x.hw, 2 * 131_072 * 704
     eff = hw.efficiency
-    one = (7 / 8 * nbytes / (hw.nvlink_unidirectional_gbps * 1e9 * eff.nvlink)
-           + 3 / 4 * nbytes / 8 / (hw.internode_gbps * 1e9 * eff.internode)
-           + (hw.nvlink_latency_us + hw.internode_latency_us) * 1e-6)
+    bus = min(hw.nvlink_unidirectional_gbps * 1e9 * eff.nvlink, 8 * hw.internode_gbps * 1e9 * eff.internode)
+    transfer = 31 / 32 * nbytes / bus
+    one = min(transfer + 145.6e-6, transfer / 0.92 + 79.2e-6, transfer / 0.5 + 42.7e-6)
     assert np.allclose(layer_time.cp_comm_time(x, layer_time.attention_time(x)), 3 * one, rtol=1e-12)
     assert np.allclose(layer_time.moe_layer(x)["cp_comm"], 3 * one, rtol=1e-12)
     assert np.allclose(layer_time.cp_comm_time(_glm_candidates(glm, seq=131072, cp=32, dp=2), 0.0), 2 * one)
