@@ -86,18 +86,10 @@ def check(args: argparse.Namespace) -> None:
     if getattr(args, "profile", "job") == "layer":
         raise UserError("--executor slurm has no effect with --profile layer: layer profiles are timed in this "
                         "process; use --profile job")
-    if args.slurm_time is not None and not _is_slurm_time(args.slurm_time):
+    if args.slurm_time is not None and not _TIME.match(args.slurm_time):
         raise UserError(f"--slurm-time {args.slurm_time!r} is not a Slurm time (minutes, MM:SS, HH:MM:SS, "
-                        "D-HH, D-HH:MM or D-HH:MM:SS; minutes and seconds after another field below 60)")
+                        "D-HH, D-HH:MM or D-HH:MM:SS)")
     extra_args(args)
-
-
-def _is_slurm_time(text: str) -> bool:
-    """sbatch's --time formats (the sbatch man page): every field after the first of the colon-separated
-    part is minutes or seconds and must be below 60, so 99:99:99 is refused here rather than by sbatch."""
-    if not _TIME.match(text):
-        return False
-    return all(int(field) < 60 for field in text.split("-")[-1].split(":")[1:])
 
 
 def extra_args(args: argparse.Namespace) -> tuple[str, ...]:
