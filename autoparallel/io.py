@@ -202,7 +202,11 @@ def from_dict(cls: type[T], data: dict, source: str) -> T:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise SpecError(f"{source}: missing required key {name!r} ({_type_name(hints[name])})")
             continue
-        kwargs[name] = _coerce(data[name], hints[name], f"{source}: key {name!r}")
+        value = data[name]
+        if name in getattr(cls, "POSITIVE_KEYS", ()) and _is_number(value) and isinstance(value, int) \
+                and not 1 <= value <= MAX_COUNT:  # 0 is refused too: quote the range really taken
+            raise SpecError(f"{source}: key {name!r}: expected an integer in 1..{MAX_COUNT}, got {value!r}")
+        kwargs[name] = _coerce(value, hints[name], f"{source}: key {name!r}")
     try:
         return cls(**kwargs)
     except ValueError as exc:

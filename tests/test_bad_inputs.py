@@ -123,6 +123,7 @@ def files(tmp_path_factory):
     put("plan_half.yaml", _plan(tp=1.5))
     put("plan_negative.yaml", _plan(tp=-1))
     put("plan_zero.yaml", _plan(tp=0))
+    put("plan_gbs_huge.yaml", _plan(gbs=10**30))
     put("plan_tp3.yaml", _plan(tp=3, pp=1, gbs=3))
     put("serving_best.yaml", yaml.safe_dump({"model": "llama3.1-8b", "engine": "vllm", "gpus": 1,
                                              "layout": {"tp": 1, "pp": 1, "max_batch": 64}}))
@@ -569,6 +570,14 @@ BAD_INPUTS = [
     (["fp8-check", "--model", "llama3-8b", "--recipes", "mxfp4"], "--recipes: mxfp4 cannot be checked; choose from fp8-delayed, fp8-current, fp8-blockwise, mxfp8, nvfp4"),
     (["fp8-check", "--model", "llama3-8b", "--settings", "{fp8_nan_yaml}"], "key 'max_loss_gap_pct': expected a finite number >= 0, got nan"),
     (["fp8-check", "--model", "llama3-8b", "--settings", "{fp8_negative_yaml}"], "key 'steps': expected an integer in 0..2147483647, got -3"),
+    # a repeated recipe or an empty item is refused, not run once (s55h8)
+    (["fp8-check", "--model", "llama3-8b", "--recipes", "fp8-delayed,fp8-delayed"],
+     "--recipes 'fp8-delayed,fp8-delayed' names fp8-delayed twice; name each recipe once, from fp8-delayed,"),
+    (["fp8-check", "--model", "llama3-8b", "--recipes", "delayed,fp8-delayed"],
+     "names fp8-delayed twice (as delayed and fp8-delayed)"),
+    (["fp8-check", "--model", "llama3-8b", "--recipes", "fp8-delayed,"],
+     "--recipes 'fp8-delayed,' has an empty item; give comma-separated names from fp8-delayed,"),
+    (["fp8-check", "--model", "llama3-8b", "--recipes", "fp8-delayed,,mxfp8"], "has an empty item"),
     (["fp8-check", "--model", "llama3-8b", "--steps", "0"], "--steps: expected an integer in 1..2147483647, got 0"),
     (["fp8-check", "--model", "llama3-8b", "--seed", "-1"], "--seed: expected a seed in 0..2147483647, got -1"),
     (["fp8-check", "--model", "llama3-8b", "--results", "{results_file}"], "is a file, not a folder"),
@@ -593,8 +602,11 @@ BAD_INPUTS = [
     # --- profile (refused before any rank is spawned)
     (["profile", "--model", "cpu-small", "--plan", "{plan_two_yaml}"], "key 'tp': expected int, got 'two'"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_half_yaml}"], "key 'tp': expected int, got 1.5"),
-    (["profile", "--model", "cpu-small", "--plan", "{plan_negative_yaml}"], "key 'tp': expected an integer in 0..2147483647, got -1"),
-    (["profile", "--model", "cpu-small", "--plan", "{plan_zero_yaml}"], "tp must be a positive integer, got 0"),
+    # a plan's counts are taken in 1..2147483647: the message quotes that range, not 0.. (s55h8)
+    (["profile", "--model", "cpu-small", "--plan", "{plan_negative_yaml}"], "key 'tp': expected an integer in 1..2147483647, got -1"),
+    (["profile", "--model", "cpu-small", "--plan", "{plan_zero_yaml}"], "key 'tp': expected an integer in 1..2147483647, got 0"),
+    (["profile", "--model", "cpu-small", "--plan", "{plan_gbs_huge_yaml}"],
+     f"key 'gbs': expected an integer in 1..2147483647, got {10**30}"),
     (["profile", "--model", "cpu-small", "--plan", "{plan_tp3_yaml}"], "8 attention heads not divisible by tp=3"),
     # an `infer` run's best.yaml: "plan: unknown key 'engine'; valid keys: tp, pp, ... (43 of them)" (session 53)
     (["profile", "--plan", "{serving_best_yaml}"],
@@ -944,4 +956,6 @@ def test_a_log_with_a_bad_measurement_is_skipped_with_its_reason(pattern, change
     code = main(["runs", "import", str(tmp_path / "job.log"), "--gpu", "h100-sxm", "--runs", str(tmp_path / "runs.csv")])
     out, err = capsys.readouterr()
     assert code == 2 and "the log could not be read" in err and len(err.splitlines()) == 1
-    assert reason in out and not (tmp_path / "runs.csv").exists()
+    # one log alone: its reason is said once, in the error (stdout repeated it before s55h8)
+    assert reason in err and reason not in out and err.count(reason) == 1
+    assert not (tmp_path / "runs.csv").exists()

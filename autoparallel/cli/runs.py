@@ -39,7 +39,8 @@ def run_import(args: argparse.Namespace) -> None:
     results = import_logs([Path(p) for p in args.logs], args.gpu, Path(runs_file), args.warmup)
     for r in results:
         if r.row is None:
-            console.print(f"[yellow]skipped[/yellow] {r.path}: {r.reason}", highlight=False)
+            if len(results) > 1:  # one log alone: its reason is the error below, said once
+                console.print(f"[yellow]skipped[/yellow] {r.path}: {r.reason}", highlight=False)
             continue
         row = r.row
         layout = (f"{row['num_gpus']} x {row['gpu']}, TP{row['tp']} PP{row['pp']} VP{row['vp']} CP{row['cp']} "

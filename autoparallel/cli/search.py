@@ -206,7 +206,7 @@ def _fp8_check_first(args: argparse.Namespace, model, hw, space) -> dict:
     from autoparallel.fp8check.search_filter import decisions_from_check
     from autoparallel.space import unsupported_precisions
     lacking = unsupported_precisions(hw)
-    recipes = ",".join(p for p in space.precision if p in CHECKABLE and p not in lacking)
+    recipes = ",".join(dict.fromkeys(p for p in space.precision if p in CHECKABLE and p not in lacking))
     if not recipes:
         return {}
     settings = settings_from_flags(args.fp8_check_settings, args.fp8_check_steps, recipes,

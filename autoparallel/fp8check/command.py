@@ -31,12 +31,22 @@ def settings_from_flags(path: str | None, steps: int | None, recipes: str | None
         run = dataclasses.replace(run, seed=seed)
     chosen = settings.recipes
     if recipes:
-        names = [r.strip() for r in recipes.split(",") if r.strip()]
+        valid = f"{', '.join(CHECKABLE)} (or {', '.join(ALIASES)})"
+        names = [r.strip() for r in recipes.split(",")]
+        if "" in names:  # a trailing or doubled comma: a typo, not a recipe list
+            raise UserError(f"--recipes {recipes!r} has an empty item; give comma-separated names from {valid}")
         bad = [r for r in names if ALIASES.get(r, r) not in CHECKABLE]
-        if bad or not names:
-            raise UserError(f"--recipes: {', '.join(bad) or repr(recipes)} cannot be checked; "
-                            f"choose from {', '.join(CHECKABLE)} (or {', '.join(ALIASES)})")
-        chosen = tuple(dict.fromkeys(ALIASES.get(r, r) for r in names))
+        if bad:
+            raise UserError(f"--recipes: {', '.join(bad)} cannot be checked; choose from {valid}")
+        seen: dict[str, str] = {}
+        for name in names:  # a recipe named twice (or by its alias too) would be one run: refuse, say which
+            recipe = ALIASES.get(name, name)
+            if recipe in seen:
+                how = "" if seen[recipe] == name else f" (as {seen[recipe]} and {name})"
+                raise UserError(f"--recipes {recipes!r} names {recipe} twice{how}; name each recipe once, "
+                                f"from {valid}")
+            seen[recipe] = name
+        chosen = tuple(seen)
     return dataclasses.replace(settings, run=run, recipes=chosen)
 
 

@@ -152,9 +152,11 @@ class Plan:
     # "full_iteration" = the forward-backward of the step as one graph (--cuda-graph-impl
     # full_iteration). Each graph keeps static input buffers (``peak_memory.cuda_graph_bytes``).
     cuda_graph: CudaGraph = "none"
+    # the counts that must be >= 1 (not fields: no annotation); ``io.from_dict`` quotes 1..MAX_COUNT for them
+    POSITIVE_KEYS = ("tp", "pp", "dp", "gbs", "mbs", "vp", "cp", "ep")
 
     def __post_init__(self) -> None:
-        for key in ("tp", "pp", "dp", "gbs", "mbs", "vp", "cp", "ep"):
+        for key in self.POSITIVE_KEYS:
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be a positive integer, got {getattr(self, key)}")
         if self.cuda_graph not in CUDA_GRAPH_CHOICES:
