@@ -211,7 +211,7 @@ def test_a_log_that_is_a_fifo_is_skipped_with_its_reason(tmp_path):
                            str(tmp_path / "runs.csv")], timeout=20)
     _one_line_error(code, err, "the log could not be read (")
     assert "is a FIFO (named pipe), not a regular file); nothing written" in err
-    assert f"training log {tmp_path / 'job.log'} is a FIFO (named pipe), not a regular file" in out
+    assert "FIFO" not in out  # one log alone: its reason is said once, in the error (s55h8)
     assert not (tmp_path / "runs.csv").exists()
 
 
