@@ -463,32 +463,26 @@ def test_the_calls_per_local_expert_are_transformer_engines_gemms_and_quantizes(
     forward, a dgrad and a wgrad backward (2 and 4 calls); FP8: a quantize per GEMM input or
     output gradient too (4 and 6). At ep 2 a GPU holds 4 experts: four times the calls. Each costs
     the host ``moe_expert_call_s``; a plain schedule waits for the forward's only (the backward's
-    are issued ahead of the GPU). Each grouped call (a grouped GEMM or split-quantize over all the
-    local experts: BF16 2 forward, 4 backward; FP8 4 and 6, whatever the local experts) adds its
-    fixed host work ``moe_grouped_call_s`` once."""
-    call, grouped = hw.efficiency.moe_expert_call_s, hw.efficiency.moe_grouped_call_s
+    are issued ahead of the GPU)."""
+    call = hw.efficiency.moe_expert_call_s
     bf16 = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64)
     forward, backward = lt.moe_expert_calls(bf16)
-    assert forward[0] == pytest.approx(2 * call + 2 * grouped, rel=REL) and backward[0] == 0.0
+    assert forward[0] == pytest.approx(2 * call, rel=REL) and backward[0] == 0.0
     assert [c[0] for c in lt.expert_call_count(bf16)] == [2, 4]
-    assert [c[0] for c in lt.grouped_call_count(bf16)] == [2, 4]
     fp8 = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, precision="fp8-delayed")
     forward, backward = lt.moe_expert_calls(fp8)
-    assert forward[0] == pytest.approx(4 * call + 4 * grouped, rel=REL) and backward[0] == 0.0
+    assert forward[0] == pytest.approx(4 * call, rel=REL) and backward[0] == 0.0
     assert [c[0] for c in lt.expert_call_count(fp8)] == [4, 6]
     two = _cands(mixtral, hw, tp=1, pp=1, vp=1, cp=1, dp=8, ep=2, sp=False, gbs=64, precision="fp8-delayed")
-    assert lt.moe_expert_calls(two)[0][0] == pytest.approx(4 * 4 * call + 4 * grouped, rel=REL)
-    assert [c[0] for c in lt.grouped_call_count(two)] == [4, 6]
-    assert [c[0] for c in lt.grouped_call_host_time(two)] == pytest.approx(
-        [16 * call + 4 * grouped, 24 * call + 6 * grouped], rel=REL)
+    assert lt.moe_expert_calls(two)[0][0] == pytest.approx(4 * 4 * call, rel=REL)
     # NVFP4 (a Blackwell recipe) fuses its splits' quantize kernels into one launch, but TE's
     # split_quantize still builds a Python tensor object per split: the FP8 count, as MXFP8's.
     b200 = io.load_hardware("b200")
-    call, grouped = b200.efficiency.moe_expert_call_s, b200.efficiency.moe_grouped_call_s
+    call = b200.efficiency.moe_expert_call_s
     for precision in ("nvfp4", "mxfp8"):
         x = _cands(mixtral, b200, tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, precision=precision)
         forward, backward = lt.moe_expert_calls(x)
-        assert forward[0] == pytest.approx(4 * call + 4 * grouped, rel=REL) and backward[0] == 0.0
+        assert forward[0] == pytest.approx(4 * call, rel=REL) and backward[0] == 0.0
         assert [c[0] for c in lt.expert_call_count(x)] == [4, 6]
 
 
@@ -524,10 +518,10 @@ def test_the_fused_grouped_mlp_pays_its_kernels_once_per_pass_and_half_a_256_row
     each at one call's cost, plus each expert's rows padded to 256: 4096 tokens x 2 copies x ep 2 /
     8 experts = 2048 rows per expert (times the busiest rank's imbalance), 128 pad rows on average,
     at the routed experts' GEMM speed (twice in the backward). Off, the per-expert loop's 4 forward
-    calls per local expert and MXFP8's padding to 32 rows (and its 4 grouped calls' fixed work). The backward's kernels / calls are
-    issued ahead of the GPU (no host sync in the backward of a plain schedule): not waited for."""
+    calls per local expert and MXFP8's padding to 32 rows. The backward's kernels / calls are issued ahead of the GPU (no host sync
+    in the backward of a plain schedule): not waited for."""
     b200 = io.load_hardware("b200")
-    call, grouped = b200.efficiency.moe_expert_call_s, b200.efficiency.moe_grouped_call_s
+    call = b200.efficiency.moe_expert_call_s
     knobs = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=2, sp=False, gbs=64, precision="mxfp8")
     fused = _cands(mixtral, b200, cutedsl_fused_grouped_mlp=True, **knobs)
     looped = _cands(mixtral, b200, **knobs)
@@ -539,7 +533,7 @@ def test_the_fused_grouped_mlp_pays_its_kernels_once_per_pass_and_half_a_256_row
     assert backward[0] == pytest.approx(2 * padding, rel=1e-9)
     off_forward, off_backward = lt.expert_calls(looped, lt.routed_experts_time(looped))
     mxfp8_padding = lt.routed_experts_time(looped)[0] * 16.0 / (2048.0 * imbalance)
-    assert off_forward[0] == pytest.approx(4 * 4 * call + 4 * grouped + mxfp8_padding, rel=REL)
+    assert off_forward[0] == pytest.approx(4 * 4 * call + mxfp8_padding, rel=REL)
     assert off_backward[0] == pytest.approx(2 * mxfp8_padding, rel=REL)
     assert forward[0] < off_forward[0]
     # The MoE layer takes the fused calls in its compute.
@@ -1903,15 +1897,13 @@ def test_the_1f1b_all_to_all_overlap_waits_for_the_host_to_issue_both_passes_per
     160 per-expert host calls per layer and micro-batch, and 15 more in the forward after the
     alltoall dispatcher's sync (``post_sync_call_count``: 4 dispatcher calls, 2 sorts by local expert,
     4 experts' module calls, the fused weighted SwiGLU, 3 Fp8Padding calls, the residual add). Under
-    the 1F1B all-to-all overlap the layer takes at least 175 x ``moe_expert_call_s`` plus the fixed
-    work of its 10 grouped calls (4 forward, 6 backward) at ``moe_grouped_call_s``: the stall is
+    the 1F1B all-to-all overlap the layer takes at least 175 x ``moe_expert_call_s``: the stall is
     what that exceeds the layer's other terms by. Not
     without the overlap, not under a full-iteration CUDA graph, and at ep 64 (2 local experts, 20
     calls) the GPU's own time covers it."""
     model, b200 = io.load_model("qwen3-30b-a3b"), io.load_hardware("b200")
     knobs = dict(tp=1, pp=1, vp=1, cp=1, dp=8, ep=8, sp=False, gbs=64, precision="mxfp8")
-    grouped = 10 * b200.efficiency.moe_grouped_call_s
-    host = 175 * b200.efficiency.moe_expert_call_s + grouped
+    host = 175 * b200.efficiency.moe_expert_call_s
     assert lt.post_sync_call_count(_cands(model, b200, **knobs))[0] == pytest.approx(15)
     plain = lt.moe_layer(_cands(model, b200, **knobs))
     overlapped = lt.moe_layer(_cands(model, b200, **knobs, overlap_moe_expert_parallel_comm=True))
@@ -1925,4 +1917,4 @@ def test_the_1f1b_all_to_all_overlap_waits_for_the_host_to_issue_both_passes_per
     assert graphed["time"][0] < host
     wide = _cands(model, b200, **{**knobs, "dp": 64, "ep": 64, "gbs": 512}, overlap_moe_expert_parallel_comm=True)
     assert lt.combined_host_stall(wide, lt.moe_layer(wide)["time"])[0] == 0.0
-    assert 20 * b200.efficiency.moe_expert_call_s + grouped < lt.moe_layer(wide)["time"][0]
+    assert 20 * b200.efficiency.moe_expert_call_s < lt.moe_layer(wide)["time"][0]

@@ -194,7 +194,6 @@ def fit(rows, efficiency: Efficiency, progress=None, donor: str | None = None) -
 MOE_FITTED = {
     "alltoall": (0.05, 1.0),
     "moe_expert_call_s": (1e-7, 1e-3),
-    "moe_grouped_call_s": (1e-7, 1e-2),
 }
 LOAD_IMBALANCE_BOUNDS = (1e-3, 2.0)
 

@@ -472,22 +472,6 @@ def forward_time(x: Candidates, t_linear, attention, softmax, kind: LayerKind | 
 EXPERT_GEMMS = (1.0, 2.0)
 EXPERT_QUANTIZES = (1.0, 1.0)
 GROUPED_LINEARS = 2.0
-# Each of those grouped calls (a ``general_grouped_gemm`` or a ``tex.split_quantize`` over all the local
-# experts) also has host work done once whatever the local experts, priced per grouped call at
-# ``moe_grouped_call_s`` (TransformerEngine v2.14, f031cf87bd): the GroupedLinear module's own
-# (``module/grouped_linear.py`` lines 994-1094: ``prepare_forward`` / ``end_forward``, ``module/base.py``
-# lines 1072-1137; the autograd ``_GroupedLinear.apply``; the output's ``torch.empty``, lines 193-197);
-# ``general_grouped_gemm``'s Python set-up (``cpp_extensions/gemm.py`` lines 185-286: SM count, cuBLAS
-# workspaces, empty bias lists) and the four-stream fence ``multi_stream_cublas_gemm`` puts around its
-# per-expert loop (``common/gemm/cublaslt_gemm.cu`` lines 980-983 and 1014-1021: an event record and a
-# wait per stream before, a record and a wait per stream after); ``split_quantize``'s bulk allocation of
-# all splits at once (``pytorch/csrc/extensions/cast.cpp`` line 1317, ``bulk_allocate_*_tensors``). Per
-# local expert (``moe_expert_call_s``): the Python loops of lines 110-136 (``set_usage`` per quantizer),
-# 173-182 (``get_weight_workspace`` per weight), 260-266 and 274-286 (saved tensors, ``main_grad``
-# functions), 325-335 and 497-524 (backward: each weight's ``main_grad`` and DDP hand-off), the C++ loop of
-# ``multi_stream_cublas_gemm`` (lines 985-1011: a cuBLASLt heuristic query and launch per expert) and of
-# ``split_quantize`` (one quantizer conversion, tensor object and quantize per split). Megatron-Core's
-# calls around the GroupedLinears (``TEGroupedMLP.forward``) are counted apart (``EXPERT_MODULE_CALLS``).
 
 
 def moe_expert_calls(x: Candidates):
@@ -514,9 +498,7 @@ def moe_expert_calls(x: Candidates):
     (2026-08-14, ``moe_use_grouped_tensor``, default off) - later than every row. So the count of
     per-expert calls per pass is ``EXPERT_GEMMS`` plus, under a quantized recipe, ``EXPERT_QUANTIZES``
     (BF16: 2 forward, 4 backward per expert; FP8 / MXFP8 / NVFP4: 4 and 6), and each costs the host
-    the same time (``expert_call_count``), on top of each grouped call's fixed host work
-    (``moe_grouped_call_s``, ``grouped_call_count``: the module, autograd and stream-fence work done
-    once per grouped GEMM or split-quantize whatever the local experts, ``grouped_call_host_time``). In the plain 1F1B schedules the GPU waits for the
+    the same time (``expert_call_count``). In the plain 1F1B schedules the GPU waits for the
     forward's calls only: the dropless dispatcher syncs the host with the GPU before every forward
     all-to-all, so the host issues the forward's experts with the GPU's queue empty, while the
     backward has no sync (its all-to-alls reuse the forward's splits) and the host issues its calls
@@ -529,34 +511,17 @@ def moe_expert_calls(x: Candidates):
     90 -> 116 % (benchmarks/RESULTS.md, issue 22 helper h6-experts). A plan that runs TE's fused
     CuTe-DSL grouped MLP (``cutedsl_fused_grouped_mlp``) has no such loop: ``fused_grouped_mlp_calls``
     instead (``expert_calls`` picks). Returns (forward, 0): the backward's calls are not waited for."""
-    forward, _ = grouped_call_host_time(x)
-    return forward, np.zeros_like(forward)
-
-
-def grouped_call_count(x: Candidates):
-    """(forward, backward) grouped calls of one MoE layer and micro-batch on one GPU: for each of the
-    ``GROUPED_LINEARS``, its ``EXPERT_GEMMS`` grouped GEMMs (``general_grouped_gemm``) and, under a
-    quantized recipe, its ``EXPERT_QUANTIZES`` split-quantizes (``tex.split_quantize``), whatever the
-    number of local experts."""
-    q = x.quantized_fraction
-    return tuple(GROUPED_LINEARS * (gemms + quantizes * q) for gemms, quantizes in zip(EXPERT_GEMMS, EXPERT_QUANTIZES))
+    forward, _ = expert_call_count(x)
+    return x.hw.efficiency.moe_expert_call_s * forward, np.zeros_like(forward)
 
 
 def expert_call_count(x: Candidates):
-    """(forward, backward) per-expert calls of one MoE layer and micro-batch on one GPU: every grouped
-    call (``grouped_call_count``) once per local expert, each costing the host ``moe_expert_call_s``."""
-    local = moe.local_experts(x.model, x.e)
-    return tuple(local * calls for calls in grouped_call_count(x))
-
-
-def grouped_call_host_time(x: Candidates):
-    """(forward, backward) host seconds of one MoE layer's grouped calls: each grouped call's fixed
-    host work (``moe_grouped_call_s``: the GroupedLinear module's Python and autograd work, the
-    C++ extension's setup and its four-stream fence; ``GROUPED_CALL_FIXED_WORK``) plus its loop over
-    the local experts (``moe_expert_call_s`` each: ``expert_call_count``)."""
-    eff = x.hw.efficiency
-    return tuple(eff.moe_grouped_call_s * grouped + eff.moe_expert_call_s * experts
-                 for grouped, experts in zip(grouped_call_count(x), expert_call_count(x)))
+    """(forward, backward) per-expert calls of one MoE layer and micro-batch on one GPU: the local
+    experts' ``EXPERT_GEMMS`` and, under a quantized recipe, ``EXPERT_QUANTIZES`` for each of the
+    ``GROUPED_LINEARS``, each costing the host ``moe_expert_call_s``."""
+    per_pass = moe.local_experts(x.model, x.e) * GROUPED_LINEARS
+    q = x.quantized_fraction
+    return tuple(per_pass * (gemms + quantizes * q) for gemms, quantizes in zip(EXPERT_GEMMS, EXPERT_QUANTIZES))
 
 
 def combined_host_stall(x: Candidates, layer_time):
@@ -564,8 +529,7 @@ def combined_host_stall(x: Candidates, layer_time):
     overlap (``overlap_moe_expert_parallel_comm``) without a CUDA graph over the experts: what one
     host thread needs to issue the layer's per-expert calls of both micro-batches
     (``expert_call_count``, forward and backward) and the forward's other calls after its sync
-    (``post_sync_call_count``), at ``moe_expert_call_s`` each, and the grouped calls' fixed work
-    (``grouped_call_host_time``), beyond the layer's priced time
+    (``post_sync_call_count``), at ``moe_expert_call_s`` each, beyond the layer's priced time
     ``layer_time`` (which holds the forward's calls already, ``moe_expert_calls`` and
     ``post_sync_host_calls``).
 
@@ -594,8 +558,8 @@ def combined_host_stall(x: Candidates, layer_time):
     if not x.model.is_moe:
         return np.zeros_like(x.t, dtype=float)
     combined = x.flag("overlap_moe_expert_parallel_comm") & ~x.knob_is("cuda_graph", "full_iteration") & ~x.dualpipe
-    forward, backward = grouped_call_host_time(x)
-    host = forward + backward + post_sync_call_count(x) * x.hw.efficiency.moe_expert_call_s
+    forward, backward = expert_call_count(x)
+    host = (forward + backward + post_sync_call_count(x)) * x.hw.efficiency.moe_expert_call_s
     return np.where(combined, np.maximum(host - layer_time, 0.0), 0.0)
 
 

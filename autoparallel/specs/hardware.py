@@ -54,15 +54,12 @@ class Efficiency:
     # cuBLAS GEMM per expert, and under a quantized recipe one quantize per expert, each from
     # Python), which the GPU waits for in the forward of a plain schedule and in both passes under
     # the 1F1B all-to-all overlap (``layer_time.combined_host_stall``), on top of
-    # ``layer_overhead_s``; and the host's fixed time per grouped call (a GroupedLinear's grouped
-    # GEMM or split-quantize: its module, autograd and stream-fence work, whatever the local experts,
-    # ``layer_time.grouped_call_host_time``). The experts' GEMMs themselves run at the dense GEMM efficiency
+    # ``layer_overhead_s``. The experts' GEMMs themselves run at the dense GEMM efficiency
     # (``gemm_max`` / ``gemm_half_gflop``) of one expert's GEMM.
     alltoall: float = 0.6
     ep_overlap: float = 0.8
     moe_load_imbalance: float = 0.1
     moe_expert_call_s: float = 30e-6
-    moe_grouped_call_s: float = 100e-6
     # Speed of older software releases relative to the newest one the constants were fitted on
     # (NeMo container -> factor on throughput): the same layout runs faster release by release,
     # so the constants describe the newest release and the validation scales the older rows.
