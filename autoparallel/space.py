@@ -33,7 +33,8 @@ from autoparallel.argtypes import RELEASE_PATTERN
 from autoparallel.costmodel import cp_kinds, gemm_precision, pipeline
 from autoparallel.costmodel.candidates import RECOMPUTE_MODULES  # the modules the cost model prices
 from autoparallel.costmodel.candidates import (RECIPE_FIRST_RELEASE, TE_VERSION_COLUMN, fp8_cp_attention,
-                                                 knob_in, knob_test, lora_virtual_pipeline, recipe_in_release)
+                                                 knob_in, knob_test, lora_virtual_pipeline, recipe_in_release,
+                                                 release_at_least)
 from autoparallel.costmodel.finetune import attention_share
 from autoparallel.costmodel.finetune import is_lora as lora
 from autoparallel.errors import UserError
@@ -63,6 +64,13 @@ FP8_CP_ATTENTION_REASON = ("FP8 attention under context parallelism needs Transf
 # raises "No dot product attention support for the provided inputs!" (pytorch/attention.py L6985).
 FP8_THD_ATTENTION_REASON = ("FP8 attention with packed documents (THD, cu_seqlens) has no TransformerEngine "
                             "backend: cuDNN's FP8 attention takes bshd / sbhd only")
+# Megatron-Bridge's LoRA.sequence_parallel_input_regather (v0.6.0+, 33655ef84 PR #4581;
+# src/megatron/bridge/peft/utils.py ``ParallelLinearAdapter._sequence_parallel_input_regather_eligibility``
+# at 067f987df) runs only under TP with SP, for trainable non-expert column-parallel adapters with an identity
+# activation (LoRA's), and falls back to the default path with the all-to-all adapters (a2a_experimental),
+# CPU activation offloading, CUDA graphs and full-layer recompute: such candidates would run the plain path,
+# which the candidate without the knob prices.
+REGATHER_FALLBACK = "LoRA's sequence-parallel input re-gather (--lora-input-regather) falls back to the default path"
 STRUCTURE_KNOBS = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs")
 SPLIT_COLUMNS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
@@ -72,7 +80,8 @@ FEATURE_KNOBS = ("sp", "recompute", "distributed_optimizer", "overlap_dp_comm", 
                  "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type", "fp8_param_gather",
                  "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap", "fp8_attention",
                  "tp_only_amax_red", "activation_func_fp8_input_store", "param_remainders",
-                 "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp", "tp_overlap_rs_pipeline", "cp_comm_type")
+                 "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp", "tp_overlap_rs_pipeline", "cp_comm_type",
+                 "lora_input_regather")
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,7 @@ class SearchSpace:
     fp8_attention: tuple[bool, ...] = (False,)
     tp_only_amax_red: tuple[bool, ...] = (False,)
     tp_overlap_rs_pipeline: tuple[bool, ...] = (False,)
+    lora_input_regather: tuple[bool, ...] = (False,)
     activation_func_fp8_input_store: tuple[bool, ...] = (False,)
     cutedsl_fused_grouped_mlp: tuple[bool, ...] = (False,)
     fsdp: tuple[bool, ...] = (False,)
@@ -472,6 +482,8 @@ def _without_inapplicable(features: pd.DataFrame, space: SearchSpace, model: Mod
         inapplicable |= features.cutedsl_fused_grouped_mlp & ((features.precision != "mxfp8") | (not _fused_mlp(model)))
     if False in space.fsdp and lora(model):
         inapplicable |= features.fsdp
+    if False in space.lora_input_regather:
+        inapplicable |= features.lora_input_regather & _regather_refused(features, model, space)
     refused = {k for k in space.cp_comm_type if _cp_refusal(model, space, k)}
     if refused and set(space.cp_comm_type) - refused:  # a kind the model runs is offered: the others go
         inapplicable |= features.cp_comm_type.isin(refused)
@@ -517,6 +529,16 @@ def _mamba_rules(model: ModelSpec, tp: np.ndarray, cp: np.ndarray) -> list:
     ]
 
 
+def _regather_refused(df: pd.DataFrame, model: ModelSpec, space: SearchSpace) -> np.ndarray:
+    """Feature combinations where Megatron-Bridge's LoRA input re-gather does not run
+    (``REGATHER_FALLBACK``): not LoRA, LoRA's all-to-all adapters, a TE 1.x stack (NeMo 24.09's or
+    older, before Megatron-Bridge), no SP, full recompute, CUDA graphs."""
+    release = space.transformer_engine_version
+    if not lora(model) or model.finetune.lora_a2a or (release and not release_at_least(release, 2, 0)):
+        return np.ones(len(df), dtype=bool)
+    return ~df.sp.to_numpy(dtype=bool) | (df.recompute.to_numpy() == "full") | (df.cuda_graph.to_numpy() != "none")
+
+
 def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec,
                    space: SearchSpace | None = None) -> np.ndarray:
     """Rules on the feature knobs alone (no structure needed)."""
@@ -536,6 +558,9 @@ def _feature_rules(df: pd.DataFrame, model: ModelSpec, hw: HardwareSpec,
          "param-gather overlap needs the distributed optimizer"),
         (df.fsdp.to_numpy() & ~df.distributed_optimizer.to_numpy(), "FSDP needs the distributed optimizer"),
         (df.fsdp.to_numpy() & lora(model), "LoRA's frozen base is priced unsharded: FSDP is not offered with it"),
+        (df.lora_input_regather.to_numpy(dtype=bool) & _regather_refused(df, model, space or SearchSpace()),
+         f"{REGATHER_FALLBACK} or does not exist: it needs LoRA (without --lora-a2a) on Megatron-Bridge >= v0.6.0 "
+         "(TransformerEngine 2.x) with sequence parallelism, and no full recompute or CUDA graphs"),
         (df.fp8_attention.to_numpy() & ~np.isin(precision, FP8_ATTENTION_RECIPES),
          "FP8 attention (--fp8-dot-product-attention) needs the fp8-delayed, fp8-current, mxfp8 or nvfp4 recipe"),
         (df.tp_overlap_rs_pipeline.to_numpy() & ~df.tp_comm_overlap.to_numpy(),
@@ -716,6 +741,8 @@ def _layout_rules(df: pd.DataFrame, model: ModelSpec, space: SearchSpace,
         # TransformerConfig.__post_init__ (0.15; later releases allow the full-iteration graph).
         (graphed & (df.cpu_offloading_num_layers.to_numpy() > 0),
          "CUDA graphs not supported with CPU offloading (Megatron-Core)"),
+        (df.lora_input_regather.to_numpy(dtype=bool) & (df.cpu_offloading_num_layers.to_numpy() > 0),
+         f"{REGATHER_FALLBACK} under CPU activation offloading (Megatron-Bridge)"),
         # TransformerConfig.__post_init__ (Megatron-Core 0.16+, 2b343d739f "Refactor cuda_graph_scope"):
         # a graphed recompute draws no random numbers, and the whole-layer and full-iteration graphs
         # cover every module, so a recomputed dropout is refused.
@@ -767,7 +794,7 @@ class _Crossed:
 
 def _cross(structures: pd.DataFrame, features: pd.DataFrame, shared_overlap: bool = False) -> _Crossed:
     """Valid structures x valid features. Sequence parallel (and the TP overlap that needs it, with
-    its pipelined reduce-scatter) means nothing at tp=1 (Megatron turns it off), FSDP nothing
+    its pipelined reduce-scatter, and LoRA's input re-gather) means nothing at tp=1 (Megatron turns it off), FSDP nothing
     without a data-parallel group, the expert all-to-all overlap nothing without expert parallel
     and is refused for a pipeline without virtual stages, the token dispatcher nothing on one GPU:
     such structures get each feature combination with those knobs off (alltoall), once. Where the
@@ -777,7 +804,8 @@ def _cross(structures: pd.DataFrame, features: pd.DataFrame, shared_overlap: boo
     with every combination in order (a cross merge's order)."""
     no_a2a_overlap = (structures.ep == 1) | ((structures.pp > 1) & (structures.vp == 1))
     useless = {"sp": (structures.tp == 1,
-                      {"sp": False, "tp_comm_overlap": False, "tp_overlap_rs_pipeline": False}),
+                      {"sp": False, "tp_comm_overlap": False, "tp_overlap_rs_pipeline": False,
+                       "lora_input_regather": False}),
                "fsdp": (structures.dp * structures.cp == 1, {"fsdp": False}),
                "a2a": (no_a2a_overlap, {"overlap_moe_expert_parallel_comm": False,
                                         **({"moe_shared_expert_overlap": True} if shared_overlap else {})}),

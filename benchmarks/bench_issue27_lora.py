@@ -1,7 +1,7 @@
 """Issue 27's figure: does `search --model llama2-70b --gpus 8 --finetune lora --seq-length 8192`
 offer the layouts MLPerf's Llama-2-70B LoRA submissions used on 8 GPUs as candidates predicted to
 fit, and where does it rank them? Per LoRA setting (Megatron-Bridge's defaults: rank 32 on all four
-Linears; MLPerf's: rank 16 on QKV and projection, packed, the frozen FP8 base transposed in every
+Linears, unpacked; Megatron-Bridge's Llama 3 70B LoRA recipe: rank 16 on all four, packed; MLPerf's: rank 16 on QKV and projection, packed, the frozen FP8 base transposed in every
 micro-batch as MLPerf's TransformerEngine 1.x runs did, and FP8 dot-product attention offered to
 every FP8 candidate, as the submitted configs set FP8_DPA; MLPerf's on TE 2.x: the same with the FP8
 transposes kept, as Megatron-Bridge's TE 2.x keeps them; MLPerf's on v4.0's TE 1.6: MLPerf's, with
@@ -12,8 +12,9 @@ FP8 attention where the search offers it) at its best variant (the
 unpublished knobs searched), its rank among the feasible layouts and the share above it, and its
 rank among the distinct layouts (the ranked table's rows: one per TP/PP/CP/DP/EP, its best variant).
 
-Under MLPerf's settings on H100 at MLPerf's global batch, what ranks above the submitted TP4: the
-layouts by (TP, CP, PP), with offloading or mbs > 1 apart, their count and fastest step.
+On H100 at MLPerf's global batch, per setting, what ranks above the submitted TP4: the layouts by
+(TP, CP, PP), virtual pipeline, recompute, LoRA's input re-gather, offloading and mbs > 1 apart,
+their count and fastest step (the fastest kinds).
 
 Then the MLPerf LoRA rows' mean and max |error| with the fixed step cost (``step_overhead_s``) set
 to each of a few values, the rest of the shipped constants kept; and the mean packed SQuAD document
@@ -48,6 +49,11 @@ def submitted_layouts(gpu: str) -> set[tuple[int, int, bool]]:
 
 
 SETTINGS = {"defaults": dict(lora_rank=None, lora_targets=None, packed_sequence=None),
+            # Megatron-Bridge's Llama 3 70B LoRA recipe (067f987df src/megatron/bridge/recipes/llama/h100/
+            # llama3.py ``llama3_70b_peft_8gpu_h100_bf16_config``: dim 16, LoRA's four default targets;
+            # recipes/common.py ``_peft_common``: offline packing on): the nearest Bridge recipe to
+            # llama2-70b (Bridge has no Llama 2 70B one).
+            "Bridge's 70B recipe": dict(lora_rank=16, lora_targets=None, packed_sequence=True),
             "MLPerf's": dict(lora_rank=16, lora_targets=("linear_qkv", "linear_proj"), packed_sequence=True,
                              fp8_transpose_per_microbatch=True),
             "MLPerf's on TE 2.x": dict(lora_rank=16, lora_targets=("linear_qkv", "linear_proj"), packed_sequence=True),
@@ -145,7 +151,7 @@ def rank_layouts(model, space) -> None:
                     print(f"  TP{tp} CP{cp}: NOT offered as fitting")
                     continue
                 rank = int(match.index[0]) + 1
-                if gpu == "h100-sxm" and gbs == 8 and model.finetune.lora_dropout > 0:
+                if gpu == "h100-sxm" and gbs == 8:
                     above_the_submission(feasible.iloc[:rank - 1])
                 attention = f" FP8_DPA={int(fp8a)}" if searched else ""
                 print(f"  TP{tp} CP{cp} PP1 MBS1 fp8{attention}: rank {rank} of {len(feasible):,} "
@@ -164,17 +170,29 @@ def rank_layouts(model, space) -> None:
                       f"{at} of {len(layouts)} ({100 * at / len(layouts):.1f} %)")
 
 
+ABOVE_KINDS_SHOWN = 12  # the fastest kinds above the submission printed, the rest counted
+
+
 def above_the_submission(above) -> None:
-    """The layouts ranked above the submitted one, by kind: (TP, CP, PP), offloaded, mbs > 1."""
+    """The layouts ranked above the submitted one, by kind: (TP, CP, PP), virtual pipeline,
+    recompute, offloaded, mbs > 1, LoRA's input re-gather; the fastest ``ABOVE_KINDS_SHOWN`` kinds."""
     def kind(r):
-        what = f"TP{r.tp} CP{r.cp} PP{r.pp}"
+        what = f"TP{r.tp} CP{r.cp} PP{r.pp}" + (" VP" if r.vp > 1 else "") + (
+            f" {r.recompute} recompute" if r.recompute != "none" else "")
+        what += " regather" if getattr(r, "lora_input_regather", False) else ""
         if r.mbs > 1:
             return f"{what} mbs > 1"
         return f"{what} offloading {r.cpu_offloading_num_layers} layers" if r.cpu_offloading_num_layers else what
+    if above.empty:
+        return
     kinds = above.apply(kind, axis=1)
-    for name, group in above.groupby(kinds):
+    groups = sorted(above.groupby(kinds), key=lambda g: g[1].step_time_s.min())
+    for name, group in groups[:ABOVE_KINDS_SHOWN]:
         print(f"    above it: {name}: {len(group)} variants, fastest {group.step_time_s.min():.3f} s/step, "
               f"TP {group.tp_comm_s.min():.3f} s")
+    if len(groups) > ABOVE_KINDS_SHOWN:
+        rest = sum(len(g) for _, g in groups[ABOVE_KINDS_SHOWN:])
+        print(f"    above it: {len(groups) - ABOVE_KINDS_SHOWN} more kinds, {rest} variants")
 
 
 if __name__ == "__main__":

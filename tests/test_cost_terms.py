@@ -1918,3 +1918,27 @@ def test_the_1f1b_all_to_all_overlap_waits_for_the_host_to_issue_both_passes_per
     wide = _cands(model, b200, **{**knobs, "dp": 64, "ep": 64, "gbs": 512}, overlap_moe_expert_parallel_comm=True)
     assert lt.combined_host_stall(wide, lt.moe_layer(wide)["time"])[0] == 0.0
     assert 20 * b200.efficiency.moe_expert_call_s < lt.moe_layer(wide)["time"][0]
+
+
+def test_lora_input_regather_keeps_the_sequence_shard_and_gathers_it_again(llama, hw):
+    """Megatron-Bridge's LoRA.sequence_parallel_input_regather (v0.6.0+): beside QKV and FC1 the adapter's
+    A keeps the norm output's sequence shard (1/TP of the 8,192 x 8,192 BF16 it keeps otherwise) and its
+    ColumnParallelLinear gathers it forward, gathers it again backward and reduce-scatters its input
+    gradient: three collectives of 8,192 x 8,192 BF16 over TP 4 beside QKV, userbuffers or not (two
+    with userbuffers, none without them, when off). Llama 2 70B at TP 4, rank 16 on QKV and projection."""
+    from autoparallel.costmodel import finetune
+    model = _lora(llama)
+    whole, shard = 2.0 * 8192 * 8192, 2.0 * 8192 * 8192 / 4  # one micro-batch's QKV adapter input, BF16
+    assert finetune.adapter_input_bytes(model, 1, 8192, 4) == pytest.approx(whole, rel=REL)
+    assert finetune.adapter_input_bytes(model, 1, 8192, 4, True) == pytest.approx(shard, rel=REL)
+    assert [float(c) for _, c in finetune.adapter_collectives(model, 4, True, False, True)][0] == 3.0
+    assert [float(c) for _, c in finetune.adapter_collectives(model, 4, True, True, True)][0] == 3.0
+    gather = lt.comm.reduce_scatter_time(hw, whole, 4.0, 4.0)
+    for ub, added in ((True, 1), (False, 3)):
+        off = _llama_cands(model, hw, tp_comm_overlap=ub)
+        on = _llama_cands(model, hw, tp_comm_overlap=ub, lora_input_regather=True)
+        assert lt.lora_adapters_time(on)[0] - lt.lora_adapters_time(off)[0] == pytest.approx(added * gather, rel=REL)
+    off, on = _llama_cands(model, hw), _llama_cands(model, hw, lora_input_regather=True)
+    keep = off.keep_scores
+    assert lt.activation_bytes(on, False, keep)[0] - lt.activation_bytes(off, False, keep)[0] == pytest.approx(
+        shard - whole, rel=REL)

@@ -280,3 +280,23 @@ def test_fp8_attention_on_packed_documents_is_refused_as_te_has_no_thd_fp8_backe
     assert (frame.reason[fp8] == FP8_THD_ATTENTION_REASON).all() == refused
     assert not (frame.reason[~fp8] == FP8_THD_ATTENTION_REASON).any()
     assert (frame.reason[fp8] == FP8_THD_ATTENTION_REASON).any() == refused
+
+
+def test_lora_input_regather_exports_to_megatron_bridges_lora_not_to_nemo():
+    """Megatron-Bridge's LoRA (cfg.peft) carries the re-gather (v0.6.0+ ``sequence_parallel_input_regather``);
+    NeMo's LoRA has no such field, so NeMo's formats are refused for such a plan and best.yaml names
+    Bridge's LoRA instead. Without the knob the NeMo 2 recipe is written as before."""
+    from autoparallel.report.export import export_document
+    from autoparallel.specs.plan import Plan
+    model = dataclasses.replace(with_seq_length(io.load_model("llama2-70b"), 8192), finetune=Finetune("lora"))
+    base = dict(tp=4, pp=1, dp=2, gbs=8, sp=True, precision="fp8-delayed")
+    doc = export_document(model, Plan(**base, lora_input_regather=True), {})
+    assert doc["megatron_bridge_peft"] == {
+        "class": "megatron.bridge.peft.lora.LoRA",
+        "fields": {"dim": 32, "target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
+                   "dropout": 0.0, "a2a_experimental": False, "sequence_parallel_input_regather": True}}
+    assert "sequence_parallel_input_regather" in doc["nemo2"]["unsupported"]
+    plain = export_document(model, Plan(**base), {})
+    assert plain["megatron_bridge_peft"]["fields"]["sequence_parallel_input_regather"] is False
+    assert "unsupported" not in plain["nemo2"] and plain["nemo2"]["peft"]["dim"] == 32
+    assert "megatron_bridge_peft" not in export_document(io.load_model("llama2-70b"), Plan(**base), {})

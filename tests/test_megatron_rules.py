@@ -311,3 +311,52 @@ def test_lora_on_a_virtual_pipeline_is_refused_on_nemo_24_09s_stack_only():
     assert reason(full) == ""
     for release in ("1.11", "2.9", ""):
         assert reason(lora, transformer_engine_version=release) == ""
+
+
+def test_lora_input_regather_is_offered_where_megatron_bridge_runs_it():
+    """Megatron-Bridge's LoRA.sequence_parallel_input_regather (v0.6.0+, 33655ef84 #4581) runs under TP
+    with SP for LoRA's QKV / FC1 adapters and falls back to the default path with a2a_experimental,
+    full recompute, CUDA graphs and CPU activation offloading (067f987df peft/utils.py
+    ``_sequence_parallel_input_regather_eligibility``); it is Bridge's, so a TE 1.x stack (NeMo 24.09)
+    has none, and a pre-training run no LoRA. Each refused; at tp 1 (no SP) it is turned off, as SP is."""
+    from autoparallel.space import REGATHER_FALLBACK
+    from autoparallel.specs.finetune import Finetune
+
+    lora = dataclasses.replace(io.load_model("llama2-70b"), finetune=Finetune("lora"))
+
+    def frame(model, **pins):
+        space = SearchSpace().pinned(**{**BASE, "tp": 4, "pp": 1, "lora_input_regather": True, **pins})
+        return generate(model, io.load_hardware("h100-sxm"), 8, 8, space)
+
+    def reason(model, **pins):
+        out = frame(model, **pins)
+        assert len(out) == 1, out
+        return out.reason.iloc[0]
+
+    assert reason(lora) == ""
+    assert reason(lora, tp_comm_overlap=True, recompute="selective") == ""
+    refused = [reason(dataclasses.replace(lora, finetune=Finetune("lora", lora_a2a=True))),
+               reason(lora, recompute="full"), reason(lora, cuda_graph="layer"), reason(lora, sp=False),
+               reason(lora, transformer_engine_version="1.10"), reason(io.load_model("llama2-70b"))]
+    assert all(why.startswith(REGATHER_FALLBACK) for why in refused), refused
+    offloaded = reason(lora, cpu_offloading_num_layers=20)
+    assert offloaded.startswith(REGATHER_FALLBACK) and "offloading" in offloaded
+    assert not frame(lora, tp=1).lora_input_regather.astype(bool).any()  # no SP at tp 1: off, as SP is
+
+
+def test_the_default_space_searches_lora_input_regather_for_lora_only():
+    """The training space offers the re-gather both ways to LoRA's SP candidates and not at all to a
+    pre-training run (no candidate with it, none refused for it)."""
+    from autoparallel.space import load_space
+    from autoparallel.specs.finetune import Finetune
+
+    space = dataclasses.replace(load_space("training"), tp=(1, 4), pp=(1,), cp=(1,), mbs=(1,),
+                                precision=("fp8-delayed",), recompute=("none", "full"))
+    base = io.load_model("llama2-70b")
+    hw = io.load_hardware("h100-sxm")
+    pretraining = generate(base, hw, 8, 8, space)
+    assert not pretraining.lora_input_regather.astype(bool).any()
+    lora = generate(dataclasses.replace(base, finetune=Finetune("lora")), hw, 8, 8, space)
+    offered = lora[lora.lora_input_regather.astype(bool) & (lora.reason == "")]
+    assert len(offered) and (offered.tp == 4).all() and (offered.recompute != "full").all()
+    assert ((lora.tp == 4) & ~lora.lora_input_regather.astype(bool) & (lora.reason == "")).any()  # and without it

@@ -19,7 +19,8 @@ FEATURE_FLAGS = ("sp", "recompute", "precision", "fp8_bf16_edge_layers", "tp_com
                  "cpu_offloading_num_layers", "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type",
                  "fp8_param_gather", "precision_aware_optimizer", "cuda_graph", "moe_shared_expert_overlap",
                  "fp8_attention", "tp_only_amax_red", "activation_func_fp8_input_store", "param_remainders",
-                 "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp", "tp_overlap_rs_pipeline", "cp_comm_type")
+                 "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp", "tp_overlap_rs_pipeline", "cp_comm_type",
+                 "lora_input_regather")
 SETTING_FLAGS = ("pipeline_layout", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                  "transformer_engine_version", "quant_recipe", "num_layers_at_start_in_bf16",
@@ -134,6 +135,10 @@ def _add_transformer_engine_knobs(g) -> None:
                         "by TransformerEngine userbuffers' pipeline method: one atomic GEMM whose output is "
                         "reduce-scattered in 4 pieces on 32 / 16 SMs, as NVIDIA's MLPerf LoRA TP4 configs do. "
                         "Default: the ring exchange (the GEMM in TP chunks, each sent as the next is computed)")
+    g.add_argument("--lora-input-regather", action=argparse.BooleanOptionalAction,
+                   help="LoRA under TP with sequence parallelism: the adapters beside QKV and FC1 keep their "
+                        "input's sequence shard and gather it again in the backward (Megatron-Bridge v0.6.0+ "
+                        "LoRA.sequence_parallel_input_regather); default: searched both ways where Bridge runs it")
     g.add_argument("--tp-only-amax-red", action=argparse.BooleanOptionalAction,
                    help="reduce the fp8-delayed recipe's amaxes over TP only, not TP x DP (--tp-only-amax-red)")
     g.add_argument("--activation-func-fp8-input-store", action=argparse.BooleanOptionalAction,

@@ -19,7 +19,7 @@ DEFAULTS = {"vp": 1, "cp": 1, "ep": 1, "etp": 1, "mbs": 1, "recompute": "none", 
             "fp8_attention": False, "cuda_graph": "none", "moe_shared_expert_overlap": False,
             "tp_only_amax_red": False, "activation_func_fp8_input_store": False, "param_remainders": False,
             "cross_entropy_loss_fusion": False, "cutedsl_fused_grouped_mlp": False,
-            "tp_overlap_rs_pipeline": False}
+            "tp_overlap_rs_pipeline": False, "lora_input_regather": False}
 
 
 def add_parser(sub) -> None:

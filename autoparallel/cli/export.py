@@ -55,6 +55,8 @@ def export_text(result, rank: int, fmt: str) -> str:
             raise UserError(f"--format {fmt}: {why}")
         if result.model.is_hybrid:
             raise UserError(f"--format {fmt}: {result.model.name}: {why}")
+        if plan.lora_input_regather:  # the plan's LoRA knob, not its precision
+            raise UserError(f"--format {fmt}: rank {rank}: {why}")
         raise UserError(f"--format {fmt}: rank {rank} is {plan.precision}; {why}")
     if fmt == "nemo2":
         return nemo2_python(result.model, plan, per_node, title)

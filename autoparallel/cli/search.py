@@ -186,8 +186,10 @@ def _other_formats(result) -> str:
     from autoparallel.report.shared import nemo_unsupported
     if result.model.is_hybrid:
         return "yaml; best.yaml holds its Megatron-Bridge provider"
-    if nemo_unsupported(result.plan(1), result.model):  # NVFP4: export would refuse --format nemo*
-        return "yaml; NeMo cannot state NVFP4"
+    plan = result.plan(1)
+    if nemo_unsupported(plan, result.model):  # NVFP4, LoRA's input re-gather: export would refuse --format nemo*
+        return ("yaml; best.yaml holds its Megatron-Bridge LoRA" if plan.lora_input_regather
+                else "yaml; NeMo cannot state NVFP4")
     return "nemo, nemo2, nemo2-yaml, yaml"
 
 

@@ -109,7 +109,7 @@ def adapter_stream_elements(model: ModelSpec, t, sp):
     return total
 
 
-def adapter_collectives(model: ModelSpec, t, sp, ub=False) -> list[tuple[float, float]]:
+def adapter_collectives(model: ModelSpec, t, sp, ub=False, regather=False) -> list[tuple[float, float]]:
     """The TP collectives one layer's adapters run per micro-batch beyond the base's, as (elements
     per token, collectives of that size, each priced as an all-gather): beside a column-parallel
     Linear under SP, none where the base gathers its input by NCCL (no userbuffers, ``ub``
@@ -124,15 +124,25 @@ def adapter_collectives(model: ModelSpec, t, sp, ub=False) -> list[tuple[float, 
     gathered whole (``gather_output``) and, under SP, the gradient of its sequence scatter gathered
     in the backward (Megatron-Bridge's default path); with ``lora_a2a`` under SP, B's split output
     goes to its sequence shard by one all-to-all each way (``all2all_hp2sp``: each rank sends
-    (t-1)/t of its T x out/t, priced as an all-gather of that buffer). The rank-wide tensors between
-    A and B are neglected. On the compute stream: exposed."""
+    (t-1)/t of its T x out/t, priced as an all-gather of that buffer). With ``regather`` under SP
+    (``Plan.lora_input_regather``) the adapter beside a column-parallel Linear runs three, userbuffers
+    or not: TE returns the norm output's sequence shard, and A's ``ColumnParallelLinear`` with
+    ``sequence_parallel`` gathers it in the forward, gathers it again in the backward for its weight
+    gradient and reduce-scatters its input gradient (Megatron-Bridge 067f987 ``peft/utils.py``
+    ``get_adapter_attributes_from_linear``: ``return_layernorm_output_gathered = not
+    sequence_parallel_input_regather``; ``ParallelLinearAdapter.forward``; Megatron-Core's
+    ``LinearWithGradAccumulationAndAsyncCommunication``: the backward gather overlaps A's dgrad GEMM
+    and the reduce-scatter its wgrad GEMM, both rank-thin, so they are priced exposed). The
+    rank-wide tensors between A and B are neglected. On the compute stream: exposed."""
     if not is_lora(model):
         return []
     out = []
     for name in model.finetune.lora_targets:
         fan_in, fan_out = target_shapes(model)[name]
         if name in COLUMN_PARALLEL:
-            out.append((fan_in, np.where(np.asarray(sp) & ~np.asarray(ub, dtype=bool), 0.0, 2.0)))
+            sp_on = np.asarray(sp, dtype=bool)
+            out.append((fan_in, np.where(sp_on & np.asarray(regather, dtype=bool), 3.0,
+                                         np.where(sp_on & ~np.asarray(ub, dtype=bool), 0.0, 2.0))))
         elif model.finetune.lora_a2a:
             out.append((np.where(sp, fan_out / t, fan_out), np.where(sp, 2.0, 1.0)))
         else:
@@ -240,20 +250,24 @@ def dropout_saved_bytes(model: ModelSpec, b, s, t, sp):
     return b * s * (mask + memory.GEMM_INPUT_BYTES * proj / t)
 
 
-def adapter_input_bytes(model: ModelSpec, b, s, t):
+def adapter_input_bytes(model: ModelSpec, b, s, t, regather=False):
     """The BF16 inputs the adapters beside QKV, FC1 (the whole sequence) and FC2 (TP-split) save for
     A's weight gradient (``frozen_activation_bytes``' adapter share; the projection's adapter shares
-    the attention output, or keeps a dropped copy: ``dropout_saved_bytes``)."""
+    the attention output, or keeps a dropped copy: ``dropout_saved_bytes``). With ``regather``
+    (``Plan.lora_input_regather``, which the space offers under SP only) the QKV and FC1 adapters keep
+    the sequence shard instead, 1/t of it: A's ``ColumnParallelLinear`` with ``sequence_parallel``
+    saves its input before the gather (Megatron-Core ``LinearWithGradAccumulationAndAsyncCommunication``)."""
     if not is_lora(model):
         return 0.0
     targets = model.finetune.lora_targets
     column = model.hidden_size * sum(name in targets for name in COLUMN_PARALLEL)
+    column = np.where(np.asarray(regather, dtype=bool), column / np.asarray(t, dtype=float), column)
     return memory.GEMM_INPUT_BYTES * b * s * (column + model.ffn_hidden_size * ("linear_fc2" in targets) / t)
 
 
 def frozen_activation_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction=0.0,
                             quantized_bytes=memory.FP8_GEMM_INPUT_BYTES, attention_output=None,
-                            fused_saves_output=True):
+                            fused_saves_output=True, regather=False):
     """What a LoRA layer keeps beyond (negative: short of) ``memory.layer_activation_bytes``'s
     count of the Linears' inputs: a frozen Linear keeps no input for a weight gradient (QKV's and
     FC1's norm outputs, FC2's activation output); a target's adapter keeps its BF16 input instead:
@@ -273,4 +287,5 @@ def frozen_activation_bytes(model: ModelSpec, b, s, t, sp, fp8_fraction=0.0,
     output = np.where(fused_saves_output | ("linear_proj" in model.finetune.lora_targets),
                       memory.GEMM_INPUT_BYTES, counted_output)
     sharded = -gemm_in * model.ffn_hidden_size + (output - counted_output) * model.num_attention_heads * model.head_dim
-    return adapter_input_bytes(model, b, s, t) + b * s * (np.where(sp, replicated / t, replicated) + sharded / t)
+    return (adapter_input_bytes(model, b, s, t, regather)
+            + b * s * (np.where(sp, replicated / t, replicated) + sharded / t))

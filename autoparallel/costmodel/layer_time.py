@@ -149,7 +149,8 @@ def activation_bytes(x: Candidates, kind: LayerKind | bool, keep_scores):
     if keep_scores is False or not kind.standard:
         return saved
     return (saved + finetune.frozen_activation_bytes(x.model, x.b, x.s_local, x.t, x.sp, x.quantized_fraction,
-                                                     x.quantized_input_bytes, output, x.attention_output_fused)
+                                                     x.quantized_input_bytes, output, x.attention_output_fused,
+                                                     x.flag("lora_input_regather"))
             + finetune.dropout_saved_bytes(x.model, x.b, x.s_local, x.t, x.sp))
 
 
@@ -769,8 +770,8 @@ def lora_adapters_time(x: Candidates):
     stream_time = x.tokens * finetune.adapter_stream_elements(x.model, x.t, x.sp) * finetune.ADAPTER_BYTES / x.hbm
     tp_group = x.tp_ranks
     collectives = sum(count * tp_group.reduce_scatter_time(finetune.ADAPTER_BYTES * x.tokens * width)
-                      for width, count in finetune.adapter_collectives(x.model, x.t, x.sp,
-                                                                             x.flag("tp_comm_overlap")))
+                      for width, count in finetune.adapter_collectives(x.model, x.t, x.sp, x.flag("tp_comm_overlap"),
+                                                                             x.flag("lora_input_regather")))
     return np.maximum(flops_time, stream_time) + collectives
 
 

@@ -224,6 +224,16 @@ def bridge_precision(plan: Plan) -> dict:
     return {"recipe": BRIDGE_PRECISION_RECIPES[plan.precision], "fields": fields}
 
 
+def bridge_peft(model: ModelSpec, plan: Plan) -> dict:
+    """Megatron-Bridge's ``LoRA`` (``cfg.peft``) for a LoRA run: its class and the fields to set
+    (067f987df src/megatron/bridge/peft/lora.py: dim, target_modules, dropout, a2a_experimental,
+    sequence_parallel_input_regather)."""
+    ft = model.finetune
+    return {"class": "megatron.bridge.peft.lora.LoRA",
+            "fields": {"dim": ft.lora_rank, "target_modules": list(ft.lora_targets), "dropout": ft.lora_dropout,
+                       "a2a_experimental": ft.lora_a2a, "sequence_parallel_input_regather": plan.lora_input_regather}}
+
+
 # TransformerConfig fields with no Megatron-LM flag (arguments.py leaves them out of the flags it
 # generates from TransformerConfig, d98e8a6); NeMo 1/2 and Megatron-Bridge set them on the config.
 UNFLAGGED_FIELDS = ("tp_only_amax_red", "activation_func_fp8_input_store")
@@ -278,6 +288,8 @@ def export_document(model: ModelSpec, plan: Plan, metrics: dict, gpus_per_node: 
                  else nemo1_config(model, plan, gpus_per_node)),
         "nemo2": {"unsupported": why} if why else nemo2_recipe(model, plan, gpus_per_node),
         "megatron_bridge_mixed_precision": bridge_precision(plan),
+        **({"megatron_bridge_peft": bridge_peft(model, plan)} if model.finetune is not None and model.finetune.lora
+           else {}),
         "transformer_engine_recipe": te_recipe(plan),
         **({"megatron_lm_unflagged": unflagged} if (unflagged := megatron_lm_unflagged(plan)) else {}),
     }

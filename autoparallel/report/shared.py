@@ -59,6 +59,9 @@ def nemo_unsupported(plan: Plan, model: ModelSpec | None = None) -> str:
     if plan.is_fp4:
         return ("NVFP4 has no NeMo 1.x / NeMo 2 form (MegatronMixedPrecision has no FP4): use the Megatron-LM "
                 "flags or Megatron-Bridge's bf16_with_nvfp4_mixed")
+    if plan.lora_input_regather:
+        return ("LoRA's sequence-parallel input re-gather is Megatron-Bridge's (v0.6.0+, LoRA."
+                "sequence_parallel_input_regather); NeMo's LoRA has no such field: use best.yaml's megatron_bridge_peft")
     return ""
 
 

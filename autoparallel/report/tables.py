@@ -85,6 +85,7 @@ KNOB_CODES = {"vp": ("vp", "virtual pipeline stages"), "mbs": ("mbs", "micro-bat
               "moe_shared_expert_overlap": ("shov", "shared experts beside the all-to-alls"),
               "fp8_attention": ("fp8a", "FP8 dot-product attention"),
               "tp_overlap_rs_pipeline": ("rspipe", "forward reduce-scatters as TE's pipeline method"),
+              "lora_input_regather": ("regather", "LoRA's QKV / FC1 adapters keep their input's sequence shard"),
               "tp_only_amax_red": ("tpamax", "FP8 amaxes reduced over TP only (--tp-only-amax-red)"),
               "activation_func_fp8_input_store": ("fp8act", "SwiGLU inputs kept in FP8 for backward"),
               "param_remainders": ("prem", "16 bits per master weight (Apex store_param_remainders)"),
@@ -98,7 +99,7 @@ HIDDEN_KNOBS = ("fp8_bf16_edge_layers", "grad_reduce_in_fp32", "distributed_opti
                 "account_for_loss_in_pipeline_split", "fp8_param_gather", "precision_aware_optimizer", "cuda_graph",
                 "moe_shared_expert_overlap", "fp8_attention", "tp_only_amax_red", "activation_func_fp8_input_store",
                 "param_remainders", "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp", "tp_overlap_rs_pipeline",
-                "cp_comm_type")
+                "cp_comm_type", "lora_input_regather")
 VARIANT_KNOBS = ("vp", "mbs", "sp", "recompute", "recompute_num_layers", "precision", "tp_comm_overlap",
                  *HIDDEN_KNOBS)
 PLAN_DEFAULTS = {f: getattr(Plan(tp=1, pp=1, dp=1, gbs=1), f) for f in HIDDEN_KNOBS}

@@ -77,6 +77,8 @@ FEATURE_RULES = (
     Rule(r"master-weight remainders are state of the distributed optimizer",
          ("param_remainders", "distributed_optimizer")),
     Rule(r"LoRA's frozen base is priced unsharded", ("fsdp",)),
+    Rule(r"input re-gather \(--lora-input-regather\) falls back.* or does not exist",  # space.REGATHER_FALLBACK
+         ("lora_input_regather", "sp", "recompute", "cuda_graph", "transformer_engine_version")),
     Rule(r"FP8 attention \(--fp8-dot-product-attention\) needs", ("fp8_attention", "precision")),
     Rule(r"FP8 attention runs in TransformerEngine's fused attention", ("fp8_attention", "flash_attention")),
     Rule(r"FP8 attention with softmax sinks has no TransformerEngine backend", ("fp8_attention",)),
@@ -103,6 +105,8 @@ LAYOUT_RULES = (
     Rule(r"needs TransformerEngine >= \S+, the first release with its recipe", ("precision",
                                                                                "transformer_engine_version")),
     Rule(r"^LoRA on a virtual pipeline", ("vp", "transformer_engine_version")),
+    Rule(r"input re-gather \(--lora-input-regather\) falls back.* under CPU activation offloading",
+         ("lora_input_regather", "cpu_offloading_num_layers")),
     Rule(r"^--cp-comm-type \S+ at cp=", ("cp_comm_type", "tp", "cp")),  # cp_kinds.heads_refusal
     Rule(r"FP8 attention through --cp-comm-type allgather", ("fp8_attention", "cp_comm_type",
                                                               "transformer_engine_version")),

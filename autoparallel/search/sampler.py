@@ -174,7 +174,7 @@ TREE_KNOBS = ("tp", "pp", "vp", "num_layers_in_first_pipeline_stage", "num_layer
               "grad_reduce_in_fp32", "flash_attention", "fp8_param_gather", "precision_aware_optimizer", "cuda_graph",
               "moe_shared_expert_overlap", "fp8_attention", "tp_only_amax_red", "activation_func_fp8_input_store",
               "param_remainders", "cross_entropy_loss_fusion", "cutedsl_fused_grouped_mlp",
-              "tp_overlap_rs_pipeline")
+              "tp_overlap_rs_pipeline", "lora_input_regather")
 # The flex dispatcher's backend follows from the EP group and the hardware (space.flex_backend).
 DERIVED = ("dp", "gbs", "overlap_param_gather", "moe_flex_dispatcher_backend")
 

@@ -120,6 +120,11 @@ class Plan:
     # collective leaves: NVIDIA's MLPerf LoRA TP4 configs) instead of the ring exchange (the default,
     # NeMo's / Megatron-Bridge's FP8 userbuffers configs).
     tp_overlap_rs_pipeline: bool = False
+    # LoRA under TP with SP: the adapters beside QKV and FC1 keep the sequence shard of their input
+    # (the norm output) and gather it again in the backward for A's weight gradient, instead of
+    # keeping the whole gathered sequence (Megatron-Bridge v0.6.0+ ``LoRA.sequence_parallel_input_regather``,
+    # off by default: 33655ef84, PR #4581; ``costmodel.finetune.adapter_input_bytes``).
+    lora_input_regather: bool = False
     # TransformerConfig.activation_func_fp8_input_store: the SwiGLU's input (gate and up, of the
     # MLP and of every expert) is kept for the backward pass as an FP8 (E4M3) copy, 1 B per
     # element instead of 2 (Megatron's fused bias_swiglu / weighted_bias_swiglu; no Megatron-LM flag).
