@@ -9,8 +9,10 @@ the Mamba kernels, the M layers or the E layers alone would need to close it. Wi
 beside the TP-1 row of the same model, release and precision (GB200 beside GB300; B200 NVFP4 beside B200 MXFP8),
 each row's gap per micro-batch, the TP-2 row's excess (its measured step less its predicted one scaled by the TP-1
 row's measured / predicted), the TP collectives priced on it and the factor they would need to absorb the excess.
+With ``--layer-terms`` (and row prefixes): each layer kind's ``layer_time.LAYER_TIME_TERMS`` that are not zero, its
+forward and its total, ms per micro-batch (where a recipe's selective recompute or EP dispatch sits).
 
-Usage: ``PYTHONPATH=$PWD python benchmarks/bench_hybrid_terms.py [--all | --tp-pairs] [ID_PREFIX ...]`` (about a
+Usage: ``PYTHONPATH=$PWD python benchmarks/bench_hybrid_terms.py [--all | --tp-pairs | --layer-terms] [ID_PREFIX ...]`` (about a
 minute on two cores: the rows are prepared as validate prepares them).
 """
 
@@ -138,15 +140,25 @@ def tp_pairs(rows) -> None:
               f" {(meas1 - step1) / m1:5.3f}/{(meas2 - step2) / m2:5.3f} {excess:+8.2f} {tp_comm:9.3f} {1 + excess / tp_comm:5.1f}")
 
 
+def layer_terms(p) -> None:
+    x, step, m, layers = priced(p)
+    counts = Counter(p.model.hybrid_layer_pattern)
+    print(f"\n{p.id}: measured {measured_step(p):.3f} s, predicted {step:.3f} s per step; {m:.0f} micro-batches")
+    for kind, cost in layers.kinds.items():
+        terms = [(t, 1e3 * scalar(cost[t])) for t in (*lt.LAYER_TIME_TERMS, "forward", "time")]
+        print(f"  [{kind}] x {counts.get(kind, 0)}: " + " ".join(f"{t} {ms:.3f}" for t, ms in terms if ms))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rows", nargs="*", help=f"row id prefixes (default without --all: {', '.join(DEFAULT_ROWS)})")
     parser.add_argument("--all", action="store_true", help="every hybrid-newer row's gap and the factors")
     parser.add_argument("--tp-pairs", action="store_true", help="each TP-2 row beside its TP-1 row: gaps per micro-batch")
+    parser.add_argument("--layer-terms", action="store_true", help="each layer kind's non-zero terms (ms per micro-batch)")
     args = parser.parse_args()
     rows = [p for p in all_runs() if p.kind == "hybrid-newer"]
     for prefix in args.rows or ((), DEFAULT_ROWS)[not (args.all or args.tp_pairs)]:
-        terms(next(p for p in rows if p.id.startswith(prefix)))
+        (layer_terms if args.layer_terms else terms)(next(p for p in rows if p.id.startswith(prefix)))
     if args.all:
         gaps(rows)
     if args.tp_pairs:

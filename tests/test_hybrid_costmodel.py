@@ -120,6 +120,20 @@ def test_mamba_layer_sums_its_terms(hw, mbs):
     assert layer["cp_comm"][0] == 0.0 and layer["ep_comm"][0] == 0.0
 
 
+def test_layernorm_recompute_reruns_only_the_e_layers_norm(hw):
+    """--recompute-modules layernorm on a hybrid model: Megatron-LM's hybrid_stack_spec fuses the M, *
+    and - layers' pre-norm into their first Linear (nothing to recompute); the E layer's TENorm
+    pre_mlp_layernorm reads its BF16 input and writes its BF16 output again in the backward (tp 2 with
+    SP: 8192 / 2 tokens x 2688 hidden)."""
+    x = _cands(nano(), hw, recompute="selective", recompute_modules="layernorm")
+    hbm = hw.hbm_tbps * 1e12 * hw.efficiency.hbm
+    one_norm = (2 + 2) * 8192 / 2 * 2688 / hbm
+    zero = np.zeros(1)
+    for symbol in "M*-":
+        assert lt.selective_recompute_time(x, zero, zero, lt.HYBRID[symbol])[0] == 0.0, symbol
+    assert lt.selective_recompute_time(x, zero, zero, lt.HYBRID["E"])[0] == pytest.approx(one_norm, rel=REL)
+
+
 def test_mamba_activations_from_what_the_mixer_saves(hw):
     """BF16, tp 2 with SP: the norm input and in_proj input (h each, SP-sharded), zxBCdt, out_x, the
     norm input and out_proj input (TP-sharded), the norm's FP32 rstd per group."""

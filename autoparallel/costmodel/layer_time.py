@@ -879,12 +879,20 @@ def norm_recompute_time(x: Candidates):
 def selective_recompute_time(x: Candidates, attention, softmax, kind: LayerKind | bool, moe_block=0.0):
     """Megatron's --recompute-modules: core_attn (attention core and unfused softmax),
     mla_up_proj (MLA's up projections), moe (the whole MoE block, ``moe_block`` forward),
-    layernorm (the two norms, ``norm_recompute_time``; a hybrid layer's one)."""
+    layernorm (the two norms, ``norm_recompute_time``; in a hybrid model only the E layer's).
+
+    A hybrid model's layers (Megatron-LM d98e8a64dd ``models/hybrid/hybrid_layer_specs.py``
+    ``hybrid_stack_spec``) fuse the pre-norm into the first Linear of the M, * and - layers
+    (``TELayerNormColumnParallelLinear``: in_proj, linear_qkv, linear_fc1), leaving no norm module to
+    recompute (``MambaLayer`` has no recompute path; ``TransformerLayer`` recomputes a norm only
+    when it is not an ``IdentityOp``); the E layer keeps its own ``pre_mlp_layernorm`` (``TENorm``)."""
     kind = as_kind(kind)
     is_moe = kind.is_moe
     if not kind.standard:
-        extra = np.where(x.modules["core_attn"], attention + softmax, 0.0) if kind.attention else 0.0
-        extra = extra + np.where(x.modules["layernorm"], norm_recompute_time(x) / 2.0, 0.0)
+        extra = (np.where(x.modules["core_attn"], attention + softmax, 0.0) if kind.attention
+                 else np.zeros_like(x.t, dtype=float))
+        if is_moe:  # the E layer's pre_mlp_layernorm: one of norm_recompute_time's two norms
+            extra = extra + np.where(x.modules["layernorm"], norm_recompute_time(x) / 2.0, 0.0)
         return extra + (np.where(x.modules["moe"], moe_block, 0.0) if is_moe else 0.0)
     extra = np.where(x.modules["core_attn"], attention + softmax, 0.0)
     extra = extra + np.where(x.modules["layernorm"], norm_recompute_time(x), 0.0)
