@@ -13,10 +13,7 @@ validate`` (the candidate it reports) and each of its groups that spans more tha
 DP x CP group at the CTAs the row's config gives its communicators, ``dataparallel.cta_capped``;
 the expert-data-parallel group; the TP group), one reduce-scatter of the heaviest stage's gradients
 (TP: of one layer's activations) both ways, in one call, the ratio, and which link binds the ring;
-for the DP x CP group also the gradient buckets a step reduce-scatters, Megatron's as the model
-counts them since session 56 (``dataparallel.buckets_per_chunk``) and the stage's parameters over
-the bucket size as session 55 counted them, and the step's reduce-scatter time with each; then per
-GPU and group the rows and the mean ratio.
+then per GPU and group the rows and the mean ratio.
 
     PYTHONPATH=$PWD python benchmarks/bench_collective_legs.py [ID_SUBSTRING ...]
 """
@@ -28,7 +25,7 @@ import collections
 
 import numpy as np
 
-from autoparallel.costmodel import comm, dataparallel, finetune
+from autoparallel.costmodel import comm, dataparallel
 from autoparallel.costmodel.estimate import structure_params
 from autoparallel.measured_runs import chosen, load_runs, priced, validation_runs
 
@@ -57,29 +54,11 @@ def legs(group: comm.Group, nbytes) -> dict | None:
                 binds="NVLink" if nvlink < nics else "NICs")
 
 
-def bucketed(x, group: comm.Group, params, on_first, found: dict | None) -> dict | None:
-    """``found`` (the DP x CP group's legs) with the stage's gradient reduce-scatter per step as the
-    model prices it in buckets: ``buckets`` Megatron's (chunk 0 walked at tensor boundaries, the other
-    chunks one each: ``dataparallel.buckets_per_chunk``), ``by_size`` the parameters of each chunk
-    over the bucket size, rounded up, as session 55 counted them, and the reduce-scatter time of each."""
-    if found is None:
-        return None
-    tensors = None if finetune.is_lora(x.model) else dataparallel.layer_tensors(x.model, x.t)
-    first, other = (scalar(b) for b in dataparallel.buckets_per_chunk(x, params, on_first, tensors))
-    v, grads = scalar(x.v), params * scalar(x.grad_bytes) / scalar(x.v)
-    by_size = scalar(np.where(x.flag("overlap_grad_reduce"),
-                              np.maximum(np.ceil(params / v / dataparallel.bucket_params(x)), 1.0), 1.0))
-    return {**found, "buckets": first + (v - 1) * other, "by_size": v * by_size,
-            "rs_buckets": scalar(group.reduce_scatter_time(grads, first) + (v - 1) * group.reduce_scatter_time(grads, other)),
-            "rs_by_size": v * scalar(group.reduce_scatter_time(grads, by_size))}
-
-
 def row_groups(p) -> list[tuple[str, dict]]:
     _, i = priced(p)
     x = chosen(p, i)
-    dense, experts, on_first = (scalar(v) for v in x.by_structure(structure_params)[1])
-    dp_ranks = dataparallel.cta_capped(x, x.dp_ranks)
-    found = [("DPxCP", bucketed(x, dp_ranks, dense, on_first, legs(dp_ranks, dense * scalar(x.grad_bytes)))),
+    dense, experts = (scalar(v) for v in x.by_structure(structure_params)[1])
+    found = [("DPxCP", legs(dataparallel.cta_capped(x, x.dp_ranks), dense * scalar(x.grad_bytes))),
              ("TP", legs(x.tp_ranks, 2.0 * scalar(x.tokens) * x.model.hidden_size))]
     if x.model.is_moe:
         found.append(("EDP", legs(x.edp_ranks, experts * scalar(x.grad_bytes))))
@@ -94,8 +73,7 @@ def main() -> None:
     prepared = load_runs(runs) + load_runs(runs, moe=True)
     summary = collections.defaultdict(list)
     print(f"{'row':64s} {'GPU':13s} {'group':5s} {'ranks':>5s} {'/dom':>4s} {'NVLink':>7s} {'NICs':>6s}"
-          f" {'series ms':>9s} {'ring ms':>8s} {'ring/ser':>8s} binds  {'buckets':>7s} {'by size':>7s}"
-          f" {'RS/step ms':>10s} {'by size':>8s}")
+          f" {'series ms':>9s} {'ring ms':>8s} {'ring/ser':>8s} binds")
     for p in prepared:
         if args.rows and not any(s in p.id for s in args.rows):
             continue
@@ -104,8 +82,7 @@ def main() -> None:
             summary[(str(p.row["gpu"]), name, g["binds"])].append(ratio)
             print(f"{p.id[:64]:64s} {str(p.row['gpu']):13s} {name:5s} {g['ranks']:5.0f} {g['per_node']:4.0f}"
                   f" {g['nvlink'] / 1e9:7.1f} {g['nics'] / 1e9:6.1f} {1e3 * g['series']:9.2f} {1e3 * g['ring']:8.2f}"
-                  f" {ratio:8.3f} {g['binds']:6s}" + (f" {g['buckets']:7.0f} {g['by_size']:7.0f} {1e3 * g['rs_buckets']:10.2f}"
-                                                      f" {1e3 * g['rs_by_size']:8.2f}" if "buckets" in g else ""))
+                  f" {ratio:8.3f} {g['binds']}")
     print(f"\n{'GPU':13s} {'group':5s} {'binds':6s} {'rows':>4s} {'mean ring/series':>16s} {'min':>6s} {'max':>6s}")
     for (gpu, name, binds), ratios in sorted(summary.items()):
         print(f"{gpu:13s} {name:5s} {binds:6s} {len(ratios):4d} {np.mean(ratios):16.3f} {min(ratios):6.3f}"

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from autoparallel import io
-from autoparallel.costmodel import dataparallel as dp
 from autoparallel.costmodel import gemm
 from autoparallel.costmodel import layer_time as lt
 from autoparallel.costmodel import pipeline
@@ -931,40 +930,18 @@ def test_a_cap_on_the_dp_communicators_ctas_slows_their_nvlink_only(gpt, hw, tp,
 def test_overlapped_dp_comm_hides_the_reduce_behind_later_backwards_and_each_gather_behind_one_forward(gpt, hw):
     """vp 2, pp 8: the last chunk's reduce hides behind its own backward, the other's behind pp
     chunk backwards; each chunk's all-gather (one bucket ahead of the forward) behind one chunk
-    forward. Stage compute 6 ms: chunk forward 1 ms, chunk backward 2 ms. Megatron buckets only the
-    first chunk of the first stage (chunk 0, whose backward ends last); the other chunk is one bucket."""
+    forward. Stage compute 6 ms: chunk forward 1 ms, chunk backward 2 ms."""
     x = _cands(gpt, hw, distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True)
     params, keep = 4e8, 1 - hw.efficiency.dp_overlap
-    # Megatron's default bucket max(40M, 1M x 8) parameters over chunk 0's tensors (TP 4: fc2 and fc1 151.0M,
-    # attention's output 37.7M, QKV 113.2M; 6 layers, then the embedding 154.5M), a bucket closed at the first
-    # tensor that reaches 40M: fc2 | fc1 | output + QKV per layer, 18, and the embedding: 19 collectives.
-    first = _reduce_scatter(hw, params / 2 * 2.0, 8, 2, calls=19)
-    other = _reduce_scatter(hw, params / 2 * 2.0, 8, 2)
-    assert first > other
+    # Megatron's default bucket max(40M, 1M x 8) parameters: 2e8 a chunk in 5 collectives.
+    chunk = _reduce_scatter(hw, params / 2 * 2.0, 8, 2, calls=5)
+    assert chunk > _reduce_scatter(hw, params / 2 * 2.0, 8, 2)
 
     def hidden(comm, window):
         return max(keep * comm, comm - window)
-    expected = hidden(first, 0.002) + hidden(other, 8 * 0.002) + hidden(first, 0.001) + hidden(other, 0.001)
+    expected = hidden(chunk, 0.002) + hidden(chunk, 8 * 0.002) + 2 * hidden(chunk, 0.001)
     assert stp.dp_comm_time(x, params, 0.0, 0.006)[0] == pytest.approx(expected, rel=REL)
-    assert first - 0.001 > keep * first and other - 8 * 0.002 < keep * other  # each window matters
-    # A later pipeline stage is one bucket a chunk (Megatron passes it bucket_size None).
-    later = hidden(other, 0.002) + hidden(other, 8 * 0.002) + 2 * hidden(other, 0.001)
-    assert stp.dp_comm_time(x, params, 0.0, 0.006, 0.0)[0] == pytest.approx(later, rel=REL)
-
-
-def test_megatron_closes_a_gradient_bucket_at_the_first_tensor_that_fills_it():
-    """Llama 3.1 8B at TP 1, one stage, MLPerf's bucket of 134,217,728 parameters: the output layer
-    (525.3M) alone; the last layer's fc2 + fc1 (58.7M + 117.4M); then each layer's attention output
-    and QKV (16.8M + 25.2M) with the next layer's fc2 and fc1 (218.1M); the first layer's attention
-    with the embedding: 1 + 1 + 31 + 1 = 34 buckets, where the parameters over the bucket give 60."""
-    model = io.load_model("llama3.1-8b")
-    tensors = dp.layer_tensors(model, 1.0)
-    assert tensors == [14336 * 4096, 2 * 14336 * 4096, 4096 * 4096, 4096 * (4096 + 2 * 1024)]
-    walk = [525336576.0] + tensors * 32 + [525336576.0]
-    assert dp.walked_buckets(walk, 134217728.0) == 34
-    assert np.ceil(sum(walk) / 134217728.0) == 60
-    assert dp.walked_buckets([10.0, 10.0, 10.0], 20.0) == 2 and dp.walked_buckets([30.0], 20.0) == 1
-    assert dp.layer_tensors(io.load_model("mixtral-8x7b"), 1.0) is None  # MoE: counted by size
+    assert chunk - 0.001 > keep * chunk and chunk - 8 * 0.002 < keep * chunk  # each window matters
 
 
 def test_optimizer_reads_and_writes_its_share_of_the_states(gpt, hw):
@@ -1029,8 +1006,8 @@ def test_step_is_the_schedule_plus_the_once_per_step_terms(gpt, hw):
     params = st.stage_params(x, layers)
     out = stp.step_breakdown(x, layers, stages, stp.heaviest_stage_params(x, params))
     sched = stp.schedule(x, stages)
-    dense, experts, on_first = stp.heaviest_stage_params(x, params)
-    expected = (sched.time + stp.dp_comm_time(x, dense, experts, 12.0, on_first) + stp.optimizer_time(x, dense, experts)
+    dense, experts = stp.heaviest_stage_params(x, params)
+    expected = (sched.time + stp.dp_comm_time(x, dense, experts, 12.0) + stp.optimizer_time(x, dense, experts)
                 + stp.weight_cast_time(x, layers, sched))
     assert out["step_time_s"][0] == pytest.approx(expected[0], rel=REL)
     assert out["cp_comm_s"][0] == pytest.approx(16 * 12 * 0.05) and out["pp_comm_s"][0] == pytest.approx(16 * 0.01)

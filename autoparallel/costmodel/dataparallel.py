@@ -71,84 +71,35 @@ def bucket_params(x) -> np.ndarray:
     return np.where(np.isfinite(stated) & (stated > 0), stated, default)
 
 
-def layer_tensors(model, t) -> list | None:
-    """A standard dense decoder layer's weight tensors on one GPU, in the order Megatron-LM's
-    gradient buffer takes them (the module's parameters reversed, backprop order: the MLP's fc2 and
-    fc1, then attention's output projection and fused QKV; norms are too small to count), or None
-    for a layer of another kind (MoE, hybrid, MLA), whose buckets ``buckets_per_chunk`` counts by
-    size alone."""
-    if model.is_moe or model.is_hybrid or model.multi_latent_attention or model.is_dsv4:
-        return None
-    h, ffn = model.hidden_size, model.ffn_hidden_size
-    q_out, kv_out = model.num_attention_heads * model.head_dim, 2 * model.query_groups * model.head_dim
-    return [ffn * h / t, (2 if model.gated_mlp else 1) * ffn * h / t, q_out * h / t, h * (q_out + kv_out) / t]
-
-
-def walked_buckets(tensors, bucket) -> np.ndarray:
-    """Buckets Megatron-LM makes of ``tensors`` (arrays of elements, in buffer order): a bucket
-    closes at the first parameter whose end takes it to ``bucket`` elements or more, so a bucket
-    is never split inside a tensor and holds ``bucket`` plus the overshoot of the tensor that
-    closed it (NVIDIA/Megatron-LM@d98e8a64dd megatron/core/optimizer/distrib_optimizer.py
-    _compute_per_buffer_param_layout L553-577; param_and_grad_buffer.py L980-991 the same without
-    the distributed optimizer); what is left forms the last bucket."""
-    count, fill = 0.0, 0.0
-    for size in tensors:
-        fill = fill + size
-        full = fill >= bucket
-        count, fill = count + full, np.where(full, 0.0, fill)
-    return count + (fill > 0)
-
-
-def buckets_per_chunk(x, params_gpu, on_first, tensors=None) -> tuple[np.ndarray, np.ndarray]:
-    """Gradient buckets (one reduce-scatter each, and one parameter all-gather each) of the chunk
-    whose backward ends last, chunk 0, and of every other chunk of the priced stage. Megatron-LM
-    buckets only the first model chunk of the first pipeline rank: it passes bucket_size None,
-    one bucket, for chunks after the first and on every rank pp > 0, whose reduce is off the
-    critical path (megatron/training/training.py L2504-2515; megatron/core/distributed/
-    distributed_data_parallel.py L160-171), and for every chunk without overlap_grad_reduce.
-    ``on_first``: the priced stage is the first. ``tensors``: chunk 0's weight tensors per layer
-    (``layer_tensors``), walked as Megatron lays them (``walked_buckets``: the output layer, the
-    layers reversed, the embedding); None: its parameters over ``bucket_params``, rounded up."""
-    bucket = bucket_params(x)
-    bucketed = x.flag("overlap_grad_reduce") & (np.asarray(on_first) > 0)
-    if tensors is None:
-        first = np.maximum(np.ceil(params_gpu / x.v / bucket), 1.0)
-    else:
-        model = x.model
-        embedding = model.embedding_params / x.t
-        layers = np.ceil(x.first_layers / x.v)
-        output = np.where(x.single & (model.tie_embeddings == 0), embedding, 0.0)
-        walk = [output] + [np.where(i < layers, size, 0.0) for i in range(int(np.max(layers, initial=0)))
-                           for size in tensors] + [embedding]
-        first = np.maximum(walked_buckets(walk, bucket), 1.0)
-    return np.where(bucketed, first, 1.0), np.ones_like(first)
+def buckets_per_chunk(x, params_gpu) -> np.ndarray:
+    """Gradient buckets of each model chunk's ``params_gpu / vp`` parameters: one collective each
+    (reduce-scatter, and all-gather of the parameters), each paying its latency. Without
+    overlap_grad_reduce Megatron makes one bucket of the whole buffer (bucket_size None)."""
+    buckets = np.maximum(np.ceil(params_gpu / x.v / bucket_params(x)), 1.0)
+    return np.where(x.flag("overlap_grad_reduce"), buckets, 1.0)
 
 
 def distributed_optimizer_exposed(hw: HardwareSpec, params_gpu, grad_bytes, ranks: comm.Group, dist_opt,
                                   vp, pp, stage_compute, overlap_grads, overlap_params, gather_bytes=WEIGHT_BYTES,
-                                  buckets=(1.0, 1.0)):
+                                  buckets=1.0):
     """Exposed seconds per step of the gradient reduce and parameter gather of one stage over the
     data-parallel group ``ranks`` (``comm.group``).
 
     ``stage_compute``: forward + backward of one micro-batch through the stage (all chunks);
     ``gather_bytes``: per parameter gathered (BF16; 1 for weights kept in FP8); ``buckets``: the
-    collectives the reduce and gather of the chunk that finishes last and of each other chunk are
-    split into (``buckets_per_chunk``).
+    collectives each chunk's reduce and gather are split into (``buckets_per_chunk``).
     """
     chunk_params = params_gpu / vp
     grads = chunk_params * grad_bytes
-
-    def collectives(calls):
-        reduce = np.where(dist_opt, ranks.reduce_scatter_time(grads, calls), ranks.all_reduce_time(grads, calls))
-        return reduce, np.where(dist_opt, ranks.reduce_scatter_time(chunk_params * gather_bytes, calls), 0.0)
-    (reduce, gather), (reduce_other, gather_other) = collectives(buckets[0]), collectives(buckets[1])
+    reduce = np.where(dist_opt, ranks.reduce_scatter_time(grads, buckets), ranks.all_reduce_time(grads, buckets))
+    gather = np.where(dist_opt, ranks.reduce_scatter_time(chunk_params * gather_bytes, buckets), 0.0)
     chunk_backward = (2.0 / 3.0) * stage_compute / vp
     chunk_forward = (1.0 / 3.0) * stage_compute / vp
     later_chunks = vp - 1
-    reduce_exposed = (_hidden(hw, reduce, chunk_backward) + later_chunks * _hidden(hw, reduce_other, pp * chunk_backward))
-    gather_exposed = _hidden(hw, gather, chunk_forward) + later_chunks * _hidden(hw, gather_other, chunk_forward)
-    return (np.where(overlap_grads, reduce_exposed, reduce + later_chunks * reduce_other)
-            + np.where(overlap_params, gather_exposed, gather + later_chunks * gather_other))
+    reduce_exposed = (_hidden(hw, reduce, chunk_backward) + later_chunks * _hidden(hw, reduce, pp * chunk_backward))
+    gather_exposed = vp * _hidden(hw, gather, chunk_forward)
+    return (np.where(overlap_grads, reduce_exposed, vp * reduce)
+            + np.where(overlap_params, gather_exposed, vp * gather))
 
 
 def fsdp_exposed(hw: HardwareSpec, layer_params_gpu, grad_bytes, ranks: comm.Group, layer_forward, layer_backward,

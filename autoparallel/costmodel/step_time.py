@@ -61,28 +61,24 @@ def schedule(x: Candidates, stages: StageTimes) -> Schedule:
     )
 
 
-def heaviest_stage_params(x: Candidates, params: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def heaviest_stage_params(x: Candidates, params: list) -> tuple[np.ndarray, np.ndarray]:
     """(dense, expert) parameters of the stage holding the most: its gradients are the slowest
-    to reduce and its optimizer the slowest to step; and 1.0 where that stage is the first (the
-    one Megatron splits into gradient buckets, ``dataparallel.buckets_per_chunk``), else 0.0."""
+    to reduce and its optimizer the slowest to step."""
     totals = [np.where(ok, dense + experts, -np.inf) for ok, (dense, experts) in zip(present(x), params)]
     heaviest = np.argmax(np.stack(totals), axis=0)
-    return (*(np.choose(heaviest, [stage[i] for stage in params]) for i in range(2)), (heaviest == 0).astype(float))
+    return tuple(np.choose(heaviest, [stage[i] for stage in params]) for i in range(2))
 
 
-def dp_comm_time(x: Candidates, params_gpu, experts_gpu, stage_compute, on_first=1.0):
+def dp_comm_time(x: Candidates, params_gpu, experts_gpu, stage_compute):
     """Gradient reduce-scatter (all-reduce) and parameter all-gather over the data-parallel group
     (experts over theirs), what overlap with the last/first micro-batches leaves exposed; FSDP
-    prices its traffic per layer instead (``layer_time.fsdp_time``). ``on_first``: the priced
-    stage is the first (``heaviest_stage_params``)."""
-    tensors = None if finetune.is_lora(x.model) else dataparallel.layer_tensors(x.model, x.t)
-
-    def exposed(params, ranks, tensors=None):
+    prices its traffic per layer instead (``layer_time.fsdp_time``)."""
+    def exposed(params, ranks):
         return np.where(x.fsdp, 0.0, dataparallel.distributed_optimizer_exposed(
             x.hw, params, x.grad_bytes, ranks, x.distributed_optimizer, x.v, x.p, stage_compute,
             x.flag("overlap_grad_reduce"), x.flag("overlap_param_gather"), x.gather_bytes,
-            dataparallel.buckets_per_chunk(x, params, on_first, tensors)))
-    total = exposed(params_gpu, dataparallel.cta_capped(x, x.dp_ranks), tensors)
+            dataparallel.buckets_per_chunk(x, params)))
+    total = exposed(params_gpu, dataparallel.cta_capped(x, x.dp_ranks))
     if x.model.is_moe:
         total = total + exposed(experts_gpu, x.edp_ranks)
     return total
@@ -109,12 +105,12 @@ def weight_cast_time(x: Candidates, layers: Layers, bottleneck: Schedule):
 def step_breakdown(x: Candidates, layers: Layers, stages: StageTimes, heaviest: tuple) -> dict:
     """The step time and its breakdown on the bottleneck stage (``BREAKDOWN_KEYS``, which add up
     to ``step_time_s``). ``heaviest``: the (dense, expert) trainable parameters of the stage that
-    holds the most and whether it is the first (``heaviest_stage_params`` of ``stages.trainable_params``)."""
+    holds the most (``heaviest_stage_params`` of ``stages.trainable_params``)."""
     bottleneck = schedule(x, stages)
     on_bottleneck = lambda key: layers.on(key, bottleneck.layers, bottleneck.moe, bottleneck.kinds)  # noqa: E731
     per_microbatch = lambda key: x.m * on_bottleneck(key)  # noqa: E731
-    params_gpu, experts_gpu, on_first = heaviest
-    dp_exposed = dp_comm_time(x, params_gpu, experts_gpu, on_bottleneck("time"), on_first)
+    params_gpu, experts_gpu = heaviest
+    dp_exposed = dp_comm_time(x, params_gpu, experts_gpu, on_bottleneck("time"))
     t_optimizer = optimizer_time(x, params_gpu, experts_gpu)
     weight_cast = weight_cast_time(x, layers, bottleneck)
     return {
