@@ -31,8 +31,8 @@ import numpy as np
 
 from autoparallel.costmodel import (comm, cp_kinds, dataparallel, dispatch, dsa, dsv4, finetune, flops, gemm,
                                     gemm_precision, mamba, memory, moe, pipeline, tensor_parallel)
-from autoparallel.costmodel.candidates import (CP_COMM_TYPE_COLUMN, CUDNN_FRONTEND_COLUMN, CUTLASS_DSL_COLUMN, Candidates,
-                                               te_at_least)
+from autoparallel.costmodel.candidates import (CP_COMM_TYPE_COLUMN, CUDNN_FRONTEND_COLUMN, CUTLASS_DSL_COLUMN,
+                                               Candidates, te_at_least)
 from autoparallel.costmodel.layer_kinds import EDGE, HYBRID, STAGE_KINDS, LayerKind, as_kind
 
 GEMMS_PER_LAYER = 4  # QKV, projection, FC1 (gate and up fused), FC2
