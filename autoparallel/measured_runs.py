@@ -27,8 +27,9 @@ import pandas as pd
 
 from autoparallel import io, mlperf_corrections, ranges, resources, safefile
 from autoparallel.costmodel import flops
-from autoparallel.costmodel.candidates import (CP_COMM_TYPE_COLUMN, DP_BUCKET_SIZE_COLUMN, DP_MAX_CTAS_COLUMN,
-                                               Candidates, candidates, fp8_cp_attention, on_hardware)
+from autoparallel.costmodel.candidates import (CP_COMM_TYPE_COLUMN, CUDNN_FRONTEND_COLUMN, CUTLASS_DSL_COLUMN,
+                                               DP_BUCKET_SIZE_COLUMN, DP_MAX_CTAS_COLUMN, Candidates, candidates,
+                                               fp8_cp_attention, on_hardware)
 from autoparallel.costmodel.estimate import estimate_candidates, estimate_columns
 from autoparallel.errors import UserError
 from autoparallel.space import SPLIT_COLUMNS, SearchSpace, generate
@@ -267,7 +268,26 @@ EXACT_COLUMNS = ("overlap_grad_reduce", "overlap_param_gather", *SPLIT_COLUMNS)
 # the attention output (``candidates.ATTENTION_OUTPUT_CACHE_COLUMN``); a config's cap on the DP communicators'
 # CTAs (``candidates.DP_MAX_CTAS_COLUMN``: MLPerf's Llama 3.1 rows, ``MLPERF_DP_MAX_CTAS``).
 ROW_ONLY_COLUMNS = ("pipeline_schedule", "moe_dispatch_precision", "moe_act_cache_precision",
-                    "attention_output_cache_precision", CP_COMM_TYPE_COLUMN, DP_MAX_CTAS_COLUMN, DP_BUCKET_SIZE_COLUMN)
+                    "attention_output_cache_precision", CP_COMM_TYPE_COLUMN, DP_MAX_CTAS_COLUMN, DP_BUCKET_SIZE_COLUMN,
+                    CUDNN_FRONTEND_COLUMN, CUTLASS_DSL_COLUMN)
+# The cuDNN frontend and CUTLASS DSL a NeMo container's CuTe-DSL kernels come from (``CUDNN_FRONTEND_COLUMN``,
+# ``CUTLASS_DSL_COLUMN``; ``layer_time.dglu_dbias_regression_time``), for the containers whose MXFP8 MoE recipes
+# run TransformerEngine's fused grouped MLP (Megatron-Bridge v0.5.0+): the tag's docker/common/fw_pyproject.toml
+# (nvidia-cudnn-frontend==) and docker/Dockerfile.ci (pip install nvidia-cutlass-dsl[cu13]==). v0.5.0 (fcbb603110,
+# 26.06) 1.23.0 / 4.4.1; v0.5.1 (5cb3444c43, 26.06.01) 1.24.0 / 4.5.0, from ca4d0ffdb "build: bump
+# nvidia-cutlass-dsl to 4.5.0 and nvidia-cudnn-frontend to 1.24.0 (4466)" cherry-picked into r0.5.0; v0.6.0
+# (51885cf132, 26.08) 1.26.0 / 4.5.0. The 26.06.01 summary footnotes its GPT-OSS rows "Performance regression
+# in GPT-OSS 120B pre-training is a known issue (cudnn-frontend issue 256)" (docs/performance-summary-archive.md).
+BRIDGE_CUTEDSL_STACK = {"nemo 26.06": ("1.23.0", "4.4.1"), "nemo 26.06.01": ("1.24.0", "4.5.0"),
+                        "nemo 26.08": ("1.26.0", "4.5.0")}
+
+
+def container_columns(row: pd.Series) -> dict:
+    """The row-only columns a row's container states where the row does not (``BRIDGE_CUTEDSL_STACK``)."""
+    if assumptions_key(str(row["id"])) != "bridge" or software_of(row) not in BRIDGE_CUTEDSL_STACK:
+        return {}
+    stack = dict(zip((CUDNN_FRONTEND_COLUMN, CUTLASS_DSL_COLUMN), BRIDGE_CUTEDSL_STACK[software_of(row)]))
+    return {k: v for k, v in stack.items() if not _given(row, k)}
 
 
 def _exact(row: pd.Series) -> dict:
@@ -484,9 +504,9 @@ def prepare_row(row: pd.Series, assumptions: dict, recipes: dict | None = None) 
         raise UserError(f"{row['id']}: the stated layout breaks a rule: {generated['reason'].iloc[0]}")
     candidates = candidates.assign(**_exact(row)).drop_duplicates(ignore_index=True)
     cols = {name: candidates[name].to_numpy() for name in Plan.field_names()}
-    for name in ROW_ONLY_COLUMNS:  # what the published system ran that Megatron does not
-        if _given(row, name):
-            cols[name] = np.full(len(candidates), str(row[name]), dtype=object)
+    stated = {**container_columns(row), **{name: row[name] for name in ROW_ONLY_COLUMNS if _given(row, name)}}
+    for name, value in stated.items():  # what the published system ran that Megatron does not
+        cols[name] = np.full(len(candidates), str(value), dtype=object)
     for name, value in space.quantization_settings().items():  # a recipe's per-module quantization
         cols[name] = np.full(len(candidates), value, dtype=object)
     return PreparedRow(row, model, hw, source["metric"], space.memory_fraction, candidates, cols, origins)

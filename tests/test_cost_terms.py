@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from autoparallel import io
+from autoparallel import io, resources
 from autoparallel.costmodel import gemm
 from autoparallel.costmodel import layer_time as lt
 from autoparallel.costmodel import pipeline
@@ -20,7 +20,8 @@ from autoparallel.costmodel import peak_memory as pm
 from autoparallel.costmodel import stages as st
 from autoparallel.costmodel import step_time as stp
 from autoparallel.costmodel import tensor_parallel
-from autoparallel.costmodel.candidates import DP_MAX_CTAS_COLUMN, TE_VERSION_COLUMN, candidates
+from autoparallel.costmodel.candidates import (CUDNN_FRONTEND_COLUMN, CUTLASS_DSL_COLUMN, DP_MAX_CTAS_COLUMN,
+                                               TE_VERSION_COLUMN, candidates)
 from autoparallel.costmodel.estimate import estimate_columns, plan_columns
 from autoparallel.costmodel.memory import GIB
 from autoparallel.specs.plan import Plan
@@ -567,6 +568,65 @@ def test_the_host_calls_after_the_dropless_sync_are_counted_per_dispatcher(mixtr
     graphed = _cands(mixtral, b200, **knobs, ep=8, moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep",
                      precision="mxfp8", cuda_graph="full_iteration")
     assert lt.post_sync_host_calls(graphed)[0][0] == 0.0
+
+
+def _stack_cands(model, hw, stack, **knobs):
+    """``_cands`` with a container's (cuDNN frontend, CUTLASS DSL) row-only columns; ``stack`` None: none."""
+    base = dict(tp=1, pp=1, vp=1, cp=1, mbs=4, gbs=1280, sp=False, precision="bf16", recompute="none",
+                tp_comm_overlap=False, fp8_bf16_edge_layers=0, grad_reduce_in_fp32=False)
+    cols = plan_columns([Plan(**{**base, **knobs})])
+    if stack is not None:
+        cols = {**cols, CUDNN_FRONTEND_COLUMN: np.array([stack[0]], dtype=object),
+                CUTLASS_DSL_COLUMN: np.array([stack[1]], dtype=object)}
+    return candidates(model, hw, cols)
+
+
+def test_the_regressed_dglu_bias_gradient_loop_costs_its_measured_excess_over_fc2s_data_gradient():
+    """cudnn-frontend issue 256 / PR 322: under CUTLASS DSL 4.5 the fused MLP's dGLU kernel with the
+    bias gradient took 1,362.768 us against 155.632 us fixed and 138.960 us without the bias gradient
+    (SM100, GPT-OSS-20B's shape). GPT-OSS-120B (expert biases, a GLU: FC1 2 x 2880 wide, FC2 2880) on
+    GB200 at EP 64 under MXFP8 with the fused MLP, in the 26.06.01 container's stack (1.24.0, 4.5.0):
+    the backward pays (1362.768 - 155.632) / 138.960 = 8.687 times FC2's data gradient, a third of the
+    routed experts' forward GEMMs. Nothing with 26.06's stack (1.23.0, 4.4.1), 26.08's (1.26.0, 4.5.0),
+    1.24.0 under DSL 4.4.1, no stated stack (a search), or a model without expert biases (Mixtral)."""
+    gb200 = io.load_hardware("gb200")
+    oss = io.load_model("gpt-oss-120b")
+    knobs = dict(dp=64, ep=64, precision="mxfp8", cutedsl_fused_grouped_mlp=True)
+    x = _stack_cands(oss, gb200, ("1.24.0", "4.5.0"), **knobs)
+    t_experts = lt.routed_experts_time(x)
+    excess = (1362.768 - 155.632) / 138.960
+    assert excess == pytest.approx(8.6869, abs=1e-4)
+    expected = excess * t_experts[0] / 3.0
+    assert lt.dglu_dbias_regression_time(x, t_experts)[0] == pytest.approx(expected, rel=1e-12)
+    fused = lt.fused_grouped_mlp_calls(x, t_experts)
+    plain = lt.fused_grouped_mlp_calls(_stack_cands(oss, gb200, None, **knobs), t_experts)
+    assert fused[0][0] == pytest.approx(plain[0][0], rel=1e-12)  # forward untouched
+    assert fused[1][0] - plain[1][0] == pytest.approx(expected, rel=1e-9)
+    for stack in (("1.23.0", "4.4.1"), ("1.26.0", "4.5.0"), ("1.24.0", "4.4.1"), None):
+        y = _stack_cands(oss, gb200, stack, **knobs)
+        assert lt.dglu_dbias_regression_time(y, lt.routed_experts_time(y))[0] == 0.0, stack
+    assert lt.dglu_dbias_regressed(_stack_cands(oss, gb200, ("1.25.0", "4.5.0"), **knobs))[0]
+    mixtral = _stack_cands(io.load_model("mixtral-8x7b"), gb200, ("1.24.0", "4.5.0"), dp=64, ep=8, precision="mxfp8",
+                           cutedsl_fused_grouped_mlp=True)
+    assert lt.dglu_dbias_regression_time(mixtral, lt.routed_experts_time(mixtral))[0] == 0.0
+
+
+def test_the_newer_bridge_rows_carry_their_containers_cutedsl_stack():
+    """The Megatron-Bridge summaries' rows of 26.06 / 26.06.01 / 26.08 carry their tag's pinned cuDNN
+    frontend and CUTLASS DSL (``measured_runs.BRIDGE_CUTEDSL_STACK``) as row-only columns: the 26.06.01
+    GPT-OSS rows 1.24.0 / 4.5.0, so the regressed dGLU loop is priced there and nowhere else among them;
+    older releases and other sources carry none."""
+    from autoparallel import measured_runs as mr
+    frame = mr.read_runs_table(resources.data_file("training_runs_newer.csv"), mr.RUN_COLUMNS)
+    rows = {str(r["id"]): r for _, r in frame.iterrows()}
+    regressed = "bridge-26.06.01-gpt-oss-120b-gb200-64gpu-mxfp8-tp1pp1cp1vp1ep64-mbs4-gbs1280"
+    assert mr.container_columns(rows[regressed]) == {CUDNN_FRONTEND_COLUMN: "1.24.0", CUTLASS_DSL_COLUMN: "4.5.0"}
+    fixed = "bridge-26.08-gpt-oss-120b-gb200-64gpu-mxfp8-tp1pp1cp1vp1ep64-mbs4-gbs1280"
+    assert mr.container_columns(rows[fixed]) == {CUDNN_FRONTEND_COLUMN: "1.26.0", CUTLASS_DSL_COLUMN: "4.5.0"}
+    assert mr.container_columns(rows["bridge-26.04-gpt-oss-120b-gb200-64gpu-bf16-tp1pp1cp1vp1ep64-mbs4-gbs1280"]) == {}
+    prepared = mr.prepare_row(rows[regressed], io.read_yaml(mr.ASSUMPTIONS), mr.recipe_settings())
+    assert set(prepared.cols[CUDNN_FRONTEND_COLUMN]) == {"1.24.0"}
+    assert set(prepared.cols[CUTLASS_DSL_COLUMN]) == {"4.5.0"}
 
 
 def test_paged_stashing_copies_the_fused_mlps_saved_tensors_out_and_back_under_the_full_iteration_graph(mixtral):

@@ -535,7 +535,9 @@ KNOWN_NEWER_NOT_FITTING = {i for i in NOT_FITTING_AS_RUN if i.startswith("bridge
 # 9.77 / 9.94 -> 9.96 / 10.09 % (all 534 rows held out 9.42 -> 9.21; benchmarks/RESULTS.md).
 # Session 54's merge (both, refitted together): moe-newer 10.34 / 10.34 %, against the 182 MoE rows 13.52 / 13.81
 # -> 12.49 / 12.58 and all 534 rows 9.31 / 9.42 -> 8.23 / 8.53 (benchmarks/RESULTS.md, session 54, lead).
-NEWER_REACHED = {"dense-newer": (9.0, 9.45), "moe-newer": (10.4, 10.4)}
+# 2026-11-30 (session 56, s56h3): the 26.06.01 container's regressed dGLU bias-gradient loop (cudnn-frontend
+# issue 256, layer_time.dglu_dbias_regression_time) on its two GPT-OSS rows: moe-newer 10.34 / 10.34 -> 9.87 / 9.86 %.
+NEWER_REACHED = {"dense-newer": (9.0, 9.45), "moe-newer": (9.9, 9.9)}
 
 
 @pytest.fixture(scope="module")
@@ -591,9 +593,10 @@ def test_moe_held_out_target_with_the_newer_rows(full_report):
 
 
 @pytest.mark.xfail(strict=True, reason="issue 22 target: no MoE row worse than 35 %; the worst of the 108 "
-                                       "newer ones is GPT-OSS-120B on 64 GB200 at EP64 (26.06.01, "
-                                       "MXFP8, a cudnn-frontend regression): +60.7 % in sample, +65.1 % "
-                                       "held out on 2026-11-27")
+                                       "newer ones is GPT-OSS-120B on 64 B300 at EP64 over 8 nodes (26.02, "
+                                       "BF16, alltoall): +41.6 % in sample, +37.9 % held out on 2026-11-30 "
+                                       "(the 26.06.01 GB200 row, +46.9 %, is +20.1 % with its container's "
+                                       "cudnn-frontend regression priced)")
 def test_no_newer_moe_row_worse_than_35_percent(newer_report):
     moe = newer_report[newer_report.kind == "moe-newer"]
     assert moe.error_pct.abs().max() <= 35.0 and moe.heldout_error_pct.abs().max() <= 35.0

@@ -73,6 +73,13 @@ DP_MAX_CTAS_COLUMN = "dp_max_ctas"
 # A published row's gradient bucket size in parameters where its config sets one (Megatron's
 # ``--ddp-bucket-size``; ``dataparallel.bucket_params``); a search takes Megatron's default.
 DP_BUCKET_SIZE_COLUMN = "ddp_bucket_size"
+# A published row's container's cuDNN frontend and CUTLASS DSL releases ("1.24.0", "4.5.0") where
+# its source states them (the Megatron-Bridge tag's docker/common/fw_pyproject.toml and
+# docker/Dockerfile.ci: ``measured_runs.BRIDGE_CUTEDSL_STACK``): the CuTe-DSL kernels of
+# TransformerEngine's fused grouped MLP come from that pair (``layer_time.dglu_dbias_regression_time``);
+# a search prices a current one.
+CUDNN_FRONTEND_COLUMN = "cudnn_frontend_version"
+CUTLASS_DSL_COLUMN = "cutlass_dsl_version"
 ATTENTION_OUTPUT_CACHE_BYTES = {"e5m6": 1.5}
 
 
@@ -134,7 +141,7 @@ def lora_virtual_pipeline(release: str) -> bool:
 
 
 def te_at_least(values, major: int, minor: int) -> np.ndarray:
-    """``release_at_least`` of each TE release in ``values``."""
+    """``release_at_least`` of each release in ``values`` (TE's, or another library's)."""
     values = np.asarray(values, dtype=object)
     releases, which = np.unique(values.ravel().astype(str), return_inverse=True)
     newer = np.array([release_at_least(r, major, minor) for r in releases], dtype=bool)

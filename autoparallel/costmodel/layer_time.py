@@ -31,7 +31,8 @@ import numpy as np
 
 from autoparallel.costmodel import (comm, cp_kinds, dataparallel, dispatch, dsa, dsv4, finetune, flops, gemm,
                                     gemm_precision, mamba, memory, moe, pipeline, tensor_parallel)
-from autoparallel.costmodel.candidates import CP_COMM_TYPE_COLUMN, Candidates
+from autoparallel.costmodel.candidates import (CP_COMM_TYPE_COLUMN, CUDNN_FRONTEND_COLUMN, CUTLASS_DSL_COLUMN,
+                                               Candidates, te_at_least)
 from autoparallel.costmodel.layer_kinds import EDGE, HYBRID, STAGE_KINDS, LayerKind, as_kind
 
 GEMMS_PER_LAYER = 4  # QKV, projection, FC1 (gate and up fused), FC2
@@ -666,12 +667,61 @@ def fused_grouped_mlp_calls(x: Candidates, t_experts):
     launches, each at the fitted cost of one call (``moe_expert_call_s``) whatever the number of
     local experts (the backward's, like the looped backward's calls, are not waited for), and the
     rows each local expert is padded by to ``FUSED_MLP_ALIGN_TOKENS`` (half an alignment on average)
-    at the routed experts' GEMM speed, twice over in the backward (dgrad and wgrad). The GLU, the
-    probability scale and the MXFP8 quantizes run in the GEMMs' epilogues: their bytes stay priced
-    as the unfused kernels' (``activation_bytes``)."""
+    at the routed experts' GEMM speed, twice over in the backward (dgrad and wgrad), and the
+    backward's dGLU kernel's bias-gradient reduction where a container's kernels regressed it
+    (``dglu_dbias_regression_time``). The GLU, the probability scale and the MXFP8 quantizes run in
+    the GEMMs' epilogues: their bytes stay priced as the unfused kernels' (``activation_bytes``)."""
     forward_launches = x.hw.efficiency.moe_expert_call_s * FUSED_MLP_KERNELS[0]
     padding = padded_rows_time(x, t_experts, FUSED_MLP_ALIGN_TOKENS)
-    return forward_launches + padding, 2.0 * padding
+    return forward_launches + padding, 2.0 * padding + dglu_dbias_regression_time(x, t_experts)
+
+
+# The fused MLP's backward kernel ``grouped_gemm_dglu_wrapper_sm100`` (FC2's data gradient, the GLU's
+# backward and, with ``generate_dbias``, FC1's bias gradient in its epilogue: cudnn-frontend
+# ``python/cudnn/grouped_gemm/grouped_gemm_dglu/moe_blockscaled_grouped_gemm_dglu_dbias.py``
+# ``dbias_reduction``, run once per epilogue subtile, so its work grows with the GEMM's output rows x
+# columns as the GEMM's own does at a fixed K). TransformerEngine asks for the bias gradient when FC1
+# has a bias (TE ``ops/fused/backward_grouped_mlp.py`` ``is_fc1_bias_supported``). Under CUTLASS DSL
+# 4.5 that loop spilled to local memory: NVIDIA/cudnn-frontend issue 256 ("became 10x slower between
+# cudnn-frontend v1.23.0 and v1.24.0 for a grouped GEMM dGeGLU MoE workload in GPT-OSS-20B", the kernel
+# BlockScaledMoEGroupedGemmDgluDbiasKernel, "persists in v1.25.0"), fixed by PR 322 ("Fix grouped GEMM
+# dGLU dbias reduction DSL 4.5 regression", merged 2026-06-23, before v1.26.0 of 2026-07-07), whose
+# SM100 benchmark at the issue's shape (GPT-OSS-20B: hidden = expert FFN = 2,880, as GPT-OSS-120B) gives
+# these medians, microseconds, with CUTLASS DSL 4.5.0:
+DGLU_DBIAS_US = {"no_dbias": 138.960, "dbias_fixed": 155.632, "dbias_regressed": 1362.768}
+# The cuDNN frontend releases whose dGLU kernel carries the loop PR 322 rewrote: [first, fixed).
+DGLU_DBIAS_REGRESSED_FRONTEND = ((1, 24), (1, 26))
+DGLU_DBIAS_REGRESSED_DSL = (4, 5)
+
+
+def dglu_dbias_regressed(x: Candidates) -> np.ndarray:
+    """Whether each plan's stated container (``CUDNN_FRONTEND_COLUMN``, ``CUTLASS_DSL_COLUMN``) runs
+    the regressed dGLU bias-gradient loop (``DGLU_DBIAS_REGRESSED_FRONTEND`` under CUTLASS DSL
+    ``DGLU_DBIAS_REGRESSED_DSL`` or later); a plan that states neither (a search) runs a current one."""
+    if CUDNN_FRONTEND_COLUMN not in x.knobs or CUTLASS_DSL_COLUMN not in x.knobs:
+        return np.zeros((), dtype=bool)
+    (first, fixed), frontend = DGLU_DBIAS_REGRESSED_FRONTEND, x.knobs[CUDNN_FRONTEND_COLUMN]
+    return (te_at_least(frontend, *first) & ~te_at_least(frontend, *fixed)
+            & te_at_least(x.knobs[CUTLASS_DSL_COLUMN], *DGLU_DBIAS_REGRESSED_DSL))
+
+
+def fc2_gemm_share(model) -> float:
+    """FC2's share of a routed expert's forward GEMM FLOPs (its data gradient's share as well):
+    the expert FFN over FC1's output width plus it (1/3 with a GLU)."""
+    return 1.0 / ((2.0 if model.gated_mlp else 1.0) + 1.0)
+
+
+def dglu_dbias_regression_time(x: Candidates, t_experts):
+    """Backward seconds the regressed bias-gradient loop (``DGLU_DBIAS_US``) adds to the fused MLP's
+    dGLU kernel: its excess over the fixed kernel, in units of the same kernel without the bias
+    gradient (8.69x), times that kernel as priced, FC2's data-gradient GEMM (``fc2_gemm_share`` of the
+    routed experts' forward GEMMs ``t_experts``, at their speed). Only a model with expert biases and a
+    GLU asks for it; zero unless ``dglu_dbias_regressed``."""
+    model = x.model
+    if not (model.is_moe and model.add_bias_linear and model.gated_mlp):
+        return np.zeros_like(np.asarray(t_experts, dtype=float))
+    excess = (DGLU_DBIAS_US["dbias_regressed"] - DGLU_DBIAS_US["dbias_fixed"]) / DGLU_DBIAS_US["no_dbias"]
+    return np.where(dglu_dbias_regressed(x), excess * fc2_gemm_share(model) * t_experts, 0.0)
 
 
 def padded_rows_time(x: Candidates, t_experts, align):
