@@ -204,6 +204,8 @@ def run(args: argparse.Namespace) -> None:
                          1, console, args.wide)
             if row["reason"]:
                 console.print(f"[red]{row['reason']}[/red]")
+        if not args.no_save:
+            _save_point(args, model, hw, request, space, engine, bool(row["feasible"]))
         return
     if simulated(args):
         return run_simulated(args, model, hw, request, space, engine)
@@ -224,6 +226,21 @@ def run(args: argparse.Namespace) -> None:
         run_dir = run_folder.staged(Path(args.results), lambda staging: serve.save(result, staging, sys.argv))
         if not args.json:
             console.print(f"run folder: {run_dir}")
+
+
+def _save_point(args: argparse.Namespace, model, hw, request, space, engine, feasible: bool) -> None:
+    """The run folder of one pinned layout (its best.yaml holds the engines' commands), as a search's;
+    none where it does not fit or misses a bound: nothing to deploy."""
+    from autoparallel.report import run_folder
+    from autoparallel.serve import search as serve
+    if not feasible:
+        if not args.json:
+            console.print("nothing saved: the layout does not fit or misses a bound (no commands to deploy)")
+        return
+    result = serve.search(model, hw, args.gpus, request, space, engine)  # the one pinned candidate
+    run_dir = run_folder.staged(Path(args.results), lambda staging: serve.save(result, staging, sys.argv))
+    if not args.json:
+        console.print(f"run folder: {run_dir}")
 
 
 def run_simulated(args: argparse.Namespace, model, hw, request, space, engine) -> None:

@@ -231,7 +231,7 @@ def test_cli_json_point_with_a_workload_file(tmp_path, capsys):
     path = tmp_path / "w.jsonl"
     path.write_text("\n".join(json.dumps({"input_len": i, "output_len": 100}) for i in (1000, 3000)) + "\n")
     argv = ["infer", "--model", "llama3-70b", "--gpus", "8", "--tp", "8", "--pp", "1", "--max-batch", "16",
-            "--requests", "200", "--json"]
+            "--requests", "200", "--json", "--no-save"]
     assert cli.main([*argv, "--workload", str(path)]) == 0
     spread = json.loads(capsys.readouterr().out)
     assert spread["workload"] == "w.jsonl" and len(spread["ranked"]) == 1
