@@ -260,6 +260,8 @@ def run_simulated(args: argparse.Namespace, model, hw, request, space, engine) -
     elapsed = time.perf_counter() - start
     if frame.empty:
         raise UserError(serve.no_feasible_message(result))
+    if not frame["feasible"].any():  # nothing to rank or deploy: said as the steady-state search says it
+        raise UserError(traffic.none_meet(frame, plan, request))
     title = traffic.title(result, plan)
     if args.json:
         print(json.dumps({"scenario": args.scenario or "rate", "workload": workload.name, "percentile": percentile,

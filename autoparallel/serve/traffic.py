@@ -166,6 +166,21 @@ def simulate_layout(result, traffic: Traffic, row) -> dict:
     return out
 
 
+def none_meet(frame: pd.DataFrame, traffic: Traffic, request) -> str:
+    """Why no simulated layout ranks (each missed a bound or fell behind the rate), with the nearest
+    figures, as the steady-state search says it of its own bounds."""
+    p = f"p{traffic.percentile:g}"
+    if frame["reason"].str.startswith("overloaded").all():
+        return (f"no layout of the {len(frame)} simulated keeps up with {request.request_rate:g} requests/s: the most "
+                f"one serves is {frame['requests_per_s'].max() * frame['replicas'].max():.3g}; lower the rate or "
+                f"add GPUs")
+    lowest_of = lambda n: frame[f"{n}_{p}_ms"].min()  # noqa: E731
+    bounds = [(n, b) for n, b in _bounds(request) if lowest_of(n) > b] or _bounds(request)  # the ones none meets
+    said = ", ".join(f"{p} {n.upper()} <= {b:g} ms" for n, b in bounds)
+    lowest = ", ".join(f"the lowest {p} {n.upper()} simulated is {lowest_of(n):.3g} ms" for n, _ in bounds)
+    return f"no layout of the {len(frame)} simulated meets {said}: {lowest}"
+
+
 def _missed(s: dict, request, p: float) -> str:
     if not s["keeps_up"]:
         return f"overloaded: serves {s['requests_per_s']:.3g} of the requests/s sent"
