@@ -142,14 +142,19 @@ def _pick(row: dict, keys: tuple[str, ...], where: str) -> int:
     raise UserError(f"{where}: no {' / '.join(keys)} value (its columns: {columns})")
 
 
+def _parsed(path: Path, text: str, what: str, where) -> object:
+    """``text`` as JSON, or a UserError: ``what`` is wrong, and where (``where(error)``) or why."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"--workload {path}: {what} ({e.msg} at {where(e)})") from None
+    except RecursionError:
+        raise UserError(f"--workload {path}: {what} (nested too deeply to read)") from None
+
+
 def _json_array(path: Path, text: str) -> list[dict]:
     """The objects of a JSON file that holds one array of them (the whole file one document)."""
-    try:
-        rows = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(f"--workload {path}: not a JSON array of objects ({e.msg} at line {e.lineno})") from None
-    except RecursionError:
-        raise UserError(f"--workload {path}: not a JSON array of objects (nested too deeply to read)") from None
+    rows = _parsed(path, text, "not a JSON array of objects", lambda e: f"line {e.lineno}")
     for i, obj in enumerate(rows, 1):
         if not isinstance(obj, dict):
             raise UserError(f"--workload {path}: element {i} of the array is not a JSON object")
@@ -167,12 +172,7 @@ def _one_object(text: str) -> dict | None:
 
 def _json_line(path: Path, i: int, line: str) -> dict:
     """The object on line ``i`` of a JSON-lines file, or a UserError saying why it is not one."""
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise UserError(f"--workload {path}: line {i} is not valid JSON ({e.msg} at column {e.colno})") from None
-    except RecursionError:
-        raise UserError(f"--workload {path}: line {i} is not valid JSON (nested too deeply to read)") from None
+    obj = _parsed(path, line, f"line {i} is not valid JSON", lambda e: f"column {e.colno}")
     if not isinstance(obj, dict):
         raise UserError(f"--workload {path}: line {i} is not a JSON object")
     return obj
