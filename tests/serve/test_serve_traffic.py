@@ -197,5 +197,6 @@ def test_an_e2e_bound_holds_at_the_percentile_in_the_simulation():
 
 
 def test_the_simulated_table_ranks_only_layouts_within_the_e2e_bound(capsys):
-    out = run_json(capsys, "--request-rate", "20", "--max-e2e-ms", "3000", "--top", "8")
-    assert all(r["e2e_ms"]["p99"] <= 3000 for r in out["ranked"] if r["meets_bounds"])
+    out = run_json(capsys, "--request-rate", "20", "--max-e2e-ms", "4000", "--top", "8")
+    assert all(r["e2e_ms"]["p99"] <= 4000 for r in out["ranked"] if r["meets_bounds"])
+    assert any(not r["meets_bounds"] and r["reason"].startswith("p99 e2e") for r in out["ranked"])  # 2026-11-30: 5 of 8
