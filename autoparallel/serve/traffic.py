@@ -172,7 +172,7 @@ def none_meet(frame: pd.DataFrame, traffic: Traffic, request) -> str:
     p = f"p{traffic.percentile:g}"
     if frame["reason"].str.startswith("overloaded").all():
         return (f"no layout of the {len(frame)} simulated keeps up with {request.request_rate:g} requests/s: the most "
-                f"one serves is {frame['requests_per_s'].max() * frame['replicas'].max():.3g}; lower the rate or "
+                f"one serves is {(frame['requests_per_s'] * frame['replicas']).max():.3g}; lower the rate or "
                 f"add GPUs")
     lowest_of = lambda n: frame[f"{n}_{p}_ms"].min()  # noqa: E731
     bounds = [(n, b) for n, b in _bounds(request) if lowest_of(n) > b] or _bounds(request)  # the ones none meets
