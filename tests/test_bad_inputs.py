@@ -554,6 +554,9 @@ BAD_INPUTS = [
     (["validate", "--runs", "{runs_values_csv}"], "row nemo-x: num_layers = 'many' is not a positive integer"),
     (["validate", "--runs", "{dir}/missing.csv"], "missing.csv does not exist"),
     (["validate", "--inference", "--runs", "{runs_empty_csv}"], "runs_empty.csv is empty"),
+    # session 56: the second CSV was dropped without a word (the serving check reads one)
+    (["validate", "--inference", "--runs", "{inference_values_csv}", "--runs", "{runs_empty_csv}"],
+     "--inference reads one FasterTransformer runs CSV, got 2 --runs ({inference_values_csv}, {runs_empty_csv}): give one"),
     (["validate", "--inference", "--runs", "{runs_header_csv}"], "has a header but no rows"),
     (["validate", "--inference", "--runs", "{inference_values_csv}"], "row at line 2: tp = 'two' is not a positive integer"),
     (["calibrate"], "calibrate needs --gpu"),

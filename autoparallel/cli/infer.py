@@ -204,6 +204,8 @@ def run(args: argparse.Namespace) -> None:
                          1, console, args.wide)
             if row["reason"]:
                 console.print(f"[red]{row['reason']}[/red]")
+        if not args.no_save:
+            _save_point(args, model, hw, request, space, engine, bool(row["feasible"]))
         return
     if simulated(args):
         return run_simulated(args, model, hw, request, space, engine)
@@ -226,6 +228,21 @@ def run(args: argparse.Namespace) -> None:
             console.print(f"run folder: {run_dir}")
 
 
+def _save_point(args: argparse.Namespace, model, hw, request, space, engine, feasible: bool) -> None:
+    """The run folder of one pinned layout (its best.yaml holds the engines' commands), as a search's;
+    none where it does not fit or misses a bound: nothing to deploy."""
+    from autoparallel.report import run_folder
+    from autoparallel.serve import search as serve
+    if not feasible:
+        if not args.json:
+            console.print("nothing saved: the layout does not fit or misses a bound (no commands to deploy)")
+        return
+    result = serve.search(model, hw, args.gpus, request, space, engine)  # the one pinned candidate
+    run_dir = run_folder.staged(Path(args.results), lambda staging: serve.save(result, staging, sys.argv))
+    if not args.json:
+        console.print(f"run folder: {run_dir}")
+
+
 def run_simulated(args: argparse.Namespace, model, hw, request, space, engine) -> None:
     """The steady-state search, then its best layouts simulated under the workload's traffic."""
     from autoparallel.report import run_folder
@@ -243,6 +260,8 @@ def run_simulated(args: argparse.Namespace, model, hw, request, space, engine) -
     elapsed = time.perf_counter() - start
     if frame.empty:
         raise UserError(serve.no_feasible_message(result))
+    if not frame["feasible"].any():  # nothing to rank or deploy: said as the steady-state search says it
+        raise UserError(traffic.none_meet(frame, plan, request))
     title = traffic.title(result, plan)
     if args.json:
         print(json.dumps({"scenario": args.scenario or "rate", "workload": workload.name, "percentile": percentile,

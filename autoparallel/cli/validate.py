@@ -13,7 +13,8 @@ from autoparallel.errors import UserError
 def add_parser(sub) -> None:
     v = sub.add_parser("validate", help="predict published measurements and report the error")
     v.add_argument("--runs", action="append",
-                   help="CSV of measured runs (repeatable; default: the published runs shipped in autoparallel/data/)")
+                   help="CSV of measured runs (repeatable, but one with --inference; default: the published runs "
+                        "shipped in autoparallel/data/)")
     v.add_argument("--inference", action="store_true",
                    help="validate the serving cost model instead: per engine, GPU and model, the in-sample and "
                         "leave-one-model-out errors on FasterTransformer's (--runs: its CSV) and TensorRT-LLM's "
@@ -39,6 +40,9 @@ def run(args: argparse.Namespace) -> None:
         raise UserError("--tie-bands has no effect with --inference (the bands are the training model's); "
                         "drop one of them")
     if args.inference:
+        if runs is not None and len(runs) > 1:  # the training check reads several; the serving one reads one
+            raise UserError(f"--inference reads one FasterTransformer runs CSV, got {len(runs)} --runs "
+                            f"({', '.join(map(str, runs))}): give one")
         from autoparallel.measured_runs import read_runs_table
         from autoparallel.serve import validate as serve_validate
         from autoparallel.serve.measured import FT_CSV

@@ -17,9 +17,15 @@ checked too. What each engine is told:
   ``--max_num_tokens``, ``--chunked-prefill-size``) with chunked prefill on, the longest sequence
   (``--max-model-len``, ``--max_seq_len``, ``--context-length``) and the KV memory share the
   cost model assumed for that engine (``search_spaces/inference_assumptions.yaml``);
-- precisions: vLLM and SGLang quantize FP8 weights on load and take the KV cache dtype as a
-  flag; TensorRT-LLM reads both from the checkpoint (a ModelOpt FP8 checkpoint carries
-  ``quant_algo`` and ``kv_cache_quant_algo``), so its commands name the checkpoint to use.
+- precisions: vLLM and SGLang quantize FP8 weights on load (``--quantization fp8``) and take
+  the KV cache dtype as a flag; NVFP4 weights neither quantizes on load, so they run from the
+  pre-quantized (ModelOpt) checkpoint with ``--quantization modelopt_fp4``; TensorRT-LLM reads
+  both from the checkpoint (a ModelOpt FP8 checkpoint carries ``quant_algo`` and
+  ``kv_cache_quant_algo``), so its commands name the checkpoint to use, with its KV cache
+  precision where that is not the usual one (FP8 beside quantized weights, 16 bits beside 16-bit);
+- TensorRT-LLM's capacity policy: ``trtllm-bench --scheduler_policy``; trtllm-serve has no flag
+  for it (it builds GUARANTEED_NO_EVICT), so MAX_UTILIZATION reaches it as an LLM API option
+  (``--extra_llm_api_options``, the file best.yaml's ``extra_llm_api_options`` holds).
 
 ``trtllm-bench throughput`` reproduces the prediction: the same settings, offline at the
 predicted number of requests in flight.
@@ -85,12 +91,36 @@ class Command:
         return " ".join(words)
 
 
-def _checkpoint(model_name: str, weight_precision: str) -> str:
+def _checkpoint(model_name: str, weight_precision: str, kv_precision: str | None = None) -> str:
     """The checkpoint a command loads: a pre-quantized one for FP8 and NVFP4 weights (the engines read
-    the quantization from its config)."""
+    the quantization from its config). ``kv_precision`` (TensorRT-LLM's commands, which take the KV
+    cache dtype from the checkpoint's ``kv_cache_quant_algo`` too): named where it is not the usual
+    one of such a checkpoint (FP8 beside quantized weights, ModelOpt's default; 16 bits beside
+    16-bit ones)."""
     quantized = {"fp8": "FP8", "nvfp4": "NVFP4"}
-    return (f"<{model_name} {quantized[weight_precision]} checkpoint>" if weight_precision in quantized
-            else f"<{model_name} checkpoint>")
+    name = f"{model_name} {quantized[weight_precision]}" if weight_precision in quantized else model_name
+    kv = ""
+    if kv_precision is not None and (kv_precision == "fp8") != (weight_precision in quantized):
+        kv = " with an FP8 KV cache" if kv_precision == "fp8" else " with a 16-bit KV cache"
+    return f"<{name} checkpoint{kv}>"
+
+
+#: ``--quantization`` of vLLM and SGLang per weight precision: FP8 quantized on load from the 16-bit
+#: checkpoint, NVFP4 read from a ModelOpt NVFP4 checkpoint (neither engine quantizes to it on load).
+#: Both names are in vllm-project/vllm@05d90956 vllm/model_executor/layers/quantization/__init__.py
+#: and sgl-project/sglang@d9a2188f python/sglang/srt/arg_groups/choices.py.
+QUANTIZATION = {"fp8": "fp8", "nvfp4": "modelopt_fp4"}
+
+
+def _loaded_checkpoint(model_name: str, weight_precision: str) -> str:
+    """The checkpoint vLLM and SGLang load: the 16-bit one, or the NVFP4 one for NVFP4 weights."""
+    return _checkpoint(model_name, "nvfp4" if weight_precision == "nvfp4" else "bf16")
+
+
+def _quantization(weight_precision: str) -> tuple[tuple[str, str], ...]:
+    """vLLM's and SGLang's ``--quantization`` argument (none for 16-bit weights)."""
+    method = QUANTIZATION.get(weight_precision)
+    return (("--quantization", method),) if method else ()
 
 
 def _ep(row) -> int:
@@ -163,14 +193,14 @@ def vllm_serve(row, model_name: str, max_model_len: int, memory_fraction: float,
     """One server for every replica (``--data-parallel-size``) or, for an expert-parallel layout
     with replicas, one per replica (vLLM's EP would otherwise span the replicas)."""
     replicas = placement(row, gpus_per_node)
+    program = f"vllm serve {_loaded_checkpoint(model_name, row['weight_precision'])}"
     if _ep(row) == 1 or len(replicas) == 1:
-        return Command("vllm serve", f"vllm serve <{model_name} checkpoint>",
-                       _vllm_args(row, max_model_len, memory_fraction, replicas))
+        return Command("vllm serve", program, _vllm_args(row, max_model_len, memory_fraction, replicas))
     out = []
     for r in replicas:
         args = (*_vllm_args(row, max_model_len, memory_fraction, [r]), ("--port", str(8000 + r.index)))
         env = (("CUDA_VISIBLE_DEVICES", r.visible_devices),) if r.on_one_node else ()
-        out.append(Command("vllm serve", f"vllm serve <{model_name} checkpoint>", args, env=env))
+        out.append(Command("vllm serve", program, args, env=env))
     return out
 
 
@@ -190,16 +220,15 @@ def _vllm_args(row, max_model_len: int, memory_fraction: float, replicas: list[R
              ("--enable-chunked-prefill", None),
              ("--max-model-len", str(max_model_len)),
              ("--gpu-memory-utilization", f"{memory_fraction:g}"),
-             ("--dtype", "float16" if row["weight_precision"] == "fp16" else "bfloat16")]
-    if row["weight_precision"] == "fp8":
-        args.append(("--quantization", "fp8"))
+             ("--dtype", "float16" if row["weight_precision"] == "fp16" else "bfloat16"),
+             *_quantization(row["weight_precision"])]
     args.append(("--kv-cache-dtype", "fp8" if row["kv_precision"] == "fp8" else "auto"))
     return tuple(args)
 
 
 def trtllm_serve(row, model_name: str, max_model_len: int, memory_fraction: float,
                  gpus_per_node: int) -> list[Command]:
-    program = f"trtllm-serve {_checkpoint(model_name, row['weight_precision'])}"
+    program = f"trtllm-serve {_checkpoint(model_name, row['weight_precision'], row['kv_precision'])}"
     out = []
     for replica in placement(row, gpus_per_node):
         args = (("--backend", "pytorch"), ("--tp_size", str(int(row["tp"]))), ("--pp_size", str(int(row["pp"]))),
@@ -222,7 +251,7 @@ def trtllm_bench(row, model_name: str, max_model_len: int, memory_fraction: floa
     KV capacity policy."""
     replica = placement(row, gpus_per_node)[0]
     main = (("--model", f"<{model_name} HF name>"),
-            ("--model_path", _checkpoint(model_name, row["weight_precision"])))
+            ("--model_path", _checkpoint(model_name, row["weight_precision"], row["kv_precision"])))
     sub = (("--backend", "pytorch"), ("--tp", str(int(row["tp"]))), ("--pp", str(int(row["pp"]))),
            *_ep_args(row, "--ep"),
            ("--max_batch_size", str(int(row["max_batch"]))), ("--max_num_tokens", str(int(row["max_num_tokens"]))),
@@ -238,14 +267,13 @@ def trtllm_bench(row, model_name: str, max_model_len: int, memory_fraction: floa
 def sglang(row, model_name: str, max_model_len: int, memory_fraction: float, gpus_per_node: int) -> list[Command]:
     out = []
     for replica in placement(row, gpus_per_node):
-        args = [("--model-path", f"<{model_name} checkpoint>"), ("--tp-size", str(int(row["tp"]))),
+        args = [("--model-path", _loaded_checkpoint(model_name, row["weight_precision"])), ("--tp-size", str(int(row["tp"]))),
                 ("--pp-size", str(int(row["pp"]))), *_ep_args(row, "--ep-size"),
                 ("--max-running-requests", str(_in_flight(row))),
                 ("--chunked-prefill-size", str(int(row["max_num_tokens"]))), ("--context-length", str(max_model_len)),
                 ("--mem-fraction-static", f"{memory_fraction:g}"),
-                ("--dtype", "float16" if row["weight_precision"] == "fp16" else "bfloat16")]
-        if row["weight_precision"] == "fp8":
-            args.append(("--quantization", "fp8"))
+                ("--dtype", "float16" if row["weight_precision"] == "fp16" else "bfloat16"),
+                *_quantization(row["weight_precision"])]
         args += [("--kv-cache-dtype", "fp8_e4m3" if row["kv_precision"] == "fp8" else "auto"),
                  ("--port", str(30000 + replica.index))]
         if replica.on_one_node:
@@ -260,7 +288,21 @@ def sglang(row, model_name: str, max_model_len: int, memory_fraction: float, gpu
     return out
 
 
-ATTENTION_DP_OPTIONS = "extra_llm_api_options.yaml"  # the file best.yaml's extra_llm_api_options go into
+OPTIONS_FILE = "extra_llm_api_options.yaml"  # the file best.yaml's extra_llm_api_options go into
+
+
+def llm_api_options(capacity_policy: str, attention_dp: bool) -> dict:
+    """The TensorRT-LLM LLM API options trtllm-serve has no flag for, as best.yaml's
+    ``extra_llm_api_options`` (empty: the commands read no options file). trtllm-serve builds its
+    SchedulerConfig with GUARANTEED_NO_EVICT (NVIDIA/TensorRT-LLM@4c05a748
+    tensorrt_llm/commands/serve.py get_llm_args), and ``--extra_llm_api_options`` overwrites it
+    (``SchedulerConfig.capacity_scheduler_policy``, tensorrt_llm/llmapi/llm_args.py@fcd3f316)."""
+    options = {}
+    if attention_dp:
+        options["enable_attention_dp"] = True
+    if capacity_policy != "guaranteed_no_evict":
+        options["scheduler_config"] = {"capacity_scheduler_policy": capacity_policy.upper()}
+    return options
 
 
 def commands(row, model_name: str, max_model_len: int, gpus_per_node: int = 8,
@@ -269,9 +311,9 @@ def commands(row, model_name: str, max_model_len: int, gpus_per_node: int = 8,
              attention_dp: bool = False) -> dict[str, Command | list[Command]]:
     """Every engine's commands for one layout, with each engine's own KV memory share; past the
     model's ``context``, vLLM and SGLang get the variable that lets them serve it; trtllm-bench
-    runs TensorRT-LLM's ``capacity_policy`` (the one the prediction priced). ``attention_dp``:
-    TensorRT-LLM's only (the one engine it is priced on), each reading ``enable_attention_dp: true``
-    from ``--extra_llm_api_options`` (trtllm-serve has no flag of its own for it)."""
+    and trtllm-serve run TensorRT-LLM's ``capacity_policy`` (the one the prediction priced).
+    ``attention_dp``: TensorRT-LLM's only (the one engine it is priced on). Both reach TensorRT-LLM
+    as LLM API options (``llm_api_options``) read from ``--extra_llm_api_options``."""
     from autoparallel.serve.assumptions import load_engine
     from autoparallel.serve.space import LONG_CONTEXT_ENV
     share = {name: load_engine(name).kv_memory_fraction for name in ("vllm", "tensorrt-llm", "sglang")}
@@ -285,10 +327,12 @@ def commands(row, model_name: str, max_model_len: int, gpus_per_node: int = 8,
             env = tuple(LONG_CONTEXT_ENV[name].split("=", 1))
             add = lambda c: replace(c, env=(*c.env, env))  # noqa: E731
             out[name] = [add(c) for c in out[name]] if isinstance(out[name], list) else add(out[name])
+    if llm_api_options(capacity_policy, attention_dp):
+        option = ("--extra_llm_api_options", OPTIONS_FILE)
+        out["trtllm-serve"] = [replace(c, args=(*c.args, option)) for c in out["trtllm-serve"]]
+        out["trtllm-bench"] = replace(out["trtllm-bench"], sub_args=(*out["trtllm-bench"].sub_args, option))
     if attention_dp:
-        option = ("--extra_llm_api_options", ATTENTION_DP_OPTIONS)
-        out = {"trtllm-serve": [replace(c, args=(*c.args, option)) for c in out["trtllm-serve"]],
-               "trtllm-bench": replace(out["trtllm-bench"], sub_args=(*out["trtllm-bench"].sub_args, option))}
+        out = {name: out[name] for name in ("trtllm-serve", "trtllm-bench")}
     return out
 
 
@@ -340,11 +384,15 @@ def best_document(result, row, rec: dict, attention_dp: bool = False) -> dict:
                  "set the same layout and limits. Confirm with the trtllm-bench command (or vLLM's / SGLang's "
                  "own benchmark) before sizing a fleet."),
     }
+    options = llm_api_options(_capacity_policy(result.engine), attention_dp)
+    if options:
+        doc["extra_llm_api_options"] = options
+        doc["note"] += (f" The TensorRT-LLM commands read {OPTIONS_FILE}: write extra_llm_api_options there "
+                        "(trtllm-serve has no flag for its capacity policy).")
     if attention_dp:
         doc["layout"] = {**doc["layout"], "attention_dp": True}
-        doc["extra_llm_api_options"] = {"enable_attention_dp": True}
         doc["note"] = (f"each TP rank runs attention on its own requests (max batch, max tokens and KV pool per "
-                       f"rank): write extra_llm_api_options to {ATTENTION_DP_OPTIONS}, which the commands read. "
+                       f"rank): write extra_llm_api_options to {OPTIONS_FILE}, which the commands read. "
                        "'predicted' is the steady-state model's, which does not price attention DP; 'simulated' "
                        "is what the traffic simulation measured with it. Confirm with the trtllm-bench command "
                        "before sizing a fleet.")

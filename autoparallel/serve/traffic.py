@@ -68,15 +68,21 @@ def _summary(cost, sched, traffic: Traffic, rate: float | None) -> dict:
     p = traffic.percentile
     sim = run_workload(cost, sched, traffic.workload, rate, traffic.requests, traffic.seed)
     out = sim.summary(sorted({*PERCENTILES, p}))
-    out["ttft_at_ms"], out["tpot_at_ms"] = out[f"ttft_p{p:g}_ms"], out[f"tpot_p{p:g}_ms"]
+    out["ttft_at_ms"], out["tpot_at_ms"], out["e2e_at_ms"] = (out[f"ttft_p{p:g}_ms"], out[f"tpot_p{p:g}_ms"],
+                                                               out[f"e2e_p{p:g}_ms"])
     out["preemptions"] = sim.preemptions
     out["keeps_up"] = sim.keeps_up
     return out
 
 
+def _bounds(request) -> tuple[tuple[str, float], ...]:
+    """The latency bounds the simulation holds at the percentile: (metric, ms) for each one given."""
+    return tuple((name, bound) for name, bound in (("ttft", request.max_ttft_ms), ("tpot", request.max_tpot_ms),
+                                                    ("e2e", request.max_e2e_ms)) if bound is not None)
+
+
 def _ok(s: dict, request) -> bool:
-    return s["keeps_up"] and ((request.max_ttft_ms is None or s["ttft_at_ms"] <= request.max_ttft_ms)
-            and (request.max_tpot_ms is None or s["tpot_at_ms"] <= request.max_tpot_ms))
+    return s["keeps_up"] and all(s[f"{name}_at_ms"] <= bound for name, bound in _bounds(request))
 
 
 def _largest_rate(cost, sched, traffic: Traffic, request) -> tuple[float, dict | None]:
@@ -160,11 +166,26 @@ def simulate_layout(result, traffic: Traffic, row) -> dict:
     return out
 
 
+def none_meet(frame: pd.DataFrame, traffic: Traffic, request) -> str:
+    """Why no simulated layout ranks (each missed a bound or fell behind the rate), with the nearest
+    figures, as the steady-state search says it of its own bounds."""
+    p = f"p{traffic.percentile:g}"
+    if frame["reason"].str.startswith("overloaded").all():
+        return (f"no layout of the {len(frame)} simulated keeps up with {request.request_rate:g} requests/s: the most "
+                f"one serves is {(frame['requests_per_s'] * frame['replicas']).max():.3g}; lower the rate or "
+                f"add GPUs")
+    lowest_of = lambda n: frame[f"{n}_{p}_ms"].min()  # noqa: E731
+    bounds = [(n, b) for n, b in _bounds(request) if lowest_of(n) > b] or _bounds(request)  # the ones none meets
+    said = ", ".join(f"{p} {n.upper()} <= {b:g} ms" for n, b in bounds)
+    lowest = ", ".join(f"the lowest {p} {n.upper()} simulated is {lowest_of(n):.3g} ms" for n, _ in bounds)
+    return f"no layout of the {len(frame)} simulated meets {said}: {lowest}"
+
+
 def _missed(s: dict, request, p: float) -> str:
     if not s["keeps_up"]:
         return f"overloaded: serves {s['requests_per_s']:.3g} of the requests/s sent"
-    for name, bound in (("ttft", request.max_ttft_ms), ("tpot", request.max_tpot_ms)):
-        if bound is not None and s[f"{name}_at_ms"] > bound:
+    for name, bound in _bounds(request):
+        if s[f"{name}_at_ms"] > bound:
             return f"p{p:g} {name} {s[f'{name}_at_ms']:.1f} ms > bound {bound:g} ms"
     return ""
 
@@ -182,6 +203,7 @@ def record(row: pd.Series, percentile: float, attention_dp: bool = False) -> dic
         "output_tokens_per_s_per_gpu": float(row["output_tokens_per_s_per_gpu"]),
         "ttft_ms": {f"p{p:g}": float(row[f"ttft_p{p:g}_ms"]) for p in pcts},
         "tpot_ms": {f"p{p:g}": float(row[f"tpot_p{p:g}_ms"]) for p in pcts},
+        "e2e_ms": {f"p{p:g}": float(row[f"e2e_p{p:g}_ms"]) for p in pcts},
         "preemptions": int(row["preemptions"]),
         "meets_bounds": bool(row["feasible"]),
         "reason": str(row["reason"]),
@@ -206,8 +228,7 @@ def best_document(result, frame: pd.DataFrame, traffic: Traffic) -> dict:
 def title(result, traffic: Traffic) -> str:
     r = result.request
     what = traffic.scenario or ("offline" if r.request_rate is None else f"{r.request_rate:g} requests/s")
-    bounds = ", ".join(f"p{traffic.percentile:g} {n} <= {b:g} ms" for n, b in
-                       (("TTFT", r.max_ttft_ms), ("TPOT", r.max_tpot_ms)) if b is not None)
+    bounds = ", ".join(f"p{traffic.percentile:g} {n.upper()} <= {b:g} ms" for n, b in _bounds(r))
     adp = ", attention DP" if traffic.attention_dp else ""
     return (f"{result.model.name} on {result.gpus} x {result.hardware.name} ({result.engine.name}{adp}), "
             f"{traffic.workload.name}, {what}{', ' + bounds if bounds else ''}: {traffic.requests:,} simulated "

@@ -124,6 +124,7 @@ def _named(name: str, spec: dict) -> Workload:
 
 
 def _pick(row: dict, keys: tuple[str, ...], where: str) -> int:
+    row = {str(k).strip().lower() if k is not None else k: v for k, v in row.items()}  # " Output_Len" as output_len
     for key in keys:
         if key in row and row[key] not in (None, ""):
             if isinstance(row[key], bool):  # JSON true/false: float() would read them as 1 and 0
@@ -135,19 +136,46 @@ def _pick(row: dict, keys: tuple[str, ...], where: str) -> int:
             if not (1 <= value <= MAX_COUNT and value == int(value)):
                 raise UserError(f"{where}: {key} {row[key]!r} is not a whole number of tokens in 1..{MAX_COUNT}")
             return int(value)
-    raise UserError(f"{where}: no {' / '.join(keys)} value")
+    if any(key in row for key in keys):  # the column is there, empty or null in this row
+        raise UserError(f"{where}: no {' / '.join(keys)} value")
+    columns = ", ".join(repr(k) for k in row if k is not None) or "none"
+    raise UserError(f"{where}: no {' / '.join(keys)} value (its columns: {columns})")
+
+
+def _parsed(path: Path, text: str, what: str, where) -> object:
+    """``text`` as JSON, or a UserError: ``what`` is wrong, and where (``where(error)``) or why."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"--workload {path}: {what} ({e.msg} at {where(e)})") from None
+    except RecursionError:
+        raise UserError(f"--workload {path}: {what} (nested too deeply to read)") from None
 
 
 def _json_array(path: Path, text: str) -> list[dict]:
     """The objects of a JSON file that holds one array of them (the whole file one document)."""
-    try:
-        rows = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(f"--workload {path}: not a JSON array of objects ({e.msg} at line {e.lineno})") from None
+    rows = _parsed(path, text, "not a JSON array of objects", lambda e: f"line {e.lineno}")
     for i, obj in enumerate(rows, 1):
         if not isinstance(obj, dict):
             raise UserError(f"--workload {path}: element {i} of the array is not a JSON object")
     return rows
+
+
+def _one_object(text: str) -> dict | None:
+    """The object a whole JSON file holds, or None where it holds something else or is no one document."""
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _json_line(path: Path, i: int, line: str) -> dict:
+    """The object on line ``i`` of a JSON-lines file, or a UserError saying why it is not one."""
+    obj = _parsed(path, line, f"line {i} is not valid JSON", lambda e: f"column {e.colno}")
+    if not isinstance(obj, dict):
+        raise UserError(f"--workload {path}: line {i} is not a JSON object")
+    return obj
 
 
 def _from_file(path: Path) -> Workload:
@@ -156,24 +184,17 @@ def _from_file(path: Path) -> Workload:
     try:
         text = safefile.read_text(path, "workload file")
     except UnicodeDecodeError as e:
-        raise UserError(f"--workload {path}: not a text file ({e.reason} at byte {e.start})") from None
+        raise UserError(f"--workload {path}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
+    text = text.removeprefix("\ufeff")  # the byte-order mark a spreadsheet's "CSV UTF-8" starts with
     if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
         rows = _json_array(path, text)
+    elif path.suffix.lower() == ".json" and text.lstrip().startswith("{") and _one_object(text) is not None:
+        rows = [_one_object(text)]  # one request as one (pretty-printed) object, as one JSON line would be
     elif path.suffix.lower() in (".jsonl", ".json"):
-        rows = []
-        for i, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                raise UserError(f"--workload {path}: line {i} is not a JSON object") from None
-            if not isinstance(obj, dict):
-                raise UserError(f"--workload {path}: line {i} is not a JSON object")
-            rows.append(obj)
+        rows = [_json_line(path, i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
     else:
         try:
-            rows = list(csv.DictReader(text.splitlines()))
+            rows = list(csv.DictReader(text.splitlines(), skipinitialspace=True))
         except csv.Error as e:  # e.g. a field past csv's limit of 128 KiB
             raise UserError(f"--workload {path}: not a CSV of {INPUT_KEYS[0]},{OUTPUT_KEYS[0]} pairs ({e})") from None
         for i, row in enumerate(rows, 1):

@@ -16,7 +16,7 @@ from autoparallel.serve.assumptions import capacity_policy_of, load_engine, with
 
 POINT = ["infer", "--model", "llama2-70b", "--gpus", "8", "--gpu", "h100-sxm", "--tp", "2", "--pp", "1",
          "--max-batch", "2048", "--weight-precision", "fp8", "--kv-precision", "fp8", "--input-len", "1024",
-         "--output-len", "1024", "--json"]
+         "--output-len", "1024", "--json", "--no-save"]
 
 
 def _point(capsys, *extra) -> dict:

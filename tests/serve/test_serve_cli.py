@@ -13,7 +13,7 @@ POINT_KEYS = {"ttft_ms", "tpot_ms", "latency_ms", "output_tokens_per_s", "output
 
 def test_pinned_point_json(capsys):
     rc = cli.main(["infer", "--model", "llama3-70b", "--gpus", "8", "--gpu", "h100-sxm", "--tp", "4",
-                   "--pp", "1", "--max-batch", "32", "--json"])
+                   "--pp", "1", "--max-batch", "32", "--json", "--no-save"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert POINT_KEYS <= set(out)
@@ -25,7 +25,7 @@ def test_pinned_point_json(capsys):
 
 
 def test_batch_is_the_old_spelling_of_max_batch(capsys):
-    base = ["infer", "--model", "llama3-70b", "--gpus", "8", "--tp", "8", "--pp", "1", "--json"]
+    base = ["infer", "--model", "llama3-70b", "--gpus", "8", "--tp", "8", "--pp", "1", "--json", "--no-save"]
     assert cli.main([*base, "--batch", "16"]) == 0
     old = json.loads(capsys.readouterr().out)
     assert cli.main([*base, "--max-batch", "16"]) == 0
@@ -34,7 +34,7 @@ def test_batch_is_the_old_spelling_of_max_batch(capsys):
 
 def test_pinned_point_that_does_not_fit(capsys):
     rc = cli.main(["infer", "--model", "llama2-70b", "--gpus", "8", "--tp", "1", "--pp", "1", "--max-batch", "64",
-                   "--json"])
+                   "--json", "--no-save"])
     assert rc == 0
     assert json.loads(capsys.readouterr().out)["fits"] is False
 
@@ -120,3 +120,20 @@ def test_validate_inference_without_refits(capsys):
     out = json.loads(capsys.readouterr().out)
     rows = out["by_engine_gpu_model"]
     assert all(r["lomo_pct"] is None for r in rows) and all(r["in_sample_pct"] >= 0 for r in rows)
+
+
+def test_a_pinned_point_writes_its_run_folder_with_the_commands(tmp_path, capsys):
+    """Session 56: tp, pp and max batch pinned printed the estimate and wrote nothing, --results and
+    --no-save silently ignored, so the one layout a user had chosen had no engine commands."""
+    argv = ["infer", "--model", "llama3-70b", "--gpus", "8", "--tp", "4", "--pp", "1", "--max-batch", "32",
+            "--results", str(tmp_path)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    (run,) = tmp_path.iterdir()
+    assert f"run folder: {run}" in out
+    best = yaml.safe_load((run / "best.yaml").read_text())
+    assert best["layout"]["tp"] == 4 and best["layout"]["max_batch"] == 32 and best["layout"]["replicas"] == 2
+    assert "--tensor-parallel-size 4" in best["commands"]["vllm"]
+    assert cli.main([*argv[:-2], "--results", str(tmp_path / "no"), "--tp", "1", "--max-batch", "64",
+                     "--model", "llama2-70b"]) == 0  # does not fit: nothing to deploy, nothing written
+    assert "nothing saved" in capsys.readouterr().out and not (tmp_path / "no").exists()

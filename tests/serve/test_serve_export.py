@@ -110,3 +110,58 @@ def test_replicas_are_placed_on_the_nodes_they_run_on():
     assert export.placement_document(pd.Series(LAYOUTS[0]), 4)["replicas"] == [
         "<node0> GPUs 0,1", "<node0> GPUs 2,3", "<node1> GPUs 0,1", "<node1> GPUs 2,3"]
     assert "vllm" not in export.placement_document(pd.Series(LAYOUTS[0]), 8)
+
+
+def test_nvfp4_weights_reach_vllm_and_sglang_as_the_nvfp4_checkpoint():
+    """Neither vLLM nor SGLang quantizes to NVFP4 on load: an NVFP4 layout runs from the pre-quantized
+    (ModelOpt) checkpoint, read with ``--quantization modelopt_fp4`` (vllm-project/vllm@05d90956
+    vllm/model_executor/layers/quantization/__init__.py; sgl-project/sglang@d9a2188f
+    python/sglang/srt/arg_groups/choices.py). Before session 56 both loaded the 16-bit checkpoint with no
+    quantization: a BF16 server sold as the NVFP4 prediction."""
+    row = pd.Series({**LAYOUTS[1], "weight_precision": "nvfp4", "kv_precision": "fp8"})
+    cmds = commands(row, "llama3.1-70b", 2304)
+    vllm = cmds["vllm"].text()
+    assert "vllm serve <llama3.1-70b NVFP4 checkpoint>" in vllm and "--quantization modelopt_fp4" in vllm
+    for s in (c.text() for c in cmds["sglang"]):
+        assert "--model-path <llama3.1-70b NVFP4 checkpoint>" in s and "--quantization modelopt_fp4" in s
+    assert all("<llama3.1-70b NVFP4 checkpoint>" in c.text() for c in cmds["trtllm-serve"])
+    fp8 = commands(pd.Series(LAYOUTS[0]), "llama3.1-70b", 2304)  # FP8: quantized on load from the 16-bit one
+    assert "vllm serve <llama3.1-70b checkpoint>" in fp8["vllm"].text()
+
+
+@pytest.mark.parametrize("policy", ["max_utilization", "guaranteed_no_evict"])
+def test_trtllm_serve_runs_the_capacity_policy_priced(policy):
+    """trtllm-serve has no scheduler-policy flag and builds GUARANTEED_NO_EVICT itself
+    (NVIDIA/TensorRT-LLM@4c05a748 tensorrt_llm/commands/serve.py get_llm_args), so a prediction under
+    MAX_UTILIZATION reaches it through --extra_llm_api_options (SchedulerConfig.capacity_scheduler_policy,
+    tensorrt_llm/llmapi/llm_args.py@fcd3f316); trtllm-bench has its own --scheduler_policy."""
+    row = pd.Series(LAYOUTS[0])
+    cmds = commands(row, "llama3.1-70b", 2304, capacity_policy=policy)
+    serve = [c.text() for c in cmds["trtllm-serve"]]
+    assert f"--scheduler_policy {policy}" in cmds["trtllm-bench"].text()
+    options = export.llm_api_options(policy, attention_dp=False)
+    if policy == "max_utilization":
+        assert options == {"scheduler_config": {"capacity_scheduler_policy": "MAX_UTILIZATION"}}
+        assert all("--extra_llm_api_options extra_llm_api_options.yaml" in s for s in serve)
+    else:
+        assert options == {} and not any("--extra_llm_api_options" in s for s in serve)
+    assert export.llm_api_options(policy, attention_dp=True)["enable_attention_dp"] is True
+
+
+@pytest.mark.parametrize("weights, kv, name", [
+    ("fp8", "fp8", "<llama3.1-70b FP8 checkpoint>"),
+    ("bf16", "bf16", "<llama3.1-70b checkpoint>"),
+    ("bf16", "fp8", "<llama3.1-70b checkpoint with an FP8 KV cache>"),
+    ("fp16", "fp8", "<llama3.1-70b checkpoint with an FP8 KV cache>"),
+    ("fp8", "bf16", "<llama3.1-70b FP8 checkpoint with a 16-bit KV cache>"),
+    ("nvfp4", "bf16", "<llama3.1-70b NVFP4 checkpoint with a 16-bit KV cache>"),
+])
+def test_trtllm_commands_name_a_checkpoint_with_the_kv_precision_priced(weights, kv, name):
+    """TensorRT-LLM takes the KV cache dtype from the checkpoint's kv_cache_quant_algo (no flag of
+    trtllm-serve or trtllm-bench sets it), so a layout whose KV precision differs from its checkpoint's
+    usual one (FP8 beside quantized weights, 16 bits beside 16-bit ones) names it; before session 56 a
+    BF16-weight, FP8-KV layout named the plain checkpoint and would have run a 16-bit KV cache."""
+    row = pd.Series({**LAYOUTS[1], "weight_precision": weights, "kv_precision": kv})
+    cmds = commands(row, "llama3.1-70b", 2304)
+    assert all(f"trtllm-serve {name} " in c.text() for c in cmds["trtllm-serve"])
+    assert f"--model_path {name} " in cmds["trtllm-bench"].text()

@@ -89,7 +89,7 @@ def test_a_moe_search_ranks_both_expert_layouts_and_exports_them():
 
 def test_infer_pins_expert_parallel_and_refuses_it_for_a_dense_model(capsys):
     args = ["infer", "--model", "mixtral-8x7b", "--gpus", "8", "--tp", "8", "--pp", "1", "--max-batch", "64",
-            "--weight-precision", "fp8", "--kv-precision", "fp8", "--json"]
+            "--weight-precision", "fp8", "--kv-precision", "fp8", "--json", "--no-save"]
     assert cli.main([*args, "--expert-parallel"]) == 0
     assert json.loads(capsys.readouterr().out)["config"]["ep"] == 8
     assert cli.main([*args, "--no-expert-parallel"]) == 0

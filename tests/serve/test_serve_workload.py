@@ -231,7 +231,7 @@ def test_cli_json_point_with_a_workload_file(tmp_path, capsys):
     path = tmp_path / "w.jsonl"
     path.write_text("\n".join(json.dumps({"input_len": i, "output_len": 100}) for i in (1000, 3000)) + "\n")
     argv = ["infer", "--model", "llama3-70b", "--gpus", "8", "--tp", "8", "--pp", "1", "--max-batch", "16",
-            "--requests", "200", "--json"]
+            "--requests", "200", "--json", "--no-save"]
     assert cli.main([*argv, "--workload", str(path)]) == 0
     spread = json.loads(capsys.readouterr().out)
     assert spread["workload"] == "w.jsonl" and len(spread["ranked"]) == 1
@@ -240,3 +240,46 @@ def test_cli_json_point_with_a_workload_file(tmp_path, capsys):
     fixed = json.loads(capsys.readouterr().out)
     assert fixed["workload"] == "fixed 2000/100"
     assert fixed["ranked"][0]["ttft_ms"]["p50"] != spread["ranked"][0]["ttft_ms"]["p50"]
+
+
+@pytest.mark.parametrize("content, suffix", [
+    ("\ufeffinput_len,output_len\n100,20\n300,40\n", ".csv"),  # Excel's "CSV UTF-8" starts with a byte-order mark
+    ("input_len, output_len\n100, 20\n300, 40\n", ".csv"),  # a space after each comma
+    ("Input_Len,Output_Len\n100,20\n300,40\n", ".csv"),  # the names capitalised
+    ('{\n  "input_len": 100,\n  "output_len": 20\n}\n', ".json"),  # one request, pretty-printed
+    ('\ufeff[{"input_len": 100, "output_len": 20}, {"input_len": 300, "output_len": 40}]', ".json"),
+], ids=["csv-bom", "csv-spaces", "csv-capitals", "json-object", "json-bom"])
+def test_user_files_as_spreadsheets_and_editors_write_them(tmp_path, content, suffix):
+    """Session 56: each of these said "row 1: no input_len / ... value" or "line 1 is not a JSON
+    object" of a file that holds the pairs."""
+    path = tmp_path / f"w{suffix}"
+    path.write_text(content, encoding="utf-8")
+    w = load_workload(str(path))
+    assert w.max_input in (100, 300) and w.mean_output in (20, 30)
+
+
+@pytest.mark.parametrize("content, suffix, message", [
+    # the columns found are named (session 56: "row 1: no input_len / input_tokens / input / prompt_tokens value")
+    ("input_len\toutput_len\n100\t20\n", ".csv", r"row 1: no input_len / input_tokens / input / prompt_tokens value "
+                                                 r"\(its columns: 'input_len\\toutput_len'\)"),
+    ("100,20\n200,40\n", ".csv", r"no input_len .* value \(its columns: '100', '20'\)"),
+    ('[{"conversations": []}]', ".json", r"no input_len .* value \(its columns: 'conversations'\)"),
+    # the JSON error is said (session 56: "line 1 is not a JSON object" of an object with a trailing comma)
+    ('{"input_len": 100, "output_len": 20,}\n', ".jsonl", "line 1 is not valid JSON .*Expecting property name"),
+    ("5\n", ".json", "line 1 is not a JSON object"),
+    # a JSON document nested past Python's recursion limit (session 56: a RecursionError traceback)
+    ("[" * 100_000 + "]" * 100_000, ".json", "not a JSON array of objects .*nested too deeply"),
+    ("[" * 100_000 + "]" * 100_000, ".jsonl", "line 1 is not valid JSON .*nested too deeply"),
+], ids=["tsv", "no-header", "sharegpt", "trailing-comma", "number", "deep-json", "deep-jsonl"])
+def test_bad_user_files_say_what_the_file_holds(tmp_path, content, suffix, message):
+    path = tmp_path / f"w{suffix}"
+    path.write_text(content)
+    with pytest.raises(UserError, match=message):
+        load_workload(str(path))
+
+
+def test_a_file_in_another_encoding_is_named_as_not_utf8(tmp_path):
+    path = tmp_path / "w.csv"
+    path.write_bytes("input_len,output_len\n100,20\n# café\n".encode("latin-1"))
+    with pytest.raises(UserError, match=r"not UTF-8 text \(invalid continuation byte at byte 33\); save it as UTF-8"):
+        load_workload(str(path))
