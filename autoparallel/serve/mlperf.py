@@ -355,6 +355,8 @@ def _simulate(model: str, hardware: str, scenario: str, layout: tuple, kv_fracti
     tp, pp, replicas, max_batch, max_tokens, wp, kp = layout
     cost, sched = harness_replica(spec, hw, eff, workload, tp, pp, max_batch, max_tokens, wp, kp, kv_fraction,
                                   engine_settings, attention_dp, adp_balance, chunked_context)
+    if attention_dp:  # the ranks not simulated together (``replica``: with PP) are replicas of their own
+        replicas *= tp // sched.dp
     if scenario == "Offline":  # LoadGen's one query of ``offline_requests`` samples, this replica's share
         share = math.ceil((offline_requests or int(s["offline_requests"][model])) / replicas)
         offline = offline_run(cost, sched, workload, share, duration_s)

@@ -808,7 +808,8 @@ def replica(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency, engine
     each with its own scheduler, ``max_batch``, ``max_num_tokens`` and KV pool (the engine's
     per-rank limits: the scheduler's are one rank's, its ``dp`` the ranks), its cost one rank's
     (``per_moe``: the MoE part on every rank's tokens); ``adp_balance``: the executor's context
-    balancing (batching_wait_iters, timeout_iters; (): off)."""
+    balancing (batching_wait_iters, timeout_iters; (): off). With PP (not simulated in lock-step) the
+    replica is one rank, the others assumed its mirror image: the TP group is ``tp / sched.dp`` replicas."""
     from autoparallel.costmodel.inflight import kv_pool
     lay = layout(model, hw, eff, float(tp), float(pp), weight_precision, kv_precision, float(ep),
                  attention_dp=attention_dp)
@@ -820,7 +821,7 @@ def replica(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency, engine
     sched = Scheduler.of(engine, max_batch, max_num_tokens, pp, blocks, max_new_tokens)
     if running is not None:
         sched = dataclasses.replace(sched, max_running=running)
-    if attention_dp:
+    if attention_dp and pp == 1:  # with PP the ranks stay apart: each a replica, the others its mirror image
         sched = dataclasses.replace(sched, dp=int(tp), adp_balance=tuple(int(x) for x in adp_balance))
     cost = IterationCost(model, hw, eff, tp, pp, weight_precision, kv_precision, ep,
                          max(max_num_tokens, longest), sched.max_running, engine, attention_dp)
