@@ -201,7 +201,7 @@ class _Ranks:
 
     def run(self) -> SimResult:
         n, B, full, dp = self.n, self.B, self.full, self.dp
-        arrival, inp, out, first, finish = self.arrival, self.inp, self.out, self.first, self.finish
+        arrival, out, first, finish = self.arrival, self.out, self.first, self.finish
         gen, target, done, held, d0, p0, fin, residue, phase, rank = (
             self.gen, self.target, self.done, self.held, self.d0, self.p0, self.fin, self.residue, self.phase,
             self.rank)
