@@ -193,7 +193,8 @@ class _Ranks:
             if tokens == 0:  # a dummy generation request
                 tokens = sampled = 1
             tokens = min(tokens, max_t)
-            rank = per_tokens[tokens] - per_moe[tokens] + per_sampled[min(sampled, max_s)] + cost.attention(flops, nbytes)
+            rank = (per_tokens[tokens] - per_moe[tokens] + per_sampled[min(sampled, max_s)]
+                    + cost.attention(flops, nbytes))
             slowest = max(slowest, rank)
             total += tokens
         mean = min(round(total / self.dp), max_t)
