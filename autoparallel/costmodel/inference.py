@@ -85,6 +85,7 @@ Constants: ``InferenceEfficiency`` per serving engine, fitted by
 from __future__ import annotations
 
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
@@ -793,6 +794,20 @@ def price_pass(eff: InferenceEfficiency, w: PassWork) -> dict[str, np.ndarray]:
     layers = w.layers
     return {"time": layers * layer + t_out, "compute": layers * compute + out_compute,
             "memory": layers * mem + out_mem, "tp_comm": layers * ar, "overhead": layers * overhead}
+
+
+def routed_moe_time(lay: Layout, tokens) -> np.ndarray:
+    """Seconds of a pass over ``tokens`` tokens a rank that its MoE layers' routed part takes (the
+    routed experts' GEMMs and weight reads, their plugin kernels' bytes, the attention-DP token
+    exchange): ``stage_pass``'s time less the same pass priced without them (the other terms add
+    to it unchanged). Under attention DP this part runs on every rank's tokens at once and keeps the
+    ranks in lock-step at every MoE layer (``serve.attention_dp``); zeros for a dense model."""
+    zero = np.zeros_like(np.asarray(tokens, dtype=float))
+    w = pass_work(lay, tokens, zero, zero, zero)
+    if w.experts is None:
+        return zero
+    rest = dataclasses.replace(w, experts=None, moe_bytes=None, moe_share=0.0)
+    return price_pass(lay.eff, w)["time"] - price_pass(lay.eff, rest)["time"]
 
 
 def moe_dispatch_time(eff: InferenceEfficiency, w: PassWork) -> np.ndarray:

@@ -135,8 +135,14 @@ def load_rows(data: str = DATA, engine: str = "tensorrt-llm",
         kv = notes.str.extract(r"kvcache_free_gpu_mem_frac=([0-9.]+)")[0].astype(float)
         rows["kv_fraction"] = kv.fillna(load_engine("tensorrt-llm").kv_memory_fraction)
         # NVIDIA's v5.1 DeepSeek-R1 configs run TensorRT-LLM's PyTorch backend with attention DP
-        # (``enable_attention_dp: True`` beside TP8 EP8): each TP rank a replica of its own (``_simulate``).
+        # (``enable_attention_dp: True`` beside TP8 EP8): the TP group's ranks in lock-step (``_simulate``),
+        # with the context balancing their config sets (``attention_dp_balance``, by the config file).
         rows["attention_dp"] = notes.str.contains("enable_attention_dp=True", regex=False)
+        # the harness's runtime flag (NVIDIA's v5.1 DeepSeek-R1 configs but one: False; every other row: True)
+        rows["chunked_context"] = ~notes.str.contains("enable_chunked_context=False", regex=False)
+        balance = s.get("attention_dp_balance") or {}
+        rows["adp_balance"] = [next((tuple(v) for k, v in balance.items() if k in str(src)), ()) if adp else ()
+                               for src, adp in zip(rows["source"], rows["attention_dp"])]
     else:  # vLLM's gpu_memory_utilization, KV block size and scheduler as each row's config sets them
         own = load_engine(engine)
         rows["kv_fraction"] = notes.str.extract(r"gpu_memory_utilization=([0-9.]+)")[0].astype(float).fillna(
@@ -173,12 +179,13 @@ def offline_run(cost, sched, workload, requests: int, min_duration_s: float = 0.
     return run
 
 
-def harness_engine(kv_fraction: float | None = None):
+def harness_engine(kv_fraction: float | None = None, chunked_context: bool = True):
     """TensorRT-LLM as NVIDIA's MLPerf harness runs it: its capacity policy
-    (``validation.mlperf.capacity_policy``) and KV memory fraction (the engine's default if None)."""
+    (``validation.mlperf.capacity_policy``), KV memory fraction (the engine's default if None) and
+    chunked context (the runtime flag ``enable_chunked_context``, in the v5.1 rows' notes)."""
     engine = with_capacity_policy(load_engine("tensorrt-llm"), settings()["capacity_policy"])
     return dataclasses.replace(engine, kv_memory_fraction=engine.kv_memory_fraction if kv_fraction is None
-                               else kv_fraction)
+                               else kv_fraction, chunked_prefill=engine.chunked_prefill and chunked_context)
 
 
 class HarnessSettings(NamedTuple):
@@ -274,21 +281,24 @@ def engine_as_run(run: HarnessSettings, kv_fraction: float):
 
 def harness_replica(spec, hw, eff, workload, tp: int, pp: int, max_batch: int, max_tokens: int,
                     weight_precision: str = "fp8", kv_precision: str = "fp8", kv_fraction: float | None = None,
-                    engine_settings: HarnessSettings | None = None, attention_dp: bool = False):
+                    engine_settings: HarnessSettings | None = None, attention_dp: bool = False,
+                    adp_balance: tuple = (), chunked_context: bool = True):
     """(cost, scheduler) of one TensorRT-LLM replica as NVIDIA's MLPerf harness runs it
     (``harness_engine``), or of the engine ``engine_settings`` names as a held-out row ran it
     (``engine_as_run``), its engine built for ``workload``'s longest request and answer.
-    ``attention_dp``: one attention-DP rank of a TP ``tp`` EP ``tp`` layout (``simulate.replica``),
+    ``attention_dp``: the attention-DP ranks of a TP ``tp`` EP ``tp`` layout (``simulate.replica``),
+    ``adp_balance`` their context balancing (``serve.attention_dp``),
     ``max_batch`` and ``max_tokens`` per rank as TensorRT-LLM's PyTorch backend applies them (each
     rank schedules its own requests; its MoE takes ``max_num_tokens`` x the ranks: NVIDIA/
     TensorRT-LLM@000a01de tensorrt_llm/_torch/modules/fused_moe/fused_moe_cutlass.py, "The maximum
     number of tokens in MoE are multiplied by DP size when attention DP is enabled")."""
-    engine = engine_as_run(engine_settings, kv_fraction) if engine_settings else harness_engine(kv_fraction)
+    engine = (engine_as_run(engine_settings, kv_fraction) if engine_settings
+              else harness_engine(kv_fraction, chunked_context))
     if engine_settings and engine_settings.admission_cap:  # AMD's V0 scheduler (vllm_settings)
         max_batch = min(max_batch, int(engine_settings.admission_cap))
     cost, sched = replica(spec, hw, eff, engine, tp, pp, max_batch, max_tokens, weight_precision,
                           kv_precision, tp if attention_dp else 1, workload.max_input + workload.max_output,
-                          workload.max_output, attention_dp)
+                          workload.max_output, attention_dp, adp_balance)
     if engine_settings and engine_settings.prefill_min_waiting:  # AMD's V0 prefill gate (vllm_settings)
         sched = dataclasses.replace(sched, prefill_min_waiting=int(engine_settings.prefill_min_waiting))
     return cost, sched
@@ -314,7 +324,8 @@ def _simulated(keys: list[tuple], workers: int | None) -> list[tuple[float, ...]
 def _simulate(model: str, hardware: str, scenario: str, layout: tuple, kv_fraction: float, ttft_ms: float,
              tpot_ms: float, target_qps: float, eff_key: str, requests: int,
              duration_s: float = 0.0, offline_requests: int = 0, engine_settings: HarnessSettings | None = None,
-             attention_dp: bool = False) -> tuple[float, ...]:
+             attention_dp: bool = False, adp_balance: tuple = (),
+             chunked_context: bool = True) -> tuple[float, ...]:
     """(tokens/s of the deployment, p99 TTFT, TPOT and end-to-end latency in ms at the target QPS,
     1.0 where the simulated replica does not keep up with the target QPS else 0.0, p99 TTFT and
     TPOT in ms at the simulated replica's own Server rate: the largest rate within the bounds, the
@@ -331,8 +342,9 @@ def _simulate(model: str, hardware: str, scenario: str, layout: tuple, kv_fracti
     count, ``offline_sample_count``) over the replicas, at least as many as last ``duration_s``.
     ``engine_settings``: a held-out row's engine as run (``engine_as_run``); None: NVIDIA's harness.
     Interactive (MLPerf v5.0 on) is a Server run under tighter bounds: any scenario not Offline is one.
-    ``attention_dp``: the row's TP group runs attention data-parallel (``harness_replica``): each of its
-    ``tp`` ranks is simulated as a replica of its own, with 1 / (replicas x tp) of the requests or rate."""
+    ``attention_dp``: the row's TP group runs attention data-parallel (``harness_replica``): its ``tp``
+    ranks are simulated together as the replica (``serve.attention_dp``), with ``adp_balance``.
+    ``chunked_context``: the harness's ``enable_chunked_context`` (``harness_engine``)."""
     s = settings()
     spec = io.load_model(s["models"][model])
     hw = io.load_hardware(hardware)
@@ -342,9 +354,9 @@ def _simulate(model: str, hardware: str, scenario: str, layout: tuple, kv_fracti
     workload = load_workload(s["workloads"][model])
     tp, pp, replicas, max_batch, max_tokens, wp, kp = layout
     cost, sched = harness_replica(spec, hw, eff, workload, tp, pp, max_batch, max_tokens, wp, kp, kv_fraction,
-                                  engine_settings, attention_dp)
-    if attention_dp:  # every rank of each replica schedules its own requests
-        replicas *= tp
+                                  engine_settings, attention_dp, adp_balance, chunked_context)
+    if attention_dp:  # the ranks not simulated together (``replica``: with PP) are replicas of their own
+        replicas *= tp // sched.dp
     if scenario == "Offline":  # LoadGen's one query of ``offline_requests`` samples, this replica's share
         share = math.ceil((offline_requests or int(s["offline_requests"][model])) / replicas)
         offline = offline_run(cost, sched, workload, share, duration_s)
@@ -439,7 +451,9 @@ def predict_rows(rows: pd.DataFrame, cross: bool = True, requests: int = REQUEST
                              float(r["min_duration_ms"]) / 1e3 if r["min_duration_ms"] > 0 else 0.0,
                              int(r["offline_requests"]) if r["scenario"] == "Offline" else 0,
                              r["engine_settings"] if "engine_settings" in r else None,
-                             bool(r["attention_dp"]) if "attention_dp" in r else False)
+                             bool(r["attention_dp"]) if "attention_dp" in r else False,
+                             tuple(r["adp_balance"]) if "adp_balance" in r else (),
+                             bool(r["chunked_context"]) if "chunked_context" in r else True)
                             for _, r in rows.iterrows()], workers)
         tokens, ttft, tpot, e2e, over, ttft_own, tpot_own = ((np.array(x, dtype=float) for x in zip(*preds))
                                                             if preds else ([],) * 7)

@@ -75,7 +75,7 @@ import numpy as np
 
 from autoparallel.costmodel import mamba_serving
 from autoparallel.costmodel.inference import (InferenceEfficiency, ServingEngine, decode_attention, layout,
-                                              pipeline_hop, prefill_attention, stage_pass)
+                                              pipeline_hop, prefill_attention, routed_moe_time, stage_pass)
 from autoparallel.specs.hardware import HardwareSpec
 from autoparallel.specs.model import ModelSpec
 
@@ -97,6 +97,8 @@ class Scheduler:
     steps: int = 1  # micro-batch steps per iteration (pp), each with its own ``budget``
     multi_step: int = 1  # decode iterations per scheduler call (``ServingEngine.scheduler_steps``)
     prefill_min_waiting: int = 0  # AMD's V0 prefill gate (``MIN_REQUIRE_PREFILL_QUERY``; 0: none)
+    dp: int = 1  # attention-DP ranks run in lock-step as one replica, each with these limits (``serve.attention_dp``)
+    adp_balance: tuple = ()  # their context balancing: (batching_wait_iters, timeout_iters); (): off
 
     @staticmethod
     def of(engine: ServingEngine, max_batch: int, max_num_tokens: int, pp: int, kv_blocks: int,
@@ -199,6 +201,8 @@ class IterationCost:
         # A chunk of c prompt tokens after k earlier ones: c * (k + c / 2) units of causal attention.
         self.chunk_flops = 2.0 * float(np.ravel(prefill_attention(lay, 1.0, 1.0)[0])[0])
         self.max_tokens, self.max_seqs = max_tokens, max_seqs
+        # under attention DP, the part of ``per_tokens`` the MoE layers' routed part takes (``serve.attention_dp``)
+        self.per_moe = routed_moe_time(lay, tokens).tolist() if attention_dp else None
 
     def attention(self, flops: float, nbytes: float) -> float:
         a, b = flops * self.per_flop, nbytes * self.per_byte
@@ -486,6 +490,9 @@ def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimRes
     as before). The loop is ``_Replay.run``; its steps are commented there, or functions of their
     own where a call costs little (``_Replay``'s methods, ``_pp1_iteration``)."""
     _check(sched, inp, out)
+    if sched.dp > 1:  # attention-DP ranks in lock-step
+        from autoparallel.serve.attention_dp import simulate_ranks
+        return simulate_ranks(cost, sched, arrival, inp, out)
     return _Replay(cost, sched, arrival, inp, out).run()
 
 
@@ -791,14 +798,18 @@ def _pp1_iteration(cost: IterationCost, sched: Scheduler, prefilling: deque, don
 
 def replica(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency, engine: ServingEngine, tp: int, pp: int,
             max_batch: int, max_num_tokens: int, weight_precision: str, kv_precision: str, ep: int = 1,
-            longest: int = 0, max_new_tokens: int = 0, attention_dp: bool = False) -> tuple[IterationCost, Scheduler]:
+            longest: int = 0, max_new_tokens: int = 0, attention_dp: bool = False,
+            adp_balance: tuple = ()) -> tuple[IterationCost, Scheduler]:
     """The iteration cost and scheduler of one replica of a layout, its KV pool as
     ``costmodel.inflight.kv_pool`` allocates it; ``longest``: the longest request (tokens);
     ``max_new_tokens``: the requests' ``max_tokens`` (what a full reservation holds; 0: each
-    request's own output). ``attention_dp`` (``costmodel.inference.layout``): one of the ``tp``
-    attention-DP ranks, with its own scheduler, ``max_batch``, ``max_num_tokens`` and KV pool (the
-    engine's per-rank limits), its MoE layers priced on as many tokens from each other rank (the
-    ranks assumed balanced); the deployment's ``tp`` ranks are then ``tp`` such replicas."""
+    request's own output). ``attention_dp`` (``costmodel.inference.layout``): the ``tp``
+    attention-DP ranks of one TP group as one replica run in lock-step (``serve.attention_dp``),
+    each with its own scheduler, ``max_batch``, ``max_num_tokens`` and KV pool (the engine's
+    per-rank limits: the scheduler's are one rank's, its ``dp`` the ranks), its cost one rank's
+    (``per_moe``: the MoE part on every rank's tokens); ``adp_balance``: the executor's context
+    balancing (batching_wait_iters, timeout_iters; (): off). With PP (not simulated in lock-step) the
+    replica is one rank, the others assumed its mirror image: the TP group is ``tp / sched.dp`` replicas."""
     from autoparallel.costmodel.inflight import kv_pool
     lay = layout(model, hw, eff, float(tp), float(pp), weight_precision, kv_precision, float(ep),
                  attention_dp=attention_dp)
@@ -810,6 +821,8 @@ def replica(model: ModelSpec, hw: HardwareSpec, eff: InferenceEfficiency, engine
     sched = Scheduler.of(engine, max_batch, max_num_tokens, pp, blocks, max_new_tokens)
     if running is not None:
         sched = dataclasses.replace(sched, max_running=running)
+    if attention_dp and pp == 1:  # with PP the ranks stay apart: each a replica, the others its mirror image
+        sched = dataclasses.replace(sched, dp=int(tp), adp_balance=tuple(int(x) for x in adp_balance))
     cost = IterationCost(model, hw, eff, tp, pp, weight_precision, kv_precision, ep,
                          max(max_num_tokens, longest), sched.max_running, engine, attention_dp)
     return cost, sched

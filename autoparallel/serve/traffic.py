@@ -43,9 +43,10 @@ class Traffic:
     seed: int = 0
     structures: int = 8
     # Each layout's TP ranks run attention data-parallel around an expert-parallel MoE (``infer
-    # --attention-dp``; costmodel.inference.layout): every rank a replica of its own with max batch,
-    # token budget and KV pool (TensorRT-LLM's per-rank limits); the steady-state search still picks
-    # the layouts as TP ones.
+    # --attention-dp``; costmodel.inference.layout): every rank with its own max batch, token budget
+    # and KV pool (TensorRT-LLM's per-rank limits), the TP group's ranks simulated in lock-step as one
+    # replica (serve/attention_dp.py; ``--requests`` are the group's); the steady-state search still
+    # picks the layouts as TP ones.
     attention_dp: bool = False
 
     def __post_init__(self) -> None:
@@ -90,8 +91,8 @@ def _largest_rate(cost, sched, traffic: Traffic, request) -> tuple[float, dict |
     and its summary (0 and None where even a light load misses them)."""
     # No arrival process sustains more than every request at once: the offline rate while the
     # queue still feeds the batch bounds the search (the drain of the last batch left out).
-    offline = run_workload(cost, sched, traffic.workload, None, max(traffic.requests, 8 * sched.max_running),
-                           traffic.seed)
+    offline = run_workload(cost, sched, traffic.workload, None,
+                           max(traffic.requests, 8 * sched.max_running * sched.dp), traffic.seed)
     hi = offline.steady_requests_per_s
     lo, best = 0.0, None
     for _ in range(_RATE_STEPS):
@@ -146,7 +147,8 @@ def simulate_layout(result, traffic: Traffic, row) -> dict:
                           int(row["pp"]), int(row["max_batch"]), int(row["max_num_tokens"]),
                           row["weight_precision"], row["kv_precision"], int(row["ep"]), longest,
                           traffic.workload.max_output, traffic.attention_dp)
-    replicas = int(row["replicas"]) * (int(row["tp"]) if traffic.attention_dp else 1)  # attention DP: per rank
+    # under attention DP a replica is its TP group's ranks in lock-step (with PP: each rank, ``replica``)
+    replicas = int(row["replicas"]) * (int(row["tp"]) // sched.dp if traffic.attention_dp else 1)
     if traffic.scenario in ("server", "interactive"):
         rate, s = _largest_rate(cost, sched, traffic, request)
         reason = "" if s is not None else f"misses the p{traffic.percentile:g} bounds at every rate tried"
