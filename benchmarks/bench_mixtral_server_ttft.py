@@ -69,7 +69,7 @@ import pandas as pd
 from autoparallel import io
 from autoparallel.serve import mlperf
 from autoparallel.serve.assumptions import efficiency_for
-from autoparallel.serve.simulate import SimResult, arrivals, run_workload
+from autoparallel.serve.simulate import SimResult, arrivals, end_iteration, run_workload
 from autoparallel.serve.workload import load_workload
 
 #: LoadGen's Server summaries of the ten runs (mlcommons/inference_results_v4.1 @ 198fc467,
@@ -187,21 +187,9 @@ def shared_queue_run(cost, sched, arrival, inp, out, replicas: int, shared: bool
         completing = sum(1 for r, c in chunks if r["done"] + c == r["target"])
         t += cost.time(tokens, len(decoders) + completing, flops, nbytes, len(decoders) + len(chunks), ())
         iterations += 1
-        for r in decoders:
-            r["pos"] += 1
-            gen[r["id"]] += 1
-        for r, c in chunks:
-            r["done"] += c
-            if r["done"] == r["target"]:
-                r["pos"] = r["target"]
-                gen[r["id"]] += 1
-                if np.isnan(first[r["id"]]):
-                    first[r["id"]] = t
-        for r in [r for r in running if gen[r["id"]] >= out[r["id"]]]:
-            finish[r["id"]] = t
-            rep["free"] += r["blocks"]
-            running.remove(r)
-            finished += 1
+        gone = end_iteration(t, decoders, chunks, running, gen, out, first, finish)
+        rep["free"] += sum(r["blocks"] for r in gone)
+        finished += len(gone)
         rep["t"] = t
     return SimResult(np.asarray(arrival, float), first, finish, np.asarray(inp), np.asarray(out), iterations, 0)
 

@@ -102,6 +102,7 @@ def files(tmp_path_factory):
     put("gbs0.yaml", _model(global_batch_size=0))
     put("gbs_lots.yaml", _model(global_batch_size="lots"))
     put("layers_huge.yaml", _model(num_layers=10**30))
+    put("layers0.yaml", _model(num_layers=0))
     put("hidden_nan.yaml", MODEL.replace("hidden_size: 256", "hidden_size: .nan"))
     put("dropout.yaml", _model(hidden_dropout=1.5))
     put("hw_gemm_negative.yaml", HARDWARE.format(name="g1") + "efficiency:\n  gemm_max: -0.5\n")
@@ -369,12 +370,14 @@ BAD_INPUTS = [
     (["search", "--model", "175b", "--gpus", "16", "--recompute", "none", "--mbs", "4"],
      "with mbs pinned to 4 and recompute pinned to none: the smallest memory need"),
     # --- search: model, hardware and space YAML
-    (["search", "--model", "{kv_channels_yaml}", "--gpus", "8"], "key 'kv_channels': expected an integer in 0..2147483647, got -128"),
-    (["search", "--model", "{query_groups_yaml}", "--gpus", "8"], "key 'num_query_groups': expected an integer in 0..2147483647, got -8"),
+    (["search", "--model", "{kv_channels_yaml}", "--gpus", "8"], "key 'kv_channels': expected an integer in 1..2147483647, got -128"),
+    (["search", "--model", "{query_groups_yaml}", "--gpus", "8"], "key 'num_query_groups': expected an integer in 1..2147483647, got -8"),
     (["search", "--model", "{topk_yaml}", "--gpus", "8"], "moe_router_topk must be in 1..num_experts=8, got 20"),
-    (["search", "--model", "{gbs0_yaml}", "--gpus", "8"], "global_batch_size must be a positive integer (or left out), got 0"),
+    (["search", "--model", "{gbs0_yaml}", "--gpus", "8"], "key 'global_batch_size': expected an integer in 1..2147483647, got 0"),
     (["search", "--model", "{gbs_lots_yaml}", "--gpus", "8"], "key 'global_batch_size': expected int or null, got 'lots'"),
-    (["search", "--model", "{layers_huge_yaml}", "--gpus", "8"], "key 'num_layers': expected an integer in 0..2147483647, got 1000000000000000000000000000000"),
+    # a model's counts (``ModelSpec.POSITIVE_KEYS``) are taken in 1..2147483647: the message quotes that range (s56h7)
+    (["search", "--model", "{layers_huge_yaml}", "--gpus", "8"], "key 'num_layers': expected an integer in 1..2147483647, got 1000000000000000000000000000000"),
+    (["search", "--model", "{layers0_yaml}", "--gpus", "8"], "key 'num_layers': expected an integer in 1..2147483647, got 0"),
     (["search", "--model", "{hidden_nan_yaml}", "--gpus", "8"], "key 'hidden_size': expected int, got nan"),
     (["search", "--model", "{dropout_yaml}", "--gpus", "8"], "hidden_dropout must be in [0, 1), got 1.5"),
     (["search", "--model", "{list_yaml}", "--gpus", "8"], "list.yaml: expected a mapping of keys to values, got a list"),

@@ -223,6 +223,20 @@ def test_every_number_read_from_yaml_is_finite_and_not_negative(cls, valid):
                 io.from_dict(cls, {**valid, name: [bad] if is_list else bad}, "bad.yaml")
 
 
+@pytest.mark.parametrize("cls, valid", [c for c in _spec_classes() if c[0].__name__ in ("ModelSpec", "Plan")],
+                         ids=lambda v: getattr(v, "__name__", ""))
+def test_positive_counts_quote_the_range_taken(cls, valid):
+    """A count that must be >= 1 (``POSITIVE_KEYS``) out of range, 0 included, is refused quoting
+    1..2^31-1 (not 0..: 0 is refused too), from YAML; built directly, 0 is refused naming the key."""
+    for name in cls.POSITIVE_KEYS:
+        for bad in (0, -1, 10**30):
+            with pytest.raises(SpecError, match=rf"bad\.yaml: key '{name}': expected an integer in 1\.\.2147483647, "
+                                                rf"got {bad}$"):
+                io.from_dict(cls, {**valid, name: bad}, "bad.yaml")
+        with pytest.raises(ValueError, match=f"{name} must be a positive integer, got 0"):
+            cls(**{**valid, name: 0})
+
+
 def test_quick_geglu_is_a_gated_activation_and_its_clamp_positive():
     """Megatron-LM's --quick-geglu builds a GLU (activation "swiglu" stands for the three matrices);
     --activation-func-clamp-value must be finite and above zero (TransformerConfig.__post_init__)."""

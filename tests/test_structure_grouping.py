@@ -79,7 +79,10 @@ def _search_rows(name: str, gpus: int, n: int = 6000):
 
 
 def _same(a, b) -> bool:
-    """Bit for bit (NaN where NaN), shapes broadcast alike."""
+    """Bit for bit (NaN where NaN), shapes broadcast alike; a dict (a ``comm.Group``'s latencies per
+    protocol) key by key."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     a, b = np.broadcast_arrays(np.asarray(a), np.asarray(b))
     return a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
 

@@ -300,7 +300,7 @@ class Structures:
     rows: np.ndarray
 
     def gathered(self, value):
-        """``value`` (an array over ``each``'s structures, or a tuple, list or ``comm.Group`` of
+        """``value`` (an array over ``each``'s structures, or a tuple, list, dict or ``comm.Group`` of
         them) at each candidate's row; an array's last axis is the structures' (``held``'s
         (K, 1) columns, one count for every structure, are kept as they are)."""
         if isinstance(value, np.ndarray):
@@ -310,6 +310,8 @@ class Structures:
             return value.take(self.rows, axis=-1) if value.shape[-1] == n and n > 1 else value
         if isinstance(value, (tuple, list)):
             return type(value)(self.gathered(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self.gathered(v) for k, v in value.items()}
         if isinstance(value, comm.Group):
             return replace(value, **{f.name: self.gathered(getattr(value, f.name)) for f in fields(value)})
         return value

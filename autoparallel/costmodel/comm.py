@@ -131,10 +131,8 @@ class Group:
     nodes: np.ndarray  # NVLink domains the group spans
     share: np.ndarray  # (n-1)/n of the buffer passes each rank's links
     latency_s: np.ndarray  # a hop on each tier the group spans
-    simple_latency_s: np.ndarray  # NCCL's ring latency across domains, Simple protocol (``nccl_ring_latency``)
-    ll128_latency_s: np.ndarray  # the same, LL128
-    ll_latency_s: np.ndarray  # the same, LL
-    tree_latency_s: tuple  # NCCL's tree all-reduce latency per protocol (``NCCL_TREE_LATENCY_US``'s order)
+    ring_latency_s: dict  # protocol: NCCL's ring latency across domains (``nccl_ring_latency``)
+    tree_latency_s: dict  # protocol: NCCL's tree all-reduce latency (``nccl_tree_all_reduce_latency``)
     nvlink: float | np.ndarray  # achievable bytes/s (per group size on a mesh: ``scale_up_bandwidth``)
     network: float  # achievable bytes/s of one GPU's NIC
 
@@ -146,8 +144,9 @@ class Group:
         domain the model's own latency per call."""
         bus = ring_bus_bandwidth(self.nvlink, self.network, self.per_node, self.nodes)
         transfer = self.share * nbytes / calls / bus
-        ring = np.minimum(np.minimum(transfer + self.simple_latency_s, transfer / LL128_BANDWIDTH + self.ll128_latency_s),
-                          transfer / LL_BANDWIDTH + self.ll_latency_s)
+        lat = self.ring_latency_s
+        ring = np.minimum(np.minimum(transfer + lat["simple"], transfer / LL128_BANDWIDTH + lat["ll128"]),
+                          transfer / LL_BANDWIDTH + lat["ll"])
         per_call = np.where(self.nodes > 1, ring, transfer + self.latency_s)
         return np.where(self.size > 1, calls * per_call, 0.0)
 
@@ -157,8 +156,8 @@ class Group:
         (small buffers: latency in log2 of the domains), at the ring's bus bandwidth."""
         ring = 2.0 * self.reduce_scatter_time(nbytes, calls)
         bus = ring_bus_bandwidth(self.nvlink, self.network, self.per_node, self.nodes)
-        tree = calls * np.minimum.reduce([2.0 * nbytes / calls / (bus * NCCL_TREE_BANDWIDTH[p]) + self.tree_latency_s[i]
-                                          for i, p in enumerate(NCCL_TREE_LATENCY_US)])
+        tree = calls * np.minimum.reduce([2.0 * nbytes / calls / (bus * NCCL_TREE_BANDWIDTH[p]) + latency
+                                          for p, latency in self.tree_latency_s.items()])
         return np.where((self.nodes > 1) & (self.size > 1), np.minimum(ring, tree), ring)
 
 
@@ -169,9 +168,9 @@ def group(hw: HardwareSpec, group_size, per_node) -> Group:
     nodes = n / g
     nvlink, network = _bandwidths(hw, g)
     latency = np.where(g > 1, hw.nvlink_latency_us, 0.0) + np.where(nodes > 1, hw.internode_latency_us, 0.0)
-    return Group(n, g, nodes, (n - 1) / np.maximum(n, 1), latency * 1e-6, nccl_ring_latency("simple", n, nodes),
-                 nccl_ring_latency("ll128", n, nodes), nccl_ring_latency("ll", n, nodes),
-                 tuple(nccl_tree_all_reduce_latency(p, n, nodes) for p in NCCL_TREE_LATENCY_US), nvlink, network)
+    return Group(n, g, nodes, (n - 1) / np.maximum(n, 1), latency * 1e-6,
+                 {p: nccl_ring_latency(p, n, nodes) for p in NCCL_RING_LATENCY_US},
+                 {p: nccl_tree_all_reduce_latency(p, n, nodes) for p in NCCL_TREE_LATENCY_US}, nvlink, network)
 
 
 def reduce_scatter_time(hw: HardwareSpec, nbytes, group_size, per_node):

@@ -457,22 +457,32 @@ def simulate_reference(cost: IterationCost, sched: Scheduler, arrival, inp, out)
         iterations += 1
         if decoders and not chunks:  # a decode iteration: inside a run, or the first of one
             run_left = run_left - 1 if run_left else sched.multi_step - 1
-        for r in decoders:
-            r["pos"] += 1
-            gen[r["id"]] += 1
-        for r, c in chunks:
-            r["done"] += c
-            if r["done"] == r["target"]:
-                r["pos"] = r["target"]
-                gen[r["id"]] += 1
-                if np.isnan(first[r["id"]]):
-                    first[r["id"]] = t
-        for r in [r for r in running if gen[r["id"]] >= out[r["id"]]]:
-            finish[r["id"]] = t
-            free += r["blocks"]
-            running.remove(r)
+        free += sum(r["blocks"] for r in end_iteration(t, decoders, chunks, running, gen, out, first, finish))
     return SimResult(np.asarray(arrival, float), first, finish, np.asarray(inp), np.asarray(out), iterations,
                      preemptions)
+
+
+def end_iteration(t: float, decoders: list, chunks: list, running: list, gen: list, out, first, finish) -> list:
+    """What an iteration of ``simulate_reference`` ending at ``t`` leaves (its request dicts, ``gen``
+    each request's tokens so far): every decoder one token on, each chunk's prompt that far on, a
+    prompt's last chunk its first token (stamped once: a preempted request's recompute keeps its
+    first), and the requests whose last token it was finished at ``t`` and out of ``running``:
+    returned, their blocks for the caller to free. One call an iteration."""
+    for r in decoders:
+        r["pos"] += 1
+        gen[r["id"]] += 1
+    for r, c in chunks:
+        r["done"] += c
+        if r["done"] == r["target"]:
+            r["pos"] = r["target"]
+            gen[r["id"]] += 1
+            if np.isnan(first[r["id"]]):
+                first[r["id"]] = t
+    gone = [r for r in running if gen[r["id"]] >= out[r["id"]]]
+    for r in gone:
+        finish[r["id"]] = t
+        running.remove(r)
+    return gone
 
 
 def simulate(cost: IterationCost, sched: Scheduler, arrival, inp, out) -> SimResult:

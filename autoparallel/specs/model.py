@@ -198,18 +198,20 @@ class ModelSpec:
     aliases: tuple[str, ...] = ()
     source: str = ""
 
+    # the counts that must be >= 1 where set (not fields: no annotation); ``io.from_dict`` quotes
+    # 1..MAX_COUNT for them (as ``Plan.POSITIVE_KEYS``)
+    POSITIVE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size",
+                     "seq_length", "num_query_groups", "kv_channels", "num_experts", "moe_ffn_hidden_size",
+                     "moe_shared_expert_intermediate_size", "global_batch_size", "max_position_embeddings",
+                     "mamba_num_heads", "moe_latent_size", "mamba_head_dim", "mamba_state_dim", "mamba_num_groups",
+                     "mamba_conv_kernel", "hc_mult")
+
     def __post_init__(self) -> None:
         check_name(self.name)
-        positive = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
-                    "vocab_size", "seq_length")
-        for key in positive:
-            if getattr(self, key) <= 0:
-                raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
-        for key in ("num_query_groups", "kv_channels", "num_experts", "moe_ffn_hidden_size",
-                    "moe_shared_expert_intermediate_size", "global_batch_size", "max_position_embeddings",
-                    "mamba_num_heads", "moe_latent_size"):
-            if getattr(self, key) is not None and getattr(self, key) < 1:
-                raise ValueError(f"{key} must be a positive integer (or left out), got {getattr(self, key)}")
+        for key in self.POSITIVE_KEYS:
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ValueError(f"{key} must be a positive integer, got {value}")
         if self.is_moe and not 1 <= self.moe_router_topk <= self.num_experts:
             raise ValueError(f"moe_router_topk must be in 1..num_experts={self.num_experts}, "
                              f"got {self.moe_router_topk}")
@@ -256,9 +258,6 @@ class ModelSpec:
         self._check_export_fields()
 
     def _check_hybrid(self) -> None:
-        for key in ("mamba_head_dim", "mamba_state_dim", "mamba_num_groups", "mamba_conv_kernel"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key} must be a positive integer, got {getattr(self, key)}")
         if self.moe_latent_size is not None and not self.is_moe:
             raise ValueError("moe_latent_size is the routed experts' width: it needs num_experts")
         pattern = self.hybrid_layer_pattern
@@ -288,9 +287,8 @@ class ModelSpec:
     def _check_dsv4(self) -> None:
         """DeepSeek-V4's fields: the ratios Megatron-Bridge's FLOP count accepts (0, 4, 128), one per
         decoder and MTP layer, the indexer wherever a ratio-4 layer is, MLA around it."""
-        if self.hc_mult < 1 or self.moe_n_hash_layers < 0:
-            raise ValueError(f"hc_mult must be 1 or more and moe_n_hash_layers 0 or more, got {self.hc_mult}, "
-                             f"{self.moe_n_hash_layers}")
+        if self.moe_n_hash_layers < 0:
+            raise ValueError(f"moe_n_hash_layers must be 0 or more, got {self.moe_n_hash_layers}")
         ratios = self.csa_compress_ratios
         if ratios is None:
             if self.o_groups:
